@@ -1,0 +1,1 @@
+"""Generated protocol code (from protos/ by scripts/gen_protos.py). Do not edit."""

@@ -1,0 +1,151 @@
+"""The ``marti`` command: start services, run the stack, train, evaluate, check health, benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+#: Subcommands that are implemented by another module's ``main(argv)``: name -> (module, help).
+DISPATCH = {
+    "broker": ("services.comm_broker.__main__", "run the comm_broker service (default port 50051)"),
+    "env-server": ("services.env_server.__main__", "run the env_server service (default port 50052)"),
+    "store": ("services.experience_store.__main__", "run the experience_store service (default port 50053)"),
+    "trainer": ("services.trainer.__main__", "run the trainer service (default port 50054)"),
+    "train": ("services.trainer.train_cli", "run a training job from a YAML config (the main job)"),
+    "eval": ("services.trainer.eval_cli", "evaluate a checkpoint and the base models on held-out seeds"),
+}
+
+
+def _cmd_health(argv: list[str]) -> int:
+    from marti.rpc.health import check_health
+
+    parser = argparse.ArgumentParser(prog="marti health", description="exit 0 iff the server is SERVING")
+    parser.add_argument("address", help="host:port")
+    parser.add_argument("service", nargs="?", default="", help="service name ('' = whole server)")
+    parser.add_argument("--timeout-s", type=float, default=5.0, help="deadline of the check, seconds")
+    parser.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token")
+    parser.add_argument("--tls-ca-file", default=None, help="PEM CA for TLS servers")
+    args = parser.parse_args(argv)
+    status = check_health(
+        args.address, args.service, timeout_s=args.timeout_s, token=args.token, tls_ca_file=args.tls_ca_file
+    )
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def _cmd_up(argv: list[str]) -> int:
+    from marti.stack import DEFAULT_PORTS, LocalStack
+
+    parser = argparse.ArgumentParser(prog="marti up", description="run broker, env server, store and trainer")
+    parser.add_argument("--data-dir", default=os.environ.get("MARTI_DATA_DIR"), help="durable data root")
+    parser.add_argument("--log-dir", default=None, help="write each service's log here")
+    parser.add_argument(
+        "--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token for every service"
+    )
+    parser.add_argument("--no-trainer", action="store_true", help="start broker, env server and store only")
+    parser.add_argument(
+        "--ephemeral-ports", action="store_true", help="bind free ports instead of the defaults 50051-50054"
+    )
+    args = parser.parse_args(argv)
+    services = ("broker", "env-server", "store") + (() if args.no_trainer else ("trainer",))
+    ports = {} if args.ephemeral_ports else {s: DEFAULT_PORTS[s] for s in services}
+    stack = LocalStack(
+        services=services,
+        ports=ports,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        log_dir=Path(args.log_dir) if args.log_dir else None,
+        token=args.token,
+    )
+    stopping = False
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    addresses = stack.start()
+    for name, address in addresses.items():
+        print(f"{name:<11} SERVING at {address}", flush=True)
+    print("all services SERVING; Ctrl-C stops them", flush=True)
+    try:
+        while not stopping:
+            dead = [n for n, s in stack.running.items() if s.process.poll() is not None]
+            if dead:
+                print(f"service exited unexpectedly: {', '.join(dead)}", file=sys.stderr, flush=True)
+                stack.stop()
+                return 1
+            time.sleep(0.2)
+    finally:
+        codes = stack.stop()
+        if codes:
+            print("stopped: " + ", ".join(f"{n}={c}" for n, c in codes.items()), flush=True)
+    return 0
+
+
+def _cmd_bench(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="marti bench", description="run a benchmark from benchmarks/")
+    parser.add_argument("name", help="benchmark name: broker, env, store, trainer, ...")
+    args, rest = parser.parse_known_args(argv)
+    root = Path(__file__).resolve().parent.parent
+    if (root / "benchmarks").is_dir() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        module = importlib.import_module(f"benchmarks.{args.name}")
+    except ModuleNotFoundError as exc:
+        print(f"unknown benchmark {args.name!r} ({exc})", file=sys.stderr)
+        return 2
+    return int(module.main(rest) or 0)
+
+
+LOCAL = {
+    "health": (_cmd_health, "exit 0 iff ADDR reports SERVING (grpc.health.v1)"),
+    "up": (_cmd_up, "start broker, env server, store and trainer as local processes"),
+    "bench": (_cmd_bench, "run a benchmark and print its table"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: marti COMMAND [ARGS...]", "", "commands:"]
+    for name, (_, help_text) in {**LOCAL, **DISPATCH}.items():
+        lines.append(f"  {name:<11} {help_text}")
+    lines.append("")
+    lines.append("Run `marti COMMAND --help` for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``marti`` console script.
+
+    Args:
+        argv: Arguments after the program name; defaults to ``sys.argv[1:]``.
+
+    Returns:
+        The process exit code.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("--version", "version"):
+        from marti import __version__
+
+        print(f"marti-agent {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name in LOCAL:
+        return LOCAL[name][0](rest)
+    if name in DISPATCH:
+        module = importlib.import_module(DISPATCH[name][0])
+        return int(module.main(rest) or 0)
+    print(f"marti: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

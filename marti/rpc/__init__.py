@@ -1,0 +1,1 @@
+"""Shared gRPC plumbing: server bootstrap, channels, error mapping, interceptors and test helpers."""

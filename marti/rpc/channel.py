@@ -1,0 +1,185 @@
+"""Client channels: agreed message sizes and keepalive, bearer tokens, TLS, and retries for idempotent calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from marti.rpc.options import common_options
+from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
+
+#: Default deadline for a unary call made by the SDK clients, seconds.
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def retry_service_config(idempotent_methods: Sequence[tuple[str, str]], max_attempts: int = 4) -> str:
+    """Build a gRPC service config JSON that retries the given methods on UNAVAILABLE.
+
+    Args:
+        idempotent_methods: ``(full_service_name, method)`` pairs safe to retry; ``method=""`` means every
+            method of that service.
+        max_attempts: Total attempts including the first (gRPC caps this at 5).
+
+    Returns:
+        The JSON text for the ``grpc.service_config`` channel argument.
+    """
+    names = [{"service": s, **({"method": m} if m else {})} for s, m in idempotent_methods]
+    config: dict[str, Any] = {
+        "methodConfig": [
+            {
+                "name": names,
+                "retryPolicy": {
+                    "maxAttempts": max_attempts,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+    return json.dumps(config if names else {})
+
+
+class _AuthMetadata(grpc.AuthMetadataPlugin):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def __call__(self, context: Any, callback: Any) -> None:
+        callback((("authorization", f"Bearer {self._token}"),), None)
+
+
+def _token_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+class _SyncTokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the bearer token to every call on an insecure sync channel."""
+
+    def __init__(self, token: str) -> None:
+        self._meta = _token_metadata(token)
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        return _Details(
+            details.method,
+            details.timeout,
+            tuple(details.metadata or ()) + self._meta,
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):  # noqa: D102
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):  # noqa: D102
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # noqa: D102
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # noqa: D102
+        return continuation(self._details(client_call_details), request_iterator)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
+        self.method = method
+        self.timeout = timeout
+        self.metadata = metadata
+        self.credentials = credentials
+        self.wait_for_ready = wait_for_ready
+        self.compression = compression
+
+
+def _aio_token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
+    meta = _token_metadata(token)
+
+    def add(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(tuple(details.metadata or ()) + meta))
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+    class UU(grpc.aio.UnaryUnaryClientInterceptor):
+        async def intercept_unary_unary(self, continuation, client_call_details, request):
+            return await continuation(add(client_call_details), request)
+
+    class US(grpc.aio.UnaryStreamClientInterceptor):
+        async def intercept_unary_stream(self, continuation, client_call_details, request):
+            return await continuation(add(client_call_details), request)
+
+    class SU(grpc.aio.StreamUnaryClientInterceptor):
+        async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+            return await continuation(add(client_call_details), request_iterator)
+
+    class SS(grpc.aio.StreamStreamClientInterceptor):
+        async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+            return await continuation(add(client_call_details), request_iterator)
+
+    return [UU(), US(), SU(), SS()]
+
+
+def make_channel(
+    address: str,
+    *,
+    token: str | None = None,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+    aio: bool = False,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    idempotent_methods: Sequence[tuple[str, str]] = (),
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel | grpc.aio.Channel:
+    """Open a channel to a marti service.
+
+    Args:
+        address: ``host:port``.
+        token: Bearer token sent as ``authorization`` metadata on every call.
+        tls_ca_file: PEM CA that signed the server certificate; enables TLS.
+        tls_cert_file: PEM client certificate for mTLS (with ``tls_key_file``).
+        tls_key_file: PEM client key for mTLS.
+        aio: ``True`` for a ``grpc.aio`` channel, else a sync channel.
+        max_message_bytes: Largest message sent or received, bytes (agree with the server).
+        idempotent_methods: ``(service, method)`` pairs retried on UNAVAILABLE (see :func:`retry_service_config`).
+        options: Extra grpc channel arguments.
+
+    Returns:
+        A sync ``grpc.Channel`` or a ``grpc.aio.Channel``.
+    """
+    opts: list[tuple[str, Any]] = [*common_options(max_message_bytes), *options]
+    opts.append(("grpc.enable_retries", 1))
+    if idempotent_methods:
+        opts.append(("grpc.service_config", retry_service_config(idempotent_methods)))
+    creds = None
+    if tls_ca_file or tls_cert_file:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=Path(tls_ca_file).read_bytes() if tls_ca_file else None,
+            private_key=Path(tls_key_file).read_bytes() if tls_key_file else None,
+            certificate_chain=Path(tls_cert_file).read_bytes() if tls_cert_file else None,
+        )
+        if token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.metadata_call_credentials(_AuthMetadata(token))
+            )
+    if aio:
+        interceptors = _aio_token_interceptors(token) if token and creds is None else None
+        if creds is not None:
+            return grpc.aio.secure_channel(address, creds, options=opts)
+        return grpc.aio.insecure_channel(address, options=opts, interceptors=interceptors)
+    if creds is not None:
+        return grpc.secure_channel(address, creds, options=opts)
+    channel = grpc.insecure_channel(address, options=opts)
+    if token:
+        channel = grpc.intercept_channel(channel, _SyncTokenInterceptor(token))
+    return channel

@@ -1,0 +1,235 @@
+"""One server bootstrap for every marti service.
+
+``start_server`` builds a ``grpc.aio`` server with the shared interceptors, the standard health service,
+server reflection, TLS (optional) and a Prometheus endpoint (optional), adds the given services and starts
+it. ``run_server`` is the blocking entry point used by each service's ``__main__``: it runs on uvloop,
+prints ``listening on HOST:PORT``, and on SIGTERM/SIGINT flips health to NOT_SERVING, drains in-flight calls
+for ``grace_s`` seconds and exits 0; a second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from marti import errors
+from marti.rpc.interceptors import ServerInterceptor
+from marti.rpc.options import common_options
+from marti.rpc.settings import ServerSettings
+
+_LOG = logging.getLogger("marti.rpc.server")
+
+
+@dataclass
+class ServiceSpec:
+    """One gRPC service to host.
+
+    Attributes:
+        name: Full proto service name, e.g. ``"marti.api.env.v1.EnvService"`` (used for health and reflection).
+        add_to_server: Registers the servicer, e.g. ``lambda s: add_EnvServiceServicer_to_server(servicer, s)``.
+        on_start: Optional coroutine run after the server started (background tasks, recovery).
+        on_stop: Optional coroutine run after the server stopped (flush, snapshot, close storage).
+    """
+
+    name: str
+    add_to_server: Callable[[grpc.aio.Server], None]
+    on_start: Callable[[], Awaitable[None]] | None = None
+    on_stop: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass
+class RunningServer:
+    """A started server.
+
+    Attributes:
+        server: The underlying ``grpc.aio.Server``.
+        port: The bound TCP port (the real one when 0 was requested).
+        host: The bound host.
+        health: The health servicer; :meth:`set_serving` flips every service's status.
+        specs: The hosted services.
+        metrics_port: Bound Prometheus port, or ``None``.
+    """
+
+    server: grpc.aio.Server
+    port: int
+    host: str
+    health: health.aio.HealthServicer
+    specs: Sequence[ServiceSpec]
+    metrics_port: int | None = None
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` to dial (``0.0.0.0`` binds are reported as ``127.0.0.1``)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "[::]", "::") else self.host
+        return f"{host}:{self.port}"
+
+    async def set_serving(self, serving: bool) -> None:
+        """Set the health status of the server ("") and of every hosted service."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *(s.name for s in self.specs)]:
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Flip health to NOT_SERVING, let in-flight calls finish for ``grace_s`` seconds, run ``on_stop`` hooks.
+
+        Args:
+            grace_s: Seconds to wait for in-flight calls; ``None`` = no wait (cancel at once).
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.set_serving(False)
+        await self.server.stop(grace_s)
+        for spec in self.specs:
+            if spec.on_stop is not None:
+                try:
+                    await spec.on_stop()
+                except Exception:  # noqa: BLE001 - one failing hook must not skip the others
+                    _LOG.exception("on_stop of %s failed", spec.name)
+
+    async def wait_for_termination(self) -> None:
+        """Block until the server has stopped."""
+        await self.server.wait_for_termination()
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise errors.InvalidArgumentError(f"cannot read TLS file {path!r}: {exc}") from exc
+
+
+def _bind(server: grpc.aio.Server, settings: ServerSettings) -> int:
+    target = f"{settings.host}:{settings.port}"
+    if settings.tls_cert_file or settings.tls_key_file:
+        if not (settings.tls_cert_file and settings.tls_key_file):
+            raise errors.InvalidArgumentError("TLS needs both tls_cert_file and tls_key_file")
+        client_ca = _read(settings.tls_client_ca_file)
+        creds = grpc.ssl_server_credentials(
+            [(_read(settings.tls_key_file), _read(settings.tls_cert_file))],
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
+        port = server.add_secure_port(target, creds)
+    else:
+        port = server.add_insecure_port(target)
+    if port == 0:
+        raise errors.UnavailableError(f"could not bind {target}")
+    return port
+
+
+def _start_metrics(settings: ServerSettings) -> int | None:
+    if settings.metrics_port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(settings.metrics_port, addr=settings.host)
+    return int(server.server_address[1])
+
+
+async def start_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = None) -> RunningServer:
+    """Build, bind and start a server hosting ``specs`` plus health and reflection.
+
+    Args:
+        specs: The services to host.
+        settings: Bind address, limits, auth and TLS; defaults to ``ServerSettings()`` (env ``MARTI_*``).
+
+    Returns:
+        The :class:`RunningServer`, already SERVING.
+
+    Raises:
+        InvalidArgumentError: TLS files missing or unreadable.
+        UnavailableError: the address could not be bound.
+    """
+    settings = settings or ServerSettings()
+    server = grpc.aio.server(
+        interceptors=[ServerInterceptor(settings.token)],
+        options=common_options(
+            settings.max_message_bytes, settings.keepalive_time_ms, settings.keepalive_timeout_ms
+        ),
+        maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+    )
+    for spec in specs:
+        spec.add_to_server(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [s.name for s in specs] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    port = _bind(server, settings)
+    await server.start()
+    running = RunningServer(server, port, settings.host, health_servicer, list(specs))
+    running.metrics_port = _start_metrics(settings)
+    for spec in specs:
+        if spec.on_start is not None:
+            await spec.on_start()
+    await running.set_serving(True)
+    return running
+
+
+async def _serve_until_signal(specs: Sequence[ServiceSpec], settings: ServerSettings) -> None:
+    running = await start_server(specs, settings)
+    print(f"listening on {running.address}", flush=True)
+    if running.metrics_port is not None:
+        print(f"metrics on http://{settings.host}:{running.metrics_port}/metrics", flush=True)
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    signals_seen = 0
+
+    def on_signal() -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            _LOG.warning("second signal: exiting at once")
+            sys.stdout.flush()
+            import os
+
+            os._exit(1)
+        stop_requested.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await stop_requested.wait()
+    _LOG.info("shutting down: NOT_SERVING, draining for %.1fs", settings.grace_s)
+    await running.stop(settings.grace_s)
+    print("stopped", flush=True)
+
+
+def run_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = None) -> int:
+    """Serve ``specs`` until SIGTERM or SIGINT; the blocking entry point of every service.
+
+    Args:
+        specs: The services to host.
+        settings: Server settings; defaults to ``ServerSettings()``.
+
+    Returns:
+        Process exit code: 0 after a clean shutdown.
+    """
+    settings = settings or ServerSettings()
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("marti.access").setLevel(
+        logging.WARNING if settings.log_level != "DEBUG" else logging.DEBUG
+    )
+    try:
+        import uvloop
+
+        uvloop.run(_serve_until_signal(specs, settings))
+    except ImportError:  # pragma: no cover - uvloop is a dependency; fall back for exotic platforms
+        asyncio.run(_serve_until_signal(specs, settings))
+    return 0

@@ -1,0 +1,171 @@
+"""Start the marti services as local processes: the embedded stack of ``marti up`` and ``marti train``."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from marti.errors import UnavailableError
+from marti.rpc.health import wait_until_serving
+
+#: Service CLI names and their default ports (ARCHITECTURE.md section 6).
+DEFAULT_PORTS = {"broker": 50051, "env-server": 50052, "store": 50053, "trainer": 50054}
+#: Config keys / env-var stems for each service.
+SERVICE_KEYS = {"broker": "BROKER", "env-server": "ENV", "store": "STORE", "trainer": "TRAINER"}
+_LISTEN = re.compile(r"listening on (\S+)")
+
+
+@dataclass
+class ServiceProcess:
+    """A service running as a child process.
+
+    Attributes:
+        name: CLI name (``broker``, ``env-server``, ``store``, ``trainer``).
+        process: The child process.
+        address: ``host:port`` it printed when it started listening.
+        log_path: Where its stdout and stderr go.
+    """
+
+    name: str
+    process: subprocess.Popen
+    address: str
+    log_path: Path | None = None
+
+
+@dataclass
+class LocalStack:
+    """Starts, health-checks and stops a set of marti services as local processes.
+
+    Args:
+        services: CLI names to start, in order.
+        ports: Port per service; 0 asks the OS for a free one (the default for embedded stacks).
+        data_dir: Root for the broker's and store's data dirs (``<data_dir>/broker``, ``<data_dir>/store``);
+            ``None`` runs them in memory.
+        log_dir: Folder for per-service logs; ``None`` inherits the parent's stderr.
+        token: Bearer token every service requires (and ``MARTI_TOKEN`` for clients).
+        extra_args: Extra CLI arguments per service name.
+        startup_timeout_s: Time each service may take to report SERVING, seconds.
+    """
+
+    services: tuple[str, ...] = ("broker", "env-server", "store")
+    ports: dict[str, int] = field(default_factory=dict)
+    data_dir: Path | None = None
+    log_dir: Path | None = None
+    token: str | None = None
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
+    startup_timeout_s: float = 60.0
+    running: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    def _command(self, name: str) -> list[str]:
+        cmd = [sys.executable, "-m", "marti.cli", name, "--port", str(self.ports.get(name, 0))]
+        if self.data_dir is not None and name in ("broker", "store"):
+            cmd += ["--data-dir", str(Path(self.data_dir) / name)]
+        return cmd + self.extra_args.get(name, [])
+
+    def _spawn(self, name: str) -> ServiceProcess:
+        env = dict(os.environ)
+        if self.token:
+            env["MARTI_TOKEN"] = self.token
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log_path = None
+        stderr = None
+        if self.log_dir is not None:
+            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+            log_path = Path(self.log_dir) / f"{name}.log"
+            stderr = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        proc = subprocess.Popen(
+            self._command(name), stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True
+        )
+        address = self._read_address(name, proc)
+        if log_path is not None:
+            threading.Thread(target=_drain, args=(proc, log_path), daemon=True).start()
+        else:
+            threading.Thread(target=_drain, args=(proc, None), daemon=True).start()
+        return ServiceProcess(name, proc, address, log_path)
+
+    def _read_address(self, name: str, proc: subprocess.Popen) -> str:
+        deadline = time.monotonic() + self.startup_timeout_s
+        assert proc.stdout is not None  # noqa: S101 - Popen was given stdout=PIPE
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline().decode(errors="replace")
+            if not line:
+                raise UnavailableError(f"{name} exited with code {proc.wait()} before listening")
+            match = _LISTEN.search(line)
+            if match:
+                return match.group(1)
+        proc.kill()
+        raise UnavailableError(f"{name} did not print its address within {self.startup_timeout_s:.0f}s")
+
+    def start(self) -> dict[str, str]:
+        """Start every service and wait until each reports SERVING.
+
+        Returns:
+            Address (``host:port``) per service name.
+
+        Raises:
+            UnavailableError: a service exited or did not listen in time (started ones are stopped).
+            DeadlineExceededError: a service did not report SERVING in time.
+        """
+        try:
+            for name in self.services:
+                svc = self._spawn(name)
+                self.running[name] = svc
+                wait_until_serving(svc.address, timeout_s=self.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self.addresses
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Address per running service."""
+        return {name: svc.address for name, svc in self.running.items()}
+
+    def stop(self, timeout_s: float = 15.0) -> dict[str, int]:
+        """Send SIGTERM to every service (reverse start order), wait, then SIGKILL stragglers.
+
+        Returns:
+            Exit code per service.
+        """
+        codes: dict[str, int] = {}
+        for name in reversed(list(self.running)):
+            proc = self.running[name].process
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name in reversed(list(self.running)):
+            proc = self.running[name].process
+            try:
+                codes[name] = proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[name] = proc.wait()
+        self.running.clear()
+        return codes
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _drain(proc: subprocess.Popen, log_path: Path | None) -> None:
+    """Copy a child's remaining stdout to its log (or discard it) so the pipe never fills."""
+    assert proc.stdout is not None  # noqa: S101
+    sink = open(log_path, "ab") if log_path else None  # noqa: SIM115
+    try:
+        for line in proc.stdout:
+            if sink:
+                sink.write(line)
+                sink.flush()
+    finally:
+        if sink:
+            sink.close()
