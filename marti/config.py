@@ -1,0 +1,893 @@
+"""The training config: the YAML schema of ``marti train`` (ARCHITECTURE.md section 7).
+
+One frozen pydantic v2 model, :class:`TrainConfig`, describes a whole training job. Every section forbids
+unknown keys, so a typo is an :class:`~marti.errors.InvalidArgumentError` that names the dotted key path
+(``unknown key 'algorithm.kl_coeff' (did you mean 'kl_coef'?)``). The documented seed format
+(``multi_agent_collaboration.yaml`` of the design) loads exactly as written; YAML 1.1 reads ``2e-5`` as a
+string, so numeric strings are accepted wherever a number is expected.
+
+Sections (each documented field by field below and in ``docs/config.md``):
+
+- top level: ``training_name``, ``num_agents``, ``max_steps``, batch sizes, learning rate and schedule, seed;
+- ``agents``: one entry per agent (name, model, role, resources, sampling overrides, ``is_tuning``);
+- ``environment``, ``ray``, ``vllm``: the design's sections;
+- ``algorithm``, ``rollout``, ``policy``, ``strategy``, ``services``, ``output``, ``reward_alloc``,
+  ``device``, ``budget``: marti's additions.
+
+Models are only recorded here, never looked up: the trainer's model loader names a missing model.
+
+Typical use::
+
+    cfg = load_config("examples/resource_allocation.yaml", ["algorithm.kl_coef=0.01", "agents.0.role=planner"])
+    cfg.run_dir            # Path("runs/resource_allocation")
+    cfg.sampling_for("agent_2").temperature
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from marti.errors import InvalidArgumentError
+
+__all__ = [
+    "AgentConfig",
+    "AlgorithmConfig",
+    "BudgetConfig",
+    "EnvironmentConfig",
+    "OutputConfig",
+    "PolicyConfig",
+    "RayConfig",
+    "RewardAllocConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+    "SamplingOverrides",
+    "ServicesConfig",
+    "StrategyConfig",
+    "TrainConfig",
+    "VllmConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "config_from_text",
+    "dump_config",
+    "load_config",
+    "parse_byte_size",
+]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DEFAULT_EVAL_SEED_START = 1_000_000
+"""First held-out problem seed when ``rollout.eval_seeds`` is not given."""
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+UnitFloat = Annotated[float, Field(ge=0, le=1)]
+
+
+class _Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are immutable after validation."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
+    )
+
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_byte_size(value: int | float | str) -> int:
+    """Parse a memory size such as ``"20GB"``, ``"512MiB"``, ``"1.5G"`` or ``1073741824`` into bytes.
+
+    Decimal units (K, KB, M, MB, G, GB, T, TB) are powers of 1000, binary units (KiB, MiB, GiB, TiB) powers
+    of 1024, as in Ray and Kubernetes; a bare number is bytes.
+
+    Args:
+        value: An int or float of bytes, or a string of a number and an optional unit (case-insensitive).
+
+    Returns:
+        The size in bytes, rounded down to an int.
+
+    Raises:
+        InvalidArgumentError: The value is negative, not a number, or has an unknown unit.
+    """
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"byte size must be a number or a string like '20GB', got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise InvalidArgumentError(f"byte size must be >= 0, got {value!r}")
+        return int(value)
+    match = _BYTES_RE.match(str(value))
+    if match is None or match.group(2).lower() not in _BYTE_UNITS:
+        raise InvalidArgumentError(
+            f"byte size {value!r} is not a number with an optional unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+        )
+    return int(float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()])
+
+
+class SamplingConfig(_Section):
+    """Resolved sampling parameters of one agent's rollouts (see :meth:`TrainConfig.sampling_for`)."""
+
+    temperature: NonNegFloat = 1.0
+    """Softmax temperature; 0 means greedy decoding."""
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 disables it."""
+    max_new_tokens: PositiveInt = 128
+    """Most tokens generated for one turn of one agent."""
+
+
+class SamplingOverrides(_Section):
+    """Per-agent sampling overrides; a field left null falls back to the ``rollout`` section's value."""
+
+    temperature: NonNegFloat | None = None
+    """Overrides ``rollout.temperature`` for this agent."""
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Overrides ``rollout.top_p`` for this agent."""
+    max_new_tokens: PositiveInt | None = None
+    """Overrides ``rollout.max_new_tokens`` for this agent."""
+
+
+class AgentConfig(_Section):
+    """One agent of the team: the model it starts from, its role, its resources and how it samples."""
+
+    name: str
+    """Unique agent id (letters, digits, ``_ . -``; at most 64 characters), e.g. ``agent_1``."""
+    pretrain_model: str
+    """Model name or alias the agent starts from (resolved by the trainer's model loader, not here)."""
+    role: str
+    """Role in the team (``leader``, ``planner``, ``executor``, ``evaluator``, ...); shown in its prompt."""
+    num_gpus: NonNegFloat = 0.0
+    """GPUs reserved for this agent's actors (fractions allowed, as in Ray)."""
+    num_cpus: NonNegFloat = 1.0
+    """CPUs reserved for this agent's actors (as in Ray)."""
+    capabilities: list[str] = Field(default_factory=list)
+    """Free-text capabilities listed in the agent's role prompt, e.g. ``[planning, coordination]``."""
+    is_tuning: bool = True
+    """False freezes the agent: it acts in episodes but is never updated."""
+    prompt_template: str | None = None
+    """System prompt template; ``{role}``, ``{name}`` and ``{capabilities}`` are filled in. Null: built-in."""
+    sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
+    """Per-agent overrides of the ``rollout`` sampling parameters."""
+    learning_rate: PositiveFloat | None = None
+    """Per-agent learning rate; null uses the top-level ``learning_rate``."""
+    ref_model: str | None = None
+    """Reference model for the KL term; null uses ``pretrain_model``."""
+    critic_model: str | None = None
+    """Critic's base model (``gae`` only); null uses ``pretrain_model``."""
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(f"agent name {value!r} must match {_NAME_RE.pattern}")
+        return value
+
+    @field_validator("pretrain_model", "role")
+    @classmethod
+    def _check_nonempty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class EnvironmentConfig(_Section):
+    """The environment the team plays in (served by env_server, or in-process when no address is given)."""
+
+    env_name: str = "collaborative_task_solving"
+    """Registered environment id on env_server."""
+    scenario: str | None = "resource_allocation"
+    """Scenario of the environment; null lets the environment choose its default."""
+    max_turns: PositiveInt = 10
+    """Most rounds of one episode; an episode that reaches it is truncated."""
+    reward_type: Literal["dense", "sparse"] = "dense"
+    """``dense``: a reward every turn; ``sparse``: only at the end of the episode."""
+    observation_format: Literal["natural_language", "json"] = "natural_language"
+    """How observations are rendered for the agents."""
+    difficulty: Literal["easy", "medium", "hard"] | None = None
+    """Problem difficulty; null lets the environment choose its default."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Extra environment-specific settings passed through to the environment unchanged."""
+
+
+class RayConfig(_Section):
+    """Where and how the Ray side of the trainer runs."""
+
+    address: str | None = None
+    """``null`` or ``local``: start a local Ray; ``auto``: attach to the running cluster; or ``host:port``
+    / ``ray://host:port`` of a cluster."""
+    num_cpus: PositiveInt | None = None
+    """CPUs a local ``ray.init`` may use; null: all CPUs of the machine."""
+    num_cpus_per_worker: NonNegFloat = 1.0
+    """CPUs per rollout worker actor."""
+    num_gpus_per_worker: NonNegFloat = 0.0
+    """GPUs per rollout worker actor."""
+    object_store_memory: NonNegInt | None = None
+    """Ray object store size in bytes; strings like ``20GB`` or ``512MiB`` are accepted. Null: Ray's default."""
+
+    @field_validator("object_store_memory", mode="before")
+    @classmethod
+    def _parse_bytes(cls, value: Any) -> Any:
+        return None if value is None else parse_byte_size(value)
+
+
+class VllmConfig(_Section):
+    """vLLM rollout engine settings (used when ``rollout.engine`` resolves to ``vllm``)."""
+
+    num_engines: PositiveInt = 1
+    """Number of vLLM engines."""
+    tensor_parallel_size: PositiveInt = 1
+    """GPUs per engine (tensor parallelism)."""
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """Fraction of GPU memory an engine may take, in (0, 1]."""
+    max_num_batched_tokens: PositiveInt = 4096
+    """Most tokens in one engine batch."""
+    max_num_seqs: PositiveInt = 256
+    """Most sequences in one engine batch."""
+    enable_prefix_caching: bool = False
+    """Reuse the KV cache of shared prompt prefixes."""
+
+
+Estimator = Literal["gae", "grpo", "dr_grpo", "reinforce++", "reinforce++_baseline", "rloo"]
+GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "reinforce++_baseline", "rloo"})
+"""Advantage estimators that compare episodes of one problem seed, so need ``rollout.group_size >= 2``."""
+
+
+class AlgorithmConfig(_Section):
+    """The RL algorithm: advantage estimator, KL regularisation, PPO clipping, loss aggregation."""
+
+    advantage_estimator: Estimator = "grpo"
+    """``gae`` (PPO with a critic), ``grpo``, ``dr_grpo``, ``reinforce++``, ``reinforce++_baseline``, ``rloo``."""
+    gamma: UnitFloat = 1.0
+    """Discount factor in [0, 1]."""
+    lambd: UnitFloat = 0.95
+    """GAE lambda in [0, 1] (``gae`` only)."""
+    kl_coef: NonNegFloat = 0.01
+    """Weight of the KL to the reference policy; 0 disables the reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """KL estimator (Schulman's k1, k2, k3)."""
+    use_kl_loss: bool = False
+    """True: KL is a loss term; false: KL is a per-token reward penalty."""
+    clip_eps_low: PositiveFloat = 0.2
+    """Lower PPO clip range: the ratio is clipped below at ``1 - clip_eps_low``."""
+    clip_eps_high: PositiveFloat = 0.2
+    """Upper PPO clip range: the ratio is clipped above at ``1 + clip_eps_high`` (asymmetric clip)."""
+    dual_clip: Annotated[float, Field(gt=1)] | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative advantages; null disables it."""
+    value_clip: PositiveFloat | None = 0.2
+    """Clip range of the value loss (``gae`` only); null disables value clipping."""
+    entropy_coef: NonNegFloat = 0.0
+    """Weight of the entropy bonus."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How token losses are reduced to one number."""
+    normalize_advantages: bool = True
+    """Whiten advantages over the batch before the policy loss."""
+    normalize_reward: bool = False
+    """Normalise rewards by running statistics before computing advantages."""
+    ppo_epochs: PositiveInt = 1
+    """Optimisation passes over each rollout batch."""
+    critic_learning_rate: PositiveFloat | None = None
+    """Critic learning rate (``gae`` only); null uses the top-level ``learning_rate``."""
+
+
+class RolloutConfig(_Section):
+    """How episodes are generated: engine, batch shape, sampling and held-out evaluation."""
+
+    engine: Literal["hf", "vllm", "auto"] = "auto"
+    """``hf``: transformers ``generate``; ``vllm``: vLLM (GPU); ``auto``: vLLM when installed and on CUDA."""
+    episodes_per_step: PositiveInt = 8
+    """Episodes played per training step (a multiple of ``group_size``)."""
+    group_size: PositiveInt = 4
+    """Episodes per problem seed; a group is what GRPO-style estimators normalise over."""
+    max_new_tokens: PositiveInt = 128
+    """Default most tokens per agent turn."""
+    temperature: NonNegFloat = 1.0
+    """Default sampling temperature; 0 is greedy."""
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Default nucleus sampling mass in (0, 1]."""
+    train_seed_start: NonNegInt = 0
+    """First training problem seed; step ``s`` plays seeds from ``train_seed_start`` upward."""
+    num_train_seeds: PositiveInt | None = None
+    """Size of the training problem set (one epoch of ``max_epochs``); null: a fresh seed every problem."""
+    eval_every: NonNegInt = 10
+    """Evaluate on the held-out seeds every this many steps (and after the last); 0 disables evaluation."""
+    eval_episodes: PositiveInt = 16
+    """Held-out episodes per evaluation."""
+    eval_seeds: list[NonNegInt] | None = None
+    """Held-out problem seeds; null: ``1000000, 1000001, ...`` (``eval_episodes`` of them)."""
+    max_staleness: NonNegInt = 0
+    """Most policy versions a sample may lag behind the learner; 0 is fully synchronous."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutConfig:
+        if self.episodes_per_step % self.group_size:
+            raise ValueError(
+                f"rollout.episodes_per_step ({self.episodes_per_step}) must be a multiple of "
+                f"rollout.group_size ({self.group_size})"
+            )
+        seeds = self.eval_seeds
+        if seeds is not None:
+            if len(set(seeds)) != len(seeds):
+                raise ValueError(f"rollout.eval_seeds has duplicates: {seeds}")
+            if len(seeds) < self.eval_episodes:
+                raise ValueError(
+                    f"rollout.eval_episodes ({self.eval_episodes}) exceeds the {len(seeds)} rollout.eval_seeds"
+                )
+        if self.num_train_seeds is not None:
+            lo, hi = self.train_seed_start, self.train_seed_start + self.num_train_seeds
+            clash = sorted(s for s in self.resolved_eval_seeds if lo <= s < hi)
+            if clash:
+                raise ValueError(
+                    f"held-out rollout.eval_seeds {clash[:5]} overlap the training seeds [{lo}, {hi})"
+                )
+        return self
+
+    @property
+    def resolved_eval_seeds(self) -> list[int]:
+        """The ``eval_episodes`` held-out seeds an evaluation plays, in order."""
+        if self.eval_seeds is not None:
+            return list(self.eval_seeds[: self.eval_episodes])
+        return [DEFAULT_EVAL_SEED_START + i for i in range(self.eval_episodes)]
+
+    @property
+    def problems_per_step(self) -> int:
+        """Distinct problem seeds per step: ``episodes_per_step // group_size``."""
+        return self.episodes_per_step // self.group_size
+
+    def train_seeds(self, step: int) -> list[int]:
+        """Problem seeds of the episodes of training step ``step`` (0-based), each repeated ``group_size`` times.
+
+        Problem ``k`` overall (``k = step * problems_per_step + j``) has seed ``train_seed_start + k``, wrapped
+        modulo ``num_train_seeds`` when the problem set is finite; held-out seeds are skipped when the set is
+        unbounded, so training never sees an evaluation problem.
+
+        Args:
+            step: Training step index, >= 0.
+
+        Returns:
+            ``episodes_per_step`` seeds; consecutive runs of ``group_size`` equal seeds form one group.
+
+        Raises:
+            InvalidArgumentError: ``step`` is negative.
+        """
+        if step < 0:
+            raise InvalidArgumentError(f"step must be >= 0, got {step}")
+        held_out = set(self.resolved_eval_seeds)
+        seeds: list[int] = []
+        for j in range(self.problems_per_step):
+            k = step * self.problems_per_step + j
+            if self.num_train_seeds is not None:
+                seed = self.train_seed_start + k % self.num_train_seeds
+            else:
+                seed = self.train_seed_start + k
+                # Skip held-out seeds: shift by the number of held-out seeds at or below the candidate.
+                shift = 0
+                while True:
+                    below = sum(1 for s in held_out if self.train_seed_start <= s <= seed + shift)
+                    if below == shift:
+                        break
+                    shift = below
+                seed += shift
+            seeds.extend([seed] * self.group_size)
+        return seeds
+
+
+class PolicyConfig(_Section):
+    """How the agents' policies are laid out in memory."""
+
+    mode: Literal["auto", "lora", "per_agent", "shared"] = "auto"
+    """``lora``: one LoRA adapter per agent on one shared base model; ``per_agent``: a full model per agent
+    (different base models allowed); ``shared``: one policy for all agents, told apart by role prompts;
+    ``auto``: ``lora`` when every agent has the same ``pretrain_model``, else ``per_agent``."""
+    lora_r: PositiveInt = 8
+    """LoRA rank."""
+    lora_alpha: PositiveFloat = 16.0
+    """LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_r``)."""
+    lora_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the LoRA input, in [0, 1)."""
+    lora_target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names that get LoRA adapters."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, more time)."""
+    disable_dropout: bool = False
+    """Set every dropout probability of the policy model to 0."""
+    ema: bool = False
+    """Keep an exponential moving average of the policy weights."""
+    ema_beta: Annotated[float, Field(gt=0, lt=1)] = 0.992
+    """EMA decay in (0, 1)."""
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    """transformers attention kernel; null lets transformers choose."""
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _nonempty_targets(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("must list at least one module name")
+        return value
+
+
+class StrategyConfig(_Section):
+    """How each policy is trained: plain torch or DeepSpeed ZeRO, precision, clipping."""
+
+    name: Literal["torch", "deepspeed"] = "torch"
+    """``torch``: plain torch optimizer; ``deepspeed``: DeepSpeed ZeRO (gloo on CPU)."""
+    zero_stage: Annotated[int, Field(ge=0, le=3)] = 0
+    """ZeRO stage 0 to 3 of the policies (``deepspeed`` only)."""
+    critic_zero_stage: Annotated[int, Field(ge=0, le=3)] | None = None
+    """ZeRO stage of the critics; null uses ``zero_stage``."""
+    bf16: bool = False
+    """Train in bfloat16 where the device supports it."""
+    grad_clip: NonNegFloat = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    weight_decay: NonNegFloat = 0.0
+    """AdamW weight decay."""
+    init_on_gpu: bool = False
+    """Build models directly on the GPU (CUDA only)."""
+    offload_reference_model: bool = False
+    """Keep the reference model in CPU memory between uses (CUDA only)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> StrategyConfig:
+        if self.name == "torch" and (self.zero_stage or self.critic_zero_stage):
+            raise ValueError(
+                f"strategy.zero_stage={self.zero_stage} / critic_zero_stage={self.critic_zero_stage} "
+                "need strategy.name=deepspeed (strategy.name is 'torch')"
+            )
+        return self
+
+
+class ServicesConfig(_Section):
+    """Addresses of the services the trainer uses; a null address starts that service embedded."""
+
+    broker: str | None = None
+    """comm_broker address ``host:port``; null: start one locally."""
+    env: str | None = None
+    """env_server address; null: start one locally."""
+    store: str | None = None
+    """experience_store address; null: start one locally."""
+    token: str | None = None
+    """Bearer token sent to every service (``MARTI_TOKEN`` is used when null)."""
+    tls_ca_file: str | None = None
+    """CA certificate file for TLS to the services; null: plaintext."""
+    data_dir: str | None = None
+    """Data directory of embedded services; null: ``<output.dir>/services``."""
+
+
+class OutputConfig(_Section):
+    """Where the run writes metrics, checkpoints and its report, and how often."""
+
+    dir: str | None = None
+    """Run directory; null: ``runs/<training_name>``."""
+    save_every: NonNegInt = 0
+    """Save a checkpoint every this many steps (and always after the last); 0: only at the end."""
+    keep_checkpoints: PositiveInt = 2
+    """Most recent checkpoints kept on disk."""
+    log_every: PositiveInt = 1
+    """Log metrics every this many steps."""
+    log_with: list[Literal["tensorboard", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
+    """Loggers besides metrics.jsonl (which is always written): ``tensorboard``, ``wandb`` (if installed)."""
+    wandb_project: str | None = None
+    """wandb project; null: the ``training_name``."""
+    wandb_run_name: str | None = None
+    """wandb run name; null: wandb's default."""
+
+
+class RewardAllocConfig(_Section):
+    """Credit assignment: an agent's reward is ``team_weight * team_reward + role_weight * role_reward``."""
+
+    team_weight: NonNegFloat = 1.0
+    """Weight of the shared team reward."""
+    role_weight: NonNegFloat = 0.5
+    """Weight of the agent's own role reward."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardAllocConfig:
+        if self.team_weight == 0 and self.role_weight == 0:
+            raise ValueError(
+                "reward_alloc.team_weight and reward_alloc.role_weight are both 0: no reward left"
+            )
+        return self
+
+
+class BudgetConfig(_Section):
+    """Limits that end a run early, besides ``max_steps``."""
+
+    max_wall_time_s: PositiveFloat | None = None
+    """Stop (after saving a checkpoint) once the run has taken this many seconds; null: no limit."""
+
+
+class TrainConfig(_Section):
+    """A whole training job, as written in the YAML file (ARCHITECTURE.md section 7)."""
+
+    training_name: str
+    """Name of the run; also the default output directory ``runs/<training_name>``."""
+    agents: list[AgentConfig]
+    """The team, one entry per agent."""
+    num_agents: PositiveInt | None = None
+    """Number of agents; must equal the length of ``agents`` when given (filled in when omitted)."""
+    max_steps: PositiveInt = 100
+    """Training steps (one rollout batch and its updates per step)."""
+    micro_train_batch_size: PositiveInt = 4
+    """Sequences per forward/backward pass."""
+    gradient_accumulation_steps: PositiveInt = 1
+    """Micro batches accumulated per optimizer step."""
+    max_epochs: PositiveInt = 1
+    """Passes over the training problem set (only bounds training when ``rollout.num_train_seeds`` is set)."""
+    learning_rate: PositiveFloat = 1e-5
+    """Peak learning rate of the policies (numeric strings like ``2e-5`` are accepted)."""
+    lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_min_lr"] = (
+        "cosine"
+    )
+    """Learning rate schedule after warmup."""
+    lr_warmup_ratio: UnitFloat = 0.0
+    """Fraction of ``max_steps`` spent in linear warmup, in [0, 1]."""
+    lr_warmup_steps: NonNegInt | None = None
+    """Warmup steps; overrides ``lr_warmup_ratio`` when given."""
+    seed: int = 42
+    """Global random seed (torch, numpy, python, sampling)."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Where models run; ``auto``: CUDA when available, else CPU."""
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    """The environment section."""
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """The Ray section."""
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    """The vLLM section."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """The RL algorithm section."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """The rollout and evaluation section."""
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """The policy layout section."""
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    """The training strategy section."""
+    services: ServicesConfig = Field(default_factory=ServicesConfig)
+    """The service addresses section."""
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    """The output section."""
+    reward_alloc: RewardAllocConfig = Field(default_factory=RewardAllocConfig)
+    """The credit assignment section."""
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    """The budget section."""
+
+    @field_validator("training_name")
+    @classmethod
+    def _check_training_name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(f"training_name {value!r} must match {_NAME_RE.pattern} (it names a directory)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_team(self) -> TrainConfig:
+        names = [a.name for a in self.agents]
+        if not names:
+            raise ValueError("agents must list at least one agent")
+        if self.num_agents is None:
+            object.__setattr__(self, "num_agents", len(names))
+        elif self.num_agents != len(names):
+            raise ValueError(
+                f"num_agents is {self.num_agents} but agents lists {len(names)} ({', '.join(names)})"
+            )
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"agent names must be distinct; repeated: {', '.join(dupes)}")
+        if self.policy.mode in ("lora", "shared"):
+            models = {a.pretrain_model for a in self.agents}
+            if len(models) > 1:
+                listing = ", ".join(f"{a.name}={a.pretrain_model}" for a in self.agents)
+                raise ValueError(
+                    f"policy.mode={self.policy.mode} needs one pretrain_model for all agents, got {listing}"
+                )
+        est = self.algorithm.advantage_estimator
+        if est in GROUP_ESTIMATORS and self.rollout.group_size < 2:
+            raise ValueError(
+                f"algorithm.advantage_estimator={est} compares episodes within a group and needs "
+                f"rollout.group_size >= 2, got {self.rollout.group_size}"
+            )
+        if self.rollout.engine == "vllm" and self.device == "cpu":
+            raise ValueError("rollout.engine=vllm needs device cuda or auto, got device=cpu")
+        if not any(a.is_tuning for a in self.agents):
+            raise ValueError("every agent has is_tuning=false: nothing to train")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        """Output directory of the run: ``output.dir``, or ``runs/<training_name>``."""
+        return Path(self.output.dir) if self.output.dir else Path("runs") / self.training_name
+
+    @property
+    def policy_mode(self) -> Literal["lora", "per_agent", "shared"]:
+        """``policy.mode`` with ``auto`` resolved (``lora`` if all agents share one base model)."""
+        if self.policy.mode != "auto":
+            return self.policy.mode
+        return "lora" if len({a.pretrain_model for a in self.agents}) == 1 else "per_agent"
+
+    @property
+    def tuning_agents(self) -> list[str]:
+        """Names of the agents that are trained (``is_tuning: true``), in config order."""
+        return [a.name for a in self.agents if a.is_tuning]
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warmup steps: ``lr_warmup_steps`` if given, else ``round(lr_warmup_ratio * max_steps)``."""
+        if self.lr_warmup_steps is not None:
+            return self.lr_warmup_steps
+        return round(self.lr_warmup_ratio * self.max_steps)
+
+    def agent(self, name: str) -> AgentConfig:
+        """The agent entry called ``name``.
+
+        Raises:
+            InvalidArgumentError: No agent has that name (the message lists the agents).
+        """
+        for a in self.agents:
+            if a.name == name:
+                return a
+        raise InvalidArgumentError(f"no agent {name!r}; agents are {[a.name for a in self.agents]}")
+
+    def sampling_for(self, name: str) -> SamplingConfig:
+        """Sampling parameters of agent ``name``: its overrides on top of the ``rollout`` defaults."""
+        o = self.agent(name).sampling
+        r = self.rollout
+        return SamplingConfig(
+            temperature=r.temperature if o.temperature is None else o.temperature,
+            top_p=r.top_p if o.top_p is None else o.top_p,
+            max_new_tokens=r.max_new_tokens if o.max_new_tokens is None else o.max_new_tokens,
+        )
+
+    def learning_rate_for(self, name: str) -> float:
+        """Learning rate of agent ``name``: its own ``learning_rate`` or the top-level one."""
+        lr = self.agent(name).learning_rate
+        return self.learning_rate if lr is None else lr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading, overrides and error messages
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) if loc else "<root>"
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Optional / Annotated from a field annotation, returning the inner type."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                return annotation
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _suggest(word: str, options: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _format_error(err: dict[str, Any], source: str) -> str:
+    loc = _dotted(tuple(err["loc"]))
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(tuple(err["loc"])[:-1])
+        hint = _suggest(str(err["loc"][-1]), parent.model_fields) if parent else ""
+        return f"{source}: unknown key '{loc}'{hint}"
+    if kind == "missing":
+        return f"{source}: missing required key '{loc}'"
+    msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if kind == "value_error" and (not err["loc"] or isinstance(err.get("input"), dict)):
+        return f"{source}: {msg}"
+    return f"{source}: '{loc}': {msg} (got {err.get('input')!r})"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The section model at a validation location, e.g. ``('agents', 0, 'sampling')`` -> SamplingOverrides."""
+    cls: Any = TrainConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not _is_model(cls) or part not in cls.model_fields:
+            return None
+        tp = _unwrap(cls.model_fields[part].annotation)
+        if typing.get_origin(tp) is list:
+            tp = _unwrap(typing.get_args(tp)[0])
+        cls = tp
+    return cls if _is_model(cls) else None
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise InvalidArgumentError(f"override {text!r} is not KEY=VALUE (e.g. algorithm.kl_coef=0.01)")
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise InvalidArgumentError(f"override key {key!r} has an empty part")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise InvalidArgumentError(
+            f"override {key}: value {raw!r} is not a YAML scalar or list: {exc}"
+        ) from None
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
+    """Apply dotted ``KEY=VALUE`` overrides to a raw config mapping (a deep copy is returned).
+
+    Keys are checked against the schema before anything is set: ``algorithm.kl_coef`` works even when the
+    YAML file has no ``algorithm`` section; list items are addressed by index (``agents.0.role``) and the
+    index must exist. Values are parsed as YAML (``0.01``, ``true``, ``null``, ``[a, b]``). Below a free-form
+    mapping (``environment.options``) any key is accepted.
+
+    Args:
+        data: The raw mapping read from YAML (not modified).
+        overrides: Strings ``dotted.key=value``, applied in order.
+
+    Returns:
+        The new raw mapping, still to be validated.
+
+    Raises:
+        InvalidArgumentError: Malformed override, unknown key (named, with a suggestion), a list index out of
+            range, or a key below a scalar value.
+    """
+    out = yaml.safe_load(yaml.safe_dump(data)) if data else {}
+    for text in overrides:
+        parts, value = _parse_override(text)
+        _set_path(out, parts, value)
+    return out
+
+
+def _set_path(root: dict[str, Any], parts: list[str], value: Any) -> None:
+    cls: Any = TrainConfig
+    node: Any = root
+    key = ".".join(parts)
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        here = ".".join(parts[: i + 1])
+        if cls is dict:  # free-form mapping: any key
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+            continue
+        if _is_model(cls):
+            if part not in cls.model_fields:
+                raise InvalidArgumentError(
+                    f"unknown config key '{here}' in override '{key}'{_suggest(part, cls.model_fields)}"
+                )
+            if last:
+                node[part] = value
+                return
+            tp = _unwrap(cls.model_fields[part].annotation)
+            origin = typing.get_origin(tp)
+            if _is_model(tp) or tp is dict or origin is dict:
+                if not isinstance(node.get(part), dict):
+                    node[part] = {}
+                node = node[part]
+                cls = tp if _is_model(tp) else dict
+            elif origin is list:
+                items = node.get(part)
+                if not isinstance(items, list):
+                    items = node[part] = [] if items is None else items
+                node, cls = items, ("list", _unwrap(typing.get_args(tp)[0]))
+            else:
+                raise InvalidArgumentError(
+                    f"override '{key}': '{here}' is a single value, it has no sub-keys"
+                )
+            continue
+        # list node: part must be an index
+        item_type = cls[1]
+        if not part.isdigit():
+            raise InvalidArgumentError(f"override '{key}': '{part}' must be a list index 0..{len(node) - 1}")
+        idx = int(part)
+        if idx >= len(node):
+            raise InvalidArgumentError(
+                f"override '{key}': index {idx} out of range, '{'.'.join(parts[:i])}' has {len(node)} items"
+            )
+        if last:
+            node[idx] = value
+            return
+        if not _is_model(item_type):
+            raise InvalidArgumentError(f"override '{key}': '{here}' is a single value, it has no sub-keys")
+        if not isinstance(node[idx], dict):
+            raise InvalidArgumentError(f"override '{key}': '{here}' is not a mapping (got {node[idx]!r})")
+        node, cls = node[idx], item_type
+
+
+def config_from_dict(
+    data: dict[str, Any], overrides: typing.Sequence[str] = (), *, source: str = "<config>"
+) -> TrainConfig:
+    """Validate a raw mapping (plus dotted overrides) into a :class:`TrainConfig`.
+
+    Args:
+        data: The raw config mapping, as read from YAML.
+        overrides: Dotted ``KEY=VALUE`` overrides (see :func:`apply_overrides`).
+        source: Name used in error messages (the file path).
+
+    Returns:
+        The validated, frozen config.
+
+    Raises:
+        InvalidArgumentError: Every problem found, one per line, each naming the dotted key and bad value.
+    """
+    if not isinstance(data, dict):
+        raise InvalidArgumentError(f"{source}: the config must be a YAML mapping, got {type(data).__name__}")
+    raw = apply_overrides(data, overrides)
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_format_error(e, source) for e in exc.errors(include_url=False)]
+        raise InvalidArgumentError("\n".join(lines)) from None
+
+
+def config_from_text(
+    text: str, overrides: typing.Sequence[str] = (), *, source: str = "<text>"
+) -> TrainConfig:
+    """Parse YAML text into a :class:`TrainConfig` (used by TrainerService.SubmitJob).
+
+    Raises:
+        InvalidArgumentError: The text is not valid YAML, or the config is invalid (see :func:`config_from_dict`).
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
+    return config_from_dict({} if data is None else data, overrides, source=source)
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> TrainConfig:
+    """Load a YAML training config file and apply dotted overrides (``--set algorithm.kl_coef=0.01``).
+
+    Args:
+        path: The YAML file.
+        overrides: ``KEY=VALUE`` strings, applied in order after the file is read.
+
+    Returns:
+        The validated, frozen :class:`TrainConfig`.
+
+    Raises:
+        InvalidArgumentError: The file is missing or unreadable, is not YAML, or the config is invalid; the
+            message names the file, the dotted key and the bad value.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read config file {str(p)!r}: {exc.strerror or exc}") from None
+    return config_from_text(text, overrides, source=str(p))
+
+
+def dump_config(config: TrainConfig) -> str:
+    """Render a config as YAML text that :func:`config_from_text` reads back to an equal config."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,437 @@
+"""OpenRLHF-style launch flags (``--actor_model A B C --bf16 ...``) mapped onto the training config.
+
+``marti train`` accepts the flags of the design's launch script (``train_multi_agent.sh``) besides a YAML file.
+Each flag becomes one or more dotted config overrides (the table :data:`FLAG_TABLE`, rendered in
+``docs/config.md``). A flag that does not apply on this machine (flash attention or ``--actor_init_on_gpu``
+without CUDA, ``--bf16`` without bf16 support, ``--log_with wandb`` without wandb) is reported once (a warning
+on the ``marti.launch_flags`` logger and a line in the returned list) and ignored; so is a flag marti has no
+use for (``--reward_model``, ``--dataset``: rewards and problems come from the environment). An unknown flag is an
+:class:`~marti.errors.InvalidArgumentError` naming it.
+
+Typical use (what ``marti train`` does)::
+
+    config, warnings = build_config("examples/resource_allocation.yaml", ["max_steps=4"], ["--bf16", "--seed", "7"])
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from marti.config import TrainConfig, apply_overrides, config_from_dict
+from marti.errors import InvalidArgumentError
+
+__all__ = [
+    "FLAG_TABLE",
+    "DEFAULT_ROLES",
+    "LaunchFlags",
+    "MachineInfo",
+    "build_config",
+    "flag_table_markdown",
+    "parse_launch_flags",
+]
+
+DEFAULT_ROLES = ("planner", "executor", "evaluator")
+"""Roles given to agents created from ``--actor_model`` when there is no YAML file (cycled)."""
+
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """What this machine supports, as far as launch flags care.
+
+    Attributes:
+        has_cuda: A CUDA device is visible to torch.
+        bf16_supported: The CUDA device supports bfloat16 training (CPU training runs in fp32 here).
+        flash_attn_installed: The ``flash_attn`` package is importable.
+        wandb_installed: The ``wandb`` package is importable.
+    """
+
+    has_cuda: bool = False
+    bf16_supported: bool = False
+    flash_attn_installed: bool = False
+    wandb_installed: bool = False
+
+    @classmethod
+    def detect(cls) -> MachineInfo:
+        """Probe this machine (imports torch if it is installed; no torch means no CUDA)."""
+        has_cuda = bf16 = False
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            has_cuda = bool(torch.cuda.is_available())
+            bf16 = has_cuda and bool(torch.cuda.is_bf16_supported())
+        return cls(
+            has_cuda=has_cuda,
+            bf16_supported=bf16,
+            flash_attn_installed=importlib.util.find_spec("flash_attn") is not None,
+            wandb_installed=importlib.util.find_spec("wandb") is not None,
+        )
+
+
+Kind = Literal["switch", "int", "float", "str", "models"]
+
+
+@dataclass(frozen=True)
+class _Flag:
+    """One launch flag: how it is read, which config keys it sets, and when it does not apply."""
+
+    kind: Kind
+    keys: tuple[str, ...]
+    """Config keys set to the flag's value (``agents.*.x`` for per-agent model lists)."""
+    doc: str = ""
+    fixed: tuple[tuple[str, Any], ...] = ()
+    """Extra ``(key, value)`` overrides the flag implies, e.g. ``strategy.name=deepspeed``."""
+    unavailable: Callable[[MachineInfo, Any], str | None] | None = None
+    """Returns why the flag does not apply on this machine (then it is ignored), or None."""
+
+
+def _no_cuda(m: MachineInfo, _v: Any) -> str | None:
+    return None if m.has_cuda else "no CUDA device on this machine"
+
+
+def _no_bf16(m: MachineInfo, _v: Any) -> str | None:
+    return None if m.bf16_supported else "no device with bf16 training support here; training runs in fp32"
+
+
+def _no_flash(m: MachineInfo, _v: Any) -> str | None:
+    if not m.has_cuda:
+        return "flash attention needs CUDA; transformers picks its default attention"
+    return None if m.flash_attn_installed else "the flash_attn package is not installed"
+
+
+def _no_wandb(m: MachineInfo, v: Any) -> str | None:
+    if v == "wandb" and not m.wandb_installed:
+        return "wandb is not installed; metrics.jsonl and TensorBoard are still written"
+    return None
+
+
+def _not_used(reason: str) -> Callable[[MachineInfo, Any], str]:
+    return lambda _m, _v: reason
+
+
+FLAG_TABLE: dict[str, _Flag] = {
+    # models, one per agent (or one for all)
+    "actor_model": _Flag("models", ("agents.*.pretrain_model",), "one model per agent, or one for all"),
+    "critic_model": _Flag("models", ("agents.*.critic_model",), "one per agent, or one for all"),
+    "ref_model": _Flag("models", ("agents.*.ref_model",), "one per agent, or one for all"),
+    "reward_model": _Flag(
+        "str", (), "ignored", unavailable=_not_used("rewards come from the environment (verifiable rewards)")
+    ),
+    "dataset": _Flag(
+        "str",
+        (),
+        "ignored",
+        unavailable=_not_used("problems come from the environment's seeded generator (environment.scenario)"),
+    ),
+    # sizes and schedule
+    "num_agents": _Flag("int", ("num_agents",)),
+    "max_steps": _Flag("int", ("max_steps",)),
+    "micro_train_batch_size": _Flag("int", ("micro_train_batch_size",)),
+    "gradient_accumulation_steps": _Flag("int", ("gradient_accumulation_steps",)),
+    "ppo_epochs": _Flag("int", ("algorithm.ppo_epochs",)),
+    "max_epochs": _Flag("int", ("max_epochs",)),
+    "learning_rate": _Flag("float", ("learning_rate",)),
+    "actor_learning_rate": _Flag("float", ("learning_rate",), "same key as --learning_rate"),
+    "critic_learning_rate": _Flag("float", ("algorithm.critic_learning_rate",)),
+    "num_warmup_steps": _Flag("int", ("lr_warmup_steps",)),
+    "lr_scheduler": _Flag("str", ("lr_scheduler",)),
+    "seed": _Flag("int", ("seed",)),
+    "rollout_batch_size": _Flag(
+        "int", ("rollout.episodes_per_step",), "marti counts episodes: N/group_size problems per step"
+    ),
+    "n_samples_per_prompt": _Flag("int", ("rollout.group_size",)),
+    "generate_max_len": _Flag("int", ("rollout.max_new_tokens",)),
+    "temperature": _Flag("float", ("rollout.temperature",)),
+    "top_p": _Flag("float", ("rollout.top_p",)),
+    # algorithm
+    "advantage_estimator": _Flag("str", ("algorithm.advantage_estimator",)),
+    "init_kl_coef": _Flag("float", ("algorithm.kl_coef",)),
+    "kl_estimator": _Flag("str", ("algorithm.kl_estimator",)),
+    "use_kl_loss": _Flag("switch", ("algorithm.use_kl_loss",)),
+    "eps_clip": _Flag("float", ("algorithm.clip_eps_low", "algorithm.clip_eps_high")),
+    "value_clip": _Flag("float", ("algorithm.value_clip",)),
+    "dual_clip": _Flag("float", ("algorithm.dual_clip",)),
+    "gamma": _Flag("float", ("algorithm.gamma",)),
+    "lambd": _Flag("float", ("algorithm.lambd",)),
+    "entropy_loss_coef": _Flag("float", ("algorithm.entropy_coef",)),
+    "normalize_reward": _Flag("switch", ("algorithm.normalize_reward",)),
+    # strategy and memory
+    "actor_init_on_gpu": _Flag("switch", ("strategy.init_on_gpu",), "CUDA only", unavailable=_no_cuda),
+    "enable_ema": _Flag("switch", ("policy.ema",)),
+    "bf16": _Flag("switch", ("strategy.bf16",), "needs bf16 support", unavailable=_no_bf16),
+    "zero_stage": _Flag("int", ("strategy.zero_stage",), "", fixed=(("strategy.name", "deepspeed"),)),
+    "actor_zero_stage": _Flag(
+        "int",
+        ("strategy.zero_stage",),
+        "also sets strategy.name=deepspeed",
+        fixed=(("strategy.name", "deepspeed"),),
+    ),
+    "critic_zero_stage": _Flag(
+        "int",
+        ("strategy.critic_zero_stage",),
+        "also sets strategy.name=deepspeed",
+        fixed=(("strategy.name", "deepspeed"),),
+    ),
+    "offload_reference_model": _Flag(
+        "switch", ("strategy.offload_reference_model",), "CUDA only", unavailable=_no_cuda
+    ),
+    "disable_actor_dropout": _Flag("switch", ("policy.disable_dropout",)),
+    "gradient_checkpointing": _Flag("switch", ("policy.gradient_checkpointing",)),
+    "use_flash_attn": _Flag(
+        "switch",
+        ("policy.attn_implementation",),
+        "sets flash_attention_2; CUDA and flash_attn only",
+        unavailable=_no_flash,
+    ),
+    # vLLM
+    "vllm_num_engines": _Flag("int", ("vllm.num_engines",)),
+    "vllm_tensor_parallel_size": _Flag("int", ("vllm.tensor_parallel_size",)),
+    "vllm_gpu_memory_utilization": _Flag("float", ("vllm.gpu_memory_utilization",)),
+    "enable_prefix_caching": _Flag("switch", ("vllm.enable_prefix_caching",)),
+    # output and logging
+    "output_dir": _Flag("str", ("output.dir",)),
+    "logging_steps": _Flag("int", ("output.log_every",)),
+    "save_steps": _Flag("int", ("output.save_every",)),
+    "log_with": _Flag(
+        "str", ("output.log_with",), "tensorboard or wandb (wandb if installed)", unavailable=_no_wandb
+    ),
+    "wandb_project": _Flag("str", ("output.wandb_project",)),
+    "wandb_run_name": _Flag("str", ("output.wandb_run_name",)),
+}
+"""Every launch flag marti accepts, keyed by name without the leading ``--``."""
+
+
+@dataclass
+class LaunchFlags:
+    """Launch flags parsed into config overrides.
+
+    Attributes:
+        scalar_overrides: ``key=value`` strings (values JSON-quoted, so they read back as the same YAML value).
+        agent_models: Per-agent model lists keyed by agent field (``pretrain_model``, ``critic_model``,
+            ``ref_model``), each of length 1 (for all agents) or one per agent.
+        warnings: One message per ignored flag, in the order seen.
+        num_agents: The value of ``--num_agents``, if given.
+    """
+
+    scalar_overrides: list[str] = field(default_factory=list)
+    agent_models: dict[str, list[str]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    num_agents: int | None = None
+
+    def agent_count_hint(self) -> int | None:
+        """Number of agents the flags imply: ``--num_agents``, else the longest per-agent model list > 1."""
+        if self.num_agents is not None:
+            return self.num_agents
+        counts = [len(v) for v in self.agent_models.values() if len(v) > 1]
+        return max(counts) if counts else None
+
+    def overrides(self, num_agents: int) -> list[str]:
+        """All overrides for a team of ``num_agents`` agents: per-agent models first, then scalar flags.
+
+        Raises:
+            InvalidArgumentError: A per-agent list has neither 1 nor ``num_agents`` entries.
+        """
+        out: list[str] = []
+        for key, models in self.agent_models.items():
+            if len(models) not in (1, num_agents):
+                flag = {"pretrain_model": "actor_model"}.get(key, key)
+                raise InvalidArgumentError(
+                    f"--{flag} gives {len(models)} models but the team has {num_agents} agents "
+                    f"(give one model for all or one per agent)"
+                )
+            for i in range(num_agents):
+                out.append(f"agents.{i}.{key}={json.dumps(models[i if len(models) > 1 else 0])}")
+        return out + self.scalar_overrides
+
+
+def _convert(name: str, kind: Kind, raw: str) -> Any:
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--{name} expects {'an integer' if kind == 'int' else 'a number'}, got {raw!r}"
+        ) from None
+    return raw
+
+
+def _switch_value(name: str, raw: str | None) -> bool:
+    if raw is None:
+        return True
+    low = raw.lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise InvalidArgumentError(f"--{name} is a switch; '--{name}={raw}' must be true or false")
+
+
+def _split(argv: Sequence[str]) -> list[tuple[str, list[str], bool]]:
+    """Group argv into ``(flag, values, had_equals)``; values are the tokens up to the next ``--flag``."""
+    groups: list[tuple[str, list[str], bool]] = []
+    for tok in argv:
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, val = tok[2:].partition("=")
+            groups.append((name.replace("-", "_"), [val] if eq else [], bool(eq)))
+        elif not groups:
+            raise InvalidArgumentError(f"unexpected argument {tok!r} before any --flag")
+        else:
+            groups[-1][1].append(tok)
+    return groups
+
+
+def parse_launch_flags(argv: Sequence[str], machine: MachineInfo | None = None) -> LaunchFlags:
+    """Parse OpenRLHF-style launch flags into config overrides.
+
+    Args:
+        argv: Flag tokens, e.g. ``["--actor_model", "A", "B", "--bf16", "--seed=7"]``; ``--a-b`` equals ``--a_b``.
+            A repeated flag keeps its last value.
+        machine: What this machine supports; None probes it (:meth:`MachineInfo.detect`).
+
+    Returns:
+        The overrides, per-agent model lists and one warning per ignored flag (each also logged once on
+            the ``marti.launch_flags`` logger).
+
+    Raises:
+        InvalidArgumentError: An unknown flag (named, with the closest known one), a missing or extra value,
+            or a value of the wrong type (naming the flag and the value).
+    """
+    machine = MachineInfo.detect() if machine is None else machine
+    out = LaunchFlags()
+    scalars: dict[str, str] = {}
+    warned: set[str] = set()
+    for name, values, had_eq in _split(argv):
+        spec = FLAG_TABLE.get(name)
+        if spec is None:
+            close = difflib.get_close_matches(name, list(FLAG_TABLE), n=1)
+            hint = f" (did you mean --{close[0]}?)" if close else ""
+            raise InvalidArgumentError(f"unknown launch flag --{name}{hint}")
+        if spec.kind == "switch":
+            if len(values) > (1 if had_eq else 0):
+                raise InvalidArgumentError(f"--{name} is a switch and takes no value, got {values!r}")
+            value: Any = _switch_value(name, values[0] if values else None)
+        elif spec.kind == "models":
+            if not values or any(not v for v in values):
+                raise InvalidArgumentError(f"--{name} needs at least one model name")
+            value = list(values)
+        else:
+            if len(values) != 1:
+                raise InvalidArgumentError(f"--{name} takes exactly one value, got {len(values)}: {values!r}")
+            value = _convert(name, spec.kind, values[0])
+        reason = spec.unavailable(machine, value) if spec.unavailable and value is not False else None
+        if reason is not None:
+            if name not in warned:
+                warned.add(name)
+                msg = f"--{name} ignored: {reason}"
+                out.warnings.append(msg)
+                _log.warning(msg)
+            continue
+        if spec.kind == "models":
+            out.agent_models[spec.keys[0].split(".")[-1]] = value
+            continue
+        if name == "num_agents":
+            out.num_agents = value
+        if name == "use_flash_attn":
+            value = "flash_attention_2" if value else None
+        if name == "log_with":
+            value = [value]
+        for key in spec.keys:
+            scalars[key] = f"{key}={json.dumps(value)}"
+        for key, fixed in spec.fixed:
+            scalars[key] = f"{key}={json.dumps(fixed)}"
+    out.scalar_overrides = list(scalars.values())
+    return out
+
+
+def _base_from_flags(flags: LaunchFlags) -> dict[str, Any]:
+    n = flags.agent_count_hint()
+    models = flags.agent_models.get("pretrain_model")
+    if not models:
+        raise InvalidArgumentError(
+            "no config file and no --actor_model: give CONFIG.yaml or --actor_model MODEL..."
+        )
+    n = n or len(models)
+    return {
+        "training_name": "marti_run",
+        "num_agents": n,
+        "agents": [
+            {
+                "name": f"agent_{i + 1}",
+                "pretrain_model": models[0],
+                "role": DEFAULT_ROLES[i % len(DEFAULT_ROLES)],
+            }
+            for i in range(n)
+        ],
+    }
+
+
+def build_config(
+    config_path: str | Path | None,
+    overrides: Sequence[str] = (),
+    launch_argv: Sequence[str] = (),
+    *,
+    machine: MachineInfo | None = None,
+) -> tuple[TrainConfig, list[str]]:
+    """Build the training config of ``marti train`` from a YAML file, launch flags and ``--set`` overrides.
+
+    Precedence, lowest first: the YAML file (or, without one, a team of ``agent_1..N`` built from
+    ``--actor_model`` with roles from :data:`DEFAULT_ROLES`), then launch flags, then ``--set`` overrides.
+
+    Args:
+        config_path: The YAML file, or None to build the team from launch flags alone.
+        overrides: Dotted ``KEY=VALUE`` strings (``--set``).
+        launch_argv: OpenRLHF-style flag tokens (see :func:`parse_launch_flags`).
+        machine: What this machine supports; None probes it.
+
+    Returns:
+        ``(config, warnings)``: the validated config and one message per ignored launch flag.
+
+    Raises:
+        InvalidArgumentError: Unreadable or invalid YAML, an unknown flag or key, or flags that disagree with
+            the file on the number of agents (naming both numbers).
+    """
+    flags = parse_launch_flags(launch_argv, machine)
+    if config_path is None:
+        raw, source = _base_from_flags(flags), "<launch flags>"
+    else:
+        source = str(config_path)
+        try:
+            raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot read config file {source!r}: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise InvalidArgumentError(f"{source}: the config must be a YAML mapping")
+    agents = raw.get("agents")
+    n_file = len(agents) if isinstance(agents, list) else 0
+    hint = flags.agent_count_hint()
+    if hint is not None and n_file and hint != n_file:
+        raise InvalidArgumentError(f"launch flags describe {hint} agents but {source} lists {n_file}")
+    raw = apply_overrides(raw, flags.overrides(n_file or hint or 0))
+    return config_from_dict(raw, overrides, source=source), flags.warnings
+
+
+def flag_table_markdown() -> str:
+    """The launch flag table of ``docs/config.md``: flag, config keys it sets, notes."""
+    rows = ["| flag | config key(s) | notes |", "| --- | --- | --- |"]
+    for name, spec in FLAG_TABLE.items():
+        keys = ", ".join(f"`{k}`" for k in spec.keys) or "(none)"
+        if spec.fixed:
+            keys += ", " + ", ".join(f"`{k}={v}`" for k, v in spec.fixed)
+        arg = {"switch": "", "models": " M1 [M2 ...]", "int": " N", "float": " X", "str": " S"}[spec.kind]
+        rows.append(f"| `--{name}{arg}` | {keys} | {spec.doc} |")
+    return "\n".join(rows)
