@@ -1,0 +1,198 @@
+"""Domain types of the comm_broker core (no grpc, no protobuf).
+
+Times are wall-clock seconds since the Unix epoch (float) inside the core; the protocol carries
+microseconds (``*_unix_us``). Sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message from one sender, as the broker stores and delivers it.
+
+    Attributes:
+        message_id: Sender-chosen id, unique within the session; the dedup key (a retried Send with the
+            same id is delivered once while the id is inside the dedup window).
+        sender: Agent id of the sender (any non-empty unicode string up to ``max_agent_id_chars``).
+        receivers: Target agent ids (empty when ``topic`` or ``broadcast`` is used).
+        topic: Topic name; every agent subscribed to it (except the sender) receives a copy.
+        broadcast: If true, every known agent of the session except the sender receives a copy.
+        sequence: Per-sender sequence number (>= 1); per receiver, messages of one sender are delivered in
+            increasing sequence order. 0 means "let the broker assign the next one".
+        sent_at: Wall-clock send time in seconds since the epoch (set by the sender; used for latency).
+        content_type: MIME-like type of ``payload``, e.g. ``application/json``; the broker never parses it.
+        payload: Opaque bytes (may be empty).
+        ttl_s: Time to live in seconds after ``sent_at``; 0 means the session default (or no expiry).
+    """
+
+    message_id: str
+    sender: str
+    payload: bytes = b""
+    content_type: str = "application/octet-stream"
+    receivers: tuple[str, ...] = ()
+    topic: str = ""
+    broadcast: bool = False
+    sequence: int = 0
+    sent_at: float = 0.0
+    ttl_s: float = 0.0
+
+    @property
+    def size_bytes(self) -> int:
+        """Approximate footprint in a mailbox: payload plus ids and content type (bytes of UTF-8)."""
+        return (
+            len(self.payload)
+            + len(self.message_id.encode())
+            + len(self.sender.encode())
+            + len(self.content_type.encode())
+            + 32
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One delivery of an envelope to a receiver.
+
+    Attributes:
+        envelope: The message (with its final sequence number).
+        receiver: The agent id it is delivered to.
+        attempt: 1 on the first delivery, 2 on the first redelivery after an ack timeout, and so on.
+    """
+
+    envelope: Envelope
+    receiver: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentState:
+    """The last value an agent posted on its session's state board.
+
+    Attributes:
+        agent_id: The owner of the entry.
+        value: Opaque bytes (JSON by default in the SDK).
+        content_type: Type of ``value``.
+        version: 1 after the first put, incremented by one on every put (compare-and-set key).
+        updated_at: Wall-clock time of the last put, seconds since the epoch.
+    """
+
+    agent_id: str
+    value: bytes
+    content_type: str
+    version: int
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that left a mailbox without being acked.
+
+    Attributes:
+        envelope: The message.
+        receiver: The agent it was addressed to.
+        attempts: How many times it was delivered.
+        reason: ``"max_delivery_attempts"`` (never acked) or ``"mailbox_expired"``.
+        dead_at: Wall-clock time it was dead-lettered, seconds since the epoch.
+    """
+
+    envelope: Envelope
+    receiver: str
+    attempts: int
+    reason: str
+    dead_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Outcome of one Send or Broadcast call.
+
+    Attributes:
+        accepted: Envelopes accepted (not duplicates).
+        duplicates: Envelopes dropped because their message_id was inside the dedup window.
+        enqueued: Mailbox entries created (one per receiver of each accepted envelope).
+        sequences: The final sequence number of each input envelope, in input order (duplicates: 0).
+    """
+
+    accepted: int
+    duplicates: int
+    enqueued: int
+    sequences: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic counters kept per session and for the whole broker.
+
+    Attributes:
+        sent: Envelopes accepted by Send/Broadcast.
+        enqueued: Mailbox entries created (fan-out counted once per receiver).
+        delivered: Deliveries handed out (first deliveries plus redeliveries).
+        redelivered: Deliveries after an ack timeout.
+        acked: Deliveries acked.
+        expired: Messages dropped because their TTL passed before delivery.
+        dead_lettered: Messages moved to the dead-letter queue.
+        duplicates: Envelopes dropped by dedup.
+        rejected: Sends refused (limits, bad input).
+        bytes_in_raw / bytes_in_wire: Uncompressed / compressed bytes of frames received from senders.
+        bytes_out_raw / bytes_out_wire: Uncompressed / compressed bytes of frames sent to receivers.
+        send_latency_s_sum / send_count: Sum and count of server-side Send handling times (seconds).
+        delivery_latency_s_sum / delivery_count: Sum and count of (delivery time - sent_at) (seconds).
+    """
+
+    sent: int = 0
+    enqueued: int = 0
+    delivered: int = 0
+    redelivered: int = 0
+    acked: int = 0
+    expired: int = 0
+    dead_lettered: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    bytes_in_raw: int = 0
+    bytes_in_wire: int = 0
+    bytes_out_raw: int = 0
+    bytes_out_wire: int = 0
+    send_latency_s_sum: float = 0.0
+    send_count: int = 0
+    delivery_latency_s_sum: float = 0.0
+    delivery_count: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Counters) -> None:
+        """Adds every counter of ``other`` into this one (used to aggregate sessions)."""
+        for name in self.__slots__:
+            if name == "extra":
+                continue
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def compression_ratio(self) -> float:
+        """Raw bytes / wire bytes over all frames in and out; 1.0 before any traffic."""
+        wire = self.bytes_in_wire + self.bytes_out_wire
+        raw = self.bytes_in_raw + self.bytes_out_raw
+        return raw / wire if wire else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StatsSnapshot:
+    """Counters plus gauges, for one session or for the whole broker.
+
+    Attributes:
+        counters: A copy of the counters.
+        sessions: Live sessions (1 for a session snapshot).
+        agents: Known agents (mailboxes).
+        pending: Messages waiting in mailboxes (not yet delivered or back after an ack timeout).
+        in_flight: Delivered, not yet acked.
+        mailbox_bytes: Bytes held in mailboxes.
+        dead_letters: Entries in dead-letter queues.
+    """
+
+    counters: Counters
+    sessions: int
+    agents: int
+    pending: int
+    in_flight: int
+    mailbox_bytes: int
+    dead_letters: int
