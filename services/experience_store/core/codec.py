@@ -1,0 +1,163 @@
+"""Payload codec: serialized trajectories, chunked and zstd-compressed.
+
+A payload is the serialized trajectory (protobuf ``marti.api.experience.v1.Trajectory`` on the gRPC path, JSON
+in :class:`JsonTrajectoryCodec` for in-process use), cut into chunks of at most ``chunk_bytes`` uncompressed
+bytes, each compressed as an independent zstd frame. Stored layout: for each chunk a 4-byte little-endian length
+followed by the frame. Chunking bounds the memory of a single decompression and lets a large trajectory cross
+gRPC as several frames under the message-size limit.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+import zstandard
+
+from marti.errors import InvalidArgumentError
+
+from .trajectory import Trajectory, Turn
+
+DEFAULT_CHUNK_BYTES = 256 * 1024
+_LEN = struct.Struct("<I")
+_local = threading.local()
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    cache = getattr(_local, "c", None)
+    if cache is None:
+        cache = _local.c = {}
+    if level not in cache:
+        cache[level] = zstandard.ZstdCompressor(level=level)
+    return cache[level]
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "d", None)
+    if d is None:
+        d = _local.d = zstandard.ZstdDecompressor()
+    return d
+
+
+def compress_chunks(raw: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES, level: int = 1) -> list[bytes]:
+    """Cut ``raw`` into chunks of at most ``chunk_bytes`` and zstd-compress each.
+
+    Args:
+        raw: Serialized trajectory.
+        chunk_bytes: Largest uncompressed chunk in bytes (>= 1).
+        level: zstd level (1 = fastest).
+
+    Returns:
+        Compressed frames (at least one, even for empty input).
+
+    Raises:
+        InvalidArgumentError: when ``chunk_bytes`` < 1.
+    """
+    if chunk_bytes < 1:
+        raise InvalidArgumentError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    c = _compressor(level)
+    view = memoryview(raw)
+    return [c.compress(view[i : i + chunk_bytes]) for i in range(0, max(len(raw), 1), chunk_bytes)]
+
+
+def decompress_chunks(chunks: Sequence[bytes], max_bytes: int = 1 << 31) -> bytes:
+    """Inverse of :func:`compress_chunks`.
+
+    Args:
+        chunks: zstd frames.
+        max_bytes: Largest accepted uncompressed total in bytes.
+
+    Raises:
+        InvalidArgumentError: when a frame is not valid zstd or the output would exceed ``max_bytes``.
+    """
+    d = _decompressor()
+    out, total = [], 0
+    for i, ch in enumerate(chunks):
+        try:
+            part = d.decompress(ch, max_output_size=max_bytes - total) if ch else b""
+        except zstandard.ZstdError as e:
+            raise InvalidArgumentError(f"payload chunk {i} is not a valid zstd frame: {e}") from None
+        total += len(part)
+        if total > max_bytes:
+            raise InvalidArgumentError(f"payload decompresses to more than max_bytes={max_bytes}")
+        out.append(part)
+    return b"".join(out)
+
+
+def pack_chunks(chunks: Sequence[bytes]) -> bytes:
+    """Join compressed frames into the stored layout (length-prefixed frames)."""
+    return b"".join(_LEN.pack(len(c)) + c for c in chunks)
+
+
+def unpack_chunks(payload: bytes) -> list[bytes]:
+    """Split a stored payload back into its compressed frames.
+
+    Raises:
+        InvalidArgumentError: when the layout is truncated.
+    """
+    out, i, n = [], 0, len(payload)
+    view = memoryview(payload)
+    while i < n:
+        if i + 4 > n:
+            raise InvalidArgumentError("stored payload is truncated (length prefix)")
+        (length,) = _LEN.unpack_from(payload, i)
+        i += 4
+        if i + length > n:
+            raise InvalidArgumentError("stored payload is truncated (frame)")
+        out.append(bytes(view[i : i + length]))
+        i += length
+    return out
+
+
+class TrajectoryCodec(Protocol):
+    """Serializes trajectories to bytes and back (before compression)."""
+
+    def encode(self, trajectory: Trajectory) -> bytes:
+        """Return the serialized trajectory."""
+        ...
+
+    def decode(self, raw: bytes) -> Trajectory:
+        """Return the trajectory (raises InvalidArgumentError on malformed input)."""
+        ...
+
+
+class JsonTrajectoryCodec:
+    """JSON serialization of :class:`Trajectory`; used by the in-process store and core tests."""
+
+    def encode(self, trajectory: Trajectory) -> bytes:
+        """Return UTF-8 JSON of every field."""
+        d = {
+            "episode_id": trajectory.episode_id, "session": trajectory.session, "agent_id": trajectory.agent_id,
+            "role": trajectory.role, "policy_version": trajectory.policy_version, "metadata": trajectory.metadata,
+            "created_at": trajectory.created_at,
+            "turns": [
+                [t.step, t.prompt_token_ids, t.response_token_ids, t.response_logprobs, t.reward, t.terminated,
+                 t.truncated, t.info, t.prompt_text, t.response_text]
+                for t in trajectory.turns
+            ],
+        }  # fmt: skip
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    def decode(self, raw: bytes) -> Trajectory:
+        """Parse bytes produced by :meth:`encode`."""
+        try:
+            d = json.loads(raw)
+            turns = [Turn(*t) for t in d.pop("turns")]
+            return Trajectory(turns=turns, **d)
+        except (ValueError, TypeError, KeyError) as e:
+            raise InvalidArgumentError(f"payload is not a JSON trajectory: {e}") from None
+
+
+def encode_payload(
+    trajectory: Trajectory, codec: TrajectoryCodec, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> bytes:
+    """Serialize, chunk, compress and pack a trajectory into the stored layout."""
+    return pack_chunks(compress_chunks(codec.encode(trajectory), chunk_bytes))
+
+
+def decode_payload(payload: bytes, codec: TrajectoryCodec) -> Trajectory:
+    """Inverse of :func:`encode_payload`."""
+    return codec.decode(decompress_chunks(unpack_chunks(payload)))

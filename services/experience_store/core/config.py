@@ -1,0 +1,212 @@
+"""Table configuration: the YAML schema of ``--config`` and of CreateTable, with presets.
+
+A table is composed like Reverb's: sampler, remover, max size (and max bytes), max times sampled, rate limiter
+and signature. YAML example (see docs/experience_store.md)::
+
+    tables:
+      - name: agent_1
+        preset: queue          # queue | stack | uniform | prioritized (optional; fields below override it)
+        max_size: 10000
+      - name: replay
+        sampler: prioritized
+        priority_exponent: 0.6
+        remover: fifo
+        max_size: 100000
+        max_bytes: 1073741824
+        rate_limiter: {kind: sample_to_insert_ratio, samples_per_insert: 4, min_size_to_sample: 100, error_buffer: 200}
+        signature: {require_logprobs: true, roles: [planner]}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from marti.errors import InvalidArgumentError
+
+from . import rate_limiter as rl
+
+SelectorKind = Literal["uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap"]
+
+
+class RateLimiterSpec(BaseModel):
+    """Rate limiter section of a table config.
+
+    Attributes:
+        kind: ``min_size`` | ``sample_to_insert_ratio`` | ``queue`` | ``stack`` | ``custom``.
+        min_size_to_sample: For min_size, sample_to_insert_ratio and custom.
+        samples_per_insert: For sample_to_insert_ratio and custom.
+        error_buffer: For sample_to_insert_ratio: allowed deviation, in samples.
+        size: For queue and stack: items that may wait to be sampled.
+        min_diff, max_diff: For custom (may be -inf / inf).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    kind: Literal["min_size", "sample_to_insert_ratio", "queue", "stack", "custom"] = "min_size"
+    min_size_to_sample: int = 1
+    samples_per_insert: float = 1.0
+    error_buffer: float = 1.0
+    size: int = 1000
+    min_diff: float = -math.inf
+    max_diff: float = math.inf
+
+    def build(self) -> rl.RateLimiterConfig:
+        """Return the validated :class:`RateLimiterConfig` (raises InvalidArgumentError on bad settings)."""
+        if self.kind == "min_size":
+            cfg = rl.min_size(self.min_size_to_sample)
+        elif self.kind == "sample_to_insert_ratio":
+            cfg = rl.sample_to_insert_ratio(
+                self.samples_per_insert, self.min_size_to_sample, self.error_buffer
+            )
+        elif self.kind == "queue":
+            cfg = rl.queue(self.size)
+        elif self.kind == "stack":
+            cfg = rl.stack(self.size)
+        else:
+            cfg = rl.RateLimiterConfig(
+                self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff
+            )
+        cfg.validate()
+        return cfg
+
+
+class SignatureSpec(BaseModel):
+    """What every trajectory in a table must look like. Empty lists and None mean "anything".
+
+    Attributes:
+        agent_ids: Allowed agent ids.
+        roles: Allowed roles.
+        min_policy_version: Smallest accepted policy version.
+        require_rewards: Every turn must carry a reward.
+        require_logprobs: Every turn must carry one logprob per response token.
+        max_turns: Most turns per trajectory.
+        max_prompt_tokens: Most prompt tokens (T_prompt) per turn.
+        max_response_tokens: Most response tokens (A) per turn.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    agent_ids: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    min_policy_version: int = 0
+    require_rewards: bool = False
+    require_logprobs: bool = False
+    max_turns: int | None = Field(default=None, ge=1)
+    max_prompt_tokens: int | None = Field(default=None, ge=0)
+    max_response_tokens: int | None = Field(default=None, ge=0)
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "queue": {"sampler": "fifo", "remover": "fifo", "max_times_sampled": 1, "full_policy": "block"},
+    "stack": {"sampler": "lifo", "remover": "lifo", "max_times_sampled": 1, "full_policy": "block"},
+    "uniform": {"sampler": "uniform", "remover": "fifo"},
+    "prioritized": {"sampler": "prioritized", "remover": "fifo"},
+}
+
+
+class TableConfig(BaseModel):
+    """One table.
+
+    Attributes:
+        name: Table name (non-empty, at most 128 characters).
+        preset: Optional preset whose defaults the other fields override: queue (FIFO, each item sampled once,
+            inserts wait when ``max_size`` items wait), stack (same with LIFO), uniform, prioritized.
+        sampler: Selector that picks sampled items.
+        remover: Selector that picks the item to evict when the table is full and ``full_policy`` is evict.
+        priority_exponent: alpha of a prioritized sampler or remover.
+        importance_beta: beta of the importance weights of a prioritized sampler.
+        max_size: Most items (>= 1).
+        max_bytes: Most stored (compressed) payload bytes (>= 1); an item alone above it is refused.
+        max_times_sampled: An item is removed after this many samples; 0 = never.
+        full_policy: ``evict`` (remover makes room) or ``block`` (inserts wait, up to their deadline).
+        rate_limiter: See :class:`RateLimiterSpec`.
+        signature: See :class:`SignatureSpec`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    name: str = Field(min_length=1, max_length=128)
+    preset: Literal["queue", "stack", "uniform", "prioritized"] | None = None
+    sampler: SelectorKind = "uniform"
+    remover: SelectorKind = "fifo"
+    priority_exponent: float = Field(default=1.0, ge=0.0)
+    importance_beta: float = Field(default=1.0, ge=0.0, le=1.0)
+    max_size: int = Field(default=1_000_000, ge=1)
+    max_bytes: int = Field(default=4 * 1024**3, ge=1)
+    max_times_sampled: int = Field(default=0, ge=0)
+    full_policy: Literal["evict", "block"] = "evict"
+    rate_limiter: RateLimiterSpec = RateLimiterSpec()
+    signature: SignatureSpec = SignatureSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in _PRESETS:
+            preset = data["preset"]
+            merged = {**_PRESETS[preset], **data}
+            if preset in ("queue", "stack"):
+                merged.setdefault("max_size", 1000)
+                merged.setdefault("rate_limiter", {"kind": preset, "size": merged["max_size"]})
+            return merged
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> TableConfig:
+        limiter = self.rate_limiter.build()
+        if limiter.min_size_to_sample > self.max_size:
+            raise ValueError(
+                f"rate limiter could deadlock: min_size_to_sample={limiter.min_size_to_sample} exceeds "
+                f"max_size={self.max_size}, so samples could never proceed"
+            )
+        if self.full_policy == "block" and self.max_times_sampled == 0:
+            raise ValueError(
+                "table could deadlock: full_policy=block with max_times_sampled=0 never frees room, so inserts "
+                "into a full table would wait forever; set max_times_sampled or full_policy=evict"
+            )
+        return self
+
+
+def parse_table_config(data: dict[str, Any]) -> TableConfig:
+    """Validate one table config mapping.
+
+    Args:
+        data: Mapping as read from YAML or built from a CreateTable request.
+
+    Returns:
+        The frozen :class:`TableConfig`.
+
+    Raises:
+        InvalidArgumentError: naming the bad field and value, or why the rate limiter could deadlock.
+    """
+    try:
+        return TableConfig.model_validate(data)
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "table"
+            parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+        name = data.get("name", "?") if isinstance(data, dict) else "?"
+        raise InvalidArgumentError(f"bad config for table {name!r}: " + "; ".join(parts)) from None
+
+
+def parse_tables_yaml(text: str) -> list[TableConfig]:
+    """Parse a tables YAML document (``tables:`` list, see module docstring).
+
+    Raises:
+        InvalidArgumentError: on YAML errors, unknown top-level keys, duplicate names or bad table configs.
+    """
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise InvalidArgumentError(f"tables config is not valid YAML: {e}") from None
+    if not isinstance(doc, dict) or set(doc) - {"tables"}:
+        extra = sorted(set(doc) - {"tables"}) if isinstance(doc, dict) else doc
+        raise InvalidArgumentError(f"tables config must be a mapping with only a 'tables' key, got {extra!r}")
+    tables = [parse_table_config(t) for t in doc.get("tables") or []]
+    names = [t.name for t in tables]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise InvalidArgumentError(f"duplicate table names in config: {sorted(dup)}")
+    return tables

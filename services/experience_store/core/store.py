@@ -1,0 +1,329 @@
+"""The experience store: named tables over one storage, with the agents' sharing semantics.
+
+``ExperienceStore`` owns the tables and the storage, restores both on start, allocates item keys that are never
+reused, runs periodic snapshots, and answers cross-table queries (every item of an episode or a session).
+:class:`LocalExperienceClient` wraps it with the same dataclass-level API as the gRPC SDK, for in-process use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from marti.errors import AlreadyExistsError, InvalidArgumentError, MartiError, NotFoundError
+
+from .codec import DEFAULT_CHUNK_BYTES, JsonTrajectoryCodec, TrajectoryCodec, decode_payload, encode_payload
+from .config import TableConfig, parse_table_config
+from .storage import CheckpointResult, ItemRecord, MemoryStorage, Storage
+from .table import NO_FILTER, NewItem, SampledItem, SampleFilter, Table
+from .trajectory import AgentTurn, Trajectory, merge_by_step, summarize
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TABLE = "default"
+
+
+def default_table_config(name: str = DEFAULT_TABLE) -> TableConfig:
+    """The table every store has unless told otherwise: uniform sampling, FIFO eviction at 1M items."""
+    return parse_table_config({"name": name, "preset": "uniform", "max_size": 1_000_000})
+
+
+@dataclass(frozen=True, slots=True)
+class ItemQuery:
+    """Selects items across tables for :meth:`ExperienceStore.query`. Empty fields match everything.
+
+    Attributes:
+        episode_id: Only this episode.
+        session: Only this session.
+        agent_id: Only this agent.
+        min_policy_version: Only ``policy_version >= min_policy_version``.
+        policy_version: Only exactly this policy version (-1 = any).
+        tables: Only these tables (empty = all).
+    """
+
+    episode_id: str = ""
+    session: str = ""
+    agent_id: str = ""
+    min_policy_version: int = 0
+    policy_version: int = -1
+    tables: tuple[str, ...] = ()
+
+    def matches(self, r: ItemRecord) -> bool:
+        """Whether an item record matches."""
+        return (
+            (not self.episode_id or r.episode_id == self.episode_id)
+            and (not self.session or r.session == self.session)
+            and (not self.agent_id or r.agent_id == self.agent_id)
+            and r.policy_version >= self.min_policy_version
+            and (self.policy_version < 0 or r.policy_version == self.policy_version)
+        )
+
+
+class ExperienceStore:
+    """Tables of experience over one storage.
+
+    Args:
+        storage: Where data lives (default: in memory).
+        tables: Tables to create; a table of the same name restored from storage takes this config (items are
+            re-indexed under it).
+        default_table: Name of a uniform table created when missing (None = no default table).
+        seed: Seeds every table's sampler (tests); None = OS entropy.
+        max_query_items: Most items one :meth:`query` may return.
+
+    Raises:
+        InvalidArgumentError: on a bad persisted or given table config.
+    """
+
+    def __init__(
+        self,
+        storage: Storage | None = None,
+        tables: Sequence[TableConfig] = (),
+        default_table: str | None = DEFAULT_TABLE,
+        seed: int | None = None,
+        max_query_items: int = 1_000_000,
+    ) -> None:
+        self.storage = storage or MemoryStorage()
+        self.max_query_items = max_query_items
+        self._seed = seed
+        self._lock = threading.Lock()
+        self._tables: dict[str, Table] = {}
+        self._stop = threading.Event()
+        self._snapshot_thread: threading.Thread | None = None
+        state = self.storage.load()
+        max_key = max((r.key for r in state.items), default=0)
+        max_seq = max((r.seq for r in state.items), default=0)
+        self._next_key: Callable[[], int] = itertools.count(max_key + 1).__next__
+        self._next_seq: Callable[[], int] = itertools.count(max_seq + 1).__next__
+        given = {t.name: t for t in tables}
+        by_table: dict[str, list[ItemRecord]] = {}
+        for rec in state.items:
+            by_table.setdefault(rec.table, []).append(rec)
+        for row in state.tables:
+            cfg = given.pop(row.name, None) or TableConfig.model_validate_json(row.config_json)
+            if cfg.model_dump_json() != row.config_json:
+                self.storage.save_table(cfg.name, cfg.model_dump_json())
+            table = self._new_table(cfg, row.counters)
+            table.restore(by_table.pop(row.name, []))
+        for cfg in given.values():
+            self._add(cfg)
+        if default_table and default_table not in self._tables:
+            self._add(default_table_config(default_table))
+        if by_table:
+            log.warning("items of unknown tables ignored: %s", sorted(by_table))
+
+    def _new_table(self, cfg: TableConfig, counters: dict[str, int] | None = None) -> Table:
+        seed = None if self._seed is None else hash((self._seed, cfg.name)) & 0xFFFFFFFF
+        table = Table(cfg, self.storage, self._next_key, self._next_seq, seed=seed, counters=counters)
+        self._tables[cfg.name] = table
+        return table
+
+    def _add(self, cfg: TableConfig) -> Table:
+        self.storage.save_table(cfg.name, cfg.model_dump_json())
+        return self._new_table(cfg)
+
+    # ---- tables -----------------------------------------------------------------------------------------
+
+    def create_table(self, config: TableConfig) -> Table:
+        """Create a table; creating one that exists with the same config is a no-op.
+
+        Raises:
+            AlreadyExistsError: when a table of that name exists with another config.
+        """
+        with self._lock:
+            existing = self._tables.get(config.name)
+            if existing is not None:
+                if existing.config == config:
+                    return existing
+                raise AlreadyExistsError(f"table {config.name!r} already exists with another config")
+            return self._add(config)
+
+    def table(self, name: str) -> Table:
+        """Return a table by name.
+
+        Raises:
+            NotFoundError: naming the table and the existing ones.
+        """
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise NotFoundError(f"unknown table {name!r}; tables: {sorted(self._tables)}") from None
+
+    def table_names(self) -> list[str]:
+        """Return the table names, sorted."""
+        return sorted(self._tables)
+
+    # ---- data -------------------------------------------------------------------------------------------
+
+    def insert(self, table: str, items: Sequence[NewItem], timeout_s: float) -> list[int | MartiError]:
+        """Insert into a table; see :meth:`Table.insert`. Raises NotFoundError for an unknown table."""
+        return self.table(table).insert(items, timeout_s)
+
+    def sample(
+        self, table: str, num_samples: int, timeout_s: float, filt: SampleFilter = NO_FILTER
+    ) -> list[SampledItem]:
+        """Sample from a table; see :meth:`Table.sample`. Raises NotFoundError for an unknown table."""
+        return self.table(table).sample(num_samples, timeout_s, filt)
+
+    def update_priorities(self, table: str, updates: dict[int, float]) -> tuple[int, int]:
+        """Update priorities; see :meth:`Table.update_priorities`."""
+        return self.table(table).update_priorities(updates)
+
+    def query(self, q: ItemQuery) -> list[tuple[ItemRecord, bytes]]:
+        """Return every matching item with its payload, across tables, in insertion order.
+
+        Raises:
+            NotFoundError: for an unknown table in ``q.tables``.
+            InvalidArgumentError: when more than ``max_query_items`` items match.
+        """
+        tables = [self.table(n) for n in q.tables] if q.tables else list(self._tables.values())
+        recs = sorted((r for t in tables for r in t.records(q.matches)), key=lambda r: r.seq)
+        if len(recs) > self.max_query_items:
+            raise InvalidArgumentError(
+                f"query matches {len(recs)} items, more than max_query_items={self.max_query_items}; narrow it"
+            )
+        payloads = self.storage.get_payloads(r.key for r in recs)
+        return [(r, payloads[r.key]) for r in recs if r.key in payloads]
+
+    # ---- durability -------------------------------------------------------------------------------------
+
+    def checkpoint(self) -> CheckpointResult:
+        """Write a snapshot without stopping inserts and samples (see :meth:`Storage.checkpoint`)."""
+        return self.storage.checkpoint()
+
+    def start_snapshots(self, interval_s: float) -> None:
+        """Take a checkpoint every ``interval_s`` seconds in a background thread (no-op when <= 0)."""
+        if interval_s <= 0 or self._snapshot_thread is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.checkpoint()
+                except MartiError as e:  # keep snapshotting; the WAL still holds every commit
+                    log.error("periodic checkpoint failed: %s", e)
+
+        self._snapshot_thread = threading.Thread(target=loop, name="store-snapshots", daemon=True)
+        self._snapshot_thread.start()
+
+    def close(self) -> None:
+        """Stop snapshots, wake waiters and close storage."""
+        self._stop.set()
+        if self._snapshot_thread is not None:
+            self._snapshot_thread.join(timeout=30)
+        for t in self._tables.values():
+            t.notify()
+        self.storage.close()
+
+
+@dataclass(frozen=True, slots=True)
+class SampledTrajectory:
+    """A sampled trajectory with its sampling facts.
+
+    Attributes:
+        key: Item key (use it to update the priority).
+        table: Table it was sampled from.
+        priority: Priority at sampling time.
+        probability: Probability it was the one selected.
+        importance_weight: See :class:`~.table.SampledItem`.
+        times_sampled: Samples of this item including this one.
+        table_size: Items the selection was made among.
+        trajectory: The trajectory.
+    """
+
+    key: int
+    table: str
+    priority: float
+    probability: float
+    importance_weight: float
+    times_sampled: int
+    table_size: int
+    trajectory: Trajectory
+
+
+class LocalExperienceClient:
+    """The SDK's API on an in-process :class:`ExperienceStore` (no network).
+
+    Args:
+        agent_id: Agent on whose behalf trajectories are shared (filled in when a trajectory has none).
+        store: The store.
+        codec: Trajectory serialization (JSON by default).
+        chunk_bytes: Payload chunk size in bytes.
+    """
+
+    def __init__(
+        self,
+        agent_id: str,
+        store: ExperienceStore,
+        codec: TrajectoryCodec | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        self.agent_id = agent_id
+        self.store = store
+        self.codec = codec or JsonTrajectoryCodec()
+        self.chunk_bytes = chunk_bytes
+
+    def share_experience(
+        self, trajectory: Trajectory, table: str | None = None, priority: float = 1.0, timeout_s: float = 30.0
+    ) -> int:
+        """Insert one trajectory (default table: the store's default) and return its key.
+
+        Raises:
+            InvalidArgumentError, ResourceExhaustedError, DeadlineExceededError, NotFoundError: as the table.
+        """
+        if not trajectory.agent_id:
+            trajectory.agent_id = self.agent_id
+        trajectory.validate()
+        item = NewItem(
+            encode_payload(trajectory, self.codec, self.chunk_bytes), summarize(trajectory), priority
+        )
+        (result,) = self.store.insert(table or DEFAULT_TABLE, [item], timeout_s)
+        if isinstance(result, MartiError):
+            raise result
+        return result
+
+    def get_all_experiences(self, episode_id: str = "", session: str = "") -> list[AgentTurn]:
+        """Every agent's turns of an episode (or a session), merged by time step (see ``merge_by_step``).
+
+        Raises:
+            InvalidArgumentError: when neither ``episode_id`` nor ``session`` is given.
+        """
+        if not episode_id and not session:
+            raise InvalidArgumentError("get_all_experiences needs an episode_id or a session")
+        items = self.store.query(ItemQuery(episode_id=episode_id, session=session))
+        return merge_by_step(_dedupe([decode_payload(p, self.codec) for _, p in items]))
+
+    def sample(
+        self, table: str, batch_size: int, timeout_s: float = 30.0, filt: SampleFilter = NO_FILTER
+    ) -> list[SampledTrajectory]:
+        """Sample up to ``batch_size`` trajectories (at least one; see :meth:`Table.sample`)."""
+        out = []
+        for s in self.store.sample(table, batch_size, timeout_s, filt):
+            r = s.record
+            out.append(
+                SampledTrajectory(
+                    r.key,
+                    table,
+                    r.priority,
+                    s.probability,
+                    s.importance_weight,
+                    r.times_sampled,
+                    s.table_size,
+                    decode_payload(s.payload, self.codec),
+                )
+            )
+        return out
+
+
+def _dedupe(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """Drop repeated copies of the same agent's trajectory of an episode (shared into several tables)."""
+    seen: set[tuple[str, str, float]] = set()
+    out = []
+    for t in trajectories:
+        k = (t.episode_id, t.agent_id, t.created_at)
+        if k not in seen:
+            seen.add(k)
+            out.append(t)
+    return out

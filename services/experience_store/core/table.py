@@ -1,0 +1,490 @@
+"""A table of experience items, composed like Reverb's: sampler, remover, max size, max times sampled, rate
+limiter and signature, plus a byte cap and a full policy (evict or block).
+
+Thread-safe: one lock per table; inserts and samples that the rate limiter (or a full table under the block
+policy) does not let through wait on a condition variable until their deadline. Every state change is committed
+to :class:`~.storage.Storage` inside the lock before the call returns.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from marti.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    MartiError,
+    ResourceExhaustedError,
+)
+
+from .config import TableConfig
+from .rate_limiter import RateLimiter, RateLimiterState
+from .selectors import Candidate, Selector, make_selector
+from .storage import ItemRecord, Storage
+from .trajectory import TrajectorySummary
+
+
+@dataclass(frozen=True, slots=True)
+class SampleFilter:
+    """Restricts which items a sample may return. Defaults match everything.
+
+    Attributes:
+        agent_ids: Only items of these agents.
+        roles: Only items of these roles.
+        min_policy_version: Only items with ``policy_version >= min_policy_version``.
+        max_age_s: Only items whose trajectory ``created_at`` is at most this many seconds old (0 = any age).
+    """
+
+    agent_ids: frozenset[str] = frozenset()
+    roles: frozenset[str] = frozenset()
+    min_policy_version: int = 0
+    max_age_s: float = 0.0
+
+    def is_empty(self) -> bool:
+        """True when the filter matches every item."""
+        return not (self.agent_ids or self.roles or self.min_policy_version > 0 or self.max_age_s > 0)
+
+    def matches(self, rec: ItemRecord, now: float) -> bool:
+        """Whether an item passes the filter at Unix time ``now``."""
+        return (
+            (not self.agent_ids or rec.agent_id in self.agent_ids)
+            and (not self.roles or rec.role in self.roles)
+            and rec.policy_version >= self.min_policy_version
+            and (self.max_age_s <= 0 or now - rec.created_at <= self.max_age_s)
+        )
+
+
+NO_FILTER = SampleFilter()
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    """An item to insert: its compressed payload, its summary and its priority."""
+
+    payload: bytes
+    summary: TrajectorySummary
+    priority: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class SampledItem:
+    """One sampled item.
+
+    Attributes:
+        record: The item's metadata after this sample (``times_sampled`` already incremented).
+        payload: The stored (compressed) payload.
+        probability: Probability that this item was the one selected.
+        table_size: Number of items the selection was made among.
+        importance_weight: Prioritized samplers: ``(table_size * probability)^-beta`` normalised by the batch
+            maximum; 1.0 for other samplers.
+    """
+
+    record: ItemRecord
+    payload: bytes
+    probability: float
+    table_size: int
+    importance_weight: float
+
+
+def check_priority(priority: float, where: str = "priority") -> float:
+    """Return ``priority`` as float if finite and >= 0.
+
+    Raises:
+        InvalidArgumentError: naming the value when it is NaN, infinite or negative.
+    """
+    p = float(priority)
+    if not math.isfinite(p) or p < 0:
+        raise InvalidArgumentError(f"{where} must be finite and >= 0, got {priority}")
+    return p
+
+
+class Table:
+    """One experience table.
+
+    Args:
+        config: Validated table config.
+        storage: Where items and counters are committed.
+        next_key: Shared, thread-safe key allocator (``itertools.count``) so keys are never reused.
+        next_seq: Shared insertion-sequence allocator.
+        seed: Seed of the sampler's random generator (None = from the OS).
+        counters: Persisted counters of a restored table.
+
+    Raises:
+        InvalidArgumentError: on bad selector or rate limiter settings.
+    """
+
+    def __init__(
+        self,
+        config: TableConfig,
+        storage: Storage,
+        next_key: Callable[[], int],
+        next_seq: Callable[[], int],
+        seed: int | None = None,
+        counters: dict[str, int] | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._storage = storage
+        self._next_key, self._next_seq = next_key, next_seq
+        self._rng = random.Random(seed)
+        self.sampler: Selector = make_selector(
+            config.sampler, config.priority_exponent, config.importance_beta
+        )
+        self.remover: Selector = make_selector(
+            config.remover, config.priority_exponent, config.importance_beta
+        )
+        c = counters or {}
+        self.rate_limiter = RateLimiter(
+            config.rate_limiter.build(),
+            RateLimiterState(c.get("inserts", 0), c.get("samples", 0), c.get("deletes", 0)),
+        )
+        self.priority_updates_missing = c.get("priority_updates_missing", 0)
+        self.priority_updates = c.get("priority_updates", 0)
+        self.evictions = c.get("evictions", 0)
+        self._items: dict[int, ItemRecord] = {}
+        self._bytes = 0
+        self._cond = threading.Condition(threading.Lock())
+        self.waiting_inserts = 0
+        self.waiting_samples = 0
+
+    # ---- restore ---------------------------------------------------------------------------------------
+
+    def restore(self, records: Sequence[ItemRecord]) -> None:
+        """Index items loaded from storage (in insertion order), without committing anything."""
+        with self._cond:
+            for rec in records:
+                self._index(rec)
+
+    def _index(self, rec: ItemRecord) -> None:
+        self._items[rec.key] = rec
+        self._bytes += rec.num_bytes
+        self.sampler.insert(rec.key, rec.priority, rec.seq)
+        self.remover.insert(rec.key, rec.priority, rec.seq)
+
+    def _unindex(self, key: int) -> ItemRecord:
+        rec = self._items.pop(key)
+        self._bytes -= rec.num_bytes
+        self.sampler.delete(key)
+        self.remover.delete(key)
+        self.rate_limiter.state.deletes += 1
+        return rec
+
+    def counters(self) -> dict[str, int]:
+        """Return the counters that are persisted with the table."""
+        s = self.rate_limiter.state
+        return {
+            "inserts": s.inserts,
+            "samples": s.samples,
+            "deletes": s.deletes,
+            "priority_updates": self.priority_updates,
+            "priority_updates_missing": self.priority_updates_missing,
+            "evictions": self.evictions,
+        }
+
+    # ---- signature --------------------------------------------------------------------------------------
+
+    def check_signature(self, s: TrajectorySummary) -> None:
+        """Check a trajectory summary against the table signature.
+
+        Raises:
+            InvalidArgumentError: naming the first field that does not match.
+        """
+        sig, t = self.config.signature, self.name
+        if sig.agent_ids and s.agent_id not in sig.agent_ids:
+            raise InvalidArgumentError(
+                f"trajectory.agent_id {s.agent_id!r} not allowed by table {t!r} signature {list(sig.agent_ids)}"
+            )
+        if sig.roles and s.role not in sig.roles:
+            raise InvalidArgumentError(
+                f"trajectory.role {s.role!r} not allowed by table {t!r} signature {list(sig.roles)}"
+            )
+        if s.policy_version < sig.min_policy_version:
+            raise InvalidArgumentError(
+                f"trajectory.policy_version {s.policy_version} below table {t!r} min_policy_version {sig.min_policy_version}"
+            )
+        if sig.max_turns is not None and s.num_turns > sig.max_turns:
+            raise InvalidArgumentError(
+                f"trajectory.turns has {s.num_turns} turns, table {t!r} max_turns is {sig.max_turns}"
+            )
+        for i in range(s.num_turns):
+            if sig.max_prompt_tokens is not None and s.prompt_lengths[i] > sig.max_prompt_tokens:
+                raise InvalidArgumentError(
+                    f"trajectory.turns[{i}].prompt_token_ids has {s.prompt_lengths[i]} tokens, "
+                    f"table {t!r} max_prompt_tokens is {sig.max_prompt_tokens}"
+                )
+            if sig.max_response_tokens is not None and s.response_lengths[i] > sig.max_response_tokens:
+                raise InvalidArgumentError(
+                    f"trajectory.turns[{i}].response_token_ids has {s.response_lengths[i]} tokens, "
+                    f"table {t!r} max_response_tokens is {sig.max_response_tokens}"
+                )
+            if sig.require_logprobs and s.logprob_lengths[i] != s.response_lengths[i]:
+                raise InvalidArgumentError(
+                    f"trajectory.turns[{i}].response_logprobs has {s.logprob_lengths[i]} values, table {t!r} "
+                    f"signature requires one per response token ({s.response_lengths[i]})"
+                )
+            if sig.require_rewards and not s.rewards_present[i]:
+                raise InvalidArgumentError(
+                    f"trajectory.turns[{i}].reward is missing, table {t!r} signature requires it"
+                )
+
+    # ---- insert -----------------------------------------------------------------------------------------
+
+    def _room_for(self, num_bytes: int) -> bool:
+        return len(self._items) < self.config.max_size and self._bytes + num_bytes <= self.config.max_bytes
+
+    def _wait(self, deadline: float, what: str) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not self._cond.wait(remaining):
+            if time.monotonic() >= deadline:
+                raise DeadlineExceededError(
+                    f"{what} on table {self.name!r} timed out waiting ({self._limiter_text()})"
+                )
+
+    def _limiter_text(self) -> str:
+        rl = self.rate_limiter
+        return (
+            f"size={len(self._items)}/{self.config.max_size}, bytes={self._bytes}/{self.config.max_bytes}, "
+            f"min_size_to_sample={rl.config.min_size_to_sample}, diff={rl.diff()}, "
+            f"min_diff={rl.config.min_diff}, max_diff={rl.config.max_diff}"
+        )
+
+    def insert(self, items: Sequence[NewItem], timeout_s: float) -> list[int | MartiError]:
+        """Insert items in order, waiting (up to ``timeout_s`` in all) where the rate limiter or a full table
+        under the block policy says so.
+
+        Items that can proceed are committed in one transaction; the batch is committed before any wait so that
+        samplers can make progress. A bad item (priority, signature, size) gets its error in its result slot and
+        does not touch the table.
+
+        Args:
+            items: Items to insert.
+            timeout_s: Longest total wait in seconds (0 = do not wait).
+
+        Returns:
+            One entry per item: its new key, or the :class:`MartiError` that refused it (InvalidArgumentError,
+            ResourceExhaustedError when it alone exceeds ``max_bytes``, DeadlineExceededError when the wait ran
+            out; items after a deadline error get the same error).
+        """
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        results: list[int | MartiError] = []
+        pending: list[tuple[ItemRecord, bytes]] = []
+        evicted: list[int] = []
+        with self._cond:
+            for n, item in enumerate(items):
+                try:
+                    results.append(self._insert_one(item, deadline, pending, evicted))
+                except DeadlineExceededError as e:
+                    results.extend([e] * (len(items) - n))
+                    break
+                except MartiError as e:
+                    results.append(e)
+            self._flush(pending, evicted)
+        return results
+
+    def _insert_one(
+        self, item: NewItem, deadline: float, pending: list[tuple[ItemRecord, bytes]], evicted: list[int]
+    ) -> int:
+        priority = check_priority(item.priority)
+        size = len(item.payload)
+        if size > self.config.max_bytes:
+            raise ResourceExhaustedError(
+                f"item of {size} bytes exceeds table {self.name!r} byte cap max_bytes={self.config.max_bytes}"
+            )
+        self.check_signature(item.summary)
+        while True:
+            if not self._room_for(size) and self.config.full_policy == "evict":
+                while self._items and not self._room_for(size):
+                    key, _ = self.remover.select(self._rng)
+                    self._unindex(key)
+                    self.evictions += 1
+                    evicted.append(key)
+            if self._room_for(size) and self.rate_limiter.can_insert(len(self._items)):
+                break
+            self._flush(pending, evicted)
+            self.waiting_inserts += 1
+            try:
+                self._wait(deadline, "insert")
+            finally:
+                self.waiting_inserts -= 1
+        s = item.summary
+        rec = ItemRecord(
+            key=self._next_key(),
+            table=self.name,
+            seq=self._next_seq(),
+            priority=priority,
+            times_sampled=0,
+            inserted_at=time.time(),
+            episode_id=s.episode_id,
+            session=s.session,
+            agent_id=s.agent_id,
+            role=s.role,
+            policy_version=s.policy_version,
+            created_at=s.created_at,
+            num_turns=s.num_turns,
+            num_bytes=size,
+        )
+        self._index(rec)
+        self.rate_limiter.state.inserts += 1
+        pending.append((rec, item.payload))
+        return rec.key
+
+    def _flush(self, pending: list[tuple[ItemRecord, bytes]], evicted: list[int]) -> None:
+        if not pending and not evicted:
+            return
+        # Evicted keys that were inserted in this same batch never reach storage.
+        fresh = {rec.key for rec, _ in pending}
+        inserts = [(r, p) for r, p in pending if r.key in self._items]
+        deletes = [k for k in evicted if k not in fresh]
+        self._storage.commit(self.name, inserts=inserts, deletes=deletes, counters=self.counters())
+        pending.clear()
+        evicted.clear()
+        self._cond.notify_all()
+
+    # ---- sample -----------------------------------------------------------------------------------------
+
+    def sample(self, num_samples: int, timeout_s: float, filt: SampleFilter = NO_FILTER) -> list[SampledItem]:
+        """Sample between 1 and ``num_samples`` items (with replacement, as Reverb).
+
+        Waits until at least one sample may proceed (rate limiter and filter), then takes as many more as may
+        proceed right away. Items that reach ``max_times_sampled`` are removed. Sample counts (and removals) are
+        committed before returning.
+
+        Args:
+            num_samples: Most items to return (>= 1).
+            timeout_s: Longest wait in seconds for the first item.
+            filt: Restriction on the items sampled.
+
+        Returns:
+            The sampled items, in selection order.
+
+        Raises:
+            InvalidArgumentError: when ``num_samples`` < 1.
+            DeadlineExceededError: when nothing could be sampled before the deadline.
+        """
+        if num_samples < 1:
+            raise InvalidArgumentError(f"num_samples must be >= 1, got {num_samples}")
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._cond:
+            while True:
+                picked = self._take(num_samples, filt)
+                if picked:
+                    break
+                self.waiting_samples += 1
+                try:
+                    self._wait(deadline, "sample")
+                finally:
+                    self.waiting_samples -= 1
+            payloads = self._storage.get_payloads(rec.key for rec, _, _ in picked)
+            removed = [rec.key for rec, _, _ in picked if rec.key not in self._items]
+            updates = [
+                (rec.key, rec.priority, rec.times_sampled) for rec, _, _ in picked if rec.key in self._items
+            ]
+            self._storage.commit(self.name, deletes=removed, updates=updates, counters=self.counters())
+            self._cond.notify_all()
+        weights = self.sampler.importance_weights([p for _, p, _ in picked], [n for _, _, n in picked])
+        return [
+            SampledItem(_snapshot(rec), payloads.get(rec.key, b""), p, n, w)
+            for (rec, p, n), w in zip(picked, weights, strict=True)
+        ]
+
+    def _take(self, num_samples: int, filt: SampleFilter) -> list[tuple[ItemRecord, float, int]]:
+        picked: list[tuple[ItemRecord, float, int]] = []
+        now = time.time()
+        while len(picked) < num_samples and self.rate_limiter.can_sample(len(self._items)):
+            if filt.is_empty():
+                if not self._items:
+                    break
+                n = len(self._items)
+                key, prob = self.sampler.select(self._rng)
+            else:
+                cands = [
+                    Candidate(r.key, r.priority, r.seq) for r in self._items.values() if filt.matches(r, now)
+                ]
+                if not cands:
+                    break
+                n = len(cands)
+                key, prob = self.sampler.select_among(cands, self._rng)
+            rec = self._items[key]
+            rec.times_sampled += 1
+            self.rate_limiter.state.samples += 1
+            picked.append((_snapshot(rec), prob, n))
+            if self.config.max_times_sampled and rec.times_sampled >= self.config.max_times_sampled:
+                self._unindex(key)
+        return picked
+
+    # ---- priorities, info, queries ----------------------------------------------------------------------
+
+    def update_priorities(self, updates: dict[int, float]) -> tuple[int, int]:
+        """Set new priorities. Keys that are not (or no longer) in the table are skipped and counted.
+
+        Args:
+            updates: ``key -> priority``; every priority must be finite and >= 0.
+
+        Returns:
+            ``(updated, missing)``: how many keys were updated and how many were not in the table.
+
+        Raises:
+            InvalidArgumentError: naming the first bad priority (no update is applied then).
+        """
+        checked = {k: check_priority(p, f"priority of key {k}") for k, p in updates.items()}
+        with self._cond:
+            rows = []
+            for key, p in checked.items():
+                rec = self._items.get(key)
+                if rec is None:
+                    continue
+                rec.priority = p
+                self.sampler.update(key, p)
+                self.remover.update(key, p)
+                rows.append((key, p, rec.times_sampled))
+            missing = len(checked) - len(rows)
+            self.priority_updates += len(rows)
+            self.priority_updates_missing += missing
+            self._storage.commit(self.name, updates=rows, counters=self.counters())
+            self._cond.notify_all()
+        return len(rows), missing
+
+    def records(self, predicate: Callable[[ItemRecord], bool] | None = None) -> list[ItemRecord]:
+        """Return copies of the records matching ``predicate`` (all when None), in insertion order."""
+        with self._cond:
+            recs = [r for r in self._items.values() if predicate is None or predicate(r)]
+        return [_snapshot(r) for r in sorted(recs, key=lambda r: r.seq)]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def num_bytes(self) -> int:
+        """Stored payload bytes of the items in the table."""
+        return self._bytes
+
+    def info(self) -> dict:
+        """Return size, bytes, counters, rate-limiter state, waiting callers and sampler/remover settings."""
+        with self._cond:
+            return {
+                "name": self.name,
+                "size": len(self._items),
+                "num_bytes": self._bytes,
+                "counters": self.counters(),
+                "rate_limiter": self.rate_limiter.info(),
+                "waiting_inserts": self.waiting_inserts,
+                "waiting_samples": self.waiting_samples,
+                "sampler": {"kind": self.sampler.kind, **self.sampler.options()},
+                "remover": {"kind": self.remover.kind, **self.remover.options()},
+                "config": self.config.model_dump(mode="json"),
+            }
+
+    def notify(self) -> None:
+        """Wake every waiting caller (used on shutdown)."""
+        with self._cond:
+            self._cond.notify_all()
+
+
+def _snapshot(rec: ItemRecord) -> ItemRecord:
+    return copy.copy(rec)
