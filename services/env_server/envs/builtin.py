@@ -1,0 +1,65 @@
+"""Registration of the built-in environments and adapters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pettingzoo import ParallelEnv
+
+from marti.errors import InvalidArgumentError
+from services.env_server.core.config import ConfigSchema
+from services.env_server.core.registry import EnvSpec, Registry
+from services.env_server.envs import debate, resource_allocation
+from services.env_server.envs.text_base import COMMON_FIELDS
+
+SCENARIO_FIELDS = {
+    "resource_allocation": {f.name for f in resource_allocation.FIELDS},
+    "debate": {f.name for f in debate.FIELDS},
+}
+
+COLLABORATIVE_SCHEMA = ConfigSchema(COMMON_FIELDS + resource_allocation.FIELDS + debate.FIELDS)
+
+
+def make_collaborative(config: dict[str, Any], seed: int | None) -> ParallelEnv:
+    """Build ``collaborative_task_solving`` for ``config["scenario"]``.
+
+    Args:
+        config: Validated config.
+        seed: Seed of the first reset without a seed.
+
+    Returns:
+        A :class:`ResourceAllocationEnv` or :class:`DebateEnv`.
+
+    Raises:
+        InvalidArgumentError: A key that belongs to the other scenario was set to a non-default value.
+    """
+    scenario = config["scenario"]
+    defaults = COLLABORATIVE_SCHEMA.defaults()
+    for other, keys in SCENARIO_FIELDS.items():
+        if other != scenario:
+            for key in sorted(keys):
+                if config[key] != defaults[key]:
+                    raise InvalidArgumentError(
+                        f"config key {key!r} belongs to scenario {other!r}, not {scenario!r}"
+                    )
+    if scenario == "debate":
+        return debate.DebateEnv(config, seed)
+    return resource_allocation.ResourceAllocationEnv(config, seed)
+
+
+def register_builtins(registry: Registry) -> None:
+    """Register every built-in env id into ``registry``."""
+    registry.register(
+        EnvSpec(
+            "collaborative_task_solving",
+            1,
+            make_collaborative,
+            COLLABORATIVE_SCHEMA,
+            "Team of LLM agents on text tasks. scenario=resource_allocation: leader plans, executor allocates, "
+            "evaluator judges a seeded allocation problem with an exact optimum. scenario=debate: solvers "
+            "debate a verifiable arithmetic or word problem, an aggregator answers.",
+        )
+    )
+    from services.env_server.envs import adapters
+
+    adapters.register(registry)
