@@ -255,6 +255,10 @@ GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "reinforce++_baseline", "rloo"}
 """Advantage estimators that compare episodes of one problem seed, so need ``rollout.group_size >= 2``."""
 
 
+LOOP_ALGORITHM_KEYS = frozenset({"normalize_reward", "ppo_epochs", "critic_learning_rate"})
+"""``algorithm`` keys read by the training loop rather than by the loss functions."""
+
+
 class AlgorithmConfig(_Section):
     """The RL algorithm: advantage estimator, KL regularisation, PPO clipping, loss aggregation."""
 
@@ -264,32 +268,45 @@ class AlgorithmConfig(_Section):
     """Discount factor in [0, 1]."""
     lambd: UnitFloat = 0.95
     """GAE lambda in [0, 1] (``gae`` only)."""
-    kl_coef: NonNegFloat = 0.01
+    kl_coef: NonNegFloat = 0.001
     """Weight of the KL to the reference policy; 0 disables the reference model."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator (Schulman's k1, k2, k3)."""
-    use_kl_loss: bool = False
-    """True: KL is a loss term; false: KL is a per-token reward penalty."""
-    clip_eps_low: PositiveFloat = 0.2
-    """Lower PPO clip range: the ratio is clipped below at ``1 - clip_eps_low``."""
-    clip_eps_high: PositiveFloat = 0.2
-    """Upper PPO clip range: the ratio is clipped above at ``1 + clip_eps_high`` (asymmetric clip)."""
+    use_kl_loss: bool = True
+    """True: KL is a loss term (GRPO style); false: KL is a per-token reward penalty (PPO style)."""
+    clip_eps_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    """Lower PPO clip range in [0, 1): the ratio is clipped below at ``1 - clip_eps_low``."""
+    clip_eps_high: NonNegFloat = 0.2
+    """Upper PPO clip range: the ratio is clipped above at ``1 + clip_eps_high`` (DAPO's clip-higher: 0.28)."""
     dual_clip: Annotated[float, Field(gt=1)] | None = None
     """Dual-clip constant c > 1 bounding the loss of negative advantages; null disables it."""
     value_clip: PositiveFloat | None = 0.2
     """Clip range of the value loss (``gae`` only); null disables value clipping."""
     entropy_coef: NonNegFloat = 0.0
     """Weight of the entropy bonus."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    """How token losses are reduced to one number."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How token losses are reduced to one number (``seq-mean-token-sum-norm``: Dr. GRPO's constant divisor)."""
     normalize_advantages: bool = True
-    """Whiten advantages over the batch before the policy loss."""
+    """Whiten advantages over the batch (read by ``gae``; the other estimators normalise by construction)."""
+    adv_eps: PositiveFloat = 1e-6
+    """Added to the group standard deviation of ``grpo``."""
+    loss_norm_tokens: PositiveInt | None = None
+    """Constant token divisor of ``seq-mean-token-sum-norm``; null: the padded response length."""
+    log_ratio_clamp: PositiveFloat = 20.0
+    """Log-ratios are clamped to +-this before ``exp`` so ratios and k3 stay finite."""
     normalize_reward: bool = False
     """Normalise rewards by running statistics before computing advantages."""
     ppo_epochs: PositiveInt = 1
     """Optimisation passes over each rollout batch."""
     critic_learning_rate: PositiveFloat | None = None
     """Critic learning rate (``gae`` only); null uses the top-level ``learning_rate``."""
+
+    def loss_mapping(self) -> dict[str, Any]:
+        """The fields of the loss math (``services.trainer.algo.AlgoConfig.from_mapping`` takes this mapping):
+        every field except the loop-level ones in :data:`LOOP_ALGORITHM_KEYS`."""
+        return {k: v for k, v in self.model_dump().items() if k not in LOOP_ALGORITHM_KEYS}
 
 
 class RolloutConfig(_Section):

@@ -1,0 +1,175 @@
+"""Unit tests of marti.launch_flags: OpenRLHF-style flags onto the training config."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from marti.config import load_config
+from marti.errors import InvalidArgumentError
+from marti.launch_flags import FLAG_TABLE, MachineInfo, build_config, parse_launch_flags
+
+ROOT = Path(__file__).resolve().parents[3]
+DESIGN = ROOT.parent / "shared" / "design-examples"
+EXAMPLE = ROOT / "examples" / "resource_allocation.yaml"
+CPU = MachineInfo()
+GPU = MachineInfo(has_cuda=True, bf16_supported=True, flash_attn_installed=True, wandb_installed=True)
+REQUIRED = (
+    "actor_model critic_model ref_model reward_model dataset num_agents max_steps micro_train_batch_size "
+    "gradient_accumulation_steps ppo_epochs learning_rate actor_learning_rate critic_learning_rate "
+    "num_warmup_steps seed rollout_batch_size max_epochs normalize_reward actor_init_on_gpu enable_ema bf16 "
+    "actor_zero_stage critic_zero_stage offload_reference_model disable_actor_dropout vllm_num_engines "
+    "vllm_tensor_parallel_size enable_prefix_caching use_flash_attn output_dir logging_steps save_steps "
+    "log_with wandb_project wandb_run_name"
+).split()
+
+
+def script_argv() -> list[str]:
+    """The flags of the design's train_multi_agent.sh, with its shell variables expanded."""
+    text = (DESIGN / "train_multi_agent.sh").read_text()
+    env = dict(re.findall(r'^([A-Z_]+)="?([^"\n]*)"?$', text, re.M))
+    cmd = text.split("train_ppo_ray", 1)[1].replace("\\\n", " ")
+    for key in sorted(env, key=len, reverse=True):
+        cmd = cmd.replace("$" + key, env[key])
+    return shlex.split(cmd)
+
+
+def test_every_documented_flag_is_known():
+    assert not [f for f in REQUIRED if f not in FLAG_TABLE]
+
+
+@pytest.mark.skipif(not DESIGN.exists(), reason="shared design examples not present")
+def test_design_script_on_cpu(caplog):
+    with caplog.at_level(logging.WARNING, logger="marti.launch_flags"):
+        cfg, warnings = build_config(
+            DESIGN / "multi_agent_collaboration.yaml", [], script_argv(), machine=CPU
+        )
+    ignored = sorted(w.split()[0] for w in warnings)
+    assert ignored == sorted(
+        [
+            "--reward_model",
+            "--dataset",
+            "--actor_init_on_gpu",
+            "--bf16",
+            "--offload_reference_model",
+            "--use_flash_attn",
+            "--log_with",
+        ]
+    )
+    assert len(caplog.records) == len(warnings)
+    assert [a.pretrain_model for a in cfg.agents] == [
+        "meta-llama/Llama-2-7b-chat-hf",
+        "mistralai/Mistral-7B-Instruct-v0.1",
+        "THUDM/chatglm3-6b",
+    ]
+    assert cfg.agents[2].critic_model == "THUDM/chatglm3-6b"
+    assert all(a.ref_model == "meta-llama/Llama-2-7b-chat-hf" for a in cfg.agents)
+    assert (
+        cfg.max_steps == 100000 and cfg.micro_train_batch_size == 16 and cfg.gradient_accumulation_steps == 4
+    )
+    assert cfg.algorithm.ppo_epochs == 4 and cfg.max_epochs == 3 and cfg.lr_warmup_steps == 5000
+    assert cfg.learning_rate == pytest.approx(2e-5) and cfg.algorithm.critic_learning_rate == pytest.approx(
+        2e-5
+    )
+    assert cfg.rollout.episodes_per_step == 1024 and cfg.algorithm.normalize_reward
+    assert cfg.policy.ema and cfg.policy.disable_dropout
+    assert (
+        cfg.strategy.name == "deepspeed"
+        and cfg.strategy.zero_stage == 3
+        and cfg.strategy.critic_zero_stage == 3
+    )
+    assert not cfg.strategy.bf16 and not cfg.strategy.init_on_gpu and cfg.policy.attn_implementation is None
+    assert cfg.vllm.num_engines == 3 and cfg.vllm.enable_prefix_caching
+    assert cfg.output.dir == "./multi_agent_resource_allocation_results"
+    assert cfg.output.log_every == 10 and cfg.output.save_every == 1000
+    assert cfg.output.log_with == ["tensorboard"]
+    assert cfg.output.wandb_project == "multi_agent_resource_allocation"
+    assert cfg.output.wandb_run_name == "multi_agent_exp_42"
+
+
+@pytest.mark.skipif(not DESIGN.exists(), reason="shared design examples not present")
+def test_design_script_on_a_gpu_machine_applies_gpu_flags():
+    cfg, warnings = build_config(DESIGN / "multi_agent_collaboration.yaml", [], script_argv(), machine=GPU)
+    assert sorted(w.split()[0] for w in warnings) == ["--dataset", "--reward_model"]
+    assert cfg.strategy.bf16 and cfg.strategy.init_on_gpu and cfg.strategy.offload_reference_model
+    assert cfg.policy.attn_implementation == "flash_attention_2" and cfg.output.log_with == ["wandb"]
+
+
+@pytest.mark.skipif(not DESIGN.exists(), reason="shared design examples not present")
+def test_flags_without_a_config_file_build_the_team():
+    cfg, _ = build_config(None, ["max_steps=2"], script_argv(), machine=CPU)
+    assert [(a.name, a.role) for a in cfg.agents] == [
+        ("agent_1", "planner"),
+        ("agent_2", "executor"),
+        ("agent_3", "evaluator"),
+    ]
+    assert cfg.max_steps == 2  # --set wins over the flag
+
+
+def test_a_flag_is_reported_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="marti.launch_flags"):
+        flags = parse_launch_flags(["--bf16", "--use_flash_attn", "--bf16"], machine=CPU)
+    assert len(flags.warnings) == 2 and len(caplog.records) == 2
+    assert not flags.scalar_overrides
+
+
+def test_one_model_for_all_agents():
+    cfg, _ = build_config(EXAMPLE, [], ["--actor_model", "tiny-llama"], machine=CPU)
+    assert {a.pretrain_model for a in cfg.agents} == {"tiny-llama"}
+
+
+def test_model_count_must_match_team():
+    with pytest.raises(InvalidArgumentError, match="describe 2 agents but .* lists 3"):
+        build_config(EXAMPLE, [], ["--actor_model", "a", "b"], machine=CPU)
+    with pytest.raises(InvalidArgumentError, match="--critic_model gives 2 models but the team has 3"):
+        build_config(None, [], ["--actor_model", "a", "b", "c", "--critic_model", "x", "y"], machine=CPU)
+    with pytest.raises(InvalidArgumentError, match="no --actor_model"):
+        build_config(None, [], ["--seed", "1"], machine=CPU)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--actor_modle", "a"], "unknown launch flag --actor_modle (did you mean --actor_model?)"),
+        (["--frobnicate"], "unknown launch flag --frobnicate"),
+        (["--seed", "x"], "--seed expects an integer, got 'x'"),
+        (["--learning_rate", "fast"], "--learning_rate expects a number, got 'fast'"),
+        (["--seed"], "--seed takes exactly one value, got 0"),
+        (["--seed", "1", "2"], "takes exactly one value, got 2"),
+        (["--bf16", "yes-please"], "--bf16 is a switch and takes no value"),
+        (["--bf16=maybe"], "must be true or false"),
+        (["--actor_model"], "needs at least one model name"),
+        (["stray", "--seed", "1"], "unexpected argument 'stray'"),
+    ],
+)
+def test_bad_flags(argv, fragment):
+    with pytest.raises(InvalidArgumentError) as info:
+        parse_launch_flags(argv, machine=CPU)
+    assert fragment in str(info.value)
+
+
+def test_equals_dashes_and_switch_values():
+    flags = parse_launch_flags(["--max-steps=7", "--enable_ema=false", "--normalize_reward"], machine=CPU)
+    cfg = load_config(EXAMPLE, flags.overrides(3))
+    assert cfg.max_steps == 7 and not cfg.policy.ema and cfg.algorithm.normalize_reward
+
+
+def test_flag_values_are_validated_by_the_schema():
+    with pytest.raises(InvalidArgumentError, match="'strategy.zero_stage'"):
+        build_config(EXAMPLE, [], ["--actor_zero_stage", "5"], machine=CPU)
+    cfg, _ = build_config(EXAMPLE, [], ["--eps_clip", "0.1", "--n_samples_per_prompt", "2"], machine=CPU)
+    assert cfg.algorithm.clip_eps_low == cfg.algorithm.clip_eps_high == 0.1 and cfg.rollout.group_size == 2
+
+
+def test_string_values_stay_strings():
+    cfg, _ = build_config(EXAMPLE, [], ["--wandb_run_name", "null", "--output_dir", "123"], machine=CPU)
+    assert cfg.output.wandb_run_name == "null" and cfg.output.dir == "123"
+
+
+def test_machine_detect_runs():
+    info = MachineInfo.detect()
+    assert isinstance(info.has_cuda, bool) and (info.bf16_supported <= info.has_cuda)
