@@ -7,7 +7,7 @@ are:
 - ``k1 = log_ratio``: unbiased, high variance, can be negative per token;
 - ``k2 = 0.5 * log_ratio^2``: biased, low variance, >= 0;
 - ``k3 = exp(-log_ratio) - 1 + log_ratio`` (``(r - 1) - log r`` with ``r = pi_ref / pi``): unbiased, low
-  variance, >= 0. verl calls it ``low_var_kl``; GRPO (Shao et al. 2024, eq. 4) uses it as a loss term.
+  variance, >= 0 (computed as ``expm1(-x) + x`` and clamped at 0 against rounding). verl calls it ``low_var_kl``; GRPO (Shao et al. 2024, eq. 4) uses it as a loss term.
 
 Used as a reward penalty (``kl_coef * k`` subtracted from each action token's reward, OpenRLHF
 ``compute_reward``) or as a loss term (``kl_coef * agg(k)``, GRPO / verl ``use_kl_loss``); see
@@ -63,4 +63,5 @@ def kl_penalty(
         return log_ratio
     if estimator == "k2":
         return 0.5 * log_ratio.square()
-    return torch.exp(-log_ratio) - 1.0 + log_ratio
+    # expm1 keeps precision for small ratios; k3 >= 0 exactly, the clamp removes rounding below 0
+    return (torch.expm1(-log_ratio) + log_ratio).clamp(min=0.0)

@@ -1,0 +1,188 @@
+"""Checkpoint helpers: RNG state capture, atomic step folders, rotation, and the ``latest`` pointer.
+
+Layout written by :class:`CheckpointManager` under a root folder::
+
+    root/
+      latest                  text file: name of the newest complete step folder
+      step-000120/
+        meta.json             {"step": 120, "data_position": {...}, "units": [...]}
+        rng.pt                python, numpy, torch CPU and CUDA RNG states
+        policy/               MultiAgentPolicy.save (weights, versions)        (optional)
+        <unit>/               one training engine per unit: model, optimizer, scheduler, counters
+
+A step folder is written under a temporary name and renamed into place only when complete, and ``latest`` is
+replaced atomically afterwards; so a crash (or a NaN-loss stop) leaves the last good checkpoint untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from marti.errors import InvalidArgumentError, NotFoundError
+
+_STEP_RE = re.compile(r"^step-(\d{6,})$")
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Return the python, numpy, torch CPU and (if present) CUDA RNG states, loadable with ``weights_only``."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`capture_rng_state` returned (CUDA states only when CUDA is available)."""
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_rng_state(path: str | Path) -> None:
+    """Write the current RNG states to ``path`` (torch.save of plain tensors and tuples)."""
+    torch.save(capture_rng_state(), str(path))
+
+
+def load_rng_state(path: str | Path) -> None:
+    """Restore RNG states from a file written by :func:`save_rng_state` (loaded with ``weights_only=True``)."""
+    restore_rng_state(torch.load(str(path), weights_only=True))
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON to ``path`` through a temp file and ``os.replace``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class CheckpointManager:
+    """Numbered, atomic, rotated checkpoints of a whole training job.
+
+    Args:
+        root: Folder that holds the step folders.
+        keep_last: How many complete checkpoints to keep, >= 1 (older ones are deleted after a save).
+
+    Raises:
+        InvalidArgumentError: ``keep_last`` < 1.
+    """
+
+    def __init__(self, root: str | Path, *, keep_last: int = 2) -> None:
+        if keep_last < 1:
+            raise InvalidArgumentError(f"keep_last must be >= 1, got {keep_last}")
+        self.root = Path(root)
+        self.keep_last = keep_last
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints, ascending."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            int(m.group(1)) for p in self.root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()
+        )
+
+    def latest(self) -> Path | None:
+        """Folder of the newest complete checkpoint, or None."""
+        pointer = self.root / "latest"
+        if pointer.is_file():
+            folder = self.root / pointer.read_text().strip()
+            if folder.is_dir():
+                return folder
+        steps = self.steps()
+        return self.root / f"step-{steps[-1]:06d}" if steps else None
+
+    def save(
+        self,
+        step: int,
+        writers: Mapping[str, Callable[[Path], None]],
+        *,
+        data_position: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Write one checkpoint atomically.
+
+        Args:
+            step: Global training step (>= 0), the folder's number.
+            writers: sub-folder name -> function writing into that (already created) folder; e.g.
+                ``{"policy": policy.save, "agent_1": engine.save_checkpoint}``.
+            data_position: JSON-serialisable position in the data stream per agent (epoch, offset, ...).
+
+        Returns:
+            The complete step folder.
+        """
+        if step < 0:
+            raise InvalidArgumentError(f"checkpoint step must be >= 0, got {step}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"step-{step:06d}"
+        tmp = self.root / f".tmp-step-{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name, write in writers.items():
+            sub = tmp / name
+            sub.mkdir()
+            write(sub)
+        save_rng_state(tmp / "rng.pt")
+        write_json_atomic(
+            tmp / "meta.json",
+            {"step": step, "data_position": dict(data_position or {}), "units": sorted(writers)},
+        )
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        pointer_tmp = self.root / ".latest.tmp"
+        pointer_tmp.write_text(final.name)
+        os.replace(pointer_tmp, self.root / "latest")
+        for old in self.steps()[: -self.keep_last]:
+            shutil.rmtree(self.root / f"step-{old:06d}", ignore_errors=True)
+        return final
+
+    def load(
+        self,
+        readers: Mapping[str, Callable[[Path], Any]],
+        *,
+        folder: str | Path | None = None,
+        restore_rng: bool = True,
+    ) -> dict[str, Any]:
+        """Read a checkpoint back (the latest by default).
+
+        Args:
+            readers: sub-folder name -> function reading from it.
+            folder: A specific step folder instead of the latest.
+            restore_rng: Also restore the RNG states saved with it.
+
+        Returns:
+            ``meta.json`` contents: ``{"step", "data_position", "units"}``.
+
+        Raises:
+            NotFoundError: No checkpoint, or a reader's sub-folder is missing.
+        """
+        path = Path(folder) if folder is not None else self.latest()
+        if path is None or not (path / "meta.json").is_file():
+            raise NotFoundError(f"no complete checkpoint under {self.root if folder is None else folder}")
+        for name, read in readers.items():
+            sub = path / name
+            if not sub.is_dir():
+                raise NotFoundError(
+                    f"checkpoint {path} has no {name!r} part (has {sorted(p.name for p in path.iterdir())})"
+                )
+            read(sub)
+        if restore_rng:
+            load_rng_state(path / "rng.pt")
+        return json.loads((path / "meta.json").read_text())

@@ -1,0 +1,239 @@
+"""Play multi-agent episodes: env_server sessions, agents' turns from the rollout engine, messages over
+comm_broker, one :class:`marti.trajectory.Trajectory` per agent and episode.
+
+Several episodes are played in lockstep so each agent's turns are generated in one batch: at every turn, the
+acting agent of every live episode is collected, each agent's prompts are generated together, then every env
+is stepped. An agent's prompt is its env observation (role, problem, turn) followed by the messages its
+teammates sent it through comm_broker since its last turn (the trainer runs the env with
+``history_messages=0``, so the team's conversation reaches agents only through the broker).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from marti.trajectory import Trajectory, Turn
+
+#: Generate responses for one agent: (agent_id, chat prompts) -> generations (see rollout.base.Generation).
+GenerateFn = Callable[[str, list[list[dict[str, str]]]], list[Any]]
+#: Build a comm client for (agent_id, session) exposing send_message / get_messages / broadcast_state / close.
+CommFactory = Callable[[str, str], Any]
+
+#: Info keys the env reports that the trainer aggregates into episode metrics.
+EPISODE_METRIC_KEYS = ("task_completion", "resource_utilization", "constraint_violations", "team_score")
+
+
+@dataclass
+class EpisodeResult:
+    """One finished episode.
+
+    Attributes:
+        episode_id: Unique id (also the comm_broker session of the episode).
+        seed: Problem seed of the env.
+        trajectories: Per agent, its turns (only agents that acted at least once).
+        returns: Per agent, the sum of its rewards over the episode.
+        metrics: Final env metrics (``task_completion``, ``resource_utilization``, ...), ``num_turns``,
+            ``format_valid`` (fraction of turns whose action parsed) and ``messages`` (broker messages received).
+    """
+
+    episode_id: str
+    seed: int
+    trajectories: dict[str, Trajectory] = field(default_factory=dict)
+    returns: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Live:
+    env: Any
+    seed: int
+    episode_id: str
+    obs: dict[str, str]
+    infos: dict[str, dict[str, Any]]
+    comms: dict[str, Any]
+    result: EpisodeResult
+    turns: int = 0
+    parsed: int = 0
+    received: int = 0
+    done: bool = False
+
+
+def _system_prompt(agent: str, role: str, template: str | None, capabilities: Sequence[str]) -> str:
+    caps = ", ".join(capabilities) or "general problem solving"
+    text = template or (
+        "You are {name}, the {role} of a team of AI agents. Your capabilities: {capabilities}. "
+        "Answer briefly and exactly in the requested format."
+    )
+    return text.format(name=agent, role=role, capabilities=caps)
+
+
+def _messages_text(messages: Sequence[Any]) -> str:
+    lines = []
+    for m in messages:
+        body = m.content if hasattr(m, "content") else m
+        if isinstance(body, dict):
+            body = body.get("text", json.dumps(body))
+        lines.append(f"[{getattr(m, 'sender', '?')}]: {body}")
+    return "\n".join(lines)
+
+
+class EpisodeRunner:
+    """Plays batches of episodes for a team of agents.
+
+    Args:
+        make_env: ``make_env(seed) -> ParallelEnv`` (local or remote, see :func:`marti.make`).
+        generate: Generates one response per chat prompt for an agent.
+        comm_factory: Builds a comm_broker client for ``(agent_id, session)``; ``None`` plays without a broker
+            (the env transcript is then the only conversation: pass env option ``history_messages > 0``).
+        agents: Agent names in env order (``possible_agents`` of the env are mapped by position).
+        roles: Role per agent name.
+        system_prompts: System prompt per agent name.
+        tokenizer_for: ``agent -> tokenizer`` used to keep token ids of prompts (from the generations).
+        policy_version: ``agent -> int`` current policy version (recorded in each trajectory).
+        run_id: Prefix of the episode ids / broker sessions.
+    """
+
+    def __init__(
+        self,
+        make_env: Callable[[int], Any],
+        generate: GenerateFn,
+        comm_factory: CommFactory | None,
+        agents: Sequence[str],
+        roles: dict[str, str],
+        system_prompts: dict[str, str],
+        policy_version: Callable[[str], int],
+        run_id: str = "run",
+    ) -> None:
+        self.make_env = make_env
+        self.generate = generate
+        self.comm_factory = comm_factory
+        self.agents = list(agents)
+        self.roles = roles
+        self.system_prompts = system_prompts
+        self.policy_version = policy_version
+        self.run_id = run_id
+
+    def _start(self, seed: int) -> _Live:
+        env = self.make_env(seed)
+        obs, infos = env.reset(seed=seed)
+        if list(env.possible_agents) != self.agents:
+            raise ValueError(
+                f"env agents {list(env.possible_agents)} differ from config agents {self.agents}"
+            )
+        episode_id = f"{self.run_id}-{seed}-{uuid.uuid4().hex[:8]}"
+        comms = {a: self.comm_factory(a, episode_id) for a in self.agents} if self.comm_factory else {}
+        result = EpisodeResult(episode_id, seed)
+        for a in self.agents:
+            result.returns[a] = 0.0
+            result.trajectories[a] = Trajectory(
+                episode_id=episode_id,
+                session=episode_id,
+                agent_id=a,
+                role=self.roles[a],
+                policy_version=self.policy_version(a),
+                turns=[],
+                metadata={"seed": seed},
+            )
+        return _Live(env, seed, episode_id, obs, infos, comms, result)
+
+    def _prompt(self, live: _Live, agent: str) -> list[dict[str, str]]:
+        user = live.obs[agent]
+        comm = live.comms.get(agent)
+        if comm is not None:
+            messages = comm.get_messages()
+            live.received += len(messages)
+            if messages:
+                user = f"{user}\nMessages from your teammates:\n{_messages_text(messages)}"
+        return [{"role": "system", "content": self.system_prompts[agent]}, {"role": "user", "content": user}]
+
+    def play(self, seeds: Sequence[int], max_turns: int | None = None) -> list[EpisodeResult]:
+        """Play one episode per seed, in lockstep, to the end.
+
+        Args:
+            seeds: Problem seed per episode (repeat a seed to get a GRPO group).
+            max_turns: Safety cap on turns per episode (the env truncates on its own ``max_turns``).
+
+        Returns:
+            One :class:`EpisodeResult` per seed, in order.
+        """
+        lives = [self._start(s) for s in seeds]
+        try:
+            step = 0
+            while any(not lv.done for lv in lives) and (max_turns is None or step < max_turns):
+                self._turn(lives, step)
+                step += 1
+            return [self._finish(lv) for lv in lives]
+        finally:
+            for lv in lives:
+                for comm in lv.comms.values():
+                    comm.close()
+                lv.env.close()
+
+    def _turn(self, lives: list[_Live], step: int) -> None:
+        acting: dict[str, list[tuple[_Live, list[dict[str, str]]]]] = {}
+        for lv in lives:
+            if lv.done:
+                continue
+            for a in lv.env.agents:
+                if lv.infos.get(a, {}).get("is_acting"):
+                    acting.setdefault(a, []).append((lv, self._prompt(lv, a)))
+        actions: dict[int, dict[str, str]] = {id(lv): {} for lv in lives}
+        gens: dict[int, dict[str, Any]] = {id(lv): {} for lv in lives}
+        for agent, items in acting.items():
+            outs = self.generate(agent, [p for _, p in items])
+            for (lv, _), gen in zip(items, outs, strict=True):
+                actions[id(lv)][agent] = gen.text
+                gens[id(lv)][agent] = gen
+        for lv in lives:
+            if lv.done:
+                continue
+            act = {a: actions[id(lv)].get(a, "") for a in lv.env.agents}
+            obs, rewards, terms, truncs, infos = lv.env.step(act)
+            for agent, gen in gens[id(lv)].items():
+                info = infos.get(agent, {}) or {}
+                lv.parsed += 0 if info.get("parse_error") else 1
+                lv.turns += 1
+                lv.result.trajectories[agent].turns.append(
+                    Turn(
+                        step=step,
+                        prompt_token_ids=list(gen.prompt_token_ids),
+                        response_token_ids=list(gen.response_token_ids),
+                        response_logprobs=[float(x) for x in gen.response_logprobs],
+                        reward=float(rewards.get(agent, 0.0)),
+                        terminated=bool(terms.get(agent, False)),
+                        truncated=bool(truncs.get(agent, False)),
+                        info={k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))},
+                        response_text=gen.text,
+                    )
+                )
+                self._route(lv, agent, gen.text, step)
+            for a, r in rewards.items():
+                lv.result.returns[a] = lv.result.returns.get(a, 0.0) + float(r)
+            lv.obs, lv.infos = obs, infos
+            if not lv.env.agents or all(terms.get(a) or truncs.get(a) for a in terms):
+                lv.done = True
+
+    def _route(self, lv: _Live, sender: str, text: str, step: int) -> None:
+        comm = lv.comms.get(sender)
+        if comm is None:
+            return
+        for receiver in self.agents:
+            if receiver != sender:
+                comm.send_message(receiver, {"text": text, "turn": step, "role": self.roles[sender]})
+        comm.broadcast_state({"turn": step, "role": self.roles[sender], "last_action": text[:200]})
+        comm.flush()
+
+    def _finish(self, lv: _Live) -> EpisodeResult:
+        last = next(iter(lv.infos.values()), {}) if lv.infos else {}
+        for key in EPISODE_METRIC_KEYS:
+            if key in last:
+                lv.result.metrics[key] = float(last[key])
+        lv.result.metrics["num_turns"] = float(lv.turns)
+        lv.result.metrics["format_valid"] = lv.parsed / lv.turns if lv.turns else 0.0
+        lv.result.metrics["messages"] = float(lv.received)
+        lv.result.trajectories = {a: t for a, t in lv.result.trajectories.items() if t.turns}
+        return lv.result

