@@ -616,6 +616,20 @@ class Broker:
                 nbytes += box.bytes
         return StatsSnapshot(counters, len(sessions), agents, pending, in_flight, nbytes, dead)
 
+    def count_frame_bytes(
+        self, session_name: str, in_raw: int = 0, in_wire: int = 0, out_raw: int = 0, out_wire: int = 0
+    ) -> None:
+        """Adds frame sizes (bytes, uncompressed and on the wire) to the session's compression counters.
+
+        Raises:
+            NotFoundError: Unknown session.
+        """
+        c = self.session(session_name).counters
+        c.bytes_in_raw += in_raw
+        c.bytes_in_wire += in_wire
+        c.bytes_out_raw += out_raw
+        c.bytes_out_wire += out_wire
+
     # ------------------------------------------------------------------ waiting
     def _wake(self, key: tuple[str, str]) -> None:
         for fut in self._waiters.pop(key, ()):
