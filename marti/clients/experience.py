@@ -1,0 +1,508 @@
+"""Typed clients of the experience store: ``ExperienceSharingClient`` (sync) and its async twin.
+
+Agents call :meth:`share_experience` with their trajectory of an episode; trainers call :meth:`sample` or read
+everything back with :meth:`get_trajectories` / :meth:`get_all_experiences`. Trajectories are serialized and
+zstd-compressed here, on the client, so the server only stores and forwards bytes. Every gRPC error becomes the
+matching :class:`marti.errors.MartiError` subclass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from marti.api.experience.v1 import experience_pb2 as pb
+from marti.api.experience.v1 import experience_service_pb2 as spb
+from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
+from marti.rpc.errors import from_rpc_error, from_status_proto
+from marti.trajectory import AgentTurn, Trajectory, merge_by_step
+from services.experience_store import convert
+from services.experience_store.core.codec import DEFAULT_CHUNK_BYTES
+from services.experience_store.core.config import TableConfig, parse_table_config
+from services.experience_store.core.storage import CheckpointResult
+from services.experience_store.core.store import SampledTrajectory
+
+SERVICE = "marti.api.experience.v1.ExperienceService"
+_IDEMPOTENT = [(SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable", "UpdatePriorities")]
+#: Largest decompressed trajectory a client accepts, bytes.
+MAX_ITEM_BYTES = 64 * 1024 * 1024
+
+__all__ = ["AsyncExperienceSharingClient", "ExperienceSharingClient", "SampledTrajectory", "TableInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """Live state of a table (see the proto ``TableInfo`` for each field)."""
+
+    name: str
+    size: int
+    num_bytes: int
+    inserts: int
+    samples: int
+    deletes: int
+    evictions: int
+    priority_updates: int
+    priority_updates_missing: int
+    waiting_inserts: int
+    waiting_samples: int
+    rate_limiter_diff: float
+    config: TableConfig
+
+
+def _info(m: pb.TableInfo) -> TableInfo:
+    return TableInfo(
+        m.name, m.size, m.num_bytes, m.inserts, m.samples, m.deletes, m.evictions, m.priority_updates,
+        m.priority_updates_missing, m.waiting_inserts, m.waiting_samples, m.rate_limiter_diff,
+        convert.table_config_from_proto(m.config),
+    )  # fmt: skip
+
+
+def _timeout_ms(timeout_s: float) -> int:
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise InvalidArgumentError(f"timeout_s must be finite and > 0, got {timeout_s}")
+    return max(1, int(timeout_s * 1000))
+
+
+class _Base:
+    """Request building and response parsing shared by the sync and async clients."""
+
+    def __init__(self, agent_id: str, chunk_bytes: int) -> None:
+        if not agent_id:
+            raise InvalidArgumentError("agent_id must be a non-empty string")
+        self.agent_id = agent_id
+        self.chunk_bytes = chunk_bytes
+
+    def _items(
+        self, trajectories: Sequence[Trajectory], table: str | None, priorities: Sequence[float] | None
+    ) -> list[pb.InsertItem]:
+        if priorities is not None and len(priorities) != len(trajectories):
+            raise InvalidArgumentError(f"{len(priorities)} priorities for {len(trajectories)} trajectories")
+        items = []
+        for i, t in enumerate(trajectories):
+            if not t.agent_id:
+                t.agent_id = self.agent_id
+            enc = convert.encode_proto(convert.trajectory_to_proto(t), self.chunk_bytes)
+            p = 1.0 if priorities is None else priorities[i]
+            items.append(pb.InsertItem(table=table or "", priority=p, encoded=enc, client_seq=i))
+        return items
+
+    @staticmethod
+    def _keys(responses: Iterable[spb.InsertResponse], n: int) -> list[int]:
+        keys: list[int | None] = [None] * n
+        first_error: MartiError | None = None
+        for resp in responses:
+            for c in resp.confirmations:
+                err = from_status_proto(c.status)
+                if err is not None:
+                    first_error = first_error or err
+                else:
+                    keys[c.client_seq] = c.key
+        if first_error is not None:
+            raise first_error
+        return [k for k in keys if k is not None]
+
+    @staticmethod
+    def _sample_req(table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s):
+        if batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
+        f = pb.SampleFilter(
+            agent_ids=list(agent_ids or ()), roles=list(roles or ()), min_policy_version=min_policy_version,
+            max_age_s=max_age_s,
+        )  # fmt: skip
+        return spb.SampleRequest(
+            table=table, num_samples=batch_size, timeout_ms=_timeout_ms(timeout_s), filter=f,
+            format=pb.PAYLOAD_FORMAT_ENCODED,
+        )  # fmt: skip
+
+    @staticmethod
+    def _sampled(resp: spb.SampleResponse, out: list[SampledTrajectory]) -> MartiError | None:
+        for m in resp.items:
+            t = convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES))
+            out.append(
+                SampledTrajectory(
+                    m.key,
+                    m.table,
+                    m.priority,
+                    m.probability,
+                    m.importance_weight,
+                    m.times_sampled,
+                    m.table_size,
+                    t,
+                )
+            )
+        return from_status_proto(resp.status)
+
+    @staticmethod
+    def _finish_sample(out, err, batch_size, allow_partial, table):
+        if len(out) < batch_size and not (allow_partial and out):
+            if err is not None:
+                raise err
+            raise DeadlineExceededError(
+                f"sample from table {table!r} returned {len(out)} of {batch_size} items"
+            )
+        return out
+
+    @staticmethod
+    def _getall_req(episode_id, session, agent_id, policy_version, tables):
+        req = spb.GetAllExperiencesRequest(
+            episode_id=episode_id or "", session=session or "", agent_id=agent_id or "",
+            tables=list(tables or ()), format=pb.PAYLOAD_FORMAT_ENCODED,
+        )  # fmt: skip
+        if policy_version is not None:
+            req.policy_version = policy_version
+        return req
+
+    @staticmethod
+    def _stored(resp: spb.GetAllExperiencesResponse, out: list[Trajectory]) -> None:
+        for m in resp.items:
+            out.append(convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES)))
+
+    @staticmethod
+    def _table_config(config: TableConfig | dict[str, Any] | None, name: str, kwargs: dict[str, Any]):
+        if isinstance(config, TableConfig):
+            return config
+        return parse_table_config({"name": name, **(config or {}), **kwargs})
+
+    @staticmethod
+    def _updates(table: str, priorities: dict[int, float]) -> spb.UpdatePrioritiesRequest:
+        return spb.UpdatePrioritiesRequest(
+            table=table, updates=[spb.PriorityUpdate(key=k, priority=p) for k, p in priorities.items()]
+        )
+
+
+class ExperienceSharingClient(_Base):
+    """Sync client of the experience store.
+
+    Args:
+        agent_id: The agent sharing experience (fills ``Trajectory.agent_id`` when empty).
+        address: ``host:port`` of the store.
+        token: Bearer token, if the store requires one.
+        tls_ca_file: PEM CA file; enables TLS.
+        timeout_s: Default deadline of unary calls and waits, seconds.
+        chunk_bytes: Uncompressed bytes per compressed chunk.
+    """
+
+    def __init__(
+        self,
+        agent_id: str,
+        address: str,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        super().__init__(agent_id, chunk_bytes)
+        self.timeout_s = timeout_s
+        self._channel = make_channel(
+            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT
+        )
+        self._stub = sgrpc.ExperienceServiceStub(self._channel)
+
+    def share_experience(
+        self,
+        trajectory: Trajectory,
+        table: str | None = None,
+        priority: float = 1.0,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Insert one trajectory and return its key once the store confirmed it (it is on disk then).
+
+        Args:
+            trajectory: The agent's trajectory of an episode.
+            table: Target table (None = the store's default table).
+            priority: Finite, >= 0.
+            timeout_s: Longest wait for the table's rate limiter, seconds.
+
+        Raises:
+            InvalidArgumentError: bad priority or trajectory/signature mismatch (naming the field).
+            ResourceExhaustedError: the item exceeds the table byte cap.
+            NotFoundError: unknown table.  DeadlineExceededError: the wait ran out.
+        """
+        return self.share_experiences([trajectory], table, [priority], timeout_s)[0]
+
+    def share_experiences(
+        self,
+        trajectories: Sequence[Trajectory],
+        table: str | None = None,
+        priorities: Sequence[float] | None = None,
+        timeout_s: float | None = None,
+        batch_items: int = 64,
+    ) -> list[int]:
+        """Insert many trajectories over one stream (``batch_items`` per message) and return their keys.
+
+        Raises:
+            The first item's error, after every other item was processed (see :meth:`share_experience`).
+        """
+        items = self._items(trajectories, table, priorities)
+        t_ms = _timeout_ms(timeout_s or self.timeout_s)
+        reqs = [
+            spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
+            for i in range(0, len(items), batch_items)
+        ]
+        try:
+            return self._keys(self._stub.Insert(iter(reqs)), len(items))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def sample(
+        self,
+        table: str,
+        batch_size: int,
+        timeout_s: float | None = None,
+        agent_ids: Sequence[str] | None = None,
+        roles: Sequence[str] | None = None,
+        min_policy_version: int = 0,
+        max_age_s: float = 0.0,
+        allow_partial: bool = False,
+    ) -> list[SampledTrajectory]:
+        """Sample ``batch_size`` trajectories (with replacement unless the table removes sampled items).
+
+        Args:
+            table: Table name.
+            batch_size: Items wanted (the server never sends more).
+            timeout_s: Longest wait for each item, seconds.
+            agent_ids, roles, min_policy_version, max_age_s: Filters (empty = any).
+            allow_partial: Return fewer items instead of raising when the deadline passes.
+
+        Returns:
+            Items with key, priority, probability, importance weight and the trajectory.
+
+        Raises:
+            NotFoundError: unknown table.  DeadlineExceededError: fewer than ``batch_size`` items in time.
+        """
+        req = self._sample_req(
+            table, batch_size, timeout_s or self.timeout_s, agent_ids, roles, min_policy_version, max_age_s
+        )
+        out: list[SampledTrajectory] = []
+        err = None
+        try:
+            for resp in self._stub.Sample(iter([req])):
+                err = self._sampled(resp, out) or err
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return self._finish_sample(out, err, batch_size, allow_partial, table)
+
+    def get_trajectories(
+        self,
+        episode_id: str | None = None,
+        session: str | None = None,
+        agent_id: str | None = None,
+        policy_version: int | None = None,
+        tables: Sequence[str] | None = None,
+    ) -> list[Trajectory]:
+        """Every stored trajectory matching the query, in insertion order (not counted as samples)."""
+        req = self._getall_req(episode_id, session, agent_id, policy_version, tables)
+        out: list[Trajectory] = []
+        try:
+            for resp in self._stub.GetAllExperiences(req, timeout=self.timeout_s):
+                self._stored(resp, out)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return out
+
+    def get_all_experiences(
+        self, episode_id: str | None = None, session: str | None = None
+    ) -> list[AgentTurn]:
+        """Every agent's turns of an episode (or session), merged by time step.
+
+        Raises:
+            InvalidArgumentError: when neither is given.
+        """
+        if not episode_id and not session:
+            raise InvalidArgumentError("get_all_experiences needs an episode_id or a session")
+        return merge_by_step(self.get_trajectories(episode_id=episode_id, session=session))
+
+    def create_table(
+        self, name: str, config: TableConfig | dict[str, Any] | None = None, **fields: Any
+    ) -> TableInfo:
+        """Create a table (idempotent for an identical config), e.g. ``create_table("agent_1", preset="queue")``.
+
+        Raises:
+            InvalidArgumentError: bad config (naming the field).  AlreadyExistsError: other config exists.
+        """
+        cfg = convert.table_config_to_proto(self._table_config(config, name, fields))
+        return _info(self._call(self._stub.CreateTable, spb.CreateTableRequest(config=cfg)).info)
+
+    def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
+        """Set priorities by key; returns ``(updated, missing)`` (missing keys are skipped, not errors)."""
+        resp = self._call(self._stub.UpdatePriorities, self._updates(table, priorities))
+        return resp.updated, resp.missing
+
+    def info(self, table: str) -> TableInfo:
+        """Return the table's live state (NotFoundError for an unknown table)."""
+        return _info(self._call(self._stub.GetTableInfo, spb.GetTableInfoRequest(table=table)).info)
+
+    def list_tables(self) -> list[TableInfo]:
+        """Return every table's live state, sorted by name."""
+        return [_info(m) for m in self._call(self._stub.ListTables, spb.ListTablesRequest()).tables]
+
+    def checkpoint(self) -> CheckpointResult:
+        """Ask the store for a snapshot; returns its path, duration and size."""
+        r = self._call(self._stub.Checkpoint, spb.CheckpointRequest(), timeout_s=max(self.timeout_s, 600.0))
+        return CheckpointResult(r.path, r.duration_s, r.num_bytes)
+
+    def _call(self, method, request, timeout_s: float | None = None):
+        try:
+            return method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> ExperienceSharingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncExperienceSharingClient(_Base):
+    """Async twin of :class:`ExperienceSharingClient` (same arguments, ``await`` every method)."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        address: str,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        super().__init__(agent_id, chunk_bytes)
+        self.timeout_s = timeout_s
+        self._channel = make_channel(
+            address, token=token, tls_ca_file=tls_ca_file, aio=True, idempotent_methods=_IDEMPOTENT
+        )
+        self._stub = sgrpc.ExperienceServiceStub(self._channel)
+
+    async def share_experience(
+        self,
+        trajectory: Trajectory,
+        table: str | None = None,
+        priority: float = 1.0,
+        timeout_s: float | None = None,
+    ) -> int:
+        """See :meth:`ExperienceSharingClient.share_experience`."""
+        return (await self.share_experiences([trajectory], table, [priority], timeout_s))[0]
+
+    async def share_experiences(
+        self,
+        trajectories: Sequence[Trajectory],
+        table: str | None = None,
+        priorities: Sequence[float] | None = None,
+        timeout_s: float | None = None,
+        batch_items: int = 64,
+    ) -> list[int]:
+        """See :meth:`ExperienceSharingClient.share_experiences`."""
+        items = self._items(trajectories, table, priorities)
+        t_ms = _timeout_ms(timeout_s or self.timeout_s)
+        reqs = [
+            spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
+            for i in range(0, len(items), batch_items)
+        ]
+        try:
+            responses = [r async for r in self._stub.Insert(iter(reqs))]
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return self._keys(responses, len(items))
+
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        timeout_s: float | None = None,
+        agent_ids: Sequence[str] | None = None,
+        roles: Sequence[str] | None = None,
+        min_policy_version: int = 0,
+        max_age_s: float = 0.0,
+        allow_partial: bool = False,
+    ) -> list[SampledTrajectory]:
+        """See :meth:`ExperienceSharingClient.sample`."""
+        req = self._sample_req(
+            table, batch_size, timeout_s or self.timeout_s, agent_ids, roles, min_policy_version, max_age_s
+        )
+        out: list[SampledTrajectory] = []
+        err = None
+        try:
+            async for resp in self._stub.Sample(iter([req])):
+                err = self._sampled(resp, out) or err
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return self._finish_sample(out, err, batch_size, allow_partial, table)
+
+    async def get_trajectories(
+        self,
+        episode_id: str | None = None,
+        session: str | None = None,
+        agent_id: str | None = None,
+        policy_version: int | None = None,
+        tables: Sequence[str] | None = None,
+    ) -> list[Trajectory]:
+        """See :meth:`ExperienceSharingClient.get_trajectories`."""
+        req = self._getall_req(episode_id, session, agent_id, policy_version, tables)
+        out: list[Trajectory] = []
+        try:
+            async for resp in self._stub.GetAllExperiences(req, timeout=self.timeout_s):
+                self._stored(resp, out)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return out
+
+    async def get_all_experiences(
+        self, episode_id: str | None = None, session: str | None = None
+    ) -> list[AgentTurn]:
+        """See :meth:`ExperienceSharingClient.get_all_experiences`."""
+        if not episode_id and not session:
+            raise InvalidArgumentError("get_all_experiences needs an episode_id or a session")
+        return merge_by_step(await self.get_trajectories(episode_id=episode_id, session=session))
+
+    async def create_table(
+        self, name: str, config: TableConfig | dict[str, Any] | None = None, **fields: Any
+    ) -> TableInfo:
+        """See :meth:`ExperienceSharingClient.create_table`."""
+        cfg = convert.table_config_to_proto(self._table_config(config, name, fields))
+        return _info((await self._call(self._stub.CreateTable, spb.CreateTableRequest(config=cfg))).info)
+
+    async def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
+        """See :meth:`ExperienceSharingClient.update_priorities`."""
+        resp = await self._call(self._stub.UpdatePriorities, self._updates(table, priorities))
+        return resp.updated, resp.missing
+
+    async def info(self, table: str) -> TableInfo:
+        """See :meth:`ExperienceSharingClient.info`."""
+        return _info((await self._call(self._stub.GetTableInfo, spb.GetTableInfoRequest(table=table))).info)
+
+    async def list_tables(self) -> list[TableInfo]:
+        """See :meth:`ExperienceSharingClient.list_tables`."""
+        return [_info(m) for m in (await self._call(self._stub.ListTables, spb.ListTablesRequest())).tables]
+
+    async def checkpoint(self) -> CheckpointResult:
+        """See :meth:`ExperienceSharingClient.checkpoint`."""
+        r = await self._call(
+            self._stub.Checkpoint, spb.CheckpointRequest(), timeout_s=max(self.timeout_s, 600.0)
+        )
+        return CheckpointResult(r.path, r.duration_s, r.num_bytes)
+
+    async def _call(self, method, request, timeout_s: float | None = None):
+        try:
+            return await method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncExperienceSharingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

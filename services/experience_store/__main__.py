@@ -1,0 +1,79 @@
+"""``python -m services.experience_store`` / ``marti store``: run the experience store server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.rpc.server import ServiceSpec, run_server
+
+from .core.config import parse_tables_yaml
+from .core.storage import MemoryStorage, SqliteStorage
+from .core.store import ExperienceStore
+from .servicer import SERVICE_NAME, ExperienceServicer
+from .settings import StoreSettings
+
+
+def build_store(settings: StoreSettings) -> ExperienceStore:
+    """Open the storage (SQLite under ``data_dir`` or memory), restore it and create the configured tables.
+
+    Raises:
+        InvalidArgumentError: for a bad tables YAML or storage setting.
+    """
+    tables = parse_tables_yaml(Path(settings.config).read_text()) if settings.config else []
+    storage = (
+        SqliteStorage(settings.data_dir, settings.sqlite_synchronous, settings.keep_snapshots)
+        if settings.data_dir
+        else MemoryStorage()
+    )
+    store = ExperienceStore(
+        storage,
+        tables,
+        default_table=settings.default_table or None,
+        max_query_items=settings.max_query_items,
+    )
+    store.start_snapshots(settings.snapshot_interval_s)
+    return store
+
+
+def make_spec(settings: StoreSettings) -> tuple[ServiceSpec, ExperienceServicer]:
+    """Build the store, its servicer and the :class:`ServiceSpec` that hosts it."""
+    servicer = ExperienceServicer(build_store(settings), settings)
+
+    async def on_stop() -> None:
+        servicer.close()
+
+    spec = ServiceSpec(
+        name=SERVICE_NAME,
+        add_to_server=lambda s: sgrpc.add_ExperienceServiceServicer_to_server(servicer, s),
+        on_stop=on_stop,
+    )
+    return spec, servicer
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, build settings (flags > ``MARTI_STORE_*`` env > defaults) and serve until a signal.
+
+    Returns:
+        Process exit code.
+    """
+    p = argparse.ArgumentParser(prog="marti store", description="Run the marti experience store.")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--data-dir", help="SQLite WAL data folder (default: in memory)")
+    p.add_argument("--config", help="tables YAML file")
+    p.add_argument("--metrics-port", type=int)
+    p.add_argument("--token", help="bearer token required on every call")
+    p.add_argument("--snapshot-interval-s", type=float)
+    args = p.parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    settings = StoreSettings(**overrides)
+    logging.basicConfig(level=settings.log_level)
+    spec, _ = make_spec(settings)
+    return run_server([spec], settings)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,273 @@
+"""The only bridge between ``marti.api.experience.v1`` protos and the store's domain types."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from marti.api.experience.v1 import experience_pb2 as pb
+from marti.errors import InvalidArgumentError
+
+from .core.codec import compress_chunks, decompress_chunks, pack_chunks, unpack_chunks
+from .core.config import TableConfig, parse_table_config
+from .core.table import SampleFilter
+from .core.trajectory import Trajectory, TrajectorySummary, Turn
+
+
+def _json_obj(text: str, where: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgumentError(f"{where} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def trajectory_to_proto(t: Trajectory) -> pb.Trajectory:
+    """Dataclass -> proto (``info``/``metadata`` become JSON text)."""
+    msg = pb.Trajectory(
+        episode_id=t.episode_id, session=t.session, agent_id=t.agent_id, role=t.role,
+        policy_version=t.policy_version, metadata_json=json.dumps(t.metadata) if t.metadata else "",
+        created_at_s=t.created_at,
+    )  # fmt: skip
+    for turn in t.turns:
+        m = msg.turns.add(
+            step=turn.step, terminated=turn.terminated, truncated=turn.truncated,
+            info_json=json.dumps(turn.info) if turn.info else "", prompt_text=turn.prompt_text,
+            response_text=turn.response_text,
+        )  # fmt: skip
+        m.prompt_token_ids.extend(turn.prompt_token_ids)
+        m.response_token_ids.extend(turn.response_token_ids)
+        m.response_logprobs.extend(turn.response_logprobs)
+        if turn.reward is not None:
+            m.reward = turn.reward
+    return msg
+
+
+def trajectory_from_proto(msg: pb.Trajectory) -> Trajectory:
+    """Proto -> dataclass.
+
+    Raises:
+        InvalidArgumentError: when ``info_json`` or ``metadata_json`` is not a JSON object.
+    """
+    turns = [
+        Turn(
+            step=m.step,
+            prompt_token_ids=list(m.prompt_token_ids),
+            response_token_ids=list(m.response_token_ids),
+            response_logprobs=list(m.response_logprobs),
+            reward=m.reward if m.HasField("reward") else None,
+            terminated=m.terminated,
+            truncated=m.truncated,
+            info=_json_obj(m.info_json, f"trajectory.turns[{i}].info_json"),
+            prompt_text=m.prompt_text,
+            response_text=m.response_text,
+        )
+        for i, m in enumerate(msg.turns)
+    ]
+    return Trajectory(
+        episode_id=msg.episode_id, session=msg.session, agent_id=msg.agent_id, role=msg.role,
+        policy_version=msg.policy_version, turns=turns,
+        metadata=_json_obj(msg.metadata_json, "trajectory.metadata_json"), created_at=msg.created_at_s,
+    )  # fmt: skip
+
+
+def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
+    """Validate a proto trajectory and return its summary, without copying token arrays.
+
+    Raises:
+        InvalidArgumentError: naming the field: empty ``episode_id``/``agent_id``, negative
+            ``policy_version`` or ``created_at_s``, decreasing or negative ``step``, logprobs whose count is
+            neither 0 nor the response length, non-finite ``reward`` or logprobs.
+    """
+    if not msg.episode_id:
+        raise InvalidArgumentError("trajectory.episode_id must be a non-empty string")
+    if not msg.agent_id:
+        raise InvalidArgumentError("trajectory.agent_id must be a non-empty string")
+    if msg.policy_version < 0:
+        raise InvalidArgumentError(f"trajectory.policy_version must be >= 0, got {msg.policy_version}")
+    if not (math.isfinite(msg.created_at_s) and msg.created_at_s >= 0):
+        raise InvalidArgumentError(f"trajectory.created_at_s must be finite and >= 0, got {msg.created_at_s}")
+    prompt, resp, lps, rewards = [], [], [], []
+    last = -1
+    for i, t in enumerate(msg.turns):
+        if t.step < 0 or t.step < last:
+            raise InvalidArgumentError(
+                f"trajectory.turns[{i}].step must be >= 0 and non-decreasing, got {t.step}"
+            )
+        last = t.step
+        n_resp, n_lp = len(t.response_token_ids), len(t.response_logprobs)
+        if n_lp not in (0, n_resp):
+            raise InvalidArgumentError(
+                f"trajectory.turns[{i}].response_logprobs has {n_lp} values but response_token_ids has {n_resp}"
+            )
+        if n_lp and not math.isfinite(sum(t.response_logprobs)):
+            raise InvalidArgumentError(f"trajectory.turns[{i}].response_logprobs contains a non-finite value")
+        has_reward = t.HasField("reward")
+        if has_reward and not math.isfinite(t.reward):
+            raise InvalidArgumentError(f"trajectory.turns[{i}].reward must be finite, got {t.reward}")
+        prompt.append(len(t.prompt_token_ids))
+        resp.append(n_resp)
+        lps.append(n_lp)
+        rewards.append(has_reward)
+    return TrajectorySummary(
+        episode_id=msg.episode_id, session=msg.session, agent_id=msg.agent_id, role=msg.role,
+        policy_version=msg.policy_version, created_at=msg.created_at_s, num_turns=len(msg.turns),
+        prompt_lengths=tuple(prompt), response_lengths=tuple(resp), logprob_lengths=tuple(lps),
+        rewards_present=tuple(rewards),
+    )  # fmt: skip
+
+
+def encode_proto(msg: pb.Trajectory, chunk_bytes: int) -> pb.EncodedTrajectory:
+    """Serialize and compress a proto trajectory into chunks (client side, or server side for typed inserts)."""
+    return pb.EncodedTrajectory(
+        chunks=compress_chunks(msg.SerializeToString(), chunk_bytes), encoding=pb.ENCODING_PROTO_ZSTD
+    )
+
+
+def decode_encoded(enc: pb.EncodedTrajectory, max_bytes: int) -> pb.Trajectory:
+    """Decompress and parse an encoded trajectory.
+
+    Raises:
+        InvalidArgumentError: for an unknown encoding, a bad zstd frame, more than ``max_bytes`` of output or
+            bytes that are not a Trajectory.
+    """
+    if enc.encoding not in (pb.ENCODING_UNSPECIFIED, pb.ENCODING_PROTO_ZSTD):
+        raise InvalidArgumentError(f"unknown trajectory encoding {enc.encoding}")
+    raw = decompress_chunks(enc.chunks, max_bytes)
+    msg = pb.Trajectory()
+    try:
+        msg.ParseFromString(raw)
+    except Exception as e:  # protobuf raises DecodeError (a plain Exception subclass)
+        raise InvalidArgumentError(f"payload is not a serialized Trajectory: {e}") from None
+    return msg
+
+
+def item_payload(item: pb.InsertItem, max_bytes: int, chunk_bytes: int) -> tuple[bytes, TrajectorySummary]:
+    """Return the stored payload and the validated summary of an InsertItem.
+
+    Raises:
+        InvalidArgumentError: when the item has no trajectory or the trajectory is invalid.
+    """
+    which = item.WhichOneof("data")
+    if which == "encoded":
+        msg = decode_encoded(item.encoded, max_bytes)
+        return pack_chunks(item.encoded.chunks), summarize_proto(msg)
+    if which == "trajectory":
+        summary = summarize_proto(item.trajectory)
+        raw = item.trajectory.SerializeToString()
+        if len(raw) > max_bytes:
+            raise InvalidArgumentError(f"trajectory of {len(raw)} bytes exceeds max_item_bytes={max_bytes}")
+        return pack_chunks(compress_chunks(raw, chunk_bytes)), summary
+    raise InvalidArgumentError("insert item has neither a trajectory nor an encoded trajectory")
+
+
+def payload_into(payload: bytes, fmt: int, target: Any, max_bytes: int) -> None:
+    """Put a stored payload into ``target`` (SampledItem or StoredItem) in the requested PayloadFormat."""
+    if fmt == pb.PAYLOAD_FORMAT_TYPED:
+        target.trajectory.CopyFrom(
+            decode_encoded(pb.EncodedTrajectory(chunks=unpack_chunks(payload)), max_bytes)
+        )
+    else:
+        target.encoded.chunks.extend(unpack_chunks(payload))
+        target.encoded.encoding = pb.ENCODING_PROTO_ZSTD
+
+
+def filter_from_proto(f: pb.SampleFilter) -> SampleFilter:
+    """Proto filter -> domain filter (raises InvalidArgumentError for a negative max_age_s)."""
+    if f.max_age_s < 0 or not math.isfinite(f.max_age_s):
+        raise InvalidArgumentError(f"filter.max_age_s must be finite and >= 0, got {f.max_age_s}")
+    return SampleFilter(frozenset(f.agent_ids), frozenset(f.roles), f.min_policy_version, f.max_age_s)
+
+
+def filter_to_proto(f: SampleFilter) -> pb.SampleFilter:
+    """Domain filter -> proto."""
+    return pb.SampleFilter(
+        agent_ids=sorted(f.agent_ids), roles=sorted(f.roles), min_policy_version=f.min_policy_version,
+        max_age_s=f.max_age_s,
+    )  # fmt: skip
+
+
+_OPTIONAL_TABLE = ("priority_exponent", "importance_beta", "max_size", "max_bytes", "max_times_sampled")
+
+
+def table_config_from_proto(msg: pb.TableConfig) -> TableConfig:
+    """Proto table config -> validated domain config (unset fields take defaults).
+
+    Raises:
+        InvalidArgumentError: naming the bad field.
+    """
+    d: dict[str, Any] = {"name": msg.name}
+    for f in ("preset", "sampler", "remover", "full_policy"):
+        if getattr(msg, f):
+            d[f] = getattr(msg, f)
+    for f in _OPTIONAL_TABLE:
+        if msg.HasField(f):
+            d[f] = getattr(msg, f)
+    if msg.HasField("rate_limiter"):
+        r = msg.rate_limiter
+        rl: dict[str, Any] = {"kind": r.kind or "min_size"}
+        if r.min_size_to_sample:
+            rl["min_size_to_sample"] = r.min_size_to_sample
+        if r.samples_per_insert:
+            rl["samples_per_insert"] = r.samples_per_insert
+        rl["error_buffer"] = r.error_buffer
+        rl["size"] = r.size or d.get("max_size", 1000)
+        if r.HasField("min_diff"):
+            rl["min_diff"] = r.min_diff
+        if r.HasField("max_diff"):
+            rl["max_diff"] = r.max_diff
+        d["rate_limiter"] = rl
+    if msg.HasField("signature"):
+        s = msg.signature
+        sig: dict[str, Any] = {
+            "agent_ids": list(s.agent_ids), "roles": list(s.roles), "min_policy_version": s.min_policy_version,
+            "require_rewards": s.require_rewards, "require_logprobs": s.require_logprobs,
+        }  # fmt: skip
+        for f in ("max_turns", "max_prompt_tokens", "max_response_tokens"):
+            if s.HasField(f):
+                sig[f] = getattr(s, f)
+        d["signature"] = sig
+    return parse_table_config(d)
+
+
+def table_config_to_proto(c: TableConfig) -> pb.TableConfig:
+    """Domain table config -> proto (every field set)."""
+    r, s = c.rate_limiter, c.signature
+    rl = pb.RateLimiterConfig(
+        kind=r.kind, min_size_to_sample=r.min_size_to_sample, samples_per_insert=r.samples_per_insert,
+        error_buffer=r.error_buffer, size=r.size,
+    )  # fmt: skip
+    if math.isfinite(r.min_diff):
+        rl.min_diff = r.min_diff
+    if math.isfinite(r.max_diff):
+        rl.max_diff = r.max_diff
+    sig = pb.Signature(
+        agent_ids=s.agent_ids, roles=s.roles, min_policy_version=s.min_policy_version,
+        require_rewards=s.require_rewards, require_logprobs=s.require_logprobs,
+    )  # fmt: skip
+    for f in ("max_turns", "max_prompt_tokens", "max_response_tokens"):
+        if getattr(s, f) is not None:
+            setattr(sig, f, getattr(s, f))
+    return pb.TableConfig(
+        name=c.name, preset=c.preset or "", sampler=c.sampler, remover=c.remover,
+        priority_exponent=c.priority_exponent, importance_beta=c.importance_beta, max_size=c.max_size,
+        max_bytes=c.max_bytes, max_times_sampled=c.max_times_sampled, full_policy=c.full_policy,
+        rate_limiter=rl, signature=sig,
+    )  # fmt: skip
+
+
+def table_info_to_proto(info: dict[str, Any], config: TableConfig) -> pb.TableInfo:
+    """``Table.info()`` dict -> proto."""
+    c = info["counters"]
+    return pb.TableInfo(
+        name=info["name"], size=info["size"], num_bytes=info["num_bytes"], inserts=c["inserts"],
+        samples=c["samples"], deletes=c["deletes"], evictions=c["evictions"],
+        priority_updates=c["priority_updates"], priority_updates_missing=c["priority_updates_missing"],
+        waiting_inserts=info["waiting_inserts"], waiting_samples=info["waiting_samples"],
+        rate_limiter_diff=info["rate_limiter"]["diff"], config=table_config_to_proto(config),
+    )  # fmt: skip

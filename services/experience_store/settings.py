@@ -1,0 +1,32 @@
+"""Runtime settings of the experience store (env prefix ``MARTI_STORE_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from marti.rpc.settings import ServerSettings
+
+
+class StoreSettings(ServerSettings):
+    """Server settings plus the store's own limits. Every limit is explicit and configurable."""
+
+    model_config = SettingsConfigDict(env_prefix="MARTI_STORE_", extra="ignore")
+
+    port: int = Field(50053, ge=0, le=65535, description="TCP port; 0 asks the OS for a free one.")
+    data_dir: str | None = Field(None, description="Folder of the SQLite WAL database; None = in memory.")
+    config: str | None = Field(None, description="Tables YAML file (see docs/experience_store.md).")
+    default_table: str | None = Field("default", description="Uniform table created if missing; '' = none.")
+    sqlite_synchronous: str = Field(
+        "NORMAL", description="NORMAL survives kill -9; FULL survives power loss."
+    )
+    snapshot_interval_s: float = Field(0.0, ge=0, description="Periodic snapshot interval, s; 0 = off.")
+    keep_snapshots: int = Field(2, ge=1, description="Snapshot files kept.")
+    executor_threads: int = Field(
+        16, ge=1, le=1024, description="Threads running table calls (waits hold one)."
+    )
+    default_timeout_ms: int = Field(30_000, ge=0, description="Wait used when a request gives timeout_ms=0.")
+    max_item_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest uncompressed trajectory, bytes.")
+    chunk_bytes: int = Field(256 * 1024, gt=0, description="Uncompressed bytes per compressed chunk.")
+    max_batch_items: int = Field(256, ge=1, description="Most items per Sample/GetAll response message.")
+    max_query_items: int = Field(1_000_000, ge=1, description="Most items one GetAllExperiences may return.")

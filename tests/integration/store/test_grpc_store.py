@@ -1,0 +1,150 @@
+"""The store over real gRPC: SDK calls, error codes, credits, sharing semantics."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+
+import pytest
+
+from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
+from marti.errors import (
+    AlreadyExistsError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
+from marti.trajectory import Trajectory, Turn
+
+
+def traj(agent="a1", episode="ep1", steps=(0,), version=0, role="planner", n_resp=3, reward=1.0, session="s"):
+    turns = [
+        Turn(step=s, prompt_token_ids=[1, 2, 3], response_token_ids=list(range(n_resp)),
+             response_logprobs=[-0.5] * n_resp, reward=reward, info={"k": s}, response_text=f"{agent}@{s}")
+        for s in steps
+    ]  # fmt: skip
+    return Trajectory(
+        episode_id=episode, agent_id=agent, session=session, role=role, policy_version=version, turns=turns
+    )
+
+
+def test_share_sample_roundtrip(store_server):
+    addr, _ = store_server
+    with ExperienceSharingClient("a1", addr) as c:
+        t = traj(steps=(0, 1))
+        key = c.share_experience(t)
+        (item,) = c.sample("default", 1)
+        assert item.key == key and item.probability == pytest.approx(1.0) and item.times_sampled == 1
+        got = item.trajectory
+        assert got.turns[1].response_logprobs == pytest.approx([-0.5] * 3)
+        assert got.turns[0].info == {"k": 0} and got.turns[1].response_text == "a1@1"
+        assert (got.episode_id, got.agent_id, got.role, got.session) == ("ep1", "a1", "planner", "s")
+        info = c.info("default")
+        assert (info.size, info.inserts, info.samples) == (1, 1, 1)
+
+
+def test_get_all_experiences_merges_agents_by_step(store_server):
+    addr, _ = store_server
+    a, b = ExperienceSharingClient("a1", addr), ExperienceSharingClient("a2", addr)
+    a.create_table("a1", preset="uniform")
+    a.share_experience(traj("a1", steps=(0, 1, 2)), table="a1")
+    b.share_experience(traj("a2", steps=(0, 2)))
+    b.share_experience(traj("a2", episode="other", steps=(0,)))
+    merged = a.get_all_experiences(episode_id="ep1")
+    assert [(m.turn.step, m.agent_id) for m in merged] == [
+        (0, "a1"),
+        (0, "a2"),
+        (1, "a1"),
+        (2, "a1"),
+        (2, "a2"),
+    ]
+    assert len(a.get_all_experiences(session="s")) == 6
+    assert len(a.get_trajectories(policy_version=0)) == 3
+    with pytest.raises(InvalidArgumentError):
+        a.get_all_experiences()
+
+
+def test_error_codes(store_server):
+    addr, _ = store_server
+    c = ExperienceSharingClient("a1", addr)
+    with pytest.raises(NotFoundError, match="nope"):
+        c.sample("nope", 1)
+    with pytest.raises(NotFoundError):
+        c.share_experience(traj(), table="nope")
+    with pytest.raises(InvalidArgumentError, match="min_size_to_sample"):  # unknown field, named
+        c.create_table("small", max_bytes=2000, min_size_to_sample=1)
+    c.create_table("tiny", preset="uniform", max_bytes=300)
+    c.share_experience(traj(n_resp=5), table="tiny")
+    with pytest.raises(ResourceExhaustedError, match="max_bytes=300"):
+        c.share_experience(traj(n_resp=5000), table="tiny")
+    assert c.info("tiny").size == 1  # the table keeps its items
+    for bad in (math.nan, math.inf, -1.0):
+        with pytest.raises(InvalidArgumentError, match="priority"):
+            c.share_experience(traj(), priority=bad)
+    c.create_table("sig", signature={"require_logprobs": True, "roles": ["planner"]})
+    t = traj()
+    t.turns[0].response_logprobs = []
+    with pytest.raises(InvalidArgumentError, match=r"turns\[0\].response_logprobs"):
+        c.share_experience(t, table="sig")
+    with pytest.raises(InvalidArgumentError, match="trajectory.role"):
+        c.share_experience(traj(role="critic"), table="sig")
+    with pytest.raises(AlreadyExistsError):
+        c.create_table("sig", preset="queue")
+    with pytest.raises(InvalidArgumentError, match="deadlock"):
+        c.create_table("dead", rate_limiter={"kind": "sample_to_insert_ratio", "samples_per_insert": 2,
+                                             "min_size_to_sample": 1, "error_buffer": 0.5})  # fmt: skip
+
+
+def test_min_size_wait_then_deadline(store_server):
+    addr, _ = store_server
+    c = ExperienceSharingClient("a1", addr)
+    c.create_table("m", rate_limiter={"kind": "min_size", "min_size_to_sample": 2})
+    c.share_experience(traj(), table="m")
+    with pytest.raises(DeadlineExceededError):
+        c.sample("m", 1, timeout_s=0.3)
+    threading.Timer(0.2, lambda: c.share_experience(traj(), table="m")).start()
+    assert len(c.sample("m", 1, timeout_s=5)) == 1
+
+
+def test_credits_bound_items_and_priorities(store_server):
+    addr, _ = store_server
+    c = ExperienceSharingClient("a1", addr)
+    c.create_table("p", preset="prioritized", priority_exponent=1.0)
+    keys = c.share_experiences([traj(steps=(i,)) for i in range(10)], table="p", priorities=[1.0] * 10)
+    items = c.sample("p", 7)
+    assert len(items) == 7  # exactly the credits granted
+    assert c.info("p").samples == 7
+    assert c.update_priorities("p", {keys[0]: 5.0, 10**9: 1.0}) == (1, 1)
+    assert c.info("p").priority_updates_missing == 1
+    with pytest.raises(InvalidArgumentError):
+        c.update_priorities("p", {keys[0]: math.nan})
+    ck = c.checkpoint()
+    assert ck.num_bytes > 0 and ck.path.endswith(".sqlite")
+    assert {t.name for t in c.list_tables()} >= {"p", "default"}
+
+
+def test_filters(store_server):
+    addr, _ = store_server
+    c = ExperienceSharingClient("a1", addr)
+    c.share_experiences([traj("a1", version=1), traj("a2", version=3, role="critic")])
+    for _ in range(5):
+        (item,) = c.sample("default", 1, agent_ids=["a2"])
+        assert item.trajectory.agent_id == "a2" and item.table_size == 1
+    assert {i.trajectory.agent_id for i in c.sample("default", 20, min_policy_version=2)} == {"a2"}
+    assert {i.trajectory.role for i in c.sample("default", 20, roles=["planner"])} == {"planner"}
+    with pytest.raises(DeadlineExceededError):
+        c.sample("default", 1, min_policy_version=9, timeout_s=0.2)
+
+
+async def test_async_client(store_server):
+    addr, _ = store_server
+    async with AsyncExperienceSharingClient("a1", addr) as c:
+        await c.create_table("q", preset="queue", max_size=4)
+        keys = await asyncio.gather(*(c.share_experience(traj(steps=(i,)), table="q") for i in range(4)))
+        assert len(set(keys)) == 4
+        items = await c.sample("q", 4)
+        assert sorted(i.trajectory.turns[0].step for i in items) == [0, 1, 2, 3]
+        assert (await c.info("q")).size == 0
+        assert len(await c.get_all_experiences(episode_id="ep1")) == 0
