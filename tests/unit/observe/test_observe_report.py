@@ -1,0 +1,99 @@
+"""Unit tests of services.trainer.observe.report: report.md, plots and the honest summary."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from marti.config import load_config
+from services.trainer.observe.metrics import RunWriter
+from services.trainer.observe.report import describe_change, write_report
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "resource_allocation.yaml"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_describe_change():
+    assert describe_change("team reward", 0.1, 0.3) == "team reward went from 0.1 to 0.3 (rose by 0.2)."
+    assert describe_change("x", 2.0, 1.5) == "x went from 2 to 1.5 (fell by 0.5)."
+    assert describe_change("x", 1.0, 1.0) == "x went from 1 to 1 (unchanged)."
+    noisy = describe_change("x", 0.5, 0.55, spread=0.2)
+    assert "smaller than the curve's spread (std 0.2)" in noisy
+    assert "no trend" in describe_change("x", math.nan, 1.0)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    cfg = load_config(EXAMPLE, [f"output.dir={run}"])
+    with RunWriter(run, cfg, use_tensorboard=False) as w:
+        for s in range(8):
+            metrics = {f"agent_{i}/reward": 0.1 * s + 0.01 * i for i in (1, 2, 3)}
+            metrics.update({f"agent_{i}/kl": 0.001 * s for i in (1, 2, 3)})
+            metrics.update({f"agent_{i}/policy_loss": -0.1 for i in (1, 2, 3)})
+            metrics["team/reward"] = 0.1 * s
+            metrics["team/task_completion"] = s / 8
+            metrics["team/resource_utilization"] = 0.5 + s / 40
+            w.log(s, metrics)
+        w.log_eval(0, {"team/reward": 0.2, "team/task_completion": 0.25, "team/resource_utilization": 0.6})
+        w.log_eval(4, {"team/reward": 0.3, "team/task_completion": 0.5, "team/resource_utilization": 0.62})
+        w.log_eval(7, {"team/reward": 0.5, "team/task_completion": 0.75, "team/resource_utilization": 0.7})
+    return run, write_report(run)
+
+
+def test_report_and_plots_are_written(full_run):
+    run, report = full_run
+    assert report == run / "report.md"
+    text = report.read_text()
+    for name in ("reward_per_agent", "task_completion", "resource_utilization", "training_diagnostics"):
+        png = run / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
+        assert f"(plots/{name}.png)" in text
+    assert "# Run report: resource_allocation" in text
+    assert "agent_2 (executor, smollm2-135m-instruct)" in text
+
+
+def test_summary_states_what_the_numbers_show(full_run):
+    text = full_run[1].read_text()
+    assert "team reward on held-out seeds (step 0 to step 7) went from 0.2 to 0.5 (rose by 0.3)" in text
+    assert (
+        "team task completion on held-out seeds (step 0 to step 7) went from 0.25 to 0.75 (rose by 0.5)"
+        in text
+    )
+    # 8 steps: first and last 2 steps compared; agent_1 rewards 0.01, 0.11 ... 0.71.
+    assert (
+        "agent_1 reward in training (mean of the first 2 vs the last 2 logged steps) went from 0.06 to 0.66"
+        in text
+    )
+
+
+def test_first_versus_last_table(full_run):
+    text = full_run[1].read_text()
+    assert "| metric | first (step 0) | last (step 7) | change |" in text
+    assert "| team/task_completion | 0.25 | 0.75 | +0.5 |" in text
+    assert "| team/resource_utilization | 0.6 | 0.7 | +0.1 |" in text
+
+
+def test_missing_metrics_and_single_eval_are_said_plainly(tmp_path):
+    with RunWriter(tmp_path, use_tensorboard=False) as w:
+        w.log(0, {"agent_a/reward": 1.0, "agent_a/policy_loss": math.nan})
+        w.log(1, {"agent_a/reward": 0.5, "agent_a/policy_loss": 0.2})
+        w.log_eval(1, {"team/reward": 0.4})
+    text = write_report(tmp_path).read_text()
+    assert "Only one held-out evaluation (step 1): team reward 0.4; no trend." in text
+    assert "Not plotted, never logged: task completion rate (no `team/task_completion` metric)." in text
+    assert "Non-finite values were logged for: agent_a/policy_loss." in text
+    assert (
+        "agent_a reward in training (mean of the first 1 vs the last 1 logged steps) went from 1 to 0.5"
+        in text
+    )
+    assert not (tmp_path / "plots" / "task_completion.png").exists()
+    assert (tmp_path / "plots" / "reward_per_agent.png").exists()
+
+
+def test_empty_run(tmp_path):
+    text = write_report(tmp_path).read_text()
+    assert "No training steps were logged." in text
+    assert "No held-out evaluation was recorded" in text
