@@ -145,8 +145,10 @@ class Broker:
         for agent in agents:
             self._check_name("agent id", agent)
         session = self._new_session(name, fixed_roster, dictionary)
+        session.fixed_roster = False  # admit the roster itself, then close it
         for agent in agents:
             self._mailbox(session, agent, create=True)
+        session.fixed_roster = fixed_roster
         return session, True
 
     def _mailbox(self, session: Session, agent: str, create: bool) -> Mailbox:
