@@ -28,6 +28,7 @@ def make(
     token: str | None = None,
     tls_ca_file: str | None = None,
     timeout_s: float | None = None,
+    transport: str = "stream",
     **config: Any,
 ) -> ParallelEnv:
     """Create an environment.
@@ -41,6 +42,8 @@ def make(
         token: Bearer token for the server (remote only).
         tls_ca_file: CA certificate file for TLS (remote only).
         timeout_s: Per-call deadline in seconds (remote only; default ``marti.rpc.channel.DEFAULT_TIMEOUT_S``).
+        transport: Remote only: ``"stream"`` (a bidi stream; the session closes when the env or process goes
+            away) or ``"unary"`` (one rpc per call; the server reaps the session after its idle timeout).
         **config: Env config, e.g. ``scenario="resource_allocation", max_turns=12, reward_type="dense",
             observation_format="natural_language", difficulty="easy", num_agents=3``.
 
@@ -59,7 +62,14 @@ def make(
     from marti.clients.env import RemoteParallelEnv
 
     return RemoteParallelEnv.create(
-        address, env_id, config=config, seed=seed, token=token, tls_ca_file=tls_ca_file, timeout_s=timeout_s
+        address,
+        env_id,
+        config=config,
+        seed=seed,
+        token=token,
+        tls_ca_file=tls_ca_file,
+        timeout_s=timeout_s,
+        transport=transport,
     )
 
 

@@ -1,0 +1,588 @@
+"""Typed clients of the env server and the remote PettingZoo env returned by ``marti.make(address=...)``.
+
+* :class:`EnvClient` (sync) and :class:`AsyncEnvClient` (``grpc.aio``): ``list_envs``, ``create_session``,
+  ``reset``, ``step``, ``batch_step``, ``close_session``; they return plain Python values and raise
+  :mod:`marti.errors` classes (``NotFoundError`` for an unknown env id, ``InvalidArgumentError`` for a bad config
+  key or action, ``ResourceExhaustedError`` at the session cap, ``UnavailableError`` when the server is away).
+* :class:`SessionStream`: the bidirectional ``Session`` stream (lowest latency; errors arrive in-band and are
+  raised for that request only; sessions made on the stream close when it closes).
+* :class:`RemoteParallelEnv`: a PettingZoo ``ParallelEnv`` backed by one server session. Every ``step`` and
+  ``reset`` carries a fresh request id, so the channel's automatic retry on ``UNAVAILABLE`` cannot step twice.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import gymnasium
+from pettingzoo import ParallelEnv
+
+from marti.api.env.v1 import env_pb2 as pb
+from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
+from marti.clients.env_codec import (
+    map_from_proto,
+    map_to_proto,
+    space_from_proto,
+    value_from_proto,
+    value_to_proto,
+)
+from marti.errors import FailedPreconditionError, InvalidArgumentError, MartiError, UnavailableError
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
+from marti.rpc.errors import from_rpc_error, from_status_proto
+
+SERVICE = "marti.api.env.v1.EnvService"
+#: Methods safe to retry on UNAVAILABLE (Step and Reset are made safe by request ids).
+IDEMPOTENT_METHODS = tuple(
+    (SERVICE, m) for m in ("ListEnvs", "CreateSession", "Reset", "Step", "BatchStep", "CloseSession")
+)
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """An agent of a session.
+
+    Args:
+        agent: Agent id.
+        role: Role name, or ``""``.
+        observation_space: Its gymnasium observation space.
+        action_space: Its gymnasium action space.
+    """
+
+    agent: str
+    role: str
+    observation_space: gymnasium.Space
+    action_space: gymnasium.Space
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A created session.
+
+    Args:
+        session_id: Opaque id.
+        env_id: Resolved ``name-vN``.
+        agents: Every possible agent, in order.
+        idle_timeout_ms: The server closes the session after this long unused, milliseconds.
+    """
+
+    session_id: str
+    env_id: str
+    agents: tuple[AgentInfo, ...]
+    idle_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Decoded reset or step result (PettingZoo dicts keyed by agent).
+
+    Args:
+        observations: Agent -> observation.
+        rewards: Agent -> reward (0.0 after a reset).
+        terminations: Agent -> terminated.
+        truncations: Agent -> truncated.
+        infos: Agent -> info dict.
+        agents: Live agents afterwards.
+        acting_agents: Agents whose action the next step reads.
+    """
+
+    observations: dict[str, Any]
+    rewards: dict[str, float]
+    terminations: dict[str, bool]
+    truncations: dict[str, bool]
+    infos: dict[str, dict[str, Any]]
+    agents: list[str]
+    acting_agents: list[str]
+
+    def as_tuple(self) -> tuple[dict, dict, dict, dict, dict]:
+        """PettingZoo step tuple ``(observations, rewards, terminations, truncations, infos)``."""
+        return self.observations, self.rewards, self.terminations, self.truncations, self.infos
+
+
+def _session_info(resp: pb.CreateSessionResponse) -> SessionInfo:
+    agents = tuple(
+        AgentInfo(a.agent, a.role, space_from_proto(a.observation_space), space_from_proto(a.action_space))
+        for a in resp.agents
+    )
+    return SessionInfo(resp.session_id, resp.env_id, agents, int(resp.idle_timeout_ms))
+
+
+def _result(resp: pb.StepResponse | pb.ResetResponse) -> StepResult:
+    obs, rew, term, trunc, infos = {}, {}, {}, {}, {}
+    for r in resp.results:
+        obs[r.agent] = value_from_proto(r.observation)
+        rew[r.agent] = r.reward
+        term[r.agent] = r.terminated
+        trunc[r.agent] = r.truncated
+        infos[r.agent] = map_from_proto(r.info)
+    return StepResult(obs, rew, term, trunc, infos, list(resp.agents), list(resp.acting_agents))
+
+
+def _describe(d: pb.EnvDescription) -> dict[str, Any]:
+    return {
+        "env_id": d.env_id,
+        "name": d.name,
+        "version": d.version,
+        "description": d.description,
+        "config_schema": [
+            {
+                "name": f.name,
+                "type": f.type,
+                "default": value_from_proto(f.default_value),
+                "description": f.description,
+                "choices": [value_from_proto(c) for c in f.choices],
+                "minimum": f.minimum if f.HasField("minimum") else None,
+                "maximum": f.maximum if f.HasField("maximum") else None,
+            }
+            for f in d.config_schema
+        ],
+        "agents": [a.agent for a in d.agents],
+        "roles": {a.agent: a.role for a in d.agents},
+        "observation_spaces": {a.agent: a.observation_space.description for a in d.agents},
+        "action_spaces": {a.agent: a.action_space.description for a in d.agents},
+    }
+
+
+def _create_request(env_id: str, config: Mapping[str, Any] | None, seed: int | None, request_id: str | None):
+    req = pb.CreateSessionRequest(
+        env_id=env_id, config=map_to_proto(config), request_id=request_id or uuid.uuid4().hex
+    )
+    if seed is not None:
+        req.seed = seed
+    return req
+
+
+def _reset_request(
+    session_id: str, seed: int | None, options: Mapping[str, Any] | None, request_id: str | None
+):
+    req = pb.ResetRequest(
+        session_id=session_id, options=map_to_proto(options), request_id=request_id or uuid.uuid4().hex
+    )
+    if seed is not None:
+        req.seed = seed
+    return req
+
+
+def _step_request(session_id: str, actions: Mapping[str, Any], request_id: str | None) -> pb.StepRequest:
+    acts = [pb.AgentAction(agent=k, action=value_to_proto(v)) for k, v in actions.items()]
+    return pb.StepRequest(session_id=session_id, actions=acts, request_id=request_id or uuid.uuid4().hex)
+
+
+class EnvClient:
+    """Synchronous client of ``EnvService``.
+
+    Args:
+        address: ``host:port`` of the env server.
+        token: Bearer token.
+        tls_ca_file: CA file for TLS.
+        timeout_s: Deadline of each unary call, seconds.
+        channel: An existing channel to use instead of dialing (not closed by :meth:`close`).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float | None = None,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        self._own_channel = channel is None
+        self.channel = channel or make_channel(
+            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=IDEMPOTENT_METHODS
+        )
+        self.stub = pb_grpc.EnvServiceStub(self.channel)
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def list_envs(self) -> list[dict[str, Any]]:
+        """List registered envs (id, description, config schema, agents, roles, space descriptions)."""
+        return [_describe(d) for d in self._call(self.stub.ListEnvs, pb.ListEnvsRequest()).envs]
+
+    def create_session(
+        self,
+        env_id: str,
+        config: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        request_id: str | None = None,
+    ) -> SessionInfo:
+        """Create a session (see ``CreateSession``); a retry with the same ``request_id`` returns the same one.
+
+        Raises:
+            NotFoundError: Unknown env id.
+            InvalidArgumentError: Unknown config key (named) or bad value.
+            ResourceExhaustedError: The server's session cap (named).
+        """
+        return _session_info(
+            self._call(self.stub.CreateSession, _create_request(env_id, config, seed, request_id))
+        )
+
+    def reset(
+        self,
+        session_id: str,
+        seed: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> StepResult:
+        """Reset a session; returns observations and infos (rewards 0)."""
+        return _result(self._call(self.stub.Reset, _reset_request(session_id, seed, options, request_id)))
+
+    def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
+        """Step a session; a retry with the same ``request_id`` returns the first result.
+
+        Raises:
+            InvalidArgumentError: Unknown or done agent, missing or oversized action.
+            FailedPreconditionError: Step before reset or after the episode ended.
+            NotFoundError: Unknown (closed or reaped) session.
+        """
+        return _result(self._call(self.stub.Step, _step_request(session_id, actions, request_id)))
+
+    def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
+        """Step many sessions in one call.
+
+        Args:
+            steps: ``(session_id, actions)`` pairs.
+
+        Returns:
+            One entry per step, in order: a :class:`StepResult`, or the :class:`MartiError` of that step alone.
+        """
+        req = pb.BatchStepRequest(steps=[_step_request(s, a, None) for s, a in steps])
+        out: list[StepResult | MartiError] = []
+        for item in self._call(self.stub.BatchStep, req).items:
+            err = from_status_proto(item.status)
+            out.append(err if err is not None else _result(item.step))
+        return out
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session (idempotent); True when it existed."""
+        return self._call(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id)).closed
+
+    def stream(self) -> SessionStream:
+        """Open a bidirectional :class:`SessionStream` on this client's channel."""
+        return SessionStream(self.stub, self.timeout_s)
+
+    def close(self) -> None:
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            self.channel.close()
+
+    def __enter__(self) -> EnvClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_END = object()
+
+
+class SessionStream:
+    """The ``Session`` bidi stream: one request at a time, in order; errors are raised per request.
+
+    Args:
+        stub: An ``EnvServiceStub``.
+        timeout_s: How long to wait for each response, seconds.
+    """
+
+    def __init__(self, stub: pb_grpc.EnvServiceStub, timeout_s: float) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._responses: Iterator[pb.SessionResponse] = stub.Session(self._iter())
+        self._seq = 0
+        self._lock = threading.Lock()
+        self.timeout_s = timeout_s
+        self.closed = False
+
+    def _iter(self) -> Iterator[pb.SessionRequest]:
+        while True:
+            item = self._requests.get()
+            if item is _END:
+                return
+            yield item
+
+    def _roundtrip(self, **op: Any) -> pb.SessionResponse:
+        with self._lock:
+            if self.closed:
+                raise FailedPreconditionError("the session stream is closed")
+            self._seq += 1
+            self._requests.put(pb.SessionRequest(sequence=self._seq, **op))
+            try:
+                resp = next(self._responses)
+            except StopIteration:
+                self.closed = True
+                raise UnavailableError("the env server ended the session stream") from None
+            except grpc.RpcError as e:
+                self.closed = True
+                raise from_rpc_error(e) from None
+        err = from_status_proto(resp.status)
+        if err is not None:
+            raise err
+        return resp
+
+    def create_session(
+        self, env_id: str, config: Mapping[str, Any] | None = None, seed: int | None = None
+    ) -> SessionInfo:
+        """Create a session owned by this stream (closed when the stream ends)."""
+        return _session_info(self._roundtrip(create=_create_request(env_id, config, seed, None)).create)
+
+    def reset(
+        self, session_id: str, seed: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> StepResult:
+        """Reset a session."""
+        return _result(self._roundtrip(reset=_reset_request(session_id, seed, options, None)).reset)
+
+    def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
+        """Step a session."""
+        return _result(self._roundtrip(step=_step_request(session_id, actions, request_id)).step)
+
+    def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
+        """Step many sessions in one request; per-step errors are returned, not raised."""
+        req = pb.BatchStepRequest(steps=[_step_request(s, a, None) for s, a in steps])
+        items = self._roundtrip(batch_step=req).batch_step.items
+        return [from_status_proto(i.status) or _result(i.step) for i in items]
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session."""
+        return self._roundtrip(close=pb.CloseSessionRequest(session_id=session_id)).close.closed
+
+    def close(self) -> None:
+        """End the stream (the server closes the sessions made on it)."""
+        if not self.closed:
+            self.closed = True
+            self._requests.put(_END)
+            try:
+                for _ in self._responses:
+                    pass
+            except grpc.RpcError:
+                pass
+
+
+class RemoteParallelEnv(ParallelEnv):
+    """A PettingZoo ``ParallelEnv`` backed by one env-server session (see module docstring).
+
+    Build it with :meth:`create` (what ``marti.make(address=...)`` calls).
+
+    Args:
+        client: The client (closed with the env when ``own_client``).
+        info: The session.
+        stream: The bidi stream the session lives on, or ``None`` to use unary calls.
+        own_client: Close the client in :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        client: EnvClient,
+        info: SessionInfo,
+        stream: SessionStream | None = None,
+        own_client: bool = True,
+    ) -> None:
+        self.client = client
+        self.session = info
+        self.session_id = info.session_id
+        self.env_id = info.env_id
+        self.possible_agents = [a.agent for a in info.agents]
+        self.roles = {a.agent: a.role for a in info.agents}
+        self._obs_spaces = {a.agent: a.observation_space for a in info.agents}
+        self._act_spaces = {a.agent: a.action_space for a in info.agents}
+        self.agents: list[str] = []
+        self.acting_agents: list[str] = []
+        self.metadata = {"name": info.env_id, "render_modes": []}
+        self._own_client = own_client
+        self._stream = stream
+        self._closed = False
+
+    @classmethod
+    def create(
+        cls,
+        address: str,
+        env_id: str,
+        *,
+        config: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float | None = None,
+        transport: str = "stream",
+    ) -> RemoteParallelEnv:
+        """Dial ``address`` and create a session of ``env_id``.
+
+        Args:
+            address: ``host:port``.
+            env_id: Env id.
+            config: Env config.
+            seed: Seed of the first reset without a seed.
+            token: Bearer token.
+            tls_ca_file: CA file for TLS.
+            timeout_s: Per-call deadline, seconds.
+            transport: ``"stream"`` (default: the session lives on a bidi stream and closes with it, so a
+                client that disappears leaks nothing) or ``"unary"`` (the server reaps it after its idle timeout).
+
+        Raises:
+            InvalidArgumentError: Bad transport, unknown config key (named) or bad value.
+            NotFoundError, ResourceExhaustedError, UnavailableError: From the server.
+        """
+        if transport not in ("stream", "unary"):
+            raise InvalidArgumentError(f"transport must be 'stream' or 'unary', got {transport!r}")
+        client = EnvClient(address, token=token, tls_ca_file=tls_ca_file, timeout_s=timeout_s)
+        stream = None
+        try:
+            if transport == "stream":
+                stream = client.stream()
+                info = stream.create_session(env_id, config, seed)
+            else:
+                info = client.create_session(env_id, config, seed)
+        except BaseException:
+            if stream is not None:
+                stream.close()
+            client.close()
+            raise
+        return cls(client, info, stream)
+
+    def observation_space(self, agent: str) -> gymnasium.Space:
+        """The agent's observation space (decoded once; the same object on every call)."""
+        return self._obs_spaces[agent]
+
+    def action_space(self, agent: str) -> gymnasium.Space:
+        """The agent's action space (decoded once; the same object on every call)."""
+        return self._act_spaces[agent]
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        """Reset the remote env; returns ``(observations, infos)``."""
+        if self._stream is not None:
+            r = self._stream.reset(self.session_id, seed, options)
+        else:
+            r = self.client.reset(self.session_id, seed, options)
+        self.agents, self.acting_agents = r.agents, r.acting_agents
+        return r.observations, r.infos
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        """Step the remote env; returns PettingZoo ``(observations, rewards, terminations, truncations, infos)``.
+
+        Raises:
+            InvalidArgumentError, FailedPreconditionError: Bad input (the session survives).
+        """
+        if self._stream is not None:
+            r = self._stream.step(self.session_id, actions)
+        else:
+            r = self.client.step(self.session_id, actions)
+        self.agents, self.acting_agents = r.agents, r.acting_agents
+        return r.as_tuple()
+
+    def render(self) -> None:
+        """Remote envs do not render."""
+        return None
+
+    def close(self) -> None:
+        """Close the session and, when owned, the channel (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._stream is not None:
+                self._stream.close()
+            else:
+                self.client.close_session(self.session_id)
+        except MartiError:
+            pass
+        if self._own_client:
+            self.client.close()
+
+
+class AsyncEnvClient:
+    """``grpc.aio`` twin of :class:`EnvClient` (same methods, awaitable).
+
+    Args:
+        address: ``host:port``.
+        token: Bearer token.
+        tls_ca_file: CA file for TLS.
+        timeout_s: Per-call deadline, seconds.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        self.channel = make_channel(
+            address, token=token, tls_ca_file=tls_ca_file, aio=True, idempotent_methods=IDEMPOTENT_METHODS
+        )
+        self.stub = pb_grpc.EnvServiceStub(self.channel)
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def list_envs(self) -> list[dict[str, Any]]:
+        """See :meth:`EnvClient.list_envs`."""
+        return [_describe(d) for d in (await self._call(self.stub.ListEnvs, pb.ListEnvsRequest())).envs]
+
+    async def create_session(
+        self,
+        env_id: str,
+        config: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        request_id: str | None = None,
+    ) -> SessionInfo:
+        """See :meth:`EnvClient.create_session`."""
+        return _session_info(
+            await self._call(self.stub.CreateSession, _create_request(env_id, config, seed, request_id))
+        )
+
+    async def reset(
+        self,
+        session_id: str,
+        seed: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> StepResult:
+        """See :meth:`EnvClient.reset`."""
+        return _result(
+            await self._call(self.stub.Reset, _reset_request(session_id, seed, options, request_id))
+        )
+
+    async def step(
+        self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None
+    ) -> StepResult:
+        """See :meth:`EnvClient.step`."""
+        return _result(await self._call(self.stub.Step, _step_request(session_id, actions, request_id)))
+
+    async def batch_step(
+        self, steps: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[StepResult | MartiError]:
+        """See :meth:`EnvClient.batch_step`."""
+        req = pb.BatchStepRequest(steps=[_step_request(s, a, None) for s, a in steps])
+        items = (await self._call(self.stub.BatchStep, req)).items
+        return [from_status_proto(i.status) or _result(i.step) for i in items]
+
+    async def close_session(self, session_id: str) -> bool:
+        """See :meth:`EnvClient.close_session`."""
+        return (
+            await self._call(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
+        ).closed
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncEnvClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,187 @@
+"""gRPC adapter of the env server: one method per rpc, domain errors raised (the interceptor maps them)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+from marti.api.env.v1 import env_pb2 as pb
+from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
+from marti.errors import InvalidArgumentError, ResourceExhaustedError
+from marti.rpc.errors import ok_status, to_status_proto
+from marti.rpc.server import ServiceSpec
+from services.env_server import convert
+from services.env_server.core.registry import Registry, default_registry
+from services.env_server.core.sessions import SessionManager
+from services.env_server.envs import adapters
+from services.env_server.settings import EnvServerSettings
+
+SERVICE_NAME = "marti.api.env.v1.EnvService"
+
+
+class EnvServicer(pb_grpc.EnvServiceServicer):
+    """Serves :class:`SessionManager` over gRPC.
+
+    Args:
+        sessions: The session core.
+        settings: Server settings (batch limit).
+    """
+
+    def __init__(self, sessions: SessionManager, settings: EnvServerSettings) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self._stream_ids = itertools.count(1)
+        self._listing: pb.ListEnvsResponse | None = None
+
+    # ---- unary handlers (plain methods shared with the stream) ----
+    def _create(self, req: pb.CreateSessionRequest, owner: str | None = None) -> pb.CreateSessionResponse:
+        seed = req.seed if req.HasField("seed") else None
+        session = self.sessions.create(
+            req.env_id, convert.map_from_proto(req.config), seed, owner, req.request_id
+        )
+        return pb.CreateSessionResponse(
+            session_id=session.session_id,
+            env_id=session.env_id,
+            agents=convert.agent_specs(session.env),
+            idle_timeout_ms=int(self.sessions.idle_timeout_s * 1000),
+        )
+
+    def _reset(self, req: pb.ResetRequest) -> pb.ResetResponse:
+        seed = req.seed if req.HasField("seed") else None
+        options = convert.map_from_proto(req.options) or None
+        return convert.reset_to_proto(self.sessions.reset(req.session_id, seed, options, req.request_id))
+
+    def _step(self, req: pb.StepRequest) -> pb.StepResponse:
+        actions = convert.actions_from_proto(req.actions)
+        return convert.step_to_proto(self.sessions.step(req.session_id, actions, req.request_id))
+
+    def _batch(self, req: pb.BatchStepRequest) -> pb.BatchStepResponse:
+        if len(req.steps) > self.settings.max_batch_steps:
+            raise ResourceExhaustedError(
+                f"BatchStep has {len(req.steps)} steps, above max_batch_steps={self.settings.max_batch_steps}"
+            )
+        out = pb.BatchStepResponse()
+        for step in req.steps:
+            item = out.items.add()
+            try:
+                item.step.CopyFrom(self._step(step))
+                item.status.CopyFrom(ok_status())
+            except Exception as e:  # noqa: BLE001 - every item's error travels in-band
+                item.status.CopyFrom(to_status_proto(e))
+        return out
+
+    def _close(self, req: pb.CloseSessionRequest) -> pb.CloseSessionResponse:
+        return pb.CloseSessionResponse(closed=self.sessions.close(req.session_id))
+
+    # ---- rpcs ----
+    async def ListEnvs(self, request: pb.ListEnvsRequest, context: Any) -> pb.ListEnvsResponse:  # noqa: N802
+        """List registered envs (cached after the first call)."""
+        if self._listing is None:
+            self._listing = pb.ListEnvsResponse(
+                envs=[convert.describe_to_proto(s) for s in self.sessions.registry.specs()]
+            )
+        return self._listing
+
+    async def CreateSession(self, request: pb.CreateSessionRequest, context: Any) -> pb.CreateSessionResponse:  # noqa: N802
+        """Create a session."""
+        return self._create(request)
+
+    async def Reset(self, request: pb.ResetRequest, context: Any) -> pb.ResetResponse:  # noqa: N802
+        """Reset a session."""
+        return self._reset(request)
+
+    async def Step(self, request: pb.StepRequest, context: Any) -> pb.StepResponse:  # noqa: N802
+        """Step a session."""
+        return self._step(request)
+
+    async def BatchStep(self, request: pb.BatchStepRequest, context: Any) -> pb.BatchStepResponse:  # noqa: N802
+        """Step many sessions; errors per item."""
+        return self._batch(request)
+
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:  # noqa: N802
+        """Close a session."""
+        return self._close(request)
+
+    async def Session(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.SessionRequest], context: Any
+    ) -> AsyncIterator[pb.SessionResponse]:
+        """Serve a bidirectional stream; sessions created on it close when it ends."""
+        owner = f"stream-{next(self._stream_ids)}"
+        try:
+            async for req in request_iterator:
+                yield self._one(req, owner)
+        finally:
+            self.sessions.close_owned(owner)
+
+    def _one(self, req: pb.SessionRequest, owner: str) -> pb.SessionResponse:
+        resp = pb.SessionResponse(sequence=req.sequence)
+        op = req.WhichOneof("op")
+        try:
+            if op == "create":
+                resp.create.CopyFrom(self._create(req.create, owner))
+            elif op == "reset":
+                resp.reset.CopyFrom(self._reset(req.reset))
+            elif op == "step":
+                resp.step.CopyFrom(self._step(req.step))
+            elif op == "close":
+                resp.close.CopyFrom(self._close(req.close))
+            elif op == "batch_step":
+                resp.batch_step.CopyFrom(self._batch(req.batch_step))
+            else:
+                raise InvalidArgumentError("SessionRequest has no operation set")
+            resp.status.CopyFrom(ok_status())
+        except Exception as e:  # noqa: BLE001 - in-band error; the stream stays open
+            resp.status.CopyFrom(to_status_proto(e))
+        return resp
+
+
+def env_service(
+    settings: EnvServerSettings, registry: Registry | None = None, sessions: SessionManager | None = None
+) -> ServiceSpec:
+    """Build the :class:`ServiceSpec` of the env server (servicer plus the idle-session reaper).
+
+    Args:
+        settings: Server settings.
+        registry: Env registry (default: built-ins and adapters).
+        sessions: Session core to serve (default: a new one from ``settings``); tests pass their own to
+            inspect it.
+
+    Returns:
+        The spec to pass to ``start_server``/``run_server``/``serve_in_thread``.
+    """
+    adapters.set_allowed_modules(settings.allowed_modules)
+    if sessions is None:
+        sessions = SessionManager(
+            registry or default_registry(),
+            settings.max_sessions,
+            settings.idle_timeout_s,
+            settings.idempotency_window,
+        )
+    servicer = EnvServicer(sessions, settings)
+    state: dict[str, asyncio.Task] = {}
+
+    async def reap_forever() -> None:
+        while True:
+            await asyncio.sleep(settings.reap_interval_s)
+            sessions.reap_idle()
+
+    async def on_start() -> None:
+        state["reaper"] = asyncio.get_running_loop().create_task(reap_forever())
+
+    async def on_stop() -> None:
+        task = state.pop("reaper", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        sessions.close_all()
+
+    return ServiceSpec(
+        name=SERVICE_NAME,
+        add_to_server=lambda server: pb_grpc.add_EnvServiceServicer_to_server(servicer, server),
+        on_start=on_start,
+        on_stop=on_stop,
+    )

@@ -1,0 +1,30 @@
+"""Runtime settings of the env server (env prefix ``MARTI_ENV_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from marti.rpc.settings import ServerSettings
+
+
+class EnvServerSettings(ServerSettings):
+    """Env server settings: transport (inherited) plus session limits.
+
+    Every field can be set as ``MARTI_ENV_<FIELD>``; the default port is 50052.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="MARTI_ENV_", extra="ignore")
+
+    port: int = Field(50052, ge=0, le=65535, description="TCP port; 0 asks the OS for a free one.")
+    max_sessions: int = Field(
+        1024, ge=1, description="Cap on concurrent sessions (RESOURCE_EXHAUSTED beyond)."
+    )
+    idle_timeout_s: float = Field(600.0, gt=0, description="Sessions unused this long are closed, seconds.")
+    reap_interval_s: float = Field(5.0, gt=0, description="How often idle sessions are looked for, seconds.")
+    idempotency_window: int = Field(64, ge=1, description="Recent request ids remembered per session.")
+    max_batch_steps: int = Field(4096, ge=1, description="Most steps in one BatchStep call.")
+    allowed_modules: list[str] = Field(
+        default_factory=lambda: ["pettingzoo.", "gymnasium."],
+        description="Module prefixes adapter entry points may be imported from.",
+    )
