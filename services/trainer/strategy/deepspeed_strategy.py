@@ -1,0 +1,251 @@
+"""DeepSpeed ZeRO (stages 0-3) training strategy, on CUDA (nccl) or CPU (gloo).
+
+On a machine without CUDA, ``DS_ACCELERATOR=cpu`` is set before DeepSpeed is imported, and the process group
+uses gloo. The optimizer is always a plain ``torch.optim.AdamW`` handed to ``deepspeed.initialize`` (a "client
+optimizer"), which avoids DeepSpeed's JIT-built optimizer kernels (about 60 s each on first use); DeepSpeed's
+first use still JIT-builds one communication op (about 35 s, cached in ``~/.cache/torch_extensions``).
+
+Single process: when no process group exists, one of world size 1 is created on 127.0.0.1 with a free port
+(``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` from the environment win, so torchrun and Ray set-ups
+work unchanged).
+
+DeepSpeed owns accumulation (``gradient_accumulation_steps``), clipping (``gradient_clipping``), the LR scheduler
+step at each boundary, and bf16 (``bf16.enabled``: bf16 weights with fp32 master copies in the optimizer).
+Checkpoints use ``engine.save_checkpoint`` (model, optimizer, scheduler) plus our RNG file and ``state.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from services.trainer.checkpoint import load_rng_state, save_rng_state, write_json_atomic
+from services.trainer.strategy.base import (
+    OptimConfig,
+    StepResult,
+    Strategy,
+    TrainEngine,
+    make_optimizer,
+    make_scheduler,
+    resolve_bf16,
+)
+
+_TAG = "ckpt"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def import_deepspeed() -> Any:
+    """Import DeepSpeed, selecting the CPU accelerator when CUDA is absent.
+
+    Raises:
+        FailedPreconditionError: DeepSpeed is not installed.
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise FailedPreconditionError(f"DeepSpeedStrategy needs the 'deepspeed' package: {exc}") from None
+    return deepspeed
+
+
+def ensure_process_group(backend: str | None = None) -> None:
+    """Create a world-size-1 process group unless one exists (env vars override rank, size, address, port)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    deepspeed = import_deepspeed()
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+
+
+class DeepSpeedTrainEngine(TrainEngine):
+    """A :class:`TrainEngine` on a DeepSpeed engine (see :class:`DeepSpeedStrategy`)."""
+
+    def __init__(self, ds_engine: Any, cfg: OptimConfig, bf16: bool, zero_stage: int) -> None:
+        self.ds = ds_engine
+        self.model = ds_engine.module
+        self.cfg = cfg
+        self.bf16 = bf16
+        self.zero_stage = zero_stage
+        self.global_step = 0
+        self.micro_step = 0
+
+    @property
+    def lr(self) -> float:
+        """Learning rate the next optimizer step uses."""
+        return float(self.ds.get_lr()[0])
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """No-op: with ``bf16.enabled`` DeepSpeed already holds bf16 weights, else fp32."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``ds_engine.backward`` (it divides by ``gradient_accumulation_steps`` itself).
+
+        Raises:
+            InvalidArgumentError: ``loss`` is not a scalar tensor.
+        """
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise InvalidArgumentError(
+                f"loss must be a scalar tensor, got {getattr(loss, 'shape', type(loss))}"
+            )
+        self.ds.backward(loss)
+
+    def step(self) -> StepResult:
+        """``ds_engine.step``: at a boundary it clips, steps optimizer and scheduler, and zeroes gradients."""
+        boundary = self.ds.is_gradient_accumulation_boundary()
+        lr = self.lr
+        pre_norm = None
+        if boundary and self.zero_stage == 0:  # stage 0 keeps plain .grad and reports no norm itself
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            pre_norm = (
+                float(
+                    torch.linalg.vector_norm(
+                        torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
+                    )
+                )
+                if grads
+                else 0.0
+            )
+        self.ds.step()
+        self.micro_step += 1
+        if not boundary:
+            return StepResult(stepped=False, grad_norm=None, lr=lr)
+        norm = self.ds.get_global_grad_norm() if pre_norm is None else pre_norm
+        norm_f = float(norm) if norm is not None else None
+        skipped = bool(getattr(self.ds, "skipped_steps", 0) > getattr(self, "_skipped_seen", 0))
+        self._skipped_seen = getattr(self.ds, "skipped_steps", 0)
+        if not skipped:
+            self.global_step += 1
+        return StepResult(stepped=not skipped, grad_norm=norm_f, lr=lr, skipped_nonfinite=skipped)
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Gather ZeRO-3 partitions so every parameter is whole inside the block (no-op for stages 0-2)."""
+        if self.zero_stage == 3:
+            deepspeed = import_deepspeed()
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+                yield
+        else:
+            yield
+
+    def save_checkpoint(self, path: str | Path, data_position: Mapping[str, Any] | None = None) -> None:
+        """Model, optimizer and scheduler through DeepSpeed; RNG and ``state.json`` (counters, data position)."""
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        self.ds.save_checkpoint(str(root), tag=_TAG)
+        save_rng_state(root / "rng.pt")
+        write_json_atomic(
+            root / "state.json",
+            {
+                "global_step": self.global_step,
+                "micro_step": self.micro_step,
+                "data_position": dict(data_position or {}),
+            },
+        )
+
+    def load_checkpoint(self, path: str | Path, *, restore_rng: bool = True) -> dict[str, Any]:
+        """Restore what :meth:`save_checkpoint` wrote.
+
+        Raises:
+            NotFoundError: The folder lacks the DeepSpeed tag folder or ``state.json``.
+        """
+        root = Path(path)
+        if not (root / _TAG).is_dir() or not (root / "state.json").is_file():
+            raise NotFoundError(f"no DeepSpeed checkpoint at {root} (needs {_TAG}/ and state.json)")
+        load_path, _ = self.ds.load_checkpoint(
+            str(root), tag=_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if load_path is None:
+            raise NotFoundError(f"DeepSpeed could not load the checkpoint at {root}")
+        state = json.loads((root / "state.json").read_text())
+        self.global_step, self.micro_step = int(state["global_step"]), int(state["micro_step"])
+        if restore_rng:
+            load_rng_state(root / "rng.pt")
+        return dict(state["data_position"])
+
+
+class DeepSpeedStrategy(Strategy):
+    """DeepSpeed ZeRO with a torch AdamW client optimizer.
+
+    Args:
+        zero_stage: 0, 1, 2 or 3.
+        offload_optimizer: ZeRO-Offload of optimizer states to CPU (stages 1-3; needs CUDA).
+        dist_backend: Process-group backend when one must be created (default nccl on CUDA, gloo on CPU).
+        micro_batch_size: Recorded as ``train_micro_batch_size_per_gpu`` (DeepSpeed uses it only for logging
+            and throughput counters, since batches are fed by the caller).
+
+    Raises:
+        InvalidArgumentError: ``zero_stage`` outside 0-3, or offload without CUDA.
+    """
+
+    def __init__(
+        self,
+        zero_stage: int = 2,
+        *,
+        offload_optimizer: bool = False,
+        dist_backend: str | None = None,
+        micro_batch_size: int = 1,
+    ) -> None:
+        if zero_stage not in (0, 1, 2, 3):
+            raise InvalidArgumentError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+        if offload_optimizer and (zero_stage == 0 or not torch.cuda.is_available()):
+            raise InvalidArgumentError("offload_optimizer needs ZeRO stage 1-3 and CUDA")
+        if micro_batch_size < 1:
+            raise InvalidArgumentError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.zero_stage = zero_stage
+        self.offload_optimizer = offload_optimizer
+        self.dist_backend = dist_backend
+        self.micro_batch_size = micro_batch_size
+
+    def ds_config(self, cfg: OptimConfig, bf16: bool) -> dict[str, Any]:
+        """The DeepSpeed config dict built from ``cfg`` (exposed for inspection and tests)."""
+        zero: dict[str, Any] = {"stage": self.zero_stage}
+        if self.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu"}
+        return {
+            "train_micro_batch_size_per_gpu": self.micro_batch_size,
+            "gradient_accumulation_steps": cfg.grad_accum_steps,
+            "gradient_clipping": cfg.max_grad_norm or 0.0,
+            "zero_optimization": zero,
+            "bf16": {"enabled": bf16},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+
+    def setup(
+        self, model: torch.nn.Module, params: Iterable[torch.nn.Parameter], cfg: OptimConfig
+    ) -> DeepSpeedTrainEngine:
+        """``deepspeed.initialize`` with a torch AdamW over ``params`` and the cosine LambdaLR."""
+        deepspeed = import_deepspeed()
+        ensure_process_group(self.dist_backend)
+        plist = list(params)
+        device = plist[0].device if plist else torch.device("cpu")
+        bf16 = resolve_bf16(cfg.bf16, device)
+        optimizer = make_optimizer(plist, cfg)
+        scheduler = make_scheduler(optimizer, cfg)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config(cfg, bf16)
+        )
+        return DeepSpeedTrainEngine(engine, cfg, bf16, self.zero_stage)
