@@ -33,7 +33,29 @@ _IDEMPOTENT = [(SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable
 #: Largest decompressed trajectory a client accepts, bytes.
 MAX_ITEM_BYTES = 64 * 1024 * 1024
 
-__all__ = ["AsyncExperienceSharingClient", "ExperienceSharingClient", "SampledTrajectory", "TableInfo"]
+__all__ = [
+    "AsyncExperienceSharingClient",
+    "ExperienceSharingClient",
+    "SampledTrajectory",
+    "StoredTrajectory",
+    "TableInfo",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTrajectory:
+    """A stored item as read back by ``get_items``.
+
+    Attributes:
+        key: Item key.  table: Its table.  priority: Current priority.
+        times_sampled: Samples so far.  trajectory: The trajectory.
+    """
+
+    key: int
+    table: str
+    priority: float
+    times_sampled: int
+    trajectory: Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +181,10 @@ class _Base:
         return req
 
     @staticmethod
-    def _stored(resp: spb.GetAllExperiencesResponse, out: list[Trajectory]) -> None:
+    def _stored(resp: spb.GetAllExperiencesResponse, out: list[StoredTrajectory]) -> None:
         for m in resp.items:
-            out.append(convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES)))
+            t = convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES))
+            out.append(StoredTrajectory(m.key, m.table, m.priority, m.times_sampled, t))
 
     @staticmethod
     def _table_config(config: TableConfig | dict[str, Any] | None, name: str, kwargs: dict[str, Any]):
@@ -296,9 +319,24 @@ class ExperienceSharingClient(_Base):
         policy_version: int | None = None,
         tables: Sequence[str] | None = None,
     ) -> list[Trajectory]:
-        """Every stored trajectory matching the query, in insertion order (not counted as samples)."""
+        """Every stored trajectory matching the query, in insertion order (not counted as samples).
+
+        Raises:
+            InvalidArgumentError: when no criterion is given.  NotFoundError: unknown table.
+        """
+        return [s.trajectory for s in self.get_items(episode_id, session, agent_id, policy_version, tables)]
+
+    def get_items(
+        self,
+        episode_id: str | None = None,
+        session: str | None = None,
+        agent_id: str | None = None,
+        policy_version: int | None = None,
+        tables: Sequence[str] | None = None,
+    ) -> list[StoredTrajectory]:
+        """Like :meth:`get_trajectories`, with each item's key, table, priority and sample count."""
         req = self._getall_req(episode_id, session, agent_id, policy_version, tables)
-        out: list[Trajectory] = []
+        out: list[StoredTrajectory] = []
         try:
             for resp in self._stub.GetAllExperiences(req, timeout=self.timeout_s):
                 self._stored(resp, out)
@@ -447,8 +485,20 @@ class AsyncExperienceSharingClient(_Base):
         tables: Sequence[str] | None = None,
     ) -> list[Trajectory]:
         """See :meth:`ExperienceSharingClient.get_trajectories`."""
+        items = await self.get_items(episode_id, session, agent_id, policy_version, tables)
+        return [s.trajectory for s in items]
+
+    async def get_items(
+        self,
+        episode_id: str | None = None,
+        session: str | None = None,
+        agent_id: str | None = None,
+        policy_version: int | None = None,
+        tables: Sequence[str] | None = None,
+    ) -> list[StoredTrajectory]:
+        """See :meth:`ExperienceSharingClient.get_items`."""
         req = self._getall_req(episode_id, session, agent_id, policy_version, tables)
-        out: list[Trajectory] = []
+        out: list[StoredTrajectory] = []
         try:
             async for resp in self._stub.GetAllExperiences(req, timeout=self.timeout_s):
                 self._stored(resp, out)

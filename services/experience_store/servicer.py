@@ -209,7 +209,9 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
     def _stored_batch(self, items, fmt: int) -> spb.GetAllExperiencesResponse:
         resp = spb.GetAllExperiencesResponse(status=ok_status())
         for rec, payload in items:
-            m = resp.items.add(key=rec.key, table=rec.table, priority=rec.priority)
+            m = resp.items.add(
+                key=rec.key, table=rec.table, priority=rec.priority, times_sampled=rec.times_sampled
+            )
             convert.payload_into(payload, fmt, m, self.settings.max_item_bytes)
         return resp
 

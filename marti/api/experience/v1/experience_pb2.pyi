@@ -231,15 +231,17 @@ class SampledItem(_message.Message):
     def __init__(self, key: _Optional[int] = ..., table: _Optional[str] = ..., priority: _Optional[float] = ..., probability: _Optional[float] = ..., importance_weight: _Optional[float] = ..., times_sampled: _Optional[int] = ..., table_size: _Optional[int] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., encoded: _Optional[_Union[EncodedTrajectory, _Mapping]] = ...) -> None: ...
 
 class StoredItem(_message.Message):
-    __slots__ = ("key", "table", "priority", "trajectory", "encoded")
+    __slots__ = ("key", "table", "priority", "trajectory", "encoded", "times_sampled")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
     ENCODED_FIELD_NUMBER: _ClassVar[int]
+    TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     key: int
     table: str
     priority: float
     trajectory: Trajectory
     encoded: EncodedTrajectory
-    def __init__(self, key: _Optional[int] = ..., table: _Optional[str] = ..., priority: _Optional[float] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., encoded: _Optional[_Union[EncodedTrajectory, _Mapping]] = ...) -> None: ...
+    times_sampled: int
+    def __init__(self, key: _Optional[int] = ..., table: _Optional[str] = ..., priority: _Optional[float] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., encoded: _Optional[_Union[EncodedTrajectory, _Mapping]] = ..., times_sampled: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,123 @@
+"""Store-level behaviour: SQLite restore, checkpoint concurrency, codec, sharing semantics."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from services.experience_store.core.codec import (
+    JsonTrajectoryCodec,
+    compress_chunks,
+    decode_payload,
+    decompress_chunks,
+    encode_payload,
+    pack_chunks,
+    unpack_chunks,
+)
+from services.experience_store.core.config import parse_table_config
+from services.experience_store.core.storage import SqliteStorage
+from services.experience_store.core.store import ExperienceStore, LocalExperienceClient
+from services.experience_store.core.trajectory import Trajectory, Turn, merge_by_step
+
+from .helpers import item, make_traj
+
+
+def test_codec_roundtrip_chunks():
+    raw = bytes(range(256)) * 1000
+    chunks = compress_chunks(raw, chunk_bytes=10_000)
+    assert len(chunks) == 26
+    assert decompress_chunks(unpack_chunks(pack_chunks(chunks))) == raw
+    with pytest.raises(InvalidArgumentError, match="max_bytes"):
+        decompress_chunks(chunks, max_bytes=1000)
+    with pytest.raises(InvalidArgumentError, match="truncated"):
+        unpack_chunks(pack_chunks(chunks)[:-1])
+    t = make_traj(steps=(0, 1))
+    t.turns[0].info = {"a": [1, 2]}
+    assert decode_payload(encode_payload(t, JsonTrajectoryCodec()), JsonTrajectoryCodec()) == t
+
+
+def test_sqlite_restore_keeps_items_priorities_counts_and_never_reuses_keys(tmp_path):
+    cfgs = [parse_table_config({"name": "p", "preset": "prioritized"})]
+    s = ExperienceStore(SqliteStorage(tmp_path), cfgs, seed=0)
+    keys = s.insert("p", [item(float(i + 1)) for i in range(20)], 0)
+    s.sample("p", 5, 0)
+    s.update_priorities("p", {keys[0]: 42.0, 10**6: 1.0})
+    before = {r.key: (r.priority, r.times_sampled) for r in s.table("p").records()}
+    info = s.table("p").info()
+    s.storage.close()  # no clean shutdown of the store: only what was committed counts
+    s2 = ExperienceStore(SqliteStorage(tmp_path), cfgs, seed=0)
+    assert {r.key: (r.priority, r.times_sampled) for r in s2.table("p").records()} == before
+    assert s2.table("p").info()["counters"] == info["counters"]
+    (k,) = s2.insert("p", [item()], 0)
+    assert k > max(keys)
+    s2.close()
+
+
+def test_checkpoint_does_not_stop_inserts(tmp_path):
+    s = ExperienceStore(SqliteStorage(tmp_path), seed=0)
+    s.insert("default", [item(nbytes=20_000) for _ in range(3000)], 0)  # ~60 MB to snapshot
+    done = threading.Event()
+    result = {}
+
+    def ckpt():
+        result["r"] = s.checkpoint()
+        done.set()
+
+    th = threading.Thread(target=ckpt)
+    th.start()
+    inserted_during = 0
+    while not done.is_set():
+        s.insert("default", [item()], 0)
+        s.sample("default", 1, 0)
+        inserted_during += 1
+    th.join()
+    assert result["r"].num_bytes > 50_000_000
+    assert inserted_during >= 5, (
+        f"only {inserted_during} inserts during a {result['r'].duration_s:.2f}s checkpoint"
+    )
+    s.close()
+
+
+def test_tables_create_get_errors():
+    s = ExperienceStore()
+    cfg = parse_table_config({"name": "x", "preset": "queue"})
+    assert s.create_table(cfg) is s.create_table(cfg)
+    with pytest.raises(AlreadyExistsError):
+        s.create_table(parse_table_config({"name": "x"}))
+    with pytest.raises(NotFoundError, match="'nope'"):
+        s.sample("nope", 1, 0)
+
+
+def test_sharing_semantics_in_process():
+    s = ExperienceStore(seed=0)
+    a, b = LocalExperienceClient("a", s), LocalExperienceClient("b", s)
+    a.share_experience(Trajectory("ep", "", session="run", turns=[Turn(0), Turn(1), Turn(3)]))
+    b.share_experience(Trajectory("ep", "", session="run", turns=[Turn(0), Turn(2)]))
+    b.share_experience(Trajectory("ep2", "", session="run", turns=[Turn(0)]))
+    merged = a.get_all_experiences(episode_id="ep")
+    assert [(m.turn.step, m.agent_id) for m in merged] == [(0, "a"), (0, "b"), (1, "a"), (2, "b"), (3, "a")]
+    assert [m.episode_id for m in a.get_all_experiences(session="run")] == ["ep"] * 5 + ["ep2"]
+    (x,) = a.sample("default", 1)
+    assert x.trajectory.episode_id in ("ep", "ep2")
+
+
+def test_merge_by_step_keeps_each_agent_order():
+    t1 = Trajectory("e", "a", turns=[Turn(0, response_text="a0"), Turn(0, response_text="a0b"), Turn(2)])
+    t2 = Trajectory("e", "b", turns=[Turn(1)])
+    out = merge_by_step([t1, t2])
+    assert [(m.agent_id, m.turn.step, m.turn.response_text) for m in out] == [
+        ("a", 0, "a0"), ("a", 0, "a0b"), ("b", 1, ""), ("a", 2, ""),
+    ]  # fmt: skip
+
+
+def test_trajectory_validate_names_field():
+    t = make_traj()
+    t.turns[0].response_logprobs = [0.1]
+    with pytest.raises(InvalidArgumentError, match=r"turns\[0\].response_logprobs"):
+        t.validate()
+    with pytest.raises(InvalidArgumentError, match="policy_version"):
+        make_traj(version=-1).validate()
+    assert time.time() - Trajectory("e", "a").created_at < 5
