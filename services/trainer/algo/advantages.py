@@ -299,13 +299,16 @@ def discounted_returns(token_rewards: torch.Tensor, action_mask: torch.Tensor, g
     Returns:
         ``(B, A)`` returns; 0 on masked tokens.
     """
-    running = torch.zeros_like(token_rewards[:, 0]) if token_rewards.shape[1] else None
-    out = torch.zeros_like(token_rewards)
-    for t in reversed(range(token_rewards.shape[1])):
-        m = action_mask[:, t]
-        running = torch.where(m, token_rewards[:, t] + gamma * running, running)
-        out[:, t] = torch.where(m, running, torch.zeros_like(running))
-    return out
+    if token_rewards.shape[1] == 0:
+        return torch.zeros_like(token_rewards)
+    # iterate over contiguous per-token columns (A, B) instead of strided writes into (B, A)
+    rewards_by_t, mask_by_t = token_rewards.t().contiguous().unbind(0), action_mask.t().contiguous().unbind(0)
+    running = torch.zeros_like(rewards_by_t[0])
+    out: list[torch.Tensor] = []
+    for r_t, m_t in zip(reversed(rewards_by_t), reversed(mask_by_t), strict=True):
+        running = torch.where(m_t, r_t + gamma * running, running)
+        out.append(torch.where(m_t, running, torch.zeros_like(running)))
+    return torch.stack(out[::-1], dim=1)
 
 
 # ----------------------------------------------------------------------------------------------- estimators
@@ -328,16 +331,19 @@ def gae(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.T
     mask = inputs.train_mask
     rewards = inputs.token_rewards()
     values = inputs.values
-    next_value = torch.zeros_like(rewards[:, 0]) if rewards.shape[1] else None
-    last_gae = torch.zeros_like(next_value) if next_value is not None else None
     adv = torch.zeros_like(rewards)
-    for t in reversed(range(rewards.shape[1])):
-        m = mask[:, t]
-        delta = rewards[:, t] + cfg.gamma * next_value - values[:, t]
-        gae_t = delta + cfg.gamma * cfg.lambd * last_gae
-        next_value = torch.where(m, values[:, t], next_value)
-        last_gae = torch.where(m, gae_t, last_gae)
-        adv[:, t] = torch.where(m, gae_t, torch.zeros_like(gae_t))
+    if rewards.shape[1]:
+        columns = (x.t().contiguous().unbind(0) for x in (rewards, values, mask))
+        next_value = torch.zeros_like(rewards[:, 0])
+        last_gae = torch.zeros_like(next_value)
+        out: list[torch.Tensor] = []
+        for r_t, v_t, m_t in zip(*(reversed(c) for c in columns), strict=True):
+            delta = r_t + cfg.gamma * next_value - v_t
+            gae_t = delta + cfg.gamma * cfg.lambd * last_gae
+            next_value = torch.where(m_t, v_t, next_value)
+            last_gae = torch.where(m_t, gae_t, last_gae)
+            out.append(torch.where(m_t, gae_t, torch.zeros_like(gae_t)))
+        adv = torch.stack(out[::-1], dim=1)
     returns = torch.where(mask, adv + values, torch.zeros_like(adv))
     if cfg.normalize_advantages:
         adv = masked_whiten(adv, mask)
