@@ -35,7 +35,7 @@ from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.api.common.v1 import common_pb2
 from marti.clients import broker_codec
-from marti.errors import InvalidArgumentError
+from marti.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
 from marti.rpc.errors import from_rpc_error
 
@@ -256,7 +256,7 @@ class _Core:
             return out
 
     def restore_buffers(self, unicast: list, broadcast: list) -> None:
-        """Puts a failed batch back at the front (the retry reuses message ids, so dedup keeps it once)."""
+        """Puts a batch that failed transiently back in front (a retry reuses message ids: dedup keeps one)."""
         with self.lock:
             self.buffer = unicast + self.buffer
             self.broadcast_buffer = broadcast + self.broadcast_buffer
@@ -266,7 +266,9 @@ class _Core:
         raw = broker_pb2.EnvelopeBatch(envelopes=[e for e, _ in items]).SerializeToString()
         data = broker_codec.encode(raw, broker_codec.CODEC_ZSTD, self.level, self.dictionary)
         if len(data) >= len(raw):  # tiny batches do not compress; send them raw
-            return common_pb2.CompressedFrame(codec=common_pb2.CODEC_NONE, uncompressed_bytes=len(raw), data=raw)
+            return common_pb2.CompressedFrame(
+                codec=common_pb2.CODEC_NONE, uncompressed_bytes=len(raw), data=raw
+            )
         return common_pb2.CompressedFrame(
             codec=common_pb2.CODEC_ZSTD,
             uncompressed_bytes=len(raw),
@@ -495,7 +497,9 @@ class MartiCommClient:
         """Sends every buffered message (and, if ``acks``, every pending auto-ack) now.
 
         Raises:
-            MartiError: The broker refused the batch; the batch stays buffered for the next flush.
+            UnavailableError, DeadlineExceededError: Transient; the batch stays buffered and the next flush
+                retries it (same message ids, so the broker's dedup delivers it once).
+            MartiError: The broker refused the batch (limits, bad input); the batch is dropped.
         """
         with self._send_lock:
             unicast, bcast = self._core.take_buffers()
@@ -506,9 +510,9 @@ class MartiCommClient:
                 if bcast:
                     self._send_batch(self._stub.Broadcast, pb.BroadcastRequest, bcast)
                     bcast = []
-            finally:
-                if unicast or bcast:
-                    self._core.restore_buffers(unicast, bcast)
+            except (UnavailableError, DeadlineExceededError):
+                self._core.restore_buffers(unicast, bcast)
+                raise
         if acks:
             ids = self._core.take_acks()
             if ids:
@@ -780,9 +784,9 @@ class AsyncMartiCommClient:
                 if bcast:
                     await self._send_batch(self._stub.Broadcast, pb.BroadcastRequest, bcast)
                     bcast = []
-            finally:
-                if unicast or bcast:
-                    self._core.restore_buffers(unicast, bcast)
+            except (UnavailableError, DeadlineExceededError):
+                self._core.restore_buffers(unicast, bcast)
+                raise
         if acks:
             ids = self._core.take_acks()
             if ids:
