@@ -245,7 +245,9 @@ class SessionManager:
         session = self._touch(session_id)
         if request_id and request_id in session.results:
             return session.results[request_id]
-        obs, rew, term, trunc, infos = self._call(session, lambda: session.env.step(dict(actions)))
+        obs, rew, term, trunc, infos = self._call(
+            session, lambda: session.env.step(dict(actions) if isinstance(actions, Mapping) else actions)
+        )
         return self._remember(session, request_id, _outcome(session.env, obs, infos, rew, term, trunc))
 
     @staticmethod

@@ -260,7 +260,7 @@ class ParsedAllocation:
     error: str | None = None
 
 
-_LINE_RE = re.compile(r"\btask[\s_#-]*(\d+)\b[^0-9\n-]{0,16}?(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_LINE_RE = re.compile(r"\btask[\s_#-]*(\d+)\b(?:->|[^0-9\n-]){0,16}?(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _KEY_RE = re.compile(r"^\s*(?:task)?[\s_#-]*(\d+)\s*$", re.IGNORECASE)
 
 

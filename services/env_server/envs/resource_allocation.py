@@ -265,6 +265,13 @@ class ResourceAllocationEnv(TextTeamEnv):
 
     # ---- observations and infos ----
     def _problem_text(self) -> list[str]:
+        if getattr(self, "_problem_text_for", None) is self.problem:
+            return self._problem_lines
+        self._problem_text_for = self.problem
+        self._problem_lines = self._describe_problem()
+        return self._problem_lines
+
+    def _describe_problem(self) -> list[str]:
         p = self.problem
         lines = [
             "Problem: decide how many units each task gets. Each unit earns the task's value and uses the "

@@ -8,6 +8,7 @@ so every observation stays inside its space.
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -19,7 +20,7 @@ from services.env_server.core.config import ConfigField
 #: Characters allowed in observations and actions: Python's ``string.printable`` (ASCII letters, digits,
 #: punctuation and whitespace).
 PRINTABLE = string.printable
-_PRINTABLE_SET = frozenset(PRINTABLE)
+_NON_PRINTABLE = re.compile("[^" + re.escape(PRINTABLE) + "]")
 
 
 def text_space(max_length: int, min_length: int = 0) -> gymnasium.spaces.Text:
@@ -45,7 +46,7 @@ def sanitize(text: str, max_chars: int) -> str:
     Returns:
         The text with every non-printable-ASCII character replaced by ``?``, trimmed, and cut to ``max_chars``.
     """
-    clean = "".join(c if c in _PRINTABLE_SET else "?" for c in text).strip()
+    clean = _NON_PRINTABLE.sub("?", text).strip()
     if len(clean) > max_chars:
         clean = clean[: max(max_chars - 6, 0)] + " [...]"
     return clean
@@ -160,8 +161,14 @@ class TextTeamEnv(ParallelEnv):
         skipped = len(self.transcript) - len(shown)
         lines = [f"({skipped} earlier messages not shown)"] if skipped else []
         q = self.config["max_quote_chars"]
+        cache = self.__dict__.setdefault("_quote_cache", {})
         for speaker, role, text in shown:
-            lines.append(f"[{speaker} ({role})]: {sanitize(text, q) or '(empty)'}")
+            key = (speaker, role, text)
+            if key not in cache:
+                if len(cache) > 4096:
+                    cache.clear()
+                cache[key] = f"[{speaker} ({role})]: {sanitize(text, q) or '(empty)'}"
+            lines.append(cache[key])
         return lines
 
     def _fit(self, text: str) -> str:
