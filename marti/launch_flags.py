@@ -3,8 +3,8 @@
 ``marti train`` accepts the flags of the design's launch script (``train_multi_agent.sh``) besides a YAML file.
 Each flag becomes one or more dotted config overrides (the table :data:`FLAG_TABLE`, rendered in
 ``docs/config.md``). A flag that does not apply on this machine (flash attention or ``--actor_init_on_gpu``
-without CUDA, ``--bf16`` without bf16 support, ``--log_with wandb`` without wandb) is reported once (a warning
-on the ``marti.launch_flags`` logger and a line in the returned list) and ignored; so is a flag marti has no
+without CUDA, ``--bf16`` without bf16 support, ``--log_with wandb`` without wandb) is reported once (one line in the
+returned ``warnings``, which ``marti train`` prints) and ignored; so is a flag marti has no
 use for (``--reward_model``, ``--dataset``: rewards and problems come from the environment). An unknown flag is an
 :class:`~marti.errors.InvalidArgumentError` naming it.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +40,6 @@ __all__ = [
 
 DEFAULT_ROLES = ("planner", "executor", "evaluator")
 """Roles given to agents created from ``--actor_model`` when there is no YAML file (cycled)."""
-
-
-_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -302,8 +298,8 @@ def parse_launch_flags(argv: Sequence[str], machine: MachineInfo | None = None) 
         machine: What this machine supports; None probes it (:meth:`MachineInfo.detect`).
 
     Returns:
-        The overrides, per-agent model lists and one warning per ignored flag (each also logged once on
-            the ``marti.launch_flags`` logger).
+        The overrides, per-agent model lists and one warning per ignored flag (a flag given twice is
+            reported once); the caller shows them.
 
     Raises:
         InvalidArgumentError: An unknown flag (named, with the closest known one), a missing or extra value,
@@ -337,7 +333,6 @@ def parse_launch_flags(argv: Sequence[str], machine: MachineInfo | None = None) 
                 warned.add(name)
                 msg = f"--{name} ignored: {reason}"
                 out.warnings.append(msg)
-                _log.warning(msg)
             continue
         if spec.kind == "models":
             out.agent_models[spec.keys[0].split(".")[-1]] = value

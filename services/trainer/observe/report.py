@@ -27,6 +27,7 @@ from services.trainer.observe.metrics import (
     REWARD,
     TASK_COMPLETION,
     TEAM,
+    TEAM_SCORE,
     TOKENS_PER_S,
     VALUE_LOSS,
     VERSION_LAG,
@@ -42,6 +43,7 @@ REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
 _HEADLINE = (
     f"{TEAM}/{REWARD}",
+    f"{TEAM}/{TEAM_SCORE}",
     f"{TEAM}/{TASK_COMPLETION}",
     f"{TEAM}/{RESOURCE_UTILIZATION}",
     f"{TEAM}/{FORMAT_VALID}",
@@ -280,11 +282,12 @@ def write_report(run_dir: str | Path) -> Path:
     for key, fname, title in (
         (f"{TEAM}/{TASK_COMPLETION}", "task_completion.png", "Task completion rate"),
         (f"{TEAM}/{RESOURCE_UTILIZATION}", "resource_utilization.png", "Resource utilization"),
+        (f"{TEAM}/{FORMAT_VALID}", "format_valid.png", "Format validity"),
     ):
         rel = _headline_plot(plots, fname, key, title, train, evals)
         if rel:
             figures.append((title, rel))
-        else:
+        elif key != f"{TEAM}/{FORMAT_VALID}":
             missing.append(f"{title.lower()} (no `{key}` metric)")
     panels = []
     for metric in _DIAGNOSTICS:

@@ -36,6 +36,7 @@ def full_run(tmp_path_factory):
             metrics["team/reward"] = 0.1 * s
             metrics["team/task_completion"] = s / 8
             metrics["team/resource_utilization"] = 0.5 + s / 40
+            metrics["team/format_valid"] = 0.9
             w.log(s, metrics)
         w.log_eval(0, {"team/reward": 0.2, "team/task_completion": 0.25, "team/resource_utilization": 0.6})
         w.log_eval(4, {"team/reward": 0.3, "team/task_completion": 0.5, "team/resource_utilization": 0.62})
@@ -47,7 +48,13 @@ def test_report_and_plots_are_written(full_run):
     run, report = full_run
     assert report == run / "report.md"
     text = report.read_text()
-    for name in ("reward_per_agent", "task_completion", "resource_utilization", "training_diagnostics"):
+    for name in (
+        "reward_per_agent",
+        "task_completion",
+        "resource_utilization",
+        "format_valid",
+        "training_diagnostics",
+    ):
         png = run / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
         assert f"(plots/{name}.png)" in text
@@ -90,6 +97,7 @@ def test_missing_metrics_and_single_eval_are_said_plainly(tmp_path):
         in text
     )
     assert not (tmp_path / "plots" / "task_completion.png").exists()
+    assert "format validity" not in text  # optional plot: absent without a note
     assert (tmp_path / "plots" / "reward_per_agent.png").exists()
 
 
