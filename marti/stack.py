@@ -67,6 +67,10 @@ class LocalStack:
         cmd = [sys.executable, "-m", "marti.cli", name, "--port", str(self.ports.get(name, 0))]
         if self.data_dir is not None and name in ("broker", "store"):
             cmd += ["--data-dir", str(Path(self.data_dir) / name)]
+        if name == "trainer":  # the trainer's jobs use the services started before it
+            for svc, flag in (("broker", "--broker"), ("env-server", "--env"), ("store", "--store")):
+                if svc in self.running:
+                    cmd += [flag, self.running[svc].address]
         return cmd + self.extra_args.get(name, [])
 
     def _spawn(self, name: str) -> ServiceProcess:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import os
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Default largest message a server accepts or sends, in bytes (64 MiB). Client and server use the same value.
@@ -38,3 +40,10 @@ class ServerSettings(BaseSettings):
         10_000, gt=0, description="Wait for a keepalive ack before closing, ms."
     )
     log_level: str = Field("INFO", description="Python logging level of the service.")
+
+    @model_validator(mode="after")
+    def _shared_token(self) -> ServerSettings:
+        """Fall back to ``MARTI_TOKEN`` (shared by every service) when no service-specific token is set."""
+        if self.token is None and os.environ.get("MARTI_TOKEN"):
+            self.token = os.environ["MARTI_TOKEN"]
+        return self

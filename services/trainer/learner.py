@@ -123,7 +123,8 @@ def update_agent(
 
     Args:
         policy: A :class:`services.trainer.policy.MultiAgentPolicy`.
-        strategy: The agent's training strategy (``backward(loss)``, ``step() -> dict``).
+        strategy: The agent's train engine (``backward(loss)``, ``step() -> StepResult``), see
+            :mod:`services.trainer.strategy`.
         agent_id: The agent to update.
         batch: Its samples.
         cfg: Algorithm config.
@@ -132,7 +133,7 @@ def update_agent(
 
     Returns:
         Mean statistics: ``policy_loss``, ``clip_frac``, ``approx_kl``, ``kl``, ``entropy``, ``grad_norm``,
-        ``advantage_abs``, ``reward``, ``response_len``, ``num_samples``.
+        ``advantage_abs``, ``sample_reward``, ``response_len``, ``num_samples``.
 
     Raises:
         FloatingPointError: the loss became NaN or infinite (the caller stops the job, keeping its checkpoint).
@@ -153,9 +154,10 @@ def update_agent(
         for m in range(n_micro):
             idx = order[m * micro_batch_size : (m + 1) * micro_batch_size]
             mb = batch.select(idx)
-            lp, ent = policy.logprobs(
-                agent_id, mb.input_ids, mb.attention_mask, mb.action_mask, return_entropy=True
-            )
+            with strategy.autocast():
+                lp, ent = policy.logprobs(
+                    agent_id, mb.input_ids, mb.attention_mask, mb.action_mask, return_entropy=True
+                )
             loss, s = actor_loss(
                 cfg,
                 lp,
@@ -169,14 +171,17 @@ def update_agent(
                 raise FloatingPointError(f"agent {agent_id!r}: non-finite loss {loss.item()}")
             strategy.backward(loss * (len(idx) / B))
             for k, v in s.items():
-                stats.setdefault(k, []).append(_stat(v))
-            stats.setdefault("entropy_mean", []).append(_stat(masked_mean(ent.detach(), mb.action_mask)))
-        step_stats = strategy.step() or {}
-        for k, v in step_stats.items():
-            stats.setdefault(k, []).append(_stat(v))
+                if k != "entropy":  # measured below on every micro-batch, bonus or not
+                    stats.setdefault("policy_loss" if k == "pg_loss" else k, []).append(_stat(v))
+            stats.setdefault("entropy", []).append(_stat(masked_mean(ent.detach(), mb.action_mask)))
+        result = strategy.step()
+        if result.grad_norm is not None:
+            stats.setdefault("grad_norm", []).append(float(result.grad_norm))
+        stats.setdefault("lr", []).append(float(result.lr))
+        stats.setdefault("skipped_nonfinite", []).append(float(result.skipped_nonfinite))
     out = {k: sum(v) / len(v) for k, v in stats.items() if v}
     rewards = [r for r in batch.rewards if r is not None]
-    out["reward"] = sum(rewards) / len(rewards) if rewards else 0.0
+    out["sample_reward"] = sum(rewards) / len(rewards) if rewards else 0.0
     out["kl"] = _stat(masked_mean(kl, batch.action_mask)) if kl is not None else 0.0
     out["advantage_abs"] = _stat(masked_mean(adv.abs(), batch.action_mask))
     out["response_len"] = _stat(batch.action_mask.sum(-1).float().mean())

@@ -116,17 +116,29 @@ class PolicyWorker:
         return HFRolloutEngine.from_policy(self.policy, copy_weights=False, default_sampling=sampling)
 
     def _build_strategy(self, agent: str) -> Any:
-        from services.trainer.strategy import build_strategy
+        from services.trainer.strategy.base import OptimConfig
 
-        return build_strategy(
-            self.cfg.strategy,
-            self.policy.model(agent),
-            self.policy.parameters(agent),
-            learning_rate=self.cfg.learning_rate_for(agent),
-            total_steps=self.cfg.max_steps * self.cfg.algorithm.ppo_epochs,
-            warmup_steps=self.cfg.warmup_steps,
-            lr_scheduler=self.cfg.lr_scheduler,
+        sc = self.cfg.strategy
+        total = max(1, self.cfg.max_steps * self.cfg.algorithm.ppo_epochs)
+        optim = OptimConfig(
+            lr=self.cfg.learning_rate_for(agent),
+            weight_decay=sc.weight_decay,
+            max_grad_norm=sc.grad_clip or None,
+            grad_accum_steps=1,  # update_agent accumulates micro-batches itself, one step() per epoch
+            total_steps=total,
+            warmup_steps=min(self.cfg.warmup_steps, total),
+            lr_scheduler="constant" if self.cfg.lr_scheduler.startswith("constant") else "cosine",
+            bf16=sc.bf16,
         )
+        if sc.name == "deepspeed":
+            from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
+
+            strategy = DeepSpeedStrategy(sc.zero_stage, micro_batch_size=self.cfg.micro_train_batch_size)
+        else:
+            from services.trainer.strategy.torch_strategy import TorchStrategy
+
+            strategy = TorchStrategy()
+        return strategy.setup(self.policy.model(agent), self.policy.parameters(agent), optim)
 
     # ------------------------------------------------------------------------------------------ rollouts
     def versions(self) -> dict[str, int]:

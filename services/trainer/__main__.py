@@ -1,0 +1,55 @@
+"""``marti trainer``: run the trainer service (TrainerService on port 50054 by default)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from marti.api.trainer.v1 import trainer_service_pb2_grpc
+from marti.rpc.server import ServiceSpec, run_server
+from services.trainer.jobs import JobManager
+from services.trainer.loop import Addresses
+from services.trainer.servicer import TrainerServicer
+from services.trainer.settings import TrainerSettings
+
+SERVICE_NAME = "marti.api.trainer.v1.TrainerService"
+
+
+def build_specs(settings: TrainerSettings) -> list[ServiceSpec]:
+    """The trainer's gRPC service spec for :func:`marti.rpc.server.start_server`."""
+    addresses = Addresses(
+        settings.broker or "", settings.env or "", settings.store or "", settings.service_token
+    )
+    servicer = TrainerServicer(JobManager(addresses, settings.max_concurrent_jobs), settings.stream_poll_s)
+    return [
+        ServiceSpec(
+            SERVICE_NAME, lambda s: trainer_service_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)
+        )
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags (over ``MARTI_TRAINER_*`` env vars) and serve until SIGTERM."""
+    p = argparse.ArgumentParser(prog="marti trainer", description="run the trainer service")
+    p.add_argument("--host", default=None)
+    p.add_argument(
+        "--port", type=int, default=None, help="TCP port (default 50054 via MARTI_TRAINER_PORT; 0 = any)"
+    )
+    p.add_argument("--broker", default=None, help="comm_broker host:port for jobs")
+    p.add_argument("--env", default=None, help="env_server host:port for jobs")
+    p.add_argument("--store", default=None, help="experience_store host:port for jobs")
+    p.add_argument("--token", default=None, help="bearer token required by this service (and sent to others)")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port")
+    p.add_argument("--max-concurrent-jobs", type=int, default=None)
+    args = p.parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    if "token" in overrides:
+        overrides["service_token"] = overrides["token"]
+    settings = TrainerSettings(**overrides)
+    if settings.token and not settings.service_token:
+        settings = settings.model_copy(update={"service_token": settings.token})
+    return run_server(build_specs(settings), settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

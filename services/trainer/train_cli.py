@@ -1,0 +1,103 @@
+"""``marti train CONFIG.yaml [--set KEY=VALUE ...] [--broker ADDR --env ADDR --store ADDR] [launch flags]``.
+
+With no addresses (and none in the config's ``services`` section) it starts the embedded stack (broker, env
+server, store) as local processes, runs the job, and stops them. OpenRLHF-style launch flags
+(``--actor_model A B C --micro_train_batch_size 4 ...``) are accepted too (see docs/config.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from marti.errors import MartiError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``marti train`` (unknown ``--flags`` go to the launch-flag parser)."""
+    p = argparse.ArgumentParser(prog="marti train", description="run a multi-agent RL training job")
+    p.add_argument(
+        "config", nargs="?", help="training config YAML (optional when launch flags give the team)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set algorithm.kl_coef=0.01 (repeatable)",
+    )
+    p.add_argument("--broker", default=os.environ.get("MARTI_BROKER_ADDR"), help="comm_broker host:port")
+    p.add_argument("--env", default=os.environ.get("MARTI_ENV_ADDR"), help="env_server host:port")
+    p.add_argument("--store", default=os.environ.get("MARTI_STORE_ADDR"), help="experience_store host:port")
+    p.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token for the services")
+    p.add_argument("--resume", action="store_true", help="resume from the run's newest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
+    from marti.launch_flags import build_config
+    from marti.stack import LocalStack
+    from services.trainer.loop import Addresses, TrainingLoop
+    from services.trainer.models import resolve_model
+
+    args, launch = build_parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg, warnings = build_config(args.config, args.overrides, launch)
+        for w in warnings:
+            print(f"note: {w}", file=sys.stderr)
+        for agent in cfg.agents:
+            resolve_model(agent.pretrain_model)
+    except MartiError as exc:
+        print(f"marti train: {exc}", file=sys.stderr)
+        return 2
+    services = cfg.services
+    token = args.token or services.token
+    addrs = {
+        "broker": args.broker or services.broker,
+        "env": args.env or services.env,
+        "store": args.store or services.store,
+    }
+    missing = [k for k, v in addrs.items() if not v]
+    stack = None
+    if missing:
+        names = {"broker": "broker", "env": "env-server", "store": "store"}
+        data_dir = Path(services.data_dir) if services.data_dir else cfg.run_dir / "services"
+        stack = LocalStack(
+            services=tuple(names[k] for k in missing),
+            data_dir=data_dir,
+            log_dir=cfg.run_dir / "logs",
+            token=token,
+        )
+        print(f"starting embedded {', '.join(names[k] for k in missing)} ...", flush=True)
+        started = stack.start()
+        for k in missing:
+            addrs[k] = started[names[k]]
+        print("services: " + ", ".join(f"{k}={v}" for k, v in addrs.items()), flush=True)
+    try:
+        loop = TrainingLoop(
+            cfg,
+            Addresses(addrs["broker"], addrs["env"], addrs["store"], token),
+            resume=args.resume,
+            show_progress=not args.no_progress,
+        )
+        summary = loop.run()
+    except MartiError as exc:
+        print(f"marti train: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if stack is not None:
+            stack.stop()
+    print(f"done: {summary.steps} steps; run directory {summary.run_dir}")
+    print(f"report: {summary.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
