@@ -1,0 +1,360 @@
+"""``marti bench broker``: the comm_broker against a Ray-actor communicator and a bare gRPC stream.
+
+All in one run on one machine, with 1 KB realistic agent messages (JSON: about 500 characters of
+natural-language text, agent ids, step, reward):
+
+(a) baseline: a Ray actor holding a dict of message lists (send appends, get pops), 8 concurrent callers;
+(b) the broker (separate process) through the sync SDK, 8 concurrent senders, unbatched and batched;
+(c) a bare ``grpc.aio`` bidi stream (separate process) carrying the same compressed batch frames, acked
+    per frame: the transport ceiling.
+
+Also a paced run: one sender at 100 msgs/s, unbatched (latency target p99 < 5 ms).
+Prints msgs/s, p50/p99 latency per call, bytes on the wire, compression ratio, and the ratios b/a, b/c.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = (
+    "the plan budget task agent resource allocate units research logistics reward round propose confirm "
+    "counter offer reasoning expected value because should we I you think move two three from to this next "
+    "risk team share score evaluate step action observation policy improve negotiate agree disagree option "
+    "cost benefit priority deadline schedule assign review result final answer check verify summary goal"
+).split()
+
+
+def make_messages(n: int, seed: int = 0) -> list[dict]:
+    """n realistic agent messages of about 1 KB of JSON each (random natural-language-like text)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        text = ""
+        while len(text) < 650:
+            sentence = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
+            text += sentence.capitalize() + ". "
+        out.append(
+            {
+                "sender": f"agent_{i % 8}",
+                "receiver": "agent_receiver",
+                "episode": f"episode-{i // 100}",
+                "step": i,
+                "turn": i % 10,
+                "reward": round(rng.uniform(-1, 1), 4),
+                "role": rng.choice(["planner", "executor", "evaluator"]),
+                "text": text.strip(),
+                "metadata": {
+                    "model": "SmolLM2-135M-Instruct",
+                    "tokens": rng.randint(80, 160),
+                    "temperature": 0.7,
+                },
+                "tool_calls": [
+                    {"name": "allocate", "arguments": {"task": rng.randint(1, 9), "units": rng.randint(1, 5)}}
+                ],
+            }
+        )
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    """q-th percentile (0..100) by nearest rank, in the values' unit."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))] if s else float("nan")
+
+
+def run_threads(n_threads: int, fn) -> float:
+    """Runs fn(k) in n_threads threads; returns wall seconds."""
+    threads = [threading.Thread(target=fn, args=(k,)) for k in range(n_threads)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------- (a) Ray
+def bench_ray(messages: list[dict], callers: int) -> dict | None:
+    """The baseline: a Ray actor communicator (dict of lists), driven by ``callers`` threads."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+
+    @ray.remote
+    class Communicator:
+        def __init__(self):
+            self.boxes: dict[str, list] = {}
+
+        def send_message(self, receiver, message):
+            self.boxes.setdefault(receiver, []).append(message)
+            return True
+
+        def get_messages(self, agent):
+            return self.boxes.pop(agent, [])
+
+    actor = Communicator.remote()
+    ray.get(actor.send_message.remote("warm", {}))
+    per = len(messages) // callers
+    lat: list[float] = []
+
+    def caller(k: int) -> None:
+        local = []
+        for m in messages[k * per : (k + 1) * per]:
+            t = time.perf_counter()
+            ray.get(actor.send_message.remote(m["receiver"], m))
+            local.append(time.perf_counter() - t)
+        lat.extend(local)
+
+    wall = run_threads(callers, caller)
+    got = ray.get(actor.get_messages.remote("agent_receiver"))
+    ray.shutdown()
+    assert len(got) == per * callers
+    raw = sum(len(json.dumps(m)) for m in messages[: per * callers])
+    return {"n": per * callers, "wall": wall, "lat": lat, "wire": None, "raw": raw}
+
+
+# ---------------------------------------------------------------------------------------------- (b) broker
+def start_broker() -> tuple[subprocess.Popen, str]:
+    """Starts the broker in its own process (in memory) and returns it with its address."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.comm_broker", "--port", "0", "--max-mailbox-messages", "10000000",
+         "--max-mailbox-bytes", str(8 << 30), "--log-level", "WARNING"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    while True:
+        line = proc.stdout.readline()
+        if line.startswith("listening on "):
+            return proc, line.split()[-1]
+        if not line:
+            raise RuntimeError("broker did not start")
+
+
+def bench_broker(address: str, messages: list[dict], senders: int, batch: int, session: str) -> dict:
+    """8 SDK senders to one receiver; latency is per Send rpc (one message, or one batch)."""
+    from marti.clients.broker import MartiCommClient
+
+    receiver = MartiCommClient("agent_receiver", address, session=session)
+    receiver.get_messages()
+    per = len(messages) // senders
+    lat: list[float] = []
+    stats = []
+
+    def sender(k: int) -> None:
+        local = []
+        with MartiCommClient(
+            f"agent_{k}", address, session=session, batching_size=batch, update_frequency_s=0
+        ) as c:
+            mine = messages[k * per : (k + 1) * per]
+            for i in range(0, len(mine), batch):
+                t = time.perf_counter()
+                for m in mine[i : i + batch]:
+                    c.send_message("agent_receiver", m)
+                c.flush(acks=False)
+                local.append(time.perf_counter() - t)
+            stats.append(c.get_communication_stats())
+        lat.extend(local)
+
+    wall = run_threads(senders, sender)
+    received = 0
+    while received < per * senders:
+        got = receiver.get_messages(max_messages=4096, timeout_s=2)
+        if not got:
+            break
+        received += len(got)
+    receiver.close()
+    assert received == per * senders, (received, per * senders)
+    raw = sum(s.bytes_sent_raw for s in stats)
+    wire = sum(s.bytes_sent_wire for s in stats)
+    return {"n": per * senders, "wall": wall, "lat": lat, "wire": wire, "raw": raw, "batch": batch}
+
+
+def bench_paced(address: str, messages: list[dict], rate: float, seconds: float) -> dict:
+    """One unbatched sender at ``rate`` msgs/s; latency per send_message."""
+    from marti.clients.broker import MartiCommClient
+
+    n = int(rate * seconds)
+    lat = []
+    with (
+        MartiCommClient("paced", address, session="bench-paced") as c,
+        MartiCommClient("agent_receiver", address, session="bench-paced") as r,
+    ):
+        r.get_messages()
+        for m in messages[:20]:  # warm up the channel
+            c.send_message("agent_receiver", m)
+        start = time.perf_counter()
+        for i in range(n):
+            target = start + i / rate
+            delay = target - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            t = time.perf_counter()
+            c.send_message("agent_receiver", messages[i % len(messages)])
+            lat.append(time.perf_counter() - t)
+        wall = time.perf_counter() - start
+    return {"n": n, "wall": wall, "lat": lat, "wire": None, "raw": None}
+
+
+# ---------------------------------------------------------------------------------------------- (c) bare
+def _bare_server(port_q) -> None:
+    import asyncio
+
+    import grpc
+
+    async def handler(request_iterator, context):
+        async for _frame in request_iterator:
+            yield b"\x01"
+
+    async def main():
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        rpc = grpc.stream_stream_rpc_method_handler(handler)  # raw bytes in and out: no protobuf work
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bare.Bare", {"Stream": rpc}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        port_q.put(port)
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def bench_bare(frames: list[bytes], per_frame: int, streams: int) -> dict:
+    """``streams`` concurrent bidi streams, each sending frames and waiting for a 1-byte ack per frame."""
+    import asyncio
+
+    import grpc
+
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_bare_server, args=(q,), daemon=True)
+    proc.start()
+    port = q.get(timeout=30)
+    lat: list[float] = []
+
+    async def run() -> float:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)]
+        ) as ch:
+            method = ch.stream_stream("/bare.Bare/Stream")
+
+            async def one(k: int) -> None:
+                call = method()
+                for f in frames[k::streams]:
+                    t = time.perf_counter()
+                    await call.write(f)
+                    await call.read()
+                    lat.append(time.perf_counter() - t)
+                await call.done_writing()
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(k) for k in range(streams)))
+            return time.perf_counter() - t0
+
+    wall = asyncio.run(run())
+    proc.terminate()
+    n = len(frames) * per_frame
+    return {"n": n, "wall": wall, "lat": lat, "wire": sum(len(f) for f in frames), "raw": None}
+
+
+def batch_frames(messages: list[dict], batch: int) -> tuple[list[bytes], float]:
+    """The frames the SDK would send for these messages in batches of ``batch`` (and their ratio)."""
+    from marti.clients.broker import _Core
+
+    core = _Core("agent_0", "bench", batch, 1 << 30, 0, 3, True, 1 << 30, 0)
+    frames, raw, wire = [], 0, 0
+    for i in range(0, len(messages), batch):
+        items = [(core.envelope(m, ["agent_receiver"], "", None, 0), 0.0) for m in messages[i : i + batch]]
+        f = core.frame(items)
+        raw += f.uncompressed_bytes
+        wire += len(f.data)
+        frames.append(f.SerializeToString())
+    return frames, raw / wire
+
+
+# ---------------------------------------------------------------------------------------------- report
+def row(name: str, r: dict, unit_lat: str = "call") -> str:
+    """One table row: msgs/s, p50/p99 latency (ms) per call, wire MB, compression ratio."""
+    rate = r["n"] / r["wall"]
+    ratio = f"{r['raw'] / r['wire']:.2f}" if r.get("wire") and r.get("raw") else "-"
+    wire = f"{r['wire'] / 1e6:.2f}" if r.get("wire") else "-"
+    return (
+        f"| {name} | {r['n']} | {rate:,.0f} | {pct(r['lat'], 50) * 1e3:.2f} | {pct(r['lat'], 99) * 1e3:.2f} "
+        f"| {unit_lat} | {wire} | {ratio} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs every part and prints the table. Returns 0, or 1 if a target is missed (``--strict``)."""
+    p = argparse.ArgumentParser(prog="marti bench broker", description=__doc__.splitlines()[0])
+    p.add_argument("--messages", type=int, default=16_000, help="messages per throughput run")
+    p.add_argument("--ray-messages", type=int, default=4_000, help="messages for the Ray baseline")
+    p.add_argument("--batch", type=int, default=100, help="messages per batch in the batched run")
+    p.add_argument("--senders", type=int, default=8, help="concurrent senders / callers / streams")
+    p.add_argument("--paced-seconds", type=float, default=3.0, help="length of the 100 msgs/s run")
+    p.add_argument("--no-ray", action="store_true", help="skip the Ray baseline")
+    p.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    args = p.parse_args(argv)
+
+    msgs = make_messages(args.messages)
+    size = statistics.mean(len(json.dumps(m)) for m in msgs[:200])
+    print(f"message size: {size:.0f} bytes of JSON; senders: {args.senders}; batch: {args.batch}")
+    results = {}
+    if not args.no_ray:
+        print("(a) Ray actor baseline ...", flush=True)
+        results["a"] = bench_ray(msgs[: args.ray_messages], args.senders)
+    proc, address = start_broker()
+    try:
+        print("(b) broker unbatched ...", flush=True)
+        results["b1"] = bench_broker(address, msgs[: args.messages // 4], args.senders, 1, "bench-unbatched")
+        print("(b) broker batched ...", flush=True)
+        results["b"] = bench_broker(address, msgs, args.senders, args.batch, "bench-batched")
+        print("(b) paced 100 msgs/s unbatched ...", flush=True)
+        results["paced"] = bench_paced(address, msgs, 100.0, args.paced_seconds)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    print("(c) bare grpc.aio stream ...", flush=True)
+    frames, ratio = batch_frames(msgs, args.batch)
+    results["c"] = bench_bare(frames, args.batch, args.senders)
+    results["c"]["raw"] = results["c"]["wire"] * ratio
+
+    print()
+    print("| run | msgs | msgs/s | p50 ms | p99 ms | latency per | wire MB | compression |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
+    if results.get("a"):
+        print(row("(a) Ray actor dict-of-lists, 8 callers", results["a"], "message"))
+    print(row("(b) broker SDK unbatched, 8 senders", results["b1"], "message"))
+    print(row(f"(b) broker SDK batched x{args.batch}, 8 senders", results["b"], f"batch of {args.batch}"))
+    print(row("(b) broker SDK unbatched, paced 100 msgs/s", results["paced"], "message"))
+    print(row("(c) bare grpc.aio stream, same frames, 8 streams", results["c"], f"batch of {args.batch}"))
+    rate = {k: v["n"] / v["wall"] for k, v in results.items() if v}
+    print()
+    missed = []
+    if "a" in rate:
+        ba = rate["b"] / rate["a"]
+        print(f"b/a (batched broker / Ray actor): {ba:.1f}x   (target >= 20x)")
+        if ba < 20:
+            missed.append("b/a")
+    bc = rate["b"] / rate["c"]
+    print(f"b/c (batched broker / bare stream): {bc:.2f}   (target >= 0.5, i.e. within 2x)")
+    p99 = pct(results["paced"]["lat"], 99) * 1e3
+    print(f"unbatched p99 at 100 msgs/s: {p99:.2f} ms   (target < 5 ms)")
+    cr = results["b"]["raw"] / results["b"]["wire"]
+    print(f"compression ratio on batches: {cr:.2f}   (target >= 2.5)")
+    missed += [n for n, bad in (("b/c", bc < 0.5), ("p99", p99 >= 5), ("compression", cr < 2.5)) if bad]
+    print("targets missed: " + (", ".join(missed) if missed else "none"))
+    return 1 if missed and args.strict else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
