@@ -291,6 +291,7 @@ class Broker:
             sequences.append(seq)
         self._check_capacity(session, plan)
         rows: list[StoredMessage] = []
+        durable = self.store.durable
         boxes: list[tuple[Mailbox, Entry]] = []
         for env, targets in plan:
             ttl = env.ttl_s or lim.default_ttl_s
@@ -300,11 +301,13 @@ class Broker:
                 if env.message_id in box._in_flight:
                     continue
                 entry = Entry(env, box.next_position(), 0, expires_at)
-                rows.append(StoredMessage(t, entry.position, 0, expires_at, env))
+                if durable:
+                    rows.append(StoredMessage(t, entry.position, 0, expires_at, env))
                 boxes.append((box, entry))
         dedup = [(env.message_id, now) for env, _ in plan]
         changed_seq = {s: q for s, q in last_seq.items() if session.last_seq.get(s) != q}
-        self.store.record_send(session.name, rows, dedup, changed_seq)
+        if durable:
+            self.store.record_send(session.name, rows, dedup, changed_seq)
         for box, entry in boxes:
             box.add(entry)
         for mid, t in dedup:

@@ -41,14 +41,8 @@ class Envelope:
 
     @property
     def size_bytes(self) -> int:
-        """Approximate footprint in a mailbox: payload plus ids and content type (bytes of UTF-8)."""
-        return (
-            len(self.payload)
-            + len(self.message_id.encode())
-            + len(self.sender.encode())
-            + len(self.content_type.encode())
-            + 32
-        )
+        """Approximate footprint in a mailbox: payload plus ids and content type (characters) plus 32."""
+        return len(self.payload) + len(self.message_id) + len(self.sender) + len(self.content_type) + 32
 
 
 @dataclass(frozen=True, slots=True)
