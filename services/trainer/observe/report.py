@@ -61,8 +61,13 @@ def _fmt(value: float) -> str:
 
 
 def _label(key: str) -> str:
+    """``team/task_completion`` -> ``team task completion``; ``team/team_score`` -> ``team score``."""
     scope, _, name = key.partition("/")
-    return f"{'team' if scope == TEAM else scope} {name.replace('_', ' ')}" if name else key
+    if not name:
+        return key
+    if scope == TEAM and name.startswith(f"{TEAM}_"):
+        return f"{TEAM} {name[len(TEAM) + 1 :].replace('_', ' ')}"
+    return f"{scope} {name.replace('_', ' ')}"
 
 
 def describe_change(label: str, before: float, after: float, spread: float | None = None) -> str:

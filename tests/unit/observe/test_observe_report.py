@@ -87,9 +87,9 @@ def test_missing_metrics_and_single_eval_are_said_plainly(tmp_path):
     with RunWriter(tmp_path, use_tensorboard=False) as w:
         w.log(0, {"agent_a/reward": 1.0, "agent_a/policy_loss": math.nan})
         w.log(1, {"agent_a/reward": 0.5, "agent_a/policy_loss": 0.2})
-        w.log_eval(1, {"team/reward": 0.4})
+        w.log_eval(1, {"team/reward": 0.4, "team/team_score": 0.3})
     text = write_report(tmp_path).read_text()
-    assert "Only one held-out evaluation (step 1): team reward 0.4; no trend." in text
+    assert "Only one held-out evaluation (step 1): team reward 0.4, team score 0.3; no trend." in text
     assert "Not plotted, never logged: task completion rate (no `team/task_completion` metric)." in text
     assert "Non-finite values were logged for: agent_a/policy_loss." in text
     assert (
