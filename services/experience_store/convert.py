@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from array import array
 from typing import Any
 
 from marti.api.experience.v1 import experience_pb2 as pb
@@ -27,8 +29,49 @@ def _json_obj(text: str, where: str) -> dict[str, Any]:
     return value
 
 
-def trajectory_to_proto(t: Trajectory) -> pb.Trajectory:
-    """Dataclass -> proto (``info``/``metadata`` become JSON text)."""
+_SWAP = sys.byteorder != "little"
+
+
+def _pack(typecode: str, values) -> bytes:
+    arr = array(typecode, values)
+    if _SWAP:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _unpack(typecode: str, raw: bytes, where: str) -> list:
+    if len(raw) % 4:
+        raise InvalidArgumentError(f"{where} has {len(raw)} bytes, not a multiple of 4")
+    arr = array(typecode)
+    arr.frombytes(raw)
+    if _SWAP:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def _ids(m: pb.Turn, name: str, i: int) -> list[int]:
+    packed = getattr(m, f"{name}_i32le")
+    return _unpack("i", packed, f"trajectory.turns[{i}].{name}_i32le") if packed else list(getattr(m, name))
+
+
+def _logprobs(m: pb.Turn, i: int) -> list[float]:
+    packed = m.response_logprobs_f32le
+    if packed:
+        return _unpack("f", packed, f"trajectory.turns[{i}].response_logprobs_f32le")
+    return list(m.response_logprobs)
+
+
+def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
+    """Dataclass -> proto (``info``/``metadata`` become JSON text).
+
+    Args:
+        t: The trajectory.
+        packed: Write token ids and logprobs to the packed ``*_i32le``/``*_f32le`` fields (fast) instead of the
+            repeated fields.
+
+    Raises:
+        InvalidArgumentError: when a token id does not fit in int32 (packed form).
+    """
     msg = pb.Trajectory(
         episode_id=t.episode_id, session=t.session, agent_id=t.agent_id, role=t.role,
         policy_version=t.policy_version, metadata_json=json.dumps(t.metadata) if t.metadata else "",
@@ -40,9 +83,19 @@ def trajectory_to_proto(t: Trajectory) -> pb.Trajectory:
             info_json=json.dumps(turn.info) if turn.info else "", prompt_text=turn.prompt_text,
             response_text=turn.response_text,
         )  # fmt: skip
-        m.prompt_token_ids.extend(turn.prompt_token_ids)
-        m.response_token_ids.extend(turn.response_token_ids)
-        m.response_logprobs.extend(turn.response_logprobs)
+        if packed:
+            try:
+                m.prompt_token_ids_i32le = _pack("i", turn.prompt_token_ids)
+                m.response_token_ids_i32le = _pack("i", turn.response_token_ids)
+            except OverflowError as e:
+                raise InvalidArgumentError(
+                    f"trajectory.turns[{len(msg.turns) - 1}] token id out of int32: {e}"
+                ) from None
+            m.response_logprobs_f32le = _pack("f", turn.response_logprobs)
+        else:
+            m.prompt_token_ids.extend(turn.prompt_token_ids)
+            m.response_token_ids.extend(turn.response_token_ids)
+            m.response_logprobs.extend(turn.response_logprobs)
         if turn.reward is not None:
             m.reward = turn.reward
     return msg
@@ -57,9 +110,9 @@ def trajectory_from_proto(msg: pb.Trajectory) -> Trajectory:
     turns = [
         Turn(
             step=m.step,
-            prompt_token_ids=list(m.prompt_token_ids),
-            response_token_ids=list(m.response_token_ids),
-            response_logprobs=list(m.response_logprobs),
+            prompt_token_ids=_ids(m, "prompt_token_ids", i),
+            response_token_ids=_ids(m, "response_token_ids", i),
+            response_logprobs=_logprobs(m, i),
             reward=m.reward if m.HasField("reward") else None,
             terminated=m.terminated,
             truncated=m.truncated,
@@ -100,17 +153,27 @@ def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
                 f"trajectory.turns[{i}].step must be >= 0 and non-decreasing, got {t.step}"
             )
         last = t.step
-        n_resp, n_lp = len(t.response_token_ids), len(t.response_logprobs)
+        for name in ("prompt_token_ids_i32le", "response_token_ids_i32le", "response_logprobs_f32le"):
+            packed = getattr(t, name)
+            if len(packed) % 4:
+                raise InvalidArgumentError(
+                    f"trajectory.turns[{i}].{name} has {len(packed)} bytes, not a multiple of 4"
+                )
+            if packed and len(getattr(t, name.rsplit("_", 1)[0])):
+                raise InvalidArgumentError(f"trajectory.turns[{i}] sets both {name} and its repeated field")
+        n_prompt = len(t.prompt_token_ids) or len(t.prompt_token_ids_i32le) // 4
+        n_resp = len(t.response_token_ids) or len(t.response_token_ids_i32le) // 4
+        n_lp = len(t.response_logprobs) or len(t.response_logprobs_f32le) // 4
         if n_lp not in (0, n_resp):
             raise InvalidArgumentError(
                 f"trajectory.turns[{i}].response_logprobs has {n_lp} values but response_token_ids has {n_resp}"
             )
-        if n_lp and not math.isfinite(sum(t.response_logprobs)):
+        if n_lp and not math.isfinite(sum(_logprobs(t, i))):
             raise InvalidArgumentError(f"trajectory.turns[{i}].response_logprobs contains a non-finite value")
         has_reward = t.HasField("reward")
         if has_reward and not math.isfinite(t.reward):
             raise InvalidArgumentError(f"trajectory.turns[{i}].reward must be finite, got {t.reward}")
-        prompt.append(len(t.prompt_token_ids))
+        prompt.append(n_prompt)
         resp.append(n_resp)
         lps.append(n_lp)
         rewards.append(has_reward)

@@ -25,7 +25,7 @@ PAYLOAD_FORMAT_ENCODED: PayloadFormat
 PAYLOAD_FORMAT_TYPED: PayloadFormat
 
 class Turn(_message.Message):
-    __slots__ = ("step", "prompt_token_ids", "response_token_ids", "response_logprobs", "reward", "terminated", "truncated", "info_json", "prompt_text", "response_text")
+    __slots__ = ("step", "prompt_token_ids", "response_token_ids", "response_logprobs", "reward", "terminated", "truncated", "info_json", "prompt_text", "response_text", "prompt_token_ids_i32le", "response_token_ids_i32le", "response_logprobs_f32le")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,9 @@ class Turn(_message.Message):
     INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_I32LE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_TOKEN_IDS_I32LE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_LOGPROBS_F32LE_FIELD_NUMBER: _ClassVar[int]
     step: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     response_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -46,7 +49,10 @@ class Turn(_message.Message):
     info_json: str
     prompt_text: str
     response_text: str
-    def __init__(self, step: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info_json: _Optional[str] = ..., prompt_text: _Optional[str] = ..., response_text: _Optional[str] = ...) -> None: ...
+    prompt_token_ids_i32le: bytes
+    response_token_ids_i32le: bytes
+    response_logprobs_f32le: bytes
+    def __init__(self, step: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info_json: _Optional[str] = ..., prompt_text: _Optional[str] = ..., response_text: _Optional[str] = ..., prompt_token_ids_i32le: _Optional[bytes] = ..., response_token_ids_i32le: _Optional[bytes] = ..., response_logprobs_f32le: _Optional[bytes] = ...) -> None: ...
 
 class Trajectory(_message.Message):
     __slots__ = ("episode_id", "session", "agent_id", "role", "policy_version", "turns", "metadata_json", "created_at_s")

@@ -1,0 +1,354 @@
+"""``marti bench store``: experience store throughput vs DeepMind Reverb and an in-process deque.
+
+One run measures, for items of 4 KB and 64 KB and 1 and 4 client processes:
+  - inserts/s  (marti: ``share_experiences`` with 16 items per stream message, confirmed; Reverb:
+    ``TrajectoryWriter`` append + create_item, flushed at the end, i.e. every item confirmed),
+  - samples/s and p50/p99 latency of one ``sample(table, batch_size=16)`` call,
+against (a) Reverb 0.14 (installed by this benchmark into its own virtualenv, ``~/.cache/marti-bench``) and
+(b) a Python ``collections.deque`` in the benchmark process (no network, no serialization: the ceiling).
+It also measures the store's restart time for 100k items on a SQLite data dir. Results: printed table, ratios,
+and ``runs/bench_store.json``.
+
+Item content: marti items are one-turn trajectories whose random token ids serialize to about the item size;
+Reverb items are random ``uint8`` arrays of exactly the item size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REVERB_VENV = Path(os.environ.get("MARTI_REVERB_VENV", Path.home() / ".cache/marti-bench/reverb-venv"))
+REVERB_PIP = ["dm-reverb[tensorflow]==0.14.0", "tensorflow==2.15.*"]
+SAMPLE_BATCH = 16
+
+_REVERB_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    import reverb
+    mode = sys.argv[1]
+    if mode == "server":
+        table = reverb.Table(name="bench", sampler=reverb.selectors.Uniform(), remover=reverb.selectors.Fifo(),
+                             max_size=10_000_000, rate_limiter=reverb.rate_limiters.MinSize(1))
+        server = reverb.Server(tables=[table], port=None)
+        print("PORT", server.port, flush=True)
+        server.wait()
+    else:
+        addr, size, n_items, n_calls, batch = sys.argv[2], *map(int, sys.argv[3:7])
+        client = reverb.Client(addr)
+        rng = np.random.default_rng()
+        data = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(64)]
+        t0 = time.perf_counter()
+        with client.trajectory_writer(num_keep_alive_refs=1) as w:
+            for i in range(n_items):
+                w.append({"x": data[i % 64]})
+                w.create_item("bench", 1.0, {"x": w.history["x"][-1]})
+            w.flush()
+        t_ins = time.perf_counter() - t0
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(n_calls):
+            s = time.perf_counter()
+            got = list(client.sample("bench", num_samples=batch))
+            assert len(got) == batch
+            lat.append(time.perf_counter() - s)
+        t_smp = time.perf_counter() - t0
+        print("RESULT", json.dumps({"insert_s": t_ins, "sample_s": t_smp, "lat": lat}), flush=True)
+    """
+)
+
+
+def _tokens_for(size_bytes: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    # random ids < 2^21 take 3 bytes as protobuf varints
+    return [rng.randrange(1 << 14, 1 << 21) for _ in range(size_bytes // 3)]
+
+
+def _marti_trajectory(size_bytes: int, i: int):
+    from marti.trajectory import Trajectory, Turn
+
+    toks = _tokens_for(size_bytes, i % 64)
+    return Trajectory(
+        episode_id=f"e{i}", agent_id="bench", turns=[Turn(step=0, response_token_ids=toks, reward=1.0)]
+    )
+
+
+def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int) -> dict:
+    """One client process: confirmed inserts, then ``n_calls`` sample calls of ``batch`` items."""
+    from marti.clients.experience import ExperienceSharingClient
+
+    c = ExperienceSharingClient("bench", addr, timeout_s=120)
+    trajs = [_marti_trajectory(size, i) for i in range(64)]
+    t0 = time.perf_counter()
+    for i in range(0, n_items, 16):
+        c.share_experiences([trajs[(i + j) % 64] for j in range(min(16, n_items - i))], table="bench")
+    t_ins = time.perf_counter() - t0
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(n_calls):
+        s = time.perf_counter()
+        got = c.sample("bench", batch)
+        lat.append(time.perf_counter() - s)
+        if len(got) != batch:
+            raise RuntimeError("short sample")
+    t_smp = time.perf_counter() - t0
+    c.close()
+    return {"insert_s": t_ins, "sample_s": t_smp, "lat": lat}
+
+
+def _spawn(
+    cmd: list[str], pattern: str, env: dict | None = None, timeout_s: float = 120
+) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    deadline = time.monotonic() + timeout_s
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        m = re.search(pattern, line)
+        if m:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, m.group(1)
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError(f"{cmd[:3]} did not start:\n{''.join(lines[-20:])}")
+
+
+def _run_clients(cmds: list[list[str]]) -> list[dict]:
+    procs = [
+        subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds
+    ]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=1800)
+        m = re.search(r"RESULT (.*)", stdout)
+        if not m:
+            raise RuntimeError(f"client failed: {stderr[-2000:]}")
+        out.append(json.loads(m.group(1)))
+    return out
+
+
+def _summarize(results: list[dict], n_items: int, n_calls: int, batch: int) -> dict:
+    n = len(results)
+    lat = sorted(x for r in results for x in r["lat"])
+    return {
+        "inserts_per_s": n * n_items / max(r["insert_s"] for r in results),
+        "samples_per_s": n * n_calls * batch / max(r["sample_s"] for r in results),
+        "sample_p50_ms": 1000 * statistics.median(lat),
+        "sample_p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+    }
+
+
+def bench_marti(size: int, clients: int, n_items: int, n_calls: int, data_dir: str) -> dict:
+    """Start a store (SQLite WAL data dir) and run ``clients`` client processes against it."""
+    cfg = Path(data_dir) / "tables.yaml"
+    cfg.write_text(
+        "tables:\n  - {name: bench, preset: uniform, max_size: 10000000, max_bytes: 100000000000}\n"
+    )
+    server, addr = _spawn(
+        [
+            sys.executable,
+            "-m",
+            "services.experience_store",
+            "--port",
+            "0",
+            "--data-dir",
+            data_dir,
+            "--config",
+            str(cfg),
+        ],
+        r"listening on (\S+:\d+)",
+    )
+    try:
+        cmd = [sys.executable, str(Path(__file__)), "--worker", addr, str(size), str(n_items), str(n_calls)]
+        return _summarize(_run_clients([cmd] * clients), n_items, n_calls, SAMPLE_BATCH)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def ensure_reverb() -> tuple[Path | None, str]:
+    """Create the Reverb virtualenv if missing; returns (python, '') or (None, why it cannot run)."""
+    py = REVERB_VENV / "bin" / "python"
+    if py.exists() and subprocess.run([py, "-c", "import reverb"], capture_output=True).returncode == 0:
+        return py, ""
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(REVERB_VENV)], check=True, capture_output=True)
+        r = subprocess.run([py, "-m", "pip", "install", "-q", *REVERB_PIP], capture_output=True, text=True)
+        if r.returncode != 0:
+            return None, f"pip install {' '.join(REVERB_PIP)} failed: {r.stderr[-500:]}"
+        r = subprocess.run([py, "-c", "import reverb"], capture_output=True, text=True)
+        if r.returncode != 0:
+            return None, f"import reverb failed: {r.stderr[-500:]}"
+    except (OSError, subprocess.CalledProcessError) as e:
+        return None, f"could not create the Reverb virtualenv: {e}"
+    return py, ""
+
+
+def bench_reverb(py: Path, size: int, clients: int, n_items: int, n_calls: int) -> dict:
+    """Start a Reverb server (uniform table, MinSize(1)) and run ``clients`` client processes against it."""
+    script = Path(tempfile.gettempdir()) / "marti_bench_reverb.py"
+    script.write_text(_REVERB_SCRIPT)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    server, port = _spawn([str(py), str(script), "server"], r"PORT (\d+)", env=env)
+    try:
+        cmd = [
+            str(py),
+            str(script),
+            "worker",
+            f"localhost:{port}",
+            str(size),
+            str(n_items),
+            str(n_calls),
+            str(SAMPLE_BATCH),
+        ]
+        return _summarize(_run_clients([cmd] * clients), n_items, n_calls, SAMPLE_BATCH)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def bench_deque(size: int, n_items: int, n_calls: int) -> dict:
+    """In-process ceiling: append trajectories to a deque, sample ``SAMPLE_BATCH`` with ``random.choices``."""
+    trajs = [_marti_trajectory(size, i) for i in range(64)]
+    buf: deque = deque(maxlen=10_000_000)
+    t0 = time.perf_counter()
+    for i in range(n_items):
+        buf.append(trajs[i % 64])
+    t_ins = time.perf_counter() - t0
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(n_calls):
+        s = time.perf_counter()
+        random.choices(buf, k=SAMPLE_BATCH)
+        lat.append(time.perf_counter() - s)
+    return _summarize(
+        [{"insert_s": t_ins, "sample_s": time.perf_counter() - t0, "lat": lat}],
+        n_items,
+        n_calls,
+        SAMPLE_BATCH,
+    )
+
+
+def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
+    """Fill a SQLite data dir with ``n_items`` items of ``size`` bytes, then time a store restart."""
+    from services.experience_store.core.config import parse_table_config
+    from services.experience_store.core.storage import SqliteStorage
+    from services.experience_store.core.store import ExperienceStore
+    from services.experience_store.core.table import NewItem
+    from services.experience_store.core.trajectory import summarize
+
+    cfg = [parse_table_config({"name": "bench", "preset": "prioritized", "max_size": 10_000_000})]
+    store = ExperienceStore(SqliteStorage(data_dir), cfg)
+    payload = os.urandom(size)
+    summary = summarize(_marti_trajectory(64, 0))
+    for i in range(0, n_items, 1000):
+        store.insert(
+            "bench", [NewItem(payload, summary, 1.0 + (i % 7)) for _ in range(min(1000, n_items - i))], 0
+        )
+    store.close()
+    t0 = time.perf_counter()
+    store = ExperienceStore(SqliteStorage(data_dir), cfg)
+    t_core = time.perf_counter() - t0
+    assert len(store.table("bench")) == n_items
+    store.close()
+    t0 = time.perf_counter()
+    server, _ = _spawn(
+        [sys.executable, "-m", "services.experience_store", "--port", "0", "--data-dir", data_dir],
+        r"listening on (\S+:\d+)",
+    )
+    t_proc = time.perf_counter() - t0
+    server.kill()
+    server.wait()
+    return {"items": n_items, "item_bytes": size, "restore_s": t_core, "process_start_to_listening_s": t_proc}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="marti bench store", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--worker", nargs=4, metavar=("ADDR", "SIZE", "N_ITEMS", "N_CALLS"), help=argparse.SUPPRESS
+    )
+    p.add_argument("--items-4k", type=int, default=4000, help="inserts per client for 4 KB items")
+    p.add_argument("--items-64k", type=int, default=1000, help="inserts per client for 64 KB items")
+    p.add_argument("--sample-calls", type=int, default=300, help="sample calls per client (16 items each)")
+    p.add_argument("--clients", default="1,4", help="comma-separated client process counts")
+    p.add_argument(
+        "--restart-items", type=int, default=100_000, help="items for the restart measurement (0 = skip)"
+    )
+    p.add_argument("--no-reverb", action="store_true", help="skip the Reverb baseline")
+    p.add_argument("--out", default=str(ROOT / "runs" / "bench_store.json"))
+    args = p.parse_args(argv)
+    if args.worker:
+        addr, size, n_items, n_calls = args.worker
+        print(
+            "RESULT",
+            json.dumps(marti_worker(addr, int(size), int(n_items), int(n_calls), SAMPLE_BATCH)),
+            flush=True,
+        )
+        return 0
+    reverb_py, why = (None, "skipped (--no-reverb)") if args.no_reverb else ensure_reverb()
+    rows = []
+    for size, n_items in ((4096, args.items_4k), (65536, args.items_64k)):
+        for clients in [int(x) for x in args.clients.split(",")]:
+            with tempfile.TemporaryDirectory() as d:
+                m = bench_marti(size, clients, n_items, args.sample_calls, d)
+            r = bench_reverb(reverb_py, size, clients, n_items, args.sample_calls) if reverb_py else None
+            q = bench_deque(size, n_items * clients, args.sample_calls * clients)
+            rows.append({"item_bytes": size, "clients": clients, "marti": m, "reverb": r, "deque": q})
+            _print_row(rows[-1])
+    restart = None
+    if args.restart_items:
+        with tempfile.TemporaryDirectory() as d:
+            restart = bench_restart(args.restart_items, 4096, d)
+        print(f"\nrestart with {restart['items']} items of 4 KB: restore {restart['restore_s']:.2f} s, "
+              f"process start to listening {restart['process_start_to_listening_s']:.2f} s")  # fmt: skip
+    if not reverb_py:
+        print(f"\nReverb baseline not run: {why}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"rows": rows, "restart": restart, "reverb_note": why}, indent=2))
+    return 0
+
+
+def _print_row(row: dict) -> None:
+    m, r, q = row["marti"], row["reverb"], row["deque"]
+    if row is not None and not getattr(_print_row, "header", False):
+        print(f"{'item':>6} {'cl':>2} | {'marti ins/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | "
+              f"{'marti smp/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | {'p99 ms m':>8} {'p99 r':>6}")  # fmt: skip
+        _print_row.header = True
+
+    def f(x, k):
+        return f"{x[k]:.0f}" if x else "n/a"
+
+    def ratio(k):
+        return f"{m[k] / r[k]:.2f}" if r else "n/a"
+
+    print(
+        f"{row['item_bytes'] // 1024:>4}KB {row['clients']:>2} | {f(m, 'inserts_per_s'):>11} "
+        f"{f(r, 'inserts_per_s'):>9} {f(q, 'inserts_per_s'):>10} {ratio('inserts_per_s'):>5} | "
+        f"{f(m, 'samples_per_s'):>11} {f(r, 'samples_per_s'):>9} {f(q, 'samples_per_s'):>10} "
+        f"{ratio('samples_per_s'):>5} | {m['sample_p99_ms']:>8.2f} {(r['sample_p99_ms'] if r else float('nan')):>6.2f}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())
