@@ -52,39 +52,83 @@ def tensor_from_proto(t: pb.Tensor) -> np.ndarray:
     return np.frombuffer(t.data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=True).reshape(shape)
 
 
+def _put(msg: pb.Value, v: Any) -> None:
+    """Write ``v`` into ``msg`` in place (no intermediate messages; plain scalars take the fast path)."""
+    t = type(v)
+    if t is str:
+        msg.text = v
+    elif t is bool:
+        msg.bool_value = v
+    elif t is int:
+        msg.int_value = v
+    elif t is float:
+        msg.float_value = v
+    elif v is None:
+        msg.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(v, np.bool_):
+        msg.bool_value = bool(v)
+    elif isinstance(v, int | np.integer):
+        msg.int_value = int(v)
+    elif isinstance(v, float | np.floating):
+        msg.float_value = float(v)
+    elif isinstance(v, str):
+        msg.text = str(v)
+    elif isinstance(v, np.ndarray):
+        msg.tensor.CopyFrom(tensor_to_proto(v))
+    elif isinstance(v, list | tuple):
+        values = msg.list.values
+        if not v:
+            msg.list.SetInParent()
+        for x in v:
+            _put(values.add(), x)
+    elif isinstance(v, Mapping):
+        msg.map.SetInParent()
+        _put_map(msg.map, v)
+    else:
+        raise InvalidArgumentError(f"cannot send a value of type {type(v).__name__}: {v!r:.80}")
+
+
+def _put_map(out: pb.ValueMap, m: Mapping[str, Any]) -> None:
+    fields = out.fields
+    for k, v in m.items():
+        if type(k) is not str:
+            raise InvalidArgumentError(f"map keys must be strings, got {k!r}")
+        _put(fields[k], v)
+
+
 def value_to_proto(v: Any) -> pb.Value:
     """Encode a Python value (see module docstring).
 
     Raises:
         InvalidArgumentError: A type that cannot be sent (named).
     """
-    if v is None:
-        return pb.Value(null_value=struct_pb2.NULL_VALUE)
-    if isinstance(v, bool | np.bool_):
-        return pb.Value(bool_value=bool(v))
-    if isinstance(v, int | np.integer):
-        return pb.Value(int_value=int(v))
-    if isinstance(v, float | np.floating):
-        return pb.Value(float_value=float(v))
-    if isinstance(v, str):
-        return pb.Value(text=v)
-    if isinstance(v, np.ndarray):
-        return pb.Value(tensor=tensor_to_proto(v))
-    if isinstance(v, list | tuple):
-        return pb.Value(list=pb.ValueList(values=[value_to_proto(x) for x in v]))
-    if isinstance(v, Mapping):
-        return pb.Value(map=map_to_proto(v))
-    raise InvalidArgumentError(f"cannot send a value of type {type(v).__name__}: {v!r:.80}")
+    msg = pb.Value()
+    _put(msg, v)
+    return msg
 
 
 def map_to_proto(m: Mapping[str, Any] | None) -> pb.ValueMap:
-    """Encode a dict with string keys."""
+    """Encode a dict with string keys.
+
+    Raises:
+        InvalidArgumentError: A non-string key or a value that cannot be sent.
+    """
     out = pb.ValueMap()
-    for k, v in (m or {}).items():
-        if not isinstance(k, str):
-            raise InvalidArgumentError(f"map keys must be strings, got {k!r}")
-        out.fields[k].CopyFrom(value_to_proto(v))
+    _put_map(out, m or {})
     return out
+
+
+def fill_map(out: pb.ValueMap, m: Mapping[str, Any]) -> None:
+    """Encode a dict with string keys into an existing ``ValueMap`` field (avoids a copy)."""
+    _put_map(out, m)
+
+
+def fill_value(out: pb.Value, v: Any) -> None:
+    """Encode a value into an existing ``Value`` field (avoids a copy)."""
+    _put(out, v)
+
+
+_SCALARS = frozenset({"text", "bool_value", "int_value", "float_value"})
 
 
 def value_from_proto(v: pb.Value, depth: int = 0) -> Any:
@@ -96,6 +140,8 @@ def value_from_proto(v: pb.Value, depth: int = 0) -> Any:
     if depth > MAX_VALUE_DEPTH:
         raise InvalidArgumentError(f"value nesting deeper than MAX_VALUE_DEPTH={MAX_VALUE_DEPTH}")
     kind = v.WhichOneof("kind")
+    if kind in _SCALARS:
+        return getattr(v, kind)
     if kind is None or kind == "null_value":
         return None
     if kind == "tensor":

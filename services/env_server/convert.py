@@ -11,6 +11,8 @@ from typing import Any
 
 from marti.api.env.v1 import env_pb2 as pb
 from marti.clients.env_codec import (
+    fill_map,
+    fill_value,
     map_from_proto,
     map_to_proto,
     space_to_proto,
@@ -88,34 +90,27 @@ def actions_to_proto(actions: Mapping[str, Any]) -> list[pb.AgentAction]:
     return [pb.AgentAction(agent=k, action=value_to_proto(v)) for k, v in actions.items()]
 
 
-def outcome_results_to_proto(outcome: Any) -> list[pb.AgentResult]:
-    """Encode the per-agent results of a session :class:`~services.env_server.core.sessions.Outcome`."""
-    return [
-        pb.AgentResult(
-            agent=r.agent,
-            observation=value_to_proto(r.observation),
-            reward=r.reward,
-            terminated=r.terminated,
-            truncated=r.truncated,
-            info=map_to_proto(r.info),
-        )
-        for r in outcome.results
-    ]
+def _fill_results(target: Any, outcome: Any) -> None:
+    for r in outcome.results:
+        item = target.add(agent=r.agent, reward=r.reward, terminated=r.terminated, truncated=r.truncated)
+        fill_value(item.observation, r.observation)
+        item.info.SetInParent()
+        fill_map(item.info, r.info)
 
 
-def step_to_proto(outcome: Any) -> pb.StepResponse:
-    """Encode a step outcome."""
-    return pb.StepResponse(
-        results=outcome_results_to_proto(outcome),
-        agents=list(outcome.agents),
-        acting_agents=list(outcome.acting_agents),
-    )
+def step_to_proto(outcome: Any, out: pb.StepResponse | None = None) -> pb.StepResponse:
+    """Encode a step outcome (into ``out`` when given, avoiding a copy)."""
+    out = pb.StepResponse() if out is None else out
+    _fill_results(out.results, outcome)
+    out.agents.extend(outcome.agents)
+    out.acting_agents.extend(outcome.acting_agents)
+    return out
 
 
-def reset_to_proto(outcome: Any) -> pb.ResetResponse:
-    """Encode a reset outcome."""
-    return pb.ResetResponse(
-        results=outcome_results_to_proto(outcome),
-        agents=list(outcome.agents),
-        acting_agents=list(outcome.acting_agents),
-    )
+def reset_to_proto(outcome: Any, out: pb.ResetResponse | None = None) -> pb.ResetResponse:
+    """Encode a reset outcome (into ``out`` when given)."""
+    out = pb.ResetResponse() if out is None else out
+    _fill_results(out.results, outcome)
+    out.agents.extend(outcome.agents)
+    out.acting_agents.extend(outcome.acting_agents)
+    return out

@@ -54,9 +54,9 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         options = convert.map_from_proto(req.options) or None
         return convert.reset_to_proto(self.sessions.reset(req.session_id, seed, options, req.request_id))
 
-    def _step(self, req: pb.StepRequest) -> pb.StepResponse:
+    def _step(self, req: pb.StepRequest, out: pb.StepResponse | None = None) -> pb.StepResponse:
         actions = convert.actions_from_proto(req.actions)
-        return convert.step_to_proto(self.sessions.step(req.session_id, actions, req.request_id))
+        return convert.step_to_proto(self.sessions.step(req.session_id, actions, req.request_id), out)
 
     def _batch(self, req: pb.BatchStepRequest) -> pb.BatchStepResponse:
         if len(req.steps) > self.settings.max_batch_steps:
@@ -67,9 +67,10 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         for step in req.steps:
             item = out.items.add()
             try:
-                item.step.CopyFrom(self._step(step))
-                item.status.CopyFrom(ok_status())
+                self._step(step, item.step)
+                item.status.code = 0
             except Exception as e:  # noqa: BLE001 - every item's error travels in-band
+                item.ClearField("step")
                 item.status.CopyFrom(to_status_proto(e))
         return out
 
@@ -125,7 +126,7 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
             elif op == "reset":
                 resp.reset.CopyFrom(self._reset(req.reset))
             elif op == "step":
-                resp.step.CopyFrom(self._step(req.step))
+                self._step(req.step, resp.step)
             elif op == "close":
                 resp.close.CopyFrom(self._close(req.close))
             elif op == "batch_step":
@@ -134,6 +135,7 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
                 raise InvalidArgumentError("SessionRequest has no operation set")
             resp.status.CopyFrom(ok_status())
         except Exception as e:  # noqa: BLE001 - in-band error; the stream stays open
+            resp.ClearField("result")
             resp.status.CopyFrom(to_status_proto(e))
         return resp
 

@@ -56,7 +56,7 @@ def test_gymnasium_adapter() -> None:
     env = me.make("gymnasium", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_turns=5)
     obs, _ = env.reset(seed=1)
     assert env.possible_agents == ["agent_0"] and obs["agent_0"].shape == (4,)
-    for i in range(5):
+    for _ in range(5):
         _, rew, term, trunc, _ = env.step({"agent_0": 0})
         if term["agent_0"]:
             break
