@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import uuid
@@ -119,7 +120,7 @@ def _result(resp: pb.StepResponse | pb.ResetResponse) -> StepResult:
         rew[r.agent] = r.reward
         term[r.agent] = r.terminated
         trunc[r.agent] = r.truncated
-        infos[r.agent] = map_from_proto(r.info)
+        infos[r.agent] = json.loads(r.info_json) if r.info_json else map_from_proto(r.info)
     return StepResult(obs, rew, term, trunc, infos, list(resp.agents), list(resp.acting_agents))
 
 

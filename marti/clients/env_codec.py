@@ -8,6 +8,7 @@ and server both use this module, so both ends decode the same way. Nothing here 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -121,6 +122,27 @@ def map_to_proto(m: Mapping[str, Any] | None) -> pb.ValueMap:
 def fill_map(out: pb.ValueMap, m: Mapping[str, Any]) -> None:
     """Encode a dict with string keys into an existing ``ValueMap`` field (avoids a copy)."""
     _put_map(out, m)
+
+
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def simple_info_json(info: Mapping[str, Any]) -> str | None:
+    """Return ``info`` as compact JSON when it is flat (see ``AgentResult.info_json``), else ``None``.
+
+    Flat means string keys and values that are str, int, float, bool, None or lists of those; JSON keeps each
+    of these types exactly, so decoding gives back an equal dict.
+    """
+    for k, v in info.items():
+        t = type(v)
+        if type(k) is not str:
+            return None
+        if t in _JSON_SCALARS:
+            continue
+        if t is list and all(type(x) in _JSON_SCALARS for x in v):
+            continue
+        return None
+    return json.dumps(info, separators=(",", ":"))
 
 
 def fill_value(out: pb.Value, v: Any) -> None:

@@ -15,6 +15,7 @@ from marti.clients.env_codec import (
     fill_value,
     map_from_proto,
     map_to_proto,
+    simple_info_json,
     space_to_proto,
     value_from_proto,
     value_to_proto,
@@ -94,8 +95,12 @@ def _fill_results(target: Any, outcome: Any) -> None:
     for r in outcome.results:
         item = target.add(agent=r.agent, reward=r.reward, terminated=r.terminated, truncated=r.truncated)
         fill_value(item.observation, r.observation)
-        item.info.SetInParent()
-        fill_map(item.info, r.info)
+        as_json = simple_info_json(r.info)
+        if as_json is not None:
+            item.info_json = as_json
+        else:
+            item.info.SetInParent()
+            fill_map(item.info, r.info)
 
 
 def step_to_proto(outcome: Any, out: pb.StepResponse | None = None) -> pb.StepResponse:

@@ -79,3 +79,16 @@ def test_space_round_trip(space) -> None:
     assert back == space
     sample = space.sample()
     assert back.contains(sample)
+
+
+def test_flat_infos_take_the_json_path_exactly() -> None:
+    import json
+
+    flat = {"a": 1, "b": 1.0, "c": True, "d": None, "e": "x", "f": [1, 2.5, "y", False]}
+    text = c.simple_info_json(flat)
+    back = json.loads(text)
+    assert back == flat and all(type(back[k]) is type(flat[k]) for k in flat)
+    assert c.simple_info_json({"m": np.array([1])}) is None
+    assert c.simple_info_json({"n": {"nested": 1}}) is None
+    assert c.simple_info_json({1: "int key"}) is None
+    assert c.simple_info_json({"t": (1, 2)}) is None

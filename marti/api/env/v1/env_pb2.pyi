@@ -184,20 +184,22 @@ class EnvDescription(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., description: _Optional[str] = ..., config_schema: _Optional[_Iterable[_Union[ConfigField, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ...) -> None: ...
 
 class AgentResult(_message.Message):
-    __slots__ = ("agent", "observation", "reward", "terminated", "truncated", "info")
+    __slots__ = ("agent", "observation", "reward", "terminated", "truncated", "info", "info_json")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     agent: str
     observation: Value
     reward: float
     terminated: bool
     truncated: bool
     info: ValueMap
-    def __init__(self, agent: _Optional[str] = ..., observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[ValueMap, _Mapping]] = ...) -> None: ...
+    info_json: str
+    def __init__(self, agent: _Optional[str] = ..., observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[ValueMap, _Mapping]] = ..., info_json: _Optional[str] = ...) -> None: ...
 
 class AgentAction(_message.Message):
     __slots__ = ("agent", "action")
