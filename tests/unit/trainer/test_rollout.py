@@ -1,0 +1,236 @@
+"""HF rollout engine on the tiny model: batching, logprob semantics, stop handling, versioned weight sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from services.trainer.models import build_tiny_model, load_tokenizer
+from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams, vllm_available
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-llama")
+
+
+@pytest.fixture()
+def engine(tok):
+    return HFRolloutEngine(
+        {
+            "a": AgentModel(build_tiny_model(tok, seed=0), tok),
+            "b": AgentModel(build_tiny_model(tok, seed=1), tok),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_new_tokens": 0},
+        {"temperature": -0.01},
+        {"top_p": 0.0},
+        {"top_p": 1.01},
+        {"top_k": -1},
+        {"stop": ("",)},
+    ],
+)
+def test_sampling_params_reject_values_outside_their_domain(kwargs):
+    with pytest.raises(InvalidArgumentError) as err:
+        SamplingParams(**kwargs)
+    assert next(iter(kwargs)) in str(err.value)
+
+
+def test_sampling_params_accept_their_edges():
+    p = SamplingParams(max_new_tokens=1, temperature=0.0, top_p=1.0, top_k=0, stop="x")
+    assert p.stop == ("x",)
+
+
+def _recompute_logprobs(model, prompt, response):
+    """Independent reference: full forward without padding, log_softmax over the whole vocabulary."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    return torch.stack([logp[len(prompt) - 1 + j, t] for j, t in enumerate(response)])
+
+
+def test_logprobs_are_raw_temperature_one_even_with_filtered_sampling(engine, tok):
+    model = engine._agents["a"].model
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]  # different lengths: left padding matters
+    gens = engine.generate("a", prompts, SamplingParams(max_new_tokens=6, temperature=0.7, top_k=20, seed=3))
+    assert [g.prompt_token_ids for g in gens] == prompts
+    for g in gens:
+        assert len(g.response_logprobs) == len(g.response_token_ids) == 6
+        assert g.finish_reason == "length" and g.agent_id == "a" and g.policy_version == 0
+        ref = _recompute_logprobs(model, g.prompt_token_ids, g.response_token_ids)
+        assert torch.allclose(torch.tensor(g.response_logprobs), ref, atol=1e-4)
+
+
+def test_left_padded_batch_matches_one_by_one_greedy(engine):
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13]]
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    batched = engine.generate("a", prompts, params)
+    single = [engine.generate("a", [p], params)[0] for p in prompts]
+    for b, s in zip(batched, single, strict=True):
+        assert b.response_token_ids == s.response_token_ids
+        assert torch.allclose(torch.tensor(b.response_logprobs), torch.tensor(s.response_logprobs), atol=1e-4)
+
+
+def test_seeded_sampling_is_reproducible_and_seed_sensitive(engine):
+    prompts = [[5, 6, 7]] * 3
+    a1 = engine.generate("a", prompts, SamplingParams(max_new_tokens=8, seed=1))
+    a2 = engine.generate("a", prompts, SamplingParams(max_new_tokens=8, seed=1))
+    a3 = engine.generate("a", prompts, SamplingParams(max_new_tokens=8, seed=2))
+    assert [g.response_token_ids for g in a1] == [g.response_token_ids for g in a2]
+    assert [g.response_token_ids for g in a1] != [g.response_token_ids for g in a3]
+
+
+def test_batches_split_at_max_batch_size_keep_order(tok):
+    eng = HFRolloutEngine({"a": AgentModel(build_tiny_model(tok), tok)}, max_batch_size=2)
+    prompts = [[i + 5, i + 6] for i in range(5)]
+    gens = eng.generate("a", prompts, SamplingParams(max_new_tokens=2, temperature=0.0))
+    assert [g.prompt_token_ids for g in gens] == prompts
+    with pytest.raises(InvalidArgumentError):
+        HFRolloutEngine({"a": AgentModel(build_tiny_model(tok), tok)}, max_batch_size=0)
+
+
+def test_prompt_plus_new_tokens_bounded_by_max_model_len(tok):
+    eng = HFRolloutEngine({"a": AgentModel(build_tiny_model(tok), tok)}, max_model_len=10)
+    assert (
+        len(
+            eng.generate("a", [[5] * 6], SamplingParams(max_new_tokens=4, temperature=0.0))[
+                0
+            ].response_token_ids
+        )
+        == 4
+    )
+    with pytest.raises(InvalidArgumentError) as err:
+        eng.generate("a", [[5] * 7], SamplingParams(max_new_tokens=4))
+    assert "max_model_len 10" in str(err.value)
+
+
+def test_eos_ends_a_response_with_finish_reason_stop(engine):
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    first = engine.generate("a", [[5, 6, 7]], params)[0].response_token_ids[0]
+    model = engine._agents["a"].model
+    model.generation_config.eos_token_id = [first, engine._agents["a"].tokenizer.eos_token_id]
+    g = engine.generate("a", [[5, 6, 7]], params)[0]
+    assert g.response_token_ids == [first] and g.finish_reason == "stop" and len(g.response_logprobs) == 1
+
+
+def test_stop_string_cuts_text_and_keeps_the_completing_token(engine):
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    full = engine.generate("a", [[5, 6, 7]], params)[0]
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
+    assert stop.strip(), f"need a visible stop string, got {full.text!r}"
+    g = engine.generate("a", [[5, 6, 7]], SamplingParams(max_new_tokens=12, temperature=0.0, stop=(stop,)))[0]
+    assert g.finish_reason == "stop" and stop not in g.text and full.text.startswith(g.text)
+    assert g.response_token_ids == full.response_token_ids[: len(g.response_token_ids)]
+    assert len(g.response_token_ids) < len(full.response_token_ids)
+
+
+def test_chat_and_text_prompts(engine, tok):
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    g_chat, g_text = engine.generate(
+        "a", [chat, "hello there"], SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+    expected = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert g_chat.prompt_token_ids == list(expected)
+    assert g_text.prompt_token_ids == tok("hello there", add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("prompts", [[], [[]], [[49152]], [[-1]], [[{"content": "no role"}]]])
+def test_bad_prompts_are_rejected(engine, prompts):
+    with pytest.raises(InvalidArgumentError):
+        engine.generate("a", prompts)
+
+
+def test_unknown_agent(engine):
+    with pytest.raises(NotFoundError):
+        engine.generate("zz", [[1]])
+    with pytest.raises(NotFoundError):
+        engine.policy_version("zz")
+
+
+def test_update_weights_tags_versions_and_validates(engine, tok):
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    before = engine.generate("a", [[5, 6, 7]], params)[0]
+    new_weights = build_tiny_model(tok, seed=9).state_dict()
+    engine.update_weights("a", new_weights, policy_version=3)
+    assert engine.policy_version("a") == 3 and engine.policy_version("b") == 0
+    after = engine.generate("a", [[5, 6, 7]], params)[0]
+    assert after.policy_version == 3 and before.policy_version == 0
+    assert after.response_logprobs != before.response_logprobs
+    engine.update_weights("a", {}, policy_version=3)  # same version again is allowed (re-sync)
+    with pytest.raises(FailedPreconditionError):
+        engine.update_weights("a", {}, policy_version=2)
+    with pytest.raises(InvalidArgumentError, match="not in the model"):
+        engine.update_weights("a", {"nope.weight": torch.zeros(1)}, policy_version=4)
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        engine.update_weights("a", {"model.norm.weight": torch.zeros(3)}, policy_version=4)
+    with pytest.raises(InvalidArgumentError):
+        engine.update_weights("a", {}, policy_version=-1)
+
+
+def _policy(mode, tok_agents=("a", "b")):
+    return MultiAgentPolicy(
+        PolicyConfig(mode=mode, agents=tuple(AgentSpec(n, "tiny-llama") for n in tok_agents))
+    )
+
+
+def test_engine_from_policy_copies_and_syncs(tok):
+    policy = _policy("per_agent")
+    eng = HFRolloutEngine.from_policy(policy)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    base = eng.generate("a", [[5, 6, 7]], params)[0]
+    with torch.no_grad():
+        for p in policy.parameters("a"):
+            p.add_(torch.randn_like(p) * 0.5)
+    assert (
+        eng.generate("a", [[5, 6, 7]], params)[0].response_logprobs == base.response_logprobs
+    )  # owns a copy
+    eng.update_weights("a", policy.state_for_sync("a"), policy.bump_version("a"))
+    synced = eng.generate("a", [[5, 6, 7]], params)[0]
+    assert synced.policy_version == 1 and synced.response_logprobs != base.response_logprobs
+    ids = torch.tensor([synced.prompt_token_ids + synced.response_token_ids])
+    lp = policy.logprobs("a", ids, torch.ones_like(ids), torch.ones(1, 4))
+    assert torch.allclose(lp[0].detach(), torch.tensor(synced.response_logprobs), atol=1e-4)
+
+
+def test_shared_policy_sync_moves_every_agent_on_it():
+    eng = HFRolloutEngine.from_policy(_policy("shared"))
+    eng.update_weights("a", {}, policy_version=2)
+    assert eng.policy_version("b") == 2
+
+
+def test_lora_engine_switches_adapters_per_agent():
+    policy = _policy("lora")
+    eng = HFRolloutEngine.from_policy(policy)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    base_a = eng.generate("a", [[5, 6, 7]], params)[0]
+    base_b = eng.generate("b", [[5, 6, 7]], params)[0]
+    assert base_a.response_logprobs == pytest.approx(base_b.response_logprobs, abs=1e-6)  # LoRA B starts at 0
+    with torch.no_grad():
+        for p in policy.parameters("a"):
+            p.add_(torch.randn_like(p) * 0.5)
+    sync = policy.state_for_sync("a")
+    assert sync and all("lora_" in k for k in sync)
+    eng.update_weights("a", sync, policy.bump_version("a"))
+    new_a = eng.generate("a", [[5, 6, 7]], params)[0]
+    new_b = eng.generate("b", [[5, 6, 7]], params)[0]
+    assert new_a.response_logprobs != pytest.approx(base_a.response_logprobs, abs=1e-4)
+    assert new_b.response_logprobs == pytest.approx(base_b.response_logprobs, abs=1e-6)
+    assert (eng.policy_version("a"), eng.policy_version("b")) == (1, 0)
+    with pytest.raises(InvalidArgumentError, match="adapter"):
+        eng.update_weights("a", {"base_model.model.bogus.lora_A.weight": torch.zeros(1)}, 2)
+
+
+@pytest.mark.skipif(vllm_available(), reason="vllm installed: the GPU check covers it")
+def test_vllm_engine_without_vllm_fails_with_a_clear_error():
+    from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
+
+    with pytest.raises(FailedPreconditionError, match="vllm"):
+        VLLMRolloutEngine({"a": "tiny-llama"})
