@@ -1,0 +1,100 @@
+"""The episode runner and the learner on a real in-process env and a tiny real model (no gRPC, no Ray)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import marti
+from marti.config import load_config
+from services.trainer.episodes import EpisodeRunner
+from services.trainer.learner import Sample, collate
+from services.trainer.loop import env_config, episode_metrics
+from services.trainer.worker import PolicyWorker
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(
+        ROOT / "examples" / "tiny.yaml", ["environment.max_turns=2", "rollout.max_new_tokens=6"]
+    )
+
+
+@pytest.fixture(scope="module")
+def worker(cfg):
+    return PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+
+
+def _runner(cfg, worker, greedy=False):
+    return EpisodeRunner(
+        make_env=lambda seed: marti.make(cfg.environment.env_name, seed=seed, **env_config(cfg)),
+        generate=lambda agent, chats: worker.generate(agent, chats, greedy=greedy),
+        comm_factory=None,
+        agents=[a.name for a in cfg.agents],
+        roles={a.name: a.role for a in cfg.agents},
+        system_prompts={a.name: f"You are {a.name}." for a in cfg.agents},
+        policy_version=lambda a: worker.versions()[a],
+        run_id="t",
+    )
+
+
+def test_collate_layout_left_pads_prompts_and_right_pads_responses():
+    batch = collate([Sample([1, 2, 3], [7], 1.0, "g"), Sample([4], [8, 9], None, "g")], pad_id=0)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 7, 0], [0, 0, 4, 8, 9]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+    assert batch.action_mask.tolist() == [[True, False], [True, True]]
+    assert batch.rewards == [1.0, None]
+
+
+def test_collate_rejects_empty_batches_and_responses():
+    from marti.errors import FailedPreconditionError
+
+    with pytest.raises(FailedPreconditionError):
+        collate([], pad_id=0)
+    with pytest.raises(FailedPreconditionError, match="samples \\[0\\]"):
+        collate([Sample([1], [], 0.0, 0)], pad_id=0)
+
+
+def test_episodes_record_each_acting_agents_turns(cfg, worker):
+    results = _runner(cfg, worker).play([5, 5, 6])
+    assert [r.seed for r in results] == [5, 5, 6]
+    for r in results:
+        assert r.metrics["num_turns"] == 2  # planner then executor, max_turns=2
+        assert set(r.trajectories) == {"agent_1", "agent_2"}
+        for agent, traj in r.trajectories.items():
+            assert traj.agent_id == agent and traj.metadata["seed"] == r.seed
+            for turn in traj.turns:
+                assert turn.prompt_token_ids and turn.response_token_ids
+                assert len(turn.response_logprobs) == len(turn.response_token_ids)
+                assert all(lp <= 0 for lp in turn.response_logprobs)
+        # Returns add every step's reward (dense rewards reach agents that did not act), turns only their own.
+        assert all(math.isfinite(v) for v in r.returns.values())
+        assert r.trajectories["agent_2"].turns[0].step == 1
+    m = episode_metrics(results)
+    assert {"team/reward", "agent_1/reward", "team/format_valid", "team/num_turns"} <= set(m)
+
+
+def test_train_updates_adapter_and_bumps_version(cfg, worker):
+    results = _runner(cfg, worker).play([1, 1, 2, 2])
+    samples = [
+        Sample(t.prompt_token_ids, t.response_token_ids, r.returns["agent_1"] + i, r.seed)
+        for i, r in enumerate(results)
+        for t in r.trajectories["agent_1"].turns
+    ]
+    before = {k: v.clone() for k, v in worker.policy.state_for_sync("agent_1").items()}
+    other_before = {k: v.clone() for k, v in worker.policy.state_for_sync("agent_2").items()}
+    v0 = worker.versions()["agent_1"]
+    stats = worker.train("agent_1", samples)
+    assert worker.versions()["agent_1"] == v0 + 1
+    assert stats["policy_version"] == v0 + 1
+    for key in ("policy_loss", "clip_frac", "entropy", "grad_norm", "kl"):
+        assert math.isfinite(stats[key]), key
+    after = worker.policy.state_for_sync("agent_1")
+    assert any(not torch.equal(before[k], after[k]) for k in before), "agent_1's adapter did not change"
+    other_after = worker.policy.state_for_sync("agent_2")
+    assert all(torch.equal(other_before[k], other_after[k]) for k in other_before), "agent_2 must not move"
