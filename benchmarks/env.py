@@ -3,7 +3,8 @@
 For resource_allocation and one PettingZoo classic game (tic-tac-toe with the text wrapper) it measures, in one
 run: in-process with 1 session and with N sessions (stepped in a loop), and remote over loopback with 1 session
 (one Step per call on the bidi stream, and as a unary rpc) and with N sessions batched into one BatchStep per
-turn. The env server runs in its own process (``python -m services.env_server``), as in a deployment.
+turn (``remote batched``), or into two half batches on two streams so that two batches are in flight
+(``remote batched/2``). The env server runs in its own process (``python -m services.env_server``), as in a deployment.
 
 Printed per row: steps/s, p50 and p99 latency of one step call (for batched rows, of one batch call), and the
 throughput ratio remote / in-process for the same number of sessions. Targets (issue 4): batched remote at least
@@ -16,6 +17,7 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -166,7 +168,37 @@ def run(steps: int, sessions: int, address: str) -> list[Row]:
         remote_n = _Remote(name, sessions, address, "stream")
         rows.append(_row(name, "remote batched", sessions, *_measure(steps * 4, remote_n.step_batch)))
         remote_n.close()
+        rows.append(_row(name, "remote batched/2", sessions, *_pipelined(name, sessions, address, steps * 4)))
     return rows
+
+
+def _pipelined(name: str, sessions: int, address: str, num_steps: int) -> tuple[float, list[float]]:
+    """Two streams in two threads, each batching half of the sessions, so the server's work on one batch
+    overlaps the client's decoding of the other (two batches in flight)."""
+    halves = [
+        _Remote(name, sessions // 2, address, "stream"),
+        _Remote(name, sessions - sessions // 2, address, "stream"),
+    ]
+    lat: list[list[float]] = [[], []]
+    counts = [0, 0]
+
+    def worker(i: int) -> None:
+        r = halves[i]
+        while counts[i] < num_steps // 2:
+            t = time.perf_counter()
+            counts[i] += r.step_batch()
+            lat[i].append(time.perf_counter() - t)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = sum(counts) / (time.perf_counter() - t0)
+    for r in halves:
+        r.close()
+    return rate, lat[0] + lat[1]
 
 
 def table(rows: list[Row]) -> str:
