@@ -3,6 +3,7 @@
 Checkpoint folder written by :meth:`TorchTrainEngine.save_checkpoint`::
 
     weights.safetensors   the trained parameters by name (only those passed to ``setup``)
+    grads.safetensors     accumulated gradients, only when saved inside an accumulation window
     optimizer.pt          optimizer state dict
     scheduler.pt          LR scheduler state dict
     rng.pt                python, numpy, torch (CPU, CUDA) RNG states
@@ -114,6 +115,12 @@ class TorchTrainEngine(TrainEngine):
         root.mkdir(parents=True, exist_ok=True)
         weights = {self._names[id(p)]: p.detach().cpu().contiguous() for p in self.params}
         save_file(weights, str(root / "weights.safetensors"))
+        grads = {
+            self._names[id(p)]: p.grad.detach().cpu().contiguous() for p in self.params if p.grad is not None
+        }
+        (root / "grads.safetensors").unlink(missing_ok=True)
+        if grads:  # saved mid accumulation window: keep the partial sum so resume is exact
+            save_file(grads, str(root / "grads.safetensors"))
         torch.save(self.optimizer.state_dict(), root / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), root / "scheduler.pt")
         save_rng_state(root / "rng.pt")
@@ -153,6 +160,9 @@ class TorchTrainEngine(TrainEngine):
                         f"checkpoint weight {name!r} has shape {tuple(weights[name].shape)}, expected {tuple(p.shape)}"
                     )
                 p.copy_(weights[name].to(p.device, p.dtype))
+        grads = load_file(str(root / "grads.safetensors")) if (root / "grads.safetensors").is_file() else {}
+        for name, p in expected.items():
+            p.grad = grads[name].to(p.device, p.dtype) if name in grads else None
         self.optimizer.load_state_dict(torch.load(root / "optimizer.pt", weights_only=True))
         self.scheduler.load_state_dict(torch.load(root / "scheduler.pt", weights_only=True))
         state = json.loads((root / "state.json").read_text())
