@@ -114,13 +114,16 @@ def _session_info(resp: pb.CreateSessionResponse) -> SessionInfo:
 
 
 def _result(resp: pb.StepResponse | pb.ResetResponse) -> StepResult:
-    obs, rew, term, trunc, infos = {}, {}, {}, {}, {}
+    obs, rew, term, trunc = {}, {}, {}, {}
+    shared = json.loads(resp.infos_json) if resp.infos_json else None
+    infos = {}
     for r in resp.results:
-        obs[r.agent] = value_from_proto(r.observation)
-        rew[r.agent] = r.reward
-        term[r.agent] = r.terminated
-        trunc[r.agent] = r.truncated
-        infos[r.agent] = json.loads(r.info_json) if r.info_json else map_from_proto(r.info)
+        agent = r.agent
+        obs[agent] = value_from_proto(r.observation)
+        rew[agent] = r.reward
+        term[agent] = r.terminated
+        trunc[agent] = r.truncated
+        infos[agent] = shared[agent] if shared is not None else map_from_proto(r.info)
     return StepResult(obs, rew, term, trunc, infos, list(resp.agents), list(resp.acting_agents))
 
 

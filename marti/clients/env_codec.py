@@ -124,25 +124,23 @@ def fill_map(out: pb.ValueMap, m: Mapping[str, Any]) -> None:
     _put_map(out, m)
 
 
-_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+def infos_json(infos: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Return every agent's info dict as one compact JSON object, or ``None`` when one is not JSON-encodable.
 
-
-def simple_info_json(info: Mapping[str, Any]) -> str | None:
-    """Return ``info`` as compact JSON when it is flat (see ``AgentResult.info_json``), else ``None``.
-
-    Flat means string keys and values that are str, int, float, bool, None or lists of those; JSON keeps each
-    of these types exactly, so decoding gives back an equal dict.
+    JSON keeps str, int, float, bool, None, lists and string-keyed objects exactly (tuples become lists, as in
+    the ``Value`` codec). Values JSON cannot hold (numpy arrays and numpy ints or bools) make this return
+    ``None``, and the caller falls back to typed ``ValueMap`` infos. Agent ids and the top-level info keys must
+    be strings.
     """
-    for k, v in info.items():
-        t = type(v)
-        if type(k) is not str:
-            return None
-        if t in _JSON_SCALARS:
-            continue
-        if t is list and all(type(x) in _JSON_SCALARS for x in v):
-            continue
+    key_types = set(map(type, infos))
+    for info in infos.values():
+        key_types.update(map(type, info))
+    if key_types - {str}:
         return None
-    return json.dumps(info, separators=(",", ":"))
+    try:
+        return json.dumps(infos, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
 
 
 def fill_value(out: pb.Value, v: Any) -> None:

@@ -13,9 +13,9 @@ from marti.api.env.v1 import env_pb2 as pb
 from marti.clients.env_codec import (
     fill_map,
     fill_value,
+    infos_json,
     map_from_proto,
     map_to_proto,
-    simple_info_json,
     space_to_proto,
     value_from_proto,
     value_to_proto,
@@ -91,14 +91,14 @@ def actions_to_proto(actions: Mapping[str, Any]) -> list[pb.AgentAction]:
     return [pb.AgentAction(agent=k, action=value_to_proto(v)) for k, v in actions.items()]
 
 
-def _fill_results(target: Any, outcome: Any) -> None:
+def _fill_results(out: Any, outcome: Any) -> None:
+    as_json = infos_json({r.agent: r.info for r in outcome.results})
+    if as_json is not None:
+        out.infos_json = as_json
     for r in outcome.results:
-        item = target.add(agent=r.agent, reward=r.reward, terminated=r.terminated, truncated=r.truncated)
+        item = out.results.add(agent=r.agent, reward=r.reward, terminated=r.terminated, truncated=r.truncated)
         fill_value(item.observation, r.observation)
-        as_json = simple_info_json(r.info)
-        if as_json is not None:
-            item.info_json = as_json
-        else:
+        if as_json is None:
             item.info.SetInParent()
             fill_map(item.info, r.info)
 
@@ -106,7 +106,7 @@ def _fill_results(target: Any, outcome: Any) -> None:
 def step_to_proto(outcome: Any, out: pb.StepResponse | None = None) -> pb.StepResponse:
     """Encode a step outcome (into ``out`` when given, avoiding a copy)."""
     out = pb.StepResponse() if out is None else out
-    _fill_results(out.results, outcome)
+    _fill_results(out, outcome)
     out.agents.extend(outcome.agents)
     out.acting_agents.extend(outcome.acting_agents)
     return out
@@ -115,7 +115,7 @@ def step_to_proto(outcome: Any, out: pb.StepResponse | None = None) -> pb.StepRe
 def reset_to_proto(outcome: Any, out: pb.ResetResponse | None = None) -> pb.ResetResponse:
     """Encode a reset outcome (into ``out`` when given)."""
     out = pb.ResetResponse() if out is None else out
-    _fill_results(out.results, outcome)
+    _fill_results(out, outcome)
     out.agents.extend(outcome.agents)
     out.acting_agents.extend(outcome.acting_agents)
     return out

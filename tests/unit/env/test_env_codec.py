@@ -81,14 +81,15 @@ def test_space_round_trip(space) -> None:
     assert back.contains(sample)
 
 
-def test_flat_infos_take_the_json_path_exactly() -> None:
+def test_infos_take_the_json_path_exactly() -> None:
     import json
 
-    flat = {"a": 1, "b": 1.0, "c": True, "d": None, "e": "x", "f": [1, 2.5, "y", False]}
-    text = c.simple_info_json(flat)
-    back = json.loads(text)
-    assert back == flat and all(type(back[k]) is type(flat[k]) for k in flat)
-    assert c.simple_info_json({"m": np.array([1])}) is None
-    assert c.simple_info_json({"n": {"nested": 1}}) is None
-    assert c.simple_info_json({1: "int key"}) is None
-    assert c.simple_info_json({"t": (1, 2)}) is None
+    infos = {
+        "a1": {"a": 1, "b": 1.0, "c": True, "d": None, "e": "x", "f": [1, 2.5, "y", False], "g": {"h": [1]}}
+    }
+    back = json.loads(c.infos_json(infos))
+    assert back == infos
+    assert all(type(back["a1"][k]) is type(v) for k, v in infos["a1"].items())
+    assert c.infos_json({"a1": {"m": np.array([1])}}) is None
+    assert c.infos_json({"a1": {"m": np.int64(1)}}) is None
+    assert c.infos_json({"a1": {1: "int key"}}) is None

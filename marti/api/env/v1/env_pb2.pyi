@@ -184,22 +184,20 @@ class EnvDescription(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., description: _Optional[str] = ..., config_schema: _Optional[_Iterable[_Union[ConfigField, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ...) -> None: ...
 
 class AgentResult(_message.Message):
-    __slots__ = ("agent", "observation", "reward", "terminated", "truncated", "info", "info_json")
+    __slots__ = ("agent", "observation", "reward", "terminated", "truncated", "info")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
-    INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     agent: str
     observation: Value
     reward: float
     terminated: bool
     truncated: bool
     info: ValueMap
-    info_json: str
-    def __init__(self, agent: _Optional[str] = ..., observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[ValueMap, _Mapping]] = ..., info_json: _Optional[str] = ...) -> None: ...
+    def __init__(self, agent: _Optional[str] = ..., observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[ValueMap, _Mapping]] = ...) -> None: ...
 
 class AgentAction(_message.Message):
     __slots__ = ("agent", "action")
@@ -256,14 +254,16 @@ class ResetRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., seed: _Optional[int] = ..., options: _Optional[_Union[ValueMap, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
-    __slots__ = ("results", "agents", "acting_agents")
+    __slots__ = ("results", "agents", "acting_agents", "infos_json")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     ACTING_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AgentResult]
     agents: _containers.RepeatedScalarFieldContainer[str]
     acting_agents: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, results: _Optional[_Iterable[_Union[AgentResult, _Mapping]]] = ..., agents: _Optional[_Iterable[str]] = ..., acting_agents: _Optional[_Iterable[str]] = ...) -> None: ...
+    infos_json: str
+    def __init__(self, results: _Optional[_Iterable[_Union[AgentResult, _Mapping]]] = ..., agents: _Optional[_Iterable[str]] = ..., acting_agents: _Optional[_Iterable[str]] = ..., infos_json: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("session_id", "actions", "request_id")
@@ -276,14 +276,16 @@ class StepRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[AgentAction, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("results", "agents", "acting_agents")
+    __slots__ = ("results", "agents", "acting_agents", "infos_json")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     ACTING_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AgentResult]
     agents: _containers.RepeatedScalarFieldContainer[str]
     acting_agents: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, results: _Optional[_Iterable[_Union[AgentResult, _Mapping]]] = ..., agents: _Optional[_Iterable[str]] = ..., acting_agents: _Optional[_Iterable[str]] = ...) -> None: ...
+    infos_json: str
+    def __init__(self, results: _Optional[_Iterable[_Union[AgentResult, _Mapping]]] = ..., agents: _Optional[_Iterable[str]] = ..., acting_agents: _Optional[_Iterable[str]] = ..., infos_json: _Optional[str] = ...) -> None: ...
 
 class BatchStepRequest(_message.Message):
     __slots__ = ("steps",)
