@@ -141,6 +141,30 @@ def _start_metrics(settings: ServerSettings) -> int | None:
     return int(server.server_address[1])
 
 
+def _register_descriptor(service_name: str) -> None:
+    """Make sure the service's descriptor is in the default pool so reflection can describe it.
+
+    Generated ``*_pb2_grpc`` modules import only the request/response modules, not the module holding the
+    service itself; by this repository's convention ``marti.api.<area>.v1.<Name>`` lives in
+    ``marti/api/<area>/v1/<area>_service_pb2.py``.
+    """
+    from google.protobuf import descriptor_pool
+
+    try:
+        descriptor_pool.Default().FindServiceByName(service_name)
+        return
+    except KeyError:
+        pass
+    parts = service_name.split(".")
+    if len(parts) == 5 and parts[:2] == ["marti", "api"]:
+        import importlib
+
+        try:
+            importlib.import_module(f"marti.api.{parts[2]}.{parts[3]}.{parts[2]}_service_pb2")
+        except ImportError:
+            _LOG.warning("no descriptor module for %s; reflection cannot describe it", service_name)
+
+
 async def start_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = None) -> RunningServer:
     """Build, bind and start a server hosting ``specs`` plus health and reflection.
 
@@ -165,6 +189,7 @@ async def start_server(specs: Sequence[ServiceSpec], settings: ServerSettings | 
     )
     for spec in specs:
         spec.add_to_server(server)
+        _register_descriptor(spec.name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [s.name for s in specs] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
