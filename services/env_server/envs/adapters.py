@@ -68,7 +68,20 @@ def load_entry_point(path: str) -> Any:
     return getattr(mod, attr)
 
 
-class AECToParallel(ParallelEnv):
+class _FirstSeed:
+    """Uses the ``make`` seed for the first ``reset`` that passes no seed (reproducible first episode)."""
+
+    _first_seed: int | None = None
+
+    def _seed_for(self, seed: int | None) -> int | None:
+        if seed is None and self._first_seed is not None:
+            seed, self._first_seed = self._first_seed, None
+        elif seed is not None:
+            self._first_seed = None
+        return seed
+
+
+class AECToParallel(_FirstSeed, ParallelEnv):
     """Turn-by-turn parallel view of an AEC env (see module docstring).
 
     Args:
@@ -104,7 +117,7 @@ class AECToParallel(ParallelEnv):
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         """Reset the AEC env; returns observations and infos of every agent."""
-        self.aec.reset(seed=seed, options=options)
+        self.aec.reset(seed=self._seed_for(seed), options=options)
         self._turn = 0
         self.agents = list(self.aec.agents)
         return {a: self.aec.observe(a) for a in self.agents}, {
@@ -136,7 +149,7 @@ class AECToParallel(ParallelEnv):
         self.aec.close()
 
 
-class ParallelPassthrough(ParallelEnv):
+class ParallelPassthrough(_FirstSeed, ParallelEnv):
     """A native PettingZoo parallel env with an optional ``max_turns`` truncation.
 
     Args:
@@ -167,7 +180,7 @@ class ParallelPassthrough(ParallelEnv):
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         """Reset the env."""
         self._turn = 0
-        return self.env.reset(seed=seed, options=options)
+        return self.env.reset(seed=self._seed_for(seed), options=options)
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         """Step the env, truncating at ``max_turns``."""
@@ -187,7 +200,7 @@ class ParallelPassthrough(ParallelEnv):
         self.env.close()
 
 
-class GymnasiumToParallel(ParallelEnv):
+class GymnasiumToParallel(_FirstSeed, ParallelEnv):
     """A Gymnasium env as a one-agent parallel env (agent ``agent_0``).
 
     Args:
@@ -212,7 +225,7 @@ class GymnasiumToParallel(ParallelEnv):
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         """Reset the env."""
-        obs, info = self.env.reset(seed=seed, options=options)
+        obs, info = self.env.reset(seed=self._seed_for(seed), options=options)
         self.agents = [self.AGENT]
         return {self.AGENT: obs}, {self.AGENT: dict(info)}
 
@@ -462,14 +475,18 @@ def make_pettingzoo(config: dict[str, Any], seed: int | None) -> ParallelEnv:
     factory = load_entry_point(config["entry_point"])
     env = factory(**(config["kwargs"] or {}))
     if isinstance(env, AECEnv):
-        par: ParallelEnv = AECToParallel(env, None if config["text"] else config["max_turns"])
+        base: AECToParallel | ParallelPassthrough = AECToParallel(
+            env, None if config["text"] else config["max_turns"]
+        )
     elif isinstance(env, ParallelEnv):
-        par = ParallelPassthrough(env, None if config["text"] else config["max_turns"])
+        base = ParallelPassthrough(env, None if config["text"] else config["max_turns"])
     else:
         raise InvalidArgumentError(
             f"entry_point {config['entry_point']!r} returned {type(env).__name__}, "
             "not a PettingZoo AECEnv or ParallelEnv"
         )
+    base._first_seed = seed
+    par: ParallelEnv = base
     if config["text"]:
         return DiscreteTextWrapper(
             par,
@@ -496,7 +513,9 @@ def make_gymnasium(config: dict[str, Any], seed: int | None) -> ParallelEnv:
         )
     if config["max_turns"] is not None:
         env = gymnasium.wrappers.TimeLimit(env, config["max_turns"])
-    par: ParallelEnv = GymnasiumToParallel(env)
+    gym_par = GymnasiumToParallel(env)
+    gym_par._first_seed = seed
+    par: ParallelEnv = gym_par
     if config["text"]:
         par = DiscreteTextWrapper(
             par,

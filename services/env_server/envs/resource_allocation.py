@@ -33,7 +33,7 @@ from typing import Any
 from marti.errors import InvalidArgumentError
 from services.env_server.core.config import ConfigField
 from services.env_server.envs import allocation_problem as ap
-from services.env_server.envs.text_base import TextTeamEnv
+from services.env_server.envs.text_base import TextTeamEnv, sanitize
 
 ROLE_ORDER = ("leader", "executor", "evaluator")
 ROLE_ALIASES = {"planner": "leader", "leader": "leader", "executor": "executor", "evaluator": "evaluator"}
@@ -310,8 +310,6 @@ class ResourceAllocationEnv(TextTeamEnv):
             if self.config["observation_format"] == "json":
                 q = self.config["max_quote_chars"]
                 n = self.config["history_messages"]
-                from services.env_server.envs.text_base import sanitize
-
                 doc = {
                     "agent": agent,
                     "role": self.role_of[agent],

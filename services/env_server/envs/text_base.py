@@ -146,6 +146,7 @@ class TextTeamEnv(ParallelEnv):
         self._obs_space = text_space(config["max_observation_chars"], min_length=1)
         self._act_space = text_space(config["max_action_chars"], min_length=0)
         self.transcript: list[tuple[str, str, str]] = []  # (speaker, role, text)
+        self._quote_cache: dict[tuple[str, str, str], str] = {}
 
     def observation_space(self, agent: str) -> gymnasium.spaces.Text:
         """Return the agent's observation space (the same object on every call)."""
@@ -161,7 +162,7 @@ class TextTeamEnv(ParallelEnv):
         skipped = len(self.transcript) - len(shown)
         lines = [f"({skipped} earlier messages not shown)"] if skipped else []
         q = self.config["max_quote_chars"]
-        cache = self.__dict__.setdefault("_quote_cache", {})
+        cache = self._quote_cache
         for speaker, role, text in shown:
             key = (speaker, role, text)
             if key not in cache:

@@ -91,3 +91,14 @@ def test_board_planes_render_with_int8() -> None:
     env = me.make("pettingzoo", entry_point=TTT)
     obs, _ = env.reset(seed=0)
     assert obs["player_1"]["observation"].dtype == np.int8
+
+
+def test_make_seed_fixes_the_first_episode_of_adapted_envs() -> None:
+    def first_obs(seed):
+        env = me.make(
+            "gymnasium", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", seed=seed
+        )
+        return env.reset()[0]["agent_0"]
+
+    assert np.array_equal(first_obs(5), first_obs(5))
+    assert not np.array_equal(first_obs(5), first_obs(6))
