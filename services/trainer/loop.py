@@ -112,6 +112,17 @@ def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
     return out
 
 
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint under ``<run_dir>/checkpoints`` (named by its ``latest`` file), or None."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    marker = ckpt_dir / "latest"
+    if marker.exists():
+        path = ckpt_dir / marker.read_text().strip()
+        if path.exists():
+            return path
+    return None
+
+
 class TrainingLoop:
     """Runs one training job against running services.
 
@@ -225,6 +236,33 @@ class TrainingLoop:
             self.on_metrics(step, "eval", metrics)
         return metrics
 
+    def evaluate_checkpoint(
+        self, checkpoint: str | None, baseline: bool = True
+    ) -> dict[str, dict[str, float]]:
+        """Play the held-out seeds greedily with the untrained models and/or a checkpoint.
+
+        Args:
+            checkpoint: A checkpoint directory (``runs/<name>/checkpoints/step_N``), or None.
+            baseline: Also evaluate the untrained base models (before loading the checkpoint).
+
+        Returns:
+            ``{"base": metrics, "checkpoint": metrics}`` (only the parts asked for); metrics as
+            :func:`episode_metrics`.
+        """
+        out: dict[str, dict[str, float]] = {}
+        runtime = RayRuntime(self.cfg)
+        try:
+            runtime.start()
+            seeds = self.cfg.rollout.resolved_eval_seeds
+            if baseline:
+                out["base"] = episode_metrics(self._runner(runtime, greedy=True).play(seeds))
+            if checkpoint is not None:
+                runtime.load(checkpoint)
+                out["checkpoint"] = episode_metrics(self._runner(runtime, greedy=True).play(seeds))
+        finally:
+            runtime.shutdown()
+        return out
+
     def _checkpoint(self, runtime: RayRuntime, step: int) -> str:
         path = self.ckpt_dir / f"step_{step:06d}"
         runtime.save(str(path), {"step": step})
@@ -237,12 +275,7 @@ class TrainingLoop:
 
     def latest_checkpoint(self) -> Path | None:
         """Path of the newest checkpoint of this run, or None."""
-        marker = self.ckpt_dir / "latest"
-        if marker.exists():
-            path = self.ckpt_dir / marker.read_text().strip()
-            if path.exists():
-                return path
-        return None
+        return latest_checkpoint(self.run_dir)
 
     # ------------------------------------------------------------------------------------------ main
     def run(self) -> RunSummary:

@@ -8,12 +8,16 @@ server, store) as local processes, runs the job, and stops them. OpenRLHF-style 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from marti.config import TrainConfig
 from marti.errors import MartiError
+from services.trainer.loop import Addresses
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,33 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="dotted override, e.g. --set algorithm.kl_coef=0.01 (repeatable)",
     )
-    p.add_argument("--broker", default=os.environ.get("MARTI_BROKER_ADDR"), help="comm_broker host:port")
-    p.add_argument("--env", default=os.environ.get("MARTI_ENV_ADDR"), help="env_server host:port")
-    p.add_argument("--store", default=os.environ.get("MARTI_STORE_ADDR"), help="experience_store host:port")
-    p.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token for the services")
+    add_service_flags(p)
     p.add_argument("--resume", action="store_true", help="resume from the run's newest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
-    from marti.launch_flags import build_config
+@contextlib.contextmanager
+def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Addresses]:
+    """Addresses from flags, then the config's ``services`` section; services with neither are started
+    locally (the embedded stack, data under ``<run_dir>/services``, logs under ``<run_dir>/logs``) and stopped
+    on exit."""
     from marti.stack import LocalStack
-    from services.trainer.loop import Addresses, TrainingLoop
-    from services.trainer.models import resolve_model
 
-    args, launch = build_parser().parse_known_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg, warnings = build_config(args.config, args.overrides, launch)
-        for w in warnings:
-            print(f"note: {w}", file=sys.stderr)
-        for agent in cfg.agents:
-            resolve_model(agent.pretrain_model)
-    except MartiError as exc:
-        print(f"marti train: {exc}", file=sys.stderr)
-        return 2
     services = cfg.services
     token = args.token or services.token
     addrs = {
@@ -81,19 +71,44 @@ def main(argv: list[str] | None = None) -> int:
             addrs[k] = started[names[k]]
         print("services: " + ", ".join(f"{k}={v}" for k, v in addrs.items()), flush=True)
     try:
-        loop = TrainingLoop(
-            cfg,
-            Addresses(addrs["broker"], addrs["env"], addrs["store"], token),
-            resume=args.resume,
-            show_progress=not args.no_progress,
-        )
-        summary = loop.run()
-    except MartiError as exc:
-        print(f"marti train: {exc}", file=sys.stderr)
-        return 2
+        yield Addresses(addrs["broker"], addrs["env"], addrs["store"], token)
     finally:
         if stack is not None:
             stack.stop()
+
+
+def add_service_flags(p: argparse.ArgumentParser) -> None:
+    """The ``--broker/--env/--store/--token`` flags shared by ``marti train`` and ``marti eval``."""
+    p.add_argument("--broker", default=os.environ.get("MARTI_BROKER_ADDR"), help="comm_broker host:port")
+    p.add_argument("--env", default=os.environ.get("MARTI_ENV_ADDR"), help="env_server host:port")
+    p.add_argument("--store", default=os.environ.get("MARTI_STORE_ADDR"), help="experience_store host:port")
+    p.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token for the services")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
+    from marti.launch_flags import build_config
+    from services.trainer.loop import TrainingLoop
+    from services.trainer.models import resolve_model
+
+    args, launch = build_parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg, warnings = build_config(args.config, args.overrides, launch)
+        for w in warnings:
+            print(f"note: {w}", file=sys.stderr)
+        for agent in cfg.agents:
+            resolve_model(agent.pretrain_model)
+    except MartiError as exc:
+        print(f"marti train: {exc}", file=sys.stderr)
+        return 2
+    with service_addresses(cfg, args) as addresses:
+        try:
+            loop = TrainingLoop(cfg, addresses, resume=args.resume, show_progress=not args.no_progress)
+            summary = loop.run()
+        except MartiError as exc:
+            print(f"marti train: {exc}", file=sys.stderr)
+            return 2
     print(f"done: {summary.steps} steps; run directory {summary.run_dir}")
     print(f"report: {summary.report}")
     return 0
