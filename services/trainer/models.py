@@ -221,7 +221,13 @@ def load_tokenizer(name: str = SMOLLM2_ALIAS) -> PreTrainedTokenizerBase:
     """
     from transformers import AutoTokenizer
 
-    resolved = resolve_model(SMOLLM2_ALIAS if name.strip().lower() == TINY_ALIAS else name)
+    key = SMOLLM2_ALIAS if name.strip().lower() == TINY_ALIAS else name
+    alias = MODEL_ALIASES.get(key.strip().lower())
+    if alias is not None and (model_cache_root() / alias / _TOKENIZER_MARKER).is_file():
+        # a cached tokenizer is enough (the GGUF is not needed, e.g. on a machine that only has the cache)
+        resolved = ResolvedModel(name=name, kind="hf_dir", path=model_cache_root() / alias)
+    else:
+        resolved = resolve_model(key)
     with _LOCK:
         if resolved.kind == "gguf":
             assert resolved.cache_dir is not None and resolved.path is not None
