@@ -3,7 +3,8 @@
 One run measures, for items of 4 KB and 64 KB and 1 and 4 client processes:
   - inserts/s  (marti: ``share_experiences`` with 16 items per stream message, confirmed; Reverb:
     ``TrajectoryWriter`` append + create_item, flushed at the end, i.e. every item confirmed),
-  - samples/s and p50/p99 latency of one ``sample(table, batch_size=16)`` call,
+  - samples/s and p50/p99 latency of one ``sample(table, batch_size=16)`` call (a new stream per call),
+  - samples/s of one streaming sample call per client (3200 items; Reverb: one ``client.sample`` generator),
 against (a) Reverb 0.14 (installed by this benchmark into its own virtualenv, ``~/.cache/marti-bench``) and
 (b) a Python ``collections.deque`` in the benchmark process (no network, no serialization: the ceiling).
 It also measures the store's restart time for 100k items on a SQLite data dir. Results: printed table, ratios,
@@ -67,7 +68,13 @@ _REVERB_SCRIPT = textwrap.dedent(
             assert len(got) == batch
             lat.append(time.perf_counter() - s)
         t_smp = time.perf_counter() - t0
-        print("RESULT", json.dumps({"insert_s": t_ins, "sample_s": t_smp, "lat": lat}), flush=True)
+        n_stream = int(sys.argv[7])
+        t0 = time.perf_counter()
+        got = sum(1 for _ in client.sample("bench", num_samples=n_stream))
+        assert got == n_stream
+        t_stream = time.perf_counter() - t0
+        print("RESULT", json.dumps({"insert_s": t_ins, "sample_s": t_smp, "lat": lat, "stream_s": t_stream}),
+              flush=True)
     """
 )
 
@@ -87,8 +94,9 @@ def _marti_trajectory(size_bytes: int, i: int):
     )
 
 
-def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int) -> dict:
-    """One client process: confirmed inserts, then ``n_calls`` sample calls of ``batch`` items."""
+def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int, n_stream: int) -> dict:
+    """One client process: confirmed inserts, ``n_calls`` sample calls of ``batch`` items, then one streaming
+    sample call of ``n_stream`` items."""
     from marti.clients.experience import ExperienceSharingClient
 
     c = ExperienceSharingClient("bench", addr, timeout_s=120)
@@ -106,8 +114,12 @@ def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int) -
         if len(got) != batch:
             raise RuntimeError("short sample")
     t_smp = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if len(c.sample("bench", n_stream)) != n_stream:
+        raise RuntimeError("short stream")
+    t_stream = time.perf_counter() - t0
     c.close()
-    return {"insert_s": t_ins, "sample_s": t_smp, "lat": lat}
+    return {"insert_s": t_ins, "sample_s": t_smp, "lat": lat, "stream_s": t_stream}
 
 
 def _spawn(
@@ -145,10 +157,12 @@ def _run_clients(cmds: list[list[str]]) -> list[dict]:
     return out
 
 
-def _summarize(results: list[dict], n_items: int, n_calls: int, batch: int) -> dict:
+def _summarize(results: list[dict], n_items: int, n_calls: int, batch: int, n_stream: int = 0) -> dict:
     n = len(results)
     lat = sorted(x for r in results for x in r["lat"])
+    stream = n * n_stream / max(r["stream_s"] for r in results) if n_stream else float("nan")
     return {
+        "stream_samples_per_s": stream,
         "inserts_per_s": n * n_items / max(r["insert_s"] for r in results),
         "samples_per_s": n * n_calls * batch / max(r["sample_s"] for r in results),
         "sample_p50_ms": 1000 * statistics.median(lat),
@@ -156,7 +170,7 @@ def _summarize(results: list[dict], n_items: int, n_calls: int, batch: int) -> d
     }
 
 
-def bench_marti(size: int, clients: int, n_items: int, n_calls: int, data_dir: str) -> dict:
+def bench_marti(size: int, clients: int, n_items: int, n_calls: int, n_stream: int, data_dir: str) -> dict:
     """Start a store (SQLite WAL data dir) and run ``clients`` client processes against it."""
     cfg = Path(data_dir) / "tables.yaml"
     cfg.write_text(
@@ -177,8 +191,17 @@ def bench_marti(size: int, clients: int, n_items: int, n_calls: int, data_dir: s
         r"listening on (\S+:\d+)",
     )
     try:
-        cmd = [sys.executable, str(Path(__file__)), "--worker", addr, str(size), str(n_items), str(n_calls)]
-        return _summarize(_run_clients([cmd] * clients), n_items, n_calls, SAMPLE_BATCH)
+        cmd = [
+            sys.executable,
+            str(Path(__file__)),
+            "--worker",
+            addr,
+            str(size),
+            str(n_items),
+            str(n_calls),
+            str(n_stream),
+        ]
+        return _summarize(_run_clients([cmd] * clients), n_items, n_calls, SAMPLE_BATCH, n_stream)
     finally:
         server.kill()
         server.wait()
@@ -202,7 +225,7 @@ def ensure_reverb() -> tuple[Path | None, str]:
     return py, ""
 
 
-def bench_reverb(py: Path, size: int, clients: int, n_items: int, n_calls: int) -> dict:
+def bench_reverb(py: Path, size: int, clients: int, n_items: int, n_calls: int, n_stream: int) -> dict:
     """Start a Reverb server (uniform table, MinSize(1)) and run ``clients`` client processes against it."""
     script = Path(tempfile.gettempdir()) / "marti_bench_reverb.py"
     script.write_text(_REVERB_SCRIPT)
@@ -218,8 +241,9 @@ def bench_reverb(py: Path, size: int, clients: int, n_items: int, n_calls: int) 
             str(n_items),
             str(n_calls),
             str(SAMPLE_BATCH),
+            str(n_stream),
         ]
-        return _summarize(_run_clients([cmd] * clients), n_items, n_calls, SAMPLE_BATCH)
+        return _summarize(_run_clients([cmd] * clients), n_items, n_calls, SAMPLE_BATCH, n_stream)
     finally:
         server.kill()
         server.wait()
@@ -239,12 +263,11 @@ def bench_deque(size: int, n_items: int, n_calls: int) -> dict:
         s = time.perf_counter()
         random.choices(buf, k=SAMPLE_BATCH)
         lat.append(time.perf_counter() - s)
-    return _summarize(
-        [{"insert_s": t_ins, "sample_s": time.perf_counter() - t0, "lat": lat}],
-        n_items,
-        n_calls,
-        SAMPLE_BATCH,
-    )
+    t_smp = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    random.choices(buf, k=n_calls * SAMPLE_BATCH)
+    res = {"insert_s": t_ins, "sample_s": t_smp, "lat": lat, "stream_s": time.perf_counter() - t0}
+    return _summarize([res], n_items, n_calls, SAMPLE_BATCH, n_calls * SAMPLE_BATCH)
 
 
 def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
@@ -283,12 +306,13 @@ def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table (see the module docstring)."""
     p = argparse.ArgumentParser(prog="marti bench store", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--worker", nargs=4, metavar=("ADDR", "SIZE", "N_ITEMS", "N_CALLS"), help=argparse.SUPPRESS
-    )
+    p.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     p.add_argument("--items-4k", type=int, default=4000, help="inserts per client for 4 KB items")
     p.add_argument("--items-64k", type=int, default=1000, help="inserts per client for 64 KB items")
-    p.add_argument("--sample-calls", type=int, default=300, help="sample calls per client (16 items each)")
+    p.add_argument("--sample-calls", type=int, default=50, help="sample calls per client (16 items each)")
+    p.add_argument(
+        "--stream-samples", type=int, default=3200, help="items per client in one streaming sample call"
+    )
     p.add_argument("--clients", default="1,4", help="comma-separated client process counts")
     p.add_argument(
         "--restart-items", type=int, default=100_000, help="items for the restart measurement (0 = skip)"
@@ -297,10 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "runs" / "bench_store.json"))
     args = p.parse_args(argv)
     if args.worker:
-        addr, size, n_items, n_calls = args.worker
+        addr, size, n_items, n_calls, n_stream = args.worker
         print(
             "RESULT",
-            json.dumps(marti_worker(addr, int(size), int(n_items), int(n_calls), SAMPLE_BATCH)),
+            json.dumps(
+                marti_worker(addr, int(size), int(n_items), int(n_calls), SAMPLE_BATCH, int(n_stream))
+            ),
             flush=True,
         )
         return 0
@@ -309,8 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     for size, n_items in ((4096, args.items_4k), (65536, args.items_64k)):
         for clients in [int(x) for x in args.clients.split(",")]:
             with tempfile.TemporaryDirectory() as d:
-                m = bench_marti(size, clients, n_items, args.sample_calls, d)
-            r = bench_reverb(reverb_py, size, clients, n_items, args.sample_calls) if reverb_py else None
+                m = bench_marti(size, clients, n_items, args.sample_calls, args.stream_samples, d)
+            r = (
+                bench_reverb(reverb_py, size, clients, n_items, args.sample_calls, args.stream_samples)
+                if reverb_py
+                else None
+            )
             q = bench_deque(size, n_items * clients, args.sample_calls * clients)
             rows.append({"item_bytes": size, "clients": clients, "marti": m, "reverb": r, "deque": q})
             _print_row(rows[-1])
@@ -331,7 +361,8 @@ def _print_row(row: dict) -> None:
     m, r, q = row["marti"], row["reverb"], row["deque"]
     if row is not None and not getattr(_print_row, "header", False):
         print(f"{'item':>6} {'cl':>2} | {'marti ins/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | "
-              f"{'marti smp/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | {'p99 ms m':>8} {'p99 r':>6}")  # fmt: skip
+              f"{'marti smp/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | {'stream m':>8} {'reverb':>8} {'m/r':>5} | "
+              f"{'p99 ms m':>8} {'p99 r':>7}")  # fmt: skip
         _print_row.header = True
 
     def f(x, k):
@@ -344,7 +375,9 @@ def _print_row(row: dict) -> None:
         f"{row['item_bytes'] // 1024:>4}KB {row['clients']:>2} | {f(m, 'inserts_per_s'):>11} "
         f"{f(r, 'inserts_per_s'):>9} {f(q, 'inserts_per_s'):>10} {ratio('inserts_per_s'):>5} | "
         f"{f(m, 'samples_per_s'):>11} {f(r, 'samples_per_s'):>9} {f(q, 'samples_per_s'):>10} "
-        f"{ratio('samples_per_s'):>5} | {m['sample_p99_ms']:>8.2f} {(r['sample_p99_ms'] if r else float('nan')):>6.2f}",
+        f"{ratio('samples_per_s'):>5} | {f(m, 'stream_samples_per_s'):>8} {f(r, 'stream_samples_per_s'):>8} "
+        f"{ratio('stream_samples_per_s'):>5} | {m['sample_p99_ms']:>8.2f} "
+        f"{(r['sample_p99_ms'] if r else float('nan')):>7.2f}",
         flush=True,
     )
 
