@@ -34,19 +34,28 @@ def codec_name(codec: int) -> str:
     return name
 
 
-def envelope_from_proto(pb: broker_pb2.Envelope) -> Envelope:
-    """Converts a proto envelope into the core type (``sent_at`` and ``ttl`` become seconds)."""
+def envelope_from_proto(pb: broker_pb2.Envelope, wire: bytes = b"") -> Envelope:
+    """Converts a proto envelope into the core type (``sent_at`` and ``ttl`` become seconds).
+
+    Args:
+        pb: The parsed envelope.
+        wire: Its serialized bytes, kept in ``Envelope.wire`` so delivery can reuse them (see
+            :func:`encode_deliveries`); pass ``b""`` when they are not at hand. Ignored (left empty) when
+            the proto lacks a content type, because the core then fills in the default.
+    """
+    content_type = pb.content_type
     return Envelope(
-        message_id=pb.message_id,
-        sender=pb.sender,
-        payload=pb.payload,
-        content_type=pb.content_type or "application/octet-stream",
-        receivers=tuple(pb.receivers),
-        topic=pb.topic,
-        broadcast=pb.broadcast,
-        sequence=pb.sequence,
-        sent_at=pb.sent_at_unix_us / 1e6,
-        ttl_s=pb.ttl_ms / 1000.0,
+        pb.message_id,
+        pb.sender,
+        pb.payload,
+        content_type or "application/octet-stream",
+        tuple(pb.receivers),
+        pb.topic,
+        pb.broadcast,
+        pb.sequence,
+        pb.sent_at_unix_us / 1e6,
+        pb.ttl_ms / 1000.0,
+        wire if content_type else b"",
     )
 
 
@@ -65,6 +74,58 @@ def envelope_to_proto(env: Envelope, attempt: int = 0) -> broker_pb2.Envelope:
         ttl_ms=round(env.ttl_s * 1000),
         delivery_attempt=attempt,
     )
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative integer."""
+    if value < 0x80:
+        return _SMALL[value]
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_SMALL = [bytes((i,)) for i in range(0x80)]
+#: Tag of ``EnvelopeBatch.envelopes`` (field 1, length-delimited).
+_BATCH_TAG = b"\x0a"
+#: Tag of ``Envelope.delivery_attempt`` (field 11, varint).
+_ATTEMPT_TAG = b"\x58"
+
+
+def split_batch(raw: bytes) -> list[bytes] | None:
+    """Splits a serialized ``EnvelopeBatch`` into the serialized bytes of each envelope, without parsing them.
+
+    A protobuf message is a sequence of (tag, value) records; a batch holding only field 1 is
+    ``0x0A <varint length> <envelope bytes>`` repeated. Call this after the batch parsed successfully
+    (so the bytes are known to be well formed).
+
+    Args:
+        raw: The serialized batch.
+
+    Returns:
+        One ``bytes`` per envelope, in order, or None if the batch holds anything but field 1 records
+        (unknown fields): the caller then serializes the parsed envelopes instead.
+    """
+    out = []
+    pos, end = 0, len(raw)
+    while pos < end:
+        if raw[pos] != 0x0A:
+            return None
+        pos += 1
+        length = shift = 0
+        while True:
+            b = raw[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+        out.append(raw[pos : pos + length])
+        pos += length
+    return out
 
 
 def decode_frame(
@@ -100,7 +161,11 @@ def decode_frame(
         batch.ParseFromString(raw)
     except DecodeError as exc:
         raise InvalidArgumentError(f"frame does not hold a valid EnvelopeBatch: {exc}") from None
-    return [envelope_from_proto(e) for e in batch.envelopes]
+    envelopes = batch.envelopes
+    wires = split_batch(raw)
+    if wires is None or len(wires) != len(envelopes):
+        wires = [e.SerializeToString() for e in envelopes]
+    return [envelope_from_proto(e, w) for e, w in zip(envelopes, wires, strict=True)]
 
 
 def encode_deliveries(
@@ -111,11 +176,23 @@ def encode_deliveries(
 ) -> common_pb2.CompressedFrame:
     """Serializes deliveries as an EnvelopeBatch and compresses it into one frame.
 
+    Envelopes that carry their received bytes (``Envelope.wire``) are copied, not rebuilt: each becomes
+    ``0x0A <length> <wire> 0x58 <attempt>``; the trailing ``delivery_attempt`` record overrides any value
+    inside ``wire`` (for a scalar field the last record wins), so the result parses exactly as a batch of
+    ``envelope_to_proto(envelope, attempt)`` would. Others are built and serialized.
+
     Returns:
         The frame (``uncompressed_bytes`` = serialized batch size, ``data`` = compressed bytes).
     """
-    batch = broker_pb2.EnvelopeBatch(envelopes=[envelope_to_proto(d.envelope, d.attempt) for d in deliveries])
-    raw = batch.SerializeToString()
+    parts = []
+    for d in deliveries:
+        env = d.envelope
+        wire = env.wire
+        if not wire:
+            wire = envelope_to_proto(env).SerializeToString()
+        attempt = _varint(d.attempt)
+        parts += (_BATCH_TAG, _varint(len(wire) + 1 + len(attempt)), wire, _ATTEMPT_TAG, attempt)
+    raw = b"".join(parts)
     data = broker_codec.encode(raw, codec, level, dictionary)
     if codec == broker_codec.CODEC_ZSTD and len(data) >= len(raw):  # incompressible (tiny) batch: send raw
         codec, data = broker_codec.CODEC_NONE, raw

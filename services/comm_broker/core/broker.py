@@ -275,72 +275,98 @@ class Broker:
         plan: list[tuple[Envelope, list[str]]] = []
         seen: set[str] = set()
         sequences: list[int] = []
-        last_seq = dict(session.last_seq)
+        dedup = session.dedup
+        last = start = session.last_seq.get(sender, 0)
+        mailboxes = session.mailboxes
         for env in envelopes:
-            if env.message_id in session.dedup or env.message_id in seen:
+            mid = env.message_id
+            if mid in dedup or mid in seen:
                 sequences.append(0)
                 continue
-            seen.add(env.message_id)
-            seq = env.sequence or last_seq.get(sender, 0) + 1
-            last_seq[sender] = max(last_seq.get(sender, 0), seq)
+            seen.add(mid)
+            seq = env.sequence or last + 1
+            if seq > last:
+                last = seq
             env = _replace(env, seq, now, broadcast)
             targets = self._targets(session, env)
             for t in targets:
-                self._mailbox(session, t, create=True)
+                if t not in mailboxes:
+                    self._mailbox(session, t, create=True)
             plan.append((env, targets))
             sequences.append(seq)
-        self._check_capacity(session, plan)
+        per_box = self._check_capacity(session, plan)
         rows: list[StoredMessage] = []
         durable = self.store.durable
-        boxes: list[tuple[Mailbox, Entry]] = []
-        for env, targets in plan:
-            ttl = env.ttl_s or lim.default_ttl_s
-            expires_at = now + ttl if ttl > 0 else 0.0
-            for t in targets:
-                box = session.mailboxes[t]
-                if env.message_id in box._in_flight:
+        default_ttl = lim.default_ttl_s
+        enqueued = 0
+        for box, items in per_box:
+            in_flight = box._in_flight
+            entries = []
+            for env in items:
+                if env.message_id in in_flight:
                     continue
-                entry = Entry(env, box.next_position(), 0, expires_at)
+                ttl = env.ttl_s or default_ttl
+                entry = Entry(env, box.next_position(), 0, now + ttl if ttl > 0 else 0.0)
                 if durable:
-                    rows.append(StoredMessage(t, entry.position, 0, expires_at, env))
-                boxes.append((box, entry))
-        dedup = [(env.message_id, now) for env, _ in plan]
-        changed_seq = {s: q for s, q in last_seq.items() if session.last_seq.get(s) != q}
+                    rows.append(StoredMessage(box.agent_id, entry.position, 0, entry.expires_at, env))
+                entries.append(entry)
+            items[:] = entries
+            enqueued += len(entries)
+        changed_seq = {sender: last} if last != start else {}
         if durable:
-            self.store.record_send(session.name, rows, dedup, changed_seq)
-        for box, entry in boxes:
-            box.add(entry)
-        for mid, t in dedup:
-            session.dedup[mid] = t
+            self.store.record_send(
+                session.name, rows, [(env.message_id, now) for env, _ in plan], changed_seq
+            )
+        for box, entries in per_box:
+            box.add_many(entries)
+        for env, _ in plan:
+            dedup[env.message_id] = now
         session.last_seq.update(changed_seq)
         c = session.counters
         c.sent += len(plan)
-        c.enqueued += len(boxes)
+        c.enqueued += enqueued
         c.duplicates += len(envelopes) - len(plan)
-        return SendResult(len(plan), len(envelopes) - len(plan), len(boxes), tuple(sequences))
+        return SendResult(len(plan), len(envelopes) - len(plan), enqueued, tuple(sequences))
 
-    def _check_capacity(self, session: Session, plan: list[tuple[Envelope, list[str]]]) -> None:
+    def _check_capacity(
+        self, session: Session, plan: list[tuple[Envelope, list[str]]]
+    ) -> list[tuple[Mailbox, list]]:
+        """Checks every receiver's mailbox limits for the whole batch (atomic: before any change).
+
+        Returns:
+            ``(mailbox, envelopes for it)`` pairs in first-target order.
+
+        Raises:
+            MailboxFullError: A mailbox would exceed ``max_mailbox_messages`` or ``max_mailbox_bytes``.
+        """
         lim = self.limits
-        add_n: dict[str, int] = {}
-        add_b: dict[str, int] = {}
+        groups: dict[str, list[Envelope]] = {}
         for env, targets in plan:
             for t in targets:
-                add_n[t] = add_n.get(t, 0) + 1
-                add_b[t] = add_b.get(t, 0) + env.size_bytes
-        for t, n in add_n.items():
+                group = groups.get(t)
+                if group is None:
+                    groups[t] = [env]
+                else:
+                    group.append(env)
+        out = []
+        for t, items in groups.items():
             box = session.mailboxes[t]
+            n = len(items)
             if box.count + n > lim.max_mailbox_messages:
                 raise MailboxFullError(
                     f"mailbox of agent {t!r} holds {box.count} messages; {n} more would exceed "
                     f"max_mailbox_messages={lim.max_mailbox_messages}",
                     t,
                 )
-            if box.bytes + add_b[t] > lim.max_mailbox_bytes:
+            nbytes = sum(env.size_bytes for env in items)
+            if box.bytes + nbytes > lim.max_mailbox_bytes:
                 raise MailboxFullError(
-                    f"mailbox of agent {t!r} holds {box.bytes} bytes; {add_b[t]} more would exceed "
+                    f"mailbox of agent {t!r} holds {box.bytes} bytes; {nbytes} more would exceed "
                     f"max_mailbox_bytes={lim.max_mailbox_bytes}",
                     t,
                 )
+            out.append((box, items))
+        return out
 
     async def send_wait(
         self,
@@ -693,4 +719,4 @@ def _replace(env: Envelope, seq: int, now: float, broadcast: bool) -> Envelope:
         sequence=seq,
         sent_at=env.sent_at or now,
         ttl_s=env.ttl_s,
-    )
+    )  # ``wire`` is left empty: it no longer matches the fields

@@ -17,7 +17,7 @@ to pending (attempt + 1); after ``max_delivery_attempts`` it leaves as a dead le
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .types import Delivery, Envelope
@@ -33,6 +33,8 @@ class Entry:
         attempts: Deliveries so far.
         expires_at: Wall-clock time (s) after which it is dropped undelivered (0: never).
         deadline: While in flight, the wall-clock time (s) after which it is redelivered.
+        size: Bytes it counts against ``max_mailbox_bytes`` (``envelope.size_bytes``, set by
+            :meth:`Mailbox.add` once, so accounting never recomputes it).
     """
 
     envelope: Envelope
@@ -40,6 +42,7 @@ class Entry:
     attempts: int = 0
     expires_at: float = 0.0
     deadline: float = 0.0
+    size: int = 0
 
 
 class Mailbox:
@@ -79,25 +82,43 @@ class Mailbox:
         self._next_position += 1
         return pos
 
+    def _put(self, entry: Entry) -> None:
+        if entry.position >= self._next_position:
+            self._next_position = entry.position + 1
+        env = entry.envelope
+        sender = env.sender
+        heapq.heappush(self._slots, (entry.position, sender))
+        heap = self._by_sender.get(sender)
+        if heap is None:
+            heap = self._by_sender[sender] = []
+        heapq.heappush(heap, (env.sequence, entry.position, entry))
+
     def put(self, entry: Entry) -> None:
         """Adds an entry as pending (new, restored or redelivered).
 
         Args:
             entry: The entry; its ``position`` decides its turn among senders.
         """
-        self._next_position = max(self._next_position, entry.position + 1)
-        sender = entry.envelope.sender
-        heapq.heappush(self._slots, (entry.position, sender))
-        heapq.heappush(
-            self._by_sender.setdefault(sender, []), (entry.envelope.sequence, entry.position, entry)
-        )
+        self._put(entry)
         self._on_change()
 
     def add(self, entry: Entry) -> None:
         """Adds a new entry and accounts for its size (use :meth:`put` for redelivery)."""
-        self.count += 1
-        self.bytes += entry.envelope.size_bytes
-        self.put(entry)
+        self.add_many((entry,))
+
+    def add_many(self, entries: Sequence[Entry]) -> None:
+        """Adds new entries, accounts for their sizes, and calls ``on_change`` once (not per entry).
+
+        Args:
+            entries: New entries (positions from :meth:`next_position` or restored from storage).
+        """
+        for entry in entries:
+            entry.size = entry.envelope.size_bytes
+            self.count += 1
+            self.bytes += entry.size
+            self._put(entry)
+        if entries:
+            self._on_change()
 
     def _pop_pending(self) -> Entry:
         _, sender = heapq.heappop(self._slots)
@@ -109,7 +130,7 @@ class Mailbox:
 
     def _drop(self, entry: Entry) -> None:
         self.count -= 1
-        self.bytes -= entry.envelope.size_bytes
+        self.bytes -= entry.size
 
     def take(
         self,
@@ -132,17 +153,26 @@ class Mailbox:
             Deliveries in delivery order (per sender: increasing sequence).
         """
         out: list[Delivery] = []
-        while self._slots and len(out) < max_messages and len(self._in_flight) < max_unacked:
-            entry = self._pop_pending()
+        slots, in_flight, deadlines = self._slots, self._in_flight, self._deadlines
+        by_sender, agent = self._by_sender, self.agent_id
+        deadline = now + ack_timeout_s
+        heappop, heappush = heapq.heappop, heapq.heappush
+        while slots and len(out) < max_messages and len(in_flight) < max_unacked:
+            _, sender = heappop(slots)
+            heap = by_sender[sender]
+            entry = heappop(heap)[2]
+            if not heap:
+                del by_sender[sender]
             if entry.expires_at and now >= entry.expires_at:
                 self._drop(entry)
                 on_expired(entry)
                 continue
             entry.attempts += 1
-            entry.deadline = now + ack_timeout_s
-            self._in_flight[entry.envelope.message_id] = entry
-            heapq.heappush(self._deadlines, (entry.deadline, entry.position, entry.envelope.message_id))
-            out.append(Delivery(entry.envelope, self.agent_id, entry.attempts))
+            entry.deadline = deadline
+            mid = entry.envelope.message_id
+            in_flight[mid] = entry
+            heappush(deadlines, (deadline, entry.position, mid))
+            out.append(Delivery(entry.envelope, agent, entry.attempts))
         return out
 
     def ack(self, message_ids: list[str]) -> list[Entry]:
@@ -193,9 +223,9 @@ class Mailbox:
                 self._drop(entry)
                 dead.append(entry)
             else:
-                self.put(entry)
+                self._put(entry)
                 requeued.append(entry)
-        if dead:
+        if requeued or dead:
             self._on_change()
         return requeued, dead
 

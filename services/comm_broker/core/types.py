@@ -7,11 +7,15 @@ microseconds (``*_unix_us``). Sizes are bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """One message from one sender, as the broker stores and delivers it.
+class Envelope(NamedTuple):
+    """One message from one sender, as the broker stores and delivers it (immutable).
+
+    A ``NamedTuple`` rather than a frozen dataclass: it is built once per message on the hot path, and a
+    named tuple is built several times faster (a frozen dataclass sets every field through
+    ``object.__setattr__``).
 
     Attributes:
         message_id: Sender-chosen id, unique within the session; the dedup key (a retried Send with the
@@ -26,6 +30,11 @@ class Envelope:
         content_type: MIME-like type of ``payload``, e.g. ``application/json``; the broker never parses it.
         payload: Opaque bytes (may be empty).
         ttl_s: Time to live in seconds after ``sent_at``; 0 means the session default (or no expiry).
+        wire: The envelope exactly as it travels on the wire (opaque bytes for the core), or ``b""``.
+            The protocol adapter fills it when it parses a frame, so delivery can copy these bytes into
+            the outgoing frame instead of building and serializing the message again; the core never
+            reads it, and it must describe the same message as the fields above (the core drops it
+            whenever it changes a field, e.g. assigns a sequence number).
     """
 
     message_id: str
@@ -38,16 +47,18 @@ class Envelope:
     sequence: int = 0
     sent_at: float = 0.0
     ttl_s: float = 0.0
+    wire: bytes = b""
 
     @property
     def size_bytes(self) -> int:
-        """Approximate footprint in a mailbox: payload plus ids and content type (characters) plus 32."""
-        return len(self.payload) + len(self.message_id) + len(self.sender) + len(self.content_type) + 32
+        """Footprint in a mailbox, bytes: payload plus ids and content type (characters) plus 32, or the
+        wire size plus 32 if that is larger (so unknown fields carried in ``wire`` are counted too)."""
+        size = len(self.payload) + len(self.message_id) + len(self.sender) + len(self.content_type) + 32
+        return max(size, len(self.wire) + 32)
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One delivery of an envelope to a receiver.
+class Delivery(NamedTuple):
+    """One delivery of an envelope to a receiver (immutable; a ``NamedTuple`` for speed, like Envelope).
 
     Attributes:
         envelope: The message (with its final sequence number).
