@@ -1,0 +1,161 @@
+"""A Node.js agent (examples/node_agent, @grpc/grpc-js + @grpc/proto-loader) plays one resource_allocation
+episode with a Python agent against real broker, env server and store processes with a bearer token on:
+shared env session, zstd batches both ways (every payload checked by SHA-256 on the other side), trajectories
+shared through the store and read back by the other language."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import google.rpc
+import pytest
+
+from marti.clients.broker import MartiCommClient
+from marti.clients.experience import ExperienceSharingClient
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT_DIR = ROOT / "examples" / "node_agent"
+TOKEN = "node-interop-token"
+
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("node") is None, reason="node is not installed (needed for the Node agent)"
+    ),
+    pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed (needed for npm ci)"),
+]
+
+
+@pytest.fixture(scope="module")
+def node_modules() -> Path:
+    """``npm ci`` from the committed lock file (the npm cache makes reruns offline)."""
+    out = subprocess.run(
+        ["npm", "ci", "--no-audit", "--no-fund", "--prefer-offline"],
+        cwd=AGENT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return AGENT_DIR / "node_modules"
+
+
+def _start(name: str, data_dir: Path | None) -> tuple[subprocess.Popen, str]:
+    extra = ["--data-dir", str(data_dir)] if data_dir else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marti.cli", name, "--port", "0", "--token", TOKEN, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    line = proc.stdout.readline()
+    match = re.search(r"listening on (\S+)", line)
+    if not match:
+        proc.kill()
+        raise AssertionError(f"{name} did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    return proc, match.group(1)
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    """Broker, env server and store as real processes (``marti <service> --port 0 --token ...``)."""
+    tmp = tmp_path_factory.mktemp("node_services")
+    procs, addrs = [], {}
+    try:
+        for name, data in (("broker", None), ("env-server", None), ("store", tmp / "store")):
+            proc, addr = _start(name, data)
+            procs.append(proc)
+            addrs[name] = addr
+        yield addrs
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def proto_include(tmp_path_factory) -> Path:
+    """A folder holding google/rpc/status.proto, copied from googleapis-common-protos."""
+    inc = tmp_path_factory.mktemp("proto_include")
+    (inc / "google" / "rpc").mkdir(parents=True)
+    shutil.copy(Path(list(google.rpc.__path__)[0]) / "status.proto", inc / "google" / "rpc" / "status.proto")
+    return inc
+
+
+def _node_cmd(services, session: str, inc: Path, token: str) -> list[str]:
+    return [
+        "node", str(AGENT_DIR / "agent.js"), "--env", services["env-server"], "--broker", services["broker"],
+        "--store", services["store"], "--session", session, "--token", token, "--proto-include", str(inc),
+        "--timeout-s", "60",
+    ]  # fmt: skip
+
+
+def test_node_agent_plays_with_python_agent(node_modules, services, proto_include):
+    session = "node-interop-1"
+    partner = subprocess.Popen(
+        [sys.executable, str(AGENT_DIR / "partner.py"), "--env", services["env-server"], "--broker",
+         services["broker"], "--store", services["store"], "--session", session, "--token", TOKEN,
+         "--timeout-s", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    node = subprocess.run(
+        _node_cmd(services, session, proto_include, TOKEN), capture_output=True, text=True, timeout=120
+    )
+    p_out, p_err = partner.communicate(timeout=120)
+    assert node.returncode == 0, node.stderr[-3000:]
+    assert partner.returncode == 0, p_err[-3000:]
+    js = json.loads(node.stdout.strip().splitlines()[-1])
+    py = json.loads(p_out.strip().splitlines()[-1])
+
+    # env: listed, one shared session, the team solved the problem (valid allocation -> terminated)
+    assert "collaborative_task_solving-v1" in js["env_ids"]
+    assert js["env_session_id"] == py["env_session_id"] and js["env_closed"] is True
+    assert js["node_turns"] >= 1 and js["followed_plan"] is True
+    final = js["final_infos"]["agent_2"]
+    assert final["valid_allocation"] is True and final["constraint_violations"] == 0
+    assert py["final_infos"]["agent_1"]["allocated_value"] == final["allocated_value"]
+
+    # broker, both directions: every payload arrived byte-identical, in order, as zstd frames
+    assert js["sent_sha256"] == py["received_sha256"] and len(js["sent_sha256"]) >= 4
+    assert py["sent_sha256"] == js["received_sha256"] and len(py["sent_sha256"]) >= 3
+    assert js["verified_by_partner"] >= 2 and py["verified_by_node"] >= 2
+    assert js["frames_sent"]["CODEC_ZSTD"] >= 3 and js["frames_received"]["CODEC_ZSTD"] >= 1
+    assert js["bytes"]["sentWire"] < js["bytes"]["sentRaw"]
+    assert py["bytes_received_wire"] < py["bytes_received_raw"] and py["compression_ratio"] > 1.2
+
+    # store: Python read the Node trajectory, Node read the Python one; check again from the test
+    assert py["node_key"] == js["trajectory_key"] and js["partner_key"] == py["my_key"]
+    (node_traj,) = py["node_trajectories"]
+    assert node_traj["agent_id"] == "agent_2" and node_traj["role"] == "executor"
+    assert node_traj["metadata"]["language"] == "javascript" and node_traj["actions"] == js["actions"]
+    with ExperienceSharingClient("checker", services["store"], token=TOKEN) as store:
+        trajs = {t.agent_id: t for t in store.get_trajectories(episode_id=js["episode_id"])}
+    assert set(trajs) == {"agent_1", "agent_2"}
+    assert [t.response_text for t in trajs["agent_2"].turns] == js["actions"]
+    assert [t.reward for t in trajs["agent_2"].turns] == pytest.approx(js["rewards"])
+    assert trajs["agent_2"].turns[-1].terminated is True
+
+    # state board: the Node agent's PutState is visible to a Python client
+    with MartiCommClient("observer", services["broker"], session=session, token=TOKEN) as comm:
+        states = comm.get_agent_states(exclude_self=True)
+    assert states["agent_2"] == {"role": "executor", "episode_id": js["episode_id"], "done": True}
+
+
+def test_node_agent_with_wrong_token_is_unauthenticated(node_modules, services, proto_include):
+    node = subprocess.run(
+        _node_cmd(services, "node-interop-bad", proto_include, "not-the-token"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert node.returncode == 1
+    assert "grpc code 16" in node.stderr and "invalid bearer token" in node.stderr, node.stderr[-2000:]
