@@ -19,16 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
+import os
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import zstandard
+
+try:  # orjson: about 7x faster than the stdlib json on 1 KB agent messages, same compact output
+    import orjson
+except ImportError:  # pragma: no cover - orjson is a declared dependency; stdlib fallback
+    orjson = None
 
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
@@ -47,9 +53,9 @@ _IDEMPOTENT = tuple(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A delivered message.
+class Message(NamedTuple):
+    """A delivered message (immutable; a ``NamedTuple`` because one is built per received message and a
+    named tuple is several times cheaper to build than a frozen dataclass).
 
     Attributes:
         message_id: The sender's id (pass it to ``ack`` when auto-ack is off).
@@ -137,16 +143,28 @@ def encode_payload(message: Any, content_type: str | None = None) -> tuple[bytes
 
     Raises:
         InvalidArgumentError: The value is not JSON-serializable (never pickled).
+
+    JSON is written compactly in UTF-8 by orjson (non-string dict keys become strings, as with the stdlib);
+    NaN and infinities, which JSON cannot represent, become ``null``.
     """
     if isinstance(message, bytes | bytearray | memoryview):
         return bytes(message), content_type or OCTET_STREAM
+    if orjson is not None:
+        try:
+            return orjson.dumps(message, option=orjson.OPT_NON_STR_KEYS), content_type or JSON
+        except TypeError:  # e.g. an int beyond 64 bits: the stdlib handles it, or names the problem
+            pass
     try:
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        data = _JSON_ENCODE(message).encode()
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(
             f"message of type {type(message).__name__} is not JSON-serializable: {exc}"
         ) from None
     return data, content_type or JSON
+
+
+_JSON_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_JSON_LOADS = orjson.loads if orjson is not None else json.loads
 
 
 def decode_payload(payload: bytes, content_type: str) -> Any:
@@ -159,7 +177,7 @@ def decode_payload(payload: bytes, content_type: str) -> Any:
         if not payload:
             return None
         try:
-            return json.loads(payload)
+            return _JSON_LOADS(payload)
         except ValueError as exc:
             raise InvalidArgumentError(f"payload declared {JSON} does not parse: {exc}") from None
     return payload
@@ -208,6 +226,10 @@ class _Core:
         self.buffer_bytes = 0
         self.first_buffered_at = 0.0
         self.seq = int(time.time() * 1e6)
+        # Message ids: 64 random bits per client plus a counter (unique within a session with
+        # overwhelming probability, like a UUID, and about 10x cheaper to make than uuid4().hex).
+        self.id_prefix = os.urandom(8).hex() + "-"
+        self.id_counter = itertools.count(1)
         self.pending_acks: list[str] = []
         self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.dedup_memory = dedup_memory
@@ -228,7 +250,7 @@ class _Core:
             self.seq += 1
             seq = self.seq
         return broker_pb2.Envelope(
-            message_id=uuid.uuid4().hex,
+            message_id=f"{self.id_prefix}{next(self.id_counter):x}",
             sender=self.agent_id,
             receivers=list(receivers),
             topic=topic,
