@@ -4,13 +4,14 @@ All in one run on one machine, with 1 KB realistic agent messages (JSON: about 5
 natural-language text, agent ids, step, reward):
 
 (a) baseline: a Ray actor holding a dict of message lists (send appends, get pops), 8 concurrent callers;
-(b) the broker (separate process) through the sync SDK, 8 concurrent senders, unbatched and batched;
+(b) the broker (separate process) through the SDK, 8 concurrent senders, unbatched (sync SDK) and batched
+    (sync SDK in 8 threads, and asyncio SDK in 8 tasks);
 (c) bare ``grpc.aio`` streams carrying the same compressed batch frames through a relay process (senders
     stream frames in, acked per frame; one receiver streams them out): the transport ceiling for the same
     job, with no protobuf, compression or routing work.
 
-The broker and the relay each run in their own process; the SDK senders (threads) and the receiver (a
-thread that drains concurrently with long polls) share the bench process. Throughput clocks stop when
+The broker and the relay each run in their own process; the SDK senders and the receiver (draining
+concurrently with long polls) share the bench process. Throughput clocks stop when
 the receiver holds every message.
 
 Also a paced run: one sender at 100 msgs/s, unbatched (latency target p99 < 5 ms).
@@ -200,6 +201,62 @@ def bench_broker(address: str, messages: list[dict], senders: int, batch: int, s
     return {"n": expected, "wall": wall, "lat": lat, "wire": wire, "raw": raw, "batch": batch}
 
 
+def bench_broker_aio(address: str, messages: list[dict], senders: int, batch: int, session: str) -> dict:
+    """As :func:`bench_broker`, with the asyncio SDK (``marti.aio.MartiCommClient``): ``senders`` sender
+    coroutines and one draining receiver coroutine on one event loop (no threads contending for the GIL)."""
+    import asyncio
+
+    from marti.clients.broker import AsyncMartiCommClient
+
+    per = len(messages) // senders
+    expected = per * senders
+    lat: list[float] = []
+
+    async def run() -> tuple[float, list]:
+        receiver = await AsyncMartiCommClient("agent_receiver", address, session=session).connect()
+        await receiver.get_messages()
+        clients = [
+            await AsyncMartiCommClient(
+                f"agent_{k}", address, session=session, batching_size=batch, update_frequency_s=0
+            ).connect()
+            for k in range(senders)
+        ]
+        received = 0
+
+        async def drain() -> None:
+            nonlocal received
+            idle_since = time.perf_counter()
+            while received < expected and time.perf_counter() - idle_since < 30:
+                got = await receiver.get_messages(max_messages=4096, timeout_s=1)
+                if got:
+                    received += len(got)
+                    idle_since = time.perf_counter()
+
+        async def sender(k: int) -> None:
+            c = clients[k]
+            mine = messages[k * per : (k + 1) * per]
+            for i in range(0, len(mine), batch):
+                t = time.perf_counter()
+                for m in mine[i : i + batch]:
+                    await c.send_message("agent_receiver", m)
+                await c.flush(acks=False)
+                lat.append(time.perf_counter() - t)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(drain(), *(sender(k) for k in range(senders)))
+        wall = time.perf_counter() - t0
+        stats = [c.get_communication_stats() for c in clients]
+        for c in [receiver, *clients]:
+            await c.close()
+        assert received == expected, (received, expected)
+        return wall, stats
+
+    wall, stats = asyncio.run(run())
+    raw = sum(s.bytes_sent_raw for s in stats)
+    wire = sum(s.bytes_sent_wire for s in stats)
+    return {"n": expected, "wall": wall, "lat": lat, "wire": wire, "raw": raw, "batch": batch}
+
+
 def bench_paced(address: str, messages: list[dict], rate: float, seconds: float) -> dict:
     """One unbatched sender at ``rate`` msgs/s; latency per send_message."""
     from marti.clients.broker import MartiCommClient
@@ -364,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         print("(b) broker unbatched ...", flush=True)
         results["b1"] = bench_broker(address, msgs[: args.messages // 4], args.senders, 1, "bench-unbatched")
         print("(b) broker batched ...", flush=True)
-        results["b"] = bench_broker(address, msgs, args.senders, args.batch, "bench-batched")
+        results["b_sync"] = bench_broker(address, msgs, args.senders, args.batch, "bench-batched")
+        print("(b) broker batched, asyncio SDK ...", flush=True)
+        results["b"] = bench_broker_aio(address, msgs, args.senders, args.batch, "bench-batched-aio")
         print("(b) paced 100 msgs/s unbatched ...", flush=True)
         results["paced"] = bench_paced(address, msgs, 100.0, args.paced_seconds)
     finally:
@@ -381,7 +440,14 @@ def main(argv: list[str] | None = None) -> int:
     if results.get("a"):
         print(row("(a) Ray actor dict-of-lists, 8 callers", results["a"], "message"))
     print(row("(b) broker SDK unbatched, 8 senders", results["b1"], "message"))
-    print(row(f"(b) broker SDK batched x{args.batch}, 8 senders", results["b"], f"batch of {args.batch}"))
+    print(
+        row(
+            f"(b) broker sync SDK batched x{args.batch}, 8 threads",
+            results["b_sync"],
+            f"batch of {args.batch}",
+        )
+    )
+    print(row(f"(b) broker aio SDK batched x{args.batch}, 8 tasks", results["b"], f"batch of {args.batch}"))
     print(row("(b) broker SDK unbatched, paced 100 msgs/s", results["paced"], "message"))
     print(row("(c) bare grpc.aio relay, same frames, 8 streams -> 1", results["c"], f"batch of {args.batch}"))
     rate = {k: v["n"] / v["wall"] for k, v in results.items() if v}
@@ -389,11 +455,12 @@ def main(argv: list[str] | None = None) -> int:
     missed = []
     if "a" in rate:
         ba = rate["b"] / rate["a"]
-        print(f"b/a (batched broker / Ray actor): {ba:.1f}x   (target >= 20x)")
+        print(f"b/a (batched broker, aio SDK / Ray actor): {ba:.1f}x   (target >= 20x)")
+        print(f"    (sync SDK, 8 threads / Ray actor: {rate['b_sync'] / rate['a']:.1f}x)")
         if ba < 20:
             missed.append("b/a")
     bc = rate["b"] / rate["c"]
-    print(f"b/c (batched broker / bare stream): {bc:.2f}   (target >= 0.5, i.e. within 2x)")
+    print(f"b/c (batched broker, aio SDK / bare relay): {bc:.2f}   (target >= 0.5, i.e. within 2x)")
     p99 = pct(results["paced"]["lat"], 99) * 1e3
     print(f"unbatched p99 at 100 msgs/s: {p99:.2f} ms   (target < 5 ms)")
     cr = results["b"]["raw"] / results["b"]["wire"]

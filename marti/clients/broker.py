@@ -173,7 +173,7 @@ def decode_payload(payload: bytes, content_type: str) -> Any:
     Raises:
         InvalidArgumentError: A payload declared as JSON does not parse.
     """
-    if content_type.split(";")[0].strip() == JSON:
+    if content_type == JSON or content_type.split(";")[0].strip() == JSON:
         if not payload:
             return None
         try:
@@ -225,7 +225,9 @@ class _Core:
         self.broadcast_buffer: list[tuple[broker_pb2.Envelope, float]] = []
         self.buffer_bytes = 0
         self.first_buffered_at = 0.0
-        self.seq = int(time.time() * 1e6)
+        # Sequence numbers start at a microsecond clock so they keep increasing across client restarts;
+        # next() on an itertools.count is atomic under the GIL (no lock needed).
+        self.seq = itertools.count(int(time.time() * 1e6) + 1)
         # Message ids: 64 random bits per client plus a counter (unique within a session with
         # overwhelming probability, like a UUID, and about 10x cheaper to make than uuid4().hex).
         self.id_prefix = os.urandom(8).hex() + "-"
@@ -246,15 +248,12 @@ class _Core:
         if ttl_s < 0:
             raise InvalidArgumentError(f"ttl_s={ttl_s} must be >= 0")
         payload, ctype = encode_payload(message, content_type)
-        with self.lock:
-            self.seq += 1
-            seq = self.seq
         return broker_pb2.Envelope(
             message_id=f"{self.id_prefix}{next(self.id_counter):x}",
             sender=self.agent_id,
-            receivers=list(receivers),
+            receivers=receivers,
             topic=topic,
-            sequence=seq,
+            sequence=next(self.seq),
             sent_at_unix_us=int(time.time() * 1e6),
             content_type=ctype,
             payload=payload,
@@ -316,37 +315,45 @@ class _Core:
             frame.data, codec, frame.uncompressed_bytes, self.max_frame_bytes, dictionary
         )
         batch = broker_pb2.EnvelopeBatch.FromString(raw)
-        now = time.time()
+        now_us = time.time() * 1e6
         out = []
         with self.lock:
             self.recv_raw += frame.uncompressed_bytes
             self.recv_wire += len(frame.data)
+            seen, memory, acks = self.seen, self.dedup_memory, self.pending_acks
+            auto_ack = self.auto_ack
+            lat_us = 0.0
             for e in batch.envelopes:
-                if self.auto_ack:
-                    self.pending_acks.append(e.message_id)
-                if e.message_id in self.seen:
+                mid = e.message_id
+                if auto_ack:
+                    acks.append(mid)
+                if mid in seen:
                     continue
-                if self.dedup_memory:
-                    self.seen[e.message_id] = None
-                    while len(self.seen) > self.dedup_memory:
-                        self.seen.popitem(last=False)
-                self.received += 1
-                self.recv_lat_sum += max(0.0, now - e.sent_at_unix_us / 1e6)
+                if memory:
+                    seen[mid] = None
+                    if len(seen) > memory:
+                        seen.popitem(last=False)
+                sent_us = e.sent_at_unix_us
+                if now_us > sent_us:
+                    lat_us += now_us - sent_us
+                payload, ctype = e.payload, e.content_type
                 out.append(
                     Message(
-                        message_id=e.message_id,
-                        sender=e.sender,
-                        content=decode_payload(e.payload, e.content_type),
-                        content_type=e.content_type,
-                        payload=e.payload,
-                        sequence=e.sequence,
-                        sent_at=e.sent_at_unix_us / 1e6,
-                        receivers=tuple(e.receivers),
-                        topic=e.topic,
-                        broadcast=e.broadcast,
-                        attempt=e.delivery_attempt,
+                        mid,
+                        e.sender,
+                        decode_payload(payload, ctype),
+                        ctype,
+                        payload,
+                        e.sequence,
+                        sent_us / 1e6,
+                        tuple(e.receivers),
+                        e.topic,
+                        e.broadcast,
+                        e.delivery_attempt,
                     )
                 )
+            self.received += len(out)
+            self.recv_lat_sum += lat_us / 1e6
         return out
 
     def take_acks(self) -> list[str]:
