@@ -63,3 +63,6 @@ def register_builtins(registry: Registry) -> None:
     from services.env_server.envs import adapters
 
     adapters.register(registry)
+    from services.env_server.envs import textarena_adapter
+
+    textarena_adapter.register(registry)
