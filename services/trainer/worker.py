@@ -10,6 +10,7 @@ after an update is a version bump; with vLLM the new weights are pushed to the e
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -22,7 +23,7 @@ from marti.config import TrainConfig, config_from_dict
 from services.trainer.algo import AlgoConfig
 from services.trainer.learner import Sample, collate, update_agent
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
-from services.trainer.rollout.base import SamplingParams
+from services.trainer.rollout.base import SamplingParams, chat_to_ids
 
 
 def algo_config(cfg: TrainConfig) -> AlgoConfig:
@@ -148,6 +149,10 @@ class PolicyWorker:
     def generate(self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
         """Generate one response per chat prompt with the agent's current policy.
 
+        When the agent has a ``response_prefix``, the prompt is the chat template's output followed by the
+        prefix tokens, and each generation's ``text`` starts with the prefix (its token ids stay in the prompt,
+        so the prefix is never trained).
+
         Args:
             agent_id: The agent.
             chats: B chat conversations (system + user messages).
@@ -159,9 +164,18 @@ class PolicyWorker:
         sampling = self._sampling(agent_id)
         if greedy:
             sampling = SamplingParams(max_new_tokens=sampling.max_new_tokens, temperature=0.0)
+        prefix = self.cfg.agent(agent_id).response_prefix
+        prompts: list[Any] = chats
+        if prefix:
+            tok = self.policy.tokenizer(agent_id)
+            prefix_ids = tok(prefix, add_special_tokens=False)["input_ids"]
+            prompts = [chat_to_ids(tok, chat) + list(prefix_ids) for chat in chats]
         self.policy.train(False)
         with torch.no_grad():
-            return self.engine.generate(agent_id, chats, sampling)
+            gens = self.engine.generate(agent_id, prompts, sampling)
+        if prefix:
+            gens = [dataclasses.replace(g, text=prefix + g.text) for g in gens]
+        return gens
 
     # ------------------------------------------------------------------------------------------ training
     def train(self, agent_id: str, samples: list[Sample]) -> dict[str, float]:
