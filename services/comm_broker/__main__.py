@@ -7,6 +7,7 @@ Every setting is a flag (``--max-mailbox-messages 1000``) and an environment var
 from __future__ import annotations
 
 import argparse
+import gc
 
 from marti.rpc.server import run_server
 
@@ -51,7 +52,29 @@ def main(argv: list[str] | None = None) -> int:
         The process exit code (0 after a clean shutdown).
     """
     settings = settings_from_args(argv)
-    return run_server([broker_service(settings)], settings)
+    spec = broker_service(settings)
+    tune_gc(settings.gc_gen0_threshold)
+    return run_server([spec], settings)
+
+
+def tune_gc(gen0_threshold: int) -> None:
+    """Makes CPython's cyclic garbage collector cheaper for a message broker.
+
+    Every message creates a few short-lived container objects, so with the interpreter's default threshold
+    (a young-generation collection every 700 net allocations) the broker spends a noticeable share of its
+    CPU (about 7% in a py-spy profile of the batched benchmark) in collections that find nothing: its
+    data is acyclic. This freezes everything allocated at start-up (modules, settings, the core) out of
+    the collector's sight and raises the young-generation threshold. Reference counting still frees
+    messages immediately; only cycles wait longer.
+
+    Args:
+        gen0_threshold: Net allocations between young-generation collections; 0 keeps the defaults.
+    """
+    gc.collect()
+    gc.freeze()
+    if gen0_threshold:
+        _, gen1, gen2 = gc.get_threshold()
+        gc.set_threshold(gen0_threshold, gen1, gen2)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,12 @@ class BrokerSettings(ServerSettings):
     auto_create_sessions: bool = Field(True, description="Create unknown sessions on first use.")
     compression_level: int = Field(3, ge=1, le=22, description="zstd level of delivered frames.")
     default_batch_messages: int = Field(256, gt=0, description="Messages per delivered frame by default.")
+    gc_gen0_threshold: int = Field(
+        50_000,
+        ge=0,
+        description="Net allocations between young-generation garbage collections (CPython default 700; "
+        "0 keeps the default). Raised because the broker's data is acyclic.",
+    )
     tick_interval_s: float = Field(
         0.5, gt=0, description="Period of redelivery and session-expiry checks, s."
     )
