@@ -113,15 +113,19 @@ def update_agent(
     cfg: AlgoConfig,
     *,
     micro_batch_size: int,
+    grad_accum_steps: int | None = None,
     ppo_epochs: int = 1,
 ) -> dict[str, float]:
     """One RL update of one agent on one batch: advantages, then PPO-style epochs over micro-batches.
 
-    The old log-probabilities come from the current weights, not from the sampler (as OpenRLHF's experience
-    maker does), so sampling temperature never skews the importance ratio: recomputed before the update when
-    ``ppo_epochs > 1`` or the KL is a reward penalty, else taken (detached) from the training forward, which
-    is exact because the weights do not change within the one optimizer step. With ``kl_coef > 0`` the
-    reference log-probabilities give the KL, as a reward penalty or a loss term (``cfg.use_kl_loss``).
+    Each epoch walks the batch in micro-batches of ``micro_batch_size`` and steps the optimizer after every
+    ``grad_accum_steps`` micro-batches (and after the last), each step averaging the loss over its samples.
+    The old log-probabilities come from the weights before the update, not from the sampler (as OpenRLHF's
+    experience maker does), so sampling temperature never skews the importance ratio: they are recomputed
+    before the update when the weights change within the batch (several optimizer steps or epochs) or the KL
+    is a reward penalty; otherwise they are taken, detached, from the training forward, which is then exact.
+    With ``kl_coef > 0`` the reference log-probabilities give the KL, as a reward penalty or a loss term
+    (``cfg.use_kl_loss``).
 
     Args:
         policy: A :class:`services.trainer.policy.MultiAgentPolicy`.
@@ -130,22 +134,23 @@ def update_agent(
         agent_id: The agent to update.
         batch: Its samples.
         cfg: Algorithm config.
-        micro_batch_size: Samples per forward/backward pass; gradients accumulate over the whole batch.
+        micro_batch_size: Samples per forward/backward pass.
+        grad_accum_steps: Micro-batches per optimizer step; ``None`` = the whole batch in one step.
         ppo_epochs: Passes over the batch.
 
     Returns:
         Mean statistics: ``policy_loss``, ``clip_frac``, ``approx_kl``, ``kl``, ``entropy``, ``grad_norm``,
-        ``advantage_abs``, ``sample_reward``, ``response_len``, ``num_samples``.
+        ``advantage_abs``, ``sample_reward``, ``response_len``, ``num_samples``, ``optimizer_steps``.
 
     Raises:
         FloatingPointError: the loss became NaN or infinite (the caller stops the job, keeping its checkpoint).
     """
     B = batch.input_ids.shape[0]
-    # With one pass and one optimizer step per batch the weights cannot change between sampling the micro-batches,
-    # so the old log-probabilities equal the current ones: take them from the training forward (detached) and
-    # skip a whole forward pass, unless the KL penalty needs them before the advantages.
+    n_micro = math.ceil(B / micro_batch_size)
+    accum = n_micro if grad_accum_steps is None else max(1, min(grad_accum_steps, n_micro))
+    windows = [list(range(w, min(w + accum, n_micro))) for w in range(0, n_micro, accum)]
     kl_in_reward = cfg.kl_coef > 0 and not cfg.use_kl_loss
-    recompute_old = ppo_epochs > 1 or kl_in_reward
+    recompute_old = ppo_epochs > 1 or len(windows) > 1 or kl_in_reward
     old_lp = ref_lp = kl = None
     with torch.no_grad():
         if recompute_old:
@@ -157,36 +162,21 @@ def update_agent(
     adv, _ret = compute_advantages(cfg, batch.rewards, batch.action_mask, batch.groups, kl=kl)
     stats: dict[str, list[float]] = {}
     order = torch.arange(B)
-    n_micro = math.ceil(B / micro_batch_size)
+    steps = 0
     for _ in range(ppo_epochs):
-        for m in range(n_micro):
-            idx = order[m * micro_batch_size : (m + 1) * micro_batch_size]
-            mb = batch.select(idx)
-            with strategy.autocast():
-                lp, ent = policy.logprobs(
-                    agent_id, mb.input_ids, mb.attention_mask, mb.action_mask, return_entropy=True
+        for window in windows:
+            chunks = [order[m * micro_batch_size : (m + 1) * micro_batch_size] for m in window]
+            window_size = sum(len(c) for c in chunks)
+            for idx in chunks:
+                _micro_step(
+                    policy, strategy, agent_id, batch, cfg, idx, adv, old_lp, ref_lp, window_size, stats
                 )
-            loss, s = actor_loss(
-                cfg,
-                lp,
-                lp.detach() if old_lp is None else old_lp[idx],
-                adv[idx],
-                mb.action_mask,
-                ref_logprobs=None if ref_lp is None else ref_lp[idx],
-                entropy=ent if cfg.entropy_coef > 0 else None,
-            )
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"agent {agent_id!r}: non-finite loss {loss.item()}")
-            strategy.backward(loss * (len(idx) / B))
-            for k, v in s.items():
-                if k != "entropy":  # measured below on every micro-batch, bonus or not
-                    stats.setdefault("policy_loss" if k == "pg_loss" else k, []).append(_stat(v))
-            stats.setdefault("entropy", []).append(_stat(masked_mean(ent.detach(), mb.action_mask)))
-        result = strategy.step()
-        if result.grad_norm is not None:
-            stats.setdefault("grad_norm", []).append(float(result.grad_norm))
-        stats.setdefault("lr", []).append(float(result.lr))
-        stats.setdefault("skipped_nonfinite", []).append(float(result.skipped_nonfinite))
+            result = strategy.step()
+            steps += 1
+            if result.grad_norm is not None:
+                stats.setdefault("grad_norm", []).append(float(result.grad_norm))
+            stats.setdefault("lr", []).append(float(result.lr))
+            stats.setdefault("skipped_nonfinite", []).append(float(result.skipped_nonfinite))
     out = {k: sum(v) / len(v) for k, v in stats.items() if v}
     rewards = [r for r in batch.rewards if r is not None]
     out["sample_reward"] = sum(rewards) / len(rewards) if rewards else 0.0
@@ -197,4 +187,42 @@ def update_agent(
     out["advantage_abs"] = _stat(masked_mean(adv.abs(), batch.action_mask))
     out["response_len"] = _stat(batch.action_mask.sum(-1).float().mean())
     out["num_samples"] = float(B)
+    out["optimizer_steps"] = float(steps)
     return out
+
+
+def _micro_step(
+    policy: Any,
+    strategy: Any,
+    agent_id: str,
+    batch: Batch,
+    cfg: AlgoConfig,
+    idx: torch.Tensor,
+    adv: torch.Tensor,
+    old_lp: torch.Tensor | None,
+    ref_lp: torch.Tensor | None,
+    window_size: int,
+    stats: dict[str, list[float]],
+) -> None:
+    """Forward, loss and backward of one micro-batch ``idx``; the loss is weighted by its share of the window."""
+    mb = batch.select(idx)
+    with strategy.autocast():
+        lp, ent = policy.logprobs(
+            agent_id, mb.input_ids, mb.attention_mask, mb.action_mask, return_entropy=True
+        )
+    loss, s = actor_loss(
+        cfg,
+        lp,
+        lp.detach() if old_lp is None else old_lp[idx],
+        adv[idx],
+        mb.action_mask,
+        ref_logprobs=None if ref_lp is None else ref_lp[idx],
+        entropy=ent if cfg.entropy_coef > 0 else None,
+    )
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"agent {agent_id!r}: non-finite loss {loss.item()}")
+    strategy.backward(loss * (len(idx) / window_size))
+    for k, v in s.items():
+        if k != "entropy":  # measured below on every micro-batch, bonus or not
+            stats.setdefault("policy_loss" if k == "pg_loss" else k, []).append(_stat(v))
+    stats.setdefault("entropy", []).append(_stat(masked_mean(ent.detach(), mb.action_mask)))

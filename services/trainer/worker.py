@@ -116,16 +116,23 @@ class PolicyWorker:
 
         return HFRolloutEngine.from_policy(self.policy, copy_weights=False, default_sampling=sampling)
 
+    def _steps_per_batch(self) -> int:
+        """Optimizer steps per agent per training step (for the LR schedule's length)."""
+        turns_per_agent = -(-self.cfg.environment.max_turns // len(self.cfg.agents))
+        samples = self.cfg.rollout.episodes_per_step * turns_per_agent
+        micro = -(-samples // self.cfg.micro_train_batch_size)
+        return max(1, -(-micro // self.cfg.gradient_accumulation_steps))
+
     def _build_strategy(self, agent: str) -> Any:
         from services.trainer.strategy.base import OptimConfig
 
         sc = self.cfg.strategy
-        total = max(1, self.cfg.max_steps * self.cfg.algorithm.ppo_epochs)
+        total = max(1, self.cfg.max_steps * self.cfg.algorithm.ppo_epochs * self._steps_per_batch())
         optim = OptimConfig(
             lr=self.cfg.learning_rate_for(agent),
             weight_decay=sc.weight_decay,
             max_grad_norm=sc.grad_clip or None,
-            grad_accum_steps=1,  # update_agent accumulates micro-batches itself, one step() per epoch
+            grad_accum_steps=1,  # update_agent groups micro-batches (gradient_accumulation_steps) itself
             total_steps=total,
             warmup_steps=min(self.cfg.warmup_steps, total),
             lr_scheduler="constant" if self.cfg.lr_scheduler.startswith("constant") else "cosine",
@@ -201,6 +208,7 @@ class PolicyWorker:
             batch,
             self.algo,
             micro_batch_size=self.cfg.micro_train_batch_size,
+            grad_accum_steps=self.cfg.gradient_accumulation_steps,
             ppo_epochs=self.cfg.algorithm.ppo_epochs,
         )
         self.policy.train(False)

@@ -98,3 +98,22 @@ def test_train_updates_adapter_and_bumps_version(cfg, worker):
     assert any(not torch.equal(before[k], after[k]) for k in before), "agent_1's adapter did not change"
     other_after = worker.policy.state_for_sync("agent_2")
     assert all(torch.equal(other_before[k], other_after[k]) for k in other_before), "agent_2 must not move"
+
+
+def test_gradient_accumulation_windows_step_the_optimizer(cfg, worker):
+    from services.trainer.learner import update_agent
+
+    results = _runner(cfg, worker).play([3, 3, 4, 4, 5])
+    samples = [
+        Sample(t.prompt_token_ids, t.response_token_ids, float(i % 2), r.seed)
+        for i, r in enumerate(results)
+        for t in r.trajectories["agent_2"].turns
+    ]
+    batch = collate(samples, pad_id=0)
+    engine = worker.strategies[worker.policy.unit_of("agent_2")]
+    before = engine.global_step
+    stats = update_agent(
+        worker.policy, engine, "agent_2", batch, worker.algo, micro_batch_size=1, grad_accum_steps=2
+    )
+    assert stats["optimizer_steps"] == math.ceil(len(samples) / 2) == engine.global_step - before
+    assert math.isfinite(stats["policy_loss"]) and stats["num_samples"] == len(samples)

@@ -1,0 +1,96 @@
+"""TrainerService over real gRPC: submit the tiny job against real services, stream its metrics, stop, errors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
+from marti.rpc.channel import make_channel
+from marti.stack import LocalStack
+from marti.rpc.testing import serve_in_thread
+from services.trainer.__main__ import build_specs
+from services.trainer.settings import TrainerSettings
+
+ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trainer_stub(tmp_path_factory):
+    stack = LocalStack(services=("broker", "env-server", "store"))
+    addrs = stack.start()
+    settings = TrainerSettings(port=0, broker=addrs["broker"], env=addrs["env-server"], store=addrs["store"])
+    try:
+        with serve_in_thread(build_specs(settings), settings) as server:
+            channel = make_channel(server.address)
+            yield trainer_service_pb2_grpc.TrainerServiceStub(channel)
+            channel.close()
+    finally:
+        stack.stop()
+
+
+def _config(tmp: Path, max_steps: int) -> str:
+    text = (ROOT / "examples" / "tiny.yaml").read_text()
+    return text.replace("max_steps: 2", f"max_steps: {max_steps}")
+
+
+def test_submit_stream_and_finish(trainer_stub, tmp_path):
+    req = trainer_service_pb2.SubmitJobRequest(
+        config_yaml=_config(tmp_path, 2),
+        overrides=[f"output.dir={tmp_path / 'run'}", "environment.max_turns=2"],
+    )
+    job = trainer_stub.SubmitJob(req, timeout=60).job
+    assert job.state in (trainer_pb2.JOB_STATE_PENDING, trainer_pb2.JOB_STATE_RUNNING)
+    records = list(
+        trainer_stub.StreamMetrics(trainer_service_pb2.StreamMetricsRequest(job_id=job.job_id), timeout=600)
+    )
+    kinds = [(r.record.kind, r.record.step) for r in records]
+    assert ("train", 1) in kinds and ("train", 2) in kinds and ("eval", 0) in kinds, kinds
+    train = [r.record for r in records if r.record.kind == "train"]
+    assert "agent_1/policy_loss" in train[-1].values
+    final = trainer_stub.GetJob(trainer_service_pb2.GetJobRequest(job_id=job.job_id), timeout=10).job
+    assert final.state == trainer_pb2.JOB_STATE_SUCCEEDED, final.error
+    assert final.step == 2 and final.last_checkpoint.endswith("step_000002")
+    assert (tmp_path / "run" / "report.md").exists()
+    listed = trainer_stub.ListJobs(trainer_service_pb2.ListJobsRequest(), timeout=10).jobs
+    assert job.job_id in [j.job_id for j in listed]
+
+
+def test_stop_job_ends_early_with_checkpoint(trainer_stub, tmp_path):
+    req = trainer_service_pb2.SubmitJobRequest(
+        config_yaml=_config(tmp_path, 50),
+        overrides=[f"output.dir={tmp_path / 'run'}", "environment.max_turns=2", "rollout.eval_every=0"],
+    )
+    job = trainer_stub.SubmitJob(req, timeout=60).job
+    for rec in trainer_stub.StreamMetrics(trainer_service_pb2.StreamMetricsRequest(job_id=job.job_id), timeout=600):
+        if rec.record.kind == "train":
+            break
+    trainer_stub.StopJob(trainer_service_pb2.StopJobRequest(job_id=job.job_id), timeout=10)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        state = trainer_stub.GetJob(trainer_service_pb2.GetJobRequest(job_id=job.job_id), timeout=10).job
+        if state.state not in (trainer_pb2.JOB_STATE_PENDING, trainer_pb2.JOB_STATE_RUNNING):
+            break
+        time.sleep(0.5)
+    assert state.state == trainer_pb2.JOB_STATE_STOPPED, state
+    assert 1 <= state.step < 50 and state.last_checkpoint
+
+
+def test_bad_requests_get_typed_errors(trainer_stub):
+    with pytest.raises(grpc.RpcError) as info:
+        trainer_stub.GetJob(trainer_service_pb2.GetJobRequest(job_id="nope"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        trainer_stub.SubmitJob(trainer_service_pb2.SubmitJobRequest(config_yaml="training_name: x\nbogus: 1\n"), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "bogus" in info.value.details()
+    cfg = (ROOT / "examples" / "tiny.yaml").read_text().replace('"tiny-llama"', '"no-such/model-7b"')
+    with pytest.raises(grpc.RpcError) as info:
+        trainer_stub.SubmitJob(trainer_service_pb2.SubmitJobRequest(config_yaml=cfg), timeout=30)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND and "no-such/model-7b" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        trainer_stub.SaveCheckpoint(trainer_service_pb2.SaveCheckpointRequest(job_id="nope"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
