@@ -563,9 +563,12 @@ class Broker:
             agent: The asking agent ("" for an observer); excluded from the result if ``exclude_self``.
 
         Raises:
-            NotFoundError: Unknown session.
+            NotFoundError: Unknown session, or, in a fixed-roster session, an asking agent (observers ""
+                included) outside the roster: the board is private to the roster.
         """
         session = self.session(session_name)
+        if session.fixed_roster and agent not in session.mailboxes:
+            raise NotFoundError(f"agent {agent!r} not found in session {session.name!r}")
         return [s for a, s in sorted(session.states.items()) if not (exclude_self and a == agent)]
 
     # ------------------------------------------------------------------ dead letters, stats, expiry
