@@ -243,7 +243,7 @@ class PolicyWorker:
         self.policy.load(root / "policy")
         for unit, strategy in self.strategies.items():
             strategy.load_checkpoint(root / f"strategy_{unit}")
-        state = torch.load(root / "worker_state.pt", weights_only=False)
+        state = torch.load(root / "worker_state.pt", weights_only=True)
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         for agent, version in state["versions"].items():
