@@ -1,0 +1,1 @@
+"""faults suite (issue 9)."""

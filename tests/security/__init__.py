@@ -1,0 +1,1 @@
+"""security suite (issue 9)."""

@@ -1,0 +1,1 @@
+"""soak suite (issue 9)."""
