@@ -77,6 +77,14 @@ def decompress_chunks(chunks: Sequence[bytes], max_bytes: int = 1 << 31) -> byte
     out, total = [], 0
     for i, ch in enumerate(chunks):
         try:
+            # zstandard ignores max_output_size when the frame header declares a content size, so a small
+            # frame claiming gigabytes would be inflated in full: refuse it from the header first.
+            declared = zstandard.frame_content_size(ch) if ch else 0
+            if declared > max_bytes - total:
+                raise InvalidArgumentError(
+                    f"payload chunk {i} declares {declared} uncompressed bytes; the payload would exceed "
+                    f"max_bytes={max_bytes}"
+                )
             part = d.decompress(ch, max_output_size=max_bytes - total) if ch else b""
         except zstandard.ZstdError as e:
             raise InvalidArgumentError(f"payload chunk {i} is not a valid zstd frame: {e}") from None
