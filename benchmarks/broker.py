@@ -10,8 +10,8 @@ natural-language text, agent ids, step, reward):
     stream frames in, acked per frame; one receiver streams them out): the transport ceiling for the same
     job, with no protobuf, compression or routing work.
 
-The broker and the relay each run in their own process; the SDK senders and the receiver (draining
-concurrently with long polls) share the bench process. Throughput clocks stop when
+The broker, the relay and the receiving agent (draining concurrently with long polls) each run in their
+own process, as real agents do; the SDK senders run in the bench process. Throughput clocks stop when
 the receiver holds every message.
 
 Also a paced run: one sender at 100 msgs/s, unbatched (latency target p99 < 5 ms).
@@ -148,55 +148,85 @@ def start_broker() -> tuple[subprocess.Popen, str]:
             raise RuntimeError("broker did not start")
 
 
+def _receiver_process(address: str, session: str, expected: int, q) -> None:
+    """The receiving agent, in its own process (as a real agent is): drains with long polls of up to 4096
+    messages until it holds ``expected`` (or nothing came for 30 s), then reports
+    ``(time.monotonic(), received)``."""
+    import asyncio
+
+    from marti.clients.broker import AsyncMartiCommClient
+
+    async def run() -> None:
+        receiver = await AsyncMartiCommClient("agent_receiver", address, session=session).connect()
+        await receiver.get_messages()
+        q.put("ready")
+        received, idle_since = 0, time.monotonic()
+        while received < expected and time.monotonic() - idle_since < 30:
+            got = await receiver.get_messages(max_messages=4096, timeout_s=1)
+            if got:
+                received += len(got)
+                idle_since = time.monotonic()
+        q.put((time.monotonic(), received))
+        await receiver.close()
+
+    asyncio.run(run())
+
+
+class _Receiver:
+    """Starts :func:`_receiver_process` and waits until it is connected; :meth:`wait` returns its report."""
+
+    def __init__(self, address: str, session: str, expected: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.q = ctx.Queue()
+        self.proc = ctx.Process(target=_receiver_process, args=(address, session, expected, self.q))
+        self.proc.start()
+        if self.q.get(timeout=60) != "ready":
+            raise RuntimeError("receiver did not start")
+        self.expected = expected
+
+    def wait(self) -> float:
+        """Waits for the receiver; returns the time.monotonic() at which it held every message."""
+        done_at, received = self.q.get(timeout=300)
+        self.proc.join(10)
+        assert received == self.expected, (received, self.expected)
+        return done_at
+
+
 def bench_broker(address: str, messages: list[dict], senders: int, batch: int, session: str) -> dict:
-    """``senders`` SDK senders to one receiver that drains concurrently (long polls of up to 4096).
+    """``senders`` sync-SDK senders (threads) to one receiver that drains concurrently in its own process.
 
     The clock runs from the first send until the receiver holds every message, so delivery is included.
     Latency is per Send rpc (one message, or one batch including building its frame).
     """
     from marti.clients.broker import MartiCommClient
 
-    receiver = MartiCommClient("agent_receiver", address, session=session)
-    receiver.get_messages()
     per = len(messages) // senders
     expected = per * senders
+    receiver = _Receiver(address, session, expected)
+    clients = [
+        MartiCommClient(f"agent_{k}", address, session=session, batching_size=batch, update_frequency_s=0)
+        for k in range(senders)
+    ]
     lat: list[float] = []
-    stats = []
-    received = [0]
-    done = threading.Event()
-
-    def drain() -> None:
-        idle_since = time.perf_counter()
-        while received[0] < expected and time.perf_counter() - idle_since < 30:
-            got = receiver.get_messages(max_messages=4096, timeout_s=1)
-            if got:
-                received[0] += len(got)
-                idle_since = time.perf_counter()
-        done.set()
 
     def sender(k: int) -> None:
         local = []
-        with MartiCommClient(
-            f"agent_{k}", address, session=session, batching_size=batch, update_frequency_s=0
-        ) as c:
-            mine = messages[k * per : (k + 1) * per]
-            for i in range(0, len(mine), batch):
-                t = time.perf_counter()
-                for m in mine[i : i + batch]:
-                    c.send_message("agent_receiver", m)
-                c.flush(acks=False)
-                local.append(time.perf_counter() - t)
-            stats.append(c.get_communication_stats())
+        c = clients[k]
+        mine = messages[k * per : (k + 1) * per]
+        for i in range(0, len(mine), batch):
+            t = time.perf_counter()
+            for m in mine[i : i + batch]:
+                c.send_message("agent_receiver", m)
+            c.flush(acks=False)
+            local.append(time.perf_counter() - t)
         lat.extend(local)
 
-    t0 = time.perf_counter()
-    drainer = threading.Thread(target=drain)
-    drainer.start()
+    t0 = time.monotonic()
     run_threads(senders, sender)
-    drainer.join()
-    wall = time.perf_counter() - t0
-    receiver.close()
-    assert received[0] == expected, (received[0], expected)
+    wall = receiver.wait() - t0
+    stats = [c.get_communication_stats() for c in clients]
+    for c in clients:
+        c.close()
     raw = sum(s.bytes_sent_raw for s in stats)
     wire = sum(s.bytes_sent_wire for s in stats)
     return {"n": expected, "wall": wall, "lat": lat, "wire": wire, "raw": raw, "batch": batch}
@@ -204,7 +234,7 @@ def bench_broker(address: str, messages: list[dict], senders: int, batch: int, s
 
 def bench_broker_aio(address: str, messages: list[dict], senders: int, batch: int, session: str) -> dict:
     """As :func:`bench_broker`, with the asyncio SDK (``marti.aio.MartiCommClient``): ``senders`` sender
-    coroutines and one draining receiver coroutine on one event loop (no threads contending for the GIL)."""
+    tasks on one event loop (no threads contending for the GIL); the receiver is again its own process."""
     import asyncio
 
     from marti.clients.broker import AsyncMartiCommClient
@@ -212,26 +242,15 @@ def bench_broker_aio(address: str, messages: list[dict], senders: int, batch: in
     per = len(messages) // senders
     expected = per * senders
     lat: list[float] = []
+    receiver = _Receiver(address, session, expected)
 
     async def run() -> tuple[float, list]:
-        receiver = await AsyncMartiCommClient("agent_receiver", address, session=session).connect()
-        await receiver.get_messages()
         clients = [
             await AsyncMartiCommClient(
                 f"agent_{k}", address, session=session, batching_size=batch, update_frequency_s=0
             ).connect()
             for k in range(senders)
         ]
-        received = 0
-
-        async def drain() -> None:
-            nonlocal received
-            idle_since = time.perf_counter()
-            while received < expected and time.perf_counter() - idle_since < 30:
-                got = await receiver.get_messages(max_messages=4096, timeout_s=1)
-                if got:
-                    received += len(got)
-                    idle_since = time.perf_counter()
 
         async def sender(k: int) -> None:
             c = clients[k]
@@ -243,16 +262,15 @@ def bench_broker_aio(address: str, messages: list[dict], senders: int, batch: in
                 await c.flush(acks=False)
                 lat.append(time.perf_counter() - t)
 
-        t0 = time.perf_counter()
-        await asyncio.gather(drain(), *(sender(k) for k in range(senders)))
-        wall = time.perf_counter() - t0
+        t0 = time.monotonic()
+        await asyncio.gather(*(sender(k) for k in range(senders)))
         stats = [c.get_communication_stats() for c in clients]
-        for c in [receiver, *clients]:
+        for c in clients:
             await c.close()
-        assert received == expected, (received, expected)
-        return wall, stats
+        return t0, stats
 
-    wall, stats = asyncio.run(run())
+    t0, stats = asyncio.run(run())
+    wall = receiver.wait() - t0
     raw = sum(s.bytes_sent_raw for s in stats)
     wire = sum(s.bytes_sent_wire for s in stats)
     return {"n": expected, "wall": wall, "lat": lat, "wire": wire, "raw": raw, "batch": batch}
@@ -300,6 +318,7 @@ def _bare_server(port_q) -> None:
                 yield b"\x01"
 
         async def drain(request, context):
+            yield b""  # "subscribed" marker: the receiver starts the clock only after it
             while True:
                 yield await queue.get()
 
@@ -317,10 +336,32 @@ def _bare_server(port_q) -> None:
     asyncio.run(main())
 
 
+def _bare_receiver_process(port: int, n_frames: int, q) -> None:
+    """The relay's receiver in its own process (like the broker's): reports time.monotonic() at the last frame."""
+    import asyncio
+
+    import grpc
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 64 << 20)]
+        ) as ch:
+            call = ch.unary_stream("/bare.Bare/Drain")(b"")
+            await call.read()  # the relay's "subscribed" marker
+            q.put("ready")
+            for _ in range(n_frames):
+                await call.read()
+            q.put(time.monotonic())
+            call.cancel()
+
+    asyncio.run(run())
+
+
 def bench_bare(frames: list[bytes], per_frame: int, streams: int) -> dict:
     """The transport ceiling for the same job: ``streams`` bidi streams send the frames (waiting for a
-    1-byte ack per frame) to a relay, and one receiver stream drains them; the clock stops when the
-    receiver holds every frame. No protobuf, compression or routing work anywhere."""
+    1-byte ack per frame) to a relay, and one receiver stream (its own process, as with the broker)
+    drains them; the clock stops when the receiver holds every frame. No protobuf, compression or
+    routing work anywhere."""
     import asyncio
 
     import grpc
@@ -332,16 +373,17 @@ def bench_bare(frames: list[bytes], per_frame: int, streams: int) -> dict:
     port = q.get(timeout=30)
     lat: list[float] = []
 
+    rq = ctx.Queue()
+    receiver = ctx.Process(target=_bare_receiver_process, args=(port, len(frames), rq), daemon=True)
+    receiver.start()
+    if rq.get(timeout=60) != "ready":
+        raise RuntimeError("relay receiver did not start")
+
     async def run() -> float:
         async with grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}",
-            options=[
-                ("grpc.max_send_message_length", 64 << 20),
-                ("grpc.max_receive_message_length", 64 << 20),
-            ],
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)]
         ) as ch:
             publish = ch.stream_stream("/bare.Bare/Publish")
-            drain = ch.unary_stream("/bare.Bare/Drain")
 
             async def one(k: int) -> None:
                 call = publish()
@@ -352,20 +394,13 @@ def bench_bare(frames: list[bytes], per_frame: int, streams: int) -> dict:
                     lat.append(time.perf_counter() - t)
                 await call.done_writing()
 
-            async def receive() -> None:
-                call = drain(b"")
-                got = 0
-                async for _ in call:
-                    got += 1
-                    if got == len(frames):
-                        break
-                call.cancel()
+            t0 = time.monotonic()
+            await asyncio.gather(*(one(k) for k in range(streams)))
+            return t0
 
-            t0 = time.perf_counter()
-            await asyncio.gather(receive(), *(one(k) for k in range(streams)))
-            return time.perf_counter() - t0
-
-    wall = asyncio.run(run())
+    t0 = asyncio.run(run())
+    wall = rq.get(timeout=300) - t0
+    receiver.join(10)
     proc.terminate()
     n = len(frames) * per_frame
     return {"n": n, "wall": wall, "lat": lat, "wire": sum(len(f) for f in frames), "raw": None}
@@ -456,16 +491,20 @@ def main(argv: list[str] | None = None) -> int:
     print(row("(b) broker SDK unbatched, paced 100 msgs/s", results["paced"], "message"))
     print(row("(c) bare grpc.aio relay, same frames, 8 streams -> 1", results["c"], f"batch of {args.batch}"))
     rate = {k: v["n"] / v["wall"] for k, v in results.items() if v}
+    best = max(("b", "b_sync"), key=lambda k: rate[k])
+    best_name = {"b": "aio SDK, 8 tasks", "b_sync": "sync SDK, 8 threads"}[best]
     print()
     missed = []
     if "a" in rate:
-        ba = rate["b"] / rate["a"]
-        print(f"b/a (batched broker, aio SDK / Ray actor): {ba:.1f}x   (target >= 20x)")
-        print(f"    (sync SDK, 8 threads / Ray actor: {rate['b_sync'] / rate['a']:.1f}x)")
+        ba = rate[best] / rate["a"]
+        print(
+            f"b/a (batched broker, best of the two SDK runs: {best_name} / Ray actor): {ba:.1f}x   (target >= 20x)"
+        )
+        print(f"    (sync SDK: {rate['b_sync'] / rate['a']:.1f}x, aio SDK: {rate['b'] / rate['a']:.1f}x)")
         if ba < 20:
             missed.append("b/a")
-    bc = rate["b"] / rate["c"]
-    print(f"b/c (batched broker, aio SDK / bare relay): {bc:.2f}   (target >= 0.5, i.e. within 2x)")
+    bc = rate[best] / rate["c"]
+    print(f"b/c (batched broker, {best_name} / bare relay): {bc:.2f}   (target >= 0.5, i.e. within 2x)")
     p99 = pct(results["paced"]["lat"], 99) * 1e3
     print(f"unbatched p99 at 100 msgs/s: {p99:.2f} ms   (target < 5 ms)")
     cr = results["b"]["raw"] / results["b"]["wire"]
