@@ -1,0 +1,525 @@
+"""``marti top ADDR...``: a live view of running marti services.
+
+For every address it asks the standard health service, lists the hosted services by server reflection, and
+then reads what each service exposes:
+
+- comm_broker (``BrokerService.GetStats``): sessions, agents, queue depths (pending, in flight), message
+  throughput (sent/s, delivered/s between two polls), compression, latencies, dead letters;
+- experience_store (``ExperienceService.ListTables``): per table size, bytes, insert and sample rates, calls
+  waiting on the rate limiter (queue depths), evictions;
+- env_server (``EnvService.ListEnvs``): the registered environments (EnvService v1 has no session-count rpc);
+- trainer (``TrainerService.ListJobs`` and ``StreamMetrics``): per job state, step / max_steps, steps/s, and
+  the newest training record per agent (reward, losses, throughput) and per watched process (``system/...``,
+  from the trainer's resource monitor).
+
+It refreshes in place with ``rich.live``; ``--once`` prints one frame and exits (0 iff every address reports
+SERVING). See docs/operations_monitoring.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from marti.api.broker.v1 import broker_service_pb2, broker_service_pb2_grpc
+from marti.api.env.v1 import env_pb2, env_service_pb2_grpc
+from marti.api.experience.v1 import experience_service_pb2, experience_service_pb2_grpc
+from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
+from marti.rpc.channel import make_channel
+
+__all__ = ["KINDS", "ServicePoller", "Snapshot", "build_parser", "main", "render"]
+
+KINDS = {
+    "marti.api.broker.v1.BrokerService": "broker",
+    "marti.api.env.v1.EnvService": "env",
+    "marti.api.experience.v1.ExperienceService": "store",
+    "marti.api.trainer.v1.TrainerService": "trainer",
+}
+"""Full service name -> the short kind ``marti top`` shows."""
+
+#: Per-agent metric suffixes shown first, in this order (others follow alphabetically up to MAX_AGENT_COLUMNS).
+AGENT_COLUMNS = ("reward", "policy_loss", "kl", "entropy", "tokens_per_s", "version_lag")
+MAX_AGENT_COLUMNS = 6
+#: Prefixes of training metrics that are not agents.
+NON_AGENT_PREFIXES = ("team", "time", "system", "eval", "task", "alloc")
+_BROKER_FIELDS = (
+    "sent",
+    "enqueued",
+    "delivered",
+    "redelivered",
+    "acked",
+    "expired",
+    "dead_lettered",
+    "duplicates",
+    "rejected",
+    "compression_ratio",
+    "avg_send_latency_s",
+    "avg_delivery_latency_s",
+    "sessions",
+    "agents",
+    "pending",
+    "in_flight",
+)
+
+
+@dataclass
+class JobView:
+    """One trainer job as ``marti top`` shows it (``metrics`` is its newest ``train`` record, or empty)."""
+
+    job_id: str
+    name: str
+    state: str
+    step: int
+    max_steps: int
+    error: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Snapshot:
+    """What one poll of one address found.
+
+    Attributes:
+        address: ``host:port``.
+        time_s: ``time.monotonic()`` of the poll, seconds (rates divide counter deltas by its differences).
+        health: ``SERVING``, ``NOT_SERVING``, ... or ``UNREACHABLE: CODE``.
+        kinds: Short kinds of the marti services found by reflection (``broker``, ``env``, ``store``,
+            ``trainer``), in that order.
+        broker: ``BrokerStats`` fields by name (whole broker), when a broker is hosted.
+        envs: Registered env ids, when an env server is hosted.
+        tables: ``TableInfo`` fields by name, one dict per table, when a store is hosted.
+        jobs: Trainer jobs, newest first, when a trainer is hosted.
+        problems: One line per call that failed (the rest of the snapshot is still shown).
+    """
+
+    address: str
+    time_s: float
+    health: str = "UNKNOWN"
+    kinds: list[str] = field(default_factory=list)
+    broker: dict[str, float] | None = None
+    envs: list[str] | None = None
+    tables: list[dict[str, Any]] | None = None
+    jobs: list[JobView] | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+class ServicePoller:
+    """Polls one address: health, reflection and each hosted service's statistics rpcs.
+
+    Args:
+        address: ``host:port``.
+        token: Bearer token (reflection and the stats rpcs need it where the server asks for one).
+        tls_ca_file: PEM CA for TLS servers.
+        timeout_s: Deadline of each call, seconds.
+        max_jobs: Most trainer jobs shown (newest first); metrics are read for these only.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float = 2.0,
+        max_jobs: int = 5,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.max_jobs = max_jobs
+        self._channel = make_channel(address, token=token, tls_ca_file=tls_ca_file)
+        self._services: list[str] = []
+        self._job_metrics: dict[str, tuple[int, dict[str, float]]] = {}
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def _list_services(self) -> list[str]:
+        stub = reflection_pb2_grpc.ServerReflectionStub(self._channel)
+        req = reflection_pb2.ServerReflectionRequest(list_services="")
+        call = stub.ServerReflectionInfo(iter([req]), timeout=self.timeout_s)
+        try:
+            resp = next(iter(call))
+        finally:
+            call.cancel()
+        return [s.name for s in resp.list_services_response.service]
+
+    def poll(self) -> Snapshot:
+        """One snapshot; failures are recorded in ``Snapshot.problems`` (and ``health``), never raised."""
+        snap = Snapshot(self.address, time.monotonic())
+        try:
+            resp = health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s
+            )
+            snap.health = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        except grpc.RpcError as err:
+            snap.health = f"UNREACHABLE: {err.code().name}"
+            return snap
+        if not self._services:
+            try:
+                self._services = self._list_services()
+            except grpc.RpcError as err:
+                snap.problems.append(f"reflection: {err.code().name}: {err.details()}")
+                return snap
+        snap.kinds = [k for name, k in KINDS.items() if name in self._services]
+        for kind in snap.kinds:
+            try:
+                getattr(self, f"_poll_{kind}")(snap)
+            except grpc.RpcError as err:
+                snap.problems.append(f"{kind}: {err.code().name}: {err.details()}")
+        return snap
+
+    def _poll_broker(self, snap: Snapshot) -> None:
+        stub = broker_service_pb2_grpc.BrokerServiceStub(self._channel)
+        stats = stub.GetStats(broker_service_pb2.GetStatsRequest(session=""), timeout=self.timeout_s).stats
+        snap.broker = {name: float(getattr(stats, name)) for name in _BROKER_FIELDS}
+
+    def _poll_env(self, snap: Snapshot) -> None:
+        stub = env_service_pb2_grpc.EnvServiceStub(self._channel)
+        snap.envs = [e.env_id for e in stub.ListEnvs(env_pb2.ListEnvsRequest(), timeout=self.timeout_s).envs]
+
+    def _poll_store(self, snap: Snapshot) -> None:
+        stub = experience_service_pb2_grpc.ExperienceServiceStub(self._channel)
+        resp = stub.ListTables(experience_service_pb2.ListTablesRequest(), timeout=self.timeout_s)
+        keys = (
+            "name",
+            "size",
+            "num_bytes",
+            "inserts",
+            "samples",
+            "evictions",
+            "waiting_inserts",
+            "waiting_samples",
+        )
+        snap.tables = [{k: getattr(t, k) for k in keys} for t in resp.tables]
+
+    def _poll_trainer(self, snap: Snapshot) -> None:
+        stub = trainer_service_pb2_grpc.TrainerServiceStub(self._channel)
+        jobs = stub.ListJobs(trainer_service_pb2.ListJobsRequest(), timeout=self.timeout_s).jobs[
+            : self.max_jobs
+        ]
+        snap.jobs = []
+        for job in jobs:
+            view = JobView(
+                job.job_id,
+                job.training_name,
+                trainer_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_"),
+                int(job.step),
+                int(job.max_steps),
+                job.error,
+            )
+            if job.step > 0:
+                view.metrics = self._latest_metrics(stub, job.job_id, int(job.step))
+            snap.jobs.append(view)
+
+    def _latest_metrics(self, stub: Any, job_id: str, step: int) -> dict[str, float]:
+        """The newest ``train`` record of a job at or after ``step`` (cached per job and step)."""
+        cached = self._job_metrics.get(job_id)
+        if cached is not None and cached[0] >= step:
+            return cached[1]
+        req = trainer_service_pb2.StreamMetricsRequest(job_id=job_id, from_step=step)
+        call = stub.StreamMetrics(req, timeout=self.timeout_s)
+        latest: tuple[int, dict[str, float]] | None = None
+        try:
+            for resp in call:
+                rec = resp.record
+                if rec.kind == "train":
+                    latest = (int(rec.step), dict(rec.values))
+                    if rec.step >= step:
+                        break
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+        finally:
+            call.cancel()
+        if latest is None:
+            return cached[1] if cached else {}
+        self._job_metrics[job_id] = latest
+        return latest[1]
+
+
+def _rate(prev: Snapshot | None, cur: Snapshot, old: float | None, new: float | None) -> str:
+    """Per-second rate of a counter between two polls, or ``-`` without a previous value."""
+    if prev is None or old is None or new is None or cur.time_s <= prev.time_s:
+        return "-"
+    return f"{max(0.0, new - old) / (cur.time_s - prev.time_s):.1f}"
+
+
+def _num(v: float) -> str:
+    if float(v).is_integer() and abs(v) < 1e12:
+        return f"{int(v):,}"
+    return f"{v:.4g}"
+
+
+def _broker_table(prev: Snapshot | None, cur: Snapshot) -> Table:
+    b = cur.broker or {}
+    pb = prev.broker if prev else None
+    t = Table(title="broker", title_justify="left", expand=False)
+    for col in ("sessions", "agents", "pending", "in flight", "sent/s", "delivered/s", "acked", "dead"):
+        t.add_column(col, justify="right")
+    for col in ("compression", "send ms", "delivery ms"):
+        t.add_column(col, justify="right")
+    t.add_row(
+        _num(b["sessions"]),
+        _num(b["agents"]),
+        _num(b["pending"]),
+        _num(b["in_flight"]),
+        _rate(prev, cur, pb and pb["sent"], b["sent"]),
+        _rate(prev, cur, pb and pb["delivered"], b["delivered"]),
+        _num(b["acked"]),
+        _num(b["dead_lettered"]),
+        f"{b['compression_ratio']:.2f}x",
+        f"{b['avg_send_latency_s'] * 1e3:.2f}",
+        f"{b['avg_delivery_latency_s'] * 1e3:.2f}",
+    )
+    return t
+
+
+def _store_table(prev: Snapshot | None, cur: Snapshot) -> Table:
+    old = {t["name"]: t for t in (prev.tables or [])} if prev else {}
+    t = Table(title="store tables", title_justify="left")
+    for col in (
+        "table",
+        "size",
+        "MiB",
+        "inserts",
+        "samples",
+        "inserts/s",
+        "samples/s",
+        "waiting ins/smp",
+        "evicted",
+    ):
+        t.add_column(col, justify="left" if col == "table" else "right")
+    for row in cur.tables or []:
+        o = old.get(row["name"])
+        t.add_row(
+            row["name"],
+            _num(row["size"]),
+            f"{row['num_bytes'] / 2**20:.2f}",
+            _num(row["inserts"]),
+            _num(row["samples"]),
+            _rate(prev if o else None, cur, o and o["inserts"], row["inserts"]),
+            _rate(prev if o else None, cur, o and o["samples"], row["samples"]),
+            f"{row['waiting_inserts']}/{row['waiting_samples']}",
+            _num(row["evictions"]),
+        )
+    return t
+
+
+def _agents(metrics: dict[str, float]) -> list[str]:
+    return sorted(
+        {k.split("/")[0] for k in metrics if k.count("/") == 1 and k.endswith("/reward")}
+        - set(NON_AGENT_PREFIXES)
+    )
+
+
+def _agent_table(job: JobView) -> Table | None:
+    agents = _agents(job.metrics)
+    if not agents:
+        return None
+    suffixes = {k.split("/", 1)[1] for k in job.metrics if k.split("/")[0] in agents and k.count("/") == 1}
+    cols = [c for c in AGENT_COLUMNS if c in suffixes]
+    cols += sorted(suffixes - set(cols))
+    cols = cols[:MAX_AGENT_COLUMNS]
+    t = Table(title=f"job {job.job_id} agents (step {job.step})", title_justify="left")
+    t.add_column("agent")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for a in agents:
+        t.add_row(a, *(_num(job.metrics[f"{a}/{c}"]) if f"{a}/{c}" in job.metrics else "-" for c in cols))
+    return t
+
+
+def _system_table(job: JobView) -> Table | None:
+    names = sorted({k.split("/")[1] for k in job.metrics if k.startswith("system/") and k.count("/") == 2})
+    rows = [n for n in names if f"system/{n}/rss_mb" in job.metrics or f"system/{n}/alive" in job.metrics]
+    if not rows:
+        return None
+    t = Table(title=f"job {job.job_id} resources", title_justify="left")
+    for col in ("process", "cpu %", "rss MiB", "gpu MiB"):
+        t.add_column(col, justify="left" if col == "process" else "right")
+    for n in rows:
+        m = job.metrics
+
+        def cell(key: str, fmt: str, n: str = n, m: dict[str, float] = m) -> str:
+            v = m.get(f"system/{n}/{key}")
+            return "-" if v is None else format(v, fmt)
+
+        gone = m.get(f"system/{n}/alive") == 0.0
+        t.add_row(
+            n + (" (exited)" if gone else ""),
+            cell("cpu_percent", ".0f"),
+            cell("rss_mb", ".0f"),
+            cell("gpu_mb", ".0f"),
+        )
+    return t
+
+
+def _trainer_parts(prev: Snapshot | None, cur: Snapshot) -> list[RenderableType]:
+    if not cur.jobs:
+        return [Text("trainer: no jobs", style="dim")]
+    old = {j.job_id: j for j in (prev.jobs or [])} if prev else {}
+    t = Table(title="trainer jobs", title_justify="left")
+    for col in ("job", "name", "state", "step", "progress", "steps/s", "error"):
+        t.add_column(col, justify="right" if col in ("step", "progress", "steps/s") else "left")
+    for j in cur.jobs or []:
+        o = old.get(j.job_id)
+        pct = f"{100.0 * j.step / j.max_steps:.0f}%" if j.max_steps else "-"
+        rate = _rate(prev if o else None, cur, o and o.step, j.step)
+        t.add_row(j.job_id, j.name, j.state, f"{j.step}/{j.max_steps}", pct, rate, j.error[:60])
+    parts: list[RenderableType] = [t]
+    shown = next((j for j in cur.jobs or [] if j.metrics), None)  # newest job with metrics
+    if shown is not None:
+        team = {k: v for k, v in shown.metrics.items() if k.startswith(("team/", "time/"))}
+        if team:
+            parts.append(Text("  ".join(f"{k}={_num(v)}" for k, v in sorted(team.items()))))
+        parts += [p for p in (_agent_table(shown), _system_table(shown)) if p is not None]
+    return parts
+
+
+def render_one(prev: Snapshot | None, cur: Snapshot) -> Panel:
+    """The panel of one address: health and kinds in the title, a table per hosted service."""
+    style = "green" if cur.health == "SERVING" else "red"
+    title = Text.assemble((cur.address, "bold"), "  ", (cur.health, style), "  ", " ".join(cur.kinds))
+    parts: list[RenderableType] = []
+    if cur.broker is not None:
+        parts.append(_broker_table(prev, cur))
+    if cur.envs is not None:
+        shown = ", ".join(cur.envs[:8]) + (f" (+{len(cur.envs) - 8})" if len(cur.envs) > 8 else "")
+        parts.append(Text(f"env server: {len(cur.envs)} envs: {shown}"))
+        parts.append(Text("sessions: not exposed by EnvService v1", style="dim"))
+    if cur.tables is not None:
+        parts.append(_store_table(prev, cur))
+    if cur.jobs is not None:
+        parts += _trainer_parts(prev, cur)
+    for p in cur.problems:
+        parts.append(Text(p, style="yellow"))
+    if not parts:
+        parts.append(Text("no marti service found", style="dim"))
+    return Panel(Group(*parts), title=title, title_align="left", border_style=style)
+
+
+def render(prev: dict[str, Snapshot], cur: dict[str, Snapshot]) -> Group:
+    """One frame: a panel per address, in the order given.
+
+    Args:
+        prev: The previous snapshot per address (rates need it; empty on the first frame).
+        cur: The current snapshot per address.
+    """
+    stamp = Text(time.strftime("marti top  %H:%M:%S"), style="bold")
+    return Group(stamp, *(render_one(prev.get(a), s) for a, s in cur.items()))
+
+
+def _bounded(lo: float, hi: float, kind: type = float):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{text} outside [{lo}, {hi}]")
+        return v
+
+    return parse
+
+
+def _address(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"address {text!r} is not host:port with a port in 1..65535")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``marti top`` (every limit is checked, naming the bad value)."""
+    p = argparse.ArgumentParser(prog="marti top", description="live view of marti services")
+    p.add_argument("addresses", nargs="+", type=_address, metavar="ADDR", help="host:port of a service")
+    p.add_argument("--once", action="store_true", help="print one frame and exit (0 iff all SERVING)")
+    p.add_argument("--interval-s", type=_bounded(0.1, 3600.0), default=2.0, help="refresh period, seconds")
+    p.add_argument(
+        "--rate-window-s",
+        type=_bounded(0.0, 60.0),
+        default=1.0,
+        help="with --once: seconds between the two polls that rates are computed from (0: no rates)",
+    )
+    p.add_argument("--iterations", type=_bounded(1, 10**9, int), default=None, help="stop after N frames")
+    p.add_argument(
+        "--timeout-s", type=_bounded(0.1, 60.0), default=2.0, help="deadline of each call, seconds"
+    )
+    p.add_argument(
+        "--max-jobs", type=_bounded(1, 100, int), default=5, help="trainer jobs shown, newest first"
+    )
+    p.add_argument("--width", type=_bounded(40, 1000, int), default=None, help="columns (default: terminal)")
+    p.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token")
+    p.add_argument("--tls-ca-file", default=None, help="PEM CA for TLS servers")
+    return p
+
+
+def _poll_all(pool: ThreadPoolExecutor, pollers: Sequence[ServicePoller]) -> dict[str, Snapshot]:
+    return {p.address: s for p, s in zip(pollers, pool.map(lambda p: p.poll(), pollers), strict=True)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``marti top``.
+
+    Returns:
+        With ``--once`` or ``--iterations``: 0 if every address reported SERVING in the last frame, else 1.
+        Interrupted by Ctrl-C: 0.
+    """
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    console = Console(width=args.width)
+    pollers = [
+        ServicePoller(
+            a,
+            token=args.token,
+            tls_ca_file=args.tls_ca_file,
+            timeout_s=args.timeout_s,
+            max_jobs=args.max_jobs,
+        )
+        for a in args.addresses
+    ]
+    prev: dict[str, Snapshot] = {}
+    cur: dict[str, Snapshot] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=min(16, len(pollers))) as pool:
+            if args.once:
+                if args.rate_window_s > 0:
+                    prev = _poll_all(pool, pollers)
+                    time.sleep(args.rate_window_s)
+                cur = _poll_all(pool, pollers)
+                console.print(render(prev, cur))
+            else:
+                from rich.live import Live
+
+                cur = _poll_all(pool, pollers)
+                frames = 1
+                with Live(render({}, cur), console=console, refresh_per_second=4) as live:
+                    while args.iterations is None or frames < args.iterations:
+                        time.sleep(args.interval_s)
+                        prev, cur = cur, _poll_all(pool, pollers)
+                        live.update(render(prev, cur))
+                        frames += 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for p in pollers:
+            p.close()
+    return 0 if all(s.health == "SERVING" for s in cur.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""``marti top`` against real servers: discovery by reflection, broker/store/env/trainer figures, rates, errors."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from marti import top
+from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
+from marti.clients.broker import MartiCommClient
+from marti.clients.experience import ExperienceSharingClient
+from marti.rpc.channel import make_channel
+from marti.rpc.settings import ServerSettings
+from marti.rpc.testing import serve_in_thread
+from marti.trajectory import Trajectory, Turn
+from services.comm_broker.servicer import broker_service
+from services.comm_broker.settings import BrokerSettings
+from services.env_server.servicer import env_service
+from services.env_server.settings import EnvServerSettings
+from services.experience_store.__main__ import make_spec
+from services.experience_store.settings import StoreSettings
+from services.trainer.__main__ import build_specs
+from services.trainer.settings import TrainerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "top-token"
+
+
+def _specs(trainer: TrainerSettings | None = None):
+    def build():
+        specs = [
+            broker_service(BrokerSettings(port=0)),
+            env_service(EnvServerSettings(port=0)),
+            make_spec(StoreSettings(port=0))[0],
+        ]
+        return specs + (build_specs(trainer) if trainer is not None else [])
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def address():
+    """One server with broker, env server, store and an idle trainer, token required."""
+    with serve_in_thread(_specs(TrainerSettings(port=0)), ServerSettings(port=0, token=TOKEN)) as server:
+        yield server.address
+
+
+def _traj(episode: str) -> Trajectory:
+    turn = Turn(
+        step=0, prompt_token_ids=[1, 2], response_token_ids=[3, 4], response_logprobs=[-0.1, -0.2], reward=1.0
+    )
+    return Trajectory(episode_id=episode, agent_id="a1", turns=[turn])
+
+
+def _cells(line: str) -> list[str]:
+    """The non-empty cells of one rendered table row (panel borders included in the split)."""
+    return [c.strip() for c in line.split("│") if c.strip()]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_once_shows_every_service_kind(address, capsys):
+    with ExperienceSharingClient("a1", address, token=TOKEN) as store:
+        store.create_table("top_table")
+        store.share_experience(_traj("e1"), table="top_table")
+        store.share_experience(_traj("e2"), table="top_table")
+    code = top.main(["--once", "--rate-window-s", "0", "--width", "200", "--token", TOKEN, address])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert address in out and "SERVING" in out and "broker env store trainer" in out
+    assert "sessions" in out and "pending" in out and "in flight" in out  # broker queue depths
+    assert "collaborative_task_solving" in out and "sessions: not exposed" in out
+    row = next(line for line in out.splitlines() if "top_table" in line)
+    assert _cells(row)[:2] == ["top_table", "2"], row  # name, size
+    assert "trainer: no jobs" in out
+
+
+def test_rates_come_from_two_polls(address):
+    poller = top.ServicePoller(address, token=TOKEN)
+    try:
+        first = poller.poll()
+        with (
+            MartiCommClient("x", address, session="top-rates", token=TOKEN) as x,
+            MartiCommClient("y", address, session="top-rates", token=TOKEN) as y,
+            ExperienceSharingClient("a1", address, token=TOKEN) as store,
+        ):
+            y.get_messages()
+            for i in range(40):
+                x.send_message("y", {"i": i})
+            x.flush()
+            store.create_table("rate_table")
+            for i in range(3):
+                store.share_experience(_traj(f"r{i}"), table="rate_table")
+            time.sleep(0.2)
+            second = poller.poll()
+    finally:
+        poller.close()
+    assert second.broker["sent"] - first.broker["sent"] == 40
+    assert second.broker["sessions"] >= 1 and second.broker["agents"] >= 2
+    assert second.broker["pending"] >= 40 - (second.broker["delivered"] - first.broker["delivered"])
+    dt = second.time_s - first.time_s
+    assert top._rate(first, second, first.broker["sent"], second.broker["sent"]) == f"{40 / dt:.1f}"
+    console = Console(record=True, width=200)
+    console.print(top.render({address: first}, {address: second}))
+    text = console.export_text()
+    assert f"{40 / dt:.1f}" in text, text
+    table = next(t for t in second.tables if t["name"] == "rate_table")
+    assert (table["size"], table["inserts"]) == (3, 3)
+
+
+def test_unreachable_and_unauthenticated(address, capsys):
+    dead = f"127.0.0.1:{_free_port()}"
+    code = top.main(["--once", "--rate-window-s", "0", "--timeout-s", "1", "--width", "200", dead])
+    out = capsys.readouterr().out
+    assert code == 1 and "UNREACHABLE: UNAVAILABLE" in out, out
+    # Health is exempt from auth, the stats rpcs are not: the view says which call was refused.
+    snap = top.ServicePoller(address, token=None).poll()
+    assert snap.health == "SERVING"
+    assert any("UNAUTHENTICATED" in p for p in snap.problems), snap.problems
+
+
+def test_live_mode_refreshes_and_stops_after_iterations(address, capsys):
+    code = top.main(["--iterations", "2", "--interval-s", "0.1", "--width", "200", "--token", TOKEN, address])
+    assert code == 0
+    assert address in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--interval-s", "0.09", "h:1"], "0.09 outside"),
+        (["--interval-s", "3601", "h:1"], "3601 outside"),
+        (["--timeout-s", "0", "h:1"], "0 outside"),
+        (["--max-jobs", "0", "h:1"], "0 outside"),
+        (["--max-jobs", "101", "h:1"], "101 outside"),
+        (["--rate-window-s", "61", "h:1"], "61 outside"),
+        (["--width", "39", "h:1"], "39 outside"),
+        (["nohost"], "'nohost' is not host:port"),
+        (["h:0"], "'h:0' is not host:port"),
+        (["h:65536"], "'h:65536'"),
+        ([], "required"),
+    ],
+)
+def test_bad_arguments_are_named(argv, needle, capsys):
+    with pytest.raises(SystemExit) as info:
+        top.build_parser().parse_args(argv)
+    assert info.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_argument_limits_accept_their_edges():
+    args = top.build_parser().parse_args(
+        ["--interval-s", "0.1", "--timeout-s", "60", "--max-jobs", "100", "--rate-window-s", "0", "h:65535"]
+    )
+    assert (args.interval_s, args.timeout_s, args.max_jobs, args.addresses) == (0.1, 60.0, 100, ["h:65535"])
+    assert top.build_parser().parse_args(["--max-jobs", "1", "--interval-s", "3600", "h:1"]).max_jobs == 1
+
+
+@pytest.mark.slow
+def test_trainer_job_progress_per_agent(tmp_path, capsys):
+    """A real tiny job (Ray, tiny Llama) on a trainer service: top shows its state, steps and agents."""
+    with serve_in_thread(_specs(), ServerSettings(port=0)) as services:
+        settings = TrainerSettings(
+            port=0, broker=services.address, env=services.address, store=services.address
+        )
+        with serve_in_thread(build_specs(settings), settings) as trainer:
+            stub = trainer_service_pb2_grpc.TrainerServiceStub(make_channel(trainer.address))
+            cfg = (ROOT / "examples" / "tiny.yaml").read_text().replace("max_steps: 2", "max_steps: 1")
+            req = trainer_service_pb2.SubmitJobRequest(
+                config_yaml=cfg,
+                overrides=[
+                    f"output.dir={tmp_path / 'run'}",
+                    "environment.max_turns=1",
+                    "rollout.eval_every=0",
+                ],
+            )
+            job = stub.SubmitJob(req, timeout=60).job
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                state = stub.GetJob(trainer_service_pb2.GetJobRequest(job_id=job.job_id), timeout=10).job
+                if state.state not in (trainer_pb2.JOB_STATE_PENDING, trainer_pb2.JOB_STATE_RUNNING):
+                    break
+                time.sleep(1.0)
+            assert state.state == trainer_pb2.JOB_STATE_SUCCEEDED, state.error
+            code = top.main(["--once", "--rate-window-s", "0", "--width", "220", trainer.address])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    job_row = next(line for line in out.splitlines() if job.job_id in line and "SUCCEEDED" in line)
+    assert "1/1" in job_row and "100%" in job_row, job_row
+    assert "agents (step 1)" in out
+    for agent in ("agent_1", "agent_2"):
+        row = next(_cells(line) for line in out.splitlines() if _cells(line)[:1] == [agent])
+        assert len(row) > 2 and row[1] != "-", row  # its reward, the first column
