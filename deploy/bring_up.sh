@@ -53,6 +53,8 @@ cleanup() {
     log "stopping dockerd (pid $pid)"
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    # dockerd leaves its default network namespace mounted under the exec root.
+    umount "$WORK_DIR/docker-exec/netns/default" 2>/dev/null || true
   fi
   log "exit $rc after $((SECONDS - T0)) s"
 }
@@ -126,8 +128,13 @@ phase_done "marti health from the host"
 # ---- 7. a tiny job through the containerised trainer --------------------------------------------------
 if [[ "${RUN_JOB:-1}" == 1 ]]; then
   log "submitting examples/tiny.yaml to the trainer (ray.address=auto: the Ray head in the trainer container)"
-  (cd "$ROOT" && "$PYTHON" deploy/submit_job.py "127.0.0.1:$MARTI_TRAINER_PORT" examples/tiny.yaml \
-    --set ray.address=auto --timeout-s "$JOB_TIMEOUT_S")
+  if ! (cd "$ROOT" && "$PYTHON" deploy/submit_job.py "127.0.0.1:$MARTI_TRAINER_PORT" examples/tiny.yaml \
+    --set ray.address=auto --timeout-s "$JOB_TIMEOUT_S"); then
+    log "job failed; Ray worker logs of the trainer container follow"
+    "${COMPOSE[@]}" exec -T trainer sh -c 'tail -n 40 /tmp/ray-head/session_latest/logs/worker-*.err \
+      /tmp/ray-head/session_latest/logs/raylet.out' 2>&1 | tail -150 || true
+    exit 1
+  fi
   "${COMPOSE[@]}" exec -T trainer sh -c 'ls runs/tiny && ray status --address "127.0.0.1:$MARTI_RAY_PORT" | sed -n "/^Resources/,/^Pending Demands/p"'
   "${COMPOSE[@]}" exec -T broker sh -c 'ls -l /data/broker'
   "${COMPOSE[@]}" exec -T store sh -c 'ls -l /data/store'
