@@ -9,7 +9,7 @@ BUF := .tools/node_modules/.bin/buf
 PYTEST_ARGS ?=
 CONFIG ?= examples/resource_allocation.yaml
 
-.PHONY: venv demo test test-fast lint format protos protos-check proto-lint proto-breaking protocol-docs bench up clean
+.PHONY: venv demo test test-fast lint format protos protos-check proto-lint proto-breaking protocol-docs compose-check bench up clean
 
 ## venv: create .venv with torch 2.13.0 (local CPU build) first, then the project and its extras.
 $(STAMP): pyproject.toml constraints.txt
@@ -26,7 +26,7 @@ demo: venv
 	$(VENV)/bin/marti train $(CONFIG)
 
 ## test: lint, protocol checks, then the whole test suite (slow tests included).
-test: venv lint protos-check proto-lint proto-breaking
+test: venv lint protos-check proto-lint proto-breaking compose-check
 	$(PY) -m pytest -p no:cacheprovider -q $(PYTEST_ARGS)
 
 ## test-fast: the suite without tests marked slow.
@@ -71,6 +71,12 @@ proto-breaking: $(BUF) build/proto_deps/google/rpc/status.proto
 	git archive main protos | tar -x -C build/against
 	cp -r build/proto_deps build/against/build/ && cp buf.work.yaml build/against/
 	$(BUF) breaking protos --against build/against/protos
+
+## compose-check: validate the Docker Compose files offline (installs Debian's docker-compose when missing).
+compose-check: venv
+	command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose)
+	cd deploy && docker-compose config -q
+	docker-compose -f deploy/docker-compose.yml -f deploy/docker-compose.host.yml config -q
 
 bench: venv
 	$(VENV)/bin/marti bench $(NAME)

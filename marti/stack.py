@@ -85,7 +85,12 @@ class LocalStack:
             log_path = Path(self.log_dir) / f"{name}.log"
             stderr = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         proc = subprocess.Popen(
-            self._command(name), stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True
+            self._command(name),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         address = self._read_address(name, proc)
         if log_path is not None:
@@ -159,6 +164,20 @@ class LocalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (even by SIGKILL), so an
+    embedded stack never outlives the ``marti`` process that started it. A no-op on other systems."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def _drain(proc: subprocess.Popen, log_path: Path | None) -> None:

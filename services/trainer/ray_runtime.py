@@ -57,8 +57,11 @@ class RayRuntime:
         from services.trainer.worker import PolicyWorker
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # ray.init installs native SIGTERM/SIGINT handlers that kill the driver at once; keep the caller's
+        # (marti train stops after the current step and shuts the stack down cleanly).
+        saved = _python_signal_handlers()
         if not ray.is_initialized():
-            address = self.cfg.ray.address
+            address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
             if address in (None, "", "local"):
                 ray.init(
                     num_cpus=self.cfg.ray.num_cpus or os.cpu_count(),
@@ -71,6 +74,7 @@ class RayRuntime:
             else:
                 ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
             self._started_ray = True
+        _restore_signal_handlers(saved)
         bundle = self._bundle(ray.available_resources())
         self._pg = placement_group([bundle], strategy="PACK")
         ready, _ = ray.wait([self._pg.ready()], timeout=timeout_s)
@@ -136,3 +140,21 @@ class RayRuntime:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+def _python_signal_handlers() -> dict[int, object]:
+    """The Python-level SIGINT/SIGTERM handlers (only in the main thread, where they can be set)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signal_handlers(saved: dict[int, object]) -> None:
+    import signal
+
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)

@@ -11,7 +11,9 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,6 +87,20 @@ def add_service_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token for the services")
 
 
+def _stop_on_signals(stop: threading.Event) -> None:
+    """First SIGINT/SIGTERM: finish the current step, checkpoint, write the report and exit; second: at once
+    (KeyboardInterrupt unwinds, so the embedded services and Ray are still stopped)."""
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("\nstopping after the current step (again to stop now)", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
     from marti.launch_flags import build_config
@@ -102,9 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)
         return 2
+    stop = threading.Event()
+    _stop_on_signals(stop)
     with service_addresses(cfg, args) as addresses:
         try:
-            loop = TrainingLoop(cfg, addresses, resume=args.resume, show_progress=not args.no_progress)
+            loop = TrainingLoop(
+                cfg, addresses, stop_event=stop, resume=args.resume, show_progress=not args.no_progress
+            )
             summary = loop.run()
         except MartiError as exc:
             print(f"marti train: {exc}", file=sys.stderr)

@@ -1,0 +1,53 @@
+"""`marti train` on SIGTERM: finishes the step, checkpoints, writes the report, stops its embedded services."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _stack_children(run: Path) -> int:
+    out = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if "marti.cli broker" in line and str(run) in line)
+
+
+def test_sigterm_stops_cleanly_with_checkpoint_and_report(tmp_path):
+    run = tmp_path / "run_sigterm"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
+         "--set", "environment.max_turns=2", "--set", "max_steps=50", "--set", "rollout.eval_every=0",
+         "--set", f"output.dir={run}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _stop_after_first_step(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _stop_after_first_step(proc: subprocess.Popen, run: Path) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (run / "metrics.jsonl").exists():
+        time.sleep(0.5)
+    while time.monotonic() < deadline and not (run / "metrics.jsonl").read_text().strip():
+        time.sleep(0.5)
+    assert _stack_children(run) == 1
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopping after the current step" in err
+    steps = len((run / "metrics.jsonl").read_text().splitlines())
+    assert 1 <= steps < 50
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{steps:06d}"
+    assert (run / "report.md").exists()
+    time.sleep(1)
+    assert _stack_children(run) == 0, "the embedded services must stop with the job"
