@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from marti.errors import FailedPreconditionError
-from services.trainer.algo import AlgoConfig, actor_loss, compute_advantages, kl_penalty, masked_mean
+from services.trainer.algo import (
+    AlgoConfig,
+    actor_loss,
+    compute_advantages,
+    kl_penalty,
+    masked_mean,
+    value_loss,
+)
 
 
 @dataclass
@@ -115,6 +122,8 @@ def update_agent(
     micro_batch_size: int,
     grad_accum_steps: int | None = None,
     ppo_epochs: int = 1,
+    critic: Any = None,
+    critic_engine: Any = None,
 ) -> dict[str, float]:
     """One RL update of one agent on one batch: advantages, then PPO-style epochs over micro-batches.
 
@@ -137,10 +146,14 @@ def update_agent(
         micro_batch_size: Samples per forward/backward pass.
         grad_accum_steps: Micro-batches per optimizer step; ``None`` = the whole batch in one step.
         ppo_epochs: Passes over the batch.
+        critic: A :class:`services.trainer.critic.ValueModel` (required by ``gae``): its values at rollout
+            time feed GAE, and it is trained on the returns with the clipped value loss.
+        critic_engine: The critic's train engine (stepped with the policy's windows).
 
     Returns:
         Mean statistics: ``policy_loss``, ``clip_frac``, ``approx_kl``, ``kl``, ``entropy``, ``grad_norm``,
-        ``advantage_abs``, ``sample_reward``, ``response_len``, ``num_samples``, ``optimizer_steps``.
+        ``advantage_abs``, ``sample_reward``, ``response_len``, ``num_samples``, ``optimizer_steps``; with a
+        critic also ``value_loss``, ``vf_clip_frac`` and ``value_mean``.
 
     Raises:
         FloatingPointError: the loss became NaN or infinite (the caller stops the job, keeping its checkpoint).
@@ -159,7 +172,13 @@ def update_agent(
             ref_lp = policy.ref_logprobs(agent_id, batch.input_ids, batch.attention_mask, batch.action_mask)
         if kl_in_reward:
             kl = kl_penalty(old_lp, ref_lp, cfg.kl_estimator, batch.action_mask)
-    adv, _ret = compute_advantages(cfg, batch.rewards, batch.action_mask, batch.groups, kl=kl)
+        old_values = None
+        if critic is not None:
+            old_values = critic(batch.input_ids, batch.attention_mask, batch.action_mask.shape[1])
+    adv, returns = compute_advantages(
+        cfg, batch.rewards, batch.action_mask, batch.groups, values=old_values, kl=kl
+    )
+    value_fit = None if critic is None else (critic, critic_engine, old_values, returns)
     stats: dict[str, list[float]] = {}
     order = torch.arange(B)
     steps = 0
@@ -171,6 +190,10 @@ def update_agent(
                 _micro_step(
                     policy, strategy, agent_id, batch, cfg, idx, adv, old_lp, ref_lp, window_size, stats
                 )
+                if value_fit is not None:
+                    _value_step(cfg, batch, idx, window_size, value_fit, stats)
+            if value_fit is not None:
+                value_fit[1].step()
             result = strategy.step()
             steps += 1
             if result.grad_norm is not None:
@@ -189,6 +212,27 @@ def update_agent(
     out["num_samples"] = float(B)
     out["optimizer_steps"] = float(steps)
     return out
+
+
+def _value_step(
+    cfg: AlgoConfig,
+    batch: Batch,
+    idx: torch.Tensor,
+    window_size: int,
+    value_fit: tuple[Any, Any, torch.Tensor, torch.Tensor],
+    stats: dict[str, list[float]],
+) -> None:
+    """Clipped value loss of one micro-batch on the GAE returns, back-propagated into the critic."""
+    critic, engine, old_values, returns = value_fit
+    mb = batch.select(idx)
+    with engine.autocast():
+        values = critic(mb.input_ids, mb.attention_mask, mb.action_mask.shape[1])
+    loss, s = value_loss(cfg, values, old_values[idx], returns[idx], mb.action_mask)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"non-finite value loss {loss.item()}")
+    engine.backward(loss * (len(idx) / window_size))
+    for k, v in s.items():
+        stats.setdefault("value_loss" if k == "vf_loss" else k, []).append(_stat(v))
 
 
 def _micro_step(

@@ -104,7 +104,7 @@ def _stop_on_signals(stop: threading.Event) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
     from marti.launch_flags import build_config
-    from services.trainer.loop import TrainingLoop
+    from services.trainer.loop import TrainingLoop, latest_checkpoint
     from services.trainer.models import resolve_model
 
     args, launch = build_parser().parse_known_args(argv)
@@ -129,6 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         except MartiError as exc:
             print(f"marti train: {exc}", file=sys.stderr)
             return 2
+        except FloatingPointError as exc:
+            last = latest_checkpoint(cfg.run_dir)
+            print(
+                f"marti train: stopped: {exc}. The last good checkpoint is {last or '(none yet)'}; lower the "
+                "learning rate or check the rewards, then resume with --resume.",
+                file=sys.stderr,
+            )
+            return 1
     print(f"done: {summary.steps} steps; run directory {summary.run_dir}")
     print(f"report: {summary.report}")
     return 0

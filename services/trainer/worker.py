@@ -97,6 +97,10 @@ class PolicyWorker:
             unit = self.policy.unit_of(agent)
             if unit not in self.strategies:
                 self.strategies[unit] = self._build_strategy(agent)
+        self.critics: dict[str, Any] = {}
+        self.critic_engines: dict[str, Any] = {}
+        if self.algo.advantage_estimator == "gae":
+            self._build_critics()
         self.data_position: dict[str, Any] = {"step": 0}
 
     def _sampling(self, agent: str) -> SamplingParams:
@@ -123,13 +127,30 @@ class PolicyWorker:
         micro = -(-samples // self.cfg.micro_train_batch_size)
         return max(1, -(-micro // self.cfg.gradient_accumulation_steps))
 
-    def _build_strategy(self, agent: str) -> Any:
+    def _build_critics(self) -> None:
+        """One critic per trainable agent (PPO with GAE), from ``critic_model`` or the agent's base model."""
+        from services.trainer.critic import build_critic
+
+        lr = self.cfg.algorithm.critic_learning_rate
+        for i, agent in enumerate(self.policy.trainable_agents):
+            a = self.cfg.agent(agent)
+            critic = build_critic(
+                a.critic_model or a.pretrain_model, seed=self.cfg.seed + 100 + i, device=self.device
+            )
+            self.critics[agent] = critic
+            self.critic_engines[agent] = self._build_strategy(
+                agent, model=critic, params=list(critic.parameters()), lr=lr
+            )
+
+    def _build_strategy(
+        self, agent: str, model: Any = None, params: Any = None, lr: float | None = None
+    ) -> Any:
         from services.trainer.strategy.base import OptimConfig
 
         sc = self.cfg.strategy
         total = max(1, self.cfg.max_steps * self.cfg.algorithm.ppo_epochs * self._steps_per_batch())
         optim = OptimConfig(
-            lr=self.cfg.learning_rate_for(agent),
+            lr=lr or self.cfg.learning_rate_for(agent),
             weight_decay=sc.weight_decay,
             max_grad_norm=sc.grad_clip or None,
             grad_accum_steps=1,  # update_agent groups micro-batches (gradient_accumulation_steps) itself
@@ -146,7 +167,9 @@ class PolicyWorker:
             from services.trainer.strategy.torch_strategy import TorchStrategy
 
             strategy = TorchStrategy()
-        return strategy.setup(self.policy.model(agent), self.policy.parameters(agent), optim)
+        if model is None:
+            model, params = self.policy.model(agent), self.policy.parameters(agent)
+        return strategy.setup(model, params, optim)
 
     # ------------------------------------------------------------------------------------------ rollouts
     def versions(self) -> dict[str, int]:
@@ -210,6 +233,8 @@ class PolicyWorker:
             micro_batch_size=self.cfg.micro_train_batch_size,
             grad_accum_steps=self.cfg.gradient_accumulation_steps,
             ppo_epochs=self.cfg.algorithm.ppo_epochs,
+            critic=self.critics.get(agent_id),
+            critic_engine=self.critic_engines.get(agent_id),
         )
         self.policy.train(False)
         version = self.policy.bump_version(agent_id)
@@ -226,6 +251,8 @@ class PolicyWorker:
         self.policy.save(root / "policy")
         for unit, strategy in self.strategies.items():
             strategy.save_checkpoint(root / f"strategy_{unit}")
+        for agent, engine in self.critic_engines.items():
+            engine.save_checkpoint(root / f"critic_{agent}")
         torch.save(
             {
                 "data_position": data_position,
@@ -243,6 +270,8 @@ class PolicyWorker:
         self.policy.load(root / "policy")
         for unit, strategy in self.strategies.items():
             strategy.load_checkpoint(root / f"strategy_{unit}")
+        for agent, engine in self.critic_engines.items():
+            engine.load_checkpoint(root / f"critic_{agent}")
         state = torch.load(root / "worker_state.pt", weights_only=True)
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])

@@ -117,3 +117,30 @@ def test_gradient_accumulation_windows_step_the_optimizer(cfg, worker):
     )
     assert stats["optimizer_steps"] == math.ceil(len(samples) / 2) == engine.global_step - before
     assert math.isfinite(stats["policy_loss"]) and stats["num_samples"] == len(samples)
+
+
+def test_ppo_with_gae_trains_a_critic(cfg, tmp_path):
+    """advantage_estimator=gae builds a critic per trainable agent and fits it to the returns."""
+    from marti.config import load_config
+
+    gae_cfg = load_config(
+        ROOT / "examples" / "tiny.yaml",
+        ["environment.max_turns=2", "rollout.max_new_tokens=6", "algorithm.advantage_estimator=gae"],
+    )
+    w = PolicyWorker(gae_cfg.model_dump(mode="json"), num_threads=1)
+    assert set(w.critics) == {"agent_1", "agent_2"}
+    results = _runner(gae_cfg, w).play([1, 2, 3])
+    samples = [
+        Sample(t.prompt_token_ids, t.response_token_ids, float(i), r.seed)
+        for i, r in enumerate(results)
+        for t in r.trajectories["agent_1"].turns
+    ]
+    head = w.critics["agent_1"].value_head.weight.detach().clone()
+    stats = w.train("agent_1", samples)
+    for key in ("value_loss", "vf_clip_frac", "value_mean", "policy_loss"):
+        assert math.isfinite(stats[key]), key
+    assert stats["value_loss"] > 0  # zero-initialised values against non-zero returns
+    assert not torch.equal(head, w.critics["agent_1"].value_head.weight), "the critic must be updated"
+    path = w.save(str(tmp_path / "ckpt"), {"step": 1})
+    assert (tmp_path / "ckpt" / "critic_agent_1").exists()
+    w.load(path)
