@@ -144,3 +144,18 @@ def test_ppo_with_gae_trains_a_critic(cfg, tmp_path):
     path = w.save(str(tmp_path / "ckpt"), {"step": 1})
     assert (tmp_path / "ckpt" / "critic_agent_1").exists()
     w.load(path)
+
+
+def test_nan_weights_stop_the_update_with_a_diagnostic(cfg):
+    w = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    results = _runner(cfg, w).play([7, 7])
+    samples = [
+        Sample(t.prompt_token_ids, t.response_token_ids, float(i), r.seed)
+        for i, r in enumerate(results)
+        for t in r.trajectories["agent_1"].turns
+    ]
+    with torch.no_grad():
+        next(p for p in w.policy.parameters("agent_1")).fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="agent 'agent_1': non-finite loss"):
+        w.train("agent_1", samples)
+    assert w.versions()["agent_1"] == 0, "a failed update must not publish a new policy version"
