@@ -259,3 +259,27 @@ def test_tls_and_mtls(tmp_path):
             _echo(no_cert, b"mtls", timeout_s=2)
         with_cert.close()
         no_cert.close()
+
+
+def test_metrics_endpoint_counts_calls_and_access_log_has_request_id(caplog):
+    import logging
+    import urllib.request
+
+    caplog.set_level(logging.INFO, logger="marti.access")
+    with serve_in_thread([_echo_spec()], ServerSettings(metrics_port=0)) as server:
+        assert server.metrics_port
+        channel = make_channel(server.address)
+        call = channel.unary_unary(f"/{ECHO_SERVICE}/Echo")
+        call(b"hi", timeout=5, metadata=(("x-request-id", "req-42"),))
+        with pytest.raises(grpc.RpcError):
+            call(b"raise:NotFoundError", timeout=5)
+        channel.close()
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
+    assert f'marti_rpc_total{{code="OK",method="Echo",service="{ECHO_SERVICE}"}}' in body
+    assert f'marti_rpc_total{{code="NOT_FOUND",method="Echo",service="{ECHO_SERVICE}"}}' in body
+    assert "marti_rpc_latency_seconds_bucket" in body
+    assert any("request_id=req-42" in r.getMessage() for r in caplog.records)
