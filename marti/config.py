@@ -39,6 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from marti.errors import InvalidArgumentError
 
 __all__ = [
+    "WorkflowRoleConfig",
+    "WorkflowConfig",
+    "TaskConfig",
+    "CurriculumConfig",
+    "AllocationConfig",
     "AgentConfig",
     "AlgorithmConfig",
     "BudgetConfig",
@@ -539,6 +544,132 @@ class BudgetConfig(_Section):
     """Stop (after saving a checkpoint) once the run has taken this many seconds; null: no limit."""
 
 
+class WorkflowRoleConfig(_Section):
+    """One agent's role in a workflow: prompt, parser and (optionally) a script instead of a model."""
+
+    agent: str
+    """The agent (a name from ``agents``)."""
+    system_prompt: str | None = None
+    """System prompt template (``{name}``, ``{role}``, ``{capabilities}``); null: the agent's own."""
+    prompt_builder: str | None = None
+    """Import path of ``build_prompt(PromptContext) -> str`` (the user message); null: observation + messages."""
+    parser: str | None = None
+    """Import path of ``parser(text) -> action`` (reply text -> env action); null: the text unchanged."""
+    scripted: str | None = None
+    """Import path of ``policy(chat) -> str``: a scripted agent (needs ``is_tuning: false``); null: the model."""
+
+
+class WorkflowConfig(_Section):
+    """Who acts when and how prompts, actions and rewards are built (``marti.workflow``, docs/workflows.md)."""
+
+    kind: Literal["env", "chain", "parallel_aggregate", "debate", "custom"] = "env"
+    """``env``: the env's ``is_acting`` picks speakers; ``chain``: one agent per turn in ``order``;
+    ``parallel_aggregate``: ``order`` at once, then ``aggregator``; ``debate``: ``rounds`` solver rounds, then
+    ``aggregator``; ``custom``: ``next_speakers``."""
+    order: list[str] = Field(default_factory=list)
+    """Chain order, or the workers/solvers; empty: every agent (but the aggregator) in config order."""
+    aggregator: str | None = None
+    """The aggregating agent of ``parallel_aggregate`` and ``debate``."""
+    rounds: PositiveInt = 2
+    """Solver rounds before the aggregator (``debate``)."""
+    next_speakers: str | None = None
+    """Import path of ``next_speakers(WorkflowState) -> list[agent]`` (``custom``)."""
+    factory: str | None = None
+    """Import path of ``build(cfg) -> marti.workflow.Workflow``; overrides every other key of this section."""
+    roles: list[WorkflowRoleConfig] = Field(default_factory=list)
+    """Per-agent roles (prompt builder, parser, script)."""
+    reward_fn: str | None = None
+    """Import path of ``reward_fn(EpisodeView) -> {agent: reward}``; null: env rewards only."""
+    reward_env_weight: NonNegFloat = 1.0
+    """Weight of the env's return in an agent's reward."""
+    reward_custom_weight: NonNegFloat = 1.0
+    """Weight of ``reward_fn``'s value in an agent's reward."""
+    reward_team_share: UnitFloat = 0.0
+    """Fraction of the team mean reward mixed into each agent's reward, in [0, 1]."""
+
+    @property
+    def active(self) -> bool:
+        """True when this section changes anything from the env-driven default path."""
+        return bool(self.kind != "env" or self.factory or self.roles or self.reward_fn)
+
+
+class TaskConfig(_Section):
+    """One task of a multi-task job: an env/scenario entry with a sampling weight."""
+
+    name: str
+    """Task name (letters, digits, ``_ . -``); metrics are logged as ``task/<name>/...``."""
+    weight: PositiveFloat = 1.0
+    """Sampling weight (relative; probabilities are weights over their sum)."""
+    env_name: str | None = None
+    """Env id or import path; null: ``environment.env_name``."""
+    scenario: str | None = None
+    """Scenario; null: ``environment.scenario``."""
+    difficulty: Literal["easy", "medium", "hard"] | None = None
+    """Starting difficulty; null: ``environment.difficulty`` (or the curriculum's first level)."""
+    max_turns: PositiveInt | None = None
+    """Most turns; null: ``environment.max_turns``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Extra env settings, merged over ``environment.options``."""
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(f"task name {value!r} must match {_NAME_RE.pattern}")
+        return value
+
+
+class CurriculumConfig(_Section):
+    """Raise a task's difficulty when its recent success rate passes a threshold."""
+
+    enabled: bool = False
+    """Turn the curriculum on."""
+    levels: list[Literal["easy", "medium", "hard"]] = Field(
+        default_factory=lambda: ["easy", "medium", "hard"]
+    )
+    """Difficulty levels, easiest first."""
+    metric: str = "task_completion"
+    """Episode metric read as success (an episode succeeds when it is >= ``success_value``)."""
+    success_value: float = 1.0
+    """Metric value at or above which an episode counts as a success."""
+    threshold: UnitFloat = 0.8
+    """Success rate over the last ``window`` episodes that moves a task up one level."""
+    window: PositiveInt = 16
+    """Episodes of a task the success rate is measured over (the window restarts after a level change)."""
+
+    @field_validator("levels")
+    @classmethod
+    def _check_levels(cls, value: list[str]) -> list[str]:
+        if not value or len(set(value)) != len(value):
+            raise ValueError(f"curriculum.levels must be non-empty and distinct, got {value}")
+        return value
+
+
+class AllocationConfig(_Section):
+    """Priority-based split of the training budget across agents (docs/workflows.md defines each term)."""
+
+    enabled: bool = False
+    """Turn priority allocation on (off: every agent trains on all its samples)."""
+    progress_weight: NonNegFloat = 0.5
+    """Weight of task progress (recent change of the agent's reward)."""
+    efficiency_weight: NonNegFloat = 0.3
+    """Weight of resource efficiency (the cheapest agent's tokens per turn over the agent's)."""
+    urgency_weight: NonNegFloat = 0.2
+    """Weight of urgency (how far the agent's reward is behind the best agent's)."""
+    min_share: UnitFloat = 0.1
+    """Floor of every agent's share (``num trainable agents * min_share <= 1``), so no agent starves."""
+    window: PositiveInt = 4
+    """Steps of history each term is measured over."""
+    budget_samples: PositiveInt | None = None
+    """Training samples per step across agents; null: all samples collected this step."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AllocationConfig:
+        if self.progress_weight + self.efficiency_weight + self.urgency_weight <= 0:
+            raise ValueError("allocation weights are all 0: priorities undefined")
+        return self
+
+
 class TrainConfig(_Section):
     """A whole training job, as written in the YAML file (ARCHITECTURE.md section 7)."""
 
@@ -592,6 +723,17 @@ class TrainConfig(_Section):
     """The credit assignment section."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     """The budget section."""
+    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
+    """The workflow section (who acts when, roles, custom rewards)."""
+    tasks: list[TaskConfig] = Field(default_factory=list)
+    """Multi-task training: the tasks and their sampling weights; empty: the ``environment`` section alone."""
+    task_sampling: Literal["group", "episode"] = "group"
+    """Draw a task per group of ``group_size`` episodes (``group``) or per episode (``episode``; needs a
+    non-group advantage estimator)."""
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """The curriculum section."""
+    allocation: AllocationConfig = Field(default_factory=AllocationConfig)
+    """The priority allocation section."""
 
     @field_validator("training_name")
     @classmethod
@@ -631,6 +773,36 @@ class TrainConfig(_Section):
             raise ValueError("rollout.engine=vllm needs device cuda or auto, got device=cpu")
         if not any(a.is_tuning for a in self.agents):
             raise ValueError("every agent has is_tuning=false: nothing to train")
+        return self
+
+    @model_validator(mode="after")
+    def _check_workflow_tasks(self) -> TrainConfig:
+        names = [a.name for a in self.agents]
+        for r in self.workflow.roles:
+            if r.agent not in names:
+                raise ValueError(f"workflow.roles names agent {r.agent!r}, which is not in agents {names}")
+            if r.scripted and self.agent(r.agent).is_tuning:
+                raise ValueError(
+                    f"scripted agent {r.agent!r} must set is_tuning: false (a script is not trained)"
+                )
+        tasks = [t.name for t in self.tasks]
+        dupes = sorted({t for t in tasks if tasks.count(t) > 1})
+        if dupes:
+            raise ValueError(f"task names must be distinct; repeated: {', '.join(dupes)}")
+        if (
+            self.task_sampling == "episode"
+            and self.tasks
+            and self.algorithm.advantage_estimator in GROUP_ESTIMATORS
+        ):
+            raise ValueError(
+                f"task_sampling=episode splits groups across tasks; advantage_estimator="
+                f"{self.algorithm.advantage_estimator} needs task_sampling=group"
+            )
+        n = len(self.tuning_agents)
+        if self.allocation.enabled and n * self.allocation.min_share > 1:
+            raise ValueError(
+                f"allocation.min_share={self.allocation.min_share} times {n} trainable agents exceeds 1"
+            )
         return self
 
     @property

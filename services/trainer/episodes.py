@@ -6,6 +6,11 @@ acting agent of every live episode is collected, each agent's prompts are genera
 is stepped. An agent's prompt is its env observation (role, problem, turn) followed by the messages its
 teammates sent it through comm_broker since its last turn (the trainer runs the env with
 ``history_messages=0``, so the team's conversation reaches agents only through the broker).
+
+With a :class:`marti.workflow.Workflow` (the one hook, ``workflow=``), the workflow picks each turn's speakers,
+builds their prompts, parses their replies into actions, plays scripted agents and computes the credited
+returns; without one, the env's ``is_acting`` decides and the path above is unchanged. ``play(seeds, tasks=...)``
+plays each episode on its own task (multi-task jobs; ``make_task_env(seed, task)`` builds its env).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marti.trajectory import Trajectory, Turn
+from marti.workflow import EpisodeView, PromptContext, Workflow, WorkflowState, default_build_prompt
 
 #: Generate responses for one agent: (agent_id, chat prompts) -> generations (see rollout.base.Generation).
 GenerateFn = Callable[[str, list[list[dict[str, str]]]], list[Any]]
@@ -38,6 +44,9 @@ class EpisodeResult:
         returns: Per agent, the sum of its rewards over the episode.
         metrics: Final env metrics (``task_completion``, ``resource_utilization``, ...), ``num_turns``,
             ``format_valid`` (fraction of turns whose action parsed) and ``messages`` (broker messages received).
+        task: Task name in a multi-task job, else None.
+        env_returns: Per agent, the env's own return (equal to ``returns`` unless a workflow re-credits them).
+        transcript: ``(step, agent, text)`` of every reply (workflow episodes only).
     """
 
     episode_id: str
@@ -45,6 +54,9 @@ class EpisodeResult:
     trajectories: dict[str, Trajectory] = field(default_factory=dict)
     returns: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    task: str | None = None
+    env_returns: dict[str, float] = field(default_factory=dict)
+    transcript: list[tuple[int, str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -60,6 +72,7 @@ class _Live:
     parsed: int = 0
     received: int = 0
     done: bool = False
+    mailbox: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 def _system_prompt(agent: str, role: str, template: str | None, capabilities: Sequence[str]) -> str:
@@ -95,6 +108,9 @@ class EpisodeRunner:
         tokenizer_for: ``agent -> tokenizer`` used to keep token ids of prompts (from the generations).
         policy_version: ``agent -> int`` current policy version (recorded in each trajectory).
         run_id: Prefix of the episode ids / broker sessions.
+        workflow: A :class:`marti.workflow.Workflow` deciding speakers, prompts, parsers, scripts and rewards;
+            None keeps the env-driven default.
+        make_task_env: ``make_task_env(seed, task) -> ParallelEnv`` for ``play(..., tasks=...)``.
     """
 
     def __init__(
@@ -107,6 +123,8 @@ class EpisodeRunner:
         system_prompts: dict[str, str],
         policy_version: Callable[[str], int],
         run_id: str = "run",
+        workflow: Workflow | None = None,
+        make_task_env: Callable[[int, str], Any] | None = None,
     ) -> None:
         self.make_env = make_env
         self.generate = generate
@@ -116,9 +134,16 @@ class EpisodeRunner:
         self.system_prompts = system_prompts
         self.policy_version = policy_version
         self.run_id = run_id
+        self.workflow = workflow
+        self.make_task_env = make_task_env
 
-    def _start(self, seed: int) -> _Live:
-        env = self.make_env(seed)
+    def _start(self, seed: int, task: str | None = None) -> _Live:
+        if task is not None:
+            if self.make_task_env is None:
+                raise ValueError(f"episode of task {task!r} but the runner has no make_task_env")
+            env = self.make_task_env(seed, task)
+        else:
+            env = self.make_env(seed)
         obs, infos = env.reset(seed=seed)
         if list(env.possible_agents) != self.agents:
             raise ValueError(
@@ -126,7 +151,7 @@ class EpisodeRunner:
             )
         episode_id = f"{self.run_id}-{seed}-{uuid.uuid4().hex[:8]}"
         comms = {a: self.comm_factory(a, episode_id) for a in self.agents} if self.comm_factory else {}
-        result = EpisodeResult(episode_id, seed)
+        result = EpisodeResult(episode_id, seed, task=task)
         for a in self.agents:
             result.returns[a] = 0.0
             result.trajectories[a] = Trajectory(
@@ -136,7 +161,7 @@ class EpisodeRunner:
                 role=self.roles[a],
                 policy_version=self.policy_version(a),
                 turns=[],
-                metadata={"seed": seed},
+                metadata={"seed": seed} if task is None else {"seed": seed, "task": task},
             )
         return _Live(env, seed, episode_id, obs, infos, comms, result)
 
@@ -150,21 +175,32 @@ class EpisodeRunner:
                 user = f"{user}\nMessages from your teammates:\n{_messages_text(messages)}"
         return [{"role": "system", "content": self.system_prompts[agent]}, {"role": "user", "content": user}]
 
-    def play(self, seeds: Sequence[int], max_turns: int | None = None) -> list[EpisodeResult]:
+    def play(
+        self, seeds: Sequence[int], max_turns: int | None = None, tasks: Sequence[str] | None = None
+    ) -> list[EpisodeResult]:
         """Play one episode per seed, in lockstep, to the end.
 
         Args:
             seeds: Problem seed per episode (repeat a seed to get a GRPO group).
             max_turns: Safety cap on turns per episode (the env truncates on its own ``max_turns``).
+            tasks: Optional task name per episode (same length as ``seeds``).
 
         Returns:
             One :class:`EpisodeResult` per seed, in order.
+
+        Raises:
+            ValueError: ``tasks`` and ``seeds`` differ in length.
         """
-        lives = [self._start(s) for s in seeds]
+        if tasks is not None and len(tasks) != len(seeds):
+            raise ValueError(f"{len(tasks)} tasks for {len(seeds)} seeds")
+        lives = [self._start(s, None if tasks is None else tasks[i]) for i, s in enumerate(seeds)]
         try:
             step = 0
             while any(not lv.done for lv in lives) and (max_turns is None or step < max_turns):
-                self._turn(lives, step)
+                if self.workflow is None:
+                    self._turn(lives, step)
+                else:
+                    self._workflow_turn(lives, step)
                 step += 1
             return [self._finish(lv) for lv in lives]
         finally:
@@ -236,4 +272,122 @@ class EpisodeRunner:
         lv.result.metrics["format_valid"] = lv.parsed / lv.turns if lv.turns else 0.0
         lv.result.metrics["messages"] = float(lv.received)
         lv.result.trajectories = {a: t for a, t in lv.result.trajectories.items() if t.turns}
+        lv.result.env_returns = dict(lv.result.returns)
+        if self.workflow is not None:
+            view = EpisodeView(
+                agents=list(self.agents),
+                transcript=list(lv.result.transcript),
+                env_returns=dict(lv.result.returns),
+                metrics=dict(lv.result.metrics),
+                final_infos={a: dict(i or {}) for a, i in (lv.infos or {}).items()},
+                seed=lv.seed,
+                task=lv.result.task,
+            )
+            lv.result.returns = self.workflow.rewards(view)
         return lv.result
+
+    # ------------------------------------------------------------------------------------------ workflow
+    def _inbox(self, lv: _Live, agent: str) -> list[tuple[str, str]]:
+        """Messages for ``agent`` since its last turn: from the broker, or the local mailbox without one."""
+        comm = lv.comms.get(agent)
+        if comm is None:
+            return lv.mailbox.pop(agent, [])
+        out = []
+        for m in comm.get_messages():
+            body = m.content if hasattr(m, "content") else m
+            if isinstance(body, dict):
+                body = body.get("text", json.dumps(body))
+            out.append((str(getattr(m, "sender", "?")), str(body)))
+        lv.received += len(out)
+        return out
+
+    def _workflow_prompt(self, lv: _Live, agent: str, step: int) -> list[dict[str, str]]:
+        assert self.workflow is not None
+        role = self.workflow.role(agent)
+        ctx = PromptContext(
+            agent=agent,
+            role=self.roles[agent],
+            observation=str(lv.obs.get(agent, "")),
+            messages=self._inbox(lv, agent),
+            step=step,
+            info=dict(lv.infos.get(agent, {}) or {}),
+        )
+        system = self.system_prompts[agent]
+        if role.system_prompt:
+            system = role.system_prompt.format(name=agent, role=self.roles[agent], capabilities="")
+        user = (role.build_prompt or default_build_prompt)(ctx)
+        return [{"role": "system", "content": system}, {"role": "user", "content": str(user)}]
+
+    def _workflow_turn(self, lives: list[_Live], step: int) -> None:
+        """One turn under the workflow: speakers chosen by it, scripted agents answered by their callable,
+        replies parsed into actions, every speaker's text routed to the team."""
+        wf = self.workflow
+        assert wf is not None
+        model_items: dict[str, list[tuple[_Live, list[dict[str, str]]]]] = {}
+        texts: dict[int, dict[str, str]] = {id(lv): {} for lv in lives}
+        gens: dict[int, dict[str, Any]] = {id(lv): {} for lv in lives}
+        for lv in lives:
+            if lv.done:
+                continue
+            agents = list(lv.env.agents)
+            state = WorkflowState(
+                step=step,
+                agents=agents,
+                env_acting=[a for a in agents if (lv.infos.get(a, {}) or {}).get("is_acting")],
+                observations=dict(lv.obs),
+                infos={a: dict(i or {}) for a, i in lv.infos.items()},
+                transcript=list(lv.result.transcript),
+                task=lv.result.task,
+            )
+            for agent in wf.speakers(state):
+                chat = self._workflow_prompt(lv, agent, step)
+                policy = wf.role(agent).policy
+                if policy is not None:
+                    texts[id(lv)][agent] = str(policy(chat))
+                else:
+                    model_items.setdefault(agent, []).append((lv, chat))
+        for agent, items in model_items.items():
+            outs = self.generate(agent, [c for _, c in items])
+            for (lv, _), gen in zip(items, outs, strict=True):
+                texts[id(lv)][agent] = gen.text
+                gens[id(lv)][agent] = gen
+        for lv in lives:
+            if lv.done:
+                continue
+            spoken = texts[id(lv)]
+            act = {a: "" for a in lv.env.agents}
+            for agent, text in spoken.items():
+                parser = wf.role(agent).parser
+                act[agent] = str(parser(text)) if parser else text
+            obs, rewards, terms, truncs, infos = lv.env.step(act)
+            for agent, text in spoken.items():
+                info = infos.get(agent, {}) or {}
+                lv.parsed += 0 if info.get("parse_error") else 1
+                lv.turns += 1
+                lv.result.transcript.append((step, agent, text))
+                gen = gens[id(lv)].get(agent)
+                if gen is not None:
+                    lv.result.trajectories[agent].turns.append(
+                        Turn(
+                            step=step,
+                            prompt_token_ids=list(gen.prompt_token_ids),
+                            response_token_ids=list(gen.response_token_ids),
+                            response_logprobs=[float(x) for x in gen.response_logprobs],
+                            reward=float(rewards.get(agent, 0.0)),
+                            terminated=bool(terms.get(agent, False)),
+                            truncated=bool(truncs.get(agent, False)),
+                            info={k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))},
+                            response_text=text,
+                        )
+                    )
+                if lv.comms:
+                    self._route(lv, agent, text, step)
+                else:
+                    for receiver in self.agents:
+                        if receiver != agent:
+                            lv.mailbox.setdefault(receiver, []).append((agent, text))
+            for a, r in rewards.items():
+                lv.result.returns[a] = lv.result.returns.get(a, 0.0) + float(r)
+            lv.obs, lv.infos = obs, infos
+            if not lv.env.agents or all(terms.get(a) or truncs.get(a) for a in terms):
+                lv.done = True

@@ -5,6 +5,11 @@ the policy worker, a Ray actor; their messages routed through comm_broker), writ
 experience_store (one queue table per agent), sample each agent's trajectories back, update every trainable
 agent (advantages, PPO-clipped loss, optimizer step), sync the new weights to the rollout engine under a new
 policy version. Every ``rollout.eval_every`` steps the team plays the held-out seeds greedily.
+
+Optional parts (docs/workflows.md): a ``workflow`` (who acts when, prompts, parsers, scripted agents, custom
+rewards; custom envs by import path run in this process), ``tasks`` (several envs/scenarios sampled with
+weights, per-task metrics ``task/<name>/...``, a difficulty ``curriculum``) and priority ``allocation`` of the
+training budget across agents (``alloc/<agent>`` per step).
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marti.config import TrainConfig, dump_config
+from marti.config import TaskConfig, TrainConfig, dump_config
+from marti.workflow import Workflow, is_import_path, make_custom_env, workflow_from_section
+from services.trainer.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.episodes import EpisodeResult, EpisodeRunner
 from services.trainer.learner import Sample
 from services.trainer.ray_runtime import RayRuntime
+from services.trainer.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 _LOG = logging.getLogger("marti.trainer")
 #: Metric keys averaged over episodes for the ``team/`` and ``eval/`` namespaces.
@@ -61,32 +69,64 @@ class RunSummary:
     eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
 
-def env_config(cfg: TrainConfig) -> dict[str, Any]:
+def env_config(
+    cfg: TrainConfig, task: TaskConfig | None = None, difficulty: str | None = None
+) -> dict[str, Any]:
     """Env config for ``marti.make`` from the ``environment`` section and ``reward_alloc``.
 
     The trainer carries the team's conversation over comm_broker, so the env's own transcript is off
     (``history_messages=0``) unless ``environment.options`` sets it. The env's role weight is
     ``role_weight / team_weight``; returns are then scaled by ``team_weight`` (see :func:`agent_return`), so an
     agent's reward is ``team_weight * team + role_weight * role``.
+
+    Args:
+        cfg: The training config.
+        task: A task of a multi-task job: its ``scenario``, ``difficulty``, ``max_turns`` and ``options``
+            override the ``environment`` section's.
+        difficulty: The curriculum's level for the task (overrides both).
     """
     e = cfg.environment
     out: dict[str, Any] = {
-        "max_turns": e.max_turns,
+        "max_turns": (task.max_turns if task and task.max_turns else None) or e.max_turns,
         "reward_type": e.reward_type,
         "observation_format": e.observation_format,
         "num_agents": len(cfg.agents),
         "roles": [a.role for a in cfg.agents],
         "history_messages": 0,
     }
-    if e.scenario:
-        out["scenario"] = e.scenario
-    if e.difficulty:
-        out["difficulty"] = e.difficulty
+    scenario = (task.scenario if task else None) or e.scenario
+    if scenario:
+        out["scenario"] = scenario
+    level = difficulty or (task.difficulty if task else None) or e.difficulty
+    if level:
+        out["difficulty"] = level
     ra = cfg.reward_alloc
-    if ra.team_weight > 0:
+    if ra.team_weight > 0 and scenario != "debate":
         out["role_weight"] = ra.role_weight / ra.team_weight
     out.update(e.options)
+    if task is not None:
+        out.update(task.options)
     return out
+
+
+def task_metrics(results: list[EpisodeResult]) -> dict[str, float]:
+    """Per-task means: :func:`episode_metrics` of each task's episodes as ``task/<name>/<key>``, plus
+    ``task/<name>/episodes`` (count). Episodes without a task are skipped."""
+    out: dict[str, float] = {}
+    for name in sorted({r.task for r in results if r.task is not None}):
+        mine = [r for r in results if r.task == name]
+        out[f"task/{name}/episodes"] = float(len(mine))
+        for k, v in episode_metrics(mine).items():
+            out[f"task/{name}/{k}"] = v
+    return out
+
+
+def _success_value(result: EpisodeResult, metric: str) -> float:
+    """The episode's ``metric`` (an env metric or runner counter), or its mean credited return if absent."""
+    if metric in result.metrics:
+        return result.metrics[metric]
+    vals = list(result.returns.values())
+    return sum(vals) / len(vals) if vals else 0.0
 
 
 def agent_return(cfg: TrainConfig, env_return: float) -> float:
@@ -154,18 +194,64 @@ class TrainingLoop:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.checkpoint_request = threading.Event()
         self.last_checkpoint: str | None = None
+        self.workflow: Workflow | None = (
+            workflow_from_section(cfg.workflow, [a.name for a in cfg.agents], cfg)
+            if cfg.workflow.active
+            else None
+        )
+        self.tasks = {t.name: t for t in cfg.tasks}
+        self.scheduler = (
+            TaskScheduler([TaskSpec(t.name, t.weight) for t in cfg.tasks], cfg.seed, cfg.task_sampling)
+            if cfg.tasks
+            else None
+        )
+        cur = cfg.curriculum
+        self.curriculum = (
+            Curriculum(
+                list(self.tasks) or ["default"],
+                cur.levels,
+                cur.threshold,
+                cur.window,
+                start={t.name: t.difficulty for t in cfg.tasks if t.difficulty in cur.levels}
+                or (
+                    {"default": cfg.environment.difficulty}
+                    if cfg.environment.difficulty in cur.levels
+                    else None
+                ),
+            )
+            if cur.enabled
+            else None
+        )
+        al = cfg.allocation
+        self.allocator = (
+            PriorityAllocator(
+                cfg.tuning_agents,
+                AllocationWeights(
+                    al.progress_weight, al.efficiency_weight, al.urgency_weight, al.min_share, al.window
+                ),
+            )
+            if al.enabled
+            else None
+        )
 
     # ------------------------------------------------------------------------------------------ plumbing
     def _make_env(self, seed: int) -> Any:
+        level = self.curriculum.level("default") if self.curriculum and not self.tasks else None
+        return self._env_for(self.cfg.environment.env_name, seed, env_config(self.cfg, difficulty=level))
+
+    def _make_task_env(self, seed: int, task: str) -> Any:
+        t = self.tasks[task]
+        level = self.curriculum.level(task) if self.curriculum else None
+        name = t.env_name or self.cfg.environment.env_name
+        return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
+
+    def _env_for(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
+        """A registered env on env_server, or a custom env by import path built in this process."""
+        if is_import_path(env_name):
+            return make_custom_env(env_name, config, seed)
         import marti
 
-        return marti.make(
-            self.cfg.environment.env_name,
-            address=self.addr.env,
-            seed=seed,
-            token=self.addr.token,
-            **env_config(self.cfg),
-        )
+        return marti.make(env_name, address=self.addr.env, seed=seed, token=self.addr.token, **config)
 
     def _comm(self, agent: str, session: str) -> Any:
         from marti.clients.broker import MartiCommClient
@@ -191,6 +277,8 @@ class TrainingLoop:
             },
             policy_version=lambda a: versions.get(a, 0),
             run_id=cfg.training_name,
+            workflow=self.workflow,
+            make_task_env=self._make_task_env,
         )
 
     # ------------------------------------------------------------------------------------------ phases
@@ -214,22 +302,27 @@ class TrainingLoop:
             for item in items:
                 traj = item.trajectory
                 reward = float(traj.metadata.get("return", 0.0))
+                group = traj.metadata.get("seed")
+                if traj.metadata.get("task") is not None:
+                    group = f"{traj.metadata['task']}:{group}"
                 for turn in traj.turns:
                     if turn.response_token_ids:
-                        samples.append(
-                            Sample(
-                                turn.prompt_token_ids,
-                                turn.response_token_ids,
-                                reward,
-                                traj.metadata.get("seed"),
-                            )
-                        )
+                        samples.append(Sample(turn.prompt_token_ids, turn.response_token_ids, reward, group))
             batches[agent] = samples
         return batches
 
+    def _play_eval(self, runtime: RayRuntime) -> list[EpisodeResult]:
+        """Greedy episodes on the held-out seeds (each task plays all of them in a multi-task job)."""
+        seeds = self.cfg.rollout.resolved_eval_seeds
+        runner = self._runner(runtime, greedy=True)
+        if not self.tasks:
+            return runner.play(seeds)
+        names = [t for t in self.tasks for _ in seeds]
+        return runner.play(seeds * len(self.tasks), tasks=names)
+
     def _evaluate(self, runtime: RayRuntime, step: int, writer: Any, summary: RunSummary) -> dict[str, float]:
-        results = self._runner(runtime, greedy=True).play(self.cfg.rollout.resolved_eval_seeds)
-        metrics = episode_metrics(results)
+        results = self._play_eval(runtime)
+        metrics = {**episode_metrics(results), **task_metrics(results)}
         writer.log_eval(step, metrics)
         summary.eval_history.append((step, metrics))
         if self.on_metrics:
@@ -253,19 +346,21 @@ class TrainingLoop:
         runtime = RayRuntime(self.cfg)
         try:
             runtime.start()
-            seeds = self.cfg.rollout.resolved_eval_seeds
             if baseline:
-                out["base"] = episode_metrics(self._runner(runtime, greedy=True).play(seeds))
+                out["base"] = episode_metrics(self._play_eval(runtime))
             if checkpoint is not None:
                 runtime.load(checkpoint)
-                out["checkpoint"] = episode_metrics(self._runner(runtime, greedy=True).play(seeds))
+                out["checkpoint"] = episode_metrics(self._play_eval(runtime))
         finally:
             runtime.shutdown()
         return out
 
     def _checkpoint(self, runtime: RayRuntime, step: int) -> str:
         path = self.ckpt_dir / f"step_{step:06d}"
-        runtime.save(str(path), {"step": step})
+        position: dict[str, Any] = {"step": step}
+        if self.curriculum is not None:
+            position["curriculum"] = self.curriculum.state()
+        runtime.save(str(path), position)
         (self.ckpt_dir / "latest").write_text(path.name)
         kept = sorted(p for p in self.ckpt_dir.glob("step_*") if p.is_dir())
         for old in kept[: -self.cfg.output.keep_checkpoints]:
@@ -305,7 +400,10 @@ class TrainingLoop:
             runtime.start()
             ckpt = self.latest_checkpoint() if self.resume else None
             if ckpt is not None:
-                start_step = int(runtime.load(str(ckpt)).get("step", 0))
+                position = runtime.load(str(ckpt))
+                start_step = int(position.get("step", 0))
+                if self.curriculum is not None and "curriculum" in position:
+                    self.curriculum.load_state(position["curriculum"])
                 _LOG.info("resumed from %s at step %d", ckpt, start_step)
             t0 = time.monotonic()
             eval_every = cfg.rollout.eval_every
@@ -352,10 +450,19 @@ class TrainingLoop:
 
     def _train_step(self, runtime: RayRuntime, store: Any, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        results = self._runner(runtime, greedy=False).play(self.cfg.rollout.train_seeds(step))
+        seeds = self.cfg.rollout.train_seeds(step)
+        tasks = (
+            self.scheduler.assign(step, len(seeds), self.cfg.rollout.group_size) if self.scheduler else None
+        )
+        results = self._runner(runtime, greedy=False).play(seeds, tasks=tasks)
         t_roll = time.perf_counter() - t0
         batches = self._store_and_sample(store, results)
-        metrics = episode_metrics(results)
+        metrics = {**episode_metrics(results), **task_metrics(results)}
+        if self.curriculum is not None:
+            metrics.update(self._curriculum_step(results))
+        if self.allocator is not None:
+            batches, alloc = self._allocate(batches, metrics)
+            metrics.update(alloc)
         versions = runtime.versions()
         for agent, samples in batches.items():
             if not samples:
@@ -370,3 +477,46 @@ class TrainingLoop:
         metrics["time/rollout_s"] = t_roll
         metrics["time/step_s"] = time.perf_counter() - t0
         return metrics
+
+    def _curriculum_step(self, results: list[EpisodeResult]) -> dict[str, float]:
+        """Feed the step's episodes to the curriculum; returns ``task/<name>/difficulty_level`` (0-based
+        index), ``task/<name>/success_rate`` and ``task/<name>/level_up`` (1 if the level rose this step)."""
+        assert self.curriculum is not None
+        c = self.cfg.curriculum
+        out: dict[str, float] = {}
+        for name in self.curriculum.index:
+            mine = [r for r in results if (r.task or "default") == name]
+            ok = [_success_value(r, c.metric) >= c.success_value for r in mine]
+            rose = self.curriculum.record(name, ok) if ok else False
+            out[f"task/{name}/success_rate"] = self.curriculum.success_rate(name)
+            out[f"task/{name}/difficulty_level"] = float(self.curriculum.index[name])
+            out[f"task/{name}/level_up"] = float(rose)
+            if rose:
+                _LOG.info("curriculum: task %s moves up to %s", name, self.curriculum.level(name))
+        return out
+
+    def _allocate(
+        self, batches: dict[str, list[Sample]], metrics: dict[str, float]
+    ) -> tuple[dict[str, list[Sample]], dict[str, float]]:
+        """Priority allocation of this step's training samples (services/trainer/allocation.py).
+
+        Returns:
+            The batches cut to each agent's quota (whole groups), and ``alloc/<agent>`` (share),
+            ``alloc/<agent>/samples``, ``alloc/<agent>/{progress,efficiency,urgency,priority}``.
+        """
+        assert self.allocator is not None
+        rewards = {a: metrics[f"{a}/reward"] for a in batches if f"{a}/reward" in metrics}
+        cost = {a: sum(len(s.response_ids) for s in ss) / len(ss) for a, ss in batches.items() if ss}
+        self.allocator.observe(rewards, cost)
+        terms = self.allocator.terms()
+        shares = self.allocator.shares()
+        quota = quotas(shares, {a: len(ss) for a, ss in batches.items()}, self.cfg.allocation.budget_samples)
+        out: dict[str, float] = {}
+        cut: dict[str, list[Sample]] = {}
+        for a, ss in batches.items():
+            cut[a] = take_groups(ss, quota.get(a, len(ss)))
+            out[f"alloc/{a}"] = shares.get(a, 0.0)
+            out[f"alloc/{a}/samples"] = float(len(cut[a]))
+            for k, v in terms.get(a, {}).items():
+                out[f"alloc/{a}/{k}"] = v
+        return cut, out
