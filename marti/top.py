@@ -168,6 +168,7 @@ class ServicePoller:
             snap.health = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
         except grpc.RpcError as err:
             snap.health = f"UNREACHABLE: {err.code().name}"
+            self._services = []  # a restarted server may host other services: ask reflection again
             return snap
         if not self._services:
             try:
@@ -181,6 +182,8 @@ class ServicePoller:
                 getattr(self, f"_poll_{kind}")(snap)
             except grpc.RpcError as err:
                 snap.problems.append(f"{kind}: {err.code().name}: {err.details()}")
+            except Exception as exc:  # noqa: BLE001 - one odd answer must not end the live view
+                snap.problems.append(f"{kind}: {type(exc).__name__}: {exc}")
         return snap
 
     def _poll_broker(self, snap: Snapshot) -> None:
@@ -349,7 +352,16 @@ def _system_table(job: JobView) -> Table | None:
     rows = [n for n in names if f"system/{n}/rss_mb" in job.metrics or f"system/{n}/alive" in job.metrics]
     if not rows:
         return None
-    t = Table(title=f"job {job.job_id} resources", title_justify="left")
+    host = [
+        f"{label} {job.metrics[key]:.0f}{unit}"
+        for key, label, unit in (
+            ("system/host/cpu_percent", "host cpu", "%"),
+            ("system/host/mem_used_mb", "mem used", " MiB"),
+            ("system/host/mem_available_mb", "available", " MiB"),
+        )
+        if key in job.metrics
+    ]
+    t = Table(title=f"job {job.job_id} resources", title_justify="left", caption="  ".join(host) or None)
     for col in ("process", "cpu %", "rss MiB", "gpu MiB"):
         t.add_column(col, justify="left" if col == "process" else "right")
     for n in rows:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from services.env_server.settings import EnvServerSettings
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 from services.trainer.__main__ import build_specs
+from services.trainer.monitor import ResourceMonitor, driver_pids
 from services.trainer.settings import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,3 +202,33 @@ def test_trainer_job_progress_per_agent(tmp_path, capsys):
     for agent in ("agent_1", "agent_2"):
         row = next(_cells(line) for line in out.splitlines() if _cells(line)[:1] == [agent])
         assert len(row) > 2 and row[1] != "-", row  # its reward, the first column
+
+
+def test_render_shows_monitor_figures_and_agents():
+    """The trainer panel of a job whose records carry the resource monitor's ``system/*`` figures."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    mon = ResourceMonitor(driver_pids({"worker": gone.pid}))
+    gone.wait(10)
+    metrics = {
+        "agent_1/reward": 0.5,
+        "agent_1/policy_loss": 0.25,
+        "agent_2/reward": -1.0,
+        "team/reward": -0.25,
+    }
+    metrics.update(mon.sample())
+    now = time.monotonic()
+    prev = top.Snapshot(
+        "h:1", now - 2.0, "SERVING", ["trainer"], jobs=[top.JobView("j1", "t", "RUNNING", 3, 10)]
+    )
+    cur = top.Snapshot(
+        "h:1", now, "SERVING", ["trainer"], jobs=[top.JobView("j1", "t", "RUNNING", 5, 10, "", metrics)]
+    )
+    console = Console(record=True, width=200)
+    console.print(top.render({"h:1": prev}, {"h:1": cur}))
+    lines = console.export_text().splitlines()
+    rows = {c[0]: c for c in (_cells(line) for line in lines) if c}
+    assert rows["j1"][3:6] == ["5/10", "50%", "1.0"], rows["j1"]  # 2 steps in 2 s
+    assert rows["agent_1"][1:3] == ["0.5", "0.25"] and rows["agent_2"][1:3] == ["-1", "-"]
+    assert rows["driver"][2] == f"{metrics['system/driver/rss_mb']:.0f}"
+    assert "worker (exited)" in rows
+    assert any("host cpu" in line and "available" in line for line in lines)
