@@ -49,11 +49,19 @@ def status_code_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+#: Longest error message sent to a client, characters (gRPC metadata must stay under its header limit).
+MAX_MESSAGE_CHARS = 1024
+
+
 def message_for(exc: BaseException) -> str:
-    """Return the text sent to the client: the domain message, or a generic one for unexpected errors."""
-    if isinstance(exc, errors.MartiError):
-        return exc.message
-    return f"internal error: {type(exc).__name__}: {exc}"
+    """Return the text sent to the client: the domain message, or a generic one for unexpected errors,
+    cut to :data:`MAX_MESSAGE_CHARS` (a message quoting a huge bad value must not break the status header)."""
+    text = (
+        exc.message if isinstance(exc, errors.MartiError) else f"internal error: {type(exc).__name__}: {exc}"
+    )
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[: MAX_MESSAGE_CHARS - 15] + "... (truncated)"
+    return text
 
 
 def to_status_proto(exc: BaseException) -> status_pb2.Status:

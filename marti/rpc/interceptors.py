@@ -51,6 +51,45 @@ def _split_method(full_method: str) -> tuple[str, str]:
     return service, method
 
 
+class _BadRequest:
+    """Stands in for a request whose bytes did not parse, so the call can fail with INVALID_ARGUMENT."""
+
+    def __init__(self, error: errors.InvalidArgumentError) -> None:
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """Wrap a request deserializer so undecodable bytes become a :class:`_BadRequest` instead of an
+    UNKNOWN/INTERNAL status raised by grpc itself."""
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - any decode failure is the caller's bad input
+            name = getattr(getattr(deserializer, "__self__", None), "__name__", "request")
+            return _BadRequest(errors.InvalidArgumentError(f"request is not a valid {name}: {exc}"[:1024]))
+
+    return deserialize
+
+
+def _checked(request: Any) -> Any:
+    """Raise for an undecodable unary request; wrap a request stream so a bad item raises when reached."""
+    if isinstance(request, _BadRequest):
+        raise request.error
+    if hasattr(request, "__aiter__"):
+
+        async def items() -> AsyncIterator[Any]:
+            async for item in request:
+                if isinstance(item, _BadRequest):
+                    raise item.error
+                yield item
+
+        return items()
+    return request
+
+
 class ServerInterceptor(grpc.aio.ServerInterceptor):
     """Applies request ids, auth, error mapping, metrics and access logging to every rpc.
 
@@ -75,20 +114,21 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         auth_error = self._check_auth(service, meta)
         request_id = str(meta.get("x-request-id") or uuid.uuid4().hex)
         wrap = _Wrapper(service, method, request_id, auth_error)
+        deserialize = _tolerant(handler.request_deserializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                wrap.unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+                wrap.unary(handler.unary_unary), deserialize, handler.response_serializer
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                wrap.stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+                wrap.stream(handler.unary_stream), deserialize, handler.response_serializer
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                wrap.unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+                wrap.unary(handler.stream_unary), deserialize, handler.response_serializer
             )
         return grpc.stream_stream_rpc_method_handler(
-            wrap.stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+            wrap.stream(handler.stream_stream), deserialize, handler.response_serializer
         )
 
     def _check_auth(self, service: str, meta: dict[str, Any]) -> errors.MartiError | None:
@@ -146,7 +186,7 @@ class _Wrapper:
             try:
                 if self.auth_error is not None:
                     raise self.auth_error
-                result = await behavior(request, context)
+                result = await behavior(_checked(request), context)
                 code = self._code_of(context)
                 return result
             except errors.MartiError as exc:
@@ -174,7 +214,7 @@ class _Wrapper:
             try:
                 if self.auth_error is not None:
                     raise self.auth_error
-                result = behavior(request, context)
+                result = behavior(_checked(request), context)
                 if inspect.isasyncgen(result) or hasattr(result, "__aiter__"):
                     async for item in result:
                         yield item

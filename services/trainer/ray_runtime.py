@@ -1,14 +1,16 @@
-"""Ray orchestration of the policy worker: local ``ray.init`` or an existing cluster, a placement group sized
-from the config, one :class:`~services.trainer.worker.PolicyWorker` actor per team, released on shutdown.
+"""Ray orchestration of the policy workers: local ``ray.init`` or an existing cluster, one placement group with
+a bundle per actor sized from the config, released when the job ends or fails.
 
-On a CPU machine the whole team (LoRA adapters on one base) lives in one actor, which keeps a single copy of
-the base weights; with ``policy.mode: per_agent`` on GPUs each agent's ``num_gpus`` is reserved in the bundle.
+``per_agent`` mode: one :class:`~services.trainer.worker.PolicyWorker` actor per agent (its policy, reference,
+critic and optimizer; its ``num_cpus`` / ``num_gpus`` reserved). ``lora`` and ``shared`` mode: one actor for
+the team, which keeps a single copy of the base weights.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from marti.config import TrainConfig
@@ -18,33 +20,45 @@ _LOG = logging.getLogger("marti.trainer.ray")
 
 
 class RayRuntime:
-    """Owns the Ray connection, the placement group and the worker actor of one job.
+    """Owns the Ray connection, the placement group and the policy-worker actors of one job.
+
+    Actor groups: in ``per_agent`` mode every agent gets its own actor (its model, reference, critic and
+    optimizer) with its own bundle (``num_cpus`` / ``num_gpus`` of the agent, at least
+    ``ray.num_cpus_per_worker``); in ``lora`` and ``shared`` mode the team shares one actor, which holds the
+    single copy of the base weights. Calls are routed to the actor that holds the agent.
 
     Args:
-        cfg: The training config (``ray`` section: address, CPUs, object store; agents' ``num_gpus``).
+        cfg: The training config (``ray`` section: address, CPUs, object store; agents' resources).
     """
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self._started_ray = False
         self._pg = None
-        self._worker = None
+        self._workers: list[Any] = []
+        self._owner: dict[str, Any] = {}
 
-    def _bundle(self, available: dict[str, float]) -> dict[str, float]:
-        cpus = max(1.0, min(float(self.cfg.ray.num_cpus_per_worker), available.get("CPU", 1.0)))
-        bundle = {"CPU": cpus}
-        gpus = (
-            sum(a.num_gpus for a in self.cfg.agents)
-            if self.cfg.policy_mode == "per_agent"
-            else max((a.num_gpus for a in self.cfg.agents), default=0.0)
-        )
-        gpus = max(gpus, float(self.cfg.ray.num_gpus_per_worker))
-        if gpus and available.get("GPU", 0.0) >= gpus and self.cfg.device != "cpu":
-            bundle["GPU"] = gpus
-        return bundle
+    def groups(self) -> list[list[str]]:
+        """Agent names per actor: one per agent in ``per_agent`` mode, else the whole team in one."""
+        names = [a.name for a in self.cfg.agents]
+        return [[n] for n in names] if self.cfg.policy_mode == "per_agent" else [names]
+
+    def _bundles(self, groups: list[list[str]], available: dict[str, float]) -> list[dict[str, float]]:
+        cpu_total = available.get("CPU", 1.0)
+        per_cpu = max(0.5, cpu_total / len(groups)) if len(groups) > 1 else cpu_total
+        bundles = []
+        for group in groups:
+            agents = [self.cfg.agent(n) for n in group]
+            want = max(float(self.cfg.ray.num_cpus_per_worker), *(a.num_cpus for a in agents))
+            bundle = {"CPU": max(0.5, min(want, per_cpu))}
+            gpus = max(float(self.cfg.ray.num_gpus_per_worker), *(a.num_gpus for a in agents))
+            if gpus and self.cfg.device != "cpu" and available.get("GPU", 0.0) >= gpus * len(groups):
+                bundle["GPU"] = gpus
+            bundles.append(bundle)
+        return bundles
 
     def start(self, timeout_s: float = 600.0) -> None:
-        """Connect to (or start) Ray, reserve the placement group and start the worker actor.
+        """Connect to (or start) Ray, reserve the placement group and start the worker actors.
 
         Raises:
             ResourceExhaustedError: the placement group could not be reserved within ``timeout_s``.
@@ -75,22 +89,31 @@ class RayRuntime:
                 ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
             self._started_ray = True
         _restore_signal_handlers(saved)
-        bundle = self._bundle(ray.available_resources())
-        self._pg = placement_group([bundle], strategy="PACK")
+        groups = self.groups()
+        bundles = self._bundles(groups, ray.available_resources())
+        self._pg = placement_group(bundles, strategy="PACK")
         ready, _ = ray.wait([self._pg.ready()], timeout=timeout_s)
         if not ready:
             ray.util.remove_placement_group(self._pg)
             self._pg = None
-            raise ResourceExhaustedError(f"could not reserve Ray resources {bundle} within {timeout_s:.0f}s")
-        actor = ray.remote(PolicyWorker).options(
-            num_cpus=bundle["CPU"],
-            num_gpus=bundle.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self._pg),
-            max_concurrency=1,
-        )
-        self._worker = actor.remote(self.cfg.model_dump(mode="json"), num_threads=int(bundle["CPU"]))
-        info = self._get(self._worker.ping.remote())
-        _LOG.info("policy worker ready: %s (bundle %s)", info, bundle)
+            raise ResourceExhaustedError(f"could not reserve Ray resources {bundles} within {timeout_s:.0f}s")
+        config = self.cfg.model_dump(mode="json")
+        for i, (group, bundle) in enumerate(zip(groups, bundles, strict=True)):
+            actor = ray.remote(PolicyWorker).options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=i
+                ),
+                max_concurrency=1,
+            )
+            threads = max(1, int(bundle["CPU"]))
+            worker = actor.remote(config, num_threads=threads, agents=None if len(groups) == 1 else group)
+            self._workers.append(worker)
+            for name in group:
+                self._owner[name] = worker
+        for info in self._get([w.ping.remote() for w in self._workers]):
+            _LOG.info("policy worker ready: %s", info)
 
     @staticmethod
     def _get(ref: Any) -> Any:
@@ -106,34 +129,47 @@ class RayRuntime:
             raise RuntimeError(f"policy worker died: {init_error}") from None
 
     def generate(self, agent: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
-        """Generate on the worker (see :meth:`PolicyWorker.generate`)."""
-        return self._get(self._worker.generate.remote(agent, chats, greedy))
+        """Generate on the agent's worker (see :meth:`PolicyWorker.generate`)."""
+        return self._get(self._owner[agent].generate.remote(agent, chats, greedy))
 
     def train(self, agent: str, samples: list[Any]) -> dict[str, float]:
-        """Train on the worker (see :meth:`PolicyWorker.train`)."""
-        return self._get(self._worker.train.remote(agent, samples))
+        """Train on the agent's worker (see :meth:`PolicyWorker.train`)."""
+        return self._get(self._owner[agent].train.remote(agent, samples))
 
     def versions(self) -> dict[str, int]:
-        """Policy versions on the worker."""
-        return self._get(self._worker.versions.remote())
+        """Policy version of every agent."""
+        out: dict[str, int] = {}
+        for part in self._get([w.versions.remote() for w in self._workers]):
+            out.update(part)
+        return out
+
+    def _paths(self, path: str) -> list[str]:
+        if len(self._workers) == 1:
+            return [path]
+        return [str(Path(path) / f"worker_{i}") for i in range(len(self._workers))]
 
     def save(self, path: str, data_position: dict[str, Any]) -> str:
-        """Checkpoint the worker (see :meth:`PolicyWorker.save`)."""
-        return self._get(self._worker.save.remote(path, data_position))
+        """Checkpoint every worker (see :meth:`PolicyWorker.save`); per-agent actors save under ``worker_<i>``."""
+        paths = self._paths(path)
+        self._get([w.save.remote(p, data_position) for w, p in zip(self._workers, paths, strict=True)])
+        return path
 
     def load(self, path: str) -> dict[str, Any]:
-        """Restore the worker (see :meth:`PolicyWorker.load`)."""
-        return self._get(self._worker.load.remote(path))
+        """Restore every worker (see :meth:`PolicyWorker.load`); returns the saved data position."""
+        paths = self._paths(path)
+        positions = self._get([w.load.remote(p) for w, p in zip(self._workers, paths, strict=True)])
+        return positions[0]
 
     def shutdown(self) -> None:
-        """Kill the worker, release the placement group, and stop Ray if this runtime started it."""
+        """Kill the workers, release the placement group, and stop Ray if this runtime started it."""
         import ray
 
         if not ray.is_initialized():
             return
-        if self._worker is not None:
-            ray.kill(self._worker)
-            self._worker = None
+        for worker in self._workers:
+            ray.kill(worker)
+        self._workers.clear()
+        self._owner.clear()
         if self._pg is not None:
             ray.util.remove_placement_group(self._pg)
             self._pg = None

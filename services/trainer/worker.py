@@ -46,19 +46,27 @@ def algo_config(cfg: TrainConfig) -> AlgoConfig:
     )
 
 
-def policy_config(cfg: TrainConfig) -> PolicyConfig:
-    """Build the policy layout from a training config (mode, agents, LoRA shape, seed)."""
+def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyConfig:
+    """Build the policy layout from a training config (mode, agents, LoRA shape, seed).
+
+    Args:
+        cfg: The training config.
+        agents: The subset of agents this policy holds (a per-agent Ray actor); ``None`` = every agent. The
+            seed is offset by the first agent's position so each agent initialises as in a whole-team policy.
+    """
     p = cfg.policy
+    names = [a.name for a in cfg.agents] if agents is None else list(agents)
+    first = [a.name for a in cfg.agents].index(names[0])
     return PolicyConfig(
         mode=cfg.policy_mode,
-        agents=tuple(AgentSpec(a.name, a.pretrain_model, a.is_tuning) for a in cfg.agents),
+        agents=tuple(AgentSpec(a.name, a.pretrain_model, a.is_tuning) for a in cfg.agents if a.name in names),
         lora=LoraSettings(
             r=p.lora_r,
             alpha=int(p.lora_alpha),
             dropout=p.lora_dropout,
             target_modules=tuple(p.lora_target_modules),
         ),
-        seed=cfg.seed,
+        seed=cfg.seed + first,
         gradient_checkpointing=p.gradient_checkpointing,
         keep_reference=cfg.algorithm.kl_coef > 0,
     )
@@ -77,12 +85,15 @@ class PolicyWorker:
     Args:
         config: The training config as a plain dict (Ray passes it by value).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
+        agents: The agents this worker serves (one per actor in ``per_agent`` mode); ``None`` = the team.
 
     Raises:
         NotFoundError: a model is not available locally (named, with the places looked).
     """
 
-    def __init__(self, config: dict[str, Any], num_threads: int | None = None) -> None:
+    def __init__(
+        self, config: dict[str, Any], num_threads: int | None = None, agents: list[str] | None = None
+    ) -> None:
         self.cfg = config_from_dict(config)
         if num_threads:
             torch.set_num_threads(num_threads)
@@ -90,7 +101,8 @@ class PolicyWorker:
         torch.manual_seed(self.cfg.seed)
         self.device = resolve_device(self.cfg)
         self.algo = algo_config(self.cfg)
-        self.policy = MultiAgentPolicy(policy_config(self.cfg), device=self.device)
+        self.agents = [a.name for a in self.cfg.agents] if agents is None else list(agents)
+        self.policy = MultiAgentPolicy(policy_config(self.cfg, self.agents), device=self.device)
         self.engine = self._build_engine()
         self.strategies: dict[str, Any] = {}
         for agent in self.policy.trainable_agents:
@@ -108,7 +120,7 @@ class PolicyWorker:
         return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
 
     def _build_engine(self) -> Any:
-        sampling = {a.name: self._sampling(a.name) for a in self.cfg.agents}
+        sampling = {a: self._sampling(a) for a in self.agents}
         engine = self.cfg.rollout.engine
         if engine == "auto":
             engine = "vllm" if self.device == "cuda" and _vllm_available() else "hf"

@@ -283,3 +283,29 @@ def test_metrics_endpoint_counts_calls_and_access_log_has_request_id(caplog):
     assert f'marti_rpc_total{{code="NOT_FOUND",method="Echo",service="{ECHO_SERVICE}"}}' in body
     assert "marti_rpc_latency_seconds_bucket" in body
     assert any("request_id=req-42" in r.getMessage() for r in caplog.records)
+
+
+def test_undecodable_request_is_invalid_argument_and_long_messages_are_cut():
+    from marti.api.trainer.v1 import trainer_service_pb2, trainer_service_pb2_grpc
+    from services.trainer.jobs import JobManager
+    from services.trainer.loop import Addresses
+    from services.trainer.servicer import TrainerServicer
+
+    servicer = TrainerServicer(JobManager(Addresses("", "", "")))
+    spec = ServiceSpec(
+        "marti.api.trainer.v1.TrainerService",
+        lambda s: trainer_service_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s),
+    )
+    with serve_in_thread([spec]) as server:
+        channel = make_channel(server.address)
+        raw = channel.unary_unary("/marti.api.trainer.v1.TrainerService/GetJob")
+        with pytest.raises(grpc.RpcError) as info:
+            raw(b"\xff\xff\xff\xff", timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid GetJobRequest" in info.value.details()
+        stub = trainer_service_pb2_grpc.TrainerServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetJob(trainer_service_pb2.GetJobRequest(job_id="x" * 200_000), timeout=5)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert len(info.value.details()) <= 1024 and info.value.details().endswith("(truncated)")
+        channel.close()
