@@ -53,6 +53,7 @@ __all__ = [
     "GpuSnapshot",
     "ResourceMonitor",
     "actor_pids",
+    "child_service_pids",
     "driver_pids",
     "service_pids",
     "wait_for_ticks",
@@ -392,6 +393,37 @@ def service_pids(stack: Any) -> dict[str, int]:
         for name, svc in stack.running.items()
         if svc.process.poll() is None
     }
+
+
+def child_service_pids(parent_pid: int | None = None) -> dict[str, int]:
+    """Name -> pid of the marti services running as direct children of a process (default: this one).
+
+    Finds the embedded stack that ``marti train`` started (``LocalStack`` runs ``python -m marti.cli NAME``)
+    without being handed the stack object. ``env-server`` becomes ``env_server``.
+
+    Args:
+        parent_pid: The parent; ``None`` means ``os.getpid()``.
+
+    Returns:
+        ``{"broker": pid, "env_server": pid, "store": pid, ...}``; empty when there are none (or the parent is
+        gone).
+    """
+    services = {"broker", "env-server", "store", "trainer"}
+    out: dict[str, int] = {}
+    try:
+        children = psutil.Process(parent_pid or os.getpid()).children(recursive=False)
+    except psutil.Error:
+        return out
+    for child in children:
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:
+            continue
+        for i in range(len(cmd) - 2):
+            if cmd[i] == "-m" and cmd[i + 1] == "marti.cli" and cmd[i + 2] in services:
+                out[_metric_name(cmd[i + 2].replace("-", "_"))] = child.pid
+                break
+    return out
 
 
 def actor_pids(actors: Mapping[str, Any], timeout_s: float = 30.0) -> dict[str, int]:

@@ -19,6 +19,7 @@ from services.trainer.monitor import (
     GpuProbe,
     GpuSnapshot,
     ResourceMonitor,
+    child_service_pids,
     driver_pids,
     service_pids,
     wait_for_ticks,
@@ -215,3 +216,27 @@ def test_service_pids_from_stack_processes(spawn):
         }
 
     assert service_pids(Stack) == {"broker": broker.pid, "env_server": env.pid}
+
+
+def test_child_service_pids_finds_marti_cli_children(spawn):
+    # Real children whose command lines look like LocalStack's (`python -m marti.cli NAME ...`); `-m marti.cli`
+    # is given to a script that sleeps, so no service has to start.
+    sleeper = "import sys, time; print('ready', flush=True); time.sleep(120)"
+    broker = subprocess.Popen(
+        [sys.executable, "-c", sleeper, "-m", "marti.cli", "broker", "--port", "0"], stdout=subprocess.PIPE
+    )
+    env = subprocess.Popen(
+        [sys.executable, "-c", sleeper, "-m", "marti.cli", "env-server"], stdout=subprocess.PIPE
+    )
+    other = spawn(SLEEP)
+    try:
+        for p in (broker, env):
+            assert p.stdout.readline().strip() == b"ready"
+        found = child_service_pids()
+        assert found == {"broker": broker.pid, "env_server": env.pid}, found
+        assert other.pid not in found.values()
+        assert child_service_pids(other.pid) == {}
+    finally:
+        for p in (broker, env):
+            p.kill()
+            p.wait(10)
