@@ -326,6 +326,7 @@ class EpisodeRunner:
         model_items: dict[str, list[tuple[_Live, list[dict[str, str]]]]] = {}
         texts: dict[int, dict[str, str]] = {id(lv): {} for lv in lives}
         gens: dict[int, dict[str, Any]] = {id(lv): {} for lv in lives}
+        order: dict[int, list[str]] = {}
         for lv in lives:
             if lv.done:
                 continue
@@ -339,7 +340,8 @@ class EpisodeRunner:
                 transcript=list(lv.result.transcript),
                 task=lv.result.task,
             )
-            for agent in wf.speakers(state):
+            order[id(lv)] = wf.speakers(state)
+            for agent in order[id(lv)]:
                 chat = self._workflow_prompt(lv, agent, step)
                 policy = wf.role(agent).policy
                 if policy is not None:
@@ -354,7 +356,7 @@ class EpisodeRunner:
         for lv in lives:
             if lv.done:
                 continue
-            spoken = texts[id(lv)]
+            spoken = {a: texts[id(lv)][a] for a in order[id(lv)]}  # in the workflow's order
             act = {a: "" for a in lv.env.agents}
             for agent, text in spoken.items():
                 parser = wf.role(agent).parser
