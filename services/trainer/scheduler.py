@@ -140,7 +140,8 @@ class Curriculum:
         return sum(r) / len(r) if r else 0.0
 
     def record(self, task: str, successes: Sequence[bool]) -> bool:
-        """Add finished episodes of a task; move it up one level if the full window's rate >= threshold.
+        """Add finished episodes of a task (one step's worth); move it up one level if the full window's rate
+        >= threshold. At most one level per call: the episodes were all played at the old level.
 
         Returns:
             True if the level rose.
