@@ -18,6 +18,7 @@ DISPATCH = {
     "trainer": ("services.trainer.__main__", "run the trainer service (default port 50054)"),
     "train": ("services.trainer.train_cli", "run a training job from a YAML config (the main job)"),
     "eval": ("services.trainer.eval_cli", "evaluate a checkpoint and the base models on held-out seeds"),
+    "top": ("marti.top", "live view of services: health, throughput, queues, sessions, tables, job progress"),
 }
 
 

@@ -37,6 +37,8 @@ class RayRuntime:
         self._pg = None
         self._workers: list[Any] = []
         self._owner: dict[str, Any] = {}
+        self.worker_pids: dict[str, int] = {}
+        """Process id of each policy-worker actor (``policy_worker`` or ``policy_worker_<i>``), for monitoring."""
 
     def groups(self) -> list[list[str]]:
         """Agent names per actor: one per agent in ``per_agent`` mode, else the whole team in one."""
@@ -112,8 +114,10 @@ class RayRuntime:
             self._workers.append(worker)
             for name in group:
                 self._owner[name] = worker
-        for info in self._get([w.ping.remote() for w in self._workers]):
+        infos = self._get([w.ping.remote() for w in self._workers])
+        for i, info in enumerate(infos):
             _LOG.info("policy worker ready: %s", info)
+            self.worker_pids["policy_worker" if len(infos) == 1 else f"policy_worker_{i}"] = int(info["pid"])
 
     @staticmethod
     def _get(ref: Any) -> Any:

@@ -101,13 +101,53 @@ def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+#: ``marti train``'s own options that take a value, and its switches; every other ``--flag`` is a launch flag.
+_OWN_WITH_VALUE = ("--set", "--broker", "--env", "--store", "--token")
+_OWN_SWITCHES = ("--resume", "--no-progress", "-h", "--help")
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate ``marti train``'s own arguments from OpenRLHF-style launch flags.
+
+    argparse alone cannot: ``parse_known_args`` hands the values of an unknown flag (``--actor_model A B``)
+    to the positional CONFIG. A bare token belongs to the launch flag before it, else it is CONFIG.
+
+    Returns:
+        ``(own, launch)``: arguments for :func:`build_parser`, and launch-flag tokens in their order.
+    """
+    own: list[str] = []
+    launch: list[str] = []
+    current = own
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        name = tok.split("=", 1)[0]
+        if name in _OWN_WITH_VALUE:
+            own.append(tok)
+            if "=" not in tok and i + 1 < len(argv):
+                own.append(argv[i + 1])
+                i += 1
+            current = own
+        elif name in _OWN_SWITCHES:
+            own.append(tok)
+            current = own
+        elif tok.startswith("--"):
+            launch.append(tok)
+            current = launch
+        else:
+            current.append(tok)
+        i += 1
+    return own, launch
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
     from marti.launch_flags import build_config
     from services.trainer.loop import TrainingLoop, latest_checkpoint
     from services.trainer.models import resolve_model
 
-    args, launch = build_parser().parse_known_args(argv)
+    own, launch = split_argv(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(own)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg, warnings = build_config(args.config, args.overrides, launch)

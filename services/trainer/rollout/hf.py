@@ -131,7 +131,8 @@ class HFRolloutEngine(RolloutEngine):
         self._check_agent(agent_id)
         params = sampling or self._default_sampling[agent_id]
         spec = self._agents[agent_id]
-        vocab = int(spec.model.get_input_embeddings().weight.shape[0])
+        weight = spec.model.get_input_embeddings().weight
+        vocab = int(getattr(weight, "ds_shape", weight.shape)[0])  # ZeRO-3 partitions it: shape[0] is 0
         ids = normalise_prompts(spec.tokenizer, prompts, vocab)
         limit = self.max_model_len(agent_id)
         for i, p in enumerate(ids):
