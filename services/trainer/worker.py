@@ -10,6 +10,7 @@ after an update is a version bump; with vLLM the new weights are pushed to the e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -250,7 +251,8 @@ class PolicyWorker:
         )
         self.policy.train(False)
         version = self.policy.bump_version(agent_id)
-        self.engine.update_weights(agent_id, self.policy.state_for_sync(agent_id), version)
+        with self.strategies[self.policy.unit_of(agent_id)].gathered():  # ZeRO-3: whole weights for the sync
+            self.engine.update_weights(agent_id, self.policy.state_for_sync(agent_id), version)
         stats["policy_version"] = float(version)
         stats["train_time_s"] = time.perf_counter() - start
         return stats
@@ -260,7 +262,10 @@ class PolicyWorker:
         """Save policies, optimizer/scheduler states, RNG states and the data position under ``path``."""
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
-        self.policy.save(root / "policy")
+        with contextlib.ExitStack() as stack:  # ZeRO-3 partitions weights: gather them to save whole tensors
+            for strategy in self.strategies.values():
+                stack.enter_context(strategy.gathered())
+            self.policy.save(root / "policy")
         for unit, strategy in self.strategies.items():
             strategy.save_checkpoint(root / f"strategy_{unit}")
         for agent, engine in self.critic_engines.items():
