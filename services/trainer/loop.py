@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import os
 import shutil
 import threading
 import time
@@ -121,6 +122,25 @@ def task_metrics(results: list[EpisodeResult]) -> dict[str, float]:
     return out
 
 
+def user_code_paths(cfg: TrainConfig) -> list[str]:
+    """Config keys that name user code by import path (custom envs, workflow functions), as ``key=value``."""
+    found = []
+    if is_import_path(cfg.environment.env_name):
+        found.append(f"environment.env_name={cfg.environment.env_name}")
+    for i, t in enumerate(cfg.tasks):
+        if is_import_path(t.env_name):
+            found.append(f"tasks.{i}.env_name={t.env_name}")
+    w = cfg.workflow
+    for key in ("next_speakers", "factory", "reward_fn"):
+        if getattr(w, key):
+            found.append(f"workflow.{key}={getattr(w, key)}")
+    for i, r in enumerate(w.roles):
+        for key in ("prompt_builder", "parser", "scripted"):
+            if getattr(r, key):
+                found.append(f"workflow.roles.{i}.{key}={getattr(r, key)}")
+    return found
+
+
 def _success_value(result: EpisodeResult, metric: str) -> float:
     """The episode's ``metric`` (an env metric or runner counter), or its mean credited return if absent."""
     if metric in result.metrics:
@@ -172,6 +192,12 @@ class TrainingLoop:
         stop_event: Set to stop after the current step (a checkpoint is saved).
         on_metrics: Called with ``(step, kind, metrics)`` for every train/eval record (TrainerService streams).
         resume: Resume from the newest checkpoint in the run directory when one exists.
+        allow_user_code: Import the user code a config names (custom envs, workflow functions). A service that
+            takes configs from the network should pass False unless its operator opted in.
+
+    Raises:
+        PermissionDeniedError: ``allow_user_code`` is False and the config names user code (the key is named).
+        NotFoundError / InvalidArgumentError: An import path of the workflow does not resolve.
     """
 
     def __init__(
@@ -183,7 +209,15 @@ class TrainingLoop:
         on_metrics: Callable[[int, str, dict[str, float]], None] | None = None,
         resume: bool = False,
         show_progress: bool = True,
+        allow_user_code: bool = True,
     ) -> None:
+        paths = user_code_paths(cfg)
+        if paths and not allow_user_code:
+            from marti.errors import PermissionDeniedError
+
+            raise PermissionDeniedError(
+                f"this trainer does not import user code; the config names {paths[0]}"
+            )
         self.cfg = cfg
         self.addr = addresses
         self.stop_event = stop_event or threading.Event()
@@ -381,6 +415,7 @@ class TrainingLoop:
             FloatingPointError: a loss became NaN; the last good checkpoint is kept.
         """
         from marti.clients.experience import ExperienceSharingClient
+        from services.trainer.monitor import ResourceMonitor, child_service_pids
         from services.trainer.observe import ProgressBar, RunWriter, write_report
 
         cfg = self.cfg
@@ -396,8 +431,12 @@ class TrainingLoop:
             self.run_dir, cfg, use_tensorboard="tensorboard" in log_with, wandb="wandb" in log_with
         )
         start_step = 0
+        monitor: ResourceMonitor | None = None
         try:
             runtime.start()
+            monitor = ResourceMonitor(
+                {"driver": os.getpid(), **runtime.worker_pids, **child_service_pids()}, interval_s=1.0
+            ).start()
             ckpt = self.latest_checkpoint() if self.resume else None
             if ckpt is not None:
                 position = runtime.load(str(ckpt))
@@ -415,6 +454,7 @@ class TrainingLoop:
             ) as bar:
                 while step < cfg.max_steps and not self.stop_event.is_set():
                     metrics = self._train_step(runtime, store, step)
+                    metrics.update(monitor.sample())
                     step += 1
                     writer.log(step, metrics)
                     if self.on_metrics:
@@ -442,6 +482,8 @@ class TrainingLoop:
                 self._checkpoint(runtime, step)
             summary.last_checkpoint = self.last_checkpoint
         finally:
+            if monitor is not None:
+                monitor.stop()
             writer.close()
             store.close()
             runtime.shutdown()

@@ -360,3 +360,17 @@ def test_default_runner_path_unchanged_without_workflow():
     (res,) = runner.play([1])
     assert res.transcript == [] and res.returns == res.env_returns and res.task is None
     assert [t.step for t in res.trajectories["agent_2"].turns] == [1]
+
+
+def test_user_code_can_be_refused_by_a_service():
+    from marti.errors import PermissionDeniedError
+    from services.trainer.loop import Addresses, TrainingLoop, user_code_paths
+
+    cfg = load_config(ROOT / "examples" / "workflows" / "negotiation" / "negotiation.yaml")
+    assert user_code_paths(cfg)[0].startswith("environment.env_name=")
+    with pytest.raises(PermissionDeniedError, match="environment.env_name"):
+        TrainingLoop(cfg, Addresses(None, None, None), allow_user_code=False)
+    assert user_code_paths(load_config(ROOT / "examples" / "tiny.yaml")) == []
+    TrainingLoop(
+        load_config(ROOT / "examples" / "tiny.yaml"), Addresses(None, None, None), allow_user_code=False
+    )
