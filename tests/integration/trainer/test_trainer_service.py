@@ -10,8 +10,8 @@ import pytest
 
 from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
 from marti.rpc.channel import make_channel
-from marti.stack import LocalStack
 from marti.rpc.testing import serve_in_thread
+from marti.stack import LocalStack
 from services.trainer.__main__ import build_specs
 from services.trainer.settings import TrainerSettings
 
@@ -66,7 +66,9 @@ def test_stop_job_ends_early_with_checkpoint(trainer_stub, tmp_path):
         overrides=[f"output.dir={tmp_path / 'run'}", "environment.max_turns=2", "rollout.eval_every=0"],
     )
     job = trainer_stub.SubmitJob(req, timeout=60).job
-    for rec in trainer_stub.StreamMetrics(trainer_service_pb2.StreamMetricsRequest(job_id=job.job_id), timeout=600):
+    for rec in trainer_stub.StreamMetrics(
+        trainer_service_pb2.StreamMetricsRequest(job_id=job.job_id), timeout=600
+    ):
         if rec.record.kind == "train":
             break
     trainer_stub.StopJob(trainer_service_pb2.StopJobRequest(job_id=job.job_id), timeout=10)
@@ -85,7 +87,9 @@ def test_bad_requests_get_typed_errors(trainer_stub):
         trainer_stub.GetJob(trainer_service_pb2.GetJobRequest(job_id="nope"), timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in info.value.details()
     with pytest.raises(grpc.RpcError) as info:
-        trainer_stub.SubmitJob(trainer_service_pb2.SubmitJobRequest(config_yaml="training_name: x\nbogus: 1\n"), timeout=30)
+        trainer_stub.SubmitJob(
+            trainer_service_pb2.SubmitJobRequest(config_yaml="training_name: x\nbogus: 1\n"), timeout=30
+        )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "bogus" in info.value.details()
     cfg = (ROOT / "examples" / "tiny.yaml").read_text().replace('"tiny-llama"', '"no-such/model-7b"')
     with pytest.raises(grpc.RpcError) as info:
