@@ -214,6 +214,9 @@ def summarize(name: str, r: dict[str, Any], tail: int) -> dict[str, Any]:
         "gen_tokens_per_s": r["completion_tokens"] / t,
         "all_tokens_per_s": (r["completion_tokens"] + r["prompt_tokens"]) / t,
         "median_step_s": statistics.median(r["step_times_s"]) if r["step_times_s"] else float("nan"),
+        "median_samples_per_s": (r["samples"] / len(r["step_times_s"])) / statistics.median(r["step_times_s"])
+        if r["step_times_s"]
+        else float("nan"),
         "tail_reward": statistics.mean(r["step_rewards"][-tail:]) if r["step_rewards"] else float("nan"),
         "first_reward": r["step_rewards"][0] if r["step_rewards"] else float("nan"),
         "eval_reward": r["eval"]["reward"],
@@ -226,30 +229,34 @@ def summarize(name: str, r: dict[str, Any], tail: int) -> dict[str, Any]:
 def format_table(rows: list[dict[str, Any]], init_eval: dict[str, float], steps: int, tail: int) -> str:
     """Markdown table of both sides and the ratio line."""
     lines = [
-        f"| side | train s | samples/s | generated tok/s | prompt+gen tok/s | median step s | mean completion "
+        f"| side | train s | samples/s | generated tok/s | prompt+gen tok/s | median step s | samples/s at median step "
+        f"| mean completion "
         f"tok | reward step 1 | reward last {tail} of {steps} steps | eval reward (acc) | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['side']} | {r['train_s']:.1f} | {r['samples_per_s']:.2f} | {r['gen_tokens_per_s']:.1f} | "
-            f"{r['all_tokens_per_s']:.1f} | {r['median_step_s']:.2f} | {r['mean_completion_len']:.1f} | "
+            f"{r['all_tokens_per_s']:.1f} | {r['median_step_s']:.2f} | {r['median_samples_per_s']:.2f} | "
+            f"{r['mean_completion_len']:.1f} | "
             f"{r['first_reward']:.3f} | {r['tail_reward']:.3f} | {r['eval_reward']:.3f} ({r['eval_accuracy']:.2f}) | "
             f"{r['load']:.1f} |"
         )
     lines.append(
-        f"| untrained model | | | | | | | | | {init_eval['reward']:.3f} ({init_eval['accuracy']:.2f}) | |"
+        f"| untrained model | | | | | | | | | | {init_eval['reward']:.3f} ({init_eval['accuracy']:.2f}) | |"
     )
     by = {r["side"]: r for r in rows}
     if "ours" in by and "trl" in by:
         o, t = by["ours"], by["trl"]
         ratio_s = o["samples_per_s"] / t["samples_per_s"]
         ratio_tok = o["gen_tokens_per_s"] / t["gen_tokens_per_s"]
+        ratio_med = o["median_samples_per_s"] / t["median_samples_per_s"]
         reward_ok = o["tail_reward"] >= t["tail_reward"] and o["eval_reward"] >= t["eval_reward"]
         met = ratio_s >= TARGET_RATIO and reward_ok
         lines += [
             "",
-            f"ours / TRL: samples/s {ratio_s:.2f}x, generated tokens/s {ratio_tok:.2f}x; "
+            f"ours / TRL: samples/s {ratio_s:.2f}x, generated tokens/s {ratio_tok:.2f}x, "
+            f"at the median step {ratio_med:.2f}x; "
             f"reward ours {o['tail_reward']:.3f} vs TRL {t['tail_reward']:.3f} (training, last {tail} steps), "
             f"eval {o['eval_reward']:.3f} vs {t['eval_reward']:.3f}. "
             f"Target >= {TARGET_RATIO}x at equal or better reward: {'met' if met else 'NOT met'}.",
@@ -308,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sides", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
     p.add_argument("--trl-venv", default=str(DEFAULT_TRL_VENV), help="TRL virtualenv (created if missing)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench_trainer"), help="output folder")
+    p.add_argument("--report-only", action="store_true", help="only print the table of the runs in --out")
     p.add_argument("--_ours", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._ours:
@@ -319,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        return _report(args, out)
     trl_python = str(ensure_trl_venv(Path(args.trl_venv))) if "trl" in args.sides else ""
     model_dir = prepare_model(args.model, args.seed, out / "init_model")
     spec = {
@@ -350,25 +360,38 @@ def main(argv: list[str] | None = None) -> int:
         spec["eval_problems"],
         args.max_new_tokens,
     )
-    tail = max(1, args.steps // 4)
-    results: dict[str, list[dict[str, Any]]] = {s: [] for s in args.sides}
+    (out / "init_eval.json").write_text(json.dumps(init_eval))
     for rep in range(args.repeats):
         for side in args.sides:
-            res = _child(
-                side, spec_path, out / f"{side}_{rep}.json", sys.executable if side == "ours" else trl_python
-            )
-            results[side].append(res)
+            python = sys.executable if side == "ours" else trl_python
+            res = _child(side, spec_path, out / f"{side}_{rep}.json", python)
+            (out / f"{side}_{rep}.json").write_text(json.dumps(res))
+    return _report(args, out)
+
+
+def _report(args: argparse.Namespace, out: Path) -> int:
+    """Print and save (``<out>/table.md``) the table of the side results ``<out>/<side>_<rep>.json``."""
+    spec = json.loads((out / "spec.json").read_text())
+    init_eval = json.loads((out / "init_eval.json").read_text())
+    steps = spec["steps"]
+    tail = max(1, steps // 4)
+    results: dict[str, list[dict[str, Any]]] = {}
+    for side in ("ours", "trl"):
+        runs = [json.loads(f.read_text()) for f in sorted(out.glob(f"{side}_*.json"))]
+        if runs:
+            results[side] = runs
     rows = []
     for side, runs in results.items():
         best = min(runs, key=lambda r: r["train_time_s"])  # least disturbed by other load on the machine
         rows.append(summarize(side, best, tail))
+    reps = max(len(v) for v in results.values())
     print(
-        f"\nmodel {args.model}, N={args.steps} steps x {args.prompts} prompts x G={args.group}, "
-        f"max_new_tokens={args.max_new_tokens}, T={args.temperature}, lr={args.lr}, "
-        f"{'LoRA r=8' if args.lora else 'full fine-tuning'}, {args.threads} threads, seed {args.seed}, "
-        f"best of {args.repeats}\n"
+        f"\nmodel {args.model}, N={steps} steps x {spec['prompts_per_step']} prompts x G={spec['group_size']}, "
+        f"max_new_tokens={spec['max_new_tokens']}, T={spec['temperature']}, lr={spec['lr']}, "
+        f"{'LoRA r=8' if spec['lora'] else 'full fine-tuning'}, {spec['threads']} threads, seed {spec['seed']}, "
+        f"fastest of {reps} run(s) per side\n"
     )
-    text = format_table(rows, init_eval, args.steps, tail)
+    text = format_table(rows, init_eval, steps, tail)
     print(text)
     (out / "table.md").write_text(text + "\n")
     return 0
