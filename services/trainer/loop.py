@@ -317,13 +317,16 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------------------------------ phases
     def _store_and_sample(self, store: Any, results: list[EpisodeResult]) -> dict[str, list[Sample]]:
-        """Share every trajectory, then sample each trainable agent's trajectories back (queue tables)."""
+        """Share every trainable agent's trajectories, then sample them back (one queue table per agent)."""
         counts: dict[str, int] = {}
         for r in results:
             for agent, traj in r.trajectories.items():
                 traj.metadata["return"] = agent_return(self.cfg, r.returns.get(agent, 0.0))
                 counts[agent] = counts.get(agent, 0) + 1
+        tuning = set(self.cfg.tuning_agents)
         for agent in counts:
+            if agent not in tuning:  # frozen agents act but have no table: nothing would ever drain it
+                continue
             trajs = [r.trajectories[agent] for r in results if agent in r.trajectories]
             store.share_experiences(trajs, table=agent)
         batches: dict[str, list[Sample]] = {}

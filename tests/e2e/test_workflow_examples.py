@@ -98,3 +98,21 @@ def test_two_task_job_reports_per_task_metrics_curriculum_and_allocation(tmp_pat
     assert evals and all(e["task/alloc/episodes"] == 2 and e["task/quiz/episodes"] == 2 for e in evals)
     report = (run / "report.md").read_text()
     assert "task/alloc/" in report and "alloc/agent_1" in report
+
+
+@pytest.mark.parametrize(
+    ("name", "untrained"),
+    [("chain", "agent_3"), ("debate", "agent_3")],  # chain: frozen evaluator; debate: scripted solver
+)
+def test_chain_and_debate_examples_train_with_marti_train(tmp_path, name, untrained):
+    run = tmp_path / name
+    out = _train(ROOT / f"examples/workflows/{name}/{name}.yaml", run)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recs = [_values(r) for r in _records(run / "metrics.jsonl")]
+    assert len(recs) == 2
+    cfg = yaml.safe_load((ROOT / f"examples/workflows/{name}/{name}.yaml").read_text())
+    for step, r in enumerate(recs, start=1):
+        assert f"{untrained}/reward" in r and f"{untrained}/policy_version" not in r
+        for a in cfg["agents"]:
+            if a.get("is_tuning", True):
+                assert r[f"{a['name']}/policy_version"] == step
