@@ -36,6 +36,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
-    if name == "aio":
-        return importlib.import_module("marti.aio")
+    if name in ("aio", "workflow", "gym_view"):
+        return importlib.import_module(f"marti.{name}")
     raise AttributeError(f"module 'marti' has no attribute {name!r}")

@@ -78,6 +78,7 @@ class LocalStack:
         if self.token:
             env["MARTI_TOKEN"] = self.token
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env["MARTI_PARENT_PID"] = str(os.getpid())  # the service exits when this process dies (run_server)
         log_path = None
         stderr = None
         if self.log_dir is not None:
@@ -90,7 +91,6 @@ class LocalStack:
             stderr=stderr,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         address = self._read_address(name, proc)
         if log_path is not None:
@@ -164,20 +164,6 @@ class LocalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (even by SIGKILL), so an
-    embedded stack never outlives the ``marti`` process that started it. A no-op on other systems."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def _drain(proc: subprocess.Popen, log_path: Path | None) -> None:

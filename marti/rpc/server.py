@@ -233,6 +233,25 @@ async def _serve_until_signal(specs: Sequence[ServiceSpec], settings: ServerSett
     print("stopped", flush=True)
 
 
+def _exit_with_parent() -> None:
+    """When started by a marti launcher (``MARTI_PARENT_PID`` set), ask Linux to send SIGTERM when the parent
+    dies, even by SIGKILL, so an embedded stack never outlives the ``marti`` process that started it."""
+    import os
+
+    parent = os.environ.get("MARTI_PARENT_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except OSError:
+        return
+    if str(os.getppid()) != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = None) -> int:
     """Serve ``specs`` until SIGTERM or SIGINT; the blocking entry point of every service.
 
@@ -244,6 +263,7 @@ def run_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = N
         Process exit code: 0 after a clean shutdown.
     """
     settings = settings or ServerSettings()
+    _exit_with_parent()
     logging.basicConfig(
         level=getattr(logging, settings.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

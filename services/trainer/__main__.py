@@ -20,7 +20,8 @@ def build_specs(settings: TrainerSettings) -> list[ServiceSpec]:
     addresses = Addresses(
         settings.broker or "", settings.env or "", settings.store or "", settings.service_token
     )
-    servicer = TrainerServicer(JobManager(addresses, settings.max_concurrent_jobs), settings.stream_poll_s)
+    jobs = JobManager(addresses, settings.max_concurrent_jobs, allow_user_code=settings.allow_user_code)
+    servicer = TrainerServicer(jobs, settings.stream_poll_s)
     return [
         ServiceSpec(
             SERVICE_NAME, lambda s: trainer_service_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, s)
@@ -41,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", default=None, help="bearer token required by this service (and sent to others)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port")
     p.add_argument("--max-concurrent-jobs", type=int, default=None)
+    p.add_argument(
+        "--allow-user-code",
+        action="store_true",
+        default=None,
+        help="let submitted configs import user code (custom envs, workflow functions); off by default",
+    )
     args = p.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     if "token" in overrides:

@@ -10,8 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marti.config import TrainConfig, config_from_text
-from marti.errors import FailedPreconditionError, MartiError, NotFoundError, ResourceExhaustedError
-from services.trainer.loop import Addresses, TrainingLoop
+from marti.errors import (
+    FailedPreconditionError,
+    MartiError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
+from services.trainer.loop import Addresses, TrainingLoop, user_code_paths
 
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 
@@ -54,11 +60,16 @@ class JobManager:
     Args:
         addresses: Service addresses every job uses.
         max_concurrent_jobs: Most jobs running at once (RESOURCE_EXHAUSTED beyond it).
+        allow_user_code: Let submitted configs import user code (custom envs, workflow functions). Off by
+            default: configs arrive over the network, and importing a path runs code on this server.
     """
 
-    def __init__(self, addresses: Addresses, max_concurrent_jobs: int = 1) -> None:
+    def __init__(
+        self, addresses: Addresses, max_concurrent_jobs: int = 1, allow_user_code: bool = False
+    ) -> None:
         self.addresses = addresses
         self.max_concurrent_jobs = max_concurrent_jobs
+        self.allow_user_code = allow_user_code
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
 
@@ -73,6 +84,12 @@ class JobManager:
         from services.trainer.models import resolve_model
 
         cfg = config_from_text(config_yaml, overrides, source="<SubmitJob>")
+        user_code = user_code_paths(cfg)
+        if user_code and not self.allow_user_code:
+            raise PermissionDeniedError(
+                f"this trainer does not run user code from submitted configs ({', '.join(user_code)}); "
+                "start it with --allow-user-code to permit it"
+            )
         for agent in cfg.agents:
             resolve_model(agent.pretrain_model)
         with self._lock:
@@ -108,6 +125,7 @@ class JobManager:
                 stop_event=job.stop_event,
                 on_metrics=lambda s, k, v: self._record(job, s, k, v),
                 show_progress=False,
+                allow_user_code=self.allow_user_code,
             )
             summary = job.loop.run()
             self._set(

@@ -19,4 +19,7 @@ class TrainerSettings(ServerSettings):
     store: str | None = Field(None, description="experience_store host:port used by jobs.")
     service_token: str | None = Field(None, description="Bearer token jobs send to the services.")
     max_concurrent_jobs: int = Field(1, gt=0, description="Most jobs running at once.")
+    allow_user_code: bool = Field(
+        False, description="Let submitted configs import user code (custom envs, workflow functions)."
+    )
     stream_poll_s: float = Field(1.0, gt=0, description="StreamMetrics wake-up interval, seconds.")

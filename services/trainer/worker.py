@@ -263,8 +263,11 @@ class PolicyWorker:
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:  # ZeRO-3 partitions weights: gather them to save whole tensors
-            for strategy in self.strategies.values():
-                stack.enter_context(strategy.gathered())
+            gathered: set[int] = set()
+            for strategy in self.strategies.values():  # once per model: LoRA units share one base model
+                if id(strategy.model) not in gathered:
+                    gathered.add(id(strategy.model))
+                    stack.enter_context(strategy.gathered())
             self.policy.save(root / "policy")
         for unit, strategy in self.strategies.items():
             strategy.save_checkpoint(root / f"strategy_{unit}")

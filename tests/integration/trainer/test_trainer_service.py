@@ -98,3 +98,16 @@ def test_bad_requests_get_typed_errors(trainer_stub):
     with pytest.raises(grpc.RpcError) as info:
         trainer_stub.SaveCheckpoint(trainer_service_pb2.SaveCheckpointRequest(job_id="nope"), timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_configs_naming_user_code_are_refused_by_default(trainer_stub):
+    cfg = (
+        (ROOT / "examples" / "tiny.yaml")
+        .read_text()
+        .replace('env_name: "collaborative_task_solving"', 'env_name: "my_envs.py:make_env"')
+    )
+    assert "my_envs.py:make_env" in cfg
+    with pytest.raises(grpc.RpcError) as info:
+        trainer_stub.SubmitJob(trainer_service_pb2.SubmitJobRequest(config_yaml=cfg), timeout=30)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "environment.env_name=my_envs.py:make_env" in info.value.details()
