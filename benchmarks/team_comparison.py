@@ -179,7 +179,7 @@ def table(results: dict[str, dict[int, dict[str, Any]]], threshold: float) -> st
         "|---|---|---|---|---|---|---|",
     ]
     for arm, runs in results.items():
-        rs = list(runs.values())
+        rs = [r for r in runs.values() if r["steps"] > 0]  # unfinished or not-run seeds are left out
 
         def col(key: str, rs: list = rs) -> str:
             return _mean_std([r["last_eval"][key] for r in rs if key in r["last_eval"]])
