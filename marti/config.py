@@ -541,7 +541,9 @@ class BudgetConfig(_Section):
     """Limits that end a run early, besides ``max_steps``."""
 
     max_wall_time_s: PositiveFloat | None = None
-    """Stop (after saving a checkpoint) once the run has taken this many seconds; null: no limit."""
+    """Wall-time budget, seconds from the first evaluation: no step starts that would end, with the final
+    evaluation, past it (estimated from the last step and the first evaluation); the run then checkpoints and
+    writes its report. At least one step always runs. Null: no limit."""
 
 
 class WorkflowRoleConfig(_Section):

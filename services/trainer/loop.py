@@ -449,13 +449,26 @@ class TrainingLoop:
                 _LOG.info("resumed from %s at step %d", ckpt, start_step)
             t0 = time.monotonic()
             eval_every = cfg.rollout.eval_every
+            eval_cost = 0.0
             if eval_every and start_step == 0:
                 self._evaluate(runtime, 0, writer, summary)
+                eval_cost = time.monotonic() - t0
+            step_cost = 0.0
             step = start_step
             with ProgressBar(
                 cfg.max_steps, start_step=start_step, stream=None if self.show_progress else io.StringIO()
             ) as bar:
                 while step < cfg.max_steps and not self.stop_event.is_set():
+                    budget = cfg.budget.max_wall_time_s
+                    elapsed = time.monotonic() - t0
+                    if budget and step > start_step and elapsed + step_cost + eval_cost > budget:
+                        _LOG.warning(
+                            "wall-time budget of %.0fs: stopping at step %d (%.0fs used; a step takes %.0fs and "
+                            "the final evaluation %.0fs)", budget, step, elapsed, step_cost, eval_cost,
+                        )  # fmt: skip
+                        summary.stopped = True
+                        break
+                    step_start = time.monotonic()
                     metrics = self._train_step(runtime, store, step)
                     metrics.update(monitor.sample())
                     step += 1
@@ -472,11 +485,7 @@ class TrainingLoop:
                     if (save_every and step % save_every == 0) or self.checkpoint_request.is_set():
                         self._checkpoint(runtime, step)
                         self.checkpoint_request.clear()
-                    budget = cfg.budget.max_wall_time_s
-                    if budget and time.monotonic() - t0 > budget:
-                        _LOG.warning("wall-time budget of %.0fs reached at step %d", budget, step)
-                        summary.stopped = True
-                        break
+                    step_cost = time.monotonic() - step_start
             summary.stopped = summary.stopped or step < cfg.max_steps
             summary.steps = step
             if step > start_step or self.last_checkpoint is None:

@@ -51,3 +51,18 @@ def _stop_after_first_step(proc: subprocess.Popen, run: Path) -> None:
     assert (run / "report.md").exists()
     time.sleep(1)
     assert _stack_children(run) == 0, "the embedded services must stop with the job"
+
+
+def test_wall_time_budget_stops_before_a_step_that_would_overrun(tmp_path):
+    run = tmp_path / "run_budget"
+    out = subprocess.run(
+        [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
+         "--set", "environment.max_turns=2", "--set", "max_steps=5", "--set", "budget.max_wall_time_s=1",
+         "--set", f"output.dir={run}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "wall-time budget of 1s: stopping at step 1" in out.stderr
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    assert (run / "report.md").exists()
