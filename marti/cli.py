@@ -90,7 +90,10 @@ def _cmd_up(argv: list[str]) -> int:
 
 
 def _cmd_bench(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="marti bench", description="run a benchmark from benchmarks/")
+    # add_help=False: `marti bench NAME --help` must reach the benchmark's own parser.
+    parser = argparse.ArgumentParser(
+        prog="marti bench", description="run a benchmark from benchmarks/", add_help=False
+    )
     parser.add_argument("name", help="benchmark name: broker, env, store, trainer, ...")
     args, rest = parser.parse_known_args(argv)
     root = Path(__file__).resolve().parent.parent
