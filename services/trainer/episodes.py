@@ -75,15 +75,6 @@ class _Live:
     mailbox: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
-def _system_prompt(agent: str, role: str, template: str | None, capabilities: Sequence[str]) -> str:
-    caps = ", ".join(capabilities) or "general problem solving"
-    text = template or (
-        "You are {name}, the {role} of a team of AI agents. Your capabilities: {capabilities}. "
-        "Answer briefly and exactly in the requested format."
-    )
-    return text.format(name=agent, role=role, capabilities=caps)
-
-
 def _messages_text(messages: Sequence[Any]) -> str:
     lines = []
     for m in messages:
