@@ -12,7 +12,16 @@ Async twins live in :mod:`marti.aio`.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# gRPC's C core installs fork handlers by default. marti processes fork only to exec (Ray's head and
+# workers, the local stack), and Ray forks with a ``preexec_fn`` while gRPC threads are busy; gRPC's
+# handlers then skip or abort in the child ("Other threads are currently calling into gRPC, skipping fork()
+# handlers"), which failed jobs started from inside the trainer service. No marti child uses gRPC before
+# exec, so the handlers are switched off (an explicit setting by the user wins). Read when gRPC starts, so
+# this module must be imported before the first channel or server is created.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 __version__ = "0.1.0"
 
