@@ -499,6 +499,9 @@ class ServicesConfig(_Section):
     """CA certificate file for TLS to the services; null: plaintext."""
     data_dir: str | None = None
     """Data directory of embedded services; null: ``<output.dir>/services``."""
+    reconnect_timeout_s: NonNegFloat = 120.0
+    """How long the trainer keeps retrying a rollout or store exchange while a service restarts, seconds
+    (backoff 0.5 s doubling to 10 s); 0 fails at the first outage."""
 
 
 class OutputConfig(_Section):

@@ -16,13 +16,17 @@ plays each episode on its own task (multi-task jobs; ``make_task_env(seed, task)
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from marti.errors import MartiError
 from marti.trajectory import Trajectory, Turn
 from marti.workflow import EpisodeView, PromptContext, Workflow, WorkflowState, default_build_prompt
+
+_LOG = logging.getLogger(__name__)
 
 #: Generate responses for one agent: (agent_id, chat prompts) -> generations (see rollout.base.Generation).
 GenerateFn = Callable[[str, list[list[dict[str, str]]]], list[Any]]
@@ -73,6 +77,14 @@ class _Live:
     received: int = 0
     done: bool = False
     mailbox: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+
+
+def _close_quietly(obj: Any) -> None:
+    """Close a session client; a service that is down (the episode is being abandoned) only gets a log line."""
+    try:
+        obj.close()
+    except MartiError as exc:
+        _LOG.warning("closing %s failed: %s: %s", type(obj).__name__, type(exc).__name__, exc)
 
 
 def _messages_text(messages: Sequence[Any]) -> str:
@@ -135,13 +147,20 @@ class EpisodeRunner:
             env = self.make_task_env(seed, task)
         else:
             env = self.make_env(seed)
-        obs, infos = env.reset(seed=seed)
-        if list(env.possible_agents) != self.agents:
-            raise ValueError(
-                f"env agents {list(env.possible_agents)} differ from config agents {self.agents}"
-            )
         episode_id = f"{self.run_id}-{seed}-{uuid.uuid4().hex[:8]}"
-        comms = {a: self.comm_factory(a, episode_id) for a in self.agents} if self.comm_factory else {}
+        comms: dict[str, Any] = {}
+        try:
+            obs, infos = env.reset(seed=seed)
+            if list(env.possible_agents) != self.agents:
+                raise ValueError(
+                    f"env agents {list(env.possible_agents)} differ from config agents {self.agents}"
+                )
+            for a in self.agents if self.comm_factory else ():
+                comms[a] = self.comm_factory(a, episode_id)
+        except BaseException:
+            for closable in (*comms.values(), env):
+                _close_quietly(closable)
+            raise
         result = EpisodeResult(episode_id, seed, task=task)
         for a in self.agents:
             result.returns[a] = 0.0
@@ -184,8 +203,10 @@ class EpisodeRunner:
         """
         if tasks is not None and len(tasks) != len(seeds):
             raise ValueError(f"{len(tasks)} tasks for {len(seeds)} seeds")
-        lives = [self._start(s, None if tasks is None else tasks[i]) for i, s in enumerate(seeds)]
+        lives: list[_Live] = []
         try:
+            for i, s in enumerate(seeds):  # inside the try: a failed start still closes the sessions opened
+                lives.append(self._start(s, None if tasks is None else tasks[i]))
             step = 0
             while any(not lv.done for lv in lives) and (max_turns is None or step < max_turns):
                 if self.workflow is None:
@@ -196,9 +217,8 @@ class EpisodeRunner:
             return [self._finish(lv) for lv in lives]
         finally:
             for lv in lives:
-                for comm in lv.comms.values():
-                    comm.close()
-                lv.env.close()
+                for closable in (*lv.comms.values(), lv.env):
+                    _close_quietly(closable)
 
     def _turn(self, lives: list[_Live], step: int) -> None:
         acting: dict[str, list[tuple[_Live, list[dict[str, str]]]]] = {}

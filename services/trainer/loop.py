@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from marti.config import TaskConfig, TrainConfig, dump_config
+from marti.trajectory import Trajectory
 from marti.workflow import Workflow, is_import_path, make_custom_env, workflow_from_section
 from services.trainer.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.episodes import EpisodeResult, EpisodeRunner
 from services.trainer.learner import Sample
 from services.trainer.ray_runtime import RayRuntime
+from services.trainer.reconnect import Backoff, call_with_reconnect
 from services.trainer.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 _LOG = logging.getLogger("marti.trainer")
@@ -227,6 +229,8 @@ class TrainingLoop:
         self.run_dir = cfg.run_dir
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.checkpoint_request = threading.Event()
+        self.reconnects = 0  # phases re-run after a service outage
+        self.dropped_items = 0  # duplicate store items dropped after an interrupted exchange
         self.last_checkpoint: str | None = None
         self.workflow: Workflow | None = (
             workflow_from_section(cfg.workflow, [a.name for a in cfg.agents], cfg)
@@ -316,28 +320,65 @@ class TrainingLoop:
         )
 
     # ------------------------------------------------------------------------------------------ phases
-    def _store_and_sample(self, store: Any, results: list[EpisodeResult]) -> dict[str, list[Sample]]:
+    def _reconnecting(self, fn: Callable[[], Any], what: str) -> Any:
+        """Run a phase that talks to the services, re-running it while they restart (see ``reconnect.py``)."""
+
+        def count(attempt: int, exc: BaseException) -> None:
+            self.reconnects += 1
+
+        backoff = Backoff(timeout_s=self.cfg.services.reconnect_timeout_s)
+        return call_with_reconnect(fn, what, backoff, on_retry=count)
+
+    def _play(
+        self, runner: EpisodeRunner, seeds: list[int], tasks: list[str] | None, what: str
+    ) -> list[EpisodeResult]:
+        """Play a batch of episodes; after an outage the whole batch is replayed from its seeds in new sessions."""
+        return self._reconnecting(lambda: runner.play(seeds, tasks=tasks), what)
+
+    def _exchange(self, store: Any, agent: str, trajs: list[Trajectory], step: int) -> list[Trajectory]:
+        """Insert an agent's trajectories of this step into its queue table and sample each back once.
+
+        Safe to re-run after a store outage: each attempt inserts only the trajectories not sampled back yet,
+        and drops sampled items that are not this step's or were already seen (duplicates left by an
+        interrupted attempt), so the insert is at-least-once and each trajectory is trained on exactly once.
+
+        Returns:
+            The sampled trajectories in the order of ``trajs``.
+        """
+        want = {t.episode_id: t for t in trajs}
+        got: dict[str, Trajectory] = {}
+
+        def attempt() -> None:
+            missing = [t for eid, t in want.items() if eid not in got]
+            if missing:
+                store.share_experiences(missing, table=agent)
+            while len(got) < len(want):
+                for item in store.sample(table=agent, batch_size=len(want) - len(got), timeout_s=60.0):
+                    eid = item.trajectory.episode_id
+                    if eid in want and eid not in got:
+                        got[eid] = item.trajectory
+                    else:
+                        self.dropped_items += 1
+
+        self._reconnecting(attempt, f"experience exchange of {agent} at step {step + 1}")
+        return [got[eid] for eid in want]
+
+    def _store_and_sample(
+        self, store: Any, results: list[EpisodeResult], step: int = 0
+    ) -> dict[str, list[Sample]]:
         """Share every trainable agent's trajectories, then sample them back (one queue table per agent)."""
         counts: dict[str, int] = {}
         for r in results:
             for agent, traj in r.trajectories.items():
                 traj.metadata["return"] = agent_return(self.cfg, r.returns.get(agent, 0.0))
                 counts[agent] = counts.get(agent, 0) + 1
-        tuning = set(self.cfg.tuning_agents)
-        for agent in counts:
-            if agent not in tuning:  # frozen agents act but have no table: nothing would ever drain it
-                continue
-            trajs = [r.trajectories[agent] for r in results if agent in r.trajectories]
-            store.share_experiences(trajs, table=agent)
         batches: dict[str, list[Sample]] = {}
-        for agent in self.cfg.tuning_agents:
-            n = counts.get(agent, 0)
-            if not n:
+        for agent in self.cfg.tuning_agents:  # frozen agents act but have no table: nothing would drain it
+            trajs = [r.trajectories[agent] for r in results if agent in r.trajectories]
+            if not trajs:
                 continue
-            items = store.sample(table=agent, batch_size=n, timeout_s=60.0)
             samples = []
-            for item in items:
-                traj = item.trajectory
+            for traj in self._exchange(store, agent, trajs, step):
                 reward = float(traj.metadata.get("return", 0.0))
                 group = traj.metadata.get("seed")
                 if traj.metadata.get("task") is not None:
@@ -353,9 +394,9 @@ class TrainingLoop:
         seeds = self.cfg.rollout.resolved_eval_seeds
         runner = self._runner(runtime, greedy=True)
         if not self.tasks:
-            return runner.play(seeds)
+            return self._play(runner, list(seeds), None, "evaluation")
         names = [t for t in self.tasks for _ in seeds]
-        return runner.play(seeds * len(self.tasks), tasks=names)
+        return self._play(runner, list(seeds) * len(self.tasks), names, "evaluation")
 
     def _evaluate(self, runtime: RayRuntime, step: int, writer: Any, summary: RunSummary) -> dict[str, float]:
         results = self._play_eval(runtime)
@@ -427,7 +468,12 @@ class TrainingLoop:
         summary = RunSummary(self.run_dir)
         store = ExperienceSharingClient("trainer", self.addr.store, token=self.addr.token)
         for agent in cfg.tuning_agents:
-            store.create_table(agent, preset="queue", max_size=max(1000, 4 * cfg.rollout.episodes_per_step))
+            self._reconnecting(
+                lambda a=agent: store.create_table(
+                    a, preset="queue", max_size=max(1000, 4 * cfg.rollout.episodes_per_step)
+                ),
+                f"creating table {agent!r}",
+            )
         runtime = RayRuntime(cfg)
         log_with = cfg.output.log_with
         writer = RunWriter(
@@ -508,9 +554,9 @@ class TrainingLoop:
         tasks = (
             self.scheduler.assign(step, len(seeds), self.cfg.rollout.group_size) if self.scheduler else None
         )
-        results = self._runner(runtime, greedy=False).play(seeds, tasks=tasks)
+        results = self._play(self._runner(runtime, greedy=False), seeds, tasks, f"rollout of step {step + 1}")
         t_roll = time.perf_counter() - t0
-        batches = self._store_and_sample(store, results)
+        batches = self._store_and_sample(store, results, step)
         metrics = {**episode_metrics(results), **task_metrics(results)}
         if self.curriculum is not None:
             metrics.update(self._curriculum_step(results))
@@ -530,6 +576,8 @@ class TrainingLoop:
             metrics[f"{agent}/version_lag"] = float(runtime.versions()[agent] - 1 - versions.get(agent, 0))
         metrics["time/rollout_s"] = t_roll
         metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["services/reconnects"] = float(self.reconnects)
+        metrics["services/dropped_duplicates"] = float(self.dropped_items)
         return metrics
 
     def _curriculum_step(self, results: list[EpisodeResult]) -> dict[str, float]:
