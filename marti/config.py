@@ -235,6 +235,12 @@ class RayConfig(_Section):
     """GPUs per rollout worker actor."""
     object_store_memory: NonNegInt | None = None
     """Ray object store size in bytes; strings like ``20GB`` or ``512MiB`` are accepted. Null: Ray's default."""
+    colocate_models: bool = True
+    """True: each agent's reference model (KL) and critic (GAE) live in its policy actor, which keeps one copy
+    of the base weights (the default). False: one reference actor per trainable agent when
+    ``algorithm.kl_coef > 0`` and one critic actor per trainable agent when ``algorithm.advantage_estimator``
+    is ``gae``, each with its own placement-group bundle sized like the agent's policy bundle (its ``num_cpus``
+    / ``num_gpus``, at least ``ray.num_*_per_worker``, CPUs shared out when the machine has fewer)."""
 
     @field_validator("object_store_memory", mode="before")
     @classmethod
