@@ -1,17 +1,31 @@
-"""Ray orchestration of the policy workers: local ``ray.init`` or an existing cluster, one placement group with
+"""Ray orchestration of the trainer's actors: local ``ray.init`` or an existing cluster, one placement group with
 a bundle per actor sized from the config, released when the job ends or fails.
 
-``per_agent`` mode: one :class:`~services.trainer.worker.PolicyWorker` actor per agent (its policy, reference,
-critic and optimizer; its ``num_cpus`` / ``num_gpus`` reserved). ``lora`` and ``shared`` mode: one actor for
-the team, which keeps a single copy of the base weights.
+Policy actors (:class:`~services.trainer.worker.PolicyWorker`): in ``per_agent`` mode one per agent (its
+``num_cpus`` / ``num_gpus`` reserved); in ``lora`` and ``shared`` mode one for the team, which keeps a single
+copy of the base weights.
+
+Reference models and critics, two layouts (``ray.colocate_models``):
+
+- colocated (``true``, the default): each lives in the policy actor of its agent (the reference is the base
+  with adapters disabled in ``lora`` mode, else a frozen copy; one critic per trainable agent with ``gae``).
+  No extra actors and, in ``lora`` mode, no extra copy of the base weights: the layout for small machines.
+- separate (``false``): one :class:`~services.trainer.model_workers.ReferenceWorker` actor per trainable agent
+  when ``algorithm.kl_coef > 0`` and one :class:`~services.trainer.model_workers.CriticWorker` actor per
+  trainable agent when the estimator is ``gae``, each on a bundle of its own. :meth:`RayRuntime.train` then
+  asks the reference and the critic for their outputs on the batch (in parallel), passes them to the policy
+  actor's update, and fits the critic on the returns it reports. The numbers are those of the colocated
+  layout: the same weights, seeds, padding, windows and losses.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from marti.config import TrainConfig
 from marti.errors import ResourceExhaustedError
@@ -19,16 +33,36 @@ from marti.errors import ResourceExhaustedError
 _LOG = logging.getLogger("marti.trainer.ray")
 
 
-class RayRuntime:
-    """Owns the Ray connection, the placement group and the policy-worker actors of one job.
+@dataclass(frozen=True)
+class ActorSpec:
+    """One actor of a job's layout (see :meth:`RayRuntime.actors`).
 
-    Actor groups: in ``per_agent`` mode every agent gets its own actor (its model, reference, critic and
-    optimizer) with its own bundle (``num_cpus`` / ``num_gpus`` of the agent, at least
-    ``ray.num_cpus_per_worker``); in ``lora`` and ``shared`` mode the team shares one actor, which holds the
-    single copy of the base weights. Calls are routed to the actor that holds the agent.
+    Attributes:
+        name: ``policy_worker`` (one team actor) or ``policy_worker_<i>``, ``reference_<agent>``,
+            ``critic_<agent>``; the key in :attr:`RayRuntime.worker_pids`.
+        kind: ``policy``, ``reference`` or ``critic``.
+        agents: The agents it serves (one for references and critics).
+        group: The agents of the policy actor holding them; ``None`` = the whole team (one policy actor).
+    """
+
+    name: str
+    kind: Literal["policy", "reference", "critic"]
+    agents: tuple[str, ...]
+    group: tuple[str, ...] | None
+
+
+class RayRuntime:
+    """Owns the Ray connection, the placement group and the actors of one job.
+
+    Actor groups: in ``per_agent`` mode every agent gets its own policy actor (its model and optimizer, and
+    when colocated its reference and critic) with its own bundle (``num_cpus`` / ``num_gpus`` of the agent, at
+    least ``ray.num_cpus_per_worker``); in ``lora`` and ``shared`` mode the team shares one actor, which holds
+    the single copy of the base weights. With ``ray.colocate_models: false`` every trainable agent also gets a
+    reference actor (``kl_coef > 0``) and a critic actor (``gae``), on bundles sized like its policy's. Calls
+    are routed to the actor that holds the agent.
 
     Args:
-        cfg: The training config (``ray`` section: address, CPUs, object store; agents' resources).
+        cfg: The training config (``ray`` section: address, CPUs, object store, layout; agents' resources).
     """
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -37,30 +71,66 @@ class RayRuntime:
         self._pg = None
         self._workers: list[Any] = []
         self._owner: dict[str, Any] = {}
+        self._references: dict[str, Any] = {}
+        self._critics: dict[str, Any] = {}
+        self._actors: list[Any] = []
         self.worker_pids: dict[str, int] = {}
-        """Process id of each policy-worker actor (``policy_worker`` or ``policy_worker_<i>``), for monitoring."""
+        """Process id of every actor by :attr:`ActorSpec.name` (``policy_worker`` or ``policy_worker_<i>``,
+        ``reference_<agent>``, ``critic_<agent>``), for monitoring."""
 
     def groups(self) -> list[list[str]]:
-        """Agent names per actor: one per agent in ``per_agent`` mode, else the whole team in one."""
+        """Agent names per policy actor: one per agent in ``per_agent`` mode, else the whole team in one."""
         names = [a.name for a in self.cfg.agents]
         return [[n] for n in names] if self.cfg.policy_mode == "per_agent" else [names]
 
-    def _bundles(self, groups: list[list[str]], available: dict[str, float]) -> list[dict[str, float]]:
+    def actors(self) -> list[ActorSpec]:
+        """Every actor of the job: the policy actors, then (``ray.colocate_models: false``) per trainable agent
+        its reference actor (``algorithm.kl_coef > 0``) and its critic actor (``gae``)."""
+        groups = self.groups()
+        specs = []
+        for i, g in enumerate(groups):
+            name, group = ("policy_worker", None) if len(groups) == 1 else (f"policy_worker_{i}", tuple(g))
+            specs.append(ActorSpec(name, "policy", tuple(g), group))
+        if self.cfg.ray.colocate_models:
+            return specs
+        kinds: list[Literal["reference", "critic"]] = []
+        if self.cfg.algorithm.kl_coef > 0:
+            kinds.append("reference")
+        if self.cfg.algorithm.advantage_estimator == "gae":
+            kinds.append("critic")
+        for policy in list(specs):
+            for agent in policy.agents:
+                if self.cfg.agent(agent).is_tuning:
+                    specs += [ActorSpec(f"{k}_{agent}", k, (agent,), policy.group) for k in kinds]
+        return specs
+
+    def _bundles(self, actors: list[ActorSpec], available: dict[str, float]) -> list[dict[str, float]]:
+        """One bundle per actor: the CPUs and GPUs its agents ask for, CPUs shared out when short.
+
+        An actor wants ``max(ray.num_cpus_per_worker, its agents' num_cpus)`` CPUs, capped at an equal share
+        of the CPUs Ray has (fractional, rounded down to 0.01, so six actors still fit on 2 CPUs), and
+        ``max(ray.num_gpus_per_worker, its agents' num_gpus)`` GPUs when the device is not ``cpu`` and Ray has
+        the GPUs for every actor.
+        """
         cpu_total = available.get("CPU", 1.0)
-        per_cpu = max(0.5, cpu_total / len(groups)) if len(groups) > 1 else cpu_total
-        bundles = []
-        for group in groups:
-            agents = [self.cfg.agent(n) for n in group]
-            want = max(float(self.cfg.ray.num_cpus_per_worker), *(a.num_cpus for a in agents))
-            bundle = {"CPU": max(0.5, min(want, per_cpu))}
+        share = cpu_total / len(actors)
+        wants = []
+        for spec in actors:
+            agents = [self.cfg.agent(n) for n in spec.agents]
+            cpus = max(float(self.cfg.ray.num_cpus_per_worker), *(a.num_cpus for a in agents))
             gpus = max(float(self.cfg.ray.num_gpus_per_worker), *(a.num_gpus for a in agents))
-            if gpus and self.cfg.device != "cpu" and available.get("GPU", 0.0) >= gpus * len(groups):
+            wants.append((cpus, gpus))
+        use_gpus = self.cfg.device != "cpu" and available.get("GPU", 0.0) >= sum(g for _, g in wants)
+        bundles = []
+        for cpus, gpus in wants:
+            bundle = {"CPU": max(0.01, math.floor(min(cpus, share) * 100) / 100)}
+            if gpus and use_gpus:
                 bundle["GPU"] = gpus
             bundles.append(bundle)
         return bundles
 
     def start(self, timeout_s: float = 600.0) -> None:
-        """Connect to (or start) Ray, reserve the placement group and start the worker actors.
+        """Connect to (or start) Ray, reserve the placement group and start the actors (:meth:`actors`).
 
         Raises:
             ResourceExhaustedError: the placement group could not be reserved within ``timeout_s``.
@@ -70,6 +140,7 @@ class RayRuntime:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from services.trainer.model_workers import CriticWorker, ReferenceWorker
         from services.trainer.worker import PolicyWorker
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -91,8 +162,8 @@ class RayRuntime:
                 ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
             self._started_ray = True
         _restore_signal_handlers(saved)
-        groups = self.groups()
-        bundles = self._bundles(groups, ray.available_resources())
+        specs = self.actors()
+        bundles = self._bundles(specs, ray.available_resources())
         self._pg = placement_group(bundles, strategy="PACK")
         ready, _ = ray.wait([self._pg.ready()], timeout=timeout_s)
         if not ready:
@@ -100,8 +171,9 @@ class RayRuntime:
             self._pg = None
             raise ResourceExhaustedError(f"could not reserve Ray resources {bundles} within {timeout_s:.0f}s")
         config = self.cfg.model_dump(mode="json")
-        for i, (group, bundle) in enumerate(zip(groups, bundles, strict=True)):
-            actor = ray.remote(PolicyWorker).options(
+        classes = {"policy": PolicyWorker, "reference": ReferenceWorker, "critic": CriticWorker}
+        for i, (spec, bundle) in enumerate(zip(specs, bundles, strict=True)):
+            actor = ray.remote(classes[spec.kind]).options(
                 num_cpus=bundle["CPU"],
                 num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -110,14 +182,19 @@ class RayRuntime:
                 max_concurrency=1,
             )
             threads = max(1, int(bundle["CPU"]))
-            worker = actor.remote(config, num_threads=threads, agents=None if len(groups) == 1 else group)
-            self._workers.append(worker)
-            for name in group:
-                self._owner[name] = worker
-        infos = self._get([w.ping.remote() for w in self._workers])
-        for i, info in enumerate(infos):
-            _LOG.info("policy worker ready: %s", info)
-            self.worker_pids["policy_worker" if len(infos) == 1 else f"policy_worker_{i}"] = int(info["pid"])
+            group = None if spec.group is None else list(spec.group)
+            if spec.kind == "policy":
+                handle = actor.remote(config, num_threads=threads, agents=group)
+                self._workers.append(handle)
+                self._owner.update({name: handle for name in spec.agents})
+            else:
+                handle = actor.remote(config, spec.agents[0], group=group, num_threads=threads)
+                (self._references if spec.kind == "reference" else self._critics)[spec.agents[0]] = handle
+            self._actors.append(handle)
+        infos = self._get([a.ping.remote() for a in self._actors])
+        for spec, info in zip(specs, infos, strict=True):
+            _LOG.info("%s ready: %s", spec.name, info)
+            self.worker_pids[spec.name] = int(info["pid"])
 
     @staticmethod
     def _get(ref: Any) -> Any:
@@ -130,15 +207,39 @@ class RayRuntime:
             raise cause from None
         except ray.exceptions.ActorDiedError as exc:
             init_error = getattr(exc, "error_msg", "") or str(exc)
-            raise RuntimeError(f"policy worker died: {init_error}") from None
+            raise RuntimeError(f"trainer actor died: {init_error}") from None
 
     def generate(self, agent: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
         """Generate on the agent's worker (see :meth:`PolicyWorker.generate`)."""
         return self._get(self._owner[agent].generate.remote(agent, chats, greedy))
 
     def train(self, agent: str, samples: list[Any]) -> dict[str, float]:
-        """Train on the agent's worker (see :meth:`PolicyWorker.train`)."""
-        return self._get(self._owner[agent].train.remote(agent, samples))
+        """One RL step of ``agent`` (see :meth:`PolicyWorker.train`), on whichever layout the job has.
+
+        Colocated: one call to the policy actor. Separate actors: the reference log-probabilities and the
+        critic's values of the samples are computed in parallel, the policy actor updates with them, then the
+        critic actor fits the returns the update reports; its ``value_loss``, ``vf_clip_frac`` and
+        ``value_mean`` join the policy's statistics (Ray passes the tensors between actors; the driver only
+        waits for the statistics).
+
+        Raises:
+            FloatingPointError: a non-finite policy or value loss (the actor's own exception type).
+            FailedPreconditionError: the samples cannot be collated.
+        """
+        policy = self._owner[agent]
+        reference, critic = self._references.get(agent), self._critics.get(agent)
+        if reference is None and critic is None:
+            return self._get(policy.train.remote(agent, samples))
+        import ray
+
+        data = ray.put(samples)
+        ref_lp = None if reference is None else reference.ref_logprobs.remote(data)
+        if critic is None:
+            return self._get(policy.train.remote(agent, data, ref_lp))
+        values = critic.values.remote(data)
+        stats, returns = policy.train.options(num_returns=2).remote(agent, data, ref_lp, values, True)
+        stats, value_stats = self._get([stats, critic.fit.remote(data, values, returns)])
+        return {**stats, **value_stats}
 
     def versions(self) -> dict[str, int]:
         """Policy version of every agent."""
@@ -153,27 +254,39 @@ class RayRuntime:
         return [str(Path(path) / f"worker_{i}") for i in range(len(self._workers))]
 
     def save(self, path: str, data_position: dict[str, Any]) -> str:
-        """Checkpoint every worker (see :meth:`PolicyWorker.save`); per-agent actors save under ``worker_<i>``."""
+        """Checkpoint every policy actor (see :meth:`PolicyWorker.save`) and critic actor.
+
+        Per-agent policy actors save under ``worker_<i>``; critic actors under ``critic_<agent>`` (weights,
+        optimizer, scheduler, counters, RNG: an exact resume). Reference actors hold only base weights.
+        """
         paths = self._paths(path)
-        self._get([w.save.remote(p, data_position) for w, p in zip(self._workers, paths, strict=True)])
+        calls = [w.save.remote(p, data_position) for w, p in zip(self._workers, paths, strict=True)]
+        calls += [c.save.remote(str(Path(path) / f"critic_{a}")) for a, c in self._critics.items()]
+        self._get(calls)
         return path
 
     def load(self, path: str) -> dict[str, Any]:
-        """Restore every worker (see :meth:`PolicyWorker.load`); returns the saved data position."""
+        """Restore every policy and critic actor from :meth:`save`; returns the saved data position.
+
+        Raises:
+            NotFoundError: a checkpoint file is missing.
+        """
         paths = self._paths(path)
-        positions = self._get([w.load.remote(p) for w, p in zip(self._workers, paths, strict=True)])
+        calls = [w.load.remote(p) for w, p in zip(self._workers, paths, strict=True)]
+        calls += [c.load.remote(str(Path(path) / f"critic_{a}")) for a, c in self._critics.items()]
+        positions = self._get(calls)
         return positions[0]
 
     def shutdown(self) -> None:
-        """Kill the workers, release the placement group, and stop Ray if this runtime started it."""
+        """Kill every actor, release the placement group, and stop Ray if this runtime started it."""
         import ray
 
         if not ray.is_initialized():
             return
-        for worker in self._workers:
-            ray.kill(worker)
-        self._workers.clear()
-        self._owner.clear()
+        for actor in self._actors:
+            ray.kill(actor)
+        for held in (self._actors, self._workers, self._owner, self._references, self._critics):
+            held.clear()
         if self._pg is not None:
             ray.util.remove_placement_group(self._pg)
             self._pg = None

@@ -6,6 +6,12 @@ weight set. The training loop drives it through four calls: :meth:`generate`, :m
 :meth:`load`. With the transformers engine the engine samples from the policy's live modules, so weight sync
 after an update is a version bump; with vLLM the new weights are pushed to the engine
 (:meth:`services.trainer.rollout.base.RolloutEngine.update_weights`).
+
+By default (``ray.colocate_models: true``) the worker also holds each trainable agent's reference policy (KL)
+and critic (GAE). With ``false`` it holds neither: :meth:`PolicyWorker.train` takes the reference
+log-probabilities and old values computed by the actors of :mod:`services.trainer.model_workers` and reports
+the returns their critic is fitted to. The builders both layouts share (:func:`build_strategy`,
+:func:`build_agent_critic`, :func:`base_model_seed`, :func:`actor_setup`) live here.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch
 
 from marti.config import TrainConfig, config_from_dict
 from services.trainer.algo import AlgoConfig
-from services.trainer.learner import Sample, collate, update_agent
+from services.trainer.learner import Sample, collate, pad_id_of, update_agent
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
 from services.trainer.rollout.base import SamplingParams, chat_to_ids
 
@@ -69,8 +75,105 @@ def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyCo
         ),
         seed=cfg.seed + first,
         gradient_checkpointing=p.gradient_checkpointing,
-        keep_reference=cfg.algorithm.kl_coef > 0,
+        keep_reference=cfg.algorithm.kl_coef > 0 and cfg.ray.colocate_models,
     )
+
+
+def base_model_seed(cfg: TrainConfig, agent: str, group: list[str] | None = None) -> int:
+    """The seed the policy of ``group`` loads ``agent``'s base model with (it sets tiny models' weights).
+
+    Mirrors :class:`~services.trainer.policy.MultiAgentPolicy`: ``per_agent`` loads model ``i`` of the policy
+    with ``seed + i``, ``shared`` and ``lora`` load the one base with the policy's seed. A reference actor
+    loads its agent's base with this seed, so it holds exactly the policy's initial weights.
+
+    Args:
+        cfg: The training config.
+        agent: The agent.
+        group: The agents of the policy actor holding ``agent``; ``None`` = the whole team.
+    """
+    pc = policy_config(cfg, group)
+    names = [a.name for a in pc.agents]
+    return pc.seed + names.index(agent) if pc.mode == "per_agent" else pc.seed
+
+
+def steps_per_batch(cfg: TrainConfig) -> int:
+    """Optimizer steps per agent per training step (for the LR schedule's length), >= 1."""
+    turns_per_agent = -(-cfg.environment.max_turns // len(cfg.agents))
+    samples = cfg.rollout.episodes_per_step * turns_per_agent
+    micro = -(-samples // cfg.micro_train_batch_size)
+    return max(1, -(-micro // cfg.gradient_accumulation_steps))
+
+
+def build_strategy(cfg: TrainConfig, agent: str, model: Any, params: Any, lr: float | None = None) -> Any:
+    """Set up the train engine (torch or DeepSpeed, from ``strategy``) of one trainable weight set.
+
+    Args:
+        cfg: The training config (``strategy``, schedule, ``max_steps``, ``ppo_epochs``).
+        agent: The agent whose learning rate applies when ``lr`` is None.
+        model: The module trained.
+        params: Its trainable parameters.
+        lr: Learning rate override (the critic's ``algorithm.critic_learning_rate``).
+
+    Returns:
+        A :class:`~services.trainer.strategy.base.TrainEngine`; its cosine schedule spans
+        ``max_steps * ppo_epochs * steps_per_batch`` optimizer steps.
+
+    Raises:
+        InvalidArgumentError: no trainable parameters, or an invalid optimizer setting.
+    """
+    from services.trainer.strategy.base import OptimConfig
+
+    sc = cfg.strategy
+    total = max(1, cfg.max_steps * cfg.algorithm.ppo_epochs * steps_per_batch(cfg))
+    optim = OptimConfig(
+        lr=lr or cfg.learning_rate_for(agent),
+        weight_decay=sc.weight_decay,
+        max_grad_norm=sc.grad_clip or None,
+        grad_accum_steps=1,  # update_agent groups micro-batches (gradient_accumulation_steps) itself
+        total_steps=total,
+        warmup_steps=min(cfg.warmup_steps, total),
+        lr_scheduler="constant" if cfg.lr_scheduler.startswith("constant") else "cosine",
+        bf16=sc.bf16,
+    )
+    if sc.name == "deepspeed":
+        from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
+
+        strategy = DeepSpeedStrategy(sc.zero_stage, micro_batch_size=cfg.micro_train_batch_size)
+    else:
+        from services.trainer.strategy.torch_strategy import TorchStrategy
+
+        strategy = TorchStrategy()
+    return strategy.setup(model, params, optim)
+
+
+def build_agent_critic(cfg: TrainConfig, agent: str, trainable: list[str], device: str) -> tuple[Any, Any]:
+    """The critic of one trainable agent (PPO with GAE) and its train engine.
+
+    The critic loads ``critic_model`` or the agent's base model (:func:`services.trainer.critic.build_critic`)
+    with seed ``seed + 100 + i``, ``i`` the agent's position among the trainable agents of its policy actor,
+    and trains at ``algorithm.critic_learning_rate``.
+
+    Args:
+        cfg: The training config.
+        agent: A trainable agent.
+        trainable: The trainable agents of the policy actor that holds ``agent`` (seeds the critic).
+        device: ``cpu`` or ``cuda``.
+
+    Returns:
+        ``(critic, engine)``: a :class:`~services.trainer.critic.ValueModel` in train mode and its engine.
+
+    Raises:
+        NotFoundError: the critic's model is not available locally.
+    """
+    from services.trainer.critic import build_critic
+
+    a = cfg.agent(agent)
+    seed = cfg.seed + 100 + trainable.index(agent)
+    critic = build_critic(a.critic_model or a.pretrain_model, seed=seed, device=device)
+    engine = build_strategy(
+        cfg, agent, critic, list(critic.parameters()), lr=cfg.algorithm.critic_learning_rate
+    )
+    return critic, engine
 
 
 def resolve_device(cfg: TrainConfig) -> str:
@@ -78,6 +181,27 @@ def resolve_device(cfg: TrainConfig) -> str:
     if cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return cfg.device
+
+
+def actor_setup(config: dict[str, Any], num_threads: int | None = None) -> tuple[TrainConfig, str]:
+    """Common start of a trainer actor: parse the config, set torch threads, seed the RNGs, pick the device.
+
+    Args:
+        config: The training config as a plain dict (Ray passes it by value).
+        num_threads: torch intra-op threads; ``None`` keeps torch's default.
+
+    Returns:
+        ``(cfg, device)`` with device ``cpu`` or ``cuda``.
+
+    Raises:
+        InvalidArgumentError: the config does not validate.
+    """
+    cfg = config_from_dict(config)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    return cfg, resolve_device(cfg)
 
 
 class PolicyWorker:
@@ -95,12 +219,7 @@ class PolicyWorker:
     def __init__(
         self, config: dict[str, Any], num_threads: int | None = None, agents: list[str] | None = None
     ) -> None:
-        self.cfg = config_from_dict(config)
-        if num_threads:
-            torch.set_num_threads(num_threads)
-        random.seed(self.cfg.seed)
-        torch.manual_seed(self.cfg.seed)
-        self.device = resolve_device(self.cfg)
+        self.cfg, self.device = actor_setup(config, num_threads)
         self.algo = algo_config(self.cfg)
         self.agents = [a.name for a in self.cfg.agents] if agents is None else list(agents)
         self.policy = MultiAgentPolicy(policy_config(self.cfg, self.agents), device=self.device)
@@ -112,8 +231,12 @@ class PolicyWorker:
                 self.strategies[unit] = self._build_strategy(agent)
         self.critics: dict[str, Any] = {}
         self.critic_engines: dict[str, Any] = {}
-        if self.algo.advantage_estimator == "gae":
-            self._build_critics()
+        if self.algo.advantage_estimator == "gae" and self.cfg.ray.colocate_models:
+            for agent in self.policy.trainable_agents:
+                critic, engine = build_agent_critic(
+                    self.cfg, agent, self.policy.trainable_agents, self.device
+                )
+                self.critics[agent], self.critic_engines[agent] = critic, engine
         self.data_position: dict[str, Any] = {"step": 0}
 
     def _sampling(self, agent: str) -> SamplingParams:
@@ -133,56 +256,9 @@ class PolicyWorker:
 
         return HFRolloutEngine.from_policy(self.policy, copy_weights=False, default_sampling=sampling)
 
-    def _steps_per_batch(self) -> int:
-        """Optimizer steps per agent per training step (for the LR schedule's length)."""
-        turns_per_agent = -(-self.cfg.environment.max_turns // len(self.cfg.agents))
-        samples = self.cfg.rollout.episodes_per_step * turns_per_agent
-        micro = -(-samples // self.cfg.micro_train_batch_size)
-        return max(1, -(-micro // self.cfg.gradient_accumulation_steps))
-
-    def _build_critics(self) -> None:
-        """One critic per trainable agent (PPO with GAE), from ``critic_model`` or the agent's base model."""
-        from services.trainer.critic import build_critic
-
-        lr = self.cfg.algorithm.critic_learning_rate
-        for i, agent in enumerate(self.policy.trainable_agents):
-            a = self.cfg.agent(agent)
-            critic = build_critic(
-                a.critic_model or a.pretrain_model, seed=self.cfg.seed + 100 + i, device=self.device
-            )
-            self.critics[agent] = critic
-            self.critic_engines[agent] = self._build_strategy(
-                agent, model=critic, params=list(critic.parameters()), lr=lr
-            )
-
-    def _build_strategy(
-        self, agent: str, model: Any = None, params: Any = None, lr: float | None = None
-    ) -> Any:
-        from services.trainer.strategy.base import OptimConfig
-
-        sc = self.cfg.strategy
-        total = max(1, self.cfg.max_steps * self.cfg.algorithm.ppo_epochs * self._steps_per_batch())
-        optim = OptimConfig(
-            lr=lr or self.cfg.learning_rate_for(agent),
-            weight_decay=sc.weight_decay,
-            max_grad_norm=sc.grad_clip or None,
-            grad_accum_steps=1,  # update_agent groups micro-batches (gradient_accumulation_steps) itself
-            total_steps=total,
-            warmup_steps=min(self.cfg.warmup_steps, total),
-            lr_scheduler="constant" if self.cfg.lr_scheduler.startswith("constant") else "cosine",
-            bf16=sc.bf16,
-        )
-        if sc.name == "deepspeed":
-            from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
-
-            strategy = DeepSpeedStrategy(sc.zero_stage, micro_batch_size=self.cfg.micro_train_batch_size)
-        else:
-            from services.trainer.strategy.torch_strategy import TorchStrategy
-
-            strategy = TorchStrategy()
-        if model is None:
-            model, params = self.policy.model(agent), self.policy.parameters(agent)
-        return strategy.setup(model, params, optim)
+    def _build_strategy(self, agent: str) -> Any:
+        """The train engine of the weight set ``agent`` trains (its model, adapter or the shared model)."""
+        return build_strategy(self.cfg, agent, self.policy.model(agent), self.policy.parameters(agent))
 
     # ------------------------------------------------------------------------------------------ rollouts
     def versions(self) -> dict[str, int]:
@@ -221,21 +297,41 @@ class PolicyWorker:
         return gens
 
     # ------------------------------------------------------------------------------------------ training
-    def train(self, agent_id: str, samples: list[Sample]) -> dict[str, float]:
+    def train(
+        self,
+        agent_id: str,
+        samples: list[Sample],
+        ref_logprobs: torch.Tensor | None = None,
+        old_values: torch.Tensor | None = None,
+        return_returns: bool = False,
+    ) -> dict[str, float] | tuple[dict[str, float], torch.Tensor]:
         """One RL step for an agent, then weight sync to the rollout engine under a new policy version.
+
+        With ``ray.colocate_models: false`` the reference and the critic are separate actors
+        (:mod:`services.trainer.model_workers`): the caller passes their outputs on the same samples and fits
+        the critic on the returned GAE returns.
 
         Args:
             agent_id: A trainable agent.
             samples: Its turns with outcome rewards and groups.
+            ref_logprobs: (B, A) float32 reference log-probabilities of the collated samples (a reference
+                actor's :meth:`~services.trainer.model_workers.ReferenceWorker.ref_logprobs`); None = this
+                worker's own reference.
+            old_values: (B, A) float32 critic values of the collated samples (a critic actor's
+                :meth:`~services.trainer.model_workers.CriticWorker.values`); None = this worker's critic.
+            return_returns: Also return the (B, A) float32 returns (CPU), the critic's targets.
 
         Returns:
             Training statistics (see :func:`services.trainer.learner.update_agent`) plus ``policy_version``
-            and ``train_time_s``.
+            and ``train_time_s``; with ``return_returns`` the pair ``(stats, returns)``.
+
+        Raises:
+            FloatingPointError: a non-finite loss.
+            InvalidArgumentError: a precomputed tensor is not (B, A).
         """
         start = time.perf_counter()
-        tok = self.policy.tokenizer(agent_id)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        batch = collate(samples, pad)
+        batch = collate(samples, pad_id_of(self.policy.tokenizer(agent_id)))
+        outputs: dict[str, torch.Tensor] = {}
         self.policy.train(True)
         stats = update_agent(
             self.policy,
@@ -248,6 +344,9 @@ class PolicyWorker:
             ppo_epochs=self.cfg.algorithm.ppo_epochs,
             critic=self.critics.get(agent_id),
             critic_engine=self.critic_engines.get(agent_id),
+            ref_logprobs=None if ref_logprobs is None else ref_logprobs.to(self.device),
+            old_values=None if old_values is None else old_values.to(self.device),
+            outputs=outputs,
         )
         self.policy.train(False)
         version = self.policy.bump_version(agent_id)
@@ -255,6 +354,8 @@ class PolicyWorker:
             self.engine.update_weights(agent_id, self.policy.state_for_sync(agent_id), version)
         stats["policy_version"] = float(version)
         stats["train_time_s"] = time.perf_counter() - start
+        if return_returns:
+            return stats, outputs["returns"].detach().cpu()
         return stats
 
     # ------------------------------------------------------------------------------------------ checkpoints

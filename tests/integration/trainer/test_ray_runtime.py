@@ -1,14 +1,18 @@
-"""RayRuntime actor groups: per-agent actors in per_agent mode, one team actor in lora mode."""
+"""RayRuntime actor groups: per-agent actors in per_agent mode, one team actor in lora mode, and reference /
+critic actors of their own with ray.colocate_models=false."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from marti.config import load_config
 from services.trainer.learner import Sample
 from services.trainer.ray_runtime import RayRuntime
+from services.trainer.worker import PolicyWorker
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
@@ -38,3 +42,73 @@ def test_per_agent_actors_route_calls_and_checkpoint(tmp_path):
 def test_lora_mode_uses_one_team_actor():
     cfg = load_config(ROOT / "examples" / "tiny.yaml")
     assert RayRuntime(cfg).groups() == [["agent_1", "agent_2"]]
+
+
+def _fixed_samples(seed: int) -> list[Sample]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        Sample(
+            torch.randint(10, 1000, (4 + i,), generator=g).tolist(),
+            torch.randint(10, 1000, (5 - i,), generator=g).tolist(),
+            float(i % 2),
+            0,
+        )
+        for i in range(3)
+    ]
+
+
+def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_path):
+    """ray.colocate_models=false: reference and critic actors per agent; same numbers as colocated; resume."""
+    overrides = [
+        "algorithm.advantage_estimator=gae",
+        "algorithm.kl_coef=0.05",
+        "algorithm.use_kl_loss=false",
+        "micro_train_batch_size=1",
+        "gradient_accumulation_steps=2",
+    ]
+    path = ROOT / "examples" / "tiny.yaml"
+    colocated = PolicyWorker(load_config(path, overrides).model_dump(mode="json"), num_threads=1)
+    runtime = RayRuntime(load_config(path, [*overrides, "ray.colocate_models=false"]))
+    try:
+        runtime.start()
+        assert set(runtime.worker_pids) == {
+            "policy_worker",
+            "reference_agent_1",
+            "reference_agent_2",
+            "critic_agent_1",
+            "critic_agent_2",
+        }
+        assert len(set(runtime.worker_pids.values())) == 5, "each model in its own actor process"
+        for step in range(2):  # the KL is 0 until the policy has left its reference
+            expected = colocated.train("agent_1", _fixed_samples(step))
+            stats = runtime.train("agent_1", _fixed_samples(step))
+            for key in ("policy_loss", "kl", "value_loss", "vf_clip_frac", "value_mean", "advantage_abs"):
+                assert stats[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (step, key)
+        assert stats["kl"] != 0.0 and stats["value_loss"] > 0
+        ckpt = tmp_path / "split"
+        runtime.save(str(ckpt), {"step": 2})
+        colocated.save(str(tmp_path / "colocated"), {"step": 2})
+        split_w = load_file(str(ckpt / "policy" / "adapter-agent_1.safetensors"))
+        colo_w = load_file(str(tmp_path / "colocated" / "policy" / "adapter-agent_1.safetensors"))
+        assert split_w.keys() == colo_w.keys()
+        for name, want in colo_w.items():
+            torch.testing.assert_close(split_w[name], want, rtol=1e-4, atol=1e-6)
+        for name, want in load_file(
+            str(tmp_path / "colocated" / "critic_agent_1" / "weights.safetensors")
+        ).items():
+            got = load_file(str(ckpt / "critic_agent_1" / "weights.safetensors"))[name]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+        after_save = runtime.train("agent_1", _fixed_samples(5))
+    finally:
+        runtime.shutdown()
+    resumed_runtime = RayRuntime(load_config(path, [*overrides, "ray.colocate_models=false"]))
+    try:  # a fresh job resumes exactly: policy, optimizer and critic actors' states
+        resumed_runtime.start()
+        assert resumed_runtime.load(str(ckpt)) == {"step": 2}
+        assert resumed_runtime.versions() == {"agent_1": 2, "agent_2": 0}
+        resumed = resumed_runtime.train("agent_1", _fixed_samples(5))
+        for key in ("policy_loss", "kl", "value_loss", "value_mean", "grad_norm"):
+            assert resumed[key] == pytest.approx(after_save[key], rel=1e-6, abs=1e-8), key
+    finally:
+        resumed_runtime.shutdown()

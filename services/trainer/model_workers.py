@@ -1,0 +1,198 @@
+"""Reference and critic actors of one agent, for ``ray.colocate_models: false``.
+
+By default (``ray.colocate_models: true``) an agent's reference model (KL) and critic (GAE) live in its
+:class:`~services.trainer.worker.PolicyWorker`. With the switch off, :class:`~services.trainer.ray_runtime.RayRuntime`
+starts them as actors of their own, each on its own placement-group bundle:
+
+- :class:`ReferenceWorker`: the agent's base model (``pretrain_model``, loaded with the seed the policy loads it
+  with, so the very weights the policy started from), frozen and in eval mode; it serves the reference
+  log-probabilities of a batch.
+- :class:`CriticWorker`: the agent's critic (:func:`services.trainer.worker.build_agent_critic`) and its train
+  engine; it serves the values of a batch and fits them to the GAE returns the policy's update computed
+  (:func:`services.trainer.learner.fit_values`, the same windows and clipped loss as the colocated critic).
+
+Both collate samples exactly as the policy worker does (same padding), so row ``b``, column ``j`` of their
+outputs is response token ``j`` of sample ``b`` there too. Outputs leave the actor on the CPU.
+
+Shapes: B samples, A = the longest response (the batch's action width).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.trainer.learner import Batch, Sample, collate, fit_values, pad_id_of
+from services.trainer.models import load_tokenizer
+from services.trainer.worker import actor_setup, algo_config, base_model_seed, build_agent_critic
+
+
+class _AgentModelWorker:
+    """What both actors share: the config, the device, the agent, its policy's group and its tokenizer (for
+    padding); subclasses load their model in ``_load``."""
+
+    kind = "model"
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        agent: str,
+        group: list[str] | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        self.cfg, self.device = actor_setup(config, num_threads)
+        self.agent = agent
+        self.group = None if group is None else list(group)
+        self.tokenizer = load_tokenizer(self.cfg.agent(agent).pretrain_model)
+        self._load()
+
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def _batch(self, samples: list[Sample]) -> Batch:
+        return collate(samples, pad_id_of(self.tokenizer))
+
+    def ping(self) -> dict[str, Any]:
+        """Liveness and placement info: ``pid``, ``device``, ``agent`` and ``kind`` (reference / critic)."""
+        return {"pid": os.getpid(), "device": self.device, "agent": self.agent, "kind": self.kind}
+
+
+class ReferenceWorker(_AgentModelWorker):
+    """The frozen reference policy of one agent: its base model, no gradients, eval mode.
+
+    Args:
+        config: The training config as a plain dict.
+        agent: The agent (a trainable one; a frozen agent's policy is its own reference).
+        group: The agents of the policy actor that holds ``agent`` (their layout decides the tiny-model seed,
+            :func:`~services.trainer.worker.base_model_seed`); ``None`` = the whole team.
+        num_threads: torch intra-op threads; ``None`` keeps torch's default.
+
+    Raises:
+        NotFoundError: the agent's model is not available locally.
+        InvalidArgumentError: unknown agent or invalid config.
+    """
+
+    kind = "reference"
+
+    def _load(self) -> None:
+        from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+
+        agent = self.agent
+        spec = AgentSpec(agent, self.cfg.agent(agent).pretrain_model, is_tuning=False)
+        layout = PolicyConfig(
+            mode="per_agent",
+            agents=(spec,),
+            seed=base_model_seed(self.cfg, agent, self.group),
+            keep_reference=False,
+        )
+        self.model = MultiAgentPolicy(layout, device=self.device)  # a frozen agent: no grad, no copy
+        self.model.train(False)
+
+    def ref_logprobs(self, samples: list[Sample]) -> torch.Tensor:
+        """Log-probabilities of the samples' responses under the reference model.
+
+        Args:
+            samples: B samples, as the policy worker receives them.
+
+        Returns:
+            (B, A) float32 on the CPU: entry ``[b, j]`` is the log-probability (nats) of response token ``j``
+            of sample ``b`` (0-padded past its length, where the action mask is False), aligned with what
+            :func:`services.trainer.learner.update_agent` takes as ``ref_logprobs``.
+
+        Raises:
+            FailedPreconditionError: no samples, or a sample with an empty prompt or response.
+        """
+        batch = self._batch(samples)
+        with torch.no_grad():
+            lp = self.model.ref_logprobs(self.agent, batch.input_ids, batch.attention_mask, batch.action_mask)
+        return lp.cpu()
+
+
+class CriticWorker(_AgentModelWorker):
+    """The critic (value model) of one trainable agent and its train engine (PPO with GAE).
+
+    Args:
+        config: The training config as a plain dict.
+        agent: A trainable agent.
+        group: The agents of the policy actor that holds ``agent`` (they seed the critic as the colocated
+            layout would, :func:`~services.trainer.worker.build_agent_critic`); ``None`` = the whole team.
+        num_threads: torch intra-op threads; ``None`` keeps torch's default.
+
+    Raises:
+        NotFoundError: the critic's model is not available locally.
+        InvalidArgumentError: unknown agent, an agent that does not train, or invalid config.
+    """
+
+    kind = "critic"
+
+    def _load(self) -> None:
+        names = [a.name for a in self.cfg.agents] if self.group is None else self.group
+        trainable = [n for n in names if self.cfg.agent(n).is_tuning]
+        self.critic, self.engine = build_agent_critic(self.cfg, self.agent, trainable, self.device)
+        self.algo = algo_config(self.cfg)
+
+    def values(self, samples: list[Sample]) -> torch.Tensor:
+        """The critic's values of the samples' response tokens before the update (GAE's baseline).
+
+        Args:
+            samples: B samples, as the policy worker receives them.
+
+        Returns:
+            (B, A) float32 on the CPU, in reward units (``update_agent``'s ``old_values``).
+
+        Raises:
+            FailedPreconditionError: no samples, or a sample with an empty prompt or response.
+        """
+        batch = self._batch(samples)
+        with torch.no_grad():
+            values = self.critic(batch.input_ids, batch.attention_mask, batch.action_mask.shape[1])
+        return values.cpu()
+
+    def fit(self, samples: list[Sample], old_values: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+        """Fit the critic to the returns of the policy's update on the same samples.
+
+        Runs :func:`services.trainer.learner.fit_values` with the job's micro-batch size, gradient
+        accumulation and PPO epochs: the windows and clipped value loss of the colocated critic.
+
+        Args:
+            samples: The B samples the policy was updated on.
+            old_values: (B, A) float32, what :meth:`values` returned for them.
+            returns: (B, A) float32 GAE returns from the policy's update.
+
+        Returns:
+            Means over the micro-batches: ``value_loss``, ``vf_clip_frac``, ``value_mean``.
+
+        Raises:
+            FloatingPointError: the value loss became NaN or infinite.
+            InvalidArgumentError: ``old_values`` or ``returns`` is not (B, A).
+        """
+        batch = self._batch(samples)
+        self.critic.train(True)
+        return fit_values(
+            self.critic,
+            self.engine,
+            batch,
+            self.algo,
+            old_values.to(self.device),
+            returns.to(self.device),
+            micro_batch_size=self.cfg.micro_train_batch_size,
+            grad_accum_steps=self.cfg.gradient_accumulation_steps,
+            ppo_epochs=self.cfg.algorithm.ppo_epochs,
+        )
+
+    def save(self, path: str) -> str:
+        """Checkpoint the critic's weights, optimizer, scheduler, counters and RNG under ``path``."""
+        self.engine.save_checkpoint(Path(path))
+        return path
+
+    def load(self, path: str) -> None:
+        """Restore a :meth:`save` checkpoint (exact resume).
+
+        Raises:
+            NotFoundError: a checkpoint file is missing.
+            InvalidArgumentError: the saved weights do not match this critic.
+        """
+        self.engine.load_checkpoint(Path(path))

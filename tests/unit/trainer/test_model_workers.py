@@ -1,0 +1,131 @@
+"""Reference and critic as separate workers (ray.colocate_models=false) give the numbers of the colocated layout.
+
+In-process (no Ray): a colocated PolicyWorker and a split one (PolicyWorker + ReferenceWorker + CriticWorker),
+both on the tiny random model, train on the same samples; weights and statistics must agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from marti.config import load_config
+from marti.errors import InvalidArgumentError
+from services.trainer.learner import Sample, collate, update_windows
+from services.trainer.model_workers import CriticWorker, ReferenceWorker
+from services.trainer.ray_runtime import RayRuntime
+from services.trainer.worker import PolicyWorker
+
+ROOT = Path(__file__).resolve().parents[3]
+PPO = ["algorithm.advantage_estimator=gae", "algorithm.kl_coef=0.05", "micro_train_batch_size=1"]
+
+
+def _cfg(*overrides: str):
+    return load_config(ROOT / "examples" / "tiny.yaml", [*PPO, *overrides])
+
+
+def _samples(n: int = 3, seed: int = 7) -> list[Sample]:
+    """n samples of different prompt/response lengths (so padding is exercised), one group."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(10, 1000, (4 + i,), generator=g).tolist()
+        response = torch.randint(10, 1000, (5 - i,), generator=g).tolist()
+        out.append(Sample(prompt, response, float(i % 2), 0))
+    return out
+
+
+def _weights(worker: PolicyWorker, agent: str) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in worker.policy.state_for_sync(agent).items()}
+
+
+@pytest.mark.parametrize(
+    ("mode", "agent", "extra"),
+    [
+        ("lora", "agent_1", ["algorithm.use_kl_loss=false", "gradient_accumulation_steps=2"]),
+        ("per_agent", "agent_2", ["algorithm.use_kl_loss=true", "algorithm.ppo_epochs=2"]),
+    ],
+)
+def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extra):
+    """Precomputed ref logprobs and old values through update_agent == the colocated in-process path."""
+    overrides = [f"policy.mode={mode}", *extra]
+    colocated = PolicyWorker(_cfg(*overrides).model_dump(mode="json"), num_threads=1)
+    split_cfg = _cfg(*overrides, "ray.colocate_models=false").model_dump(mode="json")
+    policy = PolicyWorker(split_cfg, num_threads=1)
+    reference = ReferenceWorker(split_cfg, agent, num_threads=1)
+    critic = CriticWorker(split_cfg, agent, num_threads=1)
+    assert not policy.critics and not policy.policy._refs, "the split policy keeps no reference or critic"
+    assert _weights(colocated, agent).keys() == _weights(policy, agent).keys()
+    initial = _weights(colocated, agent)
+    initial_head = colocated.critics[agent].value_head.weight.detach().clone()
+    for step in range(2):  # the KL is 0 until the policy has left its reference: compare a second step
+        samples = _samples(seed=step)
+        expected = colocated.train(agent, samples)
+
+        ref_lp, old_values = reference.ref_logprobs(samples), critic.values(samples)
+        batch = collate(samples, 0)
+        assert ref_lp.shape == old_values.shape == batch.action_mask.shape and ref_lp.dtype == torch.float32
+        assert bool((ref_lp[batch.action_mask] < 0).all())
+        stats, returns = policy.train(agent, samples, ref_lp, old_values, return_returns=True)
+        assert returns.shape == batch.action_mask.shape
+        stats.update(critic.fit(samples, old_values, returns))
+
+        for key, value in expected.items():
+            if key != "train_time_s":
+                assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (step, key)
+    assert expected["kl"] != 0.0 and expected["value_loss"] > 0
+    assert {"value_loss", "vf_clip_frac", "value_mean", "kl"} <= stats.keys()
+    assert any(not torch.equal(initial[k], v) for k, v in _weights(colocated, agent).items())
+    assert not torch.equal(initial_head, colocated.critics[agent].value_head.weight)
+    for name, want in _weights(colocated, agent).items():
+        torch.testing.assert_close(policy.policy.state_for_sync(agent)[name], want, rtol=1e-5, atol=1e-6)
+    want_critic = colocated.critics[agent].state_dict()
+    for name, got in critic.critic.state_dict().items():
+        torch.testing.assert_close(got, want_critic[name], rtol=1e-5, atol=1e-6)
+
+
+def test_critic_worker_checkpoint_resumes_exactly(tmp_path):
+    cfg = _cfg("ray.colocate_models=false").model_dump(mode="json")
+    critic = CriticWorker(cfg, "agent_1", num_threads=1)
+    samples = _samples()
+    values = critic.values(samples)
+    returns = torch.ones_like(values)
+    critic.fit(samples, values, returns)
+    critic.save(str(tmp_path / "critic"))
+    first = critic.fit(samples, values, returns)
+    critic.load(str(tmp_path / "critic"))
+    assert critic.fit(samples, values, returns) == first
+    with pytest.raises(InvalidArgumentError, match=r"returns must be \(B, A\)"):
+        critic.fit(samples, values, returns[:, :-1])
+
+
+def test_update_windows_cover_every_row_once_per_epoch():
+    windows = update_windows(5, micro_batch_size=2, grad_accum_steps=2, ppo_epochs=2)
+    assert [size for _, size in windows] == [4, 1, 4, 1]
+    rows = [int(r) for chunks, _ in windows[:2] for c in chunks for r in c]
+    assert rows == [0, 1, 2, 3, 4]
+    assert [size for _, size in update_windows(3, 1, None)] == [3]
+
+
+def test_separate_layout_adds_reference_and_critic_actors_that_fit_on_two_cpus():
+    cfg = _cfg("policy.mode=per_agent", "ray.colocate_models=false", "ray.num_cpus_per_worker=1")
+    runtime = RayRuntime(cfg)
+    names = [a.name for a in runtime.actors()]
+    assert names == [
+        "policy_worker_0",
+        "policy_worker_1",
+        "reference_agent_1",
+        "critic_agent_1",
+        "reference_agent_2",
+        "critic_agent_2",
+    ]
+    bundles = runtime._bundles(runtime.actors(), {"CPU": 2.0})
+    assert len(bundles) == 6 and sum(b["CPU"] for b in bundles) <= 2.0
+    assert all(b["CPU"] > 0 and "GPU" not in b for b in bundles)
+    colocated = RayRuntime(_cfg("policy.mode=per_agent"))
+    assert [a.kind for a in colocated.actors()] == ["policy", "policy"]
+    assert colocated._bundles(colocated.actors(), {"CPU": 2.0}) == [{"CPU": 1.0}, {"CPU": 1.0}]
+    grpo = RayRuntime(_cfg("ray.colocate_models=false", "algorithm.advantage_estimator=grpo"))
+    assert [a.name for a in grpo.actors()] == ["policy_worker", "reference_agent_1", "reference_agent_2"]
