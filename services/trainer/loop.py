@@ -399,9 +399,12 @@ class TrainingLoop:
         return self._play(runner, list(seeds) * len(self.tasks), names, "evaluation")
 
     def _evaluate(self, runtime: RayRuntime, step: int, writer: Any, summary: RunSummary) -> dict[str, float]:
+        from services.trainer.observe.episodes_log import append_eval_episodes
+
         results = self._play_eval(runtime)
         metrics = {**episode_metrics(results), **task_metrics(results)}
         writer.log_eval(step, metrics)
+        append_eval_episodes(self.run_dir, step, results)
         summary.eval_history.append((step, metrics))
         if self.on_metrics:
             self.on_metrics(step, "eval", metrics)

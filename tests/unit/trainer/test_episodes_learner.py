@@ -79,6 +79,23 @@ def test_episodes_record_each_acting_agents_turns(cfg, worker):
     assert {"team/reward", "agent_1/reward", "team/format_valid", "team/num_turns"} <= set(m)
 
 
+def test_eval_episode_log_holds_each_turns_text_in_order(cfg, worker, tmp_path):
+    import json
+
+    from services.trainer.observe.episodes_log import append_eval_episodes
+
+    results = _runner(cfg, worker, greedy=True).play([3, 4])
+    path = append_eval_episodes(tmp_path, 2, results)
+    append_eval_episodes(tmp_path, 4, results[:1])
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r["seed"]) for r in records] == [(2, 3), (2, 4), (4, 3)]
+    first = records[0]
+    assert [(t["turn"], t["agent"]) for t in first["turns"]] == [(0, "agent_1"), (1, "agent_2")]
+    assert first["turns"][1]["text"] == results[0].trajectories["agent_2"].turns[0].response_text
+    assert first["returns"] == pytest.approx(results[0].returns)
+    assert first["metrics"]["num_turns"] == 2
+
+
 def test_train_updates_adapter_and_bumps_version(cfg, worker):
     results = _runner(cfg, worker).play([1, 1, 2, 2])
     samples = [
