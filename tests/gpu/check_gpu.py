@@ -12,7 +12,10 @@ Checks (each prints PASS, FAIL or SKIP with its numbers; the exit code is 1 if a
    changes the samples. LoRA: adapters switch per agent on one base.
 2. ``vllm_rollout``: only when vllm is importable: same checks on :class:`VLLMRolloutEngine`, including
    full-weight sync into vLLM (``load_weights``) and a LoRA adapter sync.
-3. ``deepspeed_zero``: ZeRO stages 0-3 (nccl on CUDA, gloo on CPU; bf16 on CUDA) train a few steps with
+3. ``worker_train``: the trainer's PolicyWorker on the device: generate, one PPO step (GAE critic, KL to the
+   reference) on those samples, weight sync under a new policy version, and the same step with the reference
+   and critic as separate workers (``ray.colocate_models: false``) giving the same statistics.
+4. ``deepspeed_zero``: ZeRO stages 0-3 (nccl on CUDA, gloo on CPU; bf16 on CUDA) train a few steps with
    accumulation, the loss falls, and a checkpoint restores the weights bit for bit.
 
 A JSON summary is written to ``$OUT/check_gpu.json`` when ``OUT`` is set, else next to nothing (stdout only).
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -183,11 +187,73 @@ def check_deepspeed(device: str) -> None:
         )
 
 
+def check_worker_train(device: str) -> None:
+    """PolicyWorker generate -> train (GAE + KL) -> sync on ``device``; colocated and split layouts agree."""
+    from marti.config import load_config
+    from services.trainer.learner import Sample
+    from services.trainer.model_workers import CriticWorker, ReferenceWorker
+    from services.trainer.worker import PolicyWorker
+
+    root = Path(__file__).resolve().parents[2]
+    overrides = [
+        f"device={device}",
+        "algorithm.advantage_estimator=gae",
+        "algorithm.kl_coef=0.05",
+        "rollout.max_new_tokens=8",
+        "micro_train_batch_size=2",
+    ]
+    cfg = load_config(root / "examples" / "tiny.yaml", overrides).model_dump(mode="json")
+    t0 = time.perf_counter()
+    colocated = PolicyWorker(cfg, num_threads=4)
+    chats = [[{"role": "user", "content": f"Allocate units to task_{i}."}] for i in range(4)]
+    gens = colocated.generate("agent_1", chats)
+    assert all(g.response_token_ids for g in gens), "empty generation"
+    samples = [Sample(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0) for i, g in enumerate(gens)]
+    v0 = colocated.versions()["agent_1"]
+    stats = [colocated.train("agent_1", samples) for _ in range(2)]  # KL is 0 until the policy moved once
+    assert colocated.versions()["agent_1"] == v0 + 2, colocated.versions()
+    assert all(math.isfinite(v) for st in stats for v in st.values()), stats
+    assert "value_loss" in stats[-1] and stats[-1]["kl"] != 0.0, stats[-1]
+    after = colocated.generate("agent_1", chats, greedy=True)
+    split_cfg = load_config(root / "examples" / "tiny.yaml", [*overrides, "ray.colocate_models=false"])
+    split_cfg = split_cfg.model_dump(mode="json")
+    policy = PolicyWorker(split_cfg, num_threads=4)
+    reference = ReferenceWorker(split_cfg, "agent_1", num_threads=4)
+    critic = CriticWorker(split_cfg, "agent_1", num_threads=4)
+    split_stats = []
+    for _ in range(2):
+        values = critic.values(samples)
+        st, returns = policy.train(
+            "agent_1",
+            samples,
+            ref_logprobs=reference.ref_logprobs(samples),
+            old_values=values,
+            return_returns=True,
+        )
+        st.update(critic.fit(samples, values, returns))
+        split_stats.append(st)
+    diffs = {k: abs(stats[-1][k] - split_stats[-1][k]) for k in ("policy_loss", "kl", "value_loss")}
+    assert all(d < 1e-3 for d in diffs.values()), diffs
+    record(
+        "worker_train",
+        "PASS",
+        seconds=round(time.perf_counter() - t0, 1),
+        policy_version=colocated.versions()["agent_1"],
+        stats={
+            k: round(v, 5)
+            for k, v in stats[-1].items()
+            if k in ("policy_loss", "kl", "value_loss", "grad_norm")
+        },
+        colocated_vs_split_abs_diff=diffs,
+        greedy_after=[g.text[:40] for g in after[:2]],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every check; returns 0 when none failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="run the same code paths on CPU")
-    parser.add_argument("--only", choices=["hf", "vllm", "deepspeed"], action="append")
+    parser.add_argument("--only", choices=["hf", "vllm", "worker", "deepspeed"], action="append")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run on CPU", file=sys.stderr)
@@ -197,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
     record("environment", "INFO", **info)
-    checks = {"hf": check_hf_rollout, "vllm": check_vllm, "deepspeed": check_deepspeed}
+    checks = {
+        "hf": check_hf_rollout,
+        "vllm": check_vllm,
+        "worker": check_worker_train,
+        "deepspeed": check_deepspeed,
+    }
     for name, fn in checks.items():
         if args.only and name not in args.only:
             continue
