@@ -260,7 +260,14 @@ class ParsedAllocation:
     error: str | None = None
 
 
-_LINE_RE = re.compile(r"\btask[\s_#-]*(\d+)\b(?:->|[^0-9\n-]){0,16}?(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+# A task id, then a separator (":", "=", "->", "gets", "receives"), then the amount: only spaces or markdown
+# emphasis may stand between them. Text that restates the problem ("task_1: value 6 per unit, uses cpu 4") is
+# not an allocation: an earlier, looser form read "value 6" as 6 units, which RL learned to exploit by copying
+# the task list.
+_LINE_RE = re.compile(
+    r"\btask[\s_#-]*(\d+)\b[\s*]*(?::=|:|=|->|\bgets\b|\bget\b|\breceives\b)[\s*]*(-?\d+(?:\.\d+)?)",
+    re.IGNORECASE,
+)
 _KEY_RE = re.compile(r"^\s*(?:task)?[\s_#-]*(\d+)\s*$", re.IGNORECASE)
 
 
@@ -307,7 +314,9 @@ def parse_allocation(text: str, task_names: list[str]) -> ParsedAllocation:
     mention wins):
 
     * a JSON object, ``{"task_1": 3, "task_2": 0}`` or ``{"allocation": {...}}``, anywhere in the text;
-    * lines like ``task_1: 3``, ``task 1 = 3``, ``Task #1 -> 3 units``, ``task_1 gets 3``.
+    * lines like ``task_1: 3``, ``task 1 = 3``, ``Task #1 -> 3 units``, ``task_1 gets 3``: the amount must
+      follow the separator directly, so a restatement of the problem (``task_1: value 6 per unit``) is not
+      read as an allocation.
 
     Args:
         text: The agent's message.

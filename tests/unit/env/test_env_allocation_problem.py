@@ -99,6 +99,8 @@ NAMES = ["task_1", "task_2", "task_3"]
         ('Plan: {"task_1": 1, "task_2": "2"}', {"task_1": 1, "task_2": 2, "task_3": 0}),
         ('{"allocation": {"1": 2, "task 3": 1.0}}', {"task_1": 2, "task_2": 0, "task_3": 1}),
         ("task_1: 1\ntask_1: 2", {"task_1": 2, "task_2": 0, "task_3": 0}),
+        ("**task_1**: 2\n**Task 2** = 1", {"task_1": 2, "task_2": 1, "task_3": 0}),
+        ("task_3 receives 2 units", {"task_1": 0, "task_2": 0, "task_3": 2}),
     ],
 )
 def test_parser_accepts_documented_forms(text: str, expected: dict) -> None:
@@ -107,7 +109,18 @@ def test_parser_accepts_documented_forms(text: str, expected: dict) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "no idea", "{not json", '{"task_1": -1}', '{"task_1": 1.5}', "\x00\xff" * 50]
+    "text",
+    [
+        "",
+        "no idea",
+        "{not json",
+        '{"task_1": -1}',
+        '{"task_1": 1.5}',
+        "\x00\xff" * 50,
+        # restating the problem is not an allocation (the numbers are values and costs, not units)
+        "task_1: value 6 per unit, uses cpu 4, gpu 2\ntask_2: value 8 per",
+        "- task_1: value 7 per unit, uses cpu 3, gpu 0 per unit, at most 2 units",
+    ],
 )
 def test_parser_rejects_without_raising(text: str) -> None:
     parsed = ap.parse_allocation(text, NAMES)
