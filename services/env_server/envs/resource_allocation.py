@@ -16,7 +16,10 @@ agent's action is read, the others send ``""``.
 Rewards (``lambda`` = ``violation_penalty``, ``w`` = ``role_weight``):
 
 * team score of a submission: ``value / optimum`` if it breaks no constraint else ``0``, minus
-  ``lambda * violations``; an unreadable submission scores ``-parse_penalty``;
+  ``min(lambda * violations, max_violation_penalty)``; an unreadable submission scores ``-parse_penalty``. With
+  the defaults (0.1, cap 0.4, parse 0.5) the order is unreadable < readable but invalid (fewer violations
+  better) < valid: an earlier uncapped penalty (0.25 each) made a readable plan with three violations score
+  below unreadable text, and GRPO then taught the agents to stop writing allocations;
 * role terms: leader ``plan quality`` (team-score formula applied to the plan), executor
   ``0.5 * valid + 0.5 * fidelity`` (fidelity = ``1 - sum|x - plan| / max(1, sum max(x, plan))``, or validity when
   there is no plan), evaluator ``1 - |score - true fraction|``; unreadable text gets ``-parse_penalty``;
@@ -48,8 +51,14 @@ FIELDS = (
         minimum=0.0,
         maximum=1.0,
     ),
+    ConfigField("violation_penalty", "float", 0.1, "team-score penalty per violated constraint", minimum=0.0),
     ConfigField(
-        "violation_penalty", "float", 0.25, "team-score penalty per violated constraint", minimum=0.0
+        "max_violation_penalty",
+        "float",
+        0.4,
+        "cap of the violation penalty of one allocation; keep it below parse_penalty so that any readable "
+        "allocation outscores unreadable text",
+        minimum=0.0,
     ),
     ConfigField("parse_penalty", "float", 0.5, "penalty for an action that cannot be read", minimum=0.0),
     ConfigField("role_weight", "float", 0.5, "weight of each agent's role term in its reward", minimum=0.0),
@@ -164,7 +173,10 @@ class ResourceAllocationEnv(TextTeamEnv):
         ratio = (
             score.value / self.optimal_value if self.optimal_value > 0 and score.valid else float(score.valid)
         )
-        return ratio - self.config["violation_penalty"] * len(score.violations)
+        penalty = min(
+            self.config["violation_penalty"] * len(score.violations), self.config["max_violation_penalty"]
+        )
+        return ratio - penalty
 
     def _fidelity(self, alloc: dict[str, int]) -> float:
         if self.plan is None:

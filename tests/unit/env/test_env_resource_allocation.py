@@ -73,7 +73,7 @@ def test_optimal_team_gets_full_team_reward_and_metrics() -> None:
 
 
 def test_invalid_allocation_penalised_and_unparseable_gets_feedback() -> None:
-    env = make(violation_penalty=0.25, parse_penalty=0.5)
+    env = make(violation_penalty=0.25, max_violation_penalty=10.0, parse_penalty=0.5)
     problem = inner(env).problem
     over = {t.name: t.max_units + 1 for t in problem.tasks}
     env.step({"agent_1": "I have no plan"})
@@ -187,3 +187,29 @@ def test_planner_alias_and_custom_roles() -> None:
     env.reset(seed=0)
     assert env.env.role_of == {"agent_1": "executor", "agent_2": "leader"}
     assert env.acting_agents == ["agent_2"]
+
+
+def test_default_rewards_rank_unreadable_below_any_readable_allocation() -> None:
+    """Defaults: unreadable (-parse_penalty) < readable with many violations (capped) < fewer violations < valid."""
+
+    def team_after(text: str) -> float:
+        env = make()
+        env.step({"agent_1": "task_1: 0"})
+        _, r, *_ = env.step({"agent_2": text})
+        return r["agent_1"]  # the leader's dense reward is the change of the team score alone
+
+    problem = inner(make()).problem
+    worst = {t.name: t.max_units + 5 for t in problem.tasks}
+    one_over = {t.name: 0 for t in problem.tasks}
+    one_over[problem.tasks[0].name] = problem.tasks[0].max_units + 1
+    valid = {t.name: 0 for t in problem.tasks}
+    valid[problem.tasks[0].name] = 1
+    assert ap.score(problem, valid).valid and len(ap.score(problem, worst).violations) >= 5
+    unreadable, many, few, ok = (
+        team_after("task_1: value 7 per unit"),
+        team_after(alloc_text(worst)),
+        team_after(alloc_text(one_over)),
+        team_after(alloc_text(valid)),
+    )
+    assert unreadable == pytest.approx(-0.5) and many == pytest.approx(-0.4)
+    assert unreadable < many < few < ok
