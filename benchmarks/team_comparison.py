@@ -151,10 +151,10 @@ def _mean_std(values: list[float]) -> str:
 def table(results: dict[str, dict[int, dict[str, Any]]], threshold: float) -> str:
     """Format the per-run and per-arm tables (markdown)."""
     lines = [
-        "| arm | seed | steps | eval completion first -> last | eval utilization first -> last "
-        "| eval team score first -> last | train team score per step | steps to >= "
-        f"{threshold} | wall s | load before/after |",
-        "|---|---:|---:|---|---|---|---|---:|---:|---|",
+        "| arm | seed | steps | eval format validity first -> last | eval completion first -> last "
+        "| eval utilization first -> last | eval team score first -> last | train team score per step "
+        f"| steps to >= {threshold} | wall s | load before/after |",
+        "|---|---:|---:|---|---|---|---|---|---:|---:|---|",
     ]
     for arm, runs in results.items():
         for seed, r in sorted(runs.items()):
@@ -166,7 +166,7 @@ def table(results: dict[str, dict[int, dict[str, Any]]], threshold: float) -> st
 
             trace = " ".join(f"{v:.2f}" for v in r["train_team_score"])
             lines.append(
-                f"| {arm} | {seed} | {r['steps']} | {pair('team/task_completion')} | "
+                f"| {arm} | {seed} | {r['steps']} | {pair('team/format_valid')} | {pair('team/task_completion')} | "
                 f"{pair('team/resource_utilization')} | {pair('team/team_score')} | {trace} | "
                 f"{r['steps_to_threshold'] if r['steps_to_threshold'] is not None else 'not reached'} | "
                 f"{r.get('wall_s', float('nan')):.0f} | {r.get('load_before', float('nan')):.1f}/"
@@ -174,9 +174,10 @@ def table(results: dict[str, dict[int, dict[str, Any]]], threshold: float) -> st
             )
     lines += [
         "",
-        "| arm | eval completion (last) | eval utilization (last) | eval team score (last) "
-        "| final train team score (spread across seeds) | mean train team score, all steps | reached threshold |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | eval format validity (last) | eval completion (last) | eval utilization (last) "
+        "| eval violations (last) | eval team score (last) | final train team score (spread across seeds) "
+        "| mean train team score, all steps | reached threshold |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, runs in results.items():
         rs = [r for r in runs.values() if r["steps"] > 0]  # unfinished or not-run seeds are left out
@@ -188,8 +189,9 @@ def table(results: dict[str, dict[int, dict[str, Any]]], threshold: float) -> st
         alls = [statistics.mean(r["train_team_score"]) for r in rs if r["train_team_score"]]
         reached = sum(r["steps_to_threshold"] is not None for r in rs)
         lines.append(
-            f"| {arm} | {col('team/task_completion')} | {col('team/resource_utilization')} | "
-            f"{col('team/team_score')} | {_mean_std(finals)} | {_mean_std(alls)} | {reached}/{len(rs)} |"
+            f"| {arm} | {col('team/format_valid')} | {col('team/task_completion')} | "
+            f"{col('team/resource_utilization')} | {col('team/constraint_violations')} | {col('team/team_score')} | "
+            f"{_mean_std(finals)} | {_mean_std(alls)} | {reached}/{len(rs)} |"
         )
     return "\n".join(lines)
 
