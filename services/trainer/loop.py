@@ -367,11 +367,9 @@ class TrainingLoop:
         self, store: Any, results: list[EpisodeResult], step: int = 0
     ) -> dict[str, list[Sample]]:
         """Share every trainable agent's trajectories, then sample them back (one queue table per agent)."""
-        counts: dict[str, int] = {}
         for r in results:
             for agent, traj in r.trajectories.items():
                 traj.metadata["return"] = agent_return(self.cfg, r.returns.get(agent, 0.0))
-                counts[agent] = counts.get(agent, 0) + 1
         batches: dict[str, list[Sample]] = {}
         for agent in self.cfg.tuning_agents:  # frozen agents act but have no table: nothing would drain it
             trajs = [r.trajectories[agent] for r in results if agent in r.trajectories]
