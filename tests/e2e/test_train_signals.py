@@ -14,6 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
+def _train_cmd(run: Path, *overrides: str) -> list[str]:
+    """`marti train examples/tiny.yaml` into ``run`` with two-turn episodes and the given ``--set`` overrides."""
+    sets = [arg for o in ("environment.max_turns=2", *overrides, f"output.dir={run}") for arg in ("--set", o)]
+    return [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress", *sets]
+
+
 def _stack_children(run: Path) -> int:
     out = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
     return sum(1 for line in out.splitlines() if "marti.cli broker" in line and str(run) in line)
@@ -22,9 +28,7 @@ def _stack_children(run: Path) -> int:
 def test_sigterm_stops_cleanly_with_checkpoint_and_report(tmp_path):
     run = tmp_path / "run_sigterm"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
-         "--set", "environment.max_turns=2", "--set", "max_steps=50", "--set", "rollout.eval_every=0",
-         "--set", f"output.dir={run}"],
+        _train_cmd(run, "max_steps=50", "rollout.eval_every=0"),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -56,9 +60,7 @@ def _stop_after_first_step(proc: subprocess.Popen, run: Path) -> None:
 def test_wall_time_budget_stops_before_a_step_that_would_overrun(tmp_path):
     run = tmp_path / "run_budget"
     out = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
-         "--set", "environment.max_turns=2", "--set", "max_steps=5", "--set", "budget.max_wall_time_s=1",
-         "--set", f"output.dir={run}"],
+        _train_cmd(run, "max_steps=5", "budget.max_wall_time_s=1"),
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
