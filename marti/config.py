@@ -451,6 +451,10 @@ class PolicyConfig(_Section):
     """EMA decay in (0, 1)."""
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
     """transformers attention kernel; null lets transformers choose."""
+    share_prompt_prefix: bool = True
+    """Compute a prompt that several samples repeat (the G samples of a group) once: in the transformers rollout
+    engine's prefill and in every training, reference and old-policy forward (a key/value cache gathered to the
+    rows). Same numbers up to float rounding; off gives the plain forward. Ignored with gradient checkpointing."""
 
     @field_validator("lora_target_modules")
     @classmethod

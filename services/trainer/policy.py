@@ -30,6 +30,7 @@ import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from services.trainer.models import load_model, load_tokenizer
+from services.trainer.prefix_sharing import response_logits
 
 PolicyMode = Literal["per_agent", "shared", "lora"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
@@ -80,6 +81,9 @@ class PolicyConfig:
         seed: Initialisation seed (tiny models, LoRA adapters).
         gradient_checkpointing: Trade compute for activation memory in trainable models.
         keep_reference: Keep a reference policy for KL (``per_agent``/``shared`` keep a frozen copy).
+        share_prompt_prefix: Run a prompt that several rows of a batch repeat (a GRPO group) through the model
+            once in log-probability forwards (:mod:`services.trainer.prefix_sharing`; models with gradient
+            checkpointing on always take the plain forward).
     """
 
     mode: PolicyMode
@@ -88,6 +92,7 @@ class PolicyConfig:
     seed: int = 0
     gradient_checkpointing: bool = False
     keep_reference: bool = True
+    share_prompt_prefix: bool = True
 
     def __post_init__(self) -> None:
         """Validate; raises InvalidArgumentError naming the bad field and value."""
@@ -114,11 +119,6 @@ class PolicyConfig:
             raise InvalidArgumentError(f"lora.dropout must be in [0, 1), got {self.lora.dropout}")
 
 
-def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, as ``generate`` computes them: ``cumsum(mask) - 1`` clipped at 0."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 class MultiAgentPolicy:
     """The trainable policies of a team, behind one API the training loop uses.
 
@@ -142,6 +142,7 @@ class MultiAgentPolicy:
         self._refs: dict[str, torch.nn.Module] = {}
         self._adapters: dict[str, str] = {}
         self._versions = {a.name: 0 for a in config.agents}
+        self._share_prefix = config.share_prompt_prefix
         tok_cache: dict[str, Any] = {}
         for a in config.agents:
             self._tokenizers[a.name] = tok_cache.setdefault(
@@ -323,7 +324,9 @@ class MultiAgentPolicy:
         spec = self._check(agent_id)
         model = self._activate(agent_id)
         with torch.set_grad_enabled(spec.is_tuning and torch.is_grad_enabled()):
-            return _sequence_logprobs(model, input_ids, attention_mask, action_mask, return_entropy)
+            return _sequence_logprobs(
+                model, input_ids, attention_mask, action_mask, return_entropy, self._share_prefix
+            )
 
     def ref_logprobs(
         self, agent_id: str, input_ids: torch.Tensor, attention_mask: torch.Tensor, action_mask: torch.Tensor
@@ -341,16 +344,20 @@ class MultiAgentPolicy:
             if self.config.mode == "lora":
                 model = self._activate(agent_id)
                 with model.disable_adapter():
-                    return _sequence_logprobs(model, input_ids, attention_mask, action_mask, False)
+                    return _sequence_logprobs(
+                        model, input_ids, attention_mask, action_mask, False, self._share_prefix
+                    )
             if not spec.is_tuning:
                 return _sequence_logprobs(
-                    self._models[agent_id], input_ids, attention_mask, action_mask, False
+                    self._models[agent_id], input_ids, attention_mask, action_mask, False, self._share_prefix
                 )
             if agent_id not in self._refs:
                 raise FailedPreconditionError(
                     f"agent {agent_id!r} has no reference policy (keep_reference=False)"
                 )
-            return _sequence_logprobs(self._refs[agent_id], input_ids, attention_mask, action_mask, False)
+            return _sequence_logprobs(
+                self._refs[agent_id], input_ids, attention_mask, action_mask, False, self._share_prefix
+            )
 
     def state_for_sync(self, agent_id: str) -> dict[str, torch.Tensor]:
         """Weights a rollout engine needs for the agent: its adapter (``lora``) or full state dict, detached."""
@@ -472,8 +479,13 @@ def _sequence_logprobs(
     attention_mask: torch.Tensor,
     action_mask: torch.Tensor,
     return_entropy: bool,
+    share_prefix: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Shared forward of :meth:`MultiAgentPolicy.logprobs` (see there); computes logits for A + 1 positions only."""
+    """Shared forward of :meth:`MultiAgentPolicy.logprobs` (see there); computes logits for A positions only.
+
+    With ``share_prefix``, rows that repeat a prompt run it once (:func:`~services.trainer.prefix_sharing.
+    response_logits`); the result is the same up to float rounding.
+    """
     if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise InvalidArgumentError(
             f"input_ids (B, T) and attention_mask (B, T) must match, got {tuple(input_ids.shape)} and "
@@ -488,14 +500,8 @@ def _sequence_logprobs(
         raise InvalidArgumentError(f"action_mask width A={num_actions} must be in [1, T={num_tokens})")
     device = next(model.parameters()).device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=_position_ids(attention_mask),
-        logits_to_keep=num_actions + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1].float()  # (B, A, V): position T-A-1+j predicts token T-A+j
+    # (B, A, V): position T-A-1+j predicts token T-A+j
+    logits = response_logits(model, input_ids, attention_mask, num_actions, share=share_prefix).float()
     labels = input_ids[:, -num_actions:]  # (B, A)
     lse = torch.logsumexp(logits, dim=-1)  # (B, A)
     logp = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse

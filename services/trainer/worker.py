@@ -76,6 +76,7 @@ def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyCo
         seed=cfg.seed + first,
         gradient_checkpointing=p.gradient_checkpointing,
         keep_reference=cfg.algorithm.kl_coef > 0 and cfg.ray.colocate_models,
+        share_prompt_prefix=p.share_prompt_prefix,
     )
 
 

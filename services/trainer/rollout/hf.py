@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from marti.errors import InvalidArgumentError
+from services.trainer.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 from services.trainer.rollout.base import (
     Generation,
     Prompt,
@@ -57,6 +58,10 @@ class HFRolloutEngine(RolloutEngine):
         max_model_len: Most tokens of prompt plus response; defaults to the model config's
             ``max_position_embeddings``.
         default_sampling: Per-agent default :class:`SamplingParams`.
+        share_prompt_prefix: When a batch repeats a prompt (G samples of a group), prefill each distinct prompt
+            once and give its key/value cache to every row that repeats it
+            (:mod:`services.trainer.prefix_sharing`); the samples are those of the plain path up to float
+            rounding.
 
     Raises:
         InvalidArgumentError: No agents, or ``max_batch_size`` / ``max_model_len`` not positive.
@@ -70,6 +75,7 @@ class HFRolloutEngine(RolloutEngine):
         max_batch_size: int = 32,
         max_model_len: int | None = None,
         default_sampling: Mapping[str, SamplingParams] | None = None,
+        share_prompt_prefix: bool = True,
     ) -> None:
         super().__init__(list(agents), default_sampling)
         if max_batch_size <= 0:
@@ -78,6 +84,7 @@ class HFRolloutEngine(RolloutEngine):
             raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
         self._agents = dict(agents)
         self.max_batch_size = max_batch_size
+        self.share_prompt_prefix = share_prompt_prefix
         self._max_model_len = max_model_len
         for spec in self._agents.values():
             spec.tokenizer.padding_side = "left"
@@ -96,7 +103,7 @@ class HFRolloutEngine(RolloutEngine):
             copy_weights: True (default): the engine owns deep copies (one copy per distinct policy model, so
                 LoRA agents still share one base), and samples only with synced versions. False: it samples
                 with the policy's live modules (colocated, no extra memory; ``update_weights`` only re-tags).
-            **kwargs: Passed to the constructor.
+            **kwargs: Passed to the constructor (``share_prompt_prefix`` defaults to the policy config's).
         """
         memo: dict[int, Any] = {}
         agents: dict[str, AgentModel] = {}
@@ -105,6 +112,7 @@ class HFRolloutEngine(RolloutEngine):
             if copy_weights:
                 model = memo.setdefault(id(model), copy.deepcopy(model))
             agents[agent_id] = AgentModel(model=model, tokenizer=tok, adapter_name=adapter)
+        kwargs.setdefault("share_prompt_prefix", policy.config.share_prompt_prefix)
         return cls(agents, **kwargs)
 
     def max_model_len(self, agent_id: str) -> int:
@@ -185,9 +193,17 @@ class HFRolloutEngine(RolloutEngine):
         }
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         with torch.no_grad():
+            shared = None
+            if self.share_prompt_prefix and can_share(spec.model):
+                shared = shared_prefix_rows(input_ids, attention_mask, width - 1)
+            if shared is not None:  # generate computes only the last prompt token and what follows
+                kwargs["cache"], _ = prefill_shared(
+                    spec.model, input_ids, attention_mask, width - 1, *shared
+                )
             res = spec.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
+                input_ids=input_ids, attention_mask=attention_mask, **kwargs
             )
         new_tokens = res.sequences[:, width:].cpu()  # (B, A)
         logits = torch.stack(res.logits, dim=1).float()  # (B, A, V) raw, temperature 1

@@ -1,0 +1,162 @@
+"""Shared-prompt computation: run a prompt that several rows of a batch repeat through the model once.
+
+Group-based RL (GRPO, RLOO, REINFORCE++ with a group baseline) samples G responses per prompt, so a batch of
+B = P x G rows holds only P distinct prompts. A plain forward pays for every prompt token G times, in the
+rollout's prefill and again in every training forward and backward. Here the distinct prompts run once, with a
+key/value cache, the cache rows are gathered to the B rows (an index select, differentiable), and only the
+responses run per row. The numbers are those of the plain forward up to float rounding (the rows see the same
+keys and values at the same positions), and gradients flow into the shared prompt's computation from every
+row that reads it. vLLM's automatic prefix caching gives the rollout half of this on GPU; this module gives it
+to transformers on any device, and to the training forward, which no cache shares.
+
+Layout (the learner's :func:`services.trainer.learner.collate` and the transformers rollout engine): prompts
+left-padded to a common width, so rows with an equal prompt have equal ids and equal attention mask over the
+first ``prefix_len`` columns. Rows are matched exactly on those columns; prompts that merely start alike are not
+shared.
+
+Shapes: B rows, U distinct prompts (U <= B), T tokens, A response (action) tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def shared_prefix_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_len: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Find rows whose first ``prefix_len`` columns (ids and mask) are equal.
+
+    Args:
+        input_ids: (B, T) int64.
+        attention_mask: (B, T) 0/1.
+        prefix_len: Columns compared, in [1, T].
+
+    Returns:
+        ``(first, inverse)``: ``first`` (U,) int64, the first row holding each distinct prefix, in order of first
+        appearance; ``inverse`` (B,) int64, for every row the position in ``first`` of its prefix. ``None`` when
+        all B prefixes differ (nothing to share) or ``prefix_len`` is outside [1, T].
+    """
+    rows, width = input_ids.shape
+    if rows < 2 or not 1 <= prefix_len <= width:
+        return None
+    key = torch.cat([input_ids[:, :prefix_len], attention_mask[:, :prefix_len].to(input_ids.dtype)], dim=1)
+    _, inverse = torch.unique(key.cpu(), dim=0, return_inverse=True)  # sorted order; renumbered below
+    if int(inverse.max()) + 1 == rows:
+        return None
+    first_of_sorted = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long)
+    first_of_sorted.scatter_reduce_(0, inverse, torch.arange(rows), reduce="amin")
+    order = torch.argsort(first_of_sorted)  # distinct prefixes by first appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    return first_of_sorted[order], rank[inverse]
+
+
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as ``generate`` computes them: ``cumsum(mask) - 1`` clipped at 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def prefill_shared(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prefix_len: int,
+    first: torch.Tensor,
+    inverse: torch.Tensor,
+) -> tuple[Any, torch.Tensor]:
+    """Run the U distinct prefixes once and gather their key/value cache to all B rows.
+
+    Args:
+        model: A transformers causal LM (or a peft model around one) whose forward takes ``cache``.
+        input_ids: (B, T) int64, on the model's device.
+        attention_mask: (B, T) 0/1, on the model's device.
+        prefix_len: Columns that form the shared prefix, in [1, T].
+        first: (U,) rows to compute, from :func:`shared_prefix_rows`.
+        inverse: (B,) row -> distinct prefix, from :func:`shared_prefix_rows`.
+
+    Returns:
+        ``(cache, last_logits)``: a transformers ``Cache`` over ``prefix_len`` positions with B rows, and (B, V)
+        the logits at the prefix's last position (they predict column ``prefix_len``). Gradients flow through
+        both when grad is enabled.
+    """
+    from transformers import DynamicCache
+
+    device = input_ids.device
+    first, inverse = first.to(device), inverse.to(device)
+    ids = input_ids[first, :prefix_len]
+    mask = attention_mask[first, :prefix_len]
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=_position_ids(mask),
+        cache=DynamicCache(),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = out.cache
+    cache.batch_select_indices(inverse)
+    return cache, out.logits[:, -1][inverse]
+
+
+def can_share(model: torch.nn.Module) -> bool:
+    """Whether ``model`` can run a shared prefix: it must return a cache, which gradient checkpointing forbids."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the new name, then the old
+        if hasattr(type(model), name) or hasattr(model, name):
+            return not getattr(model, name)
+    return True
+
+
+def response_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_actions: int,
+    *,
+    share: bool = True,
+) -> torch.Tensor:
+    """Logits that predict the last A tokens of every row, computing each distinct prompt once.
+
+    Equal, up to float rounding, to ``model(input_ids, attention_mask, position_ids, logits_to_keep=A + 1)
+    .logits[:, :-1]``: position ``T - A - 1 + j`` predicts token ``T - A + j``. When rows repeat a prompt (the
+    first ``T - A`` columns) and ``share`` is on, the distinct prompts run once through the model with a cache
+    and only the responses run per row (:func:`prefill_shared`); otherwise, or when the model cannot return a
+    cache (:func:`can_share`), it is that plain forward.
+
+    Args:
+        model: A transformers causal LM (or a peft model around one).
+        input_ids: (B, T) int64, on the model's device.
+        attention_mask: (B, T) 0/1, on the model's device.
+        num_actions: A, in [1, T).
+        share: Allow the shared-prompt path.
+
+    Returns:
+        (B, A, V) logits in the model's dtype, with grad when grad is enabled.
+    """
+    num_tokens = input_ids.shape[1]
+    prefix_len = num_tokens - num_actions
+    shared = shared_prefix_rows(input_ids, attention_mask, prefix_len) if share and can_share(model) else None
+    if shared is None:
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=_position_ids(attention_mask),
+            logits_to_keep=num_actions + 1,
+            use_cache=False,
+        )
+        return out.logits[:, :-1]
+    cache, first_logits = prefill_shared(model, input_ids, attention_mask, prefix_len, *shared)
+    first_logits = first_logits.unsqueeze(1)  # (B, 1, V): predicts column T - A
+    if num_actions == 1:
+        return first_logits
+    rest = slice(prefix_len, num_tokens - 1)  # the response tokens that predict another response token
+    out = model(
+        input_ids=input_ids[:, rest],
+        attention_mask=attention_mask[:, : num_tokens - 1],
+        position_ids=_position_ids(attention_mask)[:, rest],
+        cache=cache,
+        use_cache=True,
+    )
+    return torch.cat([first_logits, out.logits], dim=1)

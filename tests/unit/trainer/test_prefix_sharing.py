@@ -1,0 +1,151 @@
+"""Shared-prompt computation: same logits, gradients and samples as the plain forward, on tiny models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.trainer.learner import Sample, collate
+from services.trainer.models import build_tiny_model, load_tokenizer
+from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+from services.trainer.prefix_sharing import response_logits, shared_prefix_rows
+from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-llama")
+
+
+def _group_batch(pad_id: int):
+    """Two prompts of different lengths (left padding differs), G=3 responses each of different lengths."""
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
+    responses = [[20, 21, 22, 23], [24], [25, 26], [27, 28, 29], [30, 31, 32, 33, 34], [35]]
+    samples = [Sample(prompts[i // 3], r, 0.0, i // 3) for i, r in enumerate(responses)]
+    return collate(samples, pad_id)
+
+
+def test_rows_with_equal_prefix_are_found_in_order_of_first_appearance():
+    ids = torch.tensor([[9, 1, 2, 7], [3, 4, 5, 8], [9, 1, 2, 6], [3, 4, 5, 5], [0, 4, 5, 5]])
+    mask = torch.ones_like(ids)
+    mask[4, 0] = 0  # same ids as row 3 from column 1 on, but a padded first column: a different prefix
+    first, inverse = shared_prefix_rows(ids, mask, 3)
+    assert first.tolist() == [0, 1, 4]
+    assert inverse.tolist() == [0, 1, 0, 1, 2]
+
+
+def test_no_sharing_when_every_prefix_differs_or_the_prefix_is_out_of_range():
+    ids = torch.tensor([[1, 2, 3], [1, 2, 4], [2, 2, 3]])
+    mask = torch.ones_like(ids)
+    assert shared_prefix_rows(ids, mask, 3) is None
+    assert shared_prefix_rows(ids, mask, 0) is None
+    assert shared_prefix_rows(ids, mask, 4) is None
+    assert shared_prefix_rows(ids[:1], mask[:1], 2) is None  # a single row has nobody to share with
+    assert shared_prefix_rows(ids, mask, 2) is not None  # rows 0 and 1 agree on 2 columns
+
+
+@pytest.mark.parametrize("num_actions", [1, 5])
+def test_shared_logits_and_gradients_equal_the_plain_forward(tok, num_actions):
+    model = build_tiny_model(tok, seed=0)
+    batch = _group_batch(tok.pad_token_id)
+    ids, mask = batch.input_ids, batch.attention_mask
+    if num_actions == 1:  # cut every response to its first token
+        ids, mask = ids[:, : ids.shape[1] - 4], mask[:, : ids.shape[1] - 4]
+    labels = ids[:, -num_actions:]
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        logits = response_logits(model, ids, mask, num_actions, share=share)
+        assert logits.shape == (6, num_actions, model.config.vocab_size)
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        (logp * mask[:, -num_actions:]).sum().backward()
+        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain, g_plain), (shared, g_shared) = results
+    valid = mask[:, -num_actions:].bool()
+    assert torch.allclose(plain[valid], shared[valid], atol=1e-5)
+    for name, grad in g_plain.items():  # float32 sums in another order: equal to ~1e-6 of the largest entry
+        scale = float(grad.abs().max()) + 1e-6
+        assert float((grad - g_shared[name]).abs().max()) <= 1e-4 * scale, name
+    assert any(g.abs().sum() > 0 for g in g_shared.values())
+
+
+@pytest.mark.parametrize("mode", ["per_agent", "lora"])
+def test_policy_logprobs_and_reference_agree_with_sharing_on_and_off(tok, mode):
+    batch = _group_batch(tok.pad_token_id)
+    out = []
+    for share in (False, True):
+        policy = MultiAgentPolicy(
+            PolicyConfig(mode=mode, agents=(AgentSpec("a", "tiny-llama"),), share_prompt_prefix=share)
+        )
+        lp, ent = policy.logprobs(
+            "a", batch.input_ids, batch.attention_mask, batch.action_mask, return_entropy=True
+        )
+        ref = policy.ref_logprobs("a", batch.input_ids, batch.attention_mask, batch.action_mask)
+        out.append((lp.detach(), ent.detach(), ref))
+    m = batch.action_mask
+    for plain, shared in zip(out[0], out[1], strict=True):
+        assert torch.allclose(plain[m], shared[m], atol=1e-5)
+
+
+def test_gradient_checkpointing_takes_the_plain_forward(tok):
+    policy = MultiAgentPolicy(
+        PolicyConfig(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),), gradient_checkpointing=True)
+    )
+    policy.train(True)
+    batch = _group_batch(tok.pad_token_id)
+    lp = policy.logprobs("a", batch.input_ids, batch.attention_mask, batch.action_mask)
+    lp[batch.action_mask].sum().backward()  # no cache is asked for, so checkpointing works as before
+    assert lp.shape == batch.action_mask.shape
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_engine_samples_the_same_with_and_without_a_shared_prefill(tok, temperature):
+    model = build_tiny_model(tok, seed=0)
+    prompts = [[5, 6, 7, 8, 9, 10]] * 3 + [[11, 12]] * 3 + [[13, 14, 15]]
+    params = SamplingParams(max_new_tokens=6, temperature=temperature, seed=7)
+    gens = {}
+    for share in (False, True):
+        engine = HFRolloutEngine({"a": AgentModel(model, tok)}, share_prompt_prefix=share)
+        gens[share] = engine.generate("a", prompts, params)
+    for plain, shared in zip(gens[False], gens[True], strict=True):
+        assert plain.prompt_token_ids == shared.prompt_token_ids
+        assert plain.response_token_ids == shared.response_token_ids
+        assert torch.allclose(
+            torch.tensor(plain.response_logprobs), torch.tensor(shared.response_logprobs), atol=1e-4
+        )
+
+
+def test_zero3_step_is_the_same_with_a_shared_prefix(tok):
+    """Under ZeRO-3 the prompt's modules run twice per forward (prefix, then responses); parameters gathered
+    for the first run must be gathered again for the second, and the update must equal the plain one."""
+    from services.trainer.models import TinyModelConfig
+    from services.trainer.strategy import OptimConfig
+    from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
+
+    small = TinyModelConfig(
+        num_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2
+    )
+    from deepspeed.utils import safe_get_full_grad
+
+    batch = _group_batch(tok.pad_token_id)
+    labels = batch.input_ids[:, -batch.action_mask.shape[1] :]
+    runs = []
+    for share in (False, True):
+        model = build_tiny_model(tok, seed=0, config=small).train()
+        eng = DeepSpeedStrategy(zero_stage=3).setup(
+            model, list(model.parameters()), OptimConfig(lr=1e-2, total_steps=4)
+        )
+        logits = response_logits(
+            eng.model, batch.input_ids, batch.attention_mask, batch.action_mask.shape[1], share=share
+        )
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        eng.backward(-(logp * batch.action_mask).sum() / batch.action_mask.sum())
+        grads = {n: safe_get_full_grad(p).clone() for n, p in eng.model.named_parameters()}
+        result = eng.step()
+        assert result.stepped
+        runs.append((logp.detach(), grads, float(result.grad_norm)))
+    (lp0, g0, n0), (lp1, g1, n1) = runs
+    assert torch.allclose(lp0[batch.action_mask], lp1[batch.action_mask], atol=1e-5)
+    assert abs(n0 - n1) <= 1e-4 * n0
+    for name, grad in g0.items():
+        assert float((grad - g1[name]).abs().max()) <= 1e-4 * (float(grad.abs().max()) + 1e-6), name
