@@ -199,12 +199,8 @@ class HFRolloutEngine(RolloutEngine):
             if self.share_prompt_prefix and can_share(spec.model):
                 shared = shared_prefix_rows(input_ids, attention_mask, width - 1)
             if shared is not None:  # generate computes only the last prompt token and what follows
-                kwargs["cache"], _ = prefill_shared(
-                    spec.model, input_ids, attention_mask, width - 1, *shared
-                )
-            res = spec.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, **kwargs
-            )
+                kwargs["cache"], _ = prefill_shared(spec.model, input_ids, attention_mask, width - 1, *shared)
+            res = spec.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         new_tokens = res.sequences[:, width:].cpu()  # (B, A)
         logits = torch.stack(res.logits, dim=1).float()  # (B, A, V) raw, temperature 1
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.to(logits.device).unsqueeze(-1))
