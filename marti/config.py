@@ -186,6 +186,10 @@ class AgentConfig(_Section):
     """Reference model for the KL term; null uses ``pretrain_model``."""
     critic_model: str | None = None
     """Critic's base model (``gae`` only); null uses ``pretrain_model``."""
+    max_staleness: NonNegInt | None = None
+    """This agent's staleness bound, at most ``rollout.max_staleness``: turns generated more than this many of
+    its policy versions ago are dropped from its update (counted in ``<agent>/stale_dropped``). Null: the
+    ``rollout`` bound."""
 
     @field_validator("name")
     @classmethod
@@ -350,7 +354,11 @@ class RolloutConfig(_Section):
     eval_seeds: list[NonNegInt] | None = None
     """Held-out problem seeds; null: ``1000000, 1000001, ...`` (``eval_episodes`` of them)."""
     max_staleness: NonNegInt = 0
-    """Most policy versions a sample may lag behind the learner; 0 is fully synchronous."""
+    """Asynchronous rollouts: most policy versions a generated turn may lag behind the weights it is trained
+    with. 0 is the synchronous loop (play a step, then train on it). k >= 1 plays step ``t`` in a background
+    thread as soon as the learner has finished update ``t - k``, overlapping rollouts with updates
+    (``services/trainer/pipeline.py``); the rollout engine then keeps its own copy of the weights. Agents can
+    set a tighter bound (``agents[i].max_staleness``)."""
 
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:
@@ -788,6 +796,12 @@ class TrainConfig(_Section):
             raise ValueError("rollout.engine=vllm needs device cuda or auto, got device=cpu")
         if not any(a.is_tuning for a in self.agents):
             raise ValueError("every agent has is_tuning=false: nothing to train")
+        for i, a in enumerate(self.agents):
+            if a.max_staleness is not None and a.max_staleness > self.rollout.max_staleness:
+                raise ValueError(
+                    f"agents.{i}.max_staleness ({a.max_staleness}, agent {a.name!r}) exceeds "
+                    f"rollout.max_staleness ({self.rollout.max_staleness}), the bound the rollouts run ahead by"
+                )
         return self
 
     @model_validator(mode="after")
@@ -864,6 +878,11 @@ class TrainConfig(_Section):
             top_p=r.top_p if o.top_p is None else o.top_p,
             max_new_tokens=r.max_new_tokens if o.max_new_tokens is None else o.max_new_tokens,
         )
+
+    def max_staleness_for(self, name: str) -> int:
+        """Staleness bound of agent ``name``: its own ``max_staleness`` or ``rollout.max_staleness``."""
+        own = self.agent(name).max_staleness
+        return self.rollout.max_staleness if own is None else own
 
     def learning_rate_for(self, name: str) -> float:
         """Learning rate of agent ``name``: its own ``learning_rate`` or the top-level one."""

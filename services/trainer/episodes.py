@@ -79,6 +79,14 @@ class _Live:
     mailbox: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
+def _turn_info(env_info: dict[str, Any], gen: Any) -> dict[str, Any]:
+    """A turn's ``info``: the env's scalar info entries plus ``policy_version``, the version of the weights that
+    generated the response (the learner measures staleness with it; :mod:`services.trainer.pipeline`)."""
+    out = {k: v for k, v in env_info.items() if isinstance(v, (int, float, str, bool))}
+    out["policy_version"] = int(getattr(gen, "policy_version", 0))
+    return out
+
+
 def _close_quietly(obj: Any) -> None:
     """Close a session client; a service that is down (the episode is being abandoned) only gets a log line."""
     try:
@@ -253,7 +261,7 @@ class EpisodeRunner:
                         reward=float(rewards.get(agent, 0.0)),
                         terminated=bool(terms.get(agent, False)),
                         truncated=bool(truncs.get(agent, False)),
-                        info={k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))},
+                        info=_turn_info(info, gen),
                         response_text=gen.text,
                     )
                 )
@@ -389,7 +397,7 @@ class EpisodeRunner:
                             reward=float(rewards.get(agent, 0.0)),
                             terminated=bool(terms.get(agent, False)),
                             truncated=bool(truncs.get(agent, False)),
-                            info={k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))},
+                            info=_turn_info(info, gen),
                             response_text=text,
                         )
                     )

@@ -32,12 +32,15 @@ from marti.workflow import Workflow, is_import_path, make_custom_env, workflow_f
 from services.trainer.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.episodes import EpisodeResult, EpisodeRunner
 from services.trainer.learner import Sample
+from services.trainer.pipeline import RolloutPipeline
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.reconnect import Backoff, call_with_reconnect
 from services.trainer.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 _LOG = logging.getLogger("marti.trainer")
 #: Metric keys averaged over episodes for the ``team/`` and ``eval/`` namespaces.
+#: Most seconds a finished or stopped job waits for an asynchronous rollout still in flight.
+PIPELINE_CLOSE_TIMEOUT_S = 300.0
 TEAM_KEYS = ("task_completion", "resource_utilization", "constraint_violations", "team_score", "format_valid")
 
 
@@ -364,9 +367,25 @@ class TrainingLoop:
         return [got[eid] for eid in want]
 
     def _store_and_sample(
-        self, store: Any, results: list[EpisodeResult], step: int = 0
+        self,
+        store: Any,
+        results: list[EpisodeResult],
+        step: int = 0,
+        versions: dict[str, int] | None = None,
+        staleness: dict[str, float] | None = None,
     ) -> dict[str, list[Sample]]:
-        """Share every trainable agent's trajectories, then sample them back (one queue table per agent)."""
+        """Share every trainable agent's trajectories, then sample them back (one queue table per agent).
+
+        Args:
+            store: The experience store client.
+            results: The step's episodes.
+            step: The step (0-based), for messages.
+            versions: Each agent's learner version now; a turn's staleness is that minus the version that
+                generated it (``Turn.info["policy_version"]``). Turns beyond the agent's bound
+                (:meth:`TrainConfig.max_staleness_for`) are dropped. None: no staleness accounting.
+            staleness: Receives ``<agent>/version_lag`` (mean staleness of the kept turns),
+                ``<agent>/version_lag_max`` and ``<agent>/stale_dropped`` (turns dropped).
+        """
         for r in results:
             for agent, traj in r.trajectories.items():
                 traj.metadata["return"] = agent_return(self.cfg, r.returns.get(agent, 0.0))
@@ -375,16 +394,28 @@ class TrainingLoop:
             trajs = [r.trajectories[agent] for r in results if agent in r.trajectories]
             if not trajs:
                 continue
-            samples = []
+            bound = self.cfg.max_staleness_for(agent)
+            samples, lags, dropped = [], [], 0
             for traj in self._exchange(store, agent, trajs, step):
                 reward = float(traj.metadata.get("return", 0.0))
                 group = traj.metadata.get("seed")
                 if traj.metadata.get("task") is not None:
                     group = f"{traj.metadata['task']}:{group}"
                 for turn in traj.turns:
-                    if turn.response_token_ids:
-                        samples.append(Sample(turn.prompt_token_ids, turn.response_token_ids, reward, group))
+                    if not turn.response_token_ids:
+                        continue
+                    if versions is not None:
+                        lag = versions[agent] - int(turn.info.get("policy_version", traj.policy_version))
+                        if lag > bound:
+                            dropped += 1
+                            continue
+                        lags.append(lag)
+                    samples.append(Sample(turn.prompt_token_ids, turn.response_token_ids, reward, group))
             batches[agent] = samples
+            if staleness is not None and versions is not None:
+                staleness[f"{agent}/version_lag"] = sum(lags) / len(lags) if lags else 0.0
+                staleness[f"{agent}/version_lag_max"] = float(max(lags, default=0))
+                staleness[f"{agent}/stale_dropped"] = float(dropped)
         return batches
 
     def _play_eval(self, runtime: RayRuntime) -> list[EpisodeResult]:
@@ -482,6 +513,7 @@ class TrainingLoop:
         )
         start_step = 0
         monitor: ResourceMonitor | None = None
+        pipeline: RolloutPipeline | None = None
         try:
             runtime.start()
             monitor = ResourceMonitor(
@@ -502,6 +534,13 @@ class TrainingLoop:
                 eval_cost = time.monotonic() - t0
             step_cost = 0.0
             step = start_step
+            if cfg.rollout.max_staleness > 0 and step < cfg.max_steps:
+                pipeline = RolloutPipeline(
+                    lambda s: self._rollout(runtime, s),
+                    start=step,
+                    stop=cfg.max_steps,
+                    max_staleness=cfg.rollout.max_staleness,
+                ).start()
             with ProgressBar(
                 cfg.max_steps, start_step=start_step, stream=None if self.show_progress else io.StringIO()
             ) as bar:
@@ -516,9 +555,11 @@ class TrainingLoop:
                         summary.stopped = True
                         break
                     step_start = time.monotonic()
-                    metrics = self._train_step(runtime, store, step)
+                    metrics = self._train_step(runtime, store, step, pipeline)
                     metrics.update(monitor.sample())
                     step += 1
+                    if pipeline is not None:
+                        pipeline.updated(step)  # the weights are synced: the rollout of step + k may start
                     writer.log(step, metrics)
                     if self.on_metrics:
                         self.on_metrics(step, "train", metrics)
@@ -541,6 +582,8 @@ class TrainingLoop:
                 self._checkpoint(runtime, step)
             summary.last_checkpoint = self.last_checkpoint
         finally:
+            if pipeline is not None:  # no new rollout; the one in flight ends before the actors go
+                pipeline.close(timeout_s=PIPELINE_CLOSE_TIMEOUT_S)
             if monitor is not None:
                 monitor.stop()
             writer.close()
@@ -549,22 +592,37 @@ class TrainingLoop:
         summary.report = write_report(self.run_dir)
         return summary
 
-    def _train_step(self, runtime: RayRuntime, store: Any, step: int) -> dict[str, float]:
+    def _rollout(self, runtime: RayRuntime, step: int) -> tuple[list[EpisodeResult], float]:
+        """Play step ``step``'s training episodes; returns them and the seconds they took."""
         t0 = time.perf_counter()
         seeds = self.cfg.rollout.train_seeds(step)
         tasks = (
             self.scheduler.assign(step, len(seeds), self.cfg.rollout.group_size) if self.scheduler else None
         )
         results = self._play(self._runner(runtime, greedy=False), seeds, tasks, f"rollout of step {step + 1}")
-        t_roll = time.perf_counter() - t0
-        batches = self._store_and_sample(store, results, step)
-        metrics = {**episode_metrics(results), **task_metrics(results)}
+        return results, time.perf_counter() - t0
+
+    def _train_step(
+        self, runtime: RayRuntime, store: Any, step: int, pipeline: RolloutPipeline | None = None
+    ) -> dict[str, float]:
+        """One training step: the step's rollout (played now, or taken from the asynchronous ``pipeline``),
+        the store exchange, and an update of every trainable agent with samples."""
+        t0 = time.perf_counter()
+        if pipeline is None:
+            results, t_roll = self._rollout(runtime, step)
+            wait = t_roll
+        else:
+            results, t_roll = pipeline.get(step)
+            wait = time.perf_counter() - t0  # the part of the rollout the learner waited for
+        versions = runtime.versions()
+        staleness: dict[str, float] = {}
+        batches = self._store_and_sample(store, results, step, versions, staleness)
+        metrics = {**episode_metrics(results), **task_metrics(results), **staleness}
         if self.curriculum is not None:
             metrics.update(self._curriculum_step(results))
         if self.allocator is not None:
             batches, alloc = self._allocate(batches, metrics)
             metrics.update(alloc)
-        versions = runtime.versions()
         for agent, samples in batches.items():
             if not samples:
                 continue
@@ -574,8 +632,8 @@ class TrainingLoop:
                     metrics[f"{agent}/{k}"] = v
             tokens = sum(len(s.response_ids) for s in samples)
             metrics[f"{agent}/tokens_per_s"] = tokens / max(t_roll, 1e-9)
-            metrics[f"{agent}/version_lag"] = float(runtime.versions()[agent] - 1 - versions.get(agent, 0))
         metrics["time/rollout_s"] = t_roll
+        metrics["time/rollout_wait_s"] = wait
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["services/reconnects"] = float(self.reconnects)
         metrics["services/dropped_duplicates"] = float(self.dropped_items)

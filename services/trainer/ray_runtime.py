@@ -179,7 +179,8 @@ class RayRuntime:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=i
                 ),
-                max_concurrency=1,
+                # Asynchronous rollouts call a policy actor's generate while its train runs (worker.py).
+                max_concurrency=2 if spec.kind == "policy" and self.cfg.rollout.max_staleness > 0 else 1,
             )
             threads = max(1, int(bundle["CPU"]))
             group = None if spec.group is None else list(spec.group)

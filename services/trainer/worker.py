@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,11 @@ class PolicyWorker:
         self.algo = algo_config(self.cfg)
         self.agents = [a.name for a in self.cfg.agents] if agents is None else list(agents)
         self.policy = MultiAgentPolicy(policy_config(self.cfg, self.agents), device=self.device)
+        # Asynchronous rollouts (rollout.max_staleness > 0) generate while an update runs in another thread of
+        # this actor: the engine then samples from its own copy of the weights, synced after each update. The
+        # lock keeps a sync from landing in the middle of a generate call (engines are not thread-safe).
+        self.engine_owns_weights = self.cfg.rollout.max_staleness > 0
+        self._engine_lock = threading.Lock()
         self.engine = self._build_engine()
         self.strategies: dict[str, Any] = {}
         for agent in self.policy.trainable_agents:
@@ -255,7 +261,9 @@ class PolicyWorker:
             return VLLMRolloutEngine.from_policy(self.policy, vllm=self.cfg.vllm, default_sampling=sampling)
         from services.trainer.rollout.hf import HFRolloutEngine
 
-        return HFRolloutEngine.from_policy(self.policy, copy_weights=False, default_sampling=sampling)
+        return HFRolloutEngine.from_policy(
+            self.policy, copy_weights=self.engine_owns_weights, default_sampling=sampling
+        )
 
     def _build_strategy(self, agent: str) -> Any:
         """The train engine of the weight set ``agent`` trains (its model, adapter or the shared model)."""
@@ -290,8 +298,9 @@ class PolicyWorker:
             tok = self.policy.tokenizer(agent_id)
             prefix_ids = tok(prefix, add_special_tokens=False)["input_ids"]
             prompts = [chat_to_ids(tok, chat) + list(prefix_ids) for chat in chats]
-        self.policy.train(False)
-        with torch.no_grad():
+        if not self.engine_owns_weights:  # the engine samples with the live modules: no dropout
+            self.policy.train(False)
+        with self._engine_lock, torch.no_grad():
             gens = self.engine.generate(agent_id, prompts, sampling)
         if prefix:
             gens = [dataclasses.replace(g, text=prefix + g.text) for g in gens]
@@ -352,7 +361,9 @@ class PolicyWorker:
         self.policy.train(False)
         version = self.policy.bump_version(agent_id)
         with self.strategies[self.policy.unit_of(agent_id)].gathered():  # ZeRO-3: whole weights for the sync
-            self.engine.update_weights(agent_id, self.policy.state_for_sync(agent_id), version)
+            weights = self.policy.state_for_sync(agent_id)
+            with self._engine_lock:
+                self.engine.update_weights(agent_id, weights, version)
         stats["policy_version"] = float(version)
         stats["train_time_s"] = time.perf_counter() - start
         if return_returns:
@@ -398,7 +409,8 @@ class PolicyWorker:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         for agent, version in state["versions"].items():
-            self.engine.update_weights(agent, self.policy.state_for_sync(agent), version)
+            with self._engine_lock:
+                self.engine.update_weights(agent, self.policy.state_for_sync(agent), version)
         return state["data_position"]
 
     def ping(self) -> dict[str, Any]:

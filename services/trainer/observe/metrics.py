@@ -67,7 +67,9 @@ POLICY_LOSS = "policy_loss"
 VALUE_LOSS = "value_loss"
 TOKENS_PER_S = "tokens_per_s"
 VERSION_LAG = "version_lag"
-"""Policy versions between the learner and the samples it trained on."""
+"""Mean policy versions between the learner and the turns it trained on (0 in the synchronous loop; at most
+``max_staleness`` with asynchronous rollouts; ``version_lag_max`` is the largest, ``stale_dropped`` counts turns
+dropped for exceeding the agent's bound)."""
 AGENT_METRICS = (
     REWARD,
     KL,
