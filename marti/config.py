@@ -234,9 +234,14 @@ class RayConfig(_Section):
     num_cpus: PositiveInt | None = None
     """CPUs a local ``ray.init`` may use; null: all CPUs of the machine."""
     num_cpus_per_worker: NonNegFloat = 1.0
-    """CPUs per rollout worker actor."""
+    """CPUs of each rollout actor, and the least a policy actor reserves (it takes its agents' ``num_cpus`` when
+    larger)."""
     num_gpus_per_worker: NonNegFloat = 0.0
-    """GPUs per rollout worker actor."""
+    """GPUs of each rollout actor, and the least a policy actor reserves (or its agents' ``num_gpus``)."""
+    num_rollout_workers: NonNegInt = 0
+    """Rollout actors (``services/trainer/rollout_worker.py``), each with its own copy of the team's models and
+    ``num_cpus_per_worker`` / ``num_gpus_per_worker``: every generate call is split across them and the policy
+    actors only train; new weights are synced to them after each update. 0: the policy actors generate."""
     object_store_memory: NonNegInt | None = None
     """Ray object store size in bytes; strings like ``20GB`` or ``512MiB`` are accepted. Null: Ray's default."""
     colocate_models: bool = True

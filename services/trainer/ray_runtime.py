@@ -39,14 +39,14 @@ class ActorSpec:
 
     Attributes:
         name: ``policy_worker`` (one team actor) or ``policy_worker_<i>``, ``reference_<agent>``,
-            ``critic_<agent>``; the key in :attr:`RayRuntime.worker_pids`.
-        kind: ``policy``, ``reference`` or ``critic``.
+            ``critic_<agent>``, ``rollout_worker_<i>``; the key in :attr:`RayRuntime.worker_pids`.
+        kind: ``policy``, ``reference``, ``critic`` or ``rollout``.
         agents: The agents it serves (one for references and critics).
         group: The agents of the policy actor holding them; ``None`` = the whole team (one policy actor).
     """
 
     name: str
-    kind: Literal["policy", "reference", "critic"]
+    kind: Literal["policy", "reference", "critic", "rollout"]
     agents: tuple[str, ...]
     group: tuple[str, ...] | None
 
@@ -73,6 +73,7 @@ class RayRuntime:
         self._owner: dict[str, Any] = {}
         self._references: dict[str, Any] = {}
         self._critics: dict[str, Any] = {}
+        self._rollout: list[Any] = []
         self._actors: list[Any] = []
         self.worker_pids: dict[str, int] = {}
         """Process id of every actor by :attr:`ActorSpec.name` (``policy_worker`` or ``policy_worker_<i>``,
@@ -85,14 +86,20 @@ class RayRuntime:
 
     def actors(self) -> list[ActorSpec]:
         """Every actor of the job: the policy actors, then (``ray.colocate_models: false``) per trainable agent
-        its reference actor (``algorithm.kl_coef > 0``) and its critic actor (``gae``)."""
+        its reference actor (``algorithm.kl_coef > 0``) and its critic actor (``gae``), then the
+        ``ray.num_rollout_workers`` rollout actors (:mod:`services.trainer.rollout_worker`)."""
         groups = self.groups()
         specs = []
         for i, g in enumerate(groups):
             name, group = ("policy_worker", None) if len(groups) == 1 else (f"policy_worker_{i}", tuple(g))
             specs.append(ActorSpec(name, "policy", tuple(g), group))
+        team = tuple(a.name for a in self.cfg.agents)
+        rollout = [
+            ActorSpec(f"rollout_worker_{i}", "rollout", team, None)
+            for i in range(self.cfg.ray.num_rollout_workers)
+        ]
         if self.cfg.ray.colocate_models:
-            return specs
+            return specs + rollout
         kinds: list[Literal["reference", "critic"]] = []
         if self.cfg.algorithm.kl_coef > 0:
             kinds.append("reference")
@@ -102,7 +109,7 @@ class RayRuntime:
             for agent in policy.agents:
                 if self.cfg.agent(agent).is_tuning:
                     specs += [ActorSpec(f"{k}_{agent}", k, (agent,), policy.group) for k in kinds]
-        return specs
+        return specs + rollout
 
     def _bundles(self, actors: list[ActorSpec], available: dict[str, float]) -> list[dict[str, float]]:
         """One bundle per actor: the CPUs and GPUs its agents ask for, CPUs shared out when short.
@@ -110,15 +117,16 @@ class RayRuntime:
         An actor wants ``max(ray.num_cpus_per_worker, its agents' num_cpus)`` CPUs, capped at an equal share
         of the CPUs Ray has (fractional, rounded down to 0.01, so six actors still fit on 2 CPUs), and
         ``max(ray.num_gpus_per_worker, its agents' num_gpus)`` GPUs when the device is not ``cpu`` and Ray has
-        the GPUs for every actor.
+        the GPUs for every actor. A rollout actor wants ``ray.num_cpus_per_worker`` and
+        ``ray.num_gpus_per_worker``.
         """
         cpu_total = available.get("CPU", 1.0)
         share = cpu_total / len(actors)
         wants = []
         for spec in actors:
-            agents = [self.cfg.agent(n) for n in spec.agents]
-            cpus = max(float(self.cfg.ray.num_cpus_per_worker), *(a.num_cpus for a in agents))
-            gpus = max(float(self.cfg.ray.num_gpus_per_worker), *(a.num_gpus for a in agents))
+            agents = [self.cfg.agent(n) for n in spec.agents] if spec.kind != "rollout" else []
+            cpus = max(float(self.cfg.ray.num_cpus_per_worker), *(a.num_cpus for a in agents), 0.0)
+            gpus = max(float(self.cfg.ray.num_gpus_per_worker), *(a.num_gpus for a in agents), 0.0)
             wants.append((cpus, gpus))
         use_gpus = self.cfg.device != "cpu" and available.get("GPU", 0.0) >= sum(g for _, g in wants)
         bundles = []
@@ -141,6 +149,7 @@ class RayRuntime:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from services.trainer.model_workers import CriticWorker, ReferenceWorker
+        from services.trainer.rollout_worker import RolloutWorker
         from services.trainer.worker import PolicyWorker
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -171,7 +180,15 @@ class RayRuntime:
             self._pg = None
             raise ResourceExhaustedError(f"could not reserve Ray resources {bundles} within {timeout_s:.0f}s")
         config = self.cfg.model_dump(mode="json")
-        classes = {"policy": PolicyWorker, "reference": ReferenceWorker, "critic": CriticWorker}
+        classes = {
+            "policy": PolicyWorker,
+            "reference": ReferenceWorker,
+            "critic": CriticWorker,
+            "rollout": RolloutWorker,
+        }
+        # Asynchronous rollouts call a policy actor's generate while its train runs (worker.py), unless
+        # rollout actors generate.
+        overlap = self.cfg.rollout.max_staleness > 0 and not self.cfg.ray.num_rollout_workers
         for i, (spec, bundle) in enumerate(zip(specs, bundles, strict=True)):
             actor = ray.remote(classes[spec.kind]).options(
                 num_cpus=bundle["CPU"],
@@ -179,8 +196,7 @@ class RayRuntime:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=i
                 ),
-                # Asynchronous rollouts call a policy actor's generate while its train runs (worker.py).
-                max_concurrency=2 if spec.kind == "policy" and self.cfg.rollout.max_staleness > 0 else 1,
+                max_concurrency=2 if spec.kind == "policy" and overlap else 1,
             )
             threads = max(1, int(bundle["CPU"]))
             group = None if spec.group is None else list(spec.group)
@@ -188,6 +204,9 @@ class RayRuntime:
                 handle = actor.remote(config, num_threads=threads, agents=group)
                 self._workers.append(handle)
                 self._owner.update({name: handle for name in spec.agents})
+            elif spec.kind == "rollout":
+                handle = actor.remote(config, index=len(self._rollout), num_threads=threads)
+                self._rollout.append(handle)
             else:
                 handle = actor.remote(config, spec.agents[0], group=group, num_threads=threads)
                 (self._references if spec.kind == "reference" else self._critics)[spec.agents[0]] = handle
@@ -196,6 +215,18 @@ class RayRuntime:
         for spec, info in zip(specs, infos, strict=True):
             _LOG.info("%s ready: %s", spec.name, info)
             self.worker_pids[spec.name] = int(info["pid"])
+        self._sync_rollout_workers([a.name for a in self.cfg.agents])
+
+    def _sync_rollout_workers(self, agents: list[str]) -> None:
+        """Send each agent's current weights and version from its policy actor to every rollout actor, and wait
+        until all have them (a rollout actor applies a sync between two generate calls)."""
+        if not self._rollout:
+            return
+        calls = []
+        for agent in agents:
+            weights, version = self._owner[agent].weights_for_sync.options(num_returns=2).remote(agent)
+            calls += [w.update_weights.remote(agent, weights, version) for w in self._rollout]
+        self._get(calls)
 
     @staticmethod
     def _get(ref: Any) -> Any:
@@ -211,11 +242,22 @@ class RayRuntime:
             raise RuntimeError(f"trainer actor died: {init_error}") from None
 
     def generate(self, agent: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
-        """Generate on the agent's worker (see :meth:`PolicyWorker.generate`)."""
-        return self._get(self._owner[agent].generate.remote(agent, chats, greedy))
+        """Generate on the agent's policy actor (see :meth:`PolicyWorker.generate`) or, with rollout actors,
+        split the chats into contiguous chunks across them and join the answers in order."""
+        if not self._rollout:
+            return self._get(self._owner[agent].generate.remote(agent, chats, greedy))
+        n = len(self._rollout)
+        bounds = [len(chats) * i // n for i in range(n + 1)]
+        calls = [
+            w.generate.remote(agent, chats[lo:hi], greedy)
+            for w, lo, hi in zip(self._rollout, bounds, bounds[1:], strict=False)
+            if hi > lo
+        ]
+        return [g for part in self._get(calls) for g in part]
 
     def train(self, agent: str, samples: list[Any]) -> dict[str, float]:
-        """One RL step of ``agent`` (see :meth:`PolicyWorker.train`), on whichever layout the job has.
+        """One RL step of ``agent`` (see :meth:`PolicyWorker.train`), on whichever layout the job has; with
+        rollout actors the new weights are then synced to them (before this returns).
 
         Colocated: one call to the policy actor. Separate actors: the reference log-probabilities and the
         critic's values of the samples are computed in parallel, the policy actor updates with them, then the
@@ -227,6 +269,12 @@ class RayRuntime:
             FloatingPointError: a non-finite policy or value loss (the actor's own exception type).
             FailedPreconditionError: the samples cannot be collated.
         """
+        stats = self._update(agent, samples)
+        self._sync_rollout_workers([agent])
+        return stats
+
+    def _update(self, agent: str, samples: list[Any]) -> dict[str, float]:
+        """The update of :meth:`train` on the policy actor (and the reference and critic actors)."""
         policy = self._owner[agent]
         reference, critic = self._references.get(agent), self._critics.get(agent)
         if reference is None and critic is None:
@@ -276,6 +324,7 @@ class RayRuntime:
         calls = [w.load.remote(p) for w, p in zip(self._workers, paths, strict=True)]
         calls += [c.load.remote(str(Path(path) / f"critic_{a}")) for a, c in self._critics.items()]
         positions = self._get(calls)
+        self._sync_rollout_workers([a.name for a in self.cfg.agents])
         return positions[0]
 
     def shutdown(self) -> None:
@@ -286,7 +335,14 @@ class RayRuntime:
             return
         for actor in self._actors:
             ray.kill(actor)
-        for held in (self._actors, self._workers, self._owner, self._references, self._critics):
+        for held in (
+            self._actors,
+            self._workers,
+            self._owner,
+            self._references,
+            self._critics,
+            self._rollout,
+        ):
             held.clear()
         if self._pg is not None:
             ray.util.remove_placement_group(self._pg)

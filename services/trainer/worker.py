@@ -17,7 +17,6 @@ the returns their critic is fitted to. The builders both layouts share (:func:`b
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import threading
@@ -29,9 +28,9 @@ import torch
 
 from marti.config import TrainConfig, config_from_dict
 from services.trainer.algo import AlgoConfig
+from services.trainer.generation import build_rollout_engine, generate_turns
 from services.trainer.learner import Sample, collate, pad_id_of, update_agent
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
-from services.trainer.rollout.base import SamplingParams, chat_to_ids
 
 
 def algo_config(cfg: TrainConfig) -> AlgoConfig:
@@ -228,9 +227,11 @@ class PolicyWorker:
         # Asynchronous rollouts (rollout.max_staleness > 0) generate while an update runs in another thread of
         # this actor: the engine then samples from its own copy of the weights, synced after each update. The
         # lock keeps a sync from landing in the middle of a generate call (engines are not thread-safe).
-        self.engine_owns_weights = self.cfg.rollout.max_staleness > 0
+        self.engine_owns_weights = self.cfg.rollout.max_staleness > 0 and not self.cfg.ray.num_rollout_workers
         self._engine_lock = threading.Lock()
-        self.engine = self._build_engine()
+        self.engine = build_rollout_engine(
+            self.cfg, self.policy, self.agents, self.device, copy_weights=self.engine_owns_weights
+        )
         self.strategies: dict[str, Any] = {}
         for agent in self.policy.trainable_agents:
             unit = self.policy.unit_of(agent)
@@ -245,25 +246,6 @@ class PolicyWorker:
                 )
                 self.critics[agent], self.critic_engines[agent] = critic, engine
         self.data_position: dict[str, Any] = {"step": 0}
-
-    def _sampling(self, agent: str) -> SamplingParams:
-        s = self.cfg.sampling_for(agent)
-        return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
-
-    def _build_engine(self) -> Any:
-        sampling = {a: self._sampling(a) for a in self.agents}
-        engine = self.cfg.rollout.engine
-        if engine == "auto":
-            engine = "vllm" if self.device == "cuda" and _vllm_available() else "hf"
-        if engine == "vllm":
-            from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
-
-            return VLLMRolloutEngine.from_policy(self.policy, vllm=self.cfg.vllm, default_sampling=sampling)
-        from services.trainer.rollout.hf import HFRolloutEngine
-
-        return HFRolloutEngine.from_policy(
-            self.policy, copy_weights=self.engine_owns_weights, default_sampling=sampling
-        )
 
     def _build_strategy(self, agent: str) -> Any:
         """The train engine of the weight set ``agent`` trains (its model, adapter or the shared model)."""
@@ -289,22 +271,9 @@ class PolicyWorker:
         Returns:
             B :class:`~services.trainer.rollout.base.Generation` objects (token ids, logprobs, text).
         """
-        sampling = self._sampling(agent_id)
-        if greedy:
-            sampling = SamplingParams(max_new_tokens=sampling.max_new_tokens, temperature=0.0)
-        prefix = self.cfg.agent(agent_id).response_prefix
-        prompts: list[Any] = chats
-        if prefix:
-            tok = self.policy.tokenizer(agent_id)
-            prefix_ids = tok(prefix, add_special_tokens=False)["input_ids"]
-            prompts = [chat_to_ids(tok, chat) + list(prefix_ids) for chat in chats]
         if not self.engine_owns_weights:  # the engine samples with the live modules: no dropout
             self.policy.train(False)
-        with self._engine_lock, torch.no_grad():
-            gens = self.engine.generate(agent_id, prompts, sampling)
-        if prefix:
-            gens = [dataclasses.replace(g, text=prefix + g.text) for g in gens]
-        return gens
+        return generate_turns(self.cfg, self.policy, self.engine, self._engine_lock, agent_id, chats, greedy)
 
     # ------------------------------------------------------------------------------------------ training
     def train(
@@ -413,12 +382,18 @@ class PolicyWorker:
                 self.engine.update_weights(agent, self.policy.state_for_sync(agent), version)
         return state["data_position"]
 
+    def weights_for_sync(self, agent_id: str) -> tuple[dict[str, torch.Tensor], int]:
+        """The agent's current weights for a rollout actor, and their version.
+
+        Returns:
+            ``(weights, version)``: the agent's adapter (``lora``) or whole state dict, detached on the CPU
+            (gathered first under ZeRO-3), and its policy version.
+        """
+        strategy = self.strategies.get(self.policy.unit_of(agent_id))  # frozen agents have none
+        with strategy.gathered() if strategy is not None else contextlib.nullcontext():
+            weights = {k: v.detach().cpu().clone() for k, v in self.policy.state_for_sync(agent_id).items()}
+        return weights, self.policy.version(agent_id)
+
     def ping(self) -> dict[str, Any]:
         """Liveness and placement info: pid, device, agents and versions."""
         return {"pid": os.getpid(), "device": self.device, "versions": self.versions()}
-
-
-def _vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None

@@ -40,3 +40,29 @@ def test_one_step_off_policy_job_keeps_each_agents_staleness_bound(tmp_path):
     assert max(m["agent_1/version_lag_max"] for m in records[1:]) == 1
     assert sum(m["agent_2/stale_dropped"] for m in records[1:]) >= 1
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000004"
+
+
+def test_rollout_actors_generate_for_an_asynchronous_job(tmp_path):
+    run = tmp_path / "run_rollout_actors"
+    sets = [
+        "max_steps=3",
+        "rollout.eval_every=3",
+        "rollout.eval_episodes=2",
+        "rollout.max_staleness=1",
+        "ray.num_rollout_workers=2",
+        "ray.num_cpus_per_worker=0.5",
+        "environment.max_turns=2",  # both agents act
+        f"output.dir={run}",
+    ]
+    cmd = [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress"]
+    cmd += [arg for s in sets for arg in ("--set", s)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line)["metrics"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 3
+    for m in records:
+        for agent in ("agent_1", "agent_2"):
+            assert m[f"{agent}/version_lag_max"] <= 1 and math.isfinite(m[f"{agent}/policy_loss"])
+        assert m["system/rollout_worker_1/alive"] == 1.0  # the resource monitor watches the rollout actors
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 3]

@@ -112,3 +112,62 @@ def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_pat
             assert resumed[key] == pytest.approx(after_save[key], rel=1e-6, abs=1e-8), key
     finally:
         resumed_runtime.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["lora", "per_agent"])
+def test_rollout_actors_sample_with_the_learners_weights(mode, tmp_path):
+    cfg = load_config(
+        ROOT / "examples" / "tiny.yaml",
+        [f"policy.mode={mode}", "rollout.max_new_tokens=4", "ray.num_rollout_workers=2"],
+    )
+    runtime = RayRuntime(cfg)
+    assert [s.name for s in runtime.actors() if s.kind == "rollout"] == [
+        "rollout_worker_0",
+        "rollout_worker_1",
+    ]
+    chats = [[{"role": "user", "content": f"Say {w}"}] for w in ("hi", "yes", "no")]
+    try:
+        runtime.start()
+        assert {"rollout_worker_0", "rollout_worker_1"} <= set(runtime.worker_pids)
+        policy_actor = runtime._owner["agent_2"]
+
+        def greedy_both():
+            """The same greedy turns from the rollout actors (split 1 + 2) and from the policy actor itself."""
+            return runtime.generate("agent_2", chats, greedy=True), runtime._get(
+                policy_actor.generate.remote("agent_2", chats, True)
+            )
+
+        def same(a, b):
+            assert [g.prompt_token_ids for g in a] == [g.prompt_token_ids for g in b]  # order kept
+            assert [g.response_token_ids for g in a] == [g.response_token_ids for g in b]
+            for x, y in zip(a, b, strict=True):
+                assert torch.allclose(
+                    torch.tensor(x.response_logprobs), torch.tensor(y.response_logprobs), atol=1e-4
+                )
+
+        before, own = greedy_both()
+        same(before, own)  # synced at start: the rollout actors hold the policy's initial weights
+        sampled = runtime.generate("agent_2", [chats[0]] * 4)  # two rows on each actor
+        assert sampled[0].response_token_ids != sampled[2].response_token_ids  # actors seed apart
+
+        samples = [
+            Sample(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0) for i, g in enumerate(sampled)
+        ]
+        assert runtime.train("agent_2", samples)["policy_version"] == 1.0
+        after, own = greedy_both()
+        same(after, own)  # the update reached the rollout actors
+        assert all(g.policy_version == 1 for g in after)
+        moved = [
+            abs(x - y)
+            for a, b in zip(before, after, strict=True)
+            for x, y in zip(a.response_logprobs, b.response_logprobs, strict=False)
+        ]
+        assert max(moved) > 1e-4
+
+        runtime.save(str(tmp_path / "ckpt"), {"step": 1})
+        assert runtime.load(str(tmp_path / "ckpt")) == {"step": 1}
+        for actor in runtime._rollout:
+            assert runtime._get(actor.versions.remote()) == {"agent_1": 0, "agent_2": 1}
+        same(runtime.generate("agent_2", chats, greedy=True), after)
+    finally:
+        runtime.shutdown()

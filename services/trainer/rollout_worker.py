@@ -1,0 +1,86 @@
+"""Rollout actors: Ray actors that only generate, each with its own copy of the team's models.
+
+With ``ray.num_rollout_workers: N >= 1`` the trainer starts N :class:`RolloutWorker` actors (one bundle each,
+``ray.num_cpus_per_worker`` CPUs and ``ray.num_gpus_per_worker`` GPUs) next to the policy actors. Every
+generate call of the loop is split across them in contiguous chunks and the answers are joined in order
+(:meth:`~services.trainer.ray_runtime.RayRuntime.generate`); the policy actors then only train. After each
+update the policy actor's new weights (the adapter in ``lora`` mode, else the whole state dict) go to every
+rollout actor under the new policy version, and at start and after a checkpoint load every agent is synced, so
+rollout actors always sample the learner's current weights (or, with asynchronous rollouts, weights at most
+``rollout.max_staleness`` versions old).
+
+A rollout actor holds the same policy layout as the team (``per_agent``, ``shared`` or ``lora``) without
+references or optimizers, and its engine is the one ``rollout.engine`` names (vLLM on GPU when installed).
+Each actor seeds its sampler with ``seed + 1000 * (index + 1)``, so the samples of a group split across actors
+are not copies of each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from services.trainer.generation import build_rollout_engine, generate_turns
+from services.trainer.policy import MultiAgentPolicy
+from services.trainer.rollout.base import Generation
+from services.trainer.worker import actor_setup, policy_config
+
+#: Offset between the sampling seeds of consecutive rollout actors.
+SEED_STRIDE = 1000
+
+
+class RolloutWorker:
+    """Generates the team's turns with a synced copy of its policies (a Ray actor).
+
+    Args:
+        config: The training config as a plain dict (Ray passes it by value).
+        index: This actor's position among the rollout actors (seeds its sampler).
+        num_threads: torch intra-op threads; ``None`` keeps torch's default.
+
+    Raises:
+        NotFoundError: a model is not available locally (named, with the places looked).
+    """
+
+    def __init__(self, config: dict[str, Any], index: int = 0, num_threads: int | None = None) -> None:
+        self.cfg, self.device = actor_setup(config, num_threads)
+        self.index = index
+        torch.manual_seed(self.cfg.seed + SEED_STRIDE * (index + 1))
+        layout = dataclasses.replace(policy_config(self.cfg), keep_reference=False)
+        self.policy = MultiAgentPolicy(layout, device=self.device)
+        self.policy.train(False)
+        self.agents = self.policy.agent_ids
+        self._lock = threading.Lock()
+        self.engine = build_rollout_engine(
+            self.cfg, self.policy, self.agents, self.device, copy_weights=False
+        )
+
+    def generate(
+        self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False
+    ) -> list[Generation]:
+        """Generate one response per chat prompt (see :func:`~services.trainer.generation.generate_turns`)."""
+        return generate_turns(self.cfg, self.policy, self.engine, self._lock, agent_id, chats, greedy)
+
+    def update_weights(self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int) -> int:
+        """Load an agent's new weights (adapter or state dict, as the policy actor's ``weights_for_sync``
+        returns them) under ``policy_version``; returns the version.
+
+        Raises:
+            InvalidArgumentError: a key or shape the model lacks (named).
+            FailedPreconditionError: ``policy_version`` is older than the one served.
+        """
+        with self._lock:
+            self.engine.update_weights(agent_id, weights, policy_version)
+        return policy_version
+
+    def versions(self) -> dict[str, int]:
+        """The policy version each agent samples with."""
+        return {a: self.engine.policy_version(a) for a in self.agents}
+
+    def ping(self) -> dict[str, Any]:
+        """Liveness and placement info: pid, device, index and versions."""
+        return {"pid": os.getpid(), "device": self.device, "index": self.index, "versions": self.versions()}
