@@ -76,7 +76,8 @@ def evaluate(
         max_new_tokens: Most tokens per reply.
 
     Returns:
-        ``{"reward": mean reward, "accuracy": fraction exactly right, "has_number": fraction with an integer}``.
+        ``{"reward": mean reward, "accuracy": fraction exactly right, "has_number": fraction with an integer,
+        "scores": every problem's reward, in order}``.
     """
     import torch
 
@@ -106,4 +107,5 @@ def evaluate(
         "reward": sum(scores) / n,
         "accuracy": sum(s == CORRECT_REWARD for s in scores) / n,
         "has_number": sum(s > 0 for s in scores) / n,
+        "scores": scores,
     }

@@ -218,12 +218,44 @@ def summarize(name: str, r: dict[str, Any], tail: int) -> dict[str, Any]:
         if r["step_times_s"]
         else float("nan"),
         "tail_reward": statistics.mean(r["step_rewards"][-tail:]) if r["step_rewards"] else float("nan"),
+        "tail_rewards": list(r["step_rewards"][-tail:]),
+        "eval_scores": list(r["eval"].get("scores", [])),
         "first_reward": r["step_rewards"][0] if r["step_rewards"] else float("nan"),
         "eval_reward": r["eval"]["reward"],
         "eval_accuracy": r["eval"]["accuracy"],
         "mean_completion_len": r["completion_tokens"] / max(1, r["samples"]),
         "load": r.get("load", float("nan")),
     }
+
+
+def reward_comparison(ours: dict[str, Any], trl: dict[str, Any]) -> tuple[bool, str]:
+    """Is our reward equal to or better than TRL's, within one standard error of the difference?
+
+    Training: the tail steps' mean rewards, difference of two means, SE = sqrt(var_o / n_o + var_t / n_t) over
+    the per-step means. Held-out: both sides answer the same problems, so the difference is paired per problem,
+    SE = stdev(d) / sqrt(n). "Equal or better" = each difference >= -SE (a difference inside sampling noise is
+    equal; a zero SE demands >= 0).
+
+    Returns:
+        ``(ok, text)``: the verdict and a sentence with both differences and their SEs.
+    """
+
+    def se_two(a: list[float], b: list[float]) -> float:
+        va = statistics.variance(a) / len(a) if len(a) > 1 else 0.0
+        vb = statistics.variance(b) / len(b) if len(b) > 1 else 0.0
+        return (va + vb) ** 0.5
+
+    d_train = ours["tail_reward"] - trl["tail_reward"]
+    se_train = se_two(ours["tail_rewards"], trl["tail_rewards"])
+    paired = [a - b for a, b in zip(ours["eval_scores"], trl["eval_scores"], strict=False)]
+    d_eval = ours["eval_reward"] - trl["eval_reward"]
+    se_eval = statistics.stdev(paired) / len(paired) ** 0.5 if len(paired) > 1 else 0.0
+    ok = d_train >= -se_train and d_eval >= -se_eval
+    text = (
+        f"reward ours - TRL: training {d_train:+.3f} (SE {se_train:.3f}), held-out {d_eval:+.3f} "
+        f"(paired SE {se_eval:.3f})"
+    )
+    return ok, text
 
 
 def format_table(rows: list[dict[str, Any]], init_eval: dict[str, float], steps: int, tail: int) -> str:
@@ -251,15 +283,15 @@ def format_table(rows: list[dict[str, Any]], init_eval: dict[str, float], steps:
         ratio_s = o["samples_per_s"] / t["samples_per_s"]
         ratio_tok = o["gen_tokens_per_s"] / t["gen_tokens_per_s"]
         ratio_med = o["median_samples_per_s"] / t["median_samples_per_s"]
-        reward_ok = o["tail_reward"] >= t["tail_reward"] and o["eval_reward"] >= t["eval_reward"]
+        reward_ok, reward_text = reward_comparison(o, t)
         met = ratio_s >= TARGET_RATIO and reward_ok
         lines += [
             "",
             f"ours / TRL: samples/s {ratio_s:.2f}x, generated tokens/s {ratio_tok:.2f}x, "
             f"at the median step {ratio_med:.2f}x; "
             f"reward ours {o['tail_reward']:.3f} vs TRL {t['tail_reward']:.3f} (training, last {tail} steps), "
-            f"eval {o['eval_reward']:.3f} vs {t['eval_reward']:.3f}. "
-            f"Target >= {TARGET_RATIO}x at equal or better reward: {'met' if met else 'NOT met'}.",
+            f"eval {o['eval_reward']:.3f} vs {t['eval_reward']:.3f}; {reward_text}. "
+            f"Target >= {TARGET_RATIO}x at equal or better reward (within one SE): {'met' if met else 'NOT met'}.",
         ]
     return "\n".join(lines)
 
