@@ -247,7 +247,10 @@ def reward_comparison(ours: dict[str, Any], trl: dict[str, Any]) -> tuple[bool, 
 
     d_train = ours["tail_reward"] - trl["tail_reward"]
     se_train = se_two(ours["tail_rewards"], trl["tail_rewards"])
-    paired = [a - b for a, b in zip(ours["eval_scores"], trl["eval_scores"], strict=False)]
+    same_problems = len(ours["eval_scores"]) == len(trl["eval_scores"])  # else older result files: no pairing
+    paired = (
+        [a - b for a, b in zip(ours["eval_scores"], trl["eval_scores"], strict=True)] if same_problems else []
+    )
     d_eval = ours["eval_reward"] - trl["eval_reward"]
     se_eval = statistics.stdev(paired) / len(paired) ** 0.5 if len(paired) > 1 else 0.0
     ok = d_train >= -se_train and d_eval >= -se_eval

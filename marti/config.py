@@ -362,8 +362,9 @@ class RolloutConfig(_Section):
     """Asynchronous rollouts: most policy versions a generated turn may lag behind the weights it is trained
     with. 0 is the synchronous loop (play a step, then train on it). k >= 1 plays step ``t`` in a background
     thread as soon as the learner has finished update ``t - k``, overlapping rollouts with updates
-    (``services/trainer/pipeline.py``); the rollout engine then keeps its own copy of the weights. Agents can
-    set a tighter bound (``agents[i].max_staleness``)."""
+    (``services/trainer/pipeline.py``); the rollout engine then keeps its own copy of the weights (or rollout
+    actors generate). Agents can set a tighter bound (``agents[i].max_staleness``). Not with ``policy.mode:
+    shared``, where one step is several versions of the one model."""
 
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:
@@ -467,7 +468,8 @@ class PolicyConfig(_Section):
     share_prompt_prefix: bool = True
     """Compute a prompt that several samples repeat (the G samples of a group) once: in the transformers rollout
     engine's prefill and in every training, reference and old-policy forward (a key/value cache gathered to the
-    rows). Same numbers up to float rounding; off gives the plain forward. Ignored with gradient checkpointing."""
+    rows). Same numbers up to float rounding (with dropout on, the G rows share the prompt's dropout mask); off
+    gives the plain forward. Ignored with gradient checkpointing."""
 
     @field_validator("lora_target_modules")
     @classmethod
@@ -801,6 +803,11 @@ class TrainConfig(_Section):
             raise ValueError("rollout.engine=vllm needs device cuda or auto, got device=cpu")
         if not any(a.is_tuning for a in self.agents):
             raise ValueError("every agent has is_tuning=false: nothing to train")
+        if self.rollout.max_staleness > 0 and self.policy_mode == "shared":
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} needs policy.mode lora or per_agent: in shared "
+                "mode every agent's update moves the one shared model, so a step is several policy versions"
+            )
         for i, a in enumerate(self.agents):
             if a.max_staleness is not None and a.max_staleness > self.rollout.max_staleness:
                 raise ValueError(

@@ -29,7 +29,13 @@ def sampling_params(cfg: TrainConfig, agent: str, greedy: bool = False) -> Sampl
 
 
 def build_rollout_engine(
-    cfg: TrainConfig, policy: Any, agents: list[str], device: str, *, copy_weights: bool
+    cfg: TrainConfig,
+    policy: Any,
+    agents: list[str],
+    device: str,
+    *,
+    copy_weights: bool,
+    engine: str | None = None,
 ) -> RolloutEngine:
     """The rollout engine of ``rollout.engine`` over a policy's agents.
 
@@ -41,19 +47,24 @@ def build_rollout_engine(
         agents: The agents it serves (default sampling parameters are set for them).
         device: ``cpu`` or ``cuda``.
         copy_weights: Transformers engine only: sample from deep copies synced by ``update_weights`` (True) or
-            from the policy's live modules (False). vLLM always holds its own weights.
+            from the policy's live modules (False). vLLM always holds its own weights, loaded from the policy
+            at once (version 0 or the policy's current version).
+        engine: ``hf``, ``vllm`` or ``auto``; None = ``rollout.engine``.
 
     Raises:
         InvalidArgumentError: An invalid engine setting (named).
     """
     sampling = {a: sampling_params(cfg, a) for a in agents}
-    engine = cfg.rollout.engine
+    engine = engine or cfg.rollout.engine
     if engine == "auto":
         engine = "vllm" if device == "cuda" and vllm_available() else "hf"
     if engine == "vllm":
         from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
 
-        return VLLMRolloutEngine.from_policy(policy, vllm=cfg.vllm, default_sampling=sampling)
+        vllm_engine = VLLMRolloutEngine.from_policy(policy, cfg.vllm, agents, default_sampling=sampling)
+        for agent in agents:  # the policy's exact weights (tiny models are seeded, adapters random)
+            vllm_engine.update_weights(agent, policy.state_for_sync(agent), policy.version(agent))
+        return vllm_engine
     from services.trainer.rollout.hf import HFRolloutEngine
 
     return HFRolloutEngine.from_policy(policy, copy_weights=copy_weights, default_sampling=sampling)

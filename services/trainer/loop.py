@@ -38,9 +38,9 @@ from services.trainer.reconnect import Backoff, call_with_reconnect
 from services.trainer.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 _LOG = logging.getLogger("marti.trainer")
-#: Metric keys averaged over episodes for the ``team/`` and ``eval/`` namespaces.
 #: Most seconds a finished or stopped job waits for an asynchronous rollout still in flight.
 PIPELINE_CLOSE_TIMEOUT_S = 300.0
+#: Metric keys averaged over episodes for the ``team/`` and ``eval/`` namespaces.
 TEAM_KEYS = ("task_completion", "resource_utilization", "constraint_violations", "team_score", "format_valid")
 
 

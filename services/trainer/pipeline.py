@@ -17,11 +17,14 @@ loop (:mod:`services.trainer.loop`) supplies what a step's rollout is.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from marti.errors import InvalidArgumentError
+
+_LOG = logging.getLogger("marti.trainer.pipeline")
 
 
 class RolloutPipeline:
@@ -127,3 +130,8 @@ class RolloutPipeline:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                _LOG.warning(
+                    "the rollout in flight did not end within %.0fs; leaving it (its results are dropped)",
+                    timeout_s or 0.0,
+                )

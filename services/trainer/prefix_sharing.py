@@ -5,8 +5,9 @@ B = P x G rows holds only P distinct prompts. A plain forward pays for every pro
 rollout's prefill and again in every training forward and backward. Here the distinct prompts run once, with a
 key/value cache, the cache rows are gathered to the B rows (an index select, differentiable), and only the
 responses run per row. The numbers are those of the plain forward up to float rounding (the rows see the same
-keys and values at the same positions), and gradients flow into the shared prompt's computation from every
-row that reads it. vLLM's automatic prefix caching gives the rollout half of this on GPU; this module gives it
+keys and values at the same positions; with dropout active, the rows of a group share the prompt's dropout
+mask, where the plain forward draws one per row), and gradients flow into the shared prompt's computation from
+every row that reads it. vLLM's automatic prefix caching gives the rollout half of this on GPU; this module gives it
 to transformers on any device, and to the training forward, which no cache shares.
 
 Layout (the learner's :func:`services.trainer.learner.collate` and the transformers rollout engine): prompts

@@ -119,6 +119,10 @@ class RayRuntime:
         ``max(ray.num_gpus_per_worker, its agents' num_gpus)`` GPUs when the device is not ``cpu`` and Ray has
         the GPUs for every actor. A rollout actor wants ``ray.num_cpus_per_worker`` and
         ``ray.num_gpus_per_worker``.
+
+        Raises:
+            ResourceExhaustedError: ``device: cuda`` and the actors ask for more GPUs than Ray has (``auto``
+                falls back to the CPU with a warning).
         """
         cpu_total = available.get("CPU", 1.0)
         share = cpu_total / len(actors)
@@ -128,7 +132,15 @@ class RayRuntime:
             cpus = max(float(self.cfg.ray.num_cpus_per_worker), *(a.num_cpus for a in agents), 0.0)
             gpus = max(float(self.cfg.ray.num_gpus_per_worker), *(a.num_gpus for a in agents), 0.0)
             wants.append((cpus, gpus))
-        use_gpus = self.cfg.device != "cpu" and available.get("GPU", 0.0) >= sum(g for _, g in wants)
+        need, have = sum(g for _, g in wants), available.get("GPU", 0.0)
+        use_gpus = self.cfg.device != "cpu" and have >= need
+        if self.cfg.device == "cuda" and need > have:
+            raise ResourceExhaustedError(
+                f"device=cuda: the {len(actors)} actors ask for {need:g} GPUs (agents' num_gpus, "
+                f"ray.num_gpus_per_worker per actor, ray.num_rollout_workers), Ray has {have:g}"
+            )
+        if self.cfg.device == "auto" and 0 < have < need:
+            _LOG.warning("the actors ask for %g GPUs and Ray has %g: every actor runs on the CPU", need, have)
         bundles = []
         for cpus, gpus in wants:
             bundle = {"CPU": max(0.01, math.floor(min(cpus, share) * 100) / 100)}
@@ -303,7 +315,8 @@ class RayRuntime:
         return [str(Path(path) / f"worker_{i}") for i in range(len(self._workers))]
 
     def save(self, path: str, data_position: dict[str, Any]) -> str:
-        """Checkpoint every policy actor (see :meth:`PolicyWorker.save`) and critic actor.
+        """Checkpoint every policy actor (see :meth:`PolicyWorker.save`), critic actor and rollout actor (its
+        sampler state, ``rollout_worker_<i>.pt``).
 
         Per-agent policy actors save under ``worker_<i>``; critic actors under ``critic_<agent>`` (weights,
         optimizer, scheduler, counters, RNG: an exact resume). Reference actors hold only base weights.
@@ -311,11 +324,15 @@ class RayRuntime:
         paths = self._paths(path)
         calls = [w.save.remote(p, data_position) for w, p in zip(self._workers, paths, strict=True)]
         calls += [c.save.remote(str(Path(path) / f"critic_{a}")) for a, c in self._critics.items()]
+        calls += [
+            w.save.remote(str(Path(path) / f"rollout_worker_{i}.pt")) for i, w in enumerate(self._rollout)
+        ]
         self._get(calls)
         return path
 
     def load(self, path: str) -> dict[str, Any]:
-        """Restore every policy and critic actor from :meth:`save`; returns the saved data position.
+        """Restore every policy and critic actor from :meth:`save`, and the rollout actors' sampler states where
+        saved, then sync every agent's weights to the rollout actors; returns the saved data position.
 
         Raises:
             NotFoundError: a checkpoint file is missing.
@@ -323,7 +340,11 @@ class RayRuntime:
         paths = self._paths(path)
         calls = [w.load.remote(p) for w, p in zip(self._workers, paths, strict=True)]
         calls += [c.load.remote(str(Path(path) / f"critic_{a}")) for a, c in self._critics.items()]
-        positions = self._get(calls)
+        n_policy = len(calls)
+        calls += [
+            w.load.remote(str(Path(path) / f"rollout_worker_{i}.pt")) for i, w in enumerate(self._rollout)
+        ]
+        positions = self._get(calls)[:n_policy]
         self._sync_rollout_workers([a.name for a in self.cfg.agents])
         return positions[0]
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,7 +52,10 @@ class RolloutWorker:
         self.cfg, self.device = actor_setup(config, num_threads)
         self.index = index
         torch.manual_seed(self.cfg.seed + SEED_STRIDE * (index + 1))
-        layout = dataclasses.replace(policy_config(self.cfg), keep_reference=False)
+        # No references and no gradient checkpointing (it would turn off the shared-prompt prefill).
+        layout = dataclasses.replace(
+            policy_config(self.cfg), keep_reference=False, gradient_checkpointing=False
+        )
         self.policy = MultiAgentPolicy(layout, device=self.device)
         self.policy.train(False)
         self.agents = self.policy.agent_ids
@@ -80,6 +85,27 @@ class RolloutWorker:
     def versions(self) -> dict[str, int]:
         """The policy version each agent samples with."""
         return {a: self.engine.policy_version(a) for a in self.agents}
+
+    def save(self, path: str) -> str:
+        """Save this actor's sampler state (torch and Python RNG) to the file ``path``; returns it. Its weights
+        are the policy actors' and are not saved again."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, path)
+        return path
+
+    def load(self, path: str) -> bool:
+        """Restore the sampler state :meth:`save` wrote (the weights come from the next sync).
+
+        Returns:
+            True if restored; False if ``path`` does not exist (a checkpoint from a run with fewer rollout
+            actors): the sampler keeps its seeded state.
+        """
+        if not Path(path).exists():
+            return False
+        state = torch.load(path, weights_only=False)
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        return True
 
     def ping(self) -> dict[str, Any]:
         """Liveness and placement info: pid, device, index and versions."""

@@ -21,6 +21,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -229,8 +230,15 @@ class PolicyWorker:
         # lock keeps a sync from landing in the middle of a generate call (engines are not thread-safe).
         self.engine_owns_weights = self.cfg.rollout.max_staleness > 0 and not self.cfg.ray.num_rollout_workers
         self._engine_lock = threading.Lock()
+        # With rollout actors (ray.num_rollout_workers) this engine is never asked for rollouts: a transformers
+        # engine on the live modules, which costs no memory, rather than a vLLM engine holding GPU memory.
         self.engine = build_rollout_engine(
-            self.cfg, self.policy, self.agents, self.device, copy_weights=self.engine_owns_weights
+            self.cfg,
+            self.policy,
+            self.agents,
+            self.device,
+            copy_weights=self.engine_owns_weights,
+            engine="hf" if self.cfg.ray.num_rollout_workers else None,
         )
         self.strategies: dict[str, Any] = {}
         for agent in self.policy.trainable_agents:
@@ -329,10 +337,7 @@ class PolicyWorker:
         )
         self.policy.train(False)
         version = self.policy.bump_version(agent_id)
-        with self.strategies[self.policy.unit_of(agent_id)].gathered():  # ZeRO-3: whole weights for the sync
-            weights = self.policy.state_for_sync(agent_id)
-            with self._engine_lock:
-                self.engine.update_weights(agent_id, weights, version)
+        self._sync_engine(agent_id, version)
         stats["policy_version"] = float(version)
         stats["train_time_s"] = time.perf_counter() - start
         if return_returns:
@@ -344,12 +349,7 @@ class PolicyWorker:
         """Save policies, optimizer/scheduler states, RNG states and the data position under ``path``."""
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
-        with contextlib.ExitStack() as stack:  # ZeRO-3 partitions weights: gather them to save whole tensors
-            gathered: set[int] = set()
-            for strategy in self.strategies.values():  # once per model: LoRA units share one base model
-                if id(strategy.model) not in gathered:
-                    gathered.add(id(strategy.model))
-                    stack.enter_context(strategy.gathered())
+        with self._whole_weights():
             self.policy.save(root / "policy")
         for unit, strategy in self.strategies.items():
             strategy.save_checkpoint(root / f"strategy_{unit}")
@@ -369,7 +369,8 @@ class PolicyWorker:
     def load(self, path: str) -> dict[str, Any]:
         """Restore a :meth:`save` checkpoint; returns the saved data position."""
         root = Path(path)
-        self.policy.load(root / "policy")
+        with self._whole_weights(modify=True):  # ZeRO-3: load whole tensors, scattered back to the partitions
+            self.policy.load(root / "policy")
         for unit, strategy in self.strategies.items():
             strategy.load_checkpoint(root / f"strategy_{unit}")
         for agent, engine in self.critic_engines.items():
@@ -378,8 +379,7 @@ class PolicyWorker:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         for agent, version in state["versions"].items():
-            with self._engine_lock:
-                self.engine.update_weights(agent, self.policy.state_for_sync(agent), version)
+            self._sync_engine(agent, version)
         return state["data_position"]
 
     def weights_for_sync(self, agent_id: str) -> tuple[dict[str, torch.Tensor], int]:
@@ -389,10 +389,29 @@ class PolicyWorker:
             ``(weights, version)``: the agent's adapter (``lora``) or whole state dict, detached on the CPU
             (gathered first under ZeRO-3), and its policy version.
         """
-        strategy = self.strategies.get(self.policy.unit_of(agent_id))  # frozen agents have none
-        with strategy.gathered() if strategy is not None else contextlib.nullcontext():
+        with self._whole_weights():
             weights = {k: v.detach().cpu().clone() for k, v in self.policy.state_for_sync(agent_id).items()}
         return weights, self.policy.version(agent_id)
+
+    @contextlib.contextmanager
+    def _whole_weights(self, modify: bool = False) -> Iterator[None]:
+        """Gather every model this worker trains (DeepSpeed ZeRO-3 partitions them; a no-op otherwise), once per
+        model: LoRA units share one base, and a frozen agent's adapter lives in a model others train. With
+        ``modify``, weights written inside the block are kept (a checkpoint load)."""
+        with contextlib.ExitStack() as stack:
+            gathered: set[int] = set()
+            for strategy in self.strategies.values():
+                if id(strategy.model) not in gathered:
+                    gathered.add(id(strategy.model))
+                    stack.enter_context(strategy.gathered(modify=modify))
+            yield
+
+    def _sync_engine(self, agent_id: str, version: int) -> None:
+        """Load the agent's current (whole) weights into this worker's rollout engine under ``version``."""
+        with self._whole_weights():
+            weights = self.policy.state_for_sync(agent_id)
+            with self._engine_lock:
+                self.engine.update_weights(agent_id, weights, version)
 
     def ping(self) -> dict[str, Any]:
         """Liveness and placement info: pid, device, agents and versions."""

@@ -66,6 +66,40 @@ def materialize_model_folder(name: str, work_dir: Path) -> Path:
     return folder
 
 
+def vllm_agents_for(policy: Any, agents: Sequence[str]) -> dict[str, VLLMAgent]:
+    """How vLLM serves each agent of a :class:`~services.trainer.policy.MultiAgentPolicy`.
+
+    ``lora``: a LoRA request per agent on the one base (the policy's adapter shape); ``shared`` and
+    ``per_agent``: the full weights of the agent's ``pretrain_model``.
+
+    Raises:
+        InvalidArgumentError: ``per_agent`` agents naming the same model: vLLM holds one set of full weights per
+            model folder, so their different weights cannot both be served (use ``policy.mode: lora`` or
+            ``rollout.engine: hf``).
+    """
+    specs = {a.name: a for a in policy.config.agents}
+    mode, lora = policy.config.mode, policy.config.lora
+    out: dict[str, VLLMAgent] = {}
+    for agent in agents:
+        model = specs[agent].pretrain_model
+        if mode == "lora":
+            cfg = {"r": lora.r, "lora_alpha": lora.alpha, "target_modules": list(lora.target_modules)}
+            out[agent] = VLLMAgent(model, lora=True, lora_config=cfg)
+        else:
+            out[agent] = VLLMAgent(model)
+    if mode == "per_agent":
+        by_model: dict[str, list[str]] = {}
+        for agent, spec in out.items():
+            by_model.setdefault(spec.model.strip().lower(), []).append(agent)
+        clash = [names for names in by_model.values() if len(names) > 1]
+        if clash:
+            raise InvalidArgumentError(
+                f"rollout.engine=vllm serves one set of full weights per model, but per_agent agents {clash[0]} "
+                f"share pretrain_model {out[clash[0][0]].model!r}: use policy.mode lora or rollout.engine hf"
+            )
+    return out
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM generation per agent with versioned weight sync (same interface as the HF engine).
 
@@ -149,6 +183,44 @@ class VLLMRolloutEngine(RolloutEngine):
                 llm = vllm.LLM(**kwargs)
             self._llms[folder] = llm
             self._tokenizers[folder] = llm.get_tokenizer()
+
+    @classmethod
+    def from_policy(
+        cls,
+        policy: Any,
+        settings: Any,
+        agents: Sequence[str],
+        *,
+        default_sampling: Mapping[str, SamplingParams] | None = None,
+    ) -> VLLMRolloutEngine:
+        """An engine serving ``agents`` of a policy (:func:`vllm_agents_for`), sized by the ``vllm`` config.
+
+        The caller loads the policy's weights into it (``update_weights``) before sampling; until then vLLM
+        serves the model folders' weights.
+
+        Args:
+            policy: The :class:`~services.trainer.policy.MultiAgentPolicy`.
+            settings: The ``vllm`` config section (:class:`marti.config.VllmConfig`).
+            agents: The agents to serve.
+            default_sampling: Per-agent default :class:`SamplingParams`.
+
+        Raises:
+            FailedPreconditionError: vllm is not installed.
+            InvalidArgumentError: see :func:`vllm_agents_for`.
+        """
+        return cls(
+            vllm_agents_for(policy, agents),
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            max_lora_rank=max(16, policy.config.lora.r),
+            seed=policy.config.seed,
+            default_sampling=default_sampling,
+            llm_kwargs={
+                "max_num_batched_tokens": settings.max_num_batched_tokens,
+                "max_num_seqs": settings.max_num_seqs,
+                "enable_prefix_caching": settings.enable_prefix_caching,
+            },
+        )
 
     @staticmethod
     def _same(a: str, b: str) -> bool:

@@ -196,8 +196,13 @@ class TrainEngine(abc.ABC):
         """Current learning rate."""
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
-        """Context in which every parameter is whole (ZeRO-3 gathers partitions); read weights for sync here."""
+    def gathered(self, modify: bool = False) -> Iterator[None]:
+        """Context in which every parameter is whole (ZeRO-3 gathers partitions); read weights for sync here.
+
+        Args:
+            modify: Keep in-place writes to the parameters made inside the block (ZeRO-3 re-partitions them on
+                exit); False discards them there, which is cheaper.
+        """
         yield
 
     @property

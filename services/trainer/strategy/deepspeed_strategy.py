@@ -140,11 +140,13 @@ class DeepSpeedTrainEngine(TrainEngine):
         return StepResult(stepped=not skipped, grad_norm=norm_f, lr=lr, skipped_nonfinite=skipped)
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
-        """Gather ZeRO-3 partitions so every parameter is whole inside the block (no-op for stages 0-2)."""
+    def gathered(self, modify: bool = False) -> Iterator[None]:
+        """Gather ZeRO-3 partitions so every parameter is whole inside the block (no-op for stages 0-2); with
+        ``modify`` the block's writes are scattered back to the partitions on exit (rank 0's values)."""
         if self.zero_stage == 3:
             deepspeed = import_deepspeed()
-            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+            rank = 0 if modify else None
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=rank):
                 yield
         else:
             yield

@@ -305,3 +305,20 @@ def test_every_field_has_a_docstring():
                 walk(ann, f"{prefix}{name}.")
 
     walk(TrainConfig, "")
+
+
+def test_staleness_bounds():
+    cfg = config_from_dict(minimal(rollout={"max_staleness": 2}))
+    assert cfg.max_staleness_for("a") == 2
+    agents = minimal()["agents"]
+    agents[1]["max_staleness"] = 0
+    cfg = config_from_dict(minimal(agents=agents, rollout={"max_staleness": 1}))
+    assert (cfg.max_staleness_for("a"), cfg.max_staleness_for("b")) == (1, 0)
+    agents[1]["max_staleness"] = 2
+    with pytest.raises(InvalidArgumentError, match=r"agents.1.max_staleness \(2, agent 'b'\) exceeds"):
+        config_from_dict(minimal(agents=agents, rollout={"max_staleness": 1}))
+    with pytest.raises(
+        InvalidArgumentError, match="rollout.max_staleness=1 needs policy.mode lora or per_agent"
+    ):
+        config_from_dict(minimal(rollout={"max_staleness": 1}, policy={"mode": "shared"}))
+    assert config_from_dict(minimal(policy={"mode": "shared"})).rollout.max_staleness == 0

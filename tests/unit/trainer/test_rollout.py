@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -234,3 +236,35 @@ def test_vllm_engine_without_vllm_fails_with_a_clear_error():
 
     with pytest.raises(FailedPreconditionError, match="vllm"):
         VLLMRolloutEngine({"a": "tiny-llama"})
+
+
+def test_vllm_serves_lora_agents_as_requests_and_refuses_per_agent_models_it_cannot_tell_apart():
+    from services.trainer.rollout.vllm_engine import VLLMAgent, vllm_agents_for
+
+    lora = MultiAgentPolicy(
+        PolicyConfig(mode="lora", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
+    )
+    agents = vllm_agents_for(lora, ["a", "b"])
+    assert all(s.lora and s.model == "tiny-llama" for s in agents.values())
+    assert agents["a"].lora_config == {
+        "r": 8,
+        "lora_alpha": 16,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    }
+    per_agent = MultiAgentPolicy(
+        PolicyConfig(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
+    )
+    assert vllm_agents_for(per_agent, ["a"]) == {"a": VLLMAgent("tiny-llama")}
+    with pytest.raises(InvalidArgumentError, match="share pretrain_model 'tiny-llama'"):
+        vllm_agents_for(per_agent, ["a", "b"])
+
+
+@pytest.mark.skipif(vllm_available(), reason="vllm installed: the GPU check covers it")
+def test_a_vllm_rollout_engine_without_vllm_names_the_package():
+    from marti.config import load_config
+    from services.trainer.generation import build_rollout_engine
+
+    cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml")
+    policy = MultiAgentPolicy(PolicyConfig(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
+    with pytest.raises(FailedPreconditionError, match="vllm"):
+        build_rollout_engine(cfg, policy, ["agent_1"], "cpu", copy_weights=False, engine="vllm")
