@@ -102,7 +102,7 @@ class RolloutWorker:
         """
         if not Path(path).exists():
             return False
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=True)
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         return True

@@ -14,6 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
+def _train(run: Path, sets: list[str]) -> list[dict]:
+    """Run `marti train examples/tiny.yaml` into ``run`` with the ``--set`` overrides; returns each step's
+    metrics."""
+    cmd = [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress"]
+    cmd += [arg for s in (*sets, f"output.dir={run}") for arg in ("--set", s)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line)["metrics"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_one_step_off_policy_job_keeps_each_agents_staleness_bound(tmp_path):
     run = tmp_path / "run_async"
     sets = [
@@ -22,13 +32,8 @@ def test_one_step_off_policy_job_keeps_each_agents_staleness_bound(tmp_path):
         "rollout.max_staleness=1",
         "agents.1.max_staleness=0",  # agent_2 trains only on turns of its current weights
         "environment.max_turns=2",
-        f"output.dir={run}",
     ]
-    cmd = [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress"]
-    cmd += [arg for s in sets for arg in ("--set", s)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line)["metrics"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = _train(run, sets)
     assert len(records) == 4
     for m in records:
         assert m["agent_1/version_lag_max"] <= 1 and m["agent_1/stale_dropped"] == 0
@@ -52,13 +57,8 @@ def test_rollout_actors_generate_for_an_asynchronous_job(tmp_path):
         "ray.num_rollout_workers=2",
         "ray.num_cpus_per_worker=0.5",
         "environment.max_turns=2",  # both agents act
-        f"output.dir={run}",
     ]
-    cmd = [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress"]
-    cmd += [arg for s in sets for arg in ("--set", s)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line)["metrics"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = _train(run, sets)
     assert len(records) == 3
     for m in records:
         for agent in ("agent_1", "agent_2"):
