@@ -73,6 +73,8 @@ DEFAULT_EVAL_SEED_START = 1_000_000
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
+#: An int >= 0 that must be written as an int: ``true`` or ``1.0`` are refused (a bound that switches a mode on).
+StrictNonNegInt = Annotated[int, Field(ge=0, strict=True)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 UnitFloat = Annotated[float, Field(ge=0, le=1)]
@@ -186,7 +188,7 @@ class AgentConfig(_Section):
     """Reference model for the KL term; null uses ``pretrain_model``."""
     critic_model: str | None = None
     """Critic's base model (``gae`` only); null uses ``pretrain_model``."""
-    max_staleness: NonNegInt | None = None
+    max_staleness: StrictNonNegInt | None = None
     """This agent's staleness bound, at most ``rollout.max_staleness``: turns generated more than this many of
     its policy versions ago are dropped from its update (counted in ``<agent>/stale_dropped``). Null: the
     ``rollout`` bound."""
@@ -358,7 +360,7 @@ class RolloutConfig(_Section):
     """Held-out episodes per evaluation."""
     eval_seeds: list[NonNegInt] | None = None
     """Held-out problem seeds; null: ``1000000, 1000001, ...`` (``eval_episodes`` of them)."""
-    max_staleness: NonNegInt = 0
+    max_staleness: StrictNonNegInt = 0
     """Asynchronous rollouts: most policy versions a generated turn may lag behind the weights it is trained
     with. 0 is the synchronous loop (play a step, then train on it). k >= 1 plays step ``t`` in a background
     thread as soon as the learner has finished update ``t - k``, overlapping rollouts with updates

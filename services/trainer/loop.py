@@ -61,6 +61,7 @@ class RunSummary:
     Attributes:
         run_dir: Output directory.
         steps: Training steps completed (including resumed ones).
+        start_step: The step the run resumed at (0 for a fresh run).
         stopped: True if stopped early (StopJob, wall-time budget).
         last_checkpoint: Path of the newest checkpoint.
         report: Path of report.md.
@@ -69,6 +70,7 @@ class RunSummary:
 
     run_dir: Path
     steps: int = 0
+    start_step: int = 0
     stopped: bool = False
     last_checkpoint: str | None = None
     report: Path | None = None
@@ -525,6 +527,7 @@ class TrainingLoop:
                 start_step = int(position.get("step", 0))
                 if self.curriculum is not None and "curriculum" in position:
                     self.curriculum.load_state(position["curriculum"])
+                summary.start_step = start_step
                 _LOG.info("resumed from %s at step %d", ckpt, start_step)
             t0 = time.monotonic()
             eval_every = cfg.rollout.eval_every

@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-    print(f"done: {summary.steps} steps; run directory {summary.run_dir}")
+    resumed = f" (resumed at step {summary.start_step})" if summary.start_step else ""
+    print(f"done: {summary.steps} steps{resumed}; run directory {summary.run_dir}")
     print(f"report: {summary.report}")
     return 0
 

@@ -322,3 +322,9 @@ def test_staleness_bounds():
     ):
         config_from_dict(minimal(rollout={"max_staleness": 1}, policy={"mode": "shared"}))
     assert config_from_dict(minimal(policy={"mode": "shared"})).rollout.max_staleness == 0
+
+
+@pytest.mark.parametrize("bad", [True, 1.0, "1"])
+def test_a_staleness_bound_must_be_written_as_an_int(bad):
+    with pytest.raises(InvalidArgumentError, match="rollout.max_staleness"):
+        config_from_dict(minimal(rollout={"max_staleness": bad}))
