@@ -340,11 +340,11 @@ class RayRuntime:
         paths = self._paths(path)
         calls = [w.load.remote(p) for w, p in zip(self._workers, paths, strict=True)]
         calls += [c.load.remote(str(Path(path) / f"critic_{a}")) for a, c in self._critics.items()]
-        n_policy = len(calls)
+        n_trainers = len(calls)  # policy and critic actors; the rollout actors answer True or False
         calls += [
             w.load.remote(str(Path(path) / f"rollout_worker_{i}.pt")) for i, w in enumerate(self._rollout)
         ]
-        positions = self._get(calls)[:n_policy]
+        positions = self._get(calls)[:n_trainers]
         self._sync_rollout_workers([a.name for a in self.cfg.agents])
         return positions[0]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from services.trainer.checkpoint import load_rng_state, save_rng_state
 from services.trainer.generation import build_rollout_engine, generate_turns
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.rollout.base import Generation
@@ -87,10 +87,11 @@ class RolloutWorker:
         return {a: self.engine.policy_version(a) for a in self.agents}
 
     def save(self, path: str) -> str:
-        """Save this actor's sampler state (torch and Python RNG) to the file ``path``; returns it. Its weights
-        are the policy actors' and are not saved again."""
+        """Save this actor's sampler state (Python, numpy, torch and CUDA RNG: :func:`~services.trainer.
+        checkpoint.save_rng_state`) to the file ``path``; returns it. Its weights are the policy actors' and are
+        not saved again."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, path)
+        save_rng_state(path)
         return path
 
     def load(self, path: str) -> bool:
@@ -102,9 +103,7 @@ class RolloutWorker:
         """
         if not Path(path).exists():
             return False
-        state = torch.load(path, weights_only=True)
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
+        load_rng_state(path)
         return True
 
     def ping(self) -> dict[str, Any]:
