@@ -36,6 +36,7 @@ MAX_ITEM_BYTES = 64 * 1024 * 1024
 __all__ = [
     "AsyncExperienceSharingClient",
     "ExperienceSharingClient",
+    "SampleBatch",
     "SampledTrajectory",
     "StoredTrajectory",
     "TableInfo",
@@ -59,6 +60,26 @@ class StoredTrajectory:
 
 
 @dataclass(frozen=True, slots=True)
+class SampleBatch:
+    """What one :meth:`ExperienceSharingClient.sample_batch` call consumed from a table.
+
+    Attributes:
+        items: The trajectories returned, in selection order.
+        stale_keys: Keys of items the table removed instead of returning, because their ``policy_version`` was
+            more than the table's ``max_policy_lag`` behind the caller's ``current_policy_version``. Each took one
+            of the ``batch_size`` slots: ``len(items) + len(stale_keys)`` items were consumed.
+    """
+
+    items: list[SampledTrajectory]
+    stale_keys: list[int]
+
+    @property
+    def consumed(self) -> int:
+        """Items taken from the table: returned plus removed as stale."""
+        return len(self.items) + len(self.stale_keys)
+
+
+@dataclass(frozen=True, slots=True)
 class TableInfo:
     """Live state of a table (see the proto ``TableInfo`` for each field)."""
 
@@ -75,13 +96,14 @@ class TableInfo:
     waiting_samples: int
     rate_limiter_diff: float
     config: TableConfig
+    stale_removed: int = 0
 
 
 def _info(m: pb.TableInfo) -> TableInfo:
     return TableInfo(
         m.name, m.size, m.num_bytes, m.inserts, m.samples, m.deletes, m.evictions, m.priority_updates,
         m.priority_updates_missing, m.waiting_inserts, m.waiting_samples, m.rate_limiter_diff,
-        convert.table_config_from_proto(m.config),
+        convert.table_config_from_proto(m.config), m.stale_removed,
     )  # fmt: skip
 
 
@@ -130,20 +152,38 @@ class _Base:
         return [k for k in keys if k is not None]
 
     @staticmethod
-    def _sample_req(table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s):
+    def _sample_req(
+        table,
+        batch_size,
+        timeout_s,
+        agent_ids,
+        roles,
+        min_policy_version,
+        max_age_s,
+        current_policy_version=None,
+    ):
         if batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
+        if current_policy_version is not None and current_policy_version < 0:
+            raise InvalidArgumentError(f"current_policy_version must be >= 0, got {current_policy_version}")
         f = pb.SampleFilter(
             agent_ids=list(agent_ids or ()), roles=list(roles or ()), min_policy_version=min_policy_version,
             max_age_s=max_age_s,
         )  # fmt: skip
-        return spb.SampleRequest(
+        req = spb.SampleRequest(
             table=table, num_samples=batch_size, timeout_ms=_timeout_ms(timeout_s), filter=f,
             format=pb.PAYLOAD_FORMAT_ENCODED,
         )  # fmt: skip
+        if current_policy_version is not None:
+            req.current_policy_version = current_policy_version
+        return req
 
     @staticmethod
-    def _sampled(resp: spb.SampleResponse, out: list[SampledTrajectory]) -> MartiError | None:
+    def _sampled(
+        resp: spb.SampleResponse, out: list[SampledTrajectory], stale: list[int] | None = None
+    ) -> MartiError | None:
+        if stale is not None:
+            stale.extend(resp.stale_keys)
         for m in resp.items:
             t = convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES))
             out.append(
@@ -161,8 +201,9 @@ class _Base:
         return from_status_proto(resp.status)
 
     @staticmethod
-    def _finish_sample(out, err, batch_size, allow_partial, table):
-        if len(out) < batch_size and not (allow_partial and out):
+    def _finish_sample(out, err, batch_size, allow_partial, table, stale=()):
+        consumed = len(out) + len(stale)
+        if consumed < batch_size and not (allow_partial and consumed):
             if err is not None:
                 raise err
             raise DeadlineExceededError(
@@ -299,17 +340,53 @@ class ExperienceSharingClient(_Base):
         Raises:
             NotFoundError: unknown table.  DeadlineExceededError: fewer than ``batch_size`` items in time.
         """
+        return self.sample_batch(
+            table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s, allow_partial
+        ).items
+
+    def sample_batch(
+        self,
+        table: str,
+        batch_size: int,
+        timeout_s: float | None = None,
+        agent_ids: Sequence[str] | None = None,
+        roles: Sequence[str] | None = None,
+        min_policy_version: int = 0,
+        max_age_s: float = 0.0,
+        allow_partial: bool = False,
+        current_policy_version: int | None = None,
+    ) -> SampleBatch:
+        """Consume ``batch_size`` items as :meth:`sample` does, stating the caller's policy version.
+
+        With ``current_policy_version`` and a table ``max_policy_lag``, a selected item more than the lag
+        behind is removed by the store instead of returned and reported in :attr:`SampleBatch.stale_keys`; it
+        takes one of the ``batch_size`` slots (a learner reading a queue table consumes it in order).
+
+        Args:
+            table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s, allow_partial: As
+                :meth:`sample` (``allow_partial`` counts stale items as consumed).
+            current_policy_version: The caller's policy version (>= 0); None = no staleness check.
+
+        Returns:
+            A :class:`SampleBatch`.
+
+        Raises:
+            InvalidArgumentError: ``batch_size < 1`` or ``current_policy_version < 0``.
+            NotFoundError: unknown table.  DeadlineExceededError: fewer than ``batch_size`` items in time.
+        """
         req = self._sample_req(
-            table, batch_size, timeout_s or self.timeout_s, agent_ids, roles, min_policy_version, max_age_s
-        )
+            table, batch_size, timeout_s or self.timeout_s, agent_ids, roles, min_policy_version, max_age_s,
+            current_policy_version,
+        )  # fmt: skip
         out: list[SampledTrajectory] = []
+        stale: list[int] = []
         err = None
         try:
             for resp in self._stub.Sample(iter([req])):
-                err = self._sampled(resp, out) or err
+                err = self._sampled(resp, out, stale) or err
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        return self._finish_sample(out, err, batch_size, allow_partial, table)
+        return SampleBatch(self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale)
 
     def get_trajectories(
         self,
@@ -464,17 +541,37 @@ class AsyncExperienceSharingClient(_Base):
         allow_partial: bool = False,
     ) -> list[SampledTrajectory]:
         """See :meth:`ExperienceSharingClient.sample`."""
-        req = self._sample_req(
-            table, batch_size, timeout_s or self.timeout_s, agent_ids, roles, min_policy_version, max_age_s
+        batch = await self.sample_batch(
+            table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s, allow_partial
         )
+        return batch.items
+
+    async def sample_batch(
+        self,
+        table: str,
+        batch_size: int,
+        timeout_s: float | None = None,
+        agent_ids: Sequence[str] | None = None,
+        roles: Sequence[str] | None = None,
+        min_policy_version: int = 0,
+        max_age_s: float = 0.0,
+        allow_partial: bool = False,
+        current_policy_version: int | None = None,
+    ) -> SampleBatch:
+        """See :meth:`ExperienceSharingClient.sample_batch`."""
+        req = self._sample_req(
+            table, batch_size, timeout_s or self.timeout_s, agent_ids, roles, min_policy_version, max_age_s,
+            current_policy_version,
+        )  # fmt: skip
         out: list[SampledTrajectory] = []
+        stale: list[int] = []
         err = None
         try:
             async for resp in self._stub.Sample(iter([req])):
-                err = self._sampled(resp, out) or err
+                err = self._sampled(resp, out, stale) or err
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        return self._finish_sample(out, err, batch_size, allow_partial, table)
+        return SampleBatch(self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale)
 
     async def get_trajectories(
         self,

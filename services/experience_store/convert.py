@@ -75,8 +75,10 @@ def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
     msg = pb.Trajectory(
         episode_id=t.episode_id, session=t.session, agent_id=t.agent_id, role=t.role,
         policy_version=t.policy_version, metadata_json=json.dumps(t.metadata) if t.metadata else "",
-        created_at_s=t.created_at,
+        created_at_s=t.created_at, group_id=t.group_id,
     )  # fmt: skip
+    if t.episode_return is not None:
+        msg.episode_return = t.episode_return
     for turn in t.turns:
         m = msg.turns.add(
             step=turn.step, terminated=turn.terminated, truncated=turn.truncated,
@@ -98,6 +100,14 @@ def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
             m.response_logprobs.extend(turn.response_logprobs)
         if turn.reward is not None:
             m.reward = turn.reward
+        if turn.policy_version is not None:
+            m.policy_version = turn.policy_version
+        if turn.response_mask:
+            if any(x not in (0, 1) for x in turn.response_mask):
+                raise InvalidArgumentError(
+                    f"trajectory.turns[{len(msg.turns) - 1}].response_mask holds values other than 0 and 1"
+                )
+            m.response_mask = bytes(turn.response_mask)
     return msg
 
 
@@ -119,6 +129,8 @@ def trajectory_from_proto(msg: pb.Trajectory) -> Trajectory:
             info=_json_obj(m.info_json, f"trajectory.turns[{i}].info_json"),
             prompt_text=m.prompt_text,
             response_text=m.response_text,
+            policy_version=m.policy_version if m.HasField("policy_version") else None,
+            response_mask=list(m.response_mask),
         )
         for i, m in enumerate(msg.turns)
     ]
@@ -126,6 +138,7 @@ def trajectory_from_proto(msg: pb.Trajectory) -> Trajectory:
         episode_id=msg.episode_id, session=msg.session, agent_id=msg.agent_id, role=msg.role,
         policy_version=msg.policy_version, turns=turns,
         metadata=_json_obj(msg.metadata_json, "trajectory.metadata_json"), created_at=msg.created_at_s,
+        group_id=msg.group_id, episode_return=msg.episode_return if msg.HasField("episode_return") else None,
     )  # fmt: skip
 
 
@@ -145,6 +158,8 @@ def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
         raise InvalidArgumentError(f"trajectory.policy_version must be >= 0, got {msg.policy_version}")
     if not (math.isfinite(msg.created_at_s) and msg.created_at_s >= 0):
         raise InvalidArgumentError(f"trajectory.created_at_s must be finite and >= 0, got {msg.created_at_s}")
+    if msg.HasField("episode_return") and not math.isfinite(msg.episode_return):
+        raise InvalidArgumentError(f"trajectory.episode_return must be finite, got {msg.episode_return}")
     prompt, resp, lps, rewards = [], [], [], []
     last = -1
     for i, t in enumerate(msg.turns):
@@ -173,6 +188,18 @@ def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
         has_reward = t.HasField("reward")
         if has_reward and not math.isfinite(t.reward):
             raise InvalidArgumentError(f"trajectory.turns[{i}].reward must be finite, got {t.reward}")
+        if t.HasField("policy_version") and t.policy_version < msg.policy_version:
+            raise InvalidArgumentError(
+                f"trajectory.turns[{i}].policy_version ({t.policy_version}) is below the trajectory's "
+                f"policy_version ({msg.policy_version}), which must be the oldest version of its turns"
+            )
+        if t.response_mask and len(t.response_mask) != n_resp:
+            raise InvalidArgumentError(
+                f"trajectory.turns[{i}].response_mask has {len(t.response_mask)} values but "
+                f"response_token_ids has {n_resp}"
+            )
+        if t.response_mask and set(t.response_mask) - {0, 1}:
+            raise InvalidArgumentError(f"trajectory.turns[{i}].response_mask holds values other than 0 and 1")
         prompt.append(n_prompt)
         resp.append(n_resp)
         lps.append(n_lp)
@@ -255,7 +282,9 @@ def filter_to_proto(f: SampleFilter) -> pb.SampleFilter:
     )  # fmt: skip
 
 
-_OPTIONAL_TABLE = ("priority_exponent", "importance_beta", "max_size", "max_bytes", "max_times_sampled")
+_OPTIONAL_TABLE = (
+    "priority_exponent", "importance_beta", "max_size", "max_bytes", "max_times_sampled", "max_policy_lag",
+)  # fmt: skip
 
 
 def table_config_from_proto(msg: pb.TableConfig) -> TableConfig:
@@ -316,12 +345,15 @@ def table_config_to_proto(c: TableConfig) -> pb.TableConfig:
     for f in ("max_turns", "max_prompt_tokens", "max_response_tokens"):
         if getattr(s, f) is not None:
             setattr(sig, f, getattr(s, f))
-    return pb.TableConfig(
+    out = pb.TableConfig(
         name=c.name, preset=c.preset or "", sampler=c.sampler, remover=c.remover,
         priority_exponent=c.priority_exponent, importance_beta=c.importance_beta, max_size=c.max_size,
         max_bytes=c.max_bytes, max_times_sampled=c.max_times_sampled, full_policy=c.full_policy,
         rate_limiter=rl, signature=sig,
     )  # fmt: skip
+    if c.max_policy_lag is not None:
+        out.max_policy_lag = c.max_policy_lag
+    return out
 
 
 def table_info_to_proto(info: dict[str, Any], config: TableConfig) -> pb.TableInfo:
@@ -333,4 +365,5 @@ def table_info_to_proto(info: dict[str, Any], config: TableConfig) -> pb.TableIn
         priority_updates=c["priority_updates"], priority_updates_missing=c["priority_updates_missing"],
         waiting_inserts=info["waiting_inserts"], waiting_samples=info["waiting_samples"],
         rate_limiter_diff=info["rate_limiter"]["diff"], config=table_config_to_proto(config),
+        stale_removed=c["stale_removed"],
     )  # fmt: skip

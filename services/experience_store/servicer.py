@@ -102,6 +102,9 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
             return
         table = self.store.table(first.table)  # NotFoundError ends the stream with NOT_FOUND
         filt = convert.filter_from_proto(first.filter)
+        current = first.current_policy_version if first.HasField("current_policy_version") else None
+        if current is not None and current < 0:
+            raise InvalidArgumentError(f"current_policy_version must be >= 0, got {current}")
         timeout_s = self._timeout_s(first.timeout_ms)
         max_batch = min(first.max_batch_items or self.settings.max_batch_items, self.settings.max_batch_items)
         fmt = first.format
@@ -128,7 +131,7 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
                     continue
                 n = min(credits, max_batch)
                 try:
-                    items = await self._run(table.sample, n, timeout_s, filt)
+                    items = await self._run(table.sample, n, timeout_s, filt, current)
                 except MartiError as e:  # DEADLINE_EXCEEDED: in-band, outstanding credits dropped
                     credits = 0
                     yield spb.SampleResponse(status=to_status_proto(e))
@@ -144,6 +147,9 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         resp = spb.SampleResponse(status=ok_status())
         for s in items:
             r = s.record
+            if s.stale:
+                resp.stale_keys.append(r.key)
+                continue
             m = resp.items.add(
                 key=r.key, table=table, priority=r.priority, probability=s.probability,
                 importance_weight=s.importance_weight, times_sampled=r.times_sampled, table_size=s.table_size,

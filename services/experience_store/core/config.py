@@ -122,6 +122,9 @@ class TableConfig(BaseModel):
         full_policy: ``evict`` (remover makes room) or ``block`` (inserts wait, up to their deadline).
         rate_limiter: See :class:`RateLimiterSpec`.
         signature: See :class:`SignatureSpec`.
+        max_policy_lag: Most policy versions an item may lag behind a sampler that states its current version
+            (``Table.sample(current_policy_version=v)``): a selected item whose ``policy_version`` is below
+            ``v - max_policy_lag`` is removed instead of returned, counted as ``stale_removed``. None = no bound.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
@@ -137,6 +140,7 @@ class TableConfig(BaseModel):
     full_policy: Literal["evict", "block"] = "evict"
     rate_limiter: RateLimiterSpec = RateLimiterSpec()
     signature: SignatureSpec = SignatureSpec()
+    max_policy_lag: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="before")
     @classmethod

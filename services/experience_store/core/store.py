@@ -162,10 +162,15 @@ class ExperienceStore:
         return self.table(table).insert(items, timeout_s)
 
     def sample(
-        self, table: str, num_samples: int, timeout_s: float, filt: SampleFilter = NO_FILTER
+        self,
+        table: str,
+        num_samples: int,
+        timeout_s: float,
+        filt: SampleFilter = NO_FILTER,
+        current_policy_version: int | None = None,
     ) -> list[SampledItem]:
         """Sample from a table; see :meth:`Table.sample`. Raises NotFoundError for an unknown table."""
-        return self.table(table).sample(num_samples, timeout_s, filt)
+        return self.table(table).sample(num_samples, timeout_s, filt, current_policy_version)
 
     def update_priorities(self, table: str, updates: dict[int, float]) -> tuple[int, int]:
         """Update priorities; see :meth:`Table.update_priorities`."""
@@ -301,6 +306,8 @@ class LocalExperienceClient:
         """Sample up to ``batch_size`` trajectories (at least one; see :meth:`Table.sample`)."""
         out = []
         for s in self.store.sample(table, batch_size, timeout_s, filt):
+            if s.stale:
+                continue
             r = s.record
             out.append(
                 SampledTrajectory(

@@ -83,6 +83,8 @@ class SampledItem:
         table_size: Number of items the selection was made among.
         importance_weight: Prioritized samplers: ``(table_size * probability)^-beta`` normalised by the batch
             maximum; 1.0 for other samplers.
+        stale: True when the item was beyond the table's ``max_policy_lag``: it was removed instead of returned
+            and ``payload`` is empty.
     """
 
     record: ItemRecord
@@ -90,6 +92,7 @@ class SampledItem:
     probability: float
     table_size: int
     importance_weight: float
+    stale: bool = False
 
 
 def check_priority(priority: float, where: str = "priority") -> float:
@@ -147,6 +150,7 @@ class Table:
         self.priority_updates_missing = c.get("priority_updates_missing", 0)
         self.priority_updates = c.get("priority_updates", 0)
         self.evictions = c.get("evictions", 0)
+        self.stale_removed = c.get("stale_removed", 0)
         self._items: dict[int, ItemRecord] = {}
         self._bytes = 0
         self._cond = threading.Condition(threading.Lock())
@@ -185,6 +189,7 @@ class Table:
             "priority_updates": self.priority_updates,
             "priority_updates_missing": self.priority_updates_missing,
             "evictions": self.evictions,
+            "stale_removed": self.stale_removed,
         }
 
     # ---- signature --------------------------------------------------------------------------------------
@@ -348,31 +353,47 @@ class Table:
 
     # ---- sample -----------------------------------------------------------------------------------------
 
-    def sample(self, num_samples: int, timeout_s: float, filt: SampleFilter = NO_FILTER) -> list[SampledItem]:
+    def sample(
+        self,
+        num_samples: int,
+        timeout_s: float,
+        filt: SampleFilter = NO_FILTER,
+        current_policy_version: int | None = None,
+    ) -> list[SampledItem]:
         """Sample between 1 and ``num_samples`` items (with replacement, as Reverb).
 
         Waits until at least one sample may proceed (rate limiter and filter), then takes as many more as may
         proceed right away. Items that reach ``max_times_sampled`` are removed. Sample counts (and removals) are
         committed before returning.
 
+        With ``current_policy_version`` and the table's ``max_policy_lag`` set, a selected item whose
+        ``policy_version`` is below ``current_policy_version - max_policy_lag`` is removed instead of returned
+        (``stale=True``, no payload, counted in ``stale_removed``); it takes one of the ``num_samples`` slots
+        and one rate-limiter sample, so a FIFO queue is consumed in order whether its items are fresh or stale.
+
         Args:
             num_samples: Most items to return (>= 1).
             timeout_s: Longest wait in seconds for the first item.
             filt: Restriction on the items sampled.
+            current_policy_version: The sampler's policy version (>= 0); None = no staleness check.
 
         Returns:
-            The sampled items, in selection order.
+            The sampled items (stale ones included, flagged), in selection order.
 
         Raises:
-            InvalidArgumentError: when ``num_samples`` < 1.
+            InvalidArgumentError: when ``num_samples`` < 1 or ``current_policy_version`` < 0.
             DeadlineExceededError: when nothing could be sampled before the deadline.
         """
         if num_samples < 1:
             raise InvalidArgumentError(f"num_samples must be >= 1, got {num_samples}")
+        if current_policy_version is not None and current_policy_version < 0:
+            raise InvalidArgumentError(f"current_policy_version must be >= 0, got {current_policy_version}")
+        lag = self.config.max_policy_lag
+        oldest = None if lag is None or current_policy_version is None else current_policy_version - lag
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
             while True:
-                picked = self._take(num_samples, filt)
+                picked = self._take(num_samples, filt, oldest)
                 if picked:
                     break
                 self.waiting_samples += 1
@@ -380,7 +401,8 @@ class Table:
                     self._wait(deadline, "sample")
                 finally:
                     self.waiting_samples -= 1
-            payloads = self._storage.get_payloads(rec.key for rec, _, _ in picked)
+            stale = {rec.key for rec, _, _ in picked if oldest is not None and rec.policy_version < oldest}
+            payloads = self._storage.get_payloads(rec.key for rec, _, _ in picked if rec.key not in stale)
             removed = [rec.key for rec, _, _ in picked if rec.key not in self._items]
             updates = [
                 (rec.key, rec.priority, rec.times_sampled) for rec, _, _ in picked if rec.key in self._items
@@ -389,11 +411,14 @@ class Table:
             self._cond.notify_all()
         weights = self.sampler.importance_weights([p for _, p, _ in picked], [n for _, _, n in picked])
         return [
-            SampledItem(_snapshot(rec), payloads.get(rec.key, b""), p, n, w)
+            SampledItem(_snapshot(rec), payloads.get(rec.key, b""), p, n, w, rec.key in stale)
             for (rec, p, n), w in zip(picked, weights, strict=True)
         ]
 
-    def _take(self, num_samples: int, filt: SampleFilter) -> list[tuple[ItemRecord, float, int]]:
+    def _take(
+        self, num_samples: int, filt: SampleFilter, oldest: int | None = None
+    ) -> list[tuple[ItemRecord, float, int]]:
+        """Select up to ``num_samples`` items; those with ``policy_version < oldest`` are removed (stale)."""
         picked: list[tuple[ItemRecord, float, int]] = []
         now = time.time()
         while len(picked) < num_samples and self.rate_limiter.can_sample(len(self._items)):
@@ -414,7 +439,10 @@ class Table:
             rec.times_sampled += 1
             self.rate_limiter.state.samples += 1
             picked.append((_snapshot(rec), prob, n))
-            if self.config.max_times_sampled and rec.times_sampled >= self.config.max_times_sampled:
+            if oldest is not None and rec.policy_version < oldest:
+                self.stale_removed += 1
+                self._unindex(key)
+            elif self.config.max_times_sampled and rec.times_sampled >= self.config.max_times_sampled:
                 self._unindex(key)
         return picked
 

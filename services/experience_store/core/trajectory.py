@@ -36,6 +36,10 @@ class Turn:
         info: JSON-able dict of extra data (must survive ``json.dumps``).
         prompt_text: Decoded prompt, for debugging only.
         response_text: Decoded response, for debugging only.
+        policy_version: Version of the weights that generated this response (the behaviour policy; asynchronous
+            rollouts switch weights between turns); None = the trajectory's ``policy_version``. Never below it.
+        response_mask: Which response tokens the loss trains on, shape (A,), 1 = trained, 0 = not (text a tool
+            or the env inserted); empty = every token.
     """
 
     step: int
@@ -48,6 +52,8 @@ class Turn:
     info: dict[str, Any] = field(default_factory=dict)
     prompt_text: str = ""
     response_text: str = ""
+    policy_version: int | None = None
+    response_mask: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -59,10 +65,15 @@ class Trajectory:
         session: Groups episodes (a run, an env session); may be empty.
         agent_id: The agent that produced the turns.
         role: The agent's role (planner, executor, ...); may be empty.
-        policy_version: Version of the policy weights that generated the responses (>= 0).
+        policy_version: Version of the policy weights that generated the responses (>= 0): the oldest version of
+            any turn when turns carry their own (the store's staleness bound, ``max_policy_lag``, uses it).
         turns: The agent's turns in time order.
         metadata: JSON-able dict of trajectory-level data.
         created_at: Unix time in seconds when the trajectory was created (set to now when 0).
+        group_id: Group of comparable trajectories (the problem's seed, ``task:seed`` in a multi-task job): group
+            estimators (GRPO, RLOO) compare the trajectories of one group; empty = a group of its own.
+        episode_return: The return credited to the agent for the episode (reward units; the outcome reward of
+            every turn); None = the sum of the turn rewards.
     """
 
     episode_id: str
@@ -73,6 +84,8 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    group_id: str = ""
+    episode_return: float | None = None
 
     def __post_init__(self) -> None:
         if not self.created_at:
@@ -83,13 +96,20 @@ class Trajectory:
         """Sum of the known turn rewards (turns whose reward is None count as 0)."""
         return float(sum(t.reward for t in self.turns if t.reward is not None))
 
+    @property
+    def outcome_reward(self) -> float:
+        """The episode's credited return: ``episode_return``, else :attr:`total_reward`."""
+        return self.total_reward if self.episode_return is None else float(self.episode_return)
+
     def validate(self) -> None:
         """Check the invariants every stored trajectory must hold.
 
         Raises:
             InvalidArgumentError: naming the field: empty ``episode_id`` or ``agent_id``, negative
                 ``policy_version``, a turn whose ``response_logprobs`` is neither empty nor as long as
-                ``response_token_ids``, a negative token id, a non-finite reward or logprob, or steps that decrease.
+                ``response_token_ids``, a negative token id, a non-finite reward, return or logprob, steps that
+                decrease, a turn ``policy_version`` below the trajectory's, or a ``response_mask`` that is not
+                empty or A values of 0 and 1.
         """
         if not self.episode_id:
             raise InvalidArgumentError("trajectory.episode_id must be a non-empty string")
@@ -97,6 +117,8 @@ class Trajectory:
             raise InvalidArgumentError("trajectory.agent_id must be a non-empty string")
         if self.policy_version < 0:
             raise InvalidArgumentError(f"trajectory.policy_version must be >= 0, got {self.policy_version}")
+        if self.episode_return is not None and not math.isfinite(self.episode_return):
+            raise InvalidArgumentError(f"trajectory.episode_return must be finite, got {self.episode_return}")
         last_step = -1
         for i, turn in enumerate(self.turns):
             where = f"trajectory.turns[{i}]"
@@ -114,6 +136,18 @@ class Trajectory:
                 raise InvalidArgumentError(f"{where}.reward must be finite, got {turn.reward}")
             if any(not math.isfinite(x) for x in turn.response_logprobs):
                 raise InvalidArgumentError(f"{where}.response_logprobs contains a non-finite value")
+            if turn.policy_version is not None and turn.policy_version < self.policy_version:
+                raise InvalidArgumentError(
+                    f"{where}.policy_version ({turn.policy_version}) is below trajectory.policy_version "
+                    f"({self.policy_version}), which must be the oldest version of its turns"
+                )
+            if turn.response_mask and (
+                len(turn.response_mask) != n_resp or any(m not in (0, 1) for m in turn.response_mask)
+            ):
+                raise InvalidArgumentError(
+                    f"{where}.response_mask must be empty or {n_resp} values of 0 and 1, got "
+                    f"{turn.response_mask[:8]}{'...' if len(turn.response_mask) > 8 else ''}"
+                )
 
 
 @dataclass(frozen=True, slots=True)

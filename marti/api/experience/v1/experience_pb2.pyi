@@ -25,7 +25,7 @@ PAYLOAD_FORMAT_ENCODED: PayloadFormat
 PAYLOAD_FORMAT_TYPED: PayloadFormat
 
 class Turn(_message.Message):
-    __slots__ = ("step", "prompt_token_ids", "response_token_ids", "response_logprobs", "reward", "terminated", "truncated", "info_json", "prompt_text", "response_text", "prompt_token_ids_i32le", "response_token_ids_i32le", "response_logprobs_f32le")
+    __slots__ = ("step", "prompt_token_ids", "response_token_ids", "response_logprobs", "reward", "terminated", "truncated", "info_json", "prompt_text", "response_text", "prompt_token_ids_i32le", "response_token_ids_i32le", "response_logprobs_f32le", "policy_version", "response_mask")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,8 @@ class Turn(_message.Message):
     PROMPT_TOKEN_IDS_I32LE_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TOKEN_IDS_I32LE_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_LOGPROBS_F32LE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_MASK_FIELD_NUMBER: _ClassVar[int]
     step: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     response_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -52,10 +54,12 @@ class Turn(_message.Message):
     prompt_token_ids_i32le: bytes
     response_token_ids_i32le: bytes
     response_logprobs_f32le: bytes
-    def __init__(self, step: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info_json: _Optional[str] = ..., prompt_text: _Optional[str] = ..., response_text: _Optional[str] = ..., prompt_token_ids_i32le: _Optional[bytes] = ..., response_token_ids_i32le: _Optional[bytes] = ..., response_logprobs_f32le: _Optional[bytes] = ...) -> None: ...
+    policy_version: int
+    response_mask: bytes
+    def __init__(self, step: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info_json: _Optional[str] = ..., prompt_text: _Optional[str] = ..., response_text: _Optional[str] = ..., prompt_token_ids_i32le: _Optional[bytes] = ..., response_token_ids_i32le: _Optional[bytes] = ..., response_logprobs_f32le: _Optional[bytes] = ..., policy_version: _Optional[int] = ..., response_mask: _Optional[bytes] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "session", "agent_id", "role", "policy_version", "turns", "metadata_json", "created_at_s")
+    __slots__ = ("episode_id", "session", "agent_id", "role", "policy_version", "turns", "metadata_json", "created_at_s", "group_id", "episode_return")
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +68,8 @@ class Trajectory(_message.Message):
     TURNS_FIELD_NUMBER: _ClassVar[int]
     METADATA_JSON_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     session: str
     agent_id: str
@@ -72,7 +78,9 @@ class Trajectory(_message.Message):
     turns: _containers.RepeatedCompositeFieldContainer[Turn]
     metadata_json: str
     created_at_s: float
-    def __init__(self, episode_id: _Optional[str] = ..., session: _Optional[str] = ..., agent_id: _Optional[str] = ..., role: _Optional[str] = ..., policy_version: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., metadata_json: _Optional[str] = ..., created_at_s: _Optional[float] = ...) -> None: ...
+    group_id: str
+    episode_return: float
+    def __init__(self, episode_id: _Optional[str] = ..., session: _Optional[str] = ..., agent_id: _Optional[str] = ..., role: _Optional[str] = ..., policy_version: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., metadata_json: _Optional[str] = ..., created_at_s: _Optional[float] = ..., group_id: _Optional[str] = ..., episode_return: _Optional[float] = ...) -> None: ...
 
 class EncodedTrajectory(_message.Message):
     __slots__ = ("chunks", "encoding")
@@ -121,7 +129,7 @@ class Signature(_message.Message):
     def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., min_policy_version: _Optional[int] = ..., require_rewards: _Optional[bool] = ..., require_logprobs: _Optional[bool] = ..., max_turns: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_response_tokens: _Optional[int] = ...) -> None: ...
 
 class TableConfig(_message.Message):
-    __slots__ = ("name", "preset", "sampler", "remover", "priority_exponent", "importance_beta", "max_size", "max_bytes", "max_times_sampled", "full_policy", "rate_limiter", "signature")
+    __slots__ = ("name", "preset", "sampler", "remover", "priority_exponent", "importance_beta", "max_size", "max_bytes", "max_times_sampled", "full_policy", "rate_limiter", "signature", "max_policy_lag")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PRESET_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +142,7 @@ class TableConfig(_message.Message):
     FULL_POLICY_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMITER_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    MAX_POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
     name: str
     preset: str
     sampler: str
@@ -146,10 +155,11 @@ class TableConfig(_message.Message):
     full_policy: str
     rate_limiter: RateLimiterConfig
     signature: Signature
-    def __init__(self, name: _Optional[str] = ..., preset: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., priority_exponent: _Optional[float] = ..., importance_beta: _Optional[float] = ..., max_size: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., full_policy: _Optional[str] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., signature: _Optional[_Union[Signature, _Mapping]] = ...) -> None: ...
+    max_policy_lag: int
+    def __init__(self, name: _Optional[str] = ..., preset: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., priority_exponent: _Optional[float] = ..., importance_beta: _Optional[float] = ..., max_size: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., full_policy: _Optional[str] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., signature: _Optional[_Union[Signature, _Mapping]] = ..., max_policy_lag: _Optional[int] = ...) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "size", "num_bytes", "inserts", "samples", "deletes", "evictions", "priority_updates", "priority_updates_missing", "waiting_inserts", "waiting_samples", "rate_limiter_diff", "config")
+    __slots__ = ("name", "size", "num_bytes", "inserts", "samples", "deletes", "evictions", "priority_updates", "priority_updates_missing", "waiting_inserts", "waiting_samples", "rate_limiter_diff", "config", "stale_removed")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +173,7 @@ class TableInfo(_message.Message):
     WAITING_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMITER_DIFF_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    STALE_REMOVED_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
     num_bytes: int
@@ -176,7 +187,8 @@ class TableInfo(_message.Message):
     waiting_samples: int
     rate_limiter_diff: float
     config: TableConfig
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., num_bytes: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., priority_updates: _Optional[int] = ..., priority_updates_missing: _Optional[int] = ..., waiting_inserts: _Optional[int] = ..., waiting_samples: _Optional[int] = ..., rate_limiter_diff: _Optional[float] = ..., config: _Optional[_Union[TableConfig, _Mapping]] = ...) -> None: ...
+    stale_removed: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., num_bytes: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., priority_updates: _Optional[int] = ..., priority_updates_missing: _Optional[int] = ..., waiting_inserts: _Optional[int] = ..., waiting_samples: _Optional[int] = ..., rate_limiter_diff: _Optional[float] = ..., config: _Optional[_Union[TableConfig, _Mapping]] = ..., stale_removed: _Optional[int] = ...) -> None: ...
 
 class SampleFilter(_message.Message):
     __slots__ = ("agent_ids", "roles", "min_policy_version", "max_age_s")

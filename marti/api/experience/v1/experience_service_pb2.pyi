@@ -23,28 +23,32 @@ class InsertResponse(_message.Message):
     def __init__(self, confirmations: _Optional[_Iterable[_Union[_experience_pb2.InsertConfirmation, _Mapping]]] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("table", "num_samples", "timeout_ms", "filter", "format", "max_batch_items")
+    __slots__ = ("table", "num_samples", "timeout_ms", "filter", "format", "max_batch_items", "current_policy_version")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     table: str
     num_samples: int
     timeout_ms: int
     filter: _experience_pb2.SampleFilter
     format: _experience_pb2.PayloadFormat
     max_batch_items: int
-    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., filter: _Optional[_Union[_experience_pb2.SampleFilter, _Mapping]] = ..., format: _Optional[_Union[_experience_pb2.PayloadFormat, str]] = ..., max_batch_items: _Optional[int] = ...) -> None: ...
+    current_policy_version: int
+    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., filter: _Optional[_Union[_experience_pb2.SampleFilter, _Mapping]] = ..., format: _Optional[_Union[_experience_pb2.PayloadFormat, str]] = ..., max_batch_items: _Optional[int] = ..., current_policy_version: _Optional[int] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("items", "status")
+    __slots__ = ("items", "status", "stale_keys")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    STALE_KEYS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[_experience_pb2.SampledItem]
     status: _status_pb2.Status
-    def __init__(self, items: _Optional[_Iterable[_Union[_experience_pb2.SampledItem, _Mapping]]] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+    stale_keys: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, items: _Optional[_Iterable[_Union[_experience_pb2.SampledItem, _Mapping]]] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., stale_keys: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PriorityUpdate(_message.Message):
     __slots__ = ("key", "priority")
