@@ -8,16 +8,27 @@ that are not acting may send ``""`` or nothing.
 
 ``make(env_id, address=None, ...)`` returns the environment in-process; with ``address="host:port"`` it returns a
 remote session on an env server that behaves the same way (same observations, rewards and errors for the same
-seed and actions). See ``docs/environments.md``.
+seed and actions). A caller that makes many remote envs passes one long-lived channel (``channel=``, from
+:func:`marti.clients.env.open_channel`) instead of dialing the server for each, and steps envs in lockstep with
+:func:`step_many` (one ``BatchStep`` round trip for the remote sessions that share a channel). See
+``docs/environments.md``.
+
+An env declares the episode metrics it reports as ``metadata["metrics"]``: names of info keys whose value after
+the last step measures the episode (``("task_completion", "team_score")``); :func:`declared_metrics` reads them
+for local and remote envs alike, and the trainer aggregates exactly those.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pettingzoo import ParallelEnv
 
-__all__ = ["ParallelEnv", "list_envs", "make"]
+if TYPE_CHECKING:
+    import grpc
+
+__all__ = ["ParallelEnv", "declared_metrics", "list_envs", "make", "step_many"]
 
 
 def make(
@@ -29,6 +40,7 @@ def make(
     tls_ca_file: str | None = None,
     timeout_s: float | None = None,
     transport: str = "stream",
+    channel: grpc.Channel | None = None,
     **config: Any,
 ) -> ParallelEnv:
     """Create an environment.
@@ -44,6 +56,11 @@ def make(
         timeout_s: Per-call deadline in seconds (remote only; default ``marti.rpc.channel.DEFAULT_TIMEOUT_S``).
         transport: Remote only: ``"stream"`` (a bidi stream; the session closes when the env or process goes
             away) or ``"unary"`` (one rpc per call; the server reaps the session after its idle timeout).
+        channel: Remote only: an open ``grpc.Channel`` to the env server (e.g. from
+            :func:`marti.clients.env.open_channel`) to create the session on instead of dialing ``address``;
+            ``token`` and ``tls_ca_file`` are then the channel's business and ignored. The env does not close
+            it: one channel serves any number of envs, and its owner closes it after them. With a channel,
+            ``address`` may be None (it is then only a label).
         **config: Env config, e.g. ``scenario="resource_allocation", max_turns=12, reward_type="dense",
             observation_format="natural_language", difficulty="easy", num_agents=3``.
 
@@ -55,7 +72,7 @@ def make(
         marti.errors.InvalidArgumentError: Unknown config key (named) or bad value.
         marti.errors.UnavailableError: The server cannot be reached (remote only).
     """
-    if address is None:
+    if address is None and channel is None:
         from services.env_server.core.registry import default_registry
 
         return default_registry().make(env_id, config, seed)
@@ -70,7 +87,79 @@ def make(
         tls_ca_file=tls_ca_file,
         timeout_s=timeout_s,
         transport=transport,
+        channel=channel,
     )
+
+
+def declared_metrics(env: Any) -> tuple[str, ...]:
+    """The episode metrics an env declares (``env.metadata["metrics"]``; remote envs get them from the server).
+
+    Args:
+        env: Any ``ParallelEnv`` (local, remote, or a custom one by import path).
+
+    Returns:
+        The metric names, in the env's order; ``()`` when it declares none.
+
+    Raises:
+        InvalidArgumentError: ``metadata["metrics"]`` is not a list or tuple of strings (the env is named).
+    """
+    from marti.errors import InvalidArgumentError
+
+    metadata = getattr(env, "metadata", None) or {}
+    names = metadata.get("metrics", ()) if isinstance(metadata, Mapping) else ()
+    if (
+        isinstance(names, str)
+        or not isinstance(names, Sequence)
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise InvalidArgumentError(
+            f"{type(env).__name__}.metadata['metrics'] must be a tuple of info key names, got {names!r}"
+        )
+    return tuple(names)
+
+
+def step_many(
+    envs: Sequence[ParallelEnv], actions: Sequence[Mapping[str, Any]]
+) -> list[tuple[dict, dict, dict, dict, dict]]:
+    """Step several envs once each, with the fewest round trips.
+
+    Remote envs (``marti.make(address=...)``) whose sessions share one channel are stepped together in one
+    ``BatchStep`` call per channel (see :meth:`marti.clients.env.RemoteParallelEnv.step_batch`); any other env
+    (local, custom, or alone on its channel) is stepped with its own ``step``. Each env ends in the same state,
+    and returns the same tuple, as after ``env.step(action)``.
+
+    Args:
+        envs: The envs, each at most once.
+        actions: One action dict per env (same length as ``envs``).
+
+    Returns:
+        Per env, in order, its PettingZoo ``(observations, rewards, terminations, truncations, infos)``.
+
+    Raises:
+        ValueError: ``envs`` and ``actions`` differ in length.
+        MartiError: The first failed step's error, in env order (the other envs may have been stepped).
+    """
+    if len(envs) != len(actions):
+        raise ValueError(f"{len(actions)} action dicts for {len(envs)} envs")
+    from marti.clients.env import RemoteParallelEnv
+    from marti.errors import MartiError
+
+    groups: dict[int, list[int]] = {}
+    for i, env in enumerate(envs):
+        if isinstance(env, RemoteParallelEnv):
+            groups.setdefault(id(env.client.channel), []).append(i)
+    out: list[Any] = [None] * len(envs)
+    for idx in groups.values():
+        if len(idx) > 1:
+            done = RemoteParallelEnv.step_batch([envs[i] for i in idx], [actions[i] for i in idx])
+            for i, r in zip(idx, done, strict=True):
+                out[i] = r
+    for i, env in enumerate(envs):
+        if out[i] is None:
+            out[i] = env.step(actions[i])
+        elif isinstance(out[i], MartiError):
+            raise out[i]
+    return out
 
 
 def list_envs(address: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:

@@ -422,9 +422,14 @@ class Workflow:
     def rewards(self, episode: EpisodeView) -> dict[str, float]:
         """Each agent's credited reward for a finished episode (``reward_fn`` + :class:`RewardAllocation`).
 
+        Without a ``reward_fn`` and with the identity allocation (``env_weight`` 1, ``team_share`` 0) these are
+        the env returns, unchanged (the default workflow of the episode runner).
+
         Raises:
             InvalidArgumentError: ``reward_fn`` returned something other than a mapping of finite numbers.
         """
+        if self.reward_fn is None and self.allocation.env_weight == 1.0 and self.allocation.team_share == 0.0:
+            return dict(episode.env_returns)
         custom = None
         if self.reward_fn is not None:
             custom = self.reward_fn(episode)

@@ -51,6 +51,32 @@ OCTET_STREAM = "application/octet-stream"
 _IDEMPOTENT = tuple(
     (SERVICE_NAME, m) for m in ("CreateSession", "Send", "Broadcast", "Ack", "GetStates", "GetStats")
 )
+#: Methods the SDK's channels retry on UNAVAILABLE (safe: the broker deduplicates by message id).
+IDEMPOTENT_METHODS = _IDEMPOTENT
+
+
+def open_channel(
+    address: str,
+    *,
+    token: str | None = None,
+    tls_ca_file: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """Open a sync channel to a broker with the SDK's retry policy, to share between many
+    :class:`MartiCommClient` (``channel=``) instead of one connection per client.
+
+    Args:
+        address: Broker ``host:port``.
+        token: Bearer token sent on every call.
+        tls_ca_file: PEM CA for TLS.
+        options: Extra grpc channel arguments.
+
+    Returns:
+        The channel; the caller closes it (``channel.close()``) after the clients using it.
+    """
+    return make_channel(
+        address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, options=options
+    )
 
 
 class Message(NamedTuple):
@@ -407,7 +433,9 @@ class MartiCommClient:
         max_frame_bytes: Decompression limit for delivered frames, bytes.
         dedup_memory: Message ids remembered to drop redeliveries (0 = off).
         tls_ca_file: PEM CA for TLS.
-        channel: An existing sync channel to use instead of dialing ``address``.
+        channel: An existing sync channel to use instead of dialing ``address`` (e.g. from
+            :func:`open_channel`, shared by many clients; ``token`` and ``tls_ca_file`` are then ignored); it is
+            not closed by :meth:`close`.
 
     Raises:
         InvalidArgumentError: Bad argument values.

@@ -8,6 +8,10 @@
   raised for that request only; sessions made on the stream close when it closes).
 * :class:`RemoteParallelEnv`: a PettingZoo ``ParallelEnv`` backed by one server session. Every ``step`` and
   ``reset`` carries a fresh request id, so the channel's automatic retry on ``UNAVAILABLE`` cannot step twice.
+  :meth:`RemoteParallelEnv.step_batch` steps many such envs in one ``BatchStep`` round trip.
+
+Every client and ``RemoteParallelEnv.create`` accept ``channel=``: an open channel (from :func:`open_channel`)
+shared by any number of clients and envs instead of one connection each; whoever opened it closes it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,30 @@ IDEMPOTENT_METHODS = tuple(
 )
 
 
+def open_channel(
+    address: str,
+    *,
+    token: str | None = None,
+    tls_ca_file: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """Open a sync channel to an env server, with the SDK's retry policy (idempotent rpcs retried on
+    ``UNAVAILABLE``), to share between clients and envs through their ``channel=`` argument.
+
+    Args:
+        address: ``host:port`` of the env server.
+        token: Bearer token sent on every call.
+        tls_ca_file: CA file for TLS.
+        options: Extra grpc channel arguments (e.g. ``("grpc.max_reconnect_backoff_ms", 1000)``).
+
+    Returns:
+        The channel; the caller closes it (``channel.close()``) after the clients and envs using it.
+    """
+    return make_channel(
+        address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=IDEMPOTENT_METHODS, options=options
+    )
+
+
 @dataclass(frozen=True)
 class AgentInfo:
     """An agent of a session.
@@ -70,12 +98,14 @@ class SessionInfo:
         env_id: Resolved ``name-vN``.
         agents: Every possible agent, in order.
         idle_timeout_ms: The server closes the session after this long unused, milliseconds.
+        metrics: Names of the episode metrics the env reports in its infos (its ``metadata["metrics"]``).
     """
 
     session_id: str
     env_id: str
     agents: tuple[AgentInfo, ...]
     idle_timeout_ms: int
+    metrics: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,7 +140,7 @@ def _session_info(resp: pb.CreateSessionResponse) -> SessionInfo:
         AgentInfo(a.agent, a.role, space_from_proto(a.observation_space), space_from_proto(a.action_space))
         for a in resp.agents
     )
-    return SessionInfo(resp.session_id, resp.env_id, agents, int(resp.idle_timeout_ms))
+    return SessionInfo(resp.session_id, resp.env_id, agents, int(resp.idle_timeout_ms), tuple(resp.metrics))
 
 
 def _result(resp: pb.StepResponse | pb.ResetResponse) -> StepResult:
@@ -149,6 +179,7 @@ def _describe(d: pb.EnvDescription) -> dict[str, Any]:
         "roles": {a.agent: a.role for a in d.agents},
         "observation_spaces": {a.agent: a.observation_space.description for a in d.agents},
         "action_spaces": {a.agent: a.action_space.description for a in d.agents},
+        "metrics": list(d.metrics),
     }
 
 
@@ -185,7 +216,8 @@ class EnvClient:
         token: Bearer token.
         tls_ca_file: CA file for TLS.
         timeout_s: Deadline of each unary call, seconds.
-        channel: An existing channel to use instead of dialing (not closed by :meth:`close`).
+        channel: An existing channel to use instead of dialing (e.g. from :func:`open_channel`; ``token`` and
+            ``tls_ca_file`` are then ignored); not closed by :meth:`close`.
     """
 
     def __init__(
@@ -200,9 +232,7 @@ class EnvClient:
         self.address = address
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._own_channel = channel is None
-        self.channel = channel or make_channel(
-            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=IDEMPOTENT_METHODS
-        )
+        self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
 
     def _call(self, method: Any, request: Any) -> Any:
@@ -401,7 +431,7 @@ class RemoteParallelEnv(ParallelEnv):
         self._act_spaces = {a.agent: a.action_space for a in info.agents}
         self.agents: list[str] = []
         self.acting_agents: list[str] = []
-        self.metadata = {"name": info.env_id, "render_modes": []}
+        self.metadata: dict[str, Any] = {"name": info.env_id, "render_modes": [], "metrics": info.metrics}
         self._own_client = own_client
         self._stream = stream
         self._closed = False
@@ -409,7 +439,7 @@ class RemoteParallelEnv(ParallelEnv):
     @classmethod
     def create(
         cls,
-        address: str,
+        address: str | None,
         env_id: str,
         *,
         config: Mapping[str, Any] | None = None,
@@ -418,11 +448,12 @@ class RemoteParallelEnv(ParallelEnv):
         tls_ca_file: str | None = None,
         timeout_s: float | None = None,
         transport: str = "stream",
+        channel: grpc.Channel | None = None,
     ) -> RemoteParallelEnv:
-        """Dial ``address`` and create a session of ``env_id``.
+        """Dial ``address`` (or use ``channel``) and create a session of ``env_id``.
 
         Args:
-            address: ``host:port``.
+            address: ``host:port`` (only a label when ``channel`` is given; then it may be None).
             env_id: Env id.
             config: Env config.
             seed: Seed of the first reset without a seed.
@@ -431,14 +462,21 @@ class RemoteParallelEnv(ParallelEnv):
             timeout_s: Per-call deadline, seconds.
             transport: ``"stream"`` (default: the session lives on a bidi stream and closes with it, so a
                 client that disappears leaks nothing) or ``"unary"`` (the server reaps it after its idle timeout).
+            channel: An open channel to the server (see :func:`open_channel`), shared with other envs and
+                clients; the env never closes it. ``None`` dials a channel of its own, closed with the env.
 
         Raises:
-            InvalidArgumentError: Bad transport, unknown config key (named) or bad value.
+            InvalidArgumentError: Bad transport, no address nor channel, unknown config key (named) or bad
+                value.
             NotFoundError, ResourceExhaustedError, UnavailableError: From the server.
         """
         if transport not in ("stream", "unary"):
             raise InvalidArgumentError(f"transport must be 'stream' or 'unary', got {transport!r}")
-        client = EnvClient(address, token=token, tls_ca_file=tls_ca_file, timeout_s=timeout_s)
+        if address is None and channel is None:
+            raise InvalidArgumentError("a remote env needs an address or a channel")
+        client = EnvClient(
+            address or "<channel>", token=token, tls_ca_file=tls_ca_file, timeout_s=timeout_s, channel=channel
+        )
         stream = None
         try:
             if transport == "stream":
@@ -483,6 +521,47 @@ class RemoteParallelEnv(ParallelEnv):
         self.agents, self.acting_agents = r.agents, r.acting_agents
         return r.as_tuple()
 
+    @staticmethod
+    def step_batch(
+        envs: Sequence[RemoteParallelEnv], actions: Sequence[Mapping[str, Any]], max_batch: int = 256
+    ) -> list[tuple[dict, dict, dict, dict, dict] | MartiError]:
+        """Step several remote envs of one server in ``BatchStep`` calls (one round trip per ``max_batch``).
+
+        The call goes through the first env's client, so the envs must live on the same server (typically
+        they share one channel: ``marti.make(..., channel=ch)``). Each env ends as after its own ``step``
+        (``agents`` and ``acting_agents`` updated); a step that fails leaves its env (and session) as it was.
+
+        Args:
+            envs: Remote envs of one server, each at most once.
+            actions: One action dict per env.
+            max_batch: Most steps per ``BatchStep`` call (the server's ``max_batch_steps`` is 4096 by default).
+
+        Returns:
+            Per env, in order: its PettingZoo step tuple, or the :class:`MartiError` of its step alone.
+
+        Raises:
+            ValueError: ``envs`` and ``actions`` differ in length, or ``max_batch < 1``.
+            UnavailableError, DeadlineExceededError, ...: The whole call failed (server away, deadline).
+        """
+        if len(envs) != len(actions):
+            raise ValueError(f"{len(actions)} action dicts for {len(envs)} envs")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        out: list[tuple[dict, dict, dict, dict, dict] | MartiError] = []
+        if not envs:
+            return out
+        client = envs[0].client
+        for lo in range(0, len(envs), max_batch):
+            chunk = envs[lo : lo + max_batch]
+            steps = [(e.session_id, a) for e, a in zip(chunk, actions[lo : lo + max_batch], strict=True)]
+            for env, r in zip(chunk, client.batch_step(steps), strict=True):
+                if isinstance(r, MartiError):
+                    out.append(r)
+                    continue
+                env.agents, env.acting_agents = r.agents, r.acting_agents
+                out.append(r.as_tuple())
+        return out
+
     def render(self) -> None:
         """Remote envs do not render."""
         return None
@@ -511,6 +590,8 @@ class AsyncEnvClient:
         token: Bearer token.
         tls_ca_file: CA file for TLS.
         timeout_s: Per-call deadline, seconds.
+        channel: An existing ``grpc.aio.Channel`` to use instead of dialing (``token`` and ``tls_ca_file`` are
+            then ignored); not closed by :meth:`close`.
     """
 
     def __init__(
@@ -520,9 +601,11 @@ class AsyncEnvClient:
         token: str | None = None,
         tls_ca_file: str | None = None,
         timeout_s: float | None = None,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-        self.channel = make_channel(
+        self._own_channel = channel is None
+        self.channel = channel or make_channel(
             address, token=token, tls_ca_file=tls_ca_file, aio=True, idempotent_methods=IDEMPOTENT_METHODS
         )
         self.stub = pb_grpc.EnvServiceStub(self.channel)
@@ -582,8 +665,9 @@ class AsyncEnvClient:
         ).closed
 
     async def close(self) -> None:
-        """Close the channel."""
-        await self.channel.close()
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            await self.channel.close()
 
     async def __aenter__(self) -> AsyncEnvClient:
         return self

@@ -20,6 +20,7 @@ from marti.clients.env_codec import (
     value_from_proto,
     value_to_proto,
 )
+from marti.envs import declared_metrics
 from marti.errors import InvalidArgumentError
 
 __all__ = ["map_from_proto", "map_to_proto", "space_to_proto", "value_from_proto", "value_to_proto"]
@@ -68,6 +69,7 @@ def describe_to_proto(spec: Any) -> pb.EnvDescription:
     except Exception:  # noqa: BLE001 - a missing optional dependency must not break the listing
         return out
     out.agents.extend(agent_specs(env))
+    out.metrics.extend(declared_metrics(env))
     env.close()
     return out
 

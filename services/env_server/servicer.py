@@ -10,6 +10,7 @@ from typing import Any
 
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
+from marti.envs import declared_metrics
 from marti.errors import InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.errors import ok_status, to_status_proto
 from marti.rpc.server import ServiceSpec
@@ -47,6 +48,7 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
             env_id=session.env_id,
             agents=convert.agent_specs(session.env),
             idle_timeout_ms=int(self.sessions.idle_timeout_s * 1000),
+            metrics=declared_metrics(session.env),
         )
 
     def _reset(self, req: pb.ResetRequest) -> pb.ResetResponse:

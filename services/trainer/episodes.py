@@ -1,16 +1,24 @@
 """Play multi-agent episodes: env_server sessions, agents' turns from the rollout engine, messages over
 comm_broker, one :class:`marti.trajectory.Trajectory` per agent and episode.
 
-Several episodes are played in lockstep so each agent's turns are generated in one batch: at every turn, the
-acting agent of every live episode is collected, each agent's prompts are generated together, then every env
-is stepped. An agent's prompt is its env observation (role, problem, turn) followed by the messages its
-teammates sent it through comm_broker since its last turn (the trainer runs the env with
-``history_messages=0``, so the team's conversation reaches agents only through the broker).
+Several episodes are played in lockstep so each agent's turns are generated in one batch. There is one turn
+loop, driven by a :class:`marti.workflow.Workflow` (the one hook, ``workflow=``): at every turn the workflow
+picks each live episode's speakers, builds their prompts, answers for its scripted agents and parses replies
+into actions; each agent's model prompts are generated together; then every env is stepped (remote sessions
+that share a channel in one ``BatchStep`` round trip, :func:`marti.envs.step_many`), and every reply is routed
+to the teammates. When an episode ends its result is finished at once (metrics, the workflow's rewards) and
+handed to ``on_episode_end``.
 
-With a :class:`marti.workflow.Workflow` (the one hook, ``workflow=``), the workflow picks each turn's speakers,
-builds their prompts, parses their replies into actions, plays scripted agents and computes the credited
-returns; without one, the env's ``is_acting`` decides and the path above is unchanged. ``play(seeds, tasks=...)``
-plays each episode on its own task (multi-task jobs; ``make_task_env(seed, task)`` builds its env).
+Without a workflow the runner uses the default one, ``Workflow.env()``: the speakers are the agents whose env
+info says ``is_acting``, an agent's prompt is its system prompt and :func:`marti.workflow.default_build_prompt`
+(its env observation, then the messages its teammates sent it through comm_broker since its last turn; the
+trainer runs the env with ``history_messages=0``, so the team's conversation reaches agents only through the
+broker), no parser, no scripted agent, and the credited returns are the env's.
+
+An episode's metrics are the ones its env declares (``metadata["metrics"]``, read after the last step, see
+:func:`marti.envs.declared_metrics`) plus the runner's counters :data:`RUNNER_METRIC_KEYS`.
+``play(seeds, tasks=...)`` plays each episode on its own task (multi-task jobs; ``make_task_env(seed, task)``
+builds its env).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from marti.envs import declared_metrics, step_many
 from marti.errors import MartiError
 from marti.trajectory import Trajectory, Turn
 from marti.workflow import EpisodeView, PromptContext, Workflow, WorkflowState, default_build_prompt
@@ -33,8 +42,9 @@ GenerateFn = Callable[[str, list[list[dict[str, str]]]], list[Any]]
 #: Build a comm client for (agent_id, session) exposing send_message / get_messages / broadcast_state / close.
 CommFactory = Callable[[str, str], Any]
 
-#: Info keys the env reports that the trainer aggregates into episode metrics.
-EPISODE_METRIC_KEYS = ("task_completion", "resource_utilization", "constraint_violations", "team_score")
+#: Counters the runner adds to every episode's metrics, after the env's own: the fraction of turns whose
+#: action the env could read, the turns played and the broker messages received.
+RUNNER_METRIC_KEYS = ("format_valid", "num_turns", "messages")
 
 
 @dataclass
@@ -45,12 +55,14 @@ class EpisodeResult:
         episode_id: Unique id (also the comm_broker session of the episode).
         seed: Problem seed of the env.
         trajectories: Per agent, its turns (only agents that acted at least once).
-        returns: Per agent, the sum of its rewards over the episode.
-        metrics: Final env metrics (``task_completion``, ``resource_utilization``, ...), ``num_turns``,
-            ``format_valid`` (fraction of turns whose action parsed) and ``messages`` (broker messages received).
+        returns: Per agent, its credited return: the sum of its env rewards, re-credited by the workflow's
+            ``reward_fn`` / allocation when it has one.
+        metrics: The env's declared metrics (its ``metadata["metrics"]``, e.g. ``task_completion``) as they
+            stood after the last step, then ``num_turns``, ``format_valid`` (fraction of turns whose action
+            parsed) and ``messages`` (broker messages received).
         task: Task name in a multi-task job, else None.
         env_returns: Per agent, the env's own return (equal to ``returns`` unless a workflow re-credits them).
-        transcript: ``(step, agent, text)`` of every reply (workflow episodes only).
+        transcript: ``(step, agent, text)`` of every reply (scripted agents' included), in order.
     """
 
     episode_id: str
@@ -63,6 +75,10 @@ class EpisodeResult:
     transcript: list[tuple[int, str, str]] = field(default_factory=list)
 
 
+#: Called with each finished episode, as soon as it ends (see :class:`EpisodeRunner`).
+EpisodeEndHook = Callable[[EpisodeResult], None]
+
+
 @dataclass
 class _Live:
     env: Any
@@ -72,16 +88,18 @@ class _Live:
     infos: dict[str, dict[str, Any]]
     comms: dict[str, Any]
     result: EpisodeResult
+    metric_keys: tuple[str, ...] = ()
     turns: int = 0
     parsed: int = 0
     received: int = 0
     done: bool = False
+    finished: bool = False
     mailbox: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 def _turn_info(env_info: dict[str, Any], gen: Any) -> dict[str, Any]:
     """A turn's ``info``: the env's scalar info entries plus ``policy_version``, the version of the weights that
-    generated the response (the learner measures staleness with it; :mod:`services.trainer.pipeline`)."""
+    generated the response (also the turn's ``policy_version``; the learner measures staleness with it)."""
     out = {k: v for k, v in env_info.items() if isinstance(v, (int, float, str, bool))}
     out["policy_version"] = int(getattr(gen, "policy_version", 0))
     return out
@@ -95,16 +113,6 @@ def _close_quietly(obj: Any) -> None:
         _LOG.warning("closing %s failed: %s: %s", type(obj).__name__, type(exc).__name__, exc)
 
 
-def _messages_text(messages: Sequence[Any]) -> str:
-    lines = []
-    for m in messages:
-        body = m.content if hasattr(m, "content") else m
-        if isinstance(body, dict):
-            body = body.get("text", json.dumps(body))
-        lines.append(f"[{getattr(m, 'sender', '?')}]: {body}")
-    return "\n".join(lines)
-
-
 class EpisodeRunner:
     """Plays batches of episodes for a team of agents.
 
@@ -112,16 +120,23 @@ class EpisodeRunner:
         make_env: ``make_env(seed) -> ParallelEnv`` (local or remote, see :func:`marti.make`).
         generate: Generates one response per chat prompt for an agent.
         comm_factory: Builds a comm_broker client for ``(agent_id, session)``; ``None`` plays without a broker
-            (the env transcript is then the only conversation: pass env option ``history_messages > 0``).
+            (see ``local_mailbox``).
         agents: Agent names in env order (``possible_agents`` of the env are mapped by position).
         roles: Role per agent name.
         system_prompts: System prompt per agent name.
-        tokenizer_for: ``agent -> tokenizer`` used to keep token ids of prompts (from the generations).
         policy_version: ``agent -> int`` current policy version (recorded in each trajectory).
         run_id: Prefix of the episode ids / broker sessions.
         workflow: A :class:`marti.workflow.Workflow` deciding speakers, prompts, parsers, scripts and rewards;
-            None keeps the env-driven default.
+            None uses ``Workflow.env()`` (the env's ``is_acting`` agents speak, default prompts, env returns).
         make_task_env: ``make_task_env(seed, task) -> ParallelEnv`` for ``play(..., tasks=...)``.
+        on_episode_end: Called with each episode's final :class:`EpisodeResult` (metrics and the workflow's
+            rewards applied) as soon as it ends: inside the turn loop, right after the turn in which it ended
+            (episodes ending in the same turn in the order of ``seeds``), or after the last turn for episodes cut
+            by ``play``'s ``max_turns``; exactly once per episode of a ``play`` call. An exception it raises
+            stops ``play`` (every session is still closed).
+        local_mailbox: Without a broker, deliver each reply to the teammates' next prompts in-process. None
+            (default): only when ``workflow`` is given; the plain runner without a broker then leaves the
+            conversation to the env (pass env option ``history_messages > 0``), as it always did.
     """
 
     def __init__(
@@ -136,6 +151,8 @@ class EpisodeRunner:
         run_id: str = "run",
         workflow: Workflow | None = None,
         make_task_env: Callable[[int, str], Any] | None = None,
+        on_episode_end: EpisodeEndHook | None = None,
+        local_mailbox: bool | None = None,
     ) -> None:
         self.make_env = make_env
         self.generate = generate
@@ -145,8 +162,10 @@ class EpisodeRunner:
         self.system_prompts = system_prompts
         self.policy_version = policy_version
         self.run_id = run_id
-        self.workflow = workflow
+        self.workflow = workflow if workflow is not None else Workflow.env()
         self.make_task_env = make_task_env
+        self.on_episode_end = on_episode_end
+        self.local_mailbox = (workflow is not None) if local_mailbox is None else bool(local_mailbox)
 
     def _start(self, seed: int, task: str | None = None) -> _Live:
         if task is not None:
@@ -163,6 +182,7 @@ class EpisodeRunner:
                 raise ValueError(
                     f"env agents {list(env.possible_agents)} differ from config agents {self.agents}"
                 )
+            metric_keys = declared_metrics(env)
             for a in self.agents if self.comm_factory else ():
                 comms[a] = self.comm_factory(a, episode_id)
         except BaseException:
@@ -181,17 +201,7 @@ class EpisodeRunner:
                 turns=[],
                 metadata={"seed": seed} if task is None else {"seed": seed, "task": task},
             )
-        return _Live(env, seed, episode_id, obs, infos, comms, result)
-
-    def _prompt(self, live: _Live, agent: str) -> list[dict[str, str]]:
-        user = live.obs[agent]
-        comm = live.comms.get(agent)
-        if comm is not None:
-            messages = comm.get_messages()
-            live.received += len(messages)
-            if messages:
-                user = f"{user}\nMessages from your teammates:\n{_messages_text(messages)}"
-        return [{"role": "system", "content": self.system_prompts[agent]}, {"role": "user", "content": user}]
+        return _Live(env, seed, episode_id, obs, infos, comms, result, metric_keys)
 
     def play(
         self, seeds: Sequence[int], max_turns: int | None = None, tasks: Sequence[str] | None = None
@@ -204,10 +214,11 @@ class EpisodeRunner:
             tasks: Optional task name per episode (same length as ``seeds``).
 
         Returns:
-            One :class:`EpisodeResult` per seed, in order.
+            One :class:`EpisodeResult` per seed, in order (the same objects ``on_episode_end`` received).
 
         Raises:
             ValueError: ``tasks`` and ``seeds`` differ in length.
+            MartiError: A service or env error (the sessions opened are closed first).
         """
         if tasks is not None and len(tasks) != len(seeds):
             raise ValueError(f"{len(tasks)} tasks for {len(seeds)} seeds")
@@ -217,95 +228,16 @@ class EpisodeRunner:
                 lives.append(self._start(s, None if tasks is None else tasks[i]))
             step = 0
             while any(not lv.done for lv in lives) and (max_turns is None or step < max_turns):
-                if self.workflow is None:
-                    self._turn(lives, step)
-                else:
-                    self._workflow_turn(lives, step)
+                self._turn(lives, step)
                 step += 1
-            return [self._finish(lv) for lv in lives]
+            self._finish_ended(lives, every=True)
+            return [lv.result for lv in lives]
         finally:
             for lv in lives:
                 for closable in (*lv.comms.values(), lv.env):
                     _close_quietly(closable)
 
-    def _turn(self, lives: list[_Live], step: int) -> None:
-        acting: dict[str, list[tuple[_Live, list[dict[str, str]]]]] = {}
-        for lv in lives:
-            if lv.done:
-                continue
-            for a in lv.env.agents:
-                if lv.infos.get(a, {}).get("is_acting"):
-                    acting.setdefault(a, []).append((lv, self._prompt(lv, a)))
-        actions: dict[int, dict[str, str]] = {id(lv): {} for lv in lives}
-        gens: dict[int, dict[str, Any]] = {id(lv): {} for lv in lives}
-        for agent, items in acting.items():
-            outs = self.generate(agent, [p for _, p in items])
-            for (lv, _), gen in zip(items, outs, strict=True):
-                actions[id(lv)][agent] = gen.text
-                gens[id(lv)][agent] = gen
-        for lv in lives:
-            if lv.done:
-                continue
-            act = {a: actions[id(lv)].get(a, "") for a in lv.env.agents}
-            obs, rewards, terms, truncs, infos = lv.env.step(act)
-            for agent, gen in gens[id(lv)].items():
-                info = infos.get(agent, {}) or {}
-                lv.parsed += 0 if info.get("parse_error") else 1
-                lv.turns += 1
-                lv.result.trajectories[agent].turns.append(
-                    Turn(
-                        step=step,
-                        prompt_token_ids=list(gen.prompt_token_ids),
-                        response_token_ids=list(gen.response_token_ids),
-                        response_logprobs=[float(x) for x in gen.response_logprobs],
-                        reward=float(rewards.get(agent, 0.0)),
-                        terminated=bool(terms.get(agent, False)),
-                        truncated=bool(truncs.get(agent, False)),
-                        info=_turn_info(info, gen),
-                        response_text=gen.text,
-                    )
-                )
-                self._route(lv, agent, gen.text, step)
-            for a, r in rewards.items():
-                lv.result.returns[a] = lv.result.returns.get(a, 0.0) + float(r)
-            lv.obs, lv.infos = obs, infos
-            if not lv.env.agents or all(terms.get(a) or truncs.get(a) for a in terms):
-                lv.done = True
-
-    def _route(self, lv: _Live, sender: str, text: str, step: int) -> None:
-        comm = lv.comms.get(sender)
-        if comm is None:
-            return
-        for receiver in self.agents:
-            if receiver != sender:
-                comm.send_message(receiver, {"text": text, "turn": step, "role": self.roles[sender]})
-        comm.broadcast_state({"turn": step, "role": self.roles[sender], "last_action": text[:200]})
-        comm.flush()
-
-    def _finish(self, lv: _Live) -> EpisodeResult:
-        last = next(iter(lv.infos.values()), {}) if lv.infos else {}
-        for key in EPISODE_METRIC_KEYS:
-            if key in last:
-                lv.result.metrics[key] = float(last[key])
-        lv.result.metrics["num_turns"] = float(lv.turns)
-        lv.result.metrics["format_valid"] = lv.parsed / lv.turns if lv.turns else 0.0
-        lv.result.metrics["messages"] = float(lv.received)
-        lv.result.trajectories = {a: t for a, t in lv.result.trajectories.items() if t.turns}
-        lv.result.env_returns = dict(lv.result.returns)
-        if self.workflow is not None:
-            view = EpisodeView(
-                agents=list(self.agents),
-                transcript=list(lv.result.transcript),
-                env_returns=dict(lv.result.returns),
-                metrics=dict(lv.result.metrics),
-                final_infos={a: dict(i or {}) for a, i in (lv.infos or {}).items()},
-                seed=lv.seed,
-                task=lv.result.task,
-            )
-            lv.result.returns = self.workflow.rewards(view)
-        return lv.result
-
-    # ------------------------------------------------------------------------------------------ workflow
+    # ------------------------------------------------------------------------------------------ one turn
     def _inbox(self, lv: _Live, agent: str) -> list[tuple[str, str]]:
         """Messages for ``agent`` since its last turn: from the broker, or the local mailbox without one."""
         comm = lv.comms.get(agent)
@@ -320,8 +252,9 @@ class EpisodeRunner:
         lv.received += len(out)
         return out
 
-    def _workflow_prompt(self, lv: _Live, agent: str, step: int) -> list[dict[str, str]]:
-        assert self.workflow is not None
+    def _prompt(self, lv: _Live, agent: str, step: int) -> list[dict[str, str]]:
+        """The chat prompt of ``agent``: its system prompt (the role's template if the workflow gives one) and
+        the user message of the role's ``build_prompt`` (:func:`marti.workflow.default_build_prompt` if none)."""
         role = self.workflow.role(agent)
         ctx = PromptContext(
             agent=agent,
@@ -337,18 +270,17 @@ class EpisodeRunner:
         user = (role.build_prompt or default_build_prompt)(ctx)
         return [{"role": "system", "content": system}, {"role": "user", "content": str(user)}]
 
-    def _workflow_turn(self, lives: list[_Live], step: int) -> None:
-        """One turn under the workflow: speakers chosen by it, scripted agents answered by their callable,
-        replies parsed into actions, every speaker's text routed to the team."""
+    def _turn(self, lives: list[_Live], step: int) -> None:
+        """One turn of every live episode: the workflow's speakers reply (model agents generated in one batch
+        per agent, scripted agents by their callable), replies are parsed into actions, the envs are stepped
+        together, every reply is recorded and routed to the team, and the episodes that ended are finished."""
         wf = self.workflow
-        assert wf is not None
         model_items: dict[str, list[tuple[_Live, list[dict[str, str]]]]] = {}
         texts: dict[int, dict[str, str]] = {id(lv): {} for lv in lives}
         gens: dict[int, dict[str, Any]] = {id(lv): {} for lv in lives}
         order: dict[int, list[str]] = {}
-        for lv in lives:
-            if lv.done:
-                continue
+        live = [lv for lv in lives if not lv.done]
+        for lv in live:
             agents = list(lv.env.agents)
             state = WorkflowState(
                 step=step,
@@ -361,7 +293,7 @@ class EpisodeRunner:
             )
             order[id(lv)] = wf.speakers(state)
             for agent in order[id(lv)]:
-                chat = self._workflow_prompt(lv, agent, step)
+                chat = self._prompt(lv, agent, step)
                 policy = wf.role(agent).policy
                 if policy is not None:
                     texts[id(lv)][agent] = str(policy(chat))
@@ -372,16 +304,18 @@ class EpisodeRunner:
             for (lv, _), gen in zip(items, outs, strict=True):
                 texts[id(lv)][agent] = gen.text
                 gens[id(lv)][agent] = gen
-        for lv in lives:
-            if lv.done:
-                continue
-            spoken = {a: texts[id(lv)][a] for a in order[id(lv)]}  # in the workflow's order
+        acts = []
+        for lv in live:
             act = {a: "" for a in lv.env.agents}
-            for agent, text in spoken.items():
+            for agent in order[id(lv)]:
                 parser = wf.role(agent).parser
+                text = texts[id(lv)][agent]
                 act[agent] = str(parser(text)) if parser else text
-            obs, rewards, terms, truncs, infos = lv.env.step(act)
-            for agent, text in spoken.items():
+            acts.append(act)
+        stepped = step_many([lv.env for lv in live], acts)
+        for lv, (obs, rewards, terms, truncs, infos) in zip(live, stepped, strict=True):
+            for agent in order[id(lv)]:  # in the workflow's order
+                text = texts[id(lv)][agent]
                 info = infos.get(agent, {}) or {}
                 lv.parsed += 0 if info.get("parse_error") else 1
                 lv.turns += 1
@@ -398,12 +332,13 @@ class EpisodeRunner:
                             terminated=bool(terms.get(agent, False)),
                             truncated=bool(truncs.get(agent, False)),
                             info=_turn_info(info, gen),
+                            policy_version=int(getattr(gen, "policy_version", 0)),
                             response_text=text,
                         )
                     )
                 if lv.comms:
                     self._route(lv, agent, text, step)
-                else:
+                elif self.local_mailbox:
                     for receiver in self.agents:
                         if receiver != agent:
                             lv.mailbox.setdefault(receiver, []).append((agent, text))
@@ -412,3 +347,50 @@ class EpisodeRunner:
             lv.obs, lv.infos = obs, infos
             if not lv.env.agents or all(terms.get(a) or truncs.get(a) for a in terms):
                 lv.done = True
+        self._finish_ended(lives)
+
+    def _route(self, lv: _Live, sender: str, text: str, step: int) -> None:
+        comm = lv.comms.get(sender)
+        if comm is None:
+            return
+        for receiver in self.agents:
+            if receiver != sender:
+                comm.send_message(receiver, {"text": text, "turn": step, "role": self.roles[sender]})
+        comm.broadcast_state({"turn": step, "role": self.roles[sender], "last_action": text[:200]})
+        comm.flush()
+
+    # ------------------------------------------------------------------------------------------ the end
+    def _finish_ended(self, lives: list[_Live], every: bool = False) -> None:
+        """Finish the episodes that ended (``every``: all the others too) and hand each to ``on_episode_end``."""
+        for lv in lives:
+            if lv.finished or not (lv.done or every):
+                continue
+            self._finish(lv)
+            lv.finished = True
+            if self.on_episode_end is not None:
+                self.on_episode_end(lv.result)
+
+    def _finish(self, lv: _Live) -> EpisodeResult:
+        last = (next(iter(lv.infos.values()), {}) if lv.infos else {}) or {}
+        for key in lv.metric_keys:
+            if key in last:
+                try:
+                    lv.result.metrics[key] = float(last[key])
+                except (TypeError, ValueError):
+                    _LOG.warning("env metric %r is not a number (%r); not reported", key, last[key])
+        lv.result.metrics["num_turns"] = float(lv.turns)
+        lv.result.metrics["format_valid"] = lv.parsed / lv.turns if lv.turns else 0.0
+        lv.result.metrics["messages"] = float(lv.received)
+        lv.result.trajectories = {a: t for a, t in lv.result.trajectories.items() if t.turns}
+        lv.result.env_returns = dict(lv.result.returns)
+        view = EpisodeView(
+            agents=list(self.agents),
+            transcript=list(lv.result.transcript),
+            env_returns=dict(lv.result.returns),
+            metrics=dict(lv.result.metrics),
+            final_infos={a: dict(i or {}) for a, i in (lv.infos or {}).items()},
+            seed=lv.seed,
+            task=lv.result.task,
+        )
+        lv.result.returns = self.workflow.rewards(view)
+        return lv.result

@@ -41,7 +41,8 @@ class NegotiationEnv(ParallelEnv):
         ValueError: ``max_turns < 2``.
     """
 
-    metadata = {"name": "negotiation_v0", "is_parallelizable": True}
+    # "metrics": the info keys the trainer reports as episode metrics (team/task_completion, ...).
+    metadata = {"name": "negotiation_v0", "is_parallelizable": True, "metrics": ("task_completion",)}
 
     def __init__(self, max_turns: int = 6, seed: int | None = None) -> None:
         if max_turns < 2:

@@ -6,6 +6,7 @@ from typing import Any
 
 import gymnasium
 
+from marti.envs import declared_metrics
 from services.env_server.core.registry import EnvSpec, Registry, default_registry
 
 
@@ -22,8 +23,9 @@ def describe_spec(spec: EnvSpec) -> dict[str, Any]:
     Returns:
         ``{"env_id", "name", "version", "description", "config_schema": [{"name", "type", "default",
         "description", "choices", "minimum", "maximum"}], "agents", "roles": {agent: role},
-        "observation_spaces": {agent: str}, "action_spaces": {agent: str}}``; agents, roles and spaces are
-        those of the example (or default) config, empty when that config cannot be built here.
+        "observation_spaces": {agent: str}, "action_spaces": {agent: str}, "metrics": [str]}``; agents, roles,
+        spaces and metrics (the env's ``metadata["metrics"]``) are those of the example (or default) config,
+        empty when that config cannot be built here.
     """
     fields = [
         {
@@ -47,6 +49,7 @@ def describe_spec(spec: EnvSpec) -> dict[str, Any]:
         "roles": {},
         "observation_spaces": {},
         "action_spaces": {},
+        "metrics": [],
     }
     try:
         env = spec.factory(spec.schema.validate(spec.example_config), 0)
@@ -59,6 +62,7 @@ def describe_spec(spec: EnvSpec) -> dict[str, Any]:
         roles={a: roles.get(a, "") for a in agents},
         observation_spaces={a: describe_space(env.observation_space(a)) for a in agents},
         action_spaces={a: describe_space(env.action_space(a)) for a in agents},
+        metrics=list(declared_metrics(env)),
     )
     env.close()
     return out

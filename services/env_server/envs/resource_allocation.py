@@ -130,6 +130,8 @@ class ResourceAllocationEnv(TextTeamEnv):
         "name": "collaborative_task_solving/resource_allocation",
         "render_modes": ["ansi"],
         "is_parallelizable": True,
+        # Episode metrics (info keys read after the last step) that trainers aggregate: see marti.envs.
+        "metrics": ("task_completion", "resource_utilization", "constraint_violations", "team_score"),
     }
 
     def __init__(self, config: dict[str, Any], seed: int | None = None) -> None:

@@ -316,3 +316,24 @@ def test_dictionary_session_roundtrip():
             assert b.get_messages(timeout_s=1)[0].content == realistic(1, "a")
             assert a.get_communication_stats().compression_ratio > 2.0
         channel.close()
+
+
+def test_clients_share_one_channel_and_leave_it_open(address):
+    """Many clients on one long-lived channel (``open_channel`` + ``channel=``): closing them keeps it open."""
+    from marti.clients.broker import open_channel
+
+    channel = open_channel(address)
+    try:
+        for episode in range(3):
+            with (
+                MartiCommClient("a", address, session=f"ep-shared-{episode}", channel=channel) as a,
+                MartiCommClient("b", address, session=f"ep-shared-{episode}", channel=channel) as b,
+            ):
+                a.send_message("b", {"text": f"hello {episode}"})
+                a.flush()
+                assert [m.content for m in b.get_messages(timeout_s=2)] == [{"text": f"hello {episode}"}]
+        # the clients are closed, the channel is not: a new client still talks over it
+        with MartiCommClient("c", "ignored:1", session="ep-shared-0", channel=channel) as c:
+            assert c.get_messages() == []
+    finally:
+        channel.close()

@@ -358,7 +358,9 @@ def test_default_runner_path_unchanged_without_workflow():
         policy_version=lambda a: 0,
     )
     (res,) = runner.play([1])
-    assert res.transcript == [] and res.returns == res.env_returns and res.task is None
+    assert res.returns == res.env_returns and res.task is None
+    # one turn loop: the default (env-driven) workflow records the transcript like any other
+    assert res.transcript == [(0, "agent_1", "task_1: 1"), (1, "agent_2", "task_1: 1")]
     assert [t.step for t in res.trajectories["agent_2"].turns] == [1]
 
 

@@ -168,20 +168,22 @@ class ConfigField(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default_value: _Optional[_Union[Value, _Mapping]] = ..., description: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., minimum: _Optional[float] = ..., maximum: _Optional[float] = ...) -> None: ...
 
 class EnvDescription(_message.Message):
-    __slots__ = ("env_id", "name", "version", "description", "config_schema", "agents")
+    __slots__ = ("env_id", "name", "version", "description", "config_schema", "agents", "metrics")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     name: str
     version: int
     description: str
     config_schema: _containers.RepeatedCompositeFieldContainer[ConfigField]
     agents: _containers.RepeatedCompositeFieldContainer[AgentSpec]
-    def __init__(self, env_id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., description: _Optional[str] = ..., config_schema: _Optional[_Iterable[_Union[ConfigField, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ...) -> None: ...
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, env_id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., description: _Optional[str] = ..., config_schema: _Optional[_Iterable[_Union[ConfigField, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., metrics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentResult(_message.Message):
     __slots__ = ("agent", "observation", "reward", "terminated", "truncated", "info")
@@ -230,16 +232,18 @@ class CreateSessionRequest(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., config: _Optional[_Union[ValueMap, _Mapping]] = ..., seed: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
-    __slots__ = ("session_id", "env_id", "agents", "idle_timeout_ms")
+    __slots__ = ("session_id", "env_id", "agents", "idle_timeout_ms", "metrics")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     env_id: str
     agents: _containers.RepeatedCompositeFieldContainer[AgentSpec]
     idle_timeout_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., env_id: _Optional[str] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., idle_timeout_ms: _Optional[int] = ...) -> None: ...
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., env_id: _Optional[str] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., idle_timeout_ms: _Optional[int] = ..., metrics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ("session_id", "seed", "options", "request_id")
