@@ -189,9 +189,10 @@ class AgentConfig(_Section):
     critic_model: str | None = None
     """Critic's base model (``gae`` only); null uses ``pretrain_model``."""
     max_staleness: StrictNonNegInt | None = None
-    """This agent's staleness bound, at most ``rollout.max_staleness``: turns generated more than this many of
-    its policy versions ago are dropped from its update (counted in ``<agent>/stale_dropped``). Null: the
-    ``rollout`` bound."""
+    """This agent's staleness bound, at most ``rollout.max_staleness``: its store table's ``max_policy_lag``, so
+    trajectories with a turn generated more than this many of its policy versions ago are removed by the store
+    and never trained on, with their group (counted in ``<agent>/stale_dropped``). Null: the ``rollout``
+    bound."""
 
     @field_validator("name")
     @classmethod
@@ -281,12 +282,13 @@ GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "reinforce++_baseline", "rloo"}
 """Advantage estimators that compare episodes of one problem seed, so need ``rollout.group_size >= 2``."""
 
 
-LOOP_ALGORITHM_KEYS = frozenset({"normalize_reward", "ppo_epochs", "critic_learning_rate"})
-"""``algorithm`` keys read by the training loop rather than by the loss functions."""
-
-
 class AlgorithmConfig(_Section):
-    """The RL algorithm: advantage estimator, KL regularisation, PPO clipping, loss aggregation."""
+    """The RL algorithm: advantage estimator, KL regularisation, PPO clipping, loss aggregation.
+
+    Each key is an ``AlgoConfig`` field of the same name (``services.trainer.worker.algo_config`` copies them by
+    name, checked both ways by ``algo_field_sources``) or is listed, with its consumer, in
+    ``services.trainer.worker.ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG``.
+    """
 
     advantage_estimator: Estimator = "grpo"
     """``gae`` (PPO with a critic), ``grpo``, ``dr_grpo``, ``reinforce++``, ``reinforce++_baseline``, ``rloo``."""
@@ -329,11 +331,6 @@ class AlgorithmConfig(_Section):
     critic_learning_rate: PositiveFloat | None = None
     """Critic learning rate (``gae`` only); null uses the top-level ``learning_rate``."""
 
-    def loss_mapping(self) -> dict[str, Any]:
-        """The fields of the loss math (``services.trainer.algo.AlgoConfig.from_mapping`` takes this mapping):
-        every field except the loop-level ones in :data:`LOOP_ALGORITHM_KEYS`."""
-        return {k: v for k, v in self.model_dump().items() if k not in LOOP_ALGORITHM_KEYS}
-
 
 class RolloutConfig(_Section):
     """How episodes are generated: engine, batch shape, sampling and held-out evaluation."""
@@ -363,10 +360,18 @@ class RolloutConfig(_Section):
     max_staleness: StrictNonNegInt = 0
     """Asynchronous rollouts: most policy versions a generated turn may lag behind the weights it is trained
     with. 0 is the synchronous loop (play a step, then train on it). k >= 1 plays step ``t`` in a background
-    thread as soon as the learner has finished update ``t - k``, overlapping rollouts with updates
-    (``services/trainer/pipeline.py``); the rollout engine then keeps its own copy of the weights (or rollout
-    actors generate). Agents can set a tighter bound (``agents[i].max_staleness``). Not with ``policy.mode:
-    shared``, where one step is several versions of the one model."""
+    thread as soon as the learner has finished update ``t - k``, overlapping rollouts with updates; episodes
+    go to the agents' store tables as they end and the learner samples them from there
+    (``services/trainer/experience_feed.py``). The rollout engine then keeps its own copy of the weights (or
+    rollout actors generate). Agents can set a tighter bound (``agents[i].max_staleness``), kept by their
+    table's ``max_policy_lag``. Not with ``policy.mode: shared``, where one step is several versions of the
+    one model."""
+    tis_cap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    """Truncated importance sampling against the train/rollout mismatch (engine vs learner numerics, bf16,
+    vLLM) and the lag: null (default) takes the PPO ratio against the behaviour log-probabilities the sampler
+    recorded; C > 0 takes it against the learner's own log-probabilities before the update and weights each
+    token's loss by ``min(pi_learner / pi_behaviour, C)`` (AReaL's decoupled objective with verl's TIS; see
+    docs/algorithms.md, "Off-policy correction"). verl suggests C = 2."""
 
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:

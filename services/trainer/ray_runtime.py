@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -75,6 +76,10 @@ class RayRuntime:
         self._critics: dict[str, Any] = {}
         self._rollout: list[Any] = []
         self._actors: list[Any] = []
+        # A generate call split across rollout actors and a weight sync to them exclude each other, so every
+        # chunk of one call samples with one policy version (a GRPO group's members then share versions and
+        # are kept or dropped together by the staleness bound).
+        self._rollout_lock = threading.Lock()
         self.worker_pids: dict[str, int] = {}
         """Process id of every actor by :attr:`ActorSpec.name` (``policy_worker`` or ``policy_worker_<i>``,
         ``reference_<agent>``, ``critic_<agent>``), for monitoring."""
@@ -234,11 +239,17 @@ class RayRuntime:
         until all have them (a rollout actor applies a sync between two generate calls)."""
         if not self._rollout:
             return
-        calls = []
-        for agent in agents:
-            weights, version = self._owner[agent].weights_for_sync.options(num_returns=2).remote(agent)
-            calls += [w.update_weights.remote(agent, weights, version) for w in self._rollout]
-        self._get(calls)
+        fetched = [
+            (agent, *self._owner[agent].weights_for_sync.options(num_returns=2).remote(agent))
+            for agent in agents
+        ]
+        with self._rollout_lock:  # submitted and applied between two generate calls, on every rollout actor
+            calls = [
+                w.update_weights.remote(agent, weights, version)
+                for agent, weights, version in fetched
+                for w in self._rollout
+            ]
+            self._get(calls)
 
     @staticmethod
     def _get(ref: Any) -> Any:
@@ -255,17 +266,19 @@ class RayRuntime:
 
     def generate(self, agent: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
         """Generate on the agent's policy actor (see :meth:`PolicyWorker.generate`) or, with rollout actors,
-        split the chats into contiguous chunks across them and join the answers in order."""
+        split the chats into contiguous chunks across them and join the answers in order (never across a weight
+        sync: every chunk samples with the same policy version)."""
         if not self._rollout:
             return self._get(self._owner[agent].generate.remote(agent, chats, greedy))
         n = len(self._rollout)
         bounds = [len(chats) * i // n for i in range(n + 1)]
-        calls = [
-            w.generate.remote(agent, chats[lo:hi], greedy)
-            for w, lo, hi in zip(self._rollout, bounds, bounds[1:], strict=False)
-            if hi > lo
-        ]
-        return [g for part in self._get(calls) for g in part]
+        with self._rollout_lock:
+            calls = [
+                w.generate.remote(agent, chats[lo:hi], greedy)
+                for w, lo, hi in zip(self._rollout, bounds, bounds[1:], strict=False)
+                if hi > lo
+            ]
+            return [g for part in self._get(calls) for g in part]
 
     def train(self, agent: str, samples: list[Any]) -> dict[str, float]:
         """One RL step of ``agent`` (see :meth:`PolicyWorker.train`), on whichever layout the job has; with

@@ -17,41 +17,127 @@ the returns their critic is fitted to. The builders both layouts share (:func:`b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
-from marti.config import TrainConfig, config_from_dict
+from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
+from marti.errors import InternalError
 from services.trainer.algo import AlgoConfig
 from services.trainer.generation import build_rollout_engine, generate_turns
 from services.trainer.learner import Sample, collate, pad_id_of, update_agent
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
 
+ALGO_FIELD_SOURCES: dict[str, str] = {}
+""":class:`~services.trainer.algo.AlgoConfig` fields whose value is not the ``algorithm`` key of the same name:
+field -> dotted :class:`~marti.config.TrainConfig` key. Every other field is read from ``algorithm.<field>``.
+Empty today: the two share every name."""
+
+ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG: dict[str, str | None] = {
+    "ppo_epochs": (
+        "services.trainer.learner.update_agent and fit_values (passes over a batch: PolicyWorker.train, "
+        "model_workers.CriticWorker.fit) and build_strategy (length of the LR schedule)"
+    ),
+    "critic_learning_rate": "build_agent_critic: learning rate of the critic's optimizer",
+    "normalize_reward": None,
+}
+"""The ``algorithm`` keys that are not :class:`~services.trainer.algo.AlgoConfig` fields, each with its consumer.
+``None`` marks a documented key that nothing reads yet (a known gap, kept visible here and in the tests)."""
+
+
+def _config_has_key(path: str, algorithm_keys: set[str]) -> bool:
+    """Whether the dotted key ``path`` exists in the :class:`~marti.config.TrainConfig` schema."""
+    *sections, key = path.split(".")
+    if sections == ["algorithm"]:
+        return key in algorithm_keys
+    model: Any = TrainConfig
+    for part in sections:
+        info = model.model_fields.get(part)
+        model = None if info is None else info.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return False
+    return key in model.model_fields
+
+
+def algo_field_sources(
+    algo_fields: Iterable[str] | None = None, algorithm_keys: Iterable[str] | None = None
+) -> dict[str, str]:
+    """Where each :class:`~services.trainer.algo.AlgoConfig` field comes from in a training config.
+
+    The one mapping from the config to the learner's algorithm settings: a field ``f`` is read from
+    ``algorithm.f`` unless :data:`ALGO_FIELD_SOURCES` names another key. Both directions are checked, so a field
+    added to one side only is an error rather than a silent default: every field needs an existing config key,
+    and every ``algorithm`` key must feed a field or be listed in :data:`ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG`.
+
+    Args:
+        algo_fields: The field names to map; ``None``: the fields of ``AlgoConfig``.
+        algorithm_keys: The keys of the ``algorithm`` section; ``None``: those of
+            :class:`~marti.config.AlgorithmConfig`.
+
+    Returns:
+        Field name -> dotted config key (``"algorithm.gamma"``), in field order.
+
+    Raises:
+        InternalError: a field has no source key in the config, an ``algorithm`` key has no consumer, or
+            :data:`ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG` lists a key that is not in the section or feeds a field.
+    """
+    fields = [f.name for f in dataclasses.fields(AlgoConfig)] if algo_fields is None else list(algo_fields)
+    keys = set(AlgorithmConfig.model_fields if algorithm_keys is None else algorithm_keys)
+    sources = {f: ALGO_FIELD_SOURCES.get(f, f"algorithm.{f}") for f in fields}
+    missing = [f"{f} <- {path}" for f, path in sources.items() if not _config_has_key(path, keys)]
+    if missing:
+        raise InternalError(
+            f"AlgoConfig fields without a config key: {missing}; add the key to marti.config or map the field "
+            "in services.trainer.worker.ALGO_FIELD_SOURCES"
+        )
+    fed = {p.removeprefix("algorithm.") for p in sources.values() if p.startswith("algorithm.")}
+    elsewhere = set(ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG)
+    unused = sorted(keys - fed - elsewhere)
+    if unused:
+        raise InternalError(
+            f"algorithm keys that reach no consumer: {unused}; add them to AlgoConfig or list their consumer in "
+            "services.trainer.worker.ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG"
+        )
+    wrong = sorted((elsewhere - keys) | (elsewhere & fed))
+    if wrong:
+        raise InternalError(
+            f"services.trainer.worker.ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG lists {wrong}, which are not algorithm "
+            "keys or do feed AlgoConfig"
+        )
+    return sources
+
 
 def algo_config(cfg: TrainConfig) -> AlgoConfig:
-    """Build the pure-algorithm config from the ``algorithm`` section of a training config."""
-    a = cfg.algorithm
-    return AlgoConfig(
-        advantage_estimator=a.advantage_estimator,
-        gamma=a.gamma,
-        lambd=a.lambd,
-        kl_coef=a.kl_coef,
-        kl_estimator=a.kl_estimator,
-        use_kl_loss=a.use_kl_loss,
-        clip_eps_low=a.clip_eps_low,
-        clip_eps_high=a.clip_eps_high,
-        dual_clip=a.dual_clip,
-        value_clip=a.value_clip,
-        entropy_coef=a.entropy_coef,
-        loss_agg_mode=a.loss_agg_mode,
-        normalize_advantages=a.normalize_advantages,
-    )
+    """The learner's algorithm settings: every :class:`~services.trainer.algo.AlgoConfig` field from its config key.
+
+    Fields are taken by name from the ``algorithm`` section (or the key :data:`ALGO_FIELD_SOURCES` names), see
+    :func:`algo_field_sources`; the loop-level ``algorithm`` keys go to their consumers instead.
+
+    Args:
+        cfg: The training config.
+
+    Returns:
+        The validated, frozen algorithm config one agent's updates use.
+
+    Raises:
+        InternalError: the mapping between the config and ``AlgoConfig`` is incomplete (a programming error).
+        InvalidArgumentError: a value ``AlgoConfig`` refuses (the config schema normally refuses it first).
+    """
+    values: dict[str, Any] = {}
+    for field, path in algo_field_sources().items():
+        value: Any = cfg
+        for part in path.split("."):
+            value = getattr(value, part)
+        values[field] = value
+    return AlgoConfig(**values)
 
 
 def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyConfig:
@@ -334,6 +420,7 @@ class PolicyWorker:
             ref_logprobs=None if ref_logprobs is None else ref_logprobs.to(self.device),
             old_values=None if old_values is None else old_values.to(self.device),
             outputs=outputs,
+            tis_cap=self.cfg.rollout.tis_cap,
         )
         self.policy.train(False)
         version = self.policy.bump_version(agent_id)

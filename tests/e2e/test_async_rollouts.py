@@ -64,5 +64,12 @@ def test_rollout_actors_generate_for_an_asynchronous_job(tmp_path):
         for agent in ("agent_1", "agent_2"):
             assert m[f"{agent}/version_lag_max"] <= 1 and math.isfinite(m[f"{agent}/policy_loss"])
         assert m["system/rollout_worker_1/alive"] == 1.0  # the resource monitor watches the rollout actors
+    # The correction is real: turns sampled one version back differ from the learner's weights, and the PPO
+    # ratio against their carried log-probs is not identically 1 (it would be, were they recomputed).
+    lagged = [(m, a) for m in records for a in ("agent_1", "agent_2") if m[f"{a}/version_lag_max"] == 1]
+    assert lagged, "no update trained on turns of an older version"
+    assert max(m[f"{a}/behaviour_kl"] for m, a in lagged) > 1e-6
+    assert max(abs(m[f"{a}/ratio_max"] - 1.0) for m, a in lagged) > 1e-4
+    assert all(m[f"{a}/behaviour_rows"] == 1.0 for m, a in lagged)
     evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 3]

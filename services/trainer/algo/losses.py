@@ -145,6 +145,7 @@ def policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     action_mask: torch.Tensor,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss with an asymmetric clip range and optional dual clip.
 
@@ -159,6 +160,8 @@ def policy_loss(
         old_logprobs: ``(B, A)`` the same under the policy that generated the rollouts.
         advantages: ``(B, A)`` from :func:`~services.trainer.algo.advantages.compute_advantages`.
         action_mask: ``(B, A)`` bool / 0-1.
+        weights: ``(B, A)`` per-token importance weights multiplied into each token's clipped loss before
+            aggregation (truncated importance sampling; detached); None = 1.
 
     Returns:
         ``(loss, stats)``: the scalar loss and detached stats ``pg_loss``, ``clip_frac`` (fraction of action
@@ -171,6 +174,8 @@ def policy_loss(
     mask = _mask_for("logprobs", logprobs, action_mask)
     check_same_shape("old_logprobs", old_logprobs, "logprobs", logprobs)
     check_same_shape("advantages", advantages, "logprobs", logprobs)
+    if weights is not None:
+        check_same_shape("weights", weights, "logprobs", logprobs)
     log_ratio = _zero_masked(logprobs - old_logprobs.detach(), mask).clamp(
         -cfg.log_ratio_clamp, cfg.log_ratio_clamp
     )
@@ -184,6 +189,8 @@ def policy_loss(
         bound = -adv * cfg.dual_clip
         dual_active = (adv < 0) & (loss_mat > bound) & mask
         loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, bound), loss_mat)
+    if weights is not None:
+        loss_mat = loss_mat * weights.detach().to(loss_mat.dtype)
     loss = aggregate_loss(loss_mat, mask, cfg.loss_agg_mode, cfg.loss_norm_tokens)
     with torch.no_grad():
         stats = {
@@ -276,6 +283,7 @@ def actor_loss(
     action_mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The full actor objective: ``pg_loss + kl_coef * kl_loss - entropy_coef * agg(entropy)``.
 
@@ -287,6 +295,7 @@ def actor_loss(
         logprobs, old_logprobs, advantages, action_mask: as :func:`policy_loss`.
         ref_logprobs: ``(B, A)`` reference log-probabilities; required when the KL is a loss term.
         entropy: ``(B, A)`` per-token entropy (:func:`entropy_from_logits`); required when ``entropy_coef > 0``.
+        weights: ``(B, A)`` importance weights of the policy-gradient term (see :func:`policy_loss`).
 
     Returns:
         ``(loss, stats)``: stats of :func:`policy_loss` plus ``kl_loss`` and ``entropy`` when computed, and
@@ -295,7 +304,7 @@ def actor_loss(
     Raises:
         InvalidArgumentError: a required tensor is missing, or shapes do not match.
     """
-    loss, stats = policy_loss(cfg, logprobs, old_logprobs, advantages, action_mask)
+    loss, stats = policy_loss(cfg, logprobs, old_logprobs, advantages, action_mask, weights)
     mask = as_bool_mask("action_mask", action_mask)
     if cfg.use_kl_loss and cfg.kl_coef > 0:
         if ref_logprobs is None:

@@ -68,8 +68,11 @@ VALUE_LOSS = "value_loss"
 TOKENS_PER_S = "tokens_per_s"
 VERSION_LAG = "version_lag"
 """Mean policy versions between the learner and the turns it trained on (0 in the synchronous loop; at most
-``max_staleness`` with asynchronous rollouts; ``version_lag_max`` is the largest, ``stale_dropped`` counts turns
-dropped for exceeding the agent's bound)."""
+``max_staleness`` with asynchronous rollouts; ``version_lag_max`` is the largest, ``stale_dropped`` counts
+trajectories not trained on because they, or a member of their group, exceeded the agent's bound)."""
+BEHAVIOUR_KL = "behaviour_kl"
+"""k3 estimate of KL(behaviour || learner) over the trained tokens: how far the weights that sampled the turns
+are from the ones that train on them (docs/algorithms.md, "Off-policy correction")."""
 AGENT_METRICS = (
     REWARD,
     KL,
@@ -79,6 +82,7 @@ AGENT_METRICS = (
     VALUE_LOSS,
     TOKENS_PER_S,
     VERSION_LAG,
+    BEHAVIOUR_KL,
     FORMAT_VALID,
 )
 """Per-agent metric names the loop logs as ``<agent>/<name>``."""

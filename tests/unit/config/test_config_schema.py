@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from marti.config import (
-    AlgorithmConfig,
     RayConfig,
     RolloutConfig,
     TrainConfig,
@@ -288,12 +287,6 @@ def test_load_config_file_errors(tmp_path):
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(InvalidArgumentError, match="must be a YAML mapping"):
         load_config(listy)
-
-
-def test_algorithm_loss_mapping_excludes_loop_keys():
-    mapping = AlgorithmConfig(ppo_epochs=2).loss_mapping()
-    assert "ppo_epochs" not in mapping and "critic_learning_rate" not in mapping
-    assert mapping["advantage_estimator"] == "grpo"
 
 
 def test_every_field_has_a_docstring():

@@ -1,0 +1,172 @@
+"""The trainer's data path over a real experience_store (gRPC on a free port): episodes inserted as they end,
+each update's batch sampled from the agent's table, stale items removed by the table, groups kept whole,
+duplicates and retracted episodes dropped, and trajectories an external process inserts trained on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from marti.clients.experience import ExperienceSharingClient
+from marti.config import load_config
+from marti.errors import FailedPreconditionError
+from marti.rpc.testing import serve_in_thread
+from marti.trajectory import Trajectory, Turn
+from services.experience_store.__main__ import make_spec
+from services.experience_store.settings import StoreSettings
+from services.trainer.experience_feed import ExperienceFeed, table_name, whole_groups
+from services.trainer.loop import Addresses, TrainingLoop
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def address(tmp_path):
+    settings = StoreSettings(port=0, data_dir=str(tmp_path / "data"), default_timeout_ms=2000)
+    with serve_in_thread(lambda: [make_spec(settings)[0]], settings) as server:
+        yield server.address
+
+
+def _traj(episode: str, version: int = 0, group: str = "1", group_size: int | None = None) -> Trajectory:
+    turn = Turn(
+        step=0, prompt_token_ids=[1, 2], response_token_ids=[3, 4], response_logprobs=[-0.1, -0.2],
+        policy_version=version, reward=0.0,
+    )  # fmt: skip
+    meta = {} if group_size is None else {"group_size": group_size}
+    return Trajectory(
+        episode_id=episode, agent_id="agent_1", policy_version=version, turns=[turn], group_id=group,
+        episode_return=1.0, metadata=meta,
+    )  # fmt: skip
+
+
+def _feed(address: str, bound: int = 1) -> tuple[ExperienceFeed, ExperienceSharingClient]:
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    feed = ExperienceFeed(client, "job", ["agent_1"], {"agent_1": bound}, 100, lambda fn, what: fn())
+    feed.create_tables()
+    return feed, client
+
+
+def test_items_come_back_once_in_order_with_the_record_intact(address):
+    feed, client = _feed(address)
+    for i in range(4):
+        feed.insert_episode({"agent_1": _traj(f"ep-{i}")})
+    taken = feed.take("agent_1", 4, current_version=0)
+    assert [t.episode_id for t in taken.trajectories] == [f"ep-{i}" for i in range(4)]
+    t = taken.trajectories[0]
+    assert t.turns[0].response_logprobs == pytest.approx([-0.1, -0.2]) and t.turns[0].policy_version == 0
+    assert (t.group_id, t.episode_return) == ("1", 1.0)
+    assert client.info("job/agent_1").size == 0
+    with pytest.raises(FailedPreconditionError, match="holds 0 of the 1"):
+        feed.take("agent_1", 1, current_version=0)  # no producer: a missing item is an error
+
+
+def test_stale_items_are_removed_by_the_table_and_their_group_dropped_whole(address):
+    feed, client = _feed(address, bound=1)
+    batch = [
+        _traj("a0", version=0, group="A", group_size=2),  # stale at version 2
+        _traj("a1", version=1, group="A", group_size=2),  # fresh, but its group lost a member
+        _traj("b0", version=1, group="B", group_size=2),
+        _traj("b1", version=2, group="B", group_size=2),
+    ]
+    for t in batch:
+        feed.insert_episode({"agent_1": t})
+    taken = feed.take("agent_1", 4, current_version=2)
+    assert [t.episode_id for t in taken.trajectories] == ["b0", "b1"]
+    assert (taken.stale, taken.dropped) == (1, 1)
+    assert client.info("job/agent_1").stale_removed == 1
+
+
+def test_retracted_attempts_and_duplicates_are_skipped_without_using_a_slot(address):
+    feed, client = _feed(address)
+    feed.begin_attempt()
+    feed.insert_episode({"agent_1": _traj("failed")})
+    feed.retract_attempt()  # the rollout is replayed after an outage
+    feed.begin_attempt()
+    feed.insert_episode({"agent_1": _traj("ok-0")})
+    client.share_experience(_traj("ok-0"), table="job/agent_1")  # an insert retried after a lost confirmation
+    feed.insert_episode({"agent_1": _traj("ok-1")})
+    taken = feed.take("agent_1", 2, current_version=0)
+    assert [t.episode_id for t in taken.trajectories] == ["ok-0", "ok-1"]
+    assert taken.duplicates == 2
+
+
+def test_a_new_attempt_of_the_job_drops_what_an_interrupted_one_left(address):
+    feed, _ = _feed(address)
+    feed.insert_episode({"agent_1": _traj("left-over")})
+    again, _ = _feed(address)
+    assert again.tables == {"agent_1": table_name("job", "agent_1")}
+    again.insert_episode({"agent_1": _traj("new")})
+    assert [t.episode_id for t in again.take("agent_1", 1, 0).trajectories] == ["new"]
+
+
+def test_groups_are_checked_only_when_a_member_was_removed():
+    assert whole_groups([_traj("x", group="A", group_size=3)], some_removed=False)[1] == 0
+    assert whole_groups([_traj("x", group="A", group_size=3)], some_removed=True)[1] == 1
+    assert whole_groups([_traj("x", group="A")], some_removed=True)[1] == 0  # no size known: kept
+
+
+def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(address, tmp_path):
+    """The seam the inference gateway uses: any SDK client inserts records with behaviour log-probs and a
+    policy version into an agent's table; the job's learner samples them and updates the agent with them."""
+    from services.trainer.worker import PolicyWorker
+
+    cfg = load_config(
+        ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}", "rollout.max_new_tokens=5"]
+    )
+    worker = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    chats = [[{"role": "user", "content": f"task {i}"}] for i in range(cfg.rollout.episodes_per_step)]
+    gens = worker.generate("agent_1", chats)
+
+    external = ExperienceSharingClient("my-agent", address, timeout_s=10)
+    loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", address), show_progress=False)
+    store = ExperienceSharingClient("trainer", address, timeout_s=10)
+    loop.feed = ExperienceFeed(
+        store, cfg.training_name, list(cfg.tuning_agents), {a: 0 for a in cfg.tuning_agents}, 100,
+        lambda fn, what: fn(),
+    )  # fmt: skip
+    loop.feed.create_tables()
+    for i, g in enumerate(gens):
+        traj = Trajectory(
+            episode_id=f"external-{i}", agent_id="agent_1", policy_version=0, group_id=str(i // 2),
+            episode_return=float(i % 2),
+            turns=[Turn(step=0, prompt_token_ids=list(g.prompt_token_ids), response_token_ids=list(g.response_token_ids),
+                        response_logprobs=list(g.response_logprobs), policy_version=0)],
+        )  # fmt: skip
+        external.share_experience(traj, table=f"{cfg.training_name}/agent_1")
+    for i in range(cfg.rollout.episodes_per_step):  # agent_2's table gets the job's own kind of items
+        loop.feed.insert_episode(
+            {"agent_2": _traj(f"own-{i}").__class__(episode_id=f"own-{i}", agent_id="agent_2")}
+        )
+
+    batches, metrics = loop._take_batches(0, {"agent_1": 0, "agent_2": 0})
+    samples = batches["agent_1"]
+    assert len(samples) == len(gens) and metrics["agent_1/items"] == len(gens)
+    assert [s.behaviour_logprobs for s in samples] == [pytest.approx(list(g.response_logprobs)) for g in gens]
+    assert batches["agent_2"] == []  # empty trajectories: the agent did not act
+
+    before = {k: v.clone() for k, v in worker.policy.state_for_sync("agent_1").items()}
+    stats = worker.train("agent_1", samples)
+    assert stats["behaviour_rows"] == 1.0 and stats["behaviour_kl"] < 1e-9
+    after = worker.policy.state_for_sync("agent_1")
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the external items were not trained on"
+    for c in (external, store):
+        c.close()
+
+
+def test_the_learner_waits_for_items_while_the_producer_runs(address):
+    import threading
+
+    feed, _ = _feed(address)
+    done = threading.Event()
+
+    def produce() -> None:
+        for i in range(2):
+            threading.Event().wait(1.0)
+            feed.insert_episode({"agent_1": _traj(f"late-{i}")})
+        done.set()
+
+    threading.Thread(target=produce, daemon=True).start()
+    taken = feed.take("agent_1", 2, current_version=0, check_producer=lambda: not done.is_set())
+    assert [t.episode_id for t in taken.trajectories] == ["late-0", "late-1"]

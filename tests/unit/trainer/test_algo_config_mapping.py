@@ -1,0 +1,195 @@
+"""One config path: every ``algorithm`` key reaches the learner's ``AlgoConfig`` or its named consumer.
+
+The config is built from :class:`marti.config.AlgorithmConfig`'s own fields, so a key added later is covered
+without touching this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+import services.trainer.worker as worker_mod
+from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
+from marti.errors import InternalError
+from services.trainer.algo import AlgoConfig
+from services.trainer.learner import Sample
+from services.trainer.worker import (
+    ALGO_FIELD_SOURCES,
+    ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG,
+    PolicyWorker,
+    algo_config,
+    algo_field_sources,
+    steps_per_batch,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+KNOWN_UNCONSUMED = {"normalize_reward"}
+"""``algorithm`` keys documented but read by nothing yet (``None`` in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG)."""
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """The inner type of a field annotation (Annotated and Optional stripped) and whether None is allowed."""
+    optional = False
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            optional = optional or len(args) < len(typing.get_args(annotation))
+            assert len(args) == 1, f"no value picker for the union {annotation}"
+            annotation = args[0]
+        else:
+            return annotation, optional
+
+
+def _candidates(name: str, index: int) -> list[Any]:
+    """Values to try for ``algorithm.<name>``, most distinctive first (distinct per field for numbers)."""
+    info = AlgorithmConfig.model_fields[name]
+    tp, optional = _unwrap(info.annotation)
+    default = info.get_default(call_default_factory=True)
+    if typing.get_origin(tp) is Literal:
+        out: list[Any] = list(typing.get_args(tp))
+    elif tp is bool:
+        out = [not default] if default is not None else [True, False]
+    elif tp is int:
+        out = [2 + index, 3 + index, 7 + index, 1, 0]
+    elif tp is float:
+        out = [0.3 + 0.01 * index, 1.5 + 0.1 * index, 3.0 + index, 0.01 * (index + 1)]
+    else:
+        raise AssertionError(f"no value picker for algorithm.{name} of type {tp!r}: extend _candidates")
+    if optional:
+        out.append(None)
+    return [v for v in out if v != default]
+
+
+def non_default_algorithm() -> dict[str, Any]:
+    """A valid value for every ``algorithm`` key, each different from its default."""
+    values: dict[str, Any] = {}
+    for index, name in enumerate(AlgorithmConfig.model_fields):
+        for value in _candidates(name, index):
+            try:
+                AlgorithmConfig(**{name: value})
+            except ValidationError:
+                continue
+            values[name] = value
+            break
+        else:
+            raise AssertionError(f"found no valid non-default value for algorithm.{name}: extend _candidates")
+    return values
+
+
+def _config(algorithm: dict[str, Any]) -> TrainConfig:
+    data = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    data["algorithm"] = algorithm
+    data["max_steps"] = 1
+    return config_from_dict(data, source="tiny.yaml+every-algorithm-key")
+
+
+def test_the_picked_values_cover_every_key_and_differ_from_the_defaults():
+    values = non_default_algorithm()
+    assert set(values) == set(AlgorithmConfig.model_fields)
+    section = _config(values).algorithm
+    for name, info in AlgorithmConfig.model_fields.items():
+        assert getattr(section, name) == values[name] != info.get_default(call_default_factory=True), name
+
+
+def test_every_algo_config_field_has_a_config_key_and_every_key_a_consumer():
+    sources = algo_field_sources()
+    assert list(sources) == [f.name for f in dataclasses.fields(AlgoConfig)]
+    fed = {p.removeprefix("algorithm.") for p in sources.values() if p.startswith("algorithm.")}
+    assert fed | set(ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG) == set(AlgorithmConfig.model_fields)
+    assert not fed & set(ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG)
+    # Renames only where the names differ.
+    assert all(path != f"algorithm.{field}" for field, path in ALGO_FIELD_SOURCES.items())
+
+
+def test_a_field_or_key_on_one_side_only_is_an_error():
+    fields = [f.name for f in dataclasses.fields(AlgoConfig)]
+    keys = list(AlgorithmConfig.model_fields)
+    with pytest.raises(InternalError, match=r"without a config key: \['brand_new <- algorithm.brand_new'\]"):
+        algo_field_sources(algo_fields=[*fields, "brand_new"])
+    with pytest.raises(InternalError, match=r"reach no consumer: \['brand_new'\]"):
+        algo_field_sources(algorithm_keys=[*keys, "brand_new"])
+    with pytest.raises(InternalError, match=r"without a config key: \['adv_eps <- algorithm.adv_eps'\]"):
+        algo_field_sources(algorithm_keys=[k for k in keys if k != "adv_eps"])
+    with pytest.raises(InternalError, match=r"lists \['ppo_epochs'\]"):
+        algo_field_sources(algorithm_keys=[k for k in keys if k != "ppo_epochs"])
+
+
+def test_a_renamed_source_outside_the_algorithm_section_must_exist(monkeypatch):
+    monkeypatch.setitem(ALGO_FIELD_SOURCES, "gamma", "rollout.no_such_key")
+    with pytest.raises(InternalError, match="gamma <- rollout.no_such_key"):
+        algo_field_sources()
+    monkeypatch.setitem(ALGO_FIELD_SOURCES, "gamma", "rollout.temperature")
+    with pytest.raises(InternalError, match=r"reach no consumer: \['gamma'\]"):
+        algo_field_sources()
+
+
+def test_the_only_key_without_a_consumer_is_the_known_gap():
+    unconsumed = {k for k, consumer in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG.items() if consumer is None}
+    assert unconsumed == KNOWN_UNCONSUMED, (
+        "an algorithm key without a consumer: implement it, or (deliberately) record it here and report it"
+    )
+
+
+def test_algo_config_carries_every_key():
+    values = non_default_algorithm()
+    algo = algo_config(_config(values))
+    for field, path in algo_field_sources().items():
+        key = path.removeprefix("algorithm.")
+        assert getattr(algo, field) == values[key], f"AlgoConfig.{field} did not get {path}"
+
+
+@pytest.fixture(scope="module")
+def worker_run():
+    """A PolicyWorker on a config with every algorithm key non-default, trained once with a recording learner."""
+    values = non_default_algorithm()
+    cfg = _config(values)
+    seen: dict[str, Any] = {}
+
+    def record(policy, strategy, agent_id, batch, cfg_, **kwargs):
+        seen.update(cfg=cfg_, **kwargs)
+        return {}
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(worker_mod, "update_agent", record)
+        worker = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+        agent = worker.policy.trainable_agents[0]
+        worker.train(agent, [Sample([1, 2, 3], [4, 5], 1.0, 0), Sample([1, 2, 3], [6], 0.0, 0)])
+    return values, cfg, worker, agent, seen
+
+
+def test_the_learner_gets_every_algorithm_key_from_the_policy_worker(worker_run):
+    values, _, worker, _, seen = worker_run
+    assert seen["cfg"] is worker.algo
+    for field, path in algo_field_sources().items():
+        key = path.removeprefix("algorithm.")
+        assert getattr(seen["cfg"], field) == values[key], f"the learner's AlgoConfig.{field} is not {path}"
+
+
+def test_the_keys_outside_algo_config_reach_their_named_consumers(worker_run):
+    values, cfg, worker, agent, seen = worker_run
+    checked = set()
+    # ppo_epochs: passes over the batch in update_agent, and the LR schedule's length.
+    assert seen["ppo_epochs"] == values["ppo_epochs"]
+    strategy = worker.strategies[worker.policy.unit_of(agent)]
+    assert strategy.cfg.total_steps == cfg.max_steps * values["ppo_epochs"] * steps_per_batch(cfg)
+    checked.add("ppo_epochs")
+    # critic_learning_rate: the critic's optimizer (gae is the picked estimator, so the worker holds critics).
+    assert values["advantage_estimator"] == "gae" and worker.critic_engines
+    for engine in worker.critic_engines.values():
+        assert engine.cfg.lr == pytest.approx(values["critic_learning_rate"])
+    assert seen["critic_engine"] is worker.critic_engines[agent]
+    checked.add("critic_learning_rate")
+    consumed = {k for k, consumer in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG.items() if consumer is not None}
+    assert checked == consumed, "check the consumer of every key in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG here"
