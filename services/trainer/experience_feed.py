@@ -179,7 +179,8 @@ class ExperienceFeed:
 
         Args:
             agent: A trainable agent.
-            count: Items to consume (returned, removed as stale, or dropped as duplicates do not count).
+            count: Items to consume: returned or removed as stale (duplicates and retracted episodes do not
+                count).
             current_version: The learner's policy version of the agent, for the table's ``max_policy_lag``.
             check_producer: Returns True while the producer may still insert; raises its failure.
 
@@ -194,15 +195,10 @@ class ExperienceFeed:
         consumed = 0
         last_try = check_producer is None
         while consumed < count:
-            try:
-                got = self._reconnecting(
-                    lambda n=count - consumed: self.store.sample_batch(
-                        table, n, timeout_s=SAMPLE_POLL_S, allow_partial=True,
-                        current_policy_version=current_version,
-                    ),
-                    f"sampling {table!r}",
-                )  # fmt: skip
-            except DeadlineExceededError:
+            got = self._reconnecting(
+                lambda n=count - consumed: self._sample(table, n, current_version), f"sampling {table!r}"
+            )
+            if got is None:  # nothing came within SAMPLE_POLL_S (not an outage: those are re-run above)
                 if check_producer is not None and check_producer():
                     continue
                 if not last_try:  # the producer ended: what it inserted is in; look once more
@@ -211,7 +207,7 @@ class ExperienceFeed:
                 raise FailedPreconditionError(
                     f"table {table!r} holds {consumed} of the {count} items this update needs and no rollout "
                     "will insert more"
-                ) from None
+                )
             consumed += len(got.stale_keys)
             out.stale += len(got.stale_keys)
             for item in got.items:
@@ -224,6 +220,20 @@ class ExperienceFeed:
                 out.trajectories.append(item.trajectory)
         out.trajectories, out.dropped = whole_groups(out.trajectories, out.stale > 0)
         return out
+
+    def _sample(self, table: str, count: int, current_version: int) -> Any:
+        """Up to ``count`` items (a :class:`marti.clients.experience.SampleBatch`), or None when none came within
+        :data:`SAMPLE_POLL_S` (an empty queue is a wait, not a service outage to reconnect from)."""
+        try:
+            return self.store.sample_batch(
+                table,
+                count,
+                timeout_s=SAMPLE_POLL_S,
+                allow_partial=True,
+                current_policy_version=current_version,
+            )
+        except DeadlineExceededError:
+            return None
 
     def _remember(self, agent: str, episode_id: str) -> None:
         seen = self._seen[agent]

@@ -101,9 +101,10 @@ def test_main_job_uses_every_service_and_resumes(stack, tmp_path):
     comm.close()
     assert stats.sent > 0 and stats.delivered > 0 and stats.acked > 0, stats
     store = ExperienceSharingClient("observer", stack["store"])
-    info = store.info("agent_1")
+    info = store.info("tiny/agent_1")  # the job's table: <training_name>/<agent>
     store.close()
     assert info.inserts == 8 and info.samples == 8  # 4 episodes x 2 steps, each sampled once
+    assert info.size == 0 and info.config.max_policy_lag == 0  # the store was the queue: all consumed
 
     second = _train(stack, run_dir, "--resume", "--set", "max_steps=3")
     assert second.returncode == 0, second.stderr[-3000:]

@@ -158,12 +158,20 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
 def test_the_learner_waits_for_items_while_the_producer_runs(address):
     import threading
 
-    feed, _ = _feed(address)
+    from services.trainer.reconnect import Backoff, call_with_reconnect
+
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    # A real reconnect wrapper with a short outage limit: waiting for the producer is not an outage.
+    feed = ExperienceFeed(
+        client, "job", ["agent_1"], {"agent_1": 1}, 100,
+        lambda fn, what: call_with_reconnect(fn, what, Backoff(timeout_s=0.5)),
+    )  # fmt: skip
+    feed.create_tables()
     done = threading.Event()
 
     def produce() -> None:
         for i in range(2):
-            threading.Event().wait(1.0)
+            threading.Event().wait(2.5)
             feed.insert_episode({"agent_1": _traj(f"late-{i}")})
         done.set()
 
