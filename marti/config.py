@@ -325,7 +325,9 @@ class AlgorithmConfig(_Section):
     log_ratio_clamp: PositiveFloat = 20.0
     """Log-ratios are clamped to +-this before ``exp`` so ratios and k3 stay finite."""
     normalize_reward: bool = False
-    """Normalise rewards by running statistics before computing advantages."""
+    """Normalise rewards by running statistics before computing advantages: each agent's batch updates its
+    running mean and standard deviation, then its rewards become ``(r - mean) / (std + 1e-8)`` (OpenRLHF's
+    ``--normalize_reward``); the moments are saved with checkpoints."""
     ppo_epochs: PositiveInt = 1
     """Optimisation passes over each rollout batch."""
     critic_learning_rate: PositiveFloat | None = None

@@ -152,16 +152,16 @@ class ExperienceFeed:
         Args:
             trajectories: Per trainable agent, its trajectory of the episode (possibly with no turns).
         """
+        with self._lock:  # recorded first: an attempt that fails part-way retracts what it did insert
+            self._attempt.extend({t.episode_id for t in trajectories.values()})
         for agent, traj in trajectories.items():
             table = self.tables[agent]
             self._reconnecting(
                 lambda t=traj, tb=table: self.store.share_experience(t, table=tb),
                 f"inserting episode {traj.episode_id} into {table!r}",
             )
-        ids = {t.episode_id for t in trajectories.values()}
-        with self._lock:
-            self._attempt.extend(ids)
-            self.inserted += len(trajectories)
+            with self._lock:
+                self.inserted += 1
 
     # ------------------------------------------------------------------------------------------ learner
     def take(

@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
 from marti.errors import InternalError
 from services.trainer.algo import AlgoConfig
+from services.trainer.algo.running_moments import RunningMoments
 from services.trainer.generation import build_rollout_engine, generate_turns
 from services.trainer.learner import Sample, collate, pad_id_of, update_agent
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
@@ -47,7 +48,10 @@ ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG: dict[str, str | None] = {
         "model_workers.CriticWorker.fit) and build_strategy (length of the LR schedule)"
     ),
     "critic_learning_rate": "build_agent_critic: learning rate of the critic's optimizer",
-    "normalize_reward": None,
+    "normalize_reward": (
+        "PolicyWorker.train: the batch's rewards are normalised by the agent's running moments "
+        "(algo.running_moments.RunningMoments) before the advantages"
+    ),
 }
 """The ``algorithm`` keys that are not :class:`~services.trainer.algo.AlgoConfig` fields, each with its consumer.
 ``None`` marks a documented key that nothing reads yet (a known gap, kept visible here and in the tests)."""
@@ -340,6 +344,10 @@ class PolicyWorker:
                 )
                 self.critics[agent], self.critic_engines[agent] = critic, engine
         self.data_position: dict[str, Any] = {"step": 0}
+        # algorithm.normalize_reward: each agent's running reward moments (saved with the checkpoint).
+        self.reward_moments: dict[str, RunningMoments] = {
+            a: RunningMoments() for a in self.policy.trainable_agents
+        }
 
     def _build_strategy(self, agent: str) -> Any:
         """The train engine of the weight set ``agent`` trains (its model, adapter or the shared model)."""
@@ -404,6 +412,9 @@ class PolicyWorker:
         """
         start = time.perf_counter()
         batch = collate(samples, pad_id_of(self.policy.tokenizer(agent_id)))
+        if self.cfg.algorithm.normalize_reward:
+            moments = self.reward_moments[agent_id]
+            batch.rewards = moments.normalize(batch.rewards)
         outputs: dict[str, torch.Tensor] = {}
         self.policy.train(True)
         stats = update_agent(
@@ -426,6 +437,9 @@ class PolicyWorker:
         version = self.policy.bump_version(agent_id)
         self._sync_engine(agent_id, version)
         stats["policy_version"] = float(version)
+        if self.cfg.algorithm.normalize_reward:
+            stats["reward_running_mean"] = self.reward_moments[agent_id].mean
+            stats["reward_running_std"] = self.reward_moments[agent_id].std
         stats["train_time_s"] = time.perf_counter() - start
         if return_returns:
             return stats, outputs["returns"].detach().cpu()
@@ -448,6 +462,7 @@ class PolicyWorker:
                 "versions": self.versions(),
                 "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate(),
+                "reward_moments": {a: m.state() for a, m in self.reward_moments.items()},
             },
             root / "worker_state.pt",
         )
@@ -465,6 +480,8 @@ class PolicyWorker:
         state = torch.load(root / "worker_state.pt", weights_only=True)
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
+        for agent, moments in state.get("reward_moments", {}).items():
+            self.reward_moments[agent] = RunningMoments.from_state(moments)
         for agent, version in state["versions"].items():
             self._sync_engine(agent, version)
         return state["data_position"]

@@ -124,7 +124,8 @@ class TableConfig(BaseModel):
         signature: See :class:`SignatureSpec`.
         max_policy_lag: Most policy versions an item may lag behind a sampler that states its current version
             (``Table.sample(current_policy_version=v)``): a selected item whose ``policy_version`` is below
-            ``v - max_policy_lag`` is removed instead of returned, counted as ``stale_removed``. None = no bound.
+            ``v - max_policy_lag`` is removed instead of returned, counted as ``stale_removed`` (an item without turns
+            is never stale). None = no bound.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")

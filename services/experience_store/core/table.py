@@ -370,6 +370,7 @@ class Table:
         ``policy_version`` is below ``current_policy_version - max_policy_lag`` is removed instead of returned
         (``stale=True``, no payload, counted in ``stale_removed``); it takes one of the ``num_samples`` slots
         and one rate-limiter sample, so a FIFO queue is consumed in order whether its items are fresh or stale.
+        An item without turns is never stale (no weights generated anything in it).
 
         Args:
             num_samples: Most items to return (>= 1).
@@ -401,7 +402,7 @@ class Table:
                     self._wait(deadline, "sample")
                 finally:
                     self.waiting_samples -= 1
-            stale = {rec.key for rec, _, _ in picked if oldest is not None and rec.policy_version < oldest}
+            stale = {rec.key for rec, _, _ in picked if _is_stale(rec, oldest)}
             payloads = self._storage.get_payloads(rec.key for rec, _, _ in picked if rec.key not in stale)
             removed = [rec.key for rec, _, _ in picked if rec.key not in self._items]
             updates = [
@@ -439,7 +440,7 @@ class Table:
             rec.times_sampled += 1
             self.rate_limiter.state.samples += 1
             picked.append((_snapshot(rec), prob, n))
-            if oldest is not None and rec.policy_version < oldest:
+            if _is_stale(rec, oldest):
                 self.stale_removed += 1
                 self._unindex(key)
             elif self.config.max_times_sampled and rec.times_sampled >= self.config.max_times_sampled:
@@ -512,6 +513,12 @@ class Table:
         """Wake every waiting caller (used on shutdown)."""
         with self._cond:
             self._cond.notify_all()
+
+
+def _is_stale(rec: ItemRecord, oldest: int | None) -> bool:
+    """Whether an item is older than the sampler's bound: it has turns, and its ``policy_version`` (the oldest
+    of its turns) is below ``oldest``; None = no bound."""
+    return oldest is not None and rec.num_turns > 0 and rec.policy_version < oldest
 
 
 def _snapshot(rec: ItemRecord) -> ItemRecord:

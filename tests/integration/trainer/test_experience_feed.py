@@ -178,3 +178,35 @@ def test_the_learner_waits_for_items_while_the_producer_runs(address):
     threading.Thread(target=produce, daemon=True).start()
     taken = feed.take("agent_1", 2, current_version=0, check_producer=lambda: not done.is_set())
     assert [t.episode_id for t in taken.trajectories] == ["late-0", "late-1"]
+
+
+def test_an_episode_cut_part_way_through_its_inserts_is_retracted_whole(address):
+    from marti.errors import UnavailableError
+
+    class Flaky:
+        """The store client, except that inserts into agent_2's table fail (an outage outlasting the retries)."""
+
+        def __init__(self, client):
+            self.client = client
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+        def share_experience(self, traj, table):
+            if table.endswith("agent_2"):
+                raise UnavailableError("store gone")
+            return self.client.share_experience(traj, table=table)
+
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    feed = ExperienceFeed(
+        Flaky(client), "job", ["agent_1", "agent_2"], {"agent_1": 0, "agent_2": 0}, 100, lambda fn, what: fn()
+    )
+    feed.create_tables()
+    feed.begin_attempt()
+    with pytest.raises(UnavailableError):
+        feed.insert_episode({"agent_1": _traj("cut"), "agent_2": _traj("cut")})
+    feed.retract_attempt()
+    feed.store = client  # the store is back; the rollout is replayed
+    feed.begin_attempt()
+    feed.insert_episode({"agent_1": _traj("replayed"), "agent_2": _traj("replayed")})
+    assert [t.episode_id for t in feed.take("agent_1", 1, 0).trajectories] == ["replayed"]

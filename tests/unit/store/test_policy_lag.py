@@ -81,3 +81,10 @@ def test_the_counter_survives_a_restart(tmp_path):
     assert info["counters"]["stale_removed"] == 1 and info["size"] == 0
     assert again.table("q").config.max_policy_lag == 0
     again.close()
+
+
+def test_an_item_without_turns_is_never_stale():
+    t = _queue(lag=0)
+    t.insert([item(version=0, steps=())], 0)  # an agent that did not act in the episode
+    (got,) = t.sample(1, 0, current_policy_version=9)
+    assert not got.stale and got.payload

@@ -32,7 +32,7 @@ from services.trainer.worker import (
 
 ROOT = Path(__file__).resolve().parents[3]
 
-KNOWN_UNCONSUMED = {"normalize_reward"}
+KNOWN_UNCONSUMED: set[str] = set()
 """``algorithm`` keys documented but read by nothing yet (``None`` in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG)."""
 
 
@@ -158,7 +158,7 @@ def worker_run():
     seen: dict[str, Any] = {}
 
     def record(policy, strategy, agent_id, batch, cfg_, **kwargs):
-        seen.update(cfg=cfg_, **kwargs)
+        seen.update(cfg=cfg_, batch=batch, **kwargs)
         return {}
 
     with pytest.MonkeyPatch.context() as mp:
@@ -191,5 +191,19 @@ def test_the_keys_outside_algo_config_reach_their_named_consumers(worker_run):
         assert engine.cfg.lr == pytest.approx(values["critic_learning_rate"])
     assert seen["critic_engine"] is worker.critic_engines[agent]
     checked.add("critic_learning_rate")
+    # normalize_reward: the batch the learner gets has its rewards normalised by the agent's running moments.
+    assert values["normalize_reward"] is True
+    assert seen["batch"].rewards == pytest.approx([1.0, -1.0], abs=1e-6)  # rewards 1 and 0: mean 0.5, std 0.5
+    assert worker.reward_moments[agent].count == 2
+    checked.add("normalize_reward")
     consumed = {k for k, consumer in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG.items() if consumer is not None}
     assert checked == consumed, "check the consumer of every key in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG here"
+
+
+def test_the_running_reward_moments_are_saved_with_the_checkpoint(worker_run, tmp_path):
+    _, cfg, worker, agent, _ = worker_run
+    worker.save(str(tmp_path / "ckpt"), {"step": 1})
+    fresh = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    assert fresh.reward_moments[agent].count == 0
+    fresh.load(str(tmp_path / "ckpt"))
+    assert fresh.reward_moments[agent] == worker.reward_moments[agent]
