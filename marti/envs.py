@@ -51,7 +51,8 @@ def make(
         address: ``None`` for an in-process env; ``"host:port"`` of an env server for a remote session.
         seed: Seed of the first ``reset()`` called without a seed (same id, config, seed and actions give the
             same trajectory).
-        token: Bearer token for the server (remote only).
+        token: Bearer token for the server (remote only); ``None`` reads ``MARTI_ENV_TOKEN``, then
+            ``MARTI_TOKEN``; ``""`` sends none.
         tls_ca_file: CA certificate file for TLS (remote only).
         timeout_s: Per-call deadline in seconds (remote only; default ``marti.rpc.channel.DEFAULT_TIMEOUT_S``).
         transport: Remote only: ``"stream"`` (a bidi stream; the session closes when the env or process goes
@@ -69,7 +70,8 @@ def make(
 
     Raises:
         marti.errors.NotFoundError: Unknown env id.
-        marti.errors.InvalidArgumentError: Unknown config key (named) or bad value.
+        marti.errors.InvalidArgumentError: Unknown config key (named) or bad value; a token that is not
+            printable ASCII (before any rpc).
         marti.errors.UnavailableError: The server cannot be reached (remote only).
     """
     if address is None and channel is None:

@@ -67,7 +67,7 @@ def open_channel(
 
     Args:
         address: Broker ``host:port``.
-        token: Bearer token sent on every call.
+        token: Bearer token sent on every call; ``None`` reads ``MARTI_BROKER_TOKEN``, then ``MARTI_TOKEN``.
         tls_ca_file: PEM CA for TLS.
         options: Extra grpc channel arguments.
 
@@ -75,7 +75,12 @@ def open_channel(
         The channel; the caller closes it (``channel.close()``) after the clients using it.
     """
     return make_channel(
-        address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, options=options
+        address,
+        token=token,
+        tls_ca_file=tls_ca_file,
+        idempotent_methods=_IDEMPOTENT,
+        options=options,
+        service="broker",
     )
 
 
@@ -420,7 +425,8 @@ class MartiCommClient:
         agent_id: This agent's id (any non-empty unicode string).
         address: Broker ``host:port``.
         session: Session name (a run or an episode); created on connect if it does not exist.
-        token: Bearer token, if the broker requires one.
+        token: Bearer token, if the broker requires one; ``None`` reads ``MARTI_BROKER_TOKEN``, then
+            ``MARTI_TOKEN`` (as the broker itself does); ``""`` sends none.
         topics: Topics to subscribe to on connect.
         batching_size: Messages per batch (1 = send immediately).
         max_batch_bytes: Payload bytes that close a batch early.
@@ -438,7 +444,9 @@ class MartiCommClient:
             not closed by :meth:`close`.
 
     Raises:
-        InvalidArgumentError: Bad argument values.
+        InvalidArgumentError: Bad argument values, or a token that is not printable ASCII (raised before any
+            rpc; the message names the position, not the token).
+        UnauthenticatedError: The broker requires a token and got none or another one.
         UnavailableError: The broker cannot be reached.
     """
 
@@ -472,7 +480,7 @@ class MartiCommClient:
         self.timeout_s = timeout_s
         self._own_channel = channel is None
         self._channel = channel or make_channel(
-            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT
+            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="broker"
         )
         self._stub = pb_grpc.BrokerServiceStub(self._channel)
         self._send_lock = threading.Lock()
@@ -723,8 +731,10 @@ class MartiCommClient:
 class AsyncMartiCommClient:
     """asyncio twin of :class:`MartiCommClient` (exported as ``marti.aio.MartiCommClient``).
 
-    Construct it, then ``await client.connect()`` or use ``async with``. Arguments are those of
-    :class:`MartiCommClient` (``channel`` is a ``grpc.aio.Channel``).
+    Construct it, then ``await client.connect()`` or use ``async with``. Arguments (the token's fallback to
+    ``MARTI_BROKER_TOKEN`` / ``MARTI_TOKEN`` included) are those of :class:`MartiCommClient` (``channel`` is a
+    ``grpc.aio.Channel``); a token that is not printable ASCII raises ``InvalidArgumentError`` here, before
+    any rpc.
     """
 
     def __init__(
@@ -758,7 +768,12 @@ class AsyncMartiCommClient:
         self._use_dictionary = use_dictionary
         self._own_channel = channel is None
         self._channel = channel or make_channel(
-            address, token=token, tls_ca_file=tls_ca_file, aio=True, idempotent_methods=_IDEMPOTENT
+            address,
+            token=token,
+            tls_ca_file=tls_ca_file,
+            aio=True,
+            idempotent_methods=_IDEMPOTENT,
+            service="broker",
         )
         self._stub = pb_grpc.BrokerServiceStub(self._channel)
         self._send_lock: asyncio.Lock | None = None

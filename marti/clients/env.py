@@ -60,7 +60,7 @@ def open_channel(
 
     Args:
         address: ``host:port`` of the env server.
-        token: Bearer token sent on every call.
+        token: Bearer token sent on every call; ``None`` reads ``MARTI_ENV_TOKEN``, then ``MARTI_TOKEN``.
         tls_ca_file: CA file for TLS.
         options: Extra grpc channel arguments (e.g. ``("grpc.max_reconnect_backoff_ms", 1000)``).
 
@@ -68,7 +68,12 @@ def open_channel(
         The channel; the caller closes it (``channel.close()``) after the clients and envs using it.
     """
     return make_channel(
-        address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=IDEMPOTENT_METHODS, options=options
+        address,
+        token=token,
+        tls_ca_file=tls_ca_file,
+        idempotent_methods=IDEMPOTENT_METHODS,
+        options=options,
+        service="env",
     )
 
 
@@ -213,11 +218,16 @@ class EnvClient:
 
     Args:
         address: ``host:port`` of the env server.
-        token: Bearer token.
+        token: Bearer token; ``None`` reads ``MARTI_ENV_TOKEN``, then ``MARTI_TOKEN`` (as the server does);
+            ``""`` sends none.
         tls_ca_file: CA file for TLS.
         timeout_s: Deadline of each unary call, seconds.
         channel: An existing channel to use instead of dialing (e.g. from :func:`open_channel`; ``token`` and
             ``tls_ca_file`` are then ignored); not closed by :meth:`close`.
+
+    Raises:
+        InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
+            construction, before any rpc, naming the position of the bad character but not the token.
     """
 
     def __init__(
@@ -457,7 +467,7 @@ class RemoteParallelEnv(ParallelEnv):
             env_id: Env id.
             config: Env config.
             seed: Seed of the first reset without a seed.
-            token: Bearer token.
+            token: Bearer token; ``None`` reads ``MARTI_ENV_TOKEN``, then ``MARTI_TOKEN``.
             tls_ca_file: CA file for TLS.
             timeout_s: Per-call deadline, seconds.
             transport: ``"stream"`` (default: the session lives on a bidi stream and closes with it, so a
@@ -587,11 +597,15 @@ class AsyncEnvClient:
 
     Args:
         address: ``host:port``.
-        token: Bearer token.
+        token: Bearer token; ``None`` reads ``MARTI_ENV_TOKEN``, then ``MARTI_TOKEN``.
         tls_ca_file: CA file for TLS.
         timeout_s: Per-call deadline, seconds.
         channel: An existing ``grpc.aio.Channel`` to use instead of dialing (``token`` and ``tls_ca_file`` are
             then ignored); not closed by :meth:`close`.
+
+    Raises:
+        InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
+            construction, before any rpc, naming the position of the bad character but not the token.
     """
 
     def __init__(
@@ -606,7 +620,12 @@ class AsyncEnvClient:
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._own_channel = channel is None
         self.channel = channel or make_channel(
-            address, token=token, tls_ca_file=tls_ca_file, aio=True, idempotent_methods=IDEMPOTENT_METHODS
+            address,
+            token=token,
+            tls_ca_file=tls_ca_file,
+            aio=True,
+            idempotent_methods=IDEMPOTENT_METHODS,
+            service="env",
         )
         self.stub = pb_grpc.EnvServiceStub(self.channel)
 

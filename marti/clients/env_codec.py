@@ -9,6 +9,7 @@ and server both use this module, so both ends decode the same way. Nothing here 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,34 +24,110 @@ from marti.errors import InvalidArgumentError
 MAX_VALUE_DEPTH = 32
 
 
+#: ``dtype.kind`` letters a ``Tensor`` may carry: bool, signed and unsigned integers, floats, complex numbers,
+#: timedeltas and datetimes (with a unit: a unitless datetime holds only NaT). Text goes as ``text`` values
+#: or lists; object, byte-string, unicode, void and structured dtypes are refused both ways with
+#: ``INVALID_ARGUMENT``.
+TENSOR_KINDS = "biufcmM"
+#: Most dimensions of a tensor (numpy's own limit is 64 in numpy 2, 32 before).
+MAX_TENSOR_DIMS = 32
+#: Longest dtype text quoted in an error message, characters.
+_MAX_DTYPE_QUOTE = 64
+_KIND_NAMES = {
+    "O": "object",
+    "S": "byte-string",
+    "U": "unicode",
+    "V": "void or structured",
+    "T": "variable-width string",
+}
+
+
+def _dtype_problem(dtype: np.dtype) -> str | None:
+    """Why ``dtype`` cannot travel as a tensor, or None when it can."""
+    if dtype.kind not in TENSOR_KINDS:
+        what = _KIND_NAMES.get(dtype.kind, f"kind {dtype.kind!r}")
+        return (
+            f"{what} dtypes are not accepted (tensors carry bool, int, uint, float, complex, timedelta or "
+            "datetime items; send text as text values or lists)"
+        )
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.hasobject:
+        return "structured and sub-array dtypes are not accepted"
+    if dtype.itemsize == 0:
+        return "the dtype has no item size"
+    if dtype.kind == "M" and np.datetime_data(dtype)[0] == "generic":
+        return "datetime tensors need a unit, e.g. 'datetime64[s]'"
+    return None
+
+
 def tensor_to_proto(arr: np.ndarray) -> pb.Tensor:
-    """Encode a numpy array (object arrays are rejected)."""
+    """Encode a numpy array as a ``Tensor`` (dtype name, shape, little-endian C-order bytes).
+
+    Args:
+        arr: The array (or anything ``np.asarray`` takes); its dtype kind must be in :data:`TENSOR_KINDS`.
+
+    Returns:
+        The ``Tensor`` message.
+
+    Raises:
+        InvalidArgumentError: An object, byte-string, unicode, void or structured array (send lists or text
+            values instead), a datetime without a unit, or more than :data:`MAX_TENSOR_DIMS` dimensions.
+    """
     arr = np.asarray(arr)
-    if arr.dtype.kind == "O":
-        raise InvalidArgumentError("object arrays cannot be sent; use lists of values")
+    problem = _dtype_problem(arr.dtype)
+    if problem is not None:
+        raise InvalidArgumentError(f"cannot send an array of dtype {arr.dtype.str!r}: {problem}")
+    if arr.ndim > MAX_TENSOR_DIMS:
+        raise InvalidArgumentError(f"cannot send an array of {arr.ndim} dimensions (most {MAX_TENSOR_DIMS})")
     le = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
     return pb.Tensor(dtype=arr.dtype.name, shape=list(arr.shape), data=np.ascontiguousarray(le).tobytes())
 
 
 def tensor_from_proto(t: pb.Tensor) -> np.ndarray:
-    """Decode a :class:`Tensor`.
+    """Decode a ``Tensor`` into a new, writable numpy array.
+
+    Every malformed tensor is refused, whatever its dtype: a dtype numpy does not know, one outside
+    :data:`TENSOR_KINDS` (object, byte-string, unicode, void, structured, sub-array), one without an item size
+    (``"str"``, ``"U"``, ``"S"``, ``"V"``), a datetime without a unit, a negative dimension, more than
+    :data:`MAX_TENSOR_DIMS` dimensions, or data whose byte count is not ``prod(shape) * itemsize``. Bool bytes
+    other than 0 decode as True.
+
+    Args:
+        t: The message.
+
+    Returns:
+        The array, of ``t.dtype`` and ``t.shape``.
 
     Raises:
-        InvalidArgumentError: Unknown dtype or a byte count that does not match the shape.
+        InvalidArgumentError: The tensor is malformed; the message quotes the dtype as sent and says why.
     """
+    quoted = repr(t.dtype[:_MAX_DTYPE_QUOTE])
     try:
         dtype = np.dtype(t.dtype)
-    except TypeError:
-        raise InvalidArgumentError(f"unknown tensor dtype {t.dtype!r}") from None
-    if dtype.kind == "O":
-        raise InvalidArgumentError("object tensors are not accepted")
+    except Exception:  # noqa: BLE001 - numpy refuses names with TypeError, ValueError or SyntaxError
+        raise InvalidArgumentError(f"unknown tensor dtype {quoted}") from None
+    problem = _dtype_problem(dtype)
+    if problem is not None:
+        raise InvalidArgumentError(f"tensor dtype {quoted}: {problem}")
     shape = tuple(int(s) for s in t.shape)
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(t.data) != expected or any(s < 0 for s in shape):
+    if len(shape) > MAX_TENSOR_DIMS:
         raise InvalidArgumentError(
-            f"tensor of shape {shape} and dtype {dtype} needs {expected} bytes, got {len(t.data)}"
+            f"tensor of dtype {quoted} has {len(shape)} dimensions (most {MAX_TENSOR_DIMS})"
         )
-    return np.frombuffer(t.data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=True).reshape(shape)
+    if any(s < 0 for s in shape):
+        raise InvalidArgumentError(f"tensor of dtype {quoted} has a negative dimension in shape {shape}")
+    expected = math.prod(shape) * dtype.itemsize
+    if len(t.data) != expected:
+        raise InvalidArgumentError(
+            f"tensor of shape {shape} and dtype {quoted} needs {expected} bytes, got {len(t.data)}"
+        )
+    try:
+        if dtype.kind == "b":
+            return (np.frombuffer(t.data, dtype=np.uint8) != 0).reshape(shape)
+        return np.frombuffer(t.data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=True).reshape(shape)
+    except (ValueError, OverflowError) as exc:  # e.g. a zero-size shape whose other dimensions are huge
+        raise InvalidArgumentError(
+            f"tensor of shape {shape} and dtype {quoted} cannot be built: {exc}"
+        ) from None
 
 
 def _put(msg: pb.Value, v: Any) -> None:

@@ -246,10 +246,15 @@ class ExperienceSharingClient(_Base):
     Args:
         agent_id: The agent sharing experience (fills ``Trajectory.agent_id`` when empty).
         address: ``host:port`` of the store.
-        token: Bearer token, if the store requires one.
+        token: Bearer token, if the store requires one; ``None`` reads ``MARTI_STORE_TOKEN``, then
+            ``MARTI_TOKEN`` (as the store itself does); ``""`` sends none.
         tls_ca_file: PEM CA file; enables TLS.
         timeout_s: Default deadline of unary calls and waits, seconds.
         chunk_bytes: Uncompressed bytes per compressed chunk.
+
+    Raises:
+        InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
+            construction, before any rpc, naming the position of the bad character but not the token.
     """
 
     def __init__(
@@ -264,7 +269,7 @@ class ExperienceSharingClient(_Base):
         super().__init__(agent_id, chunk_bytes)
         self.timeout_s = timeout_s
         self._channel = make_channel(
-            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT
+            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="store"
         )
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
 
@@ -480,7 +485,8 @@ class ExperienceSharingClient(_Base):
 
 
 class AsyncExperienceSharingClient(_Base):
-    """Async twin of :class:`ExperienceSharingClient` (same arguments, ``await`` every method)."""
+    """Async twin of :class:`ExperienceSharingClient` (same arguments, token fallback and errors; ``await``
+    every method)."""
 
     def __init__(
         self,
@@ -494,7 +500,12 @@ class AsyncExperienceSharingClient(_Base):
         super().__init__(agent_id, chunk_bytes)
         self.timeout_s = timeout_s
         self._channel = make_channel(
-            address, token=token, tls_ca_file=tls_ca_file, aio=True, idempotent_methods=_IDEMPOTENT
+            address,
+            token=token,
+            tls_ca_file=tls_ca_file,
+            aio=True,
+            idempotent_methods=_IDEMPOTENT,
+            service="store",
         )
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
 

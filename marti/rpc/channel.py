@@ -3,17 +3,88 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from marti.errors import InvalidArgumentError
 from marti.rpc.options import common_options
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 #: Default deadline for a unary call made by the SDK clients, seconds.
 DEFAULT_TIMEOUT_S = 30.0
+
+#: Shared bearer-token variable, read by every client (and server) when nothing more specific is set.
+SHARED_TOKEN_ENV = "MARTI_TOKEN"
+#: Service-specific token variables (the servers' ``MARTI_<SERVICE>_TOKEN`` settings), read before
+#: :data:`SHARED_TOKEN_ENV`.
+TOKEN_ENV_VARS: dict[str, str] = {
+    "broker": "MARTI_BROKER_TOKEN",
+    "env": "MARTI_ENV_TOKEN",
+    "store": "MARTI_STORE_TOKEN",
+    "trainer": "MARTI_TRAINER_TOKEN",
+}
+
+
+def resolve_token(token: str | None, service: str | None = None) -> str | None:
+    """The bearer token a client sends: ``token`` if given, else the environment, as the servers read it.
+
+    Precedence mirrors the servers' settings: an explicit ``token`` (``""`` means "send none"), then
+    ``MARTI_<SERVICE>_TOKEN`` of ``service`` (e.g. ``MARTI_BROKER_TOKEN``), then ``MARTI_TOKEN``. Empty
+    variables count as unset.
+
+    Args:
+        token: The token passed by the caller, or ``None`` to look it up.
+        service: ``"broker"``, ``"env"``, ``"store"`` or ``"trainer"`` (see :data:`TOKEN_ENV_VARS`), or
+            ``None`` for the shared variable only.
+
+    Returns:
+        The token, or ``None`` when there is none.
+
+    Raises:
+        InvalidArgumentError: ``service`` is not one of the known names.
+    """
+    return _resolve_token(token, service)[0]
+
+
+def _resolve_token(token: str | None, service: str | None) -> tuple[str | None, str]:
+    """``(token, where it came from)``: ``"token"`` for the argument, else the variable's name."""
+    if service is not None and service not in TOKEN_ENV_VARS:
+        raise InvalidArgumentError(f"unknown service {service!r}; expected one of {sorted(TOKEN_ENV_VARS)}")
+    if token is not None:
+        return token, "token"
+    names = ((TOKEN_ENV_VARS[service],) if service else ()) + (SHARED_TOKEN_ENV,)
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value, name
+    return None, "token"
+
+
+def check_token(token: str, source: str = "token") -> None:
+    """Refuse a bearer token that cannot travel as gRPC metadata, before any rpc is made.
+
+    A metadata value must be printable ASCII (bytes 0x20..0x7E); anything else would fail every call with
+    ``Invalid metadata``. The message names the position and kind of the first bad character, never the
+    token itself.
+
+    Args:
+        token: The token to check.
+        source: What to call it in the message (``"token"`` or the environment variable it came from).
+
+    Raises:
+        InvalidArgumentError: ``token`` holds a non-ASCII or control character.
+    """
+    for position, char in enumerate(token):
+        if " " <= char <= "~":
+            continue
+        kind = "non-ASCII character" if ord(char) > 0x7F else "control character"
+        raise InvalidArgumentError(
+            f"{source} must be printable ASCII (gRPC metadata); got a value with a {kind} at position {position}"
+        )
 
 
 def retry_service_config(idempotent_methods: Sequence[tuple[str, str]], max_attempts: int = 4) -> str:
@@ -140,12 +211,15 @@ def make_channel(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     idempotent_methods: Sequence[tuple[str, str]] = (),
     options: Sequence[tuple[str, Any]] = (),
+    service: str | None = None,
 ) -> grpc.Channel | grpc.aio.Channel:
     """Open a channel to a marti service.
 
     Args:
         address: ``host:port``.
-        token: Bearer token sent as ``authorization`` metadata on every call.
+        token: Bearer token sent as ``authorization`` metadata on every call. ``None`` reads
+            ``MARTI_<SERVICE>_TOKEN`` (of ``service``), then ``MARTI_TOKEN`` (see :func:`resolve_token`);
+            ``""`` sends no token.
         tls_ca_file: PEM CA that signed the server certificate; enables TLS.
         tls_cert_file: PEM client certificate for mTLS (with ``tls_key_file``).
         tls_key_file: PEM client key for mTLS.
@@ -153,10 +227,19 @@ def make_channel(
         max_message_bytes: Largest message sent or received, bytes (agree with the server).
         idempotent_methods: ``(service, method)`` pairs retried on UNAVAILABLE (see :func:`retry_service_config`).
         options: Extra grpc channel arguments.
+        service: Which service the channel dials (``"broker"``, ``"env"``, ``"store"``, ``"trainer"``), for
+            its token variable; ``None`` reads only ``MARTI_TOKEN``.
 
     Returns:
         A sync ``grpc.Channel`` or a ``grpc.aio.Channel``.
+
+    Raises:
+        InvalidArgumentError: The token (given or from the environment) is not printable ASCII, or
+            ``service`` is unknown. Nothing is dialed then.
     """
+    token, source = _resolve_token(token, service)
+    if token:
+        check_token(token, source)
     opts: list[tuple[str, Any]] = [*common_options(max_message_bytes), *options]
     opts.append(("grpc.enable_retries", 1))
     if idempotent_methods:
