@@ -373,7 +373,7 @@ class RolloutConfig(_Section):
     vLLM) and the lag: null (default) takes the PPO ratio against the behaviour log-probabilities the sampler
     recorded; C > 0 takes it against the learner's own log-probabilities before the update and weights each
     token's loss by ``min(pi_learner / pi_behaviour, C)`` (AReaL's decoupled objective with verl's TIS; see
-    docs/algorithms.md, "Off-policy correction"). verl suggests C = 2."""
+    docs/algorithms.md, "Off-policy correction")."""
 
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:

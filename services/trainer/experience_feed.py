@@ -16,8 +16,8 @@ Bookkeeping that keeps "each trajectory trained on exactly once" across service 
   (its episode id was seen);
 - a rollout replayed after an outage retracts the episodes its failed attempt had inserted (the learner drops
   them when it meets them), so a step trains only on the attempt that finished;
-- a group whose members did not all survive (stale, retracted) is dropped whole: GRPO never sees a group
-  shrunk by staleness.
+- a group that lost members to the staleness bound is dropped whole: GRPO never sees a group shrunk by
+  staleness.
 
 Asynchronous rollouts (``rollout.max_staleness = k >= 1``): :class:`RolloutProducer` plays step ``t`` in a
 thread once the learner has finished update ``t - k`` (AReaL's staleness-aware rollout controller, Fu et al.
@@ -59,7 +59,7 @@ class Taken:
     Attributes:
         trajectories: The items to train on, in table order.
         stale: Items the table removed as older than the agent's bound.
-        dropped: Fresh items dropped with their group because a member was stale or retracted.
+        dropped: Fresh items dropped with their group because a member was stale.
         duplicates: Items dropped as re-inserted duplicates or retracted episodes.
     """
 
