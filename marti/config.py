@@ -325,8 +325,8 @@ class AlgorithmConfig(_Section):
     log_ratio_clamp: PositiveFloat = 20.0
     """Log-ratios are clamped to +-this before ``exp`` so ratios and k3 stay finite."""
     normalize_reward: bool = False
-    """Normalise rewards by running statistics before computing advantages: each agent's batch updates its
-    running mean and standard deviation, then its rewards become ``(r - mean) / (std + 1e-8)`` (OpenRLHF's
+    """Normalise rewards by running statistics before computing advantages: each agent's batch (one reward per
+    trained turn) updates its running mean and standard deviation, then its rewards become ``(r - mean) / (std + 1e-8)`` (OpenRLHF's
     ``--normalize_reward``); the moments are saved with checkpoints."""
     ppo_epochs: PositiveInt = 1
     """Optimisation passes over each rollout batch."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -68,10 +68,12 @@ class SampleBatch:
         stale_keys: Keys of items the table removed instead of returning, because their ``policy_version`` was
             more than the table's ``max_policy_lag`` behind the caller's ``current_policy_version``. Each took one
             of the ``batch_size`` slots: ``len(items) + len(stale_keys)`` items were consumed.
+        stale_episode_ids: The episode id of each ``stale_keys`` entry, in the same order.
     """
 
     items: list[SampledTrajectory]
     stale_keys: list[int]
+    stale_episode_ids: list[str] = field(default_factory=list)
 
     @property
     def consumed(self) -> int:
@@ -180,10 +182,15 @@ class _Base:
 
     @staticmethod
     def _sampled(
-        resp: spb.SampleResponse, out: list[SampledTrajectory], stale: list[int] | None = None
+        resp: spb.SampleResponse,
+        out: list[SampledTrajectory],
+        stale: list[int] | None = None,
+        stale_ids: list[str] | None = None,
     ) -> MartiError | None:
         if stale is not None:
             stale.extend(resp.stale_keys)
+        if stale_ids is not None:
+            stale_ids.extend(resp.stale_episode_ids)
         for m in resp.items:
             t = convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES))
             out.append(
@@ -385,13 +392,16 @@ class ExperienceSharingClient(_Base):
         )  # fmt: skip
         out: list[SampledTrajectory] = []
         stale: list[int] = []
+        stale_ids: list[str] = []
         err = None
         try:
             for resp in self._stub.Sample(iter([req])):
-                err = self._sampled(resp, out, stale) or err
+                err = self._sampled(resp, out, stale, stale_ids) or err
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        return SampleBatch(self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale)
+        return SampleBatch(
+            self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale, stale_ids
+        )
 
     def get_trajectories(
         self,
@@ -576,13 +586,16 @@ class AsyncExperienceSharingClient(_Base):
         )  # fmt: skip
         out: list[SampledTrajectory] = []
         stale: list[int] = []
+        stale_ids: list[str] = []
         err = None
         try:
             async for resp in self._stub.Sample(iter([req])):
-                err = self._sampled(resp, out, stale) or err
+                err = self._sampled(resp, out, stale, stale_ids) or err
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        return SampleBatch(self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale)
+        return SampleBatch(
+            self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale, stale_ids
+        )
 
     async def get_trajectories(
         self,

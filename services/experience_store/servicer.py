@@ -149,6 +149,7 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
             r = s.record
             if s.stale:
                 resp.stale_keys.append(r.key)
+                resp.stale_episode_ids.append(r.episode_id)
                 continue
             m = resp.items.add(
                 key=r.key, table=table, priority=r.priority, probability=s.probability,

@@ -208,8 +208,13 @@ class ExperienceFeed:
                     f"table {table!r} holds {consumed} of the {count} items this update needs and no rollout "
                     "will insert more"
                 )
-            consumed += len(got.stale_keys)
-            out.stale += len(got.stale_keys)
+            for eid in got.stale_episode_ids:  # removed by the table; a slot only if it was this step's item
+                if eid in self._retracted or eid in self._seen[agent]:
+                    out.duplicates += 1
+                    continue
+                self._remember(agent, eid)
+                consumed += 1
+                out.stale += 1
             for item in got.items:
                 eid = item.trajectory.episode_id
                 if eid in self._retracted or eid in self._seen[agent]:

@@ -312,7 +312,9 @@ def update_agent(
         ``ratio_mean``, ``ratio_max``; ``behaviour_rows`` (fraction of rows with behaviour log-probabilities)
         and, when some rows have them, ``behaviour_kl`` (k3 estimate of KL(mu || pi_prox) over their tokens,
         Schulman 2020, "Approximating KL divergence"; nonzero when the weights that sampled differ from the
-        learner's) and ``behaviour_logprob_diff_max`` (largest ``|log pi_prox - log mu|``); with ``tis_cap``
+        learner's; measured on the first optimizer window's rows when ``pi_prox`` is not recomputed, the mean of
+        its micro-batches) and ``behaviour_logprob_diff_max`` (largest ``|log pi_prox - log mu|``); ``*_max``
+        statistics are maxima over the micro-batches, the others means; with ``tis_cap``
         also ``tis_weight_mean`` and ``tis_truncated_frac`` (fraction of tokens whose weight was capped); with a
         critic also ``value_loss``, ``vf_clip_frac`` and ``value_mean``.
 
@@ -363,14 +365,15 @@ def update_agent(
         for idx in chunks:
             _micro_step(
                 policy, strategy, agent_id, batch, cfg, idx, adv, anchor, ref_lp, window_size, stats,
-                ratio_out if w == 0 else None,
+                first_window=w == 0, ratio_out=ratio_out,
             )  # fmt: skip
         result = strategy.step()
         if result.grad_norm is not None:
             stats.setdefault("grad_norm", []).append(float(result.grad_norm))
         stats.setdefault("lr", []).append(float(result.lr))
         stats.setdefault("skipped_nonfinite", []).append(float(result.skipped_nonfinite))
-    out = {k: sum(v) / len(v) for k, v in stats.items() if v}
+    # ``*_max`` statistics are maxima over the micro-batches; the others are means.
+    out = {k: (max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in stats.items() if v}
     if critic is not None:
         out.update(
             fit_values(
@@ -548,13 +551,14 @@ def _micro_step(
     ref_lp: torch.Tensor | None,
     window_size: int,
     stats: dict[str, list[float]],
+    first_window: bool = False,
     ratio_out: torch.Tensor | None = None,
 ) -> None:
     """Forward, loss and backward of one micro-batch ``idx``; the loss is weighted by its share of the window.
 
-    ``ratio_out`` (B, A), when given (the first window, whose forward runs the weights before the update),
-    receives the micro-batch's importance ratio, and the behaviour statistics are measured on its forward if
-    ``pi_prox`` was not recomputed."""
+    In the first window (``first_window``), whose forward runs the weights before the update, ``ratio_out``
+    (B, A), when given, receives the micro-batch's importance ratio, and the behaviour statistics are measured
+    on the forward when ``pi_prox`` was not recomputed."""
     mb = batch.select(idx)
     with strategy.autocast():
         lp, ent = policy.logprobs(
@@ -578,11 +582,13 @@ def _micro_step(
         if k != "entropy":  # measured below on every micro-batch, bonus or not
             stats.setdefault("policy_loss" if k == "pg_loss" else k, []).append(_stat(v))
     stats.setdefault("entropy", []).append(_stat(masked_mean(ent.detach(), mb.action_mask)))
+    if not first_window:
+        return
     if ratio_out is not None:
         with torch.no_grad():
             ratio = torch.exp(
                 (lp.detach().float() - old.float()).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
             )
             ratio_out[idx] = torch.where(mb.action_mask, ratio, torch.zeros_like(ratio)).cpu()
-        if anchor.behaviour is not None:
-            _behaviour_stats(lp, anchor.behaviour[idx], anchor.behaviour_rows[idx], mb.action_mask, stats)
+    if anchor.behaviour is not None:
+        _behaviour_stats(lp, anchor.behaviour[idx], anchor.behaviour_rows[idx], mb.action_mask, stats)

@@ -453,7 +453,7 @@ class TrainingLoop:
         self.feed.insert_episode(out)
 
     def _take_batches(
-        self, step: int, versions: dict[str, int], producer: RolloutProducer | None = None
+        self, step: int, versions: dict[str, int]
     ) -> tuple[dict[str, list[Sample]], dict[str, float]]:
         """Sample every trainable agent's batch of this update from its table.
 
@@ -462,9 +462,8 @@ class TrainingLoop:
         current policy version. Each turn's lag is that version minus the version that generated the turn.
 
         Args:
-            step: The update (0-based), for messages.
+            step: The update (0-based), whose rollout has finished (every item of it is in the tables).
             versions: Each agent's learner version now.
-            producer: The asynchronous producer (waited for while items are missing), or None.
 
         Returns:
             ``(batches, metrics)``: per agent its samples; metrics ``<agent>/version_lag`` (mean lag of the
@@ -476,9 +475,7 @@ class TrainingLoop:
         batches: dict[str, list[Sample]] = {}
         metrics: dict[str, float] = {}
         for agent in self.cfg.tuning_agents:  # frozen agents act but have no table: nothing would drain it
-            taken = self.feed.take(
-                agent, count, versions[agent], None if producer is None else producer.check
-            )
+            taken = self.feed.take(agent, count, versions[agent])
             self.dropped_items += taken.duplicates
             samples = [s for t in taken.trajectories for s in samples_from_trajectory(t)]
             lags = [versions[agent] - s.policy_version for s in samples if s.policy_version is not None]
@@ -689,13 +686,15 @@ class TrainingLoop:
         """One training step: the step's rollout (played now, or by the asynchronous ``producer``), each
         agent's batch sampled from its table, and an update of every trainable agent with samples."""
         t0 = time.perf_counter()
+        # The step's rollout is over (every attempt: a replayed one has retracted what it replaces) before the
+        # learner takes its items from the store, so an update never trains on an attempt that later failed.
         if producer is None:
             results, t_roll = self._rollout(runtime, step)
-        versions = runtime.versions()
-        batches, staleness = self._take_batches(step, versions, producer)
-        if producer is not None:
+        else:
             results, t_roll = producer.summary(step)
         wait = time.perf_counter() - t0  # the part of the rollout the learner waited for
+        versions = runtime.versions()
+        batches, staleness = self._take_batches(step, versions)
         metrics = {**episode_metrics(results), **task_metrics(results), **staleness}
         if self.curriculum is not None:
             metrics.update(self._curriculum_step(results))

@@ -210,3 +210,42 @@ def test_an_episode_cut_part_way_through_its_inserts_is_retracted_whole(address)
     feed.begin_attempt()
     feed.insert_episode({"agent_1": _traj("replayed"), "agent_2": _traj("replayed")})
     assert [t.episode_id for t in feed.take("agent_1", 1, 0).trajectories] == ["replayed"]
+
+
+def test_a_stale_item_of_a_retracted_attempt_does_not_use_a_slot(address):
+    feed, _ = _feed(address, bound=0)
+    feed.begin_attempt()
+    feed.insert_episode({"agent_1": _traj("failed", version=0)})
+    feed.retract_attempt()
+    feed.begin_attempt()
+    for i in range(2):
+        feed.insert_episode({"agent_1": _traj(f"ok-{i}", version=1)})
+    taken = feed.take("agent_1", 2, current_version=1)  # "failed" is stale and retracted: not this step's
+    assert [t.episode_id for t in taken.trajectories] == ["ok-0", "ok-1"]
+    assert (taken.stale, taken.duplicates) == (0, 1)
+
+
+def test_the_learner_takes_a_steps_items_only_after_its_rollout_is_over(tmp_path):
+    """Asynchronous mode: an attempt that fails after some of its episodes were inserted is retracted before
+    the learner reads the step, so no update trains on it."""
+    cfg = load_config(ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}"])
+    loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
+    calls: list[str] = []
+
+    class Producer:
+        def summary(self, step):
+            calls.append(f"summary {step}")
+            return [], 1.0
+
+    class Runtime:
+        def versions(self):
+            calls.append("versions")
+            return {"agent_1": 0, "agent_2": 0}
+
+    def take(step, versions):
+        calls.append(f"take {step}")
+        return {}, {}
+
+    loop._take_batches = take
+    loop._train_step(Runtime(), 3, Producer())
+    assert calls == ["summary 3", "versions", "take 3"]

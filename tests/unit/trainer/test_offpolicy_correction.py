@@ -140,3 +140,16 @@ def test_samples_come_from_the_experience_record():
     assert samples[0].behaviour_logprobs == [-1.0, -2.0] and samples[1].behaviour_logprobs == []
     batch = collate(samples, pad_id=0)
     assert batch.action_mask.tolist() == [[True, False], [True, False]]  # the mask's 0 is not trained
+
+
+def test_max_statistics_are_maxima_over_micro_batches(worker):
+    samples = _samples(worker, "agent_1")
+    batch = collate(samples, pad_id=0)
+    worker.policy.train(True)
+    stats = update_agent(
+        worker.policy, worker.strategies[worker.policy.unit_of("agent_1")], "agent_1", batch, worker.algo,
+        micro_batch_size=1, grad_accum_steps=None,
+    )  # fmt: skip
+    # one optimizer window of 4 micro-batches: the behaviour statistics come from each micro-batch's forward
+    assert stats["ratio_max"] >= stats["ratio_mean"]
+    assert stats["behaviour_logprob_diff_max"] <= 2e-6

@@ -41,14 +41,16 @@ class SampleRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., filter: _Optional[_Union[_experience_pb2.SampleFilter, _Mapping]] = ..., format: _Optional[_Union[_experience_pb2.PayloadFormat, str]] = ..., max_batch_items: _Optional[int] = ..., current_policy_version: _Optional[int] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("items", "status", "stale_keys")
+    __slots__ = ("items", "status", "stale_keys", "stale_episode_ids")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STALE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    STALE_EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[_experience_pb2.SampledItem]
     status: _status_pb2.Status
     stale_keys: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, items: _Optional[_Iterable[_Union[_experience_pb2.SampledItem, _Mapping]]] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., stale_keys: _Optional[_Iterable[int]] = ...) -> None: ...
+    stale_episode_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, items: _Optional[_Iterable[_Union[_experience_pb2.SampledItem, _Mapping]]] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., stale_keys: _Optional[_Iterable[int]] = ..., stale_episode_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PriorityUpdate(_message.Message):
     __slots__ = ("key", "priority")
