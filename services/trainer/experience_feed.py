@@ -38,7 +38,7 @@ from marti.errors import DeadlineExceededError, FailedPreconditionError
 from marti.trajectory import Trajectory
 
 _LOG = logging.getLogger("marti.trainer.feed")
-#: Seconds one learner sample call waits for items before checking on the producer.
+#: Seconds one learner sample call waits for an item before the table counts as dry.
 SAMPLE_POLL_S = 2.0
 #: Episode ids remembered per agent to drop re-inserted duplicates.
 SEEN_IDS = 100_000
@@ -164,46 +164,31 @@ class ExperienceFeed:
                 self.inserted += 1
 
     # ------------------------------------------------------------------------------------------ learner
-    def take(
-        self,
-        agent: str,
-        count: int,
-        current_version: int,
-        check_producer: Callable[[], bool] | None = None,
-    ) -> Taken:
-        """The next ``count`` items of the agent's table (one update's batch).
-
-        Waits while items are missing and ``check_producer()`` says more are coming (it raises the producer's
-        error if it failed); without one (synchronous rollouts, every item is in already) a missing item is
-        an error.
+    def take(self, agent: str, count: int, current_version: int) -> Taken:
+        """The next ``count`` items of the agent's table (one update's batch), read once the step's rollout is
+        over: every item of the step is in, so a missing one is an error.
 
         Args:
             agent: A trainable agent.
             count: Items to consume: returned or removed as stale (duplicates and retracted episodes do not
                 count).
             current_version: The learner's policy version of the agent, for the table's ``max_policy_lag``.
-            check_producer: Returns True while the producer may still insert; raises its failure.
 
         Returns:
             A :class:`Taken`.
 
         Raises:
-            FailedPreconditionError: the table ran dry and no producer will insert more.
+            FailedPreconditionError: the table ran dry before ``count`` items (nothing came within
+                :data:`SAMPLE_POLL_S`; an empty table is not a service outage to reconnect from).
         """
         table = self.tables[agent]
         out = Taken()
         consumed = 0
-        last_try = check_producer is None
         while consumed < count:
             got = self._reconnecting(
                 lambda n=count - consumed: self._sample(table, n, current_version), f"sampling {table!r}"
             )
-            if got is None:  # nothing came within SAMPLE_POLL_S (not an outage: those are re-run above)
-                if check_producer is not None and check_producer():
-                    continue
-                if not last_try:  # the producer ended: what it inserted is in; look once more
-                    last_try = True
-                    continue
+            if got is None:
                 raise FailedPreconditionError(
                     f"table {table!r} holds {consumed} of the {count} items this update needs and no rollout "
                     "will insert more"
@@ -327,7 +312,7 @@ class RolloutProducer:
                 self._next += 1
             try:
                 summary = self._play(step)
-            except BaseException as exc:  # raised in the learner's thread by check()
+            except BaseException as exc:  # raised in the learner's thread by summary()
                 with self._cond:
                     self._error = exc
                     self._cond.notify_all()
@@ -335,13 +320,6 @@ class RolloutProducer:
             with self._cond:
                 self._summaries[step] = summary
                 self._cond.notify_all()
-
-    def check(self) -> bool:
-        """True while the producer may still insert; raises the error that stopped it."""
-        with self._cond:
-            if self._error is not None:
-                raise self._error
-            return self._thread.is_alive() and not self._closing
 
     def summary(self, step: int) -> Any:
         """Wait for step ``step``'s rollout to finish and return (once) what ``play`` returned.

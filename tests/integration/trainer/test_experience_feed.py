@@ -155,29 +155,19 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
         c.close()
 
 
-def test_the_learner_waits_for_items_while_the_producer_runs(address):
-    import threading
-
+def test_an_empty_table_is_a_missing_item_not_a_service_outage(address):
     from services.trainer.reconnect import Backoff, call_with_reconnect
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
-    # A real reconnect wrapper with a short outage limit: waiting for the producer is not an outage.
+    # A real reconnect wrapper with a short outage limit: a wait for items must not be retried into an outage.
     feed = ExperienceFeed(
         client, "job", ["agent_1"], {"agent_1": 1}, 100,
         lambda fn, what: call_with_reconnect(fn, what, Backoff(timeout_s=0.5)),
     )  # fmt: skip
     feed.create_tables()
-    done = threading.Event()
-
-    def produce() -> None:
-        for i in range(2):
-            threading.Event().wait(2.5)
-            feed.insert_episode({"agent_1": _traj(f"late-{i}")})
-        done.set()
-
-    threading.Thread(target=produce, daemon=True).start()
-    taken = feed.take("agent_1", 2, current_version=0, check_producer=lambda: not done.is_set())
-    assert [t.episode_id for t in taken.trajectories] == ["late-0", "late-1"]
+    feed.insert_episode({"agent_1": _traj("only")})
+    with pytest.raises(FailedPreconditionError, match="holds 1 of the 2 items"):
+        feed.take("agent_1", 2, current_version=0)
 
 
 def test_an_episode_cut_part_way_through_its_inserts_is_retracted_whole(address):
