@@ -1,0 +1,1 @@
+"""Pure domain of the inference gateway: no HTTP, no gRPC."""

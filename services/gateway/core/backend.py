@@ -1,0 +1,67 @@
+"""What the gateway serves from: the policies of a running job, behind one small interface."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+from marti.inference import ChatMessages, Generation, SamplingParams
+
+
+class InferenceBackend(abc.ABC):
+    """The agents' policies as the gateway sees them (the trainer implements it over its rollout engines).
+
+    ``generate`` is blocking and may be slow; the gateway calls it from a worker thread, one batch at a time.
+    """
+
+    @abc.abstractmethod
+    def agents(self) -> list[str]:
+        """The agent ids served, in config order (each is a model name of the OpenAI API)."""
+
+    @abc.abstractmethod
+    def versions(self) -> dict[str, int]:
+        """Per agent, the policy version new requests are served with."""
+
+    @abc.abstractmethod
+    def resident_versions(self, agent: str) -> list[int]:
+        """Versions of ``agent`` that can be requested as ``agent@VERSION``, ascending (the current included).
+
+        Raises:
+            NotFoundError: Unknown agent.
+        """
+
+    @abc.abstractmethod
+    def chat_prompt(self, agent: str, messages: ChatMessages) -> list[int]:
+        """Token ids of a conversation under the agent's own chat template, with the generation prompt.
+
+        Raises:
+            InvalidArgumentError: Malformed messages.
+        """
+
+    @abc.abstractmethod
+    def encode(self, agent: str, text: str) -> list[int]:
+        """Token ids of raw text with the agent's tokenizer (no special tokens added)."""
+
+    @abc.abstractmethod
+    def max_model_len(self, agent: str) -> int:
+        """Most prompt-plus-response tokens the agent's model accepts."""
+
+    @abc.abstractmethod
+    def generate(
+        self, agent: str, prompts: Sequence[list[int]], sampling: SamplingParams, version: int | None
+    ) -> list[Generation]:
+        """Sample one response per prompt (B prompts of token ids) with the agent's policy.
+
+        Args:
+            agent: The agent.
+            prompts: B prompts, token ids.
+            sampling: Sampling parameters of the whole batch.
+            version: A resident version to sample with, or None for the current one.
+
+        Returns:
+            B generations in order, each recording the version that produced it.
+
+        Raises:
+            NotFoundError: Unknown agent, or ``version`` not resident (any more).
+            InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+        """

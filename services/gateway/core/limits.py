@@ -1,0 +1,54 @@
+"""Every limit of the inference gateway, in one validated dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marti.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    """Limits and batching settings of one gateway (config section ``gateway``).
+
+    Attributes:
+        max_batch: Most prompts of one agent run in one engine call, > 0.
+        max_wait_ms: Most milliseconds a request waits for others to fill its batch, >= 0.
+        max_queue: Most prompts waiting or running per agent; one more is refused as overloaded (HTTP 429,
+            gRPC RESOURCE_EXHAUSTED), > 0.
+        max_n: Most completions one request may ask for (``n``), > 0.
+        max_open_episodes: Most episodes with recorded calls and no reward yet; a call that would open one more
+            is refused as overloaded, > 0.
+        max_calls_per_episode: Most calls recorded per episode and agent; one more is refused (HTTP 400,
+            INVALID_ARGUMENT), > 0.
+        episode_timeout_s: Seconds after its last call or report an open episode is abandoned (dropped with its
+            group, never trained), > 0.
+        resident_versions: Policy versions per agent kept loaded for ``name@VERSION`` requests (the current one
+            included), >= 1.
+    """
+
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    max_queue: int = 1024
+    max_n: int = 16
+    max_open_episodes: int = 10_000
+    max_calls_per_episode: int = 256
+    episode_timeout_s: float = 600.0
+    resident_versions: int = 2
+
+    def __post_init__(self) -> None:
+        """Raises InvalidArgumentError naming the first field out of range."""
+        for name in ("max_batch", "max_queue", "max_n", "max_open_episodes", "max_calls_per_episode"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise InvalidArgumentError(f"gateway.{name} must be an int > 0, got {v!r}")
+        if not self.max_wait_ms >= 0:
+            raise InvalidArgumentError(f"gateway.max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
+        if not self.episode_timeout_s > 0:
+            raise InvalidArgumentError(
+                f"gateway.episode_timeout_s must be > 0, got {self.episode_timeout_s!r}"
+            )
+        if not isinstance(self.resident_versions, int) or self.resident_versions < 1:
+            raise InvalidArgumentError(
+                f"gateway.resident_versions must be an int >= 1, got {self.resident_versions!r}"
+            )
