@@ -16,6 +16,7 @@ all; without it each finished episode is released at once.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -211,7 +212,8 @@ class EpisodeTracker:
 
         Raises:
             InvalidArgumentError: An agent in ``rewards`` that is not trained, a call id the episode did not
-                make, a negative ``group_size``.
+                make, a reward that is not a finite number, a negative ``group_size`` (a refused report changes
+                nothing: the episode stays open).
             FailedPreconditionError: The episode was already reported.
         """
         if episode_id in self._closed:
@@ -224,7 +226,18 @@ class EpisodeTracker:
             )
         if group_size < 0:
             raise InvalidArgumentError(f"group_size must be >= 0, got {group_size}")
-        ep = self._open.pop(episode_id, None) or _Episode(group_id="", last_seen=self._clock())
+        for where, values in (("rewards", rewards), ("call_rewards", call_rewards or {})):
+            for key, value in values.items():
+                if not isinstance(value, int | float) or not math.isfinite(value):
+                    raise InvalidArgumentError(f"{where}[{key!r}] must be a finite number, got {value!r}")
+        ep = self._open.get(episode_id) or _Episode(group_id="", last_seen=self._clock())
+        known = {c for trace in ep.agents.values() for ids in trace.call_ids for c in ids}
+        bad = sorted(set(call_rewards or {}) - known)
+        if bad:  # checked before anything changes: a refused report leaves the episode open
+            raise InvalidArgumentError(
+                f"call reward names call {bad[0]!r}, which episode {episode_id!r} did not make"
+            )
+        self._open.pop(episode_id, None)
         self._closed.add(episode_id)
         group = group_id or ep.group_id or f"episode:{episode_id}"
         if failed:
@@ -257,12 +270,6 @@ class EpisodeTracker:
         call_rewards: dict[str, float],
         group_size: int,
     ) -> dict[str, Trajectory]:
-        known = {c for trace in ep.agents.values() for ids in trace.call_ids for c in ids}
-        bad = sorted(set(call_rewards) - known)
-        if bad:
-            raise InvalidArgumentError(
-                f"call reward names call {bad[0]!r}, which episode {episode_id!r} did not make"
-            )
         out: dict[str, Trajectory] = {}
         for agent in self.trainable:
             trace = ep.agents.get(agent, _AgentTrace())

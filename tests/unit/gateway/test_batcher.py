@@ -1,0 +1,94 @@
+"""The request batcher: concurrent prompts of one agent share engine calls, bounded by size, wait and queue."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+import pytest
+
+from marti.errors import InvalidArgumentError, ResourceExhaustedError
+from marti.inference import Generation, SamplingParams
+from services.gateway.core.batcher import RequestBatcher
+
+S = SamplingParams(max_new_tokens=2)
+
+
+class Engine:
+    """Echoes each prompt's last id + 1 and records the batches it ran (a pure stand-in for ``generate``)."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.batches: list[tuple[str, int | None, int]] = []
+        self.gate = gate
+
+    def __call__(self, agent, prompts, sampling, version):
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.batches.append((agent, version, len(prompts)))
+        if any(p == [666] for p in prompts):
+            raise InvalidArgumentError("prompt 666 is refused")
+        return [Generation(p, [p[-1] + 1], [-1.0], "t", "stop", version or 0, agent) for p in prompts]
+
+
+async def test_concurrent_requests_share_one_engine_call_in_order():
+    eng = Engine()
+    b = RequestBatcher(eng, max_batch=8, max_wait_ms=50, max_queue=100)
+    outs = await asyncio.gather(*[b.submit("a", [[i]], S, None) for i in range(5)])
+    assert [o[0].response_token_ids for o in outs] == [[i + 1] for i in range(5)]
+    assert eng.batches == [("a", None, 5)]
+    await b.close()
+
+
+async def test_max_batch_splits_and_keys_separate_agents_versions_and_sampling():
+    eng = Engine()
+    b = RequestBatcher(eng, max_batch=3, max_wait_ms=20, max_queue=100)
+    await asyncio.gather(
+        b.submit("a", [[1]] * 7, S, None),
+        b.submit("b", [[1]], S, None),
+        b.submit("a", [[1]], S, 4),
+        b.submit("a", [[1]], SamplingParams(max_new_tokens=3), None),
+    )
+    assert Counter(eng.batches) == Counter(
+        [("a", None, 3), ("a", None, 3), ("a", None, 1), ("b", None, 1), ("a", 4, 1), ("a", None, 1)]
+    )
+    await b.close()
+
+
+async def test_queue_limit_refuses_at_its_edge_and_frees_after():
+    gate = threading.Event()
+    eng = Engine(gate)
+    b = RequestBatcher(eng, max_batch=2, max_wait_ms=0, max_queue=3)
+    first = asyncio.ensure_future(b.submit("a", [[1]] * 3, S, None))  # exactly the limit
+    await asyncio.sleep(0.05)
+    assert b.load("a") == 3
+    with pytest.raises(ResourceExhaustedError, match="max_queue"):
+        await b.submit("a", [[1]], S, None)
+    gate.set()
+    assert len(await first) == 3 and b.load("a") == 0
+    assert len(await b.submit("a", [[1]], S, None)) == 1
+    await b.close()
+
+
+async def test_an_engine_error_reaches_every_waiter_of_its_batch_and_the_next_batch_runs():
+    eng = Engine()
+    b = RequestBatcher(eng, max_batch=8, max_wait_ms=30, max_queue=100)
+    res = await asyncio.gather(
+        b.submit("a", [[666]], S, None), b.submit("a", [[1]], S, None), return_exceptions=True
+    )
+    assert all(isinstance(r, InvalidArgumentError) for r in res)
+    assert (await b.submit("a", [[2]], S, None))[0].response_token_ids == [3]
+    await b.close()
+
+
+async def test_a_cancelled_request_does_not_break_its_batch():
+    eng = Engine(threading.Event())
+    b = RequestBatcher(eng, max_batch=8, max_wait_ms=20, max_queue=100)
+    gone = asyncio.ensure_future(b.submit("a", [[1]], S, None))
+    kept = asyncio.ensure_future(b.submit("a", [[2]], S, None))
+    await asyncio.sleep(0.05)
+    gone.cancel()
+    eng.gate.set()
+    assert (await kept)[0].response_token_ids == [3]
+    assert b.load("a") == 0
+    await b.close()
