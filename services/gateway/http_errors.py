@@ -1,0 +1,181 @@
+"""The one place the gateway's HTTP adapter turns exceptions into OpenAI-style error responses.
+
+Every error body has the shape of the OpenAI API::
+
+    {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}
+
+``type`` is the OpenAI error type, ``param`` the request field at fault when one is known (``messages[0].content``,
+``temperature``), and ``code`` the gRPC status name in lower case (the gRPC adapter reports the same status for
+the same failure).
+
+=============================  ======  ============================  ======================
+exception                      status  ``type``                      ``code``
+=============================  ======  ============================  ======================
+InvalidArgumentError           400     invalid_request_error         invalid_argument
+OutOfRangeError                400     invalid_request_error         out_of_range
+request validation (FastAPI)   400     invalid_request_error         invalid_argument
+UnauthenticatedError           401     authentication_error          unauthenticated
+PermissionDeniedError          403     permission_error              permission_denied
+NotFoundError / no such route  404     not_found_error               not_found
+FailedPreconditionError        409     conflict_error                failed_precondition
+AlreadyExistsError             409     conflict_error                already_exists
+AbortedError                   409     conflict_error                aborted
+ResourceExhaustedError         429     rate_limit_error              resource_exhausted
+CancelledError                 499     cancelled_error               cancelled
+InternalError, anything else   500     server_error                  internal
+UnavailableError               503     service_unavailable_error     unavailable
+DeadlineExceededError          504     timeout_error                 deadline_exceeded
+=============================  ======  ============================  ======================
+
+``FailedPreconditionError`` (a call or report for an episode that was already reported) is 409 Conflict: the
+request is well formed but conflicts with the episode's state, and retrying it unchanged cannot succeed.
+429 and 503 responses carry ``Retry-After: 1``. A 500 never shows the exception's text or traceback to the
+client; it is logged here with a reference id the response names.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from marti.errors import (
+    AbortedError,
+    AlreadyExistsError,
+    CancelledError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    MartiError,
+    NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+
+_LOG = logging.getLogger("marti.gateway.http")
+
+#: marti error class -> (HTTP status, OpenAI error type, code); looked up along the exception's MRO.
+ERROR_TABLE: dict[type[MartiError], tuple[int, str, str]] = {
+    InvalidArgumentError: (400, "invalid_request_error", "invalid_argument"),
+    OutOfRangeError: (400, "invalid_request_error", "out_of_range"),
+    UnauthenticatedError: (401, "authentication_error", "unauthenticated"),
+    PermissionDeniedError: (403, "permission_error", "permission_denied"),
+    NotFoundError: (404, "not_found_error", "not_found"),
+    FailedPreconditionError: (409, "conflict_error", "failed_precondition"),
+    AlreadyExistsError: (409, "conflict_error", "already_exists"),
+    AbortedError: (409, "conflict_error", "aborted"),
+    ResourceExhaustedError: (429, "rate_limit_error", "resource_exhausted"),
+    CancelledError: (499, "cancelled_error", "cancelled"),
+    UnavailableError: (503, "service_unavailable_error", "unavailable"),
+    DeadlineExceededError: (504, "timeout_error", "deadline_exceeded"),
+}
+_INTERNAL = (500, "server_error", "internal")
+_RETRY_AFTER = {429, 503}
+#: Non-marti HTTP errors Starlette raises itself (unknown route, wrong method).
+_HTTP_TYPES = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
+
+
+def request_error(message: str, param: str | None = None) -> InvalidArgumentError:
+    """An :class:`InvalidArgumentError` that names the request field at fault (reported as ``param``).
+
+    Args:
+        message: What is wrong, naming the value and the limit.
+        param: The request field, e.g. ``"temperature"`` or ``"messages[0].content"``.
+    """
+    err = InvalidArgumentError(message)
+    err.param = param  # type: ignore[attr-defined]
+    return err
+
+
+def error_response(
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    """An OpenAI-style error response (see the module docstring for the body)."""
+    headers = {"Retry-After": "1"} if status in _RETRY_AFTER else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def exception_response(exc: BaseException) -> JSONResponse:
+    """Map any exception to its response by the table in the module docstring.
+
+    A marti error's message goes to the client; anything else is logged with its traceback and the client gets
+    a generic 500 naming a reference id.
+    """
+    if isinstance(exc, MartiError):  # InternalError is not in the table: it is a bug, answered as one
+        for cls in type(exc).__mro__:
+            if cls in ERROR_TABLE:
+                status, type_, code = ERROR_TABLE[cls]  # type: ignore[index]
+                return error_response(status, exc.message, type_, getattr(exc, "param", None), code)
+    ref = uuid.uuid4().hex[:12]
+    _LOG.error("internal error serving an HTTP request (ref %s)", ref, exc_info=exc)
+    status, type_, code = _INTERNAL
+    return error_response(
+        status, f"internal server error (ref {ref}; see the gateway's log)", type_, None, code
+    )
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``; None for the body itself."""
+    parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or None
+
+
+def validation_response(exc: RequestValidationError) -> JSONResponse:
+    """400 for a request FastAPI could not parse or validate, naming the first bad field and its value."""
+    errors = list(exc.errors())
+    if not errors:
+        return error_response(400, "invalid request", "invalid_request_error", None, "invalid_argument")
+    err = errors[0]
+    kind, loc = err.get("type", ""), tuple(err.get("loc", ()))
+    if kind == "json_invalid":
+        reason = (err.get("ctx") or {}).get("error", "malformed JSON")
+        where = f" at character {loc[1]}" if len(loc) > 1 else ""
+        msg = f"the request body is not valid JSON: {reason}{where}"
+        return error_response(400, msg, "invalid_request_error", None, "invalid_argument")
+    param = _param(loc)
+    text = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind == "missing":
+        msg = f"{param} is required" if param else "the request body is required (a JSON object)"
+    else:
+        got = repr(err.get("input"))
+        got = got if len(got) <= 120 else got[:117] + "..."
+        msg = f"{param}: {text} (got {got})" if param else f"the request body: {text} (got {got})"
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return error_response(400, msg + more, "invalid_request_error", param, "invalid_argument")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that make every error of ``app`` an OpenAI-style JSON response."""
+
+    async def on_marti(_: Request, exc: Exception) -> JSONResponse:
+        return exception_response(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return validation_response(exc)
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        type_, code = _HTTP_TYPES.get(exc.status_code, ("invalid_request_error", None))
+        return error_response(exc.status_code, str(exc.detail), type_, None, code)
+
+    app.add_exception_handler(MartiError, on_marti)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    # Starlette runs the catch-all handler in its outermost middleware, which re-raises after responding (so
+    # the server logs the exception too); the client only sees the generic 500.
+    app.add_exception_handler(Exception, on_marti)

@@ -1,0 +1,329 @@
+"""The gateway's OpenAI-compatible HTTP adapter over a real port, driven by the official ``openai`` client.
+
+Two tiny random models (agents ``planner`` and ``executor``) behind one gateway; the server runs in a thread with
+its own loop, which also starts and closes the gateway (the app does not own it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from services.gateway.core.gateway import Gateway
+from services.gateway.core.limits import GatewayLimits
+from services.gateway.http_app import build_app
+from services.trainer.gateway_backend import EngineBackend
+from services.trainer.models import build_tiny_model, load_tokenizer
+from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+
+TOKEN = "test-token-123"
+AGENTS = ("planner", "executor")
+MAX_MODEL_LEN = 128
+MAX_QUEUE = 3  # a request with n = 4 is refused as overloaded, deterministically
+MSG = [{"role": "user", "content": "hello there"}]
+
+
+class Server:
+    """A uvicorn server in a thread; ``base`` is its root URL."""
+
+    def __init__(self, gateway: Gateway, token: str | None) -> None:
+        config = uvicorn.Config(build_app(gateway, token), host="127.0.0.1", port=0, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.gateway = gateway
+
+        async def main() -> None:
+            await gateway.start()
+            try:
+                await self.server.serve()
+            finally:
+                await gateway.close()
+
+        self.thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread (the gateway is closed on its loop)."""
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def served():
+    tok = load_tokenizer()
+    engine = HFRolloutEngine(
+        {a: AgentModel(build_tiny_model(tok, seed=i), tok) for i, a in enumerate(AGENTS)},
+        max_model_len=MAX_MODEL_LEN,
+    )
+    sink: list = []
+    limits = GatewayLimits(max_wait_ms=2, max_queue=MAX_QUEUE, max_n=8)
+    gateway = Gateway(EngineBackend(engine, {a: tok for a in AGENTS}), limits, sink=sink.append)
+    server = Server(gateway, TOKEN)
+    server.sink = sink  # type: ignore[attr-defined]
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served.base + "/v1", api_key=TOKEN, max_retries=0, timeout=30)
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_models_list(client, served):
+    models = client.models.list().data
+    ids = [m.id for m in models]
+    assert ids == ["planner", "planner@0", "executor", "executor@0"]
+    assert all(m.owned_by == "marti" and m.object == "model" for m in models)
+    assert models[0].model_extra == {"agent": "planner", "policy_version": 0}
+
+
+def test_chat_completion_with_logprobs(client):
+    r = client.chat.completions.create(model="planner", messages=MSG, max_tokens=6, logprobs=True, seed=1)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == "planner"
+    (choice,) = r.choices
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    ids = choice.model_extra["token_ids"]
+    assert 1 <= len(ids) <= 6 and len(choice.logprobs.content) == len(ids)
+    assert all(
+        e.logprob <= 0 and e.top_logprobs == [] and e.bytes == list(e.token.encode())
+        for e in choice.logprobs.content
+    )
+    assert r.model_extra["policy_version"] == 0 and choice.model_extra["policy_version"] == 0
+    assert r.model_extra["call_ids"] == [choice.model_extra["call_id"]]
+    prompt_ids = r.model_extra["prompt_token_ids"]
+    assert r.usage.prompt_tokens == len(prompt_ids) and r.usage.completion_tokens == len(ids)
+    assert r.usage.total_tokens == len(prompt_ids) + len(ids)
+    # content parts are joined; pinned version names are served too
+    parts = [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]}
+    ]
+    r2 = client.chat.completions.create(model="planner@0", messages=parts, max_tokens=2)
+    assert r2.model == "planner@0" and r2.choices[0].logprobs is None
+
+
+def test_seed_reproducible_and_n(client):
+    a = client.chat.completions.create(model="executor", messages=MSG, max_tokens=8, seed=7, temperature=1.0)
+    b = client.chat.completions.create(model="executor", messages=MSG, max_tokens=8, seed=7, temperature=1.0)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
+    r = client.chat.completions.create(model="executor", messages=MSG, max_tokens=4, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2] and len(set(r.model_extra["call_ids"])) == 3
+    assert r.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in r.choices)
+
+
+def test_chat_stream_reassembles(client):
+    kw = {"model": "planner", "messages": MSG, "max_tokens": 10, "seed": 3}
+    plain = client.chat.completions.create(**kw)
+    stream = client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].model_extra["prompt_token_ids"] == plain.model_extra["prompt_token_ids"]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(final) == 1 and final[0].choices[0].finish_reason == plain.choices[0].finish_reason
+    assert final[0].choices[0].model_extra["token_ids"] == plain.choices[0].model_extra["token_ids"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == plain.usage.total_tokens
+
+
+def test_stream_raw_sse_and_logprobs(served):
+    body = {"model": "planner", "messages": MSG, "max_tokens": 5, "stream": True, "logprobs": True, "n": 2}
+    with httpx.stream("POST", served.base + "/v1/chat/completions", json=body, headers=_auth()) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    for i in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        token_ids = mine[-1]["token_ids"]
+        with_lp = [c for c in mine if c["logprobs"] is not None]
+        assert len(with_lp) == len(token_ids) and mine[-1]["finish_reason"] in ("stop", "length")
+
+
+def test_completions_text_ids_stop_logprobs(client):
+    r = client.completions.create(
+        model="planner", prompt="Once upon a time", max_tokens=12, seed=5, logprobs=1
+    )
+    (c,) = r.choices
+    assert r.object == "text_completion" and c.finish_reason in ("stop", "length")
+    ids = c.model_extra["token_ids"]
+    assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.logprobs.text_offset) == len(ids)
+    prompt_ids = r.model_extra["prompt_token_ids"]
+    same = client.completions.create(model="planner", prompt=prompt_ids, max_tokens=12, seed=5)
+    assert same.model_extra["prompt_token_ids"] == prompt_ids and same.choices[0].text == c.text
+    # a stop string taken from the free-running text cuts it there
+    text = c.text
+    k = next((i for i in range(1, len(text) - 2) if text[i : i + 2].strip() == text[i : i + 2]), None)
+    assert k is not None, text
+    stop = text[k : k + 2]
+    cut = client.completions.create(model="planner", prompt=prompt_ids, max_tokens=12, seed=5, stop=[stop])
+    assert cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+    default = client.completions.create(model="planner", prompt="hi")
+    assert 1 <= len(default.choices[0].model_extra["token_ids"]) <= 16  # OpenAI's default max_tokens
+    streamed = client.completions.create(
+        model="planner", prompt=prompt_ids, max_tokens=12, seed=5, stream=True
+    )
+    assert "".join(ch.choices[0].text for ch in streamed) == c.text
+
+
+def test_episodes_are_traced_and_released(served, client):
+    sink, base = served.sink, served.base
+    before = len(sink)
+    calls0 = served.gateway.stats()["calls"]
+    # the episode in a header
+    r1 = client.chat.completions.create(
+        model="planner", messages=MSG, max_tokens=4, extra_headers={"X-Marti-Episode": "ep-header"}
+    )
+    # the episode and group in the base_url (unchanged client code)
+    scoped = openai.OpenAI(base_url=f"{base}/episodes/ep-path/groups/g1/v1", api_key=TOKEN, max_retries=0)
+    r2 = scoped.chat.completions.create(model="executor", messages=MSG, max_tokens=4)
+    r3 = scoped.completions.create(model="planner", prompt="abc", max_tokens=3)
+    stats = httpx.get(base + "/v1/gateway/stats", headers=_auth()).json()
+    assert stats["calls"] == calls0 + 3 and stats["open_episodes"] >= 2
+    call_id = r2.choices[0].model_extra["call_id"]
+    rep = httpx.post(
+        base + "/v1/episodes/ep-path/reward",
+        json={"rewards": {"planner": 1.0}, "call_rewards": {call_id: 0.5}},
+        headers=_auth(),
+    )
+    assert rep.status_code == 200 and rep.json() == {"episode_id": "ep-path", "released": 1, "dropped": 0}
+    rep = httpx.post(
+        base + "/v1/episodes/ep-header/reward", json={"rewards": {"planner": -1.0}}, headers=_auth()
+    )
+    assert rep.json()["released"] == 1
+    assert len(sink) == before + 2
+    path_ep, header_ep = sink[before], sink[before + 1]
+    (turn,) = path_ep["executor"].turns
+    assert turn.prompt_token_ids == r2.model_extra["prompt_token_ids"]
+    assert turn.response_token_ids == r2.choices[0].model_extra["token_ids"] and turn.reward == 0.5
+    assert path_ep["executor"].group_id == "g1" and path_ep["planner"].episode_return == 1.0
+    assert path_ep["planner"].turns[0].response_token_ids == r3.choices[0].model_extra["token_ids"]
+    assert header_ep["planner"].turns[0].response_token_ids == r1.choices[0].model_extra["token_ids"]
+    assert header_ep["planner"].episode_return == -1.0 and header_ep["executor"].turns == []
+    # a reported episode is closed: 409 for another call, and for another report
+    with pytest.raises(openai.ConflictError):
+        scoped.chat.completions.create(model="executor", messages=MSG, max_tokens=2)
+    again = httpx.post(base + "/v1/episodes/ep-path/reward", json={"rewards": {}}, headers=_auth())
+    assert again.status_code == 409 and again.json()["error"]["code"] == "failed_precondition"
+
+
+def _err(exc_info) -> dict:
+    return exc_info.value.body
+
+
+def test_openai_errors(client, served):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nobody", messages=MSG, max_tokens=2)
+    assert "nobody" in _err(e)["message"] and _err(e)["type"] == "not_found_error"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="planner@7", messages=MSG, max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="planner", prompt="word " * 200, max_tokens=4)
+    assert "exceeds" in _err(e)["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "x " * 200}])
+    assert _err(e)["param"] == "messages"
+    wrong = openai.OpenAI(base_url=served.base + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    with pytest.raises(openai.RateLimitError) as e:
+        client.chat.completions.create(model="planner", messages=MSG, max_tokens=2, n=MAX_QUEUE + 1)
+    assert "max_queue" in _err(e)["message"] and e.value.response.headers["retry-after"] == "1"
+    for kw, param in [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
+        ({"stop": [""]}, "stop"),
+        ({"extra_body": {"top_k": -2}}, "top_k"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="planner", messages=MSG, **{"max_tokens": 2, **kw})
+        assert _err(e)["param"] == param and param in _err(e)["message"], (kw, _err(e))
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="planner", messages=MSG, max_tokens=2, n=99)
+    assert "n must be" in _err(e)["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="planner", prompt="hi", max_tokens=2, logprobs=3)
+    assert _err(e)["param"] == "logprobs"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="planner", prompt=["a", "b"], max_tokens=2)
+    assert _err(e)["param"] == "prompt"
+
+
+def test_malformed_requests_get_json_400s_and_the_server_survives(served, client):
+    url = served.base + "/v1/chat/completions"
+    h = {**_auth(), "Content-Type": "application/json"}
+
+    def post(content: bytes | str) -> httpx.Response:
+        return httpx.post(url, content=content, headers=h)
+
+    bad = post(b"{not json")
+    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+    r = post(json.dumps({"model": "planner", "messages": MSG, "temperature": "hot"}))
+    assert (
+        r.status_code == 400
+        and r.json()["error"]["param"] == "temperature"
+        and "hot" in r.json()["error"]["message"]
+    )
+    r = post(json.dumps({"model": "planner"}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    parts = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    r = post(json.dumps({"model": "planner", "messages": parts}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content"
+    assert "image_url" in r.json()["error"]["message"]
+    r = post(json.dumps([1, 2]))
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(url, json={"model": "planner", "messages": MSG}, headers={"X-Marti-Episode": "e"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.get(served.base + "/v1/nope", headers=_auth())
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.post(
+        served.base + "/episodes/a/v1/chat/completions",
+        json={"model": "planner", "messages": MSG, "max_tokens": 2},
+        headers={**_auth(), "X-Marti-Episode": "b"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "episode_id"
+    r = httpx.post(served.base + "/v1/episodes/x/reward", json={"rewards": {"nobody": 1.0}}, headers=_auth())
+    assert r.status_code == 400 and "nobody" in r.json()["error"]["message"]
+    ok = client.chat.completions.create(model="planner", messages=MSG, max_tokens=2)
+    assert ok.choices[0].model_extra["token_ids"]
+
+
+def test_unexpected_errors_are_500_without_details(served, client, monkeypatch):
+    def boom() -> dict:
+        raise RuntimeError("secret detail")
+
+    monkeypatch.setattr(served.gateway, "stats", boom)
+    r = httpx.get(served.base + "/v1/gateway/stats", headers=_auth())
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert "secret" not in r.text and "Traceback" not in r.text and "ref " in r.json()["error"]["message"]
+    monkeypatch.undo()
+    assert client.chat.completions.create(model="planner", messages=MSG, max_tokens=2).choices
+
+
+def test_build_app_refuses_an_empty_token(served):
+    from marti.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError):
+        build_app(served.gateway, "")
