@@ -5,6 +5,9 @@ The SDK entry points (imported lazily, so ``import marti`` stays light)::
     env = marti.make("collaborative_task_solving", scenario="resource_allocation", address="localhost:50052")
     comm = marti.MartiCommClient(agent_id="agent_1", address="localhost:50051", session="episode-7")
     store = marti.ExperienceSharingClient(agent_id="agent_1", address="localhost:50053")
+    llm = marti.InferenceClient(gateway)  # gateway: host:port of the job's inference gateway (gRPC)
+    out = llm.generate("agent_1", [{"role": "user", "content": "hi"}], episode_id="ep-1")
+    marti.report_reward(gateway, "ep-1", {"agent_1": 1.0})
 
 Async twins live in :mod:`marti.aio`.
 """
@@ -30,6 +33,8 @@ _LAZY = {
     "list_envs": ("marti.envs", "list_envs"),
     "MartiCommClient": ("marti.clients.broker", "MartiCommClient"),
     "ExperienceSharingClient": ("marti.clients.experience", "ExperienceSharingClient"),
+    "InferenceClient": ("marti.clients.inference", "InferenceClient"),
+    "report_reward": ("marti.clients.inference", "report_reward"),
     "Trajectory": ("marti.trajectory", "Trajectory"),
     "Turn": ("marti.trajectory", "Turn"),
     "load_config": ("marti.config", "load_config"),

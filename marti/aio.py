@@ -3,5 +3,7 @@
 from marti.clients.broker import AsyncMartiCommClient as MartiCommClient
 from marti.clients.env import AsyncEnvClient as EnvClient
 from marti.clients.experience import AsyncExperienceSharingClient as ExperienceSharingClient
+from marti.clients.inference import AsyncInferenceClient as InferenceClient
+from marti.clients.inference import report_reward_async as report_reward
 
-__all__ = ["EnvClient", "ExperienceSharingClient", "MartiCommClient"]
+__all__ = ["EnvClient", "ExperienceSharingClient", "InferenceClient", "MartiCommClient", "report_reward"]

@@ -88,3 +88,119 @@ class Generation:
     policy_version: int = 0
     agent_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Results of the SDK's inference clients (marti.clients.inference): what the inference gateway returns.
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion served by the inference gateway.
+
+    Attributes:
+        call_id: Id of the call; :meth:`InferenceClient.report_reward` ``call_rewards`` names it.
+        text: Decoded completion without special tokens, cut before a matched stop string.
+        token_ids: Generated token ids (A of them), exactly as sampled (and as recorded for training).
+        logprobs: A floats: raw (temperature 1) natural-log probability of each token under the sampling policy.
+        finish_reason: ``"stop"`` (end of sequence or stop string) or ``"length"`` (hit ``max_tokens``).
+        policy_version: Version of the agent's weights that sampled it.
+        index: Position among the request's ``n`` completions, from 0.
+    """
+
+    call_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    policy_version: int
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """What one ``generate`` call returned.
+
+    Attributes:
+        choices: The ``n`` completions, in index order.
+        prompt_token_ids: The prompt as the model saw it (chat template applied), token ids.
+        agent: The agent that served it.
+    """
+
+    choices: list[Completion]
+    prompt_token_ids: list[int]
+    agent: str
+
+    @property
+    def text(self) -> str:
+        """The first completion's text."""
+        return self.choices[0].text
+
+
+@dataclass(frozen=True)
+class CompletionDelta:
+    """One event of a streamed completion.
+
+    A token event has ``token_id`` and ``logprob`` set and the ``text`` the token adds (possibly ``""``); the
+    last event of each completion has ``token_id`` None and ``finish_reason``, ``call_id`` and
+    ``policy_version`` set (``done`` is True). The ``text`` of a completion's events, joined, equals its
+    :attr:`Completion.text`.
+
+    Attributes:
+        index: Which completion, from 0.
+        token_id: The generated token, or None on the final event.
+        logprob: Its raw log-probability, or None on the final event.
+        text: Text the token adds; ``""`` on the final event.
+        finish_reason: ``"stop"`` or ``"length"`` on the final event, else None.
+        call_id: The completion's call id on the final event, else ``""``.
+        policy_version: The sampling policy's version on the final event, else None.
+    """
+
+    index: int
+    token_id: int | None = None
+    logprob: float | None = None
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    call_id: str = ""
+    policy_version: int | None = None
+
+    @property
+    def done(self) -> bool:
+        """True on the final event of a completion."""
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model name the inference gateway serves.
+
+    Attributes:
+        id: The name to pass as ``model``: an agent id or ``agent@VERSION``.
+        agent: The agent it serves.
+        policy_version: Current version (agent ids) or the pinned one (``agent@VERSION``).
+        pinned: True for ``agent@VERSION`` names.
+        max_model_len: Most prompt-plus-completion tokens the agent's model accepts.
+    """
+
+    id: str
+    agent: str
+    policy_version: int
+    pinned: bool
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class RewardReceipt:
+    """What one reward report did.
+
+    Attributes:
+        released: Episodes it made final and handed to training (0 while its group is incomplete).
+        dropped: Episodes it dropped (a failed episode with its group's held members, or a member of a dropped
+            group).
+    """
+
+    released: int
+    dropped: int
+
+
+__all__ += ["Completion", "CompletionDelta", "InferenceResult", "ModelInfo", "RewardReceipt"]

@@ -15,14 +15,24 @@
  *   5. prints one JSON summary line on stdout (the integration test reads it) and exits 0, or exits 1 with the
  *      error on stderr.
  *
+ * With --gateway (or MARTI_GATEWAY_ADDRESS) the executor's actions come from an LLM policy served by a marti
+ * inference gateway instead of the scripted policy: each turn is one InferenceService.Generate call carrying the
+ * episode id (the gateway records its exact tokens and log-probabilities), its completion is the action as it
+ * is, and once the episode ends ReportReward sends each call's step reward and the return, which releases the
+ * episode to training (lib/gateway.js). Everything else is unchanged.
+ *
  * Usage: node agent.js --env HOST:PORT --broker HOST:PORT --store HOST:PORT --session NAME
  *          [--token T] [--proto-root DIR] [--proto-include DIR ...] [--seed N] [--timeout-s S]
+ *          [--gateway HOST:PORT [--model NAME] [--gateway-token T] [--max-tokens N] [--temperature X]]
+ *
+ * --model defaults to the agent id; --gateway-token to MARTI_GATEWAY_TOKEN, then --token.
  */
 
 const crypto = require('node:crypto');
 const path = require('node:path');
 const m = require('./lib/marti');
 const policy = require('./lib/policy');
+const { GatewayPolicy, loadInference } = require('./lib/gateway');
 
 const ENV_ID = 'collaborative_task_solving';
 const JSON_TYPE = 'application/json';
@@ -41,11 +51,17 @@ function parseArgs(argv) {
     partner: 'agent_1',
     seed: 7,
     timeoutS: 60,
+    gateway: process.env.MARTI_GATEWAY_ADDRESS || undefined,
+    gatewayToken: process.env.MARTI_GATEWAY_TOKEN || undefined,
+    model: undefined,
+    maxTokens: 48,
+    temperature: 1.0,
   };
   const names = {
     '--env': 'env', '--broker': 'broker', '--store': 'store', '--session': 'session', '--token': 'token',
     '--proto-root': 'protoRoot', '--seed': 'seed', '--timeout-s': 'timeoutS', '--agent': 'agent',
-    '--partner': 'partner',
+    '--partner': 'partner', '--gateway': 'gateway', '--gateway-token': 'gatewayToken', '--model': 'model',
+    '--max-tokens': 'maxTokens', '--temperature': 'temperature',
   };
   for (let i = 0; i < argv.length; i += 2) {
     const flag = argv[i];
@@ -62,6 +78,14 @@ function parseArgs(argv) {
   opts.timeoutS = Number(opts.timeoutS);
   if (!Number.isInteger(opts.seed)) throw new Error(`--seed must be an integer, got ${opts.seed}`);
   if (!(opts.timeoutS > 0)) throw new Error(`--timeout-s must be > 0, got ${opts.timeoutS}`);
+  opts.maxTokens = Number(opts.maxTokens);
+  opts.temperature = Number(opts.temperature);
+  if (!(Number.isInteger(opts.maxTokens) && opts.maxTokens > 0)) {
+    throw new Error(`--max-tokens must be an integer > 0, got ${opts.maxTokens}`);
+  }
+  if (!(opts.temperature >= 0)) throw new Error(`--temperature must be >= 0, got ${opts.temperature}`);
+  opts.model = opts.model || opts.agent;
+  opts.gatewayToken = opts.gatewayToken || opts.token;
   return opts;
 }
 
@@ -201,6 +225,19 @@ async function main() {
   const store = new api.experience(opts.store, creds);
   const comm = new Comm(api, opts.broker, md, opts.session, opts.agent);
   const episodeId = `node-${crypto.randomUUID()}`;
+  let llm = null; // the gateway's policy, when --gateway is given
+  if (opts.gateway) {
+    const Inference = loadInference(opts.protoRoot, opts.protoInclude);
+    llm = new GatewayPolicy(Inference, opts.gateway, m.authMetadata(opts.gatewayToken), {
+      model: opts.model,
+      agent: opts.agent,
+      episodeId,
+      maxTokens: opts.maxTokens,
+      temperature: opts.temperature,
+      timeoutMs: 30000,
+    });
+    await llm.check();
+  }
 
   // 1. discover environments and create the shared env session
   const listed = await m.unary(env, 'ListEnvs', {}, md);
@@ -244,7 +281,7 @@ async function main() {
     const obs = turnMsg.observation;
     const doc = JSON.parse(obs);
     if (!doc.your_turn) throw new Error(`not my turn: acting ${doc.acting_agent}`);
-    const action = policy.act(doc.problem, plan);
+    const action = llm ? { ...(await llm.act(obs, plan)), followedPlan: false } : policy.act(doc.problem, plan);
     followedPlan = action.followedPlan;
     const step = m.parseStep(await m.unary(env, 'Step', {
       session_id: created.session_id,
@@ -277,6 +314,9 @@ async function main() {
     state = step;
   }
 
+  // with a gateway: end the recorded episode with each call's step reward (releases it to training)
+  const gatewayReport = llm ? await llm.report(turns.map((t) => t.reward)) : null;
+
   // 4. share my trajectory, tell the partner, read the partner's trajectory back
   const trajectory = {
     episode_id: episodeId,
@@ -285,7 +325,11 @@ async function main() {
     role: roles[opts.agent],
     policy_version: 0,
     turns,
-    metadata_json: JSON.stringify({ language: 'javascript', runtime: `node ${process.version}` }),
+    metadata_json: JSON.stringify({
+      language: 'javascript',
+      runtime: `node ${process.version}`,
+      policy: llm ? `gateway:${opts.model}` : 'scripted',
+    }),
     created_at_s: Date.now() / 1000,
   };
   const key = await insertTrajectory(store, md, trajectory, 30000);
@@ -324,7 +368,12 @@ async function main() {
     frames_received: comm.framesReceived,
     bytes: comm.bytes,
     env_closed: closed.closed,
+    policy: llm ? 'gateway' : 'scripted',
   };
+  if (llm) {
+    summary.gateway = { model: opts.model, models: llm.models, calls: llm.calls, ...gatewayReport };
+    llm.close();
+  }
   comm.close();
   env.close();
   store.close();

@@ -1,7 +1,8 @@
 """A Node.js agent (examples/node_agent, @grpc/grpc-js + @grpc/proto-loader) plays one resource_allocation
 episode with a Python agent against real broker, env server and store processes with a bearer token on:
 shared env session, zstd batches both ways (every payload checked by SHA-256 on the other side), trajectories
-shared through the store and read back by the other language."""
+shared through the store and read back by the other language. With ``--gateway`` the Node agent's actions come
+from a real inference gateway (gRPC) and its reward report releases the recorded episode to training."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
+from marti.clients.inference import InferenceClient
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_DIR = ROOT / "examples" / "node_agent"
@@ -91,6 +93,35 @@ def proto_include(tmp_path_factory) -> Path:
     return inc
 
 
+@pytest.fixture(scope="module")
+def gateway():
+    """A real inference gateway (gRPC, token on) serving tiny random policies for both agents of the team.
+
+    Yields ``(address, sink)``; ``sink`` collects the episodes the gateway releases to training.
+    """
+    pytest.importorskip("transformers", reason="the gateway's tiny policies need the trainer extra")
+    from marti.rpc.settings import ServerSettings
+    from marti.rpc.testing import serve_in_thread
+    from services.gateway.core.gateway import Gateway
+    from services.gateway.core.limits import GatewayLimits
+    from services.gateway.servicer import service_spec
+    from services.trainer.gateway_backend import EngineBackend
+    from services.trainer.models import build_tiny_model, load_tokenizer
+    from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+
+    tok = load_tokenizer()
+    agents = ("agent_1", "agent_2")
+    engine = HFRolloutEngine(
+        {a: AgentModel(build_tiny_model(tok, seed=i), tok) for i, a in enumerate(agents)}
+    )
+    sink: list = []
+    gw = Gateway(
+        EngineBackend(engine, {a: tok for a in agents}), GatewayLimits(max_wait_ms=2), sink=sink.append
+    )
+    with serve_in_thread(lambda: [service_spec(gw)], ServerSettings(port=0, token=TOKEN)) as server:
+        yield server.address, sink
+
+
 def _node_cmd(services, session: str, inc: Path, token: str) -> list[str]:
     return [
         "node", str(AGENT_DIR / "agent.js"), "--env", services["env-server"], "--broker", services["broker"],
@@ -159,3 +190,50 @@ def test_node_agent_with_wrong_token_is_unauthenticated(node_modules, services, 
     )
     assert node.returncode == 1
     assert "grpc code 16" in node.stderr and "invalid bearer token" in node.stderr, node.stderr[-2000:]
+
+
+def test_node_agent_acts_through_the_gateway_and_reports_its_reward(
+    node_modules, services, proto_include, gateway
+):
+    address, sink = gateway
+    session = "node-gateway-1"
+    partner = subprocess.Popen(
+        [sys.executable, str(AGENT_DIR / "partner.py"), "--env", services["env-server"], "--broker",
+         services["broker"], "--store", services["store"], "--session", session, "--token", TOKEN,
+         "--timeout-s", "90"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    cmd = [*_node_cmd(services, session, proto_include, TOKEN), "--gateway", address, "--max-tokens", "16"]
+    node = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    p_out, p_err = partner.communicate(timeout=180)
+    assert node.returncode == 0, node.stderr[-3000:]
+    assert partner.returncode == 0, p_err[-3000:]
+    js = json.loads(node.stdout.strip().splitlines()[-1])
+
+    # every action was one recorded Generate call of the gateway's agent_2 policy, its completion sent as it is
+    assert js["policy"] == "gateway" and js["node_turns"] >= 1
+    gw = js["gateway"]
+    assert gw["model"] == "agent_2" and "agent_2" in gw["models"]
+    assert [c["text"] for c in gw["calls"]] == js["actions"]
+    assert all(c["call_id"].startswith("call-") and 1 <= c["tokens"] <= 16 for c in gw["calls"])
+    assert len(gw["calls"]) == js["node_turns"]
+
+    # ReportReward released the episode: the gateway's trace of agent_2 holds exactly those calls and rewards
+    assert (gw["released"], gw["dropped"]) == (1, 0)
+    (episode,) = [ep for ep in sink if ep["agent_2"].episode_id == js["episode_id"]]
+    traj = episode["agent_2"]
+    assert [t.response_text for t in traj.turns] == js["actions"]
+    assert [len(t.response_token_ids) for t in traj.turns] == [c["tokens"] for c in gw["calls"]]
+    assert all(len(t.response_logprobs) == len(t.response_token_ids) for t in traj.turns)
+    assert [t.reward for t in traj.turns] == pytest.approx(js["rewards"])
+    assert traj.episode_return == pytest.approx(sum(js["rewards"])) and traj.turns[-1].terminated
+    assert episode["agent_1"].turns == []  # the Python leader played without the gateway
+    with InferenceClient(address, token=TOKEN) as client:
+        stats = client.stats()
+    assert stats["calls"] >= js["node_turns"] and stats["released"] >= 1
+
+    # the rest of the protocol is unchanged: the store holds the Node agent's actions, tagged with the policy
+    with ExperienceSharingClient("checker", services["store"], token=TOKEN) as store:
+        trajs = {t.agent_id: t for t in store.get_trajectories(episode_id=js["episode_id"])}
+    assert [t.response_text for t in trajs["agent_2"].turns] == js["actions"]
+    assert trajs["agent_2"].metadata["policy"] == "gateway:agent_2"

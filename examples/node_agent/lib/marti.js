@@ -207,6 +207,7 @@ function parseStep(resp) {
 
 module.exports = {
   DEFAULT_MAX_FRAME_BYTES,
+  LOADER_OPTIONS,
   authMetadata,
   decodeFrame,
   encodeFrame,

@@ -1,0 +1,690 @@
+"""Typed clients of the inference gateway (``marti.api.inference.v1.InferenceService``).
+
+* :class:`InferenceClient` (sync) and :class:`AsyncInferenceClient` (``grpc.aio``): ``generate`` (``n``
+  completions of a chat conversation, raw text or token ids, with their exact token ids and log-probabilities),
+  ``generate_stream`` (the same, token by token), ``models``, ``report_reward`` (ends an episode: its recorded
+  calls become training data), ``stats``.
+* :func:`report_reward`: one report over a channel of its own, for a process that only scores episodes.
+
+Pass the same ``episode_id`` to every ``generate`` call of an episode (and a ``group_id`` per problem) and report
+the episode's rewards once it ends. Clients return :mod:`marti.inference` types, never protos, and every gRPC
+error becomes the matching :class:`marti.errors.MartiError` subclass: ``NotFoundError`` (unknown model),
+``InvalidArgumentError`` (bad request, prompt too long), ``ResourceExhaustedError`` (overloaded: retry later),
+``FailedPreconditionError`` (episode already reported), ``UnauthenticatedError`` (missing or wrong token).
+
+The bearer token is ``token`` when given (``""`` sends none), else ``MARTI_GATEWAY_TOKEN``, else ``MARTI_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from marti.api.inference.v1 import inference_pb2 as pb
+from marti.api.inference.v1 import inference_service_pb2_grpc as sgrpc
+from marti.errors import InternalError, InvalidArgumentError
+from marti.inference import (
+    ChatMessages,
+    Completion,
+    CompletionDelta,
+    InferenceResult,
+    ModelInfo,
+    RewardReceipt,
+)
+from marti.rpc.channel import check_token, make_channel
+from marti.rpc.errors import from_rpc_error
+
+SERVICE = "marti.api.inference.v1.InferenceService"
+#: Methods safe to retry on UNAVAILABLE (Generate records calls and ReportReward ends episodes: never retried).
+IDEMPOTENT_METHODS = ((SERVICE, "ListModels"), (SERVICE, "GetStats"))
+#: The gateway's own token variable, read before ``MARTI_TOKEN``.
+TOKEN_ENV = "MARTI_GATEWAY_TOKEN"
+#: Default deadline of each call, seconds (a generate call may wait in the gateway's queue and for its batch).
+DEFAULT_INFERENCE_TIMEOUT_S = 120.0
+
+_INT32_MAX = 2**31 - 1
+_INT64 = (-(2**63), 2**63 - 1)
+_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+__all__ = [
+    "AsyncCompletionStream",
+    "AsyncInferenceClient",
+    "CompletionStream",
+    "InferenceClient",
+    "open_channel",
+    "report_reward",
+    "report_reward_async",
+]
+
+
+def _token(token: str | None) -> str | None:
+    """The token to send: ``token``, else ``MARTI_GATEWAY_TOKEN``; None lets the channel read ``MARTI_TOKEN``."""
+    if token is not None:
+        return token
+    value = os.environ.get(TOKEN_ENV)
+    if value:
+        check_token(value, TOKEN_ENV)
+        return value
+    return None
+
+
+def open_channel(
+    address: str,
+    *,
+    token: str | None = None,
+    tls_ca_file: str | None = None,
+    aio: bool = False,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel | grpc.aio.Channel:
+    """Open a channel to an inference gateway, to share between clients through their ``channel=`` argument.
+
+    Args:
+        address: ``host:port`` of the gateway's gRPC endpoint.
+        token: Bearer token; ``None`` reads ``MARTI_GATEWAY_TOKEN``, then ``MARTI_TOKEN``; ``""`` sends none.
+        tls_ca_file: PEM CA file; enables TLS.
+        aio: True for a ``grpc.aio`` channel (for :class:`AsyncInferenceClient`).
+        options: Extra grpc channel arguments.
+
+    Returns:
+        The channel; the caller closes it after the clients using it.
+
+    Raises:
+        InvalidArgumentError: The token (given or from the environment) is not printable ASCII.
+    """
+    return make_channel(
+        address,
+        token=_token(token),
+        tls_ca_file=tls_ca_file,
+        aio=aio,
+        idempotent_methods=IDEMPOTENT_METHODS,
+        options=options,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ requests
+
+
+def generate_request(
+    model: str,
+    messages: ChatMessages | None = None,
+    *,
+    text: str | None = None,
+    token_ids: Sequence[int] | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int = 0,
+    stop: str | Sequence[str] = (),
+    seed: int | None = None,
+    n: int = 1,
+    episode_id: str = "",
+    group_id: str = "",
+) -> pb.GenerateRequest:
+    """Build a ``GenerateRequest`` (see :meth:`InferenceClient.generate` for the arguments).
+
+    Raises:
+        InvalidArgumentError: Not exactly one prompt kind, an empty model, a malformed message, a token id or
+            seed out of range, ``n`` or ``max_tokens`` < 1, a negative ``top_k`` (the argument is named; the
+            gateway checks the rest).
+    """
+    if not model:
+        raise InvalidArgumentError("model is required: an agent id or AGENT@VERSION (models() lists them)")
+    given = [
+        k for k, v in (("messages", messages), ("text", text), ("token_ids", token_ids)) if v is not None
+    ]
+    if len(given) != 1:
+        raise InvalidArgumentError(
+            f"pass exactly one prompt: messages, text or token_ids (got {', '.join(given) or 'none'})"
+        )
+    if n < 1:
+        raise InvalidArgumentError(f"n must be >= 1, got {n}")
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidArgumentError(f"max_tokens must be >= 1, got {max_tokens}")
+    if top_k < 0:
+        raise InvalidArgumentError(f"top_k must be >= 0, got {top_k}")
+    if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
+        raise InvalidArgumentError(f"seed must fit in int64, got {seed}")
+    req = pb.GenerateRequest(
+        model=model,
+        top_k=top_k,
+        stop=[stop] if isinstance(stop, str) else list(stop),
+        episode_id=episode_id,
+        group_id=group_id,
+        n=n,
+    )
+    if messages is not None:
+        if isinstance(messages, (str, bytes)) or not messages:
+            raise InvalidArgumentError("messages must be a non-empty list of {'role', 'content'} dicts")
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+                raise InvalidArgumentError(
+                    f"messages[{i}] must be a dict with 'role' and 'content', got {m!r:.100}"
+                )
+            req.messages.messages.add(role=str(m["role"]), content=str(m["content"]))
+    elif text is not None:
+        req.text = text
+    else:
+        ids = [int(t) for t in token_ids]  # type: ignore[union-attr]
+        bad = next((i for i, t in enumerate(ids) if not 0 <= t <= _INT32_MAX), None)
+        if bad is not None:
+            raise InvalidArgumentError(f"token_ids[{bad}] is {ids[bad]}, outside [0, 2**31)")
+        req.token_ids.ids.extend(ids)
+    if max_tokens is not None:
+        req.max_tokens = max_tokens
+    if temperature is not None:
+        req.temperature = temperature
+    if top_p is not None:
+        req.top_p = top_p
+    if seed is not None:
+        req.seed = seed
+    return req
+
+
+def _result(resp: pb.GenerateResponse) -> InferenceResult:
+    return InferenceResult(
+        choices=[
+            Completion(
+                call_id=c.call_id,
+                text=c.text,
+                token_ids=list(c.token_ids),
+                logprobs=list(c.logprobs),
+                finish_reason=_FINISH.get(c.finish_reason, "stop"),  # type: ignore[arg-type]
+                policy_version=int(c.policy_version),
+                index=int(c.index),
+            )
+            for c in resp.choices
+        ],
+        prompt_token_ids=list(resp.prompt_token_ids),
+        agent=resp.agent,
+    )
+
+
+def _model(m: pb.ModelInfo) -> ModelInfo:
+    return ModelInfo(m.id, m.agent, int(m.policy_version), bool(m.pinned), int(m.max_model_len))
+
+
+def _report_request(
+    episode_id: str,
+    rewards: Mapping[str, float],
+    call_rewards: Mapping[str, float] | None,
+    group_id: str,
+    group_size: int,
+    failed: bool,
+) -> pb.ReportRewardRequest:
+    if not episode_id:
+        raise InvalidArgumentError("episode_id must be a non-empty string")
+    if group_size < 0:
+        raise InvalidArgumentError(f"group_size must be >= 0, got {group_size}")
+    return pb.ReportRewardRequest(
+        episode_id=episode_id,
+        rewards={str(k): float(v) for k, v in rewards.items()},
+        call_rewards={str(k): float(v) for k, v in (call_rewards or {}).items()},
+        group_id=group_id,
+        group_size=group_size,
+        failed=failed,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ streams
+
+
+class _Assembler:
+    """Turns GenerateStream messages into :class:`CompletionDelta` events and keeps what a result needs."""
+
+    def __init__(self, header: pb.GenerateStreamResponse) -> None:
+        if header.WhichOneof("event") != "header":
+            raise InternalError("the GenerateStream stream did not start with its header")
+        self.agent = header.header.agent
+        self.prompt_token_ids = list(header.header.prompt_token_ids)
+        self.n = int(header.header.n)
+
+    @staticmethod
+    def delta(msg: pb.GenerateStreamResponse) -> CompletionDelta:
+        kind = msg.WhichOneof("event")
+        if kind == "delta":
+            d = msg.delta
+            return CompletionDelta(int(d.index), int(d.token_id), float(d.logprob), d.text)
+        if kind == "end":
+            e = msg.end
+            return CompletionDelta(
+                int(e.index),
+                finish_reason=_FINISH.get(e.finish_reason, "stop"),  # type: ignore[arg-type]
+                call_id=e.call_id,
+                policy_version=int(e.policy_version),
+            )
+        raise InternalError(f"unexpected GenerateStream message kind {kind!r} after the header")
+
+    def result(self, deltas: Sequence[CompletionDelta]) -> InferenceResult:
+        ids: dict[int, list[int]] = {}
+        logps: dict[int, list[float]] = {}
+        texts: dict[int, list[str]] = {}
+        choices: list[Completion] = []
+        for d in deltas:
+            if d.done:
+                choices.append(
+                    Completion(
+                        d.call_id, "".join(texts.get(d.index, [])), ids.get(d.index, []),
+                        logps.get(d.index, []), d.finish_reason, d.policy_version or 0, d.index,  # type: ignore[arg-type]
+                    )
+                )  # fmt: skip
+            else:
+                ids.setdefault(d.index, []).append(d.token_id)  # type: ignore[arg-type]
+                logps.setdefault(d.index, []).append(d.logprob)  # type: ignore[arg-type]
+                texts.setdefault(d.index, []).append(d.text)
+        if len(choices) != self.n:
+            raise InternalError(f"the stream ended after {len(choices)} of {self.n} completions")
+        return InferenceResult(sorted(choices, key=lambda c: c.index), self.prompt_token_ids, self.agent)
+
+
+class CompletionStream:
+    """A streamed ``generate`` (sync): iterate it for :class:`CompletionDelta` events.
+
+    Every token of completion 0 comes first, then its final event, then completion 1, and so on. The header is
+    read when the stream is opened, so :attr:`agent`, :attr:`prompt_token_ids` and :attr:`n` are set at once.
+
+    Attributes:
+        agent: The agent that served it.  prompt_token_ids: The prompt as the model saw it.
+        n: Completions that follow.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        try:
+            first = next(call)
+        except StopIteration:
+            raise InternalError("the GenerateStream stream ended before its header") from None
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        self._asm = _Assembler(first)
+        self.agent, self.prompt_token_ids, self.n = self._asm.agent, self._asm.prompt_token_ids, self._asm.n
+
+    def __iter__(self) -> Iterator[CompletionDelta]:
+        try:
+            for msg in self._call:
+                yield self._asm.delta(msg)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def collect(self) -> InferenceResult:
+        """Read the rest of the stream and assemble it into the result ``generate`` would return.
+
+        Raises:
+            InternalError: The stream ended before every completion's final event.
+        """
+        return self._asm.result(list(self))
+
+    def cancel(self) -> None:
+        """Stop reading: cancel the call (idempotent)."""
+        self._call.cancel()
+
+    def __enter__(self) -> CompletionStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+class AsyncCompletionStream:
+    """A streamed ``generate`` (``grpc.aio``): ``async for`` it for :class:`CompletionDelta` events.
+
+    Built by :meth:`AsyncInferenceClient.generate_stream`, which reads the header first; see
+    :class:`CompletionStream` for the order of events and the attributes.
+    """
+
+    def __init__(self, call: Any, header: pb.GenerateStreamResponse) -> None:
+        self._call = call
+        self._asm = _Assembler(header)
+        self.agent, self.prompt_token_ids, self.n = self._asm.agent, self._asm.prompt_token_ids, self._asm.n
+
+    @classmethod
+    async def open(cls, call: Any) -> AsyncCompletionStream:
+        """Read the header of ``call`` and return the stream.
+
+        Raises:
+            The call's error as a :class:`MartiError`; InternalError when it ends before its header.
+        """
+        try:
+            first = await call.read()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        if first is grpc.aio.EOF:
+            raise InternalError("the GenerateStream stream ended before its header")
+        return cls(call, first)
+
+    async def __aiter__(self) -> AsyncIterator[CompletionDelta]:
+        while True:
+            try:
+                msg = await self._call.read()
+            except grpc.RpcError as e:
+                raise from_rpc_error(e) from None
+            if msg is grpc.aio.EOF:
+                return
+            yield self._asm.delta(msg)
+
+    async def collect(self) -> InferenceResult:
+        """See :meth:`CompletionStream.collect`."""
+        return self._asm.result([d async for d in self])
+
+    def cancel(self) -> None:
+        """Stop reading: cancel the call (idempotent)."""
+        self._call.cancel()
+
+    async def __aenter__(self) -> AsyncCompletionStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+# ------------------------------------------------------------------------------------------------ clients
+
+
+class InferenceClient:
+    """Synchronous client of the inference gateway.
+
+    Args:
+        address: ``host:port`` of the gateway's gRPC endpoint.
+        token: Bearer token; ``None`` reads ``MARTI_GATEWAY_TOKEN``, then ``MARTI_TOKEN``; ``""`` sends none.
+        tls_ca_file: PEM CA file; enables TLS.
+        timeout_s: Default deadline of each call, seconds.
+        channel: An open channel to use instead of dialing (from :func:`open_channel`; ``token`` and
+            ``tls_ca_file`` are then ignored); not closed by :meth:`close`.
+
+    Raises:
+        InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
+            construction, before any rpc.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._own_channel = channel is None
+        self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
+        self.stub = sgrpc.InferenceServiceStub(self.channel)
+
+    def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
+        try:
+            return method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def generate(
+        self,
+        model: str,
+        messages: ChatMessages | None = None,
+        *,
+        text: str | None = None,
+        token_ids: Sequence[int] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int = 0,
+        stop: str | Sequence[str] = (),
+        seed: int | None = None,
+        n: int = 1,
+        episode_id: str = "",
+        group_id: str = "",
+        timeout_s: float | None = None,
+    ) -> InferenceResult:
+        """Sample ``n`` completions of one prompt with an agent's policy.
+
+        Args:
+            model: An agent id (its current policy) or ``agent@VERSION`` (a resident version; see :meth:`models`).
+            messages: A chat conversation (``[{"role": ..., "content": ...}]``, the agent's chat template is
+                applied); or
+            text: Raw text (no special tokens added); or
+            token_ids: Token ids of the agent's tokenizer. Exactly one of the three.
+            max_tokens: Most tokens per completion (None: 64, or the room the context leaves after the
+                prompt when that is less).
+            temperature: >= 0, 0 is greedy (None: 1).  top_p: In (0, 1] (None: 1).  top_k: 0 disables it.
+            stop: Stop strings (the text is cut before the first match).
+            seed: Makes sampling reproducible for equal requests.
+            n: Completions to sample, >= 1 (the gateway caps it).
+            episode_id: Your episode id: the call is recorded for training until you report the episode.
+            group_id: Your group (problem) id of the episode.
+            timeout_s: Deadline of this call, seconds (default: the client's).
+
+        Returns:
+            The completions with their exact token ids, log-probabilities, call ids and policy versions.
+
+        Raises:
+            NotFoundError: Unknown model or non-resident version.
+            InvalidArgumentError: A bad argument, or the prompt plus ``max_tokens`` exceeds the model's context.
+            ResourceExhaustedError: The gateway is overloaded (retry later).
+            FailedPreconditionError: ``episode_id`` was already reported.
+            UnauthenticatedError: Missing or wrong token.  DeadlineExceededError, UnavailableError.
+        """
+        req = generate_request(
+            model, messages, text=text, token_ids=token_ids, max_tokens=max_tokens, temperature=temperature,
+            top_p=top_p, top_k=top_k, stop=stop, seed=seed, n=n, episode_id=episode_id, group_id=group_id,
+        )  # fmt: skip
+        return _result(self._call(self.stub.Generate, req, timeout_s))
+
+    def generate_stream(
+        self,
+        model: str,
+        messages: ChatMessages | None = None,
+        *,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> CompletionStream:
+        """Like :meth:`generate`, token by token: returns a :class:`CompletionStream` of
+        :class:`CompletionDelta` events (the gateway sends them once the completions are generated).
+
+        Args:
+            model, messages, timeout_s: As :meth:`generate` (the deadline covers the whole stream).
+            **kwargs: The other keyword arguments of :meth:`generate`.
+
+        Raises:
+            As :meth:`generate`, when opening the stream.
+        """
+        req = generate_request(model, messages, **kwargs)
+        call = self.stub.GenerateStream(
+            pb.GenerateStreamRequest(request=req), timeout=timeout_s or self.timeout_s
+        )
+        return CompletionStream(call)
+
+    def models(self) -> list[ModelInfo]:
+        """Every servable model name: each agent, then each resident ``agent@VERSION``."""
+        return [_model(m) for m in self._call(self.stub.ListModels, pb.ListModelsRequest()).models]
+
+    def report_reward(
+        self,
+        episode_id: str,
+        rewards: Mapping[str, float],
+        *,
+        call_rewards: Mapping[str, float] | None = None,
+        group_id: str = "",
+        group_size: int = 0,
+        failed: bool = False,
+        timeout_s: float | None = None,
+    ) -> RewardReceipt:
+        """End an episode: its recorded calls become training data with these rewards.
+
+        Args:
+            episode_id: The ``episode_id`` its ``generate`` calls carried.
+            rewards: Per trained agent, its return (an agent left out gets the sum of its call rewards, or 0).
+            call_rewards: Per call id (:attr:`Completion.call_id`), a reward for that call.
+            group_id: The episode's group (overrides the calls' one).
+            group_size: Episodes in the group; > 0 holds this one until the whole group reported.
+            failed: The episode failed: drop it with its group (never trained).
+            timeout_s: Deadline of this call, seconds.
+
+        Returns:
+            How many episodes this report released and dropped.
+
+        Raises:
+            InvalidArgumentError: Empty episode id, an agent that is not trained, an unknown call id, a
+                non-finite reward.
+            FailedPreconditionError: The episode was already reported (or abandoned).
+            InternalError: The gateway could not store the episode.
+        """
+        req = _report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)
+        resp = self._call(self.stub.ReportReward, req, timeout_s)
+        return RewardReceipt(int(resp.released), int(resp.dropped))
+
+    def stats(self) -> dict[str, float]:
+        """The gateway's counters (calls, released, dropped, open episodes, batches, ...; see the proto)."""
+        return dict(self._call(self.stub.GetStats, pb.GetStatsRequest()).counters)
+
+    def close(self) -> None:
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            self.channel.close()
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncInferenceClient:
+    """``grpc.aio`` twin of :class:`InferenceClient` (same arguments; methods are coroutines).
+
+    Args:
+        address: ``host:port`` of the gateway's gRPC endpoint.
+        token: Bearer token; ``None`` reads ``MARTI_GATEWAY_TOKEN``, then ``MARTI_TOKEN``; ``""`` sends none.
+        tls_ca_file: PEM CA file; enables TLS.
+        timeout_s: Default deadline of each call, seconds.
+        channel: An open ``grpc.aio`` channel (``open_channel(..., aio=True)``); not closed by :meth:`close`.
+
+    Raises:
+        InvalidArgumentError: The token is not printable ASCII (at construction).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._own_channel = channel is None
+        self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file, aio=True)
+        self.stub = sgrpc.InferenceServiceStub(self.channel)
+
+    async def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
+        try:
+            return await method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def generate(
+        self,
+        model: str,
+        messages: ChatMessages | None = None,
+        *,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> InferenceResult:
+        """See :meth:`InferenceClient.generate` (same keyword arguments)."""
+        req = generate_request(model, messages, **kwargs)
+        return _result(await self._call(self.stub.Generate, req, timeout_s))
+
+    async def generate_stream(
+        self,
+        model: str,
+        messages: ChatMessages | None = None,
+        *,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> AsyncCompletionStream:
+        """See :meth:`InferenceClient.generate_stream`; ``async for`` the returned stream."""
+        req = generate_request(model, messages, **kwargs)
+        call = self.stub.GenerateStream(
+            pb.GenerateStreamRequest(request=req), timeout=timeout_s or self.timeout_s
+        )
+        return await AsyncCompletionStream.open(call)
+
+    async def models(self) -> list[ModelInfo]:
+        """See :meth:`InferenceClient.models`."""
+        return [_model(m) for m in (await self._call(self.stub.ListModels, pb.ListModelsRequest())).models]
+
+    async def report_reward(
+        self,
+        episode_id: str,
+        rewards: Mapping[str, float],
+        *,
+        call_rewards: Mapping[str, float] | None = None,
+        group_id: str = "",
+        group_size: int = 0,
+        failed: bool = False,
+        timeout_s: float | None = None,
+    ) -> RewardReceipt:
+        """See :meth:`InferenceClient.report_reward`."""
+        req = _report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)
+        resp = await self._call(self.stub.ReportReward, req, timeout_s)
+        return RewardReceipt(int(resp.released), int(resp.dropped))
+
+    async def stats(self) -> dict[str, float]:
+        """See :meth:`InferenceClient.stats`."""
+        return dict((await self._call(self.stub.GetStats, pb.GetStatsRequest())).counters)
+
+    async def close(self) -> None:
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            await self.channel.close()
+
+    async def __aenter__(self) -> AsyncInferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def report_reward(
+    address: str,
+    episode_id: str,
+    rewards: Mapping[str, float],
+    *,
+    token: str | None = None,
+    tls_ca_file: str | None = None,
+    timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
+    **kwargs: Any,
+) -> RewardReceipt:
+    """Report one episode's rewards to the gateway at ``address`` over a channel of its own (``marti.report_reward``).
+
+    Args:
+        address: ``host:port`` of the gateway.  episode_id, rewards: See :meth:`InferenceClient.report_reward`.
+        token: Bearer token (``None``: ``MARTI_GATEWAY_TOKEN``, then ``MARTI_TOKEN``).
+        tls_ca_file: PEM CA file; enables TLS.  timeout_s: Deadline, seconds.
+        **kwargs: ``call_rewards``, ``group_id``, ``group_size``, ``failed``.
+
+    Raises:
+        As :meth:`InferenceClient.report_reward`.
+    """
+    with InferenceClient(address, token=token, tls_ca_file=tls_ca_file, timeout_s=timeout_s) as client:
+        return client.report_reward(episode_id, rewards, **kwargs)
+
+
+async def report_reward_async(
+    address: str,
+    episode_id: str,
+    rewards: Mapping[str, float],
+    *,
+    token: str | None = None,
+    tls_ca_file: str | None = None,
+    timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
+    **kwargs: Any,
+) -> RewardReceipt:
+    """Async twin of :func:`report_reward` (``marti.aio.report_reward``)."""
+    async with AsyncInferenceClient(
+        address, token=token, tls_ca_file=tls_ca_file, timeout_s=timeout_s
+    ) as client:
+        return await client.report_reward(episode_id, rewards, **kwargs)
