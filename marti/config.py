@@ -48,6 +48,8 @@ __all__ = [
     "AlgorithmConfig",
     "BudgetConfig",
     "EnvironmentConfig",
+    "ExternalConfig",
+    "GatewayConfig",
     "OutputConfig",
     "PolicyConfig",
     "RayConfig",
@@ -339,6 +341,13 @@ class RolloutConfig(_Section):
 
     engine: Literal["hf", "vllm", "auto"] = "auto"
     """``hf``: transformers ``generate``; ``vllm``: vLLM (GPU); ``auto``: vLLM when installed and on CUDA."""
+    source: Literal["builtin", "external", "mixed"] = "builtin"
+    """Where each update's training episodes come from. ``builtin``: the job plays ``episodes_per_step``
+    episodes in the env per step. ``external``: no built-in rollout; each trainable agent's update takes
+    ``external.episodes_per_step`` episodes that external agent code played through the inference gateway and
+    reported rewards for (waiting up to ``external.wait_timeout_s`` for them). ``mixed``: both, the built-in
+    episodes plus ``external.episodes_per_step`` more per agent. ``external`` and ``mixed`` turn the gateway on.
+    Evaluation (``eval_every``) still plays the env's held-out seeds; set it to 0 for a job without an env."""
     episodes_per_step: PositiveInt = 8
     """Episodes played per training step (a multiple of ``group_size``)."""
     group_size: PositiveInt = 4
@@ -709,6 +718,65 @@ class AllocationConfig(_Section):
         return self
 
 
+class GatewayConfig(_Section):
+    """The inference gateway: every agent's current policy served over OpenAI-compatible HTTP and gRPC while the
+    job trains; calls made with an episode id are recorded (exact token ids, behaviour log-probs, policy
+    version) and become training episodes when the client reports rewards (``rollout.source`` external or
+    mixed). The limits map onto ``services.gateway.core.limits.GatewayLimits``."""
+
+    enabled: bool = False
+    """Start the gateway with the job (its addresses are printed and written to ``<run_dir>/gateway.json``).
+    Forced on when ``rollout.source`` is ``external`` or ``mixed``. With ``rollout.source: builtin`` the
+    gateway only serves: reported episodes are counted, never trained on."""
+    host: str = "127.0.0.1"
+    """Interface both endpoints bind; ``0.0.0.0`` for every interface."""
+    http_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """TCP port of the OpenAI-compatible HTTP endpoint (``/v1``); 0: any free port."""
+    grpc_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """TCP port of the gRPC InferenceService; 0: any free port."""
+    max_batch: PositiveInt = 32
+    """Most prompts of one agent run in one engine call (concurrent requests are batched up to it)."""
+    max_wait_ms: NonNegFloat = 5.0
+    """Most milliseconds a request waits for others to fill its batch."""
+    max_queue: PositiveInt = 1024
+    """Most prompts queued or running per agent; more are refused as overloaded (HTTP 429, gRPC
+    RESOURCE_EXHAUSTED)."""
+    max_n: PositiveInt = 16
+    """Most completions one request may ask for (``n``)."""
+    max_open_episodes: PositiveInt = 10_000
+    """Most episodes with recorded calls and no reward report yet; a call that would open one more is refused as
+    overloaded."""
+    max_calls_per_episode: PositiveInt = 256
+    """Most calls recorded per episode and agent; one more is refused (HTTP 400, gRPC INVALID_ARGUMENT)."""
+    resident_versions: PositiveInt | None = None
+    """Policy versions per agent that can be requested as ``agent@VERSION`` (the current one included): the
+    serving actor keeps a CPU copy of the last this many synced weights of every agent (the LoRA adapter or the
+    whole state dict) and loads an older one for the duration of a call; 1 keeps no copy. Null: the largest
+    staleness bound of any agent plus 1. The vLLM engine serves only the current version."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GatewayConfig:
+        if self.http_port and self.http_port == self.grpc_port:
+            raise ValueError(f"gateway.http_port and gateway.grpc_port are both {self.http_port}")
+        return self
+
+
+class ExternalConfig(_Section):
+    """Training on episodes external agent code plays through the inference gateway (``rollout.source``
+    external or mixed)."""
+
+    episodes_per_step: PositiveInt = 8
+    """Items each trainable agent's update takes from its table per step beyond the built-in episodes: one
+    per episode an external client reported (``rollout.source`` external or mixed)."""
+    episode_timeout_s: PositiveFloat = 600.0
+    """Seconds after its last call an open external episode without a reward report is abandoned: dropped with
+    its group, never trained on (counted in ``gateway/abandoned`` and ``gateway/dropped``). Applies whenever
+    the gateway runs."""
+    wait_timeout_s: PositiveFloat = 600.0
+    """Most seconds an update waits for its external episodes (``rollout.source`` external or mixed); the job
+    then fails with an error naming how many items arrived of how many needed."""
+
+
 class TrainConfig(_Section):
     """A whole training job, as written in the YAML file (ARCHITECTURE.md section 7)."""
 
@@ -773,6 +841,10 @@ class TrainConfig(_Section):
     """The curriculum section."""
     allocation: AllocationConfig = Field(default_factory=AllocationConfig)
     """The priority allocation section."""
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """The inference gateway section (serving the policies to external agent code while the job trains)."""
+    external: ExternalConfig = Field(default_factory=ExternalConfig)
+    """The external episodes section (``rollout.source`` external or mixed)."""
 
     @field_validator("training_name")
     @classmethod
@@ -854,6 +926,38 @@ class TrainConfig(_Section):
                 f"allocation.min_share={self.allocation.min_share} times {n} trainable agents exceeds 1"
             )
         return self
+
+    @model_validator(mode="after")
+    def _force_gateway(self) -> TrainConfig:
+        """External episodes arrive through the gateway: ``rollout.source`` external or mixed turns it on."""
+        if self.rollout.source != "builtin" and not self.gateway.enabled:
+            object.__setattr__(self, "gateway", self.gateway.model_copy(update={"enabled": True}))
+        return self
+
+    @property
+    def gateway_resident_versions(self) -> int:
+        """Versions per agent the gateway keeps servable: ``gateway.resident_versions``, or the largest agent
+        staleness bound plus 1 when null."""
+        if self.gateway.resident_versions is not None:
+            return self.gateway.resident_versions
+        return max(self.max_staleness_for(a.name) for a in self.agents) + 1
+
+    @property
+    def builtin_episodes_per_step(self) -> int:
+        """Episodes the job plays itself per step: ``rollout.episodes_per_step``, 0 with ``rollout.source:
+        external``."""
+        return 0 if self.rollout.source == "external" else self.rollout.episodes_per_step
+
+    @property
+    def external_episodes_per_step(self) -> int:
+        """External episodes each update takes per agent: ``external.episodes_per_step``, 0 with
+        ``rollout.source: builtin``."""
+        return 0 if self.rollout.source == "builtin" else self.external.episodes_per_step
+
+    @property
+    def items_per_step(self) -> int:
+        """Items each trainable agent's update takes from its table: built-in plus external episodes."""
+        return self.builtin_episodes_per_step + self.external_episodes_per_step
 
     @property
     def run_dir(self) -> Path:

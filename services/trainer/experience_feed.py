@@ -8,7 +8,9 @@ learner takes the next ``rollout.episodes_per_step`` items of the agent's table,
 version: the table removes items older than its ``max_policy_lag`` (the agent's staleness bound) instead of
 returning them, and they still count as consumed, so updates stay aligned with rollout steps. Items inserted by
 any other process (:class:`marti.ExperienceSharingClient` ``share_experience`` with behaviour log-probs and a
-policy version) are trained on the same way.
+policy version) are trained on the same way. Episodes external clients play through the inference gateway
+(``rollout.source`` external or mixed) are inserted by the gateway as the client reports them, and the learner
+waits for them up to a deadline (:meth:`ExperienceFeed.take`).
 
 Bookkeeping that keeps "each trajectory trained on exactly once" across service outages:
 
@@ -29,12 +31,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from marti.errors import DeadlineExceededError, FailedPreconditionError
+from marti.errors import CancelledError, DeadlineExceededError, FailedPreconditionError
 from marti.trajectory import Trajectory
 
 _LOG = logging.getLogger("marti.trainer.feed")
@@ -144,16 +147,19 @@ class ExperienceFeed:
             self._retracted.update(self._attempt)
             self._attempt = []
 
-    def insert_episode(self, trajectories: dict[str, Trajectory]) -> None:
+    def insert_episode(self, trajectories: dict[str, Trajectory], *, external: bool = False) -> None:
         """Insert one finished episode: one trajectory per trainable agent, into the agent's table.
 
         Retried while the store restarts (an item that landed twice is dropped by :meth:`take`).
 
         Args:
             trajectories: Per trainable agent, its trajectory of the episode (possibly with no turns).
+            external: An episode an external client played through the inference gateway: it belongs to no
+                rollout attempt, so a built-in rollout replayed meanwhile does not retract it.
         """
-        with self._lock:  # recorded first: an attempt that fails part-way retracts what it did insert
-            self._attempt.extend({t.episode_id for t in trajectories.values()})
+        if not external:
+            with self._lock:  # recorded first: an attempt that fails part-way retracts what it did insert
+                self._attempt.extend({t.episode_id for t in trajectories.values()})
         for agent, traj in trajectories.items():
             table = self.tables[agent]
             self._reconnecting(
@@ -164,22 +170,38 @@ class ExperienceFeed:
                 self.inserted += 1
 
     # ------------------------------------------------------------------------------------------ learner
-    def take(self, agent: str, count: int, current_version: int) -> Taken:
-        """The next ``count`` items of the agent's table (one update's batch), read once the step's rollout is
-        over: every item of the step is in, so a missing one is an error.
+    def take(
+        self,
+        agent: str,
+        count: int,
+        current_version: int,
+        *,
+        deadline: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> Taken:
+        """The next ``count`` items of the agent's table (one update's batch).
+
+        Without ``deadline`` the items are read once the step's rollout is over: every item of the step is in,
+        so a missing one is an error. With one (external episodes, which arrive whenever their clients report),
+        the table is polled until ``count`` items came or the deadline passed.
 
         Args:
             agent: A trainable agent.
             count: Items to consume: returned or removed as stale (duplicates and retracted episodes do not
                 count).
             current_version: The learner's policy version of the agent, for the table's ``max_policy_lag``.
+            deadline: ``time.monotonic()`` value until which missing items are waited for; None = no wait.
+            stop: When set while waiting, the wait ends (the job is stopping).
 
         Returns:
             A :class:`Taken`.
 
         Raises:
-            FailedPreconditionError: the table ran dry before ``count`` items (nothing came within
-                :data:`SAMPLE_POLL_S`; an empty table is not a service outage to reconnect from).
+            FailedPreconditionError: no ``deadline`` and the table ran dry before ``count`` items (nothing came
+                within :data:`SAMPLE_POLL_S`; an empty table is not a service outage to reconnect from).
+            DeadlineExceededError: ``deadline`` passed before ``count`` items came (the counts are named; the
+                items taken so far are consumed).
+            CancelledError: ``stop`` was set while waiting.
         """
         table = self.tables[agent]
         out = Taken()
@@ -189,10 +211,13 @@ class ExperienceFeed:
                 lambda n=count - consumed: self._sample(table, n, current_version), f"sampling {table!r}"
             )
             if got is None:
-                raise FailedPreconditionError(
-                    f"table {table!r} holds {consumed} of the {count} items this update needs and no rollout "
-                    "will insert more"
-                )
+                if deadline is None:
+                    raise FailedPreconditionError(
+                        f"table {table!r} holds {consumed} of the {count} items this update needs and no "
+                        "rollout will insert more"
+                    )
+                self._check_wait(table, consumed, count, deadline, stop)
+                continue
             for eid in got.stale_episode_ids:  # removed by the table; a slot only if it was this step's item
                 if eid in self._retracted or eid in self._seen[agent]:
                     out.duplicates += 1
@@ -208,8 +233,24 @@ class ExperienceFeed:
                 self._remember(agent, eid)
                 consumed += 1
                 out.trajectories.append(item.trajectory)
+            if deadline is not None and consumed < count:
+                self._check_wait(table, consumed, count, deadline, stop)
         out.trajectories, out.dropped = whole_groups(out.trajectories, out.stale > 0)
         return out
+
+    @staticmethod
+    def _check_wait(
+        table: str, consumed: int, count: int, deadline: float, stop: threading.Event | None
+    ) -> None:
+        """Raise when a waiting :meth:`take` must give up: the job stops, or the deadline passed."""
+        if stop is not None and stop.is_set():
+            raise CancelledError(
+                f"stopped while table {table!r} held {consumed} of the {count} items this update needs"
+            )
+        if time.monotonic() >= deadline:
+            raise DeadlineExceededError(
+                f"table {table!r} got {consumed} of the {count} items this update needs in time"
+            )
 
     def _sample(self, table: str, count: int, current_version: int) -> Any:
         """Up to ``count`` items (a :class:`marti.clients.experience.SampleBatch`), or None when none came within

@@ -1,9 +1,16 @@
-"""The inference gateway's backend over a rollout engine in this process.
+"""The inference gateway's backends: what :class:`services.gateway.core.gateway.Gateway` serves from.
 
-:class:`EngineBackend` serves a :class:`~services.trainer.rollout.base.RolloutEngine` (transformers or vLLM) and
-the agents' tokenizers to :class:`services.gateway.core.gateway.Gateway`: chat prompts use each agent's own
-tokenizer's chat template, and every engine call takes the lock that weight syncs take, so a call in flight when
-an update lands finishes on the version it started with.
+- :class:`TrainerBackend` serves the policies of a running training job: each call goes to the agent's policy
+  actor (or, with ``ray.num_rollout_workers``, a rollout actor) through
+  :meth:`~services.trainer.ray_runtime.RayRuntime.serve`, which samples under the actor's engine lock with the
+  caller's sampling parameters; an ``agent@VERSION`` call loads a resident older version for its duration. The
+  agents' versions and resident versions are mirrored in this process (:meth:`TrainerBackend.refresh`, called by
+  the training loop after every step's updates), so resolving a model name never waits for an actor that is busy
+  training.
+- :class:`EngineBackend` serves a :class:`~services.trainer.rollout.base.RolloutEngine` in this process (tests,
+  single-process serving).
+
+Both use each agent's own tokenizer for chat templates, so agents on different base models each get theirs.
 """
 
 from __future__ import annotations
@@ -12,28 +19,47 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
+from marti.errors import NotFoundError
 from marti.inference import ChatMessages, Generation, SamplingParams
 from services.gateway.core.backend import InferenceBackend
+from services.trainer.generation import (
+    ResidentWeights,
+    engine_max_model_len,
+    resident_versions,
+    serve_generations,
+)
 from services.trainer.rollout.base import RolloutEngine, chat_to_ids
 
 
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 class EngineBackend(InferenceBackend):
-    """Serves an engine's agents.
+    """Serves an engine's agents in this process.
+
+    Every engine call takes ``lock``, which the owner's weight syncs must take too, so a call in flight when an
+    update lands finishes on the version it started with.
 
     Args:
         engine: The rollout engine (it owns the weights and their versions).
         tokenizers: agent -> its tokenizer (chat template and text encoding).
         lock: Held around every engine call; the owner's weight syncs must take it too. None = a new lock.
+        resident: Older versions servable as ``agent@VERSION`` (the owner remembers each synced payload in it
+            under ``lock``); None = only the current version.
     """
 
     def __init__(
-        self, engine: RolloutEngine, tokenizers: Mapping[str, Any], lock: threading.Lock | None = None
+        self,
+        engine: RolloutEngine,
+        tokenizers: Mapping[str, Any],
+        lock: threading.Lock | None = None,
+        resident: ResidentWeights | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizers = dict(tokenizers)
         self.lock = lock or threading.Lock()
+        self.resident = resident
 
     def agents(self) -> list[str]:
         """The engine's agents, in its order."""
@@ -44,33 +70,148 @@ class EngineBackend(InferenceBackend):
         return {a: self.engine.policy_version(a) for a in self.engine.agent_ids}
 
     def resident_versions(self, agent: str) -> list[int]:
-        """Only the current version is resident in a plain engine."""
-        return [self.engine.policy_version(agent)]
+        """The current version plus the resident older ones, ascending.
+
+        Raises:
+            NotFoundError: Unknown agent.
+        """
+        return resident_versions(self.engine, self.resident, agent)
 
     def chat_prompt(self, agent: str, messages: ChatMessages) -> list[int]:
-        """The agent's chat template over ``messages``, with the generation prompt."""
+        """The agent's chat template over ``messages``, with the generation prompt.
+
+        Raises:
+            InvalidArgumentError: Malformed messages.
+        """
         return chat_to_ids(self.tokenizers[agent], messages)
 
     def encode(self, agent: str, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""
-        return list(self.tokenizers[agent](text, add_special_tokens=False)["input_ids"])
+        return _encode(self.tokenizers[agent], text)
 
     def max_model_len(self, agent: str) -> int:
-        """The engine's prompt-plus-response limit for the agent."""
-        return int(self.engine.max_model_len(agent))  # type: ignore[attr-defined]
+        """The engine's prompt-plus-response limit for the agent, in tokens."""
+        return engine_max_model_len(self.engine, agent)
 
     def generate(
         self, agent: str, prompts: Sequence[list[int]], sampling: SamplingParams, version: int | None
     ) -> list[Generation]:
-        """One engine call under the lock (see :meth:`InferenceBackend.generate`).
+        """One engine call under the lock (see :meth:`InferenceBackend.generate` and
+        :func:`~services.trainer.generation.serve_generations`).
 
         Raises:
-            NotFoundError: ``version`` is not the current one (a plain engine keeps no older versions).
+            NotFoundError: Unknown agent, or ``version`` is not resident.
+            InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
         """
-        from marti.errors import NotFoundError
+        return serve_generations(self.engine, self.lock, self.resident, agent, prompts, sampling, version)
 
-        with self.lock, torch.no_grad():
-            current = self.engine.policy_version(agent)
-            if version is not None and version != current:
-                raise NotFoundError(f"version {version} of {agent!r} is not resident (current: {current})")
-            return self.engine.generate(agent, list(prompts), sampling)
+
+class TrainerBackend(InferenceBackend):
+    """Serves the policies of a running job (its :class:`~services.trainer.ray_runtime.RayRuntime`).
+
+    Args:
+        runtime: The job's started runtime (``serve`` and ``serving_state``).
+        agents: The served agents, in config order.
+        tokenizers: agent -> its tokenizer (the agent's ``pretrain_model``'s, as its policy loads it).
+
+    Raises:
+        Whatever :meth:`refresh` raises (the actors are asked for their state once here).
+    """
+
+    def __init__(self, runtime: Any, agents: Sequence[str], tokenizers: Mapping[str, Any]) -> None:
+        missing = [a for a in agents if a not in tokenizers]
+        if missing:
+            raise NotFoundError(f"no tokenizer for agent {missing[0]!r}")
+        self.runtime = runtime
+        self._agents = list(agents)
+        self.tokenizers = dict(tokenizers)
+        self._lock = threading.Lock()
+        self._versions: dict[str, int] = {}
+        self._resident: dict[str, list[int]] = {}
+        self._max_len: dict[str, int] = {}
+        self.refresh()
+
+    @classmethod
+    def for_job(cls, runtime: Any, cfg: Any) -> TrainerBackend:
+        """The backend of a job: every agent of ``cfg`` (a :class:`~marti.config.TrainConfig`), each with the
+        tokenizer of its own ``pretrain_model`` (loaded once per distinct model, offline).
+
+        Raises:
+            NotFoundError: A model's tokenizer is not available locally.
+        """
+        from services.trainer.models import load_tokenizer
+
+        by_model: dict[str, Any] = {}
+        tokenizers = {}
+        for a in cfg.agents:
+            if a.pretrain_model not in by_model:
+                by_model[a.pretrain_model] = load_tokenizer(a.pretrain_model)
+            tokenizers[a.name] = by_model[a.pretrain_model]
+        return cls(runtime, [a.name for a in cfg.agents], tokenizers)
+
+    def refresh(self) -> dict[str, int]:
+        """Mirror the serving actors' current and resident versions (call after weight syncs); returns the
+        current versions. Blocks while an actor finishes a call in progress."""
+        state = self.runtime.serving_state()
+        with self._lock:
+            self._versions = {a: int(state["versions"][a]) for a in self._agents}
+            self._resident = {a: [int(v) for v in state["resident"][a]] for a in self._agents}
+            self._max_len = {a: int(state["max_model_len"][a]) for a in self._agents}
+            return dict(self._versions)
+
+    def _check(self, agent: str) -> None:
+        if agent not in self.tokenizers:
+            raise NotFoundError(f"unknown agent {agent!r}; agents are {self._agents}")
+
+    def agents(self) -> list[str]:
+        """The job's agents, in config order."""
+        return list(self._agents)
+
+    def versions(self) -> dict[str, int]:
+        """Each agent's current policy version (as of the last :meth:`refresh`)."""
+        with self._lock:
+            return dict(self._versions)
+
+    def resident_versions(self, agent: str) -> list[int]:
+        """Versions servable as ``agent@VERSION``, ascending (as of the last :meth:`refresh`; a version evicted
+        since is refused by the actor with NotFoundError).
+
+        Raises:
+            NotFoundError: Unknown agent.
+        """
+        self._check(agent)
+        with self._lock:
+            return list(self._resident[agent])
+
+    def chat_prompt(self, agent: str, messages: ChatMessages) -> list[int]:
+        """The agent's own chat template over ``messages``, with the generation prompt.
+
+        Raises:
+            NotFoundError: Unknown agent.
+            InvalidArgumentError: Malformed messages.
+        """
+        self._check(agent)
+        return chat_to_ids(self.tokenizers[agent], messages)
+
+    def encode(self, agent: str, text: str) -> list[int]:
+        """Token ids of ``text`` with the agent's tokenizer, without special tokens."""
+        self._check(agent)
+        return _encode(self.tokenizers[agent], text)
+
+    def max_model_len(self, agent: str) -> int:
+        """The serving engine's prompt-plus-response limit for the agent, in tokens."""
+        self._check(agent)
+        with self._lock:
+            return self._max_len[agent]
+
+    def generate(
+        self, agent: str, prompts: Sequence[list[int]], sampling: SamplingParams, version: int | None
+    ) -> list[Generation]:
+        """One call on the agent's serving actor (see :meth:`InferenceBackend.generate`); blocking.
+
+        Raises:
+            NotFoundError: Unknown agent, or ``version`` not resident (any more).
+            InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+        """
+        self._check(agent)
+        return self.runtime.serve(agent, [list(p) for p in prompts], sampling, version)

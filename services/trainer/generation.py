@@ -3,18 +3,22 @@
 The policy actor (:class:`~services.trainer.worker.PolicyWorker`) and the rollout actors
 (:class:`~services.trainer.rollout_worker.RolloutWorker`) both build their engine with
 :func:`build_rollout_engine` and sample with :func:`generate_turns`, so a turn is the same wherever it is
-generated.
+generated. Inference-gateway calls go through :func:`serve_generations` instead: the caller's sampling
+parameters, and optionally an older policy version kept in :class:`ResidentWeights`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from marti.config import TrainConfig
+from marti.errors import NotFoundError
 from services.trainer.rollout import vllm_available
 from services.trainer.rollout.base import Generation, RolloutEngine, SamplingParams, chat_to_ids
 
@@ -113,3 +117,107 @@ def generate_turns(
     if prefix:
         gens = [dataclasses.replace(g, text=prefix + g.text) for g in gens]
     return gens
+
+
+class ResidentWeights:
+    """The last ``keep`` synced weight payloads of every agent, as CPU copies, for ``agent@VERSION`` calls.
+
+    A payload is what :meth:`~services.trainer.policy.MultiAgentPolicy.state_for_sync` gives (the agent's LoRA
+    adapter, or its whole state dict). Agents on one weight set (``shared`` mode) share the copy.
+
+    Args:
+        keep: Versions kept per agent (the current one included), >= 1; the oldest is evicted first.
+    """
+
+    def __init__(self, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.keep = keep
+        self._by_agent: dict[str, OrderedDict[int, dict[str, torch.Tensor]]] = {}
+
+    def remember(self, agents: Sequence[str], version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Keep a CPU copy of ``weights`` as ``version`` of every agent in ``agents`` (the agents whose sampled
+        weights they are); a version remembered again replaces its payload, and versions above it are
+        forgotten (a checkpoint load may move an agent back)."""
+        copy = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+        for agent in agents:
+            held = self._by_agent.setdefault(agent, OrderedDict())
+            for v in [v for v in held if v >= version]:
+                del held[v]
+            held[version] = copy
+            while len(held) > self.keep:
+                held.popitem(last=False)
+
+    def versions(self, agent: str) -> list[int]:
+        """The agent's resident versions, ascending."""
+        return sorted(self._by_agent.get(agent, {}))
+
+    def get(self, agent: str, version: int) -> dict[str, torch.Tensor] | None:
+        """The payload of ``version``, or None when it is not (or no longer) resident."""
+        return self._by_agent.get(agent, {}).get(version)
+
+
+def serve_generations(
+    engine: RolloutEngine,
+    lock: threading.Lock,
+    resident: ResidentWeights | None,
+    agent_id: str,
+    prompts: Sequence[list[int]],
+    sampling: SamplingParams,
+    version: int | None = None,
+) -> list[Generation]:
+    """One inference-gateway call: sample one response per prompt with the caller's sampling parameters.
+
+    Runs under ``lock`` (the one weight syncs take), so a call in flight when an update lands finishes on the
+    version it started with, and each :class:`Generation` records that version. An older resident version is
+    loaded into the engine for the call and the current weights restored after it (engines with a
+    ``pinned`` method, i.e. transformers; vLLM serves only its current version).
+
+    Args:
+        engine: The actor's rollout engine.
+        lock: The actor's engine lock.
+        resident: The actor's resident versions; None = only the current version is servable.
+        agent_id: The agent.
+        prompts: B prompts, token ids (chat templates are applied by the caller).
+        sampling: The caller's sampling parameters (not the config's).
+        version: A resident version, or None for the current one.
+
+    Returns:
+        B generations, in order.
+
+    Raises:
+        NotFoundError: Unknown agent, or ``version`` is not resident (the resident ones are named).
+        InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+    """
+    with lock, torch.no_grad():
+        current = engine.policy_version(agent_id)
+        if version is None or version == current:
+            return engine.generate(agent_id, list(prompts), sampling)
+        pinned = getattr(engine, "pinned", None)
+        weights = resident.get(agent_id, version) if resident is not None and pinned is not None else None
+        if weights is None:
+            held = resident.versions(agent_id) if resident is not None and pinned is not None else [current]
+            raise NotFoundError(
+                f"version {version} of agent {agent_id!r} is not resident; resident versions: {held or [current]}"
+            )
+        with pinned(agent_id, weights, version):
+            return engine.generate(agent_id, list(prompts), sampling)
+
+
+def resident_versions(engine: RolloutEngine, resident: ResidentWeights | None, agent_id: str) -> list[int]:
+    """Versions of ``agent_id`` :func:`serve_generations` can serve, ascending (the current one included)."""
+    current = engine.policy_version(agent_id)
+    if resident is None or getattr(engine, "pinned", None) is None:
+        return [current]
+    return sorted({*(v for v in resident.versions(agent_id) if v <= current), current})
+
+
+def engine_max_model_len(engine: RolloutEngine, agent_id: str) -> int:
+    """Most prompt-plus-response tokens the engine accepts for the agent (a method of the transformers engine,
+    an attribute of the vLLM one)."""
+    limit = getattr(engine, "max_model_len", None)
+    if callable(limit):
+        return int(limit(agent_id))
+    if limit is None:
+        raise NotFoundError(f"the {type(engine).__name__} engine does not state its max_model_len")
+    return int(limit)

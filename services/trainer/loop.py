@@ -9,6 +9,13 @@ and syncs the new weights to the rollout engine under a new policy version. With
 a producer thread plays the next steps while the learner trains. Every ``rollout.eval_every`` steps the team
 plays the held-out seeds greedily.
 
+The inference gateway (``gateway`` section, :mod:`services.gateway`): while the job runs, every agent's current
+policy is served over OpenAI-compatible HTTP and gRPC from the job's actors; the addresses are printed and
+written to ``<run_dir>/gateway.json``. With ``rollout.source: external`` a step plays no built-in rollout and each
+trainable agent's update takes ``external.episodes_per_step`` episodes that external clients played through the
+gateway and reported rewards for (waiting up to ``external.wait_timeout_s``); ``mixed`` takes the built-in
+episodes plus as many external ones. Its counters are logged each step as ``gateway/<counter>``.
+
 Optional parts (docs/workflows.md): a ``workflow`` (who acts when, prompts, parsers, scripted agents, custom
 rewards; custom envs by import path run in this process), ``tasks`` (several envs/scenarios sampled with
 weights, per-task metrics ``task/<name>/...``, a difficulty ``curriculum``) and priority ``allocation`` of the
@@ -30,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from marti.config import TaskConfig, TrainConfig, dump_config
+from marti.errors import CancelledError, DeadlineExceededError
 from marti.trajectory import Trajectory
 from marti.workflow import Workflow, is_import_path, make_custom_env, workflow_from_section
 from services.trainer.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
@@ -190,6 +198,24 @@ def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
     return out
 
 
+def gateway_limits(cfg: TrainConfig) -> Any:
+    """The inference gateway's :class:`~services.gateway.core.limits.GatewayLimits` from the ``gateway`` section,
+    ``external.episode_timeout_s`` and :attr:`~marti.config.TrainConfig.gateway_resident_versions`."""
+    from services.gateway.core.limits import GatewayLimits
+
+    g = cfg.gateway
+    return GatewayLimits(
+        max_batch=g.max_batch,
+        max_wait_ms=g.max_wait_ms,
+        max_queue=g.max_queue,
+        max_n=g.max_n,
+        max_open_episodes=g.max_open_episodes,
+        max_calls_per_episode=g.max_calls_per_episode,
+        episode_timeout_s=cfg.external.episode_timeout_s,
+        resident_versions=cfg.gateway_resident_versions,
+    )
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint under ``<run_dir>/checkpoints`` (named by its ``latest`` file), or None."""
     ckpt_dir = Path(run_dir) / "checkpoints"
@@ -250,6 +276,11 @@ class TrainingLoop:
         self._channels_lock = threading.Lock()
         self.dropped_items = 0  # store items dropped as duplicates or retracted episodes
         self.feed: ExperienceFeed | None = None  # the agents' tables, while a job runs
+        # The inference gateway (services.gateway.core.gateway.Gateway), while it runs.
+        self.gateway: Any = None
+        self.gateway_backend: Any = None  # its TrainerBackend (mirrors the actors' versions)
+        self.gateway_server: Any = None  # its GatewayServer (HTTP and gRPC endpoints)
+        self.gateway_address: dict[str, Any] | None = None  # what <run_dir>/gateway.json holds
         self.last_checkpoint: str | None = None
         self.workflow: Workflow | None = (
             workflow_from_section(cfg.workflow, [a.name for a in cfg.agents], cfg)
@@ -457,25 +488,46 @@ class TrainingLoop:
     ) -> tuple[dict[str, list[Sample]], dict[str, float]]:
         """Sample every trainable agent's batch of this update from its table.
 
-        Each agent consumes the next ``len(rollout.train_seeds(step))`` items of its table (one per episode of
-        the step; items the table removed as staler than the agent's bound count as consumed), stating its
-        current policy version. Each turn's lag is that version minus the version that generated the turn.
+        Each agent consumes the next :attr:`~marti.config.TrainConfig.items_per_step` items of its table (one
+        per built-in episode of the step, plus ``external.episodes_per_step`` external ones with ``rollout.source``
+        external or mixed; items the table removed as staler than the agent's bound count as consumed), stating
+        its current policy version. Each turn's lag is that version minus the version that generated the turn.
+        External episodes arrive whenever their clients report, so they are waited for, up to
+        ``external.wait_timeout_s`` for the whole step.
 
         Args:
-            step: The update (0-based), whose rollout has finished (every item of it is in the tables).
+            step: The update (0-based), whose rollout has finished (every built-in item of it is in the tables).
             versions: Each agent's learner version now.
 
         Returns:
             ``(batches, metrics)``: per agent its samples; metrics ``<agent>/version_lag`` (mean lag of the
             trained turns), ``<agent>/version_lag_max``, ``<agent>/stale_dropped`` (items not trained on because
-            they, or a member of their group, were older than the bound) and ``<agent>/items``.
+            they, or a member of their group, were older than the bound) and ``<agent>/items``; with external
+            episodes also ``<agent>/external_items`` and ``<agent>/external_reward`` (their mean return).
+
+        Raises:
+            DeadlineExceededError: External episodes did not arrive within ``external.wait_timeout_s`` (the
+                counts and the gateway's counters are named).
+            CancelledError: The job was asked to stop while waiting for them.
         """
         assert self.feed is not None
-        count = len(self.cfg.rollout.train_seeds(step))
+        cfg = self.cfg
+        count = cfg.items_per_step
+        external = cfg.external_episodes_per_step
+        deadline = time.monotonic() + cfg.external.wait_timeout_s if external else None
         batches: dict[str, list[Sample]] = {}
         metrics: dict[str, float] = {}
-        for agent in self.cfg.tuning_agents:  # frozen agents act but have no table: nothing would drain it
-            taken = self.feed.take(agent, count, versions[agent])
+        for agent in cfg.tuning_agents:  # frozen agents act but have no table: nothing would drain it
+            try:
+                taken = self.feed.take(agent, count, versions[agent], deadline=deadline, stop=self.stop_event)
+            except DeadlineExceededError as exc:
+                raise DeadlineExceededError(
+                    f"update {step + 1}: {exc} (rollout.source={cfg.rollout.source}: "
+                    f"{cfg.builtin_episodes_per_step} built-in episodes + external.episodes_per_step={external} "
+                    f"per update) within external.wait_timeout_s={cfg.external.wait_timeout_s:g}s; "
+                    f"gateway {self.gateway_address['http'] if self.gateway_address else '(not running)'}: "
+                    f"{self._gateway_counts()}"
+                ) from None
             self.dropped_items += taken.duplicates
             samples = [s for t in taken.trajectories for s in samples_from_trajectory(t)]
             lags = [versions[agent] - s.policy_version for s in samples if s.policy_version is not None]
@@ -484,6 +536,12 @@ class TrainingLoop:
             metrics[f"{agent}/version_lag"] = sum(lags) / len(lags) if lags else 0.0
             metrics[f"{agent}/version_lag_max"] = float(max(lags, default=0))
             metrics[f"{agent}/stale_dropped"] = float(taken.stale + taken.dropped)
+            if external:
+                ext = [t for t in taken.trajectories if t.metadata.get("source") == "gateway"]
+                metrics[f"{agent}/external_items"] = float(len(ext))
+                if ext:
+                    returns = [t.episode_return or 0.0 for t in ext]
+                    metrics[f"{agent}/external_reward"] = sum(returns) / len(returns)
         return batches, metrics
 
     def _play_eval(self, runtime: RayRuntime) -> list[EpisodeResult]:
@@ -573,7 +631,7 @@ class TrainingLoop:
             cfg.training_name,
             list(cfg.tuning_agents),
             {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents},
-            max_size=max(1000, 4 * cfg.rollout.episodes_per_step),
+            max_size=max(1000, 4 * cfg.items_per_step),
             reconnecting=self._reconnecting,
         )
         leftovers = self.feed.create_tables()
@@ -598,6 +656,8 @@ class TrainingLoop:
                     self.curriculum.load_state(position["curriculum"])
                 summary.start_step = start_step
                 _LOG.info("resumed from %s at step %d", ckpt, start_step)
+            if cfg.gateway.enabled:
+                self._start_gateway(runtime)
             t0 = time.monotonic()
             eval_every = cfg.rollout.eval_every
             eval_cost = 0.0
@@ -606,7 +666,7 @@ class TrainingLoop:
                 eval_cost = time.monotonic() - t0
             step_cost = 0.0
             step = start_step
-            if cfg.rollout.max_staleness > 0 and step < cfg.max_steps:
+            if cfg.rollout.max_staleness > 0 and cfg.rollout.source != "external" and step < cfg.max_steps:
                 producer = RolloutProducer(
                     lambda s: self._rollout(runtime, s),
                     start=step,
@@ -627,7 +687,12 @@ class TrainingLoop:
                         summary.stopped = True
                         break
                     step_start = time.monotonic()
-                    metrics = self._train_step(runtime, step, producer)
+                    try:
+                        metrics = self._train_step(runtime, step, producer)
+                    except CancelledError as exc:  # stopped while waiting for external episodes
+                        _LOG.warning("stopping at step %d: %s", step, exc)
+                        summary.stopped = True
+                        break
                     metrics.update(monitor.sample())
                     metrics["services/leftover_items_dropped"] = float(leftovers)
                     step += 1
@@ -655,6 +720,7 @@ class TrainingLoop:
                 self._checkpoint(runtime, step)
             summary.last_checkpoint = self.last_checkpoint
         finally:
+            self._stop_gateway()  # before the store and the actors it serves from go
             if producer is not None:  # no new rollout; the one in flight ends before the actors go
                 producer.close(timeout_s=PRODUCER_CLOSE_TIMEOUT_S)
             if monitor is not None:
@@ -666,6 +732,95 @@ class TrainingLoop:
             runtime.shutdown()
         summary.report = write_report(self.run_dir)
         return summary
+
+    # ------------------------------------------------------------------------------------------ gateway
+    def _start_gateway(self, runtime: RayRuntime) -> dict[str, Any]:
+        """Serve every agent's policy over HTTP and gRPC for the rest of the job (``gateway`` section).
+
+        The gateway serves from the job's actors (:class:`~services.trainer.gateway_backend.TrainerBackend`),
+        requires the job's token (``Addresses.token``, else ``MARTI_TOKEN``) and, with ``rollout.source``
+        external or mixed, inserts every episode a client reports into the trainable agents' tables. Its
+        addresses are printed, logged and written to ``<run_dir>/gateway.json``
+        (``{"http": url, "grpc": address, "models": [...]}``), which exists while it serves.
+
+        Returns:
+            What ``gateway.json`` holds.
+
+        Raises:
+            UnavailableError: A port could not be bound.
+            NotFoundError: An agent's tokenizer is not available locally.
+        """
+        import json
+
+        from services.gateway.core.gateway import Gateway
+        from services.gateway.server import GatewayServer
+        from services.trainer.gateway_backend import TrainerBackend
+
+        cfg, feed = self.cfg, self.feed
+        assert feed is not None
+        backend = TrainerBackend.for_job(runtime, cfg)
+        sink = None
+        if cfg.rollout.source != "builtin":
+
+            def sink(episode: dict[str, Trajectory]) -> None:
+                feed.insert_episode(episode, external=True)
+
+        gateway = Gateway(backend, gateway_limits(cfg), sink=sink, trainable=cfg.tuning_agents)
+        g = cfg.gateway
+        server = GatewayServer(
+            gateway, host=g.host, http_port=g.http_port, grpc_port=g.grpc_port, token=self.addr.token
+        )
+        http_url, grpc_address = server.start()
+        self.gateway, self.gateway_backend, self.gateway_server = gateway, backend, server
+        self.gateway_address = {
+            "http": http_url,
+            "grpc": grpc_address,
+            "models": [m.id for m in gateway.models()],
+        }
+        (self.run_dir / "gateway.json").write_text(json.dumps(self.gateway_address, indent=2) + "\n")
+        trained = (
+            "" if sink is not None else " (rollout.source=builtin: reported episodes are not trained on)"
+        )
+        print(f"gateway listening on {http_url} (gRPC {grpc_address}){trained}", flush=True)
+        _LOG.info("gateway listening on %s (gRPC %s)%s", http_url, grpc_address, trained)
+        return self.gateway_address
+
+    def _stop_gateway(self) -> None:
+        """Stop the gateway's endpoints (calls in flight get their grace period) and remove ``gateway.json``."""
+        server = self.gateway_server
+        if server is None:
+            return
+        try:
+            server.stop()
+        finally:
+            self.gateway = self.gateway_backend = self.gateway_server = None
+            self.gateway_address = None
+            (self.run_dir / "gateway.json").unlink(missing_ok=True)
+
+    def _gateway_stats(self) -> dict[str, float]:
+        """The gateway's counters (:meth:`~services.gateway.core.gateway.Gateway.stats`), read on its loop."""
+        gateway, server = self.gateway, self.gateway_server
+        if gateway is None or server is None or not server.running:
+            return {}
+
+        async def read() -> dict[str, float]:
+            return gateway.stats()
+
+        return server.run(read())
+
+    def _gateway_metrics(self) -> dict[str, float]:
+        """The gateway's counters as step metrics ``gateway/<counter>`` (cumulative over the job): ``calls``
+        (traced), ``untraced_calls``, ``finished``, ``released``, ``abandoned``, ``failed``, ``dropped``,
+        ``open_episodes``, ``batches``, ``batched_prompts``, ``sink_errors``."""
+        return {f"gateway/{k}": float(v) for k, v in self._gateway_stats().items()}
+
+    def _gateway_counts(self) -> str:
+        """The gateway's episode counters in words, for error messages."""
+        st = self._gateway_stats()
+        if not st:
+            return "no counters"
+        keys = ("calls", "released", "open_episodes", "abandoned", "failed", "dropped", "sink_errors")
+        return ", ".join(f"{int(st.get(k, 0))} {k.replace('_', ' ')}" for k in keys)
 
     def _rollout(self, runtime: RayRuntime, step: int) -> tuple[list[EpisodeResult], float]:
         """Play step ``step``'s training episodes, each inserted into the agents' tables as it ends; returns the
@@ -688,13 +843,20 @@ class TrainingLoop:
         t0 = time.perf_counter()
         # The step's rollout is over (every attempt: a replayed one has retracted what it replaces) before the
         # learner takes its items from the store, so an update never trains on an attempt that later failed.
-        if producer is None:
+        # rollout.source=external plays no built-in rollout: every item comes through the gateway.
+        if self.cfg.rollout.source == "external":
+            results, t_roll = [], 0.0
+        elif producer is None:
             results, t_roll = self._rollout(runtime, step)
         else:
             results, t_roll = producer.summary(step)
         wait = time.perf_counter() - t0  # the part of the rollout the learner waited for
         versions = runtime.versions()
+        t_take = time.perf_counter()
         batches, staleness = self._take_batches(step, versions)
+        t_take = time.perf_counter() - t_take
+        if self.cfg.external_episodes_per_step:  # external episodes are this step's data too
+            t_roll += t_take
         metrics = {**episode_metrics(results), **task_metrics(results), **staleness}
         if self.curriculum is not None:
             metrics.update(self._curriculum_step(results))
@@ -710,8 +872,13 @@ class TrainingLoop:
                     metrics[f"{agent}/{k}"] = v
             tokens = sum(len(s.response_ids) for s in samples)
             metrics[f"{agent}/tokens_per_s"] = tokens / max(t_roll, 1e-9)
+        if self.gateway_backend is not None:  # the new versions become servable (and agent@VERSION names)
+            self.gateway_backend.refresh()
+            metrics.update(self._gateway_metrics())
         metrics["time/rollout_s"] = t_roll
         metrics["time/rollout_wait_s"] = wait
+        if self.cfg.external_episodes_per_step:
+            metrics["time/external_wait_s"] = t_take
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["services/reconnects"] = float(self.reconnects)
         metrics["services/dropped_duplicates"] = float(self.dropped_items)

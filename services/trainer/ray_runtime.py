@@ -80,6 +80,8 @@ class RayRuntime:
         # chunk of one call samples with one policy version (a GRPO group's members then share versions and
         # are kept or dropped together by the staleness bound).
         self._rollout_lock = threading.Lock()
+        self._serve_lock = threading.Lock()  # the rollout actor that serves the next gateway call
+        self._serve_next = -1
         self.worker_pids: dict[str, int] = {}
         """Process id of every actor by :attr:`ActorSpec.name` (``policy_worker`` or ``policy_worker_<i>``,
         ``reference_<agent>``, ``critic_<agent>``), for monitoring."""
@@ -154,6 +156,23 @@ class RayRuntime:
             bundles.append(bundle)
         return bundles
 
+    def max_concurrency(self, kind: str) -> int:
+        """Calls an actor of ``kind`` runs at once (Ray threads; its engine lock orders the engine calls).
+
+        A policy actor runs its ``train`` plus, when it generates (no rollout actors), the asynchronous
+        rollouts' ``generate`` (``rollout.max_staleness > 0``) and the inference gateway's ``serve``
+        (``gateway.enabled``), so a gateway call never waits for an update or a rollout to end. A rollout
+        actor runs ``generate`` and ``update_weights``, plus ``serve`` with the gateway.
+        """
+        gateway = self.cfg.gateway.enabled
+        if kind == "policy":
+            if self.cfg.ray.num_rollout_workers:
+                return 1
+            return 1 + int(self.cfg.rollout.max_staleness > 0) + int(gateway)
+        if kind == "rollout":
+            return 1 + int(gateway)
+        return 1
+
     def start(self, timeout_s: float = 600.0) -> None:
         """Connect to (or start) Ray, reserve the placement group and start the actors (:meth:`actors`).
 
@@ -203,9 +222,6 @@ class RayRuntime:
             "critic": CriticWorker,
             "rollout": RolloutWorker,
         }
-        # Asynchronous rollouts call a policy actor's generate while its train runs (worker.py), unless
-        # rollout actors generate.
-        overlap = self.cfg.rollout.max_staleness > 0 and not self.cfg.ray.num_rollout_workers
         for i, (spec, bundle) in enumerate(zip(specs, bundles, strict=True)):
             actor = ray.remote(classes[spec.kind]).options(
                 num_cpus=bundle["CPU"],
@@ -213,7 +229,7 @@ class RayRuntime:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=i
                 ),
-                max_concurrency=2 if spec.kind == "policy" and overlap else 1,
+                max_concurrency=self.max_concurrency(spec.kind),
             )
             threads = max(1, int(bundle["CPU"]))
             group = None if spec.group is None else list(spec.group)
@@ -279,6 +295,57 @@ class RayRuntime:
                 if hi > lo
             ]
             return [g for part in self._get(calls) for g in part]
+
+    def _serving_actor(self, agent: str) -> Any:
+        """The actor that serves the gateway's calls of ``agent``: its policy actor, or the next rollout actor
+        (round robin) when there are rollout actors."""
+        if not self._rollout:
+            if agent not in self._owner:
+                from marti.errors import NotFoundError
+
+                raise NotFoundError(f"unknown agent {agent!r}; agents are {sorted(self._owner)}")
+            return self._owner[agent]
+        with self._serve_lock:
+            self._serve_next = (self._serve_next + 1) % len(self._rollout)
+            return self._rollout[self._serve_next]
+
+    def serve(
+        self, agent: str, prompts: list[list[int]], sampling: Any, version: int | None = None
+    ) -> list[Any]:
+        """An inference-gateway call on the agent's serving actor (:meth:`PolicyWorker.serve` or
+        :meth:`RolloutWorker.serve`): one generation per prompt of token ids with the caller's sampling
+        parameters (:class:`marti.inference.SamplingParams`), on the current or a resident ``version``.
+
+        Safe to call from any thread while the loop generates or trains: the actor runs it on a thread of its
+        own (:meth:`max_concurrency`) under its engine lock.
+
+        Raises:
+            NotFoundError: Unknown agent, or ``version`` not resident.
+            InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+            The actor's own exception, unwrapped from Ray's (so its message is the actor's).
+        """
+        import ray
+
+        actor = self._serving_actor(agent)
+        try:
+            return ray.get(actor.serve.remote(agent, [list(p) for p in prompts], sampling, version))
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise exc.as_instanceof_cause() from None
+        except ray.exceptions.ActorDiedError as exc:
+            raise RuntimeError(f"the actor serving {agent!r} died: {exc}") from None
+
+    def serving_state(self) -> dict[str, dict[str, Any]]:
+        """What the serving actors report (see :meth:`PolicyWorker.serving_state`), merged over every agent:
+        ``{"versions": {agent: v}, "resident": {agent: [v, ...]}, "max_model_len": {agent: n}}``."""
+        actors = self._rollout[:1] if self._rollout else self._workers
+        out: dict[str, dict[str, Any]] = {"versions": {}, "resident": {}, "max_model_len": {}}
+        for part in self._get([a.serving_state.remote() for a in actors]):
+            for key, values in part.items():
+                out[key].update(values)
+        return out
 
     def train(self, agent: str, samples: list[Any]) -> dict[str, float]:
         """One RL step of ``agent`` (see :meth:`PolicyWorker.train`), on whichever layout the job has; with

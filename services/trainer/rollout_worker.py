@@ -27,9 +27,16 @@ from typing import Any
 import torch
 
 from services.trainer.checkpoint import load_rng_state, save_rng_state
-from services.trainer.generation import build_rollout_engine, generate_turns
+from services.trainer.generation import (
+    ResidentWeights,
+    build_rollout_engine,
+    engine_max_model_len,
+    generate_turns,
+    resident_versions,
+    serve_generations,
+)
 from services.trainer.policy import MultiAgentPolicy
-from services.trainer.rollout.base import Generation
+from services.trainer.rollout.base import Generation, SamplingParams
 from services.trainer.worker import actor_setup, policy_config
 
 #: Offset between the sampling seeds of consecutive rollout actors.
@@ -63,6 +70,16 @@ class RolloutWorker:
         self.engine = build_rollout_engine(
             self.cfg, self.policy, self.agents, self.device, copy_weights=False
         )
+        # With the inference gateway, rollout actors serve its calls: the last gateway.resident_versions synced
+        # weights of every agent are kept (CPU copies) for agent@VERSION calls.
+        self.resident: ResidentWeights | None = None
+        keep = self.cfg.gateway_resident_versions  # 1: only the current version, which needs no copy
+        if (
+            self.cfg.gateway.enabled and callable(getattr(self.engine, "pinned", None)) and keep > 1
+        ):  # not vLLM
+            self.resident = ResidentWeights(keep)
+            for agent in self.agents:
+                self.resident.remember([agent], self.policy.version(agent), self.policy.state_for_sync(agent))
 
     def generate(
         self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False
@@ -80,7 +97,33 @@ class RolloutWorker:
         """
         with self._lock:
             self.engine.update_weights(agent_id, weights, policy_version)
+            if self.resident is not None:
+                unit = self.policy.unit_of(agent_id)
+                sharers = [a for a in self.agents if self.policy.unit_of(a) == unit]
+                self.resident.remember(sharers, policy_version, weights)
         return policy_version
+
+    def serve(
+        self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
+    ) -> list[Generation]:
+        """An inference-gateway call (see :func:`~services.trainer.generation.serve_generations`): one response
+        per prompt of token ids with the caller's sampling parameters, on the current or a resident version.
+
+        Raises:
+            NotFoundError: Unknown agent, or ``version`` is not resident.
+            InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+        """
+        return serve_generations(self.engine, self._lock, self.resident, agent_id, prompts, sampling, version)
+
+    def serving_state(self) -> dict[str, dict[str, Any]]:
+        """What the gateway's backend mirrors, per agent: ``versions`` (current), ``resident`` (servable
+        versions, ascending) and ``max_model_len`` (prompt plus response tokens)."""
+        with self._lock:
+            return {
+                "versions": {a: self.engine.policy_version(a) for a in self.agents},
+                "resident": {a: resident_versions(self.engine, self.resident, a) for a in self.agents},
+                "max_model_len": {a: engine_max_model_len(self.engine, a) for a in self.agents},
+            }
 
     def versions(self) -> dict[str, int]:
         """The policy version each agent samples with."""

@@ -3,8 +3,10 @@
 A worker holds a :class:`~services.trainer.policy.MultiAgentPolicy` (per-agent models, one shared model, or
 LoRA adapters on one base), a rollout engine that samples from it, and one training strategy per trainable
 weight set. The training loop drives it through four calls: :meth:`generate`, :meth:`train`, :meth:`save`,
-:meth:`load`. With the transformers engine the engine samples from the policy's live modules, so weight sync
-after an update is a version bump; with vLLM the new weights are pushed to the engine
+:meth:`load`; the inference gateway calls :meth:`PolicyWorker.serve` (the caller's sampling parameters, the
+current or a resident older version). With the transformers engine the engine samples from the policy's live
+modules, so weight sync after an update is a version bump (unless asynchronous rollouts or the gateway make it
+keep a copy); with vLLM the new weights are pushed to the engine
 (:meth:`services.trainer.rollout.base.RolloutEngine.update_weights`).
 
 By default (``ray.colocate_models: true``) the worker also holds each trainable agent's reference policy (KL)
@@ -31,9 +33,17 @@ from pydantic import BaseModel
 
 from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
 from marti.errors import InternalError
+from marti.inference import SamplingParams
 from services.trainer.algo import AlgoConfig
 from services.trainer.algo.running_moments import RunningMoments
-from services.trainer.generation import build_rollout_engine, generate_turns
+from services.trainer.generation import (
+    ResidentWeights,
+    build_rollout_engine,
+    engine_max_model_len,
+    generate_turns,
+    resident_versions,
+    serve_generations,
+)
 from services.trainer.learner import Sample, collate, pad_id_of, update_agent
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
 
@@ -191,7 +201,7 @@ def base_model_seed(cfg: TrainConfig, agent: str, group: list[str] | None = None
 def steps_per_batch(cfg: TrainConfig) -> int:
     """Optimizer steps per agent per training step (for the LR schedule's length), >= 1."""
     turns_per_agent = -(-cfg.environment.max_turns // len(cfg.agents))
-    samples = cfg.rollout.episodes_per_step * turns_per_agent
+    samples = cfg.items_per_step * turns_per_agent
     micro = -(-samples // cfg.micro_train_batch_size)
     return max(1, -(-micro // cfg.gradient_accumulation_steps))
 
@@ -315,10 +325,12 @@ class PolicyWorker:
         self.algo = algo_config(self.cfg)
         self.agents = [a.name for a in self.cfg.agents] if agents is None else list(agents)
         self.policy = MultiAgentPolicy(policy_config(self.cfg, self.agents), device=self.device)
-        # Asynchronous rollouts (rollout.max_staleness > 0) generate while an update runs in another thread of
-        # this actor: the engine then samples from its own copy of the weights, synced after each update. The
-        # lock keeps a sync from landing in the middle of a generate call (engines are not thread-safe).
-        self.engine_owns_weights = self.cfg.rollout.max_staleness > 0 and not self.cfg.ray.num_rollout_workers
+        # Asynchronous rollouts (rollout.max_staleness > 0) and inference-gateway calls (gateway.enabled) generate
+        # while an update runs in another thread of this actor: the engine then samples from its own copy of the
+        # weights, synced after each update. The lock keeps a sync from landing in the middle of a generate call
+        # (engines are not thread-safe). With rollout actors, they generate and serve instead.
+        overlaps = self.cfg.rollout.max_staleness > 0 or self.cfg.gateway.enabled
+        self.engine_owns_weights = overlaps and not self.cfg.ray.num_rollout_workers
         self._engine_lock = threading.Lock()
         # With rollout actors (ray.num_rollout_workers) this engine is never asked for rollouts: a transformers
         # engine on the live modules, which costs no memory, rather than a vLLM engine holding GPU memory.
@@ -348,6 +360,18 @@ class PolicyWorker:
         self.reward_moments: dict[str, RunningMoments] = {
             a: RunningMoments() for a in self.policy.trainable_agents
         }
+        # The inference gateway's agent@VERSION calls: the last gateway.resident_versions synced weights of every
+        # agent (CPU copies), when this actor serves (no rollout actors).
+        self.resident: ResidentWeights | None = None
+        pinnable = callable(getattr(self.engine, "pinned", None))  # the transformers engine, not vLLM
+        keep = self.cfg.gateway_resident_versions  # 1: only the current version, which needs no copy
+        if self.cfg.gateway.enabled and not self.cfg.ray.num_rollout_workers and pinnable and keep > 1:
+            self.resident = ResidentWeights(keep)
+            with self._whole_weights():
+                for agent in self.agents:
+                    self.resident.remember(
+                        [agent], self.policy.version(agent), self.policy.state_for_sync(agent)
+                    )
 
     def _build_strategy(self, agent: str) -> Any:
         """The train engine of the weight set ``agent`` trains (its model, adapter or the shared model)."""
@@ -376,6 +400,30 @@ class PolicyWorker:
         if not self.engine_owns_weights:  # the engine samples with the live modules: no dropout
             self.policy.train(False)
         return generate_turns(self.cfg, self.policy, self.engine, self._engine_lock, agent_id, chats, greedy)
+
+    def serve(
+        self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
+    ) -> list[Any]:
+        """An inference-gateway call (see :func:`~services.trainer.generation.serve_generations`): one response
+        per prompt of token ids with the caller's sampling parameters, on the current or a resident version.
+
+        Raises:
+            NotFoundError: Unknown agent, or ``version`` is not resident.
+            InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+        """
+        return serve_generations(
+            self.engine, self._engine_lock, self.resident, agent_id, prompts, sampling, version
+        )
+
+    def serving_state(self) -> dict[str, dict[str, Any]]:
+        """What the gateway's backend mirrors, per agent of this actor: ``versions`` (current), ``resident``
+        (servable versions, ascending) and ``max_model_len`` (prompt plus response tokens)."""
+        with self._engine_lock:
+            return {
+                "versions": {a: self.engine.policy_version(a) for a in self.agents},
+                "resident": {a: resident_versions(self.engine, self.resident, a) for a in self.agents},
+                "max_model_len": {a: engine_max_model_len(self.engine, a) for a in self.agents},
+            }
 
     # ------------------------------------------------------------------------------------------ training
     def train(
@@ -516,6 +564,10 @@ class PolicyWorker:
             weights = self.policy.state_for_sync(agent_id)
             with self._engine_lock:
                 self.engine.update_weights(agent_id, weights, version)
+                if self.resident is not None:
+                    unit = self.policy.unit_of(agent_id)
+                    sharers = [a for a in self.agents if self.policy.unit_of(a) == unit]
+                    self.resident.remember(sharers, version, weights)
 
     def ping(self) -> dict[str, Any]:
         """Liveness and placement info: pid, device, agents and versions."""

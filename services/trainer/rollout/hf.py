@@ -12,8 +12,9 @@ agent's adapter (LoRA policies: one base copy, the adapter is switched per call)
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -276,6 +277,56 @@ class HFRolloutEngine(RolloutEngine):
             _copy_into(spec.model, weights)
         for a in self._sharers(agent_id):
             self._versions[a] = max(self._versions[a], policy_version)
+
+    @contextlib.contextmanager
+    def pinned(
+        self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int
+    ) -> Iterator[None]:
+        """Sample with an older version of the agent's weights for the duration of the block.
+
+        Loads ``weights`` (adapter or (partial) state dict, as :meth:`update_weights` takes them) without the
+        monotonic-version check, tags the generations of the block with ``policy_version``, and on exit restores
+        the weights it replaced (a CPU snapshot taken on entry) and the current versions. The caller must hold
+        the lock its weight syncs take, so no sync and no other call sees the pinned weights.
+
+        Args:
+            agent_id: The agent.
+            weights: The pinned version's weights.
+            policy_version: Its version, >= 0.
+
+        Raises:
+            NotFoundError: Unknown agent.
+            InvalidArgumentError: A key or shape the model lacks (nothing is loaded then).
+        """
+        self._check_agent(agent_id)
+        if not isinstance(policy_version, int) or policy_version < 0:
+            raise InvalidArgumentError(f"policy_version must be an int >= 0, got {policy_version!r}")
+        spec = self._agents[agent_id]
+        sharers = self._sharers(agent_id)
+        saved_versions = {a: self._versions[a] for a in sharers}
+        if spec.adapter_name is not None:
+            from peft import get_peft_model_state_dict
+
+            current = get_peft_model_state_dict(spec.model, adapter_name=spec.adapter_name)
+            snapshot = {k: v.detach().to("cpu", copy=True) for k, v in current.items()}
+            _load_adapter(spec.model, spec.adapter_name, weights)
+        else:
+            state = spec.model.state_dict()
+            missing = [k for k in weights if k not in state]
+            if missing:
+                raise InvalidArgumentError(f"weight {missing[0]!r} is not in the model ({len(state)} keys)")
+            snapshot = {k: state[k].detach().to("cpu", copy=True) for k in weights}
+            _copy_into(spec.model, weights)
+        try:
+            for a in sharers:
+                self._versions[a] = policy_version
+            yield
+        finally:
+            if spec.adapter_name is not None:
+                _load_adapter(spec.model, spec.adapter_name, snapshot)
+            else:
+                _copy_into(spec.model, snapshot)
+            self._versions.update(saved_versions)
 
 
 def _copy_into(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
