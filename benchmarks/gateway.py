@@ -1,0 +1,273 @@
+"""``marti bench gateway``: what serving through the inference gateway costs against calling the engine directly.
+
+One process hosts the gateway (:class:`services.gateway.server.GatewayServer`: OpenAI-compatible HTTP and gRPC on
+one event loop) over a transformers engine with two agents (the tiny random model by default, ``--model`` for
+another); the clients run in **another process** (asyncio, one task per client, each sending its requests one
+after the other), so client work does not share the server's interpreter. For each number of concurrent clients
+``c`` (``--clients``, default 1, 8 and 32) three arms generate the same number of responses of ``--max-tokens``
+tokens for the same prompt:
+
+* ``direct`` (the baseline): ``engine.generate`` called in this process with a batch of ``c`` prompts, as the
+  gateway's batcher would at best; latency is one batch's time;
+* ``http``: ``c`` concurrent clients, each ``--requests`` chat completions through the official ``openai`` client;
+* ``grpc``: the same with :class:`marti.AsyncInferenceClient`.
+
+Printed per ``c``: latency p50 and p99 (seconds per request), generated tokens per second, and each arm's
+throughput as a ratio of ``direct``'s (the issue's target is >= 0.8 at 32 clients). Then trace capture: episodes of
+two calls each are reported over HTTP and inserted into a real experience store (``marti store``, a local
+process) through an :class:`services.trainer.experience_feed.ExperienceFeed`, as a training job does; traces per
+second is reported episodes over the wall time of the reports. ``--json PATH`` writes every number; the load
+average before and after is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+BASELINE = "direct"
+AGENTS = ("alice", "bob")
+PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+async def _clients(
+    kind: str, target: str, token: str, c: int, requests: int, max_tokens: int
+) -> dict[str, Any]:
+    """``c`` concurrent clients of ``kind`` (http or grpc), ``requests`` each; latencies and tokens."""
+    lat: list[float] = []
+    tokens = 0
+
+    async def http_client(i: int) -> None:
+        import openai
+
+        nonlocal tokens
+        client = openai.AsyncOpenAI(base_url=target, api_key=token or "none", max_retries=0, timeout=600)
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            r = await client.chat.completions.create(
+                model=AGENTS[i % 2], messages=PROMPT, max_tokens=max_tokens, temperature=1.0
+            )
+            lat.append(time.perf_counter() - t0)
+            tokens += r.usage.completion_tokens
+        await client.close()
+
+    async def grpc_client(i: int) -> None:
+        from marti.clients.inference import AsyncInferenceClient
+
+        nonlocal tokens
+        async with AsyncInferenceClient(target, token=token or None) as client:
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                r = await client.generate(
+                    AGENTS[i % 2], messages=PROMPT, max_tokens=max_tokens, temperature=1.0
+                )
+                lat.append(time.perf_counter() - t0)
+                tokens += sum(len(ch.token_ids) for ch in r.choices)
+
+    one = http_client if kind == "http" else grpc_client
+    t0 = time.perf_counter()
+    await asyncio.gather(*[one(i) for i in range(c)])
+    return {"latencies": lat, "tokens": tokens, "wall_s": time.perf_counter() - t0}
+
+
+def _client_process(
+    kind: str, target: str, token: str, c: int, requests: int, max_tokens: int, q: Any
+) -> None:
+    q.put(asyncio.run(_clients(kind, target, token, c, requests, max_tokens)))
+
+
+def _remote(kind: str, target: str, token: str, c: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_client_process, args=(kind, target, token, c, requests, max_tokens, q))
+    p.start()
+    try:
+        out = q.get(timeout=1800)
+    finally:
+        p.join(60)
+    return out
+
+
+def _direct(engine: Any, c: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    from marti.inference import SamplingParams
+    from services.trainer.rollout.base import chat_to_ids
+
+    lat: list[float] = []
+    tokens = 0
+    sampling = SamplingParams(max_new_tokens=max_tokens, temperature=1.0)
+    t_all = time.perf_counter()
+    for _ in range(requests):
+        for agent in AGENTS[: min(2, c)]:  # the clients alternate agents: half the batch each
+            n = (c + 1) // 2 if agent == AGENTS[0] else c // 2
+            ids = chat_to_ids(engine._agents[agent].tokenizer, PROMPT)
+            t0 = time.perf_counter()
+            gens = engine.generate(agent, [ids] * n, sampling)
+            dt = time.perf_counter() - t0
+            lat.extend([dt] * n)
+            tokens += sum(len(g.response_token_ids) for g in gens)
+    return {"latencies": lat, "tokens": tokens, "wall_s": time.perf_counter() - t_all}
+
+
+def _summary(raw: dict[str, Any]) -> dict[str, Any]:
+    lat = raw["latencies"]
+    return {
+        "requests": len(lat),
+        "p50_s": statistics.median(lat),
+        "p99_s": _pct(lat, 0.99),
+        "tokens": raw["tokens"],
+        "wall_s": raw["wall_s"],
+        "tokens_per_s": raw["tokens"] / raw["wall_s"],
+    }
+
+
+def _traces(http: str, token: str, episodes: int, max_tokens: int) -> dict[str, Any]:
+    """Play ``episodes`` two-call episodes over HTTP, then time their reward reports (inserts into the store)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    root = http.removesuffix("/v1")
+    with httpx.Client(timeout=600, headers=headers) as client:
+        ids = []
+        for _ in range(episodes):
+            eid = uuid.uuid4().hex
+            for agent in AGENTS:
+                r = client.post(
+                    f"{root}/v1/chat/completions",
+                    headers={"X-Marti-Episode": eid},
+                    json={"model": agent, "messages": PROMPT, "max_tokens": max_tokens},
+                )
+                r.raise_for_status()
+            ids.append(eid)
+        t0 = time.perf_counter()
+        for eid in ids:
+            client.post(
+                f"{root}/v1/episodes/{eid}/reward", json={"rewards": {a: 1.0 for a in AGENTS}}
+            ).raise_for_status()
+        dt = time.perf_counter() - t0
+    return {"episodes": episodes, "report_wall_s": dt, "traces_per_s": episodes / dt}
+
+
+def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes: int) -> dict[str, Any]:
+    """Measure every arm (see module docstring) and return every number (what ``--json`` writes)."""
+    from marti.clients.experience import ExperienceSharingClient
+    from marti.stack import LocalStack
+    from services.gateway.core.gateway import Gateway
+    from services.gateway.core.limits import GatewayLimits
+    from services.gateway.server import GatewayServer
+    from services.trainer.experience_feed import ExperienceFeed
+    from services.trainer.gateway_backend import EngineBackend
+    from services.trainer.models import build_tiny_model, load_model, load_tokenizer
+    from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+
+    if model == "tiny-llama":
+        tok = load_tokenizer()
+        models = {a: build_tiny_model(tok, seed=i) for i, a in enumerate(AGENTS)}
+    else:
+        tok = load_tokenizer(model)
+        models = {a: load_model(model) for a in AGENTS}
+    engine = HFRolloutEngine({a: AgentModel(m, tok) for a, m in models.items()}, max_batch_size=max(clients))
+    load_before = os.getloadavg()
+    out: dict[str, Any] = {"benchmark": "gateway", "model": model, "baseline": BASELINE, "by_clients": {}}
+    with (
+        tempfile.TemporaryDirectory(prefix="marti-bench-gateway-") as logs,
+        LocalStack(services=("store",), log_dir=Path(logs)) as stack,
+    ):
+        store = ExperienceSharingClient("bench", stack.addresses["store"])
+        feed = ExperienceFeed(
+            store, f"bench-{uuid.uuid4().hex[:6]}", list(AGENTS), dict.fromkeys(AGENTS, 0), max_size=100_000,
+            reconnecting=lambda fn, what: fn(),
+        )  # fmt: skip
+        feed.create_tables()
+        limits = GatewayLimits(max_batch=max(clients), max_wait_ms=5.0, max_queue=4 * max(clients))
+        gateway = Gateway(EngineBackend(engine, dict.fromkeys(AGENTS, tok)), limits, sink=feed.insert_episode)
+        server = GatewayServer(gateway, host="127.0.0.1", http_port=0, grpc_port=0)
+        http, grpc_addr = server.start()
+        try:
+            _direct(engine, 2, 1, max_tokens)  # warm-up
+            for c in clients:
+                arms = {
+                    BASELINE: _summary(_direct(engine, c, requests, max_tokens)),
+                    "http": _summary(_remote("http", http, "", c, requests, max_tokens)),
+                    "grpc": _summary(_remote("grpc", grpc_addr, "", c, requests, max_tokens)),
+                }
+                for s in arms.values():
+                    s["ratio_tokens_per_s"] = s["tokens_per_s"] / arms[BASELINE]["tokens_per_s"]
+                out["by_clients"][str(c)] = arms
+            out["traces"] = _traces(http, "", episodes, max_tokens)
+            out["traces"]["inserted"] = feed.inserted
+        finally:
+            server.stop()
+            store.close()
+    out["loadavg_before"] = [round(x, 2) for x in load_before]
+    out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    out.update({"requests_per_client": requests, "max_tokens": max_tokens})
+    return out
+
+
+def table(out: dict[str, Any]) -> str:
+    """The markdown table: one row per (clients, arm)."""
+    lines = [
+        f"| clients | arm | requests | p50 s | p99 s | tokens/s | arm / {BASELINE}, tokens/s |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for c, arms in out["by_clients"].items():
+        for arm, s in arms.items():
+            name = f"{arm} (baseline)" if arm == BASELINE else arm
+            lines.append(
+                f"| {c} | {name} | {s['requests']} | {s['p50_s']:.4f} | {s['p99_s']:.4f} | {s['tokens_per_s']:.1f} "
+                f"| {s['ratio_tokens_per_s']:.2f}x |"
+            )
+    t = out.get("traces")
+    if t:
+        lines += ["", f"trace capture: {t['episodes']} episodes reported and inserted into the store in "
+                  f"{t['report_wall_s']:.3f} s: {t['traces_per_s']:.1f} traces/s ({t['inserted']} items)"]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the table (and write ``--json``); returns 0."""
+    p = argparse.ArgumentParser(prog="marti bench gateway", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny-llama", help="tiny-llama (default) or smollm2-135m-instruct")
+    p.add_argument("--clients", default="1,8,32", help="comma-separated concurrent clients (default 1,8,32)")
+    p.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens per response (default 16)")
+    p.add_argument(
+        "--episodes", type=int, default=50, help="episodes for the trace-capture rate (default 50)"
+    )
+    p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
+    args = p.parse_args(argv)
+    try:
+        clients = [int(x) for x in args.clients.split(",")]
+    except ValueError:
+        p.error(f"--clients must be comma-separated integers, got {args.clients!r}")
+    if any(c < 1 for c in clients) or args.requests < 1 or args.max_tokens < 1 or args.episodes < 1:
+        p.error("--clients, --requests, --max-tokens and --episodes must be >= 1")
+    out = run(args.model, clients, args.requests, args.max_tokens, args.episodes)
+    print(f"model: {out['model']}; {args.requests} requests per client, {args.max_tokens} tokens each")
+    print("load average before: " + " ".join(f"{x:.2f}" for x in out["loadavg_before"]))
+    print()
+    print(table(out))
+    print()
+    print("load average after: " + " ".join(f"{x:.2f}" for x in out["loadavg_after"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
