@@ -258,15 +258,8 @@ def _finite(x: float) -> float:
 
 
 def _token_texts(gateway: Gateway, agent: str, ids: Sequence[int]) -> list[str]:
-    """Each token's own text: the backend's ``token_texts(agent, ids)`` when it has one, else its tokenizer's
-    (``backend.tokenizers[agent]``), else ``token_id:N`` (vLLM's ``return_tokens_as_token_ids`` form)."""
-    backend: Any = gateway.backend
-    if callable(getattr(backend, "token_texts", None)):
-        return list(backend.token_texts(agent, list(ids)))
-    tok = getattr(backend, "tokenizers", {}).get(agent)
-    if tok is not None:
-        return list(tok.batch_decode([[int(i)] for i in ids]))
-    return [f"token_id:{int(i)}" for i in ids]
+    """Each token's own text (the backend's :meth:`~services.gateway.core.backend.InferenceBackend.token_texts`)."""
+    return list(gateway.backend.token_texts(agent, list(ids)))
 
 
 def _pieces(text: str, token_texts: Sequence[str]) -> list[str]:

@@ -37,17 +37,10 @@ SERVICE_NAME = "marti.api.inference.v1.InferenceService"
 Detokenize = Callable[[str, list[int]], str]
 
 
-def backend_detokenizer(gateway: Gateway) -> Detokenize | None:
-    """A detokenizer from the gateway's backend when it exposes per-agent Hugging Face tokenizers as
-    ``backend.tokenizers`` (as :class:`services.trainer.gateway_backend.EngineBackend` does), else None."""
-    toks = getattr(gateway.backend, "tokenizers", None)
-    if not isinstance(toks, dict) or not all(hasattr(t, "decode") for t in toks.values()):
-        return None
-
-    def detokenize(agent: str, ids: list[int]) -> str:
-        return toks[agent].decode(ids, skip_special_tokens=True)
-
-    return detokenize
+def backend_detokenizer(gateway: Gateway) -> Detokenize:
+    """The gateway backend's :meth:`~services.gateway.core.backend.InferenceBackend.decode` (text without special
+    tokens)."""
+    return gateway.backend.decode
 
 
 class InferenceServicer(sgrpc.InferenceServiceServicer):

@@ -31,11 +31,44 @@ from services.trainer.generation import (
 from services.trainer.rollout.base import RolloutEngine, chat_to_ids
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+class _Tokenizers:
+    """The text side both backends share: each agent's own tokenizer in ``self.tokenizers``."""
+
+    tokenizers: dict[str, Any]
+
+    def _tokenizer(self, agent: str) -> Any:
+        tok = self.tokenizers.get(agent)
+        if tok is None:
+            raise NotFoundError(f"unknown agent {agent!r}; served: {sorted(self.tokenizers)}")
+        return tok
+
+    def chat_prompt(self, agent: str, messages: ChatMessages) -> list[int]:
+        """The agent's own chat template over ``messages``, with the generation prompt.
+
+        Raises:
+            NotFoundError: Unknown agent.
+            InvalidArgumentError: Malformed messages.
+        """
+        return chat_to_ids(self._tokenizer(agent), messages)
+
+    def encode(self, agent: str, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
+        return list(self._tokenizer(agent)(text, add_special_tokens=False)["input_ids"])
+
+    def token_texts(self, agent: str, ids: Sequence[int]) -> list[str]:
+        """Each token's own text (special tokens included)."""
+        return list(self._tokenizer(agent).batch_decode([[int(i)] for i in ids]))
+
+    def decode(self, agent: str, ids: Sequence[int]) -> str:
+        """The text of ``ids`` without special tokens."""
+        return str(self._tokenizer(agent).decode(list(ids), skip_special_tokens=True))
+
+    def vocab_size(self, agent: str) -> int:
+        """``len(tokenizer)``: ids the agent's tokenizer knows."""
+        return len(self._tokenizer(agent))
 
 
-class EngineBackend(InferenceBackend):
+class EngineBackend(_Tokenizers, InferenceBackend):
     """Serves an engine's agents in this process.
 
     Every engine call takes ``lock``, which the owner's weight syncs must take too, so a call in flight when an
@@ -77,18 +110,6 @@ class EngineBackend(InferenceBackend):
         """
         return resident_versions(self.engine, self.resident, agent)
 
-    def chat_prompt(self, agent: str, messages: ChatMessages) -> list[int]:
-        """The agent's chat template over ``messages``, with the generation prompt.
-
-        Raises:
-            InvalidArgumentError: Malformed messages.
-        """
-        return chat_to_ids(self.tokenizers[agent], messages)
-
-    def encode(self, agent: str, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens."""
-        return _encode(self.tokenizers[agent], text)
-
     def max_model_len(self, agent: str) -> int:
         """The engine's prompt-plus-response limit for the agent, in tokens."""
         return engine_max_model_len(self.engine, agent)
@@ -106,7 +127,7 @@ class EngineBackend(InferenceBackend):
         return serve_generations(self.engine, self.lock, self.resident, agent, prompts, sampling, version)
 
 
-class TrainerBackend(InferenceBackend):
+class TrainerBackend(_Tokenizers, InferenceBackend):
     """Serves the policies of a running job (its :class:`~services.trainer.ray_runtime.RayRuntime`).
 
     Args:
@@ -182,21 +203,6 @@ class TrainerBackend(InferenceBackend):
         self._check(agent)
         with self._lock:
             return list(self._resident[agent])
-
-    def chat_prompt(self, agent: str, messages: ChatMessages) -> list[int]:
-        """The agent's own chat template over ``messages``, with the generation prompt.
-
-        Raises:
-            NotFoundError: Unknown agent.
-            InvalidArgumentError: Malformed messages.
-        """
-        self._check(agent)
-        return chat_to_ids(self.tokenizers[agent], messages)
-
-    def encode(self, agent: str, text: str) -> list[int]:
-        """Token ids of ``text`` with the agent's tokenizer, without special tokens."""
-        self._check(agent)
-        return _encode(self.tokenizers[agent], text)
 
     def max_model_len(self, agent: str) -> int:
         """The serving engine's prompt-plus-response limit for the agent, in tokens."""

@@ -43,6 +43,18 @@ class InferenceBackend(abc.ABC):
         """Token ids of raw text with the agent's tokenizer (no special tokens added)."""
 
     @abc.abstractmethod
+    def token_texts(self, agent: str, ids: Sequence[int]) -> list[str]:
+        """Each token's own text (special tokens included), one string per id, for log-probs and streams."""
+
+    @abc.abstractmethod
+    def decode(self, agent: str, ids: Sequence[int]) -> str:
+        """The text of ``ids`` without special tokens (what a response's ``text`` is)."""
+
+    @abc.abstractmethod
+    def vocab_size(self, agent: str) -> int:
+        """Token ids the agent's tokenizer knows: valid ids are ``[0, vocab_size)``."""
+
+    @abc.abstractmethod
     def max_model_len(self, agent: str) -> int:
         """Most prompt-plus-response tokens the agent's model accepts."""
 

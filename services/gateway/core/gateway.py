@@ -152,7 +152,7 @@ class Gateway:
         """Token ids of a chat conversation (the agent's chat template), raw text, or ids as given.
 
         Raises:
-            InvalidArgumentError: An empty or malformed prompt.
+            InvalidArgumentError: An empty or malformed prompt, or a token id outside the agent's vocabulary.
         """
         if isinstance(prompt, str):
             ids = self.backend.encode(agent, prompt)
@@ -162,6 +162,12 @@ class Gateway:
             ids = [int(t) for t in prompt]  # type: ignore[union-attr]
         if not ids:
             raise InvalidArgumentError("the prompt is empty")
+        vocab = self.backend.vocab_size(agent)
+        for i, t in enumerate(ids):  # checked here: a bad id in a shared batch would fail its neighbours too
+            if not 0 <= t < vocab:
+                raise InvalidArgumentError(
+                    f"prompt token {i} is {t}, outside model {agent!r}'s vocabulary [0, {vocab})"
+                )
         return ids
 
     async def generate(

@@ -76,3 +76,17 @@ async def test_a_sink_failure_reaches_the_caller_and_is_counted(backend):
         await gw.report("e9", {"planner": 1.0})
     assert gw.stats()["sink_errors"] == 1
     await gw.close()
+
+
+async def test_a_bad_token_id_fails_only_its_own_request_not_its_batch(backend):
+    import asyncio
+
+    gw = Gateway(backend, GatewayLimits(max_wait_ms=50))
+    bad, good = await asyncio.gather(
+        gw.generate("planner", [1, 10**7], S), gw.generate("planner", [1, 2], S), return_exceptions=True
+    )
+    assert isinstance(bad, InvalidArgumentError) and "10000000" in str(bad) and "vocabulary" in str(bad)
+    assert len(good.generations[0].response_token_ids) == 4
+    with pytest.raises(InvalidArgumentError, match="-1"):
+        await gw.generate("planner", [-1], S)
+    await gw.close()
