@@ -15,3 +15,17 @@ def _no_token_from_the_shell(monkeypatch):
         n for n in os.environ if n == "MARTI_TOKEN" or (n.startswith("MARTI_") and n.endswith("_TOKEN"))
     ]:
         monkeypatch.delenv(name)
+
+
+#: Seconds the interpreter may take to exit after the session before every thread's stack is printed and the run
+#: fails (a thread left blocked by a test, e.g. an executor worker inside a store wait, would otherwise hold the
+#: process, and CI, until its own deadline).
+EXIT_WATCHDOG_S = 300
+
+
+def pytest_unconfigure(config):
+    """Arm the exit watchdog: a hang at interpreter exit becomes a stack dump and exit status 1."""
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True, file=sys.__stderr__)

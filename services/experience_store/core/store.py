@@ -214,12 +214,12 @@ class ExperienceStore:
         self._snapshot_thread.start()
 
     def close(self) -> None:
-        """Stop snapshots, wake waiters and close storage."""
+        """Stop snapshots, end every waiting insert and sample (UnavailableError) and close storage."""
         self._stop.set()
         if self._snapshot_thread is not None:
             self._snapshot_thread.join(timeout=30)
         for t in self._tables.values():
-            t.notify()
+            t.close()  # waiting inserts and samples end now with UnavailableError
         self.storage.close()
 
 

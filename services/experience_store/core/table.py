@@ -21,6 +21,7 @@ from marti.errors import (
     InvalidArgumentError,
     MartiError,
     ResourceExhaustedError,
+    UnavailableError,
 )
 
 from .config import TableConfig
@@ -154,6 +155,7 @@ class Table:
         self._items: dict[int, ItemRecord] = {}
         self._bytes = 0
         self._cond = threading.Condition(threading.Lock())
+        self._closed = False
         self.waiting_inserts = 0
         self.waiting_samples = 0
 
@@ -244,6 +246,8 @@ class Table:
         return len(self._items) < self.config.max_size and self._bytes + num_bytes <= self.config.max_bytes
 
     def _wait(self, deadline: float, what: str) -> None:
+        if self._closed:
+            raise UnavailableError(f"{what} on table {self.name!r}: the store is shutting down")
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not self._cond.wait(remaining):
             if time.monotonic() >= deadline:
@@ -510,8 +514,16 @@ class Table:
             }
 
     def notify(self) -> None:
-        """Wake every waiting caller (used on shutdown)."""
+        """Wake every waiting caller (they check their condition again and keep waiting if it still fails)."""
         with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Shut the table: every caller waiting for room or an item, and every later one that would wait, gets
+        :class:`UnavailableError` at once (a store shutting down must not leave threads blocked until their
+        deadlines)."""
+        with self._cond:
+            self._closed = True
             self._cond.notify_all()
 
 

@@ -121,3 +121,40 @@ def test_trajectory_validate_names_field():
     with pytest.raises(InvalidArgumentError, match="policy_version"):
         make_traj(version=-1).validate()
     assert time.time() - Trajectory("e", "a").created_at < 5
+
+
+def test_close_ends_waiting_samples_and_inserts_at_once(tmp_path):
+    """A sampler waiting on an empty table (and an insert waiting for room) must not outlive the store: the
+    executor thread it runs in would otherwise keep the process from exiting until its deadline."""
+    from marti.errors import UnavailableError
+
+    cfgs = [
+        parse_table_config({"name": "q", "preset": "queue", "max_size": 1}),
+        parse_table_config({"name": "e", "preset": "queue"}),
+    ]
+    s = ExperienceStore(SqliteStorage(tmp_path), cfgs, seed=0)
+    s.insert("q", [item(1.0)], 0)
+    errors: list[BaseException] = []
+
+    def run(fn) -> None:
+        try:
+            out = fn()
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            errors.append(e)
+        else:  # an insert answers each item in-band
+            errors.extend(x for x in out if isinstance(x, BaseException))
+
+    waiters = [
+        threading.Thread(target=run, args=(lambda: s.sample("e", 1, 600.0),)),
+        threading.Thread(target=run, args=(lambda: s.insert("q", [item(2.0)], 600.0),)),
+    ]
+    for w in waiters:
+        w.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    s.close()
+    for w in waiters:
+        w.join(10)
+    assert time.monotonic() - t0 < 5 and not any(w.is_alive() for w in waiters)
+    assert len(errors) == 2 and all(isinstance(e, UnavailableError) for e in errors), errors
+    assert all("shutting down" in str(e) for e in errors)
