@@ -748,6 +748,9 @@ class GatewayConfig(_Section):
     overloaded."""
     max_calls_per_episode: PositiveInt = 256
     """Most calls recorded per episode and agent; one more is refused (HTTP 400, gRPC INVALID_ARGUMENT)."""
+    linger_s: NonNegFloat = 0.0
+    """Seconds the gateway keeps serving the trained policies after the last step (and its checkpoint), so
+    clients can evaluate them, before the job ends; stopping the job ends it at once. 0: the job ends at once."""
     resident_versions: PositiveInt | None = None
     """Policy versions per agent that can be requested as ``agent@VERSION`` (the current one included): the
     serving actor keeps a CPU copy of the last this many synced weights of every agent (the LoRA adapter or the

@@ -82,6 +82,8 @@ class RunSummary:
         last_checkpoint: Path of the newest checkpoint.
         report: Path of report.md.
         eval_history: ``(step, metrics)`` of each evaluation.
+        external_episodes: External episodes (played by clients through the gateway) the updates trained on:
+            per update, the most any trainable agent took.
     """
 
     run_dir: Path
@@ -91,6 +93,7 @@ class RunSummary:
     last_checkpoint: str | None = None
     report: Path | None = None
     eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    external_episodes: int = 0
 
 
 def env_config(
@@ -695,6 +698,9 @@ class TrainingLoop:
                         break
                     metrics.update(monitor.sample())
                     metrics["services/leftover_items_dropped"] = float(leftovers)
+                    summary.external_episodes += int(
+                        max((v for k, v in metrics.items() if k.endswith("/external_items")), default=0)
+                    )
                     step += 1
                     if producer is not None:
                         producer.updated(step)  # the weights are synced: the rollout of step + k may start
@@ -719,6 +725,7 @@ class TrainingLoop:
                     self._evaluate(runtime, step, writer, summary)
                 self._checkpoint(runtime, step)
             summary.last_checkpoint = self.last_checkpoint
+            self._linger()
         finally:
             self._stop_gateway()  # before the store and the actors it serves from go
             if producer is not None:  # no new rollout; the one in flight ends before the actors go
@@ -784,6 +791,17 @@ class TrainingLoop:
         print(f"gateway listening on {http_url} (gRPC {grpc_address}){trained}", flush=True)
         _LOG.info("gateway listening on %s (gRPC %s)%s", http_url, grpc_address, trained)
         return self.gateway_address
+
+    def _linger(self) -> None:
+        """Keep the gateway serving the trained policies for ``gateway.linger_s`` seconds after the last step
+        (clients evaluate them), or until the job is asked to stop."""
+        linger = self.cfg.gateway.linger_s
+        if self.gateway_server is None or not linger or self.stop_event.is_set():
+            return
+        print(
+            f"gateway serving the trained policies for {linger:g}s more (stop the job to end now)", flush=True
+        )
+        self.stop_event.wait(linger)
 
     def _stop_gateway(self) -> None:
         """Stop the gateway's endpoints (calls in flight get their grace period) and remove ``gateway.json``."""

@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     resumed = f" (resumed at step {summary.start_step})" if summary.start_step else ""
     print(f"done: {summary.steps} steps{resumed}; run directory {summary.run_dir}")
     print(f"report: {summary.report}")
+    if cfg.rollout.source != "builtin":
+        print(
+            f"trained {summary.steps - summary.start_step} steps on {summary.external_episodes} external episodes"
+        )
     return 0
 
 
