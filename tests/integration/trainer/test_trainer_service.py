@@ -116,3 +116,45 @@ def test_configs_naming_user_code_are_refused_by_default(trainer_stub):
         trainer_stub.SubmitJob(trainer_service_pb2.SubmitJobRequest(config_yaml=cfg), timeout=30)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "environment.env_name=my_envs.py:make_env" in info.value.details()
+
+
+def test_a_submitted_job_serves_its_policies_and_trains_on_reported_episodes(trainer_stub, tmp_path):
+    """The TrainerService path of the inference gateway: the job's gateway address is in its run directory, an
+    SDK client (gRPC) plays and rewards external episodes, and the job's one update trains on them."""
+    import json
+
+    import marti
+
+    run = tmp_path / "run"
+    req = trainer_service_pb2.SubmitJobRequest(
+        config_yaml=_config(tmp_path, 1),
+        overrides=[f"output.dir={run}", "rollout.source=external", "external.episodes_per_step=2",
+                   "rollout.eval_every=0", "external.wait_timeout_s=300"],
+    )  # fmt: skip
+    job = trainer_stub.SubmitJob(req, timeout=60).job
+    deadline = time.monotonic() + 300
+    while not (run / "gateway.json").exists():
+        state = trainer_stub.GetJob(trainer_service_pb2.GetJobRequest(job_id=job.job_id), timeout=10).job
+        assert state.state != trainer_pb2.JOB_STATE_FAILED, state.error
+        assert time.monotonic() < deadline, "no gateway.json"
+        time.sleep(0.5)
+    address = json.loads((run / "gateway.json").read_text())
+    assert address["http"].startswith("http://") and address["http"].endswith("/v1")
+    with marti.InferenceClient(address["grpc"]) as gw:
+        assert {"agent_1", "agent_2"} <= {m.id for m in gw.models()}
+        for i in range(2):
+            for agent in ("agent_1", "agent_2"):
+                out = gw.generate(
+                    agent, text="plan the work", max_tokens=4, episode_id=f"ep{i}", group_id="g"
+                )
+                assert len(out.choices[0].token_ids) == len(out.choices[0].logprobs) > 0
+            gw.report_reward(f"ep{i}", {"agent_1": float(i), "agent_2": 1.0 - i}, group_id="g", group_size=2)
+    records = list(
+        trainer_stub.StreamMetrics(trainer_service_pb2.StreamMetricsRequest(job_id=job.job_id), timeout=600)
+    )
+    final = trainer_stub.GetJob(trainer_service_pb2.GetJobRequest(job_id=job.job_id), timeout=10).job
+    assert final.state == trainer_pb2.JOB_STATE_SUCCEEDED, final.error
+    train = [r.record for r in records if r.record.kind == "train"]
+    assert train and train[-1].values["agent_1/external_items"] == 2.0
+    assert train[-1].values["gateway/released"] == 2.0 and train[-1].values["agent_1/policy_version"] == 1.0
+    assert not (run / "gateway.json").exists()  # removed when the gateway stopped
