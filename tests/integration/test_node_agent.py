@@ -237,3 +237,53 @@ def test_node_agent_acts_through_the_gateway_and_reports_its_reward(
         trajs = {t.agent_id: t for t in store.get_trajectories(episode_id=js["episode_id"])}
     assert [t.response_text for t in trajs["agent_2"].turns] == js["actions"]
     assert trajs["agent_2"].metadata["policy"] == "gateway:agent_2"
+
+
+@pytest.mark.slow
+def test_node_agent_is_trained_by_a_running_job(node_modules, services, proto_include, tmp_path):
+    """A `marti train` job with ``rollout.source: external`` serves agent_2's policy through its gateway; the Node
+    agent plays an episode with it (gRPC) and reports its reward, and the job's update trains on that episode."""
+    run = tmp_path / "run"
+    sets = [
+        "rollout.source=external", "external.episodes_per_step=1", "rollout.group_size=1",
+        "rollout.episodes_per_step=1", "max_steps=1", "rollout.eval_every=0", f"output.dir={run}",
+        "algorithm.advantage_estimator=reinforce++",
+    ]  # fmt: skip
+    train = subprocess.Popen(
+        [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
+         "--broker", services["broker"], "--env", services["env-server"], "--store", services["store"],
+         "--token", TOKEN, *[x for s in sets for x in ("--set", s)]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        import time
+
+        deadline = time.monotonic() + 300
+        while not (run / "gateway.json").exists():
+            assert train.poll() is None, train.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the job's gateway did not start"
+            time.sleep(0.5)
+        address = json.loads((run / "gateway.json").read_text())["grpc"]
+        session = "node-trained-1"
+        partner = subprocess.Popen(
+            [sys.executable, str(AGENT_DIR / "partner.py"), "--env", services["env-server"], "--broker",
+             services["broker"], "--store", services["store"], "--session", session, "--token", TOKEN,
+             "--timeout-s", "90"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        cmd = [*_node_cmd(services, session, proto_include, TOKEN), "--gateway", address, "--max-tokens", "8"]
+        node = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        partner.communicate(timeout=180)
+        assert node.returncode == 0, node.stderr[-3000:]
+        js = json.loads(node.stdout.strip().splitlines()[-1])
+        assert js["policy"] == "gateway" and js["gateway"]["released"] == 1
+        out, err = train.communicate(timeout=300)
+    finally:
+        if train.poll() is None:
+            train.kill()
+    assert train.returncode == 0, err[-3000:]
+    assert out.strip().splitlines()[-1] == "trained 1 steps on 1 external episodes", out[-2000:]
+    (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    m = record["metrics"]
+    assert m["agent_2/external_items"] == 1.0 and m["agent_2/num_samples"] == js["node_turns"]
+    assert m["agent_2/policy_version"] == 1.0 and m["gateway/released"] == 1.0
