@@ -748,6 +748,15 @@ class GatewayConfig(_Section):
     overloaded."""
     max_calls_per_episode: PositiveInt = 256
     """Most calls recorded per episode and agent; one more is refused (HTTP 400, gRPC INVALID_ARGUMENT)."""
+    max_request_bytes: PositiveInt = 8 * 1024 * 1024
+    """Largest HTTP request body and gRPC request message, bytes; larger ones are refused (HTTP 413, gRPC
+    RESOURCE_EXHAUSTED)."""
+    max_stop: PositiveInt = 16
+    """Most stop strings one request may give."""
+    max_stop_chars: PositiveInt = 256
+    """Longest stop string, characters."""
+    max_id_chars: PositiveInt = 256
+    """Longest episode or group id, characters (ids may not contain ``/``)."""
     linger_s: NonNegFloat = 0.0
     """Seconds the gateway keeps serving the trained policies after the last step (and its checkpoint), so
     clients can evaluate them, before the job ends; stopping the job ends it at once. 0: the job ends at once."""

@@ -216,6 +216,10 @@ def gateway_limits(cfg: TrainConfig) -> Any:
         max_calls_per_episode=g.max_calls_per_episode,
         episode_timeout_s=cfg.external.episode_timeout_s,
         resident_versions=cfg.gateway_resident_versions,
+        max_request_bytes=g.max_request_bytes,
+        max_stop=g.max_stop,
+        max_stop_chars=g.max_stop_chars,
+        max_id_chars=g.max_id_chars,
     )
 
 

@@ -25,6 +25,11 @@ class GatewayLimits:
             group, never trained), > 0.
         resident_versions: Policy versions per agent kept loaded for ``name@VERSION`` requests (the current one
             included), >= 1.
+        max_request_bytes: Largest HTTP request body and gRPC request message, bytes (HTTP 413 / gRPC
+            RESOURCE_EXHAUSTED beyond), > 0.
+        max_stop: Most stop strings per request, > 0.
+        max_stop_chars: Longest stop string, characters, > 0.
+        max_id_chars: Longest episode or group id, characters (ids may not contain ``/``), > 0.
     """
 
     max_batch: int = 32
@@ -35,10 +40,24 @@ class GatewayLimits:
     max_calls_per_episode: int = 256
     episode_timeout_s: float = 600.0
     resident_versions: int = 2
+    max_request_bytes: int = 8 * 1024 * 1024
+    max_stop: int = 16
+    max_stop_chars: int = 256
+    max_id_chars: int = 256
 
     def __post_init__(self) -> None:
         """Raises InvalidArgumentError naming the first field out of range."""
-        for name in ("max_batch", "max_queue", "max_n", "max_open_episodes", "max_calls_per_episode"):
+        for name in (
+            "max_batch",
+            "max_queue",
+            "max_n",
+            "max_open_episodes",
+            "max_calls_per_episode",
+            "max_request_bytes",
+            "max_stop",
+            "max_stop_chars",
+            "max_id_chars",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise InvalidArgumentError(f"gateway.{name} must be an int > 0, got {v!r}")
