@@ -5,6 +5,15 @@ last prompt token sits at the same position and generation appends to all rows a
 read from the raw logits that ``generate(output_logits=True)`` returns (temperature 1, no filtering; see
 :mod:`services.trainer.rollout.base`).
 
+Where a response ends (:class:`_RowEnds`): each row ends after its first eos token or after the generated token that
+completes a stop string *within the generated text* (the prompt never takes part in the match, unlike
+transformers' ``stop_strings`` criterion); the response's ids keep that token, its text is cut before the stop
+string. A row that ended while others go on is padded by ``generate`` (with the pad id, which may equal eos); the
+engine cuts every row exactly where it ended, so padding is never part of a response or its log-probabilities.
+
+Sampling: a temperature in ``[0, 1e-5)`` (:data:`GREEDY_BELOW`) decodes greedily, as vLLM does; a tiny positive
+temperature would otherwise divide the logits into overflow and NaN probabilities.
+
 Each agent maps to an :class:`AgentModel`: its own model (per-agent policies), a model shared with other agents
 (shared policy: one update moves every agent on it to the new version), or a peft model plus the name of the
 agent's adapter (LoRA policies: one base copy, the adapter is switched per call).
@@ -32,6 +41,9 @@ from services.trainer.rollout.base import (
 
 if TYPE_CHECKING:
     from services.trainer.policy import MultiAgentPolicy
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this (0 included) decode greedily (vLLM's ``_SAMPLING_EPS``)."""
 
 
 @dataclass
@@ -136,7 +148,11 @@ class HFRolloutEngine(RolloutEngine):
     def generate(
         self, agent_id: str, prompts: Sequence[Prompt], sampling: SamplingParams | None = None
     ) -> list[Generation]:
-        """See :meth:`RolloutEngine.generate`."""
+        """See :meth:`RolloutEngine.generate`.
+
+        A ``sampling.temperature`` below :data:`GREEDY_BELOW` (``1e-5``, 0 included) decodes greedily. A stop
+        string matches only within the generated text (see the module docstring).
+        """
         self._check_agent(agent_id)
         params = sampling or self._default_sampling[agent_id]
         spec = self._agents[agent_id]
@@ -180,7 +196,7 @@ class HFRolloutEngine(RolloutEngine):
         for row, p in enumerate(prompts):
             input_ids[row, width - len(p) :] = torch.tensor(p)
             attention_mask[row, width - len(p) :] = 1
-        greedy = params.temperature == 0.0
+        greedy = params.temperature < GREEDY_BELOW
         kwargs: dict[str, Any] = {
             "max_new_tokens": params.max_new_tokens,
             "do_sample": not greedy,
@@ -192,8 +208,10 @@ class HFRolloutEngine(RolloutEngine):
             "pad_token_id": pad_id,
             "eos_token_id": self._eos_ids(spec),
         }
-        if params.stop:
-            kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        from transformers import StoppingCriteriaList
+
+        row_ends = _RowEnds(tok, width, self._eos_ids(spec), params.stop)
+        kwargs["stopping_criteria"] = StoppingCriteriaList([row_ends])
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         with torch.no_grad():
             shared = None
@@ -209,8 +227,9 @@ class HFRolloutEngine(RolloutEngine):
         version = self._versions[agent_id]
         gens = []
         for row, p in enumerate(prompts):
-            toks = new_tokens[row].tolist()
-            end, reason, text = self._trim(spec, toks, params)
+            ended = row_ends.ends[row] if row_ends.ends else None
+            toks = new_tokens[row, :ended].tolist()  # what follows the row's end is padding
+            end, reason, text = self._trim(spec, toks, ended is not None, params)
             gens.append(
                 Generation(
                     prompt_token_ids=p,
@@ -237,20 +256,22 @@ class HFRolloutEngine(RolloutEngine):
             ids.add(int(spec.tokenizer.eos_token_id))
         return sorted(ids)
 
-    def _trim(self, spec: AgentModel, toks: list[int], params: SamplingParams) -> tuple[int, str, str]:
-        """Cut a row after its first eos or completed stop string.
+    @staticmethod
+    def _trim(spec: AgentModel, toks: list[int], ended: bool, params: SamplingParams) -> tuple[int, str, str]:
+        """Cut a row after its first completed stop string and name its finish reason.
+
+        Args:
+            spec: The agent (its tokenizer decodes).
+            toks: The row's generated ids up to where it ended (:class:`_RowEnds`), without padding.
+            ended: Whether the row ended by eos or a stop string (False: it ran to ``max_new_tokens``).
+            params: The sampling parameters (their stop strings).
 
         Returns:
             (number of response tokens kept, finish reason, decoded text cut before the stop string).
         """
         tok = spec.tokenizer
-        eos = set(self._eos_ids(spec))
-        end, reason = len(toks), "length"
-        for i, t in enumerate(toks):
-            if t in eos:
-                end, reason = i + 1, "stop"
-                break
-        text = tok.decode(toks[:end], skip_special_tokens=True)
+        end, reason = len(toks), "stop" if ended else "length"
+        text = tok.decode(toks, skip_special_tokens=True)
         if params.stop and any(s in text for s in params.stop):
             lo, hi = 1, end  # smallest prefix whose text holds a stop string (containment grows with length)
             while lo < hi:
@@ -261,10 +282,7 @@ class HFRolloutEngine(RolloutEngine):
                     lo = mid + 1
             end, reason = lo, "stop"
             text = tok.decode(toks[:end], skip_special_tokens=True)
-            cut = min(text.find(s) for s in params.stop if s in text)
-            text = text[:cut]
-        elif len(toks) < params.max_new_tokens and reason == "length":
-            reason = "stop"  # generation ended early through a stopping criterion other than eos
+            text = text[: min(text.find(s) for s in params.stop if s in text)]
         return end, reason, text
 
     def update_weights(self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int) -> None:
@@ -327,6 +345,74 @@ class HFRolloutEngine(RolloutEngine):
             else:
                 _copy_into(spec.model, snapshot)
             self._versions.update(saved_versions)
+
+
+class _RowEnds:
+    """A ``generate`` stopping criterion that records where each row of the call really ends, and ends it there.
+
+    A row ends at the first step that gives it an eos token or completes one of ``stop`` within the text decoded
+    from its generated tokens alone (transformers' ``stop_strings`` criterion also reads the prompt's last tokens,
+    so a prompt ending in ``"\\n"`` made a single generated ``"\\n"`` match ``"\\n\\n"``). Tokens ``generate``
+    appends to a row after its end (padding) are never looked at.
+
+    Checking a stop string decodes a window of the row's last tokens holding at least the longest stop string's
+    length in characters before the newest token (widened when it holds too few), and confirms a hit on the
+    whole generated text, so a row never ends on a match the full text lacks. A match the window misses only
+    lets the row run on; :meth:`HFRolloutEngine._trim` cuts at the first match either way.
+
+    Attributes:
+        ends: After ``generate``, per row the number of generated tokens up to and including the one that ended
+            it, or None when it ran to ``max_new_tokens`` (empty before the first step).
+    """
+
+    def __init__(
+        self, tokenizer: Any, prompt_width: int, eos_ids: Sequence[int], stop: Sequence[str]
+    ) -> None:
+        self._tok = tokenizer
+        self._width = prompt_width
+        self._eos = frozenset(int(e) for e in eos_ids)
+        self._stop = tuple(stop)
+        # characters a window must hold before the newest token: the longest stop string, plus room for the
+        # replacement characters or dropped space that decoding a window from the middle of the text may start with
+        self._span = max((len(s) for s in self._stop), default=0) + 4
+        self._seen = 0
+        self._tokens: list[list[int]] = []
+        self.ends: list[int | None] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        """Return (B,) bool: whether each row has ended (it stays ended)."""
+        if not self.ends:
+            self._tokens = [[] for _ in range(input_ids.shape[0])]
+            self.ends = [None] * input_ids.shape[0]
+        new = input_ids[:, self._width + self._seen :].tolist()
+        self._seen = input_ids.shape[1] - self._width
+        for row, fresh in enumerate(new):
+            if self.ends[row] is not None:
+                continue
+            toks = self._tokens[row]
+            for t in fresh:
+                toks.append(t)
+                if t in self._eos or (self._stop and self._completes_stop(toks)):
+                    self.ends[row] = len(toks)
+                    break
+        return torch.tensor([e is not None for e in self.ends], dtype=torch.bool, device=input_ids.device)
+
+    def _decode(self, toks: list[int]) -> str:
+        return self._tok.decode(toks, skip_special_tokens=True)
+
+    def _completes_stop(self, toks: list[int]) -> bool:
+        """Whether the generated text ``toks`` decodes to holds a stop string (none did one token earlier)."""
+        newest = len(self._decode(toks[-1:]))
+        window = self._span + 1
+        while True:
+            start = max(0, len(toks) - window)
+            text = self._decode(toks[start:])
+            if start == 0 or len(text) >= newest + self._span:
+                break
+            window *= 2
+        if not any(s in text for s in self._stop):
+            return False
+        return start == 0 or any(s in self._decode(toks) for s in self._stop)
 
 
 def _copy_into(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:

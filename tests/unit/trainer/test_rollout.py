@@ -268,3 +268,161 @@ def test_a_vllm_rollout_engine_without_vllm_names_the_package():
     policy = MultiAgentPolicy(PolicyConfig(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
     with pytest.raises(FailedPreconditionError, match="vllm"):
         build_rollout_engine(cfg, policy, ["agent_1"], "cpu", copy_weights=False, engine="vllm")
+
+
+# --- where a response ends: stop strings within the generated text only, padding never kept ---------------------
+
+
+def _chat_prompt(tok, content="Tell me a story"):
+    """SmolLM2's chat prompt: it ends in "\\n" (after ``<|im_start|>assistant``)."""
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert tok.decode(ids).endswith("\n")
+    return list(ids)
+
+
+def _check_ends(engine, agent_id, gens, params):
+    """Invariants of every generation: it ends exactly where its first eos or generated stop string is, its
+    log-probabilities are the model's, and (with ``top_k``) every token is one the sampler could have drawn: a
+    padding token ``generate`` appended after the row ended is not."""
+    spec = engine._agents[agent_id]
+    tok, eos = spec.tokenizer, set(engine._eos_ids(spec))
+
+    def dec(ids):
+        return tok.decode(ids, skip_special_tokens=True)
+
+    def has_stop(ids):
+        return any(s in dec(ids) for s in params.stop)
+
+    for g in gens:
+        ids = g.response_token_ids
+        assert ids and len(g.response_logprobs) == len(ids)
+        assert not any(t in eos for t in ids[:-1]), "a token after eos (padding) was kept"
+        assert not has_stop(ids[:-1]), "the response runs past a completed stop string"
+        if g.finish_reason == "length":
+            assert len(ids) == params.max_new_tokens and ids[-1] not in eos and not has_stop(ids)
+            assert g.text == dec(ids)
+        else:
+            assert g.finish_reason == "stop"
+            assert ids[-1] in eos or has_stop(ids), f"stop without eos or a generated stop string: {ids}"
+            if has_stop(ids):
+                full = dec(ids)
+                assert g.text == full[: min(full.find(s) for s in params.stop if s in full)]
+            else:
+                assert g.text == dec(ids)
+        with torch.no_grad():
+            logits = spec.model(input_ids=torch.tensor([g.prompt_token_ids + ids])).logits[0].float()
+        logp = torch.log_softmax(logits[len(g.prompt_token_ids) - 1 : -1], dim=-1)  # (A, V)
+        ref = logp.gather(-1, torch.tensor(ids).unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(torch.tensor(g.response_logprobs), ref, atol=1e-4)
+        if params.top_k:
+            ranks = (logp > ref.unsqueeze(-1) + 1e-6).sum(-1)
+            assert (ranks < params.top_k).all(), f"a token outside the top {params.top_k} was kept: {ids}"
+
+
+def test_a_stop_string_never_matches_across_the_prompt_boundary(engine, tok):
+    # The prompt ends in "\n" and the tiny model's greedy answer starts with "\n": transformers' stop_strings
+    # matched "\n\n" over the boundary and ended the response after that one token.
+    prompt = _chat_prompt(tok)
+    free = engine.generate("a", [prompt], SamplingParams(max_new_tokens=8, temperature=0.0))[0]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, stop=("\n\n",))
+    g = engine.generate("a", [prompt], params)[0]
+    _check_ends(engine, "a", [g], params)
+    assert g.response_token_ids == free.response_token_ids[: len(g.response_token_ids)]
+    if "\n\n" not in free.text:
+        assert g.finish_reason == "length" and g.response_token_ids == free.response_token_ids
+    if tok.decode(free.response_token_ids[:1]) == "\n":  # the case the bug was found on
+        assert g.response_token_ids != free.response_token_ids[:1]
+
+
+def test_a_stop_string_spanning_prompt_and_response_is_not_a_match(engine, tok):
+    for prompt in ([5, 6, 7], [40, 41, 42, 43], _chat_prompt(tok)):
+        free = engine.generate("a", [prompt], SamplingParams(max_new_tokens=6, temperature=0.0))[0]
+        first = tok.decode(free.response_token_ids[:1], skip_special_tokens=True)
+        stop = tok.decode(prompt)[-2:] + first  # the prompt's end plus the first generated token
+        if not first or stop in free.text:
+            continue
+        g = engine.generate("a", [prompt], SamplingParams(max_new_tokens=6, temperature=0.0, stop=(stop,)))[0]
+        assert g.finish_reason == "length" and g.response_token_ids == free.response_token_ids
+        assert g.text == free.text
+
+
+def test_seeded_samples_end_only_on_eos_or_a_generated_stop_string(engine, tok):
+    # "\n" is the tiny model's favourite token after the chat prompt: with top_k 3 the chat rows often start with
+    # it, and rows end early (on "\n\n" within the generated text) while others go on.
+    prompts = [_chat_prompt(tok)] * 4 + [[5, 6, 7], "Once upon a time", _chat_prompt(tok, "Hi")]
+    model = engine._agents["a"].model
+    for seed in range(3):
+        for stop in (("\n\n",), ("\n\n", " time")):
+            params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=3, stop=stop, seed=seed)
+            _check_ends(engine, "a", engine.generate("a", prompts, params), params)
+    model.generation_config.eos_token_id = [tok.eos_token_id, 198]  # "\n" also ends a row
+    for seed in range(2):
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=3, stop=("\n\n",), seed=seed)
+        _check_ends(engine, "a", engine.generate("a", prompts, params), params)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_row_that_ends_early_keeps_no_padding(tok, share):
+    # tiny-llama pads with eos (id 2): a row ended by a stop string got the pad appended as if it were its eos.
+    assert tok.pad_token_id == tok.eos_token_id
+    eng = HFRolloutEngine({"a": AgentModel(build_tiny_model(tok, seed=0), tok)}, share_prompt_prefix=share)
+    chat, other = _chat_prompt(tok), tok("Once upon a time", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, stop=("\n\n",))
+    alone = eng.generate("a", [chat], params)[0]
+    gens = eng.generate("a", [chat, other, chat], params)  # the repeated prompt takes the shared-prefix path
+    _check_ends(eng, "a", gens, params)
+    for g in (gens[0], gens[2]):
+        assert g.response_token_ids == alone.response_token_ids
+        assert g.response_logprobs == pytest.approx(alone.response_logprobs, abs=1e-4)
+        assert g.finish_reason == alone.finish_reason and g.text == alone.text
+    if alone.finish_reason == "stop" and len(gens[1].response_token_ids) > len(alone.response_token_ids):
+        assert tok.pad_token_id not in alone.response_token_ids  # it ended early, while row 1 went on
+
+
+def test_a_row_ended_by_eos_keeps_only_its_own_eos(engine, tok):
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    first = engine.generate("a", [[5, 6, 7]], params)[0].response_token_ids[0]
+    model = engine._agents["a"].model
+    model.generation_config.eos_token_id = [first]
+    gens = engine.generate("a", [[5, 6, 7], [40, 41, 42, 43, 44]], params)
+    assert gens[0].response_token_ids == [first] and gens[0].finish_reason == "stop"
+    _check_ends(engine, "a", gens, params)
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-45, 9e-6])
+def test_a_tiny_positive_temperature_is_greedy(engine, temperature):
+    prompts = [[5, 6, 7], [11, 12]]
+    greedy = engine.generate("a", prompts, SamplingParams(max_new_tokens=6, temperature=0.0))
+    tiny = engine.generate("a", prompts, SamplingParams(max_new_tokens=6, temperature=temperature, seed=1))
+    for t, g in zip(tiny, greedy, strict=True):
+        assert t.response_token_ids == g.response_token_ids
+        assert t.response_logprobs == pytest.approx(g.response_logprobs, abs=1e-6)
+
+
+def test_row_ends_match_the_first_prefix_holding_a_stop_string(tok):
+    """The windowed stop check against decoding the whole prefix, on random ids with newlines, multi-byte
+    characters split over tokens, and special tokens that decode to nothing."""
+    from services.trainer.rollout.hf import _RowEnds
+
+    pool = [198, 1116, 2756, 26411, 23274, 115, 40993, 0, 1, 655, 314, 28, 29, 30] + [0, 1] * 3
+    stops = [("\n\n",), ("é\n",), ("本\n\né",), ("日本",), (" time\n", "\n é"), ("\n",)]
+    rng = torch.Generator().manual_seed(0)
+    prompt = [5, 198]  # ends in "\n"
+    for trial in range(300):
+        stop = stops[trial % len(stops)]
+        n = 24
+        gen = [pool[int(i)] for i in torch.randint(len(pool), (n,), generator=rng)]
+        crit = _RowEnds(tok, len(prompt), [2], stop)
+        for step in range(1, n + 1):
+            crit(torch.tensor([prompt + gen[:step]]), None)
+        expected = next(
+            (
+                k
+                for k in range(1, n + 1)
+                if any(s in tok.decode(gen[:k], skip_special_tokens=True) for s in stop)
+            ),
+            None,
+        )
+        assert crit.ends == [expected], (gen, stop)
