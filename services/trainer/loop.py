@@ -547,7 +547,7 @@ class TrainingLoop:
                 ext = [t for t in taken.trajectories if t.metadata.get("source") == "gateway"]
                 metrics[f"{agent}/external_items"] = float(len(ext))
                 if ext:
-                    returns = [t.episode_return or 0.0 for t in ext]
+                    returns = [t.outcome_reward for t in ext]
                     metrics[f"{agent}/external_reward"] = sum(returns) / len(returns)
         return batches, metrics
 

@@ -93,6 +93,7 @@ class Gateway:
         self._sweeper: asyncio.Task[None] | None = None
         self._sink_lock = asyncio.Lock()
         self.untraced_calls = 0
+        self.released = 0
         self.sink_errors = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -113,7 +114,10 @@ class Gateway:
             await asyncio.sleep(period)
             dropped = self.tracker.sweep().dropped
             if dropped:
-                _LOG.warning("dropped %d abandoned external episodes (with their groups)", dropped)
+                _LOG.warning(
+                    "dropped %d external episodes (abandoned with their groups, or held in a group that expired)",
+                    dropped,
+                )
 
     # ------------------------------------------------------------------------------------------ models
     def models(self) -> list[ModelCard]:
@@ -131,8 +135,8 @@ class Gateway:
         """Map a model name to ``(agent, version or None for the current)``.
 
         Raises:
-            NotFoundError: No such agent, a malformed version, or a version that is not resident (the
-                resident ones are named).
+            NotFoundError: No such agent, a malformed version (only ASCII digits are one), or a version that is
+                not resident (the resident ones are named).
         """
         agent, sep, ver = model.partition("@")
         agents = self.backend.agents()
@@ -141,7 +145,7 @@ class Gateway:
         if not sep:
             return agent, None
         resident = self.backend.resident_versions(agent)
-        if not ver.isdigit() or int(ver) not in resident:
+        if not (ver.isascii() and ver.isdigit()) or int(ver) not in resident:
             raise NotFoundError(
                 f"model {model!r} is not resident; versions of {agent!r} that can be pinned: {resident}"
             )
@@ -186,39 +190,72 @@ class Gateway:
             model: ``agent`` or ``agent@VERSION``.
             prompt: Chat messages, raw text, or token ids.
             sampling: Sampling parameters.
-            n: Completions to sample, 1..``max_n``.
+            n: Completions to sample, 1..``max_n``; each is one call against ``max_calls_per_episode``.
             episode_id: The client's episode; when set every generation is recorded for training.
             group_id: The client's group (problem id) of the episode.
 
         Raises:
             NotFoundError: Unknown or non-resident model.
-            InvalidArgumentError: Bad ``n``, an empty prompt, or a prompt plus ``max_tokens`` longer than the
-                model accepts (the lengths are named); the episode's call limit.
+            InvalidArgumentError: Bad ``n``; more than ``gateway.max_stop`` stop strings or one longer than
+                ``gateway.max_stop_chars`` characters; an episode or group id longer than ``gateway.max_id_chars``
+                characters or containing ``/``; an empty prompt, or a prompt plus ``max_tokens`` longer than the
+                model accepts (the lengths are named); the episode's call limit (its agent's recorded and running
+                calls plus ``n`` above ``gateway.max_calls_per_episode``; nothing is generated then).
             ResourceExhaustedError: The agent's queue or the open-episode limit is full.
-            FailedPreconditionError: The episode was already reported.
+            FailedPreconditionError: The episode was already reported, or was abandoned.
         """
         agent, version = self.resolve(model)
         if not isinstance(n, int) or not 1 <= n <= self.limits.max_n:
             raise InvalidArgumentError(
                 f"n must be an int in [1, {self.limits.max_n}] (gateway.max_n), got {n!r}"
             )
-        ids = self.prompt_ids(agent, prompt)
+        self._check_stop(sampling)
+        self._check_id("episode_id", episode_id)
+        self._check_id("group_id", group_id)
+        ids = await asyncio.to_thread(self.prompt_ids, agent, prompt)  # a long prompt must not block the loop
         limit = self.backend.max_model_len(agent)
         if len(ids) + sampling.max_new_tokens > limit:
             raise InvalidArgumentError(
                 f"the prompt has {len(ids)} tokens and max_tokens is {sampling.max_new_tokens}: "
                 f"{len(ids) + sampling.max_new_tokens} exceeds model {agent!r}'s context of {limit} tokens"
             )
-        if episode_id:
-            self.tracker.check_can_record(episode_id, agent)
-        gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
-        call_ids = [f"call-{uuid.uuid4().hex}" for _ in gens]
-        if episode_id:
+        if not episode_id:
+            gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
+            self.untraced_calls += len(gens)
+            return Served([f"call-{uuid.uuid4().hex}" for _ in gens], gens, agent)
+        # the call is in flight from here: the episode counts as open and is not abandoned until it returns
+        self.tracker.begin_call(episode_id, agent, n, group_id)
+        try:
+            gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
+            call_ids = [f"call-{uuid.uuid4().hex}" for _ in gens]
             for cid, g in zip(call_ids, gens, strict=True):
                 self.tracker.record(episode_id, agent, cid, g, group_id)
-        else:
-            self.untraced_calls += len(gens)
+        finally:
+            self.tracker.end_call(episode_id, agent, n)
         return Served(call_ids, gens, agent)
+
+    def _check_stop(self, sampling: SamplingParams) -> None:
+        """Raises InvalidArgumentError for more than ``max_stop`` stop strings or one over ``max_stop_chars``."""
+        stop = sampling.stop
+        if len(stop) > self.limits.max_stop:
+            raise InvalidArgumentError(
+                f"the request has {len(stop)} stop strings; the limit (gateway.max_stop) is {self.limits.max_stop}"
+            )
+        for i, s in enumerate(stop):
+            if len(s) > self.limits.max_stop_chars:
+                raise InvalidArgumentError(
+                    f"stop string {i} has {len(s)} characters; the limit (gateway.max_stop_chars) is "
+                    f"{self.limits.max_stop_chars}"
+                )
+
+    def _check_id(self, name: str, value: str) -> None:
+        """Raises InvalidArgumentError for an episode or group id over ``max_id_chars`` or containing ``/``."""
+        if len(value) > self.limits.max_id_chars:
+            raise InvalidArgumentError(
+                f"{name} has {len(value)} characters; the limit (gateway.max_id_chars) is {self.limits.max_id_chars}"
+            )
+        if "/" in value:
+            raise InvalidArgumentError(f"{name} {value!r} contains '/', which ids may not contain")
 
     # ------------------------------------------------------------------------------------------ rewards
     async def report(
@@ -233,13 +270,20 @@ class Gateway:
     ) -> Released:
         """End an episode (see :meth:`EpisodeTracker.finish`) and hand released episodes to the sink.
 
+        Every released episode is offered to the sink, even after one fails, and even if the caller goes away
+        meanwhile; ``released`` counts those inserted, ``sink_errors`` those that failed (they are lost to
+        training).
+
         Raises:
-            InvalidArgumentError / FailedPreconditionError: as :meth:`EpisodeTracker.finish`.
-            Whatever the sink raises (the episode is then lost to training and ``sink_errors`` counts it; the
-            caller gets the error).
+            InvalidArgumentError: An empty episode id, an episode or group id longer than
+                ``gateway.max_id_chars`` characters or containing ``/``; or as :meth:`EpisodeTracker.finish`.
+            NotFoundError / FailedPreconditionError: as :meth:`EpisodeTracker.finish`.
+            The first error the sink raised, after every released episode was tried.
         """
         if not episode_id:
             raise InvalidArgumentError("episode_id must be a non-empty string")
+        self._check_id("episode_id", episode_id)
+        self._check_id("group_id", group_id)
         released = self.tracker.finish(
             episode_id,
             rewards,
@@ -248,20 +292,41 @@ class Gateway:
             group_size=group_size,
             failed=failed,
         )
-        if self.sink is not None and released.episodes:
-            async with self._sink_lock:  # one episode's items stay adjacent in every table
-                for ep in released.episodes:
-                    try:
-                        await asyncio.to_thread(self.sink, ep)
-                    except BaseException:
-                        self.sink_errors += 1
-                        raise
+        if not released.episodes:
+            return released
+        if self.sink is None:
+            self.released += len(released.episodes)
+            return released
+        # shielded: the episodes already left the tracker, so a caller that goes away must not lose them
+        error = await asyncio.shield(asyncio.ensure_future(self._deliver(released.episodes)))
+        if error is not None:
+            raise error
         return released
 
+    async def _deliver(self, episodes: list[dict[str, Trajectory]]) -> Exception | None:
+        """Insert each episode into the sink; counts ``released`` / ``sink_errors``; returns the first error."""
+        first: Exception | None = None
+        async with self._sink_lock:  # one episode's items stay adjacent in every table
+            for ep in episodes:
+                try:
+                    await asyncio.to_thread(self.sink, ep)  # type: ignore[arg-type]
+                except Exception as exc:  # noqa: BLE001 - counted, logged, and the first is raised by report
+                    self.sink_errors += 1
+                    eid = next(iter(ep.values())).episode_id if ep else "?"
+                    _LOG.error("episode %r is lost to training: the sink failed: %s", eid, exc)
+                    first = first or exc
+                else:
+                    self.released += 1
+        return first
+
     def stats(self) -> dict[str, float]:
-        """Counters: ``calls`` (traced), ``untraced_calls``, ``finished``, ``released``, ``abandoned``,
-        ``failed``, ``dropped``, ``open_episodes``, ``batches``, ``batched_prompts``, ``sink_errors``."""
+        """Counters: ``calls`` (traced), ``untraced_calls``, ``finished``, ``released`` (inserted into the sink;
+        without a sink, every released episode), ``abandoned``, ``failed``, ``dropped``, ``expired_groups``,
+        ``held`` (finished episodes waiting for their group), ``open_episodes``, ``batches``, ``batched_prompts``,
+        ``sink_errors`` (released episodes the sink failed to insert)."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
+        out["released"] = float(self.released)
+        out["held"] = float(self.tracker.held)
         out["untraced_calls"] = float(self.untraced_calls)
         out["open_episodes"] = float(self.tracker.open_episodes)
         out["batches"] = float(self.batcher.batches)

@@ -8,10 +8,13 @@ template's markup) are in its response with mask 0 and log-probability 0, so onl
 Any other call starts a new turn.
 
 Episodes end with :meth:`EpisodeTracker.finish` (rewards per agent and optionally per call) or are abandoned
-(no call or report for ``episode_timeout_s``) or reported failed: those are dropped **with their whole group**
-and counted, never trained as reward 0. When the client says how many episodes its group has
-(``group_size``), finished episodes wait until the group is complete, so a group is released whole or not at
-all; without it each finished episode is released at once.
+(no call running and no call or report for ``episode_timeout_s``) or reported failed: those are dropped **with
+their whole group** and counted, never trained as reward 0. A group that dies drops its finished members held
+here at once and its members open at that moment when they report; episodes that start later with the same
+group id form a new group. When the client says how many episodes its group has (``group_size``), finished
+episodes wait until the group is complete, so a group is released whole or not at all (a group still incomplete
+``episode_timeout_s`` after its last member finished expires and is dropped); without it each finished episode
+is released at once.
 """
 
 from __future__ import annotations
@@ -22,11 +25,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from marti.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
+from marti.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
 from marti.inference import Generation
 from marti.trajectory import Trajectory, Turn
 
-#: Reported episode ids and dead group ids remembered (oldest forgotten first).
+#: Reported and abandoned episode ids remembered (oldest forgotten first).
 REMEMBERED_IDS = 100_000
 
 
@@ -50,6 +58,7 @@ class _BoundedSet:
 class _AgentTrace:
     turns: list[Turn] = field(default_factory=list)
     calls: int = 0
+    pending: int = 0  # choices of this agent's running calls (reserved against max_calls_per_episode)
     call_ids: list[list[str]] = field(default_factory=list)  # per turn, the calls merged into it
 
 
@@ -58,6 +67,19 @@ class _Episode:
     group_id: str
     last_seen: float
     agents: dict[str, _AgentTrace] = field(default_factory=dict)
+    running: int = 0  # calls between begin_call and end_call
+    doomed: bool = False  # its group died while it was open: dropped when it reports
+
+    @property
+    def calls(self) -> int:
+        return sum(trace.calls for trace in self.agents.values())
+
+
+@dataclass
+class _HeldGroup:
+    size: int  # the group_size the group was opened with
+    members: list[dict[str, Trajectory]] = field(default_factory=list)
+    last_finished: float = 0.0
 
 
 @dataclass
@@ -67,7 +89,8 @@ class Released:
     Attributes:
         episodes: Each released episode as agent id -> trajectory (every trainable agent has one; an agent that
             made no call has one without turns), in completion order.
-        dropped: Episodes dropped (abandoned, failed, or members of a group that lost one).
+        dropped: Episodes dropped (abandoned, failed, members of a group that lost one, or of a group that
+            expired incomplete).
     """
 
     episodes: list[dict[str, Trajectory]] = field(default_factory=list)
@@ -77,12 +100,19 @@ class Released:
 class EpisodeTracker:
     """Open episodes' calls, group bookkeeping and the counters of what was dropped.
 
+    An episode is open from its first :meth:`begin_call` (or :meth:`record`) until its report or its abandonment.
+    Counters: ``calls`` (recorded), ``finished`` (reported, not failed), ``abandoned``, ``failed``, ``dropped``
+    (episodes never released), ``expired_groups`` (held groups dropped incomplete). Released episodes are counted
+    by whoever stores them (:class:`~services.gateway.core.gateway.Gateway`).
+
     Args:
         trainable: Agents whose trajectories are released (each released episode has one per agent).
-        episode_timeout_s: Seconds of silence after which an open episode is abandoned.
-        max_open_episodes: Most open episodes; a call that opens one more raises
-            :class:`ResourceExhaustedError`.
-        max_calls_per_episode: Most calls recorded per episode and agent (:class:`InvalidArgumentError` beyond).
+        episode_timeout_s: Seconds of silence after which an open episode with no call running is abandoned, and
+            after which a held group that is still incomplete expires.
+        max_open_episodes: Most open episodes (one with only a call running counts); a call that opens one more
+            raises :class:`ResourceExhaustedError`.
+        max_calls_per_episode: Most calls recorded per episode and agent, each of a request's ``n`` choices
+            counting as one (:class:`InvalidArgumentError` beyond).
         clock: Monotonic seconds (injectable for tests).
     """
 
@@ -101,29 +131,42 @@ class EpisodeTracker:
         self.max_calls_per_episode = max_calls_per_episode
         self._clock = clock
         self._open: dict[str, _Episode] = {}
-        self._held: dict[str, list[dict[str, Trajectory]]] = {}  # group -> finished members waiting
-        self._group_size: dict[str, int] = {}
-        self._dead_groups = _BoundedSet()  # groups that lost a member: later members are dropped too
+        self._held: dict[str, _HeldGroup] = {}  # group -> finished members waiting for the rest
         self._closed = _BoundedSet()  # episode ids already reported (a second report is refused)
-        self.counters = {"calls": 0, "finished": 0, "released": 0, "abandoned": 0, "failed": 0, "dropped": 0}
+        self._abandoned = _BoundedSet()  # episode ids abandoned (a later call or report is refused)
+        self.counters = {
+            "calls": 0,
+            "finished": 0,
+            "abandoned": 0,
+            "failed": 0,
+            "dropped": 0,
+            "expired_groups": 0,
+        }
 
     @property
     def open_episodes(self) -> int:
-        """Episodes with calls and no report yet."""
+        """Episodes with recorded or running calls and no report yet."""
         return len(self._open)
 
-    def check_can_record(self, episode_id: str, agent: str) -> None:
-        """Raise before a call is served if recording it would break a limit.
+    @property
+    def held(self) -> int:
+        """Finished episodes waiting for the rest of their group."""
+        return sum(len(g.members) for g in self._held.values())
 
-        Raises:
-            FailedPreconditionError: The episode was already reported.
-            ResourceExhaustedError: It would open more than ``max_open_episodes`` episodes.
-            InvalidArgumentError: The agent already made ``max_calls_per_episode`` calls in it.
-        """
+    # ------------------------------------------------------------------------------------------ calls
+    def _check_not_closed(self, episode_id: str) -> None:
+        if episode_id in self._abandoned:
+            raise FailedPreconditionError(
+                f"episode {episode_id!r} was abandoned (no call or report for {self.episode_timeout_s:g} s, "
+                f"gateway.episode_timeout_s) and dropped with its group; use a new episode id"
+            )
         if episode_id in self._closed:
             raise FailedPreconditionError(
                 f"episode {episode_id!r} was already reported; use a new episode id"
             )
+
+    def _check(self, episode_id: str, agent: str, n: int, *, reserved: bool) -> None:
+        self._check_not_closed(episode_id)
         ep = self._open.get(episode_id)
         if ep is None:
             if len(self._open) >= self.max_open_episodes:
@@ -131,16 +174,72 @@ class EpisodeTracker:
                     f"{len(self._open)} episodes are open (gateway.max_open_episodes = "
                     f"{self.max_open_episodes}); report rewards for some before starting episode {episode_id!r}"
                 )
-            return
-        trace = ep.agents.get(agent)
-        if trace is not None and trace.calls >= self.max_calls_per_episode:
+            used = 0
+        else:
+            trace = ep.agents.get(agent)
+            # a record() of a call begun with begin_call was reserved: only calls already recorded count
+            used = 0 if trace is None else trace.calls + (0 if reserved else trace.pending)
+        if used + n > self.max_calls_per_episode:
             raise InvalidArgumentError(
-                f"agent {agent!r} made {trace.calls} calls in episode {episode_id!r}, the limit "
-                f"(gateway.max_calls_per_episode) is {self.max_calls_per_episode}"
+                f"agent {agent!r} has {used} calls in episode {episode_id!r} (recorded or running) and this "
+                f"request adds {n}; the limit (gateway.max_calls_per_episode) is {self.max_calls_per_episode}"
             )
 
+    def check_can_record(self, episode_id: str, agent: str, n: int = 1) -> None:
+        """Raise if ``n`` more calls of ``agent`` in the episode would break a limit (changes nothing).
+
+        Raises:
+            FailedPreconditionError: The episode was already reported, or abandoned.
+            ResourceExhaustedError: It would open more than ``max_open_episodes`` episodes.
+            InvalidArgumentError: The agent's recorded and running calls in it plus ``n`` exceed
+                ``max_calls_per_episode``.
+        """
+        self._check(episode_id, agent, n, reserved=False)
+
+    def begin_call(self, episode_id: str, agent: str, n: int, group_id: str = "") -> None:
+        """Start a call of ``n`` choices: checks the limits, opens the episode and reserves the ``n`` calls.
+
+        Until the matching :meth:`end_call` the episode is not abandoned and its report is refused. Each choice
+        is then recorded with :meth:`record`.
+
+        Args:
+            episode_id: The client's episode id.
+            agent: The agent serving the call.
+            n: Choices the call generates (each is one call against ``max_calls_per_episode``).
+            group_id: The client's group id, when it sent one with the call.
+
+        Raises:
+            As :meth:`check_can_record` (nothing changes then).
+        """
+        self._check(episode_id, agent, n, reserved=False)
+        now = self._clock()
+        ep = self._open.setdefault(episode_id, _Episode(group_id=group_id, last_seen=now))
+        ep.last_seen = now
+        if group_id and not ep.group_id:
+            ep.group_id = group_id
+        ep.running += 1
+        ep.agents.setdefault(agent, _AgentTrace()).pending += n
+
+    def end_call(self, episode_id: str, agent: str, n: int) -> None:
+        """End a call begun with :meth:`begin_call` (served or not): frees its reservation and refreshes the
+        episode's last activity. An episode left without recorded or running calls is closed again as if it
+        never started (a report for it is then refused as unknown)."""
+        ep = self._open.get(episode_id)
+        if ep is None:
+            return
+        ep.running = max(0, ep.running - 1)
+        trace = ep.agents.get(agent)
+        if trace is not None:
+            trace.pending = max(0, trace.pending - n)
+        ep.last_seen = self._clock()
+        if ep.running == 0 and ep.calls == 0:
+            del self._open[episode_id]
+
     def record(self, episode_id: str, agent: str, call_id: str, gen: Generation, group_id: str = "") -> None:
-        """Record one served call (after :meth:`check_can_record`; limits are checked again).
+        """Record one served call (one choice).
+
+        Within :meth:`begin_call` / :meth:`end_call` the call was reserved; otherwise the limits of
+        :meth:`check_can_record` are checked here.
 
         Args:
             episode_id: The client's episode id.
@@ -148,8 +247,11 @@ class EpisodeTracker:
             call_id: The id returned to the client (per-call rewards name it).
             gen: What the engine produced: exact prompt and response ids, log-probs, version.
             group_id: The client's group id, when it sent one with the call.
+
+        Raises:
+            As :meth:`check_can_record`.
         """
-        self.check_can_record(episode_id, agent)
+        self._check(episode_id, agent, 1, reserved=True)
         now = self._clock()
         ep = self._open.setdefault(episode_id, _Episode(group_id=group_id, last_seen=now))
         ep.last_seen = now
@@ -185,6 +287,7 @@ class EpisodeTracker:
         )
         trace.call_ids.append([call_id])
 
+    # ------------------------------------------------------------------------------------------ reports
     def finish(
         self,
         episode_id: str,
@@ -204,61 +307,79 @@ class EpisodeTracker:
             call_rewards: Per call id, a reward for that call (its turn's reward; merged calls add up).
             group_id: The episode's group (the problem id); overrides one sent with the calls; empty = the
                 episode is a group of its own.
-            group_size: Episodes of the group; > 0 holds finished members until the group is complete.
+            group_size: Episodes of the group; > 0 holds finished members until the group is complete. Every
+                member of a held group must give the size the group was opened with.
             failed: The client reports the episode as failed: it is dropped with its group.
 
         Returns:
             The released episodes and the number dropped by this report.
 
         Raises:
+            A refused report changes nothing (an open episode stays open):
+            FailedPreconditionError: The episode was already reported, or abandoned, or calls of it are still
+                running.
             InvalidArgumentError: An agent in ``rewards`` that is not trained, a call id the episode did not
-                make, a reward that is not a finite number, a negative ``group_size`` (a refused report changes
-                nothing: the episode stays open).
-            FailedPreconditionError: The episode was already reported.
+                make, a reward that is not a finite number, a negative ``group_size``, or a ``group_size``
+                different from the one its held group was opened with.
+            NotFoundError: No call was recorded under ``episode_id``.
         """
-        if episode_id in self._closed:
-            raise FailedPreconditionError(f"episode {episode_id!r} was already reported")
+        self._check_not_closed(episode_id)
         unknown = sorted(set(rewards) - set(self.trainable))
         if unknown:
             raise InvalidArgumentError(
                 f"rewards name agent {unknown[0]!r}, which is not a trained agent of this job "
                 f"(trained: {self.trainable})"
             )
-        if group_size < 0:
-            raise InvalidArgumentError(f"group_size must be >= 0, got {group_size}")
+        if not isinstance(group_size, int) or group_size < 0:
+            raise InvalidArgumentError(f"group_size must be an int >= 0, got {group_size!r}")
         for where, values in (("rewards", rewards), ("call_rewards", call_rewards or {})):
             for key, value in values.items():
                 if not isinstance(value, int | float) or not math.isfinite(value):
                     raise InvalidArgumentError(f"{where}[{key!r}] must be a finite number, got {value!r}")
-        ep = self._open.get(episode_id) or _Episode(group_id="", last_seen=self._clock())
+        ep = self._open.get(episode_id)
+        if ep is not None and ep.running:
+            raise FailedPreconditionError(
+                f"{ep.running} calls of episode {episode_id!r} are still running; report after they return"
+            )
+        if ep is None or ep.calls == 0:
+            raise NotFoundError(
+                f"episode {episode_id!r} has no recorded calls (a typo, or the id was never used in a call)"
+            )
         known = {c for trace in ep.agents.values() for ids in trace.call_ids for c in ids}
         bad = sorted(set(call_rewards or {}) - known)
-        if bad:  # checked before anything changes: a refused report leaves the episode open
+        if bad:
             raise InvalidArgumentError(
                 f"call reward names call {bad[0]!r}, which episode {episode_id!r} did not make"
             )
-        self._open.pop(episode_id, None)
-        self._closed.add(episode_id)
         group = group_id or ep.group_id or f"episode:{episode_id}"
+        held = self._held.get(group)
+        if not failed and not ep.doomed and held is not None and group_size != held.size:
+            raise InvalidArgumentError(
+                f"group {group!r} was opened with group_size {held.size} and {len(held.members)} of its "
+                f"episodes wait for the rest; this report of episode {episode_id!r} gives group_size {group_size}"
+            )
+        # every check passed: from here on the report is accepted
+        del self._open[episode_id]
+        self._closed.add(episode_id)
         if failed:
             self.counters["failed"] += 1
+            if ep.doomed:  # its group already died; the group now under that id is another one
+                self.counters["dropped"] += 1
+                return Released(dropped=1)
             return self._kill_group(group, 1)
         self.counters["finished"] += 1
-        trajs = self._trajectories(episode_id, ep, group, rewards, call_rewards or {}, group_size)
-        if group in self._dead_groups:
+        if ep.doomed:
             self.counters["dropped"] += 1
             return Released(dropped=1)
+        trajs = self._trajectories(episode_id, ep, group, rewards, call_rewards or {}, group_size)
         if group_size > 0:
-            self._group_size[group] = group_size
-            held = self._held.setdefault(group, [])
-            held.append(trajs)
-            if len(held) < group_size:
+            held = self._held.setdefault(group, _HeldGroup(size=group_size))
+            held.members.append(trajs)
+            held.last_finished = self._clock()
+            if len(held.members) < group_size:
                 return Released()
             del self._held[group]
-            self._group_size.pop(group, None)
-            self.counters["released"] += len(held)
-            return Released(episodes=held)
-        self.counters["released"] += 1
+            return Released(episodes=held.members)
         return Released(episodes=[trajs])
 
     def _trajectories(
@@ -299,20 +420,43 @@ class EpisodeTracker:
         return out
 
     def _kill_group(self, group: str, dropped: int) -> Released:
-        """Drop a group: its held members now, its later members when they report."""
-        self._dead_groups.add(group)
-        dropped += len(self._held.pop(group, []))
-        self._group_size.pop(group, None)
+        """Drop a group: its held members now, its members open now when they report (they are doomed).
+
+        Episodes that open later with the same group id form a new group. ``dropped`` episodes already removed
+        by the caller are added to the count.
+        """
+        held = self._held.pop(group, None)
+        dropped += len(held.members) if held is not None else 0
+        for eid, ep in self._open.items():
+            if (ep.group_id or f"episode:{eid}") == group:
+                ep.doomed = True
         self.counters["dropped"] += dropped
         return Released(dropped=dropped)
 
     def sweep(self) -> Released:
-        """Abandon every open episode silent for ``episode_timeout_s``; returns what was dropped."""
+        """Abandon every open episode with no call running that was silent for ``episode_timeout_s`` (with its
+        group), and expire every held group whose last member finished ``episode_timeout_s`` ago; returns what
+        was dropped."""
         now = self._clock()
         out = Released()
-        for eid in [e for e, ep in self._open.items() if now - ep.last_seen >= self.episode_timeout_s]:
-            ep = self._open.pop(eid)
-            self._closed.add(eid)
+        silent = [
+            e
+            for e, ep in self._open.items()
+            if not ep.running and now - ep.last_seen >= self.episode_timeout_s
+        ]
+        for eid in silent:
+            ep = self._open.pop(eid, None)
+            if ep is None:
+                continue
+            self._abandoned.add(eid)
             self.counters["abandoned"] += 1
-            out.dropped += self._kill_group(ep.group_id or f"episode:{eid}", 1).dropped
+            if ep.doomed:
+                self.counters["dropped"] += 1
+                out.dropped += 1
+            else:
+                out.dropped += self._kill_group(ep.group_id or f"episode:{eid}", 1).dropped
+        for group in [g for g, h in self._held.items() if now - h.last_finished >= self.episode_timeout_s]:
+            if group in self._held:
+                self.counters["expired_groups"] += 1
+                out.dropped += self._kill_group(group, 0).dropped
         return out

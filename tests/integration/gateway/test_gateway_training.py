@@ -70,6 +70,15 @@ class _EchoBackend(InferenceBackend):
     def encode(self, agent: str, text: str) -> list[int]:
         return [ord(c) for c in text]
 
+    def token_texts(self, agent: str, ids) -> list[str]:
+        return [chr(i) for i in ids]
+
+    def decode(self, agent: str, ids) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def vocab_size(self, agent: str) -> int:
+        return 0x110000
+
     def max_model_len(self, agent: str) -> int:
         return 64
 

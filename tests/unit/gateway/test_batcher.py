@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from collections import Counter
 
@@ -91,4 +92,48 @@ async def test_a_cancelled_request_does_not_break_its_batch():
     eng.gate.set()
     assert (await kept)[0].response_token_ids == [3]
     assert b.load("a") == 0
+    await b.close()
+
+
+class SeededEngine:
+    """Samples each prompt's token from one RNG per engine call seeded by ``sampling.seed``: a row's token
+    depends on what else is in its batch, as a real batched sampler's does."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[list[int]]] = []
+
+    def __call__(self, agent, prompts, sampling, version):
+        self.batches.append(list(prompts))
+        rng = random.Random(sampling.seed)
+        return [Generation(p, [rng.randrange(1000)], [-1.0], "t", "stop", 0, agent) for p in prompts]
+
+
+async def test_a_seeded_request_runs_alone_and_gives_the_same_tokens_whatever_else_is_in_flight():
+    seeded = SamplingParams(max_new_tokens=2, seed=7)
+    eng = SeededEngine()
+    b = RequestBatcher(eng, max_batch=8, max_wait_ms=10_000, max_queue=100)
+    alone = await asyncio.wait_for(b.submit("a", [[1]] * 3, seeded, None), 2)  # does not wait max_wait_ms
+    assert eng.batches == [[[1]] * 3]
+    crowded = await asyncio.wait_for(
+        asyncio.gather(
+            b.submit(
+                "a", [[2]], seeded, None
+            ),  # same agent, version and sampling: still not batched together
+            b.submit("a", [[1]] * 3, seeded, None),
+            b.submit("a", [[3]] * 2, seeded, None),
+        ),
+        2,
+    )
+    assert [o.response_token_ids for o in crowded[1]] == [o.response_token_ids for o in alone]
+    assert sorted(map(len, eng.batches[1:])) == [1, 2, 3]
+    await b.close()
+
+
+async def test_unseeded_requests_still_share_a_batch_and_a_seeded_one_larger_than_max_batch_is_split():
+    eng = SeededEngine()
+    b = RequestBatcher(eng, max_batch=2, max_wait_ms=20, max_queue=100)
+    await b.submit("a", [[1]] * 3, SamplingParams(max_new_tokens=2, seed=1), None)
+    assert [len(x) for x in eng.batches] == [2, 1]
+    await asyncio.gather(b.submit("a", [[1]], S, None), b.submit("a", [[2]], S, None))
+    assert eng.batches[2:] == [[[1], [2]]]
     await b.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marti.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
+from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from marti.inference import Generation
 from services.gateway.core.traces import EpisodeTracker
 
@@ -63,11 +63,11 @@ def test_group_waits_until_complete_and_a_failed_member_drops_it_whole():
         t.record(e, "a", f"c{e}", gen([1], [2]), group_id="g")
     assert t.finish("e1", {"a": 1.0}, group_size=3).episodes == []
     assert t.finish("e2", {"a": 0.0}, group_size=3).episodes == []
+    t.record("e4", "a", "c4", gen([1], [2]), group_id="g")  # open when the group dies
     dropped = t.finish("e3", {}, failed=True)
     assert dropped.episodes == [] and dropped.dropped == 3
-    t.record("e4", "a", "c4", gen([1], [2]), group_id="g")  # a late member of the dead group
-    assert t.finish("e4", {"a": 1.0}, group_size=3).dropped == 1
-    assert t.counters["failed"] == 1 and t.counters["dropped"] == 4 and t.counters["released"] == 0
+    assert t.finish("e4", {"a": 1.0}, group_size=3).dropped == 1  # a late member of the dead group
+    assert t.counters["failed"] == 1 and t.counters["dropped"] == 4 and t.held == 0
 
 
 def test_complete_group_is_released_with_group_metadata():
@@ -91,8 +91,10 @@ def test_silent_episode_is_abandoned_with_its_group_never_trained():
     clock.t = 10.0
     assert t.sweep().dropped == 2  # e2 abandoned, e1 held in its group
     assert t.counters["abandoned"] == 1 and t.open_episodes == 0
-    with pytest.raises(FailedPreconditionError, match="e2"):
+    with pytest.raises(FailedPreconditionError, match="'e2' was abandoned"):
         t.finish("e2", {"a": 1.0})
+    with pytest.raises(FailedPreconditionError, match="'e2' was abandoned"):
+        t.begin_call("e2", "a", 1)
 
 
 def test_limits_are_enforced_at_their_edge():
@@ -125,3 +127,126 @@ def test_bad_reports_are_refused_by_name():
     t.finish("e", {"a": 1.0})
     with pytest.raises(FailedPreconditionError, match="already reported"):
         t.finish("e", {"a": 1.0})
+
+
+def test_a_dead_group_id_is_free_again_for_episodes_that_start_after_it_died():
+    t = tracker()
+    for e in ("e1", "e2"):
+        t.record(e, "a", f"c{e}", gen([1], [2]), group_id="q")
+    assert t.finish("e1", {}, failed=True).dropped == 1
+    t.record("e3", "a", "c3", gen([1], [2]), group_id="q")  # the next round of the same problem
+    t.record("e4", "a", "c4", gen([1], [2]), group_id="q")
+    assert t.finish("e2", {"a": 1.0}, group_size=2).dropped == 1  # open when q died: dropped
+    assert t.finish("e3", {"a": 1.0}, group_size=2).episodes == []
+    eps = t.finish("e4", {"a": 0.0}, group_size=2).episodes  # a new group q, released whole
+    assert [ep["a"].episode_id for ep in eps] == ["e3", "e4"]
+    # a doomed member that fails or is abandoned does not kill the new group of the same id
+    t.record("e5", "a", "c5", gen([1], [2]), group_id="r")
+    t.record("e6", "a", "c6", gen([1], [2]), group_id="r")
+    t.finish("e5", {}, failed=True)  # e6 doomed
+    t.record("e7", "a", "c7", gen([1], [2]), group_id="r")
+    assert t.finish("e6", {}, failed=True).dropped == 1
+    assert len(t.finish("e7", {"a": 1.0}, group_size=1).episodes) == 1
+
+
+def test_a_call_in_flight_keeps_its_episode_open_and_from_being_abandoned():
+    clock = Clock()
+    t = tracker(clock=clock, max_open_episodes=1)
+    t.begin_call("e1", "a", 1, group_id="g")
+    assert t.open_episodes == 1
+    with pytest.raises(ResourceExhaustedError, match="max_open_episodes"):  # the running call opened e1
+        t.begin_call("e2", "a", 1)
+    clock.t = 50.0  # the engine is slow: far beyond the timeout
+    assert t.sweep().dropped == 0 and t.counters["abandoned"] == 0
+    t.record("e1", "a", "c1", gen([1], [2]), group_id="g")
+    t.end_call("e1", "a", 1)  # refreshes last_seen
+    clock.t = 59.9
+    assert t.sweep().dropped == 0
+    clock.t = 60.0
+    assert t.sweep().dropped == 1 and t.counters["abandoned"] == 1
+    with pytest.raises(FailedPreconditionError, match="abandoned .*10 s"):
+        t.check_can_record("e1", "a")
+
+
+def test_a_call_that_failed_leaves_no_open_episode_behind():
+    clock = Clock()
+    t = tracker(clock=clock)
+    t.begin_call("e1", "a", 2, group_id="g")
+    t.end_call("e1", "a", 2)  # the engine failed: nothing recorded
+    assert t.open_episodes == 0
+    clock.t = 100.0
+    assert t.sweep().dropped == 0 and t.counters["abandoned"] == 0
+
+
+def test_n_choices_are_checked_against_the_call_budget_with_the_running_calls():
+    t = tracker(max_calls_per_episode=4)
+    t.record("e", "a", "c1", gen([1], [2]))
+    t.check_can_record("e", "a", 3)  # 1 + 3 = 4: exactly the limit
+    with pytest.raises(InvalidArgumentError, match="has 1 calls .* adds 4.*max_calls_per_episode"):
+        t.begin_call("e", "a", 4)
+    t.begin_call("e", "a", 2)  # running: 1 recorded + 2 reserved
+    with pytest.raises(InvalidArgumentError, match="has 3 calls .* adds 2"):
+        t.begin_call("e", "a", 2)
+    t.record("e", "a", "c2", gen([1], [3]))  # the reserved calls are recorded without tripping the limit
+    t.record("e", "a", "c3", gen([1], [4]))
+    t.end_call("e", "a", 2)
+    t.check_can_record("e", "a", 1)
+    with pytest.raises(InvalidArgumentError, match="max_calls_per_episode"):
+        t.check_can_record("e", "a", 2)
+
+
+def test_a_report_without_recorded_calls_or_with_calls_running_is_refused_and_changes_nothing():
+    t = tracker()
+    with pytest.raises(NotFoundError, match="'ghost' has no recorded calls"):
+        t.finish("ghost", {"a": 1.0})
+    with pytest.raises(NotFoundError, match="'ghost'"):
+        t.finish("ghost", {}, failed=True)
+    t.begin_call("e", "a", 1)
+    with pytest.raises(FailedPreconditionError, match="1 calls of episode 'e' are still running"):
+        t.finish("e", {"a": 1.0})
+    t.record("e", "a", "c1", gen([1], [2]))
+    t.begin_call("e", "b", 1)
+    with pytest.raises(FailedPreconditionError, match="still running"):
+        t.finish("e", {"a": 1.0}, failed=True)
+    t.end_call("e", "a", 1)
+    t.end_call("e", "b", 1)
+    assert t.counters["failed"] == 0 and t.counters["finished"] == 0 and t.open_episodes == 1
+    assert len(t.finish("e", {"a": 1.0}).episodes) == 1
+    t.record("ghost", "a", "c2", gen([1], [2]))  # a refused report did not close the id
+    assert len(t.finish("ghost", {"a": 1.0}).episodes) == 1
+
+
+def test_an_incomplete_held_group_expires_after_the_timeout_from_its_last_finish():
+    clock = Clock()
+    t = tracker(clock=clock, episode_timeout_s=10.0)
+    for e in ("e1", "e2", "e3"):
+        t.record(e, "a", f"c{e}", gen([1], [2]), group_id="g")
+    t.finish("e1", {"a": 1.0}, group_size=4)
+    clock.t = 5.0
+    t.finish("e2", {"a": 1.0}, group_size=4)
+    assert t.held == 2
+    clock.t = 12.0
+    t.record("e3", "a", "c3b", gen([1], [2]))  # e3 stays active
+    clock.t = 14.9
+    assert t.sweep().dropped == 0 and t.held == 2
+    clock.t = 15.0
+    assert t.sweep().dropped == 2
+    assert t.held == 0 and t.counters["expired_groups"] == 1 and t.counters["dropped"] == 2
+    assert t.counters["abandoned"] == 0
+    assert t.finish("e3", {"a": 1.0}, group_size=4).dropped == 1  # open when its group expired
+    t.record("e4", "a", "c4", gen([1], [2]), group_id="g")  # a new group g
+    assert t.finish("e4", {"a": 1.0}, group_size=4).episodes == [] and t.held == 1
+
+
+def test_a_report_with_another_group_size_than_its_group_is_refused_and_changes_nothing():
+    t = tracker()
+    for e in ("e1", "e2"):
+        t.record(e, "a", f"c{e}", gen([1], [2]), group_id="g")
+    t.finish("e1", {"a": 1.0}, group_size=2)
+    for size in (3, 0):
+        with pytest.raises(
+            InvalidArgumentError, match="opened with group_size 2 .* gives group_size " + str(size)
+        ):
+            t.finish("e2", {"a": 0.0}, group_size=size)
+    assert t.held == 1 and t.open_episodes == 1 and t.counters["finished"] == 1
+    assert len(t.finish("e2", {"a": 0.0}, group_size=2).episodes) == 2

@@ -1,0 +1,186 @@
+"""The gateway facade over a fake backend: model names, limits, in-flight calls, reports and the sink."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from marti.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+from marti.inference import Generation, SamplingParams
+from services.gateway.core.backend import InferenceBackend
+from services.gateway.core.gateway import Gateway
+from services.gateway.core.limits import GatewayLimits
+
+S = SamplingParams(max_new_tokens=2)
+
+
+class FakeBackend(InferenceBackend):
+    """One agent ``a`` (version 0 resident); tokens are characters' code points mod 100; echoes last id + 1."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.gate = gate
+        self.encode_threads: list[int] = []
+        self.batches: list[int] = []
+        self.fail = False
+
+    def agents(self):
+        return ["a"]
+
+    def versions(self):
+        return {"a": 0}
+
+    def resident_versions(self, agent):
+        return [0]
+
+    def chat_prompt(self, agent, messages):
+        return self.encode(agent, "".join(m["content"] for m in messages))
+
+    def encode(self, agent, text):
+        self.encode_threads.append(threading.get_ident())
+        return [ord(c) % 100 for c in text]
+
+    def token_texts(self, agent, ids):
+        return [str(i) for i in ids]
+
+    def decode(self, agent, ids):
+        return " ".join(str(i) for i in ids)
+
+    def vocab_size(self, agent):
+        return 100
+
+    def max_model_len(self, agent):
+        return 64
+
+    def generate(self, agent, prompts, sampling, version):
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.batches.append(len(prompts))
+        if self.fail:
+            raise UnavailableError("engine down")
+        return [Generation(p, [p[-1] + 1], [-1.0], "t", "stop", version or 0, agent) for p in prompts]
+
+
+def test_only_ascii_digits_name_a_version():
+    gw = Gateway(FakeBackend())
+    assert gw.resolve("a@0") == ("a", 0)
+    for bad in (
+        "a@²",
+        "a@٠",
+        "a@0x",
+        "a@",
+    ):  # a superscript two was a 500, an Arabic-Indic zero was version 0
+        with pytest.raises(NotFoundError, match="not resident"):
+            gw.resolve(bad)
+
+
+async def test_the_prompt_is_tokenized_off_the_event_loop():
+    backend = FakeBackend()
+    gw = Gateway(backend)
+    await gw.generate("a", "hello", S)
+    await gw.generate("a", [{"role": "user", "content": "hi"}], S)
+    assert backend.encode_threads and threading.get_ident() not in backend.encode_threads
+    await gw.close()
+
+
+async def test_n_beyond_the_remaining_call_budget_is_refused_before_generating():
+    backend = FakeBackend()
+    gw = Gateway(backend, GatewayLimits(max_calls_per_episode=3, max_wait_ms=0))
+    await gw.generate("a", [1], S, n=2, episode_id="e")
+    with pytest.raises(InvalidArgumentError, match="has 2 calls .* adds 2;.*max_calls_per_episode"):
+        await gw.generate("a", [1], S, n=2, episode_id="e")
+    assert backend.batches == [2] and gw.stats()["calls"] == 2
+    await gw.generate("a", [1], S, n=1, episode_id="e")  # exactly the limit
+    assert gw.stats()["calls"] == 3
+    await gw.close()
+
+
+async def test_a_call_in_flight_holds_its_episode_open_and_its_report_is_refused_until_it_returns():
+    gate = threading.Event()
+    gw = Gateway(FakeBackend(gate), GatewayLimits(max_open_episodes=1, max_wait_ms=0))
+    call = asyncio.ensure_future(gw.generate("a", [1], S, episode_id="e", group_id="g"))
+    await asyncio.sleep(0.05)
+    assert gw.stats()["open_episodes"] == 1
+    with pytest.raises(ResourceExhaustedError, match="max_open_episodes"):  # the first call opened e
+        await gw.generate("a", [1], S, episode_id="other")
+    with pytest.raises(FailedPreconditionError, match="1 calls of episode 'e' are still running"):
+        await gw.report("e", {"a": 1.0})
+    gw.tracker.episode_timeout_s = 0.001
+    assert gw.tracker.sweep().dropped == 0  # never abandoned while its call runs
+    gw.tracker.episode_timeout_s = 600.0
+    gate.set()
+    served = await call
+    assert len((await gw.report("e", {"a": 1.0})).episodes) == 1
+    assert served.call_ids and gw.stats()["released"] == 1
+    await gw.close()
+
+
+async def test_a_failed_call_leaves_no_open_episode_and_its_report_is_not_found():
+    backend = FakeBackend()
+    backend.fail = True
+    gw = Gateway(backend, GatewayLimits(max_wait_ms=0))
+    with pytest.raises(UnavailableError):
+        await gw.generate("a", [1], S, episode_id="e")
+    assert gw.stats()["open_episodes"] == 0
+    with pytest.raises(NotFoundError, match="'e' has no recorded calls"):
+        await gw.report("e", {"a": 1.0})
+    await gw.close()
+
+
+async def test_stop_string_and_id_limits_are_enforced_by_name():
+    gw = Gateway(FakeBackend(), GatewayLimits(max_stop=2, max_stop_chars=3, max_id_chars=5, max_wait_ms=0))
+    await gw.generate("a", [1], SamplingParams(max_new_tokens=2, stop=("abc", "d")), episode_id="abcde")
+    with pytest.raises(InvalidArgumentError, match=r"3 stop strings.*gateway\.max_stop\) is 2"):
+        await gw.generate("a", [1], SamplingParams(max_new_tokens=2, stop=("a", "b", "c")))
+    with pytest.raises(InvalidArgumentError, match=r"stop string 1 has 4 characters.*max_stop_chars\) is 3"):
+        await gw.generate("a", [1], SamplingParams(max_new_tokens=2, stop=("a", "abcd")))
+    with pytest.raises(InvalidArgumentError, match=r"episode_id has 6 characters.*max_id_chars\) is 5"):
+        await gw.generate("a", [1], S, episode_id="abcdef")
+    with pytest.raises(InvalidArgumentError, match="group_id has 6"):
+        await gw.generate("a", [1], S, episode_id="e", group_id="abcdef")
+    with pytest.raises(InvalidArgumentError, match="'a/b' contains '/'"):
+        await gw.generate("a", [1], S, episode_id="a/b")
+    with pytest.raises(InvalidArgumentError, match="episode_id has 6"):
+        await gw.report("abcdef", {})
+    with pytest.raises(InvalidArgumentError, match="group_id 'g/1' contains '/'"):
+        await gw.report("abcde", {}, group_id="g/1")
+    assert gw.stats()["calls"] == 1 and gw.stats()["open_episodes"] == 1
+    await gw.close()
+
+
+async def test_every_member_of_a_released_group_is_offered_to_the_sink_and_failures_are_counted():
+    tried = []
+
+    def sink(episode):
+        eid = episode["a"].episode_id
+        tried.append(eid)
+        if eid in ("e2", "e3"):
+            raise UnavailableError(f"store down for {eid}")
+
+    gw = Gateway(FakeBackend(), GatewayLimits(max_wait_ms=0), sink=sink)
+    for e in ("e1", "e2", "e3"):
+        await gw.generate("a", [1], S, episode_id=e, group_id="g")
+    await gw.report("e1", {"a": 1.0}, group_size=3)
+    await gw.report("e2", {"a": 1.0}, group_size=3)
+    with pytest.raises(UnavailableError, match="store down for e2"):  # the first error
+        await gw.report("e3", {"a": 1.0}, group_size=3)
+    stats = gw.stats()
+    assert tried == ["e1", "e2", "e3"]
+    assert stats["released"] == 1 and stats["sink_errors"] == 2
+    await gw.close()
+
+
+async def test_stats_name_held_and_expired_groups():
+    gw = Gateway(FakeBackend(), GatewayLimits(max_wait_ms=0))
+    await gw.generate("a", [1], S, episode_id="e1", group_id="g")
+    await gw.report("e1", {"a": 1.0}, group_size=2)
+    stats = gw.stats()
+    assert stats["held"] == 1 and stats["expired_groups"] == 0 and stats["released"] == 0
+    await gw.close()
