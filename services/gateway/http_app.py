@@ -23,13 +23,28 @@ chunk carries ``prompt_token_ids`` and each choice's final chunk (the one with `
 
 **Log-probabilities** are the raw (temperature 1) log-probabilities of the sampled tokens under the policy that
 sampled them (see :mod:`marti.inference`); alternatives are not recorded, so ``top_logprobs`` must be 0 or absent
-(chat) and ``logprobs`` at most 1 (completions). A token's ``token`` is its own decoded text (special tokens
-included) and ``bytes`` the UTF-8 of that text.
+(chat) and ``logprobs`` at most 1 (completions). A token's ``token`` (completions: its entry of ``tokens``) is its
+own decoded text, special tokens included; a token that holds only part of a multi-byte character (byte-level
+tokenizers split emoji and CJK characters) decodes to U+FFFD there. Its ``bytes`` are the token's exact bytes
+when the backend keeps the agent's Hugging Face tokenizer in a ``tokenizers`` mapping (both backends of
+:mod:`services.trainer.gateway_backend` do) and that tokenizer is byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM);
+otherwise the UTF-8 of its text, or, for a token that is part of a character, of the text it completes (see the
+stream's pieces below), so that the bytes of a completion's tokens still join to its text. ``text_offset`` is where
+each token's piece starts in ``text``.
 
 **Streaming.** The engine generates whole responses, so a stream starts when the generation is done and then
-sends the role, one content delta per generated token, the final chunk with ``finish_reason``, the usage chunk
-when ``stream_options.include_usage`` is set, and ``data: [DONE]``. Errors therefore still arrive as plain HTTP
-errors before any event is sent.
+sends the role, the content deltas, the final chunk with ``finish_reason``, the usage chunk when
+``stream_options.include_usage`` is set, and ``data: [DONE]``. Each generated token's delta is the text it adds
+under incremental detokenization (:func:`services.gateway.convert.token_texts`, as the gRPC stream): a character
+split over tokens arrives whole with its last token, and the deltas join to the completion's text exactly. Tokens
+that add no text send no delta, unless log-probabilities were asked for (then every token has its chunk). Errors
+still arrive as plain HTTP errors before any event is sent.
+
+**Limits.** A request body larger than ``gateway.max_request_bytes`` is refused with 413 (by its
+``Content-Length``, or once that many bytes arrived). Episode and group ids longer than ``gateway.max_id_chars``
+characters, or containing ``/`` (the gateway's rule), are refused with 400, on the inference routes and the reward
+route alike. Strings of the request (messages, prompt, stop strings, ids, the model) must be encodable as UTF-8: a
+lone surrogate escape such as ``"\\ud800"`` is refused with 400 naming the field.
 
 Parameters the engine does not implement (``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``tools``,
 ``response_format``, ``user``, ...) are accepted and ignored, as OpenAI clients send them; ``echo`` is refused.
@@ -41,18 +56,23 @@ the gateway).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import itertools
 import json
 import math
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import (
+    AfterValidator,
     AllowInfNan,
     BaseModel,
     ConfigDict,
@@ -63,10 +83,12 @@ from pydantic import (
     StrictStr,
     field_validator,
 )
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marti.errors import InvalidArgumentError
-from marti.inference import SamplingParams
+from marti.inference import Generation, SamplingParams
+from services.gateway.convert import token_texts
+from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway, Served
 from services.gateway.http_errors import error_response, install_error_handlers, request_error
 
@@ -84,13 +106,27 @@ GROUP_HEADER = "X-Marti-Group"
 DEFAULT_CHAT_MAX_TOKENS = 512
 #: Completions ``max_tokens`` when absent (OpenAI's default).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
-#: Longest episode or group id, characters.
-MAX_ID_CHARS = 256
 #: What a log-probability of -inf is reported as (JSON has no infinities; vLLM does the same).
 NEG_INF_LOGPROB = -9999.0
 
 _Float = Annotated[float, Strict(), AllowInfNan(False)]
 _Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+def _utf8(v: str) -> str:
+    """``v`` unchanged; ValueError when it cannot be encoded as UTF-8 (JSON's lone surrogate escapes)."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"the text is not valid Unicode: character {exc.start} is the lone surrogate {v[exc.start]!r}, "
+            "which UTF-8 cannot encode"
+        ) from None
+    return v
+
+
+#: A string that is valid Unicode (encodable as UTF-8).
+_Str = Annotated[StrictStr, AfterValidator(_utf8)]
 
 
 # ---------------------------------------------------------------------------------------------- request bodies
@@ -105,7 +141,7 @@ class StreamOptions(_Body):
 
 
 class _Sampled(_Body):
-    model: StrictStr
+    model: _Str
     temperature: _Float | None = None
     top_p: _Float | None = None
     top_k: StrictInt | None = None
@@ -121,9 +157,9 @@ class _Sampled(_Body):
         if v is None:
             return ()
         if isinstance(v, str):
-            return (v,)
+            return (_utf8(v),)
         if isinstance(v, list) and all(isinstance(s, str) for s in v):
-            return tuple(v)
+            return tuple(_utf8(s) for s in v)
         raise ValueError("stop must be a string or a list of strings")
 
     def sampling(self, max_tokens: int, max_tokens_param: str) -> SamplingParams:
@@ -150,7 +186,7 @@ class ChatMessage(_Body):
     """One message; ``content`` is a string, null, or a list of ``{"type": "text", "text": ...}`` parts (joined
     with newlines, as vLLM does)."""
 
-    role: StrictStr
+    role: _Str
     content: Any = Field(default=None, validate_default=True)
 
     @field_validator("content", mode="before")
@@ -159,7 +195,7 @@ class ChatMessage(_Body):
         if v is None:
             return ""
         if isinstance(v, str):
-            return v
+            return _utf8(v)
         if not isinstance(v, list):
             raise ValueError("content must be a string or a list of content parts")
         texts = []
@@ -169,7 +205,7 @@ class ChatMessage(_Body):
                 raise ValueError(
                     f"content part {j} has type {kind!r}; only {{'type': 'text', 'text': str}} parts are supported"
                 )
-            texts.append(part["text"])
+            texts.append(_utf8(part["text"]))
         return "\n".join(texts)
 
 
@@ -197,7 +233,7 @@ class CompletionRequest(_Sampled):
         if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
             v = v[0]  # a batch of one prompt
         if isinstance(v, str):
-            return v
+            return _utf8(v)
         if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
             if min(v) < 0:
                 raise ValueError(f"token ids must be >= 0, got {min(v)}")
@@ -210,9 +246,9 @@ class CompletionRequest(_Sampled):
 class RewardRequest(_Body):
     """Body of ``POST /v1/episodes/{episode_id}/reward`` (see :meth:`Gateway.report`)."""
 
-    rewards: dict[StrictStr, _Float] = Field(default_factory=dict)
-    call_rewards: dict[StrictStr, _Float] | None = None
-    group_id: StrictStr | None = ""
+    rewards: dict[_Str, _Float] = Field(default_factory=dict)
+    call_rewards: dict[_Str, _Float] | None = None
+    group_id: _Str | None = ""
     group_size: StrictInt | None = 0
     failed: StrictBool | None = False
 
@@ -239,7 +275,64 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
-def _context(request: Request) -> tuple[str, str]:
+class _BodyLimit:
+    """ASGI middleware: 413 for a request body over ``max_bytes`` (by ``Content-Length``, or by counting what
+    arrives), before the app parses it; a body within the limit is read here and handed on whole."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _refuse(self, size: str) -> Any:
+        msg = (
+            f"the request body has {size} bytes, more than the limit of {self.max_bytes} bytes "
+            "(gateway.max_request_bytes)"
+        )
+        return error_response(413, msg, "invalid_request_error", None, "resource_exhausted")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.strip().isdigit() and int(length) > self.max_bytes:
+            await self._refuse(str(int(length)))(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(f"at least {size}")(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay() -> Message:
+            nonlocal body
+            if body is not None:
+                message, body = body, None
+                return message
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _check_id(gateway: Gateway, key: str, value: str) -> None:
+    """InvalidArgumentError (param ``key``) for an episode or group id over ``gateway.max_id_chars``."""
+    limit = gateway.limits.max_id_chars
+    if len(value) > limit:
+        raise request_error(
+            f"{key} has {len(value)} characters; the limit (gateway.max_id_chars) is {limit}", key
+        )
+
+
+def _context(gateway: Gateway, request: Request) -> tuple[str, str]:
     """(episode id, group id) of a call, from the path prefix or the headers; empty = untraced."""
     out = []
     for key, header in (("episode_id", EPISODE_HEADER), ("group_id", GROUP_HEADER)):
@@ -247,39 +340,140 @@ def _context(request: Request) -> tuple[str, str]:
         if path and head and path != head:
             raise request_error(f"the path names {key} {path!r} but header {header} names {head!r}", key)
         value = path or head
-        if len(value) > MAX_ID_CHARS:
-            raise request_error(f"{key} has {len(value)} characters, the limit is {MAX_ID_CHARS}", key)
+        _check_id(gateway, key, value)
         out.append(value)
     return out[0], out[1]
+
+
+def _core_param(message: str, prompt_param: str, max_tokens_param: str) -> str | None:
+    """The request field an InvalidArgumentError of the gateway core is about, read from its message (the core
+    does not know the OpenAI field names); None when the message does not say reliably."""
+    if message.startswith("n must"):
+        return "n"
+    # the prompt plus max_tokens exceed the context: max_tokens is the knob (a prompt alone that fills the
+    # context is refused by the adapter itself, naming the prompt)
+    if " and max_tokens is " in message:
+        return max_tokens_param
+    if message.startswith(("the prompt", "prompt token")):
+        return prompt_param
+    if "(gateway.max_stop" in message:  # max_stop and max_stop_chars
+        return "stop"
+    for key in ("episode_id", "group_id"):
+        if message.startswith(f"{key} "):
+            return key
+    return None
+
+
+def _name_param(exc: InvalidArgumentError, prompt_param: str, max_tokens_param: str) -> None:
+    """Set ``exc.param`` (the OpenAI field) on a core error that has none, when its message names one."""
+    if getattr(exc, "param", None) is None:
+        exc.param = _core_param(exc.message, prompt_param, max_tokens_param)  # type: ignore[attr-defined]
 
 
 def _finite(x: float) -> float:
     return float(x) if math.isfinite(x) else NEG_INF_LOGPROB
 
 
-def _token_texts(gateway: Gateway, agent: str, ids: Sequence[int]) -> list[str]:
-    """Each token's own text (the backend's :meth:`~services.gateway.core.backend.InferenceBackend.token_texts`)."""
-    return list(gateway.backend.token_texts(agent, list(ids)))
+#: GPT-2's byte-level BPE alphabet: the printable bytes stand for themselves, the others for 256 + i.
+_PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+_BYTE_OF_CHAR: dict[str, int] = {chr(b): b for b in _PRINTABLE} | {
+    chr(256 + i): b for i, b in enumerate(b for b in range(256) if b not in _PRINTABLE)
+}
+_BYTE_LEVEL: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # tokenizer -> byte-level?
+_BYTE_LEVEL_LOCK = threading.Lock()
 
 
-def _pieces(text: str, token_texts: Sequence[str]) -> list[str]:
-    """Split ``text`` into one piece per token whose concatenation is ``text`` exactly: tokens whose text
-    continues it get their text; from the first that does not (a stop string cut, a partial UTF-8 character),
-    that token gets the rest and later tokens get ``""``."""
-    pieces, pos = [], 0
-    for t in token_texts:
-        if t and text.startswith(t, pos):
-            pieces.append(t)
-            pos += len(t)
-        else:
-            pieces.append(text[pos:])
-            pos = len(text)
-    if pos < len(text):
-        if pieces:
-            pieces[-1] += text[pos:]
-        else:
-            pieces.append(text[pos:])
-    return pieces
+def _is_byte_level(tokenizer: Any) -> bool:
+    """Whether a Hugging Face (fast) tokenizer decodes with ``ByteLevel`` (its tokens spell bytes in GPT-2's
+    alphabet); remembered per tokenizer."""
+    try:
+        with _BYTE_LEVEL_LOCK:
+            hit = _BYTE_LEVEL.get(tokenizer)
+    except TypeError:  # not weakly referenceable or not hashable: asked every time
+        hit = None
+    if hit is not None:
+        return hit
+
+    def has(spec: Any) -> bool:
+        if not isinstance(spec, dict):
+            return False
+        return spec.get("type") == "ByteLevel" or any(has(d) for d in spec.get("decoders") or [])
+
+    try:
+        answer = has(json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder"))
+    except Exception:  # noqa: BLE001 - not a fast tokenizer: no exact bytes
+        answer = False
+    try:
+        with _BYTE_LEVEL_LOCK:
+            _BYTE_LEVEL[tokenizer] = answer
+    except TypeError:
+        pass
+    return answer
+
+
+def _exact_bytes(backend: InferenceBackend, agent: str, ids: Sequence[int]) -> list[bytes | None] | None:
+    """Each token's exact bytes from a byte-level BPE tokenizer of the backend (None for an added/special token,
+    whose text is exact); None when the backend has no such tokenizer for ``agent``."""
+    tokenizers = getattr(backend, "tokenizers", None)
+    tok = tokenizers.get(agent) if isinstance(tokenizers, dict) else None
+    if tok is None or not _is_byte_level(tok):
+        return None
+    try:
+        added = set(getattr(tok, "added_tokens_decoder", None) or ())
+        names = tok.convert_ids_to_tokens([int(t) for t in ids])
+    except Exception:  # noqa: BLE001 - a tokenizer without the usual API: no exact bytes
+        return None
+    out: list[bytes | None] = []
+    for t, name in zip(ids, names, strict=True):
+        ok = t not in added and isinstance(name, str) and all(c in _BYTE_OF_CHAR for c in name)
+        out.append(bytes(_BYTE_OF_CHAR[c] for c in name) if ok else None)
+    return out
+
+
+@dataclass
+class _Tokens:
+    """One completion's tokens as the responses show them (A of each).
+
+    Attributes:
+        texts: Each token's own decoded text (special tokens included; U+FFFD for part of a character).
+        pieces: The text each token adds under incremental detokenization; they join to the completion's text.
+        raw: Each token's bytes (see the module docstring).
+    """
+
+    texts: list[str]
+    pieces: list[str]
+    raw: list[bytes]
+
+    @property
+    def offsets(self) -> list[int]:
+        """Where each token's piece starts in the text."""
+        return list(itertools.accumulate((len(p) for p in self.pieces), initial=0))[: len(self.pieces)]
+
+
+def _tokens(backend: InferenceBackend, agent: str, g: Generation) -> _Tokens:
+    """A completion's :class:`_Tokens` (blocking: it decodes; run it in a worker thread)."""
+    ids = list(g.response_token_ids)
+
+    def decode(x: list[int]) -> str:
+        return backend.decode(agent, x)
+
+    texts = list(backend.token_texts(agent, ids))
+    pieces = token_texts(ids, g.text, decode)
+    exact = _exact_bytes(backend, agent, ids) or [None] * len(ids)
+    raw = [
+        b if b is not None else (t.encode() if "\ufffd" not in t else p.encode())
+        for b, t, p in zip(exact, texts, pieces, strict=True)
+    ]
+    return _Tokens(texts, pieces, raw)
+
+
+async def _all_tokens(gateway: Gateway, served: Served) -> list[_Tokens]:
+    """Every choice's :class:`_Tokens`, decoded in a worker thread."""
+
+    def work() -> list[_Tokens]:
+        return [_tokens(gateway.backend, served.agent, g) for g in served.generations]
+
+    return await asyncio.to_thread(work)
 
 
 def _usage(served: Served) -> dict[str, int]:
@@ -306,40 +500,36 @@ def _marti_response(served: Served) -> dict[str, Any]:
     }
 
 
-def _chat_logprobs(toks: Sequence[str], logps: Sequence[float]) -> dict[str, Any]:
-    """Chat ``logprobs``: one entry per token with its text, log-prob and UTF-8 bytes."""
+def _chat_logprobs(toks: _Tokens, logps: Sequence[float], at: slice = slice(None)) -> dict[str, Any]:
+    """Chat ``logprobs``: one entry per token (those of ``at``) with its text, log-prob and bytes."""
     return {
         "content": [
-            {"token": t, "logprob": _finite(x), "bytes": list(t.encode()), "top_logprobs": []}
-            for t, x in zip(toks, logps, strict=True)
+            {"token": t, "logprob": _finite(x), "bytes": list(b), "top_logprobs": []}
+            for t, x, b in zip(toks.texts[at], list(logps)[at], toks.raw[at], strict=True)
         ]
     }
 
 
-def _text_logprobs(toks: Sequence[str], logps: Sequence[float], offsets: Sequence[int]) -> dict[str, Any]:
-    """Completions ``logprobs``: the tokens' texts, log-probs and character offsets into the text."""
-    lps = [_finite(x) for x in logps]
+def _text_logprobs(toks: _Tokens, logps: Sequence[float], at: slice = slice(None)) -> dict[str, Any]:
+    """Completions ``logprobs``: the tokens' (those of ``at``) texts, log-probs and character offsets into the
+    text."""
     return {
-        "tokens": list(toks),
-        "token_logprobs": lps,
+        "tokens": toks.texts[at],
+        "token_logprobs": [_finite(x) for x in list(logps)[at]],
         "top_logprobs": None,
-        "text_offset": list(offsets)[: len(lps)],
+        "text_offset": toks.offsets[at],
     }
 
 
-def _offsets(pieces: Sequence[str]) -> list[int]:
-    return list(itertools.accumulate((len(p) for p in pieces), initial=0))[: len(pieces)]
-
-
 def _stream(
-    gateway: Gateway, served: Served, head: dict[str, Any], body: _Sampled, logprobs: bool
+    served: Served, tokens: Sequence[_Tokens], head: dict[str, Any], body: _Sampled, logprobs: bool
 ) -> StreamingResponse:
     """The server-sent events of a served request: per choice, (chat: the role,) one chunk per generated token
-    whose text is not empty (every token when ``logprobs``), the final chunk with ``finish_reason`` and the
+    whose piece is not empty (every token when ``logprobs``), the final chunk with ``finish_reason`` and the
     choice's extensions; the first chunk has ``prompt_token_ids``; then the usage chunk when asked, ``[DONE]``."""
     chat = head["object"] == "chat.completion.chunk"
     chunks: list[dict[str, Any]] = []
-    for i, g in enumerate(served.generations):
+    for i, (g, toks) in enumerate(zip(served.generations, tokens, strict=True)):
 
         def choice(
             piece: str | None, lp: dict[str, Any] | None, finish: str | None, i: int = i
@@ -350,15 +540,16 @@ def _stream(
         if chat:
             chunks.append(choice("", None, None))
             chunks[-1]["choices"][0]["delta"]["role"] = "assistant"
-        toks = _token_texts(gateway, served.agent, g.response_token_ids)
-        pieces = _pieces(g.text, toks)
-        for t, x, piece, off in zip(toks, g.response_logprobs, pieces, _offsets(pieces), strict=False):
+        for k, piece in enumerate(toks.pieces):
             if piece or logprobs:
-                lp = (
-                    (_chat_logprobs([t], [x]) if chat else _text_logprobs([t], [x], [off]))
-                    if logprobs
-                    else None
-                )
+                at = slice(k, k + 1)
+                lp = None
+                if logprobs:
+                    lp = (
+                        _chat_logprobs(toks, g.response_logprobs, at)
+                        if chat
+                        else _text_logprobs(toks, g.response_logprobs, at)
+                    )
                 chunks.append(choice(piece, lp, None))
         chunks.append(choice(None, None, g.finish_reason))
         chunks[-1]["choices"][0].update(_marti_choice(served, i))
@@ -366,7 +557,7 @@ def _stream(
     if body.stream_options is not None and body.stream_options.include_usage:
         chunks.append({**head, "choices": [], "usage": _usage(served)})
 
-    def events() -> Iterator[bytes]:
+    async def events() -> AsyncIterator[bytes]:
         for c in chunks:
             yield b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
@@ -384,31 +575,39 @@ async def _serve(
     param: str,
     default: int,
 ) -> Served:
-    """Resolve, tokenize, size ``max_tokens`` and generate (shared by both completion routes)."""
-    episode_id, group_id = _context(request)
-    agent, _ = gateway.resolve(body.model)
+    """Resolve, tokenize, size ``max_tokens`` and generate (shared by both completion routes); an
+    InvalidArgumentError of the core gets ``param`` when its message names the field."""
+    prompt_param = (
+        "messages" if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) else "prompt"
+    )
     try:
-        ids = gateway.prompt_ids(agent, prompt)
-    except Exception as exc:  # a chat template that refuses the conversation (jinja2's raise_exception)
-        if type(exc).__module__.startswith("jinja2"):
-            raise request_error(
-                f"the chat template of {agent!r} refused the messages: {exc}", "messages"
-            ) from exc
+        episode_id, group_id = _context(gateway, request)
+        agent, _ = gateway.resolve(body.model)
+        try:  # tokenizing a long prompt takes a while: not on the event loop
+            ids = await asyncio.to_thread(gateway.prompt_ids, agent, prompt)
+        except Exception as exc:  # a chat template that refuses the conversation (jinja2's raise_exception)
+            if type(exc).__module__.startswith("jinja2"):
+                raise request_error(
+                    f"the chat template of {agent!r} refused the messages: {exc}", "messages"
+                ) from exc
+            raise
+        if max_tokens is None:
+            room = gateway.backend.max_model_len(agent) - len(ids)
+            if room <= 0:
+                raise request_error(
+                    f"the prompt has {len(ids)} tokens, which fills model {agent!r}'s context of "
+                    f"{gateway.backend.max_model_len(agent)} tokens",
+                    prompt_param,
+                )
+            max_tokens = min(default, room)
+        sampling = body.sampling(max_tokens, param)
+        n = 1 if body.n is None else body.n
+        return await gateway.generate(
+            body.model, ids, sampling, n=n, episode_id=episode_id, group_id=group_id
+        )
+    except InvalidArgumentError as exc:
+        _name_param(exc, prompt_param, param)
         raise
-    if max_tokens is None:
-        room = gateway.backend.max_model_len(agent) - len(ids)
-        if room <= 0:
-            raise request_error(
-                f"the prompt has {len(ids)} tokens, which fills model {agent!r}'s context of "
-                f"{gateway.backend.max_model_len(agent)} tokens",
-                "messages"
-                if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
-                else "prompt",
-            )
-        max_tokens = min(default, room)
-    sampling = body.sampling(max_tokens, param)
-    n = 1 if body.n is None else body.n
-    return await gateway.generate(body.model, ids, sampling, n=n, episode_id=episode_id, group_id=group_id)
 
 
 # ---------------------------------------------------------------------------------------------- the app
@@ -425,9 +624,11 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
     if token is not None and not token:
         raise InvalidArgumentError("token must be a non-empty string, or None for no authentication")
     app = FastAPI(title="marti inference gateway", docs_url=None, redoc_url=None)
-    install_error_handlers(app)
+    # middleware added later runs first: errors (catch-all), then authentication, then the body size
+    app.add_middleware(_BodyLimit, max_bytes=gateway.limits.max_request_bytes)
     if token is not None:
         app.add_middleware(_BearerAuth, token=token)
+    install_error_handlers(app)
     created = int(time.time())
     api = APIRouter()
 
@@ -458,16 +659,13 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
         served = await _serve(gateway, request, body, messages, max_tokens, param, DEFAULT_CHAT_MAX_TOKENS)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
         if body.stream:
-            return _stream(
-                gateway, served, {**head, "object": "chat.completion.chunk"}, body, bool(body.logprobs)
-            )
+            tokens = await _all_tokens(gateway, served)
+            head["object"] = "chat.completion.chunk"
+            return _stream(served, tokens, head, body, bool(body.logprobs))
+        tokens = await _all_tokens(gateway, served) if body.logprobs else None
         choices = []
         for i, g in enumerate(served.generations):
-            lp = (
-                _chat_logprobs(_token_texts(gateway, served.agent, g.response_token_ids), g.response_logprobs)
-                if body.logprobs
-                else None
-            )
+            lp = _chat_logprobs(tokens[i], g.response_logprobs) if tokens is not None else None
             message = {"role": "assistant", "content": g.text}
             choices.append({"index": i, "message": message, "finish_reason": g.finish_reason, "logprobs": lp})
             choices[-1].update(_marti_choice(served, i))
@@ -492,28 +690,34 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
         head["model"] = body.model
         want = body.logprobs is not None
         if body.stream:
-            return _stream(gateway, served, head, body, want)
+            return _stream(served, await _all_tokens(gateway, served), head, body, want)
+        tokens = await _all_tokens(gateway, served) if want else None
         choices = []
         for i, g in enumerate(served.generations):
-            lp = None
-            if want:
-                toks = _token_texts(gateway, served.agent, g.response_token_ids)
-                lp = _text_logprobs(toks, g.response_logprobs, _offsets(_pieces(g.text, toks)))
+            lp = _text_logprobs(tokens[i], g.response_logprobs) if tokens is not None else None
             choices.append({"index": i, "text": g.text, "logprobs": lp, "finish_reason": g.finish_reason})
             choices[-1].update(_marti_choice(served, i))
         return JSONResponse({**head, "choices": choices, "usage": _usage(served), **_marti_response(served)})
 
     @app.post("/v1/episodes/{episode_id}/reward")
     async def report_reward(episode_id: str, body: RewardRequest) -> JSONResponse:
-        """End an episode with its rewards (or as failed); returns how many episodes were released and dropped."""
-        released = await gateway.report(
-            episode_id,
-            dict(body.rewards),
-            call_rewards=dict(body.call_rewards) if body.call_rewards else None,
-            group_id=body.group_id or "",
-            group_size=body.group_size or 0,
-            failed=bool(body.failed),
-        )
+        """End an episode with its rewards (or as failed); returns how many episodes were released and dropped.
+        The ids follow the rules of calls (``gateway.max_id_chars``, no ``/``; the core checks them too)."""
+        try:
+            _check_id(gateway, "episode_id", episode_id)
+            _check_id(gateway, "group_id", body.group_id or "")
+            released = await gateway.report(
+                episode_id,
+                dict(body.rewards),
+                call_rewards=dict(body.call_rewards) if body.call_rewards else None,
+                group_id=body.group_id or "",
+                group_size=body.group_size or 0,
+                failed=bool(body.failed),
+            )
+        except InvalidArgumentError as exc:
+            if getattr(exc, "param", None) is None and exc.message.startswith(("episode_id ", "group_id ")):
+                exc.param = exc.message.split(" ", 1)[0]  # type: ignore[attr-defined]
+            raise
         out = {"episode_id": episode_id, "released": len(released.episodes), "dropped": released.dropped}
         return JSONResponse(out)
 

@@ -20,21 +20,27 @@ NotFoundError / no such route  404     not_found_error               not_found
 FailedPreconditionError        409     conflict_error                failed_precondition
 AlreadyExistsError             409     conflict_error                already_exists
 AbortedError                   409     conflict_error                aborted
+body over max_request_bytes    413     invalid_request_error         resource_exhausted
 ResourceExhaustedError         429     rate_limit_error              resource_exhausted
 CancelledError                 499     cancelled_error               cancelled
 InternalError, anything else   500     server_error                  internal
 UnavailableError               503     service_unavailable_error     unavailable
+cancelled by the server        503     service_unavailable_error     unavailable
 DeadlineExceededError          504     timeout_error                 deadline_exceeded
 =============================  ======  ============================  ======================
 
 ``FailedPreconditionError`` (a call or report for an episode that was already reported) is 409 Conflict: the
 request is well formed but conflicts with the episode's state, and retrying it unchanged cannot succeed.
 429 and 503 responses carry ``Retry-After: 1``. A 500 never shows the exception's text or traceback to the
-client; it is logged here with a reference id the response names.
+client; it is logged here, once, with a reference id the response names. Unexpected exceptions are answered by
+:class:`CatchAllMiddleware` inside the app, so the connection stays usable for the client's next request (Starlette's
+own last-resort handler re-raises, and the server then drops the connection). A request the server cancels before
+it is answered (uvicorn does when its graceful-shutdown time is over) gets the 503 ``the gateway is shutting down``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -43,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marti.errors import (
     AbortedError,
@@ -80,7 +87,11 @@ ERROR_TABLE: dict[type[MartiError], tuple[int, str, str]] = {
 _INTERNAL = (500, "server_error", "internal")
 _RETRY_AFTER = {429, 503}
 #: Non-marti HTTP errors Starlette raises itself (unknown route, wrong method).
-_HTTP_TYPES = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
+_HTTP_TYPES = {
+    400: ("invalid_request_error", "invalid_argument"),
+    404: ("not_found_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+}
 
 
 def request_error(message: str, param: str | None = None) -> InvalidArgumentError:
@@ -95,14 +106,20 @@ def request_error(message: str, param: str | None = None) -> InvalidArgumentErro
     return err
 
 
+def _utf8(text: str | None) -> str | None:
+    """``text`` with what UTF-8 cannot encode (lone surrogates) written as backslash escapes."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_response(
     status: int, message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    """An OpenAI-style error response (see the module docstring for the body)."""
+    """An OpenAI-style error response (see the module docstring for the body); text that UTF-8 cannot encode
+    (a lone surrogate the request sent) is written as its backslash escape."""
     headers = {"Retry-After": "1"} if status in _RETRY_AFTER else None
     if status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    body = {"error": {"message": _utf8(message), "type": type_, "param": _utf8(param), "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -158,8 +175,57 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     return error_response(400, msg + more, "invalid_request_error", param, "invalid_argument")
 
 
+class CatchAllMiddleware:
+    """ASGI middleware that answers any exception a request raises with its OpenAI-style response.
+
+    Unlike Starlette's catch-all handler it does not re-raise, so the server keeps the connection (keep-alive)
+    and logs nothing more: an unexpected exception is logged once, by :func:`exception_response`. A request
+    cancelled before its response started (the server's graceful-shutdown time ran out) is answered 503
+    ``unavailable``. An exception after the response started is re-raised (the server ends the connection, the
+    only way left to tell the client the response is incomplete).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except asyncio.CancelledError:
+            if started:
+                raise
+            msg = "the gateway is shutting down: the request was cancelled before it was answered; retry it"
+            response = error_response(503, msg, "service_unavailable_error", None, "unavailable")
+            await _send_quietly(response, scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - every error becomes its response
+            if started:
+                raise
+            await _send_quietly(exception_response(exc), scope, receive, send)
+
+
+async def _send_quietly(response: JSONResponse, scope: Scope, receive: Receive, send: Send) -> None:
+    """Send ``response``; a client that is gone already is not an error."""
+    try:
+        await response(scope, receive, send)
+    except Exception as exc:  # noqa: BLE001 - nothing more can be told to the client
+        _LOG.debug("could not send the error response: %s", exc)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers that make every error of ``app`` an OpenAI-style JSON response."""
+    """Make every error of ``app`` an OpenAI-style JSON response: the handlers of marti errors, validation and
+    HTTP errors, and :class:`CatchAllMiddleware` for anything else. Call it after adding the app's other
+    middleware, so that the catch-all wraps them too."""
 
     async def on_marti(_: Request, exc: Exception) -> JSONResponse:
         return exception_response(exc)
@@ -176,6 +242,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(MartiError, on_marti)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    # Starlette runs the catch-all handler in its outermost middleware, which re-raises after responding (so
-    # the server logs the exception too); the client only sees the generic 500.
-    app.add_exception_handler(Exception, on_marti)
+    # The outermost middleware of the app's own (only Starlette's last-resort handler is outside it).
+    app.add_middleware(CatchAllMiddleware)

@@ -13,8 +13,21 @@ Typical use (what the training job does)::
     ...
     server.stop()                             # closes both servers and the gateway, joins the thread
 
+**Stopping.** Both endpoints stop accepting calls at once; calls in flight get ``grace_s`` seconds (default
+:data:`DEFAULT_GRACE_S`, 30 s: meant to let a running batch end) to finish. Then the gateway closes: requests
+still queued fail with 503 / UNAVAILABLE (``the gateway is shutting down``), and :data:`CANCEL_AFTER_S` seconds
+later calls still running (their batch did not end) are cancelled: an HTTP client gets the same 503 as JSON, a gRPC
+client CANCELLED. The running batch itself ends on its own before the gateway's engine thread does.
+
 ``stop`` leaves no thread behind: the loop's default executor (``asyncio.to_thread``), the batcher's engine
 thread and the HTTP server's worker threads all end before the thread is joined.
+
+**Sizes.** A request larger than ``gateway.max_request_bytes`` is refused: 413 by the HTTP app (before parsing),
+RESOURCE_EXHAUSTED by the gRPC servicer. The gRPC server's own message limit (``marti.rpc`` has one value for
+receiving and sending) is the larger of ``gateway.max_request_bytes`` and the marti default (64 MiB), not the
+request limit itself: a response carries the prompt's token ids and ``n`` completions, so it can be larger than the
+request it answers. A gRPC message within that limit but over ``gateway.max_request_bytes`` is therefore parsed
+before it is refused; a larger one is refused by the transport (RESOURCE_EXHAUSTED as well).
 """
 
 from __future__ import annotations
@@ -30,6 +43,11 @@ from marti.errors import FailedPreconditionError, UnavailableError
 from services.gateway.core.gateway import Gateway
 
 _LOG = logging.getLogger("marti.gateway.server")
+
+#: Seconds in-flight calls may finish when stopping, unless the constructor or ``stop`` says otherwise.
+DEFAULT_GRACE_S = 30.0
+#: Seconds between failing the queued requests (the grace is over) and cancelling the calls still running.
+CANCEL_AFTER_S = 0.5
 
 
 def _dial_host(host: str) -> str:
@@ -75,7 +93,8 @@ class GatewayServer:
             else no authentication.
         tls_cert_file: PEM certificate; with ``tls_key_file`` both endpoints use TLS (``https://``).
         tls_key_file: PEM private key of the certificate.
-        grace_s: Seconds in-flight calls may finish when stopping.
+        grace_s: Seconds in-flight calls may finish when stopping (see the module docstring for what happens to
+            those that do not).
 
     Raises:
         InvalidArgumentError: Only one of the TLS files is given.
@@ -91,7 +110,7 @@ class GatewayServer:
         token: str | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
-        grace_s: float = 2.0,
+        grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
         from marti.errors import InvalidArgumentError
 
@@ -140,11 +159,15 @@ class GatewayServer:
         assert self.http_url is not None and self.grpc_address is not None
         return self.http_url, self.grpc_address
 
-    def stop(self, grace_s: float | None = None, timeout_s: float = 60.0) -> None:
-        """Stop both endpoints (in-flight calls get ``grace_s`` seconds, default the constructor's), close the
-        gateway (queued requests fail) and join the thread. Idempotent; a server never started is a no-op."""
+    def stop(self, grace_s: float | None = None, timeout_s: float | None = None) -> None:
+        """Stop both endpoints (in-flight calls get ``grace_s`` seconds, default the constructor's; then queued
+        requests fail with 503 / UNAVAILABLE and running ones are cancelled, see the module docstring), close the
+        gateway and join the thread, waiting at most ``timeout_s`` seconds (default ``grace_s`` + 60).
+        Idempotent; a server never started is a no-op."""
         if grace_s is not None:
             self.grace_s = grace_s
+        if timeout_s is None:
+            timeout_s = self.grace_s + 60.0
         thread, loop, event = self._thread, self._loop, self._stop_event
         if thread is None:
             return
@@ -199,7 +222,7 @@ class GatewayServer:
         import uvicorn
 
         from marti.rpc.server import start_server
-        from marti.rpc.settings import ServerSettings
+        from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES, ServerSettings
         from services.gateway.http_app import build_app
         from services.gateway.servicer import service_spec
 
@@ -219,6 +242,7 @@ class GatewayServer:
                 tls_client_ca_file=None,
                 metrics_port=None,
                 grace_s=self.grace_s,
+                max_message_bytes=max(DEFAULT_MAX_MESSAGE_BYTES, self.gateway.limits.max_request_bytes),
             )
             token = settings.token  # the explicit one, else MARTI_TOKEN: both endpoints the same
             grpc_server = await start_server([service_spec(self.gateway, own_gateway=False)], settings)
@@ -231,7 +255,7 @@ class GatewayServer:
                 lifespan="off",
                 ssl_certfile=self.tls_cert_file,
                 ssl_keyfile=self.tls_key_file,
-                timeout_graceful_shutdown=max(1, int(self.grace_s)),
+                timeout_graceful_shutdown=self.grace_s + CANCEL_AFTER_S,
             )
             http_server = uvicorn.Server(config)
             serve_task = asyncio.get_running_loop().create_task(http_server.serve(sockets=[sock]))
@@ -246,15 +270,40 @@ class GatewayServer:
             self._ready.set()
             await self._stop_event.wait()
         finally:
-            if http_server is not None and serve_task is not None:
-                http_server.should_exit = True
+            await self._shutdown(http_server, serve_task, grpc_server, started)
+
+    async def _shutdown(
+        self, http_server: Any, serve_task: asyncio.Task[None] | None, grpc_server: Any, started: bool
+    ) -> None:
+        """Stop both endpoints and close the gateway (the sequence of the module docstring)."""
+        grace = max(0.0, self.grace_s)
+        waits: list[asyncio.Task[Any]] = []
+        if http_server is not None and serve_task is not None:
+            # uvicorn stops accepting, waits for in-flight requests, then cancels them (503 by the app); set here
+            # again because stop() may have changed the grace
+            http_server.config.timeout_graceful_shutdown = grace + CANCEL_AFTER_S
+            http_server.should_exit = True
+
+            async def http_done() -> None:
                 try:
-                    await asyncio.wait_for(serve_task, timeout=self.grace_s + 5.0)
+                    await asyncio.wait_for(serve_task, timeout=grace + CANCEL_AFTER_S + 5.0)
                 except BaseException:  # noqa: BLE001 - shutting down regardless
                     http_server.force_exit = True
                     serve_task.cancel()
                     await asyncio.gather(serve_task, return_exceptions=True)
-            if grpc_server is not None:
-                await grpc_server.stop(self.grace_s)
-            if started:
-                await self.gateway.close()
+
+            waits.append(asyncio.ensure_future(http_done()))
+        if grpc_server is not None:
+            waits.append(asyncio.ensure_future(grpc_server.stop(grace + CANCEL_AFTER_S)))
+        closing = None
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=grace)
+            if pending and started:  # the grace is over: queued requests fail now (503 / UNAVAILABLE)
+                closing = asyncio.ensure_future(self.gateway.close())
+            for result in await asyncio.gather(*waits, return_exceptions=True):
+                if isinstance(result, BaseException):
+                    _LOG.warning("stopping a gateway endpoint failed: %r", result)
+        if closing is not None:
+            await closing
+        elif started:
+            await self.gateway.close()

@@ -1,9 +1,12 @@
 """gRPC adapter of the inference gateway: ``marti.api.inference.v1.InferenceService`` over :class:`Gateway`.
 
 Every rpc validates its request (:mod:`services.gateway.convert`), calls the gateway and converts the result; it
-raises :mod:`marti.errors` types only, which the shared server interceptor maps to status codes. The servicer is
-a ``grpc.aio`` servicer, so it must run on the event loop the gateway serves on (its batcher and sweeper live
-there).
+raises :mod:`marti.errors` types only, which the shared server interceptor maps to status codes. Episode and group
+ids go to the gateway unchanged, so its rules for them (``gateway.max_id_chars``, no ``/``) hold for both
+protocols. A request message larger than ``gateway.max_request_bytes`` is refused with RESOURCE_EXHAUSTED by the
+rpc (a message over the server's own limit, 64 MiB by default, never gets that far: the transport refuses it with
+the same status). The servicer is a ``grpc.aio`` servicer, so it must run on the event loop the gateway serves on
+(its batcher and sweeper live there).
 
 Hosting it:
 
@@ -22,10 +25,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import grpc
+from google.protobuf.message import Message
 
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.api.inference.v1 import inference_service_pb2_grpc as sgrpc
-from marti.errors import InvalidArgumentError
+from marti.errors import InvalidArgumentError, ResourceExhaustedError
 from marti.inference import ChatMessages
 from marti.rpc.server import ServiceSpec
 from services.gateway import convert
@@ -60,9 +64,20 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
         """Register this servicer on a ``grpc.aio`` server (before it starts)."""
         sgrpc.add_InferenceServiceServicer_to_server(self, server)
 
-    def _prompt_ids(self, agent: str, prompt: ChatMessages | str | list[int]) -> list[int]:
-        try:
-            return self.gateway.prompt_ids(agent, prompt)
+    def _check_size(self, request: Message) -> None:
+        """ResourceExhaustedError for a request over ``gateway.max_request_bytes`` (the server's receive limit
+        is larger: it also bounds responses)."""
+        limit = self.gateway.limits.max_request_bytes
+        size = request.ByteSize()
+        if size > limit:
+            raise ResourceExhaustedError(
+                f"the request message has {size} bytes, more than the limit of {limit} bytes "
+                "(gateway.max_request_bytes)"
+            )
+
+    async def _prompt_ids(self, agent: str, prompt: ChatMessages | str | list[int]) -> list[int]:
+        try:  # tokenizing a long prompt takes a while: not on the event loop
+            return await asyncio.to_thread(self.gateway.prompt_ids, agent, prompt)
         except Exception as exc:  # a chat template that refuses the conversation (jinja2's raise_exception)
             if type(exc).__module__.startswith("jinja2"):
                 raise InvalidArgumentError(
@@ -72,9 +87,10 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
 
     async def _serve(self, req: pb.GenerateRequest) -> Served:
         """Validate, resolve, tokenize, size ``max_tokens`` and generate."""
+        self._check_size(req)
         args = convert.generate_args(req)
         agent, _ = self.gateway.resolve(args.model)
-        ids = self._prompt_ids(agent, args.prompt)
+        ids = await self._prompt_ids(agent, args.prompt)
         sampling = args.sampling
         if args.max_tokens is None:
             limit = self.gateway.backend.max_model_len(agent)
@@ -119,6 +135,7 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
         self, request: pb.ReportRewardRequest, context
     ) -> pb.ReportRewardResponse:
         """End an episode and release what became final."""
+        self._check_size(request)
         return convert.released_to_proto(await self.gateway.report(**convert.report_args(request)))
 
     async def GetStats(self, request: pb.GetStatsRequest, context) -> pb.GetStatsResponse:  # noqa: N802

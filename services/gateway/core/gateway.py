@@ -102,7 +102,7 @@ class Gateway:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def close(self) -> None:
-        """Stop the sweeper and the batcher (queued requests fail with RESOURCE_EXHAUSTED)."""
+        """Stop the sweeper and the batcher (queued requests fail with UNAVAILABLE: shutting down)."""
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)

@@ -27,12 +27,14 @@ from marti.errors import (
     ResourceExhaustedError,
     UnauthenticatedError,
 )
-from marti.inference import Completion, CompletionDelta, InferenceResult, ModelInfo, RewardReceipt
+from marti.inference import Completion, CompletionDelta, Generation, InferenceResult, ModelInfo, RewardReceipt
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
 from services.gateway.convert import token_texts
+from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
+from services.gateway.server import GatewayServer
 from services.gateway.servicer import SERVICE_NAME, service_spec
 from services.trainer.gateway_backend import EngineBackend
 from services.trainer.models import build_tiny_model, load_tokenizer
@@ -189,6 +191,9 @@ def test_groups_wait_for_every_member_and_failures_drop_them(client, served):
     assert client.report_reward("grp-b", {"planner": 0.0}, group_size=2) == RewardReceipt(2, 0)
     assert [ep["planner"].episode_id for ep in sink[before:]] == ["grp-a", "grp-b"]
     client.generate("planner", MSG, max_tokens=2, episode_id="bad-1", group_id="bad")
+    client.generate(
+        "planner", MSG, max_tokens=2, episode_id="bad-2", group_id="bad"
+    )  # open when the group dies
     assert client.report_reward("bad-1", {}, failed=True) == RewardReceipt(0, 1)
     assert marti.report_reward(served[0], "bad-2", {"planner": 1.0}, token=TOKEN, group_id="bad").dropped == 1
 
@@ -302,6 +307,9 @@ def test_async_client(served):
             with pytest.raises(NotFoundError):
                 await c.generate_stream("nobody", MSG)
             stats = await c.stats()
+            await c.generate(
+                "planner", text="c", max_tokens=2, episode_id="aio-2"
+            )  # reported by the function
         late = await marti.aio.report_reward(served[0], "aio-2", {}, token=TOKEN, failed=True)
         return models, one, both, deltas, receipt, stats, late
 
@@ -312,3 +320,103 @@ def test_async_client(served):
     assert "".join(d.text for d in deltas) == one.choices[0].text
     assert receipt == RewardReceipt(1, 0) and late == RewardReceipt(0, 1)
     assert stats["released"] >= 1
+
+
+def test_ids_go_to_the_gateway_unchanged_and_follow_its_rules(served):
+    with grpc.insecure_channel(served[0]) as ch:
+        stub = sgrpc.InferenceServiceStub(ch)
+        req = pb.GenerateRequest(model="planner", text="hi", max_tokens=2, episode_id="a/b")
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Generate(req, metadata=META, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'/'" in err.value.details()
+        long_id = "e" * (GatewayLimits().max_id_chars + 1)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ReportReward(pb.ReportRewardRequest(episode_id=long_id), metadata=META, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "gateway.max_id_chars" in err.value.details()
+
+
+def test_a_request_over_max_request_bytes_is_refused_by_the_servicer(served):
+    """The fixture's server receives up to 64 MiB; the servicer holds the gateway's 8 MiB."""
+    limit = GatewayLimits().max_request_bytes
+    req = pb.GenerateRequest(model="planner", text="x" * limit, max_tokens=2)
+    assert req.ByteSize() > limit
+    with grpc.insecure_channel(served[0]) as ch:
+        stub = sgrpc.InferenceServiceStub(ch)
+        for call in (
+            stub.Generate,
+            lambda r, **kw: next(stub.GenerateStream(pb.GenerateStreamRequest(request=r), **kw)),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                call(req, metadata=META, timeout=30)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "gateway.max_request_bytes" in err.value.details()
+
+
+class _EchoBackend(InferenceBackend):
+    """Agent ``a``: one character is one token; answers ``ok``."""
+
+    def agents(self) -> list[str]:
+        return ["a"]
+
+    def versions(self) -> dict[str, int]:
+        return {"a": 0}
+
+    def resident_versions(self, agent: str) -> list[int]:
+        return [0]
+
+    def chat_prompt(self, agent, messages) -> list[int]:
+        return [1, 2, 3]
+
+    def encode(self, agent: str, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def token_texts(self, agent, ids) -> list[str]:
+        return [chr(i) for i in ids]
+
+    def decode(self, agent, ids) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def vocab_size(self, agent: str) -> int:
+        return 0x110000
+
+    def max_model_len(self, agent: str) -> int:
+        return 100_000
+
+    def generate(self, agent, prompts, sampling, version) -> list[Generation]:
+        return [Generation(list(p), [111, 107], [-0.5, -0.25], "ok", "stop", 0, agent) for p in prompts]
+
+
+def _sized(size: int) -> pb.GenerateRequest:
+    """A valid GenerateRequest of exactly ``size`` bytes."""
+    req = pb.GenerateRequest(model="a", text="", max_tokens=2)
+    req.text = "x" * (size - req.ByteSize())
+    req.text = "x" * (len(req.text) - (req.ByteSize() - size))  # the text's length prefix grew
+    assert req.ByteSize() == size
+    return req
+
+
+def test_the_gateway_server_receives_messages_up_to_max_request_bytes():
+    """At the edge; the response to a request of the limit is larger than it (its prompt ids) and still arrives."""
+    limit = 4096
+    server = GatewayServer(Gateway(_EchoBackend(), GatewayLimits(max_wait_ms=1, max_request_bytes=limit)))
+    _, address = server.start()
+    try:
+        with grpc.insecure_channel(address) as ch:
+            stub = sgrpc.InferenceServiceStub(ch)
+            meta = [("authorization", f"Bearer {server.token}")] if server.token else []
+            out = stub.Generate(_sized(limit), metadata=meta, timeout=30)
+            assert out.choices[0].text == "ok" and out.ByteSize() > limit
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Generate(_sized(limit + 1), metadata=meta, timeout=30)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (
+                f"{limit + 1} bytes" in err.value.details()
+                and "gateway.max_request_bytes" in err.value.details()
+            )
+            # the transport's limit (64 MiB) refuses what is larger still, with the same status
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Generate(_sized(64 * 1024 * 1024 + 1), metadata=meta, timeout=60)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        server.stop()

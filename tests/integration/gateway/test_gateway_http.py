@@ -1,24 +1,31 @@
 """The gateway's OpenAI-compatible HTTP adapter over a real port, driven by the official ``openai`` client.
 
 Two tiny random models (agents ``planner`` and ``executor``) behind one gateway; the server runs in a thread with
-its own loop, which also starts and closes the gateway (the app does not own it).
+its own loop, which also starts and closes the gateway (the app does not own it). Limits, failures, shutdown and
+multi-byte characters are tested against a :class:`GatewayServer` over a scripted backend (the tiny model's
+tokenizer, no model) whose every completion is :data:`EMOJI_TEXT`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
+from collections.abc import Sequence
 
 import httpx
 import openai
 import pytest
 import uvicorn
 
+from marti.inference import Generation
+from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.http_app import build_app
+from services.gateway.server import GatewayServer
 from services.trainer.gateway_backend import EngineBackend
 from services.trainer.models import build_tiny_model, load_tokenizer
 from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
@@ -101,10 +108,9 @@ def test_chat_completion_with_logprobs(client):
     assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
     ids = choice.model_extra["token_ids"]
     assert 1 <= len(ids) <= 6 and len(choice.logprobs.content) == len(ids)
-    assert all(
-        e.logprob <= 0 and e.top_logprobs == [] and e.bytes == list(e.token.encode())
-        for e in choice.logprobs.content
-    )
+    assert all(e.logprob <= 0 and e.top_logprobs == [] for e in choice.logprobs.content)
+    # a whole token's bytes are its text's (part of a character: see test_multibyte_characters_...)
+    assert all(e.bytes == list(e.token.encode()) for e in choice.logprobs.content if "\ufffd" not in e.token)
     assert r.model_extra["policy_version"] == 0 and choice.model_extra["policy_version"] == 0
     assert r.model_extra["call_ids"] == [choice.model_extra["call_id"]]
     prompt_ids = r.model_extra["prompt_token_ids"]
@@ -262,7 +268,22 @@ def test_openai_errors(client, served):
         assert _err(e)["param"] == param and param in _err(e)["message"], (kw, _err(e))
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="planner", messages=MSG, max_tokens=2, n=99)
-    assert "n must be" in _err(e)["message"]
+    assert "n must be" in _err(e)["message"] and _err(e)["param"] == "n"
+    # errors of the gateway core name the request field too
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="planner", prompt="word " * 60, max_tokens=100)
+    assert "exceeds" in _err(e)["message"] and _err(e)["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="planner", messages=MSG, max_completion_tokens=200)
+    assert _err(e)["param"] == "max_completion_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="planner", prompt=[10**7], max_tokens=2)
+    assert "vocabulary" in _err(e)["message"] and _err(e)["param"] == "prompt"
+    limits = served.gateway.limits
+    for stop in ([f"s{i}" for i in range(limits.max_stop + 1)], ["z" * (limits.max_stop_chars + 1)]):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="planner", messages=MSG, max_tokens=2, stop=stop)
+        assert "gateway.max_stop" in _err(e)["message"] and _err(e)["param"] == "stop", _err(e)
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="planner", prompt="hi", max_tokens=2, logprobs=3)
     assert _err(e)["param"] == "logprobs"
@@ -306,6 +327,31 @@ def test_malformed_requests_get_json_400s_and_the_server_survives(served, client
     assert r.status_code == 400 and r.json()["error"]["param"] == "episode_id"
     r = httpx.post(served.base + "/v1/episodes/x/reward", json={"rewards": {"nobody": 1.0}}, headers=_auth())
     assert r.status_code == 400 and "nobody" in r.json()["error"]["message"]
+    # a lone surrogate escape (not UTF-8) anywhere in the strings is refused, naming the field
+    lone = "x\\ud800y"  # JSON text: the escape itself
+    for path, raw, param in [
+        ("/v1/chat/completions", f'{{"model": "planner", "messages": [{{"role": "user", "content": "{lone}"}}]}}',
+         "messages[0].content"),
+        ("/v1/chat/completions",
+         f'{{"model": "planner", "messages": [{{"role": "user", "content": [{{"type": "text", "text": "{lone}"}}]}}]}}',
+         "messages[0].content"),
+        ("/v1/chat/completions", f'{{"model": "planner", "messages": [{{"role": "{lone}", "content": "hi"}}]}}',
+         "messages[0].role"),
+        ("/v1/chat/completions", f'{{"model": "{lone}", "messages": [{{"role": "user", "content": "hi"}}]}}', "model"),
+        ("/v1/completions", f'{{"model": "planner", "prompt": "{lone}"}}', "prompt"),
+        ("/v1/completions", f'{{"model": "planner", "prompt": "hi", "stop": ["ok", "{lone}"]}}', "stop"),
+        ("/v1/episodes/x/reward", f'{{"rewards": {{}}, "group_id": "{lone}"}}', "group_id"),
+    ]:  # fmt: skip
+        r = httpx.post(served.base + path, content=raw.encode(), headers=h)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param and "lone surrogate" in err["message"], (
+            raw,
+            err,
+        )
+    r = httpx.post(
+        served.base + "/v1/episodes/x/reward", content=f'{{"rewards": {{"{lone}": 1}}}}', headers=h
+    )
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"]  # the param is escaped
     ok = client.chat.completions.create(model="planner", messages=MSG, max_tokens=2)
     assert ok.choices[0].model_extra["token_ids"]
 
@@ -327,3 +373,278 @@ def test_build_app_refuses_an_empty_token(served):
 
     with pytest.raises(InvalidArgumentError):
         build_app(served.gateway, "")
+
+
+# ---------------------------------------------------------------------------------------------- a scripted backend
+EMOJI_TEXT = "Hi 😀 猫 and 🎉!"  # byte-level BPE splits each of the three characters over 2 or 3 tokens
+
+
+class _FixedBackend(InferenceBackend):
+    """Agent ``a`` with the tiny model's tokenizer and no model: every completion is :data:`EMOJI_TEXT` then eos;
+    the prompt ``"boom"`` makes the engine raise RuntimeError; ``gate``, when set, holds every engine call until
+    it opens (``entered`` tells that one has started)."""
+
+    def __init__(self, tok) -> None:
+        self.tokenizers = {"a": tok}  # what the trainer's backends have: exact bytes of byte-level tokens
+        self.tok = tok
+        self.response = tok(EMOJI_TEXT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def agents(self) -> list[str]:
+        return ["a"]
+
+    def versions(self) -> dict[str, int]:
+        return {"a": 0}
+
+    def resident_versions(self, agent: str) -> list[int]:
+        return [0]
+
+    def chat_prompt(self, agent, messages) -> list[int]:
+        return self.encode(agent, " ".join(m["content"] for m in messages))
+
+    def encode(self, agent: str, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def token_texts(self, agent: str, ids: Sequence[int]) -> list[str]:
+        return list(self.tok.batch_decode([[i] for i in ids]))
+
+    def decode(self, agent: str, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def vocab_size(self, agent: str) -> int:
+        return len(self.tok)
+
+    def max_model_len(self, agent: str) -> int:
+        return 100_000
+
+    def generate(self, agent, prompts, sampling, version) -> list[Generation]:
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(60)
+        if any(p == self.encode(agent, "boom") for p in prompts):
+            raise RuntimeError("secret engine failure")
+        text = self.decode(agent, self.response)
+        logps = [-0.5] * len(self.response)
+        return [Generation(list(p), list(self.response), logps, text, "stop", 0, agent) for p in prompts]
+
+
+MAX_REQUEST_BYTES = 4096
+MAX_ID_CHARS = 32
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    """``(http_url, backend)``: a GatewayServer over :class:`_FixedBackend` with small size and id limits."""
+    backend = _FixedBackend(load_tokenizer())
+    limits = GatewayLimits(max_wait_ms=1, max_request_bytes=MAX_REQUEST_BYTES, max_id_chars=MAX_ID_CHARS)
+    server = GatewayServer(Gateway(backend, limits), token=TOKEN)
+    http_url, _ = server.start()
+    yield http_url, backend
+    server.stop()
+
+
+def test_an_internal_error_keeps_the_connection_and_logs_once(fixed, caplog):
+    http_url, _ = fixed
+    caplog.set_level(logging.ERROR)
+    with httpx.Client(base_url=http_url, headers=_auth(), timeout=30) as c:
+        boom = c.post("/completions", json={"model": "a", "prompt": "boom", "max_tokens": 2})
+        where = boom.extensions["network_stream"].get_extra_info("client_addr")
+        assert boom.status_code == 500 and boom.json()["error"]["type"] == "server_error"
+        assert "secret" not in boom.text and boom.headers["content-type"] == "application/json"
+        ok = c.post("/completions", json={"model": "a", "prompt": "fine", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == EMOJI_TEXT
+        # the same keep-alive connection served both (the server did not drop it after the 500)
+        assert ok.extensions["network_stream"].get_extra_info("client_addr") == where
+    ref = boom.json()["error"]["message"].split("ref ")[1].split(";")[0]
+    logged = [r for r in caplog.records if r.exc_info]
+    assert len(logged) == 1 and ref in logged[0].getMessage(), [r.getMessage() for r in logged]
+
+
+def _sized(size: int) -> bytes:
+    """A valid completions body of exactly ``size`` bytes."""
+    body = {"model": "a", "prompt": "", "max_tokens": 2}
+    pad = size - len(json.dumps(body).encode())
+    body["prompt"] = "x" * pad
+    raw = json.dumps(body).encode()
+    assert len(raw) == size
+    return raw
+
+
+def test_request_bodies_over_max_request_bytes_get_413(fixed):
+    http_url, _ = fixed
+    h = {**_auth(), "Content-Type": "application/json"}
+    with httpx.Client(base_url=http_url, headers=h, timeout=30) as c:
+        assert c.post("/completions", content=_sized(MAX_REQUEST_BYTES)).status_code == 200
+        r = c.post("/completions", content=_sized(MAX_REQUEST_BYTES + 1))
+        err = r.json()["error"]
+        assert r.status_code == 413 and err["type"] == "invalid_request_error"
+        assert "gateway.max_request_bytes" in err["message"] and str(MAX_REQUEST_BYTES + 1) in err["message"]
+    # without Content-Length (chunked): the bytes are counted as they arrive
+    raw = _sized(MAX_REQUEST_BYTES)
+    r = httpx.post(http_url + "/completions", content=iter([raw[:1000], raw[1000:]]), headers=h, timeout=30)
+    assert r.status_code == 200 and "content-length" not in r.request.headers
+    raw = _sized(MAX_REQUEST_BYTES + 1)
+    r = httpx.post(http_url + "/completions", content=iter([raw[:1000], raw[1000:]]), headers=h, timeout=30)
+    assert r.status_code == 413 and "gateway.max_request_bytes" in r.json()["error"]["message"]
+    assert httpx.get(http_url + "/models", headers=_auth()).status_code == 200
+
+
+def test_ids_follow_max_id_chars_on_every_route(fixed):
+    http_url, _ = fixed
+    base = http_url.removesuffix("/v1")
+    body = {"model": "a", "prompt": "hi", "max_tokens": 2}
+    ok_id, long_id = "e" * MAX_ID_CHARS, "e" * (MAX_ID_CHARS + 1)
+
+    def post(path: str, headers: dict | None = None, json_body: dict | None = None) -> httpx.Response:
+        return httpx.post(
+            base + path, json=json_body or body, headers={**_auth(), **(headers or {})}, timeout=30
+        )
+
+    assert post("/v1/completions", {"X-Marti-Episode": ok_id}).status_code == 200
+    assert post(f"/episodes/{ok_id[:-1]}p/groups/{ok_id}/v1/completions").status_code == 200
+    for path, headers, param in [
+        ("/v1/completions", {"X-Marti-Episode": long_id}, "episode_id"),
+        ("/v1/completions", {"X-Marti-Episode": "e1", "X-Marti-Group": long_id}, "group_id"),
+        (f"/episodes/{long_id}/v1/completions", None, "episode_id"),
+        (f"/episodes/e2/groups/{long_id}/v1/chat/completions", None, "group_id"),
+        ("/v1/completions", {"X-Marti-Episode": "a/b"}, "episode_id"),  # refused by the core
+    ]:
+        jb = {"model": "a", "messages": MSG, "max_tokens": 2} if "chat" in path else None
+        r = post(path, headers, jb)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
+    r = post(f"/v1/episodes/{long_id}/reward", json_body={"rewards": {}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "episode_id"
+    assert "gateway.max_id_chars" in r.json()["error"]["message"]
+    r = post("/v1/episodes/e3/reward", json_body={"rewards": {}, "group_id": "g/1"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "group_id"
+    r = post(f"/v1/episodes/{ok_id}/reward", json_body={"rewards": {"a": 1.0}})
+    assert r.status_code == 200 and r.json()["released"] == 1
+
+
+def test_multibyte_characters_stream_whole_and_logprob_bytes_are_exact(fixed):
+    http_url, backend = fixed
+    tok = backend.tok
+    h = _auth()
+    prompt = tok("Tell me", add_special_tokens=False)["input_ids"]
+    body = {"model": "a", "prompt": prompt, "max_tokens": 16, "stream": True}
+    with httpx.stream("POST", http_url + "/completions", json=body, headers=h, timeout=30) as r:
+        events = [e for e in r.read().decode().split("\n\n") if e]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    pieces = [
+        c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] is None
+    ]
+    assert "".join(pieces) == EMOJI_TEXT and "\ufffd" not in EMOJI_TEXT
+    assert pieces == [
+        "Hi",
+        " 😀",
+        " 猫",
+        " and",
+        " 🎉",
+        "!",
+    ]  # each character whole, with the token ending it
+    # completions logprobs: every token, the offsets where its piece starts
+    plain = httpx.post(
+        http_url + "/completions", json={**body, "stream": False, "logprobs": 1}, headers=h
+    ).json()
+    lp = plain["choices"][0]["logprobs"]
+    n = len(backend.response)
+    assert len(lp["tokens"]) == len(lp["text_offset"]) == n and lp["text_offset"][-1] == len(EMOJI_TEXT)
+    assert [EMOJI_TEXT[o] for o in lp["text_offset"][:3]] == ["H", " ", " "]
+    # chat logprobs: each token's exact bytes; they join to the text (and the eos token's own text)
+    chat = {"model": "a", "messages": MSG, "max_tokens": 16, "logprobs": True}
+    content = httpx.post(http_url + "/chat/completions", json=chat, headers=h).json()["choices"][0][
+        "logprobs"
+    ]
+    content = content["content"]
+    raw = [bytes(e["bytes"]) for e in content]
+    assert b"".join(raw) == EMOJI_TEXT.encode() + tok.eos_token.encode()
+    assert (
+        raw[1] == " 😀".encode()[:4] and raw[2] == "😀".encode()[3:]
+    )  # 'ĠðŁĺ' and 'Ģ': parts of one character
+    partial = [e for e in content if "\ufffd" in e["token"]]
+    assert len(partial) >= 6 and all(bytes(e["bytes"]) != e["token"].encode() for e in partial)
+    # streamed chat with logprobs: a chunk per token, the same bytes
+    with httpx.stream("POST", http_url + "/chat/completions", json={**chat, "stream": True}, headers=h) as r:
+        chunks = [json.loads(e.removeprefix("data: ")) for e in r.read().decode().split("\n\n")[:-2]]
+    streamed = [
+        e
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]
+    assert [bytes(e["bytes"]) for e in streamed] == raw
+    assert (
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == EMOJI_TEXT
+    )
+
+
+def _stopping_server(grace_s: float) -> tuple[GatewayServer, _FixedBackend, str]:
+    """A GatewayServer whose engine calls wait for ``backend.gate``; a request with n = 2 fills a batch (runs at
+    once), one with n = 1 waits a minute for company (stays queued)."""
+    backend = _FixedBackend(load_tokenizer())
+    backend.gate = threading.Event()
+    limits = GatewayLimits(max_batch=2, max_wait_ms=60_000)
+    server = GatewayServer(Gateway(backend, limits), token=TOKEN, grace_s=grace_s)
+    http_url, _ = server.start()
+    return server, backend, http_url
+
+
+def _in_flight(
+    http_url: str, backend: _FixedBackend, server: GatewayServer
+) -> tuple[dict, list[threading.Thread]]:
+    """Start a running request (n = 2, held in the engine) and a queued one (n = 1); returns their responses
+    (filled in as they come) and threads."""
+    out: dict[str, httpx.Response] = {}
+
+    def call(name: str, n: int) -> None:
+        body = {"model": "a", "prompt": "hello", "max_tokens": 2, "n": n}
+        out[name] = httpx.post(http_url + "/completions", json=body, headers=_auth(), timeout=60)
+
+    running = threading.Thread(target=call, args=("running", 2))
+    running.start()
+    assert backend.entered.wait(30)
+    queued = threading.Thread(target=call, args=("queued", 1))
+    queued.start()
+    deadline = time.monotonic() + 30
+    while server.gateway.batcher.load("a") < 3:
+        assert time.monotonic() < deadline, "the queued request did not arrive"
+        time.sleep(0.01)
+    return out, [running, queued]
+
+
+def test_stop_lets_running_requests_finish_in_the_grace_and_fails_queued_ones_with_503():
+    server, backend, http_url = _stopping_server(grace_s=2.0)
+    out, threads = _in_flight(http_url, backend, server)
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+    time.sleep(0.3)
+    backend.gate.set()  # the running batch ends within the grace
+    for t in [*threads, stopper]:
+        t.join(60)
+    assert not stopper.is_alive() and not server.running
+    assert out["running"].status_code == 200 and len(out["running"].json()["choices"]) == 2
+    queued = out["queued"]
+    assert queued.status_code == 503 and queued.headers["content-type"] == "application/json"
+    assert queued.json()["error"] == {
+        "message": "the gateway is shutting down",
+        "type": "service_unavailable_error",
+        "param": None,
+        "code": "unavailable",
+    }
+
+
+def test_stop_answers_requests_still_running_after_the_grace_with_503_json():
+    server, backend, http_url = _stopping_server(grace_s=0.5)
+    out, threads = _in_flight(http_url, backend, server)
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+    for t in threads:
+        t.join(30)
+    backend.gate.set()  # only now: the engine thread can end
+    stopper.join(60)
+    assert not stopper.is_alive()
+    for name in ("running", "queued"):
+        r = out[name]
+        assert r.status_code == 503 and r.headers["content-type"] == "application/json", (name, r.text)
+        assert r.json()["error"]["code"] == "unavailable" and "shutting down" in r.json()["error"]["message"]

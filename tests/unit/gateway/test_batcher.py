@@ -137,3 +137,26 @@ async def test_unseeded_requests_still_share_a_batch_and_a_seeded_one_larger_tha
     await asyncio.gather(b.submit("a", [[1]], S, None), b.submit("a", [[2]], S, None))
     assert eng.batches[2:] == [[[1], [2]]]
     await b.close()
+
+
+async def test_close_fails_batches_waiting_for_the_engine_and_waits_only_for_the_running_one():
+    from marti.errors import UnavailableError
+
+    gate = threading.Event()
+    eng = Engine(gate)
+    b = RequestBatcher(eng, max_batch=1, max_wait_ms=0, max_queue=100)
+    running = asyncio.ensure_future(b.submit("a", [[1]], S, None))
+    waiting = [
+        asyncio.ensure_future(b.submit("a", [[i]], SamplingParams(max_new_tokens=i + 1), None))
+        for i in (2, 3)
+    ]
+    await asyncio.sleep(0.05)  # one batch in the engine thread, two waiting for it
+    closing = asyncio.ensure_future(b.close())
+    await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.wait_for(closing, 10)
+    assert (await running)[0].response_token_ids == [2]
+    for w in waiting:
+        with pytest.raises(UnavailableError, match="shutting down"):
+            await w
+    assert eng.batches == [("a", None, 1)]  # the waiting batches never ran
