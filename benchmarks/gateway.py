@@ -10,7 +10,9 @@ tokens for the same prompt:
 * ``direct`` (the baseline): ``engine.generate`` called in this process with a batch of ``c`` prompts, as the
   gateway's batcher would at best; latency is one batch's time;
 * ``http``: ``c`` concurrent clients, each ``--requests`` chat completions through the official ``openai`` client;
-* ``grpc``: the same with :class:`marti.AsyncInferenceClient`.
+* ``grpc``: the same with :class:`marti.AsyncInferenceClient`;
+* ``in-process``: ``c`` concurrent ``Gateway.generate`` calls on the gateway's own event loop (batching and
+  tracing without HTTP, gRPC or a client process), so the cost of the adapters and the clients shows apart.
 
 Printed per ``c``: latency p50 and p99 (seconds per request), generated tokens per second, and each arm's
 throughput as a ratio of ``direct``'s (the issue's target is >= 0.8 at 32 clients). Then trace capture: episodes of
@@ -47,41 +49,50 @@ def _pct(xs: list[float], q: float) -> float:
 async def _clients(
     kind: str, target: str, token: str, c: int, requests: int, max_tokens: int
 ) -> dict[str, Any]:
-    """``c`` concurrent clients of ``kind`` (http or grpc), ``requests`` each; latencies and tokens."""
+    """``c`` concurrent clients of ``kind`` (http or grpc), ``requests`` each; latencies and tokens.
+
+    Each client is built and sends one untimed request first (connections, imports, first batches), as the
+    direct arm's engine is warmed up before it is timed."""
+    import openai
+
+    from marti.clients.inference import AsyncInferenceClient
+
     lat: list[float] = []
     tokens = 0
+    if kind == "http":
+        clients: list[Any] = [
+            openai.AsyncOpenAI(base_url=target, api_key=token or "none", max_retries=0, timeout=600)
+            for _ in range(c)
+        ]
+    else:
+        clients = [AsyncInferenceClient(target, token=token or None) for _ in range(c)]
 
-    async def http_client(i: int) -> None:
-        import openai
-
+    async def one(i: int, n: int) -> None:
         nonlocal tokens
-        client = openai.AsyncOpenAI(base_url=target, api_key=token or "none", max_retries=0, timeout=600)
-        for _ in range(requests):
+        for _ in range(n):
             t0 = time.perf_counter()
-            r = await client.chat.completions.create(
-                model=AGENTS[i % 2], messages=PROMPT, max_tokens=max_tokens, temperature=1.0
-            )
-            lat.append(time.perf_counter() - t0)
-            tokens += r.usage.completion_tokens
-        await client.close()
-
-    async def grpc_client(i: int) -> None:
-        from marti.clients.inference import AsyncInferenceClient
-
-        nonlocal tokens
-        async with AsyncInferenceClient(target, token=token or None) as client:
-            for _ in range(requests):
-                t0 = time.perf_counter()
-                r = await client.generate(
+            if kind == "http":
+                r = await clients[i].chat.completions.create(
+                    model=AGENTS[i % 2], messages=PROMPT, max_tokens=max_tokens, temperature=1.0
+                )
+                got = r.usage.completion_tokens
+            else:
+                g = await clients[i].generate(
                     AGENTS[i % 2], messages=PROMPT, max_tokens=max_tokens, temperature=1.0
                 )
-                lat.append(time.perf_counter() - t0)
-                tokens += sum(len(ch.token_ids) for ch in r.choices)
+                got = sum(len(ch.token_ids) for ch in g.choices)
+            lat.append(time.perf_counter() - t0)
+            tokens += got
 
-    one = http_client if kind == "http" else grpc_client
+    await asyncio.gather(*[one(i, 1) for i in range(c)])  # warm-up, untimed
+    lat.clear()
+    tokens = 0
     t0 = time.perf_counter()
-    await asyncio.gather(*[one(i) for i in range(c)])
-    return {"latencies": lat, "tokens": tokens, "wall_s": time.perf_counter() - t0}
+    await asyncio.gather(*[one(i, requests) for i in range(c)])
+    wall = time.perf_counter() - t0
+    for client in clients:
+        await client.close()
+    return {"latencies": lat, "tokens": tokens, "wall_s": wall}
 
 
 def _client_process(
@@ -120,6 +131,32 @@ def _direct(engine: Any, c: int, requests: int, max_tokens: int) -> dict[str, An
             lat.extend([dt] * n)
             tokens += sum(len(g.response_token_ids) for g in gens)
     return {"latencies": lat, "tokens": tokens, "wall_s": time.perf_counter() - t_all}
+
+
+def _in_process(server: Any, gateway: Any, c: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    """``c`` concurrent callers of ``Gateway.generate`` on the server's own event loop: the batcher and trace
+    path without HTTP, gRPC or a client process (what the adapters and the clients add is the difference)."""
+    from marti.inference import SamplingParams
+
+    sampling = SamplingParams(max_new_tokens=max_tokens, temperature=1.0)
+
+    async def go() -> dict[str, Any]:
+        lat: list[float] = []
+        tokens = 0
+
+        async def one(i: int) -> None:
+            nonlocal tokens
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                out = await gateway.generate(AGENTS[i % 2], PROMPT, sampling)
+                lat.append(time.perf_counter() - t0)
+                tokens += len(out.generations[0].response_token_ids)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[one(i) for i in range(c)])
+        return {"latencies": lat, "tokens": tokens, "wall_s": time.perf_counter() - t0}
+
+    return server.run(go(), timeout_s=1800)
 
 
 def _summary(raw: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +240,7 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
                     BASELINE: _summary(_direct(engine, c, requests, max_tokens)),
                     "http": _summary(_remote("http", http, "", c, requests, max_tokens)),
                     "grpc": _summary(_remote("grpc", grpc_addr, "", c, requests, max_tokens)),
+                    "in-process": _summary(_in_process(server, gateway, c, requests, max_tokens)),
                 }
                 for s in arms.values():
                     s["ratio_tokens_per_s"] = s["tokens_per_s"] / arms[BASELINE]["tokens_per_s"]

@@ -14,7 +14,7 @@ def test_smallest_run_writes_every_arm_and_the_trace_rate(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["baseline"] == "direct" and set(data["by_clients"]) == {"1", "2"}
     for c, arms in data["by_clients"].items():
-        assert set(arms) == {"direct", "http", "grpc"}
+        assert set(arms) == {"direct", "http", "grpc", "in-process"}
         assert arms["direct"]["ratio_tokens_per_s"] == 1.0
         for s in arms.values():
             assert s["requests"] == int(c) and s["tokens"] > 0 and s["p99_s"] >= s["p50_s"] > 0
