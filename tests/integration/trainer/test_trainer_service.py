@@ -118,9 +118,11 @@ def test_configs_naming_user_code_are_refused_by_default(trainer_stub):
     assert "environment.env_name=my_envs.py:make_env" in info.value.details()
 
 
-def test_a_submitted_job_serves_its_policies_and_trains_on_reported_episodes(trainer_stub, tmp_path):
+@pytest.mark.parametrize("source", ["external", "mixed"])
+def test_a_submitted_job_serves_its_policies_and_trains_on_reported_episodes(trainer_stub, tmp_path, source):
     """The TrainerService path of the inference gateway: the job's gateway address is in its run directory, an
-    SDK client (gRPC) plays and rewards external episodes, and the job's one update trains on them."""
+    SDK client (gRPC) plays and rewards external episodes, and the job's one update trains on them (``mixed``:
+    on them and on the 4 episodes the job played itself)."""
     import json
 
     import marti
@@ -128,8 +130,8 @@ def test_a_submitted_job_serves_its_policies_and_trains_on_reported_episodes(tra
     run = tmp_path / "run"
     req = trainer_service_pb2.SubmitJobRequest(
         config_yaml=_config(tmp_path, 1),
-        overrides=[f"output.dir={run}", "rollout.source=external", "external.episodes_per_step=2",
-                   "rollout.eval_every=0", "external.wait_timeout_s=300"],
+        overrides=[f"output.dir={run}", f"rollout.source={source}", "external.episodes_per_step=2",
+                   "rollout.eval_every=0", "external.wait_timeout_s=300", "environment.max_turns=2"],
     )  # fmt: skip
     job = trainer_stub.SubmitJob(req, timeout=60).job
     deadline = time.monotonic() + 300
@@ -156,5 +158,6 @@ def test_a_submitted_job_serves_its_policies_and_trains_on_reported_episodes(tra
     assert final.state == trainer_pb2.JOB_STATE_SUCCEEDED, final.error
     train = [r.record for r in records if r.record.kind == "train"]
     assert train and train[-1].values["agent_1/external_items"] == 2.0
+    assert train[-1].values["agent_1/items"] == (2.0 if source == "external" else 6.0)
     assert train[-1].values["gateway/released"] == 2.0 and train[-1].values["agent_1/policy_version"] == 1.0
     assert not (run / "gateway.json").exists()  # removed when the gateway stopped
