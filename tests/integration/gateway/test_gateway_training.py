@@ -177,6 +177,7 @@ def _job_config(tmp_path: Path, http_port: int, grpc_port: int) -> Any:
             "gateway.resident_versions=3",
             f"gateway.http_port={http_port}",
             f"gateway.grpc_port={grpc_port}",
+            "gateway.linger_s=120",  # the client reads the last version and the stats, then stops the job
             f"output.dir={tmp_path / 'run'}",
         ],
     )
@@ -288,6 +289,7 @@ class _ExternalClient:
             meta = [("authorization", f"Bearer {TOKEN}")]
             models = pb_grpc.InferenceServiceStub(channel).ListModels(pb.ListModelsRequest(), metadata=meta)
             self.seen["grpc_models"] = [m.id for m in models.models]
+        self.stop.set()  # ends the job's linger: everything was read while the gateway served
 
     def _episode(self, http: httpx.Client, episode: str, group: str, reward: float) -> None:
         """Every agent acts once (sampled, recorded), then the client reports each trained agent's reward."""
