@@ -1,4 +1,4 @@
-"""The design's launch script (``../shared/design-examples/train_multi_agent.sh``) runs with ``marti train``.
+"""The design's launch script (``examples/design/train_multi_agent.sh``) runs with ``marti train``.
 
 A copy is made at test time with three edits only: the 7B model names become the local ``tiny-llama``,
 ``python -m openrlhf.cli.train_ppo_ray`` becomes ``marti train``, and the sizes are turned down so it finishes
@@ -22,7 +22,7 @@ import yaml
 from marti.launch_flags import MachineInfo
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT.parent / "shared" / "design-examples" / "train_multi_agent.sh"
+SCRIPT = ROOT / "examples" / "design" / "train_multi_agent.sh"
 OUT_DIR = "multi_agent_resource_allocation_results"
 
 #: Variable -> value in the copy.

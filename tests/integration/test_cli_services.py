@@ -82,14 +82,7 @@ def test_train_rejects_missing_model_naming_it(tmp_path):
     """The design document's config parses, then fails at model loading naming the missing 7B model."""
     from pathlib import Path
 
-    design = (
-        Path(__file__).resolve().parents[2].parent
-        / "shared"
-        / "design-examples"
-        / "multi_agent_collaboration.yaml"
-    )
-    if not design.exists():
-        pytest.skip("shared/design-examples not present")
+    design = Path(__file__).resolve().parents[2] / "examples" / "design" / "multi_agent_collaboration.yaml"
     out = _marti("train", str(design), "--set", f"output.dir={tmp_path}")
     assert out.returncode == 2
     assert "meta-llama/Llama-2-7b-chat-hf" in out.stderr

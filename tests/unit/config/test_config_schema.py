@@ -21,7 +21,7 @@ from marti.config import (
 from marti.errors import InvalidArgumentError
 
 ROOT = Path(__file__).resolve().parents[3]
-DESIGN_YAML = ROOT.parent / "shared" / "design-examples" / "multi_agent_collaboration.yaml"
+DESIGN_YAML = ROOT / "examples" / "design" / "multi_agent_collaboration.yaml"
 EXAMPLES = ROOT / "examples"
 
 
@@ -44,7 +44,6 @@ def error_of(data: dict, overrides=()) -> str:
     return str(info.value)
 
 
-@pytest.mark.skipif(not DESIGN_YAML.exists(), reason="shared design examples not present")
 def test_design_example_loads_exactly_as_written():
     cfg = load_config(DESIGN_YAML)
     assert cfg.training_name == "multi_agent_collaboration_task"

@@ -13,7 +13,7 @@ from marti.errors import InvalidArgumentError
 from marti.launch_flags import FLAG_TABLE, MachineInfo, build_config, parse_launch_flags
 
 ROOT = Path(__file__).resolve().parents[3]
-DESIGN = ROOT.parent / "shared" / "design-examples"
+DESIGN = ROOT / "examples" / "design"
 EXAMPLE = ROOT / "examples" / "resource_allocation.yaml"
 CPU = MachineInfo()
 GPU = MachineInfo(has_cuda=True, bf16_supported=True, flash_attn_installed=True, wandb_installed=True)
@@ -41,7 +41,6 @@ def test_every_documented_flag_is_known():
     assert not [f for f in REQUIRED if f not in FLAG_TABLE]
 
 
-@pytest.mark.skipif(not DESIGN.exists(), reason="shared design examples not present")
 def test_design_script_on_cpu():
     cfg, warnings = build_config(DESIGN / "multi_agent_collaboration.yaml", [], script_argv(), machine=CPU)
     ignored = sorted(w.split()[0] for w in warnings)
@@ -86,7 +85,6 @@ def test_design_script_on_cpu():
     assert cfg.output.wandb_run_name == "multi_agent_exp_42"
 
 
-@pytest.mark.skipif(not DESIGN.exists(), reason="shared design examples not present")
 def test_design_script_on_a_gpu_machine_applies_gpu_flags():
     cfg, warnings = build_config(DESIGN / "multi_agent_collaboration.yaml", [], script_argv(), machine=GPU)
     assert sorted(w.split()[0] for w in warnings) == ["--dataset", "--reward_model"]
@@ -94,7 +92,6 @@ def test_design_script_on_a_gpu_machine_applies_gpu_flags():
     assert cfg.policy.attn_implementation == "flash_attention_2" and cfg.output.log_with == ["wandb"]
 
 
-@pytest.mark.skipif(not DESIGN.exists(), reason="shared design examples not present")
 def test_flags_without_a_config_file_build_the_team():
     cfg, _ = build_config(None, ["max_steps=2"], script_argv(), machine=CPU)
     assert [(a.name, a.role) for a in cfg.agents] == [
