@@ -43,6 +43,7 @@ class GenerateArgs:
         max_tokens: The request's ``max_tokens``, or None when unset.
         n: Completions wanted, >= 1 (the gateway checks its ``max_n``).
         episode_id: The caller's episode, or ``""``.  group_id: Its group, or ``""``.
+        idempotency_key: The caller's key of this call within the episode, or ``""``.
     """
 
     model: str
@@ -52,6 +53,7 @@ class GenerateArgs:
     n: int
     episode_id: str
     group_id: str
+    idempotency_key: str = ""
 
 
 def prompt_from_proto(req: pb.GenerateRequest) -> ChatMessages | str | list[int]:
@@ -131,7 +133,9 @@ def generate_args(req: pb.GenerateRequest) -> GenerateArgs:
     n = req.n if req.HasField("n") else 1
     if n < 1:
         raise InvalidArgumentError(f"n must be >= 1, got {n}")
-    return GenerateArgs(req.model, prompt, sampling, max_tokens, int(n), req.episode_id, req.group_id)
+    return GenerateArgs(
+        req.model, prompt, sampling, max_tokens, int(n), req.episode_id, req.group_id, req.idempotency_key
+    )
 
 
 def default_max_tokens(prompt_tokens: int, max_model_len: int) -> int:

@@ -13,6 +13,11 @@ Routes (every one needs ``Authorization: Bearer <token>`` when the app has a tok
 ``/episodes/{episode_id}/v1/...`` and ``/episodes/{episode_id}/groups/{group_id}/v1/...``, so unchanged client
 code can carry the ids in its ``base_url``. A header and a path that name different episodes are refused.
 
+**Retries are recorded once.** A traced call whose client disconnected (or timed out) before the answer was ready
+is not recorded, so the client's retry is the one that trains. A call may also carry an ``Idempotency-Key`` header
+(``extra_headers`` in the openai client): a retry with the same key within the same open episode gets the first
+call's answer (same ``call_ids``) without generating or recording again (see :meth:`Gateway.generate`).
+
 **Extensions** (like vLLM's ``return_token_ids`` and Agent Lightning): every response has ``prompt_token_ids``
 (the prompt as the model saw it, chat template applied), ``policy_version`` (the oldest version among the
 choices; they differ only when a weight update lands between two batches of one request), ``call_ids`` (one per
@@ -102,6 +107,8 @@ __all__ = [
 
 EPISODE_HEADER = "X-Marti-Episode"
 GROUP_HEADER = "X-Marti-Group"
+#: A client's key of one call within its episode: a retry with the same key gets the first answer, recorded once.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 #: Chat ``max_tokens`` when absent: this many, or fewer when the model's context has less room left.
 DEFAULT_CHAT_MAX_TOKENS = 512
 #: Completions ``max_tokens`` when absent (OpenAI's default).
@@ -323,25 +330,15 @@ class _BodyLimit:
         await self.app(scope, replay, send)
 
 
-def _check_id(gateway: Gateway, key: str, value: str) -> None:
-    """InvalidArgumentError (param ``key``) for an episode or group id over ``gateway.max_id_chars``."""
-    limit = gateway.limits.max_id_chars
-    if len(value) > limit:
-        raise request_error(
-            f"{key} has {len(value)} characters; the limit (gateway.max_id_chars) is {limit}", key
-        )
-
-
-def _context(gateway: Gateway, request: Request) -> tuple[str, str]:
-    """(episode id, group id) of a call, from the path prefix or the headers; empty = untraced."""
+def _context(request: Request) -> tuple[str, str]:
+    """(episode id, group id) of a call, from the path prefix or the headers; empty = untraced. Their length and
+    characters are checked by the gateway core (its error names the field)."""
     out = []
     for key, header in (("episode_id", EPISODE_HEADER), ("group_id", GROUP_HEADER)):
         path, head = request.path_params.get(key, ""), request.headers.get(header, "")
         if path and head and path != head:
             raise request_error(f"the path names {key} {path!r} but header {header} names {head!r}", key)
-        value = path or head
-        _check_id(gateway, key, value)
-        out.append(value)
+        out.append(path or head)
     return out[0], out[1]
 
 
@@ -358,7 +355,7 @@ def _core_param(message: str, prompt_param: str, max_tokens_param: str) -> str |
         return prompt_param
     if "(gateway.max_stop" in message:  # max_stop and max_stop_chars
         return "stop"
-    for key in ("episode_id", "group_id"):
+    for key in ("episode_id", "group_id", "idempotency_key"):
         if message.startswith(f"{key} "):
             return key
     return None
@@ -581,7 +578,7 @@ async def _serve(
         "messages" if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) else "prompt"
     )
     try:
-        episode_id, group_id = _context(gateway, request)
+        episode_id, group_id = _context(request)
         agent, _ = gateway.resolve(body.model)
         try:  # tokenizing a long prompt takes a while: not on the event loop
             ids = await asyncio.to_thread(gateway.prompt_ids, agent, prompt)
@@ -603,7 +600,14 @@ async def _serve(
         sampling = body.sampling(max_tokens, param)
         n = 1 if body.n is None else body.n
         return await gateway.generate(
-            body.model, ids, sampling, n=n, episode_id=episode_id, group_id=group_id
+            body.model,
+            ids,
+            sampling,
+            n=n,
+            episode_id=episode_id,
+            group_id=group_id,
+            idempotency_key=request.headers.get(IDEMPOTENCY_HEADER, ""),
+            disconnected=request.is_disconnected,
         )
     except InvalidArgumentError as exc:
         _name_param(exc, prompt_param, param)
@@ -702,10 +706,8 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
     @app.post("/v1/episodes/{episode_id}/reward")
     async def report_reward(episode_id: str, body: RewardRequest) -> JSONResponse:
         """End an episode with its rewards (or as failed); returns how many episodes were released and dropped.
-        The ids follow the rules of calls (``gateway.max_id_chars``, no ``/``; the core checks them too)."""
+        The ids follow the rules of calls (``gateway.max_id_chars``, no ``/``; checked by the core)."""
         try:
-            _check_id(gateway, "episode_id", episode_id)
-            _check_id(gateway, "group_id", body.group_id or "")
             released = await gateway.report(
                 episode_id,
                 dict(body.rewards),

@@ -85,8 +85,10 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
                 ) from exc
             raise
 
-    async def _serve(self, req: pb.GenerateRequest) -> Served:
-        """Validate, resolve, tokenize, size ``max_tokens`` and generate."""
+    async def _serve(self, req: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> Served:
+        """Validate, resolve, tokenize, size ``max_tokens`` and generate. A traced call cancelled by its client
+        (deadline, cancel) before the answer is ready is not recorded; ``idempotency_key`` makes a retry get the
+        first answer (:meth:`Gateway.generate`)."""
         self._check_size(req)
         args = convert.generate_args(req)
         agent, _ = self.gateway.resolve(args.model)
@@ -95,13 +97,24 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
         if args.max_tokens is None:
             limit = self.gateway.backend.max_model_len(agent)
             sampling = replace(sampling, max_new_tokens=convert.default_max_tokens(len(ids), limit))
+
+        async def disconnected() -> bool:
+            return context.cancelled()
+
         return await self.gateway.generate(
-            args.model, ids, sampling, n=args.n, episode_id=args.episode_id, group_id=args.group_id
+            args.model,
+            ids,
+            sampling,
+            n=args.n,
+            episode_id=args.episode_id,
+            group_id=args.group_id,
+            idempotency_key=args.idempotency_key,
+            disconnected=disconnected,
         )
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:  # noqa: N802
         """Serve ``n`` completions of one prompt."""
-        return convert.generate_response(await self._serve(request))
+        return convert.generate_response(await self._serve(request, context))
 
     def _pieces(self, served: Served) -> list[list[str]]:
         decode = None
@@ -119,7 +132,7 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
         """Serve like Generate, then stream the header, each token and each completion's end."""
         if not request.HasField("request"):
             raise InvalidArgumentError("request is required (the GenerateRequest to stream)")
-        served = await self._serve(request.request)
+        served = await self._serve(request.request, context)
         pieces = await asyncio.to_thread(self._pieces, served)
         for msg in convert.stream_responses(served, pieces):
             yield msg

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from marti.errors import InvalidArgumentError, NotFoundError
@@ -25,6 +25,8 @@ _LOG = logging.getLogger("marti.gateway")
 
 #: Receives each released episode (agent -> trajectory); blocking, called from a worker thread.
 EpisodeSink = Callable[[dict[str, Trajectory]], None]
+#: Asks the adapter whether the caller went away (HTTP client disconnected, gRPC call cancelled).
+Disconnected = Callable[[], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,21 @@ class Served:
     call_ids: list[str]
     generations: list[Generation]
     agent: str
+
+
+@dataclass
+class _Call:
+    """One traced call in flight: its task, whether its caller went away, and how many retries wait for it."""
+
+    task: asyncio.Future[Served] | None = None
+    caller_gone: bool = False
+    waiters: int = 0
+
+
+def _retrieve(task: asyncio.Future[Served]) -> None:
+    """Mark a call task's error as seen (its callers, when any are left, receive it themselves)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Gateway:
@@ -92,7 +109,10 @@ class Gateway:
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._sink_lock = asyncio.Lock()
+        self._replays: dict[tuple[str, str], _Call] = {}  # (episode, idempotency key) -> its call
         self.untraced_calls = 0
+        self.unrecorded_disconnected = 0
+        self.replayed_calls = 0
         self.released = 0
         self.sink_errors = 0
 
@@ -183,8 +203,18 @@ class Gateway:
         n: int = 1,
         episode_id: str = "",
         group_id: str = "",
+        idempotency_key: str = "",
+        disconnected: Disconnected | None = None,
     ) -> Served:
         """Serve one request: ``n`` samples of the model for one prompt, batched with concurrent requests.
+
+        Retries are recorded once. A traced call whose caller went away before it was answered (``disconnected``
+        says so once it is generated, or the caller's task was cancelled: a gRPC deadline or cancel) is not
+        recorded (counted in ``unrecorded_disconnected``), so a client that times out and retries trains on one
+        call, not two. A retry that names the ``idempotency_key`` of an earlier
+        call of the same open episode gets that call's answer (same call ids and generations), without generating
+        or recording again; a retry sent while the first is still running waits for it, and then the call is
+        recorded even if the first caller went away. A key whose call failed or went unrecorded is free again.
 
         Args:
             model: ``agent`` or ``agent@VERSION``.
@@ -193,6 +223,10 @@ class Gateway:
             n: Completions to sample, 1..``max_n``; each is one call against ``max_calls_per_episode``.
             episode_id: The client's episode; when set every generation is recorded for training.
             group_id: The client's group (problem id) of the episode.
+            idempotency_key: The client's key of this call within ``episode_id`` (HTTP ``Idempotency-Key``, the
+                gRPC request's ``idempotency_key``); ignored for untraced calls. Same length and character rules as
+                ids.
+            disconnected: Asked once the generations are ready; True = nobody receives them.
 
         Raises:
             NotFoundError: Unknown or non-resident model.
@@ -204,14 +238,21 @@ class Gateway:
             ResourceExhaustedError: The agent's queue or the open-episode limit is full.
             FailedPreconditionError: The episode was already reported, or was abandoned.
         """
+        for name, value in (
+            ("episode_id", episode_id),
+            ("group_id", group_id),
+            ("idempotency_key", idempotency_key),
+        ):
+            self._check_id(name, value)
+        key = (episode_id, idempotency_key)
+        if episode_id and idempotency_key and key in self._replays:
+            return await self._replay(key)
         agent, version = self.resolve(model)
         if not isinstance(n, int) or not 1 <= n <= self.limits.max_n:
             raise InvalidArgumentError(
                 f"n must be an int in [1, {self.limits.max_n}] (gateway.max_n), got {n!r}"
             )
         self._check_stop(sampling)
-        self._check_id("episode_id", episode_id)
-        self._check_id("group_id", group_id)
         ids = await asyncio.to_thread(self.prompt_ids, agent, prompt)  # a long prompt must not block the loop
         limit = self.backend.max_model_len(agent)
         if len(ids) + sampling.max_new_tokens > limit:
@@ -223,16 +264,70 @@ class Gateway:
             gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
             self.untraced_calls += len(gens)
             return Served([f"call-{uuid.uuid4().hex}" for _ in gens], gens, agent)
-        # the call is in flight from here: the episode counts as open and is not abandoned until it returns
+        # the call is in flight from here: the episode counts as open and is not abandoned until it returns. It
+        # runs as its own task, so a caller that goes away (a cancelled gRPC call) does not stop it: a retry may be
+        # waiting for its answer, and otherwise it ends unrecorded.
         self.tracker.begin_call(episode_id, agent, n, group_id)
+        call = _Call()
+        if idempotency_key:
+            self._replays[key] = call
+        call.task = asyncio.ensure_future(
+            self._traced(call, key, agent, ids, sampling, version, n, group_id, disconnected)
+        )
+        call.task.add_done_callback(_retrieve)  # its error is the caller's; nobody else may be left to see it
+        try:
+            return await asyncio.shield(call.task)
+        except asyncio.CancelledError:
+            call.caller_gone = True
+            raise
+
+    async def _traced(
+        self,
+        call: _Call,
+        key: tuple[str, str],
+        agent: str,
+        ids: list[int],
+        sampling: SamplingParams,
+        version: int | None,
+        n: int,
+        group_id: str,
+        disconnected: Disconnected | None,
+    ) -> Served:
+        """Generate a traced call begun with ``begin_call`` and record it, unless its caller went away and no
+        retry waits for it; an idempotency key stays taken only by a recorded call (until its episode closes)."""
+        episode_id, idempotency_key = key
+        recorded = False
         try:
             gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
-            call_ids = [f"call-{uuid.uuid4().hex}" for _ in gens]
-            for cid, g in zip(call_ids, gens, strict=True):
-                self.tracker.record(episode_id, agent, cid, g, group_id)
+            served = Served([f"call-{uuid.uuid4().hex}" for _ in gens], gens, agent)
+            gone = call.caller_gone or (disconnected is not None and await disconnected())
+            if gone and call.waiters == 0:
+                self.unrecorded_disconnected += 1
+                _LOG.info("a call of episode %r is not recorded: its caller went away", episode_id)
+            else:
+                for cid, g in zip(served.call_ids, gens, strict=True):
+                    self.tracker.record(episode_id, agent, cid, g, group_id)
+                recorded = True
+            return served
         finally:
             self.tracker.end_call(episode_id, agent, n)
-        return Served(call_ids, gens, agent)
+            if idempotency_key:
+                if recorded:  # retries get this answer while the episode is open
+                    self.tracker.on_close(episode_id, lambda: self._replays.pop(key, None))
+                elif self._replays.get(key) is call:  # failed or unrecorded: the key is free again
+                    del self._replays[key]
+
+    async def _replay(self, key: tuple[str, str]) -> Served:
+        """The answer of the call recorded (or running) under ``key``; counts ``replayed_calls``. A retry that
+        waits for a running call gets its error when it fails."""
+        call = self._replays[key]
+        call.waiters += 1
+        try:
+            served = await asyncio.shield(call.task)
+        finally:
+            call.waiters -= 1
+        self.replayed_calls += 1
+        return served
 
     def _check_stop(self, sampling: SamplingParams) -> None:
         """Raises InvalidArgumentError for more than ``max_stop`` stop strings or one over ``max_stop_chars``."""
@@ -323,7 +418,9 @@ class Gateway:
         """Counters: ``calls`` (traced), ``untraced_calls``, ``finished``, ``released`` (inserted into the sink;
         without a sink, every released episode), ``abandoned``, ``failed``, ``dropped``, ``expired_groups``,
         ``held`` (finished episodes waiting for their group), ``open_episodes``, ``batches``, ``batched_prompts``,
-        ``sink_errors`` (released episodes the sink failed to insert)."""
+        ``sink_errors`` (released episodes the sink failed to insert), ``unrecorded_disconnected`` (traced calls
+        not recorded because their caller went away), ``replayed_calls`` (retries answered from an idempotency
+        key)."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
         out["released"] = float(self.released)
         out["held"] = float(self.tracker.held)
@@ -332,4 +429,6 @@ class Gateway:
         out["batches"] = float(self.batcher.batches)
         out["batched_prompts"] = float(self.batcher.prompts)
         out["sink_errors"] = float(self.sink_errors)
+        out["unrecorded_disconnected"] = float(self.unrecorded_disconnected)
+        out["replayed_calls"] = float(self.replayed_calls)
         return out

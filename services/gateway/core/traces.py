@@ -69,6 +69,7 @@ class _Episode:
     agents: dict[str, _AgentTrace] = field(default_factory=dict)
     running: int = 0  # calls between begin_call and end_call
     doomed: bool = False  # its group died while it was open: dropped when it reports
+    on_close: list[Callable[[], object]] = field(default_factory=list)  # run when it leaves the open set
 
     @property
     def calls(self) -> int:
@@ -220,6 +221,21 @@ class EpisodeTracker:
         ep.running += 1
         ep.agents.setdefault(agent, _AgentTrace()).pending += n
 
+    def on_close(self, episode_id: str, callback: Callable[[], object]) -> None:
+        """Run ``callback`` once the open episode ``episode_id`` is reported, abandoned or closed unused (nothing
+        happens for an episode that is not open)."""
+        ep = self._open.get(episode_id)
+        if ep is not None:
+            ep.on_close.append(callback)
+
+    def _drop(self, episode_id: str) -> _Episode | None:
+        """Remove an episode from the open set and run its close callbacks; None when it was not open."""
+        ep = self._open.pop(episode_id, None)
+        if ep is not None:
+            for callback in ep.on_close:
+                callback()
+        return ep
+
     def end_call(self, episode_id: str, agent: str, n: int) -> None:
         """End a call begun with :meth:`begin_call` (served or not): frees its reservation and refreshes the
         episode's last activity. An episode left without recorded or running calls is closed again as if it
@@ -233,7 +249,7 @@ class EpisodeTracker:
             trace.pending = max(0, trace.pending - n)
         ep.last_seen = self._clock()
         if ep.running == 0 and ep.calls == 0:
-            del self._open[episode_id]
+            self._drop(episode_id)
 
     def record(self, episode_id: str, agent: str, call_id: str, gen: Generation, group_id: str = "") -> None:
         """Record one served call (one choice).
@@ -359,7 +375,7 @@ class EpisodeTracker:
                 f"episodes wait for the rest; this report of episode {episode_id!r} gives group_size {group_size}"
             )
         # every check passed: from here on the report is accepted
-        del self._open[episode_id]
+        self._drop(episode_id)
         self._closed.add(episode_id)
         if failed:
             self.counters["failed"] += 1
@@ -445,7 +461,7 @@ class EpisodeTracker:
             if not ep.running and now - ep.last_seen >= self.episode_timeout_s
         ]
         for eid in silent:
-            ep = self._open.pop(eid, None)
+            ep = self._drop(eid)
             if ep is None:
                 continue
             self._abandoned.add(eid)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+import grpc
 import httpx
 import openai
 import pytest
@@ -648,3 +649,132 @@ def test_stop_answers_requests_still_running_after_the_grace_with_503_json():
         r = out[name]
         assert r.status_code == 503 and r.headers["content-type"] == "application/json", (name, r.text)
         assert r.json()["error"]["code"] == "unavailable" and "shutting down" in r.json()["error"]["message"]
+
+
+def _held_server() -> tuple[GatewayServer, _FixedBackend, str]:
+    """A GatewayServer whose engine calls wait for ``backend.gate`` (closed), one request per batch."""
+    backend = _FixedBackend(load_tokenizer())
+    backend.gate = threading.Event()
+    server = GatewayServer(Gateway(backend, GatewayLimits(max_batch=1, max_wait_ms=0)), token=TOKEN)
+    http_url, _ = server.start()
+    return server, backend, http_url
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_call_whose_client_timed_out_is_not_recorded_and_its_retry_is():
+    server, backend, http_url = _held_server()
+    try:
+        impatient = openai.OpenAI(base_url=http_url, api_key=TOKEN, max_retries=0, timeout=0.5)
+        with pytest.raises(openai.APITimeoutError):
+            impatient.completions.create(
+                model="a", prompt="hi", max_tokens=2, extra_headers={"X-Marti-Episode": "e1"}
+            )
+        backend.gate.set()  # the abandoned call finishes now; nobody receives it
+        _wait_for(lambda: server.gateway.stats()["unrecorded_disconnected"] == 1, "the call was not dropped")
+        assert server.gateway.stats()["calls"] == 0
+        patient = openai.OpenAI(base_url=http_url, api_key=TOKEN, max_retries=0, timeout=30)
+        patient.completions.create(
+            model="a", prompt="hi", max_tokens=2, extra_headers={"X-Marti-Episode": "e1"}
+        )
+        stats = server.gateway.stats()
+        assert stats["calls"] == 1 and stats["unrecorded_disconnected"] == 1
+    finally:
+        backend.gate.set()
+        server.stop()
+
+
+def test_an_idempotency_key_answers_a_retry_with_the_first_call_recorded_once():
+    server, backend, http_url = _held_server()
+    backend.gate.set()
+    try:
+        client = openai.OpenAI(base_url=http_url, api_key=TOKEN, max_retries=0, timeout=30)
+        head = {"X-Marti-Episode": "e2", "Idempotency-Key": "turn-1"}
+        first = client.completions.create(model="a", prompt="hi", max_tokens=2, extra_headers=head)
+        again = client.completions.create(model="a", prompt="hi", max_tokens=2, extra_headers=head)
+        other = client.completions.create(
+            model="a", prompt="hi", max_tokens=2, extra_headers={**head, "Idempotency-Key": "turn-2"}
+        )
+        assert again.model_extra["call_ids"] == first.model_extra["call_ids"]
+        assert other.model_extra["call_ids"] != first.model_extra["call_ids"]
+        stats = server.gateway.stats()
+        assert stats["calls"] == 2 and stats["replayed_calls"] == 1
+        # the key lives as long as its episode: after the report, the episode is closed
+        httpx.post(
+            http_url + "/episodes/e2/reward", json={"rewards": {"a": 1.0}}, headers=_auth(), timeout=30
+        )
+        with pytest.raises(openai.ConflictError, match="already reported"):
+            client.completions.create(model="a", prompt="hi", max_tokens=2, extra_headers=head)
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.completions.create(
+                model="a",
+                prompt="hi",
+                max_tokens=2,
+                extra_headers={"X-Marti-Episode": "e4", "Idempotency-Key": "k" * 257},
+            )
+        assert bad.value.body["param"] == "idempotency_key" and "max_id_chars" in bad.value.body["message"]
+    finally:
+        server.stop()
+
+
+def test_a_retry_sent_while_the_first_call_runs_waits_for_it_and_the_call_is_recorded_once():
+    server, backend, http_url = _held_server()
+    try:
+        head = {"X-Marti-Episode": "e3", "Idempotency-Key": "turn-1"}
+        impatient = openai.OpenAI(base_url=http_url, api_key=TOKEN, max_retries=0, timeout=0.5)
+        with pytest.raises(openai.APITimeoutError):
+            impatient.completions.create(model="a", prompt="hi", max_tokens=2, extra_headers=head)
+        out = {}
+
+        def retry() -> None:
+            client = openai.OpenAI(base_url=http_url, api_key=TOKEN, max_retries=0, timeout=30)
+            out["r"] = client.completions.create(model="a", prompt="hi", max_tokens=2, extra_headers=head)
+
+        t = threading.Thread(target=retry)
+        t.start()
+        time.sleep(0.5)  # the retry is waiting on the first call
+        backend.gate.set()
+        t.join(30)
+        stats = server.gateway.stats()
+        assert out["r"].choices[0].text == EMOJI_TEXT
+        assert stats["calls"] == 1 and stats["replayed_calls"] == 1 and stats["unrecorded_disconnected"] == 0
+        assert server.gateway.batcher.batches == 1  # one engine call served both
+    finally:
+        backend.gate.set()
+        server.stop()
+
+
+def test_grpc_a_call_past_its_deadline_is_not_recorded_and_a_keyed_retry_is_answered_once():
+    """The same rules over gRPC: a deadline cancels the call (not recorded); ``idempotency_key`` replays."""
+    from marti.api.inference.v1 import inference_pb2 as ipb
+    from marti.api.inference.v1 import inference_service_pb2_grpc as isgrpc
+
+    server, backend, _ = _held_server()
+    meta = (("authorization", f"Bearer {TOKEN}"),)
+    try:
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            stub = isgrpc.InferenceServiceStub(channel)
+            req = ipb.GenerateRequest(model="a", text="hi", max_tokens=2, episode_id="g1")
+            with pytest.raises(grpc.RpcError) as late:
+                stub.Generate(req, metadata=meta, timeout=0.5)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            backend.gate.set()
+            _wait_for(
+                lambda: server.gateway.stats()["unrecorded_disconnected"] == 1, "the call was not dropped"
+            )
+            keyed = ipb.GenerateRequest(
+                model="a", text="hi", max_tokens=2, episode_id="g1", idempotency_key="t1"
+            )
+            first = stub.Generate(keyed, metadata=meta, timeout=30)
+            again = stub.Generate(keyed, metadata=meta, timeout=30)
+        assert [c.call_id for c in again.choices] == [c.call_id for c in first.choices]
+        stats = server.gateway.stats()
+        assert stats["calls"] == 1 and stats["replayed_calls"] == 1 and stats["unrecorded_disconnected"] == 1
+    finally:
+        backend.gate.set()
+        server.stop()

@@ -37,7 +37,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "messages", "text", "token_ids", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "episode_id", "group_id")
+    __slots__ = ("model", "messages", "text", "token_ids", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "episode_id", "group_id", "idempotency_key")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class GenerateRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: ChatMessages
     text: str
@@ -64,7 +65,8 @@ class GenerateRequest(_message.Message):
     n: int
     episode_id: str
     group_id: str
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., episode_id: _Optional[str] = ..., group_id: _Optional[str] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., episode_id: _Optional[str] = ..., group_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class Choice(_message.Message):
     __slots__ = ("index", "call_id", "text", "token_ids", "logprobs", "finish_reason", "policy_version")
