@@ -75,7 +75,7 @@ def make(
         marti.errors.UnavailableError: The server cannot be reached (remote only).
     """
     if address is None and channel is None:
-        from services.env_server.core.registry import default_registry
+        from marti.env_registry import default_registry
 
         return default_registry().make(env_id, config, seed)
     from marti.clients.env import RemoteParallelEnv
@@ -172,10 +172,10 @@ def list_envs(address: str | None = None, **kwargs: Any) -> list[dict[str, Any]]
         **kwargs: Passed to :class:`marti.clients.env.EnvClient` (token, tls_ca_file, timeout_s).
 
     Returns:
-        One dict per env id (see ``services.env_server.core.describe.describe_spec`` for the keys).
+        One dict per env id (see :func:`marti.env_registry.describe_spec` for the keys).
     """
     if address is None:
-        from services.env_server.core.describe import describe_all
+        from marti.env_registry import describe_all
 
         return describe_all()
     from marti.clients.env import EnvClient

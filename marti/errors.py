@@ -8,20 +8,47 @@ remote service.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
+#: Domain of the ``google.rpc.ErrorInfo`` details marti attaches to errors that carry a :attr:`MartiError.reason`.
+ERROR_DOMAIN = "marti.ai"
+
 
 class MartiError(Exception):
     """Base class of every error marti raises on purpose.
 
+    A subclass that sets :attr:`reason` travels over gRPC as its class's status code plus a
+    ``google.rpc.ErrorInfo`` detail (``reason``, ``domain`` :data:`ERROR_DOMAIN`, ``metadata``), and clients
+    rebuild that exact subclass from the detail, never from the message text (see ``marti.rpc.errors``).
+
     Args:
         message: Human-readable text that names the bad value and, where one applies, the limit it broke.
+        metadata: Machine-readable facts about the error (string to string), sent as ``ErrorInfo.metadata``
+            by errors that have a :attr:`reason`.
     """
 
-    def __init__(self, message: str = "") -> None:
+    #: Machine-readable reason (``UPPER_SNAKE_CASE``) sent as ``google.rpc.ErrorInfo.reason``; ``""`` = none.
+    reason: ClassVar[str] = ""
+
+    def __init__(self, message: str = "", *, metadata: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.metadata: dict[str, str] = {str(k): str(v) for k, v in (metadata or {}).items()}
+
+    def __reduce__(self) -> tuple:
+        """Pickle with every attribute (``metadata`` and subclass fields), whatever the subclass's signature."""
+        return _rebuild, (type(self), self.message), self.__dict__
 
     def __str__(self) -> str:
         return self.message
+
+
+def _rebuild(cls: type[MartiError], message: str) -> MartiError:
+    """Unpickle a :class:`MartiError` without calling its ``__init__`` (attributes come from the state)."""
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    return err
 
 
 class InvalidArgumentError(MartiError, ValueError):
@@ -30,6 +57,37 @@ class InvalidArgumentError(MartiError, ValueError):
 
 class NotFoundError(MartiError, LookupError):
     """A named session, agent, table, env id, job or model does not exist (gRPC NOT_FOUND)."""
+
+
+class SessionLostError(NotFoundError):
+    """The server no longer knows a session it handed out: closed, reaped when idle, or lost when the server
+    restarted (sessions live in memory). gRPC NOT_FOUND with a ``google.rpc.ErrorInfo`` detail whose reason
+    is ``SESSION_LOST`` (domain ``marti.ai``, ``metadata["session_id"]`` the lost id).
+
+    A subclass of :class:`NotFoundError`, so handlers of that class still catch it. Retrying the same call
+    cannot succeed; create a new session (an env from ``marti.make(address=...)``: call ``reset()``, which
+    re-creates the session by itself).
+
+    Args:
+        message: What was lost and what to do.
+        session_id: The lost session's id (also ``metadata["session_id"]``).
+        metadata: Further ``ErrorInfo`` metadata.
+    """
+
+    reason: ClassVar[str] = "SESSION_LOST"
+
+    def __init__(
+        self, message: str = "", *, session_id: str = "", metadata: Mapping[str, str] | None = None
+    ) -> None:
+        merged = dict(metadata or {})
+        if session_id:
+            merged["session_id"] = session_id
+        super().__init__(message, metadata=merged)
+
+    @property
+    def session_id(self) -> str:
+        """The lost session's id (``""`` when the server did not say)."""
+        return self.metadata.get("session_id", "")
 
 
 class AlreadyExistsError(MartiError):
@@ -77,6 +135,7 @@ class InternalError(MartiError):
 
 
 __all__ = [
+    "ERROR_DOMAIN",
     "AbortedError",
     "AlreadyExistsError",
     "CancelledError",
@@ -89,6 +148,7 @@ __all__ = [
     "OutOfRangeError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
+    "SessionLostError",
     "UnauthenticatedError",
     "UnavailableError",
 ]

@@ -2,13 +2,16 @@
 
 * :class:`EnvClient` (sync) and :class:`AsyncEnvClient` (``grpc.aio``): ``list_envs``, ``create_session``,
   ``reset``, ``step``, ``batch_step``, ``close_session``; they return plain Python values and raise
-  :mod:`marti.errors` classes (``NotFoundError`` for an unknown env id, ``InvalidArgumentError`` for a bad config
-  key or action, ``ResourceExhaustedError`` at the session cap, ``UnavailableError`` when the server is away).
+  :mod:`marti.errors` classes (``NotFoundError`` for an unknown env id, ``SessionLostError`` for a session the
+  server no longer has, ``InvalidArgumentError`` for a bad config key or action, ``ResourceExhaustedError`` at
+  the session cap, ``UnavailableError`` when the server is away).
 * :class:`SessionStream`: the bidirectional ``Session`` stream (lowest latency; errors arrive in-band and are
-  raised for that request only; sessions made on the stream close when it closes).
+  raised for that request only; sessions made on the stream close when it closes; a broken stream is replaced
+  by a new one on the next request).
 * :class:`RemoteParallelEnv`: a PettingZoo ``ParallelEnv`` backed by one server session. Every ``step`` and
   ``reset`` carries a fresh request id, so the channel's automatic retry on ``UNAVAILABLE`` cannot step twice.
-  :meth:`RemoteParallelEnv.step_batch` steps many such envs in one ``BatchStep`` round trip.
+  :meth:`RemoteParallelEnv.step_batch` steps many such envs in one ``BatchStep`` round trip. After a server
+  restart, ``step`` raises ``SessionLostError`` and ``reset`` re-creates the session by itself.
 
 Every client and ``RemoteParallelEnv.create`` accept ``channel=``: an open channel (from :func:`open_channel`)
 shared by any number of clients and envs instead of one connection each; whoever opened it closes it.
@@ -37,7 +40,13 @@ from marti.clients.env_codec import (
     value_from_proto,
     value_to_proto,
 )
-from marti.errors import FailedPreconditionError, InvalidArgumentError, MartiError, UnavailableError
+from marti.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    MartiError,
+    SessionLostError,
+    UnavailableError,
+)
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
 from marti.rpc.errors import from_rpc_error, from_status_proto
 
@@ -280,7 +289,11 @@ class EnvClient:
         options: Mapping[str, Any] | None = None,
         request_id: str | None = None,
     ) -> StepResult:
-        """Reset a session; returns observations and infos (rewards 0)."""
+        """Reset a session; returns observations and infos (rewards 0).
+
+        Raises:
+            SessionLostError: Unknown (closed, reaped, or lost in a server restart) session.
+        """
         return _result(self._call(self.stub.Reset, _reset_request(session_id, seed, options, request_id)))
 
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
@@ -289,7 +302,8 @@ class EnvClient:
         Raises:
             InvalidArgumentError: Unknown or done agent, missing or oversized action.
             FailedPreconditionError: Step before reset or after the episode ended.
-            NotFoundError: Unknown (closed or reaped) session.
+            SessionLostError: Unknown (closed, reaped, or lost in a server restart) session; a
+                ``NotFoundError`` mapped from the status's ``ErrorInfo`` detail (reason ``SESSION_LOST``).
         """
         return _result(self._call(self.stub.Step, _step_request(session_id, actions, request_id)))
 
@@ -335,39 +349,74 @@ _END = object()
 class SessionStream:
     """The ``Session`` bidi stream: one request at a time, in order; errors are raised per request.
 
+    When the stream breaks (the server restarted, or the connection dropped), the request in flight raises
+    the transport error (:class:`UnavailableError`, ...), the sessions made on the stream are gone (the server
+    closes them with the stream), and the next request opens a new stream on the same channel by itself;
+    :attr:`generation` counts the streams opened so far. Only :meth:`close` ends it for good.
+
     Args:
         stub: An ``EnvServiceStub``.
         timeout_s: How long to wait for each response, seconds.
     """
 
     def __init__(self, stub: pb_grpc.EnvServiceStub, timeout_s: float) -> None:
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._responses: Iterator[pb.SessionResponse] = stub.Session(self._iter())
+        self._stub = stub
         self._seq = 0
         self._lock = threading.Lock()
         self.timeout_s = timeout_s
         self.closed = False
+        #: How many streams were opened (1 at first; +1 each time a broken stream is replaced).
+        self.generation = 0
+        self._open()
 
-    def _iter(self) -> Iterator[pb.SessionRequest]:
+    def _open(self) -> None:
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests = requests
+        self._responses: Any = self._stub.Session(self._iter(requests))
+        self._broken = False
+        self.generation += 1
+
+    @staticmethod
+    def _iter(requests: queue.SimpleQueue) -> Iterator[pb.SessionRequest]:
         while True:
-            item = self._requests.get()
+            item = requests.get()
             if item is _END:
                 return
             yield item
+
+    def _discard(self) -> None:
+        """End the current stream's request iterator and cancel the call (it is broken or being replaced)."""
+        self._requests.put(_END)
+        try:
+            self._responses.cancel()
+        except Exception:  # noqa: BLE001 - cancelling a finished call is harmless
+            pass
+
+    @property
+    def broken(self) -> bool:
+        """True when the current stream has ended (server restart, dropped connection) and was not closed
+        by :meth:`close`; the next request opens a new one."""
+        if self._broken:
+            return True
+        done = getattr(self._responses, "done", None)
+        return bool(done()) if callable(done) else False
 
     def _roundtrip(self, **op: Any) -> pb.SessionResponse:
         with self._lock:
             if self.closed:
                 raise FailedPreconditionError("the session stream is closed")
+            if self.broken:
+                self._discard()
+                self._open()
             self._seq += 1
             self._requests.put(pb.SessionRequest(sequence=self._seq, **op))
             try:
                 resp = next(self._responses)
             except StopIteration:
-                self.closed = True
+                self._broken = True
                 raise UnavailableError("the env server ended the session stream") from None
             except grpc.RpcError as e:
-                self.closed = True
+                self._broken = True
                 raise from_rpc_error(e) from None
         err = from_status_proto(resp.status)
         if err is not None:
@@ -383,11 +432,19 @@ class SessionStream:
     def reset(
         self, session_id: str, seed: int | None = None, options: Mapping[str, Any] | None = None
     ) -> StepResult:
-        """Reset a session."""
+        """Reset a session.
+
+        Raises:
+            SessionLostError: The server does not know the session (restarted, or its stream broke).
+        """
         return _result(self._roundtrip(reset=_reset_request(session_id, seed, options, None)).reset)
 
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
-        """Step a session."""
+        """Step a session.
+
+        Raises:
+            SessionLostError: The server does not know the session (restarted, or its stream broke).
+        """
         return _result(self._roundtrip(step=_step_request(session_id, actions, request_id)).step)
 
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
@@ -402,14 +459,15 @@ class SessionStream:
 
     def close(self) -> None:
         """End the stream (the server closes the sessions made on it)."""
-        if not self.closed:
-            self.closed = True
-            self._requests.put(_END)
-            try:
-                for _ in self._responses:
-                    pass
-            except grpc.RpcError:
+        if self.closed:
+            return
+        self.closed = True
+        self._requests.put(_END)
+        try:
+            for _ in self._responses:
                 pass
+        except grpc.RpcError:
+            pass
 
 
 class RemoteParallelEnv(ParallelEnv):
@@ -417,11 +475,24 @@ class RemoteParallelEnv(ParallelEnv):
 
     Build it with :meth:`create` (what ``marti.make(address=...)`` calls).
 
+    Losing the session: sessions live in the server's memory, so a server restart (or, with the stream
+    transport, a dropped stream, or with the unary transport, the idle reaper) loses them. The channel
+    reconnects by itself and the stream transport opens a new stream; the env then carries on like this:
+
+    * ``step`` on a lost session raises :class:`~marti.errors.SessionLostError` (a ``NotFoundError``), whose
+      message says to call ``reset()``; every later ``step`` does the same until then;
+    * ``reset`` on a lost session (known lost, or found lost by that very reset) creates a new session with
+      the same env id (resolved ``name-vN``), config and creation seed, as ``marti.make`` did, then resets
+      it with the given ``seed`` and ``options``. :attr:`session_id` changes; spaces and agents are the same.
+      While the server is still away, ``reset`` raises ``UnavailableError`` and may be called again.
+
     Args:
         client: The client (closed with the env when ``own_client``).
         info: The session.
         stream: The bidi stream the session lives on, or ``None`` to use unary calls.
         own_client: Close the client in :meth:`close`.
+        config: The env config the session was created with (used to re-create a lost session).
+        seed: The creation seed (used to re-create a lost session).
     """
 
     def __init__(
@@ -430,11 +501,18 @@ class RemoteParallelEnv(ParallelEnv):
         info: SessionInfo,
         stream: SessionStream | None = None,
         own_client: bool = True,
+        *,
+        config: Mapping[str, Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         self.client = client
         self.session = info
         self.session_id = info.session_id
         self.env_id = info.env_id
+        self._config = dict(config or {})
+        self._seed = seed
+        self._generation = stream.generation if stream is not None else 0
+        self._lost: str | None = None
         self.possible_agents = [a.agent for a in info.agents]
         self.roles = {a.agent: a.role for a in info.agents}
         self._obs_spaces = {a.agent: a.observation_space for a in info.agents}
@@ -499,7 +577,7 @@ class RemoteParallelEnv(ParallelEnv):
                 stream.close()
             client.close()
             raise
-        return cls(client, info, stream)
+        return cls(client, info, stream, config=config, seed=seed)
 
     def observation_space(self, agent: str) -> gymnasium.Space:
         """The agent's observation space (decoded once; the same object on every call)."""
@@ -509,12 +587,76 @@ class RemoteParallelEnv(ParallelEnv):
         """The agent's action space (decoded once; the same object on every call)."""
         return self._act_spaces[agent]
 
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        """Reset the remote env; returns ``(observations, infos)``."""
+    @property
+    def session_lost(self) -> bool:
+        """True once the env knows its session is gone (see the class docstring); ``reset()`` clears it."""
+        return self._lost is not None
+
+    def _lost_error(self, why: str) -> SessionLostError:
+        return SessionLostError(
+            f"the {self.env_id} session {self.session_id!r} is lost ({why}); call reset() to start a new "
+            "session with the same env id, config and seed",
+            session_id=self.session_id,
+        )
+
+    def _check_stream(self) -> None:
+        """Mark the session lost when the stream it lived on broke (the server closed it with the stream)."""
+        stream = self._stream
+        if (
+            stream is not None
+            and self._lost is None
+            and (stream.broken or stream.generation != self._generation)
+        ):
+            self._lost = "its session stream broke: the env server restarted or the connection dropped"
+
+    def _call(self, stream_fn: Any, unary_fn: Any) -> StepResult:
+        """Run one session call, turning every way of losing the session into :class:`SessionLostError`."""
+        self._check_stream()
+        if self._lost is not None:
+            raise self._lost_error(self._lost)
+        try:
+            return stream_fn() if self._stream is not None else unary_fn()
+        except SessionLostError as e:
+            self._lost = f"the env server does not know it: {e.message}"
+            raise self._lost_error(self._lost) from e
+        except MartiError as e:
+            self._check_stream()
+            if self._lost is not None:
+                raise self._lost_error(f"{self._lost}; {type(e).__name__}: {e.message}") from e
+            raise
+
+    def _recreate(self) -> None:
+        """Create a new session like the lost one (same resolved env id, config and creation seed)."""
         if self._stream is not None:
-            r = self._stream.reset(self.session_id, seed, options)
+            info = self._stream.create_session(self.env_id, self._config, self._seed)
+            self._generation = self._stream.generation
         else:
-            r = self.client.reset(self.session_id, seed, options)
+            info = self.client.create_session(self.env_id, self._config, self._seed)
+        self.session = info
+        self.session_id = info.session_id
+        self.agents, self.acting_agents = [], []
+        self._lost = None
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        """Reset the remote env; returns ``(observations, infos)``.
+
+        A lost session (server restart, broken stream, idle reaping) is re-created first, with the same env
+        id, config and creation seed, then reset with ``seed`` and ``options`` (see the class docstring).
+
+        Raises:
+            UnavailableError: The server cannot be reached (the env stays usable: call ``reset`` again).
+        """
+        try:
+            r = self._call(
+                lambda: self._stream.reset(self.session_id, seed, options),
+                lambda: self.client.reset(self.session_id, seed, options),
+            )
+        except SessionLostError:
+            self._recreate()
+            r = self._call(
+                lambda: self._stream.reset(self.session_id, seed, options),
+                lambda: self.client.reset(self.session_id, seed, options),
+            )
         self.agents, self.acting_agents = r.agents, r.acting_agents
         return r.observations, r.infos
 
@@ -523,11 +665,13 @@ class RemoteParallelEnv(ParallelEnv):
 
         Raises:
             InvalidArgumentError, FailedPreconditionError: Bad input (the session survives).
+            SessionLostError: The server no longer has the session (restart, broken stream, idle reaping);
+                call ``reset()`` to carry on in a new session.
         """
-        if self._stream is not None:
-            r = self._stream.step(self.session_id, actions)
-        else:
-            r = self.client.step(self.session_id, actions)
+        r = self._call(
+            lambda: self._stream.step(self.session_id, actions),
+            lambda: self.client.step(self.session_id, actions),
+        )
         self.agents, self.acting_agents = r.agents, r.acting_agents
         return r.as_tuple()
 
@@ -565,6 +709,12 @@ class RemoteParallelEnv(ParallelEnv):
             chunk = envs[lo : lo + max_batch]
             steps = [(e.session_id, a) for e, a in zip(chunk, actions[lo : lo + max_batch], strict=True)]
             for env, r in zip(chunk, client.batch_step(steps), strict=True):
+                if isinstance(r, SessionLostError):
+                    env._lost = f"the env server does not know it: {r.message}"
+                    lost = env._lost_error(env._lost)
+                    lost.__cause__ = r
+                    out.append(lost)
+                    continue
                 if isinstance(r, MartiError):
                     out.append(r)
                     continue

@@ -42,7 +42,7 @@ def agent_specs(env: Any) -> list[pb.AgentSpec]:
 
 
 def describe_to_proto(spec: Any) -> pb.EnvDescription:
-    """Encode an :class:`~services.env_server.core.registry.EnvSpec` (agents from its default config)."""
+    """Encode an :class:`~marti.env_registry.EnvSpec` (agents from its default config)."""
     fields = []
     for f in spec.schema.fields:
         cf = pb.ConfigField(

@@ -10,12 +10,12 @@ from typing import Any
 
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
+from marti.env_registry import Registry, default_registry
 from marti.envs import declared_metrics
 from marti.errors import InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.errors import ok_status, to_status_proto
 from marti.rpc.server import ServiceSpec
 from services.env_server import convert
-from services.env_server.core.registry import Registry, default_registry
 from services.env_server.core.sessions import SessionManager
 from services.env_server.envs import adapters
 from services.env_server.settings import EnvServerSettings

@@ -26,7 +26,7 @@ from marti.errors import (
     CancelledError,
     DeadlineExceededError,
     MartiError,
-    NotFoundError,
+    SessionLostError,
     UnavailableError,
 )
 
@@ -38,19 +38,21 @@ OUTAGE_ERRORS: tuple[type[MartiError], ...] = (
     DeadlineExceededError,
     AbortedError,
     CancelledError,
+    SessionLostError,
 )
-"""Errors a service restart produces: the connection is gone, a call timed out, or a stream was torn down."""
+"""Errors a service restart produces: the connection is gone, a call timed out, a stream was torn down, or
+the server no longer knows a session it handed out (its state was in memory; the phase recreates it)."""
 
 
 def is_outage(exc: BaseException) -> bool:
     """True for errors that a restarted service explains, and that re-running the phase can fix.
 
-    Besides :data:`OUTAGE_ERRORS`, a ``NotFoundError`` for a *session* counts: after an env server or broker
-    restart the old session ids are gone (their state was in memory), and the phase recreates them.
+    Decided by type alone (:data:`OUTAGE_ERRORS`), never by message text: a lost session is a
+    :class:`~marti.errors.SessionLostError`, which servers send as NOT_FOUND with a ``google.rpc.ErrorInfo``
+    detail (reason ``SESSION_LOST``) and clients rebuild from that detail. Any other ``NotFoundError`` (an
+    unknown env id, table or agent) is a configuration error and is not retried.
     """
-    if isinstance(exc, OUTAGE_ERRORS):
-        return True
-    return isinstance(exc, NotFoundError) and "session" in str(exc)
+    return isinstance(exc, OUTAGE_ERRORS)
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from marti.env_guard import GuardedParallelEnv
+from marti.env_registry import Registry
 from marti.errors import (
     InternalError,
     InvalidArgumentError,
     MartiError,
-    NotFoundError,
     ResourceExhaustedError,
+    SessionLostError,
 )
-from services.env_server.core.guard import GuardedParallelEnv
-from services.env_server.core.registry import Registry
 
 
 class AgentOutcome(NamedTuple):
@@ -182,7 +182,12 @@ class SessionManager:
     def _touch(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
-            raise NotFoundError(f"unknown session {session_id!r} (closed, reaped or never created)")
+            raise SessionLostError(
+                f"unknown session {session_id!r}: closed, reaped after {self.idle_timeout_s:g}s idle, lost in "
+                "an env server restart, or never created; create a new session (a marti.make(address=...) "
+                "env: call reset())",
+                session_id=session_id,
+            )
         session.last_used_s = self.clock()
         return session
 
@@ -190,7 +195,7 @@ class SessionManager:
         """Return a live session and mark it used.
 
         Raises:
-            NotFoundError: Unknown, closed or reaped session (named).
+            SessionLostError: Unknown, closed or reaped session (named; a ``NotFoundError``).
         """
         return self._touch(session_id)
 
@@ -216,7 +221,7 @@ class SessionManager:
             Observations and infos of every live agent.
 
         Raises:
-            NotFoundError: Unknown session.
+            SessionLostError: Unknown session (a ``NotFoundError``).
             InvalidArgumentError: Bad seed.
         """
         session = self._touch(session_id)
@@ -237,7 +242,7 @@ class SessionManager:
             PettingZoo step results for the agents live before the step.
 
         Raises:
-            NotFoundError: Unknown session.
+            SessionLostError: Unknown session (a ``NotFoundError``).
             FailedPreconditionError: Step before reset or after the episode ended.
             InvalidArgumentError: Unknown or done agent, missing action, oversized or malformed action.
         """

@@ -26,9 +26,9 @@ import gymnasium
 import numpy as np
 from pettingzoo import AECEnv, ParallelEnv
 
+from marti.env_config import ConfigField, ConfigSchema
+from marti.env_registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError, NotFoundError
-from services.env_server.core.config import ConfigField, ConfigSchema
-from services.env_server.core.registry import EnvSpec, Registry
 from services.env_server.envs.text_base import sanitize, text_space
 
 #: Module prefixes an entry point may come from unless the server allows more.

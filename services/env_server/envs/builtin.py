@@ -1,4 +1,4 @@
-"""Registration of the built-in environments and adapters."""
+"""The built-in ``collaborative_task_solving`` env and its registration (see :mod:`marti.env_registry`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 from pettingzoo import ParallelEnv
 
+from marti.env_config import ConfigSchema
+from marti.env_registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError
-from services.env_server.core.config import ConfigSchema
-from services.env_server.core.registry import EnvSpec, Registry
 from services.env_server.envs import debate, resource_allocation
 from services.env_server.envs.text_base import COMMON_FIELDS
 
@@ -47,8 +47,12 @@ def make_collaborative(config: dict[str, Any], seed: int | None) -> ParallelEnv:
     return resource_allocation.ResourceAllocationEnv(config, seed)
 
 
-def register_builtins(registry: Registry) -> None:
-    """Register every built-in env id into ``registry``."""
+def register_collaborative(registry: Registry) -> None:
+    """Register ``collaborative_task_solving-v1`` into ``registry``.
+
+    The provider of that name in :data:`marti.env_registry.BUILTIN_PROVIDERS`: the registry imports this module
+    and calls this function the first time the name is used.
+    """
     registry.register(
         EnvSpec(
             "collaborative_task_solving",
@@ -60,9 +64,3 @@ def register_builtins(registry: Registry) -> None:
             "debate a verifiable arithmetic or word problem, an aggregator answers.",
         )
     )
-    from services.env_server.envs import adapters
-
-    adapters.register(registry)
-    from services.env_server.envs import textarena_adapter
-
-    textarena_adapter.register(registry)

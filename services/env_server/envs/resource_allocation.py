@@ -33,8 +33,8 @@ import json
 import random
 from typing import Any
 
+from marti.env_config import ConfigField
 from marti.errors import InvalidArgumentError
-from services.env_server.core.config import ConfigField
 from services.env_server.envs import allocation_problem as ap
 from services.env_server.envs.text_base import TextTeamEnv, sanitize
 

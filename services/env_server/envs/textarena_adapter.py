@@ -34,9 +34,9 @@ from typing import Any
 import gymnasium
 from pettingzoo import ParallelEnv
 
+from marti.env_config import ConfigField, ConfigSchema
+from marti.env_registry import EnvSpec, Registry
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from services.env_server.core.config import ConfigField, ConfigSchema
-from services.env_server.core.registry import EnvSpec, Registry
 from services.env_server.envs.text_base import text_space
 
 _NON_PRINTABLE = re.compile(r"[^\t\n\x20-\x7e]")

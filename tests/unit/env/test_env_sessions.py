@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from marti.env_registry import default_registry
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
-from services.env_server.core.registry import default_registry
 from services.env_server.core.sessions import SessionManager
 
 ENV = "collaborative_task_solving"
@@ -174,8 +174,8 @@ class TwoSpeedEnv:
 
 
 def test_action_for_done_agent_is_named() -> None:
-    from services.env_server.core.config import ConfigSchema
-    from services.env_server.core.registry import EnvSpec, Registry
+    from marti.env_config import ConfigSchema
+    from marti.env_registry import EnvSpec, Registry
 
     reg = Registry()
     reg.register(EnvSpec("two_speed", 1, TwoSpeedEnv, ConfigSchema(), "test env"))

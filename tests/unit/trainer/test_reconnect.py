@@ -8,6 +8,7 @@ from marti.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     NotFoundError,
+    SessionLostError,
     UnavailableError,
 )
 from services.trainer.reconnect import Backoff, call_with_reconnect, is_outage
@@ -85,8 +86,9 @@ def test_zero_timeout_fails_at_the_first_outage():
 
 
 def test_lost_sessions_count_as_outages_but_other_not_found_do_not():
-    assert is_outage(NotFoundError("unknown session 'abc' (closed, reaped or never created)"))
-    assert is_outage(NotFoundError("session 'ep-1' not found"))
+    assert is_outage(SessionLostError("unknown session 'abc' (closed, reaped or never created)"))
+    assert is_outage(SessionLostError("session 'ep-1' not found", session_id="ep-1"))
+    assert not is_outage(NotFoundError("session 'ep-1' not found"))  # by type, never by message text
     assert not is_outage(NotFoundError("unknown env id 'nope'"))
     assert not is_outage(NotFoundError("no table 'agent_9'"))
     assert is_outage(UnavailableError("x")) and is_outage(DeadlineExceededError("x"))

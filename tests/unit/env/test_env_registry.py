@@ -1,0 +1,144 @@
+"""The env registry lives in the SDK (``marti.env_registry``) and finds envs through a lazy provider table: marti
+imports nothing of ``services``, the env server's core imports no concrete env, and a provider module is
+imported only when one of its env names is used."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import marti.env_registry as reg
+from marti.env_config import ConfigField, ConfigSchema
+from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, SessionLostError
+from services.env_server.core.sessions import SessionManager
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module named by an ``import`` statement anywhere in ``path`` (top level or inside functions)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize(
+    "name", ["envs.py", "env_registry.py", "env_config.py", "env_guard.py", "gym_view.py"]
+)
+def test_sdk_env_modules_import_nothing_of_services(name):
+    assert not {m for m in _imported_modules(ROOT / "marti" / name) if m.split(".")[0] == "services"}
+
+
+def test_env_server_core_imports_no_concrete_env():
+    for path in (ROOT / "services" / "env_server" / "core").glob("*.py"):
+        bad = {m for m in _imported_modules(path) if m.startswith("services.env_server.envs")}
+        assert not bad, f"{path.name} imports {bad}"
+
+
+def test_make_imports_only_the_provider_of_the_env_it_builds():
+    code = textwrap.dedent(
+        """
+        import sys, marti
+        assert not [m for m in sys.modules if m.startswith("services")], "importing marti loads no service"
+        env = marti.make("collaborative_task_solving", seed=0)
+        env.reset(seed=0)
+        loaded = {m for m in sys.modules if m.startswith("services")}
+        assert "services.env_server.envs.builtin" in loaded, loaded
+        assert "services.env_server.envs.adapters" not in loaded, loaded
+        assert not [m for m in loaded if m.startswith("services.env_server.core")], loaded
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def _write_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str) -> None:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(name, None)
+
+
+PROVIDER = """
+    from marti.env_config import ConfigField, ConfigSchema
+    from marti.env_registry import EnvSpec
+    from services.env_server.envs.builtin import make_collaborative, COLLABORATIVE_SCHEMA
+    CALLS = []
+
+    def register(registry):
+        CALLS.append(1)
+        for v in (1, 2):
+            registry.register(EnvSpec("toy", v, make_collaborative, COLLABORATIVE_SCHEMA, f"toy v{v}"))
+"""
+
+
+def test_provider_is_imported_on_first_use_once(tmp_path, monkeypatch):
+    _write_provider(tmp_path, monkeypatch, "toy_provider_mod", PROVIDER)
+    r = reg.Registry({"toy": "toy_provider_mod:register"})
+    assert "toy_provider_mod" not in sys.modules, "a provider is not imported before its env is used"
+    assert r.resolve("toy").env_id == "toy-v2", "a bare name is the highest version"
+    assert r.resolve("toy-v1").version == 1
+    r.make("toy-v1", seed=0).reset(seed=0)
+    assert [s.env_id for s in r.specs()] == ["toy-v1", "toy-v2"]
+    assert sys.modules["toy_provider_mod"].CALLS == [1]
+
+
+def test_unloadable_provider_is_named_and_listing_skips_it(tmp_path, monkeypatch):
+    _write_provider(tmp_path, monkeypatch, "toy_provider_mod2", PROVIDER)
+    r = reg.Registry({"toy": "toy_provider_mod2:register", "ghost": "no_such_module_xyz:register"})
+    with pytest.raises(NotFoundError, match="no_such_module_xyz"):
+        r.make("ghost")
+    assert [s.env_id for s in r.specs()] == ["toy-v1", "toy-v2"]
+    with pytest.raises(NotFoundError, match=r"unknown env id 'nope'.*toy-v1"):
+        r.resolve("nope")
+
+
+def test_provider_strings_and_names_are_checked():
+    with pytest.raises(InvalidArgumentError, match="module:function"):
+        reg.load_provider("no_colon")
+    r = reg.Registry({"toy": "a:b"})
+    r.add_provider("toy", "a:b")
+    with pytest.raises(AlreadyExistsError, match="toy"):
+        r.add_provider("toy", "c:d")
+
+
+def test_entry_points_add_envs_but_never_replace_builtins(monkeypatch):
+    monkeypatch.setattr(reg, "_DEFAULT", None)
+    monkeypatch.setattr(
+        reg,
+        "entry_point_providers",
+        lambda: {"mine": "my_pkg:register", "pettingzoo": "evil:register"},
+    )
+    providers = reg.default_registry().providers()
+    assert providers["mine"] == "my_pkg:register"
+    assert providers["pettingzoo"] == reg.BUILTIN_PROVIDERS["pettingzoo"]
+
+
+def test_default_registry_lists_the_builtins():
+    ids = [d["env_id"] for d in reg.describe_all()]
+    assert {"collaborative_task_solving-v1", "pettingzoo-v1", "gymnasium-v1", "textarena-v1"} <= set(ids)
+
+
+def test_schema_field_lives_in_the_sdk():
+    schema = ConfigSchema([ConfigField("n", "int", 3, "count", minimum=1)])
+    assert schema.validate({"n": 4}) == {"n": 4}
+
+
+def test_unknown_session_is_session_lost_with_its_id():
+    sessions = SessionManager(reg.default_registry())
+    with pytest.raises(SessionLostError, match=r"call reset\(\)") as info:
+        sessions.step("abc", {})
+    assert info.value.session_id == "abc" and isinstance(info.value, NotFoundError)
+    sid = sessions.create("collaborative_task_solving").session_id
+    sessions.close(sid)
+    with pytest.raises(SessionLostError):
+        sessions.reset(sid)
