@@ -61,3 +61,25 @@ class BrokerLimits:
             allow_zero = f.name == "default_ttl_s"
             if value < 0 or (value == 0 and not allow_zero):
                 raise InvalidArgumentError(f"broker limit {f.name}={value} must be positive")
+
+
+def check_name(limits: BrokerLimits, kind: str, value: str) -> None:
+    """Checks an id (agent id, session name, topic, message id) against the broker's naming rules.
+
+    Args:
+        limits: The limits (``max_agent_id_chars``).
+        kind: What the value names, for the error message (e.g. ``"agent id"``).
+        value: The id.
+
+    Raises:
+        InvalidArgumentError: Empty, longer than ``max_agent_id_chars`` characters, or containing NUL.
+    """
+    if not value:
+        raise InvalidArgumentError(f"{kind} must be a non-empty string")
+    if len(value) > limits.max_agent_id_chars:
+        raise InvalidArgumentError(
+            f"{kind} {value[:32]!r}... has {len(value)} characters, over max_agent_id_chars="
+            f"{limits.max_agent_id_chars}"
+        )
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{kind} {value!r} contains a NUL character")

@@ -11,6 +11,7 @@ from marti.errors import (
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
+    SessionLostError,
 )
 from services.comm_broker.core import Broker, BrokerLimits, Envelope, MailboxFullError
 
@@ -216,8 +217,9 @@ def test_sessions_are_isolated():
 
 def test_unknown_session_and_fixed_roster_not_found():
     b = Broker(BrokerLimits(), auto_create_sessions=False)
-    with pytest.raises(NotFoundError, match="'nope'"):
+    with pytest.raises(SessionLostError, match="'nope'") as lost:  # typed: the trainer re-creates it
         b.send("nope", "a", [env("m")])
+    assert lost.value.session_id == "nope"
     b.create_session("run", ["a", "b"], fixed_roster=True)
     with pytest.raises(NotFoundError, match="agent 'z'"):
         b.send("run", "a", [env("m", to=("z",))])

@@ -1,0 +1,64 @@
+"""SDK for the comm_broker: ``MartiCommClient`` (sync) and ``AsyncMartiCommClient`` (asyncio).
+
+Both speak the BrokerService protocol, batch outgoing messages into zstd frames, and return domain
+types (:class:`Message`, :class:`AgentStateEntry`, :class:`CommunicationStats`); gRPC errors become
+:mod:`marti.errors` exceptions. Messages are JSON-able values (sent as ``application/json``) or ``bytes``
+with a content type; nothing is ever pickled.
+
+Delivery semantics seen by the caller: the broker delivers at least once; the client drops redeliveries of
+message ids it already handed out (a bounded memory of ``dedup_memory`` ids), so within that memory the
+caller sees each message once. Acks are automatic by default: the ids returned by one ``get_messages``
+call are acked with the next call (piggybacked on the Receive request), or by ``flush()`` / ``close()``.
+
+Batching: ``batching_size`` messages (default 1: every ``send_message`` is one Send rpc), or
+``max_batch_bytes`` of payload, or ``update_frequency_s`` seconds after the first buffered message,
+whichever comes first, close a batch into one compressed frame. ``publish`` does not batch: it sends at
+once and returns a :class:`PublishResult` with the number of subscribers reached, because topic messages
+are not stored for later subscribers.
+
+Nothing is dropped silently: a batch the broker refuses raises :class:`BatchRefusedError` (with the
+message ids) from the call that sent it, or, if the flush timer sent it, from the client's next call; it
+is also counted (``refused_batches`` / ``refused_messages``) and passed to the ``on_error`` callback.
+
+Modules: :mod:`.types` (domain types and errors), :mod:`.codec` (payloads), :mod:`.protocol` (batching,
+acks, dedup and counters shared by both clients), :mod:`.sync_client`, :mod:`.async_client`.
+"""
+
+from __future__ import annotations
+
+from .async_client import AsyncMartiCommClient
+from .codec import JSON, OCTET_STREAM, decode_payload, encode_payload
+from .protocol import _IDEMPOTENT, IDEMPOTENT_METHODS, SERVICE_NAME, TRANSIENT_ERRORS, _Core, _state_entry
+from .sync_client import MartiCommClient, open_channel
+from .types import (
+    AgentStateEntry,
+    BatchRefusedError,
+    CommunicationStats,
+    Message,
+    NoSubscribersError,
+    PublishResult,
+    batch_refused,
+)
+
+__all__ = [
+    "IDEMPOTENT_METHODS",
+    "JSON",
+    "OCTET_STREAM",
+    "SERVICE_NAME",
+    "TRANSIENT_ERRORS",
+    "AgentStateEntry",
+    "AsyncMartiCommClient",
+    "BatchRefusedError",
+    "CommunicationStats",
+    "MartiCommClient",
+    "Message",
+    "NoSubscribersError",
+    "PublishResult",
+    "batch_refused",
+    "decode_payload",
+    "encode_payload",
+    "open_channel",
+]
+
+# Private names kept importable from their old home (benchmarks and soak tests use _Core directly).
+_PRIVATE = (_Core, _IDEMPOTENT, _state_entry)

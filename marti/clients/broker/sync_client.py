@@ -1,0 +1,519 @@
+"""The synchronous broker client (:class:`MartiCommClient`) and :func:`open_channel`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import grpc
+
+from marti.api.broker.v1 import broker_pb2
+from marti.api.broker.v1 import broker_service_pb2 as pb
+from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
+from marti.rpc.errors import from_rpc_error
+
+from .codec import encode_payload
+from .protocol import _IDEMPOTENT, _Core, _state_entry
+from .types import (
+    AgentStateEntry,
+    BatchRefusedError,
+    CommunicationStats,
+    Message,
+    NoSubscribersError,
+    PublishResult,
+)
+
+_LOG = logging.getLogger("marti.broker.client")
+
+
+def open_channel(
+    address: str,
+    *,
+    token: str | None = None,
+    tls_ca_file: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """Open a sync channel to a broker with the SDK's retry policy, to share between many
+    :class:`MartiCommClient` (``channel=``) instead of one connection per client.
+
+    Args:
+        address: Broker ``host:port``.
+        token: Bearer token sent on every call; ``None`` reads ``MARTI_BROKER_TOKEN``, then ``MARTI_TOKEN``.
+        tls_ca_file: PEM CA for TLS.
+        options: Extra grpc channel arguments.
+
+    Returns:
+        The channel; the caller closes it (``channel.close()``) after the clients using it.
+    """
+    return make_channel(
+        address,
+        token=token,
+        tls_ca_file=tls_ca_file,
+        idempotent_methods=_IDEMPOTENT,
+        options=options,
+        service="broker",
+    )
+
+
+def _notify(on_error: Callable[[BatchRefusedError], None] | None, err: BatchRefusedError) -> None:
+    if on_error is None:
+        return
+    try:
+        on_error(err)
+    except Exception:  # a failing callback must not stop the flush timer; the error is still raised later
+        _LOG.exception("the on_error callback of a broker client raised")
+
+
+class MartiCommClient:
+    """Synchronous broker client for one agent in one session; thread-safe, no event loop needed.
+
+    Args:
+        agent_id: This agent's id (any non-empty unicode string).
+        address: Broker ``host:port``.
+        session: Session name (a run or an episode); created on connect if it does not exist.
+        token: Bearer token, if the broker requires one; ``None`` reads ``MARTI_BROKER_TOKEN``, then
+            ``MARTI_TOKEN`` (as the broker itself does); ``""`` sends none.
+        topics: Topics to subscribe to on connect.
+        batching_size: Messages per batch (1 = send immediately).
+        max_batch_bytes: Payload bytes that close a batch early.
+        update_frequency_s: Longest time a buffered message waits before its batch is sent (seconds);
+            0 disables the timer (batches then go out by count, bytes or ``flush()``).
+        compression_level: zstd level of sent frames, 1..22.
+        auto_ack: Ack delivered messages automatically (with the next call, ``flush`` or ``close``).
+        use_dictionary: Compress with the session's trained zstd dictionary, if it has one.
+        timeout_s: Deadline of each unary call, seconds.
+        max_frame_bytes: Decompression limit for delivered frames, bytes.
+        dedup_memory: Message ids remembered to drop redeliveries (0 = off).
+        tls_ca_file: PEM CA for TLS.
+        channel: An existing sync channel to use instead of dialing ``address`` (e.g. from
+            :func:`open_channel`, shared by many clients; ``token`` and ``tls_ca_file`` are then ignored); it is
+            not closed by :meth:`close`.
+        on_error: Called with the :class:`BatchRefusedError` of every batch the broker refuses, in the
+            thread that sent it (the flush timer's thread for timer flushes); exceptions it raises are
+            logged and ignored.
+
+    Refused batches: a batch the broker refuses (a limit, bad input, an unknown receiver in a fixed roster,
+    permissions) is dropped, never retried, and always reported: the call that sent it raises a
+    :class:`BatchRefusedError` carrying the ids of its messages (also an instance of the broker's error
+    class, e.g. ``ResourceExhaustedError``); if the flush timer sent it, the client's next call raises it
+    instead (every call except ``get_communication_stats``; ``close`` raises it after flushing). They are
+    counted in :attr:`refused_batches` / :attr:`refused_messages` and passed to ``on_error``. Transient
+    errors (``UnavailableError``, ``DeadlineExceededError``) keep the batch buffered for the next flush.
+
+    Raises:
+        InvalidArgumentError: Bad argument values, or a token that is not printable ASCII (raised before any
+            rpc; the message names the position, not the token).
+        UnauthenticatedError: The broker requires a token and got none or another one.
+        UnavailableError: The broker cannot be reached.
+    """
+
+    def __init__(
+        self,
+        agent_id: str,
+        address: str = "localhost:50051",
+        session: str = "default",
+        token: str | None = None,
+        *,
+        topics: Sequence[str] = (),
+        batching_size: int = 1,
+        max_batch_bytes: int = 1024 * 1024,
+        update_frequency_s: float = 0.05,
+        compression_level: int = 3,
+        auto_ack: bool = True,
+        use_dictionary: bool = True,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_frame_bytes: int = 32 * 1024 * 1024,
+        dedup_memory: int = 100_000,
+        tls_ca_file: str | None = None,
+        channel: grpc.Channel | None = None,
+        on_error: Callable[[BatchRefusedError], None] | None = None,
+    ) -> None:
+        self._core = _Core(
+            agent_id, session, batching_size, max_batch_bytes, update_frequency_s, compression_level, auto_ack,
+            max_frame_bytes, dedup_memory,
+        )  # fmt: skip
+        self.agent_id = agent_id
+        self.session = session
+        self.topics = list(topics)
+        self.timeout_s = timeout_s
+        self.on_error = on_error
+        self._own_channel = channel is None
+        self._channel = channel or make_channel(
+            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="broker"
+        )
+        self._stub = pb_grpc.BrokerServiceStub(self._channel)
+        self._send_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._flusher: threading.Thread | None = None
+        info = self._call(self._stub.CreateSession, pb.CreateSessionRequest(session=session))
+        if use_dictionary and info.zstd_dictionary:
+            self._core.set_dictionary(info.zstd_dictionary)
+        if batching_size > 1 and update_frequency_s > 0:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"marti-comm-flush-{agent_id}", daemon=True
+            )
+            self._flusher.start()
+
+    def _call(self, method, request, timeout_s: float | None = None):
+        try:
+            return method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def _flush_loop(self) -> None:
+        period = self._core.update_frequency_s
+        while not self._closed.wait(period / 2):
+            core = self._core
+            if (core.buffer or core.broadcast_buffer) and time.monotonic() - core.first_buffered_at >= period:
+                try:
+                    self._flush(acks=False, background=True)
+                except Exception:  # transient: still buffered; refused: kept for the next call
+                    pass
+
+    def _raise_refused(self) -> None:
+        """Raises the oldest refusal the flush timer met, if any (each is raised once)."""
+        err = self._core.take_refusal()
+        if err is not None:
+            raise err
+
+    @property
+    def refused_batches(self) -> int:
+        """Batches the broker refused since this client was made (each reported as a BatchRefusedError)."""
+        return self._core.refused_batches
+
+    @property
+    def refused_messages(self) -> int:
+        """Messages in the batches the broker refused since this client was made."""
+        return self._core.refused_messages
+
+    # ------------------------------------------------------------------ sending
+    def send_message(
+        self,
+        receiver_id: str | Sequence[str],
+        message: Any,
+        *,
+        content_type: str | None = None,
+        ttl_s: float = 0.0,
+    ) -> str:
+        """Sends a message to one agent or a list of agents.
+
+        Args:
+            receiver_id: An agent id or a list of them.
+            message: A JSON-able value or bytes.
+            content_type: Overrides the payload type.
+            ttl_s: Drop the message if undelivered after this many seconds (0: broker default).
+
+        Returns:
+            The message id.
+
+        Raises:
+            BatchRefusedError: The broker refused the batch carrying this message (with batching, the batch
+                this call closed), or a batch the flush timer sent earlier (then this message was not
+                buffered); also an instance of the broker's error class (InvalidArgumentError,
+                NotFoundError, ResourceExhaustedError...).
+            UnavailableError, DeadlineExceededError: Transient; the batch stays buffered.
+        """
+        self._raise_refused()
+        receivers = [receiver_id] if isinstance(receiver_id, str) else list(receiver_id)
+        env = self._core.envelope(message, receivers, "", content_type, ttl_s)
+        self._enqueue(env, broadcast=False)
+        return env.message_id
+
+    def publish(
+        self,
+        topic: str,
+        message: Any,
+        *,
+        content_type: str | None = None,
+        ttl_s: float = 0.0,
+        require_subscribers: bool = False,
+    ) -> PublishResult:
+        """Sends a message to every agent subscribed to ``topic`` now (except this agent).
+
+        Topic messages are **not stored for later subscribers** (like Redis pub/sub or NATS core): an agent
+        that subscribes after the broker accepted the message never gets it. So ``publish`` does not wait
+        for a batch: it sends what is buffered (keeping this sender's order), then the message in its own
+        Send, and returns how many subscribers it reached.
+
+        Args:
+            topic: The topic.
+            message: A JSON-able value or bytes.
+            content_type: Overrides the payload type.
+            ttl_s: Drop undelivered copies after this many seconds (0: broker default).
+            require_subscribers: Raise :class:`NoSubscribersError` if nobody is subscribed.
+
+        Returns:
+            ``PublishResult(message_id, receivers, duplicate)``; ``receivers == 0``: nobody got it.
+
+        Raises:
+            NoSubscribersError: ``require_subscribers`` and no subscriber (a FailedPreconditionError).
+            BatchRefusedError: The broker refused this message, an earlier buffered batch, or a batch the
+                flush timer sent earlier (then this message was not sent).
+            UnavailableError, DeadlineExceededError: Transient. If this message's own Send failed, it stays
+                buffered and goes out with the next flush (its receiver count is then not reported); if
+                sending the earlier buffered messages failed, those stay buffered and this message was not
+                sent.
+        """
+        self._raise_refused()
+        env = self._core.envelope(message, (), topic, content_type, ttl_s)
+        with self._send_lock:
+            self._flush_locked(background=False)
+            item = [(env, time.perf_counter())]
+            try:
+                resp = self._send_batch(self._stub.Send, pb.SendRequest, item)
+            except Exception as exc:
+                err = self._core.split_failed(exc, item, [], background=False)
+                if isinstance(err, BatchRefusedError):
+                    _notify(self.on_error, err)
+                raise err from None
+        return _publish_result(env.message_id, topic, resp, require_subscribers)
+
+    def broadcast(self, message: Any, *, content_type: str | None = None, ttl_s: float = 0.0) -> str:
+        """Sends a message to every other known agent of the session. Returns the message id.
+
+        Raises:
+            The errors of :meth:`send_message`.
+        """
+        self._raise_refused()
+        env = self._core.envelope(message, (), "", content_type, ttl_s)
+        self._enqueue(env, broadcast=True)
+        return env.message_id
+
+    def _enqueue(self, env: broker_pb2.Envelope, broadcast: bool) -> None:
+        if self._core.buffer_add(env, broadcast):
+            self._flush(acks=False)
+
+    def flush(self, acks: bool = True) -> None:
+        """Sends every buffered message (and, if ``acks``, every pending auto-ack) now.
+
+        Raises:
+            UnavailableError, DeadlineExceededError: Transient; the batch stays buffered and the next flush
+                retries it (same message ids, so the broker's dedup delivers it once).
+            BatchRefusedError: The broker refused a batch (limits, bad input): it is dropped and the error
+                lists its message ids; or a batch the flush timer sent earlier was refused.
+        """
+        self._raise_refused()
+        self._flush(acks)
+
+    def _flush(self, acks: bool, background: bool = False) -> None:
+        with self._send_lock:
+            self._flush_locked(background)
+        if acks:
+            ids = self._core.take_acks()
+            if ids:
+                self.ack(ids)
+
+    def _flush_locked(self, background: bool) -> None:
+        """Sends the buffers (the caller holds ``_send_lock``); see :meth:`_Core.split_failed` on errors."""
+        unicast, bcast = self._core.take_buffers()
+        try:
+            if unicast:
+                self._send_batch(self._stub.Send, pb.SendRequest, unicast)
+                unicast = []
+            if bcast:
+                self._send_batch(self._stub.Broadcast, pb.BroadcastRequest, bcast)
+                bcast = []
+        except Exception as exc:
+            err = self._core.split_failed(exc, unicast, bcast, background)
+            if isinstance(err, BatchRefusedError):
+                _notify(self.on_error, err)
+            raise err from None
+
+    def _send_batch(self, method, request_cls, items: list):
+        frame = self._core.frame(items)
+        resp = self._call(method, request_cls(session=self.session, sender=self.agent_id, frame=frame))
+        self._core.sent_ok(items, frame)
+        return resp
+
+    # ------------------------------------------------------------------ receiving
+    def get_messages(self, max_messages: int = 256, timeout_s: float = 0.0) -> list[Message]:
+        """Returns waiting messages; waits up to ``timeout_s`` for the first one.
+
+        Args:
+            max_messages: Most messages to return (the broker caps it at its max_batch_messages).
+            timeout_s: Long-poll wait in seconds (0: return at once).
+
+        Returns:
+            Messages in delivery order (per sender in increasing ``sequence``).
+
+        Raises:
+            NotFoundError, InvalidArgumentError: From the broker.
+            BatchRefusedError: A buffered batch (flushed first) or one the flush timer sent was refused.
+        """
+        self._raise_refused()
+        self._flush(acks=False)
+        acks = self._core.take_acks()
+        req = pb.ReceiveRequest(
+            session=self.session,
+            agent_id=self.agent_id,
+            topics=self.topics,
+            max_messages=max_messages,
+            timeout_ms=round(timeout_s * 1000),
+            ack_message_ids=acks,
+        )
+        try:
+            resp = self._call(self._stub.Receive, req, timeout_s=self.timeout_s + timeout_s)
+        except Exception:
+            with self._core.lock:
+                self._core.pending_acks[:0] = acks
+            raise
+        return self._core.unpack(resp.frame)
+
+    def subscribe(self, max_batch_messages: int = 256, max_unacked: int = 0) -> Iterator[Message]:
+        """Iterates over messages as the broker pushes them (server stream), forever until closed.
+
+        With auto-ack, each batch is acked when the caller asks for the message after it.
+
+        Args:
+            max_batch_messages: Most messages per pushed batch.
+            max_unacked: Most unacked deliveries outstanding (0: broker default).
+
+        Yields:
+            Messages in delivery order.
+
+        Raises:
+            BatchRefusedError: A batch the flush timer sent was refused (raised by the iteration).
+        """
+        self._raise_refused()
+        stream = self._stub.Subscribe(
+            pb.SubscribeRequest(
+                session=self.session,
+                agent_id=self.agent_id,
+                topics=self.topics,
+                max_batch_messages=max_batch_messages,
+                max_unacked=max_unacked,
+            )
+        )
+        try:
+            for resp in stream:
+                yield from self._core.unpack(resp.frame)
+                ids = self._core.take_acks()
+                if ids:
+                    self.ack(ids)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise from_rpc_error(exc) from None
+        finally:
+            stream.cancel()
+
+    def ack(self, message_ids: Sequence[str]) -> int:
+        """Acks deliveries by message id (needed only with ``auto_ack=False``). Returns how many were acked.
+
+        Raises:
+            BatchRefusedError: A batch the flush timer sent was refused (nothing acked then).
+        """
+        self._raise_refused()
+        return self._call(
+            self._stub.Ack,
+            pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=list(message_ids)),
+        ).acked
+
+    # ------------------------------------------------------------------ state board
+    def broadcast_state(
+        self, state: Any, *, content_type: str | None = None, expected_version: int | None = None
+    ) -> int:
+        """Publishes this agent's state on the session's board (last value wins).
+
+        Args:
+            state: JSON-able value or bytes.
+            content_type: Overrides the type.
+            expected_version: Compare-and-set: succeed only if the current version equals it (0: none yet).
+
+        Returns:
+            The new version.
+
+        Raises:
+            AbortedError: The compare-and-set failed.
+            ResourceExhaustedError: Over the broker's max_state_bytes.
+            BatchRefusedError: A batch the flush timer sent was refused (the state was not put).
+        """
+        self._raise_refused()
+        value, ctype = encode_payload(state, content_type)
+        req = pb.PutStateRequest(
+            session=self.session, agent_id=self.agent_id, content_type=ctype, value=value
+        )
+        if expected_version is not None:
+            req.expected_version = expected_version
+        return self._call(self._stub.PutState, req).state.version
+
+    def get_agent_states(self, exclude_self: bool = True) -> dict[str, Any]:
+        """Returns ``{agent_id: state}`` of the session's board (this agent left out if ``exclude_self``).
+
+        Raises:
+            BatchRefusedError: A batch the flush timer sent was refused.
+        """
+        return {e.agent_id: e.value for e in self.get_agent_state_entries(exclude_self)}
+
+    def get_agent_state_entries(self, exclude_self: bool = True) -> list[AgentStateEntry]:
+        """Returns the board with versions and timestamps, sorted by agent id.
+
+        Raises:
+            BatchRefusedError: A batch the flush timer sent was refused.
+        """
+        self._raise_refused()
+        resp = self._call(
+            self._stub.GetStates,
+            pb.GetStatesRequest(session=self.session, agent_id=self.agent_id, exclude_self=exclude_self),
+        )
+        return [_state_entry(s) for s in resp.states]
+
+    # ------------------------------------------------------------------ stats and lifecycle
+    def get_communication_stats(self) -> CommunicationStats:
+        """What this client measured (see :class:`CommunicationStats`); never raises a pending refusal."""
+        return self._core.stats()
+
+    def get_broker_stats(self, whole_broker: bool = False) -> broker_pb2.BrokerStats:
+        """The broker's counters for this session (or the whole broker).
+
+        Raises:
+            BatchRefusedError: A batch the flush timer sent was refused.
+        """
+        self._raise_refused()
+        req = pb.GetStatsRequest(session="" if whole_broker else self.session)
+        return self._call(self._stub.GetStats, req).stats
+
+    def close(self) -> None:
+        """Flushes buffered messages and pending acks, stops the flush timer and closes the channel.
+
+        Raises:
+            BatchRefusedError: The final flush, or an earlier timer flush, was refused (the client is
+                closed anyway).
+        """
+        if self._closed.is_set():
+            return
+        try:
+            self._flush(acks=True)
+        finally:
+            self._closed.set()
+            if self._flusher is not None:
+                self._flusher.join(timeout=5)
+            if self._own_channel:
+                self._channel.close()
+        self._raise_refused()
+
+    def __enter__(self) -> MartiCommClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _publish_result(message_id: str, topic: str, resp, require_subscribers: bool) -> PublishResult:
+    """Turns a one-message SendResponse into a :class:`PublishResult` (shared by both clients).
+
+    Raises:
+        NoSubscribersError: ``require_subscribers`` and the broker enqueued the message for nobody.
+    """
+    duplicate = resp.duplicates > 0
+    if require_subscribers and resp.enqueued == 0 and not duplicate:
+        raise NoSubscribersError(
+            f"topic {topic!r} has no subscribers: message {message_id!r} reached no one "
+            "(topic messages are not stored for later subscribers)",
+            topic,
+            message_id,
+        )
+    return PublishResult(message_id, resp.enqueued, duplicate)

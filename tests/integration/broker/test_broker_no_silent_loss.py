@@ -1,0 +1,226 @@
+"""The SDK never loses data silently (issue 16), over a real broker on port 0.
+
+* A batch the broker refuses after the flush timer sent it is raised by the client's next call, with the
+  ids of its messages, passed to ``on_error`` and counted; transient errors keep the batch buffered.
+* ``publish`` reports how many subscribers got the message (topic messages are not stored for later
+  subscribers) and can require at least one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+import marti.clients.broker as sdk
+from marti.clients.broker import (
+    AsyncMartiCommClient,
+    BatchRefusedError,
+    MartiCommClient,
+    NoSubscribersError,
+    PublishResult,
+)
+from marti.errors import FailedPreconditionError, ResourceExhaustedError
+from marti.rpc.testing import serve_in_thread
+from services.comm_broker.servicer import broker_service
+from services.comm_broker.settings import BrokerSettings
+
+LIMIT = 1024  # the broker's max_payload_bytes in this module
+
+
+@pytest.fixture(scope="module")
+def address():
+    settings = BrokerSettings(port=0, tick_interval_s=0.05, max_payload_bytes=LIMIT)
+    with serve_in_thread(lambda: [broker_service(settings)], settings) as server:
+        yield server.address
+
+
+def wait_for(predicate, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def drain(client: MartiCommClient, timeout_s: float = 0.5) -> list:
+    out, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out += client.get_messages(timeout_s=0.1)
+    return [m.content for m in out]
+
+
+# ---------------------------------------------------------------------------------- refused timer flushes
+def test_timer_flushed_refusal_is_raised_by_the_next_call_with_ids(address):
+    seen: list[BatchRefusedError] = []
+    with (
+        MartiCommClient(
+            "s",
+            address,
+            session="refuse-sync",
+            batching_size=10,
+            update_frequency_s=0.05,
+            on_error=seen.append,
+        ) as a,
+        MartiCommClient("r", address, session="refuse-sync") as b,
+    ):
+        b.get_messages()  # join
+        ok_id = a.send_message("r", "fits")
+        big_id = a.send_message("r", b"x" * (LIMIT + 1))  # the whole batch is refused (atomic Send)
+        wait_for(lambda: a.refused_batches == 1)  # the timer sent it; nobody has been told yet
+        assert seen and seen[0].message_ids == (ok_id, big_id) and seen[0].background
+        with pytest.raises(BatchRefusedError) as info:
+            a.send_message("r", "next")
+        err = info.value
+        assert isinstance(err, ResourceExhaustedError)  # still caught as the broker's status class
+        assert err.message_ids == (ok_id, big_id)
+        assert f"max_payload_bytes={LIMIT}" in str(err) and err is seen[0]
+        stats = a.get_communication_stats()
+        assert (stats.refused_batches, stats.refused_messages) == (1, 2)
+        assert (a.refused_batches, a.refused_messages) == (1, 2)
+        # reported once: the client works normally afterwards, and "next" was not buffered
+        a.send_message("r", "after")
+        a.flush()
+        assert drain(b) == ["after"]
+
+
+def test_refusal_is_raised_by_any_next_call(address):
+    with MartiCommClient("s2", address, session="refuse-any", batching_size=10, update_frequency_s=0.05) as a:
+        big_id = a.send_message("nobody", b"x" * (LIMIT + 1))
+        wait_for(lambda: a.refused_batches == 1)
+        with pytest.raises(BatchRefusedError) as info:
+            a.get_agent_states()
+        assert info.value.message_ids == (big_id,)
+        assert a.get_agent_states() == {}
+
+
+def test_refused_unicast_batch_does_not_drop_the_buffered_broadcasts(address):
+    with (
+        MartiCommClient("s3", address, session="refuse-mixed", batching_size=10, update_frequency_s=0) as a,
+        MartiCommClient("r", address, session="refuse-mixed") as b,
+    ):
+        b.get_messages()
+        big_id = a.send_message("r", b"x" * (LIMIT + 1))
+        a.broadcast("hello all")
+        with pytest.raises(BatchRefusedError) as info:
+            a.flush()
+        assert info.value.message_ids == (big_id,) and not info.value.background
+        a.flush()  # the broadcast stayed buffered
+        assert drain(b) == ["hello all"]
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "broker restarting"
+
+
+def test_transient_error_of_a_timer_flush_keeps_the_batch(address):
+    seen: list = []
+    with (
+        MartiCommClient(
+            "s4",
+            address,
+            session="transient",
+            batching_size=10,
+            update_frequency_s=0.05,
+            on_error=seen.append,
+        ) as a,
+        MartiCommClient("r", address, session="transient") as b,
+    ):
+        b.get_messages()
+        real, calls = a._stub.Send, []
+
+        def flaky(request, timeout=None):
+            calls.append(1)
+            if len(calls) == 1:
+                raise _Unavailable()
+            return real(request, timeout=timeout)
+
+        a._stub.Send = flaky
+        a.send_message("r", "survives")
+        assert drain(b, timeout_s=1.0) == ["survives"]
+        assert len(calls) >= 2 and a.refused_batches == 0 and seen == []
+        a.send_message("r", "and the client is fine")
+
+
+async def test_async_timer_flushed_refusal_is_raised_by_the_next_call(address):
+    seen: list[BatchRefusedError] = []
+    async with (
+        AsyncMartiCommClient(
+            "s",
+            address,
+            session="refuse-async",
+            batching_size=10,
+            update_frequency_s=0.05,
+            on_error=seen.append,
+        ) as a,
+        AsyncMartiCommClient("r", address, session="refuse-async") as b,
+    ):
+        await b.get_messages()
+        big_id = await a.send_message("r", b"x" * (LIMIT + 1))
+        deadline = time.monotonic() + 5
+        while a.refused_batches == 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        with pytest.raises(ResourceExhaustedError) as info:
+            await a.get_messages()
+        assert isinstance(info.value, BatchRefusedError) and info.value.message_ids == (big_id,)
+        assert seen == [info.value]
+        await a.send_message("r", "after")
+        await a.flush()
+        assert [m.content for m in await b.get_messages(timeout_s=2)] == ["after"]
+
+
+# ---------------------------------------------------------------------------------- publish
+def test_publish_reports_receivers_and_can_require_them(address):
+    with (
+        MartiCommClient("pub", address, session="pubsub") as a,
+        MartiCommClient("sub", address, session="pubsub", topics=["plans"]) as b,
+    ):
+        early = a.publish("plans", {"n": 0})  # b has not subscribed yet (it subscribes on its first Receive)
+        assert isinstance(early, PublishResult) and early.receivers == 0 and not early.duplicate
+        with pytest.raises(NoSubscribersError) as info:
+            a.publish("plans", {"n": 1}, require_subscribers=True)
+        assert isinstance(info.value, FailedPreconditionError) and info.value.topic == "plans"
+        assert b.get_messages() == []  # subscribes now; the earlier messages were not stored for it
+        late = a.publish("plans", {"n": 2}, require_subscribers=True)
+        assert late.receivers == 1 and late.message_id != early.message_id
+        assert [m.content for m in b.get_messages(timeout_s=2)] == [{"n": 2}]
+
+
+def test_publish_sends_at_once_after_the_buffered_messages(address):
+    with (
+        MartiCommClient("pub2", address, session="pub-order", batching_size=50, update_frequency_s=0) as a,
+        MartiCommClient("sub2", address, session="pub-order", topics=["t"]) as b,
+    ):
+        b.get_messages()
+        a.send_message("sub2", "first")  # buffered (batch of 50, no timer)
+        assert a.publish("t", "second").receivers == 1  # sends "first", then itself
+        assert [m.content for m in b.get_messages(timeout_s=2)] == ["first", "second"]
+
+
+async def test_async_publish_reports_receivers(address):
+    async with (
+        AsyncMartiCommClient("apub", address, session="apubsub") as a,
+        AsyncMartiCommClient("asub", address, session="apubsub", topics=["t"]) as b,
+    ):
+        assert (await a.publish("t", "lost")).receivers == 0
+        with pytest.raises(NoSubscribersError):
+            await a.publish("t", "lost too", require_subscribers=True)
+        await b.get_messages()
+        result = await a.publish("t", "got", require_subscribers=True)
+        assert result.receivers == 1
+        assert [m.content for m in await b.get_messages(timeout_s=2)] == ["got"]
+
+
+def test_package_keeps_every_old_name():
+    for name in (
+        "AgentStateEntry", "AsyncMartiCommClient", "CommunicationStats", "MartiCommClient", "Message",
+        "decode_payload", "encode_payload", "open_channel", "_Core", "IDEMPOTENT_METHODS", "SERVICE_NAME",
+        "JSON", "OCTET_STREAM",
+    ):  # fmt: skip
+        assert hasattr(sdk, name), name
