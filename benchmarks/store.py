@@ -272,11 +272,11 @@ def bench_deque(size: int, n_items: int, n_calls: int) -> dict:
 
 def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
     """Fill a SQLite data dir with ``n_items`` items of ``size`` bytes, then time a store restart."""
-    from services.experience_store.core.config import parse_table_config
+    from marti.experience_types import parse_table_config
+    from marti.trajectory import summarize
     from services.experience_store.core.storage import SqliteStorage
     from services.experience_store.core.store import ExperienceStore
     from services.experience_store.core.table import NewItem
-    from services.experience_store.core.trajectory import summarize
 
     cfg = [parse_table_config({"name": "bench", "preset": "prioritized", "max_size": 10_000_000})]
     store = ExperienceStore(SqliteStorage(data_dir), cfg)

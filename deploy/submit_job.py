@@ -12,22 +12,13 @@ container) and last metrics record are printed.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-import grpc
-
-from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
+from marti.clients.trainer import JobInfo, MetricsRecord, TrainerClient
 from marti.errors import DeadlineExceededError
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
-from marti.rpc.errors import from_rpc_error
-
-#: Job states after which a job never changes again.
-TERMINAL_STATES = frozenset(
-    {trainer_pb2.JOB_STATE_SUCCEEDED, trainer_pb2.JOB_STATE_FAILED, trainer_pb2.JOB_STATE_STOPPED}
-)
+from marti.rpc.channel import DEFAULT_TIMEOUT_S
 
 
 def submit_and_wait(
@@ -38,7 +29,7 @@ def submit_and_wait(
     timeout_s: float,
     poll_s: float = 2.0,
     token: str | None = None,
-) -> tuple[trainer_pb2.Job, list[trainer_pb2.MetricsRecord]]:
+) -> tuple[JobInfo, list[MetricsRecord]]:
     """Submit a job, wait until it reaches a terminal state, and collect its metrics records.
 
     Args:
@@ -47,10 +38,10 @@ def submit_and_wait(
         overrides: Dotted ``key=value`` overrides (``ray.address=auto`` to use the container's Ray head).
         timeout_s: Longest wait for the job to end, seconds (must be > 0).
         poll_s: Interval between GetJob polls, seconds.
-        token: Bearer token of the trainer service, if it requires one.
+        token: Bearer token of the trainer service; ``None`` reads ``MARTI_TRAINER_TOKEN``, then ``MARTI_TOKEN``.
 
     Returns:
-        ``(job, records)``: the final ``Job`` message and every ``MetricsRecord`` it streamed.
+        ``(job, records)``: the job's final :class:`JobInfo` and every :class:`MetricsRecord` it streamed.
 
     Raises:
         InvalidArgumentError: the trainer rejected the config (the message names the bad key).
@@ -59,37 +50,21 @@ def submit_and_wait(
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    channel = make_channel(address, token=token)
-    stub = trainer_service_pb2_grpc.TrainerServiceStub(channel)
-    try:
-        job = stub.SubmitJob(
-            trainer_service_pb2.SubmitJobRequest(config_yaml=config_yaml, overrides=overrides),
-            timeout=DEFAULT_TIMEOUT_S,
-        ).job
+    with TrainerClient(address, token=token, timeout_s=DEFAULT_TIMEOUT_S) as client:
+        job = client.submit_job(config_yaml, overrides)
         print(f"submitted job {job.job_id} ({job.training_name}, {job.max_steps} steps)", flush=True)
         deadline = time.monotonic() + timeout_s
         last_step = -1
-        while job.state not in TERMINAL_STATES:
+        while not job.done:
             if time.monotonic() > deadline:
-                stub.StopJob(trainer_service_pb2.StopJobRequest(job_id=job.job_id), timeout=DEFAULT_TIMEOUT_S)
+                client.stop_job(job.job_id)
                 raise DeadlineExceededError(f"job {job.job_id} did not end within timeout_s={timeout_s}")
             time.sleep(poll_s)
-            job = stub.GetJob(
-                trainer_service_pb2.GetJobRequest(job_id=job.job_id), timeout=DEFAULT_TIMEOUT_S
-            ).job
+            job = client.get_job(job.job_id)
             if job.step != last_step:
                 last_step = job.step
-                state = trainer_pb2.JobState.Name(job.state)
-                print(f"  {state} step {job.step}/{job.max_steps}", flush=True)
-        stream = stub.StreamMetrics(
-            trainer_service_pb2.StreamMetricsRequest(job_id=job.job_id), timeout=DEFAULT_TIMEOUT_S
-        )
-        records = [resp.record for resp in stream]
-        return job, records
-    except grpc.RpcError as err:
-        raise from_rpc_error(err) from None
-    finally:
-        channel.close()
+                print(f"  {job.state} step {job.step}/{job.max_steps}", flush=True)
+        return job, list(client.stream_metrics(job.job_id))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,15 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", type=Path, help="training config YAML")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="dotted key=value")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="longest wait for the job, seconds")
-    parser.add_argument("--token", default=os.environ.get("MARTI_TOKEN") or None, help="bearer token")
+    parser.add_argument(
+        "--token", default=None, help="bearer token (default: MARTI_TRAINER_TOKEN, MARTI_TOKEN)"
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     job, records = submit_and_wait(
         args.address, args.config.read_text(), args.overrides, timeout_s=args.timeout_s, token=args.token
     )
-    state = trainer_pb2.JobState.Name(job.state)
     print(
-        f"job {job.job_id}: {state} after {time.monotonic() - started:.1f}s, step {job.step}/{job.max_steps}"
+        f"job {job.job_id}: {job.state} after {time.monotonic() - started:.1f}s, step {job.step}/{job.max_steps}"
     )
     print(f"run_dir (in the trainer container): {job.run_dir}; last checkpoint: {job.last_checkpoint or '-'}")
     if job.error:
@@ -116,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         last = records[-1]
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.values.items())[:12])
         print(f"{len(records)} metrics records; last ({last.kind}, step {last.step}): {shown}")
-    return 0 if job.state == trainer_pb2.JOB_STATE_SUCCEEDED else 1
+    return 0 if job.state == "SUCCEEDED" else 1
 
 
 if __name__ == "__main__":

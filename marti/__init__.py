@@ -15,16 +15,13 @@ Async twins live in :mod:`marti.aio`.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
-# gRPC's C core installs fork handlers by default. marti processes fork only to exec (Ray's head and
-# workers, the local stack), and Ray forks with a ``preexec_fn`` while gRPC threads are busy; gRPC's
-# handlers then skip or abort in the child ("Other threads are currently calling into gRPC, skipping fork()
-# handlers"), which failed jobs started from inside the trainer service. No marti child uses gRPC before
-# exec, so the handlers are switched off (an explicit setting by the user wins). Read when gRPC starts, so
-# this module must be imported before the first channel or server is created.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# Fork: gRPC's own fork handlers (on by default in its C core) stay on, so a program that makes rpcs, then
+# forks workers (multiprocessing's default on Linux) can keep calling the services from the children; the
+# SDK's aio channels are re-made in a child (marti.rpc.transport). A process that forks while other threads
+# are inside gRPC and only execs in the child (the trainer service starting Ray) sets
+# GRPC_ENABLE_FORK_SUPPORT=false itself, before its first channel or server.
 
 __version__ = "0.1.0"
 
@@ -35,6 +32,7 @@ _LAZY = {
     "ExperienceSharingClient": ("marti.clients.experience", "ExperienceSharingClient"),
     "InferenceClient": ("marti.clients.inference", "InferenceClient"),
     "report_reward": ("marti.clients.inference", "report_reward"),
+    "TrainerClient": ("marti.clients.trainer", "TrainerClient"),
     "Trajectory": ("marti.trajectory", "Trajectory"),
     "Turn": ("marti.trajectory", "Turn"),
     "load_config": ("marti.config", "load_config"),

@@ -5,5 +5,13 @@ from marti.clients.env import AsyncEnvClient as EnvClient
 from marti.clients.experience import AsyncExperienceSharingClient as ExperienceSharingClient
 from marti.clients.inference import AsyncInferenceClient as InferenceClient
 from marti.clients.inference import report_reward_async as report_reward
+from marti.clients.trainer import AsyncTrainerClient as TrainerClient
 
-__all__ = ["EnvClient", "ExperienceSharingClient", "InferenceClient", "MartiCommClient", "report_reward"]
+__all__ = [
+    "EnvClient",
+    "ExperienceSharingClient",
+    "InferenceClient",
+    "MartiCommClient",
+    "TrainerClient",
+    "report_reward",
+]

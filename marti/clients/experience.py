@@ -18,15 +18,13 @@ import grpc
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.codec import experience as convert
+from marti.codec.chunks import DEFAULT_CHUNK_BYTES
 from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
+from marti.experience_types import CheckpointResult, SampledTrajectory, TableConfig, parse_table_config
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
 from marti.rpc.errors import from_rpc_error, from_status_proto
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
-from services.experience_store import convert
-from services.experience_store.core.codec import DEFAULT_CHUNK_BYTES
-from services.experience_store.core.config import TableConfig, parse_table_config
-from services.experience_store.core.storage import CheckpointResult
-from services.experience_store.core.store import SampledTrajectory
 
 SERVICE = "marti.api.experience.v1.ExperienceService"
 _IDEMPOTENT = [(SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable", "UpdatePriorities")]

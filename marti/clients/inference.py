@@ -36,6 +36,7 @@ from marti.inference import (
 )
 from marti.rpc.channel import check_token, make_channel
 from marti.rpc.errors import from_rpc_error
+from marti.rpc.transport import LoopBoundChannel
 
 SERVICE = "marti.api.inference.v1.InferenceService"
 #: Methods safe to retry on UNAVAILABLE (Generate records calls and ReportReward ends episodes: never retried).
@@ -78,14 +79,15 @@ def open_channel(
     tls_ca_file: str | None = None,
     aio: bool = False,
     options: Sequence[tuple[str, Any]] = (),
-) -> grpc.Channel | grpc.aio.Channel:
+) -> grpc.Channel | LoopBoundChannel:
     """Open a channel to an inference gateway, to share between clients through their ``channel=`` argument.
 
     Args:
         address: ``host:port`` of the gateway's gRPC endpoint.
         token: Bearer token; ``None`` reads ``MARTI_GATEWAY_TOKEN``, then ``MARTI_TOKEN``; ``""`` sends none.
         tls_ca_file: PEM CA file; enables TLS.
-        aio: True for a ``grpc.aio`` channel (for :class:`AsyncInferenceClient`).
+        aio: True for a channel of ``grpc.aio`` calls (for :class:`AsyncInferenceClient`), bound lazily to
+            whichever event loop uses it (:class:`~marti.rpc.transport.LoopBoundChannel`).
         options: Extra grpc channel arguments.
 
     Returns:
@@ -571,7 +573,7 @@ class AsyncInferenceClient:
         token: str | None = None,
         tls_ca_file: str | None = None,
         timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
-        channel: grpc.aio.Channel | None = None,
+        channel: grpc.aio.Channel | LoopBoundChannel | None = None,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s

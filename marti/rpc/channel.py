@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import grpc
 from marti.errors import InvalidArgumentError
 from marti.rpc.options import common_options
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
+from marti.rpc.transport import LoopBoundChannel
 
 #: Default deadline for a unary call made by the SDK clients, seconds.
 DEFAULT_TIMEOUT_S = 30.0
@@ -200,6 +201,20 @@ def _aio_token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
     return [UU(), US(), SU(), SS()]
 
 
+def _aio_factory(
+    address: str, opts: list[tuple[str, Any]], creds: grpc.ChannelCredentials | None, token: str | None
+) -> Callable[[], grpc.aio.Channel]:
+    """A function making a fresh ``grpc.aio`` channel to ``address`` (called once per event loop)."""
+
+    def factory() -> grpc.aio.Channel:
+        if creds is not None:
+            return grpc.aio.secure_channel(address, creds, options=opts)
+        interceptors = _aio_token_interceptors(token) if token else None
+        return grpc.aio.insecure_channel(address, options=opts, interceptors=interceptors)
+
+    return factory
+
+
 def make_channel(
     address: str,
     *,
@@ -212,7 +227,7 @@ def make_channel(
     idempotent_methods: Sequence[tuple[str, str]] = (),
     options: Sequence[tuple[str, Any]] = (),
     service: str | None = None,
-) -> grpc.Channel | grpc.aio.Channel:
+) -> grpc.Channel | LoopBoundChannel:
     """Open a channel to a marti service.
 
     Args:
@@ -223,7 +238,10 @@ def make_channel(
         tls_ca_file: PEM CA that signed the server certificate; enables TLS.
         tls_cert_file: PEM client certificate for mTLS (with ``tls_key_file``).
         tls_key_file: PEM client key for mTLS.
-        aio: ``True`` for a ``grpc.aio`` channel, else a sync channel.
+        aio: ``True`` for a channel of ``grpc.aio`` calls, else a sync channel. The aio flavour is a
+            :class:`~marti.rpc.transport.LoopBoundChannel`: the real ``grpc.aio`` channel is made on first use
+            in each event loop (and forked process) that uses it, so a client built outside any loop works
+            from every ``asyncio.run``.
         max_message_bytes: Largest message sent or received, bytes (agree with the server).
         idempotent_methods: ``(service, method)`` pairs retried on UNAVAILABLE (see :func:`retry_service_config`).
         options: Extra grpc channel arguments.
@@ -231,7 +249,8 @@ def make_channel(
             its token variable; ``None`` reads only ``MARTI_TOKEN``.
 
     Returns:
-        A sync ``grpc.Channel`` or a ``grpc.aio.Channel``.
+        A sync ``grpc.Channel``, or a :class:`~marti.rpc.transport.LoopBoundChannel` (stubs take it like a
+        ``grpc.aio.Channel``; ``await channel.close()`` closes it).
 
     Raises:
         InvalidArgumentError: The token (given or from the environment) is not printable ASCII, or
@@ -256,10 +275,7 @@ def make_channel(
                 creds, grpc.metadata_call_credentials(_AuthMetadata(token))
             )
     if aio:
-        interceptors = _aio_token_interceptors(token) if token and creds is None else None
-        if creds is not None:
-            return grpc.aio.secure_channel(address, creds, options=opts)
-        return grpc.aio.insecure_channel(address, options=opts, interceptors=interceptors)
+        return LoopBoundChannel(_aio_factory(address, opts, creds, token))
     if creds is not None:
         return grpc.secure_channel(address, creds, options=opts)
     channel = grpc.insecure_channel(address, options=opts)

@@ -7,9 +7,9 @@ import logging
 from pathlib import Path
 
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.experience_types import parse_tables_yaml
 from marti.rpc.server import ServiceSpec, run_server
 
-from .core.config import parse_tables_yaml
 from .core.storage import MemoryStorage, SqliteStorage
 from .core.store import ExperienceStore
 from .servicer import SERVICE_NAME, ExperienceServicer

@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.codec import experience as convert
 from marti.errors import InvalidArgumentError, MartiError, NotFoundError
 from marti.rpc.errors import ok_status, to_status_proto
 
-from . import convert
 from .core.store import DEFAULT_TABLE, ExperienceStore, ItemQuery
 from .core.table import NewItem
 from .settings import StoreSettings

@@ -14,55 +14,15 @@ Otherwise the caller waits, up to its deadline. Presets: :func:`min_size`, :func
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from marti.errors import InvalidArgumentError
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimiterConfig:
-    """Rate limiter settings.
-
-    Attributes:
-        samples_per_insert: spi > 0, the target number of samples per inserted item.
-        min_size_to_sample: Samples wait until the table holds at least this many items (>= 1).
-        min_diff: Lower bound on ``inserts * spi - samples`` after a sample (may be -inf).
-        max_diff: Upper bound on ``inserts * spi - samples`` after an insert (may be +inf).
-    """
-
-    samples_per_insert: float = 1.0
-    min_size_to_sample: int = 1
-    min_diff: float = -math.inf
-    max_diff: float = math.inf
-
-    def validate(self) -> None:
-        """Reject settings that are malformed or could deadlock.
-
-        A deadlock is a state where neither an insert nor a sample may proceed: with reachable diffs spaced by
-        ``spi`` (inserts) and 1 (samples), that state exists when the window ``max_diff - min_diff`` is smaller
-        than ``spi`` (integer spi) or ``spi + 1`` (fractional spi, a conservative bound).
-
-        Raises:
-            InvalidArgumentError: naming the bad value and why it could deadlock.
-        """
-        spi = self.samples_per_insert
-        if not (math.isfinite(spi) and spi > 0):
-            raise InvalidArgumentError(f"samples_per_insert must be a finite number > 0, got {spi}")
-        if self.min_size_to_sample < 1:
-            raise InvalidArgumentError(f"min_size_to_sample must be >= 1, got {self.min_size_to_sample}")
-        if math.isnan(self.min_diff) or math.isnan(self.max_diff) or self.min_diff > self.max_diff:
-            raise InvalidArgumentError(
-                f"min_diff ({self.min_diff}) must be <= max_diff ({self.max_diff}) and neither may be NaN"
-            )
-        window = self.max_diff - self.min_diff
-        needed = spi if float(spi).is_integer() else spi + 1.0
-        if window < needed:
-            raise InvalidArgumentError(
-                f"rate limiter could deadlock: max_diff - min_diff = {window} is smaller than {needed} "
-                f"(samples_per_insert={spi}), so a state exists where an insert would exceed max_diff and a "
-                "sample would fall below min_diff; widen the error buffer"
-            )
+from marti.experience_types import (  # noqa: F401 - the presets are part of this module's API
+    RateLimiterConfig,
+    min_size,
+    queue,
+    sample_to_insert_ratio,
+    stack,
+)
 
 
 @dataclass(slots=True)
@@ -125,39 +85,3 @@ class RateLimiter:
             "deletes": float(s.deletes),
             "diff": self.diff(),
         }
-
-
-def min_size(n: int) -> RateLimiterConfig:
-    """Samples wait until the table holds ``n`` items; no other limit."""
-    return RateLimiterConfig(1.0, n, -math.inf, math.inf)
-
-
-def sample_to_insert_ratio(
-    samples_per_insert: float, min_size_to_sample: int, error_buffer: float
-) -> RateLimiterConfig:
-    """Keep samples per insert near ``samples_per_insert``, within ``+- error_buffer`` samples.
-
-    Same construction as Reverb: ``offset = samples_per_insert * min_size_to_sample``,
-    ``min_diff = offset - error_buffer``, ``max_diff = offset + error_buffer``.
-
-    Raises:
-        InvalidArgumentError: when ``error_buffer`` is negative or NaN.
-    """
-    if not error_buffer >= 0:
-        raise InvalidArgumentError(f"error_buffer must be >= 0, got {error_buffer}")
-    offset = samples_per_insert * min_size_to_sample
-    return RateLimiterConfig(
-        samples_per_insert, min_size_to_sample, offset - error_buffer, offset + error_buffer
-    )
-
-
-def queue(size: int) -> RateLimiterConfig:
-    """Queue preset: each item sampled once, inserts wait when ``size`` items wait to be sampled."""
-    if size < 1:
-        raise InvalidArgumentError(f"queue size must be >= 1, got {size}")
-    return RateLimiterConfig(1.0, 1, 0.0, float(size))
-
-
-def stack(size: int) -> RateLimiterConfig:
-    """Stack preset: same limiter as :func:`queue` (the table pairs it with LIFO selection)."""
-    return queue(size)

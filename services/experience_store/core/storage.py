@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marti.errors import InternalError, InvalidArgumentError
+from marti.experience_types import CheckpointResult
 
 
 @dataclass(slots=True)
@@ -70,21 +71,6 @@ class LoadedState:
 
     tables: list[TableRow]
     items: list[ItemRecord]
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointResult:
-    """Outcome of a checkpoint.
-
-    Attributes:
-        path: Snapshot file written ('' for in-memory storage).
-        duration_s: Wall time of the checkpoint in seconds.
-        num_bytes: Size of the snapshot file in bytes.
-    """
-
-    path: str
-    duration_s: float
-    num_bytes: int
 
 
 class Storage(ABC):

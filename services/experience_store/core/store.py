@@ -13,13 +13,25 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from marti.codec.chunks import (
+    DEFAULT_CHUNK_BYTES,
+    JsonTrajectoryCodec,
+    TrajectoryCodec,
+    decode_payload,
+    encode_payload,
+)
 from marti.errors import AlreadyExistsError, InvalidArgumentError, MartiError, NotFoundError
+from marti.experience_types import (
+    CheckpointResult,
+    SampledTrajectory,
+    SampleFilter,
+    TableConfig,
+    parse_table_config,
+)
+from marti.trajectory import AgentTurn, Trajectory, merge_by_step, summarize
 
-from .codec import DEFAULT_CHUNK_BYTES, JsonTrajectoryCodec, TrajectoryCodec, decode_payload, encode_payload
-from .config import TableConfig, parse_table_config
-from .storage import CheckpointResult, ItemRecord, MemoryStorage, Storage
-from .table import NO_FILTER, NewItem, SampledItem, SampleFilter, Table
-from .trajectory import AgentTurn, Trajectory, merge_by_step, summarize
+from .storage import ItemRecord, MemoryStorage, Storage
+from .table import NO_FILTER, NewItem, SampledItem, Table
 
 log = logging.getLogger(__name__)
 
@@ -221,31 +233,6 @@ class ExperienceStore:
         for t in self._tables.values():
             t.close()  # waiting inserts and samples end now with UnavailableError
         self.storage.close()
-
-
-@dataclass(frozen=True, slots=True)
-class SampledTrajectory:
-    """A sampled trajectory with its sampling facts.
-
-    Attributes:
-        key: Item key (use it to update the priority).
-        table: Table it was sampled from.
-        priority: Priority at sampling time.
-        probability: Probability it was the one selected.
-        importance_weight: See :class:`~.table.SampledItem`.
-        times_sampled: Samples of this item including this one.
-        table_size: Items the selection was made among.
-        trajectory: The trajectory.
-    """
-
-    key: int
-    table: str
-    priority: float
-    probability: float
-    importance_weight: float
-    times_sampled: int
-    table_size: int
-    trajectory: Trajectory
 
 
 class LocalExperienceClient:

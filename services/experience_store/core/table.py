@@ -23,43 +23,12 @@ from marti.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+from marti.experience_types import SampleFilter, TableConfig
+from marti.trajectory import TrajectorySummary
 
-from .config import TableConfig
 from .rate_limiter import RateLimiter, RateLimiterState
 from .selectors import Candidate, Selector, make_selector
 from .storage import ItemRecord, Storage
-from .trajectory import TrajectorySummary
-
-
-@dataclass(frozen=True, slots=True)
-class SampleFilter:
-    """Restricts which items a sample may return. Defaults match everything.
-
-    Attributes:
-        agent_ids: Only items of these agents.
-        roles: Only items of these roles.
-        min_policy_version: Only items with ``policy_version >= min_policy_version``.
-        max_age_s: Only items whose trajectory ``created_at`` is at most this many seconds old (0 = any age).
-    """
-
-    agent_ids: frozenset[str] = frozenset()
-    roles: frozenset[str] = frozenset()
-    min_policy_version: int = 0
-    max_age_s: float = 0.0
-
-    def is_empty(self) -> bool:
-        """True when the filter matches every item."""
-        return not (self.agent_ids or self.roles or self.min_policy_version > 0 or self.max_age_s > 0)
-
-    def matches(self, rec: ItemRecord, now: float) -> bool:
-        """Whether an item passes the filter at Unix time ``now``."""
-        return (
-            (not self.agent_ids or rec.agent_id in self.agent_ids)
-            and (not self.roles or rec.role in self.roles)
-            and rec.policy_version >= self.min_policy_version
-            and (self.max_age_s <= 0 or now - rec.created_at <= self.max_age_s)
-        )
-
 
 NO_FILTER = SampleFilter()
 

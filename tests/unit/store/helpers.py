@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from marti.trajectory import Trajectory, Turn, summarize
 from services.experience_store.core.table import NewItem
-from services.experience_store.core.trajectory import Trajectory, Turn, summarize
 
 
 def make_traj(agent="a1", episode="ep1", steps=(0,), version=0, role="r", created_at=0.0) -> Trajectory:

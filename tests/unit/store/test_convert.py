@@ -7,10 +7,10 @@ import math
 import pytest
 
 from marti.api.experience.v1 import experience_pb2 as pb
+from marti.codec import experience as convert
 from marti.errors import InvalidArgumentError
-from services.experience_store import convert
-from services.experience_store.core.config import parse_table_config
-from services.experience_store.core.trajectory import Trajectory, Turn
+from marti.experience_types import parse_table_config
+from marti.trajectory import Trajectory, Turn
 
 
 def sample_traj() -> Trajectory:

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from marti.errors import DeadlineExceededError, InvalidArgumentError
-from services.experience_store.core.config import parse_table_config
+from marti.experience_types import parse_table_config
 from services.experience_store.core.storage import MemoryStorage
 from services.experience_store.core.table import Table
 
@@ -64,10 +64,10 @@ def test_bad_values_are_refused():
 
 
 def test_the_counter_survives_a_restart(tmp_path):
+    from marti.trajectory import summarize
     from services.experience_store.core.storage import SqliteStorage
     from services.experience_store.core.store import ExperienceStore
     from services.experience_store.core.table import NewItem
-    from services.experience_store.core.trajectory import summarize
 
     from .helpers import make_traj
 

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from services.experience_store.core.codec import (
+from marti.codec.chunks import (
     JsonTrajectoryCodec,
     compress_chunks,
     decode_payload,
@@ -17,10 +16,11 @@ from services.experience_store.core.codec import (
     pack_chunks,
     unpack_chunks,
 )
-from services.experience_store.core.config import parse_table_config
+from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from marti.experience_types import parse_table_config
+from marti.trajectory import Trajectory, Turn, merge_by_step
 from services.experience_store.core.storage import SqliteStorage
 from services.experience_store.core.store import ExperienceStore, LocalExperienceClient
-from services.experience_store.core.trajectory import Trajectory, Turn, merge_by_step
 
 from .helpers import item, make_traj
 

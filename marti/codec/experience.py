@@ -9,12 +9,10 @@ from array import array
 from typing import Any
 
 from marti.api.experience.v1 import experience_pb2 as pb
+from marti.codec.chunks import compress_chunks, decompress_chunks, pack_chunks, unpack_chunks
 from marti.errors import InvalidArgumentError
-
-from .core.codec import compress_chunks, decompress_chunks, pack_chunks, unpack_chunks
-from .core.config import TableConfig, parse_table_config
-from .core.table import SampleFilter
-from .core.trajectory import Trajectory, TrajectorySummary, Turn
+from marti.experience_types import SampleFilter, TableConfig, parse_table_config
+from marti.trajectory import Trajectory, TrajectorySummary, Turn
 
 
 def _json_obj(text: str, where: str) -> dict[str, Any]:

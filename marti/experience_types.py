@@ -1,4 +1,7 @@
-"""Table configuration: the YAML schema of ``--config`` and of CreateTable, with presets.
+"""Domain types of the experience store shared by the SDK and the store: table configuration (the YAML schema of
+``--config`` and of CreateTable), rate limiter settings and presets, checkpoint and sampling results.
+
+Table configuration: the YAML schema of ``--config`` and of CreateTable, with presets.
 
 A table is composed like Reverb's: sampler, remover, max size (and max bytes), max times sampled, rate limiter
 and signature. YAML example (see docs/experience_store.md)::
@@ -20,13 +23,165 @@ and signature. YAML example (see docs/experience_store.md)::
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from marti.errors import InvalidArgumentError
+from marti.trajectory import Trajectory
 
-from . import rate_limiter as rl
+
+@dataclass(frozen=True, slots=True)
+class RateLimiterConfig:
+    """Rate limiter settings.
+
+    Attributes:
+        samples_per_insert: spi > 0, the target number of samples per inserted item.
+        min_size_to_sample: Samples wait until the table holds at least this many items (>= 1).
+        min_diff: Lower bound on ``inserts * spi - samples`` after a sample (may be -inf).
+        max_diff: Upper bound on ``inserts * spi - samples`` after an insert (may be +inf).
+    """
+
+    samples_per_insert: float = 1.0
+    min_size_to_sample: int = 1
+    min_diff: float = -math.inf
+    max_diff: float = math.inf
+
+    def validate(self) -> None:
+        """Reject settings that are malformed or could deadlock.
+
+        A deadlock is a state where neither an insert nor a sample may proceed: with reachable diffs spaced by
+        ``spi`` (inserts) and 1 (samples), that state exists when the window ``max_diff - min_diff`` is smaller
+        than ``spi`` (integer spi) or ``spi + 1`` (fractional spi, a conservative bound).
+
+        Raises:
+            InvalidArgumentError: naming the bad value and why it could deadlock.
+        """
+        spi = self.samples_per_insert
+        if not (math.isfinite(spi) and spi > 0):
+            raise InvalidArgumentError(f"samples_per_insert must be a finite number > 0, got {spi}")
+        if self.min_size_to_sample < 1:
+            raise InvalidArgumentError(f"min_size_to_sample must be >= 1, got {self.min_size_to_sample}")
+        if math.isnan(self.min_diff) or math.isnan(self.max_diff) or self.min_diff > self.max_diff:
+            raise InvalidArgumentError(
+                f"min_diff ({self.min_diff}) must be <= max_diff ({self.max_diff}) and neither may be NaN"
+            )
+        window = self.max_diff - self.min_diff
+        needed = spi if float(spi).is_integer() else spi + 1.0
+        if window < needed:
+            raise InvalidArgumentError(
+                f"rate limiter could deadlock: max_diff - min_diff = {window} is smaller than {needed} "
+                f"(samples_per_insert={spi}), so a state exists where an insert would exceed max_diff and a "
+                "sample would fall below min_diff; widen the error buffer"
+            )
+
+
+def min_size(n: int) -> RateLimiterConfig:
+    """Samples wait until the table holds ``n`` items; no other limit."""
+    return RateLimiterConfig(1.0, n, -math.inf, math.inf)
+
+
+def sample_to_insert_ratio(
+    samples_per_insert: float, min_size_to_sample: int, error_buffer: float
+) -> RateLimiterConfig:
+    """Keep samples per insert near ``samples_per_insert``, within ``+- error_buffer`` samples.
+
+    Same construction as Reverb: ``offset = samples_per_insert * min_size_to_sample``,
+    ``min_diff = offset - error_buffer``, ``max_diff = offset + error_buffer``.
+
+    Raises:
+        InvalidArgumentError: when ``error_buffer`` is negative or NaN.
+    """
+    if not error_buffer >= 0:
+        raise InvalidArgumentError(f"error_buffer must be >= 0, got {error_buffer}")
+    offset = samples_per_insert * min_size_to_sample
+    return RateLimiterConfig(
+        samples_per_insert, min_size_to_sample, offset - error_buffer, offset + error_buffer
+    )
+
+
+def queue(size: int) -> RateLimiterConfig:
+    """Queue preset: each item sampled once, inserts wait when ``size`` items wait to be sampled."""
+    if size < 1:
+        raise InvalidArgumentError(f"queue size must be >= 1, got {size}")
+    return RateLimiterConfig(1.0, 1, 0.0, float(size))
+
+
+def stack(size: int) -> RateLimiterConfig:
+    """Stack preset: same limiter as :func:`queue` (the table pairs it with LIFO selection)."""
+    return queue(size)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleFilter:
+    """Restricts which items a sample may return. Defaults match everything.
+
+    Attributes:
+        agent_ids: Only items of these agents.
+        roles: Only items of these roles.
+        min_policy_version: Only items with ``policy_version >= min_policy_version``.
+        max_age_s: Only items whose trajectory ``created_at`` is at most this many seconds old (0 = any age).
+    """
+
+    agent_ids: frozenset[str] = frozenset()
+    roles: frozenset[str] = frozenset()
+    min_policy_version: int = 0
+    max_age_s: float = 0.0
+
+    def is_empty(self) -> bool:
+        """True when the filter matches every item."""
+        return not (self.agent_ids or self.roles or self.min_policy_version > 0 or self.max_age_s > 0)
+
+    def matches(self, rec: Any, now: float) -> bool:
+        """Whether an item passes the filter at Unix time ``now``."""
+        return (
+            (not self.agent_ids or rec.agent_id in self.agent_ids)
+            and (not self.roles or rec.role in self.roles)
+            and rec.policy_version >= self.min_policy_version
+            and (self.max_age_s <= 0 or now - rec.created_at <= self.max_age_s)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointResult:
+    """Outcome of a checkpoint.
+
+    Attributes:
+        path: Snapshot file written ('' for in-memory storage).
+        duration_s: Wall time of the checkpoint in seconds.
+        num_bytes: Size of the snapshot file in bytes.
+    """
+
+    path: str
+    duration_s: float
+    num_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SampledTrajectory:
+    """A sampled trajectory with its sampling facts.
+
+    Attributes:
+        key: Item key (use it to update the priority).
+        table: Table it was sampled from.
+        priority: Priority at sampling time.
+        probability: Probability it was the one selected.
+        importance_weight: ``1 / (table_size * probability)`` (Reverb's importance weight).
+        times_sampled: Samples of this item including this one.
+        table_size: Items the selection was made among.
+        trajectory: The trajectory.
+    """
+
+    key: int
+    table: str
+    priority: float
+    probability: float
+    importance_weight: float
+    times_sampled: int
+    table_size: int
+    trajectory: Trajectory
+
 
 SelectorKind = Literal["uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap"]
 
@@ -52,20 +207,18 @@ class RateLimiterSpec(BaseModel):
     min_diff: float = -math.inf
     max_diff: float = math.inf
 
-    def build(self) -> rl.RateLimiterConfig:
+    def build(self) -> RateLimiterConfig:
         """Return the validated :class:`RateLimiterConfig` (raises InvalidArgumentError on bad settings)."""
         if self.kind == "min_size":
-            cfg = rl.min_size(self.min_size_to_sample)
+            cfg = min_size(self.min_size_to_sample)
         elif self.kind == "sample_to_insert_ratio":
-            cfg = rl.sample_to_insert_ratio(
-                self.samples_per_insert, self.min_size_to_sample, self.error_buffer
-            )
+            cfg = sample_to_insert_ratio(self.samples_per_insert, self.min_size_to_sample, self.error_buffer)
         elif self.kind == "queue":
-            cfg = rl.queue(self.size)
+            cfg = queue(self.size)
         elif self.kind == "stack":
-            cfg = rl.stack(self.size)
+            cfg = stack(self.size)
         else:
-            cfg = rl.RateLimiterConfig(
+            cfg = RateLimiterConfig(
                 self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff
             )
         cfg.validate()
