@@ -1,16 +1,20 @@
 """Micro-batching of concurrent requests per agent into the rollout engine.
 
-Requests of one agent that share a policy version and sampling parameters wait together until ``max_batch``
-prompts are queued or the oldest has waited ``max_wait_ms``; then one engine call serves them all (the dynamic
-batching of Triton and vLLM's OpenAI server, here in front of a batch ``generate``). A request with a sampling
-seed never shares a batch with other requests (its own prompts run together, at once), so the same seeded request
-gives the same tokens whatever else is in flight. Engine calls run one at a time in a worker thread, so the event
-loop keeps accepting requests while a batch runs.
+Requests of one agent that share a policy version and sampling parameters are collected into a batch, which is
+ready when ``max_batch`` prompts are queued or its oldest has waited ``max_wait_ms``; one engine call then serves
+them all (the dynamic batching of Triton and vLLM's OpenAI server, here in front of a batch ``generate``). Engine
+calls run one at a time in a worker thread, so the event loop keeps accepting requests while a batch runs, and
+**a batch keeps filling while the engine is busy**: it is started only when the engine is free (a full batch
+first, else the ready batch whose oldest prompt came first). Clients that send their next request as soon as
+their answer arrives therefore meet again in one batch instead of trickling into many small ones. A request with a
+sampling seed never shares a batch with other requests (its own prompts run together, without waiting), so the
+same seeded request gives the same tokens whatever else is in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -33,6 +37,10 @@ class _Queue:
     prompts: list[list[int]] = field(default_factory=list)
     futures: list[asyncio.Future[Generation]] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
+    ready: bool = (
+        False  # its oldest prompt waited max_wait_ms (or it is seeded): it runs when the engine is free
+    )
+    order: int = 0  # arrival order of its first prompt (ready batches start oldest first)
 
 
 class RequestBatcher:
@@ -51,10 +59,16 @@ class RequestBatcher:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
-        self._queues: dict[_Key, _Queue] = {}
+        self._queues: dict[_Key, _Queue] = {}  # batches still filling (ready ones included)
+        self._full: collections.deque[tuple[_Key, _Queue]] = (
+            collections.deque()
+        )  # full, waiting for the engine
+        self._busy = False  # a batch is in the engine (or about to be)
+        self._arrivals = itertools.count()
         self._load: dict[str, int] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marti-gateway-engine")
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
         self._seeded = itertools.count(1)
         self.batches = 0
         self.prompts = 0
@@ -75,8 +89,11 @@ class RequestBatcher:
         Raises:
             ResourceExhaustedError: The agent already has ``max_queue`` prompts queued or running (nothing of
                 this request is queued).
+            UnavailableError: The batcher was closed.
             Whatever the engine call raises for the batch the prompts ran in.
         """
+        if self._closed:
+            raise UnavailableError("the gateway is shutting down")
         load = self._load.get(agent, 0)
         if load + len(prompts) > self.max_queue:
             raise ResourceExhaustedError(
@@ -89,33 +106,65 @@ class RequestBatcher:
         futures = []
         self._load[agent] = load + len(prompts)
         for p in prompts:
-            q = self._queues.setdefault(key, _Queue())
+            q = self._queues.get(key)
+            if q is None:
+                q = self._queues[key] = _Queue(order=next(self._arrivals))
+                if seeded:  # nothing else can join its batch: no reason to wait
+                    q.ready = True
+                else:
+                    q.timer = loop.call_later(self.max_wait_s, self._mark_ready, key, q)
             fut: asyncio.Future[Generation] = loop.create_future()
             q.prompts.append(p)
             q.futures.append(fut)
             futures.append(fut)
             if len(q.prompts) >= self.max_batch:
-                self._flush(key)
-            elif q.timer is None and not seeded:
-                q.timer = loop.call_later(self.max_wait_s, self._flush, key)
-        if seeded:
-            self._flush(key)  # nothing else can join its batch: no reason to wait
+                del self._queues[key]
+                if q.timer is not None:
+                    q.timer.cancel()
+                self._full.append((key, q))
+        self._dispatch()
         try:
             return list(await asyncio.gather(*futures))
         finally:
             self._load[agent] -= len(prompts)
 
-    def _flush(self, key: _Key) -> None:
-        q = self._queues.pop(key, None)
-        if q is None or not q.prompts:
+    def _mark_ready(self, key: _Key, q: _Queue) -> None:
+        """Timer callback: the batch's oldest prompt waited ``max_wait_ms``."""
+        q.timer = None
+        q.ready = True
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Start the next batch if the engine is free: the oldest full batch, else the ready batch that began
+        first (it keeps filling until then)."""
+        if self._busy:
             return
+        if self._full:
+            key, q = self._full.popleft()
+        else:
+            ready = [(q.order, key) for key, q in self._queues.items() if q.ready]
+            if not ready:
+                return
+            key = min(ready)[1]
+            q = self._queues.pop(key)
         if q.timer is not None:
             q.timer.cancel()
+        self._busy = True
         task = asyncio.get_running_loop().create_task(self._run_batch(key, q.prompts, q.futures))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run_batch(
+        self, key: _Key, prompts: list[list[int]], futures: list[asyncio.Future[Generation]]
+    ) -> None:
+        try:
+            await self._run_one(key, prompts, futures)
+        finally:
+            self._busy = False
+            if not self._closed:
+                self._dispatch()
+
+    async def _run_one(
         self, key: _Key, prompts: list[list[int]], futures: list[asyncio.Future[Generation]]
     ) -> None:
         agent, version, sampling, _ = key
@@ -138,17 +187,20 @@ class RequestBatcher:
                 f.set_result(g)
 
     async def close(self) -> None:
-        """Fail queued prompts, and batches waiting for the engine thread, with UnavailableError (503 /
-        UNAVAILABLE: the gateway is shutting down; a retry elsewhere or later may succeed), wait for the batch
-        the engine is running, and stop the worker thread."""
-        for key in list(self._queues):
-            q = self._queues.pop(key)
+        """Fail queued prompts, and batches waiting for the engine, with UnavailableError (503 / UNAVAILABLE: the
+        gateway is shutting down; a retry elsewhere or later may succeed), wait for the batch the engine is
+        running, and stop the worker thread."""
+        self._closed = True
+        waiting = [q for _, q in self._full] + list(self._queues.values())
+        self._full.clear()
+        self._queues.clear()
+        for q in waiting:
             if q.timer is not None:
                 q.timer.cancel()
             for f in q.futures:
                 if not f.done():
                     f.set_exception(UnavailableError("the gateway is shutting down"))
-        self._executor.shutdown(wait=False, cancel_futures=True)  # batches not started yet end now
+        self._executor.shutdown(wait=False, cancel_futures=True)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._executor.shutdown(wait=True)

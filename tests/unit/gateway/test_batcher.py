@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from marti.errors import InvalidArgumentError, ResourceExhaustedError
+from marti.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from marti.inference import Generation, SamplingParams
 from services.gateway.core.batcher import RequestBatcher
 
@@ -160,3 +160,42 @@ async def test_close_fails_batches_waiting_for_the_engine_and_waits_only_for_the
         with pytest.raises(UnavailableError, match="shutting down"):
             await w
     assert eng.batches == [("a", None, 1)]  # the waiting batches never ran
+
+
+async def test_requests_that_trickle_in_while_the_engine_is_busy_meet_in_one_batch():
+    """Arrivals spaced wider than max_wait_ms, during a running batch, wait for the engine together (not one
+    engine call each), and the batch started first is the one whose oldest prompt came first."""
+    gate = threading.Event()
+    eng = Engine(gate)
+    b = RequestBatcher(eng, max_batch=8, max_wait_ms=1, max_queue=100)
+    first = asyncio.ensure_future(b.submit("a", [[0]], S, None))
+    await asyncio.sleep(0.05)  # in the engine, held by the gate
+    later = []
+    for i in range(1, 6):
+        later.append(asyncio.ensure_future(b.submit("a", [[i]], S, None)))
+        await asyncio.sleep(0.01)  # 10x max_wait_ms between arrivals
+    other = asyncio.ensure_future(b.submit("b", [[9]], S, None))
+    await asyncio.sleep(0.01)
+    gate.set()
+    outs = await asyncio.gather(first, *later, other)
+    assert [o[0].response_token_ids for o in outs] == [[1], [2], [3], [4], [5], [6], [10]]
+    assert eng.batches == [("a", None, 1), ("a", None, 5), ("b", None, 1)]
+    await b.close()
+    with pytest.raises(UnavailableError, match="shutting down"):
+        await b.submit("a", [[1]], S, None)
+
+
+async def test_a_full_batch_goes_first_and_a_filling_one_never_exceeds_max_batch():
+    gate = threading.Event()
+    eng = Engine(gate)
+    b = RequestBatcher(eng, max_batch=3, max_wait_ms=1, max_queue=100)
+    first = asyncio.ensure_future(b.submit("a", [[0]], S, None))
+    await asyncio.sleep(0.05)
+    lone = asyncio.ensure_future(b.submit("b", [[0]], S, None))  # ready first, but not full
+    await asyncio.sleep(0.01)
+    crowd = asyncio.ensure_future(b.submit("a", [[1]] * 7, S, None))  # 3 + 3 full, 1 filling
+    await asyncio.sleep(0.01)
+    gate.set()
+    await asyncio.gather(first, lone, crowd)
+    assert eng.batches == [("a", None, 1), ("a", None, 3), ("a", None, 3), ("b", None, 1), ("a", None, 1)]
+    await b.close()
