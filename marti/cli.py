@@ -11,6 +11,11 @@ import time
 from pathlib import Path
 
 #: Subcommands that are implemented by another module's ``main(argv)``: name -> (module, help).
+#: Commands that start Ray's processes (fork, then exec) while gRPC threads are busy: gRPC's fork handlers hung or
+#: aborted those children, so these commands turn them off (unless the variable is set) before importing gRPC. The
+#: SDK leaves gRPC's fork support on for user programs (marti/__init__.py).
+RAY_COMMANDS = ("trainer", "train", "eval")
+
 DISPATCH = {
     "broker": ("services.comm_broker.__main__", "run the comm_broker service (default port 50051)"),
     "env-server": ("services.env_server.__main__", "run the env_server service (default port 50052)"),
@@ -145,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     if name in LOCAL:
         return LOCAL[name][0](rest)
     if name in DISPATCH:
+        if name in RAY_COMMANDS:  # before the first gRPC import (see RAY_COMMANDS)
+            os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
         module = importlib.import_module(DISPATCH[name][0])
         return int(module.main(rest) or 0)
     print(f"marti: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

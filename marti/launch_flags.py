@@ -29,11 +29,13 @@ from marti.config import TrainConfig, apply_overrides, config_from_dict
 from marti.errors import InvalidArgumentError
 
 __all__ = [
+    "FLAG_GROUPS",
     "FLAG_TABLE",
     "DEFAULT_ROLES",
     "LaunchFlags",
     "MachineInfo",
     "build_config",
+    "flag_help",
     "flag_table_markdown",
     "parse_launch_flags",
 ]
@@ -206,6 +208,88 @@ FLAG_TABLE: dict[str, _Flag] = {
     "wandb_run_name": _Flag("str", ("output.wandb_run_name",)),
 }
 """Every launch flag marti accepts, keyed by name without the leading ``--``."""
+
+FLAG_GROUPS: dict[str, tuple[str, ...]] = {
+    "models": ("actor_model", "critic_model", "ref_model", "reward_model", "dataset"),
+    "sizes and schedule": (
+        "num_agents",
+        "max_steps",
+        "micro_train_batch_size",
+        "gradient_accumulation_steps",
+        "ppo_epochs",
+        "max_epochs",
+        "learning_rate",
+        "actor_learning_rate",
+        "critic_learning_rate",
+        "num_warmup_steps",
+        "lr_scheduler",
+        "seed",
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "generate_max_len",
+        "temperature",
+        "top_p",
+    ),
+    "algorithm": (
+        "advantage_estimator",
+        "init_kl_coef",
+        "kl_estimator",
+        "use_kl_loss",
+        "eps_clip",
+        "value_clip",
+        "dual_clip",
+        "gamma",
+        "lambd",
+        "entropy_loss_coef",
+        "normalize_reward",
+    ),
+    "strategy and memory": (
+        "actor_init_on_gpu",
+        "enable_ema",
+        "bf16",
+        "zero_stage",
+        "actor_zero_stage",
+        "critic_zero_stage",
+        "offload_reference_model",
+        "disable_actor_dropout",
+        "gradient_checkpointing",
+        "use_flash_attn",
+    ),
+    "vLLM": (
+        "vllm_num_engines",
+        "vllm_tensor_parallel_size",
+        "vllm_gpu_memory_utilization",
+        "enable_prefix_caching",
+    ),
+    "output and logging": (
+        "output_dir",
+        "logging_steps",
+        "save_steps",
+        "log_with",
+        "wandb_project",
+        "wandb_run_name",
+    ),
+}
+"""The launch flags by topic (``marti train --help`` shows one argument group each); every flag of
+:data:`FLAG_TABLE` is in exactly one group."""
+
+
+def flag_help(name: str) -> tuple[str, str]:
+    """``(metavar, one-line help)`` of launch flag ``name`` for ``marti train --help``.
+
+    The help names the config keys the flag sets (and the ones it implies) and its note, e.g.
+    ``-> strategy.zero_stage, strategy.name=deepspeed``.
+
+    Raises:
+        InvalidArgumentError: ``name`` is not a launch flag.
+    """
+    spec = FLAG_TABLE.get(name)
+    if spec is None:
+        raise InvalidArgumentError(f"unknown launch flag --{name}")
+    metavar = {"switch": "", "models": "M [M ...]", "int": "N", "float": "X", "str": "S"}[spec.kind]
+    keys = ", ".join([*spec.keys, *(f"{k}={v}" for k, v in spec.fixed)]) or "no config key"
+    text = f"-> {keys}" + (f" ({spec.doc})" if spec.doc else "")
+    return metavar, text
 
 
 @dataclass

@@ -2,9 +2,12 @@
 
 import os
 
-import pytest
+# The test process runs training jobs, which start Ray's processes (fork, then exec) while gRPC threads are busy:
+# like the trainer's own entry points it turns gRPC's fork handlers off before the first gRPC import. Tests of
+# fork-based worker pools run a fresh interpreter without this variable (tests/integration/rpc/test_fork_workers.py).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-import marti  # noqa: F401 - sets GRPC_ENABLE_FORK_SUPPORT before a test module imports grpc
+import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+# Ray's processes start by fork-then-exec while gRPC threads are busy; gRPC's fork handlers hung or aborted those
+# children (docs/operations.md): off for this process, unless set, before the first gRPC import.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from marti.api.trainer.v1 import trainer_service_pb2_grpc
 from marti.rpc.server import ServiceSpec, run_server

@@ -60,13 +60,20 @@ class ValueModel(nn.Module):
         return self.value_head(hidden[:, -num_actions - 1 : -1]).squeeze(-1).float()
 
 
-def build_critic(model_name: str, *, seed: int = 0, device: str | torch.device = "cpu") -> ValueModel:
+def build_critic(
+    model_name: str,
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = None,
+) -> ValueModel:
     """Load ``model_name`` (any name :func:`services.trainer.models.load_model` accepts) as a critic.
 
     Args:
         model_name: The critic's base model (by default the agent's ``pretrain_model``).
         seed: Seed for tiny models.
         device: Where the critic lives.
+        attn_implementation: transformers attention kernel (``policy.attn_implementation``); None: default.
 
     Returns:
         A trainable :class:`ValueModel` (every backbone weight and the head train).
@@ -75,7 +82,7 @@ def build_critic(model_name: str, *, seed: int = 0, device: str | torch.device =
         NotFoundError: the model is not available locally (named).
     """
     tokenizer = load_tokenizer(model_name)
-    lm = load_model(model_name, tokenizer=tokenizer, seed=seed)
+    lm = load_model(model_name, tokenizer=tokenizer, seed=seed, attn_implementation=attn_implementation)
     backbone = getattr(lm, lm.base_model_prefix, None)
     if backbone is None:
         raise InvalidArgumentError(f"model {model_name!r} has no backbone attribute {lm.base_model_prefix!r}")

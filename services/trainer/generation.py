@@ -32,6 +32,12 @@ def sampling_params(cfg: TrainConfig, agent: str, greedy: bool = False) -> Sampl
     return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
 
 
+def engine_count(cfg: TrainConfig, engine: str) -> int:
+    """How many engines :func:`build_rollout_engine` builds for the resolved engine name (``hf`` or ``vllm``):
+    ``vllm.num_engines`` for vLLM, 1 for transformers."""
+    return cfg.vllm.num_engines if engine == "vllm" else 1
+
+
 def build_rollout_engine(
     cfg: TrainConfig,
     policy: Any,
@@ -43,7 +49,9 @@ def build_rollout_engine(
 ) -> RolloutEngine:
     """The rollout engine of ``rollout.engine`` over a policy's agents.
 
-    ``auto`` picks vLLM on CUDA when it is installed, else transformers ``generate``.
+    ``auto`` picks vLLM on CUDA when it is installed, else transformers ``generate``. With vLLM,
+    ``vllm.num_engines`` engines are built (engine ``i`` seeded ``seed + i``) and, when there are several,
+    wrapped in an :class:`~services.trainer.rollout.pool.EnginePool` that splits every call's prompts among them.
 
     Args:
         cfg: The training config (``rollout``, ``vllm``, per-agent sampling).
@@ -63,12 +71,18 @@ def build_rollout_engine(
     if engine == "auto":
         engine = "vllm" if device == "cuda" and vllm_available() else "hf"
     if engine == "vllm":
+        from services.trainer.rollout.pool import EnginePool
         from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
 
-        vllm_engine = VLLMRolloutEngine.from_policy(policy, cfg.vllm, agents, default_sampling=sampling)
-        for agent in agents:  # the policy's exact weights (tiny models are seeded, adapters random)
-            vllm_engine.update_weights(agent, policy.state_for_sync(agent), policy.version(agent))
-        return vllm_engine
+        engines = []
+        for i in range(engine_count(cfg, engine)):  # vllm.num_engines: each call's prompts split among them
+            vllm_engine = VLLMRolloutEngine.from_policy(
+                policy, cfg.vllm, agents, default_sampling=sampling, seed_offset=i
+            )
+            for agent in agents:  # the policy's exact weights (tiny models are seeded, adapters random)
+                vllm_engine.update_weights(agent, policy.state_for_sync(agent), policy.version(agent))
+            engines.append(vllm_engine)
+        return engines[0] if len(engines) == 1 else EnginePool(engines)
     from services.trainer.rollout.hf import HFRolloutEngine
 
     return HFRolloutEngine.from_policy(policy, copy_weights=copy_weights, default_sampling=sampling)

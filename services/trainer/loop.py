@@ -84,6 +84,9 @@ class RunSummary:
         eval_history: ``(step, metrics)`` of each evaluation.
         external_episodes: External episodes (played by clients through the gateway) the updates trained on:
             per update, the most any trainable agent took.
+        epochs: Passes over the finite training problem set completed (``max_epochs``; fractional), or None
+            when the problem set is unbounded (``rollout.num_train_seeds`` null).
+        epoch_limited: True when ``max_epochs`` ended the job before ``max_steps``.
     """
 
     run_dir: Path
@@ -94,6 +97,23 @@ class RunSummary:
     report: Path | None = None
     eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     external_episodes: int = 0
+    epochs: float | None = None
+    epoch_limited: bool = False
+
+
+def epoch_limit_message(cfg: TrainConfig) -> str | None:
+    """The log line of a job that ``max_epochs`` ends before ``max_steps``, or None when it does not.
+
+    Example: ``max_epochs=2: 2 passes over the 6 training problems (rollout.num_train_seeds) take 6 steps,
+    fewer than max_steps=100; the job ends after step 6``.
+    """
+    if cfg.total_steps >= cfg.max_steps:
+        return None
+    return (
+        f"max_epochs={cfg.max_epochs}: {cfg.max_epochs} passes over the {cfg.rollout.num_train_seeds} training "
+        f"problems (rollout.num_train_seeds) take {cfg.total_steps} steps, fewer than max_steps={cfg.max_steps}; "
+        f"the job ends after step {cfg.total_steps}"
+    )
 
 
 def env_config(
@@ -618,7 +638,9 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------------------------------ main
     def run(self) -> RunSummary:
-        """Run the job to ``max_steps`` (or until stopped); returns a :class:`RunSummary`.
+        """Run the job to ``max_steps``, or to the end of ``max_epochs`` passes over a finite problem set when
+        that comes first (:attr:`~marti.config.TrainConfig.total_steps`), or until stopped; returns a
+        :class:`RunSummary`.
 
         Raises:
             NotFoundError: a model or env is unavailable (named).
@@ -665,6 +687,10 @@ class TrainingLoop:
                 _LOG.info("resumed from %s at step %d", ckpt, start_step)
             if cfg.gateway.enabled:
                 self._start_gateway(runtime)
+            last_step = cfg.total_steps  # max_steps, or fewer when max_epochs passes come first
+            epoch_note = epoch_limit_message(cfg)
+            if epoch_note:
+                _LOG.warning("%s", epoch_note)
             t0 = time.monotonic()
             eval_every = cfg.rollout.eval_every
             eval_cost = 0.0
@@ -673,17 +699,17 @@ class TrainingLoop:
                 eval_cost = time.monotonic() - t0
             step_cost = 0.0
             step = start_step
-            if cfg.rollout.max_staleness > 0 and cfg.rollout.source != "external" and step < cfg.max_steps:
+            if cfg.rollout.max_staleness > 0 and cfg.rollout.source != "external" and step < last_step:
                 producer = RolloutProducer(
                     lambda s: self._rollout(runtime, s),
                     start=step,
-                    stop=cfg.max_steps,
+                    stop=last_step,
                     max_staleness=cfg.rollout.max_staleness,
                 ).start()
             with ProgressBar(
-                cfg.max_steps, start_step=start_step, stream=None if self.show_progress else io.StringIO()
+                last_step, start_step=start_step, stream=None if self.show_progress else io.StringIO()
             ) as bar:
-                while step < cfg.max_steps and not self.stop_event.is_set():
+                while step < last_step and not self.stop_event.is_set():
                     budget = cfg.budget.max_wall_time_s
                     elapsed = time.monotonic() - t0
                     if budget and step > start_step and elapsed + step_cost + eval_cost > budget:
@@ -706,6 +732,9 @@ class TrainingLoop:
                         max((v for k, v in metrics.items() if k.endswith("/external_items")), default=0)
                     )
                     step += 1
+                    epoch = cfg.epoch_at(step)
+                    if epoch is not None:
+                        metrics["train/epoch"] = epoch
                     if producer is not None:
                         producer.updated(step)  # the weights are synced: the rollout of step + k may start
                     writer.log(step, metrics)
@@ -715,15 +744,23 @@ class TrainingLoop:
                         step,
                         {k: metrics[k] for k in ("team/team_score", "team/format_valid") if k in metrics},
                     )
-                    if eval_every and (step % eval_every == 0 or step == cfg.max_steps):
+                    if eval_every and (step % eval_every == 0 or step == last_step):
                         self._evaluate(runtime, step, writer, summary)
                     save_every = cfg.output.save_every
                     if (save_every and step % save_every == 0) or self.checkpoint_request.is_set():
                         self._checkpoint(runtime, step)
                         self.checkpoint_request.clear()
                     step_cost = time.monotonic() - step_start
-            summary.stopped = summary.stopped or step < cfg.max_steps
+            summary.stopped = summary.stopped or step < last_step
             summary.steps = step
+            summary.epochs = cfg.epoch_at(step)
+            summary.epoch_limited = bool(epoch_note) and step == last_step
+            if summary.epoch_limited:
+                _LOG.warning(
+                    "max_epochs=%d reached: %.3g passes over the %d training problems after step %d "
+                    "(max_steps=%d not reached)", cfg.max_epochs, summary.epochs, cfg.rollout.num_train_seeds,
+                    step, cfg.max_steps,
+                )  # fmt: skip
             if step > start_step or self.last_checkpoint is None:
                 if eval_every and summary.eval_history and summary.eval_history[-1][0] != step:
                     self._evaluate(runtime, step, writer, summary)

@@ -87,6 +87,7 @@ class ReferenceWorker(_AgentModelWorker):
             agents=(spec,),
             seed=base_model_seed(self.cfg, agent, self.group),
             keep_reference=False,
+            attn_implementation=self.cfg.policy.attn_implementation,
         )
         self.model = MultiAgentPolicy(layout, device=self.device)  # a frozen agent: no grad, no copy
         self.model.train(False)

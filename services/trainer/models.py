@@ -244,8 +244,40 @@ def load_tokenizer(name: str = SMOLLM2_ALIAS) -> PreTrainedTokenizerBase:
     return tok
 
 
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+"""transformers attention kernels ``policy.attn_implementation`` may name."""
+
+
+def check_attn_implementation(value: str | None) -> None:
+    """Refuse an attention kernel this machine cannot run, before any model is loaded.
+
+    Args:
+        value: ``policy.attn_implementation``: ``None`` (transformers' default), ``eager``, ``sdpa`` or
+            ``flash_attention_2``.
+
+    Raises:
+        InvalidArgumentError: the value is not one of :data:`ATTN_IMPLEMENTATIONS`, or it is
+            ``flash_attention_2`` and the ``flash_attn`` package is not installed (the message names the value).
+    """
+    if value is None:
+        return
+    if value not in ATTN_IMPLEMENTATIONS:
+        raise InvalidArgumentError(
+            f"policy.attn_implementation={value!r} is not one of {', '.join(ATTN_IMPLEMENTATIONS)}"
+        )
+    if value == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise InvalidArgumentError(
+            "policy.attn_implementation='flash_attention_2' needs the flash_attn package, which is not installed "
+            "here; use 'sdpa' or 'eager' (or null for transformers' default)"
+        )
+
+
 def build_tiny_model(
-    tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, config: TinyModelConfig | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int = 0,
+    config: TinyModelConfig | None = None,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """Build a tiny randomly initialised Llama with the tokenizer's vocabulary, deterministically.
 
@@ -255,15 +287,19 @@ def build_tiny_model(
         tokenizer: Supplies the vocabulary size and the bos, eos and pad ids.
         seed: Seed of the initialisation; equal seeds give bit-identical weights.
         config: Shape; defaults to 2 layers, hidden 64 (about 3.2 M parameters with the 49,152-token vocab).
+        attn_implementation: transformers attention kernel (``eager``, ``sdpa``, ``flash_attention_2``);
+            None: transformers' default.
 
     Returns:
         A ``LlamaForCausalLM`` in fp32, in eval mode, with tied input and output embeddings.
 
     Raises:
-        InvalidArgumentError: A shape field is not positive or heads do not divide the width.
+        InvalidArgumentError: A shape field is not positive, heads do not divide the width, or the attention
+            kernel is unknown or not installed (:func:`check_attn_implementation`).
     """
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    check_attn_implementation(attn_implementation)
     cfg = config or TinyModelConfig()
     for field in (
         "num_layers",
@@ -291,6 +327,7 @@ def build_tiny_model(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **({} if attn_implementation is None else {"attn_implementation": attn_implementation}),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -309,6 +346,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int = 0,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """Load a causal LM by name, converting a GGUF once into the safetensors cache.
 
@@ -317,18 +355,25 @@ def load_model(
         dtype: Parameter dtype after loading (fp32 by default; bf16 halves memory where supported).
         tokenizer: Needed only for ``tiny-llama``; loaded when omitted.
         seed: Initialisation seed of ``tiny-llama`` (ignored otherwise).
+        attn_implementation: transformers attention kernel (``policy.attn_implementation``), passed as
+            ``attn_implementation=`` to ``from_pretrained``; None: transformers' default.
 
     Returns:
-        A ``PreTrainedModel`` in eval mode on the CPU.
+        A ``PreTrainedModel`` in eval mode on the CPU; ``model.config._attn_implementation`` is the kernel used.
 
     Raises:
         NotFoundError: The model cannot be found locally.
+        InvalidArgumentError: The attention kernel is unknown, or ``flash_attention_2`` without the
+            ``flash_attn`` package (:func:`check_attn_implementation`).
     """
     from transformers import AutoModelForCausalLM, GgufConfig
 
+    check_attn_implementation(attn_implementation)
+    attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     resolved = resolve_model(name)
     if resolved.kind == "tiny":
-        return build_tiny_model(tokenizer or load_tokenizer(TINY_ALIAS), seed=seed).to(dtype)
+        tok = tokenizer or load_tokenizer(TINY_ALIAS)
+        return build_tiny_model(tok, seed=seed, attn_implementation=attn_implementation).to(dtype)
     with _LOCK:
         if resolved.kind == "gguf":
             assert resolved.cache_dir is not None and resolved.path is not None
@@ -338,6 +383,7 @@ def load_model(
                 quantization_config=GgufConfig(dequantize=True),
                 local_files_only=True,
                 dtype=torch.float32,
+                **attn,
             )
             _save_atomically(model, resolved.cache_dir, last=_MODEL_MARKER)
             if not (resolved.cache_dir / _TOKENIZER_MARKER).is_file():
@@ -345,7 +391,9 @@ def load_model(
                 _save_atomically(tok, resolved.cache_dir, last=_TOKENIZER_MARKER)
             model = model.to(dtype)
         else:
-            model = AutoModelForCausalLM.from_pretrained(resolved.path, local_files_only=True, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(
+                resolved.path, local_files_only=True, dtype=dtype, **attn
+            )
     return model.eval()
 
 

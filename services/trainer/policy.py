@@ -84,6 +84,8 @@ class PolicyConfig:
         share_prompt_prefix: Run a prompt that several rows of a batch repeat (a GRPO group) through the model
             once in log-probability forwards (:mod:`services.trainer.prefix_sharing`; models with gradient
             checkpointing on always take the plain forward).
+        attn_implementation: transformers attention kernel every model is loaded with (``eager``, ``sdpa``,
+            ``flash_attention_2``; ``policy.attn_implementation``); None: transformers' default.
     """
 
     mode: PolicyMode
@@ -93,6 +95,7 @@ class PolicyConfig:
     gradient_checkpointing: bool = False
     keep_reference: bool = True
     share_prompt_prefix: bool = True
+    attn_implementation: str | None = None
 
     def __post_init__(self) -> None:
         """Validate; raises InvalidArgumentError naming the bad field and value."""
@@ -135,7 +138,10 @@ class MultiAgentPolicy:
     def __init__(self, config: PolicyConfig, *, device: str | torch.device = "cpu", model_loader: Any = None):
         self.config = config
         self.device = torch.device(device)
-        loader = model_loader or (lambda name, tok, seed: load_model(name, tokenizer=tok, seed=seed))
+        attn = config.attn_implementation
+        loader = model_loader or (
+            lambda name, tok, seed: load_model(name, tokenizer=tok, seed=seed, attn_implementation=attn)
+        )
         self._specs = {a.name: a for a in config.agents}
         self._tokenizers: dict[str, Any] = {}
         self._models: dict[str, torch.nn.Module] = {}

@@ -29,7 +29,7 @@ def job_to_proto(job: Job) -> trainer_pb2.Job:
         training_name=job.config.training_name,
         state=_STATES[job.state],
         step=job.step,
-        max_steps=job.config.max_steps,
+        max_steps=job.config.total_steps,  # fewer than max_steps when max_epochs ends the job first
         run_dir=str(job.config.run_dir),
         error=job.error,
         created_at=_ts(job.created_at),

@@ -23,8 +23,19 @@ from services.trainer.loop import Addresses
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``marti train`` (unknown ``--flags`` go to the launch-flag parser)."""
-    p = argparse.ArgumentParser(prog="marti train", description="run a multi-agent RL training job")
+    """The argument parser of ``marti train``, with the launch flags listed for ``--help``.
+
+    The OpenRLHF-style launch flags (:data:`marti.launch_flags.FLAG_TABLE`) are shown in one argument group per
+    topic (:data:`marti.launch_flags.FLAG_GROUPS`), one line each; :func:`split_argv` hands them to
+    :func:`marti.launch_flags.parse_launch_flags`, so this parser never parses them itself.
+    """
+    p = argparse.ArgumentParser(
+        prog="marti train",
+        usage="marti train [CONFIG.yaml] [--set KEY=VALUE ...] [--broker/--env/--store ADDR] [--token T] "
+        "[--resume] [--no-progress] [launch flags]",
+        description="run a multi-agent RL training job",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=44, width=160),
+    )
     p.add_argument(
         "config", nargs="?", help="training config YAML (optional when launch flags give the team)"
     )
@@ -39,7 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_service_flags(p)
     p.add_argument("--resume", action="store_true", help="resume from the run's newest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _add_launch_flag_groups(p)
     return p
+
+
+def _add_launch_flag_groups(p: argparse.ArgumentParser) -> None:
+    """List every launch flag under its topic group (help only: the flags are parsed by marti.launch_flags)."""
+    from marti.launch_flags import FLAG_GROUPS, flag_help
+
+    for title, names in FLAG_GROUPS.items():
+        group = p.add_argument_group(f"launch flags: {title}")
+        for name in names:
+            metavar, text = flag_help(name)
+            if metavar:
+                group.add_argument(f"--{name}", dest=f"_launch_{name}", metavar=metavar, help=text)
+            else:
+                group.add_argument(f"--{name}", dest=f"_launch_{name}", action="store_true", help=text)
 
 
 @contextlib.contextmanager
@@ -142,19 +168,21 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
+    from marti.config import inert_key_warnings
     from marti.launch_flags import build_config
     from services.trainer.loop import TrainingLoop, latest_checkpoint
-    from services.trainer.models import resolve_model
+    from services.trainer.models import check_attn_implementation, resolve_model
 
     own, launch = split_argv(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(own)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg, warnings = build_config(args.config, args.overrides, launch)
-        for w in warnings:
+        for w in [*warnings, *inert_key_warnings(cfg)]:
             print(f"note: {w}", file=sys.stderr)
         for agent in cfg.agents:
             resolve_model(agent.pretrain_model)
+        check_attn_implementation(cfg.policy.attn_implementation)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)
         return 2
@@ -179,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     resumed = f" (resumed at step {summary.start_step})" if summary.start_step else ""
     print(f"done: {summary.steps} steps{resumed}; run directory {summary.run_dir}")
+    if summary.epoch_limited:
+        print(f"max_epochs={cfg.max_epochs} reached: {summary.epochs:g} passes over the training problems")
     print(f"report: {summary.report}")
     if cfg.rollout.source != "builtin":
         print(

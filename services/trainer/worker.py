@@ -32,10 +32,11 @@ import torch
 from pydantic import BaseModel
 
 from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
-from marti.errors import InternalError
+from marti.errors import InternalError, InvalidArgumentError
 from marti.inference import SamplingParams
 from services.trainer.algo import AlgoConfig
 from services.trainer.algo.running_moments import RunningMoments
+from services.trainer.ema import EmaWeights
 from services.trainer.generation import (
     ResidentWeights,
     build_rollout_engine,
@@ -178,6 +179,7 @@ def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyCo
         gradient_checkpointing=p.gradient_checkpointing,
         keep_reference=cfg.algorithm.kl_coef > 0 and cfg.ray.colocate_models,
         share_prompt_prefix=p.share_prompt_prefix,
+        attn_implementation=p.attn_implementation,
     )
 
 
@@ -210,7 +212,7 @@ def build_strategy(cfg: TrainConfig, agent: str, model: Any, params: Any, lr: fl
     """Set up the train engine (torch or DeepSpeed, from ``strategy``) of one trainable weight set.
 
     Args:
-        cfg: The training config (``strategy``, schedule, ``max_steps``, ``ppo_epochs``).
+        cfg: The training config (``strategy``, schedule, ``total_steps``, ``ppo_epochs``).
         agent: The agent whose learning rate applies when ``lr`` is None.
         model: The module trained.
         params: Its trainable parameters.
@@ -218,7 +220,8 @@ def build_strategy(cfg: TrainConfig, agent: str, model: Any, params: Any, lr: fl
 
     Returns:
         A :class:`~services.trainer.strategy.base.TrainEngine`; its cosine schedule spans
-        ``max_steps * ppo_epochs * steps_per_batch`` optimizer steps.
+        ``total_steps * ppo_epochs * steps_per_batch`` optimizer steps (``total_steps``: ``max_steps``, or fewer
+        when ``max_epochs`` passes over a finite problem set end the job first).
 
     Raises:
         InvalidArgumentError: no trainable parameters, or an invalid optimizer setting.
@@ -226,7 +229,7 @@ def build_strategy(cfg: TrainConfig, agent: str, model: Any, params: Any, lr: fl
     from services.trainer.strategy.base import OptimConfig
 
     sc = cfg.strategy
-    total = max(1, cfg.max_steps * cfg.algorithm.ppo_epochs * steps_per_batch(cfg))
+    total = max(1, cfg.total_steps * cfg.algorithm.ppo_epochs * steps_per_batch(cfg))
     optim = OptimConfig(
         lr=lr or cfg.learning_rate_for(agent),
         weight_decay=sc.weight_decay,
@@ -271,7 +274,12 @@ def build_agent_critic(cfg: TrainConfig, agent: str, trainable: list[str], devic
 
     a = cfg.agent(agent)
     seed = cfg.seed + 100 + trainable.index(agent)
-    critic = build_critic(a.critic_model or a.pretrain_model, seed=seed, device=device)
+    critic = build_critic(
+        a.critic_model or a.pretrain_model,
+        seed=seed,
+        device=device,
+        attn_implementation=cfg.policy.attn_implementation,
+    )
     engine = build_strategy(
         cfg, agent, critic, list(critic.parameters()), lr=cfg.algorithm.critic_learning_rate
     )
@@ -343,10 +351,20 @@ class PolicyWorker:
             engine="hf" if self.cfg.ray.num_rollout_workers else None,
         )
         self.strategies: dict[str, Any] = {}
+        # policy.ema: an exponential moving average of each trained weight set, updated after every optimizer
+        # step, evaluated with (generate(greedy=True)) and saved with checkpoints.
+        self.ema: dict[str, EmaWeights] = {}
+        if self.cfg.policy.ema and not callable(getattr(self.engine, "pinned", None)):
+            raise InvalidArgumentError(
+                "policy.ema evaluates with the averaged weights through the transformers rollout engine; the "
+                f"{type(self.engine).__name__} cannot load them for a call (set rollout.engine: hf)"
+            )
         for agent in self.policy.trainable_agents:
             unit = self.policy.unit_of(agent)
             if unit not in self.strategies:
                 self.strategies[unit] = self._build_strategy(agent)
+                if self.cfg.policy.ema:
+                    self.ema[unit] = self._build_ema(agent, self.strategies[unit])
         self.critics: dict[str, Any] = {}
         self.critic_engines: dict[str, Any] = {}
         if self.algo.advantage_estimator == "gae" and self.cfg.ray.colocate_models:
@@ -372,6 +390,19 @@ class PolicyWorker:
                     self.resident.remember(
                         [agent], self.policy.version(agent), self.policy.state_for_sync(agent)
                     )
+
+    def _build_ema(self, agent: str, strategy: Any) -> EmaWeights:
+        """The EMA of the weight set ``agent`` trains, updated after each optimizer step of ``strategy`` (whole
+        weights: gathered first under ZeRO-3)."""
+        with strategy.gathered():
+            ema = EmaWeights(self.policy.named_parameters(agent), self.cfg.policy.ema_beta)
+
+        def update() -> None:
+            with strategy.gathered():
+                ema.update()
+
+        strategy.add_step_hook(update)
+        return ema
 
     def _build_strategy(self, agent: str) -> Any:
         """The train engine of the weight set ``agent`` trains (its model, adapter or the shared model)."""
@@ -399,7 +430,47 @@ class PolicyWorker:
         """
         if not self.engine_owns_weights:  # the engine samples with the live modules: no dropout
             self.policy.train(False)
+        if greedy and agent_id in self.policy.trainable_agents and self.ema:
+            return self._generate_with_ema(agent_id, chats)
         return generate_turns(self.cfg, self.policy, self.engine, self._engine_lock, agent_id, chats, greedy)
+
+    def ema_weights_for_sync(self, agent_id: str) -> dict[str, torch.Tensor]:
+        """The agent's weights as :meth:`MultiAgentPolicy.state_for_sync` gives them, with its trained parameters
+        replaced by their exponential moving average (``policy.ema``); detached CPU copies.
+
+        Raises:
+            InvalidArgumentError: ``policy.ema`` is off, or the agent is not trained.
+        """
+        unit = self.policy.unit_of(agent_id)
+        if unit not in self.ema or agent_id not in self.policy.trainable_agents:
+            raise InvalidArgumentError(
+                f"no EMA weights for agent {agent_id!r} (policy.ema off or a frozen agent)"
+            )
+        with self._whole_weights(), self.ema[unit].applied():
+            return {k: v.detach().cpu().clone() for k, v in self.policy.state_for_sync(agent_id).items()}
+
+    def _generate_with_ema(self, agent_id: str, chats: list[list[dict[str, str]]]) -> list[Any]:
+        """Evaluation turns (greedy) sampled with the agent's EMA weights for the call, tagged with the current
+        version: written into the live modules (restored after) when the engine samples with them, else loaded
+        into the engine's own copy (``engine.pinned``, which restores the trained weights on exit)."""
+        if not self.engine_owns_weights:  # the engine samples with the live modules: put the averages in them
+            ema = self.ema[self.policy.unit_of(agent_id)]
+            with self._engine_lock:
+                with self._whole_weights(modify=True):  # ZeRO-3: written whole, scattered back on exit
+                    saved = ema.swap_in()
+                try:
+                    return generate_turns(
+                        self.cfg, self.policy, self.engine, contextlib.nullcontext(), agent_id, chats, True
+                    )
+                finally:
+                    with self._whole_weights(modify=True):
+                        ema.restore(saved)
+        weights = self.ema_weights_for_sync(agent_id)
+        version = self.policy.version(agent_id)
+        with self._engine_lock, self.engine.pinned(agent_id, weights, version):
+            return generate_turns(
+                self.cfg, self.policy, self.engine, contextlib.nullcontext(), agent_id, chats, True
+            )
 
     def serve(
         self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
@@ -504,6 +575,11 @@ class PolicyWorker:
             strategy.save_checkpoint(root / f"strategy_{unit}")
         for agent, engine in self.critic_engines.items():
             engine.save_checkpoint(root / f"critic_{agent}")
+        for unit, ema in self.ema.items():
+            torch.save(
+                {"beta": ema.beta, "updates": ema.updates, "weights": ema.state_dict()},
+                root / f"ema_{unit}.pt",
+            )
         torch.save(
             {
                 "data_position": data_position,
@@ -525,6 +601,10 @@ class PolicyWorker:
             strategy.load_checkpoint(root / f"strategy_{unit}")
         for agent, engine in self.critic_engines.items():
             engine.load_checkpoint(root / f"critic_{agent}")
+        for unit, ema in self.ema.items():
+            saved = torch.load(root / f"ema_{unit}.pt", weights_only=True)
+            ema.load_state_dict(saved["weights"])
+            ema.updates = int(saved["updates"])
         state = torch.load(root / "worker_state.pt", weights_only=True)
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])

@@ -192,6 +192,7 @@ class VLLMRolloutEngine(RolloutEngine):
         agents: Sequence[str],
         *,
         default_sampling: Mapping[str, SamplingParams] | None = None,
+        seed_offset: int = 0,
     ) -> VLLMRolloutEngine:
         """An engine serving ``agents`` of a policy (:func:`vllm_agents_for`), sized by the ``vllm`` config.
 
@@ -203,6 +204,8 @@ class VLLMRolloutEngine(RolloutEngine):
             settings: The ``vllm`` config section (:class:`marti.config.VllmConfig`).
             agents: The agents to serve.
             default_sampling: Per-agent default :class:`SamplingParams`.
+            seed_offset: Added to the policy's seed (engine ``i`` of ``vllm.num_engines`` gets ``i``, so the
+                engines of a pool sample independently).
 
         Raises:
             FailedPreconditionError: vllm is not installed.
@@ -213,7 +216,7 @@ class VLLMRolloutEngine(RolloutEngine):
             gpu_memory_utilization=settings.gpu_memory_utilization,
             tensor_parallel_size=settings.tensor_parallel_size,
             max_lora_rank=max(16, policy.config.lora.r),
-            seed=policy.config.seed,
+            seed=policy.config.seed + seed_offset,
             default_sampling=default_sampling,
             llm_kwargs={
                 "max_num_batched_tokens": settings.max_num_batched_tokens,

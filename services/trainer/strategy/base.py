@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -204,6 +204,16 @@ class TrainEngine(abc.ABC):
                 exit); False discards them there, which is cheaper.
         """
         yield
+
+    def add_step_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` after every optimizer step that updated the weights (not after skipped or
+        accumulation-only micro steps); e.g. :meth:`services.trainer.ema.EmaWeights.update` (``policy.ema``)."""
+        self.__dict__.setdefault("_step_hooks", []).append(hook)
+
+    def run_step_hooks(self) -> None:
+        """Run the :meth:`add_step_hook` hooks, in the order added (engines call it after an optimizer step)."""
+        for hook in self.__dict__.get("_step_hooks", ()):
+            hook()
 
     @property
     def at_boundary(self) -> bool:

@@ -137,6 +137,7 @@ class DeepSpeedTrainEngine(TrainEngine):
         self._skipped_seen = getattr(self.ds, "skipped_steps", 0)
         if not skipped:
             self.global_step += 1
+            self.run_step_hooks()
         return StepResult(stepped=not skipped, grad_norm=norm_f, lr=lr, skipped_nonfinite=skipped)
 
     @contextlib.contextmanager

@@ -105,6 +105,7 @@ class TorchTrainEngine(TrainEngine):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
+        self.run_step_hooks()
         return StepResult(stepped=True, grad_norm=norm, lr=lr)
 
     def save_checkpoint(self, path: str | Path, data_position: Mapping[str, Any] | None = None) -> None:

@@ -1,77 +1,22 @@
-"""The training config: the YAML schema of ``marti train`` (ARCHITECTURE.md section 7).
+"""The schema of the training config: one frozen pydantic v2 model per YAML section, :class:`TrainConfig` on top.
 
-One frozen pydantic v2 model, :class:`TrainConfig`, describes a whole training job. Every section forbids
-unknown keys, so a typo is an :class:`~marti.errors.InvalidArgumentError` that names the dotted key path
-(``unknown key 'algorithm.kl_coeff' (did you mean 'kl_coef'?)``). The documented seed format
-(``multi_agent_collaboration.yaml`` of the design) loads exactly as written; YAML 1.1 reads ``2e-5`` as a
-string, so numeric strings are accepted wherever a number is expected.
-
-Sections (each documented field by field below and in ``docs/config.md``):
-
-- top level: ``training_name``, ``num_agents``, ``max_steps``, batch sizes, learning rate and schedule, seed;
-- ``agents``: one entry per agent (name, model, role, resources, sampling overrides, ``is_tuning``);
-- ``environment``, ``ray``, ``vllm``: the design's sections;
-- ``algorithm``, ``rollout``, ``policy``, ``strategy``, ``services``, ``output``, ``reward_alloc``,
-  ``device``, ``budget``: marti's additions.
-
-Models are only recorded here, never looked up: the trainer's model loader names a missing model.
-
-Typical use::
-
-    cfg = load_config("examples/resource_allocation.yaml", ["algorithm.kl_coef=0.01", "agents.0.role=planner"])
-    cfg.run_dir            # Path("runs/resource_allocation")
-    cfg.sampling_for("agent_2").temperature
+Every section forbids unknown keys and is immutable after validation; each field's docstring is its
+documentation (rendered into ``docs/config.md`` by :mod:`marti.config.docs`). Loading and overrides live in
+:mod:`marti.config.load`, the training-seed schedule in :mod:`marti.config.seeds`.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
 import re
-import types
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from marti.config.seeds import default_eval_seeds, epochs_done, steps_for_epochs, train_seeds
 from marti.errors import InvalidArgumentError
 
-__all__ = [
-    "WorkflowRoleConfig",
-    "WorkflowConfig",
-    "TaskConfig",
-    "CurriculumConfig",
-    "AllocationConfig",
-    "AgentConfig",
-    "AlgorithmConfig",
-    "BudgetConfig",
-    "EnvironmentConfig",
-    "ExternalConfig",
-    "GatewayConfig",
-    "OutputConfig",
-    "PolicyConfig",
-    "RayConfig",
-    "RewardAllocConfig",
-    "RolloutConfig",
-    "SamplingConfig",
-    "SamplingOverrides",
-    "ServicesConfig",
-    "StrategyConfig",
-    "TrainConfig",
-    "VllmConfig",
-    "apply_overrides",
-    "config_from_dict",
-    "config_from_text",
-    "dump_config",
-    "load_config",
-    "parse_byte_size",
-]
-
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-DEFAULT_EVAL_SEED_START = 1_000_000
-"""First held-out problem seed when ``rollout.eval_seeds`` is not given."""
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -266,7 +211,11 @@ class VllmConfig(_Section):
     """vLLM rollout engine settings (used when ``rollout.engine`` resolves to ``vllm``)."""
 
     num_engines: PositiveInt = 1
-    """Number of vLLM engines."""
+    """vLLM engines each actor that generates builds (each ``tensor_parallel_size`` GPUs and up to
+    ``gpu_memory_utilization`` of their memory; engine ``i`` seeded ``seed + i``): every generate call's prompts
+    are split into contiguous chunks, one per engine, generated concurrently and joined in order
+    (``services/trainer/rollout/pool.py``). Weight updates go to every engine. The transformers engine is always
+    one."""
     tensor_parallel_size: PositiveInt = 1
     """GPUs per engine (tensor parallelism)."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
@@ -413,7 +362,7 @@ class RolloutConfig(_Section):
         """The ``eval_episodes`` held-out seeds an evaluation plays, in order."""
         if self.eval_seeds is not None:
             return list(self.eval_seeds[: self.eval_episodes])
-        return [DEFAULT_EVAL_SEED_START + i for i in range(self.eval_episodes)]
+        return default_eval_seeds(self.eval_episodes)
 
     @property
     def problems_per_step(self) -> int:
@@ -423,39 +372,21 @@ class RolloutConfig(_Section):
     def train_seeds(self, step: int) -> list[int]:
         """Problem seeds of the episodes of training step ``step`` (0-based), each repeated ``group_size`` times.
 
-        Problem ``k`` overall (``k = step * problems_per_step + j``) has seed ``train_seed_start + k``, wrapped
-        modulo ``num_train_seeds`` when the problem set is finite; held-out seeds are skipped when the set is
-        unbounded, so training never sees an evaluation problem.
-
-        Args:
-            step: Training step index, >= 0.
-
-        Returns:
-            ``episodes_per_step`` seeds; consecutive runs of ``group_size`` equal seeds form one group.
+        See :func:`marti.config.seeds.train_seeds` (the schedule: problem ``k`` overall has seed
+        ``train_seed_start + k``, wrapped modulo ``num_train_seeds`` when the set is finite, held-out seeds
+        skipped when it is unbounded).
 
         Raises:
             InvalidArgumentError: ``step`` is negative.
         """
-        if step < 0:
-            raise InvalidArgumentError(f"step must be >= 0, got {step}")
-        held_out = set(self.resolved_eval_seeds)
-        seeds: list[int] = []
-        for j in range(self.problems_per_step):
-            k = step * self.problems_per_step + j
-            if self.num_train_seeds is not None:
-                seed = self.train_seed_start + k % self.num_train_seeds
-            else:
-                seed = self.train_seed_start + k
-                # Skip held-out seeds: shift by the number of held-out seeds at or below the candidate.
-                shift = 0
-                while True:
-                    below = sum(1 for s in held_out if self.train_seed_start <= s <= seed + shift)
-                    if below == shift:
-                        break
-                    shift = below
-                seed += shift
-            seeds.extend([seed] * self.group_size)
-        return seeds
+        return train_seeds(
+            step,
+            problems_per_step=self.problems_per_step,
+            group_size=self.group_size,
+            train_seed_start=self.train_seed_start,
+            num_train_seeds=self.num_train_seeds,
+            held_out=self.resolved_eval_seeds,
+        )
 
 
 class PolicyConfig(_Section):
@@ -478,11 +409,18 @@ class PolicyConfig(_Section):
     disable_dropout: bool = False
     """Set every dropout probability of the policy model to 0."""
     ema: bool = False
-    """Keep an exponential moving average of the policy weights."""
+    """Keep an exponential moving average of each agent's trained weights (its LoRA adapter, or the whole model
+    in ``per_agent`` / ``shared`` mode): after every optimizer step ``ema = ema_beta * ema + (1 - ema_beta) *
+    weights`` (OpenRLHF's ``--enable_ema``), starting from the initial weights. Evaluations (``eval_every``,
+    ``marti eval``) play with the averaged weights, training rollouts with the trained ones; checkpoints save
+    the averages (``ema_<unit>.pt``). Needs the transformers engine (``rollout.engine: hf``) and no rollout
+    actors; under ZeRO-3 the averages are whole copies, updated with the weights gathered."""
     ema_beta: Annotated[float, Field(gt=0, lt=1)] = 0.992
-    """EMA decay in (0, 1)."""
+    """EMA decay in (0, 1): the weight of the old average in each update (``policy.ema``)."""
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
-    """transformers attention kernel; null lets transformers choose."""
+    """transformers attention kernel every model (policy, reference, critic) is loaded with: passed as
+    ``attn_implementation=`` to ``from_pretrained`` / the model config. ``flash_attention_2`` is refused (an
+    error naming it) where the ``flash_attn`` package is not installed. Null lets transformers choose."""
     share_prompt_prefix: bool = True
     """Compute a prompt that several samples repeat (the G samples of a group) once: in the transformers rollout
     engine's prefill and in every training, reference and old-policy forward (a key/value cache gathered to the
@@ -805,7 +743,10 @@ class TrainConfig(_Section):
     gradient_accumulation_steps: PositiveInt = 1
     """Micro batches accumulated per optimizer step."""
     max_epochs: PositiveInt = 1
-    """Passes over the training problem set (only bounds training when ``rollout.num_train_seeds`` is set)."""
+    """Passes over the training problem set: with ``rollout.num_train_seeds`` set (a finite set) and built-in
+    rollouts, the job ends after ``ceil(max_epochs * num_train_seeds / problems_per_step)`` steps when that comes
+    before ``max_steps`` (it logs so, and logs ``train/epoch`` every step). Null ``num_train_seeds``: no epochs,
+    ``max_steps`` alone bounds the job."""
     learning_rate: PositiveFloat = 1e-5
     """Peak learning rate of the policies (numeric strings like ``2e-5`` are accepted)."""
     lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_min_lr"] = (
@@ -940,6 +881,22 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _check_ema(self) -> TrainConfig:
+        """``policy.ema`` evaluates on the policy actors' transformers engine: no rollout actors, no vLLM."""
+        if not self.policy.ema:
+            return self
+        if self.ray.num_rollout_workers:
+            raise ValueError(
+                f"policy.ema evaluates with the averaged weights on the policy actors; ray.num_rollout_workers="
+                f"{self.ray.num_rollout_workers} would evaluate on rollout actors (set it to 0)"
+            )
+        if self.rollout.engine == "vllm":
+            raise ValueError(
+                "policy.ema evaluates through the transformers engine; rollout.engine=vllm cannot"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _force_gateway(self) -> TrainConfig:
         """External episodes arrive through the gateway: ``rollout.source`` external or mixed turns it on."""
         if self.rollout.source != "builtin" and not self.gateway.enabled:
@@ -970,6 +927,30 @@ class TrainConfig(_Section):
     def items_per_step(self) -> int:
         """Items each trainable agent's update takes from its table: built-in plus external episodes."""
         return self.builtin_episodes_per_step + self.external_episodes_per_step
+
+    @property
+    def epoch_steps(self) -> int | None:
+        """Steps that make ``max_epochs`` passes over the finite training problem set, or None without one.
+
+        None when ``rollout.num_train_seeds`` is null or the job plays no built-in rollouts (``rollout.source:
+        external``); else :func:`marti.config.seeds.steps_for_epochs`.
+        """
+        if self.builtin_episodes_per_step == 0:
+            return None
+        r = self.rollout
+        return steps_for_epochs(self.max_epochs, r.problems_per_step, r.num_train_seeds)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps the job runs: ``max_steps``, or :attr:`epoch_steps` when ``max_epochs`` comes first."""
+        epochs = self.epoch_steps
+        return self.max_steps if epochs is None else min(self.max_steps, epochs)
+
+    def epoch_at(self, steps: int) -> float | None:
+        """Passes over the training problem set after ``steps`` steps (fractional), or None without epochs."""
+        if self.epoch_steps is None:
+            return None
+        return epochs_done(steps, self.rollout.problems_per_step, self.rollout.num_train_seeds)
 
     @property
     def run_dir(self) -> Path:
@@ -1025,306 +1006,3 @@ class TrainConfig(_Section):
         """Learning rate of agent ``name``: its own ``learning_rate`` or the top-level one."""
         lr = self.agent(name).learning_rate
         return self.learning_rate if lr is None else lr
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Loading, overrides and error messages
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc) if loc else "<root>"
-
-
-def _unwrap(annotation: Any) -> Any:
-    """Strip Optional / Annotated from a field annotation, returning the inner type."""
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(annotation) if a is not type(None)]
-            if len(args) != 1:
-                return annotation
-            annotation = args[0]
-        else:
-            return annotation
-
-
-def _is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, BaseModel)
-
-
-def _suggest(word: str, options: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _format_error(err: dict[str, Any], source: str) -> str:
-    loc = _dotted(tuple(err["loc"]))
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        parent = _model_at(tuple(err["loc"])[:-1])
-        hint = _suggest(str(err["loc"][-1]), parent.model_fields) if parent else ""
-        return f"{source}: unknown key '{loc}'{hint}"
-    if kind == "missing":
-        return f"{source}: missing required key '{loc}'"
-    msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if kind == "value_error" and (not err["loc"] or isinstance(err.get("input"), dict)):
-        return f"{source}: {msg}"
-    return f"{source}: '{loc}': {msg} (got {err.get('input')!r})"
-
-
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The section model at a validation location, e.g. ``('agents', 0, 'sampling')`` -> SamplingOverrides."""
-    cls: Any = TrainConfig
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if not _is_model(cls) or part not in cls.model_fields:
-            return None
-        tp = _unwrap(cls.model_fields[part].annotation)
-        if typing.get_origin(tp) is list:
-            tp = _unwrap(typing.get_args(tp)[0])
-        cls = tp
-    return cls if _is_model(cls) else None
-
-
-def _parse_override(text: str) -> tuple[list[str], Any]:
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise InvalidArgumentError(f"override {text!r} is not KEY=VALUE (e.g. algorithm.kl_coef=0.01)")
-    parts = key.split(".")
-    if any(not p for p in parts):
-        raise InvalidArgumentError(f"override key {key!r} has an empty part")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise InvalidArgumentError(
-            f"override {key}: value {raw!r} is not a YAML scalar or list: {exc}"
-        ) from None
-    return parts, value
-
-
-def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
-    """Apply dotted ``KEY=VALUE`` overrides to a raw config mapping (a deep copy is returned).
-
-    Keys are checked against the schema before anything is set: ``algorithm.kl_coef`` works even when the
-    YAML file has no ``algorithm`` section; list items are addressed by index (``agents.0.role``) and the
-    index must exist. Values are parsed as YAML (``0.01``, ``true``, ``null``, ``[a, b]``). Below a free-form
-    mapping (``environment.options``) any key is accepted.
-
-    Args:
-        data: The raw mapping read from YAML (not modified).
-        overrides: Strings ``dotted.key=value``, applied in order.
-
-    Returns:
-        The new raw mapping, still to be validated.
-
-    Raises:
-        InvalidArgumentError: Malformed override, unknown key (named, with a suggestion), a list index out of
-            range, or a key below a scalar value.
-    """
-    out = yaml.safe_load(yaml.safe_dump(data)) if data else {}
-    for text in overrides:
-        parts, value = _parse_override(text)
-        _set_path(out, parts, value)
-    return out
-
-
-def _set_path(root: dict[str, Any], parts: list[str], value: Any) -> None:
-    cls: Any = TrainConfig
-    node: Any = root
-    key = ".".join(parts)
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        here = ".".join(parts[: i + 1])
-        if cls is dict:  # free-form mapping: any key
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-            continue
-        if _is_model(cls):
-            if part not in cls.model_fields:
-                raise InvalidArgumentError(
-                    f"unknown config key '{here}' in override '{key}'{_suggest(part, cls.model_fields)}"
-                )
-            if last:
-                node[part] = value
-                return
-            tp = _unwrap(cls.model_fields[part].annotation)
-            origin = typing.get_origin(tp)
-            if _is_model(tp) or tp is dict or origin is dict:
-                if not isinstance(node.get(part), dict):
-                    node[part] = {}
-                node = node[part]
-                cls = tp if _is_model(tp) else dict
-            elif origin is list:
-                items = node.get(part)
-                if not isinstance(items, list):
-                    items = node[part] = [] if items is None else items
-                node, cls = items, ("list", _unwrap(typing.get_args(tp)[0]))
-            else:
-                raise InvalidArgumentError(
-                    f"override '{key}': '{here}' is a single value, it has no sub-keys"
-                )
-            continue
-        # list node: part must be an index
-        item_type = cls[1]
-        if not part.isdigit():
-            raise InvalidArgumentError(f"override '{key}': '{part}' must be a list index 0..{len(node) - 1}")
-        idx = int(part)
-        if idx >= len(node):
-            raise InvalidArgumentError(
-                f"override '{key}': index {idx} out of range, '{'.'.join(parts[:i])}' has {len(node)} items"
-            )
-        if last:
-            node[idx] = value
-            return
-        if not _is_model(item_type):
-            raise InvalidArgumentError(f"override '{key}': '{here}' is a single value, it has no sub-keys")
-        if not isinstance(node[idx], dict):
-            raise InvalidArgumentError(f"override '{key}': '{here}' is not a mapping (got {node[idx]!r})")
-        node, cls = node[idx], item_type
-
-
-def config_from_dict(
-    data: dict[str, Any], overrides: typing.Sequence[str] = (), *, source: str = "<config>"
-) -> TrainConfig:
-    """Validate a raw mapping (plus dotted overrides) into a :class:`TrainConfig`.
-
-    Args:
-        data: The raw config mapping, as read from YAML.
-        overrides: Dotted ``KEY=VALUE`` overrides (see :func:`apply_overrides`).
-        source: Name used in error messages (the file path).
-
-    Returns:
-        The validated, frozen config.
-
-    Raises:
-        InvalidArgumentError: Every problem found, one per line, each naming the dotted key and bad value.
-    """
-    if not isinstance(data, dict):
-        raise InvalidArgumentError(f"{source}: the config must be a YAML mapping, got {type(data).__name__}")
-    raw = apply_overrides(data, overrides)
-    try:
-        return TrainConfig.model_validate(raw)
-    except ValidationError as exc:
-        lines = [_format_error(e, source) for e in exc.errors(include_url=False)]
-        raise InvalidArgumentError("\n".join(lines)) from None
-
-
-def config_from_text(
-    text: str, overrides: typing.Sequence[str] = (), *, source: str = "<text>"
-) -> TrainConfig:
-    """Parse YAML text into a :class:`TrainConfig` (used by TrainerService.SubmitJob).
-
-    Raises:
-        InvalidArgumentError: The text is not valid YAML, or the config is invalid (see :func:`config_from_dict`).
-    """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
-    return config_from_dict({} if data is None else data, overrides, source=source)
-
-
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> TrainConfig:
-    """Load a YAML training config file and apply dotted overrides (``--set algorithm.kl_coef=0.01``).
-
-    Args:
-        path: The YAML file.
-        overrides: ``KEY=VALUE`` strings, applied in order after the file is read.
-
-    Returns:
-        The validated, frozen :class:`TrainConfig`.
-
-    Raises:
-        InvalidArgumentError: The file is missing or unreadable, is not YAML, or the config is invalid; the
-            message names the file, the dotted key and the bad value.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InvalidArgumentError(f"cannot read config file {str(p)!r}: {exc.strerror or exc}") from None
-    return config_from_text(text, overrides, source=str(p))
-
-
-def dump_config(config: TrainConfig) -> str:
-    """Render a config as YAML text that :func:`config_from_text` reads back to an equal config."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-
-
-def _type_name(tp: Any) -> str:
-    """Readable type of a field for the docs: ``int >= 1``, ``float in (0, 1] | null``, ``"hf" | "vllm"``."""
-    origin = typing.get_origin(tp)
-    if origin is Annotated:
-        base, *meta = typing.get_args(tp)
-        bounds = []
-        for m in meta:
-            for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-                if getattr(m, attr, None) is not None:
-                    bounds.append(f"{sign} {getattr(m, attr)}")
-            for inner in getattr(m, "metadata", ()):
-                for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-                    if getattr(inner, attr, None) is not None:
-                        bounds.append(f"{sign} {getattr(inner, attr)}")
-        return " ".join([_type_name(base), ", ".join(bounds)]).strip()
-    if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is Literal:
-        return " | ".join(json.dumps(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
-    if origin is dict or tp is dict:
-        return "mapping"
-    if tp is type(None):
-        return "null"
-    if _is_model(tp):
-        return "section"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _default_text(info: Any) -> str:
-    if info.is_required():
-        return "required"
-    value = info.get_default(call_default_factory=True)
-    if isinstance(value, BaseModel):
-        return "(section)"
-    return "`null`" if value is None else f"`{json.dumps(value)}`"
-
-
-def _strip_field_meta(info: Any) -> Any:
-    """A field's annotation with its pydantic constraints put back (pydantic moves them to ``metadata``)."""
-    if info.metadata:
-        return Annotated[(info.annotation, *info.metadata)]
-    return info.annotation
-
-
-def config_reference_markdown() -> str:
-    """Markdown tables of every config key (dotted path, type, default, description), one table per section.
-
-    ``docs/config.md`` embeds this text between ``<!-- BEGIN KEYS -->`` and ``<!-- END KEYS -->``; a unit test
-    keeps the two equal, so every key is documented with its current default.
-    """
-    sections: list[tuple[str, type[BaseModel]]] = [("", TrainConfig)]
-    out: list[str] = []
-    while sections:
-        prefix, cls = sections.pop(0)
-        title = prefix.rstrip(".") or "top level"
-        out += [f"### `{title}`" if prefix else "### top level", "", "| key | type | default | meaning |"]
-        out.append("| --- | --- | --- | --- |")
-        for name, info in cls.model_fields.items():
-            tp = _unwrap(info.annotation)
-            item = _unwrap(typing.get_args(tp)[0]) if typing.get_origin(tp) is list else None
-            if _is_model(tp):
-                sections.append((f"{prefix}{name}.", tp))
-            elif item is not None and _is_model(item):
-                sections.append((f"{prefix}{name}.N.", item))
-            desc = " ".join((info.description or "").split()).replace("|", "\\|")
-            kind = _type_name(_strip_field_meta(info)).replace("|", "\\|")
-            out.append(f"| `{prefix}{name}` | {kind} | {_default_text(info)} | {desc} |")
-        out.append("")
-    return "\n".join(out)

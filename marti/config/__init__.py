@@ -1,0 +1,101 @@
+"""The training config: the YAML schema of ``marti train`` (ARCHITECTURE.md section 7).
+
+One frozen pydantic v2 model, :class:`TrainConfig`, describes a whole training job. Every section forbids
+unknown keys, so a typo is an :class:`~marti.errors.InvalidArgumentError` that names the dotted key path
+(``unknown key 'algorithm.kl_coeff' (did you mean 'kl_coef'?)``). The documented seed format
+(``multi_agent_collaboration.yaml`` of the design) loads exactly as written; YAML 1.1 reads ``2e-5`` as a
+string, so numeric strings are accepted wherever a number is expected.
+
+The package has one module per job:
+
+- :mod:`marti.config.schema`: the sections and :class:`TrainConfig` (each field documented);
+- :mod:`marti.config.load`: YAML loading, dotted overrides, error messages;
+- :mod:`marti.config.docs`: the key reference embedded in ``docs/config.md``;
+- :mod:`marti.config.seeds`: the training-seed schedule and epochs;
+- :mod:`marti.config.inert`: documented keys nothing reads yet, and the warning setting one prints.
+
+Every public name is re-exported here, so ``from marti.config import X`` works for all of them.
+
+Models are only recorded here, never looked up: the trainer's model loader names a missing model.
+
+Typical use::
+
+    cfg = load_config("examples/resource_allocation.yaml", ["algorithm.kl_coef=0.01", "agents.0.role=planner"])
+    cfg.run_dir            # Path("runs/resource_allocation")
+    cfg.sampling_for("agent_2").temperature
+"""
+
+from __future__ import annotations
+
+from marti.config.docs import config_reference_markdown
+from marti.config.inert import INERT_KEYS, inert_key_warnings
+from marti.config.load import (
+    apply_overrides,
+    config_from_dict,
+    config_from_text,
+    dump_config,
+    load_config,
+)
+from marti.config.schema import (
+    GROUP_ESTIMATORS,
+    AgentConfig,
+    AlgorithmConfig,
+    AllocationConfig,
+    BudgetConfig,
+    CurriculumConfig,
+    EnvironmentConfig,
+    ExternalConfig,
+    GatewayConfig,
+    OutputConfig,
+    PolicyConfig,
+    RayConfig,
+    RewardAllocConfig,
+    RolloutConfig,
+    SamplingConfig,
+    SamplingOverrides,
+    ServicesConfig,
+    StrategyConfig,
+    TaskConfig,
+    TrainConfig,
+    VllmConfig,
+    WorkflowConfig,
+    WorkflowRoleConfig,
+    parse_byte_size,
+)
+from marti.config.seeds import DEFAULT_EVAL_SEED_START
+
+__all__ = [
+    "DEFAULT_EVAL_SEED_START",
+    "GROUP_ESTIMATORS",
+    "INERT_KEYS",
+    "WorkflowRoleConfig",
+    "WorkflowConfig",
+    "TaskConfig",
+    "CurriculumConfig",
+    "AllocationConfig",
+    "AgentConfig",
+    "AlgorithmConfig",
+    "BudgetConfig",
+    "EnvironmentConfig",
+    "ExternalConfig",
+    "GatewayConfig",
+    "OutputConfig",
+    "PolicyConfig",
+    "RayConfig",
+    "RewardAllocConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+    "SamplingOverrides",
+    "ServicesConfig",
+    "StrategyConfig",
+    "TrainConfig",
+    "VllmConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "config_from_text",
+    "config_reference_markdown",
+    "dump_config",
+    "inert_key_warnings",
+    "load_config",
+    "parse_byte_size",
+]
