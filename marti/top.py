@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +39,10 @@ from rich.text import Text
 from marti.api.broker.v1 import broker_service_pb2, broker_service_pb2_grpc
 from marti.api.env.v1 import env_pb2, env_service_pb2_grpc
 from marti.api.experience.v1 import experience_service_pb2, experience_service_pb2_grpc
-from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
+from marti.clients.trainer import TrainerClient
+from marti.errors import DeadlineExceededError, MartiError
 from marti.rpc.channel import make_channel
+from marti.rpc.errors import status_code_for
 
 __all__ = ["KINDS", "ServicePoller", "Snapshot", "build_parser", "main", "render"]
 
@@ -141,6 +144,7 @@ class ServicePoller:
         self.timeout_s = timeout_s
         self.max_jobs = max_jobs
         self._channel = make_channel(address, token=token, tls_ca_file=tls_ca_file)
+        self._trainer = TrainerClient(address, timeout_s=timeout_s, channel=self._channel)
         self._services: list[str] = []
         self._job_metrics: dict[str, tuple[int, dict[str, float]]] = {}
 
@@ -182,6 +186,8 @@ class ServicePoller:
                 getattr(self, f"_poll_{kind}")(snap)
             except grpc.RpcError as err:
                 snap.problems.append(f"{kind}: {err.code().name}: {err.details()}")
+            except MartiError as err:  # from the SDK clients: same report as a raw stub's status
+                snap.problems.append(f"{kind}: {status_code_for(err).name}: {err.message}")
             except Exception as exc:  # noqa: BLE001 - one odd answer must not end the live view
                 snap.problems.append(f"{kind}: {type(exc).__name__}: {exc}")
         return snap
@@ -211,44 +217,30 @@ class ServicePoller:
         snap.tables = [{k: getattr(t, k) for k in keys} for t in resp.tables]
 
     def _poll_trainer(self, snap: Snapshot) -> None:
-        stub = trainer_service_pb2_grpc.TrainerServiceStub(self._channel)
-        jobs = stub.ListJobs(trainer_service_pb2.ListJobsRequest(), timeout=self.timeout_s).jobs[
-            : self.max_jobs
-        ]
+        jobs = self._trainer.list_jobs()[: self.max_jobs]
         snap.jobs = []
         for job in jobs:
-            view = JobView(
-                job.job_id,
-                job.training_name,
-                trainer_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_"),
-                int(job.step),
-                int(job.max_steps),
-                job.error,
-            )
+            view = JobView(job.job_id, job.training_name, job.state, job.step, job.max_steps, job.error)
             if job.step > 0:
-                view.metrics = self._latest_metrics(stub, job.job_id, int(job.step))
+                view.metrics = self._latest_metrics(job.job_id, job.step)
             snap.jobs.append(view)
 
-    def _latest_metrics(self, stub: Any, job_id: str, step: int) -> dict[str, float]:
+    def _latest_metrics(self, job_id: str, step: int) -> dict[str, float]:
         """The newest ``train`` record of a job at or after ``step`` (cached per job and step)."""
         cached = self._job_metrics.get(job_id)
         if cached is not None and cached[0] >= step:
             return cached[1]
-        req = trainer_service_pb2.StreamMetricsRequest(job_id=job_id, from_step=step)
-        call = stub.StreamMetrics(req, timeout=self.timeout_s)
         latest: tuple[int, dict[str, float]] | None = None
+        records = self._trainer.stream_metrics(job_id, from_step=step, timeout_s=self.timeout_s)
         try:
-            for resp in call:
-                rec = resp.record
-                if rec.kind == "train":
-                    latest = (int(rec.step), dict(rec.values))
-                    if rec.step >= step:
-                        break
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise
-        finally:
-            call.cancel()
+            with closing(records):
+                for rec in records:
+                    if rec.kind == "train":
+                        latest = (rec.step, dict(rec.values))
+                        if rec.step >= step:
+                            break
+        except DeadlineExceededError:
+            pass  # a running job has no newer record yet: keep what was read
         if latest is None:
             return cached[1] if cached else {}
         self._job_metrics[job_id] = latest

@@ -33,7 +33,7 @@ from pettingzoo import ParallelEnv
 
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
-from marti.clients.env_codec import (
+from marti.codec.env import (
     map_from_proto,
     map_to_proto,
     space_from_proto,
@@ -47,6 +47,7 @@ from marti.errors import (
     SessionLostError,
     UnavailableError,
 )
+from marti.rpc.calls import acall, call
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
 from marti.rpc.errors import from_rpc_error, from_status_proto
 
@@ -254,15 +255,9 @@ class EnvClient:
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
 
-    def _call(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-
     def list_envs(self) -> list[dict[str, Any]]:
         """List registered envs (id, description, config schema, agents, roles, space descriptions)."""
-        return [_describe(d) for d in self._call(self.stub.ListEnvs, pb.ListEnvsRequest()).envs]
+        return [_describe(d) for d in call(self.stub.ListEnvs, pb.ListEnvsRequest(), self.timeout_s).envs]
 
     def create_session(
         self,
@@ -279,7 +274,7 @@ class EnvClient:
             ResourceExhaustedError: The server's session cap (named).
         """
         return _session_info(
-            self._call(self.stub.CreateSession, _create_request(env_id, config, seed, request_id))
+            call(self.stub.CreateSession, _create_request(env_id, config, seed, request_id), self.timeout_s)
         )
 
     def reset(
@@ -294,7 +289,9 @@ class EnvClient:
         Raises:
             SessionLostError: Unknown (closed, reaped, or lost in a server restart) session.
         """
-        return _result(self._call(self.stub.Reset, _reset_request(session_id, seed, options, request_id)))
+        return _result(
+            call(self.stub.Reset, _reset_request(session_id, seed, options, request_id), self.timeout_s)
+        )
 
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session; a retry with the same ``request_id`` returns the first result.
@@ -305,7 +302,7 @@ class EnvClient:
             SessionLostError: Unknown (closed, reaped, or lost in a server restart) session; a
                 ``NotFoundError`` mapped from the status's ``ErrorInfo`` detail (reason ``SESSION_LOST``).
         """
-        return _result(self._call(self.stub.Step, _step_request(session_id, actions, request_id)))
+        return _result(call(self.stub.Step, _step_request(session_id, actions, request_id), self.timeout_s))
 
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions in one call.
@@ -318,14 +315,16 @@ class EnvClient:
         """
         req = pb.BatchStepRequest(steps=[_step_request(s, a, None) for s, a in steps])
         out: list[StepResult | MartiError] = []
-        for item in self._call(self.stub.BatchStep, req).items:
+        for item in call(self.stub.BatchStep, req, self.timeout_s).items:
             err = from_status_proto(item.status)
             out.append(err if err is not None else _result(item.step))
         return out
 
     def close_session(self, session_id: str) -> bool:
         """Close a session (idempotent); True when it existed."""
-        return self._call(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id)).closed
+        return call(
+            self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), self.timeout_s
+        ).closed
 
     def stream(self) -> SessionStream:
         """Open a bidirectional :class:`SessionStream` on this client's channel."""
@@ -609,7 +608,7 @@ class RemoteParallelEnv(ParallelEnv):
         ):
             self._lost = "its session stream broke: the env server restarted or the connection dropped"
 
-    def _call(self, stream_fn: Any, unary_fn: Any) -> StepResult:
+    def _guarded(self, stream_fn: Any, unary_fn: Any) -> StepResult:
         """Run one session call, turning every way of losing the session into :class:`SessionLostError`."""
         self._check_stream()
         if self._lost is not None:
@@ -647,13 +646,13 @@ class RemoteParallelEnv(ParallelEnv):
             UnavailableError: The server cannot be reached (the env stays usable: call ``reset`` again).
         """
         try:
-            r = self._call(
+            r = self._guarded(
                 lambda: self._stream.reset(self.session_id, seed, options),
                 lambda: self.client.reset(self.session_id, seed, options),
             )
         except SessionLostError:
             self._recreate()
-            r = self._call(
+            r = self._guarded(
                 lambda: self._stream.reset(self.session_id, seed, options),
                 lambda: self.client.reset(self.session_id, seed, options),
             )
@@ -668,7 +667,7 @@ class RemoteParallelEnv(ParallelEnv):
             SessionLostError: The server no longer has the session (restart, broken stream, idle reaping);
                 call ``reset()`` to carry on in a new session.
         """
-        r = self._call(
+        r = self._guarded(
             lambda: self._stream.step(self.session_id, actions),
             lambda: self.client.step(self.session_id, actions),
         )
@@ -779,15 +778,11 @@ class AsyncEnvClient:
         )
         self.stub = pb_grpc.EnvServiceStub(self.channel)
 
-    async def _call(self, method: Any, request: Any) -> Any:
-        try:
-            return await method(request, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-
     async def list_envs(self) -> list[dict[str, Any]]:
         """See :meth:`EnvClient.list_envs`."""
-        return [_describe(d) for d in (await self._call(self.stub.ListEnvs, pb.ListEnvsRequest())).envs]
+        return [
+            _describe(d) for d in (await acall(self.stub.ListEnvs, pb.ListEnvsRequest(), self.timeout_s)).envs
+        ]
 
     async def create_session(
         self,
@@ -798,7 +793,9 @@ class AsyncEnvClient:
     ) -> SessionInfo:
         """See :meth:`EnvClient.create_session`."""
         return _session_info(
-            await self._call(self.stub.CreateSession, _create_request(env_id, config, seed, request_id))
+            await acall(
+                self.stub.CreateSession, _create_request(env_id, config, seed, request_id), self.timeout_s
+            )
         )
 
     async def reset(
@@ -810,27 +807,31 @@ class AsyncEnvClient:
     ) -> StepResult:
         """See :meth:`EnvClient.reset`."""
         return _result(
-            await self._call(self.stub.Reset, _reset_request(session_id, seed, options, request_id))
+            await acall(
+                self.stub.Reset, _reset_request(session_id, seed, options, request_id), self.timeout_s
+            )
         )
 
     async def step(
         self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None
     ) -> StepResult:
         """See :meth:`EnvClient.step`."""
-        return _result(await self._call(self.stub.Step, _step_request(session_id, actions, request_id)))
+        return _result(
+            await acall(self.stub.Step, _step_request(session_id, actions, request_id), self.timeout_s)
+        )
 
     async def batch_step(
         self, steps: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[StepResult | MartiError]:
         """See :meth:`EnvClient.batch_step`."""
         req = pb.BatchStepRequest(steps=[_step_request(s, a, None) for s, a in steps])
-        items = (await self._call(self.stub.BatchStep, req)).items
+        items = (await acall(self.stub.BatchStep, req, self.timeout_s)).items
         return [from_status_proto(i.status) or _result(i.step) for i in items]
 
     async def close_session(self, session_id: str) -> bool:
         """See :meth:`EnvClient.close_session`."""
         return (
-            await self._call(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
+            await acall(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), self.timeout_s)
         ).closed
 
     async def close(self) -> None:

@@ -13,8 +13,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
@@ -22,8 +20,9 @@ from marti.codec import experience as convert
 from marti.codec.chunks import DEFAULT_CHUNK_BYTES
 from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
 from marti.experience_types import CheckpointResult, SampledTrajectory, TableConfig, parse_table_config
+from marti.rpc.calls import acall, call, rpc_errors
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
-from marti.rpc.errors import from_rpc_error, from_status_proto
+from marti.rpc.errors import from_status_proto
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
 SERVICE = "marti.api.experience.v1.ExperienceService"
@@ -319,10 +318,8 @@ class ExperienceSharingClient(_Base):
             spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
             for i in range(0, len(items), batch_items)
         ]
-        try:
+        with rpc_errors():
             return self._keys(self._stub.Insert(iter(reqs)), len(items))
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
 
     def sample(
         self,
@@ -392,11 +389,9 @@ class ExperienceSharingClient(_Base):
         stale: list[int] = []
         stale_ids: list[str] = []
         err = None
-        try:
+        with rpc_errors():
             for resp in self._stub.Sample(iter([req])):
                 err = self._sampled(resp, out, stale, stale_ids) or err
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
         return SampleBatch(
             self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale, stale_ids
         )
@@ -427,11 +422,9 @@ class ExperienceSharingClient(_Base):
         """Like :meth:`get_trajectories`, with each item's key, table, priority and sample count."""
         req = self._getall_req(episode_id, session, agent_id, policy_version, tables)
         out: list[StoredTrajectory] = []
-        try:
+        with rpc_errors():
             for resp in self._stub.GetAllExperiences(req, timeout=self.timeout_s):
                 self._stored(resp, out)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
         return out
 
     def get_all_experiences(
@@ -455,31 +448,25 @@ class ExperienceSharingClient(_Base):
             InvalidArgumentError: bad config (naming the field).  AlreadyExistsError: other config exists.
         """
         cfg = convert.table_config_to_proto(self._table_config(config, name, fields))
-        return _info(self._call(self._stub.CreateTable, spb.CreateTableRequest(config=cfg)).info)
+        return _info(call(self._stub.CreateTable, spb.CreateTableRequest(config=cfg), self.timeout_s).info)
 
     def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
         """Set priorities by key; returns ``(updated, missing)`` (missing keys are skipped, not errors)."""
-        resp = self._call(self._stub.UpdatePriorities, self._updates(table, priorities))
+        resp = call(self._stub.UpdatePriorities, self._updates(table, priorities), self.timeout_s)
         return resp.updated, resp.missing
 
     def info(self, table: str) -> TableInfo:
         """Return the table's live state (NotFoundError for an unknown table)."""
-        return _info(self._call(self._stub.GetTableInfo, spb.GetTableInfoRequest(table=table)).info)
+        return _info(call(self._stub.GetTableInfo, spb.GetTableInfoRequest(table=table), self.timeout_s).info)
 
     def list_tables(self) -> list[TableInfo]:
         """Return every table's live state, sorted by name."""
-        return [_info(m) for m in self._call(self._stub.ListTables, spb.ListTablesRequest()).tables]
+        return [_info(m) for m in call(self._stub.ListTables, spb.ListTablesRequest(), self.timeout_s).tables]
 
     def checkpoint(self) -> CheckpointResult:
         """Ask the store for a snapshot; returns its path, duration and size."""
-        r = self._call(self._stub.Checkpoint, spb.CheckpointRequest(), timeout_s=max(self.timeout_s, 600.0))
+        r = call(self._stub.Checkpoint, spb.CheckpointRequest(), max(self.timeout_s, 600.0))
         return CheckpointResult(r.path, r.duration_s, r.num_bytes)
-
-    def _call(self, method, request, timeout_s: float | None = None):
-        try:
-            return method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
 
     def close(self) -> None:
         """Close the channel."""
@@ -542,10 +529,8 @@ class AsyncExperienceSharingClient(_Base):
             spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
             for i in range(0, len(items), batch_items)
         ]
-        try:
+        with rpc_errors():
             responses = [r async for r in self._stub.Insert(iter(reqs))]
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
         return self._keys(responses, len(items))
 
     async def sample(
@@ -586,11 +571,9 @@ class AsyncExperienceSharingClient(_Base):
         stale: list[int] = []
         stale_ids: list[str] = []
         err = None
-        try:
+        with rpc_errors():
             async for resp in self._stub.Sample(iter([req])):
                 err = self._sampled(resp, out, stale, stale_ids) or err
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
         return SampleBatch(
             self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale, stale_ids
         )
@@ -618,11 +601,9 @@ class AsyncExperienceSharingClient(_Base):
         """See :meth:`ExperienceSharingClient.get_items`."""
         req = self._getall_req(episode_id, session, agent_id, policy_version, tables)
         out: list[StoredTrajectory] = []
-        try:
+        with rpc_errors():
             async for resp in self._stub.GetAllExperiences(req, timeout=self.timeout_s):
                 self._stored(resp, out)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
         return out
 
     async def get_all_experiences(
@@ -638,33 +619,32 @@ class AsyncExperienceSharingClient(_Base):
     ) -> TableInfo:
         """See :meth:`ExperienceSharingClient.create_table`."""
         cfg = convert.table_config_to_proto(self._table_config(config, name, fields))
-        return _info((await self._call(self._stub.CreateTable, spb.CreateTableRequest(config=cfg))).info)
+        return _info(
+            (await acall(self._stub.CreateTable, spb.CreateTableRequest(config=cfg), self.timeout_s)).info
+        )
 
     async def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
         """See :meth:`ExperienceSharingClient.update_priorities`."""
-        resp = await self._call(self._stub.UpdatePriorities, self._updates(table, priorities))
+        resp = await acall(self._stub.UpdatePriorities, self._updates(table, priorities), self.timeout_s)
         return resp.updated, resp.missing
 
     async def info(self, table: str) -> TableInfo:
         """See :meth:`ExperienceSharingClient.info`."""
-        return _info((await self._call(self._stub.GetTableInfo, spb.GetTableInfoRequest(table=table))).info)
+        return _info(
+            (await acall(self._stub.GetTableInfo, spb.GetTableInfoRequest(table=table), self.timeout_s)).info
+        )
 
     async def list_tables(self) -> list[TableInfo]:
         """See :meth:`ExperienceSharingClient.list_tables`."""
-        return [_info(m) for m in (await self._call(self._stub.ListTables, spb.ListTablesRequest())).tables]
+        return [
+            _info(m)
+            for m in (await acall(self._stub.ListTables, spb.ListTablesRequest(), self.timeout_s)).tables
+        ]
 
     async def checkpoint(self) -> CheckpointResult:
         """See :meth:`ExperienceSharingClient.checkpoint`."""
-        r = await self._call(
-            self._stub.Checkpoint, spb.CheckpointRequest(), timeout_s=max(self.timeout_s, 600.0)
-        )
+        r = await acall(self._stub.Checkpoint, spb.CheckpointRequest(), max(self.timeout_s, 600.0))
         return CheckpointResult(r.path, r.duration_s, r.num_bytes)
-
-    async def _call(self, method, request, timeout_s: float | None = None):
-        try:
-            return await method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
 
     async def close(self) -> None:
         """Close the channel."""

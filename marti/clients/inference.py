@@ -25,17 +25,17 @@ import grpc
 
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.api.inference.v1 import inference_service_pb2_grpc as sgrpc
-from marti.errors import InternalError, InvalidArgumentError
-from marti.inference import (
-    ChatMessages,
-    Completion,
-    CompletionDelta,
-    InferenceResult,
-    ModelInfo,
-    RewardReceipt,
+from marti.codec.inference import (
+    StreamAssembler,
+    generate_request,
+    model_from_proto,
+    report_request,
+    result_from_proto,
 )
+from marti.errors import InternalError
+from marti.inference import ChatMessages, CompletionDelta, InferenceResult, ModelInfo, RewardReceipt
+from marti.rpc.calls import acall, call, rpc_errors
 from marti.rpc.channel import check_token, make_channel
-from marti.rpc.errors import from_rpc_error
 from marti.rpc.transport import LoopBoundChannel
 
 SERVICE = "marti.api.inference.v1.InferenceService"
@@ -45,10 +45,6 @@ IDEMPOTENT_METHODS = ((SERVICE, "ListModels"), (SERVICE, "GetStats"))
 TOKEN_ENV = "MARTI_GATEWAY_TOKEN"
 #: Default deadline of each call, seconds (a generate call may wait in the gateway's queue and for its batch).
 DEFAULT_INFERENCE_TIMEOUT_S = 120.0
-
-_INT32_MAX = 2**31 - 1
-_INT64 = (-(2**63), 2**63 - 1)
-_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 __all__ = [
     "AsyncCompletionStream",
@@ -106,181 +102,6 @@ def open_channel(
     )
 
 
-# ------------------------------------------------------------------------------------------------ requests
-
-
-def generate_request(
-    model: str,
-    messages: ChatMessages | None = None,
-    *,
-    text: str | None = None,
-    token_ids: Sequence[int] | None = None,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int = 0,
-    stop: str | Sequence[str] = (),
-    seed: int | None = None,
-    n: int = 1,
-    episode_id: str = "",
-    group_id: str = "",
-) -> pb.GenerateRequest:
-    """Build a ``GenerateRequest`` (see :meth:`InferenceClient.generate` for the arguments).
-
-    Raises:
-        InvalidArgumentError: Not exactly one prompt kind, an empty model, a malformed message, a token id or
-            seed out of range, ``n`` or ``max_tokens`` < 1, a negative ``top_k`` (the argument is named; the
-            gateway checks the rest).
-    """
-    if not model:
-        raise InvalidArgumentError("model is required: an agent id or AGENT@VERSION (models() lists them)")
-    given = [
-        k for k, v in (("messages", messages), ("text", text), ("token_ids", token_ids)) if v is not None
-    ]
-    if len(given) != 1:
-        raise InvalidArgumentError(
-            f"pass exactly one prompt: messages, text or token_ids (got {', '.join(given) or 'none'})"
-        )
-    if n < 1:
-        raise InvalidArgumentError(f"n must be >= 1, got {n}")
-    if max_tokens is not None and max_tokens < 1:
-        raise InvalidArgumentError(f"max_tokens must be >= 1, got {max_tokens}")
-    if top_k < 0:
-        raise InvalidArgumentError(f"top_k must be >= 0, got {top_k}")
-    if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
-        raise InvalidArgumentError(f"seed must fit in int64, got {seed}")
-    req = pb.GenerateRequest(
-        model=model,
-        top_k=top_k,
-        stop=[stop] if isinstance(stop, str) else list(stop),
-        episode_id=episode_id,
-        group_id=group_id,
-        n=n,
-    )
-    if messages is not None:
-        if isinstance(messages, (str, bytes)) or not messages:
-            raise InvalidArgumentError("messages must be a non-empty list of {'role', 'content'} dicts")
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-                raise InvalidArgumentError(
-                    f"messages[{i}] must be a dict with 'role' and 'content', got {m!r:.100}"
-                )
-            req.messages.messages.add(role=str(m["role"]), content=str(m["content"]))
-    elif text is not None:
-        req.text = text
-    else:
-        ids = [int(t) for t in token_ids]  # type: ignore[union-attr]
-        bad = next((i for i, t in enumerate(ids) if not 0 <= t <= _INT32_MAX), None)
-        if bad is not None:
-            raise InvalidArgumentError(f"token_ids[{bad}] is {ids[bad]}, outside [0, 2**31)")
-        req.token_ids.ids.extend(ids)
-    if max_tokens is not None:
-        req.max_tokens = max_tokens
-    if temperature is not None:
-        req.temperature = temperature
-    if top_p is not None:
-        req.top_p = top_p
-    if seed is not None:
-        req.seed = seed
-    return req
-
-
-def _result(resp: pb.GenerateResponse) -> InferenceResult:
-    return InferenceResult(
-        choices=[
-            Completion(
-                call_id=c.call_id,
-                text=c.text,
-                token_ids=list(c.token_ids),
-                logprobs=list(c.logprobs),
-                finish_reason=_FINISH.get(c.finish_reason, "stop"),  # type: ignore[arg-type]
-                policy_version=int(c.policy_version),
-                index=int(c.index),
-            )
-            for c in resp.choices
-        ],
-        prompt_token_ids=list(resp.prompt_token_ids),
-        agent=resp.agent,
-    )
-
-
-def _model(m: pb.ModelInfo) -> ModelInfo:
-    return ModelInfo(m.id, m.agent, int(m.policy_version), bool(m.pinned), int(m.max_model_len))
-
-
-def _report_request(
-    episode_id: str,
-    rewards: Mapping[str, float],
-    call_rewards: Mapping[str, float] | None,
-    group_id: str,
-    group_size: int,
-    failed: bool,
-) -> pb.ReportRewardRequest:
-    if not episode_id:
-        raise InvalidArgumentError("episode_id must be a non-empty string")
-    if group_size < 0:
-        raise InvalidArgumentError(f"group_size must be >= 0, got {group_size}")
-    return pb.ReportRewardRequest(
-        episode_id=episode_id,
-        rewards={str(k): float(v) for k, v in rewards.items()},
-        call_rewards={str(k): float(v) for k, v in (call_rewards or {}).items()},
-        group_id=group_id,
-        group_size=group_size,
-        failed=failed,
-    )
-
-
-# ------------------------------------------------------------------------------------------------ streams
-
-
-class _Assembler:
-    """Turns GenerateStream messages into :class:`CompletionDelta` events and keeps what a result needs."""
-
-    def __init__(self, header: pb.GenerateStreamResponse) -> None:
-        if header.WhichOneof("event") != "header":
-            raise InternalError("the GenerateStream stream did not start with its header")
-        self.agent = header.header.agent
-        self.prompt_token_ids = list(header.header.prompt_token_ids)
-        self.n = int(header.header.n)
-
-    @staticmethod
-    def delta(msg: pb.GenerateStreamResponse) -> CompletionDelta:
-        kind = msg.WhichOneof("event")
-        if kind == "delta":
-            d = msg.delta
-            return CompletionDelta(int(d.index), int(d.token_id), float(d.logprob), d.text)
-        if kind == "end":
-            e = msg.end
-            return CompletionDelta(
-                int(e.index),
-                finish_reason=_FINISH.get(e.finish_reason, "stop"),  # type: ignore[arg-type]
-                call_id=e.call_id,
-                policy_version=int(e.policy_version),
-            )
-        raise InternalError(f"unexpected GenerateStream message kind {kind!r} after the header")
-
-    def result(self, deltas: Sequence[CompletionDelta]) -> InferenceResult:
-        ids: dict[int, list[int]] = {}
-        logps: dict[int, list[float]] = {}
-        texts: dict[int, list[str]] = {}
-        choices: list[Completion] = []
-        for d in deltas:
-            if d.done:
-                choices.append(
-                    Completion(
-                        d.call_id, "".join(texts.get(d.index, [])), ids.get(d.index, []),
-                        logps.get(d.index, []), d.finish_reason, d.policy_version or 0, d.index,  # type: ignore[arg-type]
-                    )
-                )  # fmt: skip
-            else:
-                ids.setdefault(d.index, []).append(d.token_id)  # type: ignore[arg-type]
-                logps.setdefault(d.index, []).append(d.logprob)  # type: ignore[arg-type]
-                texts.setdefault(d.index, []).append(d.text)
-        if len(choices) != self.n:
-            raise InternalError(f"the stream ended after {len(choices)} of {self.n} completions")
-        return InferenceResult(sorted(choices, key=lambda c: c.index), self.prompt_token_ids, self.agent)
-
-
 class CompletionStream:
     """A streamed ``generate`` (sync): iterate it for :class:`CompletionDelta` events.
 
@@ -295,20 +116,17 @@ class CompletionStream:
     def __init__(self, call: Any) -> None:
         self._call = call
         try:
-            first = next(call)
+            with rpc_errors():
+                first = next(call)
         except StopIteration:
             raise InternalError("the GenerateStream stream ended before its header") from None
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-        self._asm = _Assembler(first)
+        self._asm = StreamAssembler(first)
         self.agent, self.prompt_token_ids, self.n = self._asm.agent, self._asm.prompt_token_ids, self._asm.n
 
     def __iter__(self) -> Iterator[CompletionDelta]:
-        try:
+        with rpc_errors():
             for msg in self._call:
                 yield self._asm.delta(msg)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
 
     def collect(self) -> InferenceResult:
         """Read the rest of the stream and assemble it into the result ``generate`` would return.
@@ -338,7 +156,7 @@ class AsyncCompletionStream:
 
     def __init__(self, call: Any, header: pb.GenerateStreamResponse) -> None:
         self._call = call
-        self._asm = _Assembler(header)
+        self._asm = StreamAssembler(header)
         self.agent, self.prompt_token_ids, self.n = self._asm.agent, self._asm.prompt_token_ids, self._asm.n
 
     @classmethod
@@ -348,20 +166,16 @@ class AsyncCompletionStream:
         Raises:
             The call's error as a :class:`MartiError`; InternalError when it ends before its header.
         """
-        try:
+        with rpc_errors():
             first = await call.read()
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
         if first is grpc.aio.EOF:
             raise InternalError("the GenerateStream stream ended before its header")
         return cls(call, first)
 
     async def __aiter__(self) -> AsyncIterator[CompletionDelta]:
         while True:
-            try:
+            with rpc_errors():
                 msg = await self._call.read()
-            except grpc.RpcError as e:
-                raise from_rpc_error(e) from None
             if msg is grpc.aio.EOF:
                 return
             yield self._asm.delta(msg)
@@ -415,12 +229,6 @@ class InferenceClient:
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
         self.stub = sgrpc.InferenceServiceStub(self.channel)
 
-    def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
-        try:
-            return method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-
     def generate(
         self,
         model: str,
@@ -471,7 +279,7 @@ class InferenceClient:
             model, messages, text=text, token_ids=token_ids, max_tokens=max_tokens, temperature=temperature,
             top_p=top_p, top_k=top_k, stop=stop, seed=seed, n=n, episode_id=episode_id, group_id=group_id,
         )  # fmt: skip
-        return _result(self._call(self.stub.Generate, req, timeout_s))
+        return result_from_proto(call(self.stub.Generate, req, timeout_s or self.timeout_s))
 
     def generate_stream(
         self,
@@ -499,7 +307,10 @@ class InferenceClient:
 
     def models(self) -> list[ModelInfo]:
         """Every servable model name: each agent, then each resident ``agent@VERSION``."""
-        return [_model(m) for m in self._call(self.stub.ListModels, pb.ListModelsRequest()).models]
+        return [
+            model_from_proto(m)
+            for m in call(self.stub.ListModels, pb.ListModelsRequest(), self.timeout_s).models
+        ]
 
     def report_reward(
         self,
@@ -532,13 +343,13 @@ class InferenceClient:
             FailedPreconditionError: The episode was already reported (or abandoned).
             InternalError: The gateway could not store the episode.
         """
-        req = _report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)
-        resp = self._call(self.stub.ReportReward, req, timeout_s)
+        req = report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)
+        resp = call(self.stub.ReportReward, req, timeout_s or self.timeout_s)
         return RewardReceipt(int(resp.released), int(resp.dropped))
 
     def stats(self) -> dict[str, float]:
         """The gateway's counters (calls, released, dropped, open episodes, batches, ...; see the proto)."""
-        return dict(self._call(self.stub.GetStats, pb.GetStatsRequest()).counters)
+        return dict(call(self.stub.GetStats, pb.GetStatsRequest(), self.timeout_s).counters)
 
     def close(self) -> None:
         """Close the channel (when this client dialed it)."""
@@ -581,12 +392,6 @@ class AsyncInferenceClient:
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file, aio=True)
         self.stub = sgrpc.InferenceServiceStub(self.channel)
 
-    async def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
-        try:
-            return await method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-
     async def generate(
         self,
         model: str,
@@ -597,7 +402,7 @@ class AsyncInferenceClient:
     ) -> InferenceResult:
         """See :meth:`InferenceClient.generate` (same keyword arguments)."""
         req = generate_request(model, messages, **kwargs)
-        return _result(await self._call(self.stub.Generate, req, timeout_s))
+        return result_from_proto(await acall(self.stub.Generate, req, timeout_s or self.timeout_s))
 
     async def generate_stream(
         self,
@@ -616,7 +421,10 @@ class AsyncInferenceClient:
 
     async def models(self) -> list[ModelInfo]:
         """See :meth:`InferenceClient.models`."""
-        return [_model(m) for m in (await self._call(self.stub.ListModels, pb.ListModelsRequest())).models]
+        return [
+            model_from_proto(m)
+            for m in (await acall(self.stub.ListModels, pb.ListModelsRequest(), self.timeout_s)).models
+        ]
 
     async def report_reward(
         self,
@@ -630,13 +438,13 @@ class AsyncInferenceClient:
         timeout_s: float | None = None,
     ) -> RewardReceipt:
         """See :meth:`InferenceClient.report_reward`."""
-        req = _report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)
-        resp = await self._call(self.stub.ReportReward, req, timeout_s)
+        req = report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)
+        resp = await acall(self.stub.ReportReward, req, timeout_s or self.timeout_s)
         return RewardReceipt(int(resp.released), int(resp.dropped))
 
     async def stats(self) -> dict[str, float]:
         """See :meth:`InferenceClient.stats`."""
-        return dict((await self._call(self.stub.GetStats, pb.GetStatsRequest())).counters)
+        return dict((await acall(self.stub.GetStats, pb.GetStatsRequest(), self.timeout_s)).counters)
 
     async def close(self) -> None:
         """Close the channel (when this client dialed it)."""

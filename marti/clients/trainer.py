@@ -9,6 +9,7 @@ is read from ``MARTI_TRAINER_TOKEN``, then ``MARTI_TOKEN``, when not given.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +18,9 @@ import grpc
 from marti.api.trainer.v1 import trainer_pb2 as pb
 from marti.api.trainer.v1 import trainer_service_pb2 as spb
 from marti.api.trainer.v1 import trainer_service_pb2_grpc as sgrpc
+from marti.rpc.calls import acall, aiterate, call, iterate
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
-from marti.rpc.errors import from_rpc_error
+from marti.rpc.transport import LoopBoundChannel
 
 SERVICE = "marti.api.trainer.v1.TrainerService"
 _IDEMPOTENT = [(SERVICE, m) for m in ("GetJob", "ListJobs")]
@@ -119,6 +121,8 @@ class TrainerClient:
         token: Bearer token; ``None`` reads ``MARTI_TRAINER_TOKEN``, then ``MARTI_TOKEN``; ``""`` sends none.
         tls_ca_file: PEM CA file; enables TLS.
         timeout_s: Deadline of each unary call, seconds.
+        channel: An open channel to use instead of dialing (``token`` and ``tls_ca_file`` are then ignored);
+            not closed by :meth:`close` (``marti top`` shares one channel across a server's services).
 
     Raises:
         InvalidArgumentError: The token is not printable ASCII (at construction, before any rpc).
@@ -134,38 +138,34 @@ class TrainerClient:
         token: str | None = None,
         tls_ca_file: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        channel: grpc.Channel | None = None,
     ) -> None:
         self.timeout_s = timeout_s
-        self._channel = _channel(address, token, tls_ca_file, aio=False)
+        self._own_channel = channel is None
+        self._channel = channel or _channel(address, token, tls_ca_file, aio=False)
         self._stub = sgrpc.TrainerServiceStub(self._channel)
-
-    def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
-        try:
-            return method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
 
     def submit_job(self, config_yaml: str, overrides: Sequence[str] = ()) -> JobInfo:
         """Start a job from a training config (YAML text) with dotted ``key=value`` overrides."""
         req = spb.SubmitJobRequest(config_yaml=config_yaml, overrides=list(overrides))
-        return _job(self._call(self._stub.SubmitJob, req).job)
+        return _job(call(self._stub.SubmitJob, req, self.timeout_s).job)
 
     def get_job(self, job_id: str) -> JobInfo:
         """The job's current state."""
-        return _job(self._call(self._stub.GetJob, spb.GetJobRequest(job_id=job_id)).job)
+        return _job(call(self._stub.GetJob, spb.GetJobRequest(job_id=job_id), self.timeout_s).job)
 
     def list_jobs(self) -> list[JobInfo]:
         """Every job, newest first."""
-        return [_job(j) for j in self._call(self._stub.ListJobs, spb.ListJobsRequest()).jobs]
+        return [_job(j) for j in call(self._stub.ListJobs, spb.ListJobsRequest(), self.timeout_s).jobs]
 
     def stop_job(self, job_id: str) -> JobInfo:
         """Ask a job to stop; returns its state after the request."""
-        return _job(self._call(self._stub.StopJob, spb.StopJobRequest(job_id=job_id)).job)
+        return _job(call(self._stub.StopJob, spb.StopJobRequest(job_id=job_id), self.timeout_s).job)
 
     def save_checkpoint(self, job_id: str, timeout_s: float = 600.0) -> tuple[str, int]:
         """Save a checkpoint of a running job now; returns ``(path, step)``. ``timeout_s``: longest wait, s."""
         req = spb.SaveCheckpointRequest(job_id=job_id, timeout_ms=int(timeout_s * 1000))
-        resp = self._call(self._stub.SaveCheckpoint, req, timeout_s=timeout_s + 5.0)
+        resp = call(self._stub.SaveCheckpoint, req, timeout_s + 5.0)
         return resp.path, int(resp.step)
 
     def stream_metrics(
@@ -181,20 +181,14 @@ class TrainerClient:
         Raises:
             MartiError: as the service reports (``DeadlineExceededError`` when the deadline passes first).
         """
-        call = self._stub.StreamMetrics(
-            spb.StreamMetricsRequest(job_id=job_id, from_step=from_step), timeout=timeout_s or self.timeout_s
-        )
-        try:
-            for resp in call:
-                yield _record(resp.record)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-        finally:
-            call.cancel()
+        req = spb.StreamMetricsRequest(job_id=job_id, from_step=from_step)
+        for resp in iterate(self._stub.StreamMetrics(req, timeout=timeout_s or self.timeout_s)):
+            yield _record(resp.record)
 
     def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            self._channel.close()
 
     def __enter__(self) -> TrainerClient:
         return self
@@ -213,58 +207,52 @@ class AsyncTrainerClient:
         token: str | None = None,
         tls_ca_file: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        channel: grpc.aio.Channel | LoopBoundChannel | None = None,
     ) -> None:
         self.timeout_s = timeout_s
-        self._channel = _channel(address, token, tls_ca_file, aio=True)
+        self._own_channel = channel is None
+        self._channel = channel or _channel(address, token, tls_ca_file, aio=True)
         self._stub = sgrpc.TrainerServiceStub(self._channel)
-
-    async def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
-        try:
-            return await method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
 
     async def submit_job(self, config_yaml: str, overrides: Sequence[str] = ()) -> JobInfo:
         """See :meth:`TrainerClient.submit_job`."""
         req = spb.SubmitJobRequest(config_yaml=config_yaml, overrides=list(overrides))
-        return _job((await self._call(self._stub.SubmitJob, req)).job)
+        return _job((await acall(self._stub.SubmitJob, req, self.timeout_s)).job)
 
     async def get_job(self, job_id: str) -> JobInfo:
         """See :meth:`TrainerClient.get_job`."""
-        return _job((await self._call(self._stub.GetJob, spb.GetJobRequest(job_id=job_id))).job)
+        return _job((await acall(self._stub.GetJob, spb.GetJobRequest(job_id=job_id), self.timeout_s)).job)
 
     async def list_jobs(self) -> list[JobInfo]:
         """See :meth:`TrainerClient.list_jobs`."""
-        return [_job(j) for j in (await self._call(self._stub.ListJobs, spb.ListJobsRequest())).jobs]
+        return [
+            _job(j) for j in (await acall(self._stub.ListJobs, spb.ListJobsRequest(), self.timeout_s)).jobs
+        ]
 
     async def stop_job(self, job_id: str) -> JobInfo:
         """See :meth:`TrainerClient.stop_job`."""
-        return _job((await self._call(self._stub.StopJob, spb.StopJobRequest(job_id=job_id))).job)
+        return _job((await acall(self._stub.StopJob, spb.StopJobRequest(job_id=job_id), self.timeout_s)).job)
 
     async def save_checkpoint(self, job_id: str, timeout_s: float = 600.0) -> tuple[str, int]:
         """See :meth:`TrainerClient.save_checkpoint`."""
         req = spb.SaveCheckpointRequest(job_id=job_id, timeout_ms=int(timeout_s * 1000))
-        resp = await self._call(self._stub.SaveCheckpoint, req, timeout_s=timeout_s + 5.0)
+        resp = await acall(self._stub.SaveCheckpoint, req, timeout_s + 5.0)
         return resp.path, int(resp.step)
 
     async def stream_metrics(
         self, job_id: str, from_step: int = 0, timeout_s: float | None = None
     ) -> AsyncIterator[MetricsRecord]:
         """See :meth:`TrainerClient.stream_metrics`."""
-        call = self._stub.StreamMetrics(
-            spb.StreamMetricsRequest(job_id=job_id, from_step=from_step), timeout=timeout_s or self.timeout_s
-        )
-        try:
-            async for resp in call:
+        req = spb.StreamMetricsRequest(job_id=job_id, from_step=from_step)
+        stream = aiterate(self._stub.StreamMetrics(req, timeout=timeout_s or self.timeout_s))
+        async with aclosing(stream):
+            async for resp in stream:
                 yield _record(resp.record)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-        finally:
-            call.cancel()
 
     async def close(self) -> None:
-        """Close the channel."""
-        await self._channel.close()
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            await self._channel.close()
 
     async def __aenter__(self) -> AsyncTrainerClient:
         return self

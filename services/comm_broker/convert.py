@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 
 from marti.api.broker.v1 import broker_pb2
 from marti.api.common.v1 import common_pb2
-from marti.clients import broker_codec
+from marti.codec import broker as broker_codec
 from marti.errors import InvalidArgumentError
 
 from .core.types import AgentState, DeadLetter, Delivery, Envelope, SendResult, StatsSnapshot

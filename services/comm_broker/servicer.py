@@ -16,7 +16,7 @@ import zstandard
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.api.common.v1 import common_pb2
-from marti.clients import broker_codec
+from marti.codec import broker as broker_codec
 from marti.rpc.server import ServiceSpec
 
 from . import convert

@@ -1,6 +1,6 @@
 """The only bridge between ``marti.api.env.v1`` protos and the env server's domain types.
 
-Values and spaces use the protocol codec shared with the client (:mod:`marti.clients.env_codec`); this module
+Values and spaces use the protocol codec shared with the client (:mod:`marti.codec.env`); this module
 adds registry descriptions and session outcomes.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from marti.api.env.v1 import env_pb2 as pb
-from marti.clients.env_codec import (
+from marti.codec.env import (
     fill_map,
     fill_value,
     infos_json,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from marti.api.inference.v1 import inference_pb2 as pb
+from marti.codec.inference import FINISH_REASON_NAMES
 from marti.errors import InvalidArgumentError
 from marti.inference import ChatMessages, SamplingParams
 from services.gateway.core.gateway import ModelCard, Served
@@ -21,11 +22,8 @@ from services.gateway.core.traces import Released
 #: model's context has less room left after the prompt.
 DEFAULT_MAX_TOKENS = SamplingParams.max_new_tokens
 
-FINISH_REASONS: dict[str, int] = {
-    "stop": pb.FINISH_REASON_STOP,
-    "length": pb.FINISH_REASON_LENGTH,
-}
-FINISH_REASON_NAMES: dict[int, str] = {v: k for k, v in FINISH_REASONS.items()}
+#: Finish reason name -> wire value (the inverse of the SDK codec's table).
+FINISH_REASONS: dict[str, int] = {name: value for value, name in FINISH_REASON_NAMES.items()}
 
 #: Decodes token ids of one agent to text without special tokens.
 Decode = Callable[[list[int]], str]

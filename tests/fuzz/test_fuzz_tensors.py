@@ -3,7 +3,7 @@
 A ``marti.api.env.v1.Tensor`` may arrive in an env config (``CreateSession``), reset options (``Reset``)
 and actions (``Step``). Its dtype may be of any kind numpy knows (b i u f c m M O S U V, plus names numpy
 refuses), zero-size (``"str"``, ``"U"``, ``"S"``, ``"V"``), and its shape may disagree with its bytes. The
-codec (:func:`marti.clients.env_codec.tensor_from_proto`) accepts bool, integer, unsigned, float, complex,
+codec (:func:`marti.codec.env.tensor_from_proto`) accepts bool, integer, unsigned, float, complex,
 timedelta and datetime items and refuses the rest with ``InvalidArgumentError`` naming the dtype; no tensor
 makes a server answer INTERNAL.
 
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 
 from marti.api.env.v1 import env_pb2 as epb
 from marti.api.env.v1 import env_service_pb2_grpc as egrpc
-from marti.clients.env_codec import TENSOR_KINDS, tensor_from_proto, tensor_to_proto
+from marti.codec.env import TENSOR_KINDS, tensor_from_proto, tensor_to_proto
 from marti.errors import InvalidArgumentError
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread

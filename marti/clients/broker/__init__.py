@@ -20,14 +20,15 @@ Nothing is dropped silently: a batch the broker refuses raises :class:`BatchRefu
 message ids) from the call that sent it, or, if the flush timer sent it, from the client's next call; it
 is also counted (``refused_batches`` / ``refused_messages``) and passed to the ``on_error`` callback.
 
-Modules: :mod:`.types` (domain types and errors), :mod:`.codec` (payloads), :mod:`.protocol` (batching,
+Modules: :mod:`.types` (domain types and errors), :mod:`marti.codec.broker` (payloads and frames), :mod:`.protocol` (batching,
 acks, dedup and counters shared by both clients), :mod:`.sync_client`, :mod:`.async_client`.
 """
 
 from __future__ import annotations
 
+from marti.codec.broker import JSON, OCTET_STREAM, decode_payload, encode_payload
+
 from .async_client import AsyncMartiCommClient
-from .codec import JSON, OCTET_STREAM, decode_payload, encode_payload
 from .protocol import _IDEMPOTENT, IDEMPOTENT_METHODS, SERVICE_NAME, TRANSIENT_ERRORS, _Core, _state_entry
 from .sync_client import MartiCommClient, open_channel
 from .types import (

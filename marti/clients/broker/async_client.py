@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -12,10 +13,10 @@ import grpc
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
+from marti.codec.broker import encode_payload
+from marti.rpc.calls import acall, aiterate
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
-from marti.rpc.errors import from_rpc_error
 
-from .codec import encode_payload
 from .protocol import _IDEMPOTENT, _Core, _state_entry
 from .sync_client import _notify, _publish_result
 from .types import AgentStateEntry, BatchRefusedError, CommunicationStats, Message, PublishResult
@@ -75,27 +76,47 @@ class AsyncMartiCommClient:
         self._stub = pb_grpc.BrokerServiceStub(self._channel)
         self._send_lock: asyncio.Lock | None = None
         self._flusher: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._connected = False
         self._closed = False
 
-    async def _call(self, method, request, timeout_s: float | None = None):
-        try:
-            return await method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
-
     async def connect(self) -> AsyncMartiCommClient:
-        """Creates (or joins) the session and starts the flush timer. Idempotent. Returns self."""
+        """Creates (or joins) the session and starts the flush timer. Idempotent. Returns self.
+
+        The send lock and the flush timer belong to the event loop that runs them: used from a new loop (a
+        second ``asyncio.run``, a thread with its own loop), the client makes both anew there, so batched
+        messages keep being flushed on time.
+        """
+        self._bind_loop()
         if self._connected:
             return self
-        self._send_lock = asyncio.Lock()
-        info = await self._call(self._stub.CreateSession, pb.CreateSessionRequest(session=self.session))
+        info = await acall(
+            self._stub.CreateSession, pb.CreateSessionRequest(session=self.session), self.timeout_s
+        )
         if self._use_dictionary and info.zstd_dictionary:
             self._core.set_dictionary(info.zstd_dictionary)
-        if self._core.batching_size > 1 and self._core.update_frequency_s > 0:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
         self._connected = True
+        self._start_flusher()
         return self
+
+    def _bind_loop(self) -> None:
+        """Make the send lock (and, once connected, the flush timer) for the running loop if it is new."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        old, self._flusher = self._flusher, None
+        if old is not None and not old.done():
+            old_loop = old.get_loop()
+            if not old_loop.is_closed():
+                old_loop.call_soon_threadsafe(old.cancel)
+        self._loop = loop
+        self._send_lock = asyncio.Lock()
+        if self._connected:
+            self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        if self._flusher is None and self._core.batching_size > 1 and self._core.update_frequency_s > 0:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
     async def _flush_loop(self) -> None:
         period = self._core.update_frequency_s
@@ -214,7 +235,9 @@ class AsyncMartiCommClient:
 
     async def _send_batch(self, method, request_cls, items: list):
         frame = self._core.frame(items)
-        resp = await self._call(method, request_cls(session=self.session, sender=self.agent_id, frame=frame))
+        resp = await acall(
+            method, request_cls(session=self.session, sender=self.agent_id, frame=frame), self.timeout_s
+        )
         self._core.sent_ok(items, frame)
         return resp
 
@@ -232,7 +255,7 @@ class AsyncMartiCommClient:
             ack_message_ids=acks,
         )
         try:
-            resp = await self._call(self._stub.Receive, req, timeout_s=self.timeout_s + timeout_s)
+            resp = await acall(self._stub.Receive, req, self.timeout_s + timeout_s)
         except Exception:
             with self._core.lock:
                 self._core.pending_acks[:0] = acks
@@ -243,33 +266,31 @@ class AsyncMartiCommClient:
         """Async iterator over pushed messages (see :meth:`MartiCommClient.subscribe`)."""
         self._raise_refused()
         await self.connect()
-        call = self._stub.Subscribe(
-            pb.SubscribeRequest(
-                session=self.session,
-                agent_id=self.agent_id,
-                topics=self.topics,
-                max_batch_messages=max_batch_messages,
-                max_unacked=max_unacked,
-            )
+        stream = aiterate(
+            self._stub.Subscribe(
+                pb.SubscribeRequest(
+                    session=self.session,
+                    agent_id=self.agent_id,
+                    topics=self.topics,
+                    max_batch_messages=max_batch_messages,
+                    max_unacked=max_unacked,
+                )
+            ),
+            end_on_cancel=True,
         )
-        try:
-            async for resp in call:
+        async with aclosing(stream):
+            async for resp in stream:
                 for msg in self._core.unpack(resp.frame):
                     yield msg
                 ids = self._core.take_acks()
                 if ids:
                     await self.ack(ids)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
-                raise from_rpc_error(exc) from None
-        finally:
-            call.cancel()
 
     async def ack(self, message_ids: Sequence[str]) -> int:
         """Async :meth:`MartiCommClient.ack`."""
         self._raise_refused()
         req = pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=list(message_ids))
-        return (await self._call(self._stub.Ack, req)).acked
+        return (await acall(self._stub.Ack, req, self.timeout_s)).acked
 
     async def broadcast_state(
         self, state: Any, *, content_type: str | None = None, expected_version: int | None = None
@@ -283,7 +304,7 @@ class AsyncMartiCommClient:
         )
         if expected_version is not None:
             req.expected_version = expected_version
-        return (await self._call(self._stub.PutState, req)).state.version
+        return (await acall(self._stub.PutState, req, self.timeout_s)).state.version
 
     async def get_agent_states(self, exclude_self: bool = True) -> dict[str, Any]:
         """Async :meth:`MartiCommClient.get_agent_states`."""
@@ -294,7 +315,7 @@ class AsyncMartiCommClient:
         self._raise_refused()
         await self.connect()
         req = pb.GetStatesRequest(session=self.session, agent_id=self.agent_id, exclude_self=exclude_self)
-        return [_state_entry(s) for s in (await self._call(self._stub.GetStates, req)).states]
+        return [_state_entry(s) for s in (await acall(self._stub.GetStates, req, self.timeout_s)).states]
 
     def get_communication_stats(self) -> CommunicationStats:
         """What this client measured (see :class:`CommunicationStats`); never raises a pending refusal."""
@@ -304,7 +325,7 @@ class AsyncMartiCommClient:
         """The broker's counters for this session (or the whole broker)."""
         self._raise_refused()
         req = pb.GetStatsRequest(session="" if whole_broker else self.session)
-        return (await self._call(self._stub.GetStats, req)).stats
+        return (await acall(self._stub.GetStats, req, self.timeout_s)).stats
 
     async def close(self) -> None:
         """Flushes, stops the timer and closes the channel; then raises a refusal no call has raised yet.

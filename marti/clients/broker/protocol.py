@@ -20,10 +20,10 @@ import zstandard
 
 from marti.api.broker.v1 import broker_pb2
 from marti.api.common.v1 import common_pb2
-from marti.clients import broker_codec
+from marti.codec import broker as broker_codec
+from marti.codec.broker import decode_payload, encode_payload
 from marti.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
 
-from .codec import decode_payload, encode_payload
 from .types import AgentStateEntry, BatchRefusedError, CommunicationStats, Message, batch_refused
 
 SERVICE_NAME = "marti.api.broker.v1.BrokerService"

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from typing import Any
 
 import grpc
@@ -13,10 +14,10 @@ import grpc
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
+from marti.codec.broker import encode_payload
+from marti.rpc.calls import call, iterate
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
-from marti.rpc.errors import from_rpc_error
 
-from .codec import encode_payload
 from .protocol import _IDEMPOTENT, _Core, _state_entry
 from .types import (
     AgentStateEntry,
@@ -149,7 +150,7 @@ class MartiCommClient:
         self._send_lock = threading.Lock()
         self._closed = threading.Event()
         self._flusher: threading.Thread | None = None
-        info = self._call(self._stub.CreateSession, pb.CreateSessionRequest(session=session))
+        info = call(self._stub.CreateSession, pb.CreateSessionRequest(session=session), self.timeout_s)
         if use_dictionary and info.zstd_dictionary:
             self._core.set_dictionary(info.zstd_dictionary)
         if batching_size > 1 and update_frequency_s > 0:
@@ -157,12 +158,6 @@ class MartiCommClient:
                 target=self._flush_loop, name=f"marti-comm-flush-{agent_id}", daemon=True
             )
             self._flusher.start()
-
-    def _call(self, method, request, timeout_s: float | None = None):
-        try:
-            return method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
 
     def _flush_loop(self) -> None:
         period = self._core.update_frequency_s
@@ -325,7 +320,9 @@ class MartiCommClient:
 
     def _send_batch(self, method, request_cls, items: list):
         frame = self._core.frame(items)
-        resp = self._call(method, request_cls(session=self.session, sender=self.agent_id, frame=frame))
+        resp = call(
+            method, request_cls(session=self.session, sender=self.agent_id, frame=frame), self.timeout_s
+        )
         self._core.sent_ok(items, frame)
         return resp
 
@@ -356,7 +353,7 @@ class MartiCommClient:
             ack_message_ids=acks,
         )
         try:
-            resp = self._call(self._stub.Receive, req, timeout_s=self.timeout_s + timeout_s)
+            resp = call(self._stub.Receive, req, self.timeout_s + timeout_s)
         except Exception:
             with self._core.lock:
                 self._core.pending_acks[:0] = acks
@@ -379,26 +376,24 @@ class MartiCommClient:
             BatchRefusedError: A batch the flush timer sent was refused (raised by the iteration).
         """
         self._raise_refused()
-        stream = self._stub.Subscribe(
-            pb.SubscribeRequest(
-                session=self.session,
-                agent_id=self.agent_id,
-                topics=self.topics,
-                max_batch_messages=max_batch_messages,
-                max_unacked=max_unacked,
-            )
+        stream = iterate(
+            self._stub.Subscribe(
+                pb.SubscribeRequest(
+                    session=self.session,
+                    agent_id=self.agent_id,
+                    topics=self.topics,
+                    max_batch_messages=max_batch_messages,
+                    max_unacked=max_unacked,
+                )
+            ),
+            end_on_cancel=True,
         )
-        try:
+        with closing(stream):
             for resp in stream:
                 yield from self._core.unpack(resp.frame)
                 ids = self._core.take_acks()
                 if ids:
                     self.ack(ids)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
-                raise from_rpc_error(exc) from None
-        finally:
-            stream.cancel()
 
     def ack(self, message_ids: Sequence[str]) -> int:
         """Acks deliveries by message id (needed only with ``auto_ack=False``). Returns how many were acked.
@@ -407,9 +402,10 @@ class MartiCommClient:
             BatchRefusedError: A batch the flush timer sent was refused (nothing acked then).
         """
         self._raise_refused()
-        return self._call(
+        return call(
             self._stub.Ack,
             pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=list(message_ids)),
+            self.timeout_s,
         ).acked
 
     # ------------------------------------------------------------------ state board
@@ -438,7 +434,7 @@ class MartiCommClient:
         )
         if expected_version is not None:
             req.expected_version = expected_version
-        return self._call(self._stub.PutState, req).state.version
+        return call(self._stub.PutState, req, self.timeout_s).state.version
 
     def get_agent_states(self, exclude_self: bool = True) -> dict[str, Any]:
         """Returns ``{agent_id: state}`` of the session's board (this agent left out if ``exclude_self``).
@@ -455,9 +451,10 @@ class MartiCommClient:
             BatchRefusedError: A batch the flush timer sent was refused.
         """
         self._raise_refused()
-        resp = self._call(
+        resp = call(
             self._stub.GetStates,
             pb.GetStatesRequest(session=self.session, agent_id=self.agent_id, exclude_self=exclude_self),
+            self.timeout_s,
         )
         return [_state_entry(s) for s in resp.states]
 
@@ -474,7 +471,7 @@ class MartiCommClient:
         """
         self._raise_refused()
         req = pb.GetStatsRequest(session="" if whole_broker else self.session)
-        return self._call(self._stub.GetStats, req).stats
+        return call(self._stub.GetStats, req, self.timeout_s).stats
 
     def close(self) -> None:
         """Flushes buffered messages and pending acks, stops the flush timer and closes the channel.

@@ -13,8 +13,8 @@ from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.api.common.v1 import common_pb2
-from marti.clients import broker_codec
 from marti.clients.broker import AsyncMartiCommClient, MartiCommClient
+from marti.codec import broker as broker_codec
 from marti.errors import AbortedError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from marti.rpc.channel import make_channel
 from marti.rpc.testing import serve_in_thread

@@ -114,6 +114,38 @@ def test_broker_client_from_two_loops(address):
     asyncio.run(client.close())
 
 
+def test_batching_broker_client_flushes_on_its_timer_in_every_loop(address):
+    """The send lock and the flush timer are made anew in each loop that uses the client."""
+    from marti.clients.broker import MartiCommClient
+
+    sender = marti.aio.MartiCommClient(
+        "s1",
+        address,
+        session="loops-batch",
+        token=TOKEN,
+        timeout_s=5,
+        batching_size=8,
+        update_frequency_s=0.05,
+    )
+    receiver = MartiCommClient("r1", address, session="loops-batch", token=TOKEN, timeout_s=5)
+
+    async def send(i: int) -> int:
+        await sender.send_message("r1", {"i": i})  # buffered: 1 of 8, only the timer sends it
+        assert sender.get_communication_stats().total_sent == i  # not sent yet
+        await asyncio.sleep(0.5)  # the timer (period 0.05 s) flushes while this loop runs
+        return sender.get_communication_stats().total_sent
+
+    try:
+        for i in range(2):  # two successive asyncio.run loops
+            assert asyncio.run(send(i)) == i + 1, f"loop {i + 1}: the flush timer did not send the message"
+            assert [m.content for m in receiver.get_messages(timeout_s=2)] == [{"i": i}]
+        assert _in_thread(lambda: send(2)) == 3  # a loop in another thread
+        assert [m.content for m in receiver.get_messages(timeout_s=2)] == [{"i": 2}]
+    finally:
+        asyncio.run(sender.close())
+        receiver.close()
+
+
 def test_store_client_from_two_loops(address):
     client = marti.aio.ExperienceSharingClient("a1", address, token=TOKEN, timeout_s=5)
     turn = Turn(step=0, prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[-0.1], reward=1.0)

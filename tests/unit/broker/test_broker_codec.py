@@ -7,7 +7,7 @@ import json
 import pytest
 import zstandard
 
-from marti.clients import broker_codec as codec
+from marti.codec import broker as codec
 from marti.errors import InvalidArgumentError, ResourceExhaustedError
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from marti.api.broker.v1 import broker_pb2
 from marti.api.common.v1 import common_pb2
-from marti.clients import broker_codec
+from marti.codec import broker as broker_codec
 from services.comm_broker import convert
 from services.comm_broker.core import Broker, Delivery, Envelope
 

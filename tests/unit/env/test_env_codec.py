@@ -8,7 +8,7 @@ import pytest
 from gymnasium.utils.env_checker import data_equivalence
 
 from marti.api.env.v1 import env_pb2 as pb
-from marti.clients import env_codec as c
+from marti.codec import env as c
 from marti.errors import InvalidArgumentError
 from services.env_server.envs.text_base import text_space
 
