@@ -11,8 +11,9 @@ The package has one module per job:
 - :mod:`marti.config.schema`: the sections and :class:`TrainConfig` (each field documented);
 - :mod:`marti.config.load`: YAML loading, dotted overrides, error messages;
 - :mod:`marti.config.docs`: the key reference embedded in ``docs/config.md``;
-- :mod:`marti.config.seeds`: the training-seed schedule and epochs;
-- :mod:`marti.config.inert`: documented keys nothing reads yet, and the warning setting one prints.
+- :mod:`marti.config.seeds`: the training-seed schedule and epochs.
+
+Every documented key has a consumer (``tests/unit/config/test_key_walk.py`` fails on a key nothing reads).
 
 Every public name is re-exported here, so ``from marti.config import X`` works for all of them.
 
@@ -28,7 +29,6 @@ Typical use::
 from __future__ import annotations
 
 from marti.config.docs import config_reference_markdown
-from marti.config.inert import INERT_KEYS, inert_key_warnings
 from marti.config.load import (
     apply_overrides,
     config_from_dict,
@@ -67,7 +67,6 @@ from marti.config.seeds import DEFAULT_EVAL_SEED_START
 __all__ = [
     "DEFAULT_EVAL_SEED_START",
     "GROUP_ESTIMATORS",
-    "INERT_KEYS",
     "WorkflowRoleConfig",
     "WorkflowConfig",
     "TaskConfig",
@@ -95,7 +94,6 @@ __all__ = [
     "config_from_text",
     "config_reference_markdown",
     "dump_config",
-    "inert_key_warnings",
     "load_config",
     "parse_byte_size",
 ]

@@ -132,7 +132,10 @@ class AgentConfig(_Section):
     learning_rate: PositiveFloat | None = None
     """Per-agent learning rate; null uses the top-level ``learning_rate``."""
     ref_model: str | None = None
-    """Reference model for the KL term; null uses ``pretrain_model``."""
+    """Model the agent's reference policy (KL term, OpenRLHF's ``--ref_pretrain``) is loaded from: any name the
+    trainer's model loader accepts (``smollm2-135m-instruct``, ``tiny-llama``, a local folder or ``.gguf``); it
+    must use the agent's tokenizer. Null: the agent's initial policy (``pretrain_model``'s weights; in
+    ``lora`` mode the base with adapters disabled)."""
     critic_model: str | None = None
     """Critic's base model (``gae`` only); null uses ``pretrain_model``."""
     max_staleness: StrictNonNegInt | None = None
@@ -407,7 +410,9 @@ class PolicyConfig(_Section):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, more time)."""
     disable_dropout: bool = False
-    """Set every dropout probability of the policy model to 0."""
+    """Set every dropout probability of the policy, reference and critic models to 0 when they are loaded (the
+    model config's ``*dropout*`` fields, dropout modules and attention dropout; OpenRLHF's
+    ``--disable_dropout``), so train-mode forwards are deterministic. LoRA adapters keep ``lora_dropout``."""
     ema: bool = False
     """Keep an exponential moving average of each agent's trained weights (its LoRA adapter, or the whole model
     in ``per_agent`` / ``shared`` mode): after every optimizer step ``ema = ema_beta * ema + (1 - ema_beta) *
@@ -443,7 +448,8 @@ class StrategyConfig(_Section):
     zero_stage: Annotated[int, Field(ge=0, le=3)] = 0
     """ZeRO stage 0 to 3 of the policies (``deepspeed`` only)."""
     critic_zero_stage: Annotated[int, Field(ge=0, le=3)] | None = None
-    """ZeRO stage of the critics; null uses ``zero_stage``."""
+    """ZeRO stage 0 to 3 of the critics' DeepSpeed engines (``gae``; ``deepspeed`` only); null uses
+    ``zero_stage``."""
     bf16: bool = False
     """Train in bfloat16 where the device supports it."""
     grad_clip: NonNegFloat = 1.0
@@ -451,9 +457,13 @@ class StrategyConfig(_Section):
     weight_decay: NonNegFloat = 0.0
     """AdamW weight decay."""
     init_on_gpu: bool = False
-    """Build models directly on the GPU (CUDA only)."""
+    """Create the policy, reference and critic weights directly on the GPU (a ``torch.device`` context, or
+    ``device_map`` for a local folder) instead of on the CPU and then moving them: less host memory and time at
+    start. On a CPU run it changes nothing."""
     offload_reference_model: bool = False
-    """Keep the reference model in CPU memory between uses (CUDA only)."""
+    """Keep the reference models in CPU memory and move each to the GPU only for its forward, then back
+    (OpenRLHF's ``--ref_reward_offload``): saves accelerator memory at the cost of two copies per use. On a CPU
+    run it changes nothing."""
 
     @model_validator(mode="after")
     def _check(self) -> StrategyConfig:
@@ -495,7 +505,9 @@ class OutputConfig(_Section):
     keep_checkpoints: PositiveInt = 2
     """Most recent checkpoints kept on disk."""
     log_every: PositiveInt = 1
-    """Log metrics every this many steps."""
+    """Write the training metrics (``metrics.jsonl``, TensorBoard, wandb, the progress line's values) every this
+    many steps, and always the last step (OpenRLHF's ``--logging_steps``). Evaluations and the trainer
+    service's job stream are not thinned."""
     log_with: list[Literal["tensorboard", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
     """Loggers besides metrics.jsonl (which is always written): ``tensorboard``, ``wandb`` (if installed)."""
     wandb_project: str | None = None

@@ -66,6 +66,8 @@ def build_critic(
     seed: int = 0,
     device: str | torch.device = "cpu",
     attn_implementation: str | None = None,
+    init_device: str | torch.device = "cpu",
+    disable_dropout: bool = False,
 ) -> ValueModel:
     """Load ``model_name`` (any name :func:`services.trainer.models.load_model` accepts) as a critic.
 
@@ -74,6 +76,9 @@ def build_critic(
         seed: Seed for tiny models.
         device: Where the critic lives.
         attn_implementation: transformers attention kernel (``policy.attn_implementation``); None: default.
+        init_device: Where the backbone's weights are created (``strategy.init_on_gpu``); moved to ``device``
+            after.
+        disable_dropout: Set the backbone's dropout probabilities to 0 (``policy.disable_dropout``).
 
     Returns:
         A trainable :class:`ValueModel` (every backbone weight and the head train).
@@ -82,7 +87,14 @@ def build_critic(
         NotFoundError: the model is not available locally (named).
     """
     tokenizer = load_tokenizer(model_name)
-    lm = load_model(model_name, tokenizer=tokenizer, seed=seed, attn_implementation=attn_implementation)
+    lm = load_model(
+        model_name,
+        tokenizer=tokenizer,
+        seed=seed,
+        attn_implementation=attn_implementation,
+        device=init_device,
+        disable_dropout=disable_dropout,
+    )
     backbone = getattr(lm, lm.base_model_prefix, None)
     if backbone is None:
         raise InvalidArgumentError(f"model {model_name!r} has no backbone attribute {lm.base_model_prefix!r}")

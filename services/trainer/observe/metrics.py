@@ -3,7 +3,8 @@
 Layout of a run directory written by :class:`RunWriter`::
 
     <run_dir>/config.yaml         the TrainConfig of the run (when one is given)
-    <run_dir>/metrics.jsonl       one line per RunWriter.log call: {"step", "time", "metrics": {key: value}}
+    <run_dir>/metrics.jsonl       one line per logged step (RunWriter.log, every log_every steps and the last):
+                                  {"step", "time", "metrics": {key: value}}
     <run_dir>/eval.jsonl          one line per RunWriter.log_eval call: {"step", "time", "table": {key: value}}
     <run_dir>/tensorboard/        TensorBoard event files (training keys as logged, eval keys under "eval/")
 
@@ -144,7 +145,11 @@ def flatten_table(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 class RunWriter:
     """Writes a run's metrics to ``metrics.jsonl`` and ``eval.jsonl``, and to TensorBoard and wandb.
 
-    Every call appends one JSON line and flushes it, so a crash loses nothing that was logged.
+    Every logged step appends one JSON line and flushes it, so a crash loses nothing that was logged. With
+    ``log_every = N > 1`` (``output.log_every``, OpenRLHF's ``--logging_steps``) only the steps that are
+    multiples of N, and the final one, reach ``metrics.jsonl``, TensorBoard and wandb: :meth:`log` keeps a
+    skipped step's metrics and :meth:`close` writes them when no later step was logged (a run that ends or
+    stops between two multiples still records its last step). Evaluations are always written.
 
     Args:
         out_dir: The run directory (created if missing).
@@ -154,9 +159,11 @@ class RunWriter:
             (project defaults to the training name); a mapping: keyword arguments for ``wandb.init``. If wandb
             is not installed, a warning is logged once and the run goes on without it.
         clock: Wall clock in seconds since the epoch (recorded as each line's ``time``).
+        log_every: Write the training metrics of every this many steps (>= 1), plus the final step.
 
     Raises:
         FailedPreconditionError: ``use_tensorboard`` is true but the ``tensorboard`` package is missing.
+        InvalidArgumentError: ``log_every`` is not an int >= 1.
     """
 
     def __init__(
@@ -167,7 +174,12 @@ class RunWriter:
         wandb: bool | Mapping[str, Any] | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        log_every: int = 1,
     ) -> None:
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise InvalidArgumentError(f"log_every must be an int >= 1, got {log_every!r}")
+        self.log_every = log_every
+        self._pending: tuple[int, dict[str, float]] | None = None
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
@@ -187,6 +199,7 @@ class RunWriter:
             config,
             use_tensorboard="tensorboard" in config.output.log_with,
             wandb="wandb" in config.output.log_with,
+            log_every=config.output.log_every,
         )
 
     def _open_tensorboard(self, config: TrainConfig | None) -> Any:
@@ -222,14 +235,19 @@ class RunWriter:
         if self._closed:
             raise FailedPreconditionError(f"RunWriter for {str(self.out_dir)!r} is closed")
 
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record training metrics of one step.
+    def log(self, step: int, metrics: Mapping[str, float], *, final: bool = False) -> bool:
+        """Record training metrics of one step, when it is a logged step.
 
         Args:
             step: Training step (>= 0); logging a step at or below an earlier one (a resume) makes
                 readers drop the earlier records from that step on.
             metrics: ``<scope>/<name>`` keys (``agent_1/reward``, ``team/task_completion``) to real numbers;
                 NaN and infinities are kept.
+            final: The run's last step: written whatever ``log_every`` says.
+
+        Returns:
+            True when the step was written now (``step % log_every == 0`` or ``final``); False when it was kept
+            back (written by :meth:`close` unless a later step is logged first).
 
         Raises:
             InvalidArgumentError: Negative or non-int step, empty key, or a non-numeric value (named).
@@ -237,6 +255,15 @@ class RunWriter:
         """
         self._check_open()
         values = _check_metrics(step, metrics, "log")
+        if not final and int(step) % self.log_every:
+            self._pending = (int(step), values)
+            return False
+        self._pending = None
+        self._write(int(step), values)
+        return True
+
+    def _write(self, step: int, values: dict[str, float]) -> None:
+        """Append one step's checked metrics to every sink."""
         line = {
             "step": int(step),
             "time": self._clock(),
@@ -277,9 +304,13 @@ class RunWriter:
             self._wandb.log({f"eval/{k}": v for k, v in values.items()}, step=int(step))
 
     def close(self) -> None:
-        """Flush and close every sink; calling it again does nothing."""
+        """Write the last step's metrics if :meth:`log` kept them back, then flush and close every sink; calling
+        it again does nothing."""
         if self._closed:
             return
+        if self._pending is not None:
+            self._write(*self._pending)
+            self._pending = None
         self._closed = True
         self._metrics.close()
         self._evals.close()

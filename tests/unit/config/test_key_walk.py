@@ -1,14 +1,13 @@
-"""Every documented config key does something, or is listed in ``INERT_KEYS`` and warns when set.
+"""Every documented config key does something.
 
 Walks the keys of docs/config.md's generated KEYS block (``config_reference_markdown``). For each key:
 
 - keys of the sections with a builder (``algorithm``, ``policy``, ``strategy``, ``vllm``, sampling) must change
   what the builders produce when set to a non-default value (:func:`_fingerprint`);
 - every key must be read somewhere outside the config package's loading and docs code (an attribute access
-  ``.leaf`` or a ``"leaf"`` string in ``services/`` / ``marti/`` or a schema property), or be in
-  :data:`marti.config.INERT_KEYS`, whose keys must print their warning when set.
+  ``.leaf`` or a ``"leaf"`` string in ``services/`` / ``marti/`` or a schema property).
 
-A key added to the schema without a consumer or an ``INERT_KEYS`` entry fails here.
+A key added to the schema without a consumer fails here: there is no list of accepted-but-inert keys.
 """
 
 from __future__ import annotations
@@ -22,13 +21,7 @@ from typing import Any
 
 import pytest
 
-from marti.config import (
-    INERT_KEYS,
-    TrainConfig,
-    config_from_dict,
-    config_reference_markdown,
-    inert_key_warnings,
-)
+from marti.config import TrainConfig, config_from_dict, config_reference_markdown
 
 ROOT = Path(__file__).resolve().parents[3]
 KEYS = re.findall(r"^\| `([^`]+)` \|", config_reference_markdown(), re.M)
@@ -46,7 +39,7 @@ BASE: dict[str, Any] = {
 
 def _sources() -> str:
     files = [p for p in (ROOT / "services").rglob("*.py")] + [p for p in (ROOT / "marti").rglob("*.py")]
-    skip = {ROOT / "marti" / "config" / n for n in ("load.py", "docs.py", "inert.py", "__init__.py")}
+    skip = {ROOT / "marti" / "config" / n for n in ("load.py", "docs.py", "__init__.py")}
     skip |= {ROOT / "marti" / "launch_flags.py"}
     text = []
     for p in files:
@@ -154,15 +147,13 @@ def test_the_walk_sees_every_section():
 
 
 @pytest.mark.parametrize("key", KEYS)
-def test_every_key_is_read_or_listed_inert(key):
+def test_every_key_is_read(key):
     leaf = key.split(".")[-1]
-    if key in INERT_KEYS:
-        return
     pattern = rf"(\.{re.escape(leaf)}\b|[\"']{re.escape(leaf)}[\"'])"
-    assert re.search(pattern, SOURCES), f"{key}: nothing reads it; implement it or list it in INERT_KEYS"
+    assert re.search(pattern, SOURCES), f"{key}: nothing reads it; implement it or remove it from the schema"
 
 
-@pytest.mark.parametrize("key", [k for k in KEYS if k.startswith(BUILT) and k not in INERT_KEYS])
+@pytest.mark.parametrize("key", [k for k in KEYS if k.startswith(BUILT)])
 def test_built_section_keys_change_what_the_builders_produce(key):
     base = config_from_dict(BASE)
     if key == "strategy.zero_stage" or key == "strategy.critic_zero_stage":
@@ -175,13 +166,3 @@ def test_built_section_keys_change_what_the_builders_produce(key):
         raw = _set(BASE, key, value)
     changed = config_from_dict(raw)
     assert _fingerprint(changed) != _fingerprint(base), f"{key}: no builder output changes"
-
-
-@pytest.mark.parametrize("key", sorted(INERT_KEYS))
-def test_inert_keys_warn_when_set(key):
-    assert key in KEYS, f"INERT_KEYS lists {key}, which is not a documented key"
-    base = config_from_dict(_set(BASE, "strategy.name", "deepspeed"))
-    assert inert_key_warnings(base) == []
-    changed = config_from_dict(_set(_set(BASE, "strategy.name", "deepspeed"), key, _other_value(base, key)))
-    warnings = inert_key_warnings(changed)
-    assert len(warnings) == 1 and warnings[0].startswith(f"{key}=") and INERT_KEYS[key] in warnings[0]
