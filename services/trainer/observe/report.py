@@ -338,9 +338,17 @@ def _overview(
         team = ", ".join(f"{a.get('name')} ({a.get('role')}, {a.get('pretrain_model')})" for a in agents)
         algo = (config.get("algorithm") or {}).get("advantage_estimator", "?")
         rollout = config.get("rollout") or {}
+        source = rollout.get("source", "builtin")
+        per_step = rollout.get("episodes_per_step", "?")
+        if source == "external":  # the job plays nothing itself: each update takes the external episodes
+            per_step = f"{(config.get('external') or {}).get('episodes_per_step', '?')} external"
+        elif source == "mixed":
+            per_step = (
+                f"{per_step} own and {(config.get('external') or {}).get('episodes_per_step', '?')} external"
+            )
         lines.append(f"- Team: {team}")
         lines.append(
-            f"- Algorithm: {algo}; {rollout.get('episodes_per_step', '?')} episodes per step in groups of "
+            f"- Algorithm: {algo}; {per_step} episodes per step in groups of "
             f"{rollout.get('group_size', '?')}; max_steps {config.get('max_steps', '?')}; seed {config.get('seed', '?')}"
         )
     return lines + [""]

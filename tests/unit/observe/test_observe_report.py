@@ -105,3 +105,16 @@ def test_empty_run(tmp_path):
     text = write_report(tmp_path).read_text()
     assert "No training steps were logged." in text
     assert "No held-out evaluation was recorded" in text
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [("builtin", "6 episodes per step"), ("external", "12 external episodes per step"),
+     ("mixed", "6 own and 12 external episodes per step")],
+)  # fmt: skip
+def test_the_overview_counts_the_episodes_an_update_takes_from_its_source(tmp_path, source, said):
+    overrides = [f"output.dir={tmp_path}", f"rollout.source={source}", "external.episodes_per_step=12"]
+    cfg = load_config(EXAMPLE, [*overrides, "rollout.episodes_per_step=6"])
+    with RunWriter(tmp_path, cfg, use_tensorboard=False) as w:
+        w.log(0, {"agent_1/reward": 1.0})
+    assert f"; {said} in groups of" in write_report(tmp_path).read_text()
