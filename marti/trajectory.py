@@ -56,6 +56,21 @@ class Turn:
     response_mask: list[int] = field(default_factory=list)
 
 
+def check_identity(episode_id: str, agent_id: str, policy_version: int) -> None:
+    """Check the fields that identify a stored trajectory (a :class:`Trajectory` or its proto).
+
+    Raises:
+        InvalidArgumentError: naming the field: empty ``episode_id`` or ``agent_id``, negative
+            ``policy_version``.
+    """
+    if not episode_id:
+        raise InvalidArgumentError("trajectory.episode_id must be a non-empty string")
+    if not agent_id:
+        raise InvalidArgumentError("trajectory.agent_id must be a non-empty string")
+    if policy_version < 0:
+        raise InvalidArgumentError(f"trajectory.policy_version must be >= 0, got {policy_version}")
+
+
 @dataclass(slots=True)
 class Trajectory:
     """One agent's turns in one episode.
@@ -111,12 +126,7 @@ class Trajectory:
                 decrease, a turn ``policy_version`` below the trajectory's, or a ``response_mask`` that is not
                 empty or A values of 0 and 1.
         """
-        if not self.episode_id:
-            raise InvalidArgumentError("trajectory.episode_id must be a non-empty string")
-        if not self.agent_id:
-            raise InvalidArgumentError("trajectory.agent_id must be a non-empty string")
-        if self.policy_version < 0:
-            raise InvalidArgumentError(f"trajectory.policy_version must be >= 0, got {self.policy_version}")
+        check_identity(self.episode_id, self.agent_id, self.policy_version)
         if self.episode_return is not None and not math.isfinite(self.episode_return):
             raise InvalidArgumentError(f"trajectory.episode_return must be finite, got {self.episode_return}")
         last_step = -1

@@ -28,7 +28,8 @@ from marti.api.inference.v1 import inference_service_pb2_grpc as sgrpc
 from marti.codec.inference import (
     StreamAssembler,
     generate_request,
-    model_from_proto,
+    models_from_proto,
+    receipt_from_proto,
     report_request,
     result_from_proto,
 )
@@ -307,10 +308,7 @@ class InferenceClient:
 
     def models(self) -> list[ModelInfo]:
         """Every servable model name: each agent, then each resident ``agent@VERSION``."""
-        return [
-            model_from_proto(m)
-            for m in call(self.stub.ListModels, pb.ListModelsRequest(), self.timeout_s).models
-        ]
+        return models_from_proto(call(self.stub.ListModels, pb.ListModelsRequest(), self.timeout_s))
 
     def report_reward(
         self,
@@ -344,8 +342,7 @@ class InferenceClient:
             InternalError: The gateway could not store the episode.
         """
         req = report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)
-        resp = call(self.stub.ReportReward, req, timeout_s or self.timeout_s)
-        return RewardReceipt(int(resp.released), int(resp.dropped))
+        return receipt_from_proto(call(self.stub.ReportReward, req, timeout_s or self.timeout_s))
 
     def stats(self) -> dict[str, float]:
         """The gateway's counters (calls, released, dropped, open episodes, batches, ...; see the proto)."""
@@ -421,10 +418,7 @@ class AsyncInferenceClient:
 
     async def models(self) -> list[ModelInfo]:
         """See :meth:`InferenceClient.models`."""
-        return [
-            model_from_proto(m)
-            for m in (await acall(self.stub.ListModels, pb.ListModelsRequest(), self.timeout_s)).models
-        ]
+        return models_from_proto(await acall(self.stub.ListModels, pb.ListModelsRequest(), self.timeout_s))
 
     async def report_reward(
         self,
@@ -439,8 +433,7 @@ class AsyncInferenceClient:
     ) -> RewardReceipt:
         """See :meth:`InferenceClient.report_reward`."""
         req = report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)
-        resp = await acall(self.stub.ReportReward, req, timeout_s or self.timeout_s)
-        return RewardReceipt(int(resp.released), int(resp.dropped))
+        return receipt_from_proto(await acall(self.stub.ReportReward, req, timeout_s or self.timeout_s))
 
     async def stats(self) -> dict[str, float]:
         """See :meth:`InferenceClient.stats`."""

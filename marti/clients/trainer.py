@@ -113,7 +113,49 @@ def _channel(address: str, token: str | None, tls_ca_file: str | None, aio: bool
     )
 
 
-class TrainerClient:
+class _TrainerClientBase:
+    """What :class:`TrainerClient` and :class:`AsyncTrainerClient` share besides their calls: the constructor
+    (arguments: see :class:`TrainerClient`; a ``grpc.aio`` channel when the subclass sets ``_AIO``) and the
+    requests of the methods that build more than one message."""
+
+    #: True in the asyncio client: its channel is a ``grpc.aio`` one.
+    _AIO = False
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        channel: grpc.Channel | grpc.aio.Channel | LoopBoundChannel | None = None,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self._own_channel = channel is None
+        self._channel = channel or _channel(address, token, tls_ca_file, aio=self._AIO)
+        self._stub = sgrpc.TrainerServiceStub(self._channel)
+
+    @staticmethod
+    def _submit_request(config_yaml: str, overrides: Sequence[str]) -> spb.SubmitJobRequest:
+        """The SubmitJob request."""
+        return spb.SubmitJobRequest(config_yaml=config_yaml, overrides=list(overrides))
+
+    @staticmethod
+    def _checkpoint_request(job_id: str, timeout_s: float) -> tuple[spb.SaveCheckpointRequest, float]:
+        """The SaveCheckpoint request and the call's deadline (the server's wait plus 5 s)."""
+        return spb.SaveCheckpointRequest(job_id=job_id, timeout_ms=int(timeout_s * 1000)), timeout_s + 5.0
+
+    def _metrics_call(self, job_id: str, from_step: int, timeout_s: float | None) -> Any:
+        """Opens the StreamMetrics call (sync or ``grpc.aio``, as the channel is)."""
+        req = spb.StreamMetricsRequest(job_id=job_id, from_step=from_step)
+        return self._stub.StreamMetrics(req, timeout=timeout_s or self.timeout_s)
+
+
+def _checkpoint(resp: spb.SaveCheckpointResponse) -> tuple[str, int]:
+    return resp.path, int(resp.step)
+
+
+class TrainerClient(_TrainerClientBase):
     """Sync client of the trainer service.
 
     Args:
@@ -131,23 +173,9 @@ class TrainerClient:
     (``NotFoundError`` for an unknown job, ``InvalidArgumentError`` for a bad config, ...).
     """
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        token: str | None = None,
-        tls_ca_file: str | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        channel: grpc.Channel | None = None,
-    ) -> None:
-        self.timeout_s = timeout_s
-        self._own_channel = channel is None
-        self._channel = channel or _channel(address, token, tls_ca_file, aio=False)
-        self._stub = sgrpc.TrainerServiceStub(self._channel)
-
     def submit_job(self, config_yaml: str, overrides: Sequence[str] = ()) -> JobInfo:
         """Start a job from a training config (YAML text) with dotted ``key=value`` overrides."""
-        req = spb.SubmitJobRequest(config_yaml=config_yaml, overrides=list(overrides))
+        req = self._submit_request(config_yaml, overrides)
         return _job(call(self._stub.SubmitJob, req, self.timeout_s).job)
 
     def get_job(self, job_id: str) -> JobInfo:
@@ -164,9 +192,8 @@ class TrainerClient:
 
     def save_checkpoint(self, job_id: str, timeout_s: float = 600.0) -> tuple[str, int]:
         """Save a checkpoint of a running job now; returns ``(path, step)``. ``timeout_s``: longest wait, s."""
-        req = spb.SaveCheckpointRequest(job_id=job_id, timeout_ms=int(timeout_s * 1000))
-        resp = call(self._stub.SaveCheckpoint, req, timeout_s + 5.0)
-        return resp.path, int(resp.step)
+        req, deadline = self._checkpoint_request(job_id, timeout_s)
+        return _checkpoint(call(self._stub.SaveCheckpoint, req, deadline))
 
     def stream_metrics(
         self, job_id: str, from_step: int = 0, timeout_s: float | None = None
@@ -181,8 +208,7 @@ class TrainerClient:
         Raises:
             MartiError: as the service reports (``DeadlineExceededError`` when the deadline passes first).
         """
-        req = spb.StreamMetricsRequest(job_id=job_id, from_step=from_step)
-        for resp in iterate(self._stub.StreamMetrics(req, timeout=timeout_s or self.timeout_s)):
+        for resp in iterate(self._metrics_call(job_id, from_step, timeout_s)):
             yield _record(resp.record)
 
     def close(self) -> None:
@@ -197,26 +223,14 @@ class TrainerClient:
         self.close()
 
 
-class AsyncTrainerClient:
+class AsyncTrainerClient(_TrainerClientBase):
     """``grpc.aio`` twin of :class:`TrainerClient` (``marti.aio.TrainerClient``; same arguments, awaitable)."""
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        token: str | None = None,
-        tls_ca_file: str | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        channel: grpc.aio.Channel | LoopBoundChannel | None = None,
-    ) -> None:
-        self.timeout_s = timeout_s
-        self._own_channel = channel is None
-        self._channel = channel or _channel(address, token, tls_ca_file, aio=True)
-        self._stub = sgrpc.TrainerServiceStub(self._channel)
+    _AIO = True
 
     async def submit_job(self, config_yaml: str, overrides: Sequence[str] = ()) -> JobInfo:
         """See :meth:`TrainerClient.submit_job`."""
-        req = spb.SubmitJobRequest(config_yaml=config_yaml, overrides=list(overrides))
+        req = self._submit_request(config_yaml, overrides)
         return _job((await acall(self._stub.SubmitJob, req, self.timeout_s)).job)
 
     async def get_job(self, job_id: str) -> JobInfo:
@@ -235,16 +249,14 @@ class AsyncTrainerClient:
 
     async def save_checkpoint(self, job_id: str, timeout_s: float = 600.0) -> tuple[str, int]:
         """See :meth:`TrainerClient.save_checkpoint`."""
-        req = spb.SaveCheckpointRequest(job_id=job_id, timeout_ms=int(timeout_s * 1000))
-        resp = await acall(self._stub.SaveCheckpoint, req, timeout_s + 5.0)
-        return resp.path, int(resp.step)
+        req, deadline = self._checkpoint_request(job_id, timeout_s)
+        return _checkpoint(await acall(self._stub.SaveCheckpoint, req, deadline))
 
     async def stream_metrics(
         self, job_id: str, from_step: int = 0, timeout_s: float | None = None
     ) -> AsyncIterator[MetricsRecord]:
         """See :meth:`TrainerClient.stream_metrics`."""
-        req = spb.StreamMetricsRequest(job_id=job_id, from_step=from_step)
-        stream = aiterate(self._stub.StreamMetrics(req, timeout=timeout_s or self.timeout_s))
+        stream = aiterate(self._metrics_call(job_id, from_step, timeout_s))
         async with aclosing(stream):
             async for resp in stream:
                 yield _record(resp.record)

@@ -12,7 +12,7 @@ from marti.api.experience.v1 import experience_pb2 as pb
 from marti.codec.chunks import compress_chunks, decompress_chunks, pack_chunks, unpack_chunks
 from marti.errors import InvalidArgumentError
 from marti.experience_types import SampleFilter, TableConfig, parse_table_config
-from marti.trajectory import Trajectory, TrajectorySummary, Turn
+from marti.trajectory import Trajectory, TrajectorySummary, Turn, check_identity
 
 
 def _json_obj(text: str, where: str) -> dict[str, Any]:
@@ -148,12 +148,7 @@ def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
             ``policy_version`` or ``created_at_s``, decreasing or negative ``step``, logprobs whose count is
             neither 0 nor the response length, non-finite ``reward`` or logprobs.
     """
-    if not msg.episode_id:
-        raise InvalidArgumentError("trajectory.episode_id must be a non-empty string")
-    if not msg.agent_id:
-        raise InvalidArgumentError("trajectory.agent_id must be a non-empty string")
-    if msg.policy_version < 0:
-        raise InvalidArgumentError(f"trajectory.policy_version must be >= 0, got {msg.policy_version}")
+    check_identity(msg.episode_id, msg.agent_id, msg.policy_version)
     if not (math.isfinite(msg.created_at_s) and msg.created_at_s >= 0):
         raise InvalidArgumentError(f"trajectory.created_at_s must be finite and >= 0, got {msg.created_at_s}")
     if msg.HasField("episode_return") and not math.isfinite(msg.episode_return):

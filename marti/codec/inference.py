@@ -5,7 +5,8 @@ their responses here, so each conversion is written once:
 
 * :func:`generate_request`: the ``GenerateRequest`` of a ``generate`` call, with the SDK's argument checks.
 * :func:`report_request`: the ``ReportRewardRequest`` of a ``report_reward`` call.
-* :func:`result_from_proto`, :func:`model_from_proto`, :data:`FINISH_REASON_NAMES`: responses to domain types.
+* :func:`result_from_proto`, :func:`model_from_proto`, :func:`models_from_proto`, :func:`receipt_from_proto`,
+  :data:`FINISH_REASON_NAMES`: responses to domain types.
 * :class:`StreamAssembler`: ``GenerateStream`` messages to :class:`~marti.inference.CompletionDelta` events
   and back into the result ``generate`` would return.
 
@@ -18,13 +19,22 @@ from collections.abc import Mapping, Sequence
 
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.errors import InternalError, InvalidArgumentError
-from marti.inference import ChatMessages, Completion, CompletionDelta, InferenceResult, ModelInfo
+from marti.inference import (
+    ChatMessages,
+    Completion,
+    CompletionDelta,
+    InferenceResult,
+    ModelInfo,
+    RewardReceipt,
+)
 
 __all__ = [
     "FINISH_REASON_NAMES",
     "StreamAssembler",
     "generate_request",
     "model_from_proto",
+    "models_from_proto",
+    "receipt_from_proto",
     "report_request",
     "result_from_proto",
 ]
@@ -134,6 +144,16 @@ def result_from_proto(resp: pb.GenerateResponse) -> InferenceResult:
 def model_from_proto(m: pb.ModelInfo) -> ModelInfo:
     """The :class:`ModelInfo` of a ``ModelInfo`` message."""
     return ModelInfo(m.id, m.agent, int(m.policy_version), bool(m.pinned), int(m.max_model_len))
+
+
+def models_from_proto(resp: pb.ListModelsResponse) -> list[ModelInfo]:
+    """The :class:`ModelInfo` of every model a ``ListModelsResponse`` lists, in its order."""
+    return [model_from_proto(m) for m in resp.models]
+
+
+def receipt_from_proto(resp: pb.ReportRewardResponse) -> RewardReceipt:
+    """The :class:`RewardReceipt` of a ``ReportRewardResponse``."""
+    return RewardReceipt(int(resp.released), int(resp.dropped))
 
 
 def report_request(

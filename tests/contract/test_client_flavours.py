@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from sdk_servers import serve_sdk_services
 
 import marti
 import marti.aio
@@ -27,14 +28,10 @@ from marti.clients.env import EnvClient
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.inference import Completion, InferenceResult, ModelInfo
 from marti.rpc.channel import make_channel
-from marti.rpc.server import ServiceSpec
-from marti.rpc.settings import ServerSettings
-from marti.rpc.testing import serve_in_thread
 from marti.trajectory import Trajectory, Turn
 
 TOKEN = "contract-token"
 ENV = "collaborative_task_solving"
-INFERENCE = "marti.api.inference.v1.InferenceService"
 
 #: Client class of each area, per flavour.
 CLIENTS: dict[str, dict[str, type]] = {
@@ -87,32 +84,10 @@ class _ScriptedInference(igrpc.InferenceServiceServicer):
 @pytest.fixture(scope="module")
 def address(tmp_path_factory) -> Iterator[str]:
     """Broker, env server, store, idle trainer and scripted inference hosted by one server, token required."""
-    from services.comm_broker.servicer import broker_service
-    from services.comm_broker.settings import BrokerSettings
-    from services.env_server.servicer import env_service
-    from services.env_server.settings import EnvServerSettings
-    from services.experience_store.__main__ import make_spec
-    from services.experience_store.settings import StoreSettings
-    from services.trainer.__main__ import build_specs
-    from services.trainer.settings import TrainerSettings
-
-    tmp = tmp_path_factory.mktemp("store")
-
-    def specs():
-        store_spec, _ = make_spec(StoreSettings(port=0, data_dir=str(tmp), default_timeout_ms=500))
-        inference = ServiceSpec(
-            INFERENCE, lambda s: igrpc.add_InferenceServiceServicer_to_server(_ScriptedInference(), s)
-        )
-        return [
-            broker_service(BrokerSettings(port=0)),
-            env_service(EnvServerSettings(port=0)),
-            store_spec,
-            inference,
-            *build_specs(TrainerSettings(port=0)),
-        ]
-
-    with serve_in_thread(specs, ServerSettings(host="127.0.0.1", port=0, token=TOKEN)) as server:
-        yield server.address
+    with serve_sdk_services(
+        tmp_path_factory.mktemp("store"), TOKEN, _ScriptedInference(), trainer=True
+    ) as address:
+        yield address
 
 
 class _Blocking:

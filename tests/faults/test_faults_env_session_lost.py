@@ -3,28 +3,16 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from sdk_servers import once_reachable
 
 import marti
-from marti.errors import SessionLostError, UnavailableError
+from marti.errors import SessionLostError
 from services.trainer.reconnect import is_outage
 
 from .procs import start
 
 ENV = "collaborative_task_solving"
-
-
-def _until_reachable(fn, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return fn()
-        except UnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 @pytest.mark.parametrize("transport", ["stream", "unary"])
@@ -42,10 +30,10 @@ def test_env_kill9_restart_session_lost_then_reset_recovers(transport):
         assert again.address.endswith(f":{port}")
 
         with pytest.raises(SessionLostError, match=r"reset\(\)") as info:
-            _until_reachable(lambda: env.step({env.acting_agents[0]: "x"}))
+            once_reachable(lambda: env.step({env.acting_agents[0]: "x"}), 30.0, 0.2)
         assert is_outage(info.value), "the trainer's reconnect loop re-runs the phase on a lost session"
 
-        obs, _ = _until_reachable(env.reset)
+        obs, _ = once_reachable(env.reset, 30.0, 0.2)
         assert obs == first, "the new session is made with the same env id, config and creation seed"
         env.step({env.acting_agents[0]: "allocate evenly"})
     finally:

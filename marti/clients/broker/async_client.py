@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
-import grpc
-
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
-from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
-from marti.codec.broker import encode_payload
 from marti.rpc.calls import acall, aiterate
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
 
-from .protocol import _IDEMPOTENT, _Core, _state_entry
-from .sync_client import _notify, _publish_result
-from .types import AgentStateEntry, BatchRefusedError, CommunicationStats, Message, PublishResult
+from .protocol import _ClientBase, _publish_result, _state_entry
+from .types import AgentStateEntry, Message, PublishResult
 
 
-class AsyncMartiCommClient:
+class AsyncMartiCommClient(_ClientBase):
     """asyncio twin of :class:`MartiCommClient` (exported as ``marti.aio.MartiCommClient``).
 
     Construct it, then ``await client.connect()`` or use ``async with``. Arguments (the token's fallback to
@@ -33,47 +27,10 @@ class AsyncMartiCommClient:
     timer's batches, the next call does.
     """
 
-    def __init__(
-        self,
-        agent_id: str,
-        address: str = "localhost:50051",
-        session: str = "default",
-        token: str | None = None,
-        *,
-        topics: Sequence[str] = (),
-        batching_size: int = 1,
-        max_batch_bytes: int = 1024 * 1024,
-        update_frequency_s: float = 0.05,
-        compression_level: int = 3,
-        auto_ack: bool = True,
-        use_dictionary: bool = True,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_frame_bytes: int = 32 * 1024 * 1024,
-        dedup_memory: int = 100_000,
-        tls_ca_file: str | None = None,
-        channel: grpc.aio.Channel | None = None,
-        on_error: Callable[[BatchRefusedError], None] | None = None,
-    ) -> None:
-        self._core = _Core(
-            agent_id, session, batching_size, max_batch_bytes, update_frequency_s, compression_level, auto_ack,
-            max_frame_bytes, dedup_memory,
-        )  # fmt: skip
-        self.agent_id = agent_id
-        self.session = session
-        self.topics = list(topics)
-        self.timeout_s = timeout_s
-        self.on_error = on_error
-        self._use_dictionary = use_dictionary
-        self._own_channel = channel is None
-        self._channel = channel or make_channel(
-            address,
-            token=token,
-            tls_ca_file=tls_ca_file,
-            aio=True,
-            idempotent_methods=_IDEMPOTENT,
-            service="broker",
-        )
-        self._stub = pb_grpc.BrokerServiceStub(self._channel)
+    _AIO = True
+
+    def _open(self) -> None:
+        """Nothing to send yet: :meth:`connect` joins the session from the event loop."""
         self._send_lock: asyncio.Lock | None = None
         self._flusher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,11 +47,8 @@ class AsyncMartiCommClient:
         self._bind_loop()
         if self._connected:
             return self
-        info = await acall(
-            self._stub.CreateSession, pb.CreateSessionRequest(session=self.session), self.timeout_s
-        )
-        if self._use_dictionary and info.zstd_dictionary:
-            self._core.set_dictionary(info.zstd_dictionary)
+        req = pb.CreateSessionRequest(session=self.session)
+        self._joined(await acall(self._stub.CreateSession, req, self.timeout_s))
         self._connected = True
         self._start_flusher()
         return self
@@ -115,35 +69,17 @@ class AsyncMartiCommClient:
             self._start_flusher()
 
     def _start_flusher(self) -> None:
-        if self._flusher is None and self._core.batching_size > 1 and self._core.update_frequency_s > 0:
+        if self._flusher is None and self._wants_timer():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
     async def _flush_loop(self) -> None:
-        period = self._core.update_frequency_s
         while True:
-            await asyncio.sleep(period / 2)
-            core = self._core
-            if (core.buffer or core.broadcast_buffer) and time.monotonic() - core.first_buffered_at >= period:
+            await asyncio.sleep(self._core.update_frequency_s / 2)
+            if self._flush_due():
                 try:
                     await self._flush(acks=False, background=True)
                 except Exception:  # transient: still buffered; refused: kept for the next call
                     pass
-
-    def _raise_refused(self) -> None:
-        """Raises the oldest refusal the flush timer met, if any (each is raised once)."""
-        err = self._core.take_refusal()
-        if err is not None:
-            raise err
-
-    @property
-    def refused_batches(self) -> int:
-        """Batches the broker refused since this client was made (each reported as a BatchRefusedError)."""
-        return self._core.refused_batches
-
-    @property
-    def refused_messages(self) -> int:
-        """Messages in the batches the broker refused since this client was made."""
-        return self._core.refused_messages
 
     async def send_message(
         self,
@@ -154,9 +90,7 @@ class AsyncMartiCommClient:
         ttl_s: float = 0.0,
     ) -> str:
         """Async :meth:`MartiCommClient.send_message` (same arguments, return value and errors)."""
-        self._raise_refused()
-        receivers = [receiver_id] if isinstance(receiver_id, str) else list(receiver_id)
-        env = self._core.envelope(message, receivers, "", content_type, ttl_s)
+        env = self._unicast_envelope(receiver_id, message, content_type, ttl_s)
         await self._enqueue(env, False)
         return env.message_id
 
@@ -186,10 +120,7 @@ class AsyncMartiCommClient:
             try:
                 resp = await self._send_batch(self._stub.Send, pb.SendRequest, item)
             except Exception as exc:
-                err = self._core.split_failed(exc, item, [], background=False)
-                if isinstance(err, BatchRefusedError):
-                    _notify(self.on_error, err)
-                raise err from None
+                raise self._failed(exc, item, [], background=False) from None
         return _publish_result(env.message_id, topic, resp, require_subscribers)
 
     async def broadcast(self, message: Any, *, content_type: str | None = None, ttl_s: float = 0.0) -> str:
@@ -228,16 +159,11 @@ class AsyncMartiCommClient:
                 await self._send_batch(self._stub.Broadcast, pb.BroadcastRequest, bcast)
                 bcast = []
         except Exception as exc:
-            err = self._core.split_failed(exc, unicast, bcast, background)
-            if isinstance(err, BatchRefusedError):
-                _notify(self.on_error, err)
-            raise err from None
+            raise self._failed(exc, unicast, bcast, background) from None
 
     async def _send_batch(self, method, request_cls, items: list):
-        frame = self._core.frame(items)
-        resp = await acall(
-            method, request_cls(session=self.session, sender=self.agent_id, frame=frame), self.timeout_s
-        )
+        req, frame = self._batch_request(request_cls, items)
+        resp = await acall(method, req, self.timeout_s)
         self._core.sent_ok(items, frame)
         return resp
 
@@ -245,20 +171,11 @@ class AsyncMartiCommClient:
         """Async :meth:`MartiCommClient.get_messages` (same errors)."""
         self._raise_refused()
         await self._flush(acks=False)
-        acks = self._core.take_acks()
-        req = pb.ReceiveRequest(
-            session=self.session,
-            agent_id=self.agent_id,
-            topics=self.topics,
-            max_messages=max_messages,
-            timeout_ms=round(timeout_s * 1000),
-            ack_message_ids=acks,
-        )
+        req, acks = self._receive_request(max_messages, timeout_s)
         try:
             resp = await acall(self._stub.Receive, req, self.timeout_s + timeout_s)
         except Exception:
-            with self._core.lock:
-                self._core.pending_acks[:0] = acks
+            self._restore_acks(acks)
             raise
         return self._core.unpack(resp.frame)
 
@@ -266,18 +183,8 @@ class AsyncMartiCommClient:
         """Async iterator over pushed messages (see :meth:`MartiCommClient.subscribe`)."""
         self._raise_refused()
         await self.connect()
-        stream = aiterate(
-            self._stub.Subscribe(
-                pb.SubscribeRequest(
-                    session=self.session,
-                    agent_id=self.agent_id,
-                    topics=self.topics,
-                    max_batch_messages=max_batch_messages,
-                    max_unacked=max_unacked,
-                )
-            ),
-            end_on_cancel=True,
-        )
+        req = self._subscribe_request(max_batch_messages, max_unacked)
+        stream = aiterate(self._stub.Subscribe(req), end_on_cancel=True)
         async with aclosing(stream):
             async for resp in stream:
                 for msg in self._core.unpack(resp.frame):
@@ -288,9 +195,7 @@ class AsyncMartiCommClient:
 
     async def ack(self, message_ids: Sequence[str]) -> int:
         """Async :meth:`MartiCommClient.ack`."""
-        self._raise_refused()
-        req = pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=list(message_ids))
-        return (await acall(self._stub.Ack, req, self.timeout_s)).acked
+        return (await acall(self._stub.Ack, self._ack_request(message_ids), self.timeout_s)).acked
 
     async def broadcast_state(
         self, state: Any, *, content_type: str | None = None, expected_version: int | None = None
@@ -298,12 +203,7 @@ class AsyncMartiCommClient:
         """Async :meth:`MartiCommClient.broadcast_state`."""
         self._raise_refused()
         await self.connect()
-        value, ctype = encode_payload(state, content_type)
-        req = pb.PutStateRequest(
-            session=self.session, agent_id=self.agent_id, content_type=ctype, value=value
-        )
-        if expected_version is not None:
-            req.expected_version = expected_version
+        req = self._put_state_request(state, content_type, expected_version)
         return (await acall(self._stub.PutState, req, self.timeout_s)).state.version
 
     async def get_agent_states(self, exclude_self: bool = True) -> dict[str, Any]:
@@ -314,18 +214,12 @@ class AsyncMartiCommClient:
         """Async :meth:`MartiCommClient.get_agent_state_entries`."""
         self._raise_refused()
         await self.connect()
-        req = pb.GetStatesRequest(session=self.session, agent_id=self.agent_id, exclude_self=exclude_self)
+        req = self._get_states_request(exclude_self)
         return [_state_entry(s) for s in (await acall(self._stub.GetStates, req, self.timeout_s)).states]
-
-    def get_communication_stats(self) -> CommunicationStats:
-        """What this client measured (see :class:`CommunicationStats`); never raises a pending refusal."""
-        return self._core.stats()
 
     async def get_broker_stats(self, whole_broker: bool = False) -> broker_pb2.BrokerStats:
         """The broker's counters for this session (or the whole broker)."""
-        self._raise_refused()
-        req = pb.GetStatsRequest(session="" if whole_broker else self.session)
-        return (await acall(self._stub.GetStats, req, self.timeout_s)).stats
+        return (await acall(self._stub.GetStats, self._stats_request(whole_broker), self.timeout_s)).stats
 
     async def close(self) -> None:
         """Flushes, stops the timer and closes the channel; then raises a refusal no call has raised yet.

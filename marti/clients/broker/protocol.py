@@ -1,30 +1,48 @@
-"""Protocol state of the broker SDK shared by the sync and async clients (no I/O).
+"""Protocol state and logic of the broker SDK shared by the sync and async clients (no I/O).
 
 :class:`_Core` holds what both clients need between calls: the outgoing buffers and their batching
 rules, framing and compression, message ids and sequence numbers, pending auto-acks, the memory of
 delivered ids that drops redeliveries, the counters behind :class:`CommunicationStats`, and the refusals
 that the flush timer met and that the client's next call must raise.
+
+:class:`_ClientBase` is the half of both clients that does no rpc: the constructor (argument checks, the
+channel and stub), the requests each method sends, what is done with a failed batch and with a response.
+:class:`~.sync_client.MartiCommClient` and :class:`~.async_client.AsyncMartiCommClient` add only the calls
+(``call`` or ``await acall``), their lock and their flush timer.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import grpc
 import zstandard
 
 from marti.api.broker.v1 import broker_pb2
+from marti.api.broker.v1 import broker_service_pb2 as pb
+from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.api.common.v1 import common_pb2
 from marti.codec import broker as broker_codec
 from marti.codec.broker import decode_payload, encode_payload
 from marti.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
 
-from .types import AgentStateEntry, BatchRefusedError, CommunicationStats, Message, batch_refused
+from .types import (
+    AgentStateEntry,
+    BatchRefusedError,
+    CommunicationStats,
+    Message,
+    NoSubscribersError,
+    PublishResult,
+    batch_refused,
+)
 
 SERVICE_NAME = "marti.api.broker.v1.BrokerService"
 _IDEMPOTENT = tuple(
@@ -34,6 +52,8 @@ _IDEMPOTENT = tuple(
 IDEMPOTENT_METHODS = _IDEMPOTENT
 #: Errors after which a batch stays buffered and the next flush retries it (same ids: delivered once).
 TRANSIENT_ERRORS = (UnavailableError, DeadlineExceededError)
+
+_LOG = logging.getLogger("marti.broker.client")
 
 
 class _Core:
@@ -284,3 +304,202 @@ def _state_entry(s: broker_pb2.AgentState) -> AgentStateEntry:
         s.version,
         s.updated_at_unix_us / 1e6,
     )
+
+
+def _notify(on_error: Callable[[BatchRefusedError], None] | None, err: BatchRefusedError) -> None:
+    if on_error is None:
+        return
+    try:
+        on_error(err)
+    except Exception:  # a failing callback must not stop the flush timer; the error is still raised later
+        _LOG.exception("the on_error callback of a broker client raised")
+
+
+def _publish_result(message_id: str, topic: str, resp, require_subscribers: bool) -> PublishResult:
+    """Turns a one-message SendResponse into a :class:`PublishResult` (shared by both clients).
+
+    Raises:
+        NoSubscribersError: ``require_subscribers`` and the broker enqueued the message for nobody.
+    """
+    duplicate = resp.duplicates > 0
+    if require_subscribers and resp.enqueued == 0 and not duplicate:
+        raise NoSubscribersError(
+            f"topic {topic!r} has no subscribers: message {message_id!r} reached no one "
+            "(topic messages are not stored for later subscribers)",
+            topic,
+            message_id,
+        )
+    return PublishResult(message_id, resp.enqueued, duplicate)
+
+
+class _ClientBase:
+    """What :class:`MartiCommClient` and :class:`AsyncMartiCommClient` share besides their rpcs.
+
+    The constructor (arguments: see :class:`~.sync_client.MartiCommClient`) checks the arguments, makes the
+    :class:`_Core`, the channel (``grpc.aio`` when the subclass sets ``_AIO``) and the stub, then calls the
+    subclass's :meth:`_open`. The ``_*_request`` methods build each rpc's request; the others handle what
+    comes back. Nothing here sends anything.
+    """
+
+    #: True in the asyncio client: its channel is a ``grpc.aio`` one.
+    _AIO = False
+
+    def __init__(
+        self,
+        agent_id: str,
+        address: str = "localhost:50051",
+        session: str = "default",
+        token: str | None = None,
+        *,
+        topics: Sequence[str] = (),
+        batching_size: int = 1,
+        max_batch_bytes: int = 1024 * 1024,
+        update_frequency_s: float = 0.05,
+        compression_level: int = 3,
+        auto_ack: bool = True,
+        use_dictionary: bool = True,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_frame_bytes: int = 32 * 1024 * 1024,
+        dedup_memory: int = 100_000,
+        tls_ca_file: str | None = None,
+        channel: grpc.Channel | grpc.aio.Channel | None = None,
+        on_error: Callable[[BatchRefusedError], None] | None = None,
+    ) -> None:
+        self._core = _Core(
+            agent_id, session, batching_size, max_batch_bytes, update_frequency_s, compression_level, auto_ack,
+            max_frame_bytes, dedup_memory,
+        )  # fmt: skip
+        self.agent_id = agent_id
+        self.session = session
+        self.topics = list(topics)
+        self.timeout_s = timeout_s
+        self.on_error = on_error
+        self._use_dictionary = use_dictionary
+        self._own_channel = channel is None
+        self._channel = channel or make_channel(
+            address,
+            token=token,
+            tls_ca_file=tls_ca_file,
+            aio=self._AIO,
+            idempotent_methods=_IDEMPOTENT,
+            service="broker",
+        )
+        self._stub = pb_grpc.BrokerServiceStub(self._channel)
+        self._open()
+
+    def _open(self) -> None:
+        """Subclass hook run at the end of the constructor (the sync client connects here)."""
+
+    def _joined(self, info: pb.CreateSessionResponse) -> None:
+        """Takes what CreateSession returned (the session's zstd dictionary, if used)."""
+        if self._use_dictionary and info.zstd_dictionary:
+            self._core.set_dictionary(info.zstd_dictionary)
+
+    def _wants_timer(self) -> bool:
+        """Whether this client needs a flush timer (batching with a period)."""
+        return self._core.batching_size > 1 and self._core.update_frequency_s > 0
+
+    def _flush_due(self) -> bool:
+        """Whether the flush timer should send the buffers now (the oldest waited a full period)."""
+        core = self._core
+        return bool(core.buffer or core.broadcast_buffer) and (
+            time.monotonic() - core.first_buffered_at >= core.update_frequency_s
+        )
+
+    def _raise_refused(self) -> None:
+        """Raises the oldest refusal the flush timer met, if any (each is raised once)."""
+        err = self._core.take_refusal()
+        if err is not None:
+            raise err
+
+    @property
+    def refused_batches(self) -> int:
+        """Batches the broker refused since this client was made (each reported as a BatchRefusedError)."""
+        return self._core.refused_batches
+
+    @property
+    def refused_messages(self) -> int:
+        """Messages in the batches the broker refused since this client was made."""
+        return self._core.refused_messages
+
+    def get_communication_stats(self) -> CommunicationStats:
+        """What this client measured (see :class:`CommunicationStats`); never raises a pending refusal."""
+        return self._core.stats()
+
+    # ------------------------------------------------------------------ sending
+    def _unicast_envelope(
+        self, receiver_id: str | Sequence[str], message: Any, content_type: str | None, ttl_s: float
+    ) -> broker_pb2.Envelope:
+        """The envelope of ``send_message`` (after raising a pending refusal)."""
+        self._raise_refused()
+        receivers = [receiver_id] if isinstance(receiver_id, str) else list(receiver_id)
+        return self._core.envelope(message, receivers, "", content_type, ttl_s)
+
+    def _failed(self, exc: BaseException, unicast: list, bcast: list, background: bool) -> BaseException:
+        """Handles a failed send (see :meth:`_Core.split_failed`), tells ``on_error`` of a refusal, and
+        returns the error to raise."""
+        err = self._core.split_failed(exc, unicast, bcast, background)
+        if isinstance(err, BatchRefusedError):
+            _notify(self.on_error, err)
+        return err
+
+    def _batch_request(self, request_cls, items: list) -> tuple[Any, common_pb2.CompressedFrame]:
+        """The Send or Broadcast request (``request_cls``) of a batch, and its frame."""
+        frame = self._core.frame(items)
+        return request_cls(session=self.session, sender=self.agent_id, frame=frame), frame
+
+    # ------------------------------------------------------------------ receiving
+    def _receive_request(self, max_messages: int, timeout_s: float) -> tuple[pb.ReceiveRequest, list[str]]:
+        """The Receive request, carrying the pending auto-acks (also returned, to restore on failure)."""
+        acks = self._core.take_acks()
+        req = pb.ReceiveRequest(
+            session=self.session,
+            agent_id=self.agent_id,
+            topics=self.topics,
+            max_messages=max_messages,
+            timeout_ms=round(timeout_s * 1000),
+            ack_message_ids=acks,
+        )
+        return req, acks
+
+    def _restore_acks(self, acks: list[str]) -> None:
+        """Puts back in front the acks a failed Receive carried."""
+        with self._core.lock:
+            self._core.pending_acks[:0] = acks
+
+    def _subscribe_request(self, max_batch_messages: int, max_unacked: int) -> pb.SubscribeRequest:
+        """The Subscribe request."""
+        return pb.SubscribeRequest(
+            session=self.session,
+            agent_id=self.agent_id,
+            topics=self.topics,
+            max_batch_messages=max_batch_messages,
+            max_unacked=max_unacked,
+        )
+
+    def _ack_request(self, message_ids: Sequence[str]) -> pb.AckRequest:
+        """The Ack request (after raising a pending refusal)."""
+        self._raise_refused()
+        return pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=list(message_ids))
+
+    # ------------------------------------------------------------------ state board and stats
+    def _put_state_request(
+        self, state: Any, content_type: str | None, expected_version: int | None
+    ) -> pb.PutStateRequest:
+        """The PutState request of ``broadcast_state``."""
+        value, ctype = encode_payload(state, content_type)
+        req = pb.PutStateRequest(
+            session=self.session, agent_id=self.agent_id, content_type=ctype, value=value
+        )
+        if expected_version is not None:
+            req.expected_version = expected_version
+        return req
+
+    def _get_states_request(self, exclude_self: bool) -> pb.GetStatesRequest:
+        """The GetStates request."""
+        return pb.GetStatesRequest(session=self.session, agent_id=self.agent_id, exclude_self=exclude_self)
+
+    def _stats_request(self, whole_broker: bool) -> pb.GetStatsRequest:
+        """The GetStats request (after raising a pending refusal)."""
+        self._raise_refused()
+        return pb.GetStatsRequest(session="" if whole_broker else self.session)

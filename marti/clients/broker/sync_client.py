@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from typing import Any
 
@@ -13,22 +12,11 @@ import grpc
 
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
-from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
-from marti.codec.broker import encode_payload
 from marti.rpc.calls import call, iterate
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
+from marti.rpc.channel import make_channel
 
-from .protocol import _IDEMPOTENT, _Core, _state_entry
-from .types import (
-    AgentStateEntry,
-    BatchRefusedError,
-    CommunicationStats,
-    Message,
-    NoSubscribersError,
-    PublishResult,
-)
-
-_LOG = logging.getLogger("marti.broker.client")
+from .protocol import _IDEMPOTENT, _ClientBase, _publish_result, _state_entry
+from .types import AgentStateEntry, Message, PublishResult
 
 
 def open_channel(
@@ -60,16 +48,7 @@ def open_channel(
     )
 
 
-def _notify(on_error: Callable[[BatchRefusedError], None] | None, err: BatchRefusedError) -> None:
-    if on_error is None:
-        return
-    try:
-        on_error(err)
-    except Exception:  # a failing callback must not stop the flush timer; the error is still raised later
-        _LOG.exception("the on_error callback of a broker client raised")
-
-
-class MartiCommClient:
+class MartiCommClient(_ClientBase):
     """Synchronous broker client for one agent in one session; thread-safe, no event loop needed.
 
     Args:
@@ -112,78 +91,27 @@ class MartiCommClient:
         UnavailableError: The broker cannot be reached.
     """
 
-    def __init__(
-        self,
-        agent_id: str,
-        address: str = "localhost:50051",
-        session: str = "default",
-        token: str | None = None,
-        *,
-        topics: Sequence[str] = (),
-        batching_size: int = 1,
-        max_batch_bytes: int = 1024 * 1024,
-        update_frequency_s: float = 0.05,
-        compression_level: int = 3,
-        auto_ack: bool = True,
-        use_dictionary: bool = True,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_frame_bytes: int = 32 * 1024 * 1024,
-        dedup_memory: int = 100_000,
-        tls_ca_file: str | None = None,
-        channel: grpc.Channel | None = None,
-        on_error: Callable[[BatchRefusedError], None] | None = None,
-    ) -> None:
-        self._core = _Core(
-            agent_id, session, batching_size, max_batch_bytes, update_frequency_s, compression_level, auto_ack,
-            max_frame_bytes, dedup_memory,
-        )  # fmt: skip
-        self.agent_id = agent_id
-        self.session = session
-        self.topics = list(topics)
-        self.timeout_s = timeout_s
-        self.on_error = on_error
-        self._own_channel = channel is None
-        self._channel = channel or make_channel(
-            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="broker"
-        )
-        self._stub = pb_grpc.BrokerServiceStub(self._channel)
+    def _open(self) -> None:
+        """Joins the session (CreateSession) and starts the flush timer's thread if batching has a period."""
         self._send_lock = threading.Lock()
         self._closed = threading.Event()
         self._flusher: threading.Thread | None = None
-        info = call(self._stub.CreateSession, pb.CreateSessionRequest(session=session), self.timeout_s)
-        if use_dictionary and info.zstd_dictionary:
-            self._core.set_dictionary(info.zstd_dictionary)
-        if batching_size > 1 and update_frequency_s > 0:
+        self._joined(
+            call(self._stub.CreateSession, pb.CreateSessionRequest(session=self.session), self.timeout_s)
+        )
+        if self._wants_timer():
             self._flusher = threading.Thread(
-                target=self._flush_loop, name=f"marti-comm-flush-{agent_id}", daemon=True
+                target=self._flush_loop, name=f"marti-comm-flush-{self.agent_id}", daemon=True
             )
             self._flusher.start()
 
     def _flush_loop(self) -> None:
-        period = self._core.update_frequency_s
-        while not self._closed.wait(period / 2):
-            core = self._core
-            if (core.buffer or core.broadcast_buffer) and time.monotonic() - core.first_buffered_at >= period:
+        while not self._closed.wait(self._core.update_frequency_s / 2):
+            if self._flush_due():
                 try:
                     self._flush(acks=False, background=True)
                 except Exception:  # transient: still buffered; refused: kept for the next call
                     pass
-
-    def _raise_refused(self) -> None:
-        """Raises the oldest refusal the flush timer met, if any (each is raised once)."""
-        err = self._core.take_refusal()
-        if err is not None:
-            raise err
-
-    @property
-    def refused_batches(self) -> int:
-        """Batches the broker refused since this client was made (each reported as a BatchRefusedError)."""
-        return self._core.refused_batches
-
-    @property
-    def refused_messages(self) -> int:
-        """Messages in the batches the broker refused since this client was made."""
-        return self._core.refused_messages
 
     # ------------------------------------------------------------------ sending
     def send_message(
@@ -212,9 +140,7 @@ class MartiCommClient:
                 NotFoundError, ResourceExhaustedError...).
             UnavailableError, DeadlineExceededError: Transient; the batch stays buffered.
         """
-        self._raise_refused()
-        receivers = [receiver_id] if isinstance(receiver_id, str) else list(receiver_id)
-        env = self._core.envelope(message, receivers, "", content_type, ttl_s)
+        env = self._unicast_envelope(receiver_id, message, content_type, ttl_s)
         self._enqueue(env, broadcast=False)
         return env.message_id
 
@@ -261,10 +187,7 @@ class MartiCommClient:
             try:
                 resp = self._send_batch(self._stub.Send, pb.SendRequest, item)
             except Exception as exc:
-                err = self._core.split_failed(exc, item, [], background=False)
-                if isinstance(err, BatchRefusedError):
-                    _notify(self.on_error, err)
-                raise err from None
+                raise self._failed(exc, item, [], background=False) from None
         return _publish_result(env.message_id, topic, resp, require_subscribers)
 
     def broadcast(self, message: Any, *, content_type: str | None = None, ttl_s: float = 0.0) -> str:
@@ -313,16 +236,11 @@ class MartiCommClient:
                 self._send_batch(self._stub.Broadcast, pb.BroadcastRequest, bcast)
                 bcast = []
         except Exception as exc:
-            err = self._core.split_failed(exc, unicast, bcast, background)
-            if isinstance(err, BatchRefusedError):
-                _notify(self.on_error, err)
-            raise err from None
+            raise self._failed(exc, unicast, bcast, background) from None
 
     def _send_batch(self, method, request_cls, items: list):
-        frame = self._core.frame(items)
-        resp = call(
-            method, request_cls(session=self.session, sender=self.agent_id, frame=frame), self.timeout_s
-        )
+        req, frame = self._batch_request(request_cls, items)
+        resp = call(method, req, self.timeout_s)
         self._core.sent_ok(items, frame)
         return resp
 
@@ -343,20 +261,11 @@ class MartiCommClient:
         """
         self._raise_refused()
         self._flush(acks=False)
-        acks = self._core.take_acks()
-        req = pb.ReceiveRequest(
-            session=self.session,
-            agent_id=self.agent_id,
-            topics=self.topics,
-            max_messages=max_messages,
-            timeout_ms=round(timeout_s * 1000),
-            ack_message_ids=acks,
-        )
+        req, acks = self._receive_request(max_messages, timeout_s)
         try:
             resp = call(self._stub.Receive, req, self.timeout_s + timeout_s)
         except Exception:
-            with self._core.lock:
-                self._core.pending_acks[:0] = acks
+            self._restore_acks(acks)
             raise
         return self._core.unpack(resp.frame)
 
@@ -376,18 +285,8 @@ class MartiCommClient:
             BatchRefusedError: A batch the flush timer sent was refused (raised by the iteration).
         """
         self._raise_refused()
-        stream = iterate(
-            self._stub.Subscribe(
-                pb.SubscribeRequest(
-                    session=self.session,
-                    agent_id=self.agent_id,
-                    topics=self.topics,
-                    max_batch_messages=max_batch_messages,
-                    max_unacked=max_unacked,
-                )
-            ),
-            end_on_cancel=True,
-        )
+        req = self._subscribe_request(max_batch_messages, max_unacked)
+        stream = iterate(self._stub.Subscribe(req), end_on_cancel=True)
         with closing(stream):
             for resp in stream:
                 yield from self._core.unpack(resp.frame)
@@ -401,12 +300,7 @@ class MartiCommClient:
         Raises:
             BatchRefusedError: A batch the flush timer sent was refused (nothing acked then).
         """
-        self._raise_refused()
-        return call(
-            self._stub.Ack,
-            pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=list(message_ids)),
-            self.timeout_s,
-        ).acked
+        return call(self._stub.Ack, self._ack_request(message_ids), self.timeout_s).acked
 
     # ------------------------------------------------------------------ state board
     def broadcast_state(
@@ -428,12 +322,7 @@ class MartiCommClient:
             BatchRefusedError: A batch the flush timer sent was refused (the state was not put).
         """
         self._raise_refused()
-        value, ctype = encode_payload(state, content_type)
-        req = pb.PutStateRequest(
-            session=self.session, agent_id=self.agent_id, content_type=ctype, value=value
-        )
-        if expected_version is not None:
-            req.expected_version = expected_version
+        req = self._put_state_request(state, content_type, expected_version)
         return call(self._stub.PutState, req, self.timeout_s).state.version
 
     def get_agent_states(self, exclude_self: bool = True) -> dict[str, Any]:
@@ -451,27 +340,17 @@ class MartiCommClient:
             BatchRefusedError: A batch the flush timer sent was refused.
         """
         self._raise_refused()
-        resp = call(
-            self._stub.GetStates,
-            pb.GetStatesRequest(session=self.session, agent_id=self.agent_id, exclude_self=exclude_self),
-            self.timeout_s,
-        )
+        resp = call(self._stub.GetStates, self._get_states_request(exclude_self), self.timeout_s)
         return [_state_entry(s) for s in resp.states]
 
     # ------------------------------------------------------------------ stats and lifecycle
-    def get_communication_stats(self) -> CommunicationStats:
-        """What this client measured (see :class:`CommunicationStats`); never raises a pending refusal."""
-        return self._core.stats()
-
     def get_broker_stats(self, whole_broker: bool = False) -> broker_pb2.BrokerStats:
         """The broker's counters for this session (or the whole broker).
 
         Raises:
             BatchRefusedError: A batch the flush timer sent was refused.
         """
-        self._raise_refused()
-        req = pb.GetStatsRequest(session="" if whole_broker else self.session)
-        return call(self._stub.GetStats, req, self.timeout_s).stats
+        return call(self._stub.GetStats, self._stats_request(whole_broker), self.timeout_s).stats
 
     def close(self) -> None:
         """Flushes buffered messages and pending acks, stops the flush timer and closes the channel.
@@ -497,20 +376,3 @@ class MartiCommClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _publish_result(message_id: str, topic: str, resp, require_subscribers: bool) -> PublishResult:
-    """Turns a one-message SendResponse into a :class:`PublishResult` (shared by both clients).
-
-    Raises:
-        NoSubscribersError: ``require_subscribers`` and the broker enqueued the message for nobody.
-    """
-    duplicate = resp.duplicates > 0
-    if require_subscribers and resp.enqueued == 0 and not duplicate:
-        raise NoSubscribersError(
-            f"topic {topic!r} has no subscribers: message {message_id!r} reached no one "
-            "(topic messages are not stored for later subscribers)",
-            topic,
-            message_id,
-        )
-    return PublishResult(message_id, resp.enqueued, duplicate)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import grpc
 import pytest
@@ -51,21 +53,26 @@ def drain(client: MartiCommClient, timeout_s: float = 0.5) -> list:
     return [m.content for m in out]
 
 
+@contextmanager
+def timer_sender_and_receiver(
+    address: str, sender: str, session: str, on_error: Callable[[BatchRefusedError], None]
+) -> Iterator[tuple[MartiCommClient, MartiCommClient]]:
+    """``sender`` batching up to 10 messages with a 50 ms flush timer (refusals go to ``on_error``), and
+    receiver ``r`` already joined to ``session``."""
+    with (
+        MartiCommClient(
+            sender, address, session=session, batching_size=10, update_frequency_s=0.05, on_error=on_error
+        ) as a,
+        MartiCommClient("r", address, session=session) as b,
+    ):
+        b.get_messages()  # join
+        yield a, b
+
+
 # ---------------------------------------------------------------------------------- refused timer flushes
 def test_timer_flushed_refusal_is_raised_by_the_next_call_with_ids(address):
     seen: list[BatchRefusedError] = []
-    with (
-        MartiCommClient(
-            "s",
-            address,
-            session="refuse-sync",
-            batching_size=10,
-            update_frequency_s=0.05,
-            on_error=seen.append,
-        ) as a,
-        MartiCommClient("r", address, session="refuse-sync") as b,
-    ):
-        b.get_messages()  # join
+    with timer_sender_and_receiver(address, "s", "refuse-sync", seen.append) as (a, b):
         ok_id = a.send_message("r", "fits")
         big_id = a.send_message("r", b"x" * (LIMIT + 1))  # the whole batch is refused (atomic Send)
         wait_for(lambda: a.refused_batches == 1)  # the timer sent it; nobody has been told yet
@@ -120,18 +127,7 @@ class _Unavailable(grpc.RpcError):
 
 def test_transient_error_of_a_timer_flush_keeps_the_batch(address):
     seen: list = []
-    with (
-        MartiCommClient(
-            "s4",
-            address,
-            session="transient",
-            batching_size=10,
-            update_frequency_s=0.05,
-            on_error=seen.append,
-        ) as a,
-        MartiCommClient("r", address, session="transient") as b,
-    ):
-        b.get_messages()
+    with timer_sender_and_receiver(address, "s4", "transient", seen.append) as (a, b):
         real, calls = a._stub.Send, []
 
         def flaky(request, timeout=None):

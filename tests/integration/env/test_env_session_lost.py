@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from sdk_servers import once_reachable
 
 import marti
 import marti.envs
@@ -27,7 +28,6 @@ from services.env_server.servicer import env_service
 from services.env_server.settings import EnvServerSettings
 
 ENV = "collaborative_task_solving"
-T = TypeVar("T")
 
 
 class RestartableServer:
@@ -67,19 +67,6 @@ def server():
 
 def address(srv: RestartableServer) -> str:
     return f"127.0.0.1:{srv.port}"
-
-
-def once_reachable(fn: Callable[[], T], timeout_s: float = 20.0) -> T:
-    """Call ``fn`` until it stops raising ``UnavailableError`` (the channel reconnecting to the restarted
-    server); any other outcome, error or value, is returned or raised as is."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return fn()
-        except UnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def play(env: Any, n: int) -> list[Any]:
@@ -147,43 +134,43 @@ def test_reset_while_server_away_raises_unavailable_then_recovers(server):
         env.close()
 
 
-def test_unary_lost_session_carries_error_info_detail(server):
+@pytest.fixture
+def stub(server) -> Iterator[pb_grpc.EnvServiceStub]:
+    """A raw EnvService stub over a channel of its own to ``server`` (closed after the test)."""
+    channel = grpc.insecure_channel(address(server))
+    try:
+        yield pb_grpc.EnvServiceStub(channel)
+    finally:
+        channel.close()
+
+
+def test_unary_lost_session_carries_error_info_detail(stub):
     """The rich error model on the wire: NOT_FOUND plus ``ErrorInfo(reason=SESSION_LOST, domain=marti.ai)``."""
-    channel = grpc.insecure_channel(address(server))
-    try:
-        stub = pb_grpc.EnvServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as info:
-            stub.Step(pb.StepRequest(session_id="nope", request_id="r1"), timeout=10)
-        call = info.value
-        assert call.code() == grpc.StatusCode.NOT_FOUND
-        status = rpc_status.from_call(call)
-        assert status is not None, "the status must carry grpc-status-details-bin"
-        found = []
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                ei = error_details_pb2.ErrorInfo()
-                detail.Unpack(ei)
-                found.append(ei)
-        assert [(e.reason, e.domain, dict(e.metadata)) for e in found] == [
-            ("SESSION_LOST", ERROR_DOMAIN, {"session_id": "nope"})
-        ]
-    finally:
-        channel.close()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Step(pb.StepRequest(session_id="nope", request_id="r1"), timeout=10)
+    call = info.value
+    assert call.code() == grpc.StatusCode.NOT_FOUND
+    status = rpc_status.from_call(call)
+    assert status is not None, "the status must carry grpc-status-details-bin"
+    found = []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            ei = error_details_pb2.ErrorInfo()
+            detail.Unpack(ei)
+            found.append(ei)
+    assert [(e.reason, e.domain, dict(e.metadata)) for e in found] == [
+        ("SESSION_LOST", ERROR_DOMAIN, {"session_id": "nope"})
+    ]
 
 
-def test_stream_lost_session_status_carries_error_info_detail(server):
+def test_stream_lost_session_status_carries_error_info_detail(stub):
     """In-band statuses on the Session stream carry the same detail."""
-    channel = grpc.insecure_channel(address(server))
-    try:
-        stub = pb_grpc.EnvServiceStub(channel)
-        req = pb.SessionRequest(sequence=1, step=pb.StepRequest(session_id="gone", request_id="r"))
-        (resp,) = list(stub.Session(iter([req]), timeout=10))
-        assert resp.status.code == grpc.StatusCode.NOT_FOUND.value[0]
-        ei = error_details_pb2.ErrorInfo()
-        assert len(resp.status.details) == 1 and resp.status.details[0].Unpack(ei)
-        assert (ei.reason, ei.domain, ei.metadata["session_id"]) == ("SESSION_LOST", ERROR_DOMAIN, "gone")
-    finally:
-        channel.close()
+    req = pb.SessionRequest(sequence=1, step=pb.StepRequest(session_id="gone", request_id="r"))
+    (resp,) = list(stub.Session(iter([req]), timeout=10))
+    assert resp.status.code == grpc.StatusCode.NOT_FOUND.value[0]
+    ei = error_details_pb2.ErrorInfo()
+    assert len(resp.status.details) == 1 and resp.status.details[0].Unpack(ei)
+    assert (ei.reason, ei.domain, ei.metadata["session_id"]) == ("SESSION_LOST", ERROR_DOMAIN, "gone")
 
 
 def test_sync_client_maps_lost_session_from_the_detail(server):

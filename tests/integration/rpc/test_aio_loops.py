@@ -12,20 +12,17 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from sdk_servers import serve_sdk_services
 
 import marti.aio
 from marti.api.inference.v1 import inference_pb2 as ipb
 from marti.api.inference.v1 import inference_service_pb2_grpc as igrpc
 from marti.inference import ModelInfo
 from marti.rpc.channel import make_channel
-from marti.rpc.server import ServiceSpec
-from marti.rpc.settings import ServerSettings
-from marti.rpc.testing import serve_in_thread
 from marti.rpc.transport import ChannelClosedError, LoopBoundChannel
 from marti.trajectory import Trajectory, Turn
 
 TOKEN = "loops-token"
-INFERENCE = "marti.api.inference.v1.InferenceService"
 
 
 class _Models(igrpc.InferenceServiceServicer):
@@ -40,29 +37,8 @@ class _Models(igrpc.InferenceServiceServicer):
 @pytest.fixture(scope="module")
 def address(tmp_path_factory) -> Iterator[str]:
     """Broker, env server, store and an inference service hosted by one real server, token required."""
-    from services.comm_broker.servicer import broker_service
-    from services.comm_broker.settings import BrokerSettings
-    from services.env_server.servicer import env_service
-    from services.env_server.settings import EnvServerSettings
-    from services.experience_store.__main__ import make_spec
-    from services.experience_store.settings import StoreSettings
-
-    tmp = tmp_path_factory.mktemp("store")
-
-    def specs():
-        store_spec, _ = make_spec(StoreSettings(port=0, data_dir=str(tmp), default_timeout_ms=500))
-        inference = ServiceSpec(
-            INFERENCE, lambda s: igrpc.add_InferenceServiceServicer_to_server(_Models(), s)
-        )
-        return [
-            broker_service(BrokerSettings(port=0)),
-            env_service(EnvServerSettings(port=0)),
-            store_spec,
-            inference,
-        ]
-
-    with serve_in_thread(specs, ServerSettings(host="127.0.0.1", port=0, token=TOKEN)) as server:
-        yield server.address
+    with serve_sdk_services(tmp_path_factory.mktemp("store"), TOKEN, _Models()) as address:
+        yield address
 
 
 def _in_thread(coro_fn) -> object:
