@@ -246,6 +246,7 @@ class InferenceClient:
         n: int = 1,
         episode_id: str = "",
         group_id: str = "",
+        idempotency_key: str = "",
         timeout_s: float | None = None,
     ) -> InferenceResult:
         """Sample ``n`` completions of one prompt with an agent's policy.
@@ -264,6 +265,9 @@ class InferenceClient:
             n: Completions to sample, >= 1 (the gateway caps it).
             episode_id: Your episode id: the call is recorded for training until you report the episode.
             group_id: Your group (problem) id of the episode.
+            idempotency_key: Your key of this call within the episode: a retry with the same key, while the
+                episode is open, gets the first call's answer (same call ids), recorded once. A traced call whose
+                deadline passed or that was cancelled before its answer is not recorded.
             timeout_s: Deadline of this call, seconds (default: the client's).
 
         Returns:
@@ -279,6 +283,7 @@ class InferenceClient:
         req = generate_request(
             model, messages, text=text, token_ids=token_ids, max_tokens=max_tokens, temperature=temperature,
             top_p=top_p, top_k=top_k, stop=stop, seed=seed, n=n, episode_id=episode_id, group_id=group_id,
+            idempotency_key=idempotency_key,
         )  # fmt: skip
         return result_from_proto(call(self.stub.Generate, req, timeout_s or self.timeout_s))
 

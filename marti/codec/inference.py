@@ -60,6 +60,7 @@ def generate_request(
     n: int = 1,
     episode_id: str = "",
     group_id: str = "",
+    idempotency_key: str = "",
 ) -> pb.GenerateRequest:
     """Build a ``GenerateRequest`` (see :meth:`InferenceClient.generate` for the arguments).
 
@@ -91,6 +92,7 @@ def generate_request(
         stop=[stop] if isinstance(stop, str) else list(stop),
         episode_id=episode_id,
         group_id=group_id,
+        idempotency_key=idempotency_key,
         n=n,
     )
     if messages is not None:

@@ -420,3 +420,24 @@ def test_the_gateway_server_receives_messages_up_to_max_request_bytes():
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         server.stop()
+
+
+def test_sdk_idempotency_key_answers_a_retry_with_the_first_call(client, served):
+    """``generate(..., idempotency_key=...)`` (sync and aio): the retry gets the same call ids; one call recorded."""
+    sink = served[1]
+    before = len(sink)
+    first = client.generate("planner", MSG, max_tokens=4, episode_id="ep-idem", idempotency_key="turn-1")
+    again = client.generate("planner", MSG, max_tokens=4, episode_id="ep-idem", idempotency_key="turn-1")
+
+    async def aio_retry():
+        async with marti.aio.InferenceClient(served[0], token=TOKEN) as c:
+            return await c.generate(
+                "planner", MSG, max_tokens=4, episode_id="ep-idem", idempotency_key="turn-1"
+            )
+
+    third = asyncio.run(aio_retry())
+    assert again.choices[0].call_id == third.choices[0].call_id == first.choices[0].call_id
+    assert again.choices[0].token_ids == first.choices[0].token_ids
+    client.report_reward("ep-idem", {"planner": 1.0})
+    (episode,) = sink[before:]
+    assert len(episode["planner"].turns) == 1
