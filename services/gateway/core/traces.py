@@ -286,7 +286,8 @@ class EpisodeTracker:
                 last.response_token_ids.extend(gap + resp)
                 last.response_logprobs.extend([0.0] * len(gap) + logps)
                 last.response_mask.extend([0] * len(gap) + [1] * len(resp))
-                last.response_text += gen.text
+                last.response_text += gen.text  # the generated texts only: the gap is not decoded here
+                last.info["finish_reason"] = gen.finish_reason  # the merged turn ends where its last call did
                 trace.call_ids[-1].append(call_id)
                 return
         trace.turns.append(

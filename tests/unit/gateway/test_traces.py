@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
@@ -33,9 +35,11 @@ def tracker(**kw) -> EpisodeTracker:
 def test_calls_extending_the_previous_prefix_merge_into_one_turn_with_masked_gap():
     t = tracker()
     t.record("e", "a", "c1", gen([1, 2], [3, 4]))
-    t.record("e", "a", "c2", gen([1, 2, 3, 4, 9, 9], [5]))  # tokens 9, 9: a tool's output between the calls
+    second = gen([1, 2, 3, 4, 9, 9], [5])  # tokens 9, 9: a tool's output between the calls
+    t.record("e", "a", "c2", dataclasses.replace(second, finish_reason="length"))
     (ep,) = t.finish("e", {"a": 1.0}).episodes
     (turn,) = ep["a"].turns
+    assert turn.info["finish_reason"] == "length"  # where the last merged call ended
     assert turn.prompt_token_ids == [1, 2]
     assert turn.response_token_ids == [3, 4, 9, 9, 5]
     assert turn.response_mask == [1, 1, 0, 0, 1]
