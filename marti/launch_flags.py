@@ -172,13 +172,13 @@ FLAG_TABLE: dict[str, _Flag] = {
     "actor_zero_stage": _Flag(
         "int",
         ("strategy.zero_stage",),
-        "also sets strategy.name=deepspeed",
+        "",
         fixed=(("strategy.name", "deepspeed"),),
     ),
     "critic_zero_stage": _Flag(
         "int",
         ("strategy.critic_zero_stage",),
-        "also sets strategy.name=deepspeed",
+        "",
         fixed=(("strategy.name", "deepspeed"),),
     ),
     "offload_reference_model": _Flag(

@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, field in BrokerSettings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         annotation = field.annotation
-        help_text = f"{field.description or name} (default: {field.default})"
+        help_text = f"{field.description or name} (default: {field.get_default(call_default_factory=True)})"
         if annotation is bool:
             parser.add_argument(
                 flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text

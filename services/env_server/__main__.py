@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marti env-server", description="run the env_server service")
     for name, field in EnvServerSettings.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description or name} (default: {field.default})"
+        help_text = f"{field.description or name} (default: {field.get_default(call_default_factory=True)})"
         if field.annotation is bool:
             parser.add_argument(
                 flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text

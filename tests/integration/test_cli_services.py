@@ -76,6 +76,10 @@ def test_cli_help_and_unknown_command():
         assert cmd in out.stdout
     bad = _marti("frobnicate")
     assert bad.returncode == 2 and "unknown command 'frobnicate'" in bad.stderr
+    for service in ("broker", "env-server"):  # every flag shows its real default (factories called)
+        text = _marti(service, "--help").stdout
+        assert "(default:" in text and "PydanticUndefined" not in text, text
+    assert "['pettingzoo.', 'gymnasium.']" in " ".join(_marti("env-server", "--help").stdout.split())
 
 
 def test_train_rejects_missing_model_naming_it(tmp_path):
