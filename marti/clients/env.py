@@ -7,7 +7,8 @@
   the session cap, ``UnavailableError`` when the server is away).
 * :class:`SessionStream`: the bidirectional ``Session`` stream (lowest latency; errors arrive in-band and are
   raised for that request only; sessions made on the stream close when it closes; a broken stream is replaced
-  by a new one on the next request).
+  by a new one on the next request). It belongs to the process that opened it: in a forked child, every
+  request raises ``FailedPreconditionError`` at once (see :class:`SessionStream`).
 * :class:`RemoteParallelEnv`: a PettingZoo ``ParallelEnv`` backed by one server session. Every ``step`` and
   ``reset`` carries a fresh request id, so the channel's automatic retry on ``UNAVAILABLE`` cannot step twice.
   :meth:`RemoteParallelEnv.step_batch` steps many such envs in one ``BatchStep`` round trip. After a server
@@ -20,6 +21,7 @@ shared by any number of clients and envs instead of one connection each; whoever
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import uuid
@@ -85,6 +87,12 @@ def open_channel(
         options=options,
         service="env",
     )
+
+
+#: Channels a forked child was asked to close although its parent dialed them: kept open (and referenced, so
+#: garbage collection does not close them either) because closing a parent's channel in a child can block
+#: for good when gRPC skipped its fork handlers (a stream's thread was inside gRPC at fork time).
+_INHERITED_CHANNELS: list[grpc.Channel] = []
 
 
 @dataclass(frozen=True)
@@ -252,6 +260,7 @@ class EnvClient:
         self.address = address
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._own_channel = channel is None
+        self._pid = os.getpid()
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
 
@@ -331,9 +340,17 @@ class EnvClient:
         return SessionStream(self.stub, self.timeout_s)
 
     def close(self) -> None:
-        """Close the channel (when this client dialed it)."""
-        if self._own_channel:
-            self.channel.close()
+        """Close the channel (when this client dialed it).
+
+        In a process forked from the one that dialed it, the channel is left to the parent (kept referenced,
+        not closed): closing it there could block for good.
+        """
+        if not self._own_channel:
+            return
+        if self._pid != os.getpid():
+            _INHERITED_CHANNELS.append(self.channel)
+            return
+        self.channel.close()
 
     def __enter__(self) -> EnvClient:
         return self
@@ -353,6 +370,12 @@ class SessionStream:
     closes them with the stream), and the next request opens a new stream on the same channel by itself;
     :attr:`generation` counts the streams opened so far. Only :meth:`close` ends it for good.
 
+    Fork: the stream belongs to the process that opened it (its pid is :attr:`owner_pid`). gRPC reads and
+    writes it from threads of that process, which a forked child does not have, so in a child every request
+    raises :class:`~marti.errors.FailedPreconditionError` at once (it would otherwise wait forever), without
+    touching the parent's stream; :meth:`close` in a child only marks this copy closed. Open a new stream in
+    the child (or use the unary calls of :class:`EnvClient`).
+
     Args:
         stub: An ``EnvServiceStub``.
         timeout_s: How long to wait for each response, seconds.
@@ -369,6 +392,8 @@ class SessionStream:
         self._open()
 
     def _open(self) -> None:
+        #: The process that opened the stream (the only one that can use it).
+        self.owner_pid = os.getpid()
         requests: queue.SimpleQueue = queue.SimpleQueue()
         self._requests = requests
         self._responses: Any = self._stub.Session(self._iter(requests))
@@ -392,15 +417,33 @@ class SessionStream:
             pass
 
     @property
+    def forked(self) -> bool:
+        """True in a process forked from the one that opened the stream (which alone can use it)."""
+        return self.owner_pid != os.getpid()
+
+    def _forked_error(self) -> FailedPreconditionError:
+        return FailedPreconditionError(
+            f"this session stream was opened by process {self.owner_pid}, and this process "
+            f"({os.getpid()}) is a fork of it: a forked child cannot use its parent's stream (nor the env "
+            "sessions on it). Make a new env or stream in the child (marti.make(..., address=...) there), or "
+            "create the env with transport='unary' before forking"
+        )
+
+    @property
     def broken(self) -> bool:
         """True when the current stream has ended (server restart, dropped connection) and was not closed
-        by :meth:`close`; the next request opens a new one."""
+        by :meth:`close`; the next request opens a new one. Always False in a forked child (see
+        :attr:`forked`): the parent's stream is not looked at there."""
+        if self.forked:
+            return False
         if self._broken:
             return True
         done = getattr(self._responses, "done", None)
         return bool(done()) if callable(done) else False
 
     def _roundtrip(self, **op: Any) -> pb.SessionResponse:
+        if self.forked:  # before the lock: a thread of the parent may have held it at fork time
+            raise self._forked_error()
         with self._lock:
             if self.closed:
                 raise FailedPreconditionError("the session stream is closed")
@@ -457,10 +500,16 @@ class SessionStream:
         return self._roundtrip(close=pb.CloseSessionRequest(session_id=session_id)).close.closed
 
     def close(self) -> None:
-        """End the stream (the server closes the sessions made on it)."""
+        """End the stream (the server closes the sessions made on it).
+
+        In a forked child (see :attr:`forked`) it only marks this copy closed: the stream, and its sessions,
+        stay the parent's.
+        """
         if self.closed:
             return
         self.closed = True
+        if self.forked:
+            return
         self._requests.put(_END)
         try:
             for _ in self._responses:
@@ -484,6 +533,12 @@ class RemoteParallelEnv(ParallelEnv):
       the same env id (resolved ``name-vN``), config and creation seed, as ``marti.make`` did, then resets
       it with the given ``seed`` and ``options``. :attr:`session_id` changes; spaces and agents are the same.
       While the server is still away, ``reset`` raises ``UnavailableError`` and may be called again.
+
+    Fork: with the stream transport (the default) the session lives on a stream of the process that made the
+    env, which a forked child cannot use; there ``step``, ``reset`` and ``step_batch`` raise
+    :class:`~marti.errors.FailedPreconditionError` at once (naming the parent's pid) and ``close`` only marks
+    the child's copy closed (the session stays the parent's). Make a new env in the child, or make the env
+    with ``transport="unary"``; two processes stepping one session interleave its steps.
 
     Args:
         client: The client (closed with the env when ``own_client``).
@@ -610,6 +665,8 @@ class RemoteParallelEnv(ParallelEnv):
 
     def _guarded(self, stream_fn: Any, unary_fn: Any) -> StepResult:
         """Run one session call, turning every way of losing the session into :class:`SessionLostError`."""
+        if self._stream is not None and self._stream.forked:
+            raise self._stream._forked_error()
         self._check_stream()
         if self._lost is not None:
             raise self._lost_error(self._lost)
@@ -694,12 +751,17 @@ class RemoteParallelEnv(ParallelEnv):
 
         Raises:
             ValueError: ``envs`` and ``actions`` differ in length, or ``max_batch < 1``.
+            FailedPreconditionError: In a forked child, an env whose session lives on its parent's stream
+                (nothing is sent).
             UnavailableError, DeadlineExceededError, ...: The whole call failed (server away, deadline).
         """
         if len(envs) != len(actions):
             raise ValueError(f"{len(actions)} action dicts for {len(envs)} envs")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        for env in envs:
+            if env._stream is not None and env._stream.forked:
+                raise env._stream._forked_error()
         out: list[tuple[dict, dict, dict, dict, dict] | MartiError] = []
         if not envs:
             return out

@@ -114,6 +114,14 @@ class _Core:
         self.refused_batches = self.refused_messages = 0
         self.refused: collections.deque[BatchRefusedError] = collections.deque()
 
+    def after_fork(self) -> None:
+        """Re-makes, in a forked child, what it cannot share with its parent: the lock (a thread of the
+        parent may have held it at fork time) and the message-id prefix (the child's new messages must not
+        reuse the ids the parent goes on making, or the broker would drop them as duplicates). Buffered
+        messages keep their ids."""
+        self.lock = threading.Lock()
+        self.id_prefix = os.urandom(8).hex() + "-"
+
     def set_dictionary(self, data: bytes) -> None:
         self.dictionary = broker_codec.load_dictionary(data) if data else None
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import closing
 from typing import Any
@@ -17,6 +19,22 @@ from marti.rpc.channel import make_channel
 
 from .protocol import _IDEMPOTENT, _ClientBase, _publish_result, _state_entry
 from .types import AgentStateEntry, Message, PublishResult
+
+#: Live sync clients, re-made for the child by :func:`_after_fork_in_child` when the process forks.
+_LIVE: weakref.WeakSet[MartiCommClient] = weakref.WeakSet()
+#: Channels a forked child was asked to close although its parent dialed them: kept open (and referenced, so
+#: garbage collection does not close them either) because closing a parent's channel in a child can block
+#: for good when gRPC skipped its fork handlers (another thread was inside gRPC at fork time).
+_INHERITED_CHANNELS: list[grpc.Channel] = []
+
+
+def _after_fork_in_child() -> None:
+    """Re-make every live :class:`MartiCommClient`'s threading state in a forked child (see its docstring)."""
+    for client in list(_LIVE):
+        client._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def open_channel(
@@ -84,6 +102,15 @@ class MartiCommClient(_ClientBase):
     counted in :attr:`refused_batches` / :attr:`refused_messages` and passed to ``on_error``. Transient
     errors (``UnavailableError``, ``DeadlineExceededError``) keep the batch buffered for the next flush.
 
+    Fork: a client made before ``os.fork`` (``multiprocessing``'s ``fork`` start method) keeps working in the
+    child. The child gets its own send lock (a thread of the parent may have held the parent's at fork time)
+    and its own message-id prefix, and its flush timer, which ``fork`` does not copy, is started again with the
+    child's first buffered message, so batches go out on time as in the parent. Messages that were buffered
+    at fork time are in both processes' buffers and may be sent by both: they keep their ids, and the broker
+    drops a message id it has already accepted (within its ``dedup_window_s``, 600 s by default), so they are
+    delivered once. ``close`` in the child flushes the child's buffer but leaves the channel to the parent
+    when the parent dialed it.
+
     Raises:
         InvalidArgumentError: Bad argument values, or a token that is not printable ASCII (raised before any
             rpc; the message names the position, not the token).
@@ -93,17 +120,40 @@ class MartiCommClient(_ClientBase):
 
     def _open(self) -> None:
         """Joins the session (CreateSession) and starts the flush timer's thread if batching has a period."""
+        self._pid = self._channel_pid = os.getpid()
         self._send_lock = threading.Lock()
+        self._timer_lock = threading.Lock()
         self._closed = threading.Event()
         self._flusher: threading.Thread | None = None
         self._joined(
             call(self._stub.CreateSession, pb.CreateSessionRequest(session=self.session), self.timeout_s)
         )
-        if self._wants_timer():
+        self._start_timer()
+        _LIVE.add(self)
+
+    def _start_timer(self) -> None:
+        """Starts this process's flush timer thread if batching has a period and it is not running yet."""
+        if not self._wants_timer():
+            return
+        with self._timer_lock:
+            if self._flusher is not None or self._closed.is_set():
+                return
             self._flusher = threading.Thread(
                 target=self._flush_loop, name=f"marti-comm-flush-{self.agent_id}", daemon=True
             )
             self._flusher.start()
+
+    def _after_fork(self) -> None:
+        """In a forked child: fresh locks, closed flag and message-id prefix, and no flush timer yet (the
+        parent's thread is not copied); :meth:`_enqueue` starts the child's timer with its first message."""
+        self._pid = os.getpid()
+        self._send_lock = threading.Lock()
+        self._timer_lock = threading.Lock()
+        closed, self._closed = self._closed.is_set(), threading.Event()
+        if closed:
+            self._closed.set()
+        self._flusher = None
+        self._core.after_fork()
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self._core.update_frequency_s / 2):
@@ -202,6 +252,10 @@ class MartiCommClient(_ClientBase):
         return env.message_id
 
     def _enqueue(self, env: broker_pb2.Envelope, broadcast: bool) -> None:
+        if self._pid != os.getpid():  # forked without the at-fork hook (os.fork from C code)
+            self._after_fork()
+        if self._flusher is None:
+            self._start_timer()
         if self._core.buffer_add(env, broadcast):
             self._flush(acks=False)
 
@@ -355,6 +409,9 @@ class MartiCommClient(_ClientBase):
     def close(self) -> None:
         """Flushes buffered messages and pending acks, stops the flush timer and closes the channel.
 
+        In a forked child, a channel the parent dialed is left to the parent (kept, not closed): closing it
+        there could block for good.
+
         Raises:
             BatchRefusedError: The final flush, or an earlier timer flush, was refused (the client is
                 closed anyway).
@@ -368,7 +425,10 @@ class MartiCommClient(_ClientBase):
             if self._flusher is not None:
                 self._flusher.join(timeout=5)
             if self._own_channel:
-                self._channel.close()
+                if self._channel_pid == os.getpid():
+                    self._channel.close()
+                else:
+                    _INHERITED_CHANNELS.append(self._channel)
         self._raise_refused()
 
     def __enter__(self) -> MartiCommClient:
