@@ -111,9 +111,8 @@ class AsyncMartiCommClient(_ClientBase):
             NoSubscribersError: ``require_subscribers`` and no subscriber (a FailedPreconditionError).
             The other errors of :meth:`MartiCommClient.publish`.
         """
-        self._raise_refused()
         await self.connect()
-        env = self._core.envelope(message, (), topic, content_type, ttl_s)
+        env = self._topic_envelope(topic, message, content_type, ttl_s)
         async with self._send_lock:
             await self._flush_locked(background=False)
             item = [(env, time.perf_counter())]

@@ -438,10 +438,32 @@ class _ClientBase:
     def _unicast_envelope(
         self, receiver_id: str | Sequence[str], message: Any, content_type: str | None, ttl_s: float
     ) -> broker_pb2.Envelope:
-        """The envelope of ``send_message`` (after raising a pending refusal)."""
+        """The envelope of ``send_message`` (after raising a pending refusal).
+
+        Raises:
+            InvalidArgumentError: No receiver, or one that is not a non-empty string (named).
+        """
         self._raise_refused()
         receivers = [receiver_id] if isinstance(receiver_id, str) else list(receiver_id)
+        if not receivers:
+            raise InvalidArgumentError("receiver_id must name at least one agent")
+        for r in receivers:
+            if not isinstance(r, str) or not r:
+                raise InvalidArgumentError(f"receiver ids must be non-empty strings, got {r!r}")
         return self._core.envelope(message, receivers, "", content_type, ttl_s)
+
+    def _topic_envelope(
+        self, topic: str, message: Any, content_type: str | None, ttl_s: float
+    ) -> broker_pb2.Envelope:
+        """The envelope of ``publish`` (after raising a pending refusal).
+
+        Raises:
+            InvalidArgumentError: ``topic`` is not a non-empty string.
+        """
+        self._raise_refused()
+        if not isinstance(topic, str) or not topic:
+            raise InvalidArgumentError(f"topic must be a non-empty string, got {topic!r}")
+        return self._core.envelope(message, (), topic, content_type, ttl_s)
 
     def _failed(self, exc: BaseException, unicast: list, bcast: list, background: bool) -> BaseException:
         """Handles a failed send (see :meth:`_Core.split_failed`), tells ``on_error`` of a refusal, and

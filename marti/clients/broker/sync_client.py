@@ -75,7 +75,8 @@ class MartiCommClient(_ClientBase):
         session: Session name (a run or an episode); created on connect if it does not exist.
         token: Bearer token, if the broker requires one; ``None`` reads ``MARTI_BROKER_TOKEN``, then
             ``MARTI_TOKEN`` (as the broker itself does); ``""`` sends none.
-        topics: Topics to subscribe to on connect.
+        topics: Topics this agent subscribes to. The subscription starts with its first ``get_messages`` or
+            ``subscribe`` call: a message published before then does not reach it (``publish`` counts 0).
         batching_size: Messages per batch (1 = send immediately).
         max_batch_bytes: Payload bytes that close a batch early.
         update_frequency_s: Longest time a buffered message waits before its batch is sent (seconds);
@@ -229,8 +230,7 @@ class MartiCommClient(_ClientBase):
                 sending the earlier buffered messages failed, those stay buffered and this message was not
                 sent.
         """
-        self._raise_refused()
-        env = self._core.envelope(message, (), topic, content_type, ttl_s)
+        env = self._topic_envelope(topic, message, content_type, ttl_s)
         with self._send_lock:
             self._flush_locked(background=False)
             item = [(env, time.perf_counter())]

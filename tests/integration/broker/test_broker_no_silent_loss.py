@@ -24,7 +24,7 @@ from marti.clients.broker import (
     NoSubscribersError,
     PublishResult,
 )
-from marti.errors import FailedPreconditionError, ResourceExhaustedError
+from marti.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.testing import serve_in_thread
 from services.comm_broker.servicer import broker_service
 from services.comm_broker.settings import BrokerSettings
@@ -186,6 +186,14 @@ def test_publish_reports_receivers_and_can_require_them(address):
         late = a.publish("plans", {"n": 2}, require_subscribers=True)
         assert late.receivers == 1 and late.message_id != early.message_id
         assert [m.content for m in b.get_messages(timeout_s=2)] == [{"n": 2}]
+        # refused before anything is sent, naming the value (the broker would refuse the batch)
+        for bad in ("", None):
+            with pytest.raises(InvalidArgumentError, match="topic must be a non-empty string"):
+                a.publish(bad, {"n": 3})
+        for bad in ([], [""], ["sub", 7]):
+            with pytest.raises(InvalidArgumentError, match="receiver"):
+                a.send_message(bad, {"n": 4})
+        assert a.refused_batches == 0
 
 
 def test_publish_sends_at_once_after_the_buffered_messages(address):
