@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from services.env_server.envs import adapters
 from services.env_server.settings import EnvServerSettings
 
 SERVICE_NAME = "marti.api.env.v1.EnvService"
+_LOG = logging.getLogger("marti.env_server")
 
 
 class EnvServicer(pb_grpc.EnvServiceServicer):
@@ -37,102 +39,119 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         self._stream_ids = itertools.count(1)
         self._listing: pb.ListEnvsResponse | None = None
 
-    # ---- unary handlers (plain methods shared with the stream) ----
-    def _create(self, req: pb.CreateSessionRequest, owner: str | None = None) -> pb.CreateSessionResponse:
+    # ---- handlers shared by the unary rpcs and the stream; env calls run on the session core's worker pool ----
+    async def _create(
+        self, req: pb.CreateSessionRequest, owner: str | None = None
+    ) -> pb.CreateSessionResponse:
         seed = req.seed if req.HasField("seed") else None
-        session = self.sessions.create(
-            req.env_id, convert.map_from_proto(req.config), seed, owner, req.request_id
-        )
-        return pb.CreateSessionResponse(
-            session_id=session.session_id,
-            env_id=session.env_id,
-            agents=convert.agent_specs(session.env),
-            idle_timeout_ms=int(self.sessions.idle_timeout_s * 1000),
-            metrics=declared_metrics(session.env),
+        idle_timeout_ms = int(self.sessions.idle_timeout_s * 1000)
+
+        def describe(session: Any) -> pb.CreateSessionResponse:  # in the worker: reads the env's spaces
+            return pb.CreateSessionResponse(
+                session_id=session.session_id,
+                env_id=session.env_id,
+                agents=convert.agent_specs(session.env),
+                idle_timeout_ms=idle_timeout_ms,
+                metrics=declared_metrics(session.env),
+            )
+
+        return await self.sessions.create_async(
+            req.env_id, convert.map_from_proto(req.config), seed, owner, req.request_id, describe
         )
 
-    def _reset(self, req: pb.ResetRequest) -> pb.ResetResponse:
+    async def _reset(self, req: pb.ResetRequest, out: pb.ResetResponse | None = None) -> pb.ResetResponse:
         seed = req.seed if req.HasField("seed") else None
         options = convert.map_from_proto(req.options) or None
-        return convert.reset_to_proto(self.sessions.reset(req.session_id, seed, options, req.request_id))
+        return await self.sessions.reset_async(
+            req.session_id, seed, options, req.request_id, lambda o: convert.reset_to_proto(o, out)
+        )
 
-    def _step(self, req: pb.StepRequest, out: pb.StepResponse | None = None) -> pb.StepResponse:
+    async def _step(self, req: pb.StepRequest, out: pb.StepResponse | None = None) -> pb.StepResponse:
         actions = convert.actions_from_proto(req.actions)
-        return convert.step_to_proto(self.sessions.step(req.session_id, actions, req.request_id), out)
+        return await self.sessions.step_async(
+            req.session_id, actions, req.request_id, lambda o: convert.step_to_proto(o, out)
+        )
 
-    def _batch(self, req: pb.BatchStepRequest) -> pb.BatchStepResponse:
+    async def _batch(self, req: pb.BatchStepRequest) -> pb.BatchStepResponse:
         if len(req.steps) > self.settings.max_batch_steps:
             raise ResourceExhaustedError(
                 f"BatchStep has {len(req.steps)} steps, above max_batch_steps={self.settings.max_batch_steps}"
             )
         out = pb.BatchStepResponse()
-        for step in req.steps:
-            item = out.items.add()
+
+        async def one(step: pb.StepRequest, item: pb.BatchStepItem) -> None:
             try:
-                self._step(step, item.step)
+                await self._step(step, item.step)
                 item.status.code = 0
             except Exception as e:  # noqa: BLE001 - every item's error travels in-band
                 item.ClearField("step")
                 item.status.CopyFrom(to_status_proto(e))
+
+        # Items of different sessions run side by side; a session's items keep their order (its FIFO lock is
+        # taken in item order, since the tasks start in that order).
+        await asyncio.gather(*(one(step, out.items.add()) for step in req.steps))
         return out
 
-    def _close(self, req: pb.CloseSessionRequest) -> pb.CloseSessionResponse:
-        return pb.CloseSessionResponse(closed=self.sessions.close(req.session_id))
+    async def _close(self, req: pb.CloseSessionRequest) -> pb.CloseSessionResponse:
+        return pb.CloseSessionResponse(closed=await self.sessions.close_async(req.session_id))
 
     # ---- rpcs ----
     async def ListEnvs(self, request: pb.ListEnvsRequest, context: Any) -> pb.ListEnvsResponse:  # noqa: N802
-        """List registered envs (cached after the first call)."""
+        """List registered envs (cached after the first call; built on the worker pool, as it may build envs)."""
         if self._listing is None:
-            self._listing = pb.ListEnvsResponse(
-                envs=[convert.describe_to_proto(s) for s in self.sessions.registry.specs()]
+            self._listing = await self.sessions.offload(
+                lambda: pb.ListEnvsResponse(
+                    envs=[convert.describe_to_proto(s) for s in self.sessions.specs()]
+                )
             )
         return self._listing
 
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Any) -> pb.CreateSessionResponse:  # noqa: N802
         """Create a session."""
-        return self._create(request)
+        return await self._create(request)
 
     async def Reset(self, request: pb.ResetRequest, context: Any) -> pb.ResetResponse:  # noqa: N802
         """Reset a session."""
-        return self._reset(request)
+        return await self._reset(request)
 
     async def Step(self, request: pb.StepRequest, context: Any) -> pb.StepResponse:  # noqa: N802
         """Step a session."""
-        return self._step(request)
+        return await self._step(request)
 
     async def BatchStep(self, request: pb.BatchStepRequest, context: Any) -> pb.BatchStepResponse:  # noqa: N802
         """Step many sessions; errors per item."""
-        return self._batch(request)
+        return await self._batch(request)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:  # noqa: N802
         """Close a session."""
-        return self._close(request)
+        return await self._close(request)
 
     async def Session(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.SessionRequest], context: Any
     ) -> AsyncIterator[pb.SessionResponse]:
-        """Serve a bidirectional stream; sessions created on it close when it ends."""
+        """Serve a bidirectional stream, one request at a time in order; sessions created on it close when it
+        ends."""
         owner = f"stream-{next(self._stream_ids)}"
         try:
             async for req in request_iterator:
-                yield self._one(req, owner)
+                yield await self._one(req, owner)
         finally:
-            self.sessions.close_owned(owner)
+            await self.sessions.close_owned_async(owner)
 
-    def _one(self, req: pb.SessionRequest, owner: str) -> pb.SessionResponse:
+    async def _one(self, req: pb.SessionRequest, owner: str) -> pb.SessionResponse:
         resp = pb.SessionResponse(sequence=req.sequence)
         op = req.WhichOneof("op")
         try:
             if op == "create":
-                resp.create.CopyFrom(self._create(req.create, owner))
+                resp.create.CopyFrom(await self._create(req.create, owner))
             elif op == "reset":
-                resp.reset.CopyFrom(self._reset(req.reset))
+                await self._reset(req.reset, resp.reset)
             elif op == "step":
-                self._step(req.step, resp.step)
+                await self._step(req.step, resp.step)
             elif op == "close":
-                resp.close.CopyFrom(self._close(req.close))
+                resp.close.CopyFrom(await self._close(req.close))
             elif op == "batch_step":
-                resp.batch_step.CopyFrom(self._batch(req.batch_step))
+                resp.batch_step.CopyFrom(await self._batch(req.batch_step))
             else:
                 raise InvalidArgumentError("SessionRequest has no operation set")
             resp.status.CopyFrom(ok_status())
@@ -163,6 +182,7 @@ def env_service(
             settings.max_sessions,
             settings.idle_timeout_s,
             settings.idempotency_window,
+            workers=settings.step_workers,
         )
     servicer = EnvServicer(sessions, settings)
     state: dict[str, asyncio.Task] = {}
@@ -170,7 +190,10 @@ def env_service(
     async def reap_forever() -> None:
         while True:
             await asyncio.sleep(settings.reap_interval_s)
-            sessions.reap_idle()
+            try:
+                await sessions.reap_idle_async()
+            except Exception:  # noqa: BLE001 - the reaper must outlive one bad close
+                _LOG.exception("reaping idle env sessions failed")
 
     async def on_start() -> None:
         state["reaper"] = asyncio.get_running_loop().create_task(reap_forever())
@@ -181,7 +204,8 @@ def env_service(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        sessions.close_all()
+        # env calls the grace period cut short still hold their sessions: wait up to grace_s more, then close
+        await sessions.close_all_async(timeout_s=settings.grace_s)
 
     return ServiceSpec(
         name=SERVICE_NAME,

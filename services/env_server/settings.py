@@ -6,6 +6,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from marti.rpc.settings import ServerSettings
+from services.env_server.core.sessions import MAX_WORKERS
 
 
 class EnvServerSettings(ServerSettings):
@@ -23,6 +24,13 @@ class EnvServerSettings(ServerSettings):
     idle_timeout_s: float = Field(600.0, gt=0, description="Sessions unused this long are closed, seconds.")
     reap_interval_s: float = Field(5.0, gt=0, description="How often idle sessions are looked for, seconds.")
     idempotency_window: int = Field(64, ge=1, description="Recent request ids remembered per session.")
+    step_workers: int = Field(
+        32,
+        ge=1,
+        le=MAX_WORKERS,
+        description=f"Threads that run env calls (create, reset, step, close) off the event loop, 1..{MAX_WORKERS}; "
+        "calls beyond wait in order.",
+    )
     max_batch_steps: int = Field(4096, ge=1, description="Most steps in one BatchStep call.")
     allowed_modules: list[str] = Field(
         default_factory=lambda: ["pettingzoo.", "gymnasium."],

@@ -1,17 +1,31 @@
 """Sessions: one fresh environment per session, a session cap, idle reaping and idempotent requests.
 
-Pure Python (no grpc). The servicer calls :class:`SessionManager` from one event loop; the manager is not
-thread-safe by itself, and in-process users create one manager per thread.
+Pure Python (no grpc). Two faces over the same bookkeeping:
+
+- the plain methods (:meth:`SessionManager.create`, ``reset``, ``step``, ``close``, ...) run the env call in the
+  caller's thread; in-process users and unit tests call them from one thread (the manager is not thread-safe);
+- the ``*_async`` methods are what the env server calls from its event loop: every env call (create, reset,
+  step, close, and the listing of env ids, which may build envs) runs on a bounded pool of ``workers`` threads,
+  so one slow env never stalls the loop and the other sessions. A session's calls run one at a time, in the
+  order they arrived (a FIFO lock per session), since envs are not assumed thread-safe; when every worker is
+  busy, further calls wait in the pool's queue (no error). The bookkeeping (the session table, the cap, the
+  idempotency windows) stays on the loop; a session's env and its window of results are only touched by the
+  call holding that session.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import secrets
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from marti.env_guard import GuardedParallelEnv
 from marti.env_registry import Registry
@@ -22,6 +36,12 @@ from marti.errors import (
     ResourceExhaustedError,
     SessionLostError,
 )
+
+_LOG = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Most worker threads a :class:`SessionManager` may run env calls on (``EnvServerSettings.step_workers``).
+MAX_WORKERS = 1024
 
 
 class AgentOutcome(NamedTuple):
@@ -68,7 +88,11 @@ class Session:
         env_id: Resolved ``name-vN``.
         env: The guarded env instance (owned by this session alone).
         owner: Who created it (a stream id) or ``None``; :meth:`SessionManager.close_owned` closes by owner.
-        last_used_s: Monotonic time of the last request, seconds.
+        last_used_s: Monotonic time of the last request (and of the end of the last env call), seconds.
+        results: Outcomes of the last request ids (the idempotency window).
+        lock: Held by the one call running on this session's env; waiters are served in arrival order.
+        pending: Calls holding or waiting for ``lock``; a session with pending calls is never reaped as idle.
+        closed: Set when the env has been closed; calls that were queued behind the close then fail as lost.
     """
 
     session_id: str
@@ -77,6 +101,9 @@ class Session:
     owner: str | None
     last_used_s: float
     results: OrderedDict[str, Outcome] = field(default_factory=OrderedDict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    pending: int = 0
+    closed: bool = False
 
 
 def _outcome(env: GuardedParallelEnv, obs: dict, infos: dict, rew=None, term=None, trunc=None) -> Outcome:
@@ -95,6 +122,10 @@ def _outcome(env: GuardedParallelEnv, obs: dict, infos: dict, rew=None, term=Non
     return Outcome(results, tuple(env.agents), tuple(env.acting_agents))
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
 class SessionManager:
     """Creates, steps, resets, closes and reaps sessions.
 
@@ -104,9 +135,11 @@ class SessionManager:
         idle_timeout_s: Sessions unused this long are closed by :meth:`reap_idle`, seconds.
         idempotency_window: How many recent request ids each session (and the create path) remembers.
         clock: Monotonic clock in seconds (injectable for tests).
+        workers: Threads the ``*_async`` methods run env calls on (1..:data:`MAX_WORKERS`); started on first
+            use, so a manager used only through the plain methods starts none.
 
     Raises:
-        InvalidArgumentError: A limit below 1 (or a non-positive timeout).
+        InvalidArgumentError: A limit below 1 (or a non-positive timeout, or ``workers`` out of range).
     """
 
     def __init__(
@@ -116,6 +149,7 @@ class SessionManager:
         idle_timeout_s: float = 600.0,
         idempotency_window: int = 64,
         clock: Callable[[], float] = time.monotonic,
+        workers: int = 32,
     ) -> None:
         if max_sessions < 1:
             raise InvalidArgumentError(f"max_sessions must be >= 1, got {max_sessions}")
@@ -123,13 +157,21 @@ class SessionManager:
             raise InvalidArgumentError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
         if idempotency_window < 1:
             raise InvalidArgumentError(f"idempotency_window must be >= 1, got {idempotency_window}")
+        if not 1 <= workers <= MAX_WORKERS:
+            raise InvalidArgumentError(f"workers must be in 1..{MAX_WORKERS}, got {workers}")
         self.registry = registry
         self.max_sessions = max_sessions
         self.idle_timeout_s = idle_timeout_s
         self.idempotency_window = idempotency_window
         self.clock = clock
+        self.workers = workers
         self._sessions: dict[str, Session] = {}
         self._created: OrderedDict[str, str] = OrderedDict()  # create request id -> session id
+        self._creating: dict[str, asyncio.Future] = {}  # create request id -> its env build in flight
+        self._reserved = 0  # creates in flight (count against max_sessions)
+        self._closing: set[asyncio.Task] = set()
+        self._registry_lock = threading.Lock()  # provider loading mutates the registry
+        self._pool: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -138,6 +180,124 @@ class SessionManager:
         """Ids of the live sessions."""
         return list(self._sessions)
 
+    # ---- shared pieces ----
+    def _check_cap(self) -> None:
+        if len(self._sessions) + self._reserved >= self.max_sessions:
+            raise ResourceExhaustedError(
+                f"session cap reached: max_sessions={self.max_sessions}; close sessions or raise the cap"
+            )
+
+    def _build(
+        self, env_id: str, config: Mapping[str, Any] | None, seed: int | None, owner: str | None
+    ) -> Session:
+        with self._registry_lock:
+            resolved = self.registry.resolve(env_id).env_id  # loads the provider once, under the lock
+        env = self.registry.make(resolved, config, seed)
+        return Session(secrets.token_hex(12), resolved, env, owner, self.clock())
+
+    def _register(self, session: Session, request_id: str) -> Session:
+        self._sessions[session.session_id] = session
+        if request_id:
+            self._created[request_id] = session.session_id
+            while len(self._created) > self.idempotency_window * 16:
+                self._created.popitem(last=False)
+        return session
+
+    def specs(self) -> list[Any]:
+        """Every registered :class:`~marti.env_registry.EnvSpec` (loads every provider; safe from a worker)."""
+        with self._registry_lock:
+            return self.registry.specs()
+
+    def _lost(self, session_id: str) -> SessionLostError:
+        return SessionLostError(
+            f"unknown session {session_id!r}: closed, reaped after {self.idle_timeout_s:g}s idle, lost in "
+            "an env server restart, or never created; create a new session (a marti.make(address=...) "
+            "env: call reset())",
+            session_id=session_id,
+        )
+
+    def _touch(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise self._lost(session_id)
+        session.last_used_s = self.clock()
+        return session
+
+    def get(self, session_id: str) -> Session:
+        """Return a live session and mark it used.
+
+        Raises:
+            SessionLostError: Unknown, closed or reaped session (named; a ``NotFoundError``).
+        """
+        return self._touch(session_id)
+
+    def _remember(self, session: Session, request_id: str, outcome: Outcome) -> Outcome:
+        if request_id:
+            session.results[request_id] = outcome
+            while len(session.results) > self.idempotency_window:
+                session.results.popitem(last=False)
+        return outcome
+
+    def _reset_job(
+        self, session: Session, seed: int | None, options: dict | None, request_id: str, post: Callable
+    ) -> Callable[[], Any]:
+        def job() -> Any:
+            if session.closed:
+                raise self._lost(session.session_id)
+            cached = session.results.get(request_id) if request_id else None
+            if cached is not None:
+                return post(cached)
+            obs, infos = self._call(session, lambda: session.env.reset(seed=seed, options=options or None))
+            return post(self._remember(session, request_id, _outcome(session.env, obs, infos)))
+
+        return job
+
+    def _step_job(
+        self, session: Session, actions: Mapping[str, Any], request_id: str, post: Callable
+    ) -> Callable[[], Any]:
+        def job() -> Any:
+            if session.closed:
+                raise self._lost(session.session_id)
+            cached = session.results.get(request_id) if request_id else None
+            if cached is not None:
+                return post(cached)
+            obs, rew, term, trunc, infos = self._call(
+                session, lambda: session.env.step(dict(actions) if isinstance(actions, Mapping) else actions)
+            )
+            return post(
+                self._remember(session, request_id, _outcome(session.env, obs, infos, rew, term, trunc))
+            )
+
+        return job
+
+    @staticmethod
+    def _call(session: Session, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except MartiError:
+            raise
+        except Exception as e:  # an env bug: report it, keep the server and the other sessions alive
+            raise InternalError(f"env {session.env_id} raised {type(e).__name__}: {e}") from e
+
+    @staticmethod
+    def _close_env(session: Session) -> None:
+        session.closed = True
+        try:
+            session.env.close()
+        except Exception:  # noqa: BLE001 - closing must not fail the caller
+            _LOG.warning(
+                "env %s of session %s failed to close", session.env_id, session.session_id, exc_info=True
+            )
+
+    def _idle_ids(self, now_s: float | None) -> list[str]:
+        now_s = self.clock() if now_s is None else now_s
+        return [
+            sid
+            for sid, s in self._sessions.items()
+            if s.pending == 0 and now_s - s.last_used_s >= self.idle_timeout_s
+        ]
+
+    # ---- plain (same-thread) API ----
     def create(
         self,
         env_id: str,
@@ -163,48 +323,10 @@ class SessionManager:
             NotFoundError: Unknown env id.
             InvalidArgumentError: Bad config or seed.
         """
-        if request_id and request_id in self._created and self._created[request_id] in self._sessions:
+        if request_id and self._created.get(request_id) in self._sessions:
             return self._touch(self._created[request_id])
-        if len(self._sessions) >= self.max_sessions:
-            raise ResourceExhaustedError(
-                f"session cap reached: max_sessions={self.max_sessions}; close sessions or raise the cap"
-            )
-        env = self.registry.make(env_id, config, seed)
-        sid = secrets.token_hex(12)
-        session = Session(sid, self.registry.resolve(env_id).env_id, env, owner, self.clock())
-        self._sessions[sid] = session
-        if request_id:
-            self._created[request_id] = sid
-            while len(self._created) > self.idempotency_window * 16:
-                self._created.popitem(last=False)
-        return session
-
-    def _touch(self, session_id: str) -> Session:
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise SessionLostError(
-                f"unknown session {session_id!r}: closed, reaped after {self.idle_timeout_s:g}s idle, lost in "
-                "an env server restart, or never created; create a new session (a marti.make(address=...) "
-                "env: call reset())",
-                session_id=session_id,
-            )
-        session.last_used_s = self.clock()
-        return session
-
-    def get(self, session_id: str) -> Session:
-        """Return a live session and mark it used.
-
-        Raises:
-            SessionLostError: Unknown, closed or reaped session (named; a ``NotFoundError``).
-        """
-        return self._touch(session_id)
-
-    def _remember(self, session: Session, request_id: str, outcome: Outcome) -> Outcome:
-        if request_id:
-            session.results[request_id] = outcome
-            while len(session.results) > self.idempotency_window:
-                session.results.popitem(last=False)
-        return outcome
+        self._check_cap()
+        return self._register(self._build(env_id, config, seed, owner), request_id)
 
     def reset(
         self, session_id: str, seed: int | None = None, options: dict | None = None, request_id: str = ""
@@ -224,11 +346,7 @@ class SessionManager:
             SessionLostError: Unknown session (a ``NotFoundError``).
             InvalidArgumentError: Bad seed.
         """
-        session = self._touch(session_id)
-        if request_id and request_id in session.results:
-            return session.results[request_id]
-        obs, infos = self._call(session, lambda: session.env.reset(seed=seed, options=options or None))
-        return self._remember(session, request_id, _outcome(session.env, obs, infos))
+        return self._reset_job(self._touch(session_id), seed, options, request_id, _same)()
 
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str = "") -> Outcome:
         """Step a session's env.
@@ -246,22 +364,7 @@ class SessionManager:
             FailedPreconditionError: Step before reset or after the episode ended.
             InvalidArgumentError: Unknown or done agent, missing action, oversized or malformed action.
         """
-        session = self._touch(session_id)
-        if request_id and request_id in session.results:
-            return session.results[request_id]
-        obs, rew, term, trunc, infos = self._call(
-            session, lambda: session.env.step(dict(actions) if isinstance(actions, Mapping) else actions)
-        )
-        return self._remember(session, request_id, _outcome(session.env, obs, infos, rew, term, trunc))
-
-    @staticmethod
-    def _call(session: Session, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except MartiError:
-            raise
-        except Exception as e:  # an env bug: report it, keep the server and the other sessions alive
-            raise InternalError(f"env {session.env_id} raised {type(e).__name__}: {e}") from e
+        return self._step_job(self._touch(session_id), actions, request_id, _same)()
 
     def close(self, session_id: str) -> bool:
         """Close a session (idempotent).
@@ -272,10 +375,7 @@ class SessionManager:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return False
-        try:
-            session.env.close()
-        except Exception:  # noqa: BLE001 - closing must not fail the caller
-            pass
+        self._close_env(session)
         return True
 
     def close_owned(self, owner: str) -> int:
@@ -286,7 +386,8 @@ class SessionManager:
         return len(ids)
 
     def reap_idle(self, now_s: float | None = None) -> list[str]:
-        """Close sessions idle for at least ``idle_timeout_s``.
+        """Close sessions idle for at least ``idle_timeout_s`` (a session with a call running or queued is not
+        idle).
 
         Args:
             now_s: Current monotonic time (default: the clock).
@@ -294,8 +395,7 @@ class SessionManager:
         Returns:
             Ids of the closed sessions.
         """
-        now_s = self.clock() if now_s is None else now_s
-        idle = [sid for sid, s in self._sessions.items() if now_s - s.last_used_s >= self.idle_timeout_s]
+        idle = self._idle_ids(now_s)
         for sid in idle:
             self.close(sid)
         return idle
@@ -305,4 +405,231 @@ class SessionManager:
         ids = list(self._sessions)
         for sid in ids:
             self.close(sid)
+        return len(ids)
+
+    # ---- event-loop API: env calls on the worker pool ----
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="marti-env")
+        return self._pool
+
+    async def offload(self, fn: Callable[[], T]) -> T:
+        """Run a blocking call that belongs to no session (e.g. listing env ids) on the worker pool.
+
+        Args:
+            fn: The call; it runs in a worker thread.
+
+        Returns:
+            What ``fn`` returned (its exception is raised here).
+        """
+        return await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._executor(), fn))
+
+    async def _serially(self, session: Session, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the pool while holding ``session``: after the calls that arrived before it, alone.
+
+        A caller cancelled while ``fn`` runs (deadline, client gone, shutdown past its grace) stops waiting, but
+        the session stays held until ``fn`` really ends, so the next call never overlaps it.
+        """
+        session.pending += 1
+        try:
+            await session.lock.acquire()
+        except BaseException:
+            session.pending -= 1
+            raise
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self._executor(), fn)
+        except BaseException:
+            session.lock.release()
+            session.pending -= 1
+            raise
+
+        def done(_: asyncio.Future) -> None:
+            session.last_used_s = self.clock()
+            session.pending -= 1
+            session.lock.release()
+
+        fut.add_done_callback(done)
+        return await asyncio.shield(fut)
+
+    async def create_async(
+        self,
+        env_id: str,
+        config: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        owner: str | None = None,
+        request_id: str = "",
+        post: Callable[[Session], T] = _same,
+    ) -> T:
+        """:meth:`create` with the env built on the worker pool.
+
+        Args:
+            env_id: Env id.
+            config: Env config.
+            seed: Seed of the first reset without a seed.
+            owner: Owner tag for :meth:`close_owned_async`.
+            request_id: A retry with the same id (also while the first is still being built) gets the same
+                session.
+            post: Runs in the worker right after the build (before the session is visible), e.g. to describe
+                the env's spaces; on a retry it runs while holding the session.
+
+        Returns:
+            ``post(session)``.
+
+        Raises:
+            ResourceExhaustedError: ``max_sessions`` reached, counting creates in flight (named).
+            NotFoundError: Unknown env id.
+            InvalidArgumentError: Bad config or seed.
+        """
+        if request_id and request_id in self._creating:
+            with contextlib.suppress(Exception):  # the first attempt's error is its own; this one retries
+                await asyncio.shield(self._creating[request_id])
+        if request_id and self._created.get(request_id) in self._sessions:
+            session = self._touch(self._created[request_id])
+            return await self._serially(session, lambda: post(session))
+        self._check_cap()
+        self._reserved += 1
+
+        def build() -> tuple[Session, Any]:
+            session = self._build(env_id, config, seed, owner)
+            try:
+                return session, post(session)
+            except BaseException:
+                self._close_env(session)
+                raise
+
+        fut = asyncio.get_running_loop().run_in_executor(self._executor(), build)
+        if request_id:
+            self._creating[request_id] = fut
+
+        def done(f: asyncio.Future) -> None:  # on the loop, even when the caller was cancelled
+            self._reserved -= 1
+            if request_id and self._creating.get(request_id) is f:
+                del self._creating[request_id]
+            if not f.cancelled() and f.exception() is None:
+                self._register(f.result()[0], request_id)
+
+        fut.add_done_callback(done)
+        return (await asyncio.shield(fut))[1]
+
+    async def reset_async(
+        self,
+        session_id: str,
+        seed: int | None = None,
+        options: dict | None = None,
+        request_id: str = "",
+        post: Callable[[Outcome], T] = _same,
+    ) -> T:
+        """:meth:`reset` on the worker pool, in order with the session's other calls.
+
+        Args:
+            session_id: The session.
+            seed: Reseeds the env.
+            options: PettingZoo reset options.
+            request_id: Retrying with the same id returns the first outcome without resetting again.
+            post: Runs in the worker on the outcome while the session is held (e.g. encoding it).
+
+        Returns:
+            ``post(outcome)``.
+
+        Raises:
+            SessionLostError: Unknown session, or closed while this call waited for it.
+            InvalidArgumentError: Bad seed.
+        """
+        session = self._touch(session_id)
+        return await self._serially(session, self._reset_job(session, seed, options, request_id, post))
+
+    async def step_async(
+        self,
+        session_id: str,
+        actions: Mapping[str, Any],
+        request_id: str = "",
+        post: Callable[[Outcome], T] = _same,
+    ) -> T:
+        """:meth:`step` on the worker pool, in order with the session's other calls.
+
+        Args:
+            session_id: The session.
+            actions: Agent -> action.
+            request_id: Retrying with the same id returns the first outcome without stepping again (a retry
+                that arrives while the first is running waits for it).
+            post: Runs in the worker on the outcome while the session is held (e.g. encoding it).
+
+        Returns:
+            ``post(outcome)``.
+
+        Raises:
+            SessionLostError: Unknown session, or closed while this call waited for it.
+            FailedPreconditionError: Step before reset or after the episode ended.
+            InvalidArgumentError: Unknown or done agent, missing action, oversized or malformed action.
+        """
+        session = self._touch(session_id)
+        return await self._serially(session, self._step_job(session, actions, request_id, post))
+
+    def _start_close(self, session: Session) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(
+            self._serially(session, lambda: self._close_env(session))
+        )
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return task
+
+    async def close_async(self, session_id: str) -> bool:
+        """Close a session (idempotent): new calls fail at once; calls that arrived earlier run first, then the
+        env is closed on the worker pool.
+
+        Returns:
+            True when the session existed.
+        """
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return False
+        await asyncio.shield(self._start_close(session))
+        return True
+
+    async def _close_many(self, ids: list[str]) -> None:
+        tasks = [
+            self._start_close(s) for s in (self._sessions.pop(sid, None) for sid in ids) if s is not None
+        ]
+        if tasks:
+            await asyncio.shield(asyncio.wait(tasks))
+
+    async def close_owned_async(self, owner: str) -> int:
+        """Close every session of ``owner`` (see :meth:`close_async`); returns how many."""
+        ids = [sid for sid, s in self._sessions.items() if s.owner == owner]
+        await self._close_many(ids)
+        return len(ids)
+
+    async def reap_idle_async(self, now_s: float | None = None) -> list[str]:
+        """:meth:`reap_idle` with the envs closed on the worker pool.
+
+        Args:
+            now_s: Current monotonic time (default: the clock).
+
+        Returns:
+            Ids of the closed sessions.
+        """
+        idle = self._idle_ids(now_s)
+        await self._close_many(idle)
+        return idle
+
+    async def close_all_async(self, timeout_s: float | None = None) -> int:
+        """Close every session after its running and queued calls end (server shutdown), then stop the pool.
+
+        Args:
+            timeout_s: Longest wait for those calls, seconds (``None``: no limit); an env still busy then is
+                left unclosed (logged) and its thread finishes on its own.
+
+        Returns:
+            How many sessions there were.
+        """
+        ids = list(self._sessions)
+        for sid in ids:
+            self._start_close(self._sessions.pop(sid))
+        if self._closing:
+            _, busy = await asyncio.wait(set(self._closing), timeout=timeout_s)
+            if busy:
+                _LOG.warning("%d env sessions still busy after %.1fs; not closed", len(busy), timeout_s or 0)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=False)
+            self._pool = None
         return len(ids)

@@ -1,0 +1,220 @@
+"""Session core, event-loop face: env calls on a bounded worker pool, one at a time per session, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import gymnasium
+import pytest
+from pydantic import ValidationError
+
+from marti.env_config import ConfigSchema
+from marti.env_registry import EnvSpec, Registry
+from marti.errors import InvalidArgumentError, ResourceExhaustedError, SessionLostError
+from services.env_server.core.sessions import MAX_WORKERS, SessionManager
+from services.env_server.settings import EnvServerSettings
+
+
+class SlowEnv:
+    """One agent; ``step`` sleeps the float given as action; tracks overlapping calls of one instance."""
+
+    metadata = {"name": "slow"}
+    missing_action = ""
+    build_s = 0.0
+
+    def __init__(self, config, seed) -> None:
+        time.sleep(SlowEnv.build_s)
+        self.possible_agents = ["a"]
+        self.agents: list[str] = []
+        self.t = 0
+        self.running = 0
+        self.max_overlap = 0
+        self.threads: set[str] = set()
+        self.closed_at_t: int | None = None
+        self._lock = threading.Lock()
+        self._space = gymnasium.spaces.Text(32, min_length=0)
+
+    def observation_space(self, agent):
+        return self._space
+
+    def action_space(self, agent):
+        return self._space
+
+    def reset(self, seed=None, options=None):
+        self.agents, self.t = ["a"], 0
+        return {"a": "0"}, {"a": {}}
+
+    def step(self, actions):
+        with self._lock:
+            self.running += 1
+            self.max_overlap = max(self.max_overlap, self.running)
+        self.threads.add(threading.current_thread().name)
+        time.sleep(float(actions.get("a") or 0))
+        self.t += 1
+        with self._lock:
+            self.running -= 1
+        return {"a": str(self.t)}, {"a": 0.0}, {"a": False}, {"a": False}, {"a": {}}
+
+    def close(self):
+        self.closed_at_t = self.t
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def manager(**kw) -> SessionManager:
+    reg = Registry()
+    reg.register(EnvSpec("slow", 1, SlowEnv, ConfigSchema(), "test env"))
+    return SessionManager(reg, **kw)
+
+
+async def started(m: SessionManager) -> str:
+    sid = (await m.create_async("slow")).session_id
+    await m.reset_async(sid)
+    return sid
+
+
+def test_worker_limits_at_the_edges() -> None:
+    for bad in (0, MAX_WORKERS + 1):
+        with pytest.raises(InvalidArgumentError, match="workers"):
+            manager(workers=bad)
+        with pytest.raises(ValidationError, match="step_workers"):
+            EnvServerSettings(step_workers=bad)
+    assert (
+        manager(workers=MAX_WORKERS).workers
+        == MAX_WORKERS
+        == EnvServerSettings(step_workers=1024).step_workers
+    )
+    assert manager(workers=1).workers == 1 and EnvServerSettings().step_workers == 32
+
+
+async def test_env_calls_run_in_workers_and_leave_the_loop_free() -> None:
+    m = manager(workers=4)
+    slow, fast = await started(m), await started(m)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    slow_step = asyncio.create_task(m.step_async(slow, {"a": "0.5"}))
+    await asyncio.sleep(0.05)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        await m.step_async(fast, {"a": ""})
+    assert time.perf_counter() - t0 < 0.4, "the fast session waited for the slow one"
+    assert (await slow_step).results[0].observation == "1"
+    ticker.cancel()
+    assert ticks >= 20, "the loop was blocked"
+    assert all(t.startswith("marti-env") for t in m.get(slow).env.env.threads)
+    await m.close_all_async()
+
+
+async def test_when_every_worker_is_busy_calls_queue_without_error() -> None:
+    m = manager(workers=1)  # the edge of the limit
+    a, b = await started(m), await started(m)
+    first = asyncio.create_task(m.step_async(a, {"a": "0.3"}))
+    await asyncio.sleep(0.05)
+    t0 = time.perf_counter()
+    out = await m.step_async(b, {"a": ""})
+    assert time.perf_counter() - t0 >= 0.2 and out.results[0].observation == "1"
+    assert (await first).results[0].observation == "1"
+    await m.close_all_async()
+
+
+async def test_a_sessions_calls_run_alone_and_in_arrival_order() -> None:
+    m = manager(workers=8)
+    sid = await started(m)
+    outs = await asyncio.gather(*(m.step_async(sid, {"a": "0.02"}, request_id=f"r{i}") for i in range(6)))
+    assert [o.results[0].observation for o in outs] == ["1", "2", "3", "4", "5", "6"]
+    assert m.get(sid).env.env.max_overlap == 1
+    # a retry of a request that is still running waits for it and gets its outcome, not a second step
+    again = await asyncio.gather(
+        m.step_async(sid, {"a": "0.1"}, request_id="same"), m.step_async(sid, {"a": "0.1"}, request_id="same")
+    )
+    assert again[0] == again[1] and m.get(sid).env.env.t == 7
+    await m.close_all_async()
+
+
+async def test_a_cancelled_call_keeps_the_session_until_its_env_call_ends() -> None:
+    m = manager(workers=4)
+    sid = await started(m)
+    env = m.get(sid).env.env
+    task = asyncio.create_task(m.step_async(sid, {"a": "0.3"}, request_id="r1"))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    out = await m.step_async(sid, {"a": ""})
+    assert out.results[0].observation == "2" and env.max_overlap == 1
+    # the cancelled call's outcome was still remembered: its retry does not step again
+    assert (await m.step_async(sid, {"a": "0.3"}, request_id="r1")).results[0].observation == "1"
+    await m.close_all_async()
+
+
+async def test_close_waits_for_earlier_calls_and_later_ones_are_lost() -> None:
+    m = manager(workers=4)
+    sid = await started(m)
+    env = m.get(sid).env.env
+    step = asyncio.create_task(m.step_async(sid, {"a": "0.2"}))
+    await asyncio.sleep(0.05)
+    assert await m.close_async(sid) is True
+    assert env.closed_at_t == 1 and (await step).results[0].observation == "1"
+    with pytest.raises(SessionLostError):
+        await m.step_async(sid, {"a": ""})
+    assert await m.close_async(sid) is False
+
+
+async def test_busy_sessions_are_not_reaped() -> None:
+    clock = FakeClock()
+    m = manager(workers=4, idle_timeout_s=10.0, clock=clock)
+    busy, idle = await started(m), await started(m)
+    step = asyncio.create_task(m.step_async(busy, {"a": "0.2"}))
+    await asyncio.sleep(0.05)
+    clock.t += 10.0
+    assert await m.reap_idle_async() == [idle]
+    assert m.reap_idle() == []  # the plain face skips it too
+    await step
+    assert m.reap_idle() == []  # used when its call ended
+    clock.t += 10.0
+    assert await m.reap_idle_async() == [busy] and len(m) == 0
+
+
+async def test_creates_in_flight_count_against_the_cap_and_retries_share_one_build() -> None:
+    SlowEnv.build_s = 0.1
+    try:
+        m = manager(workers=4, max_sessions=2)
+        results = await asyncio.gather(
+            m.create_async("slow", request_id="c1"),
+            m.create_async("slow", request_id="c1"),
+            m.create_async("slow"),
+            m.create_async("slow"),
+            return_exceptions=True,
+        )
+    finally:
+        SlowEnv.build_s = 0.0
+    assert results[0].session_id == results[1].session_id
+    assert isinstance(results[3], ResourceExhaustedError) and "max_sessions=2" in str(results[3])
+    assert len(m) == 2
+    assert await m.close_all_async() == 2 and len(m) == 0
+
+
+async def test_close_all_waits_for_in_flight_calls() -> None:
+    m = manager(workers=4)
+    sid = await started(m)
+    env = m.get(sid).env.env
+    step = asyncio.create_task(m.step_async(sid, {"a": "0.3"}))
+    await asyncio.sleep(0.05)
+    step.cancel()  # as when the server's grace period ends
+    assert await m.close_all_async(timeout_s=5.0) == 1
+    assert env.closed_at_t == 1 and env.running == 0
