@@ -279,13 +279,30 @@ class AlgorithmConfig(_Section):
     log_ratio_clamp: PositiveFloat = 20.0
     """Log-ratios are clamped to +-this before ``exp`` so ratios and k3 stay finite."""
     normalize_reward: bool = False
-    """Normalise rewards by running statistics before computing advantages: each agent's batch (one reward per
-    trained turn) updates its running mean and standard deviation, then its rewards become ``(r - mean) / (std + 1e-8)`` (OpenRLHF's
+    """Normalise rewards by running statistics before computing advantages: each agent's batch (one credited
+    reward per trained turn: the outcome, or with ``turn_rewards: dense`` the turn's return-to-go) updates its
+    running mean and standard deviation, then its rewards become ``(r - mean) / (std + 1e-8)`` (OpenRLHF's
     ``--normalize_reward``); the moments are saved with checkpoints."""
     ppo_epochs: PositiveInt = 1
     """Optimisation passes over each rollout batch."""
     critic_learning_rate: PositiveFloat | None = None
     """Critic learning rate (``gae`` only); null uses the top-level ``learning_rate``."""
+    group_by: Literal["problem", "agent_turn"] = "problem"
+    """What a group estimator compares each turn with (docs/algorithms.md, "Turn-level credit"). ``problem``:
+    all of the agent's turns in the episodes of one problem seed. ``agent_turn`` (AT-GRPO, arXiv:2510.11062):
+    only the agent's turn ``t`` in the other episodes of that problem (baseline and std over that subgroup; a
+    subgroup of one gets advantage 0). Read by the group estimators (``grpo``, ``dr_grpo``, ``rloo``,
+    ``reinforce++_baseline``); the others compare no groups and ignore it."""
+    normalize_per_agent: bool = False
+    """Dr. MAS (arXiv:2602.08847): after the group baseline, whiten each agent's per-turn advantages over its
+    own batch, ``(A - mean) / (std + adv_eps)``. Read by ``grpo``, ``dr_grpo`` and ``rloo``; the other
+    estimators already whiten over one agent's batch (``gae``: ``normalize_advantages``) and ignore it. No
+    statistic spans several agents either way."""
+    turn_rewards: Literal["outcome", "dense"] = "outcome"
+    """Reward credited to each turn: ``outcome``, the episode's credited return; ``dense``, the return-to-go of
+    the env's per-turn rewards from that turn on, discounted by ``gamma`` per turn (an episode without per-turn
+    rewards falls back to its outcome, with a warning once). With ``normalize_reward`` the running moments
+    normalise these credited rewards (the per-turn returns, or the outcome where there are none)."""
 
 
 class RolloutConfig(_Section):

@@ -45,7 +45,7 @@ from services.trainer.generation import (
     resident_versions,
     serve_generations,
 )
-from services.trainer.learner import Sample, collate, pad_id_of, update_agent
+from services.trainer.learner import Sample, collate, normalize_credit, pad_id_of, update_agent
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
 
 ALGO_FIELD_SOURCES: dict[str, str] = {}
@@ -577,9 +577,8 @@ class PolicyWorker:
         """
         start = time.perf_counter()
         batch = collate(samples, pad_id_of(self.policy.tokenizer(agent_id)))
-        if self.cfg.algorithm.normalize_reward:
-            moments = self.reward_moments[agent_id]
-            batch.rewards = moments.normalize(batch.rewards)
+        if self.cfg.algorithm.normalize_reward:  # the credited rewards: outcome or dense per-turn returns
+            normalize_credit(self.algo, batch, self.reward_moments[agent_id])
         outputs: dict[str, torch.Tensor] = {}
         self.policy.train(True)
         stats = update_agent(

@@ -16,13 +16,17 @@ from .advantages import (
     available_advantage_estimators,
     compute_advantages,
     discounted_returns,
+    estimator_needs_groups,
     get_advantage_estimator,
     group_index_from,
+    normalize_per_agent,
     register_advantage_estimator,
     reward_present,
     rewards_to_tensor,
+    turn_group_index,
+    turn_returns,
 )
-from .config import KL_ESTIMATORS, LOSS_AGG_MODES, AlgoConfig
+from .config import GROUP_BY_MODES, KL_ESTIMATORS, LOSS_AGG_MODES, TURN_REWARD_MODES, AlgoConfig
 from .kl import kl_penalty
 from .losses import (
     actor_loss,
@@ -44,8 +48,10 @@ from .masks import (
 )
 
 __all__ = [
+    "GROUP_BY_MODES",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "TURN_REWARD_MODES",
     "AdvantageInputs",
     "AlgoConfig",
     "action_mask_from_owners",
@@ -56,6 +62,7 @@ __all__ = [
     "compute_advantages",
     "discounted_returns",
     "entropy_from_logits",
+    "estimator_needs_groups",
     "get_advantage_estimator",
     "group_index_from",
     "kl_loss",
@@ -66,9 +73,12 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "normalize_per_agent",
     "policy_loss",
     "register_advantage_estimator",
     "reward_present",
     "rewards_to_tensor",
+    "turn_group_index",
+    "turn_returns",
     "value_loss",
 ]

@@ -28,6 +28,12 @@ Edge cases, all finite and documented:
   *unscored*. Its advantages and returns are 0 and it is left out of every statistic (group mean and std,
   RLOO baselines, batch whitening). Callers should also drop it from the loss mask, e.g.
   ``action_mask & reward_present(rewards)[:, None]``, so it does not dilute token-mean denominators.
+
+Turn-level credit (options of :class:`~services.trainer.algo.config.AlgoConfig`, defaults = the behaviour
+above): ``group_by="agent_turn"`` splits each group into subgroups of one turn index (AT-GRPO, arXiv:2510.11062;
+:func:`turn_group_index`), ``normalize_per_agent`` whitens the per-turn advantages over the agent's batch after
+the group baseline (Dr. MAS, arXiv:2602.08847; :func:`normalize_per_agent`), and :func:`turn_returns` gives the
+per-turn return-to-go that ``turn_rewards="dense"`` credits (the learner passes it as the rewards).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import torch
 from marti.errors import InvalidArgumentError
 
 from ._checks import as_bool_mask, check_finite, check_same_shape, check_tensor
-from .config import AlgoConfig
+from .config import PER_AGENT_NORMALIZABLE, AlgoConfig
 from .masks import last_action_index, masked_whiten
 
 RewardsLike = torch.Tensor | Sequence[float | None]
@@ -138,6 +144,11 @@ def get_advantage_estimator(name: str) -> EstimatorFn:
         ) from None
 
 
+def estimator_needs_groups(name: str) -> bool:
+    """True if the estimator registered as ``name`` compares the samples of a group (needs ``group_ids``)."""
+    return name in _NEEDS_GROUPS
+
+
 def available_advantage_estimators() -> tuple[str, ...]:
     """Names of all registered estimators, sorted."""
     return tuple(sorted(_REGISTRY))
@@ -226,6 +237,74 @@ def group_index_from(groups: GroupsLike, batch_size: int) -> tuple[torch.Tensor,
     dense: dict[Hashable, int] = {}
     index = [dense.setdefault(g, len(dense)) for g in ids]
     return torch.tensor(index, dtype=torch.long), len(dense)
+
+
+def turn_group_index(
+    index: torch.Tensor, turn_ids: torch.Tensor | Sequence[int] | None, batch_size: int
+) -> tuple[torch.Tensor, int]:
+    """Split every group into subgroups of one turn index (``group_by="agent_turn"``).
+
+    AT-GRPO (Zhao et al. 2025, "Stronger Together", arXiv:2510.11062) groups by agent and turn: turn ``t`` of
+    an agent is compared only with the same agent's turn ``t`` of the other episodes of the problem. A batch
+    holds one agent's turns, so the subgroup key is ``(group, turn)``.
+
+    Args:
+        index: ``(B,)`` int64 dense group index (:func:`group_index_from`).
+        turn_ids: ``(B,)`` int turn index of each sample within its episode (the agent's turn ``t``, 0-based).
+        batch_size: ``B``.
+
+    Returns:
+        ``(index (B,) int64, num_groups)`` over the ``(group, turn)`` pairs, numbered by first appearance.
+
+    Raises:
+        InvalidArgumentError: ``turn_ids`` is None, has another length than ``B``, or holds a value that is not
+            an int >= 0.
+    """
+    if turn_ids is None:
+        raise InvalidArgumentError("group_by='agent_turn' needs turn_ids (the turn index of each sample)")
+    if isinstance(turn_ids, torch.Tensor):
+        check_tensor("turn_ids", turn_ids, 1)
+        if turn_ids.dtype.is_floating_point:
+            raise InvalidArgumentError(f"turn_ids must be an integer tensor, got dtype {turn_ids.dtype}")
+        turns: Sequence[int] = turn_ids.tolist()
+    else:
+        turns = turn_ids
+    if len(turns) != batch_size:
+        raise InvalidArgumentError(f"turn_ids has length {len(turns)} but the batch size is {batch_size}")
+    for i, t in enumerate(turns):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise InvalidArgumentError(f"turn_ids[{i}] must be an int >= 0, got {t!r}")
+    return group_index_from(list(zip(index.tolist(), turns, strict=True)), batch_size)
+
+
+def turn_returns(rewards: Sequence[float | None], gamma: float) -> list[float]:
+    """Per-turn return-to-go of one agent's episode: ``G_t = r_t + gamma * G_{t+1}``, ``G_T = 0``.
+
+    The credit of ``turn_rewards="dense"`` (REINFORCE, Williams 1992, applied per turn as in multi-turn agent RL,
+    e.g. AT-GRPO, arXiv:2510.11062, which rewards each turn). A turn whose reward is None (the env set none)
+    contributes 0 but is still a step: it discounts the later rewards.
+
+    Args:
+        rewards: ``(T,)`` the env's reward of each of the agent's turns, in turn order (None = not set).
+        gamma: Discount per turn, in [0, 1].
+
+    Returns:
+        ``(T,)`` float returns-to-go.
+
+    Raises:
+        InvalidArgumentError: ``gamma`` outside [0, 1] or a reward that is not a finite number.
+    """
+    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0.0 <= gamma <= 1.0:
+        raise InvalidArgumentError(f"gamma must be a number in [0, 1], got {gamma!r}")
+    out = [0.0] * len(rewards)
+    acc = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        r = rewards[t]
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r)):
+            raise InvalidArgumentError(f"turn reward {t} must be a finite number or None, got {r!r}")
+        acc = (0.0 if r is None else float(r)) + gamma * acc
+        out[t] = acc
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- group statistics
@@ -426,6 +505,32 @@ def reinforce_pp_baseline(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[tor
     return masked_whiten(returns, mask), returns
 
 
+def normalize_per_agent(adv: torch.Tensor, train_mask: torch.Tensor, eps: float) -> torch.Tensor:
+    """Whiten one agent's per-turn advantages over its batch (Dr. MAS, Feng et al. 2026, arXiv:2602.08847).
+
+    Dr. MAS normalises advantages per agent with that agent's own statistics instead of statistics pooled over
+    all agents. Here each row is one turn whose advantage is constant over its action tokens (the group
+    estimators broadcast a per-sample value), so the statistics are over rows, not tokens:
+    ``A'_i = (A_i - mean_b A) / (std_b A + eps)``, unbiased std over the rows with an action token of a scored
+    sample; 0 when those rows all have the same advantage (or there is only one).
+
+    Args:
+        adv: ``(B, A)`` advantages of one agent's batch, constant over each row's action tokens.
+        train_mask: ``(B, A)`` bool action tokens of scored samples.
+        eps: Added to the std (``adv_eps``).
+
+    Returns:
+        ``(B, A)`` whitened advantages, 0 off ``train_mask``.
+    """
+    rows = train_mask.any(dim=1)
+    last = last_action_index(train_mask).clamp(min=0)
+    per_row = adv.gather(1, last[:, None]).squeeze(1)
+    st = group_stats(per_row, rows, torch.zeros_like(last), 1)
+    out = torch.where(st.all_equal, torch.zeros_like(per_row), (per_row - st.mean) / (st.std + eps))
+    out = torch.where(rows, out, torch.zeros_like(out))
+    return torch.where(train_mask, out[:, None], torch.zeros_like(adv))
+
+
 # ----------------------------------------------------------------------------------------------- entry point
 
 
@@ -451,8 +556,15 @@ def compute_advantages(
     kl: torch.Tensor | None = None,
     *,
     group_size: int | None = None,
+    turn_ids: torch.Tensor | Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns of one agent's batch with the estimator ``cfg.advantage_estimator``.
+
+    With ``cfg.group_by="agent_turn"`` a group estimator compares each sample only with the samples of its
+    group that have the same ``turn_ids`` value (:func:`turn_group_index`); with ``cfg.normalize_per_agent``
+    (``grpo``, ``dr_grpo``, ``rloo``) the advantages are then whitened over the batch
+    (:func:`normalize_per_agent`; the returns stay the estimator's). Other estimators ignore these two. ``cfg.turn_rewards`` is the caller's: pass the per-turn returns (:func:`turn_returns`) as
+    ``rewards`` for ``dense``.
 
     Args:
         cfg: Algorithm config.
@@ -465,6 +577,8 @@ def compute_advantages(
         kl: ``(B, A)`` per-token KL to the reference (:func:`~services.trainer.algo.kl.kl_penalty`); subtracted
             from the rewards as ``kl_coef * kl`` when ``cfg.use_kl_loss`` is False, ignored when True.
         group_size: Keyword alternative to passing an int as ``group_ids``.
+        turn_ids: ``(B,)`` int turn index of each sample within its episode; required by
+            ``group_by="agent_turn"`` with a group estimator, ignored otherwise.
 
     Returns:
         ``(advantages (B, A), returns (B, A))``, float32 (or the dtype of ``values``), detached, 0 on masked
@@ -472,7 +586,8 @@ def compute_advantages(
 
     Raises:
         InvalidArgumentError: mismatched shapes, a non-finite reward / value / kl on an action token, missing
-            groups or values for an estimator that needs them, or a bad group size.
+            groups or values for an estimator that needs them, a bad group size, or ``group_by="agent_turn"``
+            without valid ``turn_ids``.
     """
     estimator = get_advantage_estimator(cfg.advantage_estimator)
     check_tensor("action_mask", action_mask, 2)
@@ -492,6 +607,8 @@ def compute_advantages(
             f"advantage_estimator {cfg.advantage_estimator!r} needs group_ids or group_size; got neither"
         )
     index, num_groups = group_index_from(groups, mask.shape[0])
+    if cfg.group_by == "agent_turn" and cfg.advantage_estimator in _NEEDS_GROUPS:
+        index, num_groups = turn_group_index(index, turn_ids, mask.shape[0])
     out_dtype = torch.float32
     values64 = None
     if values is not None:
@@ -514,6 +631,8 @@ def compute_advantages(
         values=values64,
     )
     adv, returns = estimator(cfg, inputs)
+    if cfg.normalize_per_agent and cfg.advantage_estimator in PER_AGENT_NORMALIZABLE:
+        adv = normalize_per_agent(adv, inputs.train_mask, cfg.adv_eps)
     zero = torch.zeros((), dtype=adv.dtype, device=device)
     keep = inputs.train_mask
     return torch.where(keep, adv, zero).to(out_dtype), torch.where(keep, returns, zero).to(out_dtype)

@@ -17,6 +17,17 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 """Names accepted by ``AlgoConfig.loss_agg_mode`` and :func:`services.trainer.algo.losses.aggregate_loss`."""
 
+GROUP_BY_MODES = ("problem", "agent_turn")
+"""Names accepted by ``AlgoConfig.group_by``: what a group estimator compares a sample with."""
+
+TURN_REWARD_MODES = ("outcome", "dense")
+"""Names accepted by ``AlgoConfig.turn_rewards``: which reward a turn is credited with."""
+
+PER_AGENT_NORMALIZABLE = ("dr_grpo", "grpo", "rloo")
+"""Estimators ``normalize_per_agent`` applies to: the group estimators without a batch whitening of their own
+(``reinforce++`` and ``reinforce++_baseline`` already whiten over the agent's batch, ``gae`` does with
+``normalize_advantages``)."""
+
 
 @dataclass(frozen=True)
 class AlgoConfig:
@@ -83,6 +94,26 @@ class AlgoConfig:
     """Log-probability ratios are clamped to ``[-log_ratio_clamp, log_ratio_clamp]`` before ``exp`` so ratios
     and the k3 estimate stay finite (verl clamps at 20); > 0."""
 
+    group_by: str = "problem"
+    """What a group estimator compares a turn with. ``problem`` (default): every turn of the agent's episodes of
+    one problem (the ``group_ids``). ``agent_turn`` (AT-GRPO, Zhao et al. 2025, arXiv:2510.11062): only the
+    agent's turn of the same index ``t`` in the episodes of that problem (``turn_ids``); a subgroup of one gets
+    advantage 0. Read by the group estimators (``grpo``, ``dr_grpo``, ``rloo``, ``reinforce++_baseline``, and
+    any registered with ``needs_groups``); the others compare no groups and ignore it."""
+
+    normalize_per_agent: bool = False
+    """Dr. MAS (Feng et al. 2026, arXiv:2602.08847): after the group baseline, whiten the agent's per-turn
+    advantages over its whole batch, ``A' = (A - mean_b A) / (std_b A + adv_eps)`` (0 if all equal). Each call
+    holds one agent's batch, so the statistics are that agent's own. Read by ``grpo``, ``dr_grpo``, ``rloo``
+    only (:data:`PER_AGENT_NORMALIZABLE`); the other estimators already whiten over the agent's batch
+    (``reinforce++``, ``reinforce++_baseline``) or have ``normalize_advantages`` (``gae``) and ignore it."""
+
+    turn_rewards: str = "outcome"
+    """Which reward each turn is credited with. ``outcome`` (default): the episode's credited return for every
+    turn. ``dense``: the return-to-go of the env's per-turn rewards, ``G_t = sum_{k >= t} gamma^(k-t) r_k``
+    over the agent's turns (``gamma`` discounts per turn here); a trajectory without any per-turn reward falls
+    back to its outcome (with a warning once)."""
+
     def __post_init__(self) -> None:
         from .advantages import available_advantage_estimators
 
@@ -122,6 +153,23 @@ class AlgoConfig:
                 f"loss_norm_tokens must be an int >= 1 or None, got {self.loss_norm_tokens!r}"
             )
         check_real("log_ratio_clamp", self.log_ratio_clamp, low=0.0, low_open=True)
+        self._check_turn_credit()
+
+    def _check_turn_credit(self) -> None:
+        """Validate ``group_by``, ``normalize_per_agent`` and ``turn_rewards`` (each on its own: like ``lambd``
+        for ``gae``, they are ignored by the estimators they do not apply to)."""
+        if self.group_by not in GROUP_BY_MODES:
+            raise InvalidArgumentError(
+                f"group_by must be one of {list(GROUP_BY_MODES)}, got {self.group_by!r}"
+            )
+        if not isinstance(self.normalize_per_agent, bool):
+            raise InvalidArgumentError(
+                f"normalize_per_agent must be a bool, got {self.normalize_per_agent!r}"
+            )
+        if self.turn_rewards not in TURN_REWARD_MODES:
+            raise InvalidArgumentError(
+                f"turn_rewards must be one of {list(TURN_REWARD_MODES)}, got {self.turn_rewards!r}"
+            )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], prefix: str = "algorithm") -> AlgoConfig:
