@@ -66,6 +66,24 @@ def materialize_model_folder(name: str, work_dir: Path) -> Path:
     return folder
 
 
+def engine_settings(settings: Any) -> dict[str, Any]:
+    """The :class:`VLLMRolloutEngine` keyword arguments the ``vllm`` config section sets (memory share, tensor
+    parallelism, and the ``vllm.LLM`` scheduler options), for :meth:`VLLMRolloutEngine.from_policy`.
+
+    Args:
+        settings: The ``vllm`` config section (:class:`marti.config.VllmConfig`).
+    """
+    return {
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "llm_kwargs": {
+            "max_num_batched_tokens": settings.max_num_batched_tokens,
+            "max_num_seqs": settings.max_num_seqs,
+            "enable_prefix_caching": settings.enable_prefix_caching,
+        },
+    }
+
+
 def vllm_agents_for(policy: Any, agents: Sequence[str]) -> dict[str, VLLMAgent]:
     """How vLLM serves each agent of a :class:`~services.trainer.policy.MultiAgentPolicy`.
 
@@ -213,16 +231,10 @@ class VLLMRolloutEngine(RolloutEngine):
         """
         return cls(
             vllm_agents_for(policy, agents),
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            tensor_parallel_size=settings.tensor_parallel_size,
             max_lora_rank=max(16, policy.config.lora.r),
             seed=policy.config.seed + seed_offset,
             default_sampling=default_sampling,
-            llm_kwargs={
-                "max_num_batched_tokens": settings.max_num_batched_tokens,
-                "max_num_seqs": settings.max_num_seqs,
-                "enable_prefix_caching": settings.enable_prefix_caching,
-            },
+            **engine_settings(settings),
         )
 
     @staticmethod

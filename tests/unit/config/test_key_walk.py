@@ -3,7 +3,9 @@
 Walks the keys of docs/config.md's generated KEYS block (``config_reference_markdown``). For each key:
 
 - keys of the sections with a builder (``algorithm``, ``policy``, ``strategy``, ``vllm``, sampling) must change
-  what the builders produce when set to a non-default value (:func:`_fingerprint`);
+  what the builders produce when set to a non-default value (:func:`_fingerprint`: algorithm settings,
+  optimizer settings, policy layout, engine counts and kwargs, sampling parameters; not the raw config), or
+  name in :data:`EFFECT_TESTS` the existing test that shows their run-time effect;
 - every key must be read somewhere outside the config package's loading and docs code (an attribute access
   ``.leaf`` or a ``"leaf"`` string in ``services/`` / ``marti/`` or a schema property).
 
@@ -61,6 +63,7 @@ def _fingerprint(cfg: TrainConfig) -> str:
     import torch
 
     from services.trainer.generation import engine_count, sampling_params
+    from services.trainer.rollout.vllm_engine import engine_settings
     from services.trainer.worker import (
         ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG,
         algo_config,
@@ -85,10 +88,8 @@ def _fingerprint(cfg: TrainConfig) -> str:
         # consumers named and checked in tests/unit/trainer/test_algo_config_mapping.py (normalize_reward)
         {k: getattr(cfg.algorithm, k) for k in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG},
         policy_config(cfg),
-        cfg.policy.model_dump(),  # ema, ema_beta, attn_implementation: read by PolicyWorker / load_model
-        cfg.strategy.model_dump(),
         engine_count(cfg, "vllm"),
-        cfg.vllm.model_dump(),  # the vLLM engine's kwargs (VLLMRolloutEngine.from_policy)
+        engine_settings(cfg.vllm),  # the vLLM engine's kwargs (VLLMRolloutEngine.from_policy)
         [sampling_params(cfg, a.name) for a in cfg.agents],
     ]
     return repr(parts)
@@ -153,7 +154,30 @@ def test_every_key_is_read(key):
     assert re.search(pattern, SOURCES), f"{key}: nothing reads it; implement it or remove it from the schema"
 
 
-@pytest.mark.parametrize("key", [k for k in KEYS if k.startswith(BUILT)])
+#: Keys of the built sections whose effect shows only at run time (which model is built, which weights
+#: evaluation uses, which DeepSpeed engine trains): each names the test that fails when the key does nothing.
+EFFECT_TESTS = {
+    "policy.mode": "tests/unit/trainer/test_policy.py::test_lora_mode_keeps_one_base_copy_and_separate_adapters",
+    "policy.ema": "tests/unit/trainer/test_ema.py::test_evaluation_uses_the_ema_weights_and_rollouts_the_trained_ones",
+    "policy.ema_beta": "tests/unit/trainer/test_ema.py::test_ema_equals_the_hand_computed_average_after_each_optimizer_step",
+    "strategy.name": "tests/unit/trainer/test_strategy.py::test_make_strategy_by_name",
+    "strategy.zero_stage": "tests/unit/trainer/test_strategy.py::test_deepspeed_zero_stages_train_and_resume_on_cpu",
+    "strategy.critic_zero_stage": (
+        "tests/unit/trainer/test_openrlhf_settings.py::test_critic_zero_stage_reaches_the_critics_deepspeed_config"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", sorted(EFFECT_TESTS))
+def test_each_effect_test_exists(key):
+    path, name = EFFECT_TESTS[key].split("::")
+    body = (ROOT / path).read_text()
+    match = re.search(rf"^def {name}\(.*?(?=^def |\Z)", body, re.M | re.S)
+    assert match, f"{key}: {EFFECT_TESTS[key]} does not exist"
+    assert key in KEYS
+
+
+@pytest.mark.parametrize("key", [k for k in KEYS if k.startswith(BUILT) and k not in EFFECT_TESTS])
 def test_built_section_keys_change_what_the_builders_produce(key):
     base = config_from_dict(BASE)
     if key == "strategy.zero_stage" or key == "strategy.critic_zero_stage":
