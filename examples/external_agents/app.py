@@ -67,7 +67,7 @@ def play(
     alice = client.chat.completions.create(
         model="alice",
         messages=[
-            {"role": "system", "content": "Answer with one word."},
+            {"role": "system", "content": "Answer with one word: yes or no."},
             {"role": "user", "content": question},
         ],
         max_tokens=4,
