@@ -8,7 +8,7 @@
  * - Env values (env.v1.Value) are converted to and from plain JavaScript values.
  *
  * Every limit is explicit: frames larger than `maxFrameBytes` are refused before decompression, and a
- * decompressed frame must have exactly the declared size (the same checks as marti/clients/broker_codec.py).
+ * decompressed frame must have exactly the declared size (the same checks as marti/codec/broker.py).
  */
 
 const path = require('node:path');
