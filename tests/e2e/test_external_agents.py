@@ -61,6 +61,7 @@ def _train(run_dir: Path, seed: int) -> tuple[dict[str, float], dict[str, float]
     return before, after
 
 
+@pytest.mark.timeout(ATTEMPTS * 900 + 60)  # each run has its own 900 s limit (the suite's default is 600 s)
 def test_run_sh_trains_each_agent_on_external_episodes_and_learning_shows(tmp_path):
     """Learning must show for both agents in one of :data:`ATTEMPTS` runs with different seeds.
 
