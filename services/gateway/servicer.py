@@ -85,10 +85,10 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
                 ) from exc
             raise
 
-    async def _serve(self, req: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> Served:
+    async def _serve(self, req: pb.GenerateRequest) -> Served:
         """Validate, resolve, tokenize, size ``max_tokens`` and generate. A traced call cancelled by its client
-        (deadline, cancel) before the answer is ready is not recorded; ``idempotency_key`` makes a retry get the
-        first answer (:meth:`Gateway.generate`)."""
+        (deadline, cancel: grpc.aio cancels this handler) before the answer is ready is not recorded;
+        ``idempotency_key`` makes a retry get the first answer (:meth:`Gateway.generate`)."""
         self._check_size(req)
         args = convert.generate_args(req)
         agent, _ = self.gateway.resolve(args.model)
@@ -98,9 +98,6 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
             limit = self.gateway.backend.max_model_len(agent)
             sampling = replace(sampling, max_new_tokens=convert.default_max_tokens(len(ids), limit))
 
-        async def disconnected() -> bool:
-            return context.cancelled()
-
         return await self.gateway.generate(
             args.model,
             ids,
@@ -109,12 +106,11 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
             episode_id=args.episode_id,
             group_id=args.group_id,
             idempotency_key=args.idempotency_key,
-            disconnected=disconnected,
         )
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:  # noqa: N802
         """Serve ``n`` completions of one prompt."""
-        return convert.generate_response(await self._serve(request, context))
+        return convert.generate_response(await self._serve(request))
 
     def _pieces(self, served: Served) -> list[list[str]]:
         decode = None
@@ -132,7 +128,7 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
         """Serve like Generate, then stream the header, each token and each completion's end."""
         if not request.HasField("request"):
             raise InvalidArgumentError("request is required (the GenerateRequest to stream)")
-        served = await self._serve(request.request, context)
+        served = await self._serve(request.request)
         pieces = await asyncio.to_thread(self._pieces, served)
         for msg in convert.stream_responses(served, pieces):
             yield msg
