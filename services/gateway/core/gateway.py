@@ -112,6 +112,7 @@ class Gateway:
         self._replays: dict[tuple[str, str], _Call] = {}  # (episode, idempotency key) -> its call
         self.untraced_calls = 0
         self.unrecorded_disconnected = 0
+        self.cancelled_calls = 0
         self.replayed_calls = 0
         self.released = 0
         self.sink_errors = 0
@@ -279,6 +280,7 @@ class Gateway:
             return await asyncio.shield(call.task)
         except asyncio.CancelledError:
             call.caller_gone = True
+            self.cancelled_calls += 1
             raise
 
     async def _traced(
@@ -419,8 +421,9 @@ class Gateway:
         without a sink, every released episode), ``abandoned``, ``failed``, ``dropped``, ``expired_groups``,
         ``held`` (finished episodes waiting for their group), ``open_episodes``, ``batches``, ``batched_prompts``,
         ``sink_errors`` (released episodes the sink failed to insert), ``unrecorded_disconnected`` (traced calls
-        not recorded because their caller went away), ``replayed_calls`` (retries answered from an idempotency
-        key)."""
+        not recorded because their caller went away), ``cancelled_calls`` (traced calls whose caller's task was
+        cancelled while they ran: a gRPC deadline or cancel), ``replayed_calls`` (retries answered from an
+        idempotency key)."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
         out["released"] = float(self.released)
         out["held"] = float(self.tracker.held)
@@ -430,5 +433,6 @@ class Gateway:
         out["batched_prompts"] = float(self.batcher.prompts)
         out["sink_errors"] = float(self.sink_errors)
         out["unrecorded_disconnected"] = float(self.unrecorded_disconnected)
+        out["cancelled_calls"] = float(self.cancelled_calls)
         out["replayed_calls"] = float(self.replayed_calls)
         return out

@@ -763,6 +763,10 @@ def test_grpc_a_call_past_its_deadline_is_not_recorded_and_a_keyed_retry_is_answ
             with pytest.raises(grpc.RpcError) as late:
                 stub.Generate(req, metadata=meta, timeout=0.5)
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            # the server's deadline ends a little after the client's: the engine answers only once it has
+            _wait_for(
+                lambda: server.gateway.stats()["cancelled_calls"] == 1, "the server did not cancel the call"
+            )
             backend.gate.set()
             _wait_for(
                 lambda: server.gateway.stats()["unrecorded_disconnected"] == 1, "the call was not dropped"
