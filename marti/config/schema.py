@@ -119,7 +119,8 @@ class AgentConfig(_Section):
     num_cpus: NonNegFloat = 1.0
     """CPUs reserved for this agent's actors (as in Ray)."""
     capabilities: list[str] = Field(default_factory=list)
-    """Free-text capabilities listed in the agent's role prompt, e.g. ``[planning, coordination]``."""
+    """Free-text capabilities, e.g. ``[planning, coordination]``, shown where a system prompt template names
+    ``{capabilities}`` (``prompt_template``, ``workflow.roles.N.system_prompt``); the built-in prompt omits them."""
     is_tuning: bool = True
     """False freezes the agent: it acts in episodes but is never updated."""
     prompt_template: str | None = None
@@ -504,7 +505,8 @@ class ServicesConfig(_Section):
     token: str | None = None
     """Bearer token sent to every service (``MARTI_TOKEN`` is used when null)."""
     tls_ca_file: str | None = None
-    """CA certificate file for TLS to the services; null: plaintext."""
+    """CA certificate file (PEM) for TLS to the services whose address is given (flags or this section);
+    embedded services are plaintext. Null: plaintext."""
     data_dir: str | None = None
     """Data directory of embedded services; null: ``<output.dir>/services``."""
     reconnect_timeout_s: NonNegFloat = 120.0
@@ -604,8 +606,17 @@ class WorkflowConfig(_Section):
 
     @property
     def active(self) -> bool:
-        """True when this section changes anything from the env-driven default path."""
-        return bool(self.kind != "env" or self.factory or self.roles or self.reward_fn)
+        """True when this section changes anything from the env-driven default path: another kind, a factory,
+        roles, a ``reward_fn``, or reward weights that re-credit the env's returns (``reward_env_weight`` other
+        than 1, ``reward_team_share`` above 0)."""
+        return bool(
+            self.kind != "env"
+            or self.factory
+            or self.roles
+            or self.reward_fn
+            or self.reward_env_weight != 1.0
+            or self.reward_team_share != 0.0
+        )
 
 
 class TaskConfig(_Section):
@@ -781,7 +792,9 @@ class TrainConfig(_Section):
     lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_min_lr"] = (
         "cosine"
     )
-    """Learning rate schedule after warmup."""
+    """Learning rate schedule after warmup: ``cosine`` and ``linear`` decay to 0 over the run,
+    ``cosine_with_min_lr`` to 0.1 x the learning rate (OpenRLHF's floor), ``constant`` and
+    ``constant_with_warmup`` stay at the learning rate (both warm up when a warmup is set)."""
     lr_warmup_ratio: UnitFloat = 0.0
     """Fraction of ``max_steps`` spent in linear warmup, in [0, 1]."""
     lr_warmup_steps: NonNegInt | None = None

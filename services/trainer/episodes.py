@@ -137,6 +137,8 @@ class EpisodeRunner:
         local_mailbox: Without a broker, deliver each reply to the teammates' next prompts in-process. None
             (default): only when ``workflow`` is given; the plain runner without a broker then leaves the
             conversation to the env (pass env option ``history_messages > 0``), as it always did.
+        capabilities: Per agent name, its capabilities as text (``"planning, coordination"``): what
+            ``{capabilities}`` becomes in a workflow role's ``system_prompt`` template; missing agents get ``""``.
     """
 
     def __init__(
@@ -153,6 +155,7 @@ class EpisodeRunner:
         make_task_env: Callable[[int, str], Any] | None = None,
         on_episode_end: EpisodeEndHook | None = None,
         local_mailbox: bool | None = None,
+        capabilities: dict[str, str] | None = None,
     ) -> None:
         self.make_env = make_env
         self.generate = generate
@@ -166,6 +169,7 @@ class EpisodeRunner:
         self.make_task_env = make_task_env
         self.on_episode_end = on_episode_end
         self.local_mailbox = (workflow is not None) if local_mailbox is None else bool(local_mailbox)
+        self.capabilities = dict(capabilities or {})
 
     def _start(self, seed: int, task: str | None = None) -> _Live:
         if task is not None:
@@ -266,7 +270,9 @@ class EpisodeRunner:
         )
         system = self.system_prompts[agent]
         if role.system_prompt:
-            system = role.system_prompt.format(name=agent, role=self.roles[agent], capabilities="")
+            system = role.system_prompt.format(
+                name=agent, role=self.roles[agent], capabilities=self.capabilities.get(agent, "")
+            )
         user = (role.build_prompt or default_build_prompt)(ctx)
         return [{"role": "system", "content": system}, {"role": "user", "content": str(user)}]
 

@@ -62,12 +62,22 @@ CHANNEL_OPTIONS = (
 
 @dataclass
 class Addresses:
-    """Service addresses the loop talks to (``host:port``)."""
+    """Service addresses the loop talks to (``host:port``), the bearer token, and TLS.
+
+    ``tls_ca_file`` (PEM) is used for the services named in ``tls_services`` (those whose address the user
+    gave: ``services.tls_ca_file`` with ``marti train``); the others, e.g. an embedded stack, are plaintext.
+    """
 
     broker: str
     env: str
     store: str
     token: str | None = None
+    tls_ca_file: str | None = None
+    tls_services: frozenset[str] = frozenset()
+
+    def ca_for(self, service: str) -> str | None:
+        """The CA file for ``service`` (``"broker"``, ``"env"`` or ``"store"``); None: plaintext."""
+        return self.tls_ca_file if service in self.tls_services else None
 
 
 @dataclass
@@ -391,6 +401,14 @@ class TrainingLoop:
             update_frequency_s=0.0,
         )
 
+    def _store_client(self) -> Any:
+        """The job's experience_store client (token and TLS from :class:`Addresses`)."""
+        from marti.clients.experience import ExperienceSharingClient
+
+        return ExperienceSharingClient(
+            "trainer", self.addr.store, token=self.addr.token, tls_ca_file=self.addr.ca_for("store")
+        )
+
     def _channel(self, service: str) -> Any:
         """The loop's channel to ``service`` (``"env"`` or ``"broker"``), opened on first use and shared by every
         env session and comm client of every episode (rollout and evaluation threads alike) until
@@ -406,7 +424,12 @@ class TrainingLoop:
                     from marti.clients.env import open_channel
                 else:
                     from marti.clients.broker import open_channel
-                channel = open_channel(address, token=self.addr.token, options=CHANNEL_OPTIONS)
+                channel = open_channel(
+                    address,
+                    token=self.addr.token,
+                    tls_ca_file=self.addr.ca_for(service),
+                    options=CHANNEL_OPTIONS,
+                )
                 self._channels[service] = channel
             return channel
 
@@ -445,6 +468,7 @@ class TrainingLoop:
             workflow=self.workflow,
             make_task_env=self._make_task_env,
             on_episode_end=on_episode_end,
+            capabilities={a.name: ", ".join(a.capabilities) for a in cfg.agents},
         )
 
     # ------------------------------------------------------------------------------------------ phases
@@ -646,7 +670,6 @@ class TrainingLoop:
             NotFoundError: a model or env is unavailable (named).
             FloatingPointError: a loss became NaN; the last good checkpoint is kept.
         """
-        from marti.clients.experience import ExperienceSharingClient
         from services.trainer.monitor import ResourceMonitor, child_service_pids
         from services.trainer.observe import ProgressBar, RunWriter, write_report
 
@@ -654,7 +677,7 @@ class TrainingLoop:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         summary = RunSummary(self.run_dir)
-        store = ExperienceSharingClient("trainer", self.addr.store, token=self.addr.token)
+        store = self._store_client()
         self.feed = ExperienceFeed(
             store,
             cfg.training_name,

@@ -34,6 +34,26 @@ from marti.errors import ResourceExhaustedError
 _LOG = logging.getLogger("marti.trainer.ray")
 
 
+def ray_init_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The keyword arguments :meth:`RayRuntime.start` passes to ``ray.init`` (when Ray is not running yet).
+
+    ``ray.address`` (or ``RAY_ADDRESS`` when it is null) null, empty or ``local``: a local Ray with ``ray.num_cpus``
+    CPUs (all of the machine's when null) and an object store of ``ray.object_store_memory`` bytes (Ray's default
+    when null); anything else: attach to that cluster.
+    """
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if address in (None, "", "local"):
+        return {
+            "num_cpus": cfg.ray.num_cpus or os.cpu_count(),
+            "object_store_memory": cfg.ray.object_store_memory,
+            "include_dashboard": False,
+            "log_to_driver": True,
+            "configure_logging": True,
+            "logging_level": logging.WARNING,
+        }
+    return {"address": address, "log_to_driver": True, "logging_level": logging.WARNING}
+
+
 @dataclass(frozen=True)
 class ActorSpec:
     """One actor of a job's layout (see :meth:`RayRuntime.actors`).
@@ -193,18 +213,7 @@ class RayRuntime:
         # (marti train stops after the current step and shuts the stack down cleanly).
         saved = _python_signal_handlers()
         if not ray.is_initialized():
-            address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
-            if address in (None, "", "local"):
-                ray.init(
-                    num_cpus=self.cfg.ray.num_cpus or os.cpu_count(),
-                    object_store_memory=self.cfg.ray.object_store_memory,
-                    include_dashboard=False,
-                    log_to_driver=True,
-                    configure_logging=True,
-                    logging_level=logging.WARNING,
-                )
-            else:
-                ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+            ray.init(**ray_init_kwargs(self.cfg))
             self._started_ray = True
         _restore_signal_handlers(saved)
         specs = self.actors()

@@ -72,7 +72,7 @@ def _add_launch_flag_groups(p: argparse.ArgumentParser) -> None:
 def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Addresses]:
     """Addresses from flags, then the config's ``services`` section; services with neither are started
     locally (the embedded stack, data under ``<run_dir>/services``, logs under ``<run_dir>/logs``) and stopped
-    on exit."""
+    on exit. ``services.tls_ca_file`` applies to the services whose address was given, not the embedded ones."""
     from marti.stack import LocalStack
 
     services = cfg.services
@@ -99,7 +99,14 @@ def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Ad
             addrs[k] = started[names[k]]
         print("services: " + ", ".join(f"{k}={v}" for k, v in addrs.items()), flush=True)
     try:
-        yield Addresses(addrs["broker"], addrs["env"], addrs["store"], token)
+        yield Addresses(
+            addrs["broker"],
+            addrs["env"],
+            addrs["store"],
+            token,
+            tls_ca_file=services.tls_ca_file,
+            tls_services=frozenset(k for k in addrs if k not in missing),  # the embedded stack is plaintext
+        )
     finally:
         if stack is not None:
             stack.stop()

@@ -244,6 +244,18 @@ def train_strategy(cfg: TrainConfig, zero_stage: int | None = None) -> Any:
     return TorchStrategy()
 
 
+#: ``lr_scheduler`` (config) -> (the optimizer's schedule, floor as a fraction of the peak LR). The names and
+#: ``cosine_with_min_lr``'s floor of 0.1 follow OpenRLHF (``lr_scheduler_kwargs={"min_lr": lr * 0.1}``); the
+#: others decay to 0 as transformers' ``get_*_schedule_with_warmup`` do.
+SCHEDULES: dict[str, tuple[str, float]] = {
+    "cosine": ("cosine", 0.0),
+    "cosine_with_min_lr": ("cosine", 0.1),
+    "linear": ("linear", 0.0),
+    "constant": ("constant", 0.0),
+    "constant_with_warmup": ("constant", 0.0),
+}
+
+
 def build_strategy(
     cfg: TrainConfig,
     agent: str,
@@ -282,7 +294,8 @@ def build_strategy(
         grad_accum_steps=1,  # update_agent groups micro-batches (gradient_accumulation_steps) itself
         total_steps=total,
         warmup_steps=min(cfg.warmup_steps, total),
-        lr_scheduler="constant" if cfg.lr_scheduler.startswith("constant") else "cosine",
+        lr_scheduler=SCHEDULES[cfg.lr_scheduler][0],
+        min_lr_ratio=SCHEDULES[cfg.lr_scheduler][1],
         bf16=sc.bf16,
     )
     return train_strategy(cfg, zero_stage).setup(model, params, optim)

@@ -133,3 +133,55 @@ def test_tls_with_unreadable_key_file_is_a_named_error(pki, tmp_path):
     with pytest.raises(InvalidArgumentError, match="nope"):
         thread.start()
     thread.stop()
+
+
+def _tls_job(address: str, ca: str | None):
+    """A TrainingLoop wired the way ``marti train`` wires it for a config naming TLS services."""
+    import argparse
+
+    from marti.config import config_from_dict
+    from services.trainer.loop import TrainingLoop
+    from services.trainer.train_cli import service_addresses
+
+    services = {"broker": address, "env": address, "store": address, "token": TOKEN, "tls_ca_file": ca}
+    cfg = config_from_dict(
+        {
+            "training_name": "tls",
+            "agents": [{"name": "a", "pretrain_model": "tiny-llama", "role": "executor"}],
+            "services": services,
+        }
+    )
+    args = argparse.Namespace(broker=None, env=None, store=None, token=None)
+    with service_addresses(cfg, args) as addresses:  # every address given: nothing embedded is started
+        return TrainingLoop(cfg, addresses, show_progress=False), addresses
+
+
+def test_the_training_job_reaches_tls_services_with_services_tls_ca_file(stack_factory, pki):
+    """``services.tls_ca_file`` is the CA of the job's env, broker and store channels; without it the job's
+    plaintext channels cannot reach a TLS server."""
+    from marti.errors import UnavailableError
+
+    address = stack_factory(_tls_settings(pki, mtls=False, token=TOKEN))
+    loop, _ = _tls_job(address, str(pki / "ca.pem"))
+    try:
+        env = loop._make_env(3)
+        obs, _ = env.reset(seed=3)
+        assert set(obs) == set(env.agents)
+        env.close()
+        comm = loop._comm("a", "tls-session")
+        comm.send_message("a", {"text": "over tls"})
+        comm.flush()
+        assert [m.content["text"] for m in comm.get_messages()] == ["over tls"]
+        comm.close()
+        store = loop._store_client()
+        assert isinstance(store.list_tables(), list)
+        store.close()
+    finally:
+        loop.close_channels()
+    plain, _ = _tls_job(address, None)
+    try:
+        with pytest.raises(UnavailableError):
+            env = plain._make_env(3)
+            env.reset(seed=3)
+    finally:
+        plain.close_channels()

@@ -38,8 +38,9 @@ class OptimConfig:
         total_steps: Optimizer steps of the whole run, >= 1 (the cosine decays over it).
         warmup_steps: Linear warmup optimizer steps; when None, ``round(warmup_ratio * total_steps)``.
         warmup_ratio: Fraction of ``total_steps`` used for warmup, in [0, 1].
-        lr_scheduler: ``cosine`` (warmup then cosine to ``min_lr_ratio * lr``) or ``constant`` (warmup then flat).
-        min_lr_ratio: Floor of the cosine as a fraction of ``lr``, in [0, 1].
+        lr_scheduler: ``cosine`` (warmup then cosine to ``min_lr_ratio * lr``), ``linear`` (warmup then linear
+            decay to ``min_lr_ratio * lr``) or ``constant`` (warmup then flat).
+        min_lr_ratio: Floor of the cosine or linear decay as a fraction of ``lr``, in [0, 1].
         bf16: True: bf16 autocast (and bf16 weights under DeepSpeed); False: fp32; None: bf16 where the device
             supports it (CUDA with bf16), else fp32.
     """
@@ -53,7 +54,7 @@ class OptimConfig:
     total_steps: int = 1000
     warmup_steps: int | None = None
     warmup_ratio: float = 0.0
-    lr_scheduler: Literal["cosine", "constant"] = "cosine"
+    lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = 0.0
     bf16: bool | None = None
 
@@ -77,7 +78,11 @@ class OptimConfig:
                 "in [0, total_steps]",
             ),
             ("warmup_ratio", 0 <= self.warmup_ratio <= 1, "in [0, 1]"),
-            ("lr_scheduler", self.lr_scheduler in ("cosine", "constant"), "'cosine' or 'constant'"),
+            (
+                "lr_scheduler",
+                self.lr_scheduler in ("cosine", "linear", "constant"),
+                "'cosine', 'linear' or 'constant'",
+            ),
             ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
         ]
         for name, ok, limit in checks:
@@ -95,11 +100,12 @@ class OptimConfig:
 
 
 def lr_multiplier(step: int, cfg: OptimConfig) -> float:
-    """LR multiplier for optimizer step ``step`` (0-based): linear warmup, then cosine (or constant).
+    """LR multiplier for optimizer step ``step`` (0-based): linear warmup, then cosine, linear or constant.
 
-    Formula (transformers ``get_cosine_schedule_with_warmup``, with a floor ``m = min_lr_ratio``):
-    ``step < W: step / W``; else ``p = (step - W) / max(1, S - W)`` clipped to [0, 1] and
-    ``m + (1 - m) * 0.5 * (1 + cos(pi * p))``, where W = warmup steps and S = total steps.
+    Formulas (transformers ``get_cosine_schedule_with_warmup`` and ``get_linear_schedule_with_warmup``, with a
+    floor ``m = min_lr_ratio``): ``step < W: step / W``; else ``p = (step - W) / max(1, S - W)`` clipped to
+    [0, 1] and cosine ``m + (1 - m) * 0.5 * (1 + cos(pi * p))``, linear ``m + (1 - m) * (1 - p)``, where
+    W = warmup steps and S = total steps.
     """
     warmup = cfg.num_warmup_steps
     if step < warmup:
@@ -107,6 +113,8 @@ def lr_multiplier(step: int, cfg: OptimConfig) -> float:
     if cfg.lr_scheduler == "constant":
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, cfg.total_steps - warmup))
+    if cfg.lr_scheduler == "linear":
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * (1.0 - progress)
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 

@@ -46,6 +46,41 @@ def test_cosine_schedule_hand_values():
     assert [lr_multiplier(s, const) for s in (0, 1, 5, 9)] == [0.0, 0.2, 1.0, 1.0]
 
 
+def test_linear_schedule_hand_values():
+    cfg = OptimConfig(total_steps=10, warmup_steps=2, lr_scheduler="linear")
+    expected = {0: 0.0, 1: 0.5, 2: 1.0, 4: 0.75, 6: 0.5, 10: 0.0, 12: 0.0}
+    for step, value in expected.items():
+        assert lr_multiplier(step, cfg) == pytest.approx(value, abs=1e-12), step
+    floor = OptimConfig(total_steps=10, warmup_steps=0, lr_scheduler="linear", min_lr_ratio=0.1)
+    assert lr_multiplier(5, floor) == pytest.approx(0.55) and lr_multiplier(10, floor) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("name", "schedule", "floor"),
+    [
+        ("cosine", "cosine", 0.0),
+        ("cosine_with_min_lr", "cosine", 0.1),
+        ("linear", "linear", 0.0),
+        ("constant", "constant", 0.0),
+        ("constant_with_warmup", "constant", 0.0),
+    ],
+)
+def test_each_config_schedule_builds_its_optimizer_schedule(name, schedule, floor):
+    from marti.config import config_from_dict
+    from services.trainer.worker import build_strategy
+
+    cfg = config_from_dict(
+        {
+            "training_name": "t",
+            "agents": [{"name": "a", "pretrain_model": "m", "role": "r"}],
+            "lr_scheduler": name,
+        }
+    )
+    lin = torch.nn.Linear(1, 1)
+    optim = build_strategy(cfg, "a", lin, list(lin.parameters())).cfg
+    assert (optim.lr_scheduler, optim.min_lr_ratio) == (schedule, floor)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -57,7 +92,7 @@ def test_cosine_schedule_hand_values():
         {"max_grad_norm": 0.0},
         {"min_lr_ratio": -0.1},
         {"betas": (0.9, 1.0)},
-        {"lr_scheduler": "linear"},
+        {"lr_scheduler": "exponential"},
     ],
 )
 def test_optim_config_rejects_out_of_range_values(kwargs):
