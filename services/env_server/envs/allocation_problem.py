@@ -23,11 +23,41 @@ from marti.errors import InvalidArgumentError
 
 RESOURCE_NAMES = ("cpu", "gpu", "memory", "storage", "bandwidth", "power")
 
-#: difficulty -> (num_resources, num_tasks, max_units upper bound, num_required_tasks, num_exclusive_pairs)
-DIFFICULTIES: dict[str, tuple[int, int, int, int, int]] = {
-    "easy": (2, 3, 3, 0, 0),
-    "medium": (3, 5, 4, 1, 1),
-    "hard": (4, 7, 5, 2, 2),
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """How :func:`generate` draws a problem.
+
+    Args:
+        num_resources: Resources (the first ``num_resources`` of :data:`RESOURCE_NAMES`).
+        num_tasks: Tasks.
+        max_units: Each task's maximum units is drawn uniformly from ``1..max_units``.
+        num_required: Tasks that must get at least one unit.
+        num_exclusive: Exclusive pairs (drawn among the tasks that are not required).
+        demand: ``(low, high)``: each task's use of each resource per unit is drawn uniformly from
+            ``low..high`` (a task that would use nothing gets ``max(low, 1)..high`` of one resource).
+        values: ``(low, high)``: each task's value per unit is drawn uniformly from ``low..high``.
+        capacity: ``"half"``: each capacity is about half of the resource's total maximum demand
+            (``max(required use, ceil(total / 2), 1)``, so it follows from the tasks); ``"random"``: drawn
+            uniformly from ``max(required use, 1)`` to ``max(total - 1, required use, 1)``, so it cannot be
+            worked out from the tasks.
+    """
+
+    num_resources: int
+    num_tasks: int
+    max_units: int
+    num_required: int = 0
+    num_exclusive: int = 0
+    demand: tuple[int, int] = (0, 4)
+    values: tuple[int, int] = (1, 9)
+    capacity: str = "half"
+
+
+#: difficulty -> spec of ``resource_allocation``'s problems.
+DIFFICULTIES: dict[str, ProblemSpec] = {
+    "easy": ProblemSpec(2, 3, 3),
+    "medium": ProblemSpec(3, 5, 4, num_required=1, num_exclusive=1),
+    "hard": ProblemSpec(4, 7, 5, num_required=2, num_exclusive=2),
 }
 
 
@@ -69,65 +99,89 @@ class Problem:
         """Task names in declaration order."""
         return [t.name for t in self.tasks]
 
-    def to_dict(self) -> dict:
-        """Return a JSON-ready description (used by the JSON observation format)."""
+    def to_dict(self, values: bool = True, constraints: bool = True) -> dict:
+        """Return a JSON-ready description (used by the JSON observation format).
+
+        Args:
+            values: Include each task's ``value_per_unit``.
+            constraints: Include the resources and their capacities, each task's ``demand_per_unit``,
+                ``max_units`` and ``min_units``, and the exclusive pairs.
+
+        Returns:
+            ``{"tasks": [{"name": ..., ...}]}`` plus ``resources`` and ``exclusive_pairs`` when ``constraints``.
+        """
+        tasks = []
+        for t in self.tasks:
+            doc: dict = {"name": t.name}
+            if values:
+                doc["value_per_unit"] = t.value
+            if constraints:
+                doc.update(demand_per_unit=dict(t.demand), max_units=t.max_units, min_units=t.min_units)
+            tasks.append(doc)
+        if not constraints:
+            return {"tasks": tasks}
         return {
             "resources": [{"name": r, "capacity": c} for r, c in self.capacities.items()],
-            "tasks": [
-                {
-                    "name": t.name,
-                    "value_per_unit": t.value,
-                    "demand_per_unit": dict(t.demand),
-                    "max_units": t.max_units,
-                    "min_units": t.min_units,
-                }
-                for t in self.tasks
-            ],
+            "tasks": tasks,
             "exclusive_pairs": [list(p) for p in self.exclusive],
         }
 
 
-def generate(rng: random.Random, difficulty: str) -> Problem:
+def generate(rng: random.Random, difficulty: str | ProblemSpec) -> Problem:
     """Draw a feasible problem.
 
     Args:
         rng: Source of randomness; the same state gives the same problem.
-        difficulty: ``easy`` (2 resources, 3 tasks), ``medium`` (3, 5, one required task, one exclusive pair)
-            or ``hard`` (4, 7, two required tasks, two exclusive pairs).
+        difficulty: A :class:`ProblemSpec`, or the name of one of :data:`DIFFICULTIES`: ``easy`` (2 resources,
+            3 tasks), ``medium`` (3, 5, one required task, one exclusive pair) or ``hard`` (4, 7, two required
+            tasks, two exclusive pairs).
 
     Returns:
-        A problem whose all-minimum allocation is feasible, with capacities at about half of the total
-        maximum demand so that capacity binds.
+        A problem whose all-minimum allocation is feasible, with capacities drawn by the spec's ``capacity``
+        rule (``half``, the named levels: about half of the total maximum demand, so that capacity binds).
 
     Raises:
-        InvalidArgumentError: Unknown difficulty.
+        InvalidArgumentError: Unknown difficulty name, or a spec with too few tasks for its required tasks
+            and exclusive pairs, or an unknown ``capacity`` rule.
     """
-    if difficulty not in DIFFICULTIES:
+    if isinstance(difficulty, ProblemSpec):
+        spec = difficulty
+    elif difficulty in DIFFICULTIES:
+        spec = DIFFICULTIES[difficulty]
+    else:
         raise InvalidArgumentError(f"unknown difficulty {difficulty!r} (known: {', '.join(DIFFICULTIES)})")
-    n_res, n_tasks, max_units_hi, n_required, n_exclusive = DIFFICULTIES[difficulty]
+    if spec.num_required + 2 * spec.num_exclusive > spec.num_tasks:
+        raise InvalidArgumentError(f"{spec} has too few tasks for its required tasks and exclusive pairs")
+    if spec.capacity not in ("half", "random"):
+        raise InvalidArgumentError(f"unknown capacity rule {spec.capacity!r} (known: half, random)")
+    n_res, n_tasks = spec.num_resources, spec.num_tasks
+    d_lo, d_hi = spec.demand
     resources = RESOURCE_NAMES[:n_res]
     tasks = []
     for i in range(n_tasks):
-        demand = {r: rng.randint(0, 4) for r in resources}
+        demand = {r: rng.randint(d_lo, d_hi) for r in resources}
         if not any(demand.values()):
-            demand[resources[rng.randrange(n_res)]] = rng.randint(1, 4)
-        tasks.append(Task(f"task_{i + 1}", rng.randint(1, 9), demand, rng.randint(1, max_units_hi)))
+            demand[resources[rng.randrange(n_res)]] = rng.randint(max(d_lo, 1), d_hi)
+        tasks.append(Task(f"task_{i + 1}", rng.randint(*spec.values), demand, rng.randint(1, spec.max_units)))
     order = list(range(n_tasks))
     rng.shuffle(order)
-    required = order[:n_required]
-    free = order[n_required:]
+    required = order[: spec.num_required]
+    free = order[spec.num_required :]
     for i in required:
         t = tasks[i]
         tasks[i] = Task(t.name, t.value, t.demand, t.max_units, min_units=1)
     exclusive = []
-    for k in range(n_exclusive):
+    for k in range(spec.num_exclusive):
         a, b = sorted((free[2 * k], free[2 * k + 1]))
         exclusive.append((tasks[a].name, tasks[b].name))
     capacities = {}
     for r in resources:
         total = sum(t.demand[r] * t.max_units for t in tasks)
         need = sum(t.demand[r] * t.min_units for t in tasks)
-        capacities[r] = max(need, (total + 1) // 2, 1)
+        if spec.capacity == "random":
+            capacities[r] = rng.randint(max(need, 1), max(total - 1, need, 1))
+        else:
+            capacities[r] = max(need, (total + 1) // 2, 1)
     return Problem(capacities, tuple(tasks), tuple(exclusive))
 
 
@@ -253,11 +307,14 @@ class ParsedAllocation:
         allocation: Task name -> units, or ``None`` when nothing could be read.
         unknown: Task names mentioned that the problem does not have.
         error: Why parsing failed (``None`` on success), phrased as feedback to the agent.
+        absent: True when the text holds nothing that looks like an allocation (no JSON object of amounts and
+            no ``task_N: amount`` line), as opposed to an allocation with unusable amounts.
     """
 
     allocation: dict[str, int] | None
     unknown: tuple[str, ...] = ()
     error: str | None = None
+    absent: bool = False
 
 
 # A task id, then a separator (":", "=", "->", "gets", "receives"), then the amount: only spaces or markdown
@@ -338,7 +395,10 @@ def parse_allocation(text: str, task_names: list[str]) -> ParsedAllocation:
     pairs = [(m.group(1), m.group(2)) for m in _LINE_RE.finditer(text)]
     if not pairs:
         return ParsedAllocation(
-            None, (), "no allocation found; write one line per task like 'task_1: 2' or a JSON object"
+            None,
+            (),
+            "no allocation found; write one line per task like 'task_1: 2' or a JSON object",
+            absent=True,
         )
     return _from_pairs(pairs, task_names)
 
@@ -348,20 +408,37 @@ _ACCEPT_RE = re.compile(r"\b(accept|accepted|approve|approved)\b", re.IGNORECASE
 _REJECT_RE = re.compile(r"\b(reject|rejected|not accept|don't accept|do not accept|revise)\b", re.IGNORECASE)
 
 
-def parse_evaluation(text: str) -> tuple[float | None, bool]:
+@dataclass(frozen=True)
+class ParsedEvaluation:
+    """Result of reading an evaluator's message.
+
+    Args:
+        score: The score as a fraction of the optimum, in ``[0, 1]``; ``None`` when absent or unusable.
+        accept: Whether the message accepts the submission.
+        error: Why the score is unusable (``None`` when it was read or absent), phrased as feedback.
+    """
+
+    score: float | None
+    accept: bool
+    error: str | None = None
+
+
+def parse_evaluation(text: str) -> ParsedEvaluation:
     """Read an evaluator's message.
 
     Forms: ``score: 0.8`` (fraction of the optimum), ``score: 80%``, ``score: 8/10``, ``score = 80/100``, or
     JSON ``{"score": 0.8, "accept": true}``; ``accept``/``approve`` anywhere accepts unless ``reject``,
-    ``revise`` or ``not accept`` also appear.
+    ``revise`` or ``not accept`` also appear. A bare number is a fraction: ``score: 85`` or ``score: 1.5`` is
+    outside ``[0, 1]``, as is ``score: 120%`` or ``score: -0.1``; such a score is an error, not clipped.
 
     Args:
         text: The evaluator's message.
 
     Returns:
-        ``(score, accept)``: score clipped to ``[0, 1]`` or ``None`` when absent; accept as a bool.
+        A :class:`ParsedEvaluation`; never raises on any text.
     """
     value: float | None = None
+    written = ""
     accept = bool(_ACCEPT_RE.search(text)) and not _REJECT_RE.search(text)
     start, end = text.find("{"), text.rfind("}")
     if 0 <= start < end:
@@ -372,7 +449,7 @@ def parse_evaluation(text: str) -> tuple[float | None, bool]:
         if isinstance(obj, dict):
             raw = obj.get("score")
             if isinstance(raw, int | float) and not isinstance(raw, bool):
-                value = float(raw)
+                value, written = float(raw), repr(raw)
             if isinstance(obj.get("accept"), bool):
                 accept = obj["accept"]
     if value is None:
@@ -380,12 +457,11 @@ def parse_evaluation(text: str) -> tuple[float | None, bool]:
         if m:
             value = float(m.group(1))
             unit = (m.group(2) or "").replace(" ", "")
+            written = m.group(1) + unit
             if unit in ("%", "/100"):
                 value /= 100.0
             elif unit == "/10":
                 value /= 10.0
-            elif value > 1.0:
-                value /= 100.0
-    if value is not None:
-        value = min(max(value, 0.0), 1.0)
-    return value, accept
+    if value is not None and not 0.0 <= value <= 1.0:
+        return ParsedEvaluation(None, accept, f"score {written} is outside 0..1")
+    return ParsedEvaluation(value, accept)

@@ -9,11 +9,12 @@ from pettingzoo import ParallelEnv
 from marti.env_config import ConfigSchema
 from marti.env_registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError
-from services.env_server.envs import debate, resource_allocation
+from services.env_server.envs import debate, private_allocation, resource_allocation
 from services.env_server.envs.text_base import COMMON_FIELDS
 
 SCENARIO_FIELDS = {
     "resource_allocation": {f.name for f in resource_allocation.FIELDS},
+    "private_allocation": {f.name for f in private_allocation.FIELDS},
     "debate": {f.name for f in debate.FIELDS},
 }
 
@@ -28,22 +29,26 @@ def make_collaborative(config: dict[str, Any], seed: int | None) -> ParallelEnv:
         seed: Seed of the first reset without a seed.
 
     Returns:
-        A :class:`ResourceAllocationEnv` or :class:`DebateEnv`.
+        A :class:`ResourceAllocationEnv`, :class:`PrivateAllocationEnv` or :class:`DebateEnv`.
 
     Raises:
-        InvalidArgumentError: A key that belongs to the other scenario was set to a non-default value.
+        InvalidArgumentError: A key that belongs only to other scenarios was set to a non-default value, or the
+            scenario's env rejects the config (e.g. its roles).
     """
     scenario = config["scenario"]
     defaults = COLLABORATIVE_SCHEMA.defaults()
+    own = SCENARIO_FIELDS[scenario]
     for other, keys in SCENARIO_FIELDS.items():
         if other != scenario:
-            for key in sorted(keys):
+            for key in sorted(keys - own):
                 if config[key] != defaults[key]:
                     raise InvalidArgumentError(
                         f"config key {key!r} belongs to scenario {other!r}, not {scenario!r}"
                     )
     if scenario == "debate":
         return debate.DebateEnv(config, seed)
+    if scenario == "private_allocation":
+        return private_allocation.PrivateAllocationEnv(config, seed)
     return resource_allocation.ResourceAllocationEnv(config, seed)
 
 
@@ -60,7 +65,9 @@ def register_collaborative(registry: Registry) -> None:
             make_collaborative,
             COLLABORATIVE_SCHEMA,
             "Team of LLM agents on text tasks. scenario=resource_allocation: leader plans, executor allocates, "
-            "evaluator judges a seeded allocation problem with an exact optimum. scenario=debate: solvers "
-            "debate a verifiable arithmetic or word problem, an aggregator answers.",
+            "evaluator judges a seeded allocation problem with an exact optimum. scenario=private_allocation: "
+            "the same problems split between the agents (the leader knows the values, the executor the "
+            "resources and limits), so they must tell each other. scenario=debate: solvers debate a "
+            "verifiable arithmetic or word problem, an aggregator answers.",
         )
     )

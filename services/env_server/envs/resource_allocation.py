@@ -22,9 +22,13 @@ Rewards (``lambda`` = ``violation_penalty``, ``w`` = ``role_weight``):
   below unreadable text, and GRPO then taught the agents to stop writing allocations;
 * role terms: leader ``plan quality`` (team-score formula applied to the plan), executor
   ``0.5 * valid + 0.5 * fidelity`` (fidelity = ``1 - sum|x - plan| / max(1, sum max(x, plan))``, or validity when
-  there is no plan), evaluator ``1 - |score - true fraction|``; unreadable text gets ``-parse_penalty``;
+  there is no plan), evaluator ``1 - |score - true fraction|``; unreadable text gets ``-parse_penalty``, and so
+  does an evaluator score outside ``[0, 1]`` (it is not clipped);
 * ``dense``: each turn every live agent gets the change of the team score, and the actor also ``w * role term``;
   ``sparse``: zeros until the end, then ``final team score + w * mean(role terms of that agent)``.
+
+Every agent's infos carry ``calibration_error`` = ``|score - true fraction|`` of the evaluator's latest readable
+score, once it has written one (the key is absent before); it is a declared episode metric.
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ ALLOCATION_FORMAT = "one line per task, e.g. 'task_1: 2' (or JSON {\"task_1\": 2
 EVALUATION_FORMAT = (
     "'score: X' with X in 0..1 (value as a fraction of the best possible), then 'accept' or 'revise'"
 )
+
+#: Role -> the action format its infos name (``infos[agent]["action_format"]``).
+ACTION_FORMATS = {"leader": ALLOCATION_FORMAT, "executor": ALLOCATION_FORMAT, "evaluator": EVALUATION_FORMAT}
 
 INSTRUCTIONS = {
     "leader": "You are the LEADER (planner). Propose an allocation plan for the executor, "
@@ -118,6 +125,62 @@ def resolve_roles(config: dict[str, Any]) -> list[str]:
     return out
 
 
+def describe_problem(problem: ap.Problem, values: bool = True, constraints: bool = True) -> list[str]:
+    """Render a problem as observation lines.
+
+    Args:
+        problem: The instance.
+        values: Show each task's value per unit.
+        constraints: Show the resources and capacities, each task's use of them, its unit bounds, and the
+            exclusive pairs.
+
+    Returns:
+        The lines: an introduction, then (``constraints``) the resources, then one line per task
+        (``- task_1: value 6 per unit, uses cpu 4, gpu 0 per unit, at most 2 units``, with the parts asked for),
+        then (``constraints``) one line per exclusive pair.
+    """
+    lines = [
+        "Problem: decide how many units each task gets. Each unit earns the task's value and uses the "
+        "listed resources. Maximise total value while keeping every constraint."
+    ]
+    if constraints:
+        lines.append(
+            "Resources: " + ", ".join(f"{r} capacity {c}" for r, c in problem.capacities.items()) + "."
+        )
+    lines.append("Tasks:")
+    for t in problem.tasks:
+        parts = [f"value {t.value} per unit"] if values else []
+        if constraints:
+            uses = ", ".join(f"{r} {d}" for r, d in t.demand.items())
+            parts += [f"uses {uses} per unit", f"at most {t.max_units} units"]
+            if t.min_units:
+                parts.append(f"must get at least {t.min_units}")
+        lines.append(f"- {t.name}: {', '.join(parts)}" if parts else f"- {t.name}")
+    if constraints:
+        for a, b in problem.exclusive:
+            lines.append(f"Constraint: {a} and {b} cannot both get units.")
+    return lines
+
+
+def submission_feedback(problem: ap.Problem, actor: str, score: ap.Score, value: bool = True) -> str:
+    """The environment's feedback line on a readable submission.
+
+    Args:
+        problem: The instance.
+        actor: The agent that submitted.
+        score: The submission's :class:`~services.env_server.envs.allocation_problem.Score`.
+        value: Include the total value.
+
+    Returns:
+        ``"<actor>'s allocation has total value V; valid|INVALID: <violations>; used cpu 3/4, ..."``, or without
+        ``value``: ``"<actor>'s allocation is valid|INVALID: <violations>; used cpu 3/4, ..."``.
+    """
+    use = ", ".join(f"{r} {score.used[r]}/{c}" for r, c in problem.capacities.items())
+    verdict = "valid" if score.valid else "INVALID: " + "; ".join(score.violations)
+    head = f"has total value {score.value};" if value else "is"
+    return f"{actor}'s allocation {head} {verdict}; used {use}."
+
+
 class ResourceAllocationEnv(TextTeamEnv):
     """Leader/executor/evaluator team solving seeded allocation problems (see module docstring).
 
@@ -131,8 +194,17 @@ class ResourceAllocationEnv(TextTeamEnv):
         "render_modes": ["ansi"],
         "is_parallelizable": True,
         # Episode metrics (info keys read after the last step) that trainers aggregate: see marti.envs.
-        "metrics": ("task_completion", "resource_utilization", "constraint_violations", "team_score"),
+        "metrics": (
+            "task_completion",
+            "resource_utilization",
+            "constraint_violations",
+            "team_score",
+            "calibration_error",
+        ),
     }
+
+    #: Role -> action format named in the infos.
+    action_formats = ACTION_FORMATS
 
     def __init__(self, config: dict[str, Any], seed: int | None = None) -> None:
         super().__init__(config)
@@ -157,7 +229,7 @@ class ResourceAllocationEnv(TextTeamEnv):
         """
         if seed is not None or self._rng is None:
             self._rng = random.Random(self._seed if seed is None else seed)
-        self.problem = ap.generate(self._rng, self.config["difficulty"])
+        self.problem = self._generate_problem(self._rng)
         self.optimal_value, self.optimal_allocation = ap.solve(self.problem)
         self.agents = list(self.possible_agents)
         self.turn = 0
@@ -167,9 +239,13 @@ class ResourceAllocationEnv(TextTeamEnv):
         self.last_score: ap.Score | None = None
         self.team_score = 0.0
         self.parse_error = ""
+        self.calibration_error: float | None = None
         self.role_terms: dict[str, list[float]] = {a: [] for a in self.agents}
         self.acting_agents = [self.turn_order[0]]
         return self._observations(), self._infos()
+
+    def _generate_problem(self, rng: random.Random) -> ap.Problem:
+        return ap.generate(rng, self.config["difficulty"])
 
     def _team_score(self, score: ap.Score) -> float:
         ratio = (
@@ -253,55 +329,47 @@ class ResourceAllocationEnv(TextTeamEnv):
         score = ap.score(self.problem, parsed.allocation, parsed.unknown)
         self.submission, self.last_score = parsed.allocation, score
         self.team_score = self._team_score(score)
-        use = ", ".join(f"{r} {score.used[r]}/{c}" for r, c in self.problem.capacities.items())
-        verdict = "valid" if score.valid else "INVALID: " + "; ".join(score.violations)
-        self.transcript.append(
-            (
-                "environment",
-                "feedback",
-                f"{actor}'s allocation has total value {score.value}; {verdict}; used {use}.",
-            )
-        )
+        self._post_feedback(actor, score)
         term = 0.5 * float(score.valid) + 0.5 * (
             self._fidelity(parsed.allocation) if self.plan else score.valid
         )
         solo_done = "evaluator" not in self.role_of_list and score.valid
         return term, solo_done
 
+    def _post_feedback(self, actor: str, score: ap.Score) -> None:
+        """Append the environment's feedback on a readable submission to the transcript."""
+        self.transcript.append(("environment", "feedback", submission_feedback(self.problem, actor, score)))
+
     def _evaluate(self, actor: str, text: str) -> tuple[float, bool]:
-        value, accept = ap.parse_evaluation(text)
-        if value is None:
-            self.parse_error = f"{actor}'s evaluation has no score: write {EVALUATION_FORMAT}"
+        parsed = ap.parse_evaluation(text)
+        if parsed.score is None:
+            reason = parsed.error or "has no score"
+            self.parse_error = f"{actor}'s evaluation {reason}: write {EVALUATION_FORMAT}"
             self.transcript.append(("environment", "feedback", self.parse_error))
             return -self.config["parse_penalty"], False
         self.parse_error = ""
-        return 1.0 - abs(value - self._true_fraction()), accept and self.submission is not None
+        self.calibration_error = abs(parsed.score - self._true_fraction())
+        return 1.0 - self.calibration_error, parsed.accept and self.submission is not None
 
     # ---- observations and infos ----
-    def _problem_text(self) -> list[str]:
-        if getattr(self, "_problem_text_for", None) is self.problem:
-            return self._problem_lines
-        self._problem_text_for = self.problem
-        self._problem_lines = self._describe_problem()
-        return self._problem_lines
+    def _problem_lines(self, agent: str) -> list[str]:
+        """The problem as the agent's observation shows it (here: the whole problem, the same for everyone)."""
+        if getattr(self, "_problem_text_for", None) is not self.problem:
+            self._problem_text_for = self.problem
+            self._problem_text = describe_problem(self.problem)
+        return self._problem_text
 
-    def _describe_problem(self) -> list[str]:
-        p = self.problem
-        lines = [
-            "Problem: decide how many units each task gets. Each unit earns the task's value and uses the "
-            "listed resources. Maximise total value while keeping every constraint.",
-            "Resources: " + ", ".join(f"{r} capacity {c}" for r, c in p.capacities.items()) + ".",
-            "Tasks:",
-        ]
-        for t in p.tasks:
-            uses = ", ".join(f"{r} {d}" for r, d in t.demand.items())
-            extra = f", must get at least {t.min_units}" if t.min_units else ""
-            lines.append(
-                f"- {t.name}: value {t.value} per unit, uses {uses} per unit, at most {t.max_units} units{extra}"
-            )
-        for a, b in p.exclusive:
-            lines.append(f"Constraint: {a} and {b} cannot both get units.")
-        return lines
+    def _problem_doc(self, agent: str) -> dict:
+        """The problem as the agent's JSON observation shows it (here: the whole problem)."""
+        return self.problem.to_dict()
+
+    def _visible_transcript(self, agent: str) -> list[tuple[str, str, str]]:
+        """The transcript entries the agent's observation quotes from (here: all of them)."""
+        return self.transcript
+
+    def _private_lines(self, agent: str) -> list[str]:
+        """Lines only this agent's observation shows, after the problem (here: none)."""
+        return []
 
     def _instructions(self, agent: str) -> str:
         role = self.role_of[agent]
@@ -329,24 +397,28 @@ class ResourceAllocationEnv(TextTeamEnv):
                     "role": self.role_of[agent],
                     "instructions": self._instructions(agent),
                     "team": {a: self.role_of[a] for a in self.possible_agents},
-                    "problem": self.problem.to_dict(),
+                    "problem": self._problem_doc(agent),
                     "history": [
                         {"agent": s, "role": r, "text": sanitize(t, q)}
-                        for s, r, t in (self.transcript[-n:] if n else [])
+                        for s, r, t in (self._visible_transcript(agent)[-n:] if n else [])
                     ],
                     "turn": self.turn,
                     "max_turns": self.config["max_turns"],
                     "acting_agent": self.acting_agents[0] if self.acting_agents else None,
                     "your_turn": agent in self.acting_agents,
                 }
+                private = self._private_lines(agent)
+                if private:
+                    doc["private"] = private
                 out[agent] = self._fit(json.dumps(doc, ensure_ascii=True))
                 continue
             lines = [
                 f"You are {agent} in a team of {len(self.possible_agents)} ({team}).",
                 self._instructions(agent),
-                *self._problem_text(),
+                *self._problem_lines(agent),
+                *self._private_lines(agent),
             ]
-            history = self._history_lines()
+            history = self._history_lines(self._visible_transcript(agent))
             lines.append(f"Turn {self.turn} of at most {self.config['max_turns']}.")
             if history:
                 lines += ["Conversation so far:", *history]
@@ -371,9 +443,15 @@ class ResourceAllocationEnv(TextTeamEnv):
             "team_score": float(self.team_score),
             "parse_error": self.parse_error,
         }
+        if self.calibration_error is not None:
+            common["calibration_error"] = float(self.calibration_error)
         out = {}
         for a in self.possible_agents:
             role = self.role_of[a]
-            fmt = EVALUATION_FORMAT if role == "evaluator" else ALLOCATION_FORMAT
-            out[a] = {"role": role, "is_acting": a == nxt, "action_format": fmt, **common}
+            out[a] = {
+                "role": role,
+                "is_acting": a == nxt,
+                "action_format": self.action_formats[role],
+                **common,
+            }
         return out

@@ -59,7 +59,7 @@ COMMON_FIELDS = (
         "str",
         "resource_allocation",
         "which scenario to play",
-        choices=("resource_allocation", "debate"),
+        choices=("resource_allocation", "private_allocation", "debate"),
     ),
     ConfigField(
         "max_turns",
@@ -156,10 +156,11 @@ class TextTeamEnv(ParallelEnv):
         """Return the agent's action space (the same object on every call)."""
         return self._act_space
 
-    def _history_lines(self) -> list[str]:
+    def _history_lines(self, transcript: list[tuple[str, str, str]] | None = None) -> list[str]:
+        entries = self.transcript if transcript is None else transcript
         n = self.config["history_messages"]
-        shown = self.transcript[-n:] if n else []
-        skipped = len(self.transcript) - len(shown)
+        shown = entries[-n:] if n else []
+        skipped = len(entries) - len(shown)
         lines = [f"({skipped} earlier messages not shown)"] if skipped else []
         q = self.config["max_quote_chars"]
         cache = self._quote_cache

@@ -76,15 +76,56 @@ def test_constraints_min_units_and_exclusion() -> None:
 
 
 def test_generator_sizes_and_determinism() -> None:
-    for difficulty, (n_res, n_tasks, hi, n_req, n_excl) in ap.DIFFICULTIES.items():
+    sizes = {"easy": (2, 3, 3, 0, 0), "medium": (3, 5, 4, 1, 1), "hard": (4, 7, 5, 2, 2)}
+    for difficulty, (n_res, n_tasks, hi, n_req, n_excl) in sizes.items():
         p = ap.generate(random.Random(1), difficulty)
         assert len(p.capacities) == n_res and len(p.tasks) == n_tasks and len(p.exclusive) == n_excl
         assert sum(t.min_units > 0 for t in p.tasks) == n_req
         assert all(1 <= t.max_units <= hi for t in p.tasks)
         assert p == ap.generate(random.Random(1), difficulty)
+        assert p == ap.generate(random.Random(1), ap.DIFFICULTIES[difficulty])
     assert ap.generate(random.Random(1), "easy") != ap.generate(random.Random(2), "easy")
     with pytest.raises(InvalidArgumentError, match="'extreme'"):
         ap.generate(random.Random(0), "extreme")
+
+
+def test_generator_spec_ranges_and_capacity_rules() -> None:
+    """A spec's demand and value ranges hold; ``half`` capacity follows from the tasks, ``random`` varies."""
+    spec = ap.ProblemSpec(1, 5, 1, demand=(1, 1), values=(3, 4), capacity="random")
+    caps = set()
+    for seed in range(200):
+        p = ap.generate(random.Random(seed), spec)
+        assert [t.demand for t in p.tasks] == [{"cpu": 1}] * 5 and {t.max_units for t in p.tasks} == {1}
+        assert {t.value for t in p.tasks} <= {3, 4}
+        caps.add(p.capacities["cpu"])
+        half = ap.generate(random.Random(seed), ap.ProblemSpec(1, 5, 1, demand=(1, 1)))
+        assert half.capacities == {"cpu": 3}  # ceil(5 / 2): the same for every seed
+    assert caps == {1, 2, 3, 4}  # uniform 1..total-1: every value shows up in 200 draws
+    with pytest.raises(InvalidArgumentError, match="capacity rule 'tight'"):
+        ap.generate(random.Random(0), ap.ProblemSpec(1, 3, 1, capacity="tight"))
+    with pytest.raises(InvalidArgumentError, match="too few tasks"):
+        ap.generate(random.Random(0), ap.ProblemSpec(1, 3, 1, num_required=2, num_exclusive=1))
+
+
+def test_problem_dict_parts() -> None:
+    p = ap.generate(random.Random(3), "medium")
+    full = p.to_dict()
+    assert p.to_dict(values=True, constraints=True) == full
+    assert p.to_dict(values=True, constraints=False) == {
+        "tasks": [{"name": t["name"], "value_per_unit": t["value_per_unit"]} for t in full["tasks"]]
+    }
+    no_values = p.to_dict(values=False)
+    assert (
+        no_values["resources"] == full["resources"]
+        and no_values["exclusive_pairs"] == full["exclusive_pairs"]
+    )
+    restored = [
+        {**t, "value_per_unit": f["value_per_unit"]}
+        for t, f in zip(no_values["tasks"], full["tasks"], strict=True)
+    ]
+    assert restored == full["tasks"]
+    assert all("value_per_unit" not in t for t in no_values["tasks"])
+    assert p.to_dict(values=False, constraints=False) == {"tasks": [{"name": n} for n in p.task_names]}
 
 
 NAMES = ["task_1", "task_2", "task_3"]
@@ -127,6 +168,21 @@ def test_parser_rejects_without_raising(text: str) -> None:
     assert parsed.allocation is None and parsed.error
 
 
+@pytest.mark.parametrize(
+    ("text", "absent"),
+    [
+        ("task_1 value 7, task_2 value 3", True),
+        ("", True),
+        ("task_1: value 6 per unit", True),
+        ("task_1: -2", False),  # an allocation with an unusable amount, not a message
+        ('{"task_1": "many"}', False),
+        ("task_1: 2", False),
+    ],
+)
+def test_parser_tells_absent_allocation_from_unreadable(text: str, absent: bool) -> None:
+    assert ap.parse_allocation(text, NAMES).absent is absent
+
+
 def test_parser_reports_unknown_tasks() -> None:
     parsed = ap.parse_allocation("task_1: 1\ntask_9: 4", NAMES)
     assert parsed.allocation == {"task_1": 1, "task_2": 0, "task_3": 0} and parsed.unknown == ("task_9",)
@@ -141,13 +197,32 @@ def test_parser_reports_unknown_tasks() -> None:
         ("Score = 75%. Please revise task_2.", 0.75, False),
         ("score 7/10 - approve", 0.7, True),
         ('{"score": 0.9, "accept": false}', 0.9, False),
-        ("score: 85 accepted", 0.85, True),
+        ("score = 80/100 accepted", 0.8, True),
         ("I would not accept this; score: 0.2", 0.2, False),
         ("looks fine, accept", None, True),
-        ("score: 3.5", 0.035, False),
+        ("score: 1", 1.0, False),
+        ("score: 0", 0.0, False),
+        ("score: 100%", 1.0, False),
     ],
 )
 def test_evaluation_parser(text: str, score: float | None, accept: bool) -> None:
-    got_score, got_accept = ap.parse_evaluation(text)
-    assert got_accept is accept
-    assert got_score == (pytest.approx(score) if score is not None else None)
+    got = ap.parse_evaluation(text)
+    assert got.accept is accept and got.error is None
+    assert got.score == (pytest.approx(score) if score is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("text", "written"),
+    [
+        ("score: 1.5 accept", "1.5"),
+        ("score: 85 accepted", "85"),  # a bare number is a fraction; it used to be read as 85%
+        ("score: 3.5", "3.5"),
+        ("score: -0.2", "-0.2"),
+        ("score: 120%", "120%"),
+        ("score 11/10", "11/10"),
+        ('{"score": 1.5, "accept": true}', "1.5"),
+    ],
+)
+def test_evaluation_score_outside_0_1_is_an_error_not_clipped(text: str, written: str) -> None:
+    got = ap.parse_evaluation(text)
+    assert got.score is None and got.error == f"score {written} is outside 0..1"

@@ -213,3 +213,119 @@ def test_default_rewards_rank_unreadable_below_any_readable_allocation() -> None
     )
     assert unreadable == pytest.approx(-0.5) and many == pytest.approx(-0.4)
     assert unreadable < many < few < ok
+
+
+# ---- the evaluator's calibration ----
+# make() plays seed 11 on easy: cpu capacity 7, gpu 8; task_1 value 8 uses cpu 3, gpu 4, at most 2 units;
+# task_2 value 4 uses cpu 4, gpu 4, at most 1; task_3 value 3 uses cpu 4, gpu 3, at most 1. Optimum: task_1: 2
+# (value 16, cpu 6/7, gpu 8/8); "task_2: 1" is valid with value 4, i.e. 4/16 = 0.25 of the optimum.
+
+
+def test_calibration_problem_is_the_one_the_comments_compute_by_hand() -> None:
+    p = inner(make()).problem
+    assert p.capacities == {"cpu": 7, "gpu": 8}
+    assert [(t.value, t.demand, t.max_units) for t in p.tasks] == [
+        (8, {"cpu": 3, "gpu": 4}, 2),
+        (4, {"cpu": 4, "gpu": 4}, 1),
+        (3, {"cpu": 4, "gpu": 3}, 1),
+    ]
+    assert inner(make()).optimal_value == 16
+
+
+@pytest.mark.parametrize(
+    ("submission", "evaluation", "error"),
+    [
+        ("task_2: 1", "score: 0.5 revise", 0.25),  # true fraction 4/16 = 0.25
+        ("task_2: 1", "score: 60%", 0.35),
+        ("task_1: 2", "score: 0.9 accept", 0.1),  # the optimum: true fraction 1
+        ("task_1: 2\ntask_2: 1", "score: 0.75", 0.75),  # invalid (cpu 10/7): true fraction 0
+    ],
+)
+def test_calibration_error_in_every_agents_infos(submission: str, evaluation: str, error: float) -> None:
+    env = make()
+    _, _, _, _, infos = env.step({"agent_1": "task_1: 0"})
+    assert "calibration_error" not in infos["agent_1"]  # no evaluation yet
+    env.step({"agent_2": submission})
+    _, r, _, _, infos = env.step({"agent_3": evaluation})
+    for a in env.possible_agents:  # the trainer reads episode metrics from the first agent's infos
+        assert infos[a]["calibration_error"] == pytest.approx(error)
+    assert r["agent_3"] == pytest.approx(0.5 * (1.0 - error))  # role weight x (1 - calibration error)
+    assert infos["agent_3"]["parse_error"] == ""
+
+
+def test_calibration_error_is_a_declared_metric() -> None:
+    env = make()
+    assert "calibration_error" in me.declared_metrics(env)
+    assert "calibration_error" in me.declared_metrics(make(scenario="private_allocation"))
+
+
+@pytest.mark.parametrize(
+    "evaluation", ["score: 1.5 accept", "score: 85 accept", "score: -0.1", "score: 120%"]
+)
+def test_score_outside_0_1_is_a_parse_error_not_clipped(evaluation: str) -> None:
+    env = make()
+    env.step({"agent_1": "task_1: 2"})
+    env.step({"agent_2": "task_1: 2"})  # the optimum: a clipped 1.5 would have been perfectly calibrated
+    obs, r, term, _, infos = env.step({"agent_3": evaluation})
+    assert r == {
+        "agent_1": 0.0,
+        "agent_2": 0.0,
+        "agent_3": pytest.approx(-0.25),
+    }  # parse penalty x role weight
+    assert "is outside 0..1" in infos["agent_3"]["parse_error"]
+    assert "is outside 0..1" in obs["agent_1"]  # feedback line in the transcript
+    assert "calibration_error" not in infos["agent_1"]
+    assert not any(term.values()) and env.agents  # an unreadable "accept" does not end the episode
+
+
+def test_calibration_error_keeps_the_latest_readable_score() -> None:
+    env = make()
+    env.step({"agent_1": "task_1: 0"})
+    env.step({"agent_2": "task_2: 1"})
+    env.step({"agent_3": "score: 0.5 revise"})
+    env.step({"agent_1": "task_1: 2"})
+    _, _, _, _, infos = env.step({"agent_2": "task_1: 2"})
+    assert infos["agent_1"]["calibration_error"] == pytest.approx(0.25)  # still the last evaluation's
+    _, _, _, _, infos = env.step({"agent_3": "score: 2"})
+    assert infos["agent_1"]["calibration_error"] == pytest.approx(0.25) and infos["agent_3"]["parse_error"]
+    env.step({"agent_1": "task_1: 2"})
+    env.step({"agent_2": "task_1: 2"})
+    _, _, _, _, infos = env.step({"agent_3": "score: 0.8 revise"})
+    assert infos["agent_1"]["calibration_error"] == pytest.approx(0.2)
+    env.reset(seed=11)
+    _, _, _, _, infos = env.step({"agent_1": "task_1: 0"})
+    assert "calibration_error" not in infos["agent_1"]  # a new episode starts without one
+
+
+def test_trainer_episode_runner_reports_calibration_error() -> None:
+    """The trainer's runner (services.trainer.episodes) puts the metric in the episode's metrics."""
+    from types import SimpleNamespace
+
+    from services.trainer.episodes import EpisodeRunner
+
+    replies = {"agent_1": "task_1: 2", "agent_2": "task_2: 1", "agent_3": "score: 0.5 revise"}
+
+    def generate(agent, chats):
+        return [
+            SimpleNamespace(
+                text=replies[agent],
+                prompt_token_ids=[1],
+                response_token_ids=[2],
+                response_logprobs=[-0.5],
+                policy_version=0,
+            )
+            for _ in chats
+        ]
+
+    agents = ["agent_1", "agent_2", "agent_3"]
+    runner = EpisodeRunner(
+        make_env=lambda seed: me.make(ENV, seed=seed, max_turns=3),
+        generate=generate,
+        comm_factory=None,
+        agents=agents,
+        roles=dict(zip(agents, ["planner", "executor", "evaluator"], strict=True)),
+        system_prompts=dict.fromkeys(agents, "You play."),
+        policy_version=lambda a: 0,
+    )
+    (result,) = runner.play([11])
+    assert result.metrics["calibration_error"] == pytest.approx(0.25)

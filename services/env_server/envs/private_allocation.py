@@ -1,0 +1,177 @@
+"""The ``collaborative_task_solving`` environment, scenario ``private_allocation``: no agent sees the whole problem.
+
+The problem generator, the exact optimum, the turn order, the rewards and the metrics are those of
+:mod:`services.env_server.envs.resource_allocation` (this env is a subclass); what differs is who observes what
+(and the easy level, below):
+
+* the leader (planner) observes the task list and each task's value per unit, but no resource, capacity, use of
+  a resource, unit bound or exclusive pair;
+* the executor observes the resources and their capacities, each task's use of them per unit, its unit bounds and
+  the exclusive pairs, but no value;
+* the evaluator observes only the task names;
+* every agent observes the transcript of the agents' messages (the last ``history_messages``), so the leader and
+  the executor can tell each other what they know.
+
+The environment's feedback on a submission is split the same way (in the transcript and in a
+``Latest submission:`` line that shows even with ``history_messages=0``): the evaluator gets the full line (total
+value, valid or the violated constraints, resource use), the executor the same without the total value, the
+leader only the total value.
+
+A leader message that holds no allocation at all (no ``task_N: amount`` line, no JSON object of amounts), such
+as ``task_1 value 7``, is a message: role term 0, no parse error. A leader message with an allocation is a plan
+and is scored as in ``resource_allocation``. The team needs both a leader and an executor.
+
+Difficulty levels (:data:`PRIVATE_DIFFICULTIES`): ``easy`` is one resource, five tasks that each use one unit of
+it and may get at most one unit, and a capacity ``k`` drawn uniformly from 1..4, so the optimum is the ``k``
+highest-value tasks: either agent finds it with the other's facts, while the best either can submit from its own
+facts alone completes about a third of the seeds (measured in the tests). ``medium`` and ``hard`` are
+``resource_allocation``'s levels of the same names (the same problem for the same seed).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from marti.errors import InvalidArgumentError
+from services.env_server.envs import allocation_problem as ap
+from services.env_server.envs import resource_allocation as ra
+
+#: Config keys of the scenario: those of ``resource_allocation`` (same rewards and completion rule).
+FIELDS = ra.FIELDS
+
+#: difficulty -> spec of the scenario's problems.
+PRIVATE_DIFFICULTIES: dict[str, ap.ProblemSpec] = {
+    "easy": ap.ProblemSpec(1, 5, 1, demand=(1, 1), capacity="random"),
+    "medium": ap.DIFFICULTIES["medium"],
+    "hard": ap.DIFFICULTIES["hard"],
+}
+
+LEADER_FORMAT = (
+    "the values, one line per task like 'task_1 value 7' (a line 'task_1: 7' is read as a plan of 7 units), or a "
+    "plan: " + ra.ALLOCATION_FORMAT
+)
+
+INSTRUCTIONS = {
+    "leader": "You are the LEADER (planner). Only you know the tasks' values; only the executor knows the "
+    "resources, what each task uses and the limits. Tell the executor the values, one line per task like "
+    "'task_1 value 7' (a line 'task_1: 7' would be read as a plan of 7 units). Once you know the limits you may "
+    "also propose a plan, " + ra.ALLOCATION_FORMAT + ".",
+    "executor": "You are the EXECUTOR. Only you know the resources, what each task uses and the limits; only "
+    "the leader knows the tasks' values and will tell you. Submit the allocation to carry out, "
+    + ra.ALLOCATION_FORMAT
+    + ". Aim for the highest total value that keeps every constraint.",
+    "evaluator": "You are the EVALUATOR. You see the environment's feedback on each submission; the leader "
+    "knows the tasks' values and the executor the limits, and they tell each other. Judge the executor's "
+    "latest allocation: write " + ra.EVALUATION_FORMAT + ", with one sentence of feedback.",
+}
+
+
+def private_feedback(problem: ap.Problem, actor: str, score: ap.Score) -> dict[str, str]:
+    """Split the environment's feedback on a readable submission by role.
+
+    Args:
+        problem: The instance.
+        actor: The agent that submitted.
+        score: The submission's :class:`~services.env_server.envs.allocation_problem.Score`.
+
+    Returns:
+        Role -> feedback: ``evaluator`` the full line of
+        :func:`~services.env_server.envs.resource_allocation.submission_feedback`; ``executor`` validity or the
+        violated constraints and resource use, without the total value; ``leader`` the total value only.
+    """
+    return {
+        "evaluator": ra.submission_feedback(problem, actor, score),
+        "executor": ra.submission_feedback(problem, actor, score, value=False),
+        "leader": f"{actor}'s allocation has total value {score.value}.",
+    }
+
+
+class PrivateAllocationEnv(ra.ResourceAllocationEnv):
+    """Leader/executor/evaluator team whose problem facts are split between them (see module docstring).
+
+    Args:
+        config: Validated config (common text-env keys plus :data:`FIELDS`).
+        seed: Seed of the first ``reset`` without a seed; ``None`` draws from the OS.
+
+    Raises:
+        InvalidArgumentError: The roles lack a leader or an executor (e.g. ``num_agents=1``), or any error of
+            :func:`~services.env_server.envs.resource_allocation.resolve_roles`.
+    """
+
+    metadata = {**ra.ResourceAllocationEnv.metadata, "name": "collaborative_task_solving/private_allocation"}
+    action_formats = {**ra.ACTION_FORMATS, "leader": LEADER_FORMAT}
+
+    def __init__(self, config: dict[str, Any], seed: int | None = None) -> None:
+        super().__init__(config, seed)
+        if "leader" not in self.role_of_list:
+            raise InvalidArgumentError(
+                f"private_allocation needs a leader and an executor, got roles {self.role_of_list} "
+                "(num_agents must be 2 or 3)"
+            )
+        self._variants: dict[int, dict[str, str]] = {}
+        self._latest_feedback: dict[str, str] = {}
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        """Draw a new problem and start the episode (see :meth:`ResourceAllocationEnv.reset`).
+
+        Args:
+            seed: Reseeds the problem generator; ``None`` continues the current stream.
+            options: Ignored (accepted for the PettingZoo API).
+
+        Returns:
+            ``(observations, infos)`` for every agent; each observation shows only that agent's facts.
+        """
+        self._variants = {}
+        self._latest_feedback = {}
+        return super().reset(seed=seed, options=options)
+
+    def _generate_problem(self, rng: random.Random) -> ap.Problem:
+        return ap.generate(rng, PRIVATE_DIFFICULTIES[self.config["difficulty"]])
+
+    def _plan(self, actor: str, text: str) -> tuple[float, bool]:
+        if ap.parse_allocation(text, self.problem.task_names).absent:
+            self.parse_error = ""
+            return 0.0, False
+        return super()._plan(actor, text)
+
+    def _execute(self, actor: str, text: str) -> tuple[float, bool]:
+        term, done = super()._execute(actor, text)
+        if self.last_score is None:  # unreadable: the parse-error line says nothing private
+            self._latest_feedback = dict.fromkeys(ra.ROLE_ORDER, self.transcript[-1][2])
+        return term, done
+
+    def _post_feedback(self, actor: str, score: ap.Score) -> None:
+        variants = private_feedback(self.problem, actor, score)
+        self.transcript.append(("environment", "feedback", variants["evaluator"]))
+        self._variants[len(self.transcript) - 1] = variants
+        self._latest_feedback = variants
+
+    def _instructions(self, agent: str) -> str:
+        return INSTRUCTIONS[self.role_of[agent]]
+
+    def _problem_lines(self, agent: str) -> list[str]:
+        if getattr(self, "_problem_text_for", None) is not self.problem:
+            self._problem_text_for = self.problem
+            self._problem_text_by_role = {
+                role: ra.describe_problem(
+                    self.problem, values=role == "leader", constraints=role == "executor"
+                )
+                for role in ra.ROLE_ORDER
+            }
+        return self._problem_text_by_role[self.role_of[agent]]
+
+    def _problem_doc(self, agent: str) -> dict:
+        role = self.role_of[agent]
+        return self.problem.to_dict(values=role == "leader", constraints=role == "executor")
+
+    def _visible_transcript(self, agent: str) -> list[tuple[str, str, str]]:
+        role = self.role_of[agent]
+        return [
+            (s, r, self._variants[i][role]) if i in self._variants else (s, r, t)
+            for i, (s, r, t) in enumerate(self.transcript)
+        ]
+
+    def _private_lines(self, agent: str) -> list[str]:
+        text = self._latest_feedback.get(self.role_of[agent])
+        return [f"Latest submission: {text}"] if text else []
