@@ -14,8 +14,21 @@ The broker, the relay and the receiving agent (draining concurrently with long p
 own process, as real agents do; the SDK senders run in the bench process. Throughput clocks stop when
 the receiver holds every message.
 
-Also a paced run: one sender at 100 msgs/s, unbatched (latency target p99 < 5 ms).
-Prints msgs/s, p50/p99 latency per call, bytes on the wire, compression ratio, and the ratios b/a, b/c.
+Also a paced run: one sender at 100 msgs/s, unbatched (``batching_size=1``), latency per call (target p99
+< 5 ms).
+
+(d) the SDK as a new user meets it, every setting at its default (batches of 128, a 1 ms linger):
+    ``defaults``: one ``MartiCommClient`` sends ``--defaults-messages`` (3,000) messages with ``send_message``,
+    then ``flush``; another (its own process) drains with ``get_messages(timeout_s=1)``; compared with the Ray
+    actor of (a) fed the same messages by one caller (``ray x1``, target >= 10x; its clock covers the sends
+    only, its drain is one call after), and with the 8-caller Ray run (a);
+    ``lone``: one default client sends one message every 10 ms (100 msgs/s, so each is alone in its batch and
+    goes out with the linger); latency is end-to-end, from ``send_message`` to the receiving process holding
+    it (from the message's ``sent_at``; target p99 < 5 ms); then the same with ``batching_size=1`` (no
+    linger: what the linger adds).
+
+Prints msgs/s, p50/p99 latency, bytes on the wire, compression ratio, the ratios b/a, b/c and defaults/ray x1,
+and the load average before and after; ``--json PATH`` also writes every number. ``--arms`` runs a subset.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import argparse
 import gc
 import json
 import multiprocessing
+import os
 import random
 import statistics
 import subprocess
@@ -79,6 +93,13 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))] if s else float("nan")
 
 
+def _timed(fn) -> float:
+    """Runs fn() in this thread; returns wall seconds."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def run_threads(n_threads: int, fn) -> float:
     """Runs fn(k) in n_threads threads; returns wall seconds."""
     threads = [threading.Thread(target=fn, args=(k,)) for k in range(n_threads)]
@@ -124,7 +145,7 @@ def bench_ray(messages: list[dict], callers: int) -> dict | None:
             local.append(time.perf_counter() - t)
         lat.extend(local)
 
-    wall = run_threads(callers, caller)
+    wall = run_threads(callers, caller) if callers > 1 else _timed(lambda: caller(0))
     got = ray.get(actor.get_messages.remote("agent_receiver"))
     ray.shutdown()
     assert len(got) == per * callers
@@ -277,13 +298,14 @@ def bench_broker_aio(address: str, messages: list[dict], senders: int, batch: in
 
 
 def bench_paced(address: str, messages: list[dict], rate: float, seconds: float) -> dict:
-    """One unbatched sender at ``rate`` msgs/s; latency per send_message."""
+    """One unbatched sender (``batching_size=1``: one Send per message) at ``rate`` msgs/s; latency per
+    send_message."""
     from marti.clients.broker import MartiCommClient
 
     n = int(rate * seconds)
     lat = []
     with (
-        MartiCommClient("paced", address, session="bench-paced") as c,
+        MartiCommClient("paced", address, session="bench-paced", batching_size=1) as c,
         MartiCommClient("agent_receiver", address, session="bench-paced") as r,
     ):
         r.get_messages()
@@ -300,6 +322,111 @@ def bench_paced(address: str, messages: list[dict], rate: float, seconds: float)
             lat.append(time.perf_counter() - t)
         wall = time.perf_counter() - start
     return {"n": n, "wall": wall, "lat": lat, "wire": None, "raw": None}
+
+
+# ---------------------------------------------------------------------------------------------- (d) defaults
+def _plain_receiver_process(address: str, session: str, expected: int, q) -> None:
+    """A receiving agent written as a new user would: a sync ``MartiCommClient`` with default settings that
+    calls ``get_messages(timeout_s=1)`` until it holds ``expected`` messages (or nothing came for 30 s).
+    Reports ``(time.monotonic(), received, delays)``: ``delays`` are ``time.time() - message.sent_at`` per
+    message, in arrival order (end-to-end: from ``send_message`` to this process holding it)."""
+    from marti.clients.broker import MartiCommClient
+
+    with MartiCommClient("agent_receiver", address, session=session) as receiver:
+        receiver.get_messages()
+        q.put("ready")
+        delays: list[float] = []
+        idle_since = time.monotonic()
+        while len(delays) < expected and time.monotonic() - idle_since < 30:
+            got = receiver.get_messages(timeout_s=1)
+            now = time.time()
+            if got:
+                delays += [now - m.sent_at for m in got]
+                idle_since = time.monotonic()
+        q.put((time.monotonic(), len(delays), delays))
+
+
+class _PlainReceiver(_Receiver):
+    """:func:`_plain_receiver_process` in its own process; :meth:`wait` also keeps the delays."""
+
+    def __init__(self, address: str, session: str, expected: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.q = ctx.Queue()
+        self.proc = ctx.Process(target=_plain_receiver_process, args=(address, session, expected, self.q))
+        self.proc.start()
+        if self.q.get(timeout=60) != "ready":
+            raise RuntimeError("receiver did not start")
+        self.expected = expected
+        self.delays: list[float] = []
+
+    def wait(self) -> float:
+        """Waits for the receiver; returns the time.monotonic() at which it held every message."""
+        done_at, received, self.delays = self.q.get(timeout=300)
+        self.proc.join(10)
+        assert received == self.expected, (received, self.expected)
+        return done_at
+
+
+def bench_defaults(address: str, messages: list[dict], session: str) -> dict:
+    """One default ``MartiCommClient`` sends every message with ``send_message``, then ``flush``; a default
+    client in another process drains them. The clock runs from the first send until the receiver holds every
+    message. Latency is per ``send_message`` call (a buffered message, or the one that filled a batch and sent
+    it)."""
+    from marti.clients.broker import MartiCommClient
+
+    receiver = _PlainReceiver(address, session, len(messages))
+    lat: list[float] = []
+    with MartiCommClient("agent_0", address, session=session) as c:
+        t0 = time.monotonic()
+        for m in messages:
+            t = time.perf_counter()
+            c.send_message("agent_receiver", m)
+            lat.append(time.perf_counter() - t)
+        c.flush()
+        wall = receiver.wait() - t0
+        stats = c.get_communication_stats()
+        batch, linger = c._core.batching_size, c._core.update_frequency_s
+    return {
+        "n": len(messages), "wall": wall, "lat": lat, "wire": stats.bytes_sent_wire, "raw": stats.bytes_sent_raw,
+        "batching_size": batch, "linger_s": linger,
+    }  # fmt: skip
+
+
+def bench_lone(
+    address: str, messages: list[dict], rate: float, seconds: float, warm: int = 20, **settings
+) -> dict:
+    """One default ``MartiCommClient`` (or one with ``settings``) sends a message every ``1 / rate`` s: each is
+    alone in its batch and goes out with the linger. Latency is end-to-end delivery (see
+    :func:`_plain_receiver_process`); the ``warm`` messages sent first (to warm the channels) are left out.
+    ``call_lat`` is per ``send_message``."""
+    from marti.clients.broker import MartiCommClient
+
+    n = int(rate * seconds)
+    session = f"bench-lone-{len(settings)}"
+    receiver = _PlainReceiver(address, session, warm + n)
+    call_lat = []
+    with MartiCommClient("lone", address, session=session, **settings) as c:
+        for m in messages[:warm]:
+            c.send_message("agent_receiver", m)
+            time.sleep(1 / rate)
+        start = time.perf_counter()
+        for i in range(n):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            t = time.perf_counter()
+            c.send_message("agent_receiver", messages[i % len(messages)])
+            call_lat.append(time.perf_counter() - t)
+        wall = time.perf_counter() - start
+        receiver.wait()
+    return {
+        "n": n,
+        "wall": wall,
+        "lat": receiver.delays[warm:],
+        "call_lat": call_lat,
+        "wire": None,
+        "raw": None,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- (c) bare
@@ -422,6 +549,43 @@ def batch_frames(messages: list[dict], batch: int) -> tuple[list[bytes], float]:
 
 
 # ---------------------------------------------------------------------------------------------- report
+#: Every arm, in the order they run and print: (key, table name, what a latency is).
+ARMS = (
+    ("a", "(a) Ray actor dict-of-lists, 8 callers", "message"),
+    ("a1", "(a) Ray actor dict-of-lists, 1 caller (ray x1)", "message"),
+    ("b1", "(b) broker SDK unbatched, 8 senders", "message"),
+    ("b_sync", "(b) broker sync SDK batched x{batch}, 8 threads", "batch of {batch}"),
+    ("b", "(b) broker aio SDK batched x{batch}, 8 tasks", "batch of {batch}"),
+    ("paced", "(b) broker SDK unbatched, paced 100 msgs/s", "message"),
+    ("defaults", "(d) defaults: 1 client send_message + flush, 1 get_messages", "send_message call"),
+    ("lone", "(d) defaults: lone messages, paced 100 msgs/s", "delivery, end to end"),
+    ("lone1", "(d) batching_size=1: lone messages, paced 100 msgs/s", "delivery, end to end"),
+    ("c", "(c) bare grpc.aio relay, same frames, 8 streams -> 1", "batch of {batch}"),
+)
+#: ``--arms`` names -> result keys.
+ARM_NAMES = {
+    "ray": ("a",), "ray1": ("a1",), "unbatched": ("b1",), "batched": ("b_sync", "b"), "paced": ("paced",),
+    "defaults": ("defaults",), "lone": ("lone", "lone1"), "bare": ("c",),
+}  # fmt: skip
+
+
+def summary(r: dict) -> dict:
+    """The numbers of one arm (what ``--json`` writes for it)."""
+    out = {
+        "messages": r["n"], "wall_s": r["wall"], "msgs_per_s": r["n"] / r["wall"],
+        "p50_ms": pct(r["lat"], 50) * 1e3, "p99_ms": pct(r["lat"], 99) * 1e3,
+        "wire_bytes": r.get("wire"), "raw_bytes": r.get("raw"),
+        "compression": r["raw"] / r["wire"] if r.get("wire") and r.get("raw") else None,
+    }  # fmt: skip
+    if r.get("call_lat"):
+        out["call_p50_ms"] = pct(r["call_lat"], 50) * 1e3
+        out["call_p99_ms"] = pct(r["call_lat"], 99) * 1e3
+    for k in ("batching_size", "linger_s"):
+        if k in r:
+            out[k] = r[k]
+    return out
+
+
 def row(name: str, r: dict, unit_lat: str = "call") -> str:
     """One table row: msgs/s, p50/p99 latency (ms) per call, wire MB, compression ratio."""
     rate = r["n"] / r["wall"]
@@ -433,84 +597,174 @@ def row(name: str, r: dict, unit_lat: str = "call") -> str:
     )
 
 
+def targets(results: dict) -> tuple[list[str], dict, list[str]]:
+    """The target lines to print, the numbers behind them, and the names of the targets missed (only those
+    whose arms ran)."""
+    rate = {k: v["n"] / v["wall"] for k, v in results.items() if v}
+    lines, numbers, missed = [], {}, []
+    best = max((k for k in ("b", "b_sync") if k in rate), key=lambda k: rate[k], default=None)
+    best_name = {"b": "aio SDK, 8 tasks", "b_sync": "sync SDK, 8 threads"}.get(best)
+    if best and "a" in rate:
+        ba = numbers["b/a"] = rate[best] / rate["a"]
+        lines.append(
+            f"b/a (batched broker, best of the two SDK runs: {best_name} / Ray actor): {ba:.1f}x   (target >= 20x)"
+        )
+        lines.append(
+            f"    (sync SDK: {rate['b_sync'] / rate['a']:.1f}x, aio SDK: {rate['b'] / rate['a']:.1f}x)"
+        )
+        missed += ["b/a"] if ba < 20 else []
+    if best and "c" in rate:
+        bc = numbers["b/c"] = rate[best] / rate["c"]
+        lines.append(
+            f"b/c (batched broker, {best_name} / bare relay): {bc:.2f}   (target >= 0.5, i.e. within 2x)"
+        )
+        missed += ["b/c"] if bc < 0.5 else []
+    if "paced" in results:
+        p99 = numbers["paced_p99_ms"] = pct(results["paced"]["lat"], 99) * 1e3
+        lines.append(f"unbatched p99 at 100 msgs/s: {p99:.2f} ms per call   (target < 5 ms)")
+        missed += ["p99"] if p99 >= 5 else []
+    if "b" in results:
+        cr = numbers["compression"] = results["b"]["raw"] / results["b"]["wire"]
+        lines.append(f"compression ratio on batches: {cr:.2f}   (target >= 2.5)")
+        missed += ["compression"] if cr < 2.5 else []
+    if "defaults" in rate:
+        if "a1" in rate:
+            d1 = numbers["defaults/ray1"] = rate["defaults"] / rate["a1"]
+            lines.append(
+                f"defaults/ray x1 (1 default client / Ray actor fed by 1 caller): {d1:.1f}x   (target >= 10x)"
+            )
+            missed += ["defaults/ray1"] if d1 < 10 else []
+        if "a" in rate:
+            d8 = numbers["defaults/ray8"] = rate["defaults"] / rate["a"]
+            lines.append(f"    (1 default client / Ray actor with 8 callers: {d8:.1f}x)")
+    if "lone" in results:
+        lp = numbers["lone_p99_ms"] = pct(results["lone"]["lat"], 99) * 1e3
+        lines.append(
+            f"default client, lone messages at 100 msgs/s: delivery p99 {lp:.2f} ms   (target < 5 ms)"
+        )
+        missed += ["lone p99"] if lp >= 5 else []
+    if "lone1" in results:
+        l1 = numbers["lone_unbatched_p99_ms"] = pct(results["lone1"]["lat"], 99) * 1e3
+        lines.append(f"    (the same with batching_size=1, no linger: delivery p99 {l1:.2f} ms)")
+    return lines, numbers, missed
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Runs every part and prints the table. Returns 0, or 1 if a target is missed (``--strict``)."""
+    """Runs the arms and prints the table. Returns 0, or 1 if a target is missed (``--strict``)."""
     p = argparse.ArgumentParser(prog="marti bench broker", description=__doc__.splitlines()[0])
     p.add_argument("--messages", type=int, default=16_000, help="messages per throughput run")
     p.add_argument("--ray-messages", type=int, default=4_000, help="messages for the Ray baseline")
     p.add_argument("--batch", type=int, default=100, help="messages per batch in the batched run")
     p.add_argument("--senders", type=int, default=8, help="concurrent senders / callers / streams")
-    p.add_argument("--paced-seconds", type=float, default=3.0, help="length of the 100 msgs/s run")
-    p.add_argument("--no-ray", action="store_true", help="skip the Ray baseline")
+    p.add_argument("--paced-seconds", type=float, default=3.0, help="length of the 100 msgs/s runs")
+    p.add_argument(
+        "--defaults-messages", type=int, default=3_000, help="messages of the defaults run and of ray x1"
+    )
+    p.add_argument(
+        "--arms",
+        default=",".join(ARM_NAMES),
+        help=f"comma-separated arms to run (default all: {','.join(ARM_NAMES)})",
+    )
+    p.add_argument("--no-ray", action="store_true", help="skip the Ray baselines")
     p.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
+    arms = {a.strip() for a in args.arms.split(",") if a.strip()}
+    if arms - set(ARM_NAMES):
+        p.error(f"unknown arms {sorted(arms - set(ARM_NAMES))}; choose from {','.join(ARM_NAMES)}")
+    if args.no_ray:
+        arms -= {"ray", "ray1"}
 
-    msgs = make_messages(args.messages)
+    msgs = make_messages(max(args.messages, args.defaults_messages))
     # The harness's own test data (tens of thousands of dicts) would otherwise be rescanned by every
     # full garbage collection during the timed runs; no real agent process holds such a pile.
     gc.collect()
     gc.freeze()
     size = statistics.mean(len(json.dumps(m)) for m in msgs[:200])
+    load_before = os.getloadavg()
     print(f"message size: {size:.0f} bytes of JSON; senders: {args.senders}; batch: {args.batch}")
+    print("load average before: " + " ".join(f"{x:.2f}" for x in load_before))
     results = {}
-    if not args.no_ray:
+    if "ray" in arms:
         print("(a) Ray actor baseline ...", flush=True)
         results["a"] = bench_ray(msgs[: args.ray_messages], args.senders)
-    proc, address = start_broker()
-    try:
-        print("(b) broker unbatched ...", flush=True)
-        results["b1"] = bench_broker(address, msgs[: args.messages // 4], args.senders, 1, "bench-unbatched")
-        print("(b) broker batched ...", flush=True)
-        results["b_sync"] = bench_broker(address, msgs, args.senders, args.batch, "bench-batched")
-        print("(b) broker batched, asyncio SDK ...", flush=True)
-        results["b"] = bench_broker_aio(address, msgs, args.senders, args.batch, "bench-batched-aio")
-        print("(b) paced 100 msgs/s unbatched ...", flush=True)
-        results["paced"] = bench_paced(address, msgs, 100.0, args.paced_seconds)
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    print("(c) bare grpc.aio stream ...", flush=True)
-    frames, ratio = batch_frames(msgs, args.batch)
-    results["c"] = bench_bare(frames, args.batch, args.senders)
-    results["c"]["raw"] = results["c"]["wire"] * ratio
+    if "ray1" in arms:
+        print("(a) Ray actor baseline, 1 caller ...", flush=True)
+        results["a1"] = bench_ray(msgs[: args.defaults_messages], 1)
+    if arms & {"unbatched", "batched", "paced", "defaults", "lone"}:
+        proc, address = start_broker()
+        try:
+            if "unbatched" in arms:
+                print("(b) broker unbatched ...", flush=True)
+                results["b1"] = bench_broker(
+                    address, msgs[: args.messages // 4], args.senders, 1, "bench-unbatched"
+                )
+            if "batched" in arms:
+                print("(b) broker batched ...", flush=True)
+                results["b_sync"] = bench_broker(
+                    address, msgs[: args.messages], args.senders, args.batch, "bench-batched"
+                )
+                print("(b) broker batched, asyncio SDK ...", flush=True)
+                results["b"] = bench_broker_aio(
+                    address, msgs[: args.messages], args.senders, args.batch, "bench-batched-aio"
+                )
+            if "paced" in arms:
+                print("(b) paced 100 msgs/s unbatched ...", flush=True)
+                results["paced"] = bench_paced(address, msgs, 100.0, args.paced_seconds)
+            if "defaults" in arms:
+                print("(d) defaults: 1 client, send_message + flush ...", flush=True)
+                results["defaults"] = bench_defaults(
+                    address, msgs[: args.defaults_messages], "bench-defaults"
+                )
+            if "lone" in arms:
+                print("(d) defaults: lone messages at 100 msgs/s ...", flush=True)
+                results["lone"] = bench_lone(address, msgs, 100.0, args.paced_seconds)
+                print("(d) batching_size=1: lone messages at 100 msgs/s ...", flush=True)
+                results["lone1"] = bench_lone(address, msgs, 100.0, args.paced_seconds, batching_size=1)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    if "bare" in arms:
+        print("(c) bare grpc.aio stream ...", flush=True)
+        frames, ratio = batch_frames(msgs[: args.messages], args.batch)
+        results["c"] = bench_bare(frames, args.batch, args.senders)
+        results["c"]["raw"] = results["c"]["wire"] * ratio
+    load_after = os.getloadavg()
 
     print()
     print("| run | msgs | msgs/s | p50 ms | p99 ms | latency per | wire MB | compression |")
     print("|---|---:|---:|---:|---:|---|---:|---:|")
-    if results.get("a"):
-        print(row("(a) Ray actor dict-of-lists, 8 callers", results["a"], "message"))
-    print(row("(b) broker SDK unbatched, 8 senders", results["b1"], "message"))
-    print(
-        row(
-            f"(b) broker sync SDK batched x{args.batch}, 8 threads",
-            results["b_sync"],
-            f"batch of {args.batch}",
-        )
-    )
-    print(row(f"(b) broker aio SDK batched x{args.batch}, 8 tasks", results["b"], f"batch of {args.batch}"))
-    print(row("(b) broker SDK unbatched, paced 100 msgs/s", results["paced"], "message"))
-    print(row("(c) bare grpc.aio relay, same frames, 8 streams -> 1", results["c"], f"batch of {args.batch}"))
-    rate = {k: v["n"] / v["wall"] for k, v in results.items() if v}
-    best = max(("b", "b_sync"), key=lambda k: rate[k])
-    best_name = {"b": "aio SDK, 8 tasks", "b_sync": "sync SDK, 8 threads"}[best]
-    print()
-    missed = []
-    if "a" in rate:
-        ba = rate[best] / rate["a"]
+    for key, name, unit in ARMS:
+        if results.get(key):
+            print(row(name.format(batch=args.batch), results[key], unit.format(batch=args.batch)))
+    if results.get("lone"):
+        lone = summary(results["lone"])
         print(
-            f"b/a (batched broker, best of the two SDK runs: {best_name} / Ray actor): {ba:.1f}x   (target >= 20x)"
+            f"\n(d) lone messages: send_message call p50 {lone['call_p50_ms']:.3f} ms, "
+            f"p99 {lone['call_p99_ms']:.3f} ms (it only buffers)"
         )
-        print(f"    (sync SDK: {rate['b_sync'] / rate['a']:.1f}x, aio SDK: {rate['b'] / rate['a']:.1f}x)")
-        if ba < 20:
-            missed.append("b/a")
-    bc = rate[best] / rate["c"]
-    print(f"b/c (batched broker, {best_name} / bare relay): {bc:.2f}   (target >= 0.5, i.e. within 2x)")
-    p99 = pct(results["paced"]["lat"], 99) * 1e3
-    print(f"unbatched p99 at 100 msgs/s: {p99:.2f} ms   (target < 5 ms)")
-    cr = results["b"]["raw"] / results["b"]["wire"]
-    print(f"compression ratio on batches: {cr:.2f}   (target >= 2.5)")
-    missed += [n for n, bad in (("b/c", bc < 0.5), ("p99", p99 >= 5), ("compression", cr < 2.5)) if bad]
+    if results.get("defaults"):
+        d = results["defaults"]
+        print(f"(d) default settings: batching_size={d['batching_size']}, update_frequency_s={d['linger_s']}")
+    lines, numbers, missed = targets(results)
+    print()
+    for line in lines:
+        print(line)
     print("targets missed: " + (", ".join(missed) if missed else "none"))
+    print("load average after: " + " ".join(f"{x:.2f}" for x in load_after))
+    if args.json:
+        out = {
+            "benchmark": "broker",
+            "message_bytes": size,
+            "args": vars(args),
+            "arms": {key: summary(results[key]) for key, _, _ in ARMS if results.get(key)},
+            "ratios": numbers,
+            "targets_missed": missed,
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in load_after],
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 1 if missed and args.strict else 0
 
 

@@ -12,7 +12,7 @@ arm goes first alternates) so that load on the machine affects both alike:
 
 * ``per-episode`` (the baseline, what the trainer did before it kept channels): every env session and every
   comm client dials a channel of its own (``marti.make(..., address=...)`` and ``MartiCommClient(...)`` without
-  ``channel=``), comm clients use the SDK's default batching (each message is its own Send), and the envs,
+  ``channel=``), comm clients send each message as its own Send (``batching_size=1``, the SDK's default then), and the envs,
   each alone on its channel, are stepped one by one (:func:`marti.envs.step_many` falls back to ``env.step``).
 * ``shared`` (the trainer now): the loop as is, i.e. two long-lived channels (env server, broker), buffered
   comm sends (one Send per reply), and one ``BatchStep`` per turn for the envs that share the env channel.
@@ -78,7 +78,7 @@ class FakeRuntime:
 
 class PerEpisodeLoop(TrainingLoop):
     """The loop as it was before long-lived channels: a channel per env session and per comm client, the comm
-    client's default batching (every message sent at once), and, since no two envs share a channel, envs
+    client sending every message at once (``batching_size=1``), and, since no two envs share a channel, envs
     stepped one by one by :func:`marti.envs.step_many`."""
 
     def _env_for(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
@@ -89,7 +89,9 @@ class PerEpisodeLoop(TrainingLoop):
     def _comm(self, agent: str, session: str) -> Any:
         from marti.clients.broker import MartiCommClient
 
-        return MartiCommClient(agent, self.addr.broker, session=session, token=self.addr.token)
+        return MartiCommClient(
+            agent, self.addr.broker, session=session, token=self.addr.token, batching_size=1
+        )
 
 
 class Counters:

@@ -10,11 +10,15 @@ message ids it already handed out (a bounded memory of ``dedup_memory`` ids), so
 caller sees each message once. Acks are automatic by default: the ids returned by one ``get_messages``
 call are acked with the next call (piggybacked on the Receive request), or by ``flush()`` / ``close()``.
 
-Batching: ``batching_size`` messages (default 1: every ``send_message`` is one Send rpc), or
-``max_batch_bytes`` of payload, or ``update_frequency_s`` seconds after the first buffered message,
-whichever comes first, close a batch into one compressed frame. ``publish`` does not batch: it sends at
-once and returns a :class:`PublishResult` with the number of subscribers reached, because topic messages
-are not stored for later subscribers.
+Batching: ``send_message`` and ``broadcast`` buffer; ``batching_size`` messages (default 128), or
+``max_batch_bytes`` of payload (default 1 MiB), or ``update_frequency_s`` seconds after the first buffered
+message (the linger, default 0.001, like a Kafka producer's ``linger.ms``), or ``flush()``, ``close()``,
+``get_messages``, ``publish`` or ``broadcast_state``, whichever comes first, close a batch into one
+compressed frame. Another agent thus gets a lone message about 1 ms plus one Send rpc after ``send_message``;
+once ``flush()`` returns, the broker has every message sent before it. ``batching_size=1`` sends every
+message at once in its own Send rpc. ``publish`` does not batch: it sends at once and returns a
+:class:`PublishResult` with the number of subscribers reached, because topic messages are not stored for later
+subscribers.
 
 Nothing is dropped silently: a batch the broker refuses raises :class:`BatchRefusedError` (with the
 message ids) from the call that sent it, or, if the flush timer sent it, from the client's next call; it
@@ -29,7 +33,17 @@ from __future__ import annotations
 from marti.codec.broker import JSON, OCTET_STREAM, decode_payload, encode_payload
 
 from .async_client import AsyncMartiCommClient
-from .protocol import _IDEMPOTENT, IDEMPOTENT_METHODS, SERVICE_NAME, TRANSIENT_ERRORS, _Core, _state_entry
+from .protocol import (
+    _IDEMPOTENT,
+    DEFAULT_BATCHING_SIZE,
+    DEFAULT_LINGER_S,
+    DEFAULT_MAX_BATCH_BYTES,
+    IDEMPOTENT_METHODS,
+    SERVICE_NAME,
+    TRANSIENT_ERRORS,
+    _Core,
+    _state_entry,
+)
 from .sync_client import MartiCommClient, open_channel
 from .types import (
     AgentStateEntry,
@@ -42,6 +56,9 @@ from .types import (
 )
 
 __all__ = [
+    "DEFAULT_BATCHING_SIZE",
+    "DEFAULT_LINGER_S",
+    "DEFAULT_MAX_BATCH_BYTES",
     "IDEMPOTENT_METHODS",
     "JSON",
     "OCTET_STREAM",

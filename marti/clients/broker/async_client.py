@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
@@ -12,8 +13,10 @@ from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.rpc.calls import acall, aiterate
 
-from .protocol import _ClientBase, _publish_result, _state_entry
-from .types import AgentStateEntry, Message, PublishResult
+from .protocol import TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
+from .types import AgentStateEntry, BatchRefusedError, Message, PublishResult
+
+_LOG = logging.getLogger("marti.broker.client")
 
 
 class AsyncMartiCommClient(_ClientBase):
@@ -25,6 +28,11 @@ class AsyncMartiCommClient(_ClientBase):
     raises ``InvalidArgumentError`` here, before any rpc. Refused batches are reported exactly as by
     :class:`MartiCommClient`: the call that sent them raises :class:`BatchRefusedError`, or, for the flush
     timer's batches, the next call does.
+
+    Batching is that of :class:`MartiCommClient` (same defaults: batches of 128, a linger of 1 ms); the flush
+    timer is a task of the event loop, started by ``connect``. When the loop ends with messages still buffered
+    and the client not closed (``asyncio.run`` returns without ``close``), that task sends them before it ends;
+    a failure then is logged.
     """
 
     _AIO = True
@@ -32,6 +40,7 @@ class AsyncMartiCommClient(_ClientBase):
     def _open(self) -> None:
         """Nothing to send yet: :meth:`connect` joins the session from the event loop."""
         self._send_lock: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
         self._flusher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected = False
@@ -65,6 +74,7 @@ class AsyncMartiCommClient(_ClientBase):
                 old_loop.call_soon_threadsafe(old.cancel)
         self._loop = loop
         self._send_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
         if self._connected:
             self._start_flusher()
 
@@ -72,14 +82,50 @@ class AsyncMartiCommClient(_ClientBase):
         if self._flusher is None and self._wants_timer():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
+    def _kick(self) -> None:
+        """Wakes the flush timer task: the buffers are no longer empty (called in the client's loop)."""
+        if self._wake is not None:
+            self._wake.set()
+
     async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._core.update_frequency_s / 2)
-            if self._flush_due():
-                try:
-                    await self._flush(acks=False, background=True)
-                except Exception:  # transient: still buffered; refused: kept for the next call
-                    pass
+        """The flush timer task (see :meth:`MartiCommClient._flush_loop`): idle while nothing is buffered,
+        sends the buffers once their oldest message has waited ``update_frequency_s``. Cancelled by ``close``,
+        by the client's move to another loop, or by the end of its loop: in the last case, it first sends what
+        is still buffered."""
+        wake = self._wake
+        try:
+            while True:
+                wake.clear()
+                delay = self._core.flush_delay()
+                if delay is None:
+                    await wake.wait()
+                elif delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    try:
+                        await self._flush(acks=False, background=True)
+                    except TRANSIENT_ERRORS:
+                        await asyncio.sleep(max(self._core.update_frequency_s, TIMER_RETRY_S))
+                    except Exception:  # refused: kept for the next call (and passed to on_error)
+                        pass
+        except asyncio.CancelledError:
+            if not self._closed and self._flusher is asyncio.current_task() and self._core.has_buffered():
+                await self._flush_at_loop_end()
+            raise
+
+    async def _flush_at_loop_end(self) -> None:
+        """Sends the buffers when the loop ends without ``close``; logs (as an error) what it cannot send."""
+        try:
+            await self._flush(acks=False)
+        except BatchRefusedError as err:
+            _LOG.error("at the end of its event loop, broker client %r (session %r): %s", self.agent_id,
+                       self.session, err)  # fmt: skip
+        except Exception as exc:
+            ids = self._core.buffered_ids()
+            _LOG.error(
+                "at the end of its event loop, broker client %r (session %r) could not send %d buffered "
+                "message(s) (ids %s): %s", self.agent_id, self.session, len(ids), ", ".join(ids[:5]), exc,
+            )  # fmt: skip
 
     async def send_message(
         self,
@@ -115,6 +161,7 @@ class AsyncMartiCommClient(_ClientBase):
         env = self._topic_envelope(topic, message, content_type, ttl_s)
         async with self._send_lock:
             await self._flush_locked(background=False)
+            self._raise_refused()  # a timer flush that was in flight meanwhile
             item = [(env, time.perf_counter())]
             try:
                 resp = await self._send_batch(self._stub.Send, pb.SendRequest, item)
@@ -130,25 +177,35 @@ class AsyncMartiCommClient(_ClientBase):
         return env.message_id
 
     async def _enqueue(self, env: broker_pb2.Envelope, broadcast: bool) -> None:
+        """Buffers ``env``; sends the batch now if it is full, else starts the linger if it is the first."""
         await self.connect()
-        if self._core.buffer_add(env, broadcast):
+        full, first = self._core.buffer_add(env, broadcast)
+        if full:
             await self._flush(acks=False)
+        elif first:
+            self._kick()
 
     async def flush(self, acks: bool = True) -> None:
-        """Async :meth:`MartiCommClient.flush` (same errors)."""
+        """Async :meth:`MartiCommClient.flush` (same guarantee and errors)."""
         self._raise_refused()
         await self._flush(acks)
+        self._raise_refused()  # a timer flush that was in flight when this call began
 
     async def _flush(self, acks: bool, background: bool = False) -> None:
+        """Sends the buffers (the timer's ``background`` flush only if still due once it holds the send lock),
+        then, if ``acks``, the pending acks."""
         await self.connect()
         async with self._send_lock:
-            await self._flush_locked(background)
+            if not background or self._flush_due():
+                await self._flush_locked(background)
         if acks:
             ids = self._core.take_acks()
             if ids:
                 await self.ack(ids)
 
     async def _flush_locked(self, background: bool) -> None:
+        """Sends the buffers (the caller holds the send lock); a cancelled send puts its batch back (the broker
+        may have it: a retry reuses the ids, so it is delivered once)."""
         unicast, bcast = self._core.take_buffers()
         try:
             if unicast:
@@ -157,6 +214,10 @@ class AsyncMartiCommClient(_ClientBase):
             if bcast:
                 await self._send_batch(self._stub.Broadcast, pb.BroadcastRequest, bcast)
                 bcast = []
+        except asyncio.CancelledError:
+            self._core.restore_buffers(unicast, bcast)
+            self._kick()
+            raise
         except Exception as exc:
             raise self._failed(exc, unicast, bcast, background) from None
 
@@ -170,6 +231,7 @@ class AsyncMartiCommClient(_ClientBase):
         """Async :meth:`MartiCommClient.get_messages` (same errors)."""
         self._raise_refused()
         await self._flush(acks=False)
+        self._raise_refused()  # a timer flush that was in flight meanwhile
         req, acks = self._receive_request(max_messages, timeout_s)
         try:
             resp = await acall(self._stub.Receive, req, self.timeout_s + timeout_s)
@@ -199,10 +261,13 @@ class AsyncMartiCommClient(_ClientBase):
     async def broadcast_state(
         self, state: Any, *, content_type: str | None = None, expected_version: int | None = None
     ) -> int:
-        """Async :meth:`MartiCommClient.broadcast_state`."""
+        """Async :meth:`MartiCommClient.broadcast_state` (buffered messages are sent first, as there)."""
         self._raise_refused()
         await self.connect()
         req = self._put_state_request(state, content_type, expected_version)
+        async with self._send_lock:
+            await self._flush_locked(background=False)
+            self._raise_refused()  # a timer flush that was in flight meanwhile
         return (await acall(self._stub.PutState, req, self.timeout_s)).state.version
 
     async def get_agent_states(self, exclude_self: bool = True) -> dict[str, Any]:
@@ -225,12 +290,17 @@ class AsyncMartiCommClient(_ClientBase):
 
         Raises:
             BatchRefusedError: The final flush, or an earlier timer flush, was refused (closed anyway).
+            UnavailableError, DeadlineExceededError: The final flush failed transiently (closed anyway; a
+                note on the error lists the ids of the messages not sent).
         """
         if self._closed:
             return
         try:
             if self._connected:
                 await self._flush(acks=True)
+        except Exception as exc:
+            self._unsent_note(exc)
+            raise
         finally:
             self._closed = True
             if self._flusher is not None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import logging
+import multiprocessing
+import multiprocessing.util
 import os
 import threading
 import time
@@ -17,8 +21,10 @@ from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.rpc.calls import call, iterate
 from marti.rpc.channel import make_channel
 
-from .protocol import _IDEMPOTENT, _ClientBase, _publish_result, _state_entry
-from .types import AgentStateEntry, Message, PublishResult
+from .protocol import _IDEMPOTENT, TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
+from .types import AgentStateEntry, BatchRefusedError, Message, PublishResult
+
+_LOG = logging.getLogger("marti.broker.client")
 
 #: Live sync clients, re-made for the child by :func:`_after_fork_in_child` when the process forks.
 _LIVE: weakref.WeakSet[MartiCommClient] = weakref.WeakSet()
@@ -35,6 +41,26 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _flush_at_exit() -> None:
+    """Sends what every live, unclosed :class:`MartiCommClient` still buffers when the process exits (see
+    :meth:`MartiCommClient._flush_on_exit`)."""
+    for client in list(_LIVE):
+        client._flush_on_exit()
+
+
+def _arm_exit_flush_in_child(_: object) -> None:
+    """In a ``multiprocessing`` child (fork or forkserver, which end with ``os._exit`` and so skip ``atexit``):
+    run :func:`_flush_at_exit` among the child's exit finalizers."""
+    multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=100)
+
+
+# atexit runs last-registered first: this runs before grpc's own exit handlers (grpc is imported above).
+atexit.register(_flush_at_exit)
+multiprocessing.util.register_after_fork(_flush_at_exit, _arm_exit_flush_in_child)
+if multiprocessing.parent_process() is not None:  # first imported in a multiprocessing child, after its fork
+    _arm_exit_flush_in_child(None)
 
 
 def open_channel(
@@ -77,10 +103,11 @@ class MartiCommClient(_ClientBase):
             ``MARTI_TOKEN`` (as the broker itself does); ``""`` sends none.
         topics: Topics this agent subscribes to. The subscription starts with its first ``get_messages`` or
             ``subscribe`` call: a message published before then does not reach it (``publish`` counts 0).
-        batching_size: Messages per batch (1 = send immediately).
-        max_batch_bytes: Payload bytes that close a batch early.
-        update_frequency_s: Longest time a buffered message waits before its batch is sent (seconds);
-            0 disables the timer (batches then go out by count, bytes or ``flush()``).
+        batching_size: Messages per batch (default 128; 1 = send immediately, one Send rpc per message).
+        max_batch_bytes: Payload bytes that close a batch early (default 1 MiB).
+        update_frequency_s: The linger: longest time a buffered message waits before its batch is sent
+            (seconds; default 0.001, like a Kafka producer's ``linger.ms``); 0 disables the timer (batches
+            then go out by count, bytes or ``flush()``). Unused when ``batching_size`` is 1.
         compression_level: zstd level of sent frames, 1..22.
         auto_ack: Ack delivered messages automatically (with the next call, ``flush`` or ``close``).
         use_dictionary: Compress with the session's trained zstd dictionary, if it has one.
@@ -94,6 +121,16 @@ class MartiCommClient(_ClientBase):
         on_error: Called with the :class:`BatchRefusedError` of every batch the broker refuses, in the
             thread that sent it (the flush timer's thread for timer flushes); exceptions it raises are
             logged and ignored.
+
+    Batching: ``send_message`` and ``broadcast`` buffer the message and return; the batch is sent when it is
+    full (``batching_size`` messages or ``max_batch_bytes``; that call sends it and waits for the broker), when
+    its oldest message has waited ``update_frequency_s`` (the linger; the flush timer, a thread started with
+    the first buffered message and asleep while nothing is buffered, sends it), on ``flush()``, before
+    ``publish``, ``broadcast_state`` and ``get_messages``, and on ``close()``. So another agent gets a lone
+    message about ``update_frequency_s`` (1 ms by default) plus one Send rpc after ``send_message`` (later when
+    the process is busy: the timer thread needs the GIL), and once ``flush()`` returns the broker has every
+    message sent before it. A client never closed still sends what it buffers when the process exits
+    (``atexit``, and the exit of a ``multiprocessing`` child); a failure then is logged.
 
     Refused batches: a batch the broker refuses (a limit, bad input, an unknown receiver in a fixed roster,
     permissions) is dropped, never retried, and always reported: the call that sent it raises a
@@ -120,21 +157,22 @@ class MartiCommClient(_ClientBase):
     """
 
     def _open(self) -> None:
-        """Joins the session (CreateSession) and starts the flush timer's thread if batching has a period."""
+        """Joins the session (CreateSession); the flush timer's thread starts with the first buffered message."""
         self._pid = self._channel_pid = os.getpid()
         self._send_lock = threading.Lock()
         self._timer_lock = threading.Lock()
         self._closed = threading.Event()
+        self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._timed = self._wants_timer()
         self._joined(
             call(self._stub.CreateSession, pb.CreateSessionRequest(session=self.session), self.timeout_s)
         )
-        self._start_timer()
         _LIVE.add(self)
 
     def _start_timer(self) -> None:
-        """Starts this process's flush timer thread if batching has a period and it is not running yet."""
-        if not self._wants_timer():
+        """Starts this process's flush timer thread if batching has a linger and it is not running yet."""
+        if not self._timed:
             return
         with self._timer_lock:
             if self._flusher is not None or self._closed.is_set():
@@ -153,15 +191,38 @@ class MartiCommClient(_ClientBase):
         closed, self._closed = self._closed.is_set(), threading.Event()
         if closed:
             self._closed.set()
+        self._wake = threading.Event()
         self._flusher = None
         self._core.after_fork()
 
+    def _kick(self) -> None:
+        """Wakes the flush timer (starting its thread if this process has none yet): the buffers are no longer
+        empty."""
+        if not self._timed:
+            return
+        if self._flusher is None:
+            self._start_timer()
+        self._wake.set()
+
     def _flush_loop(self) -> None:
-        while not self._closed.wait(self._core.update_frequency_s / 2):
-            if self._flush_due():
+        """The flush timer: sleeps while nothing is buffered (no wake-ups), and sends the buffers once their
+        oldest message has waited ``update_frequency_s``, unless a full batch, ``flush()`` or another call sent
+        them first. A batch that failed transiently is retried after at least :data:`TIMER_RETRY_S`; a refused
+        one is dropped and kept for the client's next call to raise."""
+        closed, wake = self._closed, self._wake
+        while not closed.is_set():
+            wake.clear()
+            delay = self._core.flush_delay()
+            if delay is None:
+                wake.wait()
+            elif delay > 0:
+                closed.wait(delay)
+            else:
                 try:
                     self._flush(acks=False, background=True)
-                except Exception:  # transient: still buffered; refused: kept for the next call
+                except TRANSIENT_ERRORS:
+                    closed.wait(max(self._core.update_frequency_s, TIMER_RETRY_S))
+                except Exception:  # refused: kept for the next call (and passed to on_error)
                     pass
 
     # ------------------------------------------------------------------ sending
@@ -233,6 +294,7 @@ class MartiCommClient(_ClientBase):
         env = self._topic_envelope(topic, message, content_type, ttl_s)
         with self._send_lock:
             self._flush_locked(background=False)
+            self._raise_refused()  # a timer flush that was in flight meanwhile
             item = [(env, time.perf_counter())]
             try:
                 resp = self._send_batch(self._stub.Send, pb.SendRequest, item)
@@ -252,28 +314,38 @@ class MartiCommClient(_ClientBase):
         return env.message_id
 
     def _enqueue(self, env: broker_pb2.Envelope, broadcast: bool) -> None:
+        """Buffers ``env``; sends the batch now if it is full, else starts the linger if it is the first."""
         if self._pid != os.getpid():  # forked without the at-fork hook (os.fork from C code)
             self._after_fork()
-        if self._flusher is None:
-            self._start_timer()
-        if self._core.buffer_add(env, broadcast):
+        full, first = self._core.buffer_add(env, broadcast)
+        if full:
             self._flush(acks=False)
+        elif first or (self._flusher is None and self._timed):  # no timer yet here (e.g. in a forked child)
+            self._kick()
 
     def flush(self, acks: bool = True) -> None:
         """Sends every buffered message (and, if ``acks``, every pending auto-ack) now.
+
+        When it returns, the broker has accepted every message this client sent before the call: a batch the
+        flush timer was sending meanwhile is waited for, and its refusal raised here.
 
         Raises:
             UnavailableError, DeadlineExceededError: Transient; the batch stays buffered and the next flush
                 retries it (same message ids, so the broker's dedup delivers it once).
             BatchRefusedError: The broker refused a batch (limits, bad input): it is dropped and the error
-                lists its message ids; or a batch the flush timer sent earlier was refused.
+                lists its message ids; or a batch the flush timer sent earlier, or during this call, was
+                refused.
         """
         self._raise_refused()
         self._flush(acks)
+        self._raise_refused()  # a timer flush that was in flight when this call began
 
     def _flush(self, acks: bool, background: bool = False) -> None:
+        """Sends the buffers (the timer's ``background`` flush only if still due once it holds the send lock:
+        a full batch sent meanwhile leaves a newer buffer to linger), then, if ``acks``, the pending acks."""
         with self._send_lock:
-            self._flush_locked(background)
+            if not background or self._flush_due():
+                self._flush_locked(background)
         if acks:
             ids = self._core.take_acks()
             if ids:
@@ -315,6 +387,7 @@ class MartiCommClient(_ClientBase):
         """
         self._raise_refused()
         self._flush(acks=False)
+        self._raise_refused()  # a timer flush that was in flight meanwhile
         req, acks = self._receive_request(max_messages, timeout_s)
         try:
             resp = call(self._stub.Receive, req, self.timeout_s + timeout_s)
@@ -370,13 +443,22 @@ class MartiCommClient(_ClientBase):
         Returns:
             The new version.
 
+        Messages this client buffered before the call are sent first (as by ``flush``), so another agent that
+        sees the new state also finds them in its mailbox, as when every message was sent at once.
+
         Raises:
             AbortedError: The compare-and-set failed.
             ResourceExhaustedError: Over the broker's max_state_bytes.
-            BatchRefusedError: A batch the flush timer sent was refused (the state was not put).
+            BatchRefusedError: A batch the flush timer sent was refused, or the buffered messages sent first
+                were (the state was not put).
+            UnavailableError, DeadlineExceededError: Transient; if sending the buffered messages failed, they
+                stay buffered and the state was not put.
         """
         self._raise_refused()
         req = self._put_state_request(state, content_type, expected_version)
+        with self._send_lock:
+            self._flush_locked(background=False)
+            self._raise_refused()  # a timer flush that was in flight meanwhile
         return call(self._stub.PutState, req, self.timeout_s).state.version
 
     def get_agent_states(self, exclude_self: bool = True) -> dict[str, Any]:
@@ -415,13 +497,19 @@ class MartiCommClient(_ClientBase):
         Raises:
             BatchRefusedError: The final flush, or an earlier timer flush, was refused (the client is
                 closed anyway).
+            UnavailableError, DeadlineExceededError: The final flush failed transiently; the client is closed
+                anyway, and a note on the error lists the ids of the messages it did not send.
         """
         if self._closed.is_set():
             return
         try:
             self._flush(acks=True)
+        except Exception as exc:
+            self._unsent_note(exc)
+            raise
         finally:
             self._closed.set()
+            self._wake.set()
             if self._flusher is not None:
                 self._flusher.join(timeout=5)
             if self._own_channel:
@@ -430,6 +518,25 @@ class MartiCommClient(_ClientBase):
                 else:
                     _INHERITED_CHANNELS.append(self._channel)
         self._raise_refused()
+
+    def _flush_on_exit(self) -> None:
+        """At process exit, for a client never closed: sends its buffered messages, and logs (as errors) what
+        it could not send and the refusals no call has raised yet, since no later call will report them."""
+        if self._closed.is_set():
+            return
+        if self._core.has_buffered():
+            try:
+                self._flush(acks=False)
+            except BatchRefusedError as err:
+                _LOG.error("at exit, broker client %r (session %r): %s", self.agent_id, self.session, err)
+            except Exception as exc:
+                ids = self._core.buffered_ids()
+                _LOG.error(
+                    "at exit, broker client %r (session %r) could not send %d buffered message(s) (ids %s): %s",
+                    self.agent_id, self.session, len(ids), ", ".join(ids[:5]), exc,
+                )  # fmt: skip
+        while (err := self._core.take_refusal()) is not None:
+            _LOG.error("at exit, broker client %r (session %r): %s", self.agent_id, self.session, err)
 
     def __enter__(self) -> MartiCommClient:
         return self

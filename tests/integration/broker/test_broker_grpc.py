@@ -54,6 +54,7 @@ def test_send_get_unicode_empty_and_stats(address):
         a.send_message("агент_2 🤖", {"plan": "déjà vu ✓"})
         a.send_message("агент_2 🤖", b"", content_type="application/x-empty")
         a.send_message("агент_2 🤖", None)
+        a.flush()  # the three go out now in one batch (else after the 1 ms linger; test_broker_defaults.py)
         got = b.get_messages(timeout_s=2)
         assert [m.content for m in got] == [{"plan": "déjà vu ✓"}, b"", None]
         assert got[1].content_type == "application/x-empty"
@@ -117,11 +118,18 @@ def test_broadcast_topics_and_late_joiner_states(address):
 
 def test_limits_and_bad_input_are_typed(address):
     with MartiCommClient("a", address, session="ep-bad") as a:
+        a.send_message(
+            "b", b"x" * (64 * 1024 + 1)
+        )  # buffered (default batching): the broker refuses it on flush
+        with pytest.raises(ResourceExhaustedError, match="max_payload_bytes=65536"):
+            a.flush()
+        a.send_message("b", b"x" * (64 * 1024 - 200))  # under the limit (the envelope adds a few bytes)
+        a.flush()
+        with pytest.raises(InvalidArgumentError, match="JSON"):
+            a.send_message("b", {1, 2})  # refused by the client, before anything is buffered
+    with MartiCommClient("a1", address, session="ep-bad", batching_size=1) as a:  # unbatched: the send raises
         with pytest.raises(ResourceExhaustedError, match="max_payload_bytes=65536"):
             a.send_message("b", b"x" * (64 * 1024 + 1))
-        a.send_message("b", b"x" * (64 * 1024 - 200))  # under the limit (the envelope adds a few bytes)
-        with pytest.raises(InvalidArgumentError, match="JSON"):
-            a.send_message("b", {1, 2})
     with pytest.raises(InvalidArgumentError):
         MartiCommClient("", address)
 
@@ -189,8 +197,9 @@ def test_unknown_session_not_found_when_auto_create_off():
             pb.CreateSessionRequest(session="run", agents=["a", "b"], fixed_roster=True), timeout=5
         )
         with MartiCommClient("a", server.address, session="run") as a:
+            a.send_message("zed", "hi")
             with pytest.raises(NotFoundError, match="'zed'"):
-                a.send_message("zed", "hi")
+                a.flush()
         channel.close()
 
 
@@ -202,8 +211,10 @@ def test_slow_consumer_backpressure_and_wait_if_full(address):
         slow.get_messages()
         for i in range(50):  # max_mailbox_messages=50 on this server
             fast.send_message("slow", {"i": i})
+        fast.flush()  # the mailbox is full now
+        fast.send_message("slow", {"i": 50})
         with pytest.raises(ResourceExhaustedError, match="max_mailbox_messages=50"):
-            fast.send_message("slow", {"i": 50})
+            fast.flush()
         # a raw Send that waits for space: the consumer drains meanwhile, so it succeeds
         channel = make_channel(address)
         stub = pb_grpc.BrokerServiceStub(channel)
@@ -313,6 +324,7 @@ def test_dictionary_session_roundtrip():
         ):
             b.get_messages()
             a.send_message("b", realistic(1, "a"))
+            a.flush()  # sent (and counted in a's stats) before b reads it
             assert b.get_messages(timeout_s=1)[0].content == realistic(1, "a")
             assert a.get_communication_stats().compression_ratio > 2.0
         channel.close()
