@@ -1,4 +1,4 @@
-"""Bounded soak: 32 concurrent clients per service for ``MARTI_SOAK_S`` seconds (default 30; the recorded run in docs/reliability.md used 60), loopback only.
+"""Bounded soak: 32 concurrent clients per service for ``MARTI_SOAK_S`` seconds (default 15, to keep the suite short; the recorded run in docs/reliability.md used 60), loopback only.
 
 Each service runs as its own process. Recorded per service: calls, errors, p50/p99 latency, and the
 server's RSS at start, middle and end (``/proc/PID/status``). Pass criteria: no errors, and memory in the
@@ -32,7 +32,7 @@ from marti.clients.broker import MartiCommClient
 
 pytestmark = pytest.mark.slow
 
-DURATION_S = float(os.environ.get("MARTI_SOAK_S", "30"))
+DURATION_S = float(os.environ.get("MARTI_SOAK_S", "15"))
 CLIENTS = 32
 MAX_LATE_GROWTH_MB = 64.0
 
