@@ -12,9 +12,9 @@ Node service) can do the same.
 
 Usage::
 
-    python app.py --gateway http://127.0.0.1:8000/v1 --rounds 8 --episodes-per-round 16   # training episodes
+    python app.py --gateway http://127.0.0.1:8000/v1 --rounds 5 --episodes-per-round 32   # training episodes
     python app.py --gateway http://127.0.0.1:8000/v1 --evaluate                       # held-out, greedy
-    python app.py --gateway http://127.0.0.1:8000/v1 --evaluate --wait-version 8      # after 8 updates
+    python app.py --gateway http://127.0.0.1:8000/v1 --evaluate --wait-version 5      # after 5 updates
 
 Training plays ``--rounds`` rounds of ``--episodes-per-round`` episodes (the job's ``max_steps`` and
 ``external.episodes_per_step``), starting round ``r`` once the policies have version ``r - 1``, so the episodes
@@ -122,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gateway", required=True, help="the gateway's OpenAI base URL, http://HOST:PORT/v1")
     p.add_argument("--api-key", default=os.environ.get("MARTI_TOKEN") or "none")
-    p.add_argument("--rounds", type=int, default=8, help="rounds of training episodes (one per update)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of training episodes (one per update)")
     p.add_argument(
-        "--episodes-per-round", type=int, default=16, help="episodes per round (a multiple of --group-size)"
+        "--episodes-per-round", type=int, default=32, help="episodes per round (a multiple of --group-size)"
     )
-    p.add_argument("--group-size", type=int, default=4, help="episodes per question (a GRPO group)")
+    p.add_argument("--group-size", type=int, default=8, help="episodes per question (a GRPO group)")
     p.add_argument("--seed", type=int, default=0, help="which questions come first")
     p.add_argument("--evaluate", action="store_true", help="greedy, held-out questions, nothing recorded")
     p.add_argument(

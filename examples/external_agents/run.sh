@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train the openai-only team of app.py with one command.
 #
-#   examples/external_agents/run.sh                       # SmolLM2-135M, 8 updates of 16 episodes
+#   examples/external_agents/run.sh                       # SmolLM2-135M, 5 updates of 32 episodes
 #   examples/external_agents/run.sh --set max_steps=2     # extra arguments go to `marti train`
 #
 # 1. `marti train config.yaml` starts the job; its gateway serves alice's and bob's policies and writes
@@ -32,15 +32,16 @@ for _ in $(seq 1 600); do  # the gateway is up once the job's actors are
   sleep 1
 done
 [ -s "$RUN_DIR/gateway.json" ] || { echo "run.sh: no gateway after 600 s" >&2; exit 1; }
-read -r URL STEPS PER_STEP < <("$PYTHON" - "$RUN_DIR" <<'PY'
+read -r URL STEPS PER_STEP GROUP < <("$PYTHON" - "$RUN_DIR" <<'PY'
 import json, sys, yaml
 run = sys.argv[1]
 cfg = yaml.safe_load(open(f"{run}/config.yaml"))
-print(json.load(open(f"{run}/gateway.json"))["http"], cfg["max_steps"], cfg["external"]["episodes_per_step"])
+http = json.load(open(f"{run}/gateway.json"))["http"]
+print(http, cfg["max_steps"], cfg["external"]["episodes_per_step"], cfg["rollout"]["group_size"])
 PY
 )
 echo "untrained (held-out): $("$PYTHON" "$HERE/app.py" --gateway "$URL" --evaluate)"
-echo "training episodes:    $("$PYTHON" "$HERE/app.py" --gateway "$URL" --rounds "$STEPS" --episodes-per-round "$PER_STEP")"
+echo "training episodes:    $("$PYTHON" "$HERE/app.py" --gateway "$URL" --rounds "$STEPS" --episodes-per-round "$PER_STEP" --group-size "$GROUP")"
 echo "trained (held-out):   $("$PYTHON" "$HERE/app.py" --gateway "$URL" --evaluate --wait-version "$STEPS")"
 kill -TERM "$JOB"   # ends the linger; the job stops cleanly
 trap - EXIT
