@@ -18,7 +18,9 @@ SCENARIO_FIELDS = {
     "debate": {f.name for f in debate.FIELDS},
 }
 
-COLLABORATIVE_SCHEMA = ConfigSchema(COMMON_FIELDS + resource_allocation.FIELDS + debate.FIELDS)
+COLLABORATIVE_SCHEMA = ConfigSchema(
+    COMMON_FIELDS + resource_allocation.FIELDS + private_allocation.OWN_FIELDS + debate.FIELDS
+)
 
 
 def make_collaborative(config: dict[str, Any], seed: int | None) -> ParallelEnv:

@@ -21,6 +21,12 @@ A leader message that holds no allocation at all (no ``task_N: amount`` line, no
 as ``task_1 value 7``, is a message: role term 0, no parse error. A leader message with an allocation is a plan
 and is scored as in ``resource_allocation``. The team needs both a leader and an executor.
 
+Single-agent baselines (config key ``solo_view``, only with ``num_agents=1``): one agent, in the executor's seat,
+plays the same problems alone and submits; a valid submission ends the episode, as for ``resource_allocation``'s
+single agent. ``solo_view="executor"`` shows it the executor's part and feedback, ``"leader"`` the leader's part
+and feedback (it submits without seeing any limit), ``"all"`` both parts and the full feedback: what one agent of
+the team can do alone, against the same model with all the information.
+
 Difficulty levels (:data:`PRIVATE_DIFFICULTIES`): ``easy`` is one resource, five tasks that each use one unit of
 it and may get at most one unit, and a capacity ``k`` drawn uniformly from 1..4, so the optimum is the ``k``
 highest-value tasks: either agent finds it with the other's facts, while the best either can submit from its own
@@ -33,12 +39,29 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from marti.env_config import ConfigField
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
 from services.env_server.envs import resource_allocation as ra
 
-#: Config keys of the scenario: those of ``resource_allocation`` (same rewards and completion rule).
-FIELDS = ra.FIELDS
+#: What a single agent (``num_agents=1``) observes: the executor's part, the leader's part, or both.
+SOLO_VIEWS = ("executor", "leader", "all")
+
+#: Config keys only this scenario has.
+OWN_FIELDS = (
+    ConfigField(
+        "solo_view",
+        "str",
+        None,
+        "private_allocation with num_agents=1: the one agent (who submits) sees the executor's part, the "
+        "leader's part, or all of the problem; null: a team",
+        choices=SOLO_VIEWS,
+    ),
+)
+
+#: Config keys of the scenario: those of ``resource_allocation`` (same rewards and completion rule) and
+#: :data:`OWN_FIELDS`.
+FIELDS = ra.FIELDS + OWN_FIELDS
 
 #: difficulty -> spec of the scenario's problems.
 PRIVATE_DIFFICULTIES: dict[str, ap.ProblemSpec] = {
@@ -64,6 +87,27 @@ INSTRUCTIONS = {
     "evaluator": "You are the EVALUATOR. You see the environment's feedback on each submission; the leader "
     "knows the tasks' values and the executor the limits, and they tell each other. Judge the executor's "
     "latest allocation: write " + ra.EVALUATION_FORMAT + ", with one sentence of feedback.",
+}
+
+#: solo_view -> the single agent's instructions.
+SOLO_INSTRUCTIONS = {
+    "executor": "You work alone. You know the resources, what each task uses and the limits, but not the "
+    "tasks' values. Submit an allocation, " + ra.ALLOCATION_FORMAT + ". Aim for the highest total value that "
+    "keeps every constraint.",
+    "leader": "You work alone. You know each task's value, but not the resources, what each task uses or the "
+    "limits. Submit an allocation, " + ra.ALLOCATION_FORMAT + ". Aim for the highest total value that keeps "
+    "every constraint.",
+    "all": "You work alone and see the whole problem. Submit an allocation, "
+    + ra.ALLOCATION_FORMAT
+    + ". Aim for the highest total value that keeps every constraint.",
+}
+
+#: An agent's view -> (shows the values, shows the constraints, which feedback of :func:`private_feedback`).
+VIEWS = {
+    "leader": (True, False, "leader"),
+    "executor": (False, True, "executor"),
+    "evaluator": (False, False, "evaluator"),
+    "all": (True, True, "evaluator"),
 }
 
 
@@ -95,7 +139,8 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
         seed: Seed of the first ``reset`` without a seed; ``None`` draws from the OS.
 
     Raises:
-        InvalidArgumentError: The roles lack a leader or an executor (e.g. ``num_agents=1``), or any error of
+        InvalidArgumentError: Without ``solo_view``, the roles lack a leader or an executor (e.g.
+            ``num_agents=1``); ``solo_view`` set with more than one agent; or any error of
             :func:`~services.env_server.envs.resource_allocation.resolve_roles`.
     """
 
@@ -104,11 +149,20 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
 
     def __init__(self, config: dict[str, Any], seed: int | None = None) -> None:
         super().__init__(config, seed)
-        if "leader" not in self.role_of_list:
+        solo = config.get("solo_view")
+        if solo is not None and len(self.role_of_list) != 1:
+            raise InvalidArgumentError(
+                f"solo_view={solo!r} needs num_agents=1 (one agent who sees that part and submits), got roles "
+                f"{self.role_of_list}; a team takes no solo_view"
+            )
+        if solo is None and "leader" not in self.role_of_list:
             raise InvalidArgumentError(
                 f"private_allocation needs a leader and an executor, got roles {self.role_of_list} "
-                "(num_agents must be 2 or 3)"
+                "(num_agents must be 2 or 3, or 1 with solo_view)"
             )
+        self.solo_view: str | None = solo
+        #: agent -> its view (a key of :data:`VIEWS`): its role in a team, ``solo_view`` alone.
+        self.view_of = {a: solo or r for a, r in self.role_of.items()}
         self._variants: dict[int, dict[str, str]] = {}
         self._latest_feedback: dict[str, str] = {}
 
@@ -148,30 +202,33 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
         self._latest_feedback = variants
 
     def _instructions(self, agent: str) -> str:
+        if self.solo_view is not None:
+            return SOLO_INSTRUCTIONS[self.solo_view]
         return INSTRUCTIONS[self.role_of[agent]]
 
     def _problem_lines(self, agent: str) -> list[str]:
         if getattr(self, "_problem_text_for", None) is not self.problem:
             self._problem_text_for = self.problem
-            self._problem_text_by_role = {
-                role: ra.describe_problem(
-                    self.problem, values=role == "leader", constraints=role == "executor"
-                )
-                for role in ra.ROLE_ORDER
-            }
-        return self._problem_text_by_role[self.role_of[agent]]
+            self._problem_text_by_view = {}
+        view = self.view_of[agent]
+        if view not in self._problem_text_by_view:
+            values, constraints, _ = VIEWS[view]
+            self._problem_text_by_view[view] = ra.describe_problem(
+                self.problem, values=values, constraints=constraints
+            )
+        return self._problem_text_by_view[view]
 
     def _problem_doc(self, agent: str) -> dict:
-        role = self.role_of[agent]
-        return self.problem.to_dict(values=role == "leader", constraints=role == "executor")
+        values, constraints, _ = VIEWS[self.view_of[agent]]
+        return self.problem.to_dict(values=values, constraints=constraints)
 
     def _visible_transcript(self, agent: str) -> list[tuple[str, str, str]]:
-        role = self.role_of[agent]
+        feedback = VIEWS[self.view_of[agent]][2]
         return [
-            (s, r, self._variants[i][role]) if i in self._variants else (s, r, t)
+            (s, r, self._variants[i][feedback]) if i in self._variants else (s, r, t)
             for i, (s, r, t) in enumerate(self.transcript)
         ]
 
     def _private_lines(self, agent: str) -> list[str]:
-        text = self._latest_feedback.get(self.role_of[agent])
+        text = self._latest_feedback.get(VIEWS[self.view_of[agent]][2])
         return [f"Latest submission: {text}"] if text else []

@@ -15,6 +15,7 @@ from pettingzoo.test import parallel_api_test
 import marti.envs as me
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
+from services.env_server.envs import resource_allocation as ra
 from services.env_server.envs.private_allocation import PRIVATE_DIFFICULTIES
 
 ENV = "collaborative_task_solving"
@@ -430,6 +431,156 @@ def test_example_config_validates_and_builds_the_env() -> None:
     assert env.env.config["history_messages"] == 0 and env.env.config["difficulty"] == "easy"
 
 
+# ---- single-agent baselines (solo_view) ----
+#: One agent's submissions for a whole episode (max_turns=len): unreadable or invalid on every problem (no task may
+#: get 99 units), so the episode runs to its last turn whatever the problem, and the feedback shows.
+SOLO_PLAY = ["task_1: 99", "hello", "\x00", "task_1: 99\ntask_2: 1", "score: 1 accept", "task_2: 1"]
+
+
+def make_solo(view: str, **cfg):
+    return make(num_agents=1, solo_view=view, **cfg)
+
+
+def test_solo_view_config() -> None:
+    unknown = {
+        "executor": "but not the tasks' values",
+        "leader": "but not the resources",
+        "all": "whole problem",
+    }
+    for view in ("executor", "leader", "all"):
+        env = make_solo(view, seed=0)
+        obs, infos = env.reset(seed=0)
+        assert env.possible_agents == ["agent_1"] and infos["agent_1"]["role"] == "executor"
+        assert infos["agent_1"]["action_format"] == ra.ALLOCATION_FORMAT
+        assert env.env.view_of == {"agent_1": view}
+        assert "You work alone" in obs["agent_1"] and unknown[view] in obs["agent_1"]
+    assert make(roles=["executor"], solo_view="leader").env.view_of == {"agent_1": "leader"}
+    for team in ({"num_agents": 2}, {"num_agents": 3}, {"roles": ["planner", "executor"]}):
+        with pytest.raises(InvalidArgumentError, match="solo_view='all' needs num_agents=1"):
+            make(solo_view="all", **team)
+    with pytest.raises(InvalidArgumentError, match="'solo_view' must be one of .*got 'both'"):
+        make_solo("both")
+    with pytest.raises(InvalidArgumentError, match="'solo_view' belongs to scenario 'private_allocation'"):
+        me.make(ENV, num_agents=1, solo_view="executor")
+    assert make().env.solo_view is None and make().env.view_of["agent_1"] == "leader"  # a team is unchanged
+
+
+def test_solo_agents_play_the_teams_problems() -> None:
+    for difficulty in DIFFICULTIES:
+        for seed in range(10):
+            team = make(difficulty=difficulty)
+            team.reset(seed=seed)
+            for view in ("executor", "leader", "all"):
+                solo = make_solo(view, difficulty=difficulty)
+                solo.reset(seed=seed)
+                assert (
+                    solo.env.problem == team.env.problem and solo.env.optimal_value == team.env.optimal_value
+                )
+
+
+@pytest.mark.parametrize("fmt", ["natural_language", "json"])
+@pytest.mark.parametrize("difficulty", DIFFICULTIES)
+def test_solo_observations_hold_only_that_view(difficulty: str, fmt: str) -> None:
+    """Over whole episodes on 30 seeds: the executor view's observations are the same whatever the values and
+    never show one, the leader view's the same whatever the capacities, uses, bounds and pairs and never name
+    one; the ``all`` view shows both and follows both."""
+    counts = {"executor": 0, "leader": 0, "all": 0}
+    for seed in range(30):
+        probe = make(seed=0, difficulty=difficulty)
+        probe.reset(seed=seed)
+        problem = probe.env.problem
+        twins = {}
+        for keep in ("values", "constraints"):
+            other_seed = seed + 1000
+            while True:
+                probe.reset(seed=other_seed)
+                twins[keep] = _twin(problem, probe.env.problem, keep)
+                if twins[keep] != problem:
+                    break
+                other_seed += 1000
+        for view in counts:
+            env = make_solo(
+                view, seed=0, difficulty=difficulty, observation_format=fmt, max_turns=len(SOLO_PLAY)
+            )
+
+            def play(p: ap.Problem, env=env, seed=seed) -> list[str]:
+                return [o["agent_1"] for o in episode_observations(env, seed, SOLO_PLAY, p)]
+
+            base, same_values, same_limits = play(problem), play(twins["values"]), play(twins["constraints"])
+            assert len(base) == len(SOLO_PLAY) + 1  # the episode ran to its last turn
+            assert "Latest submission:" in base[1]
+            if view == "executor":
+                assert base == same_limits
+                counts[view] += base != same_values
+                assert not any(VALUE_RE.search(o) for o in base) and LIMIT_RE.search(base[0])
+            elif view == "leader":
+                assert base == same_values
+                counts[view] += base != same_limits
+                assert not any(LIMIT_RE.search(o) for o in base) and VALUE_RE.search(base[0])
+            else:
+                counts[view] += base != same_values and base != same_limits
+                assert LIMIT_RE.search(base[0]) and VALUE_RE.search(base[0])
+            if fmt == "json":
+                doc = json.loads(base[0])["problem"]
+                keys = {"executor": {"resources", "tasks", "exclusive_pairs"}, "leader": {"tasks"}}
+                assert set(doc) == keys.get(view, {"resources", "tasks", "exclusive_pairs"})
+                assert ("value_per_unit" in doc["tasks"][0]) == (view != "executor")
+    assert counts == {"executor": 30, "leader": 30, "all": 30}  # each view follows the facts it shows
+
+
+def test_solo_feedback_is_the_views_share() -> None:
+    """The feedback on a submission: the executor view gets the executor's line, the leader view the leader's,
+    the all view the full one (seed 0, easy: capacity 3, values 7, 9, 5, 4, 3, as above)."""
+    lines = {
+        "executor": "agent_1's allocation is INVALID: cpu used 4, above its capacity 3; used cpu 4/3.",
+        "leader": "agent_1's allocation has total value 23.",
+        "all": "agent_1's allocation has total value 23; INVALID: cpu used 4, above its capacity 3; used cpu 4/3.",
+    }
+    for view, line in lines.items():
+        env = make_solo(view, seed=0)
+        env.reset(seed=0)
+        obs, r, term, trunc, infos = env.step({"agent_1": "task_1: 1\ntask_2: 1\ntask_4: 1\ntask_5: 1"})
+        assert f"Latest submission: {line}" in obs["agent_1"]
+        assert f"[environment (feedback)]: {line}" in obs["agent_1"]
+        assert not term["agent_1"] and infos["agent_1"]["constraint_violations"] == 1
+        _, r, term, _, infos = env.step({"agent_1": "task_1: 1\ntask_2: 1\ntask_3: 1"})  # the optimum
+        assert term["agent_1"] and infos["agent_1"]["task_completion"]  # a valid submission ends it
+        assert r["agent_1"] == pytest.approx(1.1 + 0.5)  # team score -0.1 -> 1, role term 1 (valid) x 0.5
+
+
+def _solo_submit(seed: int, view: str, alloc_for) -> bool:
+    env = make_solo(view, seed=seed, observation_format="json")
+    obs, _ = env.reset(seed=seed)
+    problem = json.loads(obs["agent_1"])["problem"]
+    _, _, _, _, infos = env.step({"agent_1": alloc_text(alloc_for(problem, problem))})
+    return infos["agent_1"]["task_completion"]
+
+
+def test_solo_views_reach_what_their_facts_allow_on_easy() -> None:
+    """The same figures as the split team's (test_information_of_both_agents_is_needed_on_easy): from its own
+    observation the all view finds the optimum on every seed, the executor and leader views only on 65/200."""
+    rates = {
+        view: sum(_solo_submit(seed, view, fn) for seed in range(N_SEEDS))
+        for view, fn in (("all", oracle), ("executor", executor_alone), ("leader", planner_alone))
+    }
+    assert rates == {"all": 200, "executor": 65, "leader": 65}
+
+
+@pytest.mark.parametrize("view", ["executor", "leader", "all"])
+def test_solo_seeded_episodes_repeat(view: str) -> None:
+    def run(seed):
+        env = make_solo(view, seed=seed, difficulty="medium", max_turns=len(SOLO_PLAY))
+        out = [env.reset()]
+        for text in SOLO_PLAY:
+            out.append(env.step({"agent_1": text}))
+        out.append(env.reset())
+        return out
+
+    assert run(4) == run(4)
+    assert run(4)[0] != run(5)[0]
+    assert run(4)[0] != run(4)[-1]
+
+
 # ---- PettingZoo API ----
 @pytest.mark.parametrize(
     "cfg",
@@ -437,6 +588,7 @@ def test_example_config_validates_and_builds_the_env() -> None:
         {},
         {"difficulty": "hard", "observation_format": "json", "reward_type": "sparse"},
         {"num_agents": 2, "difficulty": "medium"},
+        {"num_agents": 1, "solo_view": "executor", "difficulty": "medium"},
     ],
 )
 def test_pettingzoo_parallel_api(cfg: dict) -> None:
