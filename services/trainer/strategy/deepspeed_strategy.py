@@ -248,7 +248,17 @@ class DeepSpeedStrategy(Strategy):
         bf16 = resolve_bf16(cfg.bf16, device)
         optimizer = make_optimizer(plist, cfg)
         scheduler = make_scheduler(optimizer, cfg)
+        # With bf16 at ZeRO stage 0, DeepSpeed wraps the optimizer in FP16_UnfusedOptimizer, which steps it once
+        # with zero gradients inside initialize to create its state: that step would apply weight decay and
+        # leave Adam's step count at 1 (a first real update ~0.73x the size, bias corrections one step ahead).
+        # It runs at lr 0 here, and the state it made is dropped, so the first real update is Adam's first.
+        lrs = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
         engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config(cfg, bf16)
         )
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        optimizer.state.clear()
         return DeepSpeedTrainEngine(engine, cfg, bf16, self.zero_stage)
