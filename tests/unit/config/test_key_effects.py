@@ -11,14 +11,13 @@ for the models and services it would otherwise load or dial (no Ray, no gRPC, no
 - ``workflow.roles.N.system_prompt``: ``{capabilities}`` is filled with the agent's capabilities.
 
 The module also holds the callables the key walk names by import path (``workflow.next_speakers``, ``factory``,
-``reward_fn``, ``roles.N.prompt_builder`` / ``parser`` / ``scripted``); :data:`IMPORT_PATH` is its path.
+``reward_fn``, ``roles.N.prompt_builder`` / ``parser`` / ``scripted``; its ``HELPERS`` path).
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -26,9 +25,6 @@ from unittest import mock
 import pytest
 
 from marti.config import TrainConfig, config_from_dict
-
-#: ``load_callable`` spelling of this file (a ``.py`` path), for the import-path keys of the key walk.
-IMPORT_PATH = str(Path(__file__).resolve())
 
 BASE: dict[str, Any] = {
     "training_name": "t",
