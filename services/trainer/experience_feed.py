@@ -19,7 +19,10 @@ Bookkeeping that keeps "each trajectory trained on exactly once" across service 
 - a rollout replayed after an outage retracts the episodes its failed attempt had inserted (the learner drops
   them when it meets them), so a step trains only on the attempt that finished;
 - a group that lost members to the staleness bound is dropped whole: GRPO never sees a group shrunk by
-  staleness.
+  staleness;
+- an update whose ``count`` items end inside a group takes the rest of that group too (external episodes
+  without a ``group_size``, or a mixed step's built-in ones, shift where groups sit in the table), so a group
+  is never split across two updates; a group it cannot complete is dropped whole.
 
 Asynchronous rollouts (``rollout.max_staleness = k >= 1``): :class:`RolloutProducer` plays step ``t`` in a
 thread once the learner has finished update ``t - k`` (AReaL's staleness-aware rollout controller, Fu et al.
@@ -63,12 +66,15 @@ class Taken:
         trajectories: The items to train on, in table order.
         stale: Items the table removed as older than the agent's bound.
         dropped: Fresh items dropped with their group because a member was stale.
+        incomplete: Items dropped because their group lacked members the update could not take (nothing was
+            stale): a group cut by the end of the batch whose rest did not come, or the late rest of such a group.
         duplicates: Items dropped as re-inserted duplicates or retracted episodes.
     """
 
     trajectories: list[Trajectory] = field(default_factory=list)
     stale: int = 0
     dropped: int = 0
+    incomplete: int = 0
     duplicates: int = 0
 
 
@@ -183,7 +189,9 @@ class ExperienceFeed:
 
         Without ``deadline`` the items are read once the step's rollout is over: every item of the step is in,
         so a missing one is an error. With one (external episodes, which arrive whenever their clients report),
-        the table is polled until ``count`` items came or the deadline passed.
+        the table is polled until ``count`` items came or the deadline passed, and then the rest of any group
+        whose first members were taken is taken too (beyond ``count``), so no group is split across two
+        updates.
 
         Args:
             agent: A trainable agent.
@@ -235,8 +243,50 @@ class ExperienceFeed:
                 out.trajectories.append(item.trajectory)
             if deadline is not None and consumed < count:
                 self._check_wait(table, consumed, count, deadline, stop)
-        out.trajectories, out.dropped = whole_groups(out.trajectories, out.stale > 0)
+        if deadline is not None and out.stale == 0:  # external episodes: groups need not align with count
+            self._complete_groups(agent, table, out, current_version)
+        out.trajectories, dropped = whole_groups(out.trajectories)
+        if out.stale:
+            out.dropped = dropped
+        else:
+            out.incomplete = dropped
         return out
+
+    def _complete_groups(self, agent: str, table: str, out: Taken, current_version: int) -> None:
+        """Take the rest of every group whose first members :meth:`take` took, so no group is split across
+        two updates.
+
+        The ``count`` items of an update need not end on a group boundary: episodes of external clients
+        without a ``group_size``, or a mixed step's built-in episodes, shift where a group's members sit in the
+        table. A group's remaining members follow it (the gateway releases a group's members together, a
+        step inserts all of its episodes), so the update takes them too, beyond ``count``. It stops when the
+        table has nothing more within :data:`SAMPLE_POLL_S` or an item taken is stale (the group it belonged
+        to is then unknown); :func:`whole_groups` drops what is still incomplete. Run only for updates that take
+        external episodes (a ``deadline``): a built-in step inserts exactly its ``count`` items, whole groups,
+        so there the next items are the next step's. Not run when the table removed stale items this update:
+        their groups are unknown, so the missing members may never come.
+        """
+        while (missing := missing_members(out.trajectories)) > 0:
+            got = self._reconnecting(
+                lambda n=missing: self._sample(table, n, current_version), f"sampling {table!r}"
+            )
+            if got is None:
+                return
+            for eid in got.stale_episode_ids:
+                if eid in self._retracted or eid in self._seen[agent]:
+                    out.duplicates += 1
+                    continue
+                self._remember(agent, eid)
+                out.stale += 1
+            for item in got.items:
+                eid = item.trajectory.episode_id
+                if eid in self._retracted or eid in self._seen[agent]:
+                    out.duplicates += 1
+                    continue
+                self._remember(agent, eid)
+                out.trajectories.append(item.trajectory)
+            if out.stale:
+                return
 
     @staticmethod
     def _check_wait(
@@ -273,23 +323,33 @@ class ExperienceFeed:
             seen.popitem(last=False)
 
 
-def whole_groups(trajectories: list[Trajectory], some_removed: bool) -> tuple[list[Trajectory], int]:
-    """Drop every group that lost members, so group estimators never compare a shrunken group.
+def missing_members(trajectories: list[Trajectory]) -> int:
+    """How many members the groups of ``trajectories`` lack: per ``group_id`` whose items carry
+    ``metadata["group_size"]``, that size minus the members present (never negative), summed."""
+    members: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for t in trajectories:
+        if t.group_id and "group_size" in t.metadata:
+            members[t.group_id] = members.get(t.group_id, 0) + 1
+            sizes[t.group_id] = int(t.metadata["group_size"])
+    return sum(max(0, sizes[g] - n) for g, n in members.items())
+
+
+def whole_groups(trajectories: list[Trajectory]) -> tuple[list[Trajectory], int]:
+    """Drop every group that lacks members, so group estimators never compare a shrunken group.
 
     A trajectory's group is complete when as many trajectories share its ``group_id`` as its
-    ``metadata["group_size"]`` says (the trainer's own episodes carry it; items without it, or without a group,
-    are kept).
+    ``metadata["group_size"]`` says (the trainer's own episodes and the gateway's grouped episodes carry it;
+    items without it, or without a group, are kept). Members go missing when the table removed them as stale,
+    or when an update's batch ended inside a group that :meth:`ExperienceFeed.take` could not complete (the
+    next update then drops that group's late members the same way).
 
     Args:
         trajectories: One update's items.
-        some_removed: Whether any item of the batch was removed (stale); when False nothing can be missing
-            and the check is skipped.
 
     Returns:
         ``(kept, dropped)``: the items of complete groups in their order, and how many were dropped.
     """
-    if not some_removed:
-        return trajectories, 0
     members: dict[str, int] = {}
     for t in trajectories:
         members[t.group_id] = members.get(t.group_id, 0) + 1

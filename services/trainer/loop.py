@@ -553,7 +553,8 @@ class TrainingLoop:
         Returns:
             ``(batches, metrics)``: per agent its samples; metrics ``<agent>/version_lag`` (mean lag of the
             trained turns), ``<agent>/version_lag_max``, ``<agent>/stale_dropped`` (items not trained on because
-            they, or a member of their group, were older than the bound) and ``<agent>/items``; with external
+            they, or a member of their group, were older than the bound), ``<agent>/incomplete_dropped`` (items of
+            a group the update could not take whole, see :meth:`ExperienceFeed.take`) and ``<agent>/items``; with external
             episodes also ``<agent>/external_items`` and ``<agent>/external_reward`` (their mean return).
 
         Raises:
@@ -587,6 +588,7 @@ class TrainingLoop:
             metrics[f"{agent}/version_lag"] = sum(lags) / len(lags) if lags else 0.0
             metrics[f"{agent}/version_lag_max"] = float(max(lags, default=0))
             metrics[f"{agent}/stale_dropped"] = float(taken.stale + taken.dropped)
+            metrics[f"{agent}/incomplete_dropped"] = float(taken.incomplete)
             if external:
                 ext = [t for t in taken.trajectories if t.metadata.get("source") == "gateway"]
                 metrics[f"{agent}/external_items"] = float(len(ext))

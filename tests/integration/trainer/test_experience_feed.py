@@ -4,6 +4,7 @@ duplicates and retracted episodes dropped, and trajectories an external process 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,12 @@ from marti.rpc.testing import serve_in_thread
 from marti.trajectory import Trajectory, Turn
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
-from services.trainer.experience_feed import ExperienceFeed, table_name, whole_groups
+from services.trainer.experience_feed import (
+    ExperienceFeed,
+    missing_members,
+    table_name,
+    whole_groups,
+)
 from services.trainer.loop import Addresses, TrainingLoop
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -101,10 +107,39 @@ def test_a_new_attempt_of_the_job_drops_what_an_interrupted_one_left(address):
     assert [t.episode_id for t in again.take("agent_1", 1, 0).trajectories] == ["new"]
 
 
-def test_groups_are_checked_only_when_a_member_was_removed():
-    assert whole_groups([_traj("x", group="A", group_size=3)], some_removed=False)[1] == 0
-    assert whole_groups([_traj("x", group="A", group_size=3)], some_removed=True)[1] == 1
-    assert whole_groups([_traj("x", group="A")], some_removed=True)[1] == 0  # no size known: kept
+def test_groups_lacking_members_are_dropped_and_groups_without_a_size_kept():
+    assert whole_groups([_traj("x", group="A", group_size=3)])[1] == 1
+    assert whole_groups([_traj(f"x{i}", group="A", group_size=3) for i in range(3)])[1] == 0
+    assert whole_groups([_traj("x", group="A")])[1] == 0  # no size known: kept
+    assert missing_members([_traj("x", group="A", group_size=3), _traj("y", group="B", group_size=2)]) == 3
+
+
+def test_an_update_of_external_episodes_takes_a_group_whole_when_its_batch_ends_inside_it(address):
+    """Review finding: a lone episode (no group_size) before a group of 4 shifted the table, so an update of 4
+    items took the lone one and 3 of the group, and the group's last member went to the next update."""
+    feed, _ = _feed(address)
+    feed.insert_episode({"agent_1": _traj("lone", group="")}, external=True)
+    for i in range(4):
+        feed.insert_episode({"agent_1": _traj(f"g{i}", group="G", group_size=4)}, external=True)
+    for i in range(3):
+        feed.insert_episode({"agent_1": _traj(f"h{i}", group="H", group_size=3)}, external=True)
+    deadline = time.monotonic() + 10
+    first = feed.take("agent_1", 4, current_version=0, deadline=deadline)
+    assert [t.episode_id for t in first.trajectories] == ["lone", "g0", "g1", "g2", "g3"]
+    assert (first.incomplete, first.dropped) == (0, 0)
+    second = feed.take("agent_1", 3, current_version=0, deadline=deadline)
+    assert [t.episode_id for t in second.trajectories] == ["h0", "h1", "h2"]
+
+
+def test_a_group_whose_rest_never_comes_is_dropped_whole_not_trained_shrunk(address):
+    feed, _ = _feed(address)
+    for i in range(2):  # a group of 3 of which only 2 members ever reach the table
+        feed.insert_episode({"agent_1": _traj(f"g{i}", group="G", group_size=3)}, external=True)
+    feed.insert_episode({"agent_1": _traj("lone", group="")}, external=True)
+    taken = feed.take("agent_1", 2, current_version=0, deadline=time.monotonic() + 10)
+    # the update took the lone episode while looking for G's third member; G is dropped whole
+    assert [t.episode_id for t in taken.trajectories] == ["lone"]
+    assert (taken.incomplete, taken.stale, taken.dropped) == (2, 0, 0)
 
 
 def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(address, tmp_path):
