@@ -4,7 +4,13 @@ For resource_allocation and one PettingZoo classic game (tic-tac-toe with the te
 run: in-process with 1 session and with N sessions (stepped in a loop), and remote over loopback with 1 session
 (one Step per call on the bidi stream, and as a unary rpc) and with N sessions batched into one BatchStep per
 turn (``remote batched``), or into two half batches on two streams so that two batches are in flight
-(``remote batched/2``). The env server runs in its own process (``python -m services.env_server``), as in a deployment.
+(``remote batched/2``), or, with the asyncio client (:class:`~marti.clients.env.AsyncEnvClient`), into K
+batches of N/K sessions each kept in flight on one channel (``remote async/K``, K = 2 and 4; finished episodes
+are reset concurrently). Remote clients ask for delta results (the default); ``--no-deltas`` asks for full
+results. The env server runs in its own process (``python -m services.env_server``), as in a deployment.
+
+The N-session rows are measured in interleaved rounds (``--rounds``, default 4: every mode in turn, repeated),
+so that on a machine shared with other jobs they see the same load on average and their ratios stay fair.
 
 Printed per row: steps/s, p50 and p99 latency of one step call (for batched rows, of one batch call), and the
 throughput ratio remote / in-process for the same number of sessions. Targets (issue 4): batched remote at least
@@ -14,6 +20,7 @@ throughput ratio remote / in-process for the same number of sessions. Targets (i
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import subprocess
 import sys
@@ -26,7 +33,7 @@ from typing import Any
 import numpy as np
 
 import marti.envs as me
-from marti.clients.env import EnvClient, StepResult
+from marti.clients.env import AsyncEnvClient, EnvClient, StepResult
 
 RA_TEXTS = {
     "leader": "task_1: 1\ntask_2: 1\ntask_3: 0",
@@ -60,6 +67,30 @@ class Row:
     steps_per_s: float
     p50_ms: float
     p99_ms: float
+    client_cpu_us: float | None = None
+    server_cpu_us: float | None = None
+
+
+class _Cpu:
+    """CPU seconds used so far by this process (all its threads) and by the env server process (from
+    ``/proc/<pid>/stat``; ``None`` when its pid is unknown, e.g. with ``--address``, or off Linux)."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def server(self) -> float | None:
+        if self.server_pid is None:
+            return None
+        try:
+            with open(f"/proc/{self.server_pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+
+    def now(self) -> tuple[float, float | None]:
+        return time.process_time(), self.server()
 
 
 def _measure(num_steps: int, step_once: Callable[[], int]) -> tuple[float, list[float]]:
@@ -74,9 +105,23 @@ def _measure(num_steps: int, step_once: Callable[[], int]) -> tuple[float, list[
     return done / (time.perf_counter() - t0), lat
 
 
-def _row(env: str, mode: str, n: int, rate: float, lat: list[float]) -> Row:
+def _row(
+    env: str,
+    mode: str,
+    n: int,
+    rate: float,
+    lat: list[float],
+    cpu: tuple[float, float | None] | None = None,
+    steps: int = 0,
+) -> Row:
+    """A row; ``cpu`` is (client, server) CPU seconds spent on its ``steps`` steps."""
     a = np.asarray(lat) * 1e3
-    return Row(env, mode, n, rate, float(np.percentile(a, 50)), float(np.percentile(a, 99)))
+    row = Row(env, mode, n, rate, float(np.percentile(a, 50)), float(np.percentile(a, 99)))
+    if cpu is not None and steps:
+        row.client_cpu_us = cpu[0] / steps * 1e6
+        if mode != "in-process" and cpu[1] is not None:
+            row.server_cpu_us = cpu[1] / steps * 1e6
+    return row
 
 
 class _Local:
@@ -95,10 +140,10 @@ class _Local:
 
 
 class _Remote:
-    def __init__(self, name: str, n: int, address: str, transport: str) -> None:
+    def __init__(self, name: str, n: int, address: str, transport: str, deltas: bool = True) -> None:
         env_id, cfg = ENVS[name]
         self.name = name
-        self.client = EnvClient(address)
+        self.client = EnvClient(address, deltas=deltas)
         self.stream = self.client.stream()
         self.transport = transport
         self.sids = [self.stream.create_session(env_id, cfg, seed=i).session_id for i in range(n)]
@@ -153,64 +198,203 @@ def start_server() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("env server did not report 'listening on HOST:PORT'")
 
 
-def run(steps: int, sessions: int, address: str) -> list[Row]:
-    """Measure every row (see module docstring)."""
+def run(
+    steps: int,
+    sessions: int,
+    address: str,
+    deltas: bool = True,
+    envs: list[str] | None = None,
+    rounds: int = 4,
+    server_pid: int | None = None,
+) -> list[Row]:
+    """Measure every row (see module docstring) for ``envs`` (default: all of :data:`ENVS`).
+
+    The N-session rows are measured in ``rounds`` interleaved rounds (each round runs every mode for
+    ``4 * steps / rounds`` steps, in-process first), so that on a machine shared with other jobs every mode sees
+    the same load on average; each row reports all its rounds together, with the CPU time its steps cost in
+    this process and (given ``server_pid``) in the env server, per step: unlike throughput, that does not
+    depend on what else the machine runs.
+    """
+    meter = _Cpu(server_pid)
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     rows: list[Row] = []
-    for name in ENVS:
+    for name in envs or list(ENVS):
         local1 = _Local(name, 1)
         rows.append(_row(name, "in-process", 1, *_measure(steps, local1.step_all)))
-        local_n = _Local(name, sessions)
-        rows.append(_row(name, "in-process", sessions, *_measure(steps * 4, local_n.step_all)))
         for transport in ("stream", "unary"):
-            remote = _Remote(name, 1, address, transport)
+            remote = _Remote(name, 1, address, transport, deltas)
             rows.append(_row(name, f"remote {transport}", 1, *_measure(steps, remote.step_one)))
             remote.close()
-        remote_n = _Remote(name, sessions, address, "stream")
-        rows.append(_row(name, "remote batched", sessions, *_measure(steps * 4, remote_n.step_batch)))
-        remote_n.close()
-        rows.append(_row(name, "remote batched/2", sessions, *_pipelined(name, sessions, address, steps * 4)))
+        modes: dict[str, Any] = {
+            "in-process": _Sliced(_Local(name, sessions).step_all),
+            "remote batched": _Sliced(
+                (remote_n := _Remote(name, sessions, address, "stream", deltas)).step_batch
+            ),
+            "remote batched/2": _Pipelined(name, sessions, address, deltas),
+            "remote async/2": _AsyncInFlight(name, sessions, address, 2, deltas),
+            "remote async/4": _AsyncInFlight(name, sessions, address, 4, deltas),
+        }
+        totals = {m: [0, 0.0, [], 0.0, 0.0] for m in modes}
+        per_round = max(sessions, steps * 4 // rounds)
+        try:
+            for _ in range(rounds):
+                for mode, runner in modes.items():
+                    c0, s0 = meter.now()
+                    done, elapsed, lat = runner.measure(per_round)
+                    c1, s1 = meter.now()
+                    t = totals[mode]
+                    t[0] += done
+                    t[1] += elapsed
+                    t[2] += lat
+                    t[3] += c1 - c0
+                    t[4] = None if s0 is None or s1 is None or t[4] is None else t[4] + s1 - s0
+        finally:
+            remote_n.close()
+            for runner in modes.values():
+                runner.close()
+        for mode, (done, elapsed, lat, ccpu, scpu) in totals.items():
+            rows.append(_row(name, mode, sessions, done / elapsed, lat, (ccpu, scpu), done))
     return rows
 
 
-def _pipelined(name: str, sessions: int, address: str, num_steps: int) -> tuple[float, list[float]]:
+class _Sliced:
+    """A step function measured in slices: ``measure(n)`` returns (steps done, seconds, latencies)."""
+
+    def __init__(self, step_once: Callable[[], int]) -> None:
+        self.step_once = step_once
+
+    def measure(self, num_steps: int) -> tuple[int, float, list[float]]:
+        lat: list[float] = []
+        done = 0
+        t0 = time.perf_counter()
+        while done < num_steps:
+            t = time.perf_counter()
+            done += self.step_once()
+            lat.append(time.perf_counter() - t)
+        return done, time.perf_counter() - t0, lat
+
+    def close(self) -> None:
+        pass
+
+
+class _AsyncInFlight:
+    """``k`` batches of ``sessions / k`` sessions each, kept in flight on one ``grpc.aio`` channel (its own
+    event loop): each group steps its sessions with one ``BatchStep`` per turn and resets its finished
+    episodes concurrently."""
+
+    def __init__(self, name: str, sessions: int, address: str, k: int, deltas: bool) -> None:
+        self.name = name
+        self.loop = asyncio.new_event_loop()
+        self.groups = [list(range(sessions))[g::k] for g in range(k)]
+        env_id, cfg = ENVS[name]
+
+        async def setup() -> None:
+            self.client = AsyncEnvClient(address, deltas=deltas)
+            self.sids = [
+                (await self.client.create_session(env_id, cfg, seed=i)).session_id for i in range(sessions)
+            ]
+            self.state = list(
+                await asyncio.gather(*(self.client.reset(s, seed=i) for i, s in enumerate(self.sids)))
+            )
+
+        self.loop.run_until_complete(setup())
+
+    async def _run(self, num_steps: int) -> tuple[int, list[float]]:
+        client, sids, state, name = self.client, self.sids, self.state, self.name
+        lat: list[float] = []
+        done = [0]
+
+        async def worker(idx: list[int]) -> None:
+            while done[0] < num_steps:
+                ended = [i for i in idx if not state[i].agents]
+                resets = await asyncio.gather(*(client.reset(sids[i]) for i in ended))
+                for i, r in zip(ended, resets, strict=True):
+                    state[i] = r
+                t = time.perf_counter()
+                steps = [(sids[i], choose(name, state[i].acting_agents, state[i].infos)) for i in idx]
+                for i, r in zip(idx, await client.batch_step(steps), strict=True):
+                    if isinstance(r, Exception):
+                        raise r
+                    state[i] = r
+                lat.append(time.perf_counter() - t)
+                done[0] += len(idx)
+
+        await asyncio.gather(*(worker(g) for g in self.groups))
+        return done[0], lat
+
+    def measure(self, num_steps: int) -> tuple[int, float, list[float]]:
+        t0 = time.perf_counter()
+        done, lat = self.loop.run_until_complete(self._run(num_steps))
+        return done, time.perf_counter() - t0, lat
+
+    def close(self) -> None:
+        async def teardown() -> None:
+            await asyncio.gather(*(self.client.close_session(s) for s in self.sids))
+            await self.client.close()
+
+        self.loop.run_until_complete(teardown())
+        self.loop.close()
+
+
+class _Pipelined:
     """Two streams in two threads, each batching half of the sessions, so the server's work on one batch
     overlaps the client's decoding of the other (two batches in flight)."""
-    halves = [
-        _Remote(name, sessions // 2, address, "stream"),
-        _Remote(name, sessions - sessions // 2, address, "stream"),
-    ]
-    lat: list[list[float]] = [[], []]
-    counts = [0, 0]
 
-    def worker(i: int) -> None:
-        r = halves[i]
-        while counts[i] < num_steps // 2:
-            t = time.perf_counter()
-            counts[i] += r.step_batch()
-            lat[i].append(time.perf_counter() - t)
+    def __init__(self, name: str, sessions: int, address: str, deltas: bool = True) -> None:
+        self.halves = [
+            _Remote(name, sessions // 2, address, "stream", deltas),
+            _Remote(name, sessions - sessions // 2, address, "stream", deltas),
+        ]
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    rate = sum(counts) / (time.perf_counter() - t0)
-    for r in halves:
-        r.close()
-    return rate, lat[0] + lat[1]
+    def measure(self, num_steps: int) -> tuple[int, float, list[float]]:
+        lat: list[list[float]] = [[], []]
+        counts = [0, 0]
+
+        def worker(i: int) -> None:
+            r = self.halves[i]
+            while counts[i] < num_steps // 2:
+                t = time.perf_counter()
+                counts[i] += r.step_batch()
+                lat[i].append(time.perf_counter() - t)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(counts), time.perf_counter() - t0, lat[0] + lat[1]
+
+    def close(self) -> None:
+        for r in self.halves:
+            r.close()
 
 
 def table(rows: list[Row]) -> str:
-    """Format rows with the remote / in-process throughput ratio."""
-    base = {(r.env, r.sessions): r.steps_per_s for r in rows if r.mode == "in-process"}
+    """Format rows with the remote / in-process throughput ratio and, for N-session rows, the CPU per step.
+
+    ``cli us`` and ``srv us``: CPU microseconds per step in the benchmark process and in the env server.
+    ``cpu ratio``: in-process CPU per step over the larger of the two, i.e. the throughput ratio when client
+    and server each have a core of their own and overlap (batches in flight); load-independent.
+    """
+    base = {(r.env, r.sessions): r for r in rows if r.mode == "in-process"}
     out = [
-        f"{'env':<20} {'mode':<15} {'sessions':>8} {'steps/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'remote/in-proc':>14}"
+        f"{'env':<20} {'mode':<16} {'sessions':>8} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>9} "
+        f"{'remote/in-proc':>14} {'cli us':>7} {'srv us':>7} {'cpu ratio':>9}"
     ]
     for r in rows:
-        ratio = "" if r.mode == "in-process" else f"{r.steps_per_s / base[(r.env, r.sessions)]:.2f}"
+        b = base[(r.env, r.sessions)]
+        ratio = cpu_ratio = ""
+        if r.mode != "in-process":
+            ratio = f"{r.steps_per_s / b.steps_per_s:.2f}"
+            if b.client_cpu_us and r.client_cpu_us and r.server_cpu_us:
+                cpu_ratio = f"{b.client_cpu_us / max(r.client_cpu_us, r.server_cpu_us):.2f}"
+        cli = f"{r.client_cpu_us:.0f}" if r.client_cpu_us is not None else ""
+        srv = f"{r.server_cpu_us:.0f}" if r.server_cpu_us is not None else ""
         out.append(
-            f"{r.env:<20} {r.mode:<15} {r.sessions:>8} {r.steps_per_s:>10.0f} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} {ratio:>14}"
+            f"{r.env:<20} {r.mode:<16} {r.sessions:>8} {r.steps_per_s:>9.0f} {r.p50_ms:>8.3f} {r.p99_ms:>9.3f} "
+            f"{ratio:>14} {cli:>7} {srv:>7} {cpu_ratio:>9}"
         )
     return "\n".join(out)
 
@@ -221,13 +405,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2000, help="step calls per single-session row")
     parser.add_argument("--sessions", type=int, default=64, help="sessions in the batched rows")
     parser.add_argument("--address", default=None, help="use a running env server instead of starting one")
+    parser.add_argument(
+        "--no-deltas", dest="deltas", action="store_false", help="remote clients ask for full results"
+    )
+    parser.add_argument(
+        "--env", action="append", choices=list(ENVS), help="measure only this env (repeatable)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="interleaved rounds of the N-session rows (fair under load)"
+    )
     args = parser.parse_args(argv)
     proc = None
     address = args.address
     if address is None:
         proc, address = start_server()
     try:
-        rows = run(args.steps, args.sessions, address)
+        rows = run(
+            args.steps,
+            args.sessions,
+            address,
+            args.deltas,
+            args.env,
+            args.rounds,
+            server_pid=proc.pid if proc is not None else None,
+        )
     finally:
         if proc is not None:
             proc.terminate()

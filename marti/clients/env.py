@@ -20,11 +20,13 @@ shared by any number of clients and envs instead of one connection each; whoever
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
 import threading
-import uuid
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,7 @@ from pettingzoo import ParallelEnv
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
 from marti.codec.env import (
+    apply_text_edit,
     map_from_proto,
     map_to_proto,
     space_from_proto,
@@ -44,6 +47,7 @@ from marti.codec.env import (
 )
 from marti.errors import (
     FailedPreconditionError,
+    InternalError,
     InvalidArgumentError,
     MartiError,
     SessionLostError,
@@ -167,6 +171,7 @@ def _session_info(resp: pb.CreateSessionResponse) -> SessionInfo:
 
 
 def _result(resp: pb.StepResponse | pb.ResetResponse) -> StepResult:
+    """Decode a full (non-delta) result."""
     obs, rew, term, trunc = {}, {}, {}, {}
     shared = json.loads(resp.infos_json) if resp.infos_json else None
     infos = {}
@@ -178,6 +183,190 @@ def _result(resp: pb.StepResponse | pb.ResetResponse) -> StepResult:
         trunc[agent] = r.truncated
         infos[agent] = shared[agent] if shared is not None else map_from_proto(r.info)
     return StepResult(obs, rew, term, trunc, infos, list(resp.agents), list(resp.acting_agents))
+
+
+#: Sessions whose latest result a :class:`DeltaCache` keeps (least recently used dropped first); a session
+#: dropped from the cache gets its next step in full.
+DELTA_CACHE_SESSIONS = 4096
+
+
+@dataclass(frozen=True)
+class HeldResult:
+    """The latest result of a session a client holds: the base of the session's next delta result.
+
+    Args:
+        result_id: The server's id of the result (``StepResponse.result_id``).
+        observations: Agent -> observation (the cache's own dict).
+        infos: Agent -> info (the cache's own copies).
+    """
+
+    result_id: int
+    observations: dict[str, Any]
+    infos: dict[str, dict[str, Any]]
+
+
+class DeltaCache:
+    """Per session, the latest result a client decoded, so that its next step may come back as a delta
+    (``StepRequest.delta_base``): text observations as edits of the held ones, infos as their changed keys.
+
+    Every client and stream on one channel shares one cache (:func:`delta_cache`); session ids are the
+    server's, unique across its clients. Thread-safe. Decoding is exact: a delta result decodes to the same
+    observations and infos (key order included) the full result would.
+
+    Args:
+        max_sessions: Sessions kept (least recently used dropped first), at least 1.
+
+    Raises:
+        InvalidArgumentError: ``max_sessions < 1``.
+    """
+
+    def __init__(self, max_sessions: int = DELTA_CACHE_SESSIONS) -> None:
+        if max_sessions < 1:
+            raise InvalidArgumentError(f"max_sessions must be >= 1, got {max_sessions}")
+        self.max_sessions = max_sessions
+        self._held: OrderedDict[str, HeldResult] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def get(self, session_id: str) -> HeldResult | None:
+        """The session's held result (marked recently used), or ``None``."""
+        with self._lock:
+            held = self._held.get(session_id)
+            if held is not None:
+                self._held.move_to_end(session_id)
+            return held
+
+    def drop(self, session_id: str) -> None:
+        """Forget a session (closed or lost)."""
+        with self._lock:
+            self._held.pop(session_id, None)
+
+    def _keep(self, session_id: str, held: HeldResult) -> None:
+        with self._lock:
+            now = self._held.get(session_id)
+            if now is not None and now.result_id >= held.result_id:
+                return  # a newer result arrived first (two threads stepping one session)
+            self._held[session_id] = held
+            self._held.move_to_end(session_id)
+            while len(self._held) > self.max_sessions:
+                self._held.popitem(last=False)
+
+    def decode(
+        self, session_id: str, resp: pb.StepResponse | pb.ResetResponse, held: HeldResult | None
+    ) -> StepResult:
+        """Decode a reset or step result of ``session_id`` and keep it as the session's next base.
+
+        Args:
+            session_id: The session.
+            resp: The response.
+            held: What :meth:`get` returned when the request was made (the base its ``delta_base`` named).
+
+        Returns:
+            The decoded result (its dicts are the caller's own).
+
+        Raises:
+            InternalError: A delta against a result other than ``held``, or an edit that does not fit its
+                base (the server broke the protocol; ids and lengths named).
+        """
+        base_id = resp.delta_base if isinstance(resp, pb.StepResponse) else 0
+        if base_id and (held is None or held.result_id != base_id):
+            raise InternalError(
+                f"env server sent a delta against result {base_id} of session {session_id!r}, but the client "
+                f"holds {held.result_id if held is not None else 'none'}"
+            )
+        obs, rew, term, trunc = {}, {}, {}, {}
+        shared = json.loads(resp.infos_json) if resp.infos_json else None
+        infos: dict[str, dict[str, Any]] = {}
+        for r in resp.results:
+            agent = r.agent
+            if base_id and r.HasField("observation_edit"):
+                base_obs = held.observations.get(agent)
+                if type(base_obs) is not str:
+                    raise InternalError(
+                        f"env server sent a text edit for agent {agent!r} without a base text"
+                    )
+                try:
+                    obs[agent] = apply_text_edit(base_obs, r.observation_edit)
+                except InvalidArgumentError as e:
+                    raise InternalError(
+                        f"env server sent a bad edit for agent {agent!r}: {e.message}"
+                    ) from None
+            else:
+                obs[agent] = value_from_proto(r.observation)
+            rew[agent] = r.reward
+            term[agent] = r.terminated
+            trunc[agent] = r.truncated
+            if shared is None:
+                infos[agent] = map_from_proto(r.info)
+            elif base_id and r.info_delta:
+                base_info = held.infos.get(agent)
+                if base_info is None:
+                    raise InternalError(f"env server sent an info delta for agent {agent!r} without a base")
+                info = dict(base_info)
+                info.update(shared[agent])
+                infos[agent] = info
+            else:
+                infos[agent] = shared[agent]
+        if resp.result_id:
+            self._keep(
+                session_id, HeldResult(resp.result_id, dict(obs), {a: dict(i) for a, i in infos.items()})
+            )
+        return StepResult(obs, rew, term, trunc, infos, list(resp.agents), list(resp.acting_agents))
+
+
+_CACHES: weakref.WeakKeyDictionary[Any, DeltaCache] = weakref.WeakKeyDictionary()
+_CACHES_LOCK = threading.Lock()
+
+
+def _fresh_locks_after_fork() -> None:
+    """In a forked child, give the caches new locks: a parent thread may have held one at fork time."""
+    global _CACHES_LOCK
+    _CACHES_LOCK = threading.Lock()
+    for cache in list(_CACHES.values()):
+        cache._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_after_fork)
+
+
+def delta_cache(channel: Any) -> DeltaCache:
+    """The :class:`DeltaCache` of a channel (made on first use, gone with the channel)."""
+    with _CACHES_LOCK:
+        cache = _CACHES.get(channel)
+        if cache is None:
+            cache = _CACHES[channel] = DeltaCache()
+        return cache
+
+
+def _decode(
+    cache: DeltaCache | None,
+    session_id: str,
+    resp: pb.StepResponse | pb.ResetResponse,
+    held: HeldResult | None,
+) -> StepResult:
+    return _result(resp) if cache is None else cache.decode(session_id, resp, held)
+
+
+class _RequestIds:
+    """Unique request ids, cheaper than ``uuid4`` per step: a random per-process prefix and a counter (a forked
+    child draws a new prefix, so parent and child never share an id)."""
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._prefix = ""
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        pid = os.getpid()
+        if pid != self._pid:
+            self._pid, self._prefix = pid, os.urandom(12).hex()
+        return f"{self._prefix}-{next(self._count)}"
+
+
+_REQUEST_IDS = _RequestIds()
 
 
 def _describe(d: pb.EnvDescription) -> dict[str, Any]:
@@ -208,7 +397,7 @@ def _describe(d: pb.EnvDescription) -> dict[str, Any]:
 
 def _create_request(env_id: str, config: Mapping[str, Any] | None, seed: int | None, request_id: str | None):
     req = pb.CreateSessionRequest(
-        env_id=env_id, config=map_to_proto(config), request_id=request_id or uuid.uuid4().hex
+        env_id=env_id, config=map_to_proto(config), request_id=request_id or _REQUEST_IDS.next()
     )
     if seed is not None:
         req.seed = seed
@@ -219,16 +408,57 @@ def _reset_request(
     session_id: str, seed: int | None, options: Mapping[str, Any] | None, request_id: str | None
 ):
     req = pb.ResetRequest(
-        session_id=session_id, options=map_to_proto(options), request_id=request_id or uuid.uuid4().hex
+        session_id=session_id, options=map_to_proto(options), request_id=request_id or _REQUEST_IDS.next()
     )
     if seed is not None:
         req.seed = seed
     return req
 
 
-def _step_request(session_id: str, actions: Mapping[str, Any], request_id: str | None) -> pb.StepRequest:
+def _step_request(
+    session_id: str, actions: Mapping[str, Any], request_id: str | None, held: HeldResult | None = None
+) -> pb.StepRequest:
     acts = [pb.AgentAction(agent=k, action=value_to_proto(v)) for k, v in actions.items()]
-    return pb.StepRequest(session_id=session_id, actions=acts, request_id=request_id or uuid.uuid4().hex)
+    return pb.StepRequest(
+        session_id=session_id,
+        actions=acts,
+        request_id=request_id or _REQUEST_IDS.next(),
+        delta_base=held.result_id if held is not None else 0,
+    )
+
+
+def _batch_request(
+    cache: DeltaCache | None, steps: Sequence[tuple[str, Mapping[str, Any]]]
+) -> tuple[pb.BatchStepRequest, list[HeldResult | None]]:
+    """The ``BatchStepRequest`` of ``(session_id, actions)`` pairs, with each session's held result as base."""
+    helds = [cache.get(s) if cache is not None else None for s, _ in steps]
+    req = pb.BatchStepRequest(
+        steps=[_step_request(s, a, None, h) for (s, a), h in zip(steps, helds, strict=True)]
+    )
+    return req, helds
+
+
+def _batch_results(
+    cache: DeltaCache | None,
+    steps: Sequence[tuple[str, Mapping[str, Any]]],
+    helds: list[HeldResult | None],
+    items: Any,
+) -> list[StepResult | MartiError]:
+    """Decode ``BatchStepResponse.items``: a result or the step's own error each (a lost session is forgotten
+    by the cache; a delta that does not fit its base is that step's ``InternalError``)."""
+    out: list[StepResult | MartiError] = []
+    for (sid, _), held, item in zip(steps, helds, items, strict=True):
+        err = from_status_proto(item.status)
+        if err is None:
+            try:
+                out.append(_decode(cache, sid, item.step, held))
+            except InternalError as e:
+                out.append(e)
+            continue
+        if isinstance(err, SessionLostError) and cache is not None:
+            cache.drop(sid)
+        out.append(err)
+    return out
 
 
 class EnvClient:
@@ -242,6 +472,11 @@ class EnvClient:
         timeout_s: Deadline of each unary call, seconds.
         channel: An existing channel to use instead of dialing (e.g. from :func:`open_channel`; ``token`` and
             ``tls_ca_file`` are then ignored); not closed by :meth:`close`.
+        deltas: Ask for delta results (``StepRequest.delta_base``): the server then sends a step's text
+            observations as edits of the previous ones and its infos as their changed keys, and the client
+            rebuilds them exactly from the session's previous result (kept in the channel's
+            :class:`DeltaCache`, shared by every client on the channel). Servers without deltas send full
+            results. ``False`` always asks for full results.
 
     Raises:
         InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
@@ -256,6 +491,7 @@ class EnvClient:
         tls_ca_file: str | None = None,
         timeout_s: float | None = None,
         channel: grpc.Channel | None = None,
+        deltas: bool = True,
     ) -> None:
         self.address = address
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
@@ -263,6 +499,8 @@ class EnvClient:
         self._pid = os.getpid()
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
+        #: The channel's delta cache, or ``None`` when deltas are off.
+        self.deltas: DeltaCache | None = delta_cache(self.channel) if deltas else None
 
     def list_envs(self) -> list[dict[str, Any]]:
         """List registered envs (id, description, config schema, agents, roles, space descriptions)."""
@@ -298,9 +536,21 @@ class EnvClient:
         Raises:
             SessionLostError: Unknown (closed, reaped, or lost in a server restart) session.
         """
-        return _result(
-            call(self.stub.Reset, _reset_request(session_id, seed, options, request_id), self.timeout_s)
-        )
+        try:
+            resp = call(
+                self.stub.Reset, _reset_request(session_id, seed, options, request_id), self.timeout_s
+            )
+        except SessionLostError:
+            self._forget(session_id)
+            raise
+        return _decode(self.deltas, session_id, resp, None)
+
+    def _forget(self, session_id: str) -> None:
+        if self.deltas is not None:
+            self.deltas.drop(session_id)
+
+    def _held(self, session_id: str) -> HeldResult | None:
+        return self.deltas.get(session_id) if self.deltas is not None else None
 
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session; a retry with the same ``request_id`` returns the first result.
@@ -310,8 +560,15 @@ class EnvClient:
             FailedPreconditionError: Step before reset or after the episode ended.
             SessionLostError: Unknown (closed, reaped, or lost in a server restart) session; a
                 ``NotFoundError`` mapped from the status's ``ErrorInfo`` detail (reason ``SESSION_LOST``).
+            InternalError: A delta result that does not fit the held result (a server bug).
         """
-        return _result(call(self.stub.Step, _step_request(session_id, actions, request_id), self.timeout_s))
+        held = self._held(session_id)
+        try:
+            resp = call(self.stub.Step, _step_request(session_id, actions, request_id, held), self.timeout_s)
+        except SessionLostError:
+            self._forget(session_id)
+            raise
+        return _decode(self.deltas, session_id, resp, held)
 
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions in one call.
@@ -322,22 +579,19 @@ class EnvClient:
         Returns:
             One entry per step, in order: a :class:`StepResult`, or the :class:`MartiError` of that step alone.
         """
-        req = pb.BatchStepRequest(steps=[_step_request(s, a, None) for s, a in steps])
-        out: list[StepResult | MartiError] = []
-        for item in call(self.stub.BatchStep, req, self.timeout_s).items:
-            err = from_status_proto(item.status)
-            out.append(err if err is not None else _result(item.step))
-        return out
+        req, helds = _batch_request(self.deltas, steps)
+        return _batch_results(self.deltas, steps, helds, call(self.stub.BatchStep, req, self.timeout_s).items)
 
     def close_session(self, session_id: str) -> bool:
         """Close a session (idempotent); True when it existed."""
+        self._forget(session_id)
         return call(
             self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), self.timeout_s
         ).closed
 
     def stream(self) -> SessionStream:
-        """Open a bidirectional :class:`SessionStream` on this client's channel."""
-        return SessionStream(self.stub, self.timeout_s)
+        """Open a bidirectional :class:`SessionStream` on this client's channel (sharing its delta cache)."""
+        return SessionStream(self.stub, self.timeout_s, self.deltas)
 
     def close(self) -> None:
         """Close the channel (when this client dialed it).
@@ -379,10 +633,15 @@ class SessionStream:
     Args:
         stub: An ``EnvServiceStub``.
         timeout_s: How long to wait for each response, seconds.
+        deltas: The delta cache to use (see :class:`EnvClient`), or ``None`` for full results.
     """
 
-    def __init__(self, stub: pb_grpc.EnvServiceStub, timeout_s: float) -> None:
+    def __init__(
+        self, stub: pb_grpc.EnvServiceStub, timeout_s: float, deltas: DeltaCache | None = None
+    ) -> None:
         self._stub = stub
+        self.deltas = deltas
+        self._made: set[str] = set()  # sessions created on the current stream (forgotten when it ends)
         self._seq = 0
         self._lock = threading.Lock()
         self.timeout_s = timeout_s
@@ -449,6 +708,7 @@ class SessionStream:
                 raise FailedPreconditionError("the session stream is closed")
             if self.broken:
                 self._discard()
+                self._forget_made()
                 self._open()
             self._seq += 1
             self._requests.put(pb.SessionRequest(sequence=self._seq, **op))
@@ -465,11 +725,24 @@ class SessionStream:
             raise err
         return resp
 
+    def _forget_made(self) -> None:
+        """Drop the held results of the sessions made on the stream (the server closed them with it)."""
+        if self.deltas is not None:
+            for sid in self._made:
+                self.deltas.drop(sid)
+        self._made.clear()
+
+    def _forget(self, session_id: str) -> None:
+        if self.deltas is not None:
+            self.deltas.drop(session_id)
+
     def create_session(
         self, env_id: str, config: Mapping[str, Any] | None = None, seed: int | None = None
     ) -> SessionInfo:
         """Create a session owned by this stream (closed when the stream ends)."""
-        return _session_info(self._roundtrip(create=_create_request(env_id, config, seed, None)).create)
+        info = _session_info(self._roundtrip(create=_create_request(env_id, config, seed, None)).create)
+        self._made.add(info.session_id)
+        return info
 
     def reset(
         self, session_id: str, seed: int | None = None, options: Mapping[str, Any] | None = None
@@ -479,24 +752,38 @@ class SessionStream:
         Raises:
             SessionLostError: The server does not know the session (restarted, or its stream broke).
         """
-        return _result(self._roundtrip(reset=_reset_request(session_id, seed, options, None)).reset)
+        try:
+            resp = self._roundtrip(reset=_reset_request(session_id, seed, options, None)).reset
+        except SessionLostError:
+            self._forget(session_id)
+            raise
+        return _decode(self.deltas, session_id, resp, None)
 
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session.
 
         Raises:
             SessionLostError: The server does not know the session (restarted, or its stream broke).
+            InternalError: A delta result that does not fit the held result (a server bug).
         """
-        return _result(self._roundtrip(step=_step_request(session_id, actions, request_id)).step)
+        held = self.deltas.get(session_id) if self.deltas is not None else None
+        try:
+            resp = self._roundtrip(step=_step_request(session_id, actions, request_id, held)).step
+        except SessionLostError:
+            self._forget(session_id)
+            raise
+        return _decode(self.deltas, session_id, resp, held)
 
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions in one request; per-step errors are returned, not raised."""
-        req = pb.BatchStepRequest(steps=[_step_request(s, a, None) for s, a in steps])
+        req, helds = _batch_request(self.deltas, steps)
         items = self._roundtrip(batch_step=req).batch_step.items
-        return [from_status_proto(i.status) or _result(i.step) for i in items]
+        return _batch_results(self.deltas, steps, helds, items)
 
     def close_session(self, session_id: str) -> bool:
         """Close a session."""
+        self._forget(session_id)
+        self._made.discard(session_id)
         return self._roundtrip(close=pb.CloseSessionRequest(session_id=session_id)).close.closed
 
     def close(self) -> None:
@@ -510,6 +797,7 @@ class SessionStream:
         self.closed = True
         if self.forked:
             return
+        self._forget_made()
         self._requests.put(_END)
         try:
             for _ in self._responses:
@@ -813,6 +1101,7 @@ class AsyncEnvClient:
         timeout_s: Per-call deadline, seconds.
         channel: An existing ``grpc.aio.Channel`` to use instead of dialing (``token`` and ``tls_ca_file`` are
             then ignored); not closed by :meth:`close`.
+        deltas: Ask for delta results (see :class:`EnvClient`).
 
     Raises:
         InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
@@ -827,6 +1116,7 @@ class AsyncEnvClient:
         tls_ca_file: str | None = None,
         timeout_s: float | None = None,
         channel: grpc.aio.Channel | None = None,
+        deltas: bool = True,
     ) -> None:
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._own_channel = channel is None
@@ -839,6 +1129,12 @@ class AsyncEnvClient:
             service="env",
         )
         self.stub = pb_grpc.EnvServiceStub(self.channel)
+        #: The channel's delta cache, or ``None`` when deltas are off.
+        self.deltas: DeltaCache | None = delta_cache(self.channel) if deltas else None
+
+    def _forget(self, session_id: str) -> None:
+        if self.deltas is not None:
+            self.deltas.drop(session_id)
 
     async def list_envs(self) -> list[dict[str, Any]]:
         """See :meth:`EnvClient.list_envs`."""
@@ -868,30 +1164,41 @@ class AsyncEnvClient:
         request_id: str | None = None,
     ) -> StepResult:
         """See :meth:`EnvClient.reset`."""
-        return _result(
-            await acall(
+        try:
+            resp = await acall(
                 self.stub.Reset, _reset_request(session_id, seed, options, request_id), self.timeout_s
             )
-        )
+        except SessionLostError:
+            self._forget(session_id)
+            raise
+        return _decode(self.deltas, session_id, resp, None)
 
     async def step(
         self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None
     ) -> StepResult:
         """See :meth:`EnvClient.step`."""
-        return _result(
-            await acall(self.stub.Step, _step_request(session_id, actions, request_id), self.timeout_s)
-        )
+        held = self.deltas.get(session_id) if self.deltas is not None else None
+        try:
+            resp = await acall(
+                self.stub.Step, _step_request(session_id, actions, request_id, held), self.timeout_s
+            )
+        except SessionLostError:
+            self._forget(session_id)
+            raise
+        return _decode(self.deltas, session_id, resp, held)
 
     async def batch_step(
         self, steps: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[StepResult | MartiError]:
-        """See :meth:`EnvClient.batch_step`."""
-        req = pb.BatchStepRequest(steps=[_step_request(s, a, None) for s, a in steps])
+        """See :meth:`EnvClient.batch_step`. Several calls may be in flight at once (``asyncio.gather``) on
+        distinct sessions, which keeps the server busy while the client decodes."""
+        req, helds = _batch_request(self.deltas, steps)
         items = (await acall(self.stub.BatchStep, req, self.timeout_s)).items
-        return [from_status_proto(i.status) or _result(i.step) for i in items]
+        return _batch_results(self.deltas, steps, helds, items)
 
     async def close_session(self, session_id: str) -> bool:
         """See :meth:`EnvClient.close_session`."""
+        self._forget(session_id)
         return (
             await acall(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), self.timeout_s)
         ).closed

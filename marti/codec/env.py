@@ -327,3 +327,92 @@ def space_from_proto(p: pb.Space) -> gymnasium.Space:
     if kind == "tuple":
         return s.Tuple([space_from_proto(x) for x in p.tuple.spaces])
     raise InvalidArgumentError("space has no kind set")
+
+
+# ---- delta results: text edits of observations and per-key info deltas (StepRequest.delta_base) ----
+
+#: Shortest unchanged part (prefix + suffix, characters) for which an observation is sent as a ``TextEdit``;
+#: below it the text goes in full (an edit would save too little to pay for itself).
+MIN_EDIT_KEEP = 32
+#: Resolution of the common prefix and suffix :func:`text_edit` finds, characters: it stops searching when
+#: the longest common part is known to within this many characters (the few extra travel in the edit's text),
+#: which keeps the search to a handful of C-level comparisons; a common suffix shorter than this is not used.
+EDIT_GRAIN = 64
+#: Info value types a delta may leave out when unchanged: immutable scalars, compared by type and value (a
+#: list or dict value is always sent, since the env may change it in place).
+_DELTA_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def text_edit(base: str, new: str) -> tuple[int, int, str] | None:
+    """An edit turning ``base`` into ``new``: a common prefix and suffix (not overlapping), each within
+    :data:`EDIT_GRAIN` characters of the longest, and the text between them.
+
+    Args:
+        base: The text the receiver holds.
+        new: The text to send.
+
+    Returns:
+        ``(prefix, suffix, text)`` with ``new == base[:prefix] + text + base[len(base) - suffix:]``, or ``None``
+        when fewer than :data:`MIN_EDIT_KEEP` characters would be kept (send ``new`` in full).
+    """
+    limit = min(len(base), len(new))
+    if limit < MIN_EDIT_KEEP:
+        return None
+    lo, hi = 0, limit  # base[:lo] is a common prefix; base[:hi + 1] is not (or hi == limit)
+    if new.startswith(base[:limit]):
+        lo = limit
+    while hi - lo > EDIT_GRAIN:
+        mid = (lo + hi) // 2
+        if new.startswith(base[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid
+    prefix = lo
+    suffix = 0
+    room = limit - prefix
+    if room >= EDIT_GRAIN and new.endswith(base[len(base) - EDIT_GRAIN :]):
+        lo, hi, nb, nn = EDIT_GRAIN, room, len(base), len(new)
+        if new.endswith(base[nb - room :]):
+            lo = room
+        while hi - lo > EDIT_GRAIN:
+            mid = (lo + hi) // 2
+            if new.endswith(base[nb - mid : nb - lo], 0, nn - lo):
+                lo = mid
+            else:
+                hi = mid
+        suffix = lo
+    if prefix + suffix < MIN_EDIT_KEEP:
+        return None
+    return prefix, suffix, new[prefix : len(new) - suffix]
+
+
+def apply_text_edit(base: str, edit: pb.TextEdit) -> str:
+    """Apply a ``TextEdit`` to the base text.
+
+    Raises:
+        InvalidArgumentError: ``prefix + suffix`` exceeds the base's length (both named): the edit was made
+            against another text.
+    """
+    prefix, suffix = edit.prefix, edit.suffix
+    if prefix + suffix > len(base):
+        raise InvalidArgumentError(
+            f"text edit keeps prefix={prefix} and suffix={suffix} characters of a base text of {len(base)}"
+        )
+    return base[:prefix] + edit.text + base[len(base) - suffix :]
+
+
+def info_delta(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The entries of ``new`` a receiver holding ``base`` lacks, or ``None`` when ``new`` must go in full.
+
+    A delta exists only when both have the same keys in the same order; it holds every key whose value is not
+    an unchanged scalar (exactly ``str``, ``int``, ``float``, ``bool`` or ``None``, same type and ``==``; NaN
+    never counts as unchanged; lists, dicts and subclasses such as numpy scalars are always sent). Merging it into a copy of ``base`` (``dict.update``) gives ``new``, key order included.
+    """
+    if len(base) != len(new) or list(base) != list(new):
+        return None
+    scalars = _DELTA_SCALARS
+    return {
+        k: v
+        for k, v in new.items()
+        if (old := base[k]) != v or type(v) is not type(old) or type(v) not in scalars
+    }

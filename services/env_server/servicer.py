@@ -17,7 +17,7 @@ from marti.errors import InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.errors import ok_status, to_status_proto
 from marti.rpc.server import ServiceSpec
 from services.env_server import convert
-from services.env_server.core.sessions import SessionManager
+from services.env_server.core.sessions import BatchItem, SessionManager
 from services.env_server.envs import adapters
 from services.env_server.settings import EnvServerSettings
 
@@ -63,33 +63,53 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         seed = req.seed if req.HasField("seed") else None
         options = convert.map_from_proto(req.options) or None
         return await self.sessions.reset_async(
-            req.session_id, seed, options, req.request_id, lambda o: convert.reset_to_proto(o, out)
+            req.session_id, seed, options, req.request_id, lambda o, _: convert.reset_to_proto(o, out)
         )
 
     async def _step(self, req: pb.StepRequest, out: pb.StepResponse | None = None) -> pb.StepResponse:
         actions = convert.actions_from_proto(req.actions)
         return await self.sessions.step_async(
-            req.session_id, actions, req.request_id, lambda o: convert.step_to_proto(o, out)
+            req.session_id,
+            actions,
+            req.request_id,
+            lambda o, base: convert.step_to_proto(o, out, base),
+            req.delta_base,
         )
 
-    async def _batch(self, req: pb.BatchStepRequest) -> pb.BatchStepResponse:
+    async def _batch(
+        self, req: pb.BatchStepRequest, out: pb.BatchStepResponse | None = None
+    ) -> pb.BatchStepResponse:
+        """Run a BatchStep (into ``out`` when given, avoiding a copy of the whole response): the steps of a
+        batch's sessions run in few worker jobs (see ``SessionManager.step_batch_async``), each step encoded
+        as a delta when its request names the session's latest result."""
         if len(req.steps) > self.settings.max_batch_steps:
             raise ResourceExhaustedError(
                 f"BatchStep has {len(req.steps)} steps, above max_batch_steps={self.settings.max_batch_steps}"
             )
-        out = pb.BatchStepResponse()
-
-        async def one(step: pb.StepRequest, item: pb.BatchStepItem) -> None:
+        out = pb.BatchStepResponse() if out is None else out
+        out.SetInParent()  # an empty batch still sets the response's oneof
+        items = [out.items.add() for _ in req.steps]
+        todo: list[BatchItem] = []
+        slots: list[pb.BatchStepItem] = []
+        for step, item in zip(req.steps, items, strict=True):
             try:
-                await self._step(step, item.step)
-                item.status.code = 0
-            except Exception as e:  # noqa: BLE001 - every item's error travels in-band
-                item.ClearField("step")
+                actions = convert.actions_from_proto(step.actions)
+            except Exception as e:  # noqa: BLE001 - a bad item's error travels in-band
                 item.status.CopyFrom(to_status_proto(e))
+                continue
+            todo.append(BatchItem(step.session_id, actions, step.request_id, step.delta_base))
+            slots.append(item)
 
-        # Items of different sessions run side by side; a session's items keep their order (its FIFO lock is
-        # taken in item order, since the tasks start in that order).
-        await asyncio.gather(*(one(step, out.items.add()) for step in req.steps))
+        # Encoding runs in the worker, into the item's own message.
+        results = await self.sessions.step_batch_async(
+            todo, lambda i, o, base: convert.step_to_proto(o, slots[i].step, base)
+        )
+        for item, r in zip(slots, results, strict=True):
+            if isinstance(r, BaseException):
+                item.ClearField("step")
+                item.status.CopyFrom(to_status_proto(r))
+            else:
+                item.status.code = 0
         return out
 
     async def _close(self, req: pb.CloseSessionRequest) -> pb.CloseSessionResponse:
@@ -151,7 +171,7 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
             elif op == "close":
                 resp.close.CopyFrom(await self._close(req.close))
             elif op == "batch_step":
-                resp.batch_step.CopyFrom(await self._batch(req.batch_step))
+                await self._batch(req.batch_step, resp.batch_step)
             else:
                 raise InvalidArgumentError("SessionRequest has no operation set")
             resp.status.CopyFrom(ok_status())

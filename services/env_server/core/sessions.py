@@ -10,7 +10,11 @@ Pure Python (no grpc). Two faces over the same bookkeeping:
   order they arrived (a FIFO lock per session), since envs are not assumed thread-safe; when every worker is
   busy, further calls wait in the pool's queue (no error). The bookkeeping (the session table, the cap, the
   idempotency windows) stays on the loop; a session's env and its window of results are only touched by the
-  call holding that session.
+  call holding that session. A batch of steps (:meth:`SessionManager.step_batch_async`) runs its sessions'
+  steps in few worker jobs rather than one each.
+
+Every reset and step outcome is numbered within its session (``Outcome.result_id``) and the newest is kept as
+``Session.last``, the base against which the server encodes the next step as a delta when the client holds it.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 from marti.env_guard import GuardedParallelEnv
@@ -42,6 +47,31 @@ T = TypeVar("T")
 
 #: Most worker threads a :class:`SessionManager` may run env calls on (``EnvServerSettings.step_workers``).
 MAX_WORKERS = 1024
+#: Most sessions of one batch whose steps run one after another in one worker job (see
+#: :meth:`SessionManager.step_batch_async`).
+BATCH_JOB_SESSIONS = 64
+#: A batch job hands its group's remaining sessions to one worker job each (run side by side) once one step took
+#: this long, seconds: far above a CPU-bound text env's step (about 0.1 ms; also above the preemptions of a
+#: loaded machine), below an env waiting on a model or the network.
+BATCH_SLOW_STEP_S = 0.1
+#: ... or once the job has run this long in all, seconds.
+BATCH_JOB_BUDGET_S = 0.5
+
+
+class BatchItem(NamedTuple):
+    """One step of a batch (see :meth:`SessionManager.step_batch_async`).
+
+    Attributes:
+        session_id: The session.
+        actions: Agent -> action.
+        request_id: As for :meth:`SessionManager.step`.
+        delta_base: As for :meth:`SessionManager.step_async`.
+    """
+
+    session_id: str
+    actions: Mapping[str, Any]
+    request_id: str = ""
+    delta_base: int = 0
 
 
 class AgentOutcome(NamedTuple):
@@ -72,11 +102,14 @@ class Outcome:
         results: One entry per agent (live before a step), in ``possible_agents`` order.
         agents: Live agents afterwards.
         acting_agents: Agents whose action the next step reads.
+        result_id: Its number within its session (resets and steps both count, from 1); a client names the
+            latest one it holds to get the next step as a delta against it.
     """
 
     results: tuple[AgentOutcome, ...]
     agents: tuple[str, ...]
     acting_agents: tuple[str, ...]
+    result_id: int = 0
 
 
 @dataclass
@@ -93,6 +126,7 @@ class Session:
         lock: Held by the one call running on this session's env; waiters are served in arrival order.
         pending: Calls holding or waiting for ``lock``; a session with pending calls is never reaped as idle.
         closed: Set when the env has been closed; calls that were queued behind the close then fail as lost.
+        last: The newest outcome of a reset or step (the base of delta results), or ``None`` before the first.
     """
 
     session_id: str
@@ -104,9 +138,15 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     pending: int = 0
     closed: bool = False
+    last: Outcome | None = None
 
 
-def _outcome(env: GuardedParallelEnv, obs: dict, infos: dict, rew=None, term=None, trunc=None) -> Outcome:
+def _outcome(
+    session: Session, obs: dict, infos: dict, rew=None, term=None, trunc=None
+) -> tuple[Outcome, Outcome | None]:
+    """Build the session's next outcome (numbered after its last) and make it the session's last; returns it
+    with the outcome it follows."""
+    env = session.env
     order = [a for a in env.possible_agents if a in obs] + [a for a in obs if a not in env.possible_agents]
     results = tuple(
         AgentOutcome(
@@ -119,10 +159,17 @@ def _outcome(env: GuardedParallelEnv, obs: dict, infos: dict, rew=None, term=Non
         )
         for a in order
     )
-    return Outcome(results, tuple(env.agents), tuple(env.acting_agents))
+    prev = session.last
+    out = Outcome(results, tuple(env.agents), tuple(env.acting_agents), prev.result_id + 1 if prev else 1)
+    session.last = out
+    return out, prev
 
 
-def _same(value: Any) -> Any:
+def _same(value: Any, base: Any = None) -> Any:
+    return value
+
+
+def _same_item(index: int, value: Any, base: Any = None) -> Any:
     return value
 
 
@@ -170,6 +217,7 @@ class SessionManager:
         self._creating: dict[str, asyncio.Future] = {}  # create request id -> its env build in flight
         self._reserved = 0  # creates in flight (count against max_sessions)
         self._closing: set[asyncio.Task] = set()
+        self._batches: set[asyncio.Task] = set()
         self._registry_lock = threading.Lock()  # provider loading mutates the registry
         self._pool: ThreadPoolExecutor | None = None
 
@@ -246,27 +294,32 @@ class SessionManager:
                 raise self._lost(session.session_id)
             cached = session.results.get(request_id) if request_id else None
             if cached is not None:
-                return post(cached)
+                return post(cached, None)
             obs, infos = self._call(session, lambda: session.env.reset(seed=seed, options=options or None))
-            return post(self._remember(session, request_id, _outcome(session.env, obs, infos)))
+            return post(self._remember(session, request_id, _outcome(session, obs, infos)[0]), None)
 
         return job
 
     def _step_job(
-        self, session: Session, actions: Mapping[str, Any], request_id: str, post: Callable
+        self,
+        session: Session,
+        actions: Mapping[str, Any],
+        request_id: str,
+        post: Callable,
+        delta_base: int = 0,
     ) -> Callable[[], Any]:
         def job() -> Any:
             if session.closed:
                 raise self._lost(session.session_id)
             cached = session.results.get(request_id) if request_id else None
             if cached is not None:
-                return post(cached)
+                return post(cached, None)
             obs, rew, term, trunc, infos = self._call(
                 session, lambda: session.env.step(dict(actions) if isinstance(actions, Mapping) else actions)
             )
-            return post(
-                self._remember(session, request_id, _outcome(session.env, obs, infos, rew, term, trunc))
-            )
+            outcome, prev = _outcome(session, obs, infos, rew, term, trunc)
+            base = prev if delta_base and prev is not None and prev.result_id == delta_base else None
+            return post(self._remember(session, request_id, outcome), base)
 
         return job
 
@@ -517,7 +570,7 @@ class SessionManager:
         seed: int | None = None,
         options: dict | None = None,
         request_id: str = "",
-        post: Callable[[Outcome], T] = _same,
+        post: Callable[[Outcome, None], T] = _same,
     ) -> T:
         """:meth:`reset` on the worker pool, in order with the session's other calls.
 
@@ -526,10 +579,11 @@ class SessionManager:
             seed: Reseeds the env.
             options: PettingZoo reset options.
             request_id: Retrying with the same id returns the first outcome without resetting again.
-            post: Runs in the worker on the outcome while the session is held (e.g. encoding it).
+            post: Runs in the worker on the outcome (and ``None``: a reset has no delta base) while the session
+                is held (e.g. encoding it).
 
         Returns:
-            ``post(outcome)``.
+            ``post(outcome, None)``.
 
         Raises:
             SessionLostError: Unknown session, or closed while this call waited for it.
@@ -543,7 +597,8 @@ class SessionManager:
         session_id: str,
         actions: Mapping[str, Any],
         request_id: str = "",
-        post: Callable[[Outcome], T] = _same,
+        post: Callable[[Outcome, Outcome | None], T] = _same,
+        delta_base: int = 0,
     ) -> T:
         """:meth:`step` on the worker pool, in order with the session's other calls.
 
@@ -552,10 +607,14 @@ class SessionManager:
             actions: Agent -> action.
             request_id: Retrying with the same id returns the first outcome without stepping again (a retry
                 that arrives while the first is running waits for it).
-            post: Runs in the worker on the outcome while the session is held (e.g. encoding it).
+            post: Runs in the worker on the outcome and its delta base while the session is held (e.g. encoding
+                it).
+            delta_base: The ``result_id`` of the outcome the caller holds: when it is the session's last outcome
+                as the step runs, ``post`` gets that outcome as the base; otherwise (or for a retried request
+                id, or 0) it gets ``None``.
 
         Returns:
-            ``post(outcome)``.
+            ``post(outcome, base)``.
 
         Raises:
             SessionLostError: Unknown session, or closed while this call waited for it.
@@ -563,7 +622,121 @@ class SessionManager:
             InvalidArgumentError: Unknown or done agent, missing action, oversized or malformed action.
         """
         session = self._touch(session_id)
-        return await self._serially(session, self._step_job(session, actions, request_id, post))
+        return await self._serially(session, self._step_job(session, actions, request_id, post, delta_base))
+
+    async def step_batch_async(
+        self,
+        items: Sequence[BatchItem],
+        post: Callable[[int, Outcome, Outcome | None], T] = _same_item,
+    ) -> list[T | Exception]:
+        """Step many sessions with few worker jobs: what ``BatchStep`` runs.
+
+        Each item is what :meth:`step_async` would do alone, with the same guarantees (a session's calls run
+        alone and in arrival order; errors stay with their item). To spare a worker hand-off per step, the
+        batch's sessions are split into groups of at most :data:`BATCH_JOB_SESSIONS`; a group takes its
+        sessions' locks (in session-id order, so two batches never deadlock) and runs its steps one after
+        another in one worker job, the groups side by side. A job hands its group's remaining sessions to one job
+        each, run side by side, once one step took :data:`BATCH_SLOW_STEP_S` or the job has run
+        :data:`BATCH_JOB_BUDGET_S`: a slow env (one that waits on I/O) then delays only the steps queued before
+        it in its job, not the rest of the group. A session
+        named by several items has its steps run in item order.
+
+        Args:
+            items: The steps, in order.
+            post: As for :meth:`step_async`, called with the item's index first: ``post(i, outcome, base)``.
+
+        Returns:
+            Per item, in order: ``post(i, outcome, base)``, or the exception that step raised
+            (``SessionLostError`` for an unknown session, the env's errors, ...).
+        """
+        out: list[Any] = [None] * len(items)
+        groups: dict[str, list[int]] = {}
+        found: dict[str, Session] = {}
+        for i, item in enumerate(items):
+            session = self._sessions.get(item.session_id)
+            if session is None:
+                out[i] = self._lost(item.session_id)
+                continue
+            session.last_used_s = self.clock()
+            found[item.session_id] = session
+            groups.setdefault(item.session_id, []).append(i)
+        if groups:
+            ids = list(groups)
+            parts = [ids[k : k + BATCH_JOB_SESSIONS] for k in range(0, len(ids), BATCH_JOB_SESSIONS)]
+            await asyncio.gather(
+                *(
+                    self._run_group([(found[sid], groups[sid]) for sid in part], items, post, out)
+                    for part in parts
+                )
+            )
+        return out
+
+    async def _run_group(
+        self,
+        group: list[tuple[Session, list[int]]],
+        items: Sequence[BatchItem],
+        post: Callable,
+        out: list[Any],
+    ) -> None:
+        """Hold the group's sessions (locks in session-id order), run their steps in worker jobs, release them
+        when every job has really ended (even if the caller is cancelled meanwhile)."""
+        held = sorted((s for s, _ in group), key=lambda s: s.session_id)
+        for s in held:
+            s.pending += 1
+        locked: list[Session] = []
+        try:
+            for s in held:
+                await s.lock.acquire()
+                locked.append(s)
+        except BaseException:
+            for s in locked:
+                s.lock.release()
+            for s in held:
+                s.pending -= 1
+            raise
+
+        def run(pairs: list[tuple[Session, list[int]]], budget_s: float | None) -> int:
+            """Run the pairs' steps in order (in a worker); with a budget, stop before the next session after a
+            slow step or past the budget; returns how many pairs ran."""
+            t0 = last = time.perf_counter()
+            for n, (session, idxs) in enumerate(pairs):
+                if n and budget_s is not None:
+                    now = time.perf_counter()
+                    if now - last >= BATCH_SLOW_STEP_S or now - t0 >= budget_s:
+                        return n
+                    last = now
+                for i in idxs:
+                    it = items[i]
+                    try:
+                        job = self._step_job(
+                            session, it.actions, it.request_id, partial(post, i), it.delta_base
+                        )
+                        out[i] = job()
+                    except Exception as e:  # noqa: BLE001 - each item keeps its own error
+                        out[i] = e
+            return len(pairs)
+
+        async def body() -> None:
+            loop = asyncio.get_running_loop()
+            ran = await loop.run_in_executor(self._executor(), run, group, BATCH_JOB_BUDGET_S)
+            if ran < len(group):
+                await asyncio.gather(
+                    *(loop.run_in_executor(self._executor(), run, [pair], None) for pair in group[ran:])
+                )
+
+        task = asyncio.get_running_loop().create_task(body())
+        self._batches.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._batches.discard(t)
+            now = self.clock()
+            for s in held:
+                s.last_used_s = now
+                s.pending -= 1
+                s.lock.release()
+
+        task.add_done_callback(done)
+        await asyncio.shield(task)
 
     def _start_close(self, session: Session) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(

@@ -218,3 +218,108 @@ async def test_close_all_waits_for_in_flight_calls() -> None:
     step.cancel()  # as when the server's grace period ends
     assert await m.close_all_async(timeout_s=5.0) == 1
     assert env.closed_at_t == 1 and env.running == 0
+
+
+# ---- BatchStep's core: step_batch_async ----
+from services.env_server.core.sessions import (  # noqa: E402
+    BATCH_JOB_BUDGET_S,
+    BATCH_JOB_SESSIONS,
+    BATCH_SLOW_STEP_S,
+    BatchItem,
+)
+
+
+async def test_a_batch_runs_in_one_worker_job_with_errors_per_item_and_sessions_in_item_order() -> None:
+    m = manager(workers=4)
+    a, b = await started(m), await started(m)
+    items = [
+        BatchItem(a, {"a": ""}),
+        BatchItem("nope", {"a": ""}),
+        BatchItem(b, {"a": "not a float"}),  # the env raises: an InternalError for this item alone
+        BatchItem(a, {"a": ""}),
+        BatchItem(b, {"a": ""}),
+    ]
+    seen: list[int] = []
+    out = await m.step_batch_async(items, lambda i, o, base: (seen.append(i), o)[1])
+    assert isinstance(out[1], SessionLostError) and "nope" in str(out[1])
+    assert type(out[2]).__name__ == "InternalError" and "ValueError" in str(out[2])
+    assert [out[i].results[0].observation for i in (0, 3, 4)] == ["1", "2", "1"]
+    assert [out[i].result_id for i in (0, 3, 4)] == [2, 3, 2]  # the reset was result 1
+    assert sorted(seen) == [0, 3, 4]
+    threads = m.get(a).env.env.threads | m.get(b).env.env.threads
+    assert len(threads) == 1, "one job for the whole group"
+    assert m.get(a).pending == 0 and not m.get(a).lock.locked()
+    await m.close_all_async()
+
+
+async def test_a_batch_hands_the_base_only_when_it_is_the_sessions_last_outcome() -> None:
+    m = manager(workers=2)
+    sid = await started(m)  # reset: result 1
+    bases: list = []
+    post = lambda i, o, base: (bases.append(base and base.result_id), o)[1]  # noqa: E731
+    await m.step_batch_async([BatchItem(sid, {"a": ""}, "r1", delta_base=1)], post)
+    await m.step_batch_async([BatchItem(sid, {"a": ""}, "r2", delta_base=1)], post)  # stale base: full
+    await m.step_batch_async(
+        [BatchItem(sid, {"a": ""}, "r2", delta_base=2)], post
+    )  # retried id: cached, full
+    await m.step_batch_async([BatchItem(sid, {"a": ""}, "r3", delta_base=3)], post)
+    assert bases == [1, None, None, 3]
+    assert (await m.step_async(sid, {"a": ""}, post=lambda o, base: base, delta_base=4)).result_id == 4
+    await m.close_all_async()
+
+
+async def test_a_slow_step_hands_the_rest_of_its_group_out() -> None:
+    assert BATCH_JOB_SESSIONS >= 4 and BATCH_SLOW_STEP_S < 0.3 and BATCH_JOB_BUDGET_S > BATCH_SLOW_STEP_S
+    m = manager(workers=8)
+    sids = [await started(m) for _ in range(4)]
+    t0 = time.perf_counter()
+    # the first sleeps past the budget; the other three (0.3 s each) then run side by side, not in a row
+    out = await m.step_batch_async(
+        [BatchItem(sids[0], {"a": "0.3"})] + [BatchItem(s, {"a": "0.3"}) for s in sids[1:]]
+    )
+    took = time.perf_counter() - t0
+    assert all(o.results[0].observation == "1" for o in out)
+    assert 0.55 < took < 1.0, took  # 0.3 + 0.3 (in a row: 1.2)
+    await m.close_all_async()
+
+
+async def test_many_quick_steps_past_the_job_budget_hand_the_rest_out() -> None:
+    m = manager(workers=8)
+    sids = [await started(m) for _ in range(6)]
+    quick = BATCH_SLOW_STEP_S / 2  # never slow alone; six in a row pass the budget
+    n = int(BATCH_JOB_BUDGET_S / quick) + 1
+    assert n <= BATCH_JOB_SESSIONS
+    sids += [await started(m) for _ in range(n - len(sids))]
+    await m.step_batch_async([BatchItem(s, {"a": str(quick)}) for s in sids])
+    threads = set().union(*(m.get(s).env.env.threads for s in sids))
+    assert len(threads) > 1, "the steps past the budget ran in other workers"
+    await m.close_all_async()
+
+
+async def test_concurrent_batches_over_the_same_sessions_in_other_orders_do_not_deadlock() -> None:
+    m = manager(workers=4)
+    sids = [await started(m) for _ in range(6)]
+    batches = [
+        [BatchItem(s, {"a": "0.001"}) for s in (sids if k % 2 else list(reversed(sids)))] for k in range(10)
+    ]
+    outs = await asyncio.wait_for(asyncio.gather(*(m.step_batch_async(b) for b in batches)), timeout=20)
+    assert all(not isinstance(o, Exception) for out in outs for o in out)
+    assert all(m.get(s).env.env.max_overlap == 1 for s in sids)
+    assert sorted(o.results[0].observation for out in outs for o in out if o.results) == sorted(
+        str(k) for k in range(1, 11) for _ in sids
+    )
+    await m.close_all_async()
+
+
+async def test_a_cancelled_batch_keeps_its_sessions_until_their_steps_end() -> None:
+    m = manager(workers=2)
+    sid = await started(m)
+    task = asyncio.create_task(m.step_batch_async([BatchItem(sid, {"a": "0.3"})]))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert m.get(sid).lock.locked()
+    out = await m.step_async(sid, {"a": ""})  # waits for the cancelled batch's step
+    assert out.results[0].observation == "2" and m.get(sid).env.env.max_overlap == 1
+    await m.close_all_async()

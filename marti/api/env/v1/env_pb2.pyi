@@ -186,20 +186,34 @@ class EnvDescription(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., description: _Optional[str] = ..., config_schema: _Optional[_Iterable[_Union[ConfigField, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ..., metrics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentResult(_message.Message):
-    __slots__ = ("agent", "observation", "reward", "terminated", "truncated", "info")
+    __slots__ = ("agent", "observation", "reward", "terminated", "truncated", "info", "observation_edit", "info_delta")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_EDIT_FIELD_NUMBER: _ClassVar[int]
+    INFO_DELTA_FIELD_NUMBER: _ClassVar[int]
     agent: str
     observation: Value
     reward: float
     terminated: bool
     truncated: bool
     info: ValueMap
-    def __init__(self, agent: _Optional[str] = ..., observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[ValueMap, _Mapping]] = ...) -> None: ...
+    observation_edit: TextEdit
+    info_delta: bool
+    def __init__(self, agent: _Optional[str] = ..., observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[ValueMap, _Mapping]] = ..., observation_edit: _Optional[_Union[TextEdit, _Mapping]] = ..., info_delta: _Optional[bool] = ...) -> None: ...
+
+class TextEdit(_message.Message):
+    __slots__ = ("prefix", "suffix", "text")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    SUFFIX_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    prefix: int
+    suffix: int
+    text: str
+    def __init__(self, prefix: _Optional[int] = ..., suffix: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class AgentAction(_message.Message):
     __slots__ = ("agent", "action")
@@ -258,38 +272,46 @@ class ResetRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., seed: _Optional[int] = ..., options: _Optional[_Union[ValueMap, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
-    __slots__ = ("results", "agents", "acting_agents", "infos_json")
+    __slots__ = ("results", "agents", "acting_agents", "infos_json", "result_id")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     ACTING_AGENTS_FIELD_NUMBER: _ClassVar[int]
     INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_ID_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AgentResult]
     agents: _containers.RepeatedScalarFieldContainer[str]
     acting_agents: _containers.RepeatedScalarFieldContainer[str]
     infos_json: str
-    def __init__(self, results: _Optional[_Iterable[_Union[AgentResult, _Mapping]]] = ..., agents: _Optional[_Iterable[str]] = ..., acting_agents: _Optional[_Iterable[str]] = ..., infos_json: _Optional[str] = ...) -> None: ...
+    result_id: int
+    def __init__(self, results: _Optional[_Iterable[_Union[AgentResult, _Mapping]]] = ..., agents: _Optional[_Iterable[str]] = ..., acting_agents: _Optional[_Iterable[str]] = ..., infos_json: _Optional[str] = ..., result_id: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("session_id", "actions", "request_id")
+    __slots__ = ("session_id", "actions", "request_id", "delta_base")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BASE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     actions: _containers.RepeatedCompositeFieldContainer[AgentAction]
     request_id: str
-    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[AgentAction, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    delta_base: int
+    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[AgentAction, _Mapping]]] = ..., request_id: _Optional[str] = ..., delta_base: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("results", "agents", "acting_agents", "infos_json")
+    __slots__ = ("results", "agents", "acting_agents", "infos_json", "result_id", "delta_base")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     ACTING_AGENTS_FIELD_NUMBER: _ClassVar[int]
     INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_ID_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BASE_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AgentResult]
     agents: _containers.RepeatedScalarFieldContainer[str]
     acting_agents: _containers.RepeatedScalarFieldContainer[str]
     infos_json: str
-    def __init__(self, results: _Optional[_Iterable[_Union[AgentResult, _Mapping]]] = ..., agents: _Optional[_Iterable[str]] = ..., acting_agents: _Optional[_Iterable[str]] = ..., infos_json: _Optional[str] = ...) -> None: ...
+    result_id: int
+    delta_base: int
+    def __init__(self, results: _Optional[_Iterable[_Union[AgentResult, _Mapping]]] = ..., agents: _Optional[_Iterable[str]] = ..., acting_agents: _Optional[_Iterable[str]] = ..., infos_json: _Optional[str] = ..., result_id: _Optional[int] = ..., delta_base: _Optional[int] = ...) -> None: ...
 
 class BatchStepRequest(_message.Message):
     __slots__ = ("steps",)
