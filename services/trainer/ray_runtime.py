@@ -16,6 +16,10 @@ Reference models and critics, two layouts (``ray.colocate_models``):
   asks the reference and the critic for their outputs on the batch (in parallel), passes them to the policy
   actor's update, and fits the critic on the returns it reports. The numbers are those of the colocated
   layout: the same weights, seeds, padding, windows and losses.
+
+Every actor is started with :func:`actor_env_vars` in its Ray ``runtime_env``: OpenMP threads that sleep
+between kernels instead of spinning, as many as its bundle's whole CPUs, so a job shares a busy machine
+without being slowed many times over.
 """
 
 from __future__ import annotations
@@ -52,6 +56,47 @@ def ray_init_kwargs(cfg: TrainConfig) -> dict[str, Any]:
             "logging_level": logging.WARNING,
         }
     return {"address": address, "log_to_driver": True, "logging_level": logging.WARNING}
+
+
+#: Environment variables every trainer actor starts with (unless the driver's environment sets them): how the
+#: OpenMP runtime behind torch's CPU kernels (libgomp; Intel's for MKL) waits between parallel regions, and the
+#: tokenizers' own thread pool. ``PASSIVE`` / a block time of 0: a thread that finished its share of a kernel
+#: sleeps instead of spinning on the core. By default libgomp spins a while after every region, which on a busy
+#: machine (more runnable threads than cores) burns the time slice the other thread of the same kernel needs to
+#: finish, so each of the many small kernels of a decode step waits for the scheduler (docs/benchmarks.md, "A step
+#: on a busy machine": 2 threads on SmolLM2-135M, spinning, were 3-6x slower than sleeping).
+#: They are read when the runtime loads, so they must be in the process's environment from its start: Ray's
+#: ``runtime_env``.
+ACTOR_ENV_VARS: dict[str, str] = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "KMP_BLOCKTIME": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def actor_env_vars(num_threads: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables a trainer actor is started with (Ray ``runtime_env={"env_vars": ...}``).
+
+    :data:`ACTOR_ENV_VARS` plus ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` set to the actor's torch intra-op
+    threads, each only where ``environ`` (the driver's environment, which Ray's local workers inherit) does not
+    set it already: a user's explicit setting wins.
+
+    Args:
+        num_threads: The actor's torch intra-op threads (:func:`actor_threads`).
+        environ: The environment to respect; ``None``: ``os.environ``.
+    """
+    environ = os.environ if environ is None else environ
+    wanted = {
+        **ACTOR_ENV_VARS,
+        "OMP_NUM_THREADS": str(num_threads),
+        "MKL_NUM_THREADS": str(num_threads),
+    }
+    return {k: v for k, v in wanted.items() if k not in environ}
+
+
+def actor_threads(bundle_cpus: float) -> int:
+    """torch intra-op threads of an actor whose bundle holds ``bundle_cpus`` CPUs: their whole part, at least 1."""
+    return max(1, int(bundle_cpus))
 
 
 @dataclass(frozen=True)
@@ -232,15 +277,16 @@ class RayRuntime:
             "rollout": RolloutWorker,
         }
         for i, (spec, bundle) in enumerate(zip(specs, bundles, strict=True)):
+            threads = actor_threads(bundle["CPU"])
             actor = ray.remote(classes[spec.kind]).options(
                 num_cpus=bundle["CPU"],
+                runtime_env={"env_vars": actor_env_vars(threads)},
                 num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=i
                 ),
                 max_concurrency=self.max_concurrency(spec.kind),
             )
-            threads = max(1, int(bundle["CPU"]))
             group = None if spec.group is None else list(spec.group)
             if spec.kind == "policy":
                 handle = actor.remote(config, num_threads=threads, agents=group)

@@ -1,0 +1,63 @@
+"""Trainer actors on a busy machine: every actor starts with the OpenMP / tokenizers settings of
+:func:`services.trainer.ray_runtime.actor_env_vars` (threads that sleep between kernels instead of spinning), so a
+step next to other busy processes is not slowed many times over (docs/benchmarks.md, "A step on a busy
+machine")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from marti.config import load_config
+from services.trainer.ray_runtime import ACTOR_ENV_VARS, RayRuntime, actor_env_vars, actor_threads
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_actor_env_vars_make_openmp_threads_sleep_and_match_the_torch_threads():
+    env = actor_env_vars(2, environ={})
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["KMP_BLOCKTIME"] == "0"
+    assert env["TOKENIZERS_PARALLELISM"] == "false"
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
+    assert set(ACTOR_ENV_VARS) <= set(env)
+
+
+def test_actor_env_vars_leave_what_the_user_set():
+    env = actor_env_vars(1, environ={"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "4"})
+    assert "OMP_WAIT_POLICY" not in env and "OMP_NUM_THREADS" not in env
+    assert env["MKL_NUM_THREADS"] == "1" and env["KMP_BLOCKTIME"] == "0"
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(0.01, 1), (0.66, 1), (1.0, 1), (2.0, 2), (3.5, 3)])
+def test_actor_threads_are_the_whole_cpus_of_the_bundle(cpus, threads):
+    assert actor_threads(cpus) == threads
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process started with (what the OpenMP runtime read when it loaded)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/<pid>/environ (Linux)")
+def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
+    """The job's policy actor, a Ray process of its own, starts with the settings (every kind of actor is
+    started by the same call with its own thread count)."""
+    for name in (*ACTOR_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    # As in the demo (examples/resource_allocation.yaml): one team actor on the 2 CPUs of the local Ray.
+    runtime = RayRuntime(load_config(ROOT / "examples" / "tiny.yaml", ["ray.num_cpus_per_worker=2"]))
+    try:
+        runtime.start()
+        pid = runtime.worker_pids["policy_worker"]
+        assert pid != os.getpid()
+        env = _environ(pid)
+        settings = {k: env.get(k) for k in (*ACTOR_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        assert settings == actor_env_vars(2, environ={}), settings
+    finally:
+        runtime.shutdown()
