@@ -226,21 +226,7 @@ class ExperienceFeed:
                     )
                 self._check_wait(table, consumed, count, deadline, stop)
                 continue
-            for eid in got.stale_episode_ids:  # removed by the table; a slot only if it was this step's item
-                if eid in self._retracted or eid in self._seen[agent]:
-                    out.duplicates += 1
-                    continue
-                self._remember(agent, eid)
-                consumed += 1
-                out.stale += 1
-            for item in got.items:
-                eid = item.trajectory.episode_id
-                if eid in self._retracted or eid in self._seen[agent]:
-                    out.duplicates += 1
-                    continue
-                self._remember(agent, eid)
-                consumed += 1
-                out.trajectories.append(item.trajectory)
+            consumed += self._accept(agent, got, out)
             if deadline is not None and consumed < count:
                 self._check_wait(table, consumed, count, deadline, stop)
         if deadline is not None and out.stale == 0:  # external episodes: groups need not align with count
@@ -272,21 +258,34 @@ class ExperienceFeed:
             )
             if got is None:
                 return
-            for eid in got.stale_episode_ids:
-                if eid in self._retracted or eid in self._seen[agent]:
-                    out.duplicates += 1
-                    continue
-                self._remember(agent, eid)
-                out.stale += 1
-            for item in got.items:
-                eid = item.trajectory.episode_id
-                if eid in self._retracted or eid in self._seen[agent]:
-                    out.duplicates += 1
-                    continue
-                self._remember(agent, eid)
-                out.trajectories.append(item.trajectory)
+            self._accept(agent, got, out)
             if out.stale:
                 return
+
+    def _accept(self, agent: str, got: Any, out: Taken) -> int:
+        """Add a sample call's result to ``out``: its items to train on and the episodes the table removed as
+        stale, each once (re-inserted duplicates and retracted episodes are counted, not used).
+
+        Returns:
+            How many of them used a slot of the update (fresh items plus stale removals).
+        """
+        used = 0
+        for eid in got.stale_episode_ids:  # removed by the table; a slot only if it was this step's item
+            if eid in self._retracted or eid in self._seen[agent]:
+                out.duplicates += 1
+                continue
+            self._remember(agent, eid)
+            used += 1
+            out.stale += 1
+        for item in got.items:
+            eid = item.trajectory.episode_id
+            if eid in self._retracted or eid in self._seen[agent]:
+                out.duplicates += 1
+                continue
+            self._remember(agent, eid)
+            used += 1
+            out.trajectories.append(item.trajectory)
+        return used
 
     @staticmethod
     def _check_wait(
