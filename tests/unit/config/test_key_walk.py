@@ -400,7 +400,7 @@ def _run(cfg: TrainConfig) -> str:
         def take(self, agent: str, count: int, version: int, deadline: Any = None, stop: Any = None) -> Any:
             wait = None if deadline is None else round(deadline - time.monotonic(), -1)
             rec["takes"].append((agent, count, wait))
-            return SimpleNamespace(trajectories=[], duplicates=0, stale=0, dropped=0)
+            return SimpleNamespace(trajectories=[], duplicates=0, stale=0, dropped=0, incomplete=0)
 
     class Runtime:
         worker_pids: dict[str, int] = {}
