@@ -309,8 +309,11 @@ class AlgorithmConfig(_Section):
 class RolloutConfig(_Section):
     """How episodes are generated: engine, batch shape, sampling and held-out evaluation."""
 
-    engine: Literal["hf", "vllm", "auto"] = "auto"
-    """``hf``: transformers ``generate``; ``vllm``: vLLM (GPU); ``auto``: vLLM when installed and on CUDA."""
+    engine: Literal["hf", "hf_static", "vllm", "auto"] = "auto"
+    """``hf``: transformers ``generate``; ``hf_static``: transformers with the engine's own decode loop over a
+    preallocated key/value cache (finished rows leave the batch; on CUDA, decode steps compiled with CUDA graphs;
+    same outputs as ``hf``, see docs/benchmarks.md); ``vllm``: vLLM (GPU); ``auto``: vLLM when installed and on
+    CUDA, else ``hf``."""
     source: Literal["builtin", "external", "mixed"] = "builtin"
     """Where each update's training episodes come from. ``builtin``: the job plays ``episodes_per_step``
     episodes in the env per step. ``external``: no built-in rollout; each trainable agent's update takes

