@@ -38,6 +38,7 @@ from pettingzoo import ParallelEnv
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
 from marti.codec.env import (
+    DELTA_SCALARS,
     apply_text_edit,
     map_from_proto,
     map_to_proto,
@@ -204,6 +205,20 @@ class HeldResult:
     observations: dict[str, Any]
     infos: dict[str, dict[str, Any]]
 
+    @classmethod
+    def of(
+        cls, result_id: int, observations: Mapping[str, Any], infos: Mapping[str, Mapping[str, Any]]
+    ) -> HeldResult:
+        """What a delta can need of a decoded result, without pinning the rest: the text observations (only
+        text is ever sent as an edit) and the infos with every value that is not a delta scalar replaced by
+        ``None`` (such values are always sent again, :func:`marti.codec.env.info_delta`; the keys keep their
+        order). An image or tensor observation the caller dropped is therefore not kept alive by the cache."""
+        return cls(
+            result_id,
+            {a: o for a, o in observations.items() if type(o) is str},
+            {a: {k: v if type(v) in DELTA_SCALARS else None for k, v in i.items()} for a, i in infos.items()},
+        )
+
 
 class DeltaCache:
     """Per session, the latest result a client decoded, so that its next step may come back as a delta
@@ -310,9 +325,7 @@ class DeltaCache:
             else:
                 infos[agent] = shared[agent]
         if resp.result_id:
-            self._keep(
-                session_id, HeldResult(resp.result_id, dict(obs), {a: dict(i) for a, i in infos.items()})
-            )
+            self._keep(session_id, HeldResult.of(resp.result_id, obs, infos))
         return StepResult(obs, rew, term, trunc, infos, list(resp.agents), list(resp.acting_agents))
 
 
@@ -355,15 +368,17 @@ class _RequestIds:
     child draws a new prefix, so parent and child never share an id)."""
 
     def __init__(self) -> None:
-        self._pid = -1
-        self._prefix = ""
+        self._owner = (
+            -1,
+            "",
+        )  # (pid, prefix), replaced as one object: a thread never pairs a pid with another's prefix
         self._count = itertools.count()
 
     def next(self) -> str:
-        pid = os.getpid()
-        if pid != self._pid:
-            self._pid, self._prefix = pid, os.urandom(12).hex()
-        return f"{self._prefix}-{next(self._count)}"
+        pid, prefix = self._owner
+        if pid != os.getpid():
+            pid, prefix = self._owner = (os.getpid(), os.urandom(12).hex())
+        return f"{prefix}-{next(self._count)}"
 
 
 _REQUEST_IDS = _RequestIds()

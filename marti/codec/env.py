@@ -340,7 +340,7 @@ MIN_EDIT_KEEP = 32
 EDIT_GRAIN = 64
 #: Info value types a delta may leave out when unchanged: immutable scalars, compared by type and value (a
 #: list or dict value is always sent, since the env may change it in place).
-_DELTA_SCALARS = frozenset({str, int, float, bool, type(None)})
+DELTA_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def text_edit(base: str, new: str) -> tuple[int, int, str] | None:
@@ -406,13 +406,16 @@ def info_delta(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
 
     A delta exists only when both have the same keys in the same order; it holds every key whose value is not
     an unchanged scalar (exactly ``str``, ``int``, ``float``, ``bool`` or ``None``, same type and ``==``; NaN
-    never counts as unchanged; lists, dicts and subclasses such as numpy scalars are always sent). Merging it into a copy of ``base`` (``dict.update``) gives ``new``, key order included.
+    never counts as unchanged, nor 0.0 against -0.0; lists, dicts and subclasses such as numpy scalars are always sent). Merging it into a copy of ``base`` (``dict.update``) gives ``new``, key order included.
     """
     if len(base) != len(new) or list(base) != list(new):
         return None
-    scalars = _DELTA_SCALARS
+    scalars = DELTA_SCALARS
     return {
         k: v
         for k, v in new.items()
-        if (old := base[k]) != v or type(v) is not type(old) or type(v) not in scalars
+        if (old := base[k]) != v
+        or type(v) is not type(old)
+        or type(v) not in scalars
+        or (type(v) is float and math.copysign(1.0, v) != math.copysign(1.0, old))  # 0.0 vs -0.0
     }

@@ -51,11 +51,13 @@ MAX_WORKERS = 1024
 #: :meth:`SessionManager.step_batch_async`).
 BATCH_JOB_SESSIONS = 64
 #: A batch job hands its group's remaining sessions to one worker job each (run side by side) once one step took
-#: this long, seconds: far above a CPU-bound text env's step (about 0.1 ms; also above the preemptions of a
-#: loaded machine), below an env waiting on a model or the network.
+#: this long, seconds: far above a CPU-bound text env's step (about 0.1 ms), below an env waiting on a model.
 BATCH_SLOW_STEP_S = 0.1
-#: ... or once the job has run this long in all, seconds.
-BATCH_JOB_BUDGET_S = 0.5
+#: ... or once one step spent this much longer than its thread's CPU time, seconds: the env waited (I/O, a sleep,
+#: a model call; or the thread was preempted on a loaded machine), so the rest had better run side by side ...
+BATCH_WAIT_S = 0.002
+#: ... or once the job has run this long in all, seconds (64 steps of a CPU-bound text env take about 6-30 ms).
+BATCH_JOB_BUDGET_S = 0.05
 
 
 class BatchItem(NamedTuple):
@@ -633,13 +635,15 @@ class SessionManager:
 
         Each item is what :meth:`step_async` would do alone, with the same guarantees (a session's calls run
         alone and in arrival order; errors stay with their item). To spare a worker hand-off per step, the
-        batch's sessions are split into groups of at most :data:`BATCH_JOB_SESSIONS`; a group takes its
-        sessions' locks (in session-id order, so two batches never deadlock) and runs its steps one after
-        another in one worker job, the groups side by side. A job hands its group's remaining sessions to one job
-        each, run side by side, once one step took :data:`BATCH_SLOW_STEP_S` or the job has run
-        :data:`BATCH_JOB_BUDGET_S`: a slow env (one that waits on I/O) then delays only the steps queued before
-        it in its job, not the rest of the group. A session
-        named by several items has its steps run in item order.
+        batch's sessions that no other call holds or waits for are taken at once and split into groups of at
+        most :data:`BATCH_JOB_SESSIONS`, each group's steps run one after another in one worker job, the groups
+        side by side; a session another call holds is stepped on its own once that call is done, so the batch
+        never waits for it while holding others. A job hands its group's remaining sessions to one worker job
+        each, run side by side, after a step that took :data:`BATCH_SLOW_STEP_S`, or waited
+        :data:`BATCH_WAIT_S` beyond its CPU time, or once the job has run :data:`BATCH_JOB_BUDGET_S`: an env
+        that waits on I/O or a model then runs its steps side by side after the first. Each session is released
+        as soon as its own steps are done, not when the whole group is. A session named by several items has its
+        steps run in item order.
 
         Args:
             items: The steps, in order.
@@ -660,83 +664,87 @@ class SessionManager:
             session.last_used_s = self.clock()
             found[item.session_id] = session
             groups.setdefault(item.session_id, []).append(i)
-        if groups:
-            ids = list(groups)
-            parts = [ids[k : k + BATCH_JOB_SESSIONS] for k in range(0, len(ids), BATCH_JOB_SESSIONS)]
-            await asyncio.gather(
-                *(
-                    self._run_group([(found[sid], groups[sid]) for sid in part], items, post, out)
-                    for part in parts
-                )
-            )
+        free = [sid for sid in groups if found[sid].pending == 0]
+        busy = [sid for sid in groups if found[sid].pending != 0]
+        for sid in free:  # nobody holds or waits for these locks: acquire() returns without suspending
+            found[sid].pending += 1
+            await found[sid].lock.acquire()
+        parts = [free[k : k + BATCH_JOB_SESSIONS] for k in range(0, len(free), BATCH_JOB_SESSIONS)]
+        tasks = [
+            self._start_group([(found[sid], groups[sid]) for sid in part], items, post, out) for part in parts
+        ]
+        waits = [asyncio.shield(t) for t in tasks] + [
+            self._serially(found[sid], partial(self._run_items, found[sid], groups[sid], items, post, out))
+            for sid in busy
+        ]
+        if waits:
+            await asyncio.gather(*waits)
         return out
 
-    async def _run_group(
+    def _run_items(
+        self, session: Session, idxs: list[int], items: Sequence[BatchItem], post: Callable, out: list[Any]
+    ) -> None:
+        """Run a session's batch items in order (in a worker, the session held); each keeps its own error."""
+        for i in idxs:
+            it = items[i]
+            try:
+                job = self._step_job(session, it.actions, it.request_id, partial(post, i), it.delta_base)
+                out[i] = job()
+            except Exception as e:  # noqa: BLE001 - each item keeps its own error
+                out[i] = e
+
+    def _start_group(
         self,
         group: list[tuple[Session, list[int]]],
         items: Sequence[BatchItem],
         post: Callable,
         out: list[Any],
-    ) -> None:
-        """Hold the group's sessions (locks in session-id order), run their steps in worker jobs, release them
-        when every job has really ended (even if the caller is cancelled meanwhile)."""
-        held = sorted((s for s, _ in group), key=lambda s: s.session_id)
-        for s in held:
-            s.pending += 1
-        locked: list[Session] = []
-        try:
-            for s in held:
-                await s.lock.acquire()
-                locked.append(s)
-        except BaseException:
-            for s in locked:
-                s.lock.release()
-            for s in held:
-                s.pending -= 1
-            raise
+    ) -> asyncio.Task:
+        """Start the worker jobs of a group whose sessions the caller holds; each session is released when its
+        steps have really ended (even if the caller is cancelled meanwhile)."""
+        loop = asyncio.get_running_loop()
+        released: set[str] = set()
 
-        def run(pairs: list[tuple[Session, list[int]]], budget_s: float | None) -> int:
-            """Run the pairs' steps in order (in a worker); with a budget, stop before the next session after a
-            slow step or past the budget; returns how many pairs ran."""
-            t0 = last = time.perf_counter()
+        def release(s: Session) -> None:
+            if s.session_id in released:
+                return
+            released.add(s.session_id)
+            s.last_used_s = self.clock()
+            s.pending -= 1
+            s.lock.release()
+
+        def run(pairs: list[tuple[Session, list[int]]], hand_off: bool) -> int:
+            """Run the pairs' steps in order (in a worker); with ``hand_off``, stop before the next session after
+            a slow or waiting step or past the budget; returns how many pairs ran."""
+            t0 = time.perf_counter()
+            waited = False
             for n, (session, idxs) in enumerate(pairs):
-                if n and budget_s is not None:
-                    now = time.perf_counter()
-                    if now - last >= BATCH_SLOW_STEP_S or now - t0 >= budget_s:
-                        return n
-                    last = now
-                for i in idxs:
-                    it = items[i]
-                    try:
-                        job = self._step_job(
-                            session, it.actions, it.request_id, partial(post, i), it.delta_base
-                        )
-                        out[i] = job()
-                    except Exception as e:  # noqa: BLE001 - each item keeps its own error
-                        out[i] = e
+                if hand_off and n and (waited or time.perf_counter() - t0 >= BATCH_JOB_BUDGET_S):
+                    return n
+                wall0, cpu0 = time.perf_counter(), time.thread_time()
+                self._run_items(session, idxs, items, post, out)
+                wall = time.perf_counter() - wall0
+                waited = wall >= BATCH_SLOW_STEP_S or wall - (time.thread_time() - cpu0) >= BATCH_WAIT_S
+                loop.call_soon_threadsafe(release, session)
             return len(pairs)
 
         async def body() -> None:
-            loop = asyncio.get_running_loop()
-            ran = await loop.run_in_executor(self._executor(), run, group, BATCH_JOB_BUDGET_S)
+            ran = await loop.run_in_executor(self._executor(), run, group, True)
             if ran < len(group):
                 await asyncio.gather(
-                    *(loop.run_in_executor(self._executor(), run, [pair], None) for pair in group[ran:])
+                    *(loop.run_in_executor(self._executor(), run, [pair], False) for pair in group[ran:])
                 )
 
-        task = asyncio.get_running_loop().create_task(body())
+        task = loop.create_task(body())
         self._batches.add(task)
 
         def done(t: asyncio.Task) -> None:
             self._batches.discard(t)
-            now = self.clock()
-            for s in held:
-                s.last_used_s = now
-                s.pending -= 1
-                s.lock.release()
+            for s, _ in group:
+                release(s)
 
         task.add_done_callback(done)
-        await asyncio.shield(task)
+        return task
 
     def _start_close(self, session: Session) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(

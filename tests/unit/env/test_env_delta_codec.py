@@ -90,6 +90,14 @@ def test_info_delta_merges_back_to_the_new_info_with_its_key_order(base: dict, n
     for k, v in new.items():
         assert type(merged[k]) is type(v)
         assert merged[k] == v or (isinstance(v, float) and math.isnan(v))
+        if isinstance(v, float) and not math.isnan(v):
+            assert math.copysign(1.0, merged[k]) == math.copysign(1.0, v)  # -0.0 stays -0.0
+
+
+def test_info_delta_sends_a_float_whose_sign_of_zero_changed() -> None:
+    """Review finding: 0.0 -> -0.0 compared equal and was left out, so the client rebuilt 0.0."""
+    assert c.info_delta({"x": 0.0, "y": 1.0}, {"x": -0.0, "y": 1.0}) == {"x": -0.0}
+    assert c.info_delta({"x": -0.0}, {"x": -0.0}) == {}
 
 
 def test_info_delta_sends_changed_types_nans_and_containers() -> None:
@@ -140,6 +148,18 @@ def test_delta_response_decodes_to_the_full_one() -> None:
     got.observations["a1"] = "changed"
     held = cache.get("s")
     assert held.result_id == 4 and held.infos["a1"]["turn"] == 2 and held.observations["a1"].endswith("more")
+
+
+def test_the_cache_holds_only_what_a_delta_can_need() -> None:
+    """Review finding: the cache pinned every observation (an image env: 4096 sessions x its size) although only
+    text is ever sent as an edit; non-scalar info values are always sent again, so they are not kept either."""
+    import numpy as np
+
+    big = np.zeros(1 << 20, dtype=np.float32)
+    held = HeldResult.of(5, {"a1": "text", "a2": big}, {"a1": {"turn": 1, "img": big, "l": [1]}, "a2": {}})
+    assert held.observations == {"a1": "text"}
+    assert held.infos == {"a1": {"turn": 1, "img": None, "l": None}, "a2": {}}
+    assert list(held.infos["a1"]) == ["turn", "img", "l"]  # key order kept for the next delta
 
 
 def test_a_delta_against_another_base_is_an_internal_error() -> None:
