@@ -2,13 +2,14 @@
 
 One run measures, for items of 4 KB and 64 KB and 1 and 4 client processes:
   - inserts/s  (marti: ``share_experiences`` with 16 items per stream message, confirmed; Reverb:
-    ``TrajectoryWriter`` append + create_item, flushed at the end, i.e. every item confirmed),
+    ``TrajectoryWriter`` append + create_item, flushed at the end, i.e. every item confirmed), and the client
+    processes' CPU time per insert (``time.process_time`` around the insert loop: what the client library costs),
   - samples/s and p50/p99 latency of one ``sample(table, batch_size=16)`` call (a new stream per call),
   - samples/s of one streaming sample call per client (3200 items; Reverb: one ``client.sample`` generator),
 against (a) Reverb 0.14 (installed by this benchmark into its own virtualenv, ``~/.cache/marti-bench``) and
 (b) a Python ``collections.deque`` in the benchmark process (no network, no serialization: the ceiling).
 It also measures the store's restart time for 100k items on a SQLite data dir. Results: printed table, ratios,
-and ``runs/bench_store.json``.
+``runs/bench_store.json`` (``--out``; ``--json PATH`` writes a copy), with the load average before and after.
 
 Item content: marti items are one-turn trajectories whose random token ids serialize to about the item size;
 Reverb items are random ``uint8`` arrays of exactly the item size.
@@ -53,13 +54,13 @@ _REVERB_SCRIPT = textwrap.dedent(
         client = reverb.Client(addr)
         rng = np.random.default_rng()
         data = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(64)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with client.trajectory_writer(num_keep_alive_refs=1) as w:
             for i in range(n_items):
                 w.append({"x": data[i % 64]})
                 w.create_item("bench", 1.0, {"x": w.history["x"][-1]})
             w.flush()
-        t_ins = time.perf_counter() - t0
+        t_ins, cpu_ins = time.perf_counter() - t0, time.process_time() - c0
         lat = []
         t0 = time.perf_counter()
         for _ in range(n_calls):
@@ -73,8 +74,8 @@ _REVERB_SCRIPT = textwrap.dedent(
         got = sum(1 for _ in client.sample("bench", num_samples=n_stream))
         assert got == n_stream
         t_stream = time.perf_counter() - t0
-        print("RESULT", json.dumps({"insert_s": t_ins, "sample_s": t_smp, "lat": lat, "stream_s": t_stream}),
-              flush=True)
+        print("RESULT", json.dumps({"insert_s": t_ins, "insert_cpu_s": cpu_ins, "sample_s": t_smp, "lat": lat,
+                                    "stream_s": t_stream}), flush=True)
     """
 )
 
@@ -101,10 +102,10 @@ def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int, n
 
     c = ExperienceSharingClient("bench", addr, timeout_s=120)
     trajs = [_marti_trajectory(size, i) for i in range(64)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(0, n_items, 16):
         c.share_experiences([trajs[(i + j) % 64] for j in range(min(16, n_items - i))], table="bench")
-    t_ins = time.perf_counter() - t0
+    t_ins, cpu_ins = time.perf_counter() - t0, time.process_time() - c0
     lat = []
     t0 = time.perf_counter()
     for _ in range(n_calls):
@@ -119,7 +120,7 @@ def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int, n
         raise RuntimeError("short stream")
     t_stream = time.perf_counter() - t0
     c.close()
-    return {"insert_s": t_ins, "sample_s": t_smp, "lat": lat, "stream_s": t_stream}
+    return {"insert_s": t_ins, "insert_cpu_s": cpu_ins, "sample_s": t_smp, "lat": lat, "stream_s": t_stream}
 
 
 def _spawn(
@@ -164,6 +165,11 @@ def _summarize(results: list[dict], n_items: int, n_calls: int, batch: int, n_st
     return {
         "stream_samples_per_s": stream,
         "inserts_per_s": n * n_items / max(r["insert_s"] for r in results),
+        "client_cpu_ms_per_insert": (
+            1000 * sum(r["insert_cpu_s"] for r in results) / (n * n_items)
+            if all("insert_cpu_s" in r for r in results)
+            else float("nan")
+        ),
         "samples_per_s": n * n_calls * batch / max(r["sample_s"] for r in results),
         "sample_p50_ms": 1000 * statistics.median(lat),
         "sample_p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
@@ -318,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         "--restart-items", type=int, default=100_000, help="items for the restart measurement (0 = skip)"
     )
     p.add_argument("--no-reverb", action="store_true", help="skip the Reverb baseline")
-    p.add_argument("--out", default=str(ROOT / "runs" / "bench_store.json"))
+    p.add_argument("--out", default=str(ROOT / "runs" / "bench_store.json"), help="result JSON path")
+    p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
     if args.worker:
         addr, size, n_items, n_calls, n_stream = args.worker
@@ -331,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     reverb_py, why = (None, "skipped (--no-reverb)") if args.no_reverb else ensure_reverb()
+    load_before = _loadavg()
+    print(f"load average before: {load_before}", flush=True)
     rows = []
     for size, n_items in ((4096, args.items_4k), (65536, args.items_64k)):
         for clients in [int(x) for x in args.clients.split(",")]:
@@ -352,9 +361,28 @@ def main(argv: list[str] | None = None) -> int:
               f"process start to listening {restart['process_start_to_listening_s']:.2f} s")  # fmt: skip
     if not reverb_py:
         print(f"\nReverb baseline not run: {why}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"rows": rows, "restart": restart, "reverb_note": why}, indent=2))
+    load_after = _loadavg()
+    print(f"load average after: {load_after}")
+    result = {
+        "rows": rows,
+        "restart": restart,
+        "reverb_note": why,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "cpus": os.cpu_count(),
+    }
+    for path in filter(None, (args.out, args.json)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def _loadavg() -> str:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``), or "n/a" where there is none."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
 
 
 def _print_row(row: dict) -> None:
@@ -362,7 +390,7 @@ def _print_row(row: dict) -> None:
     if row is not None and not getattr(_print_row, "header", False):
         print(f"{'item':>6} {'cl':>2} | {'marti ins/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | "
               f"{'marti smp/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | {'stream m':>8} {'reverb':>8} {'m/r':>5} | "
-              f"{'p99 ms m':>8} {'p99 r':>7}")  # fmt: skip
+              f"{'p99 ms m':>8} {'p99 r':>7} | {'cli ms/ins m':>12} {'r':>6}")  # fmt: skip
         _print_row.header = True
 
     def f(x, k):
@@ -377,7 +405,8 @@ def _print_row(row: dict) -> None:
         f"{f(m, 'samples_per_s'):>11} {f(r, 'samples_per_s'):>9} {f(q, 'samples_per_s'):>10} "
         f"{ratio('samples_per_s'):>5} | {f(m, 'stream_samples_per_s'):>8} {f(r, 'stream_samples_per_s'):>8} "
         f"{ratio('stream_samples_per_s'):>5} | {m['sample_p99_ms']:>8.2f} "
-        f"{(r['sample_p99_ms'] if r else float('nan')):>7.2f}",
+        f"{(r['sample_p99_ms'] if r else float('nan')):>7.2f} | {m['client_cpu_ms_per_insert']:>12.3f} "
+        f"{(r['client_cpu_ms_per_insert'] if r else float('nan')):>6.3f}",
         flush=True,
     )
 

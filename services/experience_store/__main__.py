@@ -24,7 +24,14 @@ def build_store(settings: StoreSettings) -> ExperienceStore:
     """
     tables = parse_tables_yaml(Path(settings.config).read_text()) if settings.config else []
     storage = (
-        SqliteStorage(settings.data_dir, settings.sqlite_synchronous, settings.keep_snapshots)
+        SqliteStorage(
+            settings.data_dir,
+            settings.sqlite_synchronous,
+            settings.keep_snapshots,
+            page_size=settings.sqlite_page_size,
+            group_max_bytes=settings.group_commit_max_bytes,
+            checkpoint_mib=settings.wal_checkpoint_mib,
+        )
         if settings.data_dir
         else MemoryStorage()
     )

@@ -20,6 +20,19 @@ class StoreSettings(ServerSettings):
     sqlite_synchronous: str = Field(
         "NORMAL", description="NORMAL survives kill -9; FULL survives power loss."
     )
+    sqlite_page_size: int = Field(
+        16384, description="Page size, bytes, of a new database: 4096, 8192, 16384, 32768 or 65536."
+    )
+    group_commit_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="Most payload bytes (+128 per row) committed in one SQLite transaction of grouped calls.",
+    )
+    wal_checkpoint_mib: float = Field(
+        32.0,
+        gt=0,
+        description="MiB committed (payload + 128 per row) between background copies of the WAL into the database.",
+    )
     snapshot_interval_s: float = Field(0.0, ge=0, description="Periodic snapshot interval, s; 0 = off.")
     keep_snapshots: int = Field(2, ge=1, description="Snapshot files kept.")
     executor_threads: int = Field(

@@ -3,25 +3,34 @@
 Why SQLite (see docs/experience_store.md): it ships with Python, its write-ahead log makes every committed
 transaction survive a killed process (``synchronous=NORMAL``; ``FULL`` adds power-loss durability at an fsync
 per commit), readers never block the writer, and ``VACUUM INTO`` takes a consistent snapshot from a read
-transaction while inserts continue. Each table operation (a batch of inserts, a sample, a priority update) is one
-transaction, committed before the caller is answered, so a confirmed insert, a returned sample's count and an
-acknowledged priority update are all on disk.
+transaction while inserts continue.
+
+Every table operation (a batch of inserts, a sample, a priority update) is submitted as one operation and the
+caller waits for its :class:`CommitTicket` before it is answered, so a confirmed insert, a returned sample's count
+and an acknowledged priority update are all on disk. :class:`SqliteStorage` applies operations in submission
+order on one writer thread and commits every operation that queued up while the previous transaction ran in one
+transaction (group commit: one commit, and under ``FULL`` one fsync, for many callers), and copies its
+write-ahead log into the database on a background thread instead of in the committing call.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marti.errors import InternalError, InvalidArgumentError
+from marti.errors import InternalError, InvalidArgumentError, MartiError, UnavailableError
 from marti.experience_types import CheckpointResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -73,8 +82,54 @@ class LoadedState:
     items: list[ItemRecord]
 
 
+class CommitTicket:
+    """Completion handle of one submitted storage operation.
+
+    :meth:`wait` returns once the operation is committed (as durable as the storage promises) or raises the error
+    that stopped it. Thread-safe; waiting twice is fine.
+    """
+
+    __slots__ = ("_done", "_error")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: MartiError | None = None
+
+    def finish(self, error: MartiError | None = None) -> None:
+        """Mark the operation committed (``error`` None) or failed, and wake every waiter."""
+        self._error = error
+        self._done.set()
+
+    @property
+    def done(self) -> bool:
+        """Whether the operation is committed or failed."""
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        """Block until the operation is committed.
+
+        Raises:
+            InternalError: when the storage could not commit it.
+            UnavailableError: when the storage was closed before it was committed.
+        """
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
+def _finished() -> CommitTicket:
+    t = CommitTicket()
+    t.finish()
+    return t
+
+
 class Storage(ABC):
-    """Where tables and items live. Every method is thread-safe; each ``commit`` is atomic."""
+    """Where tables and items live. Every method is thread-safe; each operation is atomic.
+
+    Operations are applied in the order :meth:`submit` is called, so a caller that submits under a table's lock
+    gets the table's order on disk, and waiting for an operation's ticket implies every operation submitted
+    before it is committed too.
+    """
 
     @abstractmethod
     def load(self) -> LoadedState:
@@ -82,9 +137,22 @@ class Storage(ABC):
 
     @abstractmethod
     def save_table(self, name: str, config_json: str) -> None:
-        """Persist a new table."""
+        """Persist a new table (or a table's new config); returns once committed."""
 
     @abstractmethod
+    def submit(
+        self,
+        table: str,
+        inserts: Sequence[tuple[ItemRecord, bytes]] = (),
+        deletes: Sequence[int] = (),
+        updates: Sequence[tuple[int, float, int]] = (),
+        counters: dict[str, int] | None = None,
+    ) -> CommitTicket:
+        """Queue one atomic operation: inserts, deletes, ``(key, priority, times_sampled)`` updates and the
+        table's counters. Does not wait for the commit; payloads of queued inserts are readable with
+        :meth:`get_payloads` at once. Insert records are read at submission: later changes to them are stored
+        only by later operations."""
+
     def commit(
         self,
         table: str,
@@ -93,7 +161,12 @@ class Storage(ABC):
         updates: Sequence[tuple[int, float, int]] = (),
         counters: dict[str, int] | None = None,
     ) -> None:
-        """Atomically apply inserts, deletes, ``(key, priority, times_sampled)`` updates and table counters."""
+        """:meth:`submit` and wait for the commit.
+
+        Raises:
+            InternalError, UnavailableError: as :meth:`CommitTicket.wait`.
+        """
+        self.submit(table, inserts, deletes, updates, counters).wait()
 
     @abstractmethod
     def get_payloads(self, keys: Iterable[int]) -> dict[int, bytes]:
@@ -103,13 +176,18 @@ class Storage(ABC):
     def checkpoint(self) -> CheckpointResult:
         """Fold the write-ahead log into the database and write a snapshot, without stopping writers."""
 
+    def stats(self) -> dict[str, int]:
+        """Counters of the storage's own work (SQLite: ``transactions``, ``operations``, ``wal_checkpoints``,
+        ``queued``); empty for storages without a writer."""
+        return {}
+
     @abstractmethod
     def close(self) -> None:
-        """Release files and connections."""
+        """Commit what is queued, then release files and connections."""
 
 
 class MemoryStorage(Storage):
-    """Payloads in a dict; nothing survives the process."""
+    """Payloads in a dict; nothing survives the process. Operations apply at once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -121,12 +199,13 @@ class MemoryStorage(Storage):
     def save_table(self, name: str, config_json: str) -> None:
         return None
 
-    def commit(self, table, inserts=(), deletes=(), updates=(), counters=None) -> None:  # noqa: D102
+    def submit(self, table, inserts=(), deletes=(), updates=(), counters=None) -> CommitTicket:  # noqa: D102
         with self._lock:
             for rec, payload in inserts:
                 self._payloads[rec.key] = payload
             for key in deletes:
                 self._payloads.pop(key, None)
+        return _DONE
 
     def get_payloads(self, keys: Iterable[int]) -> dict[int, bytes]:
         with self._lock:
@@ -140,6 +219,10 @@ class MemoryStorage(Storage):
             self._payloads.clear()
 
 
+_DONE = _finished()
+
+# Item metadata and payloads are separate tables, so that a sample's or a priority update's row changes rewrite
+# small metadata pages only, and a restart reads metadata without touching payload pages.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tables (
     name TEXT PRIMARY KEY, config TEXT NOT NULL, counters TEXT NOT NULL DEFAULT '{}');
@@ -147,25 +230,81 @@ CREATE TABLE IF NOT EXISTS items (
     key INTEGER PRIMARY KEY, table_name TEXT NOT NULL, seq INTEGER NOT NULL, priority REAL NOT NULL,
     times_sampled INTEGER NOT NULL, inserted_at REAL NOT NULL, episode_id TEXT NOT NULL, session TEXT NOT NULL,
     agent_id TEXT NOT NULL, role TEXT NOT NULL, policy_version INTEGER NOT NULL, created_at REAL NOT NULL,
-    num_turns INTEGER NOT NULL, num_bytes INTEGER NOT NULL, payload BLOB NOT NULL);
+    num_turns INTEGER NOT NULL, num_bytes INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS payloads (key INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 """
 _ITEM_COLS = (
     "key, table_name, seq, priority, times_sampled, inserted_at, episode_id, session, agent_id, role, "
     "policy_version, created_at, num_turns, num_bytes"
 )
+# Databases written before the payloads table existed kept the payload as the last column of ``items``.
+_MIGRATE_V1 = f"""
+CREATE TABLE payloads (key INTEGER PRIMARY KEY, payload BLOB NOT NULL);
+INSERT INTO payloads(key, payload) SELECT key, payload FROM items;
+CREATE TABLE items_v2 (
+    key INTEGER PRIMARY KEY, table_name TEXT NOT NULL, seq INTEGER NOT NULL, priority REAL NOT NULL,
+    times_sampled INTEGER NOT NULL, inserted_at REAL NOT NULL, episode_id TEXT NOT NULL, session TEXT NOT NULL,
+    agent_id TEXT NOT NULL, role TEXT NOT NULL, policy_version INTEGER NOT NULL, created_at REAL NOT NULL,
+    num_turns INTEGER NOT NULL, num_bytes INTEGER NOT NULL);
+INSERT INTO items_v2({_ITEM_COLS}) SELECT {_ITEM_COLS} FROM items;
+DROP TABLE items;
+ALTER TABLE items_v2 RENAME TO items;
+"""
+_INSERT_ITEM = f"INSERT INTO items({_ITEM_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_ROW_BYTES = 128  # what one metadata row counts towards an operation's size (group and checkpoint limits)
+_PAGE_SIZES = (4096, 8192, 16384, 32768, 65536)
+
+
+class _Op:
+    """One submitted operation (see :meth:`Storage.submit`); ``config`` set = a :meth:`save_table`.
+
+    Insert rows are copied out of the records at submission, so later changes to the records (a sample, a
+    priority update) reach the database only through their own operations.
+    """
+
+    __slots__ = ("table", "item_rows", "payload_rows", "deletes", "updates", "counters", "config", "nbytes",
+                 "ticket")  # fmt: skip
+
+    def __init__(self, table, inserts, deletes, updates, counters, config=None) -> None:
+        self.table, self.deletes, self.updates, self.counters, self.config = (
+            table, deletes, updates, counters, config,
+        )  # fmt: skip
+        self.item_rows = [
+            (r.key, r.table, r.seq, r.priority, r.times_sampled, r.inserted_at, r.episode_id, r.session,
+             r.agent_id, r.role, r.policy_version, r.created_at, r.num_turns, r.num_bytes)
+            for r, _ in inserts
+        ]  # fmt: skip
+        self.payload_rows = [(r.key, p) for r, p in inserts]
+        self.nbytes = sum(len(p) for _, p in inserts) + _ROW_BYTES * (
+            len(inserts) + len(deletes) + len(updates) + 1
+        )
+        self.ticket = CommitTicket()
 
 
 class SqliteStorage(Storage):
     """SQLite database ``<data_dir>/store.sqlite`` in WAL mode, snapshots in ``<data_dir>/snapshots/``.
 
+    One writer thread owns the write connection: it takes every operation queued while its previous transaction
+    ran (up to ``group_max_bytes``) and commits them in one transaction, then finishes their tickets. SQLite's
+    automatic WAL checkpoint (which copies the log into the database inside a committing call) is off: after
+    ``checkpoint_mib`` MiB of committed operations a background thread copies the log on its own connection, and
+    the writer then folds in only what was written meanwhile, so the log is reused instead of growing.
+
     Args:
         data_dir: Folder for the database (created if missing).
         synchronous: ``NORMAL`` (survives kill -9; default) or ``FULL`` (also survives power loss).
         keep_snapshots: Number of snapshot files kept (>= 1; older ones are deleted).
-        cache_mib: SQLite page cache size in MiB.
+        cache_mib: SQLite page cache size in MiB (>= 1).
+        page_size: Page size in bytes of a new database (4096, 8192, 16384, 32768 or 65536); an existing
+            database keeps the size it was created with.
+        group_max_bytes: Largest group commit, in bytes of payload (plus 128 per row); one operation larger than
+            this is committed alone (>= 1).
+        checkpoint_mib: MiB of committed operations after which the write-ahead log is copied into the database
+            in the background (> 0).
 
     Raises:
-        InvalidArgumentError: naming a bad ``synchronous`` or ``keep_snapshots``.
+        InvalidArgumentError: naming a bad ``synchronous``, ``keep_snapshots``, ``cache_mib``, ``page_size``,
+            ``group_max_bytes`` or ``checkpoint_mib``.
     """
 
     def __init__(
@@ -174,105 +313,257 @@ class SqliteStorage(Storage):
         synchronous: str = "NORMAL",
         keep_snapshots: int = 2,
         cache_mib: int = 64,
+        page_size: int = 16384,
+        group_max_bytes: int = 64 * 1024 * 1024,
+        checkpoint_mib: float = 32.0,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise InvalidArgumentError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         if keep_snapshots < 1:
             raise InvalidArgumentError(f"keep_snapshots must be >= 1, got {keep_snapshots}")
+        if cache_mib < 1:
+            raise InvalidArgumentError(f"cache_mib must be >= 1, got {cache_mib}")
+        if page_size not in _PAGE_SIZES:
+            raise InvalidArgumentError(f"page_size must be one of {_PAGE_SIZES}, got {page_size}")
+        if group_max_bytes < 1:
+            raise InvalidArgumentError(f"group_max_bytes must be >= 1, got {group_max_bytes}")
+        if not checkpoint_mib > 0:
+            raise InvalidArgumentError(f"checkpoint_mib must be > 0, got {checkpoint_mib}")
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.data_dir / "store.sqlite"
         self.snapshot_dir = self.data_dir / "snapshots"
         self.keep_snapshots = keep_snapshots
+        self.group_max_bytes = group_max_bytes
+        self.checkpoint_bytes = int(checkpoint_mib * 1024 * 1024)
         self._synchronous = synchronous
-        self._lock = threading.RLock()
         self._ckpt_lock = threading.Lock()
-        self._conn = self._connect(cache_mib)
-        self._conn.executescript(_SCHEMA)
+        self._wconn = self._connect(cache_mib, page_size)
+        self._wconn.execute("PRAGMA wal_autocheckpoint=0")
+        self._migrate()
+        self._rconn = self._connect(cache_mib)
+        self._rlock = threading.Lock()
+        # queue of operations, payloads not yet committed, counters; all under _cond
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: deque[_Op] = deque()
+        self._pending: dict[int, bytes] = {}
+        self._closing = False
+        self._stats = {"transactions": 0, "operations": 0, "wal_checkpoints": 0}
+        self._write_lock = threading.Lock()  # held by the writer while it applies a group
+        self._since_ckpt = 0
+        self._bg_state = "idle"  # idle -> running -> done (the writer then folds in the tail) -> idle
+        self._bg_wanted = threading.Event()
+        self._writer = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
+        self._bg = threading.Thread(target=self._checkpoint_loop, name="store-wal-checkpoint", daemon=True)
+        self._writer.start()
+        self._bg.start()
 
-    def _connect(self, cache_mib: int = 8) -> sqlite3.Connection:
+    def _connect(self, cache_mib: int = 8, page_size: int | None = None) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60.0)
+        if page_size is not None:
+            conn.execute(f"PRAGMA page_size={page_size}")  # only takes effect on a new database
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA cache_size=-{cache_mib * 1024}")
         return conn
 
-    def load(self) -> LoadedState:
-        with self._lock:
-            tables = [
-                TableRow(name, cfg, json.loads(counters))
-                for name, cfg, counters in self._conn.execute("SELECT name, config, counters FROM tables")
-            ]
-            rows = self._conn.execute(f"SELECT {_ITEM_COLS} FROM items ORDER BY seq").fetchall()
-        return LoadedState(tables, [ItemRecord(*row) for row in rows])
-
-    def save_table(self, name: str, config_json: str) -> None:
-        with self._lock:
-            self._conn.execute(
-                "INSERT OR REPLACE INTO tables(name, config) VALUES (?, ?)", (name, config_json)
-            )
-
-    def commit(self, table, inserts=(), deletes=(), updates=(), counters=None) -> None:  # noqa: D102
-        with self._lock:
-            conn = self._conn
-            conn.execute("BEGIN")
+    def _migrate(self) -> None:
+        conn = self._wconn
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(items)")]
+        if "payload" in cols:
+            log.info("moving payloads of %s into their own table", self.path)
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                if inserts:
-                    conn.executemany(
-                        f"INSERT INTO items({_ITEM_COLS}, payload) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        [
-                            (
-                                r.key,
-                                r.table,
-                                r.seq,
-                                r.priority,
-                                r.times_sampled,
-                                r.inserted_at,
-                                r.episode_id,
-                                r.session,
-                                r.agent_id,
-                                r.role,
-                                r.policy_version,
-                                r.created_at,
-                                r.num_turns,
-                                r.num_bytes,
-                                payload,
-                            )
-                            for r, payload in inserts
-                        ],
-                    )
-                if updates:
-                    conn.executemany(
-                        "UPDATE items SET priority = ?, times_sampled = ? WHERE key = ?",
-                        [(p, n, k) for k, p, n in updates],
-                    )
-                if deletes:
-                    conn.executemany("DELETE FROM items WHERE key = ?", [(k,) for k in deletes])
-                if counters is not None:
-                    conn.execute(
-                        "UPDATE tables SET counters = ? WHERE name = ?", (json.dumps(counters), table)
-                    )
+                for stmt in _MIGRATE_V1.strip().split(";"):
+                    if stmt.strip():
+                        conn.execute(stmt)
                 conn.execute("COMMIT")
             except sqlite3.Error as e:
                 conn.execute("ROLLBACK")
-                raise InternalError(f"storage commit failed for table {table!r}: {e}") from e
+                raise InternalError(f"could not migrate {self.path}: {e}") from e
+        conn.executescript(_SCHEMA)
+
+    @property
+    def page_size(self) -> int:
+        """Page size of the database file in bytes."""
+        with self._rlock:
+            return self._rconn.execute("PRAGMA page_size").fetchone()[0]
+
+    def load(self) -> LoadedState:
+        with self._rlock:
+            tables = [
+                TableRow(name, cfg, json.loads(counters))
+                for name, cfg, counters in self._rconn.execute("SELECT name, config, counters FROM tables")
+            ]
+            rows = self._rconn.execute(f"SELECT {_ITEM_COLS} FROM items ORDER BY seq").fetchall()
+        return LoadedState(tables, [ItemRecord(*row) for row in rows])
+
+    def save_table(self, name: str, config_json: str) -> None:
+        self._enqueue(_Op(name, (), (), (), None, config_json)).wait()
+
+    def submit(self, table, inserts=(), deletes=(), updates=(), counters=None) -> CommitTicket:  # noqa: D102
+        if not (inserts or deletes or updates or counters is not None):
+            return _DONE
+        return self._enqueue(_Op(table, inserts, deletes, updates, counters))
+
+    def _enqueue(self, op: _Op) -> CommitTicket:
+        with self._cond:
+            if self._closing:
+                op.ticket.finish(UnavailableError(f"storage {self.path} is closed"))
+                return op.ticket
+            self._pending.update(op.payload_rows)
+            self._queue.append(op)
+            self._cond.notify()
+        return op.ticket
+
+    # ---- writer thread ----------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # closing, everything committed
+                group = [self._queue.popleft()]
+                size = group[0].nbytes
+                while self._queue and size + self._queue[0].nbytes <= self.group_max_bytes:
+                    op = self._queue.popleft()
+                    group.append(op)
+                    size += op.nbytes
+            with self._write_lock:
+                errors = self._commit_group(group)
+            with self._cond:
+                for op in group:
+                    for key, _ in op.payload_rows:
+                        self._pending.pop(key, None)
+            for op, err in zip(group, errors, strict=True):
+                op.ticket.finish(err)
+            self._after_commit(size)
+
+    def _commit_group(self, group: list[_Op]) -> list[MartiError | None]:
+        """Commit the group in one transaction; if that fails, each operation alone (so one bad operation
+        fails only its own caller). Never raises: the writer thread must outlive any bad operation."""
+        try:
+            self._transaction(group)
+            return [None] * len(group)
+        except Exception as e:  # sqlite3.Error or a bad value: reported to the callers
+            if len(group) == 1:
+                return [InternalError(f"storage commit failed for table {group[0].table!r}: {e}")]
+        errors: list[MartiError | None] = []
+        for op in group:
+            try:
+                self._transaction([op])
+                errors.append(None)
+            except Exception as e:
+                errors.append(InternalError(f"storage commit failed for table {op.table!r}: {e}"))
+        return errors
+
+    def _transaction(self, ops: list[_Op]) -> None:
+        conn = self._wconn
+        # counters are cumulative: only the last of a table in a transaction needs writing (unless a config row,
+        # which resets the table's row, comes in between)
+        last_counters = {op.table: i for i, op in enumerate(ops) if op.counters is not None}
+        any_config = any(op.config is not None for op in ops)
+        conn.execute("BEGIN")
+        try:
+            for i, op in enumerate(ops):
+                if op.config is not None:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO tables(name, config) VALUES (?, ?)", (op.table, op.config)
+                    )
+                if op.item_rows:
+                    conn.executemany(_INSERT_ITEM, op.item_rows)
+                    conn.executemany("INSERT INTO payloads(key, payload) VALUES (?, ?)", op.payload_rows)
+                if op.updates:
+                    conn.executemany(
+                        "UPDATE items SET priority = ?, times_sampled = ? WHERE key = ?",
+                        [(p, n, k) for k, p, n in op.updates],
+                    )
+                if op.deletes:
+                    keys = [(k,) for k in op.deletes]
+                    conn.executemany("DELETE FROM items WHERE key = ?", keys)
+                    conn.executemany("DELETE FROM payloads WHERE key = ?", keys)
+                if op.counters is not None and (any_config or last_counters[op.table] == i):
+                    conn.execute(
+                        "UPDATE tables SET counters = ? WHERE name = ?", (json.dumps(op.counters), op.table)
+                    )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        with self._cond:
+            self._stats["transactions"] += 1
+            self._stats["operations"] += len(ops)
+
+    def _after_commit(self, size: int) -> None:
+        """Start a background WAL checkpoint every ``checkpoint_bytes``; once it is done, fold in the tail of the
+        log written meanwhile (short), so that the next transaction starts the log over."""
+        self._since_ckpt += size
+        if self._bg_state == "done":
+            try:
+                self._wconn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as e:
+                log.warning("WAL checkpoint failed (retried later): %s", e)
+            self._bg_state = "idle"
+        if self._bg_state == "idle" and self._since_ckpt >= self.checkpoint_bytes:
+            self._since_ckpt = 0
+            self._bg_state = "running"
+            self._bg_wanted.set()
+
+    def _checkpoint_loop(self) -> None:
+        conn = self._connect()
+        try:
+            while True:
+                self._bg_wanted.wait()
+                self._bg_wanted.clear()
+                if self._closing:
+                    return
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    with self._cond:
+                        self._stats["wal_checkpoints"] += 1
+                except sqlite3.Error as e:
+                    log.warning("background WAL checkpoint failed (retried later): %s", e)
+                finally:
+                    self._bg_state = "done"
+        finally:
+            conn.close()
+
+    # ---- reads, snapshots -------------------------------------------------------------------------------
 
     def get_payloads(self, keys: Iterable[int]) -> dict[int, bytes]:
         keys = list(keys)
         if not keys:
             return {}
-        marks = ",".join("?" * len(keys))
-        with self._lock:
-            rows = self._conn.execute(
-                f"SELECT key, payload FROM items WHERE key IN ({marks})", keys
-            ).fetchall()
-        return dict(rows)
+        out: dict[int, bytes] = {}
+        with self._cond:  # queued inserts first; a key missing here was committed before this check
+            for k in keys:
+                p = self._pending.get(k)
+                if p is not None:
+                    out[k] = p
+        rest = [k for k in keys if k not in out]
+        if rest:
+            marks = ",".join("?" * len(rest))
+            with self._rlock:
+                out.update(
+                    self._rconn.execute(f"SELECT key, payload FROM payloads WHERE key IN ({marks})", rest)
+                )
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """``transactions`` committed, ``operations`` they held, background ``wal_checkpoints`` run, and
+        operations ``queued`` for the writer now."""
+        with self._cond:
+            return {**self._stats, "queued": len(self._queue)}
 
     def checkpoint(self) -> CheckpointResult:
         """Passive WAL checkpoint plus ``VACUUM INTO`` a snapshot, on a separate connection.
 
-        Both run as readers of the WAL database, so inserts and samples on the main connection proceed while the
-        checkpoint runs (a passive checkpoint never waits for writers).
+        Both run as readers of the WAL database, so inserts and samples proceed while the checkpoint runs (a
+        passive checkpoint never waits for writers). The snapshot holds every operation committed before it
+        started.
         """
         with self._ckpt_lock:
             start = time.monotonic()
@@ -290,5 +581,16 @@ class SqliteStorage(Storage):
             return CheckpointResult(str(target), time.monotonic() - start, target.stat().st_size)
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        """Commit every queued operation, stop the writer and checkpoint threads, close the connections.
+        Operations submitted afterwards fail with UnavailableError."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._writer.join()
+        self._bg_wanted.set()
+        self._bg.join()
+        with self._rlock:
+            self._rconn.close()
+        self._wconn.close()

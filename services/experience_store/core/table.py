@@ -2,8 +2,10 @@
 limiter and signature, plus a byte cap and a full policy (evict or block).
 
 Thread-safe: one lock per table; inserts and samples that the rate limiter (or a full table under the block
-policy) does not let through wait on a condition variable until their deadline. Every state change is committed
-to :class:`~.storage.Storage` inside the lock before the call returns.
+policy) does not let through wait on a condition variable until their deadline. Every state change is submitted
+to :class:`~.storage.Storage` inside the lock (so storage applies them in the table's order) and the call waits
+for the commit after releasing the lock (so concurrent callers' commits can be grouped into one transaction)
+before it returns.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from marti.trajectory import TrajectorySummary
 
 from .rate_limiter import RateLimiter, RateLimiterState
 from .selectors import Candidate, Selector, make_selector
-from .storage import ItemRecord, Storage
+from .storage import CommitTicket, ItemRecord, Storage
 
 NO_FILTER = SampleFilter()
 
@@ -236,8 +238,8 @@ class Table:
         """Insert items in order, waiting (up to ``timeout_s`` in all) where the rate limiter or a full table
         under the block policy says so.
 
-        Items that can proceed are committed in one transaction; the batch is committed before any wait so that
-        samplers can make progress. A bad item (priority, signature, size) gets its error in its result slot and
+        Items that can proceed are submitted to storage as one operation (and the ones before a wait are
+        submitted before it, so samplers can make progress); the call returns once all of them are committed. A bad item (priority, signature, size) gets its error in its result slot and
         does not touch the table.
 
         Args:
@@ -248,25 +250,37 @@ class Table:
             One entry per item: its new key, or the :class:`MartiError` that refused it (InvalidArgumentError,
             ResourceExhaustedError when it alone exceeds ``max_bytes``, DeadlineExceededError when the wait ran
             out; items after a deadline error get the same error).
+
+        Raises:
+            InternalError: when storage could not commit the items (they stay in the table's memory).
+            UnavailableError: when storage was closed before it committed them.
         """
         deadline = time.monotonic() + max(0.0, timeout_s)
         results: list[int | MartiError] = []
         pending: list[tuple[ItemRecord, bytes]] = []
         evicted: list[int] = []
+        tickets: list[CommitTicket] = []
         with self._cond:
             for n, item in enumerate(items):
                 try:
-                    results.append(self._insert_one(item, deadline, pending, evicted))
+                    results.append(self._insert_one(item, deadline, pending, evicted, tickets))
                 except DeadlineExceededError as e:
                     results.extend([e] * (len(items) - n))
                     break
                 except MartiError as e:
                     results.append(e)
-            self._flush(pending, evicted)
+            self._flush(pending, evicted, tickets)
+        for t in tickets:
+            t.wait()
         return results
 
     def _insert_one(
-        self, item: NewItem, deadline: float, pending: list[tuple[ItemRecord, bytes]], evicted: list[int]
+        self,
+        item: NewItem,
+        deadline: float,
+        pending: list[tuple[ItemRecord, bytes]],
+        evicted: list[int],
+        tickets: list[CommitTicket],
     ) -> int:
         priority = check_priority(item.priority)
         size = len(item.payload)
@@ -284,7 +298,7 @@ class Table:
                     evicted.append(key)
             if self._room_for(size) and self.rate_limiter.can_insert(len(self._items)):
                 break
-            self._flush(pending, evicted)
+            self._flush(pending, evicted, tickets)
             self.waiting_inserts += 1
             try:
                 self._wait(deadline, "insert")
@@ -312,14 +326,19 @@ class Table:
         pending.append((rec, item.payload))
         return rec.key
 
-    def _flush(self, pending: list[tuple[ItemRecord, bytes]], evicted: list[int]) -> None:
+    def _flush(
+        self, pending: list[tuple[ItemRecord, bytes]], evicted: list[int], tickets: list[CommitTicket]
+    ) -> None:
+        """Submit the pending inserts and evictions (caller holds the lock) and wake waiting callers."""
         if not pending and not evicted:
             return
         # Evicted keys that were inserted in this same batch never reach storage.
         fresh = {rec.key for rec, _ in pending}
         inserts = [(r, p) for r, p in pending if r.key in self._items]
         deletes = [k for k in evicted if k not in fresh]
-        self._storage.commit(self.name, inserts=inserts, deletes=deletes, counters=self.counters())
+        tickets.append(
+            self._storage.submit(self.name, inserts=inserts, deletes=deletes, counters=self.counters())
+        )
         pending.clear()
         evicted.clear()
         self._cond.notify_all()
@@ -357,6 +376,7 @@ class Table:
         Raises:
             InvalidArgumentError: when ``num_samples`` < 1 or ``current_policy_version`` < 0.
             DeadlineExceededError: when nothing could be sampled before the deadline.
+            InternalError, UnavailableError: when storage could not commit the sample counts.
         """
         if num_samples < 1:
             raise InvalidArgumentError(f"num_samples must be >= 1, got {num_samples}")
@@ -381,8 +401,11 @@ class Table:
             updates = [
                 (rec.key, rec.priority, rec.times_sampled) for rec, _, _ in picked if rec.key in self._items
             ]
-            self._storage.commit(self.name, deletes=removed, updates=updates, counters=self.counters())
+            ticket = self._storage.submit(
+                self.name, deletes=removed, updates=updates, counters=self.counters()
+            )
             self._cond.notify_all()
+        ticket.wait()
         weights = self.sampler.importance_weights([p for _, p, _ in picked], [n for _, _, n in picked])
         return [
             SampledItem(_snapshot(rec), payloads.get(rec.key, b""), p, n, w, rec.key in stale)
@@ -433,6 +456,7 @@ class Table:
 
         Raises:
             InvalidArgumentError: naming the first bad priority (no update is applied then).
+            InternalError, UnavailableError: when storage could not commit the update.
         """
         checked = {k: check_priority(p, f"priority of key {k}") for k, p in updates.items()}
         with self._cond:
@@ -448,8 +472,9 @@ class Table:
             missing = len(checked) - len(rows)
             self.priority_updates += len(rows)
             self.priority_updates_missing += missing
-            self._storage.commit(self.name, updates=rows, counters=self.counters())
+            ticket = self._storage.submit(self.name, updates=rows, counters=self.counters())
             self._cond.notify_all()
+        ticket.wait()
         return len(rows), missing
 
     def records(self, predicate: Callable[[ItemRecord], bool] | None = None) -> list[ItemRecord]:
