@@ -38,12 +38,21 @@ from marti.errors import ResourceExhaustedError
 _LOG = logging.getLogger("marti.trainer.ray")
 
 
+#: Ray system settings of the local Ray a job starts. ``worker_niceness`` 0: Ray starts its worker processes, so
+#: every policy, reference, critic and rollout actor, at niceness 15 by default (``RAY_worker_niceness``), which
+#: gives them about 1/30 of a normal process's CPU share on a machine where anything else runs: the training
+#: actors are the job's work, so they run at the driver's priority (docs/benchmarks.md, "A step on a busy
+#: machine").
+LOCAL_RAY_SYSTEM_CONFIG: dict[str, Any] = {"worker_niceness": 0}
+
+
 def ray_init_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     """The keyword arguments :meth:`RayRuntime.start` passes to ``ray.init`` (when Ray is not running yet).
 
     ``ray.address`` (or ``RAY_ADDRESS`` when it is null) null, empty or ``local``: a local Ray with ``ray.num_cpus``
     CPUs (all of the machine's when null) and an object store of ``ray.object_store_memory`` bytes (Ray's default
-    when null); anything else: attach to that cluster.
+    when null), whose workers run at the driver's own scheduling priority (:data:`LOCAL_RAY_SYSTEM_CONFIG`);
+    anything else: attach to that cluster (its own settings apply).
     """
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     if address in (None, "", "local"):
@@ -54,6 +63,7 @@ def ray_init_kwargs(cfg: TrainConfig) -> dict[str, Any]:
             "log_to_driver": True,
             "configure_logging": True,
             "logging_level": logging.WARNING,
+            "_system_config": dict(LOCAL_RAY_SYSTEM_CONFIG),
         }
     return {"address": address, "log_to_driver": True, "logging_level": logging.WARNING}
 

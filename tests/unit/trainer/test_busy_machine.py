@@ -46,8 +46,8 @@ def _environ(pid: int) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/<pid>/environ (Linux)")
 def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
-    """The job's policy actor, a Ray process of its own, starts with the settings (every kind of actor is
-    started by the same call with its own thread count)."""
+    """The job's policy actor, a Ray process of its own, runs at the driver's priority and starts with the
+    settings (every kind of actor is started by the same call with its own thread count)."""
     for name in (*ACTOR_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
     # As in the demo (examples/resource_allocation.yaml): one team actor on the 2 CPUs of the local Ray.
@@ -59,5 +59,7 @@ def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
         env = _environ(pid)
         settings = {k: env.get(k) for k in (*ACTOR_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         assert settings == actor_env_vars(2, environ={}), settings
+        # Ray's default would start it at niceness 15: ~1/30 of a normal process's CPU share on a busy machine
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         runtime.shutdown()
