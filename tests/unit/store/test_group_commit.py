@@ -99,12 +99,14 @@ def test_table_waits_for_its_commit_outside_its_lock(tmp_path):
         ]
         for th in threads:
             th.start()
-        wait_for(lambda: st.stats()["queued"] == 3)  # first op popped by the stalled writer, three queued
+        # all four inserts reach the storage while the stalled writer holds the first (a table holding its lock
+        # until its commit would let one in at a time); the writer may have taken one or more of them already
+        wait_for(lambda: len(st._pending) == 4)
         assert results == []  # nobody is answered before the commit
     for th in threads:
         th.join(10)
     assert len(results) == 4
-    assert st.stats()["transactions"] - before["transactions"] == 2
+    assert st.stats()["transactions"] - before["transactions"] in (1, 2)
     store.close()
 
 
