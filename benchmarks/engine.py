@@ -26,12 +26,13 @@ the baseline's in the same run; the load average before and after. ``--json PATH
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.report import print_report
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "hf"
@@ -213,14 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         f"temperature {out['temperature']}); {args.repeats} timed calls per arm "
         f"(+1 untimed), interleaved; torch threads {out['torch_threads']}"
     )
-    print("load average before: " + " ".join(f"{x:.2f}" for x in out["loadavg_before"]))
-    print()
-    print(table(out))
-    print()
-    print("load average after: " + " ".join(f"{x:.2f}" for x in out["loadavg_after"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    print_report(out, table(out), args.json)
     return 0
 
 

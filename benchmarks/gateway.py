@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -35,6 +34,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from benchmarks.report import print_report
 
 BASELINE = "direct"
 AGENTS = ("alice", "bob")
@@ -296,14 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clients, --requests, --max-tokens and --episodes must be >= 1")
     out = run(args.model, clients, args.requests, args.max_tokens, args.episodes)
     print(f"model: {out['model']}; {args.requests} requests per client, {args.max_tokens} tokens each")
-    print("load average before: " + " ".join(f"{x:.2f}" for x in out["loadavg_before"]))
-    print()
-    print(table(out))
-    print()
-    print("load average after: " + " ".join(f"{x:.2f}" for x in out["loadavg_after"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    print_report(out, table(out), args.json)
     return 0
 
 

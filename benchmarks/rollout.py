@@ -26,7 +26,6 @@ round trips by method; the load average before and after. ``--json PATH`` writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import print_report
 from services.trainer.loop import Addresses, TrainingLoop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,14 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         f"config: {out['config']}; {args.steps} steps (+{args.warmup} warm-up) per arm, interleaved; "
         f"{s['episodes_per_step']} episodes and {s['turns_per_step']:.0f} turns per step"
     )
-    print("load average before: " + " ".join(f"{x:.2f}" for x in out["loadavg_before"]))
-    print()
-    print(table(out))
-    print()
-    print("load average after: " + " ".join(f"{x:.2f}" for x in out["loadavg_after"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    print_report(out, table(out), args.json)
     return 0
 
 
