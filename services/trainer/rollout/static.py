@@ -186,14 +186,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             row_steps, compactions, forwards = 0, 0, 0
             for step in range(steps):
                 new, lp = sample_tokens(logits, params)
-                running = []
-                for i, (t, v) in enumerate(zip(new.tolist(), lp.tolist(), strict=True)):
-                    row = live[i]
-                    if row_ends.ends[row] is None:
-                        tokens[row].append(t)
-                        logprobs[row].append(v)
-                        if not row_ends.push(row, t):
-                            running.append(i)
+                running = _record(new, lp, live, row_ends, tokens, logprobs)
                 if not running or step == steps - 1:
                     break
                 if len(running) < len(live) and _worth_compacting(len(live), len(running), steps - step - 1):
@@ -266,12 +259,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             next_pos = positions[:, -1:] + 1
             for step in range(steps):
                 new, lp = sample_tokens(logits[:rows], params)
-                running = False
-                for row, (t, v) in enumerate(zip(new.tolist(), lp.tolist(), strict=True)):
-                    if row_ends.ends[row] is None:
-                        tokens[row].append(t)
-                        logprobs[row].append(v)
-                        running = not row_ends.push(row, t) or running
+                running = _record(new, lp, range(rows), row_ends, tokens, logprobs)
                 if not running or step == steps - 1:
                     break
                 feed = torch.cat([new, new.new_full((batch - rows,), int(new[-1]))]) if batch > rows else new
@@ -311,6 +299,38 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         else:
             cache.reset()  # zeroes in place: the buffers keep their addresses
         return cache
+
+
+def _record(
+    new: torch.Tensor,
+    lp: torch.Tensor,
+    live: Any,
+    row_ends: _RowEnds,
+    tokens: list[list[int]],
+    logprobs: list[list[float]],
+) -> list[int]:
+    """Append each sampled token and its log-probability to its row, unless the row has already ended.
+
+    Args:
+        new: (B,) sampled ids; batch index ``i`` is row ``live[i]``.
+        lp: (B,) their raw log-probabilities.
+        live: Batch index -> row.
+        row_ends: Where rows end; updated in place.
+        tokens: Per row, its generated ids; appended to.
+        logprobs: Per row, their log-probabilities; appended to.
+
+    Returns:
+        The batch indices of the rows still running after this step.
+    """
+    running = []
+    for i, (t, v) in enumerate(zip(new.tolist(), lp.tolist(), strict=True)):
+        row = live[i]
+        if row_ends.ends[row] is None:
+            tokens[row].append(t)
+            logprobs[row].append(v)
+            if not row_ends.push(row, t):
+                running.append(i)
+    return running
 
 
 def _decode_step(
