@@ -311,8 +311,8 @@ class RolloutConfig(_Section):
 
     engine: Literal["hf", "hf_static", "vllm", "auto"] = "auto"
     """``hf``: transformers ``generate``; ``hf_static``: transformers with the engine's own decode loop over a
-    preallocated key/value cache (finished rows leave the batch; on CUDA, decode steps compiled with CUDA graphs;
-    same outputs as ``hf``, see docs/benchmarks.md); ``vllm``: vLLM (GPU); ``auto``: vLLM when installed and on
+    preallocated key/value cache (finished rows leave the batch; on CUDA, decode steps compiled with CUDA graphs, not yet
+    run on a GPU; greedy outputs equal ``hf``'s, see docs/models.md); ``vllm``: vLLM (GPU); ``auto``: vLLM when installed and on
     CUDA, else ``hf``."""
     source: Literal["builtin", "external", "mixed"] = "builtin"
     """Where each update's training episodes come from. ``builtin``: the job plays ``episodes_per_step``
