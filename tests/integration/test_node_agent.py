@@ -159,7 +159,11 @@ def test_node_agent_plays_with_python_agent(node_modules, services, proto_includ
     assert js["sent_sha256"] == py["received_sha256"] and len(js["sent_sha256"]) >= 4
     assert py["sent_sha256"] == js["received_sha256"] and len(py["sent_sha256"]) >= 3
     assert js["verified_by_partner"] >= 2 and py["verified_by_node"] >= 2
-    assert js["frames_sent"]["CODEC_ZSTD"] >= 3 and js["frames_received"]["CODEC_ZSTD"] >= 1
+    # one frame per send: the join, one result per turn, the closing "shared" note. The large ones are zstd;
+    # the short note (two random UUIDs in ~250 bytes) goes uncompressed when zstd would not make it smaller.
+    sent = js["frames_sent"]
+    assert sent["CODEC_ZSTD"] + sent["CODEC_NONE"] == 2 + js["node_turns"]
+    assert sent["CODEC_ZSTD"] >= 1 + js["node_turns"] and js["frames_received"]["CODEC_ZSTD"] >= 1
     assert js["bytes"]["sentWire"] < js["bytes"]["sentRaw"]
     assert py["bytes_received_wire"] < py["bytes_received_raw"] and py["compression_ratio"] > 1.2
 
