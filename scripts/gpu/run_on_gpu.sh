@@ -9,10 +9,13 @@
 #            unpack it, pip install --no-index --no-deps --target $KIT/site, convert the GGUF model once
 #            into $MARTI_MODEL_CACHE; log in $OUT/install.log
 #   check    python3 tests/gpu/check_gpu.py: $OUT/check_gpu.json and $OUT/check_gpu.log
+#   bench    marti bench engine (benchmarks/engine.py) with $BENCH_ARGS: generated tokens/s of the hf, hf_static and
+#            compiled hf_static engines at batch 1, 8 and 64 on SmolLM2-135M; $OUT/engine.json, $OUT/engine.log and,
+#            with nvidia-smi, $OUT/gpu_util_bench.csv
 #   train    marti train $CONFIG (the GPU main job, its own wall-time budget) under `timeout -s TERM`
 #            (SIGTERM: the job finishes its step, checkpoints and writes its report), nvidia-smi logging every
 #            5 s; copies report.md, metrics.jsonl, eval.jsonl, gpu_util.csv and train.log into $OUT
-#   all      receive install check train
+#   all      receive install check bench train
 #
 # Environment:
 #   KIT              default /tmp/marti-gpu-kit: outside the working copy, kept while the machine stays held
@@ -23,6 +26,8 @@
 #   TRAIN_TIMEOUT_S  default 540 (then SIGTERM; SIGKILL 30 s later): ends inside a 600 s command
 #   TRAIN_ARGS       extra marti train arguments, e.g. "--set budget.max_wall_time_s=300"
 #   CHECK_ARGS       extra check_gpu.py arguments, e.g. "--only hf --only worker"
+#   BENCH_ARGS       the engine bench's arguments (default "--device cuda --dtype bfloat16 --compiled
+#                    --batches 1,8,64 --repeats 3"); --json $OUT/engine.json is always added
 #   PYTHON           default python3: the machine's Python 3.12 with torch and transformers
 # Every stage after install puts "$ROOT:$KIT/site" first on PYTHONPATH, so every process (driver, Ray workers,
 # services) runs the working tree that came with the command, with the kit's packages over the machine's.
@@ -36,6 +41,7 @@ RUN_DIR="${RUN_DIR:-/tmp/marti-gpu-run}"
 TRAIN_TIMEOUT_S="${TRAIN_TIMEOUT_S:-540}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 CHECK_ARGS="${CHECK_ARGS:-}"
+BENCH_ARGS="${BENCH_ARGS:---device cuda --dtype bfloat16 --compiled --batches 1,8,64 --repeats 3}"
 PYTHON="${PYTHON:-python3}"
 CARRIED="${CARRIED:-$ROOT/build/gpu-kit}"
 CHUNKS="$KIT/chunks"
@@ -114,22 +120,43 @@ stage_check() {
   log "check_gpu.py exit status $rc"
 }
 
+# GPU utilisation and memory every 5 s into $1 while a stage runs (nothing without nvidia-smi); sets SMI_PID.
+start_smi() {
+  SMI_PID=""
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >"$1" &
+    SMI_PID=$!
+  fi
+}
+
+stop_smi() { [[ -n "$SMI_PID" ]] && kill "$SMI_PID" 2>/dev/null || true; }
+
+stage_bench() {
+  use_site
+  mkdir -p "$OUT"
+  local rc=0
+  start_smi "$OUT/gpu_util_bench.csv"
+  # shellcheck disable=SC2086  # BENCH_ARGS holds several arguments
+  (cd "$ROOT" && "$PYTHON" -m benchmarks.engine $BENCH_ARGS --json "$OUT/engine.json") 2>&1 \
+    | tee "$OUT/engine.log" || rc=$?
+  stop_smi
+  log "engine bench exit status $rc"
+  return "$rc"
+}
+
 stage_train() {
   use_site
   mkdir -p "$OUT" "$RUN_DIR"
-  local run smi_pid="" rc=0
+  local run rc=0
   run="$RUN_DIR/$(basename "$CONFIG" .yaml)-$(date +%Y%m%d-%H%M%S)"
-  if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >"$OUT/gpu_util.csv" &
-    smi_pid=$!
-  fi
+  start_smi "$OUT/gpu_util.csv"
   log "marti train $CONFIG -> $run (stopped with SIGTERM after ${TRAIN_TIMEOUT_S}s)"
   # shellcheck disable=SC2086  # TRAIN_ARGS holds several arguments
   # --foreground: the signal goes to marti train alone, which then stops its Ray actors and services itself
   (cd "$ROOT" && timeout --foreground -s TERM -k 30 "$TRAIN_TIMEOUT_S" \
     "$PYTHON" -m marti.cli train "$CONFIG" --no-progress --set "output.dir=$run" $TRAIN_ARGS) \
     >"$OUT/train.log" 2>&1 || rc=$?
-  [[ -n "$smi_pid" ]] && kill "$smi_pid" 2>/dev/null || true
+  stop_smi
   log "marti train exit status $rc"
   tail -n 20 "$OUT/train.log"
   local f
@@ -141,10 +168,10 @@ stage_train() {
 
 [[ $# -gt 0 ]] || { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
 stages=("$@")
-[[ "${stages[*]}" == "all" ]] && stages=(receive install check train)
+[[ "${stages[*]}" == "all" ]] && stages=(receive install check bench train)
 for stage in "${stages[@]}"; do
   case "$stage" in
-    receive | install | check | train) log "stage $stage"; "stage_$stage" ;;
-    *) die "unknown stage $stage (receive, install, check, train, all)" ;;
+    receive | install | check | bench | train) log "stage $stage"; "stage_$stage" ;;
+    *) die "unknown stage $stage (receive, install, check, bench, train, all)" ;;
   esac
 done

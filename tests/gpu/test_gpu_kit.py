@@ -201,6 +201,25 @@ def test_run_on_gpu_script_parses_and_is_executable():
     subprocess.run(["bash", "-n", str(RUN_SH)], check=True)
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or __import__("torch").cuda.is_available(),
+    reason="checks the refusal on a machine without CUDA",
+)
+def test_bench_stage_refuses_a_missing_gpu_before_loading_anything(tmp_path):
+    """The default BENCH_ARGS ask for CUDA: on a machine without one the stage fails at once, naming the device."""
+    site = tmp_path / "kit" / "site"
+    site.mkdir(parents=True)
+    (site / ".installed").write_text("")
+    env = {**os.environ, "KIT": str(tmp_path / "kit"), "OUT": str(tmp_path / "out"), "PYTHON": sys.executable}
+    env.pop("BENCH_ARGS", None)
+    got = _stage(env, "bench", timeout=120)
+    assert got.returncode != 0
+    assert (
+        "device 'cuda' asked for, but torch sees no CUDA device"
+        in (tmp_path / "out" / "engine.log").read_text()
+    )
+
+
 def _tiny_wheel(dest: Path) -> Path:
     """A one-module pure-Python wheel (``gpukitprobe``) for the install stage."""
     name = "gpukitprobe-1.0-py3-none-any.whl"
@@ -253,6 +272,7 @@ def test_run_on_gpu_stages_on_a_cpu_stand_in(tmp_path):
         "RUN_DIR": str(tmp_path / "runs"),
         "CONFIG": "examples/tiny.yaml",
         "CHECK_ARGS": "--dry-run --only hf",
+        "BENCH_ARGS": "--device cpu --model tiny-llama --batches 1,2 --repeats 1 --max-new-tokens 3",
         "TRAIN_ARGS": "--set max_steps=1",
     }
 
@@ -270,16 +290,19 @@ def test_run_on_gpu_stages_on_a_cpu_stand_in(tmp_path):
     assert got.returncode != 0 and "sha256 mismatch" in got.stdout + got.stderr
     (carried / first.name).write_bytes((tmp_path / "kit.tar").read_bytes()[:1024])  # resent intact
 
-    got = _stage(env, "receive", "install", "check", "train")
+    got = _stage(env, "receive", "install", "check", "bench", "train")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     assert (kit / "site" / "gpukitprobe.py").is_file()
     out = tmp_path / "out"
     assert "cuda available: False; model ready" in (out / "install.log").read_text()
     check = json.loads((out / "check_gpu.json").read_text())
     assert check["hf_rollout[lora]"]["status"] == "PASS", check
-    assert {"report.md", "metrics.jsonl", "eval.jsonl", "train.log", "check_gpu.log"} <= {
+    assert {"report.md", "metrics.jsonl", "eval.jsonl", "train.log", "check_gpu.log", "engine.log"} <= {
         p.name for p in out.iterdir()
     }
+    bench = json.loads((out / "engine.json").read_text())
+    assert bench["device"] == "cpu" and bench["dtype"] == "float32" and set(bench["by_batch"]) == {"1", "2"}
+    assert all(a["generated_tokens"] > 0 for e in bench["by_batch"].values() for a in e["arms"].values())
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
     again = _stage(env, "install")
     assert again.returncode == 0 and "already installed" in again.stdout
