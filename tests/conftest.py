@@ -27,7 +27,12 @@ EXIT_WATCHDOG_S = 300
 
 
 def pytest_unconfigure(config):
-    """Arm the exit watchdog: a hang at interpreter exit becomes a stack dump and exit status 1."""
+    """Arm the exit watchdog: a hang at interpreter exit becomes a stack dump and exit status 1.
+
+    Only in the process that runs the session: a pytest-xdist worker is driven by its controller, which
+    waits for it, and the watchdog would fire in a worker the controller keeps alive."""
+    if hasattr(config, "workerinput"):
+        return
     import faulthandler
     import sys
 
