@@ -8,7 +8,8 @@ that are not acting may send ``""`` or nothing.
 
 ``make(env_id, address=None, ...)`` returns the environment in-process; with ``address="host:port"`` it returns a
 remote session on an env server that behaves the same way (same observations, rewards and errors for the same
-seed and actions). A caller that makes many remote envs passes one long-lived channel (``channel=``, from
+seed and actions). Several servers (a list, ``"h1:p,h2:p"`` or ``"dns:///name:p"``) spread the envs made in a
+process over them, each session pinned to its server (:mod:`marti.clients.env_pool`). A caller that makes many remote envs passes one long-lived channel (``channel=``, from
 :func:`marti.clients.env.open_channel`) instead of dialing the server for each, and steps envs in lockstep with
 :func:`step_many` (one ``BatchStep`` round trip for the remote sessions that share a channel). See
 ``docs/environments.md``.
@@ -34,7 +35,7 @@ __all__ = ["ParallelEnv", "declared_metrics", "list_envs", "make", "step_many"]
 def make(
     env_id: str,
     *,
-    address: str | None = None,
+    address: str | Sequence[str] | None = None,
     seed: int | None = None,
     token: str | None = None,
     tls_ca_file: str | None = None,
@@ -48,7 +49,10 @@ def make(
     Args:
         env_id: Registered id, ``name-vN`` or bare ``name`` (highest version), e.g.
             ``"collaborative_task_solving"``.
-        address: ``None`` for an in-process env; ``"host:port"`` of an env server for a remote session.
+        address: ``None`` for an in-process env; ``"host:port"`` of an env server for a remote session; several
+            servers (a list, a comma-separated string, or ``"dns:///name:port"`` for one server per address the
+            name resolves to) for a session placed on the server where this process's shared pool
+            (:func:`marti.clients.env_pool.shared_env_pool`) has the fewest live sessions, and pinned there.
         seed: Seed of the first ``reset()`` called without a seed (same id, config, seed and actions give the
             same trajectory).
         token: Bearer token for the server (remote only); ``None`` reads ``MARTI_ENV_TOKEN``, then
@@ -61,7 +65,7 @@ def make(
             :func:`marti.clients.env.open_channel`) to create the session on instead of dialing ``address``;
             ``token`` and ``tls_ca_file`` are then the channel's business and ignored. The env does not close
             it: one channel serves any number of envs, and its owner closes it after them. With a channel,
-            ``address`` may be None (it is then only a label).
+            ``address`` may be None (it is then only a label); it may not name several servers.
         **config: Env config, e.g. ``scenario="resource_allocation", max_turns=12, reward_type="dense",
             observation_format="natural_language", difficulty="easy", num_agents=3``.
 
@@ -71,17 +75,30 @@ def make(
     Raises:
         marti.errors.NotFoundError: Unknown env id.
         marti.errors.InvalidArgumentError: Unknown config key (named) or bad value; a token that is not
-            printable ASCII (before any rpc).
-        marti.errors.UnavailableError: The server cannot be reached (remote only).
+            printable ASCII (before any rpc); an empty or malformed multi-server address (named); several
+            servers with ``channel``.
+        marti.errors.UnavailableError: The server cannot be reached (remote only); with several servers, none
+            of them could create the session (the last one named), or a ``dns:///`` name does not resolve.
     """
     if address is None and channel is None:
         from marti.env_registry import default_registry
 
         return default_registry().make(env_id, config, seed)
     from marti.clients.env import RemoteParallelEnv
+    from marti.clients.env_addresses import is_env_pool, single_env_address
 
+    if is_env_pool(address):
+        from marti.clients.env_pool import shared_env_pool
+        from marti.errors import InvalidArgumentError
+
+        if channel is not None:
+            raise InvalidArgumentError(
+                f"channel= names one env server, but address={address!r} names several: leave channel out"
+            )
+        pool = shared_env_pool(address, token=token, tls_ca_file=tls_ca_file)
+        return pool.make(env_id, config=config, seed=seed, timeout_s=timeout_s, transport=transport)
     return RemoteParallelEnv.create(
-        address,
+        single_env_address(address),
         env_id,
         config=config,
         seed=seed,
@@ -164,21 +181,33 @@ def step_many(
     return out
 
 
-def list_envs(address: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+def list_envs(address: str | Sequence[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     """List registered envs (id, description, config schema, agents and roles of the default config).
 
     Args:
-        address: ``None`` for the in-process registry, else an env server's ``"host:port"``.
+        address: ``None`` for the in-process registry, else an env server's ``"host:port"``, or several servers
+            (as for :func:`make`): then the envs every one of them offers
+            (:meth:`marti.clients.env_pool.EnvPool.list_envs`).
         **kwargs: Passed to :class:`marti.clients.env.EnvClient` (token, tls_ca_file, timeout_s).
 
     Returns:
         One dict per env id (see :func:`marti.env_registry.describe_spec` for the keys).
+
+    Raises:
+        marti.errors.InvalidArgumentError: An empty or malformed multi-server address (named).
+        marti.errors.UnavailableError: A server cannot be reached (named when there are several).
     """
     if address is None:
         from marti.env_registry import describe_all
 
         return describe_all()
     from marti.clients.env import EnvClient
+    from marti.clients.env_addresses import is_env_pool, single_env_address
 
-    with EnvClient(address, **kwargs) as client:
+    if is_env_pool(address):
+        from marti.clients.env_pool import EnvPool
+
+        with EnvPool(address, **kwargs) as pool:
+            return pool.list_envs()
+    with EnvClient(single_env_address(address), **kwargs) as client:
         return client.list_envs()

@@ -27,7 +27,7 @@ import queue
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -492,6 +492,8 @@ class EnvClient:
             rebuilds them exactly from the session's previous result (kept in the channel's
             :class:`DeltaCache`, shared by every client on the channel). Servers without deltas send full
             results. ``False`` always asks for full results.
+        options: Extra grpc channel arguments of the channel the client dials (see :func:`open_channel`;
+            unused with ``channel``).
 
     Raises:
         InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
@@ -507,12 +509,13 @@ class EnvClient:
         timeout_s: float | None = None,
         channel: grpc.Channel | None = None,
         deltas: bool = True,
+        options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.address = address
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._own_channel = channel is None
         self._pid = os.getpid()
-        self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
+        self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file, options=options)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         #: The channel's delta cache, or ``None`` when deltas are off.
         self.deltas: DeltaCache | None = delta_cache(self.channel) if deltas else None
@@ -880,6 +883,8 @@ class RemoteParallelEnv(ParallelEnv):
         self._own_client = own_client
         self._stream = stream
         self._closed = False
+        #: Called once when the env is closed (an :class:`~marti.clients.env_pool.EnvPool` frees its place).
+        self.on_close: Callable[[], None] | None = None
 
     @classmethod
     def create(
@@ -1104,6 +1109,8 @@ class RemoteParallelEnv(ParallelEnv):
             pass
         if self._own_client:
             self.client.close()
+        if self.on_close is not None:
+            self.on_close()
 
 
 class AsyncEnvClient:
