@@ -501,8 +501,11 @@ class ServicesConfig(_Section):
 
     broker: str | None = None
     """comm_broker address ``host:port``; null: start one locally."""
-    env: str | None = None
-    """env_server address; null: start one locally."""
+    env: str | list[str] | None = None
+    """env_server address; null: start one locally. Several servers: a list or a comma-separated string of
+    ``host:port``, or ``dns:///name:port`` (one server per address the name resolves to); the rollouts then
+    place each new session on the server with the fewest live sessions of the job and keep it there
+    (docs/environments.md, "Several env servers")."""
     store: str | None = None
     """experience_store address; null: start one locally."""
     token: str | None = None
@@ -515,6 +518,14 @@ class ServicesConfig(_Section):
     reconnect_timeout_s: NonNegFloat = 120.0
     """How long the trainer keeps retrying a rollout or store exchange while a service restarts, seconds
     (backoff 0.5 s doubling to 10 s); 0 fails at the first outage."""
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, value: str | list[str] | None) -> str | list[str] | None:
+        from marti.clients.env_addresses import is_env_pool
+
+        is_env_pool(value)  # a list or comma-separated value: every entry host:port (InvalidArgumentError)
+        return value
 
 
 class OutputConfig(_Section):

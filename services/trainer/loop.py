@@ -64,12 +64,16 @@ CHANNEL_OPTIONS = (
 class Addresses:
     """Service addresses the loop talks to (``host:port``), the bearer token, and TLS.
 
+    ``env`` may name several env servers (a list, a comma-separated string, ``dns:///name:port``): the loop then
+    plays its sessions through one :class:`~marti.clients.env_pool.EnvPool` (each new session on the server with
+    the fewest live sessions of the job, pinned there); a single address is one channel, as ever.
+
     ``tls_ca_file`` (PEM) is used for the services named in ``tls_services`` (those whose address the user
     gave: ``services.tls_ca_file`` with ``marti train``); the others, e.g. an embedded stack, are plaintext.
     """
 
     broker: str
-    env: str
+    env: str | list[str]
     store: str
     token: str | None = None
     tls_ca_file: str | None = None
@@ -310,6 +314,7 @@ class TrainingLoop:
         self.checkpoint_request = threading.Event()
         self.reconnects = 0  # phases re-run after a service outage
         self._channels: dict[str, Any] = {}  # long-lived channels to the env server and broker (_channel)
+        self._env_pool: Any = None  # the EnvPool of several env servers (_pool), while open
         self._channels_lock = threading.Lock()
         self.dropped_items = 0  # store items dropped as duplicates or retracted episodes
         self.feed: ExperienceFeed | None = None  # the agents' tables, while a job runs
@@ -371,10 +376,13 @@ class TrainingLoop:
         return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
 
     def _env_for(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
-        """A registered env on env_server (a session on the loop's env channel), or a custom env by import path
-        built in this process."""
+        """A registered env on env_server (a session on the loop's env channel, or placed by the loop's env pool
+        when ``services.env`` names several servers), or a custom env by import path built in this process."""
         if is_import_path(env_name):
             return make_custom_env(env_name, config, seed)
+        pool = self._pool()
+        if pool is not None:
+            return pool.make(env_name, seed=seed, config=config)
         import marti
 
         return marti.make(
@@ -414,7 +422,9 @@ class TrainingLoop:
         env session and comm client of every episode (rollout and evaluation threads alike) until
         :meth:`close_channels`; a service restart does not need a new one (see :data:`CHANNEL_OPTIONS`). None when
         the service has no address (in-process envs)."""
-        address = self.addr.env if service == "env" else self.addr.broker
+        from marti.clients.env_addresses import single_env_address
+
+        address = single_env_address(self.addr.env) if service == "env" else self.addr.broker
         if address is None:
             return None
         with self._channels_lock:
@@ -433,13 +443,36 @@ class TrainingLoop:
                 self._channels[service] = channel
             return channel
 
+    def _pool(self) -> Any:
+        """The loop's :class:`~marti.clients.env_pool.EnvPool` when ``env`` names several servers (opened on first
+        use with the loop's token, CA and :data:`CHANNEL_OPTIONS`, shared like :meth:`_channel`'s channels until
+        :meth:`close_channels`); None for one address or in-process envs."""
+        from marti.clients.env_addresses import is_env_pool
+
+        if not is_env_pool(self.addr.env):
+            return None
+        with self._channels_lock:
+            if self._env_pool is None:
+                from marti.clients.env_pool import EnvPool
+
+                self._env_pool = EnvPool(
+                    self.addr.env,
+                    token=self.addr.token,
+                    tls_ca_file=self.addr.ca_for("env"),
+                    options=CHANNEL_OPTIONS,
+                )
+            return self._env_pool
+
     def close_channels(self) -> None:
-        """Close the loop's long-lived channels (idempotent; a later episode opens new ones). Call it when the
-        job ends, after the last episode's sessions are closed."""
+        """Close the loop's long-lived channels and env pool (idempotent; a later episode opens new ones). Call
+        it when the job ends, after the last episode's sessions are closed."""
         with self._channels_lock:
             channels, self._channels = list(self._channels.values()), {}
+            pool, self._env_pool = self._env_pool, None
         for channel in channels:
             channel.close()
+        if pool is not None:
+            pool.close()
 
     def _runner(
         self,

@@ -82,6 +82,9 @@ def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Ad
         "env": args.env or services.env,
         "store": args.store or services.store,
     }
+    from marti.clients.env_addresses import is_env_pool
+
+    is_env_pool(addrs["env"])  # several env servers: every entry host:port (InvalidArgumentError, named)
     missing = [k for k, v in addrs.items() if not v]
     stack = None
     if missing:
@@ -115,7 +118,11 @@ def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Ad
 def add_service_flags(p: argparse.ArgumentParser) -> None:
     """The ``--broker/--env/--store/--token`` flags shared by ``marti train`` and ``marti eval``."""
     p.add_argument("--broker", default=os.environ.get("MARTI_BROKER_ADDR"), help="comm_broker host:port")
-    p.add_argument("--env", default=os.environ.get("MARTI_ENV_ADDR"), help="env_server host:port")
+    p.add_argument(
+        "--env",
+        default=os.environ.get("MARTI_ENV_ADDR"),
+        help="env_server host:port; several: host:port,host:port or dns:///name:port (sessions spread over them)",
+    )
     p.add_argument("--store", default=os.environ.get("MARTI_STORE_ADDR"), help="experience_store host:port")
     p.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token for the services")
 
