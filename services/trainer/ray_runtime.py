@@ -1,5 +1,6 @@
 """Ray orchestration of the trainer's actors: local ``ray.init`` or an existing cluster, one placement group with
-a bundle per actor sized from the config, released when the job ends or fails.
+a bundle per actor sized from the config, released when the job ends or fails. A job attaching to an existing
+cluster first matches its token authentication (:mod:`services.trainer.ray_auth`).
 
 Policy actors (:class:`~services.trainer.worker.PolicyWorker`): in ``per_agent`` mode one per agent (its
 ``num_cpus`` / ``num_gpus`` reserved); in ``lora`` and ``shared`` mode one for the team, which keeps a single
@@ -34,6 +35,7 @@ from typing import Any, Literal
 
 from marti.config import TrainConfig
 from marti.errors import ResourceExhaustedError
+from services.trainer.ray_auth import ClusterAuth, prepare_cluster_auth
 
 _LOG = logging.getLogger("marti.trainer.ray")
 
@@ -46,6 +48,13 @@ _LOG = logging.getLogger("marti.trainer.ray")
 LOCAL_RAY_SYSTEM_CONFIG: dict[str, Any] = {"worker_niceness": 0}
 
 
+def cluster_address(cfg: TrainConfig) -> str | None:
+    """The address of the existing Ray cluster the job attaches to: ``ray.address``, or ``RAY_ADDRESS`` when it is
+    null; ``None`` when that is null, empty or ``local`` (the job starts a local Ray)."""
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    return None if address in (None, "", "local") else address
+
+
 def ray_init_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     """The keyword arguments :meth:`RayRuntime.start` passes to ``ray.init`` (when Ray is not running yet).
 
@@ -54,8 +63,8 @@ def ray_init_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     when null), whose workers run at the driver's own scheduling priority (:data:`LOCAL_RAY_SYSTEM_CONFIG`);
     anything else: attach to that cluster (its own settings apply).
     """
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    if address in (None, "", "local"):
+    address = cluster_address(cfg)
+    if address is None:
         return {
             "num_cpus": cfg.ray.num_cpus or os.cpu_count(),
             "object_store_memory": cfg.ray.object_store_memory,
@@ -144,6 +153,7 @@ class RayRuntime:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self._started_ray = False
+        self._auth: ClusterAuth | None = None
         self._pg = None
         self._workers: list[Any] = []
         self._owner: dict[str, Any] = {}
@@ -251,9 +261,17 @@ class RayRuntime:
     def start(self, timeout_s: float = 600.0) -> None:
         """Connect to (or start) Ray, reserve the placement group and start the actors (:meth:`actors`).
 
+        Attaching to an existing cluster (:func:`cluster_address`), the driver first matches the cluster's token
+        authentication (:func:`~services.trainer.ray_auth.prepare_cluster_auth`: token mode with the token from
+        ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token`` when the cluster requires one);
+        :meth:`shutdown` puts ``RAY_AUTH_MODE`` back.
+
         Raises:
             ResourceExhaustedError: the placement group could not be reserved within ``timeout_s``.
             NotFoundError: a model is not available locally (raised by the worker, named).
+            UnauthenticatedError: the cluster requires a token and none is found, or the one found is refused
+                (the message names the fix).
+            FailedPreconditionError: ``RAY_AUTH_MODE=token`` is set and the cluster does not use tokens.
         """
         import ray
         from ray.util.placement_group import placement_group
@@ -268,7 +286,14 @@ class RayRuntime:
         # (marti train stops after the current step and shuts the stack down cleanly).
         saved = _python_signal_handlers()
         if not ray.is_initialized():
-            ray.init(**ray_init_kwargs(self.cfg))
+            address = cluster_address(self.cfg)
+            if address is not None:  # match the cluster's token authentication (services.trainer.ray_auth)
+                self._auth = prepare_cluster_auth(address)
+            try:
+                ray.init(**ray_init_kwargs(self.cfg))
+            except BaseException:
+                self._restore_auth()
+                raise
             self._started_ray = True
         _restore_signal_handlers(saved)
         specs = self.actors()
@@ -494,7 +519,8 @@ class RayRuntime:
         return positions[0]
 
     def shutdown(self) -> None:
-        """Kill every actor, release the placement group, and stop Ray if this runtime started it."""
+        """Kill every actor, release the placement group, and stop Ray if this runtime started it (then put back
+        ``RAY_AUTH_MODE`` if :meth:`start` set it for a cluster)."""
         import ray
 
         if not ray.is_initialized():
@@ -516,6 +542,13 @@ class RayRuntime:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+            self._restore_auth()
+
+    def _restore_auth(self) -> None:
+        """Undo what :func:`~services.trainer.ray_auth.prepare_cluster_auth` set (``RAY_AUTH_MODE``)."""
+        if self._auth is not None:
+            self._auth.restore()
+            self._auth = None
 
 
 def _python_signal_handlers() -> dict[int, object]:
