@@ -1,8 +1,9 @@
 """``marti bench scale``: 1,000 concurrent env sessions and 1,000 concurrent broker agents on real servers.
 
 Each server runs in its own process (``python -m services.env_server`` / ``python -m services.comm_broker`` on
-port 0); the load comes from this process, one asyncio event loop over one shared ``grpc.aio`` channel per
-server (``marti.aio`` clients).
+port 0). The burst phases below drive it from this process, one asyncio event loop over one shared
+``grpc.aio`` channel per server (``marti.aio`` clients), all N at once: their latencies are queueing. The paced
+phase (further below) drives fresh servers from several processes at a fixed rate.
 
 env_server (``--sessions N``, default 1,000), ``--env-rounds`` times (default 3) on fresh sessions: create N
 ``collaborative_task_solving`` / resource_allocation sessions at once, reset all at once, step every session
@@ -27,10 +28,29 @@ of the env server and the agents-per-session cap of the broker to exactly what t
 what one more session / one more agent gets (the typed error and its message); after the closes it checks
 that a new env session is accepted again (the closed sessions freed their slots).
 
-Prints one table (service / phase: N, ok, errors, p50 and p99 latency, rate, server RSS after the phase),
-the checks, and the load average before and after; ``--json PATH`` also writes every number. Returns 1 when a
-check fails (a session or a message short, a duplicate, a limit probe answered otherwise than expected, a
-suspected leak, a server that died), else 0. ``--quick`` is a small run (20 sessions, 20 agents) for tests.
+Idle memory and paced load (the issue's targets), on a fresh env server and a fresh broker, both up at once and
+started with the same limit flags: one warm-up session / agent, the idle RSS (median of ``RSS_SAMPLES`` reads
+after a quiet second), then N env sessions created and reset and N agents joined with empty mailboxes (at most
+``SETUP_CONCURRENCY`` calls in flight), the idle RSS again: KB per idle session and per idle mailbox, against
+``SESSION_TARGET_KB`` and ``MAILBOX_TARGET_KB``. Then, unless ``--no-paced``, ``--procs`` client processes
+(default 4; ``python -m benchmarks.scale --paced-worker``) each take a contiguous slice of the sessions and
+agents and, from a common start, run an open-loop schedule for ``--paced-seconds`` (default 20) at
+``--paced-rate`` calls a second per service, all processes together (default 200: what this 2-core machine
+holds at its throughput; see docs/benchmarks.md). A call starts at its scheduled time whether or not the
+previous ones have ended; latency runs from the scheduled start, so a server or a client that falls behind
+shows in it (the lateness of the starts is reported too). env call: one ``Step`` of one session; broker call:
+one ``send_message`` with ``batching_size=1`` (sent at once) to another agent of the process's slice, plus
+that agent's ``get_messages`` until it holds the message. Reported per service: calls scheduled, ok, errors,
+offered and achieved rate, p50/p99/max latency against ``P99_TARGET_MS``, calls over it by second, server
+CPU per call; and the idle RSS once more after the calls (what a used session / mailbox holds when idle).
+
+Prints the burst table (service / phase: N, ok, errors, p50 and p99 latency, rate, server RSS after the phase),
+the checks, the paced table and the memory table (each row: met or missed), and the load average before and
+after; ``--json PATH`` also writes every number. Returns 1 when a check fails (a session or a message short, a
+duplicate, a limit probe answered otherwise than expected, a suspected leak, a server that died, a paced call
+or an idle-phase call that failed), else 0; a missed target is reported, not a failed check (it depends on the
+machine and its load). ``--quick`` is a small run (20 sessions, 20 agents, 40 calls/s from 2 processes for
+2 s) for tests.
 """
 
 from __future__ import annotations
@@ -41,6 +61,7 @@ import collections
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -56,7 +77,26 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV_NAME = "resource_allocation"
 #: Least growth per round (MB) that the leak check calls a leak: below it, allocator noise.
 LEAK_FLOOR_MB = 2.0
-QUICK = {"sessions": 20, "agents": 20, "turns": 2, "messages": 3}
+#: Calls in flight at most while the idle phase creates, resets or joins (few request buffers live at once).
+SETUP_CONCURRENCY = 32
+#: Quiet seconds before an idle RSS reading, and reads per reading (the median is kept).
+RSS_SETTLE_S = 1.0
+RSS_SAMPLES = 5
+#: The paced schedule wakes this much before a call's time (asyncio's timers and the task start add about a
+#: millisecond); a call that starts early is timed from its actual start.
+EARLY_S = 0.001
+QUICK = {
+    "sessions": 20, "agents": 20, "turns": 2, "messages": 3,
+    "paced_rate": 40.0, "procs": 2, "paced_seconds": 2.0, "settle": 0.3,
+}  # fmt: skip
+FULL = {
+    "sessions": 1000, "agents": 1000, "turns": 3, "messages": 10,
+    "paced_rate": 200.0, "procs": 4, "paced_seconds": 20.0, "settle": RSS_SETTLE_S,
+}  # fmt: skip
+#: The issue's targets: p99 per paced call (ms), RSS per idle env session and per idle mailbox (KB).
+P99_TARGET_MS = 10.0
+SESSION_TARGET_KB = 50.0
+MAILBOX_TARGET_KB = 20.0
 
 
 # ---------------------------------------------------------------------------------------------- servers
@@ -107,11 +147,7 @@ class Server:
 
     def cpu_s(self) -> float | None:
         """CPU seconds (user + system) the server has used so far; None where /proc is missing."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _cpu_s(self.proc.pid)
 
     def alive(self) -> bool:
         """Whether the process is still running."""
@@ -127,6 +163,63 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.proc.returncode
+
+
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used so far; None where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds all processes of the machine have used so far (/proc/stat, not idle or iowait)."""
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler:
+    """Every second, until :meth:`stop`: the cores each named process used over that second, and the cores the
+    whole machine used (other people's jobs included), from /proc.
+
+    Args:
+        pids: Name -> one pid or a list of pids (summed).
+    """
+
+    def __init__(self, pids: dict[str, int | list[int]]) -> None:
+        self.pids = {k: v if isinstance(v, list) else [v] for k, v in pids.items()}
+        self.series: dict[str, list[float | None]] = {k: [] for k in [*self.pids, "machine"]}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for k, pids in self.pids.items():
+            got = [_cpu_s(p) for p in pids]
+            out[k] = None if any(x is None for x in got) else sum(got)
+        out["machine"] = _machine_busy_s()
+        return out
+
+    def _run(self) -> None:
+        prev, t_prev = self._read(), time.perf_counter()
+        while not self._stop.wait(1.0):
+            cur, t = self._read(), time.perf_counter()
+            for k, v in cur.items():
+                d = None if v is None or prev[k] is None else (v - prev[k]) / (t - t_prev)
+                self.series[k].append(None if d is None else round(d, 2))
+            prev, t_prev = cur, t
+
+    def stop(self) -> dict[str, list[float | None]]:
+        """Stops sampling; returns the cores used per second, per name."""
+        self._stop.set()
+        self._thread.join()
+        return self.series
 
 
 def _status_kb(pid: int, key: str) -> float | None:
@@ -605,6 +698,540 @@ async def joined_extra(client) -> None:
     await client.get_messages(timeout_s=0)
 
 
+# ---------------------------------------------------------------------------------------------- idle memory
+async def _bounded(coros, limit: int = SETUP_CONCURRENCY) -> list:
+    """Awaits ``coros`` with at most ``limit`` in flight; returns their results (or exceptions) in order."""
+    sem = asyncio.Semaphore(limit)
+
+    async def one(coro):
+        async with sem:
+            return await coro
+
+    return await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
+
+
+async def idle_rss(server: Server, settle_s: float = RSS_SETTLE_S, samples: int = RSS_SAMPLES) -> dict:
+    """The server's RSS while nothing calls it: ``samples`` reads of ``VmRSS`` 0.1 s apart after ``settle_s``
+    seconds of quiet; returns the median and every sample (MB), or None where /proc is missing."""
+    await asyncio.sleep(settle_s)
+    got = []
+    for k in range(samples):
+        if k:
+            await asyncio.sleep(0.1)
+        x = server.rss_mb()
+        if x is not None:
+            got.append(x)
+    return {"median_mb": statistics.median(got) if got else None, "samples_mb": got}
+
+
+def _per_item_kb(before: dict, idle: dict, count: int) -> float | None:
+    """(idle RSS - RSS before) / count, KB; None when either reading or the count is missing."""
+    if before["median_mb"] is None or idle["median_mb"] is None or count < 1:
+        return None
+    return (idle["median_mb"] - before["median_mb"]) * 1024 / count
+
+
+async def env_idle(server: Server, n: int, settle_s: float = RSS_SETTLE_S, seed0: int = 10**6) -> dict:
+    """Memory per idle env session on a fresh server: one warm-up session (create, reset, step, close: the
+    server's lazy imports and caches), the idle RSS, then N sessions created and reset (at most
+    ``SETUP_CONCURRENCY`` calls in flight, so few request buffers are live at once) and left idle, the idle RSS
+    again. Returns the session ids (the paced phase steps them), both readings and the KB per session."""
+    from marti.aio import EnvClient
+
+    env_id, cfg = ENVS[ENV_NAME]
+    client = EnvClient(server.address)
+    errors: collections.Counter = collections.Counter()
+    try:
+        info = await client.create_session(env_id, cfg, seed=seed0 - 1)
+        r = await client.reset(info.session_id, seed=seed0 - 1)
+        await client.step(info.session_id, choose(ENV_NAME, r.acting_agents, r.infos))
+        await client.close_session(info.session_id)
+        before = await idle_rss(server, settle_s)
+        infos = await _bounded([client.create_session(env_id, cfg, seed=seed0 + i) for i in range(n)])
+        sids = []
+        for x in infos:
+            if isinstance(x, BaseException):
+                errors[type(x).__name__] += 1
+            else:
+                sids.append(x.session_id)
+        resets = await _bounded([client.reset(s, seed=seed0 + i) for i, s in enumerate(sids)])
+        for x in resets:
+            if isinstance(x, BaseException):
+                errors[type(x).__name__] += 1
+        idle = await idle_rss(server, settle_s)
+    finally:
+        await client.close()
+    ok = len(sids) - sum(isinstance(x, BaseException) for x in resets)
+    return {
+        "n": n,
+        "ok": ok,
+        "errors": dict(errors),
+        "session_ids": sids,
+        "rss_before": before,
+        "rss_idle": idle,
+        "per_item_kb": _per_item_kb(before, idle, ok) if not errors else None,
+    }
+
+
+async def broker_idle(
+    server: Server, plan: list[tuple[str, str, str, str]], settle_s: float = RSS_SETTLE_S
+) -> dict:
+    """Memory per idle mailbox on a fresh broker: the first agent of ``plan`` joins and sends itself one
+    message (the warm-up: codec, dictionary, the session itself), the idle RSS, then every other agent joins
+    (``get_messages`` with no wait; at most ``SETUP_CONCURRENCY`` at once) and its mailbox stays empty, the
+    idle RSS again; KB per mailbox = the growth / (N - 1)."""
+    from marti.aio import MartiCommClient
+    from marti.clients.broker import IDEMPOTENT_METHODS
+    from marti.rpc.channel import make_channel
+
+    channel = make_channel(server.address, aio=True, idempotent_methods=IDEMPOTENT_METHODS, service="broker")
+    errors: collections.Counter = collections.Counter()
+    try:
+        first, session = plan[0][0], plan[0][1]
+        c = MartiCommClient(first, server.address, session=session, channel=channel)
+        await c.connect()
+        await c.send_message(first, {"warm": "up"})
+        await c.flush()
+        while not await c.get_messages(timeout_s=1.0):
+            pass
+        await c.get_messages(timeout_s=0)  # carries the ack
+        await c.close()
+        before = await idle_rss(server, settle_s)
+
+        async def join(a: str, s: str) -> None:
+            cl = MartiCommClient(a, server.address, session=s, channel=channel)
+            await cl.connect()
+            await cl.get_messages(timeout_s=0)
+            await cl.close()
+
+        got = await _bounded([join(a, s) for a, s, _, _ in plan[1:]])
+        for x in got:
+            if isinstance(x, BaseException):
+                errors[type(x).__name__] += 1
+        idle = await idle_rss(server, settle_s)
+    finally:
+        await channel.close()
+    ok = len(plan) - 1 - sum(errors.values())
+    return {
+        "n": len(plan),
+        "ok": ok + 1,
+        "errors": dict(errors),
+        "rss_before": before,
+        "rss_idle": idle,
+        "per_item_kb": _per_item_kb(before, idle, ok) if not errors else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- paced load
+def split(items: list, k: int) -> list[list]:
+    """``items`` in ``k`` contiguous slices whose lengths differ by one at most."""
+    return [items[len(items) * w // k : len(items) * (w + 1) // k] for w in range(k)]
+
+
+def pairs(plan_slice: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str]]:
+    """``(sender, session, receiver)`` for the agents of one worker: within each broker session of the slice,
+    every agent sends to the next one (a ring; an agent alone sends to itself), so each mailbox is read by
+    exactly one call slot."""
+    by_session: dict[str, list[str]] = collections.defaultdict(list)
+    for a, s, _, _ in plan_slice:
+        by_session[s].append(a)
+    return [(a, s, m[(j + 1) % len(m)]) for s, m in by_session.items() for j, a in enumerate(m)]
+
+
+class _Calls:
+    """One worker's record of one service's paced calls (times in ms, from the common start)."""
+
+    def __init__(self) -> None:
+        self.scheduled = 0
+        self.ok = 0
+        self.errors: collections.Counter = collections.Counter()
+        self.examples: dict[str, str] = {}
+        self.latency: list[float] = []  # end - scheduled start (what a caller on the schedule waits)
+        self.service: list[float] = []  # end - actual start
+        self.late: list[float] = []  # actual start - scheduled start
+        self.last_end_ms = 0.0
+        self.extra: collections.Counter = collections.Counter()
+        self.slow_by_second: collections.Counter = collections.Counter()  # calls over the target, per second
+
+    def error(self, name: str, message: str) -> None:
+        """Counts one failed call."""
+        self.errors[name] += 1
+        self.examples.setdefault(name, message[:300])
+
+    def done(self, sched: float, started: float, end: float, t0: float) -> None:
+        """Records one successful call (perf_counter times). Its latency runs from the scheduled start, or
+        from the actual start when that was earlier (the loop wakes up to ``EARLY_S`` early)."""
+        self.ok += 1
+        self.latency.append(round((end - min(sched, started)) * 1e3, 4))
+        if self.latency[-1] >= P99_TARGET_MS:
+            self.slow_by_second[int(sched - t0)] += 1
+        self.service.append(round((end - started) * 1e3, 4))
+        self.late.append(round((started - sched) * 1e3, 4))
+        self.last_end_ms = max(self.last_end_ms, (end - t0) * 1e3)
+
+    def dump(self) -> dict:
+        """What the worker sends back."""
+        return {
+            "scheduled": self.scheduled, "ok": self.ok, "errors": dict(self.errors), "examples": self.examples,
+            "latency_ms": self.latency, "service_ms": self.service, "late_ms": self.late,
+            "last_end_ms": self.last_end_ms, "extra": dict(self.extra),
+            "slow_by_second": {str(k): v for k, v in self.slow_by_second.items()},
+        }  # fmt: skip
+
+
+async def _open_loop(rec: _Calls, t0: float, offset: float, interval: float, seconds: float, call) -> None:
+    """Starts ``call(i, scheduled)`` at ``t0 + offset + i * interval`` for every such time before ``t0 +
+    seconds``, whether or not earlier calls have ended (open loop), then waits for them all."""
+    tasks = []
+    i = 0
+    while offset + i * interval < seconds:
+        sched = t0 + offset + i * interval
+        delay = sched - time.perf_counter() - EARLY_S
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(call(i, sched)))
+        rec.scheduled += 1
+        i += 1
+    await asyncio.gather(*tasks)
+
+
+async def paced_worker(spec: dict, ready, wait_start) -> dict:
+    """One client process of the paced phase: sets up its slice (resets its env sessions, to hold their
+    state; joins its agents with ``batching_size=1``, so a send goes out at once), calls ``ready()``, awaits
+    ``wait_start()`` (the common start, wall clock), then runs one open-loop schedule per service at
+    ``rate / procs`` calls a second, offset by ``index / rate`` so the workers interleave.
+
+    An env call is one ``Step`` of the next session of the slice (after a ``Reset`` if its episode ended,
+    counted in ``extra``); a broker call is one ``send_message`` to the next agent plus that agent's
+    ``get_messages`` until it holds the message (5 s at most, else the call fails as ``lost``). A call whose
+    session or agent pair is still busy with its previous call waits for it; the wait counts as lateness.
+    """
+    from marti.aio import EnvClient, MartiCommClient
+    from marti.clients.broker import IDEMPOTENT_METHODS
+    from marti.rpc.channel import make_channel
+
+    rate, procs, index, seconds = spec["rate"], spec["procs"], spec["index"], spec["seconds"]
+    interval, offset = procs / rate, index / rate
+    out: dict[str, Any] = {}
+    runs = []
+    env_client = channel = None
+    clients: dict[str, Any] = {}
+    try:
+        if spec.get("env_sessions"):
+            env_client = EnvClient(spec["env_address"])
+            sids = spec["env_sessions"]
+            states = await _bounded([env_client.reset(s) for s in sids])
+            bad = [x for x in states if isinstance(x, BaseException)]
+            if bad:
+                raise RuntimeError(f"env setup: {len(bad)} resets failed: {bad[0]!r}")
+            env_rec, env_locks = _Calls(), [asyncio.Lock() for _ in sids]
+            out["env"] = env_rec
+
+            async def env_call(i: int, sched: float) -> None:
+                k = i % len(sids)
+                async with env_locks[k]:
+                    started = time.perf_counter()
+                    try:
+                        if not states[k].agents:
+                            states[k] = await env_client.reset(sids[k])
+                            env_rec.extra["episode_resets"] += 1
+                        r = states[k]
+                        states[k] = await env_client.step(sids[k], choose(ENV_NAME, r.acting_agents, r.infos))
+                    except Exception as exc:
+                        env_rec.error(type(exc).__name__, str(exc))
+                        return
+                    env_rec.done(sched, started, time.perf_counter(), t0)
+
+            runs.append((env_rec, env_call))
+        if spec.get("broker_pairs"):
+            channel = make_channel(
+                spec["broker_address"], aio=True, idempotent_methods=IDEMPOTENT_METHODS, service="broker"
+            )
+            prs = spec["broker_pairs"]
+            for a, s, _ in prs:
+                clients[a] = MartiCommClient(
+                    a, spec["broker_address"], session=s, channel=channel, batching_size=1
+                )
+            joined = await _bounded([_join(c) for c in clients.values()])
+            bad = [x for x in joined if isinstance(x, BaseException)]
+            if bad:
+                raise RuntimeError(f"broker setup: {len(bad)} joins failed: {bad[0]!r}")
+            texts = [m["text"] for m in make_messages(16)]
+            br_rec, br_locks = _Calls(), [asyncio.Lock() for _ in prs]
+            out["broker"] = br_rec
+
+            async def broker_call(i: int, sched: float) -> None:
+                k = i % len(prs)
+                sender, _, receiver = prs[k]
+                async with br_locks[k]:
+                    started = time.perf_counter()
+                    try:
+                        mid = await clients[sender].send_message(
+                            receiver, {"from": sender, "i": i, "text": texts[i % len(texts)]}
+                        )
+                        while True:
+                            got = await clients[receiver].get_messages(max_messages=16, timeout_s=1.0)
+                            if any(m.message_id == mid for m in got):
+                                br_rec.extra["unexpected"] += sum(m.message_id != mid for m in got)
+                                break
+                            br_rec.extra["unexpected"] += len(got)
+                            if time.perf_counter() - started > 5.0:
+                                br_rec.error("lost", f"{sender} -> {receiver}: not received within 5 s")
+                                return
+                    except Exception as exc:
+                        br_rec.error(type(exc).__name__, str(exc))
+                        return
+                    br_rec.done(sched, started, time.perf_counter(), t0)
+
+            runs.append((br_rec, broker_call))
+        ready()
+        start_wall = await wait_start()
+        t0 = time.perf_counter() + (start_wall - time.time())
+        cpu0 = time.process_time()
+        await asyncio.gather(*(_open_loop(rec, t0, offset, interval, seconds, fn) for rec, fn in runs))
+        out["cpu_s"] = time.process_time() - cpu0
+    finally:
+        for c in clients.values():
+            try:
+                await c.close()  # sends the last acks
+            except Exception as exc:  # reported, the calls are already counted
+                out.setdefault("close_errors", []).append(f"{type(exc).__name__}: {exc}")
+        if channel is not None:
+            await channel.close()
+        if env_client is not None:
+            await env_client.close()
+    return {k: (v.dump() if isinstance(v, _Calls) else v) for k, v in out.items()}
+
+
+async def _join(client) -> None:
+    """Connects ``client`` and joins its mailbox (a ``get_messages`` with no wait)."""
+    await client.connect()
+    await client.get_messages(timeout_s=0)
+
+
+def worker_main() -> int:
+    """``python -m benchmarks.scale --paced-worker``: reads its spec (one JSON line) from stdin, prints
+    ``ready`` once set up, reads the start time (one line, wall clock) and prints its result as one JSON
+    line."""
+
+    def ready() -> None:
+        print("ready", flush=True)
+
+    async def wait_start() -> float:
+        return float(await asyncio.to_thread(sys.stdin.readline))
+
+    spec = json.loads(sys.stdin.readline())
+    try:
+        result = asyncio.run(paced_worker(spec, ready, wait_start))
+    except Exception as exc:
+        print(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def run_paced(
+    env_address: str | None,
+    env_sessions: list[str],
+    broker_address: str | None,
+    plan: list[tuple[str, str, str, str]],
+    rate: float,
+    procs: int,
+    seconds: float,
+    on_ready=None,
+) -> dict:
+    """Runs the paced phase from ``procs`` worker processes (``python -m benchmarks.scale --paced-worker``):
+    each gets a contiguous slice of the env sessions and of the agents, sets it up, and once all are ready
+    (``on_ready(pids)`` is called then, with the workers' pids) they start together 0.5 s later; returns :func:`merge_paced` of their
+    results, or the failures."""
+    workers = []
+    for w, (sids, agents) in enumerate(zip(split(env_sessions, procs), split(plan, procs), strict=True)):
+        spec = {
+            "rate": rate, "procs": procs, "index": w, "seconds": seconds,
+            "env_address": env_address, "env_sessions": sids if env_address else [],
+            "broker_address": broker_address, "broker_pairs": pairs(agents) if broker_address else [],
+        }  # fmt: skip
+        p = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.scale", "--paced-worker"],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        p.stdin.write(json.dumps(spec) + "\n")
+        p.stdin.flush()
+        workers.append(p)
+    failures = []
+    for w, p in enumerate(workers):
+        line = p.stdout.readline().strip()
+        if line != "ready":
+            failures.append(f"worker {w} not ready: {line or 'exited ' + str(p.wait())}")
+    if failures:  # no start: a partial load would measure something else
+        for p in workers:
+            p.kill()
+            p.wait()
+        return {"procs": procs, "rate_per_s": rate, "seconds": seconds, "worker_failures": failures}
+    if on_ready is not None:
+        on_ready([p.pid for p in workers])
+    start = time.time() + 0.5
+    results = []
+    for p in workers:
+        p.stdin.write(f"{start}\n")
+        p.stdin.close()
+    for w, p in enumerate(workers):
+        killer = threading.Timer(seconds + 120, p.kill)  # a worker that hangs past its calls' timeouts
+        killer.start()
+        text = p.stdout.read()
+        killer.cancel()
+        p.wait()
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        try:
+            res = json.loads(last)
+        except json.JSONDecodeError:
+            res = {"failed": f"no result (exit {p.returncode}): {last[:200]}"}
+        if "failed" in res:
+            failures.append(f"worker {w}: {res['failed']}")
+        else:
+            results.append(res)
+    merged = merge_paced(results, rate, seconds) if not failures else {}
+    cpu = [r["cpu_s"] for r in results if "cpu_s" in r]
+    return {
+        "procs": procs, "rate_per_s": rate, "seconds": seconds, "worker_failures": failures,
+        "client_cpu_s": sum(cpu) if cpu else None,
+    } | merged  # fmt: skip
+
+
+def merge_paced(results: list[dict], rate: float, seconds: float) -> dict:
+    """The workers' calls per service, merged: scheduled, ok, errors, offered and achieved rate (ok calls /
+    time from the start to the last call's end), p50/p99/max latency from the scheduled start (what a caller
+    on the schedule waits, so a server that falls behind is not hidden), p50/p99 from the actual start, and
+    the schedule's lateness (p99, max, calls started more than 1 ms late)."""
+    out = {}
+    for svc in ("env", "broker"):
+        parts = [r[svc] for r in results if svc in r]
+        if not parts:
+            continue
+        lat = [x for p in parts for x in p["latency_ms"]]
+        svc_t = [x for p in parts for x in p["service_ms"]]
+        late = [x for p in parts for x in p["late_ms"]]
+        errors: collections.Counter = collections.Counter()
+        examples: dict[str, str] = {}
+        extra: collections.Counter = collections.Counter()
+        slow: collections.Counter = collections.Counter()
+        for p in parts:
+            errors.update(p["errors"])
+            extra.update(p["extra"])
+            slow.update({int(k): v for k, v in p.get("slow_by_second", {}).items()})
+            for k, v in p["examples"].items():
+                examples.setdefault(k, v)
+        scheduled, ok = sum(p["scheduled"] for p in parts), sum(p["ok"] for p in parts)
+        span_s = max(p["last_end_ms"] for p in parts) / 1e3
+        out[svc] = {
+            "scheduled": scheduled,
+            "ok": ok,
+            "errors": sum(errors.values()),
+            "errors_by_type": dict(errors),
+            "error_examples": examples,
+            "offered_per_s": scheduled / seconds,
+            "achieved_per_s": ok / max(span_s, seconds) if ok else 0.0,
+            "p50_ms": pct(lat, 50) if lat else None,
+            "p99_ms": pct(lat, 99) if lat else None,
+            "max_ms": max(lat) if lat else None,
+            "service_p50_ms": pct(svc_t, 50) if svc_t else None,
+            "service_p99_ms": pct(svc_t, 99) if svc_t else None,
+            "late_p99_ms": pct(late, 99) if late else None,
+            "late_max_ms": max(late) if late else None,
+            "late_over_1ms": sum(x > 1.0 for x in late),
+            "over_target": sum(x >= P99_TARGET_MS for x in lat),
+            # calls at or over the target by second of the schedule: a stall shows as a few crowded seconds
+            "over_target_by_second": [slow.get(k, 0) for k in range(math.ceil(seconds))],
+            "extra": dict(extra),
+            "close_errors": [e for r in results for e in r.get("close_errors", [])],
+        }
+    return out
+
+
+def bench_idle_and_paced(
+    flags: dict[str, list[str]],
+    sessions: int,
+    plan: list,
+    skip: str | None,
+    paced: dict | None,
+    settle_s: float = RSS_SETTLE_S,
+) -> dict:
+    """Fresh servers (same limit flags as the burst phases), both up at once: N env sessions created and reset
+    and N mailboxes joined (:func:`env_idle`, :func:`broker_idle`), then, unless ``paced`` is None, the paced
+    phase (:func:`run_paced` with ``paced``'s rate, procs and seconds) on both services at once; RSS and
+    server CPU around it."""
+    servers: dict[str, Server] = {}
+    out: dict[str, Any] = {
+        "idle": {},
+        "paced": None,
+        "servers_alive": {},
+        "server_cpu": {},
+        "rss_after_paced": {},
+    }
+    try:
+        if skip != "env":
+            servers["env"] = Server("services.env_server", flags["env_server"])
+        if skip != "broker":
+            servers["broker"] = Server("services.comm_broker", flags["comm_broker"])
+
+        async def both() -> None:
+            """The two servers' idle phases at once (each RSS is its own server's)."""
+            jobs = {}
+            if "env" in servers:
+                jobs["env"] = env_idle(servers["env"], sessions, settle_s)
+            if "broker" in servers:
+                jobs["broker"] = broker_idle(servers["broker"], plan, settle_s)
+            for k, v in zip(jobs, await asyncio.gather(*jobs.values()), strict=True):
+                out["idle"][k] = v
+
+        asyncio.run(both())
+        if paced is not None:
+            cpu0: dict[str, float | None] = {}
+            t = [0.0]
+            sampler: list[CpuSampler] = []
+
+            def mark(pids: list[int]) -> None:
+                """The workers are set up: server CPU, the clock and the per-second CPU samples from here to
+                the end of the calls."""
+                for k, s in servers.items():
+                    cpu0[k] = s.cpu_s()
+                t[0] = time.perf_counter()
+                out["loadavg_paced_start"] = [round(x, 2) for x in os.getloadavg()]
+                sampler.append(CpuSampler({**{k: s.proc.pid for k, s in servers.items()}, "clients": pids}))
+
+            out["paced"] = run_paced(
+                servers["env"].address if "env" in servers else None,
+                out["idle"].get("env", {}).get("session_ids", []),
+                servers["broker"].address if "broker" in servers else None,
+                plan,
+                paced["rate"],
+                paced["procs"],
+                paced["seconds"],
+                on_ready=mark,
+            )
+            wall = time.perf_counter() - t[0] if t[0] else None
+            out["cores_by_second"] = sampler[0].stop() if sampler else None
+            for k, s in servers.items():
+                c1 = s.cpu_s()
+                out["server_cpu"][k] = {"cpu_s": (c1 - cpu0[k]) if cpu0.get(k) is not None and c1 is not None
+                                        else None, "phase_wall_s": wall}  # fmt: skip
+
+            async def settled() -> None:
+                """The servers' idle RSS once the paced calls are over (read as before them)."""
+                got = await asyncio.gather(*(idle_rss(s, settle_s) for s in servers.values()))
+                out["rss_after_paced"].update(zip(servers, got, strict=True))
+
+            asyncio.run(settled())
+        for k, s in servers.items():
+            out["servers_alive"][k] = s.alive()
+    finally:
+        for s in servers.values():
+            s.stop()
+    if out["idle"].get("env"):
+        out["idle"]["env"].pop("session_ids", None)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- report
 def row(p: dict, name: str) -> str:
     """One table row: N, ok, errors, p50/p99 (ms), rate (per s), server RSS after the phase (MB)."""
@@ -619,6 +1246,138 @@ def row(p: dict, name: str) -> str:
         f"| {name} | {p['n']} | {p['ok']} | {errors} | {num(p['p50_ms'], '.2f')} | {num(p['p99_ms'], '.2f')} "
         f"| {p['latency_per']} | {num(p['rate_per_s'], ',.0f')} | {num(p['rss_mb'], '.1f')} |"
     )
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _met(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "**missed**")
+
+
+def paced_and_memory_report(res: dict, args: argparse.Namespace) -> list[dict]:
+    """Prints the paced table and the idle-memory table (each row against its target); returns the targets as
+    ``{"target", "measured", "limit", "unit", "met"}`` (``met`` None when not measured). Missing a target is
+    reported, not a failed check: it depends on the machine and its load."""
+    targets: list[dict] = []
+    names = {"env": "env_server", "broker": "comm_broker"}
+    calls = {
+        "env": "Step (one session)",
+        "broker": "send_message (batching_size=1) + receiver's get_messages",
+    }
+    pc = res["paced"]
+    if pc is not None:
+        print(
+            f"Paced load: {pc['rate_per_s']:g} calls/s per service from {pc['procs']} client processes, "
+            f"{pc['seconds']:g} s, open loop, both services at once; latency from each call's scheduled start"
+        )
+        if pc["worker_failures"]:
+            print("paced phase failed: " + "; ".join(pc["worker_failures"]))
+        print()
+        print(
+            "| service / paced call | N | scheduled | ok | errors | offered /s | achieved /s | p50 ms | p99 ms "
+            "| max ms | p99 from actual start ms | late > 1 ms (p99, max ms) | p99 < 10 ms |"
+        )
+        print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
+        for key in ("env", "broker"):
+            if key not in pc:
+                continue
+            x = pc[key]
+            met = x["p99_ms"] is not None and x["p99_ms"] < P99_TARGET_MS and not x["errors"]
+            errors = str(x["errors"]) + (
+                " (" + ", ".join(f"{k}: {v}" for k, v in sorted(x["errors_by_type"].items())) + ")"
+                if x["errors"] else ""
+            )  # fmt: skip
+            n = args.sessions if key == "env" else args.agents
+            print(
+                f"| {names[key]} {calls[key]} | {n} | {x['scheduled']} | {x['ok']} | {errors} "
+                f"| {x['offered_per_s']:.1f} | {x['achieved_per_s']:.1f} | {_ms(x['p50_ms'])} | {_ms(x['p99_ms'])} "
+                f"| {_ms(x['max_ms'])} | {_ms(x['service_p99_ms'])} "
+                f"| {x['late_over_1ms']} ({_ms(x['late_p99_ms'])}, {_ms(x['late_max_ms'])}) | {_met(met)} |"
+            )
+            targets.append({"target": f"{names[key]} paced p99 (no errors)", "measured": x["p99_ms"],
+                            "limit": P99_TARGET_MS, "unit": "ms", "met": met})  # fmt: skip
+        cpu = ", ".join(
+            f"{names[k]} {v['cpu_s']:.1f} CPU s in {v['phase_wall_s']:.1f} s"
+            + (f" ({v['cpu_s'] * 1e3 / pc[k]['ok']:.2f} ms a call)" if pc.get(k, {}).get("ok") else "")
+            for k, v in res["server_cpu"].items()
+            if v["cpu_s"] is not None and v["phase_wall_s"]
+        )
+        if cpu:
+            client = (
+                ""
+                if pc.get("client_cpu_s") is None
+                else f"; the client processes {pc['client_cpu_s']:.1f} CPU s"
+            )
+            print(f"server CPU during the paced phase: {cpu}{client}")
+        for key in ("env", "broker"):
+            if key in pc:
+                x = pc[key]
+                print(
+                    f"{names[key]}: {x['over_target']} calls at or over {P99_TARGET_MS:g} ms, by second of the "
+                    f"schedule: {' '.join(map(str, x['over_target_by_second']))}"
+                )
+        if res.get("cores_by_second"):
+            print(
+                "cores used, by second from the workers' start (the first 0.5 s is the wait for the common "
+                "start; the calls end about --paced-seconds later):"
+            )
+            for k, v in res["cores_by_second"].items():
+                label = {"env": "env_server", "broker": "comm_broker", "clients": "client processes",
+                         "machine": "whole machine"}[k]  # fmt: skip
+                print(f"  {label}: " + " ".join("-" if x is None else f"{x:.2f}" for x in v))
+        if res.get("loadavg_paced_start"):
+            print(
+                "load average at the paced start: " + " ".join(f"{v:.2f}" for v in res["loadavg_paced_start"])
+            )
+        print()
+    what = {"env": ("idle env session (created + reset)", SESSION_TARGET_KB),
+            "broker": ("idle mailbox (joined, empty)", MAILBOX_TARGET_KB)}  # fmt: skip
+    if res["idle"]:
+        print(
+            "| server / memory per | N | RSS idle before MB | RSS with N idle MB | KB each | target | met |"
+        )
+        print("|---|---:|---:|---:|---:|---|---|")
+    used = []
+    for key, idle in res["idle"].items():
+        label, limit = what[key]
+        kb = idle["per_item_kb"]
+        met = None if kb is None else kb < limit
+        print(
+            f"| {names[key]} {label} | {idle['n']} | {_ms(idle['rss_before']['median_mb'])} "
+            f"| {_ms(idle['rss_idle']['median_mb'])} | {'-' if kb is None else f'{kb:.1f}'} | < {limit:g} KB "
+            f"| {_met(met)} |"
+        )
+        targets.append({"target": f"{names[key]} RSS per {label}", "measured": kb, "limit": limit,
+                        "unit": "KB", "met": met})  # fmt: skip
+        after = res["rss_after_paced"].get(key)
+        if after is not None and pc is not None and key in pc:
+            # Used, now idle again: what the calls left behind (env: the per-session outcomes it remembers).
+            calls = pc[key]["ok"] / idle["n"] + (2 if key == "env" else 0)  # env: + the two resets
+            count = idle["ok"] - (1 if key == "broker" else 0)
+            kb2 = _per_item_kb(idle["rss_before"], after, count)
+            idle["rss_after_paced"] = after
+            idle["per_item_kb_after_paced"] = kb2
+            idle["calls_per_item_after_paced"] = calls
+            met2 = None if kb2 is None else kb2 < limit
+            what2 = "session" if key == "env" else "mailbox"
+            used.append(
+                f"| {names[key]} {what2} idle again after the paced phase ({calls:.1f} "
+                f"{'calls' if key == 'env' else 'messages sent and received'} each) | {idle['n']} "
+                f"| {_ms(idle['rss_before']['median_mb'])} | {_ms(after['median_mb'])} "
+                f"| {'-' if kb2 is None else f'{kb2:.1f}'} | < {limit:g} KB | {_met(met2)} |"
+            )
+            targets.append({"target": f"{names[key]} RSS per {what2} idle after the paced phase",
+                            "measured": kb2, "limit": limit, "unit": "KB", "met": met2})  # fmt: skip
+    for line in used:
+        print(line)
+    if res["idle"]:
+        print(
+            f"(RSS: median of {RSS_SAMPLES} reads of VmRSS after {args.settle:g} s of quiet; "
+            "the mailbox figure divides by N - 1: the first agent is the warm-up)"
+        )
+    return targets
 
 
 def _mb(x: float | None) -> str:
@@ -640,14 +1399,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at-limit", action="store_true", help="caps set to exactly N; probe one beyond")
     p.add_argument("--quick", action="store_true", help=f"small run for tests: {QUICK}")
     p.add_argument("--skip", choices=("env", "broker"), help="skip one of the two services")
+    p.add_argument(
+        "--paced-rate",
+        type=float,
+        default=None,
+        help="paced phase: calls/s per service, all client processes together (default 200; quick 40)",
+    )
+    p.add_argument("--procs", type=int, default=None, help="paced phase: client processes (default 4)")
+    p.add_argument("--paced-seconds", type=float, default=None, help="paced phase: seconds (default 20)")
+    p.add_argument(
+        "--no-paced", action="store_true", help="skip the paced phase (idle memory still measured)"
+    )
+    p.add_argument("--no-burst", action="store_true", help="skip the burst phases (create..close, ring)")
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
-    defaults = QUICK if args.quick else {"sessions": 1000, "agents": 1000, "turns": 3, "messages": 10}
+    defaults = QUICK if args.quick else FULL
     for k, v in defaults.items():
-        if getattr(args, k) is None:
+        if getattr(args, k, None) is None:
             setattr(args, k, v)
     if min(args.sessions, args.agents, args.turns, args.messages, args.env_rounds, args.broker_sessions) < 1:
         p.error("--sessions, --agents, --turns, --messages, --env-rounds and --broker-sessions must be >= 1")
+    if args.procs < 1 or args.paced_rate <= 0 or args.paced_seconds <= 0:
+        p.error("--procs must be >= 1, --paced-rate and --paced-seconds > 0")
+    if args.procs > min(args.sessions, args.agents):
+        p.error("--procs must not exceed --sessions or --agents (every process owns a slice)")
     if args.broker_sessions > args.agents:
         p.error("--broker-sessions must not exceed --agents")
 
@@ -671,7 +1446,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env_result = broker_result = None
     servers_alive = {}
-    if args.skip != "env":
+    if args.skip != "env" and not args.no_burst:
         print(f"env_server: {args.sessions} sessions x {args.env_rounds} round(s) ...", flush=True)
         server = Server("services.env_server", flags["env_server"])
         try:
@@ -683,7 +1458,7 @@ def main(argv: list[str] | None = None) -> int:
             code = server.stop()
         if not servers_alive.get("env_server"):
             print(f"env_server died (exit {code}); last output:\n" + "\n".join(server.tail))
-    if args.skip != "broker":
+    if args.skip != "broker" and not args.no_burst:
         print(f"comm_broker: {args.agents} agents x {args.messages} messages ...", flush=True)
         server = Server("services.comm_broker", flags["comm_broker"])
         try:
@@ -697,6 +1472,24 @@ def main(argv: list[str] | None = None) -> int:
             code = server.stop()
         if not servers_alive.get("comm_broker"):
             print(f"comm_broker died (exit {code}); last output:\n" + "\n".join(server.tail))
+    paced = (
+        None
+        if args.no_paced
+        else {"rate": args.paced_rate, "procs": args.procs, "seconds": args.paced_seconds}
+    )
+    print(
+        f"idle memory{'' if paced is None else ' and paced load'} on fresh servers: {args.sessions} sessions, "
+        f"{args.agents} mailboxes"
+        + ("" if paced is None else f"; {args.paced_rate:g} calls/s per service from {args.procs} processes "
+           f"for {args.paced_seconds:g} s")
+        + " ...",
+        flush=True,
+    )  # fmt: skip
+    idle_paced = bench_idle_and_paced(
+        flags, args.sessions, ring(args.agents, args.broker_sessions), args.skip, paced, args.settle
+    )
+    for k, alive in idle_paced["servers_alive"].items():
+        servers_alive[f"{'env_server' if k == 'env' else 'comm_broker'} (idle, paced)"] = alive
     load_after = os.getloadavg()
 
     rows: dict[str, dict] = {}
@@ -710,11 +1503,14 @@ def main(argv: list[str] | None = None) -> int:
                 s["ok"] = broker_result["agents_ok"]
             rows[f"broker.{key}"] = (ph.name, s)
     print()
-    print("| service / phase | N | ok | errors | p50 ms | p99 ms | latency per | rate /s | server RSS MB |")
-    print("|---|---:|---:|---|---:|---:|---|---:|---:|")
-    for name, s in rows.values():
-        print(row(s, name))
-    print()
+    if rows:
+        print(
+            "| service / phase | N | ok | errors | p50 ms | p99 ms | latency per | rate /s | server RSS MB |"
+        )
+        print("|---|---:|---:|---|---:|---:|---|---:|---:|")
+        for name, s in rows.values():
+            print(row(s, name))
+        print()
 
     failed: list[str] = []
     if env_result:
@@ -794,6 +1590,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"{a['result']} {a['error'] or ''}: {a['message']}")  # fmt: skip
             if a["result"] != "refused":
                 failed.append("comm_broker: the agent cap did not hold")
+    print()
+    targets = paced_and_memory_report(idle_paced, args)
+    for key, idle in idle_paced["idle"].items():
+        if idle["errors"] or idle["ok"] != idle["n"]:
+            failed.append(f"{key} idle phase: {idle['ok']}/{idle['n']} set up, errors {idle['errors']}")
+    pc = idle_paced["paced"]
+    if pc is not None:
+        failed.extend(f"paced: {x}" for x in pc["worker_failures"])
+        for key in ("env", "broker"):
+            if key in pc and (pc[key]["errors"] or pc[key]["ok"] != pc[key]["scheduled"]):
+                failed.append(
+                    f"paced {key}: {pc[key]['ok']}/{pc[key]['scheduled']} calls ok, errors {pc[key]['errors_by_type']}"
+                )
     for svc, alive in servers_alive.items():
         if not alive:
             failed.append(f"{svc} died")
@@ -809,6 +1618,12 @@ def main(argv: list[str] | None = None) -> int:
             "rows": {k: dict(s, name=name) for k, (name, s) in rows.items()},
             "env_server": None,
             "comm_broker": None,
+            "idle_memory": idle_paced["idle"],
+            "paced": idle_paced["paced"],
+            "paced_server_cpu": idle_paced["server_cpu"],
+            "loadavg_paced_start": idle_paced.get("loadavg_paced_start"),
+            "paced_cores_by_second": idle_paced.get("cores_by_second"),
+            "targets": targets,
             "servers_alive": servers_alive,
             "checks_failed": failed,
             "loadavg_before": [round(x, 2) for x in load_before],
@@ -834,4 +1649,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(worker_main() if sys.argv[1:2] == ["--paced-worker"] else main())
