@@ -203,6 +203,7 @@ def env_service(
             settings.idle_timeout_s,
             settings.idempotency_window,
             workers=settings.step_workers,
+            idempotency_results=settings.idempotency_results,
         )
     servicer = EnvServicer(sessions, settings)
     state: dict[str, asyncio.Task] = {}

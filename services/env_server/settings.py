@@ -24,6 +24,12 @@ class EnvServerSettings(ServerSettings):
     idle_timeout_s: float = Field(600.0, gt=0, description="Sessions unused this long are closed, seconds.")
     reap_interval_s: float = Field(5.0, gt=0, description="How often idle sessions are looked for, seconds.")
     idempotency_window: int = Field(64, ge=1, description="Recent request ids remembered per session.")
+    idempotency_results: int = Field(
+        1,
+        ge=1,
+        description="Of those, how many newest keep their whole outcome for a retry (older ids are refused with "
+        "ALREADY_EXISTS rather than applied twice); at most idempotency_window.",
+    )
     step_workers: int = Field(
         32,
         ge=1,

@@ -30,11 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
 from typing import Any, NamedTuple, TypeVar
 
 from marti.env_guard import GuardedParallelEnv
 from marti.env_registry import Registry
 from marti.errors import (
+    AlreadyExistsError,
     InternalError,
     InvalidArgumentError,
     MartiError,
@@ -124,7 +126,8 @@ class Session:
         env: The guarded env instance (owned by this session alone).
         owner: Who created it (a stream id) or ``None``; :meth:`SessionManager.close_owned` closes by owner.
         last_used_s: Monotonic time of the last request (and of the end of the last env call), seconds.
-        results: Outcomes of the last request ids (the idempotency window).
+        results: The last request ids (the idempotency window), each with its outcome while it is one of the
+            newest ``idempotency_results``, then with its ``result_id`` only.
         lock: Held by the one call running on this session's env; waiters are served in arrival order.
         pending: Calls holding or waiting for ``lock``; a session with pending calls is never reaped as idle.
         closed: Set when the env has been closed; calls that were queued behind the close then fail as lost.
@@ -136,7 +139,7 @@ class Session:
     env: GuardedParallelEnv
     owner: str | None
     last_used_s: float
-    results: OrderedDict[str, Outcome] = field(default_factory=OrderedDict)
+    results: OrderedDict[str, Outcome | int] = field(default_factory=OrderedDict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     pending: int = 0
     closed: bool = False
@@ -183,6 +186,11 @@ class SessionManager:
         max_sessions: Cap on concurrent sessions; creating one more is ``ResourceExhaustedError`` naming it.
         idle_timeout_s: Sessions unused this long are closed by :meth:`reap_idle`, seconds.
         idempotency_window: How many recent request ids each session (and the create path) remembers.
+        idempotency_results: Of those, how many newest ones keep their whole outcome (every agent's observation
+            and infos), so that a retry gets it again; an older id is kept as its ``result_id`` only, and a retry
+            of it is refused (``AlreadyExistsError``) instead of applied twice. A held outcome costs about 6 KB
+            on ``resource_allocation``; 64 of them made a used session about 10x an idle one
+            (docs/benchmarks.md, "Scale").
         clock: Monotonic clock in seconds (injectable for tests).
         workers: Threads the ``*_async`` methods run env calls on (1..:data:`MAX_WORKERS`); started on first
             use, so a manager used only through the plain methods starts none.
@@ -199,6 +207,7 @@ class SessionManager:
         idempotency_window: int = 64,
         clock: Callable[[], float] = time.monotonic,
         workers: int = 32,
+        idempotency_results: int = 1,
     ) -> None:
         if max_sessions < 1:
             raise InvalidArgumentError(f"max_sessions must be >= 1, got {max_sessions}")
@@ -206,12 +215,18 @@ class SessionManager:
             raise InvalidArgumentError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
         if idempotency_window < 1:
             raise InvalidArgumentError(f"idempotency_window must be >= 1, got {idempotency_window}")
+        if not 1 <= idempotency_results <= idempotency_window:
+            raise InvalidArgumentError(
+                f"idempotency_results must be in 1..idempotency_window ({idempotency_window}), "
+                f"got {idempotency_results}"
+            )
         if not 1 <= workers <= MAX_WORKERS:
             raise InvalidArgumentError(f"workers must be in 1..{MAX_WORKERS}, got {workers}")
         self.registry = registry
         self.max_sessions = max_sessions
         self.idle_timeout_s = idle_timeout_s
         self.idempotency_window = idempotency_window
+        self.idempotency_results = idempotency_results
         self.clock = clock
         self.workers = workers
         self._sessions: dict[str, Session] = {}
@@ -283,10 +298,31 @@ class SessionManager:
 
     def _remember(self, session: Session, request_id: str, outcome: Outcome) -> Outcome:
         if request_id:
-            session.results[request_id] = outcome
-            while len(session.results) > self.idempotency_window:
-                session.results.popitem(last=False)
+            results = session.results
+            results[request_id] = outcome
+            while len(results) > self.idempotency_window:
+                results.popitem(last=False)
+            if len(results) > self.idempotency_results:  # the newest but idempotency_results: id only
+                older = next(islice(reversed(results), self.idempotency_results, None))
+                held = results[older]
+                if isinstance(held, Outcome):
+                    results[older] = held.result_id
         return outcome
+
+    def _replayed(self, session: Session, request_id: str) -> Outcome | None:
+        """The held outcome of a retried ``request_id``; ``None`` for a new one.
+
+        Raises:
+            AlreadyExistsError: The id was applied, but its outcome is no longer held.
+        """
+        held = session.results.get(request_id) if request_id else None
+        if held is None or isinstance(held, Outcome):
+            return held
+        raise AlreadyExistsError(
+            f"request_id {request_id!r} of session {session.session_id} was already applied (result {held}); "
+            f"only the newest idempotency_results={self.idempotency_results} outcomes are held for a retry, "
+            "so it is not applied again"
+        )
 
     def _reset_job(
         self, session: Session, seed: int | None, options: dict | None, request_id: str, post: Callable
@@ -294,7 +330,7 @@ class SessionManager:
         def job() -> Any:
             if session.closed:
                 raise self._lost(session.session_id)
-            cached = session.results.get(request_id) if request_id else None
+            cached = self._replayed(session, request_id)
             if cached is not None:
                 return post(cached, None)
             obs, infos = self._call(session, lambda: session.env.reset(seed=seed, options=options or None))
@@ -313,7 +349,7 @@ class SessionManager:
         def job() -> Any:
             if session.closed:
                 raise self._lost(session.session_id)
-            cached = session.results.get(request_id) if request_id else None
+            cached = self._replayed(session, request_id)
             if cached is not None:
                 return post(cached, None)
             obs, rew, term, trunc, infos = self._call(

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from marti.env_registry import default_registry
-from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
-from services.env_server.core.sessions import SessionManager
+from marti.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
+from services.env_server.core.sessions import Outcome, SessionManager
 
 ENV = "collaborative_task_solving"
 
@@ -82,6 +88,29 @@ def test_request_ids_make_retries_idempotent() -> None:
     assert s.env.env.turn == 4
 
 
+def test_only_the_newest_outcomes_are_held_and_an_older_retry_is_refused_not_reapplied() -> None:
+    m = manager(idempotency_window=8)  # idempotency_results defaults to 1
+    s = m.create(ENV, seed=3)
+    m.reset(s.session_id, request_id="r1")
+    first = m.step(s.session_id, {"agent_1": "task_1: 1"}, request_id="s1")
+    second = m.step(s.session_id, {"agent_2": "task_1: 1"}, request_id="s2")
+    assert m.step(s.session_id, {"agent_2": "task_1: 1"}, request_id="s2") == second  # the newest: replayed
+    with pytest.raises(AlreadyExistsError, match=r"request_id 's1' .* already applied \(result 2\).*=1"):
+        m.step(s.session_id, {"agent_1": "task_1: 1"}, request_id="s1")
+    assert s.env.env.turn == 2 and first.result_id == 2
+    assert [type(v).__name__ for v in s.results.values()] == ["int", "int", "Outcome"]
+
+    two = manager(idempotency_window=8, idempotency_results=2)
+    t = two.create(ENV, seed=3)
+    two.reset(t.session_id, request_id="r1")
+    first = two.step(t.session_id, {"agent_1": "task_1: 1"}, request_id="s1")
+    two.step(t.session_id, {"agent_2": "task_1: 1"}, request_id="s2")
+    assert two.step(t.session_id, {"agent_1": "task_1: 1"}, request_id="s1") == first and t.env.env.turn == 2
+    with pytest.raises(AlreadyExistsError, match="'r1'"):
+        two.reset(t.session_id, request_id="r1")
+    assert sum(isinstance(v, Outcome) for v in t.results.values()) == 2
+
+
 def test_bad_input_leaves_the_session_usable() -> None:
     m = manager()
     s = m.create(ENV, config={"max_action_chars": 100}, seed=0)
@@ -128,7 +157,13 @@ def test_unknown_env_id_and_bad_limits() -> None:
     with pytest.raises(NotFoundError, match="collaborative_task_solving-v9"):
         m.create(f"{ENV}-v9")
     assert m.create(f"{ENV}-v1").env_id == f"{ENV}-v1"
-    for kw in ({"max_sessions": 0}, {"idle_timeout_s": 0}, {"idempotency_window": 0}):
+    for kw in (
+        {"max_sessions": 0},
+        {"idle_timeout_s": 0},
+        {"idempotency_window": 0},
+        {"idempotency_results": 0},
+        {"idempotency_window": 4, "idempotency_results": 5},
+    ):
         with pytest.raises(InvalidArgumentError):
             manager(**kw)
 
