@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from marti.config import TrainConfig
 from marti.errors import ResourceExhaustedError
-from services.trainer.ray_auth import ClusterAuth, prepare_cluster_auth
+from services.trainer.ray_auth import AUTH_MODE_ENV, ClusterAuth, prepare_cluster_auth
 
 _LOG = logging.getLogger("marti.trainer.ray")
 
@@ -289,6 +289,10 @@ class RayRuntime:
             address = cluster_address(self.cfg)
             if address is not None:  # match the cluster's token authentication (services.trainer.ray_auth)
                 self._auth = prepare_cluster_auth(address)
+            else:  # a local ray.init turns token mode on by setting RAY_AUTH_MODE itself and never unsets it: a
+                # later job of this process (marti trainer runs several) attaching to a cluster without tokens
+                # would then fail, so shutdown puts the variable back
+                self._auth = ClusterAuth(mode=None, changed=True, previous=os.environ.get(AUTH_MODE_ENV))
             try:
                 ray.init(**ray_init_kwargs(self.cfg))
             except BaseException:
@@ -520,7 +524,7 @@ class RayRuntime:
 
     def shutdown(self) -> None:
         """Kill every actor, release the placement group, and stop Ray if this runtime started it (then put back
-        ``RAY_AUTH_MODE`` if :meth:`start` set it for a cluster)."""
+        ``RAY_AUTH_MODE`` as it was before :meth:`start`: set for a cluster by it, or by a local ``ray.init``)."""
         import ray
 
         if not ray.is_initialized():

@@ -48,10 +48,13 @@ def _environ(pid: int) -> dict[str, str]:
 def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
     """The job's policy actor, a Ray process of its own, runs at the driver's priority and starts with the
     settings (every kind of actor is started by the same call with its own thread count)."""
-    for name in (*ACTOR_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    import ray
+
+    for name in (*ACTOR_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAY_AUTH_MODE"):
         monkeypatch.delenv(name, raising=False)
     # As in the demo (examples/resource_allocation.yaml): one team actor on the 2 CPUs of the local Ray.
     runtime = RayRuntime(load_config(ROOT / "examples" / "tiny.yaml", ["ray.num_cpus_per_worker=2"]))
+    starts_ray = not ray.is_initialized()
     try:
         runtime.start()
         pid = runtime.worker_pids["policy_worker"]
@@ -63,3 +66,5 @@ def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         runtime.shutdown()
+    if starts_ray:  # ray.init set RAY_AUTH_MODE=token for its local cluster; a later job must not inherit it
+        assert "RAY_AUTH_MODE" not in os.environ
