@@ -188,9 +188,11 @@ class SessionManager:
         idempotency_window: How many recent request ids each session (and the create path) remembers.
         idempotency_results: Of those, how many newest ones keep their whole outcome (every agent's observation
             and infos), so that a retry gets it again; an older id is kept as its ``result_id`` only, and a retry
-            of it is refused (``AlreadyExistsError``) instead of applied twice. A held outcome costs about 6 KB
-            on ``resource_allocation``; 64 of them made a used session about 10x an idle one
-            (docs/benchmarks.md, "Scale").
+            of it is refused (``AlreadyExistsError``) instead of applied twice. A batch naming a session ``n``
+            times holds that session's ``n`` newest, so a retry of the whole batch replays it. Two callers
+            stepping one session at once can see a refusal where one retries after the other's step. A held
+            outcome costs about 6 KB on ``resource_allocation``; 64 of them made a used session about 10x an
+            idle one (docs/benchmarks.md, "Scale").
         clock: Monotonic clock in seconds (injectable for tests).
         workers: Threads the ``*_async`` methods run env calls on (1..:data:`MAX_WORKERS`); started on first
             use, so a manager used only through the plain methods starts none.
@@ -296,17 +298,21 @@ class SessionManager:
         """
         return self._touch(session_id)
 
-    def _remember(self, session: Session, request_id: str, outcome: Outcome) -> Outcome:
+    def _remember(self, session: Session, request_id: str, outcome: Outcome, hold: int = 0) -> Outcome:
+        """Record ``outcome`` under ``request_id``; keep whole only the newest ``max(idempotency_results, hold)``
+        outcomes of the session (``hold``: the session's items in the batch being run, so that a retry of the
+        whole batch replays every one of them)."""
         if request_id:
             results = session.results
             results[request_id] = outcome
             while len(results) > self.idempotency_window:
                 results.popitem(last=False)
-            if len(results) > self.idempotency_results:  # the newest but idempotency_results: id only
-                older = next(islice(reversed(results), self.idempotency_results, None))
+            keep = max(self.idempotency_results, hold)
+            for older in list(islice(reversed(results), keep, None)):  # the newest but ``keep``: id only
                 held = results[older]
-                if isinstance(held, Outcome):
-                    results[older] = held.result_id
+                if not isinstance(held, Outcome):
+                    break  # everything older was demoted before
+                results[older] = held.result_id
         return outcome
 
     def _replayed(self, session: Session, request_id: str) -> Outcome | None:
@@ -345,6 +351,7 @@ class SessionManager:
         request_id: str,
         post: Callable,
         delta_base: int = 0,
+        hold: int = 0,
     ) -> Callable[[], Any]:
         def job() -> Any:
             if session.closed:
@@ -357,7 +364,7 @@ class SessionManager:
             )
             outcome, prev = _outcome(session, obs, infos, rew, term, trunc)
             base = prev if delta_base and prev is not None and prev.result_id == delta_base else None
-            return post(self._remember(session, request_id, outcome), base)
+            return post(self._remember(session, request_id, outcome, hold), base)
 
         return job
 
@@ -724,7 +731,9 @@ class SessionManager:
         for i in idxs:
             it = items[i]
             try:
-                job = self._step_job(session, it.actions, it.request_id, partial(post, i), it.delta_base)
+                job = self._step_job(
+                    session, it.actions, it.request_id, partial(post, i), it.delta_base, hold=len(idxs)
+                )
                 out[i] = job()
             except Exception as e:  # noqa: BLE001 - each item keeps its own error
                 out[i] = e

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from marti.env_config import ConfigSchema
 from marti.env_registry import EnvSpec, Registry
-from marti.errors import InvalidArgumentError, ResourceExhaustedError, SessionLostError
+from marti.errors import AlreadyExistsError, InvalidArgumentError, ResourceExhaustedError, SessionLostError
 from services.env_server.core.sessions import MAX_WORKERS, SessionManager
 from services.env_server.settings import EnvServerSettings
 
@@ -366,4 +366,20 @@ async def test_a_cancelled_batch_keeps_its_sessions_until_their_steps_end() -> N
     assert m.get(sid).lock.locked()
     out = await m.step_async(sid, {"a": ""})  # waits for the cancelled batch's step
     assert out.results[0].observation == "2" and m.get(sid).env.env.max_overlap == 1
+    await m.close_all_async()
+
+
+async def test_a_retried_batch_naming_a_session_twice_replays_both_items() -> None:
+    """The batch holds as many outcomes of a session as it has items for it (idempotency_results is 1), so the
+    channel's retry of the whole BatchStep replays them; a later single call keeps only its own again."""
+    m = manager(workers=2)
+    sid = await started(m)
+    items = [BatchItem(sid, {"a": ""}, "b1"), BatchItem(sid, {"a": ""}, "b2")]
+    first = await m.step_batch_async(items, lambda i, o, base: o)
+    again = await m.step_batch_async(items, lambda i, o, base: o)
+    assert [o.result_id for o in again] == [o.result_id for o in first] == [2, 3]
+    assert m.get(sid).env.env.t == 2  # not applied twice
+    await m.step_async(sid, {"a": ""}, request_id="s3")
+    out = await m.step_batch_async(items, lambda i, o, base: o)
+    assert all(isinstance(o, AlreadyExistsError) for o in out) and m.get(sid).env.env.t == 3
     await m.close_all_async()
