@@ -24,7 +24,11 @@ __all__ = ["DNS_PREFIX", "env_server_entries", "is_env_pool", "resolve_env_serve
 
 #: The prefix of an entry that expands to one server per address its name resolves to.
 DNS_PREFIX = "dns:///"
-_HOST_PORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^\s:/\[\],]+)):(?P<port>\d{1,5})$")
+#: ``host:port`` or ``[ipv6]:port`` (hex digits, colons and dots, an optional ``%zone``); ASCII digits only in the
+#: port (``\d`` would take full-width and other Unicode digits, which gRPC does not).
+_HOST_PORT = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%[\w.-]+)?)\]|(?P<host>[^\s:/\[\],]+)):(?P<port>[0-9]{1,5})$"
+)
 
 
 def _host_port(entry: str, text: str, value: object) -> tuple[str, int]:
@@ -93,16 +97,19 @@ def is_env_pool(value: str | Sequence[str] | None) -> bool:
         InvalidArgumentError: The value is a list or comma-separated string with a bad entry (see
             :func:`env_server_entries`).
     """
-    if value is None or (isinstance(value, str) and "," not in value and not value.startswith(DNS_PREFIX)):
+    if value is None or (
+        isinstance(value, str) and "," not in value and not value.strip().startswith(DNS_PREFIX)
+    ):
         return False
     entries = env_server_entries(value)
     return len(entries) > 1 or entries[0].startswith(DNS_PREFIX)
 
 
 def single_env_address(value: str | Sequence[str] | None) -> str | None:
-    """The one address of a value that is not a pool (a string, or the entry of a one-entry list); ``None`` for
-    ``None``. Call it only where :func:`is_env_pool` is False."""
-    if value is None or isinstance(value, str):
+    """The one address of a value that is not a pool: a plain string as given, else the one distinct entry of a
+    list or comma-separated string (``"h:1,h:1"`` and ``["h:1"]`` give ``"h:1"``); ``None`` for ``None``. Call it
+    only where :func:`is_env_pool` is False."""
+    if value is None or (isinstance(value, str) and "," not in value):
         return value
     return env_server_entries(value)[0]
 

@@ -33,6 +33,12 @@ def test_one_plain_address_is_not_a_pool_and_is_not_checked():
     assert not is_env_pool("localhost:50052") and not is_env_pool("anything") and not is_env_pool(None)
     assert not is_env_pool(["h:1"]) and single_env_address(["h:1"]) == "h:1"
     assert not is_env_pool("h:1,h:1")  # one server named twice
+    # ... is dialed as that one address, never as the raw comma string (gRPC: "Misformatted domain name")
+    assert single_env_address("h:1,h:1") == "h:1" and single_env_address(" h:1 , h:1") == "h:1"
+    assert (
+        single_env_address(["h:1", "h:1"]) == "h:1"
+        and single_env_address("localhost:50052") == "localhost:50052"
+    )
     assert is_env_pool("h:1,g:1") and is_env_pool(["h:1", "g:1"]) and is_env_pool("dns:///envs:1")
 
 
@@ -46,6 +52,33 @@ def test_one_plain_address_is_not_a_pool_and_is_not_checked():
 def test_bad_values_are_typed_errors_naming_the_entry_and_value(value, named):
     with pytest.raises(InvalidArgumentError, match=named):
         is_env_pool(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["h:1,[zzz]:1", "h:1,[::1%]:1", "h:1,[::1]x:1", "h:1,g:\uff11", "h:1,g:\u0661\u0662", "h:1,[::1]:\uff12"],
+)
+def test_ipv6_literals_are_hex_and_ports_ascii_digits(value):
+    with pytest.raises(InvalidArgumentError, match="is not host:port"):
+        is_env_pool(value)
+
+
+def test_good_ipv6_literals_with_a_zone_pass():
+    assert env_server_entries("[fe80::1%eth0]:1,[::ffff:10.0.0.1]:2,[2001:DB8::a]:3") == (
+        "[fe80::1%eth0]:1",
+        "[::ffff:10.0.0.1]:2",
+        "[2001:DB8::a]:3",
+    )
+
+
+def test_a_dns_entry_with_blanks_around_it_is_a_pool(monkeypatch):
+    assert is_env_pool(" dns:///envs.marti.test:1") and is_env_pool("dns:///envs.marti.test:1 ")
+    monkeypatch.setattr(
+        socket,
+        "getaddrinfo",
+        lambda host, port, *a, **k: [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))],
+    )
+    assert resolve_env_servers(" dns:///envs.marti.test:1") == ("10.0.0.7:1",)
 
 
 def test_the_config_checks_services_env_when_loaded():
