@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from marti.errors import FailedPreconditionError, UnauthenticatedError
@@ -51,11 +51,11 @@ class RayToken:
     """A Ray authentication token and where it was found.
 
     Attributes:
-        value: The token, without surrounding whitespace.
+        value: The token, without surrounding whitespace (left out of the repr, so a log line never shows it).
         source: ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH=<file>`` or the default file's path (for messages).
     """
 
-    value: str
+    value: str = field(repr=False)
     source: str
 
 

@@ -527,25 +527,27 @@ class RayRuntime:
         ``RAY_AUTH_MODE`` as it was before :meth:`start`: set for a cluster by it, or by a local ``ray.init``)."""
         import ray
 
-        if not ray.is_initialized():
-            return
-        for actor in self._actors:
-            ray.kill(actor)
-        for held in (
-            self._actors,
-            self._workers,
-            self._owner,
-            self._references,
-            self._critics,
-            self._rollout,
-        ):
-            held.clear()
-        if self._pg is not None:
-            ray.util.remove_placement_group(self._pg)
-            self._pg = None
-        if self._started_ray:
-            ray.shutdown()
-            self._started_ray = False
+        try:
+            if not ray.is_initialized():
+                return
+            for actor in self._actors:
+                ray.kill(actor)
+            for held in (
+                self._actors,
+                self._workers,
+                self._owner,
+                self._references,
+                self._critics,
+                self._rollout,
+            ):
+                held.clear()
+            if self._pg is not None:
+                ray.util.remove_placement_group(self._pg)
+                self._pg = None
+            if self._started_ray:
+                ray.shutdown()
+                self._started_ray = False
+        finally:  # also when the teardown fails (a cluster gone mid-job): the next job must not inherit the mode
             self._restore_auth()
 
     def _restore_auth(self) -> None:

@@ -194,3 +194,31 @@ def test_cluster_address_and_the_local_path(home, monkeypatch):
     assert cluster_address(cfg) == "10.0.0.1:6379"
     assert ray_init_kwargs(cfg)["address"] == "10.0.0.1:6379"
     assert cluster_address(load_config(TINY, ["ray.address=h:1"])) == "h:1"
+
+
+def test_the_token_is_not_in_the_repr(home):
+    _write_default_token(home, "s3cr3t-token")
+    token = find_token({})
+    assert token is not None and token.value == "s3cr3t-token" and "s3cr3t" not in repr(token)
+
+
+def test_shutdown_puts_the_auth_mode_back_even_when_the_teardown_fails(monkeypatch):
+    """A cluster gone mid-job makes the teardown raise: the next job of the process must still start from the
+    user's RAY_AUTH_MODE (here: unset)."""
+    import ray
+
+    from services.trainer.ray_runtime import RayRuntime
+
+    runtime = RayRuntime(load_config(TINY))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what prepare_cluster_auth set for the job
+    runtime._auth = ClusterAuth(mode="token", changed=True, previous=None)
+    runtime._pg = object()
+
+    def gone(pg):
+        raise ConnectionError("GCS unreachable")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray.util, "remove_placement_group", gone)
+    with pytest.raises(ConnectionError):
+        runtime.shutdown()
+    assert "RAY_AUTH_MODE" not in os.environ and runtime._auth is None
