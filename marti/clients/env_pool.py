@@ -21,18 +21,21 @@ the stream's calls, an env's steps and resets, including the re-created session 
 server that created it, never elsewhere. A session id the pool did not create (or has seen closed or lost) is a
 :class:`~marti.errors.NotFoundError`; ``close_session`` of one returns ``False``.
 
-Errors from a server are the SDK's usual typed errors (:mod:`marti.errors`), their message prefixed with
-``env server <address>:`` and the address in ``metadata["env_server"]``; a server that is down fails the calls
-for its sessions with :class:`~marti.errors.UnavailableError` while the other servers' sessions carry on.
+Errors from a server are the SDK's usual typed errors (:mod:`marti.errors`). Those of the pool's own calls (its
+unary calls, an :class:`EnvPoolStream`'s calls, and the create of :meth:`EnvPool.make`) have the message
+prefixed with ``env server <address>:`` and the address in ``metadata["env_server"]``; an env that
+:meth:`EnvPool.make` returned raises the env's usual errors, without the prefix. A server that is down fails the
+calls for its sessions with :class:`~marti.errors.UnavailableError` while the other servers' sessions carry on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -46,6 +49,7 @@ from marti.clients.env import (
 )
 from marti.clients.env_addresses import env_server_entries, resolve_env_servers
 from marti.errors import (
+    FailedPreconditionError,
     InvalidArgumentError,
     MartiError,
     NotFoundError,
@@ -416,7 +420,8 @@ class EnvPool(_PoolBase):
     ) -> RemoteParallelEnv:
         """A remote PettingZoo env (what ``marti.make(address=<several>)`` returns) whose session is placed by
         this pool and lives on the chosen server's channel for good: its steps and resets, and the session it
-        re-creates after a loss, go to that server. The env's place is freed when the env is closed.
+        re-creates after a loss, go to that server. The env's place is freed once, when the env is closed or, if it
+        is dropped unclosed, collected.
 
         Args:
             env_id: Env id.
@@ -446,7 +451,8 @@ class EnvPool(_PoolBase):
                 channel=self.clients[i].channel,
             ),
         )
-        env.on_close = functools.partial(self._placement.release, i)
+        # the place is freed once: by env.close(), or when an env dropped unclosed is collected
+        env.on_close = weakref.finalize(env, self._placement.release, i)
         return env
 
     def close(self) -> None:
@@ -483,8 +489,16 @@ class EnvPoolStream:
         self._lock = threading.Lock()
         self.closed = False
 
+    def _closed_error(self) -> FailedPreconditionError:
+        return FailedPreconditionError(
+            "this env pool stream is closed: open a new one with EnvPool.stream()",
+            metadata={"env_servers": ",".join(self.pool.addresses)},
+        )
+
     def _stream(self, i: int) -> SessionStream:
         with self._lock:
+            if self.closed:
+                raise self._closed_error()
             s = self._streams.get(i)
             if s is None:
                 s = self._streams[i] = self.pool.clients[i].stream()
@@ -500,14 +514,29 @@ class EnvPoolStream:
     def create_session(
         self, env_id: str, config: Mapping[str, Any] | None = None, seed: int | None = None
     ) -> SessionInfo:
-        """Create a session on the placed server's stream (see :meth:`EnvPool.create_session`)."""
-        i, info = _place(
-            self.pool._placement,
-            self.pool.addresses,
-            lambda i: self._stream(i).create_session(env_id, config, seed),
-        )
-        self._routes.add(info.session_id, i)
-        return info
+        """Create a session on the placed server's stream (see :meth:`EnvPool.create_session`).
+
+        Raises:
+            FailedPreconditionError: The stream is closed (also when it was closed while this create was in
+                flight: the session it made is closed at once).
+        """
+        if self.closed:
+            raise self._closed_error()
+        streams: dict[int, SessionStream] = {}
+
+        def create(i: int) -> SessionInfo:
+            streams[i] = self._stream(i)
+            return streams[i].create_session(env_id, config, seed)
+
+        i, info = _place(self.pool._placement, self.pool.addresses, create)
+        with self._lock:  # atomic with close(): either close() drops this route, or this sees it closed
+            if not self.closed:
+                self._routes.add(info.session_id, i)
+                return info
+        self.pool._placement.release(i)
+        with contextlib.suppress(MartiError):
+            streams[i].close_session(info.session_id)
+        raise self._closed_error()
 
     def reset(
         self, session_id: str, seed: int | None = None, options: Mapping[str, Any] | None = None
@@ -543,11 +572,12 @@ class EnvPoolStream:
             raise name_server(e, self.pool.addresses[i]) from None
 
     def close(self) -> None:
-        """End every server's stream (the servers close the sessions made on them); idempotent."""
-        if self.closed:
-            return
-        self.closed = True
+        """End every server's stream (the servers close the sessions made on them); idempotent. Later calls
+        are a :class:`~marti.errors.FailedPreconditionError`."""
         with self._lock:
+            if self.closed:
+                return
+            self.closed = True
             streams, self._streams = list(self._streams.values()), {}
         for s in streams:
             s.close()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,9 +17,15 @@ import pytest
 import marti
 import marti.envs as me
 from marti.clients.env import EnvClient
-from marti.clients.env_pool import AsyncEnvPool, EnvPool
+from marti.clients.env_pool import AsyncEnvPool, EnvPool, shared_env_pool
 from marti.env_registry import default_registry
-from marti.errors import InvalidArgumentError, NotFoundError, SessionLostError, UnavailableError
+from marti.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    SessionLostError,
+    UnavailableError,
+)
 from marti.rpc.testing import ServerThread
 from services.env_server.core.sessions import SessionManager
 from services.env_server.servicer import env_service
@@ -331,6 +339,86 @@ def test_make_refuses_a_channel_with_several_servers(two):
     a, b = two
     with EnvClient(a.address) as c, pytest.raises(InvalidArgumentError, match="several"):
         marti.make(ENV, address=[a.address, b.address], channel=c.channel)
+
+
+def test_one_server_named_twice_is_dialed_as_that_server(two):
+    a, _ = two
+    twice = f"{a.address},{a.address}"
+    env = marti.make(ENV, address=twice, seed=0, timeout_s=10)  # not the raw "A,A" (grpc: misformatted name)
+    try:
+        assert env.client.address == a.address and env.session_id in a.sessions.session_ids()
+        env.reset(seed=0)
+    finally:
+        env.close()
+    assert [e["env_id"] for e in marti.list_envs(address=twice)] == [
+        e["env_id"] for e in marti.list_envs(address=a.address)
+    ]
+
+
+def _wait_empty(*servers: _Server) -> None:
+    """The servers drop a stream's sessions when it ends, a moment after the client closed it."""
+    deadline = time.monotonic() + 5
+    while any(len(s.sessions) for s in servers) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_a_closed_pool_stream_refuses_new_sessions_and_keeps_no_place(two):
+    a, b = two
+    with EnvPool([a.address, b.address]) as pool:
+        stream = pool.stream()
+        stream.create_session(ENV, seed=1)
+        stream.close()
+        with pytest.raises(FailedPreconditionError, match="pool stream is closed"):
+            stream.create_session(ENV, seed=2)
+        assert stream._streams == {}  # no new server stream was opened (nothing would ever close it)
+        assert pool.live_sessions() == {a.address: 0, b.address: 0}
+        # a create in flight when the stream is closed: its session is closed at once, its place freed
+        stream = pool.stream()
+        server_stream = stream._stream(0)
+        real = server_stream.create_session
+
+        def create_then_close(*args):
+            info = real(*args)
+            stream.close()
+            return info
+
+        server_stream.create_session = create_then_close
+        with pytest.raises(FailedPreconditionError, match="pool stream is closed"):
+            stream.create_session(ENV, seed=3)
+        assert pool.live_sessions() == {a.address: 0, b.address: 0}
+        assert stream._streams == {} and stream.closed
+        _wait_empty(a, b)
+        assert len(a.sessions) == len(b.sessions) == 0
+
+
+def test_an_env_dropped_without_close_frees_its_place_once(two):
+    a, b = two
+    with EnvPool([a.address, b.address]) as pool:
+        first = pool.make(ENV, seed=0, transport="unary")
+        second = pool.make(ENV, seed=1, transport="unary")
+        assert pool.live_sessions() == {a.address: 1, b.address: 1}
+        leaked = first.session_id
+        first.reset(seed=0)
+        del first
+        gc.collect()
+        assert pool.live_sessions() == {a.address: 0, b.address: 1}
+        second.close()
+        second.close()
+        del second
+        gc.collect()
+        assert pool.live_sessions() == {a.address: 0, b.address: 0}  # freed once, not twice
+    # marti.make's envs: the process's shared pool frees the place of one dropped unclosed
+    shared = shared_env_pool([a.address, b.address])
+    third = marti.make(ENV, address=[a.address, b.address], seed=2, transport="unary")
+    where, third_id = third.client.address, third.session_id
+    before = shared.live_sessions()[where]
+    del third
+    gc.collect()
+    assert shared.live_sessions()[where] == before - 1
+    with EnvClient(a.address) as c:  # the dropped envs' sessions stay on their servers until reaped
+        assert c.close_session(leaked)
+    with EnvClient(where) as c:
+        c.close_session(third_id)
 
 
 # ---------------------------------------------------------------------------------------------- the trainer
