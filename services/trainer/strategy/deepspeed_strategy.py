@@ -62,8 +62,20 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
+#: Ports :func:`ensure_process_group` tries when it picks ``MASTER_PORT`` itself.
+PORT_ATTEMPTS = 3
+
+
 def ensure_process_group(backend: str | None = None) -> None:
-    """Create a world-size-1 process group unless one exists (env vars override rank, size, address, port)."""
+    """Create a world-size-1 process group unless one exists (env vars override rank, size, address, port).
+
+    When ``MASTER_PORT`` is not set, a free port is picked; another process can take it between the pick and
+    the rendezvous store's bind (``EADDRINUSE``), so up to :data:`PORT_ATTEMPTS` freshly picked ports are tried.
+
+    Raises:
+        torch.distributed.DistNetworkError: The rendezvous failed (a ``MASTER_PORT`` the caller set is in use, or
+            every picked port was taken).
+    """
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -73,9 +85,17 @@ def ensure_process_group(backend: str | None = None) -> None:
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    picked = "MASTER_PORT" not in os.environ
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        if picked:
+            os.environ["MASTER_PORT"] = str(_free_port())
+        try:
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+            return
+        except dist.DistNetworkError as exc:
+            if not picked or attempt == PORT_ATTEMPTS or "EADDRINUSE" not in str(exc):
+                raise
 
 
 class DeepSpeedTrainEngine(TrainEngine):
