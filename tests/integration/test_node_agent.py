@@ -6,11 +6,14 @@ from a real inference gateway (gRPC) and its reward report releases the recorded
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import google.rpc
@@ -34,16 +37,27 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def node_modules() -> Path:
-    """``npm ci`` from the committed lock file (the npm cache makes reruns offline)."""
-    out = subprocess.run(
-        ["npm", "ci", "--no-audit", "--no-fund", "--prefer-offline"],
-        cwd=AGENT_DIR,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return AGENT_DIR / "node_modules"
+    """``npm ci`` from the committed lock file (the npm cache makes reruns offline), once per lock file.
+
+    Test processes running at once (pytest-xdist workers) take a file lock, and a stamp in ``node_modules``
+    holding the lock file's sha256 tells a later one that ``npm ci`` already ran: ``npm ci`` deletes
+    ``node_modules`` first, which would pull it from under another worker's running Node agent."""
+    target = AGENT_DIR / "node_modules"
+    stamp = target / ".marti-npm-ci"
+    want = hashlib.sha256((AGENT_DIR / "package-lock.json").read_bytes()).hexdigest()
+    with open(Path(tempfile.gettempdir()) / "marti-node-agent-npm-ci.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (stamp.is_file() and stamp.read_text() == want):
+            out = subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund", "--prefer-offline"],
+                cwd=AGENT_DIR,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert out.returncode == 0, out.stderr[-3000:]
+            stamp.write_text(want)
+    return target
 
 
 def _start(name: str, data_dir: Path | None) -> tuple[subprocess.Popen, str]:

@@ -15,10 +15,12 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,9 +99,12 @@ def _stop(procs: list[subprocess.Popen], base: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A head and a second node, token authentication on; yields (GCS address, base env, base dir)."""
-    base = tmp_path_factory.mktemp("raycl")
+def cluster():
+    """A head and a second node, token authentication on; yields (GCS address, base env, base dir).
+
+    The nodes' temp dirs sit in a short folder directly under /tmp: Ray puts unix sockets in them, whose paths
+    may not exceed 107 bytes (pytest's own temp folders, e.g. under a pytest-xdist worker, came to 108)."""
+    base = Path(tempfile.mkdtemp(prefix="mrc-", dir="/tmp"))
     home = base / "home"
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
@@ -141,6 +146,7 @@ def cluster(tmp_path_factory):
         yield address, env, base
     finally:
         _stop(procs, base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _actor_classes(node_dir: Path) -> list[str]:
