@@ -26,6 +26,7 @@ from marti.errors import (
     SessionLostError,
     UnavailableError,
 )
+from marti.inference import Generation
 from marti.rpc.testing import ServerThread
 from services.env_server.core.sessions import SessionManager
 from services.env_server.servicer import env_service
@@ -422,12 +423,6 @@ def test_an_env_dropped_without_close_frees_its_place_once(two):
 
 
 # ---------------------------------------------------------------------------------------------- the trainer
-@dataclass
-class _Gen:
-    text: str
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    response_logprobs: list[float]
 
 
 class _FakeRuntime:
@@ -437,7 +432,7 @@ class _FakeRuntime:
         return {"agent_1": 0, "agent_2": 0}
 
     def generate(self, agent, chats, greedy=False):
-        return [_Gen("task_1: 1", [1], [2], [-0.1]) for _ in chats]
+        return [Generation([1], [2], [-0.1], "task_1: 1", "stop") for _ in chats]
 
 
 def test_the_training_loop_plays_its_sessions_on_every_env_server(two):

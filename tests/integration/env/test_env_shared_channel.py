@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -15,6 +14,7 @@ import marti
 import marti.envs as me
 from marti.clients.env import EnvClient, RemoteParallelEnv, open_channel
 from marti.errors import InvalidArgumentError, NotFoundError
+from marti.inference import Generation
 from services.trainer.episodes import EpisodeRunner
 
 ENV = "collaborative_task_solving"
@@ -141,21 +141,13 @@ def test_a_remote_env_needs_an_address_or_a_channel():
         RemoteParallelEnv.create(None, ENV)
 
 
-@dataclass
-class _Gen:
-    text: str
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    response_logprobs: list[float]
-
-
 def _record_runner(make_env, seen):
     prompts: list = []
 
     def generate(agent, chats):
         prompts.append([agent, chats])
         return [
-            _Gen(f"task_1: {len(c[1]['content']) % 3 + 1}", [len(c[1]["content"])], [7], [-0.5])
+            Generation([len(c[1]["content"])], [7], [-0.5], f"task_1: {len(c[1]['content']) % 3 + 1}", "stop")
             for c in chats
         ]
 
@@ -209,7 +201,7 @@ class _FakeRuntime:
         return {"agent_1": 0, "agent_2": 0}
 
     def generate(self, agent, chats, greedy=False):
-        return [_Gen("task_1: 1", [1], [2], [-0.1]) for _ in chats]
+        return [Generation([1], [2], [-0.1], "task_1: 1", "stop") for _ in chats]
 
 
 def test_the_loop_opens_one_channel_per_service_and_closes_them(env_server, monkeypatch):
