@@ -149,7 +149,8 @@ class ClusterAuth:
         mode: The mode the driver attaches with: ``token``, ``disabled``, or ``None`` (left to Ray: an address
             Ray resolves itself, a cluster that did not answer the probe, or a mode this module does not know).
         token_source: Where the token came from when ``mode`` is ``token`` (see :class:`RayToken`).
-        changed: Whether ``RAY_AUTH_MODE`` was set by :func:`prepare_cluster_auth` (and Ray's config reloaded).
+        changed: Whether :meth:`restore` must put ``RAY_AUTH_MODE`` back: set by :func:`prepare_cluster_auth`
+            (and Ray's config reloaded), or about to be set by a local ``ray.init`` (:meth:`before_local_init`).
         previous: ``RAY_AUTH_MODE`` before, ``None`` when unset.
     """
 
@@ -157,6 +158,13 @@ class ClusterAuth:
     token_source: str | None = None
     changed: bool = False
     previous: str | None = None
+
+    @classmethod
+    def before_local_init(cls, environ: MutableMapping[str, str] | None = None) -> ClusterAuth:
+        """Remember ``RAY_AUTH_MODE`` before a local ``ray.init``, which sets it to ``token`` (when it turns token
+        authentication on) and never unsets it; :meth:`restore` puts it back."""
+        environ = os.environ if environ is None else environ
+        return cls(mode=None, changed=True, previous=environ.get(AUTH_MODE_ENV))
 
     def restore(self, environ: MutableMapping[str, str] | None = None) -> None:
         """Put ``RAY_AUTH_MODE`` back as it was (and reload Ray's config) if :func:`prepare_cluster_auth` set it,

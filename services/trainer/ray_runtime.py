@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from marti.config import TrainConfig
 from marti.errors import ResourceExhaustedError
-from services.trainer.ray_auth import AUTH_MODE_ENV, ClusterAuth, prepare_cluster_auth
+from services.trainer.ray_auth import ClusterAuth, prepare_cluster_auth
 
 _LOG = logging.getLogger("marti.trainer.ray")
 
@@ -289,10 +289,9 @@ class RayRuntime:
             address = cluster_address(self.cfg)
             if address is not None:  # match the cluster's token authentication (services.trainer.ray_auth)
                 self._auth = prepare_cluster_auth(address)
-            else:  # a local ray.init turns token mode on by setting RAY_AUTH_MODE itself and never unsets it: a
-                # later job of this process (marti trainer runs several) attaching to a cluster without tokens
-                # would then fail, so shutdown puts the variable back
-                self._auth = ClusterAuth(mode=None, changed=True, previous=os.environ.get(AUTH_MODE_ENV))
+            else:  # a later job of this process (marti trainer runs several) attaching to a cluster without
+                # tokens would fail in the token mode a local ray.init leaves behind: shutdown puts it back
+                self._auth = ClusterAuth.before_local_init()
             try:
                 ray.init(**ray_init_kwargs(self.cfg))
             except BaseException:
