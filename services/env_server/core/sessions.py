@@ -308,7 +308,8 @@ class SessionManager:
             while len(results) > self.idempotency_window:
                 results.popitem(last=False)
             keep = max(self.idempotency_results, hold)
-            for older in list(islice(reversed(results), keep, None)):  # the newest but ``keep``: id only
+            # the newest but ``keep``: id only (a value assigned to an existing key does not disturb the iteration)
+            for older in islice(reversed(results), keep, None):
                 held = results[older]
                 if not isinstance(held, Outcome):
                     break  # everything older was demoted before
