@@ -8,7 +8,8 @@ BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 PYTEST_ARGS ?=
 # Test worker processes (pytest-xdist; 0 runs the suite in this process). Tests are handed out one at a time
-# (worksteal), so a long one does not hold back the rest: with 2, the suite took 25 min on a quiet 2-core machine;
+# (worksteal), so a long one does not hold back the rest: with 2, the suite took 24-30 min in three runs on a quiet
+# 2-core machine;
 # the last serial CI run took 34 min.
 PYTEST_WORKERS ?= 2
 CONFIG ?= examples/resource_allocation.yaml
