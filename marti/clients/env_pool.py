@@ -14,7 +14,9 @@ created and has not seen closed or lost, counted across its unary calls, streams
 server listed first, so sessions made one after another alternate. A create that fails with
 :class:`~marti.errors.UnavailableError` (server away) or :class:`~marti.errors.ResourceExhaustedError` (its
 session cap) made no session there: it is tried on the next server in that order, and the failed server is
-placed last for :data:`DOWN_COOLDOWN_S` seconds; only when every server failed is the last error raised.
+placed last for a cooldown: :data:`DOWN_COOLDOWN_S` seconds after its first failure, doubling with each failure in
+a row up to :data:`MAX_DOWN_COOLDOWN_S`, back to the start once a create succeeds there. Only when every server
+failed is the last error raised.
 
 Pinning: every later call for a session (``reset``, ``step``, its part of a ``batch_step``, ``close_session``,
 the stream's calls, an env's steps and resets, including the re-created session after a loss) goes to the
@@ -60,6 +62,7 @@ from marti.errors import (
 
 __all__ = [
     "DOWN_COOLDOWN_S",
+    "MAX_DOWN_COOLDOWN_S",
     "AsyncEnvPool",
     "EnvPool",
     "EnvPoolStream",
@@ -69,8 +72,11 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Seconds a server whose create failed (away, or at its session cap) is placed after every other server.
+#: Seconds a server whose create failed (away, or at its session cap) is placed after every other server; each
+#: further failure in a row doubles it (a server that stays down costs one slow create per cooldown).
 DOWN_COOLDOWN_S = 5.0
+#: The longest cooldown, seconds.
+MAX_DOWN_COOLDOWN_S = 60.0
 #: Errors of a create that made no session, so the next server may be tried.
 _NEXT_SERVER = (UnavailableError, ResourceExhaustedError)
 
@@ -91,6 +97,7 @@ class _Placement:
     def __init__(self, n: int) -> None:
         self._live = [0] * n
         self._avoid_until = [0.0] * n
+        self._failures = [0] * n  # creates failed in a row per server
         self._lock = threading.Lock()
 
     def live(self) -> list[int]:
@@ -113,9 +120,19 @@ class _Placement:
         with self._lock:
             self._live[i] = max(0, self._live[i] - 1)
 
-    def avoid(self, i: int) -> None:
+    def avoid(self, i: int) -> float:
+        """Place server ``i`` last for its cooldown (``DOWN_COOLDOWN_S`` doubled per earlier failure in a row, at
+        most ``MAX_DOWN_COOLDOWN_S``). Returns the cooldown in seconds."""
         with self._lock:
-            self._avoid_until[i] = time.monotonic() + DOWN_COOLDOWN_S
+            self._failures[i] += 1
+            cooldown = min(DOWN_COOLDOWN_S * 2 ** min(self._failures[i] - 1, 30), MAX_DOWN_COOLDOWN_S)
+            self._avoid_until[i] = time.monotonic() + cooldown
+            return cooldown
+
+    def created(self, i: int) -> None:
+        """A create succeeded on server ``i``: its next failure starts the cooldown over."""
+        with self._lock:
+            self._failures[i] = 0
 
 
 class _Tries:
@@ -131,6 +148,10 @@ class _Tries:
         while (i := self._placement.take(self._tried)) is not None:
             self._tried.add(i)
             yield i
+
+    def succeeded(self, i: int) -> None:
+        """The create on server ``i`` made a session (its place stays taken; its failures in a row end)."""
+        self._placement.created(i)
 
     def failed(self, i: int, err: BaseException) -> bool:
         """Undo server ``i``'s reservation; True when the next server may be tried (``err`` is kept as the
@@ -225,10 +246,13 @@ def _place(placement: _Placement, addresses: Sequence[str], create: Callable[[in
     tries = _Tries(placement, addresses)
     for i in tries:
         try:
-            return i, create(i)
+            made = create(i)
         except BaseException as e:
             if not tries.failed(i, e):
                 raise
+        else:
+            tries.succeeded(i)
+            return i, made
     assert tries.last is not None
     raise tries.last
 
@@ -654,6 +678,7 @@ class AsyncEnvPool(_PoolBase):
                 if not tries.failed(i, e):
                     raise
                 continue
+            tries.succeeded(i)
             self._routes.add(info.session_id, i)
             return info
         assert tries.last is not None
