@@ -29,6 +29,7 @@ from services.gateway.http_app import build_app
 from services.gateway.server import GatewayServer
 from services.trainer.gateway_backend import EngineBackend
 from services.trainer.models import build_tiny_model, load_tokenizer
+from services.trainer.rollout.base import chat_to_ids
 from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 
 TOKEN = "test-token-123"
@@ -291,6 +292,34 @@ def test_openai_errors(client, served):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="planner", prompt=["a", "b"], max_tokens=2)
     assert _err(e)["param"] == "prompt"
+
+
+def test_parameters_the_engine_does_not_implement_are_ignored_and_echo_is_refused(client):
+    """OpenAI clients send penalties, tools and the like: accepted and ignored (the same seeded answer); chat
+    messages are rendered from their role and text content only (``tool_calls`` and ``tool_call_id`` are not part
+    of the prompt); ``echo`` is refused."""
+    kw = {"model": "planner", "messages": MSG, "max_tokens": 6, "seed": 4}
+    plain = client.chat.completions.create(**kw)
+    tool = {
+        "type": "function",
+        "function": {"name": "look", "parameters": {"type": "object", "properties": {}}},
+    }
+    extra = client.chat.completions.create(
+        **kw, presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"5": 10}, user="u-1", tools=[tool],
+        response_format={"type": "text"},
+    )  # fmt: skip
+    assert extra.choices[0].model_extra["token_ids"] == plain.choices[0].model_extra["token_ids"]
+    assert extra.model_extra["prompt_token_ids"] == plain.model_extra["prompt_token_ids"]
+    call = {"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}
+    with_tools = [*MSG, {"role": "assistant", "content": "ok", "tool_calls": [call]},
+                  {"role": "tool", "content": "42", "tool_call_id": "c1"}]  # fmt: skip
+    bare = [*MSG, {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "42"}]
+    a = client.chat.completions.create(model="planner", messages=with_tools, max_tokens=1)
+    b = client.chat.completions.create(model="planner", messages=bare, max_tokens=1)
+    assert a.model_extra["prompt_token_ids"] == b.model_extra["prompt_token_ids"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="planner", prompt="hi", max_tokens=2, echo=True)
+    assert _err(e)["param"] == "echo"
 
 
 def test_malformed_requests_get_json_400s_and_the_server_survives(served, client):
@@ -781,4 +810,167 @@ def test_grpc_a_call_past_its_deadline_is_not_recorded_and_a_keyed_retry_is_answ
         assert stats["calls"] == 1 and stats["replayed_calls"] == 1 and stats["unrecorded_disconnected"] == 1
     finally:
         backend.gate.set()
+        server.stop()
+
+
+# ---------------------------------------------------------------------------------------------- multi-turn
+REPLY = "Sure, first we pack the bags."
+
+
+class _ChatBackend(_FixedBackend):
+    """Agent ``a`` with the tiny model's tokenizer and its real (SmolLM2) chat template, and no model: every
+    completion is :data:`REPLY`, as its canonical token ids, then eos; with stop strings it continues with
+    ``" STOP now"`` and is cut as the engine cuts it (the ids keep the token completing the stop string, the
+    text ends before it)."""
+
+    def chat_prompt(self, agent, messages) -> list[int]:
+        return chat_to_ids(self.tok, messages)
+
+    def generate(self, agent, prompts, sampling, version) -> list[Generation]:
+        if sampling.stop:
+            text = REPLY + " STOP now"
+            ids = self.encode(agent, text)
+            end = next(k for k in range(1, len(ids) + 1) if "STOP" in self.decode(agent, ids[:k]))
+            ids, text, reason = ids[:end], REPLY + " ", "stop"
+        else:
+            ids, text, reason = self.encode(agent, REPLY) + [self.tok.eos_token_id], REPLY, "stop"
+        return [Generation(list(p), list(ids), [-0.5] * len(ids), text, reason, 0, agent) for p in prompts]
+
+
+def test_chat_calls_that_extend_the_previous_one_merge_into_one_turn_under_the_real_chat_template():
+    """Consecutive chat calls of one agent whose prompt renders the previous call's reply (the conversation goes
+    on) become one turn: the template's markup and the new user message between the two replies are in its
+    response with mask 0. A call with another conversation starts a turn of its own, and so does one after a
+    stop string cut the previous reply's text (the history no longer renders the sampled ids)."""
+    tok = load_tokenizer()
+    sink: list = []
+    server = GatewayServer(
+        Gateway(_ChatBackend(tok), GatewayLimits(max_wait_ms=1), sink=sink.append), token=TOKEN
+    )
+    http_url, _ = server.start()
+    try:
+        root = http_url.removesuffix("/v1")
+
+        def episode(eid: str, stop: list[str]) -> list:
+            client = openai.OpenAI(
+                base_url=f"{root}/episodes/{eid}/v1", api_key=TOKEN, max_retries=0, timeout=30
+            )
+            first = [{"role": "user", "content": "Plan the trip."}]
+            r1 = client.chat.completions.create(model="a", messages=first, max_tokens=32, stop=stop)
+            said = r1.choices[0].message.content
+            more = [*first, {"role": "assistant", "content": said}, {"role": "user", "content": "And then?"}]
+            r2 = client.chat.completions.create(model="a", messages=more, max_tokens=32, stop=stop)
+            r3 = client.chat.completions.create(
+                model="a", messages=[{"role": "user", "content": "Something else."}], max_tokens=32, stop=stop
+            )
+            rep = httpx.post(
+                f"{http_url}/episodes/{eid}/reward", json={"rewards": {"a": 1.0}}, headers=_auth()
+            )
+            assert rep.status_code == 200, rep.text
+            return [r1, r2, r3, sink[-1]["a"]]
+
+        r1, r2, r3, traj = episode("merged", [])
+        assert r1.choices[0].message.content == REPLY
+        p1, p2 = r1.model_extra["prompt_token_ids"], r2.model_extra["prompt_token_ids"]
+        ids1, ids2 = r1.choices[0].model_extra["token_ids"], r2.choices[0].model_extra["token_ids"]
+        gap = p2[len(p1) + len(ids1) :]
+        assert p2[: len(p1) + len(ids1)] == p1 + ids1 and gap  # the template re-rendered the sampled ids
+        merged, alone = traj.turns
+        assert merged.prompt_token_ids == p1 and merged.response_token_ids == ids1 + gap + ids2
+        assert merged.response_mask == [1] * len(ids1) + [0] * len(gap) + [1] * len(ids2)
+        assert merged.response_logprobs == [-0.5] * len(ids1) + [0.0] * len(gap) + [-0.5] * len(ids2)
+        assert "And then?" in tok.decode(gap)
+        assert alone.prompt_token_ids == r3.model_extra["prompt_token_ids"]
+        assert alone.response_token_ids == r3.choices[0].model_extra["token_ids"]
+
+        *_, cut = episode("cut", ["STOP"])
+        assert len(cut.turns) == 3 and all(set(t.response_mask) == {1} for t in cut.turns)
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------------------------- episodes end
+def test_reward_route_groups_abandonment_failures_and_store_errors():
+    """Over a GatewayServer (HTTP and gRPC on one gateway) whose sink fails for two episodes:
+
+    * ``X-Marti-Group`` groups calls, across protocols: an HTTP episode and a gRPC one of the same group are held
+      until both reported (``group_size``) and released together;
+    * an episode silent for ``external.episode_timeout_s`` is abandoned by the gateway's sweeper and dropped with
+      its group (the member held for it too); its report is then refused with 409;
+    * ``"failed": true`` drops the group: the member still open is dropped when it reports;
+    * a store that is down answers the report 503 (``Retry-After``), a store wait that timed out 504; both are
+      counted in ``sink_errors`` and the gateway keeps serving.
+    """
+    from marti.clients.inference import InferenceClient
+    from marti.errors import DeadlineExceededError, UnavailableError
+
+    timeout_s = 0.6
+    stored: list = []
+
+    def sink(episode: dict) -> None:
+        eid = episode["a"].episode_id
+        if eid == "down":
+            raise UnavailableError("the experience store is unavailable")
+        if eid == "slow":
+            raise DeadlineExceededError("the experience store did not answer within 2 s")
+        stored.append(episode)
+
+    limits = GatewayLimits(max_wait_ms=1, episode_timeout_s=timeout_s)
+    server = GatewayServer(Gateway(_FixedBackend(load_tokenizer()), limits, sink=sink), token=TOKEN)
+    http_url, grpc_address = server.start()
+    body = {"model": "a", "prompt": "hi", "max_tokens": 2}
+    try:
+        with httpx.Client(base_url=http_url, headers=_auth(), timeout=30) as http:
+
+            def call(episode: str, group: str = "") -> None:
+                head = {"X-Marti-Episode": episode, **({"X-Marti-Group": group} if group else {})}
+                assert http.post("/completions", json=body, headers=head).status_code == 200
+
+            def report(episode: str, **fields) -> httpx.Response:
+                return http.post(f"/episodes/{episode}/reward", json={"rewards": {"a": 1.0}, **fields})
+
+            # one group over both protocols; the HTTP member names its group only in the header
+            call("h1", "g1")
+            with InferenceClient(grpc_address, token=TOKEN) as rpc:
+                rpc.generate("a", text="hi", max_tokens=2, episode_id="r1", group_id="g1")
+                assert report("h1", group_size=2).json() == {"episode_id": "h1", "released": 0, "dropped": 0}
+                assert rpc.report_reward("r1", {"a": 0.0}, group_size=2).released == 2
+            assert [(e["a"].episode_id, e["a"].group_id) for e in stored] == [("h1", "g1"), ("r1", "g1")]
+
+            # abandonment: a2 goes silent; a1, held for its group, is dropped with it
+            call("a1", "g2")
+            call("a2", "g2")
+            assert report("a1", group_size=2).json()["released"] == 0
+            assert http.get("/gateway/stats").json()["abandoned"] == 0
+            _wait_for(
+                lambda: http.get("/gateway/stats").json()["abandoned"] == 1, "a2 was never abandoned", 15
+            )
+            stats = http.get("/gateway/stats").json()
+            assert stats["dropped"] == 2 and stats["held"] == 0 and stats["released"] == 2
+            late = report("a2", group_size=2)
+            assert late.status_code == 409 and "abandoned" in late.json()["error"]["message"]
+            assert late.json()["error"]["code"] == "failed_precondition"
+            assert http.post("/completions", json=body, headers={"X-Marti-Episode": "a2"}).status_code == 409
+
+            # a failed episode drops its group: f2, open when f1 failed, is dropped when it reports
+            for eid in ("f1", "f2"):
+                r = httpx.post(f"{http_url.removesuffix('/v1')}/episodes/{eid}/groups/g3/v1/completions",
+                               json=body, headers=_auth(), timeout=30)  # fmt: skip
+                assert r.status_code == 200
+            assert report("f1", failed=True).json() == {"episode_id": "f1", "released": 0, "dropped": 1}
+            assert report("f2").json() == {"episode_id": "f2", "released": 0, "dropped": 1}
+            assert http.get("/gateway/stats").json()["failed"] == 1
+
+            # the store's errors reach the reporter with their HTTP status
+            call("down")
+            call("slow")
+            down, slow = report("down"), report("slow")
+            assert down.status_code == 503 and down.headers["retry-after"] == "1"
+            assert down.json()["error"]["type"] == "service_unavailable_error"
+            assert "experience store is unavailable" in down.json()["error"]["message"]
+            assert slow.status_code == 504 and slow.json()["error"]["code"] == "deadline_exceeded"
+            stats = http.get("/gateway/stats").json()
+            assert stats["sink_errors"] == 2 and stats["released"] == 2
+            assert http.post("/completions", json=body).status_code == 200  # still serving
+    finally:
         server.stop()
