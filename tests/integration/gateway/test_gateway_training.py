@@ -31,6 +31,7 @@ from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
+from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.loop import Addresses, TrainingLoop
 from services.trainer.policy import MultiAgentPolicy
@@ -131,6 +132,60 @@ def test_server_serves_http_and_grpc_on_one_gateway_and_leaves_no_thread():
     ours = [t.name for t in left if not t.daemon or t.name.startswith("marti-gateway")]
     assert not ours, f"threads left running: {ours}"
     server.stop()  # idempotent
+
+
+def test_without_an_explicit_token_both_endpoints_require_marti_token_or_serve_openly_without_it(monkeypatch):
+    """A server given no token guards HTTP and gRPC alike with ``MARTI_TOKEN`` (what a job started without
+    ``--token`` gets); with neither, both serve without authentication, like the other services."""
+    monkeypatch.setenv("MARTI_TOKEN", "from-the-environment")
+    with GatewayServer(Gateway(_EchoBackend())) as server:
+        assert server.http_url is not None and server.grpc_address is not None
+        assert httpx.get(f"{server.http_url}/models", timeout=30).status_code == 401
+        assert httpx.get(f"{server.http_url}/models", headers=AUTH, timeout=30).status_code == 401
+        env_auth = {"Authorization": "Bearer from-the-environment"}
+        assert httpx.get(f"{server.http_url}/models", headers=env_auth, timeout=30).status_code == 200
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as denied:
+                stub.ListModels(pb.ListModelsRequest(), timeout=30)
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            meta = [("authorization", "Bearer from-the-environment")]
+            assert stub.ListModels(pb.ListModelsRequest(), metadata=meta, timeout=30).models
+    monkeypatch.delenv("MARTI_TOKEN")
+    with GatewayServer(Gateway(_EchoBackend())) as server:
+        assert httpx.get(f"{server.http_url}/models", timeout=30).status_code == 200
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            assert stub.ListModels(pb.ListModelsRequest(), timeout=30).models
+
+
+def test_http_and_grpc_requests_share_one_batch():
+    """Requests of one agent over the two protocols meet in one engine call (a batch of 2 is full at once; had
+    each protocol its own batcher, each request would wait out ``max_wait_ms`` and run alone)."""
+    gateway = Gateway(_EchoBackend(), GatewayLimits(max_batch=2, max_wait_ms=20_000))
+    out: dict[str, Any] = {}
+    with GatewayServer(gateway, token=TOKEN) as server:
+
+        def over_http() -> None:
+            body = {"model": "a", "prompt": "hi", "max_tokens": 2}
+            out["http"] = httpx.post(f"{server.http_url}/completions", json=body, headers=AUTH, timeout=60)
+
+        def over_grpc() -> None:
+            with grpc.insecure_channel(server.grpc_address) as channel:
+                req = pb.GenerateRequest(model="a", text="hi", max_tokens=2)
+                meta = [("authorization", f"Bearer {TOKEN}")]
+                out["grpc"] = pb_grpc.InferenceServiceStub(channel).Generate(req, metadata=meta, timeout=60)
+
+        threads = [threading.Thread(target=over_http), threading.Thread(target=over_grpc)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert time.monotonic() - start < 15, "a request waited out max_wait_ms"
+        assert out["http"].status_code == 200 and list(out["grpc"].choices[0].token_ids) == [7, 8]
+    stats = gateway.stats()
+    assert stats["batches"] == 1 and stats["batched_prompts"] == 2
 
 
 def test_a_port_in_use_fails_the_start_with_the_address_named():
@@ -240,6 +295,15 @@ class _ExternalClient:
         self.seen["gateway.json"] = info
         assert httpx.get(f"{info['http']}/models", timeout=30).status_code == 401
         with httpx.Client(base_url=info["http"], headers=AUTH, timeout=120) as http:
+            # Bad requests get their documented errors; the job serves on (and trains below).
+            msg = [{"role": "user", "content": "hi"}]
+            bad = http.post("/chat/completions", json={"model": "nobody", "messages": msg})
+            assert bad.status_code == 404 and bad.json()["error"]["type"] == "not_found_error", bad.text
+            long = {"model": "agent_1", "prompt": [5] * 4096, "max_tokens": 2}
+            bad = http.post("/completions", json=long)
+            assert bad.status_code == 400 and "context" in bad.json()["error"]["message"], bad.text
+            bad = http.post("/episodes/never-played/reward", json={"rewards": {"agent_1": 1.0}})
+            assert bad.status_code == 404 and bad.json()["error"]["code"] == "not_found", bad.text
             # Routing: each agent's calls reach its own policy.
             first = {a: self._greedy(http, a) for a in self.reference}
             for agent, got in first.items():
@@ -313,7 +377,7 @@ class _ExternalClient:
 
 @pytest.mark.slow
 def test_a_job_trains_its_agents_on_episodes_external_clients_played_through_the_gateway(
-    tmp_path, store_address
+    tmp_path, store_address, capsys
 ):
     http_port, grpc_port = _free_port(), _free_port()
     cfg = _job_config(tmp_path, http_port, grpc_port)
@@ -337,6 +401,8 @@ def test_a_job_trains_its_agents_on_episodes_external_clients_played_through_the
     assert summary.steps == STEPS and not summary.stopped
 
     info = client.seen["gateway.json"]
+    listening = f"gateway listening on http://127.0.0.1:{http_port}/v1 (gRPC 127.0.0.1:{grpc_port})"
+    assert listening in capsys.readouterr().out.splitlines()
     assert (info["http"], info["grpc"]) == (f"http://127.0.0.1:{http_port}/v1", f"127.0.0.1:{grpc_port}")
     assert info["models"][:2] == ["agent_1", "agent_1@0"] and "agent_3" in info["models"]
     assert client.seen["grpc_models"][0] == "agent_1"
