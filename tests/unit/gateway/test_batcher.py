@@ -199,3 +199,30 @@ async def test_a_full_batch_goes_first_and_a_filling_one_never_exceeds_max_batch
     await asyncio.gather(first, lone, crowd)
     assert eng.batches == [("a", None, 1), ("a", None, 3), ("a", None, 3), ("b", None, 1), ("a", None, 1)]
     await b.close()
+
+
+async def test_a_batch_waits_max_wait_ms_for_company_and_not_longer():
+    """With the engine idle, a request arriving within ``max_wait_ms`` of the first joins its batch, which starts
+    once the first has waited ``max_wait_ms``; with ``max_wait_ms`` 0 the same arrivals run one by one."""
+    loop = asyncio.get_running_loop()
+    eng = Engine()
+    b = RequestBatcher(eng, max_batch=8, max_wait_ms=300, max_queue=100)
+    t0 = loop.time()
+    first = asyncio.ensure_future(b.submit("a", [[0]], S, None))
+    await asyncio.sleep(0.05)
+    assert eng.batches == []  # still waiting for company
+    second = asyncio.ensure_future(b.submit("a", [[1]], S, None))
+    await asyncio.gather(first, second)
+    waited = loop.time() - t0
+    assert eng.batches == [("a", None, 2)]
+    assert 0.29 <= waited < 5.0, waited
+    await b.close()
+
+    eager = Engine()
+    b = RequestBatcher(eager, max_batch=8, max_wait_ms=0, max_queue=100)
+    first = asyncio.ensure_future(b.submit("a", [[0]], S, None))
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(b.submit("a", [[1]], S, None))
+    await asyncio.gather(first, second)
+    assert eager.batches == [("a", None, 1), ("a", None, 1)]
+    await b.close()

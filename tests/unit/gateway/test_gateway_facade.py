@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marti.errors import InvalidArgumentError, NotFoundError, UnavailableError
-from marti.inference import SamplingParams
+from marti.inference import Generation, SamplingParams
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.trainer.gateway_backend import EngineBackend
@@ -90,3 +90,45 @@ async def test_a_bad_token_id_fails_only_its_own_request_not_its_batch(backend):
     with pytest.raises(InvalidArgumentError, match="-1"):
         await gw.generate("planner", [-1], S)
     await gw.close()
+
+
+class _CurrentOnlyEngine:
+    """An engine that cannot load another version for one call (no ``pinned``), as the vLLM engine and the
+    engine pool: it samples with its current weights only."""
+
+    agent_ids = ["planner"]
+    max_model_len = 64
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.calls = 0
+
+    def policy_version(self, agent_id: str) -> int:
+        return self.version
+
+    def generate(self, agent_id, prompts, sampling):
+        self.calls += 1
+        return [Generation(list(p), [7], [-1.0], "x", "stop", self.version, agent_id) for p in prompts]
+
+
+def test_an_engine_without_pinned_versions_serves_only_its_current_version():
+    """docs/gateway.md: the vLLM engine serves only the current version (its weights live in vLLM; there is no
+    per-call swap), even when older versions are remembered."""
+    import torch
+
+    from services.trainer.generation import ResidentWeights
+    from services.trainer.rollout.pool import EnginePool
+    from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
+
+    assert not hasattr(VLLMRolloutEngine, "pinned") and not hasattr(EnginePool, "pinned")
+    engine, resident = _CurrentOnlyEngine(), ResidentWeights(3)
+    resident.remember(["planner"], 0, {"w": torch.zeros(1)})
+    engine.version = 1
+    resident.remember(["planner"], 1, {"w": torch.ones(1)})
+    backend = EngineBackend(engine, {"planner": load_tokenizer()}, resident=resident)  # type: ignore[arg-type]
+    assert backend.resident_versions("planner") == [1]
+    assert [m.id for m in Gateway(backend).models()] == ["planner", "planner@1"]
+    assert backend.generate("planner", [[1, 2]], S, 1)[0].policy_version == 1
+    with pytest.raises(NotFoundError, match="version 0 of agent 'planner' is not resident"):
+        backend.generate("planner", [[1, 2]], S, 0)
+    assert engine.calls == 1
