@@ -12,10 +12,15 @@ Checks (each prints PASS, FAIL or SKIP with its numbers; the exit code is 1 if a
    changes the samples. LoRA: adapters switch per agent on one base.
 2. ``vllm_rollout``: only when vllm is importable: same checks on :class:`VLLMRolloutEngine`, including
    full-weight sync into vLLM (``load_weights``) and a LoRA adapter sync.
-3. ``worker_train``: the trainer's PolicyWorker on the device: generate, one PPO step (GAE critic, KL to the
+3. ``vllm_gateway``: only when vllm is importable: the inference gateway (HTTP, the official ``openai`` client)
+   serves two agents of a :class:`VLLMRolloutEngine` (one full model, one LoRA adapter); greedy completions of
+   token-id prompts carry the engine's own token ids and log-probs, a traced call is released with the engine's
+   policy version, and an adapter sync changes the served agent's output. The dry run exercises the same code
+   over the transformers engine on CPU.
+4. ``worker_train``: the trainer's PolicyWorker on the device: generate, one PPO step (GAE critic, KL to the
    reference) on those samples, weight sync under a new policy version, and the same step with the reference
    and critic as separate workers (``ray.colocate_models: false``) giving the same statistics.
-4. ``deepspeed_zero``: ZeRO stages 0-3 (nccl on CUDA, gloo on CPU; bf16 on CUDA) train a few steps with
+5. ``deepspeed_zero``: ZeRO stages 0-3 (nccl on CUDA, gloo on CPU; bf16 on CUDA) train a few steps with
    accumulation, the loss falls, and a checkpoint restores the weights bit for bit.
 
 A JSON summary is written to ``$OUT/check_gpu.json`` when ``OUT`` is set, else next to nothing (stdout only).
@@ -144,6 +149,115 @@ def check_vllm(device: str) -> None:
     )
 
 
+def gateway_round_trip(engine, tokenizer, agents: tuple[str, str], sync) -> dict:
+    """Serve ``engine`` through a real :class:`GatewayServer` and check it against the engine's own greedy output.
+
+    Args:
+        engine: A rollout engine serving both ``agents`` (one tokenizer for both).
+        tokenizer: Their tokenizer (chat templates, decoding).
+        agents: Two agent names of ``engine``.
+        sync: ``sync(agent, version)``: pushes new weights of ``agent`` into ``engine`` at ``version``.
+
+    Returns:
+        The numbers recorded: ``ok`` plus what was compared.
+    """
+    import openai
+
+    from services.gateway.core.gateway import Gateway
+    from services.gateway.core.limits import GatewayLimits
+    from services.gateway.server import GatewayServer
+    from services.trainer.gateway_backend import EngineBackend
+    from services.trainer.rollout import SamplingParams
+
+    released: list = []
+    backend = EngineBackend(engine, dict.fromkeys(agents, tokenizer))
+    server = GatewayServer(Gateway(backend, GatewayLimits(max_wait_ms=2), sink=released.append))
+    http_url, _ = server.start()
+    try:
+        client = openai.OpenAI(base_url=http_url, api_key="none", max_retries=0, timeout=120)
+        prompt = [5, 6, 7, 8]
+        direct = {
+            a: engine.generate(a, [prompt], SamplingParams(max_new_tokens=8, temperature=0.0))[0]
+            for a in agents
+        }
+        served = {}
+        for a in agents:
+            r = client.completions.create(model=a, prompt=prompt, max_tokens=8, temperature=0.0, logprobs=1)
+            served[a] = r.choices[0]
+        same_ids = all(served[a].model_extra["token_ids"] == direct[a].response_token_ids for a in agents)
+        worst = max(
+            abs(x - y)
+            for a in agents
+            for x, y in zip(served[a].logprobs.token_logprobs, direct[a].response_logprobs, strict=True)
+        )
+        traced = openai.OpenAI(
+            base_url=http_url.removesuffix("/v1") + "/episodes/gpu-check/v1", api_key="none", max_retries=0
+        )
+        traced.chat.completions.create(
+            model=agents[0], messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        import httpx
+
+        httpx.post(
+            http_url.removesuffix("/v1") + "/v1/episodes/gpu-check/reward", json={"rewards": {agents[0]: 1.0}}
+        ).raise_for_status()
+        version = engine.policy_version(agents[0]) if hasattr(engine, "policy_version") else None
+        sync(agents[1], 1)
+        after = client.completions.create(
+            model=agents[1], prompt=prompt, max_tokens=8, temperature=0.0, logprobs=1
+        )
+        changed = after.choices[0].logprobs.token_logprobs != served[agents[1]].logprobs.token_logprobs
+    finally:
+        server.stop()
+    ok = same_ids and worst < 1e-3 and len(released) == 1 and changed
+    return {"ok": ok, "same_ids": same_ids, "max_logprob_diff": worst, "released": len(released),
+            "engine_version": version, "adapter_sync_changed_output": changed}  # fmt: skip
+
+
+def check_vllm_gateway(device: str) -> None:
+    from services.trainer.models import build_tiny_model, load_tokenizer
+    from services.trainer.rollout import vllm_available
+
+    tok = load_tokenizer("tiny-llama")
+    if device != "cuda":  # the dry run: the same round trip over the transformers engine
+        from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+
+        models = {a: build_tiny_model(tok, seed=i) for i, a in enumerate(("a", "b"))}
+        engine = HFRolloutEngine({a: AgentModel(m, tok) for a, m in models.items()}, max_model_len=256)
+
+        def sync(agent: str, version: int) -> None:
+            engine.update_weights(agent, build_tiny_model(tok, seed=11).state_dict(), version)
+
+        got = gateway_round_trip(engine, tok, ("a", "b"), sync)
+        record("vllm_gateway", "PASS" if got.pop("ok") else "FAIL", engine="hf (dry run)", **got)
+        return
+    if not vllm_available():
+        record("vllm_gateway", "SKIP", reason="vllm is not installed here")
+        return
+    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+    from services.trainer.rollout.vllm_engine import VLLMAgent, VLLMRolloutEngine
+
+    lora_cfg = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    engine = VLLMRolloutEngine(
+        {"a": "tiny-llama", "b": VLLMAgent("tiny-llama", lora=True, lora_config=lora_cfg)},
+        gpu_memory_utilization=0.2,
+        max_model_len=512,
+        dtype="float32",
+    )
+    lora_policy = MultiAgentPolicy(
+        PolicyConfig(mode="lora", agents=(AgentSpec("b", "tiny-llama"),)), device=device
+    )
+
+    def sync(agent: str, version: int) -> None:
+        with torch.no_grad():
+            for p in lora_policy.parameters(agent):
+                p.add_(torch.randn_like(p) * 0.5)
+        engine.update_weights(agent, lora_policy.state_for_sync(agent), version)
+
+    got = gateway_round_trip(engine, tok, ("a", "b"), sync)
+    record("vllm_gateway", "PASS" if got.pop("ok") else "FAIL", engine="vllm", **got)
+
+
 def check_deepspeed(device: str) -> None:
     from services.trainer.models import TinyModelConfig, build_tiny_model, load_tokenizer
     from services.trainer.strategy import OptimConfig
@@ -253,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run every check; returns 0 when none failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="run the same code paths on CPU")
-    parser.add_argument("--only", choices=["hf", "vllm", "worker", "deepspeed"], action="append")
+    parser.add_argument(
+        "--only", choices=["hf", "vllm", "vllm_gateway", "worker", "deepspeed"], action="append"
+    )
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run on CPU", file=sys.stderr)
@@ -266,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = {
         "hf": check_hf_rollout,
         "vllm": check_vllm,
+        "vllm_gateway": check_vllm_gateway,
         "worker": check_worker_train,
         "deepspeed": check_deepspeed,
     }

@@ -37,6 +37,11 @@ def test_vllm_rollouts_and_weight_sync_on_cuda():
     _passes(check_gpu.check_vllm)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (the gpu extra)")
+def test_the_gateway_serves_vllm_agents_with_the_engines_ids_and_logprobs_on_cuda():
+    _passes(check_gpu.check_vllm_gateway)
+
+
 def test_policy_worker_train_and_split_models_on_cuda():
     _passes(check_gpu.check_worker_train)
 
