@@ -10,13 +10,17 @@ message ids it already handed out (a bounded memory of ``dedup_memory`` ids), so
 caller sees each message once. Acks are automatic by default: the ids returned by one ``get_messages``
 call are acked with the next call (piggybacked on the Receive request), or by ``flush()`` / ``close()``.
 
-Batching: ``send_message`` and ``broadcast`` buffer; ``batching_size`` messages (default 128), or
-``max_batch_bytes`` of payload (default 1 MiB), or ``update_frequency_s`` seconds after the first buffered
-message (the linger, default 0.001, like a Kafka producer's ``linger.ms``), or ``flush()``, ``close()``,
-``get_messages``, ``publish`` or ``broadcast_state``, whichever comes first, close a batch into one
-compressed frame. Another agent thus gets a lone message about 1 ms plus one Send rpc after ``send_message``;
-once ``flush()`` returns, the broker has every message sent before it. ``batching_size=1`` sends every
-message at once in its own Send rpc. ``publish`` does not batch: it sends at once and returns a
+Batching: ``send_message`` and ``broadcast`` buffer, and the client's flush timer follows Nagle's rule
+(``send_when_idle=True``, the default, as the NATS clients' flusher): a message buffered while no batch of
+this client is in flight goes out at once; messages buffered while one is wait for it to end and then go out
+together as the next batch. A batch also closes (into one compressed frame) at ``batching_size`` messages
+(default 128), or ``max_batch_bytes`` of payload (default 1 MiB), or ``update_frequency_s`` seconds after its
+first message (the linger, default 0.001, like a Kafka producer's ``linger.ms``: the upper bound of any
+wait), or on ``flush()``, ``close()``, ``get_messages``, ``publish`` or ``broadcast_state``, whichever comes
+first. Another agent thus gets a lone message one Send rpc after ``send_message``, while a tight send loop
+still fills batches; ``send_when_idle=False`` makes every batch wait the linger (a lone message then arrives
+about 1 ms later). Once ``flush()`` returns, the broker has every message sent before it. ``batching_size=1``
+sends every message at once in its own Send rpc. ``publish`` does not batch: it sends at once and returns a
 :class:`PublishResult` with the number of subscribers reached, because topic messages are not stored for later
 subscribers.
 

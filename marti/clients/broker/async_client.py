@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -29,10 +30,11 @@ class AsyncMartiCommClient(_ClientBase):
     :class:`MartiCommClient`: the call that sent them raises :class:`BatchRefusedError`, or, for the flush
     timer's batches, the next call does.
 
-    Batching is that of :class:`MartiCommClient` (same defaults: batches of 128, a linger of 1 ms); the flush
-    timer is a task of the event loop, started by ``connect``. When the loop ends with messages still buffered
-    and the client not closed (``asyncio.run`` returns without ``close``), that task sends them before it ends;
-    a failure then is logged.
+    Batching is that of :class:`MartiCommClient` (same defaults: batches of 128, a linger of 1 ms, and
+    ``send_when_idle``: a message buffered while no batch of this client is in flight goes out at once, those
+    buffered while one is go out together when it ends); the flush timer is a task of the event loop, started
+    by ``connect``. When the loop ends with messages still buffered and the client not closed (``asyncio.run``
+    returns without ``close``), that task sends them before it ends; a failure then is logged.
     """
 
     _AIO = True
@@ -83,15 +85,17 @@ class AsyncMartiCommClient(_ClientBase):
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
     def _kick(self) -> None:
-        """Wakes the flush timer task: the buffers are no longer empty (called in the client's loop)."""
+        """Wakes the flush timer task: the buffers are no longer empty, or a batch in flight ended with
+        messages buffered meanwhile (called in the client's loop)."""
         if self._wake is not None:
             self._wake.set()
 
     async def _flush_loop(self) -> None:
         """The flush timer task (see :meth:`MartiCommClient._flush_loop`): idle while nothing is buffered,
-        sends the buffers once their oldest message has waited ``update_frequency_s``. Cancelled by ``close``,
-        by the client's move to another loop, or by the end of its loop: in the last case, it first sends what
-        is still buffered."""
+        sends the buffers once they are due (at once while no batch is in flight with ``send_when_idle``,
+        else when the batch in flight ends or the oldest message has waited ``update_frequency_s``). Cancelled
+        by ``close``, by the client's move to another loop, or by the end of its loop: in the last case, it
+        first sends what is still buffered."""
         wake = self._wake
         try:
             while True:
@@ -99,8 +103,10 @@ class AsyncMartiCommClient(_ClientBase):
                 delay = self._core.flush_delay()
                 if delay is None:
                     await wake.wait()
-                elif delay > 0:
-                    await asyncio.sleep(delay)
+                elif delay > 0:  # the end of the batch in flight wakes it earlier
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await wake.wait()
                 else:
                     try:
                         await self._flush(acks=False, background=True)
@@ -177,7 +183,7 @@ class AsyncMartiCommClient(_ClientBase):
         return env.message_id
 
     async def _enqueue(self, env: broker_pb2.Envelope, broadcast: bool) -> None:
-        """Buffers ``env``; sends the batch now if it is full, else starts the linger if it is the first."""
+        """Buffers ``env``; sends the batch now if it is full, else wakes the flush timer if it is first."""
         await self.connect()
         full, first = self._core.buffer_add(env, broadcast)
         if full:
@@ -223,7 +229,8 @@ class AsyncMartiCommClient(_ClientBase):
 
     async def _send_batch(self, method, request_cls, items: list):
         req, frame = self._batch_request(request_cls, items)
-        resp = await acall(method, req, self.timeout_s)
+        with self._in_flight():
+            resp = await acall(method, req, self.timeout_s)
         self._core.sent_ok(items, frame)
         return resp
 

@@ -2,8 +2,9 @@
 
 :class:`_Core` holds what both clients need between calls: the outgoing buffers and their batching
 rules, framing and compression, message ids and sequence numbers, pending auto-acks, the memory of
-delivered ids that drops redeliveries, the counters behind :class:`CommunicationStats`, and the refusals
-that the flush timer met and that the client's next call must raise.
+delivered ids that drops redeliveries, the counters behind :class:`CommunicationStats`, the refusals
+that the flush timer met and that the client's next call must raise, and the count of batches in flight
+(``send_when_idle``: a message buffered while none is goes out at once).
 
 :class:`_ClientBase` is the half of both clients that does no rpc: the constructor (argument checks, the
 channel and stub), the requests each method sends, what is done with a failed batch and with a response.
@@ -14,12 +15,13 @@ channel and stub), the requests each method sends, what is done with a failed ba
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -56,9 +58,11 @@ TRANSIENT_ERRORS = (UnavailableError, DeadlineExceededError)
 #: Default ``batching_size``: messages per batch. 128 messages of 1 KB make a frame of about 128 KB (about
 #: 27 KB after zstd), far under the broker's ``max_batch_messages`` (4096) and ``max_frame_bytes`` (32 MiB).
 DEFAULT_BATCHING_SIZE = 128
-#: Default ``update_frequency_s`` (the linger): how long a buffered message waits for company before the flush
-#: timer sends its batch, as a Kafka producer's ``linger.ms``. Short, because a lone message pays it in full
-#: (the latency target is delivery within 5 ms at p99); a tight send loop fills batches well within it.
+#: Default ``update_frequency_s`` (the linger): the longest a buffered message waits for company before the
+#: flush timer sends its batch, as a Kafka producer's ``linger.ms``. With ``send_when_idle`` (the default)
+#: only a message buffered while a batch of its client is in flight waits at all (for that batch, at most
+#: this long); without it every lone message pays it in full, hence short (the latency target is delivery
+#: within 5 ms at p99).
 DEFAULT_LINGER_S = 0.001
 #: Default ``max_batch_bytes``: payload bytes that close a batch early.
 DEFAULT_MAX_BATCH_BYTES = 1024 * 1024
@@ -82,6 +86,7 @@ class _Core:
         auto_ack: bool,
         max_frame_bytes: int,
         dedup_memory: int,
+        send_when_idle: bool = True,
     ) -> None:
         if not agent_id:
             raise InvalidArgumentError("agent_id must be a non-empty string")
@@ -101,6 +106,10 @@ class _Core:
         self.batching_size = batching_size
         self.max_batch_bytes = max_batch_bytes
         self.update_frequency_s = update_frequency_s
+        # Nagle's rule: a message buffered while no batch is in flight is due at once (no linger).
+        self.send_when_idle = send_when_idle
+        # Send/Broadcast batch rpcs of this client under way (begin_send / end_send).
+        self.in_flight = 0
         self.level = compression_level
         self.auto_ack = auto_ack
         self.max_frame_bytes = max_frame_bytes
@@ -130,10 +139,12 @@ class _Core:
     def after_fork(self) -> None:
         """Re-makes, in a forked child, what it cannot share with its parent: the lock (a thread of the
         parent may have held it at fork time) and the message-id prefix (the child's new messages must not
-        reuse the ids the parent goes on making, or the broker would drop them as duplicates). Buffered
+        reuse the ids the parent goes on making, or the broker would drop them as duplicates), and the count
+        of batches in flight (a parent's send under way at fork time never ends in the child). Buffered
         messages keep their ids."""
         self.lock = threading.Lock()
         self.id_prefix = os.urandom(8).hex() + "-"
+        self.in_flight = 0
 
     def set_dictionary(self, data: bytes) -> None:
         self.dictionary = broker_codec.load_dictionary(data) if data else None
@@ -183,12 +194,33 @@ class _Core:
             return [e.message_id for e, _ in self.buffer + self.broadcast_buffer]
 
     def flush_delay(self) -> float | None:
-        """Seconds until the oldest buffered message has waited ``update_frequency_s`` (<= 0: due now), or
-        None if nothing is buffered."""
+        """Seconds until the buffers are due (<= 0: due now), or None if nothing is buffered.
+
+        They are due when the oldest buffered message has waited ``update_frequency_s``, and, with
+        ``send_when_idle``, at once while no batch of this client is in flight.
+        """
         with self.lock:
             if not self.buffer and not self.broadcast_buffer:
                 return None
+            if self.send_when_idle and not self.in_flight:
+                return 0.0
             return self.first_buffered_at + self.update_frequency_s - time.perf_counter()
+
+    def begin_send(self) -> None:
+        """Counts a Send or Broadcast batch rpc of this client as in flight (until :meth:`end_send`)."""
+        with self.lock:
+            self.in_flight += 1
+
+    def end_send(self) -> bool:
+        """Counts a batch rpc begun by :meth:`begin_send` as ended (sent or failed).
+
+        Returns:
+            Whether the flush timer must be woken: with ``send_when_idle``, no other batch is in flight now
+            and messages were buffered meanwhile (their batch is due at once).
+        """
+        with self.lock:
+            self.in_flight -= 1
+            return self.send_when_idle and not self.in_flight and bool(self.buffer or self.broadcast_buffer)
 
     def take_buffers(self) -> tuple[list, list]:
         with self.lock:
@@ -412,10 +444,11 @@ class _ClientBase:
         tls_ca_file: str | None = None,
         channel: grpc.Channel | grpc.aio.Channel | None = None,
         on_error: Callable[[BatchRefusedError], None] | None = None,
+        send_when_idle: bool = True,
     ) -> None:
         self._core = _Core(
             agent_id, session, batching_size, max_batch_bytes, update_frequency_s, compression_level, auto_ack,
-            max_frame_bytes, dedup_memory,
+            max_frame_bytes, dedup_memory, send_when_idle,
         )  # fmt: skip
         self.agent_id = agent_id
         self.session = session
@@ -449,12 +482,25 @@ class _ClientBase:
 
     def _flush_due(self) -> bool:
         """Whether the flush timer should send the buffers now (the oldest buffered message waited the
-        whole linger)."""
+        whole linger, or, with ``send_when_idle``, no batch is in flight)."""
         delay = self._core.flush_delay()
         return delay is not None and delay <= 0
 
     def _kick(self) -> None:
-        """Tells the flush timer that the buffers went from empty to not empty (a subclass hook)."""
+        """Tells the flush timer that the buffers went from empty to not empty, or that a batch in flight
+        ended with messages buffered meanwhile (a subclass hook)."""
+
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """Counts the Send or Broadcast batch rpc made in the ``with`` block as in flight; when it ends (sent
+        or failed) with messages buffered meanwhile and nothing else in flight, wakes the flush timer, which
+        sends them at once as the next batch (``send_when_idle``)."""
+        self._core.begin_send()
+        try:
+            yield
+        finally:
+            if self._core.end_send():
+                self._kick()
 
     def _unsent_note(self, exc: BaseException) -> None:
         """Adds to ``exc`` (raised by ``close``) a note listing the messages still buffered, which the closed

@@ -32,15 +32,39 @@ _LIVE: weakref.WeakSet[MartiCommClient] = weakref.WeakSet()
 #: garbage collection does not close them either) because closing a parent's channel in a child can block
 #: for good when gRPC skipped its fork handlers (another thread was inside gRPC at fork time).
 _INHERITED_CHANNELS: list[grpc.Channel] = []
+#: Longest wait of a fork for a client's batch in flight (see :func:`_before_fork`), seconds.
+FORK_WAIT_S = 5.0
+#: Clients whose send lock :func:`_before_fork` holds across the fork (released after it in the parent).
+_HELD_FOR_FORK: list[MartiCommClient] = []
+
+
+def _before_fork() -> None:
+    """Before the process forks: waits (at most :data:`FORK_WAIT_S` per client) for the Send or Broadcast
+    every live :class:`MartiCommClient` has in flight, and holds its send lock until the fork is done, so no
+    flush timer is inside gRPC at fork time. gRPC skips its fork handlers when another thread is inside it, and the
+    child then cannot use the inherited channel; with ``send_when_idle`` the timer sends right after each
+    lone ``send_message``, so a fork soon after one would often meet its rpc."""
+    for client in list(_LIVE):
+        if client._hold_for_fork():
+            _HELD_FOR_FORK.append(client)
+
+
+def _after_fork_in_parent() -> None:
+    """Releases the send locks :func:`_before_fork` held."""
+    while _HELD_FOR_FORK:
+        _HELD_FOR_FORK.pop()._send_lock.release()
 
 
 def _after_fork_in_child() -> None:
     """Re-make every live :class:`MartiCommClient`'s threading state in a forked child (see its docstring)."""
+    _HELD_FOR_FORK.clear()  # the child makes new locks
     for client in list(_LIVE):
         client._after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
 
 
 def _flush_at_exit() -> None:
@@ -107,7 +131,8 @@ class MartiCommClient(_ClientBase):
         max_batch_bytes: Payload bytes that close a batch early (default 1 MiB).
         update_frequency_s: The linger: longest time a buffered message waits before its batch is sent
             (seconds; default 0.001, like a Kafka producer's ``linger.ms``); 0 disables the timer (batches
-            then go out by count, bytes or ``flush()``). Unused when ``batching_size`` is 1.
+            then go out by count, bytes or ``flush()``, and ``send_when_idle`` has no effect). Unused when
+            ``batching_size`` is 1.
         compression_level: zstd level of sent frames, 1..22.
         auto_ack: Ack delivered messages automatically (with the next call, ``flush`` or ``close``).
         use_dictionary: Compress with the session's trained zstd dictionary, if it has one.
@@ -121,16 +146,26 @@ class MartiCommClient(_ClientBase):
         on_error: Called with the :class:`BatchRefusedError` of every batch the broker refuses, in the
             thread that sent it (the flush timer's thread for timer flushes); exceptions it raises are
             logged and ignored.
+        send_when_idle: Nagle's rule (as TCP without ``TCP_NODELAY``, or the NATS clients' flusher; default
+            True): a message buffered while no batch of this client is in flight is sent at once by the flush
+            timer, without the linger; messages buffered while a batch is in flight wait for it to end and
+            then go out together as the next batch (or when the linger, full count or bytes come first).
+            False: every batch waits the linger (a lone message too). Needs the timer
+            (``update_frequency_s`` > 0 and ``batching_size`` > 1).
 
-    Batching: ``send_message`` and ``broadcast`` buffer the message and return; the batch is sent when it is
-    full (``batching_size`` messages or ``max_batch_bytes``; that call sends it and waits for the broker), when
-    its oldest message has waited ``update_frequency_s`` (the linger; the flush timer, a thread started with
-    the first buffered message and asleep while nothing is buffered, sends it), on ``flush()``, before
-    ``publish``, ``broadcast_state`` and ``get_messages``, and on ``close()``. So another agent gets a lone
-    message about ``update_frequency_s`` (1 ms by default) plus one Send rpc after ``send_message`` (later when
-    the process is busy: the timer thread needs the GIL), and once ``flush()`` returns the broker has every
-    message sent before it. A client never closed still sends what it buffers when the process exits
-    (``atexit``, and the exit of a ``multiprocessing`` child); a failure then is logged.
+    Batching: ``send_message`` and ``broadcast`` buffer the message and return; the flush timer (a thread
+    started with the first buffered message and asleep while nothing is buffered) sends the buffer at once
+    when no batch of this client is in flight (``send_when_idle``), else when the batch in flight ends; the
+    batch is also sent when it is full (``batching_size`` messages or ``max_batch_bytes``; that call sends it
+    and waits for the broker), when its oldest message has waited ``update_frequency_s`` (the linger, the
+    upper bound of any wait), on ``flush()``, before ``publish``, ``broadcast_state`` and ``get_messages``,
+    and on ``close()``. So another agent gets a lone message one Send rpc after ``send_message`` (plus the
+    time the timer thread needs to wake, more when the process is busy: it needs the GIL), while a tight send
+    loop still fills batches, with what it buffered during the previous batch's rpc; with
+    ``send_when_idle=False`` a lone message waits ``update_frequency_s`` (1 ms by default) first. Once
+    ``flush()`` returns the broker has every message sent before it. A client never closed still sends what it
+    buffers when the process exits (``atexit``, and the exit of a ``multiprocessing`` child); a failure then
+    is logged.
 
     Refused batches: a batch the broker refuses (a limit, bad input, an unknown receiver in a fixed roster,
     permissions) is dropped, never retried, and always reported: the call that sent it raises a
@@ -141,7 +176,8 @@ class MartiCommClient(_ClientBase):
     errors (``UnavailableError``, ``DeadlineExceededError``) keep the batch buffered for the next flush.
 
     Fork: a client made before ``os.fork`` (``multiprocessing``'s ``fork`` start method) keeps working in the
-    child. The child gets its own send lock (a thread of the parent may have held the parent's at fork time)
+    child. The fork first waits (at most 5 s) for a batch the client has in flight, so that gRPC, which
+    cannot fork cleanly while a thread is inside it, runs its fork handlers. The child gets its own send lock
     and its own message-id prefix, and its flush timer, which ``fork`` does not copy, is started again with the
     child's first buffered message, so batches go out on time as in the parent. Messages that were buffered
     at fork time are in both processes' buffers and may be sent by both: they keep their ids, and the broker
@@ -159,7 +195,8 @@ class MartiCommClient(_ClientBase):
     def _open(self) -> None:
         """Joins the session (CreateSession); the flush timer's thread starts with the first buffered message."""
         self._pid = self._channel_pid = os.getpid()
-        self._send_lock = threading.Lock()
+        # Reentrant: the fork hook holds it across os.fork, which a thread holding it may call (on_error).
+        self._send_lock = threading.RLock()
         self._timer_lock = threading.Lock()
         self._closed = threading.Event()
         self._wake = threading.Event()
@@ -186,7 +223,7 @@ class MartiCommClient(_ClientBase):
         """In a forked child: fresh locks, closed flag and message-id prefix, and no flush timer yet (the
         parent's thread is not copied); :meth:`_enqueue` starts the child's timer with its first message."""
         self._pid = os.getpid()
-        self._send_lock = threading.Lock()
+        self._send_lock = threading.RLock()
         self._timer_lock = threading.Lock()
         closed, self._closed = self._closed.is_set(), threading.Event()
         if closed:
@@ -195,9 +232,17 @@ class MartiCommClient(_ClientBase):
         self._flusher = None
         self._core.after_fork()
 
+    def _hold_for_fork(self) -> bool:
+        """Takes the send lock before a fork (see :func:`_before_fork`): waits for a batch in flight, at most
+        :data:`FORK_WAIT_S`. Returns whether it holds the lock (not for a closed client, nor one made in
+        another process)."""
+        if self._closed.is_set() or self._pid != os.getpid():
+            return False
+        return self._send_lock.acquire(timeout=FORK_WAIT_S)
+
     def _kick(self) -> None:
         """Wakes the flush timer (starting its thread if this process has none yet): the buffers are no longer
-        empty."""
+        empty, or a batch in flight ended with messages buffered meanwhile."""
         if not self._timed:
             return
         if self._flusher is None:
@@ -205,10 +250,12 @@ class MartiCommClient(_ClientBase):
         self._wake.set()
 
     def _flush_loop(self) -> None:
-        """The flush timer: sleeps while nothing is buffered (no wake-ups), and sends the buffers once their
-        oldest message has waited ``update_frequency_s``, unless a full batch, ``flush()`` or another call sent
-        them first. A batch that failed transiently is retried after at least :data:`TIMER_RETRY_S`; a refused
-        one is dropped and kept for the client's next call to raise."""
+        """The flush timer: sleeps while nothing is buffered (no wake-ups), and sends the buffers once they
+        are due (see :meth:`_Core.flush_delay`: at once while no batch is in flight with ``send_when_idle``,
+        else once their oldest message has waited ``update_frequency_s``, or when the batch in flight ends and
+        wakes it), unless a full batch, ``flush()`` or another call sent them first. A batch that failed
+        transiently is retried after at least :data:`TIMER_RETRY_S`; a refused one is dropped and kept for the
+        client's next call to raise."""
         closed, wake = self._closed, self._wake
         while not closed.is_set():
             wake.clear()
@@ -216,7 +263,7 @@ class MartiCommClient(_ClientBase):
             if delay is None:
                 wake.wait()
             elif delay > 0:
-                closed.wait(delay)
+                wake.wait(delay)  # the end of the batch in flight (or close) wakes it earlier
             else:
                 try:
                     self._flush(acks=False, background=True)
@@ -314,7 +361,7 @@ class MartiCommClient(_ClientBase):
         return env.message_id
 
     def _enqueue(self, env: broker_pb2.Envelope, broadcast: bool) -> None:
-        """Buffers ``env``; sends the batch now if it is full, else starts the linger if it is the first."""
+        """Buffers ``env``; sends the batch now if it is full, else wakes the flush timer if it is first."""
         if self._pid != os.getpid():  # forked without the at-fork hook (os.fork from C code)
             self._after_fork()
         full, first = self._core.buffer_add(env, broadcast)
@@ -366,7 +413,8 @@ class MartiCommClient(_ClientBase):
 
     def _send_batch(self, method, request_cls, items: list):
         req, frame = self._batch_request(request_cls, items)
-        resp = call(method, req, self.timeout_s)
+        with self._in_flight():
+            resp = call(method, req, self.timeout_s)
         self._core.sent_ok(items, frame)
         return resp
 

@@ -1,9 +1,12 @@
-"""The broker SDK with its default settings (batches of 128, a 1 ms linger) over a real broker on port 0.
+"""The broker SDK with its default settings (batches of 128, a 1 ms linger, ``send_when_idle``) over a real
+broker on port 0.
 
-* A lone message reaches another agent without ``flush`` (after the linger), within a generous bound.
+* A lone message reaches another agent without ``flush`` (at once: no batch is in flight), within a generous
+  bound.
 * 3,000 messages of about 1 KB sent with ``send_message`` alone all arrive, once each, in send order.
 * A client never closed still sends what it buffered when its process exits: a plain program (``atexit``) and a
-  ``multiprocessing`` fork child (which ends with ``os._exit``); when it cannot, the failure is logged.
+  ``multiprocessing`` fork child (which ends with ``os._exit``); when it cannot, the failure is logged. (Those
+  clients set ``send_when_idle=False`` and a 60 s linger, so only the exit flush can send their message.)
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def message(i: int) -> dict:
     return {"sender": "s", "step": i, "role": "planner", "text": text}
 
 
-def test_lone_message_arrives_after_the_linger_without_flush(address):
+def test_lone_message_arrives_at_once_without_flush(address):
     with (
         MartiCommClient("s", address, session="lone") as a,
         MartiCommClient("r", address, session="lone") as b,
@@ -47,11 +50,11 @@ def test_lone_message_arrives_after_the_linger_without_flush(address):
         b.get_messages()  # join
         for i in range(5):
             t0 = time.perf_counter()
-            a.send_message("r", {"i": i})  # no flush: the linger sends it
+            a.send_message("r", {"i": i})  # no flush: the flush timer sends it at once
             got = b.get_messages(timeout_s=5)
             took = time.perf_counter() - t0
             assert [m.content for m in got] == [{"i": i}]
-            assert took < 1.0, took  # the linger is 1 ms; generous for a shared machine
+            assert took < 1.0, took  # one Send rpc; generous for a shared machine
 
 
 def test_three_thousand_messages_arrive_once_in_order(address):
@@ -61,7 +64,7 @@ def test_three_thousand_messages_arrive_once_in_order(address):
         MartiCommClient("r", address, session="many") as b,
     ):
         b.get_messages()
-        ids = [a.send_message("r", message(i)) for i in range(n)]  # the tail is sent by the linger
+        ids = [a.send_message("r", message(i)) for i in range(n)]  # the tail is sent by the flush timer
         got = []
         deadline = time.monotonic() + 60
         while len(got) < n and time.monotonic() < deadline:
@@ -84,7 +87,9 @@ EXIT_PROGRAM = textwrap.dedent(
         import marti.clients.broker
 
     def child():
-        c = marti.MartiCommClient("child", ADDRESS, session=SESSION, update_frequency_s=60)
+        c = marti.MartiCommClient(
+            "child", ADDRESS, session=SESSION, update_frequency_s=60, send_when_idle=False
+        )
         c.send_message("r", "from a multiprocessing child")  # never flushed nor closed
 
     if __name__ == "__main__":
@@ -93,7 +98,9 @@ EXIT_PROGRAM = textwrap.dedent(
             p.start()
             p.join(60)
             assert p.exitcode == 0, p.exitcode
-        c = marti.MartiCommClient("main", ADDRESS, session=SESSION, update_frequency_s=60)
+        c = marti.MartiCommClient(
+            "main", ADDRESS, session=SESSION, update_frequency_s=60, send_when_idle=False
+        )
         c.send_message("r", "from the main process")  # never flushed nor closed: a 60 s linger
         print("sent", flush=True)
         sys.stdin.readline()  # the test says when to exit

@@ -75,8 +75,12 @@ def test_send_get_unicode_empty_and_stats(address):
 
 
 def test_batching_compresses_and_flushes_by_count_and_interval(address):
+    # send_when_idle=False: batches close by count or after the linger only (with it, the first message would
+    # go out at once, alone; tests/integration/broker/test_broker_send_when_idle.py covers that rule)
     with (
-        MartiCommClient("s", address, session="ep-batch", batching_size=50, update_frequency_s=0.1) as a,
+        MartiCommClient(
+            "s", address, session="ep-batch", batching_size=50, update_frequency_s=0.1, send_when_idle=False
+        ) as a,
         MartiCommClient("r", address, session="ep-batch") as b,
     ):
         b.get_messages()  # join

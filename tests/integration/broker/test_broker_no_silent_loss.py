@@ -58,10 +58,17 @@ def timer_sender_and_receiver(
     address: str, sender: str, session: str, on_error: Callable[[BatchRefusedError], None]
 ) -> Iterator[tuple[MartiCommClient, MartiCommClient]]:
     """``sender`` batching up to 10 messages with a 50 ms flush timer (refusals go to ``on_error``), and
-    receiver ``r`` already joined to ``session``."""
+    receiver ``r`` already joined to ``session``. Its batches all wait the linger (``send_when_idle=False``),
+    so messages sent one after the other share the timer's batch."""
     with (
         MartiCommClient(
-            sender, address, session=session, batching_size=10, update_frequency_s=0.05, on_error=on_error
+            sender,
+            address,
+            session=session,
+            batching_size=10,
+            update_frequency_s=0.05,
+            on_error=on_error,
+            send_when_idle=False,
         ) as a,
         MartiCommClient("r", address, session=session) as b,
     ):

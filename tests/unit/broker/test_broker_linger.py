@@ -1,9 +1,13 @@
 """The SDK's default batching with a linger, on a fake channel (no broker, no sockets).
 
 Every rpc the clients make lands in :class:`FakeChannel`, which records it with the time it was made, so the
-tests see exactly when a batch leaves: a lone message after the linger and not before, a full batch at once,
-``flush``/``close`` at once, a refused timer flush reported by the next call, a transient failure retried
-after :data:`~marti.clients.broker.protocol.TIMER_RETRY_S`, and a flush timer that sleeps while idle.
+tests see exactly when a batch leaves: with ``send_when_idle=False``, a lone message after the linger and not
+before (the tests that need a batch to stay buffered turn it off: with it, the flush timer sends a lone
+message at once); with the default ``send_when_idle``, a lone message at once whatever the linger and the
+messages buffered during a Send in flight as one batch when it ends; a full batch at once, ``flush``/``close``
+at once, a refused timer flush reported by the next call, a transient failure retried after
+:data:`~marti.clients.broker.protocol.TIMER_RETRY_S`, and a flush timer that sleeps while idle. (The same
+rule against a real broker: ``tests/integration/broker/test_broker_send_when_idle.py``.)
 """
 
 from __future__ import annotations
@@ -118,6 +122,12 @@ def client(channel: FakeChannel, **kw) -> MartiCommClient:
     return MartiCommClient("a", "unused:1", session="s", channel=channel, **kw)
 
 
+def lingering(channel: FakeChannel, **kw) -> MartiCommClient:
+    """A client whose batches all wait the linger (``send_when_idle=False``): only ``flush``, ``close``, a
+    full batch or the timer after ``update_frequency_s`` sends them."""
+    return client(channel, send_when_idle=False, **kw)
+
+
 # ------------------------------------------------------------------------------------------ the defaults
 def test_defaults_batch_with_a_short_linger_in_both_clients():
     assert (DEFAULT_BATCHING_SIZE, DEFAULT_LINGER_S, DEFAULT_MAX_BATCH_BYTES) == (128, 0.001, 1 << 20)
@@ -128,9 +138,9 @@ def test_defaults_batch_with_a_short_linger_in_both_clients():
     assert (a._core.batching_size, a._core.update_frequency_s) == (128, 0.001)
 
 
-def test_default_client_sends_a_lone_message_after_the_linger():
+def test_without_send_when_idle_a_lone_message_goes_after_the_linger():
     ch = FakeChannel()
-    with client(ch) as c:
+    with lingering(ch) as c:
         t0 = time.perf_counter()
         c.send_message("b", {"n": 1})  # buffered: send_message does not wait for the broker
         wait_for(lambda: ch.sends())
@@ -143,7 +153,7 @@ def test_default_client_sends_a_lone_message_after_the_linger():
 def test_lone_message_waits_the_whole_linger_and_not_longer_than_needed():
     linger = 0.5
     ch = FakeChannel()
-    with client(ch, update_frequency_s=linger) as c:
+    with lingering(ch, update_frequency_s=linger) as c:
         t0 = time.perf_counter()
         c.send_message("b", "one")
         time.sleep(linger / 5)
@@ -155,7 +165,7 @@ def test_lone_message_waits_the_whole_linger_and_not_longer_than_needed():
 
 def test_full_batch_goes_at_once_in_the_call_that_fills_it():
     ch = FakeChannel()
-    with client(ch, batching_size=4, update_frequency_s=30) as c:
+    with lingering(ch, batching_size=4, update_frequency_s=30) as c:
         for i in range(3):
             c.send_message("b", i)
         assert ch.sends() == []
@@ -165,7 +175,7 @@ def test_full_batch_goes_at_once_in_the_call_that_fills_it():
 
 def test_max_batch_bytes_closes_a_batch_early():
     ch = FakeChannel()
-    with client(ch, max_batch_bytes=1000, update_frequency_s=30) as c:
+    with lingering(ch, max_batch_bytes=1000, update_frequency_s=30) as c:
         c.send_message("b", b"x" * 600)
         assert ch.sends() == []
         c.send_message("b", b"y" * 600)  # 1200 bytes >= 1000
@@ -182,7 +192,7 @@ def test_batching_size_one_sends_in_the_call():
 
 def test_flush_and_close_send_what_is_buffered():
     ch = FakeChannel()
-    c = client(ch, update_frequency_s=30)
+    c = lingering(ch, update_frequency_s=30)
     c.send_message("b", "flushed")
     c.flush()
     assert [p for p, _ in ch.sends()] == [[b'"flushed"']]
@@ -195,7 +205,7 @@ def test_flush_and_close_send_what_is_buffered():
 
 def test_broadcast_state_sends_the_buffered_messages_first():
     ch = FakeChannel()
-    with client(ch, update_frequency_s=30) as c:
+    with lingering(ch, update_frequency_s=30) as c:
         c.send_message("b", "before the state")
         c.broadcast_state({"turn": 1})
         assert [m for m in ch.methods() if m in ("Send", "PutState")] == ["Send", "PutState"]
@@ -203,7 +213,7 @@ def test_broadcast_state_sends_the_buffered_messages_first():
 
 def test_get_messages_sends_the_buffered_messages_first():
     ch = FakeChannel()
-    with client(ch, update_frequency_s=30) as c:
+    with lingering(ch, update_frequency_s=30) as c:
         c.send_message("b", "question")
         c.get_messages()
         assert [m for m in ch.methods() if m in ("Send", "Receive")] == ["Send", "Receive"]
@@ -306,7 +316,7 @@ def test_close_that_cannot_send_says_which_messages_were_not_sent():
             raise _Status(grpc.StatusCode.UNAVAILABLE, "broker down")
 
     ch = FakeChannel(fail=down)
-    c = client(ch, update_frequency_s=30)
+    c = lingering(ch, update_frequency_s=30)
     mid = c.send_message("b", "stuck")
     with pytest.raises(UnavailableError) as info:
         c.close()
@@ -324,13 +334,13 @@ def test_exit_flush_sends_the_buffer_and_logs_refusals_nobody_raised(caplog):
     big = refused.send_message("b", b"x" * 200)
     wait_for(lambda: refused.refused_batches == 1)  # refused by a timer flush: no call has raised it yet
     ch = FakeChannel()
-    lingering = client(ch, update_frequency_s=30)
-    lingering.send_message("b", "ok")  # only the exit flush can send it now
+    waiting = lingering(ch, update_frequency_s=30)
+    waiting.send_message("b", "ok")  # only the exit flush can send it now
     with caplog.at_level("ERROR", logger="marti.broker.client"):
         sync_client._flush_at_exit()  # what atexit runs
     assert [p for p, _ in ch.sends()] == [[b'"ok"']]
     assert any(big in r.getMessage() and "at exit" in r.getMessage() for r in caplog.records), caplog.text
-    lingering.close()
+    waiting.close()
     refused.close()  # the refusal was reported at exit, once: close does not raise it again
 
 
@@ -354,9 +364,9 @@ def test_idle_flush_timer_does_not_wake_up():
 
 
 # ------------------------------------------------------------------------------------------ asyncio
-async def test_async_default_client_sends_a_lone_message_after_the_linger():
+async def test_async_client_without_send_when_idle_sends_a_lone_message_after_the_linger():
     ch = FakeChannel(aio=True)
-    async with AsyncMartiCommClient("a", "unused:1", session="s", channel=ch) as c:
+    async with AsyncMartiCommClient("a", "unused:1", session="s", channel=ch, send_when_idle=False) as c:
         t0 = time.perf_counter()
         await c.send_message("b", "lone")
         assert ch.sends() == []
@@ -370,7 +380,7 @@ async def test_async_default_client_sends_a_lone_message_after_the_linger():
 async def test_async_full_batch_goes_at_once_and_close_flushes():
     ch = FakeChannel(aio=True)
     c = await AsyncMartiCommClient(
-        "a", "unused:1", session="s", channel=ch, batching_size=2, update_frequency_s=30
+        "a", "unused:1", session="s", channel=ch, batching_size=2, update_frequency_s=30, send_when_idle=False
     ).connect()
     await c.send_message("b", 1)
     assert ch.sends() == []
@@ -383,7 +393,9 @@ async def test_async_full_batch_goes_at_once_and_close_flushes():
 
 async def test_async_broadcast_state_sends_the_buffered_messages_first():
     ch = FakeChannel(aio=True)
-    async with AsyncMartiCommClient("a", "unused:1", session="s", channel=ch, update_frequency_s=30) as c:
+    async with AsyncMartiCommClient(
+        "a", "unused:1", session="s", channel=ch, update_frequency_s=30, send_when_idle=False
+    ) as c:
         await c.send_message("b", "before the state")
         await c.broadcast_state({"turn": 1})
         assert [m for m in ch.methods() if m in ("Send", "PutState")] == ["Send", "PutState"]
@@ -391,7 +403,9 @@ async def test_async_broadcast_state_sends_the_buffered_messages_first():
 
 def test_async_client_sends_the_buffer_when_its_loop_ends_without_close():
     ch = FakeChannel(aio=True)
-    c = AsyncMartiCommClient("a", "unused:1", session="s", channel=ch, update_frequency_s=30)
+    c = AsyncMartiCommClient(
+        "a", "unused:1", session="s", channel=ch, update_frequency_s=30, send_when_idle=False
+    )
 
     async def main() -> None:
         await c.connect()
@@ -434,7 +448,7 @@ async def test_async_cancelled_send_keeps_its_batch():
             return hang
 
     c = await AsyncMartiCommClient(
-        "a", "unused:1", session="s", channel=Slow(aio=True), update_frequency_s=30
+        "a", "unused:1", session="s", channel=Slow(aio=True), update_frequency_s=30, send_when_idle=False
     ).connect()
     await c.send_message("b", "kept")
     task = asyncio.ensure_future(c.flush())
