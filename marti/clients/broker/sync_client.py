@@ -32,20 +32,24 @@ _LIVE: weakref.WeakSet[MartiCommClient] = weakref.WeakSet()
 #: garbage collection does not close them either) because closing a parent's channel in a child can block
 #: for good when gRPC skipped its fork handlers (another thread was inside gRPC at fork time).
 _INHERITED_CHANNELS: list[grpc.Channel] = []
-#: Longest wait of a fork for a client's batch in flight (see :func:`_before_fork`), seconds.
+#: Longest wait of a fork for the batches its live clients have in flight, all clients together (see
+#: :func:`_before_fork`), seconds.
 FORK_WAIT_S = 5.0
 #: Clients whose send lock :func:`_before_fork` holds across the fork (released after it in the parent).
 _HELD_FOR_FORK: list[MartiCommClient] = []
 
 
 def _before_fork() -> None:
-    """Before the process forks: waits (at most :data:`FORK_WAIT_S` per client) for the Send or Broadcast
-    every live :class:`MartiCommClient` has in flight, and holds its send lock until the fork is done, so no
-    flush timer is inside gRPC at fork time. gRPC skips its fork handlers when another thread is inside it, and the
+    """Before the process forks: waits (at most :data:`FORK_WAIT_S` in all) for the Send or Broadcast every
+    live :class:`MartiCommClient` has in flight, and holds its send lock until the fork is done, so no flush
+    timer is inside gRPC at fork time. gRPC skips its fork handlers when another thread is inside it, and the
     child then cannot use the inherited channel; with ``send_when_idle`` the timer sends right after each
-    lone ``send_message``, so a fork soon after one would often meet its rpc."""
+    lone ``send_message``, so a fork soon after one would often meet its rpc. Once the time is spent, the
+    remaining clients are only taken if their lock is free (a client whose broker hangs delays a fork by
+    :data:`FORK_WAIT_S` at most, however many there are)."""
+    deadline = time.monotonic() + FORK_WAIT_S
     for client in list(_LIVE):
-        if client._hold_for_fork():
+        if client._hold_for_fork(max(0.0, deadline - time.monotonic())):
             _HELD_FOR_FORK.append(client)
 
 
@@ -232,13 +236,13 @@ class MartiCommClient(_ClientBase):
         self._flusher = None
         self._core.after_fork()
 
-    def _hold_for_fork(self) -> bool:
+    def _hold_for_fork(self, timeout_s: float) -> bool:
         """Takes the send lock before a fork (see :func:`_before_fork`): waits for a batch in flight, at most
-        :data:`FORK_WAIT_S`. Returns whether it holds the lock (not for a closed client, nor one made in
-        another process)."""
+        ``timeout_s`` seconds (0: only if it is free). Returns whether it holds the lock (not for a closed
+        client, nor one made in another process)."""
         if self._closed.is_set() or self._pid != os.getpid():
             return False
-        return self._send_lock.acquire(timeout=FORK_WAIT_S)
+        return self._send_lock.acquire(timeout=timeout_s) if timeout_s > 0 else self._send_lock.acquire(False)
 
     def _kick(self) -> None:
         """Wakes the flush timer (starting its thread if this process has none yet): the buffers are no longer

@@ -274,6 +274,38 @@ def test_fork_hook_waits_for_the_send_in_flight(address):
         gate.channel.close()
 
 
+def test_a_fork_waits_for_hung_sends_at_most_fork_wait_s_in_all(address, monkeypatch):
+    """Three clients whose sends hang (their send locks held elsewhere) delay a fork by FORK_WAIT_S once, not
+    three times."""
+    monkeypatch.setattr(sync_client, "FORK_WAIT_S", 0.5)
+    clients = [MartiCommClient(f"h{i}", address, session="fork-hung") for i in range(3)]
+    release, held = threading.Event(), threading.Barrier(4)
+
+    def hang(c: MartiCommClient) -> None:
+        with c._send_lock:  # what a Send to a broker that does not answer looks like to the fork hook
+            held.wait()
+            release.wait(10)
+
+    threads = [threading.Thread(target=hang, args=(c,)) for c in clients]
+    try:
+        for t in threads:
+            t.start()
+        held.wait()
+        t0 = time.monotonic()
+        sync_client._before_fork()
+        try:
+            waited = time.monotonic() - t0
+        finally:
+            sync_client._after_fork_in_parent()
+        assert 0.4 <= waited < 1.0, waited  # one FORK_WAIT_S in all (per client it would be 1.5 s)
+    finally:
+        release.set()
+        for t in threads:
+            t.join()
+        for c in clients:
+            c.close()
+
+
 def test_tight_send_loop_still_batches_and_never_waits_the_linger(address):
     n = 2000
     gate = GatedSends(open_channel(address), aio=False, gate_first=False)
