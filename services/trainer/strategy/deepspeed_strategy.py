@@ -66,8 +66,23 @@ def import_deepspeed() -> Any:
 PORT_ATTEMPTS = 3
 
 
+def skip_shm_comm_build(deepspeed: Any) -> None:
+    """Keep DeepSpeed from building its CPU shared-memory all-reduce kernel in this process.
+
+    On a machine without CUDA, ``deepspeed.init_distributed`` JIT-compiles ``deepspeed_shm_comm`` (C++, about 75 s
+    of two g++ processes on 2 cores, again for every new install path) whenever its op probe says it can be built.
+    One process has nothing to all-reduce with, so :func:`ensure_process_group` marks the op as not buildable (in
+    DeepSpeed's cached ``deepspeed.ops.__compatible_ops__``, the dict ``build_shm_op`` consults) when the world
+    size is 1; DeepSpeed then uses plain gloo collectives, as on platforms without the kernel.
+    """
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def ensure_process_group(backend: str | None = None) -> None:
     """Create a world-size-1 process group unless one exists (env vars override rank, size, address, port).
+
+    With one process on a machine without CUDA, DeepSpeed's shared-memory all-reduce kernel is not built
+    (:func:`skip_shm_comm_build`).
 
     When ``MASTER_PORT`` is not set, a free port is picked; another process can take it between the pick and
     the rendezvous store's bind (``EADDRINUSE``), so up to :data:`PORT_ATTEMPTS` freshly picked ports are tried.
@@ -87,6 +102,8 @@ def ensure_process_group(backend: str | None = None) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     picked = "MASTER_PORT" not in os.environ
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if os.environ["WORLD_SIZE"] == "1" and not torch.cuda.is_available():
+        skip_shm_comm_build(deepspeed)
     for attempt in range(1, PORT_ATTEMPTS + 1):
         if picked:
             os.environ["MASTER_PORT"] = str(_free_port())

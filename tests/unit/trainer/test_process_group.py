@@ -66,3 +66,28 @@ def _listening_port() -> int:
 
 
 _HELD: list = []
+
+
+SHM_SCRIPT = textwrap.dedent(
+    """
+    import deepspeed.comm.comm as dscomm
+    from services.trainer.strategy import deepspeed_strategy as ds
+
+    ds.ensure_process_group("gloo")
+    print("shm", dscomm.cdb.shm_comm_op is None)
+    """
+)
+
+
+def test_one_cpu_process_does_not_build_deepspeeds_shared_memory_kernel():
+    """A lone CPU process has nothing to all-reduce with; building the kernel costs about 75 s of g++."""
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE")
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SHM_SCRIPT], cwd=ROOT, env={**clean, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "shm True"
+    assert "deepspeed_shm_comm" not in proc.stdout + proc.stderr  # no build or load message
