@@ -6,7 +6,8 @@ raw channel with identity serializers. Each answer must be a documented status c
 never UNKNOWN, INTERNAL from a servicer, UNAVAILABLE or a dropped connection), every call must end by its
 deadline, and after each rpc's run the server still reports SERVING and answers a canary call.
 
-``MARTI_FUZZ_EXAMPLES`` sets the examples per rpc and kind (default 25; the slow variant runs 10x).
+``MARTI_FUZZ_EXAMPLES`` sets the examples per rpc and kind (default 25); the slow variant runs
+``MARTI_FUZZ_LONG_FACTOR`` times as many (default 4; 10 for a deeper run outside the suite's time budget).
 Counts per rpc are printed at the end of the module and written to ``$MARTI_FUZZ_REPORT`` (JSON) if set;
 docs/reliability.md records a run.
 """
@@ -34,6 +35,8 @@ from marti.rpc.testing import serve_in_thread
 from .protofuzz import message_strategy
 
 EXAMPLES = int(os.environ.get("MARTI_FUZZ_EXAMPLES", "25"))
+#: How many times EXAMPLES the slow long run tries per rpc and kind.
+LONG_FACTOR = int(os.environ.get("MARTI_FUZZ_LONG_FACTOR", "4"))
 #: Deadline of each fuzz call, seconds: long polls and waits end with DEADLINE_EXCEEDED, never hang.
 CALL_TIMEOUT_S = 0.5
 #: Status codes a servicer may answer to bad input (docs/reliability.md, "Status codes").
@@ -174,5 +177,5 @@ def test_random_bytes_get_documented_codes(fuzz_target, service, method):
 @pytest.mark.slow
 @pytest.mark.parametrize(("service", "method"), METHODS, ids=METHOD_IDS)
 def test_hostile_messages_long_run(fuzz_target, service, method):
-    _fuzz_messages(fuzz_target, service, method, EXAMPLES * 10)
-    _fuzz_bytes(fuzz_target, service, method, EXAMPLES * 10)
+    _fuzz_messages(fuzz_target, service, method, EXAMPLES * LONG_FACTOR)
+    _fuzz_bytes(fuzz_target, service, method, EXAMPLES * LONG_FACTOR)
