@@ -89,6 +89,19 @@ def check_hf_rollout(device: str) -> None:
     RESULTS["hf_rollout_total_s"] = {"status": "INFO", "s": round(time.perf_counter() - t0, 2)}
 
 
+def _vllm_two_agents():
+    """A vLLM engine on CUDA serving the tiny model as agent ``a`` (full weights) and ``b`` (a LoRA adapter)."""
+    from services.trainer.rollout.vllm_engine import VLLMAgent, VLLMRolloutEngine
+
+    lora_cfg = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    return VLLMRolloutEngine(
+        {"a": "tiny-llama", "b": VLLMAgent("tiny-llama", lora=True, lora_config=lora_cfg)},
+        gpu_memory_utilization=0.2,
+        max_model_len=512,
+        dtype="float32",
+    )
+
+
 def check_vllm(device: str) -> None:
     from services.trainer.rollout import SamplingParams, vllm_available
 
@@ -102,18 +115,11 @@ def check_vllm(device: str) -> None:
         return
     from services.trainer.models import build_tiny_model, load_tokenizer
     from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
-    from services.trainer.rollout.vllm_engine import VLLMAgent, VLLMRolloutEngine
 
     policy = MultiAgentPolicy(
         PolicyConfig(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),)), device=device
     )
-    lora_cfg = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-    engine = VLLMRolloutEngine(
-        {"a": "tiny-llama", "b": VLLMAgent("tiny-llama", lora=True, lora_config=lora_cfg)},
-        gpu_memory_utilization=0.2,
-        max_model_len=512,
-        dtype="float32",
-    )
+    engine = _vllm_two_agents()
     prompts = [[5, 6, 7], [8, 9, 10, 11]]
     gens = engine.generate("a", prompts, SamplingParams(max_new_tokens=16, temperature=1.0, seed=0))
     worst = 0.0
@@ -235,15 +241,8 @@ def check_vllm_gateway(device: str) -> None:
         record("vllm_gateway", "SKIP", reason="vllm is not installed here")
         return
     from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
-    from services.trainer.rollout.vllm_engine import VLLMAgent, VLLMRolloutEngine
 
-    lora_cfg = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-    engine = VLLMRolloutEngine(
-        {"a": "tiny-llama", "b": VLLMAgent("tiny-llama", lora=True, lora_config=lora_cfg)},
-        gpu_memory_utilization=0.2,
-        max_model_len=512,
-        dtype="float32",
-    )
+    engine = _vllm_two_agents()
     lora_policy = MultiAgentPolicy(
         PolicyConfig(mode="lora", agents=(AgentSpec("b", "tiny-llama"),)), device=device
     )
