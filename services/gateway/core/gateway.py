@@ -8,12 +8,13 @@ to gRPC status codes by the shared interceptor).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from marti.errors import InvalidArgumentError, NotFoundError
+from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from marti.inference import ChatMessages, Generation, SamplingParams
 from marti.trajectory import Trajectory
 from services.gateway.core.backend import InferenceBackend
@@ -67,6 +68,21 @@ class _Call:
     task: asyncio.Future[Served] | None = None
     caller_gone: bool = False
     waiters: int = 0
+    fingerprint: tuple = ()
+
+
+def _fingerprint(
+    model: str, prompt: ChatMessages | str | list[int], sampling: SamplingParams, n: int
+) -> tuple:
+    """What a retry under the same idempotency key must repeat: the model name, the prompt (token ids as
+    given, raw text, or the chat messages), ``n`` and every sampling parameter."""
+    if isinstance(prompt, str):
+        canon: object = ("text", prompt)
+    elif prompt and isinstance(prompt[0], dict):
+        canon = ("chat", json.dumps(prompt, sort_keys=True, default=repr))
+    else:
+        canon = ("ids", tuple(int(t) for t in prompt))  # type: ignore[union-attr]
+    return (model, canon, n, repr(sampling))
 
 
 def _retrieve(task: asyncio.Future[Served]) -> None:
@@ -216,6 +232,8 @@ class Gateway:
         call of the same open episode gets that call's answer (same call ids and generations), without generating
         or recording again; a retry sent while the first is still running waits for it, and then the call is
         recorded even if the first caller went away. A key whose call failed or went unrecorded is free again.
+        Reusing a key of the episode for a different request (another model, prompt, ``n`` or sampling
+        parameter) is refused: keys can only be reused with the same request.
 
         Args:
             model: ``agent`` or ``agent@VERSION``.
@@ -237,7 +255,8 @@ class Gateway:
                 model accepts (the lengths are named); the episode's call limit (its agent's recorded and running
                 calls plus ``n`` above ``gateway.max_calls_per_episode``; nothing is generated then).
             ResourceExhaustedError: The agent's queue or the open-episode limit is full.
-            FailedPreconditionError: The episode was already reported, or was abandoned.
+            FailedPreconditionError: The episode was already reported, or was abandoned; or ``idempotency_key``
+                names an earlier call of the episode whose request differs from this one (HTTP 409).
         """
         for name, value in (
             ("episode_id", episode_id),
@@ -246,7 +265,14 @@ class Gateway:
         ):
             self._check_id(name, value)
         key = (episode_id, idempotency_key)
+        fingerprint = _fingerprint(model, prompt, sampling, n) if episode_id and idempotency_key else ()
         if episode_id and idempotency_key and key in self._replays:
+            if self._replays[key].fingerprint != fingerprint:
+                raise FailedPreconditionError(
+                    f"idempotency key {idempotency_key!r} of episode {episode_id!r} was already used for a "
+                    "different request (model, prompt, n or sampling parameters differ); a key can only be "
+                    "reused to retry the same request: use a new key for a new call"
+                )
             return await self._replay(key)
         agent, version = self.resolve(model)
         if not isinstance(n, int) or not 1 <= n <= self.limits.max_n:
@@ -269,7 +295,7 @@ class Gateway:
         # runs as its own task, so a caller that goes away (a cancelled gRPC call) does not stop it: a retry may be
         # waiting for its answer, and otherwise it ends unrecorded.
         self.tracker.begin_call(episode_id, agent, n, group_id)
-        call = _Call()
+        call = _Call(fingerprint=fingerprint)
         if idempotency_key:
             self._replays[key] = call
         call.task = asyncio.ensure_future(

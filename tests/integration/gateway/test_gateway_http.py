@@ -751,6 +751,48 @@ def test_an_idempotency_key_answers_a_retry_with_the_first_call_recorded_once():
         server.stop()
 
 
+def test_an_idempotency_key_reused_for_a_different_request_is_refused_and_nothing_is_recorded():
+    """Keys can only be reused with the same request: another prompt, n, sampling parameter or route (a chat
+    prompt's ids differ) is 409 naming the key over HTTP, FAILED_PRECONDITION over gRPC; the true retry is
+    still answered from the first call."""
+    from marti.api.inference.v1 import inference_pb2 as ipb
+    from marti.api.inference.v1 import inference_service_pb2_grpc as isgrpc
+
+    server, backend, http_url = _held_server()
+    backend.gate.set()
+    try:
+        client = openai.OpenAI(base_url=http_url, api_key=TOKEN, max_retries=0, timeout=30)
+        head = {"X-Marti-Episode": "e5", "Idempotency-Key": "turn-1"}
+        first = client.completions.create(model="a", prompt="hi", max_tokens=2, extra_headers=head)
+        for change in ({"prompt": "bye"}, {"n": 2}, {"max_tokens": 3}, {"temperature": 0.5}):
+            args = {"model": "a", "prompt": "hi", "max_tokens": 2, **change}
+            with pytest.raises(openai.ConflictError) as err:
+                client.completions.create(**args, extra_headers=head)
+            assert (
+                "'turn-1'" in err.value.body["message"] and "different request" in err.value.body["message"]
+            )
+            assert err.value.body["code"] == "failed_precondition"
+        with pytest.raises(openai.ConflictError, match="turn-1"):
+            client.chat.completions.create(
+                model="a", messages=MSG, max_tokens=2, stream=True, extra_headers=head
+            )
+        again = client.completions.create(model="a", prompt="hi", max_tokens=2, extra_headers=head)
+        assert again.model_extra["call_ids"] == first.model_extra["call_ids"]
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            stub = isgrpc.InferenceServiceStub(channel)
+            req = ipb.GenerateRequest(
+                model="a", text="other", max_tokens=2, episode_id="e5", idempotency_key="turn-1"
+            )
+            with pytest.raises(grpc.RpcError) as late:
+                stub.Generate(req, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=30)
+            assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "turn-1" in late.value.details()
+        stats = server.gateway.stats()
+        assert stats["calls"] == 1 and stats["replayed_calls"] == 1
+    finally:
+        server.stop()
+
+
 def test_a_retry_sent_while_the_first_call_runs_waits_for_it_and_the_call_is_recorded_once():
     server, backend, http_url = _held_server()
     try:
