@@ -749,6 +749,9 @@ class GatewayConfig(_Section):
     """Longest stop string, characters."""
     max_id_chars: PositiveInt = 256
     """Longest episode or group id, characters (ids may not contain ``/``)."""
+    max_group_size: PositiveInt = 1024
+    """Largest ``group_size`` a reward report may give; larger ones are refused (HTTP 400, gRPC
+    INVALID_ARGUMENT)."""
     linger_s: NonNegFloat = 0.0
     """Seconds the gateway keeps serving the trained policies after the last step (and its checkpoint), so
     clients can evaluate them, before the job ends; stopping the job ends it at once. 0: the job ends at once."""

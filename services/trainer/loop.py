@@ -254,6 +254,7 @@ def gateway_limits(cfg: TrainConfig) -> Any:
         max_stop=g.max_stop,
         max_stop_chars=g.max_stop_chars,
         max_id_chars=g.max_id_chars,
+        max_group_size=g.max_group_size,
     )
 
 

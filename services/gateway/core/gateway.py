@@ -122,6 +122,7 @@ class Gateway:
             episode_timeout_s=self.limits.episode_timeout_s,
             max_open_episodes=self.limits.max_open_episodes,
             max_calls_per_episode=self.limits.max_calls_per_episode,
+            max_group_size=self.limits.max_group_size,
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._sink_lock = asyncio.Lock()

@@ -30,6 +30,7 @@ class GatewayLimits:
         max_stop: Most stop strings per request, > 0.
         max_stop_chars: Longest stop string, characters, > 0.
         max_id_chars: Longest episode or group id, characters (ids may not contain ``/``), > 0.
+        max_group_size: Largest ``group_size`` a reward report may give (HTTP 400, INVALID_ARGUMENT beyond), > 0.
     """
 
     max_batch: int = 32
@@ -44,6 +45,7 @@ class GatewayLimits:
     max_stop: int = 16
     max_stop_chars: int = 256
     max_id_chars: int = 256
+    max_group_size: int = 1024
 
     def __post_init__(self) -> None:
         """Raises InvalidArgumentError naming the first field out of range."""
@@ -57,6 +59,7 @@ class GatewayLimits:
             "max_stop",
             "max_stop_chars",
             "max_id_chars",
+            "max_group_size",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:

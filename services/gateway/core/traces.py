@@ -114,6 +114,7 @@ class EpisodeTracker:
             raises :class:`ResourceExhaustedError`.
         max_calls_per_episode: Most calls recorded per episode and agent, each of a request's ``n`` choices
             counting as one (:class:`InvalidArgumentError` beyond).
+        max_group_size: Largest ``group_size`` a report may give (:class:`InvalidArgumentError` beyond).
         clock: Monotonic seconds (injectable for tests).
     """
 
@@ -124,12 +125,14 @@ class EpisodeTracker:
         episode_timeout_s: float,
         max_open_episodes: int,
         max_calls_per_episode: int,
+        max_group_size: int = 1024,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.trainable = list(trainable)
         self.episode_timeout_s = episode_timeout_s
         self.max_open_episodes = max_open_episodes
         self.max_calls_per_episode = max_calls_per_episode
+        self.max_group_size = max_group_size
         self._clock = clock
         self._open: dict[str, _Episode] = {}
         self._held: dict[str, _HeldGroup] = {}  # group -> finished members waiting for the rest
@@ -336,8 +339,10 @@ class EpisodeTracker:
             FailedPreconditionError: The episode was already reported, or abandoned, or calls of it are still
                 running.
             InvalidArgumentError: An agent in ``rewards`` that is not trained, a call id the episode did not
-                make, a reward that is not a finite number, a negative ``group_size``, or a ``group_size``
-                different from the one its held group was opened with.
+                make, a reward that is not a finite number, a negative ``group_size`` or one above
+                ``max_group_size``, a ``group_size`` > 1 for an episode without a group id (neither in the
+                report nor with its calls: it is a group of one, so it could never be complete), or a
+                ``group_size`` different from the one its held group was opened with.
             NotFoundError: No call was recorded under ``episode_id``.
         """
         self._check_not_closed(episode_id)
@@ -349,6 +354,10 @@ class EpisodeTracker:
             )
         if not isinstance(group_size, int) or group_size < 0:
             raise InvalidArgumentError(f"group_size must be an int >= 0, got {group_size!r}")
+        if group_size > self.max_group_size:
+            raise InvalidArgumentError(
+                f"group_size is {group_size}; the limit (gateway.max_group_size) is {self.max_group_size}"
+            )
         for where, values in (("rewards", rewards), ("call_rewards", call_rewards or {})):
             for key, value in values.items():
                 if not isinstance(value, int | float) or not math.isfinite(value):
@@ -367,6 +376,12 @@ class EpisodeTracker:
         if bad:
             raise InvalidArgumentError(
                 f"call reward names call {bad[0]!r}, which episode {episode_id!r} did not make"
+            )
+        if group_size > 1 and not failed and not (group_id or ep.group_id):
+            raise InvalidArgumentError(
+                f"group_size is {group_size} but episode {episode_id!r} has no group_id (neither in the report "
+                "nor with its calls): an episode without a group is a group of its own and could never reach "
+                f"{group_size} members; send the group_id (e.g. the problem id) with group_size, or group_size 0"
             )
         group = group_id or ep.group_id or f"episode:{episode_id}"
         held = self._held.get(group)

@@ -932,6 +932,38 @@ def test_chat_calls_that_extend_the_previous_one_merge_into_one_turn_under_the_r
 
 
 # ---------------------------------------------------------------------------------------------- episodes end
+def test_a_report_with_a_group_size_it_can_never_reach_is_refused_over_http_and_grpc():
+    """group_size > 1 without a group id (a group of one), or above gateway.max_group_size: 400 /
+    INVALID_ARGUMENT naming the values, and the episode stays open (a correct report is then accepted)."""
+    from marti.clients.inference import InferenceClient
+    from marti.errors import InvalidArgumentError
+
+    server = GatewayServer(
+        Gateway(_FixedBackend(load_tokenizer()), GatewayLimits(max_wait_ms=1)), token=TOKEN
+    )
+    http_url, grpc_address = server.start()
+    try:
+        with httpx.Client(base_url=http_url, headers=_auth(), timeout=30) as http:
+            head = {"X-Marti-Episode": "u1"}
+            body = {"model": "a", "prompt": "hi", "max_tokens": 2}
+            assert http.post("/completions", json=body, headers=head).status_code == 200
+            for fields, text in (
+                ({"group_size": 4}, "group_size is 4 but episode 'u1' has no group_id"),
+                ({"group_size": 10**9, "group_id": "g"}, "group_size is 1000000000; the limit"),
+                ({"group_size": 2**64, "group_id": "g"}, f"group_size is {2**64}; the limit"),
+            ):
+                r = http.post("/episodes/u1/reward", json={"rewards": {"a": 1.0}, **fields})
+                assert r.status_code == 400 and text in r.json()["error"]["message"], r.text
+            with InferenceClient(grpc_address, token=TOKEN) as rpc:
+                for kw in ({"group_size": 2}, {"group_size": 2**32 - 1, "group_id": "g"}):
+                    with pytest.raises(InvalidArgumentError, match="group_size"):
+                        rpc.report_reward("u1", {"a": 1.0}, **kw)
+            ok = http.post("/episodes/u1/reward", json={"rewards": {"a": 1.0}, "group_size": 1})
+            assert ok.status_code == 200 and ok.json()["released"] == 1
+    finally:
+        server.stop()
+
+
 def test_reward_route_groups_abandonment_failures_and_store_errors():
     """Over a GatewayServer (HTTP and gRPC on one gateway) whose sink fails for two episodes:
 

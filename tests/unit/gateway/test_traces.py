@@ -254,3 +254,19 @@ def test_a_report_with_another_group_size_than_its_group_is_refused_and_changes_
             t.finish("e2", {"a": 0.0}, group_size=size)
     assert t.held == 1 and t.open_episodes == 1 and t.counters["finished"] == 1
     assert len(t.finish("e2", {"a": 0.0}, group_size=2).episodes) == 2
+
+
+def test_a_group_size_without_a_group_id_or_above_the_limit_is_refused_and_changes_nothing():
+    """An episode without a group is a group of one: group_size > 1 could never complete (it would be held until
+    the timeout and dropped), so it is refused; so is a group_size above max_group_size."""
+    t = tracker(max_group_size=8)
+    t.record("e1", "a", "c1", gen([1], [2]))
+    with pytest.raises(InvalidArgumentError, match="group_size is 4 but episode 'e1' has no group_id"):
+        t.finish("e1", {"a": 1.0}, group_size=4)
+    for size in (9, 10**9, 2**64):
+        with pytest.raises(InvalidArgumentError, match=rf"group_size is {size}; .*max_group_size\) is 8"):
+            t.finish("e1", {"a": 1.0}, group_id="g", group_size=size)
+    assert t.held == 0 and t.open_episodes == 1 and t.counters["finished"] == 0
+    assert len(t.finish("e1", {"a": 1.0}, group_size=1).episodes) == 1  # a group of one is complete at once
+    t.record("e2", "a", "c2", gen([1], [2]), group_id="g")  # a group sent with the calls counts
+    assert t.finish("e2", {"a": 1.0}, group_size=2).episodes == [] and t.held == 1
