@@ -345,7 +345,7 @@ def _context(request: Request) -> tuple[str, str]:
 def _core_param(message: str, prompt_param: str, max_tokens_param: str) -> str | None:
     """The request field an InvalidArgumentError of the gateway core is about, read from its message (the core
     does not know the OpenAI field names); None when the message does not say reliably."""
-    if message.startswith("n must"):
+    if message.startswith(("n must", "n is ")):
         return "n"
     # the prompt plus max_tokens exceed the context: max_tokens is the knob (a prompt alone that fills the
     # context is refused by the adapter itself, naming the prompt)

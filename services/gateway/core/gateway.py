@@ -250,7 +250,7 @@ class Gateway:
 
         Raises:
             NotFoundError: Unknown or non-resident model.
-            InvalidArgumentError: Bad ``n``; more than ``gateway.max_stop`` stop strings or one longer than
+            InvalidArgumentError: Bad ``n``, or ``n`` above ``gateway.max_queue`` (it could never fit); more than ``gateway.max_stop`` stop strings or one longer than
                 ``gateway.max_stop_chars`` characters; an episode or group id longer than ``gateway.max_id_chars``
                 characters or containing ``/``; an empty prompt, or a prompt plus ``max_tokens`` longer than the
                 model accepts (the lengths are named); the episode's call limit (its agent's recorded and running
@@ -279,6 +279,12 @@ class Gateway:
         if not isinstance(n, int) or not 1 <= n <= self.limits.max_n:
             raise InvalidArgumentError(
                 f"n must be an int in [1, {self.limits.max_n}] (gateway.max_n), got {n!r}"
+            )
+        if n > self.limits.max_queue:  # not overload: no retry could ever be served
+            raise InvalidArgumentError(
+                f"n is {n}, more than gateway.max_queue ({self.limits.max_queue}), the most prompts an agent may "
+                f"have queued or running: this request can never be served; ask for at most "
+                f"{self.limits.max_queue} completions per request"
             )
         self._check_stop(sampling)
         ids = await asyncio.to_thread(self.prompt_ids, agent, prompt)  # a long prompt must not block the loop

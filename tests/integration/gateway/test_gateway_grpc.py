@@ -24,7 +24,6 @@ from marti.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
-    ResourceExhaustedError,
     UnauthenticatedError,
 )
 from marti.inference import Completion, CompletionDelta, Generation, InferenceResult, ModelInfo, RewardReceipt
@@ -44,7 +43,7 @@ from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 TOKEN = "grpc-gateway-token"
 AGENTS = ("planner", "executor")
 MAX_MODEL_LEN = 128
-MAX_QUEUE = 3  # a request with n = 4 is refused as overloaded, deterministically
+MAX_QUEUE = 3  # a request with n = 4 can never fit: refused as invalid (INVALID_ARGUMENT), not as overloaded
 MSG = [{"role": "user", "content": "hello there"}]
 META = (("authorization", f"Bearer {TOKEN}"),)
 
@@ -211,8 +210,8 @@ def test_errors_map_to_domain_exceptions(client, served):
         client.generate("planner", MSG, temperature=-1.0)
     with pytest.raises(InvalidArgumentError, match="n must be an int in"):
         client.generate("planner", MSG, n=9)
-    with pytest.raises(ResourceExhaustedError, match="overloaded"):
-        client.generate("planner", MSG, n=4, max_tokens=2)
+    with pytest.raises(InvalidArgumentError, match=r"n is 4, more than gateway.max_queue \(3\)"):
+        client.generate("planner", MSG, n=4, max_tokens=2)  # it can never fit: not RESOURCE_EXHAUSTED
     with pytest.raises(InvalidArgumentError, match="not a trained agent"):
         client.report_reward("ep-unknown-agent", {"someone": 1.0})
     with pytest.raises(NotFoundError):

@@ -35,7 +35,7 @@ from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 TOKEN = "test-token-123"
 AGENTS = ("planner", "executor")
 MAX_MODEL_LEN = 128
-MAX_QUEUE = 3  # a request with n = 4 is refused as overloaded, deterministically
+MAX_QUEUE = 3  # a request with n = 4 can never fit: refused as invalid (400), not as overloaded
 MSG = [{"role": "user", "content": "hello there"}]
 
 
@@ -253,9 +253,10 @@ def test_openai_errors(client, served):
     wrong = openai.OpenAI(base_url=served.base + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
-    with pytest.raises(openai.RateLimitError) as e:
+    with pytest.raises(openai.BadRequestError) as e:  # it can never fit: not 429, which clients retry
         client.chat.completions.create(model="planner", messages=MSG, max_tokens=2, n=MAX_QUEUE + 1)
-    assert "max_queue" in _err(e)["message"] and e.value.response.headers["retry-after"] == "1"
+    assert f"n is {MAX_QUEUE + 1}, more than gateway.max_queue ({MAX_QUEUE})" in _err(e)["message"]
+    assert _err(e)["param"] == "n" and "retry-after" not in e.value.response.headers
     for kw, param in [
         ({"temperature": -1}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
