@@ -68,7 +68,7 @@ class GatewayLimits:
             raise InvalidArgumentError(f"gateway.max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
         if not self.episode_timeout_s > 0:
             raise InvalidArgumentError(
-                f"gateway.episode_timeout_s must be > 0, got {self.episode_timeout_s!r}"
+                f"external.episode_timeout_s must be > 0, got {self.episode_timeout_s!r}"
             )
         if not isinstance(self.resident_versions, int) or self.resident_versions < 1:
             raise InvalidArgumentError(

@@ -162,7 +162,7 @@ class EpisodeTracker:
         if episode_id in self._abandoned:
             raise FailedPreconditionError(
                 f"episode {episode_id!r} was abandoned (no call or report for {self.episode_timeout_s:g} s, "
-                f"gateway.episode_timeout_s) and dropped with its group; use a new episode id"
+                f"external.episode_timeout_s) and dropped with its group; use a new episode id"
             )
         if episode_id in self._closed:
             raise FailedPreconditionError(

@@ -184,3 +184,8 @@ async def test_stats_name_held_and_expired_groups():
     stats = gw.stats()
     assert stats["held"] == 1 and stats["expired_groups"] == 0 and stats["released"] == 0
     await gw.close()
+
+
+def test_a_bad_episode_timeout_names_its_real_config_key():
+    with pytest.raises(InvalidArgumentError, match=r"^external\.episode_timeout_s must be > 0"):
+        GatewayLimits(episode_timeout_s=0)

@@ -95,7 +95,9 @@ def test_silent_episode_is_abandoned_with_its_group_never_trained():
     clock.t = 10.0
     assert t.sweep().dropped == 2  # e2 abandoned, e1 held in its group
     assert t.counters["abandoned"] == 1 and t.open_episodes == 0
-    with pytest.raises(FailedPreconditionError, match="'e2' was abandoned"):
+    with pytest.raises(
+        FailedPreconditionError, match=r"'e2' was abandoned .*, external\.episode_timeout_s\)"
+    ):
         t.finish("e2", {"a": 1.0})
     with pytest.raises(FailedPreconditionError, match="'e2' was abandoned"):
         t.begin_call("e2", "a", 1)
