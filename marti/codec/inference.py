@@ -41,6 +41,28 @@ __all__ = [
 
 _INT32_MAX = 2**31 - 1
 _INT64 = (-(2**63), 2**63 - 1)
+_UINT32_MAX = 2**32 - 1
+
+
+def _check_uint32(name: str, value: int | None) -> None:
+    """Raises InvalidArgumentError when ``value`` does not fit the request's uint32 field ``name``."""
+    if value is not None and value > _UINT32_MAX:
+        raise InvalidArgumentError(
+            f"{name} is {value}, above the largest value the request can carry (2**32 - 1)"
+        )
+
+
+def _check_text(name: str, value: str) -> None:
+    """Raises InvalidArgumentError when ``value`` cannot be sent as UTF-8 (a lone surrogate), naming where."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{name} is not valid Unicode text: character {exc.start} is {value[exc.start]!r}, a lone "
+            "surrogate that UTF-8 cannot encode"
+        ) from None
+
+
 #: Wire finish reason -> the name :class:`~marti.inference.Completion` carries (unknown values read ``stop``).
 FINISH_REASON_NAMES: dict[int, str] = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
@@ -66,8 +88,9 @@ def generate_request(
 
     Raises:
         InvalidArgumentError: Not exactly one prompt kind, an empty model, a malformed message, a token id or
-            seed out of range, ``n`` or ``max_tokens`` < 1, a negative ``top_k`` (the argument is named; the
-            gateway checks the rest).
+            seed out of range, ``n`` or ``max_tokens`` < 1, a negative ``top_k``, ``n``, ``max_tokens`` or
+            ``top_k`` above 2**32 - 1, or text that UTF-8 cannot encode (a lone surrogate) (the argument is named;
+            the gateway checks the rest).
     """
     if not model:
         raise InvalidArgumentError("model is required: an agent id or AGENT@VERSION (models() lists them)")
@@ -86,10 +109,22 @@ def generate_request(
         raise InvalidArgumentError(f"top_k must be >= 0, got {top_k}")
     if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
         raise InvalidArgumentError(f"seed must fit in int64, got {seed}")
+    for name, value in (("n", n), ("max_tokens", max_tokens), ("top_k", top_k)):
+        _check_uint32(name, value)
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    for name, value in (
+        ("model", model),
+        ("episode_id", episode_id),
+        ("group_id", group_id),
+        ("idempotency_key", idempotency_key),
+        *((f"stop[{i}]", s) for i, s in enumerate(stops) if isinstance(s, str)),
+        *((("text", text),) if isinstance(text, str) else ()),
+    ):
+        _check_text(name, value)
     req = pb.GenerateRequest(
         model=model,
         top_k=top_k,
-        stop=[stop] if isinstance(stop, str) else list(stop),
+        stop=stops,
         episode_id=episode_id,
         group_id=group_id,
         idempotency_key=idempotency_key,
@@ -103,7 +138,10 @@ def generate_request(
                 raise InvalidArgumentError(
                     f"messages[{i}] must be a dict with 'role' and 'content', got {m!r:.100}"
                 )
-            req.messages.messages.add(role=str(m["role"]), content=str(m["content"]))
+            role, content = str(m["role"]), str(m["content"])
+            _check_text(f"messages[{i}].role", role)
+            _check_text(f"messages[{i}].content", content)
+            req.messages.messages.add(role=role, content=content)
     elif text is not None:
         req.text = text
     else:
@@ -169,12 +207,19 @@ def report_request(
     """Build a ``ReportRewardRequest`` (see :meth:`InferenceClient.report_reward` for the arguments).
 
     Raises:
-        InvalidArgumentError: An empty ``episode_id`` or a negative ``group_size``.
+        InvalidArgumentError: An empty ``episode_id``, a negative ``group_size`` or one above 2**32 - 1, or
+            text that UTF-8 cannot encode (a lone surrogate), naming the argument.
     """
     if not episode_id:
         raise InvalidArgumentError("episode_id must be a non-empty string")
     if group_size < 0:
         raise InvalidArgumentError(f"group_size must be >= 0, got {group_size}")
+    _check_uint32("group_size", group_size)
+    _check_text("episode_id", episode_id)
+    _check_text("group_id", group_id)
+    for where, values in (("rewards", rewards), ("call_rewards", call_rewards or {})):
+        for key in values:
+            _check_text(f"{where} key", str(key))
     return pb.ReportRewardRequest(
         episode_id=episode_id,
         rewards={str(k): float(v) for k, v in rewards.items()},

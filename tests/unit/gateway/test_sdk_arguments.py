@@ -1,0 +1,56 @@
+"""The inference SDK refuses arguments the request cannot carry before sending, with marti's own error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import marti
+from marti.errors import InvalidArgumentError
+
+MSG = [{"role": "user", "content": "hi"}]
+# nothing listens there: every case must be refused before anything is sent
+ADDRESS = "127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_tokens": 2**40}, r"max_tokens is 1099511627776, above"),
+        ({"n": 2**32}, r"n is 4294967296, above"),
+        ({"top_k": 2**33}, r"top_k is 8589934592, above"),
+        ({"messages": [{"role": "user", "content": "a\ud800b"}]}, r"messages\[0\]\.content .*character 1"),
+        ({"messages": None, "text": "x\udcff"}, r"^text is not valid Unicode"),
+        ({"stop": ["ok", "\ud83d"]}, r"^stop\[1\] is not valid"),
+        ({"episode_id": "e\ud800"}, r"^episode_id is not valid"),
+        ({"idempotency_key": "\udc00"}, r"^idempotency_key is not valid"),
+    ],
+)
+def test_generate_refuses_what_the_request_cannot_carry(kwargs, match):
+    args = {"messages": MSG, **kwargs}
+    messages = args.pop("messages")
+    with marti.InferenceClient(ADDRESS, token="t", timeout_s=1) as client:
+        with pytest.raises(InvalidArgumentError, match=match):
+            client.generate("planner", messages, **args)
+
+    async def aio() -> None:
+        async with marti.aio.InferenceClient(ADDRESS, token="t", timeout_s=1) as c:
+            with pytest.raises(InvalidArgumentError, match=match):
+                await c.generate("planner", messages, **args)
+
+    asyncio.run(aio())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"group_size": 2**32}, r"group_size is 4294967296, above"),
+        ({"group_id": "g\ud800"}, r"^group_id is not valid"),
+        ({"call_rewards": {"c\udc80": 1.0}}, r"^call_rewards key is not valid"),
+    ],
+)
+def test_report_reward_refuses_what_the_request_cannot_carry(kwargs, match):
+    with marti.InferenceClient(ADDRESS, token="t", timeout_s=1) as client:
+        with pytest.raises(InvalidArgumentError, match=match):
+            client.report_reward("e1", {"a": 1.0}, **kwargs)
