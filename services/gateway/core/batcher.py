@@ -8,7 +8,10 @@ calls run one at a time in a worker thread, so the event loop keeps accepting re
 first, else the ready batch whose oldest prompt came first). Clients that send their next request as soon as
 their answer arrives therefore meet again in one batch instead of trickling into many small ones. A request with a
 sampling seed never shares a batch with other requests (its own prompts run together, without waiting), so the
-same seeded request gives the same tokens whatever else is in flight.
+same seeded request gives the same tokens whatever else is in flight. A prompt whose caller went away while it
+was still queued (its request cancelled: a gRPC deadline or cancel) is dropped before its batch starts, so
+abandoned requests do not hold up the others; one already in the engine runs to the end, and its result is
+discarded.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class RequestBatcher:
         self._seeded = itertools.count(1)
         self.batches = 0
         self.prompts = 0
+        self.dropped_prompts = 0  # queued prompts not run: their caller went away before their batch started
 
     def load(self, agent: str) -> int:
         """Prompts of ``agent`` queued or running now."""
@@ -136,21 +140,29 @@ class RequestBatcher:
 
     def _dispatch(self) -> None:
         """Start the next batch if the engine is free: the oldest full batch, else the ready batch that began
-        first (it keeps filling until then)."""
+        first (it keeps filling until then). Its prompts whose futures were cancelled (the caller went away)
+        are dropped (``dropped_prompts``); a batch with none left is skipped."""
         if self._busy:
             return
-        if self._full:
-            key, q = self._full.popleft()
-        else:
-            ready = [(q.order, key) for key, q in self._queues.items() if q.ready]
-            if not ready:
-                return
-            key = min(ready)[1]
-            q = self._queues.pop(key)
-        if q.timer is not None:
-            q.timer.cancel()
+        while True:
+            if self._full:
+                key, q = self._full.popleft()
+            else:
+                ready = [(q.order, key) for key, q in self._queues.items() if q.ready]
+                if not ready:
+                    return
+                key = min(ready)[1]
+                q = self._queues.pop(key)
+            if q.timer is not None:
+                q.timer.cancel()
+            # a prompt whose caller went away while it was queued (its future cancelled) is not run
+            live = [(p, f) for p, f in zip(q.prompts, q.futures, strict=True) if not f.done()]
+            self.dropped_prompts += len(q.prompts) - len(live)
+            if live:
+                break
+        prompts, futures = [p for p, _ in live], [f for _, f in live]
         self._busy = True
-        task = asyncio.get_running_loop().create_task(self._run_batch(key, q.prompts, q.futures))
+        task = asyncio.get_running_loop().create_task(self._run_batch(key, prompts, futures))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

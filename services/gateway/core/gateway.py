@@ -233,6 +233,8 @@ class Gateway:
         call of the same open episode gets that call's answer (same call ids and generations), without generating
         or recording again; a retry sent while the first is still running waits for it, and then the call is
         recorded even if the first caller went away. A key whose call failed or went unrecorded is free again.
+        A call without a key whose caller's task is cancelled while it is still queued is dropped before it
+        runs (a keyed one stays queued for its retries); one already running on the engine runs to the end.
         Reusing a key of the episode for a different request (another model, prompt, ``n`` or sampling
         parameter) is refused: keys can only be reused with the same request.
 
@@ -314,6 +316,8 @@ class Gateway:
         except asyncio.CancelledError:
             call.caller_gone = True
             self.cancelled_calls += 1
+            if not idempotency_key:  # no retry can wait for it: still queued, it is dropped before it runs
+                call.task.cancel()
             raise
 
     async def _traced(
@@ -333,7 +337,12 @@ class Gateway:
         episode_id, idempotency_key = key
         recorded = False
         try:
-            gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
+            try:
+                gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
+            except asyncio.CancelledError:  # its caller went away and no retry can wait for it
+                self.unrecorded_disconnected += 1
+                _LOG.info("a call of episode %r is not recorded: its caller went away", episode_id)
+                raise
             served = Served([f"call-{uuid.uuid4().hex}" for _ in gens], gens, agent)
             gone = call.caller_gone or (disconnected is not None and await disconnected())
             if gone and call.waiters == 0:

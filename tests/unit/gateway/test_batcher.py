@@ -226,3 +226,28 @@ async def test_a_batch_waits_max_wait_ms_for_company_and_not_longer():
     await asyncio.gather(first, second)
     assert eager.batches == [("a", None, 1), ("a", None, 1)]
     await b.close()
+
+
+async def test_a_request_cancelled_while_queued_is_never_run():
+    """Callers that went away before their batch started cost the engine nothing: their prompts are dropped
+    from the batch (a batch left empty is skipped), and the others run."""
+    eng = Engine(threading.Event())
+    b = RequestBatcher(eng, max_batch=8, max_wait_ms=0, max_queue=100)
+    running = asyncio.ensure_future(b.submit("a", [[1]], S, None))
+    await asyncio.sleep(0.05)  # in the engine, held by the gate
+    gone_alone = asyncio.ensure_future(b.submit("a", [[10]], S, None))
+    kept = asyncio.ensure_future(b.submit("b", [[20]], S, None))
+    gone = asyncio.ensure_future(b.submit("c", [[30], [31]], S, None))
+    kept_too = asyncio.ensure_future(b.submit("c", [[40]], S, None))
+    await asyncio.sleep(0.05)  # all queued behind the running batch
+    gone_alone.cancel()
+    gone.cancel()
+    eng.gate.set()
+    assert (await running)[0].response_token_ids == [2]
+    assert (await kept)[0].response_token_ids == [21]
+    assert (await kept_too)[0].response_token_ids == [41]
+    assert gone_alone.cancelled() and gone.cancelled()
+    assert eng.batches == [("a", None, 1), ("b", None, 1), ("c", None, 1)]
+    assert b.dropped_prompts == 3 and b.prompts == 3
+    assert all(b.load(a) == 0 for a in "abc")
+    await b.close()

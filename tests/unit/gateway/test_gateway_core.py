@@ -189,3 +189,29 @@ async def test_stats_name_held_and_expired_groups():
 def test_a_bad_episode_timeout_names_its_real_config_key():
     with pytest.raises(InvalidArgumentError, match=r"^external\.episode_timeout_s must be > 0"):
         GatewayLimits(episode_timeout_s=0)
+
+
+async def test_calls_cancelled_while_queued_are_never_generated_unless_a_retry_can_wait_for_them():
+    """A caller that goes away (a gRPC deadline or cancel) while its call is still queued costs the engine nothing,
+    traced or not; a call with an idempotency key keeps its place, as a retry may be waiting for it."""
+    gate = threading.Event()
+    backend = FakeBackend(gate)
+    gw = Gateway(backend, GatewayLimits(max_wait_ms=0))
+    running = asyncio.ensure_future(gw.generate("a", [1], S))
+    await asyncio.sleep(0.05)  # in the engine, held by the gate
+    untraced = asyncio.ensure_future(gw.generate("a", [2], S, n=2))
+    traced = asyncio.ensure_future(gw.generate("a", [3], S, n=3, episode_id="e1"))
+    keyed = asyncio.ensure_future(gw.generate("a", [4], S, n=4, episode_id="e2", idempotency_key="k"))
+    await asyncio.sleep(0.05)  # queued behind the running batch
+    for task in (untraced, traced, keyed):
+        task.cancel()
+    retry = asyncio.ensure_future(gw.generate("a", [4], S, n=4, episode_id="e2", idempotency_key="k"))
+    await asyncio.sleep(0.05)  # the retry waits for the keyed call
+    gate.set()
+    await running
+    assert len((await retry).generations) == 4
+    assert sorted(backend.batches) == [1, 4]  # the running call and the keyed one only
+    stats = gw.stats()
+    assert stats["unrecorded_disconnected"] == 1 and stats["calls"] == 4 and stats["replayed_calls"] == 1
+    assert gw.batcher.dropped_prompts == 5 and gw.tracker.open_episodes == 1  # e1 was never opened for good
+    await gw.close()
