@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 from marti.errors import InvalidArgumentError, NotFoundError
+from services.trainer import models
 from services.trainer.models import (
     SMOLLM2_ALIAS,
     TinyModelConfig,
@@ -108,16 +107,23 @@ def test_local_hf_folder_loads_same_weights(tok, tmp_path):
 
 
 @pytest.mark.slow
-def test_gguf_converts_once_then_loads_fast(tmp_path, monkeypatch):
+def test_gguf_converts_once_then_loads_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MARTI_MODEL_CACHE", str(tmp_path))
     assert resolve_model(SMOLLM2_ALIAS).kind == "gguf"
     first = load_model(SMOLLM2_ALIAS)
-    assert (tmp_path / SMOLLM2_ALIAS / "model.safetensors").is_file()
+    weights = tmp_path / SMOLLM2_ALIAS / "model.safetensors"
+    assert weights.is_file()
     assert (tmp_path / SMOLLM2_ALIAS / "tokenizer.json").is_file()
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hf_dir"
-    t0 = time.perf_counter()
+    written = weights.stat().st_mtime_ns
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("the second load converted or saved again")
+
+    monkeypatch.setattr(models, "_save_atomically", no_conversion)
+    monkeypatch.setattr(models, "_tokenizer_from_gguf", no_conversion)
     second = load_model("HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert time.perf_counter() - t0 < 1.0
+    assert weights.stat().st_mtime_ns == written  # read from the cache, not written again
     assert 134_000_000 < count_parameters(second) < 135_000_000
     s1, s2 = first.state_dict(), second.state_dict()
     assert all(torch.equal(s1[k], s2[k]) for k in s2)
