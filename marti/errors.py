@@ -110,6 +110,60 @@ class DeadlineExceededError(MartiError, TimeoutError):
     """The caller's deadline passed before the operation could complete (gRPC DEADLINE_EXCEEDED)."""
 
 
+class RateLimitedError(DeadlineExceededError):
+    """An insert waited for room and the table stayed full (or its rate limiter never let it in) until the
+    wait ran out: the consumer is not taking items as fast as they are inserted. Not a service outage: the
+    store answered. gRPC DEADLINE_EXCEEDED with a ``google.rpc.ErrorInfo`` detail whose reason is
+    ``RATE_LIMITED`` (domain ``marti.ai``; ``metadata``: ``table``, ``size`` and ``max_size``, the table's item
+    count and limit when the wait ran out).
+
+    A subclass of :class:`DeadlineExceededError`, so handlers of that class still catch it. Retrying can succeed
+    once the consumer takes items; waiting longer does not help while it does not.
+
+    Args:
+        message: What was refused and why (the table and its limits are named).
+        table: The full table's name (also ``metadata["table"]``).
+        size: Items in the table when the wait ran out (also ``metadata["size"]``); -1 = unknown.
+        max_size: The table's item limit (also ``metadata["max_size"]``); -1 = unknown.
+        metadata: Further ``ErrorInfo`` metadata.
+    """
+
+    reason: ClassVar[str] = "RATE_LIMITED"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        table: str = "",
+        size: int = -1,
+        max_size: int = -1,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        merged = dict(metadata or {})
+        if table:
+            merged["table"] = table
+        if size >= 0:
+            merged["size"] = str(size)
+        if max_size >= 0:
+            merged["max_size"] = str(max_size)
+        super().__init__(message, metadata=merged)
+
+    @property
+    def table(self) -> str:
+        """The full table's name (``""`` when the server did not say)."""
+        return self.metadata.get("table", "")
+
+    @property
+    def size(self) -> int:
+        """Items in the table when the wait ran out (-1 when the server did not say)."""
+        return int(self.metadata.get("size", -1))
+
+    @property
+    def max_size(self) -> int:
+        """The table's item limit (-1 when the server did not say)."""
+        return int(self.metadata.get("max_size", -1))
+
+
 class UnauthenticatedError(MartiError):
     """Missing or wrong credentials (gRPC UNAUTHENTICATED)."""
 
@@ -147,6 +201,7 @@ __all__ = [
     "NotFoundError",
     "OutOfRangeError",
     "PermissionDeniedError",
+    "RateLimitedError",
     "ResourceExhaustedError",
     "SessionLostError",
     "UnauthenticatedError",

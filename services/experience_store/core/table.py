@@ -22,6 +22,7 @@ from marti.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     MartiError,
+    RateLimitedError,
     ResourceExhaustedError,
     UnavailableError,
 )
@@ -222,9 +223,16 @@ class Table:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not self._cond.wait(remaining):
             if time.monotonic() >= deadline:
-                raise DeadlineExceededError(
-                    f"{what} on table {self.name!r} timed out waiting ({self._limiter_text()})"
-                )
+                text = f"{what} on table {self.name!r} timed out waiting ({self._limiter_text()})"
+                if what == "insert":  # the table stayed full or rate-limited: backpressure, not an outage
+                    raise RateLimitedError(
+                        text + ": the table stayed full or its rate limiter did not admit the item; its "
+                        "consumer is not taking items as fast as they are inserted",
+                        table=self.name,
+                        size=len(self._items),
+                        max_size=self.config.max_size,
+                    )
+                raise DeadlineExceededError(text)
 
     def _limiter_text(self) -> str:
         rl = self.rate_limiter
@@ -248,8 +256,9 @@ class Table:
 
         Returns:
             One entry per item: its new key, or the :class:`MartiError` that refused it (InvalidArgumentError,
-            ResourceExhaustedError when it alone exceeds ``max_bytes``, DeadlineExceededError when the wait ran
-            out; items after a deadline error get the same error).
+            ResourceExhaustedError when it alone exceeds ``max_bytes``, :class:`~marti.errors.RateLimitedError`
+            (a DeadlineExceededError, reason ``RATE_LIMITED``, metadata ``table``, ``size``, ``max_size``) when
+            the wait for room or for the rate limiter ran out; items after it get the same error).
 
         Raises:
             InternalError: when storage could not commit the items (they stay in the table's memory).

@@ -14,6 +14,7 @@ from marti.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     NotFoundError,
+    RateLimitedError,
     ResourceExhaustedError,
 )
 from marti.trajectory import Trajectory, Turn
@@ -106,6 +107,27 @@ def test_min_size_wait_then_deadline(store_server):
         c.sample("m", 1, timeout_s=0.3)
     threading.Timer(0.2, lambda: c.share_experience(traj(), table="m")).start()
     assert len(c.sample("m", 1, timeout_s=5)) == 1
+
+
+def test_an_insert_into_a_full_table_is_rate_limited_not_a_plain_deadline(store_server):
+    """The insert wait running out on a full queue table comes back over gRPC as RateLimitedError (reason
+    RATE_LIMITED, still a DeadlineExceededError) naming the table and its size; an empty sample's wait stays a
+    plain DeadlineExceededError."""
+    addr, _ = store_server
+    c = ExperienceSharingClient("a1", addr)
+    c.create_table("full", preset="queue", max_size=2)
+    c.share_experiences([traj(), traj()], table="full")
+    with pytest.raises(RateLimitedError) as info:
+        c.share_experience(traj(), table="full", timeout_s=0.2)
+    err = info.value
+    assert isinstance(err, DeadlineExceededError) and type(err).reason == "RATE_LIMITED"
+    assert (err.table, err.size, err.max_size) == ("full", 2, 2)
+    assert err.metadata == {"table": "full", "size": "2", "max_size": "2"}
+    assert "'full'" in str(err) and "size=2/2" in str(err)
+    c.create_table("empty", preset="queue", max_size=2)
+    with pytest.raises(DeadlineExceededError) as info:
+        c.sample("empty", 1, timeout_s=0.2)
+    assert type(info.value) is DeadlineExceededError
 
 
 def test_credits_bound_items_and_priorities(store_server):
