@@ -3,6 +3,7 @@
 Routes (every one needs ``Authorization: Bearer <token>`` when the app has a token):
 
 * ``GET  /v1/models``: every servable model name (each agent, and ``agent@VERSION`` per resident version).
+* ``GET  /v1/models/{model}``: one of them (404 with the OpenAI error JSON for any other name).
 * ``POST /v1/chat/completions``: chat completions, optionally streamed as server-sent events.
 * ``POST /v1/completions``: text completions of a string or of token ids, optionally streamed.
 * ``POST /v1/episodes/{episode_id}/reward``: report an episode's rewards (releases it to training).
@@ -90,11 +91,11 @@ from pydantic import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marti.errors import InvalidArgumentError
+from marti.errors import InvalidArgumentError, NotFoundError
 from marti.inference import Generation, SamplingParams
 from services.gateway.convert import token_texts
 from services.gateway.core.backend import InferenceBackend
-from services.gateway.core.gateway import Gateway, Served
+from services.gateway.core.gateway import Gateway, ModelCard, Served
 from services.gateway.http_errors import error_response, install_error_handlers, request_error
 
 __all__ = [
@@ -614,6 +615,18 @@ async def _serve(
         raise
 
 
+def _model_object(card: ModelCard, created: int) -> dict[str, Any]:
+    """OpenAI's Model object of a model card, with the ``agent`` and ``policy_version`` extensions."""
+    return {
+        "id": card.id,
+        "object": "model",
+        "created": created,
+        "owned_by": "marti",
+        "agent": card.agent,
+        "policy_version": card.version,
+    }
+
+
 # ---------------------------------------------------------------------------------------------- the app
 def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
     """Build the OpenAI-compatible HTTP app over ``gateway`` (routes and fields: the module docstring).
@@ -639,12 +652,17 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
     @api.get("/v1/models")
     async def list_models() -> JSONResponse:
         """Every servable model name with its agent and policy version."""
-        data = [
-            {"id": m.id, "object": "model", "created": created, "owned_by": "marti", "agent": m.agent,
-             "policy_version": m.version}
-            for m in gateway.models()
-        ]  # fmt: skip
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": [_model_object(m, created) for m in gateway.models()]})
+
+    @api.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> JSONResponse:
+        """One servable model name (OpenAI's Model object, as in ``GET /v1/models``); 404 for a name that is
+        not served now (an unknown agent, or a version that is not resident)."""
+        for m in gateway.models():
+            if m.id == model_id:
+                return JSONResponse(_model_object(m, created))
+        gateway.resolve(model_id)  # raises NotFoundError naming what is served
+        raise NotFoundError(f"model {model_id!r} does not exist")  # resolvable but not listed: not servable
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(

@@ -103,6 +103,21 @@ def test_models_list(client, served):
     assert models[0].model_extra == {"agent": "planner", "policy_version": 0}
 
 
+def test_models_retrieve_one_model_and_404_for_unknown_ids(client, served):
+    m = client.models.retrieve("planner@0")
+    assert (m.id, m.object, m.owned_by) == ("planner@0", "model", "marti")
+    assert m.model_extra == {"agent": "planner", "policy_version": 0}
+    assert client.models.retrieve("executor").id == "executor"
+    for name in ("nobody", "planner@7", "planner@x"):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.models.retrieve(name)
+        err = e.value.response.json()["error"]
+        assert err["type"] == "not_found_error" and err["code"] == "not_found" and name in err["message"]
+    # under an episode prefix too (the base_url of traced clients)
+    r = httpx.get(served.base + "/episodes/e-m/v1/models/planner", headers=_auth(), timeout=30)
+    assert r.status_code == 200 and r.json()["id"] == "planner"
+
+
 def test_chat_completion_with_logprobs(client):
     r = client.chat.completions.create(model="planner", messages=MSG, max_tokens=6, logprobs=True, seed=1)
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == "planner"
