@@ -29,7 +29,9 @@ chunk carries ``prompt_token_ids`` and each choice's final chunk (the one with `
 
 **Log-probabilities** are the raw (temperature 1) log-probabilities of the sampled tokens under the policy that
 sampled them (see :mod:`marti.inference`); alternatives are not recorded, so ``top_logprobs`` must be 0 or absent
-(chat) and ``logprobs`` at most 1 (completions). A token's ``token`` (completions: its entry of ``tokens``) is its
+(chat: each token's ``top_logprobs`` is ``[]``) and ``logprobs`` 0 or 1 (completions: each position's
+``top_logprobs`` entry is ``{token: logprob}`` of the sampled token alone, as vLLM always includes the sampled
+token). A token's ``token`` (completions: its entry of ``tokens``) is its
 own decoded text, special tokens included; a token that holds only part of a multi-byte character (byte-level
 tokenizers split emoji and CJK characters) decodes to U+FFFD there. Its ``bytes`` are the token's exact bytes
 when the backend keeps the agent's Hugging Face tokenizer in a ``tokenizers`` mapping (both backends of
@@ -509,12 +511,14 @@ def _chat_logprobs(toks: _Tokens, logps: Sequence[float], at: slice = slice(None
 
 
 def _text_logprobs(toks: _Tokens, logps: Sequence[float], at: slice = slice(None)) -> dict[str, Any]:
-    """Completions ``logprobs``: the tokens' (those of ``at``) texts, log-probs and character offsets into the
-    text."""
+    """Completions ``logprobs``: the tokens' (those of ``at``) texts, log-probs, ``top_logprobs`` (per token a
+    dict holding only the sampled token's text and log-prob: the engine records no alternatives) and character
+    offsets into the text."""
+    texts, values = toks.texts[at], [_finite(x) for x in list(logps)[at]]
     return {
-        "tokens": toks.texts[at],
-        "token_logprobs": [_finite(x) for x in list(logps)[at]],
-        "top_logprobs": None,
+        "tokens": texts,
+        "token_logprobs": values,
+        "top_logprobs": [{t: x} for t, x in zip(texts, values, strict=True)],
         "text_offset": toks.offsets[at],
     }
 

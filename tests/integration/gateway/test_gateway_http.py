@@ -190,6 +190,13 @@ def test_completions_text_ids_stop_logprobs(client):
     assert r.object == "text_completion" and c.finish_reason in ("stop", "length")
     ids = c.model_extra["token_ids"]
     assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.logprobs.text_offset) == len(ids)
+    # OpenAI's top_logprobs is a list with one dict per position; the engine gives the sampled token's own
+    assert c.logprobs.top_logprobs == [
+        {t: x} for t, x in zip(c.logprobs.tokens, c.logprobs.token_logprobs, strict=True)
+    ]
+    zero = client.completions.create(model="planner", prompt="Once upon a time", max_tokens=3, logprobs=0)
+    lp0 = zero.choices[0].logprobs
+    assert lp0.top_logprobs == [{t: x} for t, x in zip(lp0.tokens, lp0.token_logprobs, strict=True)]
     prompt_ids = r.model_extra["prompt_token_ids"]
     same = client.completions.create(model="planner", prompt=prompt_ids, max_tokens=12, seed=5)
     assert same.model_extra["prompt_token_ids"] == prompt_ids and same.choices[0].text == c.text
