@@ -138,7 +138,12 @@ def generate_request(
                 raise InvalidArgumentError(
                     f"messages[{i}] must be a dict with 'role' and 'content', got {m!r:.100}"
                 )
-            role, content = str(m["role"]), str(m["content"])
+            if m["content"] is None and m["role"] != "assistant":
+                raise InvalidArgumentError(
+                    f"messages[{i}].content is None; content is required in a {m['role']!r} message (only an "
+                    "assistant's may be None)"
+                )
+            role, content = str(m["role"]), "" if m["content"] is None else str(m["content"])
             _check_text(f"messages[{i}].role", role)
             _check_text(f"messages[{i}].content", content)
             req.messages.messages.add(role=role, content=content)

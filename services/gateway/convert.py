@@ -28,6 +28,27 @@ FINISH_REASONS: dict[str, int] = {name: value for value, name in FINISH_REASON_N
 #: Decodes token ids of one agent to text without special tokens.
 Decode = Callable[[list[int]], str]
 
+#: The chat roles the OpenAI API defines (``function`` is deprecated there and refused here).
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def chat_role(role: str, param: str) -> str:
+    """The role a chat message is rendered with: ``role`` itself, except ``developer`` (OpenAI's successor of
+    ``system`` for newer models), which chat templates do not know and is rendered as ``system``.
+
+    Args:
+        role: The message's role as sent.
+        param: The request field, named in the error (``messages[0].role``).
+
+    Raises:
+        InvalidArgumentError: ``role`` is not one of :data:`CHAT_ROLES`.
+    """
+    if role not in CHAT_ROLES:
+        raise InvalidArgumentError(
+            f"{param} is {role!r}; a chat message's role must be one of {list(CHAT_ROLES)}"
+        )
+    return "system" if role == "developer" else role
+
 
 @dataclass(frozen=True)
 class GenerateArgs:
@@ -58,8 +79,8 @@ def prompt_from_proto(req: pb.GenerateRequest) -> ChatMessages | str | list[int]
     """The request's prompt as the gateway takes it.
 
     Raises:
-        InvalidArgumentError: No prompt set, no messages, a message with an empty role, empty text, no token ids
-            or a negative token id (the field is named).
+        InvalidArgumentError: No prompt set, no messages, a message whose role is not one of
+            :data:`CHAT_ROLES`, empty text, no token ids or a negative token id (the field is named).
     """
     kind = req.WhichOneof("prompt")
     if kind is None:
@@ -69,9 +90,7 @@ def prompt_from_proto(req: pb.GenerateRequest) -> ChatMessages | str | list[int]
             raise InvalidArgumentError("messages.messages must hold at least one message")
         out: ChatMessages = []
         for i, m in enumerate(req.messages.messages):
-            if not m.role:
-                raise InvalidArgumentError(f"messages.messages[{i}].role must be non-empty")
-            out.append({"role": m.role, "content": m.content})
+            out.append({"role": chat_role(m.role, f"messages.messages[{i}].role"), "content": m.content})
         return out
     if kind == "text":
         if not req.text:

@@ -89,13 +89,14 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    ValidationInfo,
     field_validator,
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.inference import Generation, SamplingParams
-from services.gateway.convert import token_texts
+from services.gateway.convert import CHAT_ROLES, chat_role, token_texts
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway, ModelCard, Served
 from services.gateway.http_errors import error_response, install_error_handlers, request_error
@@ -193,16 +194,29 @@ class _Sampled(_Body):
 
 
 class ChatMessage(_Body):
-    """One message; ``content`` is a string, null, or a list of ``{"type": "text", "text": ...}`` parts (joined
-    with newlines, as vLLM does)."""
+    """One message; ``role`` is one of OpenAI's (:data:`~services.gateway.convert.CHAT_ROLES`; ``developer`` is
+    rendered as ``system``); ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts (joined
+    with newlines, as vLLM does), or null (or absent) in an assistant message only (one that made tool calls)."""
 
     role: _Str
     content: Any = Field(default=None, validate_default=True)
 
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v: str) -> str:
+        if v not in CHAT_ROLES:
+            raise ValueError(f"a chat message's role must be one of {list(CHAT_ROLES)}")
+        return v
+
     @field_validator("content", mode="before")
     @classmethod
-    def _content(cls, v: Any) -> str:
+    def _content(cls, v: Any, info: ValidationInfo) -> str:
         if v is None:
+            role = info.data.get("role")
+            if role is not None and role != "assistant":  # None: the role was refused already
+                raise ValueError(
+                    f"content is required in a {role!r} message (only an assistant's may be null)"
+                )
             return ""
         if isinstance(v, str):
             return _utf8(v)
@@ -681,7 +695,10 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
             )
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        messages = [{"role": m.role, "content": m.content} for m in body.messages]
+        messages = [
+            {"role": chat_role(m.role, f"messages[{i}].role"), "content": m.content}
+            for i, m in enumerate(body.messages)
+        ]
         served = await _serve(gateway, request, body, messages, max_tokens, param, DEFAULT_CHAT_MAX_TOKENS)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
         if body.stream:

@@ -238,6 +238,13 @@ def test_errors_map_to_domain_exceptions(client, served):
             {"model": "planner", "messages": pb.ChatMessages(messages=[pb.ChatMessage(content="x")])},
             r"messages.messages\[0\].role",
         ),
+        (
+            {
+                "model": "planner",
+                "messages": pb.ChatMessages(messages=[pb.ChatMessage(role="robot", content="x")]),
+            },
+            r"messages.messages\[0\].role is 'robot'; a chat message's role must be one of",
+        ),
         ({"model": "planner", "token_ids": pb.TokenIds(ids=[1, -2])}, r"token_ids.ids\[1\]"),
         ({"model": "planner", "text": "hi", "stop": [""]}, r"stop\[0\]"),
         ({"model": "planner", "text": "hi", "top_p": 0.0}, "top_p"),

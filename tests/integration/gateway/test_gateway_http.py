@@ -366,6 +366,35 @@ def test_malformed_requests_get_json_400s_and_the_server_survives(served, client
     r = post(json.dumps({"model": "planner", "messages": parts}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content"
     assert "image_url" in r.json()["error"]["message"]
+    # roles are OpenAI's; content may be null (or absent) only in an assistant message
+    for messages, param, text in [
+        ([{"role": "robot", "content": "hi"}], "messages[0].role", "must be one of"),
+        ([{"role": "function", "content": "hi"}], "messages[0].role", "must be one of"),
+        ([*MSG, {"role": "user", "content": None}], "messages[1].content", "content is required in a 'user'"),
+        ([{"role": "system"}, *MSG], "messages[0].content", "content is required in a 'system'"),
+        ([*MSG, {"role": "assistant", "content": "x"}, {"role": "tool", "content": None}], "messages[2].content",
+         "'tool'"),
+    ]:  # fmt: skip
+        r = post(json.dumps({"model": "planner", "messages": messages, "max_tokens": 1}))
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param and text in err["message"], (messages, err)
+        assert err["type"] == "invalid_request_error"
+    tool_call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    null_assistant = [*MSG, {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+                      {"role": "tool", "content": "42", "tool_call_id": "c1"}]  # fmt: skip
+    assert (
+        post(json.dumps({"model": "planner", "messages": null_assistant, "max_tokens": 1})).status_code == 200
+    )
+    # developer (OpenAI's successor of system) is rendered as system
+    dev, sys_ = (
+        post(
+            json.dumps(
+                {"model": "planner", "messages": [{"role": r, "content": "be brief"}, *MSG], "max_tokens": 1}
+            )
+        )
+        for r in ("developer", "system")
+    )
+    assert dev.status_code == 200 and dev.json()["prompt_token_ids"] == sys_.json()["prompt_token_ids"]
     r = post(json.dumps([1, 2]))
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(url, json={"model": "planner", "messages": MSG}, headers={"X-Marti-Episode": "e"})

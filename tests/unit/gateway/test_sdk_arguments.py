@@ -22,6 +22,10 @@ ADDRESS = "127.0.0.1:1"
         ({"top_k": 2**33}, r"top_k is 8589934592, above"),
         ({"messages": [{"role": "user", "content": "a\ud800b"}]}, r"messages\[0\]\.content .*character 1"),
         ({"messages": None, "text": "x\udcff"}, r"^text is not valid Unicode"),
+        (
+            {"messages": [{"role": "user", "content": None}]},
+            r"^messages\[0\]\.content is None; content is required",
+        ),
         ({"stop": ["ok", "\ud83d"]}, r"^stop\[1\] is not valid"),
         ({"episode_id": "e\ud800"}, r"^episode_id is not valid"),
         ({"idempotency_key": "\udc00"}, r"^idempotency_key is not valid"),
