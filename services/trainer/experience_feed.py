@@ -40,12 +40,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from marti.errors import CancelledError, DeadlineExceededError, FailedPreconditionError
+from marti.errors import CancelledError, DeadlineExceededError, FailedPreconditionError, RateLimitedError
 from marti.trajectory import Trajectory
 
 _LOG = logging.getLogger("marti.trainer.feed")
 #: Seconds one learner sample call waits for an item before the table counts as dry.
 SAMPLE_POLL_S = 2.0
+#: Seconds one insert waits in the store for room in a full table before the feed checks whether to stop.
+INSERT_POLL_S = 2.0
+#: Seconds between two insert attempts into a full table (the store's own wait comes on top).
+FULL_RETRY_PAUSE_S = 0.1
 #: Episode ids remembered per agent to drop re-inserted duplicates.
 SEEN_IDS = 100_000
 
@@ -88,6 +92,11 @@ class ExperienceFeed:
         bounds: Per agent, its staleness bound (the table's ``max_policy_lag``).
         max_size: Items a table holds before inserts wait (the queue rate limiter's size).
         reconnecting: Runs a call again while the store restarts.
+        full_timeout_s: Seconds an insert keeps trying while its table stays full before it gives up with a
+            :class:`~marti.errors.RateLimitedError` naming the table (the job passes
+            ``services.reconnect_timeout_s``).
+        stop: The job's stop event: while it is set, an insert into a full table stops waiting
+            (:class:`~marti.errors.CancelledError`) within about :data:`INSERT_POLL_S` seconds.
     """
 
     def __init__(
@@ -98,12 +107,16 @@ class ExperienceFeed:
         bounds: dict[str, int],
         max_size: int,
         reconnecting: Reconnecting,
+        full_timeout_s: float = 120.0,
+        stop: threading.Event | None = None,
     ) -> None:
         self.store = store
         self.tables = {a: table_name(training_name, a) for a in agents}
         self.bounds = bounds
         self.max_size = max_size
         self._reconnecting = reconnecting
+        self.full_timeout_s = full_timeout_s
+        self.stop = stop
         self._lock = threading.Lock()
         self._attempt: list[str] = []  # episode ids inserted by the rollout attempt in progress
         self._retracted: set[str] = set()
@@ -153,27 +166,86 @@ class ExperienceFeed:
             self._retracted.update(self._attempt)
             self._attempt = []
 
-    def insert_episode(self, trajectories: dict[str, Trajectory], *, external: bool = False) -> None:
+    def insert_episode(
+        self,
+        trajectories: dict[str, Trajectory],
+        *,
+        external: bool = False,
+        stop: threading.Event | None = None,
+    ) -> None:
         """Insert one finished episode: one trajectory per trainable agent, into the agent's table.
 
-        Retried while the store restarts (an item that landed twice is dropped by :meth:`take`).
+        Retried while the store restarts (an item that landed twice is dropped by :meth:`take`). An insert into
+        a full table (the learner is behind: normal backpressure with asynchronous rollouts) waits for room in
+        steps of :data:`INSERT_POLL_S` seconds, for at most ``full_timeout_s`` seconds in all, and stops
+        waiting once ``stop`` or the feed's stop event is set.
 
         Args:
             trajectories: Per trainable agent, its trajectory of the episode (possibly with no turns).
             external: An episode an external client played through the inference gateway: it belongs to no
                 rollout attempt, so a built-in rollout replayed meanwhile does not retract it.
+            stop: Set while shutting down (the gateway's ``closing`` event): a wait for room ends.
+
+        Raises:
+            RateLimitedError: The table stayed full for ``full_timeout_s`` seconds; the message names the table,
+                its size and limit, and says the learner is not consuming (metadata as the store's error).
+            CancelledError: ``stop`` or the feed's stop event was set while the table was full.
+            UnavailableError: The store stayed unreachable (see :func:`~services.trainer.reconnect.call_with_reconnect`).
         """
         if not external:
             with self._lock:  # recorded first: an attempt that fails part-way retracts what it did insert
                 self._attempt.extend({t.episode_id for t in trajectories.values()})
         for agent, traj in trajectories.items():
-            table = self.tables[agent]
-            self._reconnecting(
-                lambda t=traj, tb=table: self.store.share_experience(t, table=tb),
-                f"inserting episode {traj.episode_id} into {table!r}",
-            )
+            self._insert_one(traj, self.tables[agent], stop)
             with self._lock:
                 self.inserted += 1
+
+    def _insert_one(self, traj: Trajectory, table: str, stop: threading.Event | None) -> None:
+        """Insert one trajectory, waiting for room while its table is full (see :meth:`insert_episode`)."""
+        what = f"inserting episode {traj.episode_id} into {table!r}"
+        first: float | None = None
+        attempts = 0
+        while True:
+            try:
+                self._reconnecting(
+                    lambda: self.store.share_experience(traj, table=table, timeout_s=INSERT_POLL_S), what
+                )
+                return
+            except RateLimitedError as exc:
+                attempts += 1
+                now = time.monotonic()
+                first = now if first is None else first
+                full = f"table {table!r} is full ({_size_text(exc)})"
+                if self._stopping(stop):
+                    raise CancelledError(
+                        f"{what}: stopped while {full}; the episode is not inserted"
+                    ) from exc
+                if now - first >= self.full_timeout_s:
+                    raise RateLimitedError(
+                        f"{what}: {full} and stayed full for {now - first:.0f}s over {attempts} attempts "
+                        f"(limit {self.full_timeout_s:.0f}s, services.reconnect_timeout_s): the learner is not "
+                        "consuming its items (it is behind, or no longer training); the episode is not inserted. "
+                        "The store is reachable: this is not an outage",
+                        table=table,
+                        size=exc.size,
+                        max_size=exc.max_size,
+                    ) from exc
+                if attempts == 1:
+                    _LOG.info("%s: %s; waiting for the learner to consume", what, full)
+                self._pause(stop, FULL_RETRY_PAUSE_S)
+
+    def _stopping(self, stop: threading.Event | None) -> bool:
+        """Whether ``stop`` or the feed's own stop event is set."""
+        return (stop is not None and stop.is_set()) or (self.stop is not None and self.stop.is_set())
+
+    def _pause(self, stop: threading.Event | None, seconds: float) -> None:
+        """Sleep ``seconds``, ending early when ``stop`` is set."""
+        if stop is not None:
+            stop.wait(seconds)
+        elif self.stop is not None:
+            self.stop.wait(seconds)
+        else:
+            time.sleep(seconds)
 
     # ------------------------------------------------------------------------------------------ learner
     def take(
@@ -320,6 +392,14 @@ class ExperienceFeed:
         seen[episode_id] = None
         while len(seen) > SEEN_IDS:
             seen.popitem(last=False)
+
+
+def _size_text(exc: RateLimitedError) -> str:
+    """``"size 4/4 items"`` from a rate-limited insert's metadata (``"size unknown"`` when the store did not
+    send it)."""
+    if exc.size < 0 or exc.max_size < 0:
+        return "size unknown"
+    return f"{exc.size}/{exc.max_size} items"
 
 
 def missing_members(trajectories: list[Trajectory]) -> int:

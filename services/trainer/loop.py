@@ -513,7 +513,7 @@ class TrainingLoop:
             self.reconnects += 1
 
         backoff = Backoff(timeout_s=self.cfg.services.reconnect_timeout_s)
-        return call_with_reconnect(fn, what, backoff, on_retry=count)
+        return call_with_reconnect(fn, what, backoff, on_retry=count, stop=self.stop_event)
 
     def _play(
         self,
@@ -721,6 +721,8 @@ class TrainingLoop:
             {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents},
             max_size=max(1000, 4 * cfg.items_per_step),
             reconnecting=self._reconnecting,
+            full_timeout_s=cfg.services.reconnect_timeout_s,
+            stop=self.stop_event,
         )
         leftovers = self.feed.create_tables()
         runtime = RayRuntime(cfg)

@@ -16,6 +16,7 @@ phase is written so that re-running it is safe:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from marti.errors import (
     CancelledError,
     DeadlineExceededError,
     MartiError,
+    RateLimitedError,
     SessionLostError,
     UnavailableError,
 )
@@ -50,9 +52,12 @@ def is_outage(exc: BaseException) -> bool:
     Decided by type alone (:data:`OUTAGE_ERRORS`), never by message text: a lost session is a
     :class:`~marti.errors.SessionLostError`, which servers send as NOT_FOUND with a ``google.rpc.ErrorInfo``
     detail (reason ``SESSION_LOST``) and clients rebuild from that detail. Any other ``NotFoundError`` (an
-    unknown env id, table or agent) is a configuration error and is not retried.
+    unknown env id, table or agent) is a configuration error and is not retried. A
+    :class:`~marti.errors.RateLimitedError` (an insert into a full table: the store answered, its consumer is
+    behind) is backpressure, not an outage, although it is a ``DeadlineExceededError``: the caller that
+    inserts decides how long to keep trying (``ExperienceFeed.insert_episode``).
     """
-    return isinstance(exc, OUTAGE_ERRORS)
+    return isinstance(exc, OUTAGE_ERRORS) and not isinstance(exc, RateLimitedError)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ def call_with_reconnect(
     on_retry: Callable[[int, BaseException], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    stop: threading.Event | None = None,
 ) -> T:
     """Call ``fn()`` until it returns, re-calling it after outages with exponential backoff.
 
@@ -87,6 +93,8 @@ def call_with_reconnect(
         on_retry: Called with ``(attempt, error)`` before each wait (attempt counts from 1).
         sleep: Sleep function (tests pass a fake).
         clock: Monotonic clock in seconds (tests pass a fake).
+        stop: The job's stop event: a :class:`~marti.errors.CancelledError` raised while it is set (a wait the
+            phase gave up because the job is stopping) is raised at once, not retried.
 
     Returns:
         What ``fn`` returned.
@@ -94,7 +102,8 @@ def call_with_reconnect(
     Raises:
         UnavailableError: outages went on for longer than ``backoff.timeout_s``; the message names the phase,
             the number of attempts and the last error (chained as ``__cause__``).
-        Exception: any error that is not an outage (see :func:`is_outage`) is raised at once, unchanged.
+        Exception: any error that is not an outage (see :func:`is_outage`; a ``RateLimitedError`` among them)
+            is raised at once, unchanged.
     """
     delay = backoff.initial_s
     deadline: float | None = None
@@ -103,7 +112,7 @@ def call_with_reconnect(
         try:
             return fn()
         except MartiError as exc:
-            if not is_outage(exc):
+            if not is_outage(exc) or (isinstance(exc, CancelledError) and stop is not None and stop.is_set()):
                 raise
             attempt += 1
             now = clock()

@@ -217,10 +217,10 @@ def test_an_episode_cut_part_way_through_its_inserts_is_retracted_whole(address)
         def __getattr__(self, name):
             return getattr(self.client, name)
 
-        def share_experience(self, traj, table):
+        def share_experience(self, traj, table, timeout_s=None):
             if table.endswith("agent_2"):
                 raise UnavailableError("store gone")
-            return self.client.share_experience(traj, table=table)
+            return self.client.share_experience(traj, table=table, timeout_s=timeout_s)
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
     feed = ExperienceFeed(

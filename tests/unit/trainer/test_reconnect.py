@@ -92,3 +92,31 @@ def test_lost_sessions_count_as_outages_but_other_not_found_do_not():
     assert not is_outage(NotFoundError("unknown env id 'nope'"))
     assert not is_outage(NotFoundError("no table 'agent_9'"))
     assert is_outage(UnavailableError("x")) and is_outage(DeadlineExceededError("x"))
+
+
+def test_a_rate_limited_insert_is_not_an_outage_and_a_cancel_while_stopping_is_not_retried():
+    """A full table (RateLimitedError, a DeadlineExceededError) is backpressure: raised at once, never called
+    "unreachable"; a CancelledError raised because the job is stopping is not retried either."""
+    import threading
+
+    from marti.errors import CancelledError, RateLimitedError
+
+    assert not is_outage(RateLimitedError("full", table="t", size=1, max_size=1))
+    assert is_outage(DeadlineExceededError("slow"))
+    t = FakeTime()
+    fn, calls = _failing([RateLimitedError("full", table="t", size=1, max_size=1)])
+    with pytest.raises(RateLimitedError):
+        call_with_reconnect(fn, "insert", Backoff(), sleep=t.sleep, clock=t.clock)
+    assert len(calls) == 1 and t.sleeps == []
+    stop = threading.Event()
+    stop.set()
+    fn, calls = _failing([CancelledError("stopped")])
+    with pytest.raises(CancelledError):
+        call_with_reconnect(fn, "rollout", Backoff(), sleep=t.sleep, clock=t.clock, stop=stop)
+    assert len(calls) == 1
+    fn, calls = _failing([CancelledError("torn down")])  # not stopping: a torn-down stream is an outage
+    assert (
+        call_with_reconnect(fn, "rollout", Backoff(), sleep=t.sleep, clock=t.clock, stop=threading.Event())
+        == "ok"
+    )
+    assert len(calls) == 2
