@@ -6,13 +6,18 @@ Routes (every one needs ``Authorization: Bearer <token>`` when the app has a tok
 * ``GET  /v1/models/{model}``: one of them (404 with the OpenAI error JSON for any other name).
 * ``POST /v1/chat/completions``: chat completions, optionally streamed as server-sent events.
 * ``POST /v1/completions``: text completions of a string or of token ids, optionally streamed.
-* ``POST /v1/episodes/{episode_id}/reward``: report an episode's rewards (releases it to training).
+* ``POST /v1/episodes/{episode_id}/reward``: report an episode's rewards (releases it to training); 202 with
+  ``"queued": N`` when its released episodes were not inserted within ``gateway.report_wait_s``, 429 while
+  ``gateway.max_backlog_episodes`` wait.
 * ``GET  /v1/gateway/stats``: the gateway's counters.
 
 **Episode context.** A call is recorded for training when it names an episode: with the header
 ``X-Marti-Episode`` (and optionally ``X-Marti-Group``), or through the same inference routes under
 ``/episodes/{episode_id}/v1/...`` and ``/episodes/{episode_id}/groups/{group_id}/v1/...``, so unchanged client
-code can carry the ids in its ``base_url``. A header and a path that name different episodes are refused.
+code can carry the ids in its ``base_url``. A header and a path that name different episodes are refused. Header
+values (``X-Marti-Episode``, ``X-Marti-Group``, ``Idempotency-Key``) must be printable ASCII, and path ids valid
+UTF-8 once percent-decoded; anything else is refused with 400 naming the header or the path parameter, so no id
+is ever garbled (Latin-1) or merged with another (U+FFFD).
 
 **Retries are recorded once.** A traced call whose client disconnected (or timed out) before the answer was ready
 is not recorded, so the client's retry is the one that trains. A call may also carry an ``Idempotency-Key`` header
@@ -76,6 +81,7 @@ import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
+from urllib.parse import unquote_to_bytes
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -347,12 +353,54 @@ class _BodyLimit:
         await self.app(scope, replay, send)
 
 
+def _header(request: Request, name: str) -> str:
+    """The value of header ``name`` (``""`` when absent).
+
+    Raises:
+        InvalidArgumentError: The value is not printable ASCII (bytes 0x20-0x7E): HTTP gives other bytes no
+            character set (Starlette would read them as Latin-1), so an id sent that way is refused rather than
+            garbled; non-ASCII ids go in the path, percent-encoded UTF-8.
+    """
+    value = request.headers.get(name, "")  # Latin-1: one character per byte
+    if not (value.isascii() and value.isprintable()):
+        bad = next(c for c in value if not (c.isascii() and c.isprintable()))
+        raise request_error(
+            f"header {name} holds byte 0x{ord(bad):02x}; its value must be printable ASCII (0x20-0x7E): send "
+            "ids with other characters in the path (/episodes/{episode_id}/..., percent-encoded UTF-8)",
+            name,
+        )
+    return value
+
+
+def _check_path(request: Request) -> None:
+    """Raise InvalidArgumentError (naming the path parameter) when a segment of the request's path is not valid
+    UTF-8 once percent-decoded: the server would decode it with U+FFFD replacements, so two different ids
+    would become one."""
+    raw = request.scope.get("raw_path")
+    if not isinstance(raw, bytes):
+        return
+    for segment in raw.split(b"/"):
+        data = unquote_to_bytes(segment)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            text = data.decode("utf-8", "replace")
+            param = next((k for k, v in request.path_params.items() if v == text), None)
+            raise request_error(
+                f"{param or 'the path'} is not valid UTF-8 once percent-decoded (byte {exc.start} is "
+                f"0x{data[exc.start]:02x}); ids in the path must be percent-encoded UTF-8",
+                param,
+            ) from None
+
+
 def _context(request: Request) -> tuple[str, str]:
     """(episode id, group id) of a call, from the path prefix or the headers; empty = untraced. Their length and
-    characters are checked by the gateway core (its error names the field)."""
+    characters are checked by the gateway core (its error names the field); the path must be valid UTF-8 and the
+    headers printable ASCII (:func:`_check_path`, :func:`_header`)."""
+    _check_path(request)
     out = []
     for key, header in (("episode_id", EPISODE_HEADER), ("group_id", GROUP_HEADER)):
-        path, head = request.path_params.get(key, ""), request.headers.get(header, "")
+        path, head = request.path_params.get(key, ""), _header(request, header)
         if path and head and path != head:
             raise request_error(f"the path names {key} {path!r} but header {header} names {head!r}", key)
         out.append(path or head)
@@ -625,7 +673,7 @@ async def _serve(
             n=n,
             episode_id=episode_id,
             group_id=group_id,
-            idempotency_key=request.headers.get(IDEMPOTENCY_HEADER, ""),
+            idempotency_key=_header(request, IDEMPOTENCY_HEADER),
             disconnected=request.is_disconnected,
         )
     except InvalidArgumentError as exc:
@@ -673,9 +721,10 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
         return JSONResponse({"object": "list", "data": [_model_object(m, created) for m in gateway.models()]})
 
     @api.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str) -> JSONResponse:
+    async def get_model(model_id: str, request: Request) -> JSONResponse:
         """One servable model name (OpenAI's Model object, as in ``GET /v1/models``); 404 for a name that is
         not served now (an unknown agent, or a version that is not resident)."""
+        _check_path(request)
         for m in gateway.models():
             if m.id == model_id:
                 return JSONResponse(_model_object(m, created))
@@ -743,9 +792,10 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
         return JSONResponse({**head, "choices": choices, "usage": _usage(served), **_marti_response(served)})
 
     @app.post("/v1/episodes/{episode_id}/reward")
-    async def report_reward(episode_id: str, body: RewardRequest) -> JSONResponse:
+    async def report_reward(episode_id: str, body: RewardRequest, request: Request) -> JSONResponse:
         """End an episode with its rewards (or as failed); returns how many episodes were released and dropped.
-        The ids follow the rules of calls (``gateway.max_id_chars``, no ``/``; checked by the core)."""
+        The ids follow the rules of calls (valid UTF-8, ``gateway.max_id_chars``, no ``/``)."""
+        _check_path(request)
         try:
             released = await gateway.report(
                 episode_id,
@@ -760,6 +810,9 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
                 exc.param = exc.message.split(" ", 1)[0]  # type: ignore[attr-defined]
             raise
         out = {"episode_id": episode_id, "released": len(released.episodes), "dropped": released.dropped}
+        queued = int(getattr(released, "queued", 0))  # released episodes not inserted within report_wait_s
+        if queued:  # accepted, inserted in the background: 202 with the count (a 200 body stays as it was)
+            return JSONResponse({**out, "queued": queued}, status_code=202)
         return JSONResponse(out)
 
     @app.get("/v1/gateway/stats")

@@ -342,6 +342,41 @@ def test_ids_go_to_the_gateway_unchanged_and_follow_its_rules(served):
         assert "gateway.max_id_chars" in err.value.details()
 
 
+def test_ids_that_are_not_utf8_are_invalid_argument(served):
+    """Protobuf refuses a string field that is not UTF-8; the shared interceptor answers INVALID_ARGUMENT (HTTP
+    refuses such path ids with 400)."""
+    gen = pb.GenerateRequest(model="planner", text="hi", max_tokens=2, episode_id="EE", group_id="GG")
+    cases = [
+        ("Generate", gen.SerializeToString().replace(b"EE", b"\xff\xfe")),
+        ("Generate", gen.SerializeToString().replace(b"GG", b"\xc3(")),
+        (
+            "GenerateStream",
+            pb.GenerateStreamRequest(request=gen).SerializeToString().replace(b"EE", b"\xff\xfe"),
+        ),
+        (
+            "ReportReward",
+            pb.ReportRewardRequest(episode_id="EE").SerializeToString().replace(b"EE", b"\xff\xfe"),
+        ),
+    ]
+    with grpc.insecure_channel(served[0]) as ch:
+        for method, wire in cases:
+            path = f"/{SERVICE_NAME}/{method}"
+            if method == "GenerateStream":
+                call = ch.unary_stream(path, request_serializer=bytes, response_deserializer=bytes)
+                with pytest.raises(grpc.RpcError) as err:
+                    next(call(wire, metadata=META, timeout=30))
+            else:
+                call = ch.unary_unary(path, request_serializer=bytes, response_deserializer=bytes)
+                with pytest.raises(grpc.RpcError) as err:
+                    call(wire, metadata=META, timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.details())
+            assert "is not a valid" in err.value.details() and "UTF-8" in err.value.details()
+        ok = ch.unary_unary(
+            f"/{SERVICE_NAME}/Generate", request_serializer=bytes, response_deserializer=bytes
+        )
+        assert pb.GenerateResponse.FromString(ok(gen.SerializeToString(), metadata=META, timeout=30)).choices
+
+
 def test_a_request_over_max_request_bytes_is_refused_by_the_servicer(served):
     """The fixture's server receives up to 64 MiB; the servicer holds the gateway's 8 MiB."""
     limit = GatewayLimits().max_request_bytes

@@ -604,6 +604,38 @@ def test_ids_follow_max_id_chars_on_every_route(fixed):
     assert r.status_code == 200 and r.json()["released"] == 1
 
 
+def test_header_ids_must_be_printable_ascii_and_path_ids_valid_utf8(fixed):
+    http_url, _ = fixed
+    base = http_url.removesuffix("/v1")
+    body = {"model": "a", "prompt": "hi", "max_tokens": 2}
+    h = _auth()
+    for name in ("X-Marti-Episode", "X-Marti-Group", "Idempotency-Key"):
+        for value in ("épisode".encode(), b"ep\tx", b"caf\xe9"):  # UTF-8, a tab, Latin-1
+            head = {**h, "X-Marti-Episode": "e-ascii", name: value}
+            r = httpx.post(base + "/v1/completions", json=body, headers=head, timeout=30)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == name, (name, value, r.text)
+            assert "printable ASCII" in err["message"] and err["type"] == "invalid_request_error"
+    # invalid UTF-8 in a path id is refused (it would decode to U+FFFD: %FF and %FE would be one id)
+    for path, param in [
+        ("/episodes/%FF/v1/completions", "episode_id"),
+        ("/episodes/ok/groups/g%FE/v1/completions", "group_id"),
+        ("/v1/episodes/x%C3/reward", "episode_id"),
+    ]:
+        jb = {"rewards": {}} if path.endswith("reward") else body
+        r = httpx.post(base + path, json=jb, headers=h, timeout=30)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param and "not valid UTF-8" in err["message"], r.text
+    assert httpx.get(base + "/v1/models/a%FF", headers=h, timeout=30).status_code == 400
+    # a non-ASCII id goes in the path as percent-encoded UTF-8, and the report names it the same way
+    assert (
+        httpx.post(base + "/episodes/%C3%A9p/v1/completions", json=body, headers=h, timeout=30).status_code
+        == 200
+    )
+    r = httpx.post(base + "/v1/episodes/%C3%A9p/reward", json={"rewards": {"a": 1.0}}, headers=h, timeout=30)
+    assert r.status_code == 200 and r.json() == {"episode_id": "ép", "released": 1, "dropped": 0}
+
+
 def test_multibyte_characters_stream_whole_and_logprob_bytes_are_exact(fixed):
     http_url, backend = fixed
     tok = backend.tok
