@@ -228,7 +228,9 @@ def _services(cfg: TrainConfig) -> str:
         with service_addresses(cfg, args) as addresses:
             pass
     loop = _loop(cfg)
-    with mock.patch.object(loop_mod, "call_with_reconnect", lambda fn, what, backoff, on_retry: backoff):
+    with mock.patch.object(
+        loop_mod, "call_with_reconnect", lambda fn, what, backoff, on_retry, stop=None: backoff
+    ):
         backoff = loop._reconnecting(lambda: None, "probe")
     used = [addresses.broker, addresses.env, addresses.store, addresses.token]
     used.append({s: addresses.ca_for(s) for s in ("broker", "env", "store")})  # the CA each channel uses
