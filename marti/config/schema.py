@@ -752,6 +752,13 @@ class GatewayConfig(_Section):
     max_group_size: PositiveInt = 1024
     """Largest ``group_size`` a reward report may give; larger ones are refused (HTTP 400, gRPC
     INVALID_ARGUMENT)."""
+    max_backlog_episodes: PositiveInt = 1024
+    """Most released episodes waiting to be inserted into training (reports answered before their episodes were
+    inserted, because the trainer is behind); while this many wait, a new report is refused before it changes
+    anything (HTTP 429 with Retry-After, gRPC RESOURCE_EXHAUSTED) and can be sent again later."""
+    report_wait_s: NonNegFloat = 5.0
+    """Most seconds a reward report waits for its released episodes to be inserted into training; then it is
+    answered as queued (HTTP 202, ``queued`` > 0) and they are inserted in the background."""
     linger_s: NonNegFloat = 0.0
     """Seconds the gateway keeps serving the trained policies after the last step (and its checkpoint), so
     clients can evaluate them, before the job ends; stopping the job ends it at once. 0: the job ends at once."""

@@ -255,6 +255,8 @@ def gateway_limits(cfg: TrainConfig) -> Any:
         max_stop_chars=g.max_stop_chars,
         max_id_chars=g.max_id_chars,
         max_group_size=g.max_group_size,
+        max_backlog_episodes=g.max_backlog_episodes,
+        report_wait_s=g.report_wait_s,
     )
 
 
@@ -879,7 +881,8 @@ class TrainingLoop:
         if cfg.rollout.source != "builtin":
 
             def sink(episode: dict[str, Trajectory]) -> None:
-                feed.insert_episode(episode, external=True)
+                # a wait for room in a full table ends when the gateway closes (its backlog is then counted lost)
+                feed.insert_episode(episode, external=True, stop=gateway.closing)
 
         gateway = Gateway(backend, gateway_limits(cfg), sink=sink, trainable=cfg.tuning_agents)
         g = cfg.gateway
@@ -938,7 +941,9 @@ class TrainingLoop:
     def _gateway_metrics(self) -> dict[str, float]:
         """The gateway's counters as step metrics ``gateway/<counter>`` (cumulative over the job): ``calls``
         (traced), ``untraced_calls``, ``finished``, ``released``, ``abandoned``, ``failed``, ``dropped``,
-        ``open_episodes``, ``batches``, ``batched_prompts``, ``sink_errors``."""
+        ``open_episodes``, ``batches``, ``batched_prompts``, ``sink_errors``, ``backlog`` (released episodes
+        waiting to be inserted, now), ``queued_reports``, ``backlog_refused``, ``backlog_lost_at_close``; see
+        :meth:`~services.gateway.core.gateway.Gateway.stats`."""
         return {f"gateway/{k}": float(v) for k, v in self._gateway_stats().items()}
 
     def _gateway_counts(self) -> str:
@@ -946,7 +951,16 @@ class TrainingLoop:
         st = self._gateway_stats()
         if not st:
             return "no counters"
-        keys = ("calls", "released", "open_episodes", "abandoned", "failed", "dropped", "sink_errors")
+        keys = (
+            "calls",
+            "released",
+            "open_episodes",
+            "abandoned",
+            "failed",
+            "dropped",
+            "sink_errors",
+            "backlog",
+        )
         return ", ".join(f"{int(st.get(k, 0))} {k.replace('_', ' ')}" for k in keys)
 
     def _rollout(self, runtime: RayRuntime, step: int) -> tuple[list[EpisodeResult], float]:

@@ -10,11 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from marti.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from marti.inference import ChatMessages, Generation, SamplingParams
 from marti.trajectory import Trajectory
 from services.gateway.core.backend import InferenceBackend
@@ -24,8 +31,11 @@ from services.gateway.core.traces import EpisodeTracker, Released
 
 _LOG = logging.getLogger("marti.gateway")
 
-#: Receives each released episode (agent -> trajectory); blocking, called from a worker thread.
+#: Receives each released episode (agent -> trajectory); blocking, called from a worker thread. A sink that may
+#: wait long (an insert into a full table) should stop waiting once :attr:`Gateway.closing` is set.
 EpisodeSink = Callable[[dict[str, Trajectory]], None]
+#: Most seconds :meth:`Gateway.close` waits for the insert in flight before counting the backlog as lost.
+CLOSE_DELIVERY_WAIT_S = 10.0
 #: Asks the adapter whether the caller went away (HTTP client disconnected, gRPC call cancelled).
 Disconnected = Callable[[], Awaitable[bool]]
 
@@ -59,6 +69,27 @@ class Served:
     call_ids: list[str]
     generations: list[Generation]
     agent: str
+
+
+@dataclass
+class Reported(Released):
+    """What a report released and dropped, and how many of its released episodes were not inserted yet.
+
+    Attributes:
+        queued: Released episodes of this report still waiting to be inserted into training when the report was
+            answered (it waited ``gateway.report_wait_s`` seconds); they are inserted in the background, in
+            order. 0 = every released episode was inserted (or there were none).
+    """
+
+    queued: int = 0
+
+
+@dataclass
+class _Batch:
+    """One report's released episodes on their way to the sink; ``left`` counts those not delivered yet."""
+
+    episodes: list[dict[str, Trajectory]]
+    left: int = 0
 
 
 @dataclass
@@ -133,6 +164,15 @@ class Gateway:
         self.replayed_calls = 0
         self.released = 0
         self.sink_errors = 0
+        #: Set when :meth:`close` begins: queued episodes are no longer handed to the sink, and a sink waiting
+        #: for room should give up (the trainer's sink passes it to ``ExperienceFeed.insert_episode``).
+        self.closing = threading.Event()
+        self._deliveries: set[asyncio.Task[Exception | None]] = set()  # kept: the loop holds tasks weakly
+        self._backlog = 0  # released episodes not yet inserted (or failed)
+        self._abandoned = False  # close gave up waiting: later outcomes are no longer counted
+        self.queued_reports = 0
+        self.backlog_refused = 0
+        self.backlog_lost_at_close = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -140,10 +180,29 @@ class Gateway:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def close(self) -> None:
-        """Stop the sweeper and the batcher (queued requests fail with UNAVAILABLE: shutting down)."""
+        """Stop the sweeper and the batcher (queued requests fail with UNAVAILABLE: shutting down) and end the
+        backlog: :attr:`closing` is set, so episodes still waiting for the sink are not inserted; the insert in
+        flight gets up to :data:`CLOSE_DELIVERY_WAIT_S` seconds. Every backlog episode not inserted is counted in
+        ``backlog_lost_at_close`` and logged as lost to training."""
+        self.closing.set()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._deliveries:
+            _, pending = await asyncio.wait(set(self._deliveries), timeout=CLOSE_DELIVERY_WAIT_S)
+            if pending:  # the sink did not return: its thread ends on its own, its outcome no longer counts
+                self._abandoned = True
+                self.backlog_lost_at_close += self._backlog
+                _LOG.error(
+                    "the episode sink did not return within %.0fs of the gateway closing",
+                    CLOSE_DELIVERY_WAIT_S,
+                )
+        if self.backlog_lost_at_close:
+            _LOG.error(
+                "%d released episodes were still waiting to be inserted when the gateway closed: they are lost to "
+                "training (gateway/backlog_lost_at_close)",
+                self.backlog_lost_at_close,
+            )
         await self.batcher.close()
 
     async def _sweep_forever(self) -> None:
@@ -406,23 +465,40 @@ class Gateway:
         group_id: str = "",
         group_size: int = 0,
         failed: bool = False,
-    ) -> Released:
+    ) -> Reported:
         """End an episode (see :meth:`EpisodeTracker.finish`) and hand released episodes to the sink.
 
         Every released episode is offered to the sink, even after one fails, and even if the caller goes away
         meanwhile; ``released`` counts those inserted, ``sink_errors`` those that failed (they are lost to
-        training).
+        training). The report waits at most ``gateway.report_wait_s`` seconds for the inserts; episodes not
+        inserted by then stay in the backlog (inserted in the background, in report order; the gateway keeps the
+        task) and the answer says how many (:attr:`Reported.queued`; ``queued_reports`` counts such answers).
+        Errors of inserts that finish after the answer are counted in ``sink_errors`` and logged.
 
         Raises:
             InvalidArgumentError: An empty episode id, an episode or group id longer than
                 ``gateway.max_id_chars`` characters or containing ``/``; or as :meth:`EpisodeTracker.finish`.
+            ResourceExhaustedError: ``gateway.max_backlog_episodes`` released episodes are still waiting to be
+                inserted (the trainer is behind). Refused before anything changes: the episode stays open and a
+                later report of it can succeed. Counted in ``backlog_refused``.
+            UnavailableError: The gateway is closing (nothing changed).
             NotFoundError / FailedPreconditionError: as :meth:`EpisodeTracker.finish`.
-            The first error the sink raised, after every released episode was tried.
+            The first error the sink raised, when the inserts finished within ``gateway.report_wait_s``.
         """
         if not episode_id:
             raise InvalidArgumentError("episode_id must be a non-empty string")
         self._check_id("episode_id", episode_id)
         self._check_id("group_id", group_id)
+        if self.closing.is_set():
+            raise UnavailableError("the gateway is shutting down: the report was not taken")
+        limit = self.limits.max_backlog_episodes
+        if self.sink is not None and self._backlog >= limit:
+            self.backlog_refused += 1
+            raise ResourceExhaustedError(
+                f"{self._backlog} released episodes are waiting to be inserted into training, the limit "
+                f"(gateway.max_backlog_episodes) is {limit}: the trainer is not consuming them as fast as they are "
+                f"reported; episode {episode_id!r} was not changed, report it again later"
+            )
         released = self.tracker.finish(
             episode_id,
             rewards,
@@ -431,32 +507,71 @@ class Gateway:
             group_size=group_size,
             failed=failed,
         )
+        out = Reported(released.episodes, released.dropped)
         if not released.episodes:
-            return released
+            return out
         if self.sink is None:
             self.released += len(released.episodes)
-            return released
-        # shielded: the episodes already left the tracker, so a caller that goes away must not lose them
-        error = await asyncio.shield(asyncio.ensure_future(self._deliver(released.episodes)))
-        if error is not None:
-            raise error
-        return released
+            return out
+        # a task of its own, kept by the gateway: the episodes already left the tracker, so neither a caller that
+        # goes away nor a report answered before the inserts end may lose them
+        batch = _Batch(released.episodes, len(released.episodes))
+        self._backlog += batch.left
+        task = asyncio.ensure_future(self._deliver(batch))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+        done, _ = await asyncio.wait({task}, timeout=self.limits.report_wait_s)
+        if task in done:
+            error = task.result()
+            if error is not None:
+                raise error
+            return out
+        out.queued = batch.left
+        self.queued_reports += 1
+        _LOG.info(
+            "report of episode %r answered with %d episodes still queued for training (%d in the backlog)",
+            episode_id,
+            out.queued,
+            self._backlog,
+        )
+        return out
 
-    async def _deliver(self, episodes: list[dict[str, Trajectory]]) -> Exception | None:
-        """Insert each episode into the sink; counts ``released`` / ``sink_errors``; returns the first error."""
+    async def _deliver(self, batch: _Batch) -> Exception | None:
+        """Insert each episode of ``batch`` into the sink, unless the gateway is closing (then it is counted in
+        ``backlog_lost_at_close``); counts ``released`` / ``sink_errors``; returns the first sink error."""
         first: Exception | None = None
-        async with self._sink_lock:  # one episode's items stay adjacent in every table
-            for ep in episodes:
+        async with (
+            self._sink_lock
+        ):  # one episode's items stay adjacent in every table; reports keep their order
+            for ep in batch.episodes:
+                eid = next(iter(ep.values())).episode_id if ep else "?"
                 try:
+                    if self.closing.is_set():
+                        self._count_lost(eid)
+                        continue
                     await asyncio.to_thread(self.sink, ep)  # type: ignore[arg-type]
                 except Exception as exc:  # noqa: BLE001 - counted, logged, and the first is raised by report
-                    self.sink_errors += 1
-                    eid = next(iter(ep.values())).episode_id if ep else "?"
+                    if self.closing.is_set():  # the sink gave up because the gateway is closing
+                        self._count_lost(eid)
+                        continue
+                    if not self._abandoned:
+                        self.sink_errors += 1
                     _LOG.error("episode %r is lost to training: the sink failed: %s", eid, exc)
                     first = first or exc
                 else:
-                    self.released += 1
+                    if not self._abandoned:
+                        self.released += 1
+                finally:
+                    batch.left -= 1
+                    if not self._abandoned:
+                        self._backlog -= 1
         return first
+
+    def _count_lost(self, episode_id: str) -> None:
+        """Count one backlog episode that the closing gateway did not insert (unless close already counted it)."""
+        if not self._abandoned:
+            self.backlog_lost_at_close += 1
+        _LOG.warning("episode %r is lost to training: the gateway closed before it was inserted", episode_id)
 
     def stats(self) -> dict[str, float]:
         """Counters: ``calls`` (traced), ``untraced_calls``, ``finished``, ``released`` (inserted into the sink;
@@ -465,7 +580,9 @@ class Gateway:
         ``sink_errors`` (released episodes the sink failed to insert), ``unrecorded_disconnected`` (traced calls
         not recorded because their caller went away), ``cancelled_calls`` (traced calls whose caller's task was
         cancelled while they ran: a gRPC deadline or cancel), ``replayed_calls`` (retries answered from an
-        idempotency key)."""
+        idempotency key), ``backlog`` (released episodes waiting to be inserted now), ``queued_reports`` (reports
+        answered before their episodes were inserted), ``backlog_refused`` (reports refused because the backlog
+        was full), ``backlog_lost_at_close`` (backlog episodes never inserted because the gateway closed)."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
         out["released"] = float(self.released)
         out["held"] = float(self.tracker.held)
@@ -477,4 +594,8 @@ class Gateway:
         out["unrecorded_disconnected"] = float(self.unrecorded_disconnected)
         out["cancelled_calls"] = float(self.cancelled_calls)
         out["replayed_calls"] = float(self.replayed_calls)
+        out["backlog"] = float(self._backlog)
+        out["queued_reports"] = float(self.queued_reports)
+        out["backlog_refused"] = float(self.backlog_refused)
+        out["backlog_lost_at_close"] = float(self.backlog_lost_at_close)
         return out

@@ -31,6 +31,11 @@ class GatewayLimits:
         max_stop_chars: Longest stop string, characters, > 0.
         max_id_chars: Longest episode or group id, characters (ids may not contain ``/``), > 0.
         max_group_size: Largest ``group_size`` a reward report may give (HTTP 400, INVALID_ARGUMENT beyond), > 0.
+        max_backlog_episodes: Most released episodes waiting to be inserted into training (reports answered
+            before their episodes were inserted); while this many wait, a new report is refused before it changes
+            anything (HTTP 429, gRPC RESOURCE_EXHAUSTED), > 0.
+        report_wait_s: Most seconds a report waits for its released episodes to be inserted; after that it is
+            answered as queued (HTTP 202) and they are inserted in the background, >= 0.
     """
 
     max_batch: int = 32
@@ -46,6 +51,8 @@ class GatewayLimits:
     max_stop_chars: int = 256
     max_id_chars: int = 256
     max_group_size: int = 1024
+    max_backlog_episodes: int = 1024
+    report_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
         """Raises InvalidArgumentError naming the first field out of range."""
@@ -60,10 +67,15 @@ class GatewayLimits:
             "max_stop_chars",
             "max_id_chars",
             "max_group_size",
+            "max_backlog_episodes",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise InvalidArgumentError(f"gateway.{name} must be an int > 0, got {v!r}")
+        if not (isinstance(self.report_wait_s, int | float) and 0 <= self.report_wait_s < float("inf")):
+            raise InvalidArgumentError(
+                f"gateway.report_wait_s must be a finite number >= 0, got {self.report_wait_s!r}"
+            )
         if not self.max_wait_ms >= 0:
             raise InvalidArgumentError(f"gateway.max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
         if not self.episode_timeout_s > 0:

@@ -215,3 +215,93 @@ async def test_calls_cancelled_while_queued_are_never_generated_unless_a_retry_c
     assert stats["unrecorded_disconnected"] == 1 and stats["calls"] == 4 and stats["replayed_calls"] == 1
     assert gw.batcher.dropped_prompts == 5 and gw.tracker.open_episodes == 1  # e1 was never opened for good
     await gw.close()
+
+
+async def _drained(gw: Gateway) -> None:
+    """Wait (generously) until the gateway's backlog is empty."""
+    for _ in range(1000):
+        if gw.stats()["backlog"] == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the backlog never drained: {gw.stats()}")
+
+
+async def test_a_report_whose_insert_blocks_is_answered_as_queued_and_a_full_backlog_refuses_without_changes():
+    """A sink blocked on a full table: each report is answered after gateway.report_wait_s with its episode
+    queued; once gateway.max_backlog_episodes wait, a report is refused before it changes anything (the episode
+    stays open) and succeeds when reported again after the backlog drained, in report order."""
+    room = threading.Event()
+    inserted: list[str] = []
+
+    def sink(episode):
+        assert room.wait(10), "the test never made room"
+        inserted.append(episode["a"].episode_id)
+
+    limits = GatewayLimits(max_wait_ms=0, max_backlog_episodes=2, report_wait_s=0.2)
+    gw = Gateway(FakeBackend(), limits, sink=sink)
+    for e in ("e1", "e2", "e3"):
+        await gw.generate("a", [1], S, episode_id=e)
+    first = await asyncio.wait_for(gw.report("e1", {"a": 1.0}), timeout=8)  # not the sink's 10 s wait
+    assert (len(first.episodes), first.queued) == (1, 1)
+    second = await asyncio.wait_for(gw.report("e2", {"a": 1.0}), timeout=8)
+    assert second.queued == 1
+    stats = gw.stats()
+    assert (stats["backlog"], stats["queued_reports"], stats["released"], stats["open_episodes"]) == (
+        2,
+        2,
+        0,
+        1,
+    )
+    with pytest.raises(
+        ResourceExhaustedError,
+        match=r"2 released episodes are waiting.*\(gateway\.max_backlog_episodes\) is 2",
+    ):
+        await gw.report("e3", {"a": 1.0})
+    stats = gw.stats()
+    assert stats["backlog_refused"] == 1 and stats["open_episodes"] == 1 and stats["finished"] == 2
+    room.set()
+    await _drained(gw)
+    assert inserted == ["e1", "e2"] and gw.stats()["released"] == 2
+    third = await gw.report("e3", {"a": 1.0})  # the refused report, again: the episode was left open
+    assert (len(third.episodes), third.queued) == (1, 0) and inserted == ["e1", "e2", "e3"]
+    assert gw.stats()["backlog_lost_at_close"] == 0
+    await gw.close()
+    assert gw.stats()["backlog_lost_at_close"] == 0
+
+
+async def test_close_counts_and_logs_the_backlog_it_did_not_insert(caplog):
+    """Closing with episodes still queued: the sink in flight gives up on ``closing`` (as the trainer's feed
+    does), the rest are never handed to it; all are counted in backlog_lost_at_close and logged, none as
+    released or as sink errors."""
+    calls: list[str] = []
+
+    def sink(episode):
+        calls.append(episode["a"].episode_id)
+        assert gw.closing.wait(10), "the gateway never closed"
+        raise UnavailableError("stopped waiting for room: the gateway is closing")
+
+    gw = Gateway(FakeBackend(), GatewayLimits(max_wait_ms=0, report_wait_s=0.1), sink=sink)
+    for e in ("e1", "e2", "e3"):
+        await gw.generate("a", [1], S, episode_id=e)
+        assert (await asyncio.wait_for(gw.report(e, {"a": 1.0}), timeout=8)).queued == 1
+    assert gw.stats()["backlog"] == 3
+    with caplog.at_level("ERROR", logger="marti.gateway"):
+        await asyncio.wait_for(gw.close(), timeout=8)
+    stats = gw.stats()
+    assert calls == ["e1"]  # e2 and e3 were never handed to the sink
+    assert (stats["backlog_lost_at_close"], stats["backlog"], stats["released"], stats["sink_errors"]) == (
+        3,
+        0,
+        0,
+        0,
+    )
+    assert "3 released episodes were still waiting to be inserted when the gateway closed" in caplog.text
+    with pytest.raises(UnavailableError, match="shutting down"):
+        await gw.report("e9", {"a": 1.0})
+
+
+def test_backlog_limits_are_validated_by_key():
+    with pytest.raises(InvalidArgumentError, match=r"gateway\.max_backlog_episodes must be an int > 0"):
+        GatewayLimits(max_backlog_episodes=0)
+    with pytest.raises(InvalidArgumentError, match=r"gateway\.report_wait_s must be a finite number >= 0"):
+        GatewayLimits(report_wait_s=-1)

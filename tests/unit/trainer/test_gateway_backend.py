@@ -269,11 +269,12 @@ def test_gateway_keys_map_onto_the_gateway_limits():
         "gateway.max_open_episodes=11", "gateway.max_calls_per_episode=5", "gateway.resident_versions=4",
         "external.episode_timeout_s=12.5", "gateway.max_request_bytes=1000", "gateway.max_stop=2",
         "gateway.max_stop_chars=3", "gateway.max_id_chars=4", "gateway.max_group_size=6",
+        "gateway.max_backlog_episodes=7", "gateway.report_wait_s=0.5",
     )  # fmt: skip
     assert gateway_limits(cfg) == GatewayLimits(
         max_batch=3, max_wait_ms=7.5, max_queue=9, max_n=2, max_open_episodes=11, max_calls_per_episode=5,
         episode_timeout_s=12.5, resident_versions=4, max_request_bytes=1000, max_stop=2, max_stop_chars=3,
-        max_id_chars=4, max_group_size=6,
+        max_id_chars=4, max_group_size=6, max_backlog_episodes=7, report_wait_s=0.5,
     )  # fmt: skip
     assert gateway_limits(_cfg()) == GatewayLimits(resident_versions=1, episode_timeout_s=600.0)
 
