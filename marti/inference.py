@@ -197,10 +197,13 @@ class RewardReceipt:
         released: Episodes it made final and handed to training (0 while its group is incomplete).
         dropped: Episodes it dropped (a failed episode with its group's held members, or a member of a dropped
             group).
+        queued: Released episodes not yet inserted into training when the gateway answered (it waited
+            ``gateway.report_wait_s``); the gateway inserts them in the background. 0: all were inserted.
     """
 
     released: int
     dropped: int
+    queued: int = 0
 
 
 __all__ += ["Completion", "CompletionDelta", "InferenceResult", "ModelInfo", "RewardReceipt"]

@@ -338,12 +338,15 @@ class InferenceClient:
             timeout_s: Deadline of this call, seconds.
 
         Returns:
-            How many episodes this report released and dropped.
+            How many episodes this report released and dropped, and how many of the released ones the gateway had
+            not inserted into training yet when it answered (``queued``; inserted in the background).
 
         Raises:
             InvalidArgumentError: Empty episode id, an agent that is not trained, an unknown call id, a
                 non-finite reward.
             FailedPreconditionError: The episode was already reported (or abandoned).
+            ResourceExhaustedError: The gateway's backlog of episodes waiting to be inserted is full
+                (``gateway.max_backlog_episodes``); nothing changed, report again later.
             InternalError: The gateway could not store the episode.
         """
         req = report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)

@@ -198,7 +198,7 @@ def models_from_proto(resp: pb.ListModelsResponse) -> list[ModelInfo]:
 
 def receipt_from_proto(resp: pb.ReportRewardResponse) -> RewardReceipt:
     """The :class:`RewardReceipt` of a ``ReportRewardResponse``."""
-    return RewardReceipt(int(resp.released), int(resp.dropped))
+    return RewardReceipt(int(resp.released), int(resp.dropped), int(resp.queued))
 
 
 def report_request(

@@ -201,12 +201,14 @@ class ReportRewardRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., rewards: _Optional[_Mapping[str, float]] = ..., call_rewards: _Optional[_Mapping[str, float]] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., failed: _Optional[bool] = ...) -> None: ...
 
 class ReportRewardResponse(_message.Message):
-    __slots__ = ("released", "dropped")
+    __slots__ = ("released", "dropped", "queued")
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     released: int
     dropped: int
-    def __init__(self, released: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
+    queued: int
+    def __init__(self, released: _Optional[int] = ..., dropped: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

@@ -107,7 +107,9 @@ class InferenceServiceServicer:
         """Ends an episode with its rewards (or as failed) and releases what became final to training. Errors:
         INVALID_ARGUMENT (empty episode_id, a rewards key that is not a trained agent, a call_rewards key the
         episode did not make), FAILED_PRECONDITION (the episode was already reported or abandoned: use a new
-        episode id), UNAUTHENTICATED, INTERNAL (the trace sink failed; the episode is lost to training).
+        episode id), RESOURCE_EXHAUSTED (gateway.max_backlog_episodes released episodes still wait to be inserted:
+        nothing changed, retry later), UNAUTHENTICATED, INTERNAL (the trace sink failed; the episode is lost to
+        training).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
