@@ -305,3 +305,22 @@ def test_backlog_limits_are_validated_by_key():
         GatewayLimits(max_backlog_episodes=0)
     with pytest.raises(InvalidArgumentError, match=r"gateway\.report_wait_s must be a finite number >= 0"):
         GatewayLimits(report_wait_s=-1)
+
+
+async def test_a_queued_episode_whose_insert_fails_later_is_counted_in_sink_errors():
+    """Nobody receives the error of an insert that ends after its report was answered: it is counted in
+    sink_errors (the episode is lost to training) and the backlog still drains."""
+    room = threading.Event()
+
+    def sink(episode):
+        assert room.wait(10), "the test never made room"
+        raise UnavailableError("the experience store is unavailable")
+
+    gw = Gateway(FakeBackend(), GatewayLimits(max_wait_ms=0, report_wait_s=0.1), sink=sink)
+    await gw.generate("a", [1], S, episode_id="e1")
+    assert (await asyncio.wait_for(gw.report("e1", {"a": 1.0}), timeout=8)).queued == 1
+    room.set()
+    await _drained(gw)
+    stats = gw.stats()
+    assert (stats["sink_errors"], stats["released"], stats["backlog_lost_at_close"]) == (1, 0, 0)
+    await gw.close()

@@ -307,6 +307,55 @@ def test_gateway_ports_are_validated():
     assert _cfg("gateway.http_port=0", "gateway.grpc_port=0").gateway.http_port == 0
 
 
+def test_the_jobs_gateway_sink_stops_waiting_for_room_when_the_gateway_closes(tmp_path, monkeypatch):
+    """The sink ``_start_gateway`` gives the gateway inserts each reported episode as external and passes the
+    gateway's ``closing`` event, so an insert waiting for room in a full table ends when the gateway closes."""
+    from services.gateway.core.gateway import Gateway
+
+    made: dict = {}
+
+    class Server:
+        def __init__(self, gateway, **kwargs):
+            made["gateway"] = gateway
+
+        def start(self):
+            return "http://gateway/v1", "gateway:1"
+
+    class Feed:
+        def insert_episode(self, episode, **kwargs):
+            made["insert"] = (episode, kwargs)
+
+    class Backend:
+        def agents(self):
+            return ["agent_1"]
+
+        def versions(self):
+            return {"agent_1": 0}
+
+        def resident_versions(self, agent):
+            return [0]
+
+        def generate(self, agent, prompts, sampling, version):
+            raise AssertionError("nothing is generated here")
+
+    monkeypatch.setattr("services.gateway.server.GatewayServer", Server)
+    monkeypatch.setattr(
+        "services.trainer.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: Backend()
+    )
+    loop = TrainingLoop(
+        _cfg("rollout.source=external"), Addresses("unused:1", "unused:1", "unused:1"), show_progress=False
+    )
+    loop.run_dir = tmp_path
+    loop.feed = Feed()
+    loop._start_gateway(None)
+    gateway = made["gateway"]
+    assert isinstance(gateway, Gateway) and gateway.sink is not None
+    gateway.sink({"agent_1": "trajectory"})
+    episode, kwargs = made["insert"]
+    assert episode == {"agent_1": "trajectory"}
+    assert kwargs == {"external": True, "stop": gateway.closing}
+
+
 def test_gateway_calls_run_beside_updates_and_rollouts_on_the_actors():
     """A policy actor takes one more concurrent call per overlapping caller (a Ray actor option)."""
     assert RayRuntime(_cfg()).max_concurrency("policy") == 1
