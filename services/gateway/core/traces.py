@@ -189,6 +189,16 @@ class EpisodeTracker:
                 f"request adds {n}; the limit (gateway.max_calls_per_episode) is {self.max_calls_per_episode}"
             )
 
+    def _check_group(self, episode_id: str, group_id: str, what: str) -> None:
+        """FailedPreconditionError when ``group_id`` is set and differs from the group the open episode's calls
+        carried (an episode belongs to one group: a second one would silently move it)."""
+        ep = self._open.get(episode_id)
+        if group_id and ep is not None and ep.group_id and group_id != ep.group_id:
+            raise FailedPreconditionError(
+                f"{what} names group {group_id!r} but the calls of episode {episode_id!r} were made under group "
+                f"{ep.group_id!r}; an episode belongs to one group: send the same group id (or none)"
+            )
+
     def check_can_record(self, episode_id: str, agent: str, n: int = 1) -> None:
         """Raise if ``n`` more calls of ``agent`` in the episode would break a limit (changes nothing).
 
@@ -213,9 +223,11 @@ class EpisodeTracker:
             group_id: The client's group id, when it sent one with the call.
 
         Raises:
-            As :meth:`check_can_record` (nothing changes then).
+            As :meth:`check_can_record` (nothing changes then); FailedPreconditionError also when ``group_id``
+            differs from the group of the episode's earlier calls.
         """
         self._check(episode_id, agent, n, reserved=False)
+        self._check_group(episode_id, group_id, "this call")
         now = self._clock()
         ep = self._open.setdefault(episode_id, _Episode(group_id=group_id, last_seen=now))
         ep.last_seen = now
@@ -268,9 +280,11 @@ class EpisodeTracker:
             group_id: The client's group id, when it sent one with the call.
 
         Raises:
-            As :meth:`check_can_record`.
+            As :meth:`check_can_record`; FailedPreconditionError also when ``group_id`` differs from the group of
+            the episode's earlier calls.
         """
         self._check(episode_id, agent, 1, reserved=True)
+        self._check_group(episode_id, group_id, "this call")
         now = self._clock()
         ep = self._open.setdefault(episode_id, _Episode(group_id=group_id, last_seen=now))
         ep.last_seen = now
@@ -325,8 +339,8 @@ class EpisodeTracker:
             rewards: Per agent, its return for the episode (agents without an entry get the sum of their call
                 rewards, or 0).
             call_rewards: Per call id, a reward for that call (its turn's reward; merged calls add up).
-            group_id: The episode's group (the problem id); overrides one sent with the calls; empty = the
-                episode is a group of its own.
+            group_id: The episode's group (the problem id); it must match one sent with the calls; empty = the
+                group sent with the calls, or, without one, the episode is a group of its own.
             group_size: Episodes of the group; > 0 holds finished members until the group is complete. Every
                 member of a held group must give the size the group was opened with.
             failed: The client reports the episode as failed: it is dropped with its group.
@@ -337,8 +351,9 @@ class EpisodeTracker:
         Raises:
             A refused report changes nothing (an open episode stays open):
             FailedPreconditionError: The episode was already reported, or abandoned, or calls of it are still
-                running.
-            InvalidArgumentError: An agent in ``rewards`` that is not trained, a call id the episode did not
+                running, or ``group_id`` differs from the group its calls were made under (both are named).
+            InvalidArgumentError: An agent in ``rewards`` that is not trained, or that made no recorded call in
+                the episode (unless ``failed``; the agents that did are named), a call id the episode did not
                 make, a reward that is not a finite number, a negative ``group_size`` or one above
                 ``max_group_size``, a ``group_size`` > 1 for an episode without a group id (neither in the
                 report nor with its calls: it is a group of one, so it could never be complete), or a
@@ -370,6 +385,15 @@ class EpisodeTracker:
         if ep is None or ep.calls == 0:
             raise NotFoundError(
                 f"episode {episode_id!r} has no recorded calls (a typo, or the id was never used in a call)"
+            )
+        self._check_group(episode_id, group_id, "the report")
+        called = sorted(a for a, trace in ep.agents.items() if trace.calls)
+        idle = sorted(set(rewards) - set(called))
+        if idle and not failed:
+            raise InvalidArgumentError(
+                f"rewards name agent {idle[0]!r}, which made no recorded call in episode {episode_id!r} (agents "
+                f"that did: {called}); its item would have no turns and train nothing: leave it out of rewards "
+                "(a call whose client went away before its answer is not recorded)"
             )
         known = {c for trace in ep.agents.values() for ids in trace.call_ids for c in ids}
         bad = sorted(set(call_rewards or {}) - known)

@@ -256,6 +256,33 @@ def test_episodes_are_traced_and_released(served, client):
     assert again.status_code == 409 and again.json()["error"]["code"] == "failed_precondition"
 
 
+def test_an_episode_has_one_group_and_rewards_only_for_agents_that_called(served, client):
+    base, h = served.base, _auth()
+    head = {"X-Marti-Episode": "ep-one-group", "X-Marti-Group": "A"}
+    client.completions.create(model="planner", prompt="abc", max_tokens=2, extra_headers=head)
+    with pytest.raises(openai.ConflictError) as e:  # a call of the same episode under another group
+        client.completions.create(
+            model="executor", prompt="abc", max_tokens=2, extra_headers={**head, "X-Marti-Group": "B"}
+        )
+    assert (
+        _err(e)["code"] == "failed_precondition"
+        and "'B'" in _err(e)["message"]
+        and "'A'" in _err(e)["message"]
+    )
+    url = base + "/v1/episodes/ep-one-group/reward"
+    r = httpx.post(url, json={"rewards": {"planner": 1.0}, "group_id": "C"}, headers=h)
+    err = r.json()["error"]
+    assert r.status_code == 409 and err["type"] == "conflict_error" and err["code"] == "failed_precondition"
+    assert "group 'C'" in err["message"] and "group 'A'" in err["message"]
+    r = httpx.post(url, json={"rewards": {"planner": 1.0, "executor": 0.0}, "group_id": "A"}, headers=h)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "invalid_argument"
+    assert "'executor', which made no recorded call" in err["message"] and "['planner']" in err["message"]
+    r = httpx.post(url, json={"rewards": {"planner": 1.0}, "group_id": "A"}, headers=h)
+    assert r.status_code == 200 and r.json()["released"] == 1
+    assert served.sink[-1]["planner"].group_id == "A"
+
+
 def _err(exc_info) -> dict:
     return exc_info.value.body
 

@@ -135,6 +135,44 @@ def test_bad_reports_are_refused_by_name():
         t.finish("e", {"a": 1.0})
 
 
+def test_a_report_or_call_naming_another_group_than_the_calls_is_refused_naming_both():
+    t = tracker()
+    t.begin_call("e", "a", 1, group_id="A")
+    t.record("e", "a", "c1", gen([1], [2]), group_id="A")
+    t.end_call("e", "a", 1)
+    with pytest.raises(FailedPreconditionError, match=r"this call names group 'B' .* under group 'A'"):
+        t.begin_call("e", "b", 1, group_id="B")
+    with pytest.raises(FailedPreconditionError, match=r"names group 'B' .* under group 'A'"):
+        t.record("e", "b", "c2", gen([1], [2]), group_id="B")
+    for failed in (False, True):  # a failed report must not kill another group either
+        with pytest.raises(
+            FailedPreconditionError, match=r"the report names group 'C' .*episode 'e' .*group 'A'"
+        ):
+            t.finish("e", {"a": 1.0}, group_id="C", failed=failed)
+    t.record("e", "a", "c3", gen([1], [2]))  # a call without a group keeps the episode's
+    (ep,) = t.finish("e", {"a": 1.0}, group_id="A").episodes  # the same group, or none, is fine
+    assert ep["a"].group_id == "A" and len(ep["a"].turns) == 2
+    t.record("f", "a", "c4", gen([1], [2]))  # no group with the calls: the report gives it
+    (ep,) = t.finish("f", {"a": 1.0}, group_id="Q").episodes
+    assert ep["a"].group_id == "Q"
+
+
+def test_a_reward_for_an_agent_that_made_no_call_is_refused_naming_the_agents_that_did():
+    t = tracker()
+    t.record("e", "a", "c1", gen([1], [2]))
+    with pytest.raises(InvalidArgumentError, match=r"agent 'b', which made no recorded call .*did: \['a'\]"):
+        t.finish("e", {"a": 1.0, "b": 0.0})
+    assert t.open_episodes == 1  # refused: nothing changed
+    t.begin_call("e", "b", 1)  # a call of b that ends unrecorded (its client went away) does not count
+    t.end_call("e", "b", 1)
+    with pytest.raises(InvalidArgumentError, match="'b', which made no recorded call"):
+        t.finish("e", {"b": 0.0})
+    assert t.finish("e", {"b": 0.0}, failed=True).dropped == 1  # a failed report drops it all the same
+    t.record("f", "a", "c2", gen([1], [2]))
+    (ep,) = t.finish("f", {"a": 1.0}).episodes  # b gets its empty item without a reward
+    assert ep["b"].turns == [] and ep["b"].episode_return == 0.0
+
+
 def test_a_dead_group_id_is_free_again_for_episodes_that_start_after_it_died():
     t = tracker()
     for e in ("e1", "e2"):
