@@ -193,6 +193,7 @@ class Gateway:
             if pending:  # the sink did not return: its thread ends on its own, its outcome no longer counts
                 self._abandoned = True
                 self.backlog_lost_at_close += self._backlog
+                self._backlog = 0
                 _LOG.error(
                     "the episode sink did not return within %.0fs of the gateway closing",
                     CLOSE_DELIVERY_WAIT_S,

@@ -324,3 +324,30 @@ async def test_a_queued_episode_whose_insert_fails_later_is_counted_in_sink_erro
     stats = gw.stats()
     assert (stats["sink_errors"], stats["released"], stats["backlog_lost_at_close"]) == (1, 0, 0)
     await gw.close()
+
+
+async def test_close_does_not_wait_for_a_sink_that_ignores_closing(monkeypatch):
+    """A sink that does not watch ``closing`` holds close for at most CLOSE_DELIVERY_WAIT_S; every backlog episode
+    is then counted lost, and the sink's late success does not count it as released too."""
+    from services.gateway.core import gateway as gateway_mod
+
+    monkeypatch.setattr(gateway_mod, "CLOSE_DELIVERY_WAIT_S", 0.2)
+    release = threading.Event()
+
+    def sink(episode):
+        release.wait(10)
+
+    gw = Gateway(FakeBackend(), GatewayLimits(max_wait_ms=0, report_wait_s=0.05), sink=sink)
+    for e in ("e1", "e2"):
+        await gw.generate("a", [1], S, episode_id=e)
+        assert (await asyncio.wait_for(gw.report(e, {"a": 1.0}), timeout=8)).queued == 1
+    await asyncio.wait_for(gw.close(), timeout=8)  # not the sink's 10 s
+    stats = gw.stats()
+    assert (stats["backlog_lost_at_close"], stats["backlog"], stats["released"]) == (2, 0, 0)
+    release.set()
+    for _ in range(200):  # the sink's thread returns; its outcome is not counted
+        if not gw._deliveries:
+            break
+        await asyncio.sleep(0.01)
+    stats = gw.stats()
+    assert (stats["backlog_lost_at_close"], stats["backlog"], stats["released"]) == (2, 0, 0)
