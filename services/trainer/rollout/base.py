@@ -18,6 +18,8 @@ new one; each :class:`Generation` records the version that produced it, so a lea
 from __future__ import annotations
 
 import abc
+import re
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -136,16 +138,83 @@ class RolloutEngine(abc.ABC):
         """
 
 
+def _special_texts(tokenizer: Any) -> list[str]:
+    """The texts of the tokenizer's special added tokens (``<|im_start|>``, ``<|endoftext|>``, ...)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None)
+    if not isinstance(added, Mapping):
+        return []
+    return [t.content for t in added.values() if getattr(t, "special", False) and getattr(t, "content", "")]
+
+
+def _encode(tokenizer: Any, text: str, *, as_text: bool) -> list[int]:
+    """Token ids of ``text`` without BOS/EOS; ``as_text``: special-token texts in it are split like plain text."""
+    if not text:
+        return []
+    kwargs = {"split_special_tokens": True} if as_text else {}
+    return [int(t) for t in tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"]]
+
+
+def _chat_ids_with_plain_contents(tokenizer: Any, messages: ChatMessages, risky: set[int]) -> list[int]:
+    """The chat template's token ids where the contents of messages ``risky`` are tokenised as plain text.
+
+    The template is rendered once with a unique placeholder for each of those contents; the text between
+    placeholders (the template's own markup) is tokenised as usual, so its control tokens stay, and each
+    content with special tokens split (``split_special_tokens``). The pieces must rebuild the template's real
+    rendering exactly, or the template does something with the content itself and the prompt is refused.
+    """
+    tag = uuid.uuid4().hex
+    marks = {f"\ue000{tag}:{i}\ue001": i for i in risky}
+    shaped = [
+        {**m, "content": next(k for k, i in marks.items() if i == j)} if j in risky else m
+        for j, m in enumerate(messages)
+    ]
+    real = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    skeleton = tokenizer.apply_chat_template(shaped, add_generation_prompt=True, tokenize=False)
+    pieces = re.split("(" + "|".join(re.escape(k) for k in marks) + ")", skeleton)
+    ids: list[int] = []
+    rebuilt = []
+    for k, piece in enumerate(pieces):
+        if k % 2:  # a placeholder: the message's content, as text
+            content = messages[marks[piece]]["content"]
+            ids += _encode(tokenizer, content, as_text=True)
+            rebuilt.append(content)
+        else:
+            ids += _encode(tokenizer, piece, as_text=False)
+            rebuilt.append(piece)
+    if "".join(rebuilt) != real:
+        raise InvalidArgumentError(
+            "a message's content contains the text of a special token (e.g. '<|im_start|>'), which is tokenised "
+            "as plain text, never as the control token; but this model's chat template changes such content "
+            "while rendering it, so the content cannot be kept apart: remove the special-token text"
+        )
+    return ids
+
+
 def chat_to_ids(tokenizer: Any, messages: ChatMessages) -> list[int]:
     """Apply the tokenizer's chat template with a generation prompt and return token ids.
 
+    Message contents are text, never control tokens: a content holding the text of a special token
+    (``<|im_start|>`` typed by a user) is tokenised with special tokens split (``split_special_tokens``), while
+    the template's own markup keeps its control tokens. Prompts without such text are tokenised exactly as
+    ``apply_chat_template`` does.
+
     Raises:
-        InvalidArgumentError: ``messages`` is not a non-empty list of ``{"role", "content"}`` dicts.
+        InvalidArgumentError: ``messages`` is not a non-empty list of ``{"role", "content"}`` dicts; or a
+            content holds special-token text and the chat template alters it while rendering (it cannot be
+            tokenised safely).
     """
     if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
         raise InvalidArgumentError(
             f"chat messages must be dicts with 'role' and 'content', got {messages!r:.200}"
         )
+    specials = _special_texts(tokenizer)
+    risky = {
+        i
+        for i, m in enumerate(messages)
+        if isinstance(m["content"], str) and any(s in m["content"] for s in specials)
+    }
+    if risky:
+        return _chat_ids_with_plain_contents(tokenizer, messages, risky)
     out = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
