@@ -394,7 +394,8 @@ def _run(cfg: TrainConfig) -> str:
 
     class Feed:
         def __init__(self, store: Any, name: str, agents: Any, bounds: Any, **kwargs: Any) -> None:
-            rec["tables"] = (agents, bounds, kwargs.get("max_size"))
+            rec["tables"] = (agents, bounds, kwargs.get("max_size"), kwargs.get("full_timeout_s"))
+            rec["feed_stop"] = kwargs.get("stop")
 
         def create_tables(self) -> int:
             return 0
@@ -456,6 +457,8 @@ def _run(cfg: TrainConfig) -> str:
             loop._play_eval = lambda runtime: []
             loop._start_gateway = lambda runtime: rec.__setitem__("gateway", rec["gateway"] + 1)
             summary = loop.run()
+            # a wait for room in a full table ends when the job stops
+            assert rec.pop("feed_stop") is loop.stop_event, "the feed is not given the job's stop event"
         run_dir = Path(tmp)
         logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
@@ -535,6 +538,7 @@ KEY_BUILDERS: dict[str, tuple[str, ...]] = {
     "agents.N.max_staleness": ("run",),
     "ray.colocate_models": ("placement", "learner"),
     "output.dir": ("episodes", "services"),
+    "services.reconnect_timeout_s": ("services", "run"),  # the reconnects; how long an insert waits for room
     "tasks.N.name": ("episodes",),
     "tasks.N.weight": ("episodes",),
     "tasks.N.difficulty": ("env", "curriculum"),  # the task's env; the curriculum's first level
