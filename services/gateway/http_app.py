@@ -20,7 +20,9 @@ UTF-8 once percent-decoded; anything else is refused with 400 naming the header 
 is ever garbled (Latin-1) or merged with another (U+FFFD).
 
 **Retries are recorded once.** A traced call whose client disconnected (or timed out) before the answer was ready
-is not recorded, so the client's retry is the one that trains. A call may also carry an ``Idempotency-Key`` header
+is not recorded, so the client's retry is the one that trains. A disconnect cancels the call as a gRPC cancel
+does: still queued, it is dropped before it reaches the engine (unless it has an idempotency key: a retry may
+wait for it); already running, it runs to the end and its answer is discarded. A call may also carry an ``Idempotency-Key`` header
 (``extra_headers`` in the openai client): a retry with the same key within the same open episode gets the first
 call's answer (same ``call_ids``) without generating or recording again (see :meth:`Gateway.generate`).
 
@@ -100,7 +102,7 @@ from pydantic import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marti.errors import InvalidArgumentError, NotFoundError
+from marti.errors import CancelledError, InvalidArgumentError, NotFoundError
 from marti.inference import Generation, SamplingParams
 from services.gateway.convert import CHAT_ROLES, chat_role, token_texts
 from services.gateway.core.backend import InferenceBackend
@@ -666,16 +668,33 @@ async def _serve(
             max_tokens = min(default, room)
         sampling = body.sampling(max_tokens, param)
         n = 1 if body.n is None else body.n
-        return await gateway.generate(
-            body.model,
-            ids,
-            sampling,
-            n=n,
-            episode_id=episode_id,
-            group_id=group_id,
-            idempotency_key=_header(request, IDEMPOTENCY_HEADER),
-            disconnected=request.is_disconnected,
+        watcher = asyncio.ensure_future(_disconnect(request))
+
+        async def gone() -> bool:
+            return watcher.done() and not watcher.cancelled()
+
+        work = asyncio.ensure_future(
+            gateway.generate(
+                body.model,
+                ids,
+                sampling,
+                n=n,
+                episode_id=episode_id,
+                group_id=group_id,
+                idempotency_key=_header(request, IDEMPOTENCY_HEADER),
+                disconnected=gone,
+            )
         )
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the client went away, or this handler was cancelled (shutdown): the call is cancelled too
+            watcher.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+        if work.cancelled():
+            raise CancelledError("the client disconnected before its answer was ready")
+        return work.result()
     except InvalidArgumentError as exc:
         _name_param(exc, prompt_param, param)
         raise
@@ -691,6 +710,16 @@ def _model_object(card: ModelCard, created: int) -> dict[str, Any]:
         "agent": card.agent,
         "policy_version": card.version,
     }
+
+
+async def _disconnect(request: Request) -> None:
+    """Return once the client of ``request`` disconnects (its body was read already, so the next ASGI message
+    is ``http.disconnect``)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - a transport that fails to receive has lost its client too
+        return
 
 
 # ---------------------------------------------------------------------------------------------- the app

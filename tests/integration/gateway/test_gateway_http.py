@@ -839,6 +839,43 @@ def test_a_call_whose_client_timed_out_is_not_recorded_and_its_retry_is():
         server.stop()
 
 
+def test_an_http_client_that_disconnects_while_queued_cancels_its_call_unless_it_has_a_key():
+    """Like a gRPC cancel: queued prompts of a disconnected client never reach the engine (untraced, or traced
+    without an idempotency key); a keyed call keeps its place for a retry; a running call runs to the end."""
+    server, backend, http_url = _held_server()
+    gw = server.gateway
+    try:
+        running = threading.Thread(
+            target=lambda: httpx.post(
+                http_url + "/completions", json={"model": "a", "prompt": "hi", "max_tokens": 2}, headers=_auth(),
+                timeout=60,
+            )
+        )  # fmt: skip
+        running.start()
+        assert backend.entered.wait(30)  # in the engine, held by the gate
+        impatient = openai.OpenAI(base_url=http_url, api_key=TOKEN, max_retries=0, timeout=0.5)
+        for n, head in [
+            (2, {}),  # untraced
+            (3, {"X-Marti-Episode": "gone-1"}),  # traced, no key
+            (4, {"X-Marti-Episode": "gone-2", "Idempotency-Key": "k"}),  # keyed: stays queued
+        ]:
+            with pytest.raises(openai.APITimeoutError):
+                impatient.completions.create(model="a", prompt="hi", max_tokens=2, n=n, extra_headers=head)
+        _wait_for(lambda: gw.batcher.load("a") == 1 + 4, "the disconnected calls were not cancelled")
+        backend.gate.set()
+        running.join(30)
+        _wait_for(lambda: gw.batcher.load("a") == 0, "the keyed call did not run")
+        assert gw.batcher.prompts == 1 + 4  # the running call and the keyed one only (one prompt per batch)
+        stats = gw.stats()
+        assert gw.batcher.dropped_prompts == 2 + 3 and stats["cancelled_calls"] == 2
+        assert (
+            stats["calls"] == 0 and stats["unrecorded_disconnected"] == 2
+        )  # the keyed one also went unrecorded
+    finally:
+        backend.gate.set()
+        server.stop()
+
+
 def test_an_idempotency_key_answers_a_retry_with_the_first_call_recorded_once():
     server, backend, http_url = _held_server()
     backend.gate.set()
