@@ -580,8 +580,8 @@ class Gateway:
         ``held`` (finished episodes waiting for their group), ``open_episodes``, ``batches``, ``batched_prompts``,
         ``sink_errors`` (released episodes the sink failed to insert), ``unrecorded_disconnected`` (traced calls
         not recorded because their caller went away), ``cancelled_calls`` (traced calls whose caller's task was
-        cancelled while they ran: a gRPC deadline or cancel), ``replayed_calls`` (retries answered from an
-        idempotency key), ``backlog`` (released episodes waiting to be inserted now), ``queued_reports`` (reports
+        cancelled while they ran: a gRPC deadline or cancel, an HTTP client that disconnected), ``replayed_calls``
+        (retries answered from an idempotency key), ``backlog`` (released episodes waiting to be inserted now), ``queued_reports`` (reports
         answered before their episodes were inserted), ``backlog_refused`` (reports refused because the backlog
         was full), ``backlog_lost_at_close`` (backlog episodes never inserted because the gateway closed)."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
