@@ -754,8 +754,10 @@ class GatewayConfig(_Section):
     INVALID_ARGUMENT)."""
     max_backlog_episodes: PositiveInt = 1024
     """Most released episodes waiting to be inserted into training (reports answered before their episodes were
-    inserted, because the trainer is behind); while this many wait, a new report is refused before it changes
-    anything (HTTP 429 with Retry-After, gRPC RESOURCE_EXHAUSTED) and can be sent again later."""
+    inserted, because the trainer is behind); a report whose released episodes (one, or the whole group it
+    completes) would take the backlog above this is refused before it changes anything (HTTP 429 with
+    Retry-After, gRPC RESOURCE_EXHAUSTED) and can be sent again later. Only a group larger than this exceeds it,
+    taken while the backlog is empty."""
     report_wait_s: NonNegFloat = 5.0
     """Most seconds a reward report waits for its released episodes to be inserted into training; then it is
     answered as queued (HTTP 202, ``queued`` > 0) and they are inserted in the background."""

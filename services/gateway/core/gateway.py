@@ -13,11 +13,13 @@ import logging
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marti.errors import (
+    AbortedError,
     FailedPreconditionError,
     InvalidArgumentError,
+    MartiError,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
@@ -86,10 +88,15 @@ class Reported(Released):
 
 @dataclass
 class _Batch:
-    """One report's released episodes on their way to the sink; ``left`` counts those not delivered yet."""
+    """One report's released episodes on their way to the sink; ``left`` counts those not delivered yet,
+    ``inserted`` / ``lost`` (not handed to the sink, or given up, because the gateway closed) / ``failed`` (the
+    sink raised) name the episodes by outcome."""
 
     episodes: list[dict[str, Trajectory]]
     left: int = 0
+    inserted: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    failed: list[tuple[str, Exception]] = field(default_factory=list)
 
 
 @dataclass
@@ -173,6 +180,8 @@ class Gateway:
         self.queued_reports = 0
         self.backlog_refused = 0
         self.backlog_lost_at_close = 0
+        self.held_lost_at_close = 0
+        self.open_lost_at_close = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -183,8 +192,20 @@ class Gateway:
         """Stop the sweeper and the batcher (queued requests fail with UNAVAILABLE: shutting down) and end the
         backlog: :attr:`closing` is set, so episodes still waiting for the sink are not inserted; the insert in
         flight gets up to :data:`CLOSE_DELIVERY_WAIT_S` seconds. Every backlog episode not inserted is counted in
-        ``backlog_lost_at_close`` and logged as lost to training."""
+        ``backlog_lost_at_close`` and logged as lost to training. Finished episodes held for their incomplete
+        group are counted in ``held_lost_at_close`` and episodes never reported in ``open_lost_at_close`` (both
+        logged with a warning when not 0): no report can complete them once the gateway is closing."""
         self.closing.set()
+        self.held_lost_at_close = self.tracker.held
+        self.open_lost_at_close = self.tracker.open_episodes
+        if self.held_lost_at_close or self.open_lost_at_close:
+            _LOG.warning(
+                "the gateway is closing with %d finished episodes held for their incomplete groups "
+                "(gateway/held_lost_at_close) and %d episodes not reported yet (gateway/open_lost_at_close): "
+                "they are lost to training",
+                self.held_lost_at_close,
+                self.open_lost_at_close,
+            )
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -476,15 +497,27 @@ class Gateway:
         task) and the answer says how many (:attr:`Reported.queued`; ``queued_reports`` counts such answers).
         Errors of inserts that finish after the answer are counted in ``sink_errors`` and logged.
 
+        The report is validated (as :meth:`EpisodeTracker.finish`) before the backlog is checked, so an invalid
+        report gets its own error even while the backlog is full; a report that releases nothing (a failed one,
+        a member that leaves its group incomplete) is never refused for the backlog.
+
         Raises:
             InvalidArgumentError: An empty episode id, an episode or group id longer than
                 ``gateway.max_id_chars`` characters or containing ``/``; or as :meth:`EpisodeTracker.finish`.
-            ResourceExhaustedError: ``gateway.max_backlog_episodes`` released episodes are still waiting to be
-                inserted (the trainer is behind). Refused before anything changes: the episode stays open and a
-                later report of it can succeed. Counted in ``backlog_refused``.
-            UnavailableError: The gateway is closing (nothing changed).
+            ResourceExhaustedError: The episodes this report would release do not fit in the backlog:
+                ``gateway.max_backlog_episodes`` minus those still waiting to be inserted (the trainer is
+                behind). A group larger than the limit is taken only while the backlog is empty. Refused before
+                anything changes: the episode stays open and a later report of it can succeed. Counted in
+                ``backlog_refused``.
+            UnavailableError: The gateway is closing: before the report was taken (nothing changed), or after
+                (some of its released episodes were not inserted because the gateway closed; they are lost to
+                training, counted in ``backlog_lost_at_close``, and the message names them).
             NotFoundError / FailedPreconditionError: as :meth:`EpisodeTracker.finish`.
-            The first error the sink raised, when the inserts finished within ``gateway.report_wait_s``.
+            AbortedError: The sink failed with a marti error within ``gateway.report_wait_s``: the report was
+                taken but the named episodes were not inserted and are lost to training (``sink_errors``); the
+                message names the sink's error and says not to report them again (a retry is refused as already
+                reported).
+            The sink's own exception, when it is not a marti error (an HTTP 500 that hides its text).
         """
         if not episode_id:
             raise InvalidArgumentError("episode_id must be a non-empty string")
@@ -492,14 +525,24 @@ class Gateway:
         self._check_id("group_id", group_id)
         if self.closing.is_set():
             raise UnavailableError("the gateway is shutting down: the report was not taken")
-        limit = self.limits.max_backlog_episodes
-        if self.sink is not None and self._backlog >= limit:
-            self.backlog_refused += 1
-            raise ResourceExhaustedError(
-                f"{self._backlog} released episodes are waiting to be inserted into training, the limit "
-                f"(gateway.max_backlog_episodes) is {limit}: the trainer is not consuming them as fast as they are "
-                f"reported; episode {episode_id!r} was not changed, report it again later"
+        if self.sink is not None:
+            coming = self.tracker.would_release(
+                episode_id,
+                rewards,
+                call_rewards=call_rewards,
+                group_id=group_id,
+                group_size=group_size,
+                failed=failed,
             )
+            limit = self.limits.max_backlog_episodes
+            if coming and self._backlog and self._backlog + coming > limit:
+                self.backlog_refused += 1
+                raise ResourceExhaustedError(
+                    f"{self._backlog} released episodes are waiting to be inserted into training and this report "
+                    f"would release {coming} more; the limit (gateway.max_backlog_episodes) is {limit}: the "
+                    f"trainer is not consuming them as fast as they are reported; episode {episode_id!r} was not "
+                    "changed, report it again later"
+                )
         released = self.tracker.finish(
             episode_id,
             rewards,
@@ -523,7 +566,8 @@ class Gateway:
         task.add_done_callback(self._deliveries.discard)
         done, _ = await asyncio.wait({task}, timeout=self.limits.report_wait_s)
         if task in done:
-            error = task.result()
+            task.result()
+            error = self._batch_error(batch)
             if error is not None:
                 raise error
             return out
@@ -537,9 +581,42 @@ class Gateway:
         )
         return out
 
+    @staticmethod
+    def _batch_error(batch: _Batch) -> Exception | None:
+        """What a report whose inserts all ended must raise: None when each of its episodes was inserted."""
+        if not batch.lost and not batch.failed:
+            return None
+        total = len(batch.episodes)
+        inserted = (
+            f"; {len(batch.inserted)} of the {total} episodes it released were inserted: {batch.inserted}"
+            if batch.inserted
+            else ""
+        )
+        failed = [eid for eid, _ in batch.failed]
+        if batch.lost:
+            also = (
+                f"; episodes {failed} were not inserted either (the sink failed; gateway/sink_errors)"
+                if failed
+                else ""
+            )
+            return UnavailableError(
+                f"the gateway is shutting down: episodes {batch.lost} this report released were not inserted "
+                f"into training and are lost to it (gateway/backlog_lost_at_close){also}{inserted}; do not "
+                "report them again"
+            )
+        cause = batch.failed[0][1]
+        if not isinstance(cause, MartiError):
+            return cause  # a bug in the sink: answered as internal, its text is logged only
+        return AbortedError(
+            f"the report was taken but episodes {failed} it released were not inserted into training: the sink "
+            f"failed ({type(cause).__name__}: {cause}); they are lost to training (gateway/sink_errors), so do "
+            f"not report them again (a retry is refused as already reported){inserted}"
+        )
+
     async def _deliver(self, batch: _Batch) -> Exception | None:
         """Insert each episode of ``batch`` into the sink, unless the gateway is closing (then it is counted in
-        ``backlog_lost_at_close``); counts ``released`` / ``sink_errors``; returns the first sink error."""
+        ``backlog_lost_at_close``); counts ``released`` / ``sink_errors`` and records each episode's outcome in
+        ``batch``; returns the first sink error."""
         first: Exception | None = None
         async with (
             self._sink_lock
@@ -549,17 +626,21 @@ class Gateway:
                 try:
                     if self.closing.is_set():
                         self._count_lost(eid)
+                        batch.lost.append(eid)
                         continue
                     await asyncio.to_thread(self.sink, ep)  # type: ignore[arg-type]
-                except Exception as exc:  # noqa: BLE001 - counted, logged, and the first is raised by report
+                except Exception as exc:  # noqa: BLE001 - counted, logged, and reported by report
                     if self.closing.is_set():  # the sink gave up because the gateway is closing
                         self._count_lost(eid)
+                        batch.lost.append(eid)
                         continue
                     if not self._abandoned:
                         self.sink_errors += 1
                     _LOG.error("episode %r is lost to training: the sink failed: %s", eid, exc)
+                    batch.failed.append((eid, exc))
                     first = first or exc
                 else:
+                    batch.inserted.append(eid)
                     if not self._abandoned:
                         self.released += 1
                 finally:
@@ -583,7 +664,10 @@ class Gateway:
         cancelled while they ran: a gRPC deadline or cancel, an HTTP client that disconnected), ``replayed_calls``
         (retries answered from an idempotency key), ``backlog`` (released episodes waiting to be inserted now), ``queued_reports`` (reports
         answered before their episodes were inserted), ``backlog_refused`` (reports refused because the backlog
-        was full), ``backlog_lost_at_close`` (backlog episodes never inserted because the gateway closed)."""
+        was full), ``backlog_lost_at_close`` (backlog episodes never inserted because the gateway closed),
+        ``held_lost_at_close`` (finished episodes still held for their incomplete group when the gateway closed),
+        ``open_lost_at_close`` (episodes not reported yet when the gateway closed); the last two are 0 until
+        :meth:`close`."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
         out["released"] = float(self.released)
         out["held"] = float(self.tracker.held)
@@ -599,4 +683,6 @@ class Gateway:
         out["queued_reports"] = float(self.queued_reports)
         out["backlog_refused"] = float(self.backlog_refused)
         out["backlog_lost_at_close"] = float(self.backlog_lost_at_close)
+        out["held_lost_at_close"] = float(self.held_lost_at_close)
+        out["open_lost_at_close"] = float(self.open_lost_at_close)
         return out

@@ -32,8 +32,9 @@ class GatewayLimits:
         max_id_chars: Longest episode or group id, characters (ids may not contain ``/``), > 0.
         max_group_size: Largest ``group_size`` a reward report may give (HTTP 400, INVALID_ARGUMENT beyond), > 0.
         max_backlog_episodes: Most released episodes waiting to be inserted into training (reports answered
-            before their episodes were inserted); while this many wait, a new report is refused before it changes
-            anything (HTTP 429, gRPC RESOURCE_EXHAUSTED), > 0.
+            before their episodes were inserted); a report whose released episodes (one, or the whole group it
+            completes) would take the backlog above this is refused before it changes anything (HTTP 429, gRPC
+            RESOURCE_EXHAUSTED); only a group larger than this exceeds it, taken while the backlog is empty, > 0.
         report_wait_s: Most seconds a report waits for its released episodes to be inserted; after that it is
             answered as queued (HTTP 202) and they are inserted in the background, >= 0.
     """

@@ -360,6 +360,68 @@ class EpisodeTracker:
                 ``group_size`` different from the one its held group was opened with.
             NotFoundError: No call was recorded under ``episode_id``.
         """
+        ep, group = self._check_report(episode_id, rewards, call_rewards, group_id, group_size, failed)
+        # every check passed: from here on the report is accepted
+        self._drop(episode_id)
+        self._closed.add(episode_id)
+        if failed:
+            self.counters["failed"] += 1
+            if ep.doomed:  # its group already died; the group now under that id is another one
+                self.counters["dropped"] += 1
+                return Released(dropped=1)
+            return self._kill_group(group, 1)
+        self.counters["finished"] += 1
+        if ep.doomed:
+            self.counters["dropped"] += 1
+            return Released(dropped=1)
+        trajs = self._trajectories(episode_id, ep, group, rewards, call_rewards or {}, group_size)
+        if group_size > 0:
+            held = self._held.setdefault(group, _HeldGroup(size=group_size))
+            held.members.append(trajs)
+            held.last_finished = self._clock()
+            if len(held.members) < group_size:
+                return Released()
+            del self._held[group]
+            return Released(episodes=held.members)
+        return Released(episodes=[trajs])
+
+    def would_release(
+        self,
+        episode_id: str,
+        rewards: dict[str, float],
+        *,
+        call_rewards: dict[str, float] | None = None,
+        group_id: str = "",
+        group_size: int = 0,
+        failed: bool = False,
+    ) -> int:
+        """How many episodes :meth:`finish` with these arguments would release now, changing nothing: 0 for a
+        failed report, an episode whose group died, or a member that leaves its group incomplete; the whole group
+        for the member that completes it; else 1.
+
+        Raises:
+            The errors :meth:`finish` would raise for this report (the same checks, in the same order).
+        """
+        ep, group = self._check_report(episode_id, rewards, call_rewards, group_id, group_size, failed)
+        if failed or ep.doomed:
+            return 0
+        if group_size > 0:
+            held = self._held.get(group)
+            members = (len(held.members) if held is not None else 0) + 1
+            return members if members >= group_size else 0
+        return 1
+
+    def _check_report(
+        self,
+        episode_id: str,
+        rewards: dict[str, float],
+        call_rewards: dict[str, float] | None,
+        group_id: str,
+        group_size: int,
+        failed: bool,
+    ) -> tuple[_Episode, str]:
+        """Every check of :meth:`finish` (which raises as documented there); returns the open episode and its
+        group's id."""
         self._check_not_closed(episode_id)
         unknown = sorted(set(rewards) - set(self.trainable))
         if unknown:
@@ -414,29 +476,7 @@ class EpisodeTracker:
                 f"group {group!r} was opened with group_size {held.size} and {len(held.members)} of its "
                 f"episodes wait for the rest; this report of episode {episode_id!r} gives group_size {group_size}"
             )
-        # every check passed: from here on the report is accepted
-        self._drop(episode_id)
-        self._closed.add(episode_id)
-        if failed:
-            self.counters["failed"] += 1
-            if ep.doomed:  # its group already died; the group now under that id is another one
-                self.counters["dropped"] += 1
-                return Released(dropped=1)
-            return self._kill_group(group, 1)
-        self.counters["finished"] += 1
-        if ep.doomed:
-            self.counters["dropped"] += 1
-            return Released(dropped=1)
-        trajs = self._trajectories(episode_id, ep, group, rewards, call_rewards or {}, group_size)
-        if group_size > 0:
-            held = self._held.setdefault(group, _HeldGroup(size=group_size))
-            held.members.append(trajs)
-            held.last_finished = self._clock()
-            if len(held.members) < group_size:
-                return Released()
-            del self._held[group]
-            return Released(episodes=held.members)
-        return Released(episodes=[trajs])
+        return ep, group
 
     def _trajectories(
         self,

@@ -1130,8 +1130,9 @@ def test_reward_route_groups_abandonment_failures_and_store_errors():
     * an episode silent for ``external.episode_timeout_s`` is abandoned by the gateway's sweeper and dropped with
       its group (the member held for it too); its report is then refused with 409;
     * ``"failed": true`` drops the group: the member still open is dropped when it reports;
-    * a store that is down answers the report 503 (``Retry-After``), a store wait that timed out 504; both are
-      counted in ``sink_errors`` and the gateway keeps serving.
+    * a store that is down, or a store wait that timed out, answers the report 409 ``aborted`` naming the store's
+      error and saying the episode is lost to training and must not be reported again; both are counted in
+      ``sink_errors`` and the gateway keeps serving.
     """
     from marti.clients.inference import InferenceClient
     from marti.errors import DeadlineExceededError, UnavailableError
@@ -1193,14 +1194,16 @@ def test_reward_route_groups_abandonment_failures_and_store_errors():
             assert report("f2").json() == {"episode_id": "f2", "released": 0, "dropped": 1}
             assert http.get("/gateway/stats").json()["failed"] == 1
 
-            # the store's errors reach the reporter with their HTTP status
+            # the store's errors reach the reporter, which is told the episode is lost (a retry cannot help)
             call("down")
             call("slow")
             down, slow = report("down"), report("slow")
-            assert down.status_code == 503 and down.headers["retry-after"] == "1"
-            assert down.json()["error"]["type"] == "service_unavailable_error"
-            assert "experience store is unavailable" in down.json()["error"]["message"]
-            assert slow.status_code == 504 and slow.json()["error"]["code"] == "deadline_exceeded"
+            assert down.status_code == 409 and "retry-after" not in down.headers
+            assert down.json()["error"]["code"] == "aborted"
+            message = down.json()["error"]["message"]
+            assert "experience store is unavailable" in message and "lost to training" in message
+            assert slow.status_code == 409 and "did not answer within 2 s" in slow.json()["error"]["message"]
+            assert report("down").status_code == 409  # already reported
             stats = http.get("/gateway/stats").json()
             assert stats["sink_errors"] == 2 and stats["released"] == 2
             assert http.post("/completions", json=body).status_code == 200  # still serving

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from marti.errors import (
+    AbortedError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -169,7 +170,7 @@ async def test_every_member_of_a_released_group_is_offered_to_the_sink_and_failu
         await gw.generate("a", [1], S, episode_id=e, group_id="g")
     await gw.report("e1", {"a": 1.0}, group_size=3)
     await gw.report("e2", {"a": 1.0}, group_size=3)
-    with pytest.raises(UnavailableError, match="store down for e2"):  # the first error
+    with pytest.raises(AbortedError, match=r"\['e2', 'e3'\].*store down for e2.*inserted: \['e1'\]"):
         await gw.report("e3", {"a": 1.0}, group_size=3)
     stats = gw.stats()
     assert tried == ["e1", "e2", "e3"]

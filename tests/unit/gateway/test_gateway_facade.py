@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marti.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from marti.errors import AbortedError, InvalidArgumentError, NotFoundError, UnavailableError
 from marti.inference import Generation, SamplingParams
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
@@ -72,7 +72,7 @@ async def test_a_sink_failure_reaches_the_caller_and_is_counted(backend):
 
     gw = Gateway(backend, sink=sink)
     await gw.generate("planner", "x", S, episode_id="e9")
-    with pytest.raises(UnavailableError, match="store down"):
+    with pytest.raises(AbortedError, match="store down.*lost to training"):
         await gw.report("e9", {"planner": 1.0})
     assert gw.stats()["sink_errors"] == 1
     await gw.close()
