@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import threading
+import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,17 +111,17 @@ class _Call:
 
 
 def _fingerprint(
-    model: str, prompt: ChatMessages | str | list[int], sampling: SamplingParams, n: int
+    model: str, prompt: ChatMessages | str | list[int], sampling: SamplingParams, n: int, group_id: str
 ) -> tuple:
     """What a retry under the same idempotency key must repeat: the model name, the prompt (token ids as
-    given, raw text, or the chat messages), ``n`` and every sampling parameter."""
+    given, raw text, or the chat messages), ``n``, every sampling parameter and the group id."""
     if isinstance(prompt, str):
         canon: object = ("text", prompt)
     elif prompt and isinstance(prompt[0], dict):
         canon = ("chat", json.dumps(prompt, sort_keys=True, default=repr))
     else:
         canon = ("ids", tuple(int(t) for t in prompt))  # type: ignore[union-attr]
-    return (model, canon, n, repr(sampling))
+    return (model, canon, n, repr(sampling), group_id)
 
 
 def _retrieve(task: asyncio.Future[Served]) -> None:
@@ -254,8 +255,8 @@ class Gateway:
         """Map a model name to ``(agent, version or None for the current)``.
 
         Raises:
-            NotFoundError: No such agent, a malformed version (only ASCII digits are one), or a version that is
-                not resident (the resident ones are named).
+            NotFoundError: No such agent, a malformed version (only ASCII digits without leading zeros are
+                one), or a version that is not resident (the resident ones are named).
         """
         agent, sep, ver = model.partition("@")
         agents = self.backend.agents()
@@ -264,7 +265,8 @@ class Gateway:
         if not sep:
             return agent, None
         resident = self.backend.resident_versions(agent)
-        if not (ver.isascii() and ver.isdigit()) or int(ver) not in resident:
+        # one name per version: ASCII digits without leading zeros, as GET /v1/models lists them
+        if not (ver.isascii() and ver.isdigit()) or ver != str(int(ver)) or int(ver) not in resident:
             raise NotFoundError(
                 f"model {model!r} is not resident; versions of {agent!r} that can be pinned: {resident}"
             )
@@ -349,15 +351,49 @@ class Gateway:
         ):
             self._check_id(name, value)
         key = (episode_id, idempotency_key)
-        fingerprint = _fingerprint(model, prompt, sampling, n) if episode_id and idempotency_key else ()
-        if episode_id and idempotency_key and key in self._replays:
-            if self._replays[key].fingerprint != fingerprint:
-                raise FailedPreconditionError(
-                    f"idempotency key {idempotency_key!r} of episode {episode_id!r} was already used for a "
-                    "different request (model, prompt, n or sampling parameters differ); a key can only be "
-                    "reused to retry the same request: use a new key for a new call"
-                )
-            return await self._replay(key)
+        if episode_id and idempotency_key:
+            fingerprint = _fingerprint(model, prompt, sampling, n, group_id)
+            if key in self._replays:
+                if self._replays[key].fingerprint != fingerprint:
+                    raise FailedPreconditionError(
+                        f"idempotency key {idempotency_key!r} of episode {episode_id!r} was already used for a "
+                        "different request (model, prompt, n, sampling parameters or group differ); a key can "
+                        "only be reused to retry the same request: use a new key for a new call"
+                    )
+                return await self._replay(key)
+            # taken before anything is awaited: a duplicate sent at the same moment waits for this call
+            call = _Call(fingerprint=fingerprint)
+            self._replays[key] = call
+            call.task = asyncio.ensure_future(
+                self._keyed(call, key, model, prompt, sampling, n, group_id, disconnected)
+            )
+            return await self._await_call(call, keyed=True)
+        agent, version, ids = await self._prepare(model, prompt, sampling, n)
+        if not episode_id:
+            gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
+            self.untraced_calls += len(gens)
+            return Served([f"call-{uuid.uuid4().hex}" for _ in gens], gens, agent)
+        # the call is in flight from here: the episode counts as open and is not abandoned until it returns. It
+        # runs as its own task, so a caller that goes away (a cancelled gRPC call) does not stop it: a retry may be
+        # waiting for its answer, and otherwise it ends unrecorded.
+        self.tracker.begin_call(episode_id, agent, n, group_id)
+        call = _Call()
+        call.task = asyncio.ensure_future(
+            self._traced(call, key, agent, ids, sampling, version, n, group_id, disconnected)
+        )
+        return await self._await_call(call, keyed=False)
+
+    async def _prepare(
+        self, model: str, prompt: ChatMessages | str | list[int], sampling: SamplingParams, n: int
+    ) -> tuple[str, int | None, list[int]]:
+        """Resolve the model, check ``n`` and the stop strings, and tokenise the prompt (off the event loop).
+
+        Returns:
+            ``(agent, version or None, prompt token ids)``.
+
+        Raises:
+            As :meth:`generate` (unknown model, bad ``n``, stop limits, a prompt too long for the model).
+        """
         agent, version = self.resolve(model)
         if not isinstance(n, int) or not 1 <= n <= self.limits.max_n:
             raise InvalidArgumentError(
@@ -377,27 +413,42 @@ class Gateway:
                 f"the prompt has {len(ids)} tokens and max_tokens is {sampling.max_new_tokens}: "
                 f"{len(ids) + sampling.max_new_tokens} exceeds model {agent!r}'s context of {limit} tokens"
             )
-        if not episode_id:
-            gens = await self.batcher.submit(agent, [ids] * n, sampling, version)
-            self.untraced_calls += len(gens)
-            return Served([f"call-{uuid.uuid4().hex}" for _ in gens], gens, agent)
-        # the call is in flight from here: the episode counts as open and is not abandoned until it returns. It
-        # runs as its own task, so a caller that goes away (a cancelled gRPC call) does not stop it: a retry may be
-        # waiting for its answer, and otherwise it ends unrecorded.
-        self.tracker.begin_call(episode_id, agent, n, group_id)
-        call = _Call(fingerprint=fingerprint)
-        if idempotency_key:
-            self._replays[key] = call
-        call.task = asyncio.ensure_future(
-            self._traced(call, key, agent, ids, sampling, version, n, group_id, disconnected)
-        )
+        return agent, version, ids
+
+    async def _keyed(
+        self,
+        call: _Call,
+        key: tuple[str, str],
+        model: str,
+        prompt: ChatMessages | str | list[int],
+        sampling: SamplingParams,
+        n: int,
+        group_id: str,
+        disconnected: Disconnected | None,
+    ) -> Served:
+        """A traced call with an idempotency key, whose key was taken before its checks: a check that fails
+        frees the key (the duplicates waiting for it get the same error)."""
+        try:
+            agent, version, ids = await self._prepare(model, prompt, sampling, n)
+            self.tracker.begin_call(key[0], agent, n, group_id)
+        except BaseException:
+            if self._replays.get(key) is call:
+                del self._replays[key]
+            raise
+        return await self._traced(call, key, agent, ids, sampling, version, n, group_id, disconnected)
+
+    async def _await_call(self, call: _Call, *, keyed: bool) -> Served:
+        """Wait for a traced call's task on behalf of its first caller. When that caller goes away, the call is
+        marked so (it is not recorded unless a retry waits for it), and a call without a key, which no retry can
+        wait for, is cancelled (dropped if still queued)."""
+        assert call.task is not None
         call.task.add_done_callback(_retrieve)  # its error is the caller's; nobody else may be left to see it
         try:
             return await asyncio.shield(call.task)
         except asyncio.CancelledError:
             call.caller_gone = True
             self.cancelled_calls += 1
-            if not idempotency_key:  # no retry can wait for it: still queued, it is dropped before it runs
+            if not keyed:  # no retry can wait for it: still queued, it is dropped before it runs
                 call.task.cancel()
             raise
 
@@ -469,13 +520,19 @@ class Gateway:
                 )
 
     def _check_id(self, name: str, value: str) -> None:
-        """Raises InvalidArgumentError for an episode or group id over ``max_id_chars`` or containing ``/``."""
+        """Raises InvalidArgumentError for an id (episode, group, idempotency key) over ``max_id_chars``, or
+        containing ``/`` or a control character (NUL, newline, ...: they would corrupt logs and paths)."""
         if len(value) > self.limits.max_id_chars:
             raise InvalidArgumentError(
                 f"{name} has {len(value)} characters; the limit (gateway.max_id_chars) is {self.limits.max_id_chars}"
             )
         if "/" in value:
             raise InvalidArgumentError(f"{name} {value!r} contains '/', which ids may not contain")
+        bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+        if bad is not None:
+            raise InvalidArgumentError(
+                f"{name} {value!r} contains the control character U+{ord(bad):04X}, which ids may not contain"
+            )
 
     # ------------------------------------------------------------------------------------------ rewards
     async def report(

@@ -936,6 +936,13 @@ def test_an_idempotency_key_reused_for_a_different_request_is_refused_and_nothin
             )
         again = client.completions.create(model="a", prompt="hi", max_tokens=2, extra_headers=head)
         assert again.model_extra["call_ids"] == first.model_extra["call_ids"]
+        with pytest.raises(openai.ConflictError, match="turn-1"):  # the same request in another group
+            client.completions.create(
+                model="a", prompt="hi", max_tokens=2, extra_headers={**head, "X-Marti-Group": "g2"}
+            )
+        ids = server.gateway.backend.encode("a", "hi")  # the prompt is compared as its token ids
+        same = client.completions.create(model="a", prompt=ids, max_tokens=2, extra_headers=head)
+        assert same.model_extra["call_ids"] == first.model_extra["call_ids"]
         with grpc.insecure_channel(server.grpc_address) as channel:
             stub = isgrpc.InferenceServiceStub(channel)
             req = ipb.GenerateRequest(
@@ -946,7 +953,7 @@ def test_an_idempotency_key_reused_for_a_different_request_is_refused_and_nothin
             assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "turn-1" in late.value.details()
         stats = server.gateway.stats()
-        assert stats["calls"] == 1 and stats["replayed_calls"] == 1
+        assert stats["calls"] == 1 and stats["replayed_calls"] == 2
     finally:
         server.stop()
 
