@@ -32,7 +32,7 @@ demo: venv
 
 ## test: lint, protocol checks, then the whole test suite (slow tests included).
 test: venv lint protos-check proto-lint proto-breaking compose-check
-	$(PY) -m pytest -p no:cacheprovider -q --durations=20 -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider -q --durations=60 -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 ## test-fast: the suite without tests marked slow.
 test-fast: venv
