@@ -32,6 +32,7 @@ trained with; the table's ``max_policy_lag`` enforces tighter per-agent bounds.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -40,7 +41,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from marti.errors import CancelledError, DeadlineExceededError, FailedPreconditionError, RateLimitedError
+from marti.errors import (
+    CancelledError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    MartiError,
+    RateLimitedError,
+)
 from marti.trajectory import Trajectory
 
 _LOG = logging.getLogger("marti.trainer.feed")
@@ -50,6 +57,8 @@ SAMPLE_POLL_S = 2.0
 INSERT_POLL_S = 2.0
 #: Seconds between two insert attempts into a full table (the store's own wait comes on top).
 FULL_RETRY_PAUSE_S = 0.1
+#: Seconds between two looks at the agents' tables while an episode waits for room in all of them.
+ROOM_POLL_S = 0.2
 #: Episode ids remembered per agent to drop re-inserted duplicates.
 SEEN_IDS = 100_000
 
@@ -175,10 +184,17 @@ class ExperienceFeed:
     ) -> None:
         """Insert one finished episode: one trajectory per trainable agent, into the agent's table.
 
-        Retried while the store restarts (an item that landed twice is dropped by :meth:`take`). An insert into
-        a full table (the learner is behind: normal backpressure with asynchronous rollouts) waits for room in
-        steps of :data:`INSERT_POLL_S` seconds, for at most ``full_timeout_s`` seconds in all, and stops
-        waiting once ``stop`` or the feed's stop event is set.
+        The episode goes in whole or not at all, as far as the feed can ensure it (the agents' tables must stay
+        aligned, one item per episode each): an episode of several agents first waits until every agent's table
+        has room (looked up with the store's table info every :data:`ROOM_POLL_S` seconds), and only that wait
+        and the first item's insert end when ``stop`` or the feed's stop event is set; once an item is in, the
+        others are inserted whatever the stop events say (with room they do not wait). Retried while the store
+        restarts (an item that landed twice is dropped by :meth:`take`). An insert into a full table (the learner
+        is behind: normal backpressure with asynchronous rollouts) waits for room in steps of
+        :data:`INSERT_POLL_S` seconds, for at most ``full_timeout_s`` seconds in all (the wait for room in every
+        table counts too). If an insert still fails after an earlier item went in (a table filled meanwhile, or
+        the store went away), the error keeps its type and its message says which tables got the episode and
+        which did not.
 
         Args:
             trajectories: Per trainable agent, its trajectory of the episode (possibly with no turns).
@@ -189,21 +205,80 @@ class ExperienceFeed:
         Raises:
             RateLimitedError: The table stayed full for ``full_timeout_s`` seconds; the message names the table,
                 its size and limit, and says the learner is not consuming (metadata as the store's error).
-            CancelledError: ``stop`` or the feed's stop event was set while the table was full.
+            CancelledError: ``stop`` or the feed's stop event was set while a table was full (nothing inserted).
             UnavailableError: The store stayed unreachable (see :func:`~services.trainer.reconnect.call_with_reconnect`).
         """
         if not external:
             with self._lock:  # recorded first: an attempt that fails part-way retracts what it did insert
                 self._attempt.extend({t.episode_id for t in trajectories.values()})
+        started = time.monotonic()
+        if len(trajectories) > 1:
+            self._wait_for_room([self.tables[a] for a in trajectories], stop, started)
+        done: list[str] = []
         for agent, traj in trajectories.items():
-            self._insert_one(traj, self.tables[agent], stop)
+            table = self.tables[agent]
+            try:
+                self._insert_one(traj, table, stop, started, interruptible=not done)
+            except MartiError as exc:
+                if not done:
+                    raise
+                missing = [self.tables[a] for a in trajectories if self.tables[a] not in done]
+                raise _partial(exc, traj.episode_id, done, missing) from exc
+            done.append(table)
             with self._lock:
                 self.inserted += 1
 
-    def _insert_one(self, traj: Trajectory, table: str, stop: threading.Event | None) -> None:
-        """Insert one trajectory, waiting for room while its table is full (see :meth:`insert_episode`)."""
+    def _wait_for_room(self, tables: list[str], stop: threading.Event | None, started: float) -> None:
+        """Return once every table in ``tables`` holds fewer items than its ``max_size``.
+
+        Raises:
+            CancelledError: ``stop`` or the feed's stop event was set while a table was full.
+            RateLimitedError: A table stayed full for ``full_timeout_s`` seconds (counted from ``started``).
+        """
+        logged = False
+        while True:
+            full = []
+            for table in tables:
+                info = self._reconnecting(lambda t=table: self.store.info(t), f"reading table {table!r}")
+                if info.size >= info.config.max_size:
+                    full.append((table, info.size, info.config.max_size))
+            if not full:
+                return
+            table, size, max_size = full[0]
+            what = (
+                f"inserting an episode into {[t for t, _, _ in full]!r}: table {table!r} is full "
+                f"({size}/{max_size} items)"
+            )
+            if self._stopping(stop):
+                raise CancelledError(f"{what}: stopped before any item of the episode was inserted")
+            waited = time.monotonic() - started
+            if waited >= self.full_timeout_s:
+                raise RateLimitedError(
+                    f"{what} and stayed full for {waited:.0f}s (limit {self.full_timeout_s:.0f}s, "
+                    "services.reconnect_timeout_s): the learner is not consuming its items (it is behind, or no "
+                    "longer training); the episode is not inserted. The store is reachable: this is not an outage",
+                    table=table,
+                    size=size,
+                    max_size=max_size,
+                )
+            if not logged:
+                _LOG.info("%s; waiting for the learner to consume", what)
+                logged = True
+            self._pause(stop, ROOM_POLL_S)
+
+    def _insert_one(
+        self,
+        traj: Trajectory,
+        table: str,
+        stop: threading.Event | None,
+        started: float | None = None,
+        *,
+        interruptible: bool = True,
+    ) -> None:
+        """Insert one trajectory, waiting for room while its table is full (see :meth:`insert_episode`); the
+        stop events end the wait only when ``interruptible``."""
         what = f"inserting episode {traj.episode_id} into {table!r}"
-        first: float | None = None
+        first: float | None = started
         attempts = 0
         while True:
             try:
@@ -216,7 +291,7 @@ class ExperienceFeed:
                 now = time.monotonic()
                 first = now if first is None else first
                 full = f"table {table!r} is full ({_size_text(exc)})"
-                if self._stopping(stop):
+                if interruptible and self._stopping(stop):
                     raise CancelledError(
                         f"{what}: stopped while {full}; the episode is not inserted"
                     ) from exc
@@ -232,7 +307,10 @@ class ExperienceFeed:
                     ) from exc
                 if attempts == 1:
                     _LOG.info("%s: %s; waiting for the learner to consume", what, full)
-                self._pause(stop, FULL_RETRY_PAUSE_S)
+                if interruptible:
+                    self._pause(stop, FULL_RETRY_PAUSE_S)
+                else:
+                    time.sleep(FULL_RETRY_PAUSE_S)
 
     def _stopping(self, stop: threading.Event | None) -> bool:
         """Whether ``stop`` or the feed's own stop event is set."""
@@ -392,6 +470,17 @@ class ExperienceFeed:
         seen[episode_id] = None
         while len(seen) > SEEN_IDS:
             seen.popitem(last=False)
+
+
+def _partial(exc: MartiError, episode_id: str, done: list[str], missing: list[str]) -> MartiError:
+    """``exc`` (same type and metadata) with a message that says which tables got episode ``episode_id``."""
+    err = copy.copy(exc)
+    err.message = (
+        f"episode {episode_id} is only partly inserted: it is in {done!r} but not in {missing!r} (its items in "
+        f"the other tables are left there): {exc.message}"
+    )
+    err.args = (err.message,)
+    return err
 
 
 def _size_text(exc: RateLimitedError) -> str:

@@ -274,3 +274,26 @@ def test_the_learner_takes_a_steps_items_only_after_its_rollout_is_over(tmp_path
     loop._take_batches = take
     loop._train_step(Runtime(), 3, Producer())
     assert calls == ["summary 3", "versions", "take 3"]
+
+
+def test_an_episode_stopped_while_one_agents_table_is_full_is_in_no_table(address):
+    """agent_2's table is full (the learner is behind on it), agent_1's has room; the gateway closes while the
+    episode waits: neither table gets it, so the agents' tables stay aligned (the store's own table info)."""
+    import threading
+
+    from marti.errors import CancelledError
+
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    feed = ExperienceFeed(
+        client, "job", ["agent_1", "agent_2"], {"agent_1": 0, "agent_2": 0}, 2, lambda fn, what: fn()
+    )
+    feed.create_tables()
+    for i in range(2):
+        client.share_experience(_traj(f"old-{i}"), table=table_name("job", "agent_2"), timeout_s=2)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    with pytest.raises(
+        CancelledError, match="'job/agent_2' is full \\(2/2 items\\): stopped before any item"
+    ):
+        feed.insert_episode({"agent_1": _traj("new"), "agent_2": _traj("new")}, external=True, stop=stop)
+    assert (client.info("job/agent_1").size, client.info("job/agent_2").size) == (0, 2)

@@ -4,6 +4,7 @@ the job stops. A fake store raises the store's RateLimitedError; the reconnect w
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -80,3 +81,87 @@ def test_a_wait_for_room_ends_when_the_job_or_the_gateway_stops(whose):
     with pytest.raises(CancelledError, match=r"stopped while table 'job/a' is full \(4/4 items\)"):
         feed.insert_episode(_episode(), external=True, stop=stop if whose == "call" else None)
     assert feed.inserted == 0
+
+
+class TwoTables:
+    """Tables ``job/a`` and ``job/b`` (limit 4): ``sizes`` says what :meth:`info` reports, ``refuse`` how many
+    more inserts into a table are refused as full, ``down`` tables whose inserts fail as an outage."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.sizes = dict(sizes)
+        self.refuse: dict[str, int] = {}
+        self.down: set[str] = set()
+        self.items: dict[str, list[str]] = {"job/a": [], "job/b": []}
+
+    def info(self, table):
+        return SimpleNamespace(size=self.sizes[table], config=SimpleNamespace(max_size=4))
+
+    def share_experience(self, trajectory, table=None, priority=1.0, timeout_s=None):
+        if table in self.down:
+            raise UnavailableError(f"the experience store is unavailable ({table})")
+        if self.refuse.get(table, 0) > 0:
+            self.refuse[table] -= 1
+            raise RateLimitedError(f"insert on table {table!r} timed out", table=table, size=4, max_size=4)
+        self.items[table].append(trajectory.episode_id)
+        self.sizes[table] += 1
+        return 1
+
+
+def _two(store, **kwargs) -> ExperienceFeed:
+    return ExperienceFeed(store, "job", ["a", "b"], {"a": 1, "b": 1}, 4, _reconnecting, **kwargs)
+
+
+def _both(eid: str = "ep-1") -> dict[str, Trajectory]:
+    return {agent: Trajectory(episode_id=eid, agent_id=agent) for agent in ("a", "b")}
+
+
+def test_a_stop_while_one_agents_table_is_full_leaves_the_episode_out_of_every_table(monkeypatch):
+    monkeypatch.setattr(experience_feed, "ROOM_POLL_S", 0.01)
+    store = TwoTables({"job/a": 0, "job/b": 4})
+    stop = threading.Event()
+    feed = _two(store, full_timeout_s=30.0)
+    threading.Timer(0.2, stop.set).start()
+    with pytest.raises(CancelledError, match=r"table 'job/b' is full \(4/4 items\): stopped before any item"):
+        feed.insert_episode(_both(), external=True, stop=stop)
+    assert store.items == {"job/a": [], "job/b": []} and feed.inserted == 0
+
+
+def test_an_episode_waits_for_room_in_every_table_and_then_goes_in_whole_even_if_stop_comes(monkeypatch):
+    """Room came in both tables, but job/b filled again before its item: once job/a has the episode, the stop
+    event does not cut it; job/b's item waits for room and lands."""
+    monkeypatch.setattr(experience_feed, "ROOM_POLL_S", 0.01)
+    monkeypatch.setattr(experience_feed, "FULL_RETRY_PAUSE_S", 0.01)
+    store = TwoTables({"job/a": 4, "job/b": 0})
+    store.refuse["job/b"] = 3
+    stop = threading.Event()
+    feed = _two(store, full_timeout_s=30.0)
+
+    def room_then_stop():
+        store.sizes["job/a"] = 3
+        stop.set()
+
+    threading.Timer(0.1, room_then_stop).start()
+    feed.insert_episode(_both(), external=True, stop=stop)
+    assert store.items == {"job/a": ["ep-1"], "job/b": ["ep-1"]} and feed.inserted == 2
+
+
+def test_waiting_for_room_in_every_table_gives_up_naming_the_full_one(monkeypatch):
+    monkeypatch.setattr(experience_feed, "ROOM_POLL_S", 0.01)
+    store = TwoTables({"job/a": 0, "job/b": 4})
+    with pytest.raises(
+        RateLimitedError, match=r"table 'job/b' is full \(4/4 items\) and stayed full"
+    ) as info:
+        _two(store, full_timeout_s=0.1).insert_episode(_both(), external=True)
+    assert (info.value.table, info.value.size, info.value.max_size) == ("job/b", 4, 4)
+    assert store.items == {"job/a": [], "job/b": []}
+
+
+def test_an_insert_failing_after_another_agents_item_went_in_says_which_tables_got_the_episode():
+    store = TwoTables({"job/a": 0, "job/b": 0})
+    store.down.add("job/b")
+    with pytest.raises(
+        UnavailableError,
+        match=r"episode ep-1 is only partly inserted: it is in \['job/a'\] but not in \['job/b'\].*unavailable",
+    ):
+        _two(store).insert_episode(_both(), external=True)
+    assert store.items == {"job/a": ["ep-1"], "job/b": []}
