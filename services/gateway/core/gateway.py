@@ -688,7 +688,7 @@ class Gateway:
                     await asyncio.to_thread(self.sink, ep)  # type: ignore[arg-type]
                 except Exception as exc:  # noqa: BLE001 - counted, logged, and reported by report
                     if self.closing.is_set():  # the sink gave up because the gateway is closing
-                        self._count_lost(eid)
+                        self._count_lost(eid, exc)
                         batch.lost.append(eid)
                         continue
                     if not self._abandoned:
@@ -706,11 +706,21 @@ class Gateway:
                         self._backlog -= 1
         return first
 
-    def _count_lost(self, episode_id: str) -> None:
-        """Count one backlog episode that the closing gateway did not insert (unless close already counted it)."""
+    def _count_lost(self, episode_id: str, error: Exception | None = None) -> None:
+        """Count one backlog episode that the closing gateway did not insert (unless close already counted it);
+        ``error`` is what the sink raised when it gave up (logged: it says whether part of the episode went in)."""
         if not self._abandoned:
             self.backlog_lost_at_close += 1
-        _LOG.warning("episode %r is lost to training: the gateway closed before it was inserted", episode_id)
+        if error is None:
+            _LOG.warning(
+                "episode %r is lost to training: the gateway closed before it was inserted", episode_id
+            )
+        else:
+            _LOG.warning(
+                "episode %r is lost to training: the sink gave up as the gateway closed: %s",
+                episode_id,
+                error,
+            )
 
     def stats(self) -> dict[str, float]:
         """Counters: ``calls`` (traced), ``untraced_calls``, ``finished``, ``released`` (inserted into the sink;

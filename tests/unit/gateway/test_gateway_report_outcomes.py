@@ -23,10 +23,10 @@ from services.gateway.http_errors import exception_response
 from tests.unit.gateway.test_gateway_core import FakeBackend, S, _drained
 
 
-async def test_a_report_whose_episodes_the_closing_gateway_did_not_insert_is_told_they_are_lost():
+async def test_a_report_whose_episodes_the_closing_gateway_did_not_insert_is_told_they_are_lost(caplog):
     """The report waits for its group's inserts; the gateway closes meanwhile: the sink in flight gives up (as
-    the trainer's feed does on ``closing``) and the other member is never handed to it. The report is answered
-    UNAVAILABLE naming both as lost to training, never as released."""
+    the trainer's feed does on ``closing``; its error is logged) and the other member is never handed to it.
+    The report is answered UNAVAILABLE naming both as lost to training, never as released."""
     handed: list[str] = []
 
     def sink(episode):
@@ -43,7 +43,11 @@ async def test_a_report_whose_episodes_the_closing_gateway_did_not_insert_is_tol
         if handed:
             break
         await asyncio.sleep(0.01)
-    await asyncio.wait_for(gw.close(), timeout=8)
+    with caplog.at_level("WARNING", logger="marti.gateway"):
+        await asyncio.wait_for(gw.close(), timeout=8)
+    assert "episode 'e1' is lost to training: the sink gave up as the gateway closed: stopped waiting" in (
+        caplog.text
+    )
     with pytest.raises(
         UnavailableError,
         match=r"shutting down: episodes \['e1', 'e2'\] this report released were not inserted into training "

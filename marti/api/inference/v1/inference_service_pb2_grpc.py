@@ -107,9 +107,12 @@ class InferenceServiceServicer:
         """Ends an episode with its rewards (or as failed) and releases what became final to training. Errors:
         INVALID_ARGUMENT (empty episode_id, a rewards key that is not a trained agent, a call_rewards key the
         episode did not make), FAILED_PRECONDITION (the episode was already reported or abandoned: use a new
-        episode id), RESOURCE_EXHAUSTED (gateway.max_backlog_episodes released episodes still wait to be inserted:
-        nothing changed, retry later), UNAUTHENTICATED, INTERNAL (the trace sink failed; the episode is lost to
-        training).
+        episode id), RESOURCE_EXHAUSTED (the episodes it would release do not fit under
+        gateway.max_backlog_episodes: nothing changed, retry later), UNAUTHENTICATED, ABORTED (the report was
+        taken but the store did not insert the episodes it names: they are lost to training, do not report them
+        again), UNAVAILABLE (the gateway is shutting down: the report was not taken, or the episodes it names were
+        not inserted and are lost to training), INTERNAL (the trace sink failed unexpectedly; the episode is lost
+        to training).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
