@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 
 import httpx
 import openai
@@ -16,47 +15,12 @@ import pytest
 
 from marti.clients.inference import InferenceClient
 from marti.errors import ResourceExhaustedError
-from marti.inference import Generation
-from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
+from tests.unit.gateway.test_gateway_core import FakeBackend
 
 TOKEN = "backlog-token"
-
-
-class _EchoBackend(InferenceBackend):
-    """Agent ``a``: characters are tokens (code point mod 100); every completion is one token, last id + 1."""
-
-    def agents(self) -> list[str]:
-        return ["a"]
-
-    def versions(self) -> dict[str, int]:
-        return {"a": 0}
-
-    def resident_versions(self, agent: str) -> list[int]:
-        return [0]
-
-    def chat_prompt(self, agent, messages) -> list[int]:
-        return self.encode(agent, "".join(m["content"] for m in messages))
-
-    def encode(self, agent: str, text: str) -> list[int]:
-        return [ord(c) % 100 for c in text]
-
-    def token_texts(self, agent: str, ids: Sequence[int]) -> list[str]:
-        return [chr(65 + i % 26) for i in ids]
-
-    def decode(self, agent: str, ids: Sequence[int]) -> str:
-        return "".join(self.token_texts(agent, ids))
-
-    def vocab_size(self, agent: str) -> int:
-        return 100
-
-    def max_model_len(self, agent: str) -> int:
-        return 1000
-
-    def generate(self, agent, prompts, sampling, version) -> list[Generation]:
-        return [Generation(list(p), [(p[-1] + 1) % 100], [-1.0], "x", "stop", 0, agent) for p in prompts]
 
 
 def _wait_until(predicate, what: str, timeout_s: float = 8.0) -> None:
@@ -78,7 +42,7 @@ def blocked():
         inserted.append(episode["a"].episode_id)
 
     limits = GatewayLimits(max_wait_ms=1, max_backlog_episodes=1, report_wait_s=0.3)
-    gateway = Gateway(_EchoBackend(), limits, sink=sink)
+    gateway = Gateway(FakeBackend(), limits, sink=sink)
     server = GatewayServer(gateway, token=TOKEN)
     http_url, grpc_address = server.start()
     try:
