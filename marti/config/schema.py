@@ -17,6 +17,9 @@ from marti.config.seeds import default_eval_seeds, epochs_done, steps_for_epochs
 from marti.errors import InvalidArgumentError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: Difficulty levels of the built-in text envs, easiest first (``pick``: ``private_allocation`` only; the env
+#: server says which levels each scenario has).
+Difficulty = Literal["pick", "easy", "medium", "hard"]
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -173,7 +176,7 @@ class EnvironmentConfig(_Section):
     """``dense``: a reward every turn; ``sparse``: only at the end of the episode."""
     observation_format: Literal["natural_language", "json"] = "natural_language"
     """How observations are rendered for the agents."""
-    difficulty: Literal["easy", "medium", "hard"] | None = None
+    difficulty: Difficulty | None = None
     """Problem difficulty; null lets the environment choose its default."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Extra environment-specific settings passed through to the environment unchanged."""
@@ -644,7 +647,7 @@ class TaskConfig(_Section):
     """Env id or import path; null: ``environment.env_name``."""
     scenario: str | None = None
     """Scenario; null: ``environment.scenario``."""
-    difficulty: Literal["easy", "medium", "hard"] | None = None
+    difficulty: Difficulty | None = None
     """Starting difficulty; null: ``environment.difficulty`` (or the curriculum's first level)."""
     max_turns: PositiveInt | None = None
     """Most turns; null: ``environment.max_turns``."""
@@ -664,9 +667,7 @@ class CurriculumConfig(_Section):
 
     enabled: bool = False
     """Turn the curriculum on."""
-    levels: list[Literal["easy", "medium", "hard"]] = Field(
-        default_factory=lambda: ["easy", "medium", "hard"]
-    )
+    levels: list[Difficulty] = Field(default_factory=lambda: ["easy", "medium", "hard"])
     """Difficulty levels, easiest first."""
     metric: str = "task_completion"
     """Episode metric read as success (an episode succeeds when it is >= ``success_value``)."""

@@ -40,7 +40,8 @@ class ProblemSpec:
         capacity: ``"half"``: each capacity is about half of the resource's total maximum demand
             (``max(required use, ceil(total / 2), 1)``, so it follows from the tasks); ``"random"``: drawn
             uniformly from ``max(required use, 1)`` to ``max(total - 1, required use, 1)``, so it cannot be
-            worked out from the tasks.
+            worked out from the tasks; ``"one"``: each capacity is what the required tasks need, at least 1 (with
+            one unit of use per task and no required task: room for exactly one unit).
     """
 
     num_resources: int
@@ -52,6 +53,9 @@ class ProblemSpec:
     values: tuple[int, int] = (1, 9)
     capacity: str = "half"
 
+
+#: The values of :attr:`ProblemSpec.capacity`.
+CAPACITY_RULES = ("half", "random", "one")
 
 #: difficulty -> spec of ``resource_allocation``'s problems.
 DIFFICULTIES: dict[str, ProblemSpec] = {
@@ -152,8 +156,10 @@ def generate(rng: random.Random, difficulty: str | ProblemSpec) -> Problem:
         raise InvalidArgumentError(f"unknown difficulty {difficulty!r} (known: {', '.join(DIFFICULTIES)})")
     if spec.num_required + 2 * spec.num_exclusive > spec.num_tasks:
         raise InvalidArgumentError(f"{spec} has too few tasks for its required tasks and exclusive pairs")
-    if spec.capacity not in ("half", "random"):
-        raise InvalidArgumentError(f"unknown capacity rule {spec.capacity!r} (known: half, random)")
+    if spec.capacity not in CAPACITY_RULES:
+        raise InvalidArgumentError(
+            f"unknown capacity rule {spec.capacity!r} (known: {', '.join(CAPACITY_RULES)})"
+        )
     n_res, n_tasks = spec.num_resources, spec.num_tasks
     d_lo, d_hi = spec.demand
     resources = RESOURCE_NAMES[:n_res]
@@ -178,7 +184,9 @@ def generate(rng: random.Random, difficulty: str | ProblemSpec) -> Problem:
     for r in resources:
         total = sum(t.demand[r] * t.max_units for t in tasks)
         need = sum(t.demand[r] * t.min_units for t in tasks)
-        if spec.capacity == "random":
+        if spec.capacity == "one":
+            capacities[r] = max(need, 1)
+        elif spec.capacity == "random":
             capacities[r] = rng.randint(max(need, 1), max(total - 1, need, 1))
         else:
             capacities[r] = max(need, (total + 1) // 2, 1)

@@ -18,6 +18,13 @@ SCENARIO_FIELDS = {
     "debate": {f.name for f in debate.FIELDS},
 }
 
+#: scenario -> the difficulty levels it has (the schema's ``difficulty`` choices are their union).
+SCENARIO_DIFFICULTIES = {
+    "resource_allocation": ("easy", "medium", "hard"),
+    "private_allocation": tuple(private_allocation.PRIVATE_DIFFICULTIES),
+    "debate": ("easy", "medium", "hard"),
+}
+
 COLLABORATIVE_SCHEMA = ConfigSchema(
     COMMON_FIELDS + resource_allocation.FIELDS + private_allocation.OWN_FIELDS + debate.FIELDS
 )
@@ -34,8 +41,9 @@ def make_collaborative(config: dict[str, Any], seed: int | None) -> ParallelEnv:
         A :class:`ResourceAllocationEnv`, :class:`PrivateAllocationEnv` or :class:`DebateEnv`.
 
     Raises:
-        InvalidArgumentError: A key that belongs only to other scenarios was set to a non-default value, or the
-            scenario's env rejects the config (e.g. its roles).
+        InvalidArgumentError: A key that belongs only to other scenarios was set to a non-default value, a
+            difficulty the scenario does not have (``pick`` outside ``private_allocation``), or the scenario's env
+            rejects the config (e.g. its roles).
     """
     scenario = config["scenario"]
     defaults = COLLABORATIVE_SCHEMA.defaults()
@@ -47,6 +55,11 @@ def make_collaborative(config: dict[str, Any], seed: int | None) -> ParallelEnv:
                     raise InvalidArgumentError(
                         f"config key {key!r} belongs to scenario {other!r}, not {scenario!r}"
                     )
+    if config["difficulty"] not in SCENARIO_DIFFICULTIES[scenario]:
+        raise InvalidArgumentError(
+            f"difficulty {config['difficulty']!r} is not a level of scenario {scenario!r} "
+            f"(its levels: {', '.join(SCENARIO_DIFFICULTIES[scenario])})"
+        )
     if scenario == "debate":
         return debate.DebateEnv(config, seed)
     if scenario == "private_allocation":

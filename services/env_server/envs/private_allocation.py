@@ -27,11 +27,16 @@ single agent. ``solo_view="executor"`` shows it the executor's part and feedback
 and feedback (it submits without seeing any limit), ``"all"`` both parts and the full feedback: what one agent of
 the team can do alone, against the same model with all the information.
 
-Difficulty levels (:data:`PRIVATE_DIFFICULTIES`): ``easy`` is one resource, five tasks that each use one unit of
-it and may get at most one unit, and a capacity ``k`` drawn uniformly from 1..4, so the optimum is the ``k``
-highest-value tasks: either agent finds it with the other's facts, while the best either can submit from its own
-facts alone completes about a third of the seeds (measured in the tests). ``medium`` and ``hard`` are
-``resource_allocation``'s levels of the same names (the same problem for the same seed).
+Difficulty levels (:data:`PRIVATE_DIFFICULTIES`): ``pick`` is one resource of capacity 1 and five tasks that each
+use one unit of it and may get at most one unit, so the optimum is one unit to the most valuable task; at this
+level an agent that knows the values observes only their order (``Tasks, most valuable first: task_3, task_1,
+...``, :data:`RANKED_LEVELS`), so the rule once the executor has the leader's facts is "one unit to the first task
+the leader names". The executor's facts are the same on every ``pick`` problem, so the exchange is one way: the
+executor needs the leader's order, the leader needs nothing from the executor (alone with the leader's part, one
+agent can submit the optimum). ``easy`` is the same tasks with a capacity ``k`` drawn uniformly from 1..4, so the
+optimum is the ``k`` highest-value tasks: either agent finds it with the other's facts, while the best either can
+submit from its own facts alone completes about a third of the seeds (measured in the tests). ``medium`` and
+``hard`` are ``resource_allocation``'s levels of the same names (the same problem for the same seed).
 """
 
 from __future__ import annotations
@@ -65,10 +70,14 @@ FIELDS = ra.FIELDS + OWN_FIELDS
 
 #: difficulty -> spec of the scenario's problems.
 PRIVATE_DIFFICULTIES: dict[str, ap.ProblemSpec] = {
+    "pick": ap.ProblemSpec(1, 5, 1, demand=(1, 1), capacity="one"),
     "easy": ap.ProblemSpec(1, 5, 1, demand=(1, 1), capacity="random"),
     "medium": ap.DIFFICULTIES["medium"],
     "hard": ap.DIFFICULTIES["hard"],
 }
+
+#: Levels at which the views that show values show only their order (see :func:`ranked_task_line`).
+RANKED_LEVELS = ("pick",)
 
 LEADER_FORMAT = (
     "the values, one line per task like 'task_1 value 7' (a line 'task_1: 7' is read as a plan of 7 units), or a "
@@ -88,6 +97,23 @@ INSTRUCTIONS = {
     "knows the tasks' values and the executor the limits, and they tell each other. Judge the executor's "
     "latest allocation: write " + ra.EVALUATION_FORMAT + ", with one sentence of feedback.",
 }
+
+#: The leader's instructions and action format at :data:`RANKED_LEVELS`.
+RANKED_LEADER_INSTRUCTIONS = (
+    "You are the LEADER (planner). Only you know which tasks are worth the most; only the executor knows the "
+    "resources and the limits. Tell the executor the tasks, most valuable first."
+)
+RANKED_LEADER_FORMAT = "the task names, most valuable first (e.g. 'task_3, task_1, task_2'), or a plan: " + (
+    ra.ALLOCATION_FORMAT
+)
+#: The ``solo_view="leader"`` agent's instructions at :data:`RANKED_LEVELS`.
+RANKED_SOLO_LEADER_INSTRUCTIONS = (
+    "You work alone. You know which tasks are worth the most, but not the resources, what each task uses or "
+    "the limits. Submit an allocation, "
+    + ra.ALLOCATION_FORMAT
+    + ". Aim for the highest total value that keeps "
+    "every constraint."
+)
 
 #: solo_view -> the single agent's instructions.
 SOLO_INSTRUCTIONS = {
@@ -109,6 +135,24 @@ VIEWS = {
     "evaluator": (False, False, "evaluator"),
     "all": (True, True, "evaluator"),
 }
+
+
+def ranked_task_names(problem: ap.Problem) -> list[str]:
+    """The task names ordered by value per unit, most valuable first; equal values keep task order.
+
+    Args:
+        problem: The instance.
+
+    Returns:
+        The names, e.g. ``["task_3", "task_1", "task_2"]``: what an agent that knows the values observes at
+        :data:`RANKED_LEVELS` instead of the values (``tasks_most_valuable_first`` in the JSON format).
+    """
+    return [t.name for t in sorted(problem.tasks, key=lambda t: -t.value)]  # sorted is stable
+
+
+def ranked_task_line(problem: ap.Problem) -> str:
+    """:func:`ranked_task_names` as one observation line: ``"Tasks, most valuable first: task_3, task_1."``."""
+    return "Tasks, most valuable first: " + ", ".join(ranked_task_names(problem)) + "."
 
 
 def private_feedback(problem: ap.Problem, actor: str, score: ap.Score) -> dict[str, str]:
@@ -163,6 +207,10 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
         self.solo_view: str | None = solo
         #: agent -> its view (a key of :data:`VIEWS`): its role in a team, ``solo_view`` alone.
         self.view_of = {a: solo or r for a, r in self.role_of.items()}
+        #: At :data:`RANKED_LEVELS` the views that show values show only their order.
+        self.ranked = config["difficulty"] in RANKED_LEVELS
+        if self.ranked:
+            self.action_formats = {**self.action_formats, "leader": RANKED_LEADER_FORMAT}
         self._variants: dict[int, dict[str, str]] = {}
         self._latest_feedback: dict[str, str] = {}
 
@@ -203,7 +251,11 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
 
     def _instructions(self, agent: str) -> str:
         if self.solo_view is not None:
+            if self.ranked and self.solo_view == "leader":
+                return RANKED_SOLO_LEADER_INSTRUCTIONS
             return SOLO_INSTRUCTIONS[self.solo_view]
+        if self.ranked and self.role_of[agent] == "leader":
+            return RANKED_LEADER_INSTRUCTIONS
         return INSTRUCTIONS[self.role_of[agent]]
 
     def _problem_lines(self, agent: str) -> list[str]:
@@ -213,13 +265,19 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
         view = self.view_of[agent]
         if view not in self._problem_text_by_view:
             values, constraints, _ = VIEWS[view]
-            self._problem_text_by_view[view] = ra.describe_problem(
-                self.problem, values=values, constraints=constraints
-            )
+            if self.ranked and values and not constraints:
+                intro = ra.describe_problem(self.problem, values=False, constraints=False)[0]
+                self._problem_text_by_view[view] = [intro, ranked_task_line(self.problem)]
+            else:
+                self._problem_text_by_view[view] = ra.describe_problem(
+                    self.problem, values=values, constraints=constraints
+                )
         return self._problem_text_by_view[view]
 
     def _problem_doc(self, agent: str) -> dict:
         values, constraints, _ = VIEWS[self.view_of[agent]]
+        if self.ranked and values and not constraints:
+            return {"tasks_most_valuable_first": ranked_task_names(self.problem)}
         return self.problem.to_dict(values=values, constraints=constraints)
 
     def _visible_transcript(self, agent: str) -> list[tuple[str, str, str]]:

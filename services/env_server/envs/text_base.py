@@ -83,7 +83,13 @@ COMMON_FIELDS = (
         "observation text format",
         choices=("natural_language", "json"),
     ),
-    ConfigField("difficulty", "str", "easy", "problem size", choices=("easy", "medium", "hard")),
+    ConfigField(
+        "difficulty",
+        "str",
+        "easy",
+        "problem size (pick: collaborative_task_solving's private_allocation only)",
+        choices=("pick", "easy", "medium", "hard"),
+    ),
     ConfigField(
         "num_agents", "int", None, "number of agents (default depends on the scenario)", minimum=1, maximum=16
     ),

@@ -35,7 +35,12 @@ def play(env, seed: int, texts: list[str]) -> list:
 
 @pytest.mark.parametrize("transport", ["stream", "unary"])
 @pytest.mark.parametrize(
-    "cfg", [{}, {"difficulty": "hard", "observation_format": "json", "reward_type": "sparse"}]
+    "cfg",
+    [
+        {},
+        {"difficulty": "hard", "observation_format": "json", "reward_type": "sparse"},
+        {"difficulty": "pick", "observation_format": "json"},
+    ],
 )
 def test_remote_equals_local(env_server, transport: str, cfg: dict) -> None:
     remote = me.make(
@@ -55,7 +60,11 @@ def test_remote_equals_local(env_server, transport: str, cfg: dict) -> None:
 
 
 def test_pettingzoo_parallel_api_remote(env_server) -> None:
-    for cfg in ({}, {"difficulty": "medium", "observation_format": "json", "num_agents": 2}):
+    for cfg in (
+        {},
+        {"difficulty": "medium", "observation_format": "json", "num_agents": 2},
+        {"difficulty": "pick", "num_agents": 2},
+    ):
         remote = me.make(ENV, scenario="private_allocation", address=env_server[0], seed=0, **cfg)
         try:
             with warnings.catch_warnings():
