@@ -185,10 +185,12 @@ class ExperienceFeed:
         """Insert one finished episode: one trajectory per trainable agent, into the agent's table.
 
         The episode goes in whole or not at all, as far as the feed can ensure it (the agents' tables must stay
-        aligned, one item per episode each): an episode of several agents first waits until every agent's table
-        has room (looked up with the store's table info every :data:`ROOM_POLL_S` seconds), and only that wait
-        and the first item's insert end when ``stop`` or the feed's stop event is set; once an item is in, the
-        others are inserted whatever the stop events say (with room they do not wait). Retried while the store
+        aligned, one item per episode each): an external episode of several agents first waits until every
+        agent's table has room (looked up with the store's table info every :data:`ROOM_POLL_S` seconds), and
+        only that wait and the first item's insert end when ``stop`` or the feed's stop event is set; once an
+        item is in, the others are inserted whatever the stop events say (with room they do not wait). A built-in
+        episode skips the look (no table-info call): it belongs to the current rollout attempt, and an attempt
+        that fails part-way is retracted (:meth:`retract_attempt`), so :meth:`take` skips what did go in. Retried while the store
         restarts (an item that landed twice is dropped by :meth:`take`). An insert into a full table (the learner
         is behind: normal backpressure with asynchronous rollouts) waits for room in steps of
         :data:`INSERT_POLL_S` seconds, for at most ``full_timeout_s`` seconds in all (the wait for room in every
@@ -212,7 +214,7 @@ class ExperienceFeed:
             with self._lock:  # recorded first: an attempt that fails part-way retracts what it did insert
                 self._attempt.extend({t.episode_id for t in trajectories.values()})
         started = time.monotonic()
-        if len(trajectories) > 1:
+        if external and len(trajectories) > 1:
             self._wait_for_room([self.tables[a] for a in trajectories], stop, started)
         done: list[str] = []
         for agent, traj in trajectories.items():

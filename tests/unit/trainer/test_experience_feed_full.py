@@ -165,3 +165,29 @@ def test_an_insert_failing_after_another_agents_item_went_in_says_which_tables_g
     ):
         _two(store).insert_episode(_both(), external=True)
     assert store.items == {"job/a": ["ep-1"], "job/b": []}
+
+
+def test_a_built_in_episode_asks_no_table_for_room_and_a_failed_attempt_is_retracted():
+    """Built-in rollouts skip the room look (it costs one table-info call per agent per episode): a failure part-way
+    still says which tables got the episode, and the loop retracts the attempt (that take() then skips its items
+    is tests/integration/trainer/test_experience_feed.py's retraction test)."""
+
+    class Counting(TwoTables):
+        infos = 0
+
+        def info(self, table):
+            Counting.infos += 1
+            return super().info(table)
+
+    store = Counting({"job/a": 0, "job/b": 0})
+    feed = _two(store)
+    feed.begin_attempt()
+    feed.insert_episode(_both("ok"))
+    store.down.add("job/b")
+    with pytest.raises(UnavailableError, match=r"episode cut is only partly inserted"):
+        feed.insert_episode(_both("cut"))
+    feed.retract_attempt()
+    assert Counting.infos == 0 and store.items == {"job/a": ["ok", "cut"], "job/b": ["ok"]}
+    store.down.clear()
+    feed.insert_episode(_both("again"), external=True)  # an external episode does look
+    assert Counting.infos == 2
