@@ -14,13 +14,15 @@ so that on a machine shared with other jobs they see the same load on average an
 
 Printed per row: steps/s, p50 and p99 latency of one step call (for batched rows, of one batch call), and the
 throughput ratio remote / in-process for the same number of sessions. Targets (issue 4): batched remote at least
-50% of in-process throughput at 64 sessions; single-step round trip p50 under 1 ms.
+50% of in-process throughput at 64 sessions; single-step round trip p50 under 1 ms. ``--json PATH`` writes every
+row with its ratios, the targets and the load average before and after (:func:`report`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 
 import marti.envs as me
+from benchmarks.report import print_report
 from marti.clients.env import AsyncEnvClient, EnvClient, StepResult
 
 RA_TEXTS = {
@@ -371,6 +374,76 @@ class _Pipelined:
             r.close()
 
 
+#: The throughput ratio remote / in-process that the batched rows should reach (issue 4).
+BATCHED_TARGET = 0.5
+#: The single-step round-trip p50 target, milliseconds.
+SINGLE_P50_TARGET_MS = 1.0
+
+
+def ratios(rows: list[Row], r: Row) -> tuple[float | None, float | None]:
+    """``r``'s throughput ratio to the in-process row of the same env and sessions, and its CPU ratio.
+
+    Returns:
+        ``(steps/s ratio, cpu ratio)``: ``None`` for an in-process row; the CPU ratio (in-process CPU per step
+        over the larger of the client's and the server's) is ``None`` where a CPU figure is missing.
+    """
+    base = next(b for b in rows if b.mode == "in-process" and (b.env, b.sessions) == (r.env, r.sessions))
+    if r.mode == "in-process":
+        return None, None
+    cpu = None
+    if base.client_cpu_us and r.client_cpu_us and r.server_cpu_us:
+        cpu = base.client_cpu_us / max(r.client_cpu_us, r.server_cpu_us)
+    return r.steps_per_s / base.steps_per_s, cpu
+
+
+def report(rows: list[Row], args: dict[str, Any], load_before: list[float], load_after: list[float]) -> dict:
+    """Everything ``--json`` writes: the arguments, each row with its ratios, and the targets per env.
+
+    Args:
+        rows: The measured rows (:func:`run`).
+        args: The command's arguments (steps, sessions, deltas, rounds).
+        load_before: The 1, 5 and 15-minute load averages before the run.
+        load_after: The same after it.
+
+    Returns:
+        ``{"bench": "env", "args", "rows": [{...Row, "ratio", "cpu_ratio"}], "targets": {env: {...}},
+        "loadavg_before", "loadavg_after"}``; a target's ``met`` compares the best batched row's steps/s ratio
+        (``remote batched*`` and ``remote async/*`` at the most sessions) with :data:`BATCHED_TARGET`, and the
+        ``remote stream`` row's p50 with :data:`SINGLE_P50_TARGET_MS`.
+    """
+    out_rows = []
+    for r in rows:
+        ratio, cpu = ratios(rows, r)
+        out_rows.append({**dataclasses.asdict(r), "ratio": ratio, "cpu_ratio": cpu})
+    targets = {}
+    for env in dict.fromkeys(r.env for r in rows):
+        most = max(r.sessions for r in rows if r.env == env)
+        batched = [
+            x for x in out_rows if x["env"] == env and x["sessions"] == most and x["ratio"] is not None
+        ]
+        best = max(batched, key=lambda x: x["ratio"], default=None)
+        single = next((x for x in out_rows if x["env"] == env and x["mode"] == "remote stream"), None)
+        targets[env] = {
+            "batched_sessions": most,
+            "batched_best_mode": best and best["mode"],
+            "batched_best_ratio": best and best["ratio"],
+            "batched_best_cpu_ratio": max((x["cpu_ratio"] or 0.0 for x in batched), default=None),
+            "batched_target": BATCHED_TARGET,
+            "batched_met": bool(best and best["ratio"] >= BATCHED_TARGET),
+            "single_step_p50_ms": single and single["p50_ms"],
+            "single_step_p50_target_ms": SINGLE_P50_TARGET_MS,
+            "single_step_met": bool(single and single["p50_ms"] < SINGLE_P50_TARGET_MS),
+        }
+    return {
+        "bench": "env",
+        "args": args,
+        "rows": out_rows,
+        "targets": targets,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+    }
+
+
 def table(rows: list[Row]) -> str:
     """Format rows with the remote / in-process throughput ratio and, for N-session rows, the CPU per step.
 
@@ -378,18 +451,14 @@ def table(rows: list[Row]) -> str:
     ``cpu ratio``: in-process CPU per step over the larger of the two, i.e. the throughput ratio when client
     and server each have a core of their own and overlap (batches in flight); load-independent.
     """
-    base = {(r.env, r.sessions): r for r in rows if r.mode == "in-process"}
     out = [
         f"{'env':<20} {'mode':<16} {'sessions':>8} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>9} "
         f"{'remote/in-proc':>14} {'cli us':>7} {'srv us':>7} {'cpu ratio':>9}"
     ]
     for r in rows:
-        b = base[(r.env, r.sessions)]
-        ratio = cpu_ratio = ""
-        if r.mode != "in-process":
-            ratio = f"{r.steps_per_s / b.steps_per_s:.2f}"
-            if b.client_cpu_us and r.client_cpu_us and r.server_cpu_us:
-                cpu_ratio = f"{b.client_cpu_us / max(r.client_cpu_us, r.server_cpu_us):.2f}"
+        steps_ratio, cpu = ratios(rows, r)
+        ratio = f"{steps_ratio:.2f}" if steps_ratio is not None else ""
+        cpu_ratio = f"{cpu:.2f}" if cpu is not None else ""
         cli = f"{r.client_cpu_us:.0f}" if r.client_cpu_us is not None else ""
         srv = f"{r.server_cpu_us:.0f}" if r.server_cpu_us is not None else ""
         out.append(
@@ -414,7 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=4, help="interleaved rounds of the N-session rows (fair under load)"
     )
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="also write every number as JSON to PATH"
+    )
     args = parser.parse_args(argv)
+    load_before = [round(x, 2) for x in os.getloadavg()]
     proc = None
     address = args.address
     if address is None:
@@ -433,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(10)
-    print(table(rows))
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    kept = {"steps": args.steps, "sessions": args.sessions, "deltas": args.deltas, "rounds": args.rounds}
+    print_report(report(rows, kept, load_before, load_after), table(rows), args.json)
     return 0
 
 

@@ -3,6 +3,7 @@ rows carry CPU per step, and the table prints the ratios."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -48,3 +49,29 @@ def test_every_row_is_measured_with_cpu_per_step(address, deltas) -> None:
 def test_rounds_must_be_positive(address) -> None:
     with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
         bench.run(8, 4, address, rounds=0)
+
+
+def test_json_report_holds_every_row_its_ratios_and_the_targets(address) -> None:
+    rows = bench.run(8, 4, address, True, ["resource_allocation"], rounds=1, server_pid=os.getpid())
+    out = bench.report(rows, {"steps": 8, "sessions": 4}, [1.0, 1.0, 1.0], [2.0, 2.0, 2.0])
+    assert (
+        out["bench"] == "env" and out["loadavg_before"] == [1.0, 1.0, 1.0] and len(out["rows"]) == len(rows)
+    )
+    by_mode = {(r["mode"], r["sessions"]): r for r in out["rows"]}
+    base = by_mode[("in-process", 4)]
+    batched = by_mode[("remote batched", 4)]
+    assert base["ratio"] is None and batched["ratio"] == pytest.approx(
+        batched["steps_per_s"] / base["steps_per_s"]
+    )
+    assert batched["cpu_ratio"] == pytest.approx(
+        base["client_cpu_us"] / max(batched["client_cpu_us"], batched["server_cpu_us"])
+    )
+    target = out["targets"]["resource_allocation"]
+    best = max(
+        (r for r in out["rows"] if r["sessions"] == 4 and r["ratio"] is not None), key=lambda r: r["ratio"]
+    )
+    assert target["batched_sessions"] == 4 and target["batched_best_mode"] == best["mode"]
+    assert target["batched_met"] == (best["ratio"] >= 0.5)
+    assert target["single_step_p50_ms"] == by_mode[("remote stream", 1)]["p50_ms"]
+    json.dumps(out)  # JSON-ready as it is
+    assert f"{batched['ratio']:.2f}" in bench.table(rows)
