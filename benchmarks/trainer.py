@@ -280,23 +280,50 @@ def format_table(rows: list[dict[str, Any]], init_eval: dict[str, float], steps:
     lines.append(
         f"| untrained model | | | | | | | | | | {init_eval['reward']:.3f} ({init_eval['accuracy']:.2f}) | |"
     )
-    by = {r["side"]: r for r in rows}
-    if "ours" in by and "trl" in by:
-        o, t = by["ours"], by["trl"]
-        ratio_s = o["samples_per_s"] / t["samples_per_s"]
-        ratio_tok = o["gen_tokens_per_s"] / t["gen_tokens_per_s"]
-        ratio_med = o["median_samples_per_s"] / t["median_samples_per_s"]
-        reward_ok, reward_text = reward_comparison(o, t)
-        met = ratio_s >= TARGET_RATIO and reward_ok
+    c = compare(rows)
+    if c is not None:
+        o, t = c["ours"], c["trl"]
         lines += [
             "",
-            f"ours / TRL: samples/s {ratio_s:.2f}x, generated tokens/s {ratio_tok:.2f}x, "
-            f"at the median step {ratio_med:.2f}x; "
+            f"ours / TRL: samples/s {c['samples_per_s_ratio']:.2f}x, generated tokens/s "
+            f"{c['gen_tokens_per_s_ratio']:.2f}x, at the median step {c['median_samples_per_s_ratio']:.2f}x; "
             f"reward ours {o['tail_reward']:.3f} vs TRL {t['tail_reward']:.3f} (training, last {tail} steps), "
-            f"eval {o['eval_reward']:.3f} vs {t['eval_reward']:.3f}; {reward_text}. "
-            f"Target >= {TARGET_RATIO}x at equal or better reward (within one SE): {'met' if met else 'NOT met'}.",
+            f"eval {o['eval_reward']:.3f} vs {t['eval_reward']:.3f}; {c['reward_text']}. "
+            f"Target >= {TARGET_RATIO}x at equal or better reward (within one SE): "
+            f"{'met' if c['met'] else 'NOT met'}.",
         ]
     return "\n".join(lines)
+
+
+def compare(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Ours against TRL: the throughput ratios, the reward verdict and the target.
+
+    Args:
+        rows: :func:`summarize` rows (one per side).
+
+    Returns:
+        ``None`` unless both sides ran; else ``{"ours", "trl"}`` (the rows), ``samples_per_s_ratio``,
+        ``gen_tokens_per_s_ratio``, ``median_samples_per_s_ratio`` (ours / TRL), ``reward_ok`` and
+        ``reward_text`` (:func:`reward_comparison`), ``target_ratio`` and ``met`` (samples/s ratio >=
+        :data:`TARGET_RATIO` at an equal or better reward).
+    """
+    by = {r["side"]: r for r in rows}
+    if "ours" not in by or "trl" not in by:
+        return None
+    o, t = by["ours"], by["trl"]
+    ratio_s = o["samples_per_s"] / t["samples_per_s"]
+    reward_ok, reward_text = reward_comparison(o, t)
+    return {
+        "ours": o,
+        "trl": t,
+        "samples_per_s_ratio": ratio_s,
+        "gen_tokens_per_s_ratio": o["gen_tokens_per_s"] / t["gen_tokens_per_s"],
+        "median_samples_per_s_ratio": o["median_samples_per_s"] / t["median_samples_per_s"],
+        "reward_ok": reward_ok,
+        "reward_text": reward_text,
+        "target_ratio": TARGET_RATIO,
+        "met": ratio_s >= TARGET_RATIO and reward_ok,
+    }
 
 
 def _child(role: str, spec_path: Path, out_path: Path, python: str) -> dict[str, Any]:
@@ -351,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-venv", default=str(DEFAULT_TRL_VENV), help="TRL virtualenv (created if missing)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench_trainer"), help="output folder")
     p.add_argument("--report-only", action="store_true", help="only print the table of the runs in --out")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write every number as JSON to PATH")
     p.add_argument("--_ours", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._ours:
@@ -429,6 +457,18 @@ def _report(args: argparse.Namespace, out: Path) -> int:
     text = format_table(rows, init_eval, steps, tail)
     print(text)
     (out / "table.md").write_text(text + "\n")
+    if args.json:
+        c = compare(rows)
+        doc = {
+            "bench": "trainer",
+            "spec": {k: v for k, v in spec.items() if not k.endswith("_problems")},
+            "untrained_eval": init_eval,
+            "sides": rows,
+            "comparison": c and {k: v for k, v in c.items() if k not in ("ours", "trl")},
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 

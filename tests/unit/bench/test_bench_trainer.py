@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from benchmarks import sum_task
+from benchmarks import sum_task, trainer
 from benchmarks.trainer import reward_comparison
 
 
@@ -43,3 +45,40 @@ def test_a_clearly_lower_reward_is_not_equal():
     trl = _side([0.1, 0.1], [1.0, 1.0, 0.1, 0.1])
     assert not reward_comparison(ours, trl)[0]
     assert reward_comparison(trl, ours)[0]  # better is fine
+
+
+def test_report_only_writes_the_sides_the_ratios_and_the_verdict_as_json(tmp_path, capsys):
+    spec = {"steps": 4, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8, "temperature": 1.0}
+    spec |= {
+        "lr": 1e-4,
+        "lora": False,
+        "threads": 2,
+        "seed": 0,
+        "train_problems": [[1, 2]],
+        "eval_problems": [],
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "init_eval.json").write_text(json.dumps({"reward": 0.1, "accuracy": 0.0}))
+
+    def side(train_s, rewards):
+        return {
+            "train_time_s": train_s, "samples": 16, "completion_tokens": 64, "prompt_tokens": 128,
+            "step_times_s": [train_s / 4] * 4, "step_rewards": rewards,
+            "eval": {"reward": 0.2, "accuracy": 0.1, "scores": [0.1, 0.3]}, "load": 1.5,
+        }  # fmt: skip
+
+    (tmp_path / "ours_0.json").write_text(json.dumps(side(10.0, [0.1, 0.2, 0.3, 0.4])))
+    (tmp_path / "trl_0.json").write_text(json.dumps(side(20.0, [0.1, 0.2, 0.3, 0.4])))
+    path = tmp_path / "out.json"
+    assert trainer.main(["--report-only", "--out", str(tmp_path), "--json", str(path), "--model", "m"]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["bench"] == "trainer" and "train_problems" not in doc["spec"] and doc["spec"]["steps"] == 4
+    assert [s["side"] for s in doc["sides"]] == ["ours", "trl"]
+    c = doc["comparison"]
+    assert (
+        c["samples_per_s_ratio"] == pytest.approx(2.0)
+        and c["reward_ok"]
+        and c["met"] == (2.0 >= c["target_ratio"])
+    )
+    assert len(doc["loadavg_after"]) == 3
+    assert "samples/s 2.00x" in capsys.readouterr().out
