@@ -109,10 +109,8 @@ RANKED_LEADER_FORMAT = "the task names, most valuable first (e.g. 'task_3, task_
 #: The ``solo_view="leader"`` agent's instructions at :data:`RANKED_LEVELS`.
 RANKED_SOLO_LEADER_INSTRUCTIONS = (
     "You work alone. You know which tasks are worth the most, but not the resources, what each task uses or "
-    "the limits. Submit an allocation, "
-    + ra.ALLOCATION_FORMAT
-    + ". Aim for the highest total value that keeps "
-    "every constraint."
+    f"the limits. Submit an allocation, {ra.ALLOCATION_FORMAT}. Aim for the highest total value that keeps every "
+    "constraint."
 )
 
 #: solo_view -> the single agent's instructions.
