@@ -30,7 +30,8 @@ class ConfigField:
     Args:
         name: The key, e.g. ``"max_turns"``.
         type: One of ``int``, ``float``, ``str``, ``bool``, ``list``, ``dict``.
-        default: Value used when the key is absent (``None`` means "no value"; allowed for any type).
+        default: Value used when the key is absent or given as ``None`` (a ``None`` default means "no value";
+            allowed for any type).
         description: One line for docs and ``ListEnvs``.
         choices: Allowed values for ``str`` (or ``int``) keys; empty means any.
         minimum: Inclusive lower bound for numbers; ``None`` means unbounded.
@@ -108,7 +109,8 @@ class ConfigSchema:
             config: Keys and values from the caller; may be ``None`` or empty.
 
         Returns:
-            A new dict holding every key of the schema.
+            A new dict holding every key of the schema; a key given as ``None`` gets its default (``max_turns=None``
+            is ``max_turns=12``, as if it were left out).
 
         Raises:
             InvalidArgumentError: A key the schema does not know (the message names it and lists the known
@@ -123,7 +125,8 @@ class ConfigSchema:
             )
         out = self.defaults()
         for key, value in config.items():
-            out[key] = by_name[key].check(value)
+            if value is not None:
+                out[key] = by_name[key].check(value)
         return out
 
     def extend(self, extra: Sequence[ConfigField]) -> ConfigSchema:

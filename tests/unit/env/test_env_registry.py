@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import marti.env_registry as reg
+import marti.envs as me
 from marti.env_config import ConfigField, ConfigSchema
 from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, SessionLostError
 from services.env_server.core.sessions import SessionManager
@@ -131,6 +132,17 @@ def test_default_registry_lists_the_builtins():
 def test_schema_field_lives_in_the_sdk():
     schema = ConfigSchema([ConfigField("n", "int", 3, "count", minimum=1)])
     assert schema.validate({"n": 4}) == {"n": 4}
+
+
+def test_a_key_given_as_none_gets_its_default_and_the_env_plays():
+    """``max_turns=None`` used to pass validation as None and crash the first step with a TypeError."""
+    schema = ConfigSchema([ConfigField("n", "int", 3, "count"), ConfigField("o", "str", None, "optional")])
+    assert schema.validate({"n": None, "o": None}) == {"n": 3, "o": None}
+    env = me.make("collaborative_task_solving", scenario="private_allocation", num_agents=2, max_turns=None,
+               difficulty=None)  # fmt: skip
+    obs, _ = env.reset(seed=0)
+    assert "Turn 0 of at most 12." in obs["agent_1"] and "capacity" not in obs["agent_1"]
+    env.step({a: "" for a in env.agents})
 
 
 def test_unknown_session_is_session_lost_with_its_id():
