@@ -389,12 +389,15 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) <= 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
+        if not (out / "spec.json").is_file():
+            raise SystemExit(f"--report-only: no earlier run in {out} (its spec.json is missing)")
         return _report(args, out)
+    out.mkdir(parents=True, exist_ok=True)
     trl_python = str(ensure_trl_venv(Path(args.trl_venv))) if "trl" in args.sides else ""
     model_dir = prepare_model(args.model, args.seed, out / "init_model")
     spec = {
+        "model": args.model,
         "model_dir": str(model_dir),
         "steps": args.steps,
         "prompts_per_step": args.prompts,
@@ -443,13 +446,15 @@ def _report(args: argparse.Namespace, out: Path) -> int:
         runs = [json.loads(f.read_text()) for f in sorted(out.glob(f"{side}_*.json"))]
         if runs:
             results[side] = runs
+    if not results:
+        raise SystemExit(f"no side results in {out} (ours_*.json, trl_*.json): the run did not finish a side")
     rows = []
     for side, runs in results.items():
         best = min(runs, key=lambda r: r["train_time_s"])  # least disturbed by other load on the machine
         rows.append(summarize(side, best, tail))
     reps = max(len(v) for v in results.values())
     print(
-        f"\nmodel {args.model}, N={steps} steps x {spec['prompts_per_step']} prompts x G={spec['group_size']}, "
+        f"\nmodel {spec.get('model', args.model)}, N={steps} steps x {spec['prompts_per_step']} prompts x G={spec['group_size']}, "
         f"max_new_tokens={spec['max_new_tokens']}, T={spec['temperature']}, lr={spec['lr']}, "
         f"{'LoRA r=8' if spec['lora'] else 'full fine-tuning'}, {spec['threads']} threads, seed {spec['seed']}, "
         f"fastest of {reps} run(s) per side\n"

@@ -48,7 +48,14 @@ def test_a_clearly_lower_reward_is_not_equal():
 
 
 def test_report_only_writes_the_sides_the_ratios_and_the_verdict_as_json(tmp_path, capsys):
-    spec = {"steps": 4, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8, "temperature": 1.0}
+    spec = {
+        "model": "smollm2-135m-instruct",
+        "steps": 4,
+        "prompts_per_step": 2,
+        "group_size": 2,
+        "max_new_tokens": 8,
+        "temperature": 1.0,
+    }
     spec |= {
         "lr": 1e-4,
         "lora": False,
@@ -81,4 +88,20 @@ def test_report_only_writes_the_sides_the_ratios_and_the_verdict_as_json(tmp_pat
         and c["met"] == (2.0 >= c["target_ratio"])
     )
     assert len(doc["loadavg_after"]) == 3
-    assert "samples/s 2.00x" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert (
+        "samples/s 2.00x" in printed and "model smollm2-135m-instruct," in printed
+    )  # the run's, not --model's
+
+
+def test_report_only_without_an_earlier_run_says_so_and_creates_nothing(tmp_path):
+    missing = tmp_path / "nothing"
+    with pytest.raises(
+        SystemExit, match=r"--report-only: no earlier run in .*nothing \(its spec.json is missing\)"
+    ):
+        trainer.main(["--report-only", "--out", str(missing)])
+    assert not missing.exists()
+    (tmp_path / "spec.json").write_text(json.dumps({"steps": 4}))
+    (tmp_path / "init_eval.json").write_text(json.dumps({"reward": 0.1, "accuracy": 0.0}))
+    with pytest.raises(SystemExit, match=r"no side results in .*ours_\*.json, trl_\*.json"):
+        trainer.main(["--report-only", "--out", str(tmp_path)])
