@@ -454,7 +454,8 @@ def _report(args: argparse.Namespace, out: Path) -> int:
         rows.append(summarize(side, best, tail))
     reps = max(len(v) for v in results.values())
     print(
-        f"\nmodel {spec.get('model', args.model)}, N={steps} steps x {spec['prompts_per_step']} prompts x G={spec['group_size']}, "
+        f"\nmodel {spec.get('model', args.model)}, N={steps} steps x {spec['prompts_per_step']} prompts x "
+        f"G={spec['group_size']}, "
         f"max_new_tokens={spec['max_new_tokens']}, T={spec['temperature']}, lr={spec['lr']}, "
         f"{'LoRA r=8' if spec['lora'] else 'full fine-tuning'}, {spec['threads']} threads, seed {spec['seed']}, "
         f"fastest of {reps} run(s) per side\n"

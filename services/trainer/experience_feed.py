@@ -190,10 +190,10 @@ class ExperienceFeed:
         only that wait and the first item's insert end when ``stop`` or the feed's stop event is set; once an
         item is in, the others are inserted whatever the stop events say (with room they do not wait). A built-in
         episode skips the look (no table-info call): it belongs to the current rollout attempt, and an attempt
-        that fails part-way is retracted (:meth:`retract_attempt`), so :meth:`take` skips what did go in. Retried while the store
-        restarts (an item that landed twice is dropped by :meth:`take`). An insert into a full table (the learner
-        is behind: normal backpressure with asynchronous rollouts) waits for room in steps of
-        :data:`INSERT_POLL_S` seconds, for at most ``full_timeout_s`` seconds in all (the wait for room in every
+        that fails part-way is retracted (:meth:`retract_attempt`), so :meth:`take` skips what did go in.
+        Retried while the store restarts (an item that landed twice is dropped by :meth:`take`). An insert into a
+        full table (the learner is behind: normal backpressure with asynchronous rollouts) waits for room in steps
+        of :data:`INSERT_POLL_S` seconds, for at most ``full_timeout_s`` seconds in all (the wait for room in every
         table counts too). If an insert still fails after an earlier item went in (a table filled meanwhile, or
         the store went away), the error keeps its type and its message says which tables got the episode and
         which did not.

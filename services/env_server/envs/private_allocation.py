@@ -263,7 +263,7 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
         view = self.view_of[agent]
         if view not in self._problem_text_by_view:
             values, constraints, _ = VIEWS[view]
-            if self.ranked and values and not constraints:
+            if self._sees_ranking(view):
                 intro = ra.describe_problem(self.problem, values=False, constraints=False)[0]
                 self._problem_text_by_view[view] = [intro, ranked_task_line(self.problem)]
             else:
@@ -273,10 +273,16 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
         return self._problem_text_by_view[view]
 
     def _problem_doc(self, agent: str) -> dict:
-        values, constraints, _ = VIEWS[self.view_of[agent]]
-        if self.ranked and values and not constraints:
+        if self._sees_ranking(self.view_of[agent]):
             return {"tasks_most_valuable_first": ranked_task_names(self.problem)}
+        values, constraints, _ = VIEWS[self.view_of[agent]]
         return self.problem.to_dict(values=values, constraints=constraints)
+
+    def _sees_ranking(self, view: str) -> bool:
+        """At :data:`RANKED_LEVELS`, a view that shows the values but not the limits (the leader's) sees only
+        their order."""
+        values, constraints, _ = VIEWS[view]
+        return self.ranked and values and not constraints
 
     def _visible_transcript(self, agent: str) -> list[tuple[str, str, str]]:
         feedback = VIEWS[self.view_of[agent]][2]
