@@ -411,6 +411,35 @@ def parse_allocation(text: str, task_names: list[str]) -> ParsedAllocation:
     return _from_pairs(pairs, task_names)
 
 
+_NAME_RE = re.compile(r"\btask[\s_#-]*(\d+)\b", re.IGNORECASE)
+
+
+def parse_names(text: str, task_names: list[str]) -> ParsedAllocation:
+    """Read a submission that may name tasks instead of giving amounts (``private_allocation``'s ``pick``).
+
+    Any form of :func:`parse_allocation` is read as such. A text that holds no allocation (``absent``) but names
+    tasks gives **one unit to each task it names**: ``task_3`` and ``I pick task_3.`` mean ``{"task_3": 1}``;
+    ``task_3, task_1`` means one unit to each of ``task_3`` and ``task_1`` (a name repeated counts once). A named
+    task that the problem does not have is reported in ``unknown``, as :func:`parse_allocation` does.
+
+    Args:
+        text: The agent's message.
+        task_names: The problem's task names (``task_1`` ...).
+
+    Returns:
+        A :class:`ParsedAllocation`; ``absent`` only when the text names no task; never raises on any text.
+    """
+    parsed = parse_allocation(text, task_names)
+    if not parsed.absent:
+        return parsed
+    named = [m.group(1) for m in _NAME_RE.finditer(text)]
+    if not named:
+        return ParsedAllocation(
+            None, (), "no task named; name each task that gets one unit, like 'task_3'", absent=True
+        )
+    return _from_pairs([(n, 1) for n in named], task_names)
+
+
 _SCORE_RE = re.compile(r"score\s*(?:is|=|:)?\s*(-?\d+(?:\.\d+)?)\s*(%|/\s*100|/\s*10\b)?", re.IGNORECASE)
 _ACCEPT_RE = re.compile(r"\b(accept|accepted|approve|approved)\b", re.IGNORECASE)
 _REJECT_RE = re.compile(r"\b(reject|rejected|not accept|don't accept|do not accept|revise)\b", re.IGNORECASE)

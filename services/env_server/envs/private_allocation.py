@@ -31,7 +31,9 @@ Difficulty levels (:data:`PRIVATE_DIFFICULTIES`): ``pick`` is one resource of ca
 use one unit of it and may get at most one unit, so the optimum is one unit to the most valuable task; at this
 level an agent that knows the values observes only their order (``Tasks, most valuable first: task_3, task_1,
 ...``, :data:`RANKED_LEVELS`), so the rule once the executor has the leader's facts is "one unit to the first task
-the leader names". The executor's facts are the same on every ``pick`` problem, so the exchange is one way: the
+the leader names"; at these levels a submission may name tasks instead of giving amounts (one unit to each task
+named, :func:`~services.env_server.envs.allocation_problem.parse_names`), so the rule's reply is the leader's first
+task alone. The executor's facts are the same on every ``pick`` problem, so the exchange is one way: the
 executor needs the leader's order, the leader needs nothing from the executor (alone with the leader's part, one
 agent can submit the optimum). ``easy`` is the same tasks with a capacity ``k`` drawn uniformly from 1..4, so the
 optimum is the ``k`` highest-value tasks: either agent finds it with the other's facts, while the best either can
@@ -106,24 +108,44 @@ RANKED_LEADER_INSTRUCTIONS = (
 RANKED_LEADER_FORMAT = "the task names, most valuable first (e.g. 'task_3, task_1, task_2'), or a plan: " + (
     ra.ALLOCATION_FORMAT
 )
-#: The ``solo_view="leader"`` agent's instructions at :data:`RANKED_LEVELS`.
-RANKED_SOLO_LEADER_INSTRUCTIONS = (
-    "You work alone. You know which tasks are worth the most, but not the resources, what each task uses or "
-    f"the limits. Submit an allocation, {ra.ALLOCATION_FORMAT}. Aim for the highest total value that keeps every "
+#: What a submission is at :data:`RANKED_LEVELS` (the executor's and a solo agent's action format): the tasks
+#: that get one unit each, named (:func:`~services.env_server.envs.allocation_problem.parse_names`), or an
+#: allocation.
+PICK_FORMAT = "the names of the tasks that get one unit each, e.g. 'task_3' (or an allocation, " + (
+    ra.ALLOCATION_FORMAT + ")"
+)
+#: The executor's instructions at :data:`RANKED_LEVELS`.
+RANKED_EXECUTOR_INSTRUCTIONS = (
+    "You are the EXECUTOR. Only you know the resources and the limits; only the leader knows which tasks are "
+    f"worth the most and will tell you. Submit {PICK_FORMAT}. Aim for the highest total value that keeps every "
     "constraint."
 )
-
+_AIM = "Aim for the highest total value that keeps every constraint."
+#: Role -> its instructions at :data:`RANKED_LEVELS` in a team.
+RANKED_INSTRUCTIONS = {
+    **INSTRUCTIONS,
+    "leader": RANKED_LEADER_INSTRUCTIONS,
+    "executor": RANKED_EXECUTOR_INSTRUCTIONS,
+}
+#: solo_view -> what the single agent is told it knows.
+_SOLO_FACTS = {
+    "executor": "You work alone. You know the resources, what each task uses and the limits, but not the tasks' "
+    "values.",
+    "leader": "You work alone. You know each task's value, but not the resources, what each task uses or the "
+    "limits.",
+    "all": "You work alone and see the whole problem.",
+}
 #: solo_view -> the single agent's instructions.
 SOLO_INSTRUCTIONS = {
-    "executor": "You work alone. You know the resources, what each task uses and the limits, but not the "
-    "tasks' values. Submit an allocation, " + ra.ALLOCATION_FORMAT + ". Aim for the highest total value that "
-    "keeps every constraint.",
-    "leader": "You work alone. You know each task's value, but not the resources, what each task uses or the "
-    "limits. Submit an allocation, " + ra.ALLOCATION_FORMAT + ". Aim for the highest total value that keeps "
-    "every constraint.",
-    "all": "You work alone and see the whole problem. Submit an allocation, "
-    + ra.ALLOCATION_FORMAT
-    + ". Aim for the highest total value that keeps every constraint.",
+    view: f"{facts} Submit an allocation, {ra.ALLOCATION_FORMAT}. {_AIM}"
+    for view, facts in _SOLO_FACTS.items()
+}
+#: solo_view -> the single agent's instructions at :data:`RANKED_LEVELS` (the leader's part is the order of the
+#: values; a submission is :data:`PICK_FORMAT`).
+RANKED_SOLO_INSTRUCTIONS = {
+    **{view: f"{facts} Submit {PICK_FORMAT}. {_AIM}" for view, facts in _SOLO_FACTS.items()},
+    "leader": "You work alone. You know which tasks are worth the most, but not the resources, what each task "
+    f"uses or the limits. Submit {PICK_FORMAT}. {_AIM}",
 }
 
 #: An agent's view -> (shows the values, shows the constraints, which feedback of :func:`private_feedback`).
@@ -208,7 +230,11 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
         #: At :data:`RANKED_LEVELS` the views that show values show only their order.
         self.ranked = config["difficulty"] in RANKED_LEVELS
         if self.ranked:
-            self.action_formats = {**self.action_formats, "leader": RANKED_LEADER_FORMAT}
+            self.action_formats = {
+                **self.action_formats,
+                "leader": RANKED_LEADER_FORMAT,
+                "executor": PICK_FORMAT,
+            }
         self._variants: dict[int, dict[str, str]] = {}
         self._latest_feedback: dict[str, str] = {}
 
@@ -235,6 +261,11 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
             return 0.0, False
         return super()._plan(actor, text)
 
+    def _read_submission(self, text: str) -> ap.ParsedAllocation:
+        if self.ranked:
+            return ap.parse_names(text, self.problem.task_names)
+        return super()._read_submission(text)
+
     def _execute(self, actor: str, text: str) -> tuple[float, bool]:
         term, done = super()._execute(actor, text)
         if self.last_score is None:  # unreadable: the parse-error line says nothing private
@@ -249,11 +280,9 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
 
     def _instructions(self, agent: str) -> str:
         if self.solo_view is not None:
-            if self.ranked and self.solo_view == "leader":
-                return RANKED_SOLO_LEADER_INSTRUCTIONS
-            return SOLO_INSTRUCTIONS[self.solo_view]
-        if self.ranked and self.role_of[agent] == "leader":
-            return RANKED_LEADER_INSTRUCTIONS
+            return (RANKED_SOLO_INSTRUCTIONS if self.ranked else SOLO_INSTRUCTIONS)[self.solo_view]
+        if self.ranked:
+            return RANKED_INSTRUCTIONS[self.role_of[agent]]
         return INSTRUCTIONS[self.role_of[agent]]
 
     def _problem_lines(self, agent: str) -> list[str]:

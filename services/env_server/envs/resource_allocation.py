@@ -317,8 +317,12 @@ class ResourceAllocationEnv(TextTeamEnv):
         self.plan = parsed.allocation
         return self._team_score(ap.score(self.problem, parsed.allocation, parsed.unknown)), False
 
+    def _read_submission(self, text: str) -> ap.ParsedAllocation:
+        """Read a submitted allocation (:func:`~services.env_server.envs.allocation_problem.parse_allocation`)."""
+        return ap.parse_allocation(text, self.problem.task_names)
+
     def _execute(self, actor: str, text: str) -> tuple[float, bool]:
-        parsed = ap.parse_allocation(text, self.problem.task_names)
+        parsed = self._read_submission(text)
         if parsed.allocation is None:
             self.parse_error = f"{actor}'s allocation could not be read: {parsed.error}"
             self.transcript.append(("environment", "feedback", self.parse_error))

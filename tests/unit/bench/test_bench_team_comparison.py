@@ -258,3 +258,42 @@ def test_what_is_equal_under_each_budget():
         wall.startswith("Equal: a wall-time budget of 900 s per run")
         and "Not equal: steps (at most 1000)" in wall
     )
+
+
+def test_config_builds_the_arms_from_another_team_config(tmp_path):
+    """``--config``: the arms come from the given team (here the two-agent ``pick`` example), not the scenario's
+    example; the solo arms take its executor; a config of another scenario is refused, naming both."""
+    pick = tc.ROOT / "examples" / "private_allocation_pick.yaml"
+    example = yaml.safe_load(pick.read_text())
+    built = {arm: _cfg(arm, tmp_path, config=pick, episodes=12, group=6) for arm in tc.PRIVATE_ARMS}
+    assert [a["role"] for a in built["team"]["agents"]] == ["planner", "executor"]
+    assert built["team"]["environment"]["difficulty"] == "pick"
+    executor = next(a for a in example["agents"] if a["role"] == "executor")
+    for arm in ("solo_part", "solo_all"):
+        assert built[arm]["agents"] == [{**executor, "name": "agent_1"}]
+        assert built[arm]["environment"]["difficulty"] == "pick"
+    for arm, cfg in built.items():
+        loaded = config_from_dict(cfg)
+        assert loaded.rollout.max_new_tokens == example["rollout"]["max_new_tokens"]
+        env = me.make(loaded.environment.env_name, **env_config(loaded))
+        env.reset(seed=0)
+        assert env.env.ranked and len(env.possible_agents) == (2 if arm == "team" else 1)
+    with pytest.raises(
+        ValueError, match="scenario 'resource_allocation', not of --scenario 'private_allocation'"
+    ):
+        _cfg("team", tmp_path, config=tc.BASE_CONFIG)
+
+
+def test_config_flag_names_the_output_root_and_the_json(tmp_path, monkeypatch, capsys):
+    pick = tc.ROOT / "examples" / "private_allocation_pick.yaml"
+    out = tmp_path / "tc.json"
+    monkeypatch.setattr(tc, "ROOT", tmp_path)  # the default output root goes under tmp_path
+    _results(tmp_path / "runs" / "team_comparison" / "private_allocation_pick_samples")
+    argv = ["--scenario", "private_allocation", "--config", str(pick), "--summarize-only", "--json", str(out)]
+    assert tc.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["config"] == str(pick)
+    assert (
+        data["runs"]["team"]["0"]["last_eval"]["team/task_completion"] == 0.25
+    )  # read from <config>_<budget>
+    assert "scenario private_allocation, budget samples" in capsys.readouterr().out

@@ -16,10 +16,12 @@ import marti.envs as me
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
 from services.env_server.envs.private_allocation import (
+    PICK_FORMAT,
     PRIVATE_DIFFICULTIES,
+    RANKED_EXECUTOR_INSTRUCTIONS,
     RANKED_LEADER_FORMAT,
     RANKED_LEADER_INSTRUCTIONS,
-    RANKED_SOLO_LEADER_INSTRUCTIONS,
+    RANKED_SOLO_INSTRUCTIONS,
     ranked_task_names,
 )
 
@@ -104,9 +106,68 @@ def test_leader_instructions_and_action_format_say_what_it_knows() -> None:
     assert RANKED_LEADER_INSTRUCTIONS in obs["agent_1"] and "values, one line" not in obs["agent_1"]
     assert infos["agent_1"]["action_format"] == RANKED_LEADER_FORMAT
     obs, _ = make(seed=0, num_agents=1, solo_view="leader").reset(seed=0)
-    assert RANKED_SOLO_LEADER_INSTRUCTIONS in obs["agent_1"]
+    assert RANKED_SOLO_INSTRUCTIONS["leader"] in obs["agent_1"]
     obs, _ = make(seed=0, num_agents=1, solo_view="all").reset(seed=0)  # the whole problem, values included
     assert "value" in obs["agent_1"] and "capacity 1" in obs["agent_1"]
+
+
+NAMES = [f"task_{i}" for i in range(1, 6)]
+
+
+@pytest.mark.parametrize(
+    ("text", "allocation", "unknown"),
+    [
+        ("task_3", {"task_3": 1}, ()),
+        ("I give the unit to task_3.", {"task_3": 1}, ()),
+        ("Most valuable first: task_5, task_2, task_", {"task_5": 1, "task_2": 1}, ()),  # each task named
+        ("task_5, Task #2, task_5", {"task_5": 1, "task_2": 1}, ()),  # a repeated name counts once
+        ('{"task_1": 2, "task_2": 2, "task_', {"task_1": 1, "task_2": 1}, ()),  # broken JSON: names only
+        ("task_9", {}, ("task_9",)),  # unknown task: reported, as parse_allocation does
+        ("task_9, task_4", {"task_4": 1}, ("task_9",)),
+        # an allocation in any form of parse_allocation is read as such, amounts included
+        ("task_2: 1\ntask_4: 1 (not task_5)", {"task_2": 1, "task_4": 1}, ()),
+        ('{"task_5": 0, "task_1": 1}', {"task_1": 1, "task_5": 0}, ()),
+        ("task_2: 3", {"task_2": 3}, ()),
+    ],
+)
+def test_parse_names_reads_an_allocation_or_else_one_unit_per_task_named(text, allocation, unknown) -> None:
+    parsed = ap.parse_names(text, NAMES)
+    assert parsed.allocation == {n: allocation.get(n, 0) for n in NAMES} and parsed.unknown == unknown
+    assert parsed.error is None and not parsed.absent
+
+
+@pytest.mark.parametrize("text", ["", "the unit goes to the best one", "task_", "tasks 3"])
+def test_parse_names_without_a_task_named_is_absent_with_feedback(text: str) -> None:
+    parsed = ap.parse_names(text, NAMES)
+    assert parsed.allocation is None and parsed.absent and "name each task" in parsed.error
+    assert ap.parse_allocation("I give the unit to task_3.", NAMES).absent  # only parse_names reads a name
+
+
+def test_at_pick_the_executor_submits_by_naming_a_task() -> None:
+    """The executor's (and a solo agent's) instructions and action format say names are a submission, and the
+    env reads them: each task named gets one unit, so naming the leader's first task alone completes and copying
+    the leader's whole order breaks the capacity. The leader's bare names stay a message, not a plan."""
+    env = make(seed=3, num_agents=2)
+    obs, infos = env.reset(seed=3)
+    assert RANKED_EXECUTOR_INSTRUCTIONS in obs["agent_2"] and infos["agent_2"]["action_format"] == PICK_FORMAT
+    best, second = ranked_task_names(env.env.problem)[:2]
+    obs, rewards, *_ = env.step({"agent_1": f"{best}, {second}"})
+    assert rewards["agent_1"] == 0.0 and env.env.submission is None  # a message
+    _, _, _, _, infos = env.step({"agent_2": f"I give the unit to {best}."})
+    assert infos["agent_2"]["task_completion"] and infos["agent_2"]["valid_allocation"]
+    assert env.env.submission == {n: int(n == best) for n in NAMES}
+    env.reset(seed=3)
+    env.step({"agent_1": f"{best}, {second}"})
+    _, _, _, _, infos = env.step({"agent_2": f"{best}, {second}"})  # the whole order: two units, capacity 1
+    assert not infos["agent_2"]["valid_allocation"] and infos["agent_2"]["constraint_violations"] == 1
+    obs, infos = make(seed=3, num_agents=1, solo_view="executor").reset(seed=3)
+    assert RANKED_SOLO_INSTRUCTIONS["executor"] in obs["agent_1"] and PICK_FORMAT in obs["agent_1"]
+    # a name names one task; at the other levels it is not an allocation
+    env = me.make(ENV, scenario="private_allocation", difficulty="easy", num_agents=2, seed=3)
+    env.reset(seed=3)
+    env.step({"agent_1": "task_1 value 7"})
+    _, _, _, _, infos = env.step({"agent_2": "task_1"})
+    assert not infos["agent_2"]["valid_allocation"] and "could not be read" in infos["agent_2"]["parse_error"]
 
 
 def first_named(message: str) -> str:
