@@ -1,7 +1,7 @@
 """Single agent against the team (issue 7, deliverable 5), on resource_allocation or private_allocation.
 
 ``marti bench team_comparison [--scenario resource_allocation|private_allocation] [--budget samples|walltime]
-[--steps S] [--seeds 0 1 2] [--arms ...] [--model NAME] [--json PATH] [--summarize-only]``
+[--config PATH] [--steps S] [--seeds 0 1 2] [--arms ...] [--model NAME] [--json PATH] [--summarize-only]``
 
 Every arm is a ``marti train`` run of the scenario's example config (embedded stack, local Ray, transformers
 rollouts, GRPO, LoRA r=8 on SmolLM2-135M-Instruct by default). Within a comparison every arm keeps the same
@@ -101,6 +101,7 @@ def arm_config(
     budget: str = "samples",
     wall_time_s: float | None = None,
     eval_episodes: int | None = None,
+    config: Path | None = None,
 ) -> dict:
     """Build one arm's training config from the scenario's example config.
 
@@ -118,13 +119,16 @@ def arm_config(
             :data:`SAFETY_WALL_TIME_S`) or ``walltime`` (``budget.max_wall_time_s = wall_time_s``).
         wall_time_s: The wall-time budget in seconds; required with ``walltime``.
         eval_episodes: Held-out episodes per evaluation (``rollout.eval_episodes``); None keeps the config's.
+        config: The config to build the arms from (a team of that scenario, e.g.
+            ``examples/private_allocation_pick.yaml``); None: the scenario's example config.
 
     Returns:
         The config as a dict, ready to dump as YAML.
 
     Raises:
-        ValueError: Unknown scenario, arm or budget, ``episodes`` not a positive multiple of ``group``, or
-            ``walltime`` without a positive ``wall_time_s``.
+        ValueError: Unknown scenario, arm or budget, ``episodes`` not a positive multiple of ``group``,
+            ``walltime`` without a positive ``wall_time_s``, or a ``config`` whose ``environment.scenario`` is
+            not ``scenario``.
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {tuple(SCENARIOS)}, got {scenario!r}")
@@ -137,7 +141,10 @@ def arm_config(
         raise ValueError(f"the walltime budget needs wall_time_s > 0, got {wall_time_s!r}")
     if episodes <= 0 or group <= 0 or episodes % group:
         raise ValueError(f"episodes ({episodes}) must be a positive multiple of group ({group})")
-    cfg = yaml.safe_load(base.read_text())
+    cfg = yaml.safe_load((config or base).read_text())
+    if config is not None and (cfg.get("environment") or {}).get("scenario") != scenario:
+        found = (cfg.get("environment") or {}).get("scenario")
+        raise ValueError(f"{config} is a config of scenario {found!r}, not of --scenario {scenario!r}")
     prefix = "teamcmp" if scenario == "resource_allocation" else f"teamcmp_{scenario}_{budget}"
     cfg["training_name"] = f"{prefix}_{arm}_s{seed}"
     cfg["seed"] = seed
@@ -496,7 +503,13 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         default=None,
         help="output root (default runs/team_comparison, or runs/team_comparison/<scenario>_<budget> "
-        "for any other scenario or budget)",
+        "for any other scenario or budget, runs/team_comparison/<config name>_<budget> with --config)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the team config the arms are built from (default: the scenario's example config)",
     )
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     p.add_argument("--summarize-only", action="store_true", help="do not train; summarize existing runs")
@@ -509,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (DEFAULT_WALLTIME_MAX_STEPS if args.budget == "walltime" else 4)
     if args.out:
         out_root = Path(args.out)
+    elif args.config is not None:
+        out_root = ROOT / "runs" / "team_comparison" / f"{args.config.stem}_{args.budget}"
     elif args.scenario == "resource_allocation" and args.budget == "samples":
         out_root = ROOT / "runs" / "team_comparison"
     else:
@@ -533,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                     budget=args.budget,
                     wall_time_s=args.wall_time,
                     eval_episodes=args.eval_episodes,
+                    config=args.config,
                 )
                 info = run_arm(cfg, out_dir)
                 print(
@@ -557,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         doc = {
             "scenario": args.scenario,
+            "config": str(args.config or SCENARIOS[args.scenario][0]),
             "budget": args.budget,
             "reference": reference,
             "equal": equal,
