@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # stopped building its CPU shared-memory kernel); 4 workers were slower (35 min 49 s, with timing failures); the
 # last serial CI run took 34 min.
 PYTEST_WORKERS ?= 2
-CONFIG ?= examples/resource_allocation.yaml
+CONFIG ?= examples/private_allocation_pick.yaml
 
 .PHONY: venv demo test test-fast lint format protos protos-check proto-lint proto-breaking protocol-docs compose-check bench up clean
 
@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-## demo: the main job on the embedded stack (three agents learn resource allocation).
+## demo: the main job on the embedded stack (a leader and an executor learn to solve a task neither can alone).
 demo: venv
 	$(VENV)/bin/marti train $(CONFIG)
 
