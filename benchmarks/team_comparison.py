@@ -3,7 +3,8 @@
 ``marti bench team_comparison [--scenario resource_allocation|private_allocation] [--budget samples|walltime]
 [--config PATH] [--steps S] [--seeds 0 1 2] [--arms ...] [--model NAME] [--json PATH] [--summarize-only]``
 
-Every arm is a ``marti train`` run of the scenario's example config (embedded stack, local Ray, transformers
+Every arm is a ``marti train`` run of the scenario's example config, or of ``--config`` (a team config of the
+same scenario, e.g. ``examples/private_allocation_pick.yaml``) (embedded stack, local Ray, transformers
 rollouts, GRPO, LoRA r=8 on SmolLM2-135M-Instruct by default). Within a comparison every arm keeps the same
 episodes per step and group size, problem-seed schedule, held-out seeds, learning rate, sampling, ``max_turns``
 and ``max_new_tokens``; ``seed`` (the run seed: adapter initialisation and sampling) is the same across arms.
