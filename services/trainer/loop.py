@@ -24,6 +24,7 @@ training budget across agents (``alloc/<agent>`` per step).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
@@ -31,13 +32,13 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from marti.config import TaskConfig, TrainConfig, dump_config
-from marti.errors import CancelledError, DeadlineExceededError
+from marti.errors import CancelledError, DeadlineExceededError, InvalidArgumentError
 from marti.trajectory import Trajectory
 from marti.workflow import Workflow, is_import_path, make_custom_env, workflow_from_section
 from services.trainer.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
@@ -58,6 +59,21 @@ CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
+
+
+@contextlib.contextmanager
+def _env_context(task: str | None, env_name: str, level: str | None) -> Iterator[None]:
+    """Prefix an env's refusal of its config (:class:`~marti.errors.InvalidArgumentError`) with the job's task
+    and curriculum level, so that the message says which part of the training config to fix (a job with neither
+    gets the env's message unchanged)."""
+    try:
+        yield
+    except InvalidArgumentError as e:
+        if task is None and level is None:
+            raise
+        at = f" at curriculum level {level!r}" if level is not None else ""
+        where = f"task {task!r} ({env_name}){at}" if task is not None else f"environment {env_name!r}{at}"
+        raise InvalidArgumentError(f"{where}: {e}", metadata=e.metadata) from e
 
 
 @dataclass
@@ -370,13 +386,16 @@ class TrainingLoop:
     # ------------------------------------------------------------------------------------------ plumbing
     def _make_env(self, seed: int) -> Any:
         level = self.curriculum.level("default") if self.curriculum and not self.tasks else None
-        return self._env_for(self.cfg.environment.env_name, seed, env_config(self.cfg, difficulty=level))
+        name = self.cfg.environment.env_name
+        with _env_context(None, name, level):
+            return self._env_for(name, seed, env_config(self.cfg, difficulty=level))
 
     def _make_task_env(self, seed: int, task: str) -> Any:
         t = self.tasks[task]
         level = self.curriculum.level(task) if self.curriculum else None
         name = t.env_name or self.cfg.environment.env_name
-        return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
+        with _env_context(task, name, level):
+            return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
 
     def _env_for(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
         """A registered env on env_server (a session on the loop's env channel, or placed by the loop's env pool
