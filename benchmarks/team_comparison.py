@@ -61,10 +61,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from marti.config import load_config
+from marti.errors import InvalidArgumentError
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_CONFIG = ROOT / "examples" / "resource_allocation.yaml"
@@ -142,10 +146,11 @@ def arm_config(
         raise ValueError(f"the walltime budget needs wall_time_s > 0, got {wall_time_s!r}")
     if episodes <= 0 or group <= 0 or episodes % group:
         raise ValueError(f"episodes ({episodes}) must be a positive multiple of group ({group})")
+    if config is not None:
+        problem = config_problem(config, scenario, (arm,))
+        if problem:
+            raise ValueError(problem)
     cfg = yaml.safe_load((config or base).read_text())
-    if config is not None and (cfg.get("environment") or {}).get("scenario") != scenario:
-        found = (cfg.get("environment") or {}).get("scenario")
-        raise ValueError(f"{config} is a config of scenario {found!r}, not of --scenario {scenario!r}")
     prefix = "teamcmp" if scenario == "resource_allocation" else f"teamcmp_{scenario}_{budget}"
     cfg["training_name"] = f"{prefix}_{arm}_s{seed}"
     cfg["seed"] = seed
@@ -165,6 +170,33 @@ def arm_config(
     cfg["output"] = {"dir": str(out_dir), "save_every": 0, "log_every": 1, "log_with": []}
     cfg["budget"] = {"max_wall_time_s": float(wall_time_s) if budget == "walltime" else SAFETY_WALL_TIME_S}
     return cfg
+
+
+def config_problem(config: Path, scenario: str, arms: Sequence[str]) -> str | None:
+    """Why ``config`` cannot give ``arms`` of ``scenario`` (for ``--config``), or None when it can.
+
+    Args:
+        config: A training config file.
+        scenario: The comparison's scenario (``--scenario``).
+        arms: The arms to build from it.
+
+    Returns:
+        A message naming the file and what is wrong: it is not a valid training config (as ``marti train``
+        would load it; the loader's message), its ``environment.scenario`` (the schema default when absent) is
+        not ``scenario``, or a single-agent arm is asked of a config without an agent of role ``executor``.
+    """
+    try:
+        loaded = load_config(config)
+    except InvalidArgumentError as e:
+        return f"--config: {e}"
+    found = loaded.environment.scenario
+    if found != scenario:
+        return f"{config} is a config of scenario {found!r}, not of --scenario {scenario!r}"
+    solo = [a for a in arms if a in ("single", *SOLO_VIEWS)]
+    if solo and not any(a.role == "executor" for a in loaded.agents):
+        roles = [a.role for a in loaded.agents]
+        return f"{config} has no agent of role 'executor' (roles {roles}); the arms {solo} are its executor alone"
+    return None
 
 
 def run_arm(cfg: dict, out_dir: Path) -> dict[str, Any]:
@@ -520,6 +552,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in arms if a not in scenario_arms]
     if unknown:
         p.error(f"--arms {unknown} not of scenario {args.scenario} (its arms: {' '.join(scenario_arms)})")
+    if args.config is not None:
+        problem = config_problem(args.config, args.scenario, arms)
+        if problem:
+            p.error(problem)
     steps = args.steps or (DEFAULT_WALLTIME_MAX_STEPS if args.budget == "walltime" else 4)
     if args.out:
         out_root = Path(args.out)

@@ -3,8 +3,9 @@ leader and an executor (SmolLM2-135M-Instruct, a LoRA adapter each) on private_a
 only the leader knows the order of the values and only the executor submits.
 
 Held-out task completion must rise from the untrained team's to at least :data:`AFTER` within 3 steps, and the
-completed answers must come from the leader's message: the executor names the leader's first task on held-out
-problems whose best task differs, so no constant answer (at most 28.5% of problems) can pass.
+completed answers must come from the leader's message: at least :data:`AFTER` of the held-out episodes completed
+by an executor that named exactly the leader's first task, with at least 3 different tasks picked. No fixed answer
+passes: on these 12 seeds the best one (``task_2``) completes 7, and it is one pick.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.timeout(960)  # the run has its own 900 s limit (the suite's default is 600 s)
 def test_the_team_learns_to_act_on_the_leaders_message(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [

@@ -330,10 +330,11 @@ class ParsedAllocation:
 # not an allocation: an earlier, looser form read "value 6" as 6 units, which RL learned to exploit by copying
 # the task list.
 _LINE_RE = re.compile(
-    r"\btask[\s_#-]*(\d+)\b[\s*]*(?::=|:|=|->|\bgets\b|\bget\b|\breceives\b)[\s*]*(-?\d+(?:\.\d+)?)",
-    re.IGNORECASE,
+    r"\btask[\s_#-]*(\d{1,9})\b[\s*]*(?::=|:|=|->|\bgets\b|\bget\b|\breceives\b)[\s*]*(-?\d+(?:\.\d+)?)",
+    re.IGNORECASE | re.ASCII,
 )
-_KEY_RE = re.compile(r"^\s*(?:task)?[\s_#-]*(\d+)\s*$", re.IGNORECASE)
+# Task numbers are ASCII digits, at most 9 of them (a longer number names no task of any problem).
+_KEY_RE = re.compile(r"^\s*(?:task)?[\s_#-]*(\d{1,9})\s*$", re.IGNORECASE | re.ASCII)
 
 
 def _amount(raw: object) -> int | None:
@@ -411,7 +412,7 @@ def parse_allocation(text: str, task_names: list[str]) -> ParsedAllocation:
     return _from_pairs(pairs, task_names)
 
 
-_NAME_RE = re.compile(r"\btask[\s_#-]*(\d+)\b", re.IGNORECASE)
+_NAME_RE = re.compile(r"\btask[\s_#-]*(\d{1,9})\b", re.IGNORECASE | re.ASCII)
 
 
 def parse_names(text: str, task_names: list[str]) -> ParsedAllocation:
@@ -432,12 +433,12 @@ def parse_names(text: str, task_names: list[str]) -> ParsedAllocation:
     parsed = parse_allocation(text, task_names)
     if not parsed.absent:
         return parsed
-    named = [m.group(1) for m in _NAME_RE.finditer(text)]
+    named = list(dict.fromkeys(int(m.group(1)) for m in _NAME_RE.finditer(text)))  # each name once, in order
     if not named:
         return ParsedAllocation(
             None, (), "no task named; name each task that gets one unit, like 'task_3'", absent=True
         )
-    return _from_pairs([(n, 1) for n in named], task_names)
+    return _from_pairs([(str(n), 1) for n in named], task_names)
 
 
 _SCORE_RE = re.compile(r"score\s*(?:is|=|:)?\s*(-?\d+(?:\.\d+)?)\s*(%|/\s*100|/\s*10\b)?", re.IGNORECASE)

@@ -297,3 +297,29 @@ def test_config_flag_names_the_output_root_and_the_json(tmp_path, monkeypatch, c
         data["runs"]["team"]["0"]["last_eval"]["team/task_completion"] == 0.25
     )  # read from <config>_<budget>
     assert "scenario private_allocation, budget samples" in capsys.readouterr().out
+
+
+def test_a_config_that_cannot_give_the_arms_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    """--config problems exit 2 with a message naming the file, before any arm trains."""
+    monkeypatch.setattr(tc, "run_arm", lambda cfg, out: pytest.fail("an arm ran"))
+    pick = yaml.safe_load((tc.ROOT / "examples" / "private_allocation_pick.yaml").read_text())
+    no_executor = tmp_path / "no_executor.yaml"
+    no_executor.write_text(yaml.safe_dump({**pick, "num_agents": 1, "agents": pick["agents"][:1]}))
+    bare = (
+        tmp_path / "bare_scenario.yaml"
+    )  # no environment.scenario: the schema's default, resource_allocation
+    env = {k: v for k, v in pick["environment"].items() if k not in ("scenario", "difficulty")}
+    bare.write_text(yaml.safe_dump({**pick, "environment": env}))
+    cases = [
+        (["--config", str(tmp_path / "missing.yaml")], "missing.yaml"),
+        (["--config", str(tmp_path)], str(tmp_path)),
+        (["--config", str(no_executor), "--arms", "team", "solo_part"], "no agent of role 'executor'"),
+        (["--config", str(bare)], "scenario 'resource_allocation', not of --scenario 'private_allocation'"),
+    ]
+    for extra, said in cases:
+        with pytest.raises(SystemExit) as exit_:
+            tc.main(["--scenario", "private_allocation", "--out", str(tmp_path / "out"), *extra])
+        assert exit_.value.code == 2
+        assert said in capsys.readouterr().err, extra
+    assert tc.config_problem(no_executor, "private_allocation", ["team"]) is None  # the team alone is fine
+    assert tc.config_problem(bare, "resource_allocation", ["single"]) is None

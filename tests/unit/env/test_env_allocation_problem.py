@@ -226,3 +226,13 @@ def test_evaluation_parser(text: str, score: float | None, accept: bool) -> None
 def test_evaluation_score_outside_0_1_is_an_error_not_clipped(text: str, written: str) -> None:
     got = ap.parse_evaluation(text)
     assert got.score is None and got.error == f"score {written} is outside 0..1"
+
+
+@pytest.mark.parametrize(
+    "text", ["task_" + "9" * 5000 + ": 1", '{"task_' + "9" * 5000 + '": 1}', "task_\u0663: 1"]
+)
+def test_a_task_number_of_many_or_non_ascii_digits_names_no_task_and_does_not_raise(text: str) -> None:
+    """Python refuses int() of a number over 4300 digits (ValueError); a task number is at most 9 ASCII digits."""
+    for parse in (ap.parse_allocation, ap.parse_names):
+        parsed = parse(text, NAMES)
+        assert parsed.allocation is None or not any(parsed.allocation.values()), (parse, parsed)

@@ -123,6 +123,7 @@ NAMES = [f"task_{i}" for i in range(1, 6)]
         ("task_5, Task #2, task_5", {"task_5": 1, "task_2": 1}, ()),  # a repeated name counts once
         ('{"task_1": 2, "task_2": 2, "task_', {"task_1": 1, "task_2": 1}, ()),  # broken JSON: names only
         ("task_9", {}, ("task_9",)),  # unknown task: reported, as parse_allocation does
+        ("task_9, task_09 and task_9", {}, ("task_9",)),  # an unknown name repeated counts once too
         ("task_9, task_4", {"task_4": 1}, ("task_9",)),
         # an allocation in any form of parse_allocation is read as such, amounts included
         ("task_2: 1\ntask_4: 1 (not task_5)", {"task_2": 1, "task_4": 1}, ()),
@@ -136,7 +137,10 @@ def test_parse_names_reads_an_allocation_or_else_one_unit_per_task_named(text, a
     assert parsed.error is None and not parsed.absent
 
 
-@pytest.mark.parametrize("text", ["", "the unit goes to the best one", "task_", "tasks 3"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "the unit goes to the best one", "task_", "tasks 3", "task_\u0663", "task_" + "9" * 5000],
+)
 def test_parse_names_without_a_task_named_is_absent_with_feedback(text: str) -> None:
     parsed = ap.parse_names(text, NAMES)
     assert parsed.allocation is None and parsed.absent and "name each task" in parsed.error
