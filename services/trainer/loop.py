@@ -386,16 +386,37 @@ class TrainingLoop:
     # ------------------------------------------------------------------------------------------ plumbing
     def _make_env(self, seed: int) -> Any:
         level = self.curriculum.level("default") if self.curriculum and not self.tasks else None
-        name = self.cfg.environment.env_name
-        with _env_context(None, name, level):
-            return self._env_for(name, seed, env_config(self.cfg, difficulty=level))
+        return self._env_at(None, seed, level)
 
     def _make_task_env(self, seed: int, task: str) -> Any:
-        t = self.tasks[task]
         level = self.curriculum.level(task) if self.curriculum else None
-        name = t.env_name or self.cfg.environment.env_name
+        return self._env_at(task, seed, level)
+
+    def _env_at(self, task: str | None, seed: int, level: str | None) -> Any:
+        """The env of ``task`` (None: the ``environment`` section's) at curriculum ``level`` (None: none)."""
+        t = self.tasks[task] if task is not None else None
+        name = (t.env_name if t is not None else None) or self.cfg.environment.env_name
         with _env_context(task, name, level):
             return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
+
+    def check_curriculum_levels(self) -> None:
+        """Make (and close) each env at every curriculum level it can reach, from its current level up, so that
+        an env that refuses a level fails the job before it starts instead of when the level is reached.
+
+        Raises:
+            InvalidArgumentError: An env refused a level; the message names the task and the level
+                (see :func:`_env_context`).
+        """
+        if self.curriculum is None:
+            return
+        levels = list(self.cfg.curriculum.levels)
+        for task in list(self.tasks) or [None]:
+            first = levels.index(self.curriculum.level(task or "default"))
+            for level in levels[first:]:
+                env = self._env_at(task, 0, level)
+                close = getattr(env, "close", None)
+                if callable(close):
+                    close()
 
     def _env_for(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
         """A registered env on env_server (a session on the loop's env channel, or placed by the loop's env pool
@@ -745,6 +766,7 @@ class TrainingLoop:
             full_timeout_s=cfg.services.reconnect_timeout_s,
             stop=self.stop_event,
         )
+        self.check_curriculum_levels()  # before anything slow starts
         leftovers = self.feed.create_tables()
         runtime = RayRuntime(cfg)
         log_with = cfg.output.log_with

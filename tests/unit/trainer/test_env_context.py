@@ -53,3 +53,35 @@ def test_without_a_task_the_curriculum_level_is_named_and_without_either_the_mes
     with pytest.raises(InvalidArgumentError) as err:
         plain._make_env(0)
     assert not str(err.value).startswith(("environment '", "task '"))
+
+
+def test_levels_a_task_reaches_later_are_checked_before_the_job_starts() -> None:
+    """``check_curriculum_levels`` (called first by ``run``) makes each task's env at its current level and every
+    level above it, and closes it: a level that only a later level-up would reach fails at once."""
+    overrides = [
+        "environment.env_name=collaborative_task_solving",
+        "curriculum.enabled=true",
+        "curriculum.levels=[easy,pick]",
+        "tasks=[{name: priv, scenario: private_allocation}, {name: plain, scenario: resource_allocation}]",
+    ]
+    loop = _loop(*overrides)
+    loop._make_task_env(0, "plain")  # the starting level is fine: the job would start, then fail at 'pick'
+    with pytest.raises(
+        InvalidArgumentError, match=r"^task 'plain' .* at curriculum level 'pick': .*not a level"
+    ):
+        loop.check_curriculum_levels()
+
+    made: list[tuple[str, str]] = []
+    fine = _loop(*overrides[:-1], "tasks=[{name: priv, scenario: private_allocation}]")
+
+    def env_for(name, seed, config):
+        env = marti.make(name, seed=seed, **config)
+        made.append((config["difficulty"], "open"))
+        close = env.close
+        env.close = lambda: (made.append((config["difficulty"], "closed")), close())
+        return env
+
+    fine._env_for = env_for
+    fine.check_curriculum_levels()
+    assert made == [("easy", "open"), ("easy", "closed"), ("pick", "open"), ("pick", "closed")]
+    assert _loop("environment.env_name=collaborative_task_solving").check_curriculum_levels() is None  # none
