@@ -535,6 +535,18 @@ class Gateway:
             )
 
     # ------------------------------------------------------------------------------------------ rewards
+    def _admit(self, episode_id: str, coming: int) -> None:
+        """Refuse a valid report whose ``coming`` released episodes do not fit in the backlog (see :meth:`report`)."""
+        limit = self.limits.max_backlog_episodes
+        if coming and self._backlog and self._backlog + coming > limit:
+            self.backlog_refused += 1
+            raise ResourceExhaustedError(
+                f"{self._backlog} released episodes are waiting to be inserted into training and this report "
+                f"would release {coming} more; the limit (gateway.max_backlog_episodes) is {limit}: the "
+                f"trainer is not consuming them as fast as they are reported; episode {episode_id!r} was not "
+                "changed, report it again later"
+            )
+
     async def report(
         self,
         episode_id: str,
@@ -582,24 +594,6 @@ class Gateway:
         self._check_id("group_id", group_id)
         if self.closing.is_set():
             raise UnavailableError("the gateway is shutting down: the report was not taken")
-        if self.sink is not None:
-            coming = self.tracker.would_release(
-                episode_id,
-                rewards,
-                call_rewards=call_rewards,
-                group_id=group_id,
-                group_size=group_size,
-                failed=failed,
-            )
-            limit = self.limits.max_backlog_episodes
-            if coming and self._backlog and self._backlog + coming > limit:
-                self.backlog_refused += 1
-                raise ResourceExhaustedError(
-                    f"{self._backlog} released episodes are waiting to be inserted into training and this report "
-                    f"would release {coming} more; the limit (gateway.max_backlog_episodes) is {limit}: the "
-                    f"trainer is not consuming them as fast as they are reported; episode {episode_id!r} was not "
-                    "changed, report it again later"
-                )
         released = self.tracker.finish(
             episode_id,
             rewards,
@@ -607,6 +601,7 @@ class Gateway:
             group_id=group_id,
             group_size=group_size,
             failed=failed,
+            admit=(lambda coming: self._admit(episode_id, coming)) if self.sink is not None else None,
         )
         out = Reported(released.episodes, released.dropped)
         if not released.episodes:

@@ -331,6 +331,7 @@ class EpisodeTracker:
         group_id: str = "",
         group_size: int = 0,
         failed: bool = False,
+        admit: Callable[[int], None] | None = None,
     ) -> Released:
         """End an episode with its rewards (or as failed) and release what became final.
 
@@ -344,6 +345,10 @@ class EpisodeTracker:
             group_size: Episodes of the group; > 0 holds finished members until the group is complete. Every
                 member of a held group must give the size the group was opened with.
             failed: The client reports the episode as failed: it is dropped with its group.
+            admit: Called, once the report is valid and before anything changes, with how many episodes it will
+                release (0 for a failed report, an episode whose group died, or a member that leaves its group
+                incomplete; the whole group for the member that completes it; else 1); an exception it raises
+                refuses the report, which then changes nothing.
 
         Returns:
             The released episodes and the number dropped by this report.
@@ -361,6 +366,8 @@ class EpisodeTracker:
             NotFoundError: No call was recorded under ``episode_id``.
         """
         ep, group = self._check_report(episode_id, rewards, call_rewards, group_id, group_size, failed)
+        if admit is not None:
+            admit(self._releases(ep, group, group_size, failed))
         # every check passed: from here on the report is accepted
         self._drop(episode_id)
         self._closed.add(episode_id)
@@ -385,24 +392,8 @@ class EpisodeTracker:
             return Released(episodes=held.members)
         return Released(episodes=[trajs])
 
-    def would_release(
-        self,
-        episode_id: str,
-        rewards: dict[str, float],
-        *,
-        call_rewards: dict[str, float] | None = None,
-        group_id: str = "",
-        group_size: int = 0,
-        failed: bool = False,
-    ) -> int:
-        """How many episodes :meth:`finish` with these arguments would release now, changing nothing: 0 for a
-        failed report, an episode whose group died, or a member that leaves its group incomplete; the whole group
-        for the member that completes it; else 1.
-
-        Raises:
-            The errors :meth:`finish` would raise for this report (the same checks, in the same order).
-        """
-        ep, group = self._check_report(episode_id, rewards, call_rewards, group_id, group_size, failed)
+    def _releases(self, ep: _Episode, group: str, group_size: int, failed: bool) -> int:
+        """How many episodes a valid report of ``ep`` releases (see ``admit`` of :meth:`finish`)."""
         if failed or ep.doomed:
             return 0
         if group_size > 0:

@@ -276,6 +276,18 @@ async def test_a_report_whose_insert_blocks_is_answered_as_queued_and_a_full_bac
     assert gw.stats()["backlog_lost_at_close"] == 0
 
 
+async def test_a_report_with_a_sink_is_validated_once(monkeypatch):
+    """The backlog check runs inside the tracker's ``finish`` (its ``admit`` hook), after the one validation."""
+    gw = Gateway(FakeBackend(), GatewayLimits(max_wait_ms=0), sink=lambda episode: None)
+    await gw.generate("a", [1], S, episode_id="e1")
+    checked: list[str] = []
+    check = gw.tracker._check_report
+    monkeypatch.setattr(gw.tracker, "_check_report", lambda *a: (checked.append(a[0]), check(*a))[1])
+    assert len((await gw.report("e1", {"a": 1.0})).episodes) == 1
+    assert checked == ["e1"]
+    await gw.close()
+
+
 async def test_close_counts_and_logs_the_backlog_it_did_not_insert(caplog):
     """Closing with episodes still queued: the sink in flight gives up on ``closing`` (as the trainer's feed
     does), the rest are never handed to it; all are counted in backlog_lost_at_close and logged, none as
