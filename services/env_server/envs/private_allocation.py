@@ -108,6 +108,7 @@ RANKED_LEADER_INSTRUCTIONS = (
 RANKED_LEADER_FORMAT = "the task names, most valuable first (e.g. 'task_3, task_1, task_2'), or a plan: " + (
     ra.ALLOCATION_FORMAT
 )
+_AIM = "Aim for the highest total value that keeps every constraint."
 #: What a submission is at :data:`RANKED_LEVELS` (the executor's and a solo agent's action format): the tasks
 #: that get one unit each, named (:func:`~services.env_server.envs.allocation_problem.parse_names`), or an
 #: allocation.
@@ -117,10 +118,8 @@ PICK_FORMAT = "the names of the tasks that get one unit each, e.g. 'task_3' (or 
 #: The executor's instructions at :data:`RANKED_LEVELS`.
 RANKED_EXECUTOR_INSTRUCTIONS = (
     "You are the EXECUTOR. Only you know the resources and the limits; only the leader knows which tasks are "
-    f"worth the most and will tell you. Submit {PICK_FORMAT}. Aim for the highest total value that keeps every "
-    "constraint."
+    f"worth the most and will tell you. Submit {PICK_FORMAT}. {_AIM}"
 )
-_AIM = "Aim for the highest total value that keeps every constraint."
 #: Role -> its instructions at :data:`RANKED_LEVELS` in a team.
 RANKED_INSTRUCTIONS = {
     **INSTRUCTIONS,
