@@ -132,8 +132,8 @@ def arm_config(
 
     Raises:
         ValueError: Unknown scenario, arm or budget, ``episodes`` not a positive multiple of ``group``,
-            ``walltime`` without a positive ``wall_time_s``, or a ``config`` whose ``environment.scenario`` is
-            not ``scenario``.
+            ``walltime`` without a positive ``wall_time_s``, or a ``config`` that :func:`config_problem` refuses
+            for this arm (the message names the file).
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {tuple(SCENARIOS)}, got {scenario!r}")
