@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-## demo: the main job on the embedded stack (a leader and an executor learn to solve a task neither can alone).
+## demo: the main job on the embedded stack (an executor learns to act on what only its leader knows).
 demo: venv
 	$(VENV)/bin/marti train $(CONFIG)
 
