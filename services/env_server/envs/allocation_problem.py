@@ -325,16 +325,19 @@ class ParsedAllocation:
     absent: bool = False
 
 
+# A task named in text ("task_3", "Task #3", "task 3"), its number captured. Task numbers are ASCII digits, at most
+# 9 of them (a longer number names no task of any problem; Python refuses int() of one over 4300 digits).
+_TASK_ID = r"\btask[\s_#-]*(\d{1,9})\b"
+_RE_FLAGS = re.IGNORECASE | re.ASCII
 # A task id, then a separator (":", "=", "->", "gets", "receives"), then the amount: only spaces or markdown
 # emphasis may stand between them. Text that restates the problem ("task_1: value 6 per unit, uses cpu 4") is
 # not an allocation: an earlier, looser form read "value 6" as 6 units, which RL learned to exploit by copying
 # the task list.
 _LINE_RE = re.compile(
-    r"\btask[\s_#-]*(\d{1,9})\b[\s*]*(?::=|:|=|->|\bgets\b|\bget\b|\breceives\b)[\s*]*(-?\d+(?:\.\d+)?)",
-    re.IGNORECASE | re.ASCII,
+    _TASK_ID + r"[\s*]*(?::=|:|=|->|\bgets\b|\bget\b|\breceives\b)[\s*]*(-?\d+(?:\.\d+)?)", _RE_FLAGS
 )
-# Task numbers are ASCII digits, at most 9 of them (a longer number names no task of any problem).
-_KEY_RE = re.compile(r"^\s*(?:task)?[\s_#-]*(\d{1,9})\s*$", re.IGNORECASE | re.ASCII)
+# A JSON key that names a task ("task_3", "3").
+_KEY_RE = re.compile(r"^\s*(?:task)?[\s_#-]*(\d{1,9})\s*$", _RE_FLAGS)
 
 
 def _amount(raw: object) -> int | None:
@@ -412,7 +415,7 @@ def parse_allocation(text: str, task_names: list[str]) -> ParsedAllocation:
     return _from_pairs(pairs, task_names)
 
 
-_NAME_RE = re.compile(r"\btask[\s_#-]*(\d{1,9})\b", re.IGNORECASE | re.ASCII)
+_NAME_RE = re.compile(_TASK_ID, _RE_FLAGS)
 
 
 def parse_names(text: str, task_names: list[str]) -> ParsedAllocation:

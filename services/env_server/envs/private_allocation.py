@@ -139,12 +139,16 @@ SOLO_INSTRUCTIONS = {
     view: f"{facts} Submit an allocation, {ra.ALLOCATION_FORMAT}. {_AIM}"
     for view, facts in _SOLO_FACTS.items()
 }
-#: solo_view -> the single agent's instructions at :data:`RANKED_LEVELS` (the leader's part is the order of the
-#: values; a submission is :data:`PICK_FORMAT`).
-RANKED_SOLO_INSTRUCTIONS = {
-    **{view: f"{facts} Submit {PICK_FORMAT}. {_AIM}" for view, facts in _SOLO_FACTS.items()},
+#: solo_view -> what the single agent is told it knows at :data:`RANKED_LEVELS` (the leader's part is the order of
+#: the values).
+_RANKED_SOLO_FACTS = {
+    **_SOLO_FACTS,
     "leader": "You work alone. You know which tasks are worth the most, but not the resources, what each task "
-    f"uses or the limits. Submit {PICK_FORMAT}. {_AIM}",
+    "uses or the limits.",
+}
+#: solo_view -> the single agent's instructions at :data:`RANKED_LEVELS` (a submission is :data:`PICK_FORMAT`).
+RANKED_SOLO_INSTRUCTIONS = {
+    view: f"{facts} Submit {PICK_FORMAT}. {_AIM}" for view, facts in _RANKED_SOLO_FACTS.items()
 }
 
 #: An agent's view -> (shows the values, shows the constraints, which feedback of :func:`private_feedback`).
