@@ -1,9 +1,11 @@
 """``marti bench store``: experience store throughput vs DeepMind Reverb and an in-process deque.
 
 One run measures, for items of 4 KB and 64 KB and 1 and 4 client processes:
-  - inserts/s  (marti: ``share_experiences`` with 16 items per stream message, confirmed; Reverb:
-    ``TrajectoryWriter`` append + create_item, flushed at the end, i.e. every item confirmed), and the client
-    processes' CPU time per insert (``time.process_time`` around the insert loop: what the client library costs),
+  - inserts/s: every item sent on one stream and confirmed by the end (marti: one ``share_experiences`` call
+    with 16 items per stream message; Reverb: ``TrajectoryWriter`` append + create_item, flushed at the end), and
+    the client processes' CPU time per insert (``time.process_time`` around the insert loop: what the client
+    library costs); marti also with one ``share_experiences`` call per 16 items, each waiting for its
+    confirmation before the next is sent (``inserts_per_s_16_per_call``: nothing in flight across calls),
   - samples/s and p50/p99 latency of one ``sample(table, batch_size=16)`` call (a new stream per call),
   - samples/s of one streaming sample call per client (3200 items; Reverb: one ``client.sample`` generator),
 against (a) Reverb 0.14 (installed by this benchmark into its own virtualenv, ``~/.cache/marti-bench``) and
@@ -11,8 +13,9 @@ against (a) Reverb 0.14 (installed by this benchmark into its own virtualenv, ``
 It also measures the store's restart time for 100k items on a SQLite data dir. Results: printed table, ratios,
 ``runs/bench_store.json`` (``--out``; ``--json PATH`` writes a copy), with the load average before and after.
 
-Item content: marti items are one-turn trajectories whose random token ids serialize to about the item size;
-Reverb items are random ``uint8`` arrays of exactly the item size.
+Item content: marti items are one-turn trajectories of ``size // 4`` random token ids, which the SDK packs as
+int32 (4 bytes each), so the token payload is exactly the item size; Reverb items are random ``uint8`` arrays of
+exactly the item size.
 """
 
 from __future__ import annotations
@@ -81,9 +84,9 @@ _REVERB_SCRIPT = textwrap.dedent(
 
 
 def _tokens_for(size_bytes: int, seed: int) -> list[int]:
+    """``size_bytes // 4`` random token ids: packed as int32 they take exactly ``size_bytes``."""
     rng = random.Random(seed)
-    # random ids < 2^21 take 3 bytes as protobuf varints
-    return [rng.randrange(1 << 14, 1 << 21) for _ in range(size_bytes // 3)]
+    return [rng.randrange(1 << 14, 1 << 21) for _ in range(size_bytes // 4)]
 
 
 def _marti_trajectory(size_bytes: int, i: int):
@@ -96,16 +99,22 @@ def _marti_trajectory(size_bytes: int, i: int):
 
 
 def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int, n_stream: int) -> dict:
-    """One client process: confirmed inserts, ``n_calls`` sample calls of ``batch`` items, then one streaming
-    sample call of ``n_stream`` items."""
+    """One client process: ``n_items`` confirmed inserts on one stream, ``n_items`` more in calls of 16 that each
+    wait for their confirmation, ``n_calls`` sample calls of ``batch`` items, then one streaming sample call of
+    ``n_stream`` items."""
     from marti.clients.experience import ExperienceSharingClient
 
     c = ExperienceSharingClient("bench", addr, timeout_s=120)
     trajs = [_marti_trajectory(size, i) for i in range(64)]
     t0, c0 = time.perf_counter(), time.process_time()
+    keys = c.share_experiences([trajs[i % 64] for i in range(n_items)], table="bench", batch_items=16)
+    t_ins, cpu_ins = time.perf_counter() - t0, time.process_time() - c0
+    if len(keys) != n_items:
+        raise RuntimeError("short insert")
+    t0 = time.perf_counter()
     for i in range(0, n_items, 16):
         c.share_experiences([trajs[(i + j) % 64] for j in range(min(16, n_items - i))], table="bench")
-    t_ins, cpu_ins = time.perf_counter() - t0, time.process_time() - c0
+    t_calls = time.perf_counter() - t0
     lat = []
     t0 = time.perf_counter()
     for _ in range(n_calls):
@@ -120,7 +129,14 @@ def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int, n
         raise RuntimeError("short stream")
     t_stream = time.perf_counter() - t0
     c.close()
-    return {"insert_s": t_ins, "insert_cpu_s": cpu_ins, "sample_s": t_smp, "lat": lat, "stream_s": t_stream}
+    return {
+        "insert_s": t_ins,
+        "insert_cpu_s": cpu_ins,
+        "insert_16_per_call_s": t_calls,
+        "sample_s": t_smp,
+        "lat": lat,
+        "stream_s": t_stream,
+    }
 
 
 def _spawn(
@@ -165,6 +181,11 @@ def _summarize(results: list[dict], n_items: int, n_calls: int, batch: int, n_st
     return {
         "stream_samples_per_s": stream,
         "inserts_per_s": n * n_items / max(r["insert_s"] for r in results),
+        "inserts_per_s_16_per_call": (
+            n * n_items / max(r["insert_16_per_call_s"] for r in results)
+            if all("insert_16_per_call_s" in r for r in results)
+            else float("nan")
+        ),
         "client_cpu_ms_per_insert": (
             1000 * sum(r["insert_cpu_s"] for r in results) / (n * n_items)
             if all("insert_cpu_s" in r for r in results)
@@ -390,7 +411,7 @@ def _print_row(row: dict) -> None:
     if row is not None and not getattr(_print_row, "header", False):
         print(f"{'item':>6} {'cl':>2} | {'marti ins/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | "
               f"{'marti smp/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | {'stream m':>8} {'reverb':>8} {'m/r':>5} | "
-              f"{'p99 ms m':>8} {'p99 r':>7} | {'cli ms/ins m':>12} {'r':>6}")  # fmt: skip
+              f"{'p99 ms m':>8} {'p99 r':>7} | {'cli ms/ins m':>12} {'r':>6} | {'m 16/call':>9}")  # fmt: skip
         _print_row.header = True
 
     def f(x, k):
@@ -406,7 +427,8 @@ def _print_row(row: dict) -> None:
         f"{ratio('samples_per_s'):>5} | {f(m, 'stream_samples_per_s'):>8} {f(r, 'stream_samples_per_s'):>8} "
         f"{ratio('stream_samples_per_s'):>5} | {m['sample_p99_ms']:>8.2f} "
         f"{(r['sample_p99_ms'] if r else float('nan')):>7.2f} | {m['client_cpu_ms_per_insert']:>12.3f} "
-        f"{(r['client_cpu_ms_per_insert'] if r else float('nan')):>6.3f}",
+        f"{(r['client_cpu_ms_per_insert'] if r else float('nan')):>6.3f} | "
+        f"{m['inserts_per_s_16_per_call']:>9.0f}",
         flush=True,
     )
 

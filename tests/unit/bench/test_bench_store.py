@@ -25,8 +25,9 @@ def test_smallest_run_records_rates_client_cpu_and_load(tmp_path, capsys):
     for r in data["rows"]:
         m = r["marti"]
         assert r["reverb"] is None and m["inserts_per_s"] > 0 and m["samples_per_s"] > 0
+        assert m["inserts_per_s_16_per_call"] > 0
         assert 0 < m["client_cpu_ms_per_insert"] < 1000 and math.isfinite(m["client_cpu_ms_per_insert"])
     assert len(data["loadavg_before"].split()) == 3 and len(data["loadavg_after"].split()) == 3
     assert data["reverb_note"] == "skipped (--no-reverb)" and data["cpus"] >= 1
     printed = capsys.readouterr().out
-    assert "load average before:" in printed and "cli ms/ins" in printed
+    assert "load average before:" in printed and "cli ms/ins" in printed and "m 16/call" in printed
