@@ -1,4 +1,4 @@
-"""Single agent against the team (issue 7, deliverable 5), on resource_allocation or private_allocation.
+"""``marti bench team_comparison``: a single agent against the team, on resource_allocation or private_allocation.
 
 ``marti bench team_comparison [--scenario resource_allocation|private_allocation] [--budget samples|walltime]
 [--config PATH] [--steps S] [--seeds 0 1 2] [--arms ...] [--model NAME] [--json PATH] [--summarize-only]``

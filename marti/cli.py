@@ -94,20 +94,41 @@ def _cmd_up(argv: list[str]) -> int:
     return 0
 
 
+def bench_names(root: Path) -> list[str]:
+    """The benchmarks ``marti bench`` runs: the modules of ``root`` (a ``benchmarks/`` folder) whose docstring
+    starts with ``marti bench NAME`` for their own name, sorted; ``[]`` when the folder is missing."""
+    names = []
+    for path in sorted(root.glob("*.py")):
+        with path.open(encoding="utf-8") as f:
+            if f.readline().startswith(f'"""``marti bench {path.stem}``'):
+                names.append(path.stem)
+    return names
+
+
 def _cmd_bench(argv: list[str]) -> int:
     # add_help=False: `marti bench NAME --help` must reach the benchmark's own parser.
     parser = argparse.ArgumentParser(
         prog="marti bench", description="run a benchmark from benchmarks/", add_help=False
     )
-    parser.add_argument("name", help="benchmark name: broker, env, store, trainer, ...")
+    parser.add_argument("name", nargs="?", help="benchmark name (run `marti bench` to list them)")
     args, rest = parser.parse_known_args(argv)
     root = Path(__file__).resolve().parent.parent
-    if (root / "benchmarks").is_dir() and str(root) not in sys.path:
+    names = bench_names(root / "benchmarks")
+    listing = "benchmarks: " + (", ".join(names) or "none (no benchmarks/ folder beside the marti package)")
+    if args.name in (None, "-h", "--help", "list"):
+        print("usage: marti bench NAME [options]   (marti bench NAME --help for its options)\n" + listing)
+        return 0 if args.name else 2
+    if args.name not in names:
+        print(f"unknown benchmark {args.name!r}; {listing}", file=sys.stderr)
+        return 2
+    if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     try:
         module = importlib.import_module(f"benchmarks.{args.name}")
     except ModuleNotFoundError as exc:
-        print(f"unknown benchmark {args.name!r} ({exc})", file=sys.stderr)
+        print(
+            f"benchmark {args.name!r} cannot start: it needs the module {exc.name!r} ({exc})", file=sys.stderr
+        )
         return 2
     return int(module.main(rest) or 0)
 

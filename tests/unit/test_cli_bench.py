@@ -1,0 +1,38 @@
+"""``marti bench``: the benchmarks it lists, and its answers to no name, ``list`` and an unknown name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from marti import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_names_are_the_modules_that_say_they_are_a_marti_bench(tmp_path):
+    names = cli.bench_names(ROOT / "benchmarks")
+    expected = {"broker", "env", "store", "scale", "trainer", "team_comparison", "gateway", "rollout"}
+    assert expected <= set(names)
+    assert not {"report", "sum_task", "trl_grpo_runner"} & set(names)
+    (tmp_path / "mine.py").write_text('"""``marti bench mine``: mine."""\n')
+    (tmp_path / "other.py").write_text('"""``marti bench mine``: named for another file."""\n')
+    (tmp_path / "helper.py").write_text('"""A helper."""\n')
+    assert cli.bench_names(tmp_path) == ["mine"]
+    assert cli.bench_names(tmp_path / "missing") == []
+
+
+def test_no_name_lists_the_benchmarks_and_fails(capsys):
+    assert cli.main(["bench"]) == 2
+    out = capsys.readouterr().out
+    assert "usage: marti bench NAME" in out and "store" in out and "team_comparison" in out
+
+
+def test_list_lists_the_benchmarks(capsys):
+    assert cli.main(["bench", "list"]) == 0
+    assert "benchmarks: broker, " in capsys.readouterr().out
+
+
+def test_an_unknown_name_is_refused_with_the_list(capsys):
+    assert cli.main(["bench", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown benchmark 'nope'" in err and "broker" in err and "report" not in err
