@@ -122,8 +122,14 @@ class _Base:
         self.chunk_bytes = chunk_bytes
 
     def _items(
-        self, trajectories: Sequence[Trajectory], table: str | None, priorities: Sequence[float] | None
+        self,
+        trajectories: Sequence[Trajectory],
+        table: str | None,
+        priorities: Sequence[float] | None,
+        batch_items: int = 1,
     ) -> list[pb.InsertItem]:
+        if batch_items < 1:
+            raise InvalidArgumentError(f"batch_items must be >= 1, got {batch_items}")
         if priorities is not None and len(priorities) != len(trajectories):
             raise InvalidArgumentError(f"{len(priorities)} priorities for {len(trajectories)} trajectories")
         items = []
@@ -310,9 +316,11 @@ class ExperienceSharingClient(_Base):
         """Insert many trajectories over one stream (``batch_items`` per message) and return their keys.
 
         Raises:
+            InvalidArgumentError: before anything is sent, for ``batch_items`` < 1 or a priority count that is
+                not the trajectory count.
             The first item's error, after every other item was processed (see :meth:`share_experience`).
         """
-        items = self._items(trajectories, table, priorities)
+        items = self._items(trajectories, table, priorities, batch_items)
         t_ms = _timeout_ms(timeout_s or self.timeout_s)
         reqs = [
             spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
@@ -523,7 +531,7 @@ class AsyncExperienceSharingClient(_Base):
         batch_items: int = 64,
     ) -> list[int]:
         """See :meth:`ExperienceSharingClient.share_experiences`."""
-        items = self._items(trajectories, table, priorities)
+        items = self._items(trajectories, table, priorities, batch_items)
         t_ms = _timeout_ms(timeout_s or self.timeout_s)
         reqs = [
             spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)

@@ -170,3 +170,26 @@ async def test_async_client(store_server):
         assert sorted(i.trajectory.turns[0].step for i in items) == [0, 1, 2, 3]
         assert (await c.info("q")).size == 0
         assert len(await c.get_all_experiences(episode_id="ep1")) == 0
+
+
+def test_batch_items_below_one_and_priority_count_are_refused_before_anything_is_sent(store_server):
+    addr, _ = store_server
+    with ExperienceSharingClient("a1", addr) as c:
+        c.create_table("bi", preset="queue", max_size=100)
+        for bad in (0, -1):
+            with pytest.raises(InvalidArgumentError, match=f"batch_items must be >= 1, got {bad}"):
+                c.share_experiences([traj()], table="bi", batch_items=bad)
+        with pytest.raises(InvalidArgumentError, match="1 priorities for 2 trajectories"):
+            c.share_experiences([traj(), traj()], table="bi", priorities=[1.0])
+        assert c.info("bi").size == 0
+        assert len(c.share_experiences([traj(steps=(i,)) for i in range(3)], table="bi", batch_items=1)) == 3
+
+    async def run():
+        async with AsyncExperienceSharingClient("a1", addr) as ac:
+            with pytest.raises(InvalidArgumentError, match="batch_items must be >= 1, got 0"):
+                await ac.share_experiences([traj()], table="bi", batch_items=0)
+            return await ac.share_experiences([traj(), traj()], table="bi", batch_items=1)
+
+    assert len(asyncio.run(run())) == 2
+    with ExperienceSharingClient("a1", addr) as c:
+        assert c.info("bi").size == 5
