@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 import marti.envs as me
-from benchmarks.report import print_report
+from benchmarks.report import check_json_path, positive_int, print_report
 from marti.clients.env import AsyncEnvClient, EnvClient, StepResult
 
 RA_TEXTS = {
@@ -185,10 +185,10 @@ class _Remote:
         self.client.close()
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
-    """Start ``python -m services.env_server --port 0`` and return (process, address)."""
+def start_server(max_sessions: int = 4096) -> tuple[subprocess.Popen, str]:
+    """Start ``python -m services.env_server --port 0 --max-sessions N`` and return (process, address)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "services.env_server", "--port", "0", "--max-sessions", "4096"]
+    cmd = [sys.executable, "-m", "services.env_server", "--port", "0", "--max-sessions", str(max_sessions)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -471,8 +471,8 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table; returns 0."""
     parser = argparse.ArgumentParser(prog="marti bench env", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000, help="step calls per single-session row")
-    parser.add_argument("--sessions", type=int, default=64, help="sessions in the batched rows")
+    parser.add_argument("--steps", type=positive_int, default=2000, help="step calls per single-session row")
+    parser.add_argument("--sessions", type=positive_int, default=64, help="sessions in the batched rows")
     parser.add_argument("--address", default=None, help="use a running env server instead of starting one")
     parser.add_argument(
         "--no-deltas", dest="deltas", action="store_false", help="remote clients ask for full results"
@@ -481,17 +481,22 @@ def main(argv: list[str] | None = None) -> int:
         "--env", action="append", choices=list(ENVS), help="measure only this env (repeatable)"
     )
     parser.add_argument(
-        "--rounds", type=int, default=4, help="interleaved rounds of the N-session rows (fair under load)"
+        "--rounds",
+        type=positive_int,
+        default=4,
+        help="interleaved rounds of the N-session rows (fair under load)",
     )
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="also write every number as JSON to PATH"
     )
     args = parser.parse_args(argv)
+    check_json_path(parser, args.json)
     load_before = [round(x, 2) for x in os.getloadavg()]
     proc = None
     address = args.address
     if address is None:
-        proc, address = start_server()
+        # the four remote N-session modes hold their sessions at once (up to 2N each), with room to spare
+        proc, address = start_server(max(4096, 8 * args.sessions + 16))
     try:
         rows = run(
             args.steps,

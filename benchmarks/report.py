@@ -1,11 +1,89 @@
-"""What every ``marti bench`` command prints after its header: the load average, the ratio table, the load
-average again, and (with ``--json PATH``) every number as JSON."""
+"""What every ``marti bench`` command shares: the checks of its command-line values, and what it prints after its
+header (the load average, the ratio table, the load average again) and writes with ``--json PATH`` (every number
+as strict JSON)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
+
+
+def positive_int(text: str) -> int:
+    """``argparse`` type: an integer >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the value, which argparse reports with the option's name (exit 2).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """``argparse`` type: an integer >= 0 (0 skips what the option counts).
+
+    Raises:
+        argparse.ArgumentTypeError: naming the value.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """``argparse`` type: a finite number > 0 (seconds, rates).
+
+    Raises:
+        argparse.ArgumentTypeError: naming the value (NaN and infinity included).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value}")
+    return value
+
+
+def check_json_path(parser: argparse.ArgumentParser, path: str | None) -> None:
+    """Refuse, before any measurement, a ``--json`` path whose folder does not exist or cannot be written.
+
+    Raises:
+        SystemExit: through ``parser.error`` (exit 2), naming the path.
+    """
+    if not path:
+        return
+    folder = Path(path).resolve().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        parser.error(f"--json {path}: the folder {folder} does not exist or is not writable")
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, infinity) replaced by None, so it is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def write_json(path: str | os.PathLike, out: Any) -> None:
+    """Write ``out`` to ``path`` as indented strict JSON (non-finite numbers become null)."""
+    Path(path).write_text(json.dumps(strict_json(out), indent=2, allow_nan=False) + "\n")
 
 
 def print_report(out: dict[str, Any], table_text: str, json_path: str | None) -> None:
@@ -22,5 +100,5 @@ def print_report(out: dict[str, Any], table_text: str, json_path: str | None) ->
     print()
     print("load average after: " + " ".join(f"{x:.2f}" for x in out["loadavg_after"]))
     if json_path:
-        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(json_path, out)
         print(f"wrote {json_path}")

@@ -72,6 +72,7 @@ from typing import Any
 
 from benchmarks.broker import make_messages, pct
 from benchmarks.env import ENVS, choose
+from benchmarks.report import check_json_path, positive_float, positive_int, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_NAME = "resource_allocation"
@@ -1387,26 +1388,45 @@ def _mb(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Runs the env_server and comm_broker scale runs and prints the table; returns 1 if a check failed."""
     p = argparse.ArgumentParser(prog="marti bench scale", description=__doc__.splitlines()[0])
-    p.add_argument("--sessions", type=int, default=None, help="concurrent env sessions (default 1000)")
-    p.add_argument("--agents", type=int, default=None, help="concurrent broker agents (default 1000)")
-    p.add_argument("--turns", type=int, default=None, help="Step turns, then BatchStep turns (default 3)")
-    p.add_argument("--env-rounds", type=int, default=3, help="env create..close rounds (leak check; 3)")
-    p.add_argument("--broker-sessions", type=int, default=1, help="broker sessions the agents split into")
-    p.add_argument("--messages", type=int, default=None, help="messages each agent sends (default 10)")
     p.add_argument(
-        "--idle-timeout", type=float, default=60.0, help="an agent waiting this long for nothing gives up, s"
+        "--sessions", type=positive_int, default=None, help="concurrent env sessions (default 1000)"
+    )
+    p.add_argument(
+        "--agents", type=positive_int, default=None, help="concurrent broker agents (default 1000)"
+    )
+    p.add_argument(
+        "--turns", type=positive_int, default=None, help="Step turns, then BatchStep turns (default 3)"
+    )
+    p.add_argument(
+        "--env-rounds", type=positive_int, default=3, help="env create..close rounds (leak check; 3)"
+    )
+    p.add_argument(
+        "--broker-sessions", type=positive_int, default=1, help="broker sessions the agents split into"
+    )
+    p.add_argument(
+        "--messages", type=positive_int, default=None, help="messages each agent sends (default 10)"
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=positive_float,
+        default=60.0,
+        help="an agent waiting this long for nothing gives up, s",
     )
     p.add_argument("--at-limit", action="store_true", help="caps set to exactly N; probe one beyond")
     p.add_argument("--quick", action="store_true", help=f"small run for tests: {QUICK}")
     p.add_argument("--skip", choices=("env", "broker"), help="skip one of the two services")
     p.add_argument(
         "--paced-rate",
-        type=float,
+        type=positive_float,
         default=None,
         help="paced phase: calls/s per service, all client processes together (default 200; quick 40)",
     )
-    p.add_argument("--procs", type=int, default=None, help="paced phase: client processes (default 4)")
-    p.add_argument("--paced-seconds", type=float, default=None, help="paced phase: seconds (default 20)")
+    p.add_argument(
+        "--procs", type=positive_int, default=None, help="paced phase: client processes (default 4)"
+    )
+    p.add_argument(
+        "--paced-seconds", type=positive_float, default=None, help="paced phase: seconds (default 20)"
+    )
     p.add_argument(
         "--no-paced", action="store_true", help="skip the paced phase (idle memory still measured)"
     )
@@ -1417,14 +1437,14 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in defaults.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
-    if min(args.sessions, args.agents, args.turns, args.messages, args.env_rounds, args.broker_sessions) < 1:
-        p.error("--sessions, --agents, --turns, --messages, --env-rounds and --broker-sessions must be >= 1")
-    if args.procs < 1 or args.paced_rate <= 0 or args.paced_seconds <= 0:
-        p.error("--procs must be >= 1, --paced-rate and --paced-seconds > 0")
     if args.procs > min(args.sessions, args.agents):
-        p.error("--procs must not exceed --sessions or --agents (every process owns a slice)")
+        p.error(
+            f"--procs {args.procs} must not exceed --sessions ({args.sessions}) or --agents ({args.agents}): "
+            "every process owns a slice"
+        )
     if args.broker_sessions > args.agents:
-        p.error("--broker-sessions must not exceed --agents")
+        p.error(f"--broker-sessions {args.broker_sessions} must not exceed --agents ({args.agents})")
+    check_json_path(p, args.json)
 
     limits = plan_limits(args.sessions, args.agents, args.broker_sessions, args.messages, args.at_limit)
     load_before = os.getloadavg()
@@ -1643,7 +1663,7 @@ def main(argv: list[str] | None = None) -> int:
             out["comm_broker"] = {k: v for k, v in broker_result.items() if k != "phases"} | {
                 "phases": {k: rows[f"broker.{k}"][1] for k in broker_result["phases"]}
             }
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out)
         print(f"wrote {args.json}")
     return 1 if failed else 0
 

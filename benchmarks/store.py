@@ -10,8 +10,9 @@ One run measures, for items of 4 KB and 64 KB and 1 and 4 client processes:
   - samples/s of one streaming sample call per client (3200 items; Reverb: one ``client.sample`` generator),
 against (a) Reverb 0.14 (installed by this benchmark into its own virtualenv, ``~/.cache/marti-bench``) and
 (b) a Python ``collections.deque`` in the benchmark process (no network, no serialization: the ceiling).
-It also measures the store's restart time for 100k items on a SQLite data dir. Results: printed table, ratios,
-``runs/bench_store.json`` (``--out``; ``--json PATH`` writes a copy), with the load average before and after.
+It also measures the store's restart time for 100k items on a SQLite data dir. Results: printed table, ratios and
+targets, and with ``--json PATH`` every number (per-row marti/Reverb ratios, the targets with ``met``, the load
+average before and after) as strict JSON.
 
 Item content: marti items are one-turn trajectories of ``size // 4`` random token ids, which the SDK packs as
 int32 (4 bytes each), so the token payload is exactly the item size; Reverb items are random ``uint8`` arrays of
@@ -34,6 +35,8 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+
+from benchmarks.report import check_json_path, non_negative_int, positive_int, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 REVERB_VENV = Path(os.environ.get("MARTI_REVERB_VENV", Path.home() / ".cache/marti-bench/reverb-venv"))
@@ -220,7 +223,8 @@ def bench_marti(size: int, clients: int, n_items: int, n_calls: int, n_stream: i
     try:
         cmd = [
             sys.executable,
-            str(Path(__file__)),
+            "-m",
+            "benchmarks.store",
             "--worker",
             addr,
             str(size),
@@ -334,19 +338,28 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table (see the module docstring)."""
     p = argparse.ArgumentParser(prog="marti bench store", description=__doc__.splitlines()[0])
     p.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
-    p.add_argument("--items-4k", type=int, default=4000, help="inserts per client for 4 KB items")
-    p.add_argument("--items-64k", type=int, default=1000, help="inserts per client for 64 KB items")
-    p.add_argument("--sample-calls", type=int, default=50, help="sample calls per client (16 items each)")
+    p.add_argument("--items-4k", type=positive_int, default=4000, help="inserts per client for 4 KB items")
+    p.add_argument("--items-64k", type=positive_int, default=1000, help="inserts per client for 64 KB items")
     p.add_argument(
-        "--stream-samples", type=int, default=3200, help="items per client in one streaming sample call"
+        "--sample-calls", type=positive_int, default=50, help="sample calls per client (16 items each)"
     )
-    p.add_argument("--clients", default="1,4", help="comma-separated client process counts")
     p.add_argument(
-        "--restart-items", type=int, default=100_000, help="items for the restart measurement (0 = skip)"
+        "--stream-samples",
+        type=positive_int,
+        default=3200,
+        help="items per client in one streaming sample call",
+    )
+    p.add_argument(
+        "--clients", type=_client_counts, default=[1, 4], help="comma-separated client process counts"
+    )
+    p.add_argument(
+        "--restart-items",
+        type=non_negative_int,
+        default=100_000,
+        help="items for the restart measurement (0 = skip)",
     )
     p.add_argument("--no-reverb", action="store_true", help="skip the Reverb baseline")
-    p.add_argument("--out", default=str(ROOT / "runs" / "bench_store.json"), help="result JSON path")
-    p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
+    p.add_argument("--json", "--out", metavar="PATH", help="write every number to PATH as JSON")
     args = p.parse_args(argv)
     if args.worker:
         addr, size, n_items, n_calls, n_stream = args.worker
@@ -358,12 +371,13 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 0
+    check_json_path(p, args.json)
     reverb_py, why = (None, "skipped (--no-reverb)") if args.no_reverb else ensure_reverb()
-    load_before = _loadavg()
-    print(f"load average before: {load_before}", flush=True)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    print("load average before: " + " ".join(f"{x:.2f}" for x in load_before), flush=True)
     rows = []
     for size, n_items in ((4096, args.items_4k), (65536, args.items_64k)):
-        for clients in [int(x) for x in args.clients.split(",")]:
+        for clients in args.clients:
             with tempfile.TemporaryDirectory() as d:
                 m = bench_marti(size, clients, n_items, args.sample_calls, args.stream_samples, d)
             r = (
@@ -372,7 +386,16 @@ def main(argv: list[str] | None = None) -> int:
                 else None
             )
             q = bench_deque(size, n_items * clients, args.sample_calls * clients)
-            rows.append({"item_bytes": size, "clients": clients, "marti": m, "reverb": r, "deque": q})
+            rows.append(
+                {
+                    "item_bytes": size,
+                    "clients": clients,
+                    "marti": m,
+                    "reverb": r,
+                    "deque": q,
+                    "ratios": _ratios(m, r),
+                }
+            )
             _print_row(rows[-1])
     restart = None
     if args.restart_items:
@@ -382,28 +405,52 @@ def main(argv: list[str] | None = None) -> int:
               f"process start to listening {restart['process_start_to_listening_s']:.2f} s")  # fmt: skip
     if not reverb_py:
         print(f"\nReverb baseline not run: {why}")
-    load_after = _loadavg()
-    print(f"load average after: {load_after}")
+    targets = [
+        {
+            "target": "marti inserts/s >= Reverb's",
+            "item_bytes": row["item_bytes"],
+            "clients": row["clients"],
+            "ratio": row["ratios"]["inserts"],
+            "met": row["ratios"]["inserts"] >= 1,
+        }
+        for row in rows
+        if row["ratios"] is not None
+    ]
+    for t in targets:
+        print(f"inserts marti/Reverb, {t['item_bytes'] // 1024} KB x {t['clients']} clients: {t['ratio']:.2f}"
+              f"   (target >= 1: {'met' if t['met'] else 'missed'})")  # fmt: skip
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    print("load average after: " + " ".join(f"{x:.2f}" for x in load_after))
     result = {
+        "benchmark": "store",
         "rows": rows,
+        "targets": targets,
         "restart": restart,
         "reverb_note": why,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "cpus": os.cpu_count(),
     }
-    for path in filter(None, (args.out, args.json)):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(result, indent=2))
+    if args.json:
+        write_json(args.json, result)
+        print(f"wrote {args.json}")
     return 0
 
 
-def _loadavg() -> str:
-    """The 1, 5 and 15 minute load averages (``/proc/loadavg``), or "n/a" where there is none."""
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
+def _client_counts(text: str) -> list[int]:
+    """``argparse`` type of ``--clients``: comma-separated client process counts, each >= 1."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"must name at least one client count, got {text!r}")
+    return [positive_int(x) for x in parts]
+
+
+def _ratios(m: dict, r: dict | None) -> dict | None:
+    """marti over Reverb for one row (inserts, samples and streaming samples per second); None without Reverb."""
+    if r is None:
+        return None
+    keys = {"inserts": "inserts_per_s", "samples": "samples_per_s", "stream_samples": "stream_samples_per_s"}
+    return {name: m[k] / r[k] if r[k] else float("nan") for name, k in keys.items()}
 
 
 def _print_row(row: dict) -> None:

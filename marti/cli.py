@@ -115,9 +115,10 @@ def _cmd_bench(argv: list[str]) -> int:
     root = Path(__file__).resolve().parent.parent
     names = bench_names(root / "benchmarks")
     listing = "benchmarks: " + (", ".join(names) or "none (no benchmarks/ folder beside the marti package)")
-    if args.name in (None, "-h", "--help", "list"):
+    asked = args.name == "list" or (args.name is None and rest[:1] in (["-h"], ["--help"]))
+    if asked or args.name is None:
         print("usage: marti bench NAME [options]   (marti bench NAME --help for its options)\n" + listing)
-        return 0 if args.name else 2
+        return 0 if asked else 2  # no name at all is a usage error
     if args.name not in names:
         print(f"unknown benchmark {args.name!r}; {listing}", file=sys.stderr)
         return 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from marti import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +29,9 @@ def test_no_name_lists_the_benchmarks_and_fails(capsys):
     assert "usage: marti bench NAME" in out and "store" in out and "team_comparison" in out
 
 
-def test_list_lists_the_benchmarks(capsys):
-    assert cli.main(["bench", "list"]) == 0
+@pytest.mark.parametrize("ask", ["list", "--help", "-h"])
+def test_list_and_help_list_the_benchmarks(ask, capsys):
+    assert cli.main(["bench", ask]) == 0
     assert "benchmarks: broker, " in capsys.readouterr().out
 
 
