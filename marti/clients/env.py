@@ -51,6 +51,7 @@ from marti.errors import (
     InternalError,
     InvalidArgumentError,
     MartiError,
+    ResourceExhaustedError,
     SessionLostError,
     UnavailableError,
 )
@@ -885,6 +886,10 @@ class RemoteParallelEnv(ParallelEnv):
         self._closed = False
         #: Called once when the env is closed (an :class:`~marti.clients.env_pool.EnvPool` frees its place).
         self.on_close: Callable[[], None] | None = None
+        #: Set by an :class:`~marti.clients.env_pool.EnvPool`: called with the error when a lost session cannot
+        #: be re-created because its server is unreachable or full; it moves the env to another server of the
+        #: pool (:meth:`adopt`) or raises.
+        self.relocate: Callable[[MartiError], None] | None = None
 
     @classmethod
     def create(
@@ -1001,11 +1006,33 @@ class RemoteParallelEnv(ParallelEnv):
         self.agents, self.acting_agents = [], []
         self._lost = None
 
+    def adopt(self, other: RemoteParallelEnv) -> None:
+        """Take over ``other``'s client, stream and session (a fresh one of the same env id, config and seed, on
+        another server): this env carries on there and ``other`` must not be used again. The old stream is
+        closed, and the old client too when this env owned it."""
+        old_stream, old_client, old_owned = self._stream, self.client, self._own_client
+        self.client, self._stream, self._own_client = other.client, other._stream, other._own_client
+        self._generation = other._generation
+        self.session = other.session
+        self.session_id = other.session_id
+        self.agents, self.acting_agents = [], []
+        self._lost = None
+        other._closed = True  # its client and stream are this env's now
+        try:
+            if old_stream is not None:
+                old_stream.close()
+        except MartiError:
+            pass
+        if old_owned:
+            old_client.close()
+
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         """Reset the remote env; returns ``(observations, infos)``.
 
         A lost session (server restart, broken stream, idle reaping) is re-created first, with the same env
-        id, config and creation seed, then reset with ``seed`` and ``options`` (see the class docstring).
+        id, config and creation seed, then reset with ``seed`` and ``options`` (see the class docstring). An
+        env made by an :class:`~marti.clients.env_pool.EnvPool` whose server cannot be reached (or is full)
+        re-creates it on another server of the pool instead.
 
         Raises:
             UnavailableError: The server cannot be reached (the env stays usable: call ``reset`` again).
@@ -1015,8 +1042,21 @@ class RemoteParallelEnv(ParallelEnv):
                 lambda: self._stream.reset(self.session_id, seed, options),
                 lambda: self.client.reset(self.session_id, seed, options),
             )
+        except (UnavailableError, ResourceExhaustedError) as e:
+            if self.relocate is None:
+                raise
+            self.relocate(e)  # the server is away: a new episode may as well start on another one
+            r = self._guarded(
+                lambda: self._stream.reset(self.session_id, seed, options),
+                lambda: self.client.reset(self.session_id, seed, options),
+            )
         except SessionLostError:
-            self._recreate()
+            try:
+                self._recreate()
+            except (UnavailableError, ResourceExhaustedError) as e:
+                if self.relocate is None:
+                    raise
+                self.relocate(e)
             r = self._guarded(
                 lambda: self._stream.reset(self.session_id, seed, options),
                 lambda: self.client.reset(self.session_id, seed, options),

@@ -443,9 +443,13 @@ class EnvPool(_PoolBase):
         transport: str = "stream",
     ) -> RemoteParallelEnv:
         """A remote PettingZoo env (what ``marti.make(address=<several>)`` returns) whose session is placed by
-        this pool and lives on the chosen server's channel for good: its steps and resets, and the session it
-        re-creates after a loss, go to that server. The env's place is freed once, when the env is closed or, if it
-        is dropped unclosed, collected.
+        this pool and pinned to the chosen server: its steps and resets, and the session it re-creates after a
+        loss, go to that server while it answers. When a ``reset`` finds that server unreachable or full
+        (``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``), the env moves: it creates a new session (same env id, config
+        and creation seed) on the best other server, as :meth:`create_session` places one, takes its place
+        there, and resets it; the old server goes last for its cooldown. A ``step`` never moves (a lost session
+        raises :class:`~marti.errors.SessionLostError`, whose ``reset()`` then moves the env). The env's place
+        is freed once, when the env is closed or, if it is dropped unclosed, collected.
 
         Args:
             env_id: Env id.
@@ -477,6 +481,37 @@ class EnvPool(_PoolBase):
         )
         # the place is freed once: by env.close(), or when an env dropped unclosed is collected
         env.on_close = weakref.finalize(env, self._placement.release, i)
+        where, env_ref = [i], weakref.ref(env)  # a weak reference: the env stays collectable (see on_close)
+
+        def relocate(err: MartiError) -> None:
+            """Move the env to another server after ``err`` (its server unreachable or full): the best other
+            server gets a new session and the env's place; if every server fails, the last error is raised."""
+            env = env_ref()
+            if env is None:
+                raise err
+            old = where[0]
+            name_server(err, self.addresses[old])
+            self._placement.avoid(old)
+            j, fresh = _place(
+                self._placement,
+                self.addresses,
+                lambda k: RemoteParallelEnv.create(
+                    self.addresses[k],
+                    env.env_id,
+                    config=env._config,
+                    seed=env._seed,
+                    timeout_s=wait,
+                    transport=transport,
+                    channel=self.clients[k].channel,
+                ),
+            )
+            env.adopt(fresh)
+            env.on_close.detach()
+            self._placement.release(old)
+            env.on_close = weakref.finalize(env, self._placement.release, j)
+            where[0] = j
+
+        env.relocate = relocate
         return env
 
     def close(self) -> None:

@@ -247,6 +247,33 @@ def test_a_stopped_server_fails_only_its_sessions_by_name_and_new_ones_go_to_the
                 pool.create_session(ENV)
 
 
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+def test_a_made_env_whose_server_stopped_moves_to_another_server_at_reset(transport):
+    with _servers() as (a, b), EnvPool([a.address, b.address], timeout_s=5) as pool:
+        env_a, env_b = pool.make(ENV, seed=0, transport=transport), pool.make(ENV, seed=1, transport=transport)
+        assert (env_a.client.address, env_b.client.address) == (a.address, b.address)
+        env_b.reset(seed=1)
+        old_id = env_b.session_id
+        b.stop()
+        with pytest.raises((SessionLostError, UnavailableError)):
+            env_b.step({env_b.acting_agents[0]: "task_1: 1"})
+        obs, _ = env_b.reset(seed=1)  # re-created on a: same env id, config and seed
+        local = me.make(ENV, seed=1)
+        assert obs == local.reset(seed=1)[0]
+        local.close()
+        assert env_b.client.address == a.address and env_b.session_id != old_id and not env_b.session_lost
+        assert pool.live_sessions() == {a.address: 2, b.address: 0} and len(a.sessions) == 2
+        assert env_b.step({env_b.acting_agents[0]: "task_1: 1"})[0] == _local_step(1)
+        env_b.close()
+        assert pool.live_sessions() == {a.address: 1, b.address: 0} and len(a.sessions) == 1
+        a.stop()  # every server away: reset raises the last server's error, named, and may be tried again
+        with pytest.raises(UnavailableError, match="^env server "):
+            env_a.reset(seed=0)
+        assert pool.live_sessions()[a.address] == 1
+        env_a.close()
+        assert pool.live_sessions() == {a.address: 0, b.address: 0}
+
+
 def test_a_full_server_sends_the_new_session_to_the_next_one():
     with _servers(1, 8) as (a, b), EnvPool([a.address, b.address]) as pool:
         ids = [pool.create_session(ENV).session_id for _ in range(3)]  # the third: a is full, so b
