@@ -106,10 +106,27 @@ def _info(m: pb.TableInfo) -> TableInfo:
     )  # fmt: skip
 
 
+#: Longest wait a call may ask for, seconds: the protocol carries waits as uint32 milliseconds (about 49.7 days).
+MAX_TIMEOUT_S = (2**32 - 1) / 1000.0
+
+
 def _timeout_ms(timeout_s: float) -> int:
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise InvalidArgumentError(f"timeout_s must be finite and > 0, got {timeout_s}")
+    """A wait in seconds as the protocol's milliseconds.
+
+    Raises:
+        InvalidArgumentError: ``timeout_s`` not a number, not finite, <= 0 or above :data:`MAX_TIMEOUT_S`.
+    """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise InvalidArgumentError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+    if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise InvalidArgumentError(f"timeout_s must be finite, > 0 and <= {MAX_TIMEOUT_S}, got {timeout_s}")
     return max(1, int(timeout_s * 1000))
+
+
+def _wait_s(timeout_s: float | None, default_s: float) -> float:
+    """The wait of one call: ``timeout_s``, or the client's default when it is None (0 is refused, not the
+    default)."""
+    return default_s if timeout_s is None else timeout_s
 
 
 class _Base:
@@ -142,18 +159,39 @@ class _Base:
         return items
 
     @staticmethod
-    def _keys(responses: Iterable[spb.InsertResponse], n: int) -> list[int]:
+    def _keys(responses: Iterable[spb.InsertResponse], trajectories: Sequence[Trajectory]) -> list[int]:
+        """The keys of an insert stream's items, in order; or the error of the first item that failed (by
+        position), its message prefixed with that item's position, episode and agent and how many of the
+        others were inserted, and the same in ``metadata`` (``item``, ``episode_id``, ``inserted``,
+        ``inserted_keys``: the keys of the items that were inserted, comma-separated, in item order)."""
+        n = len(trajectories)
         keys: list[int | None] = [None] * n
-        first_error: MartiError | None = None
+        errors: dict[int, MartiError] = {}
         for resp in responses:
             for c in resp.confirmations:
                 err = from_status_proto(c.status)
                 if err is not None:
-                    first_error = first_error or err
+                    errors.setdefault(c.client_seq, err)
                 else:
                     keys[c.client_seq] = c.key
-        if first_error is not None:
-            raise first_error
+        if errors:
+            i = min(errors)
+            err, t = errors[i], trajectories[i]
+            inserted = [k for k in keys if k is not None]
+            err.message = f"item {i} of {n} (episode {t.episode_id!r}, agent {t.agent_id!r}): {err.message}"
+            if n > 1:
+                err.message += (
+                    f"; {len(inserted)} of the other {n - 1} items were inserted (their keys are in "
+                    "metadata['inserted_keys'])"
+                )
+            err.args = (err.message,)
+            err.metadata.update(
+                item=str(i),
+                episode_id=t.episode_id,
+                inserted=str(len(inserted)),
+                inserted_keys=",".join(map(str, inserted)),
+            )
+            raise err
         return [k for k in keys if k is not None]
 
     @staticmethod
@@ -245,6 +283,9 @@ class _Base:
 
     @staticmethod
     def _updates(table: str, priorities: dict[int, float]) -> spb.UpdatePrioritiesRequest:
+        for k in priorities:
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 2**64:
+                raise InvalidArgumentError(f"item keys are integers in [0, 2**64), got {k!r}")
         return spb.UpdatePrioritiesRequest(
             table=table, updates=[spb.PriorityUpdate(key=k, priority=p) for k, p in priorities.items()]
         )
@@ -277,6 +318,7 @@ class ExperienceSharingClient(_Base):
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         super().__init__(agent_id, chunk_bytes)
+        _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
         self.timeout_s = timeout_s
         self._channel = make_channel(
             address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="store"
@@ -290,7 +332,8 @@ class ExperienceSharingClient(_Base):
         priority: float = 1.0,
         timeout_s: float | None = None,
     ) -> int:
-        """Insert one trajectory and return its key once the store confirmed it (it is on disk then).
+        """Insert one trajectory and return its key once the store confirmed it (committed to disk when the store
+        has a data dir).
 
         Args:
             trajectory: The agent's trajectory of an episode.
@@ -318,16 +361,18 @@ class ExperienceSharingClient(_Base):
         Raises:
             InvalidArgumentError: before anything is sent, for ``batch_items`` < 1 or a priority count that is
                 not the trajectory count.
-            The first item's error, after every other item was processed (see :meth:`share_experience`).
+            The first failed item's error, after every other item was processed, naming the item (position,
+            episode, agent) and carrying the keys of the items that were inserted in
+            ``metadata["inserted_keys"]`` (see :meth:`share_experience`).
         """
         items = self._items(trajectories, table, priorities, batch_items)
-        t_ms = _timeout_ms(timeout_s or self.timeout_s)
+        t_ms = _timeout_ms(_wait_s(timeout_s, self.timeout_s))
         reqs = [
             spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
             for i in range(0, len(items), batch_items)
         ]
         with rpc_errors():
-            return self._keys(self._stub.Insert(iter(reqs)), len(items))
+            return self._keys(self._stub.Insert(iter(reqs)), trajectories)
 
     def sample(
         self,
@@ -390,7 +435,7 @@ class ExperienceSharingClient(_Base):
             NotFoundError: unknown table.  DeadlineExceededError: fewer than ``batch_size`` items in time.
         """
         req = self._sample_req(
-            table, batch_size, timeout_s or self.timeout_s, agent_ids, roles, min_policy_version, max_age_s,
+            table, batch_size, _wait_s(timeout_s, self.timeout_s), agent_ids, roles, min_policy_version, max_age_s,
             current_policy_version,
         )  # fmt: skip
         out: list[SampledTrajectory] = []
@@ -501,6 +546,7 @@ class AsyncExperienceSharingClient(_Base):
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         super().__init__(agent_id, chunk_bytes)
+        _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
         self.timeout_s = timeout_s
         self._channel = make_channel(
             address,
@@ -532,14 +578,14 @@ class AsyncExperienceSharingClient(_Base):
     ) -> list[int]:
         """See :meth:`ExperienceSharingClient.share_experiences`."""
         items = self._items(trajectories, table, priorities, batch_items)
-        t_ms = _timeout_ms(timeout_s or self.timeout_s)
+        t_ms = _timeout_ms(_wait_s(timeout_s, self.timeout_s))
         reqs = [
             spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
             for i in range(0, len(items), batch_items)
         ]
         with rpc_errors():
             responses = [r async for r in self._stub.Insert(iter(reqs))]
-        return self._keys(responses, len(items))
+        return self._keys(responses, trajectories)
 
     async def sample(
         self,
@@ -572,7 +618,7 @@ class AsyncExperienceSharingClient(_Base):
     ) -> SampleBatch:
         """See :meth:`ExperienceSharingClient.sample_batch`."""
         req = self._sample_req(
-            table, batch_size, timeout_s or self.timeout_s, agent_ids, roles, min_policy_version, max_age_s,
+            table, batch_size, _wait_s(timeout_s, self.timeout_s), agent_ids, roles, min_policy_version, max_age_s,
             current_policy_version,
         )  # fmt: skip
         out: list[SampledTrajectory] = []

@@ -122,7 +122,15 @@ def test_an_insert_into_a_full_table_is_rate_limited_not_a_plain_deadline(store_
     err = info.value
     assert isinstance(err, DeadlineExceededError) and type(err).reason == "RATE_LIMITED"
     assert (err.table, err.size, err.max_size) == ("full", 2, 2)
-    assert err.metadata == {"table": "full", "size": "2", "max_size": "2"}
+    assert err.metadata == {  # the server's facts, and the client's naming of the item
+        "table": "full",
+        "size": "2",
+        "max_size": "2",
+        "item": "0",
+        "episode_id": "ep1",
+        "inserted": "0",
+        "inserted_keys": "",
+    }
     assert "'full'" in str(err) and "size=2/2" in str(err)
     c.create_table("empty", preset="queue", max_size=2)
     with pytest.raises(DeadlineExceededError) as info:
@@ -193,3 +201,63 @@ def test_batch_items_below_one_and_priority_count_are_refused_before_anything_is
     assert len(asyncio.run(run())) == 2
     with ExperienceSharingClient("a1", addr) as c:
         assert c.info("bi").size == 5
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -1, math.nan, math.inf, 5e9, "5", True])
+def test_bad_waits_are_refused_naming_the_value_never_replaced_by_the_default(store_server, bad):
+    addr, _ = store_server
+    with ExperienceSharingClient("a1", addr) as c:
+        c.create_table("w", preset="queue", max_size=100)
+        with pytest.raises(InvalidArgumentError, match="timeout_s must be"):
+            c.share_experience(traj(), table="w", timeout_s=bad)
+        with pytest.raises(InvalidArgumentError, match="timeout_s must be"):
+            c.sample("w", 1, timeout_s=bad)
+        assert c.info("w").size == 0
+    with pytest.raises(InvalidArgumentError, match="timeout_s must be"):
+        ExperienceSharingClient("a1", addr, timeout_s=bad)
+    with pytest.raises(InvalidArgumentError, match="timeout_s must be"):
+        AsyncExperienceSharingClient("a1", addr, timeout_s=bad)
+
+
+def test_the_longest_wait_the_protocol_carries_is_accepted(store_server):
+    from marti.clients.experience import MAX_TIMEOUT_S
+
+    addr, _ = store_server
+    with ExperienceSharingClient("a1", addr) as c:
+        c.create_table("w2", preset="queue", max_size=100)
+        assert len(c.share_experiences([traj()], table="w2", timeout_s=MAX_TIMEOUT_S)) == 1
+        with pytest.raises(InvalidArgumentError, match=f"<= {MAX_TIMEOUT_S}, got"):
+            c.share_experiences([traj()], table="w2", timeout_s=MAX_TIMEOUT_S * 1.001)
+
+
+@pytest.mark.parametrize("key", [2**64, -1, 1.5, "3"])
+def test_priority_updates_refuse_keys_outside_uint64(store_server, key):
+    addr, _ = store_server
+    with ExperienceSharingClient("a1", addr) as c:
+        c.create_table("k", preset="prioritized", priority_exponent=1.0)
+        with pytest.raises(InvalidArgumentError, match=r"item keys are integers in \[0, 2\*\*64\), got"):
+            c.update_priorities("k", {key: 1.0})
+        assert c.update_priorities("k", {2**64 - 1: 1.0}) == (0, 1)
+
+
+def test_a_bad_item_in_a_batch_is_named_and_the_others_keys_are_given(store_server):
+    addr, _ = store_server
+    bad = traj(episode="bad-ep")
+    bad.turns[0].response_logprobs[1] = math.nan
+    with ExperienceSharingClient("a1", addr) as c:
+        c.create_table("m", preset="queue", max_size=100)
+        batch = [traj(episode="e0"), bad, traj(episode="e2"), bad]
+        with pytest.raises(InvalidArgumentError) as info:
+            c.share_experiences(batch, table="m", batch_items=2)
+        err = info.value
+        assert str(err).startswith("item 1 of 4 (episode 'bad-ep', agent 'a1'): trajectory.turns[0]")
+        assert "2 of the other 3 items were inserted" in str(err)
+        assert err.metadata["item"] == "1" and err.metadata["episode_id"] == "bad-ep"
+        keys = [int(k) for k in err.metadata["inserted_keys"].split(",")]
+        assert err.metadata["inserted"] == "2" and len(keys) == 2
+        got = {item.key: item.trajectory.episode_id for item in c.sample("m", 2)}
+        assert got == dict(zip(keys, ["e0", "e2"], strict=True))
+        with pytest.raises(
+            InvalidArgumentError, match=r"^item 0 of 1 \(episode 'bad-ep', agent 'a1'\): [^;]*$"
+        ):
+            c.share_experience(bad, table="m")
