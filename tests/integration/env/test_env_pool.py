@@ -250,7 +250,10 @@ def test_a_stopped_server_fails_only_its_sessions_by_name_and_new_ones_go_to_the
 @pytest.mark.parametrize("transport", ["stream", "unary"])
 def test_a_made_env_whose_server_stopped_moves_to_another_server_at_reset(transport):
     with _servers() as (a, b), EnvPool([a.address, b.address], timeout_s=5) as pool:
-        env_a, env_b = pool.make(ENV, seed=0, transport=transport), pool.make(ENV, seed=1, transport=transport)
+        env_a, env_b = (
+            pool.make(ENV, seed=0, transport=transport),
+            pool.make(ENV, seed=1, transport=transport),
+        )
         assert (env_a.client.address, env_b.client.address) == (a.address, b.address)
         env_b.reset(seed=1)
         old_id = env_b.session_id
