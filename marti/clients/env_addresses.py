@@ -108,7 +108,13 @@ def is_env_pool(value: str | Sequence[str] | None) -> bool:
 def single_env_address(value: str | Sequence[str] | None) -> str | None:
     """The one address of a value that is not a pool: a plain string as given, else the one distinct entry of a
     list or comma-separated string (``"h:1,h:1"`` and ``["h:1"]`` give ``"h:1"``); ``None`` for ``None``. Call it
-    only where :func:`is_env_pool` is False."""
+    only where :func:`is_env_pool` is False.
+
+    Raises:
+        InvalidArgumentError: An empty or blank string (``""``, ``"  "``), naming it.
+    """
+    if isinstance(value, str) and not value.strip():
+        raise InvalidArgumentError(f"no env server address given ({value!r})")
     if value is None or (isinstance(value, str) and "," not in value):
         return value
     return env_server_entries(value)[0]

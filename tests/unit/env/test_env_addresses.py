@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+import marti
 from marti.clients.env_addresses import (
     env_server_entries,
     is_env_pool,
@@ -125,3 +126,13 @@ def test_dns_entries_expand_to_one_server_per_address(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", fail)
     with pytest.raises(UnavailableError, match="'dns:///envs.marti.test:1' does not resolve"):
         resolve_env_servers(["dns:///envs.marti.test:1"])
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_an_empty_single_address_is_refused_naming_it(blank):
+    with pytest.raises(InvalidArgumentError, match=rf"^no env server address given \({blank!r}\)$"):
+        single_env_address(blank)
+    with pytest.raises(InvalidArgumentError, match="no env server address given"):
+        marti.make("collaborative_task_solving", address=blank)
+    with pytest.raises(InvalidArgumentError, match="no env server address given"):
+        marti.list_envs(address=blank)
