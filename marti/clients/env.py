@@ -47,6 +47,7 @@ from marti.codec.env import (
     value_to_proto,
 )
 from marti.errors import (
+    DeadlineExceededError,
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
@@ -56,8 +57,9 @@ from marti.errors import (
     UnavailableError,
 )
 from marti.rpc.calls import acall, call
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
+from marti.rpc.channel import check_timeout_s, make_channel
 from marti.rpc.errors import from_rpc_error, from_status_proto
+from marti.rpc.watchdog import WATCHDOG
 
 SERVICE = "marti.api.env.v1.EnvService"
 #: Methods safe to retry on UNAVAILABLE (Step and Reset are made safe by request ids).
@@ -513,7 +515,7 @@ class EnvClient:
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.address = address
-        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        self.timeout_s = check_timeout_s(timeout_s)
         self._own_channel = channel is None
         self._pid = os.getpid()
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file, options=options)
@@ -731,14 +733,23 @@ class SessionStream:
                 self._open()
             self._seq += 1
             self._requests.put(pb.SessionRequest(sequence=self._seq, **op))
+            responses = self._responses
+            WATCHDOG.arm(self, self.timeout_s, responses.cancel)
             try:
-                resp = next(self._responses)
+                resp = next(responses)
             except StopIteration:
                 self._broken = True
                 raise UnavailableError("the env server ended the session stream") from None
             except grpc.RpcError as e:
                 self._broken = True
+                if not WATCHDOG.disarm(self) and e.code() == grpc.StatusCode.CANCELLED:
+                    raise DeadlineExceededError(
+                        f"the env server did not answer within timeout_s={self.timeout_s} s; the session "
+                        "stream was closed, and its sessions with it (a reset() re-creates an env's session)"
+                    ) from None
                 raise from_rpc_error(e) from None
+            finally:
+                WATCHDOG.disarm(self)
         err = from_status_proto(resp.status)
         if err is not None:
             raise err
@@ -1180,7 +1191,7 @@ class AsyncEnvClient:
         channel: grpc.aio.Channel | None = None,
         deltas: bool = True,
     ) -> None:
-        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        self.timeout_s = check_timeout_s(timeout_s)
         self._own_channel = channel is None
         self.channel = channel or make_channel(
             address,

@@ -17,6 +17,23 @@ from marti.rpc.transport import LoopBoundChannel
 
 #: Default deadline for a unary call made by the SDK clients, seconds.
 DEFAULT_TIMEOUT_S = 30.0
+#: Longest deadline a client accepts, seconds (30 days; gRPC's deadline arithmetic overflows far above it).
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+
+
+def check_timeout_s(timeout_s: float | None) -> float:
+    """A client's per-call deadline: ``timeout_s``, or :data:`DEFAULT_TIMEOUT_S` for None.
+
+    Raises:
+        InvalidArgumentError: Not a number, not finite, <= 0 or above :data:`MAX_TIMEOUT_S`, naming the value.
+    """
+    if timeout_s is None:
+        return DEFAULT_TIMEOUT_S
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise InvalidArgumentError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+    if not (0 < timeout_s <= MAX_TIMEOUT_S):  # NaN fails both comparisons
+        raise InvalidArgumentError(f"timeout_s must be > 0 and <= {MAX_TIMEOUT_S:.0f} s, got {timeout_s}")
+    return float(timeout_s)
 
 #: Shared bearer-token variable, read by every client (and server) when nothing more specific is set.
 SHARED_TOKEN_ENV = "MARTI_TOKEN"

@@ -285,3 +285,31 @@ def test_shutdown_waits_for_an_in_flight_step(grace_s) -> None:
     if grace_s > 1:
         assert out["result"].observations == {"a": "1"}, "a step inside the grace period completes"
     assert len(sessions) == 0
+
+
+def test_a_stream_call_waits_at_most_timeout_s_then_the_stream_and_its_sessions_end():
+    """A session stream's wait for its next response is bounded by the client's ``timeout_s`` (a bidi stream
+    has no per-message deadline of its own): past it the call raises DeadlineExceededError naming the timeout,
+    the stream is closed and its sessions are lost; the next call opens a new stream."""
+    from marti.errors import DeadlineExceededError, NotFoundError
+
+    settings, sessions, specs = server_specs(workers=4)
+    with serve_in_thread(specs, settings) as server, EnvClient(server.address, timeout_s=0.5) as client:
+        stream = client.stream()
+        sid = stream.create_session(ENV).session_id
+        stream.reset(sid)
+        t0 = time.monotonic()
+        with pytest.raises(
+            DeadlineExceededError, match=r"within timeout_s=0.5 s; the session stream was closed"
+        ):
+            stream.step(sid, {"a": "sleep:3"})
+        assert 0.45 < time.monotonic() - t0 < 2.0
+        assert stream.broken
+        with pytest.raises(NotFoundError):  # the session ended with its stream
+            stream.reset(sid)
+        fresh = stream.create_session(ENV).session_id  # a new stream serves new sessions
+        stream.reset(fresh)
+        assert stream.step(fresh, {"a": "quick"}).observations == {"a": "1"}
+        for _ in range(200):  # answers well within the timeout never trip it
+            stream.step(fresh, {"a": "quick"})
+        stream.close()

@@ -136,3 +136,16 @@ def test_an_empty_single_address_is_refused_naming_it(blank):
         marti.make("collaborative_task_solving", address=blank)
     with pytest.raises(InvalidArgumentError, match="no env server address given"):
         marti.list_envs(address=blank)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), 1e12])
+def test_remote_env_clients_refuse_a_bad_timeout_at_construction(bad):
+    from marti.clients.env import EnvClient
+    from marti.clients.env_pool import EnvPool
+
+    with pytest.raises(InvalidArgumentError, match="timeout_s must be > 0"):
+        EnvClient("127.0.0.1:1", timeout_s=bad)
+    with pytest.raises(InvalidArgumentError, match="timeout_s must be > 0"):
+        EnvPool(["127.0.0.1:1", "127.0.0.1:2"], timeout_s=bad)
+    with pytest.raises(InvalidArgumentError, match="timeout_s must be > 0"):
+        marti.make("collaborative_task_solving", address="127.0.0.1:1", timeout_s=bad)

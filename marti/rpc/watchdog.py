@@ -1,0 +1,75 @@
+"""One daemon thread that runs a callback when a deadline passes, for waits that have no timeout of their own
+(the next response of a gRPC bidi stream).
+
+Each owner (a stream) has at most one armed deadline at a time; arming and disarming are O(1) under one lock,
+and the thread wakes only at the earliest deadline (or when an earlier one is armed), so a stream making many
+short calls costs two lock round trips per call and no thread start.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Watchdog:
+    """Runs ``callback()`` on its thread when an owner's armed deadline passes before :meth:`disarm`.
+
+    The callback runs outside the watchdog's lock and must be quick and not raise (its exceptions are
+    swallowed: the watchdog must outlive them).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._armed: dict[int, tuple[float, Callable[[], Any]]] = {}
+        self._wake_at = float("inf")
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def arm(self, owner: object, timeout_s: float, callback: Callable[[], Any]) -> None:
+        """Arm ``owner``'s deadline ``timeout_s`` seconds from now (replacing one it had)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if self._pid != os.getpid():  # a forked child: the parent's thread is not here
+                self._armed.clear()
+                self._thread, self._wake_at, self._pid = None, float("inf"), os.getpid()
+            self._armed[id(owner)] = (deadline, callback)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="marti-watchdog", daemon=True)
+                self._thread.start()
+            if deadline < self._wake_at:
+                self._wake_at = deadline
+                self._cond.notify()
+
+    def disarm(self, owner: object) -> bool:
+        """Disarm ``owner``'s deadline; True when it was still armed (False: it fired, or none was armed)."""
+        with self._cond:
+            return self._armed.pop(id(owner), None) is not None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                due = [k for k, (deadline, _) in self._armed.items() if deadline <= now]
+                callbacks = [self._armed.pop(k)[1] for k in due]
+                if callbacks:
+                    self._cond.release()
+                    try:
+                        for cb in callbacks:
+                            try:
+                                cb()
+                            except Exception:  # noqa: BLE001 - the watchdog serves every other owner too
+                                pass
+                    finally:
+                        self._cond.acquire()
+                    continue
+                self._wake_at = min((d for d, _ in self._armed.values()), default=float("inf"))
+                self._cond.wait(None if self._wake_at == float("inf") else self._wake_at - now)
+                self._wake_at = float("inf")
+
+
+#: The process's watchdog (its thread starts at the first :meth:`Watchdog.arm`).
+WATCHDOG = Watchdog()

@@ -1,0 +1,55 @@
+"""The watchdog that bounds waits without a timeout of their own, and the clients' deadline check."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from marti.errors import InvalidArgumentError
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout_s
+from marti.rpc.watchdog import Watchdog
+
+
+def test_a_deadline_that_passes_fires_once_and_disarm_then_says_so():
+    dog, fired = Watchdog(), threading.Event()
+    owner = object()
+    t0 = time.monotonic()
+    dog.arm(owner, 0.1, fired.set)
+    assert fired.wait(2) and time.monotonic() - t0 >= 0.09
+    assert dog.disarm(owner) is False
+
+
+def test_a_disarmed_deadline_never_fires_and_an_earlier_one_wakes_the_thread():
+    dog, calls = Watchdog(), []
+    late, early, kept = object(), object(), object()
+    dog.arm(late, 5.0, lambda: calls.append("late"))
+    dog.arm(kept, 0.3, lambda: calls.append("kept"))
+    assert dog.disarm(kept) is True
+    dog.arm(early, 0.05, lambda: calls.append("early"))  # earlier than the thread's wake-up: it is woken
+    time.sleep(0.5)
+    assert calls == ["early"]
+    assert dog.disarm(late) is True
+
+
+def test_re_arming_replaces_the_owners_deadline_and_a_raising_callback_does_not_stop_the_others():
+    dog, calls = Watchdog(), []
+    a, b = object(), object()
+    dog.arm(a, 0.05, lambda: 1 / 0)
+    dog.arm(b, 0.05, lambda: calls.append("b1"))
+    dog.arm(b, 0.2, lambda: calls.append("b2"))  # replaces b's first deadline
+    time.sleep(0.4)
+    assert calls == ["b2"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, MAX_TIMEOUT_S * 2, "5", True])
+def test_check_timeout_s_refuses_naming_the_value(bad):
+    with pytest.raises(InvalidArgumentError, match="timeout_s must be"):
+        check_timeout_s(bad)
+
+
+def test_check_timeout_s_defaults_and_accepts_its_edges():
+    assert check_timeout_s(None) == DEFAULT_TIMEOUT_S
+    assert check_timeout_s(MAX_TIMEOUT_S) == MAX_TIMEOUT_S and check_timeout_s(1e-3) == 1e-3
