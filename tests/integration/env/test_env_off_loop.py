@@ -313,3 +313,23 @@ def test_a_stream_call_waits_at_most_timeout_s_then_the_stream_and_its_sessions_
         for _ in range(200):  # answers well within the timeout never trip it
             stream.step(fresh, {"a": "quick"})
         stream.close()
+
+
+def test_a_made_env_past_its_timeout_is_lost_and_its_reset_starts_a_new_session():
+    import marti
+    from marti.errors import SessionLostError
+
+    settings, sessions, specs = server_specs(workers=4)
+    with serve_in_thread(specs, settings) as server:
+        env = marti.make(ENV, address=server.address, timeout_s=0.5)
+        env.reset()
+        first = env.session_id
+        with pytest.raises(
+            SessionLostError, match="DeadlineExceededError: the env server did not answer within"
+        ):
+            env.step({"a": "sleep:3"})
+        assert env.session_lost
+        obs, _ = env.reset()
+        assert obs == {"a": "0"} and env.session_id != first and not env.session_lost
+        assert env.step({"a": "quick"})[0] == {"a": "1"}
+        env.close()
