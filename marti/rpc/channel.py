@@ -35,6 +35,7 @@ def check_timeout_s(timeout_s: float | None) -> float:
         raise InvalidArgumentError(f"timeout_s must be > 0 and <= {MAX_TIMEOUT_S:.0f} s, got {timeout_s}")
     return float(timeout_s)
 
+
 #: Shared bearer-token variable, read by every client (and server) when nothing more specific is set.
 SHARED_TOKEN_ENV = "MARTI_TOKEN"
 #: Service-specific token variables (the servers' ``MARTI_<SERVICE>_TOKEN`` settings), read before

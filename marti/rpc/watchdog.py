@@ -1,9 +1,10 @@
 """One daemon thread that runs a callback when a deadline passes, for waits that have no timeout of their own
 (the next response of a gRPC bidi stream).
 
-Each owner (a stream) has at most one armed deadline at a time; arming and disarming are O(1) under one lock,
-and the thread wakes only at the earliest deadline (or when an earlier one is armed), so a stream making many
-short calls costs two lock round trips per call and no thread start.
+Each owner (a stream) has at most one armed deadline at a time; arming and disarming are O(1) under one lock.
+The thread wakes at the earliest armed deadline, every :data:`IDLE_TICK_S` for a while when nothing is armed, and
+when an arm sets a deadline earlier than its next wake-up: so a stream making many short calls with the same
+timeout costs two lock round trips per call, and neither a thread start nor a thread wake-up.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+#: While nothing is armed, the thread looks again every ``IDLE_TICK_S`` seconds, ``IDLE_TICKS`` times, then
+#: sleeps until an arm wakes it.
+IDLE_TICK_S = 0.05
+IDLE_TICKS = 20
 
 
 class Watchdog:
@@ -50,6 +56,7 @@ class Watchdog:
             return self._armed.pop(id(owner), None) is not None
 
     def _run(self) -> None:
+        idle = 0  # wake-ups in a row that found nothing armed
         with self._cond:
             while True:
                 now = time.monotonic()
@@ -66,9 +73,16 @@ class Watchdog:
                     finally:
                         self._cond.acquire()
                     continue
-                self._wake_at = min((d for d, _ in self._armed.values()), default=float("inf"))
+                if self._armed:
+                    idle = 0
+                    self._wake_at = min(d for d, _ in self._armed.values())
+                else:
+                    # Nothing armed (between two calls, usually): look again shortly for a while before
+                    # sleeping until the next arm, so that a call arming a later deadline (the usual case)
+                    # never has to wake this thread.
+                    idle += 1
+                    self._wake_at = now + IDLE_TICK_S if idle <= IDLE_TICKS else float("inf")
                 self._cond.wait(None if self._wake_at == float("inf") else self._wake_at - now)
-                self._wake_at = float("inf")
 
 
 #: The process's watchdog (its thread starts at the first :meth:`Watchdog.arm`).

@@ -53,3 +53,22 @@ def test_check_timeout_s_refuses_naming_the_value(bad):
 def test_check_timeout_s_defaults_and_accepts_its_edges():
     assert check_timeout_s(None) == DEFAULT_TIMEOUT_S
     assert check_timeout_s(MAX_TIMEOUT_S) == MAX_TIMEOUT_S and check_timeout_s(1e-3) == 1e-3
+
+
+def test_many_short_calls_with_the_same_timeout_do_not_wake_the_thread_each_time():
+    class Counting(threading.Condition):
+        waits = 0
+
+        def wait(self, timeout=None):
+            Counting.waits += 1
+            return super().wait(timeout)
+
+    dog = Watchdog()
+    dog._cond = Counting()
+    owner = object()
+    for _ in range(500):
+        dog.arm(owner, 30.0, lambda: None)
+        assert dog.disarm(owner)  # a quick call ...
+        time.sleep(0.001)  # ... then a pause, in which the thread finds nothing armed
+    # the thread woke about every IDLE_TICK_S over the loop's half second or more, not once per call
+    assert Counting.waits < 100
