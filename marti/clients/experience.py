@@ -145,10 +145,13 @@ class _Base:
         priorities: Sequence[float] | None,
         batch_items: int = 1,
     ) -> list[pb.InsertItem]:
-        if batch_items < 1:
-            raise InvalidArgumentError(f"batch_items must be >= 1, got {batch_items}")
+        if isinstance(batch_items, bool) or not isinstance(batch_items, int) or batch_items < 1:
+            raise InvalidArgumentError(f"batch_items must be an integer >= 1, got {batch_items!r}")
         if priorities is not None and len(priorities) != len(trajectories):
             raise InvalidArgumentError(f"{len(priorities)} priorities for {len(trajectories)} trajectories")
+        for i, p in enumerate(priorities or ()):
+            if isinstance(p, bool) or not isinstance(p, (int, float)):
+                raise InvalidArgumentError(f"priority {i} is {p!r}, not a number")
         items = []
         for i, t in enumerate(trajectories):
             if not t.agent_id:

@@ -37,6 +37,22 @@ def _pack(typecode: str, values) -> bytes:
     return arr.tobytes()
 
 
+def _pack_ids(values, where: str) -> bytes:
+    """Token ids as packed int32 bytes.
+
+    Raises:
+        InvalidArgumentError: naming ``where`` and the first id that is not an integer in int32.
+    """
+    try:
+        return _pack("i", values)
+    except (OverflowError, TypeError):
+        bad = next(
+            (x for x in values if isinstance(x, bool) or not isinstance(x, int) or not -(2**31) <= x < 2**31),
+            None,
+        )
+        raise InvalidArgumentError(f"{where} holds {bad!r}, not an integer in int32") from None
+
+
 def _unpack(typecode: str, raw: bytes, where: str) -> list:
     if len(raw) % 4:
         raise InvalidArgumentError(f"{where} has {len(raw)} bytes, not a multiple of 4")
@@ -84,14 +100,20 @@ def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
             response_text=turn.response_text,
         )  # fmt: skip
         if packed:
+            i = len(msg.turns) - 1
+            m.prompt_token_ids_i32le = _pack_ids(
+                turn.prompt_token_ids, f"trajectory.turns[{i}].prompt_token_ids"
+            )
+            m.response_token_ids_i32le = _pack_ids(
+                turn.response_token_ids, f"trajectory.turns[{i}].response_token_ids"
+            )
             try:
-                m.prompt_token_ids_i32le = _pack("i", turn.prompt_token_ids)
-                m.response_token_ids_i32le = _pack("i", turn.response_token_ids)
-            except OverflowError as e:
+                m.response_logprobs_f32le = _pack("f", turn.response_logprobs)
+            except TypeError:
+                bad = next(x for x in turn.response_logprobs if not isinstance(x, (int, float)))
                 raise InvalidArgumentError(
-                    f"trajectory.turns[{len(msg.turns) - 1}] token id out of int32: {e}"
+                    f"trajectory.turns[{i}].response_logprobs holds {bad!r}, not a number"
                 ) from None
-            m.response_logprobs_f32le = _pack("f", turn.response_logprobs)
         else:
             m.prompt_token_ids.extend(turn.prompt_token_ids)
             m.response_token_ids.extend(turn.response_token_ids)

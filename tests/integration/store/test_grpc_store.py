@@ -184,9 +184,19 @@ def test_batch_items_below_one_and_priority_count_are_refused_before_anything_is
     addr, _ = store_server
     with ExperienceSharingClient("a1", addr) as c:
         c.create_table("bi", preset="queue", max_size=100)
-        for bad in (0, -1):
-            with pytest.raises(InvalidArgumentError, match=f"batch_items must be >= 1, got {bad}"):
+        for bad in (0, -1, 1.5, "4", True):
+            with pytest.raises(
+                InvalidArgumentError, match=f"batch_items must be an integer >= 1, got {bad!r}"
+            ):
                 c.share_experiences([traj()], table="bi", batch_items=bad)
+        with pytest.raises(InvalidArgumentError, match="priority 1 is 'a', not a number"):
+            c.share_experiences([traj(), traj()], table="bi", priorities=[1.0, "a"])
+        bad_id = traj()
+        bad_id.turns[0].prompt_token_ids[2] = 2**31
+        with pytest.raises(
+            InvalidArgumentError, match=r"turns\[0\].prompt_token_ids holds 2147483648, not an int"
+        ):
+            c.share_experiences([traj(), bad_id], table="bi")
         with pytest.raises(InvalidArgumentError, match="1 priorities for 2 trajectories"):
             c.share_experiences([traj(), traj()], table="bi", priorities=[1.0])
         assert c.info("bi").size == 0
@@ -194,7 +204,7 @@ def test_batch_items_below_one_and_priority_count_are_refused_before_anything_is
 
     async def run():
         async with AsyncExperienceSharingClient("a1", addr) as ac:
-            with pytest.raises(InvalidArgumentError, match="batch_items must be >= 1, got 0"):
+            with pytest.raises(InvalidArgumentError, match="batch_items must be an integer >= 1, got 0"):
                 await ac.share_experiences([traj()], table="bi", batch_items=0)
             return await ac.share_experiences([traj(), traj()], table="bi", batch_items=1)
 
