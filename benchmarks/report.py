@@ -8,38 +8,34 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def positive_int(text: str) -> int:
-    """``argparse`` type: an integer >= 1.
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An ``argparse`` type: an integer >= ``minimum``.
 
-    Raises:
-        argparse.ArgumentTypeError: naming the value, which argparse reports with the option's name (exit 2).
+    The returned function raises ``argparse.ArgumentTypeError`` naming the value, which argparse reports with
+    the option's name (exit 2).
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    """``argparse`` type: an integer >= 0 (0 skips what the option counts).
-
-    Raises:
-        argparse.ArgumentTypeError: naming the value.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
+#: ``argparse`` type: an integer >= 1 (counts).
+positive_int = int_at_least(1)
+#: ``argparse`` type: an integer >= 0 (0 skips what the option counts).
+non_negative_int = int_at_least(0)
 
 
 def positive_float(text: str) -> float:
