@@ -1053,7 +1053,7 @@ class RemoteParallelEnv(ParallelEnv):
                 lambda: self._stream.reset(self.session_id, seed, options),
                 lambda: self.client.reset(self.session_id, seed, options),
             )
-        except (UnavailableError, ResourceExhaustedError) as e:
+        except UnavailableError as e:
             if self.relocate is None:
                 raise
             self.relocate(e)  # the server is away: a new episode may as well start on another one
