@@ -110,7 +110,7 @@ def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
             try:
                 m.response_logprobs_f32le = _pack("f", turn.response_logprobs)
             except TypeError:
-                bad = next(x for x in turn.response_logprobs if not isinstance(x, (int, float)))
+                bad = next((x for x in turn.response_logprobs if not isinstance(x, (int, float))), None)
                 raise InvalidArgumentError(
                     f"trajectory.turns[{i}].response_logprobs holds {bad!r}, not a number"
                 ) from None
