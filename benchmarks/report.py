@@ -54,13 +54,16 @@ def positive_float(text: str) -> float:
 
 
 def check_json_path(parser: argparse.ArgumentParser, path: str | None) -> None:
-    """Refuse, before any measurement, a ``--json`` path whose folder does not exist or cannot be written.
+    """Refuse, before any measurement, a ``--json`` path that is a folder, or whose folder does not exist or cannot
+    be written (as the user running it: root can write anywhere).
 
     Raises:
         SystemExit: through ``parser.error`` (exit 2), naming the path.
     """
     if not path:
         return
+    if Path(path).is_dir():
+        parser.error(f"--json {path}: is a folder, not a file")
     folder = Path(path).resolve().parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         parser.error(f"--json {path}: the folder {folder} does not exist or is not writable")

@@ -743,17 +743,24 @@ class SessionStream:
             except grpc.RpcError as e:
                 self._broken = True
                 if not WATCHDOG.disarm(self) and e.code() == grpc.StatusCode.CANCELLED:
-                    raise DeadlineExceededError(
-                        f"the env server did not answer within timeout_s={self.timeout_s} s; the session "
-                        "stream was closed, and its sessions with it (a reset() re-creates an env's session)"
-                    ) from None
+                    raise self._late_error() from None
                 raise from_rpc_error(e) from None
             finally:
-                WATCHDOG.disarm(self)
+                fired = not WATCHDOG.disarm(self)
+            if fired:
+                # the answer came as the deadline passed: the stream is being cancelled, so the call is late
+                self._broken = True
+                raise self._late_error()
         err = from_status_proto(resp.status)
         if err is not None:
             raise err
         return resp
+
+    def _late_error(self) -> DeadlineExceededError:
+        return DeadlineExceededError(
+            f"the env server did not answer within timeout_s={self.timeout_s} s; the session stream was closed, "
+            "and its sessions with it (a reset() re-creates an env's session)"
+        )
 
     def _forget_made(self) -> None:
         """Drop the held results of the sessions made on the stream (the server closed them with it)."""
@@ -988,7 +995,13 @@ class RemoteParallelEnv(ParallelEnv):
             self._lost = "its session stream broke: the env server restarted or the connection dropped"
 
     def _guarded(self, stream_fn: Any, unary_fn: Any) -> StepResult:
-        """Run one session call, turning every way of losing the session into :class:`SessionLostError`."""
+        """Run one session call, turning every way of losing the session into :class:`SessionLostError`.
+
+        Raises:
+            FailedPreconditionError: The env is closed.
+        """
+        if self._closed:
+            raise FailedPreconditionError(f"the {self.env_id} env is closed; make a new one")
         if self._stream is not None and self._stream.forked:
             raise self._stream._forked_error()
         self._check_stream()

@@ -488,7 +488,7 @@ class EnvPool(_PoolBase):
             """Move the env to another server after ``err`` (its server unreachable or full): the best other
             server gets a new session and the env's place; if every server fails, the last error is raised."""
             env = env_ref()
-            if env is None:
+            if env is None or env._closed:  # a closed env's place is already free: it must not move
                 raise err
             old = where[0]
             name_server(err, self.addresses[old])

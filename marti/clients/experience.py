@@ -8,7 +8,7 @@ matching :class:`marti.errors.MartiError` subclass.
 
 from __future__ import annotations
 
-import math
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,9 +116,9 @@ def _timeout_ms(timeout_s: float) -> int:
     Raises:
         InvalidArgumentError: ``timeout_s`` not a number, not finite, <= 0 or above :data:`MAX_TIMEOUT_S`.
     """
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
         raise InvalidArgumentError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
-    if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN and infinity fail too; a huge int is compared exactly
         raise InvalidArgumentError(f"timeout_s must be finite, > 0 and <= {MAX_TIMEOUT_S}, got {timeout_s}")
     return max(1, int(timeout_s * 1000))
 
@@ -126,7 +126,7 @@ def _timeout_ms(timeout_s: float) -> int:
 def _wait_s(timeout_s: float | None, default_s: float) -> float:
     """The wait of one call: ``timeout_s``, or the client's default when it is None (0 is refused, not the
     default)."""
-    return default_s if timeout_s is None else timeout_s
+    return default_s if timeout_s is None else timeout_s  # checked by _timeout_ms
 
 
 class _Base:
@@ -145,12 +145,12 @@ class _Base:
         priorities: Sequence[float] | None,
         batch_items: int = 1,
     ) -> list[pb.InsertItem]:
-        if isinstance(batch_items, bool) or not isinstance(batch_items, int) or batch_items < 1:
+        if isinstance(batch_items, bool) or not isinstance(batch_items, numbers.Integral) or batch_items < 1:
             raise InvalidArgumentError(f"batch_items must be an integer >= 1, got {batch_items!r}")
         if priorities is not None and len(priorities) != len(trajectories):
             raise InvalidArgumentError(f"{len(priorities)} priorities for {len(trajectories)} trajectories")
-        for i, p in enumerate(priorities or ()):
-            if isinstance(p, bool) or not isinstance(p, (int, float)):
+        for i, p in enumerate(() if priorities is None else priorities):
+            if isinstance(p, bool) or not isinstance(p, numbers.Real):
                 raise InvalidArgumentError(f"priority {i} is {p!r}, not a number")
         items = []
         for i, t in enumerate(trajectories):
@@ -286,9 +286,11 @@ class _Base:
 
     @staticmethod
     def _updates(table: str, priorities: dict[int, float]) -> spb.UpdatePrioritiesRequest:
-        for k in priorities:
-            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 2**64:
+        for k, p in priorities.items():
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= int(k) < 2**64:
                 raise InvalidArgumentError(f"item keys are integers in [0, 2**64), got {k!r}")
+            if isinstance(p, bool) or not isinstance(p, numbers.Real):
+                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a number")
         return spb.UpdatePrioritiesRequest(
             table=table, updates=[spb.PriorityUpdate(key=k, priority=p) for k, p in priorities.items()]
         )
@@ -322,7 +324,7 @@ class ExperienceSharingClient(_Base):
     ) -> None:
         super().__init__(agent_id, chunk_bytes)
         _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)
         self._channel = make_channel(
             address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="store"
         )
@@ -550,7 +552,7 @@ class AsyncExperienceSharingClient(_Base):
     ) -> None:
         super().__init__(agent_id, chunk_bytes)
         _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)
         self._channel = make_channel(
             address,
             token=token,

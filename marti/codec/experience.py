@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import sys
 from array import array
+from collections.abc import Iterator
 from typing import Any
 
 from marti.api.experience.v1 import experience_pb2 as pb
@@ -47,10 +49,17 @@ def _pack_ids(values, where: str) -> bytes:
         return _pack("i", values)
     except (OverflowError, TypeError):
         bad = next(
-            (x for x in values if isinstance(x, bool) or not isinstance(x, int) or not -(2**31) <= x < 2**31),
+            (
+                x
+                for x in (
+                    () if isinstance(values, Iterator) else values
+                )  # a spent iterator cannot be looked at
+                if not isinstance(x, numbers.Integral) or not -(2**31) <= int(x) < 2**31
+            ),
             None,
         )
-        raise InvalidArgumentError(f"{where} holds {bad!r}, not an integer in int32") from None
+        what = f"holds {bad!r}," if bad is not None else "holds a value that is"
+        raise InvalidArgumentError(f"{where} {what} not an integer in int32") from None
 
 
 def _unpack(typecode: str, raw: bytes, where: str) -> list:

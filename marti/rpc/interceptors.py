@@ -200,7 +200,10 @@ class _Wrapper:
                 await self._fail(context, exc)
             finally:
                 self._finish(start, code)
-                REQUEST_ID.reset(token)
+                try:
+                    REQUEST_ID.reset(token)
+                except ValueError:  # a cancelled stream's generator is closed from another context
+                    pass
 
         return wrapped
 
@@ -232,6 +235,9 @@ class _Wrapper:
                 await self._fail(context, exc)
             finally:
                 self._finish(start, code)
-                REQUEST_ID.reset(token)
+                try:
+                    REQUEST_ID.reset(token)
+                except ValueError:  # a cancelled stream's generator is closed from another context
+                    pass
 
         return wrapped

@@ -24,8 +24,9 @@ IDLE_TICKS = 20
 class Watchdog:
     """Runs ``callback()`` on its thread when an owner's armed deadline passes before :meth:`disarm`.
 
-    The callback runs outside the watchdog's lock and must be quick and not raise (its exceptions are
-    swallowed: the watchdog must outlive them).
+    The callback runs outside the watchdog's lock and must be quick; whatever it raises is swallowed (the
+    watchdog must outlive it). A caller whose :meth:`disarm` returns False must assume the callback ran, or
+    is about to run.
     """
 
     def __init__(self) -> None:
@@ -68,7 +69,7 @@ class Watchdog:
                         for cb in callbacks:
                             try:
                                 cb()
-                            except Exception:  # noqa: BLE001 - the watchdog serves every other owner too
+                            except BaseException:  # noqa: BLE001 - the watchdog serves every other owner too
                                 pass
                     finally:
                         self._cond.acquire()

@@ -333,3 +333,47 @@ def test_a_made_env_past_its_timeout_is_lost_and_its_reset_starts_a_new_session(
         assert obs == {"a": "0"} and env.session_id != first and not env.session_lost
         assert env.step({"a": "quick"})[0] == {"a": "1"}
         env.close()
+
+
+def test_an_answer_at_the_deadline_never_leaves_a_cancelled_stream_behind_a_success():
+    """Answers that arrive right at ``timeout_s``: each call either fails with DeadlineExceededError (and the
+    stream is replaced) or succeeds, and after a success the stream and its session keep working."""
+    from marti.errors import DeadlineExceededError
+
+    settings, sessions, specs = server_specs(workers=4)
+    outcomes = {"late": 0, "ok": 0}
+    with serve_in_thread(specs, settings) as server, EnvClient(server.address, timeout_s=0.1) as client:
+        stream = client.stream()
+        sid = stream.create_session(ENV).session_id
+        stream.reset(sid)
+        for i in range(30):
+            try:
+                stream.step(sid, {"a": f"sleep:{0.096 + 0.001 * (i % 6)}"})
+            except DeadlineExceededError:
+                outcomes["late"] += 1
+                sid = stream.create_session(ENV).session_id  # the old one ended with its stream
+                stream.reset(sid)
+                continue
+            outcomes["ok"] += 1
+            time.sleep(0.03)  # a late cancel would land here
+            assert not stream.broken, outcomes
+            stream.step(sid, {"a": "quick"})
+        stream.close()
+    assert sum(outcomes.values()) == 30
+
+
+def test_a_closed_env_refuses_reset_and_step_on_both_transports():
+    import marti
+    from marti.errors import FailedPreconditionError
+
+    settings, sessions, specs = server_specs(workers=4)
+    with serve_in_thread(specs, settings) as server:
+        for transport in ("stream", "unary"):
+            env = marti.make(ENV, address=server.address, transport=transport)
+            env.reset()
+            env.close()
+            with pytest.raises(FailedPreconditionError, match="env is closed"):
+                env.reset()
+            with pytest.raises(FailedPreconditionError, match="env is closed"):
+                env.step({"a": "quick"})
+        assert len(sessions) == 0  # nothing was re-created behind the closed envs

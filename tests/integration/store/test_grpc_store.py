@@ -271,3 +271,29 @@ def test_a_bad_item_in_a_batch_is_named_and_the_others_keys_are_given(store_serv
             InvalidArgumentError, match=r"^item 0 of 1 \(episode 'bad-ep', agent 'a1'\): [^;]*$"
         ):
             c.share_experience(bad, table="m")
+
+
+def test_numpy_numbers_are_accepted_where_python_numbers_are(store_server):
+    np = pytest.importorskip("numpy")
+    addr, _ = store_server
+    with ExperienceSharingClient("a1", addr, timeout_s=np.float32(30)) as c:
+        c.create_table("np", preset="prioritized", priority_exponent=1.0)
+        keys = c.share_experiences(
+            [traj(), traj()], table="np", priorities=np.array([1.0, 2.0]), batch_items=np.int64(1)
+        )
+        assert len(keys) == 2
+        assert (
+            len(
+                c.share_experiences([traj()], table="np", priorities=[np.float32(1.0)], timeout_s=np.int64(5))
+            )
+            == 1
+        )
+        assert c.update_priorities("np", {np.uint64(keys[0]): np.float64(3.0)}) == (1, 0)
+        with pytest.raises(InvalidArgumentError, match="the priority of key 5 is 'x', not a number"):
+            c.update_priorities("np", {5: "x"})
+        with pytest.raises(InvalidArgumentError, match="timeout_s must be finite, > 0"):
+            c.share_experiences([traj()], table="np", timeout_s=10**400)
+        bad = traj()
+        bad.turns[0].response_token_ids = np.array([1, 2**40])
+        with pytest.raises(InvalidArgumentError, match=r"response_token_ids holds np.int64\(1099511627776\)"):
+            c.share_experiences([bad], table="np")

@@ -107,3 +107,9 @@ def test_bench_scale_refuses_bad_values_naming_them(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         scale.main(argv)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_json_path_that_is_a_folder_is_refused_first(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        env.main(["--json", str(tmp_path)])
+    assert info.value.code == 2 and f"--json {tmp_path}: is a folder, not a file" in capsys.readouterr().err

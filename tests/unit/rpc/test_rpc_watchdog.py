@@ -72,3 +72,33 @@ def test_many_short_calls_with_the_same_timeout_do_not_wake_the_thread_each_time
         time.sleep(0.001)  # ... then a pause, in which the thread finds nothing armed
     # the thread woke about every IDLE_TICK_S over the loop's half second or more, not once per call
     assert Counting.waits < 100
+
+
+def test_a_stream_answer_that_arrives_as_its_deadline_fires_counts_as_late():
+    """The watchdog's cancel may land just after the answer arrived: the call must then fail as late (and the
+    stream count as broken), never return a success on a stream that is being cancelled."""
+    from marti.api.env.v1 import env_pb2 as pb
+    from marti.clients.env import SessionStream
+    from marti.errors import DeadlineExceededError
+
+    class Responses:
+        cancelled = False
+
+        def __next__(self):
+            time.sleep(0.3)  # the deadline (0.05 s) passes and the watchdog cancels; this answer still comes
+            return pb.SessionResponse()
+
+        def cancel(self):
+            Responses.cancelled = True
+
+        def done(self):
+            return Responses.cancelled
+
+    class Stub:
+        def Session(self, requests):  # noqa: N802 - the gRPC method's name
+            return Responses()
+
+    stream = SessionStream(Stub(), timeout_s=0.05)
+    with pytest.raises(DeadlineExceededError, match="within timeout_s=0.05 s"):
+        stream._roundtrip(close=pb.CloseSessionRequest(session_id="s"))
+    assert Responses.cancelled and stream.broken
