@@ -1060,6 +1060,7 @@ class RemoteParallelEnv(ParallelEnv):
 
         Raises:
             UnavailableError: The server cannot be reached (the env stays usable: call ``reset`` again).
+            FailedPreconditionError: The env is closed.
         """
         try:
             r = self._guarded(
@@ -1092,7 +1093,8 @@ class RemoteParallelEnv(ParallelEnv):
         """Step the remote env; returns PettingZoo ``(observations, rewards, terminations, truncations, infos)``.
 
         Raises:
-            InvalidArgumentError, FailedPreconditionError: Bad input (the session survives).
+            InvalidArgumentError, FailedPreconditionError: Bad input (the session survives), or the env is
+                closed (FailedPreconditionError).
             SessionLostError: The server no longer has the session (restart, broken stream, idle reaping);
                 call ``reset()`` to carry on in a new session.
         """
