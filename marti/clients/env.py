@@ -736,19 +736,19 @@ class SessionStream:
             responses = self._responses
             WATCHDOG.arm(self, self.timeout_s, responses.cancel)
             try:
-                resp = next(responses)
+                try:
+                    resp = next(responses)
+                finally:
+                    fired = not WATCHDOG.disarm(self)  # its cancel ran, or is about to
             except StopIteration:
                 self._broken = True
                 raise UnavailableError("the env server ended the session stream") from None
             except grpc.RpcError as e:
                 self._broken = True
-                if not WATCHDOG.disarm(self) and e.code() == grpc.StatusCode.CANCELLED:
+                if fired and e.code() == grpc.StatusCode.CANCELLED:
                     raise self._late_error() from None
                 raise from_rpc_error(e) from None
-            finally:
-                fired = not WATCHDOG.disarm(self)
-            if fired:
-                # the answer came as the deadline passed: the stream is being cancelled, so the call is late
+            if fired:  # the answer came as the deadline passed: the stream is being cancelled, so it is late
                 self._broken = True
                 raise self._late_error()
         err = from_status_proto(resp.status)
@@ -1062,19 +1062,20 @@ class RemoteParallelEnv(ParallelEnv):
             UnavailableError: The server cannot be reached (the env stays usable: call ``reset`` again).
             FailedPreconditionError: The env is closed.
         """
-        try:
-            r = self._guarded(
+
+        def once() -> StepResult:
+            return self._guarded(
                 lambda: self._stream.reset(self.session_id, seed, options),
                 lambda: self.client.reset(self.session_id, seed, options),
             )
+
+        try:
+            r = once()
         except UnavailableError as e:
             if self.relocate is None:
                 raise
             self.relocate(e)  # the server is away: a new episode may as well start on another one
-            r = self._guarded(
-                lambda: self._stream.reset(self.session_id, seed, options),
-                lambda: self.client.reset(self.session_id, seed, options),
-            )
+            r = once()
         except SessionLostError:
             try:
                 self._recreate()
@@ -1082,10 +1083,7 @@ class RemoteParallelEnv(ParallelEnv):
                 if self.relocate is None:
                     raise
                 self.relocate(e)
-            r = self._guarded(
-                lambda: self._stream.reset(self.session_id, seed, options),
-                lambda: self.client.reset(self.session_id, seed, options),
-            )
+            r = once()
         self.agents, self.acting_agents = r.agents, r.acting_agents
         return r.observations, r.infos
 
