@@ -67,6 +67,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.report import write_json
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
 
@@ -625,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_before": load_before,
             "loadavg_after": load_after,
         }
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(args.json, doc)
         print(f"wrote {args.json}")
     return 1 if failed else 0
 

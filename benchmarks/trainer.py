@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import sum_task
+from benchmarks.report import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRL_VENV = Path.home() / ".cache" / "marti-bench" / "trl-venv"
@@ -473,7 +474,7 @@ def _report(args: argparse.Namespace, out: Path) -> int:
             "comparison": c and {k: v for k, v in c.items() if k not in ("ours", "trl")},
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         }
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(args.json, doc)
         print(f"wrote {args.json}")
     return 0
 
