@@ -48,15 +48,9 @@ def _pack_ids(values, where: str) -> bytes:
     try:
         return _pack("i", values)
     except (OverflowError, TypeError):
+        seen = () if isinstance(values, Iterator) else values  # a spent iterator cannot be looked at again
         bad = next(
-            (
-                x
-                for x in (
-                    () if isinstance(values, Iterator) else values
-                )  # a spent iterator cannot be looked at
-                if not isinstance(x, numbers.Integral) or not -(2**31) <= int(x) < 2**31
-            ),
-            None,
+            (x for x in seen if not isinstance(x, numbers.Integral) or not -(2**31) <= int(x) < 2**31), None
         )
         what = f"holds {bad!r}," if bad is not None else "holds a value that is"
         raise InvalidArgumentError(f"{where} {what} not an integer in int32") from None
@@ -119,7 +113,7 @@ def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
             try:
                 m.response_logprobs_f32le = _pack("f", turn.response_logprobs)
             except TypeError:
-                bad = next((x for x in turn.response_logprobs if not isinstance(x, (int, float))), None)
+                bad = next((x for x in turn.response_logprobs if not isinstance(x, numbers.Real)), None)
                 raise InvalidArgumentError(
                     f"trajectory.turns[{i}].response_logprobs holds {bad!r}, not a number"
                 ) from None

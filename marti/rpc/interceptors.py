@@ -143,6 +143,15 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return None
 
 
+def _reset_request_id(token: Any) -> None:
+    """Restore :data:`REQUEST_ID` after a call; a cancelled stream's generator is closed from another context,
+    where the reset does not apply (and nothing is left to restore)."""
+    try:
+        REQUEST_ID.reset(token)
+    except ValueError:
+        pass
+
+
 class _Wrapper:
     """Per-call wrapper state shared by the unary and streaming paths."""
 
@@ -200,10 +209,7 @@ class _Wrapper:
                 await self._fail(context, exc)
             finally:
                 self._finish(start, code)
-                try:
-                    REQUEST_ID.reset(token)
-                except ValueError:  # a cancelled stream's generator is closed from another context
-                    pass
+                _reset_request_id(token)
 
         return wrapped
 
@@ -235,9 +241,6 @@ class _Wrapper:
                 await self._fail(context, exc)
             finally:
                 self._finish(start, code)
-                try:
-                    REQUEST_ID.reset(token)
-                except ValueError:  # a cancelled stream's generator is closed from another context
-                    pass
+                _reset_request_id(token)
 
         return wrapped
