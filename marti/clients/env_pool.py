@@ -446,9 +446,8 @@ class EnvPool(_PoolBase):
         this pool and pinned to the chosen server: its steps and resets, and the session it re-creates after a
         loss, go to that server while it answers. When a ``reset`` finds that server unreachable
         (``UNAVAILABLE``), or unreachable or full (``RESOURCE_EXHAUSTED``) for the re-created session of a lost
-        one, the env moves: it creates a new session (same env id, config
-        and creation seed) on the best other server, as :meth:`create_session` places one, takes its place
-        there, and resets it; the old server goes last for its cooldown. A ``step`` never moves (a lost session
+        one, the env moves: it creates a new session (same env id, config and creation seed) on the best other
+        server, as :meth:`create_session` places one, takes its place there, and resets it; the old server goes last for its cooldown. A ``step`` never moves (a lost session
         raises :class:`~marti.errors.SessionLostError`, whose ``reset()`` then moves the env). The env's place
         is freed once, when the env is closed or, if it is dropped unclosed, collected.
 
