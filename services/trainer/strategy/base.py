@@ -118,6 +118,25 @@ def lr_multiplier(step: int, cfg: OptimConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def apply_configured_hyperparams(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, cfg: OptimConfig
+) -> None:
+    """Put ``cfg``'s learning rate, betas, eps and weight decay back after a checkpoint's optimizer and scheduler
+    states were loaded (they carry the hyperparameters of the run that saved them).
+
+    A resumed job (``marti train --resume --set learning_rate=...``) thus trains at the configured rate: each
+    group's base rate becomes ``cfg.lr`` and its current rate ``cfg.lr * lr_multiplier(last_epoch, cfg)``; the
+    moments (Adam's ``exp_avg``, ``exp_avg_sq``) and the schedule position are kept.
+    """
+    groups = optimizer.param_groups
+    scheduler.base_lrs = [cfg.lr] * len(groups)
+    for group in groups:
+        group["initial_lr"] = cfg.lr
+        group["lr"] = cfg.lr * lr_multiplier(scheduler.last_epoch, cfg)
+        group["betas"], group["eps"], group["weight_decay"] = tuple(cfg.betas), cfg.eps, cfg.weight_decay
+    scheduler._last_lr = [g["lr"] for g in groups]  # what get_last_lr() reports
+
+
 def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.AdamW:
     """A plain ``torch.optim.AdamW`` (no JIT-built kernels) over ``params``.
 

@@ -33,6 +33,7 @@ from services.trainer.strategy.base import (
     StepResult,
     Strategy,
     TrainEngine,
+    apply_configured_hyperparams,
     make_optimizer,
     make_scheduler,
     resolve_bf16,
@@ -218,6 +219,9 @@ class DeepSpeedTrainEngine(TrainEngine):
         )
         if load_path is None:
             raise NotFoundError(f"DeepSpeed could not load the checkpoint at {root}")
+        scheduler = self.ds.lr_scheduler  # our LambdaLR over the client AdamW the ZeRO optimizer steps
+        if scheduler is not None:  # a resume may change the learning rate, betas, eps or weight decay
+            apply_configured_hyperparams(scheduler.optimizer, scheduler, self.cfg)
         state = json.loads((root / "state.json").read_text())
         self.global_step, self.micro_step = int(state["global_step"]), int(state["micro_step"])
         if restore_rng:

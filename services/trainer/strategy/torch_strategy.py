@@ -30,6 +30,7 @@ from services.trainer.strategy.base import (
     StepResult,
     Strategy,
     TrainEngine,
+    apply_configured_hyperparams,
     make_optimizer,
     make_scheduler,
     resolve_bf16,
@@ -166,6 +167,7 @@ class TorchTrainEngine(TrainEngine):
             p.grad = grads[name].to(p.device, p.dtype) if name in grads else None
         self.optimizer.load_state_dict(torch.load(root / "optimizer.pt", weights_only=True))
         self.scheduler.load_state_dict(torch.load(root / "scheduler.pt", weights_only=True))
+        apply_configured_hyperparams(self.optimizer, self.scheduler, self.cfg)  # a resume may change them
         state = json.loads((root / "state.json").read_text())
         self.global_step, self.micro_step = int(state["global_step"]), int(state["micro_step"])
         if restore_rng:

@@ -262,3 +262,23 @@ def test_deepspeed_zero_stages_train_and_resume_on_cpu(tok, tmp_path):
         assert eng2.global_step == 4
         with eng2.gathered():
             assert all(torch.equal(saved[n], p) for n, p in eng2.model.named_parameters()), stage
+
+
+def test_resume_trains_at_the_configured_learning_rate_not_the_checkpoints(tok, tmp_path):
+    """``--resume --set learning_rate=X``: the optimizer and scheduler states saved by the old run carry its rate;
+    after loading, the engine trains at the configured one (same schedule position, same Adam moments)."""
+    old = OptimConfig(lr=1e-3, total_steps=8, lr_scheduler="constant", weight_decay=0.0)
+    model = _model(tok)
+    e1 = TorchStrategy().setup(model, model.parameters(), old)
+    _train(e1, model, 2, {"offset": 0})
+    e1.save_checkpoint(tmp_path / "c", {"offset": 2})
+    new = OptimConfig(lr=0.5, total_steps=8, lr_scheduler="constant", weight_decay=0.01)
+    other = _model(tok, seed=3)
+    e2 = TorchStrategy().setup(other, other.parameters(), new)
+    e2.load_checkpoint(tmp_path / "c")
+    assert e2.lr == pytest.approx(0.5)
+    assert e2.scheduler.base_lrs == [0.5] and e2.scheduler.get_last_lr() == [pytest.approx(0.5)]
+    assert e2.optimizer.param_groups[0]["weight_decay"] == 0.01
+    assert e2.optimizer.state  # the Adam moments were loaded
+    e2.scheduler.step()
+    assert e2.lr == pytest.approx(0.5)  # the schedule keeps the new rate
