@@ -1,11 +1,16 @@
 """Input checks around any ``ParallelEnv``: bad input becomes a typed error and leaves the env untouched.
 
 The same wrapper guards in-process envs made by ``marti.make`` and every server session, so a remote env and a
-local one reject the same inputs with the same error classes.
+local one reject the same inputs with the same error classes. The argument checks (:func:`check_seed`,
+:func:`check_actions`, :func:`check_options`, :func:`check_env_id`, :func:`closed_error`) are the one place
+both the guard and the remote env client (``marti.clients.env``) check a caller's arguments, so a bad seed,
+actions or options dict gives the same ``InvalidArgumentError`` locally and before any rpc.
 """
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium
@@ -15,29 +20,145 @@ from marti.errors import FailedPreconditionError, InvalidArgumentError
 
 #: Default length limit of a text action (characters) when the env config names none.
 DEFAULT_MAX_ACTION_CHARS = 4096
+#: Seeds travel as protobuf ``int64``: the range every env accepts, in-process and remote alike.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+#: ``infos[agent]["truncated_reason"]`` of an agent the env removed without a termination or truncation flag.
+VANISHED_REASON = "the env removed this agent without a termination or truncation flag"
+
+
+def check_seed(seed: Any, name: str = "seed") -> int | None:
+    """Return ``seed`` as an ``int`` (``None`` stays ``None``).
+
+    Args:
+        seed: ``None`` or an integer (Python or numpy) in ``[SEED_MIN, SEED_MAX]`` (int64).
+        name: The argument's name, for the message.
+
+    Raises:
+        InvalidArgumentError: Not an integer (``bool`` included) or outside int64; the message names ``name``.
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise InvalidArgumentError(f"{name} must be an int or None, got {type(seed).__name__} {seed!r}")
+    value = int(seed)
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise InvalidArgumentError(f"{name}={value} is outside the int64 range [-2**63, 2**63 - 1]")
+    return value
+
+
+def check_actions(actions: Any) -> Mapping[str, Any]:
+    """Check that ``actions`` is a mapping of agent name (``str``) -> action.
+
+    Raises:
+        InvalidArgumentError: ``actions`` is not a mapping, or a key is not a string (named).
+    """
+    if not isinstance(actions, Mapping):
+        raise InvalidArgumentError(f"actions must be a dict of agent -> action, got {type(actions).__name__}")
+    for agent in actions:
+        if not isinstance(agent, str):
+            raise InvalidArgumentError(
+                f"actions keys must be agent names (str), got {type(agent).__name__} {agent!r}"
+            )
+    return actions
+
+
+def check_options(options: Any) -> dict[str, Any] | None:
+    """Check ``reset``'s ``options``: ``None`` or a dict with string keys and values the wire can carry
+    (the :mod:`marti.codec.env` ``Value`` types), so an option refused remotely is refused in-process too.
+
+    Raises:
+        InvalidArgumentError: Not a mapping, a non-string key, or a value that cannot be sent (named).
+    """
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise InvalidArgumentError(f"options must be a dict or None, got {type(options).__name__}")
+    from marti.codec.env import map_to_proto
+
+    try:
+        map_to_proto(options)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"options: {e.message}") from None
+    return dict(options)
+
+
+def check_env_id(env_id: Any) -> str:
+    """Check that ``env_id`` is a non-empty string.
+
+    Raises:
+        InvalidArgumentError: It is not (the value is named).
+    """
+    if not isinstance(env_id, str) or not env_id:
+        raise InvalidArgumentError(f"env_id must be a non-empty str, got {type(env_id).__name__} {env_id!r}")
+    return env_id
+
+
+def closed_error(env_id: str) -> FailedPreconditionError:
+    """The error of a call on a closed env (in-process and remote envs raise the same)."""
+    return FailedPreconditionError(f"the {env_id} env is closed; make a new one")
+
+
+def mark_vanished(
+    live: list[str], after: list[str], result: tuple[dict, dict, dict, dict, dict]
+) -> list[str]:
+    """Mark truncated, in place, the agents a step reported on that left ``agents`` with neither flag set.
+
+    An agent of ``live`` that has an observation in ``result`` but is not in ``after``, and whose termination
+    and truncation flags are both unset, gets ``truncations[agent] = True`` (``terminations[agent]`` False) and
+    ``infos[agent]["truncated_reason"] = VANISHED_REASON``. (An agent the step reports nothing on is not part
+    of the step's answer, in-process or remote, and is left out.)
+
+    Args:
+        live: Agents live before the step.
+        after: Agents live after it.
+        result: The step's ``(observations, rewards, terminations, truncations, infos)``, changed in place.
+
+    Returns:
+        The agents marked.
+    """
+    obs, _, terms, truncs, infos = result
+    still = set(after)
+    gone = [a for a in live if a in obs and a not in still and not terms.get(a) and not truncs.get(a)]
+    for a in gone:
+        terms[a] = False
+        truncs[a] = True
+        info = infos.get(a)
+        infos[a] = {**(info if isinstance(info, Mapping) else {}), "truncated_reason": VANISHED_REASON}
+    return gone
 
 
 class GuardedParallelEnv(ParallelEnv):
     """A ``ParallelEnv`` that checks every ``step`` before the wrapped env sees it.
 
-    Checks, in order: the episode is running (``FailedPreconditionError`` before the first ``reset`` and after
-    the last step); ``actions`` is a dict; no unknown agent (``InvalidArgumentError`` naming it); no agent that is
-    done (named); no missing action for an acting agent unless the env declares ``missing_action`` (then it is
-    filled in); text actions are ``str`` of at most ``max_action_chars`` characters (the error names the limit);
-    other actions lie in the agent's action space. Actions of agents that are not acting this turn (per the
-    env's ``acting_agents``) are accepted and passed through.
+    Checks, in order: the env is not closed (``FailedPreconditionError``, as a closed remote env); ``actions``
+    is a dict of agent name -> action (:func:`check_actions`); the episode is running
+    (``FailedPreconditionError`` before the first ``reset`` and after the last step); no unknown agent
+    (``InvalidArgumentError`` naming it); no agent that is done (named); no missing action for an acting agent
+    unless the env declares ``missing_action`` (then it is filled in); text actions are ``str`` of at most
+    ``max_action_chars`` characters (the error names the limit); other actions lie in the agent's action space.
+    Actions of agents that are not acting this turn (per the env's ``acting_agents``) are accepted and passed
+    through. ``reset`` checks ``seed`` (:func:`check_seed`) and ``options`` (:func:`check_options`).
+
+    After a step, an agent the wrapped env removed from ``agents`` with neither its termination nor its
+    truncation flag set (a game that ends by emptying ``agents``) is reported truncated, with
+    ``infos[agent]["truncated_reason"] = VANISHED_REASON``, so every agent's last step says it is done.
 
     Args:
         env: The environment (a fresh instance; the guard owns it).
         max_action_chars: Length limit of text actions, in characters.
+        env_id: The env's id, named by the error of a call after :meth:`close`.
     """
 
-    def __init__(self, env: ParallelEnv, max_action_chars: int = DEFAULT_MAX_ACTION_CHARS) -> None:
+    def __init__(
+        self, env: ParallelEnv, max_action_chars: int = DEFAULT_MAX_ACTION_CHARS, env_id: str = ""
+    ) -> None:
         self.env = env
         self.max_action_chars = max_action_chars
         self.possible_agents = list(env.possible_agents)
         self.metadata = dict(getattr(env, "metadata", {}) or {})
+        self.env_id = env_id or str(self.metadata.get("name") or type(env).__name__)
         self._started = False
+        self._closed = False
 
     @property
     def agents(self) -> list[str]:
@@ -61,10 +182,13 @@ class GuardedParallelEnv(ParallelEnv):
         """Reset the wrapped env; see ``ParallelEnv.reset``.
 
         Raises:
-            InvalidArgumentError: ``seed`` is not an int or ``None``.
+            FailedPreconditionError: The env is closed.
+            InvalidArgumentError: ``seed`` is not an int64 or ``None``, or ``options`` not a sendable dict.
         """
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise InvalidArgumentError(f"seed must be an int or None, got {seed!r}")
+        if self._closed:
+            raise closed_error(self.env_id)
+        seed = check_seed(seed)
+        options = check_options(options)
         out = self.env.reset(seed=seed, options=options)
         self._started = True
         return out
@@ -73,17 +197,16 @@ class GuardedParallelEnv(ParallelEnv):
         """Validate ``actions`` and return the dict the wrapped env will get.
 
         Raises:
-            FailedPreconditionError: No episode is running.
+            FailedPreconditionError: The env is closed, or no episode is running.
             InvalidArgumentError: See the class docstring; the message names the agent, value or limit.
         """
+        if self._closed:
+            raise closed_error(self.env_id)
+        check_actions(actions)
         if not self._started:
             raise FailedPreconditionError("step before reset: call reset first")
         if not self.env.agents:
             raise FailedPreconditionError("the episode is over (no live agents): call reset")
-        if not isinstance(actions, dict):
-            raise InvalidArgumentError(
-                f"actions must be a dict of agent -> action, got {type(actions).__name__}"
-            )
         live = set(self.env.agents)
         for agent in actions:
             if agent not in self.possible_agents:
@@ -125,14 +248,23 @@ class GuardedParallelEnv(ParallelEnv):
         """Check ``actions`` (see :meth:`check`) and step the wrapped env.
 
         Returns:
-            PettingZoo ``(observations, rewards, terminations, truncations, infos)``.
+            PettingZoo ``(observations, rewards, terminations, truncations, infos)``; an agent the env removed
+            without a flag is truncated (see the class docstring).
         """
-        return self.env.step(self.check(actions))
+        checked = self.check(actions)
+        live = list(self.env.agents)
+        out = self.env.step(checked)
+        mark_vanished(live, self.env.agents, out)
+        return out
 
     def render(self) -> Any:
         """Render the wrapped env."""
         return self.env.render()
 
     def close(self) -> None:
-        """Close the wrapped env."""
+        """Close the wrapped env (idempotent); every later ``reset`` or ``step`` raises
+        ``FailedPreconditionError``."""
+        if self._closed:
+            return
+        self._closed = True
         self.env.close()

@@ -32,7 +32,7 @@ import gymnasium
 from pettingzoo import ParallelEnv
 
 from marti.env_config import ConfigSchema
-from marti.env_guard import DEFAULT_MAX_ACTION_CHARS, GuardedParallelEnv
+from marti.env_guard import DEFAULT_MAX_ACTION_CHARS, GuardedParallelEnv, check_env_id, check_seed
 from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 
 _LOG = logging.getLogger(__name__)
@@ -196,14 +196,17 @@ class Registry:
 
         Raises:
             NotFoundError: Unknown env id.
-            InvalidArgumentError: Bad config (the message names the key) or seed.
+            InvalidArgumentError: ``env_id`` not a string, a seed that is not an int64 (checked first, as the
+                remote client does before any rpc), or bad config (the message names the key).
         """
+        check_env_id(env_id)
+        seed = check_seed(seed)
         spec = self.resolve(env_id)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise InvalidArgumentError(f"seed must be an int or None, got {seed!r}")
         full = spec.schema.validate(config)
         env = spec.factory(full, seed)
-        return GuardedParallelEnv(env, int(full.get("max_action_chars") or DEFAULT_MAX_ACTION_CHARS))
+        return GuardedParallelEnv(
+            env, int(full.get("max_action_chars") or DEFAULT_MAX_ACTION_CHARS), env_id=spec.env_id
+        )
 
 
 def entry_point_providers() -> dict[str, str]:

@@ -46,6 +46,7 @@ from marti.codec.env import (
     value_from_proto,
     value_to_proto,
 )
+from marti.env_guard import check_actions, check_env_id, check_options, check_seed, closed_error
 from marti.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -414,6 +415,15 @@ def _describe(d: pb.EnvDescription) -> dict[str, Any]:
 
 
 def _create_request(env_id: str, config: Mapping[str, Any] | None, seed: int | None, request_id: str | None):
+    """The ``CreateSessionRequest``; ``env_id`` and ``seed`` are checked as ``marti.make`` checks them in-process.
+
+    Raises:
+        InvalidArgumentError: A bad env id, seed or config value (named), before any rpc.
+    """
+    check_env_id(env_id)
+    seed = check_seed(seed)
+    if config is not None and not isinstance(config, Mapping):
+        raise InvalidArgumentError(f"config must be a dict or None, got {type(config).__name__}")
     req = pb.CreateSessionRequest(
         env_id=env_id, config=map_to_proto(config), request_id=request_id or _REQUEST_IDS.next()
     )
@@ -425,6 +435,13 @@ def _create_request(env_id: str, config: Mapping[str, Any] | None, seed: int | N
 def _reset_request(
     session_id: str, seed: int | None, options: Mapping[str, Any] | None, request_id: str | None
 ):
+    """The ``ResetRequest``; ``seed`` and ``options`` are checked as an in-process env checks them.
+
+    Raises:
+        InvalidArgumentError: A bad seed or options (named), before any rpc.
+    """
+    seed = check_seed(seed)
+    check_options(options)
     req = pb.ResetRequest(
         session_id=session_id, options=map_to_proto(options), request_id=request_id or _REQUEST_IDS.next()
     )
@@ -433,10 +450,22 @@ def _reset_request(
     return req
 
 
+def _action(agent: str, action: Any) -> pb.AgentAction:
+    try:
+        return pb.AgentAction(agent=agent, action=value_to_proto(action))
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"action of {agent!r}: {e.message}") from None
+
+
 def _step_request(
     session_id: str, actions: Mapping[str, Any], request_id: str | None, held: HeldResult | None = None
 ) -> pb.StepRequest:
-    acts = [pb.AgentAction(agent=k, action=value_to_proto(v)) for k, v in actions.items()]
+    """The ``StepRequest``; ``actions`` is checked as an in-process env checks it.
+
+    Raises:
+        InvalidArgumentError: ``actions`` is not a dict of agent name -> sendable action (named), before any rpc.
+    """
+    acts = [_action(k, v) for k, v in check_actions(actions).items()]
     return pb.StepRequest(
         session_id=session_id,
         actions=acts,
@@ -1001,7 +1030,7 @@ class RemoteParallelEnv(ParallelEnv):
             FailedPreconditionError: The env is closed.
         """
         if self._closed:
-            raise FailedPreconditionError(f"the {self.env_id} env is closed; make a new one")
+            raise closed_error(self.env_id)
         if self._stream is not None and self._stream.forked:
             raise self._stream._forked_error()
         self._check_stream()

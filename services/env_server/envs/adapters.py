@@ -6,7 +6,9 @@ setting ``MARTI_ENV_SERVER_ALLOWED_MODULES`` widens it), because the path arrive
 
 * AEC envs become parallel envs turn by turn: each parallel step reads only the action of
   ``agent_selection`` (``acting_agents``), steps the AEC env once, sums every agent's reward and removes agents
-  that are done. This also works for turn-based games, unlike PettingZoo's own ``aec_to_parallel``.
+  that are done. This also works for turn-based games, unlike PettingZoo's own ``aec_to_parallel``. An agent
+  the game removes from ``agents`` without setting its termination or truncation flag ends truncated, with
+  ``infos[agent]["truncated_reason"]`` saying so (parallel envs likewise).
 * A Gymnasium env becomes a one-agent parallel env with agent ``agent_0``.
 * ``text=True`` wraps envs whose action spaces are ``Discrete``: observations become natural-language text
   listing the legal actions (also in infos), actions are text read by :func:`parse_discrete_action`; an
@@ -27,6 +29,7 @@ import numpy as np
 from pettingzoo import AECEnv, ParallelEnv
 
 from marti.env_config import ConfigField, ConfigSchema
+from marti.env_guard import mark_vanished
 from marti.env_registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError, NotFoundError
 from services.env_server.envs.text_base import sanitize, text_space
@@ -137,8 +140,10 @@ class AECToParallel(_FirstSeed, ParallelEnv):
         obs = {x: a.observe(x) for x in live}
         infos = {x: dict(a.infos.get(x, {})) for x in live}
         self._skip_dead()
+        result = (obs, rewards, terms, truncs, infos)
+        mark_vanished(live, a.agents, result)  # a game that empties agents without flags ends them truncated
         self.agents = [x for x in a.agents if not (terms.get(x) or truncs.get(x))]
-        return obs, rewards, terms, truncs, infos
+        return result
 
     def render(self) -> Any:
         """Render the AEC env."""
@@ -183,8 +188,11 @@ class ParallelPassthrough(_FirstSeed, ParallelEnv):
         return self.env.reset(seed=self._seed_for(seed), options=options)
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        """Step the env, truncating at ``max_turns``."""
+        """Step the env, truncating at ``max_turns``; an agent the env removed without a flag is truncated
+        (:func:`marti.env_guard.mark_vanished`)."""
+        live = list(self.env.agents)
         obs, rew, term, trunc, info = self.env.step(actions)
+        mark_vanished(live, self.env.agents, (obs, rew, term, trunc, info))
         self._turn += 1
         if self.max_turns is not None and self._turn >= self.max_turns:
             trunc = {a: True for a in trunc}
