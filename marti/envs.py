@@ -137,29 +137,60 @@ def declared_metrics(env: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
+#: What :func:`step_many` returns per env: its step tuple, or (with ``errors="return"``) the error of its step.
+StepOutcome = tuple[dict, dict, dict, dict, dict]
+
+
 def step_many(
-    envs: Sequence[ParallelEnv], actions: Sequence[Mapping[str, Any]]
-) -> list[tuple[dict, dict, dict, dict, dict]]:
+    envs: Sequence[ParallelEnv], actions: Sequence[Mapping[str, Any]], *, errors: str = "raise"
+) -> list[Any]:
     """Step several envs once each, with the fewest round trips.
 
     Remote envs (``marti.make(address=...)``) whose sessions share one channel are stepped together in one
     ``BatchStep`` call per channel (see :meth:`marti.clients.env.RemoteParallelEnv.step_batch`); any other env
-    (local, custom, or alone on its channel) is stepped with its own ``step``. Each env ends in the same state,
-    and returns the same tuple, as after ``env.step(action)``.
+    (local, custom, or alone on its channel) is stepped with its own ``step``. Every env is stepped once, even
+    when another env's step fails; each ends in the same state, and gives the same tuple, as after
+    ``env.step(action)`` (an env whose step failed is left as it was, as after a failed ``env.step``; after a
+    ``DeadlineExceededError`` the server may or may not have stepped it, as for ``env.step``).
 
     Args:
         envs: The envs, each at most once.
         actions: One action dict per env (same length as ``envs``).
+        errors: ``"raise"`` (default): raise the first failed step's error; ``"return"``: put each failed
+            step's :class:`~marti.errors.MartiError` in its env's place in the returned list.
 
     Returns:
-        Per env, in order, its PettingZoo ``(observations, rewards, terminations, truncations, infos)``.
+        Per env, in order, its PettingZoo ``(observations, rewards, terminations, truncations, infos)``, or with
+        ``errors="return"`` the error of its failed step.
 
     Raises:
-        ValueError: ``envs`` and ``actions`` differ in length.
-        MartiError: The first failed step's error, in env order (the other envs may have been stepped).
+        InvalidArgumentError: ``envs`` and ``actions`` differ in length, or ``errors`` is not one of the two.
+        MartiError: ``errors="raise"``: the first failed step's error, in env order, raised after every env
+            was stepped. It says which envs moved: ``error.step_results`` is the list ``errors="return"``
+            gives (the step tuples of the envs that moved, the errors of those that did not) and
+            ``error.failed_index`` the index of the env whose error it is; a note on the error lists them.
     """
+    from marti.errors import InvalidArgumentError, MartiError
+
+    if errors not in ("raise", "return"):
+        raise InvalidArgumentError(f"errors must be 'raise' or 'return', got {errors!r}")
     if len(envs) != len(actions):
-        raise ValueError(f"{len(actions)} action dicts for {len(envs)} envs")
+        raise InvalidArgumentError(f"{len(actions)} action dicts for {len(envs)} envs")
+    out = _step_all(envs, actions)
+    failed = [i for i, r in enumerate(out) if isinstance(r, MartiError)]
+    if failed and errors == "raise":
+        err = out[failed[0]]
+        err.step_results, err.failed_index = out, failed[0]
+        moved = [i for i, r in enumerate(out) if not isinstance(r, MartiError)]
+        err.add_note(
+            f"step_many: envs {moved} stepped, envs {failed} failed (error.step_results holds every outcome)"
+        )
+        raise err
+    return out
+
+
+def _step_all(envs: Sequence[ParallelEnv], actions: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """Step every env once (batched per shared channel); a failed step's ``MartiError`` takes its place."""
     from marti.clients.env import RemoteParallelEnv
     from marti.errors import MartiError
 
@@ -170,14 +201,18 @@ def step_many(
     out: list[Any] = [None] * len(envs)
     for idx in groups.values():
         if len(idx) > 1:
-            done = RemoteParallelEnv.step_batch([envs[i] for i in idx], [actions[i] for i in idx])
+            try:
+                done = RemoteParallelEnv.step_batch([envs[i] for i in idx], [actions[i] for i in idx])
+            except MartiError as e:  # the whole call failed (server away, deadline): each env's own outcome
+                done = [e] * len(idx)
             for i, r in zip(idx, done, strict=True):
                 out[i] = r
     for i, env in enumerate(envs):
         if out[i] is None:
-            out[i] = env.step(actions[i])
-        elif isinstance(out[i], MartiError):
-            raise out[i]
+            try:
+                out[i] = env.step(actions[i])
+            except MartiError as e:
+                out[i] = e
     return out
 
 

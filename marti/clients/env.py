@@ -1151,15 +1151,15 @@ class RemoteParallelEnv(ParallelEnv):
             Per env, in order: its PettingZoo step tuple, or the :class:`MartiError` of its step alone.
 
         Raises:
-            ValueError: ``envs`` and ``actions`` differ in length, or ``max_batch < 1``.
+            InvalidArgumentError: ``envs`` and ``actions`` differ in length, or ``max_batch`` is not an int >= 1.
             FailedPreconditionError: In a forked child, an env whose session lives on its parent's stream
                 (nothing is sent).
             UnavailableError, DeadlineExceededError, ...: The whole call failed (server away, deadline).
         """
         if len(envs) != len(actions):
-            raise ValueError(f"{len(actions)} action dicts for {len(envs)} envs")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+            raise InvalidArgumentError(f"{len(actions)} action dicts for {len(envs)} envs")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise InvalidArgumentError(f"max_batch must be an int >= 1, got {max_batch!r}")
         for env in envs:
             if env._stream is not None and env._stream.forked:
                 raise env._stream._forked_error()

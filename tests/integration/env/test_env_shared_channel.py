@@ -120,6 +120,34 @@ def test_step_batch_reports_errors_per_env_and_step_many_raises_the_first(env_se
             e.close()
 
 
+def test_step_many_says_which_envs_moved_when_one_fails(env_server, channel):
+    """Issue 29 item 12: a failed step no longer throws away the steps of the envs that moved."""
+    ch, _ = channel
+    envs = [me.make(ENV, seed=1), *(me.make(ENV, seed=s, channel=ch) for s in (2, 3)), me.make(ENV, seed=4)]
+    try:
+        for e in envs:
+            e.reset()
+        EnvClient(env_server[0], channel=ch).close_session(envs[1].session_id)  # gone server-side
+        acts = [{e.acting_agents[0]: "task_1: 1"} for e in envs]
+        acts[3] = {"agent_9": "x"}  # a bad action for the last, local env
+        with pytest.raises(NotFoundError, match="session") as info:
+            me.step_many(envs, acts)
+        err = info.value
+        assert err.failed_index == 1
+        out = err.step_results
+        assert isinstance(out[0], tuple) and isinstance(out[2], tuple)  # these two moved
+        assert envs[0].acting_agents == envs[2].acting_agents == ["agent_2"]
+        assert out[1] is err and isinstance(out[3], InvalidArgumentError) and "agent_9" in str(out[3])
+        assert "envs [0, 2] stepped, envs [1, 3] failed" in "".join(err.__notes__)
+        again = me.step_many([envs[0], envs[2]], [{"agent_2": "task_1: 1"}] * 2, errors="return")
+        assert all(isinstance(r, tuple) for r in again)
+        with pytest.raises(InvalidArgumentError, match="errors"):
+            me.step_many(envs, acts, errors="ignore")
+    finally:
+        for e in envs:
+            e.close()
+
+
 def test_step_batch_splits_large_batches(env_server, channel):
     ch, calls = channel
     envs = [me.make(ENV, seed=s, channel=ch) for s in range(5)]
