@@ -10,8 +10,10 @@ Layout written by :class:`CheckpointManager` under a root folder::
         policy/               MultiAgentPolicy.save (weights, versions)        (optional)
         <unit>/               one training engine per unit: model, optimizer, scheduler, counters
 
-A step folder is written under a temporary name and renamed into place only when complete, and ``latest`` is
-replaced atomically afterwards; so a crash (or a NaN-loss stop) leaves the last good checkpoint untouched.
+A step folder is written under a temporary name, synced (``fsync`` of every file and folder) and renamed into
+place only when complete, and ``latest`` is replaced atomically afterwards; so a crash (or a NaN-loss stop)
+leaves the last good checkpoint untouched. Pruning never deletes the checkpoint ``latest`` names
+(:func:`prune_steps`). The training loop's ``step_NNNNNN`` folders are published with the same functions.
 """
 
 from __future__ import annotations
@@ -73,6 +75,74 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
     os.replace(tmp, path)
+
+
+def fsync_tree(root: str | Path) -> None:
+    """``fsync`` every file and folder under ``root`` (and ``root`` itself), so a rename that publishes it
+    cannot outlive its contents in a power loss."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in [*files, "."]:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def replace_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a synced temp file and ``os.replace`` (readers see old or new)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """``fsync`` one folder (its entries: names created, renamed or removed in it)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_folder(tmp: str | Path, final: str | Path) -> Path:
+    """Sync the complete folder ``tmp`` and rename it to ``final`` (a folder already there is replaced: moved
+    aside, then deleted once ``final`` is in place). Returns ``final``."""
+    tmp, final = Path(tmp), Path(final)
+    fsync_tree(tmp)
+    aside = final.with_name(f".old-{final.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    if final.exists():
+        os.replace(final, aside)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+    return final
+
+
+def prune_steps(steps: Mapping[int, Path], current: int, keep_last: int) -> list[Path]:
+    """Delete old checkpoints: keep the one of step ``current`` (the one ``latest`` names) and the
+    ``keep_last - 1`` newest before it; folders of later steps (an abandoned timeline) go too.
+
+    Args:
+        steps: step -> its complete folder.
+        current: The step just published.
+        keep_last: Checkpoints to keep, >= 1.
+
+    Returns:
+        The deleted folders.
+    """
+    older = sorted(s for s in steps if s < current)
+    keep = set(older[len(older) - (keep_last - 1) :]) if keep_last > 1 else set()
+    doomed = [p for s, p in sorted(steps.items()) if s != current and s not in keep]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
 
 
 class CheckpointManager:
@@ -144,13 +214,9 @@ class CheckpointManager:
             tmp / "meta.json",
             {"step": step, "data_position": dict(data_position or {}), "units": sorted(writers)},
         )
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        pointer_tmp = self.root / ".latest.tmp"
-        pointer_tmp.write_text(final.name)
-        os.replace(pointer_tmp, self.root / "latest")
-        for old in self.steps()[: -self.keep_last]:
-            shutil.rmtree(self.root / f"step-{old:06d}", ignore_errors=True)
+        publish_folder(tmp, final)
+        replace_text_atomic(self.root / "latest", final.name)
+        prune_steps({s: self.root / f"step-{s:06d}" for s in self.steps()}, step, self.keep_last)
         return final
 
     def load(

@@ -47,6 +47,7 @@ from services.trainer.experience_feed import ExperienceFeed, RolloutProducer
 from services.trainer.learner import Sample, samples_from_trajectory
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.reconnect import Backoff, call_with_reconnect
+from services.trainer.run_dir import RunFolder, latest_checkpoint
 from services.trainer.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 _LOG = logging.getLogger("marti.trainer")
@@ -276,17 +277,6 @@ def gateway_limits(cfg: TrainConfig) -> Any:
     )
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint under ``<run_dir>/checkpoints`` (named by its ``latest`` file), or None."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
-    marker = ckpt_dir / "latest"
-    if marker.exists():
-        path = ckpt_dir / marker.read_text().strip()
-        if path.exists():
-            return path
-    return None
-
-
 class TrainingLoop:
     """Runs one training job against running services.
 
@@ -314,6 +304,7 @@ class TrainingLoop:
         resume: bool = False,
         show_progress: bool = True,
         allow_user_code: bool = True,
+        run_folder: RunFolder | None = None,
     ) -> None:
         paths = user_code_paths(cfg)
         if paths and not allow_user_code:
@@ -327,6 +318,7 @@ class TrainingLoop:
         self.stop_event = stop_event or threading.Event()
         self.on_metrics = on_metrics
         self.resume = resume
+        self.run_folder = run_folder  # prepared and locked by the caller (marti train), or by run()
         self.show_progress = show_progress
         self.run_dir = cfg.run_dir
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -722,15 +714,26 @@ class TrainingLoop:
         return out
 
     def _checkpoint(self, runtime: RayRuntime, step: int) -> str:
+        """Save ``checkpoints/step_NNNNNN`` atomically: written under a temporary name with the job's
+        ``config.yaml`` (what a resume checks its config against), synced, renamed into place, then ``latest``
+        replaced; pruning keeps ``output.keep_checkpoints`` and never the one ``latest`` names."""
+        from services.trainer.checkpoint import prune_steps, publish_folder, replace_text_atomic
+
         path = self.ckpt_dir / f"step_{step:06d}"
+        tmp = self.ckpt_dir / f".tmp-{path.name}"
         position: dict[str, Any] = {"step": step}
         if self.curriculum is not None:
             position["curriculum"] = self.curriculum.state()
-        runtime.save(str(path), position)
-        (self.ckpt_dir / "latest").write_text(path.name)
-        kept = sorted(p for p in self.ckpt_dir.glob("step_*") if p.is_dir())
-        for old in kept[: -self.cfg.output.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        runtime.save(str(tmp), position)
+        (tmp / "config.yaml").write_text(dump_config(self.cfg))
+        publish_folder(tmp, path)
+        replace_text_atomic(self.ckpt_dir / "latest", path.name)
+        steps = {
+            int(p.name[5:]): p for p in self.ckpt_dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()
+        }
+        prune_steps(steps, step, self.cfg.output.keep_checkpoints)
         self.last_checkpoint = str(path)
         return str(path)
 
@@ -747,13 +750,30 @@ class TrainingLoop:
         Raises:
             NotFoundError: a model or env is unavailable (named).
             FloatingPointError: a loss became NaN; the last good checkpoint is kept.
+            FailedPreconditionError: another job holds the run folder, the folder holds a run and ``resume`` is
+                off, or the resumed checkpoint cannot take the config (:class:`~services.trainer.run_dir.RunFolder`).
+            NotFoundError: ``resume`` and the folder has no checkpoint.
         """
+        cfg = self.cfg
+        folder = self.run_folder
+        own_folder = folder is None  # a TrainerService job: lock and check the folder here
+        if folder is None:
+            folder = RunFolder(self.run_dir)
+            folder.lock()
+        try:
+            if not folder.prepared:
+                folder.prepare(cfg, resume=self.resume, overwrite=False)
+            return self._run(folder)
+        finally:
+            if own_folder:
+                folder.unlock()
+
+    def _run(self, folder: RunFolder) -> RunSummary:
+        """:meth:`run` in a locked and prepared run folder."""
         from services.trainer.monitor import ResourceMonitor, child_service_pids
         from services.trainer.observe import ProgressBar, RunWriter, write_report
 
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         summary = RunSummary(self.run_dir)
         store = self._store_client()
         self.feed = ExperienceFeed(
@@ -778,6 +798,7 @@ class TrainingLoop:
             use_tensorboard="tensorboard" in log_with,
             wandb="wandb" in log_with,
             log_every=cfg.output.log_every,
+            write_config=False,  # folder.record_start writes it once the job has started
         )
         start_step = 0
         monitor: ResourceMonitor | None = None
@@ -787,7 +808,7 @@ class TrainingLoop:
             monitor = ResourceMonitor(
                 {"driver": os.getpid(), **runtime.worker_pids, **child_service_pids()}, interval_s=1.0
             ).start()
-            ckpt = self.latest_checkpoint() if self.resume else None
+            ckpt = folder.resume_from
             if ckpt is not None:
                 position = runtime.load(str(ckpt))
                 start_step = int(position.get("step", 0))
@@ -795,6 +816,7 @@ class TrainingLoop:
                     self.curriculum.load_state(position["curriculum"])
                 summary.start_step = start_step
                 _LOG.info("resumed from %s at step %d", ckpt, start_step)
+            folder.record_start(cfg, start_step)  # config.yaml records a job that really started
             if cfg.gateway.enabled:
                 self._start_gateway(runtime)
             last_step = cfg.total_steps  # max_steps, or fewer when max_epochs passes come first

@@ -11,11 +11,13 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from marti.config import TrainConfig
 from marti.errors import MartiError
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="marti train",
         usage="marti train [CONFIG.yaml] [--set KEY=VALUE ...] [--broker/--env/--store ADDR] [--token T] "
-        "[--resume] [--no-progress] [launch flags]",
+        "[--resume | --overwrite] [--no-progress] [launch flags]",
         description="run a multi-agent RL training job",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=44, width=160),
     )
@@ -49,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_service_flags(p)
     p.add_argument("--resume", action="store_true", help="resume from the run's newest checkpoint")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the run already in the output folder and start a new one (without it such a folder is refused)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_launch_flag_groups(p)
     return p
@@ -127,23 +134,41 @@ def add_service_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token for the services")
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
+class StopNow(BaseException):
+    """Raised in the main thread by a second SIGINT/SIGTERM: the job unwinds at once (Ray and the embedded
+    services are still stopped); ``marti train`` then prints what was saved and exits ``128 + signal``."""
+
+
+def _stop_on_signals(stop: threading.Event) -> list[int]:
     """First SIGINT/SIGTERM: finish the current step, checkpoint, write the report and exit; second: at once
-    (KeyboardInterrupt unwinds, so the embedded services and Ray are still stopped)."""
+    (:class:`StopNow` unwinds; later signals are ignored so the teardown completes).
+
+    Returns:
+        The signals received, in order (filled in by the handler).
+    """
+    received: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
+        received.append(signum)
         if stop.is_set():
-            raise KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            raise StopNow
         stop.set()
-        print("\nstopping after the current step (again to stop now)", file=sys.stderr, flush=True)
+        print(
+            "\nstopping after the current step and saving a checkpoint (again to stop now)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    return received
 
 
 #: ``marti train``'s own options that take a value, and its switches; every other ``--flag`` is a launch flag.
 _OWN_WITH_VALUE = ("--set", "--broker", "--env", "--store", "--token")
-_OWN_SWITCHES = ("--resume", "--no-progress", "-h", "--help")
+_OWN_SWITCHES = ("--resume", "--overwrite", "--no-progress", "-h", "--help")
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -180,13 +205,56 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return own, launch
 
 
+def resume_command(argv: list[str]) -> str:
+    """The ``marti train ...`` command line that resumes the job started with ``argv`` (its own arguments, with
+    ``--resume`` instead of ``--overwrite``), shell-quoted."""
+    args = [a for a in argv if a != "--overwrite"]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["marti", "train", *args])
+
+
+def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
+    """Lock ``cfg.run_dir`` and check it for this job (:class:`~services.trainer.run_dir.RunFolder`), before the
+    embedded services write into it. Raises what :meth:`RunFolder.lock` and :meth:`RunFolder.prepare` raise (the
+    lock is released then)."""
+    from services.trainer.run_dir import RunFolder
+
+    folder = RunFolder(cfg.run_dir)
+    folder.lock()
+    try:
+        folder.prepare(cfg, resume=args.resume, overwrite=args.overwrite)
+    except BaseException:
+        folder.unlock()
+        raise
+    return folder
+
+
+def _stopped_message(cfg: TrainConfig, argv: list[str], signum: int, at_once: bool, steps: int | None) -> str:
+    """What an interrupted job prints: how it stopped, the checkpoint it left and the command that resumes it."""
+    from services.trainer.run_dir import latest_checkpoint
+
+    name = signal.Signals(signum).name
+    how = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
+    last = latest_checkpoint(cfg.run_dir)
+    if at_once:
+        head = f"stopped at once by a second {how}: the step in progress is lost"
+    else:
+        head = f"stopped by {how} after step {steps} of {cfg.total_steps}"
+    if last is None:
+        return f"{head}; no checkpoint was saved; run directory {cfg.run_dir}"
+    return f"{head}; checkpoint: {last}\nresume with: {resume_command(argv)}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run ``marti train``; returns the exit code (0 success, 2 bad config or missing model, 1 failure)."""
+    """Run ``marti train``; returns the exit code: 0 done (or stopped by its wall-time budget), 2 bad config,
+    missing model or refused run folder, 1 failure, ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM) when a
+    signal stopped the job before its last step."""
     from marti.launch_flags import build_config
-    from services.trainer.loop import TrainingLoop, latest_checkpoint
     from services.trainer.models import check_attn_implementation, resolve_model
 
-    own, launch = split_argv(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, launch = split_argv(argv)
     args = build_parser().parse_args(own)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -198,15 +266,46 @@ def main(argv: list[str] | None = None) -> int:
                 if name is not None:
                     resolve_model(name)
         check_attn_implementation(cfg.policy.attn_implementation)
+        folder = _prepare_folder(cfg, args)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
-    _stop_on_signals(stop)
+    received = _stop_on_signals(stop)
+    try:
+        return _train(cfg, args, argv, folder, stop, received)
+    except StopNow:
+        from services.trainer.observe import write_report
+
+        report = write_report(cfg.run_dir) if (cfg.run_dir / "metrics.jsonl").exists() else None
+        print(_stopped_message(cfg, argv, received[0], True, None), file=sys.stderr, flush=True)
+        if report is not None:
+            print(f"report: {report}", file=sys.stderr, flush=True)
+        return 128 + received[0]
+    finally:
+        folder.unlock()
+
+
+def _train(
+    cfg: TrainConfig,
+    args: argparse.Namespace,
+    argv: list[str],
+    folder: Any,
+    stop: threading.Event,
+    received: list[int],
+) -> int:
+    """Start the services, run the job in the prepared ``folder`` and print its outcome; returns the exit code."""
+    from services.trainer.loop import TrainingLoop, latest_checkpoint
+
     with service_addresses(cfg, args) as addresses:
         try:
             loop = TrainingLoop(
-                cfg, addresses, stop_event=stop, resume=args.resume, show_progress=not args.no_progress
+                cfg,
+                addresses,
+                stop_event=stop,
+                resume=args.resume,
+                show_progress=not args.no_progress,
+                run_folder=folder,
             )
             summary = loop.run()
         except MartiError as exc:
@@ -220,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
+    if received and summary.steps < cfg.total_steps:
+        print(_stopped_message(cfg, argv, received[0], False, summary.steps), flush=True)
+        print(f"report: {summary.report}", flush=True)
+        return 128 + received[0]
     resumed = f" (resumed at step {summary.start_step})" if summary.start_step else ""
     print(f"done: {summary.steps} steps{resumed}; run directory {summary.run_dir}")
     if summary.epoch_limited:
@@ -228,8 +331,19 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.rollout.source != "builtin":
         print(
             f"trained {summary.steps - summary.start_step} steps on {summary.external_episodes} external episodes"
+            + untrained_note(summary.untrained_external)
         )
     return 0
+
+
+def untrained_note(count: int) -> str:
+    """The end of the final line about reported episodes no update took (``""`` when there are none)."""
+    if not count:
+        return ""
+    return (
+        f"; {count} reported episode{'s were' if count != 1 else ' was'} never trained (reported after the last "
+        "update took its episodes, or lost as the gateway closed: see the warning above)"
+    )
 
 
 if __name__ == "__main__":

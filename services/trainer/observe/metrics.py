@@ -160,6 +160,8 @@ class RunWriter:
             is not installed, a warning is logged once and the run goes on without it.
         clock: Wall clock in seconds since the epoch (recorded as each line's ``time``).
         log_every: Write the training metrics of every this many steps (>= 1), plus the final step.
+        write_config: Write ``config`` to ``config.yaml`` now; the training loop passes False and records it
+            once the job has started (:meth:`services.trainer.run_dir.RunFolder.record_start`).
 
     Raises:
         FailedPreconditionError: ``use_tensorboard`` is true but the ``tensorboard`` package is missing.
@@ -175,6 +177,7 @@ class RunWriter:
         *,
         clock: Callable[[], float] = time.time,
         log_every: int = 1,
+        write_config: bool = True,
     ) -> None:
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise InvalidArgumentError(f"log_every must be an int >= 1, got {log_every!r}")
@@ -184,7 +187,7 @@ class RunWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
         self._closed = False
-        if config is not None:
+        if config is not None and write_config:
             (self.out_dir / CONFIG_FILE).write_text(dump_config(config), encoding="utf-8")
         self._metrics = (self.out_dir / METRICS_FILE).open("a", encoding="utf-8")
         self._evals = (self.out_dir / EVAL_FILE).open("a", encoding="utf-8")

@@ -1,0 +1,253 @@
+"""A run folder's guard: one job at a time, no silent overwrite, resumes that say what they changed.
+
+:class:`RunFolder` is used by ``marti train`` (before the embedded services start writing into the folder) and
+by :meth:`~services.trainer.loop.TrainingLoop.run` when no caller prepared the folder (TrainerService jobs):
+
+- :meth:`RunFolder.lock` takes an exclusive ``fcntl.flock`` on ``<run_dir>/.lock`` for the job's life; a second
+  job on the folder gets :class:`~marti.errors.FailedPreconditionError` naming the folder and the holder's pid.
+- :meth:`RunFolder.prepare` refuses a new run in a folder that holds one (``config.yaml``, logged metrics or a
+  checkpoint) unless ``resume`` or ``overwrite`` is given; ``overwrite`` clears the folder; ``resume`` finds
+  the checkpoint (an error naming the folder when there is none) and refuses a config change the checkpoint
+  cannot take (:func:`layout_changes`: one line naming the key and both values).
+- :meth:`RunFolder.record_start` writes ``config.yaml`` and appends one line to ``config_history.jsonl`` once the
+  job has really started (its checkpoint loaded), so a refused or failed start leaves the record as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from marti.config import TrainConfig, dump_config
+from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+
+LOCK_FILE = ".lock"
+HISTORY_FILE = "config_history.jsonl"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint under ``<run_dir>/checkpoints``, or None.
+
+    It is the folder the ``latest`` file names; when that file is missing or names a folder that is gone, the
+    highest ``step_NNNNNN`` folder (a step folder appears only complete: it is renamed into place).
+    """
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    marker = ckpt_dir / "latest"
+    if marker.is_file():
+        path = ckpt_dir / marker.read_text().strip()
+        if path.name and path.is_dir():
+            return path
+    steps = sorted(p for p in ckpt_dir.glob("step_*") if p.is_dir()) if ckpt_dir.is_dir() else []
+    return steps[-1] if steps else None
+
+
+def layout(cfg: TrainConfig) -> dict[str, Any]:
+    """The config keys a checkpoint's files depend on (the model's shape and mode, which parts are saved, the
+    checkpoint format), as ``{dotted key: value}``."""
+    out: dict[str, Any] = {
+        "agents": [a.name for a in cfg.agents],
+        "policy.mode": cfg.policy_mode,
+        "policy.ema": cfg.policy.ema,
+        "strategy.name": cfg.strategy.name,
+        "strategy.zero_stage": cfg.strategy.zero_stage,
+        # gae trains a critic per agent, saved beside the policy; the other estimators have none
+        "algorithm.advantage_estimator": cfg.algorithm.advantage_estimator == "gae",
+    }
+    if cfg.policy_mode == "lora":
+        out["policy.lora_r"] = cfg.policy.lora_r
+        out["policy.lora_target_modules"] = list(cfg.policy.lora_target_modules)
+    for i, a in enumerate(cfg.agents):
+        out[f"agents.{i}.pretrain_model"] = a.pretrain_model
+        out[f"agents.{i}.is_tuning"] = a.is_tuning
+    return out
+
+
+def _shown(cfg: TrainConfig, key: str, value: Any) -> Any:
+    if key == "algorithm.advantage_estimator":
+        return f"{cfg.algorithm.advantage_estimator} ({'with' if value else 'no'} critics)"
+    return value
+
+
+def layout_changes(saved: TrainConfig, new: TrainConfig) -> list[str]:
+    """One line per layout key (:func:`layout`) that differs between the checkpoint's config and the new one,
+    e.g. ``policy.lora_r: the checkpoint has 4, the config asks for 8``."""
+    old_l, new_l = layout(saved), layout(new)
+    return [
+        f"{k}: the checkpoint has {_shown(saved, k, old_l.get(k))}, the config asks for {_shown(new, k, v)}"
+        for k, v in new_l.items()
+        if old_l.get(k) != v
+    ]
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def config_diff(old: TrainConfig | None, new: TrainConfig) -> dict[str, list[Any]]:
+    """``{dotted key: [old, new]}`` for every key whose value differs (lists compared whole)."""
+    if old is None:
+        return {}
+    a, b = _flat(old.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def _read_config(path: Path) -> TrainConfig | None:
+    from marti.config import config_from_dict
+
+    if not path.is_file():
+        return None
+    try:
+        return config_from_dict(yaml.safe_load(path.read_text()) or {}, source=str(path))
+    except (InvalidArgumentError, yaml.YAMLError):
+        return None  # written by another version of marti: no layout to compare
+
+
+class RunFolder:
+    """One job's hold on its output folder (see the module docstring).
+
+    Args:
+        run_dir: The run folder (``TrainConfig.run_dir``); created by :meth:`lock`.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.resume_from: Path | None = None
+        self.prepared = False
+        self._fd: int | None = None
+
+    def lock(self) -> None:
+        """Take the folder's lock for this job (released by :meth:`unlock` or when the process ends).
+
+        Raises:
+            FailedPreconditionError: Another job holds it (the folder and its pid are named).
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise FailedPreconditionError(
+                f"run folder {self.run_dir} is in use by another job (pid {holder}); wait for it to end or give "
+                "this job another output.dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def unlock(self) -> None:
+        """Release the lock (idempotent)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def holds_a_run(self) -> bool:
+        """True when the folder holds a run: ``config.yaml`` (written once a job has started), a checkpoint or
+        logged metrics. A job that failed before it started leaves none of them (only logs, maybe empty files)."""
+        metrics = self.run_dir / "metrics.jsonl"
+        return (
+            (self.run_dir / "config.yaml").exists()
+            or latest_checkpoint(self.run_dir) is not None
+            or (metrics.is_file() and metrics.stat().st_size > 0)
+        )
+
+    def clear(self) -> None:
+        """Delete everything in the folder but the lock file (``--overwrite``)."""
+        for entry in self.run_dir.iterdir():
+            if entry.name == LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+    def prepare(self, cfg: TrainConfig, *, resume: bool, overwrite: bool) -> Path | None:
+        """Check (and with ``overwrite`` clear) the folder for a job of ``cfg``; returns the checkpoint to resume
+        from (None for a new run), also kept in :attr:`resume_from`.
+
+        Raises:
+            InvalidArgumentError: both ``resume`` and ``overwrite``.
+            FailedPreconditionError: a new run in a folder that holds one (the folder, ``--resume`` and
+                ``--overwrite`` are named), or a resume whose config changes a key the checkpoint cannot take
+                (the key and both values are named).
+            NotFoundError: ``resume`` and no checkpoint in the folder.
+        """
+        if resume and overwrite:
+            raise InvalidArgumentError(
+                "--resume continues the run in the folder, --overwrite deletes it: give one"
+            )
+        if overwrite and self.run_dir.exists():
+            self.clear()
+        elif resume:
+            self.resume_from = self._checkpoint_for(cfg)
+        elif self.holds_a_run():
+            raise FailedPreconditionError(
+                f"run folder {self.run_dir} already holds a run; continue it with --resume, replace it with "
+                "--overwrite, or set another output.dir"
+            )
+        self.prepared = True
+        return self.resume_from
+
+    def _checkpoint_for(self, cfg: TrainConfig) -> Path:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise NotFoundError(
+                f"--resume: run folder {self.run_dir} has no checkpoint (checkpoints/step_*); start a new run "
+                "without --resume"
+            )
+        saved = _read_config(ckpt / "config.yaml") or _read_config(self.run_dir / "config.yaml")
+        changes = layout_changes(saved, cfg) if saved is not None else []
+        if changes:
+            raise FailedPreconditionError(
+                f"--resume from {ckpt}: {changes[0]}; a checkpoint cannot take that change (start a new run with "
+                "--overwrite or another output.dir)"
+            )
+        return ckpt
+
+    def record_start(self, cfg: TrainConfig, start_step: int) -> dict[str, Any]:
+        """Record that the job has started at ``start_step``: ``config.yaml`` becomes ``cfg`` and one line is
+        appended to ``config_history.jsonl``: ``{"start_step", "time", "resumed_from", "algorithm", "changed":
+        {key: [old, new]}}`` (``changed`` against the previous ``config.yaml``; empty for a new run).
+
+        Returns:
+            The appended record.
+        """
+        path = self.run_dir / "config.yaml"
+        previous = _read_config(path) if self.resume_from is not None else None
+        record = {
+            "start_step": start_step,
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "resumed_from": str(self.resume_from) if self.resume_from is not None else None,
+            "algorithm": cfg.algorithm.advantage_estimator,
+            "changed": config_diff(previous, cfg),
+        }
+        tmp = path.with_name(".config.yaml.tmp")
+        tmp.write_text(dump_config(cfg))
+        os.replace(tmp, path)
+        with (self.run_dir / HISTORY_FILE).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        return record
+
+
+def read_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``config_history.jsonl`` (one per started job of the run), oldest first; [] if none."""
+    path = Path(run_dir) / HISTORY_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
