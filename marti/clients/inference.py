@@ -332,7 +332,9 @@ class InferenceClient:
             episode_id: The ``episode_id`` its ``generate`` calls carried.
             rewards: Per trained agent, its return (an agent left out gets the sum of its call rewards, or 0).
             call_rewards: Per call id (:attr:`Completion.call_id`), a reward for that call.
-            group_id: The episode's group (overrides the calls' one).
+            group_id: The episode's group, when its calls carried none; ``""`` = the calls' group (or, without
+                one, a group of its own). It never overrides a group the calls carried: naming another one is
+                refused (:class:`~marti.errors.FailedPreconditionError`, both ids named).
             group_size: Episodes in the group; > 0 holds this one until the whole group reported.
             failed: The episode failed: drop it with its group (never trained).
             timeout_s: Deadline of this call, seconds.
@@ -344,7 +346,8 @@ class InferenceClient:
         Raises:
             InvalidArgumentError: Empty episode id, an agent that is not trained, an unknown call id, a
                 non-finite reward.
-            FailedPreconditionError: The episode was already reported (or abandoned).
+            FailedPreconditionError: The episode was already reported (or abandoned), or ``group_id`` differs
+                from the group its calls carried.
             ResourceExhaustedError: The gateway's backlog of episodes waiting to be inserted is full
                 (``gateway.max_backlog_episodes``); nothing changed, report again later.
             InternalError: The gateway could not store the episode.

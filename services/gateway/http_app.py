@@ -62,7 +62,17 @@ route alike. Strings of the request (messages, prompt, stop strings, ids, the mo
 lone surrogate escape such as ``"\\ud800"`` is refused with 400 naming the field.
 
 Parameters the engine does not implement (``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``tools``,
-``response_format``, ``user``, ...) are accepted and ignored, as OpenAI clients send them; ``echo`` is refused.
+``user``, ...) are accepted and ignored, as OpenAI clients send them; ``echo`` is refused, and so is a
+``response_format`` other than ``{"type": "text"}`` (structured output: the engine cannot constrain its sampling to
+a JSON schema, and an answer that silently ignored it would look like a model error). The reward report's body
+refuses unknown keys (a typo such as ``reward`` or ``groupsize`` would otherwise train with reward 0 or as a group
+of one), naming them.
+
+**Where things are.** The reward route is also served under the episode prefixes
+(``/episodes/{episode_id}[/groups/{group_id}]/v1/episodes/{episode_id}/reward``, what a client whose ``base_url``
+carries the ids naturally posts to): the two episode ids must be the same, and the prefix's group is the report's
+``group_id`` unless the body gives the same one. An unknown route gets a 404 whose message lists the routes that
+exist (``/v1/responses``: the Responses API is not served, use ``/v1/chat/completions``).
 
 **Lifecycle.** :func:`build_app` does not own the gateway: the caller runs ``await gateway.start()`` on the loop
 that serves the app before serving and ``await gateway.close()`` after (the gRPC adapter may share the loop and
@@ -72,6 +82,7 @@ the gateway).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import itertools
 import json
@@ -249,6 +260,20 @@ class ChatCompletionRequest(_Sampled):
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = None
+    response_format: Any = Field(default=None, validate_default=True)
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _response_format(cls, v: Any) -> None:
+        """Only plain text (absent, null or ``{"type": "text"}``): the engine cannot constrain its output."""
+        if v is None or v == {"type": "text"}:
+            return None
+        kind = v.get("type") if isinstance(v, dict) else None
+        raise ValueError(
+            f"response_format type {kind!r} is not supported: this gateway samples plain text and cannot "
+            "constrain the output to JSON or a schema; leave response_format out (or {'type': 'text'}) and "
+            "parse or validate the text yourself"
+        )
 
 
 class CompletionRequest(_Sampled):
@@ -276,13 +301,30 @@ class CompletionRequest(_Sampled):
 
 
 class RewardRequest(_Body):
-    """Body of ``POST /v1/episodes/{episode_id}/reward`` (see :meth:`Gateway.report`)."""
+    """Body of ``POST /v1/episodes/{episode_id}/reward`` (see :meth:`Gateway.report`); unknown keys are refused
+    (400 naming them), so a typo never trains as reward 0 or as a group of one."""
+
+    model_config = ConfigDict(extra="forbid")
 
     rewards: dict[_Str, _Float] = Field(default_factory=dict)
     call_rewards: dict[_Str, _Float] | None = None
     group_id: _Str | None = ""
     group_size: StrictInt | None = 0
     failed: StrictBool | None = False
+
+
+#: Request fields an error message may name (``param``; see :func:`~services.gateway.http_errors.named_param`):
+#: body fields, path ids and the episode headers; ``n`` and ``failed`` are left out, as words of ordinary text.
+_FIELDS = tuple(
+    name
+    for name in dict.fromkeys(
+        [
+            *(n for m in (ChatCompletionRequest, CompletionRequest, RewardRequest) for n in m.model_fields),
+            *("episode_id", "group_id", "idempotency_key", EPISODE_HEADER, GROUP_HEADER, IDEMPOTENCY_HEADER),
+        ]
+    )
+    if name not in ("n", "failed")
+)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -359,11 +401,19 @@ def _header(request: Request, name: str) -> str:
     """The value of header ``name`` (``""`` when absent).
 
     Raises:
-        InvalidArgumentError: The value is not printable ASCII (bytes 0x20-0x7E): HTTP gives other bytes no
+        InvalidArgumentError: The header is present but empty, or its value is not printable ASCII (bytes 0x20-0x7E): HTTP gives other bytes no
             character set (Starlette would read them as Latin-1), so an id sent that way is refused rather than
             garbled; non-ASCII ids go in the path, percent-encoded UTF-8.
     """
-    value = request.headers.get(name, "")  # Latin-1: one character per byte
+    value = request.headers.get(name)  # Latin-1: one character per byte
+    if value is None:
+        return ""
+    if not value:  # sent but empty: never read as "no id" (an untraced call would silently train nothing)
+        raise request_error(
+            f"header {name} is empty; send an id, or leave the header out (a call without {EPISODE_HEADER} is "
+            "served but not recorded for training)",
+            name,
+        )
     if not (value.isascii() and value.isprintable()):
         bad = next(c for c in value if not (c.isascii() and c.isprintable()))
         raise request_error(
@@ -722,6 +772,34 @@ async def _disconnect(request: Request) -> None:
         return
 
 
+async def _report(gateway: Gateway, request: Request, episode_id: str, body: RewardRequest) -> JSONResponse:
+    """Report one episode (both reward routes): 200 ``{"episode_id", "released", "dropped"}``, 202 with
+    ``"queued"`` when released episodes were not inserted within ``gateway.report_wait_s``; ``"stale"`` (see
+    :class:`~services.gateway.core.gateway.StaleCalls`) when calls of the released episodes are already past
+    their agent's staleness bound."""
+    _check_path(request)
+    try:
+        released = await gateway.report(
+            episode_id,
+            dict(body.rewards),
+            call_rewards=dict(body.call_rewards) if body.call_rewards else None,
+            group_id=body.group_id or "",
+            group_size=body.group_size or 0,
+            failed=bool(body.failed),
+        )
+    except InvalidArgumentError as exc:
+        if getattr(exc, "param", None) is None and exc.message.startswith(("episode_id ", "group_id ")):
+            exc.param = exc.message.split(" ", 1)[0]  # type: ignore[attr-defined]
+        raise
+    out: dict[str, Any] = {"episode_id": episode_id, "released": len(released.episodes)}
+    out["dropped"] = released.dropped
+    if released.stale:
+        out["stale"] = [dataclasses.asdict(s) for s in released.stale]
+    if released.queued:  # accepted, inserted in the background: 202 with the count (a 200 body has none)
+        return JSONResponse({**out, "queued": released.queued}, status_code=202)
+    return JSONResponse(out)
+
+
 # ---------------------------------------------------------------------------------------------- the app
 def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
     """Build the OpenAI-compatible HTTP app over ``gateway`` (routes and fields: the module docstring).
@@ -740,7 +818,7 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
     app.add_middleware(_BodyLimit, max_bytes=gateway.limits.max_request_bytes)
     if token is not None:
         app.add_middleware(_BearerAuth, token=token)
-    install_error_handlers(app)
+    install_error_handlers(app, _FIELDS)
     created = int(time.time())
     api = APIRouter()
 
@@ -824,25 +902,33 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
     async def report_reward(episode_id: str, body: RewardRequest, request: Request) -> JSONResponse:
         """End an episode with its rewards (or as failed); returns how many episodes were released and dropped.
         The ids follow the rules of calls (valid UTF-8, ``gateway.max_id_chars``, no ``/``)."""
-        _check_path(request)
-        try:
-            released = await gateway.report(
-                episode_id,
-                dict(body.rewards),
-                call_rewards=dict(body.call_rewards) if body.call_rewards else None,
-                group_id=body.group_id or "",
-                group_size=body.group_size or 0,
-                failed=bool(body.failed),
+        return await _report(gateway, request, episode_id, body)
+
+    @app.post("/episodes/{prefix_episode}/v1/episodes/{episode_id}/reward", include_in_schema=False)
+    @app.post(
+        "/episodes/{prefix_episode}/groups/{prefix_group}/v1/episodes/{episode_id}/reward",
+        include_in_schema=False,
+    )
+    async def report_reward_under_prefix(
+        prefix_episode: str, episode_id: str, body: RewardRequest, request: Request
+    ) -> JSONResponse:
+        """The reward route under a traced ``base_url``: the prefix's episode must be ``episode_id``; its group
+        (when the prefix has one) is the report's ``group_id``."""
+        group = request.path_params.get("prefix_group", "")
+        if prefix_episode != episode_id:
+            raise request_error(
+                f"the base URL names episode {prefix_episode!r} but the report is for episode {episode_id!r}; "
+                "post a report under its own episode's prefix, or to /v1/episodes/{episode_id}/reward",
+                "episode_id",
             )
-        except InvalidArgumentError as exc:
-            if getattr(exc, "param", None) is None and exc.message.startswith(("episode_id ", "group_id ")):
-                exc.param = exc.message.split(" ", 1)[0]  # type: ignore[attr-defined]
-            raise
-        out = {"episode_id": episode_id, "released": len(released.episodes), "dropped": released.dropped}
-        queued = int(getattr(released, "queued", 0))  # released episodes not inserted within report_wait_s
-        if queued:  # accepted, inserted in the background: 202 with the count (a 200 body stays as it was)
-            return JSONResponse({**out, "queued": queued}, status_code=202)
-        return JSONResponse(out)
+        if group and body.group_id and body.group_id != group:
+            raise request_error(
+                f"the base URL names group {group!r} but the body names group_id {body.group_id!r}",
+                "group_id",
+            )
+        if group:
+            body = body.model_copy(update={"group_id": group})
+        return await _report(gateway, request, episode_id, body)
 
     @app.get("/v1/gateway/stats")
     async def stats() -> JSONResponse:

@@ -6,7 +6,10 @@ Every error body has the shape of the OpenAI API::
 
 ``type`` is the OpenAI error type, ``param`` the request field at fault when one is known (``messages[0].content``,
 ``temperature``), and ``code`` the gRPC status name in lower case (the gRPC adapter reports the same status for
-the same failure).
+the same failure). A 400, 404 or 409 raised without a ``param`` gets the first of the app's request fields (body
+fields, path ids, ``X-Marti-*`` headers; given to :func:`install_error_handlers`) its message names, so an error
+about a field never says ``param: null``. Unknown body keys of a model that forbids them are named all at once,
+with the field each one most resembles. An unknown route's 404 lists the routes that exist.
 
 =============================  ======  ============================  ======================
 exception                      status  ``type``                      ``code``
@@ -41,8 +44,11 @@ it is answered (uvicorn does when its graceful-shutdown time is over) gets the 5
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
+import re
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -123,17 +129,36 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def exception_response(exc: BaseException) -> JSONResponse:
+#: Statuses whose error is about the request: their ``param`` is read from the message when not set.
+_FIELD_STATUSES = {400, 404, 409}
+
+
+def named_param(message: str, fields: Iterable[str]) -> str | None:
+    """The request field ``message`` names first (as a whole word, with any ``[i]`` / ``.key`` after it:
+    ``messages[0].content``), among ``fields``; None when it names none."""
+    best: tuple[int, str] | None = None
+    for name in fields:
+        m = re.search(rf"(?<![\w.\-]){re.escape(name)}(?![\w\-])((?:\[\d+\])*(?:\.\w+)*)", message)
+        if m and (best is None or m.start() < best[0]):
+            best = (m.start(), name + m.group(1))
+    return None if best is None else best[1]
+
+
+def exception_response(exc: BaseException, fields: Iterable[str] = ()) -> JSONResponse:
     """Map any exception to its response by the table in the module docstring.
 
-    A marti error's message goes to the client; anything else is logged with its traceback and the client gets
-    a generic 500 naming a reference id.
+    A marti error's message goes to the client (a 400/404/409 without a ``param`` gets the first of ``fields``
+    its message names); anything else is logged with its traceback and the client gets a generic 500 naming a
+    reference id.
     """
     if isinstance(exc, MartiError):  # InternalError is not in the table: it is a bug, answered as one
         for cls in type(exc).__mro__:
             if cls in ERROR_TABLE:
                 status, type_, code = ERROR_TABLE[cls]  # type: ignore[index]
-                return error_response(status, exc.message, type_, getattr(exc, "param", None), code)
+                param = getattr(exc, "param", None)
+                if param is None and status in _FIELD_STATUSES:
+                    param = named_param(exc.message, fields)
+                return error_response(status, exc.message, type_, param, code)
     ref = uuid.uuid4().hex[:12]
     _LOG.error("internal error serving an HTTP request (ref %s)", ref, exc_info=exc)
     status, type_, code = _INTERNAL
@@ -151,11 +176,31 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
-def validation_response(exc: RequestValidationError) -> JSONResponse:
-    """400 for a request FastAPI could not parse or validate, naming the first bad field and its value."""
+def _unknown_keys(errors: list[Any], fields: Iterable[str]) -> JSONResponse | None:
+    """400 naming every unknown key of a body that forbids them (with the known field each resembles), or None
+    when no error is about an unknown key."""
+    unknown = [_param(tuple(e.get("loc", ()))) for e in errors if e.get("type") == "extra_forbidden"]
+    unknown = [u for u in unknown if u]
+    if not unknown:
+        return None
+    known = sorted(set(fields))
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    msg = f"unknown field{'s' if len(unknown) > 1 else ''} in the request body: {', '.join(hints)}"
+    return error_response(400, msg, "invalid_request_error", unknown[0], "invalid_argument")
+
+
+def validation_response(exc: RequestValidationError, fields: Iterable[str] = ()) -> JSONResponse:
+    """400 for a request FastAPI could not parse or validate, naming the first bad field and its value (every
+    unknown key at once, when the body forbids them; ``fields`` give the did-you-mean hints)."""
     errors = list(exc.errors())
     if not errors:
         return error_response(400, "invalid request", "invalid_request_error", None, "invalid_argument")
+    unknown = _unknown_keys(errors, fields)
+    if unknown is not None:
+        return unknown
     err = errors[0]
     kind, loc = err.get("type", ""), tuple(err.get("loc", ()))
     if kind == "json_invalid":
@@ -222,22 +267,57 @@ async def _send_quietly(response: JSONResponse, scope: Scope, receive: Receive, 
         _LOG.debug("could not send the error response: %s", exc)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def _routes(app: Any) -> list[str]:
+    """``"METHOD /path"`` of every documented route of ``app`` (the paths of its OpenAPI schema, which FastAPI
+    builds once and keeps)."""
+    paths = app.openapi().get("paths", {})
+    return [f"{m.upper()} {path}" for path, ops in paths.items() for m in ops]
+
+
+def _no_route(request: Request, status: int) -> str:
+    """The message of a 404 / 405 for a route the app does not have: what exists instead."""
+    path = request.url.path
+    known = "; ".join(_routes(request.app))
+    if status == 405:
+        return f"{request.method} is not allowed on {path}; the routes are: {known}"
+    if path.rstrip("/").endswith("/responses"):
+        return (
+            f"{path} is not served: the OpenAI Responses API is not implemented (yet); use POST "
+            f"/v1/chat/completions (client.chat.completions.create). The routes are: {known}"
+        )
+    return (
+        f"no route {request.method} {path}; the routes are: {known}. The inference routes are also served under "
+        "/episodes/{episode_id}/ and /episodes/{episode_id}/groups/{group_id}/ (a traced base_url), and so is "
+        "POST /v1/episodes/{episode_id}/reward"
+    )
+
+
+def install_error_handlers(app: FastAPI, fields: Iterable[str] = ()) -> None:
     """Make every error of ``app`` an OpenAI-style JSON response: the handlers of marti errors, validation and
     HTTP errors, and :class:`CatchAllMiddleware` for anything else. Call it after adding the app's other
-    middleware, so that the catch-all wraps them too."""
+    middleware, so that the catch-all wraps them too.
+
+    Args:
+        app: The app.
+        fields: Every request field, path parameter and header name of the app's routes: an error raised without
+            a ``param`` gets the first one its message names, and unknown body keys get did-you-mean hints.
+    """
+    names = tuple(fields)
 
     async def on_marti(_: Request, exc: Exception) -> JSONResponse:
-        return exception_response(exc)
+        return exception_response(exc, names)
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return validation_response(exc)
+        return validation_response(exc, names)
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         type_, code = _HTTP_TYPES.get(exc.status_code, ("invalid_request_error", None))
-        return error_response(exc.status_code, str(exc.detail), type_, None, code)
+        detail = str(exc.detail)
+        if exc.status_code in (404, 405) and detail in ("Not Found", "Method Not Allowed"):  # no such route
+            detail = _no_route(request, exc.status_code)
+        return error_response(exc.status_code, detail, type_, None, code)
 
     app.add_exception_handler(MartiError, on_marti)
     app.add_exception_handler(RequestValidationError, on_validation)

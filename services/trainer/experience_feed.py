@@ -6,7 +6,9 @@ episode runner inserts each finished episode's trajectory of every trainable age
 did not act, so each episode adds exactly one item per table) as soon as the episode ends. Each update, the
 learner takes the next ``rollout.episodes_per_step`` items of the agent's table, stating its current policy
 version: the table removes items older than its ``max_policy_lag`` (the agent's staleness bound) instead of
-returning them, and they still count as consumed, so updates stay aligned with rollout steps. Items inserted by
+returning them, and built-in ones still count as consumed, so updates stay aligned with rollout steps. An
+external episode (one the gateway inserted) removed as stale takes no slot: external episodes are not aligned
+with steps, so the update waits for a fresh one instead of training on fewer (or none). Items inserted by
 any other process (:class:`marti.ExperienceSharingClient` ``share_experience`` with behaviour log-probs and a
 policy version) are trained on the same way. Episodes external clients play through the inference gateway
 (``rollout.source`` external or mixed) are inserted by the gateway as the client reports them, and the learner
@@ -130,6 +132,8 @@ class ExperienceFeed:
         self._attempt: list[str] = []  # episode ids inserted by the rollout attempt in progress
         self._retracted: set[str] = set()
         self._seen: dict[str, OrderedDict[str, None]] = {a: OrderedDict() for a in agents}
+        self._external: OrderedDict[str, None] = OrderedDict()  # ids of external episodes inserted
+        self._untaken: dict[str, OrderedDict[str, None]] = {a: OrderedDict() for a in agents}
         self.inserted = 0
 
     # ------------------------------------------------------------------------------------------ setup
@@ -229,6 +233,15 @@ class ExperienceFeed:
             done.append(table)
             with self._lock:
                 self.inserted += 1
+                if external:
+                    self._untaken[agent][traj.episode_id] = None
+                    _remember(self._external, traj.episode_id)
+
+    def untaken_external(self) -> int:
+        """External episodes inserted that no update has taken yet (trained on, or dropped as stale, incomplete
+        or duplicate): the most of any agent's table."""
+        with self._lock:
+            return max((len(ids) for ids in self._untaken.values()), default=0)
 
     def _wait_for_room(self, tables: list[str], stop: threading.Event | None, started: float) -> None:
         """Return once every table in ``tables`` holds fewer items than its ``max_size``.
@@ -347,8 +360,8 @@ class ExperienceFeed:
 
         Args:
             agent: A trainable agent.
-            count: Items to consume: returned or removed as stale (duplicates and retracted episodes do not
-                count).
+            count: Items to consume: returned or removed as stale (duplicates, retracted episodes and external
+                episodes removed as stale do not count: the update waits for fresh ones).
             current_version: The learner's policy version of the agent, for the table's ``max_policy_lag``.
             deadline: ``time.monotonic()`` value until which missing items are waited for; None = no wait.
             stop: When set while waiting, the wait ends (the job is stopping).
@@ -419,7 +432,8 @@ class ExperienceFeed:
         stale, each once (re-inserted duplicates and retracted episodes are counted, not used).
 
         Returns:
-            How many of them used a slot of the update (fresh items plus stale removals).
+            How many of them used a slot of the update (fresh items plus stale removals of built-in episodes: an
+            external episode removed as stale takes none, so the update waits for a fresh one).
         """
         used = 0
         for eid in got.stale_episode_ids:  # removed by the table; a slot only if it was this step's item
@@ -427,7 +441,9 @@ class ExperienceFeed:
                 out.duplicates += 1
                 continue
             self._remember(agent, eid)
-            used += 1
+            with self._lock:
+                external = eid in self._external
+            used += 0 if external else 1
             out.stale += 1
         for item in got.items:
             eid = item.trajectory.episode_id
@@ -468,10 +484,16 @@ class ExperienceFeed:
             return None
 
     def _remember(self, agent: str, episode_id: str) -> None:
-        seen = self._seen[agent]
-        seen[episode_id] = None
-        while len(seen) > SEEN_IDS:
-            seen.popitem(last=False)
+        _remember(self._seen[agent], episode_id)
+        with self._lock:
+            self._untaken[agent].pop(episode_id, None)
+
+
+def _remember(ids: OrderedDict[str, None], episode_id: str) -> None:
+    """Add ``episode_id`` to ``ids``, forgetting the oldest beyond :data:`SEEN_IDS`."""
+    ids[episode_id] = None
+    while len(ids) > SEEN_IDS:
+        ids.popitem(last=False)
 
 
 def _partial(exc: MartiError, episode_id: str, done: list[str], missing: list[str]) -> MartiError:

@@ -13,7 +13,7 @@ import logging
 import threading
 import unicodedata
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from marti.errors import (
@@ -74,6 +74,28 @@ class Served:
     agent: str
 
 
+@dataclass(frozen=True)
+class StaleCalls:
+    """One agent's calls in one episode that are already past the agent's staleness bound when reported: the
+    learner will drop its item instead of training on it (the store's ``max_policy_lag``).
+
+    Attributes:
+        episode_id: The episode.  agent: The agent.
+        policy_version: The oldest policy version that sampled one of its calls.
+        current_version: The agent's policy version when the report was answered.
+        max_staleness: The agent's bound (``rollout.max_staleness`` or its own ``max_staleness``): an item is
+            trained only while ``current_version - policy_version <= max_staleness``.
+        stale_calls: How many of its recorded turns were sampled by a version past the bound.
+    """
+
+    episode_id: str
+    agent: str
+    policy_version: int
+    current_version: int
+    max_staleness: int
+    stale_calls: int
+
+
 @dataclass
 class Reported(Released):
     """What a report released and dropped, and how many of its released episodes were not inserted yet.
@@ -82,9 +104,12 @@ class Reported(Released):
         queued: Released episodes of this report still waiting to be inserted into training when the report was
             answered (it waited ``gateway.report_wait_s`` seconds); they are inserted in the background, in
             order. 0 = every released episode was inserted (or there were none).
+        stale: The released episodes' agents (and the reported episode's, when it is held for its group) whose
+            calls are already past the staleness bound (empty when the gateway knows no bound).
     """
 
     queued: int = 0
+    stale: list[StaleCalls] = field(default_factory=list)
 
 
 @dataclass
@@ -138,6 +163,9 @@ class Gateway:
         limits: Batching and limits.
         sink: Where released episodes go (the job's store tables); None = traces are kept only in counters.
         trainable: Agents whose traces become training data (default: every served agent).
+        max_staleness: Per trainable agent, the training job's staleness bound (policy versions a trained item
+            may lag behind the learner); a report then says which calls are already past it
+            (:attr:`Reported.stale`). None = no bound known (nothing is said).
     """
 
     def __init__(
@@ -146,8 +174,10 @@ class Gateway:
         limits: GatewayLimits | None = None,
         sink: EpisodeSink | None = None,
         trainable: Sequence[str] | None = None,
+        max_staleness: Mapping[str, int] | None = None,
     ) -> None:
         self.backend = backend
+        self.max_staleness = dict(max_staleness or {})
         self.limits = limits or GatewayLimits()
         self.sink = sink
         self.batcher = RequestBatcher(
@@ -172,6 +202,7 @@ class Gateway:
         self.replayed_calls = 0
         self.released = 0
         self.sink_errors = 0
+        self.stale_reported = 0
         #: Set when :meth:`close` begins: queued episodes are no longer handed to the sink, and a sink waiting
         #: for room should give up (the trainer's sink passes it to ``ExperienceFeed.insert_episode``).
         self.closing = threading.Event()
@@ -594,6 +625,7 @@ class Gateway:
         self._check_id("group_id", group_id)
         if self.closing.is_set():
             raise UnavailableError("the gateway is shutting down: the report was not taken")
+        own = {} if failed else self.tracker.turn_versions(episode_id)
         released = self.tracker.finish(
             episode_id,
             rewards,
@@ -603,7 +635,7 @@ class Gateway:
             failed=failed,
             admit=(lambda coming: self._admit(episode_id, coming)) if self.sink is not None else None,
         )
-        out = Reported(released.episodes, released.dropped)
+        out = Reported(released.episodes, released.dropped, stale=self._stale(episode_id, own, released))
         if not released.episodes:
             return out
         if self.sink is None:
@@ -631,6 +663,37 @@ class Gateway:
             out.queued,
             self._backlog,
         )
+        return out
+
+    def _stale(self, episode_id: str, own: dict[str, list[int]], released: Released) -> list[StaleCalls]:
+        """The calls past their agent's bound among the released episodes and the reported one (``own``: its
+        agents' turn versions, read before the report; it may be held for its group); counts and logs them."""
+        if not self.max_staleness or released.dropped:
+            return []
+        episodes = {
+            next(iter(ep.values())).episode_id: {
+                a: [t.policy_version or 0 for t in tr.turns] for a, tr in ep.items()
+            }
+            for ep in released.episodes
+            if ep
+        }
+        episodes.setdefault(episode_id, own)
+        current = self.backend.versions()
+        out = []
+        for eid, agents in episodes.items():
+            for agent, versions in agents.items():
+                bound = self.max_staleness.get(agent)
+                old = [v for v in versions if bound is not None and current[agent] - v > bound]
+                if old:
+                    out.append(StaleCalls(eid, agent, min(old), current[agent], bound, len(old)))  # type: ignore[arg-type]
+        if out:
+            self.stale_reported += len({s.episode_id for s in out})
+            _LOG.warning(
+                "report of episode %r: calls already past the staleness bound, so training will drop them: %s",
+                episode_id,
+                [f"{s.episode_id}/{s.agent}: v{s.policy_version} is more than {s.max_staleness} behind "
+                 f"v{s.current_version}" for s in out],
+            )  # fmt: skip
         return out
 
     @staticmethod
@@ -721,7 +784,8 @@ class Gateway:
         """Counters: ``calls`` (traced), ``untraced_calls``, ``finished``, ``released`` (inserted into the sink;
         without a sink, every released episode), ``abandoned``, ``failed``, ``dropped``, ``expired_groups``,
         ``held`` (finished episodes waiting for their group), ``open_episodes``, ``batches``, ``batched_prompts``,
-        ``sink_errors`` (released episodes the sink failed to insert), ``unrecorded_disconnected`` (traced calls
+        ``sink_errors`` (released episodes the sink failed to insert), ``stale_reported`` (episodes a report named
+        as already past the staleness bound, see :attr:`Reported.stale`), ``unrecorded_disconnected`` (traced calls
         not recorded because their caller went away), ``cancelled_calls`` (traced calls whose caller's task was
         cancelled while they ran: a gRPC deadline or cancel, an HTTP client that disconnected), ``replayed_calls``
         (retries answered from an idempotency key), ``backlog`` (released episodes waiting to be inserted now), ``queued_reports`` (reports
@@ -738,6 +802,7 @@ class Gateway:
         out["batches"] = float(self.batcher.batches)
         out["batched_prompts"] = float(self.batcher.prompts)
         out["sink_errors"] = float(self.sink_errors)
+        out["stale_reported"] = float(self.stale_reported)
         out["unrecorded_disconnected"] = float(self.unrecorded_disconnected)
         out["cancelled_calls"] = float(self.cancelled_calls)
         out["replayed_calls"] = float(self.replayed_calls)

@@ -321,6 +321,14 @@ class EpisodeTracker:
         )
         trace.call_ids.append([call_id])
 
+    def turn_versions(self, episode_id: str) -> dict[str, list[int]]:
+        """Per agent of an open episode, the policy version of each of its recorded turns (``{}`` when the
+        episode is not open)."""
+        ep = self._open.get(episode_id)
+        if ep is None:
+            return {}
+        return {a: [t.policy_version or 0 for t in tr.turns] for a, tr in ep.agents.items() if tr.turns}
+
     # ------------------------------------------------------------------------------------------ reports
     def finish(
         self,
@@ -437,7 +445,7 @@ class EpisodeTracker:
             )
         if ep is None or ep.calls == 0:
             raise NotFoundError(
-                f"episode {episode_id!r} has no recorded calls (a typo, or the id was never used in a call)"
+                f"episode_id {episode_id!r} has no recorded calls (a typo, or the id was never used in a call)"
             )
         self._check_group(episode_id, group_id, "the report")
         called = sorted(a for a, trace in ep.agents.items() if trace.calls)
@@ -452,7 +460,7 @@ class EpisodeTracker:
         bad = sorted(set(call_rewards or {}) - known)
         if bad:
             raise InvalidArgumentError(
-                f"call reward names call {bad[0]!r}, which episode {episode_id!r} did not make"
+                f"call_rewards name call {bad[0]!r}, which episode {episode_id!r} did not make"
             )
         if group_size > 1 and not failed and not (group_id or ep.group_id):
             raise InvalidArgumentError(
@@ -479,6 +487,7 @@ class EpisodeTracker:
         group_size: int,
     ) -> dict[str, Trajectory]:
         out: dict[str, Trajectory] = {}
+        newest = max((t.policy_version or 0 for tr in ep.agents.values() for t in tr.turns), default=0)
         for agent in self.trainable:
             trace = ep.agents.get(agent, _AgentTrace())
             for turn, ids in zip(trace.turns, trace.call_ids, strict=True):
@@ -499,7 +508,9 @@ class EpisodeTracker:
             elif not any(t.reward is not None for t in trace.turns):
                 traj.episode_return = 0.0
             versions = [t.policy_version for t in trace.turns if t.policy_version is not None]
-            traj.policy_version = min(versions) if versions else 0
+            # an agent that made no call holds no sampled token: it gets the episode's newest version, so its
+            # empty item is never dropped as stale (the agents' tables stay aligned)
+            traj.policy_version = min(versions) if versions else newest
             if group_size > 0:
                 traj.metadata["group_size"] = group_size
             traj.validate()

@@ -297,3 +297,18 @@ def test_an_episode_stopped_while_one_agents_table_is_full_is_in_no_table(addres
     ):
         feed.insert_episode({"agent_1": _traj("new"), "agent_2": _traj("new")}, external=True, stop=stop)
     assert (client.info("job/agent_1").size, client.info("job/agent_2").size) == (0, 2)
+
+
+def test_a_stale_external_episode_takes_no_slot_the_update_waits_for_a_fresh_one(address):
+    """Issue 29 item 6: under max_staleness 0 an external episode sampled before the last update is removed by the
+    table; it must not fill the update (which would then train on fewer items, or none, and still count): the
+    update takes the next fresh one. Episodes inserted and never taken are counted (item 7)."""
+    feed, client = _feed(address, bound=0)
+    feed.insert_episode({"agent_1": _traj("old", version=0, group="")}, external=True)
+    for i in range(3):
+        feed.insert_episode({"agent_1": _traj(f"new{i}", version=1, group="")}, external=True)
+    assert feed.untaken_external() == 4
+    taken = feed.take("agent_1", 2, current_version=1, deadline=time.monotonic() + 10)
+    assert [t.episode_id for t in taken.trajectories] == ["new0", "new1"]
+    assert taken.stale == 1 and client.info("job/agent_1").stale_removed == 1
+    assert feed.untaken_external() == 1  # new2: reported, never taken by an update

@@ -1,0 +1,169 @@
+"""Reward reports and errors that name the mistake, over a real port (issue 29 items 6, 8, 14 and 15).
+
+One GatewayServer over a scripted one-agent backend whose policy version the test moves (as a trainer's update
+does), with a staleness bound of 0, driven by the official ``openai`` client and by plain HTTP: a report of
+calls sampled before an update says they are stale; a typo in a report's keys is refused naming it; an empty
+``X-Marti-Episode`` header is refused; errors about a field name it in ``param``; unknown routes (``/v1/responses``)
+say what exists; a report posted under a traced base URL is taken there; ``response_format`` is refused.
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from marti.inference import Generation
+from services.gateway.core.gateway import Gateway
+from services.gateway.core.limits import GatewayLimits
+from services.gateway.server import GatewayServer
+from tests.unit.gateway.test_gateway_core import FakeBackend
+
+TOKEN = "report-errors-token"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+class _Versioned(FakeBackend):
+    """:class:`FakeBackend` whose agent ``a`` is at policy version :attr:`version` (moved by the test)."""
+
+    version = 0
+
+    def versions(self):
+        return {"a": self.version}
+
+    def resident_versions(self, agent):
+        return [self.version]
+
+    def generate(self, agent, prompts, sampling, version):
+        return [Generation(p, [p[-1] + 1], [-1.0], "t", "stop", self.version, agent) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def gw():
+    """``(root_url, backend, sink)``: a gateway with a staleness bound of 0 for agent ``a``."""
+    backend, sink = _Versioned(), []
+    gateway = Gateway(backend, GatewayLimits(max_wait_ms=1), sink=sink.append, max_staleness={"a": 0})
+    server = GatewayServer(gateway, token=TOKEN)
+    http_url, _ = server.start()
+    yield http_url.removesuffix("/v1"), backend, sink
+    server.stop()
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base, api_key=TOKEN, max_retries=0, timeout=30)
+
+
+def _post(url: str, body: dict) -> httpx.Response:
+    return httpx.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+
+
+def _play(root: str, episode: str, group: str = "") -> None:
+    base = f"{root}/episodes/{episode}" + (f"/groups/{group}" if group else "") + "/v1"
+    _client(base).chat.completions.create(model="a", messages=MSG, max_tokens=1)
+
+
+def test_a_report_of_calls_sampled_before_an_update_says_they_are_stale(gw):
+    root, backend, _ = gw
+    backend.version = 3
+    _play(root, "st-old")
+    _play(root, "st-new")
+    backend.version = 4  # an update landed: st-old's calls (v3) are past the bound of 0
+    r = _post(f"{root}/v1/episodes/st-old/reward", {"rewards": {"a": 1.0}})
+    assert r.status_code == 200, r.text
+    assert r.json()["stale"] == [
+        {"episode_id": "st-old", "agent": "a", "policy_version": 3, "current_version": 4,
+         "max_staleness": 0, "stale_calls": 1},
+    ]  # fmt: skip
+    _play(root, "st-fresh")
+    fresh = _post(f"{root}/v1/episodes/st-fresh/reward", {"rewards": {"a": 1.0}})
+    assert fresh.status_code == 200 and "stale" not in fresh.json(), fresh.text
+    stats = httpx.get(f"{root}/v1/gateway/stats", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert stats["stale_reported"] == 1
+    _post(f"{root}/v1/episodes/st-new/reward", {"rewards": {"a": 1.0}})
+
+
+def test_a_report_with_an_unknown_key_is_refused_naming_it_and_changes_nothing(gw):
+    root, _, sink = gw
+    _play(root, "typo", "q1")
+    url = f"{root}/v1/episodes/typo/reward"
+    r = _post(url, {"reward": {"a": 1.0}})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "reward", r.text
+    assert "'reward' (did you mean 'rewards'?)" in err["message"]
+    r = _post(url, {"rewards": {"a": 1.0}, "groupsize": 2, "group": "q1"})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "groupsize", r.text
+    assert (
+        "'groupsize' (did you mean 'group_size'?)" in err["message"]
+        and "'group' (did you mean" in err["message"]
+    )
+    before = len(sink)
+    ok = _post(url, {"rewards": {"a": 1.0}, "group_id": "q1"})  # the episode stayed open
+    assert ok.status_code == 200 and ok.json()["released"] == 1 and len(sink) == before + 1, ok.text
+    assert sink[-1]["a"].episode_return == 1.0
+
+
+def test_an_empty_episode_header_is_refused_naming_it(gw):
+    root, _, _ = gw
+    client = _client(f"{root}/v1")
+    for header in ("X-Marti-Episode", "X-Marti-Group", "Idempotency-Key"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="a", messages=MSG, max_tokens=1, extra_headers={header: ""})
+        err = e.value.body
+        assert err["param"] == header and f"header {header} is empty" in err["message"], err
+
+
+def test_errors_about_a_field_name_it_in_param(gw):
+    root, _, _ = gw
+    client = _client(f"{root}/v1")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nobody", messages=MSG, max_tokens=1)
+    assert e.value.body["param"] == "model", e.value.body
+    _play(root, "params")
+    url = f"{root}/v1/episodes/params/reward"
+    bad = _post(url, {"rewards": {"a": 1.0}, "call_rewards": {"no-such-call": 1.0}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "call_rewards", bad.text
+    bad = _post(url, {"rewards": {"zed": 1.0}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "rewards", bad.text
+    gone = _post(f"{root}/v1/episodes/never-played/reward", {"rewards": {"a": 1.0}})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "episode_id", gone.text
+    assert _post(url, {"rewards": {"a": 1.0}}).status_code == 200
+
+
+def test_unknown_routes_say_what_exists_and_responses_points_to_chat_completions(gw):
+    root, _, _ = gw
+    with pytest.raises(openai.NotFoundError) as e:
+        _client(f"{root}/v1").responses.create(model="a", input="hi")
+    msg = e.value.body["message"]
+    assert "Responses API is not implemented" in msg and "POST /v1/chat/completions" in msg, msg
+    r = httpx.post(f"{root}/v1/embeddings", json={}, headers={"Authorization": f"Bearer {TOKEN}"})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 404 and "no route POST /v1/embeddings" in msg, msg
+    assert "POST /v1/episodes/{episode_id}/reward" in msg and "GET /v1/models" in msg
+
+
+def test_a_reward_posted_under_the_traced_base_url_is_taken_with_its_group(gw):
+    root, _, sink = gw
+    base = f"{root}/episodes/ep-b/groups/q-b/v1"
+    _client(base).chat.completions.create(model="a", messages=MSG, max_tokens=1)
+    wrong = _post(f"{base}/episodes/other/reward", {"rewards": {"a": 1.0}})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "episode_id", wrong.text
+    clash = _post(f"{base}/episodes/ep-b/reward", {"rewards": {"a": 1.0}, "group_id": "q-x"})
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "group_id", clash.text
+    r = _post(f"{base}/episodes/ep-b/reward", {"rewards": {"a": 0.5}, "group_size": 1})
+    assert r.status_code == 200 and r.json()["released"] == 1, r.text
+    assert (sink[-1]["a"].episode_id, sink[-1]["a"].group_id) == ("ep-b", "q-b")
+    assert sink[-1]["a"].metadata["group_size"] == 1
+
+
+def test_response_format_other_than_text_is_refused(gw):
+    root, _, _ = gw
+    client = _client(f"{root}/v1")
+    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="a", messages=MSG, max_tokens=1, response_format=fmt)
+        assert e.value.body["param"] == "response_format" and "not supported" in e.value.body["message"]
+    ok = client.chat.completions.create(
+        model="a", messages=MSG, max_tokens=1, response_format={"type": "text"}
+    )
+    assert ok.choices[0].message.content == "t"
