@@ -115,6 +115,10 @@ class RunSummary:
         eval_history: ``(step, metrics)`` of each evaluation.
         external_episodes: External episodes (played by clients through the gateway) the updates trained on:
             per update, the most any trainable agent took.
+        untrained_external: Episodes clients reported (answered 200 or 202) that no update took: left in the
+            agents' tables when the job ended (reported after the last update's take, e.g. during
+            ``gateway.linger_s``), lost when the gateway closed (``gateway/backlog_lost_at_close``,
+            ``gateway/held_lost_at_close``), or, with ``rollout.source: builtin``, every reported one.
         epochs: Passes over the finite training problem set completed (``max_epochs``; fractional), or None
             when the problem set is unbounded (``rollout.num_train_seeds`` null).
         epoch_limited: True when ``max_epochs`` ended the job before ``max_steps``.
@@ -128,6 +132,7 @@ class RunSummary:
     report: Path | None = None
     eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     external_episodes: int = 0
+    untrained_external: int = 0
     epochs: float | None = None
     epoch_limited: bool = False
 
@@ -334,6 +339,7 @@ class TrainingLoop:
         self.gateway_backend: Any = None  # its TrainerBackend (mirrors the actors' versions)
         self.gateway_server: Any = None  # its GatewayServer (HTTP and gRPC endpoints)
         self.gateway_address: dict[str, Any] | None = None  # what <run_dir>/gateway.json holds
+        self.untrained_external = 0  # reported episodes no update took (set when the gateway stops)
         self.last_checkpoint: str | None = None
         self.workflow: Workflow | None = (
             workflow_from_section(cfg.workflow, [a.name for a in cfg.agents], cfg)
@@ -623,7 +629,8 @@ class TrainingLoop:
             trained turns), ``<agent>/version_lag_max``, ``<agent>/stale_dropped`` (items not trained on because
             they, or a member of their group, were older than the bound), ``<agent>/incomplete_dropped`` (items of
             a group the update could not take whole, see :meth:`ExperienceFeed.take`) and ``<agent>/items``; with external
-            episodes also ``<agent>/external_items`` and ``<agent>/external_reward`` (their mean return).
+            episodes also ``<agent>/external_items``, ``<agent>/external_reward`` (their mean return) and
+            ``external/waiting_episodes`` (external episodes inserted that no update has taken yet).
 
         Raises:
             DeadlineExceededError: External episodes did not arrive within ``external.wait_timeout_s`` (the
@@ -660,6 +667,7 @@ class TrainingLoop:
             if external:
                 ext = [t for t in taken.trajectories if t.metadata.get("source") == "gateway"]
                 metrics[f"{agent}/external_items"] = float(len(ext))
+                metrics["external/waiting_episodes"] = float(self.feed.untaken_external())
                 if ext:
                     returns = [t.outcome_reward for t in ext]
                     metrics[f"{agent}/external_reward"] = sum(returns) / len(returns)
@@ -911,6 +919,7 @@ class TrainingLoop:
             self.feed = None
             self.close_channels()
             runtime.shutdown()
+        summary.untrained_external = self.untrained_external
         summary.report = write_report(self.run_dir)
         return summary
 
@@ -947,7 +956,10 @@ class TrainingLoop:
                 # a wait for room in a full table ends when the gateway closes (its backlog is then counted lost)
                 feed.insert_episode(episode, external=True, stop=gateway.closing)
 
-        gateway = Gateway(backend, gateway_limits(cfg), sink=sink, trainable=cfg.tuning_agents)
+        bounds = {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents}  # reports name calls past them
+        gateway = Gateway(
+            backend, gateway_limits(cfg), sink=sink, trainable=cfg.tuning_agents, max_staleness=bounds
+        )
         g = cfg.gateway
         server = GatewayServer(
             gateway, host=g.host, http_port=g.http_port, grpc_port=g.grpc_port, token=self.addr.token
@@ -979,16 +991,38 @@ class TrainingLoop:
         self.stop_event.wait(linger)
 
     def _stop_gateway(self) -> None:
-        """Stop the gateway's endpoints (calls in flight get their grace period) and remove ``gateway.json``."""
+        """Stop the gateway's endpoints (calls in flight get their grace period), remove ``gateway.json`` and
+        count the reported episodes no update took (:meth:`_count_untrained`)."""
         server = self.gateway_server
         if server is None:
             return
         try:
             server.stop()
         finally:
+            self._count_untrained(self.gateway)
             self.gateway = self.gateway_backend = self.gateway_server = None
             self.gateway_address = None
             (self.run_dir / "gateway.json").unlink(missing_ok=True)
+
+    def _count_untrained(self, gateway: Any) -> None:
+        """Set :attr:`untrained_external` (see :attr:`RunSummary.untrained_external`) once the gateway is closed,
+        and warn when it is not 0, saying why."""
+        st = gateway.stats() if gateway is not None else {}
+        if self.cfg.rollout.source == "builtin":
+            left, lost = int(st.get("released", 0)), 0
+            why = f"{left} reported with rollout.source=builtin, which trains on no reported episode"
+        else:
+            left = self.feed.untaken_external() if self.feed is not None else 0
+            lost = int(st.get("backlog_lost_at_close", 0) + st.get("held_lost_at_close", 0))
+            why = (
+                f"{left} were still in the agents' tables when the job ended (reported after the last update "
+                f"took its external.episodes_per_step={self.cfg.external_episodes_per_step}, e.g. during "
+                f"gateway.linger_s), {lost} were lost as the gateway closed (gateway/backlog_lost_at_close, "
+                "gateway/held_lost_at_close)"
+            )
+        self.untrained_external = left + lost
+        if self.untrained_external:
+            _LOG.warning("%d reported episodes were never trained: %s", self.untrained_external, why)
 
     def _gateway_stats(self) -> dict[str, float]:
         """The gateway's counters (:meth:`~services.gateway.core.gateway.Gateway.stats`), read on its loop."""
