@@ -93,6 +93,17 @@ def check_env_id(env_id: Any) -> str:
     return env_id
 
 
+def check_agent(agent: Any, possible_agents: list[str]) -> str:
+    """Check that ``agent`` is one of ``possible_agents`` (for ``observation_space`` / ``action_space``).
+
+    Raises:
+        InvalidArgumentError: An unknown agent (named, with the env's agents).
+    """
+    if not isinstance(agent, str) or agent not in possible_agents:
+        raise InvalidArgumentError(f"unknown agent {agent!r} (agents: {', '.join(possible_agents)})")
+    return agent
+
+
 def closed_error(env_id: str) -> FailedPreconditionError:
     """The error of a call on a closed env (in-process and remote envs raise the same)."""
     return FailedPreconditionError(f"the {env_id} env is closed; make a new one")
@@ -171,12 +182,20 @@ class GuardedParallelEnv(ParallelEnv):
         return list(getattr(self.env, "acting_agents", self.env.agents))
 
     def observation_space(self, agent: str) -> gymnasium.Space:
-        """Return the wrapped env's observation space for ``agent``."""
-        return self.env.observation_space(agent)
+        """Return the wrapped env's observation space for ``agent``.
+
+        Raises:
+            InvalidArgumentError: ``agent`` is not one of ``possible_agents`` (named).
+        """
+        return self.env.observation_space(check_agent(agent, self.possible_agents))
 
     def action_space(self, agent: str) -> gymnasium.Space:
-        """Return the wrapped env's action space for ``agent``."""
-        return self.env.action_space(agent)
+        """Return the wrapped env's action space for ``agent``.
+
+        Raises:
+            InvalidArgumentError: ``agent`` is not one of ``possible_agents`` (named).
+        """
+        return self.env.action_space(check_agent(agent, self.possible_agents))
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         """Reset the wrapped env; see ``ParallelEnv.reset``.
@@ -209,10 +228,7 @@ class GuardedParallelEnv(ParallelEnv):
             raise FailedPreconditionError("the episode is over (no live agents): call reset")
         live = set(self.env.agents)
         for agent in actions:
-            if agent not in self.possible_agents:
-                raise InvalidArgumentError(
-                    f"unknown agent {agent!r} (agents: {', '.join(self.possible_agents)})"
-                )
+            check_agent(agent, self.possible_agents)
             if agent not in live:
                 raise InvalidArgumentError(f"agent {agent!r} is done this episode and cannot act")
         out = dict(actions)

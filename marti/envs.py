@@ -164,18 +164,19 @@ def step_many(
         ``errors="return"`` the error of its failed step.
 
     Raises:
-        InvalidArgumentError: ``envs`` and ``actions`` differ in length, or ``errors`` is not one of the two.
+        InvalidArgumentError: ``envs`` is not a list of envs (the bad one named), ``actions`` not a list
+            of the same length, or ``errors`` not one of the two.
         MartiError: ``errors="raise"``: the first failed step's error, in env order, raised after every env
             was stepped. It says which envs moved: ``error.step_results`` is the list ``errors="return"``
             gives (the step tuples of the envs that moved, the errors of those that did not) and
             ``error.failed_index`` the index of the env whose error it is; a note on the error lists them.
     """
+    from marti.clients.env import check_env_list
     from marti.errors import InvalidArgumentError, MartiError
 
     if errors not in ("raise", "return"):
         raise InvalidArgumentError(f"errors must be 'raise' or 'return', got {errors!r}")
-    if len(envs) != len(actions):
-        raise InvalidArgumentError(f"{len(actions)} action dicts for {len(envs)} envs")
+    check_env_list(envs, actions)
     out = _step_all(envs, actions)
     failed = [i for i, r in enumerate(out) if isinstance(r, MartiError)]
     if failed and errors == "raise":

@@ -46,7 +46,14 @@ from marti.codec.env import (
     value_from_proto,
     value_to_proto,
 )
-from marti.env_guard import check_actions, check_env_id, check_options, check_seed, closed_error
+from marti.env_guard import (
+    check_actions,
+    check_agent,
+    check_env_id,
+    check_options,
+    check_seed,
+    closed_error,
+)
 from marti.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -414,6 +421,63 @@ def _describe(d: pb.EnvDescription) -> dict[str, Any]:
     }
 
 
+def check_client_args(address: Any, token: Any, tls_ca_file: Any, channel: Any) -> None:
+    """The argument checks of every env client's constructor (sync and aio), before any channel is opened.
+
+    Raises:
+        InvalidArgumentError: ``address`` is not a non-empty string (without ``channel``), ``token`` not a
+            string or None, ``tls_ca_file`` not a path or None, or ``channel`` not a gRPC channel; each named.
+    """
+    if channel is not None:
+        if not callable(getattr(channel, "unary_unary", None)):  # grpc.Channel, aio or a wrapper of one
+            raise InvalidArgumentError(
+                f"channel must be an open grpc channel or None, got {type(channel).__name__}"
+            )
+    elif not isinstance(address, str) or not address:
+        raise InvalidArgumentError(
+            f"address must be a 'host:port' string, got {type(address).__name__} {address!r}"
+        )
+    if token is not None and not isinstance(token, str):
+        raise InvalidArgumentError(f"token must be a str or None, got {type(token).__name__}")
+    if tls_ca_file is not None and not isinstance(tls_ca_file, (str, os.PathLike)):
+        raise InvalidArgumentError(f"tls_ca_file must be a path or None, got {type(tls_ca_file).__name__}")
+
+
+def check_env_list(envs: Any, actions: Any, kind: type | None = None) -> None:
+    """Check the ``envs`` and ``actions`` of a many-env step (``step_batch``, ``marti.envs.step_many``).
+
+    Args:
+        envs: Must be a list of envs: instances of ``kind`` when given, else objects with a ``step`` method.
+        actions: Must be a list of the same length.
+
+    Raises:
+        InvalidArgumentError: ``envs`` is not such a list (the bad item named), or ``actions`` is not a list of
+            the same length.
+    """
+    for name, seq in (("envs", envs), ("actions", actions)):
+        if isinstance(seq, (str, bytes, Mapping)) or not isinstance(seq, Sequence):
+            raise InvalidArgumentError(f"{name} must be a list, got {type(seq).__name__}")
+    for i, env in enumerate(envs):
+        if not (isinstance(env, kind) if kind is not None else callable(getattr(env, "step", None))):
+            want = f"a {kind.__name__}" if kind is not None else "an env with a step method"
+            raise InvalidArgumentError(f"envs[{i}] must be {want}, got {type(env).__name__}")
+    if len(envs) != len(actions):
+        raise InvalidArgumentError(f"{len(actions)} action dicts for {len(envs)} envs")
+
+
+def _session_id(session_id: Any) -> str:
+    """Check a session id argument.
+
+    Raises:
+        InvalidArgumentError: It is not a non-empty string (named).
+    """
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidArgumentError(
+            f"session_id must be a non-empty str, got {type(session_id).__name__} {session_id!r}"
+        )
+    return session_id
+
+
 def _create_request(env_id: str, config: Mapping[str, Any] | None, seed: int | None, request_id: str | None):
     """The ``CreateSessionRequest``; ``env_id`` and ``seed`` are checked as ``marti.make`` checks them in-process.
 
@@ -443,7 +507,9 @@ def _reset_request(
     seed = check_seed(seed)
     check_options(options)
     req = pb.ResetRequest(
-        session_id=session_id, options=map_to_proto(options), request_id=request_id or _REQUEST_IDS.next()
+        session_id=_session_id(session_id),
+        options=map_to_proto(options),
+        request_id=request_id or _REQUEST_IDS.next(),
     )
     if seed is not None:
         req.seed = seed
@@ -467,7 +533,7 @@ def _step_request(
     """
     acts = [_action(k, v) for k, v in check_actions(actions).items()]
     return pb.StepRequest(
-        session_id=session_id,
+        session_id=_session_id(session_id),
         actions=acts,
         request_id=request_id or _REQUEST_IDS.next(),
         delta_base=held.result_id if held is not None else 0,
@@ -477,7 +543,18 @@ def _step_request(
 def _batch_request(
     cache: DeltaCache | None, steps: Sequence[tuple[str, Mapping[str, Any]]]
 ) -> tuple[pb.BatchStepRequest, list[HeldResult | None]]:
-    """The ``BatchStepRequest`` of ``(session_id, actions)`` pairs, with each session's held result as base."""
+    """The ``BatchStepRequest`` of ``(session_id, actions)`` pairs, with each session's held result as base.
+
+    Raises:
+        InvalidArgumentError: ``steps`` is not a sequence of ``(session_id, actions)`` pairs (the bad item named).
+    """
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence):
+        raise InvalidArgumentError(
+            f"steps must be a list of (session_id, actions) pairs, got {type(steps).__name__}"
+        )
+    for i, item in enumerate(steps):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise InvalidArgumentError(f"steps[{i}] must be a (session_id, actions) pair, got {item!r:.80}")
     helds = [cache.get(s) if cache is not None else None for s, _ in steps]
     req = pb.BatchStepRequest(
         steps=[_step_request(s, a, None, h) for (s, a), h in zip(steps, helds, strict=True)]
@@ -543,6 +620,7 @@ class EnvClient:
         deltas: bool = True,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
+        check_client_args(address, token, tls_ca_file, channel)
         self.address = address
         self.timeout_s = check_timeout_s(timeout_s)
         self._own_channel = channel is None
@@ -636,7 +714,7 @@ class EnvClient:
         """Close a session (idempotent); True when it existed."""
         self._forget(session_id)
         return call(
-            self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), self.timeout_s
+            self.stub.CloseSession, pb.CloseSessionRequest(session_id=_session_id(session_id)), self.timeout_s
         ).closed
 
     def stream(self) -> SessionStream:
@@ -850,7 +928,7 @@ class SessionStream:
         """Close a session."""
         self._forget(session_id)
         self._made.discard(session_id)
-        return self._roundtrip(close=pb.CloseSessionRequest(session_id=session_id)).close.closed
+        return self._roundtrip(close=pb.CloseSessionRequest(session_id=_session_id(session_id))).close.closed
 
     def close(self) -> None:
         """End the stream (the server closes the sessions made on it).
@@ -994,12 +1072,20 @@ class RemoteParallelEnv(ParallelEnv):
         return cls(client, info, stream, config=config, seed=seed)
 
     def observation_space(self, agent: str) -> gymnasium.Space:
-        """The agent's observation space (decoded once; the same object on every call)."""
-        return self._obs_spaces[agent]
+        """The agent's observation space (decoded once; the same object on every call).
+
+        Raises:
+            InvalidArgumentError: ``agent`` is not one of ``possible_agents`` (named), as in-process.
+        """
+        return self._obs_spaces[check_agent(agent, self.possible_agents)]
 
     def action_space(self, agent: str) -> gymnasium.Space:
-        """The agent's action space (decoded once; the same object on every call)."""
-        return self._act_spaces[agent]
+        """The agent's action space (decoded once; the same object on every call).
+
+        Raises:
+            InvalidArgumentError: ``agent`` is not one of ``possible_agents`` (named), as in-process.
+        """
+        return self._act_spaces[check_agent(agent, self.possible_agents)]
 
     @property
     def session_lost(self) -> bool:
@@ -1151,13 +1237,13 @@ class RemoteParallelEnv(ParallelEnv):
             Per env, in order: its PettingZoo step tuple, or the :class:`MartiError` of its step alone.
 
         Raises:
-            InvalidArgumentError: ``envs`` and ``actions`` differ in length, or ``max_batch`` is not an int >= 1.
+            InvalidArgumentError: ``envs`` is not a list of remote envs, ``actions`` not a list of the same length,
+                or ``max_batch`` not an int >= 1 (each named).
             FailedPreconditionError: In a forked child, an env whose session lives on its parent's stream
                 (nothing is sent).
             UnavailableError, DeadlineExceededError, ...: The whole call failed (server away, deadline).
         """
-        if len(envs) != len(actions):
-            raise InvalidArgumentError(f"{len(actions)} action dicts for {len(envs)} envs")
+        check_env_list(envs, actions, RemoteParallelEnv)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise InvalidArgumentError(f"max_batch must be an int >= 1, got {max_batch!r}")
         for env in envs:
@@ -1233,6 +1319,7 @@ class AsyncEnvClient:
         channel: grpc.aio.Channel | None = None,
         deltas: bool = True,
     ) -> None:
+        check_client_args(address, token, tls_ca_file, channel)
         self.timeout_s = check_timeout_s(timeout_s)
         self._own_channel = channel is None
         self.channel = channel or make_channel(
@@ -1315,7 +1402,11 @@ class AsyncEnvClient:
         """See :meth:`EnvClient.close_session`."""
         self._forget(session_id)
         return (
-            await acall(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), self.timeout_s)
+            await acall(
+                self.stub.CloseSession,
+                pb.CloseSessionRequest(session_id=_session_id(session_id)),
+                self.timeout_s,
+            )
         ).closed
 
     async def close(self) -> None:

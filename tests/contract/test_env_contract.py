@@ -21,6 +21,8 @@ import pytest
 from pettingzoo import AECEnv
 
 import marti
+import marti.envs
+from marti.clients.env import AsyncEnvClient, EnvClient, RemoteParallelEnv
 from marti.env_guard import VANISHED_REASON
 from marti.errors import FailedPreconditionError, InvalidArgumentError, MartiError, NotFoundError
 from marti.rpc.testing import serve_in_thread
@@ -231,5 +233,59 @@ def test_aec_game_that_empties_agents_ends_them_truncated(flavour: str, text: bo
         assert all(infos[a]["truncated_reason"] == VANISHED_REASON for a in ("p0", "p1"))
         with pytest.raises(FailedPreconditionError):
             env.step({"p0": "1" if text else 1})
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("space", ["observation_space", "action_space"])
+def test_space_of_an_unknown_agent_is_refused_everywhere(flavour: str, space: str, address: str) -> None:
+    env = make_env(flavour, address)
+    try:
+        with pytest.raises(InvalidArgumentError, match="agent_9"):
+            getattr(env, space)("agent_9")
+        assert getattr(env, space)("agent_1") == getattr(marti.make(ENV, **CONFIG), space)("agent_1")
+    finally:
+        env.close()
+
+
+# --------------------------------------------------------------------------- SDK arguments of a wrong type
+
+#: name -> (call given the server address and a reset remote env, the argument its error must name)
+BAD_ARGUMENTS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
+    "make_token_int": (lambda a, e: marti.make(ENV, address=a, token=5), "token"),
+    "make_tls_ca_file_int": (lambda a, e: marti.make(ENV, address=a, tls_ca_file=5), "tls_ca_file"),
+    "make_channel_str": (lambda a, e: marti.make(ENV, address=a, channel="x"), "channel"),
+    "client_address_int": (lambda a, e: EnvClient(5), "address"),
+    "aio_client_address_int": (lambda a, e: AsyncEnvClient(5), "address"),
+    "client_step_session_int": (lambda a, e: e.client.step(5, {}), "session_id"),
+    "client_reset_session_none": (lambda a, e: e.client.reset(None), "session_id"),
+    "client_close_session_int": (lambda a, e: e.client.close_session(5), "session_id"),
+    "client_batch_not_list": (lambda a, e: e.client.batch_step(5), "steps"),
+    "client_batch_item_not_pair": (lambda a, e: e.client.batch_step([5]), "steps[0]"),
+    "client_create_config_list": (lambda a, e: e.client.create_session(ENV, [1]), "config"),
+    "step_batch_max_batch_str": (
+        lambda a, e: RemoteParallelEnv.step_batch([e], [{}], max_batch="x"),
+        "max_batch",
+    ),
+    "step_batch_env_int": (lambda a, e: RemoteParallelEnv.step_batch([5], [{}]), "envs[0]"),
+    "step_many_envs_int": (lambda a, e: marti.envs.step_many(5, [{}]), "envs"),
+    "step_many_env_int": (lambda a, e: marti.envs.step_many([e, 5], [{}, {}]), "envs[1]"),
+    "step_many_actions_none": (lambda a, e: marti.envs.step_many([e], None), "actions"),
+    "step_many_lengths": (lambda a, e: marti.envs.step_many([e], []), "action dicts"),
+    "step_many_errors_mode": (lambda a, e: marti.envs.step_many([e], [{}], errors="skip"), "errors"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
+def test_sdk_argument_of_a_wrong_type_is_named(case: str, address: str) -> None:
+    call, named = BAD_ARGUMENTS[case]
+    env = make_env("unary", address, seed=1)
+    try:
+        env.reset()
+        with pytest.raises(InvalidArgumentError) as info:
+            call(address, env)
+        assert named in str(info.value), str(info.value)
+        env.step({env.acting_agents[0]: "task_1: 1"})  # nothing was sent: the env still plays
     finally:
         env.close()
