@@ -45,6 +45,7 @@ def _cmd_health(argv: list[str]) -> int:
 
 
 def _cmd_up(argv: list[str]) -> int:
+    from marti.errors import MartiError
     from marti.stack import DEFAULT_PORTS, LocalStack
 
     parser = argparse.ArgumentParser(prog="marti up", description="run broker, env server, store and trainer")
@@ -75,7 +76,11 @@ def _cmd_up(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    addresses = stack.start()
+    try:
+        addresses = stack.start()
+    except MartiError as exc:  # a service did not start (port in use, bad setting): one line, no traceback
+        print(f"marti up: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     for name, address in addresses.items():
         print(f"{name:<11} SERVING at {address}", flush=True)
     print("all services SERVING; Ctrl-C stops them", flush=True)

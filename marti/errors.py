@@ -184,6 +184,12 @@ class CancelledError(MartiError):
     """The operation was cancelled by the caller (gRPC CANCELLED)."""
 
 
+class UnimplementedError(MartiError):
+    """The server does not serve the method called: most often the address belongs to another service, e.g. an
+    env client dialing a broker (gRPC UNIMPLEMENTED). The message names the method and, when the server is a
+    marti server, the server's address and the services it does serve."""
+
+
 class InternalError(MartiError):
     """An invariant broke inside marti; a bug worth reporting (gRPC INTERNAL)."""
 
@@ -206,4 +212,5 @@ __all__ = [
     "SessionLostError",
     "UnauthenticatedError",
     "UnavailableError",
+    "UnimplementedError",
 ]

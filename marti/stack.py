@@ -92,20 +92,26 @@ class LocalStack:
             env=env,
             start_new_session=True,
         )
-        address = self._read_address(name, proc)
+        address = self._read_address(name, proc, log_path)
         if log_path is not None:
             threading.Thread(target=_drain, args=(proc, log_path), daemon=True).start()
         else:
             threading.Thread(target=_drain, args=(proc, None), daemon=True).start()
         return ServiceProcess(name, proc, address, log_path)
 
-    def _read_address(self, name: str, proc: subprocess.Popen) -> str:
+    def _read_address(self, name: str, proc: subprocess.Popen, log_path: Path | None) -> str:
         deadline = time.monotonic() + self.startup_timeout_s
         assert proc.stdout is not None  # noqa: S101 - Popen was given stdout=PIPE
         while time.monotonic() < deadline:
             line = proc.stdout.readline().decode(errors="replace")
             if not line:
-                raise UnavailableError(f"{name} exited with code {proc.wait()} before listening")
+                code = proc.wait()
+                port = self.ports.get(name, 0)
+                said = _last_line(log_path) if log_path is not None else ""
+                raise UnavailableError(
+                    f"{name} (port {port or 'any'}) exited with code {code} before listening"
+                    + (f": {said}" if said else " (its error is printed above)")
+                )
             match = _LISTEN.search(line)
             if match:
                 return match.group(1)
@@ -164,6 +170,15 @@ class LocalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _last_line(path: Path) -> str:
+    """The last non-blank line of a service's log (its one-line error when it failed to start), or ``""``."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
 def _drain(proc: subprocess.Popen, log_path: Path | None) -> None:

@@ -14,21 +14,16 @@ Each entry of a multi-server value must be ``host:port``, ``[ipv6]:port``, ``dns
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Sequence
 
 from marti.errors import InvalidArgumentError, UnavailableError
+from marti.rpc.address import HOST_PORT as _HOST_PORT
 
 __all__ = ["DNS_PREFIX", "env_server_entries", "is_env_pool", "resolve_env_servers", "single_env_address"]
 
 #: The prefix of an entry that expands to one server per address its name resolves to.
 DNS_PREFIX = "dns:///"
-#: ``host:port`` or ``[ipv6]:port`` (hex digits, colons and dots, an optional ``%zone``); ASCII digits only in the
-#: port (``\d`` would take full-width and other Unicode digits, which gRPC does not).
-_HOST_PORT = re.compile(
-    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%[\w.-]+)?)\]|(?P<host>[^\s:/\[\],]+)):(?P<port>[0-9]{1,5})$"
-)
 
 
 def _host_port(entry: str, text: str, value: object) -> tuple[str, int]:

@@ -1,4 +1,5 @@
-"""Client channels: agreed message sizes and keepalive, bearer tokens, TLS, and retries for idempotent calls."""
+"""Client channels: checked addresses, agreed message sizes and keepalive, a capped reconnect backoff, bearer
+tokens, TLS, and retries for idempotent calls."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import grpc
 
 from marti.errors import InvalidArgumentError
-from marti.rpc.options import common_options
+from marti.rpc.address import check_address
+from marti.rpc.options import common_options, reconnect_options
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 from marti.rpc.transport import LoopBoundChannel
 
@@ -135,6 +137,14 @@ def retry_service_config(idempotent_methods: Sequence[tuple[str, str]], max_atte
     return json.dumps(config if names else {})
 
 
+def _channel_options(max_message_bytes: int, extra: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The channel arguments of :func:`make_channel`: shared options, the reconnect cap, retries, then ``extra``
+    (each key once; a key in ``extra`` wins)."""
+    merged = dict([*common_options(max_message_bytes), *reconnect_options(), ("grpc.enable_retries", 1)])
+    merged.update(dict(extra))
+    return list(merged.items())
+
+
 class _AuthMetadata(grpc.AuthMetadataPlugin):
     def __init__(self, token: str) -> None:
         self._token = token
@@ -248,8 +258,12 @@ def make_channel(
 ) -> grpc.Channel | LoopBoundChannel:
     """Open a channel to a marti service.
 
+    Every channel redials a server it lost with a capped backoff (:func:`marti.rpc.options.reconnect_options`:
+    0.2 s growing to 2 s, so a server that is back is found again within about 2.4 s however long it was gone).
+
     Args:
-        address: ``host:port``.
+        address: ``host:port`` (or another form :func:`marti.rpc.address.check_address` accepts); an address
+            without a port is refused (gRPC would dial port 443).
         token: Bearer token sent as ``authorization`` metadata on every call. ``None`` reads
             ``MARTI_<SERVICE>_TOKEN`` (of ``service``), then ``MARTI_TOKEN`` (see :func:`resolve_token`);
             ``""`` sends no token.
@@ -262,7 +276,7 @@ def make_channel(
             from every ``asyncio.run``.
         max_message_bytes: Largest message sent or received, bytes (agree with the server).
         idempotent_methods: ``(service, method)`` pairs retried on UNAVAILABLE (see :func:`retry_service_config`).
-        options: Extra grpc channel arguments.
+        options: Extra grpc channel arguments; a key given here replaces the default of the same key.
         service: Which service the channel dials (``"broker"``, ``"env"``, ``"store"``, ``"trainer"``), for
             its token variable; ``None`` reads only ``MARTI_TOKEN``.
 
@@ -271,14 +285,14 @@ def make_channel(
         ``grpc.aio.Channel``; ``await channel.close()`` closes it).
 
     Raises:
-        InvalidArgumentError: The token (given or from the environment) is not printable ASCII, or
-            ``service`` is unknown. Nothing is dialed then.
+        InvalidArgumentError: The address has no port or is malformed, the token (given or from the
+            environment) is not printable ASCII, or ``service`` is unknown. Nothing is dialed then.
     """
+    check_address(address, f"{service} address" if service else "address")
     token, source = _resolve_token(token, service)
     if token:
         check_token(token, source)
-    opts: list[tuple[str, Any]] = [*common_options(max_message_bytes), *options]
-    opts.append(("grpc.enable_retries", 1))
+    opts = _channel_options(max_message_bytes, options)
     if idempotent_methods:
         opts.append(("grpc.service_config", retry_service_config(idempotent_methods)))
     creds = None

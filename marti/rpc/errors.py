@@ -38,8 +38,12 @@ ERROR_CODES: dict[type[errors.MartiError], grpc.StatusCode] = {
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
     errors.AbortedError: grpc.StatusCode.ABORTED,
     errors.CancelledError: grpc.StatusCode.CANCELLED,
+    errors.UnimplementedError: grpc.StatusCode.UNIMPLEMENTED,
     errors.InternalError: grpc.StatusCode.INTERNAL,
 }
+
+#: What gRPC itself answers for a method no handler serves (a server that is not a marti server, or an old one).
+GRPC_METHOD_NOT_FOUND = "Method not found!"
 
 _CLASSES_BY_CODE: dict[grpc.StatusCode, type[errors.MartiError]] = {v: k for k, v in ERROR_CODES.items()}
 
@@ -174,6 +178,11 @@ def error_for_code(code: grpc.StatusCode, message: str, details: Iterable[object
     cls = _CLASSES_BY_CODE.get(code, errors.InternalError)
     if code == grpc.StatusCode.UNKNOWN:
         cls = errors.InternalError
+    if code == grpc.StatusCode.UNIMPLEMENTED and message == GRPC_METHOD_NOT_FOUND:
+        message = (
+            "the server at this address does not serve the method called (gRPC: Method not found!): "
+            "probably a different service listens on that port"
+        )
     info = _error_info(details)
     if info is None:
         return cls(message)

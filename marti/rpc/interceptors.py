@@ -8,6 +8,11 @@ concern is applied exactly once per call:
    (the standard health service is exempt so probes and orchestrators can check liveness);
 3. a :class:`marti.errors.MartiError` raised by the servicer ends the call with the mapped status code;
 4. per-method counts, status codes and latencies go to Prometheus; one access-log line per call.
+
+A call to a method the server does not serve ends with UNIMPLEMENTED (:class:`marti.errors.UnimplementedError`
+on the client) saying which server was called, which method, and which services it serves instead, where gRPC
+alone would answer ``Method not found!``. Such calls are not counted per method (a caller could invent
+unbounded method names).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -95,10 +100,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
     Args:
         token: Required bearer token, or ``None`` to accept every caller.
+        served: Full names of the services hosted, named to a caller of a method the server does not serve.
+
+    Attributes:
+        address: ``host:port`` of the server once bound (``marti.rpc.server`` sets it), named in the same message.
     """
 
-    def __init__(self, token: str | None = None) -> None:
+    def __init__(self, token: str | None = None, served: Sequence[str] = ()) -> None:
         self._token = token
+        self._served = [name for name in served if not name.startswith("grpc.")]
+        self.address = ""
 
     async def intercept_service(
         self,
@@ -108,7 +119,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         """Wrap the handler found by ``continuation`` (see grpc.aio.ServerInterceptor)."""
         handler = await continuation(handler_call_details)
         if handler is None:
-            return None
+            return self._unknown_method(handler_call_details.method)
         service, method = _split_method(handler_call_details.method)
         meta = {k: v for k, v in (handler_call_details.invocation_metadata or ())}
         auth_error = self._check_auth(service, meta)
@@ -130,6 +141,20 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return grpc.stream_stream_rpc_method_handler(
             wrap.stream(handler.stream_stream), deserialize, handler.response_serializer
         )
+
+    def _unknown_method(self, method: str) -> grpc.RpcMethodHandler:
+        """A handler that refuses a call to ``method`` (any call kind: the handler reads no request)."""
+        where = f"the server at {self.address}" if self.address else "this server"
+        served = ", ".join(self._served) or "no marti service"
+        error = errors.UnimplementedError(
+            f"{where} does not serve {method.lstrip('/')!r}: it serves {served}; "
+            "probably a different service listens on that port"
+        )
+
+        async def refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort_with_status(abort_status(error))
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
 
     def _check_auth(self, service: str, meta: dict[str, Any]) -> errors.MartiError | None:
         if self._token is None or service in AUTH_EXEMPT_SERVICES:

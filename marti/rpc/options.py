@@ -1,4 +1,6 @@
-"""Channel and server options that client and server agree on (message sizes, keepalive)."""
+"""Channel and server options: what client and server agree on (message sizes, keepalive), how fast a client
+channel redials a server that went away (:func:`reconnect_options`), and how a server binds its port
+(:func:`server_options`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,15 @@ from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 KEEPALIVE_TIME_MS = 30_000
 #: How long to wait for a keepalive ack, in milliseconds.
 KEEPALIVE_TIMEOUT_MS = 10_000
+#: First wait before a client channel redials a server it lost, in milliseconds (gRPC's default: 1 s).
+INITIAL_RECONNECT_BACKOFF_MS = 200
+#: Shortest wait between two redials, in milliseconds (gRPC's default: 20 s for the first connection attempt).
+MIN_RECONNECT_BACKOFF_MS = 200
+#: Longest wait between two redials, in milliseconds (gRPC's default: 120 s). The wait grows from
+#: :data:`INITIAL_RECONNECT_BACKOFF_MS` by x1.6 per failed attempt up to this cap, with +-20% jitter, so a client
+#: redials a server that is back at most ``MAX_RECONNECT_BACKOFF_MS * 1.2`` (2.4 s) after it returned, however
+#: long it was gone.
+MAX_RECONNECT_BACKOFF_MS = 2_000
 
 
 def common_options(
@@ -35,3 +46,34 @@ def common_options(
         ("grpc.http2.min_ping_interval_without_data_ms", min(keepalive_time_ms, 10_000)),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", min(keepalive_time_ms, 5_000)),
     ]
+
+
+def reconnect_options() -> list[tuple[str, int]]:
+    """Return the grpc channel arguments that cap a client channel's reconnect backoff.
+
+    Every SDK channel (:func:`marti.rpc.channel.make_channel`) carries them, so a client whose server restarted
+    finds it again within ``MAX_RECONNECT_BACKOFF_MS * 1.2`` ms (2.4 s) of its return instead of gRPC's default
+    backoff, which grows to 120 s during a long outage.
+
+    Returns:
+        ``grpc.initial_reconnect_backoff_ms``, ``grpc.min_reconnect_backoff_ms`` and
+        ``grpc.max_reconnect_backoff_ms`` as ``(key, milliseconds)`` pairs.
+    """
+    return [
+        ("grpc.initial_reconnect_backoff_ms", INITIAL_RECONNECT_BACKOFF_MS),
+        ("grpc.min_reconnect_backoff_ms", MIN_RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+    ]
+
+
+def server_options() -> list[tuple[str, int]]:
+    """Return the grpc server arguments of every marti server beyond :func:`common_options`.
+
+    ``grpc.so_reuseport`` is 0: gRPC sets ``SO_REUSEPORT`` by default, which lets a second server bind a port
+    that one already listens on and splits the clients between the two. Without it, a second server on a taken
+    port fails to bind (``marti.rpc.server`` then says "address in use", naming the port).
+
+    Returns:
+        ``(key, value)`` grpc server arguments.
+    """
+    return [("grpc.so_reuseport", 0)]

@@ -5,6 +5,10 @@ server reflection, TLS (optional) and a Prometheus endpoint (optional), adds the
 it. ``run_server`` is the blocking entry point used by each service's ``__main__``: it runs on uvloop,
 prints ``listening on HOST:PORT``, and on SIGTERM/SIGINT flips health to NOT_SERVING, drains in-flight calls
 for ``grace_s`` seconds and exits 0; a second signal stops at once.
+
+Ports are bound exclusively (no ``SO_REUSEPORT``, :func:`marti.rpc.options.server_options`): a server whose
+port (gRPC or Prometheus) is taken refuses to start with "address in use" naming the port, and ``run_server``
+prints that as one line and exits 1.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from marti import errors
+from marti.rpc.bind import address_in_use_error, port_in_use
 from marti.rpc.interceptors import ServerInterceptor
-from marti.rpc.options import common_options
+from marti.rpc.options import common_options, server_options
 from marti.rpc.settings import ServerSettings
 
 _LOG = logging.getLogger("marti.rpc.server")
@@ -113,8 +118,12 @@ def _read(path: str | None) -> bytes | None:
         raise errors.InvalidArgumentError(f"cannot read TLS file {path!r}: {exc}") from exc
 
 
-def _bind(server: grpc.aio.Server, settings: ServerSettings) -> int:
+def _bind(server: grpc.aio.Server, settings: ServerSettings, what: str) -> int:
+    """Add the server's port; a taken port is refused before gRPC tries it (gRPC would log its own error)."""
     target = f"{settings.host}:{settings.port}"
+    if port_in_use(settings.host, settings.port):
+        raise address_in_use_error(what, settings.host, settings.port)
+    creds = None
     if settings.tls_cert_file or settings.tls_key_file:
         if not (settings.tls_cert_file and settings.tls_key_file):
             raise errors.InvalidArgumentError("TLS needs both tls_cert_file and tls_key_file")
@@ -124,20 +133,37 @@ def _bind(server: grpc.aio.Server, settings: ServerSettings) -> int:
             root_certificates=client_ca,
             require_client_auth=client_ca is not None,
         )
-        port = server.add_secure_port(target, creds)
-    else:
-        port = server.add_insecure_port(target)
+    try:
+        port = (
+            server.add_secure_port(target, creds) if creds is not None else server.add_insecure_port(target)
+        )
+    except RuntimeError:  # grpcio raises "Failed to bind to address" where older versions returned 0
+        port = 0
     if port == 0:
-        raise errors.UnavailableError(f"could not bind {target}")
+        if port_in_use(settings.host, settings.port):  # taken between the check and the bind
+            raise address_in_use_error(what, settings.host, settings.port)
+        raise errors.UnavailableError(f"{what} could not bind {target}")
     return port
 
 
 def _start_metrics(settings: ServerSettings) -> int | None:
+    """Start the Prometheus endpoint (None when ``metrics_port`` is unset); returns its bound port.
+
+    Raises:
+        UnavailableError: the port is taken ("address in use") or cannot be bound.
+    """
     if settings.metrics_port is None:
         return None
     from prometheus_client import start_http_server
 
-    server, _thread = start_http_server(settings.metrics_port, addr=settings.host)
+    try:
+        server, _thread = start_http_server(settings.metrics_port, addr=settings.host)
+    except OSError as exc:
+        if port_in_use(settings.host, settings.metrics_port):
+            raise address_in_use_error("the metrics endpoint", settings.host, settings.metrics_port) from None
+        raise errors.UnavailableError(
+            f"the metrics endpoint could not bind {settings.host}:{settings.metrics_port}: {exc}"
+        ) from None
     return int(server.server_address[1])
 
 
@@ -177,14 +203,18 @@ async def start_server(specs: Sequence[ServiceSpec], settings: ServerSettings | 
 
     Raises:
         InvalidArgumentError: TLS files missing or unreadable.
-        UnavailableError: the address could not be bound.
+        UnavailableError: the gRPC or metrics port is taken (the message says "address in use" and names the
+            port) or could not be bound; nothing is left listening then.
     """
     settings = settings or ServerSettings()
+    names = [s.name for s in specs] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+    interceptor = ServerInterceptor(settings.token, served=names)
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(settings.token)],
+        interceptors=[interceptor],
         options=common_options(
             settings.max_message_bytes, settings.keepalive_time_ms, settings.keepalive_timeout_ms
-        ),
+        )
+        + server_options(),
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
     )
     for spec in specs:
@@ -192,12 +222,16 @@ async def start_server(specs: Sequence[ServiceSpec], settings: ServerSettings | 
         _register_descriptor(spec.name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [s.name for s in specs] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
-    port = _bind(server, settings)
-    await server.start()
+    port = _bind(server, settings, ", ".join(s.name for s in specs) or "the server")
     running = RunningServer(server, port, settings.host, health_servicer, list(specs))
-    running.metrics_port = _start_metrics(settings)
+    interceptor.address = running.address
+    try:
+        running.metrics_port = _start_metrics(settings)
+    except errors.MartiError:
+        await server.stop(None)
+        raise
+    await server.start()
     for spec in specs:
         if spec.on_start is not None:
             await spec.on_start()
@@ -260,9 +294,21 @@ def run_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = N
         settings: Server settings; defaults to ``ServerSettings()``.
 
     Returns:
-        Process exit code: 0 after a clean shutdown.
+        Process exit code: 0 after a clean shutdown; 1 when the server could not start or failed with a
+        :class:`~marti.errors.MartiError` (a port in use, a bad TLS file, a refused data dir), after printing
+        ``marti: error: MESSAGE`` as one line on stderr (no traceback).
     """
     settings = settings or ServerSettings()
+    try:
+        _run(specs, settings)
+    except errors.MartiError as exc:
+        print(f"marti: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def _run(specs: Sequence[ServiceSpec], settings: ServerSettings) -> None:
+    """Configure logging and serve on uvloop until a signal (the body of :func:`run_server`)."""
     _exit_with_parent()
     logging.basicConfig(
         level=getattr(logging, settings.log_level.upper(), logging.INFO),
@@ -277,4 +323,3 @@ def run_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = N
         uvloop.run(_serve_until_signal(specs, settings))
     except ImportError:  # pragma: no cover - uvloop is a dependency; fall back for exotic platforms
         asyncio.run(_serve_until_signal(specs, settings))
-    return 0

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 #: Default largest message a server accepts or sends, in bytes (64 MiB). Client and server use the same value.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+#: Accepted ``log_level`` values.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+S = TypeVar("S", bound=BaseSettings)
 
 
 class ServerSettings(BaseSettings):
@@ -41,9 +51,78 @@ class ServerSettings(BaseSettings):
     )
     log_level: str = Field("INFO", description="Python logging level of the service.")
 
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        """A Python logging level name (any case), stored upper-case."""
+        level = str(value).upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return level
+
     @model_validator(mode="after")
     def _shared_token(self) -> ServerSettings:
         """Fall back to ``MARTI_TOKEN`` (shared by every service) when no service-specific token is set."""
         if self.token is None and os.environ.get("MARTI_TOKEN"):
             self.token = os.environ["MARTI_TOKEN"]
         return self
+
+
+def _source(cls: type[BaseSettings], name: str, flags: Mapping[str, Any]) -> str:
+    """Where a setting's value came from: its flag when given, else its environment variable."""
+    if name in flags:
+        return "--" + name.replace("_", "-")
+    return str(cls.model_config.get("env_prefix", "")) + name.upper()
+
+
+def settings_error_line(cls: type[BaseSettings], flags: Mapping[str, Any], exc: Exception) -> str:
+    """One line naming each bad setting, where it came from (flag or environment variable) and its value.
+
+    Args:
+        cls: The settings class that refused.
+        flags: The values given as command-line flags (the rest came from the environment or defaults).
+        exc: The ``pydantic.ValidationError`` or ``pydantic_settings.SettingsError`` raised.
+
+    Returns:
+        E.g. ``setting port (MARTI_BROKER_PORT) = 'abc': Input should be a valid integer, ...``.
+    """
+    if isinstance(exc, SettingsError):  # a complex value (list, dict) in the environment that is not JSON
+        match = re.search(r'field "(\w+)"', str(exc))
+        name = match.group(1) if match else "?"
+        variable = _source(cls, name, {})
+        value = os.environ.get(variable)
+        return f"setting {name} ({variable}) = {value!r}: not valid JSON ({exc.__cause__ or exc})"
+    parts = []
+    for error in exc.errors() if isinstance(exc, ValidationError) else ():
+        loc = error.get("loc") or ()
+        if not loc:
+            parts.append(str(error.get("msg", "")))
+            continue
+        name = str(loc[0])
+        parts.append(
+            f"setting {name} ({_source(cls, name, flags)}) = {error.get('input')!r}: {error.get('msg')}"
+        )
+    return "; ".join(parts) or str(exc)
+
+
+def load_settings(cls: type[S], flags: Mapping[str, Any], prog: str) -> S:
+    """Build a service's settings from its flags (over its ``MARTI_<SERVICE>_*`` variables and defaults); a bad
+    value ends the process with one line naming it, like a bad flag does.
+
+    Args:
+        cls: The service's settings class (a :class:`ServerSettings` subclass).
+        flags: The values given as flags (``None`` values already dropped).
+        prog: The command, for the message (``"marti broker"``).
+
+    Returns:
+        The settings.
+
+    Raises:
+        SystemExit: Exit code 2 after printing ``PROG: error: setting NAME (FLAG or VARIABLE) = VALUE: WHY``
+            on stderr (no traceback).
+    """
+    try:
+        return cls(**flags)
+    except (ValidationError, SettingsError) as exc:
+        print(f"{prog}: error: {settings_error_line(cls, flags, exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

@@ -10,6 +10,7 @@ import argparse
 import gc
 
 from marti.rpc.server import run_server
+from marti.rpc.settings import load_settings
 
 from .servicer import broker_service
 from .settings import BrokerSettings
@@ -38,11 +39,12 @@ def settings_from_args(argv: list[str] | None = None) -> BrokerSettings:
     """Parses flags into :class:`BrokerSettings` (flags override ``MARTI_BROKER_*`` environment variables).
 
     Raises:
-        pydantic.ValidationError: A value breaks its constraint (the message names the field).
+        SystemExit: Code 2, after one line naming a bad flag or ``MARTI_BROKER_*`` variable and its value
+            (:func:`marti.rpc.settings.load_settings`).
     """
     args = build_parser().parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None}
-    return BrokerSettings(**given)
+    return load_settings(BrokerSettings, given, "marti broker")
 
 
 def main(argv: list[str] | None = None) -> int:

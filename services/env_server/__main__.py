@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from marti.rpc.server import run_server
+from marti.rpc.settings import load_settings
 from services.env_server.servicer import env_service
 from services.env_server.settings import EnvServerSettings
 
@@ -34,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(argv: list[str] | None = None) -> EnvServerSettings:
-    """Parse flags into :class:`EnvServerSettings` (flags override ``MARTI_ENV_*`` variables)."""
+    """Parse flags into :class:`EnvServerSettings` (flags override ``MARTI_ENV_*`` variables); a bad value exits
+    with code 2 and one line naming it (:func:`marti.rpc.settings.load_settings`)."""
     args = build_parser().parse_args(argv)
-    return EnvServerSettings(**{k: v for k, v in vars(args).items() if v is not None})
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    return load_settings(EnvServerSettings, given, "marti env-server")
 
 
 def main(argv: list[str] | None = None) -> int:

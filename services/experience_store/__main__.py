@@ -9,6 +9,7 @@ from pathlib import Path
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.experience_types import parse_tables_yaml
 from marti.rpc.server import ServiceSpec, run_server
+from marti.rpc.settings import load_settings
 
 from .core.storage import MemoryStorage, SqliteStorage
 from .core.store import ExperienceStore
@@ -61,7 +62,8 @@ def make_spec(settings: StoreSettings) -> tuple[ServiceSpec, ExperienceServicer]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags, build settings (flags > ``MARTI_STORE_*`` env > defaults) and serve until a signal.
+    """Parse flags, build settings (flags > ``MARTI_STORE_*`` env > defaults) and serve until a signal. A bad
+    setting exits with code 2 and one line naming it (:func:`marti.rpc.settings.load_settings`).
 
     Returns:
         Process exit code.
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snapshot-interval-s", type=float)
     args = p.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
-    settings = StoreSettings(**overrides)
+    settings = load_settings(StoreSettings, overrides, "marti store")
     logging.basicConfig(level=settings.log_level)
     spec, _ = make_spec(settings)
     return run_server([spec], settings)

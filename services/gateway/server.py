@@ -33,6 +33,7 @@ before it is refused; a larger one is refused by the transport (RESOURCE_EXHAUST
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import threading
@@ -40,6 +41,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from marti.errors import FailedPreconditionError, UnavailableError
+from marti.rpc.bind import address_in_use_error
 from services.gateway.core.gateway import Gateway
 
 _LOG = logging.getLogger("marti.gateway.server")
@@ -61,7 +63,8 @@ def _bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: a free one).
 
     Raises:
-        UnavailableError: The address cannot be bound (in use, unknown host).
+        UnavailableError: The address cannot be bound: "address in use" naming the port when it is taken, or an
+            unknown host.
     """
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(
@@ -71,12 +74,14 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         raise UnavailableError(f"cannot bind the gateway's HTTP endpoint to {host}:{port}: {exc}") from None
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # no SO_REUSEPORT: a taken port is refused
         sock.bind(addr)
         sock.listen(2048)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise address_in_use_error("the gateway's HTTP endpoint", host, port) from None
         raise UnavailableError(f"cannot bind the gateway's HTTP endpoint to {host}:{port}: {exc}") from None
     return sock
 

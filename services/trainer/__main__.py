@@ -12,6 +12,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from marti.api.trainer.v1 import trainer_service_pb2_grpc
 from marti.rpc.server import ServiceSpec, run_server
+from marti.rpc.settings import load_settings
 from services.trainer.jobs import JobManager
 from services.trainer.loop import Addresses
 from services.trainer.servicer import TrainerServicer
@@ -35,7 +36,8 @@ def build_specs(settings: TrainerSettings) -> list[ServiceSpec]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags (over ``MARTI_TRAINER_*`` env vars) and serve until SIGTERM."""
+    """Parse flags (over ``MARTI_TRAINER_*`` env vars) and serve until SIGTERM; a bad setting exits with code 2
+    and one line naming it (:func:`marti.rpc.settings.load_settings`)."""
     p = argparse.ArgumentParser(prog="marti trainer", description="run the trainer service")
     p.add_argument("--host", default=None)
     p.add_argument(
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     if "token" in overrides:
         overrides["service_token"] = overrides["token"]
-    settings = TrainerSettings(**overrides)
+    settings = load_settings(TrainerSettings, overrides, "marti trainer")
     if settings.token and not settings.service_token:
         settings = settings.model_copy(update={"service_token": settings.token})
     return run_server(build_specs(settings), settings)

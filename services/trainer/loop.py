@@ -53,13 +53,6 @@ from services.trainer.scheduler import Curriculum, TaskScheduler, TaskSpec
 _LOG = logging.getLogger("marti.trainer")
 #: Most seconds a finished or stopped job waits for an asynchronous rollout still in flight.
 PRODUCER_CLOSE_TIMEOUT_S = 300.0
-#: Channel arguments of the loop's long-lived channels (env server, broker): after a service restart the
-#: channel redials within 2 s instead of grpc's default backoff (up to 120 s), so the replayed phase finds it.
-CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-)
 
 
 @contextlib.contextmanager
@@ -461,7 +454,8 @@ class TrainingLoop:
     def _channel(self, service: str) -> Any:
         """The loop's channel to ``service`` (``"env"`` or ``"broker"``), opened on first use and shared by every
         env session and comm client of every episode (rollout and evaluation threads alike) until
-        :meth:`close_channels`; a service restart does not need a new one (see :data:`CHANNEL_OPTIONS`). None when
+        :meth:`close_channels`; a service restart does not need a new one (every SDK channel redials within about
+        2.4 s, :func:`marti.rpc.options.reconnect_options`). None when
         the service has no address (in-process envs)."""
         from marti.clients.env_addresses import single_env_address
 
@@ -479,14 +473,13 @@ class TrainingLoop:
                     address,
                     token=self.addr.token,
                     tls_ca_file=self.addr.ca_for(service),
-                    options=CHANNEL_OPTIONS,
                 )
                 self._channels[service] = channel
             return channel
 
     def _pool(self) -> Any:
         """The loop's :class:`~marti.clients.env_pool.EnvPool` when ``env`` names several servers (opened on first
-        use with the loop's token, CA and :data:`CHANNEL_OPTIONS`, shared like :meth:`_channel`'s channels until
+        use with the loop's token and CA, shared like :meth:`_channel`'s channels until
         :meth:`close_channels`); None for one address or in-process envs."""
         from marti.clients.env_addresses import is_env_pool
 
@@ -500,7 +493,6 @@ class TrainingLoop:
                     self.addr.env,
                     token=self.addr.token,
                     tls_ca_file=self.addr.ca_for("env"),
-                    options=CHANNEL_OPTIONS,
                 )
             return self._env_pool
 
