@@ -43,6 +43,35 @@ __all__ = [
 DEFAULT_ROLES = ("planner", "executor", "evaluator")
 """Roles given to agents created from ``--actor_model`` when there is no YAML file (cycled)."""
 
+ESTIMATOR_NAMES = {
+    "gae": "gae",
+    "reinforce": "reinforce++",
+    "reinforce_baseline": "reinforce++_baseline",
+    "group_norm": "grpo",
+    "dr_grpo": "dr_grpo",
+    "rloo": "rloo",
+}
+"""OpenRLHF's ``--advantage_estimator`` names -> marti's ``algorithm.advantage_estimator`` (marti's own names
+``grpo``, ``reinforce++``, ``reinforce++_baseline`` are accepted as well)."""
+
+OPENRLHF_DEFAULTS: dict[str, tuple[str, Any]] = {
+    "algorithm.advantage_estimator": ("advantage_estimator", "gae"),
+    "algorithm.use_kl_loss": ("use_kl_loss", False),
+    "algorithm.kl_coef": ("init_kl_coef", 0.01),
+    "algorithm.kl_estimator": ("kl_estimator", "k1"),
+    "algorithm.lambd": ("lambd", 1.0),
+    "algorithm.gamma": ("gamma", 1.0),
+    "algorithm.value_clip": ("value_clip", 0.5),
+    "learning_rate": ("actor_learning_rate", 1e-6),
+    "algorithm.critic_learning_rate": ("critic_learning_rate", 9e-6),
+    "rollout.group_size": ("n_samples_per_prompt", 1),
+    "seed": ("seed", 42),
+}
+"""OpenRLHF's defaults (``openrlhf.cli.train_ppo_ray``) of the flags that decide what is trained, as
+``config key -> (flag, value)``: a config built from launch flags alone (no YAML file) starts from them, so the
+design's script trains what OpenRLHF would (PPO with a critic per agent, the KL as a reward penalty); flags given
+override them. With a YAML file the file and marti's defaults apply (docs/config.md)."""
+
 
 @dataclass(frozen=True)
 class MachineInfo:
@@ -153,7 +182,11 @@ FLAG_TABLE: dict[str, _Flag] = {
     "temperature": _Flag("float", ("rollout.temperature",)),
     "top_p": _Flag("float", ("rollout.top_p",)),
     # algorithm
-    "advantage_estimator": _Flag("str", ("algorithm.advantage_estimator",)),
+    "advantage_estimator": _Flag(
+        "str",
+        ("algorithm.advantage_estimator",),
+        "OpenRLHF's names too: group_norm, reinforce, reinforce_baseline",
+    ),
     "init_kl_coef": _Flag("float", ("algorithm.kl_coef",)),
     "kl_estimator": _Flag("str", ("algorithm.kl_estimator",)),
     "use_kl_loss": _Flag("switch", ("algorithm.use_kl_loss",)),
@@ -308,6 +341,8 @@ class LaunchFlags:
     agent_models: dict[str, list[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     num_agents: int | None = None
+    origins: dict[str, str] = field(default_factory=dict)
+    """Config key -> the ``--flag value`` that set it (error messages name the flag, not the file)."""
 
     def agent_count_hint(self) -> int | None:
         """Number of agents the flags imply: ``--num_agents``, else the longest per-agent model list > 1."""
@@ -357,6 +392,23 @@ def _switch_value(name: str, raw: str | None) -> bool:
     if low in ("false", "0", "no"):
         return False
     raise InvalidArgumentError(f"--{name} is a switch; '--{name}={raw}' must be true or false")
+
+
+def _estimator(name: str) -> str:
+    """marti's estimator for an ``--advantage_estimator`` value (OpenRLHF's names mapped, marti's kept).
+
+    Raises:
+        InvalidArgumentError: neither an OpenRLHF nor a marti estimator (both lists are named).
+    """
+    ours = ("gae", "grpo", "dr_grpo", "reinforce++", "reinforce++_baseline", "rloo")
+    if name in ESTIMATOR_NAMES:
+        return ESTIMATOR_NAMES[name]
+    if name in ours:
+        return name
+    raise InvalidArgumentError(
+        f"--advantage_estimator {name}: unknown estimator; OpenRLHF's names: {', '.join(ESTIMATOR_NAMES)}; "
+        f"marti's: {', '.join(ours)}"
+    )
 
 
 def _split(argv: Sequence[str]) -> list[tuple[str, list[str], bool]]:
@@ -427,8 +479,11 @@ def parse_launch_flags(argv: Sequence[str], machine: MachineInfo | None = None) 
             value = "flash_attention_2" if value else None
         if name == "log_with":
             value = [value]
+        if name == "advantage_estimator":
+            value = _estimator(value)
         for key in spec.keys:
             scalars[key] = f"{key}={json.dumps(value)}"
+            out.origins[key] = f"--{name}" + ("" if spec.kind == "switch" else f" {' '.join(values)}")
         for key, fixed in spec.fixed:
             scalars[key] = f"{key}={json.dumps(fixed)}"
     out.scalar_overrides = list(scalars.values())
@@ -500,8 +555,48 @@ def build_config(
     hint = flags.agent_count_hint()
     if hint is not None and n_file and hint != n_file:
         raise InvalidArgumentError(f"launch flags describe {hint} agents but {source} lists {n_file}")
+    notes = list(flags.warnings)
+    if config_path is None:
+        raw = apply_overrides(raw, _openrlhf_defaults(flags, notes))
     raw = apply_overrides(raw, flags.overrides(n_file or hint or 0))
-    return config_from_dict(raw, overrides, source=source), flags.warnings
+    try:
+        cfg = config_from_dict(raw, overrides, source=source)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            _blame_flags(str(exc), source, flags.origins), metadata=exc.metadata
+        ) from None
+    if flags.agent_models.get("critic_model") and cfg.algorithm.advantage_estimator != "gae":
+        notes.append(
+            f"--critic_model builds no critic: algorithm.advantage_estimator is {cfg.algorithm.advantage_estimator} "
+            f"(from {flags.origins.get('algorithm.advantage_estimator') or source}); critics train with gae "
+            "(OpenRLHF's default: --advantage_estimator gae)"
+        )
+    return cfg, notes
+
+
+def _openrlhf_defaults(flags: LaunchFlags, notes: list[str]) -> list[str]:
+    """Overrides setting :data:`OPENRLHF_DEFAULTS` for the keys no flag sets; appends one note saying so."""
+    unset = {k: v for k, v in OPENRLHF_DEFAULTS.items() if k not in flags.origins}
+    if unset:
+        shown = ", ".join(f"--{flag} {str(value).lower()}" for flag, value in unset.values())
+        notes.append(
+            f"no config file: OpenRLHF's defaults apply ({shown}: PPO with a critic per agent unless "
+            "--advantage_estimator says otherwise); marti's defaults apply to every other key (docs/config.md)"
+        )
+    return [f"{k}={json.dumps(v)}" for k, (_flag, v) in unset.items()]
+
+
+def _blame_flags(message: str, source: str, origins: dict[str, str]) -> str:
+    """Rewrite each ``SOURCE: 'key': problem`` line of a config error whose key a launch flag set as
+    ``--flag value: 'key': problem`` (the value came from the flag, not from the file)."""
+    lines = []
+    for line in message.splitlines():
+        for key, flag in origins.items():
+            if line.startswith(f"{source}: '{key}':"):
+                line = flag + line[len(source) :]
+                break
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def flag_table_markdown() -> str:

@@ -101,6 +101,9 @@ def test_launch_script_runs_with_marti_train(tmp_path):
     for agent in ("agent_1", "agent_2", "agent_3"):  # --num_agents 3, one model each
         assert f"{agent}/reward" in records[-1]["metrics"]
         assert f"{agent}/policy_loss" in records[-1]["metrics"]
+        assert (
+            f"{agent}/value_loss" in records[-1]["metrics"]
+        )  # no YAML: OpenRLHF's default gae, with critics
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())  # the flags landed in the config
     assert cfg["num_agents"] == 3 and cfg["max_steps"] == 2 and cfg["seed"] == 42
@@ -113,3 +116,5 @@ def test_launch_script_runs_with_marti_train(tmp_path):
     assert [a["ref_model"] for a in cfg["agents"]] == ["tiny-llama"] * 3  # --ref_model: one for all agents
     assert cfg["algorithm"]["ppo_epochs"] == 1 and cfg["rollout"]["episodes_per_step"] == 4
     assert cfg["output"]["wandb_run_name"] == "multi_agent_exp_42"
+    assert cfg["algorithm"]["advantage_estimator"] == "gae" and cfg["algorithm"]["use_kl_loss"] is False
+    assert "no config file: OpenRLHF's defaults apply" in proc.stderr
