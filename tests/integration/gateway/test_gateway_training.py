@@ -36,6 +36,7 @@ from services.gateway.server import GatewayServer
 from services.trainer.loop import Addresses, TrainingLoop
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.rollout.hf import HFRolloutEngine
+from services.trainer.train_cli import untrained_note
 from services.trainer.worker import policy_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -320,6 +321,10 @@ class _ExternalClient:
                     answers[a][0] != answers[b][0]
                     or max(abs(x - y) for x, y in zip(answers[a][1], answers[b][1], strict=True)) > 1e-3
                 ), f"{a} and {b} answer alike: {answers}"
+            # Item 6 of issue 29: an episode played before the first update and reported after it is already
+            # past the bound (rollout.max_staleness 0): the report says so, and the update after it waits for
+            # fresh episodes instead of counting the removed one.
+            self._episode(http, "late", "late-g", reward=1.0, report=False)
             for step in range(STEPS):
                 for e in range(EPISODES):
                     self._episode(http, f"s{step}-e{e}", f"s{step}-g{e // 2}", reward=float(e % 2))
@@ -330,6 +335,7 @@ class _ExternalClient:
                     assert time.monotonic() < deadline and not self.stop.is_set(), "no update came"
                     time.sleep(0.2)
                 if step == 0:
+                    self.seen["late"] = self._report(http, "late", "late-g", 1.0)
                     # Training agent_1 and agent_2 left the frozen agent_3 as it was; agent_1's first weights
                     # are still servable as agent_1@0.
                     versions = self._versions(http)
@@ -348,6 +354,8 @@ class _ExternalClient:
                         now["choices"][0]["token_ids"] != first["agent_1"]["choices"][0]["token_ids"]
                         or max(abs(x - y) for x, y in zip(before, after, strict=True)) > 1e-6
                     )
+            # Item 7: an episode reported after the last update (during the linger) is accepted and never trained.
+            self._episode(http, "after-last", "after-g", reward=1.0)
             self.seen["stats"] = http.get("/gateway/stats").json()
         with grpc.insecure_channel(info["grpc"]) as channel:  # the gRPC endpoint serves the same gateway
             meta = [("authorization", f"Bearer {TOKEN}")]
@@ -355,8 +363,11 @@ class _ExternalClient:
             self.seen["grpc_models"] = [m.id for m in models.models]
         self.stop.set()  # ends the job's linger: everything was read while the gateway served
 
-    def _episode(self, http: httpx.Client, episode: str, group: str, reward: float) -> None:
-        """Every agent acts once (sampled, recorded), then the client reports each trained agent's reward."""
+    def _episode(
+        self, http: httpx.Client, episode: str, group: str, reward: float, report: bool = True
+    ) -> None:
+        """Every agent acts once (sampled, recorded), then (``report``) the client reports each trained agent's
+        reward."""
         ids = {"X-Marti-Episode": episode, "X-Marti-Group": group}
         for agent in ("agent_1", "agent_2", "agent_3"):
             body = {
@@ -368,16 +379,22 @@ class _ExternalClient:
             }
             r = http.post("/chat/completions", json=body, headers=ids)
             assert r.status_code == 200, r.text
+        if report:
+            self._report(http, episode, group, reward, size=2 if group.startswith("s") else 0)
+
+    @staticmethod
+    def _report(http: httpx.Client, episode: str, group: str, reward: float, size: int = 0) -> dict[str, Any]:
         rewards = {"agent_1": reward, "agent_2": 1.0 - reward}
         r = http.post(
-            f"/episodes/{episode}/reward", json={"rewards": rewards, "group_id": group, "group_size": 2}
+            f"/episodes/{episode}/reward", json={"rewards": rewards, "group_id": group, "group_size": size}
         )
         assert r.status_code == 200, r.text
+        return r.json()
 
 
 @pytest.mark.slow
 def test_a_job_trains_its_agents_on_episodes_external_clients_played_through_the_gateway(
-    tmp_path, store_address, capsys
+    tmp_path, store_address, capsys, caplog
 ):
     http_port, grpc_port = _free_port(), _free_port()
     cfg = _job_config(tmp_path, http_port, grpc_port)
@@ -399,6 +416,15 @@ def test_a_job_trains_its_agents_on_episodes_external_clients_played_through_the
         client.thread.join(60)
     assert client.error is None, client.error
     assert summary.steps == STEPS and not summary.stopped
+    # the late episode's report said it is stale (its calls' version 0, the agents at 1, bound 0)
+    stale = {s["agent"]: s for s in client.seen["late"]["stale"]}
+    assert set(stale) == {"agent_1", "agent_2"}, client.seen["late"]
+    assert stale["agent_1"] == {"episode_id": "late", "agent": "agent_1", "policy_version": 0,
+                                "current_version": 1, "max_staleness": 0, "stale_calls": 1}  # fmt: skip
+    # the episode reported during the linger was never trained: counted and warned about
+    assert summary.untrained_external == 1
+    assert any("1 reported episodes were never trained" in r.getMessage() for r in caplog.records)
+    assert untrained_note(summary.untrained_external).startswith("; 1 reported episode was never trained")
 
     info = client.seen["gateway.json"]
     listening = f"gateway listening on http://127.0.0.1:{http_port}/v1 (gRPC 127.0.0.1:{grpc_port})"
@@ -416,9 +442,14 @@ def test_a_job_trains_its_agents_on_episodes_external_clients_played_through_the
         for agent in ("agent_1", "agent_2"):
             assert m[f"{agent}/items"] == EPISODES and m[f"{agent}/external_items"] == EPISODES
             assert m[f"{agent}/policy_version"] == float(step)  # trained on them: the version advanced
-            assert m[f"{agent}/stale_dropped"] == 0 and m[f"{agent}/version_lag_max"] == 0
+            # update 2 met the late episode first: removed as stale, it took no slot (4 fresh ones trained)
+            assert (
+                m[f"{agent}/stale_dropped"] == (1 if step == 2 else 0) and m[f"{agent}/version_lag_max"] == 0
+            )
         assert m["agent_1/external_reward"] == 0.5 and "agent_3/items" not in m
         assert m["gateway/released"] >= EPISODES * step and m["gateway/dropped"] == 0
+        assert m["external/waiting_episodes"] == 0
         assert m["gateway/abandoned"] == 0 and m["gateway/failed"] == 0 and "gateway/open_episodes" in m
-    assert records[-1]["gateway/released"] == EPISODES * STEPS
-    assert client.seen["stats"]["calls"] == 3 * EPISODES * STEPS  # every agent's calls were traced
+    assert records[-1]["gateway/released"] == EPISODES * STEPS + 1  # and the late one
+    assert records[-1]["gateway/stale_reported"] == 1
+    assert client.seen["stats"]["calls"] == 3 * (EPISODES * STEPS + 2)  # every agent's calls were traced
