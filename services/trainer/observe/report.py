@@ -348,10 +348,35 @@ def _overview(
             )
         lines.append(f"- Team: {team}")
         lines.append(
-            f"- Algorithm: {algo}; {per_step} episodes per step in groups of "
+            f"- Algorithm{' (last job)' if len(_history(run_dir)) > 1 else ''}: {algo}; {per_step} episodes per step in groups of "
             f"{rollout.get('group_size', '?')}; max_steps {config.get('max_steps', '?')}; seed {config.get('seed', '?')}"
         )
-    return lines + [""]
+    return lines + _segments(run_dir, train) + [""]
+
+
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's ``config_history.jsonl`` (:func:`services.trainer.run_dir.read_history`)."""
+    from services.trainer.run_dir import read_history
+
+    return read_history(run_dir)
+
+
+def _segments(run_dir: Path, train: list[MetricRecord]) -> list[str]:
+    """One line per job of a resumed run (``config_history.jsonl``): the steps it trained, its algorithm and the
+    config keys it changed; nothing for a run of one job."""
+    history = _history(run_dir)
+    if len(history) < 2:
+        return []
+    last = train[-1].step if train else None
+    lines = [f"- Jobs of this run ({len(history)}; resumed runs change keys only where a checkpoint allows):"]
+    for i, rec in enumerate(history):
+        end = history[i + 1]["start_step"] if i + 1 < len(history) else last
+        changed = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in rec.get("changed", {}).items())
+        lines.append(
+            f"  - steps {rec['start_step'] + 1} to {end if end is not None else '?'}: {rec.get('algorithm', '?')}"
+            + (f" (changed: {changed})" if changed else "")
+        )
+    return lines
 
 
 def _last_step_table(train: list[MetricRecord]) -> list[str]:

@@ -118,3 +118,28 @@ def test_the_overview_counts_the_episodes_an_update_takes_from_its_source(tmp_pa
     with RunWriter(tmp_path, cfg, use_tensorboard=False) as w:
         w.log(0, {"agent_1/reward": 1.0})
     assert f"; {said} in groups of" in write_report(tmp_path).read_text()
+
+
+def test_a_resumed_run_is_labelled_by_job_with_its_algorithm_and_changes(tmp_path):
+    """Two jobs (grpo for steps 1-2, then resumed with rloo and a new learning rate): the report says so per job,
+    instead of labelling the whole run with the last algorithm."""
+    from services.trainer.run_dir import RunFolder
+
+    first = load_config(EXAMPLE, [f"output.dir={tmp_path}"])
+    second = load_config(
+        EXAMPLE, [f"output.dir={tmp_path}", "algorithm.advantage_estimator=rloo", "learning_rate=0.5"]
+    )
+    folder = RunFolder(tmp_path)
+    folder.record_start(first, 0)
+    with RunWriter(tmp_path, use_tensorboard=False) as w:
+        for step in (1, 2, 3):
+            w.log(step, {"agent_1/reward": 0.1 * step})
+    folder.resume_from = tmp_path / "checkpoints" / "step_000002"
+    folder.record_start(second, 2)
+    text = write_report(tmp_path).read_text()
+    assert "- Algorithm (last job): rloo;" in text
+    assert "  - steps 1 to 2: grpo\n" in text
+    assert (
+        f"  - steps 3 to 3: rloo (changed: algorithm.advantage_estimator grpo -> rloo, learning_rate {first.learning_rate} -> 0.5)"
+        in text
+    )
