@@ -7,13 +7,15 @@ then reads what each service exposes:
   throughput (sent/s, delivered/s between two polls), compression, latencies, dead letters;
 - experience_store (``ExperienceService.ListTables``): per table size, bytes, insert and sample rates, calls
   waiting on the rate limiter (queue depths), evictions;
-- env_server (``EnvService.ListEnvs``): the registered environments (EnvService v1 has no session-count rpc);
+- env_server (``EnvService.ListEnvs``): the registered environments, the live sessions (unary and stream
+  ones) and the session cap;
 - trainer (``TrainerService.ListJobs`` and ``StreamMetrics``): per job state, step / max_steps, steps/s, and
   the newest training record per agent (reward, losses, throughput) and per watched process (``system/...``,
   from the trainer's resource monitor).
 
 It refreshes in place with ``rich.live``; ``--once`` prints one frame and exits (0 iff every address reports
-SERVING). See docs/operations_monitoring.md.
+SERVING). A table too wide for the terminal is split into stacked tables of the same rows (the key column
+repeated), so headers stay whole at 80 columns. See docs/operations_monitoring.md.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -104,6 +106,8 @@ class Snapshot:
             ``trainer``), in that order.
         broker: ``BrokerStats`` fields by name (whole broker), when a broker is hosted.
         envs: Registered env ids, when an env server is hosted.
+        env_sessions: ``(live sessions, max_sessions)`` of the env server; ``None`` when it does not report
+            them (a server older than ``ListEnvsResponse.live_sessions``).
         tables: ``TableInfo`` fields by name, one dict per table, when a store is hosted.
         jobs: Trainer jobs, newest first, when a trainer is hosted.
         problems: One line per call that failed (the rest of the snapshot is still shown).
@@ -115,6 +119,7 @@ class Snapshot:
     kinds: list[str] = field(default_factory=list)
     broker: dict[str, float] | None = None
     envs: list[str] | None = None
+    env_sessions: tuple[int, int] | None = None
     tables: list[dict[str, Any]] | None = None
     jobs: list[JobView] | None = None
     problems: list[str] = field(default_factory=list)
@@ -199,7 +204,10 @@ class ServicePoller:
 
     def _poll_env(self, snap: Snapshot) -> None:
         stub = env_service_pb2_grpc.EnvServiceStub(self._channel)
-        snap.envs = [e.env_id for e in stub.ListEnvs(env_pb2.ListEnvsRequest(), timeout=self.timeout_s).envs]
+        resp = stub.ListEnvs(env_pb2.ListEnvsRequest(), timeout=self.timeout_s)
+        snap.envs = [e.env_id for e in resp.envs]
+        if resp.HasField("live_sessions"):
+            snap.env_sessions = (resp.live_sessions, resp.max_sessions)
 
     def _poll_store(self, snap: Snapshot) -> None:
         stub = experience_service_pb2_grpc.ExperienceServiceStub(self._channel)
@@ -247,6 +255,70 @@ class ServicePoller:
         return latest[1]
 
 
+#: Width a cell's content may claim when columns are packed (longer text, e.g. a job error, wraps in its cell).
+_MAX_CELL = 40
+
+
+@dataclass
+class FitTable:
+    """A table that keeps its headers whole: rendered as one table when it fits the width it is given, else
+    as several stacked tables of the same rows, each with the first ``keys`` columns and as many of the others
+    as fit (rich alone would squeeze every header to a few letters at 80 columns).
+
+    Attributes:
+        title: Title of the first table.
+        columns: ``(header, justify)`` per column.
+        rows: The cells of each row, as text, one per column.
+        keys: Leading columns repeated in every part (the row's name), 0 for none.
+        caption: Caption under the last part.
+    """
+
+    title: str
+    columns: list[tuple[str, str]]
+    rows: list[list[str]]
+    keys: int = 1
+    caption: str | None = None
+
+    def parts(self, width: int) -> list[list[int]]:
+        """Column indices of each stacked table, for ``width`` terminal cells."""
+        need = [
+            min(_MAX_CELL, max([len(h)] + [len(r[i]) for r in self.rows])) + 3
+            for i, (h, _) in enumerate(self.columns)
+        ]
+        base = sum(need[: self.keys]) + 1
+        groups: list[list[int]] = []
+        cur, used = list(range(self.keys)), base
+        for i in range(self.keys, len(self.columns)):
+            if len(cur) > self.keys and used + need[i] > width:
+                groups.append(cur)
+                cur, used = list(range(self.keys)), base
+            cur.append(i)
+            used += need[i]
+        return [*groups, cur]
+
+    def tables(self, width: int) -> list[Table]:
+        """The stacked tables for ``width`` cells (one table when every column fits)."""
+        groups = self.parts(width)
+        out = []
+        for n, cols in enumerate(groups):
+            last = n == len(groups) - 1
+            t = Table(
+                title=self.title if n == 0 else None,
+                title_justify="left",
+                caption=self.caption if last else None,
+            )
+            for i in cols:
+                t.add_column(self.columns[i][0], justify=self.columns[i][1], overflow="fold")
+            for r in self.rows:
+                t.add_row(*(r[i] for i in cols))
+            out.append(t)
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """Render for the width rich offers here (inside a panel, its inner width)."""
+        yield from self.tables(options.max_width)
+
+
 def _rate(prev: Snapshot | None, cur: Snapshot, old: float | None, new: float | None) -> str:
     """Per-second rate of a counter between two polls, or ``-`` without a previous value."""
     if prev is None or old is None or new is None or cur.time_s <= prev.time_s:
@@ -260,15 +332,12 @@ def _num(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _broker_table(prev: Snapshot | None, cur: Snapshot) -> Table:
+def _broker_table(prev: Snapshot | None, cur: Snapshot) -> FitTable:
     b = cur.broker or {}
     pb = prev.broker if prev else None
-    t = Table(title="broker", title_justify="left", expand=False)
-    for col in ("sessions", "agents", "pending", "in flight", "sent/s", "delivered/s", "acked", "dead"):
-        t.add_column(col, justify="right")
-    for col in ("compression", "send ms", "delivery ms"):
-        t.add_column(col, justify="right")
-    t.add_row(
+    heads = ("sessions", "agents", "pending", "in flight", "sent/s", "delivered/s", "acked", "dead letters")
+    heads += ("compression", "send ms", "delivery ms")
+    row = [
         _num(b["sessions"]),
         _num(b["agents"]),
         _num(b["pending"]),
@@ -280,14 +349,13 @@ def _broker_table(prev: Snapshot | None, cur: Snapshot) -> Table:
         f"{b['compression_ratio']:.2f}x",
         f"{b['avg_send_latency_s'] * 1e3:.2f}",
         f"{b['avg_delivery_latency_s'] * 1e3:.2f}",
-    )
-    return t
+    ]
+    return FitTable("broker", [(h, "right") for h in heads], [row], keys=0)
 
 
-def _store_table(prev: Snapshot | None, cur: Snapshot) -> Table:
+def _store_table(prev: Snapshot | None, cur: Snapshot) -> FitTable:
     old = {t["name"]: t for t in (prev.tables or [])} if prev else {}
-    t = Table(title="store tables", title_justify="left")
-    for col in (
+    heads = (
         "table",
         "size",
         "MiB",
@@ -297,22 +365,24 @@ def _store_table(prev: Snapshot | None, cur: Snapshot) -> Table:
         "samples/s",
         "waiting ins/smp",
         "evicted",
-    ):
-        t.add_column(col, justify="left" if col == "table" else "right")
+    )
+    rows = []
     for row in cur.tables or []:
         o = old.get(row["name"])
-        t.add_row(
-            row["name"],
-            _num(row["size"]),
-            f"{row['num_bytes'] / 2**20:.2f}",
-            _num(row["inserts"]),
-            _num(row["samples"]),
-            _rate(prev if o else None, cur, o and o["inserts"], row["inserts"]),
-            _rate(prev if o else None, cur, o and o["samples"], row["samples"]),
-            f"{row['waiting_inserts']}/{row['waiting_samples']}",
-            _num(row["evictions"]),
+        rows.append(
+            [
+                row["name"],
+                _num(row["size"]),
+                f"{row['num_bytes'] / 2**20:.2f}",
+                _num(row["inserts"]),
+                _num(row["samples"]),
+                _rate(prev if o else None, cur, o and o["inserts"], row["inserts"]),
+                _rate(prev if o else None, cur, o and o["samples"], row["samples"]),
+                f"{row['waiting_inserts']}/{row['waiting_samples']}",
+                _num(row["evictions"]),
+            ]
         )
-    return t
+    return FitTable("store tables", [(h, "left" if h == "table" else "right") for h in heads], rows)
 
 
 def _agents(metrics: dict[str, float]) -> list[str]:
@@ -322,7 +392,7 @@ def _agents(metrics: dict[str, float]) -> list[str]:
     )
 
 
-def _agent_table(job: JobView) -> Table | None:
+def _agent_table(job: JobView) -> FitTable | None:
     agents = _agents(job.metrics)
     if not agents:
         return None
@@ -330,16 +400,15 @@ def _agent_table(job: JobView) -> Table | None:
     cols = [c for c in AGENT_COLUMNS if c in suffixes]
     cols += sorted(suffixes - set(cols))
     cols = cols[:MAX_AGENT_COLUMNS]
-    t = Table(title=f"job {job.job_id} agents (step {job.step})", title_justify="left")
-    t.add_column("agent")
-    for c in cols:
-        t.add_column(c, justify="right")
-    for a in agents:
-        t.add_row(a, *(_num(job.metrics[f"{a}/{c}"]) if f"{a}/{c}" in job.metrics else "-" for c in cols))
-    return t
+    rows = [
+        [a, *(_num(job.metrics[f"{a}/{c}"]) if f"{a}/{c}" in job.metrics else "-" for c in cols)]
+        for a in agents
+    ]
+    columns = [("agent", "left"), *((c, "right") for c in cols)]
+    return FitTable(f"job {job.job_id} agents (step {job.step})", columns, rows)
 
 
-def _system_table(job: JobView) -> Table | None:
+def _system_table(job: JobView) -> FitTable | None:
     names = sorted({k.split("/")[1] for k in job.metrics if k.startswith("system/") and k.count("/") == 2})
     rows = [n for n in names if f"system/{n}/rss_mb" in job.metrics or f"system/{n}/alive" in job.metrics]
     if not rows:
@@ -353,39 +422,36 @@ def _system_table(job: JobView) -> Table | None:
         )
         if key in job.metrics
     ]
-    t = Table(title=f"job {job.job_id} resources", title_justify="left", caption="  ".join(host) or None)
-    for col in ("process", "cpu %", "rss MiB", "gpu MiB"):
-        t.add_column(col, justify="left" if col == "process" else "right")
-    for n in rows:
-        m = job.metrics
+    m = job.metrics
 
-        def cell(key: str, fmt: str, n: str = n, m: dict[str, float] = m) -> str:
-            v = m.get(f"system/{n}/{key}")
-            return "-" if v is None else format(v, fmt)
+    def cell(n: str, key: str) -> str:
+        v = m.get(f"system/{n}/{key}")
+        return "-" if v is None else format(v, ".0f")
 
-        gone = m.get(f"system/{n}/alive") == 0.0
-        t.add_row(
-            n + (" (exited)" if gone else ""),
-            cell("cpu_percent", ".0f"),
-            cell("rss_mb", ".0f"),
-            cell("gpu_mb", ".0f"),
-        )
-    return t
+    cells = [
+        [n + (" (exited)" if m.get(f"system/{n}/alive") == 0.0 else "")]
+        + [cell(n, k) for k in ("cpu_percent", "rss_mb", "gpu_mb")]
+        for n in rows
+    ]
+    columns = [("process", "left"), ("cpu %", "right"), ("rss MiB", "right"), ("gpu MiB", "right")]
+    return FitTable(f"job {job.job_id} resources", columns, cells, caption="  ".join(host) or None)
 
 
 def _trainer_parts(prev: Snapshot | None, cur: Snapshot) -> list[RenderableType]:
     if not cur.jobs:
         return [Text("trainer: no jobs", style="dim")]
     old = {j.job_id: j for j in (prev.jobs or [])} if prev else {}
-    t = Table(title="trainer jobs", title_justify="left")
-    for col in ("job", "name", "state", "step", "progress", "steps/s", "error"):
-        t.add_column(col, justify="right" if col in ("step", "progress", "steps/s") else "left")
+    rows = []
     for j in cur.jobs or []:
         o = old.get(j.job_id)
         pct = f"{100.0 * j.step / j.max_steps:.0f}%" if j.max_steps else "-"
         rate = _rate(prev if o else None, cur, o and o.step, j.step)
-        t.add_row(j.job_id, j.name, j.state, f"{j.step}/{j.max_steps}", pct, rate, j.error[:60])
-    parts: list[RenderableType] = [t]
+        rows.append([j.job_id, j.name, j.state, f"{j.step}/{j.max_steps}", pct, rate, j.error[:60]])
+    heads = ("job", "name", "state", "step", "progress", "steps/s", "error")
+    if not any(r[-1] for r in rows):  # no job failed: no empty error column
+        heads, rows = heads[:-1], [r[:-1] for r in rows]
+    columns = [(h, "right" if h in ("step", "progress", "steps/s") else "left") for h in heads]
+    parts: list[RenderableType] = [FitTable("trainer jobs", columns, rows)]
     shown = next((j for j in cur.jobs or [] if j.metrics), None)  # newest job with metrics
     if shown is not None:
         team = {k: v for k, v in shown.metrics.items() if k.startswith(("team/", "time/"))}
@@ -405,7 +471,10 @@ def render_one(prev: Snapshot | None, cur: Snapshot) -> Panel:
     if cur.envs is not None:
         shown = ", ".join(cur.envs[:8]) + (f" (+{len(cur.envs) - 8})" if len(cur.envs) > 8 else "")
         parts.append(Text(f"env server: {len(cur.envs)} envs: {shown}"))
-        parts.append(Text("sessions: not exposed by EnvService v1", style="dim"))
+        if cur.env_sessions is not None:
+            parts.append(Text(f"live sessions: {cur.env_sessions[0]:,} of max {cur.env_sessions[1]:,}"))
+        else:
+            parts.append(Text("live sessions: not reported (env server older than this marti)", style="dim"))
     if cur.tables is not None:
         parts.append(_store_table(prev, cur))
     if cur.jobs is not None:

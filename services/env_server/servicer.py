@@ -117,14 +117,19 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
 
     # ---- rpcs ----
     async def ListEnvs(self, request: pb.ListEnvsRequest, context: Any) -> pb.ListEnvsResponse:  # noqa: N802
-        """List registered envs (cached after the first call; built on the worker pool, as it may build envs)."""
+        """List registered envs (cached after the first call; built on the worker pool, as it may build envs),
+        with the live session count and the session cap read now (``marti top`` shows them)."""
         if self._listing is None:
             self._listing = await self.sessions.offload(
                 lambda: pb.ListEnvsResponse(
                     envs=[convert.describe_to_proto(s) for s in self.sessions.specs()]
                 )
             )
-        return self._listing
+        out = pb.ListEnvsResponse()
+        out.CopyFrom(self._listing)
+        out.live_sessions = len(self.sessions)
+        out.max_sessions = self.sessions.max_sessions
+        return out
 
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Any) -> pb.CreateSessionResponse:  # noqa: N802
         """Create a session."""

@@ -80,7 +80,7 @@ def test_once_shows_every_service_kind(address, capsys):
     assert code == 0, out
     assert address in out and "SERVING" in out and "broker env store trainer" in out
     assert "sessions" in out and "pending" in out and "in flight" in out  # broker queue depths
-    assert "collaborative_task_solving" in out and "sessions: not exposed" in out
+    assert "collaborative_task_solving" in out and "live sessions: 0 of max 1,024" in out
     row = next(line for line in out.splitlines() if "top_table" in line)
     assert _cells(row)[:2] == ["top_table", "2"], row  # name, size
     assert "trainer: no jobs" in out
@@ -232,3 +232,69 @@ def test_render_shows_monitor_figures_and_agents():
     assert rows["driver"][2] == f"{metrics['system/driver/rss_mb']:.0f}"
     assert "worker (exited)" in rows
     assert any("host cpu" in line and "available" in line for line in lines)
+
+
+def test_env_panel_shows_live_sessions_of_both_transports(address):
+    """Issue 29 item 16: the env server reports its live sessions (unary and stream) in ListEnvs."""
+    import marti
+
+    poller = top.ServicePoller(address, token=TOKEN)
+    envs = []
+    try:
+        before = poller.poll().env_sessions
+        envs = [
+            marti.make("collaborative_task_solving", address=address, token=TOKEN, transport=t)
+            for t in ("unary", "stream", "stream")
+        ]
+        during = poller.poll()
+        for e in envs:
+            e.close()
+        after = poller.poll().env_sessions
+    finally:
+        for e in envs:
+            e.close()
+        poller.close()
+    assert during.env_sessions == (before[0] + 3, 1024)
+    assert after == before
+    console = Console(record=True, width=80)
+    console.print(top.render({}, {address: during}))
+    assert f"live sessions: {before[0] + 3} of max 1,024" in console.export_text()
+
+
+def _busy_snapshot() -> top.Snapshot:
+    """Every panel of ``marti top`` with long names and numbers in it."""
+    broker = {k: 123456.0 for k in top._BROKER_FIELDS}
+    table = dict.fromkeys(("size", "num_bytes", "inserts", "samples", "evictions"), 123456)
+    table.update(name="resource_allocation/agent_1", waiting_inserts=2, waiting_samples=3)
+    metrics = {f"agent_1/{c}": 0.123456 for c in top.AGENT_COLUMNS}
+    job = top.JobView("job-0123456789", "resource_allocation", "RUNNING", 5, 10, "", metrics)
+    return top.Snapshot(
+        "127.0.0.1:50051",
+        time.monotonic(),
+        "SERVING",
+        ["broker", "env", "store", "trainer"],
+        broker=broker,
+        envs=["collaborative_task_solving-v1"],
+        env_sessions=(3, 1024),
+        tables=[table],
+        jobs=[job],
+    )
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_headers_stay_whole_at_narrow_widths(width):
+    """Issue 29 item 16: at 80 columns rich cut every header to three letters; wide tables now split."""
+    console = Console(record=True, width=width)
+    console.print(top.render({}, {"a": _busy_snapshot()}))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width
+    headers = [
+        *("sessions", "agents", "pending", "in flight", "sent/s", "delivered/s", "acked", "dead letters"),
+        *("compression", "send ms", "delivery ms", "table", "size", "MiB", "inserts", "samples"),
+        *("inserts/s", "samples/s", "waiting ins/smp", "evicted", "job", "name", "state", "step"),
+        *("progress", "steps/s", "agent", *top.AGENT_COLUMNS),
+    ]
+    cells = {c for line in text.splitlines() for c in _cells(line.replace("┃", "│"))}
+    missing = [h for h in headers if h not in cells]
+    assert not missing, text
+    assert "resource_allocation/agent_1" in text and "live sessions: 3 of max 1,024" in text

@@ -228,10 +228,14 @@ class ListEnvsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListEnvsResponse(_message.Message):
-    __slots__ = ("envs",)
+    __slots__ = ("envs", "live_sessions", "max_sessions")
     ENVS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     envs: _containers.RepeatedCompositeFieldContainer[EnvDescription]
-    def __init__(self, envs: _Optional[_Iterable[_Union[EnvDescription, _Mapping]]] = ...) -> None: ...
+    live_sessions: int
+    max_sessions: int
+    def __init__(self, envs: _Optional[_Iterable[_Union[EnvDescription, _Mapping]]] = ..., live_sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("env_id", "config", "seed", "request_id")
