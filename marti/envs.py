@@ -54,13 +54,14 @@ def make(
             name resolves to) for a session placed on the server where this process's shared pool
             (:func:`marti.clients.env_pool.shared_env_pool`) has the fewest live sessions, and pinned there.
         seed: Seed of the first ``reset()`` called without a seed (same id, config, seed and actions give the
-            same trajectory).
+            same trajectory); an int in the int64 range.
         token: Bearer token for the server (remote only); ``None`` reads ``MARTI_ENV_TOKEN``, then
             ``MARTI_TOKEN``; ``""`` sends none.
         tls_ca_file: CA certificate file for TLS (remote only).
         timeout_s: Per-call deadline in seconds (remote only; default ``marti.rpc.channel.DEFAULT_TIMEOUT_S``).
         transport: Remote only: ``"stream"`` (a bidi stream; the session closes when the env or process goes
-            away) or ``"unary"`` (one rpc per call; the server reaps the session after its idle timeout).
+            away) or ``"unary"`` (one rpc per call). On both the server reaps a session unused for its idle
+            timeout (the next ``step`` raises ``SessionLostError``; ``reset`` starts a new session).
         channel: Remote only: an open ``grpc.Channel`` to the env server (e.g. from
             :func:`marti.clients.env.open_channel`) to create the session on instead of dialing ``address``;
             ``token`` and ``tls_ca_file`` are then the channel's business and ignored. The env does not close
@@ -74,8 +75,9 @@ def make(
 
     Raises:
         marti.errors.NotFoundError: Unknown env id.
-        marti.errors.InvalidArgumentError: Unknown config key (named) or bad value; a token that is not
-            printable ASCII (before any rpc); an empty or malformed multi-server address (named); several
+        marti.errors.InvalidArgumentError: Unknown config key (named) or bad value; an ``env_id`` that is not
+            a string, a ``seed`` that is not an int64, an argument of the wrong type (named); a token that is
+            not printable ASCII (before any rpc); an empty or malformed multi-server address (named); several
             servers with ``channel``.
         marti.errors.UnavailableError: The server cannot be reached (remote only); with several servers, none
             of them could create the session (the last one named), or a ``dns:///`` name does not resolve.

@@ -956,7 +956,7 @@ class RemoteParallelEnv(ParallelEnv):
     Build it with :meth:`create` (what ``marti.make(address=...)`` calls).
 
     Losing the session: sessions live in the server's memory, so a server restart (or, with the stream
-    transport, a dropped stream, or with the unary transport, the idle reaper) loses them. The channel
+    transport, a dropped stream, or with either transport, the idle reaper) loses them. The channel
     reconnects by itself and the stream transport opens a new stream; the env then carries on like this:
 
     * ``step`` on a lost session raises :class:`~marti.errors.SessionLostError` (a ``NotFoundError``), whose
@@ -1041,7 +1041,8 @@ class RemoteParallelEnv(ParallelEnv):
             tls_ca_file: CA file for TLS.
             timeout_s: Per-call deadline, seconds.
             transport: ``"stream"`` (default: the session lives on a bidi stream and closes with it, so a
-                client that disappears leaks nothing) or ``"unary"`` (the server reaps it after its idle timeout).
+                client that disappears leaks nothing) or ``"unary"``; on both the server reaps a session unused for
+                its idle timeout.
             channel: An open channel to the server (see :func:`open_channel`), shared with other envs and
                 clients; the env never closes it. ``None`` dials a channel of its own, closed with the env.
 

@@ -234,3 +234,25 @@ def test_step_batch_marks_lost_envs(server):
         for e in envs:
             e.close()
         channel.close()
+
+
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+def test_idle_sessions_are_reaped_on_both_transports(transport: str) -> None:
+    """docs/environments.md: the server reaps a session unused for idle_timeout_s, a stream's one too (the
+    stream itself stays open); the env's next step says it is lost and reset() carries on."""
+    from marti.rpc.testing import serve_in_thread
+
+    settings = EnvServerSettings(port=0, idle_timeout_s=0.3, reap_interval_s=0.05)
+    with serve_in_thread(lambda: [env_service(settings)], settings) as server:
+        env = marti.make(ENV, address=server.address, transport=transport, seed=1)
+        try:
+            env.reset()
+            first = env.session_id
+            time.sleep(0.8)
+            with pytest.raises(SessionLostError):
+                env.step({env.acting_agents[0]: "task_1: 1"})
+            env.reset()
+            assert env.session_id != first
+            env.step({env.acting_agents[0]: "task_1: 1"})
+        finally:
+            env.close()
