@@ -482,3 +482,24 @@ def test_sdk_idempotency_key_answers_a_retry_with_the_first_call(client, served)
     client.report_reward("ep-idem", {"planner": 1.0})
     (episode,) = sink[before:]
     assert len(episode["planner"].turns) == 1
+
+
+@pytest.mark.parametrize("endpoint", ["grpc_port", "http_port"])
+def test_the_gateway_refuses_a_port_another_server_listens_on(endpoint):
+    """Both of the gateway's listeners bind exclusively: a port a running ``marti broker`` holds is refused with
+    "address in use" naming the port (gRPC's default SO_REUSEPORT let the gateway share it), nothing left running."""
+    from faults.procs import start
+
+    from marti.errors import UnavailableError
+
+    broker = start("broker")
+    try:
+        port = int(broker.address.rsplit(":", 1)[1])
+        server = GatewayServer(Gateway(_EchoBackend(), GatewayLimits(max_wait_ms=1)), **{endpoint: port})
+        with pytest.raises(UnavailableError, match=f"address in use \\(port {port} ") as err:
+            server.start()
+        what = "InferenceService" if endpoint == "grpc_port" else "the gateway's HTTP endpoint"
+        assert what in str(err.value)
+        assert not server.running
+    finally:
+        broker.stop()

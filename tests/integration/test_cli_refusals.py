@@ -1,0 +1,122 @@
+"""Services started from the CLI refuse what they cannot do in one line, with real processes, as a user meets it:
+
+* a port another server listens on: "address in use" naming the port, exit 1, no traceback, and the running
+  server keeps its port (gRPC's default ``SO_REUSEPORT`` let a second server share it and split the clients);
+* ``marti up`` beside a running broker: it names the port instead of printing "all services SERVING";
+* a bad setting (flag or ``MARTI_<SERVICE>_*`` variable): one line naming the setting, where it came from and the
+  value, exit 2, no traceback (pydantic printed 20 lines).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from faults.procs import start
+
+from marti.rpc.bind import port_in_use
+from marti.rpc.health import check_health
+from marti.stack import DEFAULT_PORTS
+
+
+def _marti(
+    *args: str, env: dict[str, str] | None = None, timeout_s: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "marti.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def _one_line(stderr: str) -> str:
+    """The process's only stderr line (asserting there is exactly one and no traceback)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """A running ``marti broker --port 0`` (its port is the taken one)."""
+    svc = start("broker")
+    yield svc
+    svc.stop()
+
+
+@pytest.mark.parametrize("name", ["broker", "env-server", "store", "trainer"])
+def test_a_second_server_on_a_taken_port_refuses_naming_it(broker, name):
+    port = broker.address.rsplit(":", 1)[1]
+    out = _marti(name, "--port", port, timeout_s=15)
+    assert out.returncode == 1, out
+    line = _one_line(out.stderr)
+    assert "address in use" in line and f"port {port}" in line, line
+    assert "listening on" not in out.stdout
+    assert check_health(broker.address, "marti.api.broker.v1.BrokerService") == "SERVING"
+
+
+def test_a_taken_metrics_port_is_refused_naming_it(broker):
+    port = broker.address.rsplit(":", 1)[1]
+    out = _marti("store", "--port", "0", "--metrics-port", port)
+    assert out.returncode == 1, out
+    line = _one_line(out.stderr)
+    assert "metrics endpoint" in line and "address in use" in line and f"port {port}" in line, line
+
+
+def test_marti_up_beside_a_running_broker_names_the_port():
+    port = DEFAULT_PORTS["broker"]
+    holder = None
+    try:
+        if not port_in_use("127.0.0.1", port):  # else another process holds it already: the same situation
+            holder = subprocess.Popen(
+                [sys.executable, "-m", "marti.cli", "broker", "--port", str(port)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            assert "listening on" in holder.stdout.readline()
+        out = _marti("up", "--no-trainer", timeout_s=30)
+        assert out.returncode == 1, out
+        assert "all services SERVING" not in out.stdout
+        assert "address in use" in out.stderr and f"port {port}" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "env", "expected"),
+    [
+        ("broker", [], {"MARTI_BROKER_PORT": "abc"}, "setting port (MARTI_BROKER_PORT) = 'abc'"),
+        ("store", ["--port", "-5"], {}, "setting port (--port) = -5"),
+        (
+            "env-server",
+            ["--port", "0"],
+            {"MARTI_ENV_ALLOWED_MODULES": "not json"},
+            "setting allowed_modules (MARTI_ENV_ALLOWED_MODULES) = 'not json'",
+        ),
+        (
+            "trainer",
+            ["--port", "0"],
+            {"MARTI_TRAINER_GRACE_S": "-1"},
+            "setting grace_s (MARTI_TRAINER_GRACE_S) = '-1'",
+        ),
+        (
+            "store",
+            ["--port", "0"],
+            {"MARTI_STORE_LOG_LEVEL": "loud"},
+            "setting log_level (MARTI_STORE_LOG_LEVEL)",
+        ),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_it(name, args, env, expected):
+    out = _marti(name, *args, env=env)
+    assert out.returncode == 2, out
+    line = _one_line(out.stderr)
+    assert line.startswith(f"marti {name}: error: {expected}"), line
