@@ -14,6 +14,7 @@ from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.rpc.calls import acall, aiterate
 
+from .args import flag_arg
 from .protocol import TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
 from .types import AgentStateEntry, BatchRefusedError, Message, PublishResult
 
@@ -46,20 +47,29 @@ class AsyncMartiCommClient(_ClientBase):
         self._flusher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected = False
-        self._closed = False
 
     async def connect(self) -> AsyncMartiCommClient:
-        """Creates (or joins) the session and starts the flush timer. Idempotent. Returns self.
+        """Joins the session as this agent (creating it if needed; from then on broadcasts reach the agent,
+        before its first ``get_messages``) and starts the flush timer. Idempotent. Returns self.
 
         The send lock and the flush timer belong to the event loop that runs them: used from a new loop (a
         second ``asyncio.run``, a thread with its own loop), the client makes both anew there, so batched
         messages keep being flushed on time.
+
+        Raises:
+            FailedPreconditionError: The client is closed.
+            NotFoundError: The session has a fixed roster that leaves out ``agent_id``.
+            UnavailableError: The broker cannot be reached.
         """
+        self._ready()
+        return await self._ensure_connected()
+
+    async def _ensure_connected(self) -> AsyncMartiCommClient:
+        """:meth:`connect` without the closed check (``close`` flushes through it)."""
         self._bind_loop()
         if self._connected:
             return self
-        req = pb.CreateSessionRequest(session=self.session)
-        self._joined(await acall(self._stub.CreateSession, req, self.timeout_s))
+        self._joined(await acall(self._stub.CreateSession, self._join_request(), self.timeout_s))
         self._connected = True
         self._start_flusher()
         return self
@@ -115,7 +125,11 @@ class AsyncMartiCommClient(_ClientBase):
                     except Exception:  # refused: kept for the next call (and passed to on_error)
                         pass
         except asyncio.CancelledError:
-            if not self._closed and self._flusher is asyncio.current_task() and self._core.has_buffered():
+            if (
+                not self._core.closed
+                and self._flusher is asyncio.current_task()
+                and self._core.has_buffered()
+            ):
                 await self._flush_at_loop_end()
             raise
 
@@ -163,28 +177,33 @@ class AsyncMartiCommClient(_ClientBase):
             NoSubscribersError: ``require_subscribers`` and no subscriber (a FailedPreconditionError).
             The other errors of :meth:`MartiCommClient.publish`.
         """
-        await self.connect()
         env = self._topic_envelope(topic, message, content_type, ttl_s)
+        flag_arg("require_subscribers", require_subscribers)
+        return _publish_result(env.message_id, topic, await self._send_now(env, False), require_subscribers)
+
+    async def broadcast(
+        self, message: Any, *, content_type: str | None = None, ttl_s: float = 0.0
+    ) -> PublishResult:
+        """Async :meth:`MartiCommClient.broadcast`: sends at once and returns how many agents got it."""
+        env = self._broadcast_envelope(message, content_type, ttl_s)
+        resp = await self._send_now(env, True)
+        return PublishResult(env.message_id, resp.enqueued, resp.duplicates > 0)
+
+    async def _send_now(self, env: broker_pb2.Envelope, broadcast: bool):
+        """Async :meth:`MartiCommClient._send_now`."""
+        await self._ensure_connected()
         async with self._send_lock:
             await self._flush_locked(background=False)
             self._raise_refused()  # a timer flush that was in flight meanwhile
             item = [(env, time.perf_counter())]
             try:
-                resp = await self._send_batch(self._stub.Send, pb.SendRequest, item)
+                return await self._send_batch(*self._one_message_rpc(broadcast), item)
             except Exception as exc:
-                raise self._failed(exc, item, [], background=False) from None
-        return _publish_result(env.message_id, topic, resp, require_subscribers)
-
-    async def broadcast(self, message: Any, *, content_type: str | None = None, ttl_s: float = 0.0) -> str:
-        """Async :meth:`MartiCommClient.broadcast`."""
-        self._raise_refused()
-        env = self._core.envelope(message, (), "", content_type, ttl_s)
-        await self._enqueue(env, True)
-        return env.message_id
+                raise self._one_message_failed(exc, item, broadcast) from None
 
     async def _enqueue(self, env: broker_pb2.Envelope, broadcast: bool) -> None:
         """Buffers ``env``; sends the batch now if it is full, else wakes the flush timer if it is first."""
-        await self.connect()
+        await self._ensure_connected()
         full, first = self._core.buffer_add(env, broadcast)
         if full:
             await self._flush(acks=False)
@@ -193,21 +212,21 @@ class AsyncMartiCommClient(_ClientBase):
 
     async def flush(self, acks: bool = True) -> None:
         """Async :meth:`MartiCommClient.flush` (same guarantee and errors)."""
-        self._raise_refused()
-        await self._flush(acks)
+        self._ready()
+        await self._flush(flag_arg("acks", acks))
         self._raise_refused()  # a timer flush that was in flight when this call began
 
     async def _flush(self, acks: bool, background: bool = False) -> None:
         """Sends the buffers (the timer's ``background`` flush only if still due once it holds the send lock),
         then, if ``acks``, the pending acks."""
-        await self.connect()
+        await self._ensure_connected()
         async with self._send_lock:
             if not background or self._flush_due():
                 await self._flush_locked(background)
         if acks:
             ids = self._core.take_acks()
             if ids:
-                await self.ack(ids)
+                await acall(self._stub.Ack, self._acks_request(ids), self.timeout_s)
 
     async def _flush_locked(self, background: bool) -> None:
         """Sends the buffers (the caller holds the send lock); a cancelled send puts its batch back (the broker
@@ -235,31 +254,41 @@ class AsyncMartiCommClient(_ClientBase):
         return resp
 
     async def get_messages(self, max_messages: int = 256, timeout_s: float = 0.0) -> list[Message]:
-        """Async :meth:`MartiCommClient.get_messages` (same errors)."""
-        self._raise_refused()
+        """Async :meth:`MartiCommClient.get_messages` (same errors; a close under the wait raises the
+        closed-client ``FailedPreconditionError``, never ``asyncio.CancelledError``)."""
+        self._ready()
+        wait_s = self._receive_args(max_messages, timeout_s)
         await self._flush(acks=False)
         self._raise_refused()  # a timer flush that was in flight meanwhile
-        req, acks = self._receive_request(max_messages, timeout_s)
+        req, acks = self._receive_request(max_messages, wait_s)
         try:
-            resp = await acall(self._stub.Receive, req, self.timeout_s + timeout_s)
-        except Exception:
+            with self._closing_guard():
+                resp = await acall(self._stub.Receive, req, self.timeout_s + wait_s)
+        except BaseException:
             self._restore_acks(acks)
             raise
         return self._core.unpack(resp.frame)
 
-    async def subscribe(self, max_batch_messages: int = 256, max_unacked: int = 0) -> AsyncIterator[Message]:
-        """Async iterator over pushed messages (see :meth:`MartiCommClient.subscribe`)."""
-        self._raise_refused()
-        await self.connect()
-        req = self._subscribe_request(max_batch_messages, max_unacked)
+    def subscribe(self, max_batch_messages: int = 256, max_unacked: int = 0) -> AsyncIterator[Message]:
+        """Async iterator over pushed messages (see :meth:`MartiCommClient.subscribe`; same errors, the
+        argument and closed checks at once). A close under the wait raises the closed-client
+        ``FailedPreconditionError`` from the iteration, never ``asyncio.CancelledError``."""
+        return self._pushed(self._subscribe_request(max_batch_messages, max_unacked))
+
+    async def _pushed(self, req: pb.SubscribeRequest) -> AsyncIterator[Message]:
+        """The messages of a Subscribe stream; with auto-ack each batch is acked before the next is read."""
+        await self._ensure_connected()
         stream = aiterate(self._stub.Subscribe(req), end_on_cancel=True)
         async with aclosing(stream):
-            async for resp in stream:
-                for msg in self._core.unpack(resp.frame):
-                    yield msg
-                ids = self._core.take_acks()
-                if ids:
-                    await self.ack(ids)
+            with self._closing_guard():
+                async for resp in stream:
+                    for msg in self._core.unpack(resp.frame):
+                        yield msg
+                    ids = self._core.take_acks()
+                    if ids:
+                        await acall(self._stub.Ack, self._acks_request(ids), self.timeout_s)
+                if self._core.closed:  # the closed channel cancelled the stream
+                    raise self._core.closed_error()
 
     async def ack(self, message_ids: Sequence[str]) -> int:
         """Async :meth:`MartiCommClient.ack`."""
@@ -269,9 +298,8 @@ class AsyncMartiCommClient(_ClientBase):
         self, state: Any, *, content_type: str | None = None, expected_version: int | None = None
     ) -> int:
         """Async :meth:`MartiCommClient.broadcast_state` (buffered messages are sent first, as there)."""
-        self._raise_refused()
-        await self.connect()
         req = self._put_state_request(state, content_type, expected_version)
+        await self._ensure_connected()
         async with self._send_lock:
             await self._flush_locked(background=False)
             self._raise_refused()  # a timer flush that was in flight meanwhile
@@ -283,9 +311,8 @@ class AsyncMartiCommClient(_ClientBase):
 
     async def get_agent_state_entries(self, exclude_self: bool = True) -> list[AgentStateEntry]:
         """Async :meth:`MartiCommClient.get_agent_state_entries`."""
-        self._raise_refused()
-        await self.connect()
         req = self._get_states_request(exclude_self)
+        await self._ensure_connected()
         return [_state_entry(s) for s in (await acall(self._stub.GetStates, req, self.timeout_s)).states]
 
     async def get_broker_stats(self, whole_broker: bool = False) -> broker_pb2.BrokerStats:
@@ -295,12 +322,16 @@ class AsyncMartiCommClient(_ClientBase):
     async def close(self) -> None:
         """Flushes, stops the timer and closes the channel; then raises a refusal no call has raised yet.
 
+        Every later call, and a ``get_messages`` or ``subscribe`` waiting in another task, raises the
+        closed-client ``FailedPreconditionError`` (as :meth:`MartiCommClient.close`); a second ``close``
+        does nothing.
+
         Raises:
             BatchRefusedError: The final flush, or an earlier timer flush, was refused (closed anyway).
             UnavailableError, DeadlineExceededError: The final flush failed transiently (closed anyway; a
                 note on the error lists the ids of the messages not sent).
         """
-        if self._closed:
+        if not self._core.close():  # from now on every call raises, and nothing more is buffered
             return
         try:
             if self._connected:
@@ -309,7 +340,6 @@ class AsyncMartiCommClient(_ClientBase):
             self._unsent_note(exc)
             raise
         finally:
-            self._closed = True
             if self._flusher is not None:
                 self._flusher.cancel()
             if self._own_channel:

@@ -14,6 +14,7 @@ channel and stub), the requests each method sends, what is done with a failed ba
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import itertools
@@ -33,9 +34,25 @@ from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.api.common.v1 import common_pb2
 from marti.codec import broker as broker_codec
 from marti.codec.broker import decode_payload, encode_payload
-from marti.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
+from marti.errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    MartiError,
+    UnavailableError,
+)
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
 
+from .args import (
+    check_client_args,
+    content_type_arg,
+    count_arg,
+    flag_arg,
+    seconds_arg,
+    text_arg,
+    texts_arg,
+    version_arg,
+)
 from .types import (
     AgentStateEntry,
     BatchRefusedError,
@@ -88,19 +105,6 @@ class _Core:
         dedup_memory: int,
         send_when_idle: bool = True,
     ) -> None:
-        if not agent_id:
-            raise InvalidArgumentError("agent_id must be a non-empty string")
-        if not session:
-            raise InvalidArgumentError("session must be a non-empty string")
-        if batching_size < 1:
-            raise InvalidArgumentError(f"batching_size={batching_size} must be >= 1")
-        if max_batch_bytes < 1 or update_frequency_s < 0 or dedup_memory < 0:
-            raise InvalidArgumentError(
-                f"max_batch_bytes={max_batch_bytes} must be >= 1, update_frequency_s={update_frequency_s} and "
-                f"dedup_memory={dedup_memory} >= 0"
-            )
-        if not broker_codec.MIN_LEVEL <= compression_level <= broker_codec.MAX_LEVEL:
-            raise InvalidArgumentError(f"compression_level={compression_level} is outside [1, 22]")
         self.agent_id = agent_id
         self.session = session
         self.batching_size = batching_size
@@ -135,6 +139,8 @@ class _Core:
         self.send_lat_sum = self.recv_lat_sum = 0.0
         self.refused_batches = self.refused_messages = 0
         self.refused: collections.deque[BatchRefusedError] = collections.deque()
+        # Set by close(): buffer_add refuses from then on, so nothing lands in a buffer no flush will send.
+        self.closed = False
 
     def after_fork(self) -> None:
         """Re-makes, in a forked child, what it cannot share with its parent: the lock (a thread of the
@@ -146,15 +152,27 @@ class _Core:
         self.id_prefix = os.urandom(8).hex() + "-"
         self.in_flight = 0
 
+    def closed_error(self) -> FailedPreconditionError:
+        """The error of every call on a closed client (naming the agent and session)."""
+        return FailedPreconditionError(
+            f"the broker client of agent {self.agent_id!r} (session {self.session!r}) is closed; make a new one"
+        )
+
+    def close(self) -> bool:
+        """Marks the client closed: :meth:`buffer_add` raises from now on (the caller flushes what is
+        buffered). Returns False if it was closed already."""
+        with self.lock:
+            was_open, self.closed = not self.closed, True
+            return was_open
+
     def set_dictionary(self, data: bytes) -> None:
         self.dictionary = broker_codec.load_dictionary(data) if data else None
 
     def envelope(
         self, message: Any, receivers: Sequence[str], topic: str, content_type: str | None, ttl_s: float
     ) -> broker_pb2.Envelope:
-        if ttl_s < 0:
-            raise InvalidArgumentError(f"ttl_s={ttl_s} must be >= 0")
-        payload, ctype = encode_payload(message, content_type)
+        ttl_s = seconds_arg("ttl_s", ttl_s)
+        payload, ctype = encode_payload(message, content_type_arg(content_type))
         return broker_pb2.Envelope(
             message_id=f"{self.id_prefix}{next(self.id_counter):x}",
             sender=self.agent_id,
@@ -173,9 +191,14 @@ class _Core:
         Returns:
             ``(full, first)``: ``full`` if the batch is full (by count or bytes) and must be sent now;
             ``first`` if the buffers were empty before (this message starts the linger).
+
+        Raises:
+            FailedPreconditionError: The client is closed (:meth:`close`); nothing was buffered.
         """
         now = time.perf_counter()
         with self.lock:
+            if self.closed:
+                raise self.closed_error()
             first = not self.buffer and not self.broadcast_buffer
             if first:
                 self.first_buffered_at = now
@@ -260,8 +283,32 @@ class _Core:
             self.sent_wire += len(frame.data)
             self.send_lat_sum += sum(now - t for _, t in items)
 
+    def remember(self, message_ids: Sequence[str]) -> None:
+        """Adds acked message ids to the dedup memory (the oldest forgotten past ``dedup_memory``); the caller
+        holds :attr:`lock`."""
+        seen, memory = self.seen, self.dedup_memory
+        if not memory:
+            return
+        for mid in message_ids:
+            seen[mid] = None
+            seen.move_to_end(mid)
+        while len(seen) > memory:
+            seen.popitem(last=False)
+
+    def acked(self, message_ids: Sequence[str]) -> None:
+        """Records ids the caller acked itself (``auto_ack=False``): their redeliveries are dropped from now on."""
+        with self.lock:
+            self.remember(message_ids)
+
     def unpack(self, frame: common_pb2.CompressedFrame) -> list[Message]:
-        """Decodes a delivered frame, drops redeliveries already handed out, queues auto-acks."""
+        """Decodes a delivered frame, drops redeliveries of acked messages (acking them again), queues
+        auto-acks.
+
+        The dedup memory holds acked ids only: with ``auto_ack`` every message handed out (its ack is queued
+        here), with ``auto_ack=False`` those the caller acked (:meth:`acked`). So the broker's redelivery of a
+        message the caller has not acked (after its ``ack_timeout_s``) reaches the caller again, while one
+        that crossed the ack on the wire (or whose piggybacked auto-ack had not left yet) is dropped.
+        """
         if frame.uncompressed_bytes == 0 and not frame.data:
             return []
         codec = broker_codec.CODEC_NONE if frame.codec == common_pb2.CODEC_NONE else broker_codec.CODEC_ZSTD
@@ -270,43 +317,28 @@ class _Core:
             frame.data, codec, frame.uncompressed_bytes, self.max_frame_bytes, dictionary
         )
         batch = broker_pb2.EnvelopeBatch.FromString(raw)
+        messages = [_message(e) for e in batch.envelopes]  # may raise: then nothing is handed out nor acked
         now_us = time.time() * 1e6
         out = []
         with self.lock:
             self.recv_raw += frame.uncompressed_bytes
             self.recv_wire += len(frame.data)
-            seen, memory, acks = self.seen, self.dedup_memory, self.pending_acks
-            auto_ack = self.auto_ack
+            seen, memory, acks, auto_ack = self.seen, self.dedup_memory, self.pending_acks, self.auto_ack
             lat_us = 0.0
-            for e in batch.envelopes:
-                mid = e.message_id
+            for m in messages:
+                mid = m.message_id
+                if mid in seen:  # acked already: ack the redelivery again, hand nothing out
+                    acks.append(mid)
+                    continue
                 if auto_ack:
                     acks.append(mid)
-                if mid in seen:
-                    continue
-                if memory:
-                    seen[mid] = None
-                    if len(seen) > memory:
-                        seen.popitem(last=False)
-                sent_us = e.sent_at_unix_us
-                if now_us > sent_us:
-                    lat_us += now_us - sent_us
-                payload, ctype = e.payload, e.content_type
-                out.append(
-                    Message(
-                        mid,
-                        e.sender,
-                        decode_payload(payload, ctype),
-                        ctype,
-                        payload,
-                        e.sequence,
-                        sent_us / 1e6,
-                        tuple(e.receivers),
-                        e.topic,
-                        e.broadcast,
-                        e.delivery_attempt,
-                    )
-                )
+                    if memory:  # remember(), inlined on this hot path
+                        seen[mid] = None
+                        if len(seen) > memory:
+                            seen.popitem(last=False)
+                if now_us > m.sent_at * 1e6:
+                    lat_us += now_us - m.sent_at * 1e6
+                out.append(m)
             self.received += len(out)
             self.recv_lat_sum += lat_us / 1e6
         return out
@@ -374,6 +406,26 @@ class _Core:
             self.restore_buffers([], bcast)
             return self.refusal(exc, unicast, background)
         return self.refusal(exc, bcast, background)
+
+
+def _message(e: broker_pb2.Envelope) -> Message:
+    """The :class:`Message` of a delivered envelope.
+
+    Raises:
+        InvalidArgumentError: Its payload is declared JSON and does not parse (the message and sender named).
+    """
+    payload, ctype = e.payload, e.content_type
+    try:
+        content = decode_payload(payload, ctype)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            f"message {e.message_id!r} from {e.sender!r}: {exc}; no message of its batch was handed out or "
+            "acked (the broker delivers them again, and dead-letters them after max_delivery_attempts)"
+        ) from None
+    return Message(
+        e.message_id, e.sender, content, ctype, payload, e.sequence, e.sent_at_unix_us / 1e6,
+        tuple(e.receivers), e.topic, e.broadcast, e.delivery_attempt,
+    )  # fmt: skip
 
 
 def _state_entry(s: broker_pb2.AgentState) -> AgentStateEntry:
@@ -446,6 +498,7 @@ class _ClientBase:
         on_error: Callable[[BatchRefusedError], None] | None = None,
         send_when_idle: bool = True,
     ) -> None:
+        check_client_args(locals())
         self._core = _Core(
             agent_id, session, batching_size, max_batch_bytes, update_frequency_s, compression_level, auto_ack,
             max_frame_bytes, dedup_memory, send_when_idle,
@@ -453,7 +506,7 @@ class _ClientBase:
         self.agent_id = agent_id
         self.session = session
         self.topics = list(topics)
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout_s(timeout_s)
         self.on_error = on_error
         self._use_dictionary = use_dictionary
         self._own_channel = channel is None
@@ -470,6 +523,11 @@ class _ClientBase:
 
     def _open(self) -> None:
         """Subclass hook run at the end of the constructor (the sync client connects here)."""
+
+    def _join_request(self) -> pb.CreateSessionRequest:
+        """The CreateSession request a client joins its session with (as a member, whether or not the session
+        existed)."""
+        return pb.CreateSessionRequest(session=self.session, agents=[self.agent_id])
 
     def _joined(self, info: pb.CreateSessionResponse) -> None:
         """Takes what CreateSession returned (the session's zstd dictionary, if used)."""
@@ -518,6 +576,31 @@ class _ClientBase:
         if err is not None:
             raise err
 
+    def _ready(self) -> None:
+        """What every public call does first: raises the closed-client error if :meth:`close` has begun, then
+        the oldest refusal the flush timer met (if any).
+
+        Raises:
+            FailedPreconditionError: The client is closed (naming its agent and session).
+            BatchRefusedError: A batch the flush timer sent was refused.
+        """
+        if self._core.closed:
+            raise self._core.closed_error()
+        self._raise_refused()
+
+    @contextlib.contextmanager
+    def _closing_guard(self) -> Iterator[None]:
+        """Around an rpc that may be waiting when another thread or task closes the client: what the closed
+        channel makes it raise (a cancelled call: ``marti.errors.CancelledError``, or ``asyncio.CancelledError``
+        in the asyncio client) becomes the closed-client ``FailedPreconditionError``. A task that is itself
+        being cancelled still gets its ``asyncio.CancelledError``."""
+        try:
+            yield
+        except (MartiError, asyncio.CancelledError) as exc:
+            if not self._core.closed or _task_cancelling():
+                raise
+            raise self._core.closed_error() from exc
+
     @property
     def refused_batches(self) -> int:
         """Batches the broker refused since this client was made (each reported as a BatchRefusedError)."""
@@ -536,32 +619,48 @@ class _ClientBase:
     def _unicast_envelope(
         self, receiver_id: str | Sequence[str], message: Any, content_type: str | None, ttl_s: float
     ) -> broker_pb2.Envelope:
-        """The envelope of ``send_message`` (after raising a pending refusal).
+        """The envelope of ``send_message`` (after :meth:`_ready`).
 
         Raises:
-            InvalidArgumentError: No receiver, or one that is not a non-empty string (named).
+            InvalidArgumentError: No receiver, a receiver that is not a non-empty string, or a bad message,
+                ``content_type`` or ``ttl_s`` (named).
         """
-        self._raise_refused()
-        receivers = [receiver_id] if isinstance(receiver_id, str) else list(receiver_id)
-        if not receivers:
-            raise InvalidArgumentError("receiver_id must name at least one agent")
-        for r in receivers:
-            if not isinstance(r, str) or not r:
-                raise InvalidArgumentError(f"receiver ids must be non-empty strings, got {r!r}")
+        self._ready()
+        receivers = [receiver_id] if isinstance(receiver_id, str) else texts_arg("receiver_id", receiver_id)
+        if not receivers or not receivers[0]:
+            raise InvalidArgumentError(f"receiver_id must name at least one agent, got {receiver_id!r}")
         return self._core.envelope(message, receivers, "", content_type, ttl_s)
 
     def _topic_envelope(
         self, topic: str, message: Any, content_type: str | None, ttl_s: float
     ) -> broker_pb2.Envelope:
-        """The envelope of ``publish`` (after raising a pending refusal).
+        """The envelope of ``publish`` (after :meth:`_ready`).
 
         Raises:
-            InvalidArgumentError: ``topic`` is not a non-empty string.
+            InvalidArgumentError: ``topic`` is not a non-empty string, or a bad message, ``content_type`` or
+                ``ttl_s`` (named).
         """
-        self._raise_refused()
-        if not isinstance(topic, str) or not topic:
-            raise InvalidArgumentError(f"topic must be a non-empty string, got {topic!r}")
-        return self._core.envelope(message, (), topic, content_type, ttl_s)
+        self._ready()
+        return self._core.envelope(message, (), text_arg("topic", topic), content_type, ttl_s)
+
+    def _broadcast_envelope(
+        self, message: Any, content_type: str | None, ttl_s: float
+    ) -> broker_pb2.Envelope:
+        """The envelope of ``broadcast`` (after :meth:`_ready`).
+
+        Raises:
+            InvalidArgumentError: A bad message, ``content_type`` or ``ttl_s`` (named).
+        """
+        self._ready()
+        return self._core.envelope(message, (), "", content_type, ttl_s)
+
+    def _one_message_rpc(self, broadcast: bool) -> tuple[Callable, type]:
+        """The stub method and request class that send one ``publish`` (Send) or ``broadcast`` (Broadcast)."""
+        return (self._stub.Broadcast, pb.BroadcastRequest) if broadcast else (self._stub.Send, pb.SendRequest)
+
+    def _one_message_failed(self, exc: BaseException, item: list, broadcast: bool) -> BaseException:
+        """:meth:`_failed` for the lone message of ``publish`` or ``broadcast`` (kept buffered if transient)."""
+        return self._failed(exc, [] if broadcast else item, item if broadcast else [], background=False)
 
     def _failed(self, exc: BaseException, unicast: list, bcast: list, background: bool) -> BaseException:
         """Handles a failed send (see :meth:`_Core.split_failed`), tells ``on_error`` of a refusal, and
@@ -579,15 +678,25 @@ class _ClientBase:
         return request_cls(session=self.session, sender=self.agent_id, frame=frame), frame
 
     # ------------------------------------------------------------------ receiving
-    def _receive_request(self, max_messages: int, timeout_s: float) -> tuple[pb.ReceiveRequest, list[str]]:
-        """The Receive request, carrying the pending auto-acks (also returned, to restore on failure)."""
+    def _receive_args(self, max_messages: int, timeout_s: float) -> float:
+        """Checks the arguments of ``get_messages``; returns ``timeout_s`` as a float.
+
+        Raises:
+            InvalidArgumentError: ``max_messages`` < 1 or ``timeout_s`` < 0 (or not numbers), named.
+        """
+        count_arg("max_messages", max_messages, 1)
+        return seconds_arg("timeout_s", timeout_s)
+
+    def _receive_request(self, max_messages: int, wait_s: float) -> tuple[pb.ReceiveRequest, list[str]]:
+        """The Receive request (arguments checked by :meth:`_receive_args`), carrying the pending acks (also
+        returned, to restore on failure)."""
         acks = self._core.take_acks()
         req = pb.ReceiveRequest(
             session=self.session,
             agent_id=self.agent_id,
             topics=self.topics,
             max_messages=max_messages,
-            timeout_ms=round(timeout_s * 1000),
+            timeout_ms=round(wait_s * 1000),
             ack_message_ids=acks,
         )
         return req, acks
@@ -598,38 +707,72 @@ class _ClientBase:
             self._core.pending_acks[:0] = acks
 
     def _subscribe_request(self, max_batch_messages: int, max_unacked: int) -> pb.SubscribeRequest:
-        """The Subscribe request."""
+        """The Subscribe request (after :meth:`_ready`).
+
+        Raises:
+            InvalidArgumentError: ``max_batch_messages`` < 1 or ``max_unacked`` < 0 (or not integers), named.
+        """
+        self._ready()
         return pb.SubscribeRequest(
             session=self.session,
             agent_id=self.agent_id,
             topics=self.topics,
-            max_batch_messages=max_batch_messages,
-            max_unacked=max_unacked,
+            max_batch_messages=count_arg("max_batch_messages", max_batch_messages, 1),
+            max_unacked=count_arg("max_unacked", max_unacked),
         )
 
     def _ack_request(self, message_ids: Sequence[str]) -> pb.AckRequest:
-        """The Ack request (after raising a pending refusal)."""
-        self._raise_refused()
-        return pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=list(message_ids))
+        """The Ack request (after :meth:`_ready`); the ids join the dedup memory (see :meth:`_Core.acked`).
+
+        Raises:
+            InvalidArgumentError: ``message_ids`` is not a list of non-empty strings (named).
+        """
+        self._ready()
+        ids = texts_arg("message_ids", message_ids)
+        self._core.acked(ids)
+        return self._acks_request(ids)
+
+    def _acks_request(self, message_ids: list[str]) -> pb.AckRequest:
+        """The Ack request of ids this client acks itself (auto-acks, redeliveries of acked messages)."""
+        return pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=message_ids)
 
     # ------------------------------------------------------------------ state board and stats
     def _put_state_request(
         self, state: Any, content_type: str | None, expected_version: int | None
     ) -> pb.PutStateRequest:
-        """The PutState request of ``broadcast_state``."""
-        value, ctype = encode_payload(state, content_type)
+        """The PutState request of ``broadcast_state`` (after :meth:`_ready`).
+
+        Raises:
+            InvalidArgumentError: A state that is not JSON-serializable (the path named), a bad
+                ``content_type`` or an ``expected_version`` that is not an integer >= 0.
+        """
+        self._ready()
+        version = version_arg(expected_version)
+        value, ctype = encode_payload(state, content_type_arg(content_type), name="state")
         req = pb.PutStateRequest(
             session=self.session, agent_id=self.agent_id, content_type=ctype, value=value
         )
-        if expected_version is not None:
-            req.expected_version = expected_version
+        if version is not None:
+            req.expected_version = version
         return req
 
     def _get_states_request(self, exclude_self: bool) -> pb.GetStatesRequest:
-        """The GetStates request."""
-        return pb.GetStatesRequest(session=self.session, agent_id=self.agent_id, exclude_self=exclude_self)
+        """The GetStates request (after :meth:`_ready`)."""
+        self._ready()
+        return pb.GetStatesRequest(
+            session=self.session, agent_id=self.agent_id, exclude_self=flag_arg("exclude_self", exclude_self)
+        )
 
     def _stats_request(self, whole_broker: bool) -> pb.GetStatsRequest:
-        """The GetStats request (after raising a pending refusal)."""
-        self._raise_refused()
-        return pb.GetStatsRequest(session="" if whole_broker else self.session)
+        """The GetStats request (after :meth:`_ready`)."""
+        self._ready()
+        return pb.GetStatsRequest(session="" if flag_arg("whole_broker", whole_broker) else self.session)
+
+
+def _task_cancelling() -> bool:
+    """Whether the running asyncio task (if any) is being cancelled (``Task.cancel`` was called on it)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread: a sync call
+        return False
+    return task is not None and task.cancelling() > 0

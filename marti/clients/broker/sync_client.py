@@ -21,6 +21,7 @@ from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.rpc.calls import call, iterate
 from marti.rpc.channel import make_channel
 
+from .args import flag_arg
 from .protocol import _IDEMPOTENT, TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
 from .types import AgentStateEntry, BatchRefusedError, Message, PublishResult
 
@@ -126,7 +127,9 @@ class MartiCommClient(_ClientBase):
     Args:
         agent_id: This agent's id (any non-empty unicode string).
         address: Broker ``host:port``.
-        session: Session name (a run or an episode); created on connect if it does not exist.
+        session: Session name (a run or an episode); created on connect if it does not exist. The constructor
+            joins it as ``agent_id`` (one CreateSession rpc): from then on the agent is a member that
+            ``broadcast`` reaches, before its first ``get_messages``.
         token: Bearer token, if the broker requires one; ``None`` reads ``MARTI_BROKER_TOKEN``, then
             ``MARTI_TOKEN`` (as the broker itself does); ``""`` sends none.
         topics: Topics this agent subscribes to. The subscription starts with its first ``get_messages`` or
@@ -142,7 +145,9 @@ class MartiCommClient(_ClientBase):
         use_dictionary: Compress with the session's trained zstd dictionary, if it has one.
         timeout_s: Deadline of each unary call, seconds.
         max_frame_bytes: Decompression limit for delivered frames, bytes.
-        dedup_memory: Message ids remembered to drop redeliveries (0 = off).
+        dedup_memory: Acked message ids remembered to drop their redeliveries (0 = off): with ``auto_ack``
+            every message handed out, else those passed to :meth:`ack`. A message not acked yet is handed out
+            again when the broker redelivers it (after its ``ack_timeout_s``).
         tls_ca_file: PEM CA for TLS.
         channel: An existing sync channel to use instead of dialing ``address`` (e.g. from
             :func:`open_channel`, shared by many clients; ``token`` and ``tls_ca_file`` are then ignored); it is
@@ -189,15 +194,21 @@ class MartiCommClient(_ClientBase):
     delivered once. ``close`` in the child flushes the child's buffer but leaves the channel to the parent
     when the parent dialed it.
 
+    Closed: after :meth:`close` every call raises ``FailedPreconditionError`` naming the agent and session
+    (the same class as :class:`~marti.aio.MartiCommClient`'s), never a silent no-op.
+
     Raises:
-        InvalidArgumentError: Bad argument values, or a token that is not printable ASCII (raised before any
-            rpc; the message names the position, not the token).
+        InvalidArgumentError: An argument of the wrong type or out of range (named, with the value), or a
+            token that is not printable ASCII (raised before any rpc; the message names the position, not
+            the token).
+        NotFoundError: The session has a fixed roster that leaves out ``agent_id``.
         UnauthenticatedError: The broker requires a token and got none or another one.
         UnavailableError: The broker cannot be reached.
     """
 
     def _open(self) -> None:
-        """Joins the session (CreateSession); the flush timer's thread starts with the first buffered message."""
+        """Joins the session (CreateSession with this agent: it is a member from now on, so broadcasts reach
+        it before it first polls); the flush timer's thread starts with the first buffered message."""
         self._pid = self._channel_pid = os.getpid()
         # Reentrant: the fork hook holds it across os.fork, which a thread holding it may call (on_error).
         self._send_lock = threading.RLock()
@@ -206,9 +217,7 @@ class MartiCommClient(_ClientBase):
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
         self._timed = self._wants_timer()
-        self._joined(
-            call(self._stub.CreateSession, pb.CreateSessionRequest(session=self.session), self.timeout_s)
-        )
+        self._joined(call(self._stub.CreateSession, self._join_request(), self.timeout_s))
         _LIVE.add(self)
 
     def _start_timer(self) -> None:
@@ -297,6 +306,9 @@ class MartiCommClient(_ClientBase):
             The message id.
 
         Raises:
+            FailedPreconditionError: The client is closed (nothing buffered).
+            InvalidArgumentError: A bad ``receiver_id``, ``content_type`` or ``ttl_s``, or a message that is
+                not JSON-serializable (the path inside it named, e.g. ``message['a'][2]``).
             BatchRefusedError: The broker refused the batch carrying this message (with batching, the batch
                 this call closed), or a batch the flush timer sent earlier (then this message was not
                 buffered); also an instance of the broker's error class (InvalidArgumentError,
@@ -343,26 +355,51 @@ class MartiCommClient(_ClientBase):
                 sent.
         """
         env = self._topic_envelope(topic, message, content_type, ttl_s)
+        flag_arg("require_subscribers", require_subscribers)
+        return _publish_result(env.message_id, topic, self._send_now(env, False), require_subscribers)
+
+    def broadcast(
+        self, message: Any, *, content_type: str | None = None, ttl_s: float = 0.0
+    ) -> PublishResult:
+        """Sends a message to every other agent that has joined the session, at once, and says how many.
+
+        An agent has joined once its client was constructed (the constructor joins the session), or once it
+        sent, polled or subscribed. As topic messages, a broadcast is not stored for agents that join later,
+        so ``broadcast`` does not wait for a batch: it sends what is buffered (keeping this sender's order),
+        then the message in its own Broadcast rpc.
+
+        Args:
+            message: A JSON-able value or bytes.
+            content_type: Overrides the payload type.
+            ttl_s: Drop undelivered copies after this many seconds (0: broker default).
+
+        Returns:
+            ``PublishResult(message_id, receivers, duplicate)``: ``receivers`` is the number of agents it was
+            enqueued for (0: no other agent has joined; nobody will get it).
+
+        Raises:
+            FailedPreconditionError: The client is closed.
+            InvalidArgumentError: A bad message (the path named), ``content_type`` or ``ttl_s``.
+            BatchRefusedError: The broker refused this message, an earlier buffered batch, or a batch the
+                flush timer sent earlier (then this message was not sent).
+            UnavailableError, DeadlineExceededError: Transient, as for :meth:`publish`: if this message's own
+                rpc failed, it stays buffered and goes out with the next flush (its count is then not known).
+        """
+        env = self._broadcast_envelope(message, content_type, ttl_s)
+        resp = self._send_now(env, True)
+        return PublishResult(env.message_id, resp.enqueued, resp.duplicates > 0)
+
+    def _send_now(self, env: broker_pb2.Envelope, broadcast: bool):
+        """Sends the buffers, then ``env`` alone (a Broadcast rpc if ``broadcast``, else a Send); returns the
+        response. A transient failure of ``env``'s own rpc leaves it buffered."""
         with self._send_lock:
             self._flush_locked(background=False)
             self._raise_refused()  # a timer flush that was in flight meanwhile
             item = [(env, time.perf_counter())]
             try:
-                resp = self._send_batch(self._stub.Send, pb.SendRequest, item)
+                return self._send_batch(*self._one_message_rpc(broadcast), item)
             except Exception as exc:
-                raise self._failed(exc, item, [], background=False) from None
-        return _publish_result(env.message_id, topic, resp, require_subscribers)
-
-    def broadcast(self, message: Any, *, content_type: str | None = None, ttl_s: float = 0.0) -> str:
-        """Sends a message to every other known agent of the session. Returns the message id.
-
-        Raises:
-            The errors of :meth:`send_message`.
-        """
-        self._raise_refused()
-        env = self._core.envelope(message, (), "", content_type, ttl_s)
-        self._enqueue(env, broadcast=True)
-        return env.message_id
+                raise self._one_message_failed(exc, item, broadcast) from None
 
     def _enqueue(self, env: broker_pb2.Envelope, broadcast: bool) -> None:
         """Buffers ``env``; sends the batch now if it is full, else wakes the flush timer if it is first."""
@@ -387,8 +424,8 @@ class MartiCommClient(_ClientBase):
                 lists its message ids; or a batch the flush timer sent earlier, or during this call, was
                 refused.
         """
-        self._raise_refused()
-        self._flush(acks)
+        self._ready()
+        self._flush(flag_arg("acks", acks))
         self._raise_refused()  # a timer flush that was in flight when this call began
 
     def _flush(self, acks: bool, background: bool = False) -> None:
@@ -400,7 +437,7 @@ class MartiCommClient(_ClientBase):
         if acks:
             ids = self._core.take_acks()
             if ids:
-                self.ack(ids)
+                call(self._stub.Ack, self._acks_request(ids), self.timeout_s)
 
     def _flush_locked(self, background: bool) -> None:
         """Sends the buffers (the caller holds ``_send_lock``); see :meth:`_Core.split_failed` on errors."""
@@ -437,12 +474,14 @@ class MartiCommClient(_ClientBase):
             NotFoundError, InvalidArgumentError: From the broker.
             BatchRefusedError: A buffered batch (flushed first) or one the flush timer sent was refused.
         """
-        self._raise_refused()
+        self._ready()
+        wait_s = self._receive_args(max_messages, timeout_s)
         self._flush(acks=False)
         self._raise_refused()  # a timer flush that was in flight meanwhile
-        req, acks = self._receive_request(max_messages, timeout_s)
+        req, acks = self._receive_request(max_messages, wait_s)
         try:
-            resp = call(self._stub.Receive, req, self.timeout_s + timeout_s)
+            with self._closing_guard():
+                resp = call(self._stub.Receive, req, self.timeout_s + wait_s)
         except Exception:
             self._restore_acks(acks)
             raise
@@ -457,26 +496,39 @@ class MartiCommClient(_ClientBase):
             max_batch_messages: Most messages per pushed batch.
             max_unacked: Most unacked deliveries outstanding (0: broker default).
 
-        Yields:
-            Messages in delivery order.
+        Returns:
+            An iterator over the messages, in delivery order.
 
         Raises:
-            BatchRefusedError: A batch the flush timer sent was refused (raised by the iteration).
+            FailedPreconditionError: The client is closed (at once), or was closed by another thread while
+                the iteration waited (raised by the iteration).
+            InvalidArgumentError: ``max_batch_messages`` < 1 or ``max_unacked`` < 0 (at once, named).
+            BatchRefusedError: A batch the flush timer sent was refused (at once).
         """
-        self._raise_refused()
-        req = self._subscribe_request(max_batch_messages, max_unacked)
+        return self._pushed(self._subscribe_request(max_batch_messages, max_unacked))
+
+    def _pushed(self, req: pb.SubscribeRequest) -> Iterator[Message]:
+        """The messages of a Subscribe stream; with auto-ack each batch is acked before the next is read."""
         stream = iterate(self._stub.Subscribe(req), end_on_cancel=True)
-        with closing(stream):
+        with closing(stream), self._closing_guard():
             for resp in stream:
                 yield from self._core.unpack(resp.frame)
                 ids = self._core.take_acks()
                 if ids:
-                    self.ack(ids)
+                    call(self._stub.Ack, self._acks_request(ids), self.timeout_s)
+            if self._core.closed:  # the closed channel cancelled the stream
+                raise self._core.closed_error()
 
     def ack(self, message_ids: Sequence[str]) -> int:
         """Acks deliveries by message id (needed only with ``auto_ack=False``). Returns how many were acked.
 
+        Acked ids join the dedup memory (``dedup_memory``): a redelivery of one of them that crosses the ack is
+        dropped (and acked again), while a message not acked yet is handed out again when the broker
+        redelivers it (after its ``ack_timeout_s``).
+
         Raises:
+            FailedPreconditionError: The client is closed.
+            InvalidArgumentError: ``message_ids`` is not a list of non-empty strings.
             BatchRefusedError: A batch the flush timer sent was refused (nothing acked then).
         """
         return call(self._stub.Ack, self._ack_request(message_ids), self.timeout_s).acked
@@ -506,7 +558,6 @@ class MartiCommClient(_ClientBase):
             UnavailableError, DeadlineExceededError: Transient; if sending the buffered messages failed, they
                 stay buffered and the state was not put.
         """
-        self._raise_refused()
         req = self._put_state_request(state, content_type, expected_version)
         with self._send_lock:
             self._flush_locked(background=False)
@@ -527,7 +578,6 @@ class MartiCommClient(_ClientBase):
         Raises:
             BatchRefusedError: A batch the flush timer sent was refused.
         """
-        self._raise_refused()
         resp = call(self._stub.GetStates, self._get_states_request(exclude_self), self.timeout_s)
         return [_state_entry(s) for s in resp.states]
 
@@ -543,6 +593,10 @@ class MartiCommClient(_ClientBase):
     def close(self) -> None:
         """Flushes buffered messages and pending acks, stops the flush timer and closes the channel.
 
+        Every later call (and a ``get_messages`` or ``subscribe`` another thread has waiting) raises
+        ``FailedPreconditionError`` naming the agent; a second ``close`` does nothing. A message is either
+        sent by this final flush or reported by the error it raises: nothing is dropped silently.
+
         In a forked child, a channel the parent dialed is left to the parent (kept, not closed): closing it
         there could block for good.
 
@@ -552,7 +606,7 @@ class MartiCommClient(_ClientBase):
             UnavailableError, DeadlineExceededError: The final flush failed transiently; the client is closed
                 anyway, and a note on the error lists the ids of the messages it did not send.
         """
-        if self._closed.is_set():
+        if not self._core.close():  # from now on every call raises, and nothing more is buffered
             return
         try:
             self._flush(acks=True)
@@ -574,7 +628,7 @@ class MartiCommClient(_ClientBase):
     def _flush_on_exit(self) -> None:
         """At process exit, for a client never closed: sends its buffered messages, and logs (as errors) what
         it could not send and the refusals no call has raised yet, since no later call will report them."""
-        if self._closed.is_set():
+        if self._core.closed:
             return
         if self._core.has_buffered():
             try:

@@ -41,17 +41,18 @@ class Message(NamedTuple):
 
 
 class PublishResult(NamedTuple):
-    """What :meth:`MartiCommClient.publish` learned from the broker.
+    """What :meth:`MartiCommClient.publish` or :meth:`MartiCommClient.broadcast` learned from the broker.
 
-    Topic messages are not stored for later subscribers (as with Redis pub/sub or NATS core): a message
-    reaches the agents subscribed to the topic when the broker accepts it, and nobody else, ever.
+    Topic messages and broadcasts are not stored for later members (as with Redis pub/sub or NATS core): a
+    message reaches the agents subscribed to the topic (or, for a broadcast, every other agent that has joined
+    the session) when the broker accepts it, and nobody else, ever.
 
     Attributes:
         message_id: The message id.
-        receivers: Subscribers the message was enqueued for (0: nobody was subscribed; it is gone).
+        receivers: Agents the message was enqueued for (0: nobody was subscribed or joined; it is gone).
         duplicate: The broker had already accepted this message id (a transport-level retry of a Send that
-            had reached it): the first copy went to the subscribers of that moment, whose number is not
-            known here, and ``receivers`` is 0.
+            had reached it): the first copy went to the agents of that moment, whose number is not known
+            here, and ``receivers`` is 0.
     """
 
     message_id: str

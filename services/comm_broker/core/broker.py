@@ -113,16 +113,21 @@ class Broker:
             dictionary: Optional zstd dictionary bytes to ship with the session.
 
         Returns:
-            ``(session, created)``; ``created`` is False if it already existed (its settings are kept).
+            ``(session, created)``; ``created`` is False if it already existed (its settings are kept, and
+            ``agents`` join it: this is how an SDK client joins its session when it connects, so that a
+            broadcast reaches it before it first polls).
 
         Raises:
             InvalidArgumentError: Bad names, or a fixed roster without agents.
+            NotFoundError: The session exists with a fixed roster that leaves out one of ``agents``.
             ResourceExhaustedError: ``max_sessions`` or ``max_agents_per_session`` reached.
         """
         check_name(self.limits, "session", name)
         existing = self.sessions.get(name)
         if existing is not None:
             existing.last_active = self.clock()
+            for agent in agents:
+                self.mailboxes.get(existing, agent, create=True)
             return existing, False
         if fixed_roster and not agents:
             raise InvalidArgumentError(f"session {name!r}: fixed_roster needs at least one agent")

@@ -270,20 +270,6 @@ def test_many_concurrent_sessions_stay_isolated(address):
     assert not errors, errors[0]
 
 
-def test_unacked_messages_come_back_once_to_the_caller():
-    with serve(ack_timeout_s=0.3) as server:
-        with (
-            MartiCommClient("a", server.address, session="ep-redeliver") as a,
-            MartiCommClient("b", server.address, session="ep-redeliver", auto_ack=False) as b,
-        ):
-            a.send_message("b", "m")
-            first = b.get_messages(timeout_s=1)
-            assert [m.attempt for m in first] == [1]
-            assert b.get_messages(timeout_s=1) == []  # redelivered after 0.3 s, dropped by the client dedup
-            assert b.get_broker_stats().redelivered >= 1
-            assert b.ack([first[0].message_id]) == 1
-
-
 async def test_async_client_subscribe_and_states():
     with serve() as server:
         async with (
