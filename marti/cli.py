@@ -28,6 +28,7 @@ DISPATCH = {
 
 
 def _cmd_health(argv: list[str]) -> int:
+    from marti.errors import InvalidArgumentError
     from marti.rpc.health import check_health
 
     parser = argparse.ArgumentParser(prog="marti health", description="exit 0 iff the server is SERVING")
@@ -37,9 +38,17 @@ def _cmd_health(argv: list[str]) -> int:
     parser.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token")
     parser.add_argument("--tls-ca-file", default=None, help="PEM CA for TLS servers")
     args = parser.parse_args(argv)
-    status = check_health(
-        args.address, args.service, timeout_s=args.timeout_s, token=args.token, tls_ca_file=args.tls_ca_file
-    )
+    try:
+        status = check_health(
+            args.address,
+            args.service,
+            timeout_s=args.timeout_s,
+            token=args.token,
+            tls_ca_file=args.tls_ca_file,
+        )
+    except InvalidArgumentError as exc:  # e.g. an address without a port: one line, like a bad flag
+        print(f"marti health: error: {exc}", file=sys.stderr)
+        return 2
     print(status)
     return 0 if status == "SERVING" else 1
 

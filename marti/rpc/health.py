@@ -30,6 +30,9 @@ def check_health(
     Returns:
         ``"SERVING"``, ``"NOT_SERVING"``, ``"SERVICE_UNKNOWN"``, ``"UNKNOWN"``, or ``"UNREACHABLE: <code>"``
         when the call itself failed.
+
+    Raises:
+        InvalidArgumentError: ``address`` has no port or is malformed (see :func:`marti.rpc.address.check_address`).
     """
     channel = make_channel(address, token=token, tls_ca_file=tls_ca_file)
     try:

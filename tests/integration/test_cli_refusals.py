@@ -120,3 +120,9 @@ def test_a_bad_setting_is_one_line_naming_it(name, args, env, expected):
     assert out.returncode == 2, out
     line = _one_line(out.stderr)
     assert line.startswith(f"marti {name}: error: {expected}"), line
+
+
+def test_marti_health_refuses_an_address_without_a_port():
+    out = _marti("health", "localhost")
+    assert out.returncode == 2, out
+    assert "'localhost' cannot be dialed: it has no port" in _one_line(out.stderr)
