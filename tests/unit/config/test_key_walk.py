@@ -329,8 +329,15 @@ def _gateway(cfg: TrainConfig) -> str:
     made: list[Any] = []
 
     class Gateway:
-        def __init__(self, backend: Any, limits: Any = None, sink: Any = None, trainable: Any = None) -> None:
-            made.append(("gateway", limits, sink is not None, trainable))
+        def __init__(
+            self,
+            backend: Any,
+            limits: Any = None,
+            sink: Any = None,
+            trainable: Any = None,
+            max_staleness: Any = None,
+        ) -> None:
+            made.append(("gateway", limits, sink is not None, trainable, max_staleness))
 
         def models(self) -> list[Any]:
             return []
@@ -404,6 +411,9 @@ def _run(cfg: TrainConfig) -> str:
             wait = None if deadline is None else round(deadline - time.monotonic(), -1)
             rec["takes"].append((agent, count, wait))
             return SimpleNamespace(trajectories=[], duplicates=0, stale=0, dropped=0, incomplete=0)
+
+        def untaken_external(self) -> int:
+            return 0
 
     class Runtime:
         worker_pids: dict[str, int] = {}
