@@ -8,13 +8,18 @@ method and return it.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from marti.codec import broker as broker_codec
 from marti.errors import InvalidArgumentError
+from marti.rpc.channel import MAX_TIMEOUT_S
+
+#: Largest count a request field holds (``uint32``: ``max_messages``, ``max_unacked``...).
+UINT32_MAX = 2**32 - 1
+#: Longest ``ttl_s`` of a message (10 years; its ``ttl_ms`` must fit the field), seconds.
+MAX_TTL_S = 10 * 365 * 24 * 3600.0
 
 
 def _shown(value: Any) -> str:
@@ -30,17 +35,25 @@ def text_arg(name: str, value: Any) -> str:
     return value
 
 
-def count_arg(name: str, value: Any, minimum: int = 0) -> int:
-    """An integer argument of at least ``minimum`` (a bool is not a count)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgumentError(f"{name} must be an integer >= {minimum}, got {_shown(value)}")
+def count_arg(name: str, value: Any, minimum: int = 0, maximum: int | None = UINT32_MAX) -> int:
+    """An integer argument in ``[minimum, maximum]`` (a bool is not a count; ``maximum`` None: no bound)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise InvalidArgumentError(f"{name} must be an integer {bound}, got {_shown(value)}")
     return value
 
 
-def seconds_arg(name: str, value: Any) -> float:
-    """A finite, non-negative number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise InvalidArgumentError(f"{name} must be a finite number of seconds >= 0, got {_shown(value)}")
+def seconds_arg(name: str, value: Any, maximum: float = MAX_TIMEOUT_S) -> float:
+    """A number of seconds in ``[0, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= maximum:
+        raise InvalidArgumentError(
+            f"{name} must be a number of seconds in [0, {maximum:.0f}], got {_shown(value)}"
+        )
     return float(value)
 
 
@@ -66,7 +79,7 @@ def content_type_arg(value: Any) -> str | None:
 
 def version_arg(value: Any) -> int | None:
     """``expected_version``: None (no compare-and-set) or an integer >= 0."""
-    return None if value is None else count_arg("expected_version", value)
+    return None if value is None else count_arg("expected_version", value, 0, 2**63 - 1)
 
 
 def _optional(name: str, value: Any, ok: bool, want: str) -> None:
@@ -87,16 +100,12 @@ def check_client_args(args: dict[str, Any]) -> None:
     text_arg("agent_id", args["agent_id"])
     text_arg("session", args["session"])
     texts_arg("topics", args["topics"])
-    count_arg("batching_size", args["batching_size"], 1)
-    count_arg("max_batch_bytes", args["max_batch_bytes"], 1)
+    count_arg("batching_size", args["batching_size"], 1, None)
+    count_arg("max_batch_bytes", args["max_batch_bytes"], 1, None)
     seconds_arg("update_frequency_s", args["update_frequency_s"])
-    level = count_arg("compression_level", args["compression_level"], broker_codec.MIN_LEVEL)
-    if level > broker_codec.MAX_LEVEL:
-        raise InvalidArgumentError(
-            f"compression_level={level} is outside [{broker_codec.MIN_LEVEL}, {broker_codec.MAX_LEVEL}]"
-        )
-    count_arg("max_frame_bytes", args["max_frame_bytes"], 1)
-    count_arg("dedup_memory", args["dedup_memory"])
+    count_arg("compression_level", args["compression_level"], broker_codec.MIN_LEVEL, broker_codec.MAX_LEVEL)
+    count_arg("max_frame_bytes", args["max_frame_bytes"], 1, None)
+    count_arg("dedup_memory", args["dedup_memory"], 0, None)
     for flag in ("auto_ack", "use_dictionary", "send_when_idle"):
         flag_arg(flag, args[flag])
     _optional("token", args["token"], isinstance(args["token"], str), "a string")

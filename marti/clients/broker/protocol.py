@@ -44,6 +44,7 @@ from marti.errors import (
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
 
 from .args import (
+    MAX_TTL_S,
     check_client_args,
     content_type_arg,
     count_arg,
@@ -171,7 +172,7 @@ class _Core:
     def envelope(
         self, message: Any, receivers: Sequence[str], topic: str, content_type: str | None, ttl_s: float
     ) -> broker_pb2.Envelope:
-        ttl_s = seconds_arg("ttl_s", ttl_s)
+        ttl_s = seconds_arg("ttl_s", ttl_s, MAX_TTL_S)
         payload, ctype = encode_payload(message, content_type_arg(content_type))
         return broker_pb2.Envelope(
             message_id=f"{self.id_prefix}{next(self.id_counter):x}",
