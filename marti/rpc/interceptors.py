@@ -118,11 +118,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         """Wrap the handler found by ``continuation`` (see grpc.aio.ServerInterceptor)."""
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return self._unknown_method(handler_call_details.method)
         service, method = _split_method(handler_call_details.method)
         meta = {k: v for k, v in (handler_call_details.invocation_metadata or ())}
         auth_error = self._check_auth(service, meta)
+        if handler is None:  # a caller without the token learns nothing about what is served
+            return _refusal(auth_error or self._unknown_method(handler_call_details.method))
         request_id = str(meta.get("x-request-id") or uuid.uuid4().hex)
         wrap = _Wrapper(service, method, request_id, auth_error)
         deserialize = _tolerant(handler.request_deserializer)
@@ -142,19 +142,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             wrap.stream(handler.stream_stream), deserialize, handler.response_serializer
         )
 
-    def _unknown_method(self, method: str) -> grpc.RpcMethodHandler:
-        """A handler that refuses a call to ``method`` (any call kind: the handler reads no request)."""
+    def _unknown_method(self, method: str) -> errors.UnimplementedError:
+        """The error of a call to ``method``, which no handler serves."""
         where = f"the server at {self.address}" if self.address else "this server"
         served = ", ".join(self._served) or "no marti service"
-        error = errors.UnimplementedError(
+        return errors.UnimplementedError(
             f"{where} does not serve {method.lstrip('/')!r}: it serves {served}; "
             "probably a different service listens on that port"
         )
-
-        async def refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort_with_status(abort_status(error))
-
-        return grpc.stream_stream_rpc_method_handler(refuse)
 
     def _check_auth(self, service: str, meta: dict[str, Any]) -> errors.MartiError | None:
         if self._token is None or service in AUTH_EXEMPT_SERVICES:
@@ -166,6 +161,15 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), self._token.encode()):
             return errors.UnauthenticatedError("invalid bearer token")
         return None
+
+
+def _refusal(error: errors.MartiError) -> grpc.RpcMethodHandler:
+    """A handler that ends any kind of call with ``error`` at once (it reads no request)."""
+
+    async def refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort_with_status(abort_status(error))
+
+    return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 def _reset_request_id(token: Any) -> None:

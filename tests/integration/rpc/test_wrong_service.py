@@ -100,3 +100,17 @@ def test_an_address_without_a_port_is_refused_naming_it(client, address):
         _constructors()[client](address)
     if not address.startswith("dns:"):  # a dns:/// env address is a pool's, checked with the pool's entries
         assert "it has no port" in str(err.value)
+
+
+def test_a_server_with_a_token_names_what_it_serves_only_to_callers_with_the_token():
+    from marti.errors import UnauthenticatedError
+    from marti.rpc.settings import ServerSettings
+    from services.comm_broker.servicer import broker_service
+    from services.comm_broker.settings import BrokerSettings
+
+    settings = ServerSettings(port=0, token="s3cret")
+    with serve_in_thread(lambda: [broker_service(BrokerSettings(port=0))], settings) as server:
+        with pytest.raises(UnauthenticatedError):
+            EnvClient(server.address, token="wrong").list_envs()
+        with pytest.raises(UnimplementedError, match="it serves marti.api.broker.v1.BrokerService"):
+            EnvClient(server.address, token="s3cret").list_envs()
