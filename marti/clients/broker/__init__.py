@@ -6,23 +6,29 @@ types (:class:`Message`, :class:`AgentStateEntry`, :class:`CommunicationStats`);
 with a content type; nothing is ever pickled.
 
 Delivery semantics seen by the caller: the broker delivers at least once; the client drops redeliveries of
-message ids it already handed out (a bounded memory of ``dedup_memory`` ids), so within that memory the
-caller sees each message once. Acks are automatic by default: the ids returned by one ``get_messages``
-call are acked with the next call (piggybacked on the Receive request), or by ``flush()`` / ``close()``.
+message ids already acked (a bounded memory of ``dedup_memory`` ids), so within that memory the caller sees
+each message once. Acks are automatic by default: the ids returned by one ``get_messages`` call are acked
+with the next call (piggybacked on the Receive request), or by ``flush()`` / ``close()``. With
+``auto_ack=False`` only ids passed to ``ack`` count as acked: a message not acked yet is handed out again when
+the broker redelivers it.
 
-Batching: ``send_message`` and ``broadcast`` buffer, and the client's flush timer follows Nagle's rule
+Membership: a client joins its session as its agent when it connects (the sync constructor, the asyncio
+client's ``connect``), so a ``broadcast`` sent afterwards reaches it before its first ``get_messages``. A
+closed client raises ``FailedPreconditionError`` on every call.
+
+Batching: ``send_message`` buffers, and the client's flush timer follows Nagle's rule
 (``send_when_idle=True``, the default, as the NATS clients' flusher): a message buffered while no batch of
 this client is in flight goes out at once; messages buffered while one is wait for it to end and then go out
 together as the next batch. A batch also closes (into one compressed frame) at ``batching_size`` messages
 (default 128), or ``max_batch_bytes`` of payload (default 1 MiB), or ``update_frequency_s`` seconds after its
 first message (the linger, default 0.001, like a Kafka producer's ``linger.ms``: the upper bound of any
-wait), or on ``flush()``, ``close()``, ``get_messages``, ``publish`` or ``broadcast_state``, whichever comes
+wait), or on ``flush()``, ``close()``, ``get_messages``, ``publish``, ``broadcast`` or ``broadcast_state``, whichever comes
 first. Another agent thus gets a lone message one Send rpc after ``send_message``, while a tight send loop
 still fills batches; ``send_when_idle=False`` makes every batch wait the linger (a lone message then arrives
 about 1 ms later). Once ``flush()`` returns, the broker has every message sent before it. ``batching_size=1``
-sends every message at once in its own Send rpc. ``publish`` does not batch: it sends at once and returns a
-:class:`PublishResult` with the number of subscribers reached, because topic messages are not stored for later
-subscribers.
+sends every message at once in its own Send rpc. ``publish`` and ``broadcast`` do not batch: they send at once
+and return a :class:`PublishResult` with the number of agents reached, because topic messages and broadcasts
+are not stored for agents that subscribe or join later.
 
 Nothing is dropped silently: a batch the broker refuses raises :class:`BatchRefusedError` (with the
 message ids) from the call that sent it, or, if the flush timer sent it, from the client's next call; it

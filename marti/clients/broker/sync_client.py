@@ -162,12 +162,14 @@ class MartiCommClient(_ClientBase):
             False: every batch waits the linger (a lone message too). Needs the timer
             (``update_frequency_s`` > 0 and ``batching_size`` > 1).
 
-    Batching: ``send_message`` and ``broadcast`` buffer the message and return; the flush timer (a thread
+    Batching: ``send_message`` buffers the message and returns (``publish`` and ``broadcast`` do not batch);
+    the flush timer (a thread
     started with the first buffered message and asleep while nothing is buffered) sends the buffer at once
     when no batch of this client is in flight (``send_when_idle``), else when the batch in flight ends; the
     batch is also sent when it is full (``batching_size`` messages or ``max_batch_bytes``; that call sends it
     and waits for the broker), when its oldest message has waited ``update_frequency_s`` (the linger, the
-    upper bound of any wait), on ``flush()``, before ``publish``, ``broadcast_state`` and ``get_messages``,
+    upper bound of any wait), on ``flush()``, before ``publish``, ``broadcast``, ``broadcast_state`` and
+    ``get_messages``,
     and on ``close()``. So another agent gets a lone message one Send rpc after ``send_message`` (plus the
     time the timer thread needs to wake, more when the process is busy: it needs the GIL), while a tight send
     loop still fills batches, with what it buffered during the previous batch's rpc; with
