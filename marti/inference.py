@@ -190,6 +190,31 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class StaleCalls:
+    """One agent's calls in one reported episode that are already past the agent's staleness bound when the
+    report is answered: training drops the agent's item (with its group) instead of training on it. The gateway
+    builds these; the HTTP report's ``"stale"`` entries and :attr:`RewardReceipt.stale` carry them.
+
+    Attributes:
+        episode_id: The episode.
+        agent: The agent whose calls are past the bound.
+        policy_version: The oldest policy version that sampled one of its calls in the episode.
+        current_version: The agent's policy version when the report was answered.
+        max_staleness: The agent's bound, in policy versions (``rollout.max_staleness`` or its own
+            ``max_staleness``): an item is trained only while ``current_version - policy_version <=
+            max_staleness``.
+        stale_calls: How many of its recorded calls in the episode were sampled by a version past the bound.
+    """
+
+    episode_id: str
+    agent: str
+    policy_version: int
+    current_version: int
+    max_staleness: int
+    stale_calls: int
+
+
+@dataclass(frozen=True)
 class RewardReceipt:
     """What one reward report did.
 
@@ -199,11 +224,15 @@ class RewardReceipt:
             group).
         queued: Released episodes not yet inserted into training when the gateway answered (it waited
             ``gateway.report_wait_s``); the gateway inserts them in the background. 0: all were inserted.
+        stale: Per agent of a released episode (and of the reported one while it waits for its group), the
+            calls already past the agent's staleness bound (:class:`StaleCalls`): training will drop them.
+            Empty when none is, or when the gateway knows no bound (one not run by a training job).
     """
 
     released: int
     dropped: int
     queued: int = 0
+    stale: tuple[StaleCalls, ...] = ()
 
 
-__all__ += ["Completion", "CompletionDelta", "InferenceResult", "ModelInfo", "RewardReceipt"]
+__all__ += ["Completion", "CompletionDelta", "InferenceResult", "ModelInfo", "RewardReceipt", "StaleCalls"]

@@ -340,8 +340,10 @@ class InferenceClient:
             timeout_s: Deadline of this call, seconds.
 
         Returns:
-            How many episodes this report released and dropped, and how many of the released ones the gateway had
-            not inserted into training yet when it answered (``queued``; inserted in the background).
+            How many episodes this report released and dropped, how many of the released ones the gateway had
+            not inserted into training yet when it answered (``queued``; inserted in the background), and which
+            agents' calls are already past their staleness bound (``stale``, :class:`~marti.inference.StaleCalls`:
+            training will drop them; empty when none is).
 
         Raises:
             InvalidArgumentError: Empty episode id, an agent that is not trained, an unknown call id, a

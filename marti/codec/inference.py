@@ -7,6 +7,8 @@ their responses here, so each conversion is written once:
 * :func:`report_request`: the ``ReportRewardRequest`` of a ``report_reward`` call.
 * :func:`result_from_proto`, :func:`model_from_proto`, :func:`models_from_proto`, :func:`receipt_from_proto`,
   :data:`FINISH_REASON_NAMES`: responses to domain types.
+* :func:`stale_to_proto`: a :class:`~marti.inference.StaleCalls` to its message (the gateway's answer to a
+  report; :func:`receipt_from_proto` reads it back).
 * :class:`StreamAssembler`: ``GenerateStream`` messages to :class:`~marti.inference.CompletionDelta` events
   and back into the result ``generate`` would return.
 
@@ -15,6 +17,7 @@ The gateway's side of the same protocol (requests to engine arguments) is ``serv
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from marti.api.inference.v1 import inference_pb2 as pb
@@ -26,6 +29,7 @@ from marti.inference import (
     InferenceResult,
     ModelInfo,
     RewardReceipt,
+    StaleCalls,
 )
 
 __all__ = [
@@ -37,6 +41,7 @@ __all__ = [
     "receipt_from_proto",
     "report_request",
     "result_from_proto",
+    "stale_to_proto",
 ]
 
 _INT32_MAX = 2**31 - 1
@@ -197,8 +202,17 @@ def models_from_proto(resp: pb.ListModelsResponse) -> list[ModelInfo]:
 
 
 def receipt_from_proto(resp: pb.ReportRewardResponse) -> RewardReceipt:
-    """The :class:`RewardReceipt` of a ``ReportRewardResponse``."""
-    return RewardReceipt(int(resp.released), int(resp.dropped), int(resp.queued))
+    """The :class:`RewardReceipt` of a ``ReportRewardResponse`` (``stale``: one :class:`StaleCalls` per message,
+    in order)."""
+    stale = tuple(
+        StaleCalls(**{f.name: getattr(m, f.name) for f in dataclasses.fields(StaleCalls)}) for m in resp.stale
+    )
+    return RewardReceipt(int(resp.released), int(resp.dropped), int(resp.queued), stale)
+
+
+def stale_to_proto(stale: StaleCalls) -> pb.StaleCalls:
+    """The ``StaleCalls`` message of one :class:`StaleCalls` (same fields, same meaning)."""
+    return pb.StaleCalls(**dataclasses.asdict(stale))
 
 
 def report_request(

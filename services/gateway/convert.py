@@ -12,11 +12,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from marti.api.inference.v1 import inference_pb2 as pb
-from marti.codec.inference import FINISH_REASON_NAMES
+from marti.codec.inference import FINISH_REASON_NAMES, stale_to_proto
 from marti.errors import InvalidArgumentError
 from marti.inference import ChatMessages, SamplingParams
-from services.gateway.core.gateway import ModelCard, Served
-from services.gateway.core.traces import Released
+from services.gateway.core.gateway import ModelCard, Reported, Served
 
 #: ``max_tokens`` when a request leaves it unset (the SDK's :class:`SamplingParams` default), or less when the
 #: model's context has less room left after the prompt.
@@ -306,6 +305,12 @@ def report_args(req: pb.ReportRewardRequest) -> dict:
     }
 
 
-def released_to_proto(released: Released) -> pb.ReportRewardResponse:
-    """What a report released and dropped."""
-    return pb.ReportRewardResponse(released=len(released.episodes), dropped=int(released.dropped))
+def reported_to_proto(reported: Reported) -> pb.ReportRewardResponse:
+    """What a report released, dropped and left queued, and which of its calls are already stale (the same
+    :attr:`Reported.stale` the HTTP route answers with)."""
+    return pb.ReportRewardResponse(
+        released=len(reported.episodes),
+        dropped=int(reported.dropped),
+        queued=int(reported.queued),
+        stale=[stale_to_proto(s) for s in reported.stale],
+    )

@@ -775,7 +775,7 @@ async def _disconnect(request: Request) -> None:
 async def _report(gateway: Gateway, request: Request, episode_id: str, body: RewardRequest) -> JSONResponse:
     """Report one episode (both reward routes): 200 ``{"episode_id", "released", "dropped"}``, 202 with
     ``"queued"`` when released episodes were not inserted within ``gateway.report_wait_s``; ``"stale"`` (see
-    :class:`~services.gateway.core.gateway.StaleCalls`) when calls of the released episodes are already past
+    :class:`~marti.inference.StaleCalls`) when calls of the released episodes are already past
     their agent's staleness bound."""
     _check_path(request)
     try:

@@ -143,13 +143,11 @@ class InferenceServicer(sgrpc.InferenceServiceServicer):
     async def ReportReward(  # noqa: N802
         self, request: pb.ReportRewardRequest, context
     ) -> pb.ReportRewardResponse:
-        """End an episode and release what became final (``queued``: those not inserted yet, see
-        :meth:`Gateway.report`)."""
+        """End an episode and release what became final (``queued``: those not inserted yet; ``stale``: calls
+        already past their agent's staleness bound; see :meth:`Gateway.report`)."""
         self._check_size(request)
         reported = await self.gateway.report(**convert.report_args(request))
-        resp = convert.released_to_proto(reported)
-        resp.queued = int(getattr(reported, "queued", 0))
-        return resp
+        return convert.reported_to_proto(reported)
 
     async def GetStats(self, request: pb.GetStatsRequest, context) -> pb.GetStatsResponse:  # noqa: N802
         """The gateway's counters."""

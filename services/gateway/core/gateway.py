@@ -25,7 +25,7 @@ from marti.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from marti.inference import ChatMessages, Generation, SamplingParams
+from marti.inference import ChatMessages, Generation, SamplingParams, StaleCalls
 from marti.trajectory import Trajectory
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.batcher import RequestBatcher
@@ -72,28 +72,6 @@ class Served:
     call_ids: list[str]
     generations: list[Generation]
     agent: str
-
-
-@dataclass(frozen=True)
-class StaleCalls:
-    """One agent's calls in one episode that are already past the agent's staleness bound when reported: the
-    learner will drop its item instead of training on it (the store's ``max_policy_lag``).
-
-    Attributes:
-        episode_id: The episode.  agent: The agent.
-        policy_version: The oldest policy version that sampled one of its calls.
-        current_version: The agent's policy version when the report was answered.
-        max_staleness: The agent's bound (``rollout.max_staleness`` or its own ``max_staleness``): an item is
-            trained only while ``current_version - policy_version <= max_staleness``.
-        stale_calls: How many of its recorded turns were sampled by a version past the bound.
-    """
-
-    episode_id: str
-    agent: str
-    policy_version: int
-    current_version: int
-    max_staleness: int
-    stale_calls: int
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Reward reports and errors that name the mistake, over a real port (issue 29 items 6, 8, 14 and 15).
 
 One GatewayServer over a scripted one-agent backend whose policy version the test moves (as a trainer's update
-does), with a staleness bound of 0, driven by the official ``openai`` client and by plain HTTP: a report of
-calls sampled before an update says they are stale; a typo in a report's keys is refused naming it; an empty
+does), with a staleness bound of 0, driven by the official ``openai`` client, by plain HTTP and by the SDK's
+gRPC client: a report of calls sampled before an update says they are stale (the HTTP answer's ``stale``, the
+gRPC ``RewardReceipt.stale``); a typo in a report's keys is refused naming it; an empty
 ``X-Marti-Episode`` header is refused; errors about a field name it in ``param``; unknown routes (``/v1/responses``)
 say what exists; a report posted under a traced base URL is taken there; ``response_format`` is refused.
 """
@@ -13,7 +14,8 @@ import httpx
 import openai
 import pytest
 
-from marti.inference import Generation
+from marti.clients.inference import InferenceClient
+from marti.inference import Generation, RewardReceipt, StaleCalls
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
@@ -39,14 +41,21 @@ class _Versioned(FakeBackend):
 
 
 @pytest.fixture(scope="module")
-def gw():
-    """``(root_url, backend, sink)``: a gateway with a staleness bound of 0 for agent ``a``."""
+def served():
+    """``(server, backend, sink)``: a started gateway (HTTP and gRPC) with a staleness bound of 0 for agent ``a``."""
     backend, sink = _Versioned(), []
     gateway = Gateway(backend, GatewayLimits(max_wait_ms=1), sink=sink.append, max_staleness={"a": 0})
     server = GatewayServer(gateway, token=TOKEN)
-    http_url, _ = server.start()
-    yield http_url.removesuffix("/v1"), backend, sink
+    server.start()
+    yield server, backend, sink
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(served):
+    """``(root_url, backend, sink)``: the HTTP root of :func:`served`."""
+    server, backend, sink = served
+    return server.http_url.removesuffix("/v1"), backend, sink
 
 
 def _client(base: str) -> openai.OpenAI:
@@ -80,6 +89,22 @@ def test_a_report_of_calls_sampled_before_an_update_says_they_are_stale(gw):
     stats = httpx.get(f"{root}/v1/gateway/stats", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert stats["stale_reported"] == 1
     _post(f"{root}/v1/episodes/st-new/reward", {"rewards": {"a": 1.0}})
+
+
+def test_a_grpc_report_of_calls_sampled_before_an_update_says_they_are_stale(served):
+    server, backend, _ = served
+    with InferenceClient(server.grpc_address, token=TOKEN) as client:
+        backend.version = 7
+        for ep in ("gs-old", "gs-held"):
+            client.generate("a", MSG, max_tokens=1, episode_id=ep, group_id=ep)
+        backend.version = 8  # an update landed: the calls sampled by v7 are past the bound of 0
+        receipt = client.report_reward("gs-old", {"a": 1.0})
+        assert receipt.released == 1
+        assert receipt.stale == (StaleCalls("gs-old", "a", 7, 8, 0, 1),)
+        held = client.report_reward("gs-held", {"a": 1.0}, group_size=2)  # waits for its group, already stale
+        assert held.released == 0 and held.stale == (StaleCalls("gs-held", "a", 7, 8, 0, 1),)
+        client.generate("a", MSG, max_tokens=1, episode_id="gs-fresh")
+        assert client.report_reward("gs-fresh", {"a": 1.0}) == RewardReceipt(1, 0)  # no stale entry
 
 
 def test_a_report_with_an_unknown_key_is_refused_naming_it_and_changes_nothing(gw):

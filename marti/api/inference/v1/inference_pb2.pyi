@@ -201,14 +201,32 @@ class ReportRewardRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., rewards: _Optional[_Mapping[str, float]] = ..., call_rewards: _Optional[_Mapping[str, float]] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., failed: _Optional[bool] = ...) -> None: ...
 
 class ReportRewardResponse(_message.Message):
-    __slots__ = ("released", "dropped", "queued")
+    __slots__ = ("released", "dropped", "queued", "stale")
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
     released: int
     dropped: int
     queued: int
-    def __init__(self, released: _Optional[int] = ..., dropped: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
+    stale: _containers.RepeatedCompositeFieldContainer[StaleCalls]
+    def __init__(self, released: _Optional[int] = ..., dropped: _Optional[int] = ..., queued: _Optional[int] = ..., stale: _Optional[_Iterable[_Union[StaleCalls, _Mapping]]] = ...) -> None: ...
+
+class StaleCalls(_message.Message):
+    __slots__ = ("episode_id", "agent", "policy_version", "current_version", "max_staleness", "stale_calls")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    STALE_CALLS_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    agent: str
+    policy_version: int
+    current_version: int
+    max_staleness: int
+    stale_calls: int
+    def __init__(self, episode_id: _Optional[str] = ..., agent: _Optional[str] = ..., policy_version: _Optional[int] = ..., current_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., stale_calls: _Optional[int] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
