@@ -9,13 +9,17 @@ matching :class:`marti.errors.MartiError` subclass.
 from __future__ import annotations
 
 import numbers
+import queue
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.arguments import checked
 from marti.codec import experience as convert
 from marti.codec.chunks import DEFAULT_CHUNK_BYTES
 from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
@@ -129,6 +133,30 @@ def _wait_s(timeout_s: float | None, default_s: float) -> float:
     return default_s if timeout_s is None else timeout_s  # checked by _timeout_ms
 
 
+_ACK = spb.SampleRequest(ack=True)
+
+
+class _SampleRun:
+    """What one confirmed ``Sample`` stream delivered so far, and when the client acks and closes its side.
+
+    The SDK asks for ``confirm`` delivery: the store commits a take only after the client acknowledged it, and
+    puts the items back when the stream ends, breaks or is cancelled before that (a deadline, Ctrl-C, a crash);
+    without ``allow_partial`` it also asks for ``whole_batch`` (a batch it cannot fill takes nothing).
+    """
+
+    def __init__(self) -> None:
+        self.out: list[SampledTrajectory] = []
+        self.stale: list[int] = []
+        self.stale_ids: list[str] = []
+        self.err: MartiError | None = None
+
+    def add(self, resp: spb.SampleResponse) -> bool:
+        """Decode one response; True when the client must ack now: the store sent everything it took and waits
+        for the ack to commit it (sent only once every item is decoded, so nothing acked can be lost here)."""
+        self.err = _Base._sampled(resp, self.out, self.stale, self.stale_ids) or self.err
+        return resp.needs_ack
+
+
 class _Base:
     """Request building and response parsing shared by the sync and async clients."""
 
@@ -207,6 +235,7 @@ class _Base:
         min_policy_version,
         max_age_s,
         current_policy_version=None,
+        allow_partial=False,
     ):
         if batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
@@ -218,7 +247,7 @@ class _Base:
         )  # fmt: skip
         req = spb.SampleRequest(
             table=table, num_samples=batch_size, timeout_ms=_timeout_ms(timeout_s), filter=f,
-            format=pb.PAYLOAD_FORMAT_ENCODED,
+            format=pb.PAYLOAD_FORMAT_ENCODED, whole_batch=not allow_partial, confirm=True,
         )  # fmt: skip
         if current_policy_version is not None:
             req.current_policy_version = current_policy_version
@@ -330,6 +359,7 @@ class ExperienceSharingClient(_Base):
         )
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
 
+    @checked
     def share_experience(
         self,
         trajectory: Trajectory,
@@ -353,6 +383,7 @@ class ExperienceSharingClient(_Base):
         """
         return self.share_experiences([trajectory], table, [priority], timeout_s)[0]
 
+    @checked
     def share_experiences(
         self,
         trajectories: Sequence[Trajectory],
@@ -379,6 +410,7 @@ class ExperienceSharingClient(_Base):
         with rpc_errors():
             return self._keys(self._stub.Insert(iter(reqs)), trajectories)
 
+    @checked
     def sample(
         self,
         table: str,
@@ -409,6 +441,7 @@ class ExperienceSharingClient(_Base):
             table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s, allow_partial
         ).items
 
+    @checked
     def sample_batch(
         self,
         table: str,
@@ -441,19 +474,27 @@ class ExperienceSharingClient(_Base):
         """
         req = self._sample_req(
             table, batch_size, _wait_s(timeout_s, self.timeout_s), agent_ids, roles, min_policy_version, max_age_s,
-            current_policy_version,
+            current_policy_version, allow_partial,
         )  # fmt: skip
-        out: list[SampledTrajectory] = []
-        stale: list[int] = []
-        stale_ids: list[str] = []
-        err = None
-        with rpc_errors():
-            for resp in self._stub.Sample(iter([req])):
-                err = self._sampled(resp, out, stale, stale_ids) or err
+        run = _SampleRun()
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        requests.put(req)
+        stream = self._stub.Sample(iter(requests.get, None))
+        try:
+            with rpc_errors():
+                for resp in stream:
+                    if run.add(resp):
+                        requests.put(_ACK)
+                        requests.put(None)  # close our side; the stream ends once the store committed
+        finally:
+            requests.put(None)
+            stream.cancel()  # a no-op after the end; before it, the store puts unacknowledged items back
         return SampleBatch(
-            self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale, stale_ids
-        )
+            self._finish_sample(run.out, run.err, batch_size, allow_partial, table, run.stale), run.stale,
+            run.stale_ids,
+        )  # fmt: skip
 
+    @checked
     def get_trajectories(
         self,
         episode_id: str | None = None,
@@ -469,6 +510,7 @@ class ExperienceSharingClient(_Base):
         """
         return [s.trajectory for s in self.get_items(episode_id, session, agent_id, policy_version, tables)]
 
+    @checked
     def get_items(
         self,
         episode_id: str | None = None,
@@ -485,6 +527,7 @@ class ExperienceSharingClient(_Base):
                 self._stored(resp, out)
         return out
 
+    @checked
     def get_all_experiences(
         self, episode_id: str | None = None, session: str | None = None
     ) -> list[AgentTurn]:
@@ -497,6 +540,7 @@ class ExperienceSharingClient(_Base):
             raise InvalidArgumentError("get_all_experiences needs an episode_id or a session")
         return merge_by_step(self.get_trajectories(episode_id=episode_id, session=session))
 
+    @checked
     def create_table(
         self, name: str, config: TableConfig | dict[str, Any] | None = None, **fields: Any
     ) -> TableInfo:
@@ -508,11 +552,13 @@ class ExperienceSharingClient(_Base):
         cfg = convert.table_config_to_proto(self._table_config(config, name, fields))
         return _info(call(self._stub.CreateTable, spb.CreateTableRequest(config=cfg), self.timeout_s).info)
 
+    @checked
     def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
         """Set priorities by key; returns ``(updated, missing)`` (missing keys are skipped, not errors)."""
         resp = call(self._stub.UpdatePriorities, self._updates(table, priorities), self.timeout_s)
         return resp.updated, resp.missing
 
+    @checked
     def info(self, table: str) -> TableInfo:
         """Return the table's live state (NotFoundError for an unknown table)."""
         return _info(call(self._stub.GetTableInfo, spb.GetTableInfoRequest(table=table), self.timeout_s).info)
@@ -563,6 +609,7 @@ class AsyncExperienceSharingClient(_Base):
         )
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
 
+    @checked
     async def share_experience(
         self,
         trajectory: Trajectory,
@@ -573,6 +620,7 @@ class AsyncExperienceSharingClient(_Base):
         """See :meth:`ExperienceSharingClient.share_experience`."""
         return (await self.share_experiences([trajectory], table, [priority], timeout_s))[0]
 
+    @checked
     async def share_experiences(
         self,
         trajectories: Sequence[Trajectory],
@@ -592,6 +640,7 @@ class AsyncExperienceSharingClient(_Base):
             responses = [r async for r in self._stub.Insert(iter(reqs))]
         return self._keys(responses, trajectories)
 
+    @checked
     async def sample(
         self,
         table: str,
@@ -609,6 +658,7 @@ class AsyncExperienceSharingClient(_Base):
         )
         return batch.items
 
+    @checked
     async def sample_batch(
         self,
         table: str,
@@ -624,19 +674,25 @@ class AsyncExperienceSharingClient(_Base):
         """See :meth:`ExperienceSharingClient.sample_batch`."""
         req = self._sample_req(
             table, batch_size, _wait_s(timeout_s, self.timeout_s), agent_ids, roles, min_policy_version, max_age_s,
-            current_policy_version,
+            current_policy_version, allow_partial,
         )  # fmt: skip
-        out: list[SampledTrajectory] = []
-        stale: list[int] = []
-        stale_ids: list[str] = []
-        err = None
-        with rpc_errors():
-            async for resp in self._stub.Sample(iter([req])):
-                err = self._sampled(resp, out, stale, stale_ids) or err
+        run = _SampleRun()
+        stream = self._stub.Sample()
+        try:
+            with rpc_errors():
+                await stream.write(req)
+                while (resp := await stream.read()) is not grpc.aio.EOF:
+                    if run.add(resp):
+                        await stream.write(_ACK)
+                        await stream.done_writing()  # the stream ends once the store committed
+        finally:
+            stream.cancel()  # a no-op after the end; before it, the store puts unacknowledged items back
         return SampleBatch(
-            self._finish_sample(out, err, batch_size, allow_partial, table, stale), stale, stale_ids
-        )
+            self._finish_sample(run.out, run.err, batch_size, allow_partial, table, run.stale), run.stale,
+            run.stale_ids,
+        )  # fmt: skip
 
+    @checked
     async def get_trajectories(
         self,
         episode_id: str | None = None,
@@ -649,6 +705,7 @@ class AsyncExperienceSharingClient(_Base):
         items = await self.get_items(episode_id, session, agent_id, policy_version, tables)
         return [s.trajectory for s in items]
 
+    @checked
     async def get_items(
         self,
         episode_id: str | None = None,
@@ -665,6 +722,7 @@ class AsyncExperienceSharingClient(_Base):
                 self._stored(resp, out)
         return out
 
+    @checked
     async def get_all_experiences(
         self, episode_id: str | None = None, session: str | None = None
     ) -> list[AgentTurn]:
@@ -673,6 +731,7 @@ class AsyncExperienceSharingClient(_Base):
             raise InvalidArgumentError("get_all_experiences needs an episode_id or a session")
         return merge_by_step(await self.get_trajectories(episode_id=episode_id, session=session))
 
+    @checked
     async def create_table(
         self, name: str, config: TableConfig | dict[str, Any] | None = None, **fields: Any
     ) -> TableInfo:
@@ -682,11 +741,13 @@ class AsyncExperienceSharingClient(_Base):
             (await acall(self._stub.CreateTable, spb.CreateTableRequest(config=cfg), self.timeout_s)).info
         )
 
+    @checked
     async def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
         """See :meth:`ExperienceSharingClient.update_priorities`."""
         resp = await acall(self._stub.UpdatePriorities, self._updates(table, priorities), self.timeout_s)
         return resp.updated, resp.missing
 
+    @checked
     async def info(self, table: str) -> TableInfo:
         """See :meth:`ExperienceSharingClient.info`."""
         return _info(

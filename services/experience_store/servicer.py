@@ -7,7 +7,7 @@ the event loop; a waiting call holds one pool thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,11 +15,12 @@ from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.codec import experience as convert
-from marti.errors import InvalidArgumentError, MartiError, NotFoundError
+from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError, NotFoundError
 from marti.rpc.errors import ok_status, to_status_proto
 
 from .core.store import DEFAULT_TABLE, ExperienceStore, ItemQuery
 from .core.table import NewItem
+from .sample_stream import SampleStream
 from .settings import StoreSettings
 
 SERVICE_NAME = "marti.api.experience.v1.ExperienceService"
@@ -94,7 +95,10 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
     # ---- Sample -----------------------------------------------------------------------------------------
 
     async def Sample(self, request_iterator, context) -> AsyncIterator[spb.SampleResponse]:  # noqa: N802
-        """See the proto: credit-based flow control; never more items in flight than credits granted."""
+        """See the proto: credit-based flow control; never more items in flight than credits granted. A take is
+        committed only after its responses were handed to the transport; with ``confirm``, the stream's takes are
+        committed only once the client acknowledged them all (after the last response, marked ``needs_ack``), and
+        put back when the stream ends, breaks or is cancelled first, or the ack does not come in ``timeout_ms``."""
         it = request_iterator.__aiter__()
         try:
             first = await it.__anext__()
@@ -105,43 +109,73 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         current = first.current_policy_version if first.HasField("current_policy_version") else None
         if current is not None and current < 0:
             raise InvalidArgumentError(f"current_policy_version must be >= 0, got {current}")
+        limit = self.settings.max_query_items
+        if first.whole_batch and first.num_samples > limit:
+            raise InvalidArgumentError(
+                f"a whole_batch sample takes at most {limit} items, got {first.num_samples}"
+            )
         timeout_s = self._timeout_s(first.timeout_ms)
         max_batch = min(first.max_batch_items or self.settings.max_batch_items, self.settings.max_batch_items)
-        fmt = first.format
-        credits = first.num_samples
-        more = asyncio.Event()
-        done = False
-
-        async def read_credits() -> None:
-            nonlocal credits, done
-            async for req in it:
-                credits += req.num_samples
-                more.set()
-            done = True
-            more.set()
-
-        reader = asyncio.ensure_future(read_credits())
+        stream = SampleStream(it, first.num_samples)
+        held: list = []  # takes sent and not yet committed
         try:
-            while True:
-                if credits <= 0:
-                    if done:
-                        return
-                    more.clear()
-                    await more.wait()
-                    continue
-                n = min(credits, max_batch)
+            while stream.credits > 0 if first.confirm else await stream.wait_credits():
+                n = stream.credits if first.whole_batch else min(stream.credits, max_batch)
                 try:
-                    items = await self._run(table.sample, n, timeout_s, filt, current)
+                    take = await self._take(table, n, timeout_s, filt, current, first.whole_batch)
                 except MartiError as e:  # DEADLINE_EXCEEDED: in-band, outstanding credits dropped
-                    credits = 0
-                    yield spb.SampleResponse(status=to_status_proto(e))
+                    stream.credits = 0
+                    yield spb.SampleResponse(
+                        status=to_status_proto(e), needs_ack=first.confirm and bool(held)
+                    )
                     continue
-                credits -= len(items)
-                yield await self._run(self._sample_response, table.name, items, fmt)
+                held.append(take)
+                stream.credits -= take.consumed
+                responses = await self._run(
+                    self._sample_responses, table.name, take.items, first.format, max_batch
+                )
+                responses[-1].needs_ack = first.confirm and stream.credits <= 0
+                for resp in responses:
+                    yield resp
+                if not first.confirm:
+                    await self._run(table.commit, held.pop())
+            if held:  # confirm: commit every take once the client acknowledged them all
+                if not await stream.wait_ack(timeout_s):
+                    raise DeadlineExceededError(
+                        f"sample from table {table.name!r}: the client did not acknowledge the items within "
+                        f"{timeout_s} s (or closed its side first); they were put back"
+                    )
+                while held:
+                    await self._run(table.commit, held[0])
+                    held.pop(0)
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            for take in held:
+                table.release(take)  # a no-op once committed
+            await stream.close()
+
+    async def _take(self, table, n: int, timeout_s: float, filt, current, whole: bool):
+        """``table.take`` on the pool. If the call is cancelled meanwhile (the client went away), a waiting take
+        gives up at once and one that already took items puts them back."""
+        abandoned = threading.Event()
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._pool, table.take, n, timeout_s, filt, current, whole, abandoned
+        )
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            abandoned.set()
+            table.notify()
+            fut.add_done_callback(
+                lambda f: None if f.cancelled() or f.exception() else table.release(f.result())
+            )
+            raise
+
+    def _sample_responses(self, table: str, items, fmt: int, max_batch: int) -> list[spb.SampleResponse]:
+        """One take's items as responses of at most ``max_batch`` items each."""
+        return [
+            self._sample_response(table, items[i : i + max_batch], fmt)
+            for i in range(0, len(items), max_batch)
+        ]
 
     def _sample_response(self, table: str, items, fmt: int) -> spb.SampleResponse:
         resp = spb.SampleResponse(status=ok_status())

@@ -243,7 +243,10 @@ class _OrderSelector(Selector):
         self._order: dict[int, int] = {}
 
     def insert(self, key: int, priority: float, seq: int) -> None:
+        newest = next(reversed(self._order.values()), -1)
         self._order[key] = seq
+        if seq < newest:  # an item put back (a released sample) returns to its place: O(n), rare
+            self._order = dict(sorted(self._order.items(), key=lambda kv: kv[1]))
 
     def update(self, key: int, priority: float) -> None:
         return None

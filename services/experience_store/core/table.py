@@ -15,8 +15,9 @@ import math
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marti.errors import (
     DeadlineExceededError,
@@ -66,6 +67,32 @@ class SampledItem:
     table_size: int
     importance_weight: float
     stale: bool = False
+
+
+@dataclass(slots=True)
+class Take:
+    """Items one sample took from a table and holds, not yet committed: :meth:`Table.commit` makes the take
+    durable, :meth:`Table.release` puts every item back where it was (order, sample counts, rate-limiter
+    counters), as if the sample never happened.
+
+    Attributes:
+        items: The sampled items (stale ones included, flagged), in selection order.
+        removed: Original records of the items the take removed from the table (sampled out or stale), by key.
+        bumps: How many times the take sampled each key.
+        stale: How many of ``removed`` were removed as stale.
+        open: True until the take is committed or released.
+    """
+
+    items: list[SampledItem] = field(default_factory=list)
+    removed: dict[int, ItemRecord] = field(default_factory=dict)
+    bumps: Counter = field(default_factory=Counter)
+    stale: int = 0
+    open: bool = True
+
+    @property
+    def consumed(self) -> int:
+        """Slots of the sample this take filled: returned plus stale items."""
+        return len(self.items)
 
 
 def check_priority(priority: float, where: str = "priority") -> float:
@@ -130,6 +157,7 @@ class Table:
         self._closed = False
         self.waiting_inserts = 0
         self.waiting_samples = 0
+        self._held = Counter()  # of open takes: samples, deletes, stale, items, bytes (not yet committed)
 
     # ---- restore ---------------------------------------------------------------------------------------
 
@@ -154,16 +182,17 @@ class Table:
         return rec
 
     def counters(self) -> dict[str, int]:
-        """Return the counters that are persisted with the table."""
-        s = self.rate_limiter.state
+        """Return the counters that are persisted with the table (open takes not counted: they are committed
+        with their take, or undone)."""
+        s, held = self.rate_limiter.state, self._held
         return {
             "inserts": s.inserts,
-            "samples": s.samples,
-            "deletes": s.deletes,
+            "samples": s.samples - held["samples"],
+            "deletes": s.deletes - held["deletes"],
             "priority_updates": self.priority_updates,
             "priority_updates_missing": self.priority_updates_missing,
             "evictions": self.evictions,
-            "stale_removed": self.stale_removed,
+            "stale_removed": self.stale_removed - held["stale"],
         }
 
     # ---- signature --------------------------------------------------------------------------------------
@@ -215,7 +244,9 @@ class Table:
     # ---- insert -----------------------------------------------------------------------------------------
 
     def _room_for(self, num_bytes: int) -> bool:
-        return len(self._items) < self.config.max_size and self._bytes + num_bytes <= self.config.max_bytes
+        # Items an open take holds keep their room until the take is committed (they may be put back).
+        size, held_bytes = len(self._items) + self._held["items"], self._bytes + self._held["bytes"]
+        return size < self.config.max_size and held_bytes + num_bytes <= self.config.max_bytes
 
     def _wait(self, deadline: float, what: str) -> None:
         if self._closed:
@@ -360,12 +391,30 @@ class Table:
         timeout_s: float,
         filt: SampleFilter = NO_FILTER,
         current_policy_version: int | None = None,
+        whole: bool = False,
     ) -> list[SampledItem]:
-        """Sample between 1 and ``num_samples`` items (with replacement, as Reverb).
+        """Sample and commit at once: :meth:`take` then :meth:`commit` (see :meth:`take` for arguments, returns
+        and errors; InternalError, UnavailableError when storage could not commit the sample counts)."""
+        take = self.take(num_samples, timeout_s, filt, current_policy_version, whole)
+        self.commit(take)
+        return take.items
+
+    def take(
+        self,
+        num_samples: int,
+        timeout_s: float,
+        filt: SampleFilter = NO_FILTER,
+        current_policy_version: int | None = None,
+        whole: bool = False,
+        abandoned: threading.Event | None = None,
+    ) -> Take:
+        """Take between 1 and ``num_samples`` items (with replacement, as Reverb) and hold them, uncommitted.
 
         Waits until at least one sample may proceed (rate limiter and filter), then takes as many more as may
-        proceed right away. Items that reach ``max_times_sampled`` are removed. Sample counts (and removals) are
-        committed before returning.
+        proceed right away; with ``whole``, takes nothing until all ``num_samples`` may proceed at once. Items
+        that reach ``max_times_sampled`` leave the table (other samplers cannot take them) but keep their room;
+        nothing is committed until :meth:`commit`, and :meth:`release` puts everything back. Returns only once
+        every insert of the taken items is committed.
 
         With ``current_policy_version`` and the table's ``max_policy_lag`` set, a selected item whose
         ``policy_version`` is below ``current_policy_version - max_policy_lag`` is removed instead of returned
@@ -374,18 +423,21 @@ class Table:
         An item without turns is never stale (no weights generated anything in it).
 
         Args:
-            num_samples: Most items to return (>= 1).
-            timeout_s: Longest wait in seconds for the first item.
+            num_samples: Most items to take (>= 1); with ``whole``, exactly this many.
+            timeout_s: Longest wait in seconds for the first item (``whole``: for the whole batch).
             filt: Restriction on the items sampled.
             current_policy_version: The sampler's policy version (>= 0); None = no staleness check.
+            whole: All ``num_samples`` or nothing: a wait that runs out leaves the table unchanged.
+            abandoned: Set (then :meth:`notify`) when the caller went away: a waiting take gives up at once.
 
         Returns:
-            The sampled items (stale ones included, flagged), in selection order.
+            The open :class:`Take`.
 
         Raises:
             InvalidArgumentError: when ``num_samples`` < 1 or ``current_policy_version`` < 0.
-            DeadlineExceededError: when nothing could be sampled before the deadline.
-            InternalError, UnavailableError: when storage could not commit the sample counts.
+            DeadlineExceededError: when nothing (``whole``: not the whole batch) could be taken in time; the
+                table is unchanged.
+            UnavailableError: when the store is shutting down or ``abandoned`` was set.
         """
         if num_samples < 1:
             raise InvalidArgumentError(f"num_samples must be >= 1, got {num_samples}")
@@ -396,9 +448,12 @@ class Table:
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
             while True:
-                picked = self._take(num_samples, filt, oldest)
-                if picked:
+                take, picked = self._take(num_samples, filt, oldest)
+                if picked and (not whole or len(picked) == num_samples):
                     break
+                self._undo(take)
+                if abandoned is not None and abandoned.is_set():
+                    raise UnavailableError(f"sample on table {self.name!r} abandoned: its caller went away")
                 self.waiting_samples += 1
                 try:
                     self._wait(deadline, "sample")
@@ -406,26 +461,25 @@ class Table:
                     self.waiting_samples -= 1
             stale = {rec.key for rec, _, _ in picked if _is_stale(rec, oldest)}
             payloads = self._storage.get_payloads(rec.key for rec, _, _ in picked if rec.key not in stale)
-            removed = [rec.key for rec, _, _ in picked if rec.key not in self._items]
-            updates = [
-                (rec.key, rec.priority, rec.times_sampled) for rec, _, _ in picked if rec.key in self._items
-            ]
-            ticket = self._storage.submit(
-                self.name, deletes=removed, updates=updates, counters=self.counters()
-            )
-            self._cond.notify_all()
-        ticket.wait()
+            barrier = self._storage.submit(self.name, counters=self.counters())  # after the items' inserts
         weights = self.sampler.importance_weights([p for _, p, _ in picked], [n for _, _, n in picked])
-        return [
-            SampledItem(_snapshot(rec), payloads.get(rec.key, b""), p, n, w, rec.key in stale)
+        take.items = [
+            SampledItem(rec, payloads.get(rec.key, b""), p, n, w, rec.key in stale)
             for (rec, p, n), w in zip(picked, weights, strict=True)
         ]
+        try:
+            barrier.wait()
+        except MartiError:
+            self.release(take)
+            raise
+        return take
 
     def _take(
         self, num_samples: int, filt: SampleFilter, oldest: int | None = None
-    ) -> list[tuple[ItemRecord, float, int]]:
-        """Select up to ``num_samples`` items; those with ``policy_version < oldest`` are removed (stale)."""
-        picked: list[tuple[ItemRecord, float, int]] = []
+    ) -> tuple[Take, list[tuple[ItemRecord, float, int]]]:
+        """Select up to ``num_samples`` items into an open take (caller holds the lock); those with
+        ``policy_version < oldest`` are removed (stale). Returns the take and the selections."""
+        take, picked = Take(), []
         now = time.time()
         while len(picked) < num_samples and self.rate_limiter.can_sample(len(self._items)):
             if filt.is_empty():
@@ -443,14 +497,72 @@ class Table:
                 key, prob = self.sampler.select_among(cands, self._rng)
             rec = self._items[key]
             rec.times_sampled += 1
+            take.bumps[key] += 1
             self.rate_limiter.state.samples += 1
             picked.append((_snapshot(rec), prob, n))
             if _is_stale(rec, oldest):
                 self.stale_removed += 1
-                self._unindex(key)
+                take.stale += 1
+                take.removed[key] = self._unindex(key)
             elif self.config.max_times_sampled and rec.times_sampled >= self.config.max_times_sampled:
-                self._unindex(key)
-        return picked
+                take.removed[key] = self._unindex(key)
+        self._hold(take, +1)
+        return take, picked
+
+    def _hold(self, take: Take, sign: int) -> None:
+        """Add (+1) or remove (-1) a take's uncommitted effects from the held counters."""
+        held = self._held
+        held["samples"] += sign * sum(take.bumps.values())
+        held["deletes"] += sign * len(take.removed)
+        held["stale"] += sign * take.stale
+        held["items"] += sign * len(take.removed)
+        held["bytes"] += sign * sum(r.num_bytes for r in take.removed.values())
+
+    def _undo(self, take: Take) -> None:
+        """Put a take's items back (caller holds the lock): removed items return to their place (by insertion
+        sequence), sample counts and counters go back."""
+        self._hold(take, -1)
+        for rec in take.removed.values():
+            self._index(rec)
+        for key, n in take.bumps.items():
+            if key in self._items:
+                self._items[key].times_sampled -= n
+        state = self.rate_limiter.state
+        state.samples -= sum(take.bumps.values())
+        state.deletes -= len(take.removed)
+        self.stale_removed -= take.stale
+        take.open = False
+
+    def commit(self, take: Take) -> None:
+        """Make an open take durable: its removals, sample counts and counters, committed before returning.
+
+        Raises:
+            InternalError, UnavailableError: when storage could not commit it (the items stay taken in memory;
+                storage still holds them, so a restart brings them back).
+        """
+        with self._cond:
+            if not take.open:
+                return
+            take.open = False
+            self._hold(take, -1)
+            updates = [
+                (k, self._items[k].priority, self._items[k].times_sampled)
+                for k in take.bumps
+                if k in self._items
+            ]
+            ticket = self._storage.submit(
+                self.name, deletes=list(take.removed), updates=updates, counters=self.counters()
+            )
+            self._cond.notify_all()
+        ticket.wait()
+
+    def release(self, take: Take) -> None:
+        """Put an open take's items back, as if it never happened (nothing was committed); a no-op for a take
+        already committed or released. Wakes waiting callers."""
+        with self._cond:
+            if take.open:
+                self._undo(take)
+                self._cond.notify_all()
 
     # ---- priorities, info, queries ----------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""No taken item is lost: a sample that cannot deliver what it took leaves the table as it was (issue 29, item 5).
+
+Over a real gRPC store with a SQLite data dir: the README's own scenario (one item in a queue, a batch of 8), a
+deadline that fires while the store holds taken items, a client that vanishes before its ack (cancelled stream,
+killed process), and an ack that never comes. Each checks the table holds the items again and the next caller
+samples them, in their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from marti.api.experience.v1 import experience_service_pb2 as spb
+from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
+from marti.errors import DeadlineExceededError
+from marti.trajectory import Trajectory
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _queue_with(client: ExperienceSharingClient, n: int, table: str = "agent_1") -> list[int]:
+    client.create_table(table, preset="queue")
+    return [
+        client.share_experience(Trajectory(episode_id=f"episode-{i}", agent_id="agent_1"), table=table)
+        for i in range(n)
+    ]
+
+
+def _size_becomes(client: ExperienceSharingClient, table: str, size: int, within_s: float = 5.0) -> int:
+    """The table's size once it is ``size`` (the store puts items back as soon as it sees the stream end)."""
+    deadline = time.monotonic() + within_s
+    while (got := client.info(table).size) != size and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return got
+
+
+def test_readme_snippet_a_non_partial_sample_that_times_out_takes_nothing(store_server):
+    addr, _ = store_server
+    store = ExperienceSharingClient(agent_id="agent_1", address=addr)
+    (key,) = _queue_with(store, 1)
+    with pytest.raises(DeadlineExceededError):
+        store.sample(table="agent_1", batch_size=8, timeout_s=0.3)
+    info = store.info("agent_1")
+    assert (info.size, info.samples, info.deletes) == (1, 0, 0)
+    with ExperienceSharingClient(agent_id="learner", address=addr) as next_caller:
+        assert [s.key for s in next_caller.sample(table="agent_1", batch_size=1)] == [key]
+    assert store.info("agent_1").size == 0
+    store.close()
+
+
+async def test_async_non_partial_sample_that_times_out_takes_nothing(store_server):
+    addr, _ = store_server
+    with ExperienceSharingClient(agent_id="agent_1", address=addr) as sync:
+        keys = _queue_with(sync, 2)
+    async with AsyncExperienceSharingClient(agent_id="agent_1", address=addr) as store:
+        with pytest.raises(DeadlineExceededError):
+            await store.sample(table="agent_1", batch_size=3, timeout_s=0.3)
+        assert (await store.info("agent_1")).size == 2
+        assert [s.key for s in await store.sample(table="agent_1", batch_size=2)] == keys
+
+
+async def test_a_client_deadline_that_fires_mid_take_puts_the_taken_item_back(store_server):
+    """The store took the queue's one item and waits for 7 more; the caller's own deadline fires: the item the
+    store had already sent is back in the table (before the fix it was committed as sampled and lost)."""
+    addr, _ = store_server
+    with ExperienceSharingClient(agent_id="agent_1", address=addr) as sync:
+        (key,) = _queue_with(sync, 1)
+        async with AsyncExperienceSharingClient(agent_id="agent_1", address=addr) as store:
+            sampling = store.sample(table="agent_1", batch_size=8, timeout_s=20, allow_partial=True)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(sampling, 0.5)
+        assert _size_becomes(sync, "agent_1", 1) == 1
+        assert sync.info("agent_1").waiting_samples == 0  # the abandoned wait gave up, it holds no thread
+        assert [s.key for s in sync.sample(table="agent_1", batch_size=1, timeout_s=2)] == [key]
+
+
+def _confirmed(n: int, timeout_ms: int = 5000, table: str = "agent_1") -> spb.SampleRequest:
+    return spb.SampleRequest(table=table, num_samples=n, timeout_ms=timeout_ms, confirm=True)
+
+
+def test_items_sent_but_never_acknowledged_go_back_in_their_order(store_server):
+    """A protocol client reads the items, then its stream is cancelled (or its ack never comes): the store puts
+    them back ahead of the item it did not take."""
+    addr, _ = store_server
+    with ExperienceSharingClient(agent_id="agent_1", address=addr) as store:
+        keys = _queue_with(store, 3)
+        with grpc.insecure_channel(addr) as channel:
+            stub = sgrpc.ExperienceServiceStub(channel)
+            call = stub.Sample(iter([_confirmed(2)]))  # our side closes at once: no ack will come
+            resp = next(call)
+            assert [m.key for m in resp.items] == keys[:2] and resp.needs_ack
+            assert _size_becomes(store, "agent_1", 3) == 3
+            call.cancel()
+            requests: queue.SimpleQueue = queue.SimpleQueue()  # stays open and never acks
+            requests.put(_confirmed(1, timeout_ms=300))
+            silent = stub.Sample(iter(requests.get, None))
+            try:
+                assert next(silent).needs_ack
+                with pytest.raises(grpc.RpcError) as err:
+                    next(silent)
+            finally:
+                requests.put(None)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "put back" in err.value.details()
+        assert [s.key for s in store.sample(table="agent_1", batch_size=3)] == keys
+        assert store.info("agent_1").samples == 3
+
+
+_CRASHING_CLIENT = textwrap.dedent(
+    """
+    import sys, time, grpc
+    from marti.api.experience.v1 import experience_service_pb2 as spb
+    from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+    stub = sgrpc.ExperienceServiceStub(grpc.insecure_channel(sys.argv[1]))
+    def requests():
+        yield spb.SampleRequest(table="agent_1", num_samples=1, timeout_ms=60000, confirm=True)
+        time.sleep(3600)
+    call = stub.Sample(requests())
+    resp = next(call)
+    print(len(resp.items), flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+def test_a_client_killed_before_its_ack_loses_nothing(store_server):
+    addr, _ = store_server
+    with ExperienceSharingClient(agent_id="agent_1", address=addr) as store:
+        (key,) = _queue_with(store, 1)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CRASHING_CLIENT, addr],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert proc.stdout.readline().strip() == "1"  # it holds the item
+            assert store.info("agent_1").size == 0
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert _size_becomes(store, "agent_1", 1) == 1
+        assert [s.key for s in store.sample(table="agent_1", batch_size=1, timeout_s=2)] == [key]
