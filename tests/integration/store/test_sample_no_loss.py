@@ -103,6 +103,8 @@ def test_items_sent_but_never_acknowledged_go_back_in_their_order(store_server):
             assert [m.key for m in resp.items] == keys[:2] and resp.needs_ack
             assert _size_becomes(store, "agent_1", 3) == 3
             call.cancel()
+            assert [s.key for s in store.sample(table="agent_1", batch_size=3)] == keys
+            (key,) = _queue_with(store, 1)
             requests: queue.SimpleQueue = queue.SimpleQueue()  # stays open and never acks
             requests.put(_confirmed(1, timeout_ms=300))
             silent = stub.Sample(iter(requests.get, None))
@@ -113,8 +115,8 @@ def test_items_sent_but_never_acknowledged_go_back_in_their_order(store_server):
             finally:
                 requests.put(None)
             assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "put back" in err.value.details()
-        assert [s.key for s in store.sample(table="agent_1", batch_size=3)] == keys
-        assert store.info("agent_1").samples == 3
+        assert [s.key for s in store.sample(table="agent_1", batch_size=1)] == [key]
+        assert store.info("agent_1").samples == 4
 
 
 _CRASHING_CLIENT = textwrap.dedent(
