@@ -127,6 +127,19 @@ def _timeout_ms(timeout_s: float) -> int:
     return max(1, int(timeout_s * 1000))
 
 
+_UINT32, _INT64 = 2**32 - 1, 2**63 - 1
+
+
+def _in_range(value: int, name: str, lo: int, hi: int) -> None:
+    """Refuse an integer argument outside ``[lo, hi]`` (the range its request field carries).
+
+    Raises:
+        InvalidArgumentError: naming ``name`` and the value (also for a non-integer or a bool).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= int(value) <= hi:
+        raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+
+
 def _wait_s(timeout_s: float | None, default_s: float) -> float:
     """The wait of one call: ``timeout_s``, or the client's default when it is None (0 is refused, not the
     default)."""
@@ -161,8 +174,9 @@ class _Base:
     """Request building and response parsing shared by the sync and async clients."""
 
     def __init__(self, agent_id: str, chunk_bytes: int) -> None:
-        if not agent_id:
-            raise InvalidArgumentError("agent_id must be a non-empty string")
+        if not isinstance(agent_id, str) or not agent_id:
+            raise InvalidArgumentError(f"agent_id must be a non-empty string, got {agent_id!r}")
+        _in_range(chunk_bytes, "chunk_bytes", 1, 2**31 - 1)
         self.agent_id = agent_id
         self.chunk_bytes = chunk_bytes
 
@@ -237,10 +251,10 @@ class _Base:
         current_policy_version=None,
         allow_partial=False,
     ):
-        if batch_size < 1:
-            raise InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
-        if current_policy_version is not None and current_policy_version < 0:
-            raise InvalidArgumentError(f"current_policy_version must be >= 0, got {current_policy_version}")
+        _in_range(batch_size, "batch_size", 1, _UINT32)
+        _in_range(min_policy_version, "min_policy_version", 0, _INT64)
+        if current_policy_version is not None:
+            _in_range(current_policy_version, "current_policy_version", 0, _INT64)
         f = pb.SampleFilter(
             agent_ids=list(agent_ids or ()), roles=list(roles or ()), min_policy_version=min_policy_version,
             max_age_s=max_age_s,
@@ -293,6 +307,8 @@ class _Base:
 
     @staticmethod
     def _getall_req(episode_id, session, agent_id, policy_version, tables):
+        if policy_version is not None:
+            _in_range(policy_version, "policy_version", 0, _INT64)
         req = spb.GetAllExperiencesRequest(
             episode_id=episode_id or "", session=session or "", agent_id=agent_id or "",
             tables=list(tables or ()), format=pb.PAYLOAD_FORMAT_ENCODED,
@@ -429,13 +445,19 @@ class ExperienceSharingClient(_Base):
             batch_size: Items wanted (the server never sends more).
             timeout_s: Longest wait for each item, seconds.
             agent_ids, roles, min_policy_version, max_age_s: Filters (empty = any).
-            allow_partial: Return fewer items instead of raising when the deadline passes.
+            allow_partial: Return the items that came within ``timeout_s`` instead of raising when fewer came.
 
         Returns:
             Items with key, priority, probability, importance weight and the trajectory.
 
+        No taken item is lost: without ``allow_partial`` the store takes the whole batch or nothing, and it
+        commits a sample only once this client acknowledged every item (a call cancelled, interrupted or killed
+        before that leaves the items in the table for the next caller).
+
         Raises:
-            NotFoundError: unknown table.  DeadlineExceededError: fewer than ``batch_size`` items in time.
+            InvalidArgumentError: an argument of the wrong type or out of its range, naming it.
+            NotFoundError: unknown table.  DeadlineExceededError: fewer than ``batch_size`` items in time (then
+                nothing was taken: a queue keeps its items).
         """
         return self.sample_batch(
             table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s, allow_partial

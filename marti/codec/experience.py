@@ -29,6 +29,79 @@ def _json_obj(text: str, where: str) -> dict[str, Any]:
     return value
 
 
+def _json_text(value: Any, where: str) -> str:
+    """A ``metadata``/``info`` dict as JSON object text ("" when empty).
+
+    Raises:
+        InvalidArgumentError: naming ``where`` (and the key path of the first bad value) when ``value`` is not a
+            dict, or holds something JSON cannot carry (a set, bytes, an object, a non-text key, a cycle).
+    """
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"{where} must be a dict (a JSON object), got {type(value).__name__}")
+    if not value:
+        return ""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidArgumentError(f"{where}{_bad_json_path(value)} is not JSON: {e}") from None
+
+
+_JSON_LEAVES = (str, int, float, bool, type(None))
+
+
+def _bad_json_path(value: Any, seen: frozenset[int] = frozenset()) -> str:
+    """Key path (``["a"][0]``) of the first value below ``value`` that JSON cannot carry, "" if none found."""
+    if id(value) in seen:
+        return " (a reference to itself)"
+    if isinstance(value, dict):
+        items = list(value.items())
+        bad_key = next((k for k, _ in items if not isinstance(k, _JSON_LEAVES)), _UNSET)
+        if bad_key is not _UNSET:
+            return f" key {bad_key!r}"
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    else:
+        return "" if isinstance(value, _JSON_LEAVES) else f" value {type(value).__name__}"
+    for k, v in items:
+        inner = _bad_json_path(v, seen | {id(value)})
+        if inner:
+            return f"[{k!r}]{inner}"
+    return ""
+
+
+_UNSET = object()
+#: (proto field, dataclass attribute) of the scalars copied from a Trajectory / a Turn.
+_TRAJECTORY_SCALARS = (
+    ("episode_id", "episode_id"), ("session", "session"), ("agent_id", "agent_id"), ("role", "role"),
+    ("policy_version", "policy_version"), ("created_at_s", "created_at"), ("group_id", "group_id"),
+)  # fmt: skip
+_TURN_SCALARS = (
+    ("step", "step"), ("terminated", "terminated"), ("truncated", "truncated"), ("prompt_text", "prompt_text"),
+    ("response_text", "response_text"),
+)  # fmt: skip
+
+
+def _set(msg: Any, name: str, value: Any, where: str) -> None:
+    """``msg.name = value``; None leaves an optional field unset.
+
+    Raises:
+        InvalidArgumentError: naming ``where`` and the value when the proto field refuses it (wrong type, out of
+            its integer range).
+    """
+    if value is None and msg.DESCRIPTOR.fields_by_name[name].has_presence:
+        return
+    try:
+        setattr(msg, name, value)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"{where} cannot be {value!r} ({type(value).__name__}): {e}") from None
+
+
+def _copy_scalars(msg: Any, obj: Any, fields: tuple[tuple[str, str], ...], where: str) -> None:
+    """Set ``msg``'s fields from ``obj``'s attributes, each checked by :func:`_set` (named ``where.attr``)."""
+    for name, attr in fields:
+        _set(msg, name, getattr(obj, attr), f"{where}.{attr}")
+
+
 _SWAP = sys.byteorder != "little"
 
 
@@ -87,23 +160,21 @@ def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
             repeated fields.
 
     Raises:
-        InvalidArgumentError: when a token id does not fit in int32 (packed form).
+        InvalidArgumentError: naming the field: a token id that does not fit in int32 (packed form), a field of
+            the wrong type or out of its proto range, a turn that is not a :class:`Turn`, a ``metadata`` or
+            ``info`` that is not a dict JSON can carry (with the key path of the bad value).
     """
-    msg = pb.Trajectory(
-        episode_id=t.episode_id, session=t.session, agent_id=t.agent_id, role=t.role,
-        policy_version=t.policy_version, metadata_json=json.dumps(t.metadata) if t.metadata else "",
-        created_at_s=t.created_at, group_id=t.group_id,
-    )  # fmt: skip
-    if t.episode_return is not None:
-        msg.episode_return = t.episode_return
-    for turn in t.turns:
-        m = msg.turns.add(
-            step=turn.step, terminated=turn.terminated, truncated=turn.truncated,
-            info_json=json.dumps(turn.info) if turn.info else "", prompt_text=turn.prompt_text,
-            response_text=turn.response_text,
-        )  # fmt: skip
+    msg = pb.Trajectory(metadata_json=_json_text(t.metadata, "trajectory.metadata"))
+    _copy_scalars(msg, t, _TRAJECTORY_SCALARS, "trajectory")
+    _set(msg, "episode_return", t.episode_return, "trajectory.episode_return")
+    if not isinstance(t.turns, (list, tuple)):
+        raise InvalidArgumentError(f"trajectory.turns must be a list of Turn, got {type(t.turns).__name__}")
+    for i, turn in enumerate(t.turns):
+        if not isinstance(turn, Turn):
+            raise InvalidArgumentError(f"trajectory.turns[{i}] must be a Turn, got {type(turn).__name__}")
+        m = msg.turns.add(info_json=_json_text(turn.info, f"trajectory.turns[{i}].info"))
+        _copy_scalars(m, turn, _TURN_SCALARS, f"trajectory.turns[{i}]")
         if packed:
-            i = len(msg.turns) - 1
             m.prompt_token_ids_i32le = _pack_ids(
                 turn.prompt_token_ids, f"trajectory.turns[{i}].prompt_token_ids"
             )
@@ -121,14 +192,12 @@ def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
             m.prompt_token_ids.extend(turn.prompt_token_ids)
             m.response_token_ids.extend(turn.response_token_ids)
             m.response_logprobs.extend(turn.response_logprobs)
-        if turn.reward is not None:
-            m.reward = turn.reward
-        if turn.policy_version is not None:
-            m.policy_version = turn.policy_version
+        _set(m, "reward", turn.reward, f"trajectory.turns[{i}].reward")
+        _set(m, "policy_version", turn.policy_version, f"trajectory.turns[{i}].policy_version")
         if turn.response_mask:
             if any(x not in (0, 1) for x in turn.response_mask):
                 raise InvalidArgumentError(
-                    f"trajectory.turns[{len(msg.turns) - 1}].response_mask holds values other than 0 and 1"
+                    f"trajectory.turns[{i}].response_mask holds values other than 0 and 1"
                 )
             m.response_mask = bytes(turn.response_mask)
     return msg
@@ -171,9 +240,11 @@ def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
     Raises:
         InvalidArgumentError: naming the field: empty ``episode_id``/``agent_id``, negative
             ``policy_version`` or ``created_at_s``, decreasing or negative ``step``, logprobs whose count is
-            neither 0 nor the response length, non-finite ``reward`` or logprobs.
+            neither 0 nor the response length, non-finite ``reward`` or logprobs, ``metadata_json`` or
+            ``info_json`` that is not a JSON object.
     """
     check_identity(msg.episode_id, msg.agent_id, msg.policy_version)
+    _json_obj(msg.metadata_json, "trajectory.metadata_json")  # a sampler must be able to read it back
     if not (math.isfinite(msg.created_at_s) and msg.created_at_s >= 0):
         raise InvalidArgumentError(f"trajectory.created_at_s must be finite and >= 0, got {msg.created_at_s}")
     if msg.HasField("episode_return") and not math.isfinite(msg.episode_return):
@@ -186,6 +257,7 @@ def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
                 f"trajectory.turns[{i}].step must be >= 0 and non-decreasing, got {t.step}"
             )
         last = t.step
+        _json_obj(t.info_json, f"trajectory.turns[{i}].info_json")
         for name in ("prompt_token_ids_i32le", "response_token_ids_i32le", "response_logprobs_f32le"):
             packed = getattr(t, name)
             if len(packed) % 4:
