@@ -26,12 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from pettingzoo import ParallelEnv
 
+from marti.arguments import checked
+
 if TYPE_CHECKING:
     import grpc
 
 __all__ = ["ParallelEnv", "declared_metrics", "list_envs", "make", "step_many"]
 
 
+@checked
 def make(
     env_id: str,
     *,

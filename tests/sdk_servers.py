@@ -14,6 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
+
+from marti.api.inference.v1 import inference_pb2 as ipb
 from marti.api.inference.v1 import inference_service_pb2_grpc as igrpc
 from marti.errors import UnavailableError
 from marti.rpc.server import ServiceSpec
@@ -24,6 +27,37 @@ from marti.rpc.testing import serve_in_thread
 INFERENCE = "marti.api.inference.v1.InferenceService"
 
 T = TypeVar("T")
+
+
+class ScriptedInference(igrpc.InferenceServiceServicer):
+    """Answers ``Generate`` with the prompt's text reversed for model ``a1``; other models are unknown."""
+
+    async def Generate(self, request, context):  # noqa: N802 - gRPC method name
+        if request.model != "a1":
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model!r}")
+        if request.n > 8:  # the real gateway's max_n check
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"n is {request.n}, above max_n 8")
+        return ipb.GenerateResponse(
+            choices=[
+                ipb.Choice(
+                    call_id=f"c{i}",
+                    text=request.text[::-1],
+                    token_ids=[7, 8],
+                    logprobs=[-0.5, -0.25],
+                    finish_reason=ipb.FINISH_REASON_LENGTH,
+                    policy_version=2,
+                    index=i,
+                )
+                for i in range(request.n)
+            ],
+            prompt_token_ids=[1, 2, 3],
+            agent="a1",
+        )
+
+    async def ListModels(self, request, context):  # noqa: N802 - gRPC method name
+        return ipb.ListModelsResponse(
+            models=[ipb.ModelInfo(id="a1", agent="a1", policy_version=2, pinned=False, max_model_len=64)]
+        )
 
 
 @contextmanager

@@ -37,6 +37,7 @@ from pettingzoo import ParallelEnv
 
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
+from marti.arguments import checked
 from marti.codec.env import (
     DELTA_SCALARS,
     apply_text_edit,
@@ -634,6 +635,7 @@ class EnvClient:
         """List registered envs (id, description, config schema, agents, roles, space descriptions)."""
         return [_describe(d) for d in call(self.stub.ListEnvs, pb.ListEnvsRequest(), self.timeout_s).envs]
 
+    @checked
     def create_session(
         self,
         env_id: str,
@@ -652,6 +654,7 @@ class EnvClient:
             call(self.stub.CreateSession, _create_request(env_id, config, seed, request_id), self.timeout_s)
         )
 
+    @checked
     def reset(
         self,
         session_id: str,
@@ -680,6 +683,7 @@ class EnvClient:
     def _held(self, session_id: str) -> HeldResult | None:
         return self.deltas.get(session_id) if self.deltas is not None else None
 
+    @checked
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session; a retry with the same ``request_id`` returns the first result.
 
@@ -698,6 +702,7 @@ class EnvClient:
             raise
         return _decode(self.deltas, session_id, resp, held)
 
+    @checked
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions in one call.
 
@@ -710,6 +715,7 @@ class EnvClient:
         req, helds = _batch_request(self.deltas, steps)
         return _batch_results(self.deltas, steps, helds, call(self.stub.BatchStep, req, self.timeout_s).items)
 
+    @checked
     def close_session(self, session_id: str) -> bool:
         """Close a session (idempotent); True when it existed."""
         self._forget(session_id)
@@ -880,6 +886,7 @@ class SessionStream:
         if self.deltas is not None:
             self.deltas.drop(session_id)
 
+    @checked
     def create_session(
         self, env_id: str, config: Mapping[str, Any] | None = None, seed: int | None = None
     ) -> SessionInfo:
@@ -888,6 +895,7 @@ class SessionStream:
         self._made.add(info.session_id)
         return info
 
+    @checked
     def reset(
         self, session_id: str, seed: int | None = None, options: Mapping[str, Any] | None = None
     ) -> StepResult:
@@ -903,6 +911,7 @@ class SessionStream:
             raise
         return _decode(self.deltas, session_id, resp, None)
 
+    @checked
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session.
 
@@ -918,12 +927,14 @@ class SessionStream:
             raise
         return _decode(self.deltas, session_id, resp, held)
 
+    @checked
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions in one request; per-step errors are returned, not raised."""
         req, helds = _batch_request(self.deltas, steps)
         items = self._roundtrip(batch_step=req).batch_step.items
         return _batch_results(self.deltas, steps, helds, items)
 
+    @checked
     def close_session(self, session_id: str) -> bool:
         """Close a session."""
         self._forget(session_id)
@@ -1166,6 +1177,7 @@ class RemoteParallelEnv(ParallelEnv):
         if old_owned:
             old_client.close()
 
+    @checked
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         """Reset the remote env; returns ``(observations, infos)``.
 
@@ -1203,6 +1215,7 @@ class RemoteParallelEnv(ParallelEnv):
         self.agents, self.acting_agents = r.agents, r.acting_agents
         return r.observations, r.infos
 
+    @checked
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         """Step the remote env; returns PettingZoo ``(observations, rewards, terminations, truncations, infos)``.
 
@@ -1345,6 +1358,7 @@ class AsyncEnvClient:
             _describe(d) for d in (await acall(self.stub.ListEnvs, pb.ListEnvsRequest(), self.timeout_s)).envs
         ]
 
+    @checked
     async def create_session(
         self,
         env_id: str,
@@ -1359,6 +1373,7 @@ class AsyncEnvClient:
             )
         )
 
+    @checked
     async def reset(
         self,
         session_id: str,
@@ -1376,6 +1391,7 @@ class AsyncEnvClient:
             raise
         return _decode(self.deltas, session_id, resp, None)
 
+    @checked
     async def step(
         self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None
     ) -> StepResult:
@@ -1390,6 +1406,7 @@ class AsyncEnvClient:
             raise
         return _decode(self.deltas, session_id, resp, held)
 
+    @checked
     async def batch_step(
         self, steps: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[StepResult | MartiError]:
@@ -1399,6 +1416,7 @@ class AsyncEnvClient:
         items = (await acall(self.stub.BatchStep, req, self.timeout_s)).items
         return _batch_results(self.deltas, steps, helds, items)
 
+    @checked
     async def close_session(self, session_id: str) -> bool:
         """See :meth:`EnvClient.close_session`."""
         self._forget(session_id)

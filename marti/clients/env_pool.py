@@ -41,6 +41,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from marti.arguments import checked
 from marti.clients.env import (
     AsyncEnvClient,
     EnvClient,
@@ -266,6 +267,7 @@ class _PoolBase:
         self._placement = _Placement(len(self.addresses))
         self._routes = _Routes(self._placement, self.addresses)
 
+    @checked
     def server_of(self, session_id: str) -> str:
         """The address of the server a session (made by this pool's ``create_session``) lives on.
 
@@ -357,6 +359,7 @@ class EnvPool(_PoolBase):
                 raise name_server(e, a) from None
         return _common_envs(listings)
 
+    @checked
     def create_session(
         self, env_id: str, config: Mapping[str, Any] | None = None, seed: int | None = None
     ) -> SessionInfo:
@@ -372,6 +375,7 @@ class EnvPool(_PoolBase):
         self._routes.add(info.session_id, i)
         return info
 
+    @checked
     def reset(
         self,
         session_id: str,
@@ -388,10 +392,12 @@ class EnvPool(_PoolBase):
         """
         return self._routed(session_id, lambda c: c.reset(session_id, seed, options, request_id))
 
+    @checked
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session on its server (see :meth:`EnvClient.step`; errors as in :meth:`reset`)."""
         return self._routed(session_id, lambda c: c.step(session_id, actions, request_id))
 
+    @checked
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions: one ``BatchStep`` call per server holding some of them (one after another).
 
@@ -414,6 +420,7 @@ class EnvPool(_PoolBase):
             self._routes.settle(i, idx, steps, results, out)
         return out
 
+    @checked
     def close_session(self, session_id: str) -> bool:
         """Close a session on its server; True when the server had it. ``False`` for a session the pool does not
         know (never created here, or already closed or lost): nothing is sent.
@@ -433,6 +440,7 @@ class EnvPool(_PoolBase):
         """Open an :class:`EnvPoolStream`: sessions on per-server bidi streams, placed by this pool."""
         return EnvPoolStream(self)
 
+    @checked
     def make(
         self,
         env_id: str,
@@ -570,6 +578,7 @@ class EnvPoolStream:
         except MartiError as e:
             raise self._routes.failed(session_id, i, e) from None
 
+    @checked
     def create_session(
         self, env_id: str, config: Mapping[str, Any] | None = None, seed: int | None = None
     ) -> SessionInfo:
@@ -597,16 +606,19 @@ class EnvPoolStream:
             streams[i].close_session(info.session_id)
         raise self._closed_error()
 
+    @checked
     def reset(
         self, session_id: str, seed: int | None = None, options: Mapping[str, Any] | None = None
     ) -> StepResult:
         """Reset a session on its server's stream (errors as in :meth:`EnvPool.reset`)."""
         return self._routed(session_id, lambda s: s.reset(session_id, seed, options))
 
+    @checked
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session on its server's stream (errors as in :meth:`EnvPool.reset`)."""
         return self._routed(session_id, lambda s: s.step(session_id, actions, request_id))
 
+    @checked
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """One batch request per server's stream; results in request order (as :meth:`EnvPool.batch_step`)."""
         groups = self._routes.split(steps)
@@ -620,6 +632,7 @@ class EnvPoolStream:
             self._routes.settle(i, idx, steps, results, out)
         return out
 
+    @checked
     def close_session(self, session_id: str) -> bool:
         """Close a session on its server's stream; ``False`` for a session this stream does not know."""
         i = self._routes.drop(session_id)
@@ -701,6 +714,7 @@ class AsyncEnvPool(_PoolBase):
         )
         return _common_envs(listings)
 
+    @checked
     async def create_session(
         self, env_id: str, config: Mapping[str, Any] | None = None, seed: int | None = None
     ) -> SessionInfo:
@@ -719,6 +733,7 @@ class AsyncEnvPool(_PoolBase):
         assert tries.last is not None
         raise tries.last
 
+    @checked
     async def reset(
         self,
         session_id: str,
@@ -729,12 +744,14 @@ class AsyncEnvPool(_PoolBase):
         """See :meth:`EnvPool.reset`."""
         return await self._routed(session_id, lambda c: c.reset(session_id, seed, options, request_id))
 
+    @checked
     async def step(
         self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None
     ) -> StepResult:
         """See :meth:`EnvPool.step`."""
         return await self._routed(session_id, lambda c: c.step(session_id, actions, request_id))
 
+    @checked
     async def batch_step(
         self, steps: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[StepResult | MartiError]:
@@ -753,6 +770,7 @@ class AsyncEnvPool(_PoolBase):
         await asyncio.gather(*(one(i, idx) for i, idx in groups.items()))
         return out
 
+    @checked
     async def close_session(self, session_id: str) -> bool:
         """See :meth:`EnvPool.close_session`."""
         i = self._routes.drop(session_id)

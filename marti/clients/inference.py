@@ -25,6 +25,7 @@ import grpc
 
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.api.inference.v1 import inference_service_pb2_grpc as sgrpc
+from marti.arguments import checked
 from marti.codec.inference import (
     StreamAssembler,
     generate_request,
@@ -230,6 +231,7 @@ class InferenceClient:
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
         self.stub = sgrpc.InferenceServiceStub(self.channel)
 
+    @checked
     def generate(
         self,
         model: str,
@@ -315,6 +317,7 @@ class InferenceClient:
         """Every servable model name: each agent, then each resident ``agent@VERSION``."""
         return models_from_proto(call(self.stub.ListModels, pb.ListModelsRequest(), self.timeout_s))
 
+    @checked
     def report_reward(
         self,
         episode_id: str,
@@ -402,6 +405,7 @@ class AsyncInferenceClient:
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file, aio=True)
         self.stub = sgrpc.InferenceServiceStub(self.channel)
 
+    @checked
     async def generate(
         self,
         model: str,
@@ -433,6 +437,7 @@ class AsyncInferenceClient:
         """See :meth:`InferenceClient.models`."""
         return models_from_proto(await acall(self.stub.ListModels, pb.ListModelsRequest(), self.timeout_s))
 
+    @checked
     async def report_reward(
         self,
         episode_id: str,
@@ -464,6 +469,7 @@ class AsyncInferenceClient:
         await self.close()
 
 
+@checked
 def report_reward(
     address: str,
     episode_id: str,
@@ -489,6 +495,7 @@ def report_reward(
         return client.report_reward(episode_id, rewards, **kwargs)
 
 
+@checked
 async def report_reward_async(
     address: str,
     episode_id: str,

@@ -18,8 +18,9 @@ import grpc
 from marti.api.trainer.v1 import trainer_pb2 as pb
 from marti.api.trainer.v1 import trainer_service_pb2 as spb
 from marti.api.trainer.v1 import trainer_service_pb2_grpc as sgrpc
+from marti.arguments import checked
 from marti.rpc.calls import acall, aiterate, call, iterate
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
 from marti.rpc.transport import LoopBoundChannel
 
 SERVICE = "marti.api.trainer.v1.TrainerService"
@@ -143,6 +144,7 @@ class _TrainerClientBase:
     @staticmethod
     def _checkpoint_request(job_id: str, timeout_s: float) -> tuple[spb.SaveCheckpointRequest, float]:
         """The SaveCheckpoint request and the call's deadline (the server's wait plus 5 s)."""
+        timeout_s = check_timeout_s(timeout_s)
         return spb.SaveCheckpointRequest(job_id=job_id, timeout_ms=int(timeout_s * 1000)), timeout_s + 5.0
 
     def _metrics_call(self, job_id: str, from_step: int, timeout_s: float | None) -> Any:
@@ -173,11 +175,13 @@ class TrainerClient(_TrainerClientBase):
     (``NotFoundError`` for an unknown job, ``InvalidArgumentError`` for a bad config, ...).
     """
 
+    @checked
     def submit_job(self, config_yaml: str, overrides: Sequence[str] = ()) -> JobInfo:
         """Start a job from a training config (YAML text) with dotted ``key=value`` overrides."""
         req = self._submit_request(config_yaml, overrides)
         return _job(call(self._stub.SubmitJob, req, self.timeout_s).job)
 
+    @checked
     def get_job(self, job_id: str) -> JobInfo:
         """The job's current state."""
         return _job(call(self._stub.GetJob, spb.GetJobRequest(job_id=job_id), self.timeout_s).job)
@@ -186,15 +190,18 @@ class TrainerClient(_TrainerClientBase):
         """Every job, newest first."""
         return [_job(j) for j in call(self._stub.ListJobs, spb.ListJobsRequest(), self.timeout_s).jobs]
 
+    @checked
     def stop_job(self, job_id: str) -> JobInfo:
         """Ask a job to stop; returns its state after the request."""
         return _job(call(self._stub.StopJob, spb.StopJobRequest(job_id=job_id), self.timeout_s).job)
 
+    @checked
     def save_checkpoint(self, job_id: str, timeout_s: float = 600.0) -> tuple[str, int]:
         """Save a checkpoint of a running job now; returns ``(path, step)``. ``timeout_s``: longest wait, s."""
         req, deadline = self._checkpoint_request(job_id, timeout_s)
         return _checkpoint(call(self._stub.SaveCheckpoint, req, deadline))
 
+    @checked
     def stream_metrics(
         self, job_id: str, from_step: int = 0, timeout_s: float | None = None
     ) -> Iterator[MetricsRecord]:
@@ -228,11 +235,13 @@ class AsyncTrainerClient(_TrainerClientBase):
 
     _AIO = True
 
+    @checked
     async def submit_job(self, config_yaml: str, overrides: Sequence[str] = ()) -> JobInfo:
         """See :meth:`TrainerClient.submit_job`."""
         req = self._submit_request(config_yaml, overrides)
         return _job((await acall(self._stub.SubmitJob, req, self.timeout_s)).job)
 
+    @checked
     async def get_job(self, job_id: str) -> JobInfo:
         """See :meth:`TrainerClient.get_job`."""
         return _job((await acall(self._stub.GetJob, spb.GetJobRequest(job_id=job_id), self.timeout_s)).job)
@@ -243,15 +252,18 @@ class AsyncTrainerClient(_TrainerClientBase):
             _job(j) for j in (await acall(self._stub.ListJobs, spb.ListJobsRequest(), self.timeout_s)).jobs
         ]
 
+    @checked
     async def stop_job(self, job_id: str) -> JobInfo:
         """See :meth:`TrainerClient.stop_job`."""
         return _job((await acall(self._stub.StopJob, spb.StopJobRequest(job_id=job_id), self.timeout_s)).job)
 
+    @checked
     async def save_checkpoint(self, job_id: str, timeout_s: float = 600.0) -> tuple[str, int]:
         """See :meth:`TrainerClient.save_checkpoint`."""
         req, deadline = self._checkpoint_request(job_id, timeout_s)
         return _checkpoint(await acall(self._stub.SaveCheckpoint, req, deadline))
 
+    @checked
     async def stream_metrics(
         self, job_id: str, from_step: int = 0, timeout_s: float | None = None
     ) -> AsyncIterator[MetricsRecord]:

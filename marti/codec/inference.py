@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from marti.api.inference.v1 import inference_pb2 as pb
+from marti.arguments import checked
 from marti.errors import InternalError, InvalidArgumentError
 from marti.inference import (
     ChatMessages,
@@ -72,6 +73,7 @@ def _check_text(name: str, value: str) -> None:
 FINISH_REASON_NAMES: dict[int, str] = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 
+@checked
 def generate_request(
     model: str,
     messages: ChatMessages | None = None,
@@ -215,6 +217,7 @@ def stale_to_proto(stale: StaleCalls) -> pb.StaleCalls:
     return pb.StaleCalls(**dataclasses.asdict(stale))
 
 
+@checked
 def report_request(
     episode_id: str,
     rewards: Mapping[str, float],

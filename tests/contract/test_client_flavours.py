@@ -14,16 +14,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
-from sdk_servers import serve_sdk_services
+from sdk_servers import ScriptedInference, serve_sdk_services
 
 import marti
 import marti.aio
 from marti.api.broker.v1 import broker_service_pb2 as bpb
 from marti.api.broker.v1 import broker_service_pb2_grpc as bgrpc
-from marti.api.inference.v1 import inference_pb2 as ipb
-from marti.api.inference.v1 import inference_service_pb2_grpc as igrpc
 from marti.clients.env import EnvClient
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.inference import Completion, InferenceResult, ModelInfo
@@ -52,40 +49,11 @@ CLIENTS: dict[str, dict[str, type]] = {
 }
 
 
-class _ScriptedInference(igrpc.InferenceServiceServicer):
-    """Answers ``Generate`` with the prompt's text reversed for model ``a1``; other models are unknown."""
-
-    async def Generate(self, request, context):  # noqa: N802 - gRPC method name
-        if request.model != "a1":
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model!r}")
-        return ipb.GenerateResponse(
-            choices=[
-                ipb.Choice(
-                    call_id=f"c{i}",
-                    text=request.text[::-1],
-                    token_ids=[7, 8],
-                    logprobs=[-0.5, -0.25],
-                    finish_reason=ipb.FINISH_REASON_LENGTH,
-                    policy_version=2,
-                    index=i,
-                )
-                for i in range(request.n)
-            ],
-            prompt_token_ids=[1, 2, 3],
-            agent="a1",
-        )
-
-    async def ListModels(self, request, context):  # noqa: N802 - gRPC method name
-        return ipb.ListModelsResponse(
-            models=[ipb.ModelInfo(id="a1", agent="a1", policy_version=2, pinned=False, max_model_len=64)]
-        )
-
-
 @pytest.fixture(scope="module")
 def address(tmp_path_factory) -> Iterator[str]:
     """Broker, env server, store, idle trainer and scripted inference hosted by one server, token required."""
     with serve_sdk_services(
-        tmp_path_factory.mktemp("store"), TOKEN, _ScriptedInference(), trainer=True
+        tmp_path_factory.mktemp("store"), TOKEN, ScriptedInference(), trainer=True
     ) as address:
         yield address
 
