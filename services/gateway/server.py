@@ -2,7 +2,7 @@
 
 :class:`GatewayServer` runs one asyncio event loop in a daemon thread. On it live the gateway (its request
 batcher and abandoned-episode sweeper: ``gateway.start()`` runs there), the FastAPI app of
-:func:`services.gateway.http_app.build_app` under ``uvicorn.Server`` and the ``grpc.aio`` server of
+:func:`services.gateway.http.app.build_app` under ``uvicorn.Server`` and the ``grpc.aio`` server of
 :func:`marti.rpc.server.start_server` hosting :func:`services.gateway.servicer.service_spec` (with health and
 reflection). Both protocols share the gateway, so they batch together and trace into the same episodes.
 
@@ -228,7 +228,7 @@ class GatewayServer:
 
         from marti.rpc.server import start_server
         from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES, ServerSettings
-        from services.gateway.http_app import build_app
+        from services.gateway.http.app import build_app
         from services.gateway.servicer import service_spec
 
         self._loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
 """The gateway facade: resolve a model name, batch the call into the engine, record its trace, take rewards.
 
-Both adapters (OpenAI-compatible HTTP in ``http_app.py``, gRPC in ``servicer.py``) call only this class, so the
+Both adapters (OpenAI-compatible HTTP in the ``http`` package, gRPC in ``servicer.py``) call only this class, so the
 two protocols behave the same and raise the same :mod:`marti.errors` types (mapped to HTTP codes in one place,
 to gRPC status codes by the shared interceptor).
 """

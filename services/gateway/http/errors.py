@@ -7,9 +7,9 @@ Every error body has the shape of the OpenAI API::
 ``type`` is the OpenAI error type, ``param`` the request field at fault when one is known (``messages[0].content``,
 ``temperature``), and ``code`` the gRPC status name in lower case (the gRPC adapter reports the same status for
 the same failure). A 400, 404 or 409 raised without a ``param`` gets the first of the app's request fields (body
-fields, path ids, ``X-Marti-*`` headers; given to :func:`install_error_handlers`) its message names, so an error
-about a field never says ``param: null``. Unknown body keys of a model that forbids them are named all at once,
-with the field each one most resembles. An unknown route's 404 lists the routes that exist.
+fields, path ids, ``X-Marti-*`` headers; given to :func:`~services.gateway.http.app.install_error_handlers`) its
+message names, so an error about a field never says ``param: null``. Unknown body keys of a model that forbids
+them are named all at once, with the field each one most resembles. An unknown route's 404 lists the routes that exist.
 
 =============================  ======  ============================  ======================
 exception                      status  ``type``                      ``code``
@@ -36,14 +36,13 @@ DeadlineExceededError          504     timeout_error                 deadline_ex
 request is well formed but conflicts with the episode's state, and retrying it unchanged cannot succeed.
 429 and 503 responses carry ``Retry-After: 1``. A 500 never shows the exception's text or traceback to the
 client; it is logged here, once, with a reference id the response names. Unexpected exceptions are answered by
-:class:`CatchAllMiddleware` inside the app, so the connection stays usable for the client's next request (Starlette's
-own last-resort handler re-raises, and the server then drops the connection). A request the server cancels before
+:class:`~services.gateway.http.middleware.CatchAllMiddleware` inside the app, so the connection stays usable for the
+client's next request (Starlette's own last-resort handler re-raises, and the server then drops the connection). A request the server cancels before
 it is answered (uvicorn does when its graceful-shutdown time is over) gets the 503 ``the gateway is shutting down``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import logging
 import re
@@ -51,11 +50,10 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marti.errors import (
     AbortedError,
@@ -220,53 +218,6 @@ def validation_response(exc: RequestValidationError, fields: Iterable[str] = ())
     return error_response(400, msg + more, "invalid_request_error", param, "invalid_argument")
 
 
-class CatchAllMiddleware:
-    """ASGI middleware that answers any exception a request raises with its OpenAI-style response.
-
-    Unlike Starlette's catch-all handler it does not re-raise, so the server keeps the connection (keep-alive)
-    and logs nothing more: an unexpected exception is logged once, by :func:`exception_response`. A request
-    cancelled before its response started (the server's graceful-shutdown time ran out) is answered 503
-    ``unavailable``. An exception after the response started is re-raised (the server ends the connection, the
-    only way left to tell the client the response is incomplete).
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_tracked)
-        except asyncio.CancelledError:
-            if started:
-                raise
-            msg = "the gateway is shutting down: the request was cancelled before it was answered; retry it"
-            response = error_response(503, msg, "service_unavailable_error", None, "unavailable")
-            await _send_quietly(response, scope, receive, send)
-        except Exception as exc:  # noqa: BLE001 - every error becomes its response
-            if started:
-                raise
-            await _send_quietly(exception_response(exc), scope, receive, send)
-
-
-async def _send_quietly(response: JSONResponse, scope: Scope, receive: Receive, send: Send) -> None:
-    """Send ``response``; a client that is gone already is not an error."""
-    try:
-        await response(scope, receive, send)
-    except Exception as exc:  # noqa: BLE001 - nothing more can be told to the client
-        _LOG.debug("could not send the error response: %s", exc)
-
-
 def _routes(app: Any) -> list[str]:
     """``"METHOD /path"`` of every documented route of ``app`` (the paths of its OpenAPI schema, which FastAPI
     builds once and keeps)."""
@@ -292,35 +243,11 @@ def _no_route(request: Request, status: int) -> str:
     )
 
 
-def install_error_handlers(app: FastAPI, fields: Iterable[str] = ()) -> None:
-    """Make every error of ``app`` an OpenAI-style JSON response: the handlers of marti errors, validation and
-    HTTP errors, and :class:`CatchAllMiddleware` for anything else. Call it after adding the app's other
-    middleware, so that the catch-all wraps them too.
-
-    Args:
-        app: The app.
-        fields: Every request field, path parameter and header name of the app's routes: an error raised without
-            a ``param`` gets the first one its message names, and unknown body keys get did-you-mean hints.
-    """
-    names = tuple(fields)
-
-    async def on_marti(_: Request, exc: Exception) -> JSONResponse:
-        return exception_response(exc, names)
-
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        return validation_response(exc, names)
-
-    async def on_http(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        type_, code = _HTTP_TYPES.get(exc.status_code, ("invalid_request_error", None))
-        detail = str(exc.detail)
-        if exc.status_code in (404, 405) and detail in ("Not Found", "Method Not Allowed"):  # no such route
-            detail = _no_route(request, exc.status_code)
-        return error_response(exc.status_code, detail, type_, None, code)
-
-    app.add_exception_handler(MartiError, on_marti)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(StarletteHTTPException, on_http)
-    # The outermost middleware of the app's own (only Starlette's last-resort handler is outside it).
-    app.add_middleware(CatchAllMiddleware)
+def http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """The OpenAI-style answer to an HTTP error Starlette raised itself; a route that does not exist (404) or a
+    method it does not take (405) gets a message listing the routes that exist."""
+    type_, code = _HTTP_TYPES.get(exc.status_code, ("invalid_request_error", None))
+    detail = str(exc.detail)
+    if exc.status_code in (404, 405) and detail in ("Not Found", "Method Not Allowed"):  # no such route
+        detail = _no_route(request, exc.status_code)
+    return error_response(exc.status_code, detail, type_, None, code)

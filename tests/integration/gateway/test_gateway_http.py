@@ -25,7 +25,7 @@ from marti.inference import Generation
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
-from services.gateway.http_app import build_app
+from services.gateway.http.app import build_app
 from services.gateway.server import GatewayServer
 from services.trainer.gateway_backend import EngineBackend
 from services.trainer.models import build_tiny_model, load_tokenizer

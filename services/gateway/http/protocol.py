@@ -1,0 +1,248 @@
+"""The OpenAI request bodies (pydantic) and response objects of the gateway's HTTP adapter (vLLM's ``protocol.py``).
+
+Strings must be encodable as UTF-8 (a lone surrogate escape is refused, naming the field); unknown keys are ignored
+except in :class:`RewardRequest`, which refuses them (see :mod:`services.gateway.http`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
+
+from marti.errors import InvalidArgumentError
+from marti.inference import SamplingParams
+from services.gateway.convert import CHAT_ROLES
+from services.gateway.core.gateway import ModelCard, Served
+from services.gateway.http.errors import request_error
+
+#: Chat ``max_tokens`` when absent: this many, or fewer when the model's context has less room left.
+DEFAULT_CHAT_MAX_TOKENS = 512
+#: Completions ``max_tokens`` when absent (OpenAI's default).
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+_Float = Annotated[float, Strict(), AllowInfNan(False)]
+_Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+def _utf8(v: str) -> str:
+    """``v`` unchanged; ValueError when it cannot be encoded as UTF-8 (JSON's lone surrogate escapes)."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"the text is not valid Unicode: character {exc.start} is the lone surrogate {v[exc.start]!r}, "
+            "which UTF-8 cannot encode"
+        ) from None
+    return v
+
+
+#: A string that is valid Unicode (encodable as UTF-8).
+_Str = Annotated[StrictStr, AfterValidator(_utf8)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    """``stream_options``: ``include_usage`` adds a final chunk with the usage and no choices."""
+
+    include_usage: StrictBool | None = False
+
+
+class SampledRequest(_Body):
+    """The fields both completion routes share: the model, sampling, ``n``, ``seed`` and streaming."""
+
+    model: _Str
+    temperature: _Float | None = None
+    top_p: _Float | None = None
+    top_k: StrictInt | None = None
+    stop: Any = Field(default=None, validate_default=True)
+    n: StrictInt | None = None
+    seed: _Seed | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, v: Any) -> tuple[str, ...]:
+        if v is None:
+            return ()
+        if isinstance(v, str):
+            return (_utf8(v),)
+        if isinstance(v, list) and all(isinstance(s, str) for s in v):
+            return tuple(_utf8(s) for s in v)
+        raise ValueError("stop must be a string or a list of strings")
+
+    def sampling(self, max_tokens: int, max_tokens_param: str) -> SamplingParams:
+        """Sampling parameters; a bad value raises InvalidArgumentError naming the request field."""
+        try:
+            return SamplingParams(
+                max_new_tokens=max_tokens,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=0 if self.top_k in (None, -1) else self.top_k,  # vLLM's -1 disables top-k, like 0
+                stop=self.stop,
+                seed=self.seed,
+            )
+        except InvalidArgumentError as exc:
+            names = {"max_new_tokens": max_tokens_param, "temperature": "temperature", "top_p": "top_p"}
+            names |= {"top_k": "top_k", "stop": "stop"}
+            for field, param in names.items():
+                if f"SamplingParams.{field} " in exc.message:
+                    raise request_error(exc.message.replace(f"SamplingParams.{field}", param), param) from exc
+            raise
+
+
+class ChatMessage(_Body):
+    """One message; ``role`` is one of OpenAI's (:data:`~services.gateway.convert.CHAT_ROLES`; ``developer`` is
+    rendered as ``system``); ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts (joined
+    with newlines, as vLLM does), or null (or absent) in an assistant message only (one that made tool calls)."""
+
+    role: _Str
+    content: Any = Field(default=None, validate_default=True)
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v: str) -> str:
+        if v not in CHAT_ROLES:
+            raise ValueError(f"a chat message's role must be one of {list(CHAT_ROLES)}")
+        return v
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, v: Any, info: ValidationInfo) -> str:
+        if v is None:
+            role = info.data.get("role")
+            if role is not None and role != "assistant":  # None: the role was refused already
+                raise ValueError(
+                    f"content is required in a {role!r} message (only an assistant's may be null)"
+                )
+            return ""
+        if isinstance(v, str):
+            return _utf8(v)
+        if not isinstance(v, list):
+            raise ValueError("content must be a string or a list of content parts")
+        texts = []
+        for j, part in enumerate(v):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"content part {j} has type {kind!r}; only {{'type': 'text', 'text': str}} parts are supported"
+                )
+            texts.append(_utf8(part["text"]))
+        return "\n".join(texts)
+
+
+class ChatCompletionRequest(SampledRequest):
+    """Body of ``POST /v1/chat/completions`` (OpenAI's fields; see the module docstring for what is ignored)."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = None
+    response_format: Any = Field(default=None, validate_default=True)
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _response_format(cls, v: Any) -> None:
+        """Only plain text (absent, null or ``{"type": "text"}``): the engine cannot constrain its output."""
+        if v is None or v == {"type": "text"}:
+            return None
+        kind = v.get("type") if isinstance(v, dict) else None
+        raise ValueError(
+            f"response_format type {kind!r} is not supported: this gateway samples plain text and cannot "
+            "constrain the output to JSON or a schema; leave response_format out (or {'type': 'text'}) and "
+            "parse or validate the text yourself"
+        )
+
+
+class CompletionRequest(SampledRequest):
+    """Body of ``POST /v1/completions``: ``prompt`` is a string or token ids (or a one-element list of either)."""
+
+    prompt: Any
+    max_tokens: StrictInt | None = None
+    logprobs: StrictInt | None = None
+    echo: StrictBool | None = False
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, v: Any) -> str | list[int]:
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
+            v = v[0]  # a batch of one prompt
+        if isinstance(v, str):
+            return _utf8(v)
+        if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+            if min(v) < 0:
+                raise ValueError(f"token ids must be >= 0, got {min(v)}")
+            return v
+        if isinstance(v, list) and len(v) > 1 and all(isinstance(p, (str, list)) for p in v):
+            raise ValueError(f"a batch of {len(v)} prompts is not supported; send one request per prompt")
+        raise ValueError("prompt must be a string or a non-empty list of token ids")
+
+
+class RewardRequest(_Body):
+    """Body of ``POST /v1/episodes/{episode_id}/reward`` (see :meth:`Gateway.report`); unknown keys are refused
+    (400 naming them), so a typo never trains as reward 0 or as a group of one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rewards: dict[_Str, _Float] = Field(default_factory=dict)
+    call_rewards: dict[_Str, _Float] | None = None
+    group_id: _Str | None = ""
+    group_size: StrictInt | None = 0
+    failed: StrictBool | None = False
+
+
+# ---------------------------------------------------------------------------------------------- response objects
+def usage(served: Served) -> dict[str, int]:
+    """OpenAI's ``usage`` object: prompt tokens (once), generated tokens of every choice, and their sum."""
+    prompt = len(served.generations[0].prompt_token_ids)
+    completion = sum(len(g.response_token_ids) for g in served.generations)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def marti_choice(served: Served, i: int) -> dict[str, Any]:
+    """The extensions of choice ``i``: its ``token_ids``, ``call_id`` and ``policy_version``."""
+    g = served.generations[i]
+    return {
+        "token_ids": list(g.response_token_ids),
+        "call_id": served.call_ids[i],
+        "policy_version": g.policy_version,
+    }
+
+
+def marti_response(served: Served) -> dict[str, Any]:
+    """The extensions of a response: ``prompt_token_ids``, the oldest ``policy_version``, ``call_ids``, ``agent``."""
+    return {
+        "prompt_token_ids": list(served.generations[0].prompt_token_ids),
+        "policy_version": min(g.policy_version for g in served.generations),
+        "call_ids": list(served.call_ids),
+        "agent": served.agent,
+    }
+
+
+def model_object(card: ModelCard, created: int) -> dict[str, Any]:
+    """OpenAI's Model object of a model card, with the ``agent`` and ``policy_version`` extensions."""
+    return {
+        "id": card.id,
+        "object": "model",
+        "created": created,
+        "owned_by": "marti",
+        "agent": card.agent,
+        "policy_version": card.version,
+    }

@@ -1,0 +1,91 @@
+"""The routes of the gateway's HTTP app (see :mod:`services.gateway.http` for what each one does): the inference
+routes, also served under the traced prefixes ``/episodes/{episode_id}[/groups/{group_id}]``, the reward route
+(and its traced forms) and the stats."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from marti.errors import NotFoundError
+from services.gateway.core.gateway import Gateway
+from services.gateway.http import serving
+from services.gateway.http.context import check_path
+from services.gateway.http.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RewardRequest,
+    model_object,
+)
+
+#: The prefixes a client's ``base_url`` may carry to trace its inference calls.
+TRACED_PREFIXES = ("/episodes/{episode_id}", "/episodes/{episode_id}/groups/{group_id}")
+
+
+def inference_router(gateway: Gateway) -> APIRouter:
+    """The model and completion routes over ``gateway`` (served bare and under each traced prefix)."""
+    created = int(time.time())
+    api = APIRouter()
+
+    @api.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        """Every servable model name with its agent and policy version."""
+        return JSONResponse({"object": "list", "data": [model_object(m, created) for m in gateway.models()]})
+
+    @api.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> JSONResponse:
+        """One servable model name (OpenAI's Model object, as in ``GET /v1/models``); 404 for a name that is
+        not served now (an unknown agent, or a version that is not resident)."""
+        check_path(request)
+        for m in gateway.models():
+            if m.id == model_id:
+                return JSONResponse(model_object(m, created))
+        gateway.resolve(model_id)  # raises NotFoundError naming what is served
+        raise NotFoundError(f"model {model_id!r} does not exist")  # resolvable but not listed: not servable
+
+    @api.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(
+        body: ChatCompletionRequest, request: Request
+    ) -> JSONResponse | StreamingResponse:
+        """One chat completion request (``n`` choices), traced when it names an episode."""
+        return await serving.chat_completion(gateway, body, request)
+
+    @api.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+        """One text completion request (``n`` choices), traced when it names an episode."""
+        return await serving.completion(gateway, body, request)
+
+    return api
+
+
+def add_routes(app: FastAPI, gateway: Gateway) -> None:
+    """Add every route of the gateway's HTTP adapter to ``app``, served by ``gateway``."""
+    api = inference_router(gateway)
+
+    @app.post("/v1/episodes/{episode_id}/reward")
+    async def report_reward(episode_id: str, body: RewardRequest, request: Request) -> JSONResponse:
+        """End an episode with its rewards (or as failed); returns how many episodes were released and dropped.
+        The ids follow the rules of calls (valid UTF-8, ``gateway.max_id_chars``, no ``/``)."""
+        return await serving.report(gateway, request, episode_id, body)
+
+    @app.post("/episodes/{prefix_episode}/v1/episodes/{episode_id}/reward", include_in_schema=False)
+    @app.post(
+        "/episodes/{prefix_episode}/groups/{prefix_group}/v1/episodes/{episode_id}/reward",
+        include_in_schema=False,
+    )
+    async def report_reward_under_prefix(
+        prefix_episode: str, episode_id: str, body: RewardRequest, request: Request
+    ) -> JSONResponse:
+        """The reward route under a traced ``base_url`` (:func:`serving.report_under_prefix`)."""
+        return await serving.report_under_prefix(gateway, request, prefix_episode, episode_id, body)
+
+    @app.get("/v1/gateway/stats")
+    async def stats() -> JSONResponse:
+        """The gateway's counters (:meth:`Gateway.stats`)."""
+        return JSONResponse(gateway.stats())
+
+    app.include_router(api)
+    for prefix in TRACED_PREFIXES:
+        app.include_router(api, prefix=prefix, include_in_schema=False)
