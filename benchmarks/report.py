@@ -8,7 +8,7 @@ import argparse
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +101,25 @@ def print_report(out: dict[str, Any], table_text: str, json_path: str | None) ->
     if json_path:
         write_json(json_path, out)
         print(f"wrote {json_path}")
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str) -> str:
+    """The one table printer of the benches: a Markdown table, ready to paste into docs/benchmarks.md.
+
+    Args:
+        header: The column names.
+        rows: One sequence of cells per row, as many as ``header``; each cell is printed with ``str`` (format
+            numbers before).
+        align: One letter per column: ``l`` (left, text) or ``r`` (right, numbers).
+
+    Raises:
+        ValueError: ``align`` or a row does not have one entry per column, or ``align`` holds another letter.
+    """
+    if len(align) != len(header) or set(align) - {"l", "r"}:
+        raise ValueError(f"align must be one 'l' or 'r' per column ({len(header)}), got {align!r}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "".join("---|" if a == "l" else "---:|" for a in align)]
+    for cells in rows:
+        if len(cells) != len(header):
+            raise ValueError(f"a row has {len(cells)} cells for {len(header)} columns: {list(cells)!r}")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)

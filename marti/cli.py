@@ -109,14 +109,16 @@ def _cmd_up(argv: list[str]) -> int:
 
 
 def bench_names(root: Path) -> list[str]:
-    """The benchmarks ``marti bench`` runs: the modules of ``root`` (a ``benchmarks/`` folder) whose docstring
-    starts with ``marti bench NAME`` for their own name, sorted; ``[]`` when the folder is missing."""
+    """The benchmarks ``marti bench`` runs: the modules and packages of ``root`` (a ``benchmarks/`` folder; a
+    package's docstring is its ``__init__.py``'s) whose docstring starts with ``marti bench NAME`` for their own
+    name, sorted; ``[]`` when the folder is missing."""
+    found = {p.stem: p for p in root.glob("*.py")} | {p.parent.name: p for p in root.glob("*/__init__.py")}
     names = []
-    for path in sorted(root.glob("*.py")):
+    for name, path in found.items():
         with path.open(encoding="utf-8") as f:
-            if f.readline().startswith(f'"""``marti bench {path.stem}``'):
-                names.append(path.stem)
-    return names
+            if f.readline().startswith(f'"""``marti bench {name}``'):
+                names.append(name)
+    return sorted(names)
 
 
 def _cmd_bench(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ import json
 import time
 
 from benchmarks import scale
+from benchmarks.scale import broker_burst, env_burst, paced, paced_worker, servers, settings
 
 
 def test_quick_run_at_the_limits_writes_every_number(tmp_path, capsys):
@@ -16,8 +17,8 @@ def test_quick_run_at_the_limits_writes_every_number(tmp_path, capsys):
     argv = ["--quick", "--at-limit", "--env-rounds", "2", "--json", str(out)]
     assert scale.main(argv) == 0
     data = json.loads(out.read_text())
-    n_sessions, n_agents = scale.QUICK["sessions"], scale.QUICK["agents"]
-    turns, messages = scale.QUICK["turns"], scale.QUICK["messages"]
+    n_sessions, n_agents = settings.QUICK["sessions"], settings.QUICK["agents"]
+    turns, messages = settings.QUICK["turns"], settings.QUICK["messages"]
     assert data["checks_failed"] == []
     assert data["servers_alive"] == {
         "env_server": True, "comm_broker": True,
@@ -63,7 +64,11 @@ def test_quick_run_at_the_limits_writes_every_number(tmp_path, capsys):
 
     # The paced phase: every scheduled call of both services ran, none failed, from QUICK's processes.
     paced = data["paced"]
-    rate, procs, seconds = scale.QUICK["paced_rate"], scale.QUICK["procs"], scale.QUICK["paced_seconds"]
+    rate, procs, seconds = (
+        settings.QUICK["paced_rate"],
+        settings.QUICK["procs"],
+        settings.QUICK["paced_seconds"],
+    )
     assert paced["worker_failures"] == [] and paced["procs"] == procs
     for key in ("env", "broker"):
         x = paced[key]
@@ -82,15 +87,16 @@ def test_quick_run_at_the_limits_writes_every_number(tmp_path, capsys):
         idle = data["idle_memory"][key]
         assert idle["ok"] == idle["n"] and idle["errors"] == {}
         assert (
-            idle["rss_before"]["median_mb"] > 0 and len(idle["rss_idle"]["samples_mb"]) == scale.RSS_SAMPLES
+            idle["rss_before"]["median_mb"] > 0
+            and len(idle["rss_idle"]["samples_mb"]) == settings.RSS_SAMPLES
         )
         assert isinstance(idle["per_item_kb"], float)
         assert idle["rss_after_paced"]["median_mb"] > 0 and isinstance(idle["per_item_kb_after_paced"], float)
     assert data["idle_memory"]["broker"]["calls_per_item_after_paced"] == paced["broker"]["ok"] / n_agents
     assert [(t["unit"], t["limit"]) for t in data["targets"]] == [
-        ("ms", scale.P99_TARGET_MS), ("ms", scale.P99_TARGET_MS),
-        ("KB", scale.SESSION_TARGET_KB), ("KB", scale.SESSION_TARGET_KB),
-        ("KB", scale.MAILBOX_TARGET_KB), ("KB", scale.MAILBOX_TARGET_KB),
+        ("ms", settings.P99_TARGET_MS), ("ms", settings.P99_TARGET_MS),
+        ("KB", settings.SESSION_TARGET_KB), ("KB", settings.SESSION_TARGET_KB),
+        ("KB", settings.MAILBOX_TARGET_KB), ("KB", settings.MAILBOX_TARGET_KB),
     ]  # fmt: skip
     assert all(t["met"] in (True, False) and t["measured"] is not None for t in data["targets"])
 
@@ -105,7 +111,7 @@ def test_quick_run_at_the_limits_writes_every_number(tmp_path, capsys):
 
 
 def test_limits_are_raised_only_when_below_what_the_run_needs():
-    limits = {(x.service, x.name): x for x in scale.plan_limits(5000, 10, 1, 3, at_limit=False)}
+    limits = {(x.service, x.name): x for x in servers.plan_limits(5000, 10, 1, 3, at_limit=False)}
     raised = limits[("env_server", "max_sessions")]
     assert raised.value == 5000 and raised.flag == ["--max-sessions", "5000"]
     assert limits[("env_server", "max_batch_steps")].value == 5000
@@ -114,7 +120,7 @@ def test_limits_are_raised_only_when_below_what_the_run_needs():
 
 
 def test_ring_splits_agents_into_sessions_each_a_ring():
-    plan = scale.ring(5, 2)
+    plan = broker_burst.ring(5, 2)
     assert [(a, s) for a, s, _, _ in plan] == [
         ("agent-0", "scale-0"), ("agent-1", "scale-0"), ("agent-2", "scale-0"),
         ("agent-3", "scale-1"), ("agent-4", "scale-1"),
@@ -130,22 +136,22 @@ def test_leak_check_flags_growth_from_round_to_round():
     def rnd(step: float, close: float) -> dict:
         return {"rss_mb": {"after_create": step - 10, "after_step": step, "after_close": close}}
 
-    steady = scale.leak_check(100.0, [rnd(200, 150), rnd(205, 170), rnd(204, 180)])
+    steady = env_burst.leak_check(100.0, [rnd(200, 150), rnd(205, 170), rnd(204, 180)])
     assert steady["leak_suspected"] is False and steady["returned_near_baseline"] is False
     assert steady["rounds_compared"] == [2, 3] and steady["growth_mb"] == 100
-    leaking = scale.leak_check(100.0, [rnd(200, 110), rnd(300, 210), rnd(400, 310)])
+    leaking = env_burst.leak_check(100.0, [rnd(200, 110), rnd(300, 210), rnd(400, 310)])
     assert leaking["leak_suspected"] is True and leaking["returned_near_baseline"] is True
-    assert scale.leak_check(100.0, [rnd(200, 110)])["leak_suspected"] is None
+    assert env_burst.leak_check(100.0, [rnd(200, 110)])["leak_suspected"] is None
     # Small runs: growth below the floor is noise, not a leak.
-    small = scale.leak_check(70.0, [rnd(75, 75), rnd(76, 76), rnd(77, 77)])
+    small = env_burst.leak_check(70.0, [rnd(75, 75), rnd(76, 76), rnd(77, 77)])
     assert small["leak_suspected"] is False
 
 
 def test_paced_slices_and_pairs_keep_each_mailbox_to_one_call_slot():
-    assert scale.split(list(range(7)), 3) == [[0, 1], [2, 3], [4, 5, 6]]
-    plan = scale.ring(5, 2)  # agent-0..2 in scale-0, agent-3..4 in scale-1
-    slices = scale.split(plan, 2)
-    got = [scale.pairs(s) for s in slices]
+    assert paced.split(list(range(7)), 3) == [[0, 1], [2, 3], [4, 5, 6]]
+    plan = broker_burst.ring(5, 2)  # agent-0..2 in scale-0, agent-3..4 in scale-1
+    slices = paced.split(plan, 2)
+    got = [paced.pairs(s) for s in slices]
     assert got == [
         [("agent-0", "scale-0", "agent-1"), ("agent-1", "scale-0", "agent-0")],
         [
@@ -159,15 +165,15 @@ def test_paced_slices_and_pairs_keep_each_mailbox_to_one_call_slot():
 
 
 def test_open_loop_starts_calls_on_schedule_while_earlier_ones_are_still_running():
-    async def run() -> tuple[scale._Calls, list[float], float]:
-        rec, starts = scale._Calls(), []
+    async def run() -> tuple[paced_worker.Calls, list[float], float]:
+        rec, starts = paced_worker.Calls(), []
         t0 = time.perf_counter() + 0.02
 
         async def slow(i: int, sched: float) -> None:
             starts.append(time.perf_counter() - sched)
             await asyncio.sleep(0.2)  # 10 times the interval: a closed loop would start 2 calls, not 10
 
-        await scale._open_loop(rec, t0, 0.0, 0.02, 0.2, slow)
+        await paced_worker.open_loop(rec, t0, 0.0, 0.02, 0.2, slow)
         return rec, starts, time.perf_counter() - t0
 
     rec, starts, wall = asyncio.run(run())
@@ -177,7 +183,7 @@ def test_open_loop_starts_calls_on_schedule_while_earlier_ones_are_still_running
 
 def test_merge_paced_adds_up_the_workers_and_times_from_the_schedule():
     def worker(lat: list[float], errors: dict) -> dict:
-        rec = scale._Calls()
+        rec = paced_worker.Calls()
         rec.scheduled = len(lat) + sum(errors.values())
         for x in lat:
             rec.done(0.0, 0.001, x / 1e3, 0.0)  # started 1 ms late, ended at x ms
@@ -186,7 +192,7 @@ def test_merge_paced_adds_up_the_workers_and_times_from_the_schedule():
                 rec.error(name, "boom")
         return {"env": rec.dump()}
 
-    merged = scale.merge_paced(
+    merged = paced.merge_paced(
         [worker([2.0, 3.0], {}), worker([4.0, 50.0], {"lost": 1})], rate=5.0, seconds=1.0
     )
     env = merged["env"]
