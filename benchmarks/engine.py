@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import print_report
+from benchmarks.report import markdown_table, print_report
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "hf"
@@ -203,18 +203,21 @@ def run(
 
 def table(out: dict[str, Any]) -> str:
     """The markdown table: one row per batch size and arm."""
-    lines = [
-        f"| batch | arm | median s/call | generated tokens/s | arm / {BASELINE} (tokens/s) | first call s |",
-        "|---:|---|---:|---:|---:|---:|",
+    header = [
+        "batch",
+        "arm",
+        "median s/call",
+        "generated tokens/s",
+        f"arm / {BASELINE} (tokens/s)",
+        "first call s",
     ]
-    for b, entry in out["by_batch"].items():
-        for arm, s in entry["arms"].items():
-            name = f"{arm} (baseline)" if arm == BASELINE else arm
-            lines.append(
-                f"| {b} | {name} | {s['median_s']:.3f} | {s['tokens_per_s']:.1f} | {s['ratio_tokens_per_s']:.2f}x "
-                f"| {s['first_call_s']:.2f} |"
-            )
-    return "\n".join(lines)
+    rows = [
+        [b, f"{arm} (baseline)" if arm == BASELINE else arm, f"{s['median_s']:.3f}", f"{s['tokens_per_s']:.1f}",
+         f"{s['ratio_tokens_per_s']:.2f}x", f"{s['first_call_s']:.2f}"]
+        for b, entry in out["by_batch"].items()
+        for arm, s in entry["arms"].items()
+    ]  # fmt: skip
+    return markdown_table(header, rows, "rlrrrr")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import print_report
+from benchmarks.report import markdown_table, print_report
 
 BASELINE = "direct"
 AGENTS = ("alice", "bob")
@@ -259,17 +259,14 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
 
 def table(out: dict[str, Any]) -> str:
     """The markdown table: one row per (clients, arm)."""
-    lines = [
-        f"| clients | arm | requests | p50 s | p99 s | tokens/s | arm / {BASELINE}, tokens/s |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for c, arms in out["by_clients"].items():
-        for arm, s in arms.items():
-            name = f"{arm} (baseline)" if arm == BASELINE else arm
-            lines.append(
-                f"| {c} | {name} | {s['requests']} | {s['p50_s']:.4f} | {s['p99_s']:.4f} | {s['tokens_per_s']:.1f} "
-                f"| {s['ratio_tokens_per_s']:.2f}x |"
-            )
+    header = ["clients", "arm", "requests", "p50 s", "p99 s", "tokens/s", f"arm / {BASELINE}, tokens/s"]
+    rows = [
+        [c, f"{arm} (baseline)" if arm == BASELINE else arm, s["requests"], f"{s['p50_s']:.4f}", f"{s['p99_s']:.4f}",
+         f"{s['tokens_per_s']:.1f}", f"{s['ratio_tokens_per_s']:.2f}x"]
+        for c, arms in out["by_clients"].items()
+        for arm, s in arms.items()
+    ]  # fmt: skip
+    lines = [markdown_table(header, rows, "rlrrrrr")]
     t = out.get("traces")
     if t:
         lines += ["", f"trace capture: {t['episodes']} episodes reported and inserted into the store in "

@@ -103,7 +103,7 @@ def print_report(out: dict[str, Any], table_text: str, json_path: str | None) ->
         print(f"wrote {json_path}")
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str) -> str:
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str) -> str:
     """The one table printer of the benches: a Markdown table, ready to paste into docs/benchmarks.md.
 
     Args:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import print_report
+from benchmarks.report import markdown_table, print_report
 from services.trainer.loop import Addresses, TrainingLoop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,23 +243,30 @@ def run(config: str, steps: int, warmup: int) -> dict[str, Any]:
 def table(out: dict[str, Any]) -> str:
     """The markdown table of both arms, then the round trips by method."""
     arms = out["arms"]
-    lines = [
-        f"| arm | median s/step | mean s/step | channels/step | round trips/step "
-        f"| {BASELINE} / arm, time (median) | {BASELINE} / arm, round trips |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+    header = [
+        "arm",
+        "median s/step",
+        "mean s/step",
+        "channels/step",
+        "round trips/step",
+        f"{BASELINE} / arm, time (median)",
+        f"{BASELINE} / arm, round trips",
     ]
-    for arm, s in arms.items():
-        name = f"{arm} (baseline)" if arm == BASELINE else arm
-        lines.append(
-            f"| {name} | {s['median_s']:.4f} | {s['mean_s']:.4f} | {s['channels_per_step']:.1f} "
-            f"| {s['round_trips_per_step']:.1f} | {s['ratio_median_s']:.2f}x | {s['ratio_round_trips']:.2f}x |"
-        )
+    rows = [
+        [f"{arm} (baseline)" if arm == BASELINE else arm, f"{s['median_s']:.4f}", f"{s['mean_s']:.4f}",
+         f"{s['channels_per_step']:.1f}", f"{s['round_trips_per_step']:.1f}", f"{s['ratio_median_s']:.2f}x",
+         f"{s['ratio_round_trips']:.2f}x"]
+        for arm, s in arms.items()
+    ]  # fmt: skip
     methods = sorted({m for s in arms.values() for m in s["round_trips_by_method"]})
-    lines += ["", "| round trips/step by method | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
-    for m in methods:
-        cells = " | ".join(f"{s['round_trips_by_method'].get(m, 0.0):.1f}" for s in arms.values())
-        lines.append(f"| {m} | {cells} |")
-    return "\n".join(lines)
+    by_method = [
+        [m, *(f"{s['round_trips_by_method'].get(m, 0.0):.1f}" for s in arms.values())] for m in methods
+    ]
+    return (
+        markdown_table(header, rows, "lrrrrrr")
+        + "\n\n"
+        + markdown_table(["round trips/step by method", *arms], by_method, "l" + "r" * len(arms))
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,11 @@
 """The tables of ``marti bench scale`` (burst phases, paced load, idle memory), printed with the benches' one
-table printer (:func:`benchmarks.report.table`)."""
+table printer (:func:`benchmarks.report.markdown_table`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from benchmarks.report import table
+from benchmarks.report import markdown_table
 from benchmarks.scale.idle import per_item_kb
 from benchmarks.scale.settings import MAILBOX_TARGET_KB, P99_TARGET_MS, RSS_SAMPLES, SESSION_TARGET_KB
 
@@ -41,7 +41,7 @@ def burst_table(rows: dict[str, tuple[str, dict]]) -> str:
          _num(p["rate_per_s"], ",.0f"), _num(p["rss_mb"], ".1f")]
         for name, p in rows.values()
     ]  # fmt: skip
-    return table(header, cells, "lrrlrrlrr")
+    return markdown_table(header, cells, "lrrlrrlrr")
 
 
 def fmt_ms(x: float | None) -> str:
@@ -120,7 +120,7 @@ def paced_and_memory_report(res: dict, args: argparse.Namespace) -> list[dict]:
                     "met": met,
                 }
             )
-        print(table(header, cells, "lrrrlrrrrrrll"))  # fmt: skip
+        print(markdown_table(header, cells, "lrrrlrrrrrrll"))  # fmt: skip
         cpu = ", ".join(
             f"{names[k]} {v['cpu_s']:.1f} CPU s in {v['phase_wall_s']:.1f} s"
             + (f" ({v['cpu_s'] * 1e3 / pc[k]['ok']:.2f} ms a call)" if pc.get(k, {}).get("ok") else "")
@@ -219,7 +219,7 @@ def memory_report(res: dict, args: argparse.Namespace, targets: list[dict]) -> N
             "target",
             "met",
         ]
-        print(table(header, first + used, "lrrrrll"))
+        print(markdown_table(header, first + used, "lrrrrll"))
         print(
             f"(RSS: median of {RSS_SAMPLES} reads of VmRSS after {args.settle:g} s of quiet; "
             "the mailbox figure divides by N - 1: the first agent is the warm-up)"

@@ -113,3 +113,14 @@ def test_a_json_path_that_is_a_folder_is_refused_first(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         env.main(["--json", str(tmp_path)])
     assert info.value.code == 2 and f"--json {tmp_path}: is a folder, not a file" in capsys.readouterr().err
+
+
+def test_markdown_table_is_the_one_printer_and_refuses_a_ragged_row():
+    from benchmarks.report import markdown_table
+
+    text = markdown_table(["arm", "s"], [["a", "1.00"], ["b", 2]], "lr")
+    assert text.splitlines() == ["| arm | s |", "|---|---:|", "| a | 1.00 |", "| b | 2 |"]
+    with pytest.raises(ValueError, match="2 columns"):
+        markdown_table(["arm", "s"], [["a"]], "lr")
+    with pytest.raises(ValueError, match="align"):
+        markdown_table(["arm", "s"], [], "lx")
