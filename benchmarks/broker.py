@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.report import check_json_path, positive_float, positive_int, write_json
+from benchmarks.report import check_json_path, markdown_table, positive_float, positive_int, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = (
@@ -591,15 +591,13 @@ def summary(r: dict) -> dict:
     return out
 
 
-def row(name: str, r: dict, unit_lat: str = "call") -> str:
-    """One table row: msgs/s, p50/p99 latency (ms) per call, wire MB, compression ratio."""
+def row(name: str, r: dict, unit_lat: str = "call") -> list[str]:
+    """One table row's cells: msgs/s, p50/p99 latency (ms) per call, wire MB, compression ratio."""
     rate = r["n"] / r["wall"]
     ratio = f"{r['raw'] / r['wire']:.2f}" if r.get("wire") and r.get("raw") else "-"
     wire = f"{r['wire'] / 1e6:.2f}" if r.get("wire") else "-"
-    return (
-        f"| {name} | {r['n']} | {rate:,.0f} | {pct(r['lat'], 50) * 1e3:.2f} | {pct(r['lat'], 99) * 1e3:.2f} "
-        f"| {unit_lat} | {wire} | {ratio} |"
-    )
+    p50, p99 = f"{pct(r['lat'], 50) * 1e3:.2f}", f"{pct(r['lat'], 99) * 1e3:.2f}"
+    return [name, str(r["n"]), f"{rate:,.0f}", p50, p99, unit_lat, wire, ratio]
 
 
 def targets(results: dict) -> tuple[list[str], dict, list[str]]:
@@ -753,11 +751,13 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
 
     print()
-    print("| run | msgs | msgs/s | p50 ms | p99 ms | latency per | wire MB | compression |")
-    print("|---|---:|---:|---:|---:|---|---:|---:|")
-    for key, name, unit in ARMS:
-        if results.get(key):
-            print(row(name.format(batch=args.batch), results[key], unit.format(batch=args.batch)))
+    header = ["run", "msgs", "msgs/s", "p50 ms", "p99 ms", "latency per", "wire MB", "compression"]
+    rows = [
+        row(name.format(batch=args.batch), results[key], unit.format(batch=args.batch))
+        for key, name, unit in ARMS
+        if results.get(key)
+    ]
+    print(markdown_table(header, rows, "lrrrrlrr"))
     if results.get("lone"):
         lone = summary(results["lone"])
         print(
