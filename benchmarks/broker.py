@@ -42,15 +42,12 @@ import multiprocessing
 import os
 import random
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 from benchmarks.report import check_json_path, markdown_table, positive_float, positive_int, write_json
+from benchmarks.server import Server
 
-ROOT = Path(__file__).resolve().parent.parent
 WORDS = (
     "the plan budget task agent resource allocate units research logistics reward round propose confirm "
     "counter offer reasoning expected value because should we I you think move two three from to this next "
@@ -158,19 +155,9 @@ def bench_ray(messages: list[dict], callers: int) -> dict | None:
 
 
 # ---------------------------------------------------------------------------------------------- (b) broker
-def start_broker() -> tuple[subprocess.Popen, str]:
-    """Starts the broker in its own process (in memory) and returns it with its address."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.comm_broker", "--port", "0", "--max-mailbox-messages", "10000000",
-         "--max-mailbox-bytes", str(8 << 30), "--log-level", "WARNING"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    while True:
-        line = proc.stdout.readline()
-        if line.startswith("listening on "):
-            return proc, line.split()[-1]
-        if not line:
-            raise RuntimeError("broker did not start")
+#: The broker's flags: room for every message of a run (in memory), and no per-call logging.
+BROKER_FLAGS = ["--max-mailbox-messages", "10000000", "--max-mailbox-bytes", str(8 << 30), "--log-level",
+                "WARNING"]  # fmt: skip
 
 
 def _receiver_process(address: str, session: str, expected: int, q) -> None:
@@ -711,8 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         print("(a) Ray actor baseline, 1 caller ...", flush=True)
         results["a1"] = bench_ray(msgs[: args.defaults_messages], 1)
     if arms & {"unbatched", "batched", "paced", "defaults", "lone"}:
-        proc, address = start_broker()
-        try:
+        with Server("broker", BROKER_FLAGS) as broker:
+            address = broker.address
             if "unbatched" in arms:
                 print("(b) broker unbatched ...", flush=True)
                 results["b1"] = bench_broker(
@@ -740,9 +727,6 @@ def main(argv: list[str] | None = None) -> int:
                 results["lone"] = bench_lone(address, msgs, 100.0, args.paced_seconds)
                 print("(d) batching_size=1: lone messages at 100 msgs/s ...", flush=True)
                 results["lone1"] = bench_lone(address, msgs, 100.0, args.paced_seconds, batching_size=1)
-        finally:
-            proc.terminate()
-            proc.wait(10)
     if "bare" in arms:
         print("(c) bare grpc.aio stream ...", flush=True)
         frames, ratio = batch_frames(msgs[: args.messages], args.batch)

@@ -7,7 +7,8 @@ turn (``remote batched``), or into two half batches on two streams so that two b
 (``remote batched/2``), or, with the asyncio client (:class:`~marti.clients.env.AsyncEnvClient`), into K
 batches of N/K sessions each kept in flight on one channel (``remote async/K``, K = 2 and 4; finished episodes
 are reset concurrently). Remote clients ask for delta results (the default); ``--no-deltas`` asks for full
-results. The env server runs in its own process (``python -m services.env_server``), as in a deployment.
+results. The env server runs in its own process (``marti env-server``, started by :mod:`benchmarks.server`), as in
+a deployment.
 
 The N-session rows are measured in interleaved rounds (``--rounds``, default 4: every mode in turn, repeated),
 so that on a machine shared with other jobs they see the same load on average and their ratios stay fair.
@@ -24,8 +25,6 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +34,8 @@ from typing import Any
 import numpy as np
 
 import marti.envs as me
-from benchmarks.report import check_json_path, positive_int, print_report
+from benchmarks.report import check_json_path, markdown_table, positive_int, print_report
+from benchmarks.server import Server, cpu_s
 from marti.clients.env import AsyncEnvClient, EnvClient, StepResult
 
 RA_TEXTS = {
@@ -75,25 +75,14 @@ class Row:
 
 
 class _Cpu:
-    """CPU seconds used so far by this process (all its threads) and by the env server process (from
-    ``/proc/<pid>/stat``; ``None`` when its pid is unknown, e.g. with ``--address``, or off Linux)."""
+    """CPU seconds used so far by this process (all its threads) and by the env server process
+    (:func:`benchmarks.server.cpu_s`; ``None`` when its pid is unknown, e.g. with ``--address``, or off Linux)."""
 
     def __init__(self, server_pid: int | None) -> None:
         self.server_pid = server_pid
-        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    def server(self) -> float | None:
-        if self.server_pid is None:
-            return None
-        try:
-            with open(f"/proc/{self.server_pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
 
     def now(self) -> tuple[float, float | None]:
-        return time.process_time(), self.server()
+        return time.process_time(), None if self.server_pid is None else cpu_s(self.server_pid)
 
 
 def _measure(num_steps: int, step_once: Callable[[], int]) -> tuple[float, list[float]]:
@@ -183,22 +172,6 @@ class _Remote:
     def close(self) -> None:
         self.stream.close()
         self.client.close()
-
-
-def start_server(max_sessions: int = 4096) -> tuple[subprocess.Popen, str]:
-    """Start ``python -m services.env_server --port 0 --max-sessions N`` and return (process, address)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "services.env_server", "--port", "0", "--max-sessions", str(max_sessions)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if "listening on" in line:
-            return proc, line.rsplit("listening on", 1)[1].strip().split()[0]
-    proc.kill()
-    raise RuntimeError("env server did not report 'listening on HOST:PORT'")
 
 
 def run(
@@ -444,28 +417,33 @@ def report(rows: list[Row], args: dict[str, Any], load_before: list[float], load
     }
 
 
+#: The columns of :func:`table`, and their alignment (``markdown_table``).
+TABLE_HEADER = ["env", "mode", "sessions", "steps/s", "p50 ms", "p99 ms", "remote/in-proc", "cli us", "srv us",
+                "cpu ratio"]  # fmt: skip
+TABLE_ALIGN = "llrrrrrrrr"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``""`` for None."""
+    return "" if value is None else format(value, spec)
+
+
 def table(rows: list[Row]) -> str:
-    """Format rows with the remote / in-process throughput ratio and, for N-session rows, the CPU per step.
+    """The rows as a Markdown table (:func:`benchmarks.report.markdown_table`), with the remote / in-process
+    throughput ratio and, for N-session rows, the CPU per step.
 
     ``cli us`` and ``srv us``: CPU microseconds per step in the benchmark process and in the env server.
     ``cpu ratio``: in-process CPU per step over the larger of the two, i.e. the throughput ratio when client
     and server each have a core of their own and overlap (batches in flight); load-independent.
     """
-    out = [
-        f"{'env':<20} {'mode':<16} {'sessions':>8} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>9} "
-        f"{'remote/in-proc':>14} {'cli us':>7} {'srv us':>7} {'cpu ratio':>9}"
-    ]
+    cells = []
     for r in rows:
         steps_ratio, cpu = ratios(rows, r)
-        ratio = f"{steps_ratio:.2f}" if steps_ratio is not None else ""
-        cpu_ratio = f"{cpu:.2f}" if cpu is not None else ""
-        cli = f"{r.client_cpu_us:.0f}" if r.client_cpu_us is not None else ""
-        srv = f"{r.server_cpu_us:.0f}" if r.server_cpu_us is not None else ""
-        out.append(
-            f"{r.env:<20} {r.mode:<16} {r.sessions:>8} {r.steps_per_s:>9.0f} {r.p50_ms:>8.3f} {r.p99_ms:>9.3f} "
-            f"{ratio:>14} {cli:>7} {srv:>7} {cpu_ratio:>9}"
-        )
-    return "\n".join(out)
+        cells.append(
+            [r.env, r.mode, r.sessions, f"{r.steps_per_s:.0f}", f"{r.p50_ms:.3f}", f"{r.p99_ms:.3f}",
+             _fmt(steps_ratio, ".2f"), _fmt(r.client_cpu_us, ".0f"), _fmt(r.server_cpu_us, ".0f"), _fmt(cpu, ".2f")]
+        )  # fmt: skip
+    return markdown_table(TABLE_HEADER, cells, TABLE_ALIGN)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,25 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_json_path(parser, args.json)
     load_before = [round(x, 2) for x in os.getloadavg()]
-    proc = None
-    address = args.address
-    if address is None:
+    if args.address is not None:
+        rows = run(args.steps, args.sessions, args.address, args.deltas, args.env, args.rounds)
+    else:
         # the four remote N-session modes hold their sessions at once (up to 2N each), with room to spare
-        proc, address = start_server(max(4096, 8 * args.sessions + 16))
-    try:
-        rows = run(
-            args.steps,
-            args.sessions,
-            address,
-            args.deltas,
-            args.env,
-            args.rounds,
-            server_pid=proc.pid if proc is not None else None,
-        )
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
+        flags = ["--max-sessions", str(max(4096, 8 * args.sessions + 16))]
+        with Server("env-server", flags) as server:
+            rows = run(
+                args.steps, args.sessions, server.address, args.deltas, args.env, args.rounds, server.proc.pid
+            )
     load_after = [round(x, 2) for x in os.getloadavg()]
     kept = {"steps": args.steps, "sessions": args.sessions, "deltas": args.deltas, "rounds": args.rounds}
     print_report(report(rows, kept, load_before, load_after), table(rows), args.json)

@@ -36,7 +36,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from benchmarks.report import check_json_path, non_negative_int, positive_int, write_json
+from benchmarks.report import check_json_path, markdown_table, non_negative_int, positive_int, write_json
+from benchmarks.server import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 REVERB_VENV = Path(os.environ.get("MARTI_REVERB_VENV", Path.home() / ".cache/marti-bench/reverb-venv"))
@@ -145,6 +146,8 @@ def marti_worker(addr: str, size: int, n_items: int, n_calls: int, batch: int, n
 def _spawn(
     cmd: list[str], pattern: str, env: dict | None = None, timeout_s: float = 120
 ) -> tuple[subprocess.Popen, str]:
+    """Start the Reverb baseline's server (not a marti service: the marti store starts through
+    :class:`benchmarks.server.Server`) and return it with the first group of ``pattern`` in its output."""
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
@@ -206,36 +209,19 @@ def bench_marti(size: int, clients: int, n_items: int, n_calls: int, n_stream: i
     cfg.write_text(
         "tables:\n  - {name: bench, preset: uniform, max_size: 10000000, max_bytes: 100000000000}\n"
     )
-    server, addr = _spawn(
-        [
-            sys.executable,
-            "-m",
-            "services.experience_store",
-            "--port",
-            "0",
-            "--data-dir",
-            data_dir,
-            "--config",
-            str(cfg),
-        ],
-        r"listening on (\S+:\d+)",
-    )
-    try:
+    with Server("store", ["--data-dir", data_dir, "--config", str(cfg)]) as server:
         cmd = [
             sys.executable,
             "-m",
             "benchmarks.store",
             "--worker",
-            addr,
+            server.address,
             str(size),
             str(n_items),
             str(n_calls),
             str(n_stream),
         ]
         return _summarize(_run_clients([cmd] * clients), n_items, n_calls, SAMPLE_BATCH, n_stream)
-    finally:
-        server.kill()
-        server.wait()
 
 
 def ensure_reverb() -> tuple[Path | None, str]:
@@ -302,7 +288,9 @@ def bench_deque(size: int, n_items: int, n_calls: int) -> dict:
 
 
 def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
-    """Fill a SQLite data dir with ``n_items`` items of ``size`` bytes, then time a store restart."""
+    """Fill a SQLite data dir with ``n_items`` items of ``size`` bytes, then time a store restart: the restore in
+    this process (``restore_s``), and a store process from its start until it listens and answers SERVING
+    (``process_start_to_serving_s``, :class:`benchmarks.server.Server`)."""
     from marti.experience_types import parse_table_config
     from marti.trajectory import summarize
     from services.experience_store.core.storage import SqliteStorage
@@ -324,14 +312,9 @@ def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
     assert len(store.table("bench")) == n_items
     store.close()
     t0 = time.perf_counter()
-    server, _ = _spawn(
-        [sys.executable, "-m", "services.experience_store", "--port", "0", "--data-dir", data_dir],
-        r"listening on (\S+:\d+)",
-    )
-    t_proc = time.perf_counter() - t0
-    server.kill()
-    server.wait()
-    return {"items": n_items, "item_bytes": size, "restore_s": t_core, "process_start_to_listening_s": t_proc}
+    with Server("store", ["--data-dir", data_dir]):
+        t_proc = time.perf_counter() - t0
+    return {"items": n_items, "item_bytes": size, "restore_s": t_core, "process_start_to_serving_s": t_proc}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for size, n_items in ((4096, args.items_4k), (65536, args.items_64k)):
         for clients in args.clients:
+            print(f"{size // 1024} KB items x {clients} clients ...", flush=True)
             with tempfile.TemporaryDirectory() as d:
                 m = bench_marti(size, clients, n_items, args.sample_calls, args.stream_samples, d)
             r = (
@@ -396,13 +380,14 @@ def main(argv: list[str] | None = None) -> int:
                     "ratios": _ratios(m, r),
                 }
             )
-            _print_row(rows[-1])
+    print()
+    print(table(rows))
     restart = None
     if args.restart_items:
         with tempfile.TemporaryDirectory() as d:
             restart = bench_restart(args.restart_items, 4096, d)
         print(f"\nrestart with {restart['items']} items of 4 KB: restore {restart['restore_s']:.2f} s, "
-              f"process start to listening {restart['process_start_to_listening_s']:.2f} s")  # fmt: skip
+              f"process start to serving {restart['process_start_to_serving_s']:.2f} s")  # fmt: skip
     if not reverb_py:
         print(f"\nReverb baseline not run: {why}")
     targets = [
@@ -453,31 +438,37 @@ def _ratios(m: dict, r: dict | None) -> dict | None:
     return {name: m[k] / r[k] if r[k] else float("nan") for name, k in keys.items()}
 
 
-def _print_row(row: dict) -> None:
-    m, r, q = row["marti"], row["reverb"], row["deque"]
-    if row is not None and not getattr(_print_row, "header", False):
-        print(f"{'item':>6} {'cl':>2} | {'marti ins/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | "
-              f"{'marti smp/s':>11} {'reverb':>9} {'deque':>10} {'m/r':>5} | {'stream m':>8} {'reverb':>8} {'m/r':>5} | "
-              f"{'p99 ms m':>8} {'p99 r':>7} | {'cli ms/ins m':>12} {'r':>6} | {'m 16/call':>9}")  # fmt: skip
-        _print_row.header = True
+#: The columns of :func:`table`: per measure, marti (``m``), Reverb (``r``), the deque and marti/Reverb (``m/r``).
+TABLE_HEADER = ["item", "cl", "marti ins/s", "reverb ins/s", "deque ins/s", "ins m/r", "marti smp/s",
+                "reverb smp/s", "deque smp/s", "smp m/r", "stream m", "stream r", "stream m/r", "p99 ms m", "p99 ms r",
+                "cli ms/ins m", "cli ms/ins r", "m 16/call"]  # fmt: skip
 
-    def f(x, k):
-        return f"{x[k]:.0f}" if x else "n/a"
 
-    def ratio(k):
-        return f"{m[k] / r[k]:.2f}" if r else "n/a"
+def table(rows: list[dict]) -> str:
+    """The measured rows (one per item size and client count, as in ``--json``) as a Markdown table
+    (:func:`benchmarks.report.markdown_table`); ``n/a`` where Reverb was not run."""
+    return markdown_table(TABLE_HEADER, [_cells(row) for row in rows], "r" * len(TABLE_HEADER))
 
-    print(
-        f"{row['item_bytes'] // 1024:>4}KB {row['clients']:>2} | {f(m, 'inserts_per_s'):>11} "
-        f"{f(r, 'inserts_per_s'):>9} {f(q, 'inserts_per_s'):>10} {ratio('inserts_per_s'):>5} | "
-        f"{f(m, 'samples_per_s'):>11} {f(r, 'samples_per_s'):>9} {f(q, 'samples_per_s'):>10} "
-        f"{ratio('samples_per_s'):>5} | {f(m, 'stream_samples_per_s'):>8} {f(r, 'stream_samples_per_s'):>8} "
-        f"{ratio('stream_samples_per_s'):>5} | {m['sample_p99_ms']:>8.2f} "
-        f"{(r['sample_p99_ms'] if r else float('nan')):>7.2f} | {m['client_cpu_ms_per_insert']:>12.3f} "
-        f"{(r['client_cpu_ms_per_insert'] if r else float('nan')):>6.3f} | "
-        f"{m['inserts_per_s_16_per_call']:>9.0f}",
-        flush=True,
-    )
+
+def _cells(row: dict) -> list[str]:
+    """One row of :func:`table`: rates as whole numbers, ratios with 2 decimals, milliseconds with 2 or 3."""
+    m, r, q, ratios = row["marti"], row["reverb"], row["deque"], row["ratios"]
+
+    def num(side: dict | None, key: str, spec: str = ".0f") -> str:
+        return "n/a" if side is None else format(side[key], spec)
+
+    def ratio(name: str) -> str:
+        return "n/a" if ratios is None else f"{ratios[name]:.2f}"
+
+    return [
+        f"{row['item_bytes'] // 1024}KB", str(row["clients"]),
+        num(m, "inserts_per_s"), num(r, "inserts_per_s"), num(q, "inserts_per_s"), ratio("inserts"),
+        num(m, "samples_per_s"), num(r, "samples_per_s"), num(q, "samples_per_s"), ratio("samples"),
+        num(m, "stream_samples_per_s"), num(r, "stream_samples_per_s"), ratio("stream_samples"),
+        num(m, "sample_p99_ms", ".2f"), num(r, "sample_p99_ms", ".2f"),
+        num(m, "client_cpu_ms_per_insert", ".3f"), num(r, "client_cpu_ms_per_insert", ".3f"),
+        num(m, "inserts_per_s_16_per_call"),
+    ]  # fmt: skip
 
 
 if __name__ == "__main__":

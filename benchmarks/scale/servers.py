@@ -1,22 +1,22 @@
-"""The servers of ``marti bench scale``: each service in its own process (through :mod:`marti.stack`), what
+"""The servers of ``marti bench scale``: each service in its own process (:mod:`benchmarks.server`), what
 /proc says of its memory and CPU, and the server limits a run depends on."""
 
 from __future__ import annotations
 
 import math
 import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from marti.stack import LocalStack
+from benchmarks import server as bench_server
+from benchmarks.server import cpu_s
 
 
-class Server:
-    """A service in its own process on port 0, started (and health-checked) by :class:`marti.stack.LocalStack`,
-    the start of ``marti up``; its output goes to a log file in a temporary folder.
+class Server(bench_server.Server):
+    """A service of the scale bench (:class:`benchmarks.server.Server`, started with ``--log-level WARNING``), with
+    what /proc says of its memory.
 
     Args:
         service: The ``marti`` command of the service: ``env-server`` or ``broker``.
@@ -27,15 +27,7 @@ class Server:
     """
 
     def __init__(self, service: str, flags: list[str]) -> None:
-        self.service = service
-        self._logs = tempfile.TemporaryDirectory(prefix=f"marti-bench-scale-{service}-")
-        extra = {service: ["--log-level", "WARNING", *flags]}
-        self.stack = LocalStack(services=(service,), log_dir=Path(self._logs.name), extra_args=extra)
-        self.stack.start()
-        started = self.stack.running[service]
-        self.proc, self.address, self._log_path = started.process, started.address, started.log_path
-        #: The last lines of the service's output, read by :meth:`stop`.
-        self.tail: list[str] = []
+        super().__init__(service, ["--log-level", "WARNING", *flags])
 
     def rss_mb(self) -> float | None:
         """The server's resident set size now, MB (``VmRSS``); None where /proc is missing."""
@@ -44,33 +36,6 @@ class Server:
     def hwm_mb(self) -> float | None:
         """The server's peak resident set size so far, MB (``VmHWM``); None where /proc is missing."""
         return status_kb(self.proc.pid, "VmHWM")
-
-    def cpu_s(self) -> float | None:
-        """CPU seconds (user + system) the server has used so far; None where /proc is missing."""
-        return cpu_s(self.proc.pid)
-
-    def alive(self) -> bool:
-        """Whether the process is still running."""
-        return self.proc.poll() is None
-
-    def stop(self) -> int | None:
-        """Stops the server (:meth:`LocalStack.stop`: SIGTERM, then SIGKILL), keeps the last 40 lines of its output
-        in :attr:`tail` and removes its log folder; returns its exit code."""
-        if self.stack.running:
-            self.stack.stop()
-        if self._log_path is not None and self._log_path.exists():
-            self.tail = self._log_path.read_text(errors="replace").splitlines()[-40:]
-        self._logs.cleanup()
-        return self.proc.returncode
-
-
-def cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) process ``pid`` has used so far; None where /proc is missing."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _machine_busy_s() -> float | None:

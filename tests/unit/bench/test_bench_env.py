@@ -42,8 +42,17 @@ def test_every_row_is_measured_with_cpu_per_step(address, deltas) -> None:
     many = [r for r in rows if r.sessions == 4]
     assert all(r.client_cpu_us > 0 for r in many)
     assert all(r.server_cpu_us is not None for r in many if r.mode != "in-process")
-    text = bench.table(rows)
-    assert "remote async/4" in text and "cpu ratio" in text
+    lines = bench.table(rows).splitlines()  # a Markdown table: header, alignment, one line a row
+    assert lines[0] == (
+        "| env | mode | sessions | steps/s | p50 ms | p99 ms | remote/in-proc | cli us | srv us | cpu ratio |"
+    )
+    assert lines[1] == "|---|---|" + "---:|" * 8 and len(lines) == 2 + len(rows)
+    r = rows[-1]
+    cells = lines[-1].strip("| ").split(" | ")
+    assert cells[:6] == [
+        "resource_allocation", "remote async/4", "4", f"{r.steps_per_s:.0f}", f"{r.p50_ms:.3f}", f"{r.p99_ms:.3f}"
+    ]  # fmt: skip
+    assert cells[7:9] == [f"{r.client_cpu_us:.0f}", f"{r.server_cpu_us:.0f}"]
 
 
 def test_rounds_must_be_positive(address) -> None:

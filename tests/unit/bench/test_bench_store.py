@@ -42,7 +42,19 @@ def test_smallest_run_records_rates_client_cpu_and_load(tmp_path, capsys):
     assert all(isinstance(x, float) for x in data["loadavg_before"] + data["loadavg_after"])
     assert data["reverb_note"] == "skipped (--no-reverb)" and data["cpus"] >= 1
     printed = capsys.readouterr().out
-    assert "load average before:" in printed and "cli ms/ins" in printed and "m 16/call" in printed
+    assert "load average before:" in printed and "load average after:" in printed
+    lines = printed.splitlines()
+    top = lines.index("| " + " | ".join(store.TABLE_HEADER) + " |")  # one Markdown table of every row
+    assert "cli ms/ins m" in store.TABLE_HEADER and "m 16/call" in store.TABLE_HEADER
+    assert lines[top + 1] == "|" + "---:|" * len(store.TABLE_HEADER)
+    for line, r in zip(lines[top + 2 : top + 6], data["rows"], strict=True):
+        m = r["marti"]
+        cells = line.strip("| ").split(" | ")
+        assert cells[:3] == [f"{r['item_bytes'] // 1024}KB", str(r["clients"]), f"{m['inserts_per_s']:.0f}"]
+        assert cells[3] == cells[5] == "n/a"  # no Reverb, no ratio
+        assert cells[6] == f"{m['samples_per_s']:.0f}" and cells[13] == f"{m['sample_p99_ms']:.2f}"
+        assert cells[15] == f"{m['client_cpu_ms_per_insert']:.3f}"
+        assert cells[17] == f"{m['inserts_per_s_16_per_call']:.0f}"
 
 
 def test_ratios_are_marti_over_reverb_and_a_zero_baseline_is_not_a_number():
@@ -51,6 +63,10 @@ def test_ratios_are_marti_over_reverb_and_a_zero_baseline_is_not_a_number():
     got = store._ratios(m, r)
     assert got["inserts"] == 0.5 and got["samples"] == 3.0 and math.isnan(got["stream_samples"])
     assert store._ratios(m, None) is None
+    side = {**m, "sample_p99_ms": 2.5, "client_cpu_ms_per_insert": 0.125, "inserts_per_s_16_per_call": 40.0}
+    row = {"item_bytes": 4096, "clients": 1, "marti": side, "reverb": {**side, **r}, "deque": side}
+    cells = store.table([{**row, "ratios": got}]).splitlines()[2].strip("| ").split(" | ")
+    assert cells[2:6] == ["50", "100", "50", "0.50"] and cells[9] == "3.00" and cells[12] == "nan"
 
 
 @pytest.mark.parametrize(
