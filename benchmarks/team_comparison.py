@@ -67,7 +67,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.report import write_json
+from benchmarks.report import markdown_table, write_json
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
 
@@ -265,52 +265,55 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+def _pair(fe: dict, le: dict, key: str) -> str:
+    """``first -> last`` of one evaluation metric, or ``-`` where either evaluation lacks it."""
+    a, b = fe.get(key), le.get(key)
+    return "-" if a is None or b is None else f"{a:.2f} -> {b:.2f}"
+
+
+def _run_cells(arm: str, seed: int, r: dict[str, Any]) -> list[Any]:
+    """One run's row of the per-run table."""
+    fe, le = r["first_eval"], r["last_eval"]
+    pairs = [
+        _pair(fe, le, f"team/{k}")
+        for k in ("format_valid", "task_completion", "resource_utilization", "team_score")
+    ]
+    reached = r["steps_to_threshold"] if r["steps_to_threshold"] is not None else "not reached"
+    load = f"{r.get('load_before', float('nan')):.1f}/{r.get('load_after', float('nan')):.1f}"
+    trace = " ".join(f"{v:.2f}" for v in r["train_team_score"])
+    return [arm, seed, r["steps"], *pairs, trace, reached, f"{r.get('wall_s', float('nan')):.0f}", load]
+
+
+def _arm_cells(arm: str, runs: dict[int, dict[str, Any]]) -> list[Any]:
+    """One arm's row of the per-arm table: means ± spread over its finished runs."""
+    rs = [r for r in runs.values() if r["steps"] > 0]  # unfinished or not-run seeds are left out
+    keys = ("format_valid", "task_completion", "resource_utilization", "constraint_violations", "team_score")
+    cols = [
+        _mean_std([r["last_eval"][f"team/{k}"] for r in rs if f"team/{k}" in r["last_eval"]]) for k in keys
+    ]
+    finals = [r["train_team_score"][-1] for r in rs if r["train_team_score"]]
+    alls = [statistics.mean(r["train_team_score"]) for r in rs if r["train_team_score"]]
+    reached = sum(r["steps_to_threshold"] is not None for r in rs)
+    return [arm, *cols, _mean_std(finals), _mean_std(alls), f"{reached}/{len(rs)}"]
+
+
 def table(results: dict[str, dict[int, dict[str, Any]]], threshold: float) -> str:
-    """Format the per-run and per-arm tables (markdown)."""
-    lines = [
-        "| arm | seed | steps | eval format validity first -> last | eval completion first -> last "
-        "| eval utilization first -> last | eval team score first -> last | train team score per step "
-        f"| steps to >= {threshold} | wall s | load before/after |",
-        "|---|---:|---:|---|---|---|---|---|---:|---:|---|",
-    ]
-    for arm, runs in results.items():
-        for seed, r in sorted(runs.items()):
-            fe, le = r["first_eval"], r["last_eval"]
-
-            def pair(key: str, fe: dict = fe, le: dict = le) -> str:
-                a, b = fe.get(key), le.get(key)
-                return "-" if a is None or b is None else f"{a:.2f} -> {b:.2f}"
-
-            trace = " ".join(f"{v:.2f}" for v in r["train_team_score"])
-            lines.append(
-                f"| {arm} | {seed} | {r['steps']} | {pair('team/format_valid')} | {pair('team/task_completion')} | "
-                f"{pair('team/resource_utilization')} | {pair('team/team_score')} | {trace} | "
-                f"{r['steps_to_threshold'] if r['steps_to_threshold'] is not None else 'not reached'} | "
-                f"{r.get('wall_s', float('nan')):.0f} | {r.get('load_before', float('nan')):.1f}/"
-                f"{r.get('load_after', float('nan')):.1f} |"
-            )
-    lines += [
-        "",
-        "| arm | eval format validity (last) | eval completion (last) | eval utilization (last) "
-        "| eval violations (last) | eval team score (last) | final train team score (spread across seeds) "
-        "| mean train team score, all steps | reached threshold |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, runs in results.items():
-        rs = [r for r in runs.values() if r["steps"] > 0]  # unfinished or not-run seeds are left out
-
-        def col(key: str, rs: list = rs) -> str:
-            return _mean_std([r["last_eval"][key] for r in rs if key in r["last_eval"]])
-
-        finals = [r["train_team_score"][-1] for r in rs if r["train_team_score"]]
-        alls = [statistics.mean(r["train_team_score"]) for r in rs if r["train_team_score"]]
-        reached = sum(r["steps_to_threshold"] is not None for r in rs)
-        lines.append(
-            f"| {arm} | {col('team/format_valid')} | {col('team/task_completion')} | "
-            f"{col('team/resource_utilization')} | {col('team/constraint_violations')} | {col('team/team_score')} | "
-            f"{_mean_std(finals)} | {_mean_std(alls)} | {reached}/{len(rs)} |"
-        )
-    return "\n".join(lines)
+    """The per-run and per-arm tables (Markdown, :func:`benchmarks.report.markdown_table`)."""
+    runs = markdown_table(
+        ["arm", "seed", "steps", "eval format validity first -> last", "eval completion first -> last",
+         "eval utilization first -> last", "eval team score first -> last", "train team score per step",
+         f"steps to >= {threshold}", "wall s", "load before/after"],
+        [_run_cells(arm, seed, r) for arm, runs in results.items() for seed, r in sorted(runs.items())],
+        "lrrlllllrrl",
+    )  # fmt: skip
+    arms = markdown_table(
+        ["arm", "eval format validity (last)", "eval completion (last)", "eval utilization (last)",
+         "eval violations (last)", "eval team score (last)", "final train team score (spread across seeds)",
+         "mean train team score, all steps", "reached threshold"],
+        [_arm_cells(arm, runs) for arm, runs in results.items()],
+        "lllllllll",
+    )  # fmt: skip
+    return runs + "\n\n" + arms
 
 
 def _t_pdf(x: float, df: int) -> float:
@@ -468,36 +471,35 @@ def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _cost_cells(name: str, r: dict[str, Any]) -> list[str]:
+    """One arm's row of the cost table: seeds, steps per seed, samples and wall time against the reference."""
+    steps = "-" if not r["steps"] else "/".join(str(v) for v in r["steps"])
+    samples = "-" if r["samples_mean"] is None else f"{r['samples_mean']:.1f}"
+    wall = "-" if r["wall_s_mean"] is None else f"{r['wall_s_mean']:.0f}"
+    seeds = " ".join(map(str, r["seeds"])) or "-"
+    return [name, seeds, steps, samples, _fmt_ratio(r["ratio_samples"]), wall, _fmt_ratio(r["ratio_wall_s"])]
+
+
 def summary_table(summary: dict[str, dict[str, Any]], reference: str) -> str:
-    """The per-arm tables (markdown): cost against the reference, and the held-out results with 95% intervals
-    (``(n=k)`` when an interval covers fewer seeds than the arm trained: a run without its final evaluation)."""
-    lines = [
-        f"| arm | seeds | steps | samples (agent turns) | samples / {reference} | wall s | wall / {reference} |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for arm, r in summary.items():
-        name = f"{arm} (reference)" if arm == reference else arm
-        steps = "-" if not r["steps"] else "/".join(str(v) for v in r["steps"])
-        samples = "-" if r["samples_mean"] is None else f"{r['samples_mean']:.1f}"
-        wall = "-" if r["wall_s_mean"] is None else f"{r['wall_s_mean']:.0f}"
-        lines.append(
-            f"| {name} | {' '.join(map(str, r['seeds'])) or '-'} | {steps} | {samples} | "
-            f"{_fmt_ratio(r['ratio_samples'])} | {wall} | {_fmt_ratio(r['ratio_wall_s'])} |"
-        )
+    """The per-arm tables (Markdown, :func:`benchmarks.report.markdown_table`): cost against the reference, and
+    the held-out results with 95% intervals (``(n=k)`` when an interval covers fewer seeds than the arm trained: a
+    run without its final evaluation)."""
+    names = {arm: f"{arm} (reference)" if arm == reference else arm for arm in summary}
+    cost = markdown_table(
+        ["arm", "seeds", "steps", "samples (agent turns)", f"samples / {reference}", "wall s", f"wall / {reference}"],
+        [_cost_cells(names[arm], r) for arm, r in summary.items()],
+        "llrrrrr",
+    )  # fmt: skip
     cols = [f"{n} {w}" for n in SUMMARY_METRICS.values() for w in ("before", "after", f"after - {reference}")]
-    lines += [
-        "",
-        "held-out (greedy), mean [95% interval, Student t over the seeds]:",
-        "",
-        "| arm | " + " | ".join(cols) + " |",
-        "|---|" + "---|" * len(cols),
-    ]
-    for arm, r in summary.items():
-        name = f"{arm} (reference)" if arm == reference else arm
-        n = len(r["seeds"])
-        cells = [_fmt_interval(r[c], signed=c.endswith(f"- {reference}"), seeds=n) for c in cols]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    held_out = markdown_table(
+        ["arm", *cols],
+        [
+            [names[arm], *(_fmt_interval(r[c], c.endswith(f"- {reference}"), len(r["seeds"])) for c in cols)]
+            for arm, r in summary.items()
+        ],
+        "l" * (1 + len(cols)),
+    )
+    return f"{cost}\n\nheld-out (greedy), mean [95% interval, Student t over the seeds]:\n\n{held_out}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -240,6 +240,13 @@ def test_summarize_only_prints_the_tables_and_writes_json(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "load average before:" in printed and "load average after:" in printed
     assert "Equal: 4 training steps x 6 episodes per step" in printed and "Not equal: samples" in printed
+    lines = printed.splitlines()  # the per-run and per-arm Markdown tables
+    assert "|---|---:|---:|---|---|---|---|---|---:|---:|---|" in lines and "|---|" + "---|" * 8 in lines
+    assert "| team | 2 | 2 | - | 0.00 -> 0.75 | - | -0.40 -> 0.50 | 0.05 0.50 | 2 | 410 | 1.0/1.5 |" in lines
+    assert (
+        "| solo_all | - | 0.875 ± 0.177 | - | - | 0.850 ± 0.071 | 0.850 ± 0.071 | 0.675 ± 0.071 | 2/2 |"
+        in lines
+    )
     data = json.loads(out.read_text())
     assert (
         data["reference"] == "team"
