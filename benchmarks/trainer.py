@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import sum_task
-from benchmarks.report import write_json
+from benchmarks.report import markdown_table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRL_VENV = Path.home() / ".cache" / "marti-bench" / "trl-venv"
@@ -262,25 +262,27 @@ def reward_comparison(ours: dict[str, Any], trl: dict[str, Any]) -> tuple[bool, 
     return ok, text
 
 
+def _side_cells(r: dict[str, Any]) -> list[str]:
+    """One side's row of :func:`format_table`."""
+    return [
+        r["side"], f"{r['train_s']:.1f}", f"{r['samples_per_s']:.2f}", f"{r['gen_tokens_per_s']:.1f}",
+        f"{r['all_tokens_per_s']:.1f}", f"{r['median_step_s']:.2f}", f"{r['median_samples_per_s']:.2f}",
+        f"{r['mean_completion_len']:.1f}", f"{r['first_reward']:.3f}", f"{r['tail_reward']:.3f}",
+        f"{r['eval_reward']:.3f} ({r['eval_accuracy']:.2f})", f"{r['load']:.1f}",
+    ]  # fmt: skip
+
+
 def format_table(rows: list[dict[str, Any]], init_eval: dict[str, float], steps: int, tail: int) -> str:
-    """Markdown table of both sides and the ratio line."""
-    lines = [
-        f"| side | train s | samples/s | generated tok/s | prompt+gen tok/s | median step s | samples/s at median step "
-        f"| mean completion "
-        f"tok | reward step 1 | reward last {tail} of {steps} steps | eval reward (acc) | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['side']} | {r['train_s']:.1f} | {r['samples_per_s']:.2f} | {r['gen_tokens_per_s']:.1f} | "
-            f"{r['all_tokens_per_s']:.1f} | {r['median_step_s']:.2f} | {r['median_samples_per_s']:.2f} | "
-            f"{r['mean_completion_len']:.1f} | "
-            f"{r['first_reward']:.3f} | {r['tail_reward']:.3f} | {r['eval_reward']:.3f} ({r['eval_accuracy']:.2f}) | "
-            f"{r['load']:.1f} |"
-        )
-    lines.append(
-        f"| untrained model | | | | | | | | | | {init_eval['reward']:.3f} ({init_eval['accuracy']:.2f}) | |"
+    """Markdown table of both sides (:func:`benchmarks.report.markdown_table`), a row of the untrained model's
+    evaluation, and the ratio line."""
+    header = ["side", "train s", "samples/s", "generated tok/s", "prompt+gen tok/s", "median step s",
+              "samples/s at median step", "mean completion tok", "reward step 1",
+              f"reward last {tail} of {steps} steps", "eval reward (acc)", "load"]  # fmt: skip
+    cells = [_side_cells(r) for r in rows]
+    cells.append(
+        ["untrained model", *[""] * 9, f"{init_eval['reward']:.3f} ({init_eval['accuracy']:.2f})", ""]
     )
+    lines = [markdown_table(header, cells, "l" + "r" * 11)]
     c = compare(rows)
     if c is not None:
         o, t = c["ours"], c["trl"]

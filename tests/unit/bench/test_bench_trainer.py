@@ -92,6 +92,13 @@ def test_report_only_writes_the_sides_the_ratios_and_the_verdict_as_json(tmp_pat
     assert (
         "samples/s 2.00x" in printed and "model smollm2-135m-instruct," in printed
     )  # the run's, not --model's
+    table = (tmp_path / "table.md").read_text().splitlines()  # a Markdown table, as printed
+    assert (
+        table[0].startswith("| side | train s | samples/s |") and "| reward last 1 of 4 steps |" in table[0]
+    )
+    assert table[1] == "|---|" + "---:|" * 11 and table[2].startswith("| ours | 10.0 | 1.60 | 6.4 | 19.2 |")
+    assert table[3].startswith("| trl | 20.0 | 0.80 |") and table[4].endswith("| 0.100 (0.00) |  |")
+    assert all(line in printed for line in table)
 
 
 def test_report_only_without_an_earlier_run_says_so_and_creates_nothing(tmp_path):
