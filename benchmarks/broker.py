@@ -543,16 +543,16 @@ def batch_frames(messages: list[dict], batch: int) -> tuple[list[bytes], float]:
 # ---------------------------------------------------------------------------------------------- report
 #: Every arm, in the order they run and print: (key, table name, what a latency is).
 ARMS = (
-    ("a", "(a) Ray actor dict-of-lists, 8 callers", "message"),
+    ("a", "(a) Ray actor dict-of-lists, {senders} callers", "message"),
     ("a1", "(a) Ray actor dict-of-lists, 1 caller (ray x1)", "message"),
-    ("b1", "(b) broker SDK unbatched, 8 senders", "message"),
-    ("b_sync", "(b) broker sync SDK batched x{batch}, 8 threads", "batch of {batch}"),
-    ("b", "(b) broker aio SDK batched x{batch}, 8 tasks", "batch of {batch}"),
+    ("b1", "(b) broker SDK unbatched, {senders} senders", "message"),
+    ("b_sync", "(b) broker sync SDK batched x{batch}, {senders} threads", "batch of {batch}"),
+    ("b", "(b) broker aio SDK batched x{batch}, {senders} tasks", "batch of {batch}"),
     ("paced", "(b) broker SDK unbatched, paced 100 msgs/s", "message"),
     ("defaults", "(d) defaults: 1 client send_message + flush, 1 get_messages", "send_message call"),
     ("lone", "(d) defaults: lone messages, paced 100 msgs/s", "delivery, end to end"),
     ("lone1", "(d) batching_size=1: lone messages, paced 100 msgs/s", "delivery, end to end"),
-    ("c", "(c) bare grpc.aio relay, same frames, 8 streams -> 1", "batch of {batch}"),
+    ("c", "(c) bare grpc.aio relay, same frames, {senders} streams -> 1", "batch of {batch}"),
 )
 #: ``--arms`` names -> result keys.
 ARM_NAMES = {
@@ -737,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     header = ["run", "msgs", "msgs/s", "p50 ms", "p99 ms", "latency per", "wire MB", "compression"]
     rows = [
-        row(name.format(batch=args.batch), results[key], unit.format(batch=args.batch))
+        row(name.format(batch=args.batch, senders=args.senders), results[key], unit.format(batch=args.batch))
         for key, name, unit in ARMS
         if results.get(key)
     ]
