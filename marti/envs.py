@@ -9,7 +9,7 @@ that are not acting may send ``""`` or nothing.
 ``make(env_id, address=None, ...)`` returns the environment in-process; with ``address="host:port"`` it returns a
 remote session on an env server that behaves the same way (same observations, rewards and errors for the same
 seed and actions). Several servers (a list, ``"h1:p,h2:p"`` or ``"dns:///name:p"``) spread the envs made in a
-process over them, each session pinned to its server (:mod:`marti.clients.env_pool`). A caller that makes many remote envs passes one long-lived channel (``channel=``, from
+process over them, each session pinned to its server (:mod:`marti.clients.env`). A caller that makes many remote envs passes one long-lived channel (``channel=``, from
 :func:`marti.clients.env.open_channel`) instead of dialing the server for each, and steps envs in lockstep with
 :func:`step_many` (one ``BatchStep`` round trip for the remote sessions that share a channel). See
 ``docs/environments.md``.
@@ -55,7 +55,7 @@ def make(
         address: ``None`` for an in-process env; ``"host:port"`` of an env server for a remote session; several
             servers (a list, a comma-separated string, or ``"dns:///name:port"`` for one server per address the
             name resolves to) for a session placed on the server where this process's shared pool
-            (:func:`marti.clients.env_pool.shared_env_pool`) has the fewest live sessions, and pinned there.
+            (:func:`marti.clients.env.shared_env_pool`) has the fewest live sessions, and pinned there.
         seed: Seed of the first ``reset()`` called without a seed (same id, config, seed and actions give the
             same trajectory); an int in the int64 range.
         token: Bearer token for the server (remote only); ``None`` reads ``MARTI_ENV_TOKEN``, then
@@ -90,10 +90,10 @@ def make(
 
         return default_registry().make(env_id, config, seed)
     from marti.clients.env import RemoteParallelEnv
-    from marti.clients.env_addresses import is_env_pool, single_env_address
+    from marti.clients.env.addresses import is_env_pool, single_env_address
 
     if is_env_pool(address):
-        from marti.clients.env_pool import shared_env_pool
+        from marti.clients.env import shared_env_pool
         from marti.errors import InvalidArgumentError
 
         if channel is not None:
@@ -228,7 +228,7 @@ def list_envs(address: str | Sequence[str] | None = None, **kwargs: Any) -> list
     Args:
         address: ``None`` for the in-process registry, else an env server's ``"host:port"``, or several servers
             (as for :func:`make`): then the envs every one of them offers
-            (:meth:`marti.clients.env_pool.EnvPool.list_envs`).
+            (:meth:`marti.clients.env.EnvPool.list_envs`).
         **kwargs: Passed to :class:`marti.clients.env.EnvClient` (token, tls_ca_file, timeout_s).
 
     Returns:
@@ -242,13 +242,7 @@ def list_envs(address: str | Sequence[str] | None = None, **kwargs: Any) -> list
         from marti.env_registry import describe_all
 
         return describe_all()
-    from marti.clients.env import EnvClient
-    from marti.clients.env_addresses import is_env_pool, single_env_address
+    from marti.clients.env import open_env_sessions
 
-    if is_env_pool(address):
-        from marti.clients.env_pool import EnvPool
-
-        with EnvPool(address, **kwargs) as pool:
-            return pool.list_envs()
-    with EnvClient(single_env_address(address), **kwargs) as client:
-        return client.list_envs()
+    with open_env_sessions(address, **kwargs) as sessions:  # one server's client, or a pool of several
+        return sessions.list_envs()

@@ -525,7 +525,7 @@ class ServicesConfig(_Section):
     @field_validator("env")
     @classmethod
     def _check_env(cls, value: str | list[str] | None) -> str | list[str] | None:
-        from marti.clients.env_addresses import is_env_pool
+        from marti.clients.env.addresses import is_env_pool
 
         is_env_pool(value)  # a list or comma-separated value: every entry host:port (InvalidArgumentError)
         return value

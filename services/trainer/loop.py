@@ -75,7 +75,7 @@ class Addresses:
     """Service addresses the loop talks to (``host:port``), the bearer token, and TLS.
 
     ``env`` may name several env servers (a list, a comma-separated string, ``dns:///name:port``): the loop then
-    plays its sessions through one :class:`~marti.clients.env_pool.EnvPool` (each new session on the server with
+    plays its sessions through one :class:`~marti.clients.env.EnvPool` (each new session on the server with
     the fewest live sessions of the job, pinned there); a single address is one channel, as ever.
 
     ``tls_ca_file`` (PEM) is used for the services named in ``tls_services`` (those whose address the user
@@ -457,7 +457,7 @@ class TrainingLoop:
         :meth:`close_channels`; a service restart does not need a new one (every SDK channel redials within about
         2.4 s, :func:`marti.rpc.options.reconnect_options`). None when
         the service has no address (in-process envs)."""
-        from marti.clients.env_addresses import single_env_address
+        from marti.clients.env.addresses import single_env_address
 
         address = single_env_address(self.addr.env) if service == "env" else self.addr.broker
         if address is None:
@@ -478,16 +478,16 @@ class TrainingLoop:
             return channel
 
     def _pool(self) -> Any:
-        """The loop's :class:`~marti.clients.env_pool.EnvPool` when ``env`` names several servers (opened on first
+        """The loop's :class:`~marti.clients.env.EnvPool` when ``env`` names several servers (opened on first
         use with the loop's token and CA, shared like :meth:`_channel`'s channels until
         :meth:`close_channels`); None for one address or in-process envs."""
-        from marti.clients.env_addresses import is_env_pool
+        from marti.clients.env.addresses import is_env_pool
 
         if not is_env_pool(self.addr.env):
             return None
         with self._channels_lock:
             if self._env_pool is None:
-                from marti.clients.env_pool import EnvPool
+                from marti.clients.env import EnvPool
 
                 self._env_pool = EnvPool(
                     self.addr.env,

@@ -89,7 +89,7 @@ def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Ad
         "env": args.env or services.env,
         "store": args.store or services.store,
     }
-    from marti.clients.env_addresses import is_env_pool
+    from marti.clients.env.addresses import is_env_pool
 
     is_env_pool(addrs["env"])  # several env servers: every entry host:port (InvalidArgumentError, named)
     missing = [k for k, v in addrs.items() if not v]

@@ -32,8 +32,7 @@ from sdk_servers import ScriptedInference, serve_sdk_services
 
 import marti
 import marti.aio
-from marti.clients.env import AsyncEnvClient, EnvClient
-from marti.clients.env_pool import AsyncEnvPool, EnvPool
+from marti.clients.env import AsyncEnvClient, AsyncEnvPool, EnvClient, EnvPool
 from marti.errors import InvalidArgumentError, MartiError, OutOfRangeError
 
 TOKEN = "misuse-token"

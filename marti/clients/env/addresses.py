@@ -1,5 +1,5 @@
-"""Env server addresses that name several servers: parsing and DNS expansion (no grpc here, so the config schema
-can check ``services.env`` without importing a client).
+"""Env server addresses that name several servers: parsing and DNS expansion (what the config schema checks
+``services.env`` with; this module itself calls no server).
 
 Accepted forms (see ``docs/environments.md``, "Several env servers"):
 

@@ -1,4 +1,4 @@
-"""Several env servers behind one client (marti.clients.env_pool): sessions spread over real servers, each
+"""Several env servers behind one client (marti.clients.env): sessions spread over real servers, each
 pinned to the server that created it, across unary calls, streams, ``marti.make`` envs, the aio pool, the
 ``dns:///`` form and the trainer's rollouts; a stopped server fails only its own sessions, by name."""
 
@@ -16,8 +16,7 @@ import pytest
 
 import marti
 import marti.envs as me
-from marti.clients.env import EnvClient
-from marti.clients.env_pool import AsyncEnvPool, EnvPool, shared_env_pool
+from marti.clients.env import AsyncEnvPool, EnvClient, EnvPool, shared_env_pool
 from marti.env_registry import default_registry
 from marti.errors import (
     FailedPreconditionError,

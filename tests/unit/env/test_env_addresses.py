@@ -1,4 +1,4 @@
-"""Env server address values that name several servers (marti.clients.env_addresses): the forms accepted, the
+"""Env server address values that name several servers (marti.clients.env.addresses): the forms accepted, the
 typed errors for bad ones (in the SDK, the config and ``marti train --env``), and ``dns:///`` expansion."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 import pytest
 
 import marti
-from marti.clients.env_addresses import (
+from marti.clients.env.addresses import (
     env_server_entries,
     is_env_pool,
     resolve_env_servers,
@@ -140,8 +140,7 @@ def test_an_empty_single_address_is_refused_naming_it(blank):
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), 1e12])
 def test_remote_env_clients_refuse_a_bad_timeout_at_construction(bad):
-    from marti.clients.env import EnvClient
-    from marti.clients.env_pool import EnvPool
+    from marti.clients.env import EnvClient, EnvPool
 
     with pytest.raises(InvalidArgumentError, match="timeout_s must be > 0"):
         EnvClient("127.0.0.1:1", timeout_s=bad)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from marti.clients import env_pool
-from marti.clients.env_pool import DOWN_COOLDOWN_S, MAX_DOWN_COOLDOWN_S, _place, _Placement
+from marti.clients.env import placement as placement_mod
+from marti.clients.env.placement import DOWN_COOLDOWN_S, MAX_DOWN_COOLDOWN_S, _place, _Placement
 from marti.errors import InvalidArgumentError, UnavailableError
 
 ADDRESSES = ("a:1", "b:1")
@@ -16,7 +16,7 @@ ADDRESSES = ("a:1", "b:1")
 def clock(monkeypatch):
     """A fake ``time.monotonic`` for the pool module; ``clock[0]`` is now, in seconds."""
     now = [1000.0]
-    monkeypatch.setattr(env_pool.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(placement_mod.time, "monotonic", lambda: now[0])
     return now
 
 
