@@ -185,21 +185,28 @@ def _receiver_process(address: str, session: str, expected: int, q) -> None:
 
 
 class _Receiver:
-    """Starts :func:`_receiver_process` and waits until it is connected; :meth:`wait` returns its report."""
+    """Starts :attr:`target` (:func:`_receiver_process`) in its own process and waits until it is connected;
+    :meth:`wait` returns when it held every message, and keeps its whole report in :attr:`report`."""
+
+    #: The receiving process: ``target(address, session, expected, queue)``; it puts ``"ready"``, then its report
+    #: ``(time.monotonic() at the end, messages received, *more)``.
+    target = staticmethod(_receiver_process)
 
     def __init__(self, address: str, session: str, expected: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.q = ctx.Queue()
-        self.proc = ctx.Process(target=_receiver_process, args=(address, session, expected, self.q))
+        self.proc = ctx.Process(target=self.target, args=(address, session, expected, self.q))
         self.proc.start()
         if self.q.get(timeout=60) != "ready":
             raise RuntimeError("receiver did not start")
         self.expected = expected
+        self.report: tuple = ()
 
     def wait(self) -> float:
         """Waits for the receiver; returns the time.monotonic() at which it held every message."""
-        done_at, received = self.q.get(timeout=300)
+        self.report = self.q.get(timeout=300)
         self.proc.join(10)
+        done_at, received = self.report[:2]
         assert received == self.expected, (received, self.expected)
         return done_at
 
@@ -288,13 +295,28 @@ def bench_broker_aio(address: str, messages: list[dict], senders: int, batch: in
     return {"n": expected, "wall": wall, "lat": lat, "wire": wire, "raw": raw, "batch": batch}
 
 
+def _send_paced(client, messages: list[dict], n: int, rate: float) -> tuple[float, list[float]]:
+    """Sends ``n`` messages (cycling through ``messages``) to ``agent_receiver`` on a fixed schedule of ``rate``
+    per second (a late call is not made up for by sending faster). Returns (seconds from the first scheduled send
+    to the end of the last, the seconds each ``send_message`` call took)."""
+    lat: list[float] = []
+    start = time.perf_counter()
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = time.perf_counter()
+        client.send_message("agent_receiver", messages[i % len(messages)])
+        lat.append(time.perf_counter() - t)
+    return time.perf_counter() - start, lat
+
+
 def bench_paced(address: str, messages: list[dict], rate: float, seconds: float) -> dict:
     """One unbatched sender (``batching_size=1``: one Send per message) at ``rate`` msgs/s; latency per
     send_message."""
     from marti.clients.broker import MartiCommClient
 
     n = int(rate * seconds)
-    lat = []
     with (
         MartiCommClient("paced", address, session="bench-paced", batching_size=1) as c,
         MartiCommClient("agent_receiver", address, session="bench-paced") as r,
@@ -302,16 +324,7 @@ def bench_paced(address: str, messages: list[dict], rate: float, seconds: float)
         r.get_messages()
         for m in messages[:20]:  # warm up the channel
             c.send_message("agent_receiver", m)
-        start = time.perf_counter()
-        for i in range(n):
-            target = start + i / rate
-            delay = target - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            t = time.perf_counter()
-            c.send_message("agent_receiver", messages[i % len(messages)])
-            lat.append(time.perf_counter() - t)
-        wall = time.perf_counter() - start
+        wall, lat = _send_paced(c, messages, n, rate)
     return {"n": n, "wall": wall, "lat": lat, "wire": None, "raw": None}
 
 
@@ -338,24 +351,15 @@ def _plain_receiver_process(address: str, session: str, expected: int, q) -> Non
 
 
 class _PlainReceiver(_Receiver):
-    """:func:`_plain_receiver_process` in its own process; :meth:`wait` also keeps the delays."""
+    """:func:`_plain_receiver_process` in its own process; after :meth:`wait`, :attr:`delays` are its delays."""
 
-    def __init__(self, address: str, session: str, expected: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.q = ctx.Queue()
-        self.proc = ctx.Process(target=_plain_receiver_process, args=(address, session, expected, self.q))
-        self.proc.start()
-        if self.q.get(timeout=60) != "ready":
-            raise RuntimeError("receiver did not start")
-        self.expected = expected
-        self.delays: list[float] = []
+    target = staticmethod(_plain_receiver_process)
 
-    def wait(self) -> float:
-        """Waits for the receiver; returns the time.monotonic() at which it held every message."""
-        done_at, received, self.delays = self.q.get(timeout=300)
-        self.proc.join(10)
-        assert received == self.expected, (received, self.expected)
-        return done_at
+    @property
+    def delays(self) -> list[float]:
+        """Seconds from ``send_message`` to the receiver holding each message, in arrival order (after
+        :meth:`wait`; empty before)."""
+        return self.report[2] if self.report else []
 
 
 def bench_defaults(address: str, messages: list[dict], session: str) -> dict:
@@ -396,20 +400,11 @@ def bench_lone(
     n = int(rate * seconds)
     session = f"bench-lone-{len(settings)}"
     receiver = _PlainReceiver(address, session, warm + n)
-    call_lat = []
     with MartiCommClient("lone", address, session=session, **settings) as c:
         for m in messages[:warm]:
             c.send_message("agent_receiver", m)
             time.sleep(1 / rate)
-        start = time.perf_counter()
-        for i in range(n):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            t = time.perf_counter()
-            c.send_message("agent_receiver", messages[i % len(messages)])
-            call_lat.append(time.perf_counter() - t)
-        wall = time.perf_counter() - start
+        wall, call_lat = _send_paced(c, messages, n, rate)
         receiver.wait()
     return {
         "n": n,

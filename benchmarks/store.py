@@ -317,29 +317,24 @@ def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
     return {"items": n_items, "item_bytes": size, "restore_s": t_core, "process_start_to_serving_s": t_proc}
 
 
+#: The count options: (flag, argparse type, default, help).
+COUNT_OPTIONS = (
+    ("--items-4k", positive_int, 4000, "inserts per client for 4 KB items"),
+    ("--items-64k", positive_int, 1000, "inserts per client for 64 KB items"),
+    ("--sample-calls", positive_int, 50, "sample calls per client (16 items each)"),
+    ("--stream-samples", positive_int, 3200, "items per client in one streaming sample call"),
+    ("--restart-items", non_negative_int, 100_000, "items for the restart measurement (0 = skip)"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table (see the module docstring)."""
     p = argparse.ArgumentParser(prog="marti bench store", description=__doc__.splitlines()[0])
     p.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
-    p.add_argument("--items-4k", type=positive_int, default=4000, help="inserts per client for 4 KB items")
-    p.add_argument("--items-64k", type=positive_int, default=1000, help="inserts per client for 64 KB items")
-    p.add_argument(
-        "--sample-calls", type=positive_int, default=50, help="sample calls per client (16 items each)"
-    )
-    p.add_argument(
-        "--stream-samples",
-        type=positive_int,
-        default=3200,
-        help="items per client in one streaming sample call",
-    )
+    for flag, kind, default, what in COUNT_OPTIONS:
+        p.add_argument(flag, type=kind, default=default, help=what)
     p.add_argument(
         "--clients", type=_client_counts, default=[1, 4], help="comma-separated client process counts"
-    )
-    p.add_argument(
-        "--restart-items",
-        type=non_negative_int,
-        default=100_000,
-        help="items for the restart measurement (0 = skip)",
     )
     p.add_argument("--no-reverb", action="store_true", help="skip the Reverb baseline")
     p.add_argument("--json", "--out", metavar="PATH", help="write every number to PATH as JSON")
