@@ -89,6 +89,9 @@ class Trajectory:
             estimators (GRPO, RLOO) compare the trajectories of one group; empty = a group of its own.
         episode_return: The return credited to the agent for the episode (reward units; the outcome reward of
             every turn); None = the sum of the turn rewards.
+        group_size: Trajectories the group has in all, this one included (the trainer's ``rollout.group_size``, an
+            external client's reported ``group_size``); 0 = unknown. A whole-groups sample of the store takes a
+            group only once all its members are in, and drops it whole when one is stale.
     """
 
     episode_id: str
@@ -101,6 +104,7 @@ class Trajectory:
     created_at: float = 0.0
     group_id: str = ""
     episode_return: float | None = None
+    group_size: int = 0
 
     def __post_init__(self) -> None:
         if not self.created_at:
@@ -169,6 +173,7 @@ class TrajectorySummary:
     Attributes:
         episode_id, session, agent_id, role, policy_version, created_at: As in :class:`Trajectory`.
         num_turns: Number of turns.
+        group_id, group_size: As in :class:`Trajectory` (the store's whole-groups sample reads them).
         prompt_lengths: T_prompt of each turn, shape (num_turns,).
         response_lengths: A of each turn, shape (num_turns,).
         logprob_lengths: Number of logprobs of each turn, shape (num_turns,).
@@ -186,6 +191,8 @@ class TrajectorySummary:
     response_lengths: tuple[int, ...] = ()
     logprob_lengths: tuple[int, ...] = ()
     rewards_present: tuple[bool, ...] = ()
+    group_id: str = ""
+    group_size: int = 0
 
 
 def summarize(trajectory: Trajectory) -> TrajectorySummary:
@@ -210,6 +217,8 @@ def summarize(trajectory: Trajectory) -> TrajectorySummary:
         response_lengths=tuple(len(t.response_token_ids) for t in turns),
         logprob_lengths=tuple(len(t.response_logprobs) for t in turns),
         rewards_present=tuple(t.reward is not None for t in turns),
+        group_id=trajectory.group_id,
+        group_size=trajectory.group_size,
     )
 
 

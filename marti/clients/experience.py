@@ -30,12 +30,15 @@ from marti.rpc.errors import from_status_proto
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
 SERVICE = "marti.api.experience.v1.ExperienceService"
-_IDEMPOTENT = [(SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable", "UpdatePriorities")]
+_IDEMPOTENT = [
+    (SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable", "UpdatePriorities", "Delete")
+]
 #: Largest decompressed trajectory a client accepts, bytes.
 MAX_ITEM_BYTES = 64 * 1024 * 1024
 
 __all__ = [
     "AsyncExperienceSharingClient",
+    "Inserted",
     "ExperienceSharingClient",
     "SampleBatch",
     "SampledTrajectory",
@@ -70,16 +73,34 @@ class SampleBatch:
             more than the table's ``max_policy_lag`` behind the caller's ``current_policy_version``. Each took one
             of the ``batch_size`` slots: ``len(items) + len(stale_keys)`` items were consumed.
         stale_episode_ids: The episode id of each ``stale_keys`` entry, in the same order.
+        dropped_keys: ``whole_groups``: keys of fresh items removed with their group because another member was
+            stale; each took one slot.
+        dropped_episode_ids: The episode id of each ``dropped_keys`` entry, in the same order.
     """
 
     items: list[SampledTrajectory]
     stale_keys: list[int]
     stale_episode_ids: list[str] = field(default_factory=list)
+    dropped_keys: list[int] = field(default_factory=list)
+    dropped_episode_ids: list[str] = field(default_factory=list)
 
     @property
     def consumed(self) -> int:
-        """Items taken from the table: returned plus removed as stale."""
-        return len(self.items) + len(self.stale_keys)
+        """Items taken from the table: returned plus removed as stale or dropped with their group."""
+        return len(self.items) + len(self.stale_keys) + len(self.dropped_keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Inserted:
+    """One item of :meth:`ExperienceSharingClient.insert`.
+
+    Attributes:
+        key: The new item's key; for a duplicate, the key of the episode's item still in the table (0 once taken).
+        duplicate: The table already held or had taken this episode: nothing was inserted.
+    """
+
+    key: int
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +182,24 @@ class _SampleRun:
         self.out: list[SampledTrajectory] = []
         self.stale: list[int] = []
         self.stale_ids: list[str] = []
+        self.dropped: list[int] = []
+        self.dropped_ids: list[str] = []
         self.err: MartiError | None = None
 
     def add(self, resp: spb.SampleResponse) -> bool:
         """Decode one response; True when the client must ack now: the store sent everything it took and waits
         for the ack to commit it (sent only once every item is decoded, so nothing acked can be lost here)."""
         self.err = _Base._sampled(resp, self.out, self.stale, self.stale_ids) or self.err
+        self.dropped.extend(resp.dropped_keys)
+        self.dropped_ids.extend(resp.dropped_episode_ids)
         return resp.needs_ack
+
+    def batch(self, batch_size: int, allow_partial: bool, table: str) -> SampleBatch:
+        """The finished call's :class:`SampleBatch` (see :meth:`_Base._finish_sample` for its errors)."""
+        out = _Base._finish_sample(
+            self.out, self.err, batch_size, allow_partial, table, self.stale + self.dropped
+        )
+        return SampleBatch(out, self.stale, self.stale_ids, self.dropped, self.dropped_ids)
 
 
 class _Base:
@@ -186,6 +218,7 @@ class _Base:
         table: str | None,
         priorities: Sequence[float] | None,
         batch_items: int = 1,
+        idempotent: bool = False,
     ) -> list[pb.InsertItem]:
         if isinstance(batch_items, bool) or not isinstance(batch_items, numbers.Integral) or batch_items < 1:
             raise InvalidArgumentError(f"batch_items must be an integer >= 1, got {batch_items!r}")
@@ -200,17 +233,20 @@ class _Base:
                 t.agent_id = self.agent_id
             enc = convert.encode_proto(convert.trajectory_to_proto(t), self.chunk_bytes)
             p = 1.0 if priorities is None else priorities[i]
-            items.append(pb.InsertItem(table=table or "", priority=p, encoded=enc, client_seq=i))
+            items.append(
+                pb.InsertItem(table=table or "", priority=p, encoded=enc, client_seq=i, idempotent=idempotent)
+            )
         return items
 
     @staticmethod
-    def _keys(responses: Iterable[spb.InsertResponse], trajectories: Sequence[Trajectory]) -> list[int]:
-        """The keys of an insert stream's items, in order; or the error of the first item that failed (by
+    def _keys(responses: Iterable[spb.InsertResponse], trajectories: Sequence[Trajectory]) -> list[Inserted]:
+        """The keys (and duplicate flags) of an insert stream's items, in order; or the error of the first item that failed (by
         position), its message prefixed with that item's position, episode and agent and how many of the
         others were inserted, and the same in ``metadata`` (``item``, ``episode_id``, ``inserted``,
         ``inserted_keys``: the keys of the items that were inserted, comma-separated, in item order)."""
         n = len(trajectories)
         keys: list[int | None] = [None] * n
+        dups: set[int] = set()
         errors: dict[int, MartiError] = {}
         for resp in responses:
             for c in resp.confirmations:
@@ -219,6 +255,8 @@ class _Base:
                     errors.setdefault(c.client_seq, err)
                 else:
                     keys[c.client_seq] = c.key
+                    if c.duplicate:
+                        dups.add(c.client_seq)
         if errors:
             i = min(errors)
             err, t = errors[i], trajectories[i]
@@ -237,7 +275,22 @@ class _Base:
                 inserted_keys=",".join(map(str, inserted)),
             )
             raise err
-        return [k for k in keys if k is not None]
+        return [Inserted(k, i in dups) for i, k in enumerate(keys) if k is not None]
+
+    def _insert_reqs(self, trajectories, table, priorities, timeout_s, batch_items, idempotent=False):
+        """The InsertRequests of one insert stream (``batch_items`` items each)."""
+        items = self._items(trajectories, table, priorities, batch_items, idempotent)
+        t_ms = _timeout_ms(_wait_s(timeout_s, self.timeout_s))
+        return [
+            spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
+            for i in range(0, len(items), batch_items)
+        ]
+
+    @staticmethod
+    def _delete_req(table: str, episode_ids: Sequence[str]) -> spb.DeleteRequest:
+        if isinstance(episode_ids, str) or not all(isinstance(e, str) for e in episode_ids):
+            raise InvalidArgumentError(f"episode_ids must be a sequence of strings, got {episode_ids!r}")
+        return spb.DeleteRequest(table=table, episode_ids=list(episode_ids))
 
     @staticmethod
     def _sample_req(
@@ -250,6 +303,7 @@ class _Base:
         max_age_s,
         current_policy_version=None,
         allow_partial=False,
+        whole_groups=False,
     ):
         _in_range(batch_size, "batch_size", 1, _UINT32)
         _in_range(min_policy_version, "min_policy_version", 0, _INT64)
@@ -262,6 +316,7 @@ class _Base:
         req = spb.SampleRequest(
             table=table, num_samples=batch_size, timeout_ms=_timeout_ms(timeout_s), filter=f,
             format=pb.PAYLOAD_FORMAT_ENCODED, whole_batch=not allow_partial, confirm=True,
+            whole_groups=whole_groups,
         )  # fmt: skip
         if current_policy_version is not None:
             req.current_policy_version = current_policy_version
@@ -417,14 +472,48 @@ class ExperienceSharingClient(_Base):
             episode, agent) and carrying the keys of the items that were inserted in
             ``metadata["inserted_keys"]`` (see :meth:`share_experience`).
         """
-        items = self._items(trajectories, table, priorities, batch_items)
-        t_ms = _timeout_ms(_wait_s(timeout_s, self.timeout_s))
-        reqs = [
-            spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
-            for i in range(0, len(items), batch_items)
-        ]
+        reqs = self._insert_reqs(trajectories, table, priorities, timeout_s, batch_items)
+        with rpc_errors():
+            return [r.key for r in self._keys(self._stub.Insert(iter(reqs)), trajectories)]
+
+    @checked
+    def insert(
+        self,
+        table: str,
+        trajectories: Sequence[Trajectory],
+        timeout_s: float | None = None,
+        batch_items: int = 64,
+    ) -> list[Inserted]:
+        """Insert trajectories at most once per ``(table, episode_id)``: an episode the table holds, or took
+        (sampled out, removed as stale or dropped, deleted) within the store's ``taken_ids_window``, is answered
+        as a duplicate and not inserted again, so a call retried after its answer was lost is safe.
+
+        Args:
+            table: Target table.
+            trajectories: One per episode (a table holds one item per episode for this to mean "once").
+            timeout_s: Longest wait for room or the rate limiter, seconds.
+            batch_items: Items per stream message (>= 1).
+
+        Returns:
+            One :class:`Inserted` per trajectory, in order.
+
+        Raises:
+            As :meth:`share_experiences`.
+        """
+        reqs = self._insert_reqs(trajectories, table, None, timeout_s, batch_items, idempotent=True)
         with rpc_errors():
             return self._keys(self._stub.Insert(iter(reqs)), trajectories)
+
+    @checked
+    def delete(self, table: str, episode_ids: Sequence[str], timeout_s: float | None = None) -> int:
+        """Delete every item of these episodes from ``table`` and return how many were deleted (ids with no item
+        are skipped; an idempotent insert of a deleted id later is a duplicate). Retried on UNAVAILABLE.
+
+        Raises:
+            InvalidArgumentError: ``episode_ids`` is not a sequence of strings.  NotFoundError: unknown table.
+        """
+        req = self._delete_req(table, episode_ids)
+        return call(self._stub.Delete, req, _wait_s(timeout_s, self.timeout_s)).deleted
 
     @checked
     def sample(
@@ -475,6 +564,7 @@ class ExperienceSharingClient(_Base):
         max_age_s: float = 0.0,
         allow_partial: bool = False,
         current_policy_version: int | None = None,
+        whole_groups: bool = False,
     ) -> SampleBatch:
         """Consume ``batch_size`` items as :meth:`sample` does, stating the caller's policy version.
 
@@ -486,6 +576,9 @@ class ExperienceSharingClient(_Base):
             table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s, allow_partial: As
                 :meth:`sample` (``allow_partial`` counts stale items as consumed).
             current_policy_version: The caller's policy version (>= 0); None = no staleness check.
+            whole_groups: Take whole groups (``Trajectory.group_id`` with ``group_size`` >= 2): a group is taken
+                once all its members are in the table, may carry the batch past ``batch_size``, and is dropped
+                whole (:attr:`SampleBatch.dropped_keys`) when a member is stale.
 
         Returns:
             A :class:`SampleBatch`.
@@ -496,7 +589,7 @@ class ExperienceSharingClient(_Base):
         """
         req = self._sample_req(
             table, batch_size, _wait_s(timeout_s, self.timeout_s), agent_ids, roles, min_policy_version, max_age_s,
-            current_policy_version, allow_partial,
+            current_policy_version, allow_partial, whole_groups,
         )  # fmt: skip
         run = _SampleRun()
         requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -511,10 +604,7 @@ class ExperienceSharingClient(_Base):
         finally:
             requests.put(None)
             stream.cancel()  # a no-op after the end; before it, the store puts unacknowledged items back
-        return SampleBatch(
-            self._finish_sample(run.out, run.err, batch_size, allow_partial, table, run.stale), run.stale,
-            run.stale_ids,
-        )  # fmt: skip
+        return run.batch(batch_size, allow_partial, table)
 
     @checked
     def get_trajectories(
@@ -652,15 +742,30 @@ class AsyncExperienceSharingClient(_Base):
         batch_items: int = 64,
     ) -> list[int]:
         """See :meth:`ExperienceSharingClient.share_experiences`."""
-        items = self._items(trajectories, table, priorities, batch_items)
-        t_ms = _timeout_ms(_wait_s(timeout_s, self.timeout_s))
-        reqs = [
-            spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
-            for i in range(0, len(items), batch_items)
-        ]
+        reqs = self._insert_reqs(trajectories, table, priorities, timeout_s, batch_items)
+        with rpc_errors():
+            responses = [r async for r in self._stub.Insert(iter(reqs))]
+        return [r.key for r in self._keys(responses, trajectories)]
+
+    @checked
+    async def insert(
+        self,
+        table: str,
+        trajectories: Sequence[Trajectory],
+        timeout_s: float | None = None,
+        batch_items: int = 64,
+    ) -> list[Inserted]:
+        """See :meth:`ExperienceSharingClient.insert`."""
+        reqs = self._insert_reqs(trajectories, table, None, timeout_s, batch_items, idempotent=True)
         with rpc_errors():
             responses = [r async for r in self._stub.Insert(iter(reqs))]
         return self._keys(responses, trajectories)
+
+    @checked
+    async def delete(self, table: str, episode_ids: Sequence[str], timeout_s: float | None = None) -> int:
+        """See :meth:`ExperienceSharingClient.delete`."""
+        req = self._delete_req(table, episode_ids)
+        return (await acall(self._stub.Delete, req, _wait_s(timeout_s, self.timeout_s))).deleted
 
     @checked
     async def sample(
@@ -692,11 +797,12 @@ class AsyncExperienceSharingClient(_Base):
         max_age_s: float = 0.0,
         allow_partial: bool = False,
         current_policy_version: int | None = None,
+        whole_groups: bool = False,
     ) -> SampleBatch:
         """See :meth:`ExperienceSharingClient.sample_batch`."""
         req = self._sample_req(
             table, batch_size, _wait_s(timeout_s, self.timeout_s), agent_ids, roles, min_policy_version, max_age_s,
-            current_policy_version, allow_partial,
+            current_policy_version, allow_partial, whole_groups,
         )  # fmt: skip
         run = _SampleRun()
         stream = self._stub.Sample()
@@ -709,10 +815,7 @@ class AsyncExperienceSharingClient(_Base):
                         await stream.done_writing()  # the stream ends once the store committed
         finally:
             stream.cancel()  # a no-op after the end; before it, the store puts unacknowledged items back
-        return SampleBatch(
-            self._finish_sample(run.out, run.err, batch_size, allow_partial, table, run.stale), run.stale,
-            run.stale_ids,
-        )  # fmt: skip
+        return run.batch(batch_size, allow_partial, table)
 
     @checked
     async def get_trajectories(

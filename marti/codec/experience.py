@@ -74,6 +74,7 @@ _UNSET = object()
 _TRAJECTORY_SCALARS = (
     ("episode_id", "episode_id"), ("session", "session"), ("agent_id", "agent_id"), ("role", "role"),
     ("policy_version", "policy_version"), ("created_at_s", "created_at"), ("group_id", "group_id"),
+    ("group_size", "group_size"),
 )  # fmt: skip
 _TURN_SCALARS = (
     ("step", "step"), ("terminated", "terminated"), ("truncated", "truncated"), ("prompt_text", "prompt_text"),
@@ -231,6 +232,7 @@ def trajectory_from_proto(msg: pb.Trajectory) -> Trajectory:
         policy_version=msg.policy_version, turns=turns,
         metadata=_json_obj(msg.metadata_json, "trajectory.metadata_json"), created_at=msg.created_at_s,
         group_id=msg.group_id, episode_return=msg.episode_return if msg.HasField("episode_return") else None,
+        group_size=msg.group_size,
     )  # fmt: skip
 
 
@@ -298,7 +300,7 @@ def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
         episode_id=msg.episode_id, session=msg.session, agent_id=msg.agent_id, role=msg.role,
         policy_version=msg.policy_version, created_at=msg.created_at_s, num_turns=len(msg.turns),
         prompt_lengths=tuple(prompt), response_lengths=tuple(resp), logprob_lengths=tuple(lps),
-        rewards_present=tuple(rewards),
+        rewards_present=tuple(rewards), group_id=msg.group_id, group_size=msg.group_size,
     )  # fmt: skip
 
 

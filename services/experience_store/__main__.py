@@ -41,6 +41,7 @@ def build_store(settings: StoreSettings) -> ExperienceStore:
         tables,
         default_table=settings.default_table or None,
         max_query_items=settings.max_query_items,
+        taken_ids_window=settings.taken_ids_window,
     )
     store.start_snapshots(settings.snapshot_interval_s)
     return store

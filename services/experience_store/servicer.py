@@ -15,11 +15,17 @@ from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.codec import experience as convert
-from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError, NotFoundError
+from marti.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    MartiError,
+    NotFoundError,
+    OutOfRangeError,
+)
 from marti.rpc.errors import ok_status, to_status_proto
 
 from .core.store import DEFAULT_TABLE, ExperienceStore, ItemQuery
-from .core.table import NewItem
+from .core.table import Duplicate, NewItem
 from .sample_stream import SampleStream
 from .settings import StoreSettings
 
@@ -43,13 +49,35 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def _timeout_s(self, timeout_ms: int) -> float:
+        """A request's wait in seconds (0 = ``default_timeout_ms``).
+
+        Raises:
+            OutOfRangeError: above ``max_wait_ms``, naming ``timeout_ms`` (the SDK's ``timeout_s``).
+        """
+        if timeout_ms > self.settings.max_wait_ms:
+            raise OutOfRangeError(
+                f"timeout_ms (timeout_s in the SDK) is {timeout_ms} ms, above the store's max_wait_ms "
+                f"{self.settings.max_wait_ms}"
+            )
         return (timeout_ms or self.settings.default_timeout_ms) / 1000.0
+
+    def _check_credits(self, credits: int) -> None:
+        """Refuse a Sample stream asking for more than ``max_sample_items`` items at once, before any take.
+
+        Raises:
+            OutOfRangeError: naming ``num_samples`` (the SDK's ``batch_size``) and the limit.
+        """
+        if credits > self.settings.max_sample_items:
+            raise OutOfRangeError(
+                f"num_samples (batch_size in the SDK) asks for {credits} items, above the store's "
+                f"max_sample_items {self.settings.max_sample_items}"
+            )
 
     # ---- Insert -----------------------------------------------------------------------------------------
 
     def _insert_batch(self, req: spb.InsertRequest) -> spb.InsertResponse:
         timeout_s = self._timeout_s(req.timeout_ms)
-        results: list[int | MartiError] = []
+        results: list[int | Duplicate | MartiError] = []
         run_table, run_items = None, []  # consecutive items of one table are inserted together
 
         def flush() -> None:
@@ -73,12 +101,16 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
                 flush()
                 results.append(e)
                 continue
-            run_items.append(NewItem(payload, summary, item.priority))
+            run_items.append(NewItem(payload, summary, item.priority, item.idempotent))
         flush()
         resp = spb.InsertResponse()
         for item, res in zip(req.items, results, strict=True):
             if isinstance(res, MartiError):
                 resp.confirmations.add(client_seq=item.client_seq, status=to_status_proto(res))
+            elif isinstance(res, Duplicate):
+                resp.confirmations.add(
+                    client_seq=item.client_seq, key=res.key, status=ok_status(), duplicate=True
+                )
             else:
                 resp.confirmations.add(client_seq=item.client_seq, key=res, status=ok_status())
         return resp
@@ -109,20 +141,19 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         current = first.current_policy_version if first.HasField("current_policy_version") else None
         if current is not None and current < 0:
             raise InvalidArgumentError(f"current_policy_version must be >= 0, got {current}")
-        limit = self.settings.max_query_items
-        if first.whole_batch and first.num_samples > limit:
-            raise InvalidArgumentError(
-                f"a whole_batch sample takes at most {limit} items, got {first.num_samples}"
-            )
+        self._check_credits(first.num_samples)
         timeout_s = self._timeout_s(first.timeout_ms)
         max_batch = min(first.max_batch_items or self.settings.max_batch_items, self.settings.max_batch_items)
         stream = SampleStream(it, first.num_samples)
         held: list = []  # takes sent and not yet committed
         try:
             while stream.credits > 0 if first.confirm else await stream.wait_credits():
+                self._check_credits(stream.credits)  # a later request may have added credits
                 n = stream.credits if first.whole_batch else min(stream.credits, max_batch)
                 try:
-                    take = await self._take(table, n, timeout_s, filt, current, first.whole_batch)
+                    take = await self._take(
+                        table, n, timeout_s, filt, current, first.whole_batch, first.whole_groups
+                    )
                 except MartiError as e:  # DEADLINE_EXCEEDED: in-band, outstanding credits dropped
                     stream.credits = 0
                     yield spb.SampleResponse(
@@ -153,12 +184,12 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
                 table.release(take)  # a no-op once committed
             await stream.close()
 
-    async def _take(self, table, n: int, timeout_s: float, filt, current, whole: bool):
+    async def _take(self, table, n: int, timeout_s: float, filt, current, whole: bool, groups: bool):
         """``table.take`` on the pool. If the call is cancelled meanwhile (the client went away), a waiting take
         gives up at once and one that already took items puts them back."""
         abandoned = threading.Event()
         fut = asyncio.get_running_loop().run_in_executor(
-            self._pool, table.take, n, timeout_s, filt, current, whole, abandoned
+            self._pool, table.take, n, timeout_s, filt, current, whole, abandoned, groups
         )
         try:
             return await asyncio.shield(fut)
@@ -185,6 +216,10 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
                 resp.stale_keys.append(r.key)
                 resp.stale_episode_ids.append(r.episode_id)
                 continue
+            if s.dropped:
+                resp.dropped_keys.append(r.key)
+                resp.dropped_episode_ids.append(r.episode_id)
+                continue
             m = resp.items.add(
                 key=r.key, table=table, priority=r.priority, probability=s.probability,
                 importance_weight=s.importance_weight, times_sampled=r.times_sampled, table_size=s.table_size,
@@ -201,6 +236,11 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
             raise InvalidArgumentError("updates name the same key more than once")
         updated, missing = await self._run(self.store.update_priorities, request.table, updates)
         return spb.UpdatePrioritiesResponse(updated=updated, missing=missing)
+
+    async def Delete(self, request, context) -> spb.DeleteResponse:  # noqa: N802
+        """See the proto."""
+        deleted = await self._run(self.store.delete, request.table, list(request.episode_ids))
+        return spb.DeleteResponse(deleted=deleted)
 
     def _info(self, name: str) -> pb.TableInfo:
         table = self.store.table(name)

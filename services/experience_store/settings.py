@@ -43,3 +43,21 @@ class StoreSettings(ServerSettings):
     chunk_bytes: int = Field(256 * 1024, gt=0, description="Uncompressed bytes per compressed chunk.")
     max_batch_items: int = Field(256, ge=1, description="Most items per Sample/GetAll response message.")
     max_query_items: int = Field(1_000_000, ge=1, description="Most items one GetAllExperiences may return.")
+    max_sample_items: int = Field(
+        65_536,
+        ge=1,
+        description="Most items one Sample stream may ask for (its num_samples, the SDK's batch_size); more is "
+        "refused with OUT_OF_RANGE before anything is taken.",
+    )
+    max_wait_ms: int = Field(
+        86_400_000,
+        ge=1,
+        description="Longest wait (timeout_ms, the SDK's timeout_s) an Insert or Sample may ask for, ms; a "
+        "longer one is refused with OUT_OF_RANGE.",
+    )
+    taken_ids_window: int = Field(
+        100_000,
+        ge=0,
+        description="Per table, episode ids taken (sampled out, stale, dropped, deleted) that an idempotent insert "
+        "still answers as duplicates; the oldest are forgotten first, and a restart forgets them all.",
+    )

@@ -230,6 +230,18 @@ def _cases(flavour: str) -> list[Case]:
             },
         ),
         method(
+            "store.insert",
+            store_c,
+            "insert",
+            lambda w: {"table": w.table, "trajectories": [_trajectory()], "timeout_s": 2.0, "batch_items": 8},
+        ),
+        method(
+            "store.delete",
+            store_c,
+            "delete",
+            lambda w: {"table": w.table, "episode_ids": ["ep-gone"], "timeout_s": 2.0},
+        ),
+        method(
             "store.sample",
             store_c,
             "sample",
@@ -254,6 +266,7 @@ def _cases(flavour: str) -> list[Case]:
                 "roles": None,
                 "allow_partial": True,
                 "current_policy_version": 3,
+                "whole_groups": False,
             },
         ),
         method(
@@ -415,19 +428,8 @@ def _cases(flavour: str) -> list[Case]:
     return cases
 
 
-#: Cases not run yet, with the reason (each one an open problem, not a pass).
-PENDING = {
-    "store.sample": "a hostile batch_size or timeout_s can hang the call or grow the process without bound; the "
-    "store's sample path is being reworked (issue 29 item 5)",
-}
-PENDING["store.sample_batch"] = PENDING["store.sample"]
 CASES = [
-    pytest.param(
-        flavour,
-        case,
-        marks=[pytest.mark.skip(PENDING[case.name])] if case.name in PENDING else [],
-        id=f"{flavour}-{case.name}",
-    )
+    pytest.param(flavour, case, id=f"{flavour}-{case.name}")
     for flavour in ("sync", "aio")
     for case in _cases(flavour)
 ]

@@ -47,6 +47,7 @@ class ItemRecord:
         episode_id, session, agent_id, role, policy_version, created_at: From the trajectory.
         num_turns: Number of turns of the trajectory.
         num_bytes: Stored payload size in bytes (compressed).
+        group_id, group_size: From the trajectory (a whole-groups sample takes a group's members together).
     """
 
     key: int
@@ -63,6 +64,8 @@ class ItemRecord:
     created_at: float
     num_turns: int
     num_bytes: int
+    group_id: str = ""
+    group_size: int = 0
 
 
 @dataclass(slots=True)
@@ -230,12 +233,19 @@ CREATE TABLE IF NOT EXISTS items (
     key INTEGER PRIMARY KEY, table_name TEXT NOT NULL, seq INTEGER NOT NULL, priority REAL NOT NULL,
     times_sampled INTEGER NOT NULL, inserted_at REAL NOT NULL, episode_id TEXT NOT NULL, session TEXT NOT NULL,
     agent_id TEXT NOT NULL, role TEXT NOT NULL, policy_version INTEGER NOT NULL, created_at REAL NOT NULL,
-    num_turns INTEGER NOT NULL, num_bytes INTEGER NOT NULL);
+    num_turns INTEGER NOT NULL, num_bytes INTEGER NOT NULL, group_id TEXT NOT NULL DEFAULT '',
+    group_size INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS payloads (key INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 """
-_ITEM_COLS = (
+_V1_COLS = (
     "key, table_name, seq, priority, times_sampled, inserted_at, episode_id, session, agent_id, role, "
     "policy_version, created_at, num_turns, num_bytes"
+)
+_ITEM_COLS = _V1_COLS + ", group_id, group_size"
+# Databases written before whole-groups samples lack the group columns; they are added with their defaults.
+_MIGRATE_V2 = (
+    "ALTER TABLE items ADD COLUMN group_id TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE items ADD COLUMN group_size INTEGER NOT NULL DEFAULT 0",
 )
 # Databases written before the payloads table existed kept the payload as the last column of ``items``.
 _MIGRATE_V1 = f"""
@@ -246,11 +256,11 @@ CREATE TABLE items_v2 (
     times_sampled INTEGER NOT NULL, inserted_at REAL NOT NULL, episode_id TEXT NOT NULL, session TEXT NOT NULL,
     agent_id TEXT NOT NULL, role TEXT NOT NULL, policy_version INTEGER NOT NULL, created_at REAL NOT NULL,
     num_turns INTEGER NOT NULL, num_bytes INTEGER NOT NULL);
-INSERT INTO items_v2({_ITEM_COLS}) SELECT {_ITEM_COLS} FROM items;
+INSERT INTO items_v2({_V1_COLS}) SELECT {_V1_COLS} FROM items;
 DROP TABLE items;
 ALTER TABLE items_v2 RENAME TO items;
 """
-_INSERT_ITEM = f"INSERT INTO items({_ITEM_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_ITEM = f"INSERT INTO items({_ITEM_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _ROW_BYTES = 128  # what one metadata row counts towards an operation's size (group and checkpoint limits)
 _PAGE_SIZES = (4096, 8192, 16384, 32768, 65536)
 
@@ -271,7 +281,8 @@ class _Op:
         )  # fmt: skip
         self.item_rows = [
             (r.key, r.table, r.seq, r.priority, r.times_sampled, r.inserted_at, r.episode_id, r.session,
-             r.agent_id, r.role, r.policy_version, r.created_at, r.num_turns, r.num_bytes)
+             r.agent_id, r.role, r.policy_version, r.created_at, r.num_turns, r.num_bytes, r.group_id,
+             r.group_size)
             for r, _ in inserts
         ]  # fmt: skip
         self.payload_rows = [(r.key, p) for r, p in inserts]
@@ -382,6 +393,9 @@ class SqliteStorage(Storage):
                 conn.execute("ROLLBACK")
                 raise InternalError(f"could not migrate {self.path}: {e}") from e
         conn.executescript(_SCHEMA)
+        if "group_id" not in [r[1] for r in conn.execute("PRAGMA table_info(items)")]:
+            for stmt in _MIGRATE_V2:
+                conn.execute(stmt)
 
     @property
     def page_size(self) -> int:

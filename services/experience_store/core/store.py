@@ -31,7 +31,7 @@ from marti.experience_types import (
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step, summarize
 
 from .storage import ItemRecord, MemoryStorage, Storage
-from .table import NO_FILTER, NewItem, SampledItem, Table
+from .table import NO_FILTER, TAKEN_IDS_WINDOW, Duplicate, NewItem, SampledItem, Table
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,8 @@ class ExperienceStore:
         default_table: Name of a uniform table created when missing (None = no default table).
         seed: Seeds every table's sampler (tests); None = OS entropy.
         max_query_items: Most items one :meth:`query` may return.
+        taken_ids_window: Per table, taken episode ids remembered for idempotent inserts (>= 0; in memory: a
+            restart forgets them).
 
     Raises:
         InvalidArgumentError: on a bad persisted or given table config.
@@ -96,8 +98,10 @@ class ExperienceStore:
         default_table: str | None = DEFAULT_TABLE,
         seed: int | None = None,
         max_query_items: int = 1_000_000,
+        taken_ids_window: int = TAKEN_IDS_WINDOW,
     ) -> None:
         self.storage = storage or MemoryStorage()
+        self.taken_ids_window = taken_ids_window
         self.max_query_items = max_query_items
         self._seed = seed
         self._lock = threading.Lock()
@@ -128,7 +132,10 @@ class ExperienceStore:
 
     def _new_table(self, cfg: TableConfig, counters: dict[str, int] | None = None) -> Table:
         seed = None if self._seed is None else hash((self._seed, cfg.name)) & 0xFFFFFFFF
-        table = Table(cfg, self.storage, self._next_key, self._next_seq, seed=seed, counters=counters)
+        table = Table(
+            cfg, self.storage, self._next_key, self._next_seq, seed=seed, counters=counters,
+            taken_ids_window=self.taken_ids_window,
+        )  # fmt: skip
         self._tables[cfg.name] = table
         return table
 
@@ -169,7 +176,9 @@ class ExperienceStore:
 
     # ---- data -------------------------------------------------------------------------------------------
 
-    def insert(self, table: str, items: Sequence[NewItem], timeout_s: float) -> list[int | MartiError]:
+    def insert(
+        self, table: str, items: Sequence[NewItem], timeout_s: float
+    ) -> list[int | Duplicate | MartiError]:
         """Insert into a table; see :meth:`Table.insert`. Raises NotFoundError for an unknown table."""
         return self.table(table).insert(items, timeout_s)
 
@@ -183,6 +192,11 @@ class ExperienceStore:
     ) -> list[SampledItem]:
         """Sample from a table; see :meth:`Table.sample`. Raises NotFoundError for an unknown table."""
         return self.table(table).sample(num_samples, timeout_s, filt, current_policy_version)
+
+    def delete(self, table: str, episode_ids: Sequence[str]) -> int:
+        """Delete a table's items of these episodes; see :meth:`Table.delete`. Raises NotFoundError for an unknown
+        table."""
+        return self.table(table).delete(episode_ids)
 
     def update_priorities(self, table: str, updates: dict[int, float]) -> tuple[int, int]:
         """Update priorities; see :meth:`Table.update_priorities`."""

@@ -30,20 +30,36 @@ from marti.errors import (
 from marti.experience_types import SampleFilter, TableConfig
 from marti.trajectory import TrajectorySummary
 
+from .episodes import EpisodeIndex, grouped
 from .rate_limiter import RateLimiter, RateLimiterState
 from .selectors import Candidate, Selector, make_selector
 from .storage import CommitTicket, ItemRecord, Storage
 
 NO_FILTER = SampleFilter()
+#: Taken episode ids a table remembers for idempotent inserts, by default (the store's ``taken_ids_window``).
+TAKEN_IDS_WINDOW = 100_000
 
 
 @dataclass(frozen=True, slots=True)
 class NewItem:
-    """An item to insert: its compressed payload, its summary and its priority."""
+    """An item to insert: its compressed payload, its summary and its priority; ``idempotent`` inserts it at
+    most once per episode id (see :meth:`Table.insert`)."""
 
     payload: bytes
     summary: TrajectorySummary
     priority: float = 1.0
+    idempotent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """The result of an idempotent insert whose episode the table held or had taken: nothing was inserted.
+
+    Attributes:
+        key: The episode's item still in the table, or 0 once it was taken.
+    """
+
+    key: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +75,8 @@ class SampledItem:
             maximum; 1.0 for other samplers.
         stale: True when the item was beyond the table's ``max_policy_lag``: it was removed instead of returned
             and ``payload`` is empty.
+        dropped: True when a whole-groups sample removed the (fresh) item with its group because another member
+            was stale; ``payload`` is empty.
     """
 
     record: ItemRecord
@@ -67,6 +85,7 @@ class SampledItem:
     table_size: int
     importance_weight: float
     stale: bool = False
+    dropped: bool = False
 
 
 @dataclass(slots=True)
@@ -80,6 +99,8 @@ class Take:
         removed: Original records of the items the take removed from the table (sampled out or stale), by key.
         bumps: How many times the take sampled each key.
         stale: How many of ``removed`` were removed as stale.
+        dropped: Keys of ``removed`` dropped with a stale member's group (whole-groups samples).
+        dropped_groups: Group ids the take dropped whole (whole-groups samples).
         open: True until the take is committed or released.
     """
 
@@ -87,6 +108,8 @@ class Take:
     removed: dict[int, ItemRecord] = field(default_factory=dict)
     bumps: Counter = field(default_factory=Counter)
     stale: int = 0
+    dropped: set[int] = field(default_factory=set)
+    dropped_groups: set[str] = field(default_factory=set)
     open: bool = True
 
     @property
@@ -117,6 +140,7 @@ class Table:
         next_seq: Shared insertion-sequence allocator.
         seed: Seed of the sampler's random generator (None = from the OS).
         counters: Persisted counters of a restored table.
+        taken_ids_window: Taken episode ids remembered for idempotent inserts (see :mod:`.episodes`).
 
     Raises:
         InvalidArgumentError: on bad selector or rate limiter settings.
@@ -130,8 +154,10 @@ class Table:
         next_seq: Callable[[], int],
         seed: int | None = None,
         counters: dict[str, int] | None = None,
+        taken_ids_window: int = TAKEN_IDS_WINDOW,
     ) -> None:
         self.config = config
+        self.episodes = EpisodeIndex(taken_ids_window)
         self.name = config.name
         self._storage = storage
         self._next_key, self._next_seq = next_key, next_seq
@@ -169,12 +195,14 @@ class Table:
 
     def _index(self, rec: ItemRecord) -> None:
         self._items[rec.key] = rec
+        self.episodes.add(rec)
         self._bytes += rec.num_bytes
         self.sampler.insert(rec.key, rec.priority, rec.seq)
         self.remover.insert(rec.key, rec.priority, rec.seq)
 
     def _unindex(self, key: int) -> ItemRecord:
         rec = self._items.pop(key)
+        self.episodes.remove(rec)
         self._bytes -= rec.num_bytes
         self.sampler.delete(key)
         self.remover.delete(key)
@@ -273,20 +301,22 @@ class Table:
             f"min_diff={rl.config.min_diff}, max_diff={rl.config.max_diff}"
         )
 
-    def insert(self, items: Sequence[NewItem], timeout_s: float) -> list[int | MartiError]:
+    def insert(self, items: Sequence[NewItem], timeout_s: float) -> list[int | Duplicate | MartiError]:
         """Insert items in order, waiting (up to ``timeout_s`` in all) where the rate limiter or a full table
         under the block policy says so.
 
         Items that can proceed are submitted to storage as one operation (and the ones before a wait are
-        submitted before it, so samplers can make progress); the call returns once all of them are committed. A bad item (priority, signature, size) gets its error in its result slot and
-        does not touch the table.
+        submitted before it, so samplers can make progress); the call returns once all of them are committed. A
+        bad item (priority, signature, size) gets its error in its result slot and does not touch the table. An
+        ``idempotent`` item whose episode id the table holds, an open sample holds, or was taken from the table
+        within its taken-ids window (see :mod:`.episodes`) is not inserted: its result is a :class:`Duplicate`.
 
         Args:
             items: Items to insert.
             timeout_s: Longest total wait in seconds (0 = do not wait).
 
         Returns:
-            One entry per item: its new key, or the :class:`MartiError` that refused it (InvalidArgumentError,
+            One entry per item: its new key, a :class:`Duplicate`, or the :class:`MartiError` that refused it (InvalidArgumentError,
             ResourceExhaustedError when it alone exceeds ``max_bytes``, :class:`~marti.errors.RateLimitedError`
             (a DeadlineExceededError, reason ``RATE_LIMITED``, metadata ``table``, ``size``, ``max_size``) when
             the wait for room or for the rate limiter ran out; items after it get the same error).
@@ -296,7 +326,7 @@ class Table:
             UnavailableError: when storage was closed before it committed them.
         """
         deadline = time.monotonic() + max(0.0, timeout_s)
-        results: list[int | MartiError] = []
+        results: list[int | Duplicate | MartiError] = []
         pending: list[tuple[ItemRecord, bytes]] = []
         evicted: list[int] = []
         tickets: list[CommitTicket] = []
@@ -321,7 +351,7 @@ class Table:
         pending: list[tuple[ItemRecord, bytes]],
         evicted: list[int],
         tickets: list[CommitTicket],
-    ) -> int:
+    ) -> int | Duplicate:
         priority = check_priority(item.priority)
         size = len(item.payload)
         if size > self.config.max_bytes:
@@ -330,6 +360,9 @@ class Table:
             )
         self.check_signature(item.summary)
         while True:
+            dup = self.episodes.duplicate(item.summary.episode_id) if item.idempotent else None
+            if dup is not None:  # checked again after every wait: another insert may have landed meanwhile
+                return Duplicate(dup)
             if not self._room_for(size) and self.config.full_policy == "evict":
                 while self._items and not self._room_for(size):
                     key, _ = self.remover.select(self._rng)
@@ -360,6 +393,8 @@ class Table:
             created_at=s.created_at,
             num_turns=s.num_turns,
             num_bytes=size,
+            group_id=s.group_id,
+            group_size=s.group_size,
         )
         self._index(rec)
         self.rate_limiter.state.inserts += 1
@@ -392,10 +427,11 @@ class Table:
         filt: SampleFilter = NO_FILTER,
         current_policy_version: int | None = None,
         whole: bool = False,
+        groups: bool = False,
     ) -> list[SampledItem]:
         """Sample and commit at once: :meth:`take` then :meth:`commit` (see :meth:`take` for arguments, returns
         and errors; InternalError, UnavailableError when storage could not commit the sample counts)."""
-        take = self.take(num_samples, timeout_s, filt, current_policy_version, whole)
+        take = self.take(num_samples, timeout_s, filt, current_policy_version, whole, groups=groups)
         self.commit(take)
         return take.items
 
@@ -407,6 +443,7 @@ class Table:
         current_policy_version: int | None = None,
         whole: bool = False,
         abandoned: threading.Event | None = None,
+        groups: bool = False,
     ) -> Take:
         """Take between 1 and ``num_samples`` items (with replacement, as Reverb) and hold them, uncommitted.
 
@@ -422,6 +459,12 @@ class Table:
         and one rate-limiter sample, so a FIFO queue is consumed in order whether its items are fresh or stale.
         An item without turns is never stale (no weights generated anything in it).
 
+        With ``groups``, items of a group (a ``group_id`` and ``group_size`` >= 2) are taken together, in
+        insertion order, once ``group_size`` of them are in the table (a group missing members is passed over;
+        ``probability`` and ``table_size`` are those of the member the sampler selected); a group with a stale
+        member is removed whole (its fresh members ``dropped``), and so are later members of a group dropped
+        before. A group may carry the take past ``num_samples``, so no group is split across two takes.
+
         Args:
             num_samples: Most items to take (>= 1); with ``whole``, exactly this many.
             timeout_s: Longest wait in seconds for the first item (``whole``: for the whole batch).
@@ -429,6 +472,7 @@ class Table:
             current_policy_version: The sampler's policy version (>= 0); None = no staleness check.
             whole: All ``num_samples`` or nothing: a wait that runs out leaves the table unchanged.
             abandoned: Set (then :meth:`notify`) when the caller went away: a waiting take gives up at once.
+            groups: Take whole groups (see above).
 
         Returns:
             The open :class:`Take`.
@@ -448,8 +492,8 @@ class Table:
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
             while True:
-                take, picked = self._take(num_samples, filt, oldest)
-                if picked and (not whole or len(picked) == num_samples):
+                take, picked = self._take(num_samples, filt, oldest, groups)
+                if picked and (not whole or len(picked) >= num_samples):
                     break
                 self._undo(take)
                 if abandoned is not None and abandoned.is_set():
@@ -460,11 +504,12 @@ class Table:
                 finally:
                     self.waiting_samples -= 1
             stale = {rec.key for rec, _, _ in picked if _is_stale(rec, oldest)}
-            payloads = self._storage.get_payloads(rec.key for rec, _, _ in picked if rec.key not in stale)
+            gone = stale | take.dropped
+            payloads = self._storage.get_payloads(rec.key for rec, _, _ in picked if rec.key not in gone)
             barrier = self._storage.submit(self.name, counters=self.counters())  # after the items' inserts
         weights = self.sampler.importance_weights([p for _, p, _ in picked], [n for _, _, n in picked])
         take.items = [
-            SampledItem(rec, payloads.get(rec.key, b""), p, n, w, rec.key in stale)
+            SampledItem(rec, payloads.get(rec.key, b""), p, n, w, rec.key in stale, rec.key in take.dropped)
             for (rec, p, n), w in zip(picked, weights, strict=True)
         ]
         try:
@@ -475,39 +520,74 @@ class Table:
         return take
 
     def _take(
-        self, num_samples: int, filt: SampleFilter, oldest: int | None = None
+        self, num_samples: int, filt: SampleFilter, oldest: int | None = None, groups: bool = False
     ) -> tuple[Take, list[tuple[ItemRecord, float, int]]]:
         """Select up to ``num_samples`` items into an open take (caller holds the lock); those with
-        ``policy_version < oldest`` are removed (stale). Returns the take and the selections."""
+        ``policy_version < oldest`` are removed (stale); with ``groups``, whole groups (see :meth:`take`).
+        Returns the take and the selections."""
         take, picked = Take(), []
         now = time.time()
+        passed: set[str] = set()  # groups still missing members, passed over by this take
         while len(picked) < num_samples and self.rate_limiter.can_sample(len(self._items)):
-            if filt.is_empty():
-                if not self._items:
-                    break
-                n = len(self._items)
-                key, prob = self.sampler.select(self._rng)
-            else:
-                cands = [
-                    Candidate(r.key, r.priority, r.seq) for r in self._items.values() if filt.matches(r, now)
-                ]
-                if not cands:
-                    break
-                n = len(cands)
-                key, prob = self.sampler.select_among(cands, self._rng)
+            chosen = self._select(filt, now, passed)
+            if chosen is None:
+                break
+            key, prob, n = chosen
             rec = self._items[key]
-            rec.times_sampled += 1
-            take.bumps[key] += 1
-            self.rate_limiter.state.samples += 1
-            picked.append((_snapshot(rec), prob, n))
-            if _is_stale(rec, oldest):
-                self.stale_removed += 1
-                take.stale += 1
-                take.removed[key] = self._unindex(key)
-            elif self.config.max_times_sampled and rec.times_sampled >= self.config.max_times_sampled:
-                take.removed[key] = self._unindex(key)
+            if not (groups and grouped(rec)):
+                self._pick(take, picked, key, prob, n, oldest)
+                continue
+            members = sorted(self.episodes.members(rec.group_id), key=lambda k: self._items[k].seq)
+            drop = self.episodes.group_dropped(rec.group_id) or any(
+                _is_stale(self._items[k], oldest) for k in members
+            )
+            if not drop and len(members) < rec.group_size:
+                passed.add(rec.group_id)
+                continue
+            if drop:
+                take.dropped_groups.add(rec.group_id)
+            for k in members:
+                self._pick(take, picked, k, prob, n, oldest, drop)
         self._hold(take, +1)
         return take, picked
+
+    def _select(self, filt: SampleFilter, now: float, passed: set[str]) -> tuple[int, float, int] | None:
+        """The sampler's next ``(key, probability, items selected among)`` under the filter, skipping the groups
+        in ``passed``; None when no item qualifies (caller holds the lock)."""
+        if filt.is_empty() and not passed:
+            if not self._items:
+                return None
+            key, prob = self.sampler.select(self._rng)
+            return key, prob, len(self._items)
+        cands = [
+            Candidate(r.key, r.priority, r.seq)
+            for r in self._items.values()
+            if filt.matches(r, now) and not (grouped(r) and r.group_id in passed)
+        ]
+        if not cands:
+            return None
+        key, prob = self.sampler.select_among(cands, self._rng)
+        return key, prob, len(cands)
+
+    def _pick(
+        self, take: Take, picked: list, key: int, prob: float, n: int, oldest: int | None, drop: bool = False
+    ) -> None:
+        """Sample item ``key`` into ``take``: count it, and remove it when stale, ``drop`` (its group is dropped)
+        or sampled ``max_times_sampled`` times (caller holds the lock)."""
+        rec = self._items[key]
+        rec.times_sampled += 1
+        take.bumps[key] += 1
+        self.rate_limiter.state.samples += 1
+        picked.append((_snapshot(rec), prob, n))
+        if _is_stale(rec, oldest):
+            self.stale_removed += 1
+            take.stale += 1
+            take.removed[key] = self._unindex(key)
+        elif drop:
+            take.dropped.add(key)
+            take.removed[key] = self._unindex(key)
+        elif self.config.max_times_sampled and rec.times_sampled >= self.config.max_times_sampled:
+            take.removed[key] = self._unindex(key)
 
     def _hold(self, take: Take, sign: int) -> None:
         """Add (+1) or remove (-1) a take's uncommitted effects from the held counters."""
@@ -517,6 +597,7 @@ class Table:
         held["stale"] += sign * take.stale
         held["items"] += sign * len(take.removed)
         held["bytes"] += sign * sum(r.num_bytes for r in take.removed.values())
+        self.episodes.hold(take.removed.values(), sign)
 
     def _undo(self, take: Take) -> None:
         """Put a take's items back (caller holds the lock): removed items return to their place (by insertion
@@ -545,6 +626,9 @@ class Table:
                 return
             take.open = False
             self._hold(take, -1)
+            self.episodes.taken(r.episode_id for r in take.removed.values())
+            for group_id in take.dropped_groups:
+                self.episodes.drop_group(group_id)
             updates = [
                 (k, self._items[k].priority, self._items[k].times_sampled)
                 for k in take.bumps
@@ -563,6 +647,33 @@ class Table:
             if take.open:
                 self._undo(take)
                 self._cond.notify_all()
+
+    # ---- delete -----------------------------------------------------------------------------------------
+
+    def delete(self, episode_ids: Sequence[str]) -> int:
+        """Delete every item of these episodes from the table (as Reverb's table delete) and remember the ids as
+        taken, so an idempotent insert of them later is a :class:`Duplicate`. Items an open sample holds are not
+        in the table meanwhile and are not deleted (a release puts them back).
+
+        Args:
+            episode_ids: Episode ids; ids with no item are skipped.
+
+        Returns:
+            How many items were deleted.
+
+        Raises:
+            InternalError, UnavailableError: when storage could not commit the deletion.
+        """
+        ids = set(episode_ids)
+        with self._cond:
+            keys = self.episodes.keys(ids)
+            for key in keys:
+                self._unindex(key)
+            self.episodes.taken(sorted(ids))
+            ticket = self._storage.submit(self.name, deletes=keys, counters=self.counters())
+            self._cond.notify_all()
+        ticket.wait()
+        return len(keys)
 
     # ---- priorities, info, queries ----------------------------------------------------------------------
 

@@ -59,7 +59,7 @@ class Turn(_message.Message):
     def __init__(self, step: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info_json: _Optional[str] = ..., prompt_text: _Optional[str] = ..., response_text: _Optional[str] = ..., prompt_token_ids_i32le: _Optional[bytes] = ..., response_token_ids_i32le: _Optional[bytes] = ..., response_logprobs_f32le: _Optional[bytes] = ..., policy_version: _Optional[int] = ..., response_mask: _Optional[bytes] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "session", "agent_id", "role", "policy_version", "turns", "metadata_json", "created_at_s", "group_id", "episode_return")
+    __slots__ = ("episode_id", "session", "agent_id", "role", "policy_version", "turns", "metadata_json", "created_at_s", "group_id", "episode_return", "group_size")
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class Trajectory(_message.Message):
     CREATED_AT_S_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     session: str
     agent_id: str
@@ -80,7 +81,8 @@ class Trajectory(_message.Message):
     created_at_s: float
     group_id: str
     episode_return: float
-    def __init__(self, episode_id: _Optional[str] = ..., session: _Optional[str] = ..., agent_id: _Optional[str] = ..., role: _Optional[str] = ..., policy_version: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., metadata_json: _Optional[str] = ..., created_at_s: _Optional[float] = ..., group_id: _Optional[str] = ..., episode_return: _Optional[float] = ...) -> None: ...
+    group_size: int
+    def __init__(self, episode_id: _Optional[str] = ..., session: _Optional[str] = ..., agent_id: _Optional[str] = ..., role: _Optional[str] = ..., policy_version: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., metadata_json: _Optional[str] = ..., created_at_s: _Optional[float] = ..., group_id: _Optional[str] = ..., episode_return: _Optional[float] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class EncodedTrajectory(_message.Message):
     __slots__ = ("chunks", "encoding")
@@ -203,28 +205,32 @@ class SampleFilter(_message.Message):
     def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., min_policy_version: _Optional[int] = ..., max_age_s: _Optional[float] = ...) -> None: ...
 
 class InsertItem(_message.Message):
-    __slots__ = ("table", "priority", "trajectory", "encoded", "client_seq")
+    __slots__ = ("table", "priority", "trajectory", "encoded", "client_seq", "idempotent")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
     ENCODED_FIELD_NUMBER: _ClassVar[int]
     CLIENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
     table: str
     priority: float
     trajectory: Trajectory
     encoded: EncodedTrajectory
     client_seq: int
-    def __init__(self, table: _Optional[str] = ..., priority: _Optional[float] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., encoded: _Optional[_Union[EncodedTrajectory, _Mapping]] = ..., client_seq: _Optional[int] = ...) -> None: ...
+    idempotent: bool
+    def __init__(self, table: _Optional[str] = ..., priority: _Optional[float] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., encoded: _Optional[_Union[EncodedTrajectory, _Mapping]] = ..., client_seq: _Optional[int] = ..., idempotent: _Optional[bool] = ...) -> None: ...
 
 class InsertConfirmation(_message.Message):
-    __slots__ = ("client_seq", "key", "status")
+    __slots__ = ("client_seq", "key", "status", "duplicate")
     CLIENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     client_seq: int
     key: int
     status: _status_pb2.Status
-    def __init__(self, client_seq: _Optional[int] = ..., key: _Optional[int] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, client_seq: _Optional[int] = ..., key: _Optional[int] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SampledItem(_message.Message):
     __slots__ = ("key", "table", "priority", "probability", "importance_weight", "times_sampled", "table_size", "trajectory", "encoded")

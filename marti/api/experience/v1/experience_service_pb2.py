@@ -26,7 +26,7 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from marti.api.experience.v1 import experience_pb2 as marti_dot_api_dot_experience_dot_v1_dot_experience__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0marti/api/experience/v1/experience_service.proto\x12\x17marti.api.experience.v1\x1a\x17google/rpc/status.proto\x1a(marti/api/experience/v1/experience.proto\"W\n\rInsertRequest\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.marti.api.experience.v1.InsertItem\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\"T\n\x0eInsertResponse\x12\x42\n\rconfirmations\x18\x01 \x03(\x0b\x32+.marti.api.experience.v1.InsertConfirmation\"\xc2\x02\n\rSampleRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x13\n\x0bnum_samples\x18\x02 \x01(\r\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x35\n\x06\x66ilter\x18\x04 \x01(\x0b\x32%.marti.api.experience.v1.SampleFilter\x12\x36\n\x06\x66ormat\x18\x05 \x01(\x0e\x32&.marti.api.experience.v1.PayloadFormat\x12\x17\n\x0fmax_batch_items\x18\x06 \x01(\r\x12#\n\x16\x63urrent_policy_version\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x0bwhole_batch\x18\x08 \x01(\x08\x12\x0f\n\x07\x63onfirm\x18\t \x01(\x08\x12\x0b\n\x03\x61\x63k\x18\n \x01(\x08\x42\x19\n\x17_current_policy_version\"\xab\x01\n\x0eSampleResponse\x12\x33\n\x05items\x18\x01 \x03(\x0b\x32$.marti.api.experience.v1.SampledItem\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\x12\x12\n\nstale_keys\x18\x03 \x03(\x04\x12\x19\n\x11stale_episode_ids\x18\x04 \x03(\t\x12\x11\n\tneeds_ack\x18\x05 \x01(\x08\"/\n\x0ePriorityUpdate\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x10\n\x08priority\x18\x02 \x01(\x01\"b\n\x17UpdatePrioritiesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x38\n\x07updates\x18\x02 \x03(\x0b\x32\'.marti.api.experience.v1.PriorityUpdate\"<\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x03\x12\x0f\n\x07missing\x18\x02 \x01(\x03\"$\n\x13GetTableInfoRequest\x12\r\n\x05table\x18\x01 \x01(\t\"H\n\x14GetTableInfoResponse\x12\x30\n\x04info\x18\x01 \x01(\x0b\x32\".marti.api.experience.v1.TableInfo\"J\n\x12\x43reateTableRequest\x12\x34\n\x06\x63onfig\x18\x01 \x01(\x0b\x32$.marti.api.experience.v1.TableConfig\"G\n\x13\x43reateTableResponse\x12\x30\n\x04info\x18\x01 \x01(\x0b\x32\".marti.api.experience.v1.TableInfo\"\x13\n\x11ListTablesRequest\"H\n\x12ListTablesResponse\x12\x32\n\x06tables\x18\x01 \x03(\x0b\x32\".marti.api.experience.v1.TableInfo\"\x13\n\x11\x43heckpointRequest\"I\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nduration_s\x18\x02 \x01(\x01\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\"\xc9\x01\n\x18GetAllExperiencesRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x1b\n\x0epolicy_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06tables\x18\x05 \x03(\t\x12\x36\n\x06\x66ormat\x18\x06 \x01(\x0e\x32&.marti.api.experience.v1.PayloadFormatB\x11\n\x0f_policy_version\"s\n\x19GetAllExperiencesResponse\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.marti.api.experience.v1.StoredItem\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status2\xed\x06\n\x11\x45xperienceService\x12]\n\x06Insert\x12&.marti.api.experience.v1.InsertRequest\x1a\'.marti.api.experience.v1.InsertResponse(\x01\x30\x01\x12]\n\x06Sample\x12&.marti.api.experience.v1.SampleRequest\x1a\'.marti.api.experience.v1.SampleResponse(\x01\x30\x01\x12w\n\x10UpdatePriorities\x12\x30.marti.api.experience.v1.UpdatePrioritiesRequest\x1a\x31.marti.api.experience.v1.UpdatePrioritiesResponse\x12k\n\x0cGetTableInfo\x12,.marti.api.experience.v1.GetTableInfoRequest\x1a-.marti.api.experience.v1.GetTableInfoResponse\x12h\n\x0b\x43reateTable\x12+.marti.api.experience.v1.CreateTableRequest\x1a,.marti.api.experience.v1.CreateTableResponse\x12\x65\n\nListTables\x12*.marti.api.experience.v1.ListTablesRequest\x1a+.marti.api.experience.v1.ListTablesResponse\x12\x65\n\nCheckpoint\x12*.marti.api.experience.v1.CheckpointRequest\x1a+.marti.api.experience.v1.CheckpointResponse\x12|\n\x11GetAllExperiences\x12\x31.marti.api.experience.v1.GetAllExperiencesRequest\x1a\x32.marti.api.experience.v1.GetAllExperiencesResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0marti/api/experience/v1/experience_service.proto\x12\x17marti.api.experience.v1\x1a\x17google/rpc/status.proto\x1a(marti/api/experience/v1/experience.proto\"W\n\rInsertRequest\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.marti.api.experience.v1.InsertItem\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\"T\n\x0eInsertResponse\x12\x42\n\rconfirmations\x18\x01 \x03(\x0b\x32+.marti.api.experience.v1.InsertConfirmation\"\xd8\x02\n\rSampleRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x13\n\x0bnum_samples\x18\x02 \x01(\r\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x35\n\x06\x66ilter\x18\x04 \x01(\x0b\x32%.marti.api.experience.v1.SampleFilter\x12\x36\n\x06\x66ormat\x18\x05 \x01(\x0e\x32&.marti.api.experience.v1.PayloadFormat\x12\x17\n\x0fmax_batch_items\x18\x06 \x01(\r\x12#\n\x16\x63urrent_policy_version\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x0bwhole_batch\x18\x08 \x01(\x08\x12\x0f\n\x07\x63onfirm\x18\t \x01(\x08\x12\x0b\n\x03\x61\x63k\x18\n \x01(\x08\x12\x14\n\x0cwhole_groups\x18\x0b \x01(\x08\x42\x19\n\x17_current_policy_version\"\xde\x01\n\x0eSampleResponse\x12\x33\n\x05items\x18\x01 \x03(\x0b\x32$.marti.api.experience.v1.SampledItem\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\x12\x12\n\nstale_keys\x18\x03 \x03(\x04\x12\x19\n\x11stale_episode_ids\x18\x04 \x03(\t\x12\x11\n\tneeds_ack\x18\x05 \x01(\x08\x12\x14\n\x0c\x64ropped_keys\x18\x06 \x03(\x04\x12\x1b\n\x13\x64ropped_episode_ids\x18\x07 \x03(\t\"/\n\x0ePriorityUpdate\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x10\n\x08priority\x18\x02 \x01(\x01\"b\n\x17UpdatePrioritiesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x38\n\x07updates\x18\x02 \x03(\x0b\x32\'.marti.api.experience.v1.PriorityUpdate\"<\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x03\x12\x0f\n\x07missing\x18\x02 \x01(\x03\"$\n\x13GetTableInfoRequest\x12\r\n\x05table\x18\x01 \x01(\t\"H\n\x14GetTableInfoResponse\x12\x30\n\x04info\x18\x01 \x01(\x0b\x32\".marti.api.experience.v1.TableInfo\"J\n\x12\x43reateTableRequest\x12\x34\n\x06\x63onfig\x18\x01 \x01(\x0b\x32$.marti.api.experience.v1.TableConfig\"G\n\x13\x43reateTableResponse\x12\x30\n\x04info\x18\x01 \x01(\x0b\x32\".marti.api.experience.v1.TableInfo\"\x13\n\x11ListTablesRequest\"H\n\x12ListTablesResponse\x12\x32\n\x06tables\x18\x01 \x03(\x0b\x32\".marti.api.experience.v1.TableInfo\"\x13\n\x11\x43heckpointRequest\"I\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nduration_s\x18\x02 \x01(\x01\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\"\xc9\x01\n\x18GetAllExperiencesRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x1b\n\x0epolicy_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06tables\x18\x05 \x03(\t\x12\x36\n\x06\x66ormat\x18\x06 \x01(\x0e\x32&.marti.api.experience.v1.PayloadFormatB\x11\n\x0f_policy_version\"s\n\x19GetAllExperiencesResponse\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.marti.api.experience.v1.StoredItem\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\"3\n\rDeleteRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x13\n\x0b\x65pisode_ids\x18\x02 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x03\x32\xc8\x07\n\x11\x45xperienceService\x12]\n\x06Insert\x12&.marti.api.experience.v1.InsertRequest\x1a\'.marti.api.experience.v1.InsertResponse(\x01\x30\x01\x12]\n\x06Sample\x12&.marti.api.experience.v1.SampleRequest\x1a\'.marti.api.experience.v1.SampleResponse(\x01\x30\x01\x12w\n\x10UpdatePriorities\x12\x30.marti.api.experience.v1.UpdatePrioritiesRequest\x1a\x31.marti.api.experience.v1.UpdatePrioritiesResponse\x12k\n\x0cGetTableInfo\x12,.marti.api.experience.v1.GetTableInfoRequest\x1a-.marti.api.experience.v1.GetTableInfoResponse\x12h\n\x0b\x43reateTable\x12+.marti.api.experience.v1.CreateTableRequest\x1a,.marti.api.experience.v1.CreateTableResponse\x12\x65\n\nListTables\x12*.marti.api.experience.v1.ListTablesRequest\x1a+.marti.api.experience.v1.ListTablesResponse\x12\x65\n\nCheckpoint\x12*.marti.api.experience.v1.CheckpointRequest\x1a+.marti.api.experience.v1.CheckpointResponse\x12|\n\x11GetAllExperiences\x12\x31.marti.api.experience.v1.GetAllExperiencesRequest\x1a\x32.marti.api.experience.v1.GetAllExperiencesResponse0\x01\x12Y\n\x06\x44\x65lete\x12&.marti.api.experience.v1.DeleteRequest\x1a\'.marti.api.experience.v1.DeleteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,35 +38,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INSERTRESPONSE']._serialized_start=233
   _globals['_INSERTRESPONSE']._serialized_end=317
   _globals['_SAMPLEREQUEST']._serialized_start=320
-  _globals['_SAMPLEREQUEST']._serialized_end=642
-  _globals['_SAMPLERESPONSE']._serialized_start=645
-  _globals['_SAMPLERESPONSE']._serialized_end=816
-  _globals['_PRIORITYUPDATE']._serialized_start=818
-  _globals['_PRIORITYUPDATE']._serialized_end=865
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=867
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=965
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=967
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1027
-  _globals['_GETTABLEINFOREQUEST']._serialized_start=1029
-  _globals['_GETTABLEINFOREQUEST']._serialized_end=1065
-  _globals['_GETTABLEINFORESPONSE']._serialized_start=1067
-  _globals['_GETTABLEINFORESPONSE']._serialized_end=1139
-  _globals['_CREATETABLEREQUEST']._serialized_start=1141
-  _globals['_CREATETABLEREQUEST']._serialized_end=1215
-  _globals['_CREATETABLERESPONSE']._serialized_start=1217
-  _globals['_CREATETABLERESPONSE']._serialized_end=1288
-  _globals['_LISTTABLESREQUEST']._serialized_start=1290
-  _globals['_LISTTABLESREQUEST']._serialized_end=1309
-  _globals['_LISTTABLESRESPONSE']._serialized_start=1311
-  _globals['_LISTTABLESRESPONSE']._serialized_end=1383
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1385
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1404
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1406
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1479
-  _globals['_GETALLEXPERIENCESREQUEST']._serialized_start=1482
-  _globals['_GETALLEXPERIENCESREQUEST']._serialized_end=1683
-  _globals['_GETALLEXPERIENCESRESPONSE']._serialized_start=1685
-  _globals['_GETALLEXPERIENCESRESPONSE']._serialized_end=1800
-  _globals['_EXPERIENCESERVICE']._serialized_start=1803
-  _globals['_EXPERIENCESERVICE']._serialized_end=2680
+  _globals['_SAMPLEREQUEST']._serialized_end=664
+  _globals['_SAMPLERESPONSE']._serialized_start=667
+  _globals['_SAMPLERESPONSE']._serialized_end=889
+  _globals['_PRIORITYUPDATE']._serialized_start=891
+  _globals['_PRIORITYUPDATE']._serialized_end=938
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=940
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=1038
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=1040
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1100
+  _globals['_GETTABLEINFOREQUEST']._serialized_start=1102
+  _globals['_GETTABLEINFOREQUEST']._serialized_end=1138
+  _globals['_GETTABLEINFORESPONSE']._serialized_start=1140
+  _globals['_GETTABLEINFORESPONSE']._serialized_end=1212
+  _globals['_CREATETABLEREQUEST']._serialized_start=1214
+  _globals['_CREATETABLEREQUEST']._serialized_end=1288
+  _globals['_CREATETABLERESPONSE']._serialized_start=1290
+  _globals['_CREATETABLERESPONSE']._serialized_end=1361
+  _globals['_LISTTABLESREQUEST']._serialized_start=1363
+  _globals['_LISTTABLESREQUEST']._serialized_end=1382
+  _globals['_LISTTABLESRESPONSE']._serialized_start=1384
+  _globals['_LISTTABLESRESPONSE']._serialized_end=1456
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1458
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1477
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1479
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=1552
+  _globals['_GETALLEXPERIENCESREQUEST']._serialized_start=1555
+  _globals['_GETALLEXPERIENCESREQUEST']._serialized_end=1756
+  _globals['_GETALLEXPERIENCESRESPONSE']._serialized_start=1758
+  _globals['_GETALLEXPERIENCESRESPONSE']._serialized_end=1873
+  _globals['_DELETEREQUEST']._serialized_start=1875
+  _globals['_DELETEREQUEST']._serialized_end=1926
+  _globals['_DELETERESPONSE']._serialized_start=1928
+  _globals['_DELETERESPONSE']._serialized_end=1961
+  _globals['_EXPERIENCESERVICE']._serialized_start=1964
+  _globals['_EXPERIENCESERVICE']._serialized_end=2932
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ class InsertResponse(_message.Message):
     def __init__(self, confirmations: _Optional[_Iterable[_Union[_experience_pb2.InsertConfirmation, _Mapping]]] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("table", "num_samples", "timeout_ms", "filter", "format", "max_batch_items", "current_policy_version", "whole_batch", "confirm", "ack")
+    __slots__ = ("table", "num_samples", "timeout_ms", "filter", "format", "max_batch_items", "current_policy_version", "whole_batch", "confirm", "ack", "whole_groups")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class SampleRequest(_message.Message):
     WHOLE_BATCH_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     table: str
     num_samples: int
     timeout_ms: int
@@ -44,21 +45,26 @@ class SampleRequest(_message.Message):
     whole_batch: bool
     confirm: bool
     ack: bool
-    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., filter: _Optional[_Union[_experience_pb2.SampleFilter, _Mapping]] = ..., format: _Optional[_Union[_experience_pb2.PayloadFormat, str]] = ..., max_batch_items: _Optional[int] = ..., current_policy_version: _Optional[int] = ..., whole_batch: _Optional[bool] = ..., confirm: _Optional[bool] = ..., ack: _Optional[bool] = ...) -> None: ...
+    whole_groups: bool
+    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., filter: _Optional[_Union[_experience_pb2.SampleFilter, _Mapping]] = ..., format: _Optional[_Union[_experience_pb2.PayloadFormat, str]] = ..., max_batch_items: _Optional[int] = ..., current_policy_version: _Optional[int] = ..., whole_batch: _Optional[bool] = ..., confirm: _Optional[bool] = ..., ack: _Optional[bool] = ..., whole_groups: _Optional[bool] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("items", "status", "stale_keys", "stale_episode_ids", "needs_ack")
+    __slots__ = ("items", "status", "stale_keys", "stale_episode_ids", "needs_ack", "dropped_keys", "dropped_episode_ids")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STALE_KEYS_FIELD_NUMBER: _ClassVar[int]
     STALE_EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     NEEDS_ACK_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[_experience_pb2.SampledItem]
     status: _status_pb2.Status
     stale_keys: _containers.RepeatedScalarFieldContainer[int]
     stale_episode_ids: _containers.RepeatedScalarFieldContainer[str]
     needs_ack: bool
-    def __init__(self, items: _Optional[_Iterable[_Union[_experience_pb2.SampledItem, _Mapping]]] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., stale_keys: _Optional[_Iterable[int]] = ..., stale_episode_ids: _Optional[_Iterable[str]] = ..., needs_ack: _Optional[bool] = ...) -> None: ...
+    dropped_keys: _containers.RepeatedScalarFieldContainer[int]
+    dropped_episode_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, items: _Optional[_Iterable[_Union[_experience_pb2.SampledItem, _Mapping]]] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., stale_keys: _Optional[_Iterable[int]] = ..., stale_episode_ids: _Optional[_Iterable[str]] = ..., needs_ack: _Optional[bool] = ..., dropped_keys: _Optional[_Iterable[int]] = ..., dropped_episode_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PriorityUpdate(_message.Message):
     __slots__ = ("key", "priority")
@@ -155,3 +161,17 @@ class GetAllExperiencesResponse(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[_experience_pb2.StoredItem]
     status: _status_pb2.Status
     def __init__(self, items: _Optional[_Iterable[_Union[_experience_pb2.StoredItem, _Mapping]]] = ..., status: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("table", "episode_ids")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    episode_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, table: _Optional[str] = ..., episode_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...

@@ -76,6 +76,11 @@ class ExperienceServiceStub:
                 request_serializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.GetAllExperiencesRequest.SerializeToString,
                 response_deserializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.GetAllExperiencesResponse.FromString,
                 _registered_method=True)
+        self.Delete = channel.unary_unary(
+                '/marti.api.experience.v1.ExperienceService/Delete',
+                request_serializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteRequest.SerializeToString,
+                response_deserializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteResponse.FromString,
+                _registered_method=True)
 
 
 class ExperienceServiceServicer:
@@ -144,6 +149,14 @@ class ExperienceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Delete(self, request, context):
+        """Deletes every item of the given episodes from one table (as Reverb's table delete); ids with no item are
+        skipped. The ids are remembered as taken, so an idempotent insert of them later is a duplicate.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExperienceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +199,11 @@ def add_ExperienceServiceServicer_to_server(servicer, server):
                     servicer.GetAllExperiences,
                     request_deserializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.GetAllExperiencesRequest.FromString,
                     response_serializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.GetAllExperiencesResponse.SerializeToString,
+            ),
+            'Delete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Delete,
+                    request_deserializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteRequest.FromString,
+                    response_serializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -406,6 +424,33 @@ class ExperienceService:
             '/marti.api.experience.v1.ExperienceService/GetAllExperiences',
             marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.GetAllExperiencesRequest.SerializeToString,
             marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.GetAllExperiencesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Delete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/marti.api.experience.v1.ExperienceService/Delete',
+            marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteRequest.SerializeToString,
+            marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteResponse.FromString,
             options,
             channel_credentials,
             insecure,

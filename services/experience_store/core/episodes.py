@@ -1,0 +1,102 @@
+"""What a table knows about its items' episodes and groups: the idempotent insert's memory and the whole-groups
+sample's index.
+
+An idempotent insert is answered as a duplicate when its episode is in the table, held by an open sample, or was
+taken from the table (sampled out, removed as stale or dropped with its group, or deleted) within the last
+``window`` taken episode ids. The memory of taken ids is bounded (oldest forgotten first) and lives in memory
+only: a restarted store still knows the episodes its tables hold, but not those taken before the restart.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+from .storage import ItemRecord
+
+
+def grouped(rec: ItemRecord) -> bool:
+    """Whether an item belongs to a group a whole-groups sample keeps together: a group id and a size >= 2."""
+    return bool(rec.group_id) and rec.group_size >= 2
+
+
+class EpisodeIndex:
+    """Episode ids and groups of one table's items (the caller holds the table's lock).
+
+    Args:
+        window: Taken episode ids (and dropped group ids) remembered, count (>= 0; 0 = none).
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._episodes: dict[str, set[int]] = {}
+        self._groups: dict[str, set[int]] = {}
+        self._held: Counter = Counter()  # episode ids of items removed by open takes
+        self._taken: OrderedDict[str, None] = OrderedDict()
+        self._dropped_groups: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, rec: ItemRecord) -> None:
+        """Index an item that entered the table."""
+        self._episodes.setdefault(rec.episode_id, set()).add(rec.key)
+        if grouped(rec):
+            self._groups.setdefault(rec.group_id, set()).add(rec.key)
+
+    def remove(self, rec: ItemRecord) -> None:
+        """Forget an item that left the table."""
+        _discard(self._episodes, rec.episode_id, rec.key)
+        if grouped(rec):
+            _discard(self._groups, rec.group_id, rec.key)
+
+    def keys(self, episode_ids: set[str]) -> list[int]:
+        """Keys of the table's items of these episodes."""
+        return [k for e in episode_ids for k in self._episodes.get(e, ())]
+
+    def members(self, group_id: str) -> set[int]:
+        """Keys of the table's items of a group."""
+        return self._groups.get(group_id, set())
+
+    def duplicate(self, episode_id: str) -> int | None:
+        """For an idempotent insert: None when the episode is new to the table; else the key of its item still
+        in the table (the smallest), or 0 when it was taken (or is held by an open sample)."""
+        keys = self._episodes.get(episode_id)
+        if keys:
+            return min(keys)
+        if self._held[episode_id] > 0 or episode_id in self._taken:
+            return 0
+        return None
+
+    def hold(self, recs, sign: int) -> None:
+        """An open take removed (+1) or put back / committed (-1) these items."""
+        for rec in recs:
+            self._held[rec.episode_id] += sign
+            if self._held[rec.episode_id] <= 0:
+                del self._held[rec.episode_id]
+
+    def taken(self, episode_ids) -> None:
+        """Remember episodes as taken (the oldest beyond ``window`` are forgotten)."""
+        for e in episode_ids:
+            _remember(self._taken, e, self.window)
+
+    def drop_group(self, group_id: str) -> None:
+        """Remember a group dropped for staleness: its late members are dropped too."""
+        _remember(self._dropped_groups, group_id, self.window)
+
+    def group_dropped(self, group_id: str) -> bool:
+        """Whether a group was dropped (within the window)."""
+        return group_id in self._dropped_groups
+
+
+def _discard(index: dict[str, set[int]], name: str, key: int) -> None:
+    keys = index.get(name)
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            del index[name]
+
+
+def _remember(ids: OrderedDict[str, None], name: str, window: int) -> None:
+    if window <= 0:
+        return
+    ids[name] = None
+    ids.move_to_end(name)
+    while len(ids) > window:
+        ids.popitem(last=False)
