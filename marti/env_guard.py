@@ -10,7 +10,7 @@ actions or options dict gives the same ``InvalidArgumentError`` locally and befo
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -284,3 +284,28 @@ class GuardedParallelEnv(ParallelEnv):
             return
         self._closed = True
         self.env.close()
+
+
+def declared_metrics(env: Any) -> tuple[str, ...]:
+    """The episode metrics an env declares (``env.metadata["metrics"]``; remote envs get them from the server).
+
+    Args:
+        env: Any ``ParallelEnv`` (local, remote, or a custom one by import path).
+
+    Returns:
+        The metric names, in the env's order; ``()`` when it declares none.
+
+    Raises:
+        InvalidArgumentError: ``metadata["metrics"]`` is not a list or tuple of strings (the env is named).
+    """
+    metadata = getattr(env, "metadata", None) or {}
+    names = metadata.get("metrics", ()) if isinstance(metadata, Mapping) else ()
+    if (
+        isinstance(names, str)
+        or not isinstance(names, Sequence)
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise InvalidArgumentError(
+            f"{type(env).__name__}.metadata['metrics'] must be a tuple of info key names, got {names!r}"
+        )
+    return tuple(names)

@@ -8,11 +8,12 @@ Layering: this module is the one registry used by the in-process path (``marti.m
 by the env server, and it imports no environment and nothing of ``services``. Envs are found through
 *providers*: a provider is a ``"module:function"`` string, where ``function(registry)`` registers the env
 name(s) it owns (and every version of them). A registry maps each env name to its provider and imports the
-provider's module with :mod:`importlib` only when that name is first resolved (``make``, ``resolve``) or when
-every env is listed (``specs``, ``describe_all``). The built-in envs live in the env server's env library
-(``services/env_server/envs/``, outside its core) and are named in :data:`BUILTIN_PROVIDERS`; installed
-packages add envs through the ``marti.envs`` entry-point group (entry name = env name, value = provider),
-e.g. in ``pyproject.toml``::
+provider's module (:func:`marti.loader.load_attr`) only when that name is first resolved (``make``,
+``resolve``) or when every env is listed (``specs``, ``describe_all``). Every env, built-in or not, is declared
+in the ``marti.envs`` entry-point group (entry name = env name, value = provider), read with
+:func:`importlib.metadata.entry_points`: the built-in envs live in the env server's env library
+(``services/env_server/envs/``, outside its core) and are declared in this package's ``pyproject.toml``, so
+the SDK names no ``services`` module; other installed packages add theirs the same way, e.g.::
 
     [project.entry-points."marti.envs"]
     my_game = "my_pkg.envs:register"
@@ -20,7 +21,6 @@ e.g. in ``pyproject.toml``::
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -32,8 +32,15 @@ import gymnasium
 from pettingzoo import ParallelEnv
 
 from marti.env_config import ConfigSchema
-from marti.env_guard import DEFAULT_MAX_ACTION_CHARS, GuardedParallelEnv, check_env_id, check_seed
-from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from marti.env_guard import (
+    DEFAULT_MAX_ACTION_CHARS,
+    GuardedParallelEnv,
+    check_env_id,
+    check_seed,
+    declared_metrics,
+)
+from marti.errors import AlreadyExistsError, NotFoundError
+from marti.loader import load_attr
 
 _LOG = logging.getLogger(__name__)
 _ID_RE = re.compile(r"^(?P<name>[A-Za-z0-9_./]+?)(?:-v(?P<version>\d+))?$")
@@ -41,13 +48,9 @@ _ID_RE = re.compile(r"^(?P<name>[A-Za-z0-9_./]+?)(?:-v(?P<version>\d+))?$")
 #: Entry-point group through which installed packages add envs (entry name = env name, value = provider).
 ENTRY_POINT_GROUP = "marti.envs"
 
-#: Env name -> provider (``"module:function"``) of the built-in envs; imported only when the name is used.
-BUILTIN_PROVIDERS: dict[str, str] = {
-    "collaborative_task_solving": "services.env_server.envs.builtin:register_collaborative",
-    "pettingzoo": "services.env_server.envs.adapters:register",
-    "gymnasium": "services.env_server.envs.adapters:register",
-    "textarena": "services.env_server.envs.textarena_adapter:register",
-}
+#: The distribution whose ``marti.envs`` entry points are the built-in envs (this package, ``marti-agent``): its
+#: entries win a name clash with another package's.
+BUILTIN_DISTRIBUTION = "marti-agent"
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class EnvSpec:
 
 
 def load_provider(target: str) -> Callable[[Registry], None]:
-    """Import a provider given as ``"module:function"``.
+    """Import a provider given as ``"module:function"`` (through :func:`marti.loader.load_attr`).
 
     Args:
         target: ``"package.module:function"``.
@@ -87,15 +90,9 @@ def load_provider(target: str) -> Callable[[Registry], None]:
 
     Raises:
         InvalidArgumentError: ``target`` is not ``module:function``.
-        ImportError, AttributeError: The module or function does not exist.
+        NotFoundError: The module or function does not exist (named).
     """
-    module, sep, attr = target.partition(":")
-    if not sep or not module or not attr:
-        raise InvalidArgumentError(f"env provider must be 'module:function', got {target!r}")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return load_attr(target, what="env provider", form="'module:function'")
 
 
 class Registry:
@@ -148,7 +145,7 @@ class Registry:
             return
         try:
             self._load(target)
-        except (ImportError, AttributeError) as exc:
+        except (NotFoundError, ImportError, AttributeError) as exc:
             raise NotFoundError(
                 f"env {name!r} is provided by {target!r}, which cannot be loaded: {type(exc).__name__}: {exc}"
             ) from exc
@@ -177,7 +174,7 @@ class Registry:
         for target in sorted(set(self._providers.values())):
             try:
                 self._load(target)
-            except (ImportError, AttributeError) as exc:
+            except (NotFoundError, ImportError, AttributeError) as exc:
                 _LOG.warning("env provider %s cannot be loaded: %s: %s", target, type(exc).__name__, exc)
         return sorted(self._specs.values(), key=lambda s: s.env_id)
 
@@ -210,25 +207,34 @@ class Registry:
 
 
 def entry_point_providers() -> dict[str, str]:
-    """Env name -> provider declared by installed packages in the :data:`ENTRY_POINT_GROUP` group."""
+    """Env name -> provider declared in the :data:`ENTRY_POINT_GROUP` group by the installed packages: the
+    built-in envs (:data:`BUILTIN_DISTRIBUTION`'s entries, see ``pyproject.toml``) and any other package's. A
+    built-in name is never replaced by another package's entry of the same name. Unreadable package metadata
+    is logged and yields ``{}``."""
     try:
-        eps = importlib_metadata.entry_points(group=ENTRY_POINT_GROUP)
-    except Exception:  # noqa: BLE001 - broken package metadata must not break the built-in envs
+        eps = list(importlib_metadata.entry_points(group=ENTRY_POINT_GROUP))
+    except Exception:  # noqa: BLE001 - broken package metadata must not break the process
         _LOG.warning("cannot read the %s entry points", ENTRY_POINT_GROUP, exc_info=True)
         return {}
+    eps.sort(key=lambda ep: _distribution(ep) == BUILTIN_DISTRIBUTION)  # the built-ins last: they win
     return {ep.name: ep.value for ep in eps}
+
+
+def _distribution(ep: importlib_metadata.EntryPoint) -> str | None:
+    """The name of the distribution that declares ``ep`` (None when unknown)."""
+    dist = getattr(ep, "dist", None)
+    return getattr(dist, "name", None)
 
 
 _DEFAULT: Registry | None = None
 
 
 def default_registry() -> Registry:
-    """The process-wide registry: :data:`BUILTIN_PROVIDERS` plus the ``marti.envs`` entry points (an entry
-    point never replaces a built-in name). Built on first use; no env module is imported until used."""
+    """The process-wide registry of the ``marti.envs`` entry points (:func:`entry_point_providers`: the built-in
+    envs and installed packages' envs). Built on first use; no env module is imported until used."""
     global _DEFAULT
     if _DEFAULT is None:
-        providers = {**entry_point_providers(), **BUILTIN_PROVIDERS}
-        _DEFAULT = Registry(providers)
+        _DEFAULT = Registry(entry_point_providers())
     return _DEFAULT
 
 
@@ -249,8 +255,6 @@ def describe_spec(spec: EnvSpec) -> dict[str, Any]:
         spaces and metrics (the env's ``metadata["metrics"]``) are those of the example (or default) config,
         empty when that config cannot be built here.
     """
-    from marti.envs import declared_metrics
-
     fields = [
         {
             "name": f.name,
@@ -298,7 +302,7 @@ def describe_all(registry: Registry | None = None) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "BUILTIN_PROVIDERS",
+    "BUILTIN_DISTRIBUTION",
     "ENTRY_POINT_GROUP",
     "EnvSpec",
     "Registry",

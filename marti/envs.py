@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pettingzoo import ParallelEnv
 
 from marti.arguments import checked
+from marti.env_guard import declared_metrics
 
 if TYPE_CHECKING:
     import grpc
@@ -113,33 +114,6 @@ def make(
         transport=transport,
         channel=channel,
     )
-
-
-def declared_metrics(env: Any) -> tuple[str, ...]:
-    """The episode metrics an env declares (``env.metadata["metrics"]``; remote envs get them from the server).
-
-    Args:
-        env: Any ``ParallelEnv`` (local, remote, or a custom one by import path).
-
-    Returns:
-        The metric names, in the env's order; ``()`` when it declares none.
-
-    Raises:
-        InvalidArgumentError: ``metadata["metrics"]`` is not a list or tuple of strings (the env is named).
-    """
-    from marti.errors import InvalidArgumentError
-
-    metadata = getattr(env, "metadata", None) or {}
-    names = metadata.get("metrics", ()) if isinstance(metadata, Mapping) else ()
-    if (
-        isinstance(names, str)
-        or not isinstance(names, Sequence)
-        or not all(isinstance(n, str) for n in names)
-    ):
-        raise InvalidArgumentError(
-            f"{type(env).__name__}.metadata['metrics'] must be a tuple of info key names, got {names!r}"
-        )
-    return tuple(names)
 
 
 #: What :func:`step_many` returns per env: its step tuple, or (with ``errors="return"``) the error of its step.

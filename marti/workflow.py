@@ -36,15 +36,12 @@ or ``workflow: {factory: "my_pkg.team:build"}`` where ``build(cfg) -> Workflow``
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from marti.errors import InvalidArgumentError, NotFoundError
+from marti.errors import InvalidArgumentError
+from marti.loader import load_attr
 
 __all__ = [
     "EpisodeView",
@@ -82,37 +79,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
         InvalidArgumentError: ``spec`` is not ``module:attr`` or names something that is not callable.
         NotFoundError: The module, file or attribute does not exist (named).
     """
-    if not isinstance(spec, str) or not is_import_path(spec):
-        raise InvalidArgumentError(
-            f"import path {spec!r} must look like 'package.module:name' or 'file.py:name'"
-        )
-    target, attr = spec.rsplit(":", 1)
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise NotFoundError(f"import path {spec!r}: file {str(path)!r} does not exist")
-        name = "marti_user_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_").replace(".", "_")
-        module = sys.modules.get(name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise NotFoundError(f"import path {spec!r}: cannot load {str(path)!r}")
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[name] = module
-            loader_spec.loader.exec_module(module)
-    else:
-        cwd = str(Path.cwd())
-        if cwd not in sys.path:
-            sys.path.insert(0, cwd)
-        try:
-            module = importlib.import_module(target)
-        except ModuleNotFoundError as e:
-            raise NotFoundError(f"import path {spec!r}: module {target!r} not found ({e})") from None
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise NotFoundError(f"import path {spec!r}: {target!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = load_attr(spec, files=True, form="'package.module:name' or 'file.py:name'")
     if not callable(obj):
         raise InvalidArgumentError(f"import path {spec!r} names a {type(obj).__name__}, not a callable")
     return obj

@@ -18,7 +18,6 @@ setting ``MARTI_ENV_SERVER_ALLOWED_MODULES`` widens it), because the path arrive
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Sequence
@@ -31,7 +30,8 @@ from pettingzoo import AECEnv, ParallelEnv
 from marti.env_config import ConfigField, ConfigSchema
 from marti.env_guard import mark_vanished
 from marti.env_registry import EnvSpec, Registry
-from marti.errors import InvalidArgumentError, NotFoundError
+from marti.errors import InvalidArgumentError
+from marti.loader import load_attr
 from services.env_server.envs.text_base import sanitize, text_space
 
 #: Module prefixes an entry point may come from unless the server allows more.
@@ -55,20 +55,7 @@ def load_entry_point(path: str) -> Any:
             the allowed prefixes).
         NotFoundError: The module or attribute does not exist.
     """
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise InvalidArgumentError(f"entry_point must look like 'module:factory', got {path!r}")
-    module, attr = path.split(":")
-    if not any(module.startswith(p) for p in _allowed_modules):
-        raise InvalidArgumentError(
-            f"entry_point module {module!r} is not allowed (allowed prefixes: {', '.join(_allowed_modules)})"
-        )
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise NotFoundError(f"cannot import entry_point module {module!r}: {e}") from None
-    if not hasattr(mod, attr):
-        raise NotFoundError(f"module {module!r} has no attribute {attr!r}")
-    return getattr(mod, attr)
+    return load_attr(path, allowed=_allowed_modules, what="entry_point", form="'module:factory'")
 
 
 class _FirstSeed:

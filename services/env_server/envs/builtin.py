@@ -70,8 +70,8 @@ def make_collaborative(config: dict[str, Any], seed: int | None) -> ParallelEnv:
 def register_collaborative(registry: Registry) -> None:
     """Register ``collaborative_task_solving-v1`` into ``registry``.
 
-    The provider of that name in :data:`marti.env_registry.BUILTIN_PROVIDERS`: the registry imports this module
-    and calls this function the first time the name is used.
+    The provider of that name, declared as a ``marti.envs`` entry point in ``pyproject.toml``: the registry
+    imports this module and calls this function the first time the name is used.
     """
     registry.register(
         EnvSpec(

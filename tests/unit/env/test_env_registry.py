@@ -5,10 +5,13 @@ imported only when one of its env names is used."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
+from importlib import metadata as importlib_metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -112,16 +115,51 @@ def test_provider_strings_and_names_are_checked():
         r.add_provider("toy", "c:d")
 
 
+def _entry_point(name: str, value: str, dist: str) -> importlib_metadata.EntryPoint:
+    """A ``marti.envs`` entry point declared by the distribution named ``dist``."""
+    ep = importlib_metadata.EntryPoint(name, value, reg.ENTRY_POINT_GROUP)
+    return ep._for(SimpleNamespace(name=dist))
+
+
+def test_builtin_envs_are_the_packages_own_entry_points():
+    """The built-in envs come from marti-agent's ``marti.envs`` entry points (pyproject), not from module strings
+    in the SDK; the installed metadata names each built-in env."""
+    ours = {
+        ep.name: ep.value
+        for ep in importlib_metadata.entry_points(group=reg.ENTRY_POINT_GROUP)
+        if ep.dist is not None and ep.dist.name == reg.BUILTIN_DISTRIBUTION
+    }
+    assert {"collaborative_task_solving", "pettingzoo", "gymnasium", "textarena"} <= set(ours)
+    assert reg.entry_point_providers()["pettingzoo"] == ours["pettingzoo"]
+
+
 def test_entry_points_add_envs_but_never_replace_builtins(monkeypatch):
-    monkeypatch.setattr(reg, "_DEFAULT", None)
-    monkeypatch.setattr(
-        reg,
-        "entry_point_providers",
-        lambda: {"mine": "my_pkg:register", "pettingzoo": "evil:register"},
-    )
-    providers = reg.default_registry().providers()
-    assert providers["mine"] == "my_pkg:register"
-    assert providers["pettingzoo"] == reg.BUILTIN_PROVIDERS["pettingzoo"]
+    real = list(importlib_metadata.entry_points(group=reg.ENTRY_POINT_GROUP))
+    ours = next(ep for ep in real if ep.name == "pettingzoo")
+    others = [
+        _entry_point("mine", "my_pkg:register", "my-pkg"),
+        _entry_point("pettingzoo", "evil:register", "evil"),
+    ]
+    for order in (others + real, real + others):  # whichever order the metadata lists them in
+        monkeypatch.setattr(reg.importlib_metadata, "entry_points", lambda group, order=order: list(order))
+        monkeypatch.setattr(reg, "_DEFAULT", None)
+        providers = reg.default_registry().providers()
+        assert providers["mine"] == "my_pkg:register"
+        assert providers["pettingzoo"] == ours.value
+
+
+def test_sdk_names_no_services_module_outside_the_cli_command_table():
+    """No ``"services.…"`` module string in the SDK (the envs are entry points); only ``marti/cli.py`` names the
+    services it starts."""
+    found = []
+    for path in (ROOT / "marti").rglob("*.py"):
+        if path.name == "cli.py" and path.parent.name == "marti" or "api" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if re.match(r"services\.[a-z_]+", node.value):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not found, found
 
 
 def test_default_registry_lists_the_builtins():

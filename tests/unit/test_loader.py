@@ -1,0 +1,60 @@
+"""marti.loader.load_attr, the one loader of ``module:attr`` import paths (env providers, workflows, the env
+server's ``entry_point``): the allow-list is an argument, and every bad path is a typed error naming it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from marti.errors import InvalidArgumentError, NotFoundError
+from marti.loader import load_attr
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_loads_dotted_attributes_of_a_module():
+    assert load_attr("math:sqrt") is math.sqrt
+    assert load_attr("pathlib:Path.cwd") == Path.cwd
+
+
+def test_the_allow_list_is_an_argument():
+    assert load_attr("math:pi", allowed=["math"]) == math.pi
+    with pytest.raises(InvalidArgumentError, match=r"entry_point module 'os' is not allowed.*math, json"):
+        load_attr("os:system", allowed=["math", "json"], what="entry_point")
+    with pytest.raises(InvalidArgumentError, match="not allowed"):  # no file may slip past a list
+        load_attr("math.py:sqrt", allowed=["math"], files=True)
+
+
+@pytest.mark.parametrize("bad", ["math.sqrt", ":sqrt", "math:", 3, None])
+def test_malformed_paths_name_the_form(bad):
+    with pytest.raises(InvalidArgumentError, match=r"env provider must look like 'module:function', got"):
+        load_attr(bad, what="env provider", form="'module:function'")
+
+
+def test_missing_modules_files_and_attributes_are_not_found(tmp_path):
+    with pytest.raises(NotFoundError, match="cannot import module 'no_such_mod_xyz'"):
+        load_attr("no_such_mod_xyz:f")
+    with pytest.raises(NotFoundError, match="has no attribute 'nope'"):
+        load_attr("math:nope")
+    with pytest.raises(NotFoundError, match="does not exist"):
+        load_attr(f"{tmp_path}/absent.py:f", files=True)
+    f = tmp_path / "mine.py"
+    f.write_text("VALUE = 7\n")
+    assert load_attr(f"{f}:VALUE", files=True) == 7
+    with pytest.raises(NotFoundError):  # without files=, a .py path is a module name that does not import
+        load_attr(f"{f}:VALUE")
+
+
+def test_no_other_loader_of_import_paths_in_the_sdk_or_services():
+    """importlib.import_module on a caller's string lives only in marti/loader.py (the CLI's command table, the
+    SDK's lazy names and the proto registry import fixed module names of their own)."""
+    own = {"marti/loader.py", "marti/cli.py", "marti/__init__.py", "marti/rpc/server.py"}
+    users = [
+        str(p.relative_to(ROOT))
+        for top in ("marti", "services")
+        for p in (ROOT / top).rglob("*.py")
+        if "import_module(" in p.read_text() and str(p.relative_to(ROOT)) not in own
+    ]
+    assert not users, users
