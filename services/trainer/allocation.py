@@ -151,18 +151,22 @@ def quotas(shares: Mapping[str, float], available: Mapping[str, int], budget: in
     return {a: min(n, max(1, round(shares.get(a, 0.0) * total))) if n else 0 for a, n in available.items()}
 
 
-def take_groups(samples: Sequence[Any], quota: int, group_of: Any = None) -> list[Any]:
+def take_groups(samples: Sequence[Any], quota: int, group_of: Any = None, size_of: Any = None) -> list[Any]:
     """Keep whole groups of ``samples`` (in order of first appearance) until at least ``quota`` are kept.
 
     Args:
         samples: Items with a ``group`` attribute (or keyed by ``group_of(item)``).
         quota: Samples wanted, >= 0.
         group_of: Optional key function; default ``item.group``.
+        size_of: Optional function giving the samples an item counts for (a trajectory: its trained turns);
+            default 1 per item.
 
     Returns:
-        A prefix of the groups, flattened in the original order; all samples when ``quota >= len(samples)``.
+        A prefix of the groups, flattened in the original order; all items when ``quota`` is at least their
+        total size.
     """
-    if quota >= len(samples):
+    size = size_of or (lambda s: 1)
+    if quota >= sum(size(s) for s in samples):
         return list(samples)
     key = group_of or (lambda s: s.group)
     order: list[Any] = []
@@ -179,7 +183,7 @@ def take_groups(samples: Sequence[Any], quota: int, group_of: Any = None) -> lis
         if count >= quota:
             break
         kept.add(g)
-        count += len(by_group[g])
+        count += sum(size(s) for s in by_group[g])
     return [s for s in samples if key(s) in kept]
 
 

@@ -43,8 +43,8 @@ from marti.trajectory import Trajectory
 from marti.workflow import Workflow, is_import_path, make_custom_env, workflow_from_section
 from services.trainer.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.episodes import RUNNER_METRIC_KEYS, EpisodeResult, EpisodeRunner
+from services.trainer.experience import group_key, row_count, trained_tokens, trained_turns
 from services.trainer.experience_feed import ExperienceFeed, RolloutProducer
-from services.trainer.learner import Sample, samples_from_trajectory
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.reconnect import Backoff, call_with_reconnect
 from services.trainer.run_dir import RunFolder, latest_checkpoint
@@ -602,7 +602,7 @@ class TrainingLoop:
 
     def _take_batches(
         self, step: int, versions: dict[str, int]
-    ) -> tuple[dict[str, list[Sample]], dict[str, float]]:
+    ) -> tuple[dict[str, list[Trajectory]], dict[str, float]]:
         """Sample every trainable agent's batch of this update from its table.
 
         Each agent consumes the next :attr:`~marti.config.TrainConfig.items_per_step` items of its table (one
@@ -617,7 +617,8 @@ class TrainingLoop:
             versions: Each agent's learner version now.
 
         Returns:
-            ``(batches, metrics)``: per agent its samples; metrics ``<agent>/version_lag`` (mean lag of the
+            ``(batches, metrics)``: per agent its trajectories that have a turn to train on (the learner
+            collates them, :func:`services.trainer.experience.collate`); metrics ``<agent>/version_lag`` (mean lag of the
             trained turns), ``<agent>/version_lag_max``, ``<agent>/stale_dropped`` (items not trained on because
             they, or a member of their group, were older than the bound), ``<agent>/incomplete_dropped`` (items of
             a group the update could not take whole, see :meth:`ExperienceFeed.take`) and ``<agent>/items``; with external
@@ -634,7 +635,7 @@ class TrainingLoop:
         count = cfg.items_per_step
         external = cfg.external_episodes_per_step
         deadline = time.monotonic() + cfg.external.wait_timeout_s if external else None
-        batches: dict[str, list[Sample]] = {}
+        batches: dict[str, list[Trajectory]] = {}
         metrics: dict[str, float] = {}
         for agent in cfg.tuning_agents:  # frozen agents act but have no table: nothing would drain it
             try:
@@ -648,9 +649,13 @@ class TrainingLoop:
                     f"{self._gateway_counts()}"
                 ) from None
             self.dropped_items += taken.duplicates
-            samples = [s for t in taken.trajectories for s in samples_from_trajectory(t)]
-            lags = [versions[agent] - s.policy_version for s in samples if s.policy_version is not None]
-            batches[agent] = samples
+            trained = [t for t in taken.trajectories if trained_turns(t)]
+            lags = [
+                versions[agent] - (t.policy_version if turn.policy_version is None else turn.policy_version)
+                for t in trained
+                for _, turn in trained_turns(t)
+            ]
+            batches[agent] = trained
             metrics[f"{agent}/items"] = float(len(taken.trajectories))
             metrics[f"{agent}/version_lag"] = sum(lags) / len(lags) if lags else 0.0
             metrics[f"{agent}/version_lag_max"] = float(max(lags, default=0))
@@ -1093,14 +1098,14 @@ class TrainingLoop:
         if self.allocator is not None:
             batches, alloc = self._allocate(batches, metrics)
             metrics.update(alloc)
-        for agent, samples in batches.items():
-            if not samples:
+        for agent, trajectories in batches.items():
+            if not trajectories:
                 continue
-            stats = runtime.train(agent, samples)
+            stats = runtime.train(agent, trajectories)
             for k, v in stats.items():
                 if isinstance(v, float) and math.isfinite(v):
                     metrics[f"{agent}/{k}"] = v
-            tokens = sum(len(s.response_ids) for s in samples)
+            tokens = trained_tokens(trajectories)
             metrics[f"{agent}/tokens_per_s"] = tokens / max(t_roll, 1e-9)
         if self.gateway_backend is not None:  # the new versions become servable (and agent@VERSION names)
             self.gateway_backend.refresh()
@@ -1132,27 +1137,29 @@ class TrainingLoop:
         return out
 
     def _allocate(
-        self, batches: dict[str, list[Sample]], metrics: dict[str, float]
-    ) -> tuple[dict[str, list[Sample]], dict[str, float]]:
+        self, batches: dict[str, list[Trajectory]], metrics: dict[str, float]
+    ) -> tuple[dict[str, list[Trajectory]], dict[str, float]]:
         """Priority allocation of this step's training samples (services/trainer/allocation.py).
 
         Returns:
-            The batches cut to each agent's quota (whole groups), and ``alloc/<agent>`` (share),
-            ``alloc/<agent>/samples``, ``alloc/<agent>/{progress,efficiency,urgency,priority}``.
+            The batches cut to each agent's quota of samples (trained turns; whole groups), and
+            ``alloc/<agent>`` (share), ``alloc/<agent>/samples``,
+            ``alloc/<agent>/{progress,efficiency,urgency,priority}``.
         """
         assert self.allocator is not None
         rewards = {a: metrics[f"{a}/reward"] for a in batches if f"{a}/reward" in metrics}
-        cost = {a: sum(len(s.response_ids) for s in ss) / len(ss) for a, ss in batches.items() if ss}
+        rows = {a: sum(row_count(t) for t in ts) for a, ts in batches.items()}
+        cost = {a: trained_tokens(ts) / rows[a] for a, ts in batches.items() if rows[a]}
         self.allocator.observe(rewards, cost)
         terms = self.allocator.terms()
         shares = self.allocator.shares()
-        quota = quotas(shares, {a: len(ss) for a, ss in batches.items()}, self.cfg.allocation.budget_samples)
+        quota = quotas(shares, rows, self.cfg.allocation.budget_samples)
         out: dict[str, float] = {}
-        cut: dict[str, list[Sample]] = {}
-        for a, ss in batches.items():
-            cut[a] = take_groups(ss, quota.get(a, len(ss)))
+        cut: dict[str, list[Trajectory]] = {}
+        for a, ts in batches.items():
+            cut[a] = take_groups(ts, quota.get(a, rows[a]), group_key, row_count)
             out[f"alloc/{a}"] = shares.get(a, 0.0)
-            out[f"alloc/{a}/samples"] = float(len(cut[a]))
+            out[f"alloc/{a}/samples"] = float(sum(row_count(t) for t in cut[a]))
             for k, v in terms.get(a, {}).items():
                 out[f"alloc/{a}/{k}"] = v
         return cut, out

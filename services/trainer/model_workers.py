@@ -12,10 +12,11 @@ starts them as actors of their own, each on its own placement-group bundle:
   engine; it serves the values of a batch and fits them to the GAE returns the policy's update computed
   (:func:`services.trainer.learner.fit_values`, the same windows and clipped loss as the colocated critic).
 
-Both collate samples exactly as the policy worker does (same padding), so row ``b``, column ``j`` of their
-outputs is response token ``j`` of sample ``b`` there too. Outputs leave the actor on the CPU.
+Both collate the trajectories exactly as the policy worker does (:func:`services.trainer.experience.collate`,
+same padding), so row ``b``, column ``j`` of their outputs is response token ``j`` of row ``b`` there too.
+Outputs leave the actor on the CPU.
 
-Shapes: B samples, A = the longest response (the batch's action width).
+Shapes: B rows (trained turns), A = the longest response (the batch's action width).
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ from typing import Any
 
 import torch
 
-from services.trainer.learner import Batch, Sample, collate, fit_values, pad_id_of
+from marti.trajectory import Trajectory
+from services.trainer.experience import Experience, collate
+from services.trainer.learner import TrainableCritic, fit_values, pad_id_of
 from services.trainer.models import load_tokenizer
-from services.trainer.worker import actor_setup, algo_config, base_model_seed, build_agent_critic
+from services.trainer.worker import (
+    actor_setup,
+    algo_config,
+    base_model_seed,
+    build_agent_critic,
+    learner_config,
+)
 
 
 class _AgentModelWorker:
@@ -54,8 +63,8 @@ class _AgentModelWorker:
     def _load(self) -> None:
         raise NotImplementedError
 
-    def _batch(self, samples: list[Sample]) -> Batch:
-        return collate(samples, pad_id_of(self.tokenizer))
+    def _batch(self, trajectories: list[Trajectory]) -> Experience:
+        return collate(trajectories, self.agent, pad_id_of(self.tokenizer))
 
     def ping(self) -> dict[str, Any]:
         """Liveness and placement info: ``pid``, ``device``, ``agent`` and ``kind`` (reference / critic)."""
@@ -105,23 +114,23 @@ class ReferenceWorker(_AgentModelWorker):
         self.model = MultiAgentPolicy(layout, device="cpu" if self.offload else self.device)
         self.model.train(False)
 
-    def ref_logprobs(self, samples: list[Sample]) -> torch.Tensor:
-        """Log-probabilities of the samples' responses under the reference model.
+    def ref_logprobs(self, trajectories: list[Trajectory]) -> torch.Tensor:
+        """Log-probabilities of the batch's responses under the reference model.
 
         Args:
-            samples: B samples, as the policy worker receives them.
+            trajectories: The agent's trajectories, as the policy worker receives them.
 
         Returns:
             (B, A) float32 on the CPU: entry ``[b, j]`` is the log-probability (nats) of response token ``j``
-            of sample ``b`` (0-padded past its length, where the action mask is False), aligned with what
-            :func:`services.trainer.learner.update_agent` takes as ``ref_logprobs``.
+            of row ``b`` (0-padded past its length, where the action mask is False), aligned with the
+            :attr:`~services.trainer.experience.Experience.ref_logprobs` of the policy worker's batch.
 
         Raises:
-            FailedPreconditionError: no samples, or a sample with an empty prompt or response.
+            FailedPreconditionError: no trajectory has a turn with a prompt and a response.
         """
         from services.trainer.models import offloaded
 
-        batch = self._batch(samples)
+        batch = self._batch(trajectories)
         module = self.model.model(self.agent)
         place = offloaded(module, self.device, "cpu") if self.offload else contextlib.nullcontext()
         with torch.no_grad(), place:
@@ -152,31 +161,35 @@ class CriticWorker(_AgentModelWorker):
         self.critic, self.engine = build_agent_critic(self.cfg, self.agent, trainable, self.device)
         self.algo = algo_config(self.cfg)
 
-    def values(self, samples: list[Sample]) -> torch.Tensor:
-        """The critic's values of the samples' response tokens before the update (GAE's baseline).
+    def values(self, trajectories: list[Trajectory]) -> torch.Tensor:
+        """The critic's values of the batch's response tokens before the update (GAE's baseline).
 
         Args:
-            samples: B samples, as the policy worker receives them.
+            trajectories: The agent's trajectories, as the policy worker receives them.
 
         Returns:
-            (B, A) float32 on the CPU, in reward units (``update_agent``'s ``old_values``).
+            (B, A) float32 on the CPU, in reward units (the batch's
+            :attr:`~services.trainer.experience.Experience.old_values`).
 
         Raises:
-            FailedPreconditionError: no samples, or a sample with an empty prompt or response.
+            FailedPreconditionError: no trajectory has a turn with a prompt and a response.
         """
-        batch = self._batch(samples)
+        batch = self._batch(trajectories)
         with torch.no_grad():
             values = self.critic(batch.input_ids, batch.attention_mask, batch.action_mask.shape[1])
         return values.cpu()
 
-    def fit(self, samples: list[Sample], old_values: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
-        """Fit the critic to the returns of the policy's update on the same samples.
+    def fit(
+        self, trajectories: list[Trajectory], old_values: torch.Tensor, returns: torch.Tensor
+    ) -> dict[str, float]:
+        """Fit the critic to the returns of the policy's update on the same trajectories.
 
         Runs :func:`services.trainer.learner.fit_values` with the job's micro-batch size, gradient
-        accumulation and PPO epochs: the windows and clipped value loss of the colocated critic.
+        accumulation and PPO epochs (:func:`~services.trainer.worker.learner_config`): the windows and clipped
+        value loss of the colocated critic.
 
         Args:
-            samples: The B samples the policy was updated on.
+            trajectories: The trajectories the policy was updated on (B rows once collated).
             old_values: (B, A) float32, what :meth:`values` returned for them.
             returns: (B, A) float32 GAE returns from the policy's update.
 
@@ -187,18 +200,13 @@ class CriticWorker(_AgentModelWorker):
             FloatingPointError: the value loss became NaN or infinite.
             InvalidArgumentError: ``old_values`` or ``returns`` is not (B, A).
         """
-        batch = self._batch(samples)
+        batch = self._batch(trajectories).attach(old_values=old_values.to(self.device))
         self.critic.train(True)
         return fit_values(
-            self.critic,
-            self.engine,
+            TrainableCritic(self.critic, self.engine),
             batch,
-            self.algo,
-            old_values.to(self.device),
+            learner_config(self.cfg, self.algo),
             returns.to(self.device),
-            micro_batch_size=self.cfg.micro_train_batch_size,
-            grad_accum_steps=self.cfg.gradient_accumulation_steps,
-            ppo_epochs=self.cfg.algorithm.ppo_epochs,
         )
 
     def save(self, path: str) -> str:

@@ -440,33 +440,33 @@ class RayRuntime:
                 out[key].update(values)
         return out
 
-    def train(self, agent: str, samples: list[Any]) -> dict[str, float]:
+    def train(self, agent: str, trajectories: list[Any]) -> dict[str, float]:
         """One RL step of ``agent`` (see :meth:`PolicyWorker.train`), on whichever layout the job has; with
         rollout actors the new weights are then synced to them (before this returns).
 
         Colocated: one call to the policy actor. Separate actors: the reference log-probabilities and the
-        critic's values of the samples are computed in parallel, the policy actor updates with them, then the
+        critic's values of the batch are computed in parallel, the policy actor updates with them, then the
         critic actor fits the returns the update reports; its ``value_loss``, ``vf_clip_frac`` and
         ``value_mean`` join the policy's statistics (Ray passes the tensors between actors; the driver only
         waits for the statistics).
 
         Raises:
             FloatingPointError: a non-finite policy or value loss (the actor's own exception type).
-            FailedPreconditionError: the samples cannot be collated.
+            FailedPreconditionError: the trajectories cannot be collated (no turn to train on).
         """
-        stats = self._update(agent, samples)
+        stats = self._update(agent, trajectories)
         self._sync_rollout_workers([agent])
         return stats
 
-    def _update(self, agent: str, samples: list[Any]) -> dict[str, float]:
+    def _update(self, agent: str, trajectories: list[Any]) -> dict[str, float]:
         """The update of :meth:`train` on the policy actor (and the reference and critic actors)."""
         policy = self._owner[agent]
         reference, critic = self._references.get(agent), self._critics.get(agent)
         if reference is None and critic is None:
-            return self._get(policy.train.remote(agent, samples))
+            return self._get(policy.train.remote(agent, trajectories))
         import ray
 
-        data = ray.put(samples)
+        data = ray.put(trajectories)
         ref_lp = None if reference is None else reference.ref_logprobs.remote(data)
         if critic is None:
             return self._get(policy.train.remote(agent, data, ref_lp))

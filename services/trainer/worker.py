@@ -34,9 +34,11 @@ from pydantic import BaseModel
 from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
 from marti.errors import InternalError, InvalidArgumentError
 from marti.inference import SamplingParams
+from marti.trajectory import Trajectory
 from services.trainer.algo import AlgoConfig
 from services.trainer.algo.running_moments import RunningMoments
 from services.trainer.ema import EmaWeights
+from services.trainer.experience import collate
 from services.trainer.generation import (
     ResidentWeights,
     build_rollout_engine,
@@ -45,7 +47,13 @@ from services.trainer.generation import (
     resident_versions,
     serve_generations,
 )
-from services.trainer.learner import Sample, collate, normalize_credit, pad_id_of, update_agent
+from services.trainer.learner import (
+    LearnerConfig,
+    TrainableCritic,
+    normalize_credit,
+    pad_id_of,
+    update_agent,
+)
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
 
 ALGO_FIELD_SOURCES: dict[str, str] = {}
@@ -153,6 +161,22 @@ def algo_config(cfg: TrainConfig) -> AlgoConfig:
             value = getattr(value, part)
         values[field] = value
     return AlgoConfig(**values)
+
+
+def learner_config(cfg: TrainConfig, algo: AlgoConfig) -> LearnerConfig:
+    """The learner's part of the config for one agent's updates: ``algo`` with ``micro_train_batch_size``,
+    ``gradient_accumulation_steps``, ``algorithm.ppo_epochs`` and ``rollout.tis_cap``.
+
+    Raises:
+        InvalidArgumentError: a value :class:`~services.trainer.learner.LearnerConfig` refuses.
+    """
+    return LearnerConfig(
+        algo,
+        micro_batch_size=cfg.micro_train_batch_size,
+        grad_accum_steps=cfg.gradient_accumulation_steps,
+        ppo_epochs=cfg.algorithm.ppo_epochs,
+        tis_cap=cfg.rollout.tis_cap,
+    )
 
 
 def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyConfig:
@@ -559,24 +583,27 @@ class PolicyWorker:
     def train(
         self,
         agent_id: str,
-        samples: list[Sample],
+        trajectories: list[Trajectory],
         ref_logprobs: torch.Tensor | None = None,
         old_values: torch.Tensor | None = None,
         return_returns: bool = False,
     ) -> dict[str, float] | tuple[dict[str, float], torch.Tensor]:
         """One RL step for an agent, then weight sync to the rollout engine under a new policy version.
 
-        With ``ray.colocate_models: false`` the reference and the critic are separate actors
-        (:mod:`services.trainer.model_workers`): the caller passes their outputs on the same samples and fits
-        the critic on the returned GAE returns.
+        The trajectories are collated into one :class:`~services.trainer.experience.Experience`
+        (:func:`~services.trainer.experience.collate`, padded with the agent's tokenizer's pad id). With
+        ``ray.colocate_models: false`` the reference and the critic are separate actors
+        (:mod:`services.trainer.model_workers`): the caller passes their outputs on the same trajectories (they
+        join the batch as its ``ref_logprobs`` and ``old_values``) and fits the critic on the returned GAE
+        returns.
 
         Args:
             agent_id: A trainable agent.
-            samples: Its turns with outcome rewards and groups.
-            ref_logprobs: (B, A) float32 reference log-probabilities of the collated samples (a reference
-                actor's :meth:`~services.trainer.model_workers.ReferenceWorker.ref_logprobs`); None = this
-                worker's own reference.
-            old_values: (B, A) float32 critic values of the collated samples (a critic actor's
+            trajectories: Its trajectories as taken from its table (outcome rewards and groups).
+            ref_logprobs: (B, A) float32 reference log-probabilities of the batch (a reference actor's
+                :meth:`~services.trainer.model_workers.ReferenceWorker.ref_logprobs`); None = this worker's own
+                reference.
+            old_values: (B, A) float32 critic values of the batch (a critic actor's
                 :meth:`~services.trainer.model_workers.CriticWorker.values`); None = this worker's critic.
             return_returns: Also return the (B, A) float32 returns (CPU), the critic's targets.
 
@@ -585,32 +612,28 @@ class PolicyWorker:
             and ``train_time_s``; with ``return_returns`` the pair ``(stats, returns)``.
 
         Raises:
+            FailedPreconditionError: no trajectory has a turn with a prompt and a response.
             FloatingPointError: a non-finite loss.
             InvalidArgumentError: a precomputed tensor is not (B, A).
         """
         start = time.perf_counter()
-        batch = collate(samples, pad_id_of(self.policy.tokenizer(agent_id)))
-        if self.cfg.algorithm.normalize_reward:  # the credited rewards: outcome or dense per-turn returns
-            normalize_credit(self.algo, batch, self.reward_moments[agent_id])
-        outputs: dict[str, torch.Tensor] = {}
-        self.policy.train(True)
-        stats = update_agent(
-            self.policy,
-            self.strategies[self.policy.unit_of(agent_id)],
-            agent_id,
-            batch,
-            self.algo,
-            micro_batch_size=self.cfg.micro_train_batch_size,
-            grad_accum_steps=self.cfg.gradient_accumulation_steps,
-            ppo_epochs=self.cfg.algorithm.ppo_epochs,
-            critic=self.critics.get(agent_id),
-            critic_engine=self.critic_engines.get(agent_id),
+        exp = collate(trajectories, agent_id, pad_id_of(self.policy.tokenizer(agent_id))).attach(
             ref_logprobs=None if ref_logprobs is None else ref_logprobs.to(self.device),
             old_values=None if old_values is None else old_values.to(self.device),
-            outputs=outputs,
-            tis_cap=self.cfg.rollout.tis_cap,
+        )
+        if self.cfg.algorithm.normalize_reward:  # the credited rewards: outcome or dense per-turn returns
+            exp = normalize_credit(self.algo, exp, self.reward_moments[agent_id])
+        critic = self.critics.get(agent_id)
+        self.policy.train(True)
+        result = update_agent(
+            self.policy,
+            self.strategies[self.policy.unit_of(agent_id)],
+            exp,
+            learner_config(self.cfg, self.algo),
+            critic=None if critic is None else TrainableCritic(critic, self.critic_engines[agent_id]),
         )
         self.policy.train(False)
+        stats = result.stats
         version = self.policy.bump_version(agent_id)
         self._sync_engine(agent_id, version)
         stats["policy_version"] = float(version)
@@ -619,7 +642,7 @@ class PolicyWorker:
             stats["reward_running_std"] = self.reward_moments[agent_id].std
         stats["train_time_s"] = time.perf_counter() - start
         if return_returns:
-            return stats, outputs["returns"].detach().cpu()
+            return stats, result.returns.detach().cpu()
         return stats
 
     # ------------------------------------------------------------------------------------------ checkpoints
