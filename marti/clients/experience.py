@@ -25,7 +25,7 @@ from marti.codec.chunks import DEFAULT_CHUNK_BYTES
 from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
 from marti.experience_types import CheckpointResult, SampledTrajectory, TableConfig, parse_table_config
 from marti.rpc.calls import acall, call, rpc_errors
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, make_channel
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
 from marti.rpc.errors import from_status_proto
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
@@ -407,6 +407,9 @@ class ExperienceSharingClient(_Base):
         tls_ca_file: PEM CA file; enables TLS.
         timeout_s: Default deadline of unary calls and waits, seconds.
         chunk_bytes: Uncompressed bytes per compressed chunk.
+        channel: An open channel to the store to use instead of dialing (``address``, ``token`` and
+            ``tls_ca_file`` are then unused; a ``grpc.aio`` one for the async client), shared with other
+            clients; not closed by :meth:`close`.
 
     Raises:
         InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
@@ -421,11 +424,14 @@ class ExperienceSharingClient(_Base):
         tls_ca_file: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        channel: grpc.Channel | None = None,
     ) -> None:
         super().__init__(agent_id, chunk_bytes)
         _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
         self.timeout_s = float(timeout_s)
-        self._channel = make_channel(
+        self._own_channel = check_channel(channel) is None
+        self._channel = channel or make_channel(
             address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="store"
         )
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
@@ -685,8 +691,9 @@ class ExperienceSharingClient(_Base):
         return CheckpointResult(r.path, r.duration_s, r.num_bytes)
 
     def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            self._channel.close()
 
     def __enter__(self) -> ExperienceSharingClient:
         return self
@@ -707,11 +714,14 @@ class AsyncExperienceSharingClient(_Base):
         tls_ca_file: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         super().__init__(agent_id, chunk_bytes)
         _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
         self.timeout_s = float(timeout_s)
-        self._channel = make_channel(
+        self._own_channel = check_channel(channel) is None
+        self._channel = channel or make_channel(
             address,
             token=token,
             tls_ca_file=tls_ca_file,
@@ -892,8 +902,9 @@ class AsyncExperienceSharingClient(_Base):
         return CheckpointResult(r.path, r.duration_s, r.num_bytes)
 
     async def close(self) -> None:
-        """Close the channel."""
-        await self._channel.close()
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            await self._channel.close()
 
     async def __aenter__(self) -> AsyncExperienceSharingClient:
         return self

@@ -50,6 +50,18 @@ TOKEN_ENV_VARS: dict[str, str] = {
 }
 
 
+def check_channel(channel: Any) -> Any:
+    """Check a client's ``channel=`` argument: an open ``grpc.Channel``, ``grpc.aio.Channel`` or a wrapper of one
+    (anything with ``unary_unary``), or None. Returns it.
+
+    Raises:
+        InvalidArgumentError: Anything else (its type named).
+    """
+    if channel is not None and not callable(getattr(channel, "unary_unary", None)):
+        raise InvalidArgumentError(f"channel must be an open grpc channel or None, got {type(channel).__name__}")
+    return channel
+
+
 def resolve_token(token: str | None, service: str | None = None) -> str | None:
     """The bearer token a client sends: ``token`` if given, else the environment, as the servers read it.
 

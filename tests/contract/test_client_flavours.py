@@ -251,3 +251,45 @@ def test_inference_generate_models_and_errors(flavour):
         client.generate("a1", text="abc", token_ids=[1])
     with pytest.raises(InvalidArgumentError, match="n must be >= 1"):
         client.generate("a1", text="abc", n=0)
+
+
+# ------------------------------------------------------------------------------------------------ channel=
+
+#: Per area: the constructor's positional arguments before the address, and one cheap call (client -> value).
+_ON_CHANNEL: dict[str, tuple[tuple[str, ...], Any]] = {
+    "broker": (("a1",), lambda c: c.get_communication_stats()),
+    "env": ((), lambda c: c.list_envs()),
+    "store": (("a1",), lambda c: c.list_tables()),
+    "trainer": ((), lambda c: c.list_jobs()),
+    "inference": ((), lambda c: c.models()),
+}
+
+
+def test_every_client_runs_on_a_given_channel_and_leaves_it_open(flavour):
+    """Every area's client, sync and aio, accepts an open channel through ``channel=`` (no address dialed: the
+    address is a port nothing listens on), calls over it, and its close() leaves the channel to its owner."""
+
+    async def open_aio() -> Any:
+        return make_channel(flavour.address, token=TOKEN, aio=True)
+
+    aio = flavour.name == "aio"
+    channel = (
+        flavour.loop.run_until_complete(open_aio()) if aio else make_channel(flavour.address, token=TOKEN)
+    )
+    try:
+        for area, (head, one_call) in _ON_CHANNEL.items():
+            kwargs = {"session": _unique("s")} if area == "broker" else {}
+            cls = CLIENTS[flavour.name][area]
+            for _ in range(2):  # the second client works on the channel the first one's close() left open
+                client = _Blocking(
+                    cls(*head, "127.0.0.1:1", timeout_s=5, channel=channel, **kwargs), flavour.loop
+                )
+                if area == "broker" and aio:
+                    client.connect()
+                one_call(client)
+                client.close()
+    finally:
+        if aio:
+            flavour.loop.run_until_complete(channel.close())
+        else:
+            channel.close()

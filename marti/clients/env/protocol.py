@@ -29,6 +29,7 @@ from marti.errors import (
     MartiError,
     SessionLostError,
 )
+from marti.rpc.channel import check_channel
 from marti.rpc.errors import from_status_proto
 
 from .delta import DeltaCache, HeldResult, _decode
@@ -103,12 +104,7 @@ def check_client_args(address: Any, token: Any, tls_ca_file: Any, channel: Any) 
         InvalidArgumentError: ``address`` is not a non-empty string (without ``channel``), ``token`` not a
             string or None, ``tls_ca_file`` not a path or None, or ``channel`` not a gRPC channel; each named.
     """
-    if channel is not None:
-        if not callable(getattr(channel, "unary_unary", None)):  # grpc.Channel, aio or a wrapper of one
-            raise InvalidArgumentError(
-                f"channel must be an open grpc channel or None, got {type(channel).__name__}"
-            )
-    elif not isinstance(address, str) or not address:
+    if check_channel(channel) is None and (not isinstance(address, str) or not address):
         raise InvalidArgumentError(
             f"address must be a 'host:port' string, got {type(address).__name__} {address!r}"
         )
