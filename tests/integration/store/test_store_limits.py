@@ -1,0 +1,60 @@
+"""The store's request limits at their edge, over real gRPC: ``max_sample_items`` (a Sample's batch_size) and
+``max_wait_ms`` (an Insert's or Sample's timeout). A value at the limit is served; one past it is refused with
+OutOfRangeError naming the SDK argument, before anything is taken or inserted (a huge batch_size used to be
+taken with replacement item by item, growing the store and the client without bound)."""
+
+from __future__ import annotations
+
+import pytest
+
+import marti
+from marti.errors import OutOfRangeError
+from marti.rpc.testing import serve_in_thread
+from services.experience_store.__main__ import make_spec
+from services.experience_store.settings import StoreSettings
+
+MAX_ITEMS, MAX_WAIT_MS = 4, 2000
+
+
+@pytest.fixture
+def client(tmp_path):
+    """A store limited to ``MAX_ITEMS`` items per sample and ``MAX_WAIT_MS`` per wait, with a uniform table
+    ``u`` holding one item; yields a client of it."""
+    settings = StoreSettings(
+        port=0,
+        data_dir=str(tmp_path),
+        max_sample_items=MAX_ITEMS,
+        max_wait_ms=MAX_WAIT_MS,
+        default_timeout_ms=1000,
+    )
+    with serve_in_thread(lambda: [make_spec(settings)[0]], settings) as server:
+        with marti.ExperienceSharingClient("a1", server.address, timeout_s=1.0) as store:
+            store.create_table("u", preset="uniform")  # samples with replacement: any batch can fill
+            store.share_experience(marti.Trajectory(episode_id="e", agent_id="a1"), table="u")
+            yield store
+
+
+@pytest.mark.parametrize("allow_partial", [True, False])
+def test_batch_size_past_max_sample_items_is_refused_before_any_take(client, allow_partial: bool) -> None:
+    assert len(client.sample("u", MAX_ITEMS, timeout_s=1.0, allow_partial=allow_partial)) == MAX_ITEMS
+    samples = client.info("u").samples
+    with pytest.raises(OutOfRangeError, match=r"batch_size.*max_sample_items 4"):
+        client.sample("u", MAX_ITEMS + 1, timeout_s=1.0, allow_partial=allow_partial)
+    assert client.info("u").samples == samples  # nothing taken
+
+
+def test_wait_past_max_wait_ms_is_refused(client) -> None:
+    edge, past = MAX_WAIT_MS / 1000, MAX_WAIT_MS / 1000 + 0.001
+    assert len(client.sample("u", 1, timeout_s=edge)) == 1
+    client.share_experience(marti.Trajectory(episode_id="e2", agent_id="a1"), table="u", timeout_s=edge)
+    with pytest.raises(OutOfRangeError, match=r"timeout_s.*max_wait_ms 2000"):
+        client.sample("u", 1, timeout_s=past)
+    with pytest.raises(OutOfRangeError, match=r"timeout_s.*max_wait_ms 2000"):
+        client.share_experience(marti.Trajectory(episode_id="e3", agent_id="a1"), table="u", timeout_s=past)
+    assert client.info("u").size == 2  # e and e2, not e3
+
+
+def test_defaults_are_finite() -> None:
+    """Every deployment has the limits, not only a configured one."""
+    s = StoreSettings(port=0)
+    assert 0 < s.max_sample_items <= 1 << 20 and 0 < s.max_wait_ms <= 86_400_000
