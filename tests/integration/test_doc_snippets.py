@@ -33,7 +33,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-#: Seconds one python snippet may run (the README's store snippet samples with the client's 30 s deadline).
+#: Seconds one python snippet may run: a guard against a hang, not an expected duration (each snippet takes a few
+#: seconds; the README's store snippet samples batch_size=1 from the one item it shared, so it does not wait).
 SNIPPET_TIMEOUT_S = 60.0
 _FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```", re.S | re.M)
 _MARKER = re.compile(r"<!--\s*snippet:\s*(?P<kind>\w+)\s*(?P<arg>.*?)\s*-->\s*$")
