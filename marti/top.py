@@ -38,9 +38,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from marti.api.broker.v1 import broker_service_pb2, broker_service_pb2_grpc
-from marti.api.env.v1 import env_pb2, env_service_pb2_grpc
-from marti.api.experience.v1 import experience_service_pb2, experience_service_pb2_grpc
+from marti.clients.broker import whole_broker_stats
+from marti.clients.env import EnvClient
+from marti.clients.experience import ExperienceSharingClient
 from marti.clients.trainer import TrainerClient
 from marti.errors import DeadlineExceededError, MartiError
 from marti.rpc.channel import make_channel
@@ -149,7 +149,12 @@ class ServicePoller:
         self.timeout_s = timeout_s
         self.max_jobs = max_jobs
         self._channel = make_channel(address, token=token, tls_ca_file=tls_ca_file)
+        # the typed SDK clients, all on the one channel (none of them dials or closes it)
         self._trainer = TrainerClient(address, timeout_s=timeout_s, channel=self._channel)
+        self._env = EnvClient(address, timeout_s=timeout_s, channel=self._channel, deltas=False)
+        self._store = ExperienceSharingClient(
+            "marti-top", address, timeout_s=timeout_s, channel=self._channel
+        )
         self._services: list[str] = []
         self._job_metrics: dict[str, tuple[int, dict[str, float]]] = {}
 
@@ -198,20 +203,16 @@ class ServicePoller:
         return snap
 
     def _poll_broker(self, snap: Snapshot) -> None:
-        stub = broker_service_pb2_grpc.BrokerServiceStub(self._channel)
-        stats = stub.GetStats(broker_service_pb2.GetStatsRequest(session=""), timeout=self.timeout_s).stats
+        stats = whole_broker_stats(self._channel, self.timeout_s)
         snap.broker = {name: float(getattr(stats, name)) for name in _BROKER_FIELDS}
 
     def _poll_env(self, snap: Snapshot) -> None:
-        stub = env_service_pb2_grpc.EnvServiceStub(self._channel)
-        resp = stub.ListEnvs(env_pb2.ListEnvsRequest(), timeout=self.timeout_s)
-        snap.envs = [e.env_id for e in resp.envs]
-        if resp.HasField("live_sessions"):
-            snap.env_sessions = (resp.live_sessions, resp.max_sessions)
+        info = self._env.server_info()
+        snap.envs = [e["env_id"] for e in info.envs]
+        if info.live_sessions is not None and info.max_sessions is not None:
+            snap.env_sessions = (info.live_sessions, info.max_sessions)
 
     def _poll_store(self, snap: Snapshot) -> None:
-        stub = experience_service_pb2_grpc.ExperienceServiceStub(self._channel)
-        resp = stub.ListTables(experience_service_pb2.ListTablesRequest(), timeout=self.timeout_s)
         keys = (
             "name",
             "size",
@@ -222,7 +223,7 @@ class ServicePoller:
             "waiting_inserts",
             "waiting_samples",
         )
-        snap.tables = [{k: getattr(t, k) for k in keys} for t in resp.tables]
+        snap.tables = [{k: getattr(t, k) for k in keys} for t in self._store.list_tables()]
 
     def _poll_trainer(self, snap: Snapshot) -> None:
         jobs = self._trainer.list_jobs()[: self.max_jobs]

@@ -298,3 +298,17 @@ def test_headers_stay_whole_at_narrow_widths(width):
     missing = [h for h in headers if h not in cells]
     assert not missing, text
     assert "resource_allocation/agent_1" in text and "live sessions: 3 of max 1,024" in text
+
+
+def test_top_reads_the_services_through_the_typed_sdk_clients():
+    """marti top polls the broker, env server, store and trainer with the SDK's clients (typed answers and
+    marti.errors), not raw service stubs: it imports no generated service module of marti.api."""
+    import ast
+
+    tree = ast.parse(Path(top.__file__).read_text())
+    stubs = [
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("marti.api")
+    ]
+    assert not stubs, stubs

@@ -54,7 +54,7 @@ from .protocol import (
     _Core,
     _state_entry,
 )
-from .sync_client import MartiCommClient, open_channel
+from .sync_client import MartiCommClient, open_channel, whole_broker_stats
 from .types import (
     AgentStateEntry,
     BatchRefusedError,
@@ -86,6 +86,7 @@ __all__ = [
     "decode_payload",
     "encode_payload",
     "open_channel",
+    "whole_broker_stats",
 ]
 
 # Private names kept importable from their old home (benchmarks and soak tests use _Core directly).

@@ -18,8 +18,9 @@ import grpc
 
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
+from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.rpc.calls import call, iterate
-from marti.rpc.channel import make_channel
+from marti.rpc.channel import check_channel, check_timeout_s, make_channel
 
 from .args import flag_arg
 from .protocol import _IDEMPOTENT, TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
@@ -119,6 +120,22 @@ def open_channel(
         options=options,
         service="broker",
     )
+
+
+def whole_broker_stats(channel: grpc.Channel, timeout_s: float | None = None) -> broker_pb2.BrokerStats:
+    """The whole broker's counters (every session), read without joining a session as an agent: what an
+    observer such as ``marti top`` asks, where :meth:`MartiCommClient.get_broker_stats` needs a joined client.
+
+    Args:
+        channel: An open sync channel to the broker (e.g. from :func:`open_channel`); left open.
+        timeout_s: Deadline, seconds (``None``: the SDK default).
+
+    Raises:
+        InvalidArgumentError: ``channel`` is not a grpc channel, or a bad ``timeout_s`` (named).
+        UnavailableError, UnauthenticatedError, ...: From the broker (:mod:`marti.errors`).
+    """
+    stub = pb_grpc.BrokerServiceStub(check_channel(channel))
+    return call(stub.GetStats, pb.GetStatsRequest(session=""), check_timeout_s(timeout_s)).stats
 
 
 class MartiCommClient(_ClientBase):

@@ -39,7 +39,7 @@ from .protocol import IDEMPOTENT_METHODS, SERVICE, EnvSessions, check_client_arg
 from .remote import RemoteParallelEnv
 from .stream import SessionStream
 from .sync_client import EnvClient, open_channel
-from .types import AgentInfo, SessionInfo, StepResult
+from .types import AgentInfo, EnvServerInfo, SessionInfo, StepResult
 
 __all__ = [
     "DELTA_CACHE_SESSIONS",
@@ -54,6 +54,7 @@ __all__ = [
     "EnvClient",
     "EnvPool",
     "EnvPoolStream",
+    "EnvServerInfo",
     "EnvSessions",
     "HeldResult",
     "RemoteParallelEnv",

@@ -25,12 +25,13 @@ from .protocol import (
     _create_request,
     _describe,
     _reset_request,
+    _server_info,
     _session_id,
     _session_info,
     _step_request,
     check_client_args,
 )
-from .types import SessionInfo, StepResult
+from .types import EnvServerInfo, SessionInfo, StepResult
 
 
 class AsyncEnvClient:
@@ -84,6 +85,10 @@ class AsyncEnvClient:
         return [
             _describe(d) for d in (await acall(self.stub.ListEnvs, pb.ListEnvsRequest(), self.timeout_s)).envs
         ]
+
+    async def server_info(self) -> EnvServerInfo:
+        """See :meth:`EnvClient.server_info`."""
+        return _server_info(await acall(self.stub.ListEnvs, pb.ListEnvsRequest(), self.timeout_s))
 
     @checked
     async def create_session(

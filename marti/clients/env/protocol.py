@@ -33,7 +33,7 @@ from marti.rpc.channel import check_channel
 from marti.rpc.errors import from_status_proto
 
 from .delta import DeltaCache, HeldResult, _decode
-from .types import AgentInfo, SessionInfo, StepResult
+from .types import AgentInfo, EnvServerInfo, SessionInfo, StepResult
 
 SERVICE = "marti.api.env.v1.EnvService"
 #: Methods safe to retry on UNAVAILABLE (Step and Reset are made safe by request ids).
@@ -95,6 +95,16 @@ def _describe(d: pb.EnvDescription) -> dict[str, Any]:
         "action_spaces": {a.agent: a.action_space.description for a in d.agents},
         "metrics": list(d.metrics),
     }
+
+
+def _server_info(resp: pb.ListEnvsResponse) -> EnvServerInfo:
+    """Decode a ``ListEnvs`` answer with the server's load (``live_sessions`` unset: an older server)."""
+    load = resp.HasField("live_sessions")
+    return EnvServerInfo(
+        [_describe(d) for d in resp.envs],
+        int(resp.live_sessions) if load else None,
+        int(resp.max_sessions) if load else None,
+    )
 
 
 def check_client_args(address: Any, token: Any, tls_ca_file: Any, channel: Any) -> None:

@@ -26,13 +26,14 @@ from .protocol import (
     _create_request,
     _describe,
     _reset_request,
+    _server_info,
     _session_id,
     _session_info,
     _step_request,
     check_client_args,
 )
 from .stream import SessionStream
-from .types import SessionInfo, StepResult
+from .types import EnvServerInfo, SessionInfo, StepResult
 
 
 def open_channel(
@@ -118,6 +119,11 @@ class EnvClient:
     def list_envs(self) -> list[dict[str, Any]]:
         """List registered envs (id, description, config schema, agents, roles, space descriptions)."""
         return [_describe(d) for d in call(self.stub.ListEnvs, pb.ListEnvsRequest(), self.timeout_s).envs]
+
+    def server_info(self) -> EnvServerInfo:
+        """The registered envs (as :meth:`list_envs`) with the server's live sessions and session cap, from one
+        ``ListEnvs`` call (what ``marti top`` shows)."""
+        return _server_info(call(self.stub.ListEnvs, pb.ListEnvsRequest(), self.timeout_s))
 
     @checked
     def create_session(

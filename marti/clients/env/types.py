@@ -69,3 +69,18 @@ class StepResult:
     def as_tuple(self) -> tuple[dict, dict, dict, dict, dict]:
         """PettingZoo step tuple ``(observations, rewards, terminations, truncations, infos)``."""
         return self.observations, self.rewards, self.terminations, self.truncations, self.infos
+
+
+@dataclass(frozen=True)
+class EnvServerInfo:
+    """What an env server offers and how full it is (one ``ListEnvs`` answer).
+
+    Args:
+        envs: One dict per env id (as :meth:`~.sync_client.EnvClient.list_envs` returns them).
+        live_sessions: Sessions open on the server now; ``None`` when the server does not say.
+        max_sessions: The server's session cap; ``None`` when the server does not say.
+    """
+
+    envs: list[dict[str, Any]]
+    live_sessions: int | None
+    max_sessions: int | None

@@ -16,7 +16,14 @@ import pytest
 
 import marti
 import marti.envs as me
-from marti.clients.env import AsyncEnvPool, EnvClient, EnvPool, shared_env_pool
+from marti.clients.env import (
+    AsyncEnvPool,
+    EnvClient,
+    EnvPool,
+    EnvSessions,
+    open_env_sessions,
+    shared_env_pool,
+)
 from marti.env_registry import default_registry
 from marti.errors import (
     FailedPreconditionError,
@@ -100,6 +107,31 @@ def _local_step(seed: int, turn: int = 0) -> dict:
     obs = env.step({env.acting_agents[0]: f"task_1: {turn % 3 + 1}"})[0]
     env.close()
     return obs
+
+
+def _one_episode_step(sessions: EnvSessions, seed: int) -> dict:
+    """Code written against the EnvSessions protocol: list, create, reset, step (single and batched), close."""
+    assert ENV + "-v1" in [e["env_id"] for e in sessions.list_envs()]
+    info = sessions.create_session(ENV, seed=seed)
+    first = sessions.reset(info.session_id, seed=seed)
+    obs = sessions.step(info.session_id, _act(first)).observations
+    [batched] = sessions.batch_step([(info.session_id, _act(first, 1))])
+    assert not isinstance(batched, Exception)
+    assert sessions.close_session(info.session_id) is True
+    return obs
+
+
+def test_a_pool_and_a_client_are_interchangeable_where_the_protocol_is_used(two):
+    """EnvClient (one server) and EnvPool (several) both satisfy EnvSessions, give the same results through it,
+    and open_env_sessions picks the one an address value calls for."""
+    a, b = two
+    with EnvClient(a.address) as client, EnvPool([a.address, b.address]) as pool:
+        for sessions in (client, pool):
+            assert isinstance(sessions, EnvSessions)
+            assert _one_episode_step(sessions, seed=3) == _local_step(3)
+    with open_env_sessions(a.address) as one, open_env_sessions(f"{a.address},{b.address}") as many:
+        assert type(one) is EnvClient and type(many) is EnvPool
+        assert _one_episode_step(many, seed=4) == _one_episode_step(one, seed=4) == _local_step(4)
 
 
 def test_sessions_spread_over_both_servers_and_stay_on_theirs(two):
