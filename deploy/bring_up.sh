@@ -10,10 +10,15 @@
 #   6. `marti health 127.0.0.1:PORT` for each service from the host
 #   7. submit a tiny training job to the trainer (Ray head inside the container; RUN_JOB=0 skips it)
 #   8. docker-compose down (-v unless KEEP_VOLUMES=1), stop the dockerd this script started
+#   9. remove what this run created: deploy/wheelhouse if it built it (~470 MB) and WORK_DIR if it created it
+#      (engine state: images, layers, the base image's root; ~4.5 GB); --keep or KEEP_STATE=1 keeps them for the
+#      next run. A wheelhouse or WORK_DIR that was there before is left as it was.
 #
-# Usage (root): deploy/bring_up.sh
+# Usage (root): deploy/bring_up.sh [--keep]
+#        deploy/bring_up.sh --clean-only PATH...   (remove PATHs the way step 9 does, through the same exit trap)
 # Env: WORK_DIR (/var/tmp/marti-deploy), MARTI_BROKER_PORT..MARTI_TRAINER_PORT (50051-50054), MARTI_RAY_PORT,
-#      RUN_JOB (1), JOB_TIMEOUT_S (600), HEALTH_TIMEOUT_S (300), KEEP_VOLUMES (0), PYTHON (repo .venv python).
+#      RUN_JOB (1), JOB_TIMEOUT_S (600), HEALTH_TIMEOUT_S (300), KEEP_VOLUMES (0), KEEP_STATE (0),
+#      PYTHON (repo .venv python).
 # Prints the seconds each phase took; exits non-zero at the first failure (after cleaning up).
 set -euo pipefail
 
@@ -37,6 +42,17 @@ T0=$SECONDS
 PHASE_START=$SECONDS
 STARTED_DOCKERD=0
 COMPOSE_UP=0
+KEEP_STATE="${KEEP_STATE:-0}"
+CREATED=()  # folders this run created, removed on exit unless KEEP_STATE=1
+CLEAN_ONLY=0
+while (($#)); do
+  case "$1" in
+    --keep) KEEP_STATE=1 ;;
+    --clean-only) CLEAN_ONLY=1; shift; CREATED=("$@"); break ;;
+    *) echo "bring_up: unknown argument $1 (usage: bring_up.sh [--keep] | --clean-only PATH...)" >&2; exit 2 ;;
+  esac
+  shift
+done
 log() { printf '[bring_up %(%H:%M:%S)T +%4ds] %s\n' -1 "$((SECONDS - T0))" "$*"; }
 phase_done() { log "phase done: $1 ($((SECONDS - PHASE_START)) s)"; PHASE_START=$SECONDS; }
 
@@ -56,15 +72,29 @@ cleanup() {
     # dockerd leaves its default network namespace mounted under the exec root.
     umount "$WORK_DIR/docker-exec/netns/default" 2>/dev/null || true
   fi
+  remove_created
   log "exit $rc after $((SECONDS - T0)) s"
 }
+
+# Remove the folders in CREATED (the wheelhouse and WORK_DIR this run created), unless KEEP_STATE=1.
+remove_created() {
+  local path
+  for path in "${CREATED[@]}"; do
+    if [[ "$KEEP_STATE" == 1 ]]; then log "kept $path (--keep / KEEP_STATE=1)"; continue; fi
+    case "$(realpath -m -- "$path")" in /|"$ROOT"|"$DEPLOY") log "not removing $path"; continue ;; esac
+    log "removing $path ($(du -sh -- "$path" 2>/dev/null | cut -f1) )"
+    rm -rf -- "$path" || log "could not remove all of $path (busy mounts?); remove it by hand"
+  done
+}
 trap cleanup EXIT
+[[ $CLEAN_ONLY == 1 ]] && exit 0  # the trap removes CREATED
 
 # ---- 1. Docker engine -------------------------------------------------------------------------------------
 for cmd in dockerd docker-compose "$DOCKER"; do
   command -v "$cmd" >/dev/null || { echo "bring_up: $cmd missing (apt-get install docker.io docker-compose)" >&2; exit 2; }
 done
 if ! "$DOCKER" version >/dev/null 2>&1; then
+  [[ -e "$WORK_DIR" ]] || CREATED+=("$WORK_DIR")
   mkdir -p "$WORK_DIR"
   log "starting dockerd (data root $WORK_DIR/docker-data, --bridge=none, --iptables=false)"
   dockerd --data-root "$WORK_DIR/docker-data" --exec-root "$WORK_DIR/docker-exec" --pidfile "$WORK_DIR/dockerd.pid" \
@@ -86,9 +116,11 @@ done
 # ---- 2-3. wheelhouse and base image -----------------------------------------------------------------------
 if [[ "${REBUILD_WHEELHOUSE:-0}" == 1 ]] || ! ls "$DEPLOY"/wheelhouse/base/marti_agent-*.whl >/dev/null 2>&1 \
    || ! ls "$DEPLOY"/wheelhouse/trainer/torch-*.whl >/dev/null 2>&1; then
+  CREATED+=("$DEPLOY/wheelhouse")
   PYTHON="$PYTHON" "$DEPLOY/make_wheelhouse.sh"
 fi
 phase_done "wheelhouse"
+[[ -e "$WORK_DIR" ]] || CREATED+=("$WORK_DIR")  # the base image's root goes there
 WORK_DIR="$WORK_DIR" "$DEPLOY/make_base_image.sh"
 phase_done "base image"
 

@@ -158,6 +158,41 @@ def test_shell_scripts_parse():
         subprocess.run(["bash", "-n", str(path)], check=True)
 
 
+def _bring_up_clean_only(paths: list[Path], *flags: str, **env: str) -> subprocess.CompletedProcess:
+    """``bring_up.sh [flags] --clean-only PATH...``: only its exit trap runs, removing what it would have created."""
+    clean = {k: v for k, v in os.environ.items() if k != "KEEP_STATE"}
+    return subprocess.run(
+        ["bash", str(DEPLOY / "bring_up.sh"), *flags, "--clean-only", *map(str, paths)],
+        capture_output=True, text=True, timeout=30, env={**clean, **env}, check=True,
+    )  # fmt: skip
+
+
+def _built(tmp_path: Path) -> list[Path]:
+    """A stand-in wheelhouse and engine state folder, with files and a nested folder."""
+    out = [tmp_path / "wheelhouse", tmp_path / "work dir"]
+    for d in out:
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "x.whl").write_bytes(b"w" * 1024)
+    return out
+
+
+def test_bring_up_removes_what_it_created_on_exit(tmp_path):
+    built = _built(tmp_path)
+    out = _bring_up_clean_only(built)
+    assert not any(p.exists() for p in built), out.stdout
+    assert "removing" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"), [(("--keep",), {}), ((), {"KEEP_STATE": "1"})], ids=["flag", "env"]
+)
+def test_bring_up_keeps_its_state_when_asked(tmp_path, flags, env):
+    built = _built(tmp_path)
+    out = _bring_up_clean_only(built, *flags, **env)
+    assert all((p / "sub" / "x.whl").exists() for p in built), out.stdout
+    assert out.stdout.count("kept") == 2
+
+
 def _compose(*files: Path, args: tuple[str, ...] = ("config", "-q"), env: dict | None = None):
     cmd = [DOCKER_COMPOSE, "--project-directory", str(DEPLOY)]
     for f in files:
