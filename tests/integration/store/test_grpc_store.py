@@ -230,9 +230,11 @@ def test_bad_waits_are_refused_naming_the_value_never_replaced_by_the_default(st
 
 
 def test_the_longest_wait_the_protocol_carries_is_accepted(store_server):
+    """By a store whose max_wait_ms allows it (the default, 1 day, refuses it: test_store_limits.py)."""
     from marti.clients.experience import MAX_TIMEOUT_S
 
-    addr, _ = store_server
+    addr, servicer = store_server
+    servicer.settings = servicer.settings.model_copy(update={"max_wait_ms": 2**32 - 1})
     with ExperienceSharingClient("a1", addr) as c:
         c.create_table("w2", preset="queue", max_size=100)
         assert len(c.share_experiences([traj()], table="w2", timeout_s=MAX_TIMEOUT_S)) == 1
