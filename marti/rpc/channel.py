@@ -58,7 +58,9 @@ def check_channel(channel: Any) -> Any:
         InvalidArgumentError: Anything else (its type named).
     """
     if channel is not None and not callable(getattr(channel, "unary_unary", None)):
-        raise InvalidArgumentError(f"channel must be an open grpc channel or None, got {type(channel).__name__}")
+        raise InvalidArgumentError(
+            f"channel must be an open grpc channel or None, got {type(channel).__name__}"
+        )
     return channel
 
 
