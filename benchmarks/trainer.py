@@ -147,7 +147,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     """
     import torch
 
-    from services.trainer.learner import Sample
+    from marti.trajectory import Trajectory, Turn
     from services.trainer.worker import PolicyWorker
 
     worker = PolicyWorker(worker_config(spec), num_threads=spec["threads"])
@@ -163,15 +163,16 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         gens = worker.generate("solver", chats)
         samples = []
         for i, g in enumerate(gens):
-            p = batch[i // G]
+            turn = Turn(0, list(g.prompt_token_ids), list(g.response_token_ids))
+            reward = sum_task.reward(g.text, batch[i // G]["answer"])
             samples.append(
-                Sample(g.prompt_token_ids, g.response_token_ids, sum_task.reward(g.text, p["answer"]), i // G)
+                Trajectory(f"{step}-{i}", "solver", group_id=str(i // G), episode_return=reward, turns=[turn])
             )
             counts["completion_tokens"] += len(g.response_token_ids)
             counts["prompt_tokens"] += len(g.prompt_token_ids)
         worker.train("solver", samples)
         counts["samples"] += len(samples)
-        step_rewards.append(statistics.mean(s.reward for s in samples))
+        step_rewards.append(statistics.mean(t.outcome_reward for t in samples))
         step_times.append(time.perf_counter() - t0)
     train_time = time.perf_counter() - t_start
     model = worker.policy.model("solver")

@@ -303,7 +303,7 @@ def check_deepspeed(device: str) -> None:
 def check_worker_train(device: str) -> None:
     """PolicyWorker generate -> train (GAE + KL) -> sync on ``device``; colocated and split layouts agree."""
     from marti.config import load_config
-    from services.trainer.learner import Sample
+    from marti.trajectory import Trajectory, Turn
     from services.trainer.model_workers import CriticWorker, ReferenceWorker
     from services.trainer.worker import PolicyWorker
 
@@ -321,7 +321,11 @@ def check_worker_train(device: str) -> None:
     chats = [[{"role": "user", "content": f"Allocate units to task_{i}."}] for i in range(4)]
     gens = colocated.generate("agent_1", chats)
     assert all(g.response_token_ids for g in gens), "empty generation"
-    samples = [Sample(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0) for i, g in enumerate(gens)]
+    samples = [
+        Trajectory(f"e{i}", "agent_1", group_id="0", episode_return=float(i % 2),
+                   turns=[Turn(0, list(g.prompt_token_ids), list(g.response_token_ids))])
+        for i, g in enumerate(gens)
+    ]  # fmt: skip
     v0 = colocated.versions()["agent_1"]
     stats = [colocated.train("agent_1", samples) for _ in range(2)]  # KL is 0 until the policy moved once
     assert colocated.versions()["agent_1"] == v0 + 2, colocated.versions()

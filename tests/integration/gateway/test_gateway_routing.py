@@ -22,11 +22,11 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.gateway_backend import TrainerBackend
-from services.trainer.learner import Sample
 from services.trainer.models import load_tokenizer
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.rollout.hf import HFRolloutEngine
 from services.trainer.worker import PolicyWorker, policy_config
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "routing-token"
@@ -64,7 +64,7 @@ def _update(worker: PolicyWorker, agent: str) -> None:
     """One training step of ``agent`` on a group whose rewards differ (so its adapter moves)."""
     gens = worker.serve(agent, [PROMPT] * 4, SamplingParams(max_new_tokens=4, seed=1), None)
     samples = [
-        Sample(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0, list(g.response_logprobs))
+        one_turn(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0, list(g.response_logprobs))
         for i, g in enumerate(gens)
     ]
     worker.train(agent, samples)

@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from marti.config import load_config
-from services.trainer.learner import Sample
+from marti.trajectory import Trajectory
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.worker import PolicyWorker
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
@@ -27,7 +28,9 @@ def test_per_agent_actors_route_calls_and_checkpoint(tmp_path):
         chat = [[{"role": "user", "content": "Say hi"}]] * 2
         gens = runtime.generate("agent_2", chat)
         assert len(gens) == 2 and all(g.response_token_ids for g in gens)
-        samples = [Sample(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)]
+        samples = [
+            one_turn(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)
+        ]
         stats = runtime.train("agent_2", samples)
         assert stats["policy_version"] == 1.0
         assert runtime.versions() == {"agent_1": 0, "agent_2": 1}
@@ -44,10 +47,10 @@ def test_lora_mode_uses_one_team_actor():
     assert RayRuntime(cfg).groups() == [["agent_1", "agent_2"]]
 
 
-def _fixed_samples(seed: int) -> list[Sample]:
+def _fixed_samples(seed: int) -> list[Trajectory]:
     g = torch.Generator().manual_seed(seed)
     return [
-        Sample(
+        one_turn(
             torch.randint(10, 1000, (4 + i,), generator=g).tolist(),
             torch.randint(10, 1000, (5 - i,), generator=g).tolist(),
             float(i % 2),
@@ -151,7 +154,7 @@ def test_rollout_actors_sample_with_the_learners_weights(mode, tmp_path):
         assert sampled[0].response_token_ids != sampled[2].response_token_ids  # actors seed apart
 
         samples = [
-            Sample(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0) for i, g in enumerate(sampled)
+            one_turn(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0) for i, g in enumerate(sampled)
         ]
         assert runtime.train("agent_2", samples)["policy_version"] == 1.0
         after, own = greedy_both()

@@ -152,15 +152,15 @@ def test_critic_model_is_the_model_the_critic_is_loaded_from(critic_model, loade
 )
 def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg):
     from services.trainer import worker as worker_mod
-    from services.trainer.learner import Sample
     from services.trainer.worker import PolicyWorker, algo_config
+    from tests.trainer_data import one_turn
 
     def update_kwargs(cfg: TrainConfig) -> dict[str, Any]:
         seen: dict[str, Any] = {}
 
-        def update_agent(policy, strategy, agent, batch, algo, **kwargs):
-            seen.update(kwargs)
-            return {}
+        def update_agent(policy, engine, experience, config, **kwargs):
+            seen.update(vars(config))
+            return SimpleNamespace(stats={})
 
         policy = SimpleNamespace(
             tokenizer=lambda agent: _Tokenizer(), train=lambda mode: None, unit_of=lambda agent: agent,
@@ -171,7 +171,7 @@ def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg)
             device="cpu", reward_moments={}, _sync_engine=lambda agent, version: None,
         )  # fmt: skip
         with mock.patch.object(worker_mod, "update_agent", update_agent):
-            PolicyWorker.train(fake, "a", [Sample([1, 2], [3, 4], 1.0, "g", [-0.1, -0.2])])
+            PolicyWorker.train(fake, "a", [one_turn([1, 2], [3, 4], 1.0, "g", [-0.1, -0.2])])
         return seen
 
     default, changed = update_kwargs(_cfg()), update_kwargs(_cfg(**{key: value}))

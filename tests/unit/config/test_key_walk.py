@@ -305,7 +305,7 @@ def _curriculum(cfg: TrainConfig) -> str:
 def _allocation(cfg: TrainConfig) -> str:
     """Six steps of the loop's priority allocation: agent ``a`` answers in 4 tokens with a rising reward, ``b``
     in 8 with a flat one; 8 samples each in 4 groups. Reports the shares, terms and the cut batch sizes."""
-    from services.trainer.learner import Sample
+    from tests.trainer_data import one_turn
 
     loop = _loop(cfg)
     if loop.allocator is None:
@@ -314,7 +314,11 @@ def _allocation(cfg: TrainConfig) -> str:
     out = []
     for reward in (0.0, 0.5, 0.7, 1.5, 1.6, 2.4):
         batches = {
-            agent: [Sample([1], [2] * (4 * (i + 1)), 0.0, f"g{g}") for g in range(4) for _ in range(2)]
+            agent: [
+                one_turn([1], [2] * (4 * (i + 1)), 0.0, f"g{g}", agent=agent)
+                for g in range(4)
+                for _ in range(2)
+            ]
             for i, agent in enumerate(names)
         }
         metrics = {f"{names[0]}/reward": reward, f"{names[-1]}/reward": 0.2}

@@ -20,7 +20,6 @@ import services.trainer.worker as worker_mod
 from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
 from marti.errors import InternalError
 from services.trainer.algo import AlgoConfig
-from services.trainer.learner import Sample
 from services.trainer.worker import (
     ALGO_FIELD_SOURCES,
     ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG,
@@ -29,6 +28,7 @@ from services.trainer.worker import (
     algo_field_sources,
     steps_per_batch,
 )
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -157,15 +157,15 @@ def worker_run():
     cfg = _config(values)
     seen: dict[str, Any] = {}
 
-    def record(policy, strategy, agent_id, batch, cfg_, **kwargs):
-        seen.update(cfg=cfg_, batch=batch, **kwargs)
-        return {}
+    def record(policy, engine, experience, config, critic=None):
+        seen.update(cfg=config.algo, batch=experience, critic=critic, **vars(config))
+        return types.SimpleNamespace(stats={})
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(worker_mod, "update_agent", record)
         worker = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
         agent = worker.policy.trainable_agents[0]
-        worker.train(agent, [Sample([1, 2, 3], [4, 5], 1.0, 0), Sample([1, 2, 3], [6], 0.0, 0)])
+        worker.train(agent, [one_turn([1, 2, 3], [4, 5], 1.0, 0), one_turn([1, 2, 3], [6], 0.0, 0)])
     return values, cfg, worker, agent, seen
 
 
@@ -189,11 +189,13 @@ def test_the_keys_outside_algo_config_reach_their_named_consumers(worker_run):
     assert values["advantage_estimator"] == "gae" and worker.critic_engines
     for engine in worker.critic_engines.values():
         assert engine.cfg.lr == pytest.approx(values["critic_learning_rate"])
-    assert seen["critic_engine"] is worker.critic_engines[agent]
+    assert seen["critic"].engine is worker.critic_engines[agent]
     checked.add("critic_learning_rate")
     # normalize_reward: the batch the learner gets has its rewards normalised by the agent's running moments.
     assert values["normalize_reward"] is True
-    assert seen["batch"].rewards == pytest.approx([1.0, -1.0], abs=1e-6)  # rewards 1 and 0: mean 0.5, std 0.5
+    assert seen["batch"].rewards.tolist() == pytest.approx(
+        [1.0, -1.0], abs=1e-6
+    )  # rewards 1 and 0: mean 0.5, std 0.5
     assert worker.reward_moments[agent].count == 2
     checked.add("normalize_reward")
     consumed = {k for k, consumer in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG.items() if consumer is not None}

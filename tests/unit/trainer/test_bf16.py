@@ -116,15 +116,15 @@ def test_config_strategy_bf16_reaches_the_learner_forward_and_checkpoints(tmp_pa
     """``strategy.bf16`` of a job config: the policy worker's update runs its forward in bf16 (or not at all),
     and its checkpoint restores the trained LoRA weights into a fresh worker."""
     from marti.config import load_config
-    from services.trainer.learner import Sample
     from services.trainer.worker import PolicyWorker
+    from tests.trainer_data import one_turn
 
     overrides = [f"strategy.bf16={str(bf16).lower()}", "micro_train_batch_size=2"]
     cfg = load_config(ROOT / "examples" / "tiny.yaml", overrides).model_dump(mode="json")
     worker = PolicyWorker(cfg)
     assert worker.strategies["agent_1"].bf16 is bf16
     prompt = [5, 6, 7, 8, 9]
-    samples = [Sample(prompt, [10 + i, 11 + i, 12], float(i % 2), 0) for i in range(4)]
+    samples = [one_turn(prompt, [10 + i, 11 + i, 12], float(i % 2), 0) for i in range(4)]
     with _linear_output_dtypes(worker.policy.model("agent_1")) as dtypes:
         stats = worker.train("agent_1", samples)
     assert math.isfinite(stats["policy_loss"]) and math.isfinite(stats["grad_norm"]), stats

@@ -10,8 +10,8 @@ import torch
 from marti.config import config_from_dict, load_config
 from marti.errors import InvalidArgumentError
 from services.trainer.ema import EmaWeights
-from services.trainer.learner import Sample
 from services.trainer.worker import PolicyWorker
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 CHATS = [[{"role": "user", "content": "Say hi"}], [{"role": "user", "content": "Count to three"}]]
@@ -67,7 +67,7 @@ def trained():
 
     worker.strategies[unit].add_step_hook(record)
     gens = worker.generate(agent, CHATS)
-    samples = [Sample(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)]
+    samples = [one_turn(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)]
     worker.train(agent, samples)
     return worker, agent, unit, ema, expected
 
@@ -128,7 +128,7 @@ def test_ema_under_zero3_averages_whole_weights_and_evaluates_with_them():
     assert all(t.numel() > 0 for t in ema.shadow.values())  # gathered, not ZeRO-3 partitions
     gens = worker.generate(agent, CHATS)
     worker.train(
-        agent, [Sample(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)]
+        agent, [one_turn(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)]
     )
     assert ema.updates >= 1
     weights = worker.ema_weights_for_sync(agent)

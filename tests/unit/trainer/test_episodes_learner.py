@@ -11,9 +11,10 @@ import torch
 import marti
 from marti.config import load_config
 from services.trainer.episodes import EpisodeRunner
-from services.trainer.learner import Sample, collate
+from services.trainer.experience import collate
 from services.trainer.loop import env_config, episode_metrics
 from services.trainer.worker import PolicyWorker
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,23 +42,6 @@ def _runner(cfg, worker, greedy=False):
         policy_version=lambda a: worker.versions()[a],
         run_id="t",
     )
-
-
-def test_collate_layout_left_pads_prompts_and_right_pads_responses():
-    batch = collate([Sample([1, 2, 3], [7], 1.0, "g"), Sample([4], [8, 9], None, "g")], pad_id=0)
-    assert batch.input_ids.tolist() == [[1, 2, 3, 7, 0], [0, 0, 4, 8, 9]]
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
-    assert batch.action_mask.tolist() == [[True, False], [True, True]]
-    assert batch.rewards == [1.0, None]
-
-
-def test_collate_rejects_empty_batches_and_responses():
-    from marti.errors import FailedPreconditionError
-
-    with pytest.raises(FailedPreconditionError):
-        collate([], pad_id=0)
-    with pytest.raises(FailedPreconditionError, match="samples \\[0\\]"):
-        collate([Sample([1], [], 0.0, 0)], pad_id=0)
 
 
 def test_episodes_record_each_acting_agents_turns(cfg, worker):
@@ -99,7 +83,7 @@ def test_eval_episode_log_holds_each_turns_text_in_order(cfg, worker, tmp_path):
 def test_train_updates_adapter_and_bumps_version(cfg, worker):
     results = _runner(cfg, worker).play([1, 1, 2, 2])
     samples = [
-        Sample(t.prompt_token_ids, t.response_token_ids, r.returns["agent_1"] + i, r.seed)
+        one_turn(t.prompt_token_ids, t.response_token_ids, r.returns["agent_1"] + i, r.seed)
         for i, r in enumerate(results)
         for t in r.trajectories["agent_1"].turns
     ]
@@ -118,20 +102,19 @@ def test_train_updates_adapter_and_bumps_version(cfg, worker):
 
 
 def test_gradient_accumulation_windows_step_the_optimizer(cfg, worker):
-    from services.trainer.learner import update_agent
+    from services.trainer.learner import LearnerConfig, update_agent
 
     results = _runner(cfg, worker).play([3, 3, 4, 4, 5])
     samples = [
-        Sample(t.prompt_token_ids, t.response_token_ids, float(i % 2), r.seed)
+        one_turn(t.prompt_token_ids, t.response_token_ids, float(i % 2), r.seed)
         for i, r in enumerate(results)
         for t in r.trajectories["agent_2"].turns
     ]
-    batch = collate(samples, pad_id=0)
+    batch = collate(samples, "agent_2", pad_id=0)
     engine = worker.strategies[worker.policy.unit_of("agent_2")]
     before = engine.global_step
-    stats = update_agent(
-        worker.policy, engine, "agent_2", batch, worker.algo, micro_batch_size=1, grad_accum_steps=2
-    )
+    config = LearnerConfig(worker.algo, micro_batch_size=1, grad_accum_steps=2)
+    stats = update_agent(worker.policy, engine, batch, config).stats
     assert stats["optimizer_steps"] == math.ceil(len(samples) / 2) == engine.global_step - before
     assert math.isfinite(stats["policy_loss"]) and stats["num_samples"] == len(samples)
 
@@ -148,7 +131,7 @@ def test_ppo_with_gae_trains_a_critic(cfg, tmp_path):
     assert set(w.critics) == {"agent_1", "agent_2"}
     results = _runner(gae_cfg, w).play([1, 2, 3])
     samples = [
-        Sample(t.prompt_token_ids, t.response_token_ids, float(i), r.seed)
+        one_turn(t.prompt_token_ids, t.response_token_ids, float(i), r.seed)
         for i, r in enumerate(results)
         for t in r.trajectories["agent_1"].turns
     ]
@@ -167,7 +150,7 @@ def test_nan_weights_stop_the_update_with_a_diagnostic(cfg):
     w = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
     results = _runner(cfg, w).play([7, 7])
     samples = [
-        Sample(t.prompt_token_ids, t.response_token_ids, float(i), r.seed)
+        one_turn(t.prompt_token_ids, t.response_token_ids, float(i), r.seed)
         for i, r in enumerate(results)
         for t in r.trajectories["agent_1"].turns
     ]

@@ -20,12 +20,12 @@ from services.gateway.core.limits import GatewayLimits
 from services.trainer.experience_feed import ExperienceFeed
 from services.trainer.gateway_backend import EngineBackend, TrainerBackend
 from services.trainer.generation import ResidentWeights
-from services.trainer.learner import Sample
 from services.trainer.loop import Addresses, TrainingLoop, gateway_limits
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.rollout.hf import HFRolloutEngine
 from services.trainer.worker import PolicyWorker, policy_config
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny.yaml"
@@ -37,11 +37,11 @@ def _cfg(*overrides: str):
     return load_config(TINY, ["rollout.max_new_tokens=4", *overrides])
 
 
-def _samples(worker: PolicyWorker, agent: str) -> list[Sample]:
+def _samples(worker: PolicyWorker, agent: str) -> list[Trajectory]:
     """A GRPO group whose rewards differ, so an update moves the weights."""
     gens = worker.serve(agent, PROMPTS * 2, SamplingParams(max_new_tokens=4, seed=1), None)
     return [
-        Sample(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0, list(g.response_logprobs))
+        one_turn(g.prompt_token_ids, g.response_token_ids, float(i % 2), 0, list(g.response_logprobs))
         for i, g in enumerate(gens)
     ]
 
@@ -438,8 +438,8 @@ class _Runtime:
     def versions(self) -> dict[str, int]:
         return {"agent_1": 0, "agent_2": 0}
 
-    def train(self, agent: str, samples: list[Sample]) -> dict[str, float]:
-        self.trained[agent] = len(samples)
+    def train(self, agent: str, trajectories: list[Trajectory]) -> dict[str, float]:
+        self.trained[agent] = len(trajectories)
         return {"policy_version": 1.0, "policy_loss": 0.5}
 
 

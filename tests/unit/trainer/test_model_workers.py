@@ -13,10 +13,13 @@ import torch
 
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
-from services.trainer.learner import Sample, collate, update_windows
+from marti.trajectory import Trajectory
+from services.trainer.experience import collate
+from services.trainer.learner import update_windows
 from services.trainer.model_workers import CriticWorker, ReferenceWorker
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.worker import PolicyWorker
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 PPO = ["algorithm.advantage_estimator=gae", "algorithm.kl_coef=0.05", "micro_train_batch_size=1"]
@@ -26,14 +29,14 @@ def _cfg(*overrides: str):
     return load_config(ROOT / "examples" / "tiny.yaml", [*PPO, *overrides])
 
 
-def _samples(n: int = 3, seed: int = 7) -> list[Sample]:
+def _samples(n: int = 3, seed: int = 7) -> list[Trajectory]:
     """n samples of different prompt/response lengths (so padding is exercised), one group."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         prompt = torch.randint(10, 1000, (4 + i,), generator=g).tolist()
         response = torch.randint(10, 1000, (5 - i,), generator=g).tolist()
-        out.append(Sample(prompt, response, float(i % 2), 0))
+        out.append(one_turn(prompt, response, float(i % 2), 0))
     return out
 
 
@@ -65,7 +68,7 @@ def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extr
         expected = colocated.train(agent, samples)
 
         ref_lp, old_values = reference.ref_logprobs(samples), critic.values(samples)
-        batch = collate(samples, 0)
+        batch = collate(samples, agent, 0)
         assert ref_lp.shape == old_values.shape == batch.action_mask.shape and ref_lp.dtype == torch.float32
         assert bool((ref_lp[batch.action_mask] < 0).all())
         stats, returns = policy.train(agent, samples, ref_lp, old_values, return_returns=True)

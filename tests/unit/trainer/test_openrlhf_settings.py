@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from marti.config import load_config
-from services.trainer.learner import Sample
 from services.trainer.models import (
     build_tiny_model,
     construction_device,
@@ -32,6 +31,7 @@ from services.trainer.worker import (
     policy_config,
     train_strategy,
 )
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -222,7 +222,7 @@ def test_offload_reference_reaches_the_policy_layout_and_the_reference_actor():
     module = worker.model.model("agent_1")
     events: list = []
     _record_moves(module, events)
-    samples = [Sample([5, 6, 7], [8, 9], 1.0, 0), Sample([5, 6], [8, 9, 10], 0.0, 0)]
+    samples = [one_turn([5, 6, 7], [8, 9], 1.0, 0), one_turn([5, 6], [8, 9, 10], 0.0, 0)]
     assert worker.ref_logprobs(samples).shape == (2, 3)
     assert events == [("to", worker.device), "forward", ("to", "cpu")]
 
@@ -305,7 +305,7 @@ def test_ref_model_reaches_the_policy_layout_and_the_reference_actor(other_model
 
     cfg = _cfg("algorithm.kl_coef=0.05", f"agents.0.ref_model={other_model}")
     assert [a.ref_model for a in policy_config(cfg).agents] == [str(other_model), None]
-    samples = [Sample([5, 6, 7], [8, 9], 1.0, 0), Sample([5, 6], [8, 9, 10], 0.0, 0)]
+    samples = [one_turn([5, 6, 7], [8, 9], 1.0, 0), one_turn([5, 6], [8, 9, 10], 0.0, 0)]
     with_ref = ReferenceWorker(cfg.model_dump(mode="json"), "agent_1", num_threads=1).ref_logprobs(samples)
     base = ReferenceWorker(_cfg("algorithm.kl_coef=0.05").model_dump(mode="json"), "agent_1", num_threads=1)
     assert not torch.allclose(with_ref, base.ref_logprobs(samples))

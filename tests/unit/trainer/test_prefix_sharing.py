@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.trainer.learner import Sample, collate
+from services.trainer.experience import collate
 from services.trainer.models import build_tiny_model, load_tokenizer
 from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
 from services.trainer.prefix_sharing import response_logits, shared_prefix_rows
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
+from tests.trainer_data import one_turn
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +22,8 @@ def _group_batch(pad_id: int):
     """Two prompts of different lengths (left padding differs), G=3 responses each of different lengths."""
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
     responses = [[20, 21, 22, 23], [24], [25, 26], [27, 28, 29], [30, 31, 32, 33, 34], [35]]
-    samples = [Sample(prompts[i // 3], r, 0.0, i // 3) for i, r in enumerate(responses)]
-    return collate(samples, pad_id)
+    samples = [one_turn(prompts[i // 3], r, 0.0, i // 3) for i, r in enumerate(responses)]
+    return collate(samples, "agent_1", pad_id)
 
 
 def test_rows_with_equal_prefix_are_found_in_order_of_first_appearance():

@@ -2,7 +2,7 @@
 
 A small team batch, hand-computed: 2 problems x 3 episodes x 2 agents x 2 turns. Agent ``b``'s rewards are
 agent ``a``'s times 10 (so per-agent normalisation must give both the same advantages). Each agent's batch is
-built the way the learner builds it: trajectories -> ``samples_from_trajectory`` -> ``collate``; rows are in
+built the way the learner builds it: trajectories -> ``collate`` (one ``Experience``); rows are in
 the order P1 e1 t0, e1 t1, e2 t0, e2 t1, e3 t0, e3 t1, then P2 e4 .. e6. Turn 0 has 2 response tokens and
 turn 1 one, so token-level and row-level statistics would differ.
 
@@ -26,11 +26,11 @@ from marti.errors import InvalidArgumentError
 from marti.trajectory import Trajectory, Turn
 from services.trainer import learner
 from services.trainer.algo import AlgoConfig, compute_advantages, turn_returns
+from services.trainer.experience import collate
 from services.trainer.learner import (
-    batch_advantages,
-    batch_rewards,
-    collate,
-    samples_from_trajectory,
+    LearnerConfig,
+    credited_rewards,
+    experience_advantages,
     update_agent,
 )
 
@@ -72,7 +72,7 @@ def _trajs(agent: str) -> list[Trajectory]:
 
 def _batch(agent: str = "a", trajs: list[Trajectory] | None = None):
     trajs = _trajs(agent) if trajs is None else trajs
-    return collate([s for t in trajs for s in samples_from_trajectory(t)], pad_id=0)
+    return collate(trajs, agent, pad_id=0)
 
 
 def _rows(adv: torch.Tensor) -> list[float]:
@@ -81,7 +81,7 @@ def _rows(adv: torch.Tensor) -> list[float]:
 
 
 def _advantages(agent: str = "a", **kw) -> list[float]:
-    return _rows(batch_advantages(AlgoConfig(**kw), _batch(agent))[0])
+    return _rows(experience_advantages(AlgoConfig(**kw), _batch(agent))[0])
 
 
 def _close(got: list[float], want: list[float], tol: float = 1e-5) -> None:
@@ -99,13 +99,13 @@ GRPO_PROBLEM_A = (
 )
 
 
-def test_samples_record_their_turn_index_and_the_rewards_to_come():
+def test_rows_record_their_turn_index_and_the_rewards_to_come():
     batch = _batch("a")
-    assert batch.turns == [0, 1] * 6
-    assert batch.rewards == [1.0, 1.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0]
-    assert batch.future_rewards[:2] == [[1.0, 0.0], [0.0]]
+    assert batch.turn_ids.tolist() == [0, 1] * 6
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0]
+    assert batch.turn_rewards[:2].tolist() == [[1.0, 0.0], [0.0, 0.0]]  # turn 1: its reward, then padding
     sub = batch.select(torch.tensor([5, 0]))
-    assert sub.turns == [1, 0] and sub.future_rewards == [[2.0], [1.0, 0.0]]
+    assert sub.turn_ids.tolist() == [1, 0] and sub.turn_rewards.tolist() == [[2.0, 0.0], [1.0, 0.0]]
 
 
 @pytest.mark.parametrize(
@@ -118,8 +118,9 @@ def test_defaults_reproduce_the_advantages_of_before_exactly(estimator):
     values = None
     if estimator == "gae":
         values = torch.linspace(0, 1, batch.action_mask.numel()).reshape(batch.action_mask.shape)
-    got = batch_advantages(cfg, batch, values=values)
-    before = compute_advantages(cfg, batch.rewards, batch.action_mask, batch.groups, values=values)
+    got = experience_advantages(cfg, batch, values=values)
+    rewards, groups = batch.rewards.tolist(), [f"P{g}" for g in batch.group_ids.tolist()]
+    before = compute_advantages(cfg, rewards, batch.action_mask, groups, values=values)
     assert torch.equal(got[0], before[0]) and torch.equal(got[1], before[1])
 
 
@@ -148,7 +149,7 @@ def test_agent_turn_with_rloo_and_reinforce_pp_baseline():
     )
     # REINFORCE++-baseline: un-whitened returns = reward minus its (problem, turn) mean (gamma 1).
     cfg = AlgoConfig(advantage_estimator="reinforce++_baseline", group_by="agent_turn", turn_rewards="dense")
-    returns = _rows(batch_advantages(cfg, _batch("a"))[1])
+    returns = _rows(experience_advantages(cfg, _batch("a"))[1])
     # dense P1 t0 [1,0,2] mean 1; t1 [0,0,2] mean 2/3; P2 t0 [2,2,1] mean 5/3; t1 [1,1,1] mean 1
     _close(returns, [0, -2 / 3, -1, -2 / 3, 1, 4 / 3, 1 / 3, 0, 1 / 3, 0, -2 / 3, 0])
 
@@ -157,8 +158,8 @@ def test_a_turn_subgroup_of_one_gets_advantage_zero():
     trajs = _trajs("a")
     trajs[2] = _traj("a", "P1", 2, (0.0, 2.0), 2.0, extra_turns=1)  # only e3 has a turn 2
     batch = _batch("a", trajs)
-    assert batch.turns[:7] == [0, 1, 0, 1, 0, 1, 2]
-    adv = _rows(batch_advantages(AlgoConfig(group_by="agent_turn"), batch)[0])
+    assert batch.turn_ids[:7].tolist() == [0, 1, 0, 1, 0, 1, 2]
+    adv = _rows(experience_advantages(AlgoConfig(group_by="agent_turn"), batch)[0])
     assert adv[6] == 0.0
     _close(adv[:6], [d / (1 + EPS) for d in (0, 0, -1, -1, 1, 1)])
 
@@ -177,9 +178,9 @@ def test_agent_turn_needs_turn_ids_and_a_group_estimator():
 def test_estimators_without_groups_or_with_their_own_whitening_ignore_the_two_options(estimator):
     batch = _batch("a")
     values = torch.linspace(0, 1, batch.action_mask.numel()).reshape(batch.action_mask.shape)
-    plain = batch_advantages(AlgoConfig(advantage_estimator=estimator), batch, values=values)
+    plain = experience_advantages(AlgoConfig(advantage_estimator=estimator), batch, values=values)
     cfg = AlgoConfig(advantage_estimator=estimator, group_by="agent_turn", normalize_per_agent=True)
-    both = batch_advantages(cfg, batch, values=values)
+    both = experience_advantages(cfg, batch, values=values)
     assert torch.equal(plain[0], both[0]) and torch.equal(plain[1], both[1])
 
 
@@ -197,8 +198,21 @@ def test_turn_returns_by_hand():
 def test_dense_credits_the_return_to_go_of_the_turn_rewards():
     batch = _batch("a")
     # P1: e1 (1,0) -> [1,0]; e2 -> [0,0]; e3 (0,2) -> [2,2]; P2: e4, e5 (1,1) -> [2,1]; e6 (0,1) -> [1,1]
-    assert batch_rewards(AlgoConfig(turn_rewards="dense"), batch) == [1, 0, 0, 0, 2, 2, 2, 1, 2, 1, 1, 1]
-    assert batch_rewards(AlgoConfig(), batch) == batch.rewards
+    assert credited_rewards(AlgoConfig(turn_rewards="dense"), batch).tolist() == [
+        1,
+        0,
+        0,
+        0,
+        2,
+        2,
+        2,
+        1,
+        2,
+        1,
+        1,
+        1,
+    ]
+    assert torch.equal(credited_rewards(AlgoConfig(), batch), batch.rewards)
     want = (
         # P1 rows [1,0,0,0,2,2]: mean 5/6, squared deviations 174/36
         [d / (math.sqrt(174 / 36 / 5) + EPS) for d in (1 / 6, -5 / 6, -5 / 6, -5 / 6, 7 / 6, 7 / 6)]
@@ -235,18 +249,12 @@ def test_dense_without_turn_rewards_falls_back_to_the_outcome_and_warns_once(mon
         for turn in t.turns:
             turn.reward = None
     batch = _batch("a", trajs)
-    assert batch.future_rewards[0] is None
+    assert not batch.has_turn_rewards[0] and batch.has_turn_rewards[4]
     with caplog.at_level(logging.WARNING, logger="marti.trainer.learner"):
-        got = batch_rewards(AlgoConfig(turn_rewards="dense"), batch)
-        batch_rewards(AlgoConfig(turn_rewards="dense"), batch)
+        got = credited_rewards(AlgoConfig(turn_rewards="dense"), batch).tolist()
+        credited_rewards(AlgoConfig(turn_rewards="dense"), batch)
     assert got[:6] == [1.0, 1.0, 0.0, 0.0, 2.0, 2.0]  # e1, e2 outcomes; e3 dense [2, 2]
     assert len([r for r in caplog.records if "per-turn reward" in r.getMessage()]) == 1
-
-
-def test_dense_keeps_an_unscored_row_unscored():
-    batch = _batch("a")
-    batch.rewards[0] = None
-    assert batch_rewards(AlgoConfig(turn_rewards="dense"), batch)[0] is None
 
 
 # ----------------------------------------------------------------------------------------------- normalize_per_agent
@@ -359,19 +367,16 @@ def test_update_agent_trains_on_the_turn_level_advantages(options):
     """The learner's update computes its advantages from sampled trajectories with the config's options."""
     cfg = AlgoConfig(kl_coef=0.0, **options)
     batch = _batch("a")
-    outputs: dict[str, torch.Tensor] = {}
-    stats = update_agent(_ToyPolicy(), _ToyStrategy(), "a", batch, cfg, micro_batch_size=12, outputs=outputs)
+    result = update_agent(_ToyPolicy(), _ToyStrategy(), batch, LearnerConfig(cfg, micro_batch_size=12))
     if options:
         pre = _dense_agent_turn_want()
         mean, std = statistics.mean(pre), statistics.stdev(pre)
         want = [(x - mean) / (std + EPS) for x in pre]
     else:
         want = GRPO_PROBLEM_A
-    _close(_rows(outputs["advantages"]), want)
-    assert torch.equal(
-        outputs["advantages"][:, 1] != 0, batch.action_mask[:, 1] & (outputs["advantages"][:, 0] != 0)
-    )
-    assert stats["num_samples"] == 12.0
+    _close(_rows(result.advantages), want)
+    assert torch.equal(result.advantages[:, 1] != 0, batch.action_mask[:, 1] & (result.advantages[:, 0] != 0))
+    assert result.stats["num_samples"] == 12.0
 
 
 @pytest.mark.parametrize("turn_rewards", ["outcome", "dense"])
@@ -381,11 +386,11 @@ def test_normalize_reward_normalises_the_credited_rewards(turn_rewards):
 
     cfg = AlgoConfig(turn_rewards=turn_rewards)
     batch = _batch("a")
-    credited = batch_rewards(cfg, batch)
+    credited = credited_rewards(cfg, batch).tolist()
     moments = RunningMoments()
-    learner.normalize_credit(cfg, batch, moments)
+    batch = learner.normalize_credit(cfg, batch, moments)
     mean, std = statistics.fmean(credited), statistics.pstdev(credited)
     assert moments.mean == pytest.approx(mean) and moments.std == pytest.approx(std)
-    _close(batch.rewards, [(r - mean) / (std + 1e-8) for r in credited])
-    assert batch.credited and batch_rewards(cfg, batch) == batch.rewards  # used as they are from here on
+    _close(batch.rewards.tolist(), [(r - mean) / (std + 1e-8) for r in credited])
+    assert batch.credited and torch.equal(credited_rewards(cfg, batch), batch.rewards)  # used as they are now
     assert batch.select(torch.tensor([0, 1])).credited

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from marti.config import load_config
-from services.trainer.learner import Sample
 from services.trainer.worker import PolicyWorker
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,7 +31,7 @@ def test_zero3_worker_syncs_whole_weights_to_its_own_engine_and_after_a_resume(t
     assert worker.engine_owns_weights
     chats = [[{"role": "user", "content": "Say hi"}]] * 2
     gens = worker.generate("agent_1", chats)
-    samples = [Sample(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)]
+    samples = [one_turn(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)]
     worker.train("agent_1", samples)
     greedy = worker.generate("agent_1", chats, greedy=True)
     assert all(g.policy_version == 1 for g in greedy)

@@ -9,9 +9,9 @@ import pytest
 
 from marti.config import load_config
 from services.trainer.episodes import EpisodeRunner
-from services.trainer.learner import Sample
 from services.trainer.loop import Addresses, TrainingLoop, episode_metrics
 from services.trainer.worker import PolicyWorker
+from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -36,7 +36,7 @@ def _play(name: str, monkeypatch, seeds=(3, 3)):
 
 def _train_one(worker, results, agent):
     samples = [
-        Sample(t.prompt_token_ids, t.response_token_ids, r.returns[agent], r.seed)
+        one_turn(t.prompt_token_ids, t.response_token_ids, r.returns[agent], r.seed)
         for r in results
         for t in r.trajectories[agent].turns
     ]
