@@ -202,7 +202,7 @@ def _stat(x: torch.Tensor | float) -> float:
 def pad_id_of(tokenizer: Any) -> int:
     """The token id a batch is padded with: the tokenizer's pad token, else its EOS token.
 
-    Every actor that collates the same samples (policy, reference, critic) must pad alike so their batches are
+    Every actor that collates the same trajectories (policy, reference, critic) must pad alike so their batches are
     identical.
     """
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
