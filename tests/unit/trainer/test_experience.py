@@ -142,25 +142,31 @@ class _ToyCritic(torch.nn.Module):
         return (self.emb[input_ids].squeeze(-1) * attention_mask)[:, -num_actions:]
 
 
-# name: (algorithm, micro_batch_size, grad_accum_steps, ppo_epochs, tis_cap, critic, normalize_reward)
+# name: ((algorithm, micro_batch_size, grad_accum_steps, ppo_epochs, tis_cap, critic, normalize_reward),
+#        (policy_loss as float.hex, sha256 of every statistic, advantage, return, ratio and 8 updated weights))
 CASES = {
-    "grpo": (dict(kl_coef=0.0), 2, None, 1, None, False, False),
-    "windows_kl_reward": (dict(kl_coef=0.05, use_kl_loss=False, turn_rewards="dense"), 2, 1, 2, None, False, False),
-    "kl_loss_tis_agent_turn": (
-        dict(kl_coef=0.1, use_kl_loss=True, group_by="agent_turn", normalize_per_agent=True), 3, 1, 1, 2.0,
-        False, False,
+    "grpo": (
+        (dict(kl_coef=0.0), 2, None, 1, None, False, False),
+        ("0x1.30ebcd8000000p-2", "8a401ef627c68cb9680e5ee2cbe66de4"),
     ),
-    "gae_critic": (dict(advantage_estimator="gae", kl_coef=0.0), 2, 2, 2, None, True, False),
-    "normalized_dense": (dict(kl_coef=0.0, turn_rewards="dense"), 5, None, 1, None, False, True),
+    "windows_kl_reward": (
+        (dict(kl_coef=0.05, use_kl_loss=False, turn_rewards="dense"), 2, 1, 2, None, False, False),
+        ("0x1.0275d83000000p-2", "dc9cb3040c82d46ce4868272647f2abd"),
+    ),
+    "kl_loss_tis_agent_turn": (
+        (dict(kl_coef=0.1, use_kl_loss=True, group_by="agent_turn", normalize_per_agent=True), 3, 1, 1, 2.0,
+         False, False),
+        ("0x1.1da02c0000000p-2", "30e197b8dbce4f7c0141080a1aef6e6c"),
+    ),
+    "gae_critic": (
+        (dict(advantage_estimator="gae", kl_coef=0.0), 2, 2, 2, None, True, False),
+        ("0x1.4d9cce4000000p-3", "cdb41355637c54aadd1078414f5c117d"),
+    ),
+    "normalized_dense": (
+        (dict(kl_coef=0.0, turn_rewards="dense"), 5, None, 1, None, False, True),
+        ("0x1.6a4ae90000000p-2", "fef8e9e7b8adb2c62dacede3abc95a44"),
+    ),
 }  # fmt: skip
-# name: (policy_loss as float.hex, sha256 of every statistic, advantage, return, ratio and 8 updated weights)
-BEFORE = {
-    "grpo": ("0x1.30ebcd8000000p-2", "8a401ef627c68cb9680e5ee2cbe66de4"),
-    "windows_kl_reward": ("0x1.0275d83000000p-2", "dc9cb3040c82d46ce4868272647f2abd"),
-    "kl_loss_tis_agent_turn": ("0x1.1da02c0000000p-2", "30e197b8dbce4f7c0141080a1aef6e6c"),
-    "gae_critic": ("0x1.4d9cce4000000p-3", "cdb41355637c54aadd1078414f5c117d"),
-    "normalized_dense": ("0x1.6a4ae90000000p-2", "fef8e9e7b8adb2c62dacede3abc95a44"),
-}
 
 
 def _hexes(x: torch.Tensor) -> list[str]:
@@ -169,7 +175,7 @@ def _hexes(x: torch.Tensor) -> list[str]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_update_gives_bit_identical_numbers_to_the_sample_batch_path(case):
-    algo_kw, micro, accum, epochs, tis_cap, with_critic, normalize = CASES[case]
+    (algo_kw, micro, accum, epochs, tis_cap, with_critic, normalize), before = CASES[case]
     torch.manual_seed(0)
     policy = _ToyPolicy()
     algo = AlgoConfig(**algo_kw)
@@ -190,4 +196,4 @@ def test_update_gives_bit_identical_numbers_to_the_sample_batch_path(case):
         "weights": _hexes(policy.head.detach().flatten()[:8]),
     }
     digest = hashlib.sha256(json.dumps(got, sort_keys=True).encode()).hexdigest()[:32]
-    assert (got["stats"]["policy_loss"], digest) == BEFORE[case]
+    assert (got["stats"]["policy_loss"], digest) == before
