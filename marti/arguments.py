@@ -13,6 +13,10 @@ function, the argument, what it must be and the value. What is checked:
 - ``Mapping[K, V]`` / ``dict[K, V]``: a mapping whose keys are ``K`` and values ``V``.
 
 Ranges (a count >= 1, a priority > 0) stay with each function: they differ from one argument to the next.
+
+One check per argument: an argument that the function (or the request builder it calls) checks itself, with a
+message naming the exact item, key or limit, is listed in ``own`` (``@checked(own=("batch_items",))``) and left to
+that check entirely, so the generic one neither pre-empts its message nor refuses what it accepts.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import math
 import numbers
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from marti.errors import InvalidArgumentError
@@ -34,19 +38,40 @@ _INT64 = (-(2**63), 2**64 - 1)  # int64 and uint64 proto fields
 _UNCHECKED = object()
 
 
-def checked(fn: F) -> F:
+@typing.overload
+def checked(fn: F, /) -> F: ...
+@typing.overload
+def checked(*, own: Iterable[str]) -> Callable[[F], F]: ...
+
+
+def checked(fn: F | None = None, /, *, own: Iterable[str] = ()) -> F | Callable[[F], F]:
     """Wrap ``fn`` (plain, method or ``async def``) to check its arguments against its annotations first.
+
+    Used bare (``@checked``) or with ``own`` (``@checked(own=("priorities",))``): the arguments ``fn`` checks
+    itself, before any rpc, with a more precise message; those are not looked at here.
 
     Raises (from the wrapped function):
         InvalidArgumentError: An argument does not match its annotation, naming the function and argument.
+        TypeError: At decoration, an ``own`` name that is not a parameter of ``fn`` (a bug in the SDK, raised
+            at import).
     """
+    if fn is None:
+        names = frozenset(own)
+        return lambda f: _checked(f, names)
+    return _checked(fn, frozenset(own))
+
+
+def _checked(fn: F, own: frozenset[str]) -> F:
+    """:func:`checked` with the set of arguments ``fn`` checks itself."""
     signature = inspect.signature(fn)
+    if not own <= signature.parameters.keys():
+        raise TypeError(f"{fn.__qualname__} has no parameter {sorted(own - signature.parameters.keys())}")
     hints: dict[str, Any] | None = None
 
     def check(args: tuple, kwargs: dict) -> None:
         nonlocal hints
         if hints is None:
-            hints = _hints(fn, signature)
+            hints = {k: v for k, v in _hints(fn, signature).items() if k not in own}
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -112,7 +137,7 @@ def matches(value: Any, tp: Any, shallow: bool = False) -> bool:
     if tp is int:
         return _is_int(value) and _INT64[0] <= int(value) <= _INT64[1]
     if tp is float:
-        return _is_real(value) and math.isfinite(value)
+        return _is_real(value) and is_finite(value)
     if tp is bool:
         return isinstance(value, bool) or type(value).__name__ == "bool_"
     if origin in (cabc.Sequence, list, tuple) and origin is not None:
@@ -130,6 +155,14 @@ def _is_int(value: Any) -> bool:
 
 def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_finite(value: numbers.Real) -> bool:
+    """Whether a real number is finite (an integer too large for a float counts as not finite)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _is_protocol(tp: type) -> bool:

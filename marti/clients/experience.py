@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 import queue
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import grpc
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
-from marti.arguments import checked
+from marti.arguments import checked, is_finite
 from marti.codec import experience as convert
 from marti.codec.chunks import DEFAULT_CHUNK_BYTES
 from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
@@ -161,6 +161,11 @@ def _in_range(value: int, name: str, lo: int, hi: int) -> None:
         raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
 
 
+def _sized(value: Any) -> bool:
+    """Whether ``value`` is a sized iterable (a list, tuple or numpy array)."""
+    return hasattr(value, "__len__") and hasattr(value, "__iter__")
+
+
 def _wait_s(timeout_s: float | None, default_s: float) -> float:
     """The wait of one call: ``timeout_s``, or the client's default when it is None (0 is refused, not the
     default)."""
@@ -222,11 +227,19 @@ class _Base:
     ) -> list[pb.InsertItem]:
         if isinstance(batch_items, bool) or not isinstance(batch_items, numbers.Integral) or batch_items < 1:
             raise InvalidArgumentError(f"batch_items must be an integer >= 1, got {batch_items!r}")
+        if priorities is not None and (
+            isinstance(priorities, (str, bytes, Mapping)) or not _sized(priorities)
+        ):
+            raise InvalidArgumentError(
+                f"priorities must be a sequence of numbers or None, got {priorities!r:.80}"
+            )
         if priorities is not None and len(priorities) != len(trajectories):
             raise InvalidArgumentError(f"{len(priorities)} priorities for {len(trajectories)} trajectories")
         for i, p in enumerate(() if priorities is None else priorities):
             if isinstance(p, bool) or not isinstance(p, numbers.Real):
                 raise InvalidArgumentError(f"priority {i} is {p!r}, not a number")
+            if not is_finite(p):
+                raise InvalidArgumentError(f"priority {i} is {p!r}, not a finite number")
         items = []
         for i, t in enumerate(trajectories):
             if not t.agent_id:
@@ -386,11 +399,17 @@ class _Base:
 
     @staticmethod
     def _updates(table: str, priorities: dict[int, float]) -> spb.UpdatePrioritiesRequest:
+        if not isinstance(priorities, Mapping):
+            raise InvalidArgumentError(
+                f"priorities must be a mapping of item key to priority, got {priorities!r:.80}"
+            )
         for k, p in priorities.items():
             if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= int(k) < 2**64:
                 raise InvalidArgumentError(f"item keys are integers in [0, 2**64), got {k!r}")
             if isinstance(p, bool) or not isinstance(p, numbers.Real):
                 raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a number")
+            if not is_finite(p):
+                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a finite number")
         return spb.UpdatePrioritiesRequest(
             table=table, updates=[spb.PriorityUpdate(key=k, priority=p) for k, p in priorities.items()]
         )
@@ -436,7 +455,7 @@ class ExperienceSharingClient(_Base):
         )
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
 
-    @checked
+    @checked(own=("priority", "timeout_s"))
     def share_experience(
         self,
         trajectory: Trajectory,
@@ -460,7 +479,7 @@ class ExperienceSharingClient(_Base):
         """
         return self.share_experiences([trajectory], table, [priority], timeout_s)[0]
 
-    @checked
+    @checked(own=("priorities", "timeout_s", "batch_items"))
     def share_experiences(
         self,
         trajectories: Sequence[Trajectory],
@@ -482,7 +501,7 @@ class ExperienceSharingClient(_Base):
         with rpc_errors():
             return [r.key for r in self._keys(self._stub.Insert(iter(reqs)), trajectories)]
 
-    @checked
+    @checked(own=("timeout_s", "batch_items"))
     def insert(
         self,
         table: str,
@@ -521,7 +540,7 @@ class ExperienceSharingClient(_Base):
         req = self._delete_req(table, episode_ids)
         return call(self._stub.Delete, req, _wait_s(timeout_s, self.timeout_s)).deleted
 
-    @checked
+    @checked(own=("batch_size", "timeout_s", "min_policy_version"))
     def sample(
         self,
         table: str,
@@ -560,7 +579,7 @@ class ExperienceSharingClient(_Base):
             table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s, allow_partial
         ).items
 
-    @checked
+    @checked(own=("batch_size", "timeout_s", "min_policy_version", "current_policy_version"))
     def sample_batch(
         self,
         table: str,
@@ -614,7 +633,7 @@ class ExperienceSharingClient(_Base):
             stream.cancel()  # a no-op after the end; before it, the store puts unacknowledged items back
         return run.batch(batch_size, allow_partial, table)
 
-    @checked
+    @checked(own=("policy_version",))
     def get_trajectories(
         self,
         episode_id: str | None = None,
@@ -630,7 +649,7 @@ class ExperienceSharingClient(_Base):
         """
         return [s.trajectory for s in self.get_items(episode_id, session, agent_id, policy_version, tables)]
 
-    @checked
+    @checked(own=("policy_version",))
     def get_items(
         self,
         episode_id: str | None = None,
@@ -672,7 +691,7 @@ class ExperienceSharingClient(_Base):
         cfg = convert.table_config_to_proto(self._table_config(config, name, fields))
         return _info(call(self._stub.CreateTable, spb.CreateTableRequest(config=cfg), self.timeout_s).info)
 
-    @checked
+    @checked(own=("priorities",))
     def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
         """Set priorities by key; returns ``(updated, missing)`` (missing keys are skipped, not errors)."""
         resp = call(self._stub.UpdatePriorities, self._updates(table, priorities), self.timeout_s)
@@ -733,7 +752,7 @@ class AsyncExperienceSharingClient(_Base):
         )
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
 
-    @checked
+    @checked(own=("priority", "timeout_s"))
     async def share_experience(
         self,
         trajectory: Trajectory,
@@ -744,7 +763,7 @@ class AsyncExperienceSharingClient(_Base):
         """See :meth:`ExperienceSharingClient.share_experience`."""
         return (await self.share_experiences([trajectory], table, [priority], timeout_s))[0]
 
-    @checked
+    @checked(own=("priorities", "timeout_s", "batch_items"))
     async def share_experiences(
         self,
         trajectories: Sequence[Trajectory],
@@ -759,7 +778,7 @@ class AsyncExperienceSharingClient(_Base):
             responses = [r async for r in self._stub.Insert(iter(reqs))]
         return [r.key for r in self._keys(responses, trajectories)]
 
-    @checked
+    @checked(own=("timeout_s", "batch_items"))
     async def insert(
         self,
         table: str,
@@ -779,7 +798,7 @@ class AsyncExperienceSharingClient(_Base):
         req = self._delete_req(table, episode_ids)
         return (await acall(self._stub.Delete, req, _wait_s(timeout_s, self.timeout_s))).deleted
 
-    @checked
+    @checked(own=("batch_size", "timeout_s", "min_policy_version"))
     async def sample(
         self,
         table: str,
@@ -797,7 +816,7 @@ class AsyncExperienceSharingClient(_Base):
         )
         return batch.items
 
-    @checked
+    @checked(own=("batch_size", "timeout_s", "min_policy_version", "current_policy_version"))
     async def sample_batch(
         self,
         table: str,
@@ -829,7 +848,7 @@ class AsyncExperienceSharingClient(_Base):
             stream.cancel()  # a no-op after the end; before it, the store puts unacknowledged items back
         return run.batch(batch_size, allow_partial, table)
 
-    @checked
+    @checked(own=("policy_version",))
     async def get_trajectories(
         self,
         episode_id: str | None = None,
@@ -842,7 +861,7 @@ class AsyncExperienceSharingClient(_Base):
         items = await self.get_items(episode_id, session, agent_id, policy_version, tables)
         return [s.trajectory for s in items]
 
-    @checked
+    @checked(own=("policy_version",))
     async def get_items(
         self,
         episode_id: str | None = None,
@@ -878,7 +897,7 @@ class AsyncExperienceSharingClient(_Base):
             (await acall(self._stub.CreateTable, spb.CreateTableRequest(config=cfg), self.timeout_s)).info
         )
 
-    @checked
+    @checked(own=("priorities",))
     async def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
         """See :meth:`ExperienceSharingClient.update_priorities`."""
         resp = await acall(self._stub.UpdatePriorities, self._updates(table, priorities), self.timeout_s)
