@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["ParallelEnv", "declared_metrics", "list_envs", "make", "step_many"]
 
 
-@checked
+@checked(own=("timeout_s",))
 def make(
     env_id: str,
     *,
@@ -86,6 +86,9 @@ def make(
         marti.errors.UnavailableError: The server cannot be reached (remote only); with several servers, none
             of them could create the session (the last one named), or a ``dns:///`` name does not resolve.
     """
+    from marti.rpc.channel import check_timeout_s
+
+    check_timeout_s(timeout_s)  # the remote clients' own rule, for a local env too
     if address is None and channel is None:
         from marti.env_registry import default_registry
 

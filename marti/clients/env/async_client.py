@@ -123,7 +123,7 @@ class AsyncEnvClient:
             raise
         return _decode(self.deltas, session_id, resp, None)
 
-    @checked
+    @checked(own=("actions",))
     async def step(
         self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None
     ) -> StepResult:
@@ -138,7 +138,7 @@ class AsyncEnvClient:
             raise
         return _decode(self.deltas, session_id, resp, held)
 
-    @checked
+    @checked(own=("steps",))
     async def batch_step(
         self, steps: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[StepResult | MartiError]:

@@ -100,14 +100,14 @@ class AsyncEnvPool(_PoolBase):
         """See :meth:`EnvPool.reset`."""
         return await self._routed(session_id, lambda c: c.reset(session_id, seed, options, request_id))
 
-    @checked
+    @checked(own=("actions",))
     async def step(
         self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None
     ) -> StepResult:
         """See :meth:`EnvPool.step`."""
         return await self._routed(session_id, lambda c: c.step(session_id, actions, request_id))
 
-    @checked
+    @checked(own=("steps",))
     async def batch_step(
         self, steps: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[StepResult | MartiError]:

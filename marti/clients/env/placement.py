@@ -19,6 +19,7 @@ from marti.errors import (
     UnavailableError,
 )
 
+from .protocol import check_steps
 from .types import StepResult
 
 T = TypeVar("T")
@@ -166,7 +167,13 @@ class _Routes:
         return name_server(err, self._addresses[i])
 
     def split(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[int, list[int]]:
-        """Server -> the indexes of its steps, in request order (every session checked before any is sent)."""
+        """Server -> the indexes of its steps, in request order (every session checked before any is sent).
+
+        Raises:
+            InvalidArgumentError: ``steps`` is not a sequence of pairs (:func:`.protocol.check_steps`).
+            NotFoundError: A session the pool did not create.
+        """
+        check_steps(steps)
         groups: dict[int, list[int]] = {}
         for k, (session_id, _) in enumerate(steps):
             groups.setdefault(self.server(session_id), []).append(k)

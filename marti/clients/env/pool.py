@@ -164,12 +164,12 @@ class EnvPool(_PoolBase):
         """
         return self._routed(session_id, lambda c: c.reset(session_id, seed, options, request_id))
 
-    @checked
+    @checked(own=("actions",))
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session on its server (see :meth:`EnvClient.step`; errors as in :meth:`reset`)."""
         return self._routed(session_id, lambda c: c.step(session_id, actions, request_id))
 
-    @checked
+    @checked(own=("steps",))
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions: one ``BatchStep`` call per server holding some of them (one after another).
 

@@ -97,12 +97,12 @@ class EnvPoolStream:
         """Reset a session on its server's stream (errors as in :meth:`EnvPool.reset`)."""
         return self._routed(session_id, lambda s: s.reset(session_id, seed, options))
 
-    @checked
+    @checked(own=("actions",))
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session on its server's stream (errors as in :meth:`EnvPool.reset`)."""
         return self._routed(session_id, lambda s: s.step(session_id, actions, request_id))
 
-    @checked
+    @checked(own=("steps",))
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """One batch request per server's stream; results in request order (as :meth:`EnvPool.batch_step`)."""
         groups = self._routes.split(steps)

@@ -221,13 +221,12 @@ def _step_request(
     )
 
 
-def _batch_request(
-    cache: DeltaCache | None, steps: Sequence[tuple[str, Mapping[str, Any]]]
-) -> tuple[pb.BatchStepRequest, list[HeldResult | None]]:
-    """The ``BatchStepRequest`` of ``(session_id, actions)`` pairs, with each session's held result as base.
+def check_steps(steps: Any) -> None:
+    """Check ``batch_step``'s ``steps``: a sequence of ``(session_id, actions)`` pairs (each pair's parts are
+    checked when its request is built).
 
     Raises:
-        InvalidArgumentError: ``steps`` is not a sequence of ``(session_id, actions)`` pairs (the bad item named).
+        InvalidArgumentError: Not a sequence, or an item that is not a pair (``steps[i]`` named).
     """
     if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence):
         raise InvalidArgumentError(
@@ -236,6 +235,17 @@ def _batch_request(
     for i, item in enumerate(steps):
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise InvalidArgumentError(f"steps[{i}] must be a (session_id, actions) pair, got {item!r:.80}")
+
+
+def _batch_request(
+    cache: DeltaCache | None, steps: Sequence[tuple[str, Mapping[str, Any]]]
+) -> tuple[pb.BatchStepRequest, list[HeldResult | None]]:
+    """The ``BatchStepRequest`` of ``(session_id, actions)`` pairs, with each session's held result as base.
+
+    Raises:
+        InvalidArgumentError: ``steps`` is not a sequence of ``(session_id, actions)`` pairs (the bad item named).
+    """
+    check_steps(steps)
     helds = [cache.get(s) if cache is not None else None for s, _ in steps]
     req = pb.BatchStepRequest(
         steps=[_step_request(s, a, None, h) for (s, a), h in zip(steps, helds, strict=True)]

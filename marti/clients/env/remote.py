@@ -282,7 +282,7 @@ class RemoteParallelEnv(ParallelEnv):
         self.agents, self.acting_agents = r.agents, r.acting_agents
         return r.observations, r.infos
 
-    @checked
+    @checked(own=("actions",))
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         """Step the remote env; returns PettingZoo ``(observations, rewards, terminations, truncations, infos)``.
 

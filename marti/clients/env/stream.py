@@ -199,7 +199,7 @@ class SessionStream:
             raise
         return _decode(self.deltas, session_id, resp, None)
 
-    @checked
+    @checked(own=("actions",))
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session.
 
@@ -215,7 +215,7 @@ class SessionStream:
             raise
         return _decode(self.deltas, session_id, resp, held)
 
-    @checked
+    @checked(own=("steps",))
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions in one request; per-step errors are returned, not raised."""
         req, helds = _batch_request(self.deltas, steps)

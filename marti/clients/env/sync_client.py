@@ -173,7 +173,7 @@ class EnvClient:
     def _held(self, session_id: str) -> HeldResult | None:
         return self.deltas.get(session_id) if self.deltas is not None else None
 
-    @checked
+    @checked(own=("actions",))
     def step(self, session_id: str, actions: Mapping[str, Any], request_id: str | None = None) -> StepResult:
         """Step a session; a retry with the same ``request_id`` returns the first result.
 
@@ -192,7 +192,7 @@ class EnvClient:
             raise
         return _decode(self.deltas, session_id, resp, held)
 
-    @checked
+    @checked(own=("steps",))
     def batch_step(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[StepResult | MartiError]:
         """Step many sessions in one call.
 
