@@ -195,7 +195,7 @@ class TrainerClient(_TrainerClientBase):
         """Ask a job to stop; returns its state after the request."""
         return _job(call(self._stub.StopJob, spb.StopJobRequest(job_id=job_id), self.timeout_s).job)
 
-    @checked
+    @checked(own=("timeout_s",))
     def save_checkpoint(self, job_id: str, timeout_s: float = 600.0) -> tuple[str, int]:
         """Save a checkpoint of a running job now; returns ``(path, step)``. ``timeout_s``: longest wait, s."""
         req, deadline = self._checkpoint_request(job_id, timeout_s)
@@ -257,7 +257,7 @@ class AsyncTrainerClient(_TrainerClientBase):
         """See :meth:`TrainerClient.stop_job`."""
         return _job((await acall(self._stub.StopJob, spb.StopJobRequest(job_id=job_id), self.timeout_s)).job)
 
-    @checked
+    @checked(own=("timeout_s",))
     async def save_checkpoint(self, job_id: str, timeout_s: float = 600.0) -> tuple[str, int]:
         """See :meth:`TrainerClient.save_checkpoint`."""
         req, deadline = self._checkpoint_request(job_id, timeout_s)

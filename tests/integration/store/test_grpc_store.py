@@ -299,3 +299,33 @@ def test_numpy_numbers_are_accepted_where_python_numbers_are(store_server):
         bad.turns[0].response_token_ids = np.array([1, 2**40])
         with pytest.raises(InvalidArgumentError, match=r"response_token_ids holds np.int64\(1099511627776\)"):
             c.share_experiences([bad], table="np")
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda c: c.update_priorities("nf", {2**63: math.nan}),
+            r"the priority of key 9223372036854775808 is nan",
+        ),
+        (
+            lambda c: c.update_priorities("nf", [(1, 1.0)]),
+            r"priorities must be a mapping of item key to priority",
+        ),
+        (
+            lambda c: c.share_experiences([traj()], table="nf", priorities=[math.inf]),
+            r"priority 0 is inf, not",
+        ),
+        (lambda c: c.share_experiences([traj()], table="nf", priorities=5), r"priorities must be a sequence"),
+        (lambda c: c.share_experience(traj(), table="nf", priority=-math.inf), r"priority 0 is -inf, not"),
+    ],
+)
+def test_priorities_are_refused_by_their_own_check_naming_the_item(store_server, call, match):
+    """One check per argument: the store client's own (naming the key or position), never a generic one."""
+    addr, _ = store_server
+    with ExperienceSharingClient("a1", addr) as c:
+        c.create_table("nf", preset="prioritized", priority_exponent=1.0)
+        with pytest.raises(InvalidArgumentError, match=match):
+            call(c)
+        assert c.info("nf").size == 0
+        assert c.update_priorities("nf", {2**63: 2.0}) == (0, 1)  # a uint64 key past int64 is valid

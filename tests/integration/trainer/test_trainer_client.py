@@ -8,6 +8,7 @@ read from ``MARTI_TRAINER_TOKEN`` when not given. A full job's lifecycle through
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -50,6 +51,9 @@ def test_sync_client_lists_and_maps_errors(address, monkeypatch):
             client.stop_job("nope")
         with pytest.raises(NotFoundError):
             client.save_checkpoint("nope", timeout_s=5)
+        for bad in (math.nan, 0, 10**400):  # the one timeout check's rule, not a generic type message
+            with pytest.raises(InvalidArgumentError, match=r"^timeout_s must be > 0 and <= 2592000 s"):
+                client.save_checkpoint("nope", timeout_s=bad)
         with pytest.raises(NotFoundError):
             list(client.stream_metrics("nope"))
         with pytest.raises(InvalidArgumentError, match="bogus"):
