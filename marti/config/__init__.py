@@ -37,7 +37,11 @@ from marti.config.load import (
     load_config,
 )
 from marti.config.schema import (
+    GROUP_BY_MODES,
     GROUP_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    TURN_REWARD_MODES,
     AgentConfig,
     AlgorithmConfig,
     AllocationConfig,
@@ -66,7 +70,11 @@ from marti.config.seeds import DEFAULT_EVAL_SEED_START
 
 __all__ = [
     "DEFAULT_EVAL_SEED_START",
+    "GROUP_BY_MODES",
     "GROUP_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "TURN_REWARD_MODES",
     "WorkflowRoleConfig",
     "WorkflowConfig",
     "TaskConfig",

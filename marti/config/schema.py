@@ -8,10 +8,12 @@ documentation (rendered into ``docs/config.md`` by :mod:`marti.config.docs`). Lo
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic._internal._model_construction import ModelMetaclass
 
 from marti.config.seeds import default_eval_seeds, epochs_done, steps_for_epochs, train_seeds
 from marti.errors import InvalidArgumentError
@@ -30,8 +32,29 @@ NonNegFloat = Annotated[float, Field(ge=0)]
 UnitFloat = Annotated[float, Field(ge=0, le=1)]
 
 
-class _Section(BaseModel):
-    """Base of every config section: unknown keys are errors, values are immutable after validation."""
+class _SectionMeta(ModelMetaclass):
+    """Metaclass of the sections: a section built directly from keywords (``AlgorithmConfig(gamma=0.9)``) raises
+    :class:`~marti.errors.InvalidArgumentError` naming each bad key and value instead of pydantic's error.
+
+    Only the call ``Section(...)`` is wrapped: a whole config validates its sections without calling them, and
+    :mod:`marti.config.load` names the dotted key path of each problem.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: "
+                f"{str(err['msg']).removeprefix('Value error, ')} (got {err.get('input')!r})"
+                for err in exc.errors(include_url=False)
+            )
+            raise InvalidArgumentError(f"{cls.__name__}: {problems}") from None
+
+
+class _Section(BaseModel, metaclass=_SectionMeta):
+    """Base of every config section: unknown keys are errors, values are immutable after validation; built
+    directly, a bad value raises :class:`~marti.errors.InvalidArgumentError` (see :class:`_SectionMeta`)."""
 
     model_config = ConfigDict(
         extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
@@ -238,15 +261,40 @@ class VllmConfig(_Section):
 Estimator = Literal["gae", "grpo", "dr_grpo", "reinforce++", "reinforce++_baseline", "rloo"]
 GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "reinforce++_baseline", "rloo"})
 """Advantage estimators that compare episodes of one problem seed, so need ``rollout.group_size >= 2``."""
+KlEstimator = Literal["k1", "k2", "k3"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+GroupBy = Literal["problem", "agent_turn"]
+TurnRewards = Literal["outcome", "dense"]
+KL_ESTIMATORS: tuple[str, ...] = typing.get_args(KlEstimator)
+"""Names accepted by ``algorithm.kl_estimator`` (and ``services.trainer.algo.kl.kl_penalty``)."""
+LOSS_AGG_MODES: tuple[str, ...] = typing.get_args(LossAggMode)
+"""Names accepted by ``algorithm.loss_agg_mode`` (and ``services.trainer.algo.losses.aggregate_loss``)."""
+GROUP_BY_MODES: tuple[str, ...] = typing.get_args(GroupBy)
+"""Names accepted by ``algorithm.group_by``: what a group estimator compares a turn with."""
+TURN_REWARD_MODES: tuple[str, ...] = typing.get_args(TurnRewards)
+"""Names accepted by ``algorithm.turn_rewards``: which reward a turn is credited with."""
 
 
 class AlgorithmConfig(_Section):
     """The RL algorithm: advantage estimator, KL regularisation, PPO clipping, loss aggregation.
 
-    Each key is an ``AlgoConfig`` field of the same name (``services.trainer.worker.algo_config`` copies them by
-    name, checked both ways by ``algo_field_sources``) or is listed, with its consumer, in
-    ``services.trainer.worker.ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG``.
+    The one algorithm config: the learner, the advantage estimators and the losses of ``services.trainer.algo``
+    take this section as it is (validated once, with the config; one set of defaults). Built directly
+    (``AlgorithmConfig(advantage_estimator="rloo")``) it is validated the same way and a bad value raises
+    :class:`~marti.errors.InvalidArgumentError` naming the key and the value; it is immutable. Numbers must be
+    finite and not booleans, switches must be booleans (``gamma: true`` or ``use_kl_loss: 1`` is a mistake).
     """
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _bool_only_for_switches(cls, value: Any, info: Any) -> Any:
+        """Refuse a boolean for a number and anything but a boolean for a switch."""
+        switch = cls.model_fields[info.field_name].annotation is bool
+        if isinstance(value, bool) != switch:
+            raise ValueError("must be true or false" if switch else "must be a number, not a boolean")
+        return value
 
     advantage_estimator: Estimator = "grpo"
     """``gae`` (PPO with a critic), ``grpo``, ``dr_grpo``, ``reinforce++``, ``reinforce++_baseline``, ``rloo``."""
@@ -256,7 +304,7 @@ class AlgorithmConfig(_Section):
     """GAE lambda in [0, 1] (``gae`` only)."""
     kl_coef: NonNegFloat = 0.001
     """Weight of the KL to the reference policy; 0 disables the reference model."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: KlEstimator = "k3"
     """KL estimator (Schulman's k1, k2, k3)."""
     use_kl_loss: bool = True
     """True: KL is a loss term (GRPO style); false: KL is a per-token reward penalty (PPO style)."""
@@ -270,9 +318,7 @@ class AlgorithmConfig(_Section):
     """Clip range of the value loss (``gae`` only); null disables value clipping."""
     entropy_coef: NonNegFloat = 0.0
     """Weight of the entropy bonus."""
-    loss_agg_mode: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = "token-mean"
+    loss_agg_mode: LossAggMode = "token-mean"
     """How token losses are reduced to one number (``seq-mean-token-sum-norm``: Dr. GRPO's constant divisor)."""
     normalize_advantages: bool = True
     """Whiten advantages over the batch (read by ``gae``; the other estimators normalise by construction)."""
@@ -291,7 +337,7 @@ class AlgorithmConfig(_Section):
     """Optimisation passes over each rollout batch."""
     critic_learning_rate: PositiveFloat | None = None
     """Critic learning rate (``gae`` only); null uses the top-level ``learning_rate``."""
-    group_by: Literal["problem", "agent_turn"] = "problem"
+    group_by: GroupBy = "problem"
     """What a group estimator compares each turn with (docs/algorithms.md, "Turn-level credit"). ``problem``:
     all of the agent's turns in the episodes of one problem seed. ``agent_turn`` (AT-GRPO, arXiv:2510.11062):
     only the agent's turn ``t`` in the other episodes of that problem (baseline and std over that subgroup; a
@@ -302,7 +348,7 @@ class AlgorithmConfig(_Section):
     own batch, ``(A - mean) / (std + adv_eps)``. Read by ``grpo``, ``dr_grpo`` and ``rloo``; the other
     estimators already whiten over one agent's batch (``gae``: ``normalize_advantages``) and ignore it. No
     statistic spans several agents either way."""
-    turn_rewards: Literal["outcome", "dense"] = "outcome"
+    turn_rewards: TurnRewards = "outcome"
     """Reward credited to each turn: ``outcome``, the episode's credited return; ``dense``, the return-to-go of
     the env's per-turn rewards from that turn on, discounted by ``gamma`` per turn (an episode without per-turn
     rewards falls back to its outcome, with a warning once). With ``normalize_reward`` the running moments

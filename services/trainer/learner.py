@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
+from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
 from services.trainer.algo import (
-    AlgoConfig,
     actor_loss,
     compute_advantages,
     kl_penalty,
@@ -49,7 +49,7 @@ class LearnerConfig:
     """What one agent's update needs besides its batch: the algorithm and the update's hyper-parameters.
 
     Attributes:
-        algo: The algorithm (estimator, losses, clipping, KL, turn-level credit).
+        algo: The config's ``algorithm`` section (estimator, losses, clipping, KL, turn-level credit).
         micro_batch_size: Rows per forward/backward pass (>= 1; ``micro_train_batch_size``).
         grad_accum_steps: Micro-batches per optimizer step; ``None`` = the whole batch in one step.
         ppo_epochs: Passes over the batch (>= 1; ``algorithm.ppo_epochs``).
@@ -61,7 +61,7 @@ class LearnerConfig:
         InvalidArgumentError: ``micro_batch_size`` or ``ppo_epochs`` below 1, or ``tis_cap`` not finite and > 0.
     """
 
-    algo: AlgoConfig
+    algo: AlgorithmConfig
     micro_batch_size: int
     grad_accum_steps: int | None = None
     ppo_epochs: int = 1
@@ -108,7 +108,7 @@ class UpdateResult:
     ratio: torch.Tensor
 
 
-def credited_rewards(cfg: AlgoConfig, experience: Experience) -> torch.Tensor:
+def credited_rewards(cfg: AlgorithmConfig, experience: Experience) -> torch.Tensor:
     """The ``(B,)`` float64 reward each row is credited with under ``cfg.turn_rewards``.
 
     - ``outcome``: ``experience.rewards`` (the episode's credited return on every turn; today's behaviour).
@@ -146,7 +146,7 @@ def credited_rewards(cfg: AlgoConfig, experience: Experience) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float64)
 
 
-def normalize_credit(cfg: AlgoConfig, experience: Experience, moments: Any) -> Experience:
+def normalize_credit(cfg: AlgorithmConfig, experience: Experience, moments: Any) -> Experience:
     """``algorithm.normalize_reward``: the batch with its rewards replaced by its credited rewards
     (:func:`credited_rewards`: the outcome, or the dense return-to-go) normalised by the agent's running moments,
     ``(r - mean) / (std + eps)`` after updating them with this batch (OpenRLHF's ``--normalize_reward``), and
@@ -162,7 +162,7 @@ def normalize_credit(cfg: AlgoConfig, experience: Experience, moments: Any) -> E
 
 
 def experience_advantages(
-    cfg: AlgoConfig,
+    cfg: AlgorithmConfig,
     experience: Experience,
     *,
     values: torch.Tensor | None = None,
@@ -344,7 +344,7 @@ def update_agent(
 def _before_update(
     policy: Any,
     exp: Experience,
-    cfg: AlgoConfig,
+    cfg: AlgorithmConfig,
     recompute_old: bool,
     kl_in_reward: bool,
     critic: TrainableCritic | None,
@@ -514,7 +514,7 @@ def _micro_step(
     policy: Any,
     engine: Any,
     exp: Experience,
-    cfg: AlgoConfig,
+    cfg: AlgorithmConfig,
     idx: torch.Tensor,
     adv: torch.Tensor,
     anchor: _Anchor,

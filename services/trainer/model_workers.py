@@ -34,7 +34,6 @@ from services.trainer.learner import TrainableCritic, fit_values, pad_id_of
 from services.trainer.models import load_tokenizer
 from services.trainer.worker import (
     actor_setup,
-    algo_config,
     base_model_seed,
     build_agent_critic,
     learner_config,
@@ -159,7 +158,7 @@ class CriticWorker(_AgentModelWorker):
         names = [a.name for a in self.cfg.agents] if self.group is None else self.group
         trainable = [n for n in names if self.cfg.agent(n).is_tuning]
         self.critic, self.engine = build_agent_critic(self.cfg, self.agent, trainable, self.device)
-        self.algo = algo_config(self.cfg)
+        self.algo = self.cfg.algorithm
 
     def values(self, trajectories: list[Trajectory]) -> torch.Tensor:
         """The critic's values of the batch's response tokens before the update (GAE's baseline).
@@ -205,7 +204,7 @@ class CriticWorker(_AgentModelWorker):
         return fit_values(
             TrainableCritic(self.critic, self.engine),
             batch,
-            learner_config(self.cfg, self.algo),
+            learner_config(self.cfg),
             returns.to(self.device),
         )
 

@@ -19,23 +19,20 @@ the returns their critic is fitted to. The builders both layouts share (:func:`b
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
-from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
-from marti.errors import InternalError, InvalidArgumentError
+from marti.config import TrainConfig, config_from_dict
+from marti.errors import InvalidArgumentError
 from marti.inference import SamplingParams
 from marti.trajectory import Trajectory
-from services.trainer.algo import AlgoConfig
 from services.trainer.algo.running_moments import RunningMoments
 from services.trainer.ema import EmaWeights
 from services.trainer.experience import collate
@@ -56,122 +53,16 @@ from services.trainer.learner import (
 )
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
 
-ALGO_FIELD_SOURCES: dict[str, str] = {}
-""":class:`~services.trainer.algo.AlgoConfig` fields whose value is not the ``algorithm`` key of the same name:
-field -> dotted :class:`~marti.config.TrainConfig` key. Every other field is read from ``algorithm.<field>``.
-Empty today: the two share every name."""
 
-ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG: dict[str, str | None] = {
-    "ppo_epochs": (
-        "services.trainer.learner.update_agent and fit_values (passes over a batch: PolicyWorker.train, "
-        "model_workers.CriticWorker.fit) and build_strategy (length of the LR schedule)"
-    ),
-    "critic_learning_rate": "build_agent_critic: learning rate of the critic's optimizer",
-    "normalize_reward": (
-        "PolicyWorker.train: the batch's rewards are normalised by the agent's running moments "
-        "(algo.running_moments.RunningMoments) before the advantages"
-    ),
-}
-"""The ``algorithm`` keys that are not :class:`~services.trainer.algo.AlgoConfig` fields, each with its consumer.
-``None`` marks a documented key that nothing reads yet (a known gap, kept visible here and in the tests)."""
-
-
-def _config_has_key(path: str, algorithm_keys: set[str]) -> bool:
-    """Whether the dotted key ``path`` exists in the :class:`~marti.config.TrainConfig` schema."""
-    *sections, key = path.split(".")
-    if sections == ["algorithm"]:
-        return key in algorithm_keys
-    model: Any = TrainConfig
-    for part in sections:
-        info = model.model_fields.get(part)
-        model = None if info is None else info.annotation
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return False
-    return key in model.model_fields
-
-
-def algo_field_sources(
-    algo_fields: Iterable[str] | None = None, algorithm_keys: Iterable[str] | None = None
-) -> dict[str, str]:
-    """Where each :class:`~services.trainer.algo.AlgoConfig` field comes from in a training config.
-
-    The one mapping from the config to the learner's algorithm settings: a field ``f`` is read from
-    ``algorithm.f`` unless :data:`ALGO_FIELD_SOURCES` names another key. Both directions are checked, so a field
-    added to one side only is an error rather than a silent default: every field needs an existing config key,
-    and every ``algorithm`` key must feed a field or be listed in :data:`ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG`.
-
-    Args:
-        algo_fields: The field names to map; ``None``: the fields of ``AlgoConfig``.
-        algorithm_keys: The keys of the ``algorithm`` section; ``None``: those of
-            :class:`~marti.config.AlgorithmConfig`.
-
-    Returns:
-        Field name -> dotted config key (``"algorithm.gamma"``), in field order.
-
-    Raises:
-        InternalError: a field has no source key in the config, an ``algorithm`` key has no consumer, or
-            :data:`ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG` lists a key that is not in the section or feeds a field.
-    """
-    fields = [f.name for f in dataclasses.fields(AlgoConfig)] if algo_fields is None else list(algo_fields)
-    keys = set(AlgorithmConfig.model_fields if algorithm_keys is None else algorithm_keys)
-    sources = {f: ALGO_FIELD_SOURCES.get(f, f"algorithm.{f}") for f in fields}
-    missing = [f"{f} <- {path}" for f, path in sources.items() if not _config_has_key(path, keys)]
-    if missing:
-        raise InternalError(
-            f"AlgoConfig fields without a config key: {missing}; add the key to marti.config or map the field "
-            "in services.trainer.worker.ALGO_FIELD_SOURCES"
-        )
-    fed = {p.removeprefix("algorithm.") for p in sources.values() if p.startswith("algorithm.")}
-    elsewhere = set(ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG)
-    unused = sorted(keys - fed - elsewhere)
-    if unused:
-        raise InternalError(
-            f"algorithm keys that reach no consumer: {unused}; add them to AlgoConfig or list their consumer in "
-            "services.trainer.worker.ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG"
-        )
-    wrong = sorted((elsewhere - keys) | (elsewhere & fed))
-    if wrong:
-        raise InternalError(
-            f"services.trainer.worker.ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG lists {wrong}, which are not algorithm "
-            "keys or do feed AlgoConfig"
-        )
-    return sources
-
-
-def algo_config(cfg: TrainConfig) -> AlgoConfig:
-    """The learner's algorithm settings: every :class:`~services.trainer.algo.AlgoConfig` field from its config key.
-
-    Fields are taken by name from the ``algorithm`` section (or the key :data:`ALGO_FIELD_SOURCES` names), see
-    :func:`algo_field_sources`; the loop-level ``algorithm`` keys go to their consumers instead.
-
-    Args:
-        cfg: The training config.
-
-    Returns:
-        The validated, frozen algorithm config one agent's updates use.
-
-    Raises:
-        InternalError: the mapping between the config and ``AlgoConfig`` is incomplete (a programming error).
-        InvalidArgumentError: a value ``AlgoConfig`` refuses (the config schema normally refuses it first).
-    """
-    values: dict[str, Any] = {}
-    for field, path in algo_field_sources().items():
-        value: Any = cfg
-        for part in path.split("."):
-            value = getattr(value, part)
-        values[field] = value
-    return AlgoConfig(**values)
-
-
-def learner_config(cfg: TrainConfig, algo: AlgoConfig) -> LearnerConfig:
-    """The learner's part of the config for one agent's updates: ``algo`` with ``micro_train_batch_size``,
-    ``gradient_accumulation_steps``, ``algorithm.ppo_epochs`` and ``rollout.tis_cap``.
+def learner_config(cfg: TrainConfig) -> LearnerConfig:
+    """The learner's part of the config for one agent's updates: the ``algorithm`` section with
+    ``micro_train_batch_size``, ``gradient_accumulation_steps``, ``algorithm.ppo_epochs`` and ``rollout.tis_cap``.
 
     Raises:
         InvalidArgumentError: a value :class:`~services.trainer.learner.LearnerConfig` refuses.
     """
     return LearnerConfig(
-        algo,
+        cfg.algorithm,
         micro_batch_size=cfg.micro_train_batch_size,
         grad_accum_steps=cfg.gradient_accumulation_steps,
         ppo_epochs=cfg.algorithm.ppo_epochs,
@@ -413,7 +304,7 @@ class PolicyWorker:
         self, config: dict[str, Any], num_threads: int | None = None, agents: list[str] | None = None
     ) -> None:
         self.cfg, self.device = actor_setup(config, num_threads)
-        self.algo = algo_config(self.cfg)
+        self.algo = self.cfg.algorithm
         self.agents = [a.name for a in self.cfg.agents] if agents is None else list(agents)
         self.policy = MultiAgentPolicy(policy_config(self.cfg, self.agents), device=self.device)
         # Asynchronous rollouts (rollout.max_staleness > 0) and inference-gateway calls (gateway.enabled) generate
@@ -629,7 +520,7 @@ class PolicyWorker:
             self.policy,
             self.strategies[self.policy.unit_of(agent_id)],
             exp,
-            learner_config(self.cfg, self.algo),
+            learner_config(self.cfg),
             critic=None if critic is None else TrainableCritic(critic, self.critic_engines[agent_id]),
         )
         self.policy.train(False)

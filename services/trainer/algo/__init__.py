@@ -4,9 +4,11 @@ Shapes are declared once in :mod:`services.trainer.algo.masks` (``B``, ``T``, ``
 Nothing here imports gRPC, Ray or transformers; every function is a plain tensor computation with its formula's
 source in its docstring. Errors are :class:`marti.errors.InvalidArgumentError` naming the bad value.
 
+Every function takes the ``algorithm`` section of the training config, :class:`marti.config.AlgorithmConfig`.
+
 Typical use, for one agent's batch::
 
-    cfg = AlgoConfig(advantage_estimator="grpo")
+    cfg = AlgorithmConfig(advantage_estimator="grpo")  # marti.config's algorithm section
     adv, ret = compute_advantages(cfg, rewards, action_mask, group_size=8)
     loss, stats = actor_loss(cfg, logprobs, old_logprobs, adv, action_mask, ref_logprobs=ref_logprobs)
 """
@@ -26,7 +28,6 @@ from .advantages import (
     turn_group_index,
     turn_returns,
 )
-from .config import GROUP_BY_MODES, KL_ESTIMATORS, LOSS_AGG_MODES, TURN_REWARD_MODES, AlgoConfig
 from .kl import kl_penalty
 from .losses import (
     actor_loss,
@@ -48,12 +49,7 @@ from .masks import (
 )
 
 __all__ = [
-    "GROUP_BY_MODES",
-    "KL_ESTIMATORS",
-    "LOSS_AGG_MODES",
-    "TURN_REWARD_MODES",
     "AdvantageInputs",
-    "AlgoConfig",
     "action_mask_from_owners",
     "action_mask_from_spans",
     "actor_loss",

@@ -29,7 +29,7 @@ Edge cases, all finite and documented:
   RLOO baselines, batch whitening). Callers should also drop it from the loss mask, e.g.
   ``action_mask & reward_present(rewards)[:, None]``, so it does not dilute token-mean denominators.
 
-Turn-level credit (options of :class:`~services.trainer.algo.config.AlgoConfig`, defaults = the behaviour
+Turn-level credit (options of :class:`marti.config.AlgorithmConfig`, defaults = the behaviour
 above): ``group_by="agent_turn"`` splits each group into subgroups of one turn index (AT-GRPO, arXiv:2510.11062;
 :func:`turn_group_index`), ``normalize_per_agent`` whitens the per-turn advantages over the agent's batch after
 the group baseline (Dr. MAS, arXiv:2602.08847; :func:`normalize_per_agent`), and :func:`turn_returns` gives the
@@ -44,11 +44,16 @@ from dataclasses import dataclass
 
 import torch
 
+from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
 
 from ._checks import as_bool_mask, check_finite, check_same_shape, check_tensor
-from .config import PER_AGENT_NORMALIZABLE, AlgoConfig
 from .masks import last_action_index, masked_whiten
+
+PER_AGENT_NORMALIZABLE = ("dr_grpo", "grpo", "rloo")
+"""Estimators ``algorithm.normalize_per_agent`` applies to: the group estimators without a batch whitening of their
+own (``reinforce++`` and ``reinforce++_baseline`` already whiten over the agent's batch, ``gae`` does with
+``normalize_advantages``)."""
 
 RewardsLike = torch.Tensor | Sequence[float | None]
 GroupsLike = torch.Tensor | Sequence[Hashable] | int | None
@@ -97,7 +102,7 @@ class AdvantageInputs:
         return self.rewards + self.kl_rewards.sum(dim=1)
 
 
-EstimatorFn = Callable[[AlgoConfig, AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
+EstimatorFn = Callable[[AlgorithmConfig, AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
 _REGISTRY: dict[str, EstimatorFn] = {}
 _NEEDS_GROUPS: set[str] = set()
 
@@ -108,7 +113,7 @@ def register_advantage_estimator(
     """Decorator adding an estimator to the registry under ``name``.
 
     Args:
-        name: The name ``AlgoConfig.advantage_estimator`` selects it by.
+        name: The name ``AlgorithmConfig.advantage_estimator`` selects it by.
         needs_groups: True if the estimator compares samples of one prompt (then ``compute_advantages`` requires
             ``group_ids`` or ``group_size``).
 
@@ -394,7 +399,7 @@ def discounted_returns(token_rewards: torch.Tensor, action_mask: torch.Tensor, g
 
 
 @register_advantage_estimator("gae")
-def gae(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(cfg: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised Advantage Estimation with a critic (Schulman et al. 2016, arXiv:1506.02438).
 
     ``delta_t = r_t + gamma * V_{t'} - V_t``, ``A_t = delta_t + gamma * lambd * A_{t'}``, ``t'`` the next action
@@ -430,7 +435,7 @@ def gae(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.T
 
 
 @register_advantage_estimator("grpo", needs_groups=True)
-def grpo(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo(cfg: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-normalised outcome advantage (GRPO, Shao et al. 2024, arXiv:2402.03300, sec. 4.1.2).
 
     ``A_i = (s_i - mean(s_g)) / (std(s_g) + adv_eps)`` for every action token of sample ``i`` in group ``g``,
@@ -446,7 +451,7 @@ def grpo(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.
 
 
 @register_advantage_estimator("dr_grpo", needs_groups=True)
-def dr_grpo(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def dr_grpo(cfg: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO done right (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
 
     ``A_i = s_i - mean(s_g)``: no division by the group std (the question-level difficulty bias). The paper also
@@ -461,7 +466,7 @@ def dr_grpo(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, tor
 
 
 @register_advantage_estimator("rloo", needs_groups=True)
-def rloo(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def rloo(cfg: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE Leave-One-Out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740, eq. 6).
 
     ``A_i = s_i - (sum_{j in g, j != i} s_j) / (n_g - 1)``, the mean of the *other* samples as baseline
@@ -476,7 +481,7 @@ def rloo(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.
 
 
 @register_advantage_estimator("reinforce++")
-def reinforce_pp(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_pp(cfg: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262; OpenRLHF ``advantage_estimator=reinforce``).
 
     Token rewards (outcome on the last action token, ``-kl_coef * kl_t`` on each when the KL is a reward
@@ -492,7 +497,7 @@ def reinforce_pp(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor
 
 
 @register_advantage_estimator("reinforce++_baseline", needs_groups=True)
-def reinforce_pp_baseline(cfg: AlgoConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_pp_baseline(cfg: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group-mean baseline (Hu 2025, arXiv:2501.03262 v3; OpenRLHF ``reinforce_baseline``).
 
     The outcome reward minus its group's mean (0 for all-equal groups and groups of one), then as
@@ -548,7 +553,7 @@ def token_level_kl_rewards(
 
 
 def compute_advantages(
-    cfg: AlgoConfig,
+    cfg: AlgorithmConfig,
     rewards: RewardsLike,
     action_mask: torch.Tensor,
     group_ids: GroupsLike = None,

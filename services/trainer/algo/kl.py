@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from marti.config import KL_ESTIMATORS
 from marti.errors import InvalidArgumentError
 
 from ._checks import check_real, check_same_shape
-from .config import KL_ESTIMATORS
 from .masks import _mask_like
 
 

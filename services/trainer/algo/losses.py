@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from marti.config import LOSS_AGG_MODES, AlgorithmConfig
 from marti.errors import InvalidArgumentError
 
 from ._checks import as_bool_mask, check_real, check_same_shape, check_tensor
-from .config import LOSS_AGG_MODES, AlgoConfig
 from .kl import kl_penalty
 from .masks import masked_mean, masked_sum
 
@@ -140,7 +140,7 @@ def aggregate_loss(
 
 
 def policy_loss(
-    cfg: AlgoConfig,
+    cfg: AlgorithmConfig,
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
@@ -205,7 +205,7 @@ def policy_loss(
 
 
 def value_loss(
-    cfg: AlgoConfig,
+    cfg: AlgorithmConfig,
     values: torch.Tensor,
     old_values: torch.Tensor,
     returns: torch.Tensor,
@@ -254,7 +254,7 @@ def value_loss(
 
 
 def kl_loss(
-    cfg: AlgoConfig, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, action_mask: torch.Tensor
+    cfg: AlgorithmConfig, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, action_mask: torch.Tensor
 ) -> torch.Tensor:
     """KL to the reference policy as a loss term: ``agg(k(logprobs, ref_logprobs))`` (unweighted).
 
@@ -276,7 +276,7 @@ def kl_loss(
 
 
 def actor_loss(
-    cfg: AlgoConfig,
+    cfg: AlgorithmConfig,
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,

@@ -152,7 +152,7 @@ def test_critic_model_is_the_model_the_critic_is_loaded_from(critic_model, loade
 )
 def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg):
     from services.trainer import worker as worker_mod
-    from services.trainer.worker import PolicyWorker, algo_config
+    from services.trainer.worker import PolicyWorker
     from tests.trainer_data import one_turn
 
     def update_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -167,7 +167,7 @@ def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg)
             bump_version=lambda agent: 1,
         )  # fmt: skip
         fake = SimpleNamespace(
-            cfg=cfg, policy=policy, strategies={"a": None}, algo=algo_config(cfg), critics={}, critic_engines={},
+            cfg=cfg, policy=policy, strategies={"a": None}, algo=cfg.algorithm, critics={}, critic_engines={},
             device="cpu", reward_moments={}, _sync_engine=lambda agent, version: None,
         )  # fmt: skip
         with mock.patch.object(worker_mod, "update_agent", update_agent):

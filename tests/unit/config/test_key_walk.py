@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import dataclasses
 import importlib.machinery
 import io
 import json
@@ -105,12 +104,7 @@ def _learner(cfg: TrainConfig) -> str:
 
     from services.trainer.generation import engine_count, sampling_params
     from services.trainer.rollout.vllm_engine import engine_settings
-    from services.trainer.worker import (
-        ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG,
-        algo_config,
-        build_strategy,
-        policy_config,
-    )
+    from services.trainer.worker import build_strategy, learner_config, policy_config
 
     lin = torch.nn.Linear(1, 1)
     first = cfg.agents[0].name
@@ -124,11 +118,11 @@ def _learner(cfg: TrainConfig) -> str:
     ).cfg
 
     parts: list[Any] = [
-        dataclasses.asdict(algo_config(cfg)),
+        # the policy update's settings: the algorithm section (every key of it reaches update_agent and its named
+        # consumers, checked in tests/unit/trainer/test_algo_config_mapping.py) and the update's hyper-parameters
+        learner_config(cfg),
         optim,
         critic_optim,
-        # consumers named and checked in tests/unit/trainer/test_algo_config_mapping.py (normalize_reward)
-        {k: getattr(cfg.algorithm, k) for k in ALGORITHM_KEYS_OUTSIDE_ALGO_CONFIG},
         policy_config(cfg),
         engine_count(cfg, "vllm"),
         engine_settings(cfg.vllm),  # the vLLM engine's kwargs (VLLMRolloutEngine.from_policy)

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
 from services.trainer.algo import (
-    AlgoConfig,
     available_advantage_estimators,
     compute_advantages,
     get_advantage_estimator,
@@ -157,7 +157,7 @@ def close(a, b, tol=1e-4):
 
 
 def test_grpo_hand_computed():
-    cfg = AlgoConfig(advantage_estimator="grpo")
+    cfg = AlgorithmConfig(advantage_estimator="grpo")
     adv, ret = run(cfg, [1.0, 0.0, 0.0, 1.0], [[1, 1]] * 4, 4)
     a = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # mean 0.5, unbiased std sqrt(1/3)
     close(adv, [[a, a], [-a, -a], [-a, -a], [a, a]])
@@ -165,17 +165,17 @@ def test_grpo_hand_computed():
 
 
 def test_dr_grpo_hand_computed():
-    adv, _ = run(AlgoConfig(advantage_estimator="dr_grpo"), [1.0, 0.0, 0.0], [[1, 0, 1]] * 3, 3)
+    adv, _ = run(AlgorithmConfig(advantage_estimator="dr_grpo"), [1.0, 0.0, 0.0], [[1, 0, 1]] * 3, 3)
     close(adv, [[2 / 3, 0, 2 / 3], [-1 / 3, 0, -1 / 3], [-1 / 3, 0, -1 / 3]])
 
 
 def test_rloo_hand_computed():
-    adv, _ = run(AlgoConfig(advantage_estimator="rloo"), [1.0, 0.0, 0.0], [[1]] * 3, 3)
+    adv, _ = run(AlgorithmConfig(advantage_estimator="rloo"), [1.0, 0.0, 0.0], [[1]] * 3, 3)
     close(adv, [[1.0], [-0.5], [-0.5]])
 
 
 def test_reinforce_pp_hand_computed():
-    cfg = AlgoConfig(advantage_estimator="reinforce++", gamma=1.0)
+    cfg = AlgorithmConfig(advantage_estimator="reinforce++", gamma=1.0)
     adv, ret = run(cfg, [1.0, 0.0], [[1, 1], [1, 1]])
     close(ret, [[1, 1], [0, 0]])
     a = 0.5 / math.sqrt(1 / 3 + 1e-8)  # four returns 1,1,0,0: mean .5, unbiased var 1/3
@@ -183,30 +183,30 @@ def test_reinforce_pp_hand_computed():
 
 
 def test_reinforce_pp_discount_and_kl_penalty_hand_computed():
-    cfg = AlgoConfig(advantage_estimator="reinforce++", gamma=0.5, kl_coef=0.1, use_kl_loss=False)
+    cfg = AlgorithmConfig(advantage_estimator="reinforce++", gamma=0.5, kl_coef=0.1, use_kl_loss=False)
     # token rewards: [-0.1*0.2, -0.1*0.4 + 1] -> returns [-0.02 + 0.5*0.96, 0.96]
     _, ret = run(cfg, [1.0], [[1, 1]], kl=[[0.2, 0.4]])
     close(ret, [[-0.02 + 0.5 * 0.96, 0.96]])
 
 
 def test_kl_is_ignored_as_reward_when_it_is_a_loss_term():
-    cfg = AlgoConfig(advantage_estimator="reinforce++", kl_coef=0.1, use_kl_loss=True)
+    cfg = AlgorithmConfig(advantage_estimator="reinforce++", kl_coef=0.1, use_kl_loss=True)
     _, ret = run(cfg, [1.0], [[1, 1]], kl=[[0.2, 0.4]])
     close(ret, [[1.0, 1.0]])
 
 
 def test_reinforce_pp_baseline_hand_computed():
-    cfg = AlgoConfig(advantage_estimator="reinforce++_baseline")
+    cfg = AlgorithmConfig(advantage_estimator="reinforce++_baseline")
     _, ret = run(cfg, [3.0, 1.0, 5.0, 5.0], [[1, 1]] * 4, [7, 7, 9, 9])
     close(ret, [[1, 1], [-1, -1], [0, 0], [0, 0]])  # second group is all-equal -> baseline removes everything
 
 
 def test_gae_hand_computed():
-    cfg = AlgoConfig(advantage_estimator="gae", gamma=1.0, lambd=1.0, normalize_advantages=False)
+    cfg = AlgorithmConfig(advantage_estimator="gae", gamma=1.0, lambd=1.0, normalize_advantages=False)
     adv, ret = run(cfg, [1.0], [[1, 1]], values=[[0.5, 0.25]])
     close(adv, [[0.5, 0.75]])
     close(ret, [[1.0, 1.0]])
-    cfg = AlgoConfig(advantage_estimator="gae", gamma=0.9, lambd=0.5, normalize_advantages=False)
+    cfg = AlgorithmConfig(advantage_estimator="gae", gamma=0.9, lambd=0.5, normalize_advantages=False)
     adv, ret = run(cfg, [1.0], [[1, 1]], values=[[0.5, 0.25]])
     # delta1 = 1 - .25 = .75; delta0 = .9*.25 - .5 = -.275; A0 = -.275 + .9*.5*.75
     close(adv, [[0.0625, 0.75]])
@@ -214,14 +214,14 @@ def test_gae_hand_computed():
 
 
 def test_gae_skips_observation_tokens_between_turns():
-    cfg = AlgoConfig(advantage_estimator="gae", gamma=0.9, lambd=0.5, normalize_advantages=False)
+    cfg = AlgorithmConfig(advantage_estimator="gae", gamma=0.9, lambd=0.5, normalize_advantages=False)
     adv, ret = run(cfg, [1.0], [[1, 0, 0, 1, 0]], values=[[0.5, 99.0, -7.0, 0.25, 3.0]])
     close(adv, [[0.0625, 0, 0, 0.75, 0]])
     close(ret, [[0.5625, 0, 0, 1.0, 0]])
 
 
 def test_reinforce_skips_observation_tokens_between_turns():
-    cfg = AlgoConfig(advantage_estimator="reinforce++", gamma=0.5)
+    cfg = AlgorithmConfig(advantage_estimator="reinforce++", gamma=0.5)
     _, ret = run(cfg, [1.0, 1.0], [[1, 0, 1], [1, 1, 0]])
     close(ret, [[0.5, 0, 1.0], [0.5, 1.0, 0]])
 
@@ -232,7 +232,7 @@ def test_reinforce_skips_observation_tokens_between_turns():
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce++_baseline"])
 @pytest.mark.parametrize("value", [0.0, 1.0, 0.1, -3.7])
 def test_all_equal_group_gives_exact_zero(name, value):
-    cfg = AlgoConfig(advantage_estimator=name)
+    cfg = AlgorithmConfig(advantage_estimator=name)
     adv, ret = run(cfg, [value, value, value], [[1, 1, 1]] * 3, 3)
     assert adv == [[0.0] * 3] * 3
     if name != "reinforce++_baseline":
@@ -241,7 +241,7 @@ def test_all_equal_group_gives_exact_zero(name, value):
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce++_baseline"])
 def test_group_of_one_gives_zero(name):
-    adv, _ = run(AlgoConfig(advantage_estimator=name), [1.0, 0.0], [[1, 1]] * 2, 1)
+    adv, _ = run(AlgorithmConfig(advantage_estimator=name), [1.0, 0.0], [[1, 1]] * 2, 1)
     assert adv == [[0.0, 0.0], [0.0, 0.0]]
 
 
@@ -250,13 +250,13 @@ def test_group_of_one_gives_zero(name):
 )
 def test_all_masked_batch_is_finite_zero(name):
     values = [[0.3, 0.1]] * 4
-    adv, ret = run(AlgoConfig(advantage_estimator=name), [1.0, 0.0, 1.0, 0.5], [[0, 0]] * 4, 2, values)
+    adv, ret = run(AlgorithmConfig(advantage_estimator=name), [1.0, 0.0, 1.0, 0.5], [[0, 0]] * 4, 2, values)
     assert adv == [[0.0, 0.0]] * 4 and ret == [[0.0, 0.0]] * 4
 
 
 @pytest.mark.parametrize("name", ["gae", "grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline"])
 def test_none_reward_is_unscored_and_excluded(name):
-    cfg = AlgoConfig(advantage_estimator=name)
+    cfg = AlgorithmConfig(advantage_estimator=name)
     values = [[0.1, 0.2]] * 4
     adv, ret = run(cfg, [1.0, None, 0.0, 1.0], [[1, 1]] * 4, [0, 0, 0, 1], values)
     assert adv[1] == [0.0, 0.0] and ret[1] == [0.0, 0.0]
@@ -266,7 +266,7 @@ def test_none_reward_is_unscored_and_excluded(name):
 
 
 def test_nan_in_reward_tensor_means_none():
-    cfg = AlgoConfig(advantage_estimator="grpo")
+    cfg = AlgorithmConfig(advantage_estimator="grpo")
     m = torch.ones(3, 2, dtype=torch.bool)
     a, _ = compute_advantages(cfg, torch.tensor([1.0, float("nan"), 0.0]), m, 3)
     b, _ = compute_advantages(cfg, [1.0, None, 0.0], m, 3)
@@ -275,13 +275,13 @@ def test_nan_in_reward_tensor_means_none():
 
 
 def test_row_without_action_tokens_still_counts_in_group():
-    cfg = AlgoConfig(advantage_estimator="rloo")
+    cfg = AlgorithmConfig(advantage_estimator="rloo")
     adv, _ = run(cfg, [1.0, 0.0, 0.0], [[1], [0], [1]], 3)
     close(adv, [[1.0], [0.0], [-0.5]])
 
 
 def test_group_ids_in_any_order_match_contiguous_groups():
-    cfg = AlgoConfig(advantage_estimator="grpo")
+    cfg = AlgorithmConfig(advantage_estimator="grpo")
     a, _ = run(cfg, [1.0, 5.0, 0.0, 2.0], [[1]] * 4, ["p", "q", "p", "q"])
     b, _ = run(cfg, [1.0, 0.0, 5.0, 2.0], [[1]] * 4, 2)
     close([a[0], a[2], a[1], a[3]], b)
@@ -290,10 +290,10 @@ def test_group_ids_in_any_order_match_contiguous_groups():
 def test_output_dtype_follows_values_and_is_detached():
     v = torch.zeros(2, 2, dtype=torch.float64, requires_grad=True)
     adv, ret = compute_advantages(
-        AlgoConfig(advantage_estimator="gae"), [1.0, 0.0], torch.ones(2, 2), values=v
+        AlgorithmConfig(advantage_estimator="gae"), [1.0, 0.0], torch.ones(2, 2), values=v
     )
     assert adv.dtype == torch.float64 and not adv.requires_grad and not ret.requires_grad
-    adv, _ = compute_advantages(AlgoConfig(), [1.0, 0.0], torch.ones(2, 2), 2)
+    adv, _ = compute_advantages(AlgorithmConfig(), [1.0, 0.0], torch.ones(2, 2), 2)
     assert adv.dtype == torch.float32
 
 
@@ -321,18 +321,18 @@ def test_bad_input_names_the_value(kwargs, needle):
     args.update(kwargs)
     with pytest.raises(InvalidArgumentError, match=None) as info:
         compute_advantages(
-            AlgoConfig(), args["rewards"], args["action_mask"], args["group_ids"], kl=args["kl"]
+            AlgorithmConfig(), args["rewards"], args["action_mask"], args["group_ids"], kl=args["kl"]
         )
     assert needle in str(info.value)
 
 
 def test_gae_without_values_is_an_error():
     with pytest.raises(InvalidArgumentError, match="needs critic values"):
-        compute_advantages(AlgoConfig(advantage_estimator="gae"), [1.0], torch.ones(1, 2))
+        compute_advantages(AlgorithmConfig(advantage_estimator="gae"), [1.0], torch.ones(1, 2))
 
 
 def test_nonfinite_value_on_action_token_is_an_error_but_ignored_elsewhere():
-    cfg = AlgoConfig(advantage_estimator="gae")
+    cfg = AlgorithmConfig(advantage_estimator="gae")
     with pytest.raises(InvalidArgumentError, match="values must be finite"):
         compute_advantages(cfg, [1.0], torch.ones(1, 2), values=torch.tensor([[0.0, float("nan")]]))
     adv, _ = compute_advantages(
@@ -377,7 +377,7 @@ def batches(draw):
 @given(batches(), st.sampled_from(["grpo", "dr_grpo", "rloo"]), st.booleans())
 def test_group_estimators_match_reference(batch, name, kl_in_reward):
     rewards, mask, g, _, kl = batch
-    cfg = AlgoConfig(advantage_estimator=name, kl_coef=0.05, use_kl_loss=not kl_in_reward)
+    cfg = AlgorithmConfig(advantage_estimator=name, kl_coef=0.05, use_kl_loss=not kl_in_reward)
     got = run(cfg, rewards, mask, g, kl=kl)
     groups = [i // g for i in range(len(rewards))]
     want = ref_group_estimator(name, rewards, mask, groups, kl, 0.05 if kl_in_reward else 0.0)
@@ -390,7 +390,7 @@ def test_group_estimators_match_reference(batch, name, kl_in_reward):
 def test_reinforce_estimators_match_reference(batch, gamma, baseline):
     rewards, mask, g, _, kl = batch
     name = "reinforce++_baseline" if baseline else "reinforce++"
-    cfg = AlgoConfig(advantage_estimator=name, gamma=gamma, kl_coef=0.05, use_kl_loss=False)
+    cfg = AlgorithmConfig(advantage_estimator=name, gamma=gamma, kl_coef=0.05, use_kl_loss=False)
     got = run(cfg, rewards, mask, g, kl=kl)
     groups = [i // g for i in range(len(rewards))]
     want = ref_reinforce(rewards, mask, groups, gamma, kl, 0.05, baseline)
@@ -402,7 +402,7 @@ def test_reinforce_estimators_match_reference(batch, gamma, baseline):
 @given(batches(), st.sampled_from([1.0, 0.95]), st.sampled_from([1.0, 0.9, 0.0]), st.booleans())
 def test_gae_matches_reference(batch, gamma, lambd, normalize):
     rewards, mask, _, values, kl = batch
-    cfg = AlgoConfig(
+    cfg = AlgorithmConfig(
         advantage_estimator="gae",
         gamma=gamma,
         lambd=lambd,
@@ -420,7 +420,7 @@ def test_gae_matches_reference(batch, gamma, lambd, normalize):
 @given(batches(), st.floats(-5, 5), st.floats(0.25, 4))
 def test_grpo_is_invariant_to_affine_reward_changes(batch, shift, scale):
     rewards, mask, g, _, _ = batch
-    cfg = AlgoConfig(advantage_estimator="grpo", adv_eps=1e-12)
+    cfg = AlgorithmConfig(advantage_estimator="grpo", adv_eps=1e-12)
     a, _ = run(cfg, rewards, mask, g)
     moved = [None if r is None else r * scale + shift for r in rewards]
     b, _ = run(cfg, moved, mask, g)
@@ -433,6 +433,6 @@ def test_rloo_and_dr_grpo_advantages_sum_to_zero_per_group(batch):
     rewards, _, g, _, _ = batch
     mask = [[True]] * len(rewards)
     for name in ("rloo", "dr_grpo"):
-        adv, _ = run(AlgoConfig(advantage_estimator=name), rewards, mask, g)
+        adv, _ = run(AlgorithmConfig(advantage_estimator=name), rewards, mask, g)
         for start in range(0, len(rewards), g):
             assert abs(sum(row[0] for row in adv[start : start + g])) < 1e-4

@@ -1,18 +1,18 @@
-"""AlgoConfig validation at the edge of every limit, masked reductions and multi-turn action masks."""
+"""The algorithm section's validation (marti.config.AlgorithmConfig) at the edge of every limit, masked reductions and multi-turn action masks."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from marti.config import AlgorithmConfig, config_from_dict
 from marti.errors import InvalidArgumentError
 from services.trainer.algo import (
-    AlgoConfig,
     action_mask_from_owners,
     action_mask_from_spans,
     available_advantage_estimators,
@@ -23,7 +23,9 @@ from services.trainer.algo import (
     masked_whiten,
 )
 
-# ------------------------------------------------------------------ AlgoConfig
+# ------------------------------------------------------------------ the algorithm section
+
+BASE = {"training_name": "t", "agents": [{"name": "a", "pretrain_model": "m", "role": "r"}]}
 
 
 @pytest.mark.parametrize(
@@ -52,7 +54,7 @@ from services.trainer.algo import (
     ],
 )
 def test_values_at_the_edge_are_accepted(field, value):
-    assert getattr(AlgoConfig(**{field: value}), field) == value
+    assert getattr(AlgorithmConfig(**{field: value}), field) == value
 
 
 @pytest.mark.parametrize(
@@ -81,34 +83,46 @@ def test_values_at_the_edge_are_accepted(field, value):
         ("loss_norm_tokens", True),
         ("log_ratio_clamp", 0.0),
         ("gamma", True),
-        ("gamma", "0.9"),
+        ("kl_coef", -math.inf),
+        ("use_kl_loss", "true"),
     ],
 )
 def test_bad_values_raise_naming_the_field_and_value(field, value):
     with pytest.raises(InvalidArgumentError) as info:
-        AlgoConfig(**{field: value})
+        AlgorithmConfig(**{field: value})
     assert field in str(info.value) and repr(value) in str(info.value)
 
 
 def test_config_is_frozen_and_round_trips():
-    cfg = AlgoConfig(advantage_estimator="rloo", dual_clip=3.0)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg = AlgorithmConfig(advantage_estimator="rloo", dual_clip=3.0)
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.gamma = 0.5  # type: ignore[misc]
-    assert AlgoConfig.from_mapping(cfg.to_dict()) == cfg
+    assert AlgorithmConfig(**cfg.model_dump()) == cfg
+    assert (
+        AlgorithmConfig(gamma="0.9").gamma == 0.9
+    )  # a numeric string (YAML 1.1 reads 2e-5 as one) is a number
 
 
-def test_from_mapping_names_unknown_and_bad_keys_with_their_path():
-    with pytest.raises(InvalidArgumentError, match=r"unknown key algorithm\.kl_coeff"):
-        AlgoConfig.from_mapping({"kl_coeff": 0.1})
-    with pytest.raises(InvalidArgumentError, match=r"algorithm\.gamma must be <= 1.0, got 2"):
-        AlgoConfig.from_mapping({"gamma": 2})
-    with pytest.raises(InvalidArgumentError, match="must be a mapping"):
-        AlgoConfig.from_mapping([("gamma", 1.0)])  # type: ignore[arg-type]
+def test_a_config_file_names_unknown_and_bad_algorithm_keys_with_their_path():
+    with pytest.raises(
+        InvalidArgumentError, match=r"unknown key 'algorithm\.kl_coeff' \(did you mean 'kl_coef'"
+    ):
+        config_from_dict({**BASE, "algorithm": {"kl_coeff": 0.1}})
+    with pytest.raises(
+        InvalidArgumentError, match=r"'algorithm\.gamma': .*less than or equal to 1 \(got 2\)"
+    ):
+        config_from_dict({**BASE, "algorithm": {"gamma": 2}})
+    with pytest.raises(
+        InvalidArgumentError, match=r"'algorithm\.use_kl_loss': must be true or false \(got 1\)"
+    ):
+        config_from_dict({**BASE, "algorithm": {"use_kl_loss": 1}})
+    with pytest.raises(InvalidArgumentError, match=r"'algorithm': .*valid dictionary"):
+        config_from_dict({**BASE, "algorithm": [["gamma", 1.0]]})
 
 
 def test_every_registered_estimator_is_a_valid_config_value():
     for name in available_advantage_estimators():
-        assert AlgoConfig(advantage_estimator=name).advantage_estimator == name
+        assert AlgorithmConfig(advantage_estimator=name).advantage_estimator == name
 
 
 # ------------------------------------------------------------------ masked reductions

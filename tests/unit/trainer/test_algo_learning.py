@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from marti.config import AlgorithmConfig
 from services.trainer.algo import (
-    AlgoConfig,
     actor_loss,
     compute_advantages,
     entropy_from_logits,
@@ -23,7 +23,7 @@ from services.trainer.algo import (
 V, A, G, PROMPTS, TARGET, LR = 6, 4, 4, 4, 2, 4.0
 
 
-def _train(cfg: AlgoConfig, steps: int = 20, seed: int = 0, flip_sign: bool = False) -> float:
+def _train(cfg: AlgorithmConfig, steps: int = 20, seed: int = 0, flip_sign: bool = False) -> float:
     gen = torch.Generator().manual_seed(seed)
     logits_table = torch.zeros(A, V, requires_grad=True)
     values_table = torch.zeros(A, requires_grad=True)
@@ -67,7 +67,9 @@ def _train(cfg: AlgoConfig, steps: int = 20, seed: int = 0, flip_sign: bool = Fa
 
 @pytest.mark.parametrize("name", ["gae", "grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline"])
 def test_estimator_learns_the_target_token(name):
-    cfg = AlgoConfig(advantage_estimator=name, kl_coef=0.001, use_kl_loss=name in ("grpo", "dr_grpo", "rloo"))
+    cfg = AlgorithmConfig(
+        advantage_estimator=name, kl_coef=0.001, use_kl_loss=name in ("grpo", "dr_grpo", "rloo")
+    )
     chance = 1 / V
     p_target = _train(cfg)
     assert p_target > 2 * chance, f"{name}: p(target) {p_target:.3f} after training (chance {chance:.3f})"
@@ -75,4 +77,4 @@ def test_estimator_learns_the_target_token(name):
 
 def test_negated_advantages_unlearn_the_target_token():
     """Control: the check above can fail; with the advantage sign flipped the target becomes rarer than chance."""
-    assert _train(AlgoConfig(advantage_estimator="grpo"), flip_sign=True) < 1 / V
+    assert _train(AlgorithmConfig(advantage_estimator="grpo"), flip_sign=True) < 1 / V

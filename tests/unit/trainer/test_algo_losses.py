@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
 from services.trainer.algo import (
-    AlgoConfig,
     actor_loss,
     aggregate_loss,
     entropy_from_logits,
@@ -91,7 +91,7 @@ def t(x, dtype=torch.float64):
 
 
 def test_policy_loss_hand_computed_clip_and_dual_clip():
-    cfg = AlgoConfig(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=3.0)
+    cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=3.0)
     ratios = [1.5, 0.5, 5.0, 1.1]
     adv = [1.0, -1.0, -1.0, 1.0]
     # per token: max(-1.5, -1.2) = -1.2 (clipped); max(0.5, 0.8) = 0.8 (clipped); min(max(5, 1.2), 3) = 3 (dual);
@@ -105,7 +105,7 @@ def test_policy_loss_hand_computed_clip_and_dual_clip():
 
 
 def test_asymmetric_clip_higher():
-    cfg = AlgoConfig(clip_eps_low=0.2, clip_eps_high=0.28)
+    cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.28)
     lp = t([[math.log(1.25), math.log(1.3), math.log(0.75)]])
     loss, stats = policy_loss(cfg, lp, torch.zeros_like(lp), t([[1.0, 1.0, -1.0]]), torch.ones(1, 3))
     # 1.25 inside [0.8, 1.28] -> -1.25; 1.3 clipped to 1.28 -> -1.28; 0.75 with A<0 clipped to 0.8 -> 0.8
@@ -114,7 +114,7 @@ def test_asymmetric_clip_higher():
 
 
 def test_clipped_tokens_get_no_gradient():
-    cfg = AlgoConfig()
+    cfg = AlgorithmConfig()
     lp = t([[math.log(1.5), math.log(1.1)]]).requires_grad_()
     loss, _ = policy_loss(cfg, lp, torch.zeros(1, 2, dtype=torch.float64), t([[1.0, 1.0]]), torch.ones(1, 2))
     loss.backward()
@@ -123,13 +123,15 @@ def test_clipped_tokens_get_no_gradient():
 
 
 def test_value_loss_hand_computed():
-    cfg = AlgoConfig(value_clip=0.2)
+    cfg = AlgorithmConfig(value_clip=0.2)
     loss, stats = value_loss(cfg, t([[1.0, 0.9]]), t([[0.5, 0.5]]), t([[1.2, 0.6]]), torch.ones(1, 2))
     # token 0: clipped value 0.7 -> 0.5 * max(0.04, 0.25) = 0.125 (clipped error larger)
     # token 1: clipped value 0.7 -> 0.5 * max(0.09, 0.01) = 0.045 (unclipped error larger)
     assert loss.item() == pytest.approx((0.125 + 0.045) / 2)
     assert stats["vf_clip_frac"].item() == pytest.approx(0.5)
-    loss, _ = value_loss(AlgoConfig(value_clip=None), t([[1.0]]), t([[0.5]]), t([[1.2]]), torch.ones(1, 1))
+    loss, _ = value_loss(
+        AlgorithmConfig(value_clip=None), t([[1.0]]), t([[0.5]]), t([[1.2]]), torch.ones(1, 1)
+    )
     assert loss.item() == pytest.approx(0.5 * 0.04)
 
 
@@ -209,7 +211,7 @@ def test_seq_mean_token_sum_norm_uses_constant():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_all_masked_batch_gives_finite_zero_loss_and_zero_grad(mode):
-    cfg = AlgoConfig(loss_agg_mode=mode, dual_clip=3.0, entropy_coef=0.01)
+    cfg = AlgorithmConfig(loss_agg_mode=mode, dual_clip=3.0, entropy_coef=0.01)
     lp = torch.full((2, 3), float("-inf")).requires_grad_()
     old = torch.full((2, 3), float("-inf"))
     mask = torch.zeros(2, 3, dtype=torch.bool)
@@ -226,7 +228,7 @@ def test_all_masked_batch_gives_finite_zero_loss_and_zero_grad(mode):
 
 
 def test_masked_tokens_do_not_change_the_loss():
-    cfg = AlgoConfig(dual_clip=2.0)
+    cfg = AlgorithmConfig(dual_clip=2.0)
     lp, old, adv = t([[0.1, -0.3, 0.2]]), t([[0.0, 0.0, 9.0]]), t([[1.0, -2.0, 50.0]])
     mask = torch.tensor([[1, 1, 0]])
     a, _ = policy_loss(cfg, lp, old, adv, mask)
@@ -235,7 +237,7 @@ def test_masked_tokens_do_not_change_the_loss():
 
 
 def test_actor_loss_composition():
-    cfg = AlgoConfig(kl_coef=0.1, use_kl_loss=True, entropy_coef=0.01)
+    cfg = AlgorithmConfig(kl_coef=0.1, use_kl_loss=True, entropy_coef=0.01)
     lp, old, ref = t([[0.1, -0.2]]), t([[0.0, 0.0]]), t([[-0.4, 0.3]])
     adv, mask, ent = t([[1.0, -1.0]]), torch.ones(1, 2), t([[2.0, 1.0]])
     total, stats = actor_loss(cfg, lp, old, adv, mask, ref_logprobs=ref, entropy=ent)
@@ -248,7 +250,7 @@ def test_actor_loss_composition():
     with pytest.raises(InvalidArgumentError, match="entropy"):
         actor_loss(cfg, lp, old, adv, mask, ref_logprobs=ref)
     # KL as a reward penalty: no KL term in the loss, so no ref_logprobs needed
-    no_kl, _ = actor_loss(AlgoConfig(kl_coef=0.1, use_kl_loss=False), lp, old, adv, mask)
+    no_kl, _ = actor_loss(AlgorithmConfig(kl_coef=0.1, use_kl_loss=False), lp, old, adv, mask)
     assert no_kl.item() == pytest.approx(pg.item())
 
 
@@ -272,13 +274,13 @@ def test_actor_loss_composition():
         ),
         (
             lambda: policy_loss(
-                AlgoConfig(), torch.ones(1, 2), torch.ones(1, 3), torch.ones(1, 2), torch.ones(1, 2)
+                AlgorithmConfig(), torch.ones(1, 2), torch.ones(1, 3), torch.ones(1, 2), torch.ones(1, 2)
             ),
             "old_logprobs",
         ),
         (
             lambda: value_loss(
-                AlgoConfig(), torch.ones(1, 2), torch.ones(1, 2), torch.ones(2, 2), torch.ones(1, 2)
+                AlgorithmConfig(), torch.ones(1, 2), torch.ones(1, 2), torch.ones(2, 2), torch.ones(1, 2)
             ),
             "returns",
         ),
@@ -315,7 +317,7 @@ def token_batches(draw):
 )
 def test_policy_loss_matches_reference(batch, mode, eps_low, eps_high, dual):
     lp, old, adv, mask = batch
-    cfg = AlgoConfig(loss_agg_mode=mode, clip_eps_low=eps_low, clip_eps_high=eps_high, dual_clip=dual)
+    cfg = AlgorithmConfig(loss_agg_mode=mode, clip_eps_low=eps_low, clip_eps_high=eps_high, dual_clip=dual)
     loss, stats = policy_loss(cfg, t(lp), t(old), t(adv), torch.tensor(mask))
     want_loss, want_clip = ref_policy_loss(cfg, lp, old, adv, mask)
     assert loss.item() == pytest.approx(want_loss, rel=1e-9, abs=1e-9)
@@ -326,7 +328,7 @@ def test_policy_loss_matches_reference(batch, mode, eps_low, eps_high, dual):
 @given(token_batches(), st.sampled_from(MODES), st.sampled_from([None, 0.1, 0.5]))
 def test_value_loss_matches_reference(batch, mode, clip):
     v, v_old, ret, mask = batch
-    cfg = AlgoConfig(loss_agg_mode=mode, value_clip=clip)
+    cfg = AlgorithmConfig(loss_agg_mode=mode, value_clip=clip)
     loss, _ = value_loss(cfg, t(v), t(v_old), t(ret), torch.tensor(mask))
     assert loss.item() == pytest.approx(ref_value_loss(cfg, v, v_old, ret, mask), rel=1e-9, abs=1e-9)
 
@@ -335,7 +337,7 @@ def test_value_loss_matches_reference(batch, mode, clip):
 @given(token_batches(), st.sampled_from(["k1", "k2", "k3"]))
 def test_kl_loss_matches_reference_and_k2_k3_are_nonnegative(batch, est):
     lp, ref, _, mask = batch
-    cfg = AlgoConfig(kl_estimator=est, loss_agg_mode="token-mean")
+    cfg = AlgorithmConfig(kl_estimator=est, loss_agg_mode="token-mean")
     per_token = []
     for b in range(len(lp)):
         row = []

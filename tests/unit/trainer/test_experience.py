@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from marti.config import AlgorithmConfig
 from marti.errors import FailedPreconditionError, InvalidArgumentError
 from marti.trajectory import Trajectory, Turn
-from services.trainer.algo import AlgoConfig
 from services.trainer.algo.running_moments import RunningMoments
 from services.trainer.experience import collate
 from services.trainer.learner import LearnerConfig, TrainableCritic, normalize_credit, update_agent
@@ -88,9 +88,9 @@ def test_collate_refuses_what_cannot_be_a_batch():
 
 def test_learner_config_refuses_bad_values():
     with pytest.raises(InvalidArgumentError, match="tis_cap"):
-        LearnerConfig(AlgoConfig(), micro_batch_size=1, tis_cap=0.0)
+        LearnerConfig(AlgorithmConfig(), micro_batch_size=1, tis_cap=0.0)
     with pytest.raises(InvalidArgumentError, match="micro_batch_size"):
-        LearnerConfig(AlgoConfig(), micro_batch_size=0)
+        LearnerConfig(AlgorithmConfig(), micro_batch_size=0)
 
 
 class _ToyPolicy:
@@ -180,7 +180,7 @@ def test_update_gives_bit_identical_numbers_to_the_sample_batch_path(case):
     (algo_kw, micro, accum, epochs, tis_cap, with_critic, normalize), before = CASES[case]
     torch.manual_seed(0)
     policy = _ToyPolicy()
-    algo = AlgoConfig(**algo_kw)
+    algo = AlgorithmConfig(**algo_kw)
     exp = collate(_trajectories(), "a", pad_id=0)
     if normalize:
         exp = normalize_credit(algo, exp, RunningMoments())

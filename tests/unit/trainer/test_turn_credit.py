@@ -21,11 +21,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from marti.config import config_from_dict
+from marti.config import AlgorithmConfig, config_from_dict
 from marti.errors import InvalidArgumentError
 from marti.trajectory import Trajectory, Turn
 from services.trainer import learner
-from services.trainer.algo import AlgoConfig, compute_advantages, turn_returns
+from services.trainer.algo import compute_advantages, turn_returns
 from services.trainer.experience import collate
 from services.trainer.learner import (
     LearnerConfig,
@@ -81,7 +81,7 @@ def _rows(adv: torch.Tensor) -> list[float]:
 
 
 def _advantages(agent: str = "a", **kw) -> list[float]:
-    return _rows(experience_advantages(AlgoConfig(**kw), _batch(agent))[0])
+    return _rows(experience_advantages(AlgorithmConfig(**kw), _batch(agent))[0])
 
 
 def _close(got: list[float], want: list[float], tol: float = 1e-5) -> None:
@@ -112,7 +112,7 @@ def test_rows_record_their_turn_index_and_the_rewards_to_come():
     "estimator", ["grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline", "gae"]
 )
 def test_defaults_reproduce_the_advantages_of_before_exactly(estimator):
-    cfg = AlgoConfig(advantage_estimator=estimator)
+    cfg = AlgorithmConfig(advantage_estimator=estimator)
     assert (cfg.group_by, cfg.normalize_per_agent, cfg.turn_rewards) == ("problem", False, "outcome")
     batch = _batch("a")
     values = None
@@ -148,7 +148,9 @@ def test_agent_turn_with_rloo_and_reinforce_pp_baseline():
         [0, 0, -1.5, -1.5, 1.5, 1.5, 0.5, 0.5, 0.5, 0.5, -1, -1],
     )
     # REINFORCE++-baseline: un-whitened returns = reward minus its (problem, turn) mean (gamma 1).
-    cfg = AlgoConfig(advantage_estimator="reinforce++_baseline", group_by="agent_turn", turn_rewards="dense")
+    cfg = AlgorithmConfig(
+        advantage_estimator="reinforce++_baseline", group_by="agent_turn", turn_rewards="dense"
+    )
     returns = _rows(experience_advantages(cfg, _batch("a"))[1])
     # dense P1 t0 [1,0,2] mean 1; t1 [0,0,2] mean 2/3; P2 t0 [2,2,1] mean 5/3; t1 [1,1,1] mean 1
     _close(returns, [0, -2 / 3, -1, -2 / 3, 1, 4 / 3, 1 / 3, 0, 1 / 3, 0, -2 / 3, 0])
@@ -159,7 +161,7 @@ def test_a_turn_subgroup_of_one_gets_advantage_zero():
     trajs[2] = _traj("a", "P1", 2, (0.0, 2.0), 2.0, extra_turns=1)  # only e3 has a turn 2
     batch = _batch("a", trajs)
     assert batch.turn_ids[:7].tolist() == [0, 1, 0, 1, 0, 1, 2]
-    adv = _rows(experience_advantages(AlgoConfig(group_by="agent_turn"), batch)[0])
+    adv = _rows(experience_advantages(AlgorithmConfig(group_by="agent_turn"), batch)[0])
     assert adv[6] == 0.0
     _close(adv[:6], [d / (1 + EPS) for d in (0, 0, -1, -1, 1, 1)])
 
@@ -167,19 +169,21 @@ def test_a_turn_subgroup_of_one_gets_advantage_zero():
 def test_agent_turn_needs_turn_ids_and_a_group_estimator():
     mask = torch.ones(2, 1, dtype=torch.bool)
     with pytest.raises(InvalidArgumentError, match="turn_ids"):
-        compute_advantages(AlgoConfig(group_by="agent_turn"), [1.0, 0.0], mask, ["g", "g"])
+        compute_advantages(AlgorithmConfig(group_by="agent_turn"), [1.0, 0.0], mask, ["g", "g"])
     with pytest.raises(InvalidArgumentError, match="turn_ids"):
-        compute_advantages(AlgoConfig(group_by="agent_turn"), [1.0, 0.0], mask, ["g", "g"], turn_ids=[0, -1])
+        compute_advantages(
+            AlgorithmConfig(group_by="agent_turn"), [1.0, 0.0], mask, ["g", "g"], turn_ids=[0, -1]
+        )
     with pytest.raises(InvalidArgumentError, match="group_by"):
-        AlgoConfig(group_by="turn")
+        AlgorithmConfig(group_by="turn")
 
 
 @pytest.mark.parametrize("estimator", ["reinforce++", "gae"])
 def test_estimators_without_groups_or_with_their_own_whitening_ignore_the_two_options(estimator):
     batch = _batch("a")
     values = torch.linspace(0, 1, batch.action_mask.numel()).reshape(batch.action_mask.shape)
-    plain = experience_advantages(AlgoConfig(advantage_estimator=estimator), batch, values=values)
-    cfg = AlgoConfig(advantage_estimator=estimator, group_by="agent_turn", normalize_per_agent=True)
+    plain = experience_advantages(AlgorithmConfig(advantage_estimator=estimator), batch, values=values)
+    cfg = AlgorithmConfig(advantage_estimator=estimator, group_by="agent_turn", normalize_per_agent=True)
     both = experience_advantages(cfg, batch, values=values)
     assert torch.equal(plain[0], both[0]) and torch.equal(plain[1], both[1])
 
@@ -198,7 +202,7 @@ def test_turn_returns_by_hand():
 def test_dense_credits_the_return_to_go_of_the_turn_rewards():
     batch = _batch("a")
     # P1: e1 (1,0) -> [1,0]; e2 -> [0,0]; e3 (0,2) -> [2,2]; P2: e4, e5 (1,1) -> [2,1]; e6 (0,1) -> [1,1]
-    assert credited_rewards(AlgoConfig(turn_rewards="dense"), batch).tolist() == [
+    assert credited_rewards(AlgorithmConfig(turn_rewards="dense"), batch).tolist() == [
         1,
         0,
         0,
@@ -212,7 +216,7 @@ def test_dense_credits_the_return_to_go_of_the_turn_rewards():
         1,
         1,
     ]
-    assert torch.equal(credited_rewards(AlgoConfig(), batch), batch.rewards)
+    assert torch.equal(credited_rewards(AlgorithmConfig(), batch), batch.rewards)
     want = (
         # P1 rows [1,0,0,0,2,2]: mean 5/6, squared deviations 174/36
         [d / (math.sqrt(174 / 36 / 5) + EPS) for d in (1 / 6, -5 / 6, -5 / 6, -5 / 6, 7 / 6, 7 / 6)]
@@ -251,8 +255,8 @@ def test_dense_without_turn_rewards_falls_back_to_the_outcome_and_warns_once(mon
     batch = _batch("a", trajs)
     assert not batch.has_turn_rewards[0] and batch.has_turn_rewards[4]
     with caplog.at_level(logging.WARNING, logger="marti.trainer.learner"):
-        got = credited_rewards(AlgoConfig(turn_rewards="dense"), batch).tolist()
-        credited_rewards(AlgoConfig(turn_rewards="dense"), batch)
+        got = credited_rewards(AlgorithmConfig(turn_rewards="dense"), batch).tolist()
+        credited_rewards(AlgorithmConfig(turn_rewards="dense"), batch)
     assert got[:6] == [1.0, 1.0, 0.0, 0.0, 2.0, 2.0]  # e1, e2 outcomes; e3 dense [2, 2]
     assert len([r for r in caplog.records if "per-turn reward" in r.getMessage()]) == 1
 
@@ -287,13 +291,13 @@ def test_all_three_options_together():
 
 def test_normalize_per_agent_edge_cases_and_validation():
     mask = torch.ones(3, 1, dtype=torch.bool)
-    cfg = AlgoConfig(normalize_per_agent=True)
+    cfg = AlgorithmConfig(normalize_per_agent=True)
     adv, _ = compute_advantages(cfg, [1.0, 1.0, 1.0], mask, ["g"] * 3)
     assert torch.equal(adv, torch.zeros(3, 1))
     with pytest.raises(InvalidArgumentError, match="normalize_per_agent"):
-        AlgoConfig(normalize_per_agent=1)
+        AlgorithmConfig(normalize_per_agent=1)
     with pytest.raises(InvalidArgumentError, match="turn_rewards"):
-        AlgoConfig(turn_rewards="per_turn")
+        AlgorithmConfig(turn_rewards="per_turn")
 
 
 # ----------------------------------------------------------------------------------------------- config + learner
@@ -309,15 +313,15 @@ BASE = {
 
 
 def test_config_keys_reach_the_learners_algorithm_settings():
-    from services.trainer.worker import algo_config
+    from services.trainer.worker import learner_config
 
     raw = {
         **BASE,
         "algorithm": {"group_by": "agent_turn", "normalize_per_agent": True, "turn_rewards": "dense"},
     }
-    algo = algo_config(config_from_dict(raw))
+    algo = learner_config(config_from_dict(raw)).algo
     assert (algo.group_by, algo.normalize_per_agent, algo.turn_rewards) == ("agent_turn", True, "dense")
-    default = algo_config(config_from_dict(BASE))
+    default = learner_config(config_from_dict(BASE)).algo
     assert (default.group_by, default.normalize_per_agent, default.turn_rewards) == (
         "problem",
         False,
@@ -365,7 +369,7 @@ class _ToyStrategy:
 )
 def test_update_agent_trains_on_the_turn_level_advantages(options):
     """The learner's update computes its advantages from sampled trajectories with the config's options."""
-    cfg = AlgoConfig(kl_coef=0.0, **options)
+    cfg = AlgorithmConfig(kl_coef=0.0, **options)
     batch = _batch("a")
     result = update_agent(_ToyPolicy(), _ToyStrategy(), batch, LearnerConfig(cfg, micro_batch_size=12))
     if options:
@@ -384,7 +388,7 @@ def test_normalize_reward_normalises_the_credited_rewards(turn_rewards):
     """``normalize_reward`` with ``dense``: the running moments see the per-turn returns (not the outcomes)."""
     from services.trainer.algo.running_moments import RunningMoments
 
-    cfg = AlgoConfig(turn_rewards=turn_rewards)
+    cfg = AlgorithmConfig(turn_rewards=turn_rewards)
     batch = _batch("a")
     credited = credited_rewards(cfg, batch).tolist()
     moments = RunningMoments()
