@@ -92,7 +92,7 @@ class ReferenceWorker(_AgentModelWorker):
 
     def _load(self) -> None:
         from services.trainer.models import same_vocabulary
-        from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+        from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 
         agent = self.agent
         a = self.cfg.agent(agent)
@@ -100,7 +100,7 @@ class ReferenceWorker(_AgentModelWorker):
         same_vocabulary(a.pretrain_model, source)
         spec = AgentSpec(agent, source, is_tuning=False)
         self.offload = self.cfg.strategy.offload_reference_model
-        layout = PolicyConfig(
+        layout = PolicyLayout(
             mode="per_agent",
             agents=(spec,),
             seed=base_model_seed(self.cfg, agent, self.group),

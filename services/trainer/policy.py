@@ -1,6 +1,6 @@
 """Multi-agent policies: one model per agent, one shared model with role prompts, or a LoRA adapter per agent.
 
-Modes (``PolicyConfig.mode``):
+Modes (``PolicyLayout.mode``):
 
 - ``per_agent``: every agent loads its own ``pretrain_model`` (heterogeneous base models allowed); each trainable
   agent also keeps a frozen reference copy.
@@ -83,8 +83,9 @@ class LoraSettings:
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
-    """How a team's policies are built.
+class PolicyLayout:
+    """How a team's policies are built (from the config's ``policy`` section, :class:`marti.config.PolicyConfig`,
+    and its agents, by :func:`services.trainer.worker.policy_layout`).
 
     Attributes:
         mode: ``per_agent``, ``shared`` or ``lora``.
@@ -147,7 +148,7 @@ class MultiAgentPolicy:
     """The trainable policies of a team, behind one API the training loop uses.
 
     Args:
-        config: The :class:`PolicyConfig`.
+        config: The :class:`PolicyLayout`.
         model_loader: ``(name, tokenizer, seed) -> model``; defaults to :func:`load_model` (creating the weights
             on :func:`~services.trainer.models.construction_device`).
         device: Where models live (default CPU); offloaded references live on :attr:`offload_device` between
@@ -158,7 +159,7 @@ class MultiAgentPolicy:
         NotFoundError: A model cannot be found locally.
     """
 
-    def __init__(self, config: PolicyConfig, *, device: str | torch.device = "cpu", model_loader: Any = None):
+    def __init__(self, config: PolicyLayout, *, device: str | torch.device = "cpu", model_loader: Any = None):
         self.config = config
         self.device = torch.device(device)
         self.offload_device = torch.device("cpu")

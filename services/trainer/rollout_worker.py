@@ -37,7 +37,7 @@ from services.trainer.generation import (
 )
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.rollout.base import Generation, SamplingParams
-from services.trainer.worker import actor_setup, policy_config
+from services.trainer.worker import actor_setup, policy_layout
 
 #: Offset between the sampling seeds of consecutive rollout actors.
 SEED_STRIDE = 1000
@@ -61,7 +61,7 @@ class RolloutWorker:
         torch.manual_seed(self.cfg.seed + SEED_STRIDE * (index + 1))
         # No references and no gradient checkpointing (it would turn off the shared-prompt prefill).
         layout = dataclasses.replace(
-            policy_config(self.cfg), keep_reference=False, gradient_checkpointing=False
+            policy_layout(self.cfg), keep_reference=False, gradient_checkpointing=False
         )
         self.policy = MultiAgentPolicy(layout, device=self.device)
         self.policy.train(False)

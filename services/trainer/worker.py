@@ -51,7 +51,7 @@ from services.trainer.learner import (
     pad_id_of,
     update_agent,
 )
-from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyConfig
+from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyLayout
 
 
 def learner_config(cfg: TrainConfig) -> LearnerConfig:
@@ -70,7 +70,7 @@ def learner_config(cfg: TrainConfig) -> LearnerConfig:
     )
 
 
-def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyConfig:
+def policy_layout(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyLayout:
     """Build the policy layout from a training config (mode, agents, LoRA shape, seed).
 
     Args:
@@ -81,7 +81,7 @@ def policy_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyCo
     p = cfg.policy
     names = [a.name for a in cfg.agents] if agents is None else list(agents)
     first = [a.name for a in cfg.agents].index(names[0])
-    return PolicyConfig(
+    return PolicyLayout(
         mode=cfg.policy_mode,
         agents=tuple(
             AgentSpec(a.name, a.pretrain_model, a.is_tuning, ref_model=a.ref_model)
@@ -117,7 +117,7 @@ def base_model_seed(cfg: TrainConfig, agent: str, group: list[str] | None = None
         agent: The agent.
         group: The agents of the policy actor holding ``agent``; ``None`` = the whole team.
     """
-    pc = policy_config(cfg, group)
+    pc = policy_layout(cfg, group)
     names = [a.name for a in pc.agents]
     return pc.seed + names.index(agent) if pc.mode == "per_agent" else pc.seed
 
@@ -306,7 +306,7 @@ class PolicyWorker:
         self.cfg, self.device = actor_setup(config, num_threads)
         self.algo = self.cfg.algorithm
         self.agents = [a.name for a in self.cfg.agents] if agents is None else list(agents)
-        self.policy = MultiAgentPolicy(policy_config(self.cfg, self.agents), device=self.device)
+        self.policy = MultiAgentPolicy(policy_layout(self.cfg, self.agents), device=self.device)
         # Asynchronous rollouts (rollout.max_staleness > 0) and inference-gateway calls (gateway.enabled) generate
         # while an update runs in another thread of this actor: the engine then samples from its own copy of the
         # weights, synced after each update. The lock keeps a sync from landing in the middle of a generate call

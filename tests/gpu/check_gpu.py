@@ -51,13 +51,13 @@ def record(name: str, status: str, **info: object) -> None:
 
 
 def check_hf_rollout(device: str) -> None:
-    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
     from services.trainer.rollout import HFRolloutEngine, SamplingParams
 
     t0 = time.perf_counter()
     for mode in ("per_agent", "lora"):
         policy = MultiAgentPolicy(
-            PolicyConfig(mode=mode, agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama"))),
+            PolicyLayout(mode=mode, agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama"))),
             device=device,
         )
         engine = HFRolloutEngine.from_policy(policy, max_batch_size=16)
@@ -114,10 +114,10 @@ def check_vllm(device: str) -> None:
         record("vllm_rollout", "SKIP", reason="dry run: vllm needs CUDA", engine=VLLMRolloutEngine.__name__)
         return
     from services.trainer.models import build_tiny_model, load_tokenizer
-    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 
     policy = MultiAgentPolicy(
-        PolicyConfig(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),)), device=device
+        PolicyLayout(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),)), device=device
     )
     engine = _vllm_two_agents()
     prompts = [[5, 6, 7], [8, 9, 10, 11]]
@@ -133,7 +133,7 @@ def check_vllm(device: str) -> None:
     engine.update_weights("a", new, 1)
     after = engine.generate("a", prompts, greedy)
     lora_policy = MultiAgentPolicy(
-        PolicyConfig(mode="lora", agents=(AgentSpec("b", "tiny-llama"),)), device=device
+        PolicyLayout(mode="lora", agents=(AgentSpec("b", "tiny-llama"),)), device=device
     )
     with torch.no_grad():
         for p in lora_policy.parameters("b"):
@@ -240,11 +240,11 @@ def check_vllm_gateway(device: str) -> None:
     if not vllm_available():
         record("vllm_gateway", "SKIP", reason="vllm is not installed here")
         return
-    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 
     engine = _vllm_two_agents()
     lora_policy = MultiAgentPolicy(
-        PolicyConfig(mode="lora", agents=(AgentSpec("b", "tiny-llama"),)), device=device
+        PolicyLayout(mode="lora", agents=(AgentSpec("b", "tiny-llama"),)), device=device
     )
 
     def sync(agent: str, version: int) -> None:

@@ -25,7 +25,7 @@ from services.trainer.gateway_backend import TrainerBackend
 from services.trainer.models import load_tokenizer
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.rollout.hf import HFRolloutEngine
-from services.trainer.worker import PolicyWorker, policy_config
+from services.trainer.worker import PolicyWorker, policy_layout
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -52,7 +52,7 @@ def _reference(
     cfg, agent: str, weights: dict[str, torch.Tensor], version: int
 ) -> tuple[list[int], list[float]]:
     """The greedy answer to PROMPT of a fresh engine loaded with ``weights`` for ``agent``."""
-    policy = MultiAgentPolicy(policy_config(cfg), device="cpu")
+    policy = MultiAgentPolicy(policy_layout(cfg), device="cpu")
     engine = HFRolloutEngine.from_policy(policy, copy_weights=True)
     engine.update_weights(agent, weights, version)
     with torch.no_grad():

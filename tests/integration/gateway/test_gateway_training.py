@@ -37,7 +37,7 @@ from services.trainer.loop import Addresses, TrainingLoop
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.rollout.hf import HFRolloutEngine
 from services.trainer.train_cli import untrained_note
-from services.trainer.worker import policy_config
+from services.trainer.worker import policy_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "gateway-test-token"
@@ -243,7 +243,7 @@ def _greedy_reference(cfg: Any) -> dict[str, Generation]:
     """Each agent's greedy answer to PROMPT with its initial weights, from an engine of this process."""
     out = {}
     for agent in ("agent_1", "agent_2", "agent_3"):
-        policy = MultiAgentPolicy(policy_config(cfg, [agent]), device="cpu")
+        policy = MultiAgentPolicy(policy_layout(cfg, [agent]), device="cpu")
         engine = HFRolloutEngine.from_policy(policy, copy_weights=False)
         with torch.no_grad():
             out[agent] = engine.generate(agent, [PROMPT], SamplingParams(max_new_tokens=6, temperature=0.0))[

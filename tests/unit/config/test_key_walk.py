@@ -104,7 +104,7 @@ def _learner(cfg: TrainConfig) -> str:
 
     from services.trainer.generation import engine_count, sampling_params
     from services.trainer.rollout.vllm_engine import engine_settings
-    from services.trainer.worker import build_strategy, learner_config, policy_config
+    from services.trainer.worker import build_strategy, learner_config, policy_layout
 
     lin = torch.nn.Linear(1, 1)
     first = cfg.agents[0].name
@@ -123,7 +123,7 @@ def _learner(cfg: TrainConfig) -> str:
         learner_config(cfg),
         optim,
         critic_optim,
-        policy_config(cfg),
+        policy_layout(cfg),
         engine_count(cfg, "vllm"),
         engine_settings(cfg.vllm),  # the vLLM engine's kwargs (VLLMRolloutEngine.from_policy)
         [sampling_params(cfg, a.name) for a in cfg.agents],

@@ -12,7 +12,7 @@ from marti.errors import InvalidArgumentError
 from services.trainer.critic import build_critic
 from services.trainer.models import check_attn_implementation, load_model
 from services.trainer.policy import MultiAgentPolicy
-from services.trainer.worker import policy_config
+from services.trainer.worker import policy_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 NO_FLASH = importlib.util.find_spec("flash_attn") is None
@@ -29,7 +29,7 @@ def test_the_config_key_reaches_every_policy_model_and_the_critic(kernel):
     cfg = load_config(
         ROOT / "examples" / "tiny.yaml", [f"policy.attn_implementation={kernel}", "policy.mode=per_agent"]
     )
-    policy = MultiAgentPolicy(policy_config(cfg))
+    policy = MultiAgentPolicy(policy_layout(cfg))
     for agent in policy.agent_ids:
         assert policy.model(agent).config._attn_implementation == kernel
     critic = build_critic("tiny-llama", attn_implementation=kernel)

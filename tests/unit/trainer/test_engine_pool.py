@@ -18,7 +18,7 @@ from services.trainer.policy import MultiAgentPolicy
 from services.trainer.rollout.base import SamplingParams
 from services.trainer.rollout.hf import HFRolloutEngine
 from services.trainer.rollout.pool import EnginePool, split_contiguous
-from services.trainer.worker import policy_config
+from services.trainer.worker import policy_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 GREEDY = SamplingParams(max_new_tokens=3, temperature=0.0)
@@ -36,7 +36,7 @@ def test_split_contiguous_hand_computed():
 @pytest.fixture(scope="module")
 def policy():
     cfg = load_config(ROOT / "examples" / "tiny.yaml")
-    return MultiAgentPolicy(policy_config(cfg))
+    return MultiAgentPolicy(policy_layout(cfg))
 
 
 def test_a_pool_splits_the_prompts_and_returns_them_in_order(policy):

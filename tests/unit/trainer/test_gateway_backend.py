@@ -24,7 +24,7 @@ from services.trainer.loop import Addresses, TrainingLoop, gateway_limits
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.rollout.hf import HFRolloutEngine
-from services.trainer.worker import PolicyWorker, policy_config
+from services.trainer.worker import PolicyWorker, policy_layout
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,7 +48,7 @@ def _samples(worker: PolicyWorker, agent: str) -> list[Trajectory]:
 
 def _reference(cfg, agent: str, weights: dict[str, torch.Tensor], version: int) -> list[Generation]:
     """What a fresh engine loaded with ``weights`` samples greedily."""
-    policy = MultiAgentPolicy(policy_config(cfg), device="cpu")
+    policy = MultiAgentPolicy(policy_layout(cfg), device="cpu")
     engine = HFRolloutEngine.from_policy(policy, copy_weights=True)
     engine.update_weights(agent, weights, version)
     with torch.no_grad():
@@ -193,7 +193,7 @@ def test_resident_weights_keep_the_last_versions_as_copies():
 
 def test_engine_backend_serves_pinned_versions_of_an_engine():
     cfg = _cfg()
-    policy = MultiAgentPolicy(policy_config(cfg), device="cpu")
+    policy = MultiAgentPolicy(policy_layout(cfg), device="cpu")
     engine = HFRolloutEngine.from_policy(policy, copy_weights=True)
     lock = threading.Lock()
     resident = ResidentWeights(2)

@@ -24,11 +24,11 @@ from services.trainer.models import (
     zero_dropout,
 )
 from services.trainer.observe.metrics import METRICS_FILE, RunWriter
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.worker import (
     build_agent_critic,
     critic_zero_stage,
-    policy_config,
+    policy_layout,
     train_strategy,
 )
 from tests.trainer_data import one_turn
@@ -77,7 +77,7 @@ def _llama_with_dropout(tok, seed: int):
 def test_disable_dropout_makes_train_mode_forwards_deterministic(tok, disable):
     spec = AgentSpec("a", "tiny-llama")
     policy = MultiAgentPolicy(
-        PolicyConfig(mode="per_agent", agents=(spec,), disable_dropout=disable),
+        PolicyLayout(mode="per_agent", agents=(spec,), disable_dropout=disable),
         model_loader=lambda name, t, seed: _llama_with_dropout(t, seed),
     )
     policy.train(True)
@@ -111,8 +111,8 @@ def test_zero_dropout_covers_dropout_modules_module_attributes_and_config():
 
 
 def test_disable_dropout_reaches_the_policy_layout_and_the_critic():
-    assert policy_config(_cfg("policy.disable_dropout=true")).disable_dropout
-    assert not policy_config(_cfg()).disable_dropout
+    assert policy_layout(_cfg("policy.disable_dropout=true")).disable_dropout
+    assert not policy_layout(_cfg()).disable_dropout
 
 
 # ----------------------------------------------------------------------------------------------- output.log_every
@@ -184,7 +184,7 @@ def _record_moves(module: torch.nn.Module, events: list) -> None:
 @pytest.mark.parametrize("offload", [True, False])
 def test_offloaded_reference_moves_to_the_device_only_for_its_forward(offload):
     policy = MultiAgentPolicy(
-        PolicyConfig(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),), offload_reference=offload),
+        PolicyLayout(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),), offload_reference=offload),
         device="cpu",
     )
     ref = policy._refs["a"]
@@ -217,7 +217,7 @@ def test_offload_reference_reaches_the_policy_layout_and_the_reference_actor():
     from services.trainer.model_workers import ReferenceWorker
 
     cfg = _cfg("strategy.offload_reference_model=true", "algorithm.kl_coef=0.05", "policy.mode=per_agent")
-    assert policy_config(cfg).offload_reference
+    assert policy_layout(cfg).offload_reference
     worker = ReferenceWorker(cfg.model_dump(mode="json"), "agent_1", num_threads=1)
     module = worker.model.model("agent_1")
     events: list = []
@@ -261,10 +261,10 @@ def test_policy_loader_builds_on_the_construction_device(monkeypatch, tok, init_
 
     monkeypatch.setattr(policy_mod, "load_model", fake_load)
     spec = AgentSpec("a", "tiny-llama")
-    layout = PolicyConfig(mode="per_agent", agents=(spec,), keep_reference=False, init_on_gpu=init_on_gpu)
+    layout = PolicyLayout(mode="per_agent", agents=(spec,), keep_reference=False, init_on_gpu=init_on_gpu)
     MultiAgentPolicy(layout, device="meta")
     assert asked == [torch.device("meta") if init_on_gpu else torch.device("cpu")]
-    assert policy_config(_cfg(f"strategy.init_on_gpu={str(init_on_gpu).lower()}")).init_on_gpu is init_on_gpu
+    assert policy_layout(_cfg(f"strategy.init_on_gpu={str(init_on_gpu).lower()}")).init_on_gpu is init_on_gpu
 
 
 # ------------------------------------------------------------------------------------------------ agents.N.ref_model
@@ -283,14 +283,14 @@ def test_ref_model_is_the_reference_policy(tok, other_model, mode):
 
     def policy(ref_model):
         agents = (AgentSpec("a", "tiny-llama", ref_model=ref_model), AgentSpec("b", "tiny-llama"))
-        return MultiAgentPolicy(PolicyConfig(mode=mode, agents=agents))
+        return MultiAgentPolicy(PolicyLayout(mode=mode, agents=agents))
 
     default, other = policy(None), policy(str(other_model))
     lp_default, lp_other = (p.ref_logprobs("a", ids, mask, action) for p in (default, other))
     assert not torch.allclose(lp_default, lp_other)
     # the reference is exactly the saved model; the other agent keeps its default reference
     direct = MultiAgentPolicy(
-        PolicyConfig(mode="per_agent", agents=(AgentSpec("x", str(other_model), is_tuning=False),))
+        PolicyLayout(mode="per_agent", agents=(AgentSpec("x", str(other_model), is_tuning=False),))
     )
     assert torch.allclose(lp_other, direct.ref_logprobs("x", ids, mask, action), atol=1e-6)
     assert torch.allclose(
@@ -304,7 +304,7 @@ def test_ref_model_reaches_the_policy_layout_and_the_reference_actor(other_model
     from services.trainer.model_workers import ReferenceWorker
 
     cfg = _cfg("algorithm.kl_coef=0.05", f"agents.0.ref_model={other_model}")
-    assert [a.ref_model for a in policy_config(cfg).agents] == [str(other_model), None]
+    assert [a.ref_model for a in policy_layout(cfg).agents] == [str(other_model), None]
     samples = [one_turn([5, 6, 7], [8, 9], 1.0, 0), one_turn([5, 6], [8, 9, 10], 0.0, 0)]
     with_ref = ReferenceWorker(cfg.model_dump(mode="json"), "agent_1", num_threads=1).ref_logprobs(samples)
     base = ReferenceWorker(_cfg("algorithm.kl_coef=0.05").model_dump(mode="json"), "agent_1", num_threads=1)

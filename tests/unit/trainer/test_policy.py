@@ -7,11 +7,11 @@ import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from services.trainer.models import TinyModelConfig, build_tiny_model, count_parameters, load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 
 
 def _cfg(mode, *agents, **kw):
-    return PolicyConfig(mode=mode, agents=tuple(agents), **kw)
+    return PolicyLayout(mode=mode, agents=tuple(agents), **kw)
 
 
 def _batch():
@@ -52,7 +52,7 @@ def _reference_logprobs(model, ids, mask, num_actions):
 )
 def test_config_errors_name_the_problem(kwargs, word):
     with pytest.raises(InvalidArgumentError) as err:
-        PolicyConfig(**kwargs)
+        PolicyLayout(**kwargs)
     assert word in str(err.value)
 
 

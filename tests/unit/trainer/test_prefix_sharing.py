@@ -7,7 +7,7 @@ import torch
 
 from services.trainer.experience import collate
 from services.trainer.models import build_tiny_model, load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.prefix_sharing import response_logits, shared_prefix_rows
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
 from tests.trainer_data import one_turn
@@ -76,7 +76,7 @@ def test_policy_logprobs_and_reference_agree_with_sharing_on_and_off(tok, mode):
     out = []
     for share in (False, True):
         policy = MultiAgentPolicy(
-            PolicyConfig(mode=mode, agents=(AgentSpec("a", "tiny-llama"),), share_prompt_prefix=share)
+            PolicyLayout(mode=mode, agents=(AgentSpec("a", "tiny-llama"),), share_prompt_prefix=share)
         )
         lp, ent = policy.logprobs(
             "a", batch.input_ids, batch.attention_mask, batch.action_mask, return_entropy=True
@@ -90,7 +90,7 @@ def test_policy_logprobs_and_reference_agree_with_sharing_on_and_off(tok, mode):
 
 def test_gradient_checkpointing_takes_the_plain_forward(tok):
     policy = MultiAgentPolicy(
-        PolicyConfig(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),), gradient_checkpointing=True)
+        PolicyLayout(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),), gradient_checkpointing=True)
     )
     policy.train(True)
     batch = _group_batch(tok.pad_token_id)

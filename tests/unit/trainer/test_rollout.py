@@ -9,7 +9,7 @@ import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from services.trainer.models import build_tiny_model, load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams, vllm_available
 
 
@@ -179,7 +179,7 @@ def test_update_weights_tags_versions_and_validates(engine, tok):
 
 def _policy(mode, tok_agents=("a", "b")):
     return MultiAgentPolicy(
-        PolicyConfig(mode=mode, agents=tuple(AgentSpec(n, "tiny-llama") for n in tok_agents))
+        PolicyLayout(mode=mode, agents=tuple(AgentSpec(n, "tiny-llama") for n in tok_agents))
     )
 
 
@@ -242,7 +242,7 @@ def test_vllm_serves_lora_agents_as_requests_and_refuses_per_agent_models_it_can
     from services.trainer.rollout.vllm_engine import VLLMAgent, vllm_agents_for
 
     lora = MultiAgentPolicy(
-        PolicyConfig(mode="lora", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
+        PolicyLayout(mode="lora", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
     )
     agents = vllm_agents_for(lora, ["a", "b"])
     assert all(s.lora and s.model == "tiny-llama" for s in agents.values())
@@ -252,7 +252,7 @@ def test_vllm_serves_lora_agents_as_requests_and_refuses_per_agent_models_it_can
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
     }
     per_agent = MultiAgentPolicy(
-        PolicyConfig(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
+        PolicyLayout(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
     )
     assert vllm_agents_for(per_agent, ["a"]) == {"a": VLLMAgent("tiny-llama")}
     with pytest.raises(InvalidArgumentError, match="share pretrain_model 'tiny-llama'"):
@@ -265,7 +265,7 @@ def test_a_vllm_rollout_engine_without_vllm_names_the_package():
     from services.trainer.generation import build_rollout_engine
 
     cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml")
-    policy = MultiAgentPolicy(PolicyConfig(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
+    policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
     with pytest.raises(FailedPreconditionError, match="vllm"):
         build_rollout_engine(cfg, policy, ["agent_1"], "cpu", copy_weights=False, engine="vllm")
 

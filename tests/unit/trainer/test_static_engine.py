@@ -16,7 +16,7 @@ import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
 from services.trainer.models import build_tiny_model, load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyConfig
+from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
 from services.trainer.rollout.static import StaticCacheRolloutEngine, _PreallocatedLayer, sample_tokens
 
@@ -182,7 +182,7 @@ def test_update_weights_moves_one_agent_and_bumps_its_version(pair, tok):
 
 def _lora_policy():
     return MultiAgentPolicy(
-        PolicyConfig(mode="lora", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
+        PolicyLayout(mode="lora", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
     )
 
 
@@ -267,7 +267,7 @@ def test_build_rollout_engine_builds_it_for_hf_static():
     from services.trainer.generation import build_rollout_engine
 
     cfg = load_config(ROOT / "examples" / "tiny.yaml")
-    policy = MultiAgentPolicy(PolicyConfig(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
+    policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
     engine = build_rollout_engine(cfg, policy, ["agent_1"], "cpu", copy_weights=False, engine="hf_static")
     assert isinstance(engine, StaticCacheRolloutEngine) and engine.compile is None
     g = engine.generate("agent_1", [[5, 6, 7]], SamplingParams(max_new_tokens=2, temperature=0.0))[0]
