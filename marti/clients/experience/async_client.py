@@ -1,0 +1,234 @@
+"""The ``grpc.aio`` experience store client (:class:`AsyncExperienceSharingClient`), twin of
+:class:`~.sync_client.ExperienceSharingClient`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from marti.api.experience.v1 import experience_service_pb2 as spb
+from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.arguments import checked
+from marti.codec import experience as convert
+from marti.codec.chunks import DEFAULT_CHUNK_BYTES
+from marti.errors import InvalidArgumentError
+from marti.experience_types import CheckpointResult, SampledTrajectory, TableConfig
+from marti.rpc.calls import acall, rpc_errors
+from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
+from marti.trajectory import AgentTurn, Trajectory, merge_by_step
+
+from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _SampleRun, _timeout_ms, _wait_s
+from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
+
+
+class AsyncExperienceSharingClient(_Base):
+    """Async twin of :class:`ExperienceSharingClient` (same arguments, token fallback and errors; ``await``
+    every method)."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        address: str,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        super().__init__(agent_id, chunk_bytes)
+        _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
+        self.timeout_s = float(timeout_s)
+        self._own_channel = check_channel(channel) is None
+        self._channel = channel or make_channel(
+            address,
+            token=token,
+            tls_ca_file=tls_ca_file,
+            aio=True,
+            idempotent_methods=_IDEMPOTENT,
+            service="store",
+        )
+        self._stub = sgrpc.ExperienceServiceStub(self._channel)
+
+    @checked(own=("priority", "timeout_s"))
+    async def share_experience(
+        self,
+        trajectory: Trajectory,
+        table: str | None = None,
+        priority: float = 1.0,
+        timeout_s: float | None = None,
+    ) -> int:
+        """See :meth:`ExperienceSharingClient.share_experience`."""
+        return (await self.share_experiences([trajectory], table, [priority], timeout_s))[0]
+
+    @checked(own=("priorities", "timeout_s", "batch_items"))
+    async def share_experiences(
+        self,
+        trajectories: Sequence[Trajectory],
+        table: str | None = None,
+        priorities: Sequence[float] | None = None,
+        timeout_s: float | None = None,
+        batch_items: int = 64,
+    ) -> list[int]:
+        """See :meth:`ExperienceSharingClient.share_experiences`."""
+        reqs = self._insert_reqs(trajectories, table, priorities, timeout_s, batch_items)
+        with rpc_errors():
+            responses = [r async for r in self._stub.Insert(iter(reqs))]
+        return [r.key for r in self._keys(responses, trajectories)]
+
+    @checked(own=("timeout_s", "batch_items"))
+    async def insert(
+        self,
+        table: str,
+        trajectories: Sequence[Trajectory],
+        timeout_s: float | None = None,
+        batch_items: int = 64,
+    ) -> list[Inserted]:
+        """See :meth:`ExperienceSharingClient.insert`."""
+        reqs = self._insert_reqs(trajectories, table, None, timeout_s, batch_items, idempotent=True)
+        with rpc_errors():
+            responses = [r async for r in self._stub.Insert(iter(reqs))]
+        return self._keys(responses, trajectories)
+
+    @checked
+    async def delete(self, table: str, episode_ids: Sequence[str], timeout_s: float | None = None) -> int:
+        """See :meth:`ExperienceSharingClient.delete`."""
+        req = self._delete_req(table, episode_ids)
+        return (await acall(self._stub.Delete, req, _wait_s(timeout_s, self.timeout_s))).deleted
+
+    @checked(own=("batch_size", "timeout_s", "min_policy_version"))
+    async def sample(
+        self,
+        table: str,
+        batch_size: int,
+        timeout_s: float | None = None,
+        agent_ids: Sequence[str] | None = None,
+        roles: Sequence[str] | None = None,
+        min_policy_version: int = 0,
+        max_age_s: float = 0.0,
+        allow_partial: bool = False,
+    ) -> list[SampledTrajectory]:
+        """See :meth:`ExperienceSharingClient.sample`."""
+        batch = await self.sample_batch(
+            table, batch_size, timeout_s, agent_ids, roles, min_policy_version, max_age_s, allow_partial
+        )
+        return batch.items
+
+    @checked(own=("batch_size", "timeout_s", "min_policy_version", "current_policy_version"))
+    async def sample_batch(
+        self,
+        table: str,
+        batch_size: int,
+        timeout_s: float | None = None,
+        agent_ids: Sequence[str] | None = None,
+        roles: Sequence[str] | None = None,
+        min_policy_version: int = 0,
+        max_age_s: float = 0.0,
+        allow_partial: bool = False,
+        current_policy_version: int | None = None,
+        whole_groups: bool = False,
+    ) -> SampleBatch:
+        """See :meth:`ExperienceSharingClient.sample_batch`."""
+        req = self._sample_req(
+            table, batch_size, _wait_s(timeout_s, self.timeout_s), agent_ids, roles, min_policy_version, max_age_s,
+            current_policy_version, allow_partial, whole_groups,
+        )  # fmt: skip
+        run = _SampleRun()
+        stream = self._stub.Sample()
+        try:
+            with rpc_errors():
+                await stream.write(req)
+                while (resp := await stream.read()) is not grpc.aio.EOF:
+                    if run.add(resp):
+                        await stream.write(_ACK)
+                        await stream.done_writing()  # the stream ends once the store committed
+        finally:
+            stream.cancel()  # a no-op after the end; before it, the store puts unacknowledged items back
+        return run.batch(batch_size, allow_partial, table)
+
+    @checked(own=("policy_version",))
+    async def get_trajectories(
+        self,
+        episode_id: str | None = None,
+        session: str | None = None,
+        agent_id: str | None = None,
+        policy_version: int | None = None,
+        tables: Sequence[str] | None = None,
+    ) -> list[Trajectory]:
+        """See :meth:`ExperienceSharingClient.get_trajectories`."""
+        items = await self.get_items(episode_id, session, agent_id, policy_version, tables)
+        return [s.trajectory for s in items]
+
+    @checked(own=("policy_version",))
+    async def get_items(
+        self,
+        episode_id: str | None = None,
+        session: str | None = None,
+        agent_id: str | None = None,
+        policy_version: int | None = None,
+        tables: Sequence[str] | None = None,
+    ) -> list[StoredTrajectory]:
+        """See :meth:`ExperienceSharingClient.get_items`."""
+        req = self._getall_req(episode_id, session, agent_id, policy_version, tables)
+        out: list[StoredTrajectory] = []
+        with rpc_errors():
+            async for resp in self._stub.GetAllExperiences(req, timeout=self.timeout_s):
+                self._stored(resp, out)
+        return out
+
+    @checked
+    async def get_all_experiences(
+        self, episode_id: str | None = None, session: str | None = None
+    ) -> list[AgentTurn]:
+        """See :meth:`ExperienceSharingClient.get_all_experiences`."""
+        if not episode_id and not session:
+            raise InvalidArgumentError("get_all_experiences needs an episode_id or a session")
+        return merge_by_step(await self.get_trajectories(episode_id=episode_id, session=session))
+
+    @checked
+    async def create_table(
+        self, name: str, config: TableConfig | dict[str, Any] | None = None, **fields: Any
+    ) -> TableInfo:
+        """See :meth:`ExperienceSharingClient.create_table`."""
+        cfg = convert.table_config_to_proto(self._table_config(config, name, fields))
+        return _info(
+            (await acall(self._stub.CreateTable, spb.CreateTableRequest(config=cfg), self.timeout_s)).info
+        )
+
+    @checked(own=("priorities",))
+    async def update_priorities(self, table: str, priorities: dict[int, float]) -> tuple[int, int]:
+        """See :meth:`ExperienceSharingClient.update_priorities`."""
+        resp = await acall(self._stub.UpdatePriorities, self._updates(table, priorities), self.timeout_s)
+        return resp.updated, resp.missing
+
+    @checked
+    async def info(self, table: str) -> TableInfo:
+        """See :meth:`ExperienceSharingClient.info`."""
+        return _info(
+            (await acall(self._stub.GetTableInfo, spb.GetTableInfoRequest(table=table), self.timeout_s)).info
+        )
+
+    async def list_tables(self) -> list[TableInfo]:
+        """See :meth:`ExperienceSharingClient.list_tables`."""
+        return [
+            _info(m)
+            for m in (await acall(self._stub.ListTables, spb.ListTablesRequest(), self.timeout_s)).tables
+        ]
+
+    async def checkpoint(self) -> CheckpointResult:
+        """See :meth:`ExperienceSharingClient.checkpoint`."""
+        r = await acall(self._stub.Checkpoint, spb.CheckpointRequest(), max(self.timeout_s, 600.0))
+        return CheckpointResult(r.path, r.duration_s, r.num_bytes)
+
+    async def close(self) -> None:
+        """Close the channel (when this client dialed it)."""
+        if self._own_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> AsyncExperienceSharingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

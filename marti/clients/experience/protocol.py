@@ -1,0 +1,319 @@
+"""What the sync and async experience clients share: the service's names, argument checks, request building and
+response decoding (:class:`_Base`, the clients' base), and one confirmed ``Sample`` stream's bookkeeping
+(:class:`_SampleRun`)."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from marti.api.experience.v1 import experience_pb2 as pb
+from marti.api.experience.v1 import experience_service_pb2 as spb
+from marti.arguments import is_finite
+from marti.codec import experience as convert
+from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
+from marti.experience_types import SampledTrajectory, TableConfig, parse_table_config
+from marti.rpc.errors import from_status_proto
+from marti.trajectory import Trajectory
+
+from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
+
+SERVICE = "marti.api.experience.v1.ExperienceService"
+_IDEMPOTENT = [
+    (SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable", "UpdatePriorities", "Delete")
+]
+#: Largest decompressed trajectory a client accepts, bytes.
+MAX_ITEM_BYTES = 64 * 1024 * 1024
+
+
+def _info(m: pb.TableInfo) -> TableInfo:
+    return TableInfo(
+        m.name, m.size, m.num_bytes, m.inserts, m.samples, m.deletes, m.evictions, m.priority_updates,
+        m.priority_updates_missing, m.waiting_inserts, m.waiting_samples, m.rate_limiter_diff,
+        convert.table_config_from_proto(m.config), m.stale_removed,
+    )  # fmt: skip
+
+
+#: Longest wait a call may ask for, seconds: the protocol carries waits as uint32 milliseconds (about 49.7 days).
+MAX_TIMEOUT_S = (2**32 - 1) / 1000.0
+
+
+def _timeout_ms(timeout_s: float) -> int:
+    """A wait in seconds as the protocol's milliseconds.
+
+    Raises:
+        InvalidArgumentError: ``timeout_s`` not a number, not finite, <= 0 or above :data:`MAX_TIMEOUT_S`.
+    """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise InvalidArgumentError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN and infinity fail too; a huge int is compared exactly
+        raise InvalidArgumentError(f"timeout_s must be finite, > 0 and <= {MAX_TIMEOUT_S}, got {timeout_s}")
+    return max(1, int(timeout_s * 1000))
+
+
+_UINT32, _INT64 = 2**32 - 1, 2**63 - 1
+
+
+def _in_range(value: int, name: str, lo: int, hi: int) -> None:
+    """Refuse an integer argument outside ``[lo, hi]`` (the range its request field carries).
+
+    Raises:
+        InvalidArgumentError: naming ``name`` and the value (also for a non-integer or a bool).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= int(value) <= hi:
+        raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+
+
+def _sized(value: Any) -> bool:
+    """Whether ``value`` is a sized iterable (a list, tuple or numpy array)."""
+    return hasattr(value, "__len__") and hasattr(value, "__iter__")
+
+
+def _wait_s(timeout_s: float | None, default_s: float) -> float:
+    """The wait of one call: ``timeout_s``, or the client's default when it is None (0 is refused, not the
+    default)."""
+    return default_s if timeout_s is None else timeout_s  # checked by _timeout_ms
+
+
+_ACK = spb.SampleRequest(ack=True)
+
+
+class _SampleRun:
+    """What one confirmed ``Sample`` stream delivered so far, and when the client acks and closes its side.
+
+    The SDK asks for ``confirm`` delivery: the store commits a take only after the client acknowledged it, and
+    puts the items back when the stream ends, breaks or is cancelled before that (a deadline, Ctrl-C, a crash);
+    without ``allow_partial`` it also asks for ``whole_batch`` (a batch it cannot fill takes nothing).
+    """
+
+    def __init__(self) -> None:
+        self.out: list[SampledTrajectory] = []
+        self.stale: list[int] = []
+        self.stale_ids: list[str] = []
+        self.dropped: list[int] = []
+        self.dropped_ids: list[str] = []
+        self.err: MartiError | None = None
+
+    def add(self, resp: spb.SampleResponse) -> bool:
+        """Decode one response; True when the client must ack now: the store sent everything it took and waits
+        for the ack to commit it (sent only once every item is decoded, so nothing acked can be lost here)."""
+        self.err = _Base._sampled(resp, self.out, self.stale, self.stale_ids) or self.err
+        self.dropped.extend(resp.dropped_keys)
+        self.dropped_ids.extend(resp.dropped_episode_ids)
+        return resp.needs_ack
+
+    def batch(self, batch_size: int, allow_partial: bool, table: str) -> SampleBatch:
+        """The finished call's :class:`SampleBatch` (see :meth:`_Base._finish_sample` for its errors)."""
+        out = _Base._finish_sample(
+            self.out, self.err, batch_size, allow_partial, table, self.stale + self.dropped
+        )
+        return SampleBatch(out, self.stale, self.stale_ids, self.dropped, self.dropped_ids)
+
+
+class _Base:
+    """Request building and response parsing shared by the sync and async clients."""
+
+    def __init__(self, agent_id: str, chunk_bytes: int) -> None:
+        if not isinstance(agent_id, str) or not agent_id:
+            raise InvalidArgumentError(f"agent_id must be a non-empty string, got {agent_id!r}")
+        _in_range(chunk_bytes, "chunk_bytes", 1, 2**31 - 1)
+        self.agent_id = agent_id
+        self.chunk_bytes = chunk_bytes
+
+    def _items(
+        self,
+        trajectories: Sequence[Trajectory],
+        table: str | None,
+        priorities: Sequence[float] | None,
+        batch_items: int = 1,
+        idempotent: bool = False,
+    ) -> list[pb.InsertItem]:
+        if isinstance(batch_items, bool) or not isinstance(batch_items, numbers.Integral) or batch_items < 1:
+            raise InvalidArgumentError(f"batch_items must be an integer >= 1, got {batch_items!r}")
+        if priorities is not None and (
+            isinstance(priorities, (str, bytes, Mapping)) or not _sized(priorities)
+        ):
+            raise InvalidArgumentError(
+                f"priorities must be a sequence of numbers or None, got {priorities!r:.80}"
+            )
+        if priorities is not None and len(priorities) != len(trajectories):
+            raise InvalidArgumentError(f"{len(priorities)} priorities for {len(trajectories)} trajectories")
+        for i, p in enumerate(() if priorities is None else priorities):
+            if isinstance(p, bool) or not isinstance(p, numbers.Real):
+                raise InvalidArgumentError(f"priority {i} is {p!r}, not a number")
+            if not is_finite(p):
+                raise InvalidArgumentError(f"priority {i} is {p!r}, not a finite number")
+        items = []
+        for i, t in enumerate(trajectories):
+            if not t.agent_id:
+                t.agent_id = self.agent_id
+            enc = convert.encode_proto(convert.trajectory_to_proto(t), self.chunk_bytes)
+            p = 1.0 if priorities is None else priorities[i]
+            items.append(
+                pb.InsertItem(table=table or "", priority=p, encoded=enc, client_seq=i, idempotent=idempotent)
+            )
+        return items
+
+    @staticmethod
+    def _keys(responses: Iterable[spb.InsertResponse], trajectories: Sequence[Trajectory]) -> list[Inserted]:
+        """The keys (and duplicate flags) of an insert stream's items, in order; or the error of the first item that failed (by
+        position), its message prefixed with that item's position, episode and agent and how many of the
+        others were inserted, and the same in ``metadata`` (``item``, ``episode_id``, ``inserted``,
+        ``inserted_keys``: the keys of the items that were inserted, comma-separated, in item order)."""
+        n = len(trajectories)
+        keys: list[int | None] = [None] * n
+        dups: set[int] = set()
+        errors: dict[int, MartiError] = {}
+        for resp in responses:
+            for c in resp.confirmations:
+                err = from_status_proto(c.status)
+                if err is not None:
+                    errors.setdefault(c.client_seq, err)
+                else:
+                    keys[c.client_seq] = c.key
+                    if c.duplicate:
+                        dups.add(c.client_seq)
+        if errors:
+            i = min(errors)
+            err, t = errors[i], trajectories[i]
+            inserted = [k for k in keys if k is not None]
+            err.message = f"item {i} of {n} (episode {t.episode_id!r}, agent {t.agent_id!r}): {err.message}"
+            if n > 1:
+                err.message += (
+                    f"; {len(inserted)} of the other {n - 1} items were inserted (their keys are in "
+                    "metadata['inserted_keys'])"
+                )
+            err.args = (err.message,)
+            err.metadata.update(
+                item=str(i),
+                episode_id=t.episode_id,
+                inserted=str(len(inserted)),
+                inserted_keys=",".join(map(str, inserted)),
+            )
+            raise err
+        return [Inserted(k, i in dups) for i, k in enumerate(keys) if k is not None]
+
+    def _insert_reqs(self, trajectories, table, priorities, timeout_s, batch_items, idempotent=False):
+        """The InsertRequests of one insert stream (``batch_items`` items each)."""
+        items = self._items(trajectories, table, priorities, batch_items, idempotent)
+        t_ms = _timeout_ms(_wait_s(timeout_s, self.timeout_s))
+        return [
+            spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
+            for i in range(0, len(items), batch_items)
+        ]
+
+    @staticmethod
+    def _delete_req(table: str, episode_ids: Sequence[str]) -> spb.DeleteRequest:
+        if isinstance(episode_ids, str) or not all(isinstance(e, str) for e in episode_ids):
+            raise InvalidArgumentError(f"episode_ids must be a sequence of strings, got {episode_ids!r}")
+        return spb.DeleteRequest(table=table, episode_ids=list(episode_ids))
+
+    @staticmethod
+    def _sample_req(
+        table,
+        batch_size,
+        timeout_s,
+        agent_ids,
+        roles,
+        min_policy_version,
+        max_age_s,
+        current_policy_version=None,
+        allow_partial=False,
+        whole_groups=False,
+    ):
+        _in_range(batch_size, "batch_size", 1, _UINT32)
+        _in_range(min_policy_version, "min_policy_version", 0, _INT64)
+        if current_policy_version is not None:
+            _in_range(current_policy_version, "current_policy_version", 0, _INT64)
+        f = pb.SampleFilter(
+            agent_ids=list(agent_ids or ()), roles=list(roles or ()), min_policy_version=min_policy_version,
+            max_age_s=max_age_s,
+        )  # fmt: skip
+        req = spb.SampleRequest(
+            table=table, num_samples=batch_size, timeout_ms=_timeout_ms(timeout_s), filter=f,
+            format=pb.PAYLOAD_FORMAT_ENCODED, whole_batch=not allow_partial, confirm=True,
+            whole_groups=whole_groups,
+        )  # fmt: skip
+        if current_policy_version is not None:
+            req.current_policy_version = current_policy_version
+        return req
+
+    @staticmethod
+    def _sampled(
+        resp: spb.SampleResponse,
+        out: list[SampledTrajectory],
+        stale: list[int] | None = None,
+        stale_ids: list[str] | None = None,
+    ) -> MartiError | None:
+        if stale is not None:
+            stale.extend(resp.stale_keys)
+        if stale_ids is not None:
+            stale_ids.extend(resp.stale_episode_ids)
+        for m in resp.items:
+            t = convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES))
+            out.append(
+                SampledTrajectory(
+                    m.key,
+                    m.table,
+                    m.priority,
+                    m.probability,
+                    m.importance_weight,
+                    m.times_sampled,
+                    m.table_size,
+                    t,
+                )
+            )
+        return from_status_proto(resp.status)
+
+    @staticmethod
+    def _finish_sample(out, err, batch_size, allow_partial, table, stale=()):
+        consumed = len(out) + len(stale)
+        if consumed < batch_size and not (allow_partial and consumed):
+            if err is not None:
+                raise err
+            raise DeadlineExceededError(
+                f"sample from table {table!r} returned {len(out)} of {batch_size} items"
+            )
+        return out
+
+    @staticmethod
+    def _getall_req(episode_id, session, agent_id, policy_version, tables):
+        if policy_version is not None:
+            _in_range(policy_version, "policy_version", 0, _INT64)
+        req = spb.GetAllExperiencesRequest(
+            episode_id=episode_id or "", session=session or "", agent_id=agent_id or "",
+            tables=list(tables or ()), format=pb.PAYLOAD_FORMAT_ENCODED,
+        )  # fmt: skip
+        if policy_version is not None:
+            req.policy_version = policy_version
+        return req
+
+    @staticmethod
+    def _stored(resp: spb.GetAllExperiencesResponse, out: list[StoredTrajectory]) -> None:
+        for m in resp.items:
+            t = convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES))
+            out.append(StoredTrajectory(m.key, m.table, m.priority, m.times_sampled, t))
+
+    @staticmethod
+    def _table_config(config: TableConfig | dict[str, Any] | None, name: str, kwargs: dict[str, Any]):
+        if isinstance(config, TableConfig):
+            return config
+        return parse_table_config({"name": name, **(config or {}), **kwargs})
+
+    @staticmethod
+    def _updates(table: str, priorities: dict[int, float]) -> spb.UpdatePrioritiesRequest:
+        if not isinstance(priorities, Mapping):
+            raise InvalidArgumentError(
+                f"priorities must be a mapping of item key to priority, got {priorities!r:.80}"
+            )
+        for k, p in priorities.items():
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= int(k) < 2**64:
+                raise InvalidArgumentError(f"item keys are integers in [0, 2**64), got {k!r}")
+            if isinstance(p, bool) or not isinstance(p, numbers.Real):
+                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a number")
+            if not is_finite(p):
+                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a finite number")
+        return spb.UpdatePrioritiesRequest(
+            table=table, updates=[spb.PriorityUpdate(key=k, priority=p) for k, p in priorities.items()]
+        )
