@@ -15,7 +15,8 @@ import pytest
 import marti
 import marti.aio
 from marti.api.trainer.v1 import trainer_pb2
-from marti.clients.trainer import JobInfo, MetricsRecord, _job, _record
+from marti.clients.trainer import JobInfo, MetricsRecord
+from marti.clients.trainer.protocol import _job, _record
 from marti.errors import InvalidArgumentError, NotFoundError, UnauthenticatedError
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
