@@ -114,8 +114,9 @@ def _hints(fn: Callable[..., Any], signature: inspect.Signature) -> dict[str, An
         if annotation is inspect.Parameter.empty or name in ("self", "cls"):
             continue
         if isinstance(annotation, str):
-            try:
-                annotation = eval(annotation, dict(namespace))  # noqa: S307 - our own source's annotations
+            holder = types.SimpleNamespace(__annotations__={name: annotation})
+            try:  # typing's own evaluation of our source's annotations, one parameter at a time
+                annotation = typing.get_type_hints(holder, globalns=dict(namespace))[name]
             except Exception:  # noqa: BLE001 - unknown at run time: leave unchecked
                 continue
         out[name] = annotation
