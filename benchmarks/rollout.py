@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import markdown_table, print_report
-from services.trainer.loop import Addresses, TrainingLoop
+from services.trainer.addresses import Addresses
+from services.trainer.loop import TrainingLoop
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "per-episode"

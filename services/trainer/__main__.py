@@ -13,8 +13,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from marti.api.trainer.v1 import trainer_service_pb2_grpc
 from marti.rpc.server import ServiceSpec, run_server
 from marti.rpc.settings import load_settings
+from services.trainer.addresses import resolve_addresses
 from services.trainer.jobs import JobManager
-from services.trainer.loop import Addresses
 from services.trainer.servicer import TrainerServicer
 from services.trainer.settings import TrainerSettings
 
@@ -23,8 +23,8 @@ SERVICE_NAME = "marti.api.trainer.v1.TrainerService"
 
 def build_specs(settings: TrainerSettings) -> list[ServiceSpec]:
     """The trainer's gRPC service spec for :func:`marti.rpc.server.start_server`."""
-    addresses = Addresses(
-        settings.broker or "", settings.env or "", settings.store or "", settings.service_token
+    addresses, _ = resolve_addresses(
+        broker=settings.broker, env=settings.env, store=settings.store, token=settings.service_token
     )
     jobs = JobManager(addresses, settings.max_concurrent_jobs, allow_user_code=settings.allow_user_code)
     servicer = TrainerServicer(jobs, settings.stream_poll_s)

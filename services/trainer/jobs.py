@@ -17,7 +17,8 @@ from marti.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from services.trainer.loop import Addresses, TrainingLoop, user_code_paths
+from services.trainer.addresses import Addresses
+from services.trainer.loop import TrainingLoop, user_code_paths
 
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 

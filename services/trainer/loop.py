@@ -41,6 +41,7 @@ from marti.config import TaskConfig, TrainConfig, dump_config
 from marti.errors import CancelledError, DeadlineExceededError, InvalidArgumentError
 from marti.trajectory import Trajectory
 from marti.workflow import Workflow, is_import_path, make_custom_env, workflow_from_section
+from services.trainer.addresses import Addresses
 from services.trainer.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.episodes import RUNNER_METRIC_KEYS, EpisodeResult, EpisodeRunner
 from services.trainer.experience import group_key, row_count, trained_tokens, trained_turns
@@ -68,30 +69,6 @@ def _env_context(task: str | None, env_name: str, level: str | None) -> Iterator
         at = f" at curriculum level {level!r}" if level is not None else ""
         where = f"task {task!r} ({env_name}){at}" if task is not None else f"environment {env_name!r}{at}"
         raise InvalidArgumentError(f"{where}: {e}", metadata=e.metadata) from e
-
-
-@dataclass
-class Addresses:
-    """Service addresses the loop talks to (``host:port``), the bearer token, and TLS.
-
-    ``env`` may name several env servers (a list, a comma-separated string, ``dns:///name:port``): the loop then
-    plays its sessions through one :class:`~marti.clients.env.EnvPool` (each new session on the server with
-    the fewest live sessions of the job, pinned there); a single address is one channel, as ever.
-
-    ``tls_ca_file`` (PEM) is used for the services named in ``tls_services`` (those whose address the user
-    gave: ``services.tls_ca_file`` with ``marti train``); the others, e.g. an embedded stack, are plaintext.
-    """
-
-    broker: str
-    env: str | list[str]
-    store: str
-    token: str | None = None
-    tls_ca_file: str | None = None
-    tls_services: frozenset[str] = frozenset()
-
-    def ca_for(self, service: str) -> str | None:
-        """The CA file for ``service`` (``"broker"``, ``"env"`` or ``"store"``); None: plaintext."""
-        return self.tls_ca_file if service in self.tls_services else None
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 
 from marti.config import TrainConfig
 from marti.errors import MartiError
-from services.trainer.loop import Addresses
+from services.trainer.addresses import Addresses, resolve_addresses, with_started
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,16 +83,9 @@ def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Ad
     from marti.stack import LocalStack
 
     services = cfg.services
-    token = args.token or services.token
-    addrs = {
-        "broker": args.broker or services.broker,
-        "env": args.env or services.env,
-        "store": args.store or services.store,
-    }
-    from marti.clients.env.addresses import is_env_pool
-
-    is_env_pool(addrs["env"])  # several env servers: every entry host:port (InvalidArgumentError, named)
-    missing = [k for k, v in addrs.items() if not v]
+    addresses, missing = resolve_addresses(
+        services, broker=args.broker, env=args.env, store=args.store, token=args.token
+    )
     stack = None
     if missing:
         names = {"broker": "broker", "env": "env-server", "store": "store"}
@@ -101,22 +94,15 @@ def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Ad
             services=tuple(names[k] for k in missing),
             data_dir=data_dir,
             log_dir=cfg.run_dir / "logs",
-            token=token,
+            token=addresses.token,
         )
         print(f"starting embedded {', '.join(names[k] for k in missing)} ...", flush=True)
         started = stack.start()
-        for k in missing:
-            addrs[k] = started[names[k]]
-        print("services: " + ", ".join(f"{k}={v}" for k, v in addrs.items()), flush=True)
+        addresses = with_started(addresses, {k: started[names[k]] for k in missing})
+        shown = {k: getattr(addresses, k) for k in ("broker", "env", "store")}
+        print("services: " + ", ".join(f"{k}={v}" for k, v in shown.items()), flush=True)
     try:
-        yield Addresses(
-            addrs["broker"],
-            addrs["env"],
-            addrs["store"],
-            token,
-            tls_ca_file=services.tls_ca_file,
-            tls_services=frozenset(k for k in addrs if k not in missing),  # the embedded stack is plaintext
-        )
+        yield addresses
     finally:
         if stack is not None:
             stack.stop()

@@ -33,7 +33,8 @@ from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
-from services.trainer.loop import Addresses, TrainingLoop
+from services.trainer.addresses import Addresses
+from services.trainer.loop import TrainingLoop
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.rollout.hf import HFRolloutEngine
 from services.trainer.train_cli import untrained_note

@@ -17,13 +17,14 @@ from marti.rpc.testing import serve_in_thread
 from marti.trajectory import Trajectory, Turn
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
+from services.trainer.addresses import Addresses
 from services.trainer.experience_feed import (
     ExperienceFeed,
     missing_members,
     table_name,
     whole_groups,
 )
-from services.trainer.loop import Addresses, TrainingLoop
+from services.trainer.loop import TrainingLoop
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -179,8 +179,9 @@ def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg)
 
 
 def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
+    from services.trainer.addresses import Addresses
     from services.trainer.episodes import EpisodeResult, _Live
-    from services.trainer.loop import Addresses, TrainingLoop
+    from services.trainer.loop import TrainingLoop
 
     cfg = _cfg(
         **{
@@ -197,7 +198,8 @@ def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
 @pytest.mark.parametrize("key", ["workflow.reward_team_share", "workflow.reward_env_weight"])
 def test_reward_weights_alone_recredit_the_env_returns(key):
     from marti.workflow import EpisodeView
-    from services.trainer.loop import Addresses, TrainingLoop
+    from services.trainer.addresses import Addresses
+    from services.trainer.loop import TrainingLoop
 
     loop = TrainingLoop(_cfg(**{key: 0.5}), Addresses("u:1", "u:1", "u:1"), show_progress=False)
     runner = loop._runner(SimpleNamespace(versions=dict), greedy=False)

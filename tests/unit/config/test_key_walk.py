@@ -86,7 +86,8 @@ BASE: dict[str, Any] = {
 
 def _loop(cfg: TrainConfig) -> Any:
     """The training loop of ``cfg``, against service addresses it never dials."""
-    from services.trainer.loop import Addresses, TrainingLoop
+    from services.trainer.addresses import Addresses
+    from services.trainer.loop import TrainingLoop
 
     return TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
 

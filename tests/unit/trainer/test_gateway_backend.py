@@ -17,10 +17,11 @@ from marti.errors import CancelledError, DeadlineExceededError, InvalidArgumentE
 from marti.inference import Generation, SamplingParams
 from marti.trajectory import Trajectory, Turn
 from services.gateway.core.limits import GatewayLimits
+from services.trainer.addresses import Addresses
 from services.trainer.experience_feed import ExperienceFeed
 from services.trainer.gateway_backend import EngineBackend, TrainerBackend
 from services.trainer.generation import ResidentWeights
-from services.trainer.loop import Addresses, TrainingLoop, gateway_limits
+from services.trainer.loop import TrainingLoop, gateway_limits
 from services.trainer.policy import MultiAgentPolicy
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.rollout.hf import HFRolloutEngine

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from marti.config import load_config
-from services.trainer.loop import Addresses, TrainingLoop
+from services.trainer.addresses import Addresses
+from services.trainer.loop import TrainingLoop
 from services.trainer.run_dir import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]

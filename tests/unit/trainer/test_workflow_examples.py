@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from marti.config import load_config
+from services.trainer.addresses import Addresses
 from services.trainer.episodes import EpisodeRunner
-from services.trainer.loop import Addresses, TrainingLoop, episode_metrics
+from services.trainer.loop import TrainingLoop, episode_metrics
 from services.trainer.worker import PolicyWorker
 from tests.trainer_data import one_turn
 
