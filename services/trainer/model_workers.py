@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from marti.config import TrainConfig
 from marti.trajectory import Trajectory
 from services.trainer.experience import Experience, collate
 from services.trainer.learner import TrainableCritic, fit_values, pad_id_of
@@ -48,7 +49,7 @@ class _AgentModelWorker:
 
     def __init__(
         self,
-        config: dict[str, Any],
+        config: TrainConfig,
         agent: str,
         group: list[str] | None = None,
         num_threads: int | None = None,
@@ -77,7 +78,7 @@ class ReferenceWorker(_AgentModelWorker):
     only for each :meth:`ref_logprobs` call (:func:`~services.trainer.models.offloaded`).
 
     Args:
-        config: The training config as a plain dict.
+        config: The training config (validated on the driver, see :func:`~services.trainer.worker.actor_setup`).
         agent: The agent (a trainable one; a frozen agent's policy is its own reference).
         group: The agents of the policy actor that holds ``agent`` (their layout decides the tiny-model seed,
             :func:`~services.trainer.worker.base_model_seed`); ``None`` = the whole team.
@@ -141,7 +142,7 @@ class CriticWorker(_AgentModelWorker):
     """The critic (value model) of one trainable agent and its train engine (PPO with GAE).
 
     Args:
-        config: The training config as a plain dict.
+        config: The training config (validated on the driver, see :func:`~services.trainer.worker.actor_setup`).
         agent: A trainable agent.
         group: The agents of the policy actor that holds ``agent`` (they seed the critic as the colocated
             layout would, :func:`~services.trainer.worker.build_agent_critic`); ``None`` = the whole team.

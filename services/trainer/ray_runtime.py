@@ -307,7 +307,7 @@ class RayRuntime:
             ray.util.remove_placement_group(self._pg)
             self._pg = None
             raise ResourceExhaustedError(f"could not reserve Ray resources {bundles} within {timeout_s:.0f}s")
-        config = self.cfg.model_dump(mode="json")
+        config = self.cfg  # validated once, here; each actor gets the frozen object, not text to parse again
         classes = {
             "policy": PolicyWorker,
             "reference": ReferenceWorker,

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from marti.config import TrainConfig
 from services.trainer.checkpoint import load_rng_state, save_rng_state
 from services.trainer.generation import (
     ResidentWeights,
@@ -47,7 +48,7 @@ class RolloutWorker:
     """Generates the team's turns with a synced copy of its policies (a Ray actor).
 
     Args:
-        config: The training config as a plain dict (Ray passes it by value).
+        config: The training config (validated on the driver, see :func:`~services.trainer.worker.actor_setup`).
         index: This actor's position among the rollout actors (seeds its sampler).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
@@ -55,7 +56,7 @@ class RolloutWorker:
         NotFoundError: a model is not available locally (named, with the places looked).
     """
 
-    def __init__(self, config: dict[str, Any], index: int = 0, num_threads: int | None = None) -> None:
+    def __init__(self, config: TrainConfig, index: int = 0, num_threads: int | None = None) -> None:
         self.cfg, self.device = actor_setup(config, num_threads)
         self.index = index
         torch.manual_seed(self.cfg.seed + SEED_STRIDE * (index + 1))

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from marti.config import TrainConfig, config_from_dict
+from marti.config import TrainConfig
 from marti.errors import InvalidArgumentError
 from marti.inference import SamplingParams
 from marti.trajectory import Trajectory
@@ -267,20 +267,26 @@ def resolve_device(cfg: TrainConfig) -> str:
     return cfg.device
 
 
-def actor_setup(config: dict[str, Any], num_threads: int | None = None) -> tuple[TrainConfig, str]:
-    """Common start of a trainer actor: parse the config, set torch threads, seed the RNGs, pick the device.
+def actor_setup(config: TrainConfig, num_threads: int | None = None) -> tuple[TrainConfig, str]:
+    """Common start of a trainer actor: set torch threads, seed the RNGs, pick the device.
 
     Args:
-        config: The training config as a plain dict (Ray passes it by value).
+        config: The training config, validated once on the driver (Ray passes the frozen object by value; the
+            actor does not parse it again).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
     Returns:
         ``(cfg, device)`` with device ``cpu`` or ``cuda``.
 
     Raises:
-        InvalidArgumentError: the config does not validate.
+        InvalidArgumentError: ``config`` is not a :class:`~marti.config.TrainConfig` (a raw mapping is loaded
+            with :func:`marti.config.config_from_dict` first).
     """
-    cfg = config_from_dict(config)
+    if not isinstance(config, TrainConfig):
+        raise InvalidArgumentError(
+            f"config must be a validated marti.config.TrainConfig, got {type(config).__name__}"
+        )
+    cfg = config
     if num_threads:
         torch.set_num_threads(num_threads)
     random.seed(cfg.seed)
@@ -292,7 +298,7 @@ class PolicyWorker:
     """Policies, rollout engine and strategies of a team.
 
     Args:
-        config: The training config as a plain dict (Ray passes it by value).
+        config: The training config (validated on the driver, see :func:`actor_setup`).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
         agents: The agents this worker serves (one per actor in ``per_agent`` mode); ``None`` = the team.
 
@@ -301,7 +307,7 @@ class PolicyWorker:
     """
 
     def __init__(
-        self, config: dict[str, Any], num_threads: int | None = None, agents: list[str] | None = None
+        self, config: TrainConfig, num_threads: int | None = None, agents: list[str] | None = None
     ) -> None:
         self.cfg, self.device = actor_setup(config, num_threads)
         self.algo = self.cfg.algorithm

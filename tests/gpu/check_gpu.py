@@ -315,7 +315,7 @@ def check_worker_train(device: str) -> None:
         "rollout.max_new_tokens=8",
         "micro_train_batch_size=2",
     ]
-    cfg = load_config(root / "examples" / "tiny.yaml", overrides).model_dump(mode="json")
+    cfg = load_config(root / "examples" / "tiny.yaml", overrides)
     t0 = time.perf_counter()
     colocated = PolicyWorker(cfg, num_threads=4)
     chats = [[{"role": "user", "content": f"Allocate units to task_{i}."}] for i in range(4)]
@@ -333,7 +333,6 @@ def check_worker_train(device: str) -> None:
     assert "value_loss" in stats[-1] and stats[-1]["kl"] != 0.0, stats[-1]
     after = colocated.generate("agent_1", chats, greedy=True)
     split_cfg = load_config(root / "examples" / "tiny.yaml", [*overrides, "ray.colocate_models=false"])
-    split_cfg = split_cfg.model_dump(mode="json")
     policy = PolicyWorker(split_cfg, num_threads=4)
     reference = ReferenceWorker(split_cfg, "agent_1", num_threads=4)
     critic = CriticWorker(split_cfg, "agent_1", num_threads=4)

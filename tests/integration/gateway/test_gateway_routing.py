@@ -98,7 +98,7 @@ def test_each_agents_calls_reach_its_own_adapter_and_an_update_leaves_the_other_
         ],
     )
     assert cfg.policy.mode == "lora" and list(AGENTS) == [a.name for a in cfg.agents]
-    worker = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    worker = PolicyWorker(cfg, num_threads=1)
     tok = load_tokenizer()
     backend = TrainerBackend(_Runtime(worker), list(AGENTS), {a: tok for a in AGENTS})
     server = GatewayServer(Gateway(backend, GatewayLimits(max_wait_ms=1, resident_versions=2)), token=TOKEN)

@@ -153,7 +153,7 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
     cfg = load_config(
         ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}", "rollout.max_new_tokens=5"]
     )
-    worker = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    worker = PolicyWorker(cfg, num_threads=1)
     chats = [[{"role": "user", "content": f"task {i}"}] for i in range(cfg.rollout.episodes_per_step)]
     gens = worker.generate("agent_1", chats)
 

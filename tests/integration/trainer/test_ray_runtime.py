@@ -70,7 +70,7 @@ def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_pat
         "gradient_accumulation_steps=2",
     ]
     path = ROOT / "examples" / "tiny.yaml"
-    colocated = PolicyWorker(load_config(path, overrides).model_dump(mode="json"), num_threads=1)
+    colocated = PolicyWorker(load_config(path, overrides), num_threads=1)
     runtime = RayRuntime(load_config(path, [*overrides, "ray.colocate_models=false"]))
     try:
         runtime.start()

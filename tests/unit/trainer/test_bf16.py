@@ -120,7 +120,7 @@ def test_config_strategy_bf16_reaches_the_learner_forward_and_checkpoints(tmp_pa
     from tests.trainer_data import one_turn
 
     overrides = [f"strategy.bf16={str(bf16).lower()}", "micro_train_batch_size=2"]
-    cfg = load_config(ROOT / "examples" / "tiny.yaml", overrides).model_dump(mode="json")
+    cfg = load_config(ROOT / "examples" / "tiny.yaml", overrides)
     worker = PolicyWorker(cfg)
     assert worker.strategies["agent_1"].bf16 is bf16
     prompt = [5, 6, 7, 8, 9]

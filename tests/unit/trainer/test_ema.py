@@ -49,7 +49,7 @@ def _worker(*extra: str) -> PolicyWorker:
         ROOT / "examples" / "tiny.yaml",
         ["policy.ema=true", "policy.ema_beta=0.5", "rollout.max_new_tokens=4", "learning_rate=0.05", *extra],
     )
-    return PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    return PolicyWorker(cfg, num_threads=1)
 
 
 @pytest.fixture(scope="module")

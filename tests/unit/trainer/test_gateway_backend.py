@@ -60,7 +60,7 @@ def _reference(cfg, agent: str, weights: dict[str, torch.Tensor], version: int) 
 def served_worker():
     """A policy worker with the gateway on (3 resident versions), updated twice; each version's weights."""
     cfg = _cfg("gateway.enabled=true", "gateway.resident_versions=3", "learning_rate=0.05")
-    worker = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    worker = PolicyWorker(cfg, num_threads=1)
     weights = {0: worker.weights_for_sync("agent_1")[0]}
     for v in (1, 2):
         stats = worker.train("agent_1", _samples(worker, "agent_1"))
@@ -73,7 +73,7 @@ def test_the_engine_owns_its_weights_when_the_gateway_serves(served_worker):
     _, worker, _ = served_worker
     assert worker.engine_owns_weights
     assert worker.serving_state()["resident"] == {"agent_1": [0, 1, 2], "agent_2": [0]}
-    plain = PolicyWorker(_cfg().model_dump(mode="json"), num_threads=1)
+    plain = PolicyWorker(_cfg(), num_threads=1)
     assert not plain.engine_owns_weights and plain.resident is None
     assert plain.serving_state()["resident"] == {"agent_1": [0], "agent_2": [0]}
 
@@ -153,7 +153,7 @@ def test_rollout_actors_serve_resident_versions_too():
     from services.trainer.rollout_worker import RolloutWorker
 
     cfg = _cfg("gateway.enabled=true", "gateway.resident_versions=2")
-    worker = RolloutWorker(cfg.model_dump(mode="json"), num_threads=1)
+    worker = RolloutWorker(cfg, num_threads=1)
     v0 = {k: t.clone() for k, t in worker.policy.state_for_sync("agent_2").items()}
     v1 = {k: t + 0.05 for k, t in v0.items()}
     worker.update_weights("agent_2", v1, 1)

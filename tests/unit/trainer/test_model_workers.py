@@ -54,8 +54,8 @@ def _weights(worker: PolicyWorker, agent: str) -> dict[str, torch.Tensor]:
 def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extra):
     """Precomputed ref logprobs and old values through update_agent == the colocated in-process path."""
     overrides = [f"policy.mode={mode}", *extra]
-    colocated = PolicyWorker(_cfg(*overrides).model_dump(mode="json"), num_threads=1)
-    split_cfg = _cfg(*overrides, "ray.colocate_models=false").model_dump(mode="json")
+    colocated = PolicyWorker(_cfg(*overrides), num_threads=1)
+    split_cfg = _cfg(*overrides, "ray.colocate_models=false")
     policy = PolicyWorker(split_cfg, num_threads=1)
     reference = ReferenceWorker(split_cfg, agent, num_threads=1)
     critic = CriticWorker(split_cfg, agent, num_threads=1)
@@ -90,7 +90,7 @@ def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extr
 
 
 def test_critic_worker_checkpoint_resumes_exactly(tmp_path):
-    cfg = _cfg("ray.colocate_models=false").model_dump(mode="json")
+    cfg = _cfg("ray.colocate_models=false")
     critic = CriticWorker(cfg, "agent_1", num_threads=1)
     samples = _samples()
     values = critic.values(samples)
@@ -132,3 +132,16 @@ def test_separate_layout_adds_reference_and_critic_actors_that_fit_on_two_cpus()
     assert colocated._bundles(colocated.actors(), {"CPU": 2.0}) == [{"CPU": 1.0}, {"CPU": 1.0}]
     grpo = RayRuntime(_cfg("ray.colocate_models=false", "algorithm.advantage_estimator=grpo"))
     assert [a.name for a in grpo.actors()] == ["policy_worker", "reference_agent_1", "reference_agent_2"]
+
+
+def test_an_actor_takes_the_drivers_validated_config_and_never_parses_a_mapping():
+    """The config is validated once, on the driver: an actor keeps the very object it was given (Ray ships the
+    frozen TrainConfig by value), and a raw mapping is refused by type instead of being parsed again."""
+    from services.trainer.worker import actor_setup
+
+    cfg = _cfg()
+    assert actor_setup(cfg)[0] is cfg
+    with pytest.raises(
+        InvalidArgumentError, match="config must be a validated marti.config.TrainConfig, got dict"
+    ):
+        actor_setup(cfg.model_dump(mode="json"))

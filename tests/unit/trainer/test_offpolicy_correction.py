@@ -25,7 +25,7 @@ CHATS = [[{"role": "user", "content": f"Split {n} units between task_1 and task_
 @pytest.fixture
 def worker():
     cfg = load_config(ROOT / "examples" / "tiny.yaml", ["rollout.max_new_tokens=6", "seed=3"])
-    return PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    return PolicyWorker(cfg, num_threads=1)
 
 
 def _samples(worker: PolicyWorker, agent: str, rewards=(1.0, 0.0, 1.0, 0.0)) -> list[Trajectory]:

@@ -13,7 +13,7 @@ CHATS = [[{"role": "user", "content": "Say hi"}]] * 2
 
 def _worker(index: int) -> RolloutWorker:
     cfg = load_config(ROOT / "examples" / "tiny.yaml", ["rollout.max_new_tokens=6"])
-    return RolloutWorker(cfg.model_dump(mode="json"), index=index, num_threads=1)
+    return RolloutWorker(cfg, index=index, num_threads=1)
 
 
 def _tokens(worker: RolloutWorker) -> list[list[int]]:

@@ -23,7 +23,7 @@ def _worker() -> PolicyWorker:
             "rollout.max_new_tokens=4",
         ],
     )
-    return PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    return PolicyWorker(cfg, num_threads=1)
 
 
 def test_zero3_worker_syncs_whole_weights_to_its_own_engine_and_after_a_resume(tmp_path):

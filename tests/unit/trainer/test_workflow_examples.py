@@ -21,7 +21,7 @@ def _play(name: str, monkeypatch, seeds=(3, 3)):
     monkeypatch.chdir(ROOT)  # the examples name their functions by paths relative to the repository root
     cfg = load_config(ROOT / "examples" / "workflows" / name / f"{name}.yaml", ["rollout.max_new_tokens=4"])
     loop = TrainingLoop(cfg, Addresses(None, None, None), show_progress=False)  # None: in-process envs
-    worker = PolicyWorker(cfg.model_dump(mode="json"), num_threads=1)
+    worker = PolicyWorker(cfg, num_threads=1)
     runner = EpisodeRunner(
         make_env=loop._make_env,
         generate=lambda agent, chats: worker.generate(agent, chats),
