@@ -16,6 +16,9 @@ Both collate the trajectories exactly as the policy worker does (:func:`services
 same padding), so row ``b``, column ``j`` of their outputs is response token ``j`` of row ``b`` there too.
 Outputs leave the actor on the CPU.
 
+A reference actor gets only its part of the config, :class:`ReferenceActorConfig` (its frozen model layout, the
+seed, the device, offloading), built on the driver by :func:`reference_actor_config`.
+
 Shapes: B rows (trained turns), A = the longest response (the batch's action width).
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,9 @@ from marti.trajectory import Trajectory
 from services.trainer.experience import Experience, collate
 from services.trainer.learner import TrainableCritic, fit_values, pad_id_of
 from services.trainer.models import load_tokenizer
+from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.worker import (
+    ActorConfig,
     actor_setup,
     base_model_seed,
     build_agent_critic,
@@ -41,23 +47,63 @@ from services.trainer.worker import (
 )
 
 
+@dataclass(frozen=True)
+class ReferenceActorConfig(ActorConfig):
+    """A reference actor's part of the training config, built on the driver by :func:`reference_actor_config`.
+
+    Attributes:
+        agent: The agent whose reference model this is.
+        pretrain_model: The agent's policy model: its tokenizer pads the batch, and the reference must share its
+            vocabulary.
+        layout: The one-agent, frozen layout of the reference model (``ref_model``, else the base model, seeded
+            as the policy's base: :func:`~services.trainer.worker.base_model_seed`).
+        offload: ``strategy.offload_reference_model``: the model lives on the CPU between calls.
+    """
+
+    agent: str
+    pretrain_model: str
+    layout: PolicyLayout
+    offload: bool
+
+
+def reference_actor_config(
+    cfg: TrainConfig, agent: str, group: list[str] | None = None
+) -> ReferenceActorConfig:
+    """The narrow config of ``agent``'s reference actor.
+
+    Args:
+        cfg: The training config.
+        agent: A trainable agent (a frozen agent's policy is its own reference).
+        group: The agents of the policy actor that holds ``agent`` (their layout decides the base model's seed);
+            ``None`` = the whole team.
+
+    Raises:
+        InvalidArgumentError: unknown agent.
+    """
+    a = cfg.agent(agent)
+    offload = cfg.strategy.offload_reference_model
+    layout = PolicyLayout(
+        mode="per_agent",
+        agents=(AgentSpec(agent, a.ref_model or a.pretrain_model, is_tuning=False),),
+        seed=base_model_seed(cfg, agent, None if group is None else list(group)),
+        keep_reference=False,
+        attn_implementation=cfg.policy.attn_implementation,
+        disable_dropout=cfg.policy.disable_dropout,
+        init_on_gpu=cfg.strategy.init_on_gpu and not offload,
+    )
+    return ReferenceActorConfig(cfg.seed, cfg.device, agent, a.pretrain_model, layout, offload)
+
+
 class _AgentModelWorker:
-    """What both actors share: the config, the device, the agent, its policy's group and its tokenizer (for
-    padding); subclasses load their model in ``_load``."""
+    """What both actors share: the config, the device, the agent and its tokenizer (for padding); subclasses
+    load their model in ``_load``."""
 
     kind = "model"
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        agent: str,
-        group: list[str] | None = None,
-        num_threads: int | None = None,
-    ) -> None:
+    def _start(self, config: Any, agent: str, pretrain_model: str, num_threads: int | None) -> None:
         self.cfg, self.device = actor_setup(config, num_threads)
         self.agent = agent
-        self.group = None if group is None else list(group)
-        self.tokenizer = load_tokenizer(self.cfg.agent(agent).pretrain_model)
+        self.tokenizer = load_tokenizer(pretrain_model)
         self._load()
 
     def _load(self) -> None:
@@ -78,40 +124,27 @@ class ReferenceWorker(_AgentModelWorker):
     only for each :meth:`ref_logprobs` call (:func:`~services.trainer.models.offloaded`).
 
     Args:
-        config: The training config (validated on the driver, see :func:`~services.trainer.worker.actor_setup`).
-        agent: The agent (a trainable one; a frozen agent's policy is its own reference).
-        group: The agents of the policy actor that holds ``agent`` (their layout decides the tiny-model seed,
-            :func:`~services.trainer.worker.base_model_seed`); ``None`` = the whole team.
+        config: Its narrow config, built on the driver (:func:`reference_actor_config`).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
     Raises:
         NotFoundError: the agent's model is not available locally.
-        InvalidArgumentError: unknown agent or invalid config.
+        InvalidArgumentError: ``config`` is not an actor config; the reference's vocabulary differs from the
+            policy's.
     """
 
     kind = "reference"
 
+    def __init__(self, config: ReferenceActorConfig, num_threads: int | None = None) -> None:
+        self._start(config, config.agent, config.pretrain_model, num_threads)
+
     def _load(self) -> None:
         from services.trainer.models import same_vocabulary
-        from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 
-        agent = self.agent
-        a = self.cfg.agent(agent)
-        source = a.ref_model or a.pretrain_model
-        same_vocabulary(a.pretrain_model, source)
-        spec = AgentSpec(agent, source, is_tuning=False)
-        self.offload = self.cfg.strategy.offload_reference_model
-        layout = PolicyLayout(
-            mode="per_agent",
-            agents=(spec,),
-            seed=base_model_seed(self.cfg, agent, self.group),
-            keep_reference=False,
-            attn_implementation=self.cfg.policy.attn_implementation,
-            disable_dropout=self.cfg.policy.disable_dropout,
-            init_on_gpu=self.cfg.strategy.init_on_gpu and not self.offload,
-        )
+        same_vocabulary(self.cfg.pretrain_model, self.cfg.layout.agents[0].pretrain_model)
+        self.offload = self.cfg.offload
         # a frozen agent: no grad, no copy; offloaded: kept on the CPU between calls
-        self.model = MultiAgentPolicy(layout, device="cpu" if self.offload else self.device)
+        self.model = MultiAgentPolicy(self.cfg.layout, device="cpu" if self.offload else self.device)
         self.model.train(False)
 
     def ref_logprobs(self, trajectories: list[Trajectory]) -> torch.Tensor:
@@ -154,6 +187,12 @@ class CriticWorker(_AgentModelWorker):
     """
 
     kind = "critic"
+
+    def __init__(
+        self, config: TrainConfig, agent: str, group: list[str] | None = None, num_threads: int | None = None
+    ) -> None:
+        self.group = None if group is None else list(group)
+        self._start(config, agent, config.agent(agent).pretrain_model, num_threads)
 
     def _load(self) -> None:
         names = [a.name for a in self.cfg.agents] if self.group is None else self.group

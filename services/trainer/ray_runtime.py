@@ -277,7 +277,7 @@ class RayRuntime:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from services.trainer.model_workers import CriticWorker, ReferenceWorker
+        from services.trainer.model_workers import CriticWorker, ReferenceWorker, reference_actor_config
         from services.trainer.rollout_worker import RolloutWorker
         from services.trainer.worker import PolicyWorker
 
@@ -333,9 +333,13 @@ class RayRuntime:
             elif spec.kind == "rollout":
                 handle = actor.remote(config, index=len(self._rollout), num_threads=threads)
                 self._rollout.append(handle)
+            elif spec.kind == "reference":
+                narrow = reference_actor_config(self.cfg, spec.agents[0], group)
+                handle = actor.remote(narrow, num_threads=threads)
+                self._references[spec.agents[0]] = handle
             else:
                 handle = actor.remote(config, spec.agents[0], group=group, num_threads=threads)
-                (self._references if spec.kind == "reference" else self._critics)[spec.agents[0]] = handle
+                self._critics[spec.agents[0]] = handle
             self._actors.append(handle)
         infos = self._get([a.ping.remote() for a in self._actors])
         for spec, info in zip(specs, infos, strict=True):

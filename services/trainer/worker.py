@@ -24,8 +24,9 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -260,31 +261,49 @@ def build_agent_critic(cfg: TrainConfig, agent: str, trainable: list[str], devic
     return critic, engine
 
 
-def resolve_device(cfg: TrainConfig) -> str:
+def resolve_device(cfg: TrainConfig | ActorConfig) -> str:
     """``cpu`` or ``cuda`` from ``config.device`` (``auto`` picks CUDA when available)."""
     if cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return cfg.device
 
 
-def actor_setup(config: TrainConfig, num_threads: int | None = None) -> tuple[TrainConfig, str]:
+@dataclass(frozen=True)
+class ActorConfig:
+    """Base of an actor's narrow config (its part of the training config, built on the driver): what every
+    actor starts with.
+
+    Attributes:
+        seed: The job's RNG seed (``seed``).
+        device: ``device`` (``auto``, ``cpu`` or ``cuda``; ``auto`` is resolved in the actor, see
+            :func:`resolve_device`).
+    """
+
+    seed: int
+    device: str
+
+
+_Config = TypeVar("_Config", TrainConfig, ActorConfig)
+
+
+def actor_setup(config: _Config, num_threads: int | None = None) -> tuple[_Config, str]:
     """Common start of a trainer actor: set torch threads, seed the RNGs, pick the device.
 
     Args:
-        config: The training config, validated once on the driver (Ray passes the frozen object by value; the
-            actor does not parse it again).
+        config: The training config, validated once on the driver, or an actor's narrow config
+            (:class:`ActorConfig`); Ray passes the frozen object by value and the actor does not parse it again.
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
     Returns:
-        ``(cfg, device)`` with device ``cpu`` or ``cuda``.
+        ``(config, device)`` with device ``cpu`` or ``cuda``.
 
     Raises:
-        InvalidArgumentError: ``config`` is not a :class:`~marti.config.TrainConfig` (a raw mapping is loaded
-            with :func:`marti.config.config_from_dict` first).
+        InvalidArgumentError: ``config`` is neither a :class:`~marti.config.TrainConfig` nor an
+            :class:`ActorConfig` (a raw mapping is loaded with :func:`marti.config.config_from_dict` first).
     """
-    if not isinstance(config, TrainConfig):
+    if not isinstance(config, TrainConfig | ActorConfig):
         raise InvalidArgumentError(
-            f"config must be a validated marti.config.TrainConfig, got {type(config).__name__}"
+            f"config must be a validated marti.config.TrainConfig or an ActorConfig, got {type(config).__name__}"
         )
     cfg = config
     if num_threads:

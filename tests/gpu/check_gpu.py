@@ -304,7 +304,7 @@ def check_worker_train(device: str) -> None:
     """PolicyWorker generate -> train (GAE + KL) -> sync on ``device``; colocated and split layouts agree."""
     from marti.config import load_config
     from marti.trajectory import Trajectory, Turn
-    from services.trainer.model_workers import CriticWorker, ReferenceWorker
+    from services.trainer.model_workers import CriticWorker, ReferenceWorker, reference_actor_config
     from services.trainer.worker import PolicyWorker
 
     root = Path(__file__).resolve().parents[2]
@@ -334,7 +334,7 @@ def check_worker_train(device: str) -> None:
     after = colocated.generate("agent_1", chats, greedy=True)
     split_cfg = load_config(root / "examples" / "tiny.yaml", [*overrides, "ray.colocate_models=false"])
     policy = PolicyWorker(split_cfg, num_threads=4)
-    reference = ReferenceWorker(split_cfg, "agent_1", num_threads=4)
+    reference = ReferenceWorker(reference_actor_config(split_cfg, "agent_1"), num_threads=4)
     critic = CriticWorker(split_cfg, "agent_1", num_threads=4)
     split_stats = []
     for _ in range(2):

@@ -16,7 +16,7 @@ from marti.errors import InvalidArgumentError
 from marti.trajectory import Trajectory
 from services.trainer.experience import collate
 from services.trainer.learner import update_windows
-from services.trainer.model_workers import CriticWorker, ReferenceWorker
+from services.trainer.model_workers import CriticWorker, ReferenceWorker, reference_actor_config
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.worker import PolicyWorker
 from tests.trainer_data import one_turn
@@ -57,7 +57,7 @@ def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extr
     colocated = PolicyWorker(_cfg(*overrides), num_threads=1)
     split_cfg = _cfg(*overrides, "ray.colocate_models=false")
     policy = PolicyWorker(split_cfg, num_threads=1)
-    reference = ReferenceWorker(split_cfg, agent, num_threads=1)
+    reference = ReferenceWorker(reference_actor_config(split_cfg, agent), num_threads=1)
     critic = CriticWorker(split_cfg, agent, num_threads=1)
     assert not policy.critics and not policy.policy._refs, "the split policy keeps no reference or critic"
     assert _weights(colocated, agent).keys() == _weights(policy, agent).keys()
@@ -142,6 +142,27 @@ def test_an_actor_takes_the_drivers_validated_config_and_never_parses_a_mapping(
     cfg = _cfg()
     assert actor_setup(cfg)[0] is cfg
     with pytest.raises(
-        InvalidArgumentError, match="config must be a validated marti.config.TrainConfig, got dict"
+        InvalidArgumentError,
+        match="config must be a validated marti.config.TrainConfig or an ActorConfig, got dict",
     ):
         actor_setup(cfg.model_dump(mode="json"))
+
+
+def test_the_reference_actor_gets_a_narrow_frozen_config_of_its_part():
+    """Built on the driver: the reference model's layout, seed, device and offloading, no config section."""
+    import dataclasses
+
+    from pydantic import BaseModel
+
+    from marti.config import TrainConfig
+
+    cfg = _cfg("ray.colocate_models=false", "strategy.offload_reference_model=true")
+    narrow = reference_actor_config(cfg, "agent_1")
+    assert not any(
+        isinstance(getattr(narrow, f.name), BaseModel | TrainConfig) for f in dataclasses.fields(narrow)
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        narrow.offload = False  # type: ignore[misc]
+    (spec,) = narrow.layout.agents
+    assert (narrow.offload, spec.name, spec.is_tuning, narrow.seed) == (True, "agent_1", False, cfg.seed)
+    assert ReferenceWorker(narrow, num_threads=1).cfg is narrow

@@ -214,11 +214,11 @@ def test_offloaded_helper_calls_compute_then_offload_even_on_error():
 
 
 def test_offload_reference_reaches_the_policy_layout_and_the_reference_actor():
-    from services.trainer.model_workers import ReferenceWorker
+    from services.trainer.model_workers import ReferenceWorker, reference_actor_config
 
     cfg = _cfg("strategy.offload_reference_model=true", "algorithm.kl_coef=0.05", "policy.mode=per_agent")
     assert policy_layout(cfg).offload_reference
-    worker = ReferenceWorker(cfg, "agent_1", num_threads=1)
+    worker = ReferenceWorker(reference_actor_config(cfg, "agent_1"), num_threads=1)
     module = worker.model.model("agent_1")
     events: list = []
     _record_moves(module, events)
@@ -301,11 +301,11 @@ def test_ref_model_is_the_reference_policy(tok, other_model, mode):
 
 
 def test_ref_model_reaches_the_policy_layout_and_the_reference_actor(other_model):
-    from services.trainer.model_workers import ReferenceWorker
+    from services.trainer.model_workers import ReferenceWorker, reference_actor_config
 
     cfg = _cfg("algorithm.kl_coef=0.05", f"agents.0.ref_model={other_model}")
     assert [a.ref_model for a in policy_layout(cfg).agents] == [str(other_model), None]
     samples = [one_turn([5, 6, 7], [8, 9], 1.0, 0), one_turn([5, 6], [8, 9, 10], 0.0, 0)]
-    with_ref = ReferenceWorker(cfg, "agent_1", num_threads=1).ref_logprobs(samples)
-    base = ReferenceWorker(_cfg("algorithm.kl_coef=0.05"), "agent_1", num_threads=1)
+    with_ref = ReferenceWorker(reference_actor_config(cfg, "agent_1"), num_threads=1).ref_logprobs(samples)
+    base = ReferenceWorker(reference_actor_config(_cfg("algorithm.kl_coef=0.05"), "agent_1"), num_threads=1)
     assert not torch.allclose(with_ref, base.ref_logprobs(samples))
