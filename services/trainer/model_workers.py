@@ -16,8 +16,9 @@ Both collate the trajectories exactly as the policy worker does (:func:`services
 same padding), so row ``b``, column ``j`` of their outputs is response token ``j`` of row ``b`` there too.
 Outputs leave the actor on the CPU.
 
-A reference actor gets only its part of the config, :class:`ReferenceActorConfig` (its frozen model layout, the
-seed, the device, offloading), built on the driver by :func:`reference_actor_config`.
+Each actor gets only its part of the config, built on the driver: :class:`ReferenceActorConfig` (its frozen model
+layout, the seed, the device, offloading; :func:`reference_actor_config`) and :class:`CriticActorConfig` (the
+critic's model, seed and engine settings and the update's settings; :func:`critic_actor_config`).
 
 Shapes: B rows (trained turns), A = the longest response (the batch's action width).
 """
@@ -33,16 +34,19 @@ from typing import Any
 import torch
 
 from marti.config import TrainConfig
+from marti.errors import InvalidArgumentError
 from marti.trajectory import Trajectory
 from services.trainer.experience import Experience, collate
-from services.trainer.learner import TrainableCritic, fit_values, pad_id_of
+from services.trainer.learner import LearnerConfig, TrainableCritic, fit_values, pad_id_of
 from services.trainer.models import load_tokenizer
 from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.worker import (
     ActorConfig,
+    CriticSettings,
     actor_setup,
     base_model_seed,
     build_agent_critic,
+    critic_settings,
     learner_config,
 )
 
@@ -92,6 +96,47 @@ def reference_actor_config(
         init_on_gpu=cfg.strategy.init_on_gpu and not offload,
     )
     return ReferenceActorConfig(cfg.seed, cfg.device, agent, a.pretrain_model, layout, offload)
+
+
+@dataclass(frozen=True)
+class CriticActorConfig(ActorConfig):
+    """A critic actor's part of the training config, built on the driver by :func:`critic_actor_config`.
+
+    Attributes:
+        agent: The trainable agent whose critic this is.
+        pretrain_model: The agent's policy model (its tokenizer pads the batch).
+        critic: The critic's model, seed and train engine settings
+            (:class:`~services.trainer.worker.CriticSettings`).
+        learner: The update's settings the critic is fitted with (micro-batches, accumulation, PPO epochs,
+            value clipping: :func:`~services.trainer.worker.learner_config`).
+    """
+
+    agent: str
+    pretrain_model: str
+    critic: CriticSettings
+    learner: LearnerConfig
+
+
+def critic_actor_config(cfg: TrainConfig, agent: str, group: list[str] | None = None) -> CriticActorConfig:
+    """The narrow config of ``agent``'s critic actor.
+
+    Args:
+        cfg: The training config.
+        agent: A trainable agent.
+        group: The agents of the policy actor that holds ``agent`` (their trainable agents seed the critic as the
+            colocated layout would); ``None`` = the whole team.
+
+    Raises:
+        InvalidArgumentError: unknown agent, or an agent that does not train.
+    """
+    names = [a.name for a in cfg.agents] if group is None else list(group)
+    trainable = [n for n in names if cfg.agent(n).is_tuning]
+    if agent not in trainable:
+        raise InvalidArgumentError(f"agent {agent!r} does not train (is_tuning: false) and has no critic")
+    settings = critic_settings(cfg, agent, trainable)
+    return CriticActorConfig(
+        cfg.seed, cfg.device, agent, cfg.agent(agent).pretrain_model, settings, learner_config(cfg)
+    )
 
 
 class _AgentModelWorker:
@@ -175,30 +220,21 @@ class CriticWorker(_AgentModelWorker):
     """The critic (value model) of one trainable agent and its train engine (PPO with GAE).
 
     Args:
-        config: The training config (validated on the driver, see :func:`~services.trainer.worker.actor_setup`).
-        agent: A trainable agent.
-        group: The agents of the policy actor that holds ``agent`` (they seed the critic as the colocated
-            layout would, :func:`~services.trainer.worker.build_agent_critic`); ``None`` = the whole team.
+        config: Its narrow config, built on the driver (:func:`critic_actor_config`).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
     Raises:
         NotFoundError: the critic's model is not available locally.
-        InvalidArgumentError: unknown agent, an agent that does not train, or invalid config.
+        InvalidArgumentError: ``config`` is not an actor config.
     """
 
     kind = "critic"
 
-    def __init__(
-        self, config: TrainConfig, agent: str, group: list[str] | None = None, num_threads: int | None = None
-    ) -> None:
-        self.group = None if group is None else list(group)
-        self._start(config, agent, config.agent(agent).pretrain_model, num_threads)
+    def __init__(self, config: CriticActorConfig, num_threads: int | None = None) -> None:
+        self._start(config, config.agent, config.pretrain_model, num_threads)
 
     def _load(self) -> None:
-        names = [a.name for a in self.cfg.agents] if self.group is None else self.group
-        trainable = [n for n in names if self.cfg.agent(n).is_tuning]
-        self.critic, self.engine = build_agent_critic(self.cfg, self.agent, trainable, self.device)
-        self.algo = self.cfg.algorithm
+        self.critic, self.engine = build_agent_critic(self.cfg.critic, self.device)
 
     def values(self, trajectories: list[Trajectory]) -> torch.Tensor:
         """The critic's values of the batch's response tokens before the update (GAE's baseline).
@@ -244,7 +280,7 @@ class CriticWorker(_AgentModelWorker):
         return fit_values(
             TrainableCritic(self.critic, self.engine),
             batch,
-            learner_config(self.cfg),
+            self.cfg.learner,
             returns.to(self.device),
         )
 

@@ -277,7 +277,12 @@ class RayRuntime:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from services.trainer.model_workers import CriticWorker, ReferenceWorker, reference_actor_config
+        from services.trainer.model_workers import (
+            CriticWorker,
+            ReferenceWorker,
+            critic_actor_config,
+            reference_actor_config,
+        )
         from services.trainer.rollout_worker import RolloutWorker
         from services.trainer.worker import PolicyWorker
 
@@ -338,7 +343,8 @@ class RayRuntime:
                 handle = actor.remote(narrow, num_threads=threads)
                 self._references[spec.agents[0]] = handle
             else:
-                handle = actor.remote(config, spec.agents[0], group=group, num_threads=threads)
+                narrow = critic_actor_config(self.cfg, spec.agents[0], group)
+                handle = actor.remote(narrow, num_threads=threads)
                 self._critics[spec.agents[0]] = handle
             self._actors.append(handle)
         infos = self._get([a.ping.remote() for a in self._actors])

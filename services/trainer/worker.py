@@ -53,6 +53,7 @@ from services.trainer.learner import (
     update_agent,
 )
 from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyLayout
+from services.trainer.strategy.base import OptimConfig
 
 
 def learner_config(cfg: TrainConfig) -> LearnerConfig:
@@ -139,22 +140,25 @@ def critic_zero_stage(cfg: TrainConfig) -> int:
 
 
 def train_strategy(cfg: TrainConfig, zero_stage: int | None = None) -> Any:
-    """The training strategy ``strategy.name`` names, not yet set up on a model.
+    """The training strategy ``strategy.name`` names, not yet set up on a model (:func:`strategy_named`).
 
     Args:
         cfg: The training config (``strategy``, ``micro_train_batch_size``).
         zero_stage: DeepSpeed ZeRO stage; None: ``strategy.zero_stage`` (the policies'). Ignored by ``torch``.
-
-    Returns:
-        A :class:`~services.trainer.strategy.torch_strategy.TorchStrategy` or a
-        :class:`~services.trainer.strategy.deepspeed_strategy.DeepSpeedStrategy` with that stage.
     """
     sc = cfg.strategy
-    if sc.name == "deepspeed":
+    stage = sc.zero_stage if zero_stage is None else zero_stage
+    return strategy_named(sc.name, stage, cfg.micro_train_batch_size)
+
+
+def strategy_named(name: str, zero_stage: int, micro_batch_size: int) -> Any:
+    """A :class:`~services.trainer.strategy.torch_strategy.TorchStrategy` (``torch``) or a
+    :class:`~services.trainer.strategy.deepspeed_strategy.DeepSpeedStrategy` (``deepspeed``) with ZeRO stage
+    ``zero_stage`` and ``micro_batch_size`` rows per micro-batch, not yet set up on a model."""
+    if name == "deepspeed":
         from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
 
-        stage = sc.zero_stage if zero_stage is None else zero_stage
-        return DeepSpeedStrategy(stage, micro_batch_size=cfg.micro_train_batch_size)
+        return DeepSpeedStrategy(zero_stage, micro_batch_size=micro_batch_size)
     from services.trainer.strategy.torch_strategy import TorchStrategy
 
     return TorchStrategy()
@@ -170,6 +174,26 @@ SCHEDULES: dict[str, tuple[str, float]] = {
     "constant": ("constant", 0.0),
     "constant_with_warmup": ("constant", 0.0),
 }
+
+
+def optim_config(cfg: TrainConfig, agent: str, lr: float | None = None) -> OptimConfig:
+    """The optimizer settings of one trainable weight set: ``strategy``, the LR schedule over
+    ``total_steps * ppo_epochs * steps_per_batch`` optimizer steps (``total_steps``: ``max_steps``, or fewer when
+    ``max_epochs`` passes over a finite problem set end the job first), and the agent's learning rate unless
+    ``lr`` is given (the critic's ``algorithm.critic_learning_rate``)."""
+    sc = cfg.strategy
+    total = max(1, cfg.total_steps * cfg.algorithm.ppo_epochs * steps_per_batch(cfg))
+    return OptimConfig(
+        lr=lr or cfg.learning_rate_for(agent),
+        weight_decay=sc.weight_decay,
+        max_grad_norm=sc.grad_clip or None,
+        grad_accum_steps=1,  # update_agent groups micro-batches (gradient_accumulation_steps) itself
+        total_steps=total,
+        warmup_steps=min(cfg.warmup_steps, total),
+        lr_scheduler=SCHEDULES[cfg.lr_scheduler][0],
+        min_lr_ratio=SCHEDULES[cfg.lr_scheduler][1],
+        bf16=sc.bf16,
+    )
 
 
 def build_strategy(
@@ -192,43 +216,68 @@ def build_strategy(
             ``strategy.zero_stage``.
 
     Returns:
-        A :class:`~services.trainer.strategy.base.TrainEngine`; its cosine schedule spans
-        ``total_steps * ppo_epochs * steps_per_batch`` optimizer steps (``total_steps``: ``max_steps``, or fewer
-        when ``max_epochs`` passes over a finite problem set end the job first).
+        A :class:`~services.trainer.strategy.base.TrainEngine` with the settings of :func:`optim_config`.
 
     Raises:
         InvalidArgumentError: no trainable parameters, or an invalid optimizer setting.
     """
-    from services.trainer.strategy.base import OptimConfig
+    return train_strategy(cfg, zero_stage).setup(model, params, optim_config(cfg, agent, lr))
 
-    sc = cfg.strategy
-    total = max(1, cfg.total_steps * cfg.algorithm.ppo_epochs * steps_per_batch(cfg))
-    optim = OptimConfig(
-        lr=lr or cfg.learning_rate_for(agent),
-        weight_decay=sc.weight_decay,
-        max_grad_norm=sc.grad_clip or None,
-        grad_accum_steps=1,  # update_agent groups micro-batches (gradient_accumulation_steps) itself
-        total_steps=total,
-        warmup_steps=min(cfg.warmup_steps, total),
-        lr_scheduler=SCHEDULES[cfg.lr_scheduler][0],
-        min_lr_ratio=SCHEDULES[cfg.lr_scheduler][1],
-        bf16=sc.bf16,
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """What building one agent's critic and its train engine takes (:func:`critic_settings` builds it from the
+    config, on the driver for a critic actor).
+
+    Attributes:
+        model: ``critic_model``, else the agent's base model.
+        seed: ``seed + 100 + i``, ``i`` the agent's position among the trainable agents of its policy actor.
+        attn_implementation: ``policy.attn_implementation``.
+        init_on_gpu: ``strategy.init_on_gpu``.
+        disable_dropout: ``policy.disable_dropout``.
+        optim: The critic's optimizer settings (:func:`optim_config` at ``algorithm.critic_learning_rate``).
+        strategy: ``strategy.name``.
+        zero_stage: :func:`critic_zero_stage`.
+        micro_batch_size: ``micro_train_batch_size`` (DeepSpeed's micro-batch).
+    """
+
+    model: str
+    seed: int
+    attn_implementation: str | None
+    init_on_gpu: bool
+    disable_dropout: bool
+    optim: OptimConfig
+    strategy: str
+    zero_stage: int
+    micro_batch_size: int
+
+
+def critic_settings(cfg: TrainConfig, agent: str, trainable: list[str]) -> CriticSettings:
+    """The critic settings of ``agent``, a trainable agent of a policy actor whose trainable agents are
+    ``trainable`` (they seed the critic)."""
+    a = cfg.agent(agent)
+    return CriticSettings(
+        model=a.critic_model or a.pretrain_model,
+        seed=cfg.seed + 100 + trainable.index(agent),
+        attn_implementation=cfg.policy.attn_implementation,
+        init_on_gpu=cfg.strategy.init_on_gpu,
+        disable_dropout=cfg.policy.disable_dropout,
+        optim=optim_config(cfg, agent, lr=cfg.algorithm.critic_learning_rate),
+        strategy=cfg.strategy.name,
+        zero_stage=critic_zero_stage(cfg),
+        micro_batch_size=cfg.micro_train_batch_size,
     )
-    return train_strategy(cfg, zero_stage).setup(model, params, optim)
 
 
-def build_agent_critic(cfg: TrainConfig, agent: str, trainable: list[str], device: str) -> tuple[Any, Any]:
+def build_agent_critic(settings: CriticSettings, device: str) -> tuple[Any, Any]:
     """The critic of one trainable agent (PPO with GAE) and its train engine.
 
-    The critic loads ``critic_model`` or the agent's base model (:func:`services.trainer.critic.build_critic`)
-    with seed ``seed + 100 + i``, ``i`` the agent's position among the trainable agents of its policy actor
-    (created on the device with ``strategy.init_on_gpu``, without dropout with ``policy.disable_dropout``),
-    and trains at ``algorithm.critic_learning_rate`` under ZeRO stage :func:`critic_zero_stage` (DeepSpeed).
+    The critic loads ``settings.model`` (:func:`services.trainer.critic.build_critic`) with ``settings.seed``
+    (created on the device with ``strategy.init_on_gpu``, without dropout with ``policy.disable_dropout``), and
+    trains with ``settings.optim`` under ZeRO stage ``settings.zero_stage`` (DeepSpeed).
 
     Args:
-        cfg: The training config.
-        agent: A trainable agent.
-        trainable: The trainable agents of the policy actor that holds ``agent`` (seeds the critic).
+        settings: From :func:`critic_settings`.
         device: ``cpu`` or ``cuda``.
 
     Returns:
@@ -240,24 +289,16 @@ def build_agent_critic(cfg: TrainConfig, agent: str, trainable: list[str], devic
     from services.trainer.critic import build_critic
     from services.trainer.models import construction_device
 
-    a = cfg.agent(agent)
-    seed = cfg.seed + 100 + trainable.index(agent)
     critic = build_critic(
-        a.critic_model or a.pretrain_model,
-        seed=seed,
+        settings.model,
+        seed=settings.seed,
         device=device,
-        attn_implementation=cfg.policy.attn_implementation,
-        init_device=construction_device(cfg.strategy.init_on_gpu, device),
-        disable_dropout=cfg.policy.disable_dropout,
+        attn_implementation=settings.attn_implementation,
+        init_device=construction_device(settings.init_on_gpu, device),
+        disable_dropout=settings.disable_dropout,
     )
-    engine = build_strategy(
-        cfg,
-        agent,
-        critic,
-        list(critic.parameters()),
-        lr=cfg.algorithm.critic_learning_rate,
-        zero_stage=critic_zero_stage(cfg),
-    )
+    strategy = strategy_named(settings.strategy, settings.zero_stage, settings.micro_batch_size)
+    engine = strategy.setup(critic, list(critic.parameters()), settings.optim)
     return critic, engine
 
 
@@ -368,9 +409,8 @@ class PolicyWorker:
         self.critic_engines: dict[str, Any] = {}
         if self.algo.advantage_estimator == "gae" and self.cfg.ray.colocate_models:
             for agent in self.policy.trainable_agents:
-                critic, engine = build_agent_critic(
-                    self.cfg, agent, self.policy.trainable_agents, self.device
-                )
+                settings = critic_settings(self.cfg, agent, self.policy.trainable_agents)
+                critic, engine = build_agent_critic(settings, self.device)
                 self.critics[agent], self.critic_engines[agent] = critic, engine
         self.data_position: dict[str, Any] = {"step": 0}
         # algorithm.normalize_reward: each agent's running reward moments (saved with the checkpoint).

@@ -304,7 +304,12 @@ def check_worker_train(device: str) -> None:
     """PolicyWorker generate -> train (GAE + KL) -> sync on ``device``; colocated and split layouts agree."""
     from marti.config import load_config
     from marti.trajectory import Trajectory, Turn
-    from services.trainer.model_workers import CriticWorker, ReferenceWorker, reference_actor_config
+    from services.trainer.model_workers import (
+        CriticWorker,
+        ReferenceWorker,
+        critic_actor_config,
+        reference_actor_config,
+    )
     from services.trainer.worker import PolicyWorker
 
     root = Path(__file__).resolve().parents[2]
@@ -335,7 +340,7 @@ def check_worker_train(device: str) -> None:
     split_cfg = load_config(root / "examples" / "tiny.yaml", [*overrides, "ray.colocate_models=false"])
     policy = PolicyWorker(split_cfg, num_threads=4)
     reference = ReferenceWorker(reference_actor_config(split_cfg, "agent_1"), num_threads=4)
-    critic = CriticWorker(split_cfg, "agent_1", num_threads=4)
+    critic = CriticWorker(critic_actor_config(split_cfg, "agent_1"), num_threads=4)
     split_stats = []
     for _ in range(2):
         values = critic.values(samples)

@@ -128,7 +128,7 @@ def test_response_prefix_ends_the_prompt_and_starts_the_text(prefix):
 def test_critic_model_is_the_model_the_critic_is_loaded_from(critic_model, loaded):
     import torch
 
-    from services.trainer.worker import build_agent_critic
+    from services.trainer.worker import build_agent_critic, critic_settings
 
     cfg = _cfg(**{"agents.0.critic_model": critic_model, "algorithm.advantage_estimator": "gae"})
     names: list[str] = []
@@ -138,7 +138,7 @@ def test_critic_model_is_the_model_the_critic_is_loaded_from(critic_model, loade
         return torch.nn.Linear(2, 1)
 
     with mock.patch("services.trainer.critic.build_critic", build_critic):
-        critic, engine = build_agent_critic(cfg, "a", ["a", "b"], "cpu")
+        critic, engine = build_agent_critic(critic_settings(cfg, "a", ["a", "b"]), "cpu")
     assert names == [loaded] and engine is not None
 
 

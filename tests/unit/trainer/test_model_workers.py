@@ -16,7 +16,12 @@ from marti.errors import InvalidArgumentError
 from marti.trajectory import Trajectory
 from services.trainer.experience import collate
 from services.trainer.learner import update_windows
-from services.trainer.model_workers import CriticWorker, ReferenceWorker, reference_actor_config
+from services.trainer.model_workers import (
+    CriticWorker,
+    ReferenceWorker,
+    critic_actor_config,
+    reference_actor_config,
+)
 from services.trainer.ray_runtime import RayRuntime
 from services.trainer.worker import PolicyWorker
 from tests.trainer_data import one_turn
@@ -58,7 +63,7 @@ def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extr
     split_cfg = _cfg(*overrides, "ray.colocate_models=false")
     policy = PolicyWorker(split_cfg, num_threads=1)
     reference = ReferenceWorker(reference_actor_config(split_cfg, agent), num_threads=1)
-    critic = CriticWorker(split_cfg, agent, num_threads=1)
+    critic = CriticWorker(critic_actor_config(split_cfg, agent), num_threads=1)
     assert not policy.critics and not policy.policy._refs, "the split policy keeps no reference or critic"
     assert _weights(colocated, agent).keys() == _weights(policy, agent).keys()
     initial = _weights(colocated, agent)
@@ -91,7 +96,7 @@ def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extr
 
 def test_critic_worker_checkpoint_resumes_exactly(tmp_path):
     cfg = _cfg("ray.colocate_models=false")
-    critic = CriticWorker(cfg, "agent_1", num_threads=1)
+    critic = CriticWorker(critic_actor_config(cfg, "agent_1"), num_threads=1)
     samples = _samples()
     values = critic.values(samples)
     returns = torch.ones_like(values)
@@ -166,3 +171,21 @@ def test_the_reference_actor_gets_a_narrow_frozen_config_of_its_part():
     (spec,) = narrow.layout.agents
     assert (narrow.offload, spec.name, spec.is_tuning, narrow.seed) == (True, "agent_1", False, cfg.seed)
     assert ReferenceWorker(narrow, num_threads=1).cfg is narrow
+
+
+def test_the_critic_actor_gets_a_narrow_frozen_config_of_its_part():
+    """Built on the driver: the critic's model, seed and engine settings and the update's settings."""
+    import dataclasses
+
+    from pydantic import BaseModel
+
+    cfg = _cfg("ray.colocate_models=false", "algorithm.critic_learning_rate=0.003", "seed=7")
+    narrow = critic_actor_config(cfg, "agent_1")
+    assert not any(isinstance(getattr(narrow, f.name), BaseModel) for f in dataclasses.fields(narrow))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        narrow.agent = "agent_2"  # type: ignore[misc]
+    assert (narrow.critic.optim.lr, narrow.critic.seed, narrow.critic.strategy) == (0.003, 107, "torch")
+    assert narrow.learner.micro_batch_size == cfg.micro_train_batch_size
+    assert CriticWorker(narrow, num_threads=1).cfg is narrow
+    with pytest.raises(InvalidArgumentError, match="does not train"):
+        critic_actor_config(_cfg("agents.0.is_tuning=false"), "agent_1")

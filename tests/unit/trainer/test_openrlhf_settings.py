@@ -27,6 +27,7 @@ from services.trainer.observe.metrics import METRICS_FILE, RunWriter
 from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.worker import (
     build_agent_critic,
+    critic_settings,
     critic_zero_stage,
     policy_layout,
     train_strategy,
@@ -163,7 +164,7 @@ def test_critic_engine_trains_under_critic_zero_stage():
         "strategy.critic_zero_stage=2",
         "algorithm.advantage_estimator=gae",
     )
-    critic, engine = build_agent_critic(cfg, "agent_1", ["agent_1", "agent_2"], "cpu")
+    critic, engine = build_agent_critic(critic_settings(cfg, "agent_1", ["agent_1", "agent_2"]), "cpu")
     assert engine.zero_stage == 2
     assert engine.ds.zero_optimization_stage() == 2
 
