@@ -1,5 +1,5 @@
 """What the broker SDK promises a user (issue 29, items 2, 3, 4, 9 and the broker part of 14), over a real broker
-on port 0, sync and asyncio clients alike:
+process on port 0, sync and asyncio clients alike:
 
 * a constructed client has joined its session: a broadcast from another process reaches it before it polls,
   and ``broadcast`` says how many agents it reached;
@@ -20,21 +20,22 @@ import threading
 import time
 
 import pytest
+from faults import procs
 
 from marti.clients.broker import AsyncMartiCommClient, MartiCommClient
 from marti.errors import FailedPreconditionError, InvalidArgumentError
-from marti.rpc.testing import serve_in_thread
-from services.comm_broker.servicer import broker_service
-from services.comm_broker.settings import BrokerSettings
 
 ACK_TIMEOUT_S = 0.3
 
 
 @pytest.fixture(scope="module")
 def address():
-    settings = BrokerSettings(port=0, tick_interval_s=0.05, ack_timeout_s=ACK_TIMEOUT_S)
-    with serve_in_thread(lambda: [broker_service(settings)], settings) as server:
-        yield server.address
+    """A real ``marti broker`` process on port 0 (the clients run in this process or in children of it)."""
+    broker = procs.start("broker", settings={"tick_interval_s": "0.05", "ack_timeout_s": str(ACK_TIMEOUT_S)})
+    try:
+        yield broker.address
+    finally:
+        broker.stop()
 
 
 # ------------------------------------------------------------------------------ item 2: joined on construction
