@@ -4,7 +4,8 @@
 annotation before the body runs; a mismatch raises :class:`~marti.errors.InvalidArgumentError` naming the
 function, the argument, what it must be and the value. What is checked:
 
-- ``str``, ``bytes``, ``bool``, classes (``Trajectory``, ``TableConfig``, ...): ``isinstance``;
+- ``str``: a string that UTF-8 can carry (no lone surrogate such as ``"\\udcff"``), as every proto field;
+- ``bytes``, ``bool``, classes (``Trajectory``, ``TableConfig``, ...): ``isinstance``;
 - ``int``: an integer (numpy integers count; ``bool`` does not) that fits 64 bits, as every proto field;
 - ``float``: a real number (numpy floats count; ``bool`` does not) that is finite;
 - ``X | None``, ``Optional``, ``Union``, ``Literal``: any member; ``Any``, callables, protocols, channels: nothing;
@@ -85,7 +86,7 @@ def _checked(fn: F, own: frozenset[str]) -> F:
                 continue
             if not matches(value, tp):
                 raise InvalidArgumentError(
-                    f"{fn.__qualname__}: {name} must be {describe(tp)}, got {_short(value)}"
+                    f"{fn.__qualname__}: {name} must be {describe(tp)}, got {_short(value)}{_why(value)}"
                 )
 
     if inspect.iscoroutinefunction(fn):
@@ -135,6 +136,8 @@ def matches(value: Any, tp: Any, shallow: bool = False) -> bool:
         return any(matches(value, member, shallow) for member in typing.get_args(tp))
     if origin is typing.Literal:
         return value in typing.get_args(tp)
+    if tp is str:
+        return isinstance(value, str) and is_utf8(value)
     if tp is int:
         return _is_int(value) and _INT64[0] <= int(value) <= _INT64[1]
     if tp is float:
@@ -148,6 +151,30 @@ def matches(value: Any, tp: Any, shallow: bool = False) -> bool:
     if isinstance(tp, type) and origin is None and tp.__module__ != "typing" and not _is_protocol(tp):
         return isinstance(value, tp)
     return True  # callables, protocols, aliases we cannot check
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` is valid Unicode that UTF-8 (and so protobuf) can carry: no lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(value: Any, name: str) -> Any:
+    """Return ``value``; if it is a ``str`` that UTF-8 cannot carry, refuse it naming ``name``.
+
+    Non-text values pass through unchecked (their own checks apply).
+
+    Raises:
+        InvalidArgumentError: ``value`` is a ``str`` with a lone surrogate; the message names ``name``.
+    """
+    if isinstance(value, str) and not is_utf8(value):
+        raise InvalidArgumentError(
+            f"{name} must be valid Unicode that UTF-8 can carry (no lone surrogate), got {value!r:.80}"
+        )
+    return value
 
 
 def _is_int(value: Any) -> bool:
@@ -215,6 +242,18 @@ def describe(tp: Any) -> str:
         args = typing.get_args(tp)
         return f"a mapping of {describe(args[0])} to {describe(args[1])}" if len(args) == 2 else "a mapping"
     return f"a {getattr(tp, '__name__', str(tp))}"
+
+
+def _why(value: Any) -> str:
+    """A hint when the value holds text UTF-8 cannot carry (the usual reason a ``str`` is refused), else ``""``."""
+    texts = [value] if isinstance(value, str) else []
+    if isinstance(value, cabc.Mapping):
+        texts = [t for kv in value.items() for t in kv if isinstance(t, str)]
+    elif isinstance(value, (list, tuple)):
+        texts = [t for t in value if isinstance(t, str)]
+    if any(not is_utf8(t) for t in texts):
+        return " (text must be valid Unicode that UTF-8 can carry: no lone surrogate)"
+    return ""
 
 
 def _short(value: Any) -> str:

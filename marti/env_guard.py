@@ -16,6 +16,7 @@ from typing import Any
 import gymnasium
 from pettingzoo import ParallelEnv
 
+from marti.arguments import check_text
 from marti.errors import FailedPreconditionError, InvalidArgumentError
 
 #: Default length limit of a text action (characters) when the env config names none.
@@ -50,15 +51,18 @@ def check_actions(actions: Any) -> Mapping[str, Any]:
     """Check that ``actions`` is a mapping of agent name (``str``) -> action.
 
     Raises:
-        InvalidArgumentError: ``actions`` is not a mapping, or a key is not a string (named).
+        InvalidArgumentError: ``actions`` is not a mapping, a key is not a string (named), or a key or a text
+            action is not valid Unicode that UTF-8 can carry (a lone surrogate; names ``actions[agent]``).
     """
     if not isinstance(actions, Mapping):
         raise InvalidArgumentError(f"actions must be a dict of agent -> action, got {type(actions).__name__}")
-    for agent in actions:
+    for agent, action in actions.items():
         if not isinstance(agent, str):
             raise InvalidArgumentError(
                 f"actions keys must be agent names (str), got {type(agent).__name__} {agent!r}"
             )
+        check_text(agent, "actions key")
+        check_text(action, f"actions[{agent!r}]")
     return actions
 
 
@@ -67,12 +71,15 @@ def check_options(options: Any) -> dict[str, Any] | None:
     (the :mod:`marti.codec.env` ``Value`` types), so an option refused remotely is refused in-process too.
 
     Raises:
-        InvalidArgumentError: Not a mapping, a non-string key, or a value that cannot be sent (named).
+        InvalidArgumentError: Not a mapping, a non-string key, text UTF-8 cannot carry (a lone surrogate), an
+            integer outside int64, or a value that cannot be sent; the message names the key path
+            (``options['a']['b']``).
     """
     if options is None:
         return None
     if not isinstance(options, Mapping):
         raise InvalidArgumentError(f"options must be a dict or None, got {type(options).__name__}")
+    _check_wire_value(options, "options")
     from marti.codec.env import map_to_proto
 
     try:
@@ -82,15 +89,31 @@ def check_options(options: Any) -> dict[str, Any] | None:
     return dict(options)
 
 
+def _check_wire_value(value: Any, path: str) -> None:
+    """Refuse, naming ``path``, text UTF-8 cannot carry and integers outside int64 anywhere inside ``value``."""
+    if isinstance(value, str):
+        check_text(value, path)
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if not SEED_MIN <= int(value) <= SEED_MAX:
+            raise InvalidArgumentError(f"{path}={int(value)} is outside the int64 range [-2**63, 2**63 - 1]")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            check_text(key, f"{path} key")
+            _check_wire_value(item, f"{path}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_wire_value(item, f"{path}[{i}]")
+
+
 def check_env_id(env_id: Any) -> str:
-    """Check that ``env_id`` is a non-empty string.
+    """Check that ``env_id`` is a non-empty string that UTF-8 can carry.
 
     Raises:
         InvalidArgumentError: It is not (the value is named).
     """
     if not isinstance(env_id, str) or not env_id:
         raise InvalidArgumentError(f"env_id must be a non-empty str, got {type(env_id).__name__} {env_id!r}")
-    return env_id
+    return check_text(env_id, "env_id")
 
 
 def check_agent(agent: Any, possible_agents: list[str]) -> str:

@@ -147,6 +147,32 @@ CASES: dict[str, tuple[bool, Callable[[Any], Any], type[MartiError], str]] = {
     "seed_2_63": (True, lambda e: e.reset(seed=2**63), InvalidArgumentError, "seed"),
     "options_list": (True, lambda e: e.reset(seed=1, options=[1]), InvalidArgumentError, "options"),
     "options_object": (True, lambda e: e.reset(options={"o": object()}), InvalidArgumentError, "options"),
+    "options_int_2_70": (True, lambda e: e.reset(options={"a": 2**70}), InvalidArgumentError, "options['a']"),
+    "options_nested_int_2_70": (
+        True,
+        lambda e: e.reset(options={"a": {"b": [1, -(2**70)]}}),
+        InvalidArgumentError,
+        "options['a']['b'][1]",
+    ),
+    "options_surrogate_value": (
+        True,
+        lambda e: e.reset(options={"a": "x\udcff"}),
+        InvalidArgumentError,
+        "options['a']",
+    ),
+    "options_surrogate_key": (
+        True,
+        lambda e: e.reset(options={"\udcff": 1}),
+        InvalidArgumentError,
+        "options",
+    ),
+    "action_surrogate": (
+        True,
+        lambda e: _step(e, {"agent_1": "a\x00b\udcff", "agent_2": "x"}),
+        InvalidArgumentError,
+        "actions['agent_1']",
+    ),
+    "agent_surrogate": (True, lambda e: _step(e, {"agent\udcff": "x"}), InvalidArgumentError, "actions"),
 }
 
 
@@ -178,7 +204,13 @@ def test_make_with_a_bad_seed_is_refused_everywhere(
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize(
-    "env_id, error", [(5, InvalidArgumentError), ("", InvalidArgumentError), ("nope", NotFoundError)]
+    "env_id, error",
+    [
+        (5, InvalidArgumentError),
+        ("", InvalidArgumentError),
+        ("nope", NotFoundError),
+        ("env\udcff", InvalidArgumentError),
+    ],
 )
 def test_make_with_a_bad_env_id_is_refused_everywhere(
     flavour: str, env_id: Any, error: type, address: str
