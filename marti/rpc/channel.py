@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from marti.errors import InvalidArgumentError
+from marti.errors import InvalidArgumentError, NotFoundError
 from marti.rpc.address import check_address
 from marti.rpc.options import common_options, reconnect_options
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
@@ -90,6 +90,8 @@ def _resolve_token(token: str | None, service: str | None) -> tuple[str | None, 
     if service is not None and service not in TOKEN_ENV_VARS:
         raise InvalidArgumentError(f"unknown service {service!r}; expected one of {sorted(TOKEN_ENV_VARS)}")
     if token is not None:
+        if not isinstance(token, str):
+            raise InvalidArgumentError(f"token must be a string or None, got {type(token).__name__}")
         return token, "token"
     names = ((TOKEN_ENV_VARS[service],) if service else ()) + (SHARED_TOKEN_ENV,)
     for name in names:
@@ -120,6 +122,32 @@ def check_token(token: str, source: str = "token") -> None:
         raise InvalidArgumentError(
             f"{source} must be printable ASCII (gRPC metadata); got a value with a {kind} at position {position}"
         )
+
+
+def read_pem(path: Any, name: str) -> bytes | None:
+    """The bytes of the PEM file a client was given for TLS (``None`` or ``""``: none given).
+
+    Args:
+        path: A ``str`` or ``os.PathLike`` path, or ``None``.
+        name: The argument's name (``"tls_ca_file"``), for the message.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a path, or names something that cannot be read as a file (a
+            directory, no permission); the message names ``name`` and the path.
+        NotFoundError: No file at ``path`` (named).
+    """
+    if path is None or path == "":
+        return None
+    if not isinstance(path, str | os.PathLike):
+        raise InvalidArgumentError(
+            f"{name} must be a file path (str) or None, got {type(path).__name__} {path!r:.80}"
+        )
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise NotFoundError(f"{name}: no file at {os.fspath(path)!r}") from None
+    except (OSError, ValueError) as exc:  # a directory, no permission, a NUL in the path
+        raise InvalidArgumentError(f"{name}: cannot read {os.fspath(path)!r}: {exc}") from None
 
 
 def retry_service_config(idempotent_methods: Sequence[tuple[str, str]], max_attempts: int = 4) -> str:
@@ -300,7 +328,9 @@ def make_channel(
 
     Raises:
         InvalidArgumentError: The address has no port or is malformed, the token (given or from the
-            environment) is not printable ASCII, or ``service`` is unknown. Nothing is dialed then.
+            environment) is not a printable-ASCII string, a TLS file argument is not a path or cannot be read
+            (see :func:`read_pem`), or ``service`` is unknown. Nothing is dialed then.
+        NotFoundError: A TLS file argument names no file.
     """
     check_address(address, f"{service} address" if service else "address")
     token, source = _resolve_token(token, service)
@@ -312,9 +342,9 @@ def make_channel(
     creds = None
     if tls_ca_file or tls_cert_file:
         creds = grpc.ssl_channel_credentials(
-            root_certificates=Path(tls_ca_file).read_bytes() if tls_ca_file else None,
-            private_key=Path(tls_key_file).read_bytes() if tls_key_file else None,
-            certificate_chain=Path(tls_cert_file).read_bytes() if tls_cert_file else None,
+            root_certificates=read_pem(tls_ca_file, "tls_ca_file"),
+            private_key=read_pem(tls_key_file, "tls_key_file"),
+            certificate_chain=read_pem(tls_cert_file, "tls_cert_file"),
         )
         if token:
             creds = grpc.composite_channel_credentials(
