@@ -13,7 +13,19 @@ import socket
 
 from marti.errors import UnavailableError
 
-__all__ = ["address_in_use_error", "port_in_use"]
+__all__ = ["address_in_use_error", "host_port", "port_in_use"]
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as gRPC parses it: a bare IPv6 literal (``::1``) is bracketed (``[::1]:50051``).
+
+    Args:
+        host: A name, an IPv4 address, or an IPv6 address with or without brackets.
+        port: TCP port.
+    """
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
 
 
 def _addresses(host: str, port: int) -> list[tuple[int, tuple]]:
@@ -66,6 +78,6 @@ def address_in_use_error(what: str, host: str, port: int) -> UnavailableError:
         An :class:`~marti.errors.UnavailableError` saying "address in use" and naming the port.
     """
     return UnavailableError(
-        f"{what} cannot listen on {host}:{port}: address in use (port {port} is taken by another process; "
+        f"{what} cannot listen on {host_port(host, port)}: address in use (port {port} is taken by another process; "
         "stop it, or choose another port: 0 picks a free one)"
     )

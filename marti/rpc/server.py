@@ -26,7 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from marti import errors
-from marti.rpc.bind import address_in_use_error, port_in_use
+from marti.rpc.bind import address_in_use_error, host_port, port_in_use
 from marti.rpc.interceptors import ServerInterceptor
 from marti.rpc.options import common_options, server_options
 from marti.rpc.settings import ServerSettings
@@ -74,9 +74,10 @@ class RunningServer:
 
     @property
     def address(self) -> str:
-        """``host:port`` to dial (``0.0.0.0`` binds are reported as ``127.0.0.1``)."""
+        """``host:port`` to dial (``0.0.0.0`` binds are reported as ``127.0.0.1``; an IPv6 host is bracketed,
+        ``[::1]:50051``)."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "", "[::]", "::") else self.host
-        return f"{host}:{self.port}"
+        return host_port(host, self.port)
 
     async def set_serving(self, serving: bool) -> None:
         """Set the health status of the server ("") and of every hosted service."""
@@ -120,7 +121,7 @@ def _read(path: str | None) -> bytes | None:
 
 def _bind(server: grpc.aio.Server, settings: ServerSettings, what: str) -> int:
     """Add the server's port; a taken port is refused before gRPC tries it (gRPC would log its own error)."""
-    target = f"{settings.host}:{settings.port}"
+    target = host_port(settings.host, settings.port)  # a bare IPv6 host (``::1``) is bracketed for gRPC
     if port_in_use(settings.host, settings.port):
         raise address_in_use_error(what, settings.host, settings.port)
     creds = None

@@ -126,3 +126,25 @@ def test_marti_health_refuses_an_address_without_a_port():
     out = _marti("health", "localhost")
     assert out.returncode == 2, out
     assert "'localhost' cannot be dialed: it has no port" in _one_line(out.stderr)
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_a_bare_ipv6_host_is_bracketed_and_served():
+    """``marti broker --host ::1`` binds ``[::1]`` (gRPC refused the bare literal with a C-core log line)."""
+    svc = start("broker", "--host", "::1")
+    try:
+        assert svc.address.startswith("[::1]:"), svc.address
+        assert check_health(svc.address, "marti.api.broker.v1.BrokerService") == "SERVING"
+    finally:
+        svc.stop()
