@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from marti.arguments import check_text
 from marti.codec import broker as broker_codec
 from marti.errors import InvalidArgumentError
 from marti.rpc.channel import MAX_TIMEOUT_S
@@ -29,10 +30,10 @@ def _shown(value: Any) -> str:
 
 
 def text_arg(name: str, value: Any) -> str:
-    """A non-empty string argument (an agent id, a session, a topic)."""
+    """A non-empty string argument (an agent id, a session, a topic) that UTF-8 can carry (no lone surrogate)."""
     if not isinstance(value, str) or not value:
         raise InvalidArgumentError(f"{name} must be a non-empty string, got {_shown(value)}")
-    return value
+    return check_text(value, name)
 
 
 def count_arg(name: str, value: Any, minimum: int = 0, maximum: int | None = UINT32_MAX) -> int:

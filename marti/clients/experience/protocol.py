@@ -10,7 +10,7 @@ from typing import Any
 
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
-from marti.arguments import is_finite
+from marti.arguments import check_text, is_finite
 from marti.codec import experience as convert
 from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
 from marti.experience_types import SampledTrajectory, TableConfig, parse_table_config
@@ -117,6 +117,7 @@ class _Base:
     def __init__(self, agent_id: str, chunk_bytes: int) -> None:
         if not isinstance(agent_id, str) or not agent_id:
             raise InvalidArgumentError(f"agent_id must be a non-empty string, got {agent_id!r}")
+        check_text(agent_id, "agent_id")
         _in_range(chunk_bytes, "chunk_bytes", 1, 2**31 - 1)
         self.agent_id = agent_id
         self.chunk_bytes = chunk_bytes

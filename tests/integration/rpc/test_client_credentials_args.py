@@ -1,8 +1,9 @@
-"""Every SDK client refuses a bad ``token`` or ``tls_ca_file`` at construction with a typed, named error.
+"""Every SDK client refuses a bad ``token``, ``tls_ca_file`` or text argument at construction, typed and named.
 
 Issue 29 item 14: ``token=5`` or ``token=["a", 1]`` gave a raw ``TypeError``, ``tls_ca_file=5`` a ``TypeError``
 and a missing CA file a raw ``FileNotFoundError``. The one check is ``marti.rpc.channel`` (``_resolve_token``
-and ``read_pem``), used by every client's channel. Nothing is dialed: the address is a closed local port.
+and ``read_pem``), used by every client's channel. Item 10: text UTF-8 cannot carry (a lone surrogate) raised a
+raw ``UnicodeEncodeError``. Nothing is dialed: the address is a closed local port.
 """
 
 from __future__ import annotations
@@ -56,4 +57,24 @@ def test_bad_credentials_argument_is_named(client: str, case: str) -> None:
     kwargs, error, named = BAD[case]
     with pytest.raises(error) as info:
         CLIENTS[client](**kwargs)
+    assert named in str(info.value), str(info.value)
+
+
+#: name -> (constructor with a lone surrogate in one text argument, the argument's name)
+SURROGATE_TEXT: dict[str, tuple[Callable[[], Any], str]] = {
+    "broker_agent_id": (lambda: MartiCommClient("a\udcff", address=ADDRESS), "agent_id"),
+    "broker_session": (lambda: MartiCommClient("a", session="s\udcff", address=ADDRESS), "session"),
+    "broker_topic": (lambda: MartiCommClient("a", topics=["t\udcff"], address=ADDRESS), "topics[0]"),
+    "experience_agent_id": (lambda: ExperienceSharingClient(agent_id="a\udcff", address=ADDRESS), "agent_id"),
+    "token": (lambda: EnvClient(ADDRESS, token="t\udcff"), "token"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SURROGATE_TEXT))
+def test_text_argument_utf8_cannot_carry_is_named(case: str) -> None:
+    """A lone surrogate in a client's text argument is an InvalidArgumentError naming it, not a raw
+    UnicodeEncodeError from protobuf (issue 29 item 10)."""
+    build, named = SURROGATE_TEXT[case]
+    with pytest.raises(InvalidArgumentError) as info:
+        build()
     assert named in str(info.value), str(info.value)
