@@ -52,3 +52,23 @@ def test_an_own_name_that_is_no_parameter_is_refused_at_decoration():
 def test_a_float_argument_refuses_what_no_float_holds_without_a_raw_error(bad):
     with pytest.raises(InvalidArgumentError, match="wait_s must be a finite number"):
         _generic(1, wait_s=bad)
+
+
+@checked
+def _texts(name: str, tags: list[str] = (), meta: dict[str, str] | None = None) -> str:
+    return name
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"name": "a\udcff"}, "name"),
+        ({"name": "a", "tags": ["\ud800"]}, "tags"),
+        ({"name": "a", "meta": {"k": "\udcff"}}, "meta"),
+    ],
+)
+def test_text_utf8_cannot_carry_is_refused_naming_the_argument(kwargs, named):
+    """A lone surrogate would fail later as a raw UnicodeEncodeError from protobuf (issue 29 item 10)."""
+    with pytest.raises(InvalidArgumentError, match=rf"^_texts: {named} must be .*no lone surrogate\)$"):
+        _texts(**kwargs)
+    assert _texts("a\x00b é 😀") == "a\x00b é 😀"
