@@ -14,7 +14,6 @@ channel and stub), the requests each method sends, what is done with a failed ba
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import itertools
@@ -38,10 +37,10 @@ from marti.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
-    MartiError,
     UnavailableError,
 )
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
+from marti.rpc.guard import ClientChannel
 
 from .args import (
     MAX_TTL_S,
@@ -519,6 +518,11 @@ class _ClientBase:
             idempotent_methods=_IDEMPOTENT,
             service="broker",
         )
+        self._channel = ClientChannel(
+            self._channel,
+            f"the broker client of agent {agent_id!r} (session {session!r})",
+            lambda: self._core.closed,
+        )
         self._stub = pb_grpc.BrokerServiceStub(self._channel)
         self._open()
 
@@ -589,18 +593,12 @@ class _ClientBase:
             raise self._core.closed_error()
         self._raise_refused()
 
-    @contextlib.contextmanager
-    def _closing_guard(self) -> Iterator[None]:
-        """Around an rpc that may be waiting when another thread or task closes the client: what the closed
-        channel makes it raise (a cancelled call: ``marti.errors.CancelledError``, or ``asyncio.CancelledError``
-        in the asyncio client) becomes the closed-client ``FailedPreconditionError``. A task that is itself
-        being cancelled still gets its ``asyncio.CancelledError``."""
-        try:
-            yield
-        except (MartiError, asyncio.CancelledError) as exc:
-            if not self._core.closed or _task_cancelling():
-                raise
-            raise self._core.closed_error() from exc
+    def _closing_guard(self) -> contextlib.AbstractContextManager[None]:
+        """Around an rpc that may be waiting when another thread or task closes the client: the closed-client
+        ``FailedPreconditionError`` instead of what the closed channel makes it raise, unless the running task
+        is itself being cancelled (:meth:`marti.rpc.guard.ClientChannel.closing_guard`, shared by every
+        client)."""
+        return self._channel.closing_guard()
 
     @property
     def refused_batches(self) -> int:
@@ -768,12 +766,3 @@ class _ClientBase:
         """The GetStats request (after :meth:`_ready`)."""
         self._ready()
         return pb.GetStatsRequest(session="" if flag_arg("whole_broker", whole_broker) else self.session)
-
-
-def _task_cancelling() -> bool:
-    """Whether the running asyncio task (if any) is being cancelled (``Task.cancel`` was called on it)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no event loop in this thread: a sync call
-        return False
-    return task is not None and task.cancelling() > 0

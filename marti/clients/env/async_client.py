@@ -16,6 +16,7 @@ from marti.errors import (
 )
 from marti.rpc.calls import acall
 from marti.rpc.channel import check_timeout_s, make_channel
+from marti.rpc.guard import ClientChannel
 
 from .delta import DeltaCache, _decode, delta_cache
 from .protocol import (
@@ -72,6 +73,7 @@ class AsyncEnvClient:
             idempotent_methods=IDEMPOTENT_METHODS,
             service="env",
         )
+        self.channel = ClientChannel(self.channel, f"the env client of {address or 'its channel'}")
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         #: The channel's delta cache, or ``None`` when deltas are off.
         self.deltas: DeltaCache | None = delta_cache(self.channel) if deltas else None
@@ -161,7 +163,9 @@ class AsyncEnvClient:
         ).closed
 
     async def close(self) -> None:
-        """Close the channel (when this client dialed it)."""
+        """Close the channel (when this client dialed it); later calls, and a call waiting now, raise the
+        closed-client ``FailedPreconditionError``."""
+        self.channel.mark_closed()
         if self._own_channel:
             await self.channel.close()
 

@@ -17,6 +17,7 @@ from marti.errors import (
 )
 from marti.rpc.calls import call
 from marti.rpc.channel import check_timeout_s, make_channel
+from marti.rpc.guard import ClientChannel
 
 from .delta import DeltaCache, HeldResult, _decode, delta_cache
 from .protocol import (
@@ -112,6 +113,7 @@ class EnvClient:
         self._own_channel = channel is None
         self._pid = os.getpid()
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file, options=options)
+        self.channel = ClientChannel(self.channel, f"the env client of {address or 'its channel'}")
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         #: The channel's delta cache, or ``None`` when deltas are off.
         self.deltas: DeltaCache | None = delta_cache(self.channel) if deltas else None
@@ -221,8 +223,10 @@ class EnvClient:
         """Close the channel (when this client dialed it).
 
         In a process forked from the one that dialed it, the channel is left to the parent (kept referenced,
-        not closed): closing it there could block for good.
+        not closed): closing it there could block for good. Later calls raise the closed-client
+        ``FailedPreconditionError``.
         """
+        self.channel.mark_closed()
         if not self._own_channel:
             return
         if self._pid != os.getpid():

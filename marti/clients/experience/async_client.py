@@ -17,6 +17,7 @@ from marti.errors import InvalidArgumentError
 from marti.experience_types import CheckpointResult, SampledTrajectory, TableConfig
 from marti.rpc.calls import acall, rpc_errors
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
+from marti.rpc.guard import ClientChannel
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
 from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _SampleRun, _timeout_ms, _wait_s
@@ -50,6 +51,7 @@ class AsyncExperienceSharingClient(_Base):
             idempotent_methods=_IDEMPOTENT,
             service="store",
         )
+        self._channel = ClientChannel(self._channel, f"the store client of agent {agent_id!r}")
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
 
     @checked(own=("priority", "timeout_s"))
@@ -223,7 +225,9 @@ class AsyncExperienceSharingClient(_Base):
         return CheckpointResult(r.path, r.duration_s, r.num_bytes)
 
     async def close(self) -> None:
-        """Close the channel (when this client dialed it)."""
+        """Close the channel (when this client dialed it); later calls, and a call waiting now, raise the
+        closed-client ``FailedPreconditionError``."""
+        self._channel.mark_closed()
         if self._own_channel:
             await self._channel.close()
 

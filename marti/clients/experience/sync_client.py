@@ -17,6 +17,7 @@ from marti.errors import InvalidArgumentError
 from marti.experience_types import CheckpointResult, SampledTrajectory, TableConfig
 from marti.rpc.calls import call, rpc_errors
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
+from marti.rpc.guard import ClientChannel
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
 from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _SampleRun, _timeout_ms, _wait_s
@@ -61,6 +62,7 @@ class ExperienceSharingClient(_Base):
         self._channel = channel or make_channel(
             address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="store"
         )
+        self._channel = ClientChannel(self._channel, f"the store client of agent {agent_id!r}")
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
 
     @checked(own=("priority", "timeout_s"))
@@ -320,7 +322,9 @@ class ExperienceSharingClient(_Base):
         return CheckpointResult(r.path, r.duration_s, r.num_bytes)
 
     def close(self) -> None:
-        """Close the channel (when this client dialed it)."""
+        """Close the channel (when this client dialed it); later calls raise the closed-client
+        ``FailedPreconditionError``."""
+        self._channel.mark_closed()
         if self._own_channel:
             self._channel.close()
 

@@ -20,6 +20,7 @@ from marti.codec.inference import (
 )
 from marti.inference import ChatMessages, InferenceResult, ModelInfo, RewardReceipt
 from marti.rpc.calls import acall
+from marti.rpc.guard import ClientChannel
 from marti.rpc.transport import LoopBoundChannel
 
 from .protocol import DEFAULT_INFERENCE_TIMEOUT_S, open_channel
@@ -53,6 +54,7 @@ class AsyncInferenceClient:
         self.timeout_s = timeout_s
         self._own_channel = channel is None
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file, aio=True)
+        self.channel = ClientChannel(self.channel, f"the inference client of {address or 'its channel'}")
         self.stub = sgrpc.InferenceServiceStub(self.channel)
 
     @checked
@@ -108,7 +110,9 @@ class AsyncInferenceClient:
         return dict((await acall(self.stub.GetStats, pb.GetStatsRequest(), self.timeout_s)).counters)
 
     async def close(self) -> None:
-        """Close the channel (when this client dialed it)."""
+        """Close the channel (when this client dialed it); later calls, and a call waiting now, raise the
+        closed-client ``FailedPreconditionError``."""
+        self.channel.mark_closed()
         if self._own_channel:
             await self.channel.close()
 

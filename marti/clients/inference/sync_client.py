@@ -19,6 +19,7 @@ from marti.codec.inference import (
 )
 from marti.inference import ChatMessages, InferenceResult, ModelInfo, RewardReceipt
 from marti.rpc.calls import call
+from marti.rpc.guard import ClientChannel
 
 from .protocol import DEFAULT_INFERENCE_TIMEOUT_S, open_channel
 from .stream import CompletionStream
@@ -53,6 +54,7 @@ class InferenceClient:
         self.timeout_s = timeout_s
         self._own_channel = channel is None
         self.channel = channel or open_channel(address, token=token, tls_ca_file=tls_ca_file)
+        self.channel = ClientChannel(self.channel, f"the inference client of {address or 'its channel'}")
         self.stub = sgrpc.InferenceServiceStub(self.channel)
 
     @checked
@@ -189,7 +191,9 @@ class InferenceClient:
         return dict(call(self.stub.GetStats, pb.GetStatsRequest(), self.timeout_s).counters)
 
     def close(self) -> None:
-        """Close the channel (when this client dialed it)."""
+        """Close the channel (when this client dialed it); later calls raise the closed-client
+        ``FailedPreconditionError``."""
+        self.channel.mark_closed()
         if self._own_channel:
             self.channel.close()
 

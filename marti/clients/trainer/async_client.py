@@ -58,7 +58,9 @@ class AsyncTrainerClient(_TrainerClientBase):
                 yield _record(resp.record)
 
     async def close(self) -> None:
-        """Close the channel (when this client dialed it)."""
+        """Close the channel (when this client dialed it); later calls, and a call waiting now, raise the
+        closed-client ``FailedPreconditionError``."""
+        self._channel.mark_closed()
         if self._own_channel:
             await self._channel.close()
 

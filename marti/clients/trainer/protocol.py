@@ -12,6 +12,7 @@ from marti.api.trainer.v1 import trainer_pb2 as pb
 from marti.api.trainer.v1 import trainer_service_pb2 as spb
 from marti.api.trainer.v1 import trainer_service_pb2_grpc as sgrpc
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
+from marti.rpc.guard import ClientChannel
 from marti.rpc.transport import LoopBoundChannel
 
 from .types import JobInfo, MetricsRecord
@@ -74,6 +75,7 @@ class _TrainerClientBase:
         self.timeout_s = timeout_s
         self._own_channel = channel is None
         self._channel = channel or _channel(address, token, tls_ca_file, aio=self._AIO)
+        self._channel = ClientChannel(self._channel, f"the trainer client of {address or 'its channel'}")
         self._stub = sgrpc.TrainerServiceStub(self._channel)
 
     @staticmethod

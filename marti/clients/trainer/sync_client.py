@@ -74,7 +74,9 @@ class TrainerClient(_TrainerClientBase):
             yield _record(resp.record)
 
     def close(self) -> None:
-        """Close the channel (when this client dialed it)."""
+        """Close the channel (when this client dialed it); later calls raise the closed-client
+        ``FailedPreconditionError``."""
+        self._channel.mark_closed()
         if self._own_channel:
             self._channel.close()
 
