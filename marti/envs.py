@@ -180,7 +180,7 @@ def _step_all(envs: Sequence[ParallelEnv], actions: Sequence[Mapping[str, Any]])
     groups: dict[int, list[int]] = {}
     for i, env in enumerate(envs):
         if isinstance(env, RemoteParallelEnv):
-            groups.setdefault(id(env.client.channel), []).append(i)
+            groups.setdefault(id(env.client.channel.inner), []).append(i)
     out: list[Any] = [None] * len(envs)
     for idx in groups.values():
         if len(idx) > 1:

@@ -15,7 +15,7 @@ Every client (broker, store, env, gateway, trainer; sync and ``grpc.aio``) makes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Generator
 from contextlib import contextmanager
 from typing import Any
 
@@ -51,20 +51,17 @@ class ClientChannel:
         channel: The real channel (a :class:`ClientChannel` is unwrapped: clients sharing a channel each keep
             their own closed state).
         name: What the client is, for the message (``"the store client of agent 'a' at host:port"``).
-        is_closed: Tells whether the client is closed, for a client keeping that state itself (the broker's);
-            default: closed once :meth:`mark_closed` was called.
     """
 
-    def __init__(self, channel: Any, name: str, is_closed: Callable[[], bool] | None = None) -> None:
+    def __init__(self, channel: Any, name: str) -> None:
         self.inner = channel.inner if isinstance(channel, ClientChannel) else channel
         self.name = name
         self._marked = False
-        self._is_closed = is_closed or (lambda: self._marked)
 
     @property
     def client_closed(self) -> bool:
         """Whether the client using this channel is closed."""
-        return self._is_closed()
+        return self._marked
 
     def closed_error(self) -> FailedPreconditionError:
         """The error of every call on the closed client (naming it)."""

@@ -342,6 +342,7 @@ class AsyncMartiCommClient(_ClientBase):
         finally:
             if self._flusher is not None:
                 self._flusher.cancel()
+            self._channel.mark_closed()  # the final flush is done: a call still waiting gets the closed error
             if self._own_channel:
                 await self._channel.close()
         self._raise_refused()

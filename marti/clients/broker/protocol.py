@@ -518,10 +518,9 @@ class _ClientBase:
             idempotent_methods=_IDEMPOTENT,
             service="broker",
         )
+        # closed (mark_closed) by close once its final flush is done; until then _ready refuses new calls
         self._channel = ClientChannel(
-            self._channel,
-            f"the broker client of agent {agent_id!r} (session {session!r})",
-            lambda: self._core.closed,
+            self._channel, f"the broker client of agent {agent_id!r} (session {session!r})"
         )
         self._stub = pb_grpc.BrokerServiceStub(self._channel)
         self._open()

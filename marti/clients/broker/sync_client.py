@@ -637,6 +637,7 @@ class MartiCommClient(_ClientBase):
             self._wake.set()
             if self._flusher is not None:
                 self._flusher.join(timeout=5)
+            self._channel.mark_closed()  # the final flush is done: a call still waiting gets the closed error
             if self._own_channel:
                 if self._channel_pid == os.getpid():
                     self._channel.close()

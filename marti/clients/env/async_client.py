@@ -76,7 +76,7 @@ class AsyncEnvClient:
         self.channel = ClientChannel(self.channel, f"the env client of {address or 'its channel'}")
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         #: The channel's delta cache, or ``None`` when deltas are off.
-        self.deltas: DeltaCache | None = delta_cache(self.channel) if deltas else None
+        self.deltas: DeltaCache | None = delta_cache(self.channel.inner) if deltas else None
 
     def _forget(self, session_id: str) -> None:
         if self.deltas is not None:

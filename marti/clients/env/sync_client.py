@@ -116,7 +116,7 @@ class EnvClient:
         self.channel = ClientChannel(self.channel, f"the env client of {address or 'its channel'}")
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         #: The channel's delta cache, or ``None`` when deltas are off.
-        self.deltas: DeltaCache | None = delta_cache(self.channel) if deltas else None
+        self.deltas: DeltaCache | None = delta_cache(self.channel.inner) if deltas else None
 
     def list_envs(self) -> list[dict[str, Any]]:
         """List registered envs (id, description, config schema, agents, roles, space descriptions)."""
