@@ -258,7 +258,10 @@ class TrainingLoop:
     Args:
         cfg: The training config.
         addresses: Broker, env server and store addresses.
-        stop_event: Set to stop after the current step (a checkpoint is saved).
+        stop_event: Set to stop after the current step (a checkpoint is saved); it also ends a wait for external
+            episodes at once.
+        teardown_event: Set by the loop when it starts stopping the gateway, the actors and Ray (the end of
+            every run, stopped or not), so a signal handler knows not to interrupt the teardown.
         on_metrics: Called with ``(step, kind, metrics)`` for every train/eval record (TrainerService streams).
         resume: Resume from the newest checkpoint in the run directory when one exists.
         allow_user_code: Import the user code a config names (custom envs, workflow functions). A service that
@@ -280,6 +283,7 @@ class TrainingLoop:
         show_progress: bool = True,
         allow_user_code: bool = True,
         run_folder: RunFolder | None = None,
+        teardown_event: threading.Event | None = None,
     ) -> None:
         paths = user_code_paths(cfg)
         if paths and not allow_user_code:
@@ -291,6 +295,7 @@ class TrainingLoop:
         self.cfg = cfg
         self.addr = addresses
         self.stop_event = stop_event or threading.Event()
+        self.teardown_event = teardown_event or threading.Event()
         self.on_metrics = on_metrics
         self.resume = resume
         self.run_folder = run_folder  # prepared and locked by the caller (marti train), or by run()
@@ -881,6 +886,7 @@ class TrainingLoop:
             summary.last_checkpoint = self.last_checkpoint
             self._linger()
         finally:
+            self.teardown_event.set()
             self._stop_gateway()  # before the store and the actors it serves from go
             if producer is not None:  # no new rollout; the one in flight ends before the actors go
                 producer.close(timeout_s=PRODUCER_CLOSE_TIMEOUT_S)

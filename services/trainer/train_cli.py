@@ -125,9 +125,11 @@ class StopNow(BaseException):
     services are still stopped); ``marti train`` then prints what was saved and exits ``128 + signal``."""
 
 
-def _stop_on_signals(stop: threading.Event) -> list[int]:
+def _stop_on_signals(stop: threading.Event, teardown: threading.Event) -> list[int]:
     """First SIGINT/SIGTERM: finish the current step, checkpoint, write the report and exit; second: at once
-    (:class:`StopNow` unwinds; later signals are ignored so the teardown completes).
+    (:class:`StopNow` unwinds; later signals are ignored so the teardown completes). Once ``teardown`` is set
+    (the job is already stopping the gateway, its actors, Ray and the embedded services) a second signal only
+    says so: interrupting that teardown half-way left Ray reconnecting to a stopped cluster for 60 s.
 
     Returns:
         The signals received, in order (filled in by the handler).
@@ -139,6 +141,9 @@ def _stop_on_signals(stop: threading.Event) -> list[int]:
         if stop.is_set():
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if teardown.is_set():
+                print("\nalready stopping: the services are being stopped", file=sys.stderr, flush=True)
+                return
             raise StopNow
         stop.set()
         print(
@@ -256,10 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    received = _stop_on_signals(stop)
+    stop, teardown = threading.Event(), threading.Event()
+    received = _stop_on_signals(stop, teardown)
     try:
-        return _train(cfg, args, argv, folder, stop, received)
+        return _train(cfg, args, argv, folder, (stop, teardown), received)
     except StopNow:
         from services.trainer.observe import write_report
 
@@ -277,10 +282,11 @@ def _train(
     args: argparse.Namespace,
     argv: list[str],
     folder: Any,
-    stop: threading.Event,
+    events: tuple[threading.Event, threading.Event],
     received: list[int],
 ) -> int:
-    """Start the services, run the job in the prepared ``folder`` and print its outcome; returns the exit code."""
+    """Start the services, run the job in the prepared ``folder`` and print its outcome; returns the exit code.
+    ``events`` are the job's stop and teardown events (:class:`~services.trainer.loop.TrainingLoop`)."""
     from services.trainer.loop import TrainingLoop, latest_checkpoint
 
     with service_addresses(cfg, args) as addresses:
@@ -288,7 +294,8 @@ def _train(
             loop = TrainingLoop(
                 cfg,
                 addresses,
-                stop_event=stop,
+                stop_event=events[0],
+                teardown_event=events[1],
                 resume=args.resume,
                 show_progress=not args.no_progress,
                 run_folder=folder,

@@ -69,3 +69,37 @@ def test_wall_time_budget_stops_before_a_step_that_would_overrun(tmp_path):
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000001"
     assert (run / "report.md").exists()
+
+
+def test_ctrl_c_while_waiting_for_external_episodes_then_again_during_teardown(tmp_path):
+    """The first Ctrl-C ends the wait for external episodes at once (the job would wait 300 s); a second one
+    that lands while the job stops its gateway, Ray and services must not interrupt that teardown (it left Ray
+    reconnecting to a stopped cluster for 60 s): the job still ends with the documented lines and 130."""
+    run = tmp_path / "run_external"
+    sets = ("rollout.source=external", "rollout.eval_every=0", "max_steps=2", "external.wait_timeout_s=300")
+    proc = subprocess.Popen(
+        _train_cmd(run, *sets), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (run / "gateway.json").exists():  # waiting at step 0
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        while (run / "gateway.json").exists() and time.monotonic() < signalled + 30:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # the gateway is gone: the job is stopping its actors and services
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.monotonic() - signalled < 30, err[-3000:]
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "GCS" not in err, err[-3000:]
+    assert "stopping at step 0: stopped while table" in err
+    assert "already stopping" in err
+    assert f"stopped by Ctrl-C (SIGINT) after step 0 of 2; checkpoint: {run / 'checkpoints'}" in out, out
+    assert "resume with: marti train" in out
+    assert (run / "report.md").exists()
