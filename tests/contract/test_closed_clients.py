@@ -90,12 +90,16 @@ WAITING = {
 }
 
 
-@pytest.mark.parametrize("delay_s", [0.0, 0.5], ids=["at-once", "waiting"])
-@pytest.mark.parametrize("area", sorted(WAITING))
+#: Quick calls of the other aio clients, closed under them while in flight (before their answer is read).
+IN_FLIGHT = {"env": lambda c: c.list_envs(), "trainer": lambda c: c.list_jobs()}
+CLOSED_UNDER = [(a, d) for a in sorted(WAITING) for d in (0.0, 0.5)] + [(a, 0.0) for a in sorted(IN_FLIGHT)]
+
+
+@pytest.mark.parametrize(("area", "delay_s"), CLOSED_UNDER, ids=[f"{a}-{d}s" for a, d in CLOSED_UNDER])
 def test_an_aio_call_waiting_when_its_client_closes_raises_failed_precondition(address, area, delay_s):
     async def main() -> None:
         client = _client(area, True, address)
-        task = asyncio.create_task(WAITING[area](client))
+        task = asyncio.create_task({**WAITING, **IN_FLIGHT}[area](client))
         await asyncio.sleep(delay_s)
         await client.close()
         with pytest.raises(FailedPreconditionError, match="closed"):
