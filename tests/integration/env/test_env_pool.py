@@ -521,7 +521,8 @@ def test_the_training_loop_plays_its_sessions_on_every_env_server(two):
         finally:
             loop.close_channels()
         assert loop._env_pool is None
-        with pytest.raises(marti.errors.FailedPreconditionError, match="is closed"):  # the job's pool is closed
+        # the job's pool is closed with its channels: its clients refuse new calls
+        with pytest.raises(marti.errors.FailedPreconditionError, match="is closed"):
             pool.list_envs()
     assert a.sessions.created - created[0] >= 1 and b.sessions.created - created[1] >= 1
     assert a.sessions.created - created[0] + b.sessions.created - created[1] == 4
