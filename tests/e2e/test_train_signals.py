@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,15 +80,16 @@ def test_ctrl_c_while_waiting_for_external_episodes_then_again_during_teardown(t
     reconnecting to a stopped cluster for 60 s): the job still ends with the documented lines and 130."""
     run = tmp_path / "run_external"
     sets = ("rollout.source=external", "rollout.eval_every=0", "max_steps=2", "external.wait_timeout_s=300")
+    env = {**os.environ, "MARTI_TOKEN": "signals-token"}  # the gateway's token (_refused_reports sends it)
     proc = subprocess.Popen(
-        _train_cmd(run, *sets), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        _train_cmd(run, *sets), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (run / "gateway.json").exists():  # waiting at step 0
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             time.sleep(0.2)
-        time.sleep(1.0)
+        _refused_reports(json.loads((run / "gateway.json").read_text())["http"])
         signalled = time.monotonic()
         proc.send_signal(signal.SIGINT)
         while (run / "gateway.json").exists() and time.monotonic() < signalled + 30:
@@ -100,6 +104,26 @@ def test_ctrl_c_while_waiting_for_external_episodes_then_again_during_teardown(t
     assert "Traceback" not in err and "GCS" not in err, err[-3000:]
     assert "stopping at step 0: stopped while table" in err
     assert "already stopping" in err
+    assert "never trained" not in err + out, err[-3000:]  # both reports were refused: nothing was reported
     assert f"stopped by Ctrl-C (SIGINT) after step 0 of 2; checkpoint: {run / 'checkpoints'}" in out, out
     assert "resume with: marti train" in out
     assert (run / "report.md").exists()
+
+
+def _refused_reports(http: str) -> None:
+    """An episode with a recorded call whose report is refused (400: an agent the job does not train), and a report
+    of an episode that made no call (404)."""
+    auth = {"Authorization": "Bearer signals-token"}
+    body = {"model": "agent_1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    call = httpx.post(
+        f"{http}/chat/completions", json=body, headers={**auth, "X-Marti-Episode": "e1"}, timeout=60
+    )
+    assert call.status_code == 200, call.text
+    bad = httpx.post(
+        f"{http}/episodes/e1/reward", json={"rewards": {"nobody": 1.0}}, headers=auth, timeout=60
+    )
+    assert bad.status_code == 400, bad.text
+    unknown = httpx.post(
+        f"{http}/episodes/nope/reward", json={"rewards": {"agent_1": 1.0}}, headers=auth, timeout=60
+    )
+    assert unknown.status_code == 404, unknown.text
