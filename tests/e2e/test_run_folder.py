@@ -62,19 +62,21 @@ def test_overwrite_lock_and_a_second_ctrl_c(tmp_path):
     (run / "checkpoints" / "latest").write_text("step_000005")
     (run / "metrics.jsonl").write_text('{"step": 5, "time": 0, "metrics": {}}\n')
     (run / "config.yaml").write_text("training_name: old\n")
-    job = _start(_train_args(run, "--set", "max_steps=8", "--overwrite"))
+    # max_steps far off: the job is mid-step when signalled (a finished job that is tearing down only says
+    # "already stopping" to a second signal)
+    job = _start(_train_args(run, "--set", "max_steps=1000", "--overwrite"))
     try:
         _wait_for_first_step(job, run)
         assert not (run / "checkpoints" / "step_000005").exists()
         assert yaml.safe_load((run / "config.yaml").read_text())["training_name"] == "tiny"
 
-        second = _run(_train_args(run, "--set", "max_steps=8", "--overwrite"), timeout=120)
+        second = _run(_train_args(run, "--set", "max_steps=1000", "--overwrite"), timeout=120)
         assert second.returncode == 2, second.stderr[-2000:]
         assert f"run folder {run} is in use by another job (pid {job.pid})" in second.stderr
         assert job.poll() is None and (run / "checkpoints").is_dir()  # the refused job touched nothing
 
         job.send_signal(signal.SIGINT)
-        time.sleep(1.0)
+        time.sleep(0.05)  # the second lands during the step the first lets finish
         job.send_signal(signal.SIGINT)
         out, err = job.communicate(timeout=120)
     finally:
