@@ -16,11 +16,10 @@ waits for them up to a deadline (:meth:`ExperienceFeed.take`).
 
 Bookkeeping that keeps "each trajectory trained on exactly once" across service outages:
 
-- an insert interrupted by a store outage is retried; the store's insert is idempotent by (table, episode id), so
-  an item whose first answer was lost does not land twice;
-- a rollout replayed after an outage deletes the episodes its failed attempt had inserted from the agents' tables
-  (the store's delete; a late retry of one of their inserts is then a duplicate), so a step trains only on the
-  attempt that finished;
+- an insert interrupted by a store outage is retried; an item that landed twice is dropped by the learner
+  (its episode id was seen);
+- a rollout replayed after an outage retracts the episodes its failed attempt had inserted (the learner drops
+  them when it meets them), so a step trains only on the attempt that finished;
 - a group that lost members to the staleness bound is dropped whole: GRPO never sees a group shrunk by
   staleness;
 - an update whose ``count`` items end inside a group takes the rest of that group too (external episodes
@@ -62,7 +61,7 @@ INSERT_POLL_S = 2.0
 FULL_RETRY_PAUSE_S = 0.1
 #: Seconds between two looks at the agents' tables while an episode waits for room in all of them.
 ROOM_POLL_S = 0.2
-#: External episode ids remembered (to tell a stale external removal from a built-in one).
+#: Episode ids remembered per agent to drop re-inserted duplicates.
 SEEN_IDS = 100_000
 
 #: ``reconnecting(fn, what)`` runs ``fn`` again while the services restart (TrainingLoop._reconnecting).
@@ -84,12 +83,14 @@ class Taken:
         dropped: Fresh items dropped with their group because a member was stale.
         incomplete: Items dropped because their group lacked members the update could not take (nothing was
             stale): a group cut by the end of the batch whose rest did not come, or the late rest of such a group.
+        duplicates: Items dropped as re-inserted duplicates or retracted episodes.
     """
 
     trajectories: list[Trajectory] = field(default_factory=list)
     stale: int = 0
     dropped: int = 0
     incomplete: int = 0
+    duplicates: int = 0
 
 
 class ExperienceFeed:
@@ -129,6 +130,8 @@ class ExperienceFeed:
         self.stop = stop
         self._lock = threading.Lock()
         self._attempt: list[str] = []  # episode ids inserted by the rollout attempt in progress
+        self._retracted: set[str] = set()
+        self._seen: dict[str, OrderedDict[str, None]] = {a: OrderedDict() for a in agents}
         self._external: OrderedDict[str, None] = OrderedDict()  # ids of external episodes inserted
         self._untaken: dict[str, OrderedDict[str, None]] = {a: OrderedDict() for a in agents}
         self.inserted = 0
@@ -171,16 +174,10 @@ class ExperienceFeed:
             self._attempt = []
 
     def retract_attempt(self) -> None:
-        """The rollout attempt failed and will be replayed: the episodes it inserted are deleted from every
-        agent's table (retried while the store restarts)."""
+        """The rollout attempt failed and will be replayed: the learner drops the episodes it inserted."""
         with self._lock:
-            ids, self._attempt = sorted(set(self._attempt)), []
-        if ids:
-            for table in self.tables.values():
-                self._reconnecting(
-                    lambda t=table: self.store.delete(t, ids),
-                    f"deleting a failed attempt's episodes from {table!r}",
-                )
+            self._retracted.update(self._attempt)
+            self._attempt = []
 
     def insert_episode(
         self,
@@ -197,8 +194,8 @@ class ExperienceFeed:
         only that wait and the first item's insert end when ``stop`` or the feed's stop event is set; once an
         item is in, the others are inserted whatever the stop events say (with room they do not wait). A built-in
         episode skips the look (no table-info call): it belongs to the current rollout attempt, and an attempt
-        that fails part-way is retracted (:meth:`retract_attempt`), which deletes what did go in. Retried while the
-        store restarts (the store's insert is idempotent by episode id: a retried item does not land twice). An insert into a
+        that fails part-way is retracted (:meth:`retract_attempt`), so :meth:`take` skips what did go in.
+        Retried while the store restarts (an item that landed twice is dropped by :meth:`take`). An insert into a
         full table (the learner is behind: normal backpressure with asynchronous rollouts) waits for room in steps
         of :data:`INSERT_POLL_S` seconds, for at most ``full_timeout_s`` seconds in all (the wait for room in every
         table counts too). If an insert still fails after an earlier item went in (a table filled meanwhile, or
@@ -300,7 +297,9 @@ class ExperienceFeed:
         attempts = 0
         while True:
             try:
-                self._reconnecting(lambda: self.store.insert(table, [traj], timeout_s=INSERT_POLL_S), what)
+                self._reconnecting(
+                    lambda: self.store.share_experience(traj, table=table, timeout_s=INSERT_POLL_S), what
+                )
                 return
             except RateLimitedError as exc:
                 attempts += 1
@@ -361,8 +360,8 @@ class ExperienceFeed:
 
         Args:
             agent: A trainable agent.
-            count: Items to consume: returned or removed as stale (external episodes removed as stale do not
-                count: the update waits for fresh ones).
+            count: Items to consume: returned or removed as stale (duplicates, retracted episodes and external
+                episodes removed as stale do not count: the update waits for fresh ones).
             current_version: The learner's policy version of the agent, for the table's ``max_policy_lag``.
             deadline: ``time.monotonic()`` value until which missing items are waited for; None = no wait.
             stop: When set while waiting, the wait ends (the job is stopping).
@@ -430,7 +429,7 @@ class ExperienceFeed:
 
     def _accept(self, agent: str, got: Any, out: Taken) -> int:
         """Add a sample call's result to ``out``: its items to train on and the episodes the table removed as
-        stale (the store inserts each episode once and deletes a failed attempt's, so each comes once).
+        stale, each once (re-inserted duplicates and retracted episodes are counted, not used).
 
         Returns:
             How many of them used a slot of the update (fresh items plus stale removals of built-in episodes: an
@@ -438,13 +437,20 @@ class ExperienceFeed:
         """
         used = 0
         for eid in got.stale_episode_ids:  # removed by the table; a slot only if it was this step's item
-            self._taken(agent, eid)
+            if eid in self._retracted or eid in self._seen[agent]:
+                out.duplicates += 1
+                continue
+            self._remember(agent, eid)
             with self._lock:
                 external = eid in self._external
             used += 0 if external else 1
             out.stale += 1
         for item in got.items:
-            self._taken(agent, item.trajectory.episode_id)
+            eid = item.trajectory.episode_id
+            if eid in self._retracted or eid in self._seen[agent]:
+                out.duplicates += 1
+                continue
+            self._remember(agent, eid)
             used += 1
             out.trajectories.append(item.trajectory)
         return used
@@ -477,8 +483,8 @@ class ExperienceFeed:
         except DeadlineExceededError:
             return None
 
-    def _taken(self, agent: str, episode_id: str) -> None:
-        """An update took (or the table removed) one of the agent's episodes: it is no longer untaken."""
+    def _remember(self, agent: str, episode_id: str) -> None:
+        _remember(self._seen[agent], episode_id)
         with self._lock:
             self._untaken[agent].pop(episode_id, None)
 

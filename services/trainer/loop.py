@@ -307,6 +307,7 @@ class TrainingLoop:
         self._channels: dict[str, Any] = {}  # long-lived channels to the env server and broker (_channel)
         self._env_pool: Any = None  # the EnvPool of several env servers (_pool), while open
         self._channels_lock = threading.Lock()
+        self.dropped_items = 0  # store items dropped as duplicates or retracted episodes
         self.feed: ExperienceFeed | None = None  # the agents' tables, while a job runs
         # The inference gateway (services.gateway.core.gateway.Gateway), while it runs.
         self.gateway: Any = None
@@ -629,6 +630,7 @@ class TrainingLoop:
                     f"gateway {self.gateway_address['http'] if self.gateway_address else '(not running)'}: "
                     f"{self._gateway_counts()}"
                 ) from None
+            self.dropped_items += taken.duplicates
             trained = [t for t in taken.trajectories if trained_turns(t)]
             lags = [
                 versions[agent] - (t.policy_version if turn.policy_version is None else turn.policy_version)
@@ -1097,6 +1099,7 @@ class TrainingLoop:
             metrics["time/external_wait_s"] = t_take
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["services/reconnects"] = float(self.reconnects)
+        metrics["services/dropped_duplicates"] = float(self.dropped_items)
         return metrics
 
     def _curriculum_step(self, results: list[EpisodeResult]) -> dict[str, float]:

@@ -85,20 +85,18 @@ def test_stale_items_are_removed_by_the_table_and_their_group_dropped_whole(addr
     assert client.info("job/agent_1").stale_removed == 1
 
 
-def test_retracted_attempts_and_duplicates_are_not_in_the_table(address):
+def test_retracted_attempts_and_duplicates_are_skipped_without_using_a_slot(address):
     feed, client = _feed(address)
     feed.begin_attempt()
     feed.insert_episode({"agent_1": _traj("failed")})
-    feed.retract_attempt()  # the rollout is replayed after an outage: the store deletes what it inserted
-    assert client.info("job/agent_1").size == 0
-    feed.insert_episode({"agent_1": _traj("failed")})  # a late retry of the failed attempt's insert
+    feed.retract_attempt()  # the rollout is replayed after an outage
     feed.begin_attempt()
     feed.insert_episode({"agent_1": _traj("ok-0")})
-    feed.insert_episode({"agent_1": _traj("ok-0")})  # an insert retried after a lost confirmation
+    client.share_experience(_traj("ok-0"), table="job/agent_1")  # an insert retried after a lost confirmation
     feed.insert_episode({"agent_1": _traj("ok-1")})
-    assert client.info("job/agent_1").size == 2
     taken = feed.take("agent_1", 2, current_version=0)
     assert [t.episode_id for t in taken.trajectories] == ["ok-0", "ok-1"]
+    assert taken.duplicates == 2
 
 
 def test_a_new_attempt_of_the_job_drops_what_an_interrupted_one_left(address):
@@ -221,10 +219,10 @@ def test_an_episode_cut_part_way_through_its_inserts_is_retracted_whole(address)
         def __getattr__(self, name):
             return getattr(self.client, name)
 
-        def insert(self, table, trajectories, timeout_s=None):
+        def share_experience(self, traj, table, timeout_s=None):
             if table.endswith("agent_2"):
                 raise UnavailableError("store gone")
-            return self.client.insert(table, trajectories, timeout_s=timeout_s)
+            return self.client.share_experience(traj, table=table, timeout_s=timeout_s)
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
     feed = ExperienceFeed(
@@ -249,9 +247,9 @@ def test_a_stale_item_of_a_retracted_attempt_does_not_use_a_slot(address):
     feed.begin_attempt()
     for i in range(2):
         feed.insert_episode({"agent_1": _traj(f"ok-{i}", version=1)})
-    taken = feed.take("agent_1", 2, current_version=1)  # "failed" was deleted: it uses no slot
+    taken = feed.take("agent_1", 2, current_version=1)  # "failed" is stale and retracted: not this step's
     assert [t.episode_id for t in taken.trajectories] == ["ok-0", "ok-1"]
-    assert taken.stale == 0
+    assert (taken.stale, taken.duplicates) == (0, 1)
 
 
 def test_the_learner_takes_a_steps_items_only_after_its_rollout_is_over(tmp_path):
