@@ -223,9 +223,15 @@ class ExperienceFeed:
         done: list[str] = []
         for agent, traj in trajectories.items():
             table = self.tables[agent]
+            if external:  # recorded before the insert: the learner may take the item as soon as it lands
+                with self._lock:
+                    self._untaken[agent][traj.episode_id] = None
+                    _remember(self._external, traj.episode_id)
             try:
                 self._insert_one(traj, table, stop, started, interruptible=not done)
             except MartiError as exc:
+                with self._lock:
+                    self._untaken[agent].pop(traj.episode_id, None)
                 if not done:
                     raise
                 missing = [self.tables[a] for a in trajectories if self.tables[a] not in done]
@@ -233,9 +239,6 @@ class ExperienceFeed:
             done.append(table)
             with self._lock:
                 self.inserted += 1
-                if external:
-                    self._untaken[agent][traj.episode_id] = None
-                    _remember(self._external, traj.episode_id)
 
     def untaken_external(self) -> int:
         """External episodes inserted that no update has taken yet (trained on, or dropped as stale, incomplete

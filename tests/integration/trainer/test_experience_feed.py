@@ -314,3 +314,31 @@ def test_a_stale_external_episode_takes_no_slot_the_update_waits_for_a_fresh_one
     assert [t.episode_id for t in taken.trajectories] == ["new0", "new1"]
     assert taken.stale == 1 and client.info("job/agent_1").stale_removed == 1
     assert feed.untaken_external() == 1  # new2: reported, never taken by an update
+
+
+def test_an_external_episode_taken_the_moment_it_lands_is_not_counted_untaken(address):
+    """The learner may take an external item before the insert call returns (it waits on the table): the feed
+    must not then record it as still untaken (the job's last line said 'N reported episodes were never
+    trained' for episodes an update had trained on)."""
+    taken: list = []
+
+    class TakenAtOnce:
+        """The store client, except that the learner takes each item as soon as it lands."""
+
+        def __init__(self, client):
+            self.client = client
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+        def share_experience(self, traj, table, timeout_s=None):
+            result = self.client.share_experience(traj, table=table, timeout_s=timeout_s)
+            taken.append(feed.take("agent_1", 1, current_version=0, deadline=time.monotonic() + 5))
+            return result
+
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    feed = ExperienceFeed(TakenAtOnce(client), "job", ["agent_1"], {"agent_1": 1}, 100, lambda fn, what: fn())
+    feed.create_tables()
+    feed.insert_episode({"agent_1": _traj("ext-0")}, external=True)
+    assert [t.episode_id for t in taken[0].trajectories] == ["ext-0"]
+    assert feed.untaken_external() == 0
