@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,10 +76,23 @@ def test_overwrite_lock_and_a_second_ctrl_c(tmp_path):
         assert f"run folder {run} is in use by another job (pid {job.pid})" in second.stderr
         assert job.poll() is None and (run / "checkpoints").is_dir()  # the refused job touched nothing
 
+        lines: list[str] = []  # stderr, read as it comes; stdout drained so the job never blocks on it
+        readers = [
+            threading.Thread(target=lines.extend, args=(job.stderr,), daemon=True),
+            threading.Thread(target=job.stdout.read, daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
         job.send_signal(signal.SIGINT)
-        time.sleep(0.05)  # the second lands during the step the first lets finish
-        job.send_signal(signal.SIGINT)
-        out, err = job.communicate(timeout=120)
+        deadline = time.monotonic() + 60  # two signals sent before the first is handled would arrive as one
+        while not any("stopping after the current step" in line for line in lines):
+            assert time.monotonic() < deadline and job.poll() is None, "".join(lines)[-3000:]
+            time.sleep(0.02)
+        job.send_signal(signal.SIGINT)  # the second lands during the step the first lets finish
+        job.wait(timeout=120)
+        for reader in readers:
+            reader.join(timeout=10)
+        err = "".join(lines)
     finally:
         if job.poll() is None:
             job.kill()
