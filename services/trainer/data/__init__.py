@@ -1,0 +1,1 @@
+"""The experience data path between the episode runner, the experience store and the learner."""
