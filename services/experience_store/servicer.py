@@ -242,6 +242,10 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         deleted = await self._run(self.store.delete, request.table, list(request.episode_ids))
         return spb.DeleteResponse(deleted=deleted)
 
+    async def Reset(self, request, context) -> spb.ResetResponse:  # noqa: N802
+        """See the proto."""
+        return spb.ResetResponse(deleted=await self._run(self.store.reset, request.table))
+
     def _info(self, name: str) -> pb.TableInfo:
         table = self.store.table(name)
         return convert.table_info_to_proto(table.info(), table.config)

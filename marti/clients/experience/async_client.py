@@ -100,6 +100,12 @@ class AsyncExperienceSharingClient(_Base):
         req = self._delete_req(table, episode_ids)
         return (await acall(self._stub.Delete, req, _wait_s(timeout_s, self.timeout_s))).deleted
 
+    @checked
+    async def reset(self, table: str, timeout_s: float | None = None) -> int:
+        """See :meth:`ExperienceSharingClient.reset`."""
+        req = spb.ResetRequest(table=table)
+        return (await acall(self._stub.Reset, req, _wait_s(timeout_s, self.timeout_s))).deleted
+
     @checked(own=("batch_size", "timeout_s", "min_policy_version"))
     async def sample(
         self,

@@ -21,7 +21,7 @@ from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
 
 SERVICE = "marti.api.experience.v1.ExperienceService"
 _IDEMPOTENT = [
-    (SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable", "UpdatePriorities", "Delete")
+    (SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable", "UpdatePriorities", "Delete", "Reset")
 ]
 #: Largest decompressed trajectory a client accepts, bytes.
 MAX_ITEM_BYTES = 64 * 1024 * 1024

@@ -120,8 +120,9 @@ class ExperienceSharingClient(_Base):
         batch_items: int = 64,
     ) -> list[Inserted]:
         """Insert trajectories at most once per ``(table, episode_id)``: an episode the table holds, or took
-        (sampled out, removed as stale or dropped, deleted) within the store's ``taken_ids_window``, is answered
-        as a duplicate and not inserted again, so a call retried after its answer was lost is safe.
+        (sampled out, removed as stale or dropped, deleted) within the store's ``taken_ids_window`` since the
+        table was created or last :meth:`reset`, is answered as a duplicate and not inserted again, so a call
+        retried after its answer was lost is safe.
 
         Args:
             table: Target table.
@@ -149,6 +150,23 @@ class ExperienceSharingClient(_Base):
         """
         req = self._delete_req(table, episode_ids)
         return call(self._stub.Delete, req, _wait_s(timeout_s, self.timeout_s)).deleted
+
+    @checked
+    def reset(self, table: str, timeout_s: float | None = None) -> int:
+        """Empty ``table`` and start it over (as Reverb's ``reset``) and return how many items were deleted: its
+        counters start from zero and it forgets the episode ids it took, so the scope of :meth:`insert`'s "once"
+        begins anew (a job claims its tables with it, and a later job that reuses episode ids is not answered
+        duplicate). The config is kept. Retried on UNAVAILABLE.
+
+        Args:
+            table: The table.
+            timeout_s: Longest wait for the answer, seconds (None = the client's ``timeout_s``).
+
+        Raises:
+            NotFoundError: unknown table.
+        """
+        req = spb.ResetRequest(table=table)
+        return call(self._stub.Reset, req, _wait_s(timeout_s, self.timeout_s)).deleted
 
     @checked(own=("batch_size", "timeout_s", "min_policy_version"))
     def sample(

@@ -4,7 +4,8 @@ sample's index.
 An idempotent insert is answered as a duplicate when its episode is in the table, held by an open sample, or was
 taken from the table (sampled out, removed as stale or dropped with its group, or deleted) within the last
 ``window`` taken episode ids. The memory of taken ids is bounded (oldest forgotten first) and lives in memory
-only: a restarted store still knows the episodes its tables hold, but not those taken before the restart.
+only: a restarted store still knows the episodes its tables hold, but not those taken before the restart. A
+table's reset (:meth:`EpisodeIndex.forget_taken`) ends the memory's scope: the next job starts with none.
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ class EpisodeIndex:
         """Remember episodes as taken (the oldest beyond ``window`` are forgotten)."""
         for e in episode_ids:
             _remember(self._taken, e, self.window)
+
+    def forget_taken(self) -> None:
+        """Forget every taken episode id and dropped group (the table was reset); the episodes of items still
+        held by open takes stay known."""
+        self._taken.clear()
+        self._dropped_groups.clear()
 
     def drop_group(self, group_id: str) -> None:
         """Remember a group dropped for staleness: its late members are dropped too."""

@@ -198,6 +198,10 @@ class ExperienceStore:
         table."""
         return self.table(table).delete(episode_ids)
 
+    def reset(self, table: str) -> int:
+        """Empty a table and start it over; see :meth:`Table.reset`. Raises NotFoundError for an unknown table."""
+        return self.table(table).reset()
+
     def update_priorities(self, table: str, updates: dict[int, float]) -> tuple[int, int]:
         """Update priorities; see :meth:`Table.update_priorities`."""
         return self.table(table).update_priorities(updates)

@@ -675,6 +675,33 @@ class Table:
         ticket.wait()
         return len(keys)
 
+    def reset(self) -> int:
+        """Empty the table and start it over (as Reverb's ``Reset``): delete every item, set the rate limiter's
+        and the table's counters back to zero, and forget the taken episode ids and dropped groups, so the
+        idempotent insert's scope begins anew (a job claims its tables this way). Items an open sample holds are
+        not in the table and are not deleted: they stay counted as inserted and sampled, so a commit or a
+        release of their take keeps the rate limiter's ``diff`` true to the table. The config is kept.
+
+        Returns:
+            How many items were deleted.
+
+        Raises:
+            InternalError, UnavailableError: when storage could not commit the reset.
+        """
+        with self._cond:
+            keys = list(self._items)
+            for key in keys:
+                self._unindex(key)
+            held = self._held
+            self.rate_limiter.state = RateLimiterState(held["items"], held["samples"], held["deletes"])
+            self.stale_removed = held["stale"]
+            self.evictions = self.priority_updates = self.priority_updates_missing = 0
+            self.episodes.forget_taken()
+            ticket = self._storage.submit(self.name, deletes=keys, counters=self.counters())
+            self._cond.notify_all()
+        ticket.wait()
+        return len(keys)
+
     # ---- priorities, info, queries ----------------------------------------------------------------------
 
     def update_priorities(self, updates: dict[int, float]) -> tuple[int, int]:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
-from marti.errors import UnavailableError
+from marti.errors import NotFoundError, UnavailableError
 from marti.trajectory import Trajectory, Turn
 
 
@@ -117,6 +117,56 @@ def test_the_async_client_inserts_once_deletes_and_takes_groups(store_server):
             await client.insert("q", [_traj("x2", "X", 2), _traj("y", "", 0)])
             assert await client.delete("q", ["y"]) == 1
             got = await client.sample_batch("q", 1, whole_groups=True)
+            assert await client.reset("q") == 0
+            assert not (await client.insert("q", [_traj("x1", "X", 2)]))[0].duplicate  # a new job's scope
             return [s.trajectory.episode_id for s in got.items]
 
     assert asyncio.run(run()) == ["x1", "x2"]
+
+
+def _job(client, episodes: list[Trajectory]) -> list[str]:
+    """One job's use of its table: claim it (reset), insert its episodes idempotently, take them in one batch."""
+    client.reset("q")
+    assert not any(r.duplicate for r in client.insert("q", episodes))
+    return _episodes(client.sample_batch("q", len(episodes), whole_groups=True))
+
+
+def test_a_second_job_that_reuses_episode_and_group_ids_is_not_answered_duplicate(store):
+    """The scope of "once" is one job: the trainer resets its tables when a job starts, so a second job of the same
+    training_name whose external clients count episode ids (and groups) from 0 again gets every episode in, while a
+    retry within the second job is still a duplicate. The first job also left an item in the table and had a group
+    dropped for staleness: the second job's group of the same id is taken, not dropped."""
+    client, _ = store
+    first = [_traj("e0", "G", 2), _traj("e1", "G", 2)]
+    assert _job(client, first) == ["e0", "e1"]
+    client.insert("q", [_traj("late", "H", 2, version=0), _traj("h2", "H", 2, version=1)])
+    got = client.sample_batch("q", 2, whole_groups=True, current_policy_version=1)
+    assert got.dropped_episode_ids == ["h2"]  # group H dropped whole: remembered by the table
+    client.insert("q", [_traj("left")])  # the first job stops with an item left in its table
+    assert client.reset("q") == 1
+    info = client.info("q")
+    assert (info.size, info.inserts, info.samples, info.deletes, info.stale_removed) == (0, 0, 0, 0, 0)
+    second = [_traj("e0", "G", 2), _traj("e1", "G", 2), _traj("h1", "H", 2, 1), _traj("h2", "H", 2, 1)]
+    assert _job(client, second) == ["e0", "e1", "h1", "h2"]
+    assert client.insert("q", [_traj("e0", "G", 2)])[0].duplicate  # a retry within the second job
+
+
+def test_a_reset_table_admits_as_many_inserts_as_a_new_one(store):
+    """Reset starts the queue's rate limiter over: a table emptied by reset (not by sampling) takes max_size
+    inserts again without waiting, and a queue of items inserted after the reset is sampled in order."""
+    client, _ = store
+    client.create_table("small", preset="queue", max_size=2)
+    client.insert("small", [_traj("a"), _traj("b")])
+    assert client.reset("small") == 2
+    client.insert("small", [_traj("a"), _traj("b")], timeout_s=0.5)  # would wait (RateLimitedError) unreset
+    assert _episodes(client.sample_batch("small", 2)) == ["a", "b"]
+    assert client.reset("small") == 0
+
+
+def test_reset_of_an_unknown_table_is_not_found_naming_it(store_server):
+    addr, _ = store_server
+    with (
+        ExperienceSharingClient(agent_id="a", address=addr) as client,
+        pytest.raises(NotFoundError, match="nope"),
+    ):
+        client.reset("nope")

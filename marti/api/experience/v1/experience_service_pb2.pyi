@@ -175,3 +175,15 @@ class DeleteResponse(_message.Message):
     DELETED_FIELD_NUMBER: _ClassVar[int]
     deleted: int
     def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class ResetRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class ResetResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...

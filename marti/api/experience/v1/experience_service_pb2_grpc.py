@@ -81,6 +81,11 @@ class ExperienceServiceStub:
                 request_serializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteRequest.SerializeToString,
                 response_deserializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteResponse.FromString,
                 _registered_method=True)
+        self.Reset = channel.unary_unary(
+                '/marti.api.experience.v1.ExperienceService/Reset',
+                request_serializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.ResetRequest.SerializeToString,
+                response_deserializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.ResetResponse.FromString,
+                _registered_method=True)
 
 
 class ExperienceServiceServicer:
@@ -151,7 +156,20 @@ class ExperienceServiceServicer:
 
     def Delete(self, request, context):
         """Deletes every item of the given episodes from one table (as Reverb's table delete); ids with no item are
-        skipped. The ids are remembered as taken, so an idempotent insert of them later is a duplicate.
+        skipped. The ids are remembered as taken, so an idempotent insert of them later is a duplicate (until the
+        table is reset).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reset(self, request, context):
+        """Empties one table and starts it over, as Reverb's Reset: every item is deleted, the rate limiter's and the
+        table's counters start from zero, and the table forgets the episode ids it took and the groups it dropped, so
+        the idempotent insert's scope (see InsertItem.idempotent) begins anew. A job claims its tables with it: a
+        later job that reuses episode or group ids (its external clients count from 0 again) is not answered
+        duplicate. Items an open sample holds are not in the table at that moment and are not deleted (a release
+        puts them back; they then count as inserted). The config is kept.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,6 +222,11 @@ def add_ExperienceServiceServicer_to_server(servicer, server):
                     servicer.Delete,
                     request_deserializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteRequest.FromString,
                     response_serializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteResponse.SerializeToString,
+            ),
+            'Reset': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reset,
+                    request_deserializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.ResetRequest.FromString,
+                    response_serializer=marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.ResetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -451,6 +474,33 @@ class ExperienceService:
             '/marti.api.experience.v1.ExperienceService/Delete',
             marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteRequest.SerializeToString,
             marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.DeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/marti.api.experience.v1.ExperienceService/Reset',
+            marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.ResetRequest.SerializeToString,
+            marti_dot_api_dot_experience_dot_v1_dot_experience__service__pb2.ResetResponse.FromString,
             options,
             channel_credentials,
             insecure,
