@@ -1,0 +1,216 @@
+"""Built-in verifiers and answer extraction (marti.rewards.verifiers / answers), math-verify on real LaTeX."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from marti.errors import InvalidArgumentError
+from marti.rewards import extract_answer, make_verifier
+from marti.rewards.answers import last_boxed, parse_number
+from marti.rewards.verifiers import exact, math, multiple_choice, numeric, regex
+
+REASONING = "Let me think step by step. First 2 + 3 = 5, then 5 * 7 = 35.\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        (REASONING + r"So the result is \boxed{\frac{1}{\sqrt{2}}}.", r"\frac{1}{\sqrt{2}}"),
+        (r"\boxed{1} at first, then \boxed{ {a}+{b} }", "{a}+{b}"),
+        (REASONING + "Answer: Paris", "Paris"),
+        (REASONING + "Final answer: **$x^2$**.", "x^2"),
+        (REASONING + "so the answer is 42.", "42"),
+        ("推理……\n答案是：巴黎。", "巴黎"),
+        ("推理……\n答案：３/4", "３/4"),
+        (REASONING, None),
+        (r"\boxed{never closed", None),
+    ],
+)
+def test_extract_answer_finds_the_answer_after_the_reasoning(text: str, answer: str | None) -> None:
+    assert extract_answer(text) == answer
+
+
+def test_last_boxed_keeps_nested_braces() -> None:
+    assert last_boxed(r"x \boxed{\frac{a}{b^{2}}} y") == r"\frac{a}{b^{2}}"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("42", 42.0),
+        ("-2.5", -2.5),
+        ("3/4", 0.75),
+        ("1,234,567.5", 1234567.5),
+        (r"\frac{3}{4}", 0.75),
+        ("$50$", 50.0),
+        ("50%", 50.0),
+        ("1e-3", 0.001),
+        ("−7", -7.0),
+        ("１２", 12.0),
+        ("1,23", None),
+        ("1/0", None),
+        ("abc", None),
+        ("", None),
+    ],
+)
+def test_parse_number_reads_the_documented_forms(text: str, value: float | None) -> None:
+    assert parse_number(text) == value
+
+
+def test_exact_ignores_case_and_whitespace_unless_told() -> None:
+    assert exact(REASONING + "Answer:   New   York ", "new york") == 1.0
+    assert exact("Straße", "STRASSE") == 1.0
+    assert exact("Answer: Paris", "paris", ignore_case=False) == 0.0
+    assert exact("Answer: 北京", "北京") == 1.0
+    assert exact("Answer: 北京", "上海") == 0.0
+
+
+def test_numeric_tolerances_and_reasoning() -> None:
+    assert numeric(REASONING + "The answer is 1,234.", "1234") == 1.0
+    assert numeric(REASONING + "Answer: 42 apples", "42") == 1.0
+    assert numeric(REASONING, "35") == 1.0  # no answer line: the last number of the reply
+    assert numeric(REASONING, "5") == 0.0
+    assert numeric(r"\boxed{\frac{3}{4}}", "0.75") == 1.0
+    assert numeric("Answer: 10.5", "10", tolerance=0.1) == 1.0
+    assert numeric("Answer: 10.5", "10") == 0.0
+    assert numeric("Answer: 0.001", "0", abs_tolerance=0.01) == 1.0
+    assert numeric("no number here", "3") == 0.0
+
+
+def test_numeric_label_that_is_not_a_number_is_named() -> None:
+    with pytest.raises(InvalidArgumentError, match="label 'seven' is not a number"):
+        numeric("7", "seven")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "B",
+        "(B)",
+        "[B]",
+        "B.",
+        "B) 42",
+        "Answer: B",
+        "the answer is B.",
+        "Answer: **b**",
+        "I think (A) is wrong, so (B)",
+    ],
+)
+def test_multiple_choice_reads_the_chosen_letter(reply: str) -> None:
+    assert multiple_choice(reply, "(B)") == 1.0
+    assert multiple_choice(reply, "C") == 0.0
+
+
+def test_multiple_choice_does_not_read_a_word_as_a_letter() -> None:
+    assert multiple_choice("I am not sure", "I") == 0.0
+    assert multiple_choice("A good question", "A") == 0.0
+    with pytest.raises(InvalidArgumentError, match="not one of ABCD"):
+        multiple_choice("A", "Z", letters="ABCD")
+
+
+@pytest.mark.parametrize(
+    ("reply", "label"),
+    [
+        (REASONING + r"Therefore \boxed{\frac{1}{2}}.", "0.5"),
+        (REASONING + r"Therefore \boxed{0.5}.", r"\frac{1}{2}"),
+        (r"The answer is $\sqrt{2}$.", "2^{1/2}"),
+        (r"\boxed{\dfrac{\sqrt{3}}{2}}", r"$\frac{\sqrt3}{2}$"),
+        (r"So $x = \boxed{(x+1)^2}$", "x^2+2x+1"),
+        (r"\boxed{\{1, 2\}}", r"\{2,1\}"),
+        ("所以答案是 $\\frac{3}{4}$。", "0.75"),
+    ],
+)
+def test_math_verify_accepts_equivalent_latex(reply: str, label: str) -> None:
+    assert math(reply, label) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("reply", "label"),
+    [(r"\boxed{\frac{1}{3}}", "0.5"), (r"\boxed{\sqrt{3}}", r"\sqrt{2}"), ("no answer at all", "7")],
+)
+def test_math_verify_rejects_different_answers(reply: str, label: str) -> None:
+    assert math(reply, label) == 0.0
+
+
+def test_math_label_that_is_a_word_is_compared_as_text() -> None:
+    assert math("答案是：巴黎", "巴黎") == 1.0
+    assert math("答案是：北京", "巴黎") == 0.0
+
+
+def test_math_bounds_the_answer_length() -> None:
+    assert math("\\boxed{" + "1+" * 600 + "1}", "601") == 0.0  # longer than max_chars: wrong, no parse
+    assert math("\\boxed{" + "1+" * 600 + "1}", "601", max_chars=2000) == 1.0
+    with pytest.raises(InvalidArgumentError, match="above max_chars=10"):
+        math("1", "12345678901", max_chars=10)
+
+
+def test_math_works_from_a_worker_thread() -> None:
+    """The env server calls envs from gRPC worker threads: math-verify's SIGALRM timeout would raise there."""
+    out: list[object] = []
+
+    def work() -> None:
+        try:
+            out.append(math(r"\boxed{\frac{1}{2}}", "0.5"))
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            out.append(e)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join(30)
+    assert out == [1.0]
+
+
+def test_regex_extracts_group_one_of_the_last_match() -> None:
+    assert regex("final=42; final=43", "43", pattern=r"final=(\d+)") == 1.0
+    assert regex("final=42; final=43", "42", pattern=r"final=(\d+)") == 0.0
+    assert regex("VERDICT: Yes", "yes", pattern=r"VERDICT: \w+") == 0.0
+    assert regex("VERDICT: Yes", "verdict: yes", pattern=r"VERDICT: \w+", ignore_case=True) == 1.0
+    assert regex("nothing", "x", pattern=r"final=(\d+)") == 0.0
+
+
+def test_make_verifier_binds_checked_options() -> None:
+    assert make_verifier("numeric", tolerance=0.1)("about 10.5", "10") == 1.0
+    assert make_verifier("regex", pattern=r"<(.+?)>")("<β>", "β") == 1.0
+    assert make_verifier("exact", ignore_case=None)("A", "a") == 1.0  # None: the default
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "message"),
+    [
+        ("fuzzy", {}, "unknown verifier 'fuzzy' .verifiers: exact, numeric, multiple_choice, math, regex"),
+        ("numeric", {"pattern": "x"}, "verifier 'numeric' takes no option 'pattern' .its options: tolerance"),
+        ("regex", {}, "verifier 'regex' needs the option 'pattern'"),
+        ("regex", {"pattern": "("}, "pattern '\\(' does not compile"),
+        ("numeric", {"tolerance": -1}, "'tolerance' must be a finite number >= 0"),
+        ("numeric", {"tolerance": float("nan")}, "'tolerance' must be a finite number >= 0"),
+        ("exact", {"ignore_case": "yes"}, "'ignore_case' must be true or false"),
+        ("multiple_choice", {"letters": "AAB"}, "'letters' must be a non-empty string of distinct letters"),
+        ("math", {"max_chars": 0}, "'max_chars' must be an integer >= 1"),
+    ],
+)
+def test_make_verifier_refuses_bad_kinds_and_options(kind: str, options: dict, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        make_verifier(kind, **options)
+
+
+def test_verifier_refuses_non_text_inputs() -> None:
+    with pytest.raises(InvalidArgumentError, match="exact verifier: label must be str, got int 3"):
+        exact("3", 3)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12))
+def test_numeric_reads_back_any_written_float(x: float) -> None:
+    assert numeric(REASONING + f"The answer is {x!r}.", repr(x)) == 1.0
+    if abs(x) > 1e-6:
+        assert numeric(REASONING + f"The answer is {x * 1.001!r}.", repr(x)) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="{}\\"), min_size=1))
+def test_exact_matches_any_boxed_unicode_text(label: str) -> None:
+    assert exact(REASONING + "\\boxed{" + label + "}", label) == 1.0
