@@ -9,6 +9,7 @@ string, so numeric strings are accepted wherever a number is expected.
 The package has one module per job:
 
 - :mod:`marti.config.schema`: the sections and :class:`TrainConfig` (each field documented);
+- :mod:`marti.config.section`: the sections' base class; :mod:`marti.config.dataset`: the ``dataset`` section;
 - :mod:`marti.config.load`: YAML loading, dotted overrides, error messages;
 - :mod:`marti.config.docs`: the key reference embedded in ``docs/config.md``;
 - :mod:`marti.config.seeds`: the training-seed schedule and epochs.
@@ -28,6 +29,7 @@ Typical use::
 
 from __future__ import annotations
 
+from marti.config.dataset import DatasetConfig
 from marti.config.docs import config_reference_markdown
 from marti.config.load import (
     apply_overrides,
@@ -79,6 +81,7 @@ __all__ = [
     "WorkflowConfig",
     "TaskConfig",
     "CurriculumConfig",
+    "DatasetConfig",
     "AllocationConfig",
     "AgentConfig",
     "AlgorithmConfig",

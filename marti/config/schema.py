@@ -12,9 +12,10 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic._internal._model_construction import ModelMetaclass
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from marti.config.dataset import DatasetConfig
+from marti.config.section import Section as _Section
 from marti.config.seeds import default_eval_seeds, epochs_done, steps_for_epochs, train_seeds
 from marti.errors import InvalidArgumentError
 
@@ -30,35 +31,6 @@ StrictNonNegInt = Annotated[int, Field(ge=0, strict=True)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 UnitFloat = Annotated[float, Field(ge=0, le=1)]
-
-
-class _SectionMeta(ModelMetaclass):
-    """Metaclass of the sections: a section built directly from keywords (``AlgorithmConfig(gamma=0.9)``) raises
-    :class:`~marti.errors.InvalidArgumentError` naming each bad key and value instead of pydantic's error.
-
-    Only the call ``Section(...)`` is wrapped: a whole config validates its sections without calling them, and
-    :mod:`marti.config.load` names the dotted key path of each problem.
-    """
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().__call__(*args, **kwargs)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: "
-                f"{str(err['msg']).removeprefix('Value error, ')} (got {err.get('input')!r})"
-                for err in exc.errors(include_url=False)
-            )
-            raise InvalidArgumentError(f"{cls.__name__}: {problems}") from None
-
-
-class _Section(BaseModel, metaclass=_SectionMeta):
-    """Base of every config section: unknown keys are errors, values are immutable after validation; built
-    directly, a bad value raises :class:`~marti.errors.InvalidArgumentError` (see :class:`_SectionMeta`)."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
-    )
 
 
 _BYTE_UNITS = {
@@ -913,6 +885,9 @@ class TrainConfig(_Section):
     """The inference gateway section (serving the policies to external agent code while the job trains)."""
     external: ExternalConfig = Field(default_factory=ExternalConfig)
     """The external episodes section (``rollout.source`` external or mixed)."""
+    dataset: DatasetConfig | None = None
+    """The dataset section: problems from a file, a saved folder or a hub dataset (docs/datasets.md); null: none
+    (the environment's own problems)."""
 
     @field_validator("training_name")
     @classmethod
@@ -1009,6 +984,13 @@ class TrainConfig(_Section):
             raise ValueError(
                 "policy.ema evaluates through the transformers engine; rollout.engine=vllm cannot"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _dataset_seed(self) -> TrainConfig:
+        """A ``dataset`` without its own ``seed`` takes the job's."""
+        if self.dataset is not None and self.dataset.seed is None:
+            object.__setattr__(self, "dataset", self.dataset.model_copy(update={"seed": self.seed}))
         return self
 
     @model_validator(mode="after")

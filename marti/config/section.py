@@ -1,0 +1,44 @@
+"""The base of every config section (:class:`Section`): unknown keys are errors, values are frozen, and a section
+built directly from keywords raises :class:`~marti.errors.InvalidArgumentError` naming each bad key and value.
+
+:mod:`marti.config.schema` and the sections kept in modules of their own (:mod:`marti.config.dataset`) derive
+from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic._internal._model_construction import ModelMetaclass
+
+from marti.errors import InvalidArgumentError
+
+
+class SectionMeta(ModelMetaclass):
+    """Metaclass of the sections: a section built directly from keywords (``AlgorithmConfig(gamma=0.9)``) raises
+    :class:`~marti.errors.InvalidArgumentError` naming each bad key and value instead of pydantic's error.
+
+    Only the call ``Section(...)`` is wrapped: a whole config validates its sections without calling them, and
+    :mod:`marti.config.load` names the dotted key path of each problem.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: "
+                f"{str(err['msg']).removeprefix('Value error, ')} (got {err.get('input')!r})"
+                for err in exc.errors(include_url=False)
+            )
+            raise InvalidArgumentError(f"{cls.__name__}: {problems}") from None
+
+
+class Section(BaseModel, metaclass=SectionMeta):
+    """Base of every config section: unknown keys are errors, values are immutable after validation; built
+    directly, a bad value raises :class:`~marti.errors.InvalidArgumentError` (see :class:`SectionMeta`)."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
+    )

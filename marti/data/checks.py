@@ -1,0 +1,89 @@
+"""Checks of loaded rows: the columns named exist, every prompt is a non-empty string, every row has a label,
+every value is JSON-able. Each failure is an :class:`~marti.errors.InvalidArgumentError` that names the source,
+the row (its 0-based position in the source), the column and the bad value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from marti.errors import InvalidArgumentError
+
+_SHOWN = 80
+"""Characters of a bad value quoted in an error message."""
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def check_columns(source: str, columns: Sequence[str], input_key: str, label_key: str | None) -> None:
+    """Check that the input column (and the label column, when one is named) exist.
+
+    Raises:
+        InvalidArgumentError: A column is missing; the message names the columns that exist and the closest.
+    """
+    for role, key in (("input_key", input_key), ("label_key", label_key)):
+        if key is None or key in columns:
+            continue
+        close = difflib.get_close_matches(key, list(columns), n=1, cutoff=0.4)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        extra = " (or label_key: null when the reward needs no label)" if role == "label_key" else ""
+        raise InvalidArgumentError(
+            f"{source}: {role} {key!r} is not a column; the columns are {list(columns)}{hint}{extra}"
+        )
+
+
+def check_rows(
+    source: str, rows: Sequence[dict[str, Any]], input_key: str, label_key: str | None, *, first: int = 0
+) -> None:
+    """Check every row: a non-empty string prompt, a label (not null, not an empty string), JSON-able values.
+
+    Args:
+        source: The source's description, quoted in errors.
+        rows: The rows, in source order.
+        input_key: The prompt column.
+        label_key: The label column, or None when the reward needs none.
+        first: The source position of ``rows[0]`` (error messages give source positions).
+
+    Raises:
+        InvalidArgumentError: The first bad row, naming its position, the column and the value.
+    """
+    for i, row in enumerate(rows, start=first):
+        prompt = row.get(input_key)
+        if not isinstance(prompt, str) or not prompt.strip():
+            what = "an empty prompt" if isinstance(prompt, str) else f"a non-string prompt {_show(prompt)}"
+            raise InvalidArgumentError(f"{source}: row {i} has {what} in column {input_key!r}")
+        if label_key is not None:
+            label = row.get(label_key)
+            if label is None or (isinstance(label, str) and not label.strip()):
+                raise InvalidArgumentError(
+                    f"{source}: row {i} has no label in column {label_key!r} (got {_show(label)})"
+                )
+        for column, value in row.items():
+            bad = _not_json(value)
+            if bad is not None:
+                raise InvalidArgumentError(
+                    f"{source}: row {i}, column {column!r}: {bad}; rows must be JSON-able (they travel to a "
+                    "remote env server as JSON)"
+                )
+
+
+def _not_json(value: Any) -> str | None:
+    """Why ``value`` is not plain JSON (strings, finite numbers, booleans, null, lists, string-keyed dicts),
+    or None when it is."""
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a finite number"
+    if isinstance(value, list | tuple):
+        return next((why for why in map(_not_json, value) if why is not None), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return f"a mapping with non-string keys {_show(list(value))}"
+        return next((why for why in map(_not_json, value.values()) if why is not None), None)
+    return f"value {_show(value)} of type {type(value).__name__} is not JSON-able"

@@ -1,0 +1,139 @@
+"""Reading a dataset source into rows (one dict per row, every column kept) through the ``datasets`` library.
+
+Files go through ``datasets.load_dataset(builder, data_files=PATH, split="train")`` (CSV cells read as the
+text written: string columns, no NA guessing), a ``save_to_disk`` folder
+through ``datasets.load_from_disk`` (one split of a ``DatasetDict``), a hub id through
+``datasets.load_dataset(ID, name=config, split=split)``. Every failure becomes a typed error of
+:mod:`marti.errors` that names the source and the cause. ``datasets`` is imported on first use (the trainer extra
+installs it).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from marti.data.spec import SourceSpec
+from marti.errors import InvalidArgumentError, NotFoundError, UnavailableError
+
+
+def _datasets() -> Any:
+    """The ``datasets`` module, its progress bars off.
+
+    Raises:
+        UnavailableError: ``datasets`` is not installed.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise UnavailableError(
+            "loading a dataset needs the 'datasets' package: pip install 'marti-agent[trainer]'"
+        ) from None
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def check_local(spec: SourceSpec) -> None:
+    """Check that a local source exists and is not an empty file (hub ids are not checked).
+
+    Raises:
+        NotFoundError: The file or folder does not exist, or a file source is a folder (named).
+        InvalidArgumentError: The file is empty (0 bytes).
+    """
+    if not spec.is_local:
+        return
+    path = Path(spec.location)
+    if not path.exists():
+        raise NotFoundError(
+            f"dataset {spec.describe()} does not exist (from {spec.text!r}; cwd {Path.cwd()})"
+        )
+    if spec.kind == "disk" and not path.is_dir():
+        raise NotFoundError(f"dataset {spec.describe()} is not a folder written by save_to_disk")
+    if spec.kind != "disk":
+        if not path.is_file():
+            raise NotFoundError(f"dataset {spec.describe()} is not a file")
+        if path.stat().st_size == 0:
+            raise InvalidArgumentError(f"dataset {spec.describe()} is empty (0 bytes)")
+
+
+def load_rows(spec: SourceSpec) -> list[dict[str, Any]]:
+    """Read every row of a source, in the source's order.
+
+    Args:
+        spec: The parsed source (:func:`marti.data.spec.parse_source`).
+
+    Returns:
+        One dict per row, column name -> value as ``datasets`` decodes it (``Dataset.to_list``).
+
+    Raises:
+        NotFoundError: A missing local file or folder, a missing split of a saved ``DatasetDict``, or a hub
+            dataset the hub says does not exist.
+        InvalidArgumentError: An empty or malformed file (the parser's message is included).
+        UnavailableError: ``datasets`` is not installed, or the hub cannot be reached (offline, no network).
+    """
+    check_local(spec)
+    ds = _datasets()
+    if spec.kind == "disk":
+        dataset = _from_disk(ds, spec)
+    elif spec.kind == "hub":
+        dataset = _from_hub(ds, spec)
+    else:
+        dataset = _from_file(ds, spec)
+    return dataset.to_list()
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost message of an exception chain (``datasets`` wraps the parser's error)."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
+    """``load_dataset`` arguments that read every CSV cell as the text written (``"007"`` stays ``"007"``, an
+    empty cell is ``""``): string features for the header's columns, no NA guessing."""
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    return {"features": ds.Features({c: ds.Value("string") for c in header}), "na_filter": False}
+
+
+def _from_file(ds: Any, spec: SourceSpec) -> Any:
+    try:
+        extra = _csv_text_columns(ds, spec.location) if spec.kind == "csv" else {}
+        return ds.load_dataset(spec.kind, data_files=spec.location, split="train", **extra)
+    except Exception as exc:  # every parser failure is reported with the file named
+        raise InvalidArgumentError(
+            f"dataset {spec.describe()} could not be read as {spec.kind.upper()}: {_cause(exc)}"
+        ) from None
+
+
+def _from_disk(ds: Any, spec: SourceSpec) -> Any:
+    try:
+        loaded = ds.load_from_disk(spec.location)
+    except Exception as exc:  # a folder that is not a saved dataset
+        raise InvalidArgumentError(
+            f"dataset {spec.describe()} is not a folder written by Dataset.save_to_disk: {_cause(exc)}"
+        ) from None
+    if isinstance(loaded, ds.DatasetDict):
+        if spec.split not in loaded:
+            raise NotFoundError(
+                f"dataset {spec.describe()} has no split {spec.split!r}; its splits are {sorted(loaded)}"
+            )
+        return loaded[spec.split]
+    return loaded
+
+
+def _from_hub(ds: Any, spec: SourceSpec) -> Any:
+    try:
+        return ds.load_dataset(spec.location, name=spec.config, split=spec.split)
+    except ds.exceptions.DatasetNotFoundError as exc:
+        raise NotFoundError(f"{spec.describe()} not found on the hub: {_cause(exc)}") from None
+    except ConnectionError as exc:
+        raise UnavailableError(
+            f"{spec.describe()} could not be loaded: the Hugging Face hub is not reachable from here "
+            f"({_cause(exc)}); download it where the hub is reachable, save it with save_to_disk and give "
+            "that folder, or give a local file"
+        ) from None
+    except ValueError as exc:  # an unknown split or config
+        raise InvalidArgumentError(f"{spec.describe()}: {_cause(exc)}") from None
