@@ -1,7 +1,8 @@
 """Rate limiters: when a table lets an insert or a sample proceed (Reverb's RateLimiter semantics).
 
 State: ``inserts`` and ``samples`` count every insert and every returned sample since the table was created
-(they survive restarts); ``size`` is the number of items in the table. With ``diff = inserts * spi - samples``
+(they survive restarts), ``withdrawn`` the items deleted by episode id (a Delete: they are owed no samples any
+more); ``size`` is the number of items in the table. With ``diff = (inserts - withdrawn) * spi - samples``
 (spi = samples per insert):
 
 - a sample may proceed iff ``size >= min_size_to_sample`` and ``diff - 1 >= min_diff``;
@@ -33,11 +34,14 @@ class RateLimiterState:
         inserts: Items inserted since the table was created.
         samples: Samples returned since the table was created.
         deletes: Items removed (evicted or sampled out) since the table was created.
+        withdrawn: Items deleted by episode id (``Table.delete``): their inserts no longer count in the diff, so
+            a queue whose items were deleted unsampled admits as many inserts as before.
     """
 
     inserts: int = 0
     samples: int = 0
     deletes: int = 0
+    withdrawn: int = 0
 
 
 class RateLimiter:
@@ -57,8 +61,9 @@ class RateLimiter:
         self.state = state or RateLimiterState()
 
     def diff(self) -> float:
-        """Return ``inserts * samples_per_insert - samples``."""
-        return self.state.inserts * self.config.samples_per_insert - self.state.samples
+        """Return ``(inserts - withdrawn) * samples_per_insert - samples``."""
+        s = self.state
+        return (s.inserts - s.withdrawn) * self.config.samples_per_insert - s.samples
 
     def can_insert(self, size: int) -> bool:
         """Whether one insert may proceed now, with ``size`` items in the table."""
@@ -83,5 +88,6 @@ class RateLimiter:
             "inserts": float(s.inserts),
             "samples": float(s.samples),
             "deletes": float(s.deletes),
+            "withdrawn": float(s.withdrawn),
             "diff": self.diff(),
         }

@@ -171,7 +171,9 @@ class Table:
         c = counters or {}
         self.rate_limiter = RateLimiter(
             config.rate_limiter.build(),
-            RateLimiterState(c.get("inserts", 0), c.get("samples", 0), c.get("deletes", 0)),
+            RateLimiterState(
+                c.get("inserts", 0), c.get("samples", 0), c.get("deletes", 0), c.get("withdrawn", 0)
+            ),
         )
         self.priority_updates_missing = c.get("priority_updates_missing", 0)
         self.priority_updates = c.get("priority_updates", 0)
@@ -217,6 +219,7 @@ class Table:
             "inserts": s.inserts,
             "samples": s.samples - held["samples"],
             "deletes": s.deletes - held["deletes"],
+            "withdrawn": s.withdrawn,
             "priority_updates": self.priority_updates,
             "priority_updates_missing": self.priority_updates_missing,
             "evictions": self.evictions,
@@ -652,8 +655,9 @@ class Table:
 
     def delete(self, episode_ids: Sequence[str]) -> int:
         """Delete every item of these episodes from the table (as Reverb's table delete) and remember the ids as
-        taken, so an idempotent insert of them later is a :class:`Duplicate`. Items an open sample holds are not
-        in the table meanwhile and are not deleted (a release puts them back).
+        taken, so an idempotent insert of them later is a :class:`Duplicate`. The deleted items' inserts are
+        withdrawn from the rate limiter's diff (a queue admits as many inserts as before the deleted ones went in).
+        Items an open sample holds are not in the table meanwhile and are not deleted (a release puts them back).
 
         Args:
             episode_ids: Episode ids; ids with no item are skipped.
@@ -669,6 +673,7 @@ class Table:
             keys = self.episodes.keys(ids)
             for key in keys:
                 self._unindex(key)
+            self.rate_limiter.state.withdrawn += len(keys)
             self.episodes.taken(sorted(ids))
             ticket = self._storage.submit(self.name, deletes=keys, counters=self.counters())
             self._cond.notify_all()

@@ -82,6 +82,19 @@ def test_delete_by_episode_ids_returns_the_count_and_refuses_a_late_insert(store
     assert _episodes(client.sample_batch("q", 1)) == ["e1"]
 
 
+def test_deleting_unsampled_items_of_a_queue_gives_their_room_back(store):
+    """A rollout attempt's episodes deleted from a full queue (never sampled) leave it as roomy as before: the
+    queue's rate limiter does not keep counting them as waiting, so a replayed attempt's inserts go in at once."""
+    client, _ = store
+    client.create_table("small", preset="queue", max_size=2)
+    for attempt in range(3):
+        client.insert("small", [_traj(f"a{attempt}"), _traj(f"b{attempt}")], timeout_s=0.5)
+        assert client.delete("small", [f"a{attempt}", f"b{attempt}"]) == 2
+    client.insert("small", [_traj("a"), _traj("b")], timeout_s=0.5)  # RateLimitedError without the withdrawal
+    assert _episodes(client.sample_batch("small", 2)) == ["a", "b"]
+    assert client.info("small").rate_limiter_diff == 0
+
+
 def test_a_group_take_takes_whole_groups_and_passes_over_one_missing_members(store):
     client, _ = store
     client.insert("q", [_traj("a1", "A", 2), _traj("b1", "B", 2), _traj("a2", "A", 2), _traj("c", "", 0)])
