@@ -48,8 +48,8 @@ def demo_prompts(
     config's sampling parameters for it (seeded; ``max_new_tokens`` overrides the config's when given)."""
     import marti
     from marti.config import load_config
-    from services.trainer.generation import sampling_params
     from services.trainer.rollout.base import SamplingParams, chat_to_ids
+    from services.trainer.rollout.generation import sampling_params
 
     cfg = load_config(config)
     agent = cfg.agents[0]
@@ -107,7 +107,7 @@ def build_engines(
     """
     import torch
 
-    from services.trainer.models import build_tiny_model, load_model, load_tokenizer
+    from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer
     from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
     from services.trainer.rollout.static import StaticCacheRolloutEngine
 

@@ -17,7 +17,7 @@ tokens for the same prompt:
 Printed per ``c``: latency p50 and p99 (seconds per request), generated tokens per second, and each arm's
 throughput as a ratio of ``direct``'s (the issue's target is >= 0.8 at 32 clients). Then trace capture: episodes of
 two calls each are reported over HTTP and inserted into a real experience store (``marti store``, a local
-process) through an :class:`services.trainer.experience_feed.ExperienceFeed`, as a training job does; traces per
+process) through an :class:`services.trainer.data.experience_feed.ExperienceFeed`, as a training job does; traces per
 second is reported episodes over the wall time of the reports. ``--json PATH`` writes every number; the load
 average before and after is printed.
 """
@@ -206,9 +206,9 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
     from services.gateway.core.gateway import Gateway
     from services.gateway.core.limits import GatewayLimits
     from services.gateway.server import GatewayServer
-    from services.trainer.experience_feed import ExperienceFeed
-    from services.trainer.gateway_backend import EngineBackend
-    from services.trainer.models import build_tiny_model, load_model, load_tokenizer
+    from services.trainer.data.experience_feed import ExperienceFeed
+    from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer
+    from services.trainer.rollout.gateway_backend import EngineBackend
     from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 
     if model == "tiny-llama":

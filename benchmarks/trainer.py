@@ -15,8 +15,8 @@ Task: "What is a + b? Reply with only the number." (:mod:`benchmarks.sum_task`; 
   ``--lora``);
 - use ``--threads`` torch threads, each in a fresh process.
 
-Ours runs :class:`services.trainer.worker.PolicyWorker` (the policy worker the training loop drives: one agent,
-``per_agent`` policy, HF rollout engine, :func:`services.trainer.learner.update_agent`, torch strategy)
+Ours runs :class:`services.trainer.ray.policy_worker.PolicyWorker` (the policy worker the training loop drives: one agent,
+``per_agent`` policy, HF rollout engine, :func:`services.trainer.learn.learner.update_agent`, torch strategy)
 in-process, without services or Ray, as TRL runs without them. TRL runs in its own virtualenv
 (``--trl-venv``, default ``~/.cache/marti-bench/trl-venv``), created on first use with ``torch==2.13.0``
 installed first and pinned, plus the same transformers, peft and accelerate versions as this environment.
@@ -149,7 +149,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     from marti.config import config_from_dict
     from marti.trajectory import Trajectory, Turn
-    from services.trainer.worker import PolicyWorker
+    from services.trainer.ray.policy_worker import PolicyWorker
 
     worker = PolicyWorker(config_from_dict(worker_config(spec)), num_threads=spec["threads"])
     P, G = spec["prompts_per_step"], spec["group_size"]
@@ -196,7 +196,7 @@ def prepare_model(name: str, seed: int, out: Path) -> Path:
     Raises:
         NotFoundError: The model is not available locally (named, with the places looked).
     """
-    from services.trainer.models import load_model, load_tokenizer
+    from services.trainer.models.loading import load_model, load_tokenizer
 
     tok = load_tokenizer(name)
     model = load_model(name, tokenizer=tok, seed=seed)

@@ -103,7 +103,7 @@ for name in ("torch", "transformers", "marti", "ray", "peft", "gguf", "deepspeed
         if name != "deepspeed":
             raise
 import torch
-from services.trainer.models import load_model
+from services.trainer.models.loading import load_model
 t = time.perf_counter()
 load_model("smollm2-135m-instruct")  # converts the GGUF once into $MARTI_MODEL_CACHE
 print(f"cuda available: {torch.cuda.is_available()}; model ready in {time.perf_counter() - t:.1f} s", flush=True)

@@ -13,10 +13,10 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from marti.api.trainer.v1 import trainer_service_pb2_grpc
 from marti.rpc.server import ServiceSpec, run_server
 from marti.rpc.settings import load_settings
-from services.trainer.addresses import resolve_addresses
-from services.trainer.jobs import JobManager
-from services.trainer.servicer import TrainerServicer
-from services.trainer.settings import TrainerSettings
+from services.trainer.job.addresses import resolve_addresses
+from services.trainer.job.jobs import JobManager
+from services.trainer.job.servicer import TrainerServicer
+from services.trainer.job.settings import TrainerSettings
 
 SERVICE_NAME = "marti.api.trainer.v1.TrainerService"
 

@@ -51,7 +51,7 @@ def record(name: str, status: str, **info: object) -> None:
 
 
 def check_hf_rollout(device: str) -> None:
-    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+    from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
     from services.trainer.rollout import HFRolloutEngine, SamplingParams
 
     t0 = time.perf_counter()
@@ -113,8 +113,8 @@ def check_vllm(device: str) -> None:
 
         record("vllm_rollout", "SKIP", reason="dry run: vllm needs CUDA", engine=VLLMRolloutEngine.__name__)
         return
-    from services.trainer.models import build_tiny_model, load_tokenizer
-    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+    from services.trainer.models.loading import build_tiny_model, load_tokenizer
+    from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 
     policy = MultiAgentPolicy(
         PolicyLayout(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),)), device=device
@@ -172,8 +172,8 @@ def gateway_round_trip(engine, tokenizer, agents: tuple[str, str], sync) -> dict
     from services.gateway.core.gateway import Gateway
     from services.gateway.core.limits import GatewayLimits
     from services.gateway.server import GatewayServer
-    from services.trainer.gateway_backend import EngineBackend
     from services.trainer.rollout import SamplingParams
+    from services.trainer.rollout.gateway_backend import EngineBackend
 
     released: list = []
     backend = EngineBackend(engine, dict.fromkeys(agents, tokenizer))
@@ -221,7 +221,7 @@ def gateway_round_trip(engine, tokenizer, agents: tuple[str, str], sync) -> dict
 
 
 def check_vllm_gateway(device: str) -> None:
-    from services.trainer.models import build_tiny_model, load_tokenizer
+    from services.trainer.models.loading import build_tiny_model, load_tokenizer
     from services.trainer.rollout import vllm_available
 
     tok = load_tokenizer("tiny-llama")
@@ -240,7 +240,7 @@ def check_vllm_gateway(device: str) -> None:
     if not vllm_available():
         record("vllm_gateway", "SKIP", reason="vllm is not installed here")
         return
-    from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+    from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 
     engine = _vllm_two_agents()
     lora_policy = MultiAgentPolicy(
@@ -258,7 +258,7 @@ def check_vllm_gateway(device: str) -> None:
 
 
 def check_deepspeed(device: str) -> None:
-    from services.trainer.models import TinyModelConfig, build_tiny_model, load_tokenizer
+    from services.trainer.models.loading import TinyModelConfig, build_tiny_model, load_tokenizer
     from services.trainer.strategy import OptimConfig
     from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
 
@@ -304,13 +304,13 @@ def check_worker_train(device: str) -> None:
     """PolicyWorker generate -> train (GAE + KL) -> sync on ``device``; colocated and split layouts agree."""
     from marti.config import load_config
     from marti.trajectory import Trajectory, Turn
-    from services.trainer.model_workers import (
+    from services.trainer.ray.model_workers import (
         CriticWorker,
         ReferenceWorker,
         critic_actor_config,
         reference_actor_config,
     )
-    from services.trainer.worker import PolicyWorker
+    from services.trainer.ray.policy_worker import PolicyWorker
 
     root = Path(__file__).resolve().parents[2]
     overrides = [

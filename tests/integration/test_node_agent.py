@@ -119,8 +119,8 @@ def gateway():
     from services.gateway.core.gateway import Gateway
     from services.gateway.core.limits import GatewayLimits
     from services.gateway.servicer import service_spec
-    from services.trainer.gateway_backend import EngineBackend
-    from services.trainer.models import build_tiny_model, load_tokenizer
+    from services.trainer.models.loading import build_tiny_model, load_tokenizer
+    from services.trainer.rollout.gateway_backend import EngineBackend
     from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 
     tok = load_tokenizer()

@@ -1,4 +1,4 @@
-"""services.trainer.monitor: real child processes (a CPU burner, a memory holder, a sleeper) measured by psutil."""
+"""services.trainer.observe.monitor: real child processes (a CPU burner, a memory holder, a sleeper) measured by psutil."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from marti.errors import InvalidArgumentError
 from marti.stack import ServiceProcess
-from services.trainer.monitor import (
+from services.trainer.observe.monitor import (
     MAX_INTERVAL_S,
     MAX_PROCESSES,
     MIN_INTERVAL_S,

@@ -17,8 +17,8 @@ from marti.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from services.trainer.addresses import Addresses
-from services.trainer.loop import TrainingLoop, user_code_paths
+from services.trainer.job.addresses import Addresses
+from services.trainer.job.loop import TrainingLoop, user_code_paths
 
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 
@@ -82,7 +82,7 @@ class JobManager:
             NotFoundError: a model is not available locally.
             ResourceExhaustedError: ``max_concurrent_jobs`` jobs are already running.
         """
-        from services.trainer.models import resolve_model
+        from services.trainer.models.loading import resolve_model
 
         cfg = config_from_text(config_yaml, overrides, source="<SubmitJob>")
         user_code = user_code_paths(cfg)

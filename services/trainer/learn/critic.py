@@ -1,7 +1,7 @@
 """Critics for PPO with GAE: a value head on a transformer backbone, one critic per trainable agent.
 
 ``V(s_t)`` for each response token is read from the hidden state at the position *before* that token, the same
-alignment as :meth:`services.trainer.policy.MultiAgentPolicy.logprobs` (the state in which the token was
+alignment as :meth:`services.trainer.models.policy.MultiAgentPolicy.logprobs` (the state in which the token was
 chosen), as in OpenRLHF's ``CriticModel`` (``values[:, -A-1:-1]``). The head starts at zero so initial values
 are 0 and early advantages equal the discounted rewards.
 
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from marti.errors import InvalidArgumentError
-from services.trainer.models import load_model, load_tokenizer
+from services.trainer.models.loading import load_model, load_tokenizer
 
 
 class ValueModel(nn.Module):
@@ -69,7 +69,7 @@ def build_critic(
     init_device: str | torch.device = "cpu",
     disable_dropout: bool = False,
 ) -> ValueModel:
-    """Load ``model_name`` (any name :func:`services.trainer.models.load_model` accepts) as a critic.
+    """Load ``model_name`` (any name :func:`services.trainer.models.loading.load_model` accepts) as a critic.
 
     Args:
         model_name: The critic's base model (by default the agent's ``pretrain_model``).

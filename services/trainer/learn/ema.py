@@ -4,7 +4,7 @@ After every optimizer step each tracked parameter's shadow copy becomes
 ``ema = beta * ema + (1 - beta) * param`` (OpenRLHF ``moving_average``, beta ``policy.ema_beta``, 0.992 by
 default), starting from the initial weights. Only trainable parameters are tracked (a LoRA adapter, or the
 whole model in ``per_agent`` / ``shared`` mode). Evaluation runs with the average
-(:meth:`services.trainer.worker.PolicyWorker.generate` with ``greedy``) and checkpoints save it.
+(:meth:`services.trainer.ray.policy_worker.PolicyWorker.generate` with ``greedy``) and checkpoints save it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Dimension names (used in every docstring of the learner):
 - ``G``: group size, the rows sharing one ``group_ids`` value (one problem's episodes).
 
 Rows are laid out ``[left pad | prompt | response | right pad]``, so the responses fill the last ``A`` positions,
-which is what :meth:`services.trainer.policy.MultiAgentPolicy.logprobs` expects. Every actor that collates the
+which is what :meth:`services.trainer.models.policy.MultiAgentPolicy.logprobs` expects. Every actor that collates the
 same trajectories with the same ``pad_id`` (policy, reference, critic) gets the same rows in the same order.
 """
 
@@ -152,7 +152,7 @@ def collate(trajectories: Sequence[Trajectory], agent_id: str, pad_id: int) -> E
         trajectories: The agent's trajectories as taken from its table.
         agent_id: The agent whose policy learns from them.
         pad_id: Token id the rows are padded with (masked out everywhere; see
-            :func:`services.trainer.learner.pad_id_of`).
+            :func:`services.trainer.learn.learner.pad_id_of`).
 
     Returns:
         The batch, shapes as documented on :class:`Experience`.

@@ -1,6 +1,6 @@
-"""Update one agent's policy on one :class:`~services.trainer.experience.Experience` batch (one RL step).
+"""Update one agent's policy on one :class:`~services.trainer.learn.experience.Experience` batch (one RL step).
 
-The batch (built by :func:`services.trainer.experience.collate` from the trajectories taken from the agent's
+The batch (built by :func:`services.trainer.learn.experience.collate` from the trajectories taken from the agent's
 table; shapes ``(B,T)``, ``(B,A)``, ``(B,)`` as named there) carries each turn's prompt and response tokens, the
 behaviour log-probabilities the sampler recorded, its response mask, and the episode's credited return as the
 outcome reward; rows of one group (``group_id``: the problem seed) are compared by group estimators (GRPO, RLOO).
@@ -30,7 +30,7 @@ import torch
 
 from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
-from services.trainer.algo import (
+from services.trainer.learn.algo import (
     actor_loss,
     compute_advantages,
     kl_penalty,
@@ -38,7 +38,7 @@ from services.trainer.algo import (
     turn_returns,
     value_loss,
 )
-from services.trainer.experience import Experience, check_rows
+from services.trainer.learn.experience import Experience, check_rows
 
 _LOG = logging.getLogger("marti.trainer.learner")
 _dense_fallback_warned = False  # turn_rewards=dense met a trajectory without per-turn rewards (warned once)
@@ -81,7 +81,7 @@ class TrainableCritic:
     (``ray.colocate_models: true``, fitted within the update), to :func:`fit_values` by a critic actor.
 
     Attributes:
-        model: A :class:`services.trainer.critic.ValueModel`: ``model(input_ids, attention_mask, A)`` gives
+        model: A :class:`services.trainer.learn.critic.ValueModel`: ``model(input_ids, attention_mask, A)`` gives
             ``(B, A)`` values in reward units.
         engine: Its train engine (``autocast()``, ``backward(loss)``, ``step()``).
     """
@@ -113,7 +113,7 @@ def credited_rewards(cfg: AlgorithmConfig, experience: Experience) -> torch.Tens
 
     - ``outcome``: ``experience.rewards`` (the episode's credited return on every turn; today's behaviour).
     - ``dense``: the return-to-go of the env's per-turn rewards from the row's turn on,
-      ``G_t = sum_{k >= t} gamma^(k-t) r_k`` (:func:`services.trainer.algo.turn_returns`, ``gamma = cfg.gamma``
+      ``G_t = sum_{k >= t} gamma^(k-t) r_k`` (:func:`services.trainer.learn.algo.turn_returns`, ``gamma = cfg.gamma``
       per turn). A row whose episode has no per-turn reward (``has_turn_rewards`` False, e.g. an external client
       that reported only the return) keeps its outcome reward; the first such row logs a warning.
 
@@ -155,7 +155,7 @@ def normalize_credit(cfg: AlgorithmConfig, experience: Experience, moments: Any)
     Args:
         cfg: Algorithm config.
         experience: One agent's batch (not changed).
-        moments: The agent's :class:`~services.trainer.algo.running_moments.RunningMoments` (updated).
+        moments: The agent's :class:`~services.trainer.learn.algo.running_moments.RunningMoments` (updated).
     """
     normalized = moments.normalize(credited_rewards(cfg, experience).tolist())
     return replace(experience, rewards=torch.tensor(normalized, dtype=torch.float64), credited=True)
@@ -170,7 +170,7 @@ def experience_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns of one agent's batch with the turn-level credit options of ``cfg``.
 
-    Passes tensors only to :func:`services.trainer.algo.compute_advantages`: the rewards are
+    Passes tensors only to :func:`services.trainer.learn.algo.compute_advantages`: the rewards are
     :func:`credited_rewards` ``(B,)`` (``turn_rewards``), the groups the batch's ``(B,)`` group ids and, with
     ``group_by="agent_turn"``, its ``(B,)`` turn ids (AT-GRPO, arXiv:2510.11062); ``normalize_per_agent``
     (Dr. MAS, arXiv:2602.08847) is applied by ``compute_advantages``.
@@ -280,10 +280,10 @@ def update_agent(
     windows. Both layouts give the same numbers: the critic's fit does not feed back into the policy's update.
 
     Args:
-        policy: A :class:`services.trainer.policy.MultiAgentPolicy` (``logprobs``, ``ref_logprobs``).
+        policy: A :class:`services.trainer.models.policy.MultiAgentPolicy` (``logprobs``, ``ref_logprobs``).
         engine: The agent's train engine (``autocast()``, ``backward(loss)``, ``step() -> StepResult``), see
             :mod:`services.trainer.strategy`.
-        experience: The agent's batch (:func:`services.trainer.experience.collate`); its ``agent_id`` is the
+        experience: The agent's batch (:func:`services.trainer.learn.experience.collate`); its ``agent_id`` is the
             agent updated. ``ref_logprobs`` is used instead of ``policy.ref_logprobs`` when ``kl_coef > 0``,
             ``old_values`` instead of the ``critic``'s forward for GAE.
         config: The algorithm and the update's hyper-parameters.

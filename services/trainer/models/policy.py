@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from services.trainer.models import (
+from services.trainer.models.loading import (
     construction_device,
     load_model,
     load_tokenizer,
@@ -38,7 +38,7 @@ from services.trainer.models import (
     same_vocabulary,
     zero_dropout,
 )
-from services.trainer.prefix_sharing import response_logits
+from services.trainer.rollout.prefix_sharing import response_logits
 
 PolicyMode = Literal["per_agent", "shared", "lora"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
@@ -50,7 +50,7 @@ class AgentSpec:
 
     Attributes:
         name: Unique id, 1-64 chars of letters, digits, ``_`` or ``-``.
-        pretrain_model: Model name for :func:`services.trainer.models.load_model`.
+        pretrain_model: Model name for :func:`services.trainer.models.loading.load_model`.
         is_tuning: False: the agent acts but never trains.
         role: Role prompt (system message) used by :meth:`MultiAgentPolicy.chat`; empty for none.
         ref_model: Model the agent's reference policy (KL) is loaded from (``agents.N.ref_model``); None: the
@@ -85,7 +85,7 @@ class LoraSettings:
 @dataclass(frozen=True)
 class PolicyLayout:
     """How a team's policies are built (from the config's ``policy`` section, :class:`marti.config.PolicyConfig`,
-    and its agents, by :func:`services.trainer.worker.policy_layout`).
+    and its agents, by :func:`services.trainer.ray.policy_worker.policy_layout`).
 
     Attributes:
         mode: ``per_agent``, ``shared`` or ``lora``.
@@ -95,7 +95,7 @@ class PolicyLayout:
         gradient_checkpointing: Trade compute for activation memory in trainable models.
         keep_reference: Keep a reference policy for KL (``per_agent``/``shared`` keep a frozen copy).
         share_prompt_prefix: Run a prompt that several rows of a batch repeat (a GRPO group) through the model
-            once in log-probability forwards (:mod:`services.trainer.prefix_sharing`; models with gradient
+            once in log-probability forwards (:mod:`services.trainer.rollout.prefix_sharing`; models with gradient
             checkpointing on always take the plain forward).
         attn_implementation: transformers attention kernel every model is loaded with (``eager``, ``sdpa``,
             ``flash_attention_2``; ``policy.attn_implementation``); None: transformers' default.
@@ -150,7 +150,7 @@ class MultiAgentPolicy:
     Args:
         config: The :class:`PolicyLayout`.
         model_loader: ``(name, tokenizer, seed) -> model``; defaults to :func:`load_model` (creating the weights
-            on :func:`~services.trainer.models.construction_device`).
+            on :func:`~services.trainer.models.loading.construction_device`).
         device: Where models live (default CPU); offloaded references live on :attr:`offload_device` between
             forwards.
 
@@ -265,7 +265,7 @@ class MultiAgentPolicy:
 
     def _reference_forward(self, ref: torch.nn.Module) -> Any:
         """Context of one reference forward: with ``offload_reference`` the model is moved to :attr:`device`
-        for it and back to :attr:`offload_device` after (:func:`~services.trainer.models.offloaded`)."""
+        for it and back to :attr:`offload_device` after (:func:`~services.trainer.models.loading.offloaded`)."""
         if not self.config.offload_reference:
             return contextlib.nullcontext(ref)
         return offloaded(ref, self.device, self.offload_device)
@@ -545,7 +545,7 @@ def _sequence_logprobs(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Shared forward of :meth:`MultiAgentPolicy.logprobs` (see there); computes logits for A positions only.
 
-    With ``share_prefix``, rows that repeat a prompt run it once (:func:`~services.trainer.prefix_sharing.
+    With ``share_prefix``, rows that repeat a prompt run it once (:func:`~services.trainer.rollout.prefix_sharing.
     response_logits`); the result is the same up to float rounding.
     """
     if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):

@@ -355,8 +355,8 @@ def _overview(
 
 
 def _history(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's ``config_history.jsonl`` (:func:`services.trainer.run_dir.read_history`)."""
-    from services.trainer.run_dir import read_history
+    """The run's ``config_history.jsonl`` (:func:`services.trainer.job.run_dir.read_history`)."""
+    from services.trainer.job.run_dir import read_history
 
     return read_history(run_dir)
 

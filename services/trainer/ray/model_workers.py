@@ -1,18 +1,18 @@
 """Reference and critic actors of one agent, for ``ray.colocate_models: false``.
 
 By default (``ray.colocate_models: true``) an agent's reference model (KL) and critic (GAE) live in its
-:class:`~services.trainer.worker.PolicyWorker`. With the switch off, :class:`~services.trainer.ray_runtime.RayRuntime`
+:class:`~services.trainer.ray.policy_worker.PolicyWorker`. With the switch off, :class:`~services.trainer.ray.runtime.RayRuntime`
 starts them as actors of their own, each on its own placement-group bundle:
 
 - :class:`ReferenceWorker`: the agent's ``ref_model``, or its base model (``pretrain_model``, loaded with the seed
   the policy loads it with, so the very weights the policy started from), frozen and in eval mode; it serves the
   reference log-probabilities of a batch (kept on the CPU between batches with
   ``strategy.offload_reference_model``).
-- :class:`CriticWorker`: the agent's critic (:func:`services.trainer.worker.build_agent_critic`) and its train
+- :class:`CriticWorker`: the agent's critic (:func:`services.trainer.ray.policy_worker.build_agent_critic`) and its train
   engine; it serves the values of a batch and fits them to the GAE returns the policy's update computed
-  (:func:`services.trainer.learner.fit_values`, the same windows and clipped loss as the colocated critic).
+  (:func:`services.trainer.learn.learner.fit_values`, the same windows and clipped loss as the colocated critic).
 
-Both collate the trajectories exactly as the policy worker does (:func:`services.trainer.experience.collate`,
+Both collate the trajectories exactly as the policy worker does (:func:`services.trainer.learn.experience.collate`,
 same padding), so row ``b``, column ``j`` of their outputs is response token ``j`` of row ``b`` there too.
 Outputs leave the actor on the CPU.
 
@@ -36,11 +36,11 @@ import torch
 from marti.config import TrainConfig
 from marti.errors import InvalidArgumentError
 from marti.trajectory import Trajectory
-from services.trainer.experience import Experience, collate
-from services.trainer.learner import LearnerConfig, TrainableCritic, fit_values, pad_id_of
-from services.trainer.models import load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
-from services.trainer.worker import (
+from services.trainer.learn.experience import Experience, collate
+from services.trainer.learn.learner import LearnerConfig, TrainableCritic, fit_values, pad_id_of
+from services.trainer.models.loading import load_tokenizer
+from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+from services.trainer.ray.policy_worker import (
     ActorConfig,
     CriticSettings,
     actor_setup,
@@ -60,7 +60,7 @@ class ReferenceActorConfig(ActorConfig):
         pretrain_model: The agent's policy model: its tokenizer pads the batch, and the reference must share its
             vocabulary.
         layout: The one-agent, frozen layout of the reference model (``ref_model``, else the base model, seeded
-            as the policy's base: :func:`~services.trainer.worker.base_model_seed`).
+            as the policy's base: :func:`~services.trainer.ray.policy_worker.base_model_seed`).
         offload: ``strategy.offload_reference_model``: the model lives on the CPU between calls.
     """
 
@@ -106,9 +106,9 @@ class CriticActorConfig(ActorConfig):
         agent: The trainable agent whose critic this is.
         pretrain_model: The agent's policy model (its tokenizer pads the batch).
         critic: The critic's model, seed and train engine settings
-            (:class:`~services.trainer.worker.CriticSettings`).
+            (:class:`~services.trainer.ray.policy_worker.CriticSettings`).
         learner: The update's settings the critic is fitted with (micro-batches, accumulation, PPO epochs,
-            value clipping: :func:`~services.trainer.worker.learner_config`).
+            value clipping: :func:`~services.trainer.ray.policy_worker.learner_config`).
     """
 
     agent: str
@@ -166,7 +166,7 @@ class ReferenceWorker(_AgentModelWorker):
     """The frozen reference policy of one agent: its ``ref_model`` or base model, no gradients, eval mode.
 
     With ``strategy.offload_reference_model`` the model lives on the CPU and is moved to the actor's device
-    only for each :meth:`ref_logprobs` call (:func:`~services.trainer.models.offloaded`).
+    only for each :meth:`ref_logprobs` call (:func:`~services.trainer.models.loading.offloaded`).
 
     Args:
         config: Its narrow config, built on the driver (:func:`reference_actor_config`).
@@ -184,7 +184,7 @@ class ReferenceWorker(_AgentModelWorker):
         self._start(config, config.agent, config.pretrain_model, num_threads)
 
     def _load(self) -> None:
-        from services.trainer.models import same_vocabulary
+        from services.trainer.models.loading import same_vocabulary
 
         same_vocabulary(self.cfg.pretrain_model, self.cfg.layout.agents[0].pretrain_model)
         self.offload = self.cfg.offload
@@ -201,12 +201,12 @@ class ReferenceWorker(_AgentModelWorker):
         Returns:
             (B, A) float32 on the CPU: entry ``[b, j]`` is the log-probability (nats) of response token ``j``
             of row ``b`` (0-padded past its length, where the action mask is False), aligned with the
-            :attr:`~services.trainer.experience.Experience.ref_logprobs` of the policy worker's batch.
+            :attr:`~services.trainer.learn.experience.Experience.ref_logprobs` of the policy worker's batch.
 
         Raises:
             FailedPreconditionError: no trajectory has a turn with a prompt and a response.
         """
-        from services.trainer.models import offloaded
+        from services.trainer.models.loading import offloaded
 
         batch = self._batch(trajectories)
         module = self.model.model(self.agent)
@@ -244,7 +244,7 @@ class CriticWorker(_AgentModelWorker):
 
         Returns:
             (B, A) float32 on the CPU, in reward units (the batch's
-            :attr:`~services.trainer.experience.Experience.old_values`).
+            :attr:`~services.trainer.learn.experience.Experience.old_values`).
 
         Raises:
             FailedPreconditionError: no trajectory has a turn with a prompt and a response.
@@ -259,8 +259,8 @@ class CriticWorker(_AgentModelWorker):
     ) -> dict[str, float]:
         """Fit the critic to the returns of the policy's update on the same trajectories.
 
-        Runs :func:`services.trainer.learner.fit_values` with the job's micro-batch size, gradient
-        accumulation and PPO epochs (:func:`~services.trainer.worker.learner_config`): the windows and clipped
+        Runs :func:`services.trainer.learn.learner.fit_values` with the job's micro-batch size, gradient
+        accumulation and PPO epochs (:func:`~services.trainer.ray.policy_worker.learner_config`): the windows and clipped
         value loss of the colocated critic.
 
         Args:

@@ -1,6 +1,6 @@
 """The policy worker: one team's policies, rollout engine and optimizers in one process (a Ray actor).
 
-A worker holds a :class:`~services.trainer.policy.MultiAgentPolicy` (per-agent models, one shared model, or
+A worker holds a :class:`~services.trainer.models.policy.MultiAgentPolicy` (per-agent models, one shared model, or
 LoRA adapters on one base), a rollout engine that samples from it, and one training strategy per trainable
 weight set. The training loop drives it through four calls: :meth:`generate`, :meth:`train`, :meth:`save`,
 :meth:`load`; the inference gateway calls :meth:`PolicyWorker.serve` (the caller's sampling parameters, the
@@ -11,7 +11,7 @@ keep a copy); with vLLM the new weights are pushed to the engine
 
 By default (``ray.colocate_models: true``) the worker also holds each trainable agent's reference policy (KL)
 and critic (GAE). With ``false`` it holds neither: :meth:`PolicyWorker.train` takes the reference
-log-probabilities and old values computed by the actors of :mod:`services.trainer.model_workers` and reports
+log-probabilities and old values computed by the actors of :mod:`services.trainer.ray.model_workers` and reports
 the returns their critic is fitted to. The builders both layouts share (:func:`build_strategy`,
 :func:`build_agent_critic`, :func:`base_model_seed`, :func:`actor_setup`) live here.
 """
@@ -34,10 +34,18 @@ from marti.config import TrainConfig
 from marti.errors import InvalidArgumentError
 from marti.inference import SamplingParams
 from marti.trajectory import Trajectory
-from services.trainer.algo.running_moments import RunningMoments
-from services.trainer.ema import EmaWeights
-from services.trainer.experience import collate
-from services.trainer.generation import (
+from services.trainer.learn.algo.running_moments import RunningMoments
+from services.trainer.learn.ema import EmaWeights
+from services.trainer.learn.experience import collate
+from services.trainer.learn.learner import (
+    LearnerConfig,
+    TrainableCritic,
+    normalize_credit,
+    pad_id_of,
+    update_agent,
+)
+from services.trainer.models.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyLayout
+from services.trainer.rollout.generation import (
     ResidentWeights,
     build_rollout_engine,
     engine_max_model_len,
@@ -45,14 +53,6 @@ from services.trainer.generation import (
     resident_versions,
     serve_generations,
 )
-from services.trainer.learner import (
-    LearnerConfig,
-    TrainableCritic,
-    normalize_credit,
-    pad_id_of,
-    update_agent,
-)
-from services.trainer.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyLayout
 from services.trainer.strategy.base import OptimConfig
 
 
@@ -61,7 +61,7 @@ def learner_config(cfg: TrainConfig) -> LearnerConfig:
     ``micro_train_batch_size``, ``gradient_accumulation_steps``, ``algorithm.ppo_epochs`` and ``rollout.tis_cap``.
 
     Raises:
-        InvalidArgumentError: a value :class:`~services.trainer.learner.LearnerConfig` refuses.
+        InvalidArgumentError: a value :class:`~services.trainer.learn.learner.LearnerConfig` refuses.
     """
     return LearnerConfig(
         cfg.algorithm,
@@ -110,7 +110,7 @@ def policy_layout(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyLa
 def base_model_seed(cfg: TrainConfig, agent: str, group: list[str] | None = None) -> int:
     """The seed the policy of ``group`` loads ``agent``'s base model with (it sets tiny models' weights).
 
-    Mirrors :class:`~services.trainer.policy.MultiAgentPolicy`: ``per_agent`` loads model ``i`` of the policy
+    Mirrors :class:`~services.trainer.models.policy.MultiAgentPolicy`: ``per_agent`` loads model ``i`` of the policy
     with ``seed + i``, ``shared`` and ``lora`` load the one base with the policy's seed. A reference actor
     loads its agent's base with this seed, so it holds exactly the policy's initial weights.
 
@@ -272,7 +272,7 @@ def critic_settings(cfg: TrainConfig, agent: str, trainable: list[str]) -> Criti
 def build_agent_critic(settings: CriticSettings, device: str) -> tuple[Any, Any]:
     """The critic of one trainable agent (PPO with GAE) and its train engine.
 
-    The critic loads ``settings.model`` (:func:`services.trainer.critic.build_critic`) with ``settings.seed``
+    The critic loads ``settings.model`` (:func:`services.trainer.learn.critic.build_critic`) with ``settings.seed``
     (created on the device with ``strategy.init_on_gpu``, without dropout with ``policy.disable_dropout``), and
     trains with ``settings.optim`` under ZeRO stage ``settings.zero_stage`` (DeepSpeed).
 
@@ -281,13 +281,13 @@ def build_agent_critic(settings: CriticSettings, device: str) -> tuple[Any, Any]
         device: ``cpu`` or ``cuda``.
 
     Returns:
-        ``(critic, engine)``: a :class:`~services.trainer.critic.ValueModel` in train mode and its engine.
+        ``(critic, engine)``: a :class:`~services.trainer.learn.critic.ValueModel` in train mode and its engine.
 
     Raises:
         NotFoundError: the critic's model is not available locally.
     """
-    from services.trainer.critic import build_critic
-    from services.trainer.models import construction_device
+    from services.trainer.learn.critic import build_critic
+    from services.trainer.models.loading import construction_device
 
     critic = build_critic(
         settings.model,
@@ -514,7 +514,7 @@ class PolicyWorker:
     def serve(
         self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
     ) -> list[Any]:
-        """An inference-gateway call (see :func:`~services.trainer.generation.serve_generations`): one response
+        """An inference-gateway call (see :func:`~services.trainer.rollout.generation.serve_generations`): one response
         per prompt of token ids with the caller's sampling parameters, on the current or a resident version.
 
         Raises:
@@ -546,10 +546,10 @@ class PolicyWorker:
     ) -> dict[str, float] | tuple[dict[str, float], torch.Tensor]:
         """One RL step for an agent, then weight sync to the rollout engine under a new policy version.
 
-        The trajectories are collated into one :class:`~services.trainer.experience.Experience`
-        (:func:`~services.trainer.experience.collate`, padded with the agent's tokenizer's pad id). With
+        The trajectories are collated into one :class:`~services.trainer.learn.experience.Experience`
+        (:func:`~services.trainer.learn.experience.collate`, padded with the agent's tokenizer's pad id). With
         ``ray.colocate_models: false`` the reference and the critic are separate actors
-        (:mod:`services.trainer.model_workers`): the caller passes their outputs on the same trajectories (they
+        (:mod:`services.trainer.ray.model_workers`): the caller passes their outputs on the same trajectories (they
         join the batch as its ``ref_logprobs`` and ``old_values``) and fits the critic on the returned GAE
         returns.
 
@@ -557,14 +557,14 @@ class PolicyWorker:
             agent_id: A trainable agent.
             trajectories: Its trajectories as taken from its table (outcome rewards and groups).
             ref_logprobs: (B, A) float32 reference log-probabilities of the batch (a reference actor's
-                :meth:`~services.trainer.model_workers.ReferenceWorker.ref_logprobs`); None = this worker's own
+                :meth:`~services.trainer.ray.model_workers.ReferenceWorker.ref_logprobs`); None = this worker's own
                 reference.
             old_values: (B, A) float32 critic values of the batch (a critic actor's
-                :meth:`~services.trainer.model_workers.CriticWorker.values`); None = this worker's critic.
+                :meth:`~services.trainer.ray.model_workers.CriticWorker.values`); None = this worker's critic.
             return_returns: Also return the (B, A) float32 returns (CPU), the critic's targets.
 
         Returns:
-            Training statistics (see :func:`services.trainer.learner.update_agent`) plus ``policy_version``
+            Training statistics (see :func:`services.trainer.learn.learner.update_agent`) plus ``policy_version``
             and ``train_time_s``; with ``return_returns`` the pair ``(stats, returns)``.
 
         Raises:

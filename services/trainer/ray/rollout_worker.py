@@ -3,7 +3,7 @@
 With ``ray.num_rollout_workers: N >= 1`` the trainer starts N :class:`RolloutWorker` actors (one bundle each,
 ``ray.num_cpus_per_worker`` CPUs and ``ray.num_gpus_per_worker`` GPUs) next to the policy actors. Every
 generate call of the loop is split across them in contiguous chunks and the answers are joined in order
-(:meth:`~services.trainer.ray_runtime.RayRuntime.generate`); the policy actors then only train. After each
+(:meth:`~services.trainer.ray.runtime.RayRuntime.generate`); the policy actors then only train. After each
 update the policy actor's new weights (the adapter in ``lora`` mode, else the whole state dict) go to every
 rollout actor under the new policy version, and at start and after a checkpoint load every agent is synced, so
 rollout actors always sample the learner's current weights (or, with asynchronous rollouts, weights at most
@@ -27,8 +27,11 @@ from typing import Any
 import torch
 
 from marti.config import TrainConfig
-from services.trainer.checkpoint import load_rng_state, save_rng_state
-from services.trainer.generation import (
+from services.trainer.job.checkpoint import load_rng_state, save_rng_state
+from services.trainer.models.policy import MultiAgentPolicy
+from services.trainer.ray.policy_worker import actor_setup, policy_layout
+from services.trainer.rollout.base import Generation, SamplingParams
+from services.trainer.rollout.generation import (
     ResidentWeights,
     build_rollout_engine,
     engine_max_model_len,
@@ -36,9 +39,6 @@ from services.trainer.generation import (
     resident_versions,
     serve_generations,
 )
-from services.trainer.policy import MultiAgentPolicy
-from services.trainer.rollout.base import Generation, SamplingParams
-from services.trainer.worker import actor_setup, policy_layout
 
 #: Offset between the sampling seeds of consecutive rollout actors.
 SEED_STRIDE = 1000
@@ -48,7 +48,7 @@ class RolloutWorker:
     """Generates the team's turns with a synced copy of its policies (a Ray actor).
 
     Args:
-        config: The training config (validated on the driver, see :func:`~services.trainer.worker.actor_setup`).
+        config: The training config (validated on the driver, see :func:`~services.trainer.ray.policy_worker.actor_setup`).
         index: This actor's position among the rollout actors (seeds its sampler).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
@@ -85,7 +85,7 @@ class RolloutWorker:
     def generate(
         self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False
     ) -> list[Generation]:
-        """Generate one response per chat prompt (see :func:`~services.trainer.generation.generate_turns`)."""
+        """Generate one response per chat prompt (see :func:`~services.trainer.rollout.generation.generate_turns`)."""
         return generate_turns(self.cfg, self.policy, self.engine, self._lock, agent_id, chats, greedy)
 
     def update_weights(self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int) -> int:
@@ -107,7 +107,7 @@ class RolloutWorker:
     def serve(
         self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
     ) -> list[Generation]:
-        """An inference-gateway call (see :func:`~services.trainer.generation.serve_generations`): one response
+        """An inference-gateway call (see :func:`~services.trainer.rollout.generation.serve_generations`): one response
         per prompt of token ids with the caller's sampling parameters, on the current or a resident version.
 
         Raises:

@@ -1,8 +1,8 @@
 """Ray orchestration of the trainer's actors: local ``ray.init`` or an existing cluster, one placement group with
 a bundle per actor sized from the config, released when the job ends or fails. A job attaching to an existing
-cluster first matches its token authentication (:mod:`services.trainer.ray_auth`).
+cluster first matches its token authentication (:mod:`services.trainer.ray.auth`).
 
-Policy actors (:class:`~services.trainer.worker.PolicyWorker`): in ``per_agent`` mode one per agent (its
+Policy actors (:class:`~services.trainer.ray.policy_worker.PolicyWorker`): in ``per_agent`` mode one per agent (its
 ``num_cpus`` / ``num_gpus`` reserved); in ``lora`` and ``shared`` mode one for the team, which keeps a single
 copy of the base weights.
 
@@ -11,8 +11,8 @@ Reference models and critics, two layouts (``ray.colocate_models``):
 - colocated (``true``, the default): each lives in the policy actor of its agent (the reference is the base
   with adapters disabled in ``lora`` mode, else a frozen copy; one critic per trainable agent with ``gae``).
   No extra actors and, in ``lora`` mode, no extra copy of the base weights: the layout for small machines.
-- separate (``false``): one :class:`~services.trainer.model_workers.ReferenceWorker` actor per trainable agent
-  when ``algorithm.kl_coef > 0`` and one :class:`~services.trainer.model_workers.CriticWorker` actor per
+- separate (``false``): one :class:`~services.trainer.ray.model_workers.ReferenceWorker` actor per trainable agent
+  when ``algorithm.kl_coef > 0`` and one :class:`~services.trainer.ray.model_workers.CriticWorker` actor per
   trainable agent when the estimator is ``gae``, each on a bundle of its own. :meth:`RayRuntime.train` then
   asks the reference and the critic for their outputs on the batch (in parallel), passes them to the policy
   actor's update, and fits the critic on the returns it reports. The numbers are those of the colocated
@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from marti.config import TrainConfig
 from marti.errors import ResourceExhaustedError
-from services.trainer.ray_auth import ClusterAuth, prepare_cluster_auth
+from services.trainer.ray.auth import ClusterAuth, prepare_cluster_auth
 
 _LOG = logging.getLogger("marti.trainer.ray")
 
@@ -179,7 +179,7 @@ class RayRuntime:
     def actors(self) -> list[ActorSpec]:
         """Every actor of the job: the policy actors, then (``ray.colocate_models: false``) per trainable agent
         its reference actor (``algorithm.kl_coef > 0``) and its critic actor (``gae``), then the
-        ``ray.num_rollout_workers`` rollout actors (:mod:`services.trainer.rollout_worker`)."""
+        ``ray.num_rollout_workers`` rollout actors (:mod:`services.trainer.ray.rollout_worker`)."""
         groups = self.groups()
         specs = []
         for i, g in enumerate(groups):
@@ -262,7 +262,7 @@ class RayRuntime:
         """Connect to (or start) Ray, reserve the placement group and start the actors (:meth:`actors`).
 
         Attaching to an existing cluster (:func:`cluster_address`), the driver first matches the cluster's token
-        authentication (:func:`~services.trainer.ray_auth.prepare_cluster_auth`: token mode with the token from
+        authentication (:func:`~services.trainer.ray.auth.prepare_cluster_auth`: token mode with the token from
         ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token`` when the cluster requires one);
         :meth:`shutdown` puts ``RAY_AUTH_MODE`` back.
 
@@ -277,14 +277,14 @@ class RayRuntime:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from services.trainer.model_workers import (
+        from services.trainer.ray.model_workers import (
             CriticWorker,
             ReferenceWorker,
             critic_actor_config,
             reference_actor_config,
         )
-        from services.trainer.rollout_worker import RolloutWorker
-        from services.trainer.worker import PolicyWorker
+        from services.trainer.ray.policy_worker import PolicyWorker
+        from services.trainer.ray.rollout_worker import RolloutWorker
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # ray.init installs native SIGTERM/SIGINT handlers that kill the driver at once; keep the caller's
@@ -292,7 +292,7 @@ class RayRuntime:
         saved = _python_signal_handlers()
         if not ray.is_initialized():
             address = cluster_address(self.cfg)
-            if address is not None:  # match the cluster's token authentication (services.trainer.ray_auth)
+            if address is not None:  # match the cluster's token authentication (services.trainer.ray.auth)
                 self._auth = prepare_cluster_auth(address)
             else:  # a later job of this process (marti trainer runs several) attaching to a cluster without
                 # tokens would fail in the token mode a local ray.init leaves behind: shutdown puts it back
@@ -560,7 +560,7 @@ class RayRuntime:
             self._restore_auth()
 
     def _restore_auth(self) -> None:
-        """Undo what :func:`~services.trainer.ray_auth.prepare_cluster_auth` set (``RAY_AUTH_MODE``)."""
+        """Undo what :func:`~services.trainer.ray.auth.prepare_cluster_auth` set (``RAY_AUTH_MODE``)."""
         if self._auth is not None:
             self._auth.restore()
             self._auth = None

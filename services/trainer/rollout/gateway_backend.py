@@ -2,7 +2,7 @@
 
 - :class:`TrainerBackend` serves the policies of a running training job: each call goes to the agent's policy
   actor (or, with ``ray.num_rollout_workers``, a rollout actor) through
-  :meth:`~services.trainer.ray_runtime.RayRuntime.serve`, which samples under the actor's engine lock with the
+  :meth:`~services.trainer.ray.runtime.RayRuntime.serve`, which samples under the actor's engine lock with the
   caller's sampling parameters; an ``agent@VERSION`` call loads a resident older version for its duration. The
   agents' versions and resident versions are mirrored in this process (:meth:`TrainerBackend.refresh`, called by
   the training loop after every step's updates), so resolving a model name never waits for an actor that is busy
@@ -22,13 +22,13 @@ from typing import Any
 from marti.errors import NotFoundError
 from marti.inference import ChatMessages, Generation, SamplingParams
 from services.gateway.core.backend import InferenceBackend
-from services.trainer.generation import (
+from services.trainer.rollout.base import RolloutEngine, chat_to_ids
+from services.trainer.rollout.generation import (
     ResidentWeights,
     engine_max_model_len,
     resident_versions,
     serve_generations,
 )
-from services.trainer.rollout.base import RolloutEngine, chat_to_ids
 
 
 class _Tokenizers:
@@ -118,7 +118,7 @@ class EngineBackend(_Tokenizers, InferenceBackend):
         self, agent: str, prompts: Sequence[list[int]], sampling: SamplingParams, version: int | None
     ) -> list[Generation]:
         """One engine call under the lock (see :meth:`InferenceBackend.generate` and
-        :func:`~services.trainer.generation.serve_generations`).
+        :func:`~services.trainer.rollout.generation.serve_generations`).
 
         Raises:
             NotFoundError: Unknown agent, or ``version`` is not resident.
@@ -128,7 +128,7 @@ class EngineBackend(_Tokenizers, InferenceBackend):
 
 
 class TrainerBackend(_Tokenizers, InferenceBackend):
-    """Serves the policies of a running job (its :class:`~services.trainer.ray_runtime.RayRuntime`).
+    """Serves the policies of a running job (its :class:`~services.trainer.ray.runtime.RayRuntime`).
 
     Args:
         runtime: The job's started runtime (``serve`` and ``serving_state``).
@@ -160,7 +160,7 @@ class TrainerBackend(_Tokenizers, InferenceBackend):
         Raises:
             NotFoundError: A model's tokenizer is not available locally.
         """
-        from services.trainer.models import load_tokenizer
+        from services.trainer.models.loading import load_tokenizer
 
         by_model: dict[str, Any] = {}
         tokenizers = {}

@@ -1,7 +1,7 @@
 """What every actor that samples turns shares: its rollout engine and how a turn's prompt is built.
 
-The policy actor (:class:`~services.trainer.worker.PolicyWorker`) and the rollout actors
-(:class:`~services.trainer.rollout_worker.RolloutWorker`) both build their engine with
+The policy actor (:class:`~services.trainer.ray.policy_worker.PolicyWorker`) and the rollout actors
+(:class:`~services.trainer.ray.rollout_worker.RolloutWorker`) both build their engine with
 :func:`build_rollout_engine` and sample with :func:`generate_turns`, so a turn is the same wherever it is
 generated. Inference-gateway calls go through :func:`serve_generations` instead: the caller's sampling
 parameters, and optionally an older policy version kept in :class:`ResidentWeights`.
@@ -57,7 +57,7 @@ def build_rollout_engine(
 
     Args:
         cfg: The training config (``rollout``, ``vllm``, per-agent sampling).
-        policy: The :class:`~services.trainer.policy.MultiAgentPolicy` whose models the engine serves.
+        policy: The :class:`~services.trainer.models.policy.MultiAgentPolicy` whose models the engine serves.
         agents: The agents it serves (default sampling parameters are set for them).
         device: ``cpu`` or ``cuda``.
         copy_weights: Transformers engine only: sample from deep copies synced by ``update_weights`` (True) or
@@ -144,7 +144,7 @@ def generate_turns(
 class ResidentWeights:
     """The last ``keep`` synced weight payloads of every agent, as CPU copies, for ``agent@VERSION`` calls.
 
-    A payload is what :meth:`~services.trainer.policy.MultiAgentPolicy.state_for_sync` gives (the agent's LoRA
+    A payload is what :meth:`~services.trainer.models.policy.MultiAgentPolicy.state_for_sync` gives (the agent's LoRA
     adapter, or its whole state dict). Agents on one weight set (``shared`` mode) share the copy.
 
     Args:

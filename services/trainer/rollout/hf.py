@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from marti.errors import InvalidArgumentError
-from services.trainer.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 from services.trainer.rollout.base import (
     Generation,
     Prompt,
@@ -38,9 +37,10 @@ from services.trainer.rollout.base import (
     SamplingParams,
     normalise_prompts,
 )
+from services.trainer.rollout.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 
 if TYPE_CHECKING:
-    from services.trainer.policy import MultiAgentPolicy
+    from services.trainer.models.policy import MultiAgentPolicy
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this (0 included) decode greedily (vLLM's ``_SAMPLING_EPS``)."""
@@ -73,7 +73,7 @@ class HFRolloutEngine(RolloutEngine):
         default_sampling: Per-agent default :class:`SamplingParams`.
         share_prompt_prefix: When a batch repeats a prompt (G samples of a group), prefill each distinct prompt
             once and give its key/value cache to every row that repeats it
-            (:mod:`services.trainer.prefix_sharing`); the samples are those of the plain path up to float
+            (:mod:`services.trainer.rollout.prefix_sharing`); the samples are those of the plain path up to float
             rounding.
 
     Raises:

@@ -10,7 +10,7 @@ mask, where the plain forward draws one per row), and gradients flow into the sh
 every row that reads it. vLLM's automatic prefix caching gives the rollout half of this on GPU; this module gives it
 to transformers on any device, and to the training forward, which no cache shares.
 
-Layout (the learner's :func:`services.trainer.experience.collate` and the transformers rollout engine): prompts
+Layout (the learner's :func:`services.trainer.learn.experience.collate` and the transformers rollout engine): prompts
 left-padded to a common width, so rows with an equal prompt have equal ids and equal attention mask over the
 first ``prefix_len`` columns. Rows are matched exactly on those columns; prompts that merely start alike are not
 shared.

@@ -41,9 +41,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from marti.errors import InvalidArgumentError
-from services.trainer.prefix_sharing import can_share, shared_prefix_rows
 from services.trainer.rollout.base import Generation, SamplingParams
 from services.trainer.rollout.hf import GREEDY_BELOW, AgentModel, HFRolloutEngine, _RowEnds, left_pad
+from services.trainer.rollout.prefix_sharing import can_share, shared_prefix_rows
 
 __all__ = ["CACHE_LEN_BUCKET", "StaticCacheRolloutEngine", "sample_tokens"]
 

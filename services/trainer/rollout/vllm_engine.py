@@ -34,7 +34,7 @@ class VLLMAgent:
     """How one agent is served by vLLM.
 
     Attributes:
-        model: Model name (see :func:`services.trainer.models.resolve_model`) or HF folder.
+        model: Model name (see :func:`services.trainer.models.loading.resolve_model`) or HF folder.
         lora: Serve the agent through a LoRA adapter on ``model``.
         lora_config: peft ``adapter_config.json`` contents for the agent's adapter (``lora`` only): at least
             ``r``, ``lora_alpha``, ``target_modules``.
@@ -47,7 +47,7 @@ class VLLMAgent:
 
 def materialize_model_folder(name: str, work_dir: Path) -> Path:
     """Return an HF folder vLLM can load for ``name`` (converting a GGUF, or saving ``tiny-llama``, as needed)."""
-    from services.trainer.models import build_tiny_model, load_model, load_tokenizer, resolve_model
+    from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer, resolve_model
 
     resolved = resolve_model(name)
     if resolved.kind == "hf_dir":
@@ -85,7 +85,7 @@ def engine_settings(settings: Any) -> dict[str, Any]:
 
 
 def vllm_agents_for(policy: Any, agents: Sequence[str]) -> dict[str, VLLMAgent]:
-    """How vLLM serves each agent of a :class:`~services.trainer.policy.MultiAgentPolicy`.
+    """How vLLM serves each agent of a :class:`~services.trainer.models.policy.MultiAgentPolicy`.
 
     ``lora``: a LoRA request per agent on the one base (the policy's adapter shape); ``shared`` and
     ``per_agent``: the full weights of the agent's ``pretrain_model``.
@@ -218,7 +218,7 @@ class VLLMRolloutEngine(RolloutEngine):
         serves the model folders' weights.
 
         Args:
-            policy: The :class:`~services.trainer.policy.MultiAgentPolicy`.
+            policy: The :class:`~services.trainer.models.policy.MultiAgentPolicy`.
             settings: The ``vllm`` config section (:class:`marti.config.VllmConfig`).
             agents: The agents to serve.
             default_sampling: Per-agent default :class:`SamplingParams`.

@@ -234,7 +234,7 @@ class TrainEngine(abc.ABC):
 
     def add_step_hook(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` after every optimizer step that updated the weights (not after skipped or
-        accumulation-only micro steps); e.g. :meth:`services.trainer.ema.EmaWeights.update` (``policy.ema``)."""
+        accumulation-only micro steps); e.g. :meth:`services.trainer.learn.ema.EmaWeights.update` (``policy.ema``)."""
         self.__dict__.setdefault("_step_hooks", []).append(hook)
 
     def run_step_hooks(self) -> None:

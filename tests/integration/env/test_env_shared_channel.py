@@ -15,7 +15,7 @@ import marti.envs as me
 from marti.clients.env import EnvClient, RemoteParallelEnv, open_channel
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.inference import Generation
-from services.trainer.episodes import EpisodeRunner
+from services.trainer.rollout.episodes import EpisodeRunner
 
 ENV = "collaborative_task_solving"
 ALLOCATION_METRICS = ("task_completion", "resource_utilization", "constraint_violations", "team_score")
@@ -237,8 +237,8 @@ def test_the_loop_opens_one_channel_per_service_and_closes_them(env_server, monk
     from marti.rpc.testing import serve_in_thread
     from services.comm_broker.servicer import broker_service
     from services.comm_broker.settings import BrokerSettings
-    from services.trainer.addresses import Addresses
-    from services.trainer.loop import TrainingLoop, episode_metrics
+    from services.trainer.job.addresses import Addresses
+    from services.trainer.job.loop import TrainingLoop, episode_metrics
 
     cfg = load_config(
         Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml", ["environment.max_turns=2"]

@@ -35,9 +35,9 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.gateway.servicer import SERVICE_NAME, service_spec
-from services.trainer.gateway_backend import EngineBackend
-from services.trainer.models import build_tiny_model, load_tokenizer
+from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.rollout.base import chat_to_ids
+from services.trainer.rollout.gateway_backend import EngineBackend
 from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 
 TOKEN = "grpc-gateway-token"

@@ -27,9 +27,9 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.http.app import build_app
 from services.gateway.server import GatewayServer
-from services.trainer.gateway_backend import EngineBackend
-from services.trainer.models import build_tiny_model, load_tokenizer
+from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.rollout.base import chat_to_ids
+from services.trainer.rollout.gateway_backend import EngineBackend
 from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 
 TOKEN = "test-token-123"

@@ -3,7 +3,7 @@ agent's update never changes another agent's outputs.
 
 Comparable gateways were reported to serve the base model instead of the adapter. Here two agents are LoRA
 adapters on one shared tiny base model (``examples/tiny.yaml``, ``policy.mode: lora``), served by a policy worker
-(the actor class a job runs) behind :class:`~services.trainer.gateway_backend.TrainerBackend`, a
+(the actor class a job runs) behind :class:`~services.trainer.rollout.gateway_backend.TrainerBackend`, a
 :class:`~services.gateway.server.GatewayServer` and the official ``openai`` client. Every greedy answer is
 compared with a fresh engine loaded with exactly that agent's weights of that version.
 """
@@ -21,11 +21,11 @@ from marti.inference import SamplingParams
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
-from services.trainer.gateway_backend import TrainerBackend
-from services.trainer.models import load_tokenizer
-from services.trainer.policy import MultiAgentPolicy
+from services.trainer.models.loading import load_tokenizer
+from services.trainer.models.policy import MultiAgentPolicy
+from services.trainer.ray.policy_worker import PolicyWorker, policy_layout
+from services.trainer.rollout.gateway_backend import TrainerBackend
 from services.trainer.rollout.hf import HFRolloutEngine
-from services.trainer.worker import PolicyWorker, policy_layout
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

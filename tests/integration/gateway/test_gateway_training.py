@@ -33,12 +33,12 @@ from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
-from services.trainer.addresses import Addresses
-from services.trainer.loop import TrainingLoop
-from services.trainer.policy import MultiAgentPolicy
+from services.trainer.job.addresses import Addresses
+from services.trainer.job.loop import TrainingLoop
+from services.trainer.job.train_cli import untrained_note
+from services.trainer.models.policy import MultiAgentPolicy
+from services.trainer.ray.policy_worker import policy_layout
 from services.trainer.rollout.hf import HFRolloutEngine
-from services.trainer.train_cli import untrained_note
-from services.trainer.worker import policy_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "gateway-test-token"

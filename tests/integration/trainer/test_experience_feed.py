@@ -17,14 +17,14 @@ from marti.rpc.testing import serve_in_thread
 from marti.trajectory import Trajectory, Turn
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
-from services.trainer.addresses import Addresses
-from services.trainer.experience_feed import (
+from services.trainer.data.experience_feed import (
     ExperienceFeed,
     missing_members,
     table_name,
     whole_groups,
 )
-from services.trainer.loop import TrainingLoop
+from services.trainer.job.addresses import Addresses
+from services.trainer.job.loop import TrainingLoop
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -146,7 +146,7 @@ def test_a_group_whose_rest_never_comes_is_dropped_whole_not_trained_shrunk(addr
 def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(address, tmp_path):
     """The seam the inference gateway uses: any SDK client inserts records with behaviour log-probs and a
     policy version into an agent's table; the job's learner samples them and updates the agent with them."""
-    from services.trainer.worker import PolicyWorker
+    from services.trainer.ray.policy_worker import PolicyWorker
 
     cfg = load_config(
         ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}", "rollout.max_new_tokens=5"]
@@ -193,7 +193,7 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
 
 
 def test_an_empty_table_is_a_missing_item_not_a_service_outage(address):
-    from services.trainer.reconnect import Backoff, call_with_reconnect
+    from services.trainer.job.reconnect import Backoff, call_with_reconnect
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
     # A real reconnect wrapper with a short outage limit: a wait for items must not be retried into an outage.

@@ -29,9 +29,9 @@ import pytest
 
 from marti.config import load_config
 from marti.errors import UnauthenticatedError
-from services.trainer.models import model_cache_root
-from services.trainer.ray_auth import find_token, gcs_accepts, prepare_cluster_auth
-from services.trainer.ray_runtime import RayRuntime
+from services.trainer.models.loading import model_cache_root
+from services.trainer.ray.auth import find_token, gcs_accepts, prepare_cluster_auth
+from services.trainer.ray.runtime import RayRuntime
 
 ROOT = Path(__file__).resolve().parents[3]
 RAY = str(Path(sys.executable).parent / "ray")

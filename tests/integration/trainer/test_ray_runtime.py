@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from marti.config import load_config
 from marti.trajectory import Trajectory
-from services.trainer.ray_runtime import RayRuntime
-from services.trainer.worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.runtime import RayRuntime
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

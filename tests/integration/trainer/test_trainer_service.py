@@ -13,7 +13,7 @@ from marti.rpc.channel import make_channel
 from marti.rpc.testing import serve_in_thread
 from marti.stack import LocalStack
 from services.trainer.__main__ import build_specs
-from services.trainer.settings import TrainerSettings
+from services.trainer.job.settings import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow

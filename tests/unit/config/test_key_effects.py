@@ -3,11 +3,11 @@
 Each test sets the key to a non-default value and checks what the trainer's own code does with it, with fakes
 for the models and services it would otherwise load or dial (no Ray, no gRPC, no model weights):
 
-- ``agents.N.response_prefix``: :func:`services.trainer.generation.generate_turns` appends the prefix's tokens to
+- ``agents.N.response_prefix``: :func:`services.trainer.rollout.generation.generate_turns` appends the prefix's tokens to
   the prompt and starts the returned text with it;
-- ``agents.N.critic_model``: :func:`services.trainer.worker.build_agent_critic` loads the critic from it;
+- ``agents.N.critic_model``: :func:`services.trainer.ray.policy_worker.build_agent_critic` loads the critic from it;
 - ``rollout.tis_cap``, ``micro_train_batch_size``, ``gradient_accumulation_steps``:
-  :meth:`services.trainer.worker.PolicyWorker.train` hands them to the update;
+  :meth:`services.trainer.ray.policy_worker.PolicyWorker.train` hands them to the update;
 - ``workflow.roles.N.system_prompt``: ``{capabilities}`` is filled with the agent's capabilities.
 
 The module also holds the callables the key walk names by import path (``workflow.next_speakers``, ``factory``,
@@ -111,7 +111,7 @@ class _Engine:
 
 @pytest.mark.parametrize("prefix", [None, "task_1: offer"])
 def test_response_prefix_ends_the_prompt_and_starts_the_text(prefix):
-    from services.trainer.generation import generate_turns
+    from services.trainer.rollout.generation import generate_turns
 
     cfg = _cfg(**{"agents.0.response_prefix": prefix})
     engine = _Engine()
@@ -128,7 +128,7 @@ def test_response_prefix_ends_the_prompt_and_starts_the_text(prefix):
 def test_critic_model_is_the_model_the_critic_is_loaded_from(critic_model, loaded):
     import torch
 
-    from services.trainer.worker import build_agent_critic, critic_settings
+    from services.trainer.ray.policy_worker import build_agent_critic, critic_settings
 
     cfg = _cfg(**{"agents.0.critic_model": critic_model, "algorithm.advantage_estimator": "gae"})
     names: list[str] = []
@@ -137,7 +137,7 @@ def test_critic_model_is_the_model_the_critic_is_loaded_from(critic_model, loade
         names.append(model_name)
         return torch.nn.Linear(2, 1)
 
-    with mock.patch("services.trainer.critic.build_critic", build_critic):
+    with mock.patch("services.trainer.learn.critic.build_critic", build_critic):
         critic, engine = build_agent_critic(critic_settings(cfg, "a", ["a", "b"]), "cpu")
     assert names == [loaded] and engine is not None
 
@@ -151,8 +151,8 @@ def test_critic_model_is_the_model_the_critic_is_loaded_from(critic_model, loade
     ],
 )
 def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg):
-    from services.trainer import worker as worker_mod
-    from services.trainer.worker import PolicyWorker
+    from services.trainer.ray import policy_worker as worker_mod
+    from services.trainer.ray.policy_worker import PolicyWorker
     from tests.trainer_data import one_turn
 
     def update_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -179,9 +179,9 @@ def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg)
 
 
 def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
-    from services.trainer.addresses import Addresses
-    from services.trainer.episodes import EpisodeResult, _Live
-    from services.trainer.loop import TrainingLoop
+    from services.trainer.job.addresses import Addresses
+    from services.trainer.job.loop import TrainingLoop
+    from services.trainer.rollout.episodes import EpisodeResult, _Live
 
     cfg = _cfg(
         **{
@@ -198,8 +198,8 @@ def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
 @pytest.mark.parametrize("key", ["workflow.reward_team_share", "workflow.reward_env_weight"])
 def test_reward_weights_alone_recredit_the_env_returns(key):
     from marti.workflow import EpisodeView
-    from services.trainer.addresses import Addresses
-    from services.trainer.loop import TrainingLoop
+    from services.trainer.job.addresses import Addresses
+    from services.trainer.job.loop import TrainingLoop
 
     loop = TrainingLoop(_cfg(**{key: 0.5}), Addresses("u:1", "u:1", "u:1"), show_progress=False)
     runner = loop._runner(SimpleNamespace(versions=dict), greedy=False)

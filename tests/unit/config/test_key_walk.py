@@ -12,13 +12,13 @@ at least one of three ways, and :func:`test_every_key_is_covered` fails for a ke
   - ``learner``: algorithm settings, the optimizer settings of a policy's and a critic's train engine (LR
     schedule length and warmup), the policy layout, vLLM engine count and kwargs, every agent's sampling
     parameters;
-  - ``engine``: the rollout engine :func:`~services.trainer.generation.build_rollout_engine` builds on a CPU and
+  - ``engine``: the rollout engine :func:`~services.trainer.rollout.generation.build_rollout_engine` builds on a CPU and
     a CUDA actor (engine constructors recorded, not run);
   - ``placement``: the Ray actors, their placement-group bundles and concurrency
-    (:class:`~services.trainer.ray_runtime.RayRuntime`), the ``ray.init`` kwargs, the resolved device;
+    (:class:`~services.trainer.ray.runtime.RayRuntime`), the ``ray.init`` kwargs, the resolved device;
   - ``env``: the env name and config the loop's ``_make_env`` / ``_make_task_env`` hand to ``marti.make``, and
     the return scaling of ``reward_alloc``;
-  - ``services``: the addresses and token ``marti train`` resolves (:func:`~services.trainer.train_cli.service_addresses`,
+  - ``services``: the addresses and token ``marti train`` resolves (:func:`~services.trainer.job.train_cli.service_addresses`,
     with the embedded stack recorded, not started) and the reconnect backoff of the loop;
   - ``episodes``: the seeds and tasks the loop's training rollouts and evaluations play, its run directory, and
     the episode runner it builds: run id, roles, every agent's chat prompt, the speakers of six turns, role
@@ -27,7 +27,7 @@ at least one of three ways, and :func:`test_every_key_is_covered` fails for a ke
     priority allocation (shares, cut batches) over six steps of fixed episodes;
   - ``gateway``: the gateway the loop starts (limits, bind address; server and backend recorded) and its
     linger wait;
-  - ``run``: a whole :meth:`~services.trainer.loop.TrainingLoop.run` against fakes (Ray runtime, store tables,
+  - ``run``: a whole :meth:`~services.trainer.job.loop.TrainingLoop.run` against fakes (Ray runtime, store tables,
     resource monitor, wandb; no env, no model): steps run, evaluations, checkpoints saved and kept, steps
     logged, loggers opened, the tables' staleness bounds, the items each update takes and its deadline, the
     asynchronous producer, whether the gateway started.
@@ -86,8 +86,8 @@ BASE: dict[str, Any] = {
 
 def _loop(cfg: TrainConfig) -> Any:
     """The training loop of ``cfg``, against service addresses it never dials."""
-    from services.trainer.addresses import Addresses
-    from services.trainer.loop import TrainingLoop
+    from services.trainer.job.addresses import Addresses
+    from services.trainer.job.loop import TrainingLoop
 
     return TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
 
@@ -103,9 +103,9 @@ def _learner(cfg: TrainConfig) -> str:
     settings, engine counts and sampling parameters."""
     import torch
 
-    from services.trainer.generation import engine_count, sampling_params
+    from services.trainer.ray.policy_worker import build_strategy, learner_config, policy_layout
+    from services.trainer.rollout.generation import engine_count, sampling_params
     from services.trainer.rollout.vllm_engine import engine_settings
-    from services.trainer.worker import build_strategy, learner_config, policy_layout
 
     lin = torch.nn.Linear(1, 1)
     first = cfg.agents[0].name
@@ -135,7 +135,7 @@ def _learner(cfg: TrainConfig) -> str:
 def _engine(cfg: TrainConfig) -> str:
     """The rollout engines ``build_rollout_engine`` builds on a CPU and on a CUDA actor (vLLM taken as not
     installed, so the answer does not depend on the machine); the engines' constructors are recorded."""
-    from services.trainer import generation
+    from services.trainer.rollout import generation
     from services.trainer.rollout.hf import HFRolloutEngine
     from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
 
@@ -166,8 +166,8 @@ def _engine(cfg: TrainConfig) -> str:
 def _placement(cfg: TrainConfig) -> str:
     """The job's Ray actors, their bundles on a 64-CPU / 64-GPU cluster, their concurrency, the ``ray.init``
     kwargs (``RAY_ADDRESS`` unset) and the device the actors resolve."""
-    from services.trainer.ray_runtime import RayRuntime, ray_init_kwargs
-    from services.trainer.worker import resolve_device
+    from services.trainer.ray.policy_worker import resolve_device
+    from services.trainer.ray.runtime import RayRuntime, ray_init_kwargs
 
     runtime = RayRuntime(cfg)
     specs = runtime.actors()
@@ -188,7 +188,7 @@ def _placement(cfg: TrainConfig) -> str:
 def _env(cfg: TrainConfig) -> str:
     """The env name and config the loop builds each episode's env with (``_env_for`` recorded, not dialled):
     the single env, every task's env, and an env return scaled by ``reward_alloc``."""
-    from services.trainer.loop import agent_return
+    from services.trainer.job.loop import agent_return
 
     loop = _loop(cfg)
     made: list[Any] = []
@@ -202,8 +202,8 @@ def _env(cfg: TrainConfig) -> str:
 def _services(cfg: TrainConfig) -> str:
     """What ``marti train`` connects to (no address flags): the addresses and token, the embedded stack it
     would start (recorded), and the loop's reconnect backoff."""
-    from services.trainer import loop as loop_mod
-    from services.trainer.train_cli import service_addresses
+    from services.trainer.job import loop as loop_mod
+    from services.trainer.job.train_cli import service_addresses
 
     stacks: list[dict[str, Any]] = []
 
@@ -237,7 +237,7 @@ def _episodes(cfg: TrainConfig) -> str:
     its run directory, and the episode runner it builds: run id, roles, each agent's chat prompt, the speakers of
     six turns, parsed and scripted replies, and the rewards credited for a fixed episode."""
     from marti.workflow import EpisodeView, WorkflowState
-    from services.trainer.episodes import EpisodeResult, _Live
+    from services.trainer.rollout.episodes import EpisodeResult, _Live
 
     loop = _loop(cfg)
     played: list[Any] = []
@@ -271,7 +271,7 @@ def _episodes(cfg: TrainConfig) -> str:
 def _fixed_results(cfg: TrainConfig) -> list[Any]:
     """One step's episodes for the curriculum: per task, two complete (``task_completion`` 1) and two partial
     (0.6) episodes, every credited return 0."""
-    from services.trainer.episodes import EpisodeResult
+    from services.trainer.rollout.episodes import EpisodeResult
 
     tasks = [t.name for t in cfg.tasks] or [None]
     returns = {a.name: 0.0 for a in cfg.agents}
@@ -362,7 +362,7 @@ def _gateway(cfg: TrainConfig) -> str:
         tempfile.TemporaryDirectory() as tmp,
         mock.patch("services.gateway.core.gateway.Gateway", Gateway),
         mock.patch("services.gateway.server.GatewayServer", Server),
-        mock.patch("services.trainer.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: None),
+        mock.patch("services.trainer.rollout.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: None),
         contextlib.redirect_stdout(io.StringIO()),
     ):
         loop.run_dir = Path(tmp)
@@ -393,8 +393,9 @@ def _run(cfg: TrainConfig) -> str:
     recorded. Reports the summary, evaluations, checkpoints saved and kept, steps written to metrics.jsonl,
     TensorBoard and wandb use, the tables' bounds, every take, the producer's bound and gateway starts."""
     from marti.clients import experience
-    from services.trainer import loop as loop_mod
-    from services.trainer import monitor, observe
+    from services.trainer import observe
+    from services.trainer.job import loop as loop_mod
+    from services.trainer.observe import monitor
 
     rec: dict[str, Any] = {"takes": [], "saves": [], "producer": [], "gateway": 0, "wandb": []}
 

@@ -1,7 +1,7 @@
 """A config section's class name names one class: no class under services/ or marti/ shares it.
 
 Two ``PolicyConfig`` classes (the YAML ``policy`` section and the trainer's policy layout) were one name for two
-things; the trainer's is :class:`services.trainer.policy.PolicyLayout` now.
+things; the trainer's is :class:`services.trainer.models.policy.PolicyLayout` now.
 """
 
 from __future__ import annotations

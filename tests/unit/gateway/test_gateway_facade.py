@@ -8,8 +8,8 @@ from marti.errors import AbortedError, InvalidArgumentError, NotFoundError, Unav
 from marti.inference import Generation, SamplingParams
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
-from services.trainer.gateway_backend import EngineBackend
-from services.trainer.models import build_tiny_model, load_tokenizer
+from services.trainer.models.loading import build_tiny_model, load_tokenizer
+from services.trainer.rollout.gateway_backend import EngineBackend
 from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 
 S = SamplingParams(max_new_tokens=4, seed=1)
@@ -116,7 +116,7 @@ def test_an_engine_without_pinned_versions_serves_only_its_current_version():
     per-call swap), even when older versions are remembered."""
     import torch
 
-    from services.trainer.generation import ResidentWeights
+    from services.trainer.rollout.generation import ResidentWeights
     from services.trainer.rollout.pool import EnginePool
     from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
-from services.trainer.algo import (
+from services.trainer.learn.algo import (
     available_advantage_estimators,
     compute_advantages,
     get_advantage_estimator,

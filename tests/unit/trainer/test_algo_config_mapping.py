@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal, Union
 import pytest
 import yaml
 
-import services.trainer.worker as worker_mod
+import services.trainer.ray.policy_worker as worker_mod
 from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
 from marti.errors import InvalidArgumentError
-from services.trainer.worker import PolicyWorker, steps_per_batch
+from services.trainer.ray.policy_worker import PolicyWorker, steps_per_batch
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

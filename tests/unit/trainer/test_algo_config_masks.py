@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from marti.config import AlgorithmConfig, config_from_dict
 from marti.errors import InvalidArgumentError
-from services.trainer.algo import (
+from services.trainer.learn.algo import (
     action_mask_from_owners,
     action_mask_from_spans,
     available_advantage_estimators,

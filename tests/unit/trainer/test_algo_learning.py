@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from marti.config import AlgorithmConfig
-from services.trainer.algo import (
+from services.trainer.learn.algo import (
     actor_loss,
     compute_advantages,
     entropy_from_logits,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
-from services.trainer.algo import (
+from services.trainer.learn.algo import (
     actor_loss,
     aggregate_loss,
     entropy_from_logits,

@@ -9,10 +9,10 @@ import pytest
 
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
-from services.trainer.critic import build_critic
-from services.trainer.models import check_attn_implementation, load_model
-from services.trainer.policy import MultiAgentPolicy
-from services.trainer.worker import policy_layout
+from services.trainer.learn.critic import build_critic
+from services.trainer.models.loading import check_attn_implementation, load_model
+from services.trainer.models.policy import MultiAgentPolicy
+from services.trainer.ray.policy_worker import policy_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 NO_FLASH = importlib.util.find_spec("flash_attn") is None

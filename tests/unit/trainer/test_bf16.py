@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.trainer.models import TinyModelConfig, build_tiny_model, load_tokenizer
+from services.trainer.models.loading import TinyModelConfig, build_tiny_model, load_tokenizer
 from services.trainer.strategy import OptimConfig, TorchStrategy
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -116,7 +116,7 @@ def test_config_strategy_bf16_reaches_the_learner_forward_and_checkpoints(tmp_pa
     """``strategy.bf16`` of a job config: the policy worker's update runs its forward in bf16 (or not at all),
     and its checkpoint restores the trained LoRA weights into a fresh worker."""
     from marti.config import load_config
-    from services.trainer.worker import PolicyWorker
+    from services.trainer.ray.policy_worker import PolicyWorker
     from tests.trainer_data import one_turn
 
     overrides = [f"strategy.bf16={str(bf16).lower()}", "micro_train_batch_size=2"]

@@ -1,5 +1,5 @@
 """Trainer actors on a busy machine: every actor starts with the OpenMP / tokenizers settings of
-:func:`services.trainer.ray_runtime.actor_env_vars` (threads that sleep between kernels instead of spinning), so a
+:func:`services.trainer.ray.runtime.actor_env_vars` (threads that sleep between kernels instead of spinning), so a
 step next to other busy processes is not slowed many times over (docs/benchmarks.md, "A step on a busy
 machine")."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from marti.config import load_config
-from services.trainer.ray_runtime import ACTOR_ENV_VARS, RayRuntime, actor_env_vars, actor_threads
+from services.trainer.ray.runtime import ACTOR_ENV_VARS, RayRuntime, actor_env_vars, actor_threads
 
 ROOT = Path(__file__).resolve().parents[3]
 

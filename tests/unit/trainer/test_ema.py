@@ -9,8 +9,8 @@ import torch
 
 from marti.config import config_from_dict, load_config
 from marti.errors import InvalidArgumentError
-from services.trainer.ema import EmaWeights
-from services.trainer.worker import PolicyWorker
+from services.trainer.learn.ema import EmaWeights
+from services.trainer.ray.policy_worker import PolicyWorker
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

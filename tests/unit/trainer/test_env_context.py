@@ -9,8 +9,8 @@ import pytest
 import marti
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
-from services.trainer.addresses import Addresses
-from services.trainer.loop import TrainingLoop
+from services.trainer.job.addresses import Addresses
+from services.trainer.job.loop import TrainingLoop
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,10 +10,10 @@ import torch
 
 import marti
 from marti.config import load_config
-from services.trainer.episodes import EpisodeRunner
-from services.trainer.experience import collate
-from services.trainer.loop import env_config, episode_metrics
-from services.trainer.worker import PolicyWorker
+from services.trainer.job.loop import env_config, episode_metrics
+from services.trainer.learn.experience import collate
+from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.rollout.episodes import EpisodeRunner
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -102,7 +102,7 @@ def test_train_updates_adapter_and_bumps_version(cfg, worker):
 
 
 def test_gradient_accumulation_windows_step_the_optimizer(cfg, worker):
-    from services.trainer.learner import LearnerConfig, update_agent
+    from services.trainer.learn.learner import LearnerConfig, update_agent
 
     results = _runner(cfg, worker).play([3, 3, 4, 4, 5])
     samples = [

@@ -19,9 +19,9 @@ import torch
 from marti.config import AlgorithmConfig
 from marti.errors import FailedPreconditionError, InvalidArgumentError
 from marti.trajectory import Trajectory, Turn
-from services.trainer.algo.running_moments import RunningMoments
-from services.trainer.experience import collate
-from services.trainer.learner import LearnerConfig, TrainableCritic, normalize_credit, update_agent
+from services.trainer.learn.algo.running_moments import RunningMoments
+from services.trainer.learn.experience import collate
+from services.trainer.learn.learner import LearnerConfig, TrainableCritic, normalize_credit, update_agent
 
 
 def _turn(step, prompt, response, logprobs=(), reward=None, mask=()):

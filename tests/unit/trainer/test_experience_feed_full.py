@@ -10,9 +10,9 @@ import pytest
 
 from marti.errors import CancelledError, RateLimitedError, UnavailableError
 from marti.trajectory import Trajectory
-from services.trainer import experience_feed
-from services.trainer.experience_feed import ExperienceFeed
-from services.trainer.reconnect import Backoff, call_with_reconnect
+from services.trainer.data import experience_feed
+from services.trainer.data.experience_feed import ExperienceFeed
+from services.trainer.job.reconnect import Backoff, call_with_reconnect
 
 
 class FullStore:

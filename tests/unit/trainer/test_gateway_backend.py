@@ -17,15 +17,15 @@ from marti.errors import CancelledError, DeadlineExceededError, InvalidArgumentE
 from marti.inference import Generation, SamplingParams
 from marti.trajectory import Trajectory, Turn
 from services.gateway.core.limits import GatewayLimits
-from services.trainer.addresses import Addresses
-from services.trainer.experience_feed import ExperienceFeed
-from services.trainer.gateway_backend import EngineBackend, TrainerBackend
-from services.trainer.generation import ResidentWeights
-from services.trainer.loop import TrainingLoop, gateway_limits
-from services.trainer.policy import MultiAgentPolicy
-from services.trainer.ray_runtime import RayRuntime
+from services.trainer.data.experience_feed import ExperienceFeed
+from services.trainer.job.addresses import Addresses
+from services.trainer.job.loop import TrainingLoop, gateway_limits
+from services.trainer.models.policy import MultiAgentPolicy
+from services.trainer.ray.policy_worker import PolicyWorker, policy_layout
+from services.trainer.ray.runtime import RayRuntime
+from services.trainer.rollout.gateway_backend import EngineBackend, TrainerBackend
+from services.trainer.rollout.generation import ResidentWeights
 from services.trainer.rollout.hf import HFRolloutEngine
-from services.trainer.worker import PolicyWorker, policy_layout
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -150,7 +150,7 @@ def test_callers_sampling_parameters_are_used_not_the_configs(served_worker):
 
 
 def test_rollout_actors_serve_resident_versions_too():
-    from services.trainer.rollout_worker import RolloutWorker
+    from services.trainer.ray.rollout_worker import RolloutWorker
 
     cfg = _cfg("gateway.enabled=true", "gateway.resident_versions=2")
     worker = RolloutWorker(cfg, num_threads=1)
@@ -341,7 +341,7 @@ def test_the_jobs_gateway_sink_stops_waiting_for_room_when_the_gateway_closes(tm
 
     monkeypatch.setattr("services.gateway.server.GatewayServer", Server)
     monkeypatch.setattr(
-        "services.trainer.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: Backend()
+        "services.trainer.rollout.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: Backend()
     )
     loop = TrainingLoop(
         _cfg("rollout.source=external"), Addresses("unused:1", "unused:1", "unused:1"), show_progress=False

@@ -14,16 +14,16 @@ import torch
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
 from marti.trajectory import Trajectory
-from services.trainer.experience import collate
-from services.trainer.learner import update_windows
-from services.trainer.model_workers import (
+from services.trainer.learn.experience import collate
+from services.trainer.learn.learner import update_windows
+from services.trainer.ray.model_workers import (
     CriticWorker,
     ReferenceWorker,
     critic_actor_config,
     reference_actor_config,
 )
-from services.trainer.ray_runtime import RayRuntime
-from services.trainer.worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.runtime import RayRuntime
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -142,7 +142,7 @@ def test_separate_layout_adds_reference_and_critic_actors_that_fit_on_two_cpus()
 def test_an_actor_takes_the_drivers_validated_config_and_never_parses_a_mapping():
     """The config is validated once, on the driver: an actor keeps the very object it was given (Ray ships the
     frozen TrainConfig by value), and a raw mapping is refused by type instead of being parsed again."""
-    from services.trainer.worker import actor_setup
+    from services.trainer.ray.policy_worker import actor_setup
 
     cfg = _cfg()
     assert actor_setup(cfg)[0] is cfg

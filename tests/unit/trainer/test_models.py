@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from marti.errors import InvalidArgumentError, NotFoundError
-from services.trainer import models
-from services.trainer.models import (
+from services.trainer.models import loading as models
+from services.trainer.models.loading import (
     SMOLLM2_ALIAS,
     TinyModelConfig,
     build_tiny_model,

@@ -13,9 +13,9 @@ import torch
 
 from marti.config import load_config
 from marti.trajectory import Trajectory, Turn
-from services.trainer.experience import collate
-from services.trainer.learner import LearnerConfig, update_agent
-from services.trainer.worker import PolicyWorker
+from services.trainer.learn.experience import collate
+from services.trainer.learn.learner import LearnerConfig, update_agent
+from services.trainer.ray.policy_worker import PolicyWorker
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from marti.config import load_config
-from services.trainer.models import (
+from services.trainer.models.loading import (
     build_tiny_model,
     construction_device,
     load_model,
@@ -23,9 +23,9 @@ from services.trainer.models import (
     offloaded,
     zero_dropout,
 )
+from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.observe.metrics import METRICS_FILE, RunWriter
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
-from services.trainer.worker import (
+from services.trainer.ray.policy_worker import (
     build_agent_critic,
     critic_settings,
     critic_zero_stage,
@@ -215,7 +215,7 @@ def test_offloaded_helper_calls_compute_then_offload_even_on_error():
 
 
 def test_offload_reference_reaches_the_policy_layout_and_the_reference_actor():
-    from services.trainer.model_workers import ReferenceWorker, reference_actor_config
+    from services.trainer.ray.model_workers import ReferenceWorker, reference_actor_config
 
     cfg = _cfg("strategy.offload_reference_model=true", "algorithm.kl_coef=0.05", "policy.mode=per_agent")
     assert policy_layout(cfg).offload_reference
@@ -252,7 +252,7 @@ def test_tiny_model_is_created_under_the_chosen_device(tok):
 def test_policy_loader_builds_on_the_construction_device(monkeypatch, tok, init_on_gpu):
     """``meta`` stands for an accelerator: with the switch the loader is asked to create the weights on the
     compute device, without it on the CPU."""
-    import services.trainer.policy as policy_mod
+    import services.trainer.models.policy as policy_mod
 
     asked: list = []
 
@@ -302,7 +302,7 @@ def test_ref_model_is_the_reference_policy(tok, other_model, mode):
 
 
 def test_ref_model_reaches_the_policy_layout_and_the_reference_actor(other_model):
-    from services.trainer.model_workers import ReferenceWorker, reference_actor_config
+    from services.trainer.ray.model_workers import ReferenceWorker, reference_actor_config
 
     cfg = _cfg("algorithm.kl_coef=0.05", f"agents.0.ref_model={other_model}")
     assert [a.ref_model for a in policy_layout(cfg).agents] == [str(other_model), None]

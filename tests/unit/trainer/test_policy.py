@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from services.trainer.models import TinyModelConfig, build_tiny_model, count_parameters, load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+from services.trainer.models.loading import (
+    TinyModelConfig,
+    build_tiny_model,
+    count_parameters,
+    load_tokenizer,
+)
+from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 
 
 def _cfg(mode, *agents, **kw):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.trainer.experience import collate
-from services.trainer.models import build_tiny_model, load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
-from services.trainer.prefix_sharing import response_logits, shared_prefix_rows
+from services.trainer.learn.experience import collate
+from services.trainer.models.loading import build_tiny_model, load_tokenizer
+from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
+from services.trainer.rollout.prefix_sharing import response_logits, shared_prefix_rows
 from tests.trainer_data import one_turn
 
 
@@ -119,7 +119,7 @@ def test_engine_samples_the_same_with_and_without_a_shared_prefill(tok, temperat
 def test_zero3_step_is_the_same_with_a_shared_prefix(tok):
     """Under ZeRO-3 the prompt's modules run twice per forward (prefix, then responses); parameters gathered
     for the first run must be gathered again for the second, and the update must equal the plain one."""
-    from services.trainer.models import TinyModelConfig
+    from services.trainer.models.loading import TinyModelConfig
     from services.trainer.strategy import OptimConfig
     from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
 

@@ -12,8 +12,8 @@ import pytest
 
 from marti.config import load_config
 from marti.errors import FailedPreconditionError, UnauthenticatedError
-from services.trainer.ray_auth import ClusterAuth, default_token_path, find_token, prepare_cluster_auth
-from services.trainer.ray_runtime import cluster_address, ray_init_kwargs
+from services.trainer.ray.auth import ClusterAuth, default_token_path, find_token, prepare_cluster_auth
+from services.trainer.ray.runtime import cluster_address, ray_init_kwargs
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
@@ -207,7 +207,7 @@ def test_shutdown_puts_the_auth_mode_back_even_when_the_teardown_fails(monkeypat
     user's RAY_AUTH_MODE (here: unset)."""
     import ray
 
-    from services.trainer.ray_runtime import RayRuntime
+    from services.trainer.ray.runtime import RayRuntime
 
     runtime = RayRuntime(load_config(TINY))
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what prepare_cluster_auth set for the job

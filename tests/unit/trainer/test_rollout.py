@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from services.trainer.models import build_tiny_model, load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+from services.trainer.models.loading import build_tiny_model, load_tokenizer
+from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams, vllm_available
 
 
@@ -262,7 +262,7 @@ def test_vllm_serves_lora_agents_as_requests_and_refuses_per_agent_models_it_can
 @pytest.mark.skipif(vllm_available(), reason="vllm installed: the GPU check covers it")
 def test_a_vllm_rollout_engine_without_vllm_names_the_package():
     from marti.config import load_config
-    from services.trainer.generation import build_rollout_engine
+    from services.trainer.rollout.generation import build_rollout_engine
 
     cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml")
     policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from marti.config import load_config
-from services.trainer.rollout_worker import RolloutWorker
+from services.trainer.ray.rollout_worker import RolloutWorker
 
 ROOT = Path(__file__).resolve().parents[3]
 CHATS = [[{"role": "user", "content": "Say hi"}]] * 2

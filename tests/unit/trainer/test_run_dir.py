@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from marti.config import load_config
-from services.trainer.addresses import Addresses
-from services.trainer.loop import TrainingLoop
-from services.trainer.run_dir import latest_checkpoint
+from services.trainer.job.addresses import Addresses
+from services.trainer.job.loop import TrainingLoop
+from services.trainer.job.run_dir import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 

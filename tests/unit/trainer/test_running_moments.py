@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.trainer.algo.running_moments import RunningMoments
+from services.trainer.learn.algo.running_moments import RunningMoments
 
 finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False)
 

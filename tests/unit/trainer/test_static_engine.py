@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
-from services.trainer.models import build_tiny_model, load_tokenizer
-from services.trainer.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+from services.trainer.models.loading import build_tiny_model, load_tokenizer
+from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
 from services.trainer.rollout.static import StaticCacheRolloutEngine, _PreallocatedLayer, sample_tokens
 
@@ -264,7 +264,7 @@ def test_preallocated_layer_appends_in_place_selects_rows_and_crops():
 
 def test_build_rollout_engine_builds_it_for_hf_static():
     from marti.config import load_config
-    from services.trainer.generation import build_rollout_engine
+    from services.trainer.rollout.generation import build_rollout_engine
 
     cfg = load_config(ROOT / "examples" / "tiny.yaml")
     policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from marti.errors import InvalidArgumentError, NotFoundError
-from services.trainer.checkpoint import CheckpointManager
-from services.trainer.models import TinyModelConfig, build_tiny_model, load_tokenizer
+from services.trainer.job.checkpoint import CheckpointManager
+from services.trainer.models.loading import TinyModelConfig, build_tiny_model, load_tokenizer
 from services.trainer.strategy import OptimConfig, TorchStrategy, lr_multiplier, make_strategy
 
 SMALL = TinyModelConfig(
@@ -67,7 +67,7 @@ def test_linear_schedule_hand_values():
 )
 def test_each_config_schedule_builds_its_optimizer_schedule(name, schedule, floor):
     from marti.config import config_from_dict
-    from services.trainer.worker import build_strategy
+    from services.trainer.ray.policy_worker import build_strategy
 
     cfg = config_from_dict(
         {

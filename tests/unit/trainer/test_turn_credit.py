@@ -24,10 +24,10 @@ import torch
 from marti.config import AlgorithmConfig, config_from_dict
 from marti.errors import InvalidArgumentError
 from marti.trajectory import Trajectory, Turn
-from services.trainer import learner
-from services.trainer.algo import compute_advantages, turn_returns
-from services.trainer.experience import collate
-from services.trainer.learner import (
+from services.trainer.learn import learner
+from services.trainer.learn.algo import compute_advantages, turn_returns
+from services.trainer.learn.experience import collate
+from services.trainer.learn.learner import (
     LearnerConfig,
     credited_rewards,
     experience_advantages,
@@ -313,7 +313,7 @@ BASE = {
 
 
 def test_config_keys_reach_the_learners_algorithm_settings():
-    from services.trainer.worker import learner_config
+    from services.trainer.ray.policy_worker import learner_config
 
     raw = {
         **BASE,
@@ -386,7 +386,7 @@ def test_update_agent_trains_on_the_turn_level_advantages(options):
 @pytest.mark.parametrize("turn_rewards", ["outcome", "dense"])
 def test_normalize_reward_normalises_the_credited_rewards(turn_rewards):
     """``normalize_reward`` with ``dense``: the running moments see the per-turn returns (not the outcomes)."""
-    from services.trainer.algo.running_moments import RunningMoments
+    from services.trainer.learn.algo.running_moments import RunningMoments
 
     cfg = AlgorithmConfig(turn_rewards=turn_rewards)
     batch = _batch("a")

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from marti.config import load_config
-from services.trainer.worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -22,15 +22,15 @@ from marti.workflow import (
     make_custom_env,
     workflow_from_section,
 )
-from services.trainer.allocation import (
+from services.trainer.learn.allocation import (
     AllocationWeights,
     PriorityAllocator,
     quotas,
     shares_from_priorities,
     take_groups,
 )
-from services.trainer.episodes import EpisodeRunner
-from services.trainer.scheduler import Curriculum, TaskScheduler, TaskSpec
+from services.trainer.rollout.episodes import EpisodeRunner
+from services.trainer.rollout.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -366,8 +366,8 @@ def test_default_runner_path_unchanged_without_workflow():
 
 def test_user_code_can_be_refused_by_a_service():
     from marti.errors import PermissionDeniedError
-    from services.trainer.addresses import Addresses
-    from services.trainer.loop import TrainingLoop, user_code_paths
+    from services.trainer.job.addresses import Addresses
+    from services.trainer.job.loop import TrainingLoop, user_code_paths
 
     cfg = load_config(ROOT / "examples" / "workflows" / "negotiation" / "negotiation.yaml")
     assert user_code_paths(cfg)[0].startswith("environment.env_name=")

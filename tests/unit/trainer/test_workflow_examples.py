@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from marti.config import load_config
-from services.trainer.addresses import Addresses
-from services.trainer.episodes import EpisodeRunner
-from services.trainer.loop import TrainingLoop, episode_metrics
-from services.trainer.worker import PolicyWorker
+from services.trainer.job.addresses import Addresses
+from services.trainer.job.loop import TrainingLoop, episode_metrics
+from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.rollout.episodes import EpisodeRunner
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

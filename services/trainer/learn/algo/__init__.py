@@ -1,6 +1,6 @@
 """Pure-torch RL algorithms for training LLM agents: advantages, KL, losses, masks.
 
-Shapes are declared once in :mod:`services.trainer.algo.masks` (``B``, ``T``, ``A``, ``G``, ``N``, ``V``).
+Shapes are declared once in :mod:`services.trainer.learn.algo.masks` (``B``, ``T``, ``A``, ``G``, ``N``, ``V``).
 Nothing here imports gRPC, Ray or transformers; every function is a plain tensor computation with its formula's
 source in its docstring. Errors are :class:`marti.errors.InvalidArgumentError` naming the bad value.
 

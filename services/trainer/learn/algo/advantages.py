@@ -1,6 +1,6 @@
 """Advantage estimators: ``gae``, ``grpo``, ``dr_grpo``, ``reinforce++``, ``reinforce++_baseline``, ``rloo``.
 
-Shapes (declared in :mod:`services.trainer.algo.masks`): ``B`` sequences, ``A`` response tokens, ``G`` samples
+Shapes (declared in :mod:`services.trainer.learn.algo.masks`): ``B`` sequences, ``A`` response tokens, ``G`` samples
 per prompt. Entry point: :func:`compute_advantages`. Each estimator is a function
 ``(cfg, AdvantageInputs) -> (advantages (B, A), returns (B, A))`` kept in a registry
 (:func:`get_advantage_estimator`, :func:`register_advantage_estimator`).
@@ -579,7 +579,7 @@ def compute_advantages(
             group size ``G`` (consecutive blocks of ``G``). Required by ``grpo``, ``dr_grpo``, ``rloo`` and
             ``reinforce++_baseline``; ignored by the others.
         values: ``(B, A)`` critic values of the old policy; required by ``gae``.
-        kl: ``(B, A)`` per-token KL to the reference (:func:`~services.trainer.algo.kl.kl_penalty`); subtracted
+        kl: ``(B, A)`` per-token KL to the reference (:func:`~services.trainer.learn.algo.kl.kl_penalty`); subtracted
             from the rewards as ``kl_coef * kl`` when ``cfg.use_kl_loss`` is False, ignored when True.
         group_size: Keyword alternative to passing an int as ``group_ids``.
         turn_ids: ``(B,)`` int turn index of each sample within its episode; required by

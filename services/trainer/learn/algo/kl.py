@@ -11,8 +11,8 @@ are:
 
 Used as a reward penalty (``kl_coef * k`` subtracted from each action token's reward, OpenRLHF
 ``compute_reward``) or as a loss term (``kl_coef * agg(k)``, GRPO / verl ``use_kl_loss``); see
-:func:`services.trainer.algo.advantages.token_level_rewards` and :func:`services.trainer.algo.losses.actor_loss`.
-Shapes follow :mod:`services.trainer.algo.masks`.
+:func:`services.trainer.learn.algo.advantages.token_level_rewards` and :func:`services.trainer.learn.algo.losses.actor_loss`.
+Shapes follow :mod:`services.trainer.learn.algo.masks`.
 """
 
 from __future__ import annotations

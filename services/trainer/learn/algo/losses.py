@@ -1,6 +1,6 @@
 """Policy, value, KL and entropy losses, and how per-token losses become one scalar.
 
-Shapes (declared in :mod:`services.trainer.algo.masks`): ``B`` sequences, ``A`` response tokens, ``V`` vocabulary.
+Shapes (declared in :mod:`services.trainer.learn.algo.masks`): ``B`` sequences, ``A`` response tokens, ``V`` vocabulary.
 Every loss takes an ``action_mask`` ``(B, A)``; only True tokens (the ones this agent generated) contribute, and
 values at masked positions (padding log-probabilities of -inf, garbage advantages) are ignored, never
 multiplied by 0 (which would turn -inf into NaN). A batch with no action token gives a loss of exactly 0 that is
@@ -158,7 +158,7 @@ def policy_loss(
         cfg: Algorithm config (clip ranges, dual clip, aggregation).
         logprobs: ``(B, A)`` log-probabilities of the sampled tokens under the current policy (with grad).
         old_logprobs: ``(B, A)`` the same under the policy that generated the rollouts.
-        advantages: ``(B, A)`` from :func:`~services.trainer.algo.advantages.compute_advantages`.
+        advantages: ``(B, A)`` from :func:`~services.trainer.learn.algo.advantages.compute_advantages`.
         action_mask: ``(B, A)`` bool / 0-1.
         weights: ``(B, A)`` per-token importance weights multiplied into each token's clipped loss before
             aggregation (truncated importance sampling; detached); None = 1.
@@ -220,7 +220,7 @@ def value_loss(
         cfg: Algorithm config.
         values: ``(B, A)`` current critic values (with grad).
         old_values: ``(B, A)`` critic values at rollout time.
-        returns: ``(B, A)`` targets from :func:`~services.trainer.algo.advantages.compute_advantages`.
+        returns: ``(B, A)`` targets from :func:`~services.trainer.learn.algo.advantages.compute_advantages`.
         action_mask: ``(B, A)`` bool / 0-1.
 
     Returns:

@@ -1,6 +1,6 @@
 """Masked reductions and multi-turn action masks.
 
-Dimension names used throughout ``services.trainer.algo`` (declared once, here):
+Dimension names used throughout ``services.trainer.learn.algo`` (declared once, here):
 
 - ``B``: batch, the number of sequences (one agent's trajectories) in a batch;
 - ``T``: tokens of a whole sequence (prompt, observations, every agent's turns);
