@@ -191,7 +191,7 @@ class RayConfig(_Section):
     num_gpus_per_worker: NonNegFloat = 0.0
     """GPUs of each rollout actor, and the least a policy actor reserves (or its agents' ``num_gpus``)."""
     num_rollout_workers: NonNegInt = 0
-    """Rollout actors (``services/trainer/rollout_worker.py``), each with its own copy of the team's models and
+    """Rollout actors (``services/trainer/ray/rollout_worker.py``), each with its own copy of the team's models and
     ``num_cpus_per_worker`` / ``num_gpus_per_worker``: every generate call is split across them and the policy
     actors only train; new weights are synced to them after each update. 0: the policy actors generate."""
     object_store_memory: NonNegInt | None = None
@@ -238,9 +238,9 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 GroupBy = Literal["problem", "agent_turn"]
 TurnRewards = Literal["outcome", "dense"]
 KL_ESTIMATORS: tuple[str, ...] = typing.get_args(KlEstimator)
-"""Names accepted by ``algorithm.kl_estimator`` (and ``services.trainer.algo.kl.kl_penalty``)."""
+"""Names accepted by ``algorithm.kl_estimator`` (and ``services.trainer.learn.algo.kl.kl_penalty``)."""
 LOSS_AGG_MODES: tuple[str, ...] = typing.get_args(LossAggMode)
-"""Names accepted by ``algorithm.loss_agg_mode`` (and ``services.trainer.algo.losses.aggregate_loss``)."""
+"""Names accepted by ``algorithm.loss_agg_mode`` (and ``services.trainer.learn.algo.losses.aggregate_loss``)."""
 GROUP_BY_MODES: tuple[str, ...] = typing.get_args(GroupBy)
 """Names accepted by ``algorithm.group_by``: what a group estimator compares a turn with."""
 TURN_REWARD_MODES: tuple[str, ...] = typing.get_args(TurnRewards)
@@ -250,7 +250,7 @@ TURN_REWARD_MODES: tuple[str, ...] = typing.get_args(TurnRewards)
 class AlgorithmConfig(_Section):
     """The RL algorithm: advantage estimator, KL regularisation, PPO clipping, loss aggregation.
 
-    The one algorithm config: the learner, the advantage estimators and the losses of ``services.trainer.algo``
+    The one algorithm config: the learner, the advantage estimators and the losses of ``services.trainer.learn.algo``
     take this section as it is (validated once, with the config; one set of defaults). Built directly
     (``AlgorithmConfig(advantage_estimator="rloo")``) it is validated the same way and a bad value raises
     :class:`~marti.errors.InvalidArgumentError` naming the key and the value; it is immutable. Numbers must be
@@ -367,7 +367,7 @@ class RolloutConfig(_Section):
     with. 0 is the synchronous loop (play a step, then train on it). k >= 1 plays step ``t`` in a background
     thread as soon as the learner has finished update ``t - k``, overlapping rollouts with updates; episodes
     go to the agents' store tables as they end and the learner samples them from there
-    (``services/trainer/experience_feed.py``). The rollout engine then keeps its own copy of the weights (or
+    (``services/trainer/data/experience_feed.py``). The rollout engine then keeps its own copy of the weights (or
     rollout actors generate). Agents can set a tighter bound (``agents[i].max_staleness``), kept by their
     table's ``max_policy_lag``. Not with ``policy.mode: shared``, where one step is several versions of the
     one model."""
