@@ -103,6 +103,8 @@ def _from_file(ds: Any, spec: SourceSpec) -> Any:
         extra = _csv_text_columns(ds, spec.location) if spec.kind == "csv" else {}
         return ds.load_dataset(spec.kind, data_files=spec.location, split="train", **extra)
     except Exception as exc:  # every parser failure is reported with the file named
+        if "corresponds to no data" in _cause(exc):  # datasets' answer to a file without rows
+            raise InvalidArgumentError(f"dataset {spec.describe()} has no rows") from None
         raise InvalidArgumentError(
             f"dataset {spec.describe()} could not be read as {spec.kind.upper()}: {_cause(exc)}"
         ) from None

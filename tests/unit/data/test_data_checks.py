@@ -1,0 +1,136 @@
+"""Bad data is a typed error that names the file, the row, the column and the value, never a raw exception or
+a silently skipped row."""
+
+from __future__ import annotations
+
+import math
+
+import datasets
+import pytest
+
+from marti.data import ProblemSet
+from marti.errors import InvalidArgumentError, NotFoundError
+from tests.unit.data.files import jsonl
+
+
+def test_a_missing_file_is_not_found_and_named(tmp_path):
+    path = tmp_path / "nope.jsonl"
+    with pytest.raises(NotFoundError, match=f"JSON file '{path}' does not exist"):
+        ProblemSet.from_source(f"jsonl:{path}", input_key="prompt")
+
+
+def test_an_empty_file_is_named(tmp_path):
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(InvalidArgumentError, match=r"e\.jsonl' is empty \(0 bytes\)"):
+        ProblemSet.from_source(str(tmp_path / "e.jsonl"), input_key="prompt")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("bad.jsonl", '{"prompt": "a"}\n{bad\n'), ("bad.parquet", "not parquet at all"), ("bad.json", "[{")],
+)
+def test_a_malformed_file_names_the_file_and_the_parser_error(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InvalidArgumentError, match=rf"{name}' could not be read as (JSON|PARQUET): \w+"):
+        ProblemSet.from_source(str(tmp_path / name), input_key="prompt")
+
+
+@pytest.mark.parametrize(("name", "text"), [("none.json", "[]"), ("blank.jsonl", "\n\n"), ("h.csv", "q,a\n")])
+def test_a_dataset_without_rows(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InvalidArgumentError, match=rf"{name}' has no rows"):
+        ProblemSet.from_source(str(tmp_path / name), input_key="prompt")
+    with pytest.raises(InvalidArgumentError, match="the dataset has no rows"):
+        ProblemSet([], input_key="prompt", source="mine")
+
+
+def test_an_unknown_column_names_the_columns_and_the_closest(tmp_path):
+    path = jsonl(tmp_path, [{"question": "q", "answer": "a"}])
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"input_key 'questoin' is not a column; the columns are \['question', 'answer'\]; "
+        r"did you mean 'question'\?",
+    ):
+        ProblemSet.from_source(str(path), input_key="questoin", label_key="answer")
+    with pytest.raises(InvalidArgumentError, match=r"label_key 'solution' is not a column.*label_key: null"):
+        ProblemSet.from_source(str(path), input_key="question", label_key="solution")
+
+
+def test_a_row_without_a_label_names_the_row_and_column(tmp_path):
+    path = jsonl(tmp_path, [{"q": "a", "ans": "1"}, {"q": "b", "ans": "2"}, {"q": "c", "ans": None}])
+    with pytest.raises(
+        InvalidArgumentError, match=r"p\.jsonl'.*row 2 has no label in column 'ans' \(got None\)"
+    ):
+        ProblemSet.from_source(str(path), input_key="q", label_key="ans")
+    # no label needed: the same file loads
+    assert len(ProblemSet.from_source(str(path), input_key="q", label_key=None)) == 3
+
+
+def test_an_empty_label_string_is_no_label():
+    with pytest.raises(InvalidArgumentError, match="row 0 has no label in column 'a'"):
+        ProblemSet([{"q": "x", "a": "  "}], input_key="q", label_key="a")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fragment"),
+    [
+        ("", "an empty prompt"),
+        ("   ", "an empty prompt"),
+        (3, "a non-string prompt 3"),
+        (None, "a non-string prompt None"),
+    ],
+)
+def test_a_bad_prompt_names_the_row_and_value(prompt, fragment):
+    rows = [{"q": "fine", "a": "1"}, {"q": prompt, "a": "2"}]
+    with pytest.raises(InvalidArgumentError, match=rf"src: row 1 has {fragment}.*column 'q'"):
+        ProblemSet(rows, input_key="q", label_key="a", source="src")
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        (math.nan, "nan is not a finite number"),
+        (b"\x00raw", "of type bytes is not JSON-able"),
+        ({1: "x"}, "non-string keys"),
+        ([1, {"deep": math.inf}], "inf is not a finite number"),
+    ],
+)
+def test_a_value_that_is_not_json_is_named(value, fragment):
+    rows = [{"q": "x", "a": "1", "meta": value}]
+    with pytest.raises(InvalidArgumentError, match=rf"src: row 0, column 'meta': .*{fragment}"):
+        ProblemSet(rows, input_key="q", label_key="a", source="src")
+
+
+def test_a_binary_parquet_column_is_refused_at_load(tmp_path):
+    """The class of non-JSON values a real file can hold (bytes), found before the job starts."""
+    path = tmp_path / "b.parquet"
+    datasets.Dataset.from_list([{"q": "x", "a": "1", "blob": b"\x01\x02"}]).to_parquet(str(path))
+    with pytest.raises(InvalidArgumentError, match=r"b\.parquet'.*row 0, column 'blob'.*bytes"):
+        ProblemSet.from_source(str(path), input_key="q", label_key="a")
+
+
+def test_index_errors_are_typed():
+    problems = ProblemSet([{"q": "x"}], input_key="q")
+    for bad in (1, -1, True, "0"):
+        with pytest.raises(InvalidArgumentError, match=r"problem index .* is not in \[0, 1\)"):
+            problems.prompt(bad)
+    with pytest.raises(InvalidArgumentError, match="no label_key was given"):
+        problems.label(0)
+
+
+def test_max_samples_keeps_the_first_rows_and_checks_only_those(tmp_path):
+    path = jsonl(tmp_path, [{"q": "a", "x": "1"}, {"q": "b", "x": "2"}, {"q": "", "x": "3"}])
+    problems = ProblemSet.from_source(str(path), input_key="q", label_key="x", max_samples=2)
+    assert [problems.prompt(i) for i in range(len(problems))] == ["a", "b"]
+    with pytest.raises(InvalidArgumentError, match="row 2 has an empty prompt"):
+        ProblemSet.from_source(str(path), input_key="q", label_key="x", max_samples=3)
+    with pytest.raises(InvalidArgumentError, match="max_samples must be an int >= 1"):
+        ProblemSet.from_source(str(path), input_key="q", max_samples=0)
+
+
+def test_rows_are_copies():
+    rows = [{"q": "x", "tags": ["a"]}]
+    problems = ProblemSet(rows, input_key="q")
+    rows[0]["tags"].append("changed")
+    problems.row(0)["tags"].append("changed too")
+    assert problems.row(0) == {"q": "x", "tags": ["a"]}
