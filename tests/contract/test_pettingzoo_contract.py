@@ -20,6 +20,19 @@ CASES = {
         {"observation_format": "json", "difficulty": "hard", "reward_type": "sparse"},
     ),
     "debate": ("collaborative_task_solving", {"scenario": "debate", "num_agents": 4}),
+    "dataset_task": (
+        "dataset_task",
+        {
+            "rows": [
+                {"prompt": "求 $\\frac{1}{2} + \\frac{1}{4}$ 的值。", "label": "0.75"},
+                {"prompt": "Ünïcödé: 2 + 2 = ?", "label": 4},
+            ],
+            "agents": ["solver", "judge"],
+            "max_turns": 3,
+            "verifier": "numeric",
+            "final": "majority",
+        },
+    ),
     "tictactoe_text": ("pettingzoo", {"entry_point": "pettingzoo.classic.tictactoe_v3:env", "text": True}),
     "connect_four": (
         "pettingzoo",
