@@ -32,6 +32,17 @@ from services.env_server.settings import EnvServerSettings
 
 ENV = "collaborative_task_solving"
 CONFIG = {"num_agents": 2, "max_turns": 4}
+#: env id -> its config in the contract; every env here must pass the hostile-call cases on every flavour.
+ENV_CONFIGS: dict[str, dict[str, Any]] = {
+    ENV: CONFIG,
+    "dataset_task": {
+        "rows": [{"prompt": "求 $\\frac{1}{2}$ 的两倍", "label": "1"}, {"prompt": "2 + 2 = ?", "label": "4"}],
+        "num_agents": 2,
+        "max_turns": 3,
+        "verifier": "math",
+        "max_action_chars": 4096,
+    },
+}
 FLAVOURS = ("local", "stream", "unary")
 
 
@@ -92,7 +103,7 @@ def address():
 
 def make_env(flavour: str, address: str, env_id: str = ENV, **kw: Any) -> Any:
     """``marti.make`` in-process (``local``) or on the server over the ``stream`` or ``unary`` transport."""
-    config = {**CONFIG, **kw} if env_id == ENV else kw
+    config = {**ENV_CONFIGS.get(env_id, {}), **kw}
     if flavour == "local":
         return marti.make(env_id, **config)
     return marti.make(env_id, address=address, transport=flavour, **config)
@@ -176,11 +187,14 @@ CASES: dict[str, tuple[bool, Callable[[Any], Any], type[MartiError], str]] = {
 }
 
 
+@pytest.mark.parametrize("env_id", sorted(ENV_CONFIGS))
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_hostile_call_gives_the_same_error_everywhere(case: str, flavour: str, address: str) -> None:
+def test_hostile_call_gives_the_same_error_everywhere(
+    case: str, flavour: str, env_id: str, address: str
+) -> None:
     reset_first, call, error, named = CASES[case]
-    env = make_env(flavour, address, seed=3)
+    env = make_env(flavour, address, env_id, seed=3)
     try:
         if reset_first:
             env.reset()
@@ -234,8 +248,9 @@ def _play_with_mistakes(env: Any) -> list[Any]:
     return seen
 
 
-def test_refused_calls_leave_every_flavour_playing_the_same_episode(address: str) -> None:
-    envs = {f: make_env(f, address, seed=3) for f in FLAVOURS}
+@pytest.mark.parametrize("env_id", sorted(ENV_CONFIGS))
+def test_refused_calls_leave_every_flavour_playing_the_same_episode(env_id: str, address: str) -> None:
+    envs = {f: make_env(f, address, env_id, seed=3) for f in FLAVOURS}
     try:
         played = {f: _play_with_mistakes(e) for f, e in envs.items()}
     finally:
