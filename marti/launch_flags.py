@@ -5,8 +5,9 @@ Each flag becomes one or more dotted config overrides (the table :data:`FLAG_TAB
 ``docs/config.md``). A flag that does not apply on this machine (flash attention or ``--actor_init_on_gpu``
 without CUDA, ``--bf16`` without bf16 support, ``--log_with wandb`` without wandb) is reported once (one line in the
 returned ``warnings``, which ``marti train`` prints) and ignored; so is a flag marti has no
-use for (``--reward_model``, ``--dataset``: rewards and problems come from the environment). An unknown flag is an
-:class:`~marti.errors.InvalidArgumentError` naming it.
+use for (``--reward_model``: rewards come from the environment). ``--dataset`` (or OpenRLHF's ``--prompt_data``),
+``--input_key``, ``--label_key``, ``--eval_dataset`` and ``--max_samples`` set the ``dataset:`` section
+(docs/datasets.md). An unknown flag is an :class:`~marti.errors.InvalidArgumentError` naming it.
 
 Typical use (what ``marti train`` does)::
 
@@ -155,12 +156,15 @@ FLAG_TABLE: dict[str, _Flag] = {
     "reward_model": _Flag(
         "str", (), "ignored", unavailable=_not_used("rewards come from the environment (verifiable rewards)")
     ),
+    # data (docs/datasets.md)
     "dataset": _Flag(
-        "str",
-        (),
-        "ignored",
-        unavailable=_not_used("problems come from the environment's seeded generator (environment.scenario)"),
+        "str", ("dataset.path",), "json:PATH, PATH.jsonl/.parquet/.csv, a saved folder, org/name"
     ),
+    "prompt_data": _Flag("str", ("dataset.path",), "OpenRLHF's name for --dataset"),
+    "input_key": _Flag("str", ("dataset.input_key",), "the prompt column"),
+    "label_key": _Flag("str", ("dataset.label_key",), "the label column"),
+    "eval_dataset": _Flag("str", ("dataset.eval_path",), "the held-out source"),
+    "max_samples": _Flag("int", ("dataset.max_samples",), "first N rows of each source"),
     # sizes and schedule
     "num_agents": _Flag("int", ("num_agents",)),
     "max_steps": _Flag("int", ("max_steps",)),
@@ -243,7 +247,8 @@ FLAG_TABLE: dict[str, _Flag] = {
 """Every launch flag marti accepts, keyed by name without the leading ``--``."""
 
 FLAG_GROUPS: dict[str, tuple[str, ...]] = {
-    "models": ("actor_model", "critic_model", "ref_model", "reward_model", "dataset"),
+    "models": ("actor_model", "critic_model", "ref_model", "reward_model"),
+    "data": ("dataset", "prompt_data", "input_key", "label_key", "eval_dataset", "max_samples"),
     "sizes and schedule": (
         "num_agents",
         "max_steps",

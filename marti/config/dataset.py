@@ -15,6 +15,9 @@ from pydantic import Field, field_validator, model_validator
 from marti.config.section import Section
 from marti.errors import MartiError
 
+#: The env that plays a ``dataset`` section's rows (services/env_server/envs/dataset_task.py).
+DATASET_ENV = "dataset_task"
+
 _Fraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 
 
@@ -56,9 +59,22 @@ class DatasetConfig(Section):
             raise ValueError("must name a column")
         return value
 
-    @model_validator(mode="after")
-    def _check_sources(self) -> DatasetConfig:
+    @field_validator("path", "eval_path")
+    @classmethod
+    def _check_source(cls, value: str | None) -> str | None:
+        """Parse the spec and check that a local source exists (a hub id is checked when it is loaded)."""
         from marti.data.load import check_local
+        from marti.data.spec import parse_source
+
+        if value is not None:
+            try:
+                check_local(parse_source(value))
+            except MartiError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_together(self) -> DatasetConfig:
         from marti.data.spec import parse_source
 
         if self.eval_path is not None and self.eval_fraction is not None:
@@ -69,11 +85,8 @@ class DatasetConfig(Section):
             raise ValueError(
                 f"dataset.input_key and dataset.label_key are the same column {self.input_key!r}"
             )
-        for key, text in (("path", self.path), ("eval_path", self.eval_path)):
-            if text is None:
-                continue
-            try:
-                check_local(parse_source(text, split=self.split if key == "path" else None))
-            except MartiError as exc:
-                raise ValueError(f"dataset.{key}: {exc}") from None
+        try:
+            parse_source(self.path, split=self.split)
+        except MartiError as exc:
+            raise ValueError(f"dataset.split: {exc}") from None
         return self

@@ -45,9 +45,8 @@ def check_local(spec: SourceSpec) -> None:
         return
     path = Path(spec.location)
     if not path.exists():
-        raise NotFoundError(
-            f"dataset {spec.describe()} does not exist (from {spec.text!r}; cwd {Path.cwd()})"
-        )
+        where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+        raise NotFoundError(f"dataset {spec.describe()} does not exist{where}")
     if spec.kind == "disk" and not path.is_dir():
         raise NotFoundError(f"dataset {spec.describe()} is not a folder written by save_to_disk")
     if spec.kind != "disk":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -37,17 +38,33 @@ def script_argv() -> list[str]:
     return shlex.split(cmd)
 
 
+DESIGN_DATA = "data/multi_agent_resource_allocation.json"
+"""The file the design script's ``--dataset json:...`` names, relative to the directory it runs in."""
+DATA_ENV = ["environment.env_name=dataset_task"]
+"""The design YAML names the scenario env; with the script's ``--dataset`` the rows play in ``dataset_task``."""
+
+
+@pytest.fixture
+def design_workdir(tmp_path, monkeypatch):
+    """Run in a directory holding the design script's data file (``--dataset`` paths are relative to it)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / DESIGN_DATA).write_text(json.dumps([{"prompt": "Plan the work.", "answer": "task_1: 2"}]))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
 def test_every_documented_flag_is_known():
     assert not [f for f in REQUIRED if f not in FLAG_TABLE]
 
 
-def test_design_script_on_cpu():
-    cfg, warnings = build_config(DESIGN / "multi_agent_collaboration.yaml", [], script_argv(), machine=CPU)
+def test_design_script_on_cpu(design_workdir):
+    cfg, warnings = build_config(
+        DESIGN / "multi_agent_collaboration.yaml", DATA_ENV, script_argv(), machine=CPU
+    )
     ignored = sorted(w.split()[0] for w in warnings if " ignored: " in w)
     assert ignored == sorted(
         [
             "--reward_model",
-            "--dataset",
             "--actor_init_on_gpu",
             "--bf16",
             "--offload_reference_model",
@@ -83,16 +100,19 @@ def test_design_script_on_cpu():
     assert cfg.output.log_with == ["tensorboard"]
     assert cfg.output.wandb_project == "multi_agent_resource_allocation"
     assert cfg.output.wandb_run_name == "multi_agent_exp_42"
+    assert cfg.dataset.path == f"json:{DESIGN_DATA}" and cfg.dataset.seed == 42  # --dataset takes effect
 
 
-def test_design_script_on_a_gpu_machine_applies_gpu_flags():
-    cfg, warnings = build_config(DESIGN / "multi_agent_collaboration.yaml", [], script_argv(), machine=GPU)
-    assert sorted(w.split()[0] for w in warnings if " ignored: " in w) == ["--dataset", "--reward_model"]
+def test_design_script_on_a_gpu_machine_applies_gpu_flags(design_workdir):
+    cfg, warnings = build_config(
+        DESIGN / "multi_agent_collaboration.yaml", DATA_ENV, script_argv(), machine=GPU
+    )
+    assert sorted(w.split()[0] for w in warnings if " ignored: " in w) == ["--reward_model"]
     assert cfg.strategy.bf16 and cfg.strategy.init_on_gpu and cfg.strategy.offload_reference_model
     assert cfg.policy.attn_implementation == "flash_attention_2" and cfg.output.log_with == ["wandb"]
 
 
-def test_flags_without_a_config_file_build_the_team():
+def test_flags_without_a_config_file_build_the_team(design_workdir):
     cfg, _ = build_config(None, ["max_steps=2"], script_argv(), machine=CPU)
     assert [(a.name, a.role) for a in cfg.agents] == [
         ("agent_1", "planner"),
@@ -100,6 +120,34 @@ def test_flags_without_a_config_file_build_the_team():
         ("agent_3", "evaluator"),
     ]
     assert cfg.max_steps == 2  # --set wins over the flag
+
+
+def test_data_flags_set_the_dataset_section(design_workdir):
+    (design_workdir / "data" / "held.jsonl").write_text('{"question": "q", "solution": "s"}\n')
+    argv = ["--prompt_data", DESIGN_DATA, "--input_key", "question", "--label_key", "solution"]
+    argv += ["--eval_dataset", "jsonl:data/held.jsonl", "--max_samples", "64", "--seed", "9"]
+    team = design_workdir / "team.yaml"
+    team.write_text("training_name: t\nagents: [{name: a, pretrain_model: m, role: solver}]\n")
+    cfg, warnings = build_config(team, [], argv, machine=CPU)
+    assert not warnings
+    d = cfg.dataset
+    assert (d.path, d.input_key, d.label_key) == (DESIGN_DATA, "question", "solution")
+    assert (d.eval_path, d.max_samples, d.seed) == ("jsonl:data/held.jsonl", 64, 9)
+    cfg, _ = build_config(team, ["dataset.max_samples=2"], ["--dataset", f"json:{DESIGN_DATA}"], machine=CPU)
+    assert cfg.dataset.path == f"json:{DESIGN_DATA}" and cfg.dataset.max_samples == 2  # --set wins
+
+
+def test_a_dataset_flag_naming_a_missing_file_is_blamed_on_the_flag(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^--dataset json:data/x\.json: 'dataset\.path': dataset JSON file 'data/x\.json' does not exist",
+    ):
+        build_config(EXAMPLE, [], ["--dataset", "json:data/x.json"], machine=CPU)
+    with pytest.raises(InvalidArgumentError, match="--max_samples expects an integer, got 'all'"):
+        build_config(EXAMPLE, [], ["--max_samples", "all"], machine=CPU)
+    with pytest.raises(InvalidArgumentError, match="missing required key 'dataset.path'"):
+        build_config(EXAMPLE, [], ["--input_key", "question"], machine=CPU)
 
 
 def test_a_flag_is_reported_once():
@@ -166,7 +214,7 @@ def test_machine_detect_runs():
     assert isinstance(info.has_cuda, bool) and (info.bf16_supported <= info.has_cuda)
 
 
-def test_without_a_config_file_the_algorithm_follows_openrlhfs_defaults():
+def test_without_a_config_file_the_algorithm_follows_openrlhfs_defaults(design_workdir):
     """The design's script alone (no YAML) trains what OpenRLHF would: PPO (gae) with a critic per agent and the
     KL as a reward penalty, and says so in one note; a flag given wins over the default."""
     cfg, notes = build_config(None, [], script_argv(), machine=CPU)
