@@ -22,7 +22,8 @@ __all__ = ["extract_answer", "last_boxed", "last_number", "normalize_text", "par
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_LINE = re.compile(
-    r"(?:final\s+answer|answer)\s*(?:is\s*[:：]?|[:：=])[ \t]*(?P<a>[^\n]*)|答案\s*(?:(?:是|为)\s*[:：]?|[:：])[ \t]*(?P<zh>[^\n]*)",
+    r"\b(?:final\s+answer|answer)\s*(?:is\s*[:：]?|[:：=])[ \t]*(?P<a>[^\n]*)"
+    r"|答案\s*(?:(?:是|为)\s*[:：]?|[:：])[ \t]*(?P<zh>[^\n]*)",
     re.IGNORECASE,
 )
 _NUMBER = r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+−]?\.\d+(?:[eE][-+]?\d+)?"

@@ -87,7 +87,9 @@ class DatasetTaskEnv(ParallelEnv):
 
     Raises:
         InvalidArgumentError: Missing ``row``/``rows``, a row without its input or label column (named with the
-            row), a label the verifier cannot read (not a number for ``numeric``), bad agents or ``agent_inputs``, a ``final_agent`` not in the team, or a bad verifier option.
+            row), a label the verifier cannot read (not a number for ``numeric``), bad agents or
+            ``agent_inputs``, a ``final_agent`` not in the team or given with ``final: majority``, or a bad
+            verifier option.
         FailedPreconditionError: ``verifier: math`` without math-verify installed.
     """
 
@@ -99,6 +101,10 @@ class DatasetTaskEnv(ParallelEnv):
         self.possible_agents = dr.agent_names(config)
         self.columns = dr.agent_columns(config, self.possible_agents)
         final_agent = config["final_agent"]
+        if final_agent is not None and config["final"] == "majority":
+            raise InvalidArgumentError(
+                "dataset_task final_agent is for final: agent; final: majority takes no final_agent"
+            )
         if final_agent is not None and final_agent not in self.possible_agents:
             raise InvalidArgumentError(
                 f"dataset_task final_agent {final_agent!r} is not in the team ({', '.join(self.possible_agents)})"

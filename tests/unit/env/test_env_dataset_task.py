@@ -143,6 +143,7 @@ def test_exact_verifier_on_unicode_labels_and_numeric_labels() -> None:
         ({"verifier": "exact", "tolerance": 0.1}, "verifier 'exact' takes no option 'tolerance'"),
         ({"verifier": "regex"}, "verifier 'regex' needs the option 'pattern'"),
         ({"final_agent": "boss"}, "final_agent 'boss' is not in the team"),
+        ({"final_agent": "agent_1", "final": "majority"}, "final: majority takes no final_agent"),
         ({"agent_inputs": {"agent_7": "hint"}}, "agent_inputs names agent 'agent_7'"),
         ({"agent_inputs": {"agent_1": "nope"}}, "row has no input column 'nope'"),
         ({"agents": ["a", "a"]}, "'agents' must be distinct"),

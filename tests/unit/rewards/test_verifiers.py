@@ -27,6 +27,7 @@ REASONING = "Let me think step by step. First 2 + 3 = 5, then 5 * 7 = 35.\n"
         ("推理……\n答案是：巴黎。", "巴黎"),
         ("推理……\n答案：３/4", "３/4"),
         (REASONING, None),
+        ("I reanswer: no. The answer to part 1 is below", None),
         (r"\boxed{never closed", None),
     ],
 )
