@@ -43,8 +43,8 @@ class ModelRewardScorer:
         name: ``"reward model 'PATH'"``, how errors name it.
 
     Raises:
-        NotFoundError: ``path`` is not a folder, or has no ``config.json`` or no tokenizer (named).
-        InvalidArgumentError: The model is not a sequence-classification model, or its head has a number of
+        NotFoundError: ``path`` is not a folder, or has no ``config.json``, no tokenizer or no weights (named).
+        InvalidArgumentError: ``device`` is not a torch device name; the model is not a sequence-classification model, or its head has a number of
             labels other than one (path and ``num_labels`` named); the tokenizer has neither a pad nor an EOS
             token; ``batch_size`` / ``max_length`` < 1.
     """
@@ -58,9 +58,20 @@ class ModelRewardScorer:
                 raise InvalidArgumentError(f"ModelRewardScorer: {arg} must be >= 1, got {value!r}")
         self.path, self.batch_size, self.max_length, self.device = path, batch_size, max_length, device
         self.name = f"reward model {path!r}"
+        try:
+            torch.device(device)
+        except (RuntimeError, ValueError) as exc:
+            raise InvalidArgumentError(
+                f"ModelRewardScorer: device {device!r} is not a torch device ({exc})"
+            ) from None
         config = self._config()
         self.tokenizer = self._tokenizer(config)
-        model = AutoModelForSequenceClassification.from_pretrained(path, config=config, local_files_only=True)
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, config=config, local_files_only=True
+            )
+        except OSError as exc:
+            raise NotFoundError(f"{self.name}: the weights cannot be loaded ({exc})") from None
         self.model = model.to(device).eval()
 
     @checked

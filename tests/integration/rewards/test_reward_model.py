@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -98,6 +100,13 @@ def test_missing_folder_and_bad_arguments(tmp_path, rm_path):
         ModelRewardScorer(str(tmp_path))
     with pytest.raises(InvalidArgumentError, match="batch_size"):
         ModelRewardScorer(rm_path, batch_size=0)
+    with pytest.raises(InvalidArgumentError, match="device 'gpu0'"):
+        ModelRewardScorer(rm_path, device="gpu0")
+    (tmp_path / "config.json").write_text((Path(rm_path) / "config.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_text((Path(rm_path) / name).read_text())
+    with pytest.raises(NotFoundError, match="weights cannot be loaded"):
+        ModelRewardScorer(str(tmp_path))
     rm = ModelRewardScorer(rm_path)
     with pytest.raises(InvalidArgumentError, match="prompts has 1 values for 2 completions"):
         rm.score(["x"], ["a", "b"], {})
