@@ -592,6 +592,11 @@ EFFECT_TESTS = {
     "strategy.critic_zero_stage": (
         "tests/unit/trainer/test_openrlhf_settings.py::test_critic_zero_stage_reaches_the_critics_deepspeed_config"
     ),
+    # the problems marti.data.load_problems builds from the section
+    **{
+        key: "tests/unit/data/test_data_key_effects.py::test_each_dataset_key_changes_the_loaded_problems"
+        for key in KEYS if key.startswith("dataset.")
+    },
 }  # fmt: skip
 
 #: Settings a key takes effect beside, applied to both sides of the comparison; a list: the key is walked once
