@@ -66,15 +66,9 @@ class RewardFunction:
     def score(
         self, prompts: Sequence[str], completions: Sequence[str], columns: Mapping[str, Sequence[Any]]
     ) -> list[float]:
-        """Call the function TRL-style and check what it returns.
-
-        Args:
-            prompts: B prompts.
-            completions: B completions.
-            columns: Each dataset column, B values (passed as keywords, except ``prompt`` and ``completion``).
-
-        Returns:
-            B finite floats.
+        """Call ``fn(prompts=..., completions=..., **columns)`` and check that it returned one finite float per
+        completion (arguments and result as :meth:`RewardScorer.score`; the ``prompt`` and ``completion``
+        columns are not passed again).
 
         Raises:
             InvalidArgumentError: A column is named ``prompts`` or ``completions`` (it would collide with the

@@ -78,15 +78,9 @@ class ModelRewardScorer:
     def score(
         self, prompts: Sequence[str], completions: Sequence[str], columns: Mapping[str, Sequence[Any]]
     ) -> list[float]:
-        """Score each ``prompt + completion`` text with the model's single output.
-
-        Args:
-            prompts: B prompts.
-            completions: B completions.
-            columns: Each dataset column, B values (checked for length; the model does not read them).
-
-        Returns:
-            B finite floats (the head's raw outputs), in the order of ``completions``.
+        """Score each ``prompt + completion`` text with the model's single output (its raw value), in batches
+        of ``batch_size`` (arguments and result as :meth:`RewardScorer.score`; ``columns`` are only checked for
+        length: the model does not read them).
 
         Raises:
             InvalidArgumentError: The inputs disagree in length, a text has no tokens at all (index named), or

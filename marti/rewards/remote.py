@@ -38,12 +38,12 @@ class RemoteRewardScorer:
 
     Args:
         url: The server's endpoint, ``http://`` or ``https://`` (e.g. ``"http://rm-host:5000/get_reward"``).
+        label_key: The dataset column sent as ``labels``; ``None`` sends ``""`` for each completion.
         timeout_s: Seconds each attempt may wait to connect, and between bytes of the request and the answer
             (> 0).
         retries: Further attempts after a connection error, a timeout or a ``5xx`` answer (>= 0).
         backoff_s: Seconds before the first retry, doubled before each next one (>= 0).
         batch_size: Completions per ``POST`` (>= 1); a larger call is split into several requests, in order.
-        label_key: The dataset column sent as ``labels``; ``None`` sends ``""`` for each completion.
 
     Attributes:
         name: ``"remote reward server 'URL'"``, how errors name it.
@@ -57,11 +57,11 @@ class RemoteRewardScorer:
         self,
         url: str,
         *,
+        label_key: str | None = "label",
         timeout_s: float = 60.0,
         retries: int = 3,
         backoff_s: float = 1.0,
         batch_size: int = 64,
-        label_key: str | None = "label",
     ) -> None:
         _check_url(url)
         for arg, value in (("timeout_s", timeout_s), ("batch_size", batch_size)):
@@ -84,15 +84,8 @@ class RemoteRewardScorer:
     def score(
         self, prompts: Sequence[str], completions: Sequence[str], columns: Mapping[str, Sequence[Any]]
     ) -> list[float]:
-        """POST the completions in batches of ``batch_size`` and return the server's rewards.
-
-        Args:
-            prompts: B prompts.
-            completions: B completions.
-            columns: Each dataset column, B values; the ``label_key`` column is sent as ``labels``.
-
-        Returns:
-            B finite floats, in the order of ``completions``.
+        """POST the completions in batches of ``batch_size`` (the ``label_key`` column sent as ``labels``) and
+        return the server's rewards, checked (arguments and result as :meth:`RewardScorer.score`).
 
         Raises:
             InvalidArgumentError: The inputs disagree in length; the ``label_key`` column is missing or holds

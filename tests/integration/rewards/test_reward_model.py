@@ -35,16 +35,8 @@ def save_tiny(folder, *, num_labels: int = 1, head: type = LlamaForSequenceClass
     if head is GPT2ForSequenceClassification:
         config = GPT2Config(vocab_size=len(WORDS), n_embd=16, n_layer=1, n_head=2, num_labels=1)
     else:
-        config = LlamaConfig(
-            vocab_size=len(WORDS),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            num_labels=num_labels,
-            pad_token_id=0,
-        )
+        sizes = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+        config = LlamaConfig(vocab_size=len(WORDS), num_labels=num_labels, pad_token_id=0, **sizes)
     torch.manual_seed(0)
     head(config).save_pretrained(folder)
     return str(folder)
