@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from marti.config.dataset import DatasetConfig
+from marti.config.dataset import DATASET_ENV, DatasetConfig
+from marti.config.reward import RewardConfig
 from marti.config.section import Section as _Section
 from marti.config.seeds import default_eval_seeds, epochs_done, steps_for_epochs, train_seeds
 from marti.errors import InvalidArgumentError
@@ -888,6 +889,9 @@ class TrainConfig(_Section):
     dataset: DatasetConfig | None = None
     """The dataset section: problems from a file, a saved folder or a hub dataset (docs/datasets.md); null: none
     (the environment's own problems)."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """The reward section: reward functions, a remote reward server and a reward model scoring dataset problems
+    (docs/datasets.md); empty: the env's rewards."""
 
     @field_validator("training_name")
     @classmethod
@@ -991,6 +995,27 @@ class TrainConfig(_Section):
         """A ``dataset`` without its own ``seed`` takes the job's."""
         if self.dataset is not None and self.dataset.seed is None:
             object.__setattr__(self, "dataset", self.dataset.model_copy(update={"seed": self.seed}))
+        return self
+
+    @model_validator(mode="after")
+    def _dataset_env(self) -> TrainConfig:
+        """A ``dataset`` plays its rows in the ``dataset_task`` env (or a custom env by import path, which gets
+        each row as its config's ``row``); the default env name switches to it. ``reward`` scorers need one."""
+        if self.reward.active and self.dataset is None:
+            raise ValueError("reward.functions / remote_url / model score dataset problems; set dataset.path")
+        if self.dataset is None:
+            return self
+        env = self.environment
+        if "env_name" not in env.model_fields_set:
+            env = env.model_copy(update={"env_name": DATASET_ENV})
+            object.__setattr__(self, "environment", env)
+        if env.env_name != DATASET_ENV and ":" not in env.env_name:
+            raise ValueError(
+                f"dataset rows are played by the {DATASET_ENV!r} env or a custom env by import path; "
+                f"environment.env_name is {env.env_name!r}"
+            )
+        if self.tasks:
+            raise ValueError("dataset and tasks cannot be combined: a dataset job has one task, its rows")
         return self
 
     @model_validator(mode="after")

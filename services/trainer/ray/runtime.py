@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from marti.config import TrainConfig
-from marti.errors import ResourceExhaustedError
+from marti.errors import FailedPreconditionError, ResourceExhaustedError
 from services.trainer.ray.auth import ClusterAuth, prepare_cluster_auth
 
 _LOG = logging.getLogger("marti.trainer.ray")
@@ -124,14 +124,15 @@ class ActorSpec:
 
     Attributes:
         name: ``policy_worker`` (one team actor) or ``policy_worker_<i>``, ``reference_<agent>``,
-            ``critic_<agent>``, ``rollout_worker_<i>``; the key in :attr:`RayRuntime.worker_pids`.
-        kind: ``policy``, ``reference``, ``critic`` or ``rollout``.
+            ``critic_<agent>``, ``rollout_worker_<i>``, ``reward_model``; the key in
+            :attr:`RayRuntime.worker_pids`.
+        kind: ``policy``, ``reference``, ``critic``, ``rollout`` or ``reward`` (the reward model).
         agents: The agents it serves (one for references and critics).
         group: The agents of the policy actor holding them; ``None`` = the whole team (one policy actor).
     """
 
     name: str
-    kind: Literal["policy", "reference", "critic", "rollout"]
+    kind: Literal["policy", "reference", "critic", "rollout", "reward"]
     agents: tuple[str, ...]
     group: tuple[str, ...] | None
 
@@ -160,6 +161,7 @@ class RayRuntime:
         self._references: dict[str, Any] = {}
         self._critics: dict[str, Any] = {}
         self._rollout: list[Any] = []
+        self._reward: Any = None  # the reward-model actor (reward.model), when there is one
         self._actors: list[Any] = []
         # A generate call split across rollout actors and a weight sync to them exclude each other, so every
         # chunk of one call samples with one policy version (a GRPO group's members then share versions and
@@ -179,7 +181,8 @@ class RayRuntime:
     def actors(self) -> list[ActorSpec]:
         """Every actor of the job: the policy actors, then (``ray.colocate_models: false``) per trainable agent
         its reference actor (``algorithm.kl_coef > 0``) and its critic actor (``gae``), then the
-        ``ray.num_rollout_workers`` rollout actors (:mod:`services.trainer.ray.rollout_worker`)."""
+        ``ray.num_rollout_workers`` rollout actors (:mod:`services.trainer.ray.rollout_worker`), then with
+        ``reward.model`` the reward-model actor (:mod:`services.trainer.ray.reward_worker`)."""
         groups = self.groups()
         specs = []
         for i, g in enumerate(groups):
@@ -190,6 +193,8 @@ class RayRuntime:
             ActorSpec(f"rollout_worker_{i}", "rollout", team, None)
             for i in range(self.cfg.ray.num_rollout_workers)
         ]
+        if self.cfg.reward.model:
+            rollout.append(ActorSpec("reward_model", "reward", (), None))
         if self.cfg.ray.colocate_models:
             return specs + rollout
         kinds: list[Literal["reference", "critic"]] = []
@@ -209,7 +214,7 @@ class RayRuntime:
         An actor wants ``max(ray.num_cpus_per_worker, its agents' num_cpus)`` CPUs, capped at an equal share
         of the CPUs Ray has (fractional, rounded down to 0.01, so six actors still fit on 2 CPUs), and
         ``max(ray.num_gpus_per_worker, its agents' num_gpus)`` GPUs when the device is not ``cpu`` and Ray has
-        the GPUs for every actor. A rollout actor wants ``ray.num_cpus_per_worker`` and
+        the GPUs for every actor. A rollout actor and the reward-model actor want ``ray.num_cpus_per_worker`` and
         ``ray.num_gpus_per_worker``.
 
         Raises:
@@ -284,6 +289,7 @@ class RayRuntime:
             reference_actor_config,
         )
         from services.trainer.ray.policy_worker import PolicyWorker
+        from services.trainer.ray.reward_worker import RewardModelWorker, reward_actor_config
         from services.trainer.ray.rollout_worker import RolloutWorker
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -318,6 +324,7 @@ class RayRuntime:
             "reference": ReferenceWorker,
             "critic": CriticWorker,
             "rollout": RolloutWorker,
+            "reward": RewardModelWorker,
         }
         for i, (spec, bundle) in enumerate(zip(specs, bundles, strict=True)):
             threads = actor_threads(bundle["CPU"])
@@ -338,6 +345,8 @@ class RayRuntime:
             elif spec.kind == "rollout":
                 handle = actor.remote(config, index=len(self._rollout), num_threads=threads)
                 self._rollout.append(handle)
+            elif spec.kind == "reward":
+                handle = self._reward = actor.remote(reward_actor_config(self.cfg), num_threads=threads)
             elif spec.kind == "reference":
                 narrow = reference_actor_config(self.cfg, spec.agents[0], group)
                 handle = actor.remote(narrow, num_threads=threads)
@@ -484,6 +493,19 @@ class RayRuntime:
         stats, returns = policy.train.options(num_returns=2).remote(agent, data, ref_lp, values, True)
         stats, value_stats = self._get([stats, critic.fit.remote(data, values, returns)])
         return {**stats, **value_stats}
+
+    def score_rewards(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
+    ) -> list[float]:
+        """Score completions on the reward-model actor (``reward.model``; see
+        :meth:`services.trainer.ray.reward_worker.RewardModelWorker.score`).
+
+        Raises:
+            FailedPreconditionError: The job has no reward model.
+        """
+        if self._reward is None:
+            raise FailedPreconditionError("this job has no reward model (reward.model)")
+        return self._get(self._reward.score.remote(prompts, completions, columns))
 
     def versions(self) -> dict[str, int]:
         """Policy version of every agent."""

@@ -23,6 +23,7 @@ builds its env).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -75,6 +76,8 @@ class EpisodeResult:
     transcript: list[tuple[int, str, str]] = field(default_factory=list)
 
 
+#: Re-scores the views of the episodes that ended in one turn: one ``agent -> reward`` per view, in order.
+RescoreFn = Callable[[list[EpisodeView]], list[dict[str, float]]]
 #: Called with each finished episode, as soon as it ends (see :class:`EpisodeRunner`).
 EpisodeEndHook = Callable[[EpisodeResult], None]
 
@@ -139,6 +142,10 @@ class EpisodeRunner:
             conversation to the env (pass env option ``history_messages > 0``), as it always did.
         capabilities: Per agent name, its capabilities as text (``"planning, coordination"``): what
             ``{capabilities}`` becomes in a workflow role's ``system_prompt`` template; missing agents get ``""``.
+        rescore: ``rescore(views) -> [agent -> reward]``, called once with the views of the episodes that end
+            in the same turn; each episode's rewards then replace its env returns before the workflow's
+            ``reward_fn`` / allocation (a dataset job's reward scorers, :mod:`services.trainer.rollout.scoring`).
+            None: the env returns stand.
     """
 
     def __init__(
@@ -156,6 +163,7 @@ class EpisodeRunner:
         on_episode_end: EpisodeEndHook | None = None,
         local_mailbox: bool | None = None,
         capabilities: dict[str, str] | None = None,
+        rescore: RescoreFn | None = None,
     ) -> None:
         self.make_env = make_env
         self.generate = generate
@@ -170,6 +178,7 @@ class EpisodeRunner:
         self.on_episode_end = on_episode_end
         self.local_mailbox = (workflow is not None) if local_mailbox is None else bool(local_mailbox)
         self.capabilities = dict(capabilities or {})
+        self.rescore = rescore
 
     def _start(self, seed: int, task: str | None = None) -> _Live:
         if task is not None:
@@ -367,16 +376,19 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------------------------------ the end
     def _finish_ended(self, lives: list[_Live], every: bool = False) -> None:
-        """Finish the episodes that ended (``every``: all the others too) and hand each to ``on_episode_end``."""
-        for lv in lives:
-            if lv.finished or not (lv.done or every):
-                continue
-            self._finish(lv)
+        """Finish the episodes that ended (``every``: all the others too), re-score them together with
+        ``rescore``, and hand each to ``on_episode_end``."""
+        ended = [lv for lv in lives if not lv.finished and (lv.done or every)]
+        views = [self._finish(lv) for lv in ended]
+        if ended and self.rescore is not None:
+            for lv, view, base in zip(ended, views, self.rescore(views), strict=True):
+                lv.result.returns = self.workflow.rewards(dataclasses.replace(view, env_returns=dict(base)))
+        for lv in ended:
             lv.finished = True
             if self.on_episode_end is not None:
                 self.on_episode_end(lv.result)
 
-    def _finish(self, lv: _Live) -> EpisodeResult:
+    def _finish(self, lv: _Live) -> EpisodeView:
         last = (next(iter(lv.infos.values()), {}) if lv.infos else {}) or {}
         for key in lv.metric_keys:
             if key in last:
@@ -399,4 +411,4 @@ class EpisodeRunner:
             task=lv.result.task,
         )
         lv.result.returns = self.workflow.rewards(view)
-        return lv.result
+        return view

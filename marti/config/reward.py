@@ -1,0 +1,60 @@
+"""The ``reward:`` section of the training config: rewards of dataset problems scored in the trainer by user reward
+functions (TRL's ``reward_funcs``), a remote reward server (OpenRLHF's ``--remote_rm_url``) and a reward model
+(OpenRLHF's ``--reward_pretrain`` / ``--reward_model``) on its own Ray actor (docs/datasets.md).
+
+Without any of them a dataset job's rewards are the ``dataset_task`` env's verifier scores. With one or more, every
+configured scorer scores the team's final answer and each agent's own last answer, the scores are summed
+(functions weighted by ``function_weights``), and they replace the verifier's rewards (the verifier still gives
+the accuracy metrics).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from marti.config.section import Section
+
+_Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class RewardConfig(Section):
+    """Reward scorers of dataset problems, run in the trainer (docs/datasets.md)."""
+
+    functions: list[str] = Field(default_factory=list)
+    """User reward functions, ``file.py:fn`` or ``module:fn``, each called TRL-style
+    ``fn(prompts=..., completions=..., **columns) -> list[float]`` (one float per completion)."""
+    function_weights: list[float] | None = None
+    """One weight per function (TRL's ``reward_weights``); null: 1.0 each."""
+    remote_url: str | None = None
+    """A remote reward server (OpenRLHF's ``--remote_rm_url`` protocol: POST ``{query, prompts, labels}``,
+    answer ``{rewards}``)."""
+    remote_timeout_s: _Positive = 60.0
+    """Seconds each request to the remote server may wait (connect, and between bytes)."""
+    remote_retries: Annotated[int, Field(ge=0)] = 3
+    """Further attempts after a connection error, a timeout or a 5xx answer."""
+    remote_batch_size: Annotated[int, Field(ge=1)] = 64
+    """Completions per request to the remote server."""
+    model: str | None = None
+    """A reward model: a local folder holding an ``AutoModelForSequenceClassification`` with one output label
+    and its tokenizer, or the alias ``tiny-llama`` (a tiny random one, for tests); it runs on its own Ray
+    actor. ``algorithm.normalize_reward`` normalises its scores like any reward."""
+    model_batch_size: Annotated[int, Field(ge=1)] = 8
+    """Texts per forward pass of the reward model."""
+    model_max_length: Annotated[int, Field(ge=1)] = 2048
+    """Tokens of ``prompt + completion`` the reward model reads (its last ones)."""
+
+    @property
+    def active(self) -> bool:
+        """True when any scorer is configured."""
+        return bool(self.functions or self.remote_url or self.model)
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> RewardConfig:
+        if self.function_weights is not None and len(self.function_weights) != len(self.functions):
+            raise ValueError(
+                f"reward.function_weights has {len(self.function_weights)} weights for "
+                f"{len(self.functions)} reward.functions"
+            )
+        return self

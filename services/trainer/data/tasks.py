@@ -1,0 +1,100 @@
+"""A dataset job's problems as the trainer plays them (the ``dataset:`` section, docs/datasets.md).
+
+Seeds name rows: training row ``i`` (of the loaded training set, after ``max_samples`` and the held-out split) is
+played under problem seed ``i``, held-out row ``j`` under seed ``n_train + j``. Global training problem ``k``
+(``k = step * problems_per_step + p``, counted across epochs and resumes) plays row
+:meth:`marti.data.Problems.row_index` ``(k)``: a fresh seeded order each epoch, every row once per epoch, so a
+resumed job continues at the right row. Each episode's env config carries its row (``row``, every column), so a
+remote env server needs no access to the user's files and plays the same problems as an in-process env.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marti.config import TrainConfig
+from marti.data import Problems, load_problems
+from marti.errors import InvalidArgumentError
+
+
+class DatasetTasks:
+    """The loaded problems of a job's ``dataset`` section, and how seeds, rows and env configs map.
+
+    Args:
+        cfg: A training config with a ``dataset`` section.
+
+    Raises:
+        InvalidArgumentError / NotFoundError / UnavailableError: The data cannot be loaded or checked (see
+            :func:`marti.data.load_problems`; file, row and column named), before the job starts.
+    """
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        if cfg.dataset is None:
+            raise InvalidArgumentError("DatasetTasks needs a config with a dataset section")
+        self.section = cfg.dataset
+        self.problems: Problems = load_problems(cfg.dataset, seed=cfg.seed)
+        self.n_train = len(self.problems.train)
+        self.n_eval = len(self.problems.eval) if self.problems.eval is not None else 0
+
+    def fit(self, cfg: TrainConfig) -> TrainConfig:
+        """``cfg`` with the rollout's seed schedule sized to the data: ``num_train_seeds`` is the training row
+        count (an epoch of ``max_epochs`` is one pass over the rows), training seeds start at 0 and the held-out
+        seeds are the held-out rows' (``eval_episodes`` capped at their count).
+
+        Raises:
+            InvalidArgumentError: ``rollout.eval_every > 0`` and the section has no held-out set.
+        """
+        r = cfg.rollout
+        if r.eval_every > 0 and self.n_eval == 0:
+            raise InvalidArgumentError(
+                f"rollout.eval_every is {r.eval_every} but dataset {self.section.path!r} has no held-out set: "
+                "set dataset.eval_path or dataset.eval_fraction, or rollout.eval_every: 0"
+            )
+        update: dict[str, Any] = {"num_train_seeds": self.n_train, "train_seed_start": 0}
+        if self.n_eval:
+            update["eval_seeds"] = [self.n_train + j for j in range(self.n_eval)]
+            update["eval_episodes"] = min(r.eval_episodes, self.n_eval)
+        return cfg.model_copy(update={"rollout": r.model_copy(update=update)})
+
+    def train_seeds(self, step: int, problems_per_step: int, group_size: int) -> list[int]:
+        """Problem seeds of training step ``step`` (0-based): ``problems_per_step`` rows in the per-epoch order,
+        each repeated ``group_size`` times (consecutive equal seeds form a group).
+
+        Raises:
+            InvalidArgumentError: ``step`` is negative.
+        """
+        if step < 0:
+            raise InvalidArgumentError(f"step must be >= 0, got {step}")
+        first = step * problems_per_step
+        rows = [self.problems.row_index(first + p) for p in range(problems_per_step)]
+        return [row for row in rows for _ in range(group_size)]
+
+    def row(self, seed: int) -> dict[str, Any]:
+        """The row (every column, a copy) played under problem ``seed``.
+
+        Raises:
+            InvalidArgumentError: ``seed`` names no row (negative, or past the held-out rows).
+        """
+        if 0 <= seed < self.n_train:
+            return self.problems.train.row(seed)
+        if self.problems.eval is not None and 0 <= seed - self.n_train < self.n_eval:
+            return self.problems.eval.row(seed - self.n_train)
+        raise InvalidArgumentError(
+            f"problem seed {seed} names no row: {self.n_train} training rows (seeds 0..{self.n_train - 1}) "
+            f"and {self.n_eval} held-out rows after them"
+        )
+
+    def env_config(self, cfg: TrainConfig, seed: int) -> dict[str, Any]:
+        """The env config of the episode played under ``seed``: its ``row``, the section's column keys, the
+        team, ``environment.max_turns`` and ``environment.options`` (which win). A custom env by import path
+        gets the same keys."""
+        out: dict[str, Any] = {
+            "row": self.row(seed),
+            "input_key": self.section.input_key,
+            "agents": [a.name for a in cfg.agents],
+            "max_turns": cfg.environment.max_turns,
+        }
+        if self.section.label_key is not None:
+            out["label_key"] = self.section.label_key
+        out.update(cfg.environment.options)
+        return out

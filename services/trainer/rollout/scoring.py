@@ -1,0 +1,141 @@
+"""Rewards of dataset episodes from the ``reward:`` section's scorers (docs/datasets.md): user reward functions,
+a remote reward server and a reward model (on its own Ray actor), summed.
+
+For each finished episode the team's reply and every agent's own last reply are scored against the problem's
+prompt and columns, in one batch per call of :meth:`EpisodeScorer.rescore` (the episodes that ended in the same
+turn); agents are credited by :func:`marti.rewards.team.credit` (``environment.options.own_weight``), and those
+credits replace the env's verifier returns before the workflow's allocation. Replies are scored as generated
+(before a workflow's parser). A team with no reply scores 0 for the team part; a scorer's error (a raising
+function, NaN, a wrong length, a server that times out) stops the job with the scorer named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from marti.config import TrainConfig
+from marti.errors import FailedPreconditionError
+from marti.rewards import RewardScorer, WeightedSum, check_batch, check_scores, reward_functions
+from marti.rewards.team import OWN_WEIGHT, credit, last_replies, team_reply
+from marti.workflow import EpisodeView
+from services.trainer.data.tasks import DatasetTasks
+
+#: ``score(prompts, completions, columns) -> list[float]`` on the reward-model actor (RayRuntime.score_rewards).
+ScoreFn = Callable[[list[str], list[str], dict[str, list[Any]]], list[float]]
+
+
+class ActorScorer:
+    """A :class:`~marti.rewards.RewardScorer` whose scores come from the reward-model actor.
+
+    Args:
+        score: The runtime's ``score_rewards``.
+        path: The reward model (for error messages).
+    """
+
+    def __init__(self, score: ScoreFn, path: str) -> None:
+        self._score = score
+        self.name = f"reward model {path!r}"
+
+    def score(
+        self, prompts: Sequence[str], completions: Sequence[str], columns: Mapping[str, Sequence[Any]]
+    ) -> list[float]:
+        """Score on the actor; the answer is checked like any scorer's (length, finite numbers)."""
+        n = check_batch(prompts, completions, columns, scorer=self.name)
+        got = self._score(list(prompts), list(completions), {k: list(v) for k, v in columns.items()})
+        return check_scores(got, n, scorer=self.name)
+
+
+def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer | None:
+    """The ``reward`` section's scorers summed, or None when it has none.
+
+    Args:
+        cfg: The training config.
+        score_model: The reward-model actor's scoring call (needed when ``reward.model`` is set).
+
+    Raises:
+        NotFoundError / InvalidArgumentError: A reward function that does not load, a bad remote URL.
+    """
+    r = cfg.reward
+    scorers: list[RewardScorer] = []
+    if r.functions:
+        scorers.append(reward_functions(r.functions, r.function_weights))
+    if r.remote_url:
+        from marti.rewards.remote import RemoteRewardScorer
+
+        label_key = cfg.dataset.label_key if cfg.dataset is not None else None
+        scorers.append(
+            RemoteRewardScorer(
+                r.remote_url,
+                timeout_s=r.remote_timeout_s,
+                retries=r.remote_retries,
+                batch_size=r.remote_batch_size,
+                label_key=label_key,
+            )
+        )
+    if r.model:
+        if score_model is None:
+            raise FailedPreconditionError("reward.model is set but no reward-model actor was started")
+        scorers.append(ActorScorer(score_model, r.model))
+    if not scorers:
+        return None
+    return scorers[0] if len(scorers) == 1 else WeightedSum(scorers)
+
+
+class EpisodeScorer:
+    """The runner's ``rescore`` hook of a dataset job with reward scorers (see the module docstring).
+
+    Args:
+        cfg: The training config (``environment.options``: ``final``, ``final_agent``, ``own_weight``,
+            ``verifier``).
+        tasks: The job's problems (rows by seed).
+        scorer: The summed scorers (:func:`build_scorer`).
+    """
+
+    def __init__(self, cfg: TrainConfig, tasks: DatasetTasks, scorer: RewardScorer) -> None:
+        opts = cfg.environment.options
+        self.tasks, self.scorer = tasks, scorer
+        self.input_key = tasks.section.input_key
+        self.final = opts.get("final", "agent")
+        self.final_agent = opts.get("final_agent")
+        self.own_weight = float(opts.get("own_weight", OWN_WEIGHT))
+        self.verifier = opts.get("verifier", "exact")
+
+    def rescore(self, views: Sequence[EpisodeView]) -> list[dict[str, float]]:
+        """Each episode's per-agent credit from the scorers (one scoring call for all of ``views``)."""
+        prompts: list[str] = []
+        completions: list[str] = []
+        rows: list[dict[str, Any]] = []
+        plan: list[tuple[bool, list[str]]] = []  # per episode: has a team reply, the agents that replied
+        for view in views:
+            row = self.tasks.row(view.seed)
+            last, team = self._replies(view)
+            texts = ([team] if team is not None else []) + list(last.values())
+            prompts += [str(row[self.input_key])] * len(texts)
+            completions += texts
+            rows += [row] * len(texts)
+            plan.append((team is not None, list(last)))
+        columns = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {})}
+        scores = iter(self.scorer.score(prompts, completions, columns) if completions else [])
+        out = []
+        for view, (has_team, replied) in zip(views, plan, strict=True):
+            team = next(scores) if has_team else 0.0
+            own = {a: next(scores) for a in replied}
+            out.append(credit(team, own, view.agents, self.own_weight))
+        return out
+
+    def _replies(self, view: EpisodeView) -> tuple[dict[str, str], str | None]:
+        """Agent -> its last reply, and the team's reply (None when there is none)."""
+        steps: dict[int, dict[str, str]] = {}
+        for step, agent, text in view.transcript:
+            steps.setdefault(step, {})[agent] = text
+        last, speaker = last_replies([steps[s] for s in sorted(steps)], view.agents)
+        team = team_reply(
+            last,
+            view.agents,
+            final=self.final,
+            final_agent=self.final_agent,
+            last_speaker=speaker,
+            verifier=self.verifier,
+        )
+        return last, team
