@@ -118,12 +118,22 @@ def check_scores(scores: Any, expected: int, *, scorer: str) -> list[float]:
             f"(expected {expected}, got {len(values)})"
         )
     for i, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        if not _is_finite_real(value):
             raise InvalidArgumentError(
                 f"{scorer} returned {shorten(value)} ({type(value).__name__}) at index {i}: "
                 "every score must be a finite real number (not NaN, inf, None, a bool or text)"
             )
     return [float(v) for v in values]
+
+
+def _is_finite_real(value: Any) -> bool:
+    """True for a real number (not a bool) that is finite as a float (an int too large for one is not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 class WeightedSum:

@@ -189,7 +189,8 @@ def _rewards(response: httpx.Response, where: str) -> Any:
     """The ``rewards`` value of a non-5xx answer; a refusal or a malformed answer raises, naming ``where``."""
     if not response.is_success:
         raise InvalidArgumentError(
-            f"{where}: refused the request with HTTP {response.status_code} ({shorten(response.text)})"
+            f"{where}: answered HTTP {response.status_code} ({shorten(response.text)}), not a 2xx; only "
+            "connection errors, timeouts and 5xx answers are retried"
         )
     try:
         answer = response.json()

@@ -134,6 +134,7 @@ def test_weighted_sum_checks_each_scorer_output():
         ([1.0, math.inf], ["index 1", "inf"]),
         ([True, 1.0], ["index 0", "True", "bool"]),
         ([None, 1.0], ["index 0", "None"]),
+        ([1.0, 10**400], ["index 1", "int"]),
         (["1.0", 1.0], ["index 0", "'1.0'", "str"]),
         ([1.0, 2.0, 3.0], ["3 scores for 2 completions"]),
         (np.array([[1.0, 2.0]]), ["1 scores for 2 completions"]),
