@@ -1,0 +1,344 @@
+"""The trainer's data path over a real experience_store (gRPC on a free port): episodes inserted as they end,
+each update's batch sampled from the agent's table, stale items removed by the table, groups kept whole,
+duplicates and retracted episodes dropped, and trajectories an external process inserts trained on."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from marti.clients.experience import ExperienceSharingClient
+from marti.config import load_config
+from marti.errors import FailedPreconditionError
+from marti.rpc.testing import serve_in_thread
+from marti.trajectory import Trajectory, Turn
+from services.experience_store.__main__ import make_spec
+from services.experience_store.settings import StoreSettings
+from services.trainer.data.experience_feed import (
+    ExperienceFeed,
+    missing_members,
+    table_name,
+    whole_groups,
+)
+from services.trainer.job.addresses import Addresses
+from services.trainer.job.loop import TrainingLoop
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def address(tmp_path):
+    settings = StoreSettings(port=0, data_dir=str(tmp_path / "data"), default_timeout_ms=2000)
+    with serve_in_thread(lambda: [make_spec(settings)[0]], settings) as server:
+        yield server.address
+
+
+def _traj(episode: str, version: int = 0, group: str = "1", group_size: int | None = None) -> Trajectory:
+    turn = Turn(
+        step=0, prompt_token_ids=[1, 2], response_token_ids=[3, 4], response_logprobs=[-0.1, -0.2],
+        policy_version=version, reward=0.0,
+    )  # fmt: skip
+    meta = {} if group_size is None else {"group_size": group_size}
+    return Trajectory(
+        episode_id=episode, agent_id="agent_1", policy_version=version, turns=[turn], group_id=group,
+        episode_return=1.0, metadata=meta,
+    )  # fmt: skip
+
+
+def _feed(address: str, bound: int = 1) -> tuple[ExperienceFeed, ExperienceSharingClient]:
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    feed = ExperienceFeed(client, "job", ["agent_1"], {"agent_1": bound}, 100, lambda fn, what: fn())
+    feed.create_tables()
+    return feed, client
+
+
+def test_items_come_back_once_in_order_with_the_record_intact(address):
+    feed, client = _feed(address)
+    for i in range(4):
+        feed.insert_episode({"agent_1": _traj(f"ep-{i}")})
+    taken = feed.take("agent_1", 4, current_version=0)
+    assert [t.episode_id for t in taken.trajectories] == [f"ep-{i}" for i in range(4)]
+    t = taken.trajectories[0]
+    assert t.turns[0].response_logprobs == pytest.approx([-0.1, -0.2]) and t.turns[0].policy_version == 0
+    assert (t.group_id, t.episode_return) == ("1", 1.0)
+    assert client.info("job/agent_1").size == 0
+    with pytest.raises(FailedPreconditionError, match="holds 0 of the 1"):
+        feed.take("agent_1", 1, current_version=0)  # no producer: a missing item is an error
+
+
+def test_stale_items_are_removed_by_the_table_and_their_group_dropped_whole(address):
+    feed, client = _feed(address, bound=1)
+    batch = [
+        _traj("a0", version=0, group="A", group_size=2),  # stale at version 2
+        _traj("a1", version=1, group="A", group_size=2),  # fresh, but its group lost a member
+        _traj("b0", version=1, group="B", group_size=2),
+        _traj("b1", version=2, group="B", group_size=2),
+    ]
+    for t in batch:
+        feed.insert_episode({"agent_1": t})
+    taken = feed.take("agent_1", 4, current_version=2)
+    assert [t.episode_id for t in taken.trajectories] == ["b0", "b1"]
+    assert (taken.stale, taken.dropped) == (1, 1)
+    assert client.info("job/agent_1").stale_removed == 1
+
+
+def test_retracted_attempts_and_duplicates_are_skipped_without_using_a_slot(address):
+    feed, client = _feed(address)
+    feed.begin_attempt()
+    feed.insert_episode({"agent_1": _traj("failed")})
+    feed.retract_attempt()  # the rollout is replayed after an outage
+    feed.begin_attempt()
+    feed.insert_episode({"agent_1": _traj("ok-0")})
+    client.share_experience(_traj("ok-0"), table="job/agent_1")  # an insert retried after a lost confirmation
+    feed.insert_episode({"agent_1": _traj("ok-1")})
+    taken = feed.take("agent_1", 2, current_version=0)
+    assert [t.episode_id for t in taken.trajectories] == ["ok-0", "ok-1"]
+    assert taken.duplicates == 2
+
+
+def test_a_new_attempt_of_the_job_drops_what_an_interrupted_one_left(address):
+    feed, _ = _feed(address)
+    feed.insert_episode({"agent_1": _traj("left-over")})
+    again, _ = _feed(address)
+    assert again.tables == {"agent_1": table_name("job", "agent_1")}
+    again.insert_episode({"agent_1": _traj("new")})
+    assert [t.episode_id for t in again.take("agent_1", 1, 0).trajectories] == ["new"]
+
+
+def test_groups_lacking_members_are_dropped_and_groups_without_a_size_kept():
+    assert whole_groups([_traj("x", group="A", group_size=3)])[1] == 1
+    assert whole_groups([_traj(f"x{i}", group="A", group_size=3) for i in range(3)])[1] == 0
+    assert whole_groups([_traj("x", group="A")])[1] == 0  # no size known: kept
+    assert missing_members([_traj("x", group="A", group_size=3), _traj("y", group="B", group_size=2)]) == 3
+
+
+def test_an_update_of_external_episodes_takes_a_group_whole_when_its_batch_ends_inside_it(address):
+    """Review finding: a lone episode (no group_size) before a group of 4 shifted the table, so an update of 4
+    items took the lone one and 3 of the group, and the group's last member went to the next update."""
+    feed, _ = _feed(address)
+    feed.insert_episode({"agent_1": _traj("lone", group="")}, external=True)
+    for i in range(4):
+        feed.insert_episode({"agent_1": _traj(f"g{i}", group="G", group_size=4)}, external=True)
+    for i in range(3):
+        feed.insert_episode({"agent_1": _traj(f"h{i}", group="H", group_size=3)}, external=True)
+    deadline = time.monotonic() + 10
+    first = feed.take("agent_1", 4, current_version=0, deadline=deadline)
+    assert [t.episode_id for t in first.trajectories] == ["lone", "g0", "g1", "g2", "g3"]
+    assert (first.incomplete, first.dropped) == (0, 0)
+    second = feed.take("agent_1", 3, current_version=0, deadline=deadline)
+    assert [t.episode_id for t in second.trajectories] == ["h0", "h1", "h2"]
+
+
+def test_a_group_whose_rest_never_comes_is_dropped_whole_not_trained_shrunk(address):
+    feed, _ = _feed(address)
+    for i in range(2):  # a group of 3 of which only 2 members ever reach the table
+        feed.insert_episode({"agent_1": _traj(f"g{i}", group="G", group_size=3)}, external=True)
+    feed.insert_episode({"agent_1": _traj("lone", group="")}, external=True)
+    taken = feed.take("agent_1", 2, current_version=0, deadline=time.monotonic() + 10)
+    # the update took the lone episode while looking for G's third member; G is dropped whole
+    assert [t.episode_id for t in taken.trajectories] == ["lone"]
+    assert (taken.incomplete, taken.stale, taken.dropped) == (2, 0, 0)
+
+
+def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(address, tmp_path):
+    """The seam the inference gateway uses: any SDK client inserts records with behaviour log-probs and a
+    policy version into an agent's table; the job's learner samples them and updates the agent with them."""
+    from services.trainer.ray.policy_worker import PolicyWorker
+
+    cfg = load_config(
+        ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}", "rollout.max_new_tokens=5"]
+    )
+    worker = PolicyWorker(cfg, num_threads=1)
+    chats = [[{"role": "user", "content": f"task {i}"}] for i in range(cfg.rollout.episodes_per_step)]
+    gens = worker.generate("agent_1", chats)
+
+    external = ExperienceSharingClient("my-agent", address, timeout_s=10)
+    loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", address), show_progress=False)
+    store = ExperienceSharingClient("trainer", address, timeout_s=10)
+    loop.feed = ExperienceFeed(
+        store, cfg.training_name, list(cfg.tuning_agents), {a: 0 for a in cfg.tuning_agents}, 100,
+        lambda fn, what: fn(),
+    )  # fmt: skip
+    loop.feed.create_tables()
+    for i, g in enumerate(gens):
+        traj = Trajectory(
+            episode_id=f"external-{i}", agent_id="agent_1", policy_version=0, group_id=str(i // 2),
+            episode_return=float(i % 2),
+            turns=[Turn(step=0, prompt_token_ids=list(g.prompt_token_ids), response_token_ids=list(g.response_token_ids),
+                        response_logprobs=list(g.response_logprobs), policy_version=0)],
+        )  # fmt: skip
+        external.share_experience(traj, table=f"{cfg.training_name}/agent_1")
+    for i in range(cfg.rollout.episodes_per_step):  # agent_2's table gets the job's own kind of items
+        loop.feed.insert_episode(
+            {"agent_2": _traj(f"own-{i}").__class__(episode_id=f"own-{i}", agent_id="agent_2")}
+        )
+
+    batches, metrics = loop._take_batches(0, {"agent_1": 0, "agent_2": 0})
+    trajectories = batches["agent_1"]
+    assert len(trajectories) == len(gens) and metrics["agent_1/items"] == len(gens)
+    logprobs = [turn.response_logprobs for t in trajectories for turn in t.turns]
+    assert logprobs == [pytest.approx(list(g.response_logprobs)) for g in gens]
+    assert batches["agent_2"] == []  # empty trajectories: the agent did not act
+
+    before = {k: v.clone() for k, v in worker.policy.state_for_sync("agent_1").items()}
+    stats = worker.train("agent_1", trajectories)
+    assert stats["behaviour_rows"] == 1.0 and stats["behaviour_kl"] < 1e-9
+    after = worker.policy.state_for_sync("agent_1")
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the external items were not trained on"
+    for c in (external, store):
+        c.close()
+
+
+def test_an_empty_table_is_a_missing_item_not_a_service_outage(address):
+    from services.trainer.job.reconnect import Backoff, call_with_reconnect
+
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    # A real reconnect wrapper with a short outage limit: a wait for items must not be retried into an outage.
+    feed = ExperienceFeed(
+        client, "job", ["agent_1"], {"agent_1": 1}, 100,
+        lambda fn, what: call_with_reconnect(fn, what, Backoff(timeout_s=0.5)),
+    )  # fmt: skip
+    feed.create_tables()
+    feed.insert_episode({"agent_1": _traj("only")})
+    with pytest.raises(FailedPreconditionError, match="holds 1 of the 2 items"):
+        feed.take("agent_1", 2, current_version=0)
+
+
+def test_an_episode_cut_part_way_through_its_inserts_is_retracted_whole(address):
+    from marti.errors import UnavailableError
+
+    class Flaky:
+        """The store client, except that inserts into agent_2's table fail (an outage outlasting the retries)."""
+
+        def __init__(self, client):
+            self.client = client
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+        def share_experience(self, traj, table, timeout_s=None):
+            if table.endswith("agent_2"):
+                raise UnavailableError("store gone")
+            return self.client.share_experience(traj, table=table, timeout_s=timeout_s)
+
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    feed = ExperienceFeed(
+        Flaky(client), "job", ["agent_1", "agent_2"], {"agent_1": 0, "agent_2": 0}, 100, lambda fn, what: fn()
+    )
+    feed.create_tables()
+    feed.begin_attempt()
+    with pytest.raises(UnavailableError):
+        feed.insert_episode({"agent_1": _traj("cut"), "agent_2": _traj("cut")})
+    feed.retract_attempt()
+    feed.store = client  # the store is back; the rollout is replayed
+    feed.begin_attempt()
+    feed.insert_episode({"agent_1": _traj("replayed"), "agent_2": _traj("replayed")})
+    assert [t.episode_id for t in feed.take("agent_1", 1, 0).trajectories] == ["replayed"]
+
+
+def test_a_stale_item_of_a_retracted_attempt_does_not_use_a_slot(address):
+    feed, _ = _feed(address, bound=0)
+    feed.begin_attempt()
+    feed.insert_episode({"agent_1": _traj("failed", version=0)})
+    feed.retract_attempt()
+    feed.begin_attempt()
+    for i in range(2):
+        feed.insert_episode({"agent_1": _traj(f"ok-{i}", version=1)})
+    taken = feed.take("agent_1", 2, current_version=1)  # "failed" is stale and retracted: not this step's
+    assert [t.episode_id for t in taken.trajectories] == ["ok-0", "ok-1"]
+    assert (taken.stale, taken.duplicates) == (0, 1)
+
+
+def test_the_learner_takes_a_steps_items_only_after_its_rollout_is_over(tmp_path):
+    """Asynchronous mode: an attempt that fails after some of its episodes were inserted is retracted before
+    the learner reads the step, so no update trains on it."""
+    cfg = load_config(ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}"])
+    loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
+    calls: list[str] = []
+
+    class Producer:
+        def summary(self, step):
+            calls.append(f"summary {step}")
+            return [], 1.0
+
+    class Runtime:
+        def versions(self):
+            calls.append("versions")
+            return {"agent_1": 0, "agent_2": 0}
+
+    def take(step, versions):
+        calls.append(f"take {step}")
+        return {}, {}
+
+    loop._take_batches = take
+    loop._train_step(Runtime(), 3, Producer())
+    assert calls == ["summary 3", "versions", "take 3"]
+
+
+def test_an_episode_stopped_while_one_agents_table_is_full_is_in_no_table(address):
+    """agent_2's table is full (the learner is behind on it), agent_1's has room; the gateway closes while the
+    episode waits: neither table gets it, so the agents' tables stay aligned (the store's own table info)."""
+    import threading
+
+    from marti.errors import CancelledError
+
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    feed = ExperienceFeed(
+        client, "job", ["agent_1", "agent_2"], {"agent_1": 0, "agent_2": 0}, 2, lambda fn, what: fn()
+    )
+    feed.create_tables()
+    for i in range(2):
+        client.share_experience(_traj(f"old-{i}"), table=table_name("job", "agent_2"), timeout_s=2)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    with pytest.raises(
+        CancelledError, match="'job/agent_2' is full \\(2/2 items\\): stopped before any item"
+    ):
+        feed.insert_episode({"agent_1": _traj("new"), "agent_2": _traj("new")}, external=True, stop=stop)
+    assert (client.info("job/agent_1").size, client.info("job/agent_2").size) == (0, 2)
+
+
+def test_a_stale_external_episode_takes_no_slot_the_update_waits_for_a_fresh_one(address):
+    """Issue 29 item 6: under max_staleness 0 an external episode sampled before the last update is removed by the
+    table; it must not fill the update (which would then train on fewer items, or none, and still count): the
+    update takes the next fresh one. Episodes inserted and never taken are counted (item 7)."""
+    feed, client = _feed(address, bound=0)
+    feed.insert_episode({"agent_1": _traj("old", version=0, group="")}, external=True)
+    for i in range(3):
+        feed.insert_episode({"agent_1": _traj(f"new{i}", version=1, group="")}, external=True)
+    assert feed.untaken_external() == 4
+    taken = feed.take("agent_1", 2, current_version=1, deadline=time.monotonic() + 10)
+    assert [t.episode_id for t in taken.trajectories] == ["new0", "new1"]
+    assert taken.stale == 1 and client.info("job/agent_1").stale_removed == 1
+    assert feed.untaken_external() == 1  # new2: reported, never taken by an update
+
+
+def test_an_external_episode_taken_the_moment_it_lands_is_not_counted_untaken(address):
+    """The learner may take an external item before the insert call returns (it waits on the table): the feed
+    must not then record it as still untaken (the job's last line said 'N reported episodes were never
+    trained' for episodes an update had trained on)."""
+    taken: list = []
+
+    class TakenAtOnce:
+        """The store client, except that the learner takes each item as soon as it lands."""
+
+        def __init__(self, client):
+            self.client = client
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+        def share_experience(self, traj, table, timeout_s=None):
+            result = self.client.share_experience(traj, table=table, timeout_s=timeout_s)
+            taken.append(feed.take("agent_1", 1, current_version=0, deadline=time.monotonic() + 5))
+            return result
+
+    client = ExperienceSharingClient("trainer", address, timeout_s=10)
+    feed = ExperienceFeed(TakenAtOnce(client), "job", ["agent_1"], {"agent_1": 1}, 100, lambda fn, what: fn())
+    feed.create_tables()
+    feed.insert_episode({"agent_1": _traj("ext-0")}, external=True)
+    assert [t.episode_id for t in taken[0].trajectories] == ["ext-0"]
+    assert feed.untaken_external() == 0
