@@ -95,6 +95,8 @@ def test_missing_folder_and_bad_arguments(tmp_path, rm_path):
     with pytest.raises(InvalidArgumentError, match="device 'gpu0'"):
         ModelRewardScorer(rm_path, device="gpu0")
     (tmp_path / "config.json").write_text((Path(rm_path) / "config.json").read_text())
+    with pytest.raises(NotFoundError, match="no tokenizer"):
+        ModelRewardScorer(str(tmp_path))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_text((Path(rm_path) / name).read_text())
     with pytest.raises(NotFoundError, match="weights cannot be loaded"):
