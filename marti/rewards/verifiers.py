@@ -16,11 +16,12 @@ before the answer does not count. Kinds:
 * ``math``: ``math-verify`` (``math_verify.parse`` / ``verify``) decides whether the answer and the label are
   the same mathematical object (``\\frac{1}{2}`` and ``0.5``, ``\\sqrt{2}`` and ``2^{1/2}``, sets, intervals,
   equations' right-hand sides); a label math-verify cannot parse (a word) is compared as ``exact`` does.
-  math-verify's own timeouts use ``SIGALRM``, which works only in the main thread (the env server calls envs
-  from gRPC worker threads) and replaces the process's alarm handler, so they are disabled
-  (``parsing_timeout=None``, ``timeout_seconds=None``); instead the answer is bounded: an answer longer than
-  ``max_chars`` (default 1000) is wrong, and a reply without a boxed answer or answer line is read from its
-  last ``max_chars`` characters.
+  math-verify runs in worker processes (:mod:`marti.rewards.math_worker`) with its own ``SIGALRM`` timeouts
+  off (they raise outside the main thread, where the env server calls envs, and cannot stop sympy computing a
+  power tower such as ``9^{9^{9^{9}}}``); a worker that takes over ``math_timeout_s`` (default 5 s) is killed
+  and the answer is wrong (a warning names it). An answer longer than ``max_chars`` (default 1000) is wrong
+  without being parsed, and a reply without a boxed answer or answer line is read from its last ``max_chars``
+  characters.
 * ``regex``: the user's ``pattern`` (Python ``re``) extracts the answer: the LAST match in the reply, its
   group 1 when the pattern has a group, else the whole match; that text must equal the label after the same
   normalisation as ``exact`` (``ignore_case`` default False). No match scores 0. ``extract_answer`` is not
@@ -30,6 +31,7 @@ before the answer does not count. Kinds:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math as _math
 import re
 from collections.abc import Callable
@@ -38,6 +40,7 @@ from typing import Any
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
 from marti.rewards.answers import extract_answer, last_number, normalize_text, parse_number
+from marti.rewards.math_worker import verify_in_worker
 
 __all__ = [
     "VERIFIERS",
@@ -147,47 +150,39 @@ def multiple_choice(completion: str, label: str, *, letters: str = "ABCDEFGHIJ")
     return float(_choice(completion, letters) == gold)
 
 
-def _math_verify() -> Any:
-    try:
-        import math_verify
-    except ImportError:
+def _math_verify() -> None:
+    """Refuse the math verifier where math-verify is not installed (found without importing it here)."""
+    if importlib.util.find_spec("math_verify") is None:
         raise FailedPreconditionError(
             "the math verifier needs the math-verify package: pip install 'marti-agent[trainer]' "
             "(or pip install math-verify)"
-        ) from None
-    return math_verify
-
-
-def _math_parse(text: str) -> list[Any]:
-    mv = _math_verify()
-    if not re.search(r"\$|\\\(|\\\[|\\boxed", text):
-        parsed = mv.parse(f"${text}$", parsing_timeout=None)
-        if parsed:
-            return parsed
-    return mv.parse(text, parsing_timeout=None)
+        )
 
 
 @_text_inputs
-def math(completion: str, label: str, *, max_chars: int = 1000) -> float:
-    """1.0 when math-verify finds the reply's answer equal to ``label`` (see the module docstring).
+def math(completion: str, label: str, *, max_chars: int = 1000, math_timeout_s: float = 5.0) -> float:
+    """1.0 when math-verify finds the reply's answer equal to ``label`` (see the module docstring); math-verify
+    runs in a worker process (:mod:`marti.rewards.math_worker`) that is killed past ``math_timeout_s`` seconds,
+    and then the answer is wrong.
 
     Raises:
         InvalidArgumentError: ``label`` is longer than ``max_chars``, or an input is not ``str``.
         FailedPreconditionError: math-verify is not installed.
+        InternalError: The worker process could not start.
     """
     if len(label) > max_chars:
         raise InvalidArgumentError(
             f"math verifier: label has {len(label)} characters, above max_chars={max_chars}"
         )
+    _math_verify()
     answer = extract_answer(completion)
     if answer is not None and len(answer) > max_chars:
         return 0.0
-    gold = _math_parse(label)
-    if not gold:
-        given = completion if answer is None else answer
-        return float(normalize_text(given) == normalize_text(label))
-    pred = _math_parse(completion[-max_chars:] if answer is None else answer)
-    return float(bool(pred) and _math_verify().verify(gold, pred, timeout_seconds=None))
+    given = completion[-max_chars:] if answer is None else answer
+    same = verify_in_worker(label, given, math_timeout_s)
+    if same is None:  # a label math-verify cannot parse (a word): compared as text
+        return float(normalize_text(completion if answer is None else answer) == normalize_text(label))
+    return float(same)
 
 
 @functools.lru_cache(maxsize=256)
@@ -236,6 +231,12 @@ def _number_option(name: str, value: Any) -> float:
     return float(value)
 
 
+def _positive_number_option(name: str, value: Any) -> float:
+    if _number_option(name, value) <= 0:
+        raise InvalidArgumentError(f"verifier option {name!r} must be a number > 0, got {value!r}")
+    return float(value)
+
+
 def _letters_option(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value or len(set(value)) != len(value) or not value.isalnum():
         raise InvalidArgumentError(
@@ -271,6 +272,7 @@ _OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "abs_tolerance": _number_option,
     "letters": _letters_option,
     "max_chars": _positive_int_option,
+    "math_timeout_s": _positive_number_option,
     "pattern": _pattern_option,
 }
 
@@ -279,7 +281,7 @@ VERIFIER_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "exact": (("ignore_case",), ()),
     "numeric": (("tolerance", "abs_tolerance"), ()),
     "multiple_choice": (("letters",), ()),
-    "math": (("max_chars",), ()),
+    "math": (("max_chars", "math_timeout_s"), ()),
     "regex": (("pattern", "ignore_case"), ("pattern",)),
 }
 

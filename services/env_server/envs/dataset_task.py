@@ -63,6 +63,13 @@ FIELDS = (
     ConfigField("letters", "str", None, "multiple_choice verifier: the choice letters (ABCDEFGHIJ)"),
     ConfigField("max_chars", "int", None, "math verifier: longest answer read (1000)", minimum=1),
     ConfigField(
+        "math_timeout_s",
+        "float",
+        None,
+        "math verifier: seconds math-verify may take per answer (5)",
+        minimum=0.001,
+    ),
+    ConfigField(
         "own_weight",
         "float",
         0.5,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -165,6 +166,25 @@ def test_math_works_from_a_worker_thread() -> None:
     assert out == [1.0]
 
 
+def test_math_answer_that_never_finishes_is_wrong_after_the_timeout_and_the_next_one_is_scored(
+    caplog,
+) -> None:
+    """sympy computes 9^(9^(9^9)) for ever, holding the GIL: math-verify's worker process is killed instead."""
+    out: list[object] = []
+
+    def work() -> None:
+        start = time.monotonic()
+        out.append(math(r"\boxed{9^{9^{9^{9}}}}", "5", math_timeout_s=1.0))
+        out.append(time.monotonic() - start)
+        out.append(math(r"\boxed{\frac{10}{2}}", "5", math_timeout_s=1.0))
+
+    worker = threading.Thread(target=work)  # as in the env server: not the main thread
+    worker.start()
+    worker.join(60)
+    assert out[0] == 0.0 and out[1] < 30 and out[2] == 1.0, out
+    assert "took over math_timeout_s=1.0 on answer '9^{9^{9^{9}}}'" in caplog.text
+
+
 def test_regex_extracts_group_one_of_the_last_match() -> None:
     assert regex("final=42; final=43", "43", pattern=r"final=(\d+)") == 1.0
     assert regex("final=42; final=43", "42", pattern=r"final=(\d+)") == 0.0
@@ -191,6 +211,7 @@ def test_make_verifier_binds_checked_options() -> None:
         ("exact", {"ignore_case": "yes"}, "'ignore_case' must be true or false"),
         ("multiple_choice", {"letters": "AAB"}, "'letters' must be a non-empty string of distinct letters"),
         ("math", {"max_chars": 0}, "'max_chars' must be an integer >= 1"),
+        ("math", {"math_timeout_s": 0}, "'math_timeout_s' must be a number > 0"),
     ],
 )
 def test_make_verifier_refuses_bad_kinds_and_options(kind: str, options: dict, message: str) -> None:
