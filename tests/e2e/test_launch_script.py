@@ -57,7 +57,7 @@ def scaled_copy(text: str) -> str:
 
 def expected_notes(machine: MachineInfo) -> set[str]:
     """Launch flags of the script that cannot apply on ``machine`` (each must be reported exactly once)."""
-    notes = {"reward_model", "dataset"}  # rewards and problems come from the environment
+    notes = {"reward_model"}  # rewards come from the environment (--dataset sets the dataset: section)
     if not machine.has_cuda:
         notes |= {"actor_init_on_gpu", "offload_reference_model", "use_flash_attn"}
     elif not machine.flash_attn_installed:
