@@ -24,7 +24,6 @@ training budget across agents (``alloc/<agent>`` per step).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import math
@@ -32,43 +31,38 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marti.config import TaskConfig, TrainConfig, dump_config
-from marti.errors import CancelledError, DeadlineExceededError, InvalidArgumentError
+from marti.config import TrainConfig, dump_config
+from marti.errors import CancelledError, DeadlineExceededError
 from marti.trajectory import Trajectory
-from marti.workflow import Workflow, is_import_path, make_custom_env, workflow_from_section
+from marti.workflow import Workflow, is_import_path, workflow_from_section
 from services.trainer.data.experience_feed import ExperienceFeed, RolloutProducer
 from services.trainer.job.addresses import Addresses
+from services.trainer.job.connections import Connections
+from services.trainer.job.gateway_host import GatewayHost
 from services.trainer.job.reconnect import Backoff, call_with_reconnect
 from services.trainer.job.run_dir import RunFolder, latest_checkpoint
 from services.trainer.learn.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.learn.experience import group_key, row_count, trained_tokens, trained_turns
+from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
 from services.trainer.ray.runtime import RayRuntime
-from services.trainer.rollout.episodes import RUNNER_METRIC_KEYS, EpisodeResult, EpisodeRunner
-from services.trainer.rollout.scheduler import Curriculum, TaskScheduler, TaskSpec
+from services.trainer.rollout.env_config import (
+    agent_return,
+    build_curriculum,
+    build_scheduler,
+    curriculum_step,
+    env_config,
+    env_context,
+)
+from services.trainer.rollout.episodes import EpisodeResult, EpisodeRunner
 
 _LOG = logging.getLogger("marti.trainer")
 #: Most seconds a finished or stopped job waits for an asynchronous rollout still in flight.
 PRODUCER_CLOSE_TIMEOUT_S = 300.0
-
-
-@contextlib.contextmanager
-def _env_context(task: str | None, env_name: str, level: str | None) -> Iterator[None]:
-    """Prefix an env's refusal of its config (:class:`~marti.errors.InvalidArgumentError`) with the job's task
-    and curriculum level, so that the message says which part of the training config to fix (a job with neither
-    gets the env's message unchanged)."""
-    try:
-        yield
-    except InvalidArgumentError as e:
-        if task is None and level is None:
-            raise
-        at = f" at curriculum level {level!r}" if level is not None else ""
-        where = f"task {task!r} ({env_name}){at}" if task is not None else f"environment {env_name!r}{at}"
-        raise InvalidArgumentError(f"{where}: {e}", metadata=e.metadata) from e
 
 
 @dataclass
@@ -122,58 +116,6 @@ def epoch_limit_message(cfg: TrainConfig) -> str | None:
     )
 
 
-def env_config(
-    cfg: TrainConfig, task: TaskConfig | None = None, difficulty: str | None = None
-) -> dict[str, Any]:
-    """Env config for ``marti.make`` from the ``environment`` section and ``reward_alloc``.
-
-    The trainer carries the team's conversation over comm_broker, so the env's own transcript is off
-    (``history_messages=0``) unless ``environment.options`` sets it. The env's role weight is
-    ``role_weight / team_weight``; returns are then scaled by ``team_weight`` (see :func:`agent_return`), so an
-    agent's reward is ``team_weight * team + role_weight * role``.
-
-    Args:
-        cfg: The training config.
-        task: A task of a multi-task job: its ``scenario``, ``difficulty``, ``max_turns`` and ``options``
-            override the ``environment`` section's.
-        difficulty: The curriculum's level for the task (overrides both).
-    """
-    e = cfg.environment
-    out: dict[str, Any] = {
-        "max_turns": (task.max_turns if task and task.max_turns else None) or e.max_turns,
-        "reward_type": e.reward_type,
-        "observation_format": e.observation_format,
-        "num_agents": len(cfg.agents),
-        "roles": [a.role for a in cfg.agents],
-        "history_messages": 0,
-    }
-    scenario = (task.scenario if task else None) or e.scenario
-    if scenario:
-        out["scenario"] = scenario
-    level = difficulty or (task.difficulty if task else None) or e.difficulty
-    if level:
-        out["difficulty"] = level
-    ra = cfg.reward_alloc
-    if ra.team_weight > 0 and scenario != "debate":
-        out["role_weight"] = ra.role_weight / ra.team_weight
-    out.update(e.options)
-    if task is not None:
-        out.update(task.options)
-    return out
-
-
-def task_metrics(results: list[EpisodeResult]) -> dict[str, float]:
-    """Per-task means: :func:`episode_metrics` of each task's episodes as ``task/<name>/<key>``, plus
-    ``task/<name>/episodes`` (count). Episodes without a task are skipped."""
-    out: dict[str, float] = {}
-    for name in sorted({r.task for r in results if r.task is not None}):
-        mine = [r for r in results if r.task == name]
-        out[f"task/{name}/episodes"] = float(len(mine))
-        for k, v in episode_metrics(mine).items():
-            out[f"task/{name}/{k}"] = v
-    return out
-
-
 def user_code_paths(cfg: TrainConfig) -> list[str]:
     """Config keys that name user code by import path (custom envs, workflow functions), as ``key=value``."""
     found = []
@@ -191,65 +133,6 @@ def user_code_paths(cfg: TrainConfig) -> list[str]:
             if getattr(r, key):
                 found.append(f"workflow.roles.{i}.{key}={getattr(r, key)}")
     return found
-
-
-def _success_value(result: EpisodeResult, metric: str) -> float:
-    """The episode's ``metric`` (an env metric or runner counter), or its mean credited return if absent."""
-    if metric in result.metrics:
-        return result.metrics[metric]
-    vals = list(result.returns.values())
-    return sum(vals) / len(vals) if vals else 0.0
-
-
-def agent_return(cfg: TrainConfig, env_return: float) -> float:
-    """Scale an env return by ``reward_alloc.team_weight`` (see :func:`env_config`)."""
-    w = cfg.reward_alloc.team_weight
-    return env_return * w if w > 0 else env_return
-
-
-def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
-    """Means over episodes: the metrics the episodes' envs declare (``metadata["metrics"]``, in order of first
-    appearance; each averaged over the episodes that report it) then the runner's counters
-    (:data:`~services.trainer.rollout.episodes.RUNNER_METRIC_KEYS`) as ``team/<metric>``; returns as ``<agent>/reward``
-    and ``team/reward`` (the mean of the agents' returns)."""
-    out: dict[str, float] = {}
-    env_keys = dict.fromkeys(k for r in results for k in r.metrics if k not in RUNNER_METRIC_KEYS)
-    for key in (*env_keys, *RUNNER_METRIC_KEYS):
-        vals = [r.metrics[key] for r in results if key in r.metrics]
-        if vals:
-            out[f"team/{key}"] = sum(vals) / len(vals)
-    agents = sorted({a for r in results for a in r.returns})
-    for a in agents:
-        vals = [r.returns[a] for r in results if a in r.returns]
-        out[f"{a}/reward"] = sum(vals) / len(vals)
-    if agents:
-        out["team/reward"] = sum(out[f"{a}/reward"] for a in agents) / len(agents)
-    return out
-
-
-def gateway_limits(cfg: TrainConfig) -> Any:
-    """The inference gateway's :class:`~services.gateway.core.limits.GatewayLimits` from the ``gateway`` section,
-    ``external.episode_timeout_s`` and :attr:`~marti.config.TrainConfig.gateway_resident_versions`."""
-    from services.gateway.core.limits import GatewayLimits
-
-    g = cfg.gateway
-    return GatewayLimits(
-        max_batch=g.max_batch,
-        max_wait_ms=g.max_wait_ms,
-        max_queue=g.max_queue,
-        max_n=g.max_n,
-        max_open_episodes=g.max_open_episodes,
-        max_calls_per_episode=g.max_calls_per_episode,
-        episode_timeout_s=cfg.external.episode_timeout_s,
-        resident_versions=cfg.gateway_resident_versions,
-        max_request_bytes=g.max_request_bytes,
-        max_stop=g.max_stop,
-        max_stop_chars=g.max_stop_chars,
-        max_id_chars=g.max_id_chars,
-        max_group_size=g.max_group_size,
-        max_backlog_episodes=g.max_backlog_episodes,
-        report_wait_s=g.report_wait_s,
-    )
 
 
 class TrainingLoop:
@@ -304,17 +187,10 @@ class TrainingLoop:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.checkpoint_request = threading.Event()
         self.reconnects = 0  # phases re-run after a service outage
-        self._channels: dict[str, Any] = {}  # long-lived channels to the env server and broker (_channel)
-        self._env_pool: Any = None  # the EnvPool of several env servers (_pool), while open
-        self._channels_lock = threading.Lock()
+        self.connections = Connections(addresses)  # the job's channels, env pool and clients
         self.dropped_items = 0  # store items dropped as duplicates or retracted episodes
         self.feed: ExperienceFeed | None = None  # the agents' tables, while a job runs
-        # The inference gateway (services.gateway.core.gateway.Gateway), while it runs.
-        self.gateway: Any = None
-        self.gateway_backend: Any = None  # its TrainerBackend (mirrors the actors' versions)
-        self.gateway_server: Any = None  # its GatewayServer (HTTP and gRPC endpoints)
-        self.gateway_address: dict[str, Any] | None = None  # what <run_dir>/gateway.json holds
-        self.untrained_external = 0  # reported episodes no update took (set when the gateway stops)
+        self.gateway = GatewayHost(cfg, addresses.token)  # the inference gateway, while it runs
         self.last_checkpoint: str | None = None
         self.workflow: Workflow | None = (
             workflow_from_section(cfg.workflow, [a.name for a in cfg.agents], cfg)
@@ -322,28 +198,8 @@ class TrainingLoop:
             else None
         )
         self.tasks = {t.name: t for t in cfg.tasks}
-        self.scheduler = (
-            TaskScheduler([TaskSpec(t.name, t.weight) for t in cfg.tasks], cfg.seed, cfg.task_sampling)
-            if cfg.tasks
-            else None
-        )
-        cur = cfg.curriculum
-        self.curriculum = (
-            Curriculum(
-                list(self.tasks) or ["default"],
-                cur.levels,
-                cur.threshold,
-                cur.window,
-                start={t.name: t.difficulty for t in cfg.tasks if t.difficulty in cur.levels}
-                or (
-                    {"default": cfg.environment.difficulty}
-                    if cfg.environment.difficulty in cur.levels
-                    else None
-                ),
-            )
-            if cur.enabled
-            else None
-        )
+        self.scheduler = build_scheduler(cfg)
+        self.curriculum = build_curriculum(cfg)
         al = cfg.allocation
         self.allocator = (
             PriorityAllocator(
@@ -369,7 +225,7 @@ class TrainingLoop:
         """The env of ``task`` (None: the ``environment`` section's) at curriculum ``level`` (None: none)."""
         t = self.tasks[task] if task is not None else None
         name = (t.env_name if t is not None else None) or self.cfg.environment.env_name
-        with _env_context(task, name, level):
+        with env_context(task, name, level):
             return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
 
     def check_curriculum_levels(self) -> None:
@@ -378,7 +234,7 @@ class TrainingLoop:
 
         Raises:
             InvalidArgumentError: An env refused a level; the message names the task and the level
-                (see :func:`_env_context`).
+                (see :func:`~services.trainer.rollout.env_config.env_context`).
         """
         if self.curriculum is None:
             return
@@ -392,102 +248,20 @@ class TrainingLoop:
                     close()
 
     def _env_for(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
-        """A registered env on env_server (a session on the loop's env channel, or placed by the loop's env pool
-        when ``services.env`` names several servers), or a custom env by import path built in this process."""
-        if is_import_path(env_name):
-            return make_custom_env(env_name, config, seed)
-        pool = self._pool()
-        if pool is not None:
-            return pool.make(env_name, seed=seed, config=config)
-        import marti
-
-        return marti.make(
-            env_name,
-            address=self.addr.env,
-            seed=seed,
-            token=self.addr.token,
-            channel=self._channel("env"),
-            **config,
-        )
+        """An episode's env (:meth:`Connections.env`)."""
+        return self.connections.env(env_name, seed, config)
 
     def _comm(self, agent: str, session: str) -> Any:
-        """An agent's comm client for an episode, on the loop's broker channel. Its messages are buffered until
-        the runner's ``flush`` after each reply, so a reply to the whole team is one Send round trip."""
-        from marti.clients.broker import MartiCommClient
-
-        return MartiCommClient(
-            agent,
-            self.addr.broker,
-            session=session,
-            token=self.addr.token,
-            channel=self._channel("broker"),
-            batching_size=64,
-            update_frequency_s=0.0,
-        )
+        """An agent's comm client for an episode (:meth:`Connections.comm`)."""
+        return self.connections.comm(agent, session)
 
     def _store_client(self) -> Any:
-        """The job's experience_store client (token and TLS from :class:`Addresses`)."""
-        from marti.clients.experience import ExperienceSharingClient
-
-        return ExperienceSharingClient(
-            "trainer", self.addr.store, token=self.addr.token, tls_ca_file=self.addr.ca_for("store")
-        )
-
-    def _channel(self, service: str) -> Any:
-        """The loop's channel to ``service`` (``"env"`` or ``"broker"``), opened on first use and shared by every
-        env session and comm client of every episode (rollout and evaluation threads alike) until
-        :meth:`close_channels`; a service restart does not need a new one (every SDK channel redials within about
-        2.4 s, :func:`marti.rpc.options.reconnect_options`). None when
-        the service has no address (in-process envs)."""
-        from marti.clients.env.addresses import single_env_address
-
-        address = single_env_address(self.addr.env) if service == "env" else self.addr.broker
-        if address is None:
-            return None
-        with self._channels_lock:
-            channel = self._channels.get(service)
-            if channel is None:
-                if service == "env":
-                    from marti.clients.env import open_channel
-                else:
-                    from marti.clients.broker import open_channel
-                channel = open_channel(
-                    address,
-                    token=self.addr.token,
-                    tls_ca_file=self.addr.ca_for(service),
-                )
-                self._channels[service] = channel
-            return channel
-
-    def _pool(self) -> Any:
-        """The loop's :class:`~marti.clients.env.EnvPool` when ``env`` names several servers (opened on first
-        use with the loop's token and CA, shared like :meth:`_channel`'s channels until
-        :meth:`close_channels`); None for one address or in-process envs."""
-        from marti.clients.env.addresses import is_env_pool
-
-        if not is_env_pool(self.addr.env):
-            return None
-        with self._channels_lock:
-            if self._env_pool is None:
-                from marti.clients.env import EnvPool
-
-                self._env_pool = EnvPool(
-                    self.addr.env,
-                    token=self.addr.token,
-                    tls_ca_file=self.addr.ca_for("env"),
-                )
-            return self._env_pool
+        """The job's experience_store client (:meth:`Connections.store_client`)."""
+        return self.connections.store_client()
 
     def close_channels(self) -> None:
-        """Close the loop's long-lived channels and env pool (idempotent; a later episode opens new ones). Call
-        it when the job ends, after the last episode's sessions are closed."""
-        with self._channels_lock:
-            channels, self._channels = list(self._channels.values()), {}
-            pool, self._env_pool = self._env_pool, None
-        for channel in channels:
-            channel.close()
-        if pool is not None:
-            pool.close()
+        """Close the job's channels and env pool (:meth:`Connections.close`; idempotent)."""
+        self.connections.close()
 
     def _runner(
         self,
@@ -627,8 +401,7 @@ class TrainingLoop:
                     f"update {step + 1}: {exc} (rollout.source={cfg.rollout.source}: "
                     f"{cfg.builtin_episodes_per_step} built-in episodes + external.episodes_per_step={external} "
                     f"per update) within external.wait_timeout_s={cfg.external.wait_timeout_s:g}s; "
-                    f"gateway {self.gateway_address['http'] if self.gateway_address else '(not running)'}: "
-                    f"{self._gateway_counts()}"
+                    f"gateway {self.gateway.http_address()}: {self.gateway.counts()}"
                 ) from None
             self.dropped_items += taken.duplicates
             trained = [t for t in taken.trajectories if trained_turns(t)]
@@ -889,7 +662,7 @@ class TrainingLoop:
             self._linger()
         finally:
             self.teardown_event.set()
-            self._stop_gateway()  # before the store and the actors it serves from go
+            self.gateway.stop(self.feed)  # before the store and the actors it serves from go
             if producer is not None:  # no new rollout; the one in flight ends before the actors go
                 producer.close(timeout_s=PRODUCER_CLOSE_TIMEOUT_S)
             if monitor is not None:
@@ -899,146 +672,18 @@ class TrainingLoop:
             self.feed = None
             self.close_channels()
             runtime.shutdown()
-        summary.untrained_external = self.untrained_external
+        summary.untrained_external = self.gateway.untrained_external
         summary.report = write_report(self.run_dir)
         return summary
 
     # ------------------------------------------------------------------------------------------ gateway
     def _start_gateway(self, runtime: RayRuntime) -> dict[str, Any]:
-        """Serve every agent's policy over HTTP and gRPC for the rest of the job (``gateway`` section).
-
-        The gateway serves from the job's actors (:class:`~services.trainer.rollout.gateway_backend.TrainerBackend`),
-        requires the job's token (``Addresses.token``, else ``MARTI_TOKEN``) and, with ``rollout.source``
-        external or mixed, inserts every episode a client reports into the trainable agents' tables. Its
-        addresses are printed, logged and written to ``<run_dir>/gateway.json``
-        (``{"http": url, "grpc": address, "models": [...]}``), which exists while it serves.
-
-        Returns:
-            What ``gateway.json`` holds.
-
-        Raises:
-            UnavailableError: A port could not be bound.
-            NotFoundError: An agent's tokenizer is not available locally.
-        """
-        import json
-
-        from services.gateway.core.gateway import Gateway
-        from services.gateway.server import GatewayServer
-        from services.trainer.rollout.gateway_backend import TrainerBackend
-
-        cfg, feed = self.cfg, self.feed
-        assert feed is not None
-        backend = TrainerBackend.for_job(runtime, cfg)
-        sink = None
-        if cfg.rollout.source != "builtin":
-
-            def sink(episode: dict[str, Trajectory]) -> None:
-                # a wait for room in a full table ends when the gateway closes (its backlog is then counted lost)
-                feed.insert_episode(episode, external=True, stop=gateway.closing)
-
-        bounds = {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents}  # reports name calls past them
-        gateway = Gateway(
-            backend, gateway_limits(cfg), sink=sink, trainable=cfg.tuning_agents, max_staleness=bounds
-        )
-        g = cfg.gateway
-        server = GatewayServer(
-            gateway, host=g.host, http_port=g.http_port, grpc_port=g.grpc_port, token=self.addr.token
-        )
-        http_url, grpc_address = server.start()
-        self.gateway, self.gateway_backend, self.gateway_server = gateway, backend, server
-        self.gateway_address = {
-            "http": http_url,
-            "grpc": grpc_address,
-            "models": [m.id for m in gateway.models()],
-        }
-        (self.run_dir / "gateway.json").write_text(json.dumps(self.gateway_address, indent=2) + "\n")
-        trained = (
-            "" if sink is not None else " (rollout.source=builtin: reported episodes are not trained on)"
-        )
-        print(f"gateway listening on {http_url} (gRPC {grpc_address}){trained}", flush=True)
-        _LOG.info("gateway listening on %s (gRPC %s)%s", http_url, grpc_address, trained)
-        return self.gateway_address
+        """Serve every agent's policy for the rest of the job (:meth:`GatewayHost.start`)."""
+        return self.gateway.start(runtime, self.feed, self.run_dir)
 
     def _linger(self) -> None:
-        """Keep the gateway serving the trained policies for ``gateway.linger_s`` seconds after the last step
-        (clients evaluate them), or until the job is asked to stop."""
-        linger = self.cfg.gateway.linger_s
-        if self.gateway_server is None or not linger or self.stop_event.is_set():
-            return
-        print(
-            f"gateway serving the trained policies for {linger:g}s more (stop the job to end now)", flush=True
-        )
-        self.stop_event.wait(linger)
-
-    def _stop_gateway(self) -> None:
-        """Stop the gateway's endpoints (calls in flight get their grace period), remove ``gateway.json`` and
-        count the reported episodes no update took (:meth:`_count_untrained`)."""
-        server = self.gateway_server
-        if server is None:
-            return
-        try:
-            server.stop()
-        finally:
-            self._count_untrained(self.gateway)
-            self.gateway = self.gateway_backend = self.gateway_server = None
-            self.gateway_address = None
-            (self.run_dir / "gateway.json").unlink(missing_ok=True)
-
-    def _count_untrained(self, gateway: Any) -> None:
-        """Set :attr:`untrained_external` (see :attr:`RunSummary.untrained_external`) once the gateway is closed,
-        and warn when it is not 0, saying why."""
-        st = gateway.stats() if gateway is not None else {}
-        if self.cfg.rollout.source == "builtin":
-            left, lost = int(st.get("released", 0)), 0
-            why = f"{left} reported with rollout.source=builtin, which trains on no reported episode"
-        else:
-            left = self.feed.untaken_external() if self.feed is not None else 0
-            lost = int(st.get("backlog_lost_at_close", 0) + st.get("held_lost_at_close", 0))
-            why = (
-                f"{left} were still in the agents' tables when the job ended (reported after the last update "
-                f"took its external.episodes_per_step={self.cfg.external_episodes_per_step}, e.g. during "
-                f"gateway.linger_s), {lost} were lost as the gateway closed (gateway/backlog_lost_at_close, "
-                "gateway/held_lost_at_close)"
-            )
-        self.untrained_external = left + lost
-        if self.untrained_external:
-            _LOG.warning("%d reported episodes were never trained: %s", self.untrained_external, why)
-
-    def _gateway_stats(self) -> dict[str, float]:
-        """The gateway's counters (:meth:`~services.gateway.core.gateway.Gateway.stats`), read on its loop."""
-        gateway, server = self.gateway, self.gateway_server
-        if gateway is None or server is None or not server.running:
-            return {}
-
-        async def read() -> dict[str, float]:
-            return gateway.stats()
-
-        return server.run(read())
-
-    def _gateway_metrics(self) -> dict[str, float]:
-        """The gateway's counters as step metrics ``gateway/<counter>`` (cumulative over the job): ``calls``
-        (traced), ``untraced_calls``, ``finished``, ``released``, ``abandoned``, ``failed``, ``dropped``,
-        ``open_episodes``, ``batches``, ``batched_prompts``, ``sink_errors``, ``backlog`` (released episodes
-        waiting to be inserted, now), ``queued_reports``, ``backlog_refused``, ``backlog_lost_at_close``; see
-        :meth:`~services.gateway.core.gateway.Gateway.stats`."""
-        return {f"gateway/{k}": float(v) for k, v in self._gateway_stats().items()}
-
-    def _gateway_counts(self) -> str:
-        """The gateway's episode counters in words, for error messages."""
-        st = self._gateway_stats()
-        if not st:
-            return "no counters"
-        keys = (
-            "calls",
-            "released",
-            "open_episodes",
-            "abandoned",
-            "failed",
-            "dropped",
-            "sink_errors",
-            "backlog",
-        )
-        return ", ".join(f"{int(st.get(k, 0))} {k.replace('_', ' ')}" for k in keys)
+        """Keep serving for ``gateway.linger_s`` after the last step (:meth:`GatewayHost.linger`)."""
+        self.gateway.linger(self.stop_event)
 
     def _rollout(self, runtime: RayRuntime, step: int) -> tuple[list[EpisodeResult], float]:
         """Play step ``step``'s training episodes, each inserted into the agents' tables as it ends; returns the
@@ -1090,9 +735,9 @@ class TrainingLoop:
                     metrics[f"{agent}/{k}"] = v
             tokens = trained_tokens(trajectories)
             metrics[f"{agent}/tokens_per_s"] = tokens / max(t_roll, 1e-9)
-        if self.gateway_backend is not None:  # the new versions become servable (and agent@VERSION names)
-            self.gateway_backend.refresh()
-            metrics.update(self._gateway_metrics())
+        if self.gateway.backend is not None:  # the new versions become servable (and agent@VERSION names)
+            self.gateway.refresh()
+            metrics.update(self.gateway.metrics())
         metrics["time/rollout_s"] = t_roll
         metrics["time/rollout_wait_s"] = wait
         if self.cfg.external_episodes_per_step:
@@ -1103,21 +748,9 @@ class TrainingLoop:
         return metrics
 
     def _curriculum_step(self, results: list[EpisodeResult]) -> dict[str, float]:
-        """Feed the step's episodes to the curriculum; returns ``task/<name>/difficulty_level`` (0-based
-        index), ``task/<name>/success_rate`` and ``task/<name>/level_up`` (1 if the level rose this step)."""
+        """Feed the step's episodes to the curriculum (:func:`~services.trainer.rollout.env_config.curriculum_step`)."""
         assert self.curriculum is not None
-        c = self.cfg.curriculum
-        out: dict[str, float] = {}
-        for name in self.curriculum.index:
-            mine = [r for r in results if (r.task or "default") == name]
-            ok = [_success_value(r, c.metric) >= c.success_value for r in mine]
-            rose = self.curriculum.record(name, ok) if ok else False
-            out[f"task/{name}/success_rate"] = self.curriculum.success_rate(name)
-            out[f"task/{name}/difficulty_level"] = float(self.curriculum.index[name])
-            out[f"task/{name}/level_up"] = float(rose)
-            if rose:
-                _LOG.info("curriculum: task %s moves up to %s", name, self.curriculum.level(name))
-        return out
+        return curriculum_step(self.curriculum, self.cfg, results)
 
     def _allocate(
         self, batches: dict[str, list[Trajectory]], metrics: dict[str, float]

@@ -516,11 +516,11 @@ def test_the_training_loop_plays_its_sessions_on_every_env_server(two):
         try:
             results = loop._play(loop._runner(_FakeRuntime(), greedy=False), [1, 2, 3, 4], None, "rollout")
             assert len(results) == 4 and all(r.metrics["messages"] > 0 for r in results)
-            pool = loop._env_pool
+            pool = loop.connections._env_pool
             assert pool.live_sessions() == {a.address: 0, b.address: 0}  # every env closed
         finally:
             loop.close_channels()
-        assert loop._env_pool is None
+        assert loop.connections._env_pool is None
         # the job's pool is closed with its channels: its clients refuse new calls
         with pytest.raises(marti.errors.FailedPreconditionError, match="is closed"):
             pool.list_envs()

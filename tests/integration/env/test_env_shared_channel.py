@@ -238,7 +238,8 @@ def test_the_loop_opens_one_channel_per_service_and_closes_them(env_server, monk
     from services.comm_broker.servicer import broker_service
     from services.comm_broker.settings import BrokerSettings
     from services.trainer.job.addresses import Addresses
-    from services.trainer.job.loop import TrainingLoop, episode_metrics
+    from services.trainer.job.loop import TrainingLoop
+    from services.trainer.observe.episode_metrics import episode_metrics
 
     cfg = load_config(
         Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml", ["environment.max_turns=2"]
@@ -259,7 +260,7 @@ def test_the_loop_opens_one_channel_per_service_and_closes_them(env_server, monk
             assert {
                 f"team/{k}" for k in (*ALLOCATION_METRICS, "format_valid", "num_turns", "messages")
             } <= set(m)
-            channels = dict(loop._channels)
+            channels = dict(loop.connections._channels)
         finally:
             loop.close_channels()
         with pytest.raises(ValueError):  # closed: grpc refuses new calls on it

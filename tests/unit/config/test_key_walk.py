@@ -188,7 +188,7 @@ def _placement(cfg: TrainConfig) -> str:
 def _env(cfg: TrainConfig) -> str:
     """The env name and config the loop builds each episode's env with (``_env_for`` recorded, not dialled):
     the single env, every task's env, and an env return scaled by ``reward_alloc``."""
-    from services.trainer.job.loop import agent_return
+    from services.trainer.rollout.env_config import agent_return
 
     loop = _loop(cfg)
     made: list[Any] = []

@@ -419,7 +419,7 @@ def test_scripted_team_through_the_trainers_runner_without_env_history() -> None
 
 def test_example_config_validates_and_builds_the_env() -> None:
     from marti.config.load import load_config
-    from services.trainer.job.loop import env_config
+    from services.trainer.rollout.env_config import env_config
 
     cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "private_allocation.yaml")
     assert (

@@ -10,9 +10,10 @@ import torch
 
 import marti
 from marti.config import load_config
-from services.trainer.job.loop import env_config, episode_metrics
 from services.trainer.learn.experience import collate
+from services.trainer.observe.episode_metrics import episode_metrics
 from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.rollout.env_config import env_config
 from services.trainer.rollout.episodes import EpisodeRunner
 from tests.trainer_data import one_turn
 

@@ -11,15 +11,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from services.trainer.data.experience_feed import ExperienceFeed
 
 from marti.config import load_config
 from marti.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError
 from marti.inference import Generation, SamplingParams
 from marti.trajectory import Trajectory, Turn
 from services.gateway.core.limits import GatewayLimits
-from services.trainer.data.experience_feed import ExperienceFeed
 from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop, gateway_limits
+from services.trainer.job.gateway_host import gateway_limits
+from services.trainer.job.loop import TrainingLoop
 from services.trainer.models.policy import MultiAgentPolicy
 from services.trainer.ray.policy_worker import PolicyWorker, policy_layout
 from services.trainer.ray.runtime import RayRuntime

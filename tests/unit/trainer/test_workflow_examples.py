@@ -9,7 +9,8 @@ import pytest
 
 from marti.config import load_config
 from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop, episode_metrics
+from services.trainer.job.loop import TrainingLoop
+from services.trainer.observe.episode_metrics import episode_metrics
 from services.trainer.ray.policy_worker import PolicyWorker
 from services.trainer.rollout.episodes import EpisodeRunner
 from tests.trainer_data import one_turn

@@ -1,0 +1,125 @@
+"""What env each episode of a job plays: env configs from the training config, multi-task scheduling and the
+difficulty curriculum's glue (the pure cores are :mod:`services.trainer.rollout.scheduler`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from marti.config import TaskConfig, TrainConfig
+from marti.errors import InvalidArgumentError
+from services.trainer.rollout.episodes import EpisodeResult
+from services.trainer.rollout.scheduler import Curriculum, TaskScheduler, TaskSpec
+
+_LOG = logging.getLogger("marti.trainer")
+
+
+@contextlib.contextmanager
+def env_context(task: str | None, env_name: str, level: str | None) -> Iterator[None]:
+    """Prefix an env's refusal of its config (:class:`~marti.errors.InvalidArgumentError`) with the job's task
+    and curriculum level, so that the message says which part of the training config to fix (a job with neither
+    gets the env's message unchanged)."""
+    try:
+        yield
+    except InvalidArgumentError as e:
+        if task is None and level is None:
+            raise
+        at = f" at curriculum level {level!r}" if level is not None else ""
+        where = f"task {task!r} ({env_name}){at}" if task is not None else f"environment {env_name!r}{at}"
+        raise InvalidArgumentError(f"{where}: {e}", metadata=e.metadata) from e
+
+
+def env_config(
+    cfg: TrainConfig, task: TaskConfig | None = None, difficulty: str | None = None
+) -> dict[str, Any]:
+    """Env config for ``marti.make`` from the ``environment`` section and ``reward_alloc``.
+
+    The trainer carries the team's conversation over comm_broker, so the env's own transcript is off
+    (``history_messages=0``) unless ``environment.options`` sets it. The env's role weight is
+    ``role_weight / team_weight``; returns are then scaled by ``team_weight`` (see :func:`agent_return`), so an
+    agent's reward is ``team_weight * team + role_weight * role``.
+
+    Args:
+        cfg: The training config.
+        task: A task of a multi-task job: its ``scenario``, ``difficulty``, ``max_turns`` and ``options``
+            override the ``environment`` section's.
+        difficulty: The curriculum's level for the task (overrides both).
+    """
+    e = cfg.environment
+    out: dict[str, Any] = {
+        "max_turns": (task.max_turns if task and task.max_turns else None) or e.max_turns,
+        "reward_type": e.reward_type,
+        "observation_format": e.observation_format,
+        "num_agents": len(cfg.agents),
+        "roles": [a.role for a in cfg.agents],
+        "history_messages": 0,
+    }
+    scenario = (task.scenario if task else None) or e.scenario
+    if scenario:
+        out["scenario"] = scenario
+    level = difficulty or (task.difficulty if task else None) or e.difficulty
+    if level:
+        out["difficulty"] = level
+    ra = cfg.reward_alloc
+    if ra.team_weight > 0 and scenario != "debate":
+        out["role_weight"] = ra.role_weight / ra.team_weight
+    out.update(e.options)
+    if task is not None:
+        out.update(task.options)
+    return out
+
+
+def agent_return(cfg: TrainConfig, env_return: float) -> float:
+    """Scale an env return by ``reward_alloc.team_weight`` (see :func:`env_config`)."""
+    w = cfg.reward_alloc.team_weight
+    return env_return * w if w > 0 else env_return
+
+
+def build_scheduler(cfg: TrainConfig) -> TaskScheduler | None:
+    """The job's :class:`TaskScheduler` over its ``tasks`` (weights, ``seed``, ``task_sampling``); None without
+    tasks."""
+    if not cfg.tasks:
+        return None
+    return TaskScheduler([TaskSpec(t.name, t.weight) for t in cfg.tasks], cfg.seed, cfg.task_sampling)
+
+
+def build_curriculum(cfg: TrainConfig) -> Curriculum | None:
+    """The job's difficulty :class:`Curriculum` (``curriculum`` section) over its tasks (``default`` without
+    tasks), starting each at its configured difficulty when that is one of the levels; None when disabled."""
+    cur = cfg.curriculum
+    if not cur.enabled:
+        return None
+    start = {t.name: t.difficulty for t in cfg.tasks if t.difficulty in cur.levels} or (
+        {"default": cfg.environment.difficulty} if cfg.environment.difficulty in cur.levels else None
+    )
+    names = list(dict.fromkeys(t.name for t in cfg.tasks)) or ["default"]
+    return Curriculum(names, cur.levels, cur.threshold, cur.window, start=start)
+
+
+def success_value(result: EpisodeResult, metric: str) -> float:
+    """The episode's ``metric`` (an env metric or runner counter), or its mean credited return if absent."""
+    if metric in result.metrics:
+        return result.metrics[metric]
+    vals = list(result.returns.values())
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def curriculum_step(cur: Curriculum, cfg: TrainConfig, results: list[EpisodeResult]) -> dict[str, float]:
+    """Feed a step's episodes to the curriculum (success: ``curriculum.metric >= curriculum.success_value``);
+    returns ``task/<name>/difficulty_level`` (0-based index), ``task/<name>/success_rate`` and
+    ``task/<name>/level_up`` (1 if the level rose this step)."""
+    c = cfg.curriculum
+    out: dict[str, float] = {}
+    for name in cur.index:
+        mine = [r for r in results if (r.task or "default") == name]
+        ok = [success_value(r, c.metric) >= c.success_value for r in mine]
+        rose = cur.record(name, ok) if ok else False
+        out[f"task/{name}/success_rate"] = cur.success_rate(name)
+        out[f"task/{name}/difficulty_level"] = float(cur.index[name])
+        out[f"task/{name}/level_up"] = float(rose)
+        if rose:
+            _LOG.info("curriculum: task %s moves up to %s", name, cur.level(name))
+    return out
