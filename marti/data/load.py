@@ -128,9 +128,9 @@ def _from_disk(ds: Any, spec: SourceSpec) -> Any:
 def _from_hub(ds: Any, spec: SourceSpec) -> Any:
     try:
         return ds.load_dataset(spec.location, name=spec.config, split=spec.split)
-    except ds.exceptions.DatasetNotFoundError as exc:
+    except FileNotFoundError as exc:  # datasets' DatasetNotFoundError, or a data file the repository lacks
         raise NotFoundError(f"{spec.describe()} not found on the hub: {_cause(exc)}") from None
-    except ConnectionError as exc:
+    except OSError as exc:  # ConnectionError, HTTP errors: the hub could not be asked
         raise UnavailableError(
             f"{spec.describe()} could not be loaded: the Hugging Face hub is not reachable from here "
             f"({_cause(exc)}); download it where the hub is reachable, save it with save_to_disk and give "

@@ -118,3 +118,24 @@ def test_an_unreachable_hub_is_unavailable_and_names_the_id(monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(UnavailableError, match="hub dataset 'nobody-here/no-such-set'.*not reachable"):
         ProblemSet.from_source("nobody-here/no-such-set", input_key="prompt")
+
+
+@pytest.mark.parametrize(
+    ("raised", "error", "fragment"),
+    [
+        (
+            datasets.exceptions.DatasetNotFoundError("Dataset 'o/n' doesn't exist"),
+            NotFoundError,
+            "not found on",
+        ),
+        (ConnectionError("Couldn't reach 'o/n'"), UnavailableError, "not reachable"),
+        (ValueError('Unknown split "tset"'), InvalidArgumentError, "Unknown split"),
+    ],
+)
+def test_hub_failures_are_typed_and_name_the_id(monkeypatch, raised, error, fragment):
+    def fail(path, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(datasets, "load_dataset", fail)
+    with pytest.raises(error, match=rf"hub dataset 'o/n' \(split train\).*{fragment}"):
+        ProblemSet.from_source("o/n", input_key="prompt")
