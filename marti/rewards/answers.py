@@ -13,10 +13,9 @@ All text is Unicode; nothing here drops non-ASCII characters.
 
 from __future__ import annotations
 
-import math
+import math as _math
 import re
 import unicodedata
-from fractions import Fraction
 
 __all__ = ["extract_answer", "last_boxed", "last_number", "normalize_text", "parse_number"]
 
@@ -45,14 +44,23 @@ def normalize_text(text: str, ignore_case: bool = True) -> str:
 def last_boxed(text: str) -> str | None:
     """Return the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``text`` (nested braces kept
     balanced), or ``None`` when there is none or the last one is never closed."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i].strip()
-    return None
+    braces = {m.end() - 1 for m in _BOXED.finditer(text)}  # each box's opening brace
+    if not braces:
+        return None
+    open_boxes: list[tuple[int, int]] = []  # (content start, brace depth outside it)
+    depth, last = 0, None
+    for i, ch in enumerate(text):  # one pass: many unclosed boxes cost no more than one
+        if i in braces:
+            open_boxes.append((i + 1, depth))
+        if ch == "{":
+            depth += 1
+        elif ch == "}" and depth > 0:
+            depth -= 1
+            if open_boxes and open_boxes[-1][1] == depth:
+                start = open_boxes.pop()[0]
+                if last is None or start > last[0]:
+                    last = (start, i)
+    return None if last is None else text[last[0] : last[1]].strip()
 
 
 def _clean_answer_line(answer: str) -> str:
@@ -93,8 +101,8 @@ def parse_number(text: str) -> float | None:
     LaTeX ``\\frac{a}{b}`` / ``\\dfrac`` are accepted.
 
     Returns:
-        The value as a float (exact fractions are divided), or ``None`` when the text is not one number
-        (or a fraction divides by zero).
+        The value as a float, or ``None`` when the text is not one number, a fraction divides by zero, or the
+        value overflows a float.
     """
     t = unicodedata.normalize("NFKC", text).strip().strip("$").strip()
     frac = re.fullmatch(r"(-?)\\d?frac\s*\{([^{}]+)\}\s*\{([^{}]+)\}", t)
@@ -104,17 +112,11 @@ def parse_number(text: str) -> float | None:
     t = t.replace("−", "-").replace("\\!", "").replace("{,}", ",")
     if not _FULL_NUMBER_RE.match(t):
         return None
-    parts = [p.strip().replace(",", "") for p in t.split("/")]
-    try:
-        values = [Fraction(p) for p in parts]
-    except (ValueError, ZeroDivisionError):
-        return None
+    # float, not Fraction: Fraction("1e99999999") would compute 10**99999999 (a reply could stall the scorer).
+    values = [float(p.strip().replace(",", "")) for p in t.split("/")]
     if len(values) == 2:
-        if values[1] == 0:
-            return None
-        return float(values[0] / values[1])
-    value = float(values[0])
-    return value if math.isfinite(value) else None
+        values = [values[0] / values[1]] if values[1] != 0 else [_math.inf]
+    return values[0] if _math.isfinite(values[0]) else None
 
 
 def last_number(text: str) -> str | None:

@@ -38,6 +38,14 @@ def test_extract_answer_finds_the_answer_after_the_reasoning(text: str, answer: 
 
 def test_last_boxed_keeps_nested_braces() -> None:
     assert last_boxed(r"x \boxed{\frac{a}{b^{2}}} y") == r"\frac{a}{b^{2}}"
+    assert last_boxed(r"\boxed{\boxed{1}}") == "1"
+    assert last_boxed(r"\boxed{1} then \boxed{2") == "1"  # the last box is never closed
+
+
+def test_last_boxed_reads_many_unclosed_boxes_in_one_pass() -> None:
+    start = time.monotonic()
+    assert last_boxed("\\boxed{7} " + "\\boxed{" * 30_000) == "7"
+    assert time.monotonic() - start < 1.0  # rescanning to the end for each box is quadratic
 
 
 @pytest.mark.parametrize(
@@ -53,6 +61,7 @@ def test_last_boxed_keeps_nested_braces() -> None:
         ("1e-3", 0.001),
         ("−7", -7.0),
         ("１２", 12.0),
+        ("1e99999999999", None),
         ("1,23", None),
         ("1/0", None),
         ("abc", None),
