@@ -18,7 +18,8 @@ from marti.errors import MartiError
 #: The env that plays a ``dataset`` section's rows (services/env_server/envs/dataset_task.py).
 DATASET_ENV = "dataset_task"
 
-_Fraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+#: Numbers and switches must be written as such: ``max_samples: true`` or ``shuffle: 1`` is a mistake, not 1 / true.
+_Fraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False, strict=True)]
 
 
 class DatasetConfig(Section):
@@ -43,13 +44,13 @@ class DatasetConfig(Section):
     """Fraction of ``path``'s rows held out, in (0, 1): ``round(n * eval_fraction)`` rows drawn with ``seed``
     (the same rows for the same seed), disjoint from the training rows; both parts must be non-empty. Not with
     ``eval_path``."""
-    max_samples: Annotated[int, Field(ge=1)] | None = None
+    max_samples: Annotated[int, Field(ge=1, strict=True)] | None = None
     """Use only the first this many rows of each source (OpenRLHF's ``--max_samples``), before any split;
     null: all rows."""
-    shuffle: bool = True
+    shuffle: Annotated[bool, Field(strict=True)] = True
     """Play the training rows in a fresh seeded order each epoch (every row once per epoch); false: file
     order every epoch."""
-    seed: int | None = None
+    seed: Annotated[int, Field(strict=True)] | None = None
     """Seed of the per-epoch order and of the ``eval_fraction`` split; null: the job's ``seed``."""
 
     @field_validator("input_key", "label_key")
