@@ -1,0 +1,99 @@
+"""Write allocation problems as a dataset file, for dataset jobs (docs/datasets.md).
+
+Two kinds of rows, both from the env server's own problem generator (the same problem for the same seed):
+
+* ``--kind pick`` (JSONL): private_allocation's ``pick`` level as a team task. ``leader_view`` is what the leader
+  observes (the tasks' order by value), ``prompt`` what the executor observes (the resource and the limits), and
+  ``answer`` the one task a correct submission names (the most valuable). A team solves a row only when the
+  leader tells the executor the order: ``examples/data_pick.yaml`` trains on it.
+* ``--kind resource_allocation`` (a JSON list): resource_allocation problems at a difficulty, ``prompt`` the whole
+  problem and a question, ``answer`` the highest total value a valid allocation reaches (the exact optimum), for
+  the ``numeric`` verifier; ``data/multi_agent_resource_allocation.json`` of the design's launch script.
+
+Usage::
+
+    python scripts/data/make_allocation_data.py --kind pick --count 240 --out data/private_allocation_pick.jsonl
+    python scripts/data/make_allocation_data.py --kind resource_allocation --difficulty easy \\
+        --out data/multi_agent_resource_allocation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script from a clone
+    sys.path.insert(0, str(ROOT))
+
+import marti  # noqa: E402
+from services.env_server.envs import allocation_problem as ap  # noqa: E402
+
+#: Observation lines about the env's own turn order, which a dataset row does not have.
+_TURN_LINE = re.compile(r"^(Turn \d+ of at most \d+\.|It is .*turn.*)$")
+#: The leader's ranking line; its first task is the answer.
+_RANKING = re.compile(r"Tasks, most valuable first: (task_\d+)")
+
+
+def _static(text: str) -> str:
+    """An observation without its turn lines."""
+    return "\n".join(line for line in text.splitlines() if not _TURN_LINE.match(line))
+
+
+def pick_row(seed: int) -> dict[str, object]:
+    """One ``pick`` problem (seed ``seed``) as a row: ``prompt``, ``leader_view``, ``answer``, ``seed``."""
+    env = marti.make(
+        "collaborative_task_solving", scenario="private_allocation", difficulty="pick", num_agents=2,
+        roles=["planner", "executor"], max_turns=2, history_messages=0, seed=seed,
+    )  # fmt: skip
+    obs, _ = env.reset(seed=seed)
+    env.close()
+    answer = _RANKING.search(obs["agent_1"]).group(1)  # the leader's line: most valuable first
+    return {"prompt": _static(obs["agent_2"]), "leader_view": _static(obs["agent_1"]), "answer": answer,
+            "seed": seed}  # fmt: skip
+
+
+def allocation_row(seed: int, difficulty: str) -> dict[str, object]:
+    """One resource_allocation problem as a row: ``prompt`` (the problem as JSON and a question), ``answer``
+    (its optimal total value, exact), ``seed``."""
+    problem = ap.generate(random.Random(seed), difficulty)
+    best, _ = ap.solve(problem)
+    prompt = (
+        "Decide how many units each task gets. Each unit earns the task's value and uses the listed resources; "
+        "keep every capacity, unit bound and exclusive pair.\nProblem: "
+        + json.dumps(problem.to_dict(), sort_keys=True)
+        + "\nWhat is the highest total value a valid allocation reaches? End with 'Answer: N'."
+    )
+    return {"prompt": prompt, "answer": str(best), "seed": seed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the rows; print the path and the row count."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kind", choices=("pick", "resource_allocation"), required=True)
+    p.add_argument("--out", required=True, help="file to write (its folder is created)")
+    p.add_argument("--count", type=int, default=240, help="rows (default 240)")
+    p.add_argument("--start-seed", type=int, default=0, help="seed of the first row (default 0)")
+    p.add_argument("--difficulty", default="easy", help="resource_allocation level (default easy)")
+    args = p.parse_args(argv)
+    if args.count < 1:
+        p.error(f"--count must be >= 1, got {args.count}")
+    seeds = range(args.start_seed, args.start_seed + args.count)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.kind == "pick":
+        rows = [pick_row(s) for s in seeds]
+        out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    else:
+        rows = [allocation_row(s, args.difficulty) for s in seeds]
+        out.write_text(json.dumps(rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {len(rows)} rows to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""A dataset job's problems in the trainer: seeds name rows, the per-epoch order, rows in env configs, and the
+reward scorers' credits through the episode runner's ``rescore`` hook, on the real ``dataset_task`` env."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import marti
+from marti.config import config_from_dict
+from marti.errors import InvalidArgumentError
+from services.trainer.data.tasks import DatasetTasks
+from services.trainer.rollout.episodes import EpisodeRunner
+from services.trainer.rollout.scoring import EpisodeScorer, build_scorer
+
+ROWS = [{"prompt": f"What is {i} + {i}? 答え", "answer": str(2 * i), "hint": f"h{i}"} for i in range(10)]
+
+
+def _config(tmp_path: Path, **extra) -> object:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ROWS), encoding="utf-8")
+    data = {
+        "training_name": "t",
+        "num_agents": 2,
+        "agents": [
+            {"name": "solver", "pretrain_model": "tiny-llama", "role": "solver"},
+            {"name": "judge", "pretrain_model": "tiny-llama", "role": "judge"},
+        ],
+        "dataset": {"path": f"jsonl:{path}", "eval_fraction": 0.2},
+        "rollout": {"episodes_per_step": 4, "group_size": 2, "eval_episodes": 16, "eval_every": 1},
+        "environment": {"max_turns": 2, "options": {"verifier": "numeric", "final_agent": "judge"}},
+    }
+    for key, value in extra.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return config_from_dict(data)
+
+
+def test_fit_sizes_the_seed_schedule_to_the_rows(tmp_path):
+    cfg = _config(tmp_path)
+    tasks = DatasetTasks(cfg)
+    fitted = tasks.fit(cfg)
+    assert (tasks.n_train, tasks.n_eval) == (8, 2)
+    assert fitted.rollout.num_train_seeds == 8 and fitted.rollout.train_seed_start == 0
+    assert fitted.rollout.resolved_eval_seeds == [8, 9]  # eval_episodes 16 capped at the 2 held-out rows
+    held = {tasks.row(s)["answer"] for s in fitted.rollout.resolved_eval_seeds}
+    trained = {tasks.row(s)["answer"] for s in range(8)}
+    assert not held & trained and len(held | trained) == 10
+
+
+def test_no_held_out_set_with_evaluation_on_is_refused_before_the_job(tmp_path):
+    cfg = _config(tmp_path, dataset={"eval_fraction": None})
+    with pytest.raises(InvalidArgumentError, match="no held-out set.*eval_every: 0"):
+        DatasetTasks(cfg).fit(cfg)
+    off = _config(tmp_path, dataset={"eval_fraction": None}, rollout={"eval_every": 0})
+    assert DatasetTasks(off).fit(off).rollout.num_train_seeds == 10
+
+
+def test_each_epoch_plays_every_row_once_in_a_fresh_order_and_resumes_at_the_right_row(tmp_path):
+    tasks = DatasetTasks(_config(tmp_path))
+    steps = [tasks.train_seeds(step, problems_per_step=2, group_size=2) for step in range(8)]
+    for s in steps:  # groups: consecutive equal seeds
+        assert s[0] == s[1] and s[2] == s[3]
+    problems = [s[0] for s in steps] and [seed for s in steps for seed in s[::2]]
+    first, second = problems[:8], problems[8:]
+    assert Counter(first) == Counter(range(8)) == Counter(second)
+    assert first != second  # a new order each epoch
+    again = DatasetTasks(_config(tmp_path))  # a resumed job computes a step's rows from the step alone
+    assert again.train_seeds(5, problems_per_step=2, group_size=2) == steps[5]
+
+
+def test_a_seed_past_the_rows_is_named(tmp_path):
+    tasks = DatasetTasks(_config(tmp_path))
+    with pytest.raises(InvalidArgumentError, match="problem seed 10 names no row: 8 training rows"):
+        tasks.row(10)
+
+
+def test_the_env_config_carries_the_row_and_the_real_env_plays_it_unchanged(tmp_path):
+    cfg = _config(tmp_path)
+    tasks = DatasetTasks(cfg)
+    conf = tasks.env_config(cfg, 3)
+    assert conf["row"] == tasks.row(3) and conf["agents"] == ["solver", "judge"]
+    assert conf["verifier"] == "numeric" and conf["label_key"] == "answer" and conf["max_turns"] == 2
+    env = marti.make("dataset_task", seed=3, **conf)
+    obs, _ = env.reset(seed=3)
+    assert obs["solver"] == tasks.row(3)["prompt"]  # full Unicode, unchanged
+    env.step({"solver": "no idea", "judge": ""})
+    _, rewards, *_ = env.step({"solver": "", "judge": f"Answer: {tasks.row(3)['answer']}"})
+    assert rewards["judge"] == 1.0
+
+
+class _Gen:
+    def __init__(self, text):
+        self.text, self.prompt_token_ids, self.response_token_ids, self.response_logprobs = (
+            text,
+            [1],
+            [2],
+            [-1.0],
+        )
+
+
+def _reward_file(tmp_path: Path) -> str:
+    path = tmp_path / "rewards.py"
+    path.write_text(
+        "def length_and_hint(prompts, completions, answer, hint, **kw):\n"
+        "    assert all(p.startswith('What is') for p in prompts)\n"
+        "    return [float(len(c)) + float(a) / 100 for c, a in zip(completions, answer)]\n"
+    )
+    return f"{path}:length_and_hint"
+
+
+def test_reward_functions_replace_the_verifier_through_the_runner(tmp_path):
+    cfg = _config(tmp_path, reward={"functions": [_reward_file(tmp_path)]})
+    cfg = cfg.model_copy(
+        update={"environment": cfg.environment.model_copy(update={"options": {"final_agent": "judge",
+                                                                              "own_weight": 0.25}})}
+    )  # fmt: skip
+    tasks = DatasetTasks(cfg)
+    scorer = EpisodeScorer(cfg, tasks, build_scorer(cfg, None))
+    replies = {"solver": "abc", "judge": "abcdefgh"}
+    runner = EpisodeRunner(
+        make_env=lambda seed: marti.make("dataset_task", seed=seed, **tasks.env_config(cfg, seed)),
+        generate=lambda agent, chats: [_Gen(replies[agent]) for _ in chats],
+        comm_factory=None,
+        agents=["solver", "judge"],
+        roles={"solver": "solver", "judge": "judge"},
+        system_prompts={"solver": "s", "judge": "j"},
+        policy_version=lambda a: 0,
+        workflow=marti.workflow.Workflow.chain(["solver", "judge"]),
+        rescore=scorer.rescore,
+    )
+    results = runner.play([2, 5])
+    for seed, res in zip([2, 5], results, strict=True):
+        bonus = float(tasks.row(seed)["answer"]) / 100  # the row's columns reach the function
+        # team: the judge's reply (8 chars); own: solver 3, judge 8
+        assert res.returns["solver"] == pytest.approx(0.75 * (8 + bonus) + 0.25 * (3 + bonus))
+        assert res.returns["judge"] == pytest.approx(8 + bonus)
+        assert res.env_returns == {"solver": 0.0, "judge": 0.0}  # the verifier's: both answers wrong
+        assert res.metrics["task_completion"] == 0.0
+
+
+def test_a_reward_function_returning_nan_stops_the_rollout_naming_it(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text("def nan(prompts, completions, **kw):\n    return [float('nan')] * len(completions)\n")
+    cfg = _config(tmp_path, reward={"functions": [f"{path}:nan"]})
+    tasks = DatasetTasks(cfg)
+    scorer = EpisodeScorer(cfg, tasks, build_scorer(cfg, None))
+    runner = EpisodeRunner(
+        make_env=lambda seed: marti.make("dataset_task", seed=seed, **tasks.env_config(cfg, seed)),
+        generate=lambda agent, chats: [_Gen("4") for _ in chats],
+        comm_factory=None,
+        agents=["solver", "judge"],
+        roles={"solver": "solver", "judge": "judge"},
+        system_prompts={"solver": "s", "judge": "j"},
+        policy_version=lambda a: 0,
+        rescore=scorer.rescore,
+    )
+    with pytest.raises(InvalidArgumentError, match="bad.py:nan"):
+        runner.play([1])
