@@ -49,6 +49,11 @@ class ProblemSet:
         source: str = "<rows>",
         positions: Sequence[int] | None = None,
     ) -> None:
+        for name, key in (("input_key", input_key), ("label_key", label_key)):
+            if not (isinstance(key, str) and key.strip()) and not (name == "label_key" and key is None):
+                raise InvalidArgumentError(
+                    f"{source}: {name} must name a column (a non-empty string), got {key!r}"
+                )
         if not rows:
             raise InvalidArgumentError(f"{source}: the dataset has no rows")
         if not all(isinstance(r, dict) for r in rows):
@@ -92,7 +97,7 @@ class ProblemSet:
             InvalidArgumentError: A malformed or empty source, or a bad row (see the class).
             UnavailableError: The hub cannot be reached, or ``datasets`` is not installed.
         """
-        if max_samples is not None and (isinstance(max_samples, bool) or max_samples < 1):
+        if max_samples is not None and (type(max_samples) is not int or max_samples < 1):
             raise InvalidArgumentError(f"max_samples must be an int >= 1 or None, got {max_samples!r}")
         spec = parse_source(text, split=split)
         rows = load_rows(spec)

@@ -112,6 +112,10 @@ def _nonempty(text: str, rest: str) -> str:
 
 def _one_split(text: str, own: str | None, given: str | None) -> str:
     """The split a spec takes: its own ``@split``, the given one, or ``train``; two different ones are an error."""
+    if given is not None and not (isinstance(given, str) and given.strip()):
+        raise InvalidArgumentError(
+            f"dataset source {text!r}: split must be a non-empty string, got {given!r}"
+        )
     if own is not None and given is not None and own != given:
         raise InvalidArgumentError(
             f"dataset source {text!r} names split {own!r} but the split given is {given!r}; keep one"

@@ -124,8 +124,22 @@ def test_max_samples_keeps_the_first_rows_and_checks_only_those(tmp_path):
     assert [problems.prompt(i) for i in range(len(problems))] == ["a", "b"]
     with pytest.raises(InvalidArgumentError, match="row 2 has an empty prompt"):
         ProblemSet.from_source(str(path), input_key="q", label_key="x", max_samples=3)
-    with pytest.raises(InvalidArgumentError, match="max_samples must be an int >= 1"):
-        ProblemSet.from_source(str(path), input_key="q", max_samples=0)
+    for bad in (0, "5", True, 2.0):
+        with pytest.raises(InvalidArgumentError, match="max_samples must be an int >= 1"):
+            ProblemSet.from_source(str(path), input_key="q", max_samples=bad)
+
+
+@pytest.mark.parametrize(
+    ("keys", "name"),
+    [
+        ({"input_key": 3}, "input_key"),
+        ({"input_key": ""}, "input_key"),
+        ({"input_key": "q", "label_key": ["a"]}, "label_key"),
+    ],
+)
+def test_keys_that_are_not_column_names_are_typed_errors(keys, name):
+    with pytest.raises(InvalidArgumentError, match=f"src: {name} must name a column"):
+        ProblemSet([{"q": "x", "a": "1"}], source="src", **keys)
 
 
 def test_rows_are_copies():

@@ -97,6 +97,9 @@ def test_bad_specs_are_named(text, fragment):
 def test_a_split_in_the_spec_and_a_different_one_given():
     with pytest.raises(InvalidArgumentError, match="names split 'test' but the split given is 'train'"):
         parse_source("org/name@test", split="train")
+    for bad in ("", 3):
+        with pytest.raises(InvalidArgumentError, match="split must be a non-empty string"):
+            parse_source("data/x.jsonl", split=bad)
 
 
 def test_a_hub_id_is_loaded_with_its_config_and_split(monkeypatch):
