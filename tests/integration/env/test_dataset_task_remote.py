@@ -1,5 +1,5 @@
-"""``dataset_task`` on a real env server process: Unicode rows arrive unchanged, math-verify scores answers in the
-server's worker threads, and a bad row is refused naming its column."""
+"""``dataset_task`` on a real env server process: Unicode rows arrive unchanged, math-verify scores answers called from
+the server's worker threads, and a bad row is refused naming its column."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def test_latex_and_chinese_problem_arrives_byte_identical_and_is_scored_remotely
     assert obs["求解者"].encode("utf-8") == PROBLEM.encode("utf-8")
     assert obs["judge"].encode("utf-8") == ROW["提示"].encode("utf-8")
     _, rewards, terms, _, infos = remote[-1]
-    assert rewards == {"求解者": 1.0, "judge": 1.0}  # \boxed{2} and \frac{4}{2}: math-verify in a worker thread
+    # \boxed{2} and \frac{4}{2}, scored by math-verify called from the server's gRPC worker threads
+    assert rewards == {"求解者": 1.0, "judge": 1.0}
     assert terms == {"求解者": True, "judge": True}
     assert infos["judge"]["answer"] == "\\frac{4}{2}" and infos["judge"]["task_completion"] == 1.0
     assert remote == _play()  # the same episode in-process
