@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import queue
 import select
 import subprocess
@@ -101,6 +102,18 @@ def _drop(worker: _Worker) -> None:
     with _alive_lock:
         _alive.discard(worker)
     worker.kill()
+
+
+def _forget_in_child() -> None:
+    """After a fork, the child starts its own workers: the inherited ones (and their pipes) are the parent's."""
+    global _idle, _slots, _alive_lock
+    _idle = queue.LifoQueue()
+    _slots = threading.BoundedSemaphore(MAX_WORKERS)
+    _alive_lock = threading.Lock()
+    _alive.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 @atexit.register
