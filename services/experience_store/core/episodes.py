@@ -33,7 +33,7 @@ class EpisodeIndex:
         self._groups: dict[str, set[int]] = {}
         self._held: Counter = Counter()  # episode ids of items removed by open takes
         self._taken: OrderedDict[str, None] = OrderedDict()
-        self._dropped_groups: OrderedDict[str, None] = OrderedDict()
+        self._dropped_groups: OrderedDict[str, int] = OrderedDict()  # group id -> members still to come
 
     def add(self, rec: ItemRecord) -> None:
         """Index an item that entered the table."""
@@ -83,13 +83,24 @@ class EpisodeIndex:
         self._taken.clear()
         self._dropped_groups.clear()
 
-    def drop_group(self, group_id: str) -> None:
-        """Remember a group dropped for staleness: its late members are dropped too."""
-        _remember(self._dropped_groups, group_id, self.window)
+    def drop_group(self, group_id: str, to_come: int) -> None:
+        """Remember a group dropped for staleness whose ``to_come`` members were not in the table yet: those late
+        members are dropped too when they arrive. Only they: the group id is forgotten once all of them came, so a
+        later group that reuses the id (the next problem of the same seed, a client's next group) is its own."""
+        if to_come > 0:
+            _remember(self._dropped_groups, group_id, self.window, to_come)
 
-    def group_dropped(self, group_id: str) -> bool:
-        """Whether a group was dropped (within the window)."""
-        return group_id in self._dropped_groups
+    def group_dropped(self, group_id: str) -> int:
+        """How many late members of a dropped group are still to come (0 = none; within the window)."""
+        return self._dropped_groups.get(group_id, 0)
+
+    def late_dropped(self, group_id: str, count: int) -> None:
+        """``count`` late members of a dropped group were dropped; the group is forgotten once none is to come."""
+        left = self._dropped_groups.get(group_id, 0) - count
+        if left > 0:
+            self._dropped_groups[group_id] = left
+        else:
+            self._dropped_groups.pop(group_id, None)
 
 
 def _discard(index: dict[str, set[int]], name: str, key: int) -> None:
@@ -100,10 +111,10 @@ def _discard(index: dict[str, set[int]], name: str, key: int) -> None:
             del index[name]
 
 
-def _remember(ids: OrderedDict[str, None], name: str, window: int) -> None:
+def _remember(ids: OrderedDict, name: str, window: int, value=None) -> None:
     if window <= 0:
         return
-    ids[name] = None
+    ids[name] = value
     ids.move_to_end(name)
     while len(ids) > window:
         ids.popitem(last=False)

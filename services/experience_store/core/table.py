@@ -100,7 +100,9 @@ class Take:
         bumps: How many times the take sampled each key.
         stale: How many of ``removed`` were removed as stale.
         dropped: Keys of ``removed`` dropped with a stale member's group (whole-groups samples).
-        dropped_groups: Group ids the take dropped whole (whole-groups samples).
+        dropped_groups: Group ids the take dropped whole, each with how many of its members were not in the
+            table yet (whole-groups samples).
+        late: Group ids of earlier dropped groups whose late members the take dropped, with how many.
         open: True until the take is committed or released.
     """
 
@@ -109,7 +111,8 @@ class Take:
     bumps: Counter = field(default_factory=Counter)
     stale: int = 0
     dropped: set[int] = field(default_factory=set)
-    dropped_groups: set[str] = field(default_factory=set)
+    dropped_groups: dict[str, int] = field(default_factory=dict)
+    late: Counter = field(default_factory=Counter)
     open: bool = True
 
     @property
@@ -464,9 +467,11 @@ class Table:
 
         With ``groups``, items of a group (a ``group_id`` and ``group_size`` >= 2) are taken together, in
         insertion order, once ``group_size`` of them are in the table (a group missing members is passed over;
-        ``probability`` and ``table_size`` are those of the member the sampler selected); a group with a stale
-        member is removed whole (its fresh members ``dropped``), and so are later members of a group dropped
-        before. A group may carry the take past ``num_samples``, so no group is split across two takes.
+        ``probability`` and ``table_size`` are those of the member the sampler selected); a group is the first
+        ``group_size`` items of its id, so a later group reusing the id (the next problem of a seed, a client's
+        next group) is its own. A group with a stale member is removed whole (its fresh members ``dropped``), and
+        so are the members it still lacked when they arrive (only those). A group may carry the take past
+        ``num_samples``, so no group is split across two takes.
 
         Args:
             num_samples: Most items to take (>= 1); with ``whole``, exactly this many.
@@ -541,14 +546,19 @@ class Table:
                 self._pick(take, picked, key, prob, n, oldest)
                 continue
             members = sorted(self.episodes.members(rec.group_id), key=lambda k: self._items[k].seq)
-            drop = self.episodes.group_dropped(rec.group_id) or any(
-                _is_stale(self._items[k], oldest) for k in members
-            )
-            if not drop and len(members) < rec.group_size:
-                passed.add(rec.group_id)
-                continue
-            if drop:
-                take.dropped_groups.add(rec.group_id)
+            late = self.episodes.group_dropped(rec.group_id) - take.late[rec.group_id]
+            if late > 0:  # the late members of a group dropped before
+                members = members[:late]
+                take.late[rec.group_id] += len(members)
+                drop = True
+            else:  # a group is its first group_size members: a later group may reuse the id
+                members = members[: rec.group_size]
+                drop = any(_is_stale(self._items[k], oldest) for k in members)
+                if not drop and len(members) < rec.group_size:
+                    passed.add(rec.group_id)
+                    continue
+                if drop:
+                    take.dropped_groups[rec.group_id] = rec.group_size - len(members)
             for k in members:
                 self._pick(take, picked, k, prob, n, oldest, drop)
         self._hold(take, +1)
@@ -630,8 +640,10 @@ class Table:
             take.open = False
             self._hold(take, -1)
             self.episodes.taken(r.episode_id for r in take.removed.values())
-            for group_id in take.dropped_groups:
-                self.episodes.drop_group(group_id)
+            for group_id, count in take.late.items():
+                self.episodes.late_dropped(group_id, count)
+            for group_id, to_come in take.dropped_groups.items():
+                self.episodes.drop_group(group_id, to_come)
             updates = [
                 (k, self._items[k].priority, self._items[k].times_sampled)
                 for k in take.bumps

@@ -119,6 +119,21 @@ def test_a_group_with_a_stale_member_is_dropped_whole_with_its_late_members(stor
     assert client.info("q").size == 0
 
 
+def test_a_group_id_used_again_is_a_new_group_after_a_dropped_one_and_beside_a_waiting_one(store):
+    """Group ids recur: the trainer's seeds wrap (a finite problem set) and a client reuses a problem's id for its
+    next group. A dropped group takes only its own late member with it, not the next group of the same id; two
+    groups of one id in the table are taken one at a time."""
+    client, _ = store
+    client.insert("q", [_traj("g1", "G", 2, version=0)])
+    got = client.sample_batch("q", 1, whole_groups=True, allow_partial=True, current_policy_version=1)
+    assert got.stale_episode_ids == ["g1"]  # G dropped, one member still to come
+    client.insert("q", [_traj("g2", "G", 2, version=1)])  # its late member: dropped
+    client.insert("q", [_traj(f"n{i}", "G", 2, version=1) for i in range(4)])  # two later groups of id G
+    got = client.sample_batch("q", 3, whole_groups=True, current_policy_version=1)
+    assert (got.dropped_episode_ids, _episodes(got)) == (["g2"], ["n0", "n1"])
+    assert _episodes(client.sample_batch("q", 1, whole_groups=True, current_policy_version=1)) == ["n2", "n3"]
+
+
 def test_the_async_client_inserts_once_deletes_and_takes_groups(store_server):
     addr, _ = store_server
 
