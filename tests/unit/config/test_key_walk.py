@@ -362,7 +362,9 @@ def _gateway(cfg: TrainConfig) -> str:
         tempfile.TemporaryDirectory() as tmp,
         mock.patch("services.gateway.core.gateway.Gateway", Gateway),
         mock.patch("services.gateway.server.GatewayServer", Server),
-        mock.patch("services.trainer.rollout.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: None),
+        mock.patch(
+            "services.trainer.rollout.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: None
+        ),
         contextlib.redirect_stdout(io.StringIO()),
     ):
         loop.run_dir = Path(tmp)
