@@ -17,7 +17,7 @@ tokens for the same prompt:
 Printed per ``c``: latency p50 and p99 (seconds per request), generated tokens per second, and each arm's
 throughput as a ratio of ``direct``'s (the issue's target is >= 0.8 at 32 clients). Then trace capture: episodes of
 two calls each are reported over HTTP and inserted into a real experience store (``marti store``, a local
-process) through an :class:`services.trainer.data.experience_feed.ExperienceFeed`, as a training job does; traces per
+process) through an :class:`services.trainer.data.episode_writer.EpisodeWriter`, as a training job does; traces per
 second is reported episodes over the wall time of the reports. ``--json PATH`` writes every number; the load
 average before and after is printed.
 """
@@ -206,7 +206,9 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
     from services.gateway.core.gateway import Gateway
     from services.gateway.core.limits import GatewayLimits
     from services.gateway.server import GatewayServer
-    from services.trainer.data.experience_feed import ExperienceFeed
+    from services.trainer.data.episode_writer import EpisodeWriter
+    from services.trainer.data.external import ExternalEpisodes
+    from services.trainer.data.tables import claim_tables
     from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer
     from services.trainer.rollout.gateway_backend import EngineBackend
     from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
@@ -225,11 +227,13 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
         LocalStack(services=("store",), log_dir=Path(logs)) as stack,
     ):
         store = ExperienceSharingClient("bench", stack.addresses["store"])
-        feed = ExperienceFeed(
-            store, f"bench-{uuid.uuid4().hex[:6]}", list(AGENTS), dict.fromkeys(AGENTS, 0), max_size=100_000,
-            reconnecting=lambda fn, what: fn(),
-        )  # fmt: skip
-        feed.create_tables()
+
+        def direct(fn, what):
+            return fn()
+
+        name = f"bench-{uuid.uuid4().hex[:6]}"
+        tables, _ = claim_tables(store, name, dict.fromkeys(AGENTS, 0), 100_000, direct)
+        feed = EpisodeWriter(store, tables, direct, ExternalEpisodes(list(AGENTS)))
         limits = GatewayLimits(max_batch=max(clients), max_wait_ms=5.0, max_queue=4 * max(clients))
         gateway = Gateway(EngineBackend(engine, dict.fromkeys(AGENTS, tok)), limits, sink=feed.insert_episode)
         server = GatewayServer(gateway, host="127.0.0.1", http_port=0, grpc_port=0)

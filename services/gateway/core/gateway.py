@@ -182,7 +182,7 @@ class Gateway:
         self.sink_errors = 0
         self.stale_reported = 0
         #: Set when :meth:`close` begins: queued episodes are no longer handed to the sink, and a sink waiting
-        #: for room should give up (the trainer's sink passes it to ``ExperienceFeed.insert_episode``).
+        #: for room should give up (the trainer's sink passes it to ``EpisodeWriter.insert_episode``).
         self.closing = threading.Event()
         self._deliveries: set[asyncio.Task[Exception | None]] = set()  # kept: the loop holds tasks weakly
         self._backlog = 0  # released episodes not yet inserted (or failed)

@@ -56,7 +56,7 @@ class GatewayHost:
         server: Its :class:`~services.gateway.server.GatewayServer` (HTTP and gRPC endpoints), while it runs.
         address: What ``<run_dir>/gateway.json`` holds, while it runs.
         untrained_external: Reported episodes no update took (set by :meth:`stop`; see
-            :attr:`services.trainer.job.loop.RunSummary.untrained_external`).
+            :attr:`services.trainer.job.summary.RunSummary.untrained_external`).
 
     Args:
         cfg: The training config.
@@ -73,12 +73,12 @@ class GatewayHost:
         self.run_dir: Path | None = None  # where gateway.json is, while it runs
         self.untrained_external = 0
 
-    def start(self, runtime: Any, feed: Any, run_dir: Path) -> dict[str, Any]:
+    def start(self, runtime: Any, writer: Any, run_dir: Path) -> dict[str, Any]:
         """Serve every agent's policy over HTTP and gRPC for the rest of the job.
 
         Args:
             runtime: The job's :class:`~services.trainer.ray.runtime.RayRuntime` (the actors served from).
-            feed: The job's :class:`~services.trainer.data.experience_feed.ExperienceFeed`; with
+            writer: The job's :class:`~services.trainer.data.episode_writer.EpisodeWriter`; with
                 ``rollout.source`` external or mixed every reported episode is inserted as external.
             run_dir: Where ``gateway.json`` is written (``{"http": url, "grpc": address, "models": [...]}``).
 
@@ -94,7 +94,7 @@ class GatewayHost:
         from services.trainer.rollout.gateway_backend import TrainerBackend
 
         cfg = self.cfg
-        assert feed is not None
+        assert writer is not None
         self.run_dir = run_dir
         backend = TrainerBackend.for_job(runtime, cfg)
         sink = None
@@ -102,7 +102,7 @@ class GatewayHost:
 
             def sink(episode: dict[str, Trajectory]) -> None:
                 # a wait for room in a full table ends when the gateway closes (its backlog is then counted lost)
-                feed.insert_episode(episode, external=True, stop=gateway.closing)
+                writer.insert_episode(episode, external=True, stop=gateway.closing)
 
         bounds = {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents}  # reports name calls past them
         gateway = Gateway(
@@ -138,9 +138,10 @@ class GatewayHost:
         )
         stop_event.wait(linger)
 
-    def stop(self, feed: Any) -> None:
+    def stop(self, external: Any) -> None:
         """Stop the endpoints (calls in flight get their grace period), remove ``gateway.json`` and count the
-        reported episodes no update took (:meth:`count_untrained`, against ``feed``'s tables). No-op when not
+        reported episodes no update took (:meth:`count_untrained`, from ``external``,
+        the job's :class:`~services.trainer.data.external.ExternalEpisodes`). No-op when not
         running."""
         server = self.server
         if server is None:
@@ -148,25 +149,25 @@ class GatewayHost:
         try:
             server.stop()
         finally:
-            self.count_untrained(self.gateway, feed)
+            self.count_untrained(self.gateway, external)
             self.gateway = self.backend = self.server = None
             self.address = None
             if self.run_dir is not None:
                 (self.run_dir / "gateway.json").unlink(missing_ok=True)
 
-    def count_untrained(self, gateway: Any, feed: Any) -> None:
+    def count_untrained(self, gateway: Any, external: Any) -> None:
         """Set :attr:`untrained_external` once the gateway is closed, and warn when it is not 0, saying why.
 
         Args:
             gateway: The closed gateway (None: no counters).
-            feed: The job's feed (None once the job's tables are gone: none left in them).
+            external: The job's external episodes (None once the job's tables are gone: none left in them).
         """
         st = gateway.stats() if gateway is not None else {}
         if self.cfg.rollout.source == "builtin":
             left, lost = int(st.get("released", 0)), 0
             why = f"{left} reported with rollout.source=builtin, which trains on no reported episode"
         else:
-            left = feed.untaken_external() if feed is not None else 0
+            left = external.untaken() if external is not None else 0
             lost = int(st.get("backlog_lost_at_close", 0) + st.get("held_lost_at_close", 0))
             why = (
                 f"{left} were still in the agents' tables when the job ended (reported after the last update "

@@ -55,7 +55,7 @@ def is_outage(exc: BaseException) -> bool:
     unknown env id, table or agent) is a configuration error and is not retried. A
     :class:`~marti.errors.RateLimitedError` (an insert into a full table: the store answered, its consumer is
     behind) is backpressure, not an outage, although it is a ``DeadlineExceededError``: the caller that
-    inserts decides how long to keep trying (``ExperienceFeed.insert_episode``).
+    inserts decides how long to keep trying (``EpisodeWriter.insert_episode``).
     """
     return isinstance(exc, OUTAGE_ERRORS) and not isinstance(exc, RateLimitedError)
 

@@ -242,7 +242,7 @@ def _episodes(cfg: TrainConfig) -> str:
     loop = _loop(cfg)
     played: list[Any] = []
 
-    def play(runner: Any, seeds: list[int], tasks: Any, what: str, feed: Any = None) -> list[Any]:
+    def play(runner: Any, seeds: list[int], tasks: Any, what: str, writer: Any = None) -> list[Any]:
         played.append((what, list(seeds), tasks))
         return []
 
@@ -356,7 +356,7 @@ def _gateway(cfg: TrainConfig) -> str:
             made.append(("linger", timeout))
 
     loop = _loop(cfg)
-    loop.feed = object()
+    loop.writer = object()
     loop.stop_event = Event()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -401,21 +401,23 @@ def _run(cfg: TrainConfig) -> str:
 
     rec: dict[str, Any] = {"takes": [], "saves": [], "producer": [], "gateway": 0, "wandb": []}
 
-    class Feed:
-        def __init__(self, store: Any, name: str, agents: Any, bounds: Any, **kwargs: Any) -> None:
-            rec["tables"] = (agents, bounds, kwargs.get("max_size"), kwargs.get("full_timeout_s"))
-            rec["feed_stop"] = kwargs.get("stop")
+    def claim_tables(store: Any, name: str, bounds: Any, max_size: int, reconnecting: Any) -> Any:
+        rec["claimed"] = (list(bounds), bounds, max_size)
+        return {a: f"{name}/{a}" for a in bounds}, 0
 
-        def create_tables(self) -> int:
-            return 0
+    class Writer:
+        def __init__(self, store: Any, tables: Any, reconnecting: Any, external: Any, **kwargs: Any) -> None:
+            rec["tables"] = (*rec.pop("claimed"), kwargs.get("full_timeout_s"))
+            rec["writer_stop"] = kwargs.get("stop")
+
+    class Reader:
+        def __init__(self, store: Any, tables: Any, reconnecting: Any, external: Any) -> None:
+            self.external = external
 
         def take(self, agent: str, count: int, version: int, deadline: Any = None, stop: Any = None) -> Any:
             wait = None if deadline is None else round(deadline - time.monotonic(), -1)
             rec["takes"].append((agent, count, wait))
-            return SimpleNamespace(trajectories=[], duplicates=0, stale=0, dropped=0, incomplete=0)
-
-        def untaken_external(self) -> int:
-            return 0
+            return SimpleNamespace(trajectories=[], stale=0, dropped=0)
 
     class Runtime:
         worker_pids: dict[str, int] = {}
@@ -458,7 +460,14 @@ def _run(cfg: TrainConfig) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": tmp})})
         with (
-            mock.patch.multiple(loop_mod, RayRuntime=Runtime, ExperienceFeed=Feed, RolloutProducer=Producer),
+            mock.patch.multiple(
+                loop_mod,
+                RayRuntime=Runtime,
+                claim_tables=claim_tables,
+                EpisodeWriter=Writer,
+                BatchReader=Reader,
+                RolloutProducer=Producer,
+            ),  # fmt: skip
             mock.patch.object(experience, "ExperienceSharingClient", lambda *args, **kwargs: store),
             mock.patch.multiple(monitor, ResourceMonitor=Monitor, child_service_pids=dict),
             mock.patch.object(observe, "write_report", lambda run_dir: None),
@@ -470,7 +479,9 @@ def _run(cfg: TrainConfig) -> str:
             loop._start_gateway = lambda runtime: rec.__setitem__("gateway", rec["gateway"] + 1)
             summary = loop.run()
             # a wait for room in a full table ends when the job stops
-            assert rec.pop("feed_stop") is loop.stop_event, "the feed is not given the job's stop event"
+            assert rec.pop("writer_stop") is loop.stop_event, (
+                "the episode writer is not given the job's stop event"
+            )
         run_dir = Path(tmp)
         logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))

@@ -11,13 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from services.trainer.data.experience_feed import ExperienceFeed
 
 from marti.config import load_config
 from marti.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError
 from marti.inference import Generation, SamplingParams
 from marti.trajectory import Trajectory, Turn
 from services.gateway.core.limits import GatewayLimits
+from services.trainer.data.batch_reader import BatchReader
+from services.trainer.data.external import ExternalEpisodes
 from services.trainer.job.addresses import Addresses
 from services.trainer.job.gateway_host import gateway_limits
 from services.trainer.job.loop import TrainingLoop
@@ -323,7 +324,7 @@ def test_the_jobs_gateway_sink_stops_waiting_for_room_when_the_gateway_closes(tm
         def start(self):
             return "http://gateway/v1", "gateway:1"
 
-    class Feed:
+    class Writer:
         def insert_episode(self, episode, **kwargs):
             made["insert"] = (episode, kwargs)
 
@@ -348,7 +349,7 @@ def test_the_jobs_gateway_sink_stops_waiting_for_room_when_the_gateway_closes(tm
         _cfg("rollout.source=external"), Addresses("unused:1", "unused:1", "unused:1"), show_progress=False
     )
     loop.run_dir = tmp_path
-    loop.feed = Feed()
+    loop.writer = Writer()
     loop._start_gateway(None)
     gateway = made["gateway"]
     assert isinstance(gateway, Gateway) and gateway.sink is not None
@@ -392,25 +393,26 @@ class _TrickleStore:
         self.given += 1
         agent = table.split("/")[-1]
         return SimpleNamespace(
-            items=[SimpleNamespace(trajectory=_traj(f"e{self.given}", agent))], stale_episode_ids=[]
+            items=[SimpleNamespace(trajectory=_traj(f"e{self.given}", agent))],
+            stale_episode_ids=[],
+            dropped_episode_ids=[],
         )
 
 
-def _feed(store) -> ExperienceFeed:
-    return ExperienceFeed(
-        store, "job", ["agent_1", "agent_2"], {"agent_1": 0, "agent_2": 0}, 100, lambda fn, w: fn()
-    )
+def _reader(store) -> BatchReader:
+    tables = {a: f"job/{a}" for a in ("agent_1", "agent_2")}
+    return BatchReader(store, tables, lambda fn, w: fn(), ExternalEpisodes(list(tables)))
 
 
 def test_take_waits_for_external_items_until_its_deadline():
-    taken = _feed(_TrickleStore(every=3)).take("agent_1", 3, 0, deadline=time.monotonic() + 30)
+    taken = _reader(_TrickleStore(every=3)).take("agent_1", 3, 0, deadline=time.monotonic() + 30)
     assert [t.episode_id for t in taken.trajectories] == ["e1", "e2", "e3"]
     with pytest.raises(DeadlineExceededError, match="got 1 of the 2 items"):
-        _feed(_TrickleStore(limit=1)).take("agent_1", 2, 0, deadline=time.monotonic() + 0.2)
+        _reader(_TrickleStore(limit=1)).take("agent_1", 2, 0, deadline=time.monotonic() + 0.2)
     stop = threading.Event()
     stop.set()
     with pytest.raises(CancelledError, match="stopped"):
-        _feed(_TrickleStore(limit=0)).take("agent_1", 1, 0, deadline=time.monotonic() + 30, stop=stop)
+        _reader(_TrickleStore(limit=0)).take("agent_1", 1, 0, deadline=time.monotonic() + 30, stop=stop)
 
 
 def test_an_update_missing_external_episodes_fails_naming_the_counts(tmp_path):
@@ -419,11 +421,11 @@ def test_an_update_missing_external_episodes_fails_naming_the_counts(tmp_path):
         f"output.dir={tmp_path}",
     )  # fmt: skip
     loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
-    loop.feed = _feed(_TrickleStore(limit=4))
+    loop.reader = _reader(_TrickleStore(limit=4))
     batches, metrics = loop._take_batches(0, {"agent_1": 0, "agent_2": 0})
     assert metrics["agent_1/items"] == 2 and metrics["agent_1/external_items"] == 2
     assert metrics["agent_1/external_reward"] == 1.0 and len(batches["agent_1"]) == 2
-    loop.feed = _feed(_TrickleStore(limit=1))
+    loop.reader = _reader(_TrickleStore(limit=1))
     with pytest.raises(DeadlineExceededError) as err:
         loop._take_batches(0, {"agent_1": 0, "agent_2": 0})
     msg = str(err.value)
@@ -451,7 +453,7 @@ class _Runtime:
 def test_a_step_plays_and_takes_what_its_rollout_source_says(tmp_path, source, rollouts, items):
     cfg = _cfg(f"rollout.source={source}", "external.episodes_per_step=3", f"output.dir={tmp_path}")
     loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
-    loop.feed = _feed(_TrickleStore(every=1))
+    loop.reader = _reader(_TrickleStore(every=1))
     played: list[int] = []
     loop._rollout = lambda runtime, step: (played.append(step), ([], 0.25))[1]  # no env: no built-in episodes
     runtime = _Runtime()

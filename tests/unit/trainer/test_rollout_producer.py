@@ -8,7 +8,7 @@ import time
 import pytest
 
 from marti.errors import InvalidArgumentError
-from services.trainer.data.experience_feed import RolloutProducer
+from services.trainer.rollout.producer import RolloutProducer
 
 
 class _Learner:

@@ -1,10 +1,13 @@
 """The trainer's data path over a real experience_store (gRPC on a free port): episodes inserted as they end,
-each update's batch sampled from the agent's table, stale items removed by the table, groups kept whole,
-duplicates and retracted episodes dropped, and trajectories an external process inserts trained on."""
+each update's batch sampled from the agent's table, stale items removed by the table, groups kept whole by the
+store, an insert retried after a lost answer and a failed attempt's episodes kept out by the store (idempotent
+insert, delete), a second job reusing episode ids trained on, and trajectories an external process inserts
+trained on."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,12 +20,10 @@ from marti.rpc.testing import serve_in_thread
 from marti.trajectory import Trajectory, Turn
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
-from services.trainer.data.experience_feed import (
-    ExperienceFeed,
-    missing_members,
-    table_name,
-    whole_groups,
-)
+from services.trainer.data.batch_reader import BatchReader
+from services.trainer.data.episode_writer import EpisodeWriter
+from services.trainer.data.external import ExternalEpisodes
+from services.trainer.data.tables import claim_tables, table_name
 from services.trainer.job.addresses import Addresses
 from services.trainer.job.loop import TrainingLoop
 
@@ -41,18 +42,42 @@ def _traj(episode: str, version: int = 0, group: str = "1", group_size: int | No
         step=0, prompt_token_ids=[1, 2], response_token_ids=[3, 4], response_logprobs=[-0.1, -0.2],
         policy_version=version, reward=0.0,
     )  # fmt: skip
-    meta = {} if group_size is None else {"group_size": group_size}
     return Trajectory(
         episode_id=episode, agent_id="agent_1", policy_version=version, turns=[turn], group_id=group,
-        episode_return=1.0, metadata=meta,
+        episode_return=1.0, group_size=group_size or 0,
     )  # fmt: skip
 
 
-def _feed(address: str, bound: int = 1) -> tuple[ExperienceFeed, ExperienceSharingClient]:
+def _direct(fn, what):
+    return fn()
+
+
+@dataclass
+class Job:
+    """One job's ends of its agents' tables (what TrainingLoop builds): the writer and the reader."""
+
+    writer: EpisodeWriter
+    reader: BatchReader
+    external: ExternalEpisodes
+    dropped: int  # items earlier attempts left, dropped when the job claimed its tables
+
+    def insert_episode(self, *args, **kwargs):
+        return self.writer.insert_episode(*args, **kwargs)
+
+    def take(self, *args, **kwargs):
+        return self.reader.take(*args, **kwargs)
+
+
+def _job(store, bounds: dict[str, int], max_size: int = 100, reconnecting=_direct, name: str = "job") -> Job:
+    tables, dropped = claim_tables(store, name, bounds, max_size, reconnecting)
+    external = ExternalEpisodes(list(bounds))
+    writer = EpisodeWriter(store, tables, reconnecting, external)
+    return Job(writer, BatchReader(store, tables, reconnecting, external), external, dropped)
+
+
+def _feed(address: str, bound: int = 1) -> tuple[Job, ExperienceSharingClient]:
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
-    feed = ExperienceFeed(client, "job", ["agent_1"], {"agent_1": bound}, 100, lambda fn, what: fn())
-    feed.create_tables()
-    return feed, client
+    return _job(client, {"agent_1": bound}), client
 
 
 def test_items_come_back_once_in_order_with_the_record_intact(address):
@@ -85,34 +110,57 @@ def test_stale_items_are_removed_by_the_table_and_their_group_dropped_whole(addr
     assert client.info("job/agent_1").stale_removed == 1
 
 
-def test_retracted_attempts_and_duplicates_are_skipped_without_using_a_slot(address):
+def test_a_failed_attempts_episodes_and_a_retried_insert_never_reach_the_learner(address):
+    """A rollout replayed after an outage deletes what its failed attempt inserted, and an insert retried after
+    its answer was lost (the writer's own path: the store's idempotent insert) adds no second copy: the update
+    takes each episode of the finished attempt once, and nothing else is left in the table."""
     feed, client = _feed(address)
-    feed.begin_attempt()
+    feed.writer.begin_attempt()
     feed.insert_episode({"agent_1": _traj("failed")})
-    feed.retract_attempt()  # the rollout is replayed after an outage
-    feed.begin_attempt()
+    feed.writer.retract_attempt()  # the rollout is replayed after an outage
+    assert client.info("job/agent_1").size == 0
+    feed.writer.begin_attempt()
     feed.insert_episode({"agent_1": _traj("ok-0")})
-    client.share_experience(_traj("ok-0"), table="job/agent_1")  # an insert retried after a lost confirmation
+    feed.insert_episode({"agent_1": _traj("ok-0")})  # an insert retried after a lost confirmation
+    assert client.insert("job/agent_1", [_traj("failed")])[0].duplicate  # a late retry of the failed attempt
     feed.insert_episode({"agent_1": _traj("ok-1")})
     taken = feed.take("agent_1", 2, current_version=0)
     assert [t.episode_id for t in taken.trajectories] == ["ok-0", "ok-1"]
-    assert taken.duplicates == 2
+    assert client.info("job/agent_1").size == 0
 
 
 def test_a_new_attempt_of_the_job_drops_what_an_interrupted_one_left(address):
     feed, _ = _feed(address)
     feed.insert_episode({"agent_1": _traj("left-over")})
     again, _ = _feed(address)
-    assert again.tables == {"agent_1": table_name("job", "agent_1")}
+    assert again.writer.tables == again.reader.tables == {"agent_1": table_name("job", "agent_1")}
+    assert again.dropped == 1
     again.insert_episode({"agent_1": _traj("new")})
     assert [t.episode_id for t in again.take("agent_1", 1, 0).trajectories] == ["new"]
 
 
-def test_groups_lacking_members_are_dropped_and_groups_without_a_size_kept():
-    assert whole_groups([_traj("x", group="A", group_size=3)])[1] == 1
-    assert whole_groups([_traj(f"x{i}", group="A", group_size=3) for i in range(3)])[1] == 0
-    assert whole_groups([_traj("x", group="A")])[1] == 0  # no size known: kept
-    assert missing_members([_traj("x", group="A", group_size=3), _traj("y", group="B", group_size=2)]) == 3
+def test_a_second_job_whose_clients_reuse_episode_ids_trains_on_every_episode(address):
+    """The cause of the b699ecd revert: a job of the same training_name whose external clients count episode
+    ids from 0 again had its episodes answered 'duplicate' by the store and silently never inserted. Each job
+    claims its tables (a reset), so the second job's episodes all go in and are trained on."""
+    first, _ = _feed(address)
+    for i in range(3):
+        first.insert_episode({"agent_1": _traj(f"ep-{i}", group="")}, external=True)
+    assert len(first.take("agent_1", 3, 0, deadline=time.monotonic() + 5).trajectories) == 3
+    second, client = _feed(address)
+    for i in range(3):
+        second.insert_episode({"agent_1": _traj(f"ep-{i}", group="")}, external=True)
+    assert client.info("job/agent_1").size == 3
+    taken = second.take("agent_1", 3, 0, deadline=time.monotonic() + 5)
+    assert [t.episode_id for t in taken.trajectories] == ["ep-0", "ep-1", "ep-2"]
+
+
+def test_items_of_a_group_without_a_size_are_taken_one_by_one(address):
+    feed, _ = _feed(address)
+    for i in range(2):
+        feed.insert_episode({"agent_1": _traj(f"x{i}", group="A")})  # no size known: not held back
+    assert [t.episode_id for t in feed.take("agent_1", 1, 0).trajectories] == ["x0"]
+    assert [t.episode_id for t in feed.take("agent_1", 1, 0).trajectories] == ["x1"]
 
 
 def test_an_update_of_external_episodes_takes_a_group_whole_when_its_batch_ends_inside_it(address):
@@ -127,20 +175,24 @@ def test_an_update_of_external_episodes_takes_a_group_whole_when_its_batch_ends_
     deadline = time.monotonic() + 10
     first = feed.take("agent_1", 4, current_version=0, deadline=deadline)
     assert [t.episode_id for t in first.trajectories] == ["lone", "g0", "g1", "g2", "g3"]
-    assert (first.incomplete, first.dropped) == (0, 0)
+    assert (first.stale, first.dropped) == (0, 0)
     second = feed.take("agent_1", 3, current_version=0, deadline=deadline)
     assert [t.episode_id for t in second.trajectories] == ["h0", "h1", "h2"]
 
 
-def test_a_group_whose_rest_never_comes_is_dropped_whole_not_trained_shrunk(address):
-    feed, _ = _feed(address)
-    for i in range(2):  # a group of 3 of which only 2 members ever reach the table
+def test_a_group_whose_rest_has_not_come_is_never_trained_shrunk_and_waits_in_the_table(address):
+    feed, client = _feed(address)
+    for i in range(2):  # a group of 3 of which only 2 members reached the table so far
         feed.insert_episode({"agent_1": _traj(f"g{i}", group="G", group_size=3)}, external=True)
     feed.insert_episode({"agent_1": _traj("lone", group="")}, external=True)
-    taken = feed.take("agent_1", 2, current_version=0, deadline=time.monotonic() + 10)
-    # the update took the lone episode while looking for G's third member; G is dropped whole
+    taken = feed.take("agent_1", 1, current_version=0, deadline=time.monotonic() + 10)
+    # the update takes the lone episode; G is passed over whole, not trained shrunk, and kept
     assert [t.episode_id for t in taken.trajectories] == ["lone"]
-    assert (taken.incomplete, taken.stale, taken.dropped) == (2, 0, 0)
+    assert client.info("job/agent_1").size == 2 and feed.external.untaken() == 2
+    feed.insert_episode({"agent_1": _traj("g2", group="G", group_size=3)}, external=True)
+    taken = feed.take("agent_1", 3, current_version=0, deadline=time.monotonic() + 10)
+    assert [t.episode_id for t in taken.trajectories] == ["g0", "g1", "g2"]
+    assert (taken.stale, taken.dropped, feed.external.untaken()) == (0, 0, 0)
 
 
 def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(address, tmp_path):
@@ -158,11 +210,8 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
     external = ExperienceSharingClient("my-agent", address, timeout_s=10)
     loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", address), show_progress=False)
     store = ExperienceSharingClient("trainer", address, timeout_s=10)
-    loop.feed = ExperienceFeed(
-        store, cfg.training_name, list(cfg.tuning_agents), {a: 0 for a in cfg.tuning_agents}, 100,
-        lambda fn, what: fn(),
-    )  # fmt: skip
-    loop.feed.create_tables()
+    job = _job(store, {a: 0 for a in cfg.tuning_agents}, name=cfg.training_name)
+    loop.writer, loop.reader = job.writer, job.reader
     for i, g in enumerate(gens):
         traj = Trajectory(
             episode_id=f"external-{i}", agent_id="agent_1", policy_version=0, group_id=str(i // 2),
@@ -172,7 +221,7 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
         )  # fmt: skip
         external.share_experience(traj, table=f"{cfg.training_name}/agent_1")
     for i in range(cfg.rollout.episodes_per_step):  # agent_2's table gets the job's own kind of items
-        loop.feed.insert_episode(
+        loop.writer.insert_episode(
             {"agent_2": _traj(f"own-{i}").__class__(episode_id=f"own-{i}", agent_id="agent_2")}
         )
 
@@ -197,11 +246,11 @@ def test_an_empty_table_is_a_missing_item_not_a_service_outage(address):
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
     # A real reconnect wrapper with a short outage limit: a wait for items must not be retried into an outage.
-    feed = ExperienceFeed(
-        client, "job", ["agent_1"], {"agent_1": 1}, 100,
-        lambda fn, what: call_with_reconnect(fn, what, Backoff(timeout_s=0.5)),
-    )  # fmt: skip
-    feed.create_tables()
+    feed = _job(
+        client,
+        {"agent_1": 1},
+        reconnecting=lambda fn, what: call_with_reconnect(fn, what, Backoff(timeout_s=0.5)),
+    )
     feed.insert_episode({"agent_1": _traj("only")})
     with pytest.raises(FailedPreconditionError, match="holds 1 of the 2 items"):
         feed.take("agent_1", 2, current_version=0)
@@ -219,37 +268,36 @@ def test_an_episode_cut_part_way_through_its_inserts_is_retracted_whole(address)
         def __getattr__(self, name):
             return getattr(self.client, name)
 
-        def share_experience(self, traj, table, timeout_s=None):
+        def insert(self, table, trajectories, timeout_s=None):
             if table.endswith("agent_2"):
                 raise UnavailableError("store gone")
-            return self.client.share_experience(traj, table=table, timeout_s=timeout_s)
+            return self.client.insert(table, trajectories, timeout_s=timeout_s)
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
-    feed = ExperienceFeed(
-        Flaky(client), "job", ["agent_1", "agent_2"], {"agent_1": 0, "agent_2": 0}, 100, lambda fn, what: fn()
-    )
-    feed.create_tables()
-    feed.begin_attempt()
+    feed = _job(Flaky(client), {"agent_1": 0, "agent_2": 0})
+    feed.writer.begin_attempt()
     with pytest.raises(UnavailableError):
         feed.insert_episode({"agent_1": _traj("cut"), "agent_2": _traj("cut")})
-    feed.retract_attempt()
-    feed.store = client  # the store is back; the rollout is replayed
-    feed.begin_attempt()
+    assert client.info("job/agent_1").size == 1
+    feed.writer.retract_attempt()
+    assert client.info("job/agent_1").size == 0  # the cut episode's item is deleted
+    feed.writer.store = client  # the store is back; the rollout is replayed
+    feed.writer.begin_attempt()
     feed.insert_episode({"agent_1": _traj("replayed"), "agent_2": _traj("replayed")})
     assert [t.episode_id for t in feed.take("agent_1", 1, 0).trajectories] == ["replayed"]
 
 
 def test_a_stale_item_of_a_retracted_attempt_does_not_use_a_slot(address):
-    feed, _ = _feed(address, bound=0)
-    feed.begin_attempt()
+    feed, client = _feed(address, bound=0)
+    feed.writer.begin_attempt()
     feed.insert_episode({"agent_1": _traj("failed", version=0)})
-    feed.retract_attempt()
-    feed.begin_attempt()
+    feed.writer.retract_attempt()
+    feed.writer.begin_attempt()
     for i in range(2):
         feed.insert_episode({"agent_1": _traj(f"ok-{i}", version=1)})
-    taken = feed.take("agent_1", 2, current_version=1)  # "failed" is stale and retracted: not this step's
+    taken = feed.take("agent_1", 2, current_version=1)  # "failed" would be stale, but it is deleted: no slot
     assert [t.episode_id for t in taken.trajectories] == ["ok-0", "ok-1"]
-    assert (taken.stale, taken.duplicates) == (0, 1)
+    assert (taken.stale, client.info("job/agent_1").stale_removed) == (0, 0)
 
 
 def test_the_learner_takes_a_steps_items_only_after_its_rollout_is_over(tmp_path):
@@ -286,10 +334,7 @@ def test_an_episode_stopped_while_one_agents_table_is_full_is_in_no_table(addres
     from marti.errors import CancelledError
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
-    feed = ExperienceFeed(
-        client, "job", ["agent_1", "agent_2"], {"agent_1": 0, "agent_2": 0}, 2, lambda fn, what: fn()
-    )
-    feed.create_tables()
+    feed = _job(client, {"agent_1": 0, "agent_2": 0}, max_size=2)
     for i in range(2):
         client.share_experience(_traj(f"old-{i}"), table=table_name("job", "agent_2"), timeout_s=2)
     stop = threading.Event()
@@ -309,11 +354,11 @@ def test_a_stale_external_episode_takes_no_slot_the_update_waits_for_a_fresh_one
     feed.insert_episode({"agent_1": _traj("old", version=0, group="")}, external=True)
     for i in range(3):
         feed.insert_episode({"agent_1": _traj(f"new{i}", version=1, group="")}, external=True)
-    assert feed.untaken_external() == 4
+    assert feed.external.untaken() == 4
     taken = feed.take("agent_1", 2, current_version=1, deadline=time.monotonic() + 10)
     assert [t.episode_id for t in taken.trajectories] == ["new0", "new1"]
     assert taken.stale == 1 and client.info("job/agent_1").stale_removed == 1
-    assert feed.untaken_external() == 1  # new2: reported, never taken by an update
+    assert feed.external.untaken() == 1  # new2: reported, never taken by an update
 
 
 def test_an_external_episode_taken_the_moment_it_lands_is_not_counted_untaken(address):
@@ -331,14 +376,13 @@ def test_an_external_episode_taken_the_moment_it_lands_is_not_counted_untaken(ad
         def __getattr__(self, name):
             return getattr(self.client, name)
 
-        def share_experience(self, traj, table, timeout_s=None):
-            result = self.client.share_experience(traj, table=table, timeout_s=timeout_s)
+        def insert(self, table, trajectories, timeout_s=None):
+            result = self.client.insert(table, trajectories, timeout_s=timeout_s)
             taken.append(feed.take("agent_1", 1, current_version=0, deadline=time.monotonic() + 5))
             return result
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
-    feed = ExperienceFeed(TakenAtOnce(client), "job", ["agent_1"], {"agent_1": 1}, 100, lambda fn, what: fn())
-    feed.create_tables()
+    feed = _job(TakenAtOnce(client), {"agent_1": 1})
     feed.insert_episode({"agent_1": _traj("ext-0")}, external=True)
     assert [t.episode_id for t in taken[0].trajectories] == ["ext-0"]
-    assert feed.untaken_external() == 0
+    assert feed.external.untaken() == 0

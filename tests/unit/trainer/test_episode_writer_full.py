@@ -1,4 +1,4 @@
-"""ExperienceFeed inserts into a full table: backpressure, never reported as a service outage; the wait ends when
+"""EpisodeWriter inserts into a full table: backpressure, never reported as a service outage; the wait ends when
 the job stops. A fake store raises the store's RateLimitedError; the reconnect wrapper is the real one."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 
 from marti.errors import CancelledError, RateLimitedError, UnavailableError
 from marti.trajectory import Trajectory
-from services.trainer.data import experience_feed
-from services.trainer.data.experience_feed import ExperienceFeed
+from services.trainer.data import episode_writer
+from services.trainer.data.episode_writer import EpisodeWriter
+from services.trainer.data.external import ExternalEpisodes
 from services.trainer.job.reconnect import Backoff, call_with_reconnect
 
 
@@ -23,11 +24,11 @@ class FullStore:
         self.timeouts: list[float | None] = []
         self.room = threading.Event()
 
-    def share_experience(self, trajectory, table=None, priority=1.0, timeout_s=None):
+    def insert(self, table, trajectories, timeout_s=None):
         self.inserts += 1
         self.timeouts.append(timeout_s)
         if self.room.is_set():
-            return self.inserts
+            return [SimpleNamespace(key=self.inserts, duplicate=False)]
         raise RateLimitedError(
             f"insert on table {table!r} timed out waiting (size=4/4)", table=table, size=4, max_size=4
         )
@@ -38,8 +39,8 @@ def _reconnecting(fn, what):
     return call_with_reconnect(fn, what, Backoff(initial_s=0.01, max_s=0.01, timeout_s=0.05))
 
 
-def _feed(store, **kwargs) -> ExperienceFeed:
-    return ExperienceFeed(store, "job", ["a"], {"a": 1}, 4, _reconnecting, **kwargs)
+def _feed(store, **kwargs) -> EpisodeWriter:
+    return EpisodeWriter(store, {"a": "job/a"}, _reconnecting, ExternalEpisodes(["a"]), **kwargs)
 
 
 def _episode() -> dict[str, Trajectory]:
@@ -47,7 +48,7 @@ def _episode() -> dict[str, Trajectory]:
 
 
 def test_giving_up_on_a_full_table_names_the_table_and_the_learner_not_an_outage(monkeypatch):
-    monkeypatch.setattr(experience_feed, "FULL_RETRY_PAUSE_S", 0.01)
+    monkeypatch.setattr(episode_writer, "FULL_RETRY_PAUSE_S", 0.01)
     store = FullStore()
     feed = _feed(store, full_timeout_s=0.2)
     with pytest.raises(RateLimitedError) as info:
@@ -59,12 +60,12 @@ def test_giving_up_on_a_full_table_names_the_table_and_the_learner_not_an_outage
     assert "unreachable" not in text and "not an outage" in text
     assert (err.table, err.size, err.max_size) == ("job/a", 4, 4)
     assert store.inserts >= 2  # kept trying while it waited (backpressure, not one failed call)
-    assert set(store.timeouts) == {experience_feed.INSERT_POLL_S}  # each store wait is short
+    assert set(store.timeouts) == {episode_writer.INSERT_POLL_S}  # each store wait is short
     assert feed.inserted == 0
 
 
 def test_an_insert_waits_while_the_table_is_full_and_lands_when_room_comes(monkeypatch):
-    monkeypatch.setattr(experience_feed, "FULL_RETRY_PAUSE_S", 0.01)
+    monkeypatch.setattr(episode_writer, "FULL_RETRY_PAUSE_S", 0.01)
     store = FullStore()
     feed = _feed(store, full_timeout_s=60.0)
     threading.Timer(0.1, store.room.set).start()
@@ -96,19 +97,26 @@ class TwoTables:
     def info(self, table):
         return SimpleNamespace(size=self.sizes[table], config=SimpleNamespace(max_size=4))
 
-    def share_experience(self, trajectory, table=None, priority=1.0, timeout_s=None):
+    def insert(self, table, trajectories, timeout_s=None):
         if table in self.down:
             raise UnavailableError(f"the experience store is unavailable ({table})")
         if self.refuse.get(table, 0) > 0:
             self.refuse[table] -= 1
             raise RateLimitedError(f"insert on table {table!r} timed out", table=table, size=4, max_size=4)
-        self.items[table].append(trajectory.episode_id)
-        self.sizes[table] += 1
-        return 1
+        self.items[table].extend(t.episode_id for t in trajectories)
+        self.sizes[table] += len(trajectories)
+        return [SimpleNamespace(key=1, duplicate=False) for _ in trajectories]
+
+    def delete(self, table, episode_ids):
+        kept = [e for e in self.items[table] if e not in episode_ids]
+        deleted, self.items[table] = len(self.items[table]) - len(kept), kept
+        self.sizes[table] -= deleted
+        return deleted
 
 
-def _two(store, **kwargs) -> ExperienceFeed:
-    return ExperienceFeed(store, "job", ["a", "b"], {"a": 1, "b": 1}, 4, _reconnecting, **kwargs)
+def _two(store, **kwargs) -> EpisodeWriter:
+    tables = {"a": "job/a", "b": "job/b"}
+    return EpisodeWriter(store, tables, _reconnecting, ExternalEpisodes(["a", "b"]), **kwargs)
 
 
 def _both(eid: str = "ep-1") -> dict[str, Trajectory]:
@@ -116,7 +124,7 @@ def _both(eid: str = "ep-1") -> dict[str, Trajectory]:
 
 
 def test_a_stop_while_one_agents_table_is_full_leaves_the_episode_out_of_every_table(monkeypatch):
-    monkeypatch.setattr(experience_feed, "ROOM_POLL_S", 0.01)
+    monkeypatch.setattr(episode_writer, "ROOM_POLL_S", 0.01)
     store = TwoTables({"job/a": 0, "job/b": 4})
     stop = threading.Event()
     feed = _two(store, full_timeout_s=30.0)
@@ -129,8 +137,8 @@ def test_a_stop_while_one_agents_table_is_full_leaves_the_episode_out_of_every_t
 def test_an_episode_waits_for_room_in_every_table_and_then_goes_in_whole_even_if_stop_comes(monkeypatch):
     """Room came in both tables, but job/b filled again before its item: once job/a has the episode, the stop
     event does not cut it; job/b's item waits for room and lands."""
-    monkeypatch.setattr(experience_feed, "ROOM_POLL_S", 0.01)
-    monkeypatch.setattr(experience_feed, "FULL_RETRY_PAUSE_S", 0.01)
+    monkeypatch.setattr(episode_writer, "ROOM_POLL_S", 0.01)
+    monkeypatch.setattr(episode_writer, "FULL_RETRY_PAUSE_S", 0.01)
     store = TwoTables({"job/a": 4, "job/b": 0})
     store.refuse["job/b"] = 3
     stop = threading.Event()
@@ -146,7 +154,7 @@ def test_an_episode_waits_for_room_in_every_table_and_then_goes_in_whole_even_if
 
 
 def test_waiting_for_room_in_every_table_gives_up_naming_the_full_one(monkeypatch):
-    monkeypatch.setattr(experience_feed, "ROOM_POLL_S", 0.01)
+    monkeypatch.setattr(episode_writer, "ROOM_POLL_S", 0.01)
     store = TwoTables({"job/a": 0, "job/b": 4})
     with pytest.raises(
         RateLimitedError, match=r"table 'job/b' is full \(4/4 items\) and stayed full"
@@ -169,8 +177,8 @@ def test_an_insert_failing_after_another_agents_item_went_in_says_which_tables_g
 
 def test_a_built_in_episode_asks_no_table_for_room_and_a_failed_attempt_is_retracted():
     """Built-in rollouts skip the room look (it costs one table-info call per agent per episode): a failure part-way
-    still says which tables got the episode, and the loop retracts the attempt (that take() then skips its items
-    is tests/integration/trainer/test_experience_feed.py's retraction test)."""
+    still says which tables got the episode, and the loop retracts the attempt: the store deletes what went in (over a
+    real store: tests/integration/trainer/test_agent_tables.py's retraction tests)."""
 
     class Counting(TwoTables):
         infos = 0
@@ -187,7 +195,7 @@ def test_a_built_in_episode_asks_no_table_for_room_and_a_failed_attempt_is_retra
     with pytest.raises(UnavailableError, match=r"episode cut is only partly inserted"):
         feed.insert_episode(_both("cut"))
     feed.retract_attempt()
-    assert Counting.infos == 0 and store.items == {"job/a": ["ok", "cut"], "job/b": ["ok"]}
+    assert Counting.infos == 0 and store.items == {"job/a": [], "job/b": []}  # the attempt's episodes deleted
     store.down.clear()
     feed.insert_episode(_both("again"), external=True)  # an external episode does look
     assert Counting.infos == 2

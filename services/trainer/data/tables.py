@@ -1,0 +1,59 @@
+"""The trainable agents' store tables of one job: their names and how a job claims them.
+
+Layout (Reverb's, and OpenRLHF's actors -> buffer -> learner): every trainable agent has a queue table in
+experience_store, ``<training_name>/<agent>`` (FIFO, each item sampled once, inserts wait when it is full, items
+older than the agent's staleness bound removed instead of returned). A job claims its tables when it starts:
+each is created (idempotent for an identical config) and reset (the store's ``Reset``), which drops the items an
+earlier, interrupted attempt of the job left and starts the scope of the store's idempotent insert anew, so a
+job whose external clients reuse an earlier job's episode ids gets every episode in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+_LOG = logging.getLogger("marti.trainer.tables")
+
+#: ``reconnecting(fn, what)`` runs ``fn`` again while the services restart (TrainingLoop._reconnecting).
+Reconnecting = Callable[[Callable[[], Any], str], Any]
+
+
+def table_name(training_name: str, agent: str) -> str:
+    """The store table of ``agent`` in job ``training_name``: ``<training_name>/<agent>``."""
+    return f"{training_name}/{agent}"
+
+
+def claim_tables(
+    store: Any, training_name: str, bounds: dict[str, int], max_size: int, reconnecting: Reconnecting
+) -> tuple[dict[str, str], int]:
+    """Create and reset every trainable agent's queue table for a new job.
+
+    Args:
+        store: An :class:`marti.ExperienceSharingClient`.
+        training_name: Prefix of the table names.
+        bounds: Per trainable agent, its staleness bound (the table's ``max_policy_lag``).
+        max_size: Items a table holds before inserts wait (the queue rate limiter's size).
+        reconnecting: Runs a call again while the store restarts.
+
+    Returns:
+        ``(tables, dropped)``: per agent its table name, and how many items earlier attempts left in them.
+
+    Raises:
+        AlreadyExistsError: a table of that name exists with another config (a job of the same
+            ``training_name`` with other staleness settings on this store).
+    """
+    tables = {a: table_name(training_name, a) for a in bounds}
+    dropped = 0
+    for agent, table in tables.items():
+        reconnecting(
+            lambda t=table, a=agent: store.create_table(
+                t, preset="queue", max_size=max_size, max_policy_lag=bounds[a]
+            ),
+            f"creating table {table!r}",
+        )
+        dropped += reconnecting(lambda t=table: store.reset(t), f"resetting table {table!r}")
+    if dropped:
+        _LOG.warning("dropped %d items an earlier attempt of this job left in its tables", dropped)
+    return tables, dropped
