@@ -4,10 +4,10 @@
 Each flag becomes one or more dotted config overrides (the table :data:`FLAG_TABLE`, rendered in
 ``docs/config.md``). A flag that does not apply on this machine (flash attention or ``--actor_init_on_gpu``
 without CUDA, ``--bf16`` without bf16 support, ``--log_with wandb`` without wandb) is reported once (one line in the
-returned ``warnings``, which ``marti train`` prints) and ignored; so is a flag marti has no
-use for (``--reward_model``: rewards come from the environment). ``--dataset`` (or OpenRLHF's ``--prompt_data``),
-``--input_key``, ``--label_key``, ``--eval_dataset`` and ``--max_samples`` set the ``dataset:`` section
-(docs/datasets.md). An unknown flag is an :class:`~marti.errors.InvalidArgumentError` naming it.
+returned ``warnings``, which ``marti train`` prints) and ignored. ``--dataset`` (or OpenRLHF's
+``--prompt_data``), ``--input_key``, ``--label_key``, ``--eval_dataset`` and ``--max_samples`` set the ``dataset:``
+section; ``--reward_model`` (or OpenRLHF's ``--reward_pretrain``) and ``--remote_rm_url`` set the ``reward:``
+section (docs/datasets.md). An unknown flag is an :class:`~marti.errors.InvalidArgumentError` naming it.
 
 Typical use (what ``marti train`` does)::
 
@@ -27,6 +27,7 @@ from typing import Any, Literal
 import yaml
 
 from marti.config import TrainConfig, apply_overrides, config_from_dict
+from marti.config.dataset import DATASET_ENV
 from marti.errors import InvalidArgumentError
 
 __all__ = [
@@ -144,18 +145,15 @@ def _no_wandb(m: MachineInfo, v: Any) -> str | None:
     return None
 
 
-def _not_used(reason: str) -> Callable[[MachineInfo, Any], str]:
-    return lambda _m, _v: reason
-
-
 FLAG_TABLE: dict[str, _Flag] = {
     # models, one per agent (or one for all)
     "actor_model": _Flag("models", ("agents.*.pretrain_model",), "one model per agent, or one for all"),
     "critic_model": _Flag("models", ("agents.*.critic_model",), "one per agent, or one for all"),
     "ref_model": _Flag("models", ("agents.*.ref_model",), "one per agent, or one for all"),
-    "reward_model": _Flag(
-        "str", (), "ignored", unavailable=_not_used("rewards come from the environment (verifiable rewards)")
-    ),
+    # rewards of dataset problems (docs/datasets.md)
+    "reward_model": _Flag("str", ("reward.model",), "a one-label sequence classifier folder, or tiny-llama"),
+    "reward_pretrain": _Flag("str", ("reward.model",), "OpenRLHF's name for --reward_model"),
+    "remote_rm_url": _Flag("str", ("reward.remote_url",), "an OpenRLHF remote reward server"),
     # data (docs/datasets.md)
     "dataset": _Flag(
         "str", ("dataset.path",), "json:PATH, PATH.jsonl/.parquet/.csv, a saved folder, org/name"
@@ -247,7 +245,8 @@ FLAG_TABLE: dict[str, _Flag] = {
 """Every launch flag marti accepts, keyed by name without the leading ``--``."""
 
 FLAG_GROUPS: dict[str, tuple[str, ...]] = {
-    "models": ("actor_model", "critic_model", "ref_model", "reward_model"),
+    "models": ("actor_model", "critic_model", "ref_model"),
+    "rewards": ("reward_model", "reward_pretrain", "remote_rm_url"),
     "data": ("dataset", "prompt_data", "input_key", "label_key", "eval_dataset", "max_samples"),
     "sizes and schedule": (
         "num_agents",
@@ -568,7 +567,8 @@ def build_config(
         cfg = config_from_dict(raw, overrides, source=source)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(
-            _blame_flags(str(exc), source, flags.origins), metadata=exc.metadata
+            _blame_flags(str(exc), source, flags.origins) + _dataset_env_hint(str(exc), flags.origins),
+            metadata=exc.metadata,
         ) from None
     if flags.agent_models.get("critic_model") and cfg.algorithm.advantage_estimator != "gae":
         notes.append(
@@ -602,6 +602,19 @@ def _blame_flags(message: str, source: str, origins: dict[str, str]) -> str:
                 break
         lines.append(line)
     return "\n".join(lines)
+
+
+def _dataset_env_hint(message: str, origins: dict[str, str]) -> str:
+    """A line naming the flag that set ``dataset.path`` when the config refused the file's env for it (a YAML
+    naming a scenario env, e.g. the design's ``collaborative_task_solving``, run with ``--dataset``): the file's
+    env is not switched behind its back; the line says how to switch it. Empty otherwise."""
+    flag = origins.get("dataset.path")
+    if flag is None or "dataset rows are played by" not in message:
+        return ""
+    return (
+        f"\n{flag} sets dataset.path, whose rows the config file's environment.env_name cannot play: remove "
+        f"env_name from the file or add --set environment.env_name={DATASET_ENV}"
+    )
 
 
 def flag_table_markdown() -> str:

@@ -64,7 +64,6 @@ def test_design_script_on_cpu(design_workdir):
     ignored = sorted(w.split()[0] for w in warnings if " ignored: " in w)
     assert ignored == sorted(
         [
-            "--reward_model",
             "--actor_init_on_gpu",
             "--bf16",
             "--offload_reference_model",
@@ -101,13 +100,14 @@ def test_design_script_on_cpu(design_workdir):
     assert cfg.output.wandb_project == "multi_agent_resource_allocation"
     assert cfg.output.wandb_run_name == "multi_agent_exp_42"
     assert cfg.dataset.path == f"json:{DESIGN_DATA}" and cfg.dataset.seed == 42  # --dataset takes effect
+    assert cfg.reward.model == "meta-llama/Llama-2-7b-chat-hf"  # --reward_model takes effect
 
 
 def test_design_script_on_a_gpu_machine_applies_gpu_flags(design_workdir):
     cfg, warnings = build_config(
         DESIGN / "multi_agent_collaboration.yaml", DATA_ENV, script_argv(), machine=GPU
     )
-    assert sorted(w.split()[0] for w in warnings if " ignored: " in w) == ["--reward_model"]
+    assert [w for w in warnings if " ignored: " in w] == []
     assert cfg.strategy.bf16 and cfg.strategy.init_on_gpu and cfg.strategy.offload_reference_model
     assert cfg.policy.attn_implementation == "flash_attention_2" and cfg.output.log_with == ["wandb"]
 
@@ -135,6 +135,35 @@ def test_data_flags_set_the_dataset_section(design_workdir):
     assert (d.eval_path, d.max_samples, d.seed) == ("jsonl:data/held.jsonl", 64, 9)
     cfg, _ = build_config(team, ["dataset.max_samples=2"], ["--dataset", f"json:{DESIGN_DATA}"], machine=CPU)
     assert cfg.dataset.path == f"json:{DESIGN_DATA}" and cfg.dataset.max_samples == 2  # --set wins
+
+
+def test_reward_flags_set_the_reward_section(design_workdir):
+    team = design_workdir / "team.yaml"
+    team.write_text("training_name: t\nagents: [{name: a, pretrain_model: m, role: solver}]\n")
+    data = ["--dataset", f"json:{DESIGN_DATA}"]
+    for flag in ("--reward_model", "--reward_pretrain"):  # OpenRLHF's two names
+        cfg, warnings = build_config(team, [], [*data, flag, "rm/folder"], machine=CPU)
+        assert cfg.reward.model == "rm/folder" and cfg.reward.active and not warnings
+    cfg, _ = build_config(
+        team, [], [*data, "--remote_rm_url", "http://127.0.0.1:5000/get_reward"], machine=CPU
+    )
+    assert cfg.reward.remote_url == "http://127.0.0.1:5000/get_reward" and cfg.reward.model is None
+    cfg, _ = build_config(team, ["reward.model=tiny-llama"], [*data, "--reward_model", "x"], machine=CPU)
+    assert cfg.reward.model == "tiny-llama"  # --set wins
+    with pytest.raises(InvalidArgumentError, match="set dataset.path"):  # a reward model scores dataset rows
+        build_config(team, [], ["--reward_model", "rm/folder"], machine=CPU)
+
+
+def test_design_yaml_with_the_dataset_flag_names_both_the_file_env_and_the_flag(design_workdir):
+    """The design YAML names its scenario env: ``--dataset`` does not switch it behind the file's back."""
+    with pytest.raises(InvalidArgumentError) as info:
+        build_config(DESIGN / "multi_agent_collaboration.yaml", [], script_argv(), machine=CPU)
+    text = str(info.value)
+    assert "environment.env_name is 'collaborative_task_solving'" in text
+    assert f"--dataset json:{DESIGN_DATA} sets dataset.path" in text
+    assert "--set environment.env_name=dataset_task" in text
+    cfg, _ = build_config(DESIGN / "multi_agent_collaboration.yaml", DATA_ENV, script_argv(), machine=CPU)
+    assert cfg.environment.env_name == "dataset_task"  # the override the message names
 
 
 def test_a_dataset_flag_naming_a_missing_file_is_blamed_on_the_flag(tmp_path, monkeypatch):
