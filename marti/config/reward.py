@@ -29,11 +29,13 @@ class RewardConfig(Section):
     """One weight per function (TRL's ``reward_weights``); null: 1.0 each."""
     remote_url: str | None = None
     """A remote reward server (OpenRLHF's ``--remote_rm_url`` protocol: POST ``{query, prompts, labels}``,
-    answer ``{rewards}``)."""
+    answer ``{rewards}``); ``labels`` are the ``dataset.label_key`` column (``""`` when it is null)."""
     remote_timeout_s: _Positive = 60.0
     """Seconds each request to the remote server may wait (connect, and between bytes)."""
     remote_retries: Annotated[int, Field(ge=0)] = 3
     """Further attempts after a connection error, a timeout or a 5xx answer."""
+    remote_backoff_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    """Seconds before the first retry, doubled before each next one."""
     remote_batch_size: Annotated[int, Field(ge=1)] = 64
     """Completions per request to the remote server."""
     model: str | None = None

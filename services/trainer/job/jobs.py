@@ -18,7 +18,8 @@ from marti.errors import (
     ResourceExhaustedError,
 )
 from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop, user_code_paths
+from services.trainer.job.loop import TrainingLoop
+from services.trainer.job.summary import user_code_paths
 
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 

@@ -32,24 +32,24 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from marti.config import TrainConfig, dump_config
 from marti.errors import CancelledError, DeadlineExceededError
 from marti.trajectory import Trajectory
-from marti.workflow import Workflow, is_import_path, workflow_from_section
+from marti.workflow import Workflow, workflow_from_section
 from services.trainer.data.batch_reader import BatchReader
 from services.trainer.data.episode_writer import EpisodeWriter
 from services.trainer.data.external import ExternalEpisodes
 from services.trainer.data.tables import claim_tables
-from services.trainer.rollout.producer import RolloutProducer
+from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.addresses import Addresses
 from services.trainer.job.connections import Connections
 from services.trainer.job.gateway_host import GatewayHost
 from services.trainer.job.reconnect import Backoff, call_with_reconnect
 from services.trainer.job.run_dir import RunFolder, latest_checkpoint
+from services.trainer.job.summary import RunSummary, epoch_limit_message, user_code_paths
 from services.trainer.learn.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.learn.experience import group_key, row_count, trained_tokens, trained_turns
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
@@ -63,80 +63,12 @@ from services.trainer.rollout.env_config import (
     env_context,
 )
 from services.trainer.rollout.episodes import EpisodeResult, EpisodeRunner
+from services.trainer.rollout.producer import RolloutProducer
+from services.trainer.rollout.scoring import EpisodeScorer, build_scorer
 
 _LOG = logging.getLogger("marti.trainer")
 #: Most seconds a finished or stopped job waits for an asynchronous rollout still in flight.
 PRODUCER_CLOSE_TIMEOUT_S = 300.0
-
-
-@dataclass
-class RunSummary:
-    """What a finished run reports.
-
-    Attributes:
-        run_dir: Output directory.
-        steps: Training steps completed (including resumed ones).
-        start_step: The step the run resumed at (0 for a fresh run).
-        stopped: True if stopped early (StopJob, wall-time budget).
-        last_checkpoint: Path of the newest checkpoint.
-        report: Path of report.md.
-        eval_history: ``(step, metrics)`` of each evaluation.
-        external_episodes: External episodes (played by clients through the gateway) the updates trained on:
-            per update, the most any trainable agent took.
-        untrained_external: Episodes clients reported (answered 200 or 202) that no update took: left in the
-            agents' tables when the job ended (reported after the last update's take, e.g. during
-            ``gateway.linger_s``), lost when the gateway closed (``gateway/backlog_lost_at_close``,
-            ``gateway/held_lost_at_close``), or, with ``rollout.source: builtin``, every reported one.
-        epochs: Passes over the finite training problem set completed (``max_epochs``; fractional), or None
-            when the problem set is unbounded (``rollout.num_train_seeds`` null).
-        epoch_limited: True when ``max_epochs`` ended the job before ``max_steps``.
-    """
-
-    run_dir: Path
-    steps: int = 0
-    start_step: int = 0
-    stopped: bool = False
-    last_checkpoint: str | None = None
-    report: Path | None = None
-    eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    external_episodes: int = 0
-    untrained_external: int = 0
-    epochs: float | None = None
-    epoch_limited: bool = False
-
-
-def epoch_limit_message(cfg: TrainConfig) -> str | None:
-    """The log line of a job that ``max_epochs`` ends before ``max_steps``, or None when it does not.
-
-    Example: ``max_epochs=2: 2 passes over the 6 training problems (rollout.num_train_seeds) take 6 steps,
-    fewer than max_steps=100; the job ends after step 6``.
-    """
-    if cfg.total_steps >= cfg.max_steps:
-        return None
-    return (
-        f"max_epochs={cfg.max_epochs}: {cfg.max_epochs} passes over the {cfg.rollout.num_train_seeds} training "
-        f"problems (rollout.num_train_seeds) take {cfg.total_steps} steps, fewer than max_steps={cfg.max_steps}; "
-        f"the job ends after step {cfg.total_steps}"
-    )
-
-
-def user_code_paths(cfg: TrainConfig) -> list[str]:
-    """Config keys that name user code by import path (custom envs, workflow functions), as ``key=value``."""
-    found = []
-    if is_import_path(cfg.environment.env_name):
-        found.append(f"environment.env_name={cfg.environment.env_name}")
-    for i, t in enumerate(cfg.tasks):
-        if is_import_path(t.env_name):
-            found.append(f"tasks.{i}.env_name={t.env_name}")
-    w = cfg.workflow
-    for key in ("next_speakers", "factory", "reward_fn"):
-        if getattr(w, key):
-            found.append(f"workflow.{key}={getattr(w, key)}")
-    for i, r in enumerate(w.roles):
-        for key in ("prompt_builder", "parser", "scripted"):
-            if getattr(r, key):
-                found.append(f"workflow.roles.{i}.{key}={getattr(r, key)}")
-    return found
 
 
 class TrainingLoop:
@@ -179,6 +111,12 @@ class TrainingLoop:
             raise PermissionDeniedError(
                 f"this trainer does not import user code; the config names {paths[0]}"
             )
+        # A dataset job: its rows are loaded and checked now, before anything starts, and size the seed schedule.
+        self.data = DatasetTasks(cfg) if cfg.dataset is not None else None
+        if self.data is not None:
+            cfg = self.data.fit(cfg)
+            build_scorer(cfg, None)  # reward functions load now (a bad path fails before the job starts)
+        self.scoring: EpisodeScorer | None = None  # the reward scorers, once the actors run (_runner)
         self.cfg = cfg
         self.addr = addresses
         self.stop_event = stop_event or threading.Event()
@@ -230,6 +168,8 @@ class TrainingLoop:
         t = self.tasks[task] if task is not None else None
         name = (t.env_name if t is not None else None) or self.cfg.environment.env_name
         with env_context(task, name, level):
+            if self.data is not None:  # a dataset job: the episode's row travels in its env config
+                return self._env_for(name, seed, self.data.env_config(self.cfg, seed))
             return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
 
     def check_curriculum_levels(self) -> None:
@@ -295,7 +235,17 @@ class TrainingLoop:
             make_task_env=self._make_task_env,
             on_episode_end=on_episode_end,
             capabilities={a.name: ", ".join(a.capabilities) for a in cfg.agents},
+            rescore=self._rescorer(runtime),
         )
+
+    def _rescorer(self, runtime: RayRuntime) -> Callable[[list[Any]], list[dict[str, float]]] | None:
+        """The reward scorers' ``rescore`` hook of a dataset job with a ``reward`` section, else None."""
+        if self.data is None or not self.cfg.reward.active:
+            return None
+        if self.scoring is None:
+            scorer = build_scorer(self.cfg, runtime.score_rewards if self.cfg.reward.model else None)
+            self.scoring = EpisodeScorer(self.cfg, self.data, scorer)
+        return self.scoring.rescore
 
     # ------------------------------------------------------------------------------------------ phases
     def _reconnecting(self, fn: Callable[[], Any], what: str) -> Any:
@@ -696,7 +646,12 @@ class TrainingLoop:
         episodes (for the step's metrics, curriculum and allocation: the learner's data comes from the store)
         and the seconds they took."""
         t0 = time.perf_counter()
-        seeds = self.cfg.rollout.train_seeds(step)
+        r = self.cfg.rollout
+        seeds = (
+            self.data.train_seeds(step, r.problems_per_step, r.group_size)
+            if self.data
+            else r.train_seeds(step)
+        )
         tasks = (
             self.scheduler.assign(step, len(seeds), self.cfg.rollout.group_size) if self.scheduler else None
         )

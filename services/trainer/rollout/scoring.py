@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from marti.config import TrainConfig
-from marti.errors import FailedPreconditionError
 from marti.rewards import RewardScorer, WeightedSum, check_batch, check_scores, reward_functions
 from marti.rewards.team import OWN_WEIGHT, credit, last_replies, team_reply
 from marti.workflow import EpisodeView
@@ -51,7 +50,8 @@ def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer 
 
     Args:
         cfg: The training config.
-        score_model: The reward-model actor's scoring call (needed when ``reward.model`` is set).
+        score_model: The reward-model actor's scoring call; None leaves ``reward.model`` out (the trainer
+            builds the rest once before the job starts, so a reward function that does not load fails early).
 
     Raises:
         NotFoundError / InvalidArgumentError: A reward function that does not load, a bad remote URL.
@@ -69,13 +69,12 @@ def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer 
                 r.remote_url,
                 timeout_s=r.remote_timeout_s,
                 retries=r.remote_retries,
+                backoff_s=r.remote_backoff_s,
                 batch_size=r.remote_batch_size,
                 label_key=label_key,
             )
         )
-    if r.model:
-        if score_model is None:
-            raise FailedPreconditionError("reward.model is set but no reward-model actor was started")
+    if r.model and score_model is not None:
         scorers.append(ActorScorer(score_model, r.model))
     if not scorers:
         return None
