@@ -24,7 +24,6 @@ The final infos carry each agent's ``answer`` (extracted; ``""`` when none), ``c
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import gymnasium
@@ -33,7 +32,7 @@ from pettingzoo import ParallelEnv
 from marti.env_config import ConfigField, ConfigSchema
 from marti.env_registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError
-from marti.rewards.answers import extract_answer, last_number, normalize_text
+from marti.rewards.team import OWN_WEIGHT, answer_of, credit, team_reply
 from marti.rewards.verifiers import VERIFIERS
 from services.env_server.envs import dataset_rows as dr
 from services.env_server.envs.text_base import PRINTABLE
@@ -72,7 +71,7 @@ FIELDS = (
     ConfigField(
         "own_weight",
         "float",
-        0.5,
+        OWN_WEIGHT,
         "weight of an agent's own correctness in its reward",
         minimum=0.0,
         maximum=1.0,
@@ -203,37 +202,21 @@ class DatasetTaskEnv(ParallelEnv):
         return obs, rewards, dict.fromkeys(live, done), dict.fromkeys(live, False), infos
 
     def _answer(self, text: str) -> str | None:
-        answer = extract_answer(text)
-        if answer is None and self.config["verifier"] == "numeric":
-            answer = last_number(text)
-        return answer
-
-    def _team_text(self) -> str | None:
-        if self.config["final"] == "agent":
-            final = self.config["final_agent"] or self.last_speaker
-            return self.last_text.get(final) if final else None
-        votes: dict[str, str] = {}
-        counts: Counter[str] = Counter()
-        for agent in self.possible_agents:
-            answer = self._answer(self.last_text.get(agent, ""))
-            if answer is not None:
-                key = normalize_text(answer)
-                votes.setdefault(key, self.last_text[agent])
-                counts[key] += 1
-        if not counts:
-            return None
-        best = max(counts.values())
-        return next(votes[k] for k in votes if counts[k] == best)
+        return answer_of(text, self.config["verifier"])
 
     def _score(self) -> dict[str, Any]:
-        team_text = self._team_text()
+        """Score the team's reply and each agent's own (:mod:`marti.rewards.team`, shared with the trainer)."""
+        team_text = team_reply(
+            self.last_text,
+            self.possible_agents,
+            final=self.config["final"],
+            final_agent=self.config["final_agent"],
+            last_speaker=self.last_speaker,
+            verifier=self.config["verifier"],
+        )
         team = bool(team_text is not None and self.verifier(team_text, self.label) >= 1.0)
         own = {a: self.verifier(t, self.label) >= 1.0 for a, t in self.last_text.items()}
-        w = self.config["own_weight"]
-        rewards = {
-            a: (1 - w) * float(team) + w * float(own[a]) if a in own else float(team)
-            for a in self.possible_agents
-        }
+        rewards = credit(float(team), own, self.possible_agents, self.config["own_weight"])
         team_answer = "" if team_text is None else (self._answer(team_text) or "")
         return {"team": team, "own": own, "rewards": rewards, "team_answer": team_answer}
 
