@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +24,10 @@ from marti.errors import CancelledError, DeadlineExceededError, FailedPreconditi
 from marti.trajectory import Trajectory
 
 from .external import ExternalEpisodes
+from .tables import Reconnecting
 
 #: Seconds one learner sample call waits for an item before the table counts as dry.
 SAMPLE_POLL_S = 2.0
-
-#: ``reconnecting(fn, what)`` runs ``fn`` again while the services restart (TrainingLoop._reconnecting).
-Reconnecting = Callable[[Callable[[], Any], str], Any]
 
 
 @dataclass

@@ -18,13 +18,13 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from marti.errors import CancelledError, MartiError, RateLimitedError
 from marti.trajectory import Trajectory
 
 from .external import ExternalEpisodes
+from .tables import Reconnecting
 
 _LOG = logging.getLogger("marti.trainer.episodes")
 #: Seconds one insert waits in the store for room in a full table before the writer checks whether to stop.
@@ -33,9 +33,6 @@ INSERT_POLL_S = 2.0
 FULL_RETRY_PAUSE_S = 0.1
 #: Seconds between two looks at the agents' tables while an episode waits for room in all of them.
 ROOM_POLL_S = 0.2
-
-#: ``reconnecting(fn, what)`` runs ``fn`` again while the services restart (TrainingLoop._reconnecting).
-Reconnecting = Callable[[Callable[[], Any], str], Any]
 
 
 class EpisodeWriter:
