@@ -358,7 +358,8 @@ class RolloutConfig(_Section):
     num_train_seeds: PositiveInt | None = None
     """Size of the training problem set (one epoch of ``max_epochs``); null: a fresh seed every problem."""
     eval_every: NonNegInt = 10
-    """Evaluate on the held-out seeds every this many steps (and after the last); 0 disables evaluation."""
+    """Evaluate on the held-out seeds every this many steps (and after the last); 0 disables evaluation. A
+    ``dataset`` without a held-out split (``eval_path`` / ``eval_fraction``) has none to evaluate: 0 unless set."""
     eval_episodes: PositiveInt = 16
     """Held-out episodes per evaluation."""
     eval_seeds: list[NonNegInt] | None = None
@@ -1016,6 +1017,11 @@ class TrainConfig(_Section):
             )
         if self.tasks:
             raise ValueError("dataset and tasks cannot be combined: a dataset job has one task, its rows")
+        no_eval = self.dataset.eval_path is None and self.dataset.eval_fraction is None
+        if (
+            no_eval and "eval_every" not in self.rollout.model_fields_set
+        ):  # a given eval_every is refused later
+            object.__setattr__(self, "rollout", self.rollout.model_copy(update={"eval_every": 0}))
         return self
 
     @model_validator(mode="after")

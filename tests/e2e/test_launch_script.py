@@ -1,9 +1,15 @@
 """The design's launch script (``examples/design/train_multi_agent.sh``) runs with ``marti train``.
 
+Its ``--dataset "json:data/multi_agent_resource_allocation.json"`` is written first, in the script's working
+directory, by ``scripts/data/make_allocation_data.py --kind resource_allocation`` (the repository makes the file),
+and its ``--reward_model`` (``tiny-llama`` in the copy: a tiny random one-label classifier on its own Ray actor)
+scores the episodes: neither is ignored.
+
 A copy is made at test time with three edits only: the 7B model names become the local ``tiny-llama``,
 ``python -m openrlhf.cli.train_ppo_ray`` becomes ``marti train``, and the sizes are turned down so it finishes
 in about a minute of training (MAX_STEPS=2, micro batch 2, no accumulation, rollout batch 4 episodes,
-1 PPO epoch, 1 epoch, 16 new tokens, 3 env turns: one per agent). Every other flag stays as written (ZeRO-3, bf16, flash
+1 PPO epoch, 1 epoch, 16 new tokens, 3 env turns: one per agent; the ``numeric`` verifier, as the data's
+``answer`` is a number). Every other flag stays as written (ZeRO-3, bf16, flash
 attention, vLLM engines, wandb, ...): the ones that do not apply here must be reported once and ignored.
 """
 
@@ -24,14 +30,18 @@ from marti.launch_flags import MachineInfo
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "design" / "train_multi_agent.sh"
 OUT_DIR = "multi_agent_resource_allocation_results"
+DATA = "data/multi_agent_resource_allocation.json"
+"""The script's ``--dataset json:...`` file, relative to its working directory."""
+MAKE_DATA = ROOT / "scripts" / "data" / "make_allocation_data.py"
 
 #: Variable -> value in the copy.
 VARIABLES = {"MAX_STEPS": "2", "MICRO_BATCH_SIZE": "2", "GRADIENT_ACCUMULATION_STEPS": "1"}
 #: Literal flag values in the script -> value in the copy.
 LITERALS = {"--rollout_batch_size 1024": "--rollout_batch_size 4", "--ppo_epochs 4": "--ppo_epochs 1"}
 LITERALS["--max_epochs 3"] = "--max_epochs 1"
-#: Appended to the command: shorter generations and episodes (a launch flag and a marti override).
-APPENDED = "--generate_max_len 16 --set environment.max_turns=3"
+#: Appended to the command: shorter generations and episodes (a launch flag and a marti override), and the
+#: dataset_task env's numeric verifier (an env option; no launch flag names it).
+APPENDED = "--generate_max_len 16 --set environment.max_turns=3 --set environment.options.verifier=numeric"
 
 
 def scaled_copy(text: str) -> str:
@@ -57,7 +67,7 @@ def scaled_copy(text: str) -> str:
 
 def expected_notes(machine: MachineInfo) -> set[str]:
     """Launch flags of the script that cannot apply on ``machine`` (each must be reported exactly once)."""
-    notes = {"reward_model"}  # rewards come from the environment (--dataset sets the dataset: section)
+    notes = set()  # --dataset and --reward_model take effect (the dataset: and reward: sections)
     if not machine.has_cuda:
         notes |= {"actor_init_on_gpu", "offload_reference_model", "use_flash_attn"}
     elif not machine.flash_attn_installed:
@@ -81,6 +91,13 @@ def test_scaled_copy_keeps_every_other_line():
 def test_launch_script_runs_with_marti_train(tmp_path):
     script = tmp_path / "train_multi_agent.sh"
     script.write_text(scaled_copy(SCRIPT.read_text()))
+    made = subprocess.run(
+        [sys.executable, str(MAKE_DATA), "--kind", "resource_allocation", "--out", DATA],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    rows = json.loads((tmp_path / DATA).read_text())
+    assert rows and all(set(r) >= {"prompt", "answer"} and float(r["answer"]) >= 0 for r in rows)
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's `marti`
     env["PYTHONUNBUFFERED"] = "1"
@@ -118,3 +135,15 @@ def test_launch_script_runs_with_marti_train(tmp_path):
     assert cfg["output"]["wandb_run_name"] == "multi_agent_exp_42"
     assert cfg["algorithm"]["advantage_estimator"] == "gae" and cfg["algorithm"]["use_kl_loss"] is False
     assert "no config file: OpenRLHF's defaults apply" in proc.stderr
+
+    # --dataset: the rows were played by the dataset_task env, scored by its numeric verifier
+    assert cfg["dataset"]["path"] == f"json:{DATA}" and cfg["environment"]["env_name"] == "dataset_task"
+    assert cfg["environment"]["options"]["verifier"] == "numeric"
+    metrics = records[-1]["metrics"]
+    assert 0.0 <= metrics["team/task_completion"] <= 1.0
+    # --reward_model: the reward model's scores replaced the verifier's. Verifier returns are 0, 0.5 or 1 per
+    # episode (half team, half own answer), so 4 episodes average to multiples of 1/8; a random classifier's
+    # scores do not.
+    assert cfg["reward"]["model"] == "tiny-llama"
+    rewards = [metrics[f"agent_{i}/reward"] for i in (1, 2, 3)]
+    assert any(abs(r * 8 - round(r * 8)) > 1e-6 for r in rewards), rewards

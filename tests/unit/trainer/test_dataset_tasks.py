@@ -35,6 +35,8 @@ def _config(tmp_path: Path, **extra) -> object:
     }
     for key, value in extra.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+        if key == "rollout":  # None: leave the key unset (its default applies)
+            data[key] = {k: v for k, v in data[key].items() if v is not None}
     return config_from_dict(data)
 
 
@@ -56,6 +58,16 @@ def test_no_held_out_set_with_evaluation_on_is_refused_before_the_job(tmp_path):
         DatasetTasks(cfg).fit(cfg)
     off = _config(tmp_path, dataset={"eval_fraction": None}, rollout={"eval_every": 0})
     assert DatasetTasks(off).fit(off).rollout.num_train_seeds == 10
+
+
+def test_without_a_held_out_set_evaluation_is_off_unless_asked_for(tmp_path):
+    """The design script gives ``--dataset`` alone: its job trains without evaluations (nothing is held out),
+    while an ``eval_every`` the user gives is still refused above."""
+    cfg = _config(tmp_path, dataset={"eval_fraction": None}, rollout={"eval_every": None})
+    assert cfg.rollout.eval_every == 0
+    assert DatasetTasks(cfg).fit(cfg).rollout.eval_every == 0
+    held = _config(tmp_path, rollout={"eval_every": None})  # a held-out split keeps the default
+    assert held.rollout.eval_every == 10
 
 
 def test_each_epoch_plays_every_row_once_in_a_fresh_order_and_resumes_at_the_right_row(tmp_path):
