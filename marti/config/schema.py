@@ -1017,10 +1017,9 @@ class TrainConfig(_Section):
             )
         if self.tasks:
             raise ValueError("dataset and tasks cannot be combined: a dataset job has one task, its rows")
+        # no held-out split: no evaluation unless eval_every is given (then DatasetTasks.fit refuses it)
         no_eval = self.dataset.eval_path is None and self.dataset.eval_fraction is None
-        if (
-            no_eval and "eval_every" not in self.rollout.model_fields_set
-        ):  # a given eval_every is refused later
+        if no_eval and "eval_every" not in self.rollout.model_fields_set:
             object.__setattr__(self, "rollout", self.rollout.model_copy(update={"eval_every": 0}))
         return self
 
