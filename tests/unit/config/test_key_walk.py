@@ -610,6 +610,11 @@ EFFECT_TESTS = {
         key: "tests/unit/data/test_data_key_effects.py::test_each_dataset_key_changes_the_loaded_problems"
         for key in KEYS if key.startswith("dataset.")
     },
+    # the scores of the trainer's build_scorer (a real HTTP server, the reward-model actor class in-process)
+    **{
+        key: "tests/integration/rewards/test_reward_key_effects.py::test_each_reward_key_changes_the_scores"
+        for key in KEYS if key.startswith("reward.")
+    },
 }  # fmt: skip
 
 #: Settings a key takes effect beside, applied to both sides of the comparison; a list: the key is walked once
