@@ -513,7 +513,6 @@ class EpisodeTracker:
             traj.policy_version = min(versions) if versions else newest
             if group_size > 0:
                 traj.group_size = group_size  # the store's whole-groups take reads it
-                traj.metadata["group_size"] = group_size
             traj.validate()
             out[agent] = traj
         return out

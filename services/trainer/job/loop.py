@@ -24,6 +24,7 @@ training budget across agents (``alloc/<agent>`` per step).
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import math
@@ -62,7 +63,7 @@ from services.trainer.rollout.env_config import (
     env_config,
     env_context,
 )
-from services.trainer.rollout.episodes import EpisodeResult, EpisodeRunner
+from services.trainer.rollout.episodes import EpisodeResult, EpisodeRunner, RecordPlan
 from services.trainer.rollout.producer import RolloutProducer
 from services.trainer.rollout.scoring import EpisodeScorer, build_scorer
 
@@ -212,6 +213,7 @@ class TrainingLoop:
         runtime: RayRuntime,
         greedy: bool,
         on_episode_end: Callable[[EpisodeResult], None] | None = None,
+        records: RecordPlan | None = None,
     ) -> EpisodeRunner:
         cfg = self.cfg
         versions = runtime.versions()
@@ -236,6 +238,7 @@ class TrainingLoop:
             on_episode_end=on_episode_end,
             capabilities={a.name: ", ".join(a.capabilities) for a in cfg.agents},
             rescore=self._rescorer(runtime),
+            records=records,
         )
 
     def _rescorer(self, runtime: RayRuntime) -> Callable[[list[Any]], list[dict[str, float]]] | None:
@@ -285,32 +288,19 @@ class TrainingLoop:
         return self._reconnecting(attempt, what)
 
     def _insert(self, result: EpisodeResult) -> None:
-        """Put a finished training episode into the trainable agents' tables (the runner's ``on_episode_end``).
-
-        Each trainable agent gets one trajectory per episode (one without turns when it did not act, so every
-        episode adds one item per table), carrying its credited return, the group (the problem's seed,
-        ``task:seed`` in a multi-task job, with ``group_size``) and, as its ``policy_version``, the oldest
-        version of its turns.
-        """
+        """Put a finished training episode's records into the trainable agents' tables (the runner's
+        ``on_episode_end``): the runner completed them by the job's :meth:`_record_plan`, one per trainable
+        agent."""
         assert self.writer is not None
-        group = str(result.seed) if result.task is None else f"{result.task}:{result.seed}"
-        out = {}
-        for agent in self.cfg.tuning_agents:
-            traj = result.trajectories.get(agent) or Trajectory(
-                episode_id=result.episode_id, session=result.episode_id, agent_id=agent,
-                role=self.cfg.agent(agent).role, metadata={"seed": result.seed},
-            )  # fmt: skip
-            ret = agent_return(self.cfg, result.returns.get(agent, 0.0))
-            traj.episode_return = ret
-            traj.group_id = group
-            traj.metadata["return"] = ret
-            traj.group_size = self.cfg.rollout.group_size  # the store takes the group whole
-            traj.metadata["group_size"] = self.cfg.rollout.group_size
-            versions = [t.policy_version for t in traj.turns if t.policy_version is not None]
-            if versions:
-                traj.policy_version = min(versions)
-            out[agent] = traj
-        self.writer.insert_episode(out)
+        self.writer.insert_episode({a: result.trajectories[a] for a in self.cfg.tuning_agents})
+
+    def _record_plan(self) -> RecordPlan:
+        """How a training rollout's runner completes its records: one per trainable agent and episode (idle or
+        not), grouped by ``rollout.group_size``, with the return credited by ``reward_alloc.team_weight``."""
+        cfg = self.cfg
+        return RecordPlan(
+            tuple(cfg.tuning_agents), cfg.rollout.group_size, functools.partial(agent_return, cfg)
+        )
 
     def _take_batches(
         self, step: int, versions: dict[str, int]
@@ -655,7 +645,7 @@ class TrainingLoop:
         tasks = (
             self.scheduler.assign(step, len(seeds), self.cfg.rollout.group_size) if self.scheduler else None
         )
-        runner = self._runner(runtime, greedy=False, on_episode_end=self._insert)
+        runner = self._runner(runtime, greedy=False, on_episode_end=self._insert, records=self._record_plan())
         results = self._play(runner, seeds, tasks, f"rollout of step {step + 1}", writer=self.writer)
         return results, time.perf_counter() - t0
 

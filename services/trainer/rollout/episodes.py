@@ -55,7 +55,9 @@ class EpisodeResult:
     Attributes:
         episode_id: Unique id (also the comm_broker session of the episode).
         seed: Problem seed of the env.
-        trajectories: Per agent, its turns (only agents that acted at least once).
+        trajectories: Per agent, its record: the agents that acted at least once, plus the idle agents of the
+            runner's :class:`RecordPlan` (a record without turns); with a plan each record is complete (see
+            :class:`RecordPlan`).
         returns: Per agent, its credited return: the sum of its env rewards, re-credited by the workflow's
             ``reward_fn`` / allocation when it has one.
         metrics: The env's declared metrics (its ``metadata["metrics"]``, e.g. ``task_completion``) as they
@@ -74,6 +76,45 @@ class EpisodeResult:
     task: str | None = None
     env_returns: dict[str, float] = field(default_factory=dict)
     transcript: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RecordPlan:
+    """How the runner completes the records of a training rollout, once, before ``on_episode_end`` gets them.
+
+    Every record then carries, as typed :class:`marti.trajectory.Trajectory` fields: its group (``group_id``,
+    the episode's seed, ``task:seed`` in a multi-task job, with ``group_size``), its credited return
+    (``episode_return``, the agent's return after the workflow and ``rescore``, mapped by ``credit``) and, as its
+    ``policy_version``, the oldest version of its turns (the version at the episode's start when it has none).
+
+    Attributes:
+        agents: The agents that get a record every episode, one without turns when they did not act (the
+            trainable agents: each episode adds one item to each of their tables).
+        group_size: The members of each group (``rollout.group_size``; the store takes a group whole); >= 1.
+        credit: Maps an agent's return to its record's ``episode_return`` (the job's ``team_weight`` scaling,
+            :func:`services.trainer.rollout.env_config.agent_return`); None keeps it.
+    """
+
+    agents: tuple[str, ...]
+    group_size: int = 1
+    credit: Callable[[float], float] | None = None
+
+
+def _complete(result: EpisodeResult, plan: RecordPlan) -> None:
+    """Complete ``result``'s records by ``plan`` (see :class:`RecordPlan`); drop the idle ones it does not keep."""
+    group = str(result.seed) if result.task is None else f"{result.task}:{result.seed}"
+    done: dict[str, Trajectory] = {}
+    for agent, traj in result.trajectories.items():
+        if not traj.turns and agent not in plan.agents:
+            continue
+        ret = result.returns.get(agent, 0.0)
+        traj.episode_return = plan.credit(ret) if plan.credit is not None else ret
+        traj.group_id, traj.group_size = group, plan.group_size
+        versions = [t.policy_version for t in traj.turns if t.policy_version is not None]
+        if versions:
+            traj.policy_version = min(versions)
+        done[agent] = traj
+    result.trajectories = done
 
 
 #: Re-scores the views of the episodes that ended in one turn: one ``agent -> reward`` per view, in order.
@@ -146,6 +187,9 @@ class EpisodeRunner:
             in the same turn; each episode's rewards then replace its env returns before the workflow's
             ``reward_fn`` / allocation (a dataset job's reward scorers, :mod:`services.trainer.rollout.scoring`).
             None: the env returns stand.
+        records: A :class:`RecordPlan`: each record is completed by it before ``on_episode_end`` (a training
+            rollout, whose records go to the agents' tables as they are). None: the records of the agents that
+            acted, as played.
     """
 
     def __init__(
@@ -164,6 +208,7 @@ class EpisodeRunner:
         local_mailbox: bool | None = None,
         capabilities: dict[str, str] | None = None,
         rescore: RescoreFn | None = None,
+        records: RecordPlan | None = None,
     ) -> None:
         self.make_env = make_env
         self.generate = generate
@@ -179,6 +224,7 @@ class EpisodeRunner:
         self.local_mailbox = (workflow is not None) if local_mailbox is None else bool(local_mailbox)
         self.capabilities = dict(capabilities or {})
         self.rescore = rescore
+        self.records = records
 
     def _start(self, seed: int, task: str | None = None) -> _Live:
         if task is not None:
@@ -385,6 +431,10 @@ class EpisodeRunner:
                 lv.result.returns = self.workflow.rewards(dataclasses.replace(view, env_returns=dict(base)))
         for lv in ended:
             lv.finished = True
+            if self.records is not None:
+                _complete(lv.result, self.records)
+            else:
+                lv.result.trajectories = {a: t for a, t in lv.result.trajectories.items() if t.turns}
             if self.on_episode_end is not None:
                 self.on_episode_end(lv.result)
 
@@ -399,7 +449,6 @@ class EpisodeRunner:
         lv.result.metrics["num_turns"] = float(lv.turns)
         lv.result.metrics["format_valid"] = lv.parsed / lv.turns if lv.turns else 0.0
         lv.result.metrics["messages"] = float(lv.received)
-        lv.result.trajectories = {a: t for a, t in lv.result.trajectories.items() if t.turns}
         lv.result.env_returns = dict(lv.result.returns)
         view = EpisodeView(
             agents=list(self.agents),

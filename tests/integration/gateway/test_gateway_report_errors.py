@@ -178,7 +178,7 @@ def test_a_reward_posted_under_the_traced_base_url_is_taken_with_its_group(gw):
     r = _post(f"{base}/episodes/ep-b/reward", {"rewards": {"a": 0.5}, "group_size": 1})
     assert r.status_code == 200 and r.json()["released"] == 1, r.text
     assert (sink[-1]["a"].episode_id, sink[-1]["a"].group_id) == ("ep-b", "q-b")
-    assert sink[-1]["a"].metadata["group_size"] == 1
+    assert sink[-1]["a"].group_size == 1
 
 
 def test_response_format_other_than_text_is_refused(gw):

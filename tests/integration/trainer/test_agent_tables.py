@@ -386,3 +386,70 @@ def test_an_external_episode_taken_the_moment_it_lands_is_not_counted_untaken(ad
     feed.insert_episode({"agent_1": _traj("ext-0")}, external=True)
     assert [t.episode_id for t in taken[0].trajectories] == ["ext-0"]
     assert feed.external.untaken() == 0
+
+
+class _SoloEnv:
+    """agent_1 answers once and the episode ends (reward 1.0 to agent_1, 0.5 to agent_2); agent_2 never acts."""
+
+    possible_agents = ["agent_1", "agent_2"]
+    metadata: dict = {}
+
+    def __init__(self) -> None:
+        self.agents: list[str] = []
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        return dict.fromkeys(self.agents, "answer"), {"agent_1": {"is_acting": True}, "agent_2": {}}
+
+    def step(self, actions):
+        live, self.agents = self.agents, []
+        return (
+            dict.fromkeys(live, ""), {"agent_1": 1.0, "agent_2": 0.5}, dict.fromkeys(live, True),
+            dict.fromkeys(live, False), dict.fromkeys(live, {}),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_runner_completes_each_record_once_and_an_idle_agents_item_is_not_stale(address, tmp_path):
+    """A training rollout's records go to the tables as the runner finished them: each trainable agent gets one
+    per episode (agent_2 never acts: a record without turns at the episode's version, so a synchronous job's
+    bound of 0 does not remove it as stale), with the group, group size and credited return as typed fields."""
+    from types import SimpleNamespace
+
+    from services.trainer.rollout.episodes import EpisodeRunner
+
+    cfg = load_config(
+        ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}", "reward_alloc.team_weight=2"]
+    )
+    loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", address), show_progress=False)
+    store = ExperienceSharingClient("trainer", address, timeout_s=10)
+    job = _job(store, {a: 0 for a in cfg.tuning_agents}, name=cfg.training_name)
+    loop.writer, loop.reader = job.writer, job.reader
+    gen = SimpleNamespace(
+        text="42",
+        prompt_token_ids=[1],
+        response_token_ids=[2, 3],
+        response_logprobs=[-0.1, -0.2],
+        policy_version=3,
+    )
+    runner = EpisodeRunner(
+        make_env=lambda seed: _SoloEnv(), generate=lambda agent, chats: [gen] * len(chats), comm_factory=None,
+        agents=["agent_1", "agent_2"], roles={"agent_1": "planner", "agent_2": "executor"},
+        system_prompts={"agent_1": "", "agent_2": ""}, policy_version=lambda a: 3, run_id="t",
+        on_episode_end=loop._insert, records=loop._record_plan(),
+    )  # fmt: skip
+    results = runner.play([7, 7, 8, 8])
+    batches, metrics = loop._take_batches(3, {"agent_1": 3, "agent_2": 3})
+    assert metrics["agent_2/stale_dropped"] == 0 and metrics["agent_2/items"] == 4
+    assert batches["agent_2"] == []  # the idle records were taken; nothing to train on
+    taken = batches["agent_1"]
+    assert [t.episode_id for t in taken] == [r.episode_id for r in results]
+    assert [(t.group_id, t.group_size, t.episode_return, t.policy_version) for t in taken] == [
+        (str(seed), 2, 2.0, 3) for seed in (7, 7, 8, 8)
+    ]
+    assert all(set(t.metadata) == {"seed"} for t in taken)  # no metadata copy of a typed field
+    idle = results[0].trajectories["agent_2"]
+    assert (idle.turns, idle.policy_version, idle.episode_return, idle.group_id) == ([], 3, 1.0, "7")
+    store.close()
