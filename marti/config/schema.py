@@ -369,8 +369,8 @@ class RolloutConfig(_Section):
     with. 0 is the synchronous loop (play a step, then train on it). k >= 1 plays step ``t`` in a background
     thread as soon as the learner has finished update ``t - k``, overlapping rollouts with updates; episodes
     go to the agents' store tables as they end and the learner samples them from there
-    (``services/trainer/data/experience_feed.py``). The rollout engine then keeps its own copy of the weights (or
-    rollout actors generate). Agents can set a tighter bound (``agents[i].max_staleness``), kept by their
+    (``services/trainer/data/episode_writer.py``, ``services/trainer/data/batch_reader.py``). The rollout
+    engine then keeps its own copy of the weights (or rollout actors generate). Agents can set a tighter bound (``agents[i].max_staleness``), kept by their
     table's ``max_policy_lag``. Not with ``policy.mode: shared``, where one step is several versions of the
     one model."""
     tis_cap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
