@@ -36,12 +36,13 @@ from services.env_server.envs import allocation_problem as ap  # noqa: E402
 #: Observation lines about the env's own turn order, which a dataset row does not have.
 _TURN_LINE = re.compile(r"^(Turn \d+ of at most \d+\.|It is .*turn.*)$")
 #: The leader's ranking line; its first task is the answer.
-_RANKING = re.compile(r"Tasks, most valuable first: (task_\d+)")
+_RANKING = re.compile(r"Tasks, most valuable first: [^.\n]*")
 
 
 def _static(text: str) -> str:
-    """An observation without its turn lines."""
-    return "\n".join(line for line in text.splitlines() if not _TURN_LINE.match(line))
+    """An observation without its turn lines, ending as the env's does on the agent's own turn."""
+    kept = [line for line in text.splitlines() if not _TURN_LINE.match(line)]
+    return "\n".join([*kept, "Reply now in the requested format."])
 
 
 def pick_row(seed: int) -> dict[str, object]:
@@ -52,9 +53,25 @@ def pick_row(seed: int) -> dict[str, object]:
     )  # fmt: skip
     obs, _ = env.reset(seed=seed)
     env.close()
-    answer = _RANKING.search(obs["agent_1"]).group(1)  # the leader's line: most valuable first
-    return {"prompt": _static(obs["agent_2"]), "leader_view": _static(obs["agent_1"]), "answer": answer,
-            "seed": seed}  # fmt: skip
+    ranking = re.findall(r"task_\d+", _RANKING.search(obs["agent_1"]).group(0))  # most valuable first
+    return {"prompt": _static(obs["agent_2"]), "leader_view": _static(obs["agent_1"]), "answer": ranking[0],
+            "ranking": ranking, "seed": seed}  # fmt: skip
+
+
+def balanced_pick_rows(count: int, start_seed: int) -> list[dict[str, object]]:
+    """``count`` pick rows from seeds ``start_seed, +1, ...``, skipping a seed whose answer already has its share,
+    so that every task is the answer of ``count / 5`` rows (give or take one): the generator's own draws favour
+    some tasks, and on skewed rows a constant answer scores well above the 1 in 5 it scores here."""
+    rows: list[dict[str, object]] = []
+    per_answer: dict[object, int] = {}
+    seed = start_seed
+    while len(rows) < count:
+        row = pick_row(seed)
+        seed += 1
+        if per_answer.get(row["answer"], 0) < -(-count // 5):
+            per_answer[row["answer"]] = per_answer.get(row["answer"], 0) + 1
+            rows.append(row)
+    return rows
 
 
 def allocation_row(seed: int, difficulty: str) -> dict[str, object]:
@@ -82,14 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.count < 1:
         p.error(f"--count must be >= 1, got {args.count}")
-    seeds = range(args.start_seed, args.start_seed + args.count)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.kind == "pick":
-        rows = [pick_row(s) for s in seeds]
+        rows = balanced_pick_rows(args.count, args.start_seed)
         out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     else:
-        rows = [allocation_row(s, args.difficulty) for s in seeds]
+        rows = [
+            allocation_row(s, args.difficulty) for s in range(args.start_seed, args.start_seed + args.count)
+        ]
         out.write_text(json.dumps(rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {len(rows)} rows to {out}")
     return 0
