@@ -50,6 +50,7 @@ from services.trainer.rollout.generation import (
     build_rollout_engine,
     engine_max_model_len,
     generate_turns,
+    generation_config,
     resident_versions,
     serve_generations,
 )
@@ -382,8 +383,9 @@ class PolicyWorker:
         self._engine_lock = threading.Lock()
         # With rollout actors (ray.num_rollout_workers) this engine is never asked for rollouts: a transformers
         # engine on the live modules, which costs no memory, rather than a vLLM engine holding GPU memory.
+        self.generation = generation_config(self.cfg)
         self.engine = build_rollout_engine(
-            self.cfg,
+            self.generation,
             self.policy,
             self.agents,
             self.device,
@@ -471,7 +473,9 @@ class PolicyWorker:
             self.policy.train(False)
         if greedy and agent_id in self.policy.trainable_agents and self.ema:
             return self._generate_with_ema(agent_id, chats)
-        return generate_turns(self.cfg, self.policy, self.engine, self._engine_lock, agent_id, chats, greedy)
+        return generate_turns(
+            self.generation, self.policy, self.engine, self._engine_lock, agent_id, chats, greedy
+        )
 
     def ema_weights_for_sync(self, agent_id: str) -> dict[str, torch.Tensor]:
         """The agent's weights as :meth:`MultiAgentPolicy.state_for_sync` gives them, with its trained parameters
@@ -499,7 +503,13 @@ class PolicyWorker:
                     saved = ema.swap_in()
                 try:
                     return generate_turns(
-                        self.cfg, self.policy, self.engine, contextlib.nullcontext(), agent_id, chats, True
+                        self.generation,
+                        self.policy,
+                        self.engine,
+                        contextlib.nullcontext(),
+                        agent_id,
+                        chats,
+                        True,
                     )
                 finally:
                     with self._whole_weights(modify=True):
@@ -508,7 +518,7 @@ class PolicyWorker:
         version = self.policy.version(agent_id)
         with self._engine_lock, self.engine.pinned(agent_id, weights, version):
             return generate_turns(
-                self.cfg, self.policy, self.engine, contextlib.nullcontext(), agent_id, chats, True
+                self.generation, self.policy, self.engine, contextlib.nullcontext(), agent_id, chats, True
             )
 
     def serve(

@@ -12,7 +12,8 @@ rollout actors always sample the learner's current weights (or, with asynchronou
 A rollout actor holds the same policy layout as the team (``per_agent``, ``shared`` or ``lora``) without
 references or optimizers, and its engine is the one ``rollout.engine`` names (vLLM on GPU when installed).
 Each actor seeds its sampler with ``seed + 1000 * (index + 1)``, so the samples of a group split across actors
-are not copies of each other.
+are not copies of each other. Each gets only its part of the config, built on the driver:
+:class:`RolloutActorConfig` (:func:`rollout_actor_config`).
 """
 
 from __future__ import annotations
@@ -27,15 +28,18 @@ from typing import Any
 import torch
 
 from marti.config import TrainConfig
+from marti.errors import InvalidArgumentError
 from services.trainer.job.checkpoint import load_rng_state, save_rng_state
-from services.trainer.models.policy import MultiAgentPolicy
-from services.trainer.ray.policy_worker import actor_setup, policy_layout
+from services.trainer.models.policy import MultiAgentPolicy, PolicyLayout
+from services.trainer.ray.policy_worker import ActorConfig, actor_setup, policy_layout
 from services.trainer.rollout.base import Generation, SamplingParams
 from services.trainer.rollout.generation import (
+    GenerationConfig,
     ResidentWeights,
     build_rollout_engine,
     engine_max_model_len,
     generate_turns,
+    generation_config,
     resident_versions,
     serve_generations,
 )
@@ -44,40 +48,63 @@ from services.trainer.rollout.generation import (
 SEED_STRIDE = 1000
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutActorConfig(ActorConfig):
+    """A rollout actor's part of the training config, built on the driver by :func:`rollout_actor_config`.
+
+    Attributes:
+        layout: The team's policy layout without references or gradient checkpointing (it would turn off the
+            shared-prompt prefill).
+        generation: Its engine and every agent's sampling (:class:`~services.trainer.rollout.generation.GenerationConfig`).
+        resident_versions: Weight versions per agent kept servable for the inference gateway's
+            ``agent@VERSION`` calls (``gateway.resident_versions``); 1 (only the current one) without the gateway.
+    """
+
+    layout: PolicyLayout
+    generation: GenerationConfig
+    resident_versions: int
+
+
+def rollout_actor_config(cfg: TrainConfig) -> RolloutActorConfig:
+    """The :class:`RolloutActorConfig` of a training config."""
+    layout = dataclasses.replace(policy_layout(cfg), keep_reference=False, gradient_checkpointing=False)
+    keep = cfg.gateway_resident_versions if cfg.gateway.enabled else 1
+    return RolloutActorConfig(cfg.seed, cfg.device, layout, generation_config(cfg), keep)
+
+
 class RolloutWorker:
     """Generates the team's turns with a synced copy of its policies (a Ray actor).
 
     Args:
-        config: The training config (validated on the driver, see :func:`~services.trainer.ray.policy_worker.actor_setup`).
+        config: Its part of the training config (:func:`rollout_actor_config`, built on the driver).
         index: This actor's position among the rollout actors (seeds its sampler).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
 
     Raises:
+        InvalidArgumentError: ``config`` is not a :class:`RolloutActorConfig` (a whole training config, say).
         NotFoundError: a model is not available locally (named, with the places looked).
     """
 
-    def __init__(self, config: TrainConfig, index: int = 0, num_threads: int | None = None) -> None:
+    def __init__(self, config: RolloutActorConfig, index: int = 0, num_threads: int | None = None) -> None:
+        if not isinstance(config, RolloutActorConfig):
+            raise InvalidArgumentError(
+                f"config must be a RolloutActorConfig (rollout_actor_config(cfg)), got {type(config).__name__}"
+            )
         self.cfg, self.device = actor_setup(config, num_threads)
         self.index = index
         torch.manual_seed(self.cfg.seed + SEED_STRIDE * (index + 1))
-        # No references and no gradient checkpointing (it would turn off the shared-prompt prefill).
-        layout = dataclasses.replace(
-            policy_layout(self.cfg), keep_reference=False, gradient_checkpointing=False
-        )
-        self.policy = MultiAgentPolicy(layout, device=self.device)
+        self.policy = MultiAgentPolicy(self.cfg.layout, device=self.device)
         self.policy.train(False)
         self.agents = self.policy.agent_ids
         self._lock = threading.Lock()
         self.engine = build_rollout_engine(
-            self.cfg, self.policy, self.agents, self.device, copy_weights=False
+            self.cfg.generation, self.policy, self.agents, self.device, copy_weights=False
         )
         # With the inference gateway, rollout actors serve its calls: the last gateway.resident_versions synced
         # weights of every agent are kept (CPU copies) for agent@VERSION calls.
         self.resident: ResidentWeights | None = None
-        keep = self.cfg.gateway_resident_versions  # 1: only the current version, which needs no copy
-        if (
-            self.cfg.gateway.enabled and callable(getattr(self.engine, "pinned", None)) and keep > 1
-        ):  # not vLLM
+        keep = self.cfg.resident_versions  # 1: only the current version, which needs no copy
+        if callable(getattr(self.engine, "pinned", None)) and keep > 1:  # not vLLM
             self.resident = ResidentWeights(keep)
             for agent in self.agents:
                 self.resident.remember([agent], self.policy.version(agent), self.policy.state_for_sync(agent))
@@ -86,7 +113,9 @@ class RolloutWorker:
         self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False
     ) -> list[Generation]:
         """Generate one response per chat prompt (see :func:`~services.trainer.rollout.generation.generate_turns`)."""
-        return generate_turns(self.cfg, self.policy, self.engine, self._lock, agent_id, chats, greedy)
+        return generate_turns(
+            self.cfg.generation, self.policy, self.engine, self._lock, agent_id, chats, greedy
+        )
 
     def update_weights(self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int) -> int:
         """Load an agent's new weights (adapter or state dict, as the policy actor's ``weights_for_sync``

@@ -290,7 +290,7 @@ class RayRuntime:
         )
         from services.trainer.ray.policy_worker import PolicyWorker
         from services.trainer.ray.reward_worker import RewardModelWorker, reward_actor_config
-        from services.trainer.ray.rollout_worker import RolloutWorker
+        from services.trainer.ray.rollout_worker import RolloutWorker, rollout_actor_config
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # ray.init installs native SIGTERM/SIGINT handlers that kill the driver at once; keep the caller's
@@ -343,7 +343,8 @@ class RayRuntime:
                 self._workers.append(handle)
                 self._owner.update({name: handle for name in spec.agents})
             elif spec.kind == "rollout":
-                handle = actor.remote(config, index=len(self._rollout), num_threads=threads)
+                narrow = rollout_actor_config(self.cfg)
+                handle = actor.remote(narrow, index=len(self._rollout), num_threads=threads)
                 self._rollout.append(handle)
             elif spec.kind == "reward":
                 handle = self._reward = actor.remote(reward_actor_config(self.cfg), num_threads=threads)

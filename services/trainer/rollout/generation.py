@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from marti.config import TrainConfig
-from marti.errors import NotFoundError
+from marti.config.schema import VllmConfig
+from marti.errors import InvalidArgumentError, NotFoundError
 from services.trainer.rollout import vllm_available
 from services.trainer.rollout.base import Generation, RolloutEngine, SamplingParams, chat_to_ids
 
@@ -27,19 +28,61 @@ def sampling_params(cfg: TrainConfig, agent: str, greedy: bool = False) -> Sampl
     """The agent's sampling parameters (its overrides on the ``rollout`` defaults); ``greedy`` keeps only its
     ``max_new_tokens`` and decodes with temperature 0 (evaluation)."""
     s = cfg.sampling_for(agent)
-    if greedy:
-        return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=0.0)
-    return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
+    sampled = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
+    return _greedy(sampled) if greedy else sampled
 
 
-def engine_count(cfg: TrainConfig, engine: str) -> int:
+def _greedy(sampling: SamplingParams) -> SamplingParams:
+    """Greedy decoding (evaluation) within ``sampling``'s ``max_new_tokens``."""
+    return SamplingParams(max_new_tokens=sampling.max_new_tokens, temperature=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """What sampling turns takes from the training config, built on the driver by :func:`generation_config`
+    (part of a sampling actor's narrow config).
+
+    Attributes:
+        engine: ``rollout.engine``: ``auto``, ``hf``, ``hf_static`` or ``vllm``.
+        vllm: The ``vllm`` section (frozen).
+        sampling: Per agent, its sampling parameters (:func:`sampling_params`).
+        response_prefixes: Per agent, its ``response_prefix`` (``""``: none).
+    """
+
+    engine: str
+    vllm: VllmConfig
+    sampling: dict[str, SamplingParams]
+    response_prefixes: dict[str, str]
+
+    def params(self, agent: str, greedy: bool = False) -> SamplingParams:
+        """The agent's sampling parameters; ``greedy``: decode with temperature 0 within its ``max_new_tokens``.
+
+        Raises:
+            InvalidArgumentError: No agent has that name (the message lists the agents).
+        """
+        if agent not in self.sampling:
+            raise InvalidArgumentError(f"no agent {agent!r}; agents are {list(self.sampling)}")
+        return _greedy(self.sampling[agent]) if greedy else self.sampling[agent]
+
+
+def generation_config(cfg: TrainConfig) -> GenerationConfig:
+    """The :class:`GenerationConfig` of a training config (every agent's sampling and response prefix)."""
+    return GenerationConfig(
+        engine=cfg.rollout.engine,
+        vllm=cfg.vllm,
+        sampling={a.name: sampling_params(cfg, a.name) for a in cfg.agents},
+        response_prefixes={a.name: a.response_prefix or "" for a in cfg.agents},
+    )
+
+
+def engine_count(cfg: TrainConfig | GenerationConfig, engine: str) -> int:
     """How many engines :func:`build_rollout_engine` builds for the resolved engine name (``hf`` or ``vllm``):
     ``vllm.num_engines`` for vLLM, 1 for transformers."""
     return cfg.vllm.num_engines if engine == "vllm" else 1
 
 
 def build_rollout_engine(
-    cfg: TrainConfig,
+    cfg: GenerationConfig,
     policy: Any,
     agents: list[str],
     device: str,
@@ -56,7 +99,8 @@ def build_rollout_engine(
     wrapped in an :class:`~services.trainer.rollout.pool.EnginePool` that splits every call's prompts among them.
 
     Args:
-        cfg: The training config (``rollout``, ``vllm``, per-agent sampling).
+        cfg: The sampling part of the training config (:func:`generation_config`: ``rollout.engine``,
+            ``vllm``, per-agent sampling).
         policy: The :class:`~services.trainer.models.policy.MultiAgentPolicy` whose models the engine serves.
         agents: The agents it serves (default sampling parameters are set for them).
         device: ``cpu`` or ``cuda``.
@@ -68,8 +112,8 @@ def build_rollout_engine(
     Raises:
         InvalidArgumentError: An invalid engine setting (named).
     """
-    sampling = {a: sampling_params(cfg, a) for a in agents}
-    engine = engine or cfg.rollout.engine
+    sampling = {a: cfg.params(a) for a in agents}
+    engine = engine or cfg.engine
     if engine == "auto":
         engine = "vllm" if device == "cuda" and vllm_available() else "hf"
     if engine == "vllm":
@@ -97,7 +141,7 @@ def build_rollout_engine(
 
 
 def generate_turns(
-    cfg: TrainConfig,
+    cfg: GenerationConfig,
     policy: Any,
     engine: RolloutEngine,
     lock: threading.Lock,
@@ -112,7 +156,7 @@ def generate_turns(
     prefix is never trained).
 
     Args:
-        cfg: The training config.
+        cfg: The sampling part of the training config (:func:`generation_config`).
         policy: The policy the engine serves (its tokenizers).
         engine: The rollout engine.
         lock: Held around the engine call; weight syncs take it too (engines are not thread-safe).
@@ -124,11 +168,12 @@ def generate_turns(
         B :class:`~services.trainer.rollout.base.Generation` objects (token ids, logprobs, text, version).
 
     Raises:
-        NotFoundError: Unknown agent.
-        InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+        InvalidArgumentError: Unknown agent (the agents are listed), or a prompt plus ``max_new_tokens`` beyond
+            the model's length.
+        NotFoundError: An agent the engine does not serve.
     """
-    sampling = sampling_params(cfg, agent_id, greedy)
-    prefix = cfg.agent(agent_id).response_prefix
+    sampling = cfg.params(agent_id, greedy)
+    prefix = cfg.response_prefixes[agent_id]
     prompts: list[Any] = chats
     if prefix:
         tok = policy.tokenizer(agent_id)

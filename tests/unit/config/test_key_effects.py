@@ -111,9 +111,9 @@ class _Engine:
 
 @pytest.mark.parametrize("prefix", [None, "task_1: offer"])
 def test_response_prefix_ends_the_prompt_and_starts_the_text(prefix):
-    from services.trainer.rollout.generation import generate_turns
+    from services.trainer.rollout.generation import generate_turns, generation_config
 
-    cfg = _cfg(**{"agents.0.response_prefix": prefix})
+    cfg = generation_config(_cfg(**{"agents.0.response_prefix": prefix}))
     engine = _Engine()
     policy = SimpleNamespace(tokenizer=lambda agent: _Tokenizer())
     chats = [[{"role": "user", "content": "split 40 units"}]]

@@ -158,7 +158,11 @@ def _engine(cfg: TrainConfig) -> str:
     ):
         for device in ("cpu", "cuda"):
             generation.build_rollout_engine(
-                cfg, policy, [a.name for a in cfg.agents], device, copy_weights=False
+                generation.generation_config(cfg),
+                policy,
+                [a.name for a in cfg.agents],
+                device,
+                copy_weights=False,
             )
     return repr(built)
 

@@ -152,10 +152,10 @@ def test_callers_sampling_parameters_are_used_not_the_configs(served_worker):
 
 
 def test_rollout_actors_serve_resident_versions_too():
-    from services.trainer.ray.rollout_worker import RolloutWorker
+    from services.trainer.ray.rollout_worker import RolloutWorker, rollout_actor_config
 
     cfg = _cfg("gateway.enabled=true", "gateway.resident_versions=2")
-    worker = RolloutWorker(cfg, num_threads=1)
+    worker = RolloutWorker(rollout_actor_config(cfg), num_threads=1)
     v0 = {k: t.clone() for k, t in worker.policy.state_for_sync("agent_2").items()}
     v1 = {k: t + 0.05 for k, t in v0.items()}
     worker.update_weights("agent_2", v1, 1)

@@ -262,9 +262,9 @@ def test_vllm_serves_lora_agents_as_requests_and_refuses_per_agent_models_it_can
 @pytest.mark.skipif(vllm_available(), reason="vllm installed: the GPU check covers it")
 def test_a_vllm_rollout_engine_without_vllm_names_the_package():
     from marti.config import load_config
-    from services.trainer.rollout.generation import build_rollout_engine
+    from services.trainer.rollout.generation import build_rollout_engine, generation_config
 
-    cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml")
+    cfg = generation_config(load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"))
     policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
     with pytest.raises(FailedPreconditionError, match="vllm"):
         build_rollout_engine(cfg, policy, ["agent_1"], "cpu", copy_weights=False, engine="vllm")

@@ -264,9 +264,9 @@ def test_preallocated_layer_appends_in_place_selects_rows_and_crops():
 
 def test_build_rollout_engine_builds_it_for_hf_static():
     from marti.config import load_config
-    from services.trainer.rollout.generation import build_rollout_engine
+    from services.trainer.rollout.generation import build_rollout_engine, generation_config
 
-    cfg = load_config(ROOT / "examples" / "tiny.yaml")
+    cfg = generation_config(load_config(ROOT / "examples" / "tiny.yaml"))
     policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
     engine = build_rollout_engine(cfg, policy, ["agent_1"], "cpu", copy_weights=False, engine="hf_static")
     assert isinstance(engine, StaticCacheRolloutEngine) and engine.compile is None
