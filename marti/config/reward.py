@@ -15,6 +15,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from marti.config.section import Section
+from marti.rewards.judge import JUDGE_PATTERN, compile_judge_pattern
 
 _Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
@@ -46,11 +47,18 @@ class RewardConfig(Section):
     """Texts per forward pass of the reward model."""
     model_max_length: Annotated[int, Field(ge=1)] = 2048
     """Tokens of ``prompt + completion`` the reward model reads (its last ones)."""
+    judge_agent: str | None = None
+    """An LLM judge: a frozen agent of the team (``is_tuning: false``) that speaks last; the verdict read from its
+    last reply is the team answer's reward (docs/datasets.md, "An LLM judge"). Not combined with the other
+    scorers. Null: no judge."""
+    judge_pattern: str = JUDGE_PATTERN
+    """Regex reading the judge's verdict (its last match; group 1 if any): a number in [0, 1], or ``correct`` /
+    ``yes`` (1) / ``incorrect`` / ``no`` (0). An unreadable verdict scores 0 with a warning (``judge/unreadable``)."""
 
     @property
     def active(self) -> bool:
         """True when any scorer is configured."""
-        return bool(self.functions or self.remote_url or self.model)
+        return bool(self.functions or self.remote_url or self.model or self.judge_agent)
 
     @model_validator(mode="after")
     def _check_weights(self) -> RewardConfig:
@@ -59,4 +67,10 @@ class RewardConfig(Section):
                 f"reward.function_weights has {len(self.function_weights)} weights for "
                 f"{len(self.functions)} reward.functions"
             )
+        if self.judge_agent and (self.functions or self.remote_url or self.model):
+            raise ValueError(
+                f"reward.judge_agent {self.judge_agent!r}: the judge's verdict is the reward; leave out "
+                "reward.functions, remote_url and model"
+            )
+        compile_judge_pattern(self.judge_pattern)
         return self

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from marti.config.dataset import DATASET_ENV, DatasetConfig
+from marti.config.dataset_team import check_dataset_team
 from marti.config.reward import RewardConfig
 from marti.config.section import Section as _Section
 from marti.config.seeds import default_eval_seeds, epochs_done, steps_for_epochs, train_seeds
@@ -1017,6 +1018,7 @@ class TrainConfig(_Section):
             )
         if self.tasks:
             raise ValueError("dataset and tasks cannot be combined: a dataset job has one task, its rows")
+        check_dataset_team(self)
         # no held-out split: no evaluation unless eval_every is given (then DatasetTasks.fit refuses it)
         no_eval = self.dataset.eval_path is None and self.dataset.eval_fraction is None
         if no_eval and "eval_every" not in self.rollout.model_fields_set:

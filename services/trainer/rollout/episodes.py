@@ -185,8 +185,9 @@ class EpisodeRunner:
             ``{capabilities}`` becomes in a workflow role's ``system_prompt`` template; missing agents get ``""``.
         rescore: ``rescore(views) -> [agent -> reward]``, called once with the views of the episodes that end
             in the same turn; each episode's rewards then replace its env returns before the workflow's
-            ``reward_fn`` / allocation (a dataset job's reward scorers, :mod:`services.trainer.rollout.scoring`).
-            None: the env returns stand.
+            ``reward_fn`` / allocation (a dataset job's reward scorers, :mod:`services.trainer.rollout.scoring`);
+            metrics the hook adds to a view's ``metrics`` are reported with its episode. None: the env returns
+            stand.
         records: A :class:`RecordPlan`: each record is completed by it before ``on_episode_end`` (a training
             rollout, whose records go to the agents' tables as they are). None: the records of the agents that
             acted, as played.
@@ -429,6 +430,7 @@ class EpisodeRunner:
         if ended and self.rescore is not None:
             for lv, view, base in zip(ended, views, self.rescore(views), strict=True):
                 lv.result.returns = self.workflow.rewards(dataclasses.replace(view, env_returns=dict(base)))
+                lv.result.metrics.update(view.metrics)  # metrics the hook added (judge/unreadable)
         for lv in ended:
             lv.finished = True
             if self.records is not None:

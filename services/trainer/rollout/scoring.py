@@ -7,18 +7,29 @@ turn); agents are credited by :func:`marti.rewards.team.credit` (``environment.o
 credits replace the env's verifier returns before the workflow's allocation. Replies are scored as generated
 (before a workflow's parser). A team with no reply scores 0 for the team part; a scorer's error (a raising
 function, NaN, a wrong length, a server that times out) stops the job with the scorer named.
+
+With ``reward.judge_agent`` (an LLM judge: a frozen agent that speaks last) the verdict read from the judge's last
+reply (:func:`marti.rewards.judge.read_verdict`) is the score of the team's answer, the reply before the judge
+spoke, and every agent is credited it. A verdict that cannot be read (or a judge that did not speak) scores 0.0,
+is logged as a warning naming the problem seed and the reply, and sets the episode metric ``judge/unreadable`` to
+1 (0 otherwise; the step's log shows the fraction of unreadable verdicts).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from marti.config import TrainConfig
+from marti.errors import InvalidArgumentError
 from marti.rewards import RewardScorer, WeightedSum, check_batch, check_scores, reward_functions
+from marti.rewards.judge import compile_judge_pattern, read_verdict
 from marti.rewards.team import OWN_WEIGHT, credit, last_replies, team_reply
 from marti.workflow import EpisodeView
 from services.trainer.data.tasks import DatasetTasks
+
+_LOG = logging.getLogger(__name__)
 
 #: ``score(prompts, completions, columns) -> list[float]`` on the reward-model actor (RayRuntime.score_rewards).
 ScoreFn = Callable[[list[str], list[str], dict[str, list[Any]]], list[float]]
@@ -88,12 +99,19 @@ class EpisodeScorer:
         cfg: The training config (``environment.options``: ``final``, ``final_agent``, ``own_weight``,
             ``verifier``).
         tasks: The job's problems (rows by seed).
-        scorer: The summed scorers (:func:`build_scorer`).
+        scorer: The summed scorers (:func:`build_scorer`); None with ``reward.judge_agent`` (the judge scores).
+
+    Raises:
+        InvalidArgumentError: Neither a scorer nor a judge.
     """
 
-    def __init__(self, cfg: TrainConfig, tasks: DatasetTasks, scorer: RewardScorer) -> None:
+    def __init__(self, cfg: TrainConfig, tasks: DatasetTasks, scorer: RewardScorer | None) -> None:
         opts = cfg.environment.options
         self.tasks, self.scorer = tasks, scorer
+        self.judge = cfg.reward.judge_agent
+        self.judge_pattern = compile_judge_pattern(cfg.reward.judge_pattern)
+        if scorer is None and self.judge is None:
+            raise InvalidArgumentError("EpisodeScorer needs a reward scorer or reward.judge_agent")
         self.input_key = tasks.section.input_key
         self.final = opts.get("final", "agent")
         self.final_agent = opts.get("final_agent")
@@ -101,7 +119,10 @@ class EpisodeScorer:
         self.verifier = opts.get("verifier", "exact")
 
     def rescore(self, views: Sequence[EpisodeView]) -> list[dict[str, float]]:
-        """Each episode's per-agent credit from the scorers (one scoring call for all of ``views``)."""
+        """Each episode's per-agent credit from the scorers (one scoring call for all of ``views``), or from the
+        judge's verdicts (each view's ``metrics`` gets ``judge/unreadable``)."""
+        if self.judge is not None:
+            return [self._judged(view) for view in views]
         prompts: list[str] = []
         completions: list[str] = []
         rows: list[dict[str, Any]] = []
@@ -122,6 +143,23 @@ class EpisodeScorer:
             own = {a: next(scores) for a in replied}
             out.append(credit(team, own, view.agents, self.own_weight))
         return out
+
+    def _judged(self, view: EpisodeView) -> dict[str, float]:
+        """Every agent credited the judge's verdict on the team's answer (0.0 when it cannot be read)."""
+        said = [text for _, agent, text in view.transcript if agent == self.judge and text]
+        verdict = read_verdict(said[-1], self.judge_pattern) if said else None
+        view.metrics["judge/unreadable"] = float(verdict is None)
+        if verdict is None:
+            reply = repr(said[-1][:200]) if said else "nothing (the judge did not speak)"
+            _LOG.warning(
+                "judge %r: no verdict readable with reward.judge_pattern %r in problem seed %d; scored 0.0. "
+                "Its reply: %s",
+                self.judge,
+                self.judge_pattern.pattern,
+                view.seed,
+                reply,
+            )
+        return credit(verdict or 0.0, {}, view.agents, self.own_weight)
 
     def _replies(self, view: EpisodeView) -> tuple[dict[str, str], str | None]:
         """Agent -> its last reply, and the team's reply (None when there is none)."""

@@ -52,8 +52,12 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
 }
 
 
+#: The judge's keys score through the judge's verdict, not build_scorer (tests/unit/trainer/test_data_workflows.py).
+JUDGE_KEYS = ("judge_agent", "judge_pattern")
+
+
 def test_the_table_names_every_key():
-    assert sorted(CHANGES) == sorted(RewardConfig.model_fields)
+    assert sorted(CHANGES) == sorted(k for k in RewardConfig.model_fields if k not in JUDGE_KEYS)
 
 
 @pytest.fixture

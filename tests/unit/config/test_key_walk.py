@@ -617,8 +617,11 @@ EFFECT_TESTS = {
     # the scores of the trainer's build_scorer (a real HTTP server, the reward-model actor class in-process)
     **{
         key: "tests/integration/rewards/test_reward_key_effects.py::test_each_reward_key_changes_the_scores"
-        for key in KEYS if key.startswith("reward.")
+        for key in KEYS if key.startswith("reward.") and not key.startswith("reward.judge_")
     },
+    # the LLM judge's verdict is the reward, through EpisodeScorer and the episode runner
+    "reward.judge_agent": "tests/unit/trainer/test_data_workflows.py::test_the_frozen_judges_verdict_is_the_reward",
+    "reward.judge_pattern": "tests/unit/trainer/test_data_workflows.py::test_judge_pattern_reads_the_verdict",
 }  # fmt: skip
 
 #: Settings a key takes effect beside, applied to both sides of the comparison; a list: the key is walked once
