@@ -149,9 +149,11 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     from marti.config import config_from_dict
     from marti.trajectory import Trajectory, Turn
-    from services.trainer.ray.policy_worker import PolicyWorker
+    from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 
-    worker = PolicyWorker(config_from_dict(worker_config(spec)), num_threads=spec["threads"])
+    worker = PolicyWorker(
+        policy_actor_config(config_from_dict(worker_config(spec))), num_threads=spec["threads"]
+    )
     P, G = spec["prompts_per_step"], spec["group_size"]
     problems = spec["train_problems"]
     step_times, step_rewards = [], []

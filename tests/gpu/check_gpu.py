@@ -310,7 +310,7 @@ def check_worker_train(device: str) -> None:
         critic_actor_config,
         reference_actor_config,
     )
-    from services.trainer.ray.policy_worker import PolicyWorker
+    from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 
     root = Path(__file__).resolve().parents[2]
     overrides = [
@@ -322,7 +322,7 @@ def check_worker_train(device: str) -> None:
     ]
     cfg = load_config(root / "examples" / "tiny.yaml", overrides)
     t0 = time.perf_counter()
-    colocated = PolicyWorker(cfg, num_threads=4)
+    colocated = PolicyWorker(policy_actor_config(cfg), num_threads=4)
     chats = [[{"role": "user", "content": f"Allocate units to task_{i}."}] for i in range(4)]
     gens = colocated.generate("agent_1", chats)
     assert all(g.response_token_ids for g in gens), "empty generation"
@@ -338,7 +338,7 @@ def check_worker_train(device: str) -> None:
     assert "value_loss" in stats[-1] and stats[-1]["kl"] != 0.0, stats[-1]
     after = colocated.generate("agent_1", chats, greedy=True)
     split_cfg = load_config(root / "examples" / "tiny.yaml", [*overrides, "ray.colocate_models=false"])
-    policy = PolicyWorker(split_cfg, num_threads=4)
+    policy = PolicyWorker(policy_actor_config(split_cfg), num_threads=4)
     reference = ReferenceWorker(reference_actor_config(split_cfg, "agent_1"), num_threads=4)
     critic = CriticWorker(critic_actor_config(split_cfg, "agent_1"), num_threads=4)
     split_stats = []

@@ -13,7 +13,8 @@ By default (``ray.colocate_models: true``) the worker also holds each trainable 
 and critic (GAE). With ``false`` it holds neither: :meth:`PolicyWorker.train` takes the reference
 log-probabilities and old values computed by the actors of :mod:`services.trainer.ray.model_workers` and reports
 the returns their critic is fitted to. The builders both layouts share (:func:`build_strategy`,
-:func:`build_agent_critic`, :func:`base_model_seed`, :func:`actor_setup`) live here.
+:func:`build_agent_critic`, :func:`base_model_seed`, :func:`actor_setup`) live here. The worker gets only its
+part of the config, built on the driver: :class:`PolicyActorConfig` (:func:`policy_actor_config`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from services.trainer.learn.learner import (
 )
 from services.trainer.models.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyLayout
 from services.trainer.rollout.generation import (
+    GenerationConfig,
     ResidentWeights,
     build_rollout_engine,
     engine_max_model_len,
@@ -355,48 +357,111 @@ def actor_setup(config: _Config, num_threads: int | None = None) -> tuple[_Confi
     return cfg, resolve_device(cfg)
 
 
+@dataclass(frozen=True)
+class PolicyActorConfig(ActorConfig):
+    """A policy actor's part of the training config, built on the driver by :func:`policy_actor_config`.
+
+    Attributes:
+        agents: The agents this actor serves (one per actor in ``per_agent`` mode, else the team).
+        layout: Their policy layout (:func:`policy_layout`).
+        generation: Its rollout engine and the agents' sampling (:func:`generation_config`).
+        engine: The engine it builds: ``hf`` with rollout actors (``ray.num_rollout_workers``: they generate, this
+            engine samples with the live modules and costs no memory), else None (``rollout.engine``).
+        engine_owns_weights: The engine samples from its own copy of the weights, synced after each update
+            (asynchronous rollouts or the inference gateway, without rollout actors: it generates while an update
+            runs in another thread).
+        learner: The updates' settings (:func:`learner_config`; its ``algo`` is the ``algorithm`` section).
+        optim: Per trainable agent, its optimizer settings (:func:`optim_config`).
+        strategy: ``strategy.name``; ``zero_stage``: ``strategy.zero_stage``; ``micro_batch_size``:
+            ``micro_train_batch_size`` (DeepSpeed's micro-batch).
+        critics: Per trainable agent, its colocated critic's settings (GAE with ``ray.colocate_models``), else
+            empty.
+        ema_beta: ``policy.ema_beta`` with ``policy.ema``, else None (no moving average).
+        resident_versions: Weight versions per agent kept servable for the inference gateway (when this actor
+            serves it: gateway on, no rollout actors), else 1.
+    """
+
+    agents: tuple[str, ...]
+    layout: PolicyLayout
+    generation: GenerationConfig
+    engine: str | None
+    engine_owns_weights: bool
+    learner: LearnerConfig
+    optim: dict[str, OptimConfig]
+    strategy: str
+    zero_stage: int
+    micro_batch_size: int
+    critics: dict[str, CriticSettings]
+    ema_beta: float | None
+    resident_versions: int
+
+
+def policy_actor_config(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyActorConfig:
+    """The :class:`PolicyActorConfig` of the actor serving ``agents`` (None: the team)."""
+    names = tuple(a.name for a in cfg.agents) if agents is None else tuple(agents)
+    trainable = [n for n in names if cfg.agent(n).is_tuning]
+    rollout_actors = bool(cfg.ray.num_rollout_workers)
+    gae = cfg.algorithm.advantage_estimator == "gae" and cfg.ray.colocate_models
+    return PolicyActorConfig(
+        cfg.seed,
+        cfg.device,
+        agents=names,
+        layout=policy_layout(cfg, list(names)),
+        generation=generation_config(cfg),
+        engine="hf" if rollout_actors else None,
+        engine_owns_weights=(cfg.rollout.max_staleness > 0 or cfg.gateway.enabled) and not rollout_actors,
+        learner=learner_config(cfg),
+        optim={a: optim_config(cfg, a) for a in trainable},
+        strategy=cfg.strategy.name,
+        zero_stage=cfg.strategy.zero_stage,
+        micro_batch_size=cfg.micro_train_batch_size,
+        critics={a: critic_settings(cfg, a, trainable) for a in trainable} if gae else {},
+        ema_beta=cfg.policy.ema_beta if cfg.policy.ema else None,
+        resident_versions=cfg.gateway_resident_versions if cfg.gateway.enabled and not rollout_actors else 1,
+    )
+
+
 class PolicyWorker:
     """Policies, rollout engine and strategies of a team.
 
     Args:
-        config: The training config (validated on the driver, see :func:`actor_setup`).
+        config: Its part of the training config (:func:`policy_actor_config`, built on the driver).
         num_threads: torch intra-op threads; ``None`` keeps torch's default.
-        agents: The agents this worker serves (one per actor in ``per_agent`` mode); ``None`` = the team.
 
     Raises:
+        InvalidArgumentError: ``config`` is not a :class:`PolicyActorConfig` (a whole training config, say).
         NotFoundError: a model is not available locally (named, with the places looked).
     """
 
-    def __init__(
-        self, config: TrainConfig, num_threads: int | None = None, agents: list[str] | None = None
-    ) -> None:
+    def __init__(self, config: PolicyActorConfig, num_threads: int | None = None) -> None:
+        if not isinstance(config, PolicyActorConfig):
+            raise InvalidArgumentError(
+                f"config must be a PolicyActorConfig (policy_actor_config(cfg)), got {type(config).__name__}"
+            )
         self.cfg, self.device = actor_setup(config, num_threads)
-        self.algo = self.cfg.algorithm
-        self.agents = [a.name for a in self.cfg.agents] if agents is None else list(agents)
-        self.policy = MultiAgentPolicy(policy_layout(self.cfg, self.agents), device=self.device)
+        self.algo = self.cfg.learner.algo
+        self.agents = list(self.cfg.agents)
+        self.policy = MultiAgentPolicy(self.cfg.layout, device=self.device)
         # Asynchronous rollouts (rollout.max_staleness > 0) and inference-gateway calls (gateway.enabled) generate
         # while an update runs in another thread of this actor: the engine then samples from its own copy of the
         # weights, synced after each update. The lock keeps a sync from landing in the middle of a generate call
         # (engines are not thread-safe). With rollout actors, they generate and serve instead.
-        overlaps = self.cfg.rollout.max_staleness > 0 or self.cfg.gateway.enabled
-        self.engine_owns_weights = overlaps and not self.cfg.ray.num_rollout_workers
+        self.engine_owns_weights = self.cfg.engine_owns_weights
         self._engine_lock = threading.Lock()
-        # With rollout actors (ray.num_rollout_workers) this engine is never asked for rollouts: a transformers
-        # engine on the live modules, which costs no memory, rather than a vLLM engine holding GPU memory.
-        self.generation = generation_config(self.cfg)
+        self.generation = self.cfg.generation
         self.engine = build_rollout_engine(
             self.generation,
             self.policy,
             self.agents,
             self.device,
             copy_weights=self.engine_owns_weights,
-            engine="hf" if self.cfg.ray.num_rollout_workers else None,
+            engine=self.cfg.engine,
         )
         self.strategies: dict[str, Any] = {}
         # policy.ema: an exponential moving average of each trained weight set, updated after every optimizer
         # step, evaluated with (generate(greedy=True)) and saved with checkpoints.
         self.ema: dict[str, EmaWeights] = {}
-        if self.cfg.policy.ema and not callable(getattr(self.engine, "pinned", None)):
+        if self.cfg.ema_beta is not None and not callable(getattr(self.engine, "pinned", None)):
             raise InvalidArgumentError(
                 "policy.ema evaluates with the averaged weights through the transformers rollout engine; the "
                 f"{type(self.engine).__name__} cannot load them for a call (set rollout.engine: hf)"
@@ -405,15 +470,13 @@ class PolicyWorker:
             unit = self.policy.unit_of(agent)
             if unit not in self.strategies:
                 self.strategies[unit] = self._build_strategy(agent)
-                if self.cfg.policy.ema:
+                if self.cfg.ema_beta is not None:
                     self.ema[unit] = self._build_ema(agent, self.strategies[unit])
         self.critics: dict[str, Any] = {}
         self.critic_engines: dict[str, Any] = {}
-        if self.algo.advantage_estimator == "gae" and self.cfg.ray.colocate_models:
-            for agent in self.policy.trainable_agents:
-                settings = critic_settings(self.cfg, agent, self.policy.trainable_agents)
-                critic, engine = build_agent_critic(settings, self.device)
-                self.critics[agent], self.critic_engines[agent] = critic, engine
+        for agent, settings in self.cfg.critics.items():
+            critic, engine = build_agent_critic(settings, self.device)
+            self.critics[agent], self.critic_engines[agent] = critic, engine
         self.data_position: dict[str, Any] = {"step": 0}
         # algorithm.normalize_reward: each agent's running reward moments (saved with the checkpoint).
         self.reward_moments: dict[str, RunningMoments] = {
@@ -423,8 +486,8 @@ class PolicyWorker:
         # agent (CPU copies), when this actor serves (no rollout actors).
         self.resident: ResidentWeights | None = None
         pinnable = callable(getattr(self.engine, "pinned", None))  # the transformers engine, not vLLM
-        keep = self.cfg.gateway_resident_versions  # 1: only the current version, which needs no copy
-        if self.cfg.gateway.enabled and not self.cfg.ray.num_rollout_workers and pinnable and keep > 1:
+        keep = self.cfg.resident_versions  # 1: only the current version, which needs no copy
+        if pinnable and keep > 1:
             self.resident = ResidentWeights(keep)
             with self._whole_weights():
                 for agent in self.agents:
@@ -436,7 +499,7 @@ class PolicyWorker:
         """The EMA of the weight set ``agent`` trains, updated after each optimizer step of ``strategy`` (whole
         weights: gathered first under ZeRO-3)."""
         with strategy.gathered():
-            ema = EmaWeights(self.policy.named_parameters(agent), self.cfg.policy.ema_beta)
+            ema = EmaWeights(self.policy.named_parameters(agent), self.cfg.ema_beta)
 
         def update() -> None:
             with strategy.gathered():
@@ -447,7 +510,9 @@ class PolicyWorker:
 
     def _build_strategy(self, agent: str) -> Any:
         """The train engine of the weight set ``agent`` trains (its model, adapter or the shared model)."""
-        return build_strategy(self.cfg, agent, self.policy.model(agent), self.policy.parameters(agent))
+        c = self.cfg
+        strategy = strategy_named(c.strategy, c.zero_stage, c.micro_batch_size)
+        return strategy.setup(self.policy.model(agent), self.policy.parameters(agent), c.optim[agent])
 
     # ------------------------------------------------------------------------------------------ rollouts
     def versions(self) -> dict[str, int]:
@@ -587,7 +652,7 @@ class PolicyWorker:
             ref_logprobs=None if ref_logprobs is None else ref_logprobs.to(self.device),
             old_values=None if old_values is None else old_values.to(self.device),
         )
-        if self.cfg.algorithm.normalize_reward:  # the credited rewards: outcome or dense per-turn returns
+        if self.algo.normalize_reward:  # the credited rewards: outcome or dense per-turn returns
             exp = normalize_credit(self.algo, exp, self.reward_moments[agent_id])
         critic = self.critics.get(agent_id)
         self.policy.train(True)
@@ -595,7 +660,7 @@ class PolicyWorker:
             self.policy,
             self.strategies[self.policy.unit_of(agent_id)],
             exp,
-            learner_config(self.cfg),
+            self.cfg.learner,
             critic=None if critic is None else TrainableCritic(critic, self.critic_engines[agent_id]),
         )
         self.policy.train(False)
@@ -603,7 +668,7 @@ class PolicyWorker:
         version = self.policy.bump_version(agent_id)
         self._sync_engine(agent_id, version)
         stats["policy_version"] = float(version)
-        if self.cfg.algorithm.normalize_reward:
+        if self.algo.normalize_reward:
             stats["reward_running_mean"] = self.reward_moments[agent_id].mean
             stats["reward_running_std"] = self.reward_moments[agent_id].std
         stats["train_time_s"] = time.perf_counter() - start

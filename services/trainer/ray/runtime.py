@@ -288,7 +288,7 @@ class RayRuntime:
             critic_actor_config,
             reference_actor_config,
         )
-        from services.trainer.ray.policy_worker import PolicyWorker
+        from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
         from services.trainer.ray.reward_worker import RewardModelWorker, reward_actor_config
         from services.trainer.ray.rollout_worker import RolloutWorker, rollout_actor_config
 
@@ -318,7 +318,7 @@ class RayRuntime:
             ray.util.remove_placement_group(self._pg)
             self._pg = None
             raise ResourceExhaustedError(f"could not reserve Ray resources {bundles} within {timeout_s:.0f}s")
-        config = self.cfg  # validated once, here; each actor gets the frozen object, not text to parse again
+        # The config was validated once, on the driver; each actor gets a narrow frozen config of its part.
         classes = {
             "policy": PolicyWorker,
             "reference": ReferenceWorker,
@@ -339,7 +339,7 @@ class RayRuntime:
             )
             group = None if spec.group is None else list(spec.group)
             if spec.kind == "policy":
-                handle = actor.remote(config, num_threads=threads, agents=group)
+                handle = actor.remote(policy_actor_config(self.cfg, group), num_threads=threads)
                 self._workers.append(handle)
                 self._owner.update({name: handle for name in spec.agents})
             elif spec.kind == "rollout":

@@ -23,7 +23,7 @@ from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
 from services.trainer.models.policy import MultiAgentPolicy
-from services.trainer.ray.policy_worker import PolicyWorker, policy_layout
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config, policy_layout
 from services.trainer.rollout.gateway_backend import TrainerBackend
 from services.trainer.rollout.hf import HFRolloutEngine
 from tests.trainer_data import one_turn
@@ -98,7 +98,7 @@ def test_each_agents_calls_reach_its_own_adapter_and_an_update_leaves_the_other_
         ],
     )
     assert cfg.policy.mode == "lora" and list(AGENTS) == [a.name for a in cfg.agents]
-    worker = PolicyWorker(cfg, num_threads=1)
+    worker = PolicyWorker(policy_actor_config(cfg), num_threads=1)
     tok = load_tokenizer()
     backend = TrainerBackend(_Runtime(worker), list(AGENTS), {a: tok for a in AGENTS})
     server = GatewayServer(Gateway(backend, GatewayLimits(max_wait_ms=1, resident_versions=2)), token=TOKEN)

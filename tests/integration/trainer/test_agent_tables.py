@@ -198,12 +198,12 @@ def test_a_group_whose_rest_has_not_come_is_never_trained_shrunk_and_waits_in_th
 def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(address, tmp_path):
     """The seam the inference gateway uses: any SDK client inserts records with behaviour log-probs and a
     policy version into an agent's table; the job's learner samples them and updates the agent with them."""
-    from services.trainer.ray.policy_worker import PolicyWorker
+    from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 
     cfg = load_config(
         ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}", "rollout.max_new_tokens=5"]
     )
-    worker = PolicyWorker(cfg, num_threads=1)
+    worker = PolicyWorker(policy_actor_config(cfg), num_threads=1)
     chats = [[{"role": "user", "content": f"task {i}"}] for i in range(cfg.rollout.episodes_per_step)]
     gens = worker.generate("agent_1", chats)
 

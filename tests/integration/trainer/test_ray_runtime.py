@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from marti.config import load_config
 from marti.trajectory import Trajectory
-from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from services.trainer.ray.runtime import RayRuntime
 from tests.trainer_data import one_turn
 
@@ -70,7 +70,7 @@ def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_pat
         "gradient_accumulation_steps=2",
     ]
     path = ROOT / "examples" / "tiny.yaml"
-    colocated = PolicyWorker(load_config(path, overrides), num_threads=1)
+    colocated = PolicyWorker(policy_actor_config(load_config(path, overrides)), num_threads=1)
     runtime = RayRuntime(load_config(path, [*overrides, "ray.colocate_models=false"]))
     try:
         runtime.start()

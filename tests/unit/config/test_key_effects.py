@@ -167,7 +167,8 @@ def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg)
             bump_version=lambda agent: 1,
         )  # fmt: skip
         fake = SimpleNamespace(
-            cfg=cfg, policy=policy, strategies={"a": None}, algo=cfg.algorithm, critics={}, critic_engines={},
+            cfg=worker_mod.policy_actor_config(cfg), policy=policy, strategies={"a": None}, algo=cfg.algorithm,
+            critics={}, critic_engines={},
             device="cpu", reward_moments={}, _sync_engine=lambda agent, version: None,
         )  # fmt: skip
         with mock.patch.object(worker_mod, "update_agent", update_agent):

@@ -18,7 +18,7 @@ import yaml
 import services.trainer.ray.policy_worker as worker_mod
 from marti.config import AlgorithmConfig, TrainConfig, config_from_dict
 from marti.errors import InvalidArgumentError
-from services.trainer.ray.policy_worker import PolicyWorker, steps_per_batch
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config, steps_per_batch
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -104,7 +104,7 @@ def worker_run():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(worker_mod, "update_agent", record)
-        worker = PolicyWorker(cfg, num_threads=1)
+        worker = PolicyWorker(policy_actor_config(cfg), num_threads=1)
         agent = worker.policy.trainable_agents[0]
         worker.train(agent, [one_turn([1, 2, 3], [4, 5], 1.0, 0), one_turn([1, 2, 3], [6], 0.0, 0)])
     return values, cfg, worker, agent, seen
@@ -139,7 +139,7 @@ def test_the_keys_the_update_does_not_read_reach_their_named_consumers(worker_ru
 def test_the_running_reward_moments_are_saved_with_the_checkpoint(worker_run, tmp_path):
     _, cfg, worker, agent, _ = worker_run
     worker.save(str(tmp_path / "ckpt"), {"step": 1})
-    fresh = PolicyWorker(cfg, num_threads=1)
+    fresh = PolicyWorker(policy_actor_config(cfg), num_threads=1)
     assert fresh.reward_moments[agent].count == 0
     fresh.load(str(tmp_path / "ckpt"))
     assert fresh.reward_moments[agent] == worker.reward_moments[agent]

@@ -116,12 +116,12 @@ def test_config_strategy_bf16_reaches_the_learner_forward_and_checkpoints(tmp_pa
     """``strategy.bf16`` of a job config: the policy worker's update runs its forward in bf16 (or not at all),
     and its checkpoint restores the trained LoRA weights into a fresh worker."""
     from marti.config import load_config
-    from services.trainer.ray.policy_worker import PolicyWorker
+    from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
     from tests.trainer_data import one_turn
 
     overrides = [f"strategy.bf16={str(bf16).lower()}", "micro_train_batch_size=2"]
     cfg = load_config(ROOT / "examples" / "tiny.yaml", overrides)
-    worker = PolicyWorker(cfg)
+    worker = PolicyWorker(policy_actor_config(cfg))
     assert worker.strategies["agent_1"].bf16 is bf16
     prompt = [5, 6, 7, 8, 9]
     samples = [one_turn(prompt, [10 + i, 11 + i, 12], float(i % 2), 0) for i in range(4)]
@@ -133,7 +133,7 @@ def test_config_strategy_bf16_reaches_the_learner_forward_and_checkpoints(tmp_pa
     assert all(p.dtype == torch.float32 for p in trained.values())
     worker.save(str(tmp_path / "ckpt"), {"step": 1})
 
-    fresh = PolicyWorker(cfg)
+    fresh = PolicyWorker(policy_actor_config(cfg))
     assert fresh.load(str(tmp_path / "ckpt")) == {"step": 1}
     restored = dict(fresh.policy.named_parameters("agent_1"))
     assert all(torch.equal(trained[n], restored[n]) for n in trained)

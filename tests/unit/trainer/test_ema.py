@@ -10,7 +10,7 @@ import torch
 from marti.config import config_from_dict, load_config
 from marti.errors import InvalidArgumentError
 from services.trainer.learn.ema import EmaWeights
-from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,7 +49,7 @@ def _worker(*extra: str) -> PolicyWorker:
         ROOT / "examples" / "tiny.yaml",
         ["policy.ema=true", "policy.ema_beta=0.5", "rollout.max_new_tokens=4", "learning_rate=0.05", *extra],
     )
-    return PolicyWorker(cfg, num_threads=1)
+    return PolicyWorker(policy_actor_config(cfg), num_threads=1)
 
 
 @pytest.fixture(scope="module")

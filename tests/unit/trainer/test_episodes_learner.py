@@ -12,7 +12,7 @@ import marti
 from marti.config import load_config
 from services.trainer.learn.experience import collate
 from services.trainer.observe.episode_metrics import episode_metrics
-from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from services.trainer.rollout.env_config import env_config
 from services.trainer.rollout.episodes import EpisodeRunner
 from tests.trainer_data import one_turn
@@ -29,7 +29,7 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def worker(cfg):
-    return PolicyWorker(cfg, num_threads=1)
+    return PolicyWorker(policy_actor_config(cfg), num_threads=1)
 
 
 def _runner(cfg, worker, greedy=False):
@@ -128,7 +128,7 @@ def test_ppo_with_gae_trains_a_critic(cfg, tmp_path):
         ROOT / "examples" / "tiny.yaml",
         ["environment.max_turns=2", "rollout.max_new_tokens=6", "algorithm.advantage_estimator=gae"],
     )
-    w = PolicyWorker(gae_cfg, num_threads=1)
+    w = PolicyWorker(policy_actor_config(gae_cfg), num_threads=1)
     assert set(w.critics) == {"agent_1", "agent_2"}
     results = _runner(gae_cfg, w).play([1, 2, 3])
     samples = [
@@ -148,7 +148,7 @@ def test_ppo_with_gae_trains_a_critic(cfg, tmp_path):
 
 
 def test_nan_weights_stop_the_update_with_a_diagnostic(cfg):
-    w = PolicyWorker(cfg, num_threads=1)
+    w = PolicyWorker(policy_actor_config(cfg), num_threads=1)
     results = _runner(cfg, w).play([7, 7])
     samples = [
         one_turn(t.prompt_token_ids, t.response_token_ids, float(i), r.seed)

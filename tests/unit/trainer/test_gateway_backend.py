@@ -23,7 +23,7 @@ from services.trainer.job.addresses import Addresses
 from services.trainer.job.gateway_host import gateway_limits
 from services.trainer.job.loop import TrainingLoop
 from services.trainer.models.policy import MultiAgentPolicy
-from services.trainer.ray.policy_worker import PolicyWorker, policy_layout
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config, policy_layout
 from services.trainer.ray.runtime import RayRuntime
 from services.trainer.rollout.gateway_backend import EngineBackend, TrainerBackend
 from services.trainer.rollout.generation import ResidentWeights
@@ -62,7 +62,7 @@ def _reference(cfg, agent: str, weights: dict[str, torch.Tensor], version: int) 
 def served_worker():
     """A policy worker with the gateway on (3 resident versions), updated twice; each version's weights."""
     cfg = _cfg("gateway.enabled=true", "gateway.resident_versions=3", "learning_rate=0.05")
-    worker = PolicyWorker(cfg, num_threads=1)
+    worker = PolicyWorker(policy_actor_config(cfg), num_threads=1)
     weights = {0: worker.weights_for_sync("agent_1")[0]}
     for v in (1, 2):
         stats = worker.train("agent_1", _samples(worker, "agent_1"))
@@ -75,7 +75,7 @@ def test_the_engine_owns_its_weights_when_the_gateway_serves(served_worker):
     _, worker, _ = served_worker
     assert worker.engine_owns_weights
     assert worker.serving_state()["resident"] == {"agent_1": [0, 1, 2], "agent_2": [0]}
-    plain = PolicyWorker(_cfg(), num_threads=1)
+    plain = PolicyWorker(policy_actor_config(_cfg()), num_threads=1)
     assert not plain.engine_owns_weights and plain.resident is None
     assert plain.serving_state()["resident"] == {"agent_1": [0], "agent_2": [0]}
 

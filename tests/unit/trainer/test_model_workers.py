@@ -22,7 +22,7 @@ from services.trainer.ray.model_workers import (
     critic_actor_config,
     reference_actor_config,
 )
-from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from services.trainer.ray.runtime import RayRuntime
 from tests.trainer_data import one_turn
 
@@ -59,9 +59,9 @@ def _weights(worker: PolicyWorker, agent: str) -> dict[str, torch.Tensor]:
 def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extra):
     """Precomputed ref logprobs and old values through update_agent == the colocated in-process path."""
     overrides = [f"policy.mode={mode}", *extra]
-    colocated = PolicyWorker(_cfg(*overrides), num_threads=1)
+    colocated = PolicyWorker(policy_actor_config(_cfg(*overrides)), num_threads=1)
     split_cfg = _cfg(*overrides, "ray.colocate_models=false")
-    policy = PolicyWorker(split_cfg, num_threads=1)
+    policy = PolicyWorker(policy_actor_config(split_cfg), num_threads=1)
     reference = ReferenceWorker(reference_actor_config(split_cfg, agent), num_threads=1)
     critic = CriticWorker(critic_actor_config(split_cfg, agent), num_threads=1)
     assert not policy.critics and not policy.policy._refs, "the split policy keeps no reference or critic"
@@ -189,3 +189,25 @@ def test_the_critic_actor_gets_a_narrow_frozen_config_of_its_part():
     assert CriticWorker(narrow, num_threads=1).cfg is narrow
     with pytest.raises(InvalidArgumentError, match="does not train"):
         critic_actor_config(_cfg("agents.0.is_tuning=false"), "agent_1")
+
+
+def test_a_policy_actor_gets_only_its_frozen_part_of_the_config():
+    """Like the reference and critic actors, a policy actor gets a narrow frozen config built on the driver (its
+    agents, layout, sampling, learner, optimizer and critic settings); a whole training config is refused by
+    name, not read in the actor."""
+    import dataclasses
+
+    cfg = _cfg("policy.mode=per_agent", "learning_rate=3e-4", "policy.ema=true", "policy.ema_beta=0.9")
+    narrow = policy_actor_config(cfg, ["agent_2"])
+    assert narrow.agents == ("agent_2",) and [a.name for a in narrow.layout.agents] == ["agent_2"]
+    assert set(narrow.optim) == {"agent_2"} and narrow.optim["agent_2"].lr == pytest.approx(3e-4)
+    assert set(narrow.critics) == {"agent_2"} and narrow.learner.micro_batch_size == 1
+    assert (narrow.ema_beta, narrow.engine, narrow.engine_owns_weights, narrow.resident_versions) == (
+        0.9, None, False, 1,
+    )  # fmt: skip
+    split = policy_actor_config(_cfg("ray.colocate_models=false", "ray.num_rollout_workers=1"))
+    assert split.critics == {} and split.engine == "hf" and split.ema_beta is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        narrow.ema_beta = 0.5  # type: ignore[misc]
+    with pytest.raises(InvalidArgumentError, match="PolicyActorConfig"):
+        PolicyWorker(cfg, num_threads=1)

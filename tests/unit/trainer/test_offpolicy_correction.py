@@ -15,7 +15,7 @@ from marti.config import load_config
 from marti.trajectory import Trajectory, Turn
 from services.trainer.learn.experience import collate
 from services.trainer.learn.learner import LearnerConfig, update_agent
-from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,7 +25,7 @@ CHATS = [[{"role": "user", "content": f"Split {n} units between task_1 and task_
 @pytest.fixture
 def worker():
     cfg = load_config(ROOT / "examples" / "tiny.yaml", ["rollout.max_new_tokens=6", "seed=3"])
-    return PolicyWorker(cfg, num_threads=1)
+    return PolicyWorker(policy_actor_config(cfg), num_threads=1)
 
 
 def _samples(worker: PolicyWorker, agent: str, rewards=(1.0, 0.0, 1.0, 0.0)) -> list[Trajectory]:

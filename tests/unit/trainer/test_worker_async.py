@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from marti.config import load_config
-from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -23,7 +23,7 @@ def _worker() -> PolicyWorker:
             "rollout.max_new_tokens=4",
         ],
     )
-    return PolicyWorker(cfg, num_threads=1)
+    return PolicyWorker(policy_actor_config(cfg), num_threads=1)
 
 
 def test_zero3_worker_syncs_whole_weights_to_its_own_engine_and_after_a_resume(tmp_path):

@@ -11,7 +11,7 @@ from marti.config import load_config
 from services.trainer.job.addresses import Addresses
 from services.trainer.job.loop import TrainingLoop
 from services.trainer.observe.episode_metrics import episode_metrics
-from services.trainer.ray.policy_worker import PolicyWorker
+from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from services.trainer.rollout.episodes import EpisodeRunner
 from tests.trainer_data import one_turn
 
@@ -22,7 +22,7 @@ def _play(name: str, monkeypatch, seeds=(3, 3)):
     monkeypatch.chdir(ROOT)  # the examples name their functions by paths relative to the repository root
     cfg = load_config(ROOT / "examples" / "workflows" / name / f"{name}.yaml", ["rollout.max_new_tokens=4"])
     loop = TrainingLoop(cfg, Addresses(None, None, None), show_progress=False)  # None: in-process envs
-    worker = PolicyWorker(cfg, num_threads=1)
+    worker = PolicyWorker(policy_actor_config(cfg), num_threads=1)
     runner = EpisodeRunner(
         make_env=loop._make_env,
         generate=lambda agent, chats: worker.generate(agent, chats),
