@@ -15,9 +15,11 @@ import yaml
 import marti
 from marti.config import config_from_dict, load_config
 from marti.errors import InvalidArgumentError
+from marti.rewards import make_verifier
 from marti.rewards.judge import read_verdict
 from marti.workflow import workflow_from_section
 from scripts.data.make_arithmetic_data import main as make_data
+from scripts.data.make_arithmetic_data import make_rows
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.rollout.episodes import EpisodeRunner
 from services.trainer.rollout.scoring import EpisodeScorer, build_scorer
@@ -33,6 +35,22 @@ def data_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert make_data(["--count", "40", "--out", "data/arithmetic.jsonl"]) == 0
     return tmp_path
+
+
+def test_the_data_script_is_seeded_and_its_latex_rows_are_read_by_math_verify():
+    assert (
+        make_rows(30, seed=1, latex_every=3) == make_rows(30, seed=1, latex_every=3) != make_rows(30, seed=2)
+    )
+    rows = make_rows(30, seed=1, latex_every=3)
+    latex = [r for i, r in enumerate(rows) if (i + 1) % 3 == 0]
+    assert all("\\boxed" in r["prompt"] for r in latex) and any("\\frac" in r["answer"] for r in latex)
+    assert all(r["answer"].lstrip("-").isdigit() for i, r in enumerate(rows) if (i + 1) % 3)
+    math = make_verifier("math")
+    for r in latex:
+        assert math(f"So the share is $\\boxed{{{r['answer']}}}$.", r["answer"]) == 1.0
+    frac = next(r for r in latex if "\\frac" in r["answer"])
+    p, q = (int(x) for x in frac["answer"][6:-1].split("}{"))
+    assert math(f"Answer: {p / q}", frac["answer"]) == 1.0  # the same value as a decimal
 
 
 def _play(cfg, replies: dict[str, list[str]]) -> tuple[Any, list[tuple[str, str]], str]:
