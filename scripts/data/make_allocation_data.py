@@ -32,30 +32,36 @@ if str(ROOT) not in sys.path:  # run as a script from a clone
 
 import marti  # noqa: E402
 from services.env_server.envs import allocation_problem as ap  # noqa: E402
+from services.env_server.envs.private_allocation import PRIVATE_DIFFICULTIES  # noqa: E402
 
-#: Observation lines about the env's own turn order, which a dataset row does not have.
-_TURN_LINE = re.compile(r"^(Turn \d+ of at most \d+\.|It is .*turn.*)$")
 #: The leader's ranking line; its first task is the answer.
 _RANKING = re.compile(r"Tasks, most valuable first: [^.\n]*")
 
 
-def _static(text: str) -> str:
-    """An observation without its turn lines, ending as the env's does on the agent's own turn."""
-    kept = [line for line in text.splitlines() if not _TURN_LINE.match(line)]
-    return "\n".join([*kept, "Reply now in the requested format."])
-
-
 def pick_row(seed: int) -> dict[str, object]:
-    """One ``pick`` problem (seed ``seed``) as a row: ``prompt``, ``leader_view``, ``answer``, ``seed``."""
+    """One ``pick`` problem (seed ``seed``) as a row: ``prompt``, ``leader_view``, ``answer``, ``ranking``,
+    ``values``, ``solo_view``, ``seed``."""
     env = marti.make(
         "collaborative_task_solving", scenario="private_allocation", difficulty="pick", num_agents=2,
         roles=["planner", "executor"], max_turns=2, history_messages=0, seed=seed,
     )  # fmt: skip
-    obs, _ = env.reset(seed=seed)
+    leader, _ = env.reset(seed=seed)
+    # the executor's observation on its own turn (after a leader message), as the env shows it to the demo's team
+    executor, *_ = env.step({"agent_1": "Most valuable first: see above", "agent_2": ""})
+    obs = {"agent_1": leader["agent_1"], "agent_2": executor["agent_2"]}
     env.close()
+    solo = marti.make(
+        "collaborative_task_solving", scenario="private_allocation", difficulty="pick", num_agents=1,
+        roles=["executor"], solo_view="all", max_turns=1, history_messages=0, seed=seed,
+    )  # fmt: skip
+    solo_view = solo.reset(seed=seed)[0]["agent_1"]  # one agent that sees the whole problem
+    solo.close()
     ranking = re.findall(r"task_\d+", _RANKING.search(obs["agent_1"]).group(0))  # most valuable first
-    return {"prompt": _static(obs["agent_2"]), "leader_view": _static(obs["agent_1"]), "answer": ranking[0],
-            "ranking": ranking, "seed": seed}  # fmt: skip
+    problem = ap.generate(random.Random(seed), PRIVATE_DIFFICULTIES["pick"])  # the env's draw for this seed
+    values = {t.name: t.value for t in problem.tasks}
+    assert max(values, key=values.__getitem__) == ranking[0], seed  # the same problem as the env's
+    return {"prompt": obs["agent_2"], "leader_view": obs["agent_1"], "answer": ranking[0],
+            "ranking": ranking, "values": values, "solo_view": solo_view, "seed": seed}  # fmt: skip
 
 
 def balanced_pick_rows(count: int, start_seed: int) -> list[dict[str, object]]:
