@@ -136,13 +136,8 @@ class RolloutWorker:
     def serve(
         self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
     ) -> list[Generation]:
-        """An inference-gateway call (see :func:`~services.trainer.rollout.generation.serve_generations`): one response
-        per prompt of token ids with the caller's sampling parameters, on the current or a resident version.
-
-        Raises:
-            NotFoundError: Unknown agent, or ``version`` is not resident.
-            InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
-        """
+        """The inference-gateway call of :meth:`~services.trainer.ray.policy_worker.PolicyWorker.serve` (same
+        arguments, result and errors), on this rollout actor's engine and resident versions."""
         return serve_generations(self.engine, self._lock, self.resident, agent_id, prompts, sampling, version)
 
     def serving_state(self) -> dict[str, dict[str, Any]]:
