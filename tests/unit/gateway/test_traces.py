@@ -81,7 +81,7 @@ def test_complete_group_is_released_with_group_metadata():
     assert t.finish("e1", {"b": 1.0}, group_id="q7", group_size=2).episodes == []
     eps = t.finish("e2", {"b": 0.0}, group_id="q7", group_size=2).episodes
     assert [ep["b"].episode_return for ep in eps] == [1.0, 0.0]
-    assert all(ep[a].group_id == "q7" and ep[a].metadata["group_size"] == 2 for ep in eps for a in "ab")
+    assert all(ep[a].group_id == "q7" and ep[a].group_size == 2 for ep in eps for a in "ab")  # typed field
 
 
 def test_silent_episode_is_abandoned_with_its_group_never_trained():
