@@ -363,6 +363,10 @@ class RolloutConfig(_Section):
     ``dataset`` without a held-out split (``eval_path`` / ``eval_fraction``) has none to evaluate: 0 unless set."""
     eval_episodes: PositiveInt = 16
     """Held-out episodes per evaluation."""
+    eval_samples: PositiveInt = 1
+    """Episodes per held-out problem at each evaluation: 1 plays each greedily; N > 1 samples each N times (at
+    the rollout's temperature) and adds ``team/pass@k`` for k = 1..N (the unbiased estimator of Chen et al.
+    2021) and ``team/majority_vote`` (the most common team answer, dataset jobs) to the evaluation's metrics."""
     eval_seeds: list[NonNegInt] | None = None
     """Held-out problem seeds; null: ``1000000, 1000001, ...`` (``eval_episodes`` of them)."""
     max_staleness: StrictNonNegInt = 0

@@ -11,6 +11,7 @@ answer and credit agents by the same rule.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -22,12 +23,24 @@ OWN_WEIGHT = 0.5
 __all__ = ["OWN_WEIGHT", "answer_of", "credit", "last_replies", "team_reply"]
 
 
-def answer_of(text: str, verifier: str) -> str | None:
-    """The answer in a reply (:func:`~marti.rewards.answers.extract_answer`; for the ``numeric`` verifier the last
-    number when nothing else is marked), or None."""
+def answer_of(text: str, verifier: str, pattern: str | None = None) -> str | None:
+    """The answer in a reply, as a majority vote and the ``team_answer`` info compare it, or None when it has none.
+
+    ``regex``: the last match of ``pattern`` (group 1 if it has groups), the text the verifier compares;
+    otherwise :func:`~marti.rewards.answers.extract_answer` (a ``\\boxed{}``, an ``Answer:`` line), else for
+    ``numeric`` the last number and for ``exact`` the whole reply (what each verifier reads).
+    """
+    if verifier == "regex" and pattern:
+        matches = list(re.finditer(pattern, text))
+        if not matches:
+            return None
+        last = matches[-1]
+        return last.group(1) if last.re.groups else last.group(0)
     answer = extract_answer(text)
     if answer is None and verifier == "numeric":
         answer = last_number(text)
+    if answer is None and verifier == "exact" and text.strip():
+        answer = text
     return answer
 
 
@@ -61,6 +74,7 @@ def team_reply(
     final_agent: str | None = None,
     last_speaker: str | None = None,
     verifier: str = "exact",
+    pattern: str | None = None,
 ) -> str | None:
     """The reply that is the team's answer (see the module docstring), or None when there is none.
 
@@ -71,6 +85,7 @@ def team_reply(
         final_agent: Whose reply is the team's; None: ``last_speaker``.
         last_speaker: The last agent that spoke.
         verifier: The verifier kind, for :func:`answer_of` (majority vote).
+        pattern: The ``regex`` verifier's pattern, for :func:`answer_of`.
     """
     if final == "agent":
         who = final_agent or last_speaker
@@ -78,7 +93,7 @@ def team_reply(
     votes: dict[str, str] = {}
     counts: Counter[str] = Counter()
     for agent in agents:
-        answer = answer_of(last.get(agent, ""), verifier)
+        answer = answer_of(last.get(agent, ""), verifier, pattern)
         if answer is not None:
             key = normalize_text(answer)
             votes.setdefault(key, last[agent])

@@ -202,7 +202,7 @@ class DatasetTaskEnv(ParallelEnv):
         return obs, rewards, dict.fromkeys(live, done), dict.fromkeys(live, False), infos
 
     def _answer(self, text: str) -> str | None:
-        return answer_of(text, self.config["verifier"])
+        return answer_of(text, self.config["verifier"], self.config["pattern"])
 
     def _score(self) -> dict[str, Any]:
         """Score the team's reply and each agent's own (:mod:`marti.rewards.team`, shared with the trainer)."""
@@ -213,6 +213,7 @@ class DatasetTaskEnv(ParallelEnv):
             final_agent=self.config["final_agent"],
             last_speaker=self.last_speaker,
             verifier=self.config["verifier"],
+            pattern=self.config["pattern"],
         )
         team = bool(team_text is not None and self.verifier(team_text, self.label) >= 1.0)
         own = {a: self.verifier(t, self.label) >= 1.0 for a, t in self.last_text.items()}

@@ -54,6 +54,7 @@ from services.trainer.job.summary import RunSummary, epoch_limit_message, user_c
 from services.trainer.learn.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.learn.experience import group_key, row_count, trained_tokens, trained_turns
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
+from services.trainer.observe.sampled_eval import sampled_metrics
 from services.trainer.ray.runtime import RayRuntime
 from services.trainer.rollout.env_config import (
     agent_return,
@@ -372,9 +373,11 @@ class TrainingLoop:
         return batches, metrics
 
     def _play_eval(self, runtime: RayRuntime) -> list[EpisodeResult]:
-        """Greedy episodes on the held-out seeds (each task plays all of them in a multi-task job)."""
-        seeds = self.cfg.rollout.resolved_eval_seeds
-        runner = self._runner(runtime, greedy=True)
+        """Greedy episodes on the held-out seeds (each task plays all of them in a multi-task job); with
+        ``rollout.eval_samples`` N > 1, N sampled episodes of each."""
+        n = self.cfg.rollout.eval_samples
+        seeds = [s for s in self.cfg.rollout.resolved_eval_seeds for _ in range(n)]
+        runner = self._runner(runtime, greedy=n == 1)
         if not self.tasks:
             return self._play(runner, list(seeds), None, "evaluation")
         names = [t for t in self.tasks for _ in seeds]
@@ -385,6 +388,8 @@ class TrainingLoop:
 
         results = self._play_eval(runtime)
         metrics = {**episode_metrics(results), **task_metrics(results)}
+        if self.cfg.rollout.eval_samples > 1:
+            metrics.update(sampled_metrics(results, self.cfg.rollout.eval_samples))
         writer.log_eval(step, metrics)
         append_eval_episodes(self.run_dir, step, results)
         summary.eval_history.append((step, metrics))

@@ -205,6 +205,39 @@ def _eval_table(evals: list[MetricRecord]) -> list[str]:
     return lines
 
 
+def _accuracy_keys(evals: list[MetricRecord]) -> list[str]:
+    """The held-out accuracy keys the evaluations logged: the team's (``task_completion``), each agent's own
+    (``team/accuracy/<agent>``, the ``dataset_task`` env), the majority vote and pass@k (``rollout.eval_samples``)."""
+    seen = dict.fromkeys(k for r in evals for k in r.values)
+    own = sorted(k for k in seen if k.startswith(f"{TEAM}/accuracy/"))
+    sampled = sorted(
+        (k for k in seen if k.startswith(f"{TEAM}/pass@")), key=lambda k: int(k.rsplit("@", 1)[1])
+    )
+    if not own and not sampled:
+        return []
+    extra = [f"{TEAM}/majority_vote"] if f"{TEAM}/majority_vote" in seen else []
+    return [f"{TEAM}/{TASK_COMPLETION}", *own, *extra, *sampled]
+
+
+def _accuracy_section(evals: list[MetricRecord], plots: Path) -> list[str]:
+    """``## Held-out accuracy``: a table of every evaluation step and a plot (``plots/heldout_accuracy.png``),
+    for runs that logged per-agent accuracy or a sampled evaluation; nothing otherwise."""
+    keys = _accuracy_keys(evals)
+    if not keys:
+        return []
+    names = {f"{TEAM}/{TASK_COMPLETION}": "team (final answer)"}
+    names.update({k: f"agent {k.rsplit('/', 1)[1]}" for k in keys if k.startswith(f"{TEAM}/accuracy/")})
+    names.update({k: k.split("/", 1)[1] for k in keys if k not in names})
+    lines = ["## Held-out accuracy", "", "| step | " + " | ".join(names[k] for k in keys) + " |"]
+    lines.append("| --- " * (len(keys) + 1) + "|")
+    for r in evals:
+        cells = ["-" if k not in r.values else _fmt(r.values[k]) for k in keys]
+        lines.append(f"| {r.step} | " + " | ".join(cells) + " |")
+    curves = [(names[k], *series(evals, k), "o") for k in keys]
+    _plot(plots / "heldout_accuracy.png", "Held-out accuracy", "accuracy", [c for c in curves if c[1]])
+    return [*lines, "", f"![Held-out accuracy]({PLOTS_DIR}/heldout_accuracy.png)", ""]
+
+
 def _load_config(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / CONFIG_FILE
     if not path.exists():
@@ -312,6 +345,7 @@ def write_report(run_dir: str | Path) -> Path:
     for title, rel in figures:
         lines += [f"### {title}", "", f"![{title}]({rel})", ""]
     lines += ["## Held-out evaluation: first versus last", ""] + _eval_table(evals) + [""]
+    lines += _accuracy_section(evals, plots)
     lines += ["## Last training step", ""] + _last_step_table(train) + [""]
     out = run_dir / REPORT_FILE
     out.write_text("\n".join(lines), encoding="utf-8")

@@ -66,6 +66,8 @@ class EpisodeResult:
         task: Task name in a multi-task job, else None.
         env_returns: Per agent, the env's own return (equal to ``returns`` unless a workflow re-credits them).
         transcript: ``(step, agent, text)`` of every reply (scripted agents' included), in order.
+        team_answer: The team's extracted answer as the env's last info gives it (``team_answer``, the
+            ``dataset_task`` env), else None; majority votes over sampled evaluations read it.
     """
 
     episode_id: str
@@ -76,6 +78,7 @@ class EpisodeResult:
     task: str | None = None
     env_returns: dict[str, float] = field(default_factory=dict)
     transcript: list[tuple[int, str, str]] = field(default_factory=list)
+    team_answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -448,6 +451,8 @@ class EpisodeRunner:
                     lv.result.metrics[key] = float(last[key])
                 except (TypeError, ValueError):
                     _LOG.warning("env metric %r is not a number (%r); not reported", key, last[key])
+        if isinstance(last.get("team_answer"), str):
+            lv.result.team_answer = last["team_answer"]
         lv.result.metrics["num_turns"] = float(lv.turns)
         lv.result.metrics["format_valid"] = lv.parsed / lv.turns if lv.turns else 0.0
         lv.result.metrics["messages"] = float(lv.received)

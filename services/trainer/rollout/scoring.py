@@ -117,6 +117,7 @@ class EpisodeScorer:
         self.final_agent = opts.get("final_agent")
         self.own_weight = float(opts.get("own_weight", OWN_WEIGHT))
         self.verifier = opts.get("verifier", "exact")
+        self.pattern = opts.get("pattern")
 
     def rescore(self, views: Sequence[EpisodeView]) -> list[dict[str, float]]:
         """Each episode's per-agent credit from the scorers (one scoring call for all of ``views``), or from the
@@ -174,5 +175,6 @@ class EpisodeScorer:
             final_agent=self.final_agent,
             last_speaker=speaker,
             verifier=self.verifier,
+            pattern=self.pattern,
         )
         return last, team
