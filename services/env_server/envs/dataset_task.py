@@ -11,9 +11,9 @@ do not speak send ``""``); an agent's answer is its last non-empty action. The e
 terminated) after ``max_turns`` steps, and only then are rewards given:
 
 * the team's answer is ``final_agent``'s last answer (default: the last agent that spoke; agents that speak in
-  the same step count in team order), or with ``final: majority`` the most common extracted answer
-  (:func:`marti.rewards.answers.extract_answer`, normalised; ties go to the answer of the earliest agent in
-  team order) among the agents' last answers;
+  the same step count in team order), or with ``final: majority`` the most common answer (what the verifier
+  reads, :func:`marti.rewards.team.answer_of`, normalised; ties go to the answer of the earliest agent in team
+  order) among the agents' last answers;
 * an agent's reward is ``(1 - own_weight) * team_correct + own_weight * own_correct`` when it gave an answer,
   else ``team_correct`` (``own_weight`` default 0.5: half for the team's answer, half for its own).
 
