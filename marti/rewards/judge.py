@@ -2,7 +2,8 @@
 answer (``reward.judge_agent``, docs/datasets.md "An LLM judge").
 
 The verdict is read from the judge's last reply with a pattern (default :data:`JUDGE_PATTERN`: the last
-``Verdict: X`` in the reply, case ignored); ``X`` is a number in [0, 1], or a word: ``correct`` / ``yes`` /
+``Verdict: X`` in the reply, case ignored); ``X`` is a number in [0, 1] (``0.8``, ``0,8``, or a fraction such as
+``3/4``), or a word: ``correct`` / ``yes`` /
 ``right`` / ``true`` read as 1.0, ``incorrect`` / ``no`` / ``wrong`` / ``false`` as 0.0. Anything else (no match,
 a number outside [0, 1], another word) is unreadable: :func:`read_verdict` returns None and the trainer scores it
 0.0 with a warning and counts it (``judge/unreadable``).
@@ -18,7 +19,7 @@ from marti.errors import InvalidArgumentError
 __all__ = ["JUDGE_PATTERN", "compile_judge_pattern", "read_verdict"]
 
 #: The default verdict pattern: group 1 is the word or number after the last ``Verdict:``.
-JUDGE_PATTERN = r"(?i)verdict\s*[:=]\s*\**\s*([\w.+-]+)"
+JUDGE_PATTERN = r"(?i)verdict\s*[:=]\s*\**\s*([\w.,/+-]+)"
 
 _WORDS = {
     "correct": 1.0,
@@ -60,9 +61,15 @@ def read_verdict(reply: str, pattern: re.Pattern[str] | str = JUDGE_PATTERN) -> 
     if not matches:
         return None
     m = matches[-1]
-    text = (m.group(1) if rx.groups else m.group(0)).strip().strip(".*!").lower()
+    text = (m.group(1) if rx.groups else m.group(0)).strip().strip(".,*!").lower()
     if text in _WORDS:
         return _WORDS[text]
+    fraction = re.fullmatch(r"(\d+)/(\d+)", text)
+    if fraction:  # "1/2" is a half, not 1
+        num, den = int(fraction[1]), int(fraction[2])
+        return num / den if den and num <= den else None
+    if re.fullmatch(r"\d+,\d+", text):  # a decimal comma: "0,8"
+        text = text.replace(",", ".")
     try:
         value = float(text)
     except ValueError:

@@ -182,6 +182,11 @@ def test_the_frozen_judges_verdict_is_the_reward(data_dir, caplog, verdict, rewa
         ("Verdict: yes\n...\nVerdict: no", 0.0),
         ("VERDICT = 1", 1.0),
         ("Verdict: 0.5", 0.5),
+        ("verdict: 1/2", 0.5),  # a half, not 1
+        ("Verdict: 3/4", 0.75),
+        ("Verdict: 0,8", 0.8),  # a decimal comma, not 0
+        ("Verdict: correct, because it adds up", 1.0),
+        ("Verdict: 5/4", None),
         ("Verdict: 7", None),
         ("Verdict: maybe", None),
         ("correct", None),
