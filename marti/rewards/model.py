@@ -27,7 +27,7 @@ from marti.arguments import checked
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.rewards.base import check_batch, check_scores
 
-__all__ = ["ModelRewardScorer"]
+__all__ = ["ModelRewardScorer", "reward_model_config"]
 
 
 class ModelRewardScorer:
@@ -108,29 +108,7 @@ class ModelRewardScorer:
 
     def _config(self) -> Any:
         """The model's config, refused unless it is a sequence classifier with one label."""
-        folder = Path(self.path)
-        if not (folder / "config.json").is_file():
-            what = "has no config.json" if folder.is_dir() else "is not a folder"
-            raise NotFoundError(
-                f"{self.name} {what}: a reward model is a folder written by save_pretrained (config.json, "
-                "weights, tokenizer)"
-            )
-        try:
-            config = AutoConfig.from_pretrained(self.path, local_files_only=True)
-        except (ValueError, OSError, KeyError, json.JSONDecodeError) as exc:
-            raise InvalidArgumentError(f"{self.name}: config.json cannot be read ({exc})") from None
-        architectures = list(getattr(config, "architectures", None) or [])
-        if not any(a.endswith("ForSequenceClassification") for a in architectures):
-            raise InvalidArgumentError(
-                f"{self.name} is not a sequence-classification model (config.json architectures: "
-                f"{architectures}); a reward model is an AutoModelForSequenceClassification with num_labels=1"
-            )
-        if config.num_labels != 1:
-            raise InvalidArgumentError(
-                f"{self.name} has a head of num_labels={config.num_labels} ({architectures[0]}); a reward model "
-                "must have exactly one output label (num_labels=1)"
-            )
-        return config
+        return reward_model_config(self.path)
 
     def _tokenizer(self, config: Any) -> Any:
         """The folder's tokenizer, padding on the right with the model's pad token, truncating on the left."""
@@ -149,3 +127,41 @@ class ModelRewardScorer:
                 f"{self.name}: neither config.json nor the tokenizer defines a pad or EOS token; batches need one"
             )
         return tokenizer
+
+
+def reward_model_config(path: str) -> Any:
+    """Read and check a reward model's ``config.json`` without loading its weights: a sequence classifier
+    (``*ForSequenceClassification``) with exactly one label. The trainer runs it before a job starts.
+
+    Returns:
+        The model's ``transformers`` config.
+
+    Raises:
+        NotFoundError: ``path`` is not a folder, or has no ``config.json``.
+        InvalidArgumentError: The config cannot be read, names no sequence-classification architecture, or has
+            ``num_labels`` other than 1 (the path and the value named).
+    """
+    name = f"reward model {path!r}"
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        what = "has no config.json" if folder.is_dir() else "is not a folder"
+        raise NotFoundError(
+            f"{name} {what}: a reward model is a folder written by save_pretrained (config.json, "
+            "weights, tokenizer)"
+        )
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, OSError, KeyError, json.JSONDecodeError) as exc:
+        raise InvalidArgumentError(f"{name}: config.json cannot be read ({exc})") from None
+    architectures = list(getattr(config, "architectures", None) or [])
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise InvalidArgumentError(
+            f"{name} is not a sequence-classification model (config.json architectures: "
+            f"{architectures}); a reward model is an AutoModelForSequenceClassification with num_labels=1"
+        )
+    if config.num_labels != 1:
+        raise InvalidArgumentError(
+            f"{name} has a head of num_labels={config.num_labels} ({architectures[0]}); a reward model "
+            "must have exactly one output label (num_labels=1)"
+        )
+    return config

@@ -98,3 +98,28 @@ class DatasetTasks:
             out["label_key"] = self.section.label_key
         out.update(cfg.environment.options)
         return out
+
+
+def check_dataset_job(cfg: TrainConfig) -> None:
+    """What a dataset job can check before anything starts or any folder is touched: its rows (loaded and
+    checked, with the held-out split), its reward functions (loaded) and its reward model's ``config.json``
+    (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
+    before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``.
+
+    Raises:
+        InvalidArgumentError / NotFoundError / UnavailableError: what :class:`DatasetTasks`,
+            :func:`services.trainer.rollout.scoring.build_scorer` and
+            :func:`marti.rewards.model.reward_model_config` raise, naming the file, row, function or path.
+    """
+    if cfg.dataset is None:
+        return
+    from services.trainer.models.loading import TINY_ALIAS
+    from services.trainer.rollout.scoring import build_scorer
+
+    DatasetTasks(cfg).fit(cfg)
+    build_scorer(cfg, None)
+    model = cfg.reward.model
+    if model and model.strip().lower() != TINY_ALIAS:
+        from marti.rewards.model import reward_model_config
+
+        reward_model_config(model)

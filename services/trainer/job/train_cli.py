@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     missing model or refused run folder, 1 failure, ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM) when a
     signal stopped the job before its last step."""
     from marti.launch_flags import build_config
+    from services.trainer.data.tasks import check_dataset_job
     from services.trainer.models.loading import check_attn_implementation, resolve_model
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -257,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name is not None:
                     resolve_model(name)
         check_attn_implementation(cfg.policy.attn_implementation)
+        check_dataset_job(cfg)  # before the run folder: a bad file must not cost an --overwrite its old run
         folder = _prepare_folder(cfg, args)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)

@@ -22,7 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from marti.config import TrainConfig
-from marti.errors import InvalidArgumentError
+from marti.errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
 from marti.rewards import RewardScorer, WeightedSum, check_batch, check_scores, reward_functions
 from marti.rewards.judge import compile_judge_pattern, read_verdict
 from marti.rewards.team import OWN_WEIGHT, credit, last_replies, team_reply
@@ -137,7 +142,7 @@ class EpisodeScorer:
             rows += [row] * len(texts)
             plan.append((team is not None, list(last)))
         columns = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {})}
-        scores = iter(self.scorer.score(prompts, completions, columns) if completions else [])
+        scores = iter(self._score(prompts, completions, columns) if completions else [])
         out = []
         for view, (has_team, replied) in zip(views, plan, strict=True):
             team = next(scores) if has_team else 0.0
@@ -161,6 +166,18 @@ class EpisodeScorer:
                 reply,
             )
         return credit(verdict or 0.0, {}, view.agents, self.own_weight)
+
+    def _score(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
+    ) -> list[float]:
+        """The scorers' scores. A scorer that stays unreachable or slow after its own retries (a remote reward
+        server that is down) stops the job as :class:`~marti.errors.FailedPreconditionError`: it is not one of the
+        job's services, so the loop's reconnect (which replays a rollout while a service restarts) must not
+        replay the step for it."""
+        try:
+            return self.scorer.score(prompts, completions, columns)
+        except (UnavailableError, DeadlineExceededError) as exc:
+            raise FailedPreconditionError(f"reward scoring failed: {exc}") from exc
 
     def _replies(self, view: EpisodeView) -> tuple[dict[str, str], str | None]:
         """Agent -> its last reply, and the team's reply (None when there is none)."""

@@ -171,3 +171,72 @@ def test_a_reward_function_returning_nan_stops_the_rollout_naming_it(tmp_path):
     )
     with pytest.raises(InvalidArgumentError, match="bad.py:nan"):
         runner.play([1])
+
+
+def test_a_bad_dataset_is_refused_before_an_overwrite_touches_the_old_run(tmp_path):
+    """`marti train --overwrite` with a misspelled column: refused naming it, and the previous run is kept."""
+    import subprocess
+    import sys
+
+    cfg = _config(tmp_path)
+    old = tmp_path / "old_run"
+    old.mkdir()
+    (old / "metrics.jsonl").write_text('{"step": 1}\n')
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        json.dumps(
+            {"training_name": "t", "num_agents": 1, "output": {"dir": str(old)},
+             "agents": [{"name": "solver", "pretrain_model": "tiny-llama", "role": "solver"}],
+             "dataset": {"path": cfg.dataset.path, "input_key": "promt", "eval_fraction": 0.2}}
+        )
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "marti.cli", "train", str(config), "--overwrite"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "promt" in proc.stderr and "did you mean 'prompt'" in proc.stderr
+    assert (old / "metrics.jsonl").read_text() == '{"step": 1}\n'  # the old run is still there
+
+
+def test_a_causal_lm_as_reward_model_is_refused_before_the_job(tmp_path):
+    from transformers import LlamaConfig
+
+    from services.trainer.data.tasks import check_dataset_job
+
+    folder = tmp_path / "causal"
+    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                architectures=["LlamaForCausalLM"]).save_pretrained(folder)  # fmt: skip
+    cfg = _config(tmp_path, reward={"model": str(folder)})
+    with pytest.raises(InvalidArgumentError, match=r"causal'.*not a sequence-classification model"):
+        check_dataset_job(cfg)
+    from marti.errors import NotFoundError
+
+    with pytest.raises(NotFoundError, match="is not a folder"):
+        check_dataset_job(_config(tmp_path, reward={"model": str(tmp_path / "nowhere")}))
+    check_dataset_job(
+        _config(tmp_path, reward={"model": "tiny-llama"})
+    )  # built by the actor: no file to check
+
+
+def test_a_reward_server_that_is_down_stops_the_job_instead_of_a_replay(tmp_path):
+    """An unreachable server, after its own retries, is not an outage of the job's services (whose errors the
+    loop's reconnect replays a rollout for): the rollout fails with FailedPreconditionError naming the URL."""
+    from marti.errors import FailedPreconditionError
+
+    url = "http://127.0.0.1:9/get_reward"  # the discard port: nothing listens
+    cfg = _config(tmp_path, reward={"remote_url": url, "remote_retries": 0, "remote_timeout_s": 2})
+    tasks = DatasetTasks(cfg)
+    scorer = EpisodeScorer(cfg, tasks, build_scorer(cfg, None))
+    runner = EpisodeRunner(
+        make_env=lambda seed: marti.make("dataset_task", seed=seed, **tasks.env_config(cfg, seed)),
+        generate=lambda agent, chats: [_Gen("4") for _ in chats],
+        comm_factory=None,
+        agents=["solver", "judge"],
+        roles={"solver": "solver", "judge": "judge"},
+        system_prompts={"solver": "s", "judge": "j"},
+        policy_version=lambda a: 0,
+        rescore=scorer.rescore,
+    )
+    with pytest.raises(FailedPreconditionError, match=r"reward scoring failed: .*127\.0\.0\.1:9"):
+        runner.play([1])
