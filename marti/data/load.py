@@ -97,10 +97,24 @@ def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
     return {"features": ds.Features({c: ds.Value("string") for c in header}), "na_filter": False}
 
 
+def _mixed_as_text(ds: Any, loaded: Any, spec: SourceSpec) -> Any:
+    """A JSON source reloaded with its mixed columns as text. ``datasets`` stores a column that mixes numbers
+    and strings as JSON text and decodes the strings as numbers (``"007"`` came back as ``7``); read as string
+    features, every value keeps the text written (``1`` is ``"1"``, ``"007"`` stays ``"007"``)."""
+    mixed = [k for k, v in loaded.features.items() if type(v).__name__ == "Json"]
+    if not mixed:
+        return loaded
+    features = loaded.features.copy()
+    for key in mixed:
+        features[key] = ds.Value("string")
+    return ds.load_dataset("json", data_files=spec.location, split="train", features=features)
+
+
 def _from_file(ds: Any, spec: SourceSpec) -> Any:
     try:
         extra = _csv_text_columns(ds, spec.location) if spec.kind == "csv" else {}
-        return ds.load_dataset(spec.kind, data_files=spec.location, split="train", **extra)
+        loaded = ds.load_dataset(spec.kind, data_files=spec.location, split="train", **extra)
+        return _mixed_as_text(ds, loaded, spec) if spec.kind == "json" else loaded
     except Exception as exc:  # every parser failure is reported with the file named
         if "corresponds to no data" in _cause(exc):  # datasets' answer to a file without rows
             raise InvalidArgumentError(f"dataset {spec.describe()} has no rows") from None

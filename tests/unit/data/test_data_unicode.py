@@ -29,3 +29,16 @@ def test_unicode_round_trips_through_each_format_and_json(tmp_path, kind):
     # how a row reaches a remote env server: inside the env config, as JSON text
     for text in (json.dumps(rows, ensure_ascii=False), json.dumps(rows)):
         assert json.loads(text) == TEXT_ROWS
+
+
+def test_a_json_column_mixing_numbers_and_text_keeps_the_text_written(tmp_path):
+    """datasets stores a mixed column as JSON text and decoded "007" as 7; such a column is read as text."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(
+        '{"prompt": "a", "answer": 1}\n{"prompt": "b", "answer": "007"}\n{"prompt": "c", "answer": "1.50"}\n'
+    )
+    problems = ProblemSet.from_source(f"jsonl:{path}", input_key="prompt", label_key="answer")
+    assert [problems.label(i) for i in range(3)] == ["1", "007", "1.50"]
+    plain = tmp_path / "plain.jsonl"  # one type per column: kept as it is
+    plain.write_text('{"prompt": "a", "answer": 1}\n{"prompt": "b", "answer": 7}\n')
+    assert ProblemSet.from_source(f"jsonl:{plain}", input_key="prompt", label_key="answer").label(1) == 7
