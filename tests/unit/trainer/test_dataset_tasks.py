@@ -240,3 +240,14 @@ def test_a_reward_server_that_is_down_stops_the_job_instead_of_a_replay(tmp_path
     )
     with pytest.raises(FailedPreconditionError, match=r"reward scoring failed: .*127\.0\.0\.1:9"):
         runner.play([1])
+
+
+def test_a_label_the_verifier_cannot_read_is_named_with_its_row_before_the_job(tmp_path):
+    from services.trainer.data.tasks import check_dataset_job
+
+    cfg = _config(tmp_path, environment={"options": {"verifier": "multiple_choice"}})  # labels are numbers
+    with pytest.raises(
+        InvalidArgumentError, match=r"row \d+ of dataset .*rows\.jsonl.*multiple_choice verifier"
+    ):
+        check_dataset_job(cfg)
+    check_dataset_job(_config(tmp_path))  # numeric: every label reads
