@@ -36,8 +36,9 @@ class DatasetConfig(Section):
     input_key: str = "prompt"
     """Column holding each problem's prompt text (OpenRLHF's ``--input_key``)."""
     label_key: str | None = "answer"
-    """Column holding each problem's reference answer (OpenRLHF's ``--label_key``); null when the reward needs
-    no label. Every row must have one (not null, not empty)."""
+    """Column holding each problem's reference answer (OpenRLHF's ``--label_key``). Every row must have one (not
+    null, not empty). Null (no label) only with a custom env by import path: the ``dataset_task`` env's verifier
+    reads every row's label."""
     eval_path: str | None = None
     """Held-out source, in the same forms as ``path``; null: ``eval_fraction``, or no held-out set."""
     eval_fraction: _Fraction | None = None

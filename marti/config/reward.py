@@ -26,7 +26,7 @@ class RewardConfig(Section):
     functions: list[str] = Field(default_factory=list)
     """User reward functions, ``file.py:fn`` or ``module:fn``, each called TRL-style
     ``fn(prompts=..., completions=..., **columns) -> list[float]`` (one float per completion)."""
-    function_weights: list[float] | None = None
+    function_weights: list[Annotated[float, Field(allow_inf_nan=False)]] | None = None
     """One weight per function (TRL's ``reward_weights``); null: 1.0 each."""
     remote_url: str | None = None
     """A remote reward server (OpenRLHF's ``--remote_rm_url`` protocol: POST ``{query, prompts, labels}``,

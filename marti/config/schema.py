@@ -1015,6 +1015,11 @@ class TrainConfig(_Section):
         if "env_name" not in env.model_fields_set:
             env = env.model_copy(update={"env_name": DATASET_ENV})
             object.__setattr__(self, "environment", env)
+        if env.env_name == DATASET_ENV and self.dataset.label_key is None:
+            raise ValueError(
+                f"dataset.label_key is null, but the {DATASET_ENV!r} env's verifier reads every row's label: "
+                "name the label column (or play the rows in a custom env by import path)"
+            )
         if env.env_name != DATASET_ENV and ":" not in env.env_name:
             raise ValueError(
                 f"dataset rows are played by the {DATASET_ENV!r} env or a custom env by import path; "

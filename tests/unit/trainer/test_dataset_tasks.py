@@ -251,3 +251,10 @@ def test_a_label_the_verifier_cannot_read_is_named_with_its_row_before_the_job(t
     ):
         check_dataset_job(cfg)
     check_dataset_job(_config(tmp_path))  # numeric: every label reads
+
+
+def test_no_label_column_and_a_nan_weight_are_refused_at_config_load(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="dataset.label_key is null, but the 'dataset_task' env"):
+        _config(tmp_path, dataset={"label_key": None})
+    with pytest.raises(InvalidArgumentError, match="function_weights.0.*finite"):
+        _config(tmp_path, reward={"functions": [_reward_file(tmp_path)], "function_weights": [float("nan")]})
