@@ -10,37 +10,42 @@ never sees a group shrunk by staleness or split across two updates. Built-in ite
 slot, so updates stay aligned with rollout steps; an external episode (one the gateway inserted) removed as
 stale takes none: external episodes are not aligned with steps, so the update waits for a fresh one. Items
 inserted by any other process (:class:`marti.ExperienceSharingClient` ``share_experience`` with behaviour
-log-probs and a policy version) are trained on the same way.
+log-probs and a policy version) are trained on the same way. The reader runs on the driver and keeps the slot
+rule, the waits and the reconnects; the sample calls run on the learner's side
+(:class:`~services.trainer.data.table_sampler.TableSampler` in the agent's policy actor), which keeps the
+trajectories and answers with episode ids.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from marti.errors import CancelledError, DeadlineExceededError, FailedPreconditionError
-from marti.trajectory import Trajectory
 
 from .external import ExternalEpisodes
+from .table_sampler import SampledIds
 from .tables import Reconnecting
 
-#: Seconds one learner sample call waits for an item before the table counts as dry.
-SAMPLE_POLL_S = 2.0
+#: One sample call on the learner's side (:meth:`~services.trainer.data.table_sampler.TableSampler.sample` in
+#: the agent's policy actor): ``(agent, table, count, current_version)`` -> ids taken, or None when the table
+#: stayed empty for its poll.
+Sample = Callable[[str, str, int, int], "SampledIds | None"]
 
 
 @dataclass
 class Taken:
-    """One update's batch of an agent, as taken from its table.
+    """One update's batch of an agent, as taken from its table (the trajectories stay with the sampler).
 
     Attributes:
-        trajectories: The items to train on, in table order (whole groups).
+        item_ids: Episode ids of the items to train on, in table order (whole groups).
         stale: Items the table removed as older than the agent's bound.
         dropped: Fresh items the table removed with their group because a member was stale.
     """
 
-    trajectories: list[Trajectory] = field(default_factory=list)
+    item_ids: list[str] = field(default_factory=list)
     stale: int = 0
     dropped: int = 0
 
@@ -49,16 +54,18 @@ class BatchReader:
     """Takes each update's batch of the trainable agents from their tables.
 
     Args:
-        store: An :class:`marti.ExperienceSharingClient` (one channel, reused for every call).
+        sample: One sample call of the learner's side (:data:`Sample`; a policy actor's
+            :class:`~services.trainer.data.table_sampler.TableSampler`, bounded at its poll of
+            :data:`~services.trainer.data.table_sampler.SAMPLE_POLL_S`).
         tables: Per trainable agent, its table (:func:`services.trainer.data.tables.claim_tables`).
         reconnecting: Runs a call again while the store restarts.
         external: The job's external episodes (an external stale removal takes no slot).
     """
 
     def __init__(
-        self, store: Any, tables: dict[str, str], reconnecting: Reconnecting, external: ExternalEpisodes
+        self, sample: Sample, tables: dict[str, str], reconnecting: Reconnecting, external: ExternalEpisodes
     ) -> None:
-        self.store = store
+        self.sample = sample
         self.tables = tables
         self._reconnecting = reconnecting
         self.external = external
@@ -92,7 +99,7 @@ class BatchReader:
 
         Raises:
             FailedPreconditionError: no ``deadline`` and the table ran dry before ``count`` items (nothing came
-                within :data:`SAMPLE_POLL_S`; an empty table is not a service outage to reconnect from).
+                within the sampler's poll; an empty table is not a service outage to reconnect from).
             DeadlineExceededError: ``deadline`` passed before ``count`` items came (the counts are named; the
                 items taken so far are consumed).
             CancelledError: ``stop`` was set while waiting.
@@ -102,7 +109,8 @@ class BatchReader:
         consumed = 0
         while consumed < count:
             got = self._reconnecting(
-                lambda n=count - consumed: self._sample(table, n, current_version), f"sampling {table!r}"
+                lambda n=count - consumed: self.sample(agent, table, n, current_version),
+                f"sampling {table!r}",
             )
             if got is None and deadline is None:
                 raise FailedPreconditionError(
@@ -115,7 +123,7 @@ class BatchReader:
                 _check_wait(table, consumed, count, deadline, stop)
         return out
 
-    def _accept(self, agent: str, got: Any, out: Taken) -> int:
+    def _accept(self, agent: str, got: SampledIds, out: Taken) -> int:
         """Add a sample call's result to ``out``: its items to train on, and the episodes the table removed as
         stale or with a stale group.
 
@@ -123,35 +131,19 @@ class BatchReader:
             How many of them used a slot of the update (everything but an external episode removed as stale).
         """
         used = 0
-        for eid in got.stale_episode_ids:
+        for eid in got.stale_ids:
             used += 0 if self.external.is_external(eid) else 1
             self.external.taken(agent, eid)
             out.stale += 1
-        for eid in got.dropped_episode_ids:
+        for eid in got.dropped_ids:
             self.external.taken(agent, eid)
             used += 1
             out.dropped += 1
-        for item in got.items:
-            self.external.taken(agent, item.trajectory.episode_id)
+        for eid in got.item_ids:
+            self.external.taken(agent, eid)
             used += 1
-            out.trajectories.append(item.trajectory)
+            out.item_ids.append(eid)
         return used
-
-    def _sample(self, table: str, count: int, current_version: int) -> Any:
-        """Up to ``count`` items in whole groups (a :class:`marti.clients.experience.SampleBatch`), or None when
-        none came within :data:`SAMPLE_POLL_S` (an empty queue is a wait, not a service outage to reconnect
-        from)."""
-        try:
-            return self.store.sample_batch(
-                table,
-                count,
-                timeout_s=SAMPLE_POLL_S,
-                allow_partial=True,
-                current_policy_version=current_version,
-                whole_groups=True,
-            )
-        except DeadlineExceededError:
-            return None
 
 
 def _check_wait(table: str, consumed: int, count: int, deadline: float, stop: threading.Event | None) -> None:

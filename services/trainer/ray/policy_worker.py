@@ -46,6 +46,7 @@ from services.trainer.learn.learner import (
     update_agent,
 )
 from services.trainer.models.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyLayout
+from services.trainer.ray.table_access import TableTaking
 from services.trainer.rollout.generation import (
     GenerationConfig,
     ResidentWeights,
@@ -421,8 +422,9 @@ def policy_actor_config(cfg: TrainConfig, agents: list[str] | None = None) -> Po
     )
 
 
-class PolicyWorker:
-    """Policies, rollout engine and strategies of a team.
+class PolicyWorker(TableTaking):
+    """Policies, rollout engine and strategies of a team; it takes its agents' batches from their tables itself
+    (:class:`~services.trainer.ray.table_access.TableTaking`).
 
     Args:
         config: Its part of the training config (:func:`policy_actor_config`, built on the driver).

@@ -31,11 +31,15 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from marti.config import TrainConfig
 from marti.errors import FailedPreconditionError, ResourceExhaustedError
 from services.trainer.ray.auth import ClusterAuth, prepare_cluster_auth
+
+if TYPE_CHECKING:
+    from services.trainer.data.table_sampler import BatchSummary, SampledIds
+    from services.trainer.ray.table_access import StoreAccess
 
 _LOG = logging.getLogger("marti.trainer.ray")
 
@@ -478,15 +482,48 @@ class RayRuntime:
         self._sync_rollout_workers([agent])
         return stats
 
-    def _update(self, agent: str, trajectories: list[Any]) -> dict[str, float]:
-        """The update of :meth:`train` on the policy actor (and the reference and critic actors)."""
+    def take_items(
+        self, agent: str, table: str, count: int, current_version: int, access: StoreAccess
+    ) -> SampledIds | None:
+        """One sample call of ``agent``'s take, on its policy actor (see
+        :meth:`~services.trainer.ray.table_access.TableTaking.take_items`): the actor keeps the trajectories,
+        the driver gets their episode ids.
+
+        Raises:
+            UnavailableError: the store cannot be reached (the actor's own exception type: the caller
+                reconnects).
+        """
+        return self._get(self._owner[agent].take_items.remote(agent, table, count, current_version, access))
+
+    def batch_summary(self, agent: str, current_version: int) -> BatchSummary:
+        """Close ``agent``'s take on its policy actor and answer the batch's figures
+        (:meth:`~services.trainer.data.table_sampler.TableSampler.summary`)."""
+        return self._get(self._owner[agent].batch_summary.remote(agent, current_version))
+
+    def train_taken(self, agent: str, keep: list[int] | None = None) -> dict[str, float]:
+        """:meth:`train` on the batch ``agent``'s policy actor took itself (its last summarised take; ``keep``:
+        the indices of its trained rows to train on, None = all). The trajectories go from the policy actor to
+        the update (and to separate reference and critic actors) by reference; the driver only waits for the
+        statistics.
+
+        Raises:
+            FailedPreconditionError: no batch is waiting, ``keep`` is out of range, or nothing can be collated.
+            FloatingPointError: a non-finite policy or value loss.
+        """
+        stats = self._update(agent, self._owner[agent].pop_taken.remote(agent, keep))
+        self._sync_rollout_workers([agent])
+        return stats
+
+    def _update(self, agent: str, trajectories: Any) -> dict[str, float]:
+        """The update of :meth:`train` on the policy actor (and the reference and critic actors);
+        ``trajectories``: a list, or an ObjectRef of one (passed on, never fetched here)."""
         policy = self._owner[agent]
         reference, critic = self._references.get(agent), self._critics.get(agent)
         if reference is None and critic is None:
             return self._get(policy.train.remote(agent, trajectories))
         import ray
 
-        data = ray.put(trajectories)
+        data = trajectories if isinstance(trajectories, ray.ObjectRef) else ray.put(trajectories)
         ref_lp = None if reference is None else reference.ref_logprobs.remote(data)
         if critic is None:
             return self._get(policy.train.remote(agent, data, ref_lp))

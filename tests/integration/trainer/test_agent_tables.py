@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from services.experience_store.settings import StoreSettings
 from services.trainer.data.batch_reader import BatchReader
 from services.trainer.data.episode_writer import EpisodeWriter
 from services.trainer.data.external import ExternalEpisodes
+from services.trainer.data.table_sampler import TableSampler
 from services.trainer.data.tables import claim_tables, table_name
 from services.trainer.job.addresses import Addresses
 from services.trainer.job.loop import TrainingLoop
@@ -54,25 +56,41 @@ def _direct(fn, what):
 
 @dataclass
 class Job:
-    """One job's ends of its agents' tables (what TrainingLoop builds): the writer and the reader."""
+    """One job's ends of its agents' tables (what TrainingLoop builds): the writer, the reader, and the learner's
+    sampler that keeps what the reader takes (in the policy actor in a job; here in-process)."""
 
     writer: EpisodeWriter
     reader: BatchReader
     external: ExternalEpisodes
     dropped: int  # items earlier attempts left, dropped when the job claimed its tables
+    sampler: TableSampler
 
     def insert_episode(self, *args, **kwargs):
         return self.writer.insert_episode(*args, **kwargs)
 
-    def take(self, *args, **kwargs):
-        return self.reader.take(*args, **kwargs)
+    def take(self, agent, *args, **kwargs):
+        """The reader's take, with the trajectories the sampler kept for it (the ids the driver got name them
+        in order); the take is then closed, as the loop's batch summary closes it."""
+        taken = self.reader.take(agent, *args, **kwargs)
+        trajectories = self.sampler.pending(agent)
+        assert [t.episode_id for t in trajectories] == taken.item_ids
+        self.sampler.summary(agent, 0)
+        return SimpleNamespace(trajectories=trajectories, stale=taken.stale, dropped=taken.dropped)
+
+    def runtime(self) -> SimpleNamespace:
+        """What the loop's take needs of the runtime: the batch summary (of the in-process sampler)."""
+        return SimpleNamespace(batch_summary=self.sampler.summary)
 
 
-def _job(store, bounds: dict[str, int], max_size: int = 100, reconnecting=_direct, name: str = "job") -> Job:
+def _job(
+    store, bounds: dict[str, int], max_size: int = 100, reconnecting=_direct, name: str = "job", sample=None
+) -> Job:
     tables, dropped = claim_tables(store, name, bounds, max_size, reconnecting)
     external = ExternalEpisodes(list(bounds))
     writer = EpisodeWriter(store, tables, reconnecting, external)
-    return Job(writer, BatchReader(store, tables, reconnecting, external), external, dropped)
+    sampler = TableSampler(store)
+    reader = BatchReader(sample or sampler.sample, tables, reconnecting, external)
+    return Job(writer, reader, external, dropped, sampler)
 
 
 def _feed(address: str, bound: int = 1) -> tuple[Job, ExperienceSharingClient]:
@@ -199,6 +217,7 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
     """The seam the inference gateway uses: any SDK client inserts records with behaviour log-probs and a
     policy version into an agent's table; the job's learner samples them and updates the agent with them."""
     from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
+    from services.trainer.ray.table_access import StoreAccess
 
     cfg = load_config(
         ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}", "rollout.max_new_tokens=5"]
@@ -210,7 +229,11 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
     external = ExperienceSharingClient("my-agent", address, timeout_s=10)
     loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", address), show_progress=False)
     store = ExperienceSharingClient("trainer", address, timeout_s=10)
-    job = _job(store, {a: 0 for a in cfg.tuning_agents}, name=cfg.training_name)
+    access = StoreAccess(address)  # the policy actor takes its own batch (here the worker in-process)
+    job = _job(
+        store, {a: 0 for a in cfg.tuning_agents}, name=cfg.training_name,
+        sample=lambda agent, table, n, version: worker.take_items(agent, table, n, version, access),
+    )  # fmt: skip
     loop.writer, loop.reader = job.writer, job.reader
     for i, g in enumerate(gens):
         traj = Trajectory(
@@ -225,9 +248,9 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
             {"agent_2": _traj(f"own-{i}").__class__(episode_id=f"own-{i}", agent_id="agent_2")}
         )
 
-    batches, metrics = loop._take_batches(0, {"agent_1": 0, "agent_2": 0})
-    trajectories = batches["agent_1"]
-    assert len(trajectories) == len(gens) and metrics["agent_1/items"] == len(gens)
+    batches, metrics = loop._take_batches(worker, 0, {"agent_1": 0, "agent_2": 0})
+    assert len(batches["agent_1"]) == len(gens) and metrics["agent_1/items"] == len(gens)
+    trajectories = worker.pop_taken("agent_1", [r.index for r in batches["agent_1"]])
     logprobs = [turn.response_logprobs for t in trajectories for turn in t.turns]
     assert logprobs == [pytest.approx(list(g.response_logprobs)) for g in gens]
     assert batches["agent_2"] == []  # empty trajectories: the agent did not act
@@ -317,7 +340,7 @@ def test_the_learner_takes_a_steps_items_only_after_its_rollout_is_over(tmp_path
             calls.append("versions")
             return {"agent_1": 0, "agent_2": 0}
 
-    def take(step, versions):
+    def take(runtime, step, versions):
         calls.append(f"take {step}")
         return {}, {}
 
@@ -441,10 +464,10 @@ def test_the_runner_completes_each_record_once_and_an_idle_agents_item_is_not_st
         on_episode_end=loop._insert, records=loop._record_plan(),
     )  # fmt: skip
     results = runner.play([7, 7, 8, 8])
-    batches, metrics = loop._take_batches(3, {"agent_1": 3, "agent_2": 3})
+    batches, metrics = loop._take_batches(job.runtime(), 3, {"agent_1": 3, "agent_2": 3})
     assert metrics["agent_2/stale_dropped"] == 0 and metrics["agent_2/items"] == 4
     assert batches["agent_2"] == []  # the idle records were taken; nothing to train on
-    taken = batches["agent_1"]
+    taken = job.sampler.pop("agent_1", [r.index for r in batches["agent_1"]])
     assert [t.episode_id for t in taken] == [r.episode_id for r in results]
     assert [(t.group_id, t.group_size, t.episode_return, t.policy_version) for t in taken] == [
         (str(seed), 2, 2.0, 3) for seed in (7, 7, 8, 8)

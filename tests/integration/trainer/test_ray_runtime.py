@@ -3,16 +3,26 @@ critic actors of their own with ray.colocate_models=false."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from marti.clients.experience import ExperienceSharingClient
 from marti.config import load_config
+from marti.errors import UnavailableError
+from marti.rpc.testing import serve_in_thread
 from marti.trajectory import Trajectory
+from services.experience_store.__main__ import make_spec
+from services.experience_store.settings import StoreSettings
+from services.trainer.data.tables import claim_tables
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from services.trainer.ray.runtime import RayRuntime
+from services.trainer.ray.table_access import StoreAccess
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,6 +55,32 @@ def test_per_agent_actors_route_calls_and_checkpoint(tmp_path):
 def test_lora_mode_uses_one_team_actor():
     cfg = load_config(ROOT / "examples" / "tiny.yaml")
     assert RayRuntime(cfg).groups() == [["agent_1", "agent_2"]]
+
+
+@contextlib.contextmanager
+def _store(tmp_path: Path) -> Iterator[tuple[ExperienceSharingClient, StoreAccess]]:
+    """A real experience store on a free port with agent_1's table ``job/agent_1`` (staleness bound 10): the
+    driver's client and what a policy actor needs to reach it."""
+    settings = StoreSettings(port=0, data_dir=str(tmp_path / "store"), default_timeout_ms=2000)
+    with serve_in_thread(lambda: [make_spec(settings)[0]], settings) as server:
+        store = ExperienceSharingClient("trainer", server.address, timeout_s=10)
+        claim_tables(store, "job", {"agent_1": 10}, 100, lambda fn, what: fn())
+        try:
+            yield store, StoreAccess(server.address)
+        finally:
+            store.close()
+
+
+def _take_and_train(
+    runtime: RayRuntime, store: ExperienceSharingClient, access: StoreAccess, samples: list[Trajectory]
+) -> tuple[Any, Any, dict[str, float]]:
+    """Insert ``samples`` into agent_1's table, then let its policy actor take them and train on all:
+    ``(ids taken, batch summary, update statistics)``."""
+    for t in samples:
+        store.share_experience(t, table="job/agent_1")
+    got = runtime.take_items("agent_1", "job/agent_1", len(samples), runtime.versions()["agent_1"], access)
+    summary = runtime.batch_summary("agent_1", runtime.versions()["agent_1"])
+    return got, summary, runtime.train_taken("agent_1", [r.index for r in summary.trained])
 
 
 def _fixed_samples(seed: int) -> list[Trajectory]:
@@ -82,11 +118,15 @@ def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_pat
             "critic_agent_2",
         }
         assert len(set(runtime.worker_pids.values())) == 5, "each model in its own actor process"
-        for step in range(2):  # the KL is 0 until the policy has left its reference
-            expected = colocated.train("agent_1", _fixed_samples(step))
-            stats = runtime.train("agent_1", _fixed_samples(step))
-            for key in ("policy_loss", "kl", "value_loss", "vf_clip_frac", "value_mean", "advantage_abs"):
-                assert stats[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (step, key)
+        with _store(tmp_path) as (store, access):
+            for step in range(2):  # the KL is 0 until the policy has left its reference
+                expected = colocated.train("agent_1", _fixed_samples(step))
+                if step == 0:
+                    stats = runtime.train("agent_1", _fixed_samples(step))
+                else:  # the policy actor's own take: passed to the reference and critic actors by reference
+                    stats = _take_and_train(runtime, store, access, _fixed_samples(step))[2]
+                for key in ("policy_loss", "kl", "value_loss", "vf_clip_frac", "value_mean", "advantage_abs"):
+                    assert stats[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (step, key)
         assert stats["kl"] != 0.0 and stats["value_loss"] > 0
         ckpt = tmp_path / "split"
         runtime.save(str(ckpt), {"step": 2})
@@ -115,6 +155,35 @@ def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_pat
             assert resumed[key] == pytest.approx(after_save[key], rel=1e-6, abs=1e-8), key
     finally:
         resumed_runtime.shutdown()
+
+
+def test_the_policy_actor_takes_its_own_batch_from_the_store(tmp_path):
+    """Issue 30: the policy actor samples the agent's table itself and trains on what it kept; the driver gets
+    episode ids and figures, and its own store client never samples. A store outage reaches the driver as the
+    store's own UnavailableError (what the loop's reconnecting retries)."""
+    from unittest import mock
+
+    cfg = load_config(ROOT / "examples" / "tiny.yaml", ["policy.mode=per_agent", "rollout.max_new_tokens=4"])
+    runtime = RayRuntime(cfg)
+    try:
+        runtime.start()
+        with _store(tmp_path) as (store, access):
+            samples = _fixed_samples(0)
+            with mock.patch.object(
+                ExperienceSharingClient, "sample_batch", side_effect=AssertionError("the driver sampled")
+            ):
+                got, summary, stats = _take_and_train(runtime, store, access, samples)
+            assert got.item_ids == tuple(t.episode_id for t in samples)
+            assert (summary.items, len(summary.trained), summary.lag_max) == (3, 3, 0)
+            assert [r.tokens for r in summary.trained] == [
+                len(t.turns[0].response_token_ids) for t in samples
+            ]
+            assert stats["policy_version"] == 1.0 and runtime.versions() == {"agent_1": 1, "agent_2": 0}
+            assert store.info("job/agent_1").size == 0  # taken once, by the actor
+        with pytest.raises(UnavailableError):
+            runtime.take_items("agent_1", "job/agent_1", 1, 1, access)
+    finally:
+        runtime.shutdown()
 
 
 @pytest.mark.parametrize("mode", ["lora", "per_agent"])

@@ -303,8 +303,9 @@ def _curriculum(cfg: TrainConfig) -> str:
 
 def _allocation(cfg: TrainConfig) -> str:
     """Six steps of the loop's priority allocation: agent ``a`` answers in 4 tokens with a rising reward, ``b``
-    in 8 with a flat one; 8 samples each in 4 groups. Reports the shares, terms and the cut batch sizes."""
-    from tests.trainer_data import one_turn
+    in 8 with a flat one; 8 samples each in 4 groups (the rows of one-turn trajectories, as the policy actors'
+    batch summaries give them). Reports the shares, terms and the cut batch sizes."""
+    from services.trainer.data.table_sampler import TrainedRow
 
     loop = _loop(cfg)
     if loop.allocator is None:
@@ -313,11 +314,7 @@ def _allocation(cfg: TrainConfig) -> str:
     out = []
     for reward in (0.0, 0.5, 0.7, 1.5, 1.6, 2.4):
         batches = {
-            agent: [
-                one_turn([1], [2] * (4 * (i + 1)), 0.0, f"g{g}", agent=agent)
-                for g in range(4)
-                for _ in range(2)
-            ]
+            agent: [TrainedRow(2 * g + k, f"g{g}", 1, 4 * (i + 1)) for g in range(4) for k in range(2)]
             for i, agent in enumerate(names)
         }
         metrics = {f"{names[0]}/reward": reward, f"{names[-1]}/reward": 0.2}
@@ -400,6 +397,7 @@ def _run(cfg: TrainConfig) -> str:
     TensorBoard and wandb use, the tables' bounds, every take, the producer's bound and gateway starts."""
     from marti.clients import experience
     from services.trainer import observe
+    from services.trainer.data.table_sampler import BatchSummary
     from services.trainer.job import loop as loop_mod
     from services.trainer.observe import monitor
 
@@ -415,13 +413,13 @@ def _run(cfg: TrainConfig) -> str:
             rec["writer_stop"] = kwargs.get("stop")
 
     class Reader:
-        def __init__(self, store: Any, tables: Any, reconnecting: Any, external: Any) -> None:
+        def __init__(self, sample: Any, tables: Any, reconnecting: Any, external: Any) -> None:
             self.external = external
 
         def take(self, agent: str, count: int, version: int, deadline: Any = None, stop: Any = None) -> Any:
             wait = None if deadline is None else round(deadline - time.monotonic(), -1)
             rec["takes"].append((agent, count, wait))
-            return SimpleNamespace(trajectories=[], stale=0, dropped=0)
+            return SimpleNamespace(item_ids=[], stale=0, dropped=0)
 
     class Runtime:
         worker_pids: dict[str, int] = {}
@@ -434,6 +432,9 @@ def _run(cfg: TrainConfig) -> str:
 
         def versions(self) -> dict[str, int]:
             return {a.name: 0 for a in self.cfg.agents}
+
+        def batch_summary(self, agent: str, version: int) -> Any:
+            return BatchSummary()
 
         def save(self, path: str, position: dict[str, Any]) -> None:
             Path(path).mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from marti.trajectory import Trajectory, Turn
 from services.gateway.core.limits import GatewayLimits
 from services.trainer.data.batch_reader import BatchReader
 from services.trainer.data.external import ExternalEpisodes
+from services.trainer.data.table_sampler import BatchSummary, TableSampler
 from services.trainer.job.addresses import Addresses
 from services.trainer.job.gateway_host import gateway_limits
 from services.trainer.job.loop import TrainingLoop
@@ -399,14 +400,17 @@ class _TrickleStore:
         )
 
 
-def _reader(store) -> BatchReader:
+def _reader(store, sampler: TableSampler | None = None) -> BatchReader:
+    """The job's reader, its sample calls on ``sampler`` (the learner's, which keeps the items; a new one on
+    ``store`` by default)."""
     tables = {a: f"job/{a}" for a in ("agent_1", "agent_2")}
-    return BatchReader(store, tables, lambda fn, w: fn(), ExternalEpisodes(list(tables)))
+    sample = (sampler or TableSampler(store)).sample
+    return BatchReader(sample, tables, lambda fn, w: fn(), ExternalEpisodes(list(tables)))
 
 
 def test_take_waits_for_external_items_until_its_deadline():
     taken = _reader(_TrickleStore(every=3)).take("agent_1", 3, 0, deadline=time.monotonic() + 30)
-    assert [t.episode_id for t in taken.trajectories] == ["e1", "e2", "e3"]
+    assert taken.item_ids == ["e1", "e2", "e3"]
     with pytest.raises(DeadlineExceededError, match="got 1 of the 2 items"):
         _reader(_TrickleStore(limit=1)).take("agent_1", 2, 0, deadline=time.monotonic() + 0.2)
     stop = threading.Event()
@@ -421,29 +425,36 @@ def test_an_update_missing_external_episodes_fails_naming_the_counts(tmp_path):
         f"output.dir={tmp_path}",
     )  # fmt: skip
     loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
-    loop.reader = _reader(_TrickleStore(limit=4))
-    batches, metrics = loop._take_batches(0, {"agent_1": 0, "agent_2": 0})
+    runtime = _Runtime(TableSampler(_TrickleStore(limit=4)))
+    loop.reader = _reader(None, runtime.sampler)
+    batches, metrics = loop._take_batches(runtime, 0, {"agent_1": 0, "agent_2": 0})
     assert metrics["agent_1/items"] == 2 and metrics["agent_1/external_items"] == 2
     assert metrics["agent_1/external_reward"] == 1.0 and len(batches["agent_1"]) == 2
-    loop.reader = _reader(_TrickleStore(limit=1))
+    runtime = _Runtime(TableSampler(_TrickleStore(limit=1)))
+    loop.reader = _reader(None, runtime.sampler)
     with pytest.raises(DeadlineExceededError) as err:
-        loop._take_batches(0, {"agent_1": 0, "agent_2": 0})
+        loop._take_batches(runtime, 0, {"agent_1": 0, "agent_2": 0})
     msg = str(err.value)
     assert "got 1 of the 2 items" in msg and "external.episodes_per_step=2" in msg
     assert "external.wait_timeout_s=0.3s" in msg and "0 built-in episodes" in msg
 
 
 class _Runtime:
-    """What a step needs of the runtime: versions and an update that records what it trained on."""
+    """What a step needs of the runtime: versions, the learner's sampler (in-process here, in the policy actor
+    in a job) and an update that records what it trained on."""
 
-    def __init__(self) -> None:
+    def __init__(self, sampler: TableSampler) -> None:
+        self.sampler = sampler
         self.trained: dict[str, int] = {}
 
     def versions(self) -> dict[str, int]:
         return {"agent_1": 0, "agent_2": 0}
 
-    def train(self, agent: str, trajectories: list[Trajectory]) -> dict[str, float]:
-        self.trained[agent] = len(trajectories)
+    def batch_summary(self, agent: str, current_version: int) -> BatchSummary:
+        return self.sampler.summary(agent, current_version)
+
+    def train_taken(self, agent: str, keep: list[int] | None = None) -> dict[str, float]:
+        self.trained[agent] = len(self.sampler.pop(agent, keep))
         return {"policy_version": 1.0, "policy_loss": 0.5}
 
 
@@ -453,10 +464,10 @@ class _Runtime:
 def test_a_step_plays_and_takes_what_its_rollout_source_says(tmp_path, source, rollouts, items):
     cfg = _cfg(f"rollout.source={source}", "external.episodes_per_step=3", f"output.dir={tmp_path}")
     loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
-    loop.reader = _reader(_TrickleStore(every=1))
+    runtime = _Runtime(TableSampler(_TrickleStore(every=1)))
+    loop.reader = _reader(None, runtime.sampler)
     played: list[int] = []
     loop._rollout = lambda runtime, step: (played.append(step), ([], 0.25))[1]  # no env: no built-in episodes
-    runtime = _Runtime()
     metrics = loop._train_step(runtime, 0)
     assert len(played) == rollouts
     assert runtime.trained == {"agent_1": items, "agent_2": items}
