@@ -365,8 +365,9 @@ class RolloutConfig(_Section):
     """Held-out episodes per evaluation."""
     eval_samples: PositiveInt = 1
     """Episodes per held-out problem at each evaluation: 1 plays each greedily; N > 1 samples each N times (at
-    the rollout's temperature) and adds ``team/pass@k`` for k = 1..N (the unbiased estimator of Chen et al.
-    2021) and ``team/majority_vote`` (the most common team answer, dataset jobs) to the evaluation's metrics."""
+    each agent's sampling temperature, not 0 for every agent; ``eval_episodes`` x N episodes) and adds
+    ``team/pass@k`` for k = 1..N (the unbiased estimator of Chen et al. 2021) and ``team/majority_vote`` (the
+    most common team answer, dataset jobs) to the evaluation's metrics."""
     eval_seeds: list[NonNegInt] | None = None
     """Held-out problem seeds; null: ``1000000, 1000001, ...`` (``eval_episodes`` of them)."""
     max_staleness: StrictNonNegInt = 0
@@ -993,6 +994,17 @@ class TrainConfig(_Section):
         if self.rollout.engine == "vllm":
             raise ValueError(
                 "policy.ema evaluates through the transformers engine; rollout.engine=vllm cannot"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_eval_samples(self) -> TrainConfig:
+        """``rollout.eval_samples`` N > 1 samples: at temperature 0 for every agent its N episodes would be one."""
+        n = self.rollout.eval_samples
+        if n > 1 and all(self.sampling_for(a.name).temperature == 0 for a in self.agents):
+            raise ValueError(
+                f"rollout.eval_samples={n} samples each held-out problem {n} times, but every agent's temperature "
+                "is 0 (greedy), so the samples would be the same: set rollout.temperature > 0 or eval_samples 1"
             )
         return self
 

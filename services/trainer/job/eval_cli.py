@@ -1,7 +1,8 @@
 """``marti eval CONFIG --checkpoint PATH``: held-out evaluation of a checkpoint against the untrained models.
 
 Prints task completion rate, resource utilization, format validity and mean reward per role on the config's
-held-out seeds (``rollout.eval_seeds``), greedy decoding, for the base models and for the checkpoint.
+held-out seeds (``rollout.eval_seeds``), greedy decoding (with ``rollout.eval_samples`` N > 1: N samples of each
+seed, and pass@k and the majority vote), for the base models and for the checkpoint.
 """
 
 from __future__ import annotations

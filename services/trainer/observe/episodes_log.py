@@ -28,8 +28,9 @@ def episode_record(step: int, result: Any) -> dict[str, Any]:
         result: The episode; its trajectories' turns give the transcript, ordered by turn then agent.
 
     Returns:
-        ``{"step", "seed", "task", "returns", "metrics", "turns": [{"turn", "agent", "text"}]}``; non-finite
-        numbers become ``None``.
+        ``{"step", "seed", "task", "returns", "metrics", "turns": [{"turn", "agent", "text"}]}``, plus
+        ``"team_answer"`` when the env gave one (the ``dataset_task`` env: what a majority vote compares);
+        non-finite numbers become ``None``.
     """
     turns = sorted(
         ((t.step, agent, t.response_text) for agent, traj in result.trajectories.items() for t in traj.turns),
@@ -39,7 +40,7 @@ def episode_record(step: int, result: Any) -> dict[str, Any]:
     def num(v: float) -> float | None:
         return float(v) if math.isfinite(v) else None
 
-    return {
+    record = {
         "step": step,
         "seed": result.seed,
         "task": result.task,
@@ -47,6 +48,9 @@ def episode_record(step: int, result: Any) -> dict[str, Any]:
         "metrics": {k: num(v) for k, v in result.metrics.items()},
         "turns": [{"turn": s, "agent": a, "text": text} for s, a, text in turns],
     }
+    if getattr(result, "team_answer", None) is not None:
+        record["team_answer"] = result.team_answer
+    return record
 
 
 def append_eval_episodes(run_dir: Path, step: int, results: Iterable[Any]) -> Path:

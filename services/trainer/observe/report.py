@@ -205,6 +205,14 @@ def _eval_table(evals: list[MetricRecord]) -> list[str]:
     return lines
 
 
+_ACCURACY_NOTE = (
+    "Fraction of held-out problems solved: by the team's final answer (`team/task_completion`), by each agent's "
+    "own last answer (`team/accuracy/<agent>`, per-agent accuracy), and with `rollout.eval_samples` N > 1 by the "
+    "majority vote over a problem's N samples and by some of k samples (pass@k, Chen et al. 2021); the team and "
+    "agent columns are then means over all samples."
+)
+
+
 def _accuracy_keys(evals: list[MetricRecord]) -> list[str]:
     """The held-out accuracy keys the evaluations logged: the team's (``task_completion``), each agent's own
     (``team/accuracy/<agent>``, the ``dataset_task`` env), the majority vote and pass@k (``rollout.eval_samples``)."""
@@ -226,9 +234,17 @@ def _accuracy_section(evals: list[MetricRecord], plots: Path) -> list[str]:
     if not keys:
         return []
     names = {f"{TEAM}/{TASK_COMPLETION}": "team (final answer)"}
-    names.update({k: f"agent {k.rsplit('/', 1)[1]}" for k in keys if k.startswith(f"{TEAM}/accuracy/")})
+    names.update(
+        {k: f"{k.rsplit('/', 1)[1]} (own answer)" for k in keys if k.startswith(f"{TEAM}/accuracy/")}
+    )
     names.update({k: k.split("/", 1)[1] for k in keys if k not in names})
-    lines = ["## Held-out accuracy", "", "| step | " + " | ".join(names[k] for k in keys) + " |"]
+    lines = [
+        "## Held-out accuracy",
+        "",
+        _ACCURACY_NOTE,
+        "",
+        "| step | " + " | ".join(names[k] for k in keys) + " |",
+    ]
     lines.append("| --- " * (len(keys) + 1) + "|")
     for r in evals:
         cells = ["-" if k not in r.values else _fmt(r.values[k]) for k in keys]

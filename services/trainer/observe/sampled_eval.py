@@ -18,9 +18,10 @@ from math import comb
 
 from marti.errors import InvalidArgumentError
 from marti.rewards.answers import normalize_text
+from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
 from services.trainer.rollout.episodes import EpisodeResult
 
-__all__ = ["majority_solved", "pass_at_k", "sampled_metrics"]
+__all__ = ["eval_metrics", "majority_solved", "pass_at_k", "sampled_metrics"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -93,3 +94,20 @@ def sampled_metrics(results: list[EpisodeResult], samples: int) -> dict[str, flo
         wins = [majority_solved([(str(r.team_answer), _solved(r)) for r in eps]) for eps in voted]
         out["team/majority_vote"] = sum(wins) / len(wins)
     return out
+
+
+def eval_metrics(results: list[EpisodeResult], samples: int) -> dict[str, float]:
+    """An evaluation's metrics: :func:`episode_metrics` and :func:`task_metrics` of its episodes, plus
+    :func:`sampled_metrics` when each problem was played ``samples`` > 1 times.
+
+    Args:
+        results: The evaluation's episodes.
+        samples: Episodes per problem (``rollout.eval_samples``), >= 1.
+
+    Raises:
+        InvalidArgumentError: As :func:`sampled_metrics`, when ``samples`` > 1.
+    """
+    metrics = {**episode_metrics(results), **task_metrics(results)}
+    if samples > 1:
+        metrics.update(sampled_metrics(results, samples))
+    return metrics

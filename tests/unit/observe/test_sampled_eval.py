@@ -75,10 +75,10 @@ def test_the_report_shows_held_out_accuracy_per_agent_majority_and_pass_at_k(tmp
             )  # fmt: skip
     text = write_report(tmp_path).read_text()
     section = text.split("## Held-out accuracy", 1)[1]
-    header = section.splitlines()[2]
-    assert (
-        header
-        == "| step | team (final answer) | agent judge | agent solver | majority_vote | pass@1 | pass@4 |"
+    assert "per-agent accuracy" in section.splitlines()[2]  # the note says what each column is
+    header = section.splitlines()[4]
+    assert header == (
+        "| step | team (final answer) | judge (own answer) | solver (own answer) | majority_vote | pass@1 | pass@4 |"
     )
     assert "| 3 | 0.75 | 0 | 0.65 | 0.8 | 0.75 | 0.95 |" in section
     assert (tmp_path / "plots" / "heldout_accuracy.png").read_bytes().startswith(b"\x89PNG")
@@ -91,3 +91,15 @@ def test_a_run_without_accuracy_metrics_has_no_such_section(tmp_path):
         w.log_eval(0, {"team/task_completion": 0.5})
     assert "## Held-out accuracy" not in write_report(tmp_path).read_text()
     assert not (tmp_path / "plots" / "heldout_accuracy.png").exists()
+
+
+def test_sampling_at_temperature_0_for_every_agent_is_refused_at_config_load(tmp_path):
+    with pytest.raises(InvalidArgumentError, match=r"eval_samples=3 .* every agent's temperature is 0"):
+        load_config(EXAMPLE, [f"output.dir={tmp_path}", "rollout.eval_samples=3", "rollout.temperature=0"])
+    cfg = load_config(  # one agent that samples is enough
+        EXAMPLE,
+        [f"output.dir={tmp_path}", "rollout.eval_samples=3", "rollout.temperature=0",
+         "agents.0.sampling.temperature=0.7"],
+    )  # fmt: skip
+    assert cfg.rollout.eval_samples == 3
+    assert load_config(EXAMPLE, [f"output.dir={tmp_path}", "rollout.temperature=0"]).rollout.eval_samples == 1
