@@ -113,6 +113,24 @@ class _Gen:
         )
 
 
+def _scored_runner(cfg, reply, workflow=None) -> EpisodeRunner:
+    """A runner of the solver/judge team on the real dataset_task env, ``reply(agent)`` answering for each agent,
+    its episodes re-scored by the config's reward section."""
+    tasks = DatasetTasks(cfg)
+    scorer = EpisodeScorer(cfg, tasks, build_scorer(cfg, None))
+    return EpisodeRunner(
+        make_env=lambda seed: marti.make("dataset_task", seed=seed, **tasks.env_config(cfg, seed)),
+        generate=lambda agent, chats: [_Gen(reply(agent)) for _ in chats],
+        comm_factory=None,
+        agents=["solver", "judge"],
+        roles={"solver": "solver", "judge": "judge"},
+        system_prompts={"solver": "s", "judge": "j"},
+        policy_version=lambda a: 0,
+        workflow=workflow,
+        rescore=scorer.rescore,
+    )
+
+
 def _reward_file(tmp_path: Path) -> str:
     path = tmp_path / "rewards.py"
     path.write_text(
@@ -130,19 +148,8 @@ def test_reward_functions_replace_the_verifier_through_the_runner(tmp_path):
                                                                               "own_weight": 0.25}})}
     )  # fmt: skip
     tasks = DatasetTasks(cfg)
-    scorer = EpisodeScorer(cfg, tasks, build_scorer(cfg, None))
     replies = {"solver": "abc", "judge": "abcdefgh"}
-    runner = EpisodeRunner(
-        make_env=lambda seed: marti.make("dataset_task", seed=seed, **tasks.env_config(cfg, seed)),
-        generate=lambda agent, chats: [_Gen(replies[agent]) for _ in chats],
-        comm_factory=None,
-        agents=["solver", "judge"],
-        roles={"solver": "solver", "judge": "judge"},
-        system_prompts={"solver": "s", "judge": "j"},
-        policy_version=lambda a: 0,
-        workflow=marti.workflow.Workflow.chain(["solver", "judge"]),
-        rescore=scorer.rescore,
-    )
+    runner = _scored_runner(cfg, replies.__getitem__, marti.workflow.Workflow.chain(["solver", "judge"]))
     results = runner.play([2, 5])
     for seed, res in zip([2, 5], results, strict=True):
         bonus = float(tasks.row(seed)["answer"]) / 100  # the row's columns reach the function
@@ -157,18 +164,7 @@ def test_a_reward_function_returning_nan_stops_the_rollout_naming_it(tmp_path):
     path = tmp_path / "bad.py"
     path.write_text("def nan(prompts, completions, **kw):\n    return [float('nan')] * len(completions)\n")
     cfg = _config(tmp_path, reward={"functions": [f"{path}:nan"]})
-    tasks = DatasetTasks(cfg)
-    scorer = EpisodeScorer(cfg, tasks, build_scorer(cfg, None))
-    runner = EpisodeRunner(
-        make_env=lambda seed: marti.make("dataset_task", seed=seed, **tasks.env_config(cfg, seed)),
-        generate=lambda agent, chats: [_Gen("4") for _ in chats],
-        comm_factory=None,
-        agents=["solver", "judge"],
-        roles={"solver": "solver", "judge": "judge"},
-        system_prompts={"solver": "s", "judge": "j"},
-        policy_version=lambda a: 0,
-        rescore=scorer.rescore,
-    )
+    runner = _scored_runner(cfg, lambda agent: "4")
     with pytest.raises(InvalidArgumentError, match="bad.py:nan"):
         runner.play([1])
 
@@ -226,18 +222,7 @@ def test_a_reward_server_that_is_down_stops_the_job_instead_of_a_replay(tmp_path
 
     url = "http://127.0.0.1:9/get_reward"  # the discard port: nothing listens
     cfg = _config(tmp_path, reward={"remote_url": url, "remote_retries": 0, "remote_timeout_s": 2})
-    tasks = DatasetTasks(cfg)
-    scorer = EpisodeScorer(cfg, tasks, build_scorer(cfg, None))
-    runner = EpisodeRunner(
-        make_env=lambda seed: marti.make("dataset_task", seed=seed, **tasks.env_config(cfg, seed)),
-        generate=lambda agent, chats: [_Gen("4") for _ in chats],
-        comm_factory=None,
-        agents=["solver", "judge"],
-        roles={"solver": "solver", "judge": "judge"},
-        system_prompts={"solver": "s", "judge": "j"},
-        policy_version=lambda a: 0,
-        rescore=scorer.rescore,
-    )
+    runner = _scored_runner(cfg, lambda agent: "4")
     with pytest.raises(FailedPreconditionError, match=r"reward scoring failed: .*127\.0\.0\.1:9"):
         runner.play([1])
 
