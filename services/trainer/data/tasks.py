@@ -102,12 +102,16 @@ class DatasetTasks:
         return out
 
 
-def check_dataset_job(cfg: TrainConfig) -> None:
+def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     """What a dataset job can check before anything starts or any folder is touched: its rows (loaded and
     checked, with the held-out split; with the ``dataset_task`` env every row's label read by the job's verifier,
     as the env checks it), its reward functions (loaded) and its reward model's ``config.json``
     (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
-    before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``.
+    before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``, and
+    hands the loaded problems to the job's loop (they are not loaded twice).
+
+    Returns:
+        The job's problems (:class:`DatasetTasks`), or None without a ``dataset`` section.
 
     Raises:
         InvalidArgumentError / NotFoundError / UnavailableError: what :class:`DatasetTasks`,
@@ -115,7 +119,7 @@ def check_dataset_job(cfg: TrainConfig) -> None:
             :func:`marti.rewards.model.reward_model_config` raise, naming the file, row, function or path.
     """
     if cfg.dataset is None:
-        return
+        return None
     from services.trainer.models.loading import TINY_ALIAS
     from services.trainer.rollout.scoring import build_scorer
 
@@ -129,6 +133,7 @@ def check_dataset_job(cfg: TrainConfig) -> None:
         from marti.rewards.model import reward_model_config
 
         reward_model_config(model)
+    return tasks
 
 
 def _check_labels(cfg: TrainConfig, tasks: DatasetTasks) -> None:

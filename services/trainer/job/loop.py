@@ -90,6 +90,8 @@ class TrainingLoop:
         resume: Resume from the newest checkpoint in the run directory when one exists.
         allow_user_code: Import the user code a config names (custom envs, workflow functions). A service that
             takes configs from the network should pass False unless its operator opted in.
+        data: The dataset job's problems when the caller already loaded and checked them
+            (:func:`~services.trainer.data.tasks.check_dataset_job`); None loads them here.
 
     Raises:
         PermissionDeniedError: ``allow_user_code`` is False and the config names user code (the key is named).
@@ -108,6 +110,7 @@ class TrainingLoop:
         allow_user_code: bool = True,
         run_folder: RunFolder | None = None,
         teardown_event: threading.Event | None = None,
+        data: DatasetTasks | None = None,
     ) -> None:
         paths = user_code_paths(cfg)
         if paths and not allow_user_code:
@@ -117,7 +120,7 @@ class TrainingLoop:
                 f"this trainer does not import user code; the config names {paths[0]}"
             )
         # A dataset job: its rows are loaded and checked now, before anything starts, and size the seed schedule.
-        self.data = DatasetTasks(cfg) if cfg.dataset is not None else None
+        self.data = data if data is not None or cfg.dataset is None else DatasetTasks(cfg)
         if self.data is not None:
             cfg = self.data.fit(cfg)
             build_scorer(cfg, None)  # reward functions load now (a bad path fails before the job starts)

@@ -258,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
                 if name is not None:
                     resolve_model(name)
         check_attn_implementation(cfg.policy.attn_implementation)
-        check_dataset_job(cfg)  # before the run folder: a bad file must not cost an --overwrite its old run
+        data = check_dataset_job(
+            cfg
+        )  # before the run folder: a bad file must not cost an --overwrite its run
         folder = _prepare_folder(cfg, args)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     stop, teardown = threading.Event(), threading.Event()
     received = _stop_on_signals(stop, teardown)
     try:
-        return _train(cfg, args, argv, folder, (stop, teardown), received)
+        return _train(cfg, args, argv, folder, (stop, teardown), received, data)
     except StopNow:
         from services.trainer.observe import write_report
 
@@ -286,9 +288,11 @@ def _train(
     folder: Any,
     events: tuple[threading.Event, threading.Event],
     received: list[int],
+    data: Any = None,
 ) -> int:
     """Start the services, run the job in the prepared ``folder`` and print its outcome; returns the exit code.
-    ``events`` are the job's stop and teardown events (:class:`~services.trainer.job.loop.TrainingLoop`)."""
+    ``events`` are the job's stop and teardown events (:class:`~services.trainer.job.loop.TrainingLoop`); ``data``
+    the dataset job's problems :func:`~services.trainer.data.tasks.check_dataset_job` loaded (None: none)."""
     from services.trainer.job.loop import TrainingLoop, latest_checkpoint
 
     with service_addresses(cfg, args) as addresses:
@@ -301,6 +305,7 @@ def _train(
                 resume=args.resume,
                 show_progress=not args.no_progress,
                 run_folder=folder,
+                data=data,
             )
             summary = loop.run()
         except MartiError as exc:
