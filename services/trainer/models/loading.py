@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -274,6 +274,53 @@ def check_attn_implementation(value: str | None) -> None:
         )
 
 
+def tiny_llama_config(
+    tokenizer: PreTrainedTokenizerBase, config: TinyModelConfig | None = None, **extra: Any
+) -> Any:
+    """The ``LlamaConfig`` of the tiny models (``tiny-llama``, and the tiny reward model): the shape of ``config``
+    (default :class:`TinyModelConfig`), the tokenizer's vocabulary and special ids, tied embeddings.
+
+    Args:
+        tokenizer: Supplies the vocabulary size and the bos, eos and pad ids.
+        config: Shape; None: the defaults.
+        extra: Further ``LlamaConfig`` fields (``attn_implementation``, ``num_labels``).
+
+    Raises:
+        InvalidArgumentError: A shape field is not positive, or heads do not divide the width.
+    """
+    from transformers import LlamaConfig
+
+    cfg = config or TinyModelConfig()
+    for field in (
+        "num_layers",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+    ):
+        if getattr(cfg, field) <= 0:
+            raise InvalidArgumentError(f"TinyModelConfig.{field} must be > 0, got {getattr(cfg, field)}")
+    if cfg.hidden_size % cfg.num_attention_heads or cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise InvalidArgumentError(
+            f"heads must divide: hidden_size={cfg.hidden_size}, num_attention_heads={cfg.num_attention_heads}, "
+            f"num_key_value_heads={cfg.num_key_value_heads}"
+        )
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **extra,
+    )
+
+
 def build_tiny_model(
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -303,38 +350,11 @@ def build_tiny_model(
         InvalidArgumentError: A shape field is not positive, heads do not divide the width, or the attention
             kernel is unknown or not installed (:func:`check_attn_implementation`).
     """
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaForCausalLM
 
     check_attn_implementation(attn_implementation)
-    cfg = config or TinyModelConfig()
-    for field in (
-        "num_layers",
-        "hidden_size",
-        "intermediate_size",
-        "num_attention_heads",
-        "num_key_value_heads",
-    ):
-        if getattr(cfg, field) <= 0:
-            raise InvalidArgumentError(f"TinyModelConfig.{field} must be > 0, got {getattr(cfg, field)}")
-    if cfg.hidden_size % cfg.num_attention_heads or cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise InvalidArgumentError(
-            f"heads must divide: hidden_size={cfg.hidden_size}, num_attention_heads={cfg.num_attention_heads}, "
-            f"num_key_value_heads={cfg.num_key_value_heads}"
-        )
-    llama_cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **({} if attn_implementation is None else {"attn_implementation": attn_implementation}),
-    )
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    llama_cfg = tiny_llama_config(tokenizer, config, **extra)
     dev = torch.device(device)
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(seed)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from marti.config import TrainConfig
-from services.trainer.models.loading import TINY_ALIAS, load_tokenizer
+from services.trainer.models.loading import TINY_ALIAS, load_tokenizer, tiny_llama_config
 from services.trainer.ray.policy_worker import ActorConfig, actor_setup
 
 
@@ -42,27 +42,17 @@ def reward_actor_config(cfg: TrainConfig) -> RewardActorConfig:
 
 
 def tiny_reward_model(folder: Path, seed: int) -> Path:
-    """Write the ``tiny-llama`` reward model (2 layers, hidden 64, one label) and its tokenizer to ``folder``.
+    """Write the ``tiny-llama`` reward model (the tiny models' shape, :func:`tiny_llama_config`, with one label)
+    and its tokenizer to ``folder``.
 
     Returns:
         ``folder``, loadable by :class:`marti.rewards.ModelRewardScorer`.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from transformers import LlamaForSequenceClassification
 
     tok = load_tokenizer(TINY_ALIAS)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
+    config = tiny_llama_config(tok, num_labels=1)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForSequenceClassification(config)
