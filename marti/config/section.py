@@ -7,12 +7,17 @@ from it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 
 from marti.errors import InvalidArgumentError
+
+#: Bounded numbers shared by the sections.
+PositiveInt = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
 
 
 class SectionMeta(ModelMetaclass):
