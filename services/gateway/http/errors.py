@@ -32,6 +32,15 @@ cancelled by the server        503     service_unavailable_error     unavailable
 DeadlineExceededError          504     timeout_error                 deadline_exceeded
 =============================  ======  ============================  ======================
 
+**Anthropic's shape.** On the Anthropic Messages route (``/v1/messages`` and what is under it, also under the
+traced prefixes; :func:`anthropic_route`) the same status comes with Anthropic's error body, so the ``anthropic``
+client raises its typed error (``BadRequestError``, ``NotFoundError``, ...) with the gateway's message::
+
+    {"type": "error", "error": {"type": str, "message": str, "param": str | None, "code": str | None}}
+
+``type`` is the OpenAI type above where Anthropic has the same one, else ``api_error`` (500, 503, 499) or
+``request_too_large`` (413); ``param`` and ``code`` are the gateway's, as above.
+
 ``FailedPreconditionError`` (a call or report for an episode that was already reported) is 409 Conflict: the
 request is well formed but conflicts with the episode's state, and retrying it unchanged cannot succeed.
 429 and 503 responses carry ``Retry-After: 1``. A 500 never shows the exception's text or traceback to the
@@ -115,15 +124,52 @@ def _utf8(text: str | None) -> str | None:
     return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+#: The paths of the Anthropic Messages route (bare or under a traced prefix, and anything under it).
+_ANTHROPIC_PATH = re.compile(r"/v1/messages(?:/|$)")
+#: Error types of Anthropic's API that the gateway's OpenAI types map to (other types: by status).
+_ANTHROPIC_TYPES = {
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "conflict_error",
+    "rate_limit_error",
+    "timeout_error",
+}
+
+
+def anthropic_route(path: str) -> bool:
+    """Whether ``path`` (the request's path) is the Anthropic Messages route, whose errors have Anthropic's shape."""
+    return _ANTHROPIC_PATH.search(path) is not None
+
+
+def _anthropic_type(status: int, type_: str) -> str:
+    """Anthropic's error type for an OpenAI-style ``type_`` of a ``status`` response."""
+    if status == 413:
+        return "request_too_large"
+    return type_ if type_ in _ANTHROPIC_TYPES else ("api_error" if status >= 499 else "invalid_request_error")
+
+
 def error_response(
-    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    *,
+    path: str = "",
 ) -> JSONResponse:
-    """An OpenAI-style error response (see the module docstring for the body); text that UTF-8 cannot encode
-    (a lone surrogate the request sent) is written as its backslash escape."""
+    """An error response (see the module docstring for the body): OpenAI's shape, or Anthropic's when ``path``
+    (the request's path) is the Anthropic Messages route; text that UTF-8 cannot encode (a lone surrogate the
+    request sent) is written as its backslash escape."""
     headers = {"Retry-After": "1"} if status in _RETRY_AFTER else None
     if status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
-    body = {"error": {"message": _utf8(message), "type": type_, "param": _utf8(param), "code": code}}
+    error = {"message": _utf8(message), "type": type_, "param": _utf8(param), "code": code}
+    if anthropic_route(path):
+        body = {"type": "error", "error": {**error, "type": _anthropic_type(status, type_)}}
+    else:
+        body = {"error": error}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -142,8 +188,9 @@ def named_param(message: str, fields: Iterable[str]) -> str | None:
     return None if best is None else best[1]
 
 
-def exception_response(exc: BaseException, fields: Iterable[str] = ()) -> JSONResponse:
-    """Map any exception to its response by the table in the module docstring.
+def exception_response(exc: BaseException, fields: Iterable[str] = (), path: str = "") -> JSONResponse:
+    """Map any exception to its response by the table in the module docstring (Anthropic's shape when ``path``,
+    the request's path, is the Anthropic Messages route).
 
     A marti error's message goes to the client (a 400/404/409 without a ``param`` gets the first of ``fields``
     its message names); anything else is logged with its traceback and the client gets a generic 500 naming a
@@ -156,12 +203,12 @@ def exception_response(exc: BaseException, fields: Iterable[str] = ()) -> JSONRe
                 param = getattr(exc, "param", None)
                 if param is None and status in _FIELD_STATUSES:
                     param = named_param(exc.message, fields)
-                return error_response(status, exc.message, type_, param, code)
+                return error_response(status, exc.message, type_, param, code, path=path)
     ref = uuid.uuid4().hex[:12]
     _LOG.error("internal error serving an HTTP request (ref %s)", ref, exc_info=exc)
     status, type_, code = _INTERNAL
     return error_response(
-        status, f"internal server error (ref {ref}; see the gateway's log)", type_, None, code
+        status, f"internal server error (ref {ref}; see the gateway's log)", type_, None, code, path=path
     )
 
 
@@ -174,7 +221,7 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
-def _unknown_keys(errors: list[Any], fields: Iterable[str]) -> JSONResponse | None:
+def _unknown_keys(errors: list[Any], fields: Iterable[str], path: str) -> JSONResponse | None:
     """400 naming every unknown key of a body that forbids them (with the known field each resembles), or None
     when no error is about an unknown key."""
     unknown = [_param(tuple(e.get("loc", ()))) for e in errors if e.get("type") == "extra_forbidden"]
@@ -187,16 +234,21 @@ def _unknown_keys(errors: list[Any], fields: Iterable[str]) -> JSONResponse | No
         close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
         hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
     msg = f"unknown field{'s' if len(unknown) > 1 else ''} in the request body: {', '.join(hints)}"
-    return error_response(400, msg, "invalid_request_error", unknown[0], "invalid_argument")
+    return error_response(400, msg, "invalid_request_error", unknown[0], "invalid_argument", path=path)
 
 
-def validation_response(exc: RequestValidationError, fields: Iterable[str] = ()) -> JSONResponse:
+def validation_response(
+    exc: RequestValidationError, fields: Iterable[str] = (), path: str = ""
+) -> JSONResponse:
     """400 for a request FastAPI could not parse or validate, naming the first bad field and its value (every
-    unknown key at once, when the body forbids them; ``fields`` give the did-you-mean hints)."""
+    unknown key at once, when the body forbids them; ``fields`` give the did-you-mean hints); Anthropic's shape
+    when ``path``, the request's path, is the Anthropic Messages route."""
     errors = list(exc.errors())
     if not errors:
-        return error_response(400, "invalid request", "invalid_request_error", None, "invalid_argument")
-    unknown = _unknown_keys(errors, fields)
+        return error_response(
+            400, "invalid request", "invalid_request_error", None, "invalid_argument", path=path
+        )
+    unknown = _unknown_keys(errors, fields, path)
     if unknown is not None:
         return unknown
     err = errors[0]
@@ -205,7 +257,7 @@ def validation_response(exc: RequestValidationError, fields: Iterable[str] = ())
         reason = (err.get("ctx") or {}).get("error", "malformed JSON")
         where = f" at character {loc[1]}" if len(loc) > 1 else ""
         msg = f"the request body is not valid JSON: {reason}{where}"
-        return error_response(400, msg, "invalid_request_error", None, "invalid_argument")
+        return error_response(400, msg, "invalid_request_error", None, "invalid_argument", path=path)
     param = _param(loc)
     text = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind == "missing":
@@ -215,7 +267,7 @@ def validation_response(exc: RequestValidationError, fields: Iterable[str] = ())
         got = got if len(got) <= 120 else got[:117] + "..."
         msg = f"{param}: {text} (got {got})" if param else f"the request body: {text} (got {got})"
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return error_response(400, msg + more, "invalid_request_error", param, "invalid_argument")
+    return error_response(400, msg + more, "invalid_request_error", param, "invalid_argument", path=path)
 
 
 def _routes(app: Any) -> list[str]:
@@ -244,10 +296,11 @@ def _no_route(request: Request, status: int) -> str:
 
 
 def http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """The OpenAI-style answer to an HTTP error Starlette raised itself; a route that does not exist (404) or a
-    method it does not take (405) gets a message listing the routes that exist."""
+    """The answer to an HTTP error Starlette raised itself (OpenAI's shape, or Anthropic's on the Messages route);
+    a route that does not exist (404) or a method it does not take (405) gets a message listing the routes that
+    exist."""
     type_, code = _HTTP_TYPES.get(exc.status_code, ("invalid_request_error", None))
     detail = str(exc.detail)
     if exc.status_code in (404, 405) and detail in ("Not Found", "Method Not Allowed"):  # no such route
         detail = _no_route(request, exc.status_code)
-    return error_response(exc.status_code, detail, type_, None, code)
+    return error_response(exc.status_code, detail, type_, None, code, path=request.scope["path"])
