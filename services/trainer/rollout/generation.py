@@ -19,7 +19,7 @@ import torch
 
 from marti.config import TrainConfig
 from marti.config.schema import VllmConfig
-from marti.errors import InvalidArgumentError, NotFoundError
+from marti.errors import AbortedError, InvalidArgumentError, NotFoundError
 from services.trainer.rollout import vllm_available
 from services.trainer.rollout.base import Generation, RolloutEngine, SamplingParams, chat_to_ids
 
@@ -235,10 +235,16 @@ def serve_generations(
 ) -> list[Generation]:
     """One inference-gateway call: sample one response per prompt with the caller's sampling parameters.
 
-    Runs under ``lock`` (the one weight syncs take), so a call in flight when an update lands finishes on the
-    version it started with, and each :class:`Generation` records that version. An older resident version is
+    The call's version is fixed when it starts: under ``lock`` (the one weight syncs take), before sampling, it
+    is the engine's current version (or the pinned ``version``), and the weights that sample are that version's
+    for the whole call: a sync waits for the lock, so a call in flight when an update lands finishes on the
+    version it started with, and each :class:`Generation` records that version. A sync landing before the call
+    takes the lock (while the call is still queued) is the version it starts with. An older resident version is
     loaded into the engine for the call and the current weights restored after it (engines with a
-    ``pinned`` method, i.e. transformers; vLLM serves only its current version).
+    ``pinned`` method, i.e. transformers; vLLM serves only its current version). After sampling the engine must
+    still hold the version the call started with, and every generation must record it: a weight sync that
+    skipped ``lock`` (an owner's bug) fails the call with :class:`AbortedError` rather than return tokens of
+    mixed weights under one version.
 
     Args:
         engine: The actor's rollout engine.
@@ -255,11 +261,13 @@ def serve_generations(
     Raises:
         NotFoundError: Unknown agent, or ``version`` is not resident (the resident ones are named).
         InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+        AbortedError: The agent's weights changed while the call sampled (a sync that did not take ``lock``);
+            its generations are discarded, and a retry samples with one version.
     """
     with lock, torch.no_grad():
         current = engine.policy_version(agent_id)
         if version is None or version == current:
-            return engine.generate(agent_id, list(prompts), sampling)
+            return _stamped(engine, agent_id, current, engine.generate(agent_id, list(prompts), sampling))
         pinned = getattr(engine, "pinned", None)
         weights = resident.get(agent_id, version) if resident is not None and pinned is not None else None
         if weights is None:
@@ -268,7 +276,24 @@ def serve_generations(
                 f"version {version} of agent {agent_id!r} is not resident; resident versions: {held or [current]}"
             )
         with pinned(agent_id, weights, version):
-            return engine.generate(agent_id, list(prompts), sampling)
+            return _stamped(engine, agent_id, version, engine.generate(agent_id, list(prompts), sampling))
+
+
+def _stamped(engine: RolloutEngine, agent_id: str, stamp: int, gens: list[Generation]) -> list[Generation]:
+    """``gens`` when the engine still holds version ``stamp`` (read before they were sampled) and each records it.
+
+    Raises:
+        AbortedError: The version moved while they were sampled (a weight sync that skipped the engine lock).
+    """
+    now = engine.policy_version(agent_id)
+    recorded = sorted({g.policy_version for g in gens})
+    if now != stamp or any(v != stamp for v in recorded):
+        raise AbortedError(
+            f"the weights of agent {agent_id!r} changed while the call sampled: it started on version {stamp}, "
+            f"the engine now holds version {now} and the generations record {recorded}; a weight sync did not "
+            "take the engine lock. The call's tokens are discarded: retry it"
+        )
+    return gens
 
 
 def resident_versions(engine: RolloutEngine, resident: ResidentWeights | None, agent_id: str) -> list[int]:
