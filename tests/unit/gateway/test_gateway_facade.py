@@ -132,3 +132,37 @@ def test_an_engine_without_pinned_versions_serves_only_its_current_version():
     with pytest.raises(NotFoundError, match="version 0 of agent 'planner' is not resident"):
         backend.generate("planner", [[1, 2]], S, 0)
     assert engine.calls == 1
+
+
+async def test_a_weight_sync_that_skips_the_engine_lock_fails_the_call_instead_of_mislabelling_it():
+    """docs/gateway.md (Models): an EngineBackend owner must sync under ``backend.lock``. One that does not, and
+    lands in the middle of a call, gets the call refused (its tokens came from two versions), not recorded as the
+    newer version; the retry samples with one version."""
+    tok = load_tokenizer()
+    model = build_tiny_model(tok, seed=0)
+    engine = HFRolloutEngine({"planner": AgentModel(model, tok)}, max_model_len=64)
+    gw = Gateway(EngineBackend(engine, {"planner": tok}), trainable=["planner"])
+    name, weight = next(iter(model.state_dict().items()))
+    forwards = [0]
+
+    def sync_without_the_lock(module, args):
+        forwards[0] += 1
+        if forwards[0] == 3:  # tokens were sampled by version 0
+            engine.update_weights("planner", {name: weight + 1.0}, 1)
+
+    hook = model.get_input_embeddings().register_forward_pre_hook(sync_without_the_lock)
+    try:
+        with pytest.raises(
+            AbortedError, match="'planner' changed while the call sampled: it started on version 0"
+        ):
+            await gw.generate(
+                "planner", [5] * 8, SamplingParams(max_new_tokens=6, temperature=0.0), episode_id="e1"
+            )
+        assert gw.stats()["calls"] == 0  # nothing of it was recorded
+        again = await gw.generate(
+            "planner", [5] * 8, SamplingParams(max_new_tokens=6, temperature=0.0), episode_id="e1"
+        )
+        assert again.generations[0].policy_version == 1 and gw.stats()["calls"] == 1
+    finally:
+        hook.remove()
+        await gw.close()
