@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from marti.errors import AbortedError, InvalidArgumentError, NotFoundError, UnavailableError
@@ -13,6 +15,7 @@ from services.trainer.rollout.gateway_backend import EngineBackend
 from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
 
 S = SamplingParams(max_new_tokens=4, seed=1)
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -134,35 +137,65 @@ def test_an_engine_without_pinned_versions_serves_only_its_current_version():
     assert engine.calls == 1
 
 
+def _own_planner() -> tuple[EngineBackend, Gateway, dict]:
+    """A one-agent engine of its own (its weights change), its backend, a gateway over it, and a version 1 of its
+    weights (one tensor moved)."""
+    tok = load_tokenizer()
+    model = build_tiny_model(tok, seed=0)
+    backend = EngineBackend(
+        HFRolloutEngine({"planner": AgentModel(model, tok)}, max_model_len=64), {"planner": tok}
+    )
+    name, weight = next(iter(model.state_dict().items()))
+    return backend, Gateway(backend, trainable=["planner"]), {name: weight + 1.0}
+
+
 async def test_a_weight_sync_that_skips_the_engine_lock_fails_the_call_instead_of_mislabelling_it():
     """docs/gateway.md (Models): an EngineBackend owner must sync under ``backend.lock``. One that does not, and
     lands in the middle of a call, gets the call refused (its tokens came from two versions), not recorded as the
     newer version; the retry samples with one version."""
-    tok = load_tokenizer()
-    model = build_tiny_model(tok, seed=0)
-    engine = HFRolloutEngine({"planner": AgentModel(model, tok)}, max_model_len=64)
-    gw = Gateway(EngineBackend(engine, {"planner": tok}), trainable=["planner"])
-    name, weight = next(iter(model.state_dict().items()))
+    backend, gw, moved = _own_planner()
+    engine, model = backend.engine, backend.engine._agents["planner"].model
     forwards = [0]
 
     def sync_without_the_lock(module, args):
         forwards[0] += 1
         if forwards[0] == 3:  # tokens were sampled by version 0
-            engine.update_weights("planner", {name: weight + 1.0}, 1)
+            engine.update_weights("planner", moved, 1)
 
     hook = model.get_input_embeddings().register_forward_pre_hook(sync_without_the_lock)
     try:
         with pytest.raises(
             AbortedError, match="'planner' changed while the call sampled: it started on version 0"
         ):
-            await gw.generate(
-                "planner", [5] * 8, SamplingParams(max_new_tokens=6, temperature=0.0), episode_id="e1"
-            )
+            await gw.generate("planner", [5] * 8, GREEDY, episode_id="e1")
         assert gw.stats()["calls"] == 0  # nothing of it was recorded
-        again = await gw.generate(
-            "planner", [5] * 8, SamplingParams(max_new_tokens=6, temperature=0.0), episode_id="e1"
-        )
+        again = await gw.generate("planner", [5] * 8, GREEDY, episode_id="e1")
         assert again.generations[0].policy_version == 1 and gw.stats()["calls"] == 1
     finally:
         hook.remove()
+        await gw.close()
+
+
+async def test_a_sync_that_lands_while_a_call_waits_for_the_engine_is_the_version_the_call_gets():
+    """docs/gateway.md (Models): a call's version is fixed when its batch starts on the engine. A call queued
+    behind a weight sync (its owner holds ``backend.lock``) starts on, samples with and records the new version."""
+    backend, gw, moved = _own_planner()
+    engine = backend.engine
+    try:
+        before = (await gw.generate("planner", [5] * 8, GREEDY)).generations[0]
+        with backend.lock:  # the owner's weight sync
+            queued = asyncio.ensure_future(gw.generate("planner", [5] * 8, GREEDY, episode_id="e1"))
+            await asyncio.sleep(0.3)  # dispatched, waiting for the engine
+            assert not queued.done()
+            engine.update_weights("planner", moved, 1)
+        got = (await queued).generations[0]
+        after = (await gw.generate("planner", [5] * 8, GREEDY)).generations[0]
+        assert (before.policy_version, got.policy_version) == (0, 1)
+        assert gw.tracker.turn_versions("e1") == {"planner": [1]}
+        assert got.response_token_ids == after.response_token_ids  # sampled by version 1's weights
+        assert got.response_logprobs == pytest.approx(after.response_logprobs, abs=1e-5)
+        assert got.response_logprobs != pytest.approx(before.response_logprobs, abs=1e-4), (
+            "versions look alike"
+        )
+    finally:
         await gw.close()
