@@ -11,11 +11,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from marti.errors import InvalidArgumentError
+from marti.tools import ChatReply, ToolCall
 
-__all__ = ["ChatMessages", "FinishReason", "Generation", "Prompt", "SamplingParams"]
+__all__ = [
+    "ChatMessages",
+    "ChatReply",
+    "FinishReason",
+    "Generation",
+    "Prompt",
+    "SamplingParams",
+    "ToolCall",
+]
 
-#: A conversation in chat format: ``[{"role": "user", "content": "..."}, ...]``.
-ChatMessages = list[dict[str, str]]
+#: A conversation in chat format: ``[{"role": "user", "content": "..."}, ...]`` (Hugging Face chat-template
+#: messages: an assistant message may also carry ``tool_calls``, a ``tool`` message ``tool_call_id``).
+ChatMessages = list[dict[str, Any]]
 #: What ``generate`` accepts per prompt: token ids, a chat conversation, or raw text.
 Prompt = list[int] | ChatMessages | str
 FinishReason = Literal["stop", "length"]

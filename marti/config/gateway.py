@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from marti.config.section import NonNegFloat, PositiveFloat, PositiveInt, Section
+from marti.tools import DEFAULT_TOOL_PARSER, TOOL_PARSER_NAMES
 
 
 class GatewayConfig(Section):
@@ -73,6 +74,36 @@ class GatewayConfig(Section):
     serving actor keeps a CPU copy of the last this many synced weights of every agent (the LoRA adapter or the
     whole state dict) and loads an older one for the duration of a call; 1 keeps no copy. Null: the largest
     staleness bound of any agent plus 1. The vLLM engine serves only the current version."""
+
+    max_tools_chars: PositiveInt = 65_536
+    """Longest ``tools`` of one request (chat ``tools``, Responses ``tools``, Anthropic ``tools``), characters of
+    its JSON; longer ones are refused (HTTP 400 naming ``tools``)."""
+    tool_parser: str = DEFAULT_TOOL_PARSER
+    """How every agent's tool calls are read from its replies, by chat-template family (vLLM's
+    ``--tool-call-parser``): ``hermes`` reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    (Hermes, Qwen 2.5 / 3), ``mistral`` reads ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]`` (Mistral v0.3,
+    Mixtral, Nemo). An agent's template without tool support gets this parser's format rendered into the prompt
+    (docs/gateway.md, "Tools")."""
+    tool_parsers: dict[str, str] = Field(default_factory=dict)
+    """Per agent, a tool parser other than ``tool_parser`` (agent name -> parser name), for teams of agents on
+    different base models."""
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, value: str) -> str:
+        if value not in TOOL_PARSER_NAMES:
+            raise ValueError(f"unknown tool parser {value!r}; known parsers: {list(TOOL_PARSER_NAMES)}")
+        return value
+
+    @field_validator("tool_parsers")
+    @classmethod
+    def _known_parsers(cls, value: dict[str, str]) -> dict[str, str]:
+        for agent, name in value.items():
+            if name not in TOOL_PARSER_NAMES:
+                raise ValueError(
+                    f"agent {agent!r}: unknown tool parser {name!r}; known parsers: {list(TOOL_PARSER_NAMES)}"
+                )
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> GatewayConfig:

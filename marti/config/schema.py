@@ -963,6 +963,15 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _gateway_agents(self) -> TrainConfig:
+        """``gateway.tool_parsers`` names agents of the team."""
+        names = [a.name for a in self.agents]
+        unknown = sorted(set(self.gateway.tool_parsers) - set(names))
+        if unknown:
+            raise ValueError(f"gateway.tool_parsers names agents {unknown} that are not in the team {names}")
+        return self
+
+    @model_validator(mode="after")
     def _force_gateway(self) -> TrainConfig:
         """External episodes arrive through the gateway: ``rollout.source`` external or mixed turns it on."""
         if self.rollout.source != "builtin" and not self.gateway.enabled:

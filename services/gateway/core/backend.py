@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import Any
 
 from marti.inference import ChatMessages, Generation, SamplingParams
 
@@ -31,12 +32,26 @@ class InferenceBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def chat_prompt(self, agent: str, messages: ChatMessages) -> list[int]:
+    def chat_prompt(
+        self, agent: str, messages: ChatMessages, tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Token ids of a conversation under the agent's own chat template, with the generation prompt.
+
+        Args:
+            agent: The agent.
+            messages: Hugging Face chat-template messages (assistant ``tool_calls`` and ``tool`` results included).
+            tools: OpenAI function tool specs, passed to the template as ``tools``; only given when
+                :meth:`renders_tools` is True (the gateway renders them into ``messages`` otherwise).
 
         Raises:
             InvalidArgumentError: Malformed messages.
         """
+
+    def renders_tools(self, agent: str) -> bool:
+        """Whether the agent's chat template renders tools, tool calls and tool results itself (it reads the
+        ``tools`` variable). False here: a backend without a template that does gets the gateway's fallback
+        format (:func:`services.gateway.core.tools.render.fallback_messages`)."""
+        return False
 
     @abc.abstractmethod
     def encode(self, agent: str, text: str) -> list[int]:

@@ -15,6 +15,7 @@ import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from marti.errors import (
     AbortedError,
@@ -26,10 +27,13 @@ from marti.errors import (
     UnavailableError,
 )
 from marti.inference import ChatMessages, Generation, SamplingParams, StaleCalls
+from marti.tools import DEFAULT_TOOL_PARSER, ChatReply
 from marti.trajectory import Trajectory
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.batcher import RequestBatcher
 from services.gateway.core.limits import GatewayLimits
+from services.gateway.core.tools import Parsed, ToolParser, fallback_messages, has_tool_turns
+from services.gateway.core.tools import tool_parser as tools_parser
 from services.gateway.core.traces import EpisodeTracker, Released
 
 _LOG = logging.getLogger("marti.gateway")
@@ -144,6 +148,11 @@ class Gateway:
         max_staleness: Per trainable agent, the training job's staleness bound (policy versions a trained item
             may lag behind the learner); a report then says which calls are already past it
             (:attr:`Reported.stale`). None = no bound known (nothing is said).
+        tool_parser: The tool-call parser of every agent not in ``tool_parsers`` (``gateway.tool_parser``).
+        tool_parsers: agent -> its own tool-call parser (``gateway.tool_parsers``).
+
+    Raises:
+        InvalidArgumentError: An unknown tool parser name (the known ones are named).
     """
 
     def __init__(
@@ -153,7 +162,12 @@ class Gateway:
         sink: EpisodeSink | None = None,
         trainable: Sequence[str] | None = None,
         max_staleness: Mapping[str, int] | None = None,
+        tool_parser: str = DEFAULT_TOOL_PARSER,
+        tool_parsers: Mapping[str, str] | None = None,
     ) -> None:
+        self._default_parser = tools_parser(tool_parser)
+        self._parsers = {a: tools_parser(name) for a, name in (tool_parsers or {}).items()}
+        self.tool_calls_unparsed = 0
         self.backend = backend
         self.max_staleness = dict(max_staleness or {})
         self.limits = limits or GatewayLimits()
@@ -294,6 +308,10 @@ class Gateway:
             ids = self.backend.chat_prompt(agent, prompt)  # type: ignore[arg-type]
         else:
             ids = [int(t) for t in prompt]  # type: ignore[union-attr]
+        return self._checked_ids(agent, ids)
+
+    def _checked_ids(self, agent: str, ids: list[int]) -> list[int]:
+        """``ids`` when they are a non-empty prompt of the agent's vocabulary; else InvalidArgumentError."""
         if not ids:
             raise InvalidArgumentError("the prompt is empty")
         vocab = self.backend.vocab_size(agent)
@@ -303,6 +321,80 @@ class Gateway:
                     f"prompt token {i} is {t}, outside model {agent!r}'s vocabulary [0, {vocab})"
                 )
         return ids
+
+    # ------------------------------------------------------------------------------------------ tools
+    def tool_parser(self, agent: str) -> ToolParser:
+        """The agent's tool-call parser (``gateway.tool_parsers``, else ``gateway.tool_parser``)."""
+        return self._parsers.get(agent, self._default_parser)
+
+    async def chat_ids(
+        self,
+        agent: str,
+        messages: ChatMessages,
+        tools: Sequence[dict[str, Any]] | None = None,
+        episode_id: str = "",
+    ) -> list[int]:
+        """Token ids of a chat prompt (with the generation prompt) for ``agent``, rendered off the event loop.
+
+        Tools, assistant ``tool_calls`` and ``tool`` results go through the agent's chat template when it renders
+        tools (:meth:`InferenceBackend.renders_tools`), else through the fallback format of the agent's tool
+        parser (:func:`~services.gateway.core.tools.render.fallback_messages`).
+
+        Args:
+            agent: The resolved agent.
+            messages: Hugging Face chat-template messages (``content`` may be None beside ``tool_calls``).
+            tools: OpenAI function tool specs, or None.
+            episode_id: The call's episode, or ``""``.
+
+        Raises:
+            InvalidArgumentError: Malformed messages, or token ids outside the vocabulary.
+        """
+        return await asyncio.to_thread(self._render_chat, agent, messages, tools)
+
+    def _render_chat(
+        self, agent: str, messages: ChatMessages, tools: Sequence[dict[str, Any]] | None
+    ) -> list[int]:
+        msgs = [{**m, "content": m.get("content") or ""} for m in messages]
+        if (tools or has_tool_turns(msgs)) and not self.backend.renders_tools(agent):
+            msgs = fallback_messages(msgs, tools, self.tool_parser(agent))
+            tools = None
+        ids = self.backend.chat_prompt(agent, msgs, tools) if tools else self.backend.chat_prompt(agent, msgs)
+        return self._checked_ids(agent, [int(t) for t in ids])
+
+    def parse_reply(
+        self,
+        agent: str,
+        generation: Generation,
+        tools: Sequence[dict[str, Any]] | None,
+        forced: str = "",
+        one_call: bool = False,
+    ) -> ChatReply:
+        """One generation as an assistant reply: its tool calls parsed by the agent's parser.
+
+        Args:
+            agent: The agent that generated it.
+            generation: The generation.
+            tools: The request's tools, or None when calls must not be parsed (no tools, ``tool_choice: none``).
+            forced: The prompt's prefilled start of a call (``tool_choice`` required or named), read as the start
+                of the reply.
+            one_call: At most one call (``parallel_tool_calls: false``): a reply with more is returned as text.
+
+        Returns:
+            The reply; a call that could not be parsed leaves the whole text as content, ``unparsed`` set and
+            counted in ``tool_calls_unparsed``.
+        """
+        if not tools:
+            return ChatReply(generation.text, (), generation.finish_reason)
+        names = {t["function"]["name"] for t in tools}
+        text = forced + generation.text
+        parsed = self.tool_parser(agent).parse(text, names)
+        if one_call and len(parsed.calls) > 1:
+            parsed = Parsed(text, (), unparsed=True)
+        if parsed.unparsed:
+            self.tool_calls_unparsed += 1
+        if not parsed.calls:
+            return ChatReply(parsed.content or "", (), generation.finish_reason, parsed.unparsed)
+        return ChatReply(parsed.content, parsed.calls, "tool_calls")
 
     async def generate(
         self,
@@ -771,7 +863,8 @@ class Gateway:
         was full), ``backlog_lost_at_close`` (backlog episodes never inserted because the gateway closed),
         ``held_lost_at_close`` (finished episodes still held for their incomplete group when the gateway closed),
         ``open_lost_at_close`` (episodes not reported yet when the gateway closed); the last two are 0 until
-        :meth:`close`."""
+        :meth:`close`; ``tool_calls_unparsed`` (replies that tried a tool call that could not be parsed, returned
+        as text)."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
         out["released"] = float(self.released)
         out["held"] = float(self.tracker.held)
@@ -790,4 +883,5 @@ class Gateway:
         out["backlog_lost_at_close"] = float(self.backlog_lost_at_close)
         out["held_lost_at_close"] = float(self.held_lost_at_close)
         out["open_lost_at_close"] = float(self.open_lost_at_close)
+        out["tool_calls_unparsed"] = float(self.tool_calls_unparsed)
         return out

@@ -37,6 +37,8 @@ class GatewayLimits:
             RESOURCE_EXHAUSTED); only a group larger than this exceeds it, taken while the backlog is empty, > 0.
         report_wait_s: Most seconds a report waits for its released episodes to be inserted; after that it is
             answered as queued (HTTP 202) and they are inserted in the background, >= 0.
+        max_tools_chars: Longest ``tools`` of one request, characters of its JSON (HTTP 400 naming ``tools``
+            beyond), > 0.
     """
 
     max_batch: int = 32
@@ -54,6 +56,7 @@ class GatewayLimits:
     max_group_size: int = 1024
     max_backlog_episodes: int = 1024
     report_wait_s: float = 5.0
+    max_tools_chars: int = 65_536
 
     def __post_init__(self) -> None:
         """Raises InvalidArgumentError naming the first field out of range."""
@@ -69,6 +72,7 @@ class GatewayLimits:
             "max_id_chars",
             "max_group_size",
             "max_backlog_episodes",
+            "max_tools_chars",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:

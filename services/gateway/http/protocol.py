@@ -6,7 +6,7 @@ except in :class:`RewardRequest`, which refuses them (see :mod:`services.gateway
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -107,13 +107,48 @@ class SampledRequest(_Body):
             raise
 
 
+class FunctionCall(_Body):
+    """The function of a tool call an assistant message made: its name and its arguments as JSON text (of an
+    object, checked when the message is rendered)."""
+
+    name: Annotated[_Str, Field(min_length=1)]
+    arguments: _Str
+
+
+class ToolCallIn(_Body):
+    """One tool call of an assistant message in the history (as the gateway returned it)."""
+
+    id: Annotated[_Str, Field(min_length=1)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionSpec(_Body):
+    """A function tool: its name, description and JSON-schema ``parameters``."""
+
+    name: Annotated[_Str, Field(min_length=1, max_length=256)]
+    description: _Str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(_Body):
+    """One entry of ``tools``: only function tools."""
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
 class ChatMessage(_Body):
     """One message; ``role`` is one of OpenAI's (:data:`~services.gateway.convert.CHAT_ROLES`; ``developer`` is
     rendered as ``system``); ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts (joined
-    with newlines, as vLLM does), or null (or absent) in an assistant message only (one that made tool calls)."""
+    with newlines, as vLLM does), or null (or absent) in an assistant message only (one that made tool calls).
+    An assistant message may carry ``tool_calls``; a ``tool`` message carries the ``tool_call_id`` it answers."""
 
     role: _Str
     content: Any = Field(default=None, validate_default=True)
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: _Str | None = None
+    name: _Str | None = None
 
     @field_validator("role")
     @classmethod
@@ -156,6 +191,25 @@ class ChatCompletionRequest(SampledRequest):
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = None
     response_format: Any = Field(default=None, validate_default=True)
+    tools: list[ToolSpec] | None = None
+    tool_choice: Any = Field(default=None, validate_default=True)
+    parallel_tool_calls: StrictBool | None = True
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, v: Any) -> str | dict[str, str]:
+        """``auto`` (also when absent), ``none``, ``required``, or ``{"type": "function", "function": {"name":
+        NAME}}`` as ``{"name": NAME}``."""
+        if v is None:
+            return "auto"
+        if v in ("auto", "none", "required"):
+            return v
+        fn = v.get("function") if isinstance(v, dict) and v.get("type") == "function" else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
+            return {"name": _utf8(fn["name"])}
+        raise ValueError(
+            "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': NAME}}"
+        )
 
     @field_validator("response_format", mode="before")
     @classmethod

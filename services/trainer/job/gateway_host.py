@@ -43,6 +43,7 @@ def gateway_limits(cfg: TrainConfig) -> Any:
         max_group_size=g.max_group_size,
         max_backlog_episodes=g.max_backlog_episodes,
         report_wait_s=g.report_wait_s,
+        max_tools_chars=g.max_tools_chars,
     )
 
 
@@ -106,7 +107,13 @@ class GatewayHost:
 
         bounds = {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents}  # reports name calls past them
         gateway = Gateway(
-            backend, gateway_limits(cfg), sink=sink, trainable=cfg.tuning_agents, max_staleness=bounds
+            backend,
+            gateway_limits(cfg),
+            sink=sink,
+            trainable=cfg.tuning_agents,
+            max_staleness=bounds,
+            tool_parser=cfg.gateway.tool_parser,
+            tool_parsers=cfg.gateway.tool_parsers,
         )
         g = cfg.gateway
         server = GatewayServer(

@@ -154,7 +154,9 @@ def _encode(tokenizer: Any, text: str, *, as_text: bool) -> list[int]:
     return [int(t) for t in tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"]]
 
 
-def _chat_ids_with_plain_contents(tokenizer: Any, messages: ChatMessages, risky: set[int]) -> list[int]:
+def _chat_ids_with_plain_contents(
+    tokenizer: Any, messages: ChatMessages, risky: set[int], extra: Mapping[str, Any]
+) -> list[int]:
     """The chat template's token ids where the contents of messages ``risky`` are tokenised as plain text.
 
     The template is rendered once with a unique placeholder for each of those contents; the text between
@@ -168,8 +170,8 @@ def _chat_ids_with_plain_contents(tokenizer: Any, messages: ChatMessages, risky:
         {**m, "content": next(k for k, i in marks.items() if i == j)} if j in risky else m
         for j, m in enumerate(messages)
     ]
-    real = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    skeleton = tokenizer.apply_chat_template(shaped, add_generation_prompt=True, tokenize=False)
+    real = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+    skeleton = tokenizer.apply_chat_template(shaped, add_generation_prompt=True, tokenize=False, **extra)
     pieces = re.split("(" + "|".join(re.escape(k) for k in marks) + ")", skeleton)
     ids: list[int] = []
     rebuilt = []
@@ -190,8 +192,11 @@ def _chat_ids_with_plain_contents(tokenizer: Any, messages: ChatMessages, risky:
     return ids
 
 
-def chat_to_ids(tokenizer: Any, messages: ChatMessages) -> list[int]:
-    """Apply the tokenizer's chat template with a generation prompt and return token ids.
+def chat_to_ids(
+    tokenizer: Any, messages: ChatMessages, tools: Sequence[dict[str, Any]] | None = None
+) -> list[int]:
+    """Apply the tokenizer's chat template with a generation prompt (and ``tools``, OpenAI function tool specs,
+    when given) and return token ids.
 
     Message contents are text, never control tokens: a content holding the text of a special token
     (``<|im_start|>`` typed by a user) is tokenised with special tokens split (``split_special_tokens``), while
@@ -213,10 +218,11 @@ def chat_to_ids(tokenizer: Any, messages: ChatMessages) -> list[int]:
         for i, m in enumerate(messages)
         if isinstance(m["content"], str) and any(s in m["content"] for s in specials)
     }
+    extra = {"tools": list(tools)} if tools else {}
     if risky:
-        return _chat_ids_with_plain_contents(tokenizer, messages, risky)
+        return _chat_ids_with_plain_contents(tokenizer, messages, risky, extra)
     out = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
     )
     if isinstance(out, Mapping):
         out = out["input_ids"]

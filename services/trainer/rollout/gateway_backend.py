@@ -22,6 +22,7 @@ from typing import Any
 from marti.errors import NotFoundError
 from marti.inference import ChatMessages, Generation, SamplingParams
 from services.gateway.core.backend import InferenceBackend
+from services.gateway.core.tools.render import template_supports_tools
 from services.trainer.rollout.base import RolloutEngine, chat_to_ids
 from services.trainer.rollout.generation import (
     ResidentWeights,
@@ -42,14 +43,24 @@ class _Tokenizers:
             raise NotFoundError(f"unknown agent {agent!r}; served: {sorted(self.tokenizers)}")
         return tok
 
-    def chat_prompt(self, agent: str, messages: ChatMessages) -> list[int]:
-        """The agent's own chat template over ``messages``, with the generation prompt.
+    def chat_prompt(
+        self, agent: str, messages: ChatMessages, tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The agent's own chat template over ``messages`` (and ``tools``), with the generation prompt.
 
         Raises:
             NotFoundError: Unknown agent.
             InvalidArgumentError: Malformed messages.
         """
-        return chat_to_ids(self._tokenizer(agent), messages)
+        return chat_to_ids(self._tokenizer(agent), messages, tools)
+
+    def renders_tools(self, agent: str) -> bool:
+        """Whether the agent's tokenizer's chat template reads ``tools``.
+
+        Raises:
+            NotFoundError: Unknown agent.
+        """
+        return template_supports_tools(getattr(self._tokenizer(agent), "chat_template", None))
 
     def encode(self, agent: str, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""

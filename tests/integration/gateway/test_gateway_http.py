@@ -355,28 +355,16 @@ def test_openai_errors(client, served):
 
 
 def test_parameters_the_engine_does_not_implement_are_ignored_and_echo_is_refused(client):
-    """OpenAI clients send penalties, tools and the like: accepted and ignored (the same seeded answer); chat
-    messages are rendered from their role and text content only (``tool_calls`` and ``tool_call_id`` are not part
-    of the prompt); ``echo`` is refused."""
+    """OpenAI clients send penalties, a user and the like: accepted and ignored (the same seeded answer); ``echo``
+    is refused. (Tools are rendered and parsed: tests/integration/gateway/test_gateway_tools.py.)"""
     kw = {"model": "planner", "messages": MSG, "max_tokens": 6, "seed": 4}
     plain = client.chat.completions.create(**kw)
-    tool = {
-        "type": "function",
-        "function": {"name": "look", "parameters": {"type": "object", "properties": {}}},
-    }
     extra = client.chat.completions.create(
-        **kw, presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"5": 10}, user="u-1", tools=[tool],
+        **kw, presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"5": 10}, user="u-1",
         response_format={"type": "text"},
     )  # fmt: skip
     assert extra.choices[0].model_extra["token_ids"] == plain.choices[0].model_extra["token_ids"]
     assert extra.model_extra["prompt_token_ids"] == plain.model_extra["prompt_token_ids"]
-    call = {"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}
-    with_tools = [*MSG, {"role": "assistant", "content": "ok", "tool_calls": [call]},
-                  {"role": "tool", "content": "42", "tool_call_id": "c1"}]  # fmt: skip
-    bare = [*MSG, {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "42"}]
-    a = client.chat.completions.create(model="planner", messages=with_tools, max_tokens=1)
-    b = client.chat.completions.create(model="planner", messages=bare, max_tokens=1)
-    assert a.model_extra["prompt_token_ids"] == b.model_extra["prompt_token_ids"]
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="planner", prompt="hi", max_tokens=2, echo=True)
     assert _err(e)["param"] == "echo"

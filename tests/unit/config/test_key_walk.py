@@ -336,8 +336,11 @@ def _gateway(cfg: TrainConfig) -> str:
             sink: Any = None,
             trainable: Any = None,
             max_staleness: Any = None,
+            tool_parser: str = "",
+            tool_parsers: Any = None,
         ) -> None:
             made.append(("gateway", limits, sink is not None, trainable, max_staleness))
+            made.append(("tool parsers", tool_parser, tool_parsers))
 
         def models(self) -> list[Any]:
             return []
@@ -702,6 +705,8 @@ VALUES: dict[str, Any] = {
     "budget.max_wall_time_s": 1e-9,  # spent by the first step
     "gateway.host": "0.0.0.0",
     "gateway.resident_versions": 2,  # 1 is the null default's value without staleness
+    "gateway.tool_parser": "mistral",
+    "gateway.tool_parsers": {"b": "mistral"},
     "workflow.order": ["b", "a"],
     "workflow.aggregator": "a",
     "workflow.next_speakers": f"{HELPERS}:last_speaker",
