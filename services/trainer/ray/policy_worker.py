@@ -592,11 +592,13 @@ class PolicyWorker(TableTaking):
         self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
     ) -> list[Any]:
         """An inference-gateway call (see :func:`~services.trainer.rollout.generation.serve_generations`): one response
-        per prompt of token ids with the caller's sampling parameters, on the current or a resident version.
+        per prompt of token ids with the caller's sampling parameters, on the current or a resident version. Its
+        version is fixed under the engine lock before it samples; :meth:`train`'s weight sync waits for it.
 
         Raises:
             NotFoundError: Unknown agent, or ``version`` is not resident.
             InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+            AbortedError: The engine's version moved while the call sampled (a sync that skipped the lock).
         """
         return serve_generations(
             self.engine, self._engine_lock, self.resident, agent_id, prompts, sampling, version
