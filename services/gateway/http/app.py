@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from marti.errors import InvalidArgumentError, MartiError
 from services.gateway.core.gateway import Gateway
+from services.gateway.http.anthropic_protocol import MessagesRequest
 from services.gateway.http.context import EPISODE_HEADER, GROUP_HEADER, IDEMPOTENCY_HEADER
 from services.gateway.http.errors import exception_response, http_error_response, validation_response
 from services.gateway.http.middleware import BearerAuth, BodyLimit, CatchAllMiddleware
@@ -27,7 +28,11 @@ _FIELDS = tuple(
     name
     for name in dict.fromkeys(
         [
-            *(n for m in (ChatCompletionRequest, CompletionRequest, RewardRequest) for n in m.model_fields),
+            *(
+                n
+                for m in (ChatCompletionRequest, CompletionRequest, RewardRequest, MessagesRequest)
+                for n in m.model_fields
+            ),
             *("episode_id", "group_id", "idempotency_key", EPISODE_HEADER, GROUP_HEADER, IDEMPOTENCY_HEADER),
         ]
     )
@@ -69,12 +74,12 @@ def install_error_handlers(app: FastAPI, fields: Iterable[str] = ()) -> None:
     """
     names = tuple(fields)
 
-    async def on_marti(_: Request, exc: Exception) -> JSONResponse:
-        return exception_response(exc, names)
+    async def on_marti(request: Request, exc: Exception) -> JSONResponse:
+        return exception_response(exc, names, request.scope["path"])
 
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return validation_response(exc, names)
+        return validation_response(exc, names, request.scope["path"])
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

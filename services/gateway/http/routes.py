@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from marti.errors import NotFoundError
 from services.gateway.core.gateway import Gateway
-from services.gateway.http import serving
+from services.gateway.http import anthropic_serving, serving
+from services.gateway.http.anthropic_protocol import MessagesRequest
 from services.gateway.http.context import check_path
 from services.gateway.http.protocol import (
     ChatCompletionRequest,
@@ -56,6 +57,12 @@ def inference_router(gateway: Gateway) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
         """One text completion request (``n`` choices), traced when it names an episode."""
         return await serving.completion(gateway, body, request)
+
+    @api.post("/v1/messages", response_model=None)
+    async def messages(body: MessagesRequest, request: Request) -> JSONResponse | StreamingResponse:
+        """Anthropic's Messages API: one assistant message (``text`` and ``tool_use`` blocks), traced when it
+        names an episode; errors in Anthropic's shape."""
+        return await anthropic_serving.messages(gateway, body, request)
 
     return api
 
