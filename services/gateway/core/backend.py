@@ -79,6 +79,9 @@ class InferenceBackend(abc.ABC):
     ) -> list[Generation]:
         """Sample one response per prompt (B prompts of token ids) with the agent's policy.
 
+        The batch's version is fixed when it starts on the engine, before sampling (``None``: the version current
+        then), and the weights that sample it are that version's until it ends (a weight sync waits for it).
+
         Args:
             agent: The agent.
             prompts: B prompts, token ids.
@@ -91,4 +94,5 @@ class InferenceBackend(abc.ABC):
         Raises:
             NotFoundError: Unknown agent, or ``version`` not resident (any more).
             InvalidArgumentError: A prompt plus ``max_new_tokens`` beyond the model's length.
+            AbortedError: The weights changed while the batch sampled (a sync that skipped the engine's lock).
         """
