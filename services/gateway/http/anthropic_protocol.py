@@ -2,8 +2,8 @@
 :class:`~services.gateway.http.chat_service.ChatCall` (Hugging Face chat-template messages, OpenAI chat function
 tools, a neutral ``tool_choice``); docs/gateway.md, "Anthropic Messages".
 
-The engine reads text only: image, document and other non-text blocks, and ``thinking``, are refused with 400
-naming the field, never dropped. ``cache_control`` (a prompt-cache hint), ``citations`` and ``metadata`` change
+The engine reads text only and samples plain text: image, document and other non-text blocks, ``thinking`` and
+``output_config.format`` (structured output) are refused with 400 naming the field, never dropped. ``cache_control`` (a prompt-cache hint), ``citations`` and ``metadata`` change
 nothing a model generates and are accepted; other unknown keys are ignored, as on the OpenAI routes.
 """
 
@@ -60,6 +60,7 @@ class MessagesRequest(_Body):
     stream: StrictBool | None = False
     metadata: AnthropicMetadata | None = None
     thinking: Any = Field(default=None, validate_default=True)
+    output_config: Any = None
 
     @field_validator("stop_sequences")
     @classmethod
@@ -78,6 +79,17 @@ class MessagesRequest(_Body):
             "extended thinking is not supported: this gateway samples the policy's text as it is, with no separate "
             "thinking blocks; leave thinking out (or {'type': 'disabled'})"
         )
+
+    @field_validator("output_config", mode="before")
+    @classmethod
+    def _output_config(cls, v: Any) -> Any:
+        """No ``format`` (structured output): the engine cannot constrain its sampling to a JSON schema."""
+        if isinstance(v, dict) and v.get("format") is not None:
+            raise ValueError(
+                "output_config.format (structured output) is not supported: this gateway samples plain text and "
+                "cannot constrain it to a JSON schema; leave it out and parse or validate the text yourself"
+            )
+        return v
 
 
 def chat_call(body: MessagesRequest) -> ChatCall:

@@ -36,6 +36,7 @@ WEATHER = {
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 MAX_REQUEST_BYTES = 8192
+MAX_TOOLS_CHARS = 1000
 
 
 class _ScriptedBackend(InferenceBackend):
@@ -108,7 +109,9 @@ class _ScriptedBackend(InferenceBackend):
 def gateway():
     """``(root_url, sink)``: a GatewayServer over the scripted backend, with a token."""
     sink: list = []
-    limits = GatewayLimits(max_wait_ms=1, max_request_bytes=MAX_REQUEST_BYTES)
+    limits = GatewayLimits(
+        max_wait_ms=1, max_request_bytes=MAX_REQUEST_BYTES, max_tools_chars=MAX_TOOLS_CHARS
+    )
     server = GatewayServer(Gateway(_ScriptedBackend(), limits, sink=sink.append), token=TOKEN)
     http_url, _ = server.start()
     yield http_url.removesuffix("/v1"), sink
@@ -183,6 +186,14 @@ def test_a_tool_use_and_tool_result_round_trip_is_traced_under_the_episode_prefi
     )
     assert report.status_code == 200, report.text
     traj = sink[-1]["a"]
+    assert len(traj.turns) == 1  # the tool's result is in the one sample's response, with mask 0
+    assert "sunny, 24 C" in load_tokenizer().decode(
+        [
+            t
+            for t, keep in zip(traj.turns[0].response_token_ids, traj.turns[0].response_mask, strict=True)
+            if not keep
+        ]
+    )
     assert traj.episode_id == "ep-tools" and traj.episode_return == 1.0
     sampled = [
         t
@@ -247,6 +258,11 @@ def test_bad_requests_get_anthropics_error_shape_and_the_clients_typed_errors(ga
             "nope",
         ),
         ({"messages": ASK, "max_tokens": 0}, "max_tokens", "max_tokens"),
+        (
+            {"messages": ASK, "tools": [{**WEATHER, "description": "d" * MAX_TOOLS_CHARS}]},
+            "tools",
+            "max_tools_chars",
+        ),
         ({"messages": ASK, "stop_sequences": ["x"] * 100}, "stop_sequences", "gateway.max_stop"),
     ]
     for fields, param, says in bad:

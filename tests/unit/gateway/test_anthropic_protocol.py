@@ -303,6 +303,10 @@ def test_what_the_engine_cannot_read_or_a_malformed_block_is_refused_naming_the_
         ({"messages": [USER]}, None),  # max_tokens is required: dropped below
         ({"messages": [{"role": "system", "content": "x"}]}, ("messages", 0, "role")),
         ({"messages": [USER], "stop_sequences": [""]}, ("stop_sequences",)),
+        (
+            {"messages": [USER], "output_config": {"format": {"type": "json_schema", "schema": {}}}},
+            ("output_config",),
+        ),
         ({"messages": []}, ("messages",)),
     ],
 )
