@@ -5,7 +5,9 @@ Comparable gateways were reported to serve the base model instead of the adapter
 adapters on one shared tiny base model (``examples/tiny.yaml``, ``policy.mode: lora``), served by a policy worker
 (the actor class a job runs) behind :class:`~services.trainer.rollout.gateway_backend.TrainerBackend`, a
 :class:`~services.gateway.server.GatewayServer` and the official ``openai`` client. Every greedy answer is
-compared with a fresh engine loaded with exactly that agent's weights of that version.
+compared with a fresh engine loaded with exactly that agent's weights of that version. The same setup, with a real
+experience store behind the gateway, checks that an update landing while a call generates waits for it, and that
+the call keeps the version it was dispatched with everywhere (answer, trace, staleness verdict, store item).
 """
 
 from __future__ import annotations
