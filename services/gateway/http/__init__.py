@@ -1,11 +1,15 @@
 """OpenAI-compatible HTTP adapter of the inference gateway (FastAPI).
 
-Routes (every one needs ``Authorization: Bearer <token>`` when the app has a token):
+Routes (every one needs ``Authorization: Bearer <token>`` when the app has a token; ``/v1/messages`` also takes
+it as ``x-api-key``, the header Anthropic's clients send):
 
 * ``GET  /v1/models``: every servable model name (each agent, and ``agent@VERSION`` per resident version).
 * ``GET  /v1/models/{model}``: one of them (404 with the OpenAI error JSON for any other name).
 * ``POST /v1/chat/completions``: chat completions, optionally streamed as server-sent events.
 * ``POST /v1/completions``: text completions of a string or of token ids, optionally streamed.
+* ``POST /v1/messages``: Anthropic's Messages API (text, ``tool_use`` and ``tool_result`` blocks), served through
+  the same chat call as chat completions, optionally streamed as Anthropic's events; its errors have Anthropic's
+  shape (:mod:`.anthropic_protocol`, :mod:`.anthropic_serving`).
 * ``POST /v1/episodes/{episode_id}/reward``: report an episode's rewards (releases it to training); 202 with
   ``"queued": N`` when its released episodes were not inserted within ``gateway.report_wait_s``, 429 while
   ``gateway.max_backlog_episodes`` wait.
@@ -82,6 +86,8 @@ gRPC adapter may share the loop and the gateway).
 (the episode and group ids of a call, from the path or the headers), :mod:`.tokens` (detokenization: each token's
 text, piece and bytes, and the log-probability objects), :mod:`.sse` (the server-sent events of a streamed
 answer), :mod:`.serving` (the handlers: tokenize, generate, report), :mod:`.middleware` (authentication, the body
-limit and the catch-all error answer), :mod:`.errors` (exceptions to OpenAI error bodies), :mod:`.routes` (the
+limit and the catch-all error answer), :mod:`.errors` (exceptions to OpenAI error bodies, or Anthropic's on
+``/v1/messages``), :mod:`.anthropic_protocol` and :mod:`.anthropic_serving` (the Messages API's request, its
+translation into a chat call, and its answer and events), :mod:`.routes` (the
 routes) and :mod:`.app` (:func:`~services.gateway.http.app.build_app`, the FastAPI app).
 """
