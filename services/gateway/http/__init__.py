@@ -65,8 +65,9 @@ characters, or containing ``/`` (the gateway's rule), are refused with 400, on t
 route alike. Strings of the request (messages, prompt, stop strings, ids, the model) must be encodable as UTF-8: a
 lone surrogate escape such as ``"\\ud800"`` is refused with 400 naming the field.
 
-Parameters the engine does not implement (``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``tools``,
-``user``, ...) are accepted and ignored, as OpenAI clients send them; ``echo`` is refused, and so is a
+Parameters the engine does not implement (``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``user``,
+...) are accepted and ignored, as OpenAI clients send them (``tools`` are rendered and the calls parsed:
+docs/gateway.md, "Tools"); ``echo`` is refused, and so is a
 ``response_format`` other than ``{"type": "text"}`` (structured output: the engine cannot constrain its sampling to
 a JSON schema, and an answer that silently ignored it would look like a model error). The reward report's body
 refuses unknown keys (a typo such as ``reward`` or ``groupsize`` would otherwise train with reward 0 or as a group
