@@ -15,7 +15,7 @@ from pydantic import Field, StrictBool, StrictInt, field_validator
 
 from services.gateway.http.chat_service import ChatCall
 from services.gateway.http.errors import request_error
-from services.gateway.http.protocol import SampledRequest, _Body, _Float, _Str, _utf8
+from services.gateway.http.protocol import SampledRequest, _Body, _Float, _Str, checked_text
 
 #: ``tool_choice`` types of Anthropic's API -> the chat service's choice (``tool``: ``{"name": NAME}``).
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -129,16 +129,6 @@ def chat_call(body: MessagesRequest) -> ChatCall:
 
 
 # ---------------------------------------------------------------------------------------------- blocks
-def _text(value: Any, param: str) -> str:
-    """``value`` when it is a string UTF-8 can encode; else InvalidArgumentError naming ``param``."""
-    if not isinstance(value, str):
-        raise request_error(f"{param} must be a string, got {type(value).__name__}", param)
-    try:
-        return _utf8(value)
-    except ValueError as exc:
-        raise request_error(f"{param}: {exc}", param) from None
-
-
 def _block_type(block: Any, param: str) -> str:
     """The ``type`` of a content block; InvalidArgumentError naming ``param`` when it is not an object with one."""
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
@@ -167,7 +157,7 @@ def _joined_text(blocks: Any, param: str) -> str:
     for j, block in enumerate(blocks):
         if _block_type(block, f"{param}[{j}]") != "text":
             raise _refuse_block(block["type"], f"{param}[{j}]", "'text'")
-        texts.append(_text(block.get("text"), f"{param}[{j}].text"))
+        texts.append(checked_text(block.get("text"), f"{param}[{j}].text"))
     return "\n".join(texts)
 
 
@@ -176,7 +166,7 @@ def _system(system: Any) -> list[dict[str, Any]]:
     if system is None:
         return []
     text = system if isinstance(system, str) else _joined_text(system, "system")
-    return [{"role": "system", "content": _text(text, "system")}]
+    return [{"role": "system", "content": checked_text(text, "system")}]
 
 
 def _messages(messages: list[AnthropicMessage]) -> list[dict[str, Any]]:
@@ -187,7 +177,7 @@ def _messages(messages: list[AnthropicMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         param = f"messages[{i}].content"
         if isinstance(m.content, str):
-            out.append({"role": m.role, "content": _text(m.content, param)})
+            out.append({"role": m.role, "content": checked_text(m.content, param)})
         elif not isinstance(m.content, list) or not m.content:
             raise request_error(f"{param} must be a string or a non-empty list of content blocks", param)
         elif m.role == "assistant":
@@ -205,10 +195,10 @@ def _assistant(blocks: list[Any], param: str, calls: dict[str, str]) -> dict[str
         where = f"{param}[{j}]"
         kind = _block_type(block, where)
         if kind == "text":
-            texts.append(_text(block.get("text"), f"{where}.text"))
+            texts.append(checked_text(block.get("text"), f"{where}.text"))
         elif kind == "tool_use":
-            call_id = _text(block.get("id"), f"{where}.id")
-            name = _text(block.get("name"), f"{where}.name")
+            call_id = checked_text(block.get("id"), f"{where}.id")
+            name = checked_text(block.get("name"), f"{where}.name")
             arguments = block.get("input")
             if not isinstance(arguments, dict):
                 raise request_error(
@@ -235,7 +225,7 @@ def _user(blocks: list[Any], param: str, calls: dict[str, str]) -> list[dict[str
         where = f"{param}[{j}]"
         kind = _block_type(block, where)
         if kind == "text":
-            texts.append(_text(block.get("text"), f"{where}.text"))
+            texts.append(checked_text(block.get("text"), f"{where}.text"))
             continue
         if kind != "tool_result":
             raise _refuse_block(kind, where, "'text' and 'tool_result' (in a user message)")
@@ -251,7 +241,7 @@ def _user(blocks: list[Any], param: str, calls: dict[str, str]) -> list[dict[str
 def _tool_result(block: dict[str, Any], where: str, calls: dict[str, str]) -> dict[str, Any]:
     """A ``tool_result`` block as a ``tool`` message: its content (a string or text blocks), after
     :data:`TOOL_ERROR_PREFIX` when ``is_error``."""
-    call_id = _text(block.get("tool_use_id"), f"{where}.tool_use_id")
+    call_id = checked_text(block.get("tool_use_id"), f"{where}.tool_use_id")
     if call_id not in calls:
         raise request_error(
             f"{where}.tool_use_id {call_id!r} matches no tool_use block of an earlier assistant message "
@@ -259,8 +249,12 @@ def _tool_result(block: dict[str, Any], where: str, calls: dict[str, str]) -> di
             f"{where}.tool_use_id",
         )
     content = block.get("content")
-    text = "" if content is None else content if isinstance(content, str) else None
-    text = _text(text, f"{where}.content") if text is not None else _joined_text(content, f"{where}.content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = checked_text(content, f"{where}.content")
+    else:
+        text = _joined_text(content, f"{where}.content")
     is_error = block.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
         raise request_error(f"{where}.is_error must be a boolean, got {is_error!r}", f"{where}.is_error")
@@ -287,9 +281,9 @@ def _tools(tools: list[Any]) -> list[dict[str, Any]]:
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise request_error(f"{where}.input_schema must be a JSON schema object", f"{where}.input_schema")
-        function = {"name": _text(tool.get("name"), f"{where}.name"), "parameters": schema}
+        function = {"name": checked_text(tool.get("name"), f"{where}.name"), "parameters": schema}
         if tool.get("description") is not None:
-            function["description"] = _text(tool["description"], f"{where}.description")
+            function["description"] = checked_text(tool["description"], f"{where}.description")
         out.append({"type": "function", "function": function})
     return out
 
@@ -311,5 +305,5 @@ def _tool_choice(choice: Any) -> tuple[str | dict[str, str], bool]:
             "tool_choice.disable_parallel_tool_use",
         )
     if kind == "tool":
-        return {"name": _text(choice.get("name"), "tool_choice.name")}, not disable
+        return {"name": checked_text(choice.get("name"), "tool_choice.name")}, not disable
     return TOOL_CHOICES[kind], not disable

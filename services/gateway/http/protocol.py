@@ -53,6 +53,20 @@ def _utf8(v: str) -> str:
 _Str = Annotated[StrictStr, AfterValidator(_utf8)]
 
 
+def checked_text(value: Any, param: str) -> str:
+    """``value`` when it is a string UTF-8 can encode (for fields read by hand: content blocks, input items).
+
+    Raises:
+        InvalidArgumentError: Not a string, or a lone surrogate escape in it (naming ``param``).
+    """
+    if not isinstance(value, str):
+        raise request_error(f"{param} must be a string, got {type(value).__name__}", param)
+    try:
+        return _utf8(value)
+    except ValueError as exc:
+        raise request_error(f"{param}: {exc}", param) from None
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
