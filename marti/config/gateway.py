@@ -78,6 +78,10 @@ class GatewayConfig(Section):
     max_tools_chars: PositiveInt = 65_536
     """Longest ``tools`` of one request (chat ``tools``, Responses ``tools``, Anthropic ``tools``), characters of
     its JSON; longer ones are refused (HTTP 400 naming ``tools``)."""
+    max_stored_responses: PositiveInt = 256
+    """Most Responses API responses (``POST /v1/responses`` with ``store``, the default) kept per episode for a
+    later ``previous_response_id``, and as many for untraced calls; the oldest is forgotten first (its id is then
+    unknown: 404), and an episode's are freed when it is reported or abandoned."""
     tool_parser: str = DEFAULT_TOOL_PARSER
     """How every agent's tool calls are read from its replies, by chat-template family (vLLM's
     ``--tool-call-parser``): ``hermes`` reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``

@@ -39,6 +39,8 @@ class GatewayLimits:
             answered as queued (HTTP 202) and they are inserted in the background, >= 0.
         max_tools_chars: Longest ``tools`` of one request, characters of its JSON (HTTP 400 naming ``tools``
             beyond), > 0.
+        max_stored_responses: Most Responses API responses kept for ``previous_response_id`` per episode, and
+            for untraced calls; the oldest is forgotten first, an episode's are freed when it closes, > 0.
     """
 
     max_batch: int = 32
@@ -57,6 +59,7 @@ class GatewayLimits:
     max_backlog_episodes: int = 1024
     report_wait_s: float = 5.0
     max_tools_chars: int = 65_536
+    max_stored_responses: int = 256
 
     def __post_init__(self) -> None:
         """Raises InvalidArgumentError naming the first field out of range."""
@@ -73,6 +76,7 @@ class GatewayLimits:
             "max_group_size",
             "max_backlog_episodes",
             "max_tools_chars",
+            "max_stored_responses",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:

@@ -236,12 +236,13 @@ class EpisodeTracker:
         ep.running += 1
         ep.agents.setdefault(agent, _AgentTrace()).pending += n
 
-    def on_close(self, episode_id: str, callback: Callable[[], object]) -> None:
-        """Run ``callback`` once the open episode ``episode_id`` is reported, abandoned or closed unused (nothing
-        happens for an episode that is not open)."""
+    def on_close(self, episode_id: str, callback: Callable[[], object]) -> bool:
+        """Run ``callback`` once the open episode ``episode_id`` is reported, abandoned or closed unused; returns
+        whether it will (False, and nothing happens, for an episode that is not open)."""
         ep = self._open.get(episode_id)
         if ep is not None:
             ep.on_close.append(callback)
+        return ep is not None
 
     def _drop(self, episode_id: str) -> _Episode | None:
         """Remove an episode from the open set and run its close callbacks; None when it was not open."""

@@ -18,6 +18,7 @@ from services.gateway.http.context import EPISODE_HEADER, GROUP_HEADER, IDEMPOTE
 from services.gateway.http.errors import exception_response, http_error_response, validation_response
 from services.gateway.http.middleware import BearerAuth, BodyLimit, CatchAllMiddleware
 from services.gateway.http.protocol import ChatCompletionRequest, CompletionRequest, RewardRequest
+from services.gateway.http.responses_protocol import ResponsesRequest
 from services.gateway.http.routes import add_routes
 
 __all__ = ["build_app", "install_error_handlers"]
@@ -30,7 +31,13 @@ _FIELDS = tuple(
         [
             *(
                 n
-                for m in (ChatCompletionRequest, CompletionRequest, RewardRequest, MessagesRequest)
+                for m in (
+                    ChatCompletionRequest,
+                    CompletionRequest,
+                    RewardRequest,
+                    MessagesRequest,
+                    ResponsesRequest,
+                )
                 for n in m.model_fields
             ),
             *("episode_id", "group_id", "idempotency_key", EPISODE_HEADER, GROUP_HEADER, IDEMPOTENCY_HEADER),

@@ -283,11 +283,6 @@ def _no_route(request: Request, status: int) -> str:
     known = "; ".join(_routes(request.app))
     if status == 405:
         return f"{request.method} is not allowed on {path}; the routes are: {known}"
-    if path.rstrip("/").endswith("/responses"):
-        return (
-            f"{path} is not served: the OpenAI Responses API is not implemented (yet); use POST "
-            f"/v1/chat/completions (client.chat.completions.create). The routes are: {known}"
-        )
     return (
         f"no route {request.method} {path}; the routes are: {known}. The inference routes are also served under "
         "/episodes/{episode_id}/ and /episodes/{episode_id}/groups/{group_id}/ (a traced base_url), and so is "

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from marti.errors import NotFoundError
 from services.gateway.core.gateway import Gateway
-from services.gateway.http import anthropic_serving, serving
+from services.gateway.http import anthropic_serving, responses_serving, serving
 from services.gateway.http.anthropic_protocol import MessagesRequest
 from services.gateway.http.context import check_path
 from services.gateway.http.protocol import (
@@ -20,6 +20,8 @@ from services.gateway.http.protocol import (
     RewardRequest,
     model_object,
 )
+from services.gateway.http.responses_protocol import ResponsesRequest
+from services.gateway.http.responses_store import ResponseStore
 
 #: The prefixes a client's ``base_url`` may carry to trace its inference calls.
 TRACED_PREFIXES = ("/episodes/{episode_id}", "/episodes/{episode_id}/groups/{group_id}")
@@ -29,6 +31,7 @@ def inference_router(gateway: Gateway) -> APIRouter:
     """The model and completion routes over ``gateway`` (served bare and under each traced prefix)."""
     created = int(time.time())
     api = APIRouter()
+    stored = ResponseStore(gateway.tracker.on_close, gateway.limits.max_stored_responses)
 
     @api.get("/v1/models")
     async def list_models() -> JSONResponse:
@@ -57,6 +60,12 @@ def inference_router(gateway: Gateway) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
         """One text completion request (``n`` choices), traced when it names an episode."""
         return await serving.completion(gateway, body, request)
+
+    @api.post("/v1/responses", response_model=None)
+    async def responses(body: ResponsesRequest, request: Request) -> JSONResponse | StreamingResponse:
+        """OpenAI's Responses API: one response (``message`` and ``function_call`` output items), traced when it
+        names an episode; stored for ``previous_response_id`` within its episode."""
+        return await responses_serving.create_response(gateway, stored, body, request)
 
     @api.post("/v1/messages", response_model=None)
     async def messages(body: MessagesRequest, request: Request) -> JSONResponse | StreamingResponse:

@@ -98,3 +98,15 @@ def _call_chunks(
             out[-1]["choices"][0]["delta"] = {"tool_calls": [delta]}
             lp = None
     return out
+
+
+def event_stream(events: Sequence[tuple[str, dict[str, Any]]]) -> StreamingResponse:
+    """Named server-sent events, ``event: NAME`` and ``data: JSON`` per ``(NAME, data)`` pair, as the Responses
+    and Anthropic Messages APIs send them (no ``[DONE]``: their last event says the answer is complete)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for name, data in events:
+            yield f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

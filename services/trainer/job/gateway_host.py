@@ -44,6 +44,7 @@ def gateway_limits(cfg: TrainConfig) -> Any:
         max_backlog_episodes=g.max_backlog_episodes,
         report_wait_s=g.report_wait_s,
         max_tools_chars=g.max_tools_chars,
+        max_stored_responses=g.max_stored_responses,
     )
 
 
