@@ -53,6 +53,26 @@ class InferenceBackend(abc.ABC):
         format (:func:`services.gateway.core.tools.render.fallback_messages`)."""
         return False
 
+    def chat_tail(
+        self,
+        agent: str,
+        messages: ChatMessages,
+        k: int,
+        end_id: int,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int] | None:
+        """The token ids the agent's chat template renders after assistant message ``k``, whose reply ended with
+        token ``end_id``, through the generation prompt after the last message: what the gateway appends to that
+        reply's exact ids (:mod:`services.gateway.core.transcript`). ``messages`` and ``tools`` are as for
+        :meth:`chat_prompt`.
+
+        Returns:
+            The ids, or None when the tail cannot be cut exactly (``end_id`` did not end a turn, the template
+            rewrites earlier turns, ...): the gateway then renders the whole prompt. None here: a backend without
+            a text-level chat template always renders whole prompts.
+        """
+        return None
+
     @abc.abstractmethod
     def encode(self, agent: str, text: str) -> list[int]:
         """Token ids of raw text with the agent's tokenizer (no special tokens added)."""

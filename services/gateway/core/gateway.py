@@ -31,8 +31,9 @@ from marti.tools import DEFAULT_TOOL_PARSER, ChatReply
 from marti.trajectory import Trajectory
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.batcher import RequestBatcher
+from services.gateway.core.chat import ChatPrompts
 from services.gateway.core.limits import GatewayLimits
-from services.gateway.core.tools import Parsed, ToolParser, fallback_messages, has_tool_turns
+from services.gateway.core.tools import Parsed, ToolParser
 from services.gateway.core.tools import tool_parser as tools_parser
 from services.gateway.core.traces import EpisodeTracker, Released
 
@@ -185,6 +186,8 @@ class Gateway:
             max_calls_per_episode=self.limits.max_calls_per_episode,
             max_group_size=self.limits.max_group_size,
         )
+        per_episode = self.limits.max_calls_per_episode * max(1, len(backend.agents()))
+        self.chats = ChatPrompts(backend, self.tool_parser, self.tracker, per_episode)
         self._sweeper: asyncio.Task[None] | None = None
         self._sink_lock = asyncio.Lock()
         self._replays: dict[tuple[str, str], _Call] = {}  # (episode, idempotency key) -> its call
@@ -338,7 +341,9 @@ class Gateway:
 
         Tools, assistant ``tool_calls`` and ``tool`` results go through the agent's chat template when it renders
         tools (:meth:`InferenceBackend.renders_tools`), else through the fallback format of the agent's tool
-        parser (:func:`~services.gateway.core.tools.render.fallback_messages`).
+        parser (:func:`~services.gateway.core.tools.render.fallback_messages`). A traced prompt that carries back
+        a reply this gateway generated in the same episode starts from that reply's exact ids
+        (:class:`~services.gateway.core.chat.ChatPrompts`).
 
         Args:
             agent: The resolved agent.
@@ -349,17 +354,24 @@ class Gateway:
         Raises:
             InvalidArgumentError: Malformed messages, or token ids outside the vocabulary.
         """
-        return await asyncio.to_thread(self._render_chat, agent, messages, tools)
 
-    def _render_chat(
-        self, agent: str, messages: ChatMessages, tools: Sequence[dict[str, Any]] | None
-    ) -> list[int]:
-        msgs = [{**m, "content": m.get("content") or ""} for m in messages]
-        if (tools or has_tool_turns(msgs)) and not self.backend.renders_tools(agent):
-            msgs = fallback_messages(msgs, tools, self.tool_parser(agent))
-            tools = None
-        ids = self.backend.chat_prompt(agent, msgs, tools) if tools else self.backend.chat_prompt(agent, msgs)
-        return self._checked_ids(agent, [int(t) for t in ids])
+        def render() -> list[int]:
+            ids = self.chats.render(agent, messages, tools, episode_id)
+            return self._checked_ids(agent, [int(t) for t in ids])
+
+        return await asyncio.to_thread(render)
+
+    def remember_replies(
+        self,
+        episode_id: str,
+        served: Served,
+        messages: ChatMessages,
+        tools: Sequence[dict[str, Any]] | None,
+        replies: Sequence[ChatReply],
+    ) -> None:
+        """Remember a traced chat call's replies with their exact ids, so the next prompt of its episode that
+        carries one back is not re-tokenised (nothing for an untraced call)."""
+        self.chats.remember(episode_id, served.agent, messages, tools, replies, served.generations)
 
     def parse_reply(
         self,
@@ -864,7 +876,9 @@ class Gateway:
         ``held_lost_at_close`` (finished episodes still held for their incomplete group when the gateway closed),
         ``open_lost_at_close`` (episodes not reported yet when the gateway closed); the last two are 0 until
         :meth:`close`; ``tool_calls_unparsed`` (replies that tried a tool call that could not be parsed, returned
-        as text)."""
+        as text); ``prompts_spliced`` (traced chat prompts that started from an earlier reply's exact ids) and
+        ``prompts_retokenized`` (ones that carried such a reply back but were rendered whole, see
+        :mod:`services.gateway.core.chat`)."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
         out["released"] = float(self.released)
         out["held"] = float(self.tracker.held)
@@ -884,4 +898,6 @@ class Gateway:
         out["held_lost_at_close"] = float(self.held_lost_at_close)
         out["open_lost_at_close"] = float(self.open_lost_at_close)
         out["tool_calls_unparsed"] = float(self.tool_calls_unparsed)
+        out["prompts_spliced"] = float(self.chats.spliced)
+        out["prompts_retokenized"] = float(self.chats.retokenized)
         return out

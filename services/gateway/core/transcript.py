@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -67,18 +68,17 @@ class Spoken:
     """One generated reply as a later prompt may carry it back.
 
     Attributes:
-        ids: The prompt's token ids followed by the reply's, exactly as sampled (``P + R`` ids).
-        ended: Whether the reply ended its turn with an end-of-turn token (the last of ``ids``); a reply cut by
-            ``max_tokens`` or a stop string did not, and its turn's end must be rendered by the template.
+        ids: The prompt's token ids followed by the reply's, exactly as sampled (``P + R`` ids); the last is the
+            token that ended the reply (an end-of-turn token, or not when ``max_tokens`` or a stop string cut it:
+            the backend then declines to splice, :meth:`InferenceBackend.chat_tail`).
     """
 
     ids: tuple[int, ...]
-    ended: bool
 
 
 class Transcripts:
     """Remembered replies per open episode and agent, at most ``max_per_episode`` per episode (oldest forgotten
-    first). Not thread-safe: the gateway uses it from its event loop only.
+    first). Thread-safe (the gateway renders prompts in worker threads).
 
     Args:
         max_per_episode: Most replies remembered per episode, > 0 (the gateway passes
@@ -87,6 +87,7 @@ class Transcripts:
 
     def __init__(self, max_per_episode: int) -> None:
         self.max_per_episode = max_per_episode
+        self._lock = threading.Lock()
         self._episodes: dict[str, OrderedDict[tuple[str, str, str], Spoken]] = {}
 
     def __contains__(self, episode_id: object) -> bool:
@@ -113,34 +114,37 @@ class Transcripts:
     ) -> None:
         """Remember that ``agent``, prompted with ``messages`` and ``tools`` in ``episode_id``, replied ``reply``
         (the assistant message the client received) with the exact ids of ``spoken``."""
-        prefix = self._prefix_keys(messages, tools)[-1]
-        entries = self._episodes.setdefault(episode_id, OrderedDict())
-        key = (agent, prefix, message_key(reply))
-        entries[key] = spoken
-        entries.move_to_end(key)
-        while len(entries) > self.max_per_episode:
-            entries.popitem(last=False)
+        key = (agent, self._prefix_keys(messages, tools)[-1], message_key(reply))
+        with self._lock:
+            entries = self._episodes.setdefault(episode_id, OrderedDict())
+            entries[key] = spoken
+            entries.move_to_end(key)
+            while len(entries) > self.max_per_episode:
+                entries.popitem(last=False)
 
     def lookup(
         self, episode_id: str, agent: str, messages: Sequence[Mapping[str, Any]], tools: Any
     ) -> tuple[int, Spoken] | None:
         """The latest assistant message of ``messages`` that is a remembered reply of ``agent`` to exactly the
         messages before it (and ``tools``): ``(k, spoken)`` with ``messages[k]`` that reply; None when none is."""
-        entries = self._episodes.get(episode_id)
-        if not entries:
+        if episode_id not in self._episodes:
             return None
         prefix = self._prefix_keys(messages, tools)
-        for k in range(len(messages) - 1, -1, -1):
-            if messages[k].get("role") != "assistant":
-                continue
-            hit = entries.get((agent, prefix[k], message_key(messages[k])))
-            if hit is not None:
-                return k, hit
+        with self._lock:
+            entries = self._episodes.get(episode_id) or {}
+            for k in range(len(messages) - 1, -1, -1):
+                if messages[k].get("role") != "assistant":
+                    continue
+                hit = entries.get((agent, prefix[k], message_key(messages[k])))
+                if hit is not None:
+                    return k, hit
         return None
 
     def forget(self, episode_id: str) -> None:
         """Drop everything remembered for ``episode_id`` (it was reported, abandoned or closed)."""
-        self._episodes.pop(episode_id, None)
+        with self._lock:
+            self._episodes.pop(episode_id, None)
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._episodes.values())
+        with self._lock:
+            return sum(len(v) for v in self._episodes.values())

@@ -140,8 +140,12 @@ async def serve_chat(gateway: Gateway, request: Request, call: ChatCall) -> Chat
     if parse and call.tool_choice != "auto":
         forced = parser.forced_prefix(forced_name(call))
 
+    tools = list(call.tools) or None
+    traced: list[str] = []
+
     async def render(agent: str, episode_id: str) -> list[int]:
-        ids = await gateway.chat_ids(agent, call.messages, list(call.tools) or None, episode_id)
+        traced.append(episode_id)
+        ids = await gateway.chat_ids(agent, call.messages, tools, episode_id)
         return ids + gateway.backend.encode(agent, forced) if forced else ids
 
     size = Sizing(
@@ -154,4 +158,6 @@ async def serve_chat(gateway: Gateway, request: Request, call: ChatCall) -> Chat
     served = await serve_prompt(gateway, request, call.body, render, size)
     one = not call.parallel_tool_calls
     replies = [gateway.parse_reply(served.agent, g, parse, forced, one) for g in served.generations]
+    if traced and traced[-1]:
+        gateway.remember_replies(traced[-1], served, call.messages, tools, replies)
     return ChatServed(served, replies, forced)

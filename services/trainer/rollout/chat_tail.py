@@ -18,12 +18,24 @@ def _render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Any, g
     )
 
 
+def end_of_turn_text(tokenizer: Any, end_id: int) -> str | None:
+    """The text of ``end_id`` when it is one of the tokenizer's special tokens (``<|im_end|>``, ``<|eot_id|>``:
+    a reply that ended its turn), else None (a reply cut by ``max_tokens`` or a stop string)."""
+    specials = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    token = added.get(end_id)
+    if end_id not in specials and not (token is not None and getattr(token, "special", False)):
+        return None
+    text = tokenizer.convert_ids_to_tokens(int(end_id))
+    return text if isinstance(text, str) and text else None
+
+
 def chat_tail_ids(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], k: int, end_text: str, tools: Any = None
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], k: int, end_id: int, tools: Any = None
 ) -> list[int] | None:
     """The ids the chat template renders after assistant message ``k`` ends: from just after the end-of-turn
-    text ``end_text`` that closes message ``k`` (``<|im_end|>``, the last token the model generated) to the end
-    of the generation prompt that follows the last message.
+    token ``end_id`` that closed the model's reply (the last token it generated, ``<|im_end|>``) to the end of
+    the generation prompt that follows the last message.
 
     The template is rendered twice as text, over all messages with the generation prompt and over
     ``messages[:k + 1]`` without; the first must extend the second (templates that rewrite earlier turns once
@@ -33,15 +45,17 @@ def chat_tail_ids(
         tokenizer: A transformers tokenizer with a chat template.
         messages: The conversation (chat-template dicts), ``messages[k]`` an assistant message.
         k: Index of the assistant message whose exact ids the caller has.
-        end_text: The text of the token that ended that reply's turn.
+        end_id: The last token id of that reply.
         tools: Tool specs passed to the template (None: no tools).
 
     Returns:
-        The tail's token ids, or None when it cannot be cut exactly: the renderings do not extend each other,
-        ``end_text`` is not in the rendering of message ``k``, a later message holds the text of a special
+        The tail's token ids, or None when it cannot be cut exactly: ``end_id`` is not a special token (the
+        reply did not end its turn), the renderings do not extend each other, its text is not in the rendering of
+        message ``k``, a later message holds the text of a special
         token (it must be tokenised as plain text, which a whole-prompt render does), or the template fails.
     """
-    if not end_text or not 0 <= k < len(messages):
+    end_text = end_of_turn_text(tokenizer, end_id)
+    if end_text is None or not 0 <= k < len(messages):
         return None
     specials = _special_texts(tokenizer)
     for m in messages[k + 1 :]:

@@ -24,6 +24,7 @@ from marti.inference import ChatMessages, Generation, SamplingParams
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.tools.render import template_supports_tools
 from services.trainer.rollout.base import RolloutEngine, chat_to_ids
+from services.trainer.rollout.chat_tail import chat_tail_ids
 from services.trainer.rollout.generation import (
     ResidentWeights,
     engine_max_model_len,
@@ -61,6 +62,17 @@ class _Tokenizers:
             NotFoundError: Unknown agent.
         """
         return template_supports_tools(getattr(self._tokenizer(agent), "chat_template", None))
+
+    def chat_tail(
+        self,
+        agent: str,
+        messages: ChatMessages,
+        k: int,
+        end_id: int,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int] | None:
+        """The template's ids after assistant message ``k`` (:func:`~services.trainer.rollout.chat_tail.chat_tail_ids`)."""
+        return chat_tail_ids(self._tokenizer(agent), messages, k, end_id, tools)
 
     def encode(self, agent: str, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""

@@ -25,14 +25,17 @@ def test_reply_ids_plus_tail_are_the_whole_prompt(tok):
     upto = tok.apply_chat_template(CONVERSATION[:2], tokenize=False, add_generation_prompt=False)
     upto = upto[: upto.rfind("<|im_end|>") + len("<|im_end|>")]
     head = tok(upto, add_special_tokens=False)["input_ids"]
-    tail = chat_tail_ids(tok, CONVERSATION, 1, "<|im_end|>")
+    tail = chat_tail_ids(tok, CONVERSATION, 1, tok.convert_tokens_to_ids("<|im_end|>"))
     assert tail is not None and head + tail == whole
     assert tok.decode(tail) == "\n<|im_start|>user\nand now?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_no_tail_when_it_cannot_be_cut_exactly(tok):
-    assert chat_tail_ids(tok, CONVERSATION, 1, "") is None
-    assert chat_tail_ids(tok, CONVERSATION, 1, "</never>") is None
-    assert chat_tail_ids(tok, CONVERSATION, 5, "<|im_end|>") is None
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert chat_tail_ids(tok, CONVERSATION, 1, tok("there", add_special_tokens=False)["input_ids"][0]) is None
+    assert (
+        chat_tail_ids(tok, CONVERSATION, 1, tok.convert_tokens_to_ids("<|endoftext|>")) is None
+    )  # not in it
+    assert chat_tail_ids(tok, CONVERSATION, 5, end) is None
     typed = [*CONVERSATION[:2], {"role": "user", "content": "say <|im_start|> please"}]
-    assert chat_tail_ids(tok, typed, 1, "<|im_end|>") is None  # special-token text: rendered whole instead
+    assert chat_tail_ids(tok, typed, 1, end) is None  # special-token text: rendered whole instead
