@@ -307,3 +307,13 @@ def test_tools_longer_than_max_tools_chars_are_refused_at_the_limit(gw):
     assert r.choices[0].message.content == "ok"
     err = _bad(client, messages=ASK, tools=[tool(MAX_TOOLS_CHARS + 1)])
     assert err["param"] == "tools" and "gateway.max_tools_chars" in err["message"]
+
+
+def test_a_forced_call_that_does_not_parse_streams_its_prefilled_start_first(gw):
+    client, backend, http_url = gw
+    backend.reply = "not json at all"
+    stream = client.chat.completions.create(
+        model="a", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=50, stream=True
+    )
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert pieces[0] == "<tool_call>\n" and "".join(pieces) == "<tool_call>\nnot json at all"
