@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from marti.config.dataset import DatasetConfig
 from marti.config.docs import config_reference_markdown
+from marti.config.gateway import ExternalConfig, GatewayConfig
 from marti.config.load import (
     apply_overrides,
     config_from_dict,
@@ -46,29 +47,29 @@ from marti.config.schema import (
     TURN_REWARD_MODES,
     AgentConfig,
     AlgorithmConfig,
-    AllocationConfig,
-    BudgetConfig,
-    CurriculumConfig,
     EnvironmentConfig,
-    ExternalConfig,
-    GatewayConfig,
     OutputConfig,
     PolicyConfig,
     RayConfig,
-    RewardAllocConfig,
     RolloutConfig,
     SamplingConfig,
     SamplingOverrides,
     ServicesConfig,
     StrategyConfig,
-    TaskConfig,
     TrainConfig,
     VllmConfig,
-    WorkflowConfig,
-    WorkflowRoleConfig,
     parse_byte_size,
 )
 from marti.config.seeds import DEFAULT_EVAL_SEED_START
+from marti.config.workflow import (
+    AllocationConfig,
+    BudgetConfig,
+    CurriculumConfig,
+    RewardAllocConfig,
+    TaskConfig,
+    WorkflowConfig,
+    WorkflowRoleConfig,
+)
 
 __all__ = [
     "DEFAULT_EVAL_SEED_START",

@@ -7,7 +7,8 @@ from it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
@@ -18,6 +19,15 @@ from marti.errors import InvalidArgumentError
 PositiveInt = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+#: An int >= 0 that must be written as an int: ``true`` or ``1.0`` are refused (a bound that switches a mode on).
+StrictNonNegInt = Annotated[int, Field(ge=0, strict=True)]
+UnitFloat = Annotated[float, Field(ge=0, le=1)]
+#: Names of agents, tasks and jobs: letters, digits, ``_ . -``, at most 64 characters.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: Difficulty levels of the built-in text envs, easiest first (``pick``: ``private_allocation`` only; the env
+#: server says which levels each scenario has).
+Difficulty = Literal["pick", "easy", "medium", "hard"]
 
 
 class SectionMeta(ModelMetaclass):
