@@ -8,6 +8,7 @@ to gRPC status codes by the shared interceptor).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -35,6 +36,7 @@ from services.gateway.core.chat import ChatPrompts
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.core.tools import Parsed, ToolParser
 from services.gateway.core.tools import tool_parser as tools_parser
+from services.gateway.core.tools.parsers import derived_call_id
 from services.gateway.core.traces import EpisodeTracker, Released
 
 _LOG = logging.getLogger("marti.gateway")
@@ -380,6 +382,7 @@ class Gateway:
         tools: Sequence[dict[str, Any]] | None,
         forced: str = "",
         one_call: bool = False,
+        call_id: str = "",
     ) -> ChatReply:
         """One generation as an assistant reply: its tool calls parsed by the agent's parser.
 
@@ -390,6 +393,8 @@ class Gateway:
             forced: The prompt's prefilled start of a call (``tool_choice`` required or named), read as the start
                 of the reply.
             one_call: At most one call (``parallel_tool_calls: false``): a reply with more is returned as text.
+            call_id: The gateway's id of the generation: the tool calls' ids are derived from it (the same for a
+                retry answered from its idempotency key); ``""``: fresh ids.
 
         Returns:
             The reply; a call that could not be parsed leaves the whole text as content, ``unparsed`` set and
@@ -406,7 +411,10 @@ class Gateway:
             self.tool_calls_unparsed += 1
         if not parsed.calls:
             return ChatReply(parsed.content or "", (), generation.finish_reason, parsed.unparsed)
-        return ChatReply(parsed.content, parsed.calls, "tool_calls")
+        calls = parsed.calls
+        if call_id:
+            calls = tuple(dataclasses.replace(c, id=derived_call_id(call_id, k)) for k, c in enumerate(calls))
+        return ChatReply(parsed.content, calls, "tool_calls")
 
     async def generate(
         self,

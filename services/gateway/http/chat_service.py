@@ -83,6 +83,12 @@ def forced_name(call: ChatCall) -> str | None:
     return call.tool_choice.get("name") if isinstance(call.tool_choice, dict) else None
 
 
+def _tool_name(tool: Any) -> Any:
+    """The function name of an OpenAI function tool spec (None when it has none)."""
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    return fn.get("name") if isinstance(fn, dict) else None
+
+
 def check_tools(gateway: Gateway, call: ChatCall) -> None:
     """Check the tools and ``tool_choice`` of ``call``.
 
@@ -99,7 +105,7 @@ def check_tools(gateway: Gateway, call: ChatCall) -> None:
             f"{call.tools_param} is {size} characters as JSON, more than gateway.max_tools_chars ({limit})",
             call.tools_param,
         )
-    names = [t.get("function", {}).get("name") for t in call.tools]
+    names = [_tool_name(t) for t in call.tools]
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name:
             raise request_error(f"{call.tools_param}[{i}] has no function name", call.tools_param)
@@ -157,7 +163,10 @@ async def serve_chat(gateway: Gateway, request: Request, call: ChatCall) -> Chat
     )
     served = await serve_prompt(gateway, request, call.body, render, size)
     one = not call.parallel_tool_calls
-    replies = [gateway.parse_reply(served.agent, g, parse, forced, one) for g in served.generations]
+    replies = [
+        gateway.parse_reply(served.agent, g, parse, forced, one, cid)
+        for g, cid in zip(served.generations, served.call_ids, strict=True)
+    ]
     if traced and traced[-1]:
         gateway.remember_replies(traced[-1], served, call.messages, tools, replies)
     return ChatServed(served, replies, forced)

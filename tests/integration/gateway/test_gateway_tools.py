@@ -317,3 +317,19 @@ def test_a_forced_call_that_does_not_parse_streams_its_prefilled_start_first(gw)
     )
     pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
     assert pieces[0] == "<tool_call>\n" and "".join(pieces) == "<tool_call>\nnot json at all"
+
+
+def test_a_retry_answered_from_its_idempotency_key_has_the_same_tool_call_ids(gw):
+    client, backend, _ = gw
+    backend.reply = _call("get_weather", {"city": "Paris"}) + _call("get_time", {})
+    headers = {"X-Marti-Episode": "ep-ids", "Idempotency-Key": "k1"}
+
+    def ids(**kw) -> list[str]:
+        r = client.chat.completions.create(
+            model="a", messages=ASK, tools=[WEATHER, TIME], max_tokens=50, **kw
+        )
+        return [c.id for c in r.choices[0].message.tool_calls]
+
+    first = ids(extra_headers=headers)
+    assert ids(extra_headers=headers) == first and len(set(first)) == 2
+    assert ids() != first  # another call: other ids

@@ -9,6 +9,7 @@ render tools itself (:mod:`services.gateway.core.tools.render`), and what a repl
 from __future__ import annotations
 
 import abc
+import hashlib
 import json
 import re
 import uuid
@@ -40,6 +41,12 @@ class Parsed:
 def new_call_id() -> str:
     """A fresh tool call id: ``call_`` and 24 hex digits."""
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def derived_call_id(call_id: str, index: int) -> str:
+    """The id of tool call ``index`` of the generation ``call_id``: ``call_`` and 24 hex digits of their hash, so
+    the same generation's calls always get the same ids."""
+    return "call_" + hashlib.sha256(f"{call_id}/{index}".encode()).hexdigest()[:24]
 
 
 def compact_json(value: Any) -> str:
