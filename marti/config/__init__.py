@@ -29,6 +29,14 @@ Typical use::
 
 from __future__ import annotations
 
+from marti.config.algorithm import (
+    GROUP_BY_MODES,
+    GROUP_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    TURN_REWARD_MODES,
+    AlgorithmConfig,
+)
 from marti.config.dataset import DatasetConfig
 from marti.config.docs import config_reference_markdown
 from marti.config.gateway import ExternalConfig, GatewayConfig
@@ -40,13 +48,7 @@ from marti.config.load import (
     load_config,
 )
 from marti.config.schema import (
-    GROUP_BY_MODES,
-    GROUP_ESTIMATORS,
-    KL_ESTIMATORS,
-    LOSS_AGG_MODES,
-    TURN_REWARD_MODES,
     AgentConfig,
-    AlgorithmConfig,
     EnvironmentConfig,
     OutputConfig,
     PolicyConfig,
