@@ -10,10 +10,12 @@ import anthropic
 import pydantic
 import pytest
 
+from marti import errors
 from marti.errors import InvalidArgumentError
 from marti.tools import ChatReply, ToolCall
 from services.gateway.http.anthropic_protocol import MessagesRequest, chat_call
 from services.gateway.http.anthropic_serving import content_blocks, stream_events
+from services.gateway.http.errors import error_response, exception_response
 
 WEATHER = {
     "name": "get_weather",
@@ -365,3 +367,33 @@ def test_reply_blocks_and_stream_events_have_anthropics_shapes():
         if n == "content_block_delta"
     ]
     assert deltas == ["Hi", " there"]
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind"),
+    [
+        (errors.InvalidArgumentError("bad"), 400, "invalid_request_error"),
+        (errors.UnauthenticatedError("who"), 401, "authentication_error"),
+        (errors.PermissionDeniedError("no"), 403, "permission_error"),
+        (errors.NotFoundError("none"), 404, "not_found_error"),
+        (errors.FailedPreconditionError("done"), 409, "conflict_error"),
+        (errors.ResourceExhaustedError("full"), 429, "rate_limit_error"),
+        (errors.CancelledError("gone"), 499, "api_error"),
+        (RuntimeError("secret"), 500, "api_error"),
+        (errors.UnavailableError("closing"), 503, "api_error"),
+        (errors.DeadlineExceededError("late"), 504, "timeout_error"),
+    ],
+)
+def test_errors_on_the_messages_route_have_anthropics_shape_with_the_same_status(exc, status, kind):
+    for path in ("/v1/messages", "/episodes/e-1/groups/g/v1/messages", "/v1/messages/count_tokens"):
+        response = exception_response(exc, path=path)
+        body = json.loads(response.body)
+        assert response.status_code == status and body["type"] == "error" and body["error"]["type"] == kind
+        assert "secret" not in body["error"]["message"]
+    openai_body = json.loads(exception_response(exc, path="/episodes/v1/v1/chat/completions").body)
+    assert set(openai_body) == {"error"} and response.status_code == status
+
+
+def test_a_body_over_the_limit_on_the_messages_route_is_request_too_large():
+    body = json.loads(error_response(413, "too big", "invalid_request_error", path="/v1/messages").body)
+    assert body["error"]["type"] == "request_too_large" and body["error"]["message"] == "too big"
