@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import Request
@@ -26,6 +26,7 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.http.anthropic_protocol import MessagesRequest, chat_call
 from services.gateway.http.chat_service import serve_chat
 from services.gateway.http.protocol import marti_choice, marti_response
+from services.gateway.http.sse import event_stream
 from services.gateway.http.tokens import all_tokens
 
 #: Prefix of a ``tool_use`` block's id; the rest is the gateway's call id after its ``call_`` prefix.
@@ -69,7 +70,7 @@ async def messages(
     if not body.stream:
         return JSONResponse(message)
     pieces = (await all_tokens(gateway, served))[0].pieces if reply.content == g.text else None
-    return _stream(stream_events(message, reply, pieces))
+    return event_stream(stream_events(message, reply, pieces))
 
 
 def content_blocks(reply: ChatReply) -> list[dict[str, Any]]:
@@ -146,14 +147,3 @@ def stream_events(
     )
     events.append(("message_stop", {"type": "message_stop"}))
     return events
-
-
-def _stream(events: list[tuple[str, dict[str, Any]]]) -> StreamingResponse:
-    """The server-sent events (``event: NAME`` and ``data: JSON``, as Anthropic's API sends them)."""
-
-    async def body() -> AsyncIterator[bytes]:
-        for name, data in events:
-            yield f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -29,7 +29,7 @@ from services.gateway.convert import chat_role
 from services.gateway.core.tools import unmatched_tool_result
 from services.gateway.http.chat_service import ChatCall
 from services.gateway.http.errors import request_error
-from services.gateway.http.protocol import SampledRequest, _Body, _Float, _Str, _utf8
+from services.gateway.http.protocol import SampledRequest, _Body, _Float, _Str, checked_text
 
 #: Content part types whose text a message item may carry (``refusal`` parts carry theirs in ``refusal``).
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -165,29 +165,19 @@ def _refuse_text(text: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- input
-def _string(value: Any, param: str) -> str:
-    """``value`` when it is a string UTF-8 can encode; else InvalidArgumentError naming ``param``."""
-    if not isinstance(value, str):
-        raise request_error(f"{param} must be a string, got {type(value).__name__}", param)
-    try:
-        return _utf8(value)
-    except ValueError as exc:
-        raise request_error(f"{param}: {exc}", param) from None
-
-
 def _content(content: Any, param: str) -> str:
     """A message item's content: a string, or text parts joined with newlines (as chat content parts are)."""
     if isinstance(content, str):
-        return _string(content, param)
+        return checked_text(content, param)
     if not isinstance(content, list):
         raise request_error(f"{param} must be a string or a list of content parts", param)
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "refusal":
-            texts.append(_string(part.get("refusal"), f"{param}[{j}].refusal"))
+            texts.append(checked_text(part.get("refusal"), f"{param}[{j}].refusal"))
         elif kind in TEXT_PARTS:
-            texts.append(_string(part.get("text"), f"{param}[{j}].text"))
+            texts.append(checked_text(part.get("text"), f"{param}[{j}].text"))
         else:
             raise request_error(
                 f"{param}[{j}].type is {kind!r}: this engine reads text only; the parts allowed are "
@@ -213,9 +203,9 @@ def _item_type(item: Any, param: str) -> str:
 
 def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     """A ``function_call`` item as a chat-template call (arguments parsed: they must be JSON of an object)."""
-    call_id = _string(item.get("call_id"), f"{param}.call_id")
-    name = _string(item.get("name"), f"{param}.name")
-    text = _string(item.get("arguments"), f"{param}.arguments")
+    call_id = checked_text(item.get("call_id"), f"{param}.call_id")
+    name = checked_text(item.get("name"), f"{param}.name")
+    text = checked_text(item.get("arguments"), f"{param}.arguments")
     try:
         arguments = json.loads(text)
     except ValueError as exc:
@@ -237,7 +227,7 @@ def input_messages(items: Any, previous: ChatMessages = ()) -> ChatMessages:
             part, or a ``function_call_output`` whose ``call_id`` matches no earlier call (naming the field).
     """
     if isinstance(items, str):
-        return [{"role": "user", "content": _string(items, "input")}]
+        return [{"role": "user", "content": checked_text(items, "input")}]
     if not isinstance(items, list) or not items:
         raise request_error("input must be a string or a non-empty list of input items", "input")
     out: ChatMessages = []
@@ -253,12 +243,12 @@ def input_messages(items: Any, previous: ChatMessages = ()) -> ChatMessages:
             turn.setdefault("tool_calls", []).append(_function_call(item, param))
             continue
         if kind == "function_call_output":
-            msg = {"role": "tool", "tool_call_id": _string(item.get("call_id"), f"{param}.call_id")}
+            msg = {"role": "tool", "tool_call_id": checked_text(item.get("call_id"), f"{param}.call_id")}
             msg["content"] = _content(item.get("output"), f"{param}.output")
             origin[len(out)] = i
             turn = None
         else:
-            role = chat_role(_string(item.get("role"), f"{param}.role"), f"{param}.role")
+            role = chat_role(checked_text(item.get("role"), f"{param}.role"), f"{param}.role")
             if role == "tool":
                 raise request_error(
                     f"{param}.role is 'tool': send a function_call_output item", f"{param}.role"
@@ -307,9 +297,9 @@ def function_tools(tools: list[Any]) -> list[dict[str, Any]]:
                 f"{where}.type is {kind!r}: only function tools are supported; the gateway runs no hosted tools",
                 f"{where}.type",
             )
-        function: dict[str, Any] = {"name": _string(tool.get("name"), f"{where}.name")}
+        function: dict[str, Any] = {"name": checked_text(tool.get("name"), f"{where}.name")}
         if tool.get("description") is not None:
-            function["description"] = _string(tool["description"], f"{where}.description")
+            function["description"] = checked_text(tool["description"], f"{where}.description")
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise request_error(f"{where}.parameters must be a JSON schema object", f"{where}.parameters")
@@ -331,7 +321,7 @@ def tool_choice(choice: Any) -> str | dict[str, str]:
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"name": _string(choice.get("name"), "tool_choice.name")}
+        return {"name": checked_text(choice.get("name"), "tool_choice.name")}
     raise request_error(
         f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', 'name': NAME}}, got {choice!r}",
         "tool_choice",

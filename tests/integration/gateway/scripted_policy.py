@@ -9,20 +9,20 @@ tool's result with :data:`ANSWER`, anything else with :data:`REPLY`; with stop s
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 from marti.inference import Generation
 from services.gateway.core.backend import InferenceBackend
 from services.trainer.models.loading import load_tokenizer
-from services.trainer.rollout.base import chat_to_ids
+from services.trainer.rollout.gateway_backend import _Tokenizers
 
 REPLY = "Hello from the policy."
 ANSWER = "It is sunny in Paris."
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 
 
-class ScriptedToolPolicy(InferenceBackend):
-    """Agent ``a``: the tiny model's tokenizer and chat template, replies scripted from the prompt's text."""
+class ScriptedToolPolicy(_Tokenizers, InferenceBackend):
+    """Agent ``a``: the tiny model's tokenizer and chat template (the text side of the gateway's own backends),
+    replies scripted from the prompt's text."""
 
     def __init__(self) -> None:
         self.tok = load_tokenizer()
@@ -36,21 +36,6 @@ class ScriptedToolPolicy(InferenceBackend):
 
     def resident_versions(self, agent: str) -> list[int]:
         return [0]
-
-    def chat_prompt(self, agent, messages, tools=None) -> list[int]:
-        return chat_to_ids(self.tok, messages, tools)
-
-    def encode(self, agent: str, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def token_texts(self, agent: str, ids: Sequence[int]) -> list[str]:
-        return list(self.tok.batch_decode([[i] for i in ids]))
-
-    def decode(self, agent: str, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
-
-    def vocab_size(self, agent: str) -> int:
-        return len(self.tok)
 
     def max_model_len(self, agent: str) -> int:
         return 4096
