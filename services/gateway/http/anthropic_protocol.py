@@ -109,7 +109,7 @@ def chat_call(body: MessagesRequest) -> ChatCall:
             "end the conversation with a user message",
             f"messages[{last}].role",
         )
-    choice, parallel = _tool_choice(body.tool_choice)
+    choice, parallel = _tool_choice(body.tool_choice, bool(body.tools))
     sampled = SampledRequest(
         model=body.model,
         temperature=body.temperature,
@@ -288,8 +288,9 @@ def _tools(tools: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_choice(choice: Any) -> tuple[str | dict[str, str], bool]:
-    """``(chat service tool_choice, parallel calls allowed)`` of Anthropic's ``tool_choice`` (absent: auto)."""
+def _tool_choice(choice: Any, has_tools: bool) -> tuple[str | dict[str, str], bool]:
+    """``(chat service tool_choice, parallel calls allowed)`` of Anthropic's ``tool_choice`` (absent: auto); ``any``
+    and ``tool`` need tools."""
     if choice is None:
         return "auto", True
     kind = choice.get("type") if isinstance(choice, dict) else None
@@ -304,6 +305,8 @@ def _tool_choice(choice: Any) -> tuple[str | dict[str, str], bool]:
             f"tool_choice.disable_parallel_tool_use must be a boolean, got {disable!r}",
             "tool_choice.disable_parallel_tool_use",
         )
+    if kind in ("any", "tool") and not has_tools:
+        raise request_error(f"tool_choice {choice!r} needs tools, and the request has none", "tool_choice")
     if kind == "tool":
         return {"name": checked_text(choice.get("name"), "tool_choice.name")}, not disable
     return TOOL_CHOICES[kind], not disable

@@ -282,6 +282,7 @@ ASKED = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name
             {"messages": [USER], "tools": [WEATHER], "tool_choice": {"type": "required"}},
             "'any'",
         ),
+        ("tool_choice", {"messages": [USER], "tool_choice": {"type": "any"}}, "needs tools"),
         (
             "tool_choice.name",
             {"messages": [USER], "tools": [WEATHER], "tool_choice": {"type": "tool"}},
