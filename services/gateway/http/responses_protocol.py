@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt
 
+from marti.errors import InvalidArgumentError
 from marti.inference import ChatMessages
 from services.gateway.convert import chat_role
 from services.gateway.core.tools import unmatched_tool_result
@@ -187,6 +188,18 @@ def _content(content: Any, param: str) -> str:
     return "\n".join(texts)
 
 
+def _role(value: Any, param: str) -> str:
+    """A message item's role as rendered (``developer`` as ``system``); InvalidArgumentError naming ``param``
+    for a role that is not a chat role, or ``tool`` (a tool's output is a ``function_call_output`` item)."""
+    try:
+        role = chat_role(checked_text(value, param), param)
+    except InvalidArgumentError as exc:
+        raise request_error(exc.message, param) from None
+    if role == "tool":
+        raise request_error(f"{param} is 'tool': send a function_call_output item", param)
+    return role
+
+
 def _item_type(item: Any, param: str) -> str:
     """An input item's type (``message`` when it has a ``role`` and no ``type``: OpenAI's easy input message)."""
     if not isinstance(item, dict):
@@ -248,11 +261,7 @@ def input_messages(items: Any, previous: ChatMessages = ()) -> ChatMessages:
             origin[len(out)] = i
             turn = None
         else:
-            role = chat_role(checked_text(item.get("role"), f"{param}.role"), f"{param}.role")
-            if role == "tool":
-                raise request_error(
-                    f"{param}.role is 'tool': send a function_call_output item", f"{param}.role"
-                )
+            role = _role(item.get("role"), f"{param}.role")
             msg = {"role": role, "content": _content(item.get("content"), f"{param}.content")}
             turn = msg if role == "assistant" else None
         out.append(msg)
