@@ -10,25 +10,17 @@ with ``" STOP now"`` and is cut as the engine cuts it.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-
 import anthropic
 import httpx
 import pytest
 
-from marti.inference import Generation
-from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
-from services.trainer.rollout.base import chat_to_ids
+from tests.integration.gateway.scripted_policy import ANSWER, REPLY, ScriptedToolPolicy
 
 TOKEN = "anthropic-test-token"
-REPLY = "Hello from the policy."
-ANSWER = "It is sunny in Paris."
-CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 WEATHER = {
     "name": "get_weather",
     "description": "The weather in a city.",
@@ -39,72 +31,6 @@ MAX_REQUEST_BYTES = 8192
 MAX_TOOLS_CHARS = 1000
 
 
-class _ScriptedBackend(InferenceBackend):
-    """Agent ``a``: the tiny model's tokenizer and chat template, replies scripted from the prompt's text."""
-
-    def __init__(self) -> None:
-        self.tok = load_tokenizer()
-        self.tokenizers = {"a": self.tok}
-
-    def agents(self) -> list[str]:
-        return ["a"]
-
-    def versions(self) -> dict[str, int]:
-        return {"a": 0}
-
-    def resident_versions(self, agent: str) -> list[int]:
-        return [0]
-
-    def chat_prompt(self, agent, messages, tools=None) -> list[int]:
-        return chat_to_ids(self.tok, messages, tools)
-
-    def encode(self, agent: str, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def token_texts(self, agent: str, ids: Sequence[int]) -> list[str]:
-        return list(self.tok.batch_decode([[i] for i in ids]))
-
-    def decode(self, agent: str, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
-
-    def vocab_size(self, agent: str) -> int:
-        return len(self.tok)
-
-    def max_model_len(self, agent: str) -> int:
-        return 4096
-
-    def _text(self, prompt: str) -> str:
-        call = json.dumps(CALL)
-        if prompt.endswith(
-            '"arguments": '
-        ):  # tool_choice named the function: the prompt holds the call's start
-            return json.dumps(CALL["arguments"]) + "}\n</tool_call>"
-        if prompt.endswith("<tool_call>\n"):  # tool_choice any
-            return call + "\n</tool_call>"
-        if "<tool_response>" in prompt:
-            return ANSWER
-        return f"<tool_call>\n{call}\n</tool_call>" if "<tools>" in prompt else REPLY
-
-    def generate(self, agent, prompts, sampling, version) -> list[Generation]:
-        out = []
-        for p in prompts:
-            text = self._text(self.tok.decode(p))
-            reason = "stop"
-            if (
-                sampling.stop and text == REPLY
-            ):  # cut as the engine cuts: the ids keep the token completing it
-                ids = self.encode(agent, REPLY + " STOP now")
-                end = next(k for k in range(1, len(ids) + 1) if "STOP" in self.decode(agent, ids[:k]))
-                ids, text = ids[:end], REPLY + " "
-            else:
-                ids = self.encode(agent, text) + [self.tok.eos_token_id]
-            if len(ids) > sampling.max_new_tokens:
-                ids, reason = ids[: sampling.max_new_tokens], "length"
-                text = self.decode(agent, ids)
-            out.append(Generation(list(p), ids, [-0.5] * len(ids), text, reason, 0, agent))
-        return out
-
-
 @pytest.fixture(scope="module")
 def gateway():
     """``(root_url, sink)``: a GatewayServer over the scripted backend, with a token."""
@@ -112,7 +38,7 @@ def gateway():
     limits = GatewayLimits(
         max_wait_ms=1, max_request_bytes=MAX_REQUEST_BYTES, max_tools_chars=MAX_TOOLS_CHARS
     )
-    server = GatewayServer(Gateway(_ScriptedBackend(), limits, sink=sink.append), token=TOKEN)
+    server = GatewayServer(Gateway(ScriptedToolPolicy(), limits, sink=sink.append), token=TOKEN)
     http_url, _ = server.start()
     yield http_url.removesuffix("/v1"), sink
     server.stop()
