@@ -7,6 +7,10 @@ it as ``x-api-key``, the header Anthropic's clients send):
 * ``GET  /v1/models/{model}``: one of them (404 with the OpenAI error JSON for any other name).
 * ``POST /v1/chat/completions``: chat completions, optionally streamed as server-sent events.
 * ``POST /v1/completions``: text completions of a string or of token ids, optionally streamed.
+* ``POST /v1/responses``: OpenAI's Responses API (string or item input, ``function_call`` output items and
+  ``function_call_output`` input items, ``previous_response_id`` within an episode), served through the same chat
+  call as chat completions, optionally streamed as the Responses events (:mod:`.responses_protocol`,
+  :mod:`.responses_store`, :mod:`.responses_serving`).
 * ``POST /v1/messages``: Anthropic's Messages API (text, ``tool_use`` and ``tool_result`` blocks), served through
   the same chat call as chat completions, optionally streamed as Anthropic's events; its errors have Anthropic's
   shape (:mod:`.anthropic_protocol`, :mod:`.anthropic_serving`).
@@ -77,7 +81,7 @@ of one), naming them.
 (``/episodes/{episode_id}[/groups/{group_id}]/v1/episodes/{episode_id}/reward``, what a client whose ``base_url``
 carries the ids naturally posts to): the two episode ids must be the same, and the prefix's group is the report's
 ``group_id`` unless the body gives the same one. An unknown route gets a 404 whose message lists the routes that
-exist (``/v1/responses``: the Responses API is not served, use ``/v1/chat/completions``).
+exist.
 
 **Lifecycle.** :func:`~services.gateway.http.app.build_app` does not own the gateway: the caller runs
 ``await gateway.start()`` on the loop that serves the app before serving and ``await gateway.close()`` after (the
@@ -89,6 +93,8 @@ text, piece and bytes, and the log-probability objects), :mod:`.sse` (the server
 answer), :mod:`.serving` (the handlers: tokenize, generate, report), :mod:`.middleware` (authentication, the body
 limit and the catch-all error answer), :mod:`.errors` (exceptions to OpenAI error bodies, or Anthropic's on
 ``/v1/messages``), :mod:`.anthropic_protocol` and :mod:`.anthropic_serving` (the Messages API's request, its
-translation into a chat call, and its answer and events), :mod:`.routes` (the
+translation into a chat call, and its answer and events), :mod:`.responses_protocol`, :mod:`.responses_store` and
+:mod:`.responses_serving` (the Responses API's request and its translation, the stored responses
+``previous_response_id`` continues, and its answer and events), :mod:`.routes` (the
 routes) and :mod:`.app` (:func:`~services.gateway.http.app.build_app`, the FastAPI app).
 """
