@@ -20,6 +20,8 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+from agents.exceptions import ModelBehaviorError
 
 from marti.inference import Generation
 from services.gateway.core.backend import InferenceBackend
@@ -175,6 +177,41 @@ def test_chat_stream_reassembles(client):
     assert len(final) == 1 and final[0].choices[0].finish_reason == plain.choices[0].finish_reason
     assert final[0].choices[0].model_extra["token_ids"] == plain.choices[0].model_extra["token_ids"]
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == plain.usage.total_tokens
+
+
+def test_responses_api_and_the_agents_sdk_over_the_tiny_model(client, served):
+    """``POST /v1/responses`` over the real engine: the same tokens as chat, streamed deltas that join to the text,
+    and an OpenAI Agents SDK call (its default model, the Responses API) traced under the episode prefix."""
+    kw = {"model": "planner", "max_output_tokens": 6, "temperature": 0.0}
+    r = client.responses.create(input="hello there", **kw)
+    chat = client.chat.completions.create(model="planner", messages=MSG, max_tokens=6, temperature=0.0)
+    assert r.model_extra["token_ids"] == chat.choices[0].model_extra["token_ids"]
+    assert r.output_text == chat.choices[0].message.content and r.usage.output_tokens == len(
+        r.model_extra["token_ids"]
+    )
+    events = list(client.responses.create(input="hello there", stream=True, **kw))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert events[-1].type == "response.incomplete"  # cut at max_output_tokens, as OpenAI reports it
+    assert "".join(deltas) == events[-1].response.output_text == r.output_text and r.status == "incomplete"
+    set_tracing_disabled(True)
+    sdk = openai.AsyncOpenAI(base_url=served.base + "/episodes/e-agents/v1", api_key=TOKEN, max_retries=0)
+    agent = Agent(
+        name="planner",
+        instructions="Plan.",
+        model=OpenAIResponsesModel(model="planner", openai_client=sdk),
+        model_settings=ModelSettings(max_tokens=4),
+    )
+    # the random policy never ends its turn: the response is cut at max_output_tokens, reported incomplete as
+    # OpenAI does, and the SDK says so (a run that completes: test_gateway_responses.py over a scripted policy)
+    with pytest.raises(ModelBehaviorError, match="max_output_tokens"):
+        Runner.run_sync(agent, "hello")
+    report = httpx.post(
+        served.base + "/v1/episodes/e-agents/reward",
+        json={"rewards": {"planner": 1.0}},
+        headers=_auth(),
+        timeout=30,
+    )
+    assert report.status_code == 200 and report.json()["released"] == 1, report.text
 
 
 def test_stream_raw_sse_and_logprobs(served):

@@ -8,6 +8,8 @@ tool's result gets ``ANSWER``, anything else ``REPLY``.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import openai
 import pytest
@@ -266,6 +268,8 @@ def test_bad_requests_name_the_field(gateway):
 
 
 def test_the_agents_sdk_runs_a_function_tool_through_the_gateway(gateway):
+    """An Agents SDK agent with a function tool, its default model (the Responses API), run plainly and streamed,
+    each run one traced episode of one sample."""
     root, sink = gateway
     set_tracing_disabled(True)
     seen: list[str] = []
@@ -276,15 +280,22 @@ def test_the_agents_sdk_runs_a_function_tool_through_the_gateway(gateway):
         seen.append(city)
         return "sunny, 24 C"
 
-    client = openai.AsyncOpenAI(base_url=f"{root}/episodes/ep-agents/v1", api_key=TOKEN, max_retries=0)
-    agent = Agent(
-        name="weather",
-        instructions="Answer with the weather.",
-        model=OpenAIResponsesModel(model="a", openai_client=client),
-        tools=[get_weather],
-    )
-    result = Runner.run_sync(agent, ASK)
-    assert result.final_output == ANSWER and seen == ["Paris"]
-    _report(root, "ep-agents")
-    traj = sink[-1]["a"]
-    assert traj.episode_id == "ep-agents" and len(traj.turns) == 1
+    def agent(episode: str) -> Agent:
+        client = openai.AsyncOpenAI(base_url=f"{root}/episodes/{episode}/v1", api_key=TOKEN, max_retries=0)
+        model = OpenAIResponsesModel(model="a", openai_client=client)
+        return Agent(
+            name="weather", instructions="Answer with the weather.", model=model, tools=[get_weather]
+        )
+
+    async def runs() -> tuple[str, str, list[str]]:
+        plain = await Runner.run(agent("ep-agents"), ASK)
+        streamed = Runner.run_streamed(agent("ep-agents-stream"), ASK)
+        kinds = [e.type async for e in streamed.stream_events()]
+        return plain.final_output, streamed.final_output, kinds
+
+    plain, streamed, kinds = asyncio.run(runs())
+    assert plain == streamed == ANSWER and seen == ["Paris", "Paris"] and "raw_response_event" in kinds
+    for episode in ("ep-agents", "ep-agents-stream"):
+        _report(root, episode)
+        traj = sink[-1]["a"]
+        assert traj.episode_id == episode and len(traj.turns) == 1
