@@ -73,6 +73,7 @@ class ResponseStore:
         self._scope_of: dict[str, str] = {}  # response id -> its scope
 
     def __len__(self) -> int:
+        """How many responses are stored now, every scope together."""
         return len(self._scope_of)
 
     def put(self, response: StoredResponse) -> bool:
