@@ -115,6 +115,21 @@ def test_a_function_call_and_its_output_round_trip_is_traced_as_one_sample(gatew
     assert "sunny, 24 C" in load_tokenizer().decode(masked)
 
 
+def test_a_call_of_a_tool_the_request_lacks_comes_back_as_text_and_is_counted(gateway):
+    root, _ = gateway
+    stats = f"{root}/v1/gateway/stats"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    before = httpx.get(stats, headers=auth, timeout=30).json()["tool_calls_unparsed"]
+    other = {
+        **WEATHER,
+        "name": "get_time",
+    }  # the policy calls get_weather, which this request does not define
+    r = _client(root).responses.create(model="a", input=ASK, tools=[other])
+    [item] = r.output
+    assert item.type == "message" and "get_weather" in r.output_text and r.status == "completed"
+    assert httpx.get(stats, headers=auth, timeout=30).json()["tool_calls_unparsed"] == before + 1
+
+
 def test_previous_response_id_continues_within_its_episode_only(gateway):
     root, sink = gateway
     client = _client(root, "ep-prev")
