@@ -8,7 +8,11 @@ calls run one at a time in a worker thread, so the event loop keeps accepting re
 first, else the ready batch whose oldest prompt came first). Clients that send their next request as soon as
 their answer arrives therefore meet again in one batch instead of trickling into many small ones. A request with a
 sampling seed never shares a batch with other requests (its own prompts run together, without waiting), so the
-same seeded request gives the same tokens whatever else is in flight. A prompt whose caller went away while it
+same seeded request gives the same tokens whatever else is in flight. **A lone request does not wait**: when the
+engine is idle, nothing else is queued and no other request is on its way (:meth:`RequestBatcher.expecting`: the
+gateway counts requests whose prompts are being tokenized), waiting ``max_wait_ms`` could only delay it, so its
+batch is ready at once (still after the other prompts submitted in the same event-loop turn have joined it);
+an agent calling the gateway one call after another pays no batching delay. A prompt whose caller went away while it
 was still queued (its request cancelled: a gRPC deadline or cancel) is dropped before its batch starts, so
 abandoned requests do not hold up the others; one already in the engine runs to the end, and its result is
 discarded.
@@ -18,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -76,6 +81,24 @@ class RequestBatcher:
         self.batches = 0
         self.prompts = 0
         self.dropped_prompts = 0  # queued prompts not run: their caller went away before their batch started
+        self._expected = 0  # requests on their way (being tokenized): a lone batch waits for them
+        self.lone_batches = 0  # batches started without waiting max_wait_ms: nothing else queued or expected
+
+    @contextlib.contextmanager
+    def expecting(self) -> Iterator[None]:
+        """Within the block, one more request is on its way to :meth:`submit` (its prompt being tokenized), so
+        a lone prompt submitted meanwhile waits ``max_wait_ms`` for it instead of starting at once. Event-loop
+        thread only."""
+        self._expected += 1
+        try:
+            yield
+        finally:
+            self._expected -= 1
+
+    def _alone(self) -> bool:
+        """Whether a new batch has nothing to wait for: the engine idle, no other batch queued, no request on
+        its way."""
+        return not (self._busy or self._full or self._queues or self._expected)
 
     def load(self, agent: str) -> int:
         """Prompts of ``agent`` queued or running now."""
@@ -112,11 +135,13 @@ class RequestBatcher:
         for p in prompts:
             q = self._queues.get(key)
             if q is None:
+                alone = self._alone()
                 q = self._queues[key] = _Queue(order=next(self._arrivals))
                 if seeded:  # nothing else can join its batch: no reason to wait
                     q.ready = True
-                else:
-                    q.timer = loop.call_later(self.max_wait_s, self._mark_ready, key, q)
+                else:  # alone: ready once this loop turn's other submits have joined it
+                    self.lone_batches += alone
+                    q.timer = loop.call_later(0.0 if alone else self.max_wait_s, self._mark_ready, key, q)
             fut: asyncio.Future[Generation] = loop.create_future()
             q.prompts.append(p)
             q.futures.append(fut)

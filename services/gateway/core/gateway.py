@@ -34,6 +34,7 @@ from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.batcher import RequestBatcher
 from services.gateway.core.chat import ChatPrompts
 from services.gateway.core.limits import GatewayLimits
+from services.gateway.core.loop_lag import LoopLagProbe
 from services.gateway.core.tools import Parsed, ToolParser
 from services.gateway.core.tools import tool_parser as tools_parser
 from services.gateway.core.tools.parsers import derived_call_id
@@ -191,6 +192,9 @@ class Gateway:
         per_episode = self.limits.max_calls_per_episode * max(1, len(backend.agents()))
         self.chats = ChatPrompts(backend, self.tool_parser, self.tracker, per_episode)
         self._sweeper: asyncio.Task[None] | None = None
+        #: The serving loop's lag (started by :meth:`start`; ``loop_lag_ms_*`` in :meth:`stats`).
+        self.loop_lag = LoopLagProbe()
+        self._lag_task: asyncio.Task[None] | None = None
         self._sink_lock = asyncio.Lock()
         self._replays: dict[tuple[str, str], _Call] = {}  # (episode, idempotency key) -> its call
         self.untraced_calls = 0
@@ -214,8 +218,9 @@ class Gateway:
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start the sweeper that abandons silent episodes (call on the serving loop)."""
+        """Start the sweeper that abandons silent episodes and the loop-lag probe (call on the serving loop)."""
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        self._lag_task = asyncio.get_running_loop().create_task(self.loop_lag.run())
 
     async def close(self) -> None:
         """Stop the sweeper and the batcher (queued requests fail with UNAVAILABLE: shutting down) and end the
@@ -235,9 +240,10 @@ class Gateway:
                 self.held_lost_at_close,
                 self.open_lost_at_close,
             )
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+        for task in (self._sweeper, self._lag_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._deliveries:
             _, pending = await asyncio.wait(set(self._deliveries), timeout=CLOSE_DELIVERY_WAIT_S)
             if pending:  # the sink did not return: its thread ends on its own, its outcome no longer counts
@@ -361,7 +367,8 @@ class Gateway:
             ids = self.chats.render(agent, messages, tools, episode_id)
             return self._checked_ids(agent, [int(t) for t in ids])
 
-        return await asyncio.to_thread(render)
+        with self.batcher.expecting():  # a lone request queued meanwhile waits for this one
+            return await asyncio.to_thread(render)
 
     def remember_replies(
         self,
@@ -527,7 +534,9 @@ class Gateway:
                 f"{self.limits.max_queue} completions per request"
             )
         self._check_stop(sampling)
-        ids = await asyncio.to_thread(self.prompt_ids, agent, prompt)  # a long prompt must not block the loop
+        # off the loop: a long prompt must not block it; a lone request queued meanwhile waits for this one
+        with self.batcher.expecting():
+            ids = await asyncio.to_thread(self.prompt_ids, agent, prompt)
         limit = self.backend.max_model_len(agent)
         if len(ids) + sampling.max_new_tokens > limit:
             raise InvalidArgumentError(
@@ -874,6 +883,9 @@ class Gateway:
         """Counters: ``calls`` (traced), ``untraced_calls``, ``finished``, ``released`` (inserted into the sink;
         without a sink, every released episode), ``abandoned``, ``failed``, ``dropped``, ``expired_groups``,
         ``held`` (finished episodes waiting for their group), ``open_episodes``, ``batches``, ``batched_prompts``,
+        ``lone_batches`` (batches started at once: the engine idle, nothing else queued or on its way), the serving
+        loop's lag over its last minute (``loop_lag_ms_p50``, ``loop_lag_ms_p99``, ``loop_lag_ms_max``,
+        ``loop_lag_samples``: :class:`~services.gateway.core.loop_lag.LoopLagProbe`, 0 before :meth:`start`),
         ``sink_errors`` (released episodes the sink failed to insert), ``stale_reported`` (episodes a report named
         as already past the staleness bound, see :attr:`Reported.stale`), ``unrecorded_disconnected`` (traced calls
         not recorded because their caller went away), ``cancelled_calls`` (traced calls whose caller's task was
@@ -894,6 +906,8 @@ class Gateway:
         out["open_episodes"] = float(self.tracker.open_episodes)
         out["batches"] = float(self.batcher.batches)
         out["batched_prompts"] = float(self.batcher.prompts)
+        out["lone_batches"] = float(self.batcher.lone_batches)
+        out.update(self.loop_lag.stats())
         out["sink_errors"] = float(self.sink_errors)
         out["stale_reported"] = float(self.stale_reported)
         out["unrecorded_disconnected"] = float(self.unrecorded_disconnected)

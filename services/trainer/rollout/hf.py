@@ -254,32 +254,8 @@ class HFRolloutEngine(RolloutEngine):
 
     @staticmethod
     def _trim(spec: AgentModel, toks: list[int], ended: bool, params: SamplingParams) -> tuple[int, str, str]:
-        """Cut a row after its first completed stop string and name its finish reason.
-
-        Args:
-            spec: The agent (its tokenizer decodes).
-            toks: The row's generated ids up to where it ended (:class:`_RowEnds`), without padding.
-            ended: Whether the row ended by eos or a stop string (False: it ran to ``max_new_tokens``).
-            params: The sampling parameters (their stop strings).
-
-        Returns:
-            (number of response tokens kept, finish reason, decoded text cut before the stop string).
-        """
-        tok = spec.tokenizer
-        end, reason = len(toks), "stop" if ended else "length"
-        text = tok.decode(toks, skip_special_tokens=True)
-        if params.stop and any(s in text for s in params.stop):
-            lo, hi = 1, end  # smallest prefix whose text holds a stop string (containment grows with length)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if any(s in tok.decode(toks[:mid], skip_special_tokens=True) for s in params.stop):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            end, reason = lo, "stop"
-            text = tok.decode(toks[:end], skip_special_tokens=True)
-            text = text[: min(text.find(s) for s in params.stop if s in text)]
-        return end, reason, text
+        """:func:`trim_at_stop` with the agent's tokenizer."""
+        return trim_at_stop(spec.tokenizer, toks, ended, params)
 
     def update_weights(self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int) -> None:
         """See :meth:`RolloutEngine.update_weights`; agents sharing the model (and adapter) get the version."""
@@ -341,6 +317,37 @@ class HFRolloutEngine(RolloutEngine):
             else:
                 _copy_into(spec.model, snapshot)
             self._versions.update(saved_versions)
+
+
+def trim_at_stop(
+    tokenizer: Any, toks: list[int], ended: bool, params: SamplingParams
+) -> tuple[int, str, str]:
+    """Cut a row after its first completed stop string and name its finish reason.
+
+    Args:
+        tokenizer: The agent's tokenizer (it decodes).
+        toks: The row's generated ids up to where it ended (:class:`_RowEnds`), without padding.
+        ended: Whether the row ended by eos or a stop string (False: it ran to ``max_new_tokens``).
+        params: The sampling parameters (their stop strings).
+
+    Returns:
+        (number of response tokens kept, finish reason, decoded text cut before the stop string).
+    """
+    tok = tokenizer
+    end, reason = len(toks), "stop" if ended else "length"
+    text = tok.decode(toks, skip_special_tokens=True)
+    if params.stop and any(s in text for s in params.stop):
+        lo, hi = 1, end  # smallest prefix whose text holds a stop string (containment grows with length)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(s in tok.decode(toks[:mid], skip_special_tokens=True) for s in params.stop):
+                hi = mid
+            else:
+                lo = mid + 1
+        end, reason = lo, "stop"
+        text = tok.decode(toks[:end], skip_special_tokens=True)
+        text = text[: min(text.find(s) for s in params.stop if s in text)]
+    return end, reason, text
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ episodes while a frozen third agent keeps serving its unchanged weights.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -163,10 +164,22 @@ def test_without_an_explicit_token_both_endpoints_require_marti_token_or_serve_o
 
 def test_http_and_grpc_requests_share_one_batch():
     """Requests of one agent over the two protocols meet in one engine call (a batch of 2 is full at once; had
-    each protocol its own batcher, each request would wait out ``max_wait_ms`` and run alone)."""
+    each protocol its own batcher, each request would wait out ``max_wait_ms`` and run alone). A third request
+    is kept on its way throughout, so neither runs alone at once as a lone request would."""
     gateway = Gateway(_EchoBackend(), GatewayLimits(max_batch=2, max_wait_ms=20_000))
     out: dict[str, Any] = {}
     with GatewayServer(gateway, token=TOKEN) as server:
+
+        async def on_its_way() -> None:
+            with gateway.batcher.expecting():
+                await asyncio.sleep(60)
+
+        async def hold() -> asyncio.Task[None]:
+            task = asyncio.ensure_future(on_its_way())
+            await asyncio.sleep(0)  # it has entered expecting()
+            return task
+
+        held = server.run(hold())
 
         def over_http() -> None:
             body = {"model": "a", "prompt": "hi", "max_tokens": 2}
@@ -186,6 +199,11 @@ def test_http_and_grpc_requests_share_one_batch():
             t.join(60)
         assert time.monotonic() - start < 15, "a request waited out max_wait_ms"
         assert out["http"].status_code == 200 and list(out["grpc"].choices[0].token_ids) == [7, 8]
+
+        async def release() -> None:
+            held.cancel()
+
+        server.run(release())
     stats = gateway.stats()
     assert stats["batches"] == 1 and stats["batched_prompts"] == 2
 

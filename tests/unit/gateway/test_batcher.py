@@ -201,18 +201,35 @@ async def test_a_full_batch_goes_first_and_a_filling_one_never_exceeds_max_batch
     await b.close()
 
 
+async def test_a_lone_request_does_not_wait_max_wait_ms():
+    """With the engine idle and nothing else queued or on its way, waiting could only delay a request: it runs at
+    once (with the prompts submitted in the same event-loop turn), and is counted in ``lone_batches``."""
+    eng = Engine()
+    b = RequestBatcher(eng, max_batch=8, max_wait_ms=60_000, max_queue=100)
+    for i in range(3):  # one call after another, as an agent makes them
+        out = await asyncio.wait_for(b.submit("a", [[i]], S, None), 5)
+        assert out[0].response_token_ids == [i + 1]
+    await asyncio.wait_for(asyncio.gather(*[b.submit("a", [[i]], S, None) for i in range(4)]), 5)
+    assert eng.batches == [("a", None, 1)] * 3 + [("a", None, 4)]
+    assert b.lone_batches == 4
+    await b.close()
+
+
 async def test_a_batch_waits_max_wait_ms_for_company_and_not_longer():
-    """With the engine idle, a request arriving within ``max_wait_ms`` of the first joins its batch, which starts
-    once the first has waited ``max_wait_ms``; with ``max_wait_ms`` 0 the same arrivals run one by one."""
+    """With the engine idle but another request on its way (:meth:`RequestBatcher.expecting`), a request arriving
+    within ``max_wait_ms`` of the first joins its batch, which starts once the first has waited ``max_wait_ms``;
+    with ``max_wait_ms`` 0 the same arrivals run one by one."""
     loop = asyncio.get_running_loop()
     eng = Engine()
     b = RequestBatcher(eng, max_batch=8, max_wait_ms=300, max_queue=100)
     t0 = loop.time()
-    first = asyncio.ensure_future(b.submit("a", [[0]], S, None))
-    await asyncio.sleep(0.05)
+    with b.expecting():  # the second request is being tokenized
+        first = asyncio.ensure_future(b.submit("a", [[0]], S, None))
+        await asyncio.sleep(0.05)
     assert eng.batches == []  # still waiting for company
     second = asyncio.ensure_future(b.submit("a", [[1]], S, None))
     await asyncio.gather(first, second)
+    assert b.lone_batches == 0
     waited = loop.time() - t0
     assert eng.batches == [("a", None, 2)]
     assert 0.29 <= waited < 5.0, waited
