@@ -20,6 +20,10 @@ two calls each are reported over HTTP and inserted into a real experience store 
 process) through an :class:`services.trainer.data.episode_writer.EpisodeWriter`, as a training job does; traces per
 second is reported episodes over the wall time of the reports. ``--json PATH`` writes every number; the load
 average before and after is printed.
+
+Then the model-free arms (:mod:`benchmarks.gateway_load`): the gateway's overhead per request at 1 client (HTTP,
+gRPC and in-process against a direct call of an engine that answers at once) and ``--load-clients`` requests in
+flight over HTTP (errors, timeouts, latency and the event loop's lag). ``--arms`` runs only one part.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import markdown_table, print_report
+from benchmarks.report import markdown_table, non_negative_int, positive_int, print_report
 
 BASELINE = "direct"
 AGENTS = ("alice", "bob")
@@ -200,7 +204,7 @@ def _traces(http: str, token: str, episodes: int, max_tokens: int) -> dict[str, 
 
 
 def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes: int) -> dict[str, Any]:
-    """Measure every arm (see module docstring) and return every number (what ``--json`` writes)."""
+    """Measure every arm over the model (see module docstring) and return every number."""
     from marti.clients.experience import ExperienceSharingClient
     from marti.stack import LocalStack
     from services.gateway.core.gateway import Gateway
@@ -220,8 +224,7 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
         tok = load_tokenizer(model)
         models = {a: load_model(model) for a in AGENTS}
     engine = HFRolloutEngine({a: AgentModel(m, tok) for a, m in models.items()}, max_batch_size=max(clients))
-    load_before = os.getloadavg()
-    out: dict[str, Any] = {"benchmark": "gateway", "model": model, "baseline": BASELINE, "by_clients": {}}
+    out: dict[str, Any] = {"by_clients": {}}
     with (
         tempfile.TemporaryDirectory(prefix="marti-bench-gateway-") as logs,
         LocalStack(services=("store",), log_dir=Path(logs)) as stack,
@@ -255,9 +258,30 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
         finally:
             server.stop()
             store.close()
+    out.update({"requests_per_client": requests, "max_tokens": max_tokens})
+    return out
+
+
+def run_all(args: Any, clients: list[int]) -> dict[str, Any]:
+    """The parts ``args.arms`` names (``model``, ``model-free`` or ``all``); every number (what ``--json``
+    writes), the load average before and after the whole run."""
+    from benchmarks import gateway_load
+
+    load_before = os.getloadavg()
+    out: dict[str, Any] = {
+        "benchmark": "gateway",
+        "model": args.model,
+        "baseline": BASELINE,
+        "by_clients": {},
+    }
+    if args.arms in ("all", "model"):
+        out.update(run(args.model, clients, args.requests, args.max_tokens, args.episodes))
+    if args.arms in ("all", "model-free"):
+        out["model_free"] = gateway_load.run(
+            args.overhead_requests, args.load_clients, args.load_requests, args.max_tokens
+        )
     out["loadavg_before"] = [round(x, 2) for x in load_before]
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-    out.update({"requests_per_client": requests, "max_tokens": max_tokens})
     return out
 
 
@@ -270,11 +294,15 @@ def table(out: dict[str, Any]) -> str:
         for c, arms in out["by_clients"].items()
         for arm, s in arms.items()
     ]  # fmt: skip
-    lines = [markdown_table(header, rows, "rlrrrrr")]
+    lines = [markdown_table(header, rows, "rlrrrrr")] if rows else []
     t = out.get("traces")
     if t:
         lines += ["", f"trace capture: {t['episodes']} episodes reported and inserted into the store in "
                   f"{t['report_wall_s']:.3f} s: {t['traces_per_s']:.1f} traces/s ({t['inserted']} items)"]  # fmt: skip
+    if "model_free" in out:
+        from benchmarks import gateway_load
+
+        lines += ["", gateway_load.table(out["model_free"])]
     return "\n".join(lines)
 
 
@@ -288,6 +316,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--episodes", type=int, default=50, help="episodes for the trace-capture rate (default 50)"
     )
+    p.add_argument(
+        "--arms",
+        choices=("all", "model", "model-free"),
+        default="all",
+        help="which part to run (default all)",
+    )
+    p.add_argument(
+        "--overhead-requests", type=positive_int, default=200,
+        help="model-free calls per overhead arm at 1 client (default 200)",
+    )  # fmt: skip
+    p.add_argument(
+        "--load-clients", type=non_negative_int, default=400,
+        help="model-free requests in flight over HTTP (default 400; 0 skips the load arm)",
+    )  # fmt: skip
+    p.add_argument(
+        "--load-requests", type=positive_int, default=2,
+        help="requests per load client, one after the other (default 2)",
+    )  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
     try:
@@ -296,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--clients must be comma-separated integers, got {args.clients!r}")
     if any(c < 1 for c in clients) or args.requests < 1 or args.max_tokens < 1 or args.episodes < 1:
         p.error("--clients, --requests, --max-tokens and --episodes must be >= 1")
-    out = run(args.model, clients, args.requests, args.max_tokens, args.episodes)
-    print(f"model: {out['model']}; {args.requests} requests per client, {args.max_tokens} tokens each")
+    out = run_all(args, clients)
+    if args.arms != "model-free":
+        print(f"model: {out['model']}; {args.requests} requests per client, {args.max_tokens} tokens each")
+    if args.arms != "model":
+        print(f"model-free: {args.overhead_requests} overhead calls per arm, {args.load_clients} load clients x "
+              f"{args.load_requests} requests, {args.max_tokens} tokens each")  # fmt: skip
     print_report(out, table(out), args.json)
     return 0
 
