@@ -34,7 +34,8 @@ class GatewayConfig(Section):
     max_batch: PositiveInt = 32
     """Most prompts of one agent run in one engine call (concurrent requests are batched up to it)."""
     max_wait_ms: NonNegFloat = 5.0
-    """Most milliseconds a request waits for others to fill its batch."""
+    """Most milliseconds a request waits for others to fill its batch; a lone request (the engine idle, nothing
+    else queued or being tokenized) does not wait."""
     max_queue: PositiveInt = 1024
     """Most prompts queued or running per agent; more are refused as overloaded (HTTP 429, gRPC
     RESOURCE_EXHAUSTED)."""

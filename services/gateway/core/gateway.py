@@ -135,6 +135,17 @@ def _fingerprint(
     return (model, canon, n, repr(sampling), group_id)
 
 
+#: Most token ids of a prompt given as ids that are checked on the event loop (a longer one is checked in a thread).
+INLINE_IDS = 8192
+
+
+def _given_ids(prompt: object) -> bool:
+    """Whether ``prompt`` is token ids short enough (:data:`INLINE_IDS`) to check on the event loop."""
+    return (
+        isinstance(prompt, list) and len(prompt) <= INLINE_IDS and (not prompt or isinstance(prompt[0], int))
+    )
+
+
 def _retrieve(task: asyncio.Future[Served]) -> None:
     """Mark a call task's error as seen (its callers, when any are left, receive it themselves)."""
     if not task.cancelled():
@@ -534,9 +545,11 @@ class Gateway:
                 f"{self.limits.max_queue} completions per request"
             )
         self._check_stop(sampling)
-        # off the loop: a long prompt must not block it; a lone request queued meanwhile waits for this one
-        with self.batcher.expecting():
-            ids = await asyncio.to_thread(self.prompt_ids, agent, prompt)
+        if _given_ids(prompt):  # token ids (a chat prompt rendered by chat_ids): checked here, no thread hop
+            ids = self.prompt_ids(agent, prompt)
+        else:  # off the loop: a long prompt must not block it; a lone request queued meanwhile waits for this one
+            with self.batcher.expecting():
+                ids = await asyncio.to_thread(self.prompt_ids, agent, prompt)
         limit = self.backend.max_model_len(agent)
         if len(ids) + sampling.max_new_tokens > limit:
             raise InvalidArgumentError(

@@ -17,7 +17,7 @@ from marti.errors import (
 )
 from marti.inference import Generation, SamplingParams
 from services.gateway.core.backend import InferenceBackend
-from services.gateway.core.gateway import Gateway
+from services.gateway.core.gateway import INLINE_IDS, Gateway
 from services.gateway.core.limits import GatewayLimits
 
 S = SamplingParams(max_new_tokens=2)
@@ -89,6 +89,25 @@ async def test_the_prompt_is_tokenized_off_the_event_loop():
     await gw.generate("a", "hello", S)
     await gw.generate("a", [{"role": "user", "content": "hi"}], S)
     assert backend.encode_threads and threading.get_ident() not in backend.encode_threads
+    await gw.close()
+
+
+async def test_token_ids_are_checked_on_the_loop_without_a_thread_hop_unless_long():
+    """A prompt given as token ids (what the chat adapters pass after rendering) needs no tokenizer: its ids are
+    checked on the event loop, saving a thread hop per call; a list longer than INLINE_IDS goes to a thread."""
+    threads: list[int] = []
+
+    class Recording(FakeBackend):
+        def vocab_size(self, agent):
+            threads.append(threading.get_ident())
+            return 100
+
+    gw = Gateway(Recording())
+    await gw.generate("a", [5, 6, 7], S)
+    assert threads == [threading.get_ident()]
+    with pytest.raises(InvalidArgumentError, match="context"):
+        await gw.generate("a", [5] * (INLINE_IDS + 1), S)
+    assert threads[1] != threading.get_ident()
     await gw.close()
 
 
