@@ -92,12 +92,12 @@ async def _clients(
     await asyncio.gather(*[one(i, 1) for i in range(c)])  # warm-up, untimed
     lat.clear()
     tokens = 0
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*[one(i, requests) for i in range(c)])
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     for client in clients:
         await client.close()
-    return {"latencies": lat, "tokens": tokens, "wall_s": wall}
+    return {"latencies": lat, "tokens": tokens, "wall_s": wall, "client_cpu_s": cpu}
 
 
 def _client_process(

@@ -74,18 +74,34 @@ def _in_process(server: Any, gateway: Any, requests: int, max_tokens: int) -> li
     return server.run(go(), timeout_s=600)
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process, the gateway's, so far."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _remote_arm(kind: str, target: str, requests: int, max_tokens: int) -> dict[str, Any]:
+    """One client process of ``kind``: latencies, and CPU milliseconds per request of the gateway's process
+    (its warm-up request included) and of the client."""
+    cpu0 = _cpu_s()
+    raw = _remote(kind, target, "", 1, requests, max_tokens)
+    out = _latency_summary(raw["latencies"])
+    out["gateway_cpu_ms_per_request"] = (_cpu_s() - cpu0) / (requests + 1) * 1e3
+    out["client_cpu_ms_per_request"] = raw["client_cpu_s"] / requests * 1e3
+    return out
+
+
 def overhead(
     server: Any, gateway: Any, engine: Any, tok: Any, requests: int, max_tokens: int
 ) -> dict[str, Any]:
-    """The overhead arms (module docstring): per arm requests, p50_s, p99_s, overhead_p50_ms, overhead_p99_ms."""
+    """The overhead arms (module docstring): per arm requests, p50_s, p99_s, overhead_p50_ms, overhead_p99_ms;
+    the remote arms also the CPU milliseconds per request of the gateway's process and of the client's."""
     _direct(engine, tok, 10, max_tokens)  # warm-up
     arms = {
         "direct": _latency_summary(_direct(engine, tok, requests, max_tokens)),
         "in-process": _latency_summary(_in_process(server, gateway, requests, max_tokens)),
-        "grpc": _latency_summary(
-            _remote("grpc", server.grpc_address, "", 1, requests, max_tokens)["latencies"]
-        ),
-        "http": _latency_summary(_remote("http", server.http_url, "", 1, requests, max_tokens)["latencies"]),
+        "grpc": _remote_arm("grpc", server.grpc_address, requests, max_tokens),
+        "http": _remote_arm("http", server.http_url, requests, max_tokens),
     }
     for s in arms.values():
         s["overhead_p50_ms"] = (s["p50_s"] - arms["direct"]["p50_s"]) * 1e3
@@ -197,22 +213,22 @@ def run(requests: int, load_clients: int, load_requests: int, max_tokens: int) -
     return out
 
 
+def _ms(value: float | None) -> str:
+    """``value`` with two decimals, or nothing when the arm has none."""
+    return "" if value is None else f"{value:.2f}"
+
+
 def table(out: dict[str, Any]) -> str:
     """The overhead table and the load line."""
-    header = [
-        "arm (1 client, model-free)",
-        "requests",
-        "p50 ms",
-        "p99 ms",
-        "overhead p50 ms",
-        "overhead p99 ms",
-    ]
+    header = ["arm (1 client, model-free)", "requests", "p50 ms", "p99 ms", "overhead p50 ms", "overhead p99 ms",
+              "gateway CPU ms/request", "client CPU ms/request"]  # fmt: skip
     rows = [
         [f"{arm} (baseline)" if arm == "direct" else arm, s["requests"], f"{s['p50_s'] * 1e3:.3f}",
-         f"{s['p99_s'] * 1e3:.3f}", f"{s['overhead_p50_ms']:.3f}", f"{s['overhead_p99_ms']:.3f}"]
+         f"{s['p99_s'] * 1e3:.3f}", f"{s['overhead_p50_ms']:.3f}", f"{s['overhead_p99_ms']:.3f}",
+         _ms(s.get("gateway_cpu_ms_per_request")), _ms(s.get("client_cpu_ms_per_request"))]
         for arm, s in out["overhead"].items()
     ]  # fmt: skip
-    lines = [markdown_table(header, rows, "lrrrrr")]
+    lines = [markdown_table(header, rows, "lrrrrrrr")]
     x = out.get("load")
     if x:
         lines += ["", f"load: {x['clients']} requests in flight over HTTP (model-free), {x['requests']} answered, "

@@ -44,7 +44,13 @@ def test_model_free_arms_report_the_overhead_and_the_load(tmp_path, capsys):
     assert data["overhead"]["direct"]["overhead_p50_ms"] == 0.0
     for s in data["overhead"].values():
         assert s["requests"] == 3 and s["p99_s"] >= s["p50_s"] > 0
-    assert data["overhead"]["http"]["overhead_p50_ms"] > 0
+    for arm in ("http", "grpc"):
+        s = data["overhead"][arm]
+        assert (
+            s["overhead_p50_ms"] > 0
+            and s["gateway_cpu_ms_per_request"] > 0
+            and s["client_cpu_ms_per_request"] > 0
+        )
     load = data["load"]
     assert (load["clients"], load["requests"], load["errors"], load["timeouts"]) == (20, 20, 0, 0)
     assert (
