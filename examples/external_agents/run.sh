@@ -11,12 +11,14 @@
 # 3. The job is asked to stop, prints its summary and the final line "trained N steps on M external episodes".
 #
 # Environment: MARTI=path of the marti command (default: marti on PATH, else python -m marti.cli),
-# PYTHON (default python3), RUN_DIR (default runs/external_agents), CONFIG (default config.yaml here).
+# PYTHON (default python3), RUN_DIR (default runs/external_agents), CONFIG (default config.yaml here), APP (default
+# app.py here: any app with the same flags, as examples/agents_sdk/ and examples/langgraph/ have).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON="${PYTHON:-python3}"
 CONFIG="${CONFIG:-$HERE/config.yaml}"
 RUN_DIR="${RUN_DIR:-runs/external_agents}"
+APP="${APP:-$HERE/app.py}"
 if [ -n "${MARTI:-}" ]; then read -r -a MARTI_CMD <<<"$MARTI"
 elif command -v marti >/dev/null; then MARTI_CMD=(marti)
 else MARTI_CMD=("$PYTHON" -m marti.cli); fi
@@ -40,9 +42,9 @@ http = json.load(open(f"{run}/gateway.json"))["http"]
 print(http, cfg["max_steps"], cfg["external"]["episodes_per_step"], cfg["rollout"]["group_size"])
 PY
 )
-echo "untrained (held-out): $("$PYTHON" "$HERE/app.py" --gateway "$URL" --evaluate)"
-echo "training episodes:    $("$PYTHON" "$HERE/app.py" --gateway "$URL" --rounds "$STEPS" --episodes-per-round "$PER_STEP" --group-size "$GROUP")"
-echo "trained (held-out):   $("$PYTHON" "$HERE/app.py" --gateway "$URL" --evaluate --wait-version "$STEPS")"
+echo "untrained (held-out): $("$PYTHON" "$APP" --gateway "$URL" --evaluate)"
+echo "training episodes:    $("$PYTHON" "$APP" --gateway "$URL" --rounds "$STEPS" --episodes-per-round "$PER_STEP" --group-size "$GROUP")"
+echo "trained (held-out):   $("$PYTHON" "$APP" --gateway "$URL" --evaluate --wait-version "$STEPS")"
 kill -TERM "$JOB"   # ends the linger; the job stops cleanly
 trap - EXIT
 wait "$JOB"

@@ -1,0 +1,57 @@
+"""Helpers of the end-to-end tests that run an external-agents example (``examples/*/run.sh``) as a user does."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The top-level names of the modules ``path`` imports (``import a.b`` and ``from a.b import c`` give ``a``)."""
+    tree = ast.parse(path.read_text())
+    return {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+
+
+def run_example(run_sh: Path, run_dir: Path, *args: str, timeout_s: float) -> list[str]:
+    """Run ``run_sh`` with ``marti`` and ``python`` from this interpreter, its run folder ``run_dir`` and ``args``
+    (``marti train`` flags); check it exits 0; return its stdout's lines."""
+    env = {**os.environ, "PYTHON": sys.executable, "MARTI": f"{sys.executable} -m marti.cli"}
+    env["RUN_DIR"] = str(run_dir)
+    proc = subprocess.run(
+        [str(run_sh), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+def rates(lines: list[str], prefix: str, agents: tuple[str, ...]) -> dict[str, float]:
+    """The ``agent=R`` numbers of the first line starting with ``prefix`` (``untrained``, ``trained (held-out)``)."""
+    line = next(x for x in lines if x.startswith(prefix))
+    found = {a: float(r) for a, r in re.findall(r"(\w+)=([0-9.]+)", line)}
+    assert set(agents) <= set(found), line
+    return {a: found[a] for a in agents}
+
+
+def check_learns(run_sh: Path, run_dir: Path, *, final: str, margin: float, timeout_s: float) -> dict:
+    """Run a tool-team example (``examples/tool_team``: agents ``router`` and ``calculator``) and check that it ran
+    whole (its last line is ``final``) and that each agent's held-out valid-call rate rose by ``margin`` at least.
+
+    Returns ``{"before": {agent: rate}, "after": {agent: rate}}`` (the test's report)."""
+    lines = run_example(run_sh, run_dir, timeout_s=timeout_s)
+    assert lines[-1] == final, lines[-10:]
+    assert any(x.startswith("gateway listening on http://") for x in lines), lines[:10]
+    agents = ("router", "calculator")
+    seen = {"before": rates(lines, "untrained", agents), "after": rates(lines, "trained (held-out)", agents)}
+    assert all(seen["after"][a] >= seen["before"][a] + margin for a in agents), (margin, seen)
+    return seen
