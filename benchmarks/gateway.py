@@ -42,8 +42,6 @@ from typing import Any
 from benchmarks.report import markdown_table, non_negative_int, positive_int, print_report
 
 BASELINE = "direct"
-#: Seconds of direct engine calls before the first arm is timed.
-WARMUP_S = 10.0
 AGENTS = ("alice", "bob")
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
@@ -244,12 +242,7 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
         server = GatewayServer(gateway, host="127.0.0.1", http_port=0, grpc_port=0)
         http, grpc_addr = server.start()
         try:
-            # warm-up: for seconds after start the engine's first calls ran up to 10x slower (the direct arm at 1
-            # client measured 0.43-0.68 s per call, then 0.05 s)
-            deadline = time.perf_counter() + WARMUP_S
-            _direct(engine, 2, 1, max_tokens)
-            while time.perf_counter() < deadline:
-                _direct(engine, 2, 1, max_tokens)
+            _direct(engine, 2, 1, max_tokens)  # warm-up
             for c in clients:
                 arms = {
                     BASELINE: _summary(_direct(engine, c, requests, max_tokens)),

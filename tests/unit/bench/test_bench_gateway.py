@@ -7,8 +7,7 @@ import json
 from benchmarks import gateway
 
 
-def test_smallest_run_writes_every_arm_and_the_trace_rate(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(gateway, "WARMUP_S", 0.0)  # one warm-up call
+def test_smallest_run_writes_every_arm_and_the_trace_rate(tmp_path, capsys):
     out = tmp_path / "gateway.json"
     argv = ["--clients", "1,2", "--requests", "1", "--max-tokens", "4", "--episodes", "3", "--json", str(out)]
     argv += ["--arms", "model"]
