@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httpx
@@ -91,3 +92,39 @@ def test_400_requests_in_flight_are_all_answered_and_the_loop_lag_is_reported(to
         assert stats["loop_lag_samples"] >= 2
         assert 250 <= stats["loop_lag_ms_max"] < 5000, stats
         assert stats["batched_prompts"] == 400
+
+
+def _read_response(sock: socket.socket) -> tuple[int, bytes]:
+    """One HTTP/1.1 response with a Content-Length from ``sock``: (status, body); status 0 if the server closed."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return 0, b""
+        raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    length = next(
+        int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split()[1]), body
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_own_idle_limit(tokenizer):
+    """The server keeps an idle connection longer than ``httpx`` (the ``openai`` client) keeps it in its pool
+    (5 s), so a client reusing it is never refused by a close racing its request (uvicorn's default closed it at
+    5 s: a connection error under load). Waits 5.5 s: the length of the client's limit is what is tested."""
+    with _server(tokenizer, GatewayLimits()) as server:
+        port = int(server.http_url.rsplit(":", 1)[1].split("/")[0])
+        body = json.dumps({"model": "a", "messages": MESSAGES, "max_tokens": 2}).encode()
+        request = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(request)
+            assert _read_response(sock)[0] == 200
+            time.sleep(5.5)  # idle past httpx's keep-alive expiry
+            sock.sendall(request)
+            assert _read_response(sock)[0] == 200
