@@ -14,31 +14,22 @@ from marti.inference import Generation
 from services.gateway.core.backend import InferenceBackend
 from services.trainer.models.loading import load_tokenizer
 from services.trainer.rollout.gateway_backend import _Tokenizers
+from tests.integration.gateway.one_agent import OneAgent
 
 REPLY = "Hello from the policy."
 ANSWER = "It is sunny in Paris."
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 
 
-class ScriptedToolPolicy(_Tokenizers, InferenceBackend):
+class ScriptedToolPolicy(OneAgent, _Tokenizers, InferenceBackend):
     """Agent ``a``: the tiny model's tokenizer and chat template (the text side of the gateway's own backends),
     replies scripted from the prompt's text."""
+
+    context = 4096
 
     def __init__(self) -> None:
         self.tok = load_tokenizer()
         self.tokenizers = {"a": self.tok}
-
-    def agents(self) -> list[str]:
-        return ["a"]
-
-    def versions(self) -> dict[str, int]:
-        return {"a": 0}
-
-    def resident_versions(self, agent: str) -> list[int]:
-        return [0]
-
-    def max_model_len(self, agent: str) -> int:
-        return 4096
 
     def _text(self, prompt: str) -> str:
         call = json.dumps(CALL)

@@ -19,6 +19,7 @@ from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
 from services.trainer.rollout.gateway_backend import _Tokenizers
+from tests.integration.gateway.one_agent import OneAgent
 
 ADD = {
     "type": "function",
@@ -27,7 +28,7 @@ ADD = {
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
 
-class _CharBackend(_Tokenizers, InferenceBackend):
+class _CharBackend(OneAgent, _Tokenizers, InferenceBackend):
     """Agent ``a`` on the tiny model's tokenizer; each reply is ``replies[i]`` spelled one token per character,
     then eos (or no eos with finish ``length`` when ``cut``)."""
 
@@ -36,18 +37,6 @@ class _CharBackend(_Tokenizers, InferenceBackend):
         self.replies: list[str] = []
         self.cut = False
         self.prompts: list[list[int]] = []
-
-    def agents(self) -> list[str]:
-        return ["a"]
-
-    def versions(self) -> dict[str, int]:
-        return {"a": 0}
-
-    def resident_versions(self, agent: str) -> list[int]:
-        return [0]
-
-    def max_model_len(self, agent: str) -> int:
-        return 100_000
 
     def generate(self, agent, prompts, sampling, version) -> list[Generation]:
         tok = self.tokenizers[agent]

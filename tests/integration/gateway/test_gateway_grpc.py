@@ -39,6 +39,7 @@ from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.rollout.base import chat_to_ids
 from services.trainer.rollout.gateway_backend import EngineBackend
 from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+from tests.integration.gateway.one_agent import OneAgent
 
 TOKEN = "grpc-gateway-token"
 AGENTS = ("planner", "executor")
@@ -394,17 +395,8 @@ def test_a_request_over_max_request_bytes_is_refused_by_the_servicer(served):
             assert "gateway.max_request_bytes" in err.value.details()
 
 
-class _EchoBackend(InferenceBackend):
+class _EchoBackend(OneAgent, InferenceBackend):
     """Agent ``a``: one character is one token; answers ``ok``."""
-
-    def agents(self) -> list[str]:
-        return ["a"]
-
-    def versions(self) -> dict[str, int]:
-        return {"a": 0}
-
-    def resident_versions(self, agent: str) -> list[int]:
-        return [0]
 
     def chat_prompt(self, agent, messages) -> list[int]:
         return [1, 2, 3]
@@ -420,9 +412,6 @@ class _EchoBackend(InferenceBackend):
 
     def vocab_size(self, agent: str) -> int:
         return 0x110000
-
-    def max_model_len(self, agent: str) -> int:
-        return 100_000
 
     def generate(self, agent, prompts, sampling, version) -> list[Generation]:
         return [Generation(list(p), [111, 107], [-0.5, -0.25], "ok", "stop", 0, agent) for p in prompts]

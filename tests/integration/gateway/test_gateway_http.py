@@ -33,6 +33,7 @@ from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.rollout.base import chat_to_ids
 from services.trainer.rollout.gateway_backend import EngineBackend
 from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+from tests.integration.gateway.one_agent import OneAgent
 
 TOKEN = "test-token-123"
 AGENTS = ("planner", "executor")
@@ -523,7 +524,7 @@ def test_build_app_refuses_an_empty_token(served):
 EMOJI_TEXT = "Hi 😀 猫 and 🎉!"  # byte-level BPE splits each of the three characters over 2 or 3 tokens
 
 
-class _FixedBackend(InferenceBackend):
+class _FixedBackend(OneAgent, InferenceBackend):
     """Agent ``a`` with the tiny model's tokenizer and no model: every completion is :data:`EMOJI_TEXT` then eos;
     the prompt ``"boom"`` makes the engine raise RuntimeError; ``gate``, when set, holds every engine call until
     it opens (``entered`` tells that one has started)."""
@@ -534,15 +535,6 @@ class _FixedBackend(InferenceBackend):
         self.response = tok(EMOJI_TEXT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
-
-    def agents(self) -> list[str]:
-        return ["a"]
-
-    def versions(self) -> dict[str, int]:
-        return {"a": 0}
-
-    def resident_versions(self, agent: str) -> list[int]:
-        return [0]
 
     def chat_prompt(self, agent, messages) -> list[int]:
         return self.encode(agent, " ".join(m["content"] for m in messages))
@@ -558,9 +550,6 @@ class _FixedBackend(InferenceBackend):
 
     def vocab_size(self, agent: str) -> int:
         return len(self.tok)
-
-    def max_model_len(self, agent: str) -> int:
-        return 100_000
 
     def generate(self, agent, prompts, sampling, version) -> list[Generation]:
         self.entered.set()
