@@ -8,7 +8,8 @@ Responses API, the SDK's default), so each is trained as its own policy. The tas
 right call) and the training loop are in ``examples/tool_team/tool_team.py``, shared with the LangGraph example.
 
 Each agent starts from a worked example of its own call: the router's input begins with it, and the handoff's
-``input_filter`` gives the calculator its own instead (the SDK's way of shaping what the next agent sees). When the
+``input_filter`` (the SDK's way of shaping what the next agent sees) gives the calculator its own example and the
+question, without the router's call. When the
 router does not hand off (or its reply is cut at ``max_tokens``, which the SDK raises as ``ModelBehaviorError``),
 the app gives the question to the calculator itself, so every episode has a call of each agent.
 
@@ -70,10 +71,11 @@ def example(agent: str) -> list[dict]:
 
 
 def calculator_input(data: HandoffInputData) -> HandoffInputData:
-    """The handoff's input filter: the calculator sees its own worked example instead of the router's, then the
-    question (the last item of the router's input) and the handoff."""
+    """The handoff's input filter: the calculator sees its own worked example and the question (the last item of
+    the router's input), as when the app gives it the question itself; not the router's example or handoff call
+    (``new_items`` keeps them for the run's history)."""
     question = data.input_history[-1] if isinstance(data.input_history, tuple) else data.input_history
-    return data.clone(input_history=(*example("calculator"), question))
+    return data.clone(input_history=(*example("calculator"), question), pre_handoff_items=(), input_items=())
 
 
 def build_team(client: AsyncOpenAI, temperature: float, max_tokens: int) -> tuple[Agent, Agent]:

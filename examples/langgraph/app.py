@@ -9,8 +9,8 @@ as its own policy. When the router makes no call, the graph goes to the calculat
 call of each agent. The task, the rewards (1 for an agent's right call) and the training loop are in
 ``examples/tool_team/tool_team.py``, shared with the OpenAI Agents SDK example.
 
-Each agent node sends its own instructions and worked example ahead of the conversation (the few-shot help a small
-model needs); the graph's state holds only the episode's own messages.
+Each agent node sends its own instructions, its worked example (the few-shot help a small model needs) and the
+episode's question; the graph's state holds the episode's messages (the question, the calls and their results).
 
 The only training-specific part is the ``base_url`` of the ``ChatOpenAI`` models (one per episode, which the
 gateway records the calls under) and the reward report that ``tool_team`` POSTs when the episode ends.
@@ -76,7 +76,7 @@ def agent_node(agent: str, base_url: str, api_key: str, temperature: float, max_
     ).bind_tools([TOOLS[agent]], tool_choice="required", parallel_tool_calls=False)
 
     async def node(state: MessagesState) -> dict:
-        reply = await llm.ainvoke(preamble(agent) + state["messages"])
+        reply = await llm.ainvoke([*preamble(agent), state["messages"][0]])  # the episode's question
         reply.name = agent  # which agent spoke (the episode's calls are read back by it)
         return {"messages": [reply]}
 

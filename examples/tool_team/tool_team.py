@@ -166,9 +166,9 @@ def main(play: Play, description: str, argv: list[str] | None = None) -> int:
     p.add_argument(
         "--temperature", type=float, default=0.7, help="sampling temperature, also when evaluating"
     )
-    p.add_argument("--max-tokens", type=int, default=28, help="per call (a right call takes about 20)")
+    p.add_argument("--max-tokens", type=int, default=40, help="per call (a right call of add takes 29)")
     p.add_argument("--evaluate", action="store_true", help="held-out questions, nothing recorded")
-    p.add_argument("--eval-samples", type=int, default=4, help="episodes per held-out question")
+    p.add_argument("--eval-samples", type=int, default=3, help="episodes per held-out question")
     p.add_argument("--wait-version", type=int, default=0, help="first wait until every policy has it")
     p.add_argument("--concurrency", type=int, default=32, help="episodes played at once (batched)")
     p.add_argument("--verbose", action="store_true")

@@ -19,7 +19,7 @@ from tests.e2e.example_runs import ROOT, check_learns, imported_modules
 EXAMPLE = ROOT / "examples" / "agents_sdk"
 pytestmark = pytest.mark.slow
 #: Each agent's held-out valid-call rate must rise at least this much over the untrained policy's.
-MARGIN = 0.25
+MARGIN = 0.2
 
 
 def test_the_agent_code_imports_no_marti_module():
