@@ -494,11 +494,13 @@ class Gateway:
             fingerprint = _fingerprint(model, prompt, sampling, n, group_id)
             if key in self._replays:
                 if self._replays[key].fingerprint != fingerprint:
-                    raise FailedPreconditionError(
+                    err = FailedPreconditionError(
                         f"idempotency key {idempotency_key!r} of episode {episode_id!r} was already used for a "
                         "different request (model, prompt, n, sampling parameters or group differ); a key can "
                         "only be reused to retry the same request: use a new key for a new call"
                     )
+                    err.param = "idempotency_key"  # type: ignore[attr-defined]  # not a field it lists
+                    raise err
                 return await self._replay(key)
             # taken before anything is awaited: a duplicate sent at the same moment waits for this call
             call = _Call(fingerprint=fingerprint)

@@ -191,13 +191,16 @@ class EpisodeTracker:
 
     def _check_group(self, episode_id: str, group_id: str, what: str) -> None:
         """FailedPreconditionError when ``group_id`` is set and differs from the group the open episode's calls
-        carried (an episode belongs to one group: a second one would silently move it)."""
+        carried (an episode belongs to one group: a second one would silently move it); its ``param`` is
+        ``group_id``."""
         ep = self._open.get(episode_id)
         if group_id and ep is not None and ep.group_id and group_id != ep.group_id:
-            raise FailedPreconditionError(
+            err = FailedPreconditionError(
                 f"{what} names group {group_id!r} but the calls of episode {episode_id!r} were made under group "
                 f"{ep.group_id!r}; an episode belongs to one group: send the same group id (or none)"
             )
+            err.param = "group_id"  # type: ignore[attr-defined]  # the argument at fault (an adapter's field)
+            raise err
 
     def check_can_record(self, episode_id: str, agent: str, n: int = 1) -> None:
         """Raise if ``n`` more calls of ``agent`` in the episode would break a limit (changes nothing).

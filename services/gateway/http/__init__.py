@@ -22,7 +22,8 @@ it as ``x-api-key``, the header Anthropic's clients send):
 **Episode context.** A call is recorded for training when it names an episode: with the header
 ``X-Marti-Episode`` (and optionally ``X-Marti-Group``), or through the same inference routes under
 ``/episodes/{episode_id}/v1/...`` and ``/episodes/{episode_id}/groups/{group_id}/v1/...``, so unchanged client
-code can carry the ids in its ``base_url``. A header and a path that name different episodes are refused. Header
+code can carry the ids in its ``base_url``. A header and a path that name different episodes are refused, and so is
+``X-Marti-Group`` without an episode (a group is a set of episodes; the call would train nothing). Header
 values (``X-Marti-Episode``, ``X-Marti-Group``, ``Idempotency-Key``) must be printable ASCII, and path ids valid
 UTF-8 once percent-decoded; anything else is refused with 400 naming the header or the path parameter, so no id
 is ever garbled (Latin-1) or merged with another (U+FFFD).

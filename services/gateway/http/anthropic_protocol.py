@@ -16,6 +16,7 @@ from pydantic import Field, StrictBool, StrictInt, field_validator
 from services.gateway.http.chat_service import ChatCall
 from services.gateway.http.errors import request_error
 from services.gateway.http.protocol import SampledRequest, _Body, _Float, _Str, checked_text
+from services.gateway.http.tool_shapes import wrong_shape
 
 #: ``tool_choice`` types of Anthropic's API -> the chat service's choice (``tool``: ``{"name": NAME}``).
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -265,12 +266,16 @@ def _tool_result(block: dict[str, Any], where: str, calls: dict[str, str]) -> di
 
 # ---------------------------------------------------------------------------------------------- tools
 def _tools(tools: list[Any]) -> list[dict[str, Any]]:
-    """Anthropic's client tools (``name``, ``description``, ``input_schema``) as chat function tools."""
+    """Anthropic's client tools (``name``, ``description``, ``input_schema``) as chat function tools; a tool in
+    another API's shape is refused naming ``tools[i]`` and showing this one's."""
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise request_error(f"{where} must be a tool object", where)
+        hint = wrong_shape(tool, "messages")
+        if hint:
+            raise request_error(f"{where}: {hint}", where)
         kind = tool.get("type")
         if kind not in (None, "custom"):
             raise request_error(
@@ -294,6 +299,9 @@ def _tool_choice(choice: Any, has_tools: bool) -> tuple[str | dict[str, str], bo
     if choice is None:
         return "auto", True
     kind = choice.get("type") if isinstance(choice, dict) else None
+    hint = wrong_shape(choice, "messages", choice=True)
+    if hint:
+        raise request_error(f"tool_choice: {hint}", "tool_choice")
     if kind not in (*TOOL_CHOICES, "tool"):
         raise request_error(
             f"tool_choice must be an object whose type is one of {[*TOOL_CHOICES, 'tool']}, got {choice!r}",

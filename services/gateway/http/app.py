@@ -24,7 +24,8 @@ from services.gateway.http.routes import add_routes
 __all__ = ["build_app", "install_error_handlers"]
 
 #: Request fields an error message may name (``param``; see :func:`~services.gateway.http.errors.named_param`):
-#: body fields, path ids and the episode headers; ``n`` and ``failed`` are left out, as words of ordinary text.
+#: body fields, path ids and the episode headers; ``n`` and ``failed`` are left out, as words of ordinary text, and
+#: ``function_call`` (chat's refused legacy field, which names itself), as the Responses API's item type.
 _FIELDS = tuple(
     name
     for name in dict.fromkeys(
@@ -43,7 +44,7 @@ _FIELDS = tuple(
             *("episode_id", "group_id", "idempotency_key", EPISODE_HEADER, GROUP_HEADER, IDEMPOTENCY_HEADER),
         ]
     )
-    if name not in ("n", "failed")
+    if name not in ("n", "failed", "function_call")
 )
 
 

@@ -160,6 +160,8 @@ async def serve_chat(gateway: Gateway, request: Request, call: ChatCall) -> Chat
         DEFAULT_CHAT_MAX_TOKENS,
         call.messages_param,
         (parser.call_end,) if parse and not call.parallel_tool_calls and parser.call_end else (),
+        "(the tool parser's end-of-call string) because the request allows one tool call at most "
+        "(parallel_tool_calls false; disable_parallel_tool_use on /v1/messages): generation stops after it",
     )
     served = await serve_prompt(gateway, request, call.body, render, size)
     one = not call.parallel_tool_calls

@@ -68,7 +68,12 @@ def check_path(request: Request) -> None:
 def episode_context(request: Request) -> tuple[str, str]:
     """(episode id, group id) of a call, from the path prefix or the headers; empty = untraced. Their length and
     characters are checked by the gateway core (its error names the field); the path must be valid UTF-8 and the
-    headers printable ASCII (:func:`check_path`, :func:`read_header`)."""
+    headers printable ASCII (:func:`check_path`, :func:`read_header`).
+
+    Raises:
+        InvalidArgumentError: A bad path segment or header (as those functions), the path and a header naming
+            different ids, or a group (``X-Marti-Group``) without an episode (naming the field).
+    """
     check_path(request)
     out = []
     for key, header in (("episode_id", EPISODE_HEADER), ("group_id", GROUP_HEADER)):
@@ -76,4 +81,11 @@ def episode_context(request: Request) -> tuple[str, str]:
         if path and head and path != head:
             raise request_error(f"the path names {key} {path!r} but header {header} names {head!r}", key)
         out.append(path or head)
+    if out[1] and not out[0]:  # only a header can name a group without an episode (the path nests them)
+        raise request_error(
+            f"header {GROUP_HEADER} names group {out[1]!r} but the call names no episode: a group is a set of "
+            f"episodes, so send {EPISODE_HEADER} too (or use the base URL /episodes/{{episode_id}}/groups/"
+            "{group_id}/v1); without an episode the call would be served but not recorded for training",
+            GROUP_HEADER,
+        )
     return out[0], out[1]

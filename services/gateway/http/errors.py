@@ -58,6 +58,7 @@ import re
 import uuid
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -242,7 +243,9 @@ def validation_response(
 ) -> JSONResponse:
     """400 for a request FastAPI could not parse or validate, naming the first bad field and its value (every
     unknown key at once, when the body forbids them; ``fields`` give the did-you-mean hints); Anthropic's shape
-    when ``path``, the request's path, is the Anthropic Messages route."""
+    when ``path``, the request's path, is the Anthropic Messages route. A validator that raises a
+    ``PydanticCustomError`` whose context has ``param_suffix`` names a part of its field (``messages[0].content``
+    + ``[1].text``)."""
     errors = list(exc.errors())
     if not errors:
         return error_response(
@@ -259,6 +262,9 @@ def validation_response(
         msg = f"the request body is not valid JSON: {reason}{where}"
         return error_response(400, msg, "invalid_request_error", None, "invalid_argument", path=path)
     param = _param(loc)
+    suffix = (err.get("ctx") or {}).get("param_suffix")  # a validator naming a part of its field: "[1].text"
+    if param and isinstance(suffix, str):
+        param += suffix
     text = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind == "missing":
         msg = f"{param} is required" if param else "the request body is required (a JSON object)"
@@ -290,12 +296,34 @@ def _no_route(request: Request, status: int) -> str:
     )
 
 
+#: An id segment of a path (``/episodes/ID``, ``/groups/ID``, ``/v1/episodes/ID/reward``) holding an encoded ``/``.
+_SLASH_ID = re.compile(r"/(episodes|groups)/([^/]*%2[fF][^/]*)(?:/|$)")
+
+
+def _slash_in_id(request: Request) -> JSONResponse | None:
+    """The 400 for a path whose episode or group id holds a percent-encoded ``/`` (the server decodes it, so the
+    path matches no route), naming the id; None for any other path."""
+    raw = request.scope.get("raw_path")
+    m = _SLASH_ID.search(raw.decode("latin-1")) if isinstance(raw, bytes) else None
+    if m is None:
+        return None
+    param = "episode_id" if m.group(1) == "episodes" else "group_id"
+    msg = (
+        f"{param} {unquote(m.group(2))!r} contains '/', which ids may not contain (even percent-encoded as %2F: "
+        "it would split the path)"
+    )
+    return error_response(400, msg, "invalid_request_error", param, "invalid_argument", path=request.url.path)
+
+
 def http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """The answer to an HTTP error Starlette raised itself (OpenAI's shape, or Anthropic's on the Messages route);
     a route that does not exist (404) or a method it does not take (405) gets a message listing the routes that
-    exist."""
+    exist, unless its path has an episode or group id holding a percent-encoded ``/`` (400 naming the id)."""
     type_, code = _HTTP_TYPES.get(exc.status_code, ("invalid_request_error", None))
     detail = str(exc.detail)
     if exc.status_code in (404, 405) and detail in ("Not Found", "Method Not Allowed"):  # no such route
+        bad_id = _slash_in_id(request)
+        if bad_id is not None:
+            return bad_id
         detail = _no_route(request, exc.status_code)
     return error_response(exc.status_code, detail, type_, None, code, path=request.scope["path"])

@@ -13,10 +13,16 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 
-from marti.errors import CancelledError, InvalidArgumentError
+from marti.errors import CancelledError, InvalidArgumentError, MartiError
 from marti.inference import SamplingParams
 from services.gateway.core.gateway import Gateway, Served
-from services.gateway.http.context import IDEMPOTENCY_HEADER, episode_context, read_header
+from services.gateway.http.context import (
+    EPISODE_HEADER,
+    GROUP_HEADER,
+    IDEMPOTENCY_HEADER,
+    episode_context,
+    read_header,
+)
 from services.gateway.http.errors import request_error
 from services.gateway.http.protocol import SampledRequest
 
@@ -34,6 +40,8 @@ class Sizing:
         default: ``max_tokens`` when absent, or the room the model's context has left when that is less.
         prompt_param: The field that carries the prompt, named in errors about it (``messages``, ``prompt``).
         extra_stop: Stop strings the route adds to the request's own (one tool call at most: the call's end).
+        extra_stop_why: Why the route adds them, said in the error when they take the stop strings over
+            ``gateway.max_stop``.
     """
 
     max_tokens: int | None
@@ -41,6 +49,7 @@ class Sizing:
     default: int
     prompt_param: str
     extra_stop: tuple[str, ...] = ()
+    extra_stop_why: str = ""
 
 
 def _core_param(message: str, prompt_param: str, max_tokens_param: str) -> str | None:
@@ -62,10 +71,21 @@ def _core_param(message: str, prompt_param: str, max_tokens_param: str) -> str |
     return None
 
 
-def _name_param(exc: InvalidArgumentError, prompt_param: str, max_tokens_param: str) -> None:
-    """Set ``exc.param`` (the OpenAI field) on a core error that has none, when its message names one."""
-    if getattr(exc, "param", None) is None:
-        exc.param = _core_param(exc.message, prompt_param, max_tokens_param)  # type: ignore[attr-defined]
+#: The gateway core's id arguments -> the header that carries each (when the path does not).
+_ID_HEADERS = {"episode_id": EPISODE_HEADER, "group_id": GROUP_HEADER, "idempotency_key": IDEMPOTENCY_HEADER}
+
+
+def _name_param(exc: MartiError, request: Request, prompt_param: str, max_tokens_param: str) -> None:
+    """Set ``exc.param`` (the request field) on a core error: read from its message when it has none (400s);
+    an id argument of the core (``episode_id``, ``group_id``, ``idempotency_key``) becomes the header that
+    carried it when the path did not (``X-Marti-Group``, ``Idempotency-Key``)."""
+    param = getattr(exc, "param", None)
+    if param is None and isinstance(exc, InvalidArgumentError):
+        param = _core_param(exc.message, prompt_param, max_tokens_param)
+    if param in _ID_HEADERS and not request.path_params.get(param):
+        param = _ID_HEADERS[param]
+    if param is not None:
+        exc.param = param  # type: ignore[attr-defined]
 
 
 async def serve_prompt(
@@ -104,10 +124,31 @@ async def serve_prompt(
         extra = tuple(s for s in size.extra_stop if s not in sampling.stop)
         if extra:
             sampling = dataclasses.replace(sampling, stop=tuple(sampling.stop) + extra)
-        return await _generate(gateway, request, body, ids, sampling, episode_id, group_id)
-    except InvalidArgumentError as exc:
-        _name_param(exc, size.prompt_param, size.param)
+        try:
+            return await _generate(gateway, request, body, ids, sampling, episode_id, group_id)
+        except InvalidArgumentError as exc:
+            added = _added_stops(exc, gateway, extra, size.extra_stop_why)
+            if added is None:
+                raise
+            raise added from exc
+    except MartiError as exc:
+        _name_param(exc, request, size.prompt_param, size.param)
         raise
+
+
+def _added_stops(
+    exc: InvalidArgumentError, gateway: Gateway, extra: tuple[str, ...], why: str
+) -> InvalidArgumentError | None:
+    """None, or when the stop strings the route added (``extra``) took the request over ``gateway.max_stop``,
+    a 400 naming ``stop`` that says the gateway added them, why, and how many the request may send."""
+    if not extra or "(gateway.max_stop)" not in exc.message:
+        return None
+    room = gateway.limits.max_stop - len(extra)
+    return request_error(
+        f"{exc.message}, counting {list(extra)}, which the gateway added {why}; send at most {room} stop strings "
+        "with this request",
+        "stop",
+    )
 
 
 async def _generate(

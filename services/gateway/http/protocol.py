@@ -20,13 +20,16 @@ from pydantic import (
     StrictStr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from marti.errors import InvalidArgumentError
 from marti.inference import SamplingParams
 from services.gateway.convert import CHAT_ROLES
 from services.gateway.core.gateway import ModelCard, Served
 from services.gateway.http.errors import request_error
+from services.gateway.http.tool_shapes import wrong_shape
 
 #: Chat ``max_tokens`` when absent: this many, or fewer when the model's context has less room left.
 DEFAULT_CHAT_MAX_TOKENS = 512
@@ -146,10 +149,40 @@ class FunctionSpec(_Body):
 
 
 class ToolSpec(_Body):
-    """One entry of ``tools``: only function tools."""
+    """One entry of ``tools``: only function tools; a tool in another API's shape (the Responses API's flat one,
+    Anthropic's) is refused with this one shown."""
 
     type: Literal["function"]
     function: FunctionSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape(cls, v: Any) -> Any:
+        hint = wrong_shape(v, "chat")
+        if hint:
+            raise ValueError(hint)
+        return v
+
+
+def _part_text(part: Any, j: int) -> str:
+    """The text of content part ``j``; a PydanticCustomError naming the part's field (its ``param_suffix``,
+    ``[j].type`` or ``[j].text``) when it is not ``{"type": "text", "text": str}``."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind != "text":
+        raise PydanticCustomError(
+            "content_part",
+            f"content part {j} has type {kind!r}; only {{'type': 'text', 'text': str}} parts are supported",
+            {"param_suffix": f"[{j}].type"},
+        )
+    text = part.get("text")
+    if not isinstance(text, str):
+        got = "has no text" if text is None else f"has text {text!r}, a {type(text).__name__}"
+        raise PydanticCustomError(
+            "content_part",
+            f"content part {j} {got}: a text part's text must be a string ({{'type': 'text', 'text': str}})",
+            {"param_suffix": f"[{j}].text"},
+        )
+    return text
 
 
 class ChatMessage(_Body):
@@ -187,12 +220,7 @@ class ChatMessage(_Body):
             raise ValueError("content must be a string or a list of content parts")
         texts = []
         for j, part in enumerate(v):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(
-                    f"content part {j} has type {kind!r}; only {{'type': 'text', 'text': str}} parts are supported"
-                )
-            texts.append(_utf8(part["text"]))
+            texts.append(_utf8(_part_text(part, j)))
         return "\n".join(texts)
 
 
@@ -208,6 +236,30 @@ class ChatCompletionRequest(SampledRequest):
     tools: list[ToolSpec] | None = None
     tool_choice: Any = Field(default=None, validate_default=True)
     parallel_tool_calls: StrictBool | None = True
+    functions: Any = None
+    function_call: Any = None
+
+    @field_validator("functions")
+    @classmethod
+    def _functions(cls, v: Any) -> None:
+        """OpenAI's deprecated ``functions`` are refused (the model would never see them): use ``tools``."""
+        if v in (None, []):
+            return None
+        raise ValueError(
+            "the deprecated functions field is not supported (the model would not see them): send each function "
+            "as a tool, tools=[{'type': 'function', 'function': {...}}]"
+        )
+
+    @field_validator("function_call")
+    @classmethod
+    def _function_call(cls, v: Any) -> None:
+        """OpenAI's deprecated ``function_call``: only ``"none"`` / ``"auto"`` (what happens without it) pass."""
+        if v in (None, "none", "auto"):
+            return None
+        raise ValueError(
+            "the deprecated function_call field is not supported: use tool_choice ('required', or "
+            "{'type': 'function', 'function': {'name': NAME}}) with tools"
+        )
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -221,6 +273,9 @@ class ChatCompletionRequest(SampledRequest):
         fn = v.get("function") if isinstance(v, dict) and v.get("type") == "function" else None
         if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
             return {"name": _utf8(fn["name"])}
+        hint = wrong_shape(v, "chat", choice=True)
+        if hint:
+            raise ValueError(hint)
         raise ValueError(
             "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': NAME}}"
         )
@@ -246,6 +301,29 @@ class CompletionRequest(SampledRequest):
     max_tokens: StrictInt | None = None
     logprobs: StrictInt | None = None
     echo: StrictBool | None = False
+    suffix: Any = None
+    best_of: Any = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: Any) -> None:
+        """``suffix`` (text after the completion: fill-in-the-middle) is refused unless empty."""
+        if v in (None, ""):
+            return None
+        raise ValueError(
+            "suffix is not supported: the gateway only continues the prompt (no fill-in-the-middle); leave it out"
+        )
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: Any) -> None:
+        """``best_of`` above 1 is refused (the gateway never picks among samples): use ``n``."""
+        if v is None or (v == 1 and not isinstance(v, bool)):
+            return None
+        raise ValueError(
+            "only best_of 1 is supported: the gateway never picks the best of several samples; ask for n "
+            "choices and pick among them yourself (each one is a recorded call)"
+        )
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from services.gateway.core.tools import unmatched_tool_result
 from services.gateway.http.chat_service import ChatCall
 from services.gateway.http.errors import request_error
 from services.gateway.http.protocol import SampledRequest, _Body, _Float, _Str, checked_text
+from services.gateway.http.tool_shapes import wrong_shape
 
 #: Content part types whose text a message item may carry (``refusal`` parts carry theirs in ``refusal``).
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -236,13 +237,18 @@ def input_messages(items: Any, previous: ChatMessages = ()) -> ChatMessages:
     calls a ``function_call_output`` may answer.
 
     Raises:
-        InvalidArgumentError: ``input`` is neither a string nor a non-empty list of items, a malformed item or
+        InvalidArgumentError: ``input`` is absent, or neither a non-empty string nor a non-empty list of items, a malformed item or
             part, or a ``function_call_output`` whose ``call_id`` matches no earlier call (naming the field).
     """
-    if isinstance(items, str):
+    if isinstance(items, str) and items:
         return [{"role": "user", "content": checked_text(items, "input")}]
     if not isinstance(items, list) or not items:
-        raise request_error("input must be a string or a non-empty list of input items", "input")
+        got = "is required" if items is None else f"is {items!r}"
+        raise request_error(
+            f"input {got}: it must be a non-empty string or a non-empty list of input items (the conversation "
+            "the model answers; nothing is generated from an empty one)",
+            "input",
+        )
     out: ChatMessages = []
     origin: dict[int, int] = {}  # index in out of a tool message -> index of its item
     turn: dict[str, Any] | None = None  # the assistant message function_call items join
@@ -294,12 +300,16 @@ def function_tools(tools: list[Any]) -> list[dict[str, Any]]:
     "strict"}``) as chat function tools; ``strict`` is accepted (the arguments are not constrained to the schema).
 
     Raises:
-        InvalidArgumentError: A tool that is not a function tool (hosted tools: web search, file search, ...), or
-            whose name, description or parameters are malformed (naming ``tools[i]`` and the field).
+        InvalidArgumentError: A tool in another API's shape (naming ``tools[i]`` and showing the flat shape), a
+            tool that is not a function tool (hosted tools: web search, file search, ...), or whose name,
+            description or parameters are malformed (naming ``tools[i]`` and the field).
     """
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
+        hint = wrong_shape(tool, "responses")
+        if hint:
+            raise request_error(f"{where}: {hint}", where)
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
             raise request_error(
@@ -323,12 +333,16 @@ def tool_choice(choice: Any) -> str | dict[str, str]:
     ``{"type": "function", "name": NAME}`` as ``{"name": NAME}``.
 
     Raises:
-        InvalidArgumentError: Any other value (hosted tool choices, ``allowed_tools``), naming ``tool_choice``.
+        InvalidArgumentError: Any other value (hosted tool choices, ``allowed_tools``, another API's shape: the
+            message shows this one's), naming ``tool_choice``.
     """
     if choice is None:
         return "auto"
     if choice in ("auto", "none", "required"):
         return choice
+    hint = wrong_shape(choice, "responses", choice=True)
+    if hint:
+        raise request_error(f"tool_choice: {hint}", "tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"name": checked_text(choice.get("name"), "tool_choice.name")}
     raise request_error(

@@ -189,3 +189,212 @@ def test_response_format_other_than_text_is_refused(gw):
         model="a", messages=MSG, max_tokens=1, response_format={"type": "text"}
     )
     assert ok.choices[0].message.content == "t"
+
+
+def _headers(**extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}", **extra}
+
+
+def _error(r: httpx.Response) -> dict:
+    body = r.json()
+    return body["error"]
+
+
+def test_a_group_conflict_names_where_the_group_came_from(gw):
+    root, _, _ = gw
+    _play(root, "gc-body", "g1")
+    r = _post(f"{root}/v1/episodes/gc-body/reward", {"rewards": {"a": 1.0}, "group_id": "other"})
+    assert r.status_code == 409 and _error(r)["param"] == "group_id", r.text
+    client = _client(f"{root}/v1")
+    client.chat.completions.create(
+        model="a",
+        messages=MSG,
+        max_tokens=1,
+        extra_headers={"X-Marti-Episode": "gc-head", "X-Marti-Group": "gA"},
+    )
+    with pytest.raises(openai.ConflictError) as e:
+        client.chat.completions.create(
+            model="a",
+            messages=MSG,
+            max_tokens=1,
+            extra_headers={"X-Marti-Episode": "gc-head", "X-Marti-Group": "gB"},
+        )
+    assert e.value.body["param"] == "X-Marti-Group", e.value.body
+    _play(root, "gc-path", "gA")
+    with pytest.raises(openai.ConflictError) as e:
+        _play(root, "gc-path", "gB")
+    assert e.value.body["param"] == "group_id", e.value.body
+    for ep, group in (("gc-body", "g1"), ("gc-head", "gA"), ("gc-path", "gA")):
+        assert (
+            _post(f"{root}/v1/episodes/{ep}/reward", {"rewards": {"a": 1.0}, "group_id": group}).status_code
+            == 200
+        )
+
+
+def test_an_idempotency_key_reused_for_another_request_names_the_key(gw):
+    root, _, _ = gw
+    client = _client(f"{root}/v1")
+    headers = {"X-Marti-Episode": "idem", "Idempotency-Key": "k1"}
+    for _ in range(2):
+        client.chat.completions.create(model="a", messages=MSG, max_tokens=1, extra_headers=headers)
+    with pytest.raises(openai.ConflictError) as e:
+        client.chat.completions.create(model="a", messages=MSG, max_tokens=2, extra_headers=headers)
+    assert e.value.body["param"] == "Idempotency-Key", e.value.body
+    assert _post(f"{root}/v1/episodes/idem/reward", {"rewards": {"a": 1.0}}).status_code == 200
+
+
+#: One request per inference route (the Anthropic route takes the same Bearer token).
+ROUTES = {
+    "/v1/chat/completions": {"model": "a", "messages": MSG, "max_tokens": 1},
+    "/v1/completions": {"model": "a", "prompt": "hi", "max_tokens": 1},
+    "/v1/responses": {"model": "a", "input": "hi", "max_output_tokens": 1},
+    "/v1/messages": {"model": "a", "messages": MSG, "max_tokens": 1},
+}
+
+
+def test_a_group_without_an_episode_is_refused_on_every_route(gw):
+    root, _, _ = gw
+    for route, body in ROUTES.items():
+        r = httpx.post(
+            f"{root}{route}", json=body, headers=_headers(**{"X-Marti-Group": "lonely"}), timeout=30
+        )
+        err = _error(r)
+        assert r.status_code == 400 and err["param"] == "X-Marti-Group", (route, r.text)
+        assert "X-Marti-Episode" in err["message"]
+        ok = httpx.post(f"{root}{route}", json=body, headers=_headers(), timeout=30)
+        assert ok.status_code == 200, (route, ok.text)
+
+
+def test_openai_fields_that_would_change_the_answer_are_refused_naming_them(gw):
+    root, _, _ = gw
+    client = _client(f"{root}/v1")
+    fn = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+    for extra, param, hint in (
+        ({"functions": [fn]}, "functions", "tools"),
+        ({"function_call": {"name": "f"}}, "function_call", "tool_choice"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="a", messages=MSG, max_tokens=1, extra_body=extra)
+        assert e.value.body["param"] == param and hint in e.value.body["message"], e.value.body
+    for extra, param, hint in (
+        ({"suffix": "end"}, "suffix", "fill-in-the-middle"),
+        ({"best_of": 2}, "best_of", "n"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="a", prompt="hi", max_tokens=1, extra_body=extra)
+        assert e.value.body["param"] == param and hint in e.value.body["message"], e.value.body
+    harmless = client.chat.completions.create(
+        model="a", messages=MSG, max_tokens=1, extra_body={"function_call": "auto", "user": "u"}
+    )
+    assert harmless.choices[0].message.content == "t"
+    assert (
+        client.completions.create(model="a", prompt="hi", max_tokens=1, best_of=1, suffix="").choices[0].text
+        == "t"
+    )
+
+
+def test_a_text_part_without_string_text_names_the_part(gw):
+    root, _, _ = gw
+    client = _client(f"{root}/v1")
+    for part, said in (({"type": "text"}, "has no text"), ({"type": "text", "text": 5}, "has text 5, a int")):
+        content = [{"type": "text", "text": "a"}, part]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model="a", messages=[{"role": "user", "content": content}], max_tokens=1
+            )
+        assert e.value.body["param"] == "messages[0].content[1].text" and said in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="a", messages=[{"role": "user", "content": [{"type": "image_url"}]}], max_tokens=1
+        )
+    assert e.value.body["param"] == "messages[0].content[0].type", e.value.body
+
+
+def test_an_encoded_slash_in_a_path_id_is_refused_naming_the_id(gw):
+    root, _, _ = gw
+    body = ROUTES["/v1/chat/completions"]
+    for path, param in (
+        ("/episodes/a%2Fb/v1/chat/completions", "episode_id"),
+        ("/episodes/ok/groups/g%2f1/v1/chat/completions", "group_id"),
+        ("/v1/episodes/a%2Fb/reward", "episode_id"),
+    ):
+        r = httpx.post(f"{root}{path}", json=body, headers=_headers(), timeout=30)
+        err = _error(r)
+        assert r.status_code == 400 and err["param"] == param and "'/'" in err["message"], (path, r.text)
+
+
+def test_a_responses_call_without_input_is_refused_and_records_nothing(gw):
+    root, _, _ = gw
+    body = {"model": "a", "max_output_tokens": 1}
+    for extra in ({}, {"inputs": "hi"}, {"input": ""}, {"input": []}):
+        r = httpx.post(
+            f"{root}/v1/responses", json=body | extra, headers=_headers(**{"X-Marti-Episode": "noin"})
+        )
+        assert r.status_code == 400 and _error(r)["param"] == "input", (extra, r.text)
+    gone = _post(f"{root}/v1/episodes/noin/reward", {"rewards": {"a": 1.0}})
+    assert gone.status_code == 404, gone.text
+
+
+def test_a_tool_in_another_apis_shape_is_refused_showing_the_routes_shape(gw):
+    root, _, _ = gw
+    params = {"type": "object", "properties": {}}
+    chat_tool = {"type": "function", "function": {"name": "f", "parameters": params}}
+    flat_tool = {"type": "function", "name": "f", "parameters": params}
+    claude_tool = {"name": "f", "input_schema": params}
+    cases = [  # route, body, param, what the message shows
+        (
+            "/v1/responses",
+            {"input": "hi", "tools": [chat_tool]},
+            "tools[0]",
+            '{"type": "function", "name": ...',
+        ),
+        (
+            "/v1/responses",
+            {"input": "hi", "tools": [claude_tool]},
+            "tools[0]",
+            '{"type": "function", "name": ...',
+        ),
+        (
+            "/v1/responses",
+            {
+                "input": "hi",
+                "tools": [flat_tool],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tool_choice",
+            '{"type": "function", "name": ...}',
+        ),
+        ("/v1/messages", {"messages": MSG, "tools": [chat_tool]}, "tools[0]", '"input_schema": {...}'),
+        ("/v1/messages", {"messages": MSG, "tools": [flat_tool]}, "tools[0]", '"input_schema": {...}'),
+        (
+            "/v1/messages",
+            {"messages": MSG, "tools": [claude_tool], "tool_choice": {"type": "function", "name": "f"}},
+            "tool_choice",
+            '{"type": "tool", "name": ...}',
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": MSG, "tools": [flat_tool]},
+            "tools[0]",
+            '"function": {"name": ...',
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": MSG, "tools": [claude_tool]},
+            "tools[0]",
+            '"function": {"name": ...',
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": MSG, "tools": [chat_tool], "tool_choice": {"type": "function", "name": "f"}},
+            "tool_choice",
+            '{"type": "function", "function": {"name": ...}}',
+        ),
+    ]
+    for route, body, param, shape in cases:
+        r = httpx.post(
+            f"{root}{route}", json={"model": "a", "max_tokens": 1, **body}, headers=_headers(), timeout=30
+        )
+        err = _error(r)
+        assert r.status_code == 400 and err["param"] == param, (route, body, r.text)
+        assert shape in err["message"] and "looks like" in err["message"], (route, err["message"])

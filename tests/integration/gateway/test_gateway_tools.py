@@ -333,3 +333,21 @@ def test_a_retry_answered_from_its_idempotency_key_has_the_same_tool_call_ids(gw
     first = ids(extra_headers=headers)
     assert ids(extra_headers=headers) == first and len(set(first)) == 2
     assert ids() != first  # another call: other ids
+
+
+def test_stop_strings_over_the_limit_with_the_added_end_of_call_say_the_gateway_added_it(gw):
+    client, backend, _ = gw
+    backend.reply = "ok"
+    limit = GatewayLimits().max_stop
+    stops = [f"s{i}" for i in range(limit)]
+    err = _bad(client, messages=ASK, tools=[WEATHER], parallel_tool_calls=False, stop=stops)
+    assert err["param"] == "stop" and "'</tool_call>'" in err["message"], err
+    assert (
+        "parallel_tool_calls false" in err["message"]
+        and f"at most {limit - 1} stop strings" in err["message"]
+    )
+    r = client.chat.completions.create(
+        model="a", messages=ASK, tools=[WEATHER], parallel_tool_calls=False, stop=stops[:-1], max_tokens=5
+    )
+    assert r.choices[0].message.content == "ok"
+    assert "gateway added" not in _bad(client, messages=ASK, stop=[*stops, "x"])["message"]
