@@ -323,18 +323,6 @@ def test_an_encoded_slash_in_a_path_id_is_refused_naming_the_id(gw):
         assert r.status_code == 400 and err["param"] == param and "'/'" in err["message"], (path, r.text)
 
 
-def test_a_responses_call_without_input_is_refused_and_records_nothing(gw):
-    root, _, _ = gw
-    body = {"model": "a", "max_output_tokens": 1}
-    for extra in ({}, {"inputs": "hi"}, {"input": ""}, {"input": []}):
-        r = httpx.post(
-            f"{root}/v1/responses", json=body | extra, headers=_headers(**{"X-Marti-Episode": "noin"})
-        )
-        assert r.status_code == 400 and _error(r)["param"] == "input", (extra, r.text)
-    gone = _post(f"{root}/v1/episodes/noin/reward", {"rewards": {"a": 1.0}})
-    assert gone.status_code == 404, gone.text
-
-
 def test_a_tool_in_another_apis_shape_is_refused_showing_the_routes_shape(gw):
     root, _, _ = gw
     params = {"type": "object", "properties": {}}

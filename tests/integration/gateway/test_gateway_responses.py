@@ -282,6 +282,24 @@ def test_bad_requests_name_the_field(gateway):
         client.responses.create(model="nobody", input="hi")
 
 
+def test_a_call_without_input_is_refused_and_records_nothing(gateway):
+    root, sink = gateway
+    head = {"Authorization": f"Bearer {TOKEN}", "X-Marti-Episode": "no-input"}
+    for extra in ({}, {"inputs": "hi"}, {"input": ""}, {"input": []}):  # absent, a typo, empty
+        body = {"model": "a", "max_output_tokens": 4, **extra}
+        r = httpx.post(f"{root}/v1/responses", json=body, headers=head, timeout=30)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "input" and "non-empty" in err["message"], (
+            extra,
+            r.text,
+        )
+    before = len(sink)
+    gone = httpx.post(
+        f"{root}/v1/episodes/no-input/reward", json={"rewards": {"a": 1.0}}, headers=head, timeout=30
+    )
+    assert gone.status_code == 404 and len(sink) == before, gone.text  # nothing was recorded
+
+
 def test_the_agents_sdk_runs_a_function_tool_through_the_gateway(gateway):
     """An Agents SDK agent with a function tool, its default model (the Responses API), run plainly and streamed,
     each run one traced episode of one sample."""
