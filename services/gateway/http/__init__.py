@@ -66,15 +66,18 @@ still arrive as plain HTTP errors before any event is sent.
 
 **Limits.** A request body larger than ``gateway.max_request_bytes`` is refused with 413 (by its
 ``Content-Length``, or once that many bytes arrived). Episode and group ids longer than ``gateway.max_id_chars``
-characters, or containing ``/`` (the gateway's rule), are refused with 400, on the inference routes and the reward
-route alike. Strings of the request (messages, prompt, stop strings, ids, the model) must be encodable as UTF-8: a
+characters, or containing ``/`` (the gateway's rule; also percent-encoded in a path, ``%2F``), are refused with
+400, on the inference routes and the reward route alike. Strings of the request (messages, prompt, stop strings, ids, the model) must be encodable as UTF-8: a
 lone surrogate escape such as ``"\\ud800"`` is refused with 400 naming the field.
 
 Parameters the engine does not implement (``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``user``,
 ...) are accepted and ignored, as OpenAI clients send them (``tools`` are rendered and the calls parsed:
 docs/gateway.md, "Tools"); ``echo`` is refused, and so is a
 ``response_format`` other than ``{"type": "text"}`` (structured output: the engine cannot constrain its sampling to
-a JSON schema, and an answer that silently ignored it would look like a model error). The reward report's body
+a JSON schema, and an answer that silently ignored it would look like a model error); so are chat's deprecated
+``functions`` and ``function_call`` (use ``tools`` and ``tool_choice``) and completions' ``suffix`` and ``best_of``
+above 1 (use ``n``), each naming what to use. A tool or named ``tool_choice`` in another API's shape is refused
+showing the route's (:mod:`services.gateway.http.tool_shapes`). The reward report's body
 refuses unknown keys (a typo such as ``reward`` or ``groupsize`` would otherwise train with reward 0 or as a group
 of one), naming them.
 
