@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import threading
 import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from marti.errors import (
@@ -32,6 +30,14 @@ from marti.tools import DEFAULT_TOOL_PARSER, ChatReply
 from marti.trajectory import Trajectory
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.batcher import RequestBatcher
+from services.gateway.core.calls import (
+    CallInFlight,
+    DeliveryBatch,
+    ModelCard,
+    Reported,
+    Served,
+    fingerprint,
+)
 from services.gateway.core.chat import ChatPrompts
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.core.loop_lag import LoopLagProbe
@@ -49,90 +55,6 @@ EpisodeSink = Callable[[dict[str, Trajectory]], None]
 CLOSE_DELIVERY_WAIT_S = 10.0
 #: Asks the adapter whether the caller went away (HTTP client disconnected, gRPC call cancelled).
 Disconnected = Callable[[], Awaitable[bool]]
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    """One servable model name.
-
-    Attributes:
-        id: ``agent`` (the current policy) or ``agent@VERSION`` (a resident version).
-        agent: The agent.  version: Its policy version now (for ``agent``) or the pinned one.
-        pinned: True for ``agent@VERSION`` names.
-    """
-
-    id: str
-    agent: str
-    version: int
-    pinned: bool
-
-
-@dataclass
-class Served:
-    """What one request got.
-
-    Attributes:
-        call_ids: One id per generation (per-call rewards name it).
-        generations: ``n`` generations, each with its exact token ids, log-probs and policy version.
-        agent: The agent that served it.
-    """
-
-    call_ids: list[str]
-    generations: list[Generation]
-    agent: str
-
-
-@dataclass
-class Reported(Released):
-    """What a report released and dropped, and how many of its released episodes were not inserted yet.
-
-    Attributes:
-        queued: Released episodes of this report still waiting to be inserted into training when the report was
-            answered (it waited ``gateway.report_wait_s`` seconds); they are inserted in the background, in
-            order. 0 = every released episode was inserted (or there were none).
-        stale: The released episodes' agents (and the reported episode's, when it is held for its group) whose
-            calls are already past the staleness bound (empty when the gateway knows no bound).
-    """
-
-    queued: int = 0
-    stale: list[StaleCalls] = field(default_factory=list)
-
-
-@dataclass
-class _Batch:
-    """One report's released episodes on their way to the sink; ``left`` counts those not delivered yet,
-    ``inserted`` / ``lost`` (not handed to the sink, or given up, because the gateway closed) / ``failed`` (the
-    sink raised) name the episodes by outcome."""
-
-    episodes: list[dict[str, Trajectory]]
-    left: int = 0
-    inserted: list[str] = field(default_factory=list)
-    lost: list[str] = field(default_factory=list)
-    failed: list[tuple[str, Exception]] = field(default_factory=list)
-
-
-@dataclass
-class _Call:
-    """One traced call in flight: its task, whether its caller went away, and how many retries wait for it."""
-
-    task: asyncio.Future[Served] | None = None
-    caller_gone: bool = False
-    waiters: int = 0
-    fingerprint: tuple = ()
-
-
-def _fingerprint(
-    model: str, prompt: ChatMessages | str | list[int], sampling: SamplingParams, n: int, group_id: str
-) -> tuple:
-    """What a retry under the same idempotency key must repeat: the model name, the prompt (token ids as
-    given, raw text, or the chat messages), ``n``, every sampling parameter and the group id."""
-    if isinstance(prompt, str):
-        canon: object = ("text", prompt)
-    elif prompt and isinstance(prompt[0], dict):
-        canon = ("chat", json.dumps(prompt, sort_keys=True, default=repr))
-    else:
-        canon = ("ids", tuple(int(t) for t in prompt))  # type: ignore[union-attr]
-    return (model, canon, n, repr(sampling), group_id)
 
 
 #: Most token ids of a prompt given as ids that are checked on the event loop (a longer one is checked in a thread).
@@ -207,7 +129,7 @@ class Gateway:
         self.loop_lag = LoopLagProbe()
         self._lag_task: asyncio.Task[None] | None = None
         self._sink_lock = asyncio.Lock()
-        self._replays: dict[tuple[str, str], _Call] = {}  # (episode, idempotency key) -> its call
+        self._replays: dict[tuple[str, str], CallInFlight] = {}  # (episode, idempotency key) -> its call
         self.untraced_calls = 0
         self.unrecorded_disconnected = 0
         self.cancelled_calls = 0
@@ -491,9 +413,9 @@ class Gateway:
             self._check_id(name, value)
         key = (episode_id, idempotency_key)
         if episode_id and idempotency_key:
-            fingerprint = _fingerprint(model, prompt, sampling, n, group_id)
+            request = fingerprint(model, prompt, sampling, n, group_id)
             if key in self._replays:
-                if self._replays[key].fingerprint != fingerprint:
+                if self._replays[key].fingerprint != request:
                     err = FailedPreconditionError(
                         f"idempotency key {idempotency_key!r} of episode {episode_id!r} was already used for a "
                         "different request (model, prompt, n, sampling parameters or group differ); a key can "
@@ -503,7 +425,7 @@ class Gateway:
                     raise err
                 return await self._replay(key)
             # taken before anything is awaited: a duplicate sent at the same moment waits for this call
-            call = _Call(fingerprint=fingerprint)
+            call = CallInFlight(fingerprint=request)
             self._replays[key] = call
             call.task = asyncio.ensure_future(
                 self._keyed(call, key, model, prompt, sampling, n, group_id, disconnected)
@@ -518,7 +440,7 @@ class Gateway:
         # runs as its own task, so a caller that goes away (a cancelled gRPC call) does not stop it: a retry may be
         # waiting for its answer, and otherwise it ends unrecorded.
         self.tracker.begin_call(episode_id, agent, n, group_id)
-        call = _Call()
+        call = CallInFlight()
         call.task = asyncio.ensure_future(
             self._traced(call, key, agent, ids, sampling, version, n, group_id, disconnected)
         )
@@ -562,7 +484,7 @@ class Gateway:
 
     async def _keyed(
         self,
-        call: _Call,
+        call: CallInFlight,
         key: tuple[str, str],
         model: str,
         prompt: ChatMessages | str | list[int],
@@ -582,7 +504,7 @@ class Gateway:
             raise
         return await self._traced(call, key, agent, ids, sampling, version, n, group_id, disconnected)
 
-    async def _await_call(self, call: _Call, *, keyed: bool) -> Served:
+    async def _await_call(self, call: CallInFlight, *, keyed: bool) -> Served:
         """Wait for a traced call's task on behalf of its first caller. When that caller goes away, the call is
         marked so (it is not recorded unless a retry waits for it), and a call without a key, which no retry can
         wait for, is cancelled (dropped if still queued)."""
@@ -599,7 +521,7 @@ class Gateway:
 
     async def _traced(
         self,
-        call: _Call,
+        call: CallInFlight,
         key: tuple[str, str],
         agent: str,
         ids: list[int],
@@ -757,7 +679,7 @@ class Gateway:
             return out
         # a task of its own, kept by the gateway: the episodes already left the tracker, so neither a caller that
         # goes away nor a report answered before the inserts end may lose them
-        batch = _Batch(released.episodes, len(released.episodes))
+        batch = DeliveryBatch(released.episodes, len(released.episodes))
         self._backlog += batch.left
         task = asyncio.ensure_future(self._deliver(batch))
         self._deliveries.add(task)
@@ -811,7 +733,7 @@ class Gateway:
         return out
 
     @staticmethod
-    def _batch_error(batch: _Batch) -> Exception | None:
+    def _batch_error(batch: DeliveryBatch) -> Exception | None:
         """What a report whose inserts all ended must raise: None when each of its episodes was inserted."""
         if not batch.lost and not batch.failed:
             return None
@@ -842,7 +764,7 @@ class Gateway:
             f"not report them again (a retry is refused as already reported){inserted}"
         )
 
-    async def _deliver(self, batch: _Batch) -> Exception | None:
+    async def _deliver(self, batch: DeliveryBatch) -> Exception | None:
         """Insert each episode of ``batch`` into the sink, unless the gateway is closing (then it is counted in
         ``backlog_lost_at_close``); counts ``released`` / ``sink_errors`` and records each episode's outcome in
         ``batch``; returns the first sink error."""
