@@ -9,7 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+#: The agent-framework learning runs (tests/e2e/test_agents_sdk_learns.py, test_langgraph_learns.py) are opt-in:
+#: each takes 4-10 minutes on 2 cores (the suite must stay under 20), and their routers do not learn reliably yet
+#: (issue 32; docs/gateway.md, "Agent frameworks"). ``MARTI_FRAMEWORK_LEARNING=1`` runs them.
+FRAMEWORK_LEARNING = pytest.mark.skipif(
+    os.environ.get("MARTI_FRAMEWORK_LEARNING") != "1",
+    reason="opt-in (MARTI_FRAMEWORK_LEARNING=1): 4-10 min each, and the router does not learn reliably yet",
+)
 
 
 def imported_modules(path: Path) -> set[str]:

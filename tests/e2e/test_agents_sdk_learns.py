@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.e2e.example_runs import ROOT, check_learns, imported_modules
+from tests.e2e.example_runs import FRAMEWORK_LEARNING, ROOT, check_learns, imported_modules
 
 EXAMPLE = ROOT / "examples" / "agents_sdk"
 pytestmark = pytest.mark.slow
@@ -30,6 +30,7 @@ def test_the_agent_code_imports_no_marti_module():
     assert app | shared <= allowed, (app | shared) - allowed
 
 
+@FRAMEWORK_LEARNING
 @pytest.mark.timeout(660)
 def test_run_sh_trains_each_agent_and_its_valid_calls_rise(tmp_path):
     check_learns(
