@@ -9,11 +9,11 @@ it as ``x-api-key``, the header Anthropic's clients send):
 * ``POST /v1/completions``: text completions of a string or of token ids, optionally streamed.
 * ``POST /v1/responses``: OpenAI's Responses API (string or item input, ``function_call`` output items and
   ``function_call_output`` input items, ``previous_response_id`` within an episode), served through the same chat
-  call as chat completions, optionally streamed as the Responses events (:mod:`.responses_protocol`,
-  :mod:`.responses_store`, :mod:`.responses_serving`).
+  call as chat completions, optionally streamed as the Responses events (:mod:`.responses.protocol`,
+  :mod:`.responses.store`, :mod:`.responses.serving`).
 * ``POST /v1/messages``: Anthropic's Messages API (text, ``tool_use`` and ``tool_result`` blocks), served through
   the same chat call as chat completions, optionally streamed as Anthropic's events; its errors have Anthropic's
-  shape (:mod:`.anthropic_protocol`, :mod:`.anthropic_serving`).
+  shape (:mod:`.anthropic.protocol`, :mod:`.anthropic.serving`).
 * ``POST /v1/episodes/{episode_id}/reward``: report an episode's rewards (releases it to training); 202 with
   ``"queued": N`` when its released episodes were not inserted within ``gateway.report_wait_s``, 429 while
   ``gateway.max_backlog_episodes`` wait.
@@ -96,9 +96,9 @@ gRPC adapter may share the loop and the gateway).
 text, piece and bytes, and the log-probability objects), :mod:`.sse` (the server-sent events of a streamed
 answer), :mod:`.serving` (the handlers: tokenize, generate, report), :mod:`.middleware` (authentication, the body
 limit and the catch-all error answer), :mod:`.errors` (exceptions to OpenAI error bodies, or Anthropic's on
-``/v1/messages``), :mod:`.anthropic_protocol` and :mod:`.anthropic_serving` (the Messages API's request, its
-translation into a chat call, and its answer and events), :mod:`.responses_protocol`, :mod:`.responses_store` and
-:mod:`.responses_serving` (the Responses API's request and its translation, the stored responses
+``/v1/messages``), :mod:`.anthropic.protocol` and :mod:`.anthropic.serving` (the Messages API's request, its
+translation into a chat call, and its answer and events), :mod:`.responses.protocol`, :mod:`.responses.store` and
+:mod:`.responses.serving` (the Responses API's request and its translation, the stored responses
 ``previous_response_id`` continues, and its answer and events), :mod:`.routes` (the
 routes) and :mod:`.app` (:func:`~services.gateway.http.app.build_app`, the FastAPI app).
 """

@@ -13,12 +13,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from marti.errors import InvalidArgumentError, MartiError
 from services.gateway.core.gateway import Gateway
-from services.gateway.http.anthropic_protocol import MessagesRequest
+from services.gateway.http.anthropic.protocol import MessagesRequest
 from services.gateway.http.context import EPISODE_HEADER, GROUP_HEADER, IDEMPOTENCY_HEADER
 from services.gateway.http.errors import exception_response, http_error_response, validation_response
 from services.gateway.http.middleware import BearerAuth, BodyLimit, CatchAllMiddleware
 from services.gateway.http.protocol import ChatCompletionRequest, CompletionRequest, RewardRequest
-from services.gateway.http.responses_protocol import ResponsesRequest
+from services.gateway.http.responses.protocol import ResponsesRequest
 from services.gateway.http.routes import add_routes
 
 __all__ = ["build_app", "install_error_handlers"]

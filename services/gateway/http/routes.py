@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from marti.errors import NotFoundError
 from services.gateway.core.gateway import Gateway
-from services.gateway.http import anthropic_serving, responses_serving, serving
-from services.gateway.http.anthropic_protocol import MessagesRequest
+from services.gateway.http import serving
+from services.gateway.http.anthropic import serving as anthropic_serving
+from services.gateway.http.anthropic.protocol import MessagesRequest
 from services.gateway.http.context import check_path
 from services.gateway.http.protocol import (
     ChatCompletionRequest,
@@ -20,8 +21,9 @@ from services.gateway.http.protocol import (
     RewardRequest,
     model_object,
 )
-from services.gateway.http.responses_protocol import ResponsesRequest
-from services.gateway.http.responses_store import ResponseStore
+from services.gateway.http.responses import serving as responses_serving
+from services.gateway.http.responses.protocol import ResponsesRequest
+from services.gateway.http.responses.store import ResponseStore
 
 #: The prefixes a client's ``base_url`` may carry to trace its inference calls.
 TRACED_PREFIXES = ("/episodes/{episode_id}", "/episodes/{episode_id}/groups/{group_id}")

@@ -1,4 +1,4 @@
-"""The Responses API's translation into a chat call (services/gateway/http/responses_protocol.py) and the store of
+"""The Responses API's translation into a chat call (services/gateway/http/responses/protocol.py) and the store of
 responses ``previous_response_id`` continues (responses_store.py)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.tools import ChatReply, ToolCall
 from services.gateway.core.traces import EpisodeTracker
-from services.gateway.http.responses_protocol import ResponsesRequest, chat_call
-from services.gateway.http.responses_serving import output_items, reply_message
-from services.gateway.http.responses_store import ResponseStore, StoredResponse
+from services.gateway.http.responses.protocol import ResponsesRequest, chat_call
+from services.gateway.http.responses.serving import output_items, reply_message
+from services.gateway.http.responses.store import ResponseStore, StoredResponse
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True}
 CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}

@@ -25,8 +25,8 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.http.chat_service import ChatServed, serve_chat
 from services.gateway.http.context import episode_context
 from services.gateway.http.protocol import marti_choice, marti_response
-from services.gateway.http.responses_protocol import ResponsesRequest, chat_call
-from services.gateway.http.responses_store import ResponseStore, StoredResponse, new_response_id
+from services.gateway.http.responses.protocol import ResponsesRequest, chat_call
+from services.gateway.http.responses.store import ResponseStore, StoredResponse, new_response_id
 from services.gateway.http.sse import event_stream
 from services.gateway.http.tokens import all_tokens
 
@@ -40,7 +40,7 @@ async def create_response(
     (``store``, the default) for a later ``previous_response_id`` of the same episode.
 
     Raises:
-        InvalidArgumentError: A bad request, naming the field (:func:`~.responses_protocol.chat_call`,
+        InvalidArgumentError: A bad request, naming the field (:func:`~.protocol.chat_call`,
             :func:`~services.gateway.http.chat_service.serve_chat`); a ``previous_response_id`` of another
             episode.
         NotFoundError: Unknown model, or a ``previous_response_id`` not stored.  CancelledError: The client

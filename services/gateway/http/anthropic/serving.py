@@ -23,7 +23,7 @@ from marti.errors import InvalidArgumentError
 from marti.inference import Generation
 from marti.tools import ChatReply
 from services.gateway.core.gateway import Gateway
-from services.gateway.http.anthropic_protocol import MessagesRequest, chat_call
+from services.gateway.http.anthropic.protocol import MessagesRequest, chat_call
 from services.gateway.http.chat_service import serve_chat
 from services.gateway.http.protocol import marti_choice, marti_response
 from services.gateway.http.sse import event_stream
@@ -41,7 +41,7 @@ async def messages(
     ``call_ids``, ``policy_version``, ``agent``).
 
     Raises:
-        InvalidArgumentError: A bad request, naming the field (:func:`~.anthropic_protocol.chat_call`,
+        InvalidArgumentError: A bad request, naming the field (:func:`~.protocol.chat_call`,
             :func:`~services.gateway.http.chat_service.serve_chat`; the stop strings are ``stop_sequences``).
         NotFoundError: Unknown model.  CancelledError: The client disconnected.
     """
