@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-mib", type=float, default=kit_chunks.DEFAULT_CHUNK_MIB, help="largest chunk")
     parser.add_argument("--extra", action="append", help="project extras to include (default: trainer)")
     parser.add_argument(
-        "--exclude", action="append", help="packages the machine has (default: %s)" % ", ".join(DEFAULT_EXCLUDE)
+        "--exclude", action="append", help=f"packages the machine has (default: {', '.join(DEFAULT_EXCLUDE)})"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the pip commands only")
     args = parser.parse_args(argv)
