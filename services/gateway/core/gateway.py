@@ -17,28 +17,24 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from marti.errors import (
-    AbortedError,
     FailedPreconditionError,
     InvalidArgumentError,
-    MartiError,
     NotFoundError,
-    ResourceExhaustedError,
     UnavailableError,
 )
 from marti.inference import ChatMessages, Generation, SamplingParams, StaleCalls
 from marti.tools import DEFAULT_TOOL_PARSER, ChatReply
-from marti.trajectory import Trajectory
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.batcher import RequestBatcher
 from services.gateway.core.calls import (
     CallInFlight,
-    DeliveryBatch,
     ModelCard,
     Reported,
     Served,
     fingerprint,
 )
 from services.gateway.core.chat import ChatPrompts
+from services.gateway.core.delivery import EpisodeDelivery, EpisodeSink
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.core.loop_lag import LoopLagProbe
 from services.gateway.core.tools import Parsed, ToolParser
@@ -48,11 +44,6 @@ from services.gateway.core.traces import EpisodeTracker, Released
 
 _LOG = logging.getLogger("marti.gateway")
 
-#: Receives each released episode (agent -> trajectory); blocking, called from a worker thread. A sink that may
-#: wait long (an insert into a full table) should stop waiting once :attr:`Gateway.closing` is set.
-EpisodeSink = Callable[[dict[str, Trajectory]], None]
-#: Most seconds :meth:`Gateway.close` waits for the insert in flight before counting the backlog as lost.
-CLOSE_DELIVERY_WAIT_S = 10.0
 #: Asks the adapter whether the caller went away (HTTP client disconnected, gRPC call cancelled).
 Disconnected = Callable[[], Awaitable[bool]]
 
@@ -108,7 +99,7 @@ class Gateway:
         self.backend = backend
         self.max_staleness = dict(max_staleness or {})
         self.limits = limits or GatewayLimits()
-        self.sink = sink
+        self.delivery = EpisodeDelivery(sink, self.limits.max_backlog_episodes, self.limits.report_wait_s)
         self.batcher = RequestBatcher(
             backend.generate,
             max_batch=self.limits.max_batch,
@@ -128,26 +119,25 @@ class Gateway:
         #: The serving loop's lag (started by :meth:`start`; ``loop_lag_ms_*`` in :meth:`stats`).
         self.loop_lag = LoopLagProbe()
         self._lag_task: asyncio.Task[None] | None = None
-        self._sink_lock = asyncio.Lock()
         self._replays: dict[tuple[str, str], CallInFlight] = {}  # (episode, idempotency key) -> its call
         self.untraced_calls = 0
         self.unrecorded_disconnected = 0
         self.cancelled_calls = 0
         self.replayed_calls = 0
-        self.released = 0
-        self.sink_errors = 0
         self.stale_reported = 0
-        #: Set when :meth:`close` begins: queued episodes are no longer handed to the sink, and a sink waiting
-        #: for room should give up (the trainer's sink passes it to ``EpisodeWriter.insert_episode``).
-        self.closing = threading.Event()
-        self._deliveries: set[asyncio.Task[Exception | None]] = set()  # kept: the loop holds tasks weakly
-        self._backlog = 0  # released episodes not yet inserted (or failed)
-        self._abandoned = False  # close gave up waiting: later outcomes are no longer counted
-        self.queued_reports = 0
-        self.backlog_refused = 0
-        self.backlog_lost_at_close = 0
         self.held_lost_at_close = 0
         self.open_lost_at_close = 0
+
+    @property
+    def sink(self) -> EpisodeSink | None:
+        """Where released episodes go (None: only counted)."""
+        return self.delivery.sink
+
+    @property
+    def closing(self) -> threading.Event:
+        """Set when :meth:`close` begins: queued episodes are no longer handed to the sink, and a sink waiting for
+        room should give up (the trainer's sink passes it to ``EpisodeWriter.insert_episode``)."""
+        return self.delivery.closing
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -158,8 +148,8 @@ class Gateway:
     async def close(self) -> None:
         """Stop the sweeper and the batcher (queued requests fail with UNAVAILABLE: shutting down) and end the
         backlog: :attr:`closing` is set, so episodes still waiting for the sink are not inserted; the insert in
-        flight gets up to :data:`CLOSE_DELIVERY_WAIT_S` seconds. Every backlog episode not inserted is counted in
-        ``backlog_lost_at_close`` and logged as lost to training. Finished episodes held for their incomplete
+        flight gets up to :data:`~services.gateway.core.delivery.CLOSE_DELIVERY_WAIT_S` seconds. Every backlog
+        episode not inserted is counted in ``backlog_lost_at_close`` and logged as lost to training. Finished episodes held for their incomplete
         group are counted in ``held_lost_at_close`` and episodes never reported in ``open_lost_at_close`` (both
         logged with a warning when not 0): no report can complete them once the gateway is closing."""
         self.closing.set()
@@ -177,22 +167,7 @@ class Gateway:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._deliveries:
-            _, pending = await asyncio.wait(set(self._deliveries), timeout=CLOSE_DELIVERY_WAIT_S)
-            if pending:  # the sink did not return: its thread ends on its own, its outcome no longer counts
-                self._abandoned = True
-                self.backlog_lost_at_close += self._backlog
-                self._backlog = 0
-                _LOG.error(
-                    "the episode sink did not return within %.0fs of the gateway closing",
-                    CLOSE_DELIVERY_WAIT_S,
-                )
-        if self.backlog_lost_at_close:
-            _LOG.error(
-                "%d released episodes were still waiting to be inserted when the gateway closed: they are lost to "
-                "training (gateway/backlog_lost_at_close)",
-                self.backlog_lost_at_close,
-            )
+        await self.delivery.close()
         await self.batcher.close()
 
     async def _sweep_forever(self) -> None:
@@ -602,18 +577,6 @@ class Gateway:
             )
 
     # ------------------------------------------------------------------------------------------ rewards
-    def _admit(self, episode_id: str, coming: int) -> None:
-        """Refuse a valid report whose ``coming`` released episodes do not fit in the backlog (see :meth:`report`)."""
-        limit = self.limits.max_backlog_episodes
-        if coming and self._backlog and self._backlog + coming > limit:
-            self.backlog_refused += 1
-            raise ResourceExhaustedError(
-                f"{self._backlog} released episodes are waiting to be inserted into training and this report "
-                f"would release {coming} more; the limit (gateway.max_backlog_episodes) is {limit}: the "
-                f"trainer is not consuming them as fast as they are reported; episode {episode_id!r} was not "
-                "changed, report it again later"
-            )
-
     async def report(
         self,
         episode_id: str,
@@ -669,36 +632,11 @@ class Gateway:
             group_id=group_id,
             group_size=group_size,
             failed=failed,
-            admit=(lambda coming: self._admit(episode_id, coming)) if self.sink is not None else None,
+            admit=(lambda coming: self.delivery.admit(episode_id, coming)) if self.sink is not None else None,
         )
         out = Reported(released.episodes, released.dropped, stale=self._stale(episode_id, own, released))
-        if not released.episodes:
-            return out
-        if self.sink is None:
-            self.released += len(released.episodes)
-            return out
-        # a task of its own, kept by the gateway: the episodes already left the tracker, so neither a caller that
-        # goes away nor a report answered before the inserts end may lose them
-        batch = DeliveryBatch(released.episodes, len(released.episodes))
-        self._backlog += batch.left
-        task = asyncio.ensure_future(self._deliver(batch))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
-        done, _ = await asyncio.wait({task}, timeout=self.limits.report_wait_s)
-        if task in done:
-            task.result()
-            error = self._batch_error(batch)
-            if error is not None:
-                raise error
-            return out
-        out.queued = batch.left
-        self.queued_reports += 1
-        _LOG.info(
-            "report of episode %r answered with %d episodes still queued for training (%d in the backlog)",
-            episode_id,
-            out.queued,
-            self._backlog,
-        )
+        if released.episodes:
+            out.queued = await self.delivery.deliver(episode_id, released.episodes)
         return out
 
     def _stale(self, episode_id: str, own: dict[str, list[int]], released: Released) -> list[StaleCalls]:
@@ -732,90 +670,6 @@ class Gateway:
             )  # fmt: skip
         return out
 
-    @staticmethod
-    def _batch_error(batch: DeliveryBatch) -> Exception | None:
-        """What a report whose inserts all ended must raise: None when each of its episodes was inserted."""
-        if not batch.lost and not batch.failed:
-            return None
-        total = len(batch.episodes)
-        inserted = (
-            f"; {len(batch.inserted)} of the {total} episodes it released were inserted: {batch.inserted}"
-            if batch.inserted
-            else ""
-        )
-        failed = [eid for eid, _ in batch.failed]
-        if batch.lost:
-            also = (
-                f"; episodes {failed} were not inserted either (the sink failed; gateway/sink_errors)"
-                if failed
-                else ""
-            )
-            return UnavailableError(
-                f"the gateway is shutting down: episodes {batch.lost} this report released were not inserted "
-                f"into training and are lost to it (gateway/backlog_lost_at_close){also}{inserted}; do not "
-                "report them again"
-            )
-        cause = batch.failed[0][1]
-        if not isinstance(cause, MartiError):
-            return cause  # a bug in the sink: answered as internal, its text is logged only
-        return AbortedError(
-            f"the report was taken but episodes {failed} it released were not inserted into training: the sink "
-            f"failed ({type(cause).__name__}: {cause}); they are lost to training (gateway/sink_errors), so do "
-            f"not report them again (a retry is refused as already reported){inserted}"
-        )
-
-    async def _deliver(self, batch: DeliveryBatch) -> Exception | None:
-        """Insert each episode of ``batch`` into the sink, unless the gateway is closing (then it is counted in
-        ``backlog_lost_at_close``); counts ``released`` / ``sink_errors`` and records each episode's outcome in
-        ``batch``; returns the first sink error."""
-        first: Exception | None = None
-        async with (
-            self._sink_lock
-        ):  # one episode's items stay adjacent in every table; reports keep their order
-            for ep in batch.episodes:
-                eid = next(iter(ep.values())).episode_id if ep else "?"
-                try:
-                    if self.closing.is_set():
-                        self._count_lost(eid)
-                        batch.lost.append(eid)
-                        continue
-                    await asyncio.to_thread(self.sink, ep)  # type: ignore[arg-type]
-                except Exception as exc:  # noqa: BLE001 - counted, logged, and reported by report
-                    if self.closing.is_set():  # the sink gave up because the gateway is closing
-                        self._count_lost(eid, exc)
-                        batch.lost.append(eid)
-                        continue
-                    if not self._abandoned:
-                        self.sink_errors += 1
-                    _LOG.error("episode %r is lost to training: the sink failed: %s", eid, exc)
-                    batch.failed.append((eid, exc))
-                    first = first or exc
-                else:
-                    batch.inserted.append(eid)
-                    if not self._abandoned:
-                        self.released += 1
-                finally:
-                    batch.left -= 1
-                    if not self._abandoned:
-                        self._backlog -= 1
-        return first
-
-    def _count_lost(self, episode_id: str, error: Exception | None = None) -> None:
-        """Count one backlog episode that the closing gateway did not insert (unless close already counted it);
-        ``error`` is what the sink raised when it gave up (logged: it says whether part of the episode went in)."""
-        if not self._abandoned:
-            self.backlog_lost_at_close += 1
-        if error is None:
-            _LOG.warning(
-                "episode %r is lost to training: the gateway closed before it was inserted", episode_id
-            )
-        else:
-            _LOG.warning(
-                "episode %r is lost to training: the sink gave up as the gateway closed: %s",
-                episode_id,
-                error,
-            )
-
     def stats(self) -> dict[str, float]:
         """Counters: ``calls`` (traced), ``untraced_calls``, ``finished``, ``released`` (inserted into the sink;
         without a sink, every released episode), ``abandoned``, ``failed``, ``dropped``, ``expired_groups``,
@@ -837,7 +691,7 @@ class Gateway:
         ``prompts_retokenized`` (ones that carried such a reply back but were rendered whole, see
         :mod:`services.gateway.core.chat`)."""
         out = {k: float(v) for k, v in self.tracker.counters.items()}
-        out["released"] = float(self.released)
+        out.update(self.delivery.stats())
         out["held"] = float(self.tracker.held)
         out["untraced_calls"] = float(self.untraced_calls)
         out["open_episodes"] = float(self.tracker.open_episodes)
@@ -845,15 +699,10 @@ class Gateway:
         out["batched_prompts"] = float(self.batcher.prompts)
         out["lone_batches"] = float(self.batcher.lone_batches)
         out.update(self.loop_lag.stats())
-        out["sink_errors"] = float(self.sink_errors)
         out["stale_reported"] = float(self.stale_reported)
         out["unrecorded_disconnected"] = float(self.unrecorded_disconnected)
         out["cancelled_calls"] = float(self.cancelled_calls)
         out["replayed_calls"] = float(self.replayed_calls)
-        out["backlog"] = float(self._backlog)
-        out["queued_reports"] = float(self.queued_reports)
-        out["backlog_refused"] = float(self.backlog_refused)
-        out["backlog_lost_at_close"] = float(self.backlog_lost_at_close)
         out["held_lost_at_close"] = float(self.held_lost_at_close)
         out["open_lost_at_close"] = float(self.open_lost_at_close)
         out["tool_calls_unparsed"] = float(self.tool_calls_unparsed)

@@ -367,9 +367,9 @@ async def test_a_queued_episode_whose_insert_fails_later_is_counted_in_sink_erro
 async def test_close_does_not_wait_for_a_sink_that_ignores_closing(monkeypatch):
     """A sink that does not watch ``closing`` holds close for at most CLOSE_DELIVERY_WAIT_S; every backlog episode
     is then counted lost, and the sink's late success does not count it as released too."""
-    from services.gateway.core import gateway as gateway_mod
+    from services.gateway.core import delivery as delivery_mod
 
-    monkeypatch.setattr(gateway_mod, "CLOSE_DELIVERY_WAIT_S", 0.2)
+    monkeypatch.setattr(delivery_mod, "CLOSE_DELIVERY_WAIT_S", 0.2)
     release = threading.Event()
 
     def sink(episode):
@@ -384,7 +384,7 @@ async def test_close_does_not_wait_for_a_sink_that_ignores_closing(monkeypatch):
     assert (stats["backlog_lost_at_close"], stats["backlog"], stats["released"]) == (2, 0, 0)
     release.set()
     for _ in range(200):  # the sink's thread returns; its outcome is not counted
-        if not gw._deliveries:
+        if not gw.delivery.tasks:
             break
         await asyncio.sleep(0.01)
     stats = gw.stats()
