@@ -257,6 +257,24 @@ ASKED = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name
             },
             "object",
         ),
+        (
+            "messages[1].content[2]",
+            {
+                "messages": [
+                    USER,
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "text", "text": "Let me look."},
+                            {"type": "tool_use", "id": "x", "name": "f", "input": {}},
+                            {"type": "text", "text": "Done."},
+                        ],
+                    },
+                    USER,
+                ]
+            },
+            "after a tool_use",
+        ),
         ("messages[0].content", {"messages": [{"role": "user", "content": []}]}, "non-empty"),
         ("messages[0].content[0]", {"messages": [{"role": "user", "content": ["hi"]}]}, "content block"),
         (

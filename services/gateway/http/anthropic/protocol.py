@@ -189,12 +189,20 @@ def _messages(messages: list[AnthropicMessage]) -> list[dict[str, Any]]:
 
 
 def _assistant(blocks: list[Any], param: str, calls: dict[str, str]) -> dict[str, Any]:
-    """One assistant message: its text blocks (joined) and its ``tool_use`` blocks as tool calls."""
+    """One assistant message: its text blocks (joined) and its ``tool_use`` blocks as tool calls; a text block
+    after a ``tool_use`` block is refused (the template would render it before the calls: the order would change,
+    silently)."""
     texts: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         where = f"{param}[{j}]"
         kind = _block_type(block, where)
+        if kind == "text" and tool_calls:  # the chat template renders a message's text before its calls
+            raise request_error(
+                f"{where} is a text block after a tool_use block: an assistant message is rendered as its text "
+                "then its tool calls, so text after a call would change places; put the text first",
+                where,
+            )
         if kind == "text":
             texts.append(checked_text(block.get("text"), f"{where}.text"))
         elif kind == "tool_use":
