@@ -20,6 +20,7 @@ from services.trainer.observe.metrics import (
     CLIP_FRAC,
     CONFIG_FILE,
     ENTROPY,
+    EXTERNAL_REWARD,
     FORMAT_VALID,
     KL,
     POLICY_LOSS,
@@ -68,6 +69,17 @@ def _label(key: str) -> str:
     if scope == TEAM and name.startswith(f"{TEAM}_"):
         return f"{TEAM} {name[len(TEAM) + 1 :].replace('_', ' ')}"
     return f"{scope} {name.replace('_', ' ')}"
+
+
+def _reward_key(records: list[MetricRecord], agent: str) -> str:
+    """The metric that carries ``agent``'s reward in training: ``<agent>/reward`` (the job's own episodes), else
+    ``<agent>/external_reward`` (the mean return of the external episodes an update took: a job that plays none
+    of its own, ``rollout.source: external``, logs only that)."""
+    own = f"{agent}/{REWARD}"
+    external = f"{agent}/{EXTERNAL_REWARD}"
+    if any(own in r.values for r in records) or not any(external in r.values for r in records):
+        return own
+    return external
 
 
 def describe_change(label: str, before: float, after: float, spread: float | None = None) -> str:
@@ -307,7 +319,7 @@ def write_report(run_dir: str | Path) -> Path:
     summary, missing = [], []
     summary += _eval_summary(evals)
     for agent in agents + [TEAM]:
-        key = f"{agent}/{REWARD}"
+        key = _reward_key(train, agent)
         _, vals = series(train, key)
         trend = _window_trend(f"{_label(key)} in training", vals)
         if trend:
@@ -319,7 +331,7 @@ def write_report(run_dir: str | Path) -> Path:
     figures = []
     reward_curves = []
     for agent in agents:
-        steps, vals = series(train, f"{agent}/{REWARD}")
+        steps, vals = series(train, _reward_key(train, agent))
         if steps:
             reward_curves.append((agent, steps, vals, "-"))
     steps, vals = series(train, f"{TEAM}/{REWARD}")
@@ -332,7 +344,7 @@ def write_report(run_dir: str | Path) -> Path:
         _plot(plots / "reward_per_agent.png", "Reward per agent", "mean episode reward", reward_curves)
         figures.append(("Reward per agent", f"{PLOTS_DIR}/reward_per_agent.png"))
     else:
-        missing.append("reward (no `<agent>/reward` or `team/reward` metric)")
+        missing.append("reward (no `<agent>/reward`, `<agent>/external_reward` or `team/reward` metric)")
     for key, fname, title in (
         (f"{TEAM}/{TASK_COMPLETION}", "task_completion.png", "Task completion rate"),
         (f"{TEAM}/{RESOURCE_UTILIZATION}", "resource_utilization.png", "Resource utilization"),

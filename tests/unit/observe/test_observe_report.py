@@ -101,6 +101,21 @@ def test_missing_metrics_and_single_eval_are_said_plainly(tmp_path):
     assert (tmp_path / "plots" / "reward_per_agent.png").exists()
 
 
+def test_an_external_job_reports_the_reward_of_the_episodes_it_trained_on(tmp_path):
+    """A job that plays no episodes of its own (``rollout.source: external``) logs ``<agent>/external_reward``
+    only: the report plots and summarises that instead of saying no reward was logged."""
+    with RunWriter(tmp_path, use_tensorboard=False) as w:
+        for step, r in enumerate([0.1, 0.2, 0.6, 0.8], start=1):
+            w.log(step, {"router/external_reward": r, "router/external_items": 24.0})
+    text = write_report(tmp_path).read_text()
+    assert (
+        "router external reward in training (mean of the first 1 vs the last 1 logged steps) went from 0.1 to 0.8"
+        in text
+    )
+    assert "Not plotted, never logged: reward" not in text
+    assert (tmp_path / "plots" / "reward_per_agent.png").exists()
+
+
 def test_empty_run(tmp_path):
     text = write_report(tmp_path).read_text()
     assert "No training steps were logged." in text
