@@ -177,11 +177,18 @@ class GatewayHost:
         else:
             left = external.untaken() if external is not None else 0
             lost = int(st.get("backlog_lost_at_close", 0) + st.get("held_lost_at_close", 0))
+            stale = int(st.get("stale_reported", 0))
+            stale_note = (
+                f"; {stale} reported episodes were already past the staleness bound when reported "
+                "(gateway/stale_reported): an update drops those instead of training on them"
+                if stale
+                else ""
+            )
             why = (
                 f"{left} were still in the agents' tables when the job ended (reported after the last update "
                 f"took its external.episodes_per_step={self.cfg.external_episodes_per_step}, e.g. during "
-                f"gateway.linger_s), {lost} were lost as the gateway closed (gateway/backlog_lost_at_close, "
-                "gateway/held_lost_at_close)"
+                f"gateway.linger_s, or too stale to train on), {lost} were lost as the gateway closed "
+                f"(gateway/backlog_lost_at_close, gateway/held_lost_at_close){stale_note}"
             )
         self.untrained_external = left + lost
         if self.untrained_external:

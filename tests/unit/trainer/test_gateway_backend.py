@@ -475,3 +475,22 @@ def test_a_step_plays_and_takes_what_its_rollout_source_says(tmp_path, source, r
     assert ("agent_1/external_items" in metrics) == (source != "builtin")
     assert ("time/external_wait_s" in metrics) == (source != "builtin")
     assert "team/reward" not in metrics  # no built-in episode results: no episode metrics, and no crash
+
+
+def test_the_untrained_count_at_the_end_says_which_were_too_stale_to_train(caplog):
+    """An episode reported past the staleness bound sits in the tables until an update drops it: the job's last
+    warning counts it among those left and says that some were stale (gateway/stale_reported), not only that they
+    came after the last update."""
+    from services.trainer.job.gateway_host import GatewayHost
+
+    host = GatewayHost(_cfg("rollout.source=external"), token=None)
+    external = ExternalEpisodes(["agent_1"])
+    external.inserting("agent_1", "late")
+    external.inserting("agent_1", "stale")
+    gateway = SimpleNamespace(stats=lambda: {"stale_reported": 1.0, "backlog_lost_at_close": 0.0})
+    with caplog.at_level("WARNING", logger="marti.trainer"):
+        host.count_untrained(gateway, external)
+    assert host.untrained_external == 2
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "2 reported episodes were never trained" in said
+    assert "1 reported episodes were already past the staleness bound" in said, said
