@@ -17,7 +17,8 @@ from marti.errors import InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.errors import ok_status, to_status_proto
 from marti.rpc.server import ServiceSpec
 from services.env_server import convert
-from services.env_server.core.sessions import BatchItem, SessionManager
+from services.env_server.core.session_state import BatchItem
+from services.env_server.core.sessions import SessionManager
 from services.env_server.envs import adapters
 from services.env_server.settings import EnvServerSettings
 

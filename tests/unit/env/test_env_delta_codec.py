@@ -15,7 +15,7 @@ from marti.clients.env import DELTA_CACHE_SESSIONS, DeltaCache, HeldResult
 from marti.codec import env as c
 from marti.errors import InternalError, InvalidArgumentError
 from services.env_server import convert
-from services.env_server.core.sessions import AgentOutcome, Outcome
+from services.env_server.core.session_state import AgentOutcome, Outcome
 
 TEXT = st.text(alphabet=st.sampled_from("ab\nçé😀"), max_size=300)
 

@@ -12,7 +12,8 @@ from marti.errors import (
     NotFoundError,
     ResourceExhaustedError,
 )
-from services.env_server.core.sessions import Outcome, SessionManager
+from services.env_server.core.session_state import Outcome
+from services.env_server.core.sessions import SessionManager
 
 ENV = "collaborative_task_solving"
 

@@ -222,11 +222,11 @@ async def test_close_all_waits_for_in_flight_calls() -> None:
 
 # ---- BatchStep's core: step_batch_async ----
 from services.env_server.core import sessions as sessions_module  # noqa: E402
+from services.env_server.core.session_state import BatchItem  # noqa: E402
 from services.env_server.core.sessions import (  # noqa: E402
     BATCH_JOB_SESSIONS,
     BATCH_SLOW_STEP_S,
     BATCH_WAIT_S,
-    BatchItem,
 )
 
 
