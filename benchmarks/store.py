@@ -295,7 +295,7 @@ def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
     from marti.trajectory import summarize
     from services.experience_store.core.storage import SqliteStorage
     from services.experience_store.core.store import ExperienceStore
-    from services.experience_store.core.table import NewItem
+    from services.experience_store.core.table_records import NewItem
 
     cfg = [parse_table_config({"name": "bench", "preset": "prioritized", "max_size": 10_000_000})]
     store = ExperienceStore(SqliteStorage(data_dir), cfg)

@@ -25,7 +25,7 @@ from marti.errors import (
 from marti.rpc.errors import ok_status, to_status_proto
 
 from .core.store import DEFAULT_TABLE, ExperienceStore, ItemQuery
-from .core.table import Duplicate, NewItem
+from .core.table_records import Duplicate, NewItem
 from .sample_stream import SampleStream
 from .settings import StoreSettings
 

@@ -31,7 +31,8 @@ from marti.experience_types import (
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step, summarize
 
 from .storage import ItemRecord, MemoryStorage, Storage
-from .table import NO_FILTER, TAKEN_IDS_WINDOW, Duplicate, NewItem, SampledItem, Table
+from .table import NO_FILTER, TAKEN_IDS_WINDOW, Table
+from .table_records import Duplicate, NewItem, SampledItem
 
 log = logging.getLogger(__name__)
 

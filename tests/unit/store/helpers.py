@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from marti.trajectory import Trajectory, Turn, summarize
-from services.experience_store.core.table import NewItem
+from services.experience_store.core.table_records import NewItem
 
 
 def make_traj(agent="a1", episode="ep1", steps=(0,), version=0, role="r", created_at=0.0) -> Trajectory:

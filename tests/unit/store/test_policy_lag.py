@@ -67,7 +67,7 @@ def test_the_counter_survives_a_restart(tmp_path):
     from marti.trajectory import summarize
     from services.experience_store.core.storage import SqliteStorage
     from services.experience_store.core.store import ExperienceStore
-    from services.experience_store.core.table import NewItem
+    from services.experience_store.core.table_records import NewItem
 
     from .helpers import make_traj
 
