@@ -245,6 +245,15 @@ class RolloutConfig(_Section):
     preallocated key/value cache (finished rows leave the batch; on CUDA, decode steps compiled with CUDA graphs, not yet
     run on a GPU; greedy outputs equal ``hf``'s, see docs/models.md); ``vllm``: vLLM (GPU); ``auto``: vLLM when installed and on
     CUDA, else ``hf``."""
+    dtype: Literal["auto", "float32", "bfloat16"] | None = None
+    """What the transformers engines (``hf``, ``hf_static``) sample in; training keeps the policy's dtype. A dtype
+    other than the policy's makes the engine sample with a converted copy of the weights, refreshed at every weight
+    sync, and the behaviour log-probabilities are that copy's (``tis_cap`` corrects the mismatch).
+    ``bfloat16`` is faster than ``float32`` on a CPU with native bf16 (AVX512-BF16 or AMX; docs/benchmarks.md
+    "Rollout engines") and slow on one without. ``auto``: on a CPU ``bfloat16`` where /proc/cpuinfo shows
+    ``avx512_bf16`` or ``amx_bf16``, else ``float32``; on a GPU the policy's dtype. null (default): the policy's
+    dtype, no copy (bf16 changes every CPU job's sampled draws; see docs/models.md). vLLM takes only null or
+    ``auto``."""
     source: Literal["builtin", "external", "mixed"] = "builtin"
     """Where each update's training episodes come from. ``builtin``: the job plays ``episodes_per_step``
     episodes in the env per step. ``external``: no built-in rollout; each trainable agent's update takes
@@ -602,6 +611,11 @@ class TrainConfig(_Section):
             )
         if self.rollout.engine == "vllm" and self.device == "cpu":
             raise ValueError("rollout.engine=vllm needs device cuda or auto, got device=cpu")
+        if self.rollout.engine == "vllm" and self.rollout.dtype not in (None, "auto"):
+            raise ValueError(
+                f"rollout.dtype={self.rollout.dtype} applies to the transformers engines (hf, hf_static); "
+                "vLLM samples in its own dtype: leave rollout.dtype null or auto"
+            )
         if not any(a.is_tuning for a in self.agents):
             raise ValueError("every agent has is_tuning=false: nothing to train")
         if self.rollout.max_staleness > 0 and self.policy_mode == "shared":

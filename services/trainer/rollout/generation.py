@@ -22,6 +22,7 @@ from marti.config.schema import VllmConfig
 from marti.errors import AbortedError, InvalidArgumentError, NotFoundError
 from services.trainer.rollout import vllm_available
 from services.trainer.rollout.base import Generation, RolloutEngine, SamplingParams, chat_to_ids
+from services.trainer.rollout.precision import resolve_rollout_dtype
 
 
 def sampling_params(cfg: TrainConfig, agent: str, greedy: bool = False) -> SamplingParams:
@@ -45,12 +46,15 @@ class GenerationConfig:
     Attributes:
         engine: ``rollout.engine``: ``auto``, ``hf``, ``hf_static`` or ``vllm``.
         vllm: The ``vllm`` section (frozen).
+        dtype: ``rollout.dtype``: None, ``auto``, ``float32`` or ``bfloat16`` (the transformers engines' sampling dtype,
+            resolved on the actor's device by :func:`~services.trainer.rollout.precision.resolve_rollout_dtype`).
         sampling: Per agent, its sampling parameters (:func:`sampling_params`).
         response_prefixes: Per agent, its ``response_prefix`` (``""``: none).
     """
 
     engine: str
     vllm: VllmConfig
+    dtype: str | None
     sampling: dict[str, SamplingParams]
     response_prefixes: dict[str, str]
 
@@ -70,6 +74,7 @@ def generation_config(cfg: TrainConfig) -> GenerationConfig:
     return GenerationConfig(
         engine=cfg.rollout.engine,
         vllm=cfg.vllm,
+        dtype=cfg.rollout.dtype,
         sampling={a.name: sampling_params(cfg, a.name) for a in cfg.agents},
         response_prefixes={a.name: a.response_prefix or "" for a in cfg.agents},
     )
@@ -97,6 +102,9 @@ def build_rollout_engine(
     a preallocated cache; compiled decode steps with CUDA graphs on CUDA). With vLLM,
     ``vllm.num_engines`` engines are built (engine ``i`` seeded ``seed + i``) and, when there are several,
     wrapped in an :class:`~services.trainer.rollout.pool.EnginePool` that splits every call's prompts among them.
+    The transformers engines sample in ``rollout.dtype`` resolved on ``device`` (bf16 copies of the weights on a
+    CPU with native bf16 under ``auto``; the policy's own weights when null;
+    :mod:`services.trainer.rollout.precision`).
 
     Args:
         cfg: The sampling part of the training config (:func:`generation_config`: ``rollout.engine``,
@@ -110,13 +118,20 @@ def build_rollout_engine(
         engine: ``hf``, ``hf_static``, ``vllm`` or ``auto``; None = ``rollout.engine``.
 
     Raises:
-        InvalidArgumentError: An invalid engine setting (named).
+        InvalidArgumentError: An invalid engine setting (named), or an explicit ``rollout.dtype`` with vLLM (whose
+            dtype is its own).
     """
     sampling = {a: cfg.params(a) for a in agents}
     engine = engine or cfg.engine
     if engine == "auto":
         engine = "vllm" if device == "cuda" and vllm_available() else "hf"
+    dtype = resolve_rollout_dtype(cfg.dtype, device)
     if engine == "vllm":
+        if cfg.dtype not in (None, "auto"):
+            raise InvalidArgumentError(
+                f"rollout.dtype={cfg.dtype} applies to the transformers engines; vLLM samples in its own dtype "
+                "(leave rollout.dtype null or auto)"
+            )
         from services.trainer.rollout.pool import EnginePool
         from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
 
@@ -133,11 +148,13 @@ def build_rollout_engine(
         from services.trainer.rollout.static import StaticCacheRolloutEngine
 
         return StaticCacheRolloutEngine.from_policy(
-            policy, copy_weights=copy_weights, default_sampling=sampling, compile=None
+            policy, copy_weights=copy_weights, default_sampling=sampling, compile=None, dtype=dtype
         )
     from services.trainer.rollout.hf import HFRolloutEngine
 
-    return HFRolloutEngine.from_policy(policy, copy_weights=copy_weights, default_sampling=sampling)
+    return HFRolloutEngine.from_policy(
+        policy, copy_weights=copy_weights, default_sampling=sampling, dtype=dtype
+    )
 
 
 def generate_turns(

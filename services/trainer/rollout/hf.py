@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from services.trainer.rollout.base import (
     SamplingParams,
     normalise_prompts,
 )
+from services.trainer.rollout.precision import needs_copy, sampling_copies
 from services.trainer.rollout.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 
 if TYPE_CHECKING:
@@ -75,6 +77,11 @@ class HFRolloutEngine(RolloutEngine):
             once and give its key/value cache to every row that repeats it
             (:mod:`services.trainer.rollout.prefix_sharing`); the samples are those of the plain path up to float
             rounding.
+        dtype: Sample in this dtype (``rollout.dtype`` resolved by
+            :func:`~services.trainer.rollout.precision.resolve_rollout_dtype`): a model whose parameters are in
+            another dtype is replaced by a converted copy (one per distinct model), which ``update_weights`` and
+            ``pinned`` then write into, converting what they load; log-probabilities are those of the copy's
+            forward. None (default): the models as given.
 
     Raises:
         InvalidArgumentError: No agents, or ``max_batch_size`` / ``max_model_len`` not positive.
@@ -89,13 +96,22 @@ class HFRolloutEngine(RolloutEngine):
         max_model_len: int | None = None,
         default_sampling: Mapping[str, SamplingParams] | None = None,
         share_prompt_prefix: bool = True,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(list(agents), default_sampling)
         if max_batch_size <= 0:
             raise InvalidArgumentError(f"max_batch_size must be > 0, got {max_batch_size}")
         if max_model_len is not None and max_model_len <= 0:
             raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
-        self._agents = dict(agents)
+        copies = sampling_copies([spec.model for spec in agents.values()], dtype)
+        self._agents = {
+            a: dataclasses.replace(spec, model=m) for (a, spec), m in zip(agents.items(), copies, strict=True)
+        }
+        self.dtype = dtype
+        self.samples_with_copies = any(
+            m is not spec.model for spec, m in zip(agents.values(), copies, strict=True)
+        )
+        """True when some agent samples with a converted copy (``dtype``), never with the module it was given."""
         self.max_batch_size = max_batch_size
         self.share_prompt_prefix = share_prompt_prefix
         self._max_model_len = max_model_len
@@ -115,14 +131,19 @@ class HFRolloutEngine(RolloutEngine):
             policy: The multi-agent policy (per_agent, shared or lora).
             copy_weights: True (default): the engine owns deep copies (one copy per distinct policy model, so
                 LoRA agents still share one base), and samples only with synced versions. False: it samples
-                with the policy's live modules (colocated, no extra memory; ``update_weights`` only re-tags).
-            **kwargs: Passed to the constructor (``share_prompt_prefix`` defaults to the policy config's).
+                with the policy's live modules (colocated, no extra memory; ``update_weights`` only re-tags). A
+                ``dtype`` other than the policy's makes the engine own converted copies either way
+                (``samples_with_copies``), synced by ``update_weights``.
+            **kwargs: Passed to the constructor (``share_prompt_prefix`` defaults to the policy config's;
+                ``dtype``).
         """
         memo: dict[int, Any] = {}
         agents: dict[str, AgentModel] = {}
         for agent_id in policy.agent_ids:
             model, tok, adapter = policy.rollout_target(agent_id)
-            if copy_weights:
+            if copy_weights and not needs_copy(
+                model, kwargs.get("dtype")
+            ):  # else the constructor converts a copy
                 model = memo.setdefault(id(model), copy.deepcopy(model))
             agents[agent_id] = AgentModel(model=model, tokenizer=tok, adapter_name=adapter)
         kwargs.setdefault("share_prompt_prefix", policy.config.share_prompt_prefix)

@@ -575,6 +575,7 @@ KEY_BUILDERS: dict[str, tuple[str, ...]] = {
     "tasks.N.difficulty": ("env", "curriculum"),  # the task's env; the curriculum's first level
     "environment.difficulty": ("env", "curriculum"),
     "rollout.engine": ("engine",),
+    "rollout.dtype": ("engine",),
     "rollout.source": ("run",),
     "rollout.episodes_per_step": ("episodes", "run"),
     "rollout.max_new_tokens": ("learner",),
@@ -697,6 +698,7 @@ VALUES: dict[str, Any] = {
     "ray.address": "auto",
     "ray.num_cpus_per_worker": 2.0,  # above the agents' num_cpus
     "rollout.engine": "vllm",
+    "rollout.dtype": "bfloat16",  # the transformers engines' kwargs; "auto" resolves per machine
     "rollout.episodes_per_step": 4,  # a multiple of group_size
     "rollout.group_size": 2,
     "rollout.eval_every": 2,
