@@ -123,7 +123,9 @@ async def evaluate(play: Play, args: argparse.Namespace) -> dict[str, float]:
 
 
 async def train(play: Play, args: argparse.Namespace) -> dict[str, float]:
-    """Play and report the training episodes, one round per update; return each agent's mean reward."""
+    """Play and report the training episodes, one round per update, each round once every policy has the version
+    of the updates before it (``GET /v1/models``): every round is played on-policy; return each agent's mean
+    reward."""
     root = args.gateway.rstrip("/").removesuffix("/v1")
     pairs = train_pairs(args.seed, args.rounds * args.episodes_per_round // args.group_size)
     limit = asyncio.Semaphore(args.concurrency)
@@ -144,8 +146,9 @@ async def train(play: Play, args: argparse.Namespace) -> dict[str, float]:
 
     totals = dict.fromkeys(AGENTS, 0.0)
     for rnd in range(args.rounds):
-        if rnd >= 1:  # stay at most one update ahead of the trainer, so episodes are not too stale
-            await asyncio.to_thread(wait_for_version, args.gateway, args.api_key, rnd - 1)
+        # on-policy rounds: round ``rnd`` is played by policy version ``rnd`` (the weights of update ``rnd``), and
+        # update ``rnd + 1`` trains on it alone (the configs' ``max_staleness: 0`` drops anything older)
+        await asyncio.to_thread(wait_for_version, args.gateway, args.api_key, rnd)
         first = rnd * args.episodes_per_round
         for got in await asyncio.gather(*(episode(first + i) for i in range(args.episodes_per_round))):
             for a in AGENTS:
