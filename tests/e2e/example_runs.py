@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -53,15 +54,27 @@ def rates(lines: list[str], prefix: str, agents: tuple[str, ...]) -> dict[str, f
     return {a: found[a] for a in agents}
 
 
+def step_metrics(run_dir: Path) -> list[dict[str, float]]:
+    """The ``metrics`` of each step the job in ``run_dir`` logged (``<run_dir>/metrics.jsonl``), in step order."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x)["metrics"] for x in lines if x.strip()]
+
+
 def check_learns(run_sh: Path, run_dir: Path, *, final: str, margin: float, timeout_s: float) -> dict:
     """Run a tool-team example (``examples/tool_team``: agents ``router`` and ``calculator``) and check that it ran
-    whole (its last line is ``final``) and that each agent's held-out valid-call rate rose by ``margin`` at least.
+    whole (its last line is ``final``), that every update trained on-policy (each agent's items of each step were
+    sampled by the current version: ``version_lag_max`` 0, nothing ``stale_dropped``) and that each agent's
+    held-out valid-call rate rose by ``margin`` at least.
 
     Returns ``{"before": {agent: rate}, "after": {agent: rate}}`` (the test's report)."""
     lines = run_example(run_sh, run_dir, timeout_s=timeout_s)
     assert lines[-1] == final, lines[-10:]
     assert any(x.startswith("gateway listening on http://") for x in lines), lines[:10]
     agents = ("router", "calculator")
+    lags = [
+        (m[f"{a}/version_lag_max"], m[f"{a}/stale_dropped"]) for m in step_metrics(run_dir) for a in agents
+    ]
+    assert lags and all(lag == (0.0, 0.0) for lag in lags), lags
     seen = {"before": rates(lines, "untrained", agents), "after": rates(lines, "trained (held-out)", agents)}
     assert all(seen["after"][a] >= seen["before"][a] + margin for a in agents), (margin, seen)
     return seen
