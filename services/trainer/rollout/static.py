@@ -34,6 +34,7 @@ heads, D head size, L cache length.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,7 +77,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self._static_caches: dict[tuple[int, int, int], Any] = {}
         self.last_stats: dict[str, Any] = {}
         """What the last batch did: ``path`` (``eager`` or ``compiled``), ``steps`` (forwards after the prefill),
-        ``row_steps`` (rows computed, summed over those steps), ``compactions`` (eager only) and ``prefill_rows``."""
+        ``row_steps`` (rows computed, summed over those steps), ``compactions`` (eager only), ``prefill_rows``, and
+        (eager only) ``prefill_s`` / ``decode_s``: wall seconds of the prefill and of the decode loop."""
 
     def _use_compiled(self, device: torch.device) -> bool:
         return device.type == "cuda" if self.compile is None else bool(self.compile)
@@ -154,6 +156,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         shared = None
         if self.share_prompt_prefix and can_share(model):
             shared = shared_prefix_rows(ids, mask[:, :width], width)
+        started = time.perf_counter()
         with torch.inference_mode():
             if shared is None:
                 first, prefill_rows = None, rows
@@ -179,6 +182,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                 )
                 cache.batch_select_indices(inverse)
                 logits = out.logits[:, -1][inverse]
+            prefilled = time.perf_counter()
             live = list(range(rows))  # batch index -> row, of the rows still computed
             next_pos = positions[:, -1:] + 1  # (B, 1)
             tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -212,6 +216,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             "row_steps": row_steps,
             "compactions": compactions,
             "prefill_rows": prefill_rows,
+            "prefill_s": prefilled - started,
+            "decode_s": time.perf_counter() - prefilled,
         }
         return tokens, logprobs
 

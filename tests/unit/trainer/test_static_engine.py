@@ -8,7 +8,6 @@ leave the batch.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -272,20 +271,6 @@ def test_build_rollout_engine_builds_it_for_hf_static():
     assert isinstance(engine, StaticCacheRolloutEngine) and engine.compile is None
     g = engine.generate("agent_1", [[5, 6, 7]], SamplingParams(max_new_tokens=2, temperature=0.0))[0]
     assert len(g.response_token_ids) == 2
-
-
-def test_the_engine_benchmark_runs(tmp_path):
-    from benchmarks.engine import main
-
-    out = tmp_path / "engine.json"
-    assert main(["--model", "tiny-llama", "--batches", "1,3", "--repeats", "1", "--max-new-tokens", "3",
-                 "--json", str(out)]) == 0  # fmt: skip
-    data = json.loads(out.read_text())
-    assert data["baseline"] == "hf" and set(data["by_batch"]) == {"1", "3"}
-    for entry in data["by_batch"].values():
-        assert set(entry["arms"]) == {"hf", "hf_static"}
-        assert entry["arms"]["hf"]["ratio_tokens_per_s"] == 1.0
-        assert all(a["generated_tokens"] > 0 and a["tokens_per_s"] > 0 for a in entry["arms"].values())
 
 
 def test_static_cache_path_matches_the_hf_engine_without_compiling(pair, monkeypatch):
