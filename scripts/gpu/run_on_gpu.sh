@@ -10,7 +10,7 @@
 #            into $MARTI_MODEL_CACHE; log in $OUT/install.log
 #   check    python3 tests/gpu/check_gpu.py: $OUT/check_gpu.json and $OUT/check_gpu.log
 #   bench    marti bench engine (benchmarks/engine.py) with $BENCH_ARGS: generated tokens/s of the hf, hf_static and
-#            compiled hf_static engines at batch 1, 8 and 64 on SmolLM2-135M; $OUT/engine.json, $OUT/engine.log and,
+#            compiled hf_static engines against float32 generate at batch 1, 8 and 64 on SmolLM2-135M; $OUT/engine.json, $OUT/engine.log and,
 #            with nvidia-smi, $OUT/gpu_util_bench.csv
 #   train    marti train $CONFIG (the GPU main job, its own wall-time budget) under `timeout -s TERM`
 #            (SIGTERM: the job finishes its step, checkpoints and writes its report), nvidia-smi logging every
