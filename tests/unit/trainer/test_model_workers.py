@@ -211,3 +211,22 @@ def test_a_policy_actor_gets_only_its_frozen_part_of_the_config():
         narrow.ema_beta = 0.5  # type: ignore[misc]
     with pytest.raises(InvalidArgumentError, match="PolicyActorConfig"):
         PolicyWorker(cfg, num_threads=1)
+
+
+def test_a_bf16_rollout_engine_owns_its_copy_and_is_synced_after_each_update():
+    """``rollout.dtype=bfloat16`` on a colocated actor: the engine samples with a bf16 copy (so the actor treats
+    it as owning its weights: EMA evaluations go through ``pinned``, not the live modules), and every update
+    refreshes that copy with the trained float32 weights."""
+    worker = PolicyWorker(
+        policy_actor_config(_cfg("policy.mode=per_agent", "rollout.dtype=bfloat16")), num_threads=1
+    )
+    assert not worker.cfg.engine_owns_weights and worker.engine_owns_weights
+    agent = "agent_1"
+    copy = worker.engine._agents[agent].model
+    assert copy is not worker.policy.rollout_target(agent)[0]
+    worker.train(agent, _samples())
+    trained = worker.policy.state_for_sync(agent)
+    synced = copy.state_dict()
+    assert all(synced[k].dtype == torch.bfloat16 for k in trained if trained[k].is_floating_point())
+    assert all(torch.equal(synced[k], v.to(torch.bfloat16)) for k, v in trained.items())
+    assert worker.engine.policy_version(agent) == worker.policy.version(agent) == 1
