@@ -461,7 +461,9 @@ class PolicyWorker(TableTaking):
         )
         # rollout.dtype other than the policy's (bf16 on the CPU): the engine samples with converted copies,
         # synced after each update, so it owns its weights whatever the colocation says
-        self.engine_owns_weights = self.engine_owns_weights or getattr(self.engine, "samples_with_copies", False)
+        self.engine_owns_weights = self.engine_owns_weights or getattr(
+            self.engine, "samples_with_copies", False
+        )
         self.strategies: dict[str, Any] = {}
         # policy.ema: an exponential moving average of each trained weight set, updated after every optimizer
         # step, evaluated with (generate(greedy=True)) and saved with checkpoints.
