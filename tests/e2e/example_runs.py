@@ -15,11 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The agent-framework learning runs (tests/e2e/test_agents_sdk_learns.py, test_langgraph_learns.py) are opt-in:
-#: each takes 4-10 minutes on 2 cores (the suite must stay under 20), and their routers do not learn reliably yet
-#: (issue 32; docs/gateway.md, "Agent frameworks"). ``MARTI_FRAMEWORK_LEARNING=1`` runs them.
+#: each takes 4-5.5 minutes on 2 shared cores (the suite must stay under 20, and is near it), and the calculator's
+#: held-out rise missed the margin in 1 of 6 runs (docs/gateway.md, "Agent frameworks"). ``MARTI_FRAMEWORK_LEARNING=1``
+#: runs them.
 FRAMEWORK_LEARNING = pytest.mark.skipif(
     os.environ.get("MARTI_FRAMEWORK_LEARNING") != "1",
-    reason="opt-in (MARTI_FRAMEWORK_LEARNING=1): 4-10 min each, and the router does not learn reliably yet",
+    reason="opt-in (MARTI_FRAMEWORK_LEARNING=1): 4-5.5 min each on 2 cores, too long for the suite",
 )
 
 
@@ -76,5 +77,6 @@ def check_learns(run_sh: Path, run_dir: Path, *, final: str, margin: float, time
     ]
     assert lags and all(lag == (0.0, 0.0) for lag in lags), lags
     seen = {"before": rates(lines, "untrained", agents), "after": rates(lines, "trained (held-out)", agents)}
+    print(f"held-out valid-call rates: {seen}")  # shown with pytest -rA (or -s)
     assert all(seen["after"][a] >= seen["before"][a] + margin for a in agents), (margin, seen)
     return seen
