@@ -149,9 +149,10 @@ class Gateway:
         """Stop the sweeper and the batcher (queued requests fail with UNAVAILABLE: shutting down) and end the
         backlog: :attr:`closing` is set, so episodes still waiting for the sink are not inserted; the insert in
         flight gets up to :data:`~services.gateway.core.delivery.CLOSE_DELIVERY_WAIT_S` seconds. Every backlog
-        episode not inserted is counted in ``backlog_lost_at_close`` and logged as lost to training. Finished episodes held for their incomplete
-        group are counted in ``held_lost_at_close`` and episodes never reported in ``open_lost_at_close`` (both
-        logged with a warning when not 0): no report can complete them once the gateway is closing."""
+        episode not inserted is counted in ``backlog_lost_at_close`` and logged as lost to training. Finished
+        episodes held for their incomplete group are counted in ``held_lost_at_close`` and episodes never reported
+        in ``open_lost_at_close`` (both logged with a warning when not 0): no report can complete them once the
+        gateway is closing."""
         self.closing.set()
         self.held_lost_at_close = self.tracker.held
         self.open_lost_at_close = self.tracker.open_episodes

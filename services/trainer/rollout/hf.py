@@ -141,9 +141,8 @@ class HFRolloutEngine(RolloutEngine):
         agents: dict[str, AgentModel] = {}
         for agent_id in policy.agent_ids:
             model, tok, adapter = policy.rollout_target(agent_id)
-            if copy_weights and not needs_copy(
-                model, kwargs.get("dtype")
-            ):  # else the constructor converts a copy
+            # a model that needs another dtype is copied (converted) by the constructor instead
+            if copy_weights and not needs_copy(model, kwargs.get("dtype")):
                 model = memo.setdefault(id(model), copy.deepcopy(model))
             agents[agent_id] = AgentModel(model=model, tokenizer=tok, adapter_name=adapter)
         kwargs.setdefault("share_prompt_prefix", policy.config.share_prompt_prefix)

@@ -7,8 +7,8 @@ behaviour log-probabilities it returns are those of the bf16 forward that sample
 ``behaviour_kl`` see the train/rollout mismatch). Autocast per forward was measured slower than the copy
 (docs/benchmarks.md, "Rollout engines").
 
-None (the default) keeps the models' own dtype. ``auto`` resolves per device: on a CPU, bf16 where :func:`cpu_has_bf16` finds native support and fp32 elsewhere;
-on a GPU, the model's own dtype (no copy).
+None (the default) keeps the models' own dtype. ``auto`` resolves per device: on a CPU, bf16 where
+:func:`cpu_has_bf16` finds native support and fp32 elsewhere; on a GPU, the model's own dtype (no copy).
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def needs_copy(model: torch.nn.Module, dtype: torch.dtype | None) -> bool:
 def sampling_copies(models: list[torch.nn.Module], dtype: torch.dtype | None) -> list[torch.nn.Module]:
     """Per model, the module to sample with in ``dtype``: the model itself when it is already in ``dtype``, else a
     deep copy whose floating-point parameters are converted to it (buffers such as the rotary embedding's
-    frequencies keep their dtype, so positions stay exact), made once per distinct model object (models shared by several agents, or a LoRA
-    base holding several adapters, stay shared among them)."""
+    frequencies keep their dtype, so positions stay exact), made once per distinct model object (models shared by
+    several agents, or a LoRA base holding several adapters, stay shared among them)."""
     memo: dict[int, torch.nn.Module] = {}
     out = []
     for model in models:
