@@ -38,7 +38,9 @@ executor needs the leader's order, the leader needs nothing from the executor (a
 agent can submit the optimum). ``easy`` is the same tasks with a capacity ``k`` drawn uniformly from 1..4, so the
 optimum is the ``k`` highest-value tasks: either agent finds it with the other's facts, while the best either can
 submit from its own facts alone completes about a third of the seeds (measured in the tests). ``medium`` and
-``hard`` are ``resource_allocation``'s levels of the same names (the same problem for the same seed).
+``hard`` are ``resource_allocation``'s levels of the same names (the same problem for the same seed). The config
+key ``ranked`` (:func:`resolve_ranked`) plays ``easy`` ranked too, as ``pick`` is played: the leader observes the
+order of the values and a submission may name tasks, so the rule is "the first ``k`` tasks the leader names".
 """
 
 from __future__ import annotations
@@ -64,6 +66,13 @@ OWN_FIELDS = (
         "leader's part, or all of the problem; null: a team",
         choices=SOLO_VIEWS,
     ),
+    ConfigField(
+        "ranked",
+        "bool",
+        None,
+        "private_allocation at pick or easy: the views that show values show only their order and a submission "
+        "may name tasks (one unit each); null: the level's default (true at pick only)",
+    ),
 )
 
 #: Config keys of the scenario: those of ``resource_allocation`` (same rewards and completion rule) and
@@ -78,8 +87,12 @@ PRIVATE_DIFFICULTIES: dict[str, ap.ProblemSpec] = {
     "hard": ap.DIFFICULTIES["hard"],
 }
 
-#: Levels at which the views that show values show only their order (see :func:`ranked_task_line`).
+#: Levels at which the views that show values show only their order (see :func:`ranked_task_line`) unless the
+#: config's ``ranked`` says otherwise.
 RANKED_LEVELS = ("pick",)
+#: Levels that may be played ranked (``ranked: true``): every task uses one unit of one resource and may get at
+#: most one unit, so the order of the values decides the optimum and a task's name says its amount.
+RANKABLE_LEVELS = ("pick", "easy")
 
 LEADER_FORMAT = (
     "the values, one line per task like 'task_1 value 7' (a line 'task_1: 7' is read as a plan of 7 units), or a "
@@ -198,6 +211,30 @@ def private_feedback(problem: ap.Problem, actor: str, score: ap.Score) -> dict[s
     }
 
 
+def resolve_ranked(config: dict[str, Any]) -> bool:
+    """Whether the episode is played ranked: the config's ``ranked``, or the level's default.
+
+    Args:
+        config: Validated config with ``difficulty`` and ``ranked`` (null: ranked at :data:`RANKED_LEVELS`).
+
+    Returns:
+        True when the views that show values show only their order and submissions may name tasks.
+
+    Raises:
+        InvalidArgumentError: ``ranked: true`` at a level outside :data:`RANKABLE_LEVELS` (there a task may get
+            several units or use several resources, so neither the order nor a name says enough).
+    """
+    level, ranked = config["difficulty"], config.get("ranked")
+    if ranked is None:
+        return level in RANKED_LEVELS
+    if ranked and level not in RANKABLE_LEVELS:
+        raise InvalidArgumentError(
+            f"ranked=True needs difficulty in {RANKABLE_LEVELS} (one-unit tasks of one resource), got "
+            f"difficulty={level!r}"
+        )
+    return bool(ranked)
+
+
 class PrivateAllocationEnv(ra.ResourceAllocationEnv):
     """Leader/executor/evaluator team whose problem facts are split between them (see module docstring).
 
@@ -230,8 +267,9 @@ class PrivateAllocationEnv(ra.ResourceAllocationEnv):
         self.solo_view: str | None = solo
         #: agent -> its view (a key of :data:`VIEWS`): its role in a team, ``solo_view`` alone.
         self.view_of = {a: solo or r for a, r in self.role_of.items()}
-        #: At :data:`RANKED_LEVELS` the views that show values show only their order.
-        self.ranked = config["difficulty"] in RANKED_LEVELS
+        #: Ranked (by default at :data:`RANKED_LEVELS`, or with ``ranked: true``): the views that show values show
+        #: only their order, and a submission may name tasks.
+        self.ranked = resolve_ranked(config)
         if self.ranked:
             self.action_formats = {
                 **self.action_formats,
