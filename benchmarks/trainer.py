@@ -7,24 +7,33 @@ Task: "What is a + b? Reply with only the number." (:mod:`benchmarks.sum_task`; 
   SmolLM2 tokenizer, seeded) is built once and saved to ``<out>/init_model``; both load that folder;
 - see the **same problems in the same order** (``--steps`` x ``--prompts`` problems, TRL's shuffling off);
 - sample **G = --group** completions per prompt with the same ``max_new_tokens`` and temperature (top-p 1,
-  top-k off), transformers ``generate`` on the CPU (TRL without vLLM; ours with the HF rollout engine);
+  top-k off) on the CPU: TRL with transformers ``generate`` (no vLLM), ours with the rollout engine
+  ``--engine`` (``rollout.engine``: ``hf``, the default as recorded, or ``hf_static``) sampling in ``--dtype``
+  (``rollout.dtype``: ``float32``, the default as recorded, ``bfloat16`` or ``auto``);
 - train the same way: GRPO group-normalised advantages, PPO clip 0.2 (symmetric), no KL (no reference model),
   token-mean loss over the batch (TRL ``loss_type="dapo"``), one optimizer step per batch of
   ``prompts x G`` samples (no accumulation, one epoch), AdamW with a constant learning rate, weight decay 0,
-  gradient clipping at 1.0, fp32, no gradient checkpointing, full fine-tuning (or LoRA on both with
-  ``--lora``);
+  gradient clipping at 1.0, no gradient checkpointing, full fine-tuning (or LoRA on both with ``--lora``);
+  our update computes in float32 whatever ``--dtype`` says;
 - use ``--threads`` torch threads, each in a fresh process.
 
-Ours runs :class:`services.trainer.ray.policy_worker.PolicyWorker` (the policy worker the training loop drives: one agent,
-``per_agent`` policy, HF rollout engine, :func:`services.trainer.learn.learner.update_agent`, torch strategy)
-in-process, without services or Ray, as TRL runs without them. TRL runs in its own virtualenv
+TRL runs in one or two arms (``--sides``): ``trl``, all float32, and ``trl_bf16``, TRL's bf16
+(``GRPOConfig(bf16=True)``; with LoRA the base loaded in bfloat16: generation and training compute in bf16,
+the trained weights stay float32; :mod:`benchmarks.trl_grpo_runner` says why). ``trl_bf16`` runs by default
+when our side samples in bf16. Every side's first step is probed (:class:`benchmarks.dtype_probe.DtypeProbe`)
+and the report prints the dtypes its generation and update really computed in.
+
+Ours runs :class:`services.trainer.ray.policy_worker.PolicyWorker` (the policy worker the training loop drives: one
+agent, ``per_agent`` policy, the rollout engine above, :func:`services.trainer.learn.learner.update_agent`, torch
+strategy) in-process, without services or Ray, as TRL runs without them. TRL runs in its own virtualenv
 (``--trl-venv``, default ``~/.cache/marti-bench/trl-venv``), created on first use with ``torch==2.13.0``
 installed first and pinned, plus the same transformers, peft and accelerate versions as this environment.
 
 Throughput = samples (completions) and generated tokens per second of training wall time (generation, reward,
 loss, backward, optimizer step; model loading and evaluation excluded). Reward after N steps = mean training
 reward over the last ``max(1, steps // 4)`` steps, and the greedy reward of the final model on held-out
-problems, scored by the same code (:func:`benchmarks.sum_task.evaluate`) for both.
+problems, in float32, scored by the same code (:func:`benchmarks.sum_task.evaluate`) for every side. Each step
+is also split into generation and the rest (the update: reward, loss, backward, optimizer step, weight sync).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -40,12 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import sum_task
-from benchmarks.report import markdown_table, write_json
+from benchmarks.report import write_json
+from benchmarks.trainer_report import SIDES, TRL_ARMS, comparisons, format_table, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRL_VENV = Path.home() / ".cache" / "marti-bench" / "trl-venv"
-#: Target of issue 6: our throughput at least this multiple of TRL's, at equal or better reward.
-TARGET_RATIO = 1.5
+#: ``--engine`` and ``--dtype``: our side's ``rollout.engine`` and ``rollout.dtype`` (the CPU's engines).
+ENGINES = ("hf", "hf_static")
+DTYPES = ("float32", "bfloat16", "auto")
 
 
 def load_avg() -> float:
@@ -125,7 +137,8 @@ def worker_config(spec: dict[str, Any]) -> dict[str, Any]:
             "ppo_epochs": 1,
         },
         "rollout": {
-            "engine": "hf",
+            "engine": spec.get("rollout_engine", "hf"),
+            "dtype": spec.get("rollout_dtype", "float32"),
             "episodes_per_step": B,
             "group_size": spec["group_size"],
             "max_new_tokens": spec["max_new_tokens"],
@@ -141,39 +154,41 @@ def worker_config(spec: dict[str, Any]) -> dict[str, Any]:
 def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     """Train with our GRPO (PolicyWorker) as the spec says; same result keys as the TRL runner.
 
+    The first step runs under a :class:`~benchmarks.dtype_probe.DtypeProbe`: the result says which dtypes the
+    generation and the update really computed in, and which engine class the worker built.
+
     Returns:
-        ``train_time_s``, ``step_times_s``, ``step_rewards``, ``completion_tokens``, ``prompt_tokens``,
-        ``samples``, ``eval`` (see :func:`benchmarks.sum_task.evaluate`).
+        ``train_time_s``, ``step_times_s``, ``generation_s`` (per step), ``step_rewards``,
+        ``completion_tokens``, ``prompt_tokens``, ``samples``, ``eval`` (see :func:`benchmarks.sum_task.evaluate`),
+        ``observed`` (:meth:`DtypeProbe.report` of step 1), ``rollout`` (``{"engine": class name, "dtype": the
+        dtype it samples in, or None for the policy's}``).
     """
     import torch
 
+    from benchmarks.dtype_probe import DtypeProbe
     from marti.config import config_from_dict
-    from marti.trajectory import Trajectory, Turn
     from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 
     worker = PolicyWorker(
         policy_actor_config(config_from_dict(worker_config(spec))), num_threads=spec["threads"]
     )
-    P, G = spec["prompts_per_step"], spec["group_size"]
+    P = spec["prompts_per_step"]
     problems = spec["train_problems"]
-    step_times, step_rewards = [], []
+    step_times, gen_times, step_rewards = [], [], []
     counts = {"completion_tokens": 0, "prompt_tokens": 0, "samples": 0}
+    probe = DtypeProbe()
     t_start = time.perf_counter()
     for step in range(spec["steps"]):
         t0 = time.perf_counter()
         batch = problems[step * P : (step + 1) * P]
-        chats = [sum_task.chat(p["question"]) for p in batch for _ in range(G)]
-        gens = worker.generate("solver", chats)
-        samples = []
-        for i, g in enumerate(gens):
-            turn = Turn(0, list(g.prompt_token_ids), list(g.response_token_ids))
-            reward = sum_task.reward(g.text, batch[i // G]["answer"])
-            samples.append(
-                Trajectory(f"{step}-{i}", "solver", group_id=str(i // G), episode_return=reward, turns=[turn])
-            )
-            counts["completion_tokens"] += len(g.response_token_ids)
-            counts["prompt_tokens"] += len(g.prompt_token_ids)
-        worker.train("solver", samples)
+        chats = [sum_task.chat(p["question"]) for p in batch for _ in range(spec["group_size"])]
+        with probe.phase("generation"):
+            gens = worker.generate("solver", chats)
+        gen_times.append(time.perf_counter() - t0)
+        samples = _our_samples(step, gens, batch, spec["group_size"], counts)
+        with probe.phase("update"):
+            worker.train("solver", samples)
+        probe.stop()  # step 1 only: the hook costs a little on every module call
         counts["samples"] += len(samples)
         step_rewards.append(statistics.mean(t.outcome_reward for t in samples))
         step_times.append(time.perf_counter() - t0)
@@ -183,13 +198,39 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         ev = sum_task.evaluate(
             model, worker.policy.tokenizer("solver"), spec["eval_problems"], spec["max_new_tokens"]
         )
+    dtype = worker.engine.dtype
     return {
         "train_time_s": train_time,
         "step_times_s": step_times,
+        "generation_s": gen_times,
         "step_rewards": step_rewards,
         **counts,
         "eval": ev,
+        "observed": probe.report(),
+        "rollout": {
+            "engine": type(worker.engine).__name__,
+            "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        },
     }
+
+
+def _our_samples(
+    step: int, gens: list[Any], batch: list[dict[str, Any]], G: int, counts: dict[str, int]
+) -> list[Any]:
+    """The trajectories of one step's generations (row ``i`` answers ``batch[i // G]``), scored by the task's
+    reward; adds their token counts to ``counts``."""
+    from marti.trajectory import Trajectory, Turn
+
+    samples = []
+    for i, g in enumerate(gens):
+        turn = Turn(0, list(g.prompt_token_ids), list(g.response_token_ids))
+        reward = sum_task.reward(g.text, batch[i // G]["answer"])
+        samples.append(
+            Trajectory(f"{step}-{i}", "solver", group_id=str(i // G), episode_return=reward, turns=[turn])
+        )
+        counts["completion_tokens"] += len(g.response_token_ids)
+        counts["prompt_tokens"] += len(g.prompt_token_ids)
+    return samples
 
 
 def prepare_model(name: str, seed: int, out: Path) -> Path:
@@ -208,140 +249,12 @@ def prepare_model(name: str, seed: int, out: Path) -> Path:
     return out
 
 
-# ---------------------------------------------------------------------------------------------- report
-def summarize(name: str, r: dict[str, Any], tail: int) -> dict[str, Any]:
-    """Per-side numbers: samples/s, tokens/s, tail training reward, eval reward."""
-    t = r["train_time_s"]
-    return {
-        "side": name,
-        "train_s": t,
-        "samples_per_s": r["samples"] / t,
-        "gen_tokens_per_s": r["completion_tokens"] / t,
-        "all_tokens_per_s": (r["completion_tokens"] + r["prompt_tokens"]) / t,
-        "median_step_s": statistics.median(r["step_times_s"]) if r["step_times_s"] else float("nan"),
-        "median_samples_per_s": (r["samples"] / len(r["step_times_s"])) / statistics.median(r["step_times_s"])
-        if r["step_times_s"]
-        else float("nan"),
-        "tail_reward": statistics.mean(r["step_rewards"][-tail:]) if r["step_rewards"] else float("nan"),
-        "tail_rewards": list(r["step_rewards"][-tail:]),
-        "eval_scores": list(r["eval"].get("scores", [])),
-        "first_reward": r["step_rewards"][0] if r["step_rewards"] else float("nan"),
-        "eval_reward": r["eval"]["reward"],
-        "eval_accuracy": r["eval"]["accuracy"],
-        "mean_completion_len": r["completion_tokens"] / max(1, r["samples"]),
-        "load": r.get("load", float("nan")),
-    }
-
-
-def reward_comparison(ours: dict[str, Any], trl: dict[str, Any]) -> tuple[bool, str]:
-    """Is our reward equal to or better than TRL's, within one standard error of the difference?
-
-    Training: the tail steps' mean rewards, difference of two means, SE = sqrt(var_o / n_o + var_t / n_t) over
-    the per-step means. Held-out: both sides answer the same problems, so the difference is paired per problem,
-    SE = stdev(d) / sqrt(n). "Equal or better" = each difference >= -SE (a difference inside sampling noise is
-    equal; a zero SE demands >= 0).
-
-    Returns:
-        ``(ok, text)``: the verdict and a sentence with both differences and their SEs.
-    """
-
-    def se_two(a: list[float], b: list[float]) -> float:
-        va = statistics.variance(a) / len(a) if len(a) > 1 else 0.0
-        vb = statistics.variance(b) / len(b) if len(b) > 1 else 0.0
-        return (va + vb) ** 0.5
-
-    d_train = ours["tail_reward"] - trl["tail_reward"]
-    se_train = se_two(ours["tail_rewards"], trl["tail_rewards"])
-    same_problems = len(ours["eval_scores"]) == len(trl["eval_scores"])  # else older result files: no pairing
-    paired = (
-        [a - b for a, b in zip(ours["eval_scores"], trl["eval_scores"], strict=True)] if same_problems else []
-    )
-    d_eval = ours["eval_reward"] - trl["eval_reward"]
-    se_eval = statistics.stdev(paired) / len(paired) ** 0.5 if len(paired) > 1 else 0.0
-    ok = d_train >= -se_train and d_eval >= -se_eval
-    text = (
-        f"reward ours - TRL: training {d_train:+.3f} (SE {se_train:.3f}), held-out {d_eval:+.3f} "
-        f"(paired SE {se_eval:.3f})"
-    )
-    return ok, text
-
-
-def _side_cells(r: dict[str, Any]) -> list[str]:
-    """One side's row of :func:`format_table`."""
-    return [
-        r["side"], f"{r['train_s']:.1f}", f"{r['samples_per_s']:.2f}", f"{r['gen_tokens_per_s']:.1f}",
-        f"{r['all_tokens_per_s']:.1f}", f"{r['median_step_s']:.2f}", f"{r['median_samples_per_s']:.2f}",
-        f"{r['mean_completion_len']:.1f}", f"{r['first_reward']:.3f}", f"{r['tail_reward']:.3f}",
-        f"{r['eval_reward']:.3f} ({r['eval_accuracy']:.2f})", f"{r['load']:.1f}",
-    ]  # fmt: skip
-
-
-def format_table(rows: list[dict[str, Any]], init_eval: dict[str, float], steps: int, tail: int) -> str:
-    """Markdown table of both sides (:func:`benchmarks.report.markdown_table`), a row of the untrained model's
-    evaluation, and the ratio line."""
-    header = ["side", "train s", "samples/s", "generated tok/s", "prompt+gen tok/s", "median step s",
-              "samples/s at median step", "mean completion tok", "reward step 1",
-              f"reward last {tail} of {steps} steps", "eval reward (acc)", "load"]  # fmt: skip
-    cells = [_side_cells(r) for r in rows]
-    cells.append(
-        ["untrained model", *[""] * 9, f"{init_eval['reward']:.3f} ({init_eval['accuracy']:.2f})", ""]
-    )
-    lines = [markdown_table(header, cells, "l" + "r" * 11)]
-    c = compare(rows)
-    if c is not None:
-        o, t = c["ours"], c["trl"]
-        lines += [
-            "",
-            f"ours / TRL: samples/s {c['samples_per_s_ratio']:.2f}x, generated tokens/s "
-            f"{c['gen_tokens_per_s_ratio']:.2f}x, at the median step {c['median_samples_per_s_ratio']:.2f}x; "
-            f"reward ours {o['tail_reward']:.3f} vs TRL {t['tail_reward']:.3f} (training, last {tail} steps), "
-            f"eval {o['eval_reward']:.3f} vs {t['eval_reward']:.3f}; {c['reward_text']}. "
-            f"Target >= {TARGET_RATIO}x at equal or better reward (within one SE): "
-            f"{'met' if c['met'] else 'NOT met'}.",
-        ]
-    return "\n".join(lines)
-
-
-def compare(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Ours against TRL: the throughput ratios, the reward verdict and the target.
-
-    Args:
-        rows: :func:`summarize` rows (one per side).
-
-    Returns:
-        ``None`` unless both sides ran; else ``{"ours", "trl"}`` (the rows), ``samples_per_s_ratio``,
-        ``gen_tokens_per_s_ratio``, ``median_samples_per_s_ratio`` (ours / TRL), ``reward_ok`` and
-        ``reward_text`` (:func:`reward_comparison`), ``target_ratio`` and ``met`` (samples/s ratio >=
-        :data:`TARGET_RATIO` at an equal or better reward).
-    """
-    by = {r["side"]: r for r in rows}
-    if "ours" not in by or "trl" not in by:
-        return None
-    o, t = by["ours"], by["trl"]
-    ratio_s = o["samples_per_s"] / t["samples_per_s"]
-    reward_ok, reward_text = reward_comparison(o, t)
-    return {
-        "ours": o,
-        "trl": t,
-        "samples_per_s_ratio": ratio_s,
-        "gen_tokens_per_s_ratio": o["gen_tokens_per_s"] / t["gen_tokens_per_s"],
-        "median_samples_per_s_ratio": o["median_samples_per_s"] / t["median_samples_per_s"],
-        "reward_ok": reward_ok,
-        "reward_text": reward_text,
-        "target_ratio": TARGET_RATIO,
-        "met": ratio_s >= TARGET_RATIO and reward_ok,
-    }
-
-
 def _child(role: str, spec_path: Path, out_path: Path, python: str) -> dict[str, Any]:
-    """Run one side in a fresh process; returns its result JSON with the load average added."""
-    if role == "trl":
-        cmd = [
-            python,
-            str(Path(__file__).resolve().parent / "trl_grpo_runner.py"),
-            str(spec_path),
-            str(out_path),
-        ]
+    """Run one side in a fresh process (a TRL arm with its precision, :data:`TRL_ARMS`); returns its result JSON
+    with the load average added."""
+    if role in TRL_ARMS:
+        runner = Path(__file__).resolve().parent / "trl_grpo_runner.py"
+        cmd = [python, str(runner), str(spec_path), str(out_path), TRL_ARMS[role]]
     else:
         cmd = [python, "-m", "benchmarks.trainer", "--_ours", str(spec_path), str(out_path)]
     env = {
@@ -366,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         argv: Command-line arguments (see ``--help``).
 
     Returns:
-        0 when both sides ran (whether or not the target is met).
+        0 when every side ran (whether or not the target is met).
     """
     p = argparse.ArgumentParser(prog="marti bench trainer", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-llama", help="model name or folder (default tiny-llama)")
@@ -380,8 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads per side (default 2)")
     p.add_argument("--eval-problems", type=int, default=32, help="held-out problems (default 32)")
-    p.add_argument("--repeats", type=int, default=1, help="alternate ours/TRL this many times (default 1)")
-    p.add_argument("--sides", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
+    p.add_argument("--repeats", type=int, default=1, help="alternate the sides this many times (default 1)")
+    p.add_argument("--engine", default="hf", choices=ENGINES, help="our rollout.engine (default hf)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="our rollout.dtype (default float32)")
+    p.add_argument(
+        "--sides",
+        nargs="+",
+        choices=SIDES,
+        help="sides to run (default: ours and trl, plus trl_bf16 when --dtype resolves to bfloat16 here)",
+    )
     p.add_argument("--trl-venv", default=str(DEFAULT_TRL_VENV), help="TRL virtualenv (created if missing)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench_trainer"), help="output folder")
     p.add_argument("--report-only", action="store_true", help="only print the table of the runs in --out")
@@ -400,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / "spec.json").is_file():
             raise SystemExit(f"--report-only: no earlier run in {out} (its spec.json is missing)")
         return _report(args, out)
+    sides = args.sides or default_sides(args.dtype)
     out.mkdir(parents=True, exist_ok=True)
-    trl_python = str(ensure_trl_venv(Path(args.trl_venv))) if "trl" in args.sides else ""
+    for old in _side_files(out):  # a new run's table holds only its own sides
+        old.unlink()
+    trl_python = str(ensure_trl_venv(Path(args.trl_venv))) if set(sides) & set(TRL_ARMS) else ""
     model_dir = prepare_model(args.model, args.seed, out / "init_model")
     spec = {
         "model": args.model,
@@ -420,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
         "seed": args.seed,
         "threads": args.threads,
+        "rollout_engine": args.engine,
+        "rollout_dtype": args.dtype,
         "train_problems": sum_task.make_problems(args.seed, args.steps * args.prompts),
         "eval_problems": sum_task.make_problems(10_000 + args.seed, args.eval_problems),
     }
@@ -435,11 +360,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     (out / "init_eval.json").write_text(json.dumps(init_eval))
     for rep in range(args.repeats):
-        for side in args.sides:
+        for side in sides:
             python = sys.executable if side == "ours" else trl_python
             res = _child(side, spec_path, out / f"{side}_{rep}.json", python)
             (out / f"{side}_{rep}.json").write_text(json.dumps(res))
     return _report(args, out)
+
+
+def default_sides(dtype: str) -> list[str]:
+    """The sides a run has by default: ours and TRL in float32, plus TRL in bf16 when our ``rollout.dtype``
+    (``dtype``) resolves to bfloat16 on this CPU (``auto`` does where it has AVX512-BF16 or AMX)."""
+    import torch
+
+    from services.trainer.rollout.precision import resolve_rollout_dtype
+
+    bf16 = resolve_rollout_dtype(dtype, "cpu") == torch.bfloat16
+    return ["ours", "trl", "trl_bf16"] if bf16 else ["ours", "trl"]
+
+
+def _side_files(out: Path) -> dict[Path, str]:
+    """The side result files ``<out>/<side>_<rep>.json`` -> their side (:data:`SIDES`)."""
+    pattern = re.compile(rf"({'|'.join(SIDES)})_\d+\.json")
+    found = {f: pattern.fullmatch(f.name) for f in sorted(out.glob("*_*.json"))}
+    return {f: m.group(1) for f, m in found.items() if m}
 
 
 def _report(args: argparse.Namespace, out: Path) -> int:
@@ -449,15 +392,14 @@ def _report(args: argparse.Namespace, out: Path) -> int:
     steps = spec["steps"]
     tail = max(1, steps // 4)
     results: dict[str, list[dict[str, Any]]] = {}
-    for side in ("ours", "trl"):
-        runs = [json.loads(f.read_text()) for f in sorted(out.glob(f"{side}_*.json"))]
-        if runs:
-            results[side] = runs
+    for f, side in _side_files(out).items():
+        results.setdefault(side, []).append(json.loads(f.read_text()))
     if not results:
-        raise SystemExit(f"no side results in {out} (ours_*.json, trl_*.json): the run did not finish a side")
+        names = ", ".join(f"{s}_*.json" for s in SIDES)
+        raise SystemExit(f"no side results in {out} ({names}): the run did not finish a side")
     rows = []
-    for side, runs in results.items():
-        best = min(runs, key=lambda r: r["train_time_s"])  # least disturbed by other load on the machine
+    for side in (s for s in SIDES if s in results):
+        best = min(results[side], key=lambda r: r["train_time_s"])  # least disturbed by other load
         rows.append(summarize(side, best, tail))
     reps = max(len(v) for v in results.values())
     print(
@@ -465,19 +407,19 @@ def _report(args: argparse.Namespace, out: Path) -> int:
         f"G={spec['group_size']}, "
         f"max_new_tokens={spec['max_new_tokens']}, T={spec['temperature']}, lr={spec['lr']}, "
         f"{'LoRA r=8' if spec['lora'] else 'full fine-tuning'}, {spec['threads']} threads, seed {spec['seed']}, "
-        f"fastest of {reps} run(s) per side\n"
+        f"ours with rollout.engine {spec.get('rollout_engine', 'hf')} and rollout.dtype "
+        f"{spec.get('rollout_dtype', 'float32')}, fastest of {reps} run(s) per side\n"
     )
     text = format_table(rows, init_eval, steps, tail)
     print(text)
     (out / "table.md").write_text(text + "\n")
     if args.json:
-        c = compare(rows)
         doc = {
             "bench": "trainer",
             "spec": {k: v for k, v in spec.items() if not k.endswith("_problems")},
             "untrained_eval": init_eval,
             "sides": rows,
-            "comparison": c and {k: v for k, v in c.items() if k not in ("ours", "trl")},
+            "comparisons": comparisons(rows),
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         }
         write_json(args.json, doc)

@@ -1,12 +1,23 @@
 """TRL side of ``marti bench trainer``: GRPOTrainer on the sum task, run by the TRL virtualenv's Python.
 
-``<trl-venv>/bin/python benchmarks/trl_grpo_runner.py SPEC.json OUT.json``
+``<trl-venv>/bin/python benchmarks/trl_grpo_runner.py SPEC.json OUT.json [fp32|bf16]``
 
-Imports only TRL's virtualenv (trl, transformers, peft, datasets, torch) and :mod:`sum_task` (standard library),
-never ``marti``. It reads the run spec written by :mod:`benchmarks.trainer` (model folder, problems, seeds,
-batch shape, sampling, optimizer), trains, evaluates the final model greedily with
-:func:`sum_task.evaluate`, and writes ``{"train_time_s", "step_times_s", "step_rewards", "completion_tokens",
-"prompt_tokens", "samples", "eval", "versions"}`` to OUT.json.
+Imports only TRL's virtualenv (trl, transformers, peft, datasets, torch), :mod:`sum_task` and :mod:`dtype_probe`
+(standard library and torch), never ``marti``. It reads the run spec written by :mod:`benchmarks.trainer` (model
+folder, problems, seeds, batch shape, sampling, optimizer), trains, evaluates the final model greedily in float32
+with :func:`sum_task.evaluate`, and writes ``{"train_time_s", "step_times_s", "generation_s", "step_rewards",
+"completion_tokens", "prompt_tokens", "samples", "eval", "observed", "precision", "versions"}`` to OUT.json.
+
+Precision (the third argument, :data:`PRECISIONS`):
+
+- ``fp32`` (default): the model loaded in float32, ``GRPOConfig(bf16=False)``: everything in float32.
+- ``bf16``: ``GRPOConfig(bf16=True)`` (TRL's own default; accelerate's bf16 autocast around the model's forward)
+  and, with LoRA, the model loaded in bfloat16. Generation and the training forward and backward then compute in
+  bf16 while the trained weights and AdamW's state stay float32. The load dtype differs because TRL 1.16 on the
+  CPU generates *outside* the autocast when peft wraps the model (a float32 base then samples in float32), and
+  inside it for a plain model: so LoRA gets a bf16 base (frozen; peft keeps the adapters float32) and full
+  fine-tuning keeps float32 master weights under the autocast. The result's ``observed`` shows the dtypes each
+  phase computed in (first step).
 """
 
 from __future__ import annotations
@@ -19,18 +30,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sum_task  # noqa: E402
+from dtype_probe import DtypeProbe  # noqa: E402
+
+#: The TRL arms' precisions (see the module docstring).
+PRECISIONS = ("fp32", "bf16")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run TRL's GRPOTrainer as the spec says and write the result JSON.
 
     Args:
-        argv: ``[SPEC.json, OUT.json]``.
+        argv: ``[SPEC.json, OUT.json]`` or ``[SPEC.json, OUT.json, PRECISION]`` (:data:`PRECISIONS`, default fp32).
 
     Returns:
         0 on success.
+
+    Raises:
+        SystemExit: An unknown precision (named).
     """
-    spec_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
+    args = argv if argv is not None else sys.argv[1:]
+    spec_path, out_path = args[:2]
+    precision = args[2] if len(args) > 2 else "fp32"
+    if precision not in PRECISIONS:
+        raise SystemExit(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    bf16 = precision == "bf16"
     spec = json.loads(Path(spec_path).read_text())
     import datasets
     import torch
@@ -41,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(spec["seed"])
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    load_dtype = torch.bfloat16 if bf16 and spec["lora"] else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=load_dtype)
     rows = [{"prompt": sum_task.chat(p["question"]), "answer": p["answer"]} for p in spec["train_problems"]]
     dataset = datasets.Dataset.from_list(rows)
     B = spec["prompts_per_step"] * spec["group_size"]
@@ -62,13 +86,21 @@ def main(argv: list[str] | None = None) -> int:
         return scores
 
     step_times: list[float] = []
+    gen_times: list[float] = []
+    probe = DtypeProbe()
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001
             self.t0 = time.perf_counter()
+            gen_times.append(0.0)
+            if not step_times:
+                probe.current = "update"  # step 1: what is not generation is the update
 
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
             step_times.append(time.perf_counter() - self.t0)
+            if len(step_times) == 1:
+                probe.current = None
+                probe.stop()
 
     peft_config = None
     if spec["lora"]:
@@ -103,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         weight_decay=0.0,
         max_grad_norm=spec["grad_clip"],
         gradient_checkpointing=False,
-        bf16=False,
+        bf16=bf16,
         use_cpu=True,
         seed=spec["seed"],
         shuffle_dataset=False,  # same problem order as our side
@@ -122,6 +154,16 @@ def main(argv: list[str] | None = None) -> int:
         peft_config=peft_config,
         callbacks=[StepTimer()],
     )
+    generate = trainer._generate_single_turn  # transformers generate, timed (and probed) per step
+
+    def timed_generate(*a, **kw):  # noqa: ANN002, ANN003
+        t = time.perf_counter()
+        with probe.phase("generation"):
+            out = generate(*a, **kw)
+        gen_times[-1] += time.perf_counter() - t
+        return out
+
+    trainer._generate_single_turn = timed_generate
     t0 = time.perf_counter()
     trainer.train()
     train_time = time.perf_counter() - t0
@@ -132,13 +174,18 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows[: spec["steps"] * spec["prompts_per_step"]]
     ]
     counts["prompt_tokens"] = sum(prompt_len) * spec["group_size"]
-    ev = sum_task.evaluate(trainer.model, tok, spec["eval_problems"], spec["max_new_tokens"])
+    # every arm evaluates its final weights the same way: float32, no autocast wrapper
+    final = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False).float()
+    ev = sum_task.evaluate(final, tok, spec["eval_problems"], spec["max_new_tokens"])
     result = {
         "train_time_s": train_time,
         "step_times_s": step_times,
+        "generation_s": gen_times,
         "step_rewards": step_rewards,
         **counts,
         "eval": ev,
+        "observed": probe.report(),
+        "precision": precision,
         "versions": {
             "trl": trl.__version__,
             "transformers": transformers.__version__,

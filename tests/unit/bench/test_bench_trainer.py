@@ -1,13 +1,17 @@
-"""The trainer benchmark's pure parts: the task's reward and the 'equal or better reward' verdict."""
+"""The trainer benchmark: the task's reward, the 'equal or better reward' verdict, the report of every arm, and
+our side's ``--engine`` / ``--dtype`` really applied (a tiny run, its dtypes observed)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from benchmarks import sum_task, trainer
-from benchmarks.trainer import reward_comparison
+from benchmarks.dtype_probe import DtypeProbe
+from benchmarks.trainer_report import reward_comparison
+from services.trainer.rollout.precision import cpu_has_bf16
 
 
 def _side(tail, scores):
@@ -76,28 +80,39 @@ def test_report_only_writes_the_sides_the_ratios_and_the_verdict_as_json(tmp_pat
 
     (tmp_path / "ours_0.json").write_text(json.dumps(side(10.0, [0.1, 0.2, 0.3, 0.4])))
     (tmp_path / "trl_0.json").write_text(json.dumps(side(20.0, [0.1, 0.2, 0.3, 0.4])))
+    bf16 = side(5.0, [0.3, 0.4, 0.5, 0.6]) | {"generation_s": [0.5] * 4, "precision": "bf16"}
+    bf16["observed"] = {"generation": {"compute": ["bfloat16"], "weights": ["bfloat16"]}}
+    (tmp_path / "trl_bf16_0.json").write_text(json.dumps(bf16))  # not one of trl_*'s runs
+    (tmp_path / "trl_bf16_1.json").write_text(json.dumps(bf16 | {"train_time_s": 50.0}))  # slower: not shown
+    (tmp_path / "notes_0.json").write_text("not a side")
     path = tmp_path / "out.json"
     assert trainer.main(["--report-only", "--out", str(tmp_path), "--json", str(path), "--model", "m"]) == 0
     doc = json.loads(path.read_text())
     assert doc["bench"] == "trainer" and "train_problems" not in doc["spec"] and doc["spec"]["steps"] == 4
-    assert [s["side"] for s in doc["sides"]] == ["ours", "trl"]
-    c = doc["comparison"]
-    assert (
-        c["samples_per_s_ratio"] == pytest.approx(2.0)
-        and c["reward_ok"]
-        and c["met"] == (2.0 >= c["target_ratio"])
-    )
+    assert [s["side"] for s in doc["sides"]] == ["ours", "trl", "trl_bf16"]
+    c, cb = doc["comparisons"]["trl"], doc["comparisons"]["trl_bf16"]
+    assert c["samples_per_s_ratio"] == pytest.approx(2.0) and c["reward_ok"] and c["target_ratio"] == 3.0
+    assert not c["met"]  # 2x < 3x
+    assert cb["samples_per_s_ratio"] == pytest.approx(0.5) and not cb["reward_ok"] and not cb["met"]
+    assert doc["sides"][2]["median_generation_s"] == 0.5 and doc["sides"][2]["median_update_s"] == 0.75
     assert len(doc["loadavg_after"]) == 3
     printed = capsys.readouterr().out
-    assert (
-        "samples/s 2.00x" in printed and "model smollm2-135m-instruct," in printed
-    )  # the run's, not --model's
+    assert "model smollm2-135m-instruct," in printed  # the run's, not --model's
+    assert "rollout.engine hf and rollout.dtype float32" in printed  # an older spec: the recorded defaults
+    assert "ours / trl: samples/s 2.00x" in printed and "NOT met (67% of the ratio)" in printed
+    assert "ours / trl_bf16: samples/s 0.50x" in printed and "(LOWER)" in printed
     table = (tmp_path / "table.md").read_text().splitlines()  # a Markdown table, as printed
     assert (
         table[0].startswith("| side | train s | samples/s |") and "| reward last 1 of 4 steps |" in table[0]
     )
-    assert table[1] == "|---|" + "---:|" * 11 and table[2].startswith("| ours | 10.0 | 1.60 | 6.4 | 19.2 |")
-    assert table[3].startswith("| trl | 20.0 | 0.80 |") and table[4].endswith("| 0.100 (0.00) |  |")
+    assert "| median generation s | median update s |" in table[0]
+    assert table[1] == "|---|" + "---:|" * 13 and table[2].startswith("| ours | 10.0 | 1.60 | 6.4 | 19.2 |")
+    assert table[3].startswith("| trl | 20.0 | 0.80 |") and "| 5.00 | nan | nan |" in table[3]
+    assert table[4].startswith("| trl_bf16 | 5.0 | 3.20 |") and table[5].endswith("| 0.100 (0.00) |  |")
+    assert "- trl: TRL precision fp32; step 1 computed: not recorded" in table
+    assert (
+        "- trl_bf16: TRL precision bf16; step 1 computed: generation in bfloat16 (weights bfloat16)" in table
+    )
     assert all(line in printed for line in table)
 
 
@@ -110,5 +125,58 @@ def test_report_only_without_an_earlier_run_says_so_and_creates_nothing(tmp_path
     assert not missing.exists()
     (tmp_path / "spec.json").write_text(json.dumps({"steps": 4}))
     (tmp_path / "init_eval.json").write_text(json.dumps({"reward": 0.1, "accuracy": 0.0}))
-    with pytest.raises(SystemExit, match=r"no side results in .*ours_\*.json, trl_\*.json"):
+    with pytest.raises(SystemExit, match=r"no side results in .*ours_\*.json, trl_\*.json, trl_bf16_\*.json"):
         trainer.main(["--report-only", "--out", str(tmp_path)])
+
+
+def test_the_probe_sees_what_each_phase_computed_in_and_stops():
+    layer = torch.nn.Linear(4, 4)
+    x = torch.ones(2, 4)
+    probe = DtypeProbe()
+    layer(x)  # outside any phase: not recorded
+    with probe.phase("update"), torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)
+    with probe.phase("generation"):
+        layer.to(torch.bfloat16)(x.bfloat16())
+    probe.stop()
+    with probe.phase("generation"):
+        layer.float()(x)  # after stop: not recorded
+    probe.stop()  # idempotent
+    assert probe.report() == {
+        "generation": {"compute": ["bfloat16"], "weights": ["bfloat16"]},
+        "update": {"compute": ["bfloat16"], "weights": ["float32"]},
+    }
+
+
+def test_defaults_are_the_recorded_settings_and_bf16_adds_the_trl_bf16_arm():
+    spec = {"prompts_per_step": 2, "group_size": 4, "lora": False, "steps": 2, "lr": 1e-4, "seed": 0}
+    spec |= {"model_dir": "m", "clip_eps": 0.2, "max_new_tokens": 4, "temperature": 1.0, "grad_clip": 1.0}
+    rollout = trainer.worker_config(spec)["rollout"]  # an older spec.json: no rollout keys
+    assert (rollout["engine"], rollout["dtype"]) == ("hf", "float32")
+    rollout = trainer.worker_config(spec | {"rollout_engine": "hf_static", "rollout_dtype": "bfloat16"})[
+        "rollout"
+    ]
+    assert (rollout["engine"], rollout["dtype"]) == ("hf_static", "bfloat16")
+    assert trainer.default_sides("float32") == ["ours", "trl"]
+    assert trainer.default_sides("bfloat16") == ["ours", "trl", "trl_bf16"]
+    assert ("trl_bf16" in trainer.default_sides("auto")) == cpu_has_bf16()
+    with pytest.raises(SystemExit):
+        trainer.main(["--dtype", "float16"])  # not a choice
+
+
+def test_our_engine_and_dtype_flags_are_applied_in_a_real_run(tmp_path):
+    # A real (tiny) run of our side in its own process: the worker's engine class and the dtypes its
+    # generation and update computed in are observed, not read back from the flags.
+    out = tmp_path / "run"
+    argv = ["--sides", "ours", "--steps", "1", "--prompts", "1", "--group", "2", "--max-new-tokens", "2"]
+    argv += ["--eval-problems", "1", "--engine", "hf_static", "--dtype", "bfloat16", "--out", str(out)]
+    assert trainer.main(argv) == 0
+    res = json.loads((out / "ours_0.json").read_text())
+    assert res["rollout"] == {"engine": "StaticCacheRolloutEngine", "dtype": "bfloat16"}
+    assert res["observed"] == {
+        "generation": {"compute": ["bfloat16"], "weights": ["bfloat16"]},
+        "update": {"compute": ["float32"], "weights": ["float32"]},
+    }
+    assert len(res["generation_s"]) == len(res["step_times_s"]) == 1
+    assert res["generation_s"][0] < res["step_times_s"][0]
+    assert "generation in bfloat16 (weights bfloat16)" in (out / "table.md").read_text()
