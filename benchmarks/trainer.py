@@ -14,7 +14,8 @@ Task: "What is a + b? Reply with only the number." (:mod:`benchmarks.sum_task`; 
   token-mean loss over the batch (TRL ``loss_type="dapo"``), one optimizer step per batch of
   ``prompts x G`` samples (no accumulation, one epoch), AdamW with a constant learning rate, weight decay 0,
   gradient clipping at 1.0, no gradient checkpointing, full fine-tuning (or LoRA on both with ``--lora``);
-  our update computes in float32 whatever ``--dtype`` says;
+  our update computes in ``--train-dtype`` (``strategy.bf16``: ``float32``, the default as recorded, or
+  ``bfloat16`` autocast over float32 weights), whatever ``--dtype`` says;
 - use ``--threads`` torch threads, each in a fresh process.
 
 TRL runs in one or two arms (``--sides``): ``trl``, all float32, and ``trl_bf16``, TRL's bf16
@@ -58,6 +59,8 @@ DEFAULT_TRL_VENV = Path.home() / ".cache" / "marti-bench" / "trl-venv"
 #: ``--engine`` and ``--dtype``: our side's ``rollout.engine`` and ``rollout.dtype`` (the CPU's engines).
 ENGINES = ("hf", "hf_static")
 DTYPES = ("float32", "bfloat16", "auto")
+#: ``--train-dtype``: what our update computes in (``strategy.bf16``: bf16 autocast over float32 weights).
+TRAIN_DTYPES = ("float32", "bfloat16")
 
 
 def load_avg() -> float:
@@ -146,7 +149,12 @@ def worker_config(spec: dict[str, Any]) -> dict[str, Any]:
             "top_p": 1.0,
         },
         "policy": policy,
-        "strategy": {"name": "torch", "grad_clip": spec["grad_clip"], "weight_decay": 0.0},
+        "strategy": {
+            "name": "torch",
+            "grad_clip": spec["grad_clip"],
+            "weight_decay": 0.0,
+            "bf16": spec.get("train_dtype", "float32") == "bfloat16",
+        },
         "output": {"log_with": []},
     }
 
@@ -297,10 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="hf", choices=ENGINES, help="our rollout.engine (default hf)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="our rollout.dtype (default float32)")
     p.add_argument(
+        "--train-dtype",
+        default="float32",
+        choices=TRAIN_DTYPES,
+        help="our update's compute dtype (strategy.bf16: bfloat16 autocast; default float32)",
+    )
+    p.add_argument(
         "--sides",
         nargs="+",
         choices=SIDES,
-        help="sides to run (default: ours and trl, plus trl_bf16 when --dtype resolves to bfloat16 here)",
+        help="sides to run (default: ours and trl, plus trl_bf16 when ours uses bfloat16: --dtype resolved "
+        "here, or --train-dtype)",
     )
     p.add_argument("--trl-venv", default=str(DEFAULT_TRL_VENV), help="TRL virtualenv (created if missing)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench_trainer"), help="output folder")
@@ -320,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / "spec.json").is_file():
             raise SystemExit(f"--report-only: no earlier run in {out} (its spec.json is missing)")
         return _report(args, out)
-    sides = args.sides or default_sides(args.dtype)
+    sides = args.sides or default_sides(args.dtype, args.train_dtype)
     out.mkdir(parents=True, exist_ok=True)
     for old in _side_files(out):  # a new run's table holds only its own sides
         old.unlink()
@@ -345,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "rollout_engine": args.engine,
         "rollout_dtype": args.dtype,
+        "train_dtype": args.train_dtype,
         "train_problems": sum_task.make_problems(args.seed, args.steps * args.prompts),
         "eval_problems": sum_task.make_problems(10_000 + args.seed, args.eval_problems),
     }
@@ -367,14 +383,15 @@ def main(argv: list[str] | None = None) -> int:
     return _report(args, out)
 
 
-def default_sides(dtype: str) -> list[str]:
-    """The sides a run has by default: ours and TRL in float32, plus TRL in bf16 when our ``rollout.dtype``
-    (``dtype``) resolves to bfloat16 on this CPU (``auto`` does where it has AVX512-BF16 or AMX)."""
+def default_sides(dtype: str, train_dtype: str = "float32") -> list[str]:
+    """The sides a run has by default: ours and TRL in float32, plus TRL in bf16 when our side uses bf16: its
+    ``rollout.dtype`` (``dtype``) resolves to bfloat16 on this CPU (``auto`` does where it has AVX512-BF16 or
+    AMX), or its update computes in bfloat16 (``train_dtype``)."""
     import torch
 
     from services.trainer.rollout.precision import resolve_rollout_dtype
 
-    bf16 = resolve_rollout_dtype(dtype, "cpu") == torch.bfloat16
+    bf16 = resolve_rollout_dtype(dtype, "cpu") == torch.bfloat16 or train_dtype == "bfloat16"
     return ["ours", "trl", "trl_bf16"] if bf16 else ["ours", "trl"]
 
 
@@ -408,7 +425,8 @@ def _report(args: argparse.Namespace, out: Path) -> int:
         f"max_new_tokens={spec['max_new_tokens']}, T={spec['temperature']}, lr={spec['lr']}, "
         f"{'LoRA r=8' if spec['lora'] else 'full fine-tuning'}, {spec['threads']} threads, seed {spec['seed']}, "
         f"ours with rollout.engine {spec.get('rollout_engine', 'hf')} and rollout.dtype "
-        f"{spec.get('rollout_dtype', 'float32')}, fastest of {reps} run(s) per side\n"
+        f"{spec.get('rollout_dtype', 'float32')}, update in {spec.get('train_dtype', 'float32')}, "
+        f"fastest of {reps} run(s) per side\n"
     )
     text = format_table(rows, init_eval, steps, tail)
     print(text)

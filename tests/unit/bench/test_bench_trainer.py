@@ -98,7 +98,9 @@ def test_report_only_writes_the_sides_the_ratios_and_the_verdict_as_json(tmp_pat
     assert len(doc["loadavg_after"]) == 3
     printed = capsys.readouterr().out
     assert "model smollm2-135m-instruct," in printed  # the run's, not --model's
-    assert "rollout.engine hf and rollout.dtype float32" in printed  # an older spec: the recorded defaults
+    assert (
+        "rollout.engine hf and rollout.dtype float32, update in float32" in printed
+    )  # an older spec: the recorded defaults
     assert "ours / trl: samples/s 2.00x" in printed and "NOT met (67% of the ratio)" in printed
     assert "ours / trl_bf16: samples/s 0.50x" in printed and "(LOWER)" in printed
     table = (tmp_path / "table.md").read_text().splitlines()  # a Markdown table, as printed
@@ -153,29 +155,32 @@ def test_defaults_are_the_recorded_settings_and_bf16_adds_the_trl_bf16_arm():
     spec |= {"model_dir": "m", "clip_eps": 0.2, "max_new_tokens": 4, "temperature": 1.0, "grad_clip": 1.0}
     rollout = trainer.worker_config(spec)["rollout"]  # an older spec.json: no rollout keys
     assert (rollout["engine"], rollout["dtype"]) == ("hf", "float32")
+    assert trainer.worker_config(spec)["strategy"]["bf16"] is False
     rollout = trainer.worker_config(spec | {"rollout_engine": "hf_static", "rollout_dtype": "bfloat16"})[
         "rollout"
     ]
     assert (rollout["engine"], rollout["dtype"]) == ("hf_static", "bfloat16")
     assert trainer.default_sides("float32") == ["ours", "trl"]
     assert trainer.default_sides("bfloat16") == ["ours", "trl", "trl_bf16"]
+    assert trainer.default_sides("float32", "bfloat16") == ["ours", "trl", "trl_bf16"]
     assert ("trl_bf16" in trainer.default_sides("auto")) == cpu_has_bf16()
     with pytest.raises(SystemExit):
         trainer.main(["--dtype", "float16"])  # not a choice
 
 
-def test_our_engine_and_dtype_flags_are_applied_in_a_real_run(tmp_path):
+def test_our_engine_dtype_and_train_dtype_are_applied_in_a_real_run(tmp_path):
     # A real (tiny) run of our side in its own process: the worker's engine class and the dtypes its
     # generation and update computed in are observed, not read back from the flags.
     out = tmp_path / "run"
     argv = ["--sides", "ours", "--steps", "1", "--prompts", "1", "--group", "2", "--max-new-tokens", "2"]
     argv += ["--eval-problems", "1", "--engine", "hf_static", "--dtype", "bfloat16", "--out", str(out)]
+    argv += ["--train-dtype", "bfloat16"]
     assert trainer.main(argv) == 0
     res = json.loads((out / "ours_0.json").read_text())
     assert res["rollout"] == {"engine": "StaticCacheRolloutEngine", "dtype": "bfloat16"}
     assert res["observed"] == {
         "generation": {"compute": ["bfloat16"], "weights": ["bfloat16"]},
-        "update": {"compute": ["float32"], "weights": ["float32"]},
+        "update": {"compute": ["bfloat16"], "weights": ["float32"]},  # autocast over float32 weights
     }
     assert len(res["generation_s"]) == len(res["step_times_s"]) == 1
     assert res["generation_s"][0] < res["step_times_s"][0]
