@@ -115,3 +115,18 @@ def test_pettingzoo_parallel_api_on_ranked_easy() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         parallel_api_test(make(difficulty="easy", ranked=True, seed=0), num_cycles=40)
+
+
+def test_the_easy_example_plays_ranked_with_a_frozen_leader_and_a_completion_reward() -> None:
+    """examples/private_allocation_easy.yaml (issue 33's long-run attempts, docs/benchmarks.md) loads, builds a
+    ranked easy env, keeps the leader frozen and pays completion only."""
+    from pathlib import Path
+
+    from marti.config import load_config
+    from services.trainer.rollout.env_config import env_config
+
+    cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "private_allocation_easy.yaml")
+    assert cfg.tuning_agents == ["agent_2"] and cfg.workflow.reward_env_weight == 0.0
+    env = me.make(cfg.environment.env_name, **env_config(cfg), seed=5)
+    obs, _ = env.reset(seed=5)
+    assert env.env.ranked and "Tasks, most valuable first" in obs["agent_1"]
