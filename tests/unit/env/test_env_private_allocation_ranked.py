@@ -119,7 +119,7 @@ def test_pettingzoo_parallel_api_on_ranked_easy() -> None:
 
 def test_the_easy_example_plays_ranked_with_a_frozen_leader_and_a_completion_reward() -> None:
     """examples/private_allocation_easy.yaml (issue 33's long-run attempts, docs/benchmarks.md) loads, builds a
-    ranked easy env, keeps the leader frozen and pays completion only."""
+    ranked easy env, keeps the leader frozen and takes its reward from the example's reward function alone."""
     from pathlib import Path
 
     from marti.config import load_config
@@ -127,6 +127,44 @@ def test_the_easy_example_plays_ranked_with_a_frozen_leader_and_a_completion_rew
 
     cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "private_allocation_easy.yaml")
     assert cfg.tuning_agents == ["agent_2"] and cfg.workflow.reward_env_weight == 0.0
+    assert cfg.workflow.reward_fn == "examples/private_allocation_easy_reward.py:near_optimum"
     env = me.make(cfg.environment.env_name, **env_config(cfg), seed=5)
     obs, _ = env.reset(seed=5)
     assert env.env.ranked and "Tasks, most valuable first" in obs["agent_1"]
+
+
+@pytest.mark.parametrize(
+    ("submission", "reward"),
+    [
+        ("task_1, task_2", 1.0),  # capacity 2, values 3 2 1 2 2: completed
+        ("task_1", 0.5 * (1 - 2 / 5)),  # one too few: value 3 of 5
+        ("task_1, task_2, task_5", 0.5 * (1 - 2 / 5)),  # one too many: value 7 of 5, over the capacity
+        ("task_1, task_2, task_5, task_3", 0.5 * (1 - 3 / 5)),
+        ("hello", 0.0),  # unreadable
+    ],
+)
+def test_the_easy_examples_reward_peaks_at_the_capacity_from_both_sides(
+    submission: str, reward: float
+) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from marti.workflow import EpisodeView
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "private_allocation_easy_reward.py"
+    spec = importlib.util.spec_from_file_location("easy_reward", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    env = make(difficulty="easy", ranked=True, seed=7)
+    env.reset(seed=7)
+    _, _, _, _, leader_infos = env.step({"agent_1": "Most valuable first: task_1"})
+    _, _, _, _, infos = env.step({"agent_2": submission})
+    view = EpisodeView(
+        agents=["agent_1", "agent_2"],
+        transcript=[],
+        env_returns={},
+        metrics={"task_completion": float(infos["agent_2"]["task_completion"])},
+        final_infos={"agent_1": leader_infos["agent_1"], "agent_2": infos["agent_2"]},
+        seed=7,
+    )
+    assert module.near_optimum(view) == pytest.approx({"agent_1": reward, "agent_2": reward})
