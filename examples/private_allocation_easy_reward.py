@@ -1,26 +1,47 @@
-"""The reward of examples/private_allocation_easy.yaml: completion, and partial credit for a submission's total
-value near the optimum from either side.
+"""The reward of examples/private_allocation_easy.yaml: completion, and partial credit per task named right.
 
 The env's dense reward pays a valid part of the optimum and penalises a capacity overshoot, so one name more than
 the capacity costs more than several names fewer: on ``easy`` played ranked, the executor learned to name one
-task, always valid and rarely complete (docs/benchmarks.md). Here naming one task too many costs about as much as
-one too few, so within a group of samples of one problem the reward peaks at the capacity's count of names.
+task, always valid and rarely complete; a reward for a total value near the optimum taught it to name four tasks
+in task order, whatever the leader said (docs/benchmarks.md). Here each task named among the ``k`` most valuable
+earns credit and each other task named loses as much, so within a group of samples of one problem the reward is
+highest for the leader's first ``k`` tasks.
+
+The problem is rebuilt from the episode's seed with :func:`marti.make` and read from the agents' observations (the
+leader's order and the executor's capacity), as an agent of the team would see them.
 """
 
 from __future__ import annotations
 
+import re
+
+import marti
 from marti.workflow import EpisodeView
 
 #: Weight of the partial credit (a completed episode gets 1).
 PARTIAL = 0.5
+#: The env of examples/private_allocation_easy.yaml.
+ENV = {"scenario": "private_allocation", "difficulty": "easy", "ranked": True, "num_agents": 2}
+_NAME = re.compile(r"task_\d+")
 
 
-def near_optimum(episode: EpisodeView) -> dict[str, float]:
-    """1.0 to every agent when the team completed the problem, else ``PARTIAL * max(0, 1 - |v - v*| / v*)``.
+def best_tasks(seed: int) -> list[str]:
+    """The ``k`` most valuable tasks of the problem of ``seed``: the first ``k`` of the leader's order, ``k`` the
+    executor's capacity, both read from the agents' first observations."""
+    env = marti.make("collaborative_task_solving", seed=seed, **ENV)
+    obs, _ = env.reset(seed=seed)
+    env.close()
+    order = _NAME.findall(obs["agent_1"].split("most valuable first:")[1])
+    k = int(re.search(r"cpu capacity (\d+)", obs["agent_2"]).group(1))
+    return order[:k]
 
-    ``v`` is the executor's submitted total value (``allocated_value`` in its last info, counted also when the
-    submission breaks the capacity) and ``v*`` the optimum (``optimal_value``); an episode without a readable
-    submission gets 0.
+
+def per_task_credit(episode: EpisodeView) -> dict[str, float]:
+    """1.0 to every agent when the team completed the problem, else
+    ``PARTIAL * max(0, (right - wrong) / k)``.
+
+    ``right`` counts the distinct tasks the executor named that are among the ``k`` most valuable, ``wrong`` the
+    others it named (the last executor reply of the transcript).
 
     Args:
         episode: The finished episode.
@@ -30,11 +51,11 @@ def near_optimum(episode: EpisodeView) -> dict[str, float]:
     """
     if episode.metrics.get("task_completion", 0.0) >= 1.0:
         return dict.fromkeys(episode.agents, 1.0)
-    infos = [
-        i for i in episode.final_infos.values() if i.get("role") == "executor" and "allocated_value" in i
-    ]
-    best = infos[0].get("optimal_value") if infos else None
-    if not infos or not best:
+    executor = [a for a, i in episode.final_infos.items() if i.get("role") == "executor"]
+    replies = [text for _, agent, text in episode.transcript if agent in executor]
+    if not replies:
         return dict.fromkeys(episode.agents, 0.0)
-    closeness = max(0.0, 1.0 - abs(float(infos[0]["allocated_value"]) - float(best)) / float(best))
-    return dict.fromkeys(episode.agents, PARTIAL * closeness)
+    best = set(best_tasks(episode.seed))
+    named = set(_NAME.findall(replies[-1]))
+    score = (len(named & best) - len(named - best)) / len(best)
+    return dict.fromkeys(episode.agents, PARTIAL * max(0.0, score))

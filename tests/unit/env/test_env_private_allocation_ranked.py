@@ -127,7 +127,7 @@ def test_the_easy_example_plays_ranked_with_a_frozen_leader_and_a_completion_rew
 
     cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "private_allocation_easy.yaml")
     assert cfg.tuning_agents == ["agent_2"] and cfg.workflow.reward_env_weight == 0.0
-    assert cfg.workflow.reward_fn == "examples/private_allocation_easy_reward.py:near_optimum"
+    assert cfg.workflow.reward_fn == "examples/private_allocation_easy_reward.py:per_task_credit"
     env = me.make(cfg.environment.env_name, **env_config(cfg), seed=5)
     obs, _ = env.reset(seed=5)
     assert env.env.ranked and "Tasks, most valuable first" in obs["agent_1"]
@@ -137,15 +137,18 @@ def test_the_easy_example_plays_ranked_with_a_frozen_leader_and_a_completion_rew
     ("submission", "reward"),
     [
         ("task_1, task_2", 1.0),  # capacity 2, values 3 2 1 2 2: completed
-        ("task_1", 0.5 * (1 - 2 / 5)),  # one too few: value 3 of 5
-        ("task_1, task_2, task_5", 0.5 * (1 - 2 / 5)),  # one too many: value 7 of 5, over the capacity
-        ("task_1, task_2, task_5, task_3", 0.5 * (1 - 3 / 5)),
+        ("task_1", 0.5 * 1 / 2),  # one of the two best
+        ("task_1, task_3", 0.0),  # one right, one wrong
+        ("task_1, task_2, task_3", 0.5 * (2 - 1) / 2),  # one too many
+        ("task_3, task_4, task_5", 0.0),  # floored at 0
         ("hello", 0.0),  # unreadable
     ],
 )
-def test_the_easy_examples_reward_peaks_at_the_capacity_from_both_sides(
+def test_the_easy_examples_reward_credits_each_task_named_among_the_best(
     submission: str, reward: float
 ) -> None:
+    """The example's reward, on a real episode of seed 7 (capacity 2; task_1 is the best, task_2 ties with
+    task_4 and task_5 for second, so the leader's order puts task_2 second)."""
     import importlib.util
     from pathlib import Path
 
@@ -155,16 +158,17 @@ def test_the_easy_examples_reward_peaks_at_the_capacity_from_both_sides(
     spec = importlib.util.spec_from_file_location("easy_reward", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    assert module.best_tasks(7) == ["task_1", "task_2"]
     env = make(difficulty="easy", ranked=True, seed=7)
     env.reset(seed=7)
-    _, _, _, _, leader_infos = env.step({"agent_1": "Most valuable first: task_1"})
+    env.step({"agent_1": "Most valuable first: task_1, task_2"})
     _, _, _, _, infos = env.step({"agent_2": submission})
     view = EpisodeView(
         agents=["agent_1", "agent_2"],
-        transcript=[],
+        transcript=[(0, "agent_1", "Most valuable first: task_1, task_2"), (1, "agent_2", submission)],
         env_returns={},
         metrics={"task_completion": float(infos["agent_2"]["task_completion"])},
-        final_infos={"agent_1": leader_infos["agent_1"], "agent_2": infos["agent_2"]},
+        final_infos=infos,
         seed=7,
     )
-    assert module.near_optimum(view) == pytest.approx({"agent_1": reward, "agent_2": reward})
+    assert module.per_task_credit(view) == pytest.approx({"agent_1": reward, "agent_2": reward})
