@@ -131,7 +131,7 @@ def _side_cells(r: dict[str, Any]) -> list[str]:
 
 def _ratio_line(arm: str, c: dict[str, Any], ours: dict[str, Any], trl: dict[str, Any], tail: int) -> str:
     """The sentence of ours against one TRL arm: ratios, rewards, verdict (and how far from the target)."""
-    verdict = "met" if c["met"] else f"NOT met ({c['samples_per_s_ratio'] / TARGET_RATIO:.0%} of the ratio)"
+    verdict = "met" if c["met"] else f"NOT met ({c['samples_per_s_ratio'] / TARGET_RATIO:.1%} of the ratio)"
     return (
         f"ours / {arm}: samples/s {c['samples_per_s_ratio']:.2f}x, generated tokens/s "
         f"{c['gen_tokens_per_s_ratio']:.2f}x, at the median step {c['median_samples_per_s_ratio']:.2f}x; "

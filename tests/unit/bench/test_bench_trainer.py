@@ -101,7 +101,7 @@ def test_report_only_writes_the_sides_the_ratios_and_the_verdict_as_json(tmp_pat
     assert (
         "rollout.engine hf and rollout.dtype float32, update in float32" in printed
     )  # an older spec: the recorded defaults
-    assert "ours / trl: samples/s 2.00x" in printed and "NOT met (67% of the ratio)" in printed
+    assert "ours / trl: samples/s 2.00x" in printed and "NOT met (66.7% of the ratio)" in printed
     assert "ours / trl_bf16: samples/s 0.50x" in printed and "(LOWER)" in printed
     table = (tmp_path / "table.md").read_text().splitlines()  # a Markdown table, as printed
     assert (
