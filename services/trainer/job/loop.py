@@ -180,20 +180,25 @@ class TrainingLoop:
                 return self._env_for(name, seed, self.data.env_config(self.cfg, seed))
             return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
 
-    def check_curriculum_levels(self) -> None:
-        """Make (and close) each env at every curriculum level it can reach, from its current level up, so that
-        an env that refuses a level fails the job before it starts instead of when the level is reached.
+    def check_envs(self) -> None:
+        """Make (and close) each task's env at its starting level and, with a curriculum, at every level it can
+        reach above it, so that an env that refuses its config (a bad ``environment.options`` value, a level it
+        lacks) fails the job before anything slow starts, not at the first rollout or when the level is reached.
+        A job whose episodes all come from outside (``rollout.source: external``, ``eval_every`` 0) plays no env
+        and checks none.
 
         Raises:
-            InvalidArgumentError: An env refused a level; the message names the task and the level
-                (see :func:`~services.trainer.rollout.env_config.env_context`).
+            InvalidArgumentError: An env refused its config; the message names the task and the level (see
+                :func:`~services.trainer.rollout.env_config.env_context`).
         """
-        if self.curriculum is None:
+        if self.cfg.rollout.source == "external" and not self.cfg.rollout.eval_every:
             return
-        levels = list(self.cfg.curriculum.levels)
+        levels = list(self.cfg.curriculum.levels) if self.curriculum is not None else []
         for task in list(self.tasks) or [None]:
-            first = levels.index(self.curriculum.level(task or "default"))
-            for level in levels[first:]:
+            reach: list[str | None] = [None]
+            if self.curriculum is not None:
+                reach = levels[levels.index(self.curriculum.level(task or "default")) :]
+            for level in reach:
                 env = self._env_at(task, 0, level)
                 close = getattr(env, "close", None)
                 if callable(close):
@@ -487,7 +492,7 @@ class TrainingLoop:
         cfg = self.cfg
         summary = RunSummary(self.run_dir)
         store = self._store_client()
-        self.check_curriculum_levels()  # before anything slow starts
+        self.check_envs()  # before anything slow starts
         bounds = {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents}
         tables, leftovers = claim_tables(
             store, cfg.training_name, bounds, max(1000, 4 * cfg.items_per_step), self._reconnecting

@@ -67,6 +67,7 @@ from unittest import mock
 
 import pytest
 
+import marti
 from marti.config import TrainConfig, config_from_dict, config_reference_markdown
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -484,6 +485,7 @@ def _run(cfg: TrainConfig) -> str:
             loop = _loop(cfg)
             loop._rollout = lambda runtime, step: ([], 0.0)
             loop._play_eval = lambda runtime: []
+            loop._env_for = lambda name, seed, config: marti.make(name, seed=seed, **config)  # check_envs
             loop._start_gateway = lambda runtime: rec.__setitem__("gateway", rec["gateway"] + 1)
             summary = loop.run()
             # a wait for room in a full table ends when the job stops

@@ -57,7 +57,7 @@ def test_without_a_task_the_curriculum_level_is_named_and_without_either_the_mes
 
 
 def test_levels_a_task_reaches_later_are_checked_before_the_job_starts() -> None:
-    """``check_curriculum_levels`` (called first by ``run``) makes each task's env at its current level and every
+    """``check_envs`` (called first by ``run``) makes each task's env at its current level and every
     level above it, and closes it: a level that only a later level-up would reach fails at once."""
     overrides = [
         "environment.env_name=collaborative_task_solving",
@@ -70,7 +70,7 @@ def test_levels_a_task_reaches_later_are_checked_before_the_job_starts() -> None
     with pytest.raises(
         InvalidArgumentError, match=r"^task 'plain' .* at curriculum level 'pick': .*not a level"
     ):
-        loop.check_curriculum_levels()
+        loop.check_envs()
 
     made: list[tuple[str, str]] = []
     fine = _loop(*overrides[:-1], "tasks=[{name: priv, scenario: private_allocation}]")
@@ -83,6 +83,24 @@ def test_levels_a_task_reaches_later_are_checked_before_the_job_starts() -> None
         return env
 
     fine._env_for = env_for
-    fine.check_curriculum_levels()
+    fine.check_envs()
     assert made == [("easy", "open"), ("easy", "closed"), ("pick", "open"), ("pick", "closed")]
-    assert _loop("environment.env_name=collaborative_task_solving").check_curriculum_levels() is None  # none
+    assert (
+        _loop("environment.env_name=collaborative_task_solving").check_envs() is None
+    )  # no curriculum: fine
+
+
+@pytest.mark.parametrize("task", [False, True])
+def test_a_bad_env_option_fails_before_the_job_starts_without_a_curriculum(task: bool) -> None:
+    """``check_envs`` makes the starting env of each task (or of the ``environment`` section) even without a
+    curriculum, so a value the env refuses fails before Ray and the models start, naming the key."""
+    bad = "environment.options={ranked: true}"  # ranked needs pick or easy: the env refuses it at medium
+    overrides = ["environment.env_name=collaborative_task_solving", "environment.scenario=private_allocation"]
+    overrides += ["tasks=[{name: priv, difficulty: medium}]"] if task else ["environment.difficulty=medium"]
+    with pytest.raises(InvalidArgumentError, match="ranked=True needs difficulty in"):
+        _loop(*overrides, bad).check_envs()
+    made: list[str] = []
+    external = _loop(*overrides, bad, "rollout.source=external", "rollout.eval_every=0")
+    external._env_for = lambda name, seed, config: made.append(name)
+    external.check_envs()  # episodes only from outside and no evaluation: no env is played, none checked
+    assert made == []
