@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -327,9 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(Path(args._ours[0]).read_text())
         Path(args._ours[1]).write_text(json.dumps(run_ours(spec)))
         return 0
-    for name in ("steps", "prompts", "group", "max_new_tokens", "threads", "eval_problems", "repeats"):
-        if getattr(args, name) <= 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    _check_args(args)
     out = Path(args.out)
     if args.report_only:
         if not (out / "spec.json").is_file():
@@ -381,6 +380,33 @@ def main(argv: list[str] | None = None) -> int:
             res = _child(side, spec_path, out / f"{side}_{rep}.json", python)
             (out / f"{side}_{rep}.json").write_text(json.dumps(res))
     return _report(args, out)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse, before any model loads, arguments a run could not honour.
+
+    Raises:
+        SystemExit: A count that is not positive; a temperature or learning rate that is not a positive finite
+            number; a side named twice; ``--engine``, ``--dtype`` or ``--train-dtype`` set away from its default
+            without ``ours`` among ``--sides`` (they set only our side); a ``--json`` folder that does not exist.
+    """
+    for name in ("steps", "prompts", "group", "max_new_tokens", "threads", "eval_problems", "repeats"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("temperature", "lr"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise SystemExit(f"--{name} must be a positive finite number, got {value}")
+    if args.sides and len(set(args.sides)) != len(args.sides):
+        raise SystemExit(f"--sides names a side twice: {args.sides} (use --repeats to run a side again)")
+    ours = {"engine": "hf", "dtype": "float32", "train_dtype": "float32"}
+    changed = [f"--{k.replace('_', '-')}" for k, default in ours.items() if getattr(args, k) != default]
+    if args.sides and "ours" not in args.sides and changed:
+        raise SystemExit(
+            f"{' '.join(changed)} set(s) only our side, which --sides {' '.join(args.sides)} leaves out"
+        )
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise SystemExit(f"--json {args.json}: its folder does not exist")
 
 
 def default_sides(dtype: str, train_dtype: str = "float32") -> list[str]:

@@ -131,6 +131,29 @@ def test_report_only_without_an_earlier_run_says_so_and_creates_nothing(tmp_path
         trainer.main(["--report-only", "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--temperature", "0"], "--temperature must be a positive finite number"),
+        (["--lr", "nan"], "--lr must be a positive finite number"),
+        (["--sides", "ours", "ours"], "names a side twice"),
+        (["--train-dtype", "bfloat16", "--sides", "trl"], "--train-dtype set\\(s\\) only our side"),
+        (["--engine", "hf_static", "--dtype", "bfloat16", "--sides", "trl_bf16"], "--engine --dtype set"),
+        (["--json", "/nonexistent_dir/x.json"], "its folder does not exist"),
+    ],
+)
+def test_arguments_a_run_could_not_honour_are_refused_before_anything_loads(
+    tmp_path, monkeypatch, args, message
+):
+    def no_load(*a, **k):
+        raise AssertionError("a model or the TRL venv was prepared")
+
+    monkeypatch.setattr(trainer, "prepare_model", no_load)
+    monkeypatch.setattr(trainer, "ensure_trl_venv", no_load)
+    with pytest.raises(SystemExit, match=message):
+        trainer.main([*args, "--out", str(tmp_path)])
+
+
 def test_the_probe_sees_what_each_phase_computed_in_and_stops():
     layer = torch.nn.Linear(4, 4)
     x = torch.ones(2, 4)
