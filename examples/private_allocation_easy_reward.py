@@ -8,7 +8,9 @@ earns credit and each other task named loses as much, so within a group of sampl
 highest for the leader's first ``k`` tasks.
 
 The problem is rebuilt from the episode's seed with :func:`marti.make` and read from the agents' observations (the
-leader's order and the executor's capacity), as an agent of the team would see them.
+leader's order and the executor's capacity), as an agent of the team would see them. Names are read as the env
+reads them (``Task_01`` is ``task_1``) since a review after run 5 of docs/benchmarks.md, which read only
+lower-case ``task_N``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from marti.workflow import EpisodeView
 PARTIAL = 0.5
 #: The env of examples/private_allocation_easy.yaml.
 ENV = {"scenario": "private_allocation", "difficulty": "easy", "ranked": True, "num_agents": 2}
-_NAME = re.compile(r"task_\d+")
+_NAME = re.compile(r"task_(\d+)", re.IGNORECASE)
+
+
+def _names(text: str) -> list[str]:
+    """The task names in ``text`` as the env reads them (``Task_01`` is ``task_1``), in order."""
+    return [f"task_{int(n)}" for n in _NAME.findall(text)]
 
 
 def best_tasks(seed: int) -> list[str]:
@@ -31,7 +38,7 @@ def best_tasks(seed: int) -> list[str]:
     env = marti.make("collaborative_task_solving", seed=seed, **ENV)
     obs, _ = env.reset(seed=seed)
     env.close()
-    order = _NAME.findall(obs["agent_1"].split("most valuable first:")[1])
+    order = _names(obs["agent_1"].split("most valuable first:")[1])
     k = int(re.search(r"cpu capacity (\d+)", obs["agent_2"]).group(1))
     return order[:k]
 
@@ -41,7 +48,9 @@ def per_task_credit(episode: EpisodeView) -> dict[str, float]:
     ``PARTIAL * max(0, (right - wrong) / k)``.
 
     ``right`` counts the distinct tasks the executor named that are among the ``k`` most valuable, ``wrong`` the
-    others it named (the last executor reply of the transcript).
+    others it named (the last executor reply of the transcript). Tasks of equal value are ranked as the leader's
+    order ranks them (task order), so naming a task that ties with the ``k``-th is partial credit lost, although
+    the env completes such a submission (and the reward then is 1).
 
     Args:
         episode: The finished episode.
@@ -56,6 +65,6 @@ def per_task_credit(episode: EpisodeView) -> dict[str, float]:
     if not replies:
         return dict.fromkeys(episode.agents, 0.0)
     best = set(best_tasks(episode.seed))
-    named = set(_NAME.findall(replies[-1]))
+    named = set(_names(replies[-1]))
     score = (len(named & best) - len(named - best)) / len(best)
     return dict.fromkeys(episode.agents, PARTIAL * max(0.0, score))

@@ -138,6 +138,7 @@ def test_the_easy_example_plays_ranked_with_a_frozen_leader_and_a_completion_rew
     [
         ("task_1, task_2", 1.0),  # capacity 2, values 3 2 1 2 2: completed
         ("task_1", 0.5 * 1 / 2),  # one of the two best
+        ("Task_01", 0.5 * 1 / 2),  # the same task, as the env reads it
         ("task_1, task_3", 0.0),  # one right, one wrong
         ("task_1, task_2, task_3", 0.5 * (2 - 1) / 2),  # one too many
         ("task_3, task_4, task_5", 0.0),  # floored at 0
