@@ -431,12 +431,19 @@ def _side_files(out: Path) -> dict[Path, str]:
 def _report(args: argparse.Namespace, out: Path) -> int:
     """Print and save (``<out>/table.md``) the table of the side results ``<out>/<side>_<rep>.json``."""
     spec = json.loads((out / "spec.json").read_text())
+    if not (out / "init_eval.json").is_file():
+        raise SystemExit(
+            f"no init_eval.json in {out}: the run stopped before the untrained model was evaluated"
+        )
     init_eval = json.loads((out / "init_eval.json").read_text())
     steps = spec["steps"]
     tail = max(1, steps // 4)
     results: dict[str, list[dict[str, Any]]] = {}
     for f, side in _side_files(out).items():
-        results.setdefault(side, []).append(json.loads(f.read_text()))
+        result = json.loads(f.read_text())
+        if "train_time_s" not in result:
+            raise SystemExit(f"{f} is not a side result of this bench (no train_time_s)")
+        results.setdefault(side, []).append(result)
     if not results:
         names = ", ".join(f"{s}_*.json" for s in SIDES)
         raise SystemExit(f"no side results in {out} ({names}): the run did not finish a side")

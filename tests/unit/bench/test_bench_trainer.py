@@ -126,8 +126,13 @@ def test_report_only_without_an_earlier_run_says_so_and_creates_nothing(tmp_path
         trainer.main(["--report-only", "--out", str(missing)])
     assert not missing.exists()
     (tmp_path / "spec.json").write_text(json.dumps({"steps": 4}))
+    with pytest.raises(SystemExit, match=r"no init_eval.json in .*before the untrained model was evaluated"):
+        trainer.main(["--report-only", "--out", str(tmp_path)])  # an interrupted run's folder
     (tmp_path / "init_eval.json").write_text(json.dumps({"reward": 0.1, "accuracy": 0.0}))
     with pytest.raises(SystemExit, match=r"no side results in .*ours_\*.json, trl_\*.json, trl_bf16_\*.json"):
+        trainer.main(["--report-only", "--out", str(tmp_path)])
+    (tmp_path / "ours_0.json").write_text(json.dumps({"steps": []}))
+    with pytest.raises(SystemExit, match=r"ours_0.json is not a side result of this bench"):
         trainer.main(["--report-only", "--out", str(tmp_path)])
 
 
