@@ -62,6 +62,8 @@ ENGINES = ("hf", "hf_static")
 DTYPES = ("float32", "bfloat16", "auto")
 #: ``--train-dtype``: what our update computes in (``strategy.bf16``: bf16 autocast over float32 weights).
 TRAIN_DTYPES = ("float32", "bfloat16")
+#: The defaults of our side's flags, the recorded settings (``args`` attribute -> value).
+OUR_DEFAULTS = {"engine": "hf", "dtype": "float32", "train_dtype": "float32"}
 
 
 def load_avg() -> float:
@@ -303,11 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads per side (default 2)")
     p.add_argument("--eval-problems", type=int, default=32, help="held-out problems (default 32)")
     p.add_argument("--repeats", type=int, default=1, help="alternate the sides this many times (default 1)")
-    p.add_argument("--engine", default="hf", choices=ENGINES, help="our rollout.engine (default hf)")
-    p.add_argument("--dtype", default="float32", choices=DTYPES, help="our rollout.dtype (default float32)")
+    p.add_argument(
+        "--engine", default=OUR_DEFAULTS["engine"], choices=ENGINES, help="our rollout.engine (default hf)"
+    )
+    p.add_argument(
+        "--dtype", default=OUR_DEFAULTS["dtype"], choices=DTYPES, help="our rollout.dtype (default float32)"
+    )
     p.add_argument(
         "--train-dtype",
-        default="float32",
+        default=OUR_DEFAULTS["train_dtype"],
         choices=TRAIN_DTYPES,
         help="our update's compute dtype (strategy.bf16: bfloat16 autocast; default float32)",
     )
@@ -399,8 +405,9 @@ def _check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"--{name} must be a positive finite number, got {value}")
     if args.sides and len(set(args.sides)) != len(args.sides):
         raise SystemExit(f"--sides names a side twice: {args.sides} (use --repeats to run a side again)")
-    ours = {"engine": "hf", "dtype": "float32", "train_dtype": "float32"}
-    changed = [f"--{k.replace('_', '-')}" for k, default in ours.items() if getattr(args, k) != default]
+    changed = [
+        f"--{k.replace('_', '-')}" for k, default in OUR_DEFAULTS.items() if getattr(args, k) != default
+    ]
     if args.sides and "ours" not in args.sides and changed:
         raise SystemExit(
             f"{' '.join(changed)} set(s) only our side, which --sides {' '.join(args.sides)} leaves out"

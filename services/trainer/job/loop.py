@@ -193,7 +193,7 @@ class TrainingLoop:
         """
         if self.cfg.rollout.source == "external" and not self.cfg.rollout.eval_every:
             return
-        levels = list(self.cfg.curriculum.levels) if self.curriculum is not None else []
+        levels = list(self.cfg.curriculum.levels)
         for task in list(self.tasks) or [None]:
             reach: list[str | None] = [None]
             if self.curriculum is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 from pettingzoo.test import parallel_api_test
@@ -19,6 +20,7 @@ from services.env_server.envs.private_allocation import PICK_FORMAT, RANKED_EXEC
 
 ENV = "collaborative_task_solving"
 N_SEEDS = 200
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 VALUE_RE = re.compile(r"value\D{0,3}\d|value_per_unit", re.IGNORECASE)
 
 
@@ -120,12 +122,10 @@ def test_pettingzoo_parallel_api_on_ranked_easy() -> None:
 def test_the_easy_example_plays_ranked_with_a_frozen_leader_and_a_completion_reward() -> None:
     """examples/private_allocation_easy.yaml (issue 33's long-run attempts, docs/benchmarks.md) loads, builds a
     ranked easy env, keeps the leader frozen and takes its reward from the example's reward function alone."""
-    from pathlib import Path
-
     from marti.config import load_config
     from services.trainer.rollout.env_config import env_config
 
-    cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "private_allocation_easy.yaml")
+    cfg = load_config(EXAMPLES / "private_allocation_easy.yaml")
     assert cfg.tuning_agents == ["agent_2"] and cfg.workflow.reward_env_weight == 0.0
     assert cfg.workflow.reward_fn == "examples/private_allocation_easy_reward.py:per_task_credit"
     env = me.make(cfg.environment.env_name, **env_config(cfg), seed=5)
@@ -150,16 +150,16 @@ def test_the_easy_examples_reward_credits_each_task_named_among_the_best(
 ) -> None:
     """The example's reward, on a real episode of seed 7 (capacity 2; task_1 is the best, task_2 ties with
     task_4 and task_5 for second, so the leader's order puts task_2 second)."""
-    import importlib.util
-    from pathlib import Path
-
+    from marti.loader import load_attr
     from marti.workflow import EpisodeView
 
-    path = Path(__file__).resolve().parents[3] / "examples" / "private_allocation_easy_reward.py"
-    spec = importlib.util.spec_from_file_location("easy_reward", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.best_tasks(7) == ["task_1", "task_2"]
+    reward_file = (
+        EXAMPLES / "private_allocation_easy_reward.py"
+    )  # loaded as the trainer loads workflow.reward_fn
+    best_tasks, per_task_credit = (
+        load_attr(f"{reward_file}:{f}", files=True) for f in ("best_tasks", "per_task_credit")
+    )
+    assert best_tasks(7) == ["task_1", "task_2"]
     env = make(difficulty="easy", ranked=True, seed=7)
     env.reset(seed=7)
     env.step({"agent_1": "Most valuable first: task_1, task_2"})
@@ -172,4 +172,4 @@ def test_the_easy_examples_reward_credits_each_task_named_among_the_best(
         final_infos=infos,
         seed=7,
     )
-    assert module.per_task_credit(view) == pytest.approx({"agent_1": reward, "agent_2": reward})
+    assert per_task_credit(view) == pytest.approx({"agent_1": reward, "agent_2": reward})
