@@ -22,11 +22,12 @@ Two decode paths, chosen per call:
   bucket is kept and reset between calls (a fixed address that CUDA graphs replay into). Rows never leave the
   batch here (that would change shapes); the loop stops when every row has ended. The prompt is prefilled eagerly.
 
-Sampling (temperature, then top-k, then top-p, then ``torch.multinomial`` on the softmax) applies transformers'
-warpers in ``generate``'s order on the fp32 logits, and a temperature below
+Sampling (temperature, then top-k, then top-p, then one draw from the softmax, :func:`draw`) applies
+transformers' warpers in ``generate``'s order on the fp32 logits, and a temperature below
 :data:`~services.trainer.rollout.hf.GREEDY_BELOW` decodes greedily. Given equal logits a greedy response is the
-HF engine's token for token; sampled responses have the same distribution, but not the same draws once rows leave
-the batch (the sampler's random stream is consumed per running row).
+HF engine's token for token; sampled responses have the same distribution, but not the same draws (``generate``
+draws with ``torch.multinomial``, this engine by inverting the cumulative distribution, which on the CPU is 35x
+faster at a 49k vocabulary).
 
 Shapes: B rows, U distinct prompts, T prompt width (left-padded), A generated tokens, V vocabulary, H key/value
 heads, D head size, L cache length.
@@ -46,7 +47,7 @@ from services.trainer.rollout.base import Generation, SamplingParams
 from services.trainer.rollout.hf import GREEDY_BELOW, AgentModel, HFRolloutEngine, _RowEnds, left_pad
 from services.trainer.rollout.prefix_sharing import can_share, shared_prefix_rows
 
-__all__ = ["CACHE_LEN_BUCKET", "StaticCacheRolloutEngine", "sample_tokens"]
+__all__ = ["CACHE_LEN_BUCKET", "StaticCacheRolloutEngine", "draw", "sample_tokens"]
 
 CACHE_LEN_BUCKET = 64
 """The compiled path rounds the cache length (prompt width + ``max_new_tokens``) up to a multiple of this, so calls
@@ -364,7 +365,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
 
     The draw applies transformers' warpers in ``generate``'s order: temperature, top-k (keep logits >= the k-th
     largest), top-p (drop the smallest tokens whose cumulative mass is <= 1 - top_p, keeping at least one), then
-    ``torch.multinomial`` on the softmax (the global RNG, as ``generate``). A temperature below
+    one draw from the softmax (:func:`draw`, with the global RNG as ``generate``). A temperature below
     :data:`~services.trainer.rollout.hf.GREEDY_BELOW` takes the arg max instead.
 
     Args:
@@ -388,9 +389,34 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
             drop = sorted_scores.softmax(-1).cumsum(-1) <= 1 - params.top_p
             drop[..., -1:] = False
             scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-        new = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
+        new = draw(scores.softmax(-1))
     lp = raw.gather(-1, new.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(raw, dim=-1)
     return new, lp
+
+
+def draw(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row from ``probs`` by inverse transform sampling: the first index whose cumulative mass
+    exceeds a uniform draw ``u * total`` (``torch.rand``, the global RNG).
+
+    The same distribution as ``torch.multinomial(probs, 1)``, at a fraction of its cost on the CPU: one
+    cumulative sum and a binary search per row (0.17 ms against ``multinomial``'s 5.9 ms for (8, 49152) on 2
+    threads). A token of probability 0 is never drawn: the search takes the first cumulative sum strictly above
+    ``u * total`` (``u < 1``), and a draw that rounding puts at the total is moved to the row's last token of
+    positive probability.
+
+    Args:
+        probs: (B, V) non-negative fp32 weights per row, each row with a positive sum.
+
+    Returns:
+        (B,) int64 token ids.
+    """
+    cdf = probs.cumsum(-1)  # (B, V)
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    new = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)  # (B, 1)
+    if bool((probs.gather(-1, new) <= 0).any()):  # rounding put u * total at the total
+        last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(-1, keepdim=True)
+        new = torch.minimum(new, last)
+    return new.squeeze(1)
 
 
 # --- the eager path's cache ---------------------------------------------------------------------------------------

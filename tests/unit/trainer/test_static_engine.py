@@ -17,7 +17,7 @@ from marti.errors import FailedPreconditionError, InvalidArgumentError
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
-from services.trainer.rollout.static import StaticCacheRolloutEngine, _PreallocatedLayer, sample_tokens
+from services.trainer.rollout.static import StaticCacheRolloutEngine, _PreallocatedLayer, draw, sample_tokens
 
 LOGPROB_ATOL = 1e-4
 ROOT = Path(__file__).resolve().parents[3]
@@ -302,3 +302,20 @@ def test_compiled_decoding_matches_the_eager_loop(pair, tok):
         gens = st.generate("a", prompts, params)
         assert st.last_stats["path"] == "compiled" and st.last_stats["prefill_rows"] == 4
         _same(hf.generate("a", prompts, params), gens)
+
+
+def test_draw_has_the_softmax_distribution_and_never_draws_a_zero():
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 0.0, 1.0]]).repeat(10_000, 1)  # (20000, 4)
+    torch.manual_seed(0)
+    new = draw(probs)
+    first = torch.bincount(new[0::2], minlength=4).float() / 10_000
+    assert torch.all((first - probs[0]).abs() <= 4 * (probs[0] * (1 - probs[0]) / 10_000).sqrt() + 1e-9)
+    assert first[1] == 0 and new[1::2].eq(3).all()
+    torch.manual_seed(0)
+    assert torch.equal(draw(probs), new)  # the global RNG: seeded draws repeat
+
+
+def test_draw_at_the_rounding_edge_stays_on_a_token_of_positive_probability(monkeypatch):
+    # u * total can round up to the total; the search then lands past the last token of positive mass
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(*shape, dtype=kw.get("dtype")))
+    assert draw(torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.2, 0.0, 0.8, 0.0]])).tolist() == [1, 2]
