@@ -25,9 +25,9 @@ StrictNonNegInt = Annotated[int, Field(ge=0, strict=True)]
 UnitFloat = Annotated[float, Field(ge=0, le=1)]
 #: Names of agents, tasks and jobs: letters, digits, ``_ . -``, at most 64 characters.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-#: Difficulty levels of the built-in text envs, easiest first (``pick``: ``private_allocation`` only; the env
-#: server says which levels each scenario has).
-Difficulty = Literal["pick", "easy", "medium", "hard"]
+#: Difficulty levels of the built-in text envs, easiest first (``pick``, ``pair``: ``private_allocation`` only; the
+#: env server says which levels each scenario has).
+Difficulty = Literal["pick", "pair", "easy", "medium", "hard"]
 
 
 class SectionMeta(ModelMetaclass):

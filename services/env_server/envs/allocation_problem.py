@@ -42,6 +42,8 @@ class ProblemSpec:
             uniformly from ``max(required use, 1)`` to ``max(total - 1, required use, 1)``, so it cannot be
             worked out from the tasks; ``"one"``: each capacity is what the required tasks need, at least 1 (with
             one unit of use per task and no required task: room for exactly one unit).
+        max_capacity: With ``capacity="random"``, the draw's upper end is at most this (never below the required
+            use); ``None``: no cap. ``private_allocation``'s ``pair`` level is ``easy`` with ``max_capacity=2``.
     """
 
     num_resources: int
@@ -52,6 +54,7 @@ class ProblemSpec:
     demand: tuple[int, int] = (0, 4)
     values: tuple[int, int] = (1, 9)
     capacity: str = "half"
+    max_capacity: int | None = None
 
 
 #: The values of :attr:`ProblemSpec.capacity`.
@@ -187,7 +190,10 @@ def generate(rng: random.Random, difficulty: str | ProblemSpec) -> Problem:
         if spec.capacity == "one":
             capacities[r] = max(need, 1)
         elif spec.capacity == "random":
-            capacities[r] = rng.randint(max(need, 1), max(total - 1, need, 1))
+            high = max(total - 1, need, 1)
+            if spec.max_capacity is not None:
+                high = max(min(high, spec.max_capacity), need, 1)
+            capacities[r] = rng.randint(max(need, 1), high)
         else:
             capacities[r] = max(need, (total + 1) // 2, 1)
     return Problem(capacities, tuple(tasks), tuple(exclusive))

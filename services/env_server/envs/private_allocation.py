@@ -37,9 +37,11 @@ task alone. The executor's facts are the same on every ``pick`` problem, so the 
 executor needs the leader's order, the leader needs nothing from the executor (alone with the leader's part, one
 agent can submit the optimum). ``easy`` is the same tasks with a capacity ``k`` drawn uniformly from 1..4, so the
 optimum is the ``k`` highest-value tasks: either agent finds it with the other's facts, while the best either can
-submit from its own facts alone completes about a third of the seeds (measured in the tests). ``medium`` and
+submit from its own facts alone completes about a third of the seeds (measured in the tests). ``pair`` is ``easy``
+with ``k`` drawn from 1..2 (a step between ``pick`` and ``easy`` in a curriculum; the same tasks as ``pick`` and
+``easy`` for the same seed). ``medium`` and
 ``hard`` are ``resource_allocation``'s levels of the same names (the same problem for the same seed). The config
-key ``ranked`` (:func:`resolve_ranked`) plays ``easy`` ranked too, as ``pick`` is played: the leader observes the
+key ``ranked`` (:func:`resolve_ranked`) plays ``pair`` and ``easy`` ranked too, as ``pick`` is played: the leader observes the
 order of the values and a submission may name tasks, so the rule is "the first ``k`` tasks the leader names".
 """
 
@@ -82,6 +84,7 @@ FIELDS = ra.FIELDS + OWN_FIELDS
 #: difficulty -> spec of the scenario's problems.
 PRIVATE_DIFFICULTIES: dict[str, ap.ProblemSpec] = {
     "pick": ap.ProblemSpec(1, 5, 1, demand=(1, 1), capacity="one"),
+    "pair": ap.ProblemSpec(1, 5, 1, demand=(1, 1), capacity="random", max_capacity=2),
     "easy": ap.ProblemSpec(1, 5, 1, demand=(1, 1), capacity="random"),
     "medium": ap.DIFFICULTIES["medium"],
     "hard": ap.DIFFICULTIES["hard"],
@@ -92,7 +95,7 @@ PRIVATE_DIFFICULTIES: dict[str, ap.ProblemSpec] = {
 RANKED_LEVELS = ("pick",)
 #: Levels that may be played ranked (``ranked: true``): every task uses one unit of one resource and may get at
 #: most one unit, so the order of the values decides the optimum and a task's name says its amount.
-RANKABLE_LEVELS = ("pick", "easy")
+RANKABLE_LEVELS = ("pick", "pair", "easy")
 
 LEADER_FORMAT = (
     "the values, one line per task like 'task_1 value 7' (a line 'task_1: 7' is read as a plan of 7 units), or a "

@@ -87,8 +87,8 @@ COMMON_FIELDS = (
         "difficulty",
         "str",
         "easy",
-        "problem size (pick: collaborative_task_solving's private_allocation only)",
-        choices=("pick", "easy", "medium", "hard"),
+        "problem size (pick, pair: collaborative_task_solving's private_allocation only)",
+        choices=("pick", "pair", "easy", "medium", "hard"),
     ),
     ConfigField(
         "num_agents", "int", None, "number of agents (default depends on the scenario)", minimum=1, maximum=16

@@ -32,12 +32,16 @@ def capacity(executor_obs: str) -> int:
     return int(re.search(r"cpu capacity (\d+)", executor_obs).group(1))
 
 
-def test_ranked_easy_the_leaders_order_and_the_executors_capacity_complete_every_problem() -> None:
-    """The leader sees the order and no value; the executor sees its capacity k and no order, and is told to
-    name tasks; naming the first k tasks of the leader's message completes all 200 seeds."""
+@pytest.mark.parametrize(("difficulty", "ks"), [("easy", {1, 2, 3, 4}), ("pair", {1, 2})])
+def test_ranked_the_leaders_order_and_the_executors_capacity_complete_every_problem(
+    difficulty: str, ks: set[int]
+) -> None:
+    """The leader sees the order and no value; the executor sees its capacity k (1..4 at easy, 1..2 at pair) and
+    no order, and is told to name tasks; naming the first k tasks of the leader's message completes all 200
+    seeds."""
     capacities = set()
     for seed in range(N_SEEDS):
-        env = make(difficulty="easy", ranked=True, seed=seed)
+        env = make(difficulty=difficulty, ranked=True, seed=seed)
         obs, infos = env.reset(seed=seed)
         assert "Tasks, most valuable first: task_" in obs["agent_1"] and not VALUE_RE.search(obs["agent_1"])
         assert (
@@ -51,7 +55,23 @@ def test_ranked_easy_the_leaders_order_and_the_executors_capacity_complete_every
         named = re.findall(r"task_\d+", obs["agent_2"].split("(leader)]: ")[1])[:k]
         _, _, terminations, _, infos = env.step({"agent_2": ", ".join(named)})
         assert infos["agent_2"]["task_completion"] and terminations["agent_2"], (seed, named)
-    assert capacities == {1, 2, 3, 4}
+    assert capacities == ks
+
+
+def test_pick_pair_and_easy_share_each_seeds_tasks_and_order() -> None:
+    """A curriculum pick -> pair -> easy changes only the capacity: the tasks, their values and the leader's view
+    of a seed are the same at the three levels, and pair's capacity is at most 2."""
+    for seed in range(40):
+        views, problems = set(), []
+        for difficulty in ("pick", "pair", "easy"):
+            env = make(difficulty=difficulty, ranked=True, seed=seed)
+            obs, _ = env.reset(seed=seed)
+            views.add(obs["agent_1"])
+            problems.append(env.env.problem)
+        assert len(views) == 1 and all(p.tasks == problems[0].tasks for p in problems)
+        assert [p.capacities["cpu"] for p in problems][:2] in ([1, 1], [1, 2])
+    with pytest.raises(InvalidArgumentError, match="pair"):
+        me.make(ENV, scenario="resource_allocation", difficulty="pair")
 
 
 def test_ranked_easy_no_fixed_order_of_names_completes_more_than_34_percent() -> None:
@@ -159,7 +179,10 @@ def test_the_easy_examples_reward_credits_each_task_named_among_the_best(
     best_tasks, per_task_credit = (
         load_attr(f"{reward_file}:{f}", files=True) for f in ("best_tasks", "per_task_credit")
     )
-    assert best_tasks(7) == ["task_1", "task_2"]
+    assert best_tasks(7, 5.0) == ["task_1", "task_2"]  # capacity 2 at easy: 3 + 2
+    assert best_tasks(7, 3.0) == ["task_1"]  # at pick, or capacity 1
+    with pytest.raises(InvalidArgumentError, match="seed 7: no first tasks"):
+        best_tasks(7, 4.0)
     env = make(difficulty="easy", ranked=True, seed=7)
     env.reset(seed=7)
     env.step({"agent_1": "Most valuable first: task_1, task_2"})
