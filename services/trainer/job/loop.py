@@ -63,9 +63,9 @@ from services.trainer.rollout.env_config import (
     agent_return,
     build_curriculum,
     build_scheduler,
+    check_envs,
     curriculum_step,
-    env_config,
-    env_context,
+    episode_env,
 )
 from services.trainer.rollout.episodes import EpisodeResult, EpisodeRunner, RecordPlan
 from services.trainer.rollout.producer import RolloutProducer
@@ -173,36 +173,17 @@ class TrainingLoop:
 
     def _env_at(self, task: str | None, seed: int, level: str | None) -> Any:
         """The env of ``task`` (None: the ``environment`` section's) at curriculum ``level`` (None: none)."""
-        t = self.tasks[task] if task is not None else None
-        name = (t.env_name if t is not None else None) or self.cfg.environment.env_name
-        with env_context(task, name, level):
-            if self.data is not None:  # a dataset job: the episode's row travels in its env config
-                return self._env_for(name, seed, self.data.env_config(self.cfg, seed))
-            return self._env_for(name, seed, env_config(self.cfg, task=t, difficulty=level))
+        return episode_env(self.cfg, self.data, task, level, seed, self._env_for)
 
     def check_envs(self) -> None:
-        """Make (and close) each task's env at its starting level and, with a curriculum, at every level it can
-        reach above it, so that an env that refuses its config (a bad ``environment.options`` value, a level it
-        lacks) fails the job before anything slow starts, not at the first rollout or when the level is reached.
-        A job whose episodes all come from outside (``rollout.source: external``, ``eval_every`` 0) plays no env
-        and checks none.
+        """Make each task's env at every level it can reach, through the job's env server, before anything slow
+        starts (:func:`~services.trainer.rollout.env_config.check_envs`; ``marti train`` also checks the envs
+        it can make in process before it prepares the run folder).
 
         Raises:
-            InvalidArgumentError: An env refused its config; the message names the task and the level (see
-                :func:`~services.trainer.rollout.env_config.env_context`).
+            InvalidArgumentError: An env refused its config; the message names the task and the level.
         """
-        if self.cfg.rollout.source == "external" and not self.cfg.rollout.eval_every:
-            return
-        levels = list(self.cfg.curriculum.levels)
-        for task in list(self.tasks) or [None]:
-            reach: list[str | None] = [None]
-            if self.curriculum is not None:
-                reach = levels[levels.index(self.curriculum.level(task or "default")) :]
-            for level in reach:
-                env = self._env_at(task, 0, level)
-                close = getattr(env, "close", None)
-                if callable(close):
-                    close()
+        check_envs(self.cfg, self.curriculum, self.data, self._env_for)
 
     def _env_for(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
         """An episode's env (:meth:`Connections.env`)."""

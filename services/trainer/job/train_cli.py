@@ -221,6 +221,30 @@ def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
     return folder
 
 
+def _check_envs_in_process(cfg: TrainConfig, data: Any) -> None:
+    """Make each task's env at every curriculum level it can reach, in this process, before the run folder is
+    prepared (so that a config the env refuses does not cost an ``--overwrite`` the run it would delete). Only
+    for a job that starts its own env server, which runs the envs this process makes; an env this process does
+    not know is left to the job's own check (:meth:`~services.trainer.job.loop.TrainingLoop.check_envs`).
+
+    Raises:
+        InvalidArgumentError: An env refused its config (the message names the task and the level).
+    """
+    import marti
+    from marti.env_registry import default_registry
+    from marti.errors import NotFoundError
+    from services.trainer.rollout.env_config import build_curriculum, check_envs
+
+    def make(name: str, seed: int, config: dict[str, Any]) -> Any:
+        try:
+            default_registry().resolve(name)
+        except NotFoundError:
+            return None
+        return marti.make(name, seed=seed, **config)
+
+    check_envs(cfg, build_curriculum(cfg), data, make)
+
+
 def _stopped_message(cfg: TrainConfig, argv: list[str], signum: int, at_once: bool, steps: int | None) -> str:
     """What an interrupted job prints: how it stopped, the checkpoint it left and the command that resumes it."""
     from services.trainer.job.run_dir import latest_checkpoint
@@ -261,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         data = check_dataset_job(
             cfg
         )  # before the run folder: a bad file must not cost an --overwrite its run
+        if not args.env:
+            _check_envs_in_process(cfg, data)  # so must a bad env option
         folder = _prepare_folder(cfg, args)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from marti.config import TaskConfig, TrainConfig
@@ -123,3 +123,67 @@ def curriculum_step(cur: Curriculum, cfg: TrainConfig, results: list[EpisodeResu
         if rose:
             _LOG.info("curriculum: task %s moves up to %s", name, cur.level(name))
     return out
+
+
+def episode_env(
+    cfg: TrainConfig,
+    data: Any,
+    task: str | None,
+    level: str | None,
+    seed: int,
+    make: Callable[[str, int, dict[str, Any]], Any],
+) -> Any:
+    """The env an episode of ``task`` (None: the ``environment`` section's) plays at curriculum ``level`` (None:
+    none), made by ``make(env_name, seed, config)``; an env's refusal of its config names the task and level
+    (:func:`env_context`).
+
+    Args:
+        cfg: The training config.
+        data: A dataset job's problems (:class:`~services.trainer.data.tasks.DatasetTasks`: the episode's row
+            travels in its env config), or None.
+        task: A task name of ``cfg.tasks``, or None.
+        level: The task's curriculum level, or None.
+        seed: The episode's problem seed.
+        make: Builds the env: the job's env server, or ``marti.make`` in process.
+    """
+    t = next(x for x in cfg.tasks if x.name == task) if task is not None else None
+    name = (t.env_name if t is not None else None) or cfg.environment.env_name
+    with env_context(task, name, level):
+        if data is not None:
+            return make(name, seed, data.env_config(cfg, seed))
+        return make(name, seed, env_config(cfg, task=t, difficulty=level))
+
+
+def check_envs(
+    cfg: TrainConfig,
+    curriculum: Curriculum | None,
+    data: Any,
+    make: Callable[[str, int, dict[str, Any]], Any],
+) -> None:
+    """Make (and close) each task's env at its current level and, with a curriculum, at every level it can reach
+    above it, so that an env that refuses its config (a bad ``environment.options`` value, a level it lacks) fails
+    the job before anything slow starts, not at the first rollout or when the level is reached. A job whose
+    episodes all come from outside (``rollout.source: external``, ``eval_every`` 0) plays no env and checks none.
+
+    Args:
+        cfg: The training config.
+        curriculum: The job's curriculum (its current levels), or None.
+        data: A dataset job's problems, or None (see :func:`episode_env`).
+        make: Builds an env, as for :func:`episode_env`; it may return None for an env it cannot build here
+            (nothing is checked then).
+
+    Raises:
+        InvalidArgumentError: An env refused its config; the message names the task and the level.
+    """
+    if cfg.rollout.source == "external" and not cfg.rollout.eval_every:
+        return
+    levels = list(cfg.curriculum.levels)
+    for task in [t.name for t in cfg.tasks] or [None]:
+        reach: list[str | None] = [None]
+        if curriculum is not None:
+            reach = levels[levels.index(curriculum.level(task or "default")) :]
+        for level in reach:
+            env = episode_env(cfg, data, task, level, 0, make)
+            close = getattr(env, "close", None)
+            if callable(close):
+                close()

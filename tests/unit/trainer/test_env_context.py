@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,30 @@ def test_a_bad_env_option_fails_before_the_job_starts_without_a_curriculum(task:
     external._env_for = lambda name, seed, config: made.append(name)
     external.check_envs()  # episodes only from outside and no evaluation: no env is played, none checked
     assert made == []
+
+
+def test_a_bad_env_option_is_refused_before_an_overwrite_touches_the_old_run(tmp_path) -> None:
+    """`marti train --overwrite` with an env option the env refuses at a curriculum level above the first: the
+    env is made in process before the run folder is prepared, so the job is refused naming the level, and the
+    previous run is kept."""
+    old = tmp_path / "old_run"
+    old.mkdir()
+    (old / "metrics.jsonl").write_text('{"step": 1}\n')
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        json.dumps(
+            {"training_name": "t", "num_agents": 2, "output": {"dir": str(old)},
+             "agents": [{"name": "a", "pretrain_model": "tiny-llama", "role": "planner"},
+                        {"name": "b", "pretrain_model": "tiny-llama", "role": "executor"}],
+             "environment": {"env_name": "collaborative_task_solving", "scenario": "private_allocation",
+                             "options": {"ranked": True}},
+             "curriculum": {"enabled": True, "levels": ["pair", "easy", "medium"]}}
+        )
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "marti.cli", "train", str(config), "--overwrite"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "curriculum level 'medium'" in proc.stderr and "ranked=True needs difficulty" in proc.stderr
+    assert (old / "metrics.jsonl").read_text() == '{"step": 1}\n'  # the old run is still there
