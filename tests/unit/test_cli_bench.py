@@ -15,7 +15,7 @@ def test_names_are_the_modules_that_say_they_are_a_marti_bench(tmp_path):
     names = cli.bench_names(ROOT / "benchmarks")
     expected = {"broker", "env", "store", "scale", "trainer", "team_comparison", "gateway", "rollout"}
     assert expected <= set(names)
-    assert not {"report", "sum_task", "trl_grpo_runner"} & set(names)
+    assert not {"report", "server"} & set(names)  # helpers, not benches
     (tmp_path / "mine.py").write_text('"""``marti bench mine``: mine."""\n')
     (tmp_path / "other.py").write_text('"""``marti bench mine``: named for another file."""\n')
     (tmp_path / "helper.py").write_text('"""A helper."""\n')

@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from benchmarks import sum_task, trainer
-from benchmarks.dtype_probe import DtypeProbe
-from benchmarks.trainer_report import reward_comparison
+from benchmarks import trainer
+from benchmarks.trainer import cli, sum_task
+from benchmarks.trainer.dtype_probe import DtypeProbe
+from benchmarks.trainer.report import reward_comparison
 from services.trainer.rollout.precision import cpu_has_bf16
 
 
@@ -153,8 +154,8 @@ def test_arguments_a_run_could_not_honour_are_refused_before_anything_loads(
     def no_load(*a, **k):
         raise AssertionError("a model or the TRL venv was prepared")
 
-    monkeypatch.setattr(trainer, "prepare_model", no_load)
-    monkeypatch.setattr(trainer, "ensure_trl_venv", no_load)
+    monkeypatch.setattr(cli, "prepare_model", no_load)
+    monkeypatch.setattr(cli, "ensure_trl_venv", no_load)
     with pytest.raises(SystemExit, match=message):
         trainer.main([*args, "--out", str(tmp_path)])
 
@@ -181,17 +182,17 @@ def test_the_probe_sees_what_each_phase_computed_in_and_stops():
 def test_defaults_are_the_recorded_settings_and_bf16_adds_the_trl_bf16_arm():
     spec = {"prompts_per_step": 2, "group_size": 4, "lora": False, "steps": 2, "lr": 1e-4, "seed": 0}
     spec |= {"model_dir": "m", "clip_eps": 0.2, "max_new_tokens": 4, "temperature": 1.0, "grad_clip": 1.0}
-    rollout = trainer.worker_config(spec)["rollout"]  # an older spec.json: no rollout keys
+    rollout = cli.worker_config(spec)["rollout"]  # an older spec.json: no rollout keys
     assert (rollout["engine"], rollout["dtype"]) == ("hf", "float32")
-    assert trainer.worker_config(spec)["strategy"]["bf16"] is False
-    rollout = trainer.worker_config(spec | {"rollout_engine": "hf_static", "rollout_dtype": "bfloat16"})[
+    assert cli.worker_config(spec)["strategy"]["bf16"] is False
+    rollout = cli.worker_config(spec | {"rollout_engine": "hf_static", "rollout_dtype": "bfloat16"})[
         "rollout"
     ]
     assert (rollout["engine"], rollout["dtype"]) == ("hf_static", "bfloat16")
-    assert trainer.default_sides("float32") == ["ours", "trl"]
-    assert trainer.default_sides("bfloat16") == ["ours", "trl", "trl_bf16"]
-    assert trainer.default_sides("float32", "bfloat16") == ["ours", "trl", "trl_bf16"]
-    assert ("trl_bf16" in trainer.default_sides("auto")) == cpu_has_bf16()
+    assert cli.default_sides("float32") == ["ours", "trl"]
+    assert cli.default_sides("bfloat16") == ["ours", "trl", "trl_bf16"]
+    assert cli.default_sides("float32", "bfloat16") == ["ours", "trl", "trl_bf16"]
+    assert ("trl_bf16" in cli.default_sides("auto")) == cpu_has_bf16()
     with pytest.raises(SystemExit):
         trainer.main(["--dtype", "float16"])  # not a choice
 

@@ -12,7 +12,7 @@ from benchmarks.report import markdown_table
 #: better reward.
 TARGET_RATIO = 3.0
 
-#: The TRL arms: side name -> the precision :mod:`benchmarks.trl_grpo_runner` runs it in.
+#: The TRL arms: side name -> the precision :mod:`benchmarks.trainer.trl_runner` runs it in.
 TRL_ARMS = {"trl": "fp32", "trl_bf16": "bf16"}
 
 #: Every side, in the order runs alternate and the table lists them.

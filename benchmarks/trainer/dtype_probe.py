@@ -1,6 +1,6 @@
 """What dtypes an arm of ``marti bench trainer`` really computed in, per phase (generation, update).
 
-Standard library and torch only: the TRL runner (:mod:`trl_grpo_runner`, TRL's own virtualenv, no ``marti``)
+Standard library and torch only: the TRL runner (:mod:`trl_runner`, TRL's own virtualenv, no ``marti``)
 imports it as well as :mod:`benchmarks.trainer`'s side.
 """
 

@@ -1,12 +1,13 @@
 """TRL side of ``marti bench trainer``: GRPOTrainer on the sum task, run by the TRL virtualenv's Python.
 
-``<trl-venv>/bin/python benchmarks/trl_grpo_runner.py SPEC.json OUT.json [fp32|bf16]``
+``<trl-venv>/bin/python benchmarks/trainer/trl_runner.py SPEC.json OUT.json [fp32|bf16]``
 
 Imports only TRL's virtualenv (trl, transformers, peft, datasets, torch), :mod:`sum_task` and :mod:`dtype_probe`
-(standard library and torch), never ``marti``. It reads the run spec written by :mod:`benchmarks.trainer` (model
-folder, problems, seeds, batch shape, sampling, optimizer), trains, evaluates the final model greedily in float32
-with :func:`sum_task.evaluate`, and writes ``{"train_time_s", "step_times_s", "generation_s", "step_rewards",
-"completion_tokens", "prompt_tokens", "samples", "eval", "observed", "precision", "versions"}`` to OUT.json.
+(standard library and torch; found beside this file, by path), never ``marti``. It reads the run spec written by
+:mod:`benchmarks.trainer` (model folder, problems, seeds, batch shape, sampling, optimizer), trains, evaluates the
+final model greedily in float32 with :func:`sum_task.evaluate`, and writes ``{"train_time_s", "step_times_s",
+"generation_s", "step_rewards", "completion_tokens", "prompt_tokens", "samples", "eval", "observed", "precision",
+"versions"}`` to OUT.json.
 
 Precision (the third argument, :data:`PRECISIONS`):
 

@@ -1,41 +1,5 @@
-"""``marti bench trainer``: our GRPO against TRL's GRPOTrainer on one machine, same model, task, seeds.
-
-Task: "What is a + b? Reply with only the number." (:mod:`benchmarks.sum_task`; reward 1 for the right sum,
-0.1 for another integer, 0 for none). Both sides:
-
-- start from the **same weights**: the model (``--model``, default ``tiny-llama``: a 2-layer Llama with the
-  SmolLM2 tokenizer, seeded) is built once and saved to ``<out>/init_model``; both load that folder;
-- see the **same problems in the same order** (``--steps`` x ``--prompts`` problems, TRL's shuffling off);
-- sample **G = --group** completions per prompt with the same ``max_new_tokens`` and temperature (top-p 1,
-  top-k off) on the CPU: TRL with transformers ``generate`` (no vLLM), ours with the rollout engine
-  ``--engine`` (``rollout.engine``: ``hf``, the default as recorded, or ``hf_static``) sampling in ``--dtype``
-  (``rollout.dtype``: ``float32``, the default as recorded, ``bfloat16`` or ``auto``);
-- train the same way: GRPO group-normalised advantages, PPO clip 0.2 (symmetric), no KL (no reference model),
-  token-mean loss over the batch (TRL ``loss_type="dapo"``), one optimizer step per batch of
-  ``prompts x G`` samples (no accumulation, one epoch), AdamW with a constant learning rate, weight decay 0,
-  gradient clipping at 1.0, no gradient checkpointing, full fine-tuning (or LoRA on both with ``--lora``);
-  our update computes in ``--train-dtype`` (``strategy.bf16``: ``float32``, the default as recorded, or
-  ``bfloat16`` autocast over float32 weights), whatever ``--dtype`` says;
-- use ``--threads`` torch threads, each in a fresh process.
-
-TRL runs in one or two arms (``--sides``): ``trl``, all float32, and ``trl_bf16``, TRL's bf16
-(``GRPOConfig(bf16=True)``; with LoRA the base loaded in bfloat16: generation and training compute in bf16,
-the trained weights stay float32; :mod:`benchmarks.trl_grpo_runner` says why). ``trl_bf16`` runs by default
-when our side samples in bf16. Every side's first step is probed (:class:`benchmarks.dtype_probe.DtypeProbe`)
-and the report prints the dtypes its generation and update really computed in.
-
-Ours runs :class:`services.trainer.ray.policy_worker.PolicyWorker` (the policy worker the training loop drives: one
-agent, ``per_agent`` policy, the rollout engine above, :func:`services.trainer.learn.learner.update_agent`, torch
-strategy) in-process, without services or Ray, as TRL runs without them. TRL runs in its own virtualenv
-(``--trl-venv``, default ``~/.cache/marti-bench/trl-venv``), created on first use with ``torch==2.13.0``
-installed first and pinned, plus the same transformers, peft and accelerate versions as this environment.
-
-Throughput = samples (completions) and generated tokens per second of training wall time (generation, reward,
-loss, backward, optimizer step; model loading and evaluation excluded). Reward after N steps = mean training
-reward over the last ``max(1, steps // 4)`` steps, and the greedy reward of the final model on held-out
-problems, in float32, scored by the same code (:func:`benchmarks.sum_task.evaluate`) for every side. Each step
-is also split into generation and the rest (the update: reward, loss, backward, optimizer step, weight sync).
-"""
+"""The command line of ``marti bench trainer`` (:mod:`benchmarks.trainer`): its flags and checks, the run of
+every side, each in a fresh process, and the report of the run folder."""
 
 from __future__ import annotations
 
@@ -51,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import sum_task
 from benchmarks.report import write_json
-from benchmarks.trainer_report import SIDES, TRL_ARMS, comparisons, format_table, summarize
+from benchmarks.trainer import sum_task
+from benchmarks.trainer.report import SIDES, TRL_ARMS, comparisons, format_table, summarize
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRL_VENV = Path.home() / ".cache" / "marti-bench" / "trl-venv"
 #: ``--engine`` and ``--dtype``: our side's ``rollout.engine`` and ``rollout.dtype`` (the CPU's engines).
 ENGINES = ("hf", "hf_static")
@@ -165,18 +129,19 @@ def worker_config(spec: dict[str, Any]) -> dict[str, Any]:
 def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     """Train with our GRPO (PolicyWorker) as the spec says; same result keys as the TRL runner.
 
-    The first step runs under a :class:`~benchmarks.dtype_probe.DtypeProbe`: the result says which dtypes the
-    generation and the update really computed in, and which engine class the worker built.
+    The first step runs under a :class:`~benchmarks.trainer.dtype_probe.DtypeProbe`: the result says which dtypes
+    the generation and the update really computed in, and which engine class the worker built.
 
     Returns:
         ``train_time_s``, ``step_times_s``, ``generation_s`` (per step), ``step_rewards``,
-        ``completion_tokens``, ``prompt_tokens``, ``samples``, ``eval`` (see :func:`benchmarks.sum_task.evaluate`),
+        ``completion_tokens``, ``prompt_tokens``, ``samples``, ``eval`` (see
+        :func:`benchmarks.trainer.sum_task.evaluate`),
         ``observed`` (:meth:`DtypeProbe.report` of step 1), ``rollout`` (``{"engine": class name, "dtype": the
         dtype it samples in, or None for the policy's}``).
     """
     import torch
 
-    from benchmarks.dtype_probe import DtypeProbe
+    from benchmarks.trainer.dtype_probe import DtypeProbe
     from marti.config import config_from_dict
     from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 
@@ -264,7 +229,7 @@ def _child(role: str, spec_path: Path, out_path: Path, python: str) -> dict[str,
     """Run one side in a fresh process (a TRL arm with its precision, :data:`TRL_ARMS`); returns its result JSON
     with the load average added."""
     if role in TRL_ARMS:
-        runner = Path(__file__).resolve().parent / "trl_grpo_runner.py"
+        runner = Path(__file__).resolve().parent / "trl_runner.py"
         cmd = [python, str(runner), str(spec_path), str(out_path), TRL_ARMS[role]]
     else:
         cmd = [python, "-m", "benchmarks.trainer", "--_ours", str(spec_path), str(out_path)]
@@ -292,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 when every side ran (whether or not the target is met).
     """
-    p = argparse.ArgumentParser(prog="marti bench trainer", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="marti bench trainer", description=sys.modules[__package__].__doc__.splitlines()[0]
+    )
     p.add_argument("--model", default="tiny-llama", help="model name or folder (default tiny-llama)")
     p.add_argument("--steps", type=int, default=12, help="training steps N (default 12)")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step (default 4)")
@@ -483,7 +450,3 @@ def _report(args: argparse.Namespace, out: Path) -> int:
         write_json(args.json, doc)
         print(f"wrote {args.json}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
