@@ -35,6 +35,11 @@ loss, backward, optimizer step; model loading and evaluation excluded). Reward a
 reward over the last ``max(1, steps // 4)`` steps, and the greedy reward of the final model on held-out
 problems, in float32, scored by the same code (:func:`.sum_task.evaluate`) for every side. Each step
 is also split into generation and the rest (the update: reward, loss, backward, optimizer step, weight sync).
+
+Modules: :mod:`.cli` (the flags, their checks and the run), :mod:`.sides` (the starting model, each side in a fresh
+process), :mod:`.ours` (our side), :mod:`.trl_venv` and :mod:`.trl_runner` (the TRL side, in its own virtualenv),
+:mod:`.sum_task` and :mod:`.dtype_probe` (shared by both sides, standard library and torch only), :mod:`.report`
+(the numbers, ratios and table) and :mod:`.results` (the run folder's results, printed and saved).
 """
 
 from benchmarks.trainer.cli import main

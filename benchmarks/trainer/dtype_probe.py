@@ -1,7 +1,7 @@
 """What dtypes an arm of ``marti bench trainer`` really computed in, per phase (generation, update).
 
 Standard library and torch only: the TRL runner (:mod:`trl_runner`, TRL's own virtualenv, no ``marti``)
-imports it as well as :mod:`benchmarks.trainer`'s side.
+imports it as well as our side (:mod:`benchmarks.trainer.ours`).
 """
 
 from __future__ import annotations

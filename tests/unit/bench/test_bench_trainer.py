@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks import trainer
-from benchmarks.trainer import cli, sum_task
+from benchmarks.trainer import cli, ours, sum_task
 from benchmarks.trainer.dtype_probe import DtypeProbe
 from benchmarks.trainer.report import reward_comparison
 from services.trainer.rollout.precision import cpu_has_bf16
@@ -182,10 +182,10 @@ def test_the_probe_sees_what_each_phase_computed_in_and_stops():
 def test_defaults_are_the_recorded_settings_and_bf16_adds_the_trl_bf16_arm():
     spec = {"prompts_per_step": 2, "group_size": 4, "lora": False, "steps": 2, "lr": 1e-4, "seed": 0}
     spec |= {"model_dir": "m", "clip_eps": 0.2, "max_new_tokens": 4, "temperature": 1.0, "grad_clip": 1.0}
-    rollout = cli.worker_config(spec)["rollout"]  # an older spec.json: no rollout keys
+    rollout = ours.worker_config(spec)["rollout"]  # an older spec.json: no rollout keys
     assert (rollout["engine"], rollout["dtype"]) == ("hf", "float32")
-    assert cli.worker_config(spec)["strategy"]["bf16"] is False
-    rollout = cli.worker_config(spec | {"rollout_engine": "hf_static", "rollout_dtype": "bfloat16"})[
+    assert ours.worker_config(spec)["strategy"]["bf16"] is False
+    rollout = ours.worker_config(spec | {"rollout_engine": "hf_static", "rollout_dtype": "bfloat16"})[
         "rollout"
     ]
     assert (rollout["engine"], rollout["dtype"]) == ("hf_static", "bfloat16")
