@@ -12,6 +12,7 @@ from typing import Any
 
 from benchmarks.report import write_json
 from benchmarks.trainer.report import SIDES, comparisons, format_table, summarize
+from benchmarks.trainer.sides import spec_digest
 
 
 def side_files(out: Path) -> dict[Path, str]:
@@ -32,10 +33,16 @@ def print_report(args: argparse.Namespace, out: Path) -> int:
     steps = spec["steps"]
     tail = max(1, steps // 4)
     results: dict[str, list[dict[str, Any]]] = {}
+    digest = spec_digest(spec)
     for f, side in side_files(out).items():
         result = json.loads(f.read_text())
         if "train_time_s" not in result:
             raise SystemExit(f"{f} is not a side result of this bench (no train_time_s)")
+        if result.get("spec_digest", digest) != digest:  # files written before the digest carry none
+            raise SystemExit(
+                f"{f} was run with other settings than {out / 'spec.json'} (its spec_digest differs): a side "
+                "file copied from another run folder must come from a run of the same command"
+            )
         results.setdefault(side, []).append(result)
     if not results:
         names = ", ".join(f"{s}_*.json" for s in SIDES)

@@ -4,6 +4,7 @@ the TRL virtualenv's Python), with the load average around it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -57,4 +58,12 @@ def run_child(role: str, spec_path: Path, out_path: Path, python: str) -> dict[s
         raise RuntimeError(f"{role} side exited with {rc}: {' '.join(cmd)}")
     result = json.loads(out_path.read_text())
     result["load"] = (load + load_avg()) / 2
+    result["spec_digest"] = spec_digest(json.loads(spec_path.read_text()))
     return result
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """SHA-256 of a run's settings (``spec.json`` without ``model_dir``, the folder's own path), recorded in each
+    side result so that ``--report-only`` can refuse a side file copied from a run with other settings."""
+    settings = {k: v for k, v in spec.items() if k != "model_dir"}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()

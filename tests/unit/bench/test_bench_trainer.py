@@ -137,6 +137,26 @@ def test_report_only_without_an_earlier_run_says_so_and_creates_nothing(tmp_path
         trainer.main(["--report-only", "--out", str(tmp_path)])
 
 
+def test_report_only_refuses_a_side_file_from_a_run_with_other_settings(tmp_path):
+    """Each side result records its run's settings (spec_digest, without the folder's own model_dir), so a file
+    copied in from another run folder is accepted only when that run had the same settings."""
+    from benchmarks.trainer.sides import spec_digest
+
+    spec = {"model": "m", "model_dir": "/a/init_model", "steps": 4, "prompts_per_step": 2, "group_size": 2,
+            "max_new_tokens": 8, "temperature": 1.0, "lr": 1e-4, "lora": False, "threads": 2, "seed": 0}  # fmt: skip
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "init_eval.json").write_text(json.dumps({"reward": 0.1, "accuracy": 0.0}))
+    side = {"train_time_s": 10.0, "samples": 16, "completion_tokens": 64, "prompt_tokens": 128,
+            "step_times_s": [2.5] * 4, "step_rewards": [0.1] * 4, "eval": {"reward": 0.2, "accuracy": 0.1}}  # fmt: skip
+    same = spec_digest(spec | {"model_dir": "/b/init_model"})  # another folder, same settings
+    (tmp_path / "ours_0.json").write_text(json.dumps(side | {"spec_digest": same}))
+    assert trainer.main(["--report-only", "--out", str(tmp_path)]) == 0
+    other = spec_digest(spec | {"steps": 8})
+    (tmp_path / "ours_1.json").write_text(json.dumps(side | {"spec_digest": other}))
+    with pytest.raises(SystemExit, match=r"ours_1.json was run with other settings than .*spec.json"):
+        trainer.main(["--report-only", "--out", str(tmp_path)])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
