@@ -72,8 +72,8 @@ OWN_FIELDS = (
         "ranked",
         "bool",
         None,
-        "private_allocation at pick or easy: the leader (and a solo leader view) observes only the order of the "
-        "values and a submission may name tasks (one unit each); null: the level's default (true at pick only)",
+        "private_allocation at pick, pair or easy: the leader (and a solo leader view) observes only the order of "
+        "the values and a submission may name tasks (one unit each); null: the level's default (true at pick only)",
     ),
 )
 
