@@ -196,3 +196,20 @@ def test_the_easy_examples_reward_credits_each_task_named_among_the_best(
         seed=7,
     )
     assert per_task_credit(view) == pytest.approx({"agent_1": reward, "agent_2": reward})
+
+
+def test_the_curriculum_example_starts_at_pick_and_reaches_easy_ranked() -> None:
+    """examples/private_allocation_curriculum.yaml: pick -> pair -> easy, starting at pick (the environment's
+    difficulty is the curriculum's start), every level ranked, the leader frozen, the example reward."""
+    from marti.config import load_config
+    from services.trainer.rollout.env_config import build_curriculum, env_config
+
+    cfg = load_config(EXAMPLES / "private_allocation_curriculum.yaml")
+    assert cfg.tuning_agents == ["agent_2"] and cfg.workflow.reward_env_weight == 0.0
+    assert cfg.workflow.reward_fn == "examples/private_allocation_easy_reward.py:per_task_credit"
+    curriculum = build_curriculum(cfg)
+    assert curriculum.levels == ["pick", "pair", "easy"] and curriculum.level("default") == "pick"
+    for level in curriculum.levels:
+        env = me.make(cfg.environment.env_name, **env_config(cfg, difficulty=level), seed=5)
+        obs, _ = env.reset(seed=5)
+        assert env.env.ranked and "Tasks, most valuable first" in obs["agent_1"]
