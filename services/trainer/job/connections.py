@@ -45,15 +45,17 @@ class Connections:
         pool = self.pool()
         if pool is not None:
             return pool.make(env_name, seed=seed, config=config)
-        import marti
+        from marti.clients.env import RemoteParallelEnv
 
-        return marti.make(
+        # config as a mapping, not keywords: an env option named like one of marti.make's own arguments
+        # (seed, address, token, timeout_s, ...) reaches the env, which refuses a key it does not have
+        return RemoteParallelEnv.create(
+            self.addr.env,
             env_name,
-            address=self.addr.env,
+            config=config,
             seed=seed,
             token=self.addr.token,
             channel=self.channel("env"),
-            **config,
         )
 
     def comm(self, agent: str, session: str) -> Any:

@@ -221,26 +221,33 @@ def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
     return folder
 
 
+def starts_own_env_server(cfg: TrainConfig, args: argparse.Namespace) -> bool:
+    """Whether the job starts its own env server: no ``--env`` (nor ``MARTI_ENV_ADDR``) and no ``services.env``."""
+    return "env" in resolve_addresses(cfg.services, env=args.env)[1]
+
+
 def _check_envs_in_process(cfg: TrainConfig, data: Any) -> None:
     """Make each task's env at every curriculum level it can reach, in this process, before the run folder is
     prepared (so that a config the env refuses does not cost an ``--overwrite`` the run it would delete). Only
-    for a job that starts its own env server, which runs the envs this process makes; an env this process does
-    not know is left to the job's own check (:meth:`~services.trainer.job.loop.TrainingLoop.check_envs`).
+    for a job that starts its own env server (no ``--env`` and no ``services.env``), which runs the envs this
+    process makes; an env this process does not know is left to the job's own check
+    (:meth:`~services.trainer.job.loop.TrainingLoop.check_envs`).
 
     Raises:
         InvalidArgumentError: An env refused its config (the message names the task and the level).
     """
-    import marti
     from marti.env_registry import default_registry
     from marti.errors import NotFoundError
     from services.trainer.rollout.env_config import build_curriculum, check_envs
 
+    registry = default_registry()
+
     def make(name: str, seed: int, config: dict[str, Any]) -> Any:
         try:
-            default_registry().resolve(name)
+            registry.resolve(name)
         except NotFoundError:
             return None
-        return marti.make(name, seed=seed, **config)
+        return registry.make(name, config, seed)  # the config as a mapping, as the env server gets it
 
     check_envs(cfg, build_curriculum(cfg), data, make)
 
@@ -285,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         data = check_dataset_job(
             cfg
         )  # before the run folder: a bad file must not cost an --overwrite its run
-        if not args.env:
+        if starts_own_env_server(cfg, args):
             _check_envs_in_process(cfg, data)  # so must a bad env option
         folder = _prepare_folder(cfg, args)
     except MartiError as exc:

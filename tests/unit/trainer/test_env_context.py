@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -109,10 +110,21 @@ def test_a_bad_env_option_fails_before_the_job_starts_without_a_curriculum(task:
     assert made == []
 
 
-def test_a_bad_env_option_is_refused_before_an_overwrite_touches_the_old_run(tmp_path) -> None:
-    """`marti train --overwrite` with an env option the env refuses at a curriculum level above the first: the
-    env is made in process before the run folder is prepared, so the job is refused naming the level, and the
-    previous run is kept."""
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ranked": True}, "curriculum level 'medium'.*ranked=True needs difficulty"),
+        # named like marti.make's own arguments: still env options, refused as keys the env lacks
+        ({"ranked": True, "seed": 3}, "unknown config key 'seed'"),
+        ({"ranked": True, "timeout_s": 5}, "unknown config key 'timeout_s'"),
+    ],
+)
+def test_a_bad_env_option_is_refused_before_an_overwrite_touches_the_old_run(
+    tmp_path, options: dict, message: str
+) -> None:
+    """`marti train --overwrite` with an env option the env refuses (at a curriculum level above the first, or
+    a key it lacks): the env is made in process before the run folder is prepared, so the job is refused naming
+    the level or key, and the previous run is kept."""
     old = tmp_path / "old_run"
     old.mkdir()
     (old / "metrics.jsonl").write_text('{"step": 1}\n')
@@ -123,7 +135,7 @@ def test_a_bad_env_option_is_refused_before_an_overwrite_touches_the_old_run(tmp
              "agents": [{"name": "a", "pretrain_model": "tiny-llama", "role": "planner"},
                         {"name": "b", "pretrain_model": "tiny-llama", "role": "executor"}],
              "environment": {"env_name": "collaborative_task_solving", "scenario": "private_allocation",
-                             "options": {"ranked": True}},
+                             "options": options},
              "curriculum": {"enabled": True, "levels": ["pair", "easy", "medium"]}}
         )
     )  # fmt: skip
@@ -132,5 +144,20 @@ def test_a_bad_env_option_is_refused_before_an_overwrite_touches_the_old_run(tmp
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert "curriculum level 'medium'" in proc.stderr and "ranked=True needs difficulty" in proc.stderr
+    assert re.search(message, proc.stderr), proc.stderr
     assert (old / "metrics.jsonl").read_text() == '{"step": 1}\n'  # the old run is still there
+
+
+def test_the_in_process_check_is_for_a_job_that_starts_its_own_env_server(monkeypatch) -> None:
+    """Only a job without ``--env``, ``MARTI_ENV_ADDR`` or ``services.env`` runs the envs this process makes; one
+    given an env server is checked on that server (``TrainingLoop.check_envs``)."""
+    from services.trainer.job.train_cli import build_parser, starts_own_env_server
+
+    monkeypatch.delenv("MARTI_ENV_ADDR", raising=False)
+    cfg = load_config(ROOT / "examples" / "tiny.yaml")
+    assert starts_own_env_server(cfg, build_parser().parse_args([]))
+    assert not starts_own_env_server(cfg, build_parser().parse_args(["--env", "127.0.0.1:5"]))
+    given = load_config(ROOT / "examples" / "tiny.yaml", ["services.env=127.0.0.1:5"])
+    assert not starts_own_env_server(given, build_parser().parse_args([]))
+    monkeypatch.setenv("MARTI_ENV_ADDR", "127.0.0.1:5")
+    assert not starts_own_env_server(cfg, build_parser().parse_args([]))
