@@ -319,3 +319,17 @@ def test_draw_at_the_rounding_edge_stays_on_a_token_of_positive_probability(monk
     # u * total can round up to the total; the search then lands past the last token of positive mass
     monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(*shape, dtype=kw.get("dtype")))
     assert draw(torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.2, 0.0, 0.8, 0.0]])).tolist() == [1, 2]
+
+
+def test_draw_keeps_tiny_probabilities_and_refuses_a_row_without_mass():
+    """The cumulative sum is float64: a token of probability 1e-9 after a large mass keeps its own interval (in
+    float32 it had none); a NaN or all-zero row (a diverged model) is refused naming the row."""
+    probs = torch.tensor([[1.0] + [1e-9] * 9])  # (1, 10)
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    assert bool((cdf[0, 1:] > cdf[0, :-1]).all())
+    torch.manual_seed(0)
+    assert draw(probs.repeat(1000, 1)).eq(0).all()
+    with pytest.raises(FloatingPointError, match=r"rows \[1, 2\]"):
+        draw(torch.tensor([[0.5, 0.5], [float("nan"), 0.5], [0.0, 0.0]]))
+    with pytest.raises(FloatingPointError, match=r"rows \[0\]"):
+        sample_tokens(torch.full((1, 4), float("nan")), SamplingParams())
