@@ -33,7 +33,8 @@ class Connections:
 
     def env(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
         """A registered env on env_server (a session on the env channel, or placed by the env pool when
-        ``services.env`` names several servers), or a custom env by import path built in this process.
+        ``services.env`` names several servers; in this process when the job has no env server address), or a
+        custom env by import path built in this process.
 
         Args:
             env_name: A registered env name, or ``module:attr`` / ``file.py:attr`` of a custom env.
@@ -45,17 +46,22 @@ class Connections:
         pool = self.pool()
         if pool is not None:
             return pool.make(env_name, seed=seed, config=config)
-        from marti.clients.env import RemoteParallelEnv
-
         # config as a mapping, not keywords: an env option named like one of marti.make's own arguments
         # (seed, address, token, timeout_s, ...) reaches the env, which refuses a key it does not have
+        channel = self.channel("env")
+        if channel is None:  # no env server: an env in this process
+            from marti.env_registry import default_registry
+
+            return default_registry().make(env_name, config, seed)
+        from marti.clients.env import RemoteParallelEnv
+
         return RemoteParallelEnv.create(
             self.addr.env,
             env_name,
             config=config,
             seed=seed,
             token=self.addr.token,
-            channel=self.channel("env"),
+            channel=channel,
         )
 
     def comm(self, agent: str, session: str) -> Any:

@@ -26,3 +26,13 @@ def test_an_option_named_like_a_make_argument_is_refused_by_the_env(env_server, 
         env.close()
     finally:
         connections.close()
+
+
+def test_without_an_env_server_the_env_is_made_in_this_process_and_refuses_the_same_keys() -> None:
+    connections = Connections(Addresses(None, None, None))
+    with pytest.raises(InvalidArgumentError, match="'seed'"):
+        connections.env("collaborative_task_solving", 0, CONFIG | {"seed": 3})
+    env = connections.env("collaborative_task_solving", 7, CONFIG)
+    assert type(env).__name__ != "RemoteParallelEnv"
+    obs, _ = env.reset(seed=7)
+    assert "Tasks, most valuable first" in obs["agent_1"]
