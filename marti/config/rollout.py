@@ -39,8 +39,8 @@ class RolloutConfig(_Section):
     engine: Literal["hf", "hf_static", "vllm", "auto"] = "auto"
     """``hf``: transformers ``generate``; ``hf_static``: transformers with the engine's own decode loop over a
     preallocated key/value cache (finished rows leave the batch; on CUDA, decode steps compiled with CUDA graphs, not yet
-    run on a GPU; greedy outputs equal ``hf``'s, see docs/models.md); ``vllm``: vLLM (GPU); ``auto``: vLLM when installed and on
-    CUDA, else ``hf``."""
+    run on a GPU; greedy outputs equal ``hf``'s, see docs/models.md); ``vllm``: vLLM (GPU); ``auto``: ``hf_static`` on the CPU (the
+    faster there, docs/benchmarks.md "Rollout engines"), vLLM on CUDA when installed, else ``hf``."""
     dtype: Literal["auto", "float32", "bfloat16"] | None = None
     """What the transformers engines (``hf``, ``hf_static``) sample in; training keeps the policy's dtype. A dtype
     other than the policy's makes the engine sample with a converted copy of the weights, refreshed at every weight

@@ -333,3 +333,20 @@ def test_draw_keeps_tiny_probabilities_and_refuses_a_row_without_mass():
         draw(torch.tensor([[0.5, 0.5], [float("nan"), 0.5], [0.0, 0.0]]))
     with pytest.raises(FloatingPointError, match=r"rows \[0\]"):
         sample_tokens(torch.full((1, 4), float("nan")), SamplingParams())
+
+
+def test_auto_is_hf_static_on_the_cpu_and_vllm_or_hf_on_cuda(monkeypatch):
+    """``rollout.engine: auto`` (the default) builds the static-cache engine on the CPU, where it is the faster
+    (docs/benchmarks.md "Rollout engines"); on CUDA vLLM when installed, else ``hf``."""
+    from marti.config import load_config
+    from services.trainer.rollout import generation
+    from services.trainer.rollout.generation import build_rollout_engine, generation_config
+
+    cfg = generation_config(load_config(ROOT / "examples" / "tiny.yaml", ["rollout.engine=auto"]))
+    policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
+    engine = build_rollout_engine(cfg, policy, ["agent_1"], "cpu", copy_weights=False)
+    assert type(engine) is StaticCacheRolloutEngine
+    monkeypatch.setattr(generation, "vllm_available", lambda: False)
+    assert generation.resolve_auto_engine("cuda") == "hf"
+    monkeypatch.setattr(generation, "vllm_available", lambda: True)
+    assert generation.resolve_auto_engine("cuda") == "vllm"
