@@ -158,7 +158,10 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         if self.share_prompt_prefix and can_share(model):
             shared = shared_prefix_rows(ids, mask[:, :width], width)
         started = time.perf_counter()
-        with torch.inference_mode():
+        # not inference_mode: parameters a forward writes become inference tensors, whose requires_grad peft's
+        # set_adapter cannot switch at the next call (the design launch script's job, DeepSpeed ZeRO-3 with LoRA
+        # adapters, failed so: tests/e2e/test_launch_script.py)
+        with torch.no_grad():
             if shared is None:
                 first, prefill_rows = None, rows
                 out = model(
