@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ from marti.config import load_config
 from marti.errors import InvalidArgumentError
 from services.trainer.job.addresses import Addresses
 from services.trainer.job.loop import TrainingLoop
+from tests.refused_runs import train_over_an_old_run
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -125,27 +123,16 @@ def test_a_bad_env_option_is_refused_before_an_overwrite_touches_the_old_run(
     """`marti train --overwrite` with an env option the env refuses (at a curriculum level above the first, or
     a key it lacks): the env is made in process before the run folder is prepared, so the job is refused naming
     the level or key, and the previous run is kept."""
-    old = tmp_path / "old_run"
-    old.mkdir()
-    (old / "metrics.jsonl").write_text('{"step": 1}\n')
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        json.dumps(
-            {"training_name": "t", "num_agents": 2, "output": {"dir": str(old)},
-             "agents": [{"name": "a", "pretrain_model": "tiny-llama", "role": "planner"},
-                        {"name": "b", "pretrain_model": "tiny-llama", "role": "executor"}],
-             "environment": {"env_name": "collaborative_task_solving", "scenario": "private_allocation",
-                             "options": options},
-             "curriculum": {"enabled": True, "levels": ["pair", "easy", "medium"]}}
-        )
+    proc = train_over_an_old_run(
+        tmp_path,
+        {"training_name": "t", "num_agents": 2,
+         "agents": [{"name": "a", "pretrain_model": "tiny-llama", "role": "planner"},
+                    {"name": "b", "pretrain_model": "tiny-llama", "role": "executor"}],
+         "environment": {"env_name": "collaborative_task_solving", "scenario": "private_allocation",
+                         "options": options},
+         "curriculum": {"enabled": True, "levels": ["pair", "easy", "medium"]}},
     )  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "train", str(config), "--overwrite"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
     assert re.search(message, proc.stderr), proc.stderr
-    assert (old / "metrics.jsonl").read_text() == '{"step": 1}\n'  # the old run is still there
 
 
 def test_the_in_process_check_is_for_a_job_that_starts_its_own_env_server(monkeypatch) -> None:
