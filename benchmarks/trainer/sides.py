@@ -46,11 +46,8 @@ def run_child(role: str, spec_path: Path, out_path: Path, python: str) -> dict[s
         cmd = [python, str(runner), str(spec_path), str(out_path), TRL_ARMS[role]]
     else:
         cmd = [python, "-m", "benchmarks.trainer", "--_ours", str(spec_path), str(out_path)]
-    env = {
-        **os.environ,
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": str(json.loads(spec_path.read_text())["threads"]),
-    }
+    spec = json.loads(spec_path.read_text())
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(spec["threads"])}
     load = load_avg()
     print(f"running {role} (load {load:.1f}) ...", flush=True)
     rc = subprocess.call(cmd, cwd=ROOT, env=env)
@@ -58,7 +55,7 @@ def run_child(role: str, spec_path: Path, out_path: Path, python: str) -> dict[s
         raise RuntimeError(f"{role} side exited with {rc}: {' '.join(cmd)}")
     result = json.loads(out_path.read_text())
     result["load"] = (load + load_avg()) / 2
-    result["spec_digest"] = spec_digest(json.loads(spec_path.read_text()))
+    result["spec_digest"] = spec_digest(spec)
     return result
 
 

@@ -90,8 +90,8 @@ def resolve_auto_engine(device: str) -> str:
     """What ``rollout.engine: auto`` builds on ``device``: the fastest engine measured there that is correct.
 
     On the CPU ``hf_static`` (its own decode loop and sampler: 1.04-1.05x, 1.16-1.26x and 1.20-1.26x ``hf``'s
-    tokens/s at batches 1, 8 and 64 in bf16 in two runs, docs/benchmarks.md "Rollout engines"); on CUDA vLLM when it is installed, else ``hf``
-    (``hf_static``'s compiled CUDA path has not run on a GPU yet).
+    tokens/s at batches 1, 8 and 64 in bf16 in two runs, docs/benchmarks.md "Rollout engines"); on CUDA vLLM when
+    it is installed, else ``hf`` (``hf_static``'s compiled CUDA path has not run on a GPU yet).
 
     Args:
         device: ``cpu`` or ``cuda``.
