@@ -236,3 +236,12 @@ def test_a_task_number_of_many_or_non_ascii_digits_names_no_task_and_does_not_ra
     for parse in (ap.parse_allocation, ap.parse_names):
         parsed = parse(text, NAMES)
         assert parsed.allocation is None or not any(parsed.allocation.values()), (parse, parsed)
+
+
+def test_max_capacity_caps_a_random_capacity_but_never_below_the_required_use():
+    """``ProblemSpec.max_capacity`` (``private_allocation``'s ``pair``: 1..2) bounds the ``random`` draw from
+    above, and a bound below what the required tasks use is raised to that use."""
+    capped = ap.ProblemSpec(1, 5, 1, demand=(1, 1), capacity="random", max_capacity=2)
+    assert {ap.generate(random.Random(s), capped).capacities["cpu"] for s in range(200)} == {1, 2}
+    required = ap.ProblemSpec(1, 5, 1, num_required=3, demand=(1, 1), capacity="random", max_capacity=1)
+    assert {ap.generate(random.Random(s), required).capacities["cpu"] for s in range(50)} == {3}
