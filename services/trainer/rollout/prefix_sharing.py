@@ -98,8 +98,27 @@ def prefill_shared(
         logits_to_keep=1,
     )
     cache = out.cache
-    cache.batch_select_indices(inverse)
-    return cache, out.logits[:, -1][inverse]
+    select_cache_rows(cache, inverse)
+    return cache, out.logits[:, -1].index_select(0, inverse)
+
+
+def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep (and repeat) the cache's batch rows ``rows``, in place: every layer's keys and values become
+    ``index_select(0, rows)`` of what they were.
+
+    transformers' ``Cache.batch_select_indices`` selects with ``tensor[rows]``, whose backward (``index_put_`` with
+    accumulation) adds the rows that read one prompt in an order that varies from call to call on the CPU when
+    many rows repeat one index (a GRPO group): the same batch then gives gradients that differ in the last bits,
+    and a seeded run drifts. ``index_select``'s backward (``index_add_``) adds them in a fixed order.
+
+    Args:
+        cache: A transformers ``DynamicCache`` (its ``layers`` hold ``keys`` and ``values``, (B, H, T, D)).
+        rows: (B',) int64 row indices, on the cache's device.
+    """
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+            layer.keys = layer.keys.index_select(0, rows)
+            layer.values = layer.values.index_select(0, rows)
 
 
 def can_share(model: torch.nn.Module) -> bool:
