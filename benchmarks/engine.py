@@ -5,13 +5,13 @@ the demo's model; ``--model tiny-llama`` for the tiny random one) onto ``--devic
 for the GPU run of ``scripts/gpu/run_on_gpu.sh bench``), and builds one engine per arm:
 
 * ``generate_fp32`` (the baseline): the transformers default, ``model.generate`` in float32 with every row's
-  prompt computed in full (:class:`services.trainer.rollout.hf.HFRolloutEngine` with ``share_prompt_prefix``
+  prompt computed in full (:class:`services.trainer.rollout.engines.hf.HFRolloutEngine` with ``share_prompt_prefix``
   off, over the float32 model);
-* ``hf``: :class:`~services.trainer.rollout.hf.HFRolloutEngine` as a job builds it: ``generate`` after a group's
+* ``hf``: :class:`~services.trainer.rollout.engines.hf.HFRolloutEngine` as a job builds it: ``generate`` after a group's
   shared prompt is prefilled once, sampling in ``--dtype`` (``rollout.dtype``: ``auto`` by default, i.e. bf16 on
   a CPU with AVX512-BF16 or AMX, float32 on other CPUs, the model's dtype on a GPU; ``float32``; ``bfloat16``),
   over one converted copy of the model that the fast arms share;
-* ``hf_static``: :class:`services.trainer.rollout.static.StaticCacheRolloutEngine` on its eager path (the lean
+* ``hf_static``: :class:`services.trainer.rollout.engines.static.StaticCacheRolloutEngine` on its eager path (the lean
   loop over a preallocated cache, shared prefill, rows leaving the batch as they end), in ``--dtype`` as ``hf``;
 * ``hf_static_compiled`` (only with ``--compiled``): the same engine with ``compile=True`` (``torch.compile`` of
   the decode step over a static cache; CUDA graphs on CUDA). Its first call, compilation included, is reported
@@ -54,8 +54,8 @@ def demo_prompts(
     config's sampling parameters for it (seeded; ``max_new_tokens`` overrides the config's when given)."""
     import marti
     from marti.config import load_config
-    from services.trainer.rollout.base import SamplingParams, chat_to_ids
-    from services.trainer.rollout.generation import sampling_params
+    from services.trainer.rollout.engines.base import SamplingParams, chat_to_ids
+    from services.trainer.rollout.engines.generation import sampling_params
 
     cfg = load_config(config)
     agent = cfg.agents[0]
@@ -107,7 +107,7 @@ def build_engines(
     model_name: str, batches: list[int], compiled: bool, device: str = "cpu", dtype: str = "auto"
 ) -> dict[str, Any]:
     """One engine per arm (one agent ``a``) on ``device``: the baseline over the float32 model, the others over
-    one copy of it in ``dtype`` resolved by :func:`~services.trainer.rollout.precision.resolve_rollout_dtype` (the
+    one copy of it in ``dtype`` resolved by :func:`~services.trainer.rollout.engines.precision.resolve_rollout_dtype` (the
     model itself where that is float32).
 
     Raises:
@@ -116,9 +116,9 @@ def build_engines(
     import torch
 
     from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer
-    from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
-    from services.trainer.rollout.precision import resolve_rollout_dtype, sampling_copies
-    from services.trainer.rollout.static import StaticCacheRolloutEngine
+    from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
+    from services.trainer.rollout.engines.precision import resolve_rollout_dtype, sampling_copies
+    from services.trainer.rollout.engines.static import StaticCacheRolloutEngine
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")

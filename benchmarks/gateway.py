@@ -120,7 +120,7 @@ def _remote(kind: str, target: str, token: str, c: int, requests: int, max_token
 
 def _direct(engine: Any, c: int, requests: int, max_tokens: int) -> dict[str, Any]:
     from marti.inference import SamplingParams
-    from services.trainer.rollout.base import chat_to_ids
+    from services.trainer.rollout.engines.base import chat_to_ids
 
     lat: list[float] = []
     tokens = 0
@@ -214,8 +214,8 @@ def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes
     from services.trainer.data.external import ExternalEpisodes
     from services.trainer.data.tables import claim_tables
     from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer
-    from services.trainer.rollout.gateway_backend import EngineBackend
-    from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+    from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
+    from services.trainer.rollout.serving.gateway_backend import EngineBackend
 
     if model == "tiny-llama":
         tok = load_tokenizer()

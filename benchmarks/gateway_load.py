@@ -1,6 +1,6 @@
 """``marti bench gateway``'s model-free arms: the gateway's own overhead per request, and 400 requests in flight.
 
-Both serve from :class:`~services.trainer.rollout.instant.InstantRolloutEngine` (no model: it answers at once with
+Both serve from :class:`~services.trainer.rollout.engines.instant.InstantRolloutEngine` (no model: it answers at once with
 deterministic token ids) through the gateway's ordinary :class:`EngineBackend` (each agent's tokenizer and chat
 template) and a :class:`GatewayServer` with the default :class:`GatewayLimits`, so what is timed is the gateway,
 its adapters and its clients, not a model.
@@ -44,7 +44,7 @@ def _latency_summary(lat: list[float]) -> dict[str, Any]:
 def _direct(engine: Any, tok: Any, requests: int, max_tokens: int) -> list[float]:
     """``requests`` engine calls of one prompt each (its ids made beforehand); their latencies, seconds."""
     from marti.inference import SamplingParams
-    from services.trainer.rollout.base import chat_to_ids
+    from services.trainer.rollout.engines.base import chat_to_ids
 
     ids = chat_to_ids(tok, PROMPT)
     sampling = SamplingParams(max_new_tokens=max_tokens, temperature=1.0)
@@ -200,8 +200,8 @@ def run(requests: int, load_clients: int, load_requests: int, max_tokens: int) -
     from services.gateway.core.limits import GatewayLimits
     from services.gateway.server import GatewayServer
     from services.trainer.models.loading import load_tokenizer
-    from services.trainer.rollout.gateway_backend import EngineBackend
-    from services.trainer.rollout.instant import InstantRolloutEngine
+    from services.trainer.rollout.engines.instant import InstantRolloutEngine
+    from services.trainer.rollout.serving.gateway_backend import EngineBackend
 
     tok = load_tokenizer()
     engine = InstantRolloutEngine(dict.fromkeys(AGENTS, tok))

@@ -2,7 +2,7 @@
 
 :class:`SamplingParams` says how to sample; :class:`Generation` is one sampled response with the exact token ids
 and the raw (temperature 1) log-probability of each generated token under the policy version that produced it
-(see :mod:`services.trainer.rollout.base` for the log-probability semantics every engine follows).
+(see :mod:`services.trainer.rollout.engines.base` for the log-probability semantics every engine follows).
 """
 
 from __future__ import annotations

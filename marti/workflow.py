@@ -133,7 +133,7 @@ class PromptContext:
 
 def default_build_prompt(ctx: PromptContext) -> str:
     """The built-in user message: the observation, then ``Messages from your teammates:`` and one
-    ``[sender]: text`` line per message (what :class:`services.trainer.rollout.episodes.EpisodeRunner` does)."""
+    ``[sender]: text`` line per message (what :class:`services.trainer.rollout.episodes.runner.EpisodeRunner` does)."""
     if not ctx.messages:
         return ctx.observation
     lines = "\n".join(f"[{s}]: {t}" for s, t in ctx.messages)

@@ -167,7 +167,7 @@ def default_sides(dtype: str, train_dtype: str = "float32") -> list[str]:
     AMX), or its update computes in bfloat16 (``train_dtype``)."""
     import torch
 
-    from services.trainer.rollout.precision import resolve_rollout_dtype
+    from services.trainer.rollout.engines.precision import resolve_rollout_dtype
 
     bf16 = resolve_rollout_dtype(dtype, "cpu") == torch.bfloat16 or train_dtype == "bfloat16"
     return ["ours", "trl", "trl_bf16"] if bf16 else ["ours", "trl"]

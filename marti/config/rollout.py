@@ -19,7 +19,7 @@ class VllmConfig(_Section):
     """vLLM engines each actor that generates builds (each ``tensor_parallel_size`` GPUs and up to
     ``gpu_memory_utilization`` of their memory; engine ``i`` seeded ``seed + i``): every generate call's prompts
     are split into contiguous chunks, one per engine, generated concurrently and joined in order
-    (``services/trainer/rollout/pool.py``). Weight updates go to every engine. The transformers engine is always
+    (``services/trainer/rollout/engines/pool.py``). Weight updates go to every engine. The transformers engine is always
     one."""
     tensor_parallel_size: PositiveInt = 1
     """GPUs per engine (tensor parallelism)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.trainer.rollout.scheduler import TaskScheduler, TaskSpec
+from services.trainer.rollout.episodes.scheduler import TaskScheduler, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

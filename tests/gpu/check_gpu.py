@@ -91,7 +91,7 @@ def check_hf_rollout(device: str) -> None:
 
 def _vllm_two_agents():
     """A vLLM engine on CUDA serving the tiny model as agent ``a`` (full weights) and ``b`` (a LoRA adapter)."""
-    from services.trainer.rollout.vllm_engine import VLLMAgent, VLLMRolloutEngine
+    from services.trainer.rollout.engines.vllm_engine import VLLMAgent, VLLMRolloutEngine
 
     lora_cfg = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
     return VLLMRolloutEngine(
@@ -109,7 +109,7 @@ def check_vllm(device: str) -> None:
         record("vllm_rollout", "SKIP", reason="vllm is not installed here")
         return
     if device != "cuda":
-        from services.trainer.rollout.vllm_engine import VLLMRolloutEngine  # import path check only
+        from services.trainer.rollout.engines.vllm_engine import VLLMRolloutEngine  # import path check only
 
         record("vllm_rollout", "SKIP", reason="dry run: vllm needs CUDA", engine=VLLMRolloutEngine.__name__)
         return
@@ -173,7 +173,7 @@ def gateway_round_trip(engine, tokenizer, agents: tuple[str, str], sync) -> dict
     from services.gateway.core.limits import GatewayLimits
     from services.gateway.server import GatewayServer
     from services.trainer.rollout import SamplingParams
-    from services.trainer.rollout.gateway_backend import EngineBackend
+    from services.trainer.rollout.serving.gateway_backend import EngineBackend
 
     released: list = []
     backend = EngineBackend(engine, dict.fromkeys(agents, tokenizer))
@@ -226,7 +226,7 @@ def check_vllm_gateway(device: str) -> None:
 
     tok = load_tokenizer("tiny-llama")
     if device != "cuda":  # the dry run: the same round trip over the transformers engine
-        from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+        from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
 
         models = {a: build_tiny_model(tok, seed=i) for i, a in enumerate(("a", "b"))}
         engine = HFRolloutEngine({a: AgentModel(m, tok) for a, m in models.items()}, max_model_len=256)

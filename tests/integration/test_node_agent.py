@@ -120,8 +120,8 @@ def gateway():
     from services.gateway.core.limits import GatewayLimits
     from services.gateway.servicer import service_spec
     from services.trainer.models.loading import build_tiny_model, load_tokenizer
-    from services.trainer.rollout.gateway_backend import EngineBackend
-    from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+    from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
+    from services.trainer.rollout.serving.gateway_backend import EngineBackend
 
     tok = load_tokenizer()
     agents = ("agent_1", "agent_2")

@@ -115,13 +115,13 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
 
     Raises:
         InvalidArgumentError / NotFoundError / UnavailableError: what :class:`DatasetTasks`,
-            :func:`services.trainer.rollout.scoring.build_scorer` and
+            :func:`services.trainer.rollout.episodes.scoring.build_scorer` and
             :func:`marti.rewards.model.reward_model_config` raise, naming the file, row, function or path.
     """
     if cfg.dataset is None:
         return None
     from services.trainer.models.loading import TINY_ALIAS
-    from services.trainer.rollout.scoring import build_scorer
+    from services.trainer.rollout.episodes.scoring import build_scorer
 
     tasks = DatasetTasks(cfg)
     tasks.fit(cfg)

@@ -39,7 +39,7 @@ class Connections:
         Args:
             env_name: A registered env name, or ``module:attr`` / ``file.py:attr`` of a custom env.
             seed: The episode's seed.
-            config: The env's config (:func:`services.trainer.rollout.env_config.env_config`).
+            config: The env's config (:func:`services.trainer.rollout.episodes.env_config.env_config`).
         """
         if is_import_path(env_name):
             return make_custom_env(env_name, config, seed)

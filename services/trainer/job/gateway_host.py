@@ -1,7 +1,7 @@
 """Hosting the inference gateway for a training job (``gateway`` section, :mod:`services.gateway`).
 
 While the job runs, :class:`GatewayHost` serves every agent's current policy over OpenAI-compatible HTTP and gRPC
-from the job's actors (:class:`~services.trainer.rollout.gateway_backend.TrainerBackend`); with ``rollout.source``
+from the job's actors (:class:`~services.trainer.rollout.serving.gateway_backend.TrainerBackend`); with ``rollout.source``
 external or mixed, every episode a client reports goes into the trainable agents' tables. Its addresses are
 printed, logged and written to ``<run_dir>/gateway.json`` while it serves, and its counters become the step
 metrics ``gateway/<counter>``.
@@ -53,7 +53,7 @@ class GatewayHost:
 
     Attributes:
         gateway: The :class:`~services.gateway.core.gateway.Gateway`, while it runs (else None).
-        backend: Its :class:`~services.trainer.rollout.gateway_backend.TrainerBackend` (mirrors the actors'
+        backend: Its :class:`~services.trainer.rollout.serving.gateway_backend.TrainerBackend` (mirrors the actors'
             versions; :meth:`refresh` after every step's updates), while it runs.
         server: Its :class:`~services.gateway.server.GatewayServer` (HTTP and gRPC endpoints), while it runs.
         address: What ``<run_dir>/gateway.json`` holds, while it runs.
@@ -93,7 +93,7 @@ class GatewayHost:
         """
         from services.gateway.core.gateway import Gateway
         from services.gateway.server import GatewayServer
-        from services.trainer.rollout.gateway_backend import TrainerBackend
+        from services.trainer.rollout.serving.gateway_backend import TrainerBackend
 
         cfg = self.cfg
         assert writer is not None

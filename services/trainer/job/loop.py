@@ -59,7 +59,7 @@ from services.trainer.observe.episode_metrics import episode_metrics, task_metri
 from services.trainer.observe.sampled_eval import eval_metrics
 from services.trainer.ray.runtime import RayRuntime
 from services.trainer.ray.table_access import StoreAccess
-from services.trainer.rollout.env_config import (
+from services.trainer.rollout.episodes.env_config import (
     agent_return,
     build_curriculum,
     build_scheduler,
@@ -67,9 +67,9 @@ from services.trainer.rollout.env_config import (
     curriculum_step,
     episode_env,
 )
-from services.trainer.rollout.episodes import EpisodeResult, EpisodeRunner, RecordPlan
-from services.trainer.rollout.producer import RolloutProducer
-from services.trainer.rollout.scoring import EpisodeScorer, build_scorer
+from services.trainer.rollout.episodes.producer import RolloutProducer
+from services.trainer.rollout.episodes.runner import EpisodeResult, EpisodeRunner, RecordPlan
+from services.trainer.rollout.episodes.scoring import EpisodeScorer, build_scorer
 
 _LOG = logging.getLogger("marti.trainer")
 #: Most seconds a finished or stopped job waits for an asynchronous rollout still in flight.
@@ -177,7 +177,7 @@ class TrainingLoop:
 
     def check_envs(self) -> None:
         """Make each task's env at every level it can reach, through the job's env server, before anything slow
-        starts (:func:`~services.trainer.rollout.env_config.check_envs`; ``marti train`` also checks the envs
+        starts (:func:`~services.trainer.rollout.episodes.env_config.check_envs`; ``marti train`` also checks the envs
         it can make in process before it prepares the run folder).
 
         Raises:
@@ -694,7 +694,7 @@ class TrainingLoop:
         return metrics
 
     def _curriculum_step(self, results: list[EpisodeResult]) -> dict[str, float]:
-        """Feed the step's episodes to the curriculum (:func:`~services.trainer.rollout.env_config.curriculum_step`)."""
+        """Feed the step's episodes to the curriculum (:func:`~services.trainer.rollout.episodes.env_config.curriculum_step`)."""
         assert self.curriculum is not None
         return curriculum_step(self.curriculum, self.cfg, results)
 

@@ -238,7 +238,7 @@ def _check_envs_in_process(cfg: TrainConfig, data: Any) -> None:
     """
     from marti.env_registry import default_registry
     from marti.errors import NotFoundError
-    from services.trainer.rollout.env_config import build_curriculum, check_envs
+    from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
 
     registry = default_registry()
 

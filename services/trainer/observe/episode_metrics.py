@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from services.trainer.rollout.episodes import RUNNER_METRIC_KEYS, EpisodeResult
+from services.trainer.rollout.episodes.runner import RUNNER_METRIC_KEYS, EpisodeResult
 
 
 def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
     """Means over episodes: the metrics the episodes' envs declare (``metadata["metrics"]``, in order of first
     appearance; each averaged over the episodes that report it) then the runner's counters
-    (:data:`~services.trainer.rollout.episodes.RUNNER_METRIC_KEYS`) as ``team/<metric>``; returns as ``<agent>/reward``
+    (:data:`~services.trainer.rollout.episodes.runner.RUNNER_METRIC_KEYS`) as ``team/<metric>``; returns as ``<agent>/reward``
     and ``team/reward`` (the mean of the agents' returns)."""
     out: dict[str, float] = {}
     env_keys = dict.fromkeys(k for r in results for k in r.metrics if k not in RUNNER_METRIC_KEYS)

@@ -21,7 +21,7 @@ EVAL_EPISODES_FILE = "eval_episodes.jsonl"
 
 
 def episode_record(step: int, result: Any) -> dict[str, Any]:
-    """The JSON record of one finished episode (a :class:`services.trainer.rollout.episodes.EpisodeResult`).
+    """The JSON record of one finished episode (a :class:`services.trainer.rollout.episodes.runner.EpisodeResult`).
 
     Args:
         step: Training step the evaluation ran after (0 = before training).

@@ -19,7 +19,7 @@ from math import comb
 from marti.errors import InvalidArgumentError
 from marti.rewards.answers import normalize_text
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
-from services.trainer.rollout.episodes import EpisodeResult
+from services.trainer.rollout.episodes.runner import EpisodeResult
 
 __all__ = ["eval_metrics", "majority_solved", "pass_at_k", "sampled_metrics"]
 

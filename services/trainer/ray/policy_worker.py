@@ -7,7 +7,7 @@ weight set. The training loop drives it through four calls: :meth:`generate`, :m
 current or a resident older version). With the transformers engine the engine samples from the policy's live
 modules, so weight sync after an update is a version bump (unless asynchronous rollouts or the gateway make it
 keep a copy); with vLLM the new weights are pushed to the engine
-(:meth:`services.trainer.rollout.base.RolloutEngine.update_weights`).
+(:meth:`services.trainer.rollout.engines.base.RolloutEngine.update_weights`).
 
 By default (``ray.colocate_models: true``) the worker also holds each trainable agent's reference policy (KL)
 and critic (GAE). With ``false`` it holds neither: :meth:`PolicyWorker.train` takes the reference
@@ -47,7 +47,7 @@ from services.trainer.learn.learner import (
 )
 from services.trainer.models.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyLayout
 from services.trainer.ray.table_access import TableTaking
-from services.trainer.rollout.generation import (
+from services.trainer.rollout.engines.generation import (
     GenerationConfig,
     ResidentWeights,
     build_rollout_engine,
@@ -539,7 +539,7 @@ class PolicyWorker(TableTaking):
             greedy: Decode greedily (evaluation) instead of sampling.
 
         Returns:
-            B :class:`~services.trainer.rollout.base.Generation` objects (token ids, logprobs, text).
+            B :class:`~services.trainer.rollout.engines.base.Generation` objects (token ids, logprobs, text).
         """
         if not self.engine_owns_weights:  # the engine samples with the live modules: no dropout
             self.policy.train(False)
@@ -596,7 +596,7 @@ class PolicyWorker(TableTaking):
     def serve(
         self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
     ) -> list[Any]:
-        """An inference-gateway call (see :func:`~services.trainer.rollout.generation.serve_generations`): one response
+        """An inference-gateway call (see :func:`~services.trainer.rollout.engines.generation.serve_generations`): one response
         per prompt of token ids with the caller's sampling parameters, on the current or a resident version. Its
         version is fixed under the engine lock before it samples; :meth:`train`'s weight sync waits for it.
 

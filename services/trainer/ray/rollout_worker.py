@@ -32,8 +32,8 @@ from marti.errors import InvalidArgumentError
 from services.trainer.job.checkpoint import load_rng_state, save_rng_state
 from services.trainer.models.policy import MultiAgentPolicy, PolicyLayout
 from services.trainer.ray.policy_worker import ActorConfig, actor_setup, policy_layout
-from services.trainer.rollout.base import Generation, SamplingParams
-from services.trainer.rollout.generation import (
+from services.trainer.rollout.engines.base import Generation, SamplingParams
+from services.trainer.rollout.engines.generation import (
     GenerationConfig,
     ResidentWeights,
     build_rollout_engine,
@@ -55,7 +55,7 @@ class RolloutActorConfig(ActorConfig):
     Attributes:
         layout: The team's policy layout without references or gradient checkpointing (it would turn off the
             shared-prompt prefill).
-        generation: Its engine and every agent's sampling (:class:`~services.trainer.rollout.generation.GenerationConfig`).
+        generation: Its engine and every agent's sampling (:class:`~services.trainer.rollout.engines.generation.GenerationConfig`).
         resident_versions: Weight versions per agent kept servable for the inference gateway's
             ``agent@VERSION`` calls (``gateway.resident_versions``); 1 (only the current one) without the gateway.
     """
@@ -112,7 +112,7 @@ class RolloutWorker:
     def generate(
         self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False
     ) -> list[Generation]:
-        """Generate one response per chat prompt (see :func:`~services.trainer.rollout.generation.generate_turns`)."""
+        """Generate one response per chat prompt (see :func:`~services.trainer.rollout.engines.generation.generate_turns`)."""
         return generate_turns(
             self.cfg.generation, self.policy, self.engine, self._lock, agent_id, chats, greedy
         )

@@ -1,11 +1,14 @@
 """Rollout engines behind one interface: transformers ``generate`` (CPU, GPU) and vLLM (GPU, when installed).
 
-``VLLMRolloutEngine`` is imported lazily (``from services.trainer.rollout.vllm_engine import ...``) so that
+``VLLMRolloutEngine`` is imported lazily (``from services.trainer.rollout.engines.vllm_engine import ...``) so that
 importing this package never needs vllm.
+
+Folders: :mod:`.engines` (the engines and how an actor builds and samples them), :mod:`.episodes` (playing a
+step's episodes) and :mod:`.serving` (what the inference gateway serves from).
 """
 
-from services.trainer.rollout.base import Generation, Prompt, RolloutEngine, SamplingParams
-from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+from services.trainer.rollout.engines.base import Generation, Prompt, RolloutEngine, SamplingParams
+from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
 
 
 def vllm_available() -> bool:

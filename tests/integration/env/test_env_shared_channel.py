@@ -15,7 +15,7 @@ import marti.envs as me
 from marti.clients.env import EnvClient, RemoteParallelEnv, open_channel
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.inference import Generation
-from services.trainer.rollout.episodes import EpisodeRunner
+from services.trainer.rollout.episodes.runner import EpisodeRunner
 
 ENV = "collaborative_task_solving"
 ALLOCATION_METRICS = ("task_completion", "resource_utilization", "constraint_violations", "team_score")

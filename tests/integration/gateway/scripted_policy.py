@@ -13,7 +13,7 @@ import json
 from marti.inference import Generation
 from services.gateway.core.backend import InferenceBackend
 from services.trainer.models.loading import load_tokenizer
-from services.trainer.rollout.gateway_backend import _Tokenizers
+from services.trainer.rollout.serving.gateway_backend import _Tokenizers
 from tests.integration.gateway.one_agent import OneAgent
 
 REPLY = "Hello from the policy."

@@ -18,7 +18,7 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
-from services.trainer.rollout.gateway_backend import _Tokenizers
+from services.trainer.rollout.serving.gateway_backend import _Tokenizers
 from tests.integration.gateway.one_agent import OneAgent
 
 ADD = {

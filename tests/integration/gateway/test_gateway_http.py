@@ -30,9 +30,9 @@ from services.gateway.core.limits import GatewayLimits
 from services.gateway.http.app import build_app
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
-from services.trainer.rollout.base import chat_to_ids
-from services.trainer.rollout.gateway_backend import EngineBackend
-from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+from services.trainer.rollout.engines.base import chat_to_ids
+from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
+from services.trainer.rollout.serving.gateway_backend import EngineBackend
 from tests.integration.gateway.one_agent import OneAgent
 
 TOKEN = "test-token-123"

@@ -17,8 +17,8 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
-from services.trainer.rollout.gateway_backend import EngineBackend
-from services.trainer.rollout.instant import InstantRolloutEngine
+from services.trainer.rollout.engines.instant import InstantRolloutEngine
+from services.trainer.rollout.serving.gateway_backend import EngineBackend
 
 TOKEN = "load-token"
 AGENTS = ("a", "b")

@@ -3,7 +3,7 @@ agent's update never changes another agent's outputs.
 
 Comparable gateways were reported to serve the base model instead of the adapter. Here two agents are LoRA
 adapters on one shared tiny base model (``examples/tiny.yaml``, ``policy.mode: lora``), served by a policy worker
-(the actor class a job runs) behind :class:`~services.trainer.rollout.gateway_backend.TrainerBackend`, a
+(the actor class a job runs) behind :class:`~services.trainer.rollout.serving.gateway_backend.TrainerBackend`, a
 :class:`~services.gateway.server.GatewayServer` and the official ``openai`` client. Every greedy answer is
 compared with a fresh engine loaded with exactly that agent's weights of that version. The same setup, with a real
 experience store behind the gateway, checks that an update landing while a call generates waits for it, and that
@@ -36,8 +36,8 @@ from services.trainer.data.tables import claim_tables
 from services.trainer.models.loading import load_tokenizer
 from services.trainer.models.policy import MultiAgentPolicy
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config, policy_layout
-from services.trainer.rollout.gateway_backend import TrainerBackend
-from services.trainer.rollout.hf import HFRolloutEngine
+from services.trainer.rollout.engines.hf import HFRolloutEngine
+from services.trainer.rollout.serving.gateway_backend import TrainerBackend
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

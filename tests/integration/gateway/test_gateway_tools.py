@@ -22,8 +22,8 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
-from services.trainer.rollout.base import chat_to_ids
-from services.trainer.rollout.gateway_backend import _Tokenizers
+from services.trainer.rollout.engines.base import chat_to_ids
+from services.trainer.rollout.serving.gateway_backend import _Tokenizers
 
 TOKEN = "tools-token"
 MAX_TOOLS_CHARS = 1000

@@ -39,7 +39,7 @@ from services.trainer.job.loop import TrainingLoop
 from services.trainer.job.train_cli import untrained_note
 from services.trainer.models.policy import MultiAgentPolicy
 from services.trainer.ray.policy_worker import policy_layout
-from services.trainer.rollout.hf import HFRolloutEngine
+from services.trainer.rollout.engines.hf import HFRolloutEngine
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "gateway-test-token"

@@ -1,5 +1,5 @@
 """Each key of the ``reward:`` section changes how a dataset job's replies are scored, through the trainer's own
-path: :func:`services.trainer.rollout.scoring.build_scorer` on a validated config, a real HTTP reward server on
+path: :func:`services.trainer.rollout.episodes.scoring.build_scorer` on a validated config, a real HTTP reward server on
 port 0, and the reward-model actor class :class:`~services.trainer.ray.reward_worker.RewardModelWorker` built
 in-process from :func:`~services.trainer.ray.reward_worker.reward_actor_config` (the ``tiny-llama`` alias: a tiny
 random one-label classifier), without Ray (tests/unit/config/test_key_walk.py maps every ``reward.*`` key here).
@@ -19,7 +19,7 @@ from marti.config import config_from_dict
 from marti.config.reward import RewardConfig
 from marti.errors import MartiError
 from services.trainer.ray.reward_worker import RewardModelWorker, reward_actor_config
-from services.trainer.rollout.scoring import build_scorer
+from services.trainer.rollout.episodes.scoring import build_scorer
 from tests.integration.rewards.test_remote_rewards import Server, length_reward
 
 #: Three replies to two problems; the last two texts differ only at their start (``model_max_length``).

@@ -441,7 +441,7 @@ def test_the_runner_completes_each_record_once_and_an_idle_agents_item_is_not_st
     bound of 0 does not remove it as stale), with the group, group size and credited return as typed fields."""
     from types import SimpleNamespace
 
-    from services.trainer.rollout.episodes import EpisodeRunner
+    from services.trainer.rollout.episodes.runner import EpisodeRunner
 
     cfg = load_config(
         ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path / 'run'}", "reward_alloc.team_weight=2"]

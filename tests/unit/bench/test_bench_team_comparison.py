@@ -12,7 +12,7 @@ import yaml
 import marti.envs as me
 from benchmarks import team_comparison as tc
 from marti.config.load import config_from_dict
-from services.trainer.rollout.env_config import env_config
+from services.trainer.rollout.episodes.env_config import env_config
 
 EXAMPLE = tc.PRIVATE_CONFIG
 

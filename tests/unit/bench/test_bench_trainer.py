@@ -12,7 +12,7 @@ from benchmarks import trainer
 from benchmarks.trainer import cli, ours, sum_task
 from benchmarks.trainer.dtype_probe import DtypeProbe
 from benchmarks.trainer.report import reward_comparison
-from services.trainer.rollout.precision import cpu_has_bf16
+from services.trainer.rollout.engines.precision import cpu_has_bf16
 
 
 def _side(tail, scores):

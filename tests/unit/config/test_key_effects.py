@@ -3,7 +3,7 @@
 Each test sets the key to a non-default value and checks what the trainer's own code does with it, with fakes
 for the models and services it would otherwise load or dial (no Ray, no gRPC, no model weights):
 
-- ``agents.N.response_prefix``: :func:`services.trainer.rollout.generation.generate_turns` appends the prefix's tokens to
+- ``agents.N.response_prefix``: :func:`services.trainer.rollout.engines.generation.generate_turns` appends the prefix's tokens to
   the prompt and starts the returned text with it;
 - ``agents.N.critic_model``: :func:`services.trainer.ray.policy_worker.build_agent_critic` loads the critic from it;
 - ``rollout.tis_cap``, ``micro_train_batch_size``, ``gradient_accumulation_steps``:
@@ -111,7 +111,7 @@ class _Engine:
 
 @pytest.mark.parametrize("prefix", [None, "task_1: offer"])
 def test_response_prefix_ends_the_prompt_and_starts_the_text(prefix):
-    from services.trainer.rollout.generation import generate_turns, generation_config
+    from services.trainer.rollout.engines.generation import generate_turns, generation_config
 
     cfg = generation_config(_cfg(**{"agents.0.response_prefix": prefix}))
     engine = _Engine()
@@ -182,7 +182,7 @@ def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg)
 def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
     from services.trainer.job.addresses import Addresses
     from services.trainer.job.loop import TrainingLoop
-    from services.trainer.rollout.episodes import EpisodeResult, _Live
+    from services.trainer.rollout.episodes.runner import EpisodeResult, _Live
 
     cfg = _cfg(
         **{

@@ -12,7 +12,7 @@ at least one of three ways, and :func:`test_every_key_is_covered` fails for a ke
   - ``learner``: algorithm settings, the optimizer settings of a policy's and a critic's train engine (LR
     schedule length and warmup), the policy layout, vLLM engine count and kwargs, every agent's sampling
     parameters;
-  - ``engine``: the rollout engine :func:`~services.trainer.rollout.generation.build_rollout_engine` builds on a CPU and
+  - ``engine``: the rollout engine :func:`~services.trainer.rollout.engines.generation.build_rollout_engine` builds on a CPU and
     a CUDA actor (engine constructors recorded, not run);
   - ``placement``: the Ray actors, their placement-group bundles and concurrency
     (:class:`~services.trainer.ray.runtime.RayRuntime`), the ``ray.init`` kwargs, the resolved device;
@@ -105,8 +105,8 @@ def _learner(cfg: TrainConfig) -> str:
     import torch
 
     from services.trainer.ray.policy_worker import build_strategy, learner_config, policy_layout
-    from services.trainer.rollout.generation import engine_count, sampling_params
-    from services.trainer.rollout.vllm_engine import engine_settings
+    from services.trainer.rollout.engines.generation import engine_count, sampling_params
+    from services.trainer.rollout.engines.vllm_engine import engine_settings
 
     lin = torch.nn.Linear(1, 1)
     first = cfg.agents[0].name
@@ -136,9 +136,9 @@ def _learner(cfg: TrainConfig) -> str:
 def _engine(cfg: TrainConfig) -> str:
     """The rollout engines ``build_rollout_engine`` builds on a CPU and on a CUDA actor (vLLM taken as not
     installed, so the answer does not depend on the machine); the engines' constructors are recorded."""
-    from services.trainer.rollout import generation
-    from services.trainer.rollout.hf import HFRolloutEngine
-    from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
+    from services.trainer.rollout.engines import generation
+    from services.trainer.rollout.engines.hf import HFRolloutEngine
+    from services.trainer.rollout.engines.vllm_engine import VLLMRolloutEngine
 
     built: list[Any] = []
     engine = SimpleNamespace(update_weights=lambda *args: None)
@@ -193,7 +193,7 @@ def _placement(cfg: TrainConfig) -> str:
 def _env(cfg: TrainConfig) -> str:
     """The env name and config the loop builds each episode's env with (``_env_for`` recorded, not dialled):
     the single env, every task's env, and an env return scaled by ``reward_alloc``."""
-    from services.trainer.rollout.env_config import agent_return
+    from services.trainer.rollout.episodes.env_config import agent_return
 
     loop = _loop(cfg)
     made: list[Any] = []
@@ -242,7 +242,7 @@ def _episodes(cfg: TrainConfig) -> str:
     its run directory, and the episode runner it builds: run id, roles, each agent's chat prompt, the speakers of
     six turns, parsed and scripted replies, and the rewards credited for a fixed episode."""
     from marti.workflow import EpisodeView, WorkflowState
-    from services.trainer.rollout.episodes import EpisodeResult, _Live
+    from services.trainer.rollout.episodes.runner import EpisodeResult, _Live
 
     loop = _loop(cfg)
     played: list[Any] = []
@@ -276,7 +276,7 @@ def _episodes(cfg: TrainConfig) -> str:
 def _fixed_results(cfg: TrainConfig) -> list[Any]:
     """One step's episodes for the curriculum: per task, two complete (``task_completion`` 1) and two partial
     (0.6) episodes, every credited return 0."""
-    from services.trainer.rollout.episodes import EpisodeResult
+    from services.trainer.rollout.episodes.runner import EpisodeResult
 
     tasks = [t.name for t in cfg.tasks] or [None]
     returns = {a.name: 0.0 for a in cfg.agents}
@@ -368,7 +368,8 @@ def _gateway(cfg: TrainConfig) -> str:
         mock.patch("services.gateway.core.gateway.Gateway", Gateway),
         mock.patch("services.gateway.server.GatewayServer", Server),
         mock.patch(
-            "services.trainer.rollout.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: None
+            "services.trainer.rollout.serving.gateway_backend.TrainerBackend.for_job",
+            lambda runtime, cfg: None,
         ),
         contextlib.redirect_stdout(io.StringIO()),
     ):

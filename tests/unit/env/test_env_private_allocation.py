@@ -374,7 +374,7 @@ def test_scripted_leader_and_executor_complete_every_easy_seed(num_agents: int) 
 def test_scripted_team_through_the_trainers_runner_without_env_history() -> None:
     """As the trainer plays it: history_messages=0 (the env quotes no message) and each reply reaches the
     teammates' next prompts through the runner's mailbox (comm_broker in a job); the pair still completes."""
-    from services.trainer.rollout.episodes import EpisodeRunner
+    from services.trainer.rollout.episodes.runner import EpisodeRunner
 
     policies = {
         "agent_1": scripted_leader,
@@ -419,7 +419,7 @@ def test_scripted_team_through_the_trainers_runner_without_env_history() -> None
 
 def test_example_config_validates_and_builds_the_env() -> None:
     from marti.config.load import load_config
-    from services.trainer.rollout.env_config import env_config
+    from services.trainer.rollout.episodes.env_config import env_config
 
     cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "private_allocation.yaml")
     assert (

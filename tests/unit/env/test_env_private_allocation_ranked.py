@@ -143,7 +143,7 @@ def test_the_easy_example_plays_ranked_with_a_frozen_leader_and_a_completion_rew
     """examples/private_allocation_easy.yaml (issue 33's long-run attempts, docs/benchmarks.md) loads, builds a
     ranked easy env, keeps the leader frozen and takes its reward from the example's reward function alone."""
     from marti.config import load_config
-    from services.trainer.rollout.env_config import env_config
+    from services.trainer.rollout.episodes.env_config import env_config
 
     cfg = load_config(EXAMPLES / "private_allocation_easy.yaml")
     assert cfg.tuning_agents == ["agent_2"] and cfg.workflow.reward_env_weight == 0.0
@@ -202,7 +202,7 @@ def test_the_curriculum_example_starts_at_pick_and_reaches_easy_ranked() -> None
     """examples/private_allocation_curriculum.yaml: pick -> pair -> easy, starting at pick (the environment's
     difficulty is the curriculum's start), every level ranked, the leader frozen, the example reward."""
     from marti.config import load_config
-    from services.trainer.rollout.env_config import build_curriculum, env_config
+    from services.trainer.rollout.episodes.env_config import build_curriculum, env_config
 
     cfg = load_config(EXAMPLES / "private_allocation_curriculum.yaml")
     assert cfg.tuning_agents == ["agent_2"] and cfg.workflow.reward_env_weight == 0.0

@@ -298,10 +298,10 @@ def test_calibration_error_keeps_the_latest_readable_score() -> None:
 
 
 def test_trainer_episode_runner_reports_calibration_error() -> None:
-    """The trainer's runner (services.trainer.rollout.episodes) puts the metric in the episode's metrics."""
+    """The trainer's runner (services.trainer.rollout.episodes.runner) puts the metric in the episode's metrics."""
     from types import SimpleNamespace
 
-    from services.trainer.rollout.episodes import EpisodeRunner
+    from services.trainer.rollout.episodes.runner import EpisodeRunner
 
     replies = {"agent_1": "task_1: 2", "agent_2": "task_2: 1", "agent_3": "score: 0.5 revise"}
 

@@ -11,8 +11,8 @@ from marti.inference import Generation, SamplingParams
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
-from services.trainer.rollout.gateway_backend import EngineBackend
-from services.trainer.rollout.hf import AgentModel, HFRolloutEngine
+from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
+from services.trainer.rollout.serving.gateway_backend import EngineBackend
 
 S = SamplingParams(max_new_tokens=4, seed=1)
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
@@ -119,9 +119,9 @@ def test_an_engine_without_pinned_versions_serves_only_its_current_version():
     per-call swap), even when older versions are remembered."""
     import torch
 
-    from services.trainer.rollout.generation import ResidentWeights
-    from services.trainer.rollout.pool import EnginePool
-    from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
+    from services.trainer.rollout.engines.generation import ResidentWeights
+    from services.trainer.rollout.engines.pool import EnginePool
+    from services.trainer.rollout.engines.vllm_engine import VLLMRolloutEngine
 
     assert not hasattr(VLLMRolloutEngine, "pinned") and not hasattr(EnginePool, "pinned")
     engine, resident = _CurrentOnlyEngine(), ResidentWeights(3)

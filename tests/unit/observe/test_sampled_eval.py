@@ -13,7 +13,7 @@ from marti.errors import InvalidArgumentError
 from services.trainer.observe.metrics import RunWriter
 from services.trainer.observe.report import write_report
 from services.trainer.observe.sampled_eval import majority_solved, pass_at_k, sampled_metrics
-from services.trainer.rollout.episodes import EpisodeResult
+from services.trainer.rollout.episodes.runner import EpisodeResult
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "resource_allocation.yaml"
 

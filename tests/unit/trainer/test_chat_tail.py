@@ -1,12 +1,12 @@
-"""chat_tail_ids: the template's ids after an assistant turn (services/trainer/rollout/chat_tail.py)."""
+"""chat_tail_ids: the template's ids after an assistant turn (services/trainer/rollout/serving/chat_tail.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from services.trainer.models.loading import load_tokenizer
-from services.trainer.rollout.base import chat_to_ids
-from services.trainer.rollout.chat_tail import chat_tail_ids
+from services.trainer.rollout.engines.base import chat_to_ids
+from services.trainer.rollout.serving.chat_tail import chat_tail_ids
 
 CONVERSATION = [
     {"role": "user", "content": "hi"},

@@ -21,8 +21,8 @@ from marti.workflow import workflow_from_section
 from scripts.data.make_arithmetic_data import main as make_data
 from scripts.data.make_arithmetic_data import make_rows
 from services.trainer.data.tasks import DatasetTasks
-from services.trainer.rollout.episodes import EpisodeRunner
-from services.trainer.rollout.scoring import EpisodeScorer, build_scorer
+from services.trainer.rollout.episodes.runner import EpisodeRunner
+from services.trainer.rollout.episodes.scoring import EpisodeScorer, build_scorer
 from tests.unit.trainer.test_dataset_tasks import _Gen
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "data"
@@ -164,7 +164,7 @@ def test_chain_generator_verifier_refiner_and_the_refiner_answers(data_dir):
 def test_the_frozen_judges_verdict_is_the_reward(data_dir, caplog, verdict, reward, unreadable):
     cfg = load_config(EXAMPLES / "judged.yaml")
     assert not cfg.agent("judge").is_tuning and cfg.tuning_agents == ["solver"]
-    with caplog.at_level(logging.WARNING, logger="services.trainer.rollout.scoring"):
+    with caplog.at_level(logging.WARNING, logger="services.trainer.rollout.episodes.scoring"):
         result, calls, answer = _play(cfg, {"solver": ["Answer: {wrong}"], "judge": [verdict]})
     assert _speakers(result) == [(0, "solver"), (1, "judge")]
     assert f"[solver]: Answer: {int(answer) + 1}" in calls[1][1]  # the judge saw the answer it judges

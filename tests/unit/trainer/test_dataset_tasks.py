@@ -13,8 +13,8 @@ import marti
 from marti.config import config_from_dict
 from marti.errors import InvalidArgumentError
 from services.trainer.data.tasks import DatasetTasks
-from services.trainer.rollout.episodes import EpisodeRunner
-from services.trainer.rollout.scoring import EpisodeScorer, build_scorer
+from services.trainer.rollout.episodes.runner import EpisodeRunner
+from services.trainer.rollout.episodes.scoring import EpisodeScorer, build_scorer
 
 ROWS = [{"prompt": f"What is {i} + {i}? 答え", "answer": str(2 * i), "hint": f"h{i}"} for i in range(10)]
 

@@ -15,10 +15,10 @@ from marti.config import load_config
 from marti.errors import InvalidArgumentError
 from services.trainer.models.policy import MultiAgentPolicy
 from services.trainer.ray.policy_worker import policy_layout
-from services.trainer.rollout.base import SamplingParams
-from services.trainer.rollout.generation import engine_count
-from services.trainer.rollout.hf import HFRolloutEngine
-from services.trainer.rollout.pool import EnginePool, split_contiguous
+from services.trainer.rollout.engines.base import SamplingParams
+from services.trainer.rollout.engines.generation import engine_count
+from services.trainer.rollout.engines.hf import HFRolloutEngine
+from services.trainer.rollout.engines.pool import EnginePool, split_contiguous
 
 ROOT = Path(__file__).resolve().parents[3]
 GREEDY = SamplingParams(max_new_tokens=3, temperature=0.0)

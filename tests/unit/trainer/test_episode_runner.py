@@ -23,7 +23,7 @@ import pytest
 from marti.envs import ParallelEnv, declared_metrics, step_many
 from marti.errors import InvalidArgumentError
 from marti.workflow import Role, Workflow
-from services.trainer.rollout.episodes import EpisodeRunner
+from services.trainer.rollout.episodes.runner import EpisodeRunner
 
 AGENTS = ["a0", "a1", "a2"]
 #: Speakers per turn: one, two at once, one, two at once (then the env truncates).

@@ -13,8 +13,8 @@ from marti.config import load_config
 from services.trainer.learn.experience import collate
 from services.trainer.observe.episode_metrics import episode_metrics
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
-from services.trainer.rollout.env_config import env_config
-from services.trainer.rollout.episodes import EpisodeRunner
+from services.trainer.rollout.episodes.env_config import env_config
+from services.trainer.rollout.episodes.runner import EpisodeRunner
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

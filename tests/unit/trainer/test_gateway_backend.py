@@ -26,9 +26,9 @@ from services.trainer.job.loop import TrainingLoop
 from services.trainer.models.policy import MultiAgentPolicy
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config, policy_layout
 from services.trainer.ray.runtime import RayRuntime
-from services.trainer.rollout.gateway_backend import EngineBackend, TrainerBackend
-from services.trainer.rollout.generation import ResidentWeights
-from services.trainer.rollout.hf import HFRolloutEngine
+from services.trainer.rollout.engines.generation import ResidentWeights
+from services.trainer.rollout.engines.hf import HFRolloutEngine
+from services.trainer.rollout.serving.gateway_backend import EngineBackend, TrainerBackend
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -344,7 +344,8 @@ def test_the_jobs_gateway_sink_stops_waiting_for_room_when_the_gateway_closes(tm
 
     monkeypatch.setattr("services.gateway.server.GatewayServer", Server)
     monkeypatch.setattr(
-        "services.trainer.rollout.gateway_backend.TrainerBackend.for_job", lambda runtime, cfg: Backend()
+        "services.trainer.rollout.serving.gateway_backend.TrainerBackend.for_job",
+        lambda runtime, cfg: Backend(),
     )
     loop = TrainingLoop(
         _cfg("rollout.source=external"), Addresses("unused:1", "unused:1", "unused:1"), show_progress=False

@@ -7,9 +7,9 @@ import pytest
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from services.trainer.models.loading import load_tokenizer
-from services.trainer.rollout.base import SamplingParams
-from services.trainer.rollout.hf import trim_at_stop
-from services.trainer.rollout.instant import InstantRolloutEngine
+from services.trainer.rollout.engines.base import SamplingParams
+from services.trainer.rollout.engines.hf import trim_at_stop
+from services.trainer.rollout.engines.instant import InstantRolloutEngine
 
 
 @pytest.fixture(scope="module")

@@ -232,14 +232,14 @@ def test_lora_engine_switches_adapters_per_agent():
 
 @pytest.mark.skipif(vllm_available(), reason="vllm installed: the GPU check covers it")
 def test_vllm_engine_without_vllm_fails_with_a_clear_error():
-    from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
+    from services.trainer.rollout.engines.vllm_engine import VLLMRolloutEngine
 
     with pytest.raises(FailedPreconditionError, match="vllm"):
         VLLMRolloutEngine({"a": "tiny-llama"})
 
 
 def test_vllm_serves_lora_agents_as_requests_and_refuses_per_agent_models_it_cannot_tell_apart():
-    from services.trainer.rollout.vllm_engine import VLLMAgent, vllm_agents_for
+    from services.trainer.rollout.engines.vllm_engine import VLLMAgent, vllm_agents_for
 
     lora = MultiAgentPolicy(
         PolicyLayout(mode="lora", agents=(AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
@@ -262,7 +262,7 @@ def test_vllm_serves_lora_agents_as_requests_and_refuses_per_agent_models_it_can
 @pytest.mark.skipif(vllm_available(), reason="vllm installed: the GPU check covers it")
 def test_a_vllm_rollout_engine_without_vllm_names_the_package():
     from marti.config import load_config
-    from services.trainer.rollout.generation import build_rollout_engine, generation_config
+    from services.trainer.rollout.engines.generation import build_rollout_engine, generation_config
 
     cfg = generation_config(load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"))
     policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
@@ -404,7 +404,7 @@ def test_a_tiny_positive_temperature_is_greedy(engine, temperature):
 def test_row_ends_match_the_first_prefix_holding_a_stop_string(tok):
     """The windowed stop check against decoding the whole prefix, on random ids with newlines, multi-byte
     characters split over tokens, and special tokens that decode to nothing."""
-    from services.trainer.rollout.hf import _RowEnds
+    from services.trainer.rollout.engines.hf import _RowEnds
 
     pool = [198, 1116, 2756, 26411, 23274, 115, 40993, 0, 1, 655, 314, 28, 29, 30] + [0, 1] * 3
     stops = [("\n\n",), ("é\n",), ("本\n\né",), ("日本",), (" time\n", "\n é"), ("\n",)]

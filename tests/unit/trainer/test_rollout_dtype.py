@@ -11,9 +11,9 @@ from marti.config import config_from_dict
 from marti.errors import InvalidArgumentError
 from services.trainer.models.loading import TinyModelConfig, build_tiny_model, load_tokenizer
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
-from services.trainer.rollout.generation import build_rollout_engine, generation_config
-from services.trainer.rollout.precision import cpu_has_bf16, resolve_rollout_dtype
-from services.trainer.rollout.static import StaticCacheRolloutEngine
+from services.trainer.rollout.engines.generation import build_rollout_engine, generation_config
+from services.trainer.rollout.engines.precision import cpu_has_bf16, resolve_rollout_dtype
+from services.trainer.rollout.engines.static import StaticCacheRolloutEngine
 
 SMALL = TinyModelConfig(
     num_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from marti.errors import InvalidArgumentError
-from services.trainer.rollout.producer import RolloutProducer
+from services.trainer.rollout.episodes.producer import RolloutProducer
 
 
 class _Learner:

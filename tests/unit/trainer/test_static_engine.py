@@ -17,7 +17,12 @@ from marti.errors import FailedPreconditionError, InvalidArgumentError
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
-from services.trainer.rollout.static import StaticCacheRolloutEngine, _PreallocatedLayer, draw, sample_tokens
+from services.trainer.rollout.engines.static import (
+    StaticCacheRolloutEngine,
+    _PreallocatedLayer,
+    draw,
+    sample_tokens,
+)
 
 LOGPROB_ATOL = 1e-4
 ROOT = Path(__file__).resolve().parents[3]
@@ -263,7 +268,7 @@ def test_preallocated_layer_appends_in_place_selects_rows_and_crops():
 
 def test_build_rollout_engine_builds_it_for_hf_static():
     from marti.config import load_config
-    from services.trainer.rollout.generation import build_rollout_engine, generation_config
+    from services.trainer.rollout.engines.generation import build_rollout_engine, generation_config
 
     cfg = generation_config(load_config(ROOT / "examples" / "tiny.yaml"))
     policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))
@@ -339,8 +344,8 @@ def test_auto_is_hf_static_on_the_cpu_and_vllm_or_hf_on_cuda(monkeypatch):
     """``rollout.engine: auto`` (the default) builds the static-cache engine on the CPU, where it is the faster
     (docs/benchmarks.md "Rollout engines"); on CUDA vLLM when installed, else ``hf``."""
     from marti.config import load_config
-    from services.trainer.rollout import generation
-    from services.trainer.rollout.generation import build_rollout_engine, generation_config
+    from services.trainer.rollout.engines import generation
+    from services.trainer.rollout.engines.generation import build_rollout_engine, generation_config
 
     cfg = generation_config(load_config(ROOT / "examples" / "tiny.yaml", ["rollout.engine=auto"]))
     policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("agent_1", "tiny-llama"),)))

@@ -29,8 +29,8 @@ from services.trainer.learn.allocation import (
     shares_from_priorities,
     take_groups,
 )
-from services.trainer.rollout.episodes import EpisodeRunner
-from services.trainer.rollout.scheduler import Curriculum, TaskScheduler, TaskSpec
+from services.trainer.rollout.episodes.runner import EpisodeRunner
+from services.trainer.rollout.episodes.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -12,7 +12,7 @@ from services.trainer.job.addresses import Addresses
 from services.trainer.job.loop import TrainingLoop
 from services.trainer.observe.episode_metrics import episode_metrics
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
-from services.trainer.rollout.episodes import EpisodeRunner
+from services.trainer.rollout.episodes.runner import EpisodeRunner
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -43,8 +43,8 @@ __all__ = [
 class RolloutEngine(abc.ABC):
     """Generates responses per agent and receives weight updates tagged with a policy version.
 
-    Implementations: :class:`services.trainer.rollout.hf.HFRolloutEngine` (transformers, CPU and GPU) and
-    :class:`services.trainer.rollout.vllm_engine.VLLMRolloutEngine` (GPU, only where vllm is installed).
+    Implementations: :class:`services.trainer.rollout.engines.hf.HFRolloutEngine` (transformers, CPU and GPU) and
+    :class:`services.trainer.rollout.engines.vllm_engine.VLLMRolloutEngine` (GPU, only where vllm is installed).
     """
 
     def __init__(

@@ -3,11 +3,11 @@
 :class:`InstantRolloutEngine` has no model and no weights. Each response is ``max_new_tokens`` token ids taken in
 turn from a fixed English text (:data:`ANSWER_TEXT`, encoded once per agent with its tokenizer), starting at an
 offset that depends only on the prompt, so the same prompt always gets the same response; its text is decoded and
-cut at a stop string exactly as the transformers engine does (:func:`~services.trainer.rollout.hf.trim_at_stop`).
+cut at a stop string exactly as the transformers engine does (:func:`~services.trainer.rollout.engines.hf.trim_at_stop`).
 Every token's log-probability is 0.0 (the engine is deterministic: each token has probability 1).
 
 It is what ``marti bench gateway`` serves its model-free arms from (through the gateway's ordinary
-:class:`~services.trainer.rollout.gateway_backend.EngineBackend`, tokenizers and chat templates included), so the
+:class:`~services.trainer.rollout.serving.gateway_backend.EngineBackend`, tokenizers and chat templates included), so the
 time a request spends in the gateway, its adapters and its clients is measured apart from any model's.
 """
 
@@ -19,14 +19,14 @@ from typing import Any
 import torch
 
 from marti.errors import InvalidArgumentError
-from services.trainer.rollout.base import (
+from services.trainer.rollout.engines.base import (
     Generation,
     Prompt,
     RolloutEngine,
     SamplingParams,
     normalise_prompts,
 )
-from services.trainer.rollout.hf import trim_at_stop
+from services.trainer.rollout.engines.hf import trim_at_stop
 
 #: The text responses are drawn from (its token ids, in turn).
 ANSWER_TEXT = (

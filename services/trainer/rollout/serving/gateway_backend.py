@@ -7,7 +7,7 @@
   agents' versions and resident versions are mirrored in this process (:meth:`TrainerBackend.refresh`, called by
   the training loop after every step's updates), so resolving a model name never waits for an actor that is busy
   training.
-- :class:`EngineBackend` serves a :class:`~services.trainer.rollout.base.RolloutEngine` in this process (tests,
+- :class:`EngineBackend` serves a :class:`~services.trainer.rollout.engines.base.RolloutEngine` in this process (tests,
   single-process serving).
 
 Both use each agent's own tokenizer for chat templates, so agents on different base models each get theirs.
@@ -23,14 +23,14 @@ from marti.errors import NotFoundError
 from marti.inference import ChatMessages, Generation, SamplingParams
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.tools.render import template_supports_tools
-from services.trainer.rollout.base import RolloutEngine, chat_to_ids
-from services.trainer.rollout.chat_tail import chat_tail_ids
-from services.trainer.rollout.generation import (
+from services.trainer.rollout.engines.base import RolloutEngine, chat_to_ids
+from services.trainer.rollout.engines.generation import (
     ResidentWeights,
     engine_max_model_len,
     resident_versions,
     serve_generations,
 )
+from services.trainer.rollout.serving.chat_tail import chat_tail_ids
 
 
 class _Tokenizers:
@@ -71,7 +71,7 @@ class _Tokenizers:
         end_id: int,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> list[int] | None:
-        """The template's ids after assistant message ``k`` (:func:`~services.trainer.rollout.chat_tail.chat_tail_ids`)."""
+        """The template's ids after assistant message ``k`` (:func:`~services.trainer.rollout.serving.chat_tail.chat_tail_ids`)."""
         return chat_tail_ids(self._tokenizer(agent), messages, k, end_id, tools)
 
     def encode(self, agent: str, text: str) -> list[int]:
@@ -141,7 +141,7 @@ class EngineBackend(_Tokenizers, InferenceBackend):
         self, agent: str, prompts: Sequence[list[int]], sampling: SamplingParams, version: int | None
     ) -> list[Generation]:
         """One engine call under the lock (see :meth:`InferenceBackend.generate` and
-        :func:`~services.trainer.rollout.generation.serve_generations`).
+        :func:`~services.trainer.rollout.engines.generation.serve_generations`).
 
         Raises:
             NotFoundError: Unknown agent, or ``version`` is not resident.

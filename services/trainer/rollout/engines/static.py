@@ -1,10 +1,10 @@
 """Rollout engine with its own decode loop over a preallocated key/value cache (CPU and GPU).
 
-:class:`StaticCacheRolloutEngine` is :class:`~services.trainer.rollout.hf.HFRolloutEngine` (same agents, LoRA
+:class:`StaticCacheRolloutEngine` is :class:`~services.trainer.rollout.engines.hf.HFRolloutEngine` (same agents, LoRA
 adapters per agent on one base, versioned ``update_weights``, ``pinned``, seeds, prompt checks, stop-string and
-eos handling, :class:`~services.trainer.rollout.base.Generation` outputs) with ``generate``'s per-token machinery
+eos handling, :class:`~services.trainer.rollout.engines.base.Generation` outputs) with ``generate``'s per-token machinery
 replaced by a loop of plain model forwards. Log-probabilities keep the semantics of
-:mod:`services.trainer.rollout.base`: ``log_softmax`` of the raw fp32 logits at the sampled token, computed per
+:mod:`services.trainer.rollout.engines.base`: ``log_softmax`` of the raw fp32 logits at the sampled token, computed per
 step as ``logit[token] - logsumexp(logits)`` (no (B, A, V) tensor of logits is kept).
 
 Two decode paths, chosen per call:
@@ -24,7 +24,7 @@ Two decode paths, chosen per call:
 
 Sampling (temperature, then top-k, then top-p, then one draw from the softmax, :func:`draw`) applies
 transformers' warpers in ``generate``'s order on the fp32 logits, and a temperature below
-:data:`~services.trainer.rollout.hf.GREEDY_BELOW` decodes greedily. Given equal logits a greedy response is the
+:data:`~services.trainer.rollout.engines.hf.GREEDY_BELOW` decodes greedily. Given equal logits a greedy response is the
 HF engine's token for token; sampled responses have the same distribution, but not the same draws (``generate``
 draws with ``torch.multinomial``, this engine by inverting the cumulative distribution, :func:`draw`, several
 times faster on the CPU at a 49k vocabulary: see its timings).
@@ -43,9 +43,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from marti.errors import InvalidArgumentError
-from services.trainer.rollout.base import Generation, SamplingParams
-from services.trainer.rollout.hf import GREEDY_BELOW, AgentModel, HFRolloutEngine, _RowEnds, left_pad
-from services.trainer.rollout.prefix_sharing import can_share, shared_prefix_rows
+from services.trainer.rollout.engines.base import Generation, SamplingParams
+from services.trainer.rollout.engines.hf import GREEDY_BELOW, AgentModel, HFRolloutEngine, _RowEnds, left_pad
+from services.trainer.rollout.engines.prefix_sharing import can_share, shared_prefix_rows
 
 __all__ = ["CACHE_LEN_BUCKET", "StaticCacheRolloutEngine", "draw", "sample_tokens"]
 
@@ -55,15 +55,15 @@ of similar lengths reuse one compiled graph."""
 
 
 class StaticCacheRolloutEngine(HFRolloutEngine):
-    """:class:`~services.trainer.rollout.hf.HFRolloutEngine` with a lean decode loop (see the module docstring).
+    """:class:`~services.trainer.rollout.engines.hf.HFRolloutEngine` with a lean decode loop (see the module docstring).
 
     Args:
-        agents: agent id -> :class:`~services.trainer.rollout.hf.AgentModel`, as for the HF engine.
+        agents: agent id -> :class:`~services.trainer.rollout.engines.hf.AgentModel`, as for the HF engine.
         compile: Run decode steps through ``torch.compile`` over a static cache (CUDA graphs on CUDA). None
             (default): only when the agent's model is on CUDA; the eager loop otherwise (on CPU the compile time
             is not won back at rollout sizes; see docs/benchmarks.md).
         **kwargs: ``device``, ``max_batch_size``, ``max_model_len``, ``default_sampling``,
-            ``share_prompt_prefix``: as for :class:`~services.trainer.rollout.hf.HFRolloutEngine`.
+            ``share_prompt_prefix``: as for :class:`~services.trainer.rollout.engines.hf.HFRolloutEngine`.
 
     Raises:
         InvalidArgumentError: As the HF engine's constructor.
@@ -369,7 +369,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
     The draw applies transformers' warpers in ``generate``'s order: temperature, top-k (keep logits >= the k-th
     largest), top-p (drop the smallest tokens whose cumulative mass is <= 1 - top_p, keeping at least one), then
     one draw from the softmax (:func:`draw`, with the global RNG as ``generate``). A temperature below
-    :data:`~services.trainer.rollout.hf.GREEDY_BELOW` takes the arg max instead.
+    :data:`~services.trainer.rollout.engines.hf.GREEDY_BELOW` takes the arg max instead.
 
     Args:
         logits: (B, V) raw logits of the next token, any float dtype.
@@ -377,7 +377,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
 
     Returns:
         ``(tokens, logprobs)``: (B,) int64 ids and (B,) fp32 ``log_softmax(logits)[token]`` of the raw logits
-        (temperature 1, no filtering; see :mod:`services.trainer.rollout.base`).
+        (temperature 1, no filtering; see :mod:`services.trainer.rollout.engines.base`).
     """
     raw = logits.float()  # (B, V)
     if params.temperature < GREEDY_BELOW:

@@ -1,7 +1,7 @@
 """Several rollout engines behind one (``vllm.num_engines``): each generate call is split among them.
 
 OpenRLHF's ``--vllm_num_engines N`` starts N vLLM engines and spreads the prompts over them. Here
-:func:`services.trainer.rollout.generation.build_rollout_engine` builds ``vllm.num_engines`` vLLM engines (each of
+:func:`services.trainer.rollout.engines.generation.build_rollout_engine` builds ``vllm.num_engines`` vLLM engines (each of
 ``vllm.tensor_parallel_size`` GPUs, seeded ``seed + i``) and wraps them in an :class:`EnginePool`: a call's B
 prompts are cut into contiguous chunks, engine ``i`` generating chunk ``i`` (:func:`split_contiguous`), the chunks
 running concurrently in threads and the generations joined back in prompt order. Weight updates and sampling
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from marti.errors import InvalidArgumentError
-from services.trainer.rollout.base import Generation, Prompt, RolloutEngine, SamplingParams
+from services.trainer.rollout.engines.base import Generation, Prompt, RolloutEngine, SamplingParams
 
 __all__ = ["EnginePool", "split_contiguous"]
 

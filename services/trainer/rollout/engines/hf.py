@@ -3,7 +3,7 @@
 Prompts of one call are batched (at most ``max_batch_size`` per forward) with **left** padding, so every row's
 last prompt token sits at the same position and generation appends to all rows at once. Log-probabilities are
 read from the raw logits that ``generate(output_logits=True)`` returns (temperature 1, no filtering; see
-:mod:`services.trainer.rollout.base`).
+:mod:`services.trainer.rollout.engines.base`).
 
 Where a response ends (:class:`_RowEnds`): each row ends after its first eos token or after the generated token that
 completes a stop string *within the generated text* (the prompt never takes part in the match, unlike
@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from marti.errors import InvalidArgumentError
-from services.trainer.rollout.base import (
+from services.trainer.rollout.engines.base import (
     Generation,
     Prompt,
     RolloutEngine,
     SamplingParams,
     normalise_prompts,
 )
-from services.trainer.rollout.precision import needs_copy, sampling_copies
-from services.trainer.rollout.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
+from services.trainer.rollout.engines.precision import needs_copy, sampling_copies
+from services.trainer.rollout.engines.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 
 if TYPE_CHECKING:
     from services.trainer.models.policy import MultiAgentPolicy
@@ -75,10 +75,10 @@ class HFRolloutEngine(RolloutEngine):
         default_sampling: Per-agent default :class:`SamplingParams`.
         share_prompt_prefix: When a batch repeats a prompt (G samples of a group), prefill each distinct prompt
             once and give its key/value cache to every row that repeats it
-            (:mod:`services.trainer.rollout.prefix_sharing`); the samples are those of the plain path up to float
+            (:mod:`services.trainer.rollout.engines.prefix_sharing`); the samples are those of the plain path up to float
             rounding.
         dtype: Sample in this dtype (``rollout.dtype`` resolved by
-            :func:`~services.trainer.rollout.precision.resolve_rollout_dtype`): a model whose parameters are in
+            :func:`~services.trainer.rollout.engines.precision.resolve_rollout_dtype`): a model whose parameters are in
             another dtype is replaced by a converted copy (one per distinct model), which ``update_weights`` and
             ``pinned`` then write into, converting what they load; log-probabilities are those of the copy's
             forward. None (default): the models as given.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.trainer.rollout.base import _special_texts
+from services.trainer.rollout.engines.base import _special_texts
 
 
 def _render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Any, generation: bool) -> str:

@@ -9,7 +9,7 @@ handed over without serialisation.
 
 Log-probabilities: ``logprobs=0`` returns the sampled token's log-probability; the engine is created with
 ``logprobs_mode="raw_logprobs"`` (temperature 1, before filtering) where the installed vLLM accepts it, the
-convention of :mod:`services.trainer.rollout.base`.
+convention of :mod:`services.trainer.rollout.engines.base`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ from typing import Any
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
-from services.trainer.rollout.base import Generation, Prompt, RolloutEngine, SamplingParams, normalise_prompts
+from services.trainer.rollout.engines.base import (
+    Generation,
+    Prompt,
+    RolloutEngine,
+    SamplingParams,
+    normalise_prompts,
+)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from marti.config import TrainConfig
 from marti.config.rollout import VllmConfig
 from marti.errors import AbortedError, InvalidArgumentError, NotFoundError
 from services.trainer.rollout import vllm_available
-from services.trainer.rollout.base import Generation, RolloutEngine, SamplingParams, chat_to_ids
-from services.trainer.rollout.precision import resolve_rollout_dtype
+from services.trainer.rollout.engines.base import Generation, RolloutEngine, SamplingParams, chat_to_ids
+from services.trainer.rollout.engines.precision import resolve_rollout_dtype
 
 
 def sampling_params(cfg: TrainConfig, agent: str, greedy: bool = False) -> SamplingParams:
@@ -47,7 +47,7 @@ class GenerationConfig:
         engine: ``rollout.engine``: ``auto``, ``hf``, ``hf_static`` or ``vllm``.
         vllm: The ``vllm`` section (frozen).
         dtype: ``rollout.dtype``: None, ``auto``, ``float32`` or ``bfloat16`` (the transformers engines' sampling dtype,
-            resolved on the actor's device by :func:`~services.trainer.rollout.precision.resolve_rollout_dtype`).
+            resolved on the actor's device by :func:`~services.trainer.rollout.engines.precision.resolve_rollout_dtype`).
         sampling: Per agent, its sampling parameters (:func:`sampling_params`).
         response_prefixes: Per agent, its ``response_prefix`` (``""``: none).
     """
@@ -117,13 +117,13 @@ def build_rollout_engine(
 
     ``auto`` is :func:`resolve_auto_engine`: ``hf_static`` on the CPU; vLLM on CUDA when it is installed, else
     transformers ``generate``. ``hf_static`` is the
-    transformers engine with its own decode loop (:class:`~services.trainer.rollout.static.StaticCacheRolloutEngine`:
+    transformers engine with its own decode loop (:class:`~services.trainer.rollout.engines.static.StaticCacheRolloutEngine`:
     a preallocated cache; compiled decode steps with CUDA graphs on CUDA). With vLLM,
     ``vllm.num_engines`` engines are built (engine ``i`` seeded ``seed + i``) and, when there are several,
-    wrapped in an :class:`~services.trainer.rollout.pool.EnginePool` that splits every call's prompts among them.
+    wrapped in an :class:`~services.trainer.rollout.engines.pool.EnginePool` that splits every call's prompts among them.
     The transformers engines sample in ``rollout.dtype`` resolved on ``device`` (bf16 copies of the weights on a
     CPU with native bf16 under ``auto``; the policy's own weights when null;
-    :mod:`services.trainer.rollout.precision`).
+    :mod:`services.trainer.rollout.engines.precision`).
 
     Args:
         cfg: The sampling part of the training config (:func:`generation_config`: ``rollout.engine``,
@@ -151,8 +151,8 @@ def build_rollout_engine(
                 f"rollout.dtype={cfg.dtype} applies to the transformers engines; vLLM samples in its own dtype "
                 "(leave rollout.dtype null or auto)"
             )
-        from services.trainer.rollout.pool import EnginePool
-        from services.trainer.rollout.vllm_engine import VLLMRolloutEngine
+        from services.trainer.rollout.engines.pool import EnginePool
+        from services.trainer.rollout.engines.vllm_engine import VLLMRolloutEngine
 
         engines = []
         for i in range(engine_count(cfg, engine)):  # vllm.num_engines: each call's prompts split among them
@@ -164,12 +164,12 @@ def build_rollout_engine(
             engines.append(vllm_engine)
         return engines[0] if len(engines) == 1 else EnginePool(engines)
     if engine == "hf_static":
-        from services.trainer.rollout.static import StaticCacheRolloutEngine
+        from services.trainer.rollout.engines.static import StaticCacheRolloutEngine
 
         return StaticCacheRolloutEngine.from_policy(
             policy, copy_weights=copy_weights, default_sampling=sampling, compile=None, dtype=dtype
         )
-    from services.trainer.rollout.hf import HFRolloutEngine
+    from services.trainer.rollout.engines.hf import HFRolloutEngine
 
     return HFRolloutEngine.from_policy(
         policy, copy_weights=copy_weights, default_sampling=sampling, dtype=dtype
@@ -201,7 +201,7 @@ def generate_turns(
         greedy: Decode greedily (evaluation) instead of sampling.
 
     Returns:
-        B :class:`~services.trainer.rollout.base.Generation` objects (token ids, logprobs, text, version).
+        B :class:`~services.trainer.rollout.engines.base.Generation` objects (token ids, logprobs, text, version).
 
     Raises:
         InvalidArgumentError: Unknown agent (the agents are listed), or a prompt plus ``max_new_tokens`` beyond

@@ -1,5 +1,5 @@
 """What env each episode of a job plays: env configs from the training config, multi-task scheduling and the
-difficulty curriculum's glue (the pure cores are :mod:`services.trainer.rollout.scheduler`).
+difficulty curriculum's glue (the pure cores are :mod:`services.trainer.rollout.episodes.scheduler`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from marti.config import TaskConfig, TrainConfig
 from marti.errors import InvalidArgumentError
-from services.trainer.rollout.episodes import EpisodeResult
-from services.trainer.rollout.scheduler import Curriculum, TaskScheduler, TaskSpec
+from services.trainer.rollout.episodes.runner import EpisodeResult
+from services.trainer.rollout.episodes.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 _LOG = logging.getLogger("marti.trainer")
 

@@ -38,7 +38,7 @@ from marti.workflow import EpisodeView, PromptContext, Workflow, WorkflowState, 
 
 _LOG = logging.getLogger(__name__)
 
-#: Generate responses for one agent: (agent_id, chat prompts) -> generations (see rollout.base.Generation).
+#: Generate responses for one agent: (agent_id, chat prompts) -> generations (see rollout.engines.base.Generation).
 GenerateFn = Callable[[str, list[list[dict[str, str]]]], list[Any]]
 #: Build a comm client for (agent_id, session) exposing send_message / get_messages / broadcast_state / close.
 CommFactory = Callable[[str, str], Any]
@@ -95,7 +95,7 @@ class RecordPlan:
             trainable agents: each episode adds one item to each of their tables).
         group_size: The members of each group (``rollout.group_size``; the store takes a group whole); >= 1.
         credit: Maps an agent's return to its record's ``episode_return`` (the job's ``team_weight`` scaling,
-            :func:`services.trainer.rollout.env_config.agent_return`); None keeps it.
+            :func:`services.trainer.rollout.episodes.env_config.agent_return`); None keeps it.
     """
 
     agents: tuple[str, ...]
@@ -188,7 +188,7 @@ class EpisodeRunner:
             ``{capabilities}`` becomes in a workflow role's ``system_prompt`` template; missing agents get ``""``.
         rescore: ``rescore(views) -> [agent -> reward]``, called once with the views of the episodes that end
             in the same turn; each episode's rewards then replace its env returns before the workflow's
-            ``reward_fn`` / allocation (a dataset job's reward scorers, :mod:`services.trainer.rollout.scoring`);
+            ``reward_fn`` / allocation (a dataset job's reward scorers, :mod:`services.trainer.rollout.episodes.scoring`);
             metrics the hook adds to a view's ``metrics`` are reported with its episode. None: the env returns
             stand.
         records: A :class:`RecordPlan`: each record is completed by it before ``on_episode_end`` (a training
