@@ -1,0 +1,137 @@
+"""What the gateway's chat APIs share in their request bodies (pydantic) and answers: UTF-8-checked strings,
+strict floats, the sampling fields of :class:`SampledRequest`, and the ``marti`` extensions of a response and of
+its choices (see :mod:`services.gateway.http`, "Extensions").
+
+Strings must be encodable as UTF-8 (a lone surrogate escape is refused, naming the field); unknown keys are ignored
+(a body that refuses them sets ``extra="forbid"``, as :class:`~services.gateway.http.app.reward.RewardRequest`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
+
+from marti.errors import InvalidArgumentError
+from marti.inference import SamplingParams
+from services.gateway.core.gateway import Served
+from services.gateway.http.common.errors import request_error
+
+_Float = Annotated[float, Strict(), AllowInfNan(False)]
+_Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+def _utf8(v: str) -> str:
+    """``v`` unchanged; ValueError when it cannot be encoded as UTF-8 (JSON's lone surrogate escapes)."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"the text is not valid Unicode: character {exc.start} is the lone surrogate {v[exc.start]!r}, "
+            "which UTF-8 cannot encode"
+        ) from None
+    return v
+
+
+#: A string that is valid Unicode (encodable as UTF-8).
+_Str = Annotated[StrictStr, AfterValidator(_utf8)]
+
+
+def checked_text(value: Any, param: str) -> str:
+    """``value`` when it is a string UTF-8 can encode (for fields read by hand: content blocks, input items).
+
+    Raises:
+        InvalidArgumentError: Not a string, or a lone surrogate escape in it (naming ``param``).
+    """
+    if not isinstance(value, str):
+        raise request_error(f"{param} must be a string, got {type(value).__name__}", param)
+    try:
+        return _utf8(value)
+    except ValueError as exc:
+        raise request_error(f"{param}: {exc}", param) from None
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    """``stream_options``: ``include_usage`` adds a final chunk with the usage and no choices."""
+
+    include_usage: StrictBool | None = False
+
+
+class SampledRequest(_Body):
+    """The fields both completion routes share: the model, sampling, ``n``, ``seed`` and streaming."""
+
+    model: _Str
+    temperature: _Float | None = None
+    top_p: _Float | None = None
+    top_k: StrictInt | None = None
+    stop: Any = Field(default=None, validate_default=True)
+    n: StrictInt | None = None
+    seed: _Seed | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, v: Any) -> tuple[str, ...]:
+        if v is None:
+            return ()
+        if isinstance(v, str):
+            return (_utf8(v),)
+        if isinstance(v, list) and all(isinstance(s, str) for s in v):
+            return tuple(_utf8(s) for s in v)
+        raise ValueError("stop must be a string or a list of strings")
+
+    def sampling(self, max_tokens: int, max_tokens_param: str) -> SamplingParams:
+        """Sampling parameters; a bad value raises InvalidArgumentError naming the request field."""
+        try:
+            return SamplingParams(
+                max_new_tokens=max_tokens,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=0 if self.top_k in (None, -1) else self.top_k,  # vLLM's -1 disables top-k, like 0
+                stop=self.stop,
+                seed=self.seed,
+            )
+        except InvalidArgumentError as exc:
+            names = {"max_new_tokens": max_tokens_param, "temperature": "temperature", "top_p": "top_p"}
+            names |= {"top_k": "top_k", "stop": "stop"}
+            for field, param in names.items():
+                if f"SamplingParams.{field} " in exc.message:
+                    raise request_error(exc.message.replace(f"SamplingParams.{field}", param), param) from exc
+            raise
+
+
+# ---------------------------------------------------------------------------------------------- response objects
+def marti_choice(served: Served, i: int) -> dict[str, Any]:
+    """The extensions of choice ``i``: its ``token_ids``, ``call_id`` and ``policy_version``."""
+    g = served.generations[i]
+    return {
+        "token_ids": list(g.response_token_ids),
+        "call_id": served.call_ids[i],
+        "policy_version": g.policy_version,
+    }
+
+
+def marti_response(served: Served) -> dict[str, Any]:
+    """The extensions of a response: ``prompt_token_ids``, the oldest ``policy_version``, ``call_ids``, ``agent``."""
+    return {
+        "prompt_token_ids": list(served.generations[0].prompt_token_ids),
+        "policy_version": min(g.policy_version for g in served.generations),
+        "call_ids": list(served.call_ids),
+        "agent": served.agent,
+    }
