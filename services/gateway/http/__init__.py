@@ -77,7 +77,7 @@ docs/gateway.md, "Tools"); ``echo`` is refused, and so is a
 a JSON schema, and an answer that silently ignored it would look like a model error); so are chat's deprecated
 ``functions`` and ``function_call`` (use ``tools`` and ``tool_choice``) and completions' ``suffix`` and ``best_of``
 above 1 (use ``n``), each naming what to use. A tool or named ``tool_choice`` in another API's shape is refused
-showing the route's (:mod:`services.gateway.http.tool_shapes`). The reward report's body
+showing the route's (:mod:`services.gateway.http.common.tool_shapes`). The reward report's body
 refuses unknown keys (a typo such as ``reward`` or ``groupsize`` would otherwise train with reward 0 or as a group
 of one), naming them.
 
@@ -91,14 +91,24 @@ exist.
 ``await gateway.start()`` on the loop that serves the app before serving and ``await gateway.close()`` after (the
 gRPC adapter may share the loop and the gateway).
 
-**Modules** (one purpose each, after vLLM's ``entrypoints/openai``): :mod:`.protocol` (the request bodies and the response objects), :mod:`.context`
-(the episode and group ids of a call, from the path or the headers), :mod:`.tokens` (detokenization: each token's
-text, piece and bytes, and the log-probability objects), :mod:`.sse` (the server-sent events of a streamed
-answer), :mod:`.serving` (the handlers: tokenize, generate, report), :mod:`.middleware` (authentication, the body
-limit and the catch-all error answer), :mod:`.errors` (exceptions to OpenAI error bodies, or Anthropic's on
-``/v1/messages``), :mod:`.anthropic.protocol` and :mod:`.anthropic.serving` (the Messages API's request, its
-translation into a chat call, and its answer and events), :mod:`.responses.protocol`, :mod:`.responses.store` and
-:mod:`.responses.serving` (the Responses API's request and its translation, the stored responses
-``previous_response_id`` continues, and its answer and events), :mod:`.routes` (the
-routes) and :mod:`.app` (:func:`~services.gateway.http.app.build_app`, the FastAPI app).
+**Folders** (by role, one purpose a module, after vLLM's ``entrypoints/openai``), each folder importing only the
+ones below it (``lint-imports`` keeps it so):
+
+* :mod:`.app`: the FastAPI app. :mod:`.app.build` (:func:`~services.gateway.http.app.build_app` and the error
+  handlers), :mod:`.app.routes` (the routes, ``/v1/models`` among them), :mod:`.app.middleware` (authentication,
+  the body limit and the catch-all error answer) and :mod:`.app.reward` (the reward route: its body and handlers).
+* One folder per API: :mod:`.completions` (OpenAI's Chat Completions and Completions: :mod:`.completions.protocol`
+  the request bodies and ``usage``, :mod:`.completions.chat_tools` the chat route's side of tool calling,
+  :mod:`.completions.sse` the streamed chunks, :mod:`.completions.serving` the handlers); :mod:`.responses`
+  (:mod:`.responses.protocol`, :mod:`.responses.store` and :mod:`.responses.serving`: the Responses API's request
+  and its translation, the stored responses ``previous_response_id`` continues, and its answer and events);
+  :mod:`.anthropic` (:mod:`.anthropic.protocol` and :mod:`.anthropic.serving`: the Messages API's request, its
+  translation into a chat call, and its answer and events).
+* :mod:`.common`: what the APIs share. :mod:`.common.chat_service` (the protocol-neutral chat call every chat API
+  is served through), :mod:`.common.generate` (one generation: resolve, render, size ``max_tokens``, generate),
+  :mod:`.common.context` (the episode and group ids of a call, from the path or the headers),
+  :mod:`.common.tokens` (detokenization: each token's text, piece and bytes, and the log-probability objects),
+  :mod:`.common.protocol` (the request fields every API shares and the response extensions), :mod:`.common.sse`
+  (named server-sent events), :mod:`.common.tool_shapes` (each API's tool shape) and :mod:`.common.errors`
+  (exceptions to OpenAI error bodies, or Anthropic's on ``/v1/messages``).
 """

@@ -19,7 +19,7 @@ from marti.errors import (
 )
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
-from services.gateway.http.errors import exception_response
+from services.gateway.http.common.errors import exception_response
 from tests.unit.gateway.test_gateway_core import FakeBackend, S, _drained
 
 

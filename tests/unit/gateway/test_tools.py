@@ -22,7 +22,7 @@ from services.gateway.core.tools import (
     tool_parser,
     unmatched_tool_result,
 )
-from services.gateway.http.chat_tools import ARGUMENT_PIECE_CHARS, tool_call_deltas
+from services.gateway.http.completions.chat_tools import ARGUMENT_PIECE_CHARS, tool_call_deltas
 from tests.unit.gateway.test_gateway_core import FakeBackend
 
 NAMES = {"get_weather", "get_time"}

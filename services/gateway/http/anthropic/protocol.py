@@ -1,6 +1,6 @@
 """Anthropic's Messages API request (``POST /v1/messages``) and its translation into a protocol-neutral
-:class:`~services.gateway.http.chat_service.ChatCall` (Hugging Face chat-template messages, OpenAI chat function
-tools, a neutral ``tool_choice``); docs/gateway.md, "Anthropic Messages".
+:class:`~services.gateway.http.common.chat_service.ChatCall` (Hugging Face chat-template messages, OpenAI chat
+function tools, a neutral ``tool_choice``); docs/gateway.md, "Anthropic Messages".
 
 The engine reads text only and samples plain text: image, document and other non-text blocks, ``thinking`` and
 ``output_config.format`` (structured output) are refused with 400 naming the field, never dropped. ``cache_control`` (a prompt-cache hint), ``citations`` and ``metadata`` change
@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt, field_validator
 
-from services.gateway.http.chat_service import ChatCall
-from services.gateway.http.errors import request_error
-from services.gateway.http.protocol import SampledRequest, _Body, _Float, _Str, checked_text
-from services.gateway.http.tool_shapes import wrong_shape
+from services.gateway.http.common.chat_service import ChatCall
+from services.gateway.http.common.errors import request_error
+from services.gateway.http.common.protocol import SampledRequest, _Body, _Float, _Str, checked_text
+from services.gateway.http.common.tool_shapes import wrong_shape
 
 #: ``tool_choice`` types of Anthropic's API -> the chat service's choice (``tool``: ``{"name": NAME}``).
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}

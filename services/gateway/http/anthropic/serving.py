@@ -1,6 +1,6 @@
 """The handler of Anthropic's Messages API (``POST /v1/messages``): the request goes through the chat service
-(:func:`~services.gateway.http.chat_service.serve_chat`, traced like a chat completion) and its reply comes back as
-Anthropic's Message object, or as Anthropic's server-sent events when ``stream`` is set (docs/gateway.md,
+(:func:`~services.gateway.http.common.chat_service.serve_chat`, traced like a chat completion) and its reply comes
+back as Anthropic's Message object, or as Anthropic's server-sent events when ``stream`` is set (docs/gateway.md,
 "Anthropic Messages").
 
 The engine generates whole responses, so a stream is built from the finished generation and sent at once: a
@@ -24,10 +24,10 @@ from marti.inference import Generation
 from marti.tools import ChatReply
 from services.gateway.core.gateway import Gateway
 from services.gateway.http.anthropic.protocol import MessagesRequest, chat_call
-from services.gateway.http.chat_service import serve_chat
-from services.gateway.http.protocol import marti_choice, marti_response
-from services.gateway.http.sse import event_stream
-from services.gateway.http.tokens import all_tokens
+from services.gateway.http.common.chat_service import serve_chat
+from services.gateway.http.common.protocol import marti_choice, marti_response
+from services.gateway.http.common.sse import event_stream
+from services.gateway.http.common.tokens import all_tokens
 
 #: Prefix of a ``tool_use`` block's id; the rest is the gateway's call id after its ``call_`` prefix.
 TOOL_USE_ID_PREFIX = "toolu_"
@@ -42,7 +42,7 @@ async def messages(
 
     Raises:
         InvalidArgumentError: A bad request, naming the field (:func:`~.protocol.chat_call`,
-            :func:`~services.gateway.http.chat_service.serve_chat`; the stop strings are ``stop_sequences``).
+            :func:`~services.gateway.http.common.chat_service.serve_chat`; the stop strings are ``stop_sequences``).
         NotFoundError: Unknown model.  CancelledError: The client disconnected.
     """
     call = chat_call(body)

@@ -1,6 +1,6 @@
 """OpenAI's Responses API request (``POST /v1/responses``) and its translation into a protocol-neutral
-:class:`~services.gateway.http.chat_service.ChatCall` (Hugging Face chat-template messages, OpenAI chat function
-tools, a neutral ``tool_choice``); docs/gateway.md, "Responses API".
+:class:`~services.gateway.http.common.chat_service.ChatCall` (Hugging Face chat-template messages, OpenAI chat
+function tools, a neutral ``tool_choice``); docs/gateway.md, "Responses API".
 
 ``input`` is a string (one user message) or a list of items: messages (``role`` user, assistant, system or
 developer; content a string or ``input_text`` / ``output_text`` / ``refusal`` parts), ``function_call`` items (the
@@ -28,10 +28,10 @@ from marti.errors import InvalidArgumentError
 from marti.inference import ChatMessages
 from services.gateway.convert import chat_role
 from services.gateway.core.tools import unmatched_tool_result
-from services.gateway.http.chat_service import ChatCall
-from services.gateway.http.errors import request_error
-from services.gateway.http.protocol import SampledRequest, _Body, _Float, _Str, checked_text
-from services.gateway.http.tool_shapes import wrong_shape
+from services.gateway.http.common.chat_service import ChatCall
+from services.gateway.http.common.errors import request_error
+from services.gateway.http.common.protocol import SampledRequest, _Body, _Float, _Str, checked_text
+from services.gateway.http.common.tool_shapes import wrong_shape
 
 #: Content part types whose text a message item may carry (``refusal`` parts carry theirs in ``refusal``).
 TEXT_PARTS = ("input_text", "output_text", "text")

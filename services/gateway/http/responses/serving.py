@@ -1,7 +1,7 @@
 """The handler of OpenAI's Responses API (``POST /v1/responses``): the request (with the conversation of its
 ``previous_response_id``) goes through the chat service
-(:func:`~services.gateway.http.chat_service.serve_chat`, traced like a chat completion) and its reply comes back as
-the Response object, or as the Responses server-sent events when ``stream`` is set (docs/gateway.md,
+(:func:`~services.gateway.http.common.chat_service.serve_chat`, traced like a chat completion) and its reply comes
+back as the Response object, or as the Responses server-sent events when ``stream`` is set (docs/gateway.md,
 "Responses API").
 
 The engine generates whole responses, so a stream is built from the finished generation and sent at once: a
@@ -22,13 +22,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from marti.tools import ChatReply
 from services.gateway.core.gateway import Gateway
-from services.gateway.http.chat_service import ChatServed, serve_chat
-from services.gateway.http.context import episode_context
-from services.gateway.http.protocol import marti_choice, marti_response
+from services.gateway.http.common.chat_service import ChatServed, serve_chat
+from services.gateway.http.common.context import episode_context
+from services.gateway.http.common.protocol import marti_choice, marti_response
+from services.gateway.http.common.sse import event_stream
+from services.gateway.http.common.tokens import all_tokens
 from services.gateway.http.responses.protocol import ResponsesRequest, chat_call
 from services.gateway.http.responses.store import ResponseStore, StoredResponse, new_response_id
-from services.gateway.http.sse import event_stream
-from services.gateway.http.tokens import all_tokens
 
 
 async def create_response(
@@ -41,7 +41,7 @@ async def create_response(
 
     Raises:
         InvalidArgumentError: A bad request, naming the field (:func:`~.protocol.chat_call`,
-            :func:`~services.gateway.http.chat_service.serve_chat`); a ``previous_response_id`` of another
+            :func:`~services.gateway.http.common.chat_service.serve_chat`); a ``previous_response_id`` of another
             episode.
         NotFoundError: Unknown model, or a ``previous_response_id`` not stored.  CancelledError: The client
             disconnected.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from marti.errors import NotFoundError
 from marti.inference import ChatMessages
-from services.gateway.http.errors import request_error
+from services.gateway.http.common.errors import request_error
 
 #: What a response id starts with (OpenAI's ``resp_``).
 RESPONSE_ID_PREFIX = "resp_"

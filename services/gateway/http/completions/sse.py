@@ -1,5 +1,6 @@
-"""The server-sent events of a streamed answer (see :mod:`services.gateway.http`, "Streaming"): the engine
-generates whole responses, so the events are built from the finished generation and sent at once."""
+"""The server-sent events of a streamed chat completion or completion (see :mod:`services.gateway.http`,
+"Streaming"): the engine generates whole responses, so the events are built from the finished generation and sent
+at once."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from fastapi.responses import StreamingResponse
 
 from marti.tools import ChatReply
 from services.gateway.core.gateway import Served
-from services.gateway.http.chat_service import ChatServed
-from services.gateway.http.chat_tools import tool_call_deltas
-from services.gateway.http.protocol import SampledRequest, marti_choice, usage
-from services.gateway.http.tokens import Tokens, chat_logprobs, text_logprobs
+from services.gateway.http.common.chat_service import ChatServed
+from services.gateway.http.common.protocol import SampledRequest, marti_choice
+from services.gateway.http.common.tokens import Tokens, chat_logprobs, text_logprobs
+from services.gateway.http.completions.chat_tools import tool_call_deltas
+from services.gateway.http.completions.protocol import usage
 
 
 def stream_response(
@@ -98,15 +100,3 @@ def _call_chunks(
             out[-1]["choices"][0]["delta"] = {"tool_calls": [delta]}
             lp = None
     return out
-
-
-def event_stream(events: Sequence[tuple[str, dict[str, Any]]]) -> StreamingResponse:
-    """Named server-sent events, ``event: NAME`` and ``data: JSON`` per ``(NAME, data)`` pair, as the Responses
-    and Anthropic Messages APIs send them (no ``[DONE]``: their last event says the answer is complete)."""
-
-    async def body() -> AsyncIterator[bytes]:
-        for name, data in events:
-            yield f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -45,8 +45,8 @@ client raises its typed error (``BadRequestError``, ``NotFoundError``, ...) with
 request is well formed but conflicts with the episode's state, and retrying it unchanged cannot succeed.
 429 and 503 responses carry ``Retry-After: 1``. A 500 never shows the exception's text or traceback to the
 client; it is logged here, once, with a reference id the response names. Unexpected exceptions are answered by
-:class:`~services.gateway.http.middleware.CatchAllMiddleware` inside the app, so the connection stays usable for the
-client's next request (Starlette's own last-resort handler re-raises, and the server then drops the connection). A request the server cancels before
+:class:`~services.gateway.http.app.middleware.CatchAllMiddleware` inside the app, so the connection stays usable for
+the client's next request (Starlette's own last-resort handler re-raises, and the server then drops the connection). A request the server cancels before
 it is answered (uvicorn does when its graceful-shutdown time is over) gets the 503 ``the gateway is shutting down``.
 """
 

@@ -11,9 +11,9 @@ from marti.inference import ChatMessages
 from marti.tools import ChatReply, ToolCall
 from services.gateway.convert import chat_role
 from services.gateway.core.tools import unmatched_tool_result
-from services.gateway.http.chat_service import ChatCall
-from services.gateway.http.errors import request_error
-from services.gateway.http.protocol import ChatCompletionRequest, ChatMessage
+from services.gateway.http.common.chat_service import ChatCall
+from services.gateway.http.common.errors import request_error
+from services.gateway.http.completions.protocol import ChatCompletionRequest, ChatMessage
 
 #: Characters of a call's arguments per streamed delta after the first.
 ARGUMENT_PIECE_CHARS = 16

@@ -2,7 +2,7 @@
 through the :class:`~services.gateway.core.gateway.Gateway` (a client that disconnects cancels its call).
 
 The completion route renders raw text or ids; the chat routes (chat completions, Responses, Anthropic messages,
-through :mod:`services.gateway.http.chat_service`) render chat messages with tools.
+through :mod:`services.gateway.http.common.chat_service`) render chat messages with tools.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from fastapi import Request
 from marti.errors import CancelledError, InvalidArgumentError, MartiError
 from marti.inference import SamplingParams
 from services.gateway.core.gateway import Gateway, Served
-from services.gateway.http.context import (
+from services.gateway.http.common.context import (
     EPISODE_HEADER,
     GROUP_HEADER,
     IDEMPOTENCY_HEADER,
     episode_context,
     read_header,
 )
-from services.gateway.http.errors import request_error
-from services.gateway.http.protocol import SampledRequest
+from services.gateway.http.common.errors import request_error
+from services.gateway.http.common.protocol import SampledRequest
 
 #: Renders a request's prompt for the resolved agent and the call's episode: ``(agent, episode_id) -> token ids``.
 Render = Callable[[str, str], Awaitable[list[int]]]

@@ -14,18 +14,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from marti.errors import InvalidArgumentError, MartiError
 from services.gateway.core.gateway import Gateway
 from services.gateway.http.anthropic.protocol import MessagesRequest
-from services.gateway.http.context import EPISODE_HEADER, GROUP_HEADER, IDEMPOTENCY_HEADER
-from services.gateway.http.errors import exception_response, http_error_response, validation_response
-from services.gateway.http.middleware import BearerAuth, BodyLimit, CatchAllMiddleware
-from services.gateway.http.protocol import ChatCompletionRequest, CompletionRequest, RewardRequest
+from services.gateway.http.app.middleware import BearerAuth, BodyLimit, CatchAllMiddleware
+from services.gateway.http.app.reward import RewardRequest
+from services.gateway.http.app.routes import add_routes
+from services.gateway.http.common.context import EPISODE_HEADER, GROUP_HEADER, IDEMPOTENCY_HEADER
+from services.gateway.http.common.errors import exception_response, http_error_response, validation_response
+from services.gateway.http.completions.protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.responses.protocol import ResponsesRequest
-from services.gateway.http.routes import add_routes
 
 __all__ = ["build_app", "install_error_handlers"]
 
-#: Request fields an error message may name (``param``; see :func:`~services.gateway.http.errors.named_param`):
-#: body fields, path ids and the episode headers; ``n`` and ``failed`` are left out, as words of ordinary text, and
-#: ``function_call`` (chat's refused legacy field, which names itself), as the Responses API's item type.
+#: Request fields an error message may name (``param``; see
+#: :func:`~services.gateway.http.common.errors.named_param`): body fields, path ids and the episode headers; ``n`` and
+#: ``failed`` are left out, as words of ordinary text, and ``function_call`` (chat's refused legacy field, which
+#: names itself), as the Responses API's item type.
 _FIELDS = tuple(
     name
     for name in dict.fromkeys(
@@ -72,8 +74,8 @@ def build_app(gateway: Gateway, token: str | None = None) -> FastAPI:
 
 def install_error_handlers(app: FastAPI, fields: Iterable[str] = ()) -> None:
     """Make every error of ``app`` an OpenAI-style JSON response: the handlers of marti errors, validation and
-    HTTP errors, and :class:`~services.gateway.http.middleware.CatchAllMiddleware` for anything else. Call it after
-    adding the app's other middleware, so that the catch-all wraps them too.
+    HTTP errors, and :class:`~services.gateway.http.app.middleware.CatchAllMiddleware` for anything else. Call it
+    after adding the app's other middleware, so that the catch-all wraps them too.
 
     Args:
         app: The app.

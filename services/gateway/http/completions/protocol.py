@@ -1,127 +1,25 @@
-"""The OpenAI request bodies (pydantic) and response objects of the gateway's HTTP adapter (vLLM's ``protocol.py``).
+"""The request bodies (pydantic) and response objects of OpenAI's Chat Completions and Completions APIs
+(``/v1/chat/completions``, ``/v1/completions``; vLLM's ``protocol.py``): messages, function tools and their calls,
+and the ``usage`` object. The fields every chat API shares are :mod:`services.gateway.http.common.protocol`'s.
 
 Strings must be encodable as UTF-8 (a lone surrogate escape is refused, naming the field); unknown keys are ignored
-except in :class:`RewardRequest`, which refuses them (see :mod:`services.gateway.http`).
+(see :mod:`services.gateway.http`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    AllowInfNan,
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, StrictBool, StrictInt, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from marti.errors import InvalidArgumentError
-from marti.inference import SamplingParams
 from services.gateway.convert import CHAT_ROLES
-from services.gateway.core.gateway import ModelCard, Served
-from services.gateway.http.errors import request_error
-from services.gateway.http.tool_shapes import wrong_shape
+from services.gateway.core.gateway import Served
+from services.gateway.http.common.protocol import SampledRequest, _Body, _Str, _utf8
+from services.gateway.http.common.tool_shapes import wrong_shape
 
-#: Chat ``max_tokens`` when absent: this many, or fewer when the model's context has less room left.
-DEFAULT_CHAT_MAX_TOKENS = 512
 #: Completions ``max_tokens`` when absent (OpenAI's default).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
-
-_Float = Annotated[float, Strict(), AllowInfNan(False)]
-_Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
-
-
-def _utf8(v: str) -> str:
-    """``v`` unchanged; ValueError when it cannot be encoded as UTF-8 (JSON's lone surrogate escapes)."""
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"the text is not valid Unicode: character {exc.start} is the lone surrogate {v[exc.start]!r}, "
-            "which UTF-8 cannot encode"
-        ) from None
-    return v
-
-
-#: A string that is valid Unicode (encodable as UTF-8).
-_Str = Annotated[StrictStr, AfterValidator(_utf8)]
-
-
-def checked_text(value: Any, param: str) -> str:
-    """``value`` when it is a string UTF-8 can encode (for fields read by hand: content blocks, input items).
-
-    Raises:
-        InvalidArgumentError: Not a string, or a lone surrogate escape in it (naming ``param``).
-    """
-    if not isinstance(value, str):
-        raise request_error(f"{param} must be a string, got {type(value).__name__}", param)
-    try:
-        return _utf8(value)
-    except ValueError as exc:
-        raise request_error(f"{param}: {exc}", param) from None
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class StreamOptions(_Body):
-    """``stream_options``: ``include_usage`` adds a final chunk with the usage and no choices."""
-
-    include_usage: StrictBool | None = False
-
-
-class SampledRequest(_Body):
-    """The fields both completion routes share: the model, sampling, ``n``, ``seed`` and streaming."""
-
-    model: _Str
-    temperature: _Float | None = None
-    top_p: _Float | None = None
-    top_k: StrictInt | None = None
-    stop: Any = Field(default=None, validate_default=True)
-    n: StrictInt | None = None
-    seed: _Seed | None = None
-    stream: StrictBool | None = False
-    stream_options: StreamOptions | None = None
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop(cls, v: Any) -> tuple[str, ...]:
-        if v is None:
-            return ()
-        if isinstance(v, str):
-            return (_utf8(v),)
-        if isinstance(v, list) and all(isinstance(s, str) for s in v):
-            return tuple(_utf8(s) for s in v)
-        raise ValueError("stop must be a string or a list of strings")
-
-    def sampling(self, max_tokens: int, max_tokens_param: str) -> SamplingParams:
-        """Sampling parameters; a bad value raises InvalidArgumentError naming the request field."""
-        try:
-            return SamplingParams(
-                max_new_tokens=max_tokens,
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                top_k=0 if self.top_k in (None, -1) else self.top_k,  # vLLM's -1 disables top-k, like 0
-                stop=self.stop,
-                seed=self.seed,
-            )
-        except InvalidArgumentError as exc:
-            names = {"max_new_tokens": max_tokens_param, "temperature": "temperature", "top_p": "top_p"}
-            names |= {"top_k": "top_k", "stop": "stop"}
-            for field, param in names.items():
-                if f"SamplingParams.{field} " in exc.message:
-                    raise request_error(exc.message.replace(f"SamplingParams.{field}", param), param) from exc
-            raise
 
 
 class FunctionCall(_Body):
@@ -341,54 +239,9 @@ class CompletionRequest(SampledRequest):
         raise ValueError("prompt must be a string or a non-empty list of token ids")
 
 
-class RewardRequest(_Body):
-    """Body of ``POST /v1/episodes/{episode_id}/reward`` (see :meth:`Gateway.report`); unknown keys are refused
-    (400 naming them), so a typo never trains as reward 0 or as a group of one."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rewards: dict[_Str, _Float] = Field(default_factory=dict)
-    call_rewards: dict[_Str, _Float] | None = None
-    group_id: _Str | None = ""
-    group_size: StrictInt | None = 0
-    failed: StrictBool | None = False
-
-
 # ---------------------------------------------------------------------------------------------- response objects
 def usage(served: Served) -> dict[str, int]:
     """OpenAI's ``usage`` object: prompt tokens (once), generated tokens of every choice, and their sum."""
     prompt = len(served.generations[0].prompt_token_ids)
     completion = sum(len(g.response_token_ids) for g in served.generations)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def marti_choice(served: Served, i: int) -> dict[str, Any]:
-    """The extensions of choice ``i``: its ``token_ids``, ``call_id`` and ``policy_version``."""
-    g = served.generations[i]
-    return {
-        "token_ids": list(g.response_token_ids),
-        "call_id": served.call_ids[i],
-        "policy_version": g.policy_version,
-    }
-
-
-def marti_response(served: Served) -> dict[str, Any]:
-    """The extensions of a response: ``prompt_token_ids``, the oldest ``policy_version``, ``call_ids``, ``agent``."""
-    return {
-        "prompt_token_ids": list(served.generations[0].prompt_token_ids),
-        "policy_version": min(g.policy_version for g in served.generations),
-        "call_ids": list(served.call_ids),
-        "agent": served.agent,
-    }
-
-
-def model_object(card: ModelCard, created: int) -> dict[str, Any]:
-    """OpenAI's Model object of a model card, with the ``agent`` and ``policy_version`` extensions."""
-    return {
-        "id": card.id,
-        "object": "model",
-        "created": created,
-        "owned_by": "marti",
-        "agent": card.agent,
-        "policy_version": card.version,
-    }

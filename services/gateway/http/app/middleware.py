@@ -1,6 +1,6 @@
 """The ASGI middleware of the gateway's HTTP app: bearer authentication (and Anthropic's ``x-api-key`` on the
 Messages route), the request body limit, and the catch-all that answers any exception with its error response (see
-:mod:`services.gateway.http.errors`)."""
+:mod:`services.gateway.http.common.errors`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.http.errors import anthropic_route, error_response, exception_response
+from services.gateway.http.common.errors import anthropic_route, error_response, exception_response
 
 _LOG = logging.getLogger("marti.gateway.http")
 

@@ -7,7 +7,7 @@ from urllib.parse import unquote_to_bytes
 
 from fastapi import Request
 
-from services.gateway.http.errors import request_error
+from services.gateway.http.common.errors import request_error
 
 #: Header naming the episode a call belongs to (a call without it is served but not recorded).
 EPISODE_HEADER = "X-Marti-Episode"

@@ -21,10 +21,12 @@ from fastapi import Request
 from marti.inference import ChatMessages
 from marti.tools import ChatReply
 from services.gateway.core.gateway import Gateway, Served
-from services.gateway.http.errors import request_error
-from services.gateway.http.generate import Sizing, serve_prompt
-from services.gateway.http.protocol import DEFAULT_CHAT_MAX_TOKENS, SampledRequest
+from services.gateway.http.common.errors import request_error
+from services.gateway.http.common.generate import Sizing, serve_prompt
+from services.gateway.http.common.protocol import SampledRequest
 
+#: Chat ``max_tokens`` when absent: this many, or fewer when the model's context has less room left.
+DEFAULT_CHAT_MAX_TOKENS = 512
 #: ``tool_choice`` values besides a named function (``{"name": NAME}``).
 TOOL_CHOICES = ("auto", "none", "required")
 

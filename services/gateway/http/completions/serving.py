@@ -1,36 +1,31 @@
-"""The handlers of the gateway's HTTP routes (vLLM's ``serving_*``): resolve the model, tokenize, size
-``max_tokens``, generate through the :class:`~services.gateway.core.gateway.Gateway` (a client that disconnects
-cancels its call) and shape the answer; report an episode's rewards."""
+"""The handlers of the Chat Completions and Completions routes (vLLM's ``serving_chat`` and
+``serving_completion``): resolve the model, tokenize, size ``max_tokens``, generate through the
+:class:`~services.gateway.core.gateway.Gateway` (a client that disconnects cancels its call) and shape the
+answer."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from marti.errors import InvalidArgumentError
 from services.gateway.core.gateway import Gateway
-from services.gateway.http.chat_service import serve_chat
-from services.gateway.http.chat_tools import assistant_message, chat_call
-from services.gateway.http.context import check_path
-from services.gateway.http.errors import request_error
-from services.gateway.http.generate import Sizing, serve_prompt
-from services.gateway.http.protocol import (
+from services.gateway.http.common.chat_service import serve_chat
+from services.gateway.http.common.errors import request_error
+from services.gateway.http.common.generate import Sizing, serve_prompt
+from services.gateway.http.common.protocol import marti_choice, marti_response
+from services.gateway.http.common.tokens import all_tokens, chat_logprobs, text_logprobs
+from services.gateway.http.completions.chat_tools import assistant_message, chat_call
+from services.gateway.http.completions.protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
-    RewardRequest,
-    marti_choice,
-    marti_response,
     usage,
 )
-from services.gateway.http.sse import stream_response
-from services.gateway.http.tokens import all_tokens, chat_logprobs, text_logprobs
+from services.gateway.http.completions.sse import stream_response
 
 
 async def chat_completion(
@@ -100,57 +95,3 @@ async def completion(
         choices.append({"index": i, "text": g.text, "logprobs": lp, "finish_reason": g.finish_reason})
         choices[-1].update(marti_choice(served, i))
     return JSONResponse({**head, "choices": choices, "usage": usage(served), **marti_response(served)})
-
-
-async def report(gateway: Gateway, request: Request, episode_id: str, body: RewardRequest) -> JSONResponse:
-    """Report one episode (both reward routes): 200 ``{"episode_id", "released", "dropped"}``, 202 with
-    ``"queued"`` when released episodes were not inserted within ``gateway.report_wait_s``; ``"stale"`` (see
-    :class:`~marti.inference.StaleCalls`) when calls of the released episodes are already past
-    their agent's staleness bound."""
-    check_path(request)
-    try:
-        released = await gateway.report(
-            episode_id,
-            dict(body.rewards),
-            call_rewards=dict(body.call_rewards) if body.call_rewards else None,
-            group_id=body.group_id or "",
-            group_size=body.group_size or 0,
-            failed=bool(body.failed),
-        )
-    except InvalidArgumentError as exc:
-        if getattr(exc, "param", None) is None and exc.message.startswith(("episode_id ", "group_id ")):
-            exc.param = exc.message.split(" ", 1)[0]  # type: ignore[attr-defined]
-        raise
-    out: dict[str, Any] = {"episode_id": episode_id, "released": len(released.episodes)}
-    out["dropped"] = released.dropped
-    if released.stale:
-        out["stale"] = [dataclasses.asdict(s) for s in released.stale]
-    if released.queued:  # accepted, inserted in the background: 202 with the count (a 200 body has none)
-        return JSONResponse({**out, "queued": released.queued}, status_code=202)
-    return JSONResponse(out)
-
-
-async def report_under_prefix(
-    gateway: Gateway, request: Request, prefix_episode: str, episode_id: str, body: RewardRequest
-) -> JSONResponse:
-    """The reward route under a traced ``base_url``: the prefix's episode must be ``episode_id``; its group (when
-    the prefix has one) is the report's ``group_id``.
-
-    Raises:
-        InvalidArgumentError: The prefix and the report name different episodes, or different groups.
-    """
-    group = request.path_params.get("prefix_group", "")
-    if prefix_episode != episode_id:
-        raise request_error(
-            f"the base URL names episode {prefix_episode!r} but the report is for episode {episode_id!r}; "
-            "post a report under its own episode's prefix, or to /v1/episodes/{episode_id}/reward",
-            "episode_id",
-        )
-    if group and body.group_id and body.group_id != group:
-        raise request_error(
-            f"the base URL names group {group!r} but the body names group_id {body.group_id!r}",
-            "group_id",
-        )
-    if group:
-        body = body.model_copy(update={"group_id": group})
-    return await report(gateway, request, episode_id, body)

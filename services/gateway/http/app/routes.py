@@ -5,28 +5,37 @@ routes, also served under the traced prefixes ``/episodes/{episode_id}[/groups/{
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from marti.errors import NotFoundError
-from services.gateway.core.gateway import Gateway
-from services.gateway.http import serving
+from services.gateway.core.gateway import Gateway, ModelCard
 from services.gateway.http.anthropic import serving as anthropic_serving
 from services.gateway.http.anthropic.protocol import MessagesRequest
-from services.gateway.http.context import check_path
-from services.gateway.http.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    RewardRequest,
-    model_object,
-)
+from services.gateway.http.app.reward import RewardRequest, report, report_under_prefix
+from services.gateway.http.common.context import check_path
+from services.gateway.http.completions import serving as completions_serving
+from services.gateway.http.completions.protocol import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.responses import serving as responses_serving
 from services.gateway.http.responses.protocol import ResponsesRequest
 from services.gateway.http.responses.store import ResponseStore
 
 #: The prefixes a client's ``base_url`` may carry to trace its inference calls.
 TRACED_PREFIXES = ("/episodes/{episode_id}", "/episodes/{episode_id}/groups/{group_id}")
+
+
+def model_object(card: ModelCard, created: int) -> dict[str, Any]:
+    """OpenAI's Model object of a model card, with the ``agent`` and ``policy_version`` extensions."""
+    return {
+        "id": card.id,
+        "object": "model",
+        "created": created,
+        "owned_by": "marti",
+        "agent": card.agent,
+        "policy_version": card.version,
+    }
 
 
 def inference_router(gateway: Gateway) -> APIRouter:
@@ -56,12 +65,12 @@ def inference_router(gateway: Gateway) -> APIRouter:
         body: ChatCompletionRequest, request: Request
     ) -> JSONResponse | StreamingResponse:
         """One chat completion request (``n`` choices), traced when it names an episode."""
-        return await serving.chat_completion(gateway, body, request)
+        return await completions_serving.chat_completion(gateway, body, request)
 
     @api.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
         """One text completion request (``n`` choices), traced when it names an episode."""
-        return await serving.completion(gateway, body, request)
+        return await completions_serving.completion(gateway, body, request)
 
     @api.post("/v1/responses", response_model=None)
     async def responses(body: ResponsesRequest, request: Request) -> JSONResponse | StreamingResponse:
@@ -86,7 +95,7 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
     async def report_reward(episode_id: str, body: RewardRequest, request: Request) -> JSONResponse:
         """End an episode with its rewards (or as failed); returns how many episodes were released and dropped.
         The ids follow the rules of calls (valid UTF-8, ``gateway.max_id_chars``, no ``/``)."""
-        return await serving.report(gateway, request, episode_id, body)
+        return await report(gateway, request, episode_id, body)
 
     @app.post("/episodes/{prefix_episode}/v1/episodes/{episode_id}/reward", include_in_schema=False)
     @app.post(
@@ -96,8 +105,8 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
     async def report_reward_under_prefix(
         prefix_episode: str, episode_id: str, body: RewardRequest, request: Request
     ) -> JSONResponse:
-        """The reward route under a traced ``base_url`` (:func:`serving.report_under_prefix`)."""
-        return await serving.report_under_prefix(gateway, request, prefix_episode, episode_id, body)
+        """The reward route under a traced ``base_url`` (:func:`report_under_prefix`)."""
+        return await report_under_prefix(gateway, request, prefix_episode, episode_id, body)
 
     @app.get("/v1/gateway/stats")
     async def stats() -> JSONResponse:
