@@ -51,7 +51,7 @@ token). A token's ``token`` (completions: its entry of ``tokens``) is its
 own decoded text, special tokens included; a token that holds only part of a multi-byte character (byte-level
 tokenizers split emoji and CJK characters) decodes to U+FFFD there. Its ``bytes`` are the token's exact bytes
 when the backend keeps the agent's Hugging Face tokenizer in a ``tokenizers`` mapping (both backends of
-:mod:`services.trainer.rollout.gateway_backend` do) and that tokenizer is byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM);
+:mod:`services.trainer.rollout.serving.gateway_backend` do) and that tokenizer is byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM);
 otherwise the UTF-8 of its text, or, for a token that is part of a character, of the text it completes (see the
 stream's pieces below), so that the bytes of a completion's tokens still join to its text. ``text_offset`` is where
 each token's piece starts in ``text``.
