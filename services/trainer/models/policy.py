@@ -38,7 +38,7 @@ from services.trainer.models.loading import (
     same_vocabulary,
     zero_dropout,
 )
-from services.trainer.rollout.engines.prefix_sharing import response_logits
+from services.trainer.models.prefix_sharing import response_logits
 
 PolicyMode = Literal["per_agent", "shared", "lora"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
@@ -95,7 +95,7 @@ class PolicyLayout:
         gradient_checkpointing: Trade compute for activation memory in trainable models.
         keep_reference: Keep a reference policy for KL (``per_agent``/``shared`` keep a frozen copy).
         share_prompt_prefix: Run a prompt that several rows of a batch repeat (a GRPO group) through the model
-            once in log-probability forwards (:mod:`services.trainer.rollout.engines.prefix_sharing`; models with gradient
+            once in log-probability forwards (:mod:`services.trainer.models.prefix_sharing`; models with gradient
             checkpointing on always take the plain forward).
         attn_implementation: transformers attention kernel every model is loaded with (``eager``, ``sdpa``,
             ``flash_attention_2``; ``policy.attn_implementation``); None: transformers' default.
@@ -545,7 +545,7 @@ def _sequence_logprobs(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Shared forward of :meth:`MultiAgentPolicy.logprobs` (see there); computes logits for A positions only.
 
-    With ``share_prefix``, rows that repeat a prompt run it once (:func:`~services.trainer.rollout.engines.prefix_sharing.
+    With ``share_prefix``, rows that repeat a prompt run it once (:func:`~services.trainer.models.prefix_sharing.
     response_logits`); the result is the same up to float rounding.
     """
     if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):

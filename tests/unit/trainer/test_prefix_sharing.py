@@ -8,8 +8,8 @@ import torch
 from services.trainer.learn.experience import collate
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+from services.trainer.models.prefix_sharing import response_logits, shared_prefix_rows
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
-from services.trainer.rollout.engines.prefix_sharing import response_logits, shared_prefix_rows
 from tests.trainer_data import one_turn
 
 

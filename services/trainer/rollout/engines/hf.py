@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from marti.errors import InvalidArgumentError
+from services.trainer.models.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 from services.trainer.rollout.engines.base import (
     Generation,
     Prompt,
@@ -39,7 +40,6 @@ from services.trainer.rollout.engines.base import (
     normalise_prompts,
 )
 from services.trainer.rollout.engines.precision import needs_copy, sampling_copies
-from services.trainer.rollout.engines.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 
 if TYPE_CHECKING:
     from services.trainer.models.policy import MultiAgentPolicy
@@ -75,7 +75,7 @@ class HFRolloutEngine(RolloutEngine):
         default_sampling: Per-agent default :class:`SamplingParams`.
         share_prompt_prefix: When a batch repeats a prompt (G samples of a group), prefill each distinct prompt
             once and give its key/value cache to every row that repeats it
-            (:mod:`services.trainer.rollout.engines.prefix_sharing`); the samples are those of the plain path up to float
+            (:mod:`services.trainer.models.prefix_sharing`); the samples are those of the plain path up to float
             rounding.
         dtype: Sample in this dtype (``rollout.dtype`` resolved by
             :func:`~services.trainer.rollout.engines.precision.resolve_rollout_dtype`): a model whose parameters are in

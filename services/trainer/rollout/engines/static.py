@@ -43,9 +43,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from marti.errors import InvalidArgumentError
+from services.trainer.models.prefix_sharing import can_share, shared_prefix_rows
 from services.trainer.rollout.engines.base import Generation, SamplingParams
 from services.trainer.rollout.engines.hf import GREEDY_BELOW, AgentModel, HFRolloutEngine, _RowEnds, left_pad
-from services.trainer.rollout.engines.prefix_sharing import can_share, shared_prefix_rows
 
 __all__ = ["CACHE_LEN_BUCKET", "StaticCacheRolloutEngine", "draw", "sample_tokens"]
 
