@@ -3,8 +3,8 @@
 Every place that turns a string into an object goes through :func:`load_attr`: the env registry's providers
 (``marti.env_registry``), user workflows, rewards and envs named by import path (``marti.workflow``), and the env
 server's ``entry_point`` config of the PettingZoo/Gymnasium adapters, which passes its allow-list of module
-prefixes as ``allowed``. Malformed, refused and missing paths all raise :mod:`marti.errors` classes naming the
-path.
+prefixes as ``allowed``. Malformed, refused and missing paths, and modules or files that exist but fail to run
+(a syntax error, a failed import inside them), all raise :mod:`marti.errors` classes naming the path.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -49,6 +50,9 @@ def load_attr(
         InvalidArgumentError: ``path`` is not a string of the form ``module:attr``, or its module is not under
             one of ``allowed`` (the prefixes named).
         NotFoundError: The module, file or attribute does not exist (named).
+        InvalidArgumentError: The module or file exists but running it failed (a ``SyntaxError``, a failed import
+            inside it, any exception its top level raised): the message names the path, the file and line, and
+            the exception, which is chained.
     """
     module_name, attr = _split(path, what, form)
     if allowed is not None and (module_name.endswith(".py") or not module_name.startswith(tuple(allowed))):
@@ -84,10 +88,38 @@ def _import(path: str, module_name: str, what: str, cwd_on_path: bool) -> Module
             sys.path.insert(0, cwd)
     try:
         return importlib.import_module(module_name)
-    except ImportError as e:
+    except ModuleNotFoundError as e:
+        if e.name is None or not _is_prefix(e.name, module_name):
+            raise _failed_to_run(
+                what, path, f"module {module_name!r}", e
+            ) from e  # an import inside it failed
         raise NotFoundError(
             f"{what} {path!r}: cannot import module {module_name!r}: not found or not importable ({e})"
         ) from None
+    except Exception as e:  # the module exists; its code failed (SyntaxError, ImportError of a name, ...)
+        raise _failed_to_run(what, path, f"module {module_name!r}", e) from e
+
+
+def _is_prefix(missing: str, module_name: str) -> bool:
+    """Whether ``missing`` (a ``ModuleNotFoundError.name``) is ``module_name`` or one of its parent packages:
+    the path itself does not exist, as opposed to a module that exists and imports a missing one."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _failed_to_run(what: str, path: str, which: str, exc: BaseException) -> InvalidArgumentError:
+    """The :class:`InvalidArgumentError` of a module that exists but raised while it was run: names the path,
+    the module or file, the exception and the file and line where it was raised (a ``SyntaxError``'s own fields,
+    else the innermost frame of its traceback outside importlib)."""
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" at {exc.filename}:{exc.lineno}"
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+        if frames:
+            where = f" at {frames[-1].filename}:{frames[-1].lineno}"
+    return InvalidArgumentError(
+        f"{what} {path!r}: {which} exists but failed to load{where}: {type(exc).__name__}: {exc}"
+    )
 
 
 def _load_file(path: str, file_name: str) -> ModuleType:
@@ -103,5 +135,9 @@ def _load_file(path: str, file_name: str) -> ModuleType:
             raise NotFoundError(f"import path {path!r}: cannot load {str(file)!r}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # SyntaxError, a failed import inside it, any error of its top level
+            del sys.modules[name]  # so that a fixed file loads next time
+            raise _failed_to_run("import path", path, f"file {str(file)!r}", e) from e
     return module

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from marti.errors import InvalidArgumentError
+from marti.errors import InvalidArgumentError, MartiError
 from marti.loader import load_attr
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "Role",
     "Workflow",
     "WorkflowState",
+    "check_workflow_section",
     "is_import_path",
     "load_callable",
     "make_custom_env",
@@ -76,7 +77,8 @@ def load_callable(spec: str) -> Callable[..., Any]:
         The object named by ``attr``; it must be callable.
 
     Raises:
-        InvalidArgumentError: ``spec`` is not ``module:attr`` or names something that is not callable.
+        InvalidArgumentError: ``spec`` is not ``module:attr``, names something that is not callable, or names a
+            module or file that fails to run (a syntax error, a failed import inside it; file and line named).
         NotFoundError: The module, file or attribute does not exist (named).
     """
     obj = load_attr(spec, files=True, form="'package.module:name' or 'file.py:name'")
@@ -412,6 +414,38 @@ def _nonempty(agents: Sequence[str], what: str) -> list[str]:
     if not out:
         raise InvalidArgumentError(f"{what} must name at least one agent")
     return out
+
+
+def check_workflow_section(section: Any, agent_names: Sequence[str]) -> None:
+    """Check a config's ``workflow`` section without running any of its user code, so that ``marti train`` can
+    refuse a bad one before it touches the run folder: every import path it names is loaded (a ``factory`` is
+    loaded, not called), and without a ``factory`` the workflow is built as :func:`workflow_from_section` builds
+    it (agent names and each kind's fields checked).
+
+    Args:
+        section: The ``workflow`` section (``marti.config.WorkflowConfig``).
+        agent_names: The team, in config order.
+
+    Raises:
+        NotFoundError / InvalidArgumentError: An import path that does not load (what :func:`load_callable`
+            raises, its message prefixed with the config key, ``workflow.reward_fn`` or
+            ``workflow.roles.0.parser``), or what :func:`workflow_from_section` raises.
+    """
+    keys = ["factory"] if section.factory else ["next_speakers", "reward_fn"]
+    paths = [(f"workflow.{k}", getattr(section, k)) for k in keys]
+    if not section.factory:
+        for i, r in enumerate(section.roles):
+            paths += [
+                (f"workflow.roles.{i}.{k}", getattr(r, k)) for k in ("prompt_builder", "parser", "scripted")
+            ]
+    for key, path in paths:
+        if path:
+            try:
+                load_callable(path)
+            except MartiError as exc:
+                raise type(exc)(f"{key}: {exc.message}", metadata=exc.metadata) from exc
+    if not section.factory:
+        workflow_from_section(section, agent_names)
 
 
 def workflow_from_section(section: Any, agent_names: Sequence[str], cfg: Any = None) -> Workflow:

@@ -44,7 +44,8 @@ class RewardFunction:
         name: ``"reward function 'PATH'"``, how errors name it.
 
     Raises:
-        InvalidArgumentError: ``fn`` is a malformed path or names something that is not callable.
+        InvalidArgumentError: ``fn`` is a malformed path, names something that is not callable, or names a file
+            or module that fails to run (a syntax error, a failed import inside it; file and line named).
         NotFoundError: The file, module or attribute does not exist (named).
     """
 

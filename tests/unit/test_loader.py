@@ -58,3 +58,37 @@ def test_no_other_loader_of_import_paths_in_the_sdk_or_services():
         if "import_module(" in p.read_text() and str(p.relative_to(ROOT)) not in own
     ]
     assert not users, users
+
+
+@pytest.mark.parametrize(
+    ("source", "line", "error"),
+    [
+        ("def reward(:\n    pass\n", 1, "SyntaxError"),
+        ("X = 1\nimport no_such_dependency_xyz\n", 2, "ModuleNotFoundError"),
+        ("X = 1\n\nY = undefined_name\n", 3, "NameError"),
+    ],
+)
+def test_a_file_that_fails_to_run_is_a_typed_error_naming_file_and_line(tmp_path, source, line, error):
+    """A user's reward or workflow file with a bug is an InvalidArgumentError naming the path, the file, the line
+    and the exception, never a raw traceback; once fixed, the same path loads (no broken module is kept)."""
+    f = tmp_path / "my_rewards.py"
+    f.write_text(source)
+    with pytest.raises(InvalidArgumentError, match=rf"exists but failed to load at {f}:{line}: {error}") as info:
+        load_attr(f"{f}:reward", files=True)
+    assert info.value.__cause__ is not None
+    f.write_text("def reward():\n    return 1\n")
+    assert load_attr(f"{f}:reward", files=True)() == 1
+
+
+def test_a_module_that_fails_to_run_is_not_reported_as_missing(tmp_path, monkeypatch):
+    """A module that exists but imports a missing package is an InvalidArgumentError naming that package, not a
+    NotFoundError saying the user's own module is absent; a missing submodule of a real package is NotFound."""
+    (tmp_path / "team_rewards_xyz.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "broken_syntax_xyz.py").write_text("def f(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(InvalidArgumentError, match="'team_rewards_xyz' exists but failed.*no_such_dependency_xyz"):
+        load_attr("team_rewards_xyz:f")
+    with pytest.raises(InvalidArgumentError, match=r"broken_syntax_xyz\.py:1: SyntaxError"):
+        load_attr("broken_syntax_xyz:f")
+    with pytest.raises(NotFoundError, match="cannot import module 'json.no_such_sub'"):
+        load_attr("json.no_such_sub:f")

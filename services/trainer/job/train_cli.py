@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     missing model or refused run folder, 1 failure, ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM) when a
     signal stopped the job before its last step."""
     from marti.launch_flags import build_config
+    from marti.workflow import check_workflow_section
     from services.trainer.data.tasks import check_dataset_job
     from services.trainer.models.loading import check_attn_implementation, resolve_model
 
@@ -292,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         data = check_dataset_job(
             cfg
         )  # before the run folder: a bad file must not cost an --overwrite its run
+        if cfg.workflow.active:  # nor must a workflow import path that does not load
+            check_workflow_section(cfg.workflow, [a.name for a in cfg.agents])
         if starts_own_env_server(cfg, args):
             _check_envs_in_process(cfg, data)  # so must a bad env option
         folder = _prepare_folder(cfg, args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -378,3 +379,48 @@ def test_user_code_can_be_refused_by_a_service():
     TrainingLoop(
         load_config(ROOT / "examples" / "tiny.yaml"), Addresses(None, None, None), allow_user_code=False
     )
+
+
+_TEAM_JOB = {
+    "training_name": "t", "num_agents": 2,
+    "agents": [{"name": "a", "pretrain_model": "tiny-llama", "role": "planner"},
+               {"name": "b", "pretrain_model": "tiny-llama", "role": "executor"}],
+    "environment": {"env_name": "collaborative_task_solving", "scenario": "private_allocation"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("workflow", "message"),
+    [
+        (
+            {"reward_fn": "my_rewardz.py:team_bonus"},
+            r"workflow\.reward_fn: import path 'my_rewardz\.py:team_bonus'",
+        ),
+        (
+            {"roles": [{"agent": "b", "parser": "json:nope"}]},
+            r"workflow\.roles\.0\.parser: .*no attribute 'nope'",
+        ),
+        ({"factory": "no_such_pkg_xyz:make"}, r"workflow\.factory: .*cannot import module 'no_such_pkg_xyz'"),
+        ({"kind": "chain", "order": ["a", "c"]}, "names agent 'c', which is not in agents"),
+    ],
+)
+def test_a_bad_workflow_is_refused_before_an_overwrite_touches_the_old_run(tmp_path, workflow, message):
+    """`marti train --overwrite` on an env job whose workflow names a path that does not load (a typo in
+    workflow.reward_fn) or an agent not in the team: refused naming the key, and the previous run is kept."""
+    from tests.refused_runs import train_over_an_old_run
+
+    proc = train_over_an_old_run(tmp_path, {**_TEAM_JOB, "workflow": workflow})
+    assert re.search(message, proc.stderr), proc.stderr
+
+
+def test_checking_a_workflow_section_does_not_call_its_factory(tmp_path, monkeypatch):
+    """check_workflow_section loads a factory without calling it (user code runs once, in the job)."""
+    from marti.config import WorkflowConfig
+    from marti.workflow import check_workflow_section
+
+    (tmp_path / "wf_factory_xyz.py").write_text("CALLS = []\ndef make(cfg):\n    CALLS.append(cfg)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_workflow_section(WorkflowConfig(factory="wf_factory_xyz:make"), ["a"])
+    import wf_factory_xyz
+
+    assert wf_factory_xyz.CALLS == []
