@@ -37,6 +37,7 @@ __all__ = [
     "SamplingParams",
     "chat_to_ids",
     "normalise_prompts",
+    "special_texts",
 ]
 
 
@@ -138,8 +139,10 @@ class RolloutEngine(abc.ABC):
         """
 
 
-def _special_texts(tokenizer: Any) -> list[str]:
-    """The texts of the tokenizer's special added tokens (``<|im_start|>``, ``<|endoftext|>``, ...)."""
+def special_texts(tokenizer: Any) -> list[str]:
+    """The texts of the tokenizer's special added tokens (``<|im_start|>``, ``<|endoftext|>``, ...); ``[]`` for a
+    tokenizer without ``added_tokens_decoder``. Used where user text must not be read as chat markup (here and
+    :mod:`services.trainer.rollout.serving.chat_tail`)."""
     added = getattr(tokenizer, "added_tokens_decoder", None)
     if not isinstance(added, Mapping):
         return []
@@ -212,7 +215,7 @@ def chat_to_ids(
         raise InvalidArgumentError(
             f"chat messages must be dicts with 'role' and 'content', got {messages!r:.200}"
         )
-    specials = _special_texts(tokenizer)
+    specials = special_texts(tokenizer)
     risky = {
         i
         for i, m in enumerate(messages)

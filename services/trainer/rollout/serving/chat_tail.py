@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.trainer.rollout.engines.base import _special_texts
+from services.trainer.rollout.engines.base import special_texts
 
 
 def _render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Any, generation: bool) -> str:
@@ -57,7 +57,7 @@ def chat_tail_ids(
     end_text = end_of_turn_text(tokenizer, end_id)
     if end_text is None or not 0 <= k < len(messages):
         return None
-    specials = _special_texts(tokenizer)
+    specials = special_texts(tokenizer)
     for m in messages[k + 1 :]:
         content = m.get("content")
         if isinstance(content, str) and any(s in content for s in specials):
