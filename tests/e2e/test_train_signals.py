@@ -41,12 +41,16 @@ def test_sigterm_stops_cleanly_with_checkpoint_and_report(tmp_path):
             proc.kill()
 
 
-def _stop_after_first_step(proc: subprocess.Popen, run: Path) -> None:
+def _wait_for_first_step(proc: subprocess.Popen, run: Path) -> None:
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (run / "metrics.jsonl").exists():
+    metrics = run / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None, "no step within 300 s"
         time.sleep(0.5)
-    while time.monotonic() < deadline and not (run / "metrics.jsonl").read_text().strip():
-        time.sleep(0.5)
+
+
+def _stop_after_first_step(proc: subprocess.Popen, run: Path) -> None:
+    _wait_for_first_step(proc, run)
     assert _stack_children(run) == 1
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
@@ -59,6 +63,91 @@ def _stop_after_first_step(proc: subprocess.Popen, run: Path) -> None:
     assert (run / "report.md").exists()
     time.sleep(1)
     assert _stack_children(run) == 0, "the embedded services must stop with the job"
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """Every process below ``root`` (children, their children, ...): pid -> command line."""
+    rows = subprocess.run(["ps", "-eww", "-o", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    children: dict[int, list[tuple[int, str]]] = {}
+    for line in rows.splitlines():
+        pid, ppid, *args = line.split(None, 2)
+        children.setdefault(int(ppid), []).append((int(pid), args[0] if args else ""))
+    found: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        for pid, args in children.get(todo.pop(), []):
+            found[pid] = args
+            todo.append(pid)
+    return found
+
+
+def _alive(pids: list[int]) -> dict[int, str]:
+    """The processes of ``pids`` still running (zombies count as gone): pid -> ``ps`` line."""
+    if not pids:
+        return {}
+    rows = subprocess.run(
+        ["ps", "-ww", "-o", "pid=,stat=,args=", "-p", ",".join(map(str, pids))],
+        capture_output=True,
+        text=True,
+    ).stdout
+    return {int(r.split()[0]): r for r in rows.splitlines() if r.split()[1][0] != "Z"}
+
+
+def _left_behind(started: dict[int, str]) -> dict[int, str]:
+    """The processes of ``started`` still running 15 s on (each then killed, so that a failure leaves none)."""
+    deadline = time.monotonic() + 15
+    while _alive(list(started)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = _alive(list(started))
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_whole_process_group_stops_like_one_to_the_job(tmp_path, sig):
+    """SIGTERM to the job's process group (what `timeout` and `kill -TERM -PGID` send) reached
+    Ray's GCS and raylet too: they died, and the job failed a minute later (exit 1) without its report or resume
+    line. Ray's processes now run in a session of their own, so it stops as after a SIGTERM to itself, at once
+    and leaving no process behind. SIGINT to the group is Ctrl-C in a terminal."""
+    run = tmp_path / "run_group"
+    proc = subprocess.Popen(
+        _train_cmd(run, "max_steps=50", "rollout.eval_every=0"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    started: dict[int, str] = {}
+    try:
+        _wait_for_first_step(proc, run)
+        started = _descendants(proc.pid)
+        assert any("raylet" in args for args in started.values()), started
+        signalled = time.monotonic()
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=300)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        left = _left_behind(started)
+    how = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C (SIGINT)"
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert took < 45, f"{took:.0f}s from the signal to the exit"  # Ray's GCS timeout alone is 60 s
+    assert "Traceback" not in err, err[-3000:]
+    steps = len((run / "metrics.jsonl").read_text().splitlines())
+    assert 1 <= steps < 50
+    assert (
+        f"stopped by {how} after step {steps} of 50; checkpoint: {run / 'checkpoints' / f'step_{steps:06d}'}"
+        in out
+    )
+    assert "resume with: marti train" in out and f"report: {run / 'report.md'}" in out, out
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{steps:06d}"
+    assert (run / "report.md").exists()
+    assert not left, left  # Ray, its workers and the embedded services
+    rows = subprocess.run(
+        ["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True
+    ).stdout.splitlines()
+    group = [r for r in rows if int(r.split()[0]) == proc.pid and r.split()[1][0] != "Z"]
+    assert not group, group  # nothing else of the job's process group runs on either
 
 
 def test_wall_time_budget_stops_before_a_step_that_would_overrun(tmp_path):

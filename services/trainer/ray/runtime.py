@@ -25,10 +25,13 @@ without being slowed many times over.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -115,6 +118,51 @@ def actor_env_vars(num_threads: int, environ: dict[str, str] | None = None) -> d
         "MKL_NUM_THREADS": str(num_threads),
     }
     return {k: v for k, v in wanted.items() if k not in environ}
+
+
+@contextlib.contextmanager
+def ray_processes_in_own_session() -> Iterator[bool]:
+    """While open, the processes a local ``ray.init`` starts (GCS, raylet, dashboard, log and autoscaler monitors)
+    start each in a session, so a process group, of its own; the raylet starts the workers and agents in its own.
+
+    A signal to the whole process group of ``marti train`` (``timeout``'s SIGTERM, ``kill -TERM -PGID``) then
+    reaches the driver alone, which stops after its step and shuts Ray down itself
+    (:meth:`RayRuntime.shutdown`). In the driver's group they got the SIGTERM too and died, and the job failed a
+    minute later (Ray's GCS reconnect timeout) without its report. Ctrl-C is unchanged: Ray's processes block
+    SIGINT anyway.
+
+    Only where Ray has the kernel kill them when the driver dies (Linux ``PR_SET_PDEATHSIG``, Ray's fate sharing):
+    elsewhere Ray's reaper kills the driver's process group, which they must stay in, so nothing changes there.
+    A SIGKILL to the group (``timeout -k``'s last resort) then reaches only the driver; seen once here, not checked
+    by a test: its GCS and raylet died with it, the workers at once, and Ray's dashboard and runtime-env agents
+    about a minute later (they exit by themselves once the raylet is gone, after a GCS timeout).
+
+    Ray starts them through ``ray._private.services.ConsolePopen`` (a ``subprocess.Popen``); this swaps in a
+    subclass with ``start_new_session=True`` for the duration, and puts the original back on exit.
+
+    Yields:
+        Whether Ray's processes start in their own session (False: not Linux, no fate sharing, or a Ray without
+        ``ConsolePopen``; logged as a warning in the last case).
+    """
+    from ray._private import services, utils
+
+    base = getattr(services, "ConsolePopen", None)
+    if not sys.platform.startswith("linux") or not utils.detect_fate_sharing_support() or base is None:
+        if base is None:
+            _LOG.warning("this Ray has no ConsolePopen: its processes stay in the job's process group")
+        yield False
+        return
+
+    class OwnSessionPopen(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSessionPopen
+    try:
+        yield True
+    finally:
+        services.ConsolePopen = base
 
 
 def actor_threads(bundle_cpus: float) -> int:
@@ -308,7 +356,8 @@ class RayRuntime:
                 # tokens would fail in the token mode a local ray.init leaves behind: shutdown puts it back
                 self._auth = ClusterAuth.before_local_init()
             try:
-                ray.init(**ray_init_kwargs(self.cfg))
+                with ray_processes_in_own_session():
+                    ray.init(**ray_init_kwargs(self.cfg))
             except BaseException:
                 self._restore_auth()
                 raise
