@@ -10,11 +10,9 @@ remote env server needs no access to the user's files and plays the same problem
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from marti.config import TrainConfig
-from marti.config.dataset import DATASET_ENV
 from marti.data import Problems, load_problems
 from marti.errors import InvalidArgumentError
 
@@ -100,57 +98,3 @@ class DatasetTasks:
             out["label_key"] = self.section.label_key
         out.update(cfg.environment.options)
         return out
-
-
-def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
-    """What a dataset job can check before anything starts or any folder is touched: its rows (loaded and
-    checked, with the held-out split; with the ``dataset_task`` env every row's label read by the job's verifier,
-    as the env checks it), its reward functions (loaded) and its reward model's ``config.json``
-    (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
-    before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``, and
-    hands the loaded problems to the job's loop (they are not loaded twice).
-
-    Returns:
-        The job's problems (:class:`DatasetTasks`), or None without a ``dataset`` section.
-
-    Raises:
-        InvalidArgumentError / NotFoundError / UnavailableError: what :class:`DatasetTasks`,
-            :func:`services.trainer.rollout.episodes.scoring.build_scorer` and
-            :func:`marti.rewards.model.reward_model_config` raise, naming the file, row, function or path.
-    """
-    if cfg.dataset is None:
-        return None
-    from services.trainer.models.loading import TINY_ALIAS
-    from services.trainer.rollout.episodes.scoring import build_scorer
-
-    tasks = DatasetTasks(cfg)
-    tasks.fit(cfg)
-    if cfg.environment.env_name == DATASET_ENV:
-        _check_labels(cfg, tasks)
-    build_scorer(cfg, None)
-    model = cfg.reward.model
-    if model and model.strip().lower() != TINY_ALIAS:
-        from marti.rewards.model import reward_model_config
-
-        reward_model_config(model)
-    return tasks
-
-
-def _check_labels(cfg: TrainConfig, tasks: DatasetTasks) -> None:
-    """Make the ``dataset_task`` env (in this process) once over all the training rows and once over the
-    held-out rows with the job's env options: it refuses a row whose label the verifier cannot read. The
-    refusal names the source and the row's position in it."""
-    import marti
-
-    for ps in (tasks.problems.train, tasks.problems.eval):
-        if ps is None:
-            continue
-        conf = tasks.env_config(cfg, 0)
-        conf.pop("row")
-        conf["rows"] = [ps.row(i) for i in range(len(ps))]
-        try:
-            marti.make(DATASET_ENV, **conf).close()
-        except InvalidArgumentError as exc:
-            found = re.search(r"rows\[(\d+)\]", str(exc))
-            where = f"row {ps.position(int(found[1]))} of " if found else ""
-            raise InvalidArgumentError(f"{where}dataset {ps.source}: {exc}") from None

@@ -91,7 +91,7 @@ class TrainingLoop:
         allow_user_code: Import the user code a config names (custom envs, workflow functions). A service that
             takes configs from the network should pass False unless its operator opted in.
         data: The dataset job's problems when the caller already loaded and checked them
-            (:func:`~services.trainer.data.tasks.check_dataset_job`); None loads them here.
+            (:func:`~services.trainer.job.prechecks.check_dataset_job`); None loads them here.
 
     Raises:
         PermissionDeniedError: ``allow_user_code`` is False and the config names user code (the key is named).

@@ -221,37 +221,6 @@ def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
     return folder
 
 
-def starts_own_env_server(cfg: TrainConfig, args: argparse.Namespace) -> bool:
-    """Whether the job starts its own env server: no ``--env`` (nor ``MARTI_ENV_ADDR``) and no ``services.env``."""
-    return "env" in resolve_addresses(cfg.services, env=args.env)[1]
-
-
-def _check_envs_in_process(cfg: TrainConfig, data: Any) -> None:
-    """Make each task's env at every curriculum level it can reach, in this process, before the run folder is
-    prepared (so that a config the env refuses does not cost an ``--overwrite`` the run it would delete). Only
-    for a job that starts its own env server (no ``--env`` and no ``services.env``), which runs the envs this
-    process makes; an env this process does not know is left to the job's own check
-    (:meth:`~services.trainer.job.loop.TrainingLoop.check_envs`).
-
-    Raises:
-        InvalidArgumentError: An env refused its config (the message names the task and the level).
-    """
-    from marti.env_registry import default_registry
-    from marti.errors import NotFoundError
-    from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
-
-    registry = default_registry()
-
-    def make(name: str, seed: int, config: dict[str, Any]) -> Any:
-        try:
-            registry.resolve(name)
-        except NotFoundError:
-            return None
-        return registry.make(name, config, seed)  # the config as a mapping, as the env server gets it
-
-    check_envs(cfg, build_curriculum(cfg), data, make)
-
-
 def _stopped_message(cfg: TrainConfig, argv: list[str], signum: int, at_once: bool, steps: int | None) -> str:
     """What an interrupted job prints: how it stopped, the checkpoint it left and the command that resumes it."""
     from services.trainer.job.run_dir import latest_checkpoint
@@ -273,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     missing model or refused run folder, 1 failure, ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM) when a
     signal stopped the job before its last step."""
     from marti.launch_flags import build_config
-    from marti.workflow import check_workflow_section
-    from services.trainer.data.tasks import check_dataset_job
+    from services.trainer.job.prechecks import check_before_the_run_folder
     from services.trainer.models.loading import check_attn_implementation, resolve_model
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -290,13 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name is not None:
                     resolve_model(name)
         check_attn_implementation(cfg.policy.attn_implementation)
-        data = check_dataset_job(
-            cfg
-        )  # before the run folder: a bad file must not cost an --overwrite its run
-        if cfg.workflow.active:  # nor must a workflow import path that does not load
-            check_workflow_section(cfg.workflow, [a.name for a in cfg.agents])
-        if starts_own_env_server(cfg, args):
-            _check_envs_in_process(cfg, data)  # so must a bad env option
+        data = check_before_the_run_folder(cfg, env=args.env)
         folder = _prepare_folder(cfg, args)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)
@@ -328,7 +290,7 @@ def _train(
 ) -> int:
     """Start the services, run the job in the prepared ``folder`` and print its outcome; returns the exit code.
     ``events`` are the job's stop and teardown events (:class:`~services.trainer.job.loop.TrainingLoop`); ``data``
-    the dataset job's problems :func:`~services.trainer.data.tasks.check_dataset_job` loaded (None: none)."""
+    the dataset job's problems :func:`~services.trainer.job.prechecks.check_dataset_job` loaded (None: none)."""
     from services.trainer.job.loop import TrainingLoop, latest_checkpoint
 
     with service_addresses(cfg, args) as addresses:

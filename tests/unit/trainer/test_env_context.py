@@ -138,13 +138,14 @@ def test_a_bad_env_option_is_refused_before_an_overwrite_touches_the_old_run(
 def test_the_in_process_check_is_for_a_job_that_starts_its_own_env_server(monkeypatch) -> None:
     """Only a job without ``--env``, ``MARTI_ENV_ADDR`` or ``services.env`` runs the envs this process makes; one
     given an env server is checked on that server (``TrainingLoop.check_envs``)."""
-    from services.trainer.job.train_cli import build_parser, starts_own_env_server
+    from services.trainer.job.prechecks import starts_own_env_server
+    from services.trainer.job.train_cli import build_parser
 
     monkeypatch.delenv("MARTI_ENV_ADDR", raising=False)
     cfg = load_config(ROOT / "examples" / "tiny.yaml")
-    assert starts_own_env_server(cfg, build_parser().parse_args([]))
-    assert not starts_own_env_server(cfg, build_parser().parse_args(["--env", "127.0.0.1:5"]))
+    assert starts_own_env_server(cfg, build_parser().parse_args([]).env)
+    assert not starts_own_env_server(cfg, build_parser().parse_args(["--env", "127.0.0.1:5"]).env)
     given = load_config(ROOT / "examples" / "tiny.yaml", ["services.env=127.0.0.1:5"])
-    assert not starts_own_env_server(given, build_parser().parse_args([]))
+    assert not starts_own_env_server(given, build_parser().parse_args([]).env)
     monkeypatch.setenv("MARTI_ENV_ADDR", "127.0.0.1:5")
-    assert not starts_own_env_server(cfg, build_parser().parse_args([]))
+    assert not starts_own_env_server(cfg, build_parser().parse_args([]).env)

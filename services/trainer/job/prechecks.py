@@ -1,0 +1,132 @@
+"""What ``marti train`` checks before it prepares the run folder or starts a service, so that a bad config or
+file fails at once, naming what is wrong, and never costs an ``--overwrite`` the run it would delete: a dataset
+job's rows, labels, reward functions and reward model (:func:`check_dataset_job`), the workflow section's import
+paths (:func:`marti.workflow.check_workflow_section`) and, for a job that starts its own env server, every env at
+every curriculum level it can reach (:func:`check_envs_in_process`). :func:`check_before_the_run_folder` runs
+them in that order.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import marti
+from marti.config import TrainConfig
+from marti.config.dataset import DATASET_ENV
+from marti.errors import InvalidArgumentError, NotFoundError
+from marti.workflow import check_workflow_section
+from services.trainer.data.tasks import DatasetTasks
+from services.trainer.job.addresses import resolve_addresses
+from services.trainer.models.loading import TINY_ALIAS
+from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
+from services.trainer.rollout.episodes.scoring import build_scorer
+
+__all__ = [
+    "check_before_the_run_folder",
+    "check_dataset_job",
+    "check_envs_in_process",
+    "starts_own_env_server",
+]
+
+
+def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> DatasetTasks | None:
+    """Every check ``marti train`` makes before the run folder: :func:`check_dataset_job`, the ``workflow``
+    section (:func:`marti.workflow.check_workflow_section`, when the section is active) and, when the job starts
+    its own env server (``env``, the ``--env`` flag, is None and the config has no ``services.env``),
+    :func:`check_envs_in_process`.
+
+    Returns:
+        The dataset job's problems (:class:`DatasetTasks`, for the job's loop), or None without a ``dataset``.
+
+    Raises:
+        InvalidArgumentError / NotFoundError / UnavailableError: what those checks raise (each names the key,
+            file, row, task or level).
+    """
+    data = check_dataset_job(cfg)
+    if cfg.workflow.active:
+        check_workflow_section(cfg.workflow, [a.name for a in cfg.agents])
+    if starts_own_env_server(cfg, env):
+        check_envs_in_process(cfg, data)
+    return data
+
+
+def starts_own_env_server(cfg: TrainConfig, env: str | None) -> bool:
+    """Whether the job starts its own env server: no ``env`` address (the ``--env`` flag; nor
+    ``MARTI_ENV_ADDR``) and no ``services.env``."""
+    return "env" in resolve_addresses(cfg.services, env=env)[1]
+
+
+def check_envs_in_process(cfg: TrainConfig, data: DatasetTasks | None) -> None:
+    """Make each task's env at every curriculum level it can reach, in this process, before the run folder is
+    prepared (so that a config the env refuses does not cost an ``--overwrite`` the run it would delete). Only
+    for a job that starts its own env server (no ``--env`` and no ``services.env``), which runs the envs this
+    process makes; an env this process does not know is left to the job's own check
+    (:meth:`~services.trainer.job.loop.TrainingLoop.check_envs`).
+
+    Raises:
+        InvalidArgumentError: An env refused its config (the message names the task and the level).
+    """
+    from marti.env_registry import default_registry
+
+    registry = default_registry()
+
+    def make(name: str, seed: int, config: dict[str, Any]) -> Any:
+        try:
+            registry.resolve(name)
+        except NotFoundError:
+            return None
+        return registry.make(name, config, seed)  # the config as a mapping, as the env server gets it
+
+    check_envs(cfg, build_curriculum(cfg), data, make)
+
+
+def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
+    """What a dataset job can check before anything starts or any folder is touched: its rows (loaded and
+    checked, with the held-out split; with the ``dataset_task`` env every row's label read by the job's verifier,
+    as the env checks it), its reward functions (loaded) and its reward model's ``config.json``
+    (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
+    before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``, and
+    hands the loaded problems to the job's loop (they are not loaded twice).
+
+    Returns:
+        The job's problems (:class:`DatasetTasks`), or None without a ``dataset`` section.
+
+    Raises:
+        InvalidArgumentError / NotFoundError / UnavailableError: what :class:`DatasetTasks`,
+            :func:`services.trainer.rollout.episodes.scoring.build_scorer` and
+            :func:`marti.rewards.model.reward_model_config` raise, naming the file, row, function or path.
+    """
+    if cfg.dataset is None:
+        return None
+    tasks = DatasetTasks(cfg)
+    tasks.fit(cfg)
+    if cfg.environment.env_name == DATASET_ENV:
+        _check_labels(cfg, tasks)
+    build_scorer(cfg, None)
+    model = cfg.reward.model
+    if model and model.strip().lower() != TINY_ALIAS:
+        from marti.rewards.model import (
+            reward_model_config,  # transformers' config classes: loaded when needed
+        )
+
+        reward_model_config(model)
+    return tasks
+
+
+def _check_labels(cfg: TrainConfig, tasks: DatasetTasks) -> None:
+    """Make the ``dataset_task`` env (in this process) once over all the training rows and once over the
+    held-out rows with the job's env options: it refuses a row whose label the verifier cannot read. The
+    refusal names the source and the row's position in it."""
+    for ps in (tasks.problems.train, tasks.problems.eval):
+        if ps is None:
+            continue
+        conf = tasks.env_config(cfg, 0)
+        conf.pop("row")
+        conf["rows"] = [ps.row(i) for i in range(len(ps))]
+        try:
+            marti.make(DATASET_ENV, **conf).close()
+        except InvalidArgumentError as exc:
+            found = re.search(r"rows\[(\d+)\]", str(exc))
+            where = f"row {ps.position(int(found[1]))} of " if found else ""
+            raise InvalidArgumentError(f"{where}dataset {ps.source}: {exc}") from None
