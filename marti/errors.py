@@ -102,6 +102,18 @@ class FailedPreconditionError(MartiError):
     """The system is not in a state that allows the operation, e.g. step after episode end (FAILED_PRECONDITION)."""
 
 
+class ForkedAioError(FailedPreconditionError):
+    """A ``grpc.aio`` call in a process forked while its parent had ``grpc.aio`` channels open.
+
+    gRPC's asyncio stack does not survive ``fork`` (its poller thread is gone in the child while its state says
+    it runs), so the SDK's async clients refuse every call in such a child at once, before anything is sent or
+    taken out of a client's buffers: messages an async broker client holds stay buffered (the message names
+    how many and their ids), and a message the call was about to buffer is not buffered. Start such workers
+    with the ``spawn`` or ``forkserver`` start method of :mod:`multiprocessing`, or use the sync clients in
+    the child. A subclass of :class:`FailedPreconditionError` (FAILED_PRECONDITION).
+    """
+
+
 class OutOfRangeError(MartiError):
     """A position or index beyond the valid range (gRPC OUT_OF_RANGE)."""
 
@@ -201,6 +213,7 @@ __all__ = [
     "CancelledError",
     "DeadlineExceededError",
     "FailedPreconditionError",
+    "ForkedAioError",
     "InternalError",
     "InvalidArgumentError",
     "MartiError",

@@ -24,6 +24,10 @@ from typing import Any
 
 import grpc
 
+from marti.errors import ForkedAioError
+
+__all__ = ["ChannelClosedError", "ForkedAioError", "LoopBoundChannel", "check_aio_usable"]
+
 #: Channels inherited by a forked child: kept alive (never closed) so the child does not drive the parent's
 #: transport state; they are gone when the child exits.
 _INHERITED: list[Any] = []
@@ -54,13 +58,25 @@ class ChannelClosedError(RuntimeError):
     """A call was made through a :class:`LoopBoundChannel` after :meth:`LoopBoundChannel.close`."""
 
 
-class ForkedAioError(RuntimeError):
-    """A ``grpc.aio`` call in a process forked while its parent had ``grpc.aio`` channels open.
+def check_aio_usable(pending: str = "") -> None:
+    """Raise :class:`ForkedAioError` if this process was forked while its parent had ``grpc.aio`` channels open.
 
-    gRPC's asyncio stack cannot be used across ``fork``; start such workers with the ``spawn`` or
-    ``forkserver`` method of :mod:`multiprocessing`, use the sync clients in the child, or close the parent's
-    async clients before forking.
+    Called by every ``grpc.aio`` call (:meth:`LoopBoundChannel.current`) and by clients that must refuse a
+    call before touching their own state (the async broker client, before it takes a batch out of its
+    buffers).
+
+    Args:
+        pending: What the caller still holds unsent, said in the message (``""``: nothing).
+
+    Raises:
+        ForkedAioError: This process is such a child.
     """
+    if _FORKED_WITH_AIO:
+        raise ForkedAioError(
+            "grpc.aio cannot be used in a process forked while its parent had grpc.aio channels open"
+            f"{pending}; use multiprocessing's 'spawn' or 'forkserver' start method, or the sync clients in "
+            "the child"
+        )
 
 
 class LoopBoundChannel:
@@ -85,6 +101,9 @@ class LoopBoundChannel:
         self._pid = os.getpid()
         self._channels: dict[asyncio.AbstractEventLoop | None, grpc.aio.Channel] = {}
         self._closed = False
+        #: The multi-callables handed to stubs: each caches the real one of the last channel it used, which
+        #: keeps that channel alive; :meth:`_drop_cached` lets go of channels that are closed or dropped.
+        self._lazies: weakref.WeakSet[_LazyMultiCallable] = weakref.WeakSet()
         _LIVE.add(self)
 
     # -- the channel of the running loop -------------------------------------------------------------------
@@ -100,12 +119,7 @@ class LoopBoundChannel:
         """
         if self._closed:
             raise ChannelClosedError("the channel was closed; make a new client")
-        if _FORKED_WITH_AIO:
-            raise ForkedAioError(
-                "grpc.aio cannot be used in a process forked while its parent had grpc.aio channels open; "
-                "use multiprocessing's 'spawn' or 'forkserver' start method, the sync clients, or close the "
-                "parent's async clients before forking"
-            )
+        check_aio_usable()
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -115,10 +129,13 @@ class LoopBoundChannel:
                 self._forget_inherited_locked()
             channel = self._channels.get(loop)
             if channel is None:
-                for old_loop in [k for k in self._channels if k is not None and k.is_closed()]:
+                stale = [k for k in self._channels if k is not None and k.is_closed()]
+                for old_loop in stale:
                     # gRPC closes a collected channel itself (grpc.aio.Channel.__del__); its loop is gone, so
                     # there is nothing left to await.
                     del self._channels[old_loop]
+                if stale:
+                    self._drop_cached()
                 channel = self._channels[loop] = self._factory()
             return channel
 
@@ -133,22 +150,37 @@ class LoopBoundChannel:
         self._channels = {}
         self._pid = os.getpid()
 
+    def _drop_cached(self) -> None:
+        """Make every multi-callable of this object forget the real one it cached (and with it the channel).
+
+        A ``grpc.aio`` channel keeps gRPC's asyncio stack, and its poller thread, alive until the channel is
+        collected; a closed channel still cached by a stub would keep that thread running for as long as the
+        client object lives, and a fork then is unsafe (:func:`aio_idle`).
+        """
+        for lazy in list(self._lazies):
+            lazy._cache = None
+
     # -- what generated stubs call -------------------------------------------------------------------------
+    def _lazy(self, kind: str, method: str, args: tuple, kwargs: dict) -> _LazyMultiCallable:
+        lazy = _LazyMultiCallable(self, kind, method, args, kwargs)
+        self._lazies.add(lazy)
+        return lazy
+
     def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> _LazyMultiCallable:
         """A unary-unary multi-callable for ``method`` that dials through the running loop's channel."""
-        return _LazyMultiCallable(self, "unary_unary", method, args, kwargs)
+        return self._lazy("unary_unary", method, args, kwargs)
 
     def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> _LazyMultiCallable:
         """A unary-stream multi-callable for ``method`` that dials through the running loop's channel."""
-        return _LazyMultiCallable(self, "unary_stream", method, args, kwargs)
+        return self._lazy("unary_stream", method, args, kwargs)
 
     def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> _LazyMultiCallable:
         """A stream-unary multi-callable for ``method`` that dials through the running loop's channel."""
-        return _LazyMultiCallable(self, "stream_unary", method, args, kwargs)
+        return self._lazy("stream_unary", method, args, kwargs)
 
     def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> _LazyMultiCallable:
         """A stream-stream multi-callable for ``method`` that dials through the running loop's channel."""
-        return _LazyMultiCallable(self, "stream_stream", method, args, kwargs)
+        return self._lazy("stream_stream", method, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         # get_state, channel_ready, wait_for_state_change, ...: those of the running loop's channel.
@@ -171,6 +203,7 @@ class LoopBoundChannel:
             self._closed = True
             channels, self._channels = self._channels, {}
             inherited = self._pid != os.getpid()
+        self._drop_cached()
         if inherited:
             _INHERITED.extend(channels.values())
             return
@@ -200,7 +233,7 @@ class LoopBoundChannel:
 class _LazyMultiCallable:
     """Resolves the real multi-callable on the running loop's channel at every call (cached per channel)."""
 
-    __slots__ = ("_args", "_cache", "_kind", "_kwargs", "_method", "_owner")
+    __slots__ = ("__weakref__", "_args", "_cache", "_kind", "_kwargs", "_method", "_owner")
 
     def __init__(self, owner: LoopBoundChannel, kind: str, method: str, args: tuple, kwargs: dict) -> None:
         self._owner = owner

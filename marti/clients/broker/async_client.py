@@ -12,7 +12,9 @@ from typing import Any
 
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
+from marti.errors import ForkedAioError
 from marti.rpc.calls import acall, aiterate
+from marti.rpc.transport import check_aio_usable
 
 from .args import flag_arg
 from .protocol import TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
@@ -36,6 +38,12 @@ class AsyncMartiCommClient(_ClientBase):
     buffered while one is go out together when it ends); the flush timer is a task of the event loop, started
     by ``connect``. When the loop ends with messages still buffered and the client not closed (``asyncio.run``
     returns without ``close``), that task sends them before it ends; a failure then is logged.
+
+    Fork: in a process forked while its parent had ``grpc.aio`` channels open (a ``multiprocessing`` worker
+    using the parent's client), every call that sends raises :class:`~marti.errors.ForkedAioError` at once,
+    before the buffers are touched: messages buffered at fork time stay buffered (the error names them) and
+    the message being sent is not buffered, so nothing is dropped as a refused batch. Use the sync client
+    there, or the ``spawn`` start method.
     """
 
     _AIO = True
@@ -65,7 +73,12 @@ class AsyncMartiCommClient(_ClientBase):
         return await self._ensure_connected()
 
     async def _ensure_connected(self) -> AsyncMartiCommClient:
-        """:meth:`connect` without the closed check (``close`` flushes through it)."""
+        """:meth:`connect` without the closed check (``close`` flushes through it). Every call that sends
+        goes through it first, so in a process forked while its parent had ``grpc.aio`` channels open it
+        raises :class:`ForkedAioError` before anything is taken out of the buffers or added to them (the
+        message names the messages that stay buffered)."""
+        buffered = self._buffered_text()
+        check_aio_usable(f"; this broker client keeps its {buffered} unsent" if buffered else "")
         self._bind_loop()
         if self._connected:
             return self
@@ -122,6 +135,8 @@ class AsyncMartiCommClient(_ClientBase):
                         await self._flush(acks=False, background=True)
                     except TRANSIENT_ERRORS:
                         await asyncio.sleep(max(self._core.update_frequency_s, TIMER_RETRY_S))
+                    except ForkedAioError:  # a forked child: no flush can succeed; the next call raises it
+                        return
                     except Exception:  # refused: kept for the next call (and passed to on_error)
                         pass
         except asyncio.CancelledError:

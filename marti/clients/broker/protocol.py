@@ -564,15 +564,20 @@ class _ClientBase:
             if self._core.end_send():
                 self._kick()
 
+    def _buffered_text(self) -> str:
+        """``"N buffered message(s) (ids a, b, ...)"`` naming what this client holds unsent; ``""`` if nothing."""
+        ids = self._core.buffered_ids()
+        if not ids:
+            return ""
+        shown = ", ".join(ids[:5]) + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
+        return f"{len(ids)} buffered message(s) (ids {shown})"
+
     def _unsent_note(self, exc: BaseException) -> None:
         """Adds to ``exc`` (raised by ``close``) a note listing the messages still buffered, which the closed
         client will never send."""
-        ids = self._core.buffered_ids()
-        if ids:
-            shown = ", ".join(ids[:5]) + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
-            exc.add_note(
-                f"{len(ids)} buffered message(s) were not sent and the client is closed (ids {shown})"
-            )
+        buffered = self._buffered_text()
+        if buffered:
+            exc.add_note(f"{buffered} were not sent and the client is closed")
 
     def _raise_refused(self) -> None:
         """Raises the oldest refusal the flush timer met, if any (each is raised once)."""

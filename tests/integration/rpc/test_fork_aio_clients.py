@@ -1,0 +1,145 @@
+"""A forked child that uses a ``marti.aio`` client its parent made gets a typed error at once, and loses nothing.
+
+gRPC's asyncio stack does not survive ``fork``. In a child forked while its parent had ``grpc.aio`` channels
+open, the async broker client raises ``marti.errors.ForkedAioError`` (a ``FailedPreconditionError``) from
+``flush`` and ``send_message`` before it takes a message out of its buffers or puts one in: what was buffered
+at fork time stays buffered (the error names it), nothing is counted or reported as a refused batch, and the
+parent, which still holds the same message, delivers it once.
+
+Each program runs in a fresh interpreter with no ``GRPC_*`` variables, against a broker hosted by this test
+process; the parent kills a child that runs longer than :data:`CHILD_WAIT_S`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+
+from marti.rpc.settings import ServerSettings
+from marti.rpc.testing import serve_in_thread
+
+#: The parent waits this long for its child; a child that hangs is killed and the program fails.
+CHILD_WAIT_S = 20
+
+COMMON = textwrap.dedent(
+    f"""
+    import asyncio, json, os, signal, sys, time
+
+    def wait_child(pid, read_fd):
+        deadline = time.monotonic() + {CHILD_WAIT_S}
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise SystemExit("the child hung: still running after {CHILD_WAIT_S} s")
+        with os.fdopen(read_fd) as f:
+            data = f.read()
+        assert data, ("the child reported nothing", status)
+        return json.loads(data)
+
+    def report(write_fd, out):
+        os.write(write_fd, json.dumps(out).encode())
+        os._exit(0)
+
+    async def attempt(coro):
+        start = time.monotonic()
+        try:
+            await coro
+            return ["ok", "", False, time.monotonic() - start]
+        except Exception as exc:
+            import marti.errors
+            typed = isinstance(exc, marti.errors.FailedPreconditionError)
+            return [type(exc).__name__, str(exc), typed, time.monotonic() - start]
+    """
+)
+
+BROKER_PROGRAM = COMMON + textwrap.dedent(
+    """
+    import marti, marti.aio
+
+    ADDRESS = sys.argv[1]
+    SESSION = sys.argv[2]
+    receiver = marti.MartiCommClient("receiver", ADDRESS, session=SESSION, timeout_s=5)
+    # A long linger and no send-when-idle: the message stays buffered until a flush.
+    sender = marti.aio.MartiCommClient(
+        "sender", ADDRESS, session=SESSION, timeout_s=5, update_frequency_s=60, send_when_idle=False
+    )
+
+    async def child():
+        return {
+            "flush": await attempt(sender.flush()),
+            "send": await attempt(sender.send_message("receiver", {"from": "child"})),
+            "refused": sender.refused_messages,
+        }
+
+    async def main():
+        await sender.connect()
+        buffered = await sender.send_message("receiver", {"from": "parent"})
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            report(write_fd, asyncio.run(child()))  # in the child: a fresh loop, the client made by the parent
+        os.close(write_fd)
+        out = wait_child(pid, read_fd)
+        for name in ("flush", "send"):
+            kind, message, typed, took = out[name]
+            assert kind == "ForkedAioError" and typed, (name, out[name])
+            assert "'spawn'" in message, message
+            assert took < 3, (name, took)
+        assert buffered in out["flush"][1] and "unsent" in out["flush"][1], out["flush"]
+        assert out["refused"] == 0, out
+        await sender.flush()  # the parent still holds the message buffered at fork time
+        got = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not got:
+            got += [(m.message_id, m.content) for m in receiver.get_messages(timeout_s=0.5)]
+        got += [(m.message_id, m.content) for m in receiver.get_messages(timeout_s=0.3)]
+        assert got == [(buffered, {"from": "parent"})], got
+        await sender.close()
+
+    asyncio.run(main())
+    receiver.close()
+    print("OK")
+    """
+)
+
+
+def _run(tmp_path, name: str, program: str, *args: str) -> subprocess.CompletedProcess:
+    script = tmp_path / name
+    script.write_text(program)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_") and not k.startswith("MARTI_")}
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_WAIT_S + 60,
+    )
+
+
+@pytest.fixture(scope="module")
+def broker_address() -> Iterator[str]:
+    """A broker on a free port, hosted by this test process."""
+    from services.comm_broker.servicer import broker_service
+    from services.comm_broker.settings import BrokerSettings
+
+    with serve_in_thread(
+        lambda: [broker_service(BrokerSettings(port=0))], ServerSettings(host="127.0.0.1", port=0)
+    ) as server:
+        yield server.address
+
+
+def test_forked_child_gets_forked_aio_error_and_the_buffered_message_stays(broker_address, tmp_path):
+    proc = _run(tmp_path, "fork_aio_broker.py", BROKER_PROGRAM, broker_address, f"fork-{tmp_path.name}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("OK")
