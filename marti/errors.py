@@ -109,8 +109,10 @@ class ForkedAioError(FailedPreconditionError):
     it runs), so the SDK's async clients refuse every call in such a child at once, before anything is sent or
     taken out of a client's buffers: messages an async broker client holds stay buffered (the message names
     how many and their ids), and a message the call was about to buffer is not buffered. Start such workers
-    with the ``spawn`` or ``forkserver`` start method of :mod:`multiprocessing`, or use the sync clients in
-    the child. A subclass of :class:`FailedPreconditionError` (FAILED_PRECONDITION).
+    with the ``spawn`` or ``forkserver`` start method of :mod:`multiprocessing`, use the sync clients in the
+    child, or ``await client.close()`` every async client in the parent before forking: gRPC's asyncio stack
+    then stops, and the child may use sync clients and async clients it makes itself. A subclass of
+    :class:`FailedPreconditionError` (FAILED_PRECONDITION).
     """
 
 

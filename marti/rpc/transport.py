@@ -74,8 +74,8 @@ def check_aio_usable(pending: str = "") -> None:
     if _FORKED_WITH_AIO:
         raise ForkedAioError(
             "grpc.aio cannot be used in a process forked while its parent had grpc.aio channels open"
-            f"{pending}; use multiprocessing's 'spawn' or 'forkserver' start method, or the sync clients in "
-            "the child"
+            f"{pending}; use multiprocessing's 'spawn' or 'forkserver' start method, the sync clients in the "
+            "child, or close every async client in the parent before forking (the child may then make its own)"
         )
 
 
@@ -153,9 +153,11 @@ class LoopBoundChannel:
     def _drop_cached(self) -> None:
         """Make every multi-callable of this object forget the real one it cached (and with it the channel).
 
-        A ``grpc.aio`` channel keeps gRPC's asyncio stack, and its poller thread, alive until the channel is
-        collected; a closed channel still cached by a stub would keep that thread running for as long as the
-        client object lives, and a fork then is unsafe (:func:`aio_idle`).
+        gRPC's asyncio stack, and its poller thread, runs until the last ``grpc.aio`` channel is collected
+        (closing a channel is not enough). A closed channel still cached by a stub kept that thread running for
+        as long as the client object lived, so a process that closed its async clients and then forked had
+        gRPC skip its fork handlers, and sync calls in the child hung
+        (``tests/integration/rpc/test_fork_after_aio_close.py``).
         """
         for lazy in list(self._lazies):
             lazy._cache = None
@@ -194,7 +196,9 @@ class LoopBoundChannel:
 
         The running loop's channel is closed gracefully (in-flight calls get ``grace`` seconds, ``None`` =
         cancel them); a channel of another loop still running (in another thread) is closed on that loop
-        without waiting; channels of closed loops are dropped. Idempotent.
+        without waiting; channels of closed loops are dropped. Idempotent. Nothing of this object keeps a
+        channel alive afterwards: once every ``grpc.aio`` channel of the process is closed and dropped, gRPC
+        stops its asyncio poller thread, so the process may fork (sync and new async clients work in the child).
 
         Args:
             grace: Seconds in-flight calls on the running loop's channel may take to finish.
