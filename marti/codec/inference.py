@@ -69,6 +69,61 @@ def _check_text(name: str, value: str) -> None:
         ) from None
 
 
+#: Keys of a chat message the gRPC ``Generate`` call carries; any other key with a value is refused, not dropped.
+_MESSAGE_KEYS = ("role", "content")
+
+
+def _chat_message(i: int, m: object) -> tuple[str, str]:
+    """``(role, content)`` of ``messages[i]`` as the request carries them: ``content`` a string, a list of
+    ``{"type": "text", "text": str}`` parts (joined with newlines, as the gateway's HTTP route and vLLM join them)
+    or None in an assistant message (sent as ``""``).
+
+    Raises:
+        InvalidArgumentError: ``m`` is not a dict with ``role`` and ``content``; a content of another type, a
+            part that is not a text part, None content outside an assistant message; or a key the call cannot
+            carry with a value (``tool_calls``, ``tool_call_id``, ``name``: gRPC ``Generate`` has no tools; the
+            gateway's HTTP ``/v1/chat/completions`` takes them), named as ``messages[i].KEY``, never dropped.
+    """
+    if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+        raise InvalidArgumentError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r:.100}")
+    extra = [str(k) for k, v in m.items() if k not in _MESSAGE_KEYS and v is not None]
+    if extra:
+        raise InvalidArgumentError(
+            f"messages[{i}].{extra[0]}: the gRPC Generate call carries only 'role' and 'content' (no tools); "
+            "send tool calls through the gateway's HTTP /v1/chat/completions, which takes them"
+        )
+    role, content = m["role"], m["content"]
+    if not isinstance(role, str):
+        raise InvalidArgumentError(f"messages[{i}].role must be a string, got {role!r:.100}")
+    _check_text(f"messages[{i}].role", role)
+    if content is None:
+        if role != "assistant":
+            raise InvalidArgumentError(
+                f"messages[{i}].content is None; content is required in a {role!r} message (only an "
+                "assistant's may be None)"
+            )
+        return role, ""
+    if isinstance(content, list):
+        content = "\n".join(_text_part(i, j, part) for j, part in enumerate(content))
+    elif not isinstance(content, str):
+        raise InvalidArgumentError(
+            f"messages[{i}].content must be a string or a list of text parts, got {type(content).__name__} "
+            f"{content!r:.100}"
+        )
+    _check_text(f"messages[{i}].content", content)
+    return role, content
+
+
+def _text_part(i: int, j: int, part: object) -> str:
+    """The text of content part ``j`` of ``messages[i]``; raises InvalidArgumentError for anything but
+    ``{"type": "text", "text": str}`` (an image part, a bare string), naming ``messages[i].content[j]``."""
+    if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return str(part["text"])
+    raise InvalidArgumentError(
+        f"messages[{i}].content[{j}] must be a text part {{'type': 'text', 'text': str}}, got {part!r:.100}"
+    )
+
+
 #: Wire finish reason -> the name :class:`~marti.inference.Completion` carries (unknown values read ``stop``).
 FINISH_REASON_NAMES: dict[int, str] = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
@@ -141,18 +196,7 @@ def generate_request(
         if isinstance(messages, (str, bytes)) or not messages:
             raise InvalidArgumentError("messages must be a non-empty list of {'role', 'content'} dicts")
         for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-                raise InvalidArgumentError(
-                    f"messages[{i}] must be a dict with 'role' and 'content', got {m!r:.100}"
-                )
-            if m["content"] is None and m["role"] != "assistant":
-                raise InvalidArgumentError(
-                    f"messages[{i}].content is None; content is required in a {m['role']!r} message (only an "
-                    "assistant's may be None)"
-                )
-            role, content = str(m["role"]), "" if m["content"] is None else str(m["content"])
-            _check_text(f"messages[{i}].role", role)
-            _check_text(f"messages[{i}].content", content)
+            role, content = _chat_message(i, m)
             req.messages.messages.add(role=role, content=content)
     elif text is not None:
         req.text = text

@@ -82,7 +82,9 @@ class InferenceClient:
         Args:
             model: An agent id (its current policy) or ``agent@VERSION`` (a resident version; see :meth:`models`).
             messages: A chat conversation (``[{"role": ..., "content": ...}]``, the agent's chat template is
-                applied); or
+                applied; ``content`` a string, a list of ``{"type": "text", "text": ...}`` parts joined with
+                newlines, or None in an assistant message; any other key set, such as ``tool_calls``, is an
+                InvalidArgumentError: this call has no tools); or
             text: Raw text (no special tokens added); or
             token_ids: Token ids of the agent's tokenizer. Exactly one of the three.
             max_tokens: Most tokens per completion (None: 64, or the room the context leaves after the

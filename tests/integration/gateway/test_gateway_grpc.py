@@ -102,6 +102,19 @@ def test_generate_by_messages_text_and_token_ids(client, served):
     assert len(out.choices[0].token_ids) <= 3
 
 
+def test_content_parts_are_the_prompt_their_joined_text_is(client, served):
+    """A message's content as OpenAI's text parts is sent as their text joined with newlines (as the HTTP route
+    joins it), never as the list's repr; an OpenAI-style message whose tool fields are None is sent too."""
+    tok = served[2]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]
+    out = client.generate("planner", parts, max_tokens=2, seed=1)
+    joined = client.generate("planner", [{"role": "user", "content": "hi\nthere"}], max_tokens=2, seed=1)
+    assert out.prompt_token_ids == joined.prompt_token_ids
+    assert "there" in tok.decode(out.prompt_token_ids) and "'type'" not in tok.decode(out.prompt_token_ids)
+    openai_style = [{**m, "tool_calls": None, "name": None} for m in MSG]
+    assert client.generate("planner", openai_style, max_tokens=2).prompt_token_ids == chat_to_ids(tok, MSG)
+
+
 def test_n_completions_and_seeds_are_reproducible(client):
     a = client.generate("planner", MSG, n=3, max_tokens=6, seed=11)
     b = client.generate("planner", MSG, n=3, max_tokens=6, seed=11)

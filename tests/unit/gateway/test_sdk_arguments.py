@@ -26,6 +26,24 @@ ADDRESS = "127.0.0.1:1"
             {"messages": [{"role": "user", "content": None}]},
             r"^messages\[0\]\.content is None; content is required",
         ),
+        # never rendered with str() nor dropped: the model would see (and the job train on) another prompt
+        (
+            {"messages": [{"role": "user", "content": 5}]},
+            r"^messages\[0\]\.content must be a string .*got int 5",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            r"^messages\[0\]\.content\[0\] must be a text part",
+        ),
+        (
+            {"messages": [*MSG, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]},
+            r"^messages\[1\]\.tool_calls: the gRPC Generate call carries only 'role' and 'content'",
+        ),
+        (
+            {"messages": [*MSG, {"role": "tool", "content": "18C", "tool_call_id": "c1"}]},
+            r"^messages\[1\]\.tool_call_id: ",
+        ),
+        ({"messages": [{"role": 3, "content": "x"}]}, r"^messages\[0\]\.role must be a string"),
         ({"stop": ["ok", "\ud83d"]}, r"\bstop must be .*valid Unicode that UTF-8 can carry"),
         ({"episode_id": "e\ud800"}, r"\bepisode_id must be .*valid Unicode that UTF-8 can carry"),
         ({"idempotency_key": "\udc00"}, r"\bidempotency_key must be .*valid Unicode that UTF-8 can carry"),
