@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ class GatewayHost:
             "grpc": grpc_address,
             "models": [m.id for m in gateway.models()],
         }
-        (run_dir / "gateway.json").write_text(json.dumps(self.address, indent=2) + "\n")
+        self._write_address()
         trained = (
             "" if sink is not None else " (rollout.source=builtin: reported episodes are not trained on)"
         )
@@ -195,9 +196,22 @@ class GatewayHost:
             _LOG.warning("%d reported episodes were never trained: %s", self.untrained_external, why)
 
     def refresh(self) -> None:
-        """Make the actors' new versions servable (and their ``agent@VERSION`` names); no-op when not running."""
+        """Make the actors' new versions servable (and their ``agent@VERSION`` names) and rewrite
+        ``gateway.json`` with the models now served; no-op when not running."""
         if self.backend is not None:
             self.backend.refresh()
+            if self.gateway is not None and self.address is not None:
+                self.address["models"] = [m.id for m in self.gateway.models()]
+                self._write_address()
+
+    def _write_address(self) -> None:
+        """Write :attr:`address` to ``<run_dir>/gateway.json`` atomically (a reader sees the old file or the new
+        one, never a part)."""
+        assert self.run_dir is not None
+        path = self.run_dir / "gateway.json"
+        tmp = path.with_name(".gateway.json.tmp")
+        tmp.write_text(json.dumps(self.address, indent=2) + "\n")
+        os.replace(tmp, path)
 
     def stats(self) -> dict[str, float]:
         """The gateway's counters (:meth:`~services.gateway.core.gateway.Gateway.stats`), read on its loop; empty

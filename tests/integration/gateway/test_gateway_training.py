@@ -359,6 +359,13 @@ class _ExternalClient:
                     # are still servable as agent_1@0.
                     versions = self._versions(http)
                     assert versions == {"agent_1": 1, "agent_2": 1, "agent_3": 0}
+                    # gateway.json follows the syncs: it lists what /models serves now
+                    served = [m["id"] for m in http.get("/models").json()["data"]]
+                    listed, until = json.loads(path.read_text())["models"], time.monotonic() + 10
+                    while listed != served and time.monotonic() < until:  # written just after the sync
+                        time.sleep(0.1)
+                        listed = json.loads(path.read_text())["models"]
+                    assert "agent_1@1" in served and listed == served, (listed, served)
                     again = self._greedy(http, "agent_3")
                     assert again["choices"][0]["token_ids"] == first["agent_3"]["choices"][0]["token_ids"]
                     assert again["choices"][0]["logprobs"] == first["agent_3"]["choices"][0]["logprobs"]
