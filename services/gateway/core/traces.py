@@ -350,7 +350,7 @@ class EpisodeTracker:
         Args:
             episode_id: The episode.
             rewards: Per agent, its return for the episode (agents without an entry get the sum of their call
-                rewards, or 0).
+                rewards; every trained agent that made calls needs one or the other).
             call_rewards: Per call id, a reward for that call (its turn's reward; merged calls add up).
             group_id: The episode's group (the problem id); it must match one sent with the calls; empty = the
                 group sent with the calls, or, without one, the episode is a group of its own.
@@ -370,7 +370,9 @@ class EpisodeTracker:
             FailedPreconditionError: The episode was already reported, or abandoned, or calls of it are still
                 running, or ``group_id`` differs from the group its calls were made under (both are named).
             InvalidArgumentError: An agent in ``rewards`` that is not trained, or that made no recorded call in
-                the episode (unless ``failed``; the agents that did are named), a call id the episode did not
+                the episode (unless ``failed``; the agents that did are named), a trained agent that made calls
+                but gets no reward (neither in ``rewards`` nor through ``call_rewards``; unless ``failed``;
+                named), a call id the episode did not
                 make, a reward that is not a finite number, a negative ``group_size`` or one above
                 ``max_group_size``, a ``group_size`` > 1 for an episode without a group id (neither in the
                 report nor with its calls: it is a group of one, so it could never be complete), or a
@@ -413,6 +415,27 @@ class EpisodeTracker:
             members = (len(held.members) if held is not None else 0) + 1
             return members if members >= group_size else 0
         return 1
+
+    def _check_every_caller_rewarded(
+        self, episode_id: str, ep: _Episode, rewards: dict[str, float], call_rewards: dict[str, float]
+    ) -> None:
+        """Raises InvalidArgumentError naming the trained agents that made calls in the episode but get no reward
+        from the report (no entry in ``rewards``, none of their calls in ``call_rewards``): a forgotten agent
+        would silently train as reward 0."""
+        missing = sorted(
+            a
+            for a, trace in ep.agents.items()
+            if trace.calls
+            and a in self.trainable
+            and a not in rewards
+            and not any(c in call_rewards for ids in trace.call_ids for c in ids)
+        )
+        if missing:
+            raise InvalidArgumentError(
+                f"the report of episode {episode_id!r} gives no reward to {missing}, which made calls in it "
+                "(neither in rewards nor for their calls in call_rewards): it would train as reward 0; report "
+                f"{{{missing[0]!r}: 0.0}} if 0 is meant, or failed=true to drop the episode"
+            )
 
     def _check_report(
         self,
@@ -466,6 +489,8 @@ class EpisodeTracker:
             raise InvalidArgumentError(
                 f"call_rewards name call {bad[0]!r}, which episode {episode_id!r} did not make"
             )
+        if not failed:
+            self._check_every_caller_rewarded(episode_id, ep, rewards, call_rewards or {})
         if group_size > 1 and not failed and not (group_id or ep.group_id):
             raise InvalidArgumentError(
                 f"group_size is {group_size} but episode {episode_id!r} has no group_id (neither in the report "

@@ -113,7 +113,7 @@ def test_limits_are_enforced_at_their_edge():
     t.record("e2", "a", "c3", gen([1], [2]))
     with pytest.raises(ResourceExhaustedError, match="max_open_episodes"):
         t.check_can_record("e3", "a")
-    t.finish("e1", {})
+    t.finish("e1", {"a": 0.0})
     t.check_can_record("e3", "a")  # a report frees a slot
 
 
@@ -133,6 +133,19 @@ def test_bad_reports_are_refused_by_name():
     t.finish("e", {"a": 1.0})
     with pytest.raises(FailedPreconditionError, match="already reported"):
         t.finish("e", {"a": 1.0})
+
+
+def test_a_report_that_forgets_an_agent_that_made_calls_is_refused_naming_it():
+    """An agent that made calls needs a reward (in rewards, or through its calls' call_rewards): left out, it
+    would train as reward 0 without a word. A failed report needs none."""
+    t = tracker()
+    for agent, call in (("a", "c1"), ("b", "c2")):
+        t.record("e", agent, call, gen([1], [2]))
+    with pytest.raises(InvalidArgumentError, match=r"gives no reward to \['b'\], which made calls"):
+        t.finish("e", {"a": 1.0})
+    t.finish("e", {"a": 1.0}, call_rewards={"c2": 0.5})  # b's reward is its call's
+    t.record("f", "b", "c3", gen([1], [2]))
+    t.finish("f", {}, failed=True)
 
 
 def test_a_report_or_call_naming_another_group_than_the_calls_is_refused_naming_both():
