@@ -230,6 +230,18 @@ def test_streaming_events_of_text_and_function_calls(gateway):
     )
 
 
+def test_a_stream_cut_at_max_output_tokens_ends_with_response_incomplete(gateway):
+    """As docs/gateway.md says: the stream's last event is response.incomplete with the cut response, and the
+    openai client's stream helper, which wants response.completed, raises on get_final_response()."""
+    client = _client(gateway[0])
+    with client.responses.stream(model="a", input="Hi", max_output_tokens=1) as s:
+        events = list(s)
+        with pytest.raises(RuntimeError, match="response.completed"):
+            s.get_final_response()
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+
+
 def test_bad_requests_name_the_field(gateway):
     root, _ = gateway
     client = _client(root)
