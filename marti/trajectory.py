@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,13 @@ def check_identity(episode_id: str, agent_id: str, policy_version: int) -> None:
         raise InvalidArgumentError("trajectory.agent_id must be a non-empty string")
     if policy_version < 0:
         raise InvalidArgumentError(f"trajectory.policy_version must be >= 0, got {policy_version}")
+
+
+def check_token_ids(where: str, ids: Sequence[int]) -> None:
+    """Raises InvalidArgumentError naming ``where`` (``trajectory.turns[0].prompt_token_ids``) and the value when
+    ``ids`` holds a negative token id (a vocabulary index is >= 0)."""
+    if len(ids) and min(ids) < 0:
+        raise InvalidArgumentError(f"{where} holds the negative token id {min(ids)}")
 
 
 @dataclass(slots=True)
@@ -146,6 +154,8 @@ class Trajectory:
                 raise InvalidArgumentError(
                     f"{where}.response_logprobs has {n_lp} values but response_token_ids has {n_resp}"
                 )
+            for name in ("prompt_token_ids", "response_token_ids"):
+                check_token_ids(f"{where}.{name}", getattr(turn, name))
             if turn.reward is not None and not math.isfinite(turn.reward):
                 raise InvalidArgumentError(f"{where}.reward must be finite, got {turn.reward}")
             if any(not math.isfinite(x) for x in turn.response_logprobs):

@@ -7,14 +7,14 @@ import math
 import numbers
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.codec.chunks import compress_chunks, decompress_chunks, pack_chunks, unpack_chunks
 from marti.errors import InvalidArgumentError
 from marti.experience_types import SampleFilter, TableConfig, parse_table_config
-from marti.trajectory import Trajectory, TrajectorySummary, Turn, check_identity
+from marti.trajectory import Trajectory, TrajectorySummary, Turn, check_identity, check_token_ids
 
 
 def _json_obj(text: str, where: str) -> dict[str, Any]:
@@ -145,6 +145,17 @@ def _ids(m: pb.Turn, name: str, i: int) -> list[int]:
     return _unpack("i", packed, f"trajectory.turns[{i}].{name}_i32le") if packed else list(getattr(m, name))
 
 
+def _id_view(m: pb.Turn, name: str, i: int) -> Sequence[int]:
+    """The token ids of field ``name`` of turn ``i`` without a copy where the machine is little-endian (a view of
+    the packed bytes, or the repeated field itself)."""
+    packed = getattr(m, f"{name}_i32le")
+    if not packed:
+        return getattr(m, name)
+    if _SWAP or len(packed) % 4:
+        return _ids(m, name, i)
+    return memoryview(packed).cast("i")
+
+
 def _logprobs(m: pb.Turn, i: int) -> list[float]:
     packed = m.response_logprobs_f32le
     if packed:
@@ -237,12 +248,13 @@ def trajectory_from_proto(msg: pb.Trajectory) -> Trajectory:
 
 
 def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
-    """Validate a proto trajectory and return its summary, without copying token arrays.
+    """Validate a proto trajectory and return its summary, without copying token arrays (on a little-endian
+    machine).
 
     Raises:
         InvalidArgumentError: naming the field: empty ``episode_id``/``agent_id``, negative
-            ``policy_version`` or ``created_at_s``, decreasing or negative ``step``, logprobs whose count is
-            neither 0 nor the response length, non-finite ``reward`` or logprobs, ``metadata_json`` or
+            ``policy_version`` or ``created_at_s``, decreasing or negative ``step``, a negative token id, logprobs
+            whose count is neither 0 nor the response length, non-finite ``reward`` or logprobs, ``metadata_json`` or
             ``info_json`` that is not a JSON object.
     """
     check_identity(msg.episode_id, msg.agent_id, msg.policy_version)
@@ -268,6 +280,8 @@ def summarize_proto(msg: pb.Trajectory) -> TrajectorySummary:
                 )
             if packed and len(getattr(t, name.rsplit("_", 1)[0])):
                 raise InvalidArgumentError(f"trajectory.turns[{i}] sets both {name} and its repeated field")
+        for name in ("prompt_token_ids", "response_token_ids"):
+            check_token_ids(f"trajectory.turns[{i}].{name}", _id_view(t, name, i))
         n_prompt = len(t.prompt_token_ids) or len(t.prompt_token_ids_i32le) // 4
         n_resp = len(t.response_token_ids) or len(t.response_token_ids_i32le) // 4
         n_lp = len(t.response_logprobs) or len(t.response_logprobs_f32le) // 4

@@ -91,3 +91,14 @@ def test_encoded_roundtrip_and_limits():
 def test_table_config_roundtrip(cfg):
     c = parse_table_config(cfg)
     assert convert.table_config_from_proto(convert.table_config_to_proto(c)) == c
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("name", ["prompt_token_ids", "response_token_ids"])
+def test_a_negative_token_id_is_refused_naming_the_turn_and_field(packed, name):
+    """What the store checks on every insert over gRPC (packed or repeated fields): a vocabulary index is >= 0."""
+    turn = Turn(step=0, prompt_token_ids=[1, 2], response_token_ids=[3, 4])
+    setattr(turn, name, [7, -5])
+    msg = convert.trajectory_to_proto(Trajectory("e", "a", turns=[Turn(step=0), turn]), packed=packed)
+    with pytest.raises(InvalidArgumentError, match=rf"turns\[1\]\.{name} holds the negative token id -5"):
+        convert.summarize_proto(msg)

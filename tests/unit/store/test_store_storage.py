@@ -120,6 +120,11 @@ def test_trajectory_validate_names_field():
         t.validate()
     with pytest.raises(InvalidArgumentError, match="policy_version"):
         make_traj(version=-1).validate()
+    for name in ("prompt_token_ids", "response_token_ids"):
+        t = make_traj()
+        setattr(t.turns[0], name, [3, -5])
+        with pytest.raises(InvalidArgumentError, match=rf"turns\[0\]\.{name} holds the negative token id -5"):
+            t.validate()
     assert time.time() - Trajectory("e", "a").created_at < 5
 
 
