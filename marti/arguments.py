@@ -221,9 +221,12 @@ def describe(tp: Any) -> str:
     """Words for what an annotation asks for (``"an integer within 64 bits or None"``)."""
     if tp is None or tp is type(None):
         return "None"
+    if tp is Any:
+        return "anything"
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(describe(m) for m in typing.get_args(tp))
+        members = typing.get_args(tp)
+        return "anything" if Any in members else " or ".join(describe(m) for m in members)
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     words = {

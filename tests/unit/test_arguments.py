@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import marti
 from marti.arguments import checked
 from marti.errors import InvalidArgumentError
 
@@ -72,3 +73,16 @@ def test_text_utf8_cannot_carry_is_refused_naming_the_argument(kwargs, named):
     with pytest.raises(InvalidArgumentError, match=rf"^_texts: {named} must be .*no lone surrogate\)$"):
         _texts(**kwargs)
     assert _texts("a\x00b é 😀") == "a\x00b é 😀"
+
+
+def test_a_refusal_words_any_as_anything():
+    """An argument annotated with Any in it is worded plainly (it read 'a mapping of a string to a Any or None')."""
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from marti.arguments import describe
+
+    assert describe(Sequence[Mapping[str, Any | None]]) == "a sequence of a mapping of a string to anything"
+    with marti.InferenceClient("127.0.0.1:1", token="t", timeout_s=1) as client:
+        with pytest.raises(InvalidArgumentError, match="a sequence of a mapping of a string to anything or None, got .hi. \\(str\\)"):
+            client.generate("planner", messages="hi")
