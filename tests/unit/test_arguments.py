@@ -84,5 +84,8 @@ def test_a_refusal_words_any_as_anything():
 
     assert describe(Sequence[Mapping[str, Any | None]]) == "a sequence of a mapping of a string to anything"
     with marti.InferenceClient("127.0.0.1:1", token="t", timeout_s=1) as client:
-        with pytest.raises(InvalidArgumentError, match="a sequence of a mapping of a string to anything or None, got .hi. \\(str\\)"):
+        with pytest.raises(
+            InvalidArgumentError,
+            match="a sequence of a mapping of a string to anything or None, got .hi. \\(str\\)",
+        ):
             client.generate("planner", messages="hi")
