@@ -69,12 +69,15 @@ def _hold_grpc_core() -> None:
     shutdown winds down left children whose first gRPC call hung for good (measured with grpcio 1.85.1,
     a parent closing its only async client and forking at once: about 1 child in 100; none in 300 with the
     core held, ``tests/integration/rpc/test_fork_aio_clients.py``). The ``grpc.aio`` poller thread still
-    ends with the last aio channel.
+    ends with the last aio channel. This calls grpcio's private ``cygrpc.fork_handlers_and_grpc_init``; a grpcio
+    without it leaves the core as it is (the race above comes back, nothing else breaks).
     """
     global _MADE_AIO_CHANNEL
     if not _MADE_AIO_CHANNEL:
         _MADE_AIO_CHANNEL = True
-        cygrpc.fork_handlers_and_grpc_init()
+        init = getattr(cygrpc, "fork_handlers_and_grpc_init", None)  # private to grpcio: may go in a release
+        if init is not None:
+            init()
 
 
 def _before_fork() -> None:
