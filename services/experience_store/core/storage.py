@@ -79,10 +79,16 @@ class TableRow:
 
 @dataclass(slots=True)
 class LoadedState:
-    """Everything :meth:`Storage.load` restores: tables and item records in insertion order."""
+    """Everything :meth:`Storage.load` restores: tables and item records in insertion order.
+
+    ``max_key`` and ``max_seq`` are the highest item key and sequence number ever committed (0 = none), kept even
+    when those items were deleted, so that keys are never reused after a restart.
+    """
 
     tables: list[TableRow]
     items: list[ItemRecord]
+    max_key: int = 0
+    max_seq: int = 0
 
 
 class CommitTicket:
@@ -236,7 +242,14 @@ CREATE TABLE IF NOT EXISTS items (
     num_turns INTEGER NOT NULL, num_bytes INTEGER NOT NULL, group_id TEXT NOT NULL DEFAULT '',
     group_size INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS payloads (key INTEGER PRIMARY KEY, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+# High-water marks of item keys and sequence numbers, raised in the transaction that inserts the items, so that a
+# restart continues above them even when the items holding them were deleted (keys are never reused).
+_RAISE_MARK = (
+    "INSERT INTO counters(name, value) VALUES (?, ?) "
+    "ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value)"
+)
 _V1_COLS = (
     "key, table_name, seq, priority, times_sampled, inserted_at, episode_id, session, agent_id, role, "
     "policy_version, created_at, num_turns, num_bytes"
@@ -410,7 +423,12 @@ class SqliteStorage(Storage):
                 for name, cfg, counters in self._rconn.execute("SELECT name, config, counters FROM tables")
             ]
             rows = self._rconn.execute(f"SELECT {_ITEM_COLS} FROM items ORDER BY seq").fetchall()
-        return LoadedState(tables, [ItemRecord(*row) for row in rows])
+            marks = dict(self._rconn.execute("SELECT name, value FROM counters").fetchall())
+        items = [ItemRecord(*row) for row in rows]
+        # a database written before the marks existed: its items are the best lower bound there is
+        max_key = max([marks.get("max_key", 0), *(r.key for r in items)])
+        max_seq = max([marks.get("max_seq", 0), *(r.seq for r in items)])
+        return LoadedState(tables, items, max_key, max_seq)
 
     def save_table(self, name: str, config_json: str) -> None:
         self._enqueue(_Op(name, (), (), (), None, config_json)).wait()
@@ -489,6 +507,8 @@ class SqliteStorage(Storage):
                 if op.item_rows:
                     conn.executemany(_INSERT_ITEM, op.item_rows)
                     conn.executemany("INSERT INTO payloads(key, payload) VALUES (?, ?)", op.payload_rows)
+                    conn.execute(_RAISE_MARK, ("max_key", max(r[0] for r in op.item_rows)))
+                    conn.execute(_RAISE_MARK, ("max_seq", max(r[2] for r in op.item_rows)))
                 if op.updates:
                     conn.executemany(
                         "UPDATE items SET priority = ?, times_sampled = ? WHERE key = ?",

@@ -110,10 +110,8 @@ class ExperienceStore:
         self._stop = threading.Event()
         self._snapshot_thread: threading.Thread | None = None
         state = self.storage.load()
-        max_key = max((r.key for r in state.items), default=0)
-        max_seq = max((r.seq for r in state.items), default=0)
-        self._next_key: Callable[[], int] = itertools.count(max_key + 1).__next__
-        self._next_seq: Callable[[], int] = itertools.count(max_seq + 1).__next__
+        self._next_key: Callable[[], int] = itertools.count(state.max_key + 1).__next__
+        self._next_seq: Callable[[], int] = itertools.count(state.max_seq + 1).__next__
         given = {t.name: t for t in tables}
         by_table: dict[str, list[ItemRecord]] = {}
         for rec in state.items:

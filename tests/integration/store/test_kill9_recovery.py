@@ -103,3 +103,31 @@ def test_kill9_keeps_every_confirmed_insert(tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_keys_are_not_reused_after_a_restart_that_follows_deleting_the_newest(tmp_path):
+    """The key counter survives a restart (SIGTERM) even when the items with the highest keys were deleted: a
+    priority update of a deleted key must not land on a new item."""
+    cfg = tmp_path / "tables.yaml"
+    cfg.write_text("tables:\n  - {name: r, preset: prioritized, remover: fifo, max_size: 100}\n")
+    data = tmp_path / "data"
+    proc, addr = start(data, cfg)
+    try:
+        c = ExperienceSharingClient("a1", addr, timeout_s=10)
+        keys = [c.share_experience(traj(i), table="r", priority=1.0) for i in range(3)]
+        assert c.delete("r", ["ep2"]) == 1
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    proc, addr = start(data, cfg)
+    try:
+        c = ExperienceSharingClient("a1", addr, timeout_s=10)
+        new_key = c.share_experience(traj(3), table="r", priority=1.0)
+        assert new_key > max(keys), (new_key, keys)
+        c.update_priorities("r", {keys[-1]: 9.0})
+        assert {s.key: s.priority for s in c.get_items(agent_id="a1", tables=["r"])}[new_key] == 1.0
+        c.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
