@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from marti.errors import MartiError
 
 #: Default largest message a server accepts or sends, in bytes (64 MiB). Client and server use the same value.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -125,4 +128,22 @@ def load_settings(cls: type[S], flags: Mapping[str, Any], prog: str) -> S:
         return cls(**flags)
     except (ValidationError, SettingsError) as exc:
         print(f"{prog}: error: {settings_error_line(cls, flags, exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+@contextlib.contextmanager
+def refusals_exit(prog: str) -> Iterator[None]:
+    """Turn a :class:`~marti.errors.MartiError` raised while a service starts (its data dir in use, a bad tables
+    file) into one line on stderr and exit code 2, like a bad setting (:func:`load_settings`).
+
+    Args:
+        prog: The command, for the message (``"marti store"``).
+
+    Raises:
+        SystemExit: Exit code 2 after printing ``PROG: error: MESSAGE`` on stderr (no traceback).
+    """
+    try:
+        yield
+    except MartiError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -10,7 +10,7 @@ import argparse
 import gc
 
 from marti.rpc.server import run_server
-from marti.rpc.settings import load_settings
+from marti.rpc.settings import load_settings, refusals_exit
 
 from .servicer import broker_service
 from .settings import BrokerSettings
@@ -52,9 +52,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         The process exit code (0 after a clean shutdown).
+
+    Raises:
+        SystemExit: Code 2 with one line on a bad setting or a data dir another broker holds.
     """
     settings = settings_from_args(argv)
-    spec = broker_service(settings)
+    with refusals_exit("marti broker"):
+        spec = broker_service(settings)
     tune_gc(settings.gc_gen0_threshold)
     return run_server([spec], settings)
 

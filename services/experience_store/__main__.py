@@ -9,7 +9,7 @@ from pathlib import Path
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.experience_types import parse_tables_yaml
 from marti.rpc.server import ServiceSpec, run_server
-from marti.rpc.settings import load_settings
+from marti.rpc.settings import load_settings, refusals_exit
 
 from .core.storage import MemoryStorage, SqliteStorage
 from .core.store import ExperienceStore
@@ -64,7 +64,8 @@ def make_spec(settings: StoreSettings) -> tuple[ServiceSpec, ExperienceServicer]
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, build settings (flags > ``MARTI_STORE_*`` env > defaults) and serve until a signal. A bad
-    setting exits with code 2 and one line naming it (:func:`marti.rpc.settings.load_settings`).
+    setting exits with code 2 and one line naming it (:func:`marti.rpc.settings.load_settings`), as does a data dir
+    another store holds (:func:`marti.rpc.settings.refusals_exit`).
 
     Returns:
         Process exit code.
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     settings = load_settings(StoreSettings, overrides, "marti store")
     logging.basicConfig(level=settings.log_level)
-    spec, _ = make_spec(settings)
+    with refusals_exit("marti store"):
+        spec, _ = make_spec(settings)
     return run_server([spec], settings)
 
 

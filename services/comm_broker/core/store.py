@@ -20,6 +20,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 
+from marti.dir_lock import DirLock
 from marti.errors import InvalidArgumentError
 
 from .types import AgentState, DeadLetter, Envelope
@@ -167,6 +168,8 @@ class SqliteStore(Store):
 
     Raises:
         InvalidArgumentError: If ``data_dir`` exists and is not a folder.
+        FailedPreconditionError: another broker holds ``data_dir`` (an exclusive lock on ``<data_dir>/.lock``
+            until :meth:`close` or the process ends); the folder and the holder's pid are named.
     """
 
     durable = True
@@ -174,7 +177,8 @@ class SqliteStore(Store):
     def __init__(self, data_dir: str, fsync: bool = False) -> None:
         if os.path.exists(data_dir) and not os.path.isdir(data_dir):
             raise InvalidArgumentError(f"data dir {data_dir!r} is not a folder")
-        os.makedirs(data_dir, exist_ok=True)
+        self._dir_lock = DirLock(data_dir, "broker data dir", advice="give this broker another --data-dir")
+        self._dir_lock.lock()
         self.path = os.path.join(data_dir, "broker.sqlite3")
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -372,5 +376,7 @@ class SqliteStore(Store):
         self._tx([("DELETE FROM dedup WHERE session=? AND seen_at<?", (session, seen_before))])
 
     def close(self) -> None:
-        """Checkpoints nothing extra; closes the connection (the WAL is replayed on next open)."""
+        """Checkpoints nothing extra; closes the connection (the WAL is replayed on next open), releases the
+        data dir."""
         self._db.close()
+        self._dir_lock.unlock()

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from marti.dir_lock import DirLock
 from marti.errors import InternalError, InvalidArgumentError, MartiError, UnavailableError
 from marti.experience_types import CheckpointResult
 
@@ -329,6 +330,8 @@ class SqliteStorage(Storage):
     Raises:
         InvalidArgumentError: naming a bad ``synchronous``, ``keep_snapshots``, ``cache_mib``, ``page_size``,
             ``group_max_bytes`` or ``checkpoint_mib``.
+        FailedPreconditionError: another store holds ``data_dir`` (an exclusive lock on ``<data_dir>/.lock``
+            until :meth:`close` or the process ends); the folder and the holder's pid are named.
     """
 
     def __init__(
@@ -354,7 +357,8 @@ class SqliteStorage(Storage):
         if not checkpoint_mib > 0:
             raise InvalidArgumentError(f"checkpoint_mib must be > 0, got {checkpoint_mib}")
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = DirLock(self.data_dir, "store data dir", advice="give this store another --data-dir")
+        self._dir_lock.lock()
         self.path = self.data_dir / "store.sqlite"
         self.snapshot_dir = self.data_dir / "snapshots"
         self.keep_snapshots = keep_snapshots
@@ -628,3 +632,4 @@ class SqliteStorage(Storage):
         with self._rlock:
             self._rconn.close()
         self._wconn.close()
+        self._dir_lock.unlock()

@@ -15,9 +15,7 @@ by :meth:`~services.trainer.job.loop.TrainingLoop.run` when no caller prepared t
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import fcntl
 import json
 import os
 import shutil
@@ -27,9 +25,9 @@ from typing import Any
 import yaml
 
 from marti.config import TrainConfig, dump_config
+from marti.dir_lock import LOCK_FILE, DirLock
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 
-LOCK_FILE = ".lock"
 HISTORY_FILE = "config_history.jsonl"
 
 
@@ -126,7 +124,9 @@ class RunFolder:
         self.run_dir = Path(run_dir)
         self.resume_from: Path | None = None
         self.prepared = False
-        self._fd: int | None = None
+        self._lock = DirLock(
+            self.run_dir, "run folder", "job", "wait for it to end or give this job another output.dir"
+        )
 
     def lock(self) -> None:
         """Take the folder's lock for this job (released by :meth:`unlock` or when the process ends).
@@ -134,28 +134,11 @@ class RunFolder:
         Raises:
             FailedPreconditionError: Another job holds it (the folder and its pid are named).
         """
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise FailedPreconditionError(
-                f"run folder {self.run_dir} is in use by another job (pid {holder}); wait for it to end or give "
-                "this job another output.dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
+        self._lock.lock()
 
     def unlock(self) -> None:
         """Release the lock (idempotent)."""
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        self._lock.unlock()
 
     def holds_a_run(self) -> bool:
         """True when the folder holds a run: ``config.yaml`` (written once a job has started), a checkpoint or

@@ -9,15 +9,21 @@ def env(mid: str, seq: int = 0, **kw) -> Envelope:
     return Envelope(message_id=mid, sender="a", payload=mid.encode(), receivers=("b",), sequence=seq, **kw)
 
 
+def crashed(store: SqliteStore) -> None:
+    """What a crash leaves: the database as committed; the kernel drops the data dir's lock with the process."""
+    store._dir_lock.unlock()
+
+
 def test_restart_keeps_unacked_drops_acked_and_keeps_states(tmp_path):
-    b = Broker(BrokerLimits(), SqliteStore(str(tmp_path)))
+    store = SqliteStore(str(tmp_path))
+    b = Broker(BrokerLimits(), store)
     b.create_session("s", ["a", "b"], dictionary=b"dict-bytes")
     b.send("s", "a", [env("m1", 1), env("m2", 2), env("m3", 3)])
     b.receive("s", "b", 2)
     b.ack("s", "b", ["m1"])  # m2 in flight, m3 pending
     b.put_state("s", "a", b'{"turn": 3}')
     b.join("s", "b", ["news"])
-    # no close(): simulates a crash (the WAL holds every committed transaction)
+    crashed(store)  # no close(): the WAL holds every committed transaction
     b2 = Broker(BrokerLimits(), SqliteStore(str(tmp_path)))
     got = b2.receive("s", "b", 10)
     assert [(d.envelope.message_id, d.envelope.payload, d.attempt) for d in got] == [
@@ -35,19 +41,23 @@ def test_restart_keeps_unacked_drops_acked_and_keeps_states(tmp_path):
 def test_dead_letters_and_session_expiry_persist(tmp_path):
     clock = [0.0]
     limits = BrokerLimits(ack_timeout_s=1, max_delivery_attempts=1, session_idle_s=100)
-    b = Broker(limits, SqliteStore(str(tmp_path)), clock=lambda: clock[0])
+    store = SqliteStore(str(tmp_path))
+    b = Broker(limits, store, clock=lambda: clock[0])
     b.send("s", "a", [env("m1")])
     b.send("gone", "a", [env("m1")])
     b.receive("s", "b", 1)
     clock[0] = 2
     b.tick()
-    b2 = Broker(limits, SqliteStore(str(tmp_path)), clock=lambda: clock[0])
+    crashed(store)
+    store = SqliteStore(str(tmp_path))
+    b2 = Broker(limits, store, clock=lambda: clock[0])
     assert [d.envelope.message_id for d in b2.read_dead_letters("s", 10)] == ["m1"]
     assert b2.receive("s", "b", 10) == []
     clock[0] = 500
     b2.read_dead_letters("s", 10, remove=True)
     b2.session("s")  # touch s only
     b2.tick()
+    crashed(store)
     b3 = Broker(limits, SqliteStore(str(tmp_path)), clock=lambda: clock[0])
     assert set(b3.sessions) == {"s"}
     assert b3.read_dead_letters("s", 10) == []
