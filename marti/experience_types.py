@@ -23,7 +23,9 @@ and signature. YAML example (see docs/experience_store.md)::
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -347,24 +349,56 @@ def parse_table_config(data: dict[str, Any]) -> TableConfig:
         raise InvalidArgumentError(f"bad config for table {name!r}: " + "; ".join(parts)) from None
 
 
-def parse_tables_yaml(text: str) -> list[TableConfig]:
+def parse_tables_yaml(text: str, source: str = "tables config") -> list[TableConfig]:
     """Parse a tables YAML document (``tables:`` list, see module docstring).
 
+    Args:
+        text: The YAML text.
+        source: What messages call the document (a file's path: :func:`read_tables_yaml`).
+
     Raises:
-        InvalidArgumentError: on YAML errors, unknown top-level keys, duplicate names or bad table configs.
+        InvalidArgumentError: one line starting with ``source``, on YAML errors (with line and column), unknown
+            top-level keys, duplicate names or bad table configs (naming the table and the key).
     """
     import yaml
 
     try:
         doc = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise InvalidArgumentError(f"tables config is not valid YAML: {e}") from None
+        raise InvalidArgumentError(f"{source}: not valid YAML: {_yaml_error_line(e)}") from None
     if not isinstance(doc, dict) or set(doc) - {"tables"}:
         extra = sorted(set(doc) - {"tables"}) if isinstance(doc, dict) else doc
-        raise InvalidArgumentError(f"tables config must be a mapping with only a 'tables' key, got {extra!r}")
-    tables = [parse_table_config(t) for t in doc.get("tables") or []]
+        raise InvalidArgumentError(f"{source} must be a mapping with only a 'tables' key, got {extra!r}")
+    try:
+        tables = [parse_table_config(t) for t in doc.get("tables") or []]
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"{source}: {e}") from None
     names = [t.name for t in tables]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
-        raise InvalidArgumentError(f"duplicate table names in config: {sorted(dup)}")
+        raise InvalidArgumentError(f"{source}: duplicate table names: {sorted(dup)}")
     return tables
+
+
+def read_tables_yaml(path: str | os.PathLike[str]) -> list[TableConfig]:
+    """Read and parse a tables YAML file (``marti store --config``).
+
+    Raises:
+        InvalidArgumentError: one line naming the file: it cannot be read, or any error of
+            :func:`parse_tables_yaml`.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise InvalidArgumentError(
+            f"cannot read tables config file {str(path)!r}: {e.strerror or e}"
+        ) from None
+    return parse_tables_yaml(text, source=f"tables config {str(path)!r}")
+
+
+def _yaml_error_line(e: Exception) -> str:
+    """One line for a YAML error: its problem and where (``line L, column C``), else its text joined."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(e).split())

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
-from marti.experience_types import parse_tables_yaml
+from marti.experience_types import read_tables_yaml
 from marti.rpc.server import ServiceSpec, run_server
 from marti.rpc.settings import load_settings, refusals_exit
 
@@ -21,9 +20,10 @@ def build_store(settings: StoreSettings) -> ExperienceStore:
     """Open the storage (SQLite under ``data_dir`` or memory), restore it and create the configured tables.
 
     Raises:
-        InvalidArgumentError: for a bad tables YAML or storage setting.
+        InvalidArgumentError: for an unreadable or bad tables YAML (naming the file) or a bad storage setting.
+        FailedPreconditionError: another store holds ``data_dir``.
     """
-    tables = parse_tables_yaml(Path(settings.config).read_text()) if settings.config else []
+    tables = read_tables_yaml(settings.config) if settings.config else []
     storage = (
         SqliteStorage(
             settings.data_dir,

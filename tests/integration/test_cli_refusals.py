@@ -4,7 +4,8 @@
   server keeps its port (gRPC's default ``SO_REUSEPORT`` let a second server share it and split the clients);
 * ``marti up`` beside a running broker: it names the port instead of printing "all services SERVING";
 * a bad setting (flag or ``MARTI_<SERVICE>_*`` variable): one line naming the setting, where it came from and the
-  value, exit 2, no traceback (pydantic printed 20 lines).
+  value, exit 2, no traceback (pydantic printed 20 lines);
+* a missing, malformed or misspelt ``marti store --config`` tables file: one line naming the file, exit 2.
 """
 
 from __future__ import annotations
@@ -148,3 +149,23 @@ def test_a_bare_ipv6_host_is_bracketed_and_served():
         assert check_health(svc.address, "marti.api.broker.v1.BrokerService") == "SERVING"
     finally:
         svc.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (None, "cannot read tables config file '{path}': No such file or directory"),
+        (
+            "tables:\n  - {name: r, preset: prioritized, max_sise: 100}\n",
+            "tables config '{path}': bad config for table 'r': max_sise: Extra inputs are not permitted",
+        ),
+        ("tables:\n  - {name: r\n  x: [\n", "tables config '{path}': not valid YAML: expected ',' or '}}'"),
+    ],
+)
+def test_a_bad_store_tables_file_is_one_line_naming_it(tmp_path, text, expected):
+    path = tmp_path / "tables.yaml"
+    if text is not None:
+        path.write_text(text)
+    res = _marti("store", "--port", "0", "--config", str(path))
+    assert res.returncode == 2, res.stderr
+    assert expected.format(path=path) in _one_line(res.stderr)
