@@ -62,12 +62,13 @@ def compress_chunks(raw: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES, level: i
     return [c.compress(view[i : i + chunk_bytes]) for i in range(0, max(len(raw), 1), chunk_bytes)]
 
 
-def decompress_chunks(chunks: Sequence[bytes], max_bytes: int = 1 << 31) -> bytes:
+def decompress_chunks(chunks: Sequence[bytes], max_bytes: int = 1 << 31, limit: str = "max_bytes") -> bytes:
     """Inverse of :func:`compress_chunks`.
 
     Args:
         chunks: zstd frames.
         max_bytes: Largest accepted uncompressed total in bytes.
+        limit: How a refusal names the cap, e.g. ``"max_item_bytes"`` (it is followed by ``=max_bytes``).
 
     Raises:
         InvalidArgumentError: when a frame is not valid zstd or the output would exceed ``max_bytes``.
@@ -82,14 +83,14 @@ def decompress_chunks(chunks: Sequence[bytes], max_bytes: int = 1 << 31) -> byte
             if declared > max_bytes - total:
                 raise InvalidArgumentError(
                     f"payload chunk {i} declares {declared} uncompressed bytes; the payload would exceed "
-                    f"max_bytes={max_bytes}"
+                    f"{limit}={max_bytes}"
                 )
             part = d.decompress(ch, max_output_size=max_bytes - total) if ch else b""
         except zstandard.ZstdError as e:
             raise InvalidArgumentError(f"payload chunk {i} is not a valid zstd frame: {e}") from None
         total += len(part)
         if total > max_bytes:
-            raise InvalidArgumentError(f"payload decompresses to more than max_bytes={max_bytes}")
+            raise InvalidArgumentError(f"payload decompresses to more than {limit}={max_bytes}")
         out.append(part)
     return b"".join(out)
 

@@ -325,16 +325,17 @@ def encode_proto(msg: pb.Trajectory, chunk_bytes: int) -> pb.EncodedTrajectory:
     )
 
 
-def decode_encoded(enc: pb.EncodedTrajectory, max_bytes: int) -> pb.Trajectory:
-    """Decompress and parse an encoded trajectory.
+def decode_encoded(enc: pb.EncodedTrajectory, max_bytes: int, limit: str = "max_item_bytes") -> pb.Trajectory:
+    """Decompress and parse an encoded trajectory; ``limit`` names ``max_bytes`` in a refusal (with its setting,
+    e.g. ``"max_item_bytes (MARTI_STORE_MAX_ITEM_BYTES)"``).
 
     Raises:
-        InvalidArgumentError: for an unknown encoding, a bad zstd frame, more than ``max_bytes`` of output or
-            bytes that are not a Trajectory.
+        InvalidArgumentError: for an unknown encoding, a bad zstd frame, more than ``max_bytes`` of output (naming
+            ``limit``) or bytes that are not a Trajectory.
     """
     if enc.encoding not in (pb.ENCODING_UNSPECIFIED, pb.ENCODING_PROTO_ZSTD):
         raise InvalidArgumentError(f"unknown trajectory encoding {enc.encoding}")
-    raw = decompress_chunks(enc.chunks, max_bytes)
+    raw = decompress_chunks(enc.chunks, max_bytes, limit)
     msg = pb.Trajectory()
     try:
         msg.ParseFromString(raw)
@@ -343,21 +344,25 @@ def decode_encoded(enc: pb.EncodedTrajectory, max_bytes: int) -> pb.Trajectory:
     return msg
 
 
-def item_payload(item: pb.InsertItem, max_bytes: int, chunk_bytes: int) -> tuple[bytes, TrajectorySummary]:
-    """Return the stored payload and the validated summary of an InsertItem.
+def item_payload(
+    item: pb.InsertItem, max_bytes: int, chunk_bytes: int, limit: str = "max_item_bytes"
+) -> tuple[bytes, TrajectorySummary]:
+    """Return the stored payload and the validated summary of an InsertItem; ``limit`` names ``max_bytes`` (the
+    largest uncompressed trajectory) in a refusal.
 
     Raises:
-        InvalidArgumentError: when the item has no trajectory or the trajectory is invalid.
+        InvalidArgumentError: when the item has no trajectory, the trajectory is invalid or larger than
+            ``max_bytes`` uncompressed.
     """
     which = item.WhichOneof("data")
     if which == "encoded":
-        msg = decode_encoded(item.encoded, max_bytes)
+        msg = decode_encoded(item.encoded, max_bytes, limit)
         return pack_chunks(item.encoded.chunks), summarize_proto(msg)
     if which == "trajectory":
         summary = summarize_proto(item.trajectory)
         raw = item.trajectory.SerializeToString()
         if len(raw) > max_bytes:
-            raise InvalidArgumentError(f"trajectory of {len(raw)} bytes exceeds max_item_bytes={max_bytes}")
+            raise InvalidArgumentError(f"trajectory of {len(raw)} bytes exceeds {limit}={max_bytes}")
         return pack_chunks(compress_chunks(raw, chunk_bytes)), summary
     raise InvalidArgumentError("insert item has neither a trajectory nor an encoded trajectory")
 

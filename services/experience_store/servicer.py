@@ -30,6 +30,8 @@ from .sample_stream import SampleStream
 from .settings import StoreSettings
 
 SERVICE_NAME = "marti.api.experience.v1.ExperienceService"
+#: How an insert refusal names the item size cap: the setting and its variable (StoreSettings.max_item_bytes).
+ITEM_LIMIT = "max_item_bytes (MARTI_STORE_MAX_ITEM_BYTES)"
 
 
 class ExperienceServicer(sgrpc.ExperienceServiceServicer):
@@ -95,7 +97,7 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
                 run_table = table
             try:
                 payload, summary = convert.item_payload(
-                    item, self.settings.max_item_bytes, self.settings.chunk_bytes
+                    item, self.settings.max_item_bytes, self.settings.chunk_bytes, ITEM_LIMIT
                 )
             except MartiError as e:
                 flush()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import marti
-from marti.errors import OutOfRangeError
+from marti.errors import InvalidArgumentError, OutOfRangeError
 from marti.rpc.testing import serve_in_thread
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
@@ -58,3 +58,15 @@ def test_defaults_are_finite() -> None:
     """Every deployment has the limits, not only a configured one."""
     s = StoreSettings(port=0)
     assert 0 < s.max_sample_items <= 1 << 20 and 0 < s.max_wait_ms <= 86_400_000
+
+
+def test_an_item_past_max_item_bytes_is_refused_naming_that_setting(tmp_path) -> None:
+    """An item larger than ``max_item_bytes`` (uncompressed) is refused naming that setting and its variable, not
+    a table's ``max_bytes`` (the per-table cap, unset here)."""
+    settings = StoreSettings(port=0, data_dir=str(tmp_path), max_item_bytes=4096)
+    turn = marti.Turn(step=0, prompt_token_ids=list(range(5000)), response_token_ids=[1])
+    with serve_in_thread(lambda: [make_spec(settings)[0]], settings) as server:
+        with marti.ExperienceSharingClient("a1", server.address, timeout_s=5.0) as store:
+            with pytest.raises(InvalidArgumentError) as err:
+                store.share_experience(marti.Trajectory(episode_id="big", agent_id="a1", turns=[turn]))
+    assert "max_item_bytes (MARTI_STORE_MAX_ITEM_BYTES)=4096" in str(err.value)

@@ -71,7 +71,7 @@ def test_encoded_roundtrip_and_limits():
     enc = convert.encode_proto(msg, chunk_bytes=16)
     assert len(enc.chunks) > 3
     assert convert.decode_encoded(enc, 10_000) == msg
-    with pytest.raises(InvalidArgumentError, match="max_bytes=10"):
+    with pytest.raises(InvalidArgumentError, match="max_item_bytes=10"):
         convert.decode_encoded(enc, 10)
     with pytest.raises(InvalidArgumentError, match="zstd"):
         convert.decode_encoded(pb.EncodedTrajectory(chunks=[b"garbage"]), 10_000)
