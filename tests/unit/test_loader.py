@@ -73,7 +73,9 @@ def test_a_file_that_fails_to_run_is_a_typed_error_naming_file_and_line(tmp_path
     and the exception, never a raw traceback; once fixed, the same path loads (no broken module is kept)."""
     f = tmp_path / "my_rewards.py"
     f.write_text(source)
-    with pytest.raises(InvalidArgumentError, match=rf"exists but failed to load at {f}:{line}: {error}") as info:
+    with pytest.raises(
+        InvalidArgumentError, match=rf"exists but failed to load at {f}:{line}: {error}"
+    ) as info:
         load_attr(f"{f}:reward", files=True)
     assert info.value.__cause__ is not None
     f.write_text("def reward():\n    return 1\n")
@@ -86,7 +88,9 @@ def test_a_module_that_fails_to_run_is_not_reported_as_missing(tmp_path, monkeyp
     (tmp_path / "team_rewards_xyz.py").write_text("import no_such_dependency_xyz\n")
     (tmp_path / "broken_syntax_xyz.py").write_text("def f(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(InvalidArgumentError, match="'team_rewards_xyz' exists but failed.*no_such_dependency_xyz"):
+    with pytest.raises(
+        InvalidArgumentError, match="'team_rewards_xyz' exists but failed.*no_such_dependency_xyz"
+    ):
         load_attr("team_rewards_xyz:f")
     with pytest.raises(InvalidArgumentError, match=r"broken_syntax_xyz\.py:1: SyntaxError"):
         load_attr("broken_syntax_xyz:f")
