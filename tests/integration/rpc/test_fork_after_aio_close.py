@@ -20,6 +20,7 @@ import textwrap
 from collections.abc import Iterator
 
 import pytest
+from fork_child import CHILD_HELPERS
 from sdk_servers import ScriptedInference, serve_sdk_services
 
 TOKEN = "fork-token"
@@ -28,7 +29,7 @@ CHILD_WAIT_S = 15
 #: Children forked one after the other.
 CHILDREN = 2
 
-PROGRAM = textwrap.dedent(
+PROGRAM = CHILD_HELPERS + textwrap.dedent(
     f"""
     import asyncio, json, os, signal, sys, threading, time
     import marti, marti.aio
@@ -61,22 +62,6 @@ PROGRAM = textwrap.dedent(
         os.write(write_fd, json.dumps([seen, time.monotonic() - start]).encode())
         os._exit(0)
 
-    def wait_child(pid, read_fd):
-        deadline = time.monotonic() + {CHILD_WAIT_S}
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise SystemExit("the child hung: still running after {CHILD_WAIT_S} s")
-        with os.fdopen(read_fd) as f:
-            data = f.read()
-        assert data, ("the child reported nothing", status)
-        return json.loads(data)
-
     clients = asyncio.run(use_and_close())
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     assert not others, ("threads left after closing the async clients", others)
@@ -87,7 +72,7 @@ PROGRAM = textwrap.dedent(
             os.close(read_fd)
             child(i, write_fd)
         os.close(write_fd)
-        seen, took = wait_child(pid, read_fd)
+        seen, took = wait_child(pid, read_fd, {CHILD_WAIT_S})
         assert "parent" in seen and f"child-{{i}}" in seen, seen
         assert took < {CHILD_WAIT_S}, took
     check = marti.MartiCommClient("check", ADDRESS, session=SESSION, **KW)

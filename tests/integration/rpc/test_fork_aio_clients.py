@@ -23,37 +23,13 @@ import textwrap
 from collections.abc import Iterator
 
 import pytest
+from fork_child import CHILD_HELPERS, CHILD_WAIT_S
 
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
 
-#: The parent waits this long for its child; a child that hangs is killed and the program fails.
-CHILD_WAIT_S = 20
-
-COMMON = textwrap.dedent(
-    f"""
-    import asyncio, json, os, signal, sys, time
-
-    def wait_child(pid, read_fd, wait_s={CHILD_WAIT_S}):
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise SystemExit(f"the child hung: still running after {{wait_s}} s")
-        with os.fdopen(read_fd) as f:
-            data = f.read()
-        assert data, ("the child reported nothing", status)
-        return json.loads(data)
-
-    def report(write_fd, out):
-        os.write(write_fd, json.dumps(out).encode())
-        os._exit(0)
-
+COMMON = CHILD_HELPERS + textwrap.dedent(
+    """
     async def attempt(coro):
         start = time.monotonic()
         try:
