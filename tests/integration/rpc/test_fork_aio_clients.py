@@ -20,13 +20,9 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
 import pytest
 from fork_child import CHILD_HELPERS, CHILD_WAIT_S
-
-from marti.rpc.settings import ServerSettings
-from marti.rpc.testing import serve_in_thread
 
 COMMON = CHILD_HELPERS + textwrap.dedent(
     """
@@ -160,15 +156,9 @@ def _run(
 
 
 @pytest.fixture(scope="module")
-def broker_address() -> Iterator[str]:
-    """A broker on a free port, hosted by this test process."""
-    from services.comm_broker.servicer import broker_service
-    from services.comm_broker.settings import BrokerSettings
-
-    with serve_in_thread(
-        lambda: [broker_service(BrokerSettings(port=0))], ServerSettings(host="127.0.0.1", port=0)
-    ) as server:
-        yield server.address
+def broker_address(hosted_broker_address: str) -> str:
+    """A broker on a free port, hosted by this test process (conftest.py)."""
+    return hosted_broker_address
 
 
 def test_forked_child_gets_forked_aio_error_and_the_buffered_message_stays(broker_address, tmp_path):

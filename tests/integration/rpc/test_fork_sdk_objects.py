@@ -24,7 +24,6 @@ from collections.abc import Iterator
 import pytest
 from fork_child import CHILD_HELPERS, CHILD_WAIT_S
 
-from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
 
 COMMON = CHILD_HELPERS
@@ -158,15 +157,9 @@ def env_address() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def broker_address() -> Iterator[str]:
-    """A broker on a free port, hosted by this test process."""
-    from services.comm_broker.servicer import broker_service
-    from services.comm_broker.settings import BrokerSettings
-
-    with serve_in_thread(
-        lambda: [broker_service(BrokerSettings(port=0))], ServerSettings(host="127.0.0.1", port=0)
-    ) as server:
-        yield server.address
+def broker_address(hosted_broker_address: str) -> str:
+    """A broker on a free port, hosted by this test process (conftest.py)."""
+    return hosted_broker_address
 
 
 def test_forked_child_gets_a_clear_error_from_the_parents_stream_env(env_address, tmp_path):
