@@ -6,7 +6,11 @@ program starts with, not functions to import.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 #: How long a parent waits for its child by default; a child still running then is killed and the program fails.
 CHILD_WAIT_S = 20
@@ -38,3 +42,16 @@ CHILD_HELPERS = textwrap.dedent(
         os._exit(0)
     """
 )
+
+
+def run_program(
+    tmp_path: Path, name: str, program: str, *args: str, timeout_s: float = CHILD_WAIT_S + 60
+) -> subprocess.CompletedProcess:
+    """Write ``program`` to ``tmp_path/name`` and run it with ``args`` in a fresh interpreter whose environment
+    has no ``GRPC_*`` or ``MARTI_*`` variables (stdout and stderr captured, at most ``timeout_s`` seconds)."""
+    script = tmp_path / name
+    script.write_text(program)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_") and not k.startswith("MARTI_")}
+    return subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout_s
+    )

@@ -16,13 +16,10 @@ process; the parent kills a child that runs longer than :data:`CHILD_WAIT_S`.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from fork_child import CHILD_HELPERS, CHILD_WAIT_S
+from fork_child import CHILD_HELPERS, run_program
 
 COMMON = CHILD_HELPERS + textwrap.dedent(
     """
@@ -140,19 +137,7 @@ CLOSE_THEN_FORK_PROGRAM = COMMON + textwrap.dedent(
 )
 
 
-def _run(
-    tmp_path, name: str, program: str, *args: str, timeout_s: float = CHILD_WAIT_S + 60
-) -> subprocess.CompletedProcess:
-    script = tmp_path / name
-    script.write_text(program)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_") and not k.startswith("MARTI_")}
-    return subprocess.run(
-        [sys.executable, str(script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+_run = run_program
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,11 @@ settings before the first channel), against servers hosted by this test process.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 
 import pytest
-from fork_child import CHILD_HELPERS, CHILD_WAIT_S
+from fork_child import CHILD_HELPERS, run_program
 
 from marti.rpc.testing import serve_in_thread
 
@@ -132,17 +129,7 @@ BROKER_PROGRAM = COMMON + textwrap.dedent(
 )
 
 
-def _run(tmp_path, name: str, program: str, *args: str) -> subprocess.CompletedProcess:
-    script = tmp_path / name
-    script.write_text(program)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_") and not k.startswith("MARTI_")}
-    return subprocess.run(
-        [sys.executable, str(script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_WAIT_S + 60,
-    )
+_run = run_program
 
 
 @pytest.fixture(scope="module")
