@@ -14,12 +14,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
 import pytest
-
-from marti.rpc.settings import ServerSettings
-from marti.rpc.testing import serve_in_thread
 
 PROGRAM = textwrap.dedent(
     """
@@ -76,15 +72,9 @@ PROGRAM = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def address() -> Iterator[str]:
-    """A broker on a free port, hosted by this test process."""
-    from services.comm_broker.servicer import broker_service
-    from services.comm_broker.settings import BrokerSettings
-
-    with serve_in_thread(
-        lambda: [broker_service(BrokerSettings(port=0))], ServerSettings(host="127.0.0.1", port=0)
-    ) as server:
-        yield server.address
+def address(hosted_broker_address: str) -> str:
+    """A broker on a free port, hosted by this test process (conftest.py)."""
+    return hosted_broker_address
 
 
 @pytest.mark.parametrize("aio_parent,aio_child", [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")])
