@@ -358,13 +358,16 @@ def ratios(rows: list[Row], r: Row) -> tuple[float | None, float | None]:
 
     Returns:
         ``(steps/s ratio, cpu ratio)``: ``None`` for an in-process row; the CPU ratio (in-process CPU per step
-        over the larger of the client's and the server's) is ``None`` where a CPU figure is missing.
+        over the larger of the client's and the server's) is ``None`` where a CPU figure is missing or both of
+        ``r``'s are 0.
     """
     base = next(b for b in rows if b.mode == "in-process" and (b.env, b.sessions) == (r.env, r.sessions))
     if r.mode == "in-process":
         return None, None
     cpu = None
-    if base.client_cpu_us and r.client_cpu_us and r.server_cpu_us:
+    figures = (base.client_cpu_us, r.client_cpu_us, r.server_cpu_us)
+    if None not in figures and max(r.client_cpu_us, r.server_cpu_us) > 0:
+        # A measured 0 (a short run under the clock's tick) is a figure, not a missing one.
         cpu = base.client_cpu_us / max(r.client_cpu_us, r.server_cpu_us)
     return r.steps_per_s / base.steps_per_s, cpu
 

@@ -84,3 +84,14 @@ def test_json_report_holds_every_row_its_ratios_and_the_targets(address) -> None
     assert target["single_step_p50_ms"] == by_mode[("remote stream", 1)]["p50_ms"]
     json.dumps(out)  # JSON-ready as it is
     assert f"{batched['ratio']:.2f}" in bench.table(rows)
+
+
+def test_a_measured_zero_cpu_figure_still_gives_a_cpu_ratio_and_a_missing_one_does_not() -> None:
+    base = bench.Row("e", "in-process", 4, 100.0, 1.0, 2.0, client_cpu_us=50.0)
+    zero = bench.Row("e", "remote batched", 4, 50.0, 1.0, 2.0, client_cpu_us=0.0, server_cpu_us=200.0)
+    missing = bench.Row("e", "remote stream", 4, 50.0, 1.0, 2.0, client_cpu_us=100.0, server_cpu_us=None)
+    idle = bench.Row("e", "remote async/2", 4, 50.0, 1.0, 2.0, client_cpu_us=0.0, server_cpu_us=0.0)
+    rows = [base, zero, missing, idle]
+    assert bench.ratios(rows, zero) == (0.5, 0.25)
+    assert bench.ratios(rows, missing) == (0.5, None)
+    assert bench.ratios(rows, idle) == (0.5, None)
