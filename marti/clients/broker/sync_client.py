@@ -647,9 +647,25 @@ class MartiCommClient(_ClientBase):
 
     def _flush_on_exit(self) -> None:
         """At process exit, for a client never closed: sends its buffered messages, and logs (as errors) what
-        it could not send and the refusals no call has raised yet, since no later call will report them."""
+        it could not send and the refusals no call has raised yet, since no later call will report them.
+
+        A batch the flush timer has in flight is waited for first (at most ``timeout_s``): its messages are no
+        longer buffered, and the timer is a daemon thread that the interpreter stops right after."""
         if self._core.closed:
             return
+        if not self._send_lock.acquire(timeout=self.timeout_s):
+            _LOG.error(
+                "at exit, broker client %r (session %r): a batch was still in flight after %.1f s; "
+                "its messages may not have reached the broker", self.agent_id, self.session, self.timeout_s,
+            )  # fmt: skip
+            return
+        try:
+            self._send_buffers_at_exit()
+        finally:
+            self._send_lock.release()
+
+    def _send_buffers_at_exit(self) -> None:
+        """:meth:`_flush_on_exit`'s work once no batch is in flight (the caller holds ``_send_lock``)."""
         if self._core.has_buffered():
             try:
                 self._flush(acks=False)

@@ -7,6 +7,8 @@ broker on port 0.
 * A client never closed still sends what it buffered when its process exits: a plain program (``atexit``) and a
   ``multiprocessing`` fork child (which ends with ``os._exit``); when it cannot, the failure is logged. (Those
   clients set ``send_when_idle=False`` and a 60 s linger, so only the exit flush can send their message.)
+* With the default settings, a program that sends and exits at once: the flush timer has the batch in flight
+  when ``atexit`` runs; the exit flush waits for it, so the message arrives, and a refusal of it is logged.
 """
 
 from __future__ import annotations
@@ -142,3 +144,45 @@ def test_exit_flush_that_fails_is_logged(tmp_path):
     out, err = proc.communicate("\n", timeout=60)
     assert proc.returncode == 0, err
     assert "could not send 1 buffered message(s)" in err and "'main'" in err, err
+
+
+SEND_AND_EXIT = textwrap.dedent(
+    """
+    import sys
+    import marti
+
+    c = marti.MartiCommClient("main", sys.argv[1], session=sys.argv[2])  # the defaults: send_when_idle
+    print(c.send_message("r", "x" * int(sys.argv[3])), flush=True)  # then exit at once, never closed
+    """
+)
+
+
+def _send_and_exit(tmp_path, address: str, session: str, size: int) -> subprocess.CompletedProcess:
+    script = tmp_path / "send_and_exit.py"
+    script.write_text(SEND_AND_EXIT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_") and not k.startswith("MARTI_")}
+    done = subprocess.run(
+        [sys.executable, str(script), address, session, str(size)], env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_program_that_sends_and_exits_at_once_delivers_with_the_defaults(address, tmp_path):
+    for i in range(3):
+        session = f"send-and-exit-{i}"
+        with MartiCommClient("r", address, session=session) as r:
+            r.get_messages()
+            _send_and_exit(tmp_path, address, session, 100)
+            assert [m.content for m in r.get_messages(timeout_s=5)] == ["x" * 100]
+
+
+def test_a_refusal_of_the_batch_in_flight_at_exit_is_logged(tmp_path):
+    settings = BrokerSettings(port=0, tick_interval_s=0.05, max_payload_bytes=1024)
+    with serve_in_thread(lambda: [broker_service(settings)], settings) as server:
+        with MartiCommClient("r", server.address, session="refused-at-exit") as r:
+            r.get_messages()
+            done = _send_and_exit(tmp_path, server.address, "refused-at-exit", 2000)
+    message_id = done.stdout.strip()
+    assert "at exit" in done.stderr and message_id in done.stderr, done.stderr
