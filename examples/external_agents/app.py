@@ -12,9 +12,9 @@ Node service) can do the same.
 
 Usage::
 
-    python app.py --gateway http://127.0.0.1:8000/v1 --rounds 5 --episodes-per-round 32   # training episodes
+    python app.py --gateway http://127.0.0.1:8000/v1 --rounds 3 --episodes-per-round 48   # training episodes
     python app.py --gateway http://127.0.0.1:8000/v1 --evaluate                       # held-out, greedy
-    python app.py --gateway http://127.0.0.1:8000/v1 --evaluate --wait-version 5      # after 5 updates
+    python app.py --gateway http://127.0.0.1:8000/v1 --evaluate --wait-version 3      # after 3 updates
 
 Training plays ``--rounds`` rounds of ``--episodes-per-round`` episodes (the job's ``max_steps`` and
 ``external.episodes_per_step``), starting round ``r`` once the policies have version ``r - 1``, so the episodes

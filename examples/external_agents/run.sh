@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train the openai-only team of app.py with one command.
 #
-#   examples/external_agents/run.sh                       # SmolLM2-135M, 5 updates of 48 episodes
+#   examples/external_agents/run.sh                       # SmolLM2-135M, 3 updates of 48 episodes
 #   examples/external_agents/run.sh --set max_steps=2     # extra arguments go to `marti train`
 #
 # 1. `marti train config.yaml` starts the job; its gateway serves alice's and bob's policies and writes
