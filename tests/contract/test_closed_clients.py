@@ -1,12 +1,14 @@
 """Every SDK client, sync and aio, once closed: each call raises the closed-client ``FailedPreconditionError``
-naming the client (never gRPC's ``ValueError: Cannot invoke RPC on closed channel!``), and an aio call waiting
-when its client is closed raises the same error (never ``asyncio.CancelledError``), while a task cancelled by
-its caller still gets ``asyncio.CancelledError``. Real servers on a free port (see ``sdk_servers``).
+naming the client (never gRPC's ``ValueError: Cannot invoke RPC on closed channel!``), and a call waiting when
+its client is closed raises the same error (never ``asyncio.CancelledError`` in an aio client, never a cancelled
+status in a sync one closed by another thread), while a task cancelled by its caller still gets
+``asyncio.CancelledError``. Real servers on a free port (see ``sdk_servers``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -82,7 +84,7 @@ def test_a_closed_client_raises_failed_precondition_at_once(address, area, aio):
     assert NAMES.get(area, "inference client") in str(info.value)
 
 
-#: A call of each aio client that waits (until the client is closed under it).
+#: A call of each client (sync or aio) that waits (until the client is closed under it).
 WAITING = {
     "store": lambda c: c.sample(table="default", batch_size=1, timeout_s=10),
     "inference": lambda c: c.generate("wait", [{"role": "user", "content": "hi"}], timeout_s=20),
@@ -106,6 +108,29 @@ def test_an_aio_call_waiting_when_its_client_closes_raises_failed_precondition(a
             await asyncio.wait_for(task, 15)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("area", sorted(WAITING))
+def test_a_sync_call_waiting_when_another_thread_closes_its_client_raises_failed_precondition(address, area):
+    client = _client(area, False, address)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            WAITING[area](client)
+        except BaseException as exc:  # the test reads what the waiting call raised
+            raised.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        waiter.join(0.5)  # the call is waiting now
+        assert waiter.is_alive()
+    finally:
+        client.close()
+        waiter.join(15)
+    assert len(raised) == 1 and isinstance(raised[0], FailedPreconditionError), raised
+    assert "closed" in str(raised[0]) and NAMES.get(area, "inference client") in str(raised[0])
 
 
 @pytest.mark.parametrize("area", sorted(WAITING))

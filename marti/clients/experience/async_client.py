@@ -20,7 +20,7 @@ from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
 from marti.rpc.guard import ClientChannel
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
-from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _SampleRun, _timeout_ms, _wait_s
+from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _InsertRun, _SampleRun, _timeout_ms, _wait_s
 from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
 
 
@@ -76,9 +76,7 @@ class AsyncExperienceSharingClient(_Base):
     ) -> list[int]:
         """See :meth:`ExperienceSharingClient.share_experiences`."""
         reqs = self._insert_reqs(trajectories, table, priorities, timeout_s, batch_items)
-        with rpc_errors():
-            responses = [r async for r in self._stub.Insert(iter(reqs))]
-        return [r.key for r in self._keys(responses, trajectories)]
+        return [r.key for r in await self._insert_stream(reqs, trajectories)]
 
     @checked(own=("timeout_s", "batch_items"))
     async def insert(
@@ -90,9 +88,17 @@ class AsyncExperienceSharingClient(_Base):
     ) -> list[Inserted]:
         """See :meth:`ExperienceSharingClient.insert`."""
         reqs = self._insert_reqs(trajectories, table, None, timeout_s, batch_items, idempotent=True)
-        with rpc_errors():
-            responses = [r async for r in self._stub.Insert(iter(reqs))]
-        return self._keys(responses, trajectories)
+        return await self._insert_stream(reqs, trajectories)
+
+    async def _insert_stream(
+        self, reqs: list[spb.InsertRequest], trajectories: Sequence[Trajectory]
+    ) -> list[Inserted]:
+        """See :meth:`ExperienceSharingClient._insert_stream`."""
+        run = _InsertRun(trajectories)
+        with self._inserting(run):
+            async for resp in self._stub.Insert(iter(reqs)):
+                run.add(resp)
+        return run.result()
 
     @checked
     async def delete(self, table: str, episode_ids: Sequence[str], timeout_s: float | None = None) -> int:
@@ -232,7 +238,8 @@ class AsyncExperienceSharingClient(_Base):
 
     async def close(self) -> None:
         """Close the channel (when this client dialed it); later calls, and a call waiting now, raise the
-        closed-client ``FailedPreconditionError``."""
+        closed-client ``FailedPreconditionError`` (a cut :meth:`share_experiences` with the keys it
+        inserted, see :meth:`ExperienceSharingClient.share_experiences`)."""
         self._channel.mark_closed()
         if self._own_channel:
             await self._channel.close()

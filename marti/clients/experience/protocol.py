@@ -1,20 +1,23 @@
 """What the sync and async experience clients share: the service's names, argument checks, request building and
-response decoding (:class:`_Base`, the clients' base), and one confirmed ``Sample`` stream's bookkeeping
-(:class:`_SampleRun`)."""
+response decoding (:class:`_Base`, the clients' base), and the bookkeeping of one confirmed ``Sample`` stream
+(:class:`_SampleRun`) and of one ``Insert`` stream (:class:`_InsertRun`)."""
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.arguments import check_text, is_finite
 from marti.codec import experience as convert
-from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
+from marti.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, MartiError
 from marti.experience_types import SampledTrajectory, TableConfig, parse_table_config
+from marti.rpc.calls import rpc_errors
 from marti.rpc.errors import from_status_proto
+from marti.rpc.guard import ClientChannel
 from marti.trajectory import Trajectory
 
 from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
@@ -111,8 +114,71 @@ class _SampleRun:
         return SampleBatch(out, self.stale, self.stale_ids, self.dropped, self.dropped_ids)
 
 
+class _InsertRun:
+    """What one insert stream confirmed so far: each item's key (and duplicate flag) or error, by position.
+
+    Args:
+        trajectories: The stream's trajectories, in item order (``client_seq``).
+    """
+
+    def __init__(self, trajectories: Sequence[Trajectory]) -> None:
+        self.trajectories = trajectories
+        self.keys: list[int | None] = [None] * len(trajectories)
+        self.dups: set[int] = set()
+        self.errors: dict[int, MartiError] = {}
+
+    def add(self, resp: spb.InsertResponse) -> None:
+        """Record one response's confirmations (a key, or the first error of each item)."""
+        for c in resp.confirmations:
+            err = from_status_proto(c.status)
+            if err is not None:
+                self.errors.setdefault(c.client_seq, err)
+            else:
+                self.keys[c.client_seq] = c.key
+                if c.duplicate:
+                    self.dups.add(c.client_seq)
+
+    def _carry_inserted(self, err: MartiError, of: str | None) -> None:
+        """Put the keys of the items confirmed so far in ``err.metadata`` (``inserted``: how many,
+        ``inserted_keys``: the keys, comma-separated, in item order) and, with ``of`` (``"the other 3"``), say so
+        in its message."""
+        inserted = [k for k in self.keys if k is not None]
+        if of is not None:
+            err.message += (
+                f"; {len(inserted)} of {of} items were inserted (their keys are in metadata['inserted_keys'])"
+            )
+        err.args = (err.message,)
+        err.metadata.update(inserted=str(len(inserted)), inserted_keys=",".join(map(str, inserted)))
+
+    def result(self) -> list[Inserted]:
+        """The keys (and duplicate flags) of the items, in order, once the stream ended.
+
+        Raises:
+            MartiError: The error of the first item that failed (by position), its message prefixed with that
+                item's position, episode and agent and how many of the others were inserted, and the same in
+                ``metadata`` (``item``, ``episode_id``, and ``inserted``/``inserted_keys`` as
+                :meth:`_carry_inserted` puts them).
+        """
+        if self.errors:
+            i = min(self.errors)
+            err, t, n = self.errors[i], self.trajectories[i], len(self.trajectories)
+            err.message = f"item {i} of {n} (episode {t.episode_id!r}, agent {t.agent_id!r}): {err.message}"
+            err.metadata.update(item=str(i), episode_id=t.episode_id)
+            self._carry_inserted(err, f"the other {n - 1}" if n > 1 else None)
+            raise err
+        return [Inserted(k, i in self.dups) for i, k in enumerate(self.keys) if k is not None]
+
+    def cut_off(self, err: MartiError) -> None:
+        """Add to ``err``, the error that ended the stream early, the keys of the items confirmed before it (in
+        its message and ``metadata``, as :meth:`_carry_inserted` puts them)."""
+        self._carry_inserted(err, f"the {len(self.trajectories)}")
+
+
 class _Base:
     """Request building and response parsing shared by the sync and async clients."""
+
+    #: The client's channel (made by the sync or async subclass).
+    _channel: ClientChannel
 
     def __init__(self, agent_id: str, chunk_bytes: int) -> None:
         if not isinstance(agent_id, str) or not agent_id:
@@ -156,44 +222,19 @@ class _Base:
             )
         return items
 
-    @staticmethod
-    def _keys(responses: Iterable[spb.InsertResponse], trajectories: Sequence[Trajectory]) -> list[Inserted]:
-        """The keys (and duplicate flags) of an insert stream's items, in order; or the error of the first item that failed (by
-        position), its message prefixed with that item's position, episode and agent and how many of the
-        others were inserted, and the same in ``metadata`` (``item``, ``episode_id``, ``inserted``,
-        ``inserted_keys``: the keys of the items that were inserted, comma-separated, in item order)."""
-        n = len(trajectories)
-        keys: list[int | None] = [None] * n
-        dups: set[int] = set()
-        errors: dict[int, MartiError] = {}
-        for resp in responses:
-            for c in resp.confirmations:
-                err = from_status_proto(c.status)
-                if err is not None:
-                    errors.setdefault(c.client_seq, err)
-                else:
-                    keys[c.client_seq] = c.key
-                    if c.duplicate:
-                        dups.add(c.client_seq)
-        if errors:
-            i = min(errors)
-            err, t = errors[i], trajectories[i]
-            inserted = [k for k in keys if k is not None]
-            err.message = f"item {i} of {n} (episode {t.episode_id!r}, agent {t.agent_id!r}): {err.message}"
-            if n > 1:
-                err.message += (
-                    f"; {len(inserted)} of the other {n - 1} items were inserted (their keys are in "
-                    "metadata['inserted_keys'])"
-                )
-            err.args = (err.message,)
-            err.metadata.update(
-                item=str(i),
-                episode_id=t.episode_id,
-                inserted=str(len(inserted)),
-                inserted_keys=",".join(map(str, inserted)),
-            )
-            raise err
-        return [Inserted(k, i in dups) for i, k in enumerate(keys) if k is not None]
+    @contextmanager
+    def _inserting(self, run: _InsertRun) -> Iterator[None]:
+        """Around an insert stream (sync or aio): a ``grpc.RpcError`` mapped to its :class:`MartiError`, and a
+        stream that :meth:`close` cut off (from another thread or task, or before it began) raising the
+        closed-client ``FailedPreconditionError`` (:meth:`marti.rpc.guard.ClientChannel.closing_guard`)
+        carrying what the store confirmed before (:meth:`_InsertRun.cut_off`)."""
+        try:
+            with self._channel.closing_guard(), rpc_errors():
+                yield
+        except FailedPreconditionError as err:
+            if self._channel.client_closed:
+                run.cut_off(err)
+            raise
 
     def _insert_reqs(self, trajectories, table, priorities, timeout_s, batch_items, idempotent=False):
         """The InsertRequests of one insert stream (``batch_items`` items each)."""

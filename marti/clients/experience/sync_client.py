@@ -20,7 +20,7 @@ from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
 from marti.rpc.guard import ClientChannel
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
-from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _SampleRun, _timeout_ms, _wait_s
+from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _InsertRun, _SampleRun, _timeout_ms, _wait_s
 from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
 
 
@@ -106,10 +106,16 @@ class ExperienceSharingClient(_Base):
             The first failed item's error, after every other item was processed, naming the item (position,
             episode, agent) and carrying the keys of the items that were inserted in
             ``metadata["inserted_keys"]`` (see :meth:`share_experience`).
+            FailedPreconditionError: The client is closed, or was closed (by another thread, or another task of
+                the async client) while the stream ran: the closed-client error, carrying the same way the keys
+                of the items the store confirmed before (``metadata["inserted"]``: how many,
+                ``metadata["inserted_keys"]``: the keys, comma-separated, in item order; ``"0"`` and ``""``
+                when the client was closed before the call) and saying how many in its message. Items whose
+                confirmation had not reached the client may be stored too: retry with :meth:`insert`, which
+                answers an episode the table holds or took as a duplicate instead of storing it again.
         """
         reqs = self._insert_reqs(trajectories, table, priorities, timeout_s, batch_items)
-        with rpc_errors():
-            return [r.key for r in self._keys(self._stub.Insert(iter(reqs)), trajectories)]
+        return [r.key for r in self._insert_stream(reqs, trajectories)]
 
     @checked(own=("timeout_s", "batch_items"))
     def insert(
@@ -137,8 +143,18 @@ class ExperienceSharingClient(_Base):
             As :meth:`share_experiences`.
         """
         reqs = self._insert_reqs(trajectories, table, None, timeout_s, batch_items, idempotent=True)
-        with rpc_errors():
-            return self._keys(self._stub.Insert(iter(reqs)), trajectories)
+        return self._insert_stream(reqs, trajectories)
+
+    def _insert_stream(
+        self, reqs: list[spb.InsertRequest], trajectories: Sequence[Trajectory]
+    ) -> list[Inserted]:
+        """Send ``reqs`` over one ``Insert`` stream and return each item's :class:`Inserted`, in order (errors as
+        :meth:`share_experiences`)."""
+        run = _InsertRun(trajectories)
+        with self._inserting(run):
+            for resp in self._stub.Insert(iter(reqs)):
+                run.add(resp)
+        return run.result()
 
     @checked
     def delete(self, table: str, episode_ids: Sequence[str], timeout_s: float | None = None) -> int:
@@ -251,7 +267,7 @@ class ExperienceSharingClient(_Base):
         requests.put(req)
         stream = self._stub.Sample(iter(requests.get, None))
         try:
-            with rpc_errors():
+            with self._channel.closing_guard(), rpc_errors():
                 for resp in stream:
                     if run.add(resp):
                         requests.put(_ACK)
@@ -289,7 +305,7 @@ class ExperienceSharingClient(_Base):
         """Like :meth:`get_trajectories`, with each item's key, table, priority and sample count."""
         req = self._getall_req(episode_id, session, agent_id, policy_version, tables)
         out: list[StoredTrajectory] = []
-        with rpc_errors():
+        with self._channel.closing_guard(), rpc_errors():
             for resp in self._stub.GetAllExperiences(req, timeout=self.timeout_s):
                 self._stored(resp, out)
         return out
@@ -340,8 +356,9 @@ class ExperienceSharingClient(_Base):
         return CheckpointResult(r.path, r.duration_s, r.num_bytes)
 
     def close(self) -> None:
-        """Close the channel (when this client dialed it); later calls raise the closed-client
-        ``FailedPreconditionError``."""
+        """Close the channel (when this client dialed it); later calls, and a call waiting now in another thread,
+        raise the closed-client ``FailedPreconditionError`` (a cut :meth:`share_experiences` with the keys
+        it inserted)."""
         self._channel.mark_closed()
         if self._own_channel:
             self._channel.close()
