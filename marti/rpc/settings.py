@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
 import sys
+import types
+import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -69,6 +72,53 @@ class ServerSettings(BaseSettings):
         if self.token is None and os.environ.get("MARTI_TOKEN"):
             self.token = os.environ["MARTI_TOKEN"]
         return self
+
+
+def _flag_kind(annotation: Any) -> Any:
+    """What a flag for a field of this annotation parses its value as: ``bool`` (``--x/--no-x``), ``list``
+    (``--x A B``), ``int``, ``float`` or ``str``; ``X | None`` as ``X``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = args[0] if len(args) == 1 else str
+    if typing.get_origin(annotation) is list:
+        return list
+    return annotation if annotation in (bool, int, float) else str
+
+
+def settings_parser(cls: type[BaseSettings], prog: str, description: str) -> argparse.ArgumentParser:
+    """A service command's parser: one flag per field of its settings class (``max_sessions`` ->
+    ``--max-sessions``), each with the field's description and default in its help, and every default ``None``
+    so that :func:`load_settings` sees only the flags given (the rest come from the environment, then defaults).
+
+    Args:
+        cls: The service's settings class (a :class:`ServerSettings` subclass).
+        prog: The command (``"marti store"``).
+        description: The command's one-line description.
+
+    Returns:
+        The parser; ``{k: v for k, v in vars(args).items() if v is not None}`` are the flags for
+        :func:`load_settings`.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    for name, field in cls.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        default = field.get_default(call_default_factory=True)
+        help_text = f"{field.description or name} (default: {default})".replace("%", "%%")
+        kind = _flag_kind(field.annotation)
+        if kind is bool:
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        elif kind is list:
+            parser.add_argument(flag, dest=name, nargs="+", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, type=kind, default=None, help=help_text)
+    return parser
+
+
+def given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags a :func:`settings_parser` parser was given (those not ``None``), for :func:`load_settings`."""
+    return {k: v for k, v in vars(args).items() if v is not None}
 
 
 def _source(cls: type[BaseSettings], name: str, flags: Mapping[str, Any]) -> str:

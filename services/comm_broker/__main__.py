@@ -10,7 +10,7 @@ import argparse
 import gc
 
 from marti.rpc.server import run_server
-from marti.rpc.settings import load_settings, refusals_exit
+from marti.rpc.settings import given_flags, load_settings, refusals_exit, settings_parser
 
 from .servicer import broker_service
 from .settings import BrokerSettings
@@ -18,21 +18,7 @@ from .settings import BrokerSettings
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser: server flags, storage flags and one flag per limit (from BrokerSettings)."""
-    parser = argparse.ArgumentParser(prog="marti broker", description="run the comm_broker service")
-    for name, field in BrokerSettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        annotation = field.annotation
-        help_text = f"{field.description or name} (default: {field.get_default(call_default_factory=True)})"
-        if annotation is bool:
-            parser.add_argument(
-                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
-            )
-        else:
-            kind = {int: int, float: float}.get(annotation, str)
-            if name in ("metrics_port", "max_concurrent_rpcs"):
-                kind = int
-            parser.add_argument(flag, dest=name, type=kind, default=None, help=help_text)
-    return parser
+    return settings_parser(BrokerSettings, "marti broker", "run the comm_broker service")
 
 
 def settings_from_args(argv: list[str] | None = None) -> BrokerSettings:
@@ -43,8 +29,7 @@ def settings_from_args(argv: list[str] | None = None) -> BrokerSettings:
             (:func:`marti.rpc.settings.load_settings`).
     """
     args = build_parser().parse_args(argv)
-    given = {k: v for k, v in vars(args).items() if v is not None}
-    return load_settings(BrokerSettings, given, "marti broker")
+    return load_settings(BrokerSettings, given_flags(args), "marti broker")
 
 
 def main(argv: list[str] | None = None) -> int:

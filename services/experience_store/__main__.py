@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.experience_types import read_tables_yaml
 from marti.rpc.server import ServiceSpec, run_server
-from marti.rpc.settings import load_settings, refusals_exit
+from marti.rpc.settings import given_flags, load_settings, refusals_exit, settings_parser
 
 from .core.storage import MemoryStorage, SqliteStorage
 from .core.store import ExperienceStore
@@ -63,24 +62,15 @@ def make_spec(settings: StoreSettings) -> tuple[ServiceSpec, ExperienceServicer]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags, build settings (flags > ``MARTI_STORE_*`` env > defaults) and serve until a signal. A bad
-    setting exits with code 2 and one line naming it (:func:`marti.rpc.settings.load_settings`), as does a data dir
+    """Parse flags (one per :class:`StoreSettings` field), build settings (flags > ``MARTI_STORE_*`` env >
+    defaults) and serve until a signal. A bad setting exits with code 2 and one line naming it (:func:`marti.rpc.settings.load_settings`), as does a data dir
     another store holds (:func:`marti.rpc.settings.refusals_exit`).
 
     Returns:
         Process exit code.
     """
-    p = argparse.ArgumentParser(prog="marti store", description="Run the marti experience store.")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--data-dir", help="SQLite WAL data folder (default: in memory)")
-    p.add_argument("--config", help="tables YAML file")
-    p.add_argument("--metrics-port", type=int)
-    p.add_argument("--token", help="bearer token required on every call")
-    p.add_argument("--snapshot-interval-s", type=float)
-    args = p.parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
-    settings = load_settings(StoreSettings, overrides, "marti store")
+    args = settings_parser(StoreSettings, "marti store", "Run the marti experience store.").parse_args(argv)
+    settings = load_settings(StoreSettings, given_flags(args), "marti store")
     logging.basicConfig(level=settings.log_level)
     with refusals_exit("marti store"):
         spec, _ = make_spec(settings)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -12,7 +11,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from marti.api.trainer.v1 import trainer_service_pb2_grpc
 from marti.rpc.server import ServiceSpec, run_server
-from marti.rpc.settings import load_settings
+from marti.rpc.settings import given_flags, load_settings, settings_parser
 from services.trainer.job.addresses import resolve_addresses
 from services.trainer.job.jobs import JobManager
 from services.trainer.job.servicer import TrainerServicer
@@ -36,29 +35,13 @@ def build_specs(settings: TrainerSettings) -> list[ServiceSpec]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags (over ``MARTI_TRAINER_*`` env vars) and serve until SIGTERM; a bad setting exits with code 2
-    and one line naming it (:func:`marti.rpc.settings.load_settings`)."""
-    p = argparse.ArgumentParser(prog="marti trainer", description="run the trainer service")
-    p.add_argument("--host", default=None)
-    p.add_argument(
-        "--port", type=int, default=None, help="TCP port (default 50054 via MARTI_TRAINER_PORT; 0 = any)"
-    )
-    p.add_argument("--broker", default=None, help="comm_broker host:port for jobs")
-    p.add_argument("--env", default=None, help="env_server host:port for jobs")
-    p.add_argument("--store", default=None, help="experience_store host:port for jobs")
-    p.add_argument("--token", default=None, help="bearer token required by this service (and sent to others)")
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port")
-    p.add_argument("--max-concurrent-jobs", type=int, default=None)
-    p.add_argument(
-        "--allow-user-code",
-        action="store_true",
-        default=None,
-        help="let submitted configs import user code (custom envs, workflow functions); off by default",
-    )
-    args = p.parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    """Parse flags (one per :class:`TrainerSettings` field, over ``MARTI_TRAINER_*`` env vars) and serve until
+    SIGTERM; a bad setting exits with code 2 and one line naming it (:func:`marti.rpc.settings.load_settings`).
+    ``--token`` is also the token jobs send to the services unless ``--service-token`` is given."""
+    args = settings_parser(TrainerSettings, "marti trainer", "run the trainer service").parse_args(argv)
+    overrides = given_flags(args)
     if "token" in overrides:
-        overrides["service_token"] = overrides["token"]
+        overrides.setdefault("service_token", overrides["token"])
     settings = load_settings(TrainerSettings, overrides, "marti trainer")
     if settings.token and not settings.service_token:
         settings = settings.model_copy(update={"service_token": settings.token})
