@@ -35,6 +35,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from services.trainer.job.run_dir import RunFolder, latest_checkpoint
 from services.trainer.job.summary import RunSummary, epoch_limit_message, user_code_paths
 from services.trainer.learn.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
+from services.trainer.observe.progress import ProgressBar
 from services.trainer.observe.sampled_eval import eval_metrics
 from services.trainer.ray.runtime import RayRuntime
 from services.trainer.ray.table_access import StoreAccess
@@ -74,6 +76,29 @@ from services.trainer.rollout.episodes.scoring import EpisodeScorer, build_score
 _LOG = logging.getLogger("marti.trainer")
 #: Most seconds a finished or stopped job waits for an asynchronous rollout still in flight.
 PRODUCER_CLOSE_TIMEOUT_S = 300.0
+
+
+@dataclass
+class _Clock:
+    """The wall-time budget's view of a run: its start (``time.monotonic``) and what the last step and the first
+    evaluation cost, seconds."""
+
+    t0: float
+    step_cost: float = 0.0
+    eval_cost: float = 0.0
+
+
+@dataclass
+class _Run:
+    """What one run of :meth:`TrainingLoop._run` holds between its parts."""
+
+    runtime: RayRuntime
+    writer: Any
+    summary: RunSummary
+    leftovers: int = 0
+    monitor: Any = None
+    producer: RolloutProducer | None = None
+    clock: _Clock = field(default_factory=lambda: _Clock(time.monotonic()))
 
 
 class TrainingLoop:
@@ -466,14 +491,64 @@ class TrainingLoop:
                 folder.unlock()
 
     def _run(self, folder: RunFolder) -> RunSummary:
-        """:meth:`run` in a locked and prepared run folder."""
-        from services.trainer.observe import ProgressBar, RunWriter, write_report
-        from services.trainer.observe.monitor import ResourceMonitor, child_service_pids
+        """:meth:`run` in a locked and prepared run folder: open the data path, start the actors, resume, train
+        until the last step (or a stop, or the wall-time budget), evaluate and checkpoint the end, linger, tear
+        down."""
+        from services.trainer.observe import write_report
 
         cfg = self.cfg
-        summary = RunSummary(self.run_dir)
         store = self._store_client()
         self.check_envs()  # before anything slow starts
+        runtime = RayRuntime(cfg)
+        run = _Run(runtime, self._run_writer(), RunSummary(self.run_dir))
+        try:
+            run.leftovers = self._open_data_path(store, runtime)
+            runtime.start()
+            run.monitor = self._monitor(runtime)
+            start_step = self._resume(runtime, folder, run.summary)
+            folder.record_start(cfg, start_step)  # config.yaml records a job that really started
+            if cfg.gateway.enabled:
+                self._start_gateway(runtime)
+            epoch_note = epoch_limit_message(cfg)
+            if epoch_note:
+                _LOG.warning("%s", epoch_note)
+            run.clock = _Clock(time.monotonic())
+            if cfg.rollout.eval_every and start_step == 0:
+                self._evaluate(runtime, 0, run.writer, run.summary)
+                run.clock.eval_cost = time.monotonic() - run.clock.t0
+            run.producer = self._producer(runtime, start_step)
+            step = self._steps(run, start_step)
+            self._finish(run, step, start_step, bool(epoch_note))
+            self._linger()
+        finally:
+            self.teardown_event.set()
+            self._teardown(run, store)
+        run.summary.untrained_external = self.gateway.untrained_external
+        run.summary.report = write_report(self.run_dir)
+        return run.summary
+
+    def _run_writer(self) -> Any:
+        """The run's metrics writer (metrics.jsonl, TensorBoard, wandb), logging every ``output.log_every``
+        steps and the last; the job stream (``on_metrics``) still sees every step."""
+        from services.trainer.observe import RunWriter
+
+        cfg = self.cfg
+        return RunWriter(
+            self.run_dir,
+            cfg,
+            use_tensorboard="tensorboard" in cfg.output.log_with,
+            wandb="wandb" in cfg.output.log_with,
+            log_every=cfg.output.log_every,
+            write_config=False,  # folder.record_start writes it once the job has started
+        )
+
+    def _open_data_path(self, store: Any, runtime: RayRuntime) -> int:
+        """Claim each trainable agent's table and make the episode writer and the batch reader over them.
+
+        Returns:
+            How many items left in the tables by an earlier job were dropped (:func:`claim_tables`).
+        """
+        cfg = self.cfg
         bounds = {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents}
         tables, leftovers = claim_tables(
             store, cfg.training_name, bounds, max(1000, 4 * cfg.items_per_step), self._reconnecting
@@ -483,7 +558,6 @@ class TrainingLoop:
             store, tables, self._reconnecting, external,
             full_timeout_s=cfg.services.reconnect_timeout_s, stop=self.stop_event,
         )  # fmt: skip
-        runtime = RayRuntime(cfg)
         access = StoreAccess(
             self.addr.store, resolve_token(self.addr.token, "store"), self.addr.ca_for("store")
         )
@@ -491,133 +565,146 @@ class TrainingLoop:
             lambda agent, table, n, version: runtime.take_items(agent, table, n, version, access),
             tables, self._reconnecting, external,
         )  # fmt: skip
-        log_with = cfg.output.log_with
-        # output.log_every: metrics.jsonl / TensorBoard / wandb and the progress line's metrics every N steps and
-        # the last; the job stream (on_metrics) sees every step, since it reports the job's step.
-        writer = RunWriter(
-            self.run_dir,
-            cfg,
-            use_tensorboard="tensorboard" in log_with,
-            wandb="wandb" in log_with,
-            log_every=cfg.output.log_every,
-            write_config=False,  # folder.record_start writes it once the job has started
+        return leftovers
+
+    def _monitor(self, runtime: RayRuntime) -> Any:
+        """The resource monitor of the driver, the actors and the services this job started (every second)."""
+        from services.trainer.observe.monitor import ResourceMonitor, child_service_pids
+
+        pids = {"driver": os.getpid(), **runtime.worker_pids, **child_service_pids()}
+        return ResourceMonitor(pids, interval_s=1.0).start()
+
+    def _resume(self, runtime: RayRuntime, folder: RunFolder, summary: RunSummary) -> int:
+        """Load the checkpoint the run folder resumes from (weights, optimizer, curriculum); returns the step
+        to start at (0 for a new run)."""
+        ckpt = folder.resume_from
+        if ckpt is None:
+            return 0
+        position = runtime.load(str(ckpt))
+        start_step = int(position.get("step", 0))
+        if self.curriculum is not None and "curriculum" in position:
+            self.curriculum.load_state(position["curriculum"])
+        summary.start_step = start_step
+        _LOG.info("resumed from %s at step %d", ckpt, start_step)
+        return start_step
+
+    def _producer(self, runtime: RayRuntime, start_step: int) -> RolloutProducer | None:
+        """The asynchronous rollout producer with ``rollout.max_staleness >= 1`` and built-in episodes; None
+        otherwise (each step plays its own rollout)."""
+        cfg = self.cfg
+        if (
+            cfg.rollout.max_staleness <= 0
+            or cfg.rollout.source == "external"
+            or start_step >= cfg.total_steps
+        ):
+            return None
+        return RolloutProducer(
+            lambda s: self._rollout(runtime, s),
+            start=start_step,
+            stop=cfg.total_steps,
+            max_staleness=cfg.rollout.max_staleness,
+        ).start()
+
+    def _steps(self, run: _Run, start_step: int) -> int:
+        """Train from ``start_step`` until the last step (``max_steps``, or fewer when ``max_epochs`` passes
+        come first), a stop, or the wall-time budget; returns the last step done."""
+        step, last_step = start_step, self.cfg.total_steps
+        shown: dict[str, float] = {}  # the progress line's metrics: those of the last logged step
+        stream = None if self.show_progress else io.StringIO()
+        with ProgressBar(last_step, start_step=start_step, stream=stream) as bar:
+            while step < last_step and not self.stop_event.is_set():
+                if self._over_budget(run.clock, step, start_step):
+                    run.summary.stopped = True
+                    break
+                step_start = time.monotonic()
+                try:
+                    metrics = self._train_step(run.runtime, step, run.producer)
+                except CancelledError as exc:  # stopped while waiting for external episodes
+                    _LOG.warning("stopping at step %d: %s", step, exc)
+                    run.summary.stopped = True
+                    break
+                step += 1
+                logged = self._after_step(run, step, metrics)
+                shown = shown if logged is None else logged
+                bar.update(step, shown)
+                run.clock.step_cost = time.monotonic() - step_start
+        return step
+
+    def _over_budget(self, clock: _Clock, step: int, start_step: int) -> bool:
+        """Whether another step and the final evaluation would pass ``budget.max_wall_time_s`` (logged)."""
+        budget = self.cfg.budget.max_wall_time_s
+        elapsed = time.monotonic() - clock.t0
+        if not budget or step <= start_step or elapsed + clock.step_cost + clock.eval_cost <= budget:
+            return False
+        _LOG.warning(
+            "wall-time budget of %.0fs: stopping at step %d (%.0fs used; a step takes %.0fs and "
+            "the final evaluation %.0fs)", budget, step, elapsed, clock.step_cost, clock.eval_cost,
+        )  # fmt: skip
+        return True
+
+    def _after_step(self, run: _Run, step: int, metrics: dict[str, float]) -> dict[str, float] | None:
+        """Record step ``step`` (done): its metrics (resources, leftovers, external episodes, epoch), the
+        producer's go-ahead, the logs and job stream, an evaluation and a checkpoint when due. Returns the
+        progress line's metrics when this step was logged, else None."""
+        cfg = self.cfg
+        metrics.update(run.monitor.sample())
+        metrics["services/leftover_items_dropped"] = float(run.leftovers)
+        run.summary.external_episodes += int(
+            max((v for k, v in metrics.items() if k.endswith("/external_items")), default=0)
         )
-        start_step = 0
-        monitor: ResourceMonitor | None = None
-        producer: RolloutProducer | None = None
-        try:
-            runtime.start()
-            monitor = ResourceMonitor(
-                {"driver": os.getpid(), **runtime.worker_pids, **child_service_pids()}, interval_s=1.0
-            ).start()
-            ckpt = folder.resume_from
-            if ckpt is not None:
-                position = runtime.load(str(ckpt))
-                start_step = int(position.get("step", 0))
-                if self.curriculum is not None and "curriculum" in position:
-                    self.curriculum.load_state(position["curriculum"])
-                summary.start_step = start_step
-                _LOG.info("resumed from %s at step %d", ckpt, start_step)
-            folder.record_start(cfg, start_step)  # config.yaml records a job that really started
-            if cfg.gateway.enabled:
-                self._start_gateway(runtime)
-            last_step = cfg.total_steps  # max_steps, or fewer when max_epochs passes come first
-            epoch_note = epoch_limit_message(cfg)
-            if epoch_note:
-                _LOG.warning("%s", epoch_note)
-            t0 = time.monotonic()
-            eval_every = cfg.rollout.eval_every
-            eval_cost = 0.0
-            if eval_every and start_step == 0:
-                self._evaluate(runtime, 0, writer, summary)
-                eval_cost = time.monotonic() - t0
-            step_cost = 0.0
-            step = start_step
-            shown: dict[str, float] = {}  # the progress line's metrics: those of the last logged step
-            if cfg.rollout.max_staleness > 0 and cfg.rollout.source != "external" and step < last_step:
-                producer = RolloutProducer(
-                    lambda s: self._rollout(runtime, s),
-                    start=step,
-                    stop=last_step,
-                    max_staleness=cfg.rollout.max_staleness,
-                ).start()
-            with ProgressBar(
-                last_step, start_step=start_step, stream=None if self.show_progress else io.StringIO()
-            ) as bar:
-                while step < last_step and not self.stop_event.is_set():
-                    budget = cfg.budget.max_wall_time_s
-                    elapsed = time.monotonic() - t0
-                    if budget and step > start_step and elapsed + step_cost + eval_cost > budget:
-                        _LOG.warning(
-                            "wall-time budget of %.0fs: stopping at step %d (%.0fs used; a step takes %.0fs and "
-                            "the final evaluation %.0fs)", budget, step, elapsed, step_cost, eval_cost,
-                        )  # fmt: skip
-                        summary.stopped = True
-                        break
-                    step_start = time.monotonic()
-                    try:
-                        metrics = self._train_step(runtime, step, producer)
-                    except CancelledError as exc:  # stopped while waiting for external episodes
-                        _LOG.warning("stopping at step %d: %s", step, exc)
-                        summary.stopped = True
-                        break
-                    metrics.update(monitor.sample())
-                    metrics["services/leftover_items_dropped"] = float(leftovers)
-                    summary.external_episodes += int(
-                        max((v for k, v in metrics.items() if k.endswith("/external_items")), default=0)
-                    )
-                    step += 1
-                    epoch = cfg.epoch_at(step)
-                    if epoch is not None:
-                        metrics["train/epoch"] = epoch
-                    if producer is not None:
-                        producer.updated(step)  # the weights are synced: the rollout of step + k may start
-                    if writer.log(step, metrics, final=step == last_step):
-                        shown = {
-                            k: metrics[k] for k in ("team/team_score", "team/format_valid") if k in metrics
-                        }
-                    if self.on_metrics:
-                        self.on_metrics(step, "train", metrics)
-                    bar.update(step, shown)
-                    if eval_every and (step % eval_every == 0 or step == last_step):
-                        self._evaluate(runtime, step, writer, summary)
-                    save_every = cfg.output.save_every
-                    if (save_every and step % save_every == 0) or self.checkpoint_request.is_set():
-                        self._checkpoint(runtime, step)
-                        self.checkpoint_request.clear()
-                    step_cost = time.monotonic() - step_start
-            summary.stopped = summary.stopped or step < last_step
-            summary.steps = step
-            summary.epochs = cfg.epoch_at(step)
-            summary.epoch_limited = bool(epoch_note) and step == last_step
-            if summary.epoch_limited:
-                _LOG.warning(
-                    "max_epochs=%d reached: %.3g passes over the %d training problems after step %d "
-                    "(max_steps=%d not reached)", cfg.max_epochs, summary.epochs, cfg.rollout.num_train_seeds,
-                    step, cfg.max_steps,
-                )  # fmt: skip
-            if step > start_step or self.last_checkpoint is None:
-                if eval_every and summary.eval_history and summary.eval_history[-1][0] != step:
-                    self._evaluate(runtime, step, writer, summary)
-                self._checkpoint(runtime, step)
-            summary.last_checkpoint = self.last_checkpoint
-            self._linger()
-        finally:
-            self.teardown_event.set()
-            # before the store and the actors it serves from go
-            self.gateway.stop(self.reader.external if self.reader else None)
-            if producer is not None:  # no new rollout; the one in flight ends before the actors go
-                producer.close(timeout_s=PRODUCER_CLOSE_TIMEOUT_S)
-            if monitor is not None:
-                monitor.stop()
-            writer.close()
-            store.close()
-            self.writer = self.reader = None
-            self.close_channels()
-            runtime.shutdown()
-        summary.untrained_external = self.gateway.untrained_external
-        summary.report = write_report(self.run_dir)
-        return summary
+        epoch = cfg.epoch_at(step)
+        if epoch is not None:
+            metrics["train/epoch"] = epoch
+        if run.producer is not None:
+            run.producer.updated(step)  # the weights are synced: the rollout of step + k may start
+        shown = None
+        if run.writer.log(step, metrics, final=step == cfg.total_steps):
+            shown = {k: metrics[k] for k in ("team/team_score", "team/format_valid") if k in metrics}
+        if self.on_metrics:
+            self.on_metrics(step, "train", metrics)
+        eval_every = cfg.rollout.eval_every
+        if eval_every and (step % eval_every == 0 or step == cfg.total_steps):
+            self._evaluate(run.runtime, step, run.writer, run.summary)
+        save_every = cfg.output.save_every
+        if (save_every and step % save_every == 0) or self.checkpoint_request.is_set():
+            self._checkpoint(run.runtime, step)
+            self.checkpoint_request.clear()
+        return shown
+
+    def _finish(self, run: _Run, step: int, start_step: int, epoch_noted: bool) -> None:
+        """The end of the steps: the summary's figures, the ``max_epochs`` note, and a final evaluation and
+        checkpoint unless the last step had them (or nothing was trained since the resumed checkpoint)."""
+        cfg, summary = self.cfg, run.summary
+        last_step = cfg.total_steps
+        summary.stopped = summary.stopped or step < last_step
+        summary.steps = step
+        summary.epochs = cfg.epoch_at(step)
+        summary.epoch_limited = epoch_noted and step == last_step
+        if summary.epoch_limited:
+            _LOG.warning(
+                "max_epochs=%d reached: %.3g passes over the %d training problems after step %d "
+                "(max_steps=%d not reached)", cfg.max_epochs, summary.epochs, cfg.rollout.num_train_seeds,
+                step, cfg.max_steps,
+            )  # fmt: skip
+        if step > start_step or self.last_checkpoint is None:
+            if cfg.rollout.eval_every and summary.eval_history and summary.eval_history[-1][0] != step:
+                self._evaluate(run.runtime, step, run.writer, summary)
+            self._checkpoint(run.runtime, step)
+        summary.last_checkpoint = self.last_checkpoint
+
+    def _teardown(self, run: _Run, store: Any) -> None:
+        """Stop the gateway (before the store and the actors it serves from go), the producer (its rollout in
+        flight ends first), the monitor, the writers and channels, then the actors and Ray."""
+        self.gateway.stop(self.reader.external if self.reader else None)
+        if run.producer is not None:  # no new rollout; the one in flight ends before the actors go
+            run.producer.close(timeout_s=PRODUCER_CLOSE_TIMEOUT_S)
+        if run.monitor is not None:
+            run.monitor.stop()
+        run.writer.close()
+        store.close()
+        self.writer = self.reader = None
+        self.close_channels()
+        run.runtime.shutdown()
 
     # ------------------------------------------------------------------------------------------ gateway
     def _start_gateway(self, runtime: RayRuntime) -> dict[str, Any]:
