@@ -98,6 +98,29 @@ class ResourceExhaustedError(MartiError):
     """A configured limit was reached: queue length, bytes, sessions, message size (gRPC RESOURCE_EXHAUSTED)."""
 
 
+class BatchTooLargeError(ResourceExhaustedError):
+    """The broker refused a Send or Broadcast batch for its message count alone: more envelopes than its
+    ``max_batch_messages``. gRPC RESOURCE_EXHAUSTED with a ``google.rpc.ErrorInfo`` detail whose reason is
+    ``BATCH_TOO_LARGE`` (domain ``marti.ai``; ``metadata["max_batch_messages"]``, the broker's limit), which the
+    SDK's broker clients read to send the batch again in parts.
+
+    Args:
+        message: What was refused (the count and the limit are named).
+        max_batch_messages: The broker's limit (also ``metadata["max_batch_messages"]``).
+    """
+
+    reason: ClassVar[str] = "BATCH_TOO_LARGE"
+
+    def __init__(self, message: str = "", *, max_batch_messages: int = 0) -> None:
+        super().__init__(message, metadata={"max_batch_messages": str(max_batch_messages)})
+
+    @property
+    def max_batch_messages(self) -> int:
+        """The broker's ``max_batch_messages`` (0 when the server did not say)."""
+        raw = self.metadata.get("max_batch_messages", "")
+        return int(raw) if raw.isdigit() else 0
+
+
 class FailedPreconditionError(MartiError):
     """The system is not in a state that allows the operation, e.g. step after episode end (FAILED_PRECONDITION)."""
 
@@ -209,6 +232,7 @@ class InternalError(MartiError):
 
 
 __all__ = [
+    "BatchTooLargeError",
     "ERROR_DOMAIN",
     "AbortedError",
     "AlreadyExistsError",

@@ -248,18 +248,27 @@ class AsyncMartiCommClient(_ClientBase):
         may have it: a retry reuses the ids, so it is delivered once)."""
         unicast, bcast = self._core.take_buffers()
         try:
-            if unicast:
-                await self._send_batch(self._stub.Send, pb.SendRequest, unicast)
-                unicast = []
-            if bcast:
-                await self._send_batch(self._stub.Broadcast, pb.BroadcastRequest, bcast)
-                bcast = []
+            await self._send_all(self._stub.Send, pb.SendRequest, unicast)
+            await self._send_all(self._stub.Broadcast, pb.BroadcastRequest, bcast)
         except asyncio.CancelledError:
             self._core.restore_buffers(unicast, bcast)
             self._kick()
             raise
         except Exception as exc:
             raise self._failed(exc, unicast, bcast, background) from None
+
+    async def _send_all(self, method, request_cls, items: list) -> None:
+        """Async :meth:`MartiCommClient._send_all`: ``items`` in batches the broker takes, each sent batch
+        removed from ``items`` (what is left on an error or a cancel was not sent)."""
+        while items:
+            n = self._core.batch_count(items)
+            try:
+                await self._send_batch(method, request_cls, items[:n])
+            except Exception as exc:
+                if self._core.learn_batch_limit(exc, n):
+                    continue
+                raise
+            del items[:n]
 
     async def _send_batch(self, method, request_cls, items: list):
         req, frame = self._batch_request(request_cls, items)

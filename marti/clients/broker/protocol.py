@@ -34,6 +34,7 @@ from marti.api.common.v1 import common_pb2
 from marti.codec import broker as broker_codec
 from marti.codec.broker import decode_payload, encode_payload
 from marti.errors import (
+    BatchTooLargeError,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -108,6 +109,8 @@ class _Core:
         self.agent_id = agent_id
         self.session = session
         self.batching_size = batching_size
+        # The broker's max_batch_messages, once a refusal told it (learn_batch_limit); None: not known.
+        self.broker_batch_limit: int | None = None
         self.max_batch_bytes = max_batch_bytes
         self.update_frequency_s = update_frequency_s
         # Nagle's rule: a message buffered while no batch is in flight is due at once (no linger).
@@ -244,6 +247,27 @@ class _Core:
         with self.lock:
             self.in_flight -= 1
             return self.send_when_idle and not self.in_flight and bool(self.buffer or self.broadcast_buffer)
+
+    def batch_count(self, items: list) -> int:
+        """How many of ``items`` (a flush's messages, in order) go in the next Send or Broadcast rpc: all of
+        them, or at most the broker's ``max_batch_messages`` once a refusal told it (:meth:`learn_batch_limit`)."""
+        return min(len(items), self.broker_batch_limit or len(items))
+
+    def learn_batch_limit(self, exc: BaseException, sent: int) -> bool:
+        """Whether ``exc`` is the broker refusing a batch of ``sent`` messages for its count alone (its
+        :class:`~marti.errors.BatchTooLargeError` names a ``max_batch_messages`` below ``sent``). If so, later
+        batches hold at most that many: ``batching_size`` is lowered to it, and the refused batch is to be sent
+        again in parts (same message ids: nothing was delivered from a refused batch)."""
+        limit = exc.max_batch_messages if isinstance(exc, BatchTooLargeError) else 0
+        if not 0 < limit < sent:
+            return False
+        _LOG.warning(
+            "broker client %r: the broker takes at most %d messages a batch (max_batch_messages); batching_size "
+            "%d is lowered to it", self.agent_id, limit, self.batching_size,
+        )  # fmt: skip
+        self.broker_batch_limit = limit
+        self.batching_size = min(self.batching_size, limit)
+        return True
 
     def take_buffers(self) -> tuple[list, list]:
         with self.lock:

@@ -462,14 +462,24 @@ class MartiCommClient(_ClientBase):
         """Sends the buffers (the caller holds ``_send_lock``); see :meth:`_Core.split_failed` on errors."""
         unicast, bcast = self._core.take_buffers()
         try:
-            if unicast:
-                self._send_batch(self._stub.Send, pb.SendRequest, unicast)
-                unicast = []
-            if bcast:
-                self._send_batch(self._stub.Broadcast, pb.BroadcastRequest, bcast)
-                bcast = []
+            self._send_all(self._stub.Send, pb.SendRequest, unicast)
+            self._send_all(self._stub.Broadcast, pb.BroadcastRequest, bcast)
         except Exception as exc:
             raise self._failed(exc, unicast, bcast, background) from None
+
+    def _send_all(self, method, request_cls, items: list) -> None:
+        """Sends ``items`` in batches the broker takes (:meth:`_Core.batch_count`; a batch refused for its
+        count alone is sent again in parts, :meth:`_Core.learn_batch_limit`), removing each sent batch from
+        ``items``: on an error, what is left in ``items`` was not sent."""
+        while items:
+            n = self._core.batch_count(items)
+            try:
+                self._send_batch(method, request_cls, items[:n])
+            except Exception as exc:
+                if self._core.learn_batch_limit(exc, n):
+                    continue
+                raise
+            del items[:n]
 
     def _send_batch(self, method, request_cls, items: list):
         req, frame = self._batch_request(request_cls, items)

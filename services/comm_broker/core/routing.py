@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from marti.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from marti.errors import BatchTooLargeError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 
 from .limits import BrokerLimits, check_name
 from .mailbox import Entry, Mailbox
@@ -106,8 +106,9 @@ class Router:
     def _validate(self, sender: str, envelopes: Sequence[Envelope]) -> None:
         lim = self.limits
         if len(envelopes) > lim.max_batch_messages:
-            raise ResourceExhaustedError(
-                f"batch of {len(envelopes)} messages is over max_batch_messages={lim.max_batch_messages}"
+            raise BatchTooLargeError(  # its ErrorInfo names the limit: a client splits the batch by it
+                f"batch of {len(envelopes)} messages is over max_batch_messages={lim.max_batch_messages}",
+                max_batch_messages=lim.max_batch_messages,
             )
         for env in envelopes:
             check_name(lim, "message_id", env.message_id)
