@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.arguments import checked
+from marti.chat_content import content_text, utf8_text
 from marti.errors import InternalError, InvalidArgumentError
 from marti.inference import (
     ChatMessages,
@@ -60,13 +61,7 @@ def _check_uint32(name: str, value: int | None) -> None:
 
 def _check_text(name: str, value: str) -> None:
     """Raises InvalidArgumentError when ``value`` cannot be sent as UTF-8 (a lone surrogate), naming where."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgumentError(
-            f"{name} is not valid Unicode text: character {exc.start} is {value[exc.start]!r}, a lone "
-            "surrogate that UTF-8 cannot encode"
-        ) from None
+    utf8_text(value, name)
 
 
 #: Keys of a chat message the gRPC ``Generate`` call carries; any other key with a value is refused, not dropped.
@@ -103,25 +98,7 @@ def _chat_message(i: int, m: object) -> tuple[str, str]:
                 "assistant's may be None)"
             )
         return role, ""
-    if isinstance(content, list):
-        content = "\n".join(_text_part(i, j, part) for j, part in enumerate(content))
-    elif not isinstance(content, str):
-        raise InvalidArgumentError(
-            f"messages[{i}].content must be a string or a list of text parts, got {type(content).__name__} "
-            f"{content!r:.100}"
-        )
-    _check_text(f"messages[{i}].content", content)
-    return role, content
-
-
-def _text_part(i: int, j: int, part: object) -> str:
-    """The text of content part ``j`` of ``messages[i]``; raises InvalidArgumentError for anything but
-    ``{"type": "text", "text": str}`` (an image part, a bare string), naming ``messages[i].content[j]``."""
-    if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
-        return str(part["text"])
-    raise InvalidArgumentError(
-        f"messages[{i}].content[{j}] must be a text part {{'type': 'text', 'text': str}}, got {part!r:.100}"
-    )
+    return role, content_text(content, f"messages[{i}].content")
 
 
 #: Wire finish reason -> the name :class:`~marti.inference.Completion` carries (unknown values read ``stop``).

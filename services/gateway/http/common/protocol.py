@@ -23,6 +23,7 @@ from pydantic import (
     field_validator,
 )
 
+from marti.chat_content import utf8_text
 from marti.errors import InvalidArgumentError
 from marti.inference import SamplingParams
 from services.gateway.core.gateway import Served
@@ -35,13 +36,9 @@ _Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 def _utf8(v: str) -> str:
     """``v`` unchanged; ValueError when it cannot be encoded as UTF-8 (JSON's lone surrogate escapes)."""
     try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"the text is not valid Unicode: character {exc.start} is the lone surrogate {v[exc.start]!r}, "
-            "which UTF-8 cannot encode"
-        ) from None
-    return v
+        return utf8_text(v, "the text")
+    except InvalidArgumentError as exc:
+        raise ValueError(exc.message) from None
 
 
 #: A string that is valid Unicode (encodable as UTF-8).
@@ -56,10 +53,7 @@ def checked_text(value: Any, param: str) -> str:
     """
     if not isinstance(value, str):
         raise request_error(f"{param} must be a string, got {type(value).__name__}", param)
-    try:
-        return _utf8(value)
-    except ValueError as exc:
-        raise request_error(f"{param}: {exc}", param) from None
+    return utf8_text(value, param)
 
 
 class _Body(BaseModel):

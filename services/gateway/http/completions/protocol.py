@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from marti.chat_content import content_text
+from marti.errors import InvalidArgumentError
 from services.gateway.convert import CHAT_ROLES
 from services.gateway.core.gateway import Served
 from services.gateway.http.common.protocol import SampledRequest, _Body, _Str, _utf8
@@ -62,25 +64,15 @@ class ToolSpec(_Body):
         return v
 
 
-def _part_text(part: Any, j: int) -> str:
-    """The text of content part ``j``; a PydanticCustomError naming the part's field (its ``param_suffix``,
-    ``[j].type`` or ``[j].text``) when it is not ``{"type": "text", "text": str}``."""
-    kind = part.get("type") if isinstance(part, dict) else None
-    if kind != "text":
-        raise PydanticCustomError(
-            "content_part",
-            f"content part {j} has type {kind!r}; only {{'type': 'text', 'text': str}} parts are supported",
-            {"param_suffix": f"[{j}].type"},
-        )
-    text = part.get("text")
-    if not isinstance(text, str):
-        got = "has no text" if text is None else f"has text {text!r}, a {type(text).__name__}"
-        raise PydanticCustomError(
-            "content_part",
-            f"content part {j} {got}: a text part's text must be a string ({{'type': 'text', 'text': str}})",
-            {"param_suffix": f"[{j}].text"},
-        )
-    return text
+def _content_text(v: Any) -> str:
+    """``v`` (a non-null content) as one text (:func:`marti.chat_content.content_text`); a PydanticCustomError
+    whose ``param_suffix`` names the part at fault (``[j].type``, ``[j].text``), so the 400 names
+    ``messages[i].content[j].text``."""
+    try:
+        return content_text(v, "content")
+    except InvalidArgumentError as exc:
+        suffix = str(getattr(exc, "param", "content")).removeprefix("content")
+        raise PydanticCustomError("content_part", exc.message, {"param_suffix": suffix}) from None
 
 
 class ChatMessage(_Body):
@@ -112,14 +104,7 @@ class ChatMessage(_Body):
                     f"content is required in a {role!r} message (only an assistant's may be null)"
                 )
             return ""
-        if isinstance(v, str):
-            return _utf8(v)
-        if not isinstance(v, list):
-            raise ValueError("content must be a string or a list of content parts")
-        texts = []
-        for j, part in enumerate(v):
-            texts.append(_utf8(_part_text(part, j)))
-        return "\n".join(texts)
+        return _content_text(v)
 
 
 class ChatCompletionRequest(SampledRequest):

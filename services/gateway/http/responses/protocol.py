@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt
 
+from marti.chat_content import content_text
 from marti.errors import InvalidArgumentError
 from marti.inference import ChatMessages
 from services.gateway.convert import chat_role
@@ -167,26 +168,17 @@ def _refuse_text(text: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- input
+#: A message item's content part type -> the key holding its text.
+_PART_TEXT = {**{kind: "text" for kind in TEXT_PARTS}, "refusal": "refusal"}
+
+
 def _content(content: Any, param: str) -> str:
-    """A message item's content: a string, or text parts joined with newlines (as chat content parts are)."""
-    if isinstance(content, str):
-        return checked_text(content, param)
-    if not isinstance(content, list):
-        raise request_error(f"{param} must be a string or a list of content parts", param)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "refusal":
-            texts.append(checked_text(part.get("refusal"), f"{param}[{j}].refusal"))
-        elif kind in TEXT_PARTS:
-            texts.append(checked_text(part.get("text"), f"{param}[{j}].text"))
-        else:
-            raise request_error(
-                f"{param}[{j}].type is {kind!r}: this engine reads text only; the parts allowed are "
-                f"{[*TEXT_PARTS, 'refusal']}",
-                f"{param}[{j}].type",
-            )
-    return "\n".join(texts)
+    """A message item's content: a string, or text parts joined with newlines (as chat content parts are).
+
+    Raises:
+        InvalidArgumentError: As :func:`marti.chat_content.content_text`, with ``param`` the field at fault.
+    """
+    return content_text(content, param, _PART_TEXT)
 
 
 def _role(value: Any, param: str) -> str:
