@@ -19,4 +19,4 @@ def test_a_service_serves_in_its_own_process_and_stops():
 
 def test_a_bad_flag_is_the_services_own_error():
     with pytest.raises(UnavailableError, match=r"store \(port any\) exited with code 2 before listening"):
-        Server("store", ["--log-level", "WARNING"])  # the store has no --log-level flag
+        Server("store", ["--log-level", "LOUD"])  # not a logging level: the store exits with code 2
