@@ -147,7 +147,20 @@ def _cmd_bench(argv: list[str]) -> int:
             f"benchmark {args.name!r} cannot start: it needs the module {exc.name!r} ({exc})", file=sys.stderr
         )
         return 2
-    return int(module.main(rest) or 0)
+    return _run_bench(args.name, module, rest)
+
+
+def _run_bench(name: str, module: object, argv: list[str]) -> int:
+    """Run benchmark ``name``'s ``main(argv)``; a :class:`~marti.errors.MartiError` it raises (a model that is not
+    found, a bad argument, a service that did not start) is one line on stderr, no traceback: exit code 2 for
+    bad input (InvalidArgumentError, NotFoundError), 1 otherwise."""
+    from marti.errors import InvalidArgumentError, MartiError, NotFoundError
+
+    try:
+        return int(module.main(argv) or 0)  # type: ignore[attr-defined]
+    except MartiError as exc:
+        print(f"marti bench {name}: error: {exc}", file=sys.stderr, flush=True)
+        return 2 if isinstance(exc, InvalidArgumentError | NotFoundError) else 1
 
 
 LOCAL = {

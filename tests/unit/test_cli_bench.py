@@ -39,3 +39,10 @@ def test_an_unknown_name_is_refused_with_the_list(capsys):
     assert cli.main(["bench", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown benchmark 'nope'" in err and "broker" in err and "report" not in err
+
+
+def test_a_benchmarks_own_refusal_is_one_line_without_a_traceback(capsys):
+    assert cli.main(["bench", "engine", "--model", "nosuch", "--batches", "1", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("marti bench engine: error: model 'nosuch' not found") and "Traceback" not in err
+    assert err.count("\n") == 1, err
