@@ -35,7 +35,6 @@ and the load average before and after; ``--json PATH`` also writes every number.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import multiprocessing
@@ -45,7 +44,14 @@ import statistics
 import threading
 import time
 
-from benchmarks.report import check_json_path, markdown_table, positive_float, positive_int, write_json
+from benchmarks.report import (
+    bench_parser,
+    check_json_path,
+    markdown_table,
+    positive_float,
+    positive_int,
+    write_json,
+)
 from benchmarks.server import Server
 
 WORDS = (
@@ -638,7 +644,7 @@ def targets(results: dict) -> tuple[list[str], dict, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the arms and prints the table. Returns 0, or 1 if a target is missed (``--strict``)."""
-    p = argparse.ArgumentParser(prog="marti bench broker", description=__doc__.splitlines()[0])
+    p = bench_parser("broker", __doc__)
     p.add_argument("--messages", type=positive_int, default=16_000, help="messages per throughput run")
     p.add_argument("--ray-messages", type=positive_int, default=4_000, help="messages for the Ray baseline")
     p.add_argument("--batch", type=positive_int, default=100, help="messages per batch in the batched run")

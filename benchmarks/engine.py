@@ -33,14 +33,13 @@ prefill and of decoding, summed over its timed calls). ``--json PATH`` writes ev
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import markdown_table, print_report
+from benchmarks.report import bench_parser, markdown_table, print_report
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "generate_fp32"
@@ -244,7 +243,7 @@ def table(out: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table (and write ``--json``); returns 0."""
-    p = argparse.ArgumentParser(prog="marti bench engine", description=__doc__.splitlines()[0])
+    p = bench_parser("engine", __doc__)
     p.add_argument(
         "--model",
         default="smollm2-135m-instruct",

@@ -21,7 +21,6 @@ row with its ratios, the targets and the load average before and after (:func:`r
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import os
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 
 import marti.envs as me
-from benchmarks.report import check_json_path, markdown_table, positive_int, print_report
+from benchmarks.report import bench_parser, check_json_path, markdown_table, positive_int, print_report
 from benchmarks.server import Server, cpu_s
 from marti.clients.env import AsyncEnvClient, EnvClient, StepResult
 
@@ -451,7 +450,7 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table; returns 0."""
-    parser = argparse.ArgumentParser(prog="marti bench env", description=__doc__.splitlines()[0])
+    parser = bench_parser("env", __doc__)
     parser.add_argument("--steps", type=positive_int, default=2000, help="step calls per single-session row")
     parser.add_argument("--sessions", type=positive_int, default=64, help="sessions in the batched rows")
     parser.add_argument("--address", default=None, help="use a running env server instead of starting one")

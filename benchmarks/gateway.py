@@ -28,7 +28,6 @@ flight over HTTP (errors, timeouts, latency and the event loop's lag). ``--arms`
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing as mp
 import os
@@ -39,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import markdown_table, non_negative_int, positive_int, print_report
+from benchmarks.report import bench_parser, markdown_table, non_negative_int, positive_int, print_report
 
 BASELINE = "direct"
 AGENTS = ("alice", "bob")
@@ -308,7 +307,7 @@ def table(out: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table (and write ``--json``); returns 0."""
-    p = argparse.ArgumentParser(prog="marti bench gateway", description=__doc__.splitlines()[0])
+    p = bench_parser("gateway", __doc__)
     p.add_argument("--model", default="tiny-llama", help="tiny-llama (default) or smollm2-135m-instruct")
     p.add_argument("--clients", default="1,8,32", help="comma-separated concurrent clients (default 1,8,32)")
     p.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")

@@ -13,6 +13,14 @@ from pathlib import Path
 from typing import Any
 
 
+def bench_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``marti bench NAME``, described by the first paragraph of the bench's docstring ``doc`` as
+    plain text (reST double backticks dropped: ``--help`` is read in a terminal)."""
+    first = (doc or "").strip().split("\n\n", 1)[0]
+    description = " ".join(first.replace("``", "").split())
+    return argparse.ArgumentParser(prog=f"marti bench {name}", description=description)
+
+
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An ``argparse`` type: an integer >= ``minimum``.
 

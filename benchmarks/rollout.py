@@ -25,7 +25,6 @@ round trips by method; the load average before and after. ``--json PATH`` writes
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import markdown_table, print_report
+from benchmarks.report import bench_parser, markdown_table, print_report
 from services.trainer.job.addresses import Addresses
 from services.trainer.job.loop import TrainingLoop
 
@@ -272,7 +271,7 @@ def table(out: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table (and write ``--json``); returns 0."""
-    p = argparse.ArgumentParser(prog="marti bench rollout", description=__doc__.splitlines()[0])
+    p = bench_parser("rollout", __doc__)
     p.add_argument(
         "--config",
         default=str(ROOT / "examples" / "resource_allocation.yaml"),

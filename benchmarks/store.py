@@ -36,7 +36,14 @@ import time
 from collections import deque
 from pathlib import Path
 
-from benchmarks.report import check_json_path, markdown_table, non_negative_int, positive_int, write_json
+from benchmarks.report import (
+    bench_parser,
+    check_json_path,
+    markdown_table,
+    non_negative_int,
+    positive_int,
+    write_json,
+)
 from benchmarks.server import Server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -329,7 +336,7 @@ COUNT_OPTIONS = (
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="marti bench store", description=__doc__.splitlines()[0])
+    p = bench_parser("store", __doc__)
     p.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     for flag, kind, default, what in COUNT_OPTIONS:
         p.add_argument(flag, type=kind, default=default, help=what)

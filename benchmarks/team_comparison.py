@@ -53,7 +53,6 @@ the whole command; ``--json PATH`` writes every number.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -67,7 +66,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.report import markdown_table, write_json
+from benchmarks.report import bench_parser, markdown_table, write_json
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
 
@@ -511,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 on success, 1 if any run exited non-zero.
     """
-    p = argparse.ArgumentParser(prog="marti bench team_comparison", description=__doc__.splitlines()[0])
+    p = bench_parser("team_comparison", __doc__)
     p.add_argument("--scenario", default="resource_allocation", choices=tuple(SCENARIOS), help="which task")
     p.add_argument("--budget", default="samples", choices=BUDGETS, help="what is equal across arms")
     p.add_argument(

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib
 import os
 
-from benchmarks.report import check_json_path, positive_float, positive_int, write_json
+from benchmarks.report import bench_parser, check_json_path, positive_float, positive_int, write_json
 from benchmarks.scale.broker_burst import bench_broker, ring
 from benchmarks.scale.env_burst import bench_env
 from benchmarks.scale.paced import bench_idle_and_paced
@@ -19,7 +18,7 @@ from benchmarks.scale.tables import burst_table, paced_and_memory_report
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the env_server and comm_broker scale runs and prints the table; returns 1 if a check failed."""
-    p = argparse.ArgumentParser(prog="marti bench scale", description=_description())
+    p = bench_parser("scale", importlib.import_module("benchmarks.scale").__doc__)
     p.add_argument(
         "--sessions", type=positive_int, default=None, help="concurrent env sessions (default 1000)"
     )
@@ -220,8 +219,3 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, out)
         print(f"wrote {args.json}")
     return 1 if failed else 0
-
-
-def _description() -> str:
-    """The first line of the bench's docstring (:mod:`benchmarks.scale`)."""
-    return (importlib.import_module("benchmarks.scale").__doc__ or "").splitlines()[0]

@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+from benchmarks.report import bench_parser
 from benchmarks.trainer import sum_task
 from benchmarks.trainer.ours import run_ours
 from benchmarks.trainer.report import SIDES, TRL_ARMS
@@ -35,9 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 when every side ran (whether or not the target is met).
     """
-    p = argparse.ArgumentParser(
-        prog="marti bench trainer", description=sys.modules[__package__].__doc__.splitlines()[0]
-    )
+    p = bench_parser("trainer", sys.modules[__package__].__doc__)
     p.add_argument("--model", default="tiny-llama", help="model name or folder (default tiny-llama)")
     p.add_argument("--steps", type=int, default=12, help="training steps N (default 12)")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step (default 4)")

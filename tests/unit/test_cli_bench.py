@@ -46,3 +46,12 @@ def test_a_benchmarks_own_refusal_is_one_line_without_a_traceback(capsys):
     err = capsys.readouterr().err
     assert err.startswith("marti bench engine: error: model 'nosuch' not found") and "Traceback" not in err
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("name", cli.bench_names(ROOT / "benchmarks"))
+def test_each_benchmarks_help_is_plain_text(name, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", name, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: marti bench {name}") and "``" not in out, out
