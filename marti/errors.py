@@ -8,7 +8,8 @@ remote service.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
 #: Domain of the ``google.rpc.ErrorInfo`` details marti attaches to errors that carry a :attr:`MartiError.reason`.
@@ -42,6 +43,26 @@ class MartiError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+def with_context(exc: MartiError, context: str) -> MartiError:
+    """A copy of ``exc`` (same class, same ``metadata`` and attributes) whose message starts with ``context``:
+    ``"reward.model (--reward_model): " + exc.message``; raise it ``from exc``."""
+    err = type(exc).__new__(type(exc))
+    err.__dict__.update(exc.__dict__)
+    err.message = f"{context}: {exc.message}"
+    Exception.__init__(err, err.message)
+    return err
+
+
+@contextlib.contextmanager
+def in_context(context: str) -> Iterator[None]:
+    """A :class:`MartiError` raised inside is raised again (same class) with ``context`` first in its message
+    (:func:`with_context`): ``with in_context("reward.model (--reward_model)"): load(path)``."""
+    try:
+        yield
+    except MartiError as exc:
+        raise with_context(exc, context) from exc
 
 
 def _rebuild(cls: type[MartiError], message: str) -> MartiError:
@@ -232,6 +253,8 @@ class InternalError(MartiError):
 
 
 __all__ = [
+    "in_context",
+    "with_context",
     "BatchTooLargeError",
     "ERROR_DOMAIN",
     "AbortedError",

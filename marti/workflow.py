@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from marti.errors import InvalidArgumentError, MartiError
+from marti.errors import InvalidArgumentError, MartiError, with_context
 from marti.loader import load_attr
 
 __all__ = [
@@ -443,7 +443,7 @@ def check_workflow_section(section: Any, agent_names: Sequence[str]) -> None:
             try:
                 load_callable(path)
             except MartiError as exc:
-                raise type(exc)(f"{key}: {exc.message}", metadata=exc.metadata) from exc
+                raise with_context(exc, key) from exc
     if not section.factory:
         workflow_from_section(section, agent_names)
 

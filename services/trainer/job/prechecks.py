@@ -14,7 +14,7 @@ from typing import Any
 import marti
 from marti.config import TrainConfig
 from marti.config.dataset import DATASET_ENV
-from marti.errors import InvalidArgumentError, NotFoundError
+from marti.errors import InvalidArgumentError, NotFoundError, in_context
 from marti.workflow import check_workflow_section
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.addresses import resolve_addresses
@@ -110,7 +110,8 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
             reward_model_config,  # transformers' config classes: loaded when needed
         )
 
-        reward_model_config(model)
+        with in_context("reward.model (--reward_model)"):
+            reward_model_config(model)
     return tasks
 
 

@@ -192,12 +192,23 @@ def test_a_causal_lm_as_reward_model_is_refused_before_the_job(tmp_path):
     LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                 architectures=["LlamaForCausalLM"]).save_pretrained(folder)  # fmt: skip
     cfg = _config(tmp_path, reward={"model": str(folder)})
-    with pytest.raises(InvalidArgumentError, match=r"causal'.*not a sequence-classification model"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"^reward.model \(--reward_model\): .*causal'.*not a sequence"
+    ):
         check_dataset_job(cfg)
     from marti.errors import NotFoundError
 
-    with pytest.raises(NotFoundError, match="is not a folder"):
+    with pytest.raises(NotFoundError, match=r"^reward.model \(--reward_model\): .*is not a folder"):
         check_dataset_job(_config(tmp_path, reward={"model": str(tmp_path / "nowhere")}))
+
+
+def test_a_bad_remote_reward_url_names_its_key_and_flag_before_the_job(tmp_path):
+    from services.trainer.job.prechecks import check_dataset_job
+
+    with pytest.raises(
+        InvalidArgumentError, match=r"^reward.remote_url \(--remote_rm_url\): .*got 'notaurl'"
+    ):
+        check_dataset_job(_config(tmp_path, reward={"remote_url": "notaurl"}))
     check_dataset_job(
         _config(tmp_path, reward={"model": "tiny-llama"})
     )  # built by the actor: no file to check

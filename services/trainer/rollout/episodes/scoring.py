@@ -27,6 +27,7 @@ from marti.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     UnavailableError,
+    in_context,
 )
 from marti.rewards import RewardScorer, WeightedSum, check_batch, check_scores, reward_functions
 from marti.rewards.judge import compile_judge_pattern, read_verdict
@@ -80,8 +81,8 @@ def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer 
         from marti.rewards.remote import RemoteRewardScorer
 
         label_key = cfg.dataset.label_key if cfg.dataset is not None else None
-        scorers.append(
-            RemoteRewardScorer(
+        with in_context("reward.remote_url (--remote_rm_url)"):
+            remote = RemoteRewardScorer(
                 r.remote_url,
                 timeout_s=r.remote_timeout_s,
                 retries=r.remote_retries,
@@ -89,7 +90,7 @@ def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer 
                 batch_size=r.remote_batch_size,
                 label_key=label_key,
             )
-        )
+        scorers.append(remote)
     if r.model and score_model is not None:
         scorers.append(ActorScorer(score_model, r.model))
     if not scorers:
