@@ -151,7 +151,9 @@ class MartiCommClient(_ClientBase):
             ``MARTI_TOKEN`` (as the broker itself does); ``""`` sends none.
         topics: Topics this agent subscribes to. The subscription starts with its first ``get_messages`` or
             ``subscribe`` call: a message published before then does not reach it (``publish`` counts 0).
-        batching_size: Messages per batch (default 128; 1 = send immediately, one Send rpc per message).
+        batching_size: Messages per batch (default 128; 1 = send immediately, one Send rpc per message). Above
+            the broker's ``max_batch_messages``, the first batch it refuses for its count (``BatchTooLargeError``)
+            is sent again in parts under the limit, and ``batching_size`` is lowered to it (a warning is logged).
         max_batch_bytes: Payload bytes that close a batch early (default 1 MiB).
         update_frequency_s: The linger: longest time a buffered message waits before its batch is sent
             (seconds; default 0.001, like a Kafka producer's ``linger.ms``); 0 disables the timer (batches
