@@ -92,9 +92,12 @@ def _cause(exc: BaseException) -> str:
 def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
     """``load_dataset`` arguments that read every CSV cell as the text written (``"007"`` stays ``"007"``, an
     empty cell is ``""``): string features for the header's columns, no NA guessing."""
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(
+        path, newline="", encoding="utf-8-sig"
+    ) as f:  # utf-8-sig: a byte-order mark (Excel) is not text
         header = next(csv.reader(f), [])
-    return {"features": ds.Features({c: ds.Value("string") for c in header}), "na_filter": False}
+    features = ds.Features({c: ds.Value("string") for c in header})
+    return {"features": features, "na_filter": False, "encoding": "utf-8-sig"}
 
 
 def _mixed_as_text(ds: Any, loaded: Any, spec: SourceSpec) -> Any:

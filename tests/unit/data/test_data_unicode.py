@@ -42,3 +42,14 @@ def test_a_json_column_mixing_numbers_and_text_keeps_the_text_written(tmp_path):
     plain = tmp_path / "plain.jsonl"  # one type per column: kept as it is
     plain.write_text('{"prompt": "a", "answer": 1}\n{"prompt": "b", "answer": 7}\n')
     assert ProblemSet.from_source(f"jsonl:{plain}", input_key="prompt", label_key="answer").label(1) == 7
+
+
+def test_a_csv_with_a_utf8_byte_order_mark_reads_its_header_and_cells_as_written(tmp_path) -> None:
+    path = tmp_path / "excel.csv"  # Excel's "CSV UTF-8" starts the file with a byte-order mark
+    path.write_bytes(b"\xef\xbb\xbfprompt,answer\nq1,1\ncaf\xc3\xa9,007\n")
+    problems = ProblemSet.from_source(str(path), input_key="prompt", label_key="answer")
+    assert problems.columns == ["prompt", "answer"]
+    assert [(problems.prompt(i), problems.label(i)) for i in range(len(problems))] == [
+        ("q1", "1"),
+        ("café", "007"),
+    ]
