@@ -55,7 +55,7 @@ from services.trainer.job.gateway_host import GatewayHost
 from services.trainer.job.reconnect import Backoff, call_with_reconnect
 from services.trainer.job.run_dir import RunFolder, latest_checkpoint
 from services.trainer.job.summary import RunSummary, epoch_limit_message, user_code_paths
-from services.trainer.learn.allocation import AllocationWeights, PriorityAllocator, quotas, take_groups
+from services.trainer.learn.allocation import AllocationWeights, PriorityAllocator, allocate_step
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
 from services.trainer.observe.progress import ProgressBar
 from services.trainer.observe.sampled_eval import eval_metrics
@@ -759,7 +759,9 @@ class TrainingLoop:
         if self.curriculum is not None:
             metrics.update(self._curriculum_step(results))
         if self.allocator is not None:
-            batches, alloc = self._allocate(batches, metrics)
+            batches, alloc = allocate_step(
+                self.allocator, batches, metrics, self.cfg.allocation.budget_samples
+            )
             metrics.update(alloc)
         for agent, rows in batches.items():
             if not rows:
@@ -784,31 +786,3 @@ class TrainingLoop:
         """Feed the step's episodes to the curriculum (:func:`~services.trainer.rollout.episodes.env_config.curriculum_step`)."""
         assert self.curriculum is not None
         return curriculum_step(self.curriculum, self.cfg, results)
-
-    def _allocate(
-        self, batches: dict[str, list[TrainedRow]], metrics: dict[str, float]
-    ) -> tuple[dict[str, list[TrainedRow]], dict[str, float]]:
-        """Priority allocation of this step's training samples (services/trainer/learn/allocation.py).
-
-        Returns:
-            The batches cut to each agent's quota of samples (trained turns; whole groups), and
-            ``alloc/<agent>`` (share), ``alloc/<agent>/samples``,
-            ``alloc/<agent>/{progress,efficiency,urgency,priority}``.
-        """
-        assert self.allocator is not None
-        rewards = {a: metrics[f"{a}/reward"] for a in batches if f"{a}/reward" in metrics}
-        rows = {a: sum(r.rows for r in ts) for a, ts in batches.items()}
-        cost = {a: sum(r.tokens for r in ts) / rows[a] for a, ts in batches.items() if rows[a]}
-        self.allocator.observe(rewards, cost)
-        terms = self.allocator.terms()
-        shares = self.allocator.shares()
-        quota = quotas(shares, rows, self.cfg.allocation.budget_samples)
-        out: dict[str, float] = {}
-        cut: dict[str, list[TrainedRow]] = {}
-        for a, ts in batches.items():
-            cut[a] = take_groups(ts, quota.get(a, rows[a]), lambda r: r.group, lambda r: r.rows)
-            out[f"alloc/{a}"] = shares.get(a, 0.0)
-            out[f"alloc/{a}/samples"] = float(sum(r.rows for r in cut[a]))
-            for k, v in terms.get(a, {}).items():
-                out[f"alloc/{a}/{k}"] = v
-        return cut, out

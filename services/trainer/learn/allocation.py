@@ -187,5 +187,44 @@ def take_groups(samples: Sequence[Any], quota: int, group_of: Any = None, size_o
     return [s for s in samples if key(s) in kept]
 
 
+def allocate_step(
+    allocator: PriorityAllocator,
+    batches: dict[str, list[Any]],
+    metrics: Mapping[str, float],
+    budget_samples: int | None,
+) -> tuple[dict[str, list[Any]], dict[str, float]]:
+    """Priority allocation of one step's training samples: ``allocator`` observes each agent's reward
+    (``metrics["<agent>/reward"]``) and tokens per sample, and each agent's batch is cut to its quota of
+    ``budget_samples``.
+
+    Args:
+        allocator: The job's allocator.
+        batches: Each agent's taken rows (each with ``rows`` samples, ``tokens`` and a ``group``).
+        metrics: The step's metrics so far.
+        budget_samples: Samples for all agents together (None: every agent keeps what it took).
+
+    Returns:
+        The batches cut to each agent's quota of samples (trained turns; whole groups), and
+        ``alloc/<agent>`` (share), ``alloc/<agent>/samples``,
+        ``alloc/<agent>/{progress,efficiency,urgency,priority}``.
+    """
+    rewards = {a: metrics[f"{a}/reward"] for a in batches if f"{a}/reward" in metrics}
+    rows = {a: sum(r.rows for r in ts) for a, ts in batches.items()}
+    cost = {a: sum(r.tokens for r in ts) / rows[a] for a, ts in batches.items() if rows[a]}
+    allocator.observe(rewards, cost)
+    terms = allocator.terms()
+    shares = allocator.shares()
+    quota = quotas(shares, rows, budget_samples)
+    out: dict[str, float] = {}
+    cut: dict[str, list[Any]] = {}
+    for a, ts in batches.items():
+        cut[a] = take_groups(ts, quota.get(a, rows[a]), lambda r: r.group, lambda r: r.rows)
+        out[f"alloc/{a}"] = shares.get(a, 0.0)
+        out[f"alloc/{a}/samples"] = float(sum(r.rows for r in cut[a]))
+        for k, v in terms.get(a, {}).items():
+            out[f"alloc/{a}/{k}"] = v
+    return cut, out
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None

@@ -307,6 +307,7 @@ def _allocation(cfg: TrainConfig) -> str:
     in 8 with a flat one; 8 samples each in 4 groups (the rows of one-turn trajectories, as the policy actors'
     batch summaries give them). Reports the shares, terms and the cut batch sizes."""
     from services.trainer.data.table_sampler import TrainedRow
+    from services.trainer.learn.allocation import allocate_step
 
     loop = _loop(cfg)
     if loop.allocator is None:
@@ -319,7 +320,7 @@ def _allocation(cfg: TrainConfig) -> str:
             for i, agent in enumerate(names)
         }
         metrics = {f"{names[0]}/reward": reward, f"{names[-1]}/reward": 0.2}
-        cut, alloc = loop._allocate(batches, metrics)
+        cut, alloc = allocate_step(loop.allocator, batches, metrics, loop.cfg.allocation.budget_samples)
         out.append(({a: len(s) for a, s in cut.items()}, alloc))
     return repr(out)
 
