@@ -459,3 +459,31 @@ async def test_async_cancelled_send_keeps_its_batch():
     assert c._core.buffered_ids() != []  # put back: the next flush retries it with the same id
     c._closed = True  # nothing can be sent on this channel; drop the client without a final flush
     c._flusher.cancel()
+
+
+def test_exit_flush_waits_for_a_batch_in_flight_at_most_timeout_s_then_logs(caplog):
+    """A batch still in flight (another thread holds the send lock) when the exit flush runs: it waits
+    ``timeout_s``, then says the batch may not have reached the broker, and returns."""
+    ch = FakeChannel()
+    c = lingering(ch, update_frequency_s=30, timeout_s=0.2)
+    c.send_message("b", "ok")
+    held, release = threading.Event(), threading.Event()
+
+    def in_flight() -> None:
+        with c._send_lock:
+            held.set()
+            release.wait(5)
+
+    t = threading.Thread(target=in_flight)
+    t.start()
+    held.wait(5)
+    t0 = time.monotonic()
+    with caplog.at_level("ERROR", logger="marti.broker.client"):
+        c._flush_on_exit()
+    took = time.monotonic() - t0
+    release.set()
+    t.join()
+    assert 0.15 <= took < 3.0, took
+    assert "still in flight after 0.2 s" in caplog.text, caplog.text
+    assert ch.sends() == []  # nothing was sent behind the batch in flight
+    c.close()
