@@ -17,7 +17,7 @@ Several functions with weights (TRL's ``reward_weights``): :func:`reward_functio
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from marti.arguments import checked
@@ -25,12 +25,32 @@ from marti.errors import InvalidArgumentError, MartiError
 from marti.rewards.base import WeightedSum, check_batch, check_scores, shorten
 from marti.workflow import load_callable
 
-__all__ = ["RewardFunction", "reward_functions"]
+__all__ = ["RESERVED_COLUMNS", "RewardFunction", "check_column_names", "reward_functions"]
 
 #: Columns not passed as keywords: what ``prompts`` / ``completions`` already hold (as TRL does).
 _NOT_PASSED = ("prompt", "completion")
-#: Column names that would collide with the call's own keywords.
-_RESERVED = ("prompts", "completions")
+#: Column names a reward function cannot be passed: they would collide with the call's own keywords.
+RESERVED_COLUMNS = ("prompts", "completions")
+
+
+def check_column_names(columns: Iterable[str], *, where: str) -> None:
+    """Refuse a dataset column named like one of the reward call's own keywords (:data:`RESERVED_COLUMNS`).
+    :meth:`RewardFunction.score` checks every batch with it, and ``marti train`` checks the dataset's columns
+    with it before the job starts (``services/trainer/job/prechecks.py``).
+
+    Args:
+        columns: The column names.
+        where: What the error message starts with (the reward function, or the dataset file).
+
+    Raises:
+        InvalidArgumentError: A column is named ``prompts`` or ``completions`` (the first such named).
+    """
+    clash = next((k for k in columns if k in RESERVED_COLUMNS), None)
+    if clash is not None:
+        raise InvalidArgumentError(
+            f"{where}: dataset column {clash!r} collides with the keyword {clash}= of the reward function call "
+            "fn(prompts=, completions=, **columns); rename the column"
+        )
 
 
 class RewardFunction:
@@ -79,12 +99,7 @@ class RewardFunction:
             MartiError: The function raised a marti error: the same class, its message prefixed likewise.
         """
         n = check_batch(prompts, completions, columns, scorer=self.name)
-        clash = [k for k in columns if k in _RESERVED]
-        if clash:
-            raise InvalidArgumentError(
-                f"{self.name}: dataset column {clash[0]!r} collides with the keyword "
-                f"{clash[0]}= of the call fn(prompts=, completions=, **columns); rename the column"
-            )
+        check_column_names(columns, where=self.name)
         kwargs = {k: list(v) for k, v in columns.items() if k not in _NOT_PASSED}
         try:
             scores = self.fn(prompts=list(prompts), completions=list(completions), **kwargs)

@@ -14,7 +14,9 @@ from typing import Any
 import marti
 from marti.config import TrainConfig
 from marti.config.dataset import DATASET_ENV
+from marti.data import ProblemSet
 from marti.errors import InvalidArgumentError, NotFoundError, in_context
+from marti.rewards.functions import check_column_names
 from marti.workflow import check_workflow_section
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.addresses import resolve_addresses
@@ -84,7 +86,8 @@ def check_envs_in_process(cfg: TrainConfig, data: DatasetTasks | None) -> None:
 def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     """What a dataset job can check before anything starts or any folder is touched: its rows (loaded and
     checked, with the held-out split; with the ``dataset_task`` env every row's label read by the job's verifier,
-    as the env checks it), its reward functions (loaded) and its reward model's ``config.json``
+    as the env checks it), its columns (with reward functions, none named ``prompts`` or ``completions``:
+    :func:`marti.rewards.functions.check_column_names`), its reward functions (loaded) and its reward model's ``config.json``
     (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
     before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``, and
     hands the loaded problems to the job's loop (they are not loaded twice).
@@ -103,6 +106,9 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     tasks.fit(cfg)
     if cfg.environment.env_name == DATASET_ENV:
         _check_labels(cfg, tasks)
+    if cfg.reward.functions:
+        for ps in _problem_sets(tasks):
+            check_column_names(ps.columns, where=f"dataset {ps.source}")
     build_scorer(cfg, None)
     model = cfg.reward.model
     if model and model.strip().lower() != TINY_ALIAS:
@@ -115,13 +121,16 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     return tasks
 
 
+def _problem_sets(tasks: DatasetTasks) -> list[ProblemSet]:
+    """The job's training rows and, when it has them, its held-out rows."""
+    return [ps for ps in (tasks.problems.train, tasks.problems.eval) if ps is not None]
+
+
 def _check_labels(cfg: TrainConfig, tasks: DatasetTasks) -> None:
     """Make the ``dataset_task`` env (in this process) once over all the training rows and once over the
     held-out rows with the job's env options: it refuses a row whose label the verifier cannot read. The
     refusal names the source and the row's position in it."""
-    for ps in (tasks.problems.train, tasks.problems.eval):
-        if ps is None:
-            continue
+    for ps in _problem_sets(tasks):
         conf = tasks.env_config(cfg, 0)
         conf.pop("row")
         conf["rows"] = [ps.row(i) for i in range(len(ps))]
