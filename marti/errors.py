@@ -120,26 +120,38 @@ class ResourceExhaustedError(MartiError):
 
 
 class BatchTooLargeError(ResourceExhaustedError):
-    """The broker refused a Send or Broadcast batch for its message count alone: more envelopes than its
-    ``max_batch_messages``. gRPC RESOURCE_EXHAUSTED with a ``google.rpc.ErrorInfo`` detail whose reason is
-    ``BATCH_TOO_LARGE`` (domain ``marti.ai``; ``metadata["max_batch_messages"]``, the broker's limit), which the
-    SDK's broker clients read to send the batch again in parts.
+    """The broker refused a Send or Broadcast batch for its size alone: more envelopes than its
+    ``max_batch_messages``, or a frame of more uncompressed bytes than its ``max_frame_bytes``. gRPC
+    RESOURCE_EXHAUSTED with a ``google.rpc.ErrorInfo`` detail whose reason is ``BATCH_TOO_LARGE`` (domain
+    ``marti.ai``; ``metadata["max_batch_messages"]`` or ``metadata["max_frame_bytes"]``, the limit the batch
+    broke), which the SDK's broker clients read to send the batch again in parts.
 
     Args:
-        message: What was refused (the count and the limit are named).
-        max_batch_messages: The broker's limit (also ``metadata["max_batch_messages"]``).
+        message: What was refused (the size and the limit are named).
+        max_batch_messages: The broker's count limit, when the count broke it (0: not this limit).
+        max_frame_bytes: The broker's frame limit in bytes, when the bytes broke it (0: not this limit).
     """
 
     reason: ClassVar[str] = "BATCH_TOO_LARGE"
 
-    def __init__(self, message: str = "", *, max_batch_messages: int = 0) -> None:
-        super().__init__(message, metadata={"max_batch_messages": str(max_batch_messages)})
+    def __init__(self, message: str = "", *, max_batch_messages: int = 0, max_frame_bytes: int = 0) -> None:
+        limits = {"max_batch_messages": max_batch_messages, "max_frame_bytes": max_frame_bytes}
+        super().__init__(message, metadata={k: str(v) for k, v in limits.items() if v})
 
     @property
     def max_batch_messages(self) -> int:
-        """The broker's ``max_batch_messages`` (0 when the server did not say)."""
-        raw = self.metadata.get("max_batch_messages", "")
-        return int(raw) if raw.isdigit() else 0
+        """The broker's ``max_batch_messages`` when the count was refused (0 otherwise, or unsaid)."""
+        return _metadata_int(self, "max_batch_messages")
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The broker's ``max_frame_bytes`` when the frame's bytes were refused (0 otherwise, or unsaid)."""
+        return _metadata_int(self, "max_frame_bytes")
+
+
+def _metadata_int(exc: MartiError, key: str) -> int:
+    raw = exc.metadata.get(key, "")
+    return int(raw) if raw.isdigit() else 0
 
 
 class FailedPreconditionError(MartiError):

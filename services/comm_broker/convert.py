@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 from marti.api.broker.v1 import broker_pb2
 from marti.api.common.v1 import common_pb2
 from marti.codec import broker as broker_codec
-from marti.errors import InvalidArgumentError
+from marti.errors import BatchTooLargeError, InvalidArgumentError
 
 from .core.types import AgentState, DeadLetter, Delivery, Envelope, SendResult, StatsSnapshot
 
@@ -145,8 +145,15 @@ def decode_frame(
 
     Raises:
         InvalidArgumentError: Bad codec, unknown dictionary id, corrupt or truncated frame, bad protobuf.
-        ResourceExhaustedError: Declared size over ``max_frame_bytes``.
+        BatchTooLargeError: Declared size over ``max_frame_bytes`` (a ResourceExhaustedError whose ErrorInfo
+            names the limit: the SDK sends such a batch again in parts).
+        ResourceExhaustedError: A zstd header that declares more than ``max_frame_bytes``.
     """
+    if frame.uncompressed_bytes > max_frame_bytes:
+        raise BatchTooLargeError(
+            f"frame of {frame.uncompressed_bytes} uncompressed bytes is over max_frame_bytes={max_frame_bytes}",
+            max_frame_bytes=max_frame_bytes,
+        )
     codec = codec_name(frame.codec)
     if frame.dictionary_id:
         if dictionary is None or dictionary.dict_id() != frame.dictionary_id:

@@ -111,6 +111,8 @@ class _Core:
         self.batching_size = batching_size
         # The broker's max_batch_messages, once a refusal told it (learn_batch_limit); None: not known.
         self.broker_batch_limit: int | None = None
+        # The broker's max_frame_bytes, once a refusal told it (learn_batch_limit); None: not known.
+        self.broker_frame_limit: int | None = None
         self.max_batch_bytes = max_batch_bytes
         self.update_frequency_s = update_frequency_s
         # Nagle's rule: a message buffered while no batch is in flight is due at once (no linger).
@@ -250,24 +252,45 @@ class _Core:
 
     def batch_count(self, items: list) -> int:
         """How many of ``items`` (a flush's messages, in order) go in the next Send or Broadcast rpc: all of
-        them, or at most the broker's ``max_batch_messages`` once a refusal told it (:meth:`learn_batch_limit`)."""
-        return min(len(items), self.broker_batch_limit or len(items))
+        them, or fewer once a refusal told the broker's limits (:meth:`learn_batch_limit`): at most its
+        ``max_batch_messages``, and as many as fit its ``max_frame_bytes`` (the serialized ``EnvelopeBatch``;
+        at least one, which the broker refuses if it alone is too large)."""
+        n = min(len(items), self.broker_batch_limit or len(items))
+        if self.broker_frame_limit is None:
+            return n
+        size = 0
+        for i, (env, _) in enumerate(items[:n]):
+            size += _field_bytes(env.ByteSize())
+            if size > self.broker_frame_limit and i:
+                return i
+        return n
 
     def learn_batch_limit(self, exc: BaseException, sent: int) -> bool:
-        """Whether ``exc`` is the broker refusing a batch of ``sent`` messages for its count alone (its
-        :class:`~marti.errors.BatchTooLargeError` names a ``max_batch_messages`` below ``sent``). If so, later
-        batches hold at most that many: ``batching_size`` is lowered to it, and the refused batch is to be sent
-        again in parts (same message ids: nothing was delivered from a refused batch)."""
-        limit = exc.max_batch_messages if isinstance(exc, BatchTooLargeError) else 0
-        if not 0 < limit < sent:
+        """Whether ``exc`` is the broker refusing a batch of ``sent`` messages (more than one) for its size
+        alone: its :class:`~marti.errors.BatchTooLargeError` names a ``max_batch_messages`` below ``sent``, or
+        the ``max_frame_bytes`` the batch's frame broke. If so, later batches keep under that limit
+        (``batching_size`` or ``max_batch_bytes`` is lowered to it, with a warning), and the refused batch is to
+        be sent again in parts (same message ids: nothing was delivered from a refused batch)."""
+        if not isinstance(exc, BatchTooLargeError) or sent < 2:
             return False
+        if 0 < exc.max_batch_messages < sent:
+            self._warn_limit("messages a batch (max_batch_messages); batching_size", exc.max_batch_messages)
+            self.broker_batch_limit = exc.max_batch_messages
+            self.batching_size = min(self.batching_size, exc.max_batch_messages)
+            return True
+        if exc.max_frame_bytes > 0:
+            self._warn_limit(
+                "uncompressed bytes a batch (max_frame_bytes); max_batch_bytes", exc.max_frame_bytes
+            )
+            self.broker_frame_limit = exc.max_frame_bytes
+            self.max_batch_bytes = min(self.max_batch_bytes, exc.max_frame_bytes)
+            return True
+        return False
+
+    def _warn_limit(self, what: str, limit: int) -> None:
         _LOG.warning(
-            "broker client %r: the broker takes at most %d messages a batch (max_batch_messages); batching_size "
-            "%d is lowered to it", self.agent_id, limit, self.batching_size,
-        )  # fmt: skip
-        self.broker_batch_limit = limit
-        self.batching_size = min(self.batching_size, limit)
-        return True
+            "broker client %r: the broker takes at most %d %s is lowered to it", self.agent_id, limit, what
+        )
 
     def take_buffers(self) -> tuple[list, list]:
         with self.lock:
@@ -430,6 +453,12 @@ class _Core:
             self.restore_buffers([], bcast)
             return self.refusal(exc, unicast, background)
         return self.refusal(exc, bcast, background)
+
+
+def _field_bytes(size: int) -> int:
+    """Bytes an envelope of ``size`` serialized bytes takes in an ``EnvelopeBatch``: its field tag (1 byte),
+    its length as a varint, and itself."""
+    return 1 + max(1, (size.bit_length() + 6) // 7) + size
 
 
 def _message(e: broker_pb2.Envelope) -> Message:

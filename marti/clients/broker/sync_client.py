@@ -154,7 +154,9 @@ class MartiCommClient(_ClientBase):
         batching_size: Messages per batch (default 128; 1 = send immediately, one Send rpc per message). Above
             the broker's ``max_batch_messages``, the first batch it refuses for its count (``BatchTooLargeError``)
             is sent again in parts under the limit, and ``batching_size`` is lowered to it (a warning is logged).
-        max_batch_bytes: Payload bytes that close a batch early (default 1 MiB).
+        max_batch_bytes: Payload bytes that close a batch early (default 1 MiB). A batch whose frame is over the
+            broker's ``max_frame_bytes`` (``BatchTooLargeError``) is sent again in parts that fit, and
+            ``max_batch_bytes`` is lowered to that limit (a warning is logged).
         update_frequency_s: The linger: longest time a buffered message waits before its batch is sent
             (seconds; default 0.001, like a Kafka producer's ``linger.ms``); 0 disables the timer (batches
             then go out by count, bytes or ``flush()``, and ``send_when_idle`` has no effect). Unused when
@@ -471,7 +473,7 @@ class MartiCommClient(_ClientBase):
 
     def _send_all(self, method, request_cls, items: list) -> None:
         """Sends ``items`` in batches the broker takes (:meth:`_Core.batch_count`; a batch refused for its
-        count alone is sent again in parts, :meth:`_Core.learn_batch_limit`), removing each sent batch from
+        count or bytes alone is sent again in parts, :meth:`_Core.learn_batch_limit`), removing each sent batch from
         ``items``: on an error, what is left in ``items`` was not sent."""
         while items:
             n = self._core.batch_count(items)

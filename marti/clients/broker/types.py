@@ -119,7 +119,8 @@ class BatchRefusedError(MartiError):
 
     Attributes:
         message_ids: Ids of every message of the refused batch, in send order.
-        cause: The broker's error (its class is the status code of the refusal).
+        cause: The broker's error (its class is the status code of the refusal; its ``metadata`` is this
+            error's too, so the cause class's properties, e.g. ``max_frame_bytes``, read the same).
         background: True if the flush timer sent the batch, so it is raised by the client's next call.
     """
 
@@ -127,6 +128,7 @@ class BatchRefusedError(MartiError):
         self, message: str, message_ids: Sequence[str], cause: MartiError, background: bool = False
     ) -> None:
         super().__init__(message)
+        self.metadata = dict(cause.metadata)  # the cause's limits and ids, e.g. max_frame_bytes
         self.message_ids = tuple(message_ids)
         self.cause = cause
         self.background = background

@@ -11,6 +11,7 @@ import logging
 import pytest
 
 from marti.clients.broker import AsyncMartiCommClient, MartiCommClient
+from marti.errors import BatchTooLargeError
 from marti.rpc.testing import serve_in_thread
 from services.comm_broker.servicer import broker_service
 from services.comm_broker.settings import BrokerSettings
@@ -62,3 +63,46 @@ def test_an_asyncio_client_splits_batches_at_the_brokers_limit(address) -> None:
         pass
     asyncio.run(main())
     assert _received(address, "aio") == list(range(N))
+
+
+FRAME_LIMIT = 4096  # uncompressed bytes: about 11 of the messages below
+
+
+@pytest.fixture(scope="module")
+def small_frames():
+    settings = BrokerSettings(port=0, tick_interval_s=0.05, max_frame_bytes=FRAME_LIMIT)
+    with serve_in_thread(lambda: [broker_service(settings)], settings) as server:
+        yield server.address
+
+
+def test_a_batch_over_the_brokers_frame_bytes_is_sent_again_in_parts(small_frames, caplog) -> None:
+    """20 messages of ~350 bytes (~7 KB a batch) to a broker taking 4096-byte frames: the first batch is
+    refused for its bytes alone (``BatchTooLargeError`` naming ``max_frame_bytes``), sent again in parts and
+    later batches are closed under the limit; every message arrives once, in order."""
+    texts = [f"{i:03d}" + "x" * 300 for i in range(N)]
+    with MartiCommClient("r", small_frames, session="bytes"):
+        pass
+    with caplog.at_level(logging.WARNING, logger="marti.broker.client"):
+        with MartiCommClient(
+            "s", small_frames, session="bytes", batching_size=20, update_frequency_s=60
+        ) as s:
+            for text in texts:
+                s.send_message("r", text)
+            s.flush()
+            stats = s.get_communication_stats()
+            assert s._core.max_batch_bytes == FRAME_LIMIT
+    assert stats.refused_messages == 0 and stats.total_sent == N
+    assert "at most 4096 uncompressed bytes a batch (max_frame_bytes)" in caplog.text
+    assert _received(small_frames, "bytes") == texts
+
+
+def test_one_message_over_the_frame_bytes_alone_is_refused_and_reported(small_frames) -> None:
+    """A message that alone makes a frame over ``max_frame_bytes`` cannot be split: it is refused, and the
+    send that carries it raises the broker's ``BatchTooLargeError`` (nothing dropped silently)."""
+    with MartiCommClient("r", small_frames, session="one"):
+        pass
+    with MartiCommClient("s", small_frames, session="one", batching_size=1) as s:
+        with pytest.raises(BatchTooLargeError, match="max_frame_bytes=4096") as info:
+            s.send_message("r", "y" * (2 * FRAME_LIMIT))
+        assert info.value.max_frame_bytes == FRAME_LIMIT
+        assert s.get_communication_stats().refused_messages == 1
