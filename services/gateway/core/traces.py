@@ -489,8 +489,6 @@ class EpisodeTracker:
             raise InvalidArgumentError(
                 f"call_rewards name call {bad[0]!r}, which episode {episode_id!r} did not make"
             )
-        if not failed:
-            self._check_every_caller_rewarded(episode_id, ep, rewards, call_rewards or {})
         if group_size > 1 and not failed and not (group_id or ep.group_id):
             raise InvalidArgumentError(
                 f"group_size is {group_size} but episode {episode_id!r} has no group_id (neither in the report "
@@ -504,6 +502,8 @@ class EpisodeTracker:
                 f"group {group!r} was opened with group_size {held.size} and {len(held.members)} of its "
                 f"episodes wait for the rest; this report of episode {episode_id!r} gives group_size {group_size}"
             )
+        if not failed:  # after the group checks: a report without group_size is named for it, not a reward
+            self._check_every_caller_rewarded(episode_id, ep, rewards, call_rewards or {})
         return ep, group
 
     def _trajectories(

@@ -309,6 +309,20 @@ def test_a_report_with_another_group_size_than_its_group_is_refused_and_changes_
     assert len(t.finish("e2", {"a": 0.0}, group_size=2).episodes) == 2
 
 
+def test_a_member_reported_without_its_group_size_or_its_reward_is_named_for_the_group_size():
+    """A fresh user's report that forgot both ``group_size`` and a reward: the error names ``group_size`` and its
+    value (the group's size is what the client got wrong), not only the missing reward."""
+    t = tracker()
+    for e in ("e1", "e2"):
+        t.record(e, "a", f"c{e}", gen([1], [2]), group_id="g")
+    t.finish("e1", {"a": 1.0}, group_size=2)
+    with pytest.raises(InvalidArgumentError, match="opened with group_size 2 .* gives group_size 0$"):
+        t.finish("e2", {}, group_size=0)
+    with pytest.raises(InvalidArgumentError, match=r"gives no reward to \['a'\]"):
+        t.finish("e2", {}, group_size=2)  # its group size right: the missing reward is named
+    assert t.held == 1 and t.open_episodes == 1
+
+
 def test_a_group_size_without_a_group_id_or_above_the_limit_is_refused_and_changes_nothing():
     """An episode without a group is a group of one: group_size > 1 could never complete (it would be held until
     the timeout and dropped), so it is refused; so is a group_size above max_group_size."""
