@@ -5,6 +5,7 @@ One module per job:
 - :mod:`marti.data.spec`: source specs (``json:PATH``, ``data/x.parquet``, a ``save_to_disk`` folder,
   ``org/name@split``);
 - :mod:`marti.data.load`: reading a source into rows (``load_dataset`` / ``load_from_disk``), typed errors;
+- :mod:`marti.data.json_text`: a JSON file's values as written (columns mixing numbers and text);
 - :mod:`marti.data.checks`: the row checks (columns, prompts, labels, JSON-able values);
 - :mod:`marti.data.problems`: :class:`ProblemSet`, the checked rows with their prompt and label columns;
 - :mod:`marti.data.split`: the seeded held-out fraction;

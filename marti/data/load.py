@@ -3,7 +3,8 @@
 Files go through ``datasets.load_dataset(builder, data_files=PATH, split="train")`` (CSV cells read as the
 text written: string columns, no NA guessing), a ``save_to_disk`` folder
 through ``datasets.load_from_disk`` (one split of a ``DatasetDict``), a hub id through
-``datasets.load_dataset(ID, name=config, split=split)``. Every failure becomes a typed error of
+``datasets.load_dataset(ID, name=config, split=split)``. A JSON file's columns that mix numbers and text are
+then put back as the text written (:mod:`marti.data.json_text`). Every failure becomes a typed error of
 :mod:`marti.errors` that names the source and the cause. ``datasets`` is imported on first use (the trainer extra
 installs it).
 """
@@ -14,6 +15,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from marti.data.json_text import keep_as_written
 from marti.data.spec import SourceSpec
 from marti.errors import InvalidArgumentError, NotFoundError, UnavailableError
 
@@ -63,23 +65,23 @@ def load_rows(spec: SourceSpec) -> list[dict[str, Any]]:
         spec: The parsed source (:func:`marti.data.spec.parse_source`).
 
     Returns:
-        One dict per row, column name -> value as ``datasets`` decodes it (``Dataset.to_list``).
+        One dict per row, column name -> value as ``datasets`` decodes it (``Dataset.to_list``), except a JSON
+        file's columns that mix numbers and text: each value as written (:func:`marti.data.json_text.as_text`).
 
     Raises:
         NotFoundError: A missing local file or folder, a missing split of a saved ``DatasetDict``, or a hub
             dataset the hub says does not exist.
-        InvalidArgumentError: An empty or malformed file (the parser's message is included).
+        InvalidArgumentError: An empty or malformed file (the parser's message is included), or a mixed JSON
+            column in a file that is not JSON lines or a JSON array.
         UnavailableError: ``datasets`` is not installed, or the hub cannot be reached (offline, no network).
     """
     check_local(spec)
     ds = _datasets()
     if spec.kind == "disk":
-        dataset = _from_disk(ds, spec)
-    elif spec.kind == "hub":
-        dataset = _from_hub(ds, spec)
-    else:
-        dataset = _from_file(ds, spec)
-    return dataset.to_list()
+        return _from_disk(ds, spec).to_list()
+    if spec.kind == "hub":
+        return _from_hub(ds, spec).to_list()
+    return _from_file(ds, spec)
 
 
 def _cause(exc: BaseException) -> str:
@@ -100,24 +102,28 @@ def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
     return {"features": features, "na_filter": False, "encoding": "utf-8-sig"}
 
 
-def _mixed_as_text(ds: Any, loaded: Any, spec: SourceSpec) -> Any:
-    """A JSON source reloaded with its mixed columns as text. ``datasets`` stores a column that mixes numbers
-    and strings as JSON text and decodes the strings as numbers (``"007"`` came back as ``7``); read as string
-    features, every value keeps the text written (``1`` is ``"1"``, ``"007"`` stays ``"007"``)."""
+def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
+    """The rows of a JSON, CSV or Parquet file; a JSON file's columns that mix numbers and text as written."""
+    loaded = _load_file(ds, spec)
+    rows = loaded.to_list()
+    if spec.kind != "json":
+        return rows
     mixed = [k for k, v in loaded.features.items() if type(v).__name__ == "Json"]
     if not mixed:
-        return loaded
-    features = loaded.features.copy()
-    for key in mixed:
-        features[key] = ds.Value("string")
-    return ds.load_dataset("json", data_files=spec.location, split="train", features=features)
+        return rows
+    text = Path(spec.location).read_text(encoding="utf-8-sig")
+    return keep_as_written(rows, mixed, text, f"dataset {spec.describe()}")
 
 
-def _from_file(ds: Any, spec: SourceSpec) -> Any:
+def _load_file(ds: Any, spec: SourceSpec) -> Any:
+    """``load_dataset`` of a file (CSV cells as text).
+
+    Raises:
+        InvalidArgumentError: The file has no rows, or the parser failed (its message included).
+    """
     try:
         extra = _csv_text_columns(ds, spec.location) if spec.kind == "csv" else {}
-        loaded = ds.load_dataset(spec.kind, data_files=spec.location, split="train", **extra)
-        return _mixed_as_text(ds, loaded, spec) if spec.kind == "json" else loaded
+        return ds.load_dataset(spec.kind, data_files=spec.location, split="train", **extra)
     except Exception as exc:  # every parser failure is reported with the file named
         if "corresponds to no data" in _cause(exc):  # datasets' answer to a file without rows
             raise InvalidArgumentError(f"dataset {spec.describe()} has no rows") from None

@@ -44,6 +44,36 @@ def test_a_json_column_mixing_numbers_and_text_keeps_the_text_written(tmp_path):
     assert ProblemSet.from_source(f"jsonl:{plain}", input_key="prompt", label_key="answer").label(1) == 7
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "json"])
+def test_a_mixed_json_column_keeps_every_string_exactly_and_numbers_as_written(tmp_path, kind):
+    """datasets stores a mixed column as JSON text: read back as text, its strings came back JSON-quoted."""
+    labels = [
+        1,
+        "Paris",
+        "café",
+        'q"x',
+        "007",
+        1.50,
+        "1",
+        "🎉 \\frac{1}{2}",
+        12345678901234567890,
+        None,
+        [1, "a"],
+    ]
+    rows = [{"prompt": f"p{i}", "answer": label} for i, label in enumerate(labels)]
+    path = write(tmp_path, kind, rows)
+    if kind == "jsonl":  # 1.50 as written (json.dumps writes 1.5)
+        path.write_text(
+            path.read_text(encoding="utf-8").replace('"answer": 1.5}', '"answer": 1.50}'), "utf-8"
+        )
+    problems = ProblemSet.from_source(str(path), input_key="prompt", label_key=None)
+    got = [problems.row(i)["answer"] for i in range(len(problems))]
+    decimal = "1.50" if kind == "jsonl" else "1.5"
+    assert got == ["1", "Paris", "café", 'q"x', "007", decimal, "1", "🎉 \\frac{1}{2}", "12345678901234567890",
+                   None, [1, "a"]]  # fmt: skip
+    assert all(type(v) is str for v in got[:9])
+
+
 def test_a_csv_with_a_utf8_byte_order_mark_reads_its_header_and_cells_as_written(tmp_path) -> None:
     path = tmp_path / "excel.csv"  # Excel's "CSV UTF-8" starts the file with a byte-order mark
     path.write_bytes(b"\xef\xbb\xbfprompt,answer\nq1,1\ncaf\xc3\xa9,007\n")
