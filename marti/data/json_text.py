@@ -1,16 +1,17 @@
 """A JSON or JSON lines file's values as written: the per-column fix-up of what ``datasets`` reads.
 
 ``datasets`` stores a column that mixes numbers and text as JSON text, losing which values were strings (the
-string ``"007"`` is stored as ``007`` and decoded as the number 7). This module reads the file's records itself
-with :mod:`json` (numbers kept as the text written) so that :func:`keep_as_written` can put back, column by
-column, the values the user wrote.
+string ``"007"`` is stored as ``007`` and decoded as the number 7), and a column of numbers with one float or one
+integer beyond 64 bits as floats (``1`` is ``1.0``, ``12345678901234567890`` is ``1.2345678901234567e+19``).
+This module reads the file's records itself with :mod:`json` (numbers kept as the text written) so that
+:func:`keep_as_written` can put back, column by column (:func:`fixes`), the values the user wrote.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from marti.errors import InvalidArgumentError
@@ -91,15 +92,38 @@ def as_text(value: Any) -> Any:
     return str(value) if isinstance(value, str) else _plain(value)
 
 
+def as_number(value: Any) -> Any:
+    """A value of a column of numbers as :mod:`json` reads it: an integer the int written (any size, ``1``
+    beside ``1.5`` stays ``1``), a number with a fraction or exponent a float; null stays None."""
+    return _plain(value)
+
+
+def fixes(features: Mapping[str, Any]) -> dict[str, Callable[[Any], Any]]:
+    """The columns of a JSON file whose values ``datasets`` does not keep as written, each with the function
+    giving the written value: a column that mixes types (a ``Json`` feature), read as text (:func:`as_text`),
+    and a column of numbers read as floats (``1`` became ``1.0`` beside ``1.5``, an integer beyond 64 bits a
+    rounded float), read as :func:`as_number` gives them.
+
+    Args:
+        features: The loaded dataset's features, column -> ``datasets`` feature.
+    """
+    out: dict[str, Callable[[Any], Any]] = {}
+    for column, feature in features.items():
+        if type(feature).__name__ == "Json":
+            out[column] = as_text
+        elif str(getattr(feature, "dtype", "")).startswith("float"):
+            out[column] = as_number
+    return out
+
+
 def keep_as_written(
-    rows: list[dict[str, Any]], text_columns: Sequence[str], text: str, source: str
+    rows: list[dict[str, Any]], columns: Mapping[str, Callable[[Any], Any]], text: str, source: str
 ) -> list[dict[str, Any]]:
-    """Replace the values of ``text_columns`` in ``rows`` (as ``datasets`` read them) by the file's own, as
-    :func:`as_text` gives them.
+    """Replace the values of ``columns`` in ``rows`` (as ``datasets`` read them) by the file's own.
 
     Args:
         rows: The rows ``datasets`` read from the file, in file order; changed in place.
-        text_columns: The columns that mix numbers and text.
+        columns: Column -> the function giving its value from the file's record (:func:`fixes`).
         text: The file's text.
         source: The file's description, quoted in errors.
 
@@ -107,19 +131,18 @@ def keep_as_written(
         ``rows``.
 
     Raises:
-        InvalidArgumentError: The file is not JSON lines or a JSON array (the form its records can be read
-            from here), or it holds a different number of records than ``datasets`` read.
+        InvalidArgumentError: The file's records cannot be read (:func:`read_records`), or are not as many as
+            the rows ``datasets`` read.
     """
-    if not text_columns:
+    if not columns:
         return rows
     records = read_records(text, source)
     if len(records) != len(rows):
         raise InvalidArgumentError(
-            f"{source}: column(s) {list(text_columns)} mix numbers and text, which are kept as written only "
-            f"from JSON lines or a JSON array of objects; the file's {len(records)} record(s) are not the "
-            f"{len(rows)} row(s) read"
+            f"{source}: column(s) {list(columns)} are kept as written only from JSON lines or a JSON array of "
+            f"objects; the file's {len(records)} record(s) are not the {len(rows)} row(s) read"
         )
     for row, record in zip(rows, records, strict=True):
-        for column in text_columns:
-            row[column] = as_text(record.get(column))
+        for column, value_of in columns.items():
+            row[column] = value_of(record.get(column))
     return rows

@@ -1,12 +1,11 @@
 """Reading a dataset source into rows (one dict per row, every column kept) through the ``datasets`` library.
 
 Files go through ``datasets.load_dataset(builder, data_files=PATH, split="train")`` (CSV cells read as the
-text written: string columns, no NA guessing), a ``save_to_disk`` folder
-through ``datasets.load_from_disk`` (one split of a ``DatasetDict``), a hub id through
-``datasets.load_dataset(ID, name=config, split=split)``. A JSON file's columns that mix numbers and text are
-then put back as the text written (:mod:`marti.data.json_text`). Every failure becomes a typed error of
-:mod:`marti.errors` that names the source and the cause. ``datasets`` is imported on first use (the trainer extra
-installs it).
+text written: string columns, no NA guessing), a ``save_to_disk`` folder through ``datasets.load_from_disk`` (one
+split of a ``DatasetDict``), a hub id through ``datasets.load_dataset(ID, name=config, split=split)``. A JSON
+file's columns that mix numbers and text, and its columns of numbers that ``datasets`` reads as floats, are then
+put back as written (:mod:`marti.data.json_text`). Every failure becomes a typed error of :mod:`marti.errors`
+that names the source and the cause. ``datasets`` is imported on first use (the trainer extra installs it).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from marti.data.json_text import keep_as_written
+from marti.data.json_text import fixes, keep_as_written
 from marti.data.spec import SourceSpec
 from marti.errors import InvalidArgumentError, NotFoundError, UnavailableError
 
@@ -66,7 +65,9 @@ def load_rows(spec: SourceSpec) -> list[dict[str, Any]]:
 
     Returns:
         One dict per row, column name -> value as ``datasets`` decodes it (``Dataset.to_list``), except a JSON
-        file's columns that mix numbers and text: each value as written (:func:`marti.data.json_text.as_text`).
+        file's columns that mix numbers and text (each value as the text written) and its columns of numbers
+        that ``datasets`` reads as floats (each number as :mod:`json` reads it):
+        :func:`marti.data.json_text.fixes`.
 
     Raises:
         NotFoundError: A missing local file or folder, a missing split of a saved ``DatasetDict``, or a hub
@@ -103,16 +104,17 @@ def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
 
 
 def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
-    """The rows of a JSON, CSV or Parquet file; a JSON file's columns that mix numbers and text as written."""
+    """The rows of a JSON, CSV or Parquet file; a JSON file's columns that mix numbers and text, and its columns
+    of numbers, as written (:func:`marti.data.json_text.fixes`)."""
     loaded = _load_file(ds, spec)
     rows = loaded.to_list()
     if spec.kind != "json":
         return rows
-    mixed = [k for k, v in loaded.features.items() if type(v).__name__ == "Json"]
-    if not mixed:
+    columns = fixes(loaded.features)
+    if not columns:
         return rows
     text = Path(spec.location).read_text(encoding="utf-8-sig")
-    return keep_as_written(rows, mixed, text, f"dataset {spec.describe()}")
+    return keep_as_written(rows, columns, text, f"dataset {spec.describe()}")
 
 
 def _load_file(ds: Any, spec: SourceSpec) -> Any:

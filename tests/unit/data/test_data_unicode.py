@@ -8,6 +8,7 @@ import json
 import pytest
 
 from marti.data import ProblemSet
+from marti.rewards import make_verifier
 from tests.unit.data.files import write
 
 TEXT_ROWS = [
@@ -72,6 +73,24 @@ def test_a_mixed_json_column_keeps_every_string_exactly_and_numbers_as_written(t
     assert got == ["1", "Paris", "café", 'q"x', "007", decimal, "1", "🎉 \\frac{1}{2}", "12345678901234567890",
                    None, [1, "a"]]  # fmt: skip
     assert all(type(v) is str for v in got[:9])
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "json", "pretty"])
+def test_json_numbers_keep_the_number_written_beside_floats_and_beyond_64_bits(tmp_path, layout):
+    """datasets reads such a column as floats: 1 beside 1.5 was 1.0, 12345678901234567890 was 1.23...e+19."""
+    written = ["12345678901234567890", "1", "1.5", "-7", "2e3", "null"]
+    records = [f'{{"prompt": "p{i}", "answer": {w}}}' for i, w in enumerate(written)]
+    text = {"jsonl": "\n".join(records), "json": "[" + ",\n".join(records) + "]"}.get(layout)
+    path = tmp_path / f"n.{'json' if layout == 'json' else 'jsonl'}"
+    path.write_text(
+        text or "\n".join(r.replace(", ", ",\n  ") for r in records)
+    )  # pretty: one object, 2 lines
+    problems = ProblemSet.from_source(str(path), input_key="prompt", label_key=None)
+    got = [problems.row(i)["answer"] for i in range(len(problems))]
+    assert got == [12345678901234567890, 1, 1.5, -7, 2000.0, None]
+    assert [type(v) for v in got[:5]] == [int, int, float, int, float]
+    assert make_verifier("exact")("12345678901234567890", str(got[0])) == 1.0  # the text a verifier reads
+    assert str(got[1]) == "1"
 
 
 def test_a_csv_with_a_utf8_byte_order_mark_reads_its_header_and_cells_as_written(tmp_path) -> None:
