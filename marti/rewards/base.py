@@ -21,7 +21,41 @@ from typing import Any, Protocol, runtime_checkable
 from marti.arguments import checked
 from marti.errors import InvalidArgumentError
 
-__all__ = ["RewardScorer", "WeightedSum", "check_batch", "check_scores", "shorten"]
+__all__ = [
+    "MAX_ABS_REWARD",
+    "RewardScorer",
+    "WeightedSum",
+    "check_batch",
+    "check_reward",
+    "check_scores",
+    "shorten",
+]
+
+MAX_ABS_REWARD = 1e30
+"""Largest reward magnitude accepted (:func:`check_reward`). Advantages and returns are float32 (largest
+3.4e38) and come from means, differences and variances of a batch's rewards: rewards around 1e200 gave all-zero
+advantages (the float64 variance overflows) and around 1e308 infinite ones, with no warning. 1e30 leaves those
+sums and differences finite for any batch, and is far beyond any meaningful reward."""
+
+
+def check_reward(value: float, where: str) -> None:
+    """Refuse a reward that is not a finite number of magnitude at most :data:`MAX_ABS_REWARD`: such a reward is
+    a bug in the reward (an env's, a reward function's, an external client's), never something to train on.
+
+    Args:
+        value: The reward.
+        where: What the message names it as (``rewards[3]``, an agent's episode).
+
+    Raises:
+        InvalidArgumentError: ``value`` is NaN, +-inf or beyond +-``MAX_ABS_REWARD`` (named with ``where``).
+    """
+    if not math.isfinite(value):
+        raise InvalidArgumentError(f"{where}: the reward is {value!r}; a reward must be a finite number")
+    if abs(value) > MAX_ABS_REWARD:
+        raise InvalidArgumentError(
+            f"{where}: the reward is {value!r}, beyond +-{MAX_ABS_REWARD:g}: its advantages would overflow "
+            "float32 (all zero or infinite); scale the reward down"
+        )
 
 
 @runtime_checkable
@@ -101,8 +135,8 @@ def check_scores(scores: Any, expected: int, *, scorer: str) -> list[float]:
 
     Raises:
         InvalidArgumentError: ``scores`` is not a list of numbers, has a length other than ``expected`` (both
-            named), or holds a value that is not a finite real number (NaN, inf, ``None``, ``bool``, text),
-            naming its index and value.
+            named), or holds a value that is not a finite real number (NaN, inf, ``None``, ``bool``, text) or is
+            beyond +-:data:`MAX_ABS_REWARD` (:func:`check_reward`), naming its index and value.
     """
     values = (
         scores.tolist() if hasattr(scores, "tolist") and not isinstance(scores, (list, tuple)) else scores
@@ -123,6 +157,7 @@ def check_scores(scores: Any, expected: int, *, scorer: str) -> list[float]:
                 f"{scorer} returned {shorten(value)} ({type(value).__name__}) at index {i}: "
                 "every score must be a finite real number (not NaN, inf, None, a bool or text)"
             )
+        check_reward(float(value), f"{scorer} returned it at index {i}")
     return [float(v) for v in values]
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
+from marti.rewards.base import check_reward
 from marti.trajectory import Trajectory, Turn
 
 
@@ -154,6 +155,17 @@ def _check_turn(traj: Trajectory, i: int, turn: Turn) -> None:
             )
 
 
+def _check_rewards(traj: Trajectory, agent_id: str) -> None:
+    """Refuse a trajectory whose credited return or a turn's reward is not finite or is beyond
+    :data:`marti.rewards.base.MAX_ABS_REWARD` (a sum of turn rewards can overflow to +-inf
+    even when each is finite), naming the agent, the episode and the value."""
+    where = f"agent {agent_id!r}, episode {traj.episode_id!r}"
+    for i, turn in enumerate(traj.turns):
+        if turn.reward is not None:
+            check_reward(float(turn.reward), f"{where}, turn {i}")
+    check_reward(traj.outcome_reward, f"{where} (its return)")
+
+
 def collate(trajectories: Sequence[Trajectory], agent_id: str, pad_id: int) -> Experience:
     """The :class:`Experience` of one agent's trajectories: one row per trained turn, in trajectory then turn
     order (turns with an empty prompt or response are skipped: nothing to train).
@@ -170,7 +182,8 @@ def collate(trajectories: Sequence[Trajectory], agent_id: str, pad_id: int) -> E
     Raises:
         FailedPreconditionError: the trajectories hold no turn with both a prompt and a response.
         InvalidArgumentError: a turn's ``response_logprobs`` or ``response_mask`` is neither empty nor as long as
-            its response (the episode and turn are named).
+            its response (the episode and turn are named), or a reward or return is not finite or is beyond
+            +-1e30 (:func:`marti.rewards.base.check_reward`; the agent, episode and value are named).
     """
     rows = [(traj, i, turn) for traj in trajectories for i, turn in trained_turns(traj)]
     if not rows:
@@ -180,6 +193,8 @@ def collate(trajectories: Sequence[Trajectory], agent_id: str, pad_id: int) -> E
         )
     for traj, i, turn in rows:
         _check_turn(traj, i, turn)
+    for traj in trajectories:
+        _check_rewards(traj, agent_id)
     p_len = max(len(t.prompt_token_ids) for _, _, t in rows)
     a_len = max(len(t.response_token_ids) for _, _, t in rows)
     k_len = max(len(traj.turns) - i for traj, i, _ in rows)

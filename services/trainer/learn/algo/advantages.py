@@ -24,6 +24,9 @@ Edge cases, all finite and documented:
 - **All action tokens masked** (a sequence truncated away, or an agent that produced nothing): that row's
   advantages and returns are 0; in ``grpo``/``rloo`` its reward still counts in its group's statistics, since
   it is real evidence about the prompt. A batch where every row is masked gives all-zero advantages.
+- **A reward that is +-inf, or beyond +-1e30** (:data:`MAX_ABS_REWARD`, where float32 advantages would be all
+  zero or infinite): refused (:func:`marti.rewards.base.check_reward`), its index named; :func:`services.trainer.learn.experience.collate`
+  refuses it first, naming the agent and episode.
 - **Reward None** (a verifier that failed or timed out; NaN in a reward tensor means the same): the sample is
   *unscored*. Its advantages and returns are 0 and it is left out of every statistic (group mean and std,
   RLOO baselines, batch whitening). Callers should also drop it from the loss mask, e.g.
@@ -46,6 +49,7 @@ import torch
 
 from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
+from marti.rewards.base import MAX_ABS_REWARD, check_reward
 
 from ._checks import as_bool_mask, check_finite, check_same_shape, check_tensor
 from .masks import last_action_index, masked_whiten
@@ -177,7 +181,8 @@ def rewards_to_tensor(rewards: RewardsLike) -> tuple[torch.Tensor, torch.Tensor]
         ``(values (B,), present (B,))``: float64 rewards with 0 where missing, and a bool mask.
 
     Raises:
-        InvalidArgumentError: not 1-D, or a reward is +-inf or not a number (its index is named).
+        InvalidArgumentError: not 1-D, or a reward is +-inf, beyond +-:data:`MAX_ABS_REWARD` or not a number
+            (its index is named).
     """
     if isinstance(rewards, torch.Tensor):
         check_tensor("rewards", rewards, 1)
@@ -198,6 +203,9 @@ def rewards_to_tensor(rewards: RewardsLike) -> tuple[torch.Tensor, torch.Tensor]
         values = torch.tensor(items, dtype=torch.float64)
     present = ~torch.isnan(values)
     check_finite("rewards", values, present)
+    big = (present & (values.abs() > MAX_ABS_REWARD)).nonzero()
+    if len(big):
+        check_reward(float(values[int(big[0])]), f"rewards[{int(big[0])}]")
     return torch.where(present, values, torch.zeros_like(values)), present
 
 

@@ -1,0 +1,50 @@
+"""A reward that is not finite, or so large that float32 advantages overflow, is refused naming where it came from
+(a fresh-user review: rewards around 1e200 trained on all-zero advantages with no warning, and two turn rewards of
+-1e308 logged a ``-inf`` return). Found where each kind of reward enters: a reward function's scores, a trajectory
+in the learner's batch (env rewards, gateway reports, inserted trajectories), a gateway report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marti.config import AlgorithmConfig
+from marti.errors import InvalidArgumentError
+from marti.rewards import RewardFunction
+from marti.trajectory import Trajectory, Turn
+from services.trainer.learn.algo import compute_advantages
+from services.trainer.learn.experience import collate
+from tests.trainer_data import one_turn
+
+
+def test_the_bound_is_where_grpo_advantages_stop_being_right():
+    """1e30 still gives GRPO's advantages; 1e200 gave all zeros (the reason for the bound)."""
+    mask = torch.ones(2, 1)
+    adv, _ = compute_advantages(AlgorithmConfig(), [1e30, 0.0], mask, group_size=2)
+    assert adv[:, 0].tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
+
+
+def test_a_reward_function_returning_1e200_is_refused_naming_it_index_and_value():
+    fn = RewardFunction(lambda prompts, completions, **kw: [0.0, 1e200])
+    with pytest.raises(
+        InvalidArgumentError, match=r"reward function '.*' returned it at index 1: the reward is 1e\+200"
+    ):
+        fn.score(["p", "p"], ["a", "b"], {})
+
+
+def test_a_trajectory_with_a_huge_or_overflowing_reward_is_refused_naming_agent_and_episode():
+    ok = one_turn([1], [2], 1.0, "g", agent="solver")
+    huge = one_turn([1], [2], 1e200, "g", agent="solver")
+    with pytest.raises(
+        InvalidArgumentError,
+        match=rf"agent 'solver', episode '{huge.episode_id}' \(its return\): the reward is 1e\+200",
+    ):
+        collate([ok, huge], "solver", pad_id=0)
+    # two finite turn rewards whose sum (the return) is -inf
+    turns = [Turn(0, [1], [2], reward=-1e308), Turn(1, [1, 2, 3], [4], reward=-1e308)]
+    over = Trajectory("ep-over", "solver", turns=turns, group_id="g")
+    with pytest.raises(
+        InvalidArgumentError, match=r"agent 'solver', episode 'ep-over', turn 0: the reward is -1e\+308"
+    ):
+        collate([ok, over], "solver", pad_id=0)
+    assert collate([ok], "solver", pad_id=0).rewards.tolist() == [1.0]
