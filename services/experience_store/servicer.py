@@ -10,6 +10,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
@@ -50,6 +51,22 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    async def _run_abandonable(self, fn, wake, undo=None):
+        """``fn(abandoned)`` on the pool, ``abandoned`` a fresh :class:`threading.Event`. If the call is cancelled
+        meanwhile (the client went away: it closed or cancelled the call, or was killed), sets ``abandoned`` and calls ``wake``
+        (a table's or the store's ``notify``) so a table call waiting in ``fn`` gives up at once, passes what an
+        ``fn`` that finished all the same returns to ``undo`` (when given), and re-raises the cancellation."""
+        abandoned = threading.Event()
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, fn, abandoned)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            abandoned.set()
+            wake()
+            if undo is not None:
+                fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() else undo(f.result()))
+            raise
+
     def _timeout_s(self, timeout_ms: int) -> float:
         """A request's wait in seconds (0 = ``default_timeout_ms``).
 
@@ -77,7 +94,9 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
 
     # ---- Insert -----------------------------------------------------------------------------------------
 
-    def _insert_batch(self, req: spb.InsertRequest) -> spb.InsertResponse:
+    def _insert_batch(self, req: spb.InsertRequest, abandoned: threading.Event) -> spb.InsertResponse:
+        """Insert one request's items (see :meth:`ExperienceStore.insert`; ``abandoned`` as there) and answer
+        them in order."""
         timeout_s = self._timeout_s(req.timeout_ms)
         results: list[int | Duplicate | MartiError] = []
         run_table, run_items = None, []  # consecutive items of one table are inserted together
@@ -85,7 +104,7 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         def flush() -> None:
             if run_items:
                 try:
-                    results.extend(self.store.insert(run_table, run_items, timeout_s))
+                    results.extend(self.store.insert(run_table, run_items, timeout_s, abandoned))
                 except MartiError as e:  # unknown table
                     results.extend([e] * len(run_items))
                 run_items.clear()
@@ -122,9 +141,11 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         return self.settings.default_table or DEFAULT_TABLE
 
     async def Insert(self, request_iterator, context) -> AsyncIterator[spb.InsertResponse]:  # noqa: N802
-        """See the proto: one response per request, after commit."""
+        """See the proto: one response per request, after commit. A request waiting for room when the call is
+        cancelled (the client went away) stops waiting at once; its items from the waiting one on are not
+        inserted."""
         async for req in request_iterator:
-            yield await self._run(self._insert_batch, req)
+            yield await self._run_abandonable(partial(self._insert_batch, req), self.store.notify)
 
     # ---- Sample -----------------------------------------------------------------------------------------
 
@@ -189,19 +210,11 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
     async def _take(self, table, n: int, timeout_s: float, filt, current, whole: bool, groups: bool):
         """``table.take`` on the pool. If the call is cancelled meanwhile (the client went away), a waiting take
         gives up at once and one that already took items puts them back."""
-        abandoned = threading.Event()
-        fut = asyncio.get_running_loop().run_in_executor(
-            self._pool, table.take, n, timeout_s, filt, current, whole, abandoned, groups
+        return await self._run_abandonable(
+            lambda abandoned: table.take(n, timeout_s, filt, current, whole, abandoned, groups),
+            table.notify,
+            table.release,
         )
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            abandoned.set()
-            table.notify()
-            fut.add_done_callback(
-                lambda f: None if f.cancelled() or f.exception() else table.release(f.result())
-            )
-            raise
 
     def _sample_responses(self, table: str, items, fmt: int, max_batch: int) -> list[spb.SampleResponse]:
         """One take's items as responses of at most ``max_batch`` items each."""

@@ -176,10 +176,15 @@ class ExperienceStore:
     # ---- data -------------------------------------------------------------------------------------------
 
     def insert(
-        self, table: str, items: Sequence[NewItem], timeout_s: float
+        self,
+        table: str,
+        items: Sequence[NewItem],
+        timeout_s: float,
+        abandoned: threading.Event | None = None,
     ) -> list[int | Duplicate | MartiError]:
-        """Insert into a table; see :meth:`Table.insert`. Raises NotFoundError for an unknown table."""
-        return self.table(table).insert(items, timeout_s)
+        """Insert into a table; see :meth:`Table.insert` (``abandoned``: set, then :meth:`notify`, when the
+        caller went away). Raises NotFoundError for an unknown table."""
+        return self.table(table).insert(items, timeout_s, abandoned)
 
     def sample(
         self,
@@ -241,6 +246,11 @@ class ExperienceStore:
 
         self._snapshot_thread = threading.Thread(target=loop, name="store-snapshots", daemon=True)
         self._snapshot_thread.start()
+
+    def notify(self) -> None:
+        """Wake every caller waiting on any table (each checks its condition again, see :meth:`Table.notify`)."""
+        for t in list(self._tables.values()):
+            t.notify()
 
     def close(self) -> None:
         """Stop snapshots, end every waiting insert and sample (UnavailableError) and close storage."""

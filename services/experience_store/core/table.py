@@ -2,8 +2,9 @@
 limiter and signature, plus a byte cap and a full policy (evict or block).
 
 Thread-safe: one lock per table; inserts and samples that the rate limiter (or a full table under the block
-policy) does not let through wait on a condition variable until their deadline. Every state change is submitted
-to :class:`~.storage.Storage` inside the lock (so storage applies them in the table's order) and the call waits
+policy) does not let through wait on a condition variable until their deadline (or until their caller went away,
+``abandoned``, or the store closes: they give up at once). Every state change is submitted to
+:class:`~.storage.Storage` inside the lock (so storage applies them in the table's order) and the call waits
 for the commit after releasing the lock (so concurrent callers' commits can be grouped into one transaction)
 before it returns.
 """
@@ -92,8 +93,7 @@ class Table:
         self._bytes = 0
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
-        self.waiting_inserts = 0
-        self.waiting_samples = 0
+        self.waiting: Counter[str] = Counter()  # callers waiting now, by what they wait to do: insert, sample
         self._held = Counter()  # of open takes: samples, deletes, stale, items, bytes (not yet committed)
 
     # ---- restore ---------------------------------------------------------------------------------------
@@ -188,11 +188,30 @@ class Table:
         size, held_bytes = len(self._items) + self._held["items"], self._bytes + self._held["bytes"]
         return size < self.config.max_size and held_bytes + num_bytes <= self.config.max_bytes
 
-    def _wait(self, deadline: float, what: str) -> None:
-        if self._closed:
-            raise UnavailableError(f"{what} on table {self.name!r}: the store is shutting down")
+    def _wait(self, deadline: float, what: str, abandoned: threading.Event | None) -> None:
+        """Wait until another call changes the table (caller holds the lock, and checks its own condition again
+        after this returns), counted in :attr:`waiting` under ``what`` (``"insert"`` or ``"sample"``) meanwhile.
+
+        Args:
+            deadline: ``time.monotonic()`` at which the caller's wait runs out.
+            what: What the caller waits to do, for the count and the error messages.
+            abandoned: Set (then :meth:`notify`) when the caller went away; None = never.
+
+        Raises:
+            UnavailableError: when the store is shutting down or ``abandoned`` is set, before the wait or once it
+                woke up (a caller that went away never proceeds).
+            RateLimitedError: (``insert``) when ``deadline`` passed.
+            DeadlineExceededError: (``sample``) when ``deadline`` passed.
+        """
+        self._check_wanted(what, abandoned)
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not self._cond.wait(remaining):
+        self.waiting[what] += 1
+        try:
+            woke = remaining > 0 and self._cond.wait(remaining)
+        finally:
+            self.waiting[what] -= 1
+        self._check_wanted(what, abandoned)
+        if not woke:
             if time.monotonic() >= deadline:
                 text = f"{what} on table {self.name!r} timed out waiting ({self._limiter_text()})"
                 if what == "insert":  # the table stayed full or rate-limited: backpressure, not an outage
@@ -205,6 +224,13 @@ class Table:
                     )
                 raise DeadlineExceededError(text)
 
+    def _check_wanted(self, what: str, abandoned: threading.Event | None) -> None:
+        """Raise UnavailableError when the store is shutting down or the caller went away (``abandoned`` set)."""
+        if self._closed:
+            raise UnavailableError(f"{what} on table {self.name!r}: the store is shutting down")
+        if abandoned is not None and abandoned.is_set():
+            raise UnavailableError(f"{what} on table {self.name!r} abandoned: its caller went away")
+
     def _limiter_text(self) -> str:
         rl = self.rate_limiter
         return (
@@ -213,7 +239,9 @@ class Table:
             f"min_diff={rl.config.min_diff}, max_diff={rl.config.max_diff}"
         )
 
-    def insert(self, items: Sequence[NewItem], timeout_s: float) -> list[int | Duplicate | MartiError]:
+    def insert(
+        self, items: Sequence[NewItem], timeout_s: float, abandoned: threading.Event | None = None
+    ) -> list[int | Duplicate | MartiError]:
         """Insert items in order, waiting (up to ``timeout_s`` in all) where the rate limiter or a full table
         under the block policy says so.
 
@@ -226,12 +254,16 @@ class Table:
         Args:
             items: Items to insert.
             timeout_s: Longest total wait in seconds (0 = do not wait).
+            abandoned: Set (then :meth:`notify`) when the caller went away: a waiting insert gives up at once and
+                neither the waiting item nor any after it is inserted (the ones inserted before it stay).
 
         Returns:
             One entry per item: its new key, a :class:`Duplicate`, or the :class:`MartiError` that refused it (InvalidArgumentError,
             ResourceExhaustedError when it alone exceeds ``max_bytes``, :class:`~marti.errors.RateLimitedError`
             (a DeadlineExceededError, reason ``RATE_LIMITED``, metadata ``table``, ``size``, ``max_size``) when
-            the wait for room or for the rate limiter ran out; items after it get the same error).
+            the wait for room or for the rate limiter ran out; items after it get the same error), or
+            UnavailableError when the store shut down or ``abandoned`` was set during a wait (items after it get
+            the same error).
 
         Raises:
             InternalError: when storage could not commit the items (they stay in the table's memory).
@@ -245,8 +277,9 @@ class Table:
         with self._cond:
             for n, item in enumerate(items):
                 try:
-                    results.append(self._insert_one(item, deadline, pending, evicted, tickets))
-                except DeadlineExceededError as e:
+                    results.append(self._insert_one(item, deadline, abandoned, pending, evicted, tickets))
+                except (DeadlineExceededError, UnavailableError) as e:
+                    # the wait ran out, the store is closing or the caller went away: no item after it goes in
                     results.extend([e] * (len(items) - n))
                     break
                 except MartiError as e:
@@ -260,6 +293,7 @@ class Table:
         self,
         item: NewItem,
         deadline: float,
+        abandoned: threading.Event | None,
         pending: list[tuple[ItemRecord, bytes]],
         evicted: list[int],
         tickets: list[CommitTicket],
@@ -284,11 +318,7 @@ class Table:
             if self._room_for(size) and self.rate_limiter.can_insert(len(self._items)):
                 break
             self._flush(pending, evicted, tickets)
-            self.waiting_inserts += 1
-            try:
-                self._wait(deadline, "insert")
-            finally:
-                self.waiting_inserts -= 1
+            self._wait(deadline, "insert", abandoned)
         s = item.summary
         rec = ItemRecord(
             key=self._next_key(),
@@ -410,13 +440,7 @@ class Table:
                 if picked and (not whole or len(picked) >= num_samples):
                     break
                 self._undo(take)
-                if abandoned is not None and abandoned.is_set():
-                    raise UnavailableError(f"sample on table {self.name!r} abandoned: its caller went away")
-                self.waiting_samples += 1
-                try:
-                    self._wait(deadline, "sample")
-                finally:
-                    self.waiting_samples -= 1
+                self._wait(deadline, "sample", abandoned)
             stale = {rec.key for rec, _, _ in picked if _is_stale(rec, oldest)}
             gone = stale | take.dropped
             payloads = self._storage.get_payloads(rec.key for rec, _, _ in picked if rec.key not in gone)
@@ -682,8 +706,8 @@ class Table:
                 "num_bytes": self._bytes,
                 "counters": self.counters(),
                 "rate_limiter": self.rate_limiter.info(),
-                "waiting_inserts": self.waiting_inserts,
-                "waiting_samples": self.waiting_samples,
+                "waiting_inserts": self.waiting["insert"],
+                "waiting_samples": self.waiting["sample"],
                 "sampler": {"kind": self.sampler.kind, **self.sampler.options()},
                 "remover": {"kind": self.remover.kind, **self.remover.options()},
                 "config": self.config.model_dump(mode="json"),

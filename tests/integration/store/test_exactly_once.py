@@ -55,8 +55,8 @@ def test_a_retried_insert_after_a_lost_answer_is_not_duplicated(store, monkeypat
     client, servicer = store
     original, lost = servicer._insert_batch, []
 
-    def answer_lost_once(req):
-        resp = original(req)  # committed
+    def answer_lost_once(req, abandoned):
+        resp = original(req, abandoned)  # committed
         if not lost:
             lost.append(resp)
             raise UnavailableError("the answer was lost on its way back")

@@ -20,9 +20,10 @@ from marti.errors import FailedPreconditionError
 from marti.trajectory import Trajectory
 
 N, ROOM, BATCH = 300, 100, 10
-#: The writer's wait for room, seconds: long enough to close the client under it, short enough that the store
-#: gives the cut stream's waiting message up (it keeps waiting after the client went away) before the retry.
-WAIT_S = 5
+#: The writer's wait for room, seconds: far longer than the test, so only the client's close can end it.
+WAIT_S = 120
+#: How soon the store must give the cut stream's waiting message up once the client is closed, seconds.
+GONE_S = 5.0
 
 
 def _trajectories() -> list[Trajectory]:
@@ -55,7 +56,7 @@ def _check_cut_off(err: BaseException | None, reader: ExperienceSharingClient) -
     keys = [int(k) for k in err.metadata["inserted_keys"].split(",")]
     stored = {s.key: s.trajectory.episode_id for s in reader.get_items(agent_id="a1", tables=["q"])}
     assert stored == {k: f"ep-{i}" for i, k in enumerate(keys)}
-    _becomes(reader, "waiting_inserts", 0)  # the cut stream's waiting message ran out of time (WAIT_S)
+    _becomes(reader, "waiting_inserts", 0, GONE_S)  # the store gave the cut stream's waiting message up
     assert [s.key for s in reader.sample("q", ROOM)] == keys  # room for the retry; the ids stay taken
     retried = reader.insert("q", _trajectories()[: ROOM + BATCH])
     assert [r.duplicate for r in retried] == [True] * ROOM + [False] * BATCH

@@ -96,7 +96,9 @@ class ExperienceServiceServicer:
     def Insert(self, request_iterator, context):
         """Bidirectional: the client streams batches of items, the server answers each request with one
         confirmation per item, in order, after the items are committed to the write-ahead log. A refused item
-        gets an in-band status; the stream goes on. Unknown tables are refused per item (NOT_FOUND).
+        gets an in-band status; the stream goes on. Unknown tables are refused per item (NOT_FOUND). A request
+        waiting for room (a full table, its rate limiter) when the call is cancelled stops waiting at once: the
+        waiting item and the request's items after it are not inserted, its items before the wait stay.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
