@@ -11,6 +11,8 @@ One module per job:
 - :mod:`marti.data.split`: the seeded held-out fraction;
 - :mod:`marti.data.order`: the row of global problem ``k`` (seeded per epoch), so resuming continues in place;
 - :mod:`marti.data.build`: :func:`load_problems`, all of it for a ``dataset:`` config section.
+- :mod:`marti.data.fingerprint`: what a run folder records of a ``dataset:`` section (each source's spec and the
+  sha256 of its bytes), so that ``--resume`` warns when the data changed.
 
 Typical use::
 

@@ -7,8 +7,9 @@ by :meth:`~services.trainer.job.loop.TrainingLoop.run` when no caller prepared t
   job on the folder gets :class:`~marti.errors.FailedPreconditionError` naming the folder and the holder's pid.
 - :meth:`RunFolder.prepare` refuses a new run in a folder that holds one (``config.yaml``, logged metrics or a
   checkpoint) unless ``resume`` or ``overwrite`` is given; ``overwrite`` clears the folder; ``resume`` finds
-  the checkpoint (an error naming the folder when there is none) and refuses a config change the checkpoint
-  cannot take (:func:`layout_changes`: one line naming the key and both values).
+  the checkpoint (an error naming the folder when there is none), refuses a config change the checkpoint
+  cannot take (:func:`layout_changes`: one line naming the key and both values) and warns when the dataset
+  differs from the one the run last started with (its path, or its content's sha256).
 - :meth:`RunFolder.record_start` writes ``config.yaml`` and appends one line to ``config_history.jsonl`` once the
   job has really started (its checkpoint loaded), so a refused or failed start leaves the record as it was.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -25,10 +27,12 @@ from typing import Any
 import yaml
 
 from marti.config import TrainConfig, dump_config
+from marti.data.fingerprint import dataset_fingerprint, fingerprint_changes
 from marti.dir_lock import LOCK_FILE, DirLock
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 
 HISTORY_FILE = "config_history.jsonl"
+_LOG = logging.getLogger(__name__)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -124,6 +128,7 @@ class RunFolder:
         self.run_dir = Path(run_dir)
         self.resume_from: Path | None = None
         self.prepared = False
+        self._fingerprint: tuple[Any, dict[str, Any]] | None = None
         self._lock = DirLock(
             self.run_dir, "run folder", "job", "wait for it to end or give this job another output.dir"
         )
@@ -179,6 +184,7 @@ class RunFolder:
             self.clear()
         elif resume:
             self.resume_from = self._checkpoint_for(cfg)
+            self._warn_if_the_dataset_changed(cfg)
         elif self.holds_a_run():
             raise FailedPreconditionError(
                 f"run folder {self.run_dir} already holds a run; continue it with --resume, replace it with "
@@ -186,6 +192,34 @@ class RunFolder:
             )
         self.prepared = True
         return self.resume_from
+
+    def _dataset(self, cfg: TrainConfig) -> dict[str, Any] | None:
+        """The job's :func:`~marti.data.fingerprint.dataset_fingerprint` (hashed once per folder), or None
+        without a ``dataset`` section."""
+        if cfg.dataset is None:
+            return None
+        if self._fingerprint is None or self._fingerprint[0] != cfg.dataset:
+            self._fingerprint = (cfg.dataset, dataset_fingerprint(cfg.dataset))
+        return self._fingerprint[1]
+
+    def _warn_if_the_dataset_changed(self, cfg: TrainConfig) -> None:
+        """Log a warning when the dataset of a resumed job differs from the one the run last started with (the
+        last ``dataset`` of ``config_history.jsonl``): its path, or its content's sha256. The row order and the
+        held-out split depend on the rows, so the resumed job does not continue where the run was."""
+        recorded = [r["dataset"] for r in read_history(self.run_dir) if r.get("dataset")]
+        now = self._dataset(cfg)
+        if not recorded or now is None:
+            return
+        changes = fingerprint_changes(recorded[-1], now)
+        if changes:
+            _LOG.warning(
+                "--resume: the dataset differs from the one this run last started with (%s): %s. The row order "
+                "and the held-out split depend on the rows, so the resumed job does not continue the run's "
+                "epoch where it stopped (docs/datasets.md); resume on the data the run started with, or start "
+                "a new run",
+                HISTORY_FILE,
+                "; ".join(changes),
+            )
 
     def _checkpoint_for(self, cfg: TrainConfig) -> Path:
         ckpt = latest_checkpoint(self.run_dir)
@@ -206,7 +240,8 @@ class RunFolder:
     def record_start(self, cfg: TrainConfig, start_step: int) -> dict[str, Any]:
         """Record that the job has started at ``start_step``: ``config.yaml`` becomes ``cfg`` and one line is
         appended to ``config_history.jsonl``: ``{"start_step", "time", "resumed_from", "algorithm", "changed":
-        {key: [old, new]}}`` (``changed`` against the previous ``config.yaml``; empty for a new run).
+        {key: [old, new]}, "dataset"}`` (``changed`` against the previous ``config.yaml``, empty for a new run;
+        ``dataset`` the :func:`~marti.data.fingerprint.dataset_fingerprint` of the job's data, null without one).
 
         Returns:
             The appended record.
@@ -219,6 +254,7 @@ class RunFolder:
             "resumed_from": str(self.resume_from) if self.resume_from is not None else None,
             "algorithm": cfg.algorithm.advantage_estimator,
             "changed": config_diff(previous, cfg),
+            "dataset": self._dataset(cfg),
         }
         tmp = path.with_name(".config.yaml.tmp")
         tmp.write_text(dump_config(cfg))

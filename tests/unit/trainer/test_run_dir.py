@@ -48,3 +48,55 @@ def test_a_dangling_latest_falls_back_to_the_newest_step_folder(tmp_path):
     (ckpts / "latest").unlink()
     assert latest_checkpoint(tmp_path) == ckpts / "step_000004"
     assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def _dataset_job(run: Path, data: Path):
+    from marti.config import config_from_dict
+
+    return config_from_dict(
+        {"training_name": "t", "num_agents": 1,
+         "agents": [{"name": "solver", "pretrain_model": "tiny-llama", "role": "solver"}],
+         "dataset": {"path": f"jsonl:{data}", "eval_fraction": 0.2}, "output": {"dir": str(run)}}
+    )  # fmt: skip
+
+
+def _resume_warnings(cfg, caplog) -> list[str]:
+    """What ``prepare(resume=True)`` (``marti train --resume``) logs, as warnings."""
+    from services.trainer.job.run_dir import RunFolder
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="services.trainer.job.run_dir"):
+        RunFolder(cfg.run_dir).prepare(cfg, resume=True, overwrite=False)
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_resume_on_a_changed_or_other_dataset_file_warns_naming_what_changed(tmp_path, caplog):
+    """A fresh-user review: ``--resume`` with an edited file or another ``--dataset`` was only recorded."""
+    from services.trainer.job.run_dir import RunFolder, read_history
+
+    rows = "".join(f'{{"prompt": "What is {i} + {i}?", "answer": "{2 * i}"}}\n' for i in range(10))
+    data, run = tmp_path / "rows.jsonl", tmp_path / "run"
+    data.write_text(rows)
+    cfg = _dataset_job(run, data)
+    folder = RunFolder(run)
+    folder.lock()  # creates the folder, as marti train does
+    folder.prepare(cfg, resume=False, overwrite=False)
+    folder.record_start(cfg, 0)  # what a job that started records
+    folder.unlock()
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    assert read_history(run)[0]["dataset"]["path"] == f"jsonl:{data}"
+    assert _resume_warnings(cfg, caplog) == []  # the same data: nothing to say
+    data.write_text(rows.replace('"18"', '"19"'))  # the file edited
+    (warning,) = _resume_warnings(cfg, caplog)
+    assert (
+        f"--resume: the dataset differs from the one this run last started with (config_history.jsonl): the content of dataset.path 'jsonl:{data}' changed (sha256 "
+        in warning
+    )
+    other = tmp_path / "copy.jsonl"
+    other.write_text(rows)  # the run's original rows, under another path
+    (warning,) = _resume_warnings(_dataset_job(run, other), caplog)
+    assert f"dataset.path 'jsonl:{data}' -> 'jsonl:{other}' (same content)" in warning
+    assert "does not continue the run's epoch where it stopped" in warning
+    from marti.data.fingerprint import source_sha256
+
+    assert source_sha256("hf:org/name") is None  # a hub dataset: its spec is recorded, no bytes to hash
