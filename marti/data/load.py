@@ -1,15 +1,17 @@
 """Reading a dataset source into rows (one dict per row, every column kept) through the ``datasets`` library.
 
-Files go through ``datasets.load_dataset(builder, data_files=PATH, split="train")`` (CSV cells read as the
-text written: string columns, no NA guessing), a ``save_to_disk`` folder through ``datasets.load_from_disk`` (one
-split of a ``DatasetDict``), a hub id through ``datasets.load_dataset(ID, name=config, split=split)``. A JSON
-file's columns that mix numbers and text, and its columns of numbers that ``datasets`` reads as floats, are then
-put back as written (:mod:`marti.data.json_text`). Every failure becomes a typed error of :mod:`marti.errors`
+Files go through ``datasets.load_dataset(builder, data_files=PATH, split="train")`` (CSV cells read as
+the text written: string columns, no NA guessing), a ``save_to_disk`` folder through
+``datasets.load_from_disk`` (one split of a ``DatasetDict``), a hub id through
+``datasets.load_dataset(ID, name=config, split=split)``. A JSON file's columns that mix numbers and text, and
+its columns of numbers that ``datasets`` reads as floats, are then put back as written
+(:mod:`marti.data.json_text`). Every failure becomes a typed error of :mod:`marti.errors`
 that names the source and the cause. ``datasets`` is imported on first use (the trainer extra installs it).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 from pathlib import Path
 from typing import Any
@@ -72,8 +74,8 @@ def load_rows(spec: SourceSpec) -> list[dict[str, Any]]:
     Raises:
         NotFoundError: A missing local file or folder, a missing split of a saved ``DatasetDict``, or a hub
             dataset the hub says does not exist.
-        InvalidArgumentError: An empty or malformed file (the parser's message is included), or a mixed JSON
-            column in a file that is not JSON lines or a JSON array.
+        InvalidArgumentError: An empty or malformed file (the parser's message is included), or a JSON or
+            CSV file that is not UTF-8 (the byte, its line and offset named).
         UnavailableError: ``datasets`` is not installed, or the hub cannot be reached (offline, no network).
     """
     check_local(spec)
@@ -104,17 +106,39 @@ def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
 
 
 def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
-    """The rows of a JSON, CSV or Parquet file; a JSON file's columns that mix numbers and text, and its columns
-    of numbers, as written (:func:`marti.data.json_text.fixes`)."""
+    """The rows of a JSON, CSV or Parquet file; a JSON file's columns that mix numbers and text, and its
+    columns of numbers, as written (:func:`marti.data.json_text.fixes`).
+
+    Raises:
+        InvalidArgumentError: A JSON or CSV file that is not UTF-8, or that the parser cannot read.
+    """
+    text = _read_text(spec) if spec.kind in ("json", "csv") else ""
     loaded = _load_file(ds, spec)
     rows = loaded.to_list()
     if spec.kind != "json":
         return rows
-    columns = fixes(loaded.features)
-    if not columns:
-        return rows
-    text = Path(spec.location).read_text(encoding="utf-8-sig")
-    return keep_as_written(rows, columns, text, f"dataset {spec.describe()}")
+    return keep_as_written(rows, fixes(loaded.features), text, f"dataset {spec.describe()}")
+
+
+def _read_text(spec: SourceSpec) -> str:
+    """A JSON or CSV file's text, read as UTF-8 (a leading byte-order mark dropped).
+
+    Raises:
+        InvalidArgumentError: The file is not UTF-8; the message names the file, the first byte that is not
+            UTF-8, its line (1-based) and its byte offset (0-based).
+    """
+    data = Path(spec.location).read_bytes()
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = skip + exc.start
+        line = data.count(b"\n", 0, at) + 1
+        raise InvalidArgumentError(
+            f"dataset {spec.describe()} is not UTF-8: byte {data[at]:#04x} at line {line} (byte offset "
+            f"{at}) cannot be decoded ({exc.reason}); the file must be UTF-8 (from Latin-1: "
+            "iconv -f latin1 -t utf-8)"
+        ) from None
 
 
 def _load_file(ds: Any, spec: SourceSpec) -> Any:

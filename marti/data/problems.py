@@ -94,7 +94,8 @@ class ProblemSet:
 
         Raises:
             NotFoundError: A missing file, folder, split or hub dataset.
-            InvalidArgumentError: A malformed or empty source, or a bad row (see the class).
+            InvalidArgumentError: A malformed or empty source, a JSON or CSV file that is not UTF-8, or a bad row
+                (see the class).
             UnavailableError: The hub cannot be reached, or ``datasets`` is not installed.
         """
         if max_samples is not None and (type(max_samples) is not int or max_samples < 1):

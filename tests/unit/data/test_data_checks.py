@@ -4,6 +4,8 @@ a silently skipped row."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import datasets
 import pytest
@@ -33,6 +35,40 @@ def test_a_malformed_file_names_the_file_and_the_parser_error(tmp_path, name, te
     (tmp_path / name).write_text(text)
     with pytest.raises(InvalidArgumentError, match=rf"{name}' could not be read as (JSON|PARQUET): \w+"):
         ProblemSet.from_source(str(tmp_path / name), input_key="prompt")
+
+
+LATIN1 = {  # file -> its bytes, the line of the Latin-1 byte
+    "l.jsonl": (b'{"prompt": "tea", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n', 2),
+    "l.json": (b'[{"prompt": "tea", "answer": "1"},\n {"prompt": "caf\xe9", "answer": "2"}]', 2),
+    "l.csv": (b"prompt,answer\ntea,1\ncaf\xe9,2\n", 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LATIN1))
+def test_a_file_that_is_not_utf8_names_the_file_line_and_byte(tmp_path, name):
+    """Latin-1 bytes: a raw UnicodeDecodeError (JSON lines: from pyarrow, after the load) before."""
+    data, line = LATIN1[name]
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(
+        InvalidArgumentError,
+        match=rf"{name}' is not UTF-8: byte 0xe9 at line {line} \(byte offset {data.index(0xE9)}\)"
+        r".*must be UTF-8",
+    ):
+        ProblemSet.from_source(str(tmp_path / name), input_key="prompt", label_key="answer")
+
+
+def test_marti_train_dataset_on_a_file_that_is_not_utf8_is_a_one_line_refusal(tmp_path):
+    """``marti train --dataset FILE``: exit 2 and one line naming the file, not a traceback (exit 1)."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(LATIN1["l.jsonl"][0])
+    proc = subprocess.run(
+        [sys.executable, "-m", "marti.cli", "train", "--actor_model", "tiny-llama", "--dataset", f"jsonl:{path}",
+         "--input_key", "prompt", "--label_key", "answer", "--set", f"output.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "latin1.jsonl' is not UTF-8: byte 0xe9 at line 2" in proc.stderr.splitlines()[-1]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(("name", "text"), [("none.json", "[]"), ("blank.jsonl", "\n\n"), ("h.csv", "q,a\n")])
