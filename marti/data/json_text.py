@@ -45,7 +45,7 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
         try:
             values = _DECODER.decode(text)
         except json.JSONDecodeError as exc:
-            raise _syntax(source, exc.lineno, exc.colno, f"not valid JSON: {exc.msg}") from None
+            raise _syntax(source, exc.lineno, exc.colno, exc.msg) from None
         return [v if isinstance(v, dict) else {"text": v} for v in values]
     records = []
     pos = _SPACE.match(text).end()
@@ -53,7 +53,7 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
         try:
             value, end = _DECODER.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise _syntax(source, exc.lineno, exc.colno, f"not valid JSON: {exc.msg}") from None
+            raise _bad_line(text, source) or _syntax(source, exc.lineno, exc.colno, exc.msg) from None
         if not isinstance(value, dict):
             line, column = _line_column(text, pos)
             raise _syntax(
@@ -64,6 +64,20 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
     return records
 
 
+def _bad_line(text: str, source: str) -> InvalidArgumentError | None:
+    """The error of the first line that is not JSON on its own, when ``text`` looks like JSON lines (its first
+    line is whole JSON, ends an object, or is the only line), else None (objects spread over lines). In JSON
+    lines the line to fix is the incomplete one, not the next one, where a parser reading on stops."""
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    for number, line in lines:
+        try:
+            _DECODER.decode(line)
+        except json.JSONDecodeError as exc:
+            spread = number == lines[0][0] and len(lines) > 1 and not line.rstrip().endswith("}")
+            return None if spread else _syntax(source, number, exc.colno, exc.msg)
+    return None
+
+
 def _line_column(text: str, pos: int) -> tuple[int, int]:
     """The 1-based line and column of offset ``pos`` in ``text``."""
     line = text.count("\n", 0, pos) + 1
@@ -71,7 +85,7 @@ def _line_column(text: str, pos: int) -> tuple[int, int]:
 
 
 def _syntax(source: str, line: int, column: int, why: str) -> InvalidArgumentError:
-    return InvalidArgumentError(f"{source}, line {line}, column {column}: {why}")
+    return InvalidArgumentError(f"{source} could not be read as JSON: line {line}, column {column}: {why}")
 
 
 def _plain(value: Any) -> Any:

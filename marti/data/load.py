@@ -16,7 +16,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from marti.data.json_text import fixes, keep_as_written
+from marti.data.json_text import fixes, keep_as_written, read_records
 from marti.data.spec import SourceSpec
 from marti.errors import InvalidArgumentError, NotFoundError, UnavailableError
 
@@ -113,7 +113,7 @@ def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
         InvalidArgumentError: A JSON or CSV file that is not UTF-8, or that the parser cannot read.
     """
     text = _read_text(spec) if spec.kind in ("json", "csv") else ""
-    loaded = _load_file(ds, spec)
+    loaded = _load_file(ds, spec, text)
     rows = loaded.to_list()
     if spec.kind != "json":
         return rows
@@ -141,21 +141,33 @@ def _read_text(spec: SourceSpec) -> str:
         ) from None
 
 
-def _load_file(ds: Any, spec: SourceSpec) -> Any:
-    """``load_dataset`` of a file (CSV cells as text).
+def _load_file(ds: Any, spec: SourceSpec, text: str) -> Any:
+    """``load_dataset`` of a file (CSV cells as text); ``text`` is a JSON file's text (to name a syntax error's
+    line).
 
     Raises:
-        InvalidArgumentError: The file has no rows, or the parser failed (its message included).
+        InvalidArgumentError: The file has no rows, or the parser failed (:func:`_load_error`).
     """
     try:
         extra = _csv_text_columns(ds, spec.location) if spec.kind == "csv" else {}
         return ds.load_dataset(spec.kind, data_files=spec.location, split="train", **extra)
     except Exception as exc:  # every parser failure is reported with the file named
-        if "corresponds to no data" in _cause(exc):  # datasets' answer to a file without rows
-            raise InvalidArgumentError(f"dataset {spec.describe()} has no rows") from None
-        raise InvalidArgumentError(
-            f"dataset {spec.describe()} could not be read as {spec.kind.upper()}: {_cause(exc)}"
-        ) from None
+        raise _load_error(spec, text, exc) from None
+
+
+def _load_error(spec: SourceSpec, text: str, exc: Exception) -> InvalidArgumentError:
+    """The error for a file ``load_dataset`` could not read: no rows; for JSON, the first syntax error with its
+    line and column (:func:`marti.data.json_text.read_records`); else the parser's own message."""
+    if "corresponds to no data" in _cause(exc):  # datasets' answer to a file without rows
+        return InvalidArgumentError(f"dataset {spec.describe()} has no rows")
+    if spec.kind == "json":
+        try:
+            read_records(text, f"dataset {spec.describe()}")
+        except InvalidArgumentError as syntax:
+            return syntax
+    return InvalidArgumentError(
+        f"dataset {spec.describe()} could not be read as {spec.kind.upper()}: {_cause(exc)}"
+    )
 
 
 def _from_disk(ds: Any, spec: SourceSpec) -> Any:

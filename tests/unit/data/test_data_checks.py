@@ -37,6 +37,30 @@ def test_a_malformed_file_names_the_file_and_the_parser_error(tmp_path, name, te
         ProblemSet.from_source(str(tmp_path / name), input_key="prompt")
 
 
+GOOD = '{"prompt": "a", "answer": "1"}\n'
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("b.jsonl", GOOD + "{bad\n", "line 2, column 2: Expecting property name"),
+        ("b.jsonl", GOOD + '{"prompt": "b", "answer": }\n', "line 2, column 27: Expecting value"),
+        ("b.jsonl", GOOD + '{"prompt": "b"\n' + GOOD, "line 2, column 15: Expecting ',' delimiter"),
+        ("b.jsonl", GOOD + "\n\n" + '{"prompt": "b",\n', "line 4, column 16: Expecting property name"),
+        ("b.jsonl", GOOD + GOOD.strip() + " x\n", "line 2, column 32: Extra data"),
+        ("b.jsonl", GOOD + '"x"\n', "line 2, column 1: a JSON lines file holds objects, got '\"x\"'"),
+        ("b.jsonl", GOOD + "[1]\n", r"line 2, column 1: a JSON lines file holds objects, got '\[1\]'"),
+        ("b.json", "[" + GOOD.strip() + ',\n {"prompt": }]', "line 2, column 13: Expecting value"),
+        ("b.jsonl", "{\n  " + GOOD[1:] + '{\n  "prompt": \n}\n', "line 5, column 1: Expecting value"),
+    ],
+)
+def test_a_json_syntax_error_names_the_file_and_its_line(tmp_path, name, text, where):
+    """datasets' fallback parser said only "Trailing data at position 27"."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InvalidArgumentError, match=rf"{name}' could not be read as JSON: {where}"):
+        ProblemSet.from_source(str(tmp_path / name), input_key="prompt")
+
+
 LATIN1 = {  # file -> its bytes, the line of the Latin-1 byte
     "l.jsonl": (b'{"prompt": "tea", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n', 2),
     "l.json": (b'[{"prompt": "tea", "answer": "1"},\n {"prompt": "caf\xe9", "answer": "2"}]', 2),
