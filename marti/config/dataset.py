@@ -36,8 +36,8 @@ class DatasetConfig(Section):
     input_key: str = "prompt"
     """Column holding each problem's prompt text (OpenRLHF's ``--input_key``)."""
     label_key: str | None = "answer"
-    """Column holding each problem's reference answer (OpenRLHF's ``--label_key``). Every row must have one (not
-    null, not empty). Null (no label) only with a custom env by import path: the ``dataset_task`` env's verifier
+    """Column holding each problem's reference answer (OpenRLHF's ``--label_key``). Every row must have one, text
+    or a number (not null, not empty; a list, an object or a boolean is refused). Null (no label) only with a custom env by import path: the ``dataset_task`` env's verifier
     reads every row's label."""
     eval_path: str | None = None
     """Held-out source, in the same forms as ``path``; null: ``eval_fraction``, or no held-out set."""

@@ -1,6 +1,6 @@
-"""Checks of loaded rows: the columns named exist, every prompt is a non-empty string, every row has a label,
-every value is JSON-able. Each failure is an :class:`~marti.errors.InvalidArgumentError` that names the source,
-the row (its 0-based position in the source), the column and the bad value.
+"""Checks of loaded rows: the columns named exist, every prompt is a non-empty string, every row has a label
+that is text or a number, every value is JSON-able. Each failure is an :class:`~marti.errors.InvalidArgumentError`
+that names the source, the row (its 0-based position in the source), the column and the bad value.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def check_columns(source: str, columns: Sequence[str], input_key: str, label_key
 def check_rows(
     source: str, rows: Sequence[dict[str, Any]], input_key: str, label_key: str | None, *, first: int = 0
 ) -> None:
-    """Check every row: a non-empty string prompt, a label (not null, not an empty string), JSON-able values.
+    """Check every row: a non-empty string prompt, a label (text or a number, not empty), JSON-able values.
 
     Args:
         source: The source's description, quoted in errors.
@@ -59,11 +59,7 @@ def check_rows(
             what = "an empty prompt" if isinstance(prompt, str) else f"a non-string prompt {_show(prompt)}"
             raise InvalidArgumentError(f"{source}: row {i} has {what} in column {input_key!r}")
         if label_key is not None:
-            label = row.get(label_key)
-            if label is None or (isinstance(label, str) and not label.strip()):
-                raise InvalidArgumentError(
-                    f"{source}: row {i} has no label in column {label_key!r} (got {_show(label)})"
-                )
+            _check_label(source, i, label_key, row.get(label_key))
         for column, value in row.items():
             bad = _not_json(value)
             if bad is not None:
@@ -71,6 +67,25 @@ def check_rows(
                     f"{source}: row {i}, column {column!r}: {bad}; rows must be JSON-able (they travel to a "
                     "remote env server as JSON)"
                 )
+
+
+def _check_label(source: str, i: int, label_key: str, label: Any) -> None:
+    """Check row ``i``'s label: text or a number (what a verifier reads), not null or empty.
+
+    Raises:
+        InvalidArgumentError: No label (null, or empty text), or a label that is a list, an object (mapping),
+            a boolean or another non-number, naming the source, the row, the column and the value.
+    """
+    if label is None or (isinstance(label, str) and not label.strip()):
+        raise InvalidArgumentError(
+            f"{source}: row {i} has no label in column {label_key!r} (got {_show(label)})"
+        )
+    if isinstance(label, bool) or not isinstance(label, str | int | float):
+        kind = {list: "a list", tuple: "a list", dict: "an object", bool: "a boolean"}.get(type(label), "a")
+        raise InvalidArgumentError(
+            f"{source}: row {i} has {kind} label {_show(label)} in column {label_key!r}; a label must be text "
+            "or a number (put other data in another column: reward functions receive every column)"
+        )
 
 
 def _not_json(value: Any) -> str | None:

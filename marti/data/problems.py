@@ -36,7 +36,8 @@ class ProblemSet:
 
     Raises:
         InvalidArgumentError: No rows, a key that is not a column (the columns and the closest match named), a
-            row with an empty or non-string prompt, without a label, or with a value that is not JSON-able
+            row with an empty or non-string prompt, without a label or with a label that is not text or a number
+            (a list, an object, a boolean), or with a value that is not JSON-able
             (each naming the source, row position, column and value).
     """
 

@@ -126,6 +126,27 @@ def test_a_row_without_a_label_names_the_row_and_column(tmp_path):
     assert len(ProblemSet.from_source(str(path), input_key="q", label_key=None)) == 3
 
 
+@pytest.mark.parametrize(
+    ("labels", "row", "fragment"),
+    [
+        (['"4"', "[]", "{}"], 1, r"a list label \[\]"),  # a column of [] and {}: read as '[]' and '{}' before
+        (['"4"', '"5"', "{}"], 2, r"an object label \{\}"),
+        (["[1, 2]", "[3]", "[]"], 0, r"a list label \[1, 2\]"),
+        (['{"x": 1}', '{"x": 2}', '{"x": 3}'], 0, r"an object label \{'x': 1\}"),
+        (["1", "2", "true"], 2, "a boolean label True"),
+    ],
+)
+def test_a_label_that_is_not_text_or_a_number_is_named(tmp_path, labels, row, fragment):
+    path = tmp_path / "l.jsonl"
+    path.write_text("".join(f'{{"q": "q{i}", "ans": {label}}}\n' for i, label in enumerate(labels)))
+    with pytest.raises(
+        InvalidArgumentError,
+        match=rf"l\.jsonl': row {row} has {fragment} in column 'ans'; a label must be text",
+    ):
+        ProblemSet.from_source(str(path), input_key="q", label_key="ans")
+    assert len(ProblemSet.from_source(str(path), input_key="q", label_key=None)) == 3  # no label: not checked
+
+
 def test_an_empty_label_string_is_no_label():
     with pytest.raises(InvalidArgumentError, match="row 0 has no label in column 'a'"):
         ProblemSet([{"q": "x", "a": "  "}], input_key="q", label_key="a")
