@@ -70,7 +70,12 @@ from services.trainer.rollout.episodes.env_config import (
     episode_env,
 )
 from services.trainer.rollout.episodes.producer import RolloutProducer
-from services.trainer.rollout.episodes.runner import EpisodeResult, EpisodeRunner, RecordPlan
+from services.trainer.rollout.episodes.runner import (
+    EpisodeResult,
+    EpisodeRunner,
+    RecordPlan,
+    agent_system_prompt,
+)
 from services.trainer.rollout.episodes.scoring import EpisodeScorer, build_scorer
 
 _LOG = logging.getLogger("marti.trainer")
@@ -241,14 +246,7 @@ class TrainingLoop:
             comm_factory=self._comm,
             agents=[a.name for a in cfg.agents],
             roles={a.name: a.role for a in cfg.agents},
-            system_prompts={
-                a.name: (
-                    a.prompt_template
-                    or "You are {name}, the {role} of a team of AI agents. Answer briefly "
-                    "and exactly in the requested format."
-                ).format(name=a.name, role=a.role, capabilities=", ".join(a.capabilities))
-                for a in cfg.agents
-            },
+            system_prompts={a.name: agent_system_prompt(a) for a in cfg.agents},
             policy_version=lambda a: versions.get(a, 0),
             run_id=cfg.training_name,
             workflow=self.workflow,

@@ -20,6 +20,7 @@ from marti.rewards.functions import check_column_names
 from marti.workflow import check_workflow_section
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.addresses import resolve_addresses
+from services.trainer.job.prompt_lengths import check_prompt_lengths
 from services.trainer.models.loading import TINY_ALIAS
 from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
 from services.trainer.rollout.episodes.scoring import build_scorer
@@ -87,7 +88,8 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     """What a dataset job can check before anything starts or any folder is touched: its rows (loaded and
     checked, with the held-out split; with the ``dataset_task`` env every row's label read by the job's verifier,
     as the env checks it), its columns (with reward functions, none named ``prompts`` or ``completions``:
-    :func:`marti.rewards.functions.check_column_names`), its reward functions (loaded) and its reward model's ``config.json``
+    :func:`marti.rewards.functions.check_column_names`), every row's first prompt against the rollout engine's
+    length (:func:`~services.trainer.job.prompt_lengths.check_prompt_lengths`), its reward functions (loaded) and its reward model's ``config.json``
     (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
     before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``, and
     hands the loaded problems to the job's loop (they are not loaded twice).
@@ -109,6 +111,7 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     if cfg.reward.functions:
         for ps in _problem_sets(tasks):
             check_column_names(ps.columns, where=f"dataset {ps.source}")
+    check_prompt_lengths(cfg, tasks)
     build_scorer(cfg, None)
     model = cfg.reward.model
     if model and model.strip().lower() != TINY_ALIAS:

@@ -246,6 +246,30 @@ def load_tokenizer(name: str = SMOLLM2_ALIAS) -> PreTrainedTokenizerBase:
     return tok
 
 
+DEFAULT_MAX_POSITIONS = 2048
+"""The longest sequence assumed of a model whose config states no ``max_position_embeddings``."""
+
+
+def model_max_positions(name: str) -> int:
+    """The longest sequence (prompt plus response tokens) model ``name`` takes: its config's
+    ``max_position_embeddings`` (:data:`DEFAULT_MAX_POSITIONS` when it states none; ``tiny-llama``: the
+    :class:`TinyModelConfig` default), read from the config alone (a GGUF file's metadata), no weights loaded.
+
+    Raises:
+        NotFoundError: The model cannot be found locally (see :func:`resolve_model`).
+    """
+    from transformers import AutoConfig
+
+    resolved = resolve_model(name)
+    if resolved.kind == "tiny":
+        return TinyModelConfig().max_position_embeddings
+    if resolved.kind == "gguf":
+        config = AutoConfig.from_pretrained(resolved.path, gguf_file=resolved.gguf_file)
+    else:
+        config = AutoConfig.from_pretrained(resolved.path, local_files_only=True)
+    return int(getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_POSITIONS)
+
+
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 """transformers attention kernels ``policy.attn_implementation`` may name."""
 

@@ -1,12 +1,17 @@
 """Data problems a fresh user meets, refused by ``marti train`` before the run folder (so an ``--overwrite`` keeps
-the previous run), each reproduced with a real dataset file: a column the reward functions cannot be passed."""
+the previous run), each reproduced with a real dataset file: a column the reward functions cannot be passed, a
+prompt longer than the model's context."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from marti.errors import InvalidArgumentError
 from tests.refused_runs import train_over_an_old_run
 
 
@@ -45,9 +50,6 @@ def test_a_column_named_prompts_is_refused_before_an_overwrite_with_reward_funct
 
 
 def test_a_reward_function_called_directly_refuses_a_reserved_column_by_the_same_rule():
-    import pytest
-
-    from marti.errors import InvalidArgumentError
     from marti.rewards import RewardFunction
 
     fn = RewardFunction(lambda prompts, completions, **kw: [1.0] * len(completions))
@@ -55,3 +57,51 @@ def test_a_reward_function_called_directly_refuses_a_reserved_column_by_the_same
         InvalidArgumentError, match=r"column 'completions' collides with the keyword completions="
     ):
         fn.score(["p"], ["c"], {"completions": ["x"]})
+
+
+def test_a_prompt_longer_than_the_models_context_is_refused_before_an_overwrite(tmp_path):
+    """Found mid-run before, by the rollout engine, as 'prompt 3: N tokens + max_new_tokens ...' in a Ray
+    traceback. tiny-llama takes 2048 tokens (its max_position_embeddings) and replies get rollout.max_new_tokens."""
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    rows[6]["prompt"] = "Add up: " + " + ".join(["1"] * 1200)  # about 2400 tokens
+    data = _rows_file(tmp_path, rows)
+    proc = train_over_an_old_run(tmp_path, _job(data, rollout={"eval_every": 0}))
+    found = re.search(
+        rf"row 6 of dataset JSON file '{re.escape(str(data))}'.*: agent 'solver''s first prompt \(its system prompt "
+        r"and the row's 'prompt' text, in its chat template\) is (\d+) tokens; with rollout.max_new_tokens 128 for "
+        r"its reply that is (\d+) tokens, beyond the 2048 the rollout engine takes \(max_position_embeddings of "
+        r"agents\[0\].pretrain_model 'tiny-llama'\)",
+        proc.stderr,
+    )
+    assert found, proc.stderr
+    assert int(found[1]) > 2048 - 128 and int(found[2]) == int(found[1]) + 128
+
+
+def test_every_prompt_that_fits_passes_and_the_count_is_the_rollouts(tmp_path):
+    """The precheck counts what the rollout renders: the chat template over the system prompt and the row's text."""
+    from marti.config import config_from_dict
+    from services.trainer.data.tasks import DatasetTasks
+    from services.trainer.job.prompt_lengths import check_prompt_lengths
+    from services.trainer.models.loading import load_tokenizer
+    from services.trainer.rollout.engines.base import chat_to_ids
+    from services.trainer.rollout.episodes.runner import agent_system_prompt
+
+    long = "Add up: " + " + ".join(["1"] * 300)
+    rows = [{"prompt": long if i == 3 else f"What is {i}?", "answer": str(i)} for i in range(10)]
+    job = _job(_rows_file(tmp_path, rows), rollout={"eval_every": 0})
+    cfg = config_from_dict(job)
+    tasks = DatasetTasks(cfg)
+    check_prompt_lengths(cfg, tasks)  # every row fits
+    chat = [
+        {"role": "system", "content": agent_system_prompt(cfg.agents[0])},
+        {"role": "user", "content": long},
+    ]
+    n = len(chat_to_ids(load_tokenizer("tiny-llama"), chat))
+    tight = config_from_dict({**job, "rollout": {"eval_every": 0, "max_new_tokens": 2048 - n + 1}})
+    with pytest.raises(
+        InvalidArgumentError, match=rf"row 3 of .* is {n} tokens; with rollout.max_new_tokens"
+    ):
+        check_prompt_lengths(tight, DatasetTasks(tight))
+    check_prompt_lengths(
+        config_from_dict({**job, "rollout": {"eval_every": 0, "max_new_tokens": 2048 - n}}), tasks
+    )

@@ -232,6 +232,37 @@ def chat_to_ids(
     return [int(t) for t in out]
 
 
+def chats_to_ids(tokenizer: Any, chats: Sequence[ChatMessages]) -> list[list[int]]:
+    """:func:`chat_to_ids` of each chat (no tools), the chats without special-token text in one batched
+    ``apply_chat_template`` call (the same ids: the template rendered, then tokenised), the others one by one.
+
+    Raises:
+        InvalidArgumentError: As :func:`chat_to_ids`, for the first chat it refuses.
+    """
+    specials = special_texts(tokenizer)
+
+    def is_plain(chat: ChatMessages) -> bool:  # what chat_to_ids tokenises with apply_chat_template as it is
+        return bool(chat) and all(
+            isinstance(m, dict)
+            and "role" in m
+            and "content" in m
+            and not (isinstance(m["content"], str) and any(s in m["content"] for s in specials))
+            for m in chat
+        )
+
+    plain = [i for i, chat in enumerate(chats) if is_plain(chat)]
+    out: list[list[int] | None] = [None] * len(chats)
+    if plain:
+        batch = tokenizer.apply_chat_template(
+            [list(chats[i]) for i in plain], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(batch, Mapping):
+            batch = batch["input_ids"]
+        for i, ids in zip(plain, batch, strict=True):
+            out[i] = [int(t) for t in ids]
+    return [ids if ids is not None else chat_to_ids(tokenizer, chats[i]) for i, ids in enumerate(out)]
+
+
 def normalise_prompts(tokenizer: Any, prompts: Sequence[Prompt], vocab_size: int) -> list[list[int]]:
     """Turn every prompt into a non-empty list of valid token ids.
 

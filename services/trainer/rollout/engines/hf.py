@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from marti.errors import InvalidArgumentError
+from services.trainer.models.loading import DEFAULT_MAX_POSITIONS
 from services.trainer.models.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 from services.trainer.rollout.engines.base import (
     Generation,
@@ -154,7 +155,7 @@ class HFRolloutEngine(RolloutEngine):
         if self._max_model_len is not None:
             return self._max_model_len
         cfg = getattr(self._agents[agent_id].model, "config", None)
-        return int(getattr(cfg, "max_position_embeddings", 2048))
+        return int(getattr(cfg, "max_position_embeddings", None) or DEFAULT_MAX_POSITIONS)
 
     def _sharers(self, agent_id: str) -> list[str]:
         """Agents whose sampled weights move with ``agent_id``'s: same model and same adapter."""

@@ -34,6 +34,10 @@ from services.trainer.rollout.engines.base import (
     normalise_prompts,
 )
 
+VLLM_MAX_MODEL_LEN = 2048
+"""The most prompt-plus-response tokens a vLLM engine of a job takes (:meth:`VLLMRolloutEngine.from_policy`
+leaves ``max_model_len`` at this default, whatever the model's own length)."""
+
 
 @dataclass(frozen=True)
 class VLLMAgent:
@@ -148,7 +152,7 @@ class VLLMRolloutEngine(RolloutEngine):
         agents: Mapping[str, str | VLLMAgent],
         *,
         gpu_memory_utilization: float = 0.3,
-        max_model_len: int = 2048,
+        max_model_len: int = VLLM_MAX_MODEL_LEN,
         max_lora_rank: int = 16,
         tensor_parallel_size: int = 1,
         dtype: str = "auto",

@@ -43,6 +43,19 @@ GenerateFn = Callable[[str, list[list[dict[str, str]]]], list[Any]]
 #: Build a comm client for (agent_id, session) exposing send_message / get_messages / broadcast_state / close.
 CommFactory = Callable[[str, str], Any]
 
+#: The system prompt of an agent without a ``prompt_template`` (see :func:`agent_system_prompt`).
+DEFAULT_SYSTEM_PROMPT = (
+    "You are {name}, the {role} of a team of AI agents. Answer briefly and exactly in the requested format."
+)
+
+
+def agent_system_prompt(agent: Any) -> str:
+    """An agent's system prompt (an :class:`marti.config.AgentConfig`): its ``prompt_template``, else
+    :data:`DEFAULT_SYSTEM_PROMPT`, with ``{name}``, ``{role}`` and ``{capabilities}`` (comma-separated) filled in."""
+    template = agent.prompt_template or DEFAULT_SYSTEM_PROMPT
+    return template.format(name=agent.name, role=agent.role, capabilities=", ".join(agent.capabilities))
+
+
 #: Counters the runner adds to every episode's metrics, after the env's own: the fraction of turns whose
 #: action the env could read, the turns played and the broker messages received.
 RUNNER_METRIC_KEYS = ("format_valid", "num_turns", "messages")

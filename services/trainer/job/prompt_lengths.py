@@ -1,0 +1,110 @@
+"""A dataset job's prompt lengths, checked before the run folder (:func:`check_prompt_lengths`): a row whose first
+prompt leaves no room for the reply in the rollout engine's length was found only mid-run, by the engine, naming a
+position in a generation batch.
+
+An agent's first prompt in the ``dataset_task`` env is its system prompt
+(:func:`~services.trainer.rollout.episodes.runner.agent_system_prompt`) and the text of the row's column it sees
+(``environment.options.agent_inputs``, else ``dataset.input_key``), rendered with the agent's chat template as the
+rollout renders it (:func:`~services.trainer.rollout.engines.base.chats_to_ids`), plus its ``response_prefix``.
+Later turns add the teammates' messages, which no check before the job can know.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marti.config import TrainConfig
+from marti.config.dataset import DATASET_ENV
+from marti.data import ProblemSet
+from marti.errors import InvalidArgumentError
+from services.trainer.data.tasks import DatasetTasks
+from services.trainer.models.loading import load_tokenizer, model_max_positions
+from services.trainer.rollout.engines.base import chats_to_ids
+from services.trainer.rollout.engines.generation import resolve_auto_engine
+from services.trainer.rollout.engines.vllm_engine import VLLM_MAX_MODEL_LEN
+from services.trainer.rollout.episodes.runner import agent_system_prompt
+
+BATCH = 256
+"""Rows rendered and tokenised per ``apply_chat_template`` call."""
+
+
+def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
+    """Check that every agent's first prompt of every row (training and held-out) plus the agent's
+    ``max_new_tokens`` fits the rollout engine's length (see the module docstring). Only for the ``dataset_task``
+    env without an active ``workflow`` section (whose roles may build other prompts). Each model's tokenizer is
+    loaded once (the job loads it anyway).
+
+    Raises:
+        InvalidArgumentError: The first row whose prompt does not fit, naming the row (its 0-based position in
+            the file, as every dataset error does), the file, the agent, the prompt's token count, the limit and
+            where it comes from, and the config key of the reply's ``max_new_tokens``.
+        NotFoundError: A model or its tokenizer cannot be found locally.
+    """
+    if cfg.environment.env_name != DATASET_ENV or cfg.workflow.active:
+        return
+    engine = resolve_auto_engine(_device(cfg)) if cfg.rollout.engine == "auto" else cfg.rollout.engine
+    inputs = cfg.environment.options.get("agent_inputs") or {}
+    tokenizers: dict[str, Any] = {}
+    for index, agent in enumerate(cfg.agents):
+        if agent.pretrain_model not in tokenizers:
+            tokenizers[agent.pretrain_model] = load_tokenizer(agent.pretrain_model)
+        tok = tokenizers[agent.pretrain_model]
+        limit, limit_from = _limit(engine, index, agent.pretrain_model)
+        reply, reply_key = _reply(cfg, index)
+        prefix = (
+            len(tok(agent.response_prefix, add_special_tokens=False)["input_ids"])
+            if agent.response_prefix
+            else 0
+        )
+        system = agent_system_prompt(agent)
+        for ps in (tasks.problems.train, tasks.problems.eval):
+            if ps is None:
+                continue
+            column = inputs.get(agent.name, ps.input_key)
+            for start in range(0, len(ps), BATCH):
+                rows = range(start, min(start + BATCH, len(ps)))
+                chats = [_chat(system, ps.row(i)[column]) for i in rows]
+                for i, ids in zip(rows, chats_to_ids(tok, chats), strict=True):
+                    if len(ids) + prefix + reply > limit:
+                        raise _too_long(
+                            ps, i, agent.name, column, len(ids) + prefix, limit, limit_from, reply, reply_key
+                        )
+
+
+def _device(cfg: TrainConfig) -> str:
+    """The device the job's actors resolve (``device``; ``auto``: CUDA when available)."""
+    from services.trainer.ray.policy_worker import resolve_device
+
+    return resolve_device(cfg)
+
+
+def _limit(engine: str, index: int, model: str) -> tuple[int, str]:
+    """The most prompt-plus-reply tokens the job's rollout engine takes for ``model``, and what sets it."""
+    if engine == "vllm":
+        return VLLM_MAX_MODEL_LEN, "the vLLM engine's max_model_len"
+    n = model_max_positions(model)
+    return n, f"max_position_embeddings of agents[{index}].pretrain_model {model!r}"
+
+
+def _reply(cfg: TrainConfig, index: int) -> tuple[int, str]:
+    """The agent's ``max_new_tokens`` and the config key that sets it."""
+    agent = cfg.agents[index]
+    if agent.sampling.max_new_tokens is not None:
+        return agent.sampling.max_new_tokens, f"agents[{index}].sampling.max_new_tokens"
+    return cfg.rollout.max_new_tokens, "rollout.max_new_tokens"
+
+
+def _chat(system: str, text: Any) -> list[dict[str, str]]:
+    """The first prompt of an agent: its system prompt, and the row's text as the env's observation."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": str(text)}]
+
+
+def _too_long(
+    ps: ProblemSet, i: int, agent: str, column: str, n: int, limit: int, limit_from: str, reply: int, key: str
+) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"row {ps.position(i)} of dataset {ps.source}: agent {agent!r}'s first prompt (its system prompt and the "
+        f"row's {column!r} text, in its chat template) is {n} tokens; with {key} {reply} for its reply that is "
+        f"{n + reply} tokens, beyond the {limit} the rollout engine takes ({limit_from}): shorten or drop the "
+        f"row, or lower {key}"
+    )
