@@ -1,6 +1,7 @@
 """Checks of loaded rows: the columns named exist, every prompt is a non-empty string, every row has a label
-that is text or a number, every value is JSON-able. Each failure is an :class:`~marti.errors.InvalidArgumentError`
-that names the source, the row (its 0-based position in the source), the column and the bad value.
+that is text or a number, every value is JSON-able. Each failure is an
+:class:`~marti.errors.InvalidArgumentError` that names the source, the row (its 0-based position in the
+source), the column and the bad value.
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ def _check_label(source: str, i: int, label_key: str, label: Any) -> None:
     if isinstance(label, bool) or not isinstance(label, str | int | float):
         kind = {list: "a list", tuple: "a list", dict: "an object", bool: "a boolean"}.get(type(label), "a")
         raise InvalidArgumentError(
-            f"{source}: row {i} has {kind} label {_show(label)} in column {label_key!r}; a label must be text "
-            "or a number (put other data in another column: reward functions receive every column)"
+            f"{source}: row {i} has {kind} label {_show(label)} in column {label_key!r}; a label must be "
+            "text or a number (put other data in another column: reward functions receive every column)"
         )
 
 

@@ -1,8 +1,9 @@
 """A JSON or JSON lines file's values as written: the per-column fix-up of what ``datasets`` reads.
 
 ``datasets`` stores a column that mixes numbers and text as JSON text, losing which values were strings (the
-string ``"007"`` is stored as ``007`` and decoded as the number 7), and a column of numbers with one float or one
-integer beyond 64 bits as floats (``1`` is ``1.0``, ``12345678901234567890`` is ``1.2345678901234567e+19``).
+string ``"007"`` is stored as ``007`` and decoded as the number 7), and a column of numbers with one float or
+one integer beyond 64 bits as floats (``1`` is ``1.0``, ``12345678901234567890`` is
+``1.2345678901234567e+19``).
 This module reads the file's records itself with :mod:`json` (numbers kept as the text written) so that
 :func:`keep_as_written` can put back, column by column (:func:`fixes`), the values the user wrote.
 """
@@ -153,8 +154,8 @@ def keep_as_written(
     records = read_records(text, source)
     if len(records) != len(rows):
         raise InvalidArgumentError(
-            f"{source}: column(s) {list(columns)} are kept as written only from JSON lines or a JSON array of "
-            f"objects; the file's {len(records)} record(s) are not the {len(rows)} row(s) read"
+            f"{source}: column(s) {list(columns)} are kept as written only from JSON lines or a JSON array "
+            f"of objects; the file's {len(records)} record(s) are not the {len(rows)} row(s) read"
         )
     for row, record in zip(rows, records, strict=True):
         for column, value_of in columns.items():

@@ -142,8 +142,8 @@ def _read_text(spec: SourceSpec) -> str:
 
 
 def _load_file(ds: Any, spec: SourceSpec, text: str) -> Any:
-    """``load_dataset`` of a file (CSV cells as text); ``text`` is a JSON file's text (to name a syntax error's
-    line).
+    """``load_dataset`` of a file (CSV cells as text); ``text`` is a JSON file's text (to name a syntax
+    error's line).
 
     Raises:
         InvalidArgumentError: The file has no rows, or the parser failed (:func:`_load_error`).
@@ -156,8 +156,8 @@ def _load_file(ds: Any, spec: SourceSpec, text: str) -> Any:
 
 
 def _load_error(spec: SourceSpec, text: str, exc: Exception) -> InvalidArgumentError:
-    """The error for a file ``load_dataset`` could not read: no rows; for JSON, the first syntax error with its
-    line and column (:func:`marti.data.json_text.read_records`); else the parser's own message."""
+    """The error for a file ``load_dataset`` could not read: no rows; for JSON, the first syntax error with
+    its line and column (:func:`marti.data.json_text.read_records`); else the parser's own message."""
     if "corresponds to no data" in _cause(exc):  # datasets' answer to a file without rows
         return InvalidArgumentError(f"dataset {spec.describe()} has no rows")
     if spec.kind == "json":

@@ -11,6 +11,7 @@ import datasets
 import pytest
 
 from marti.data import ProblemSet
+from marti.data.json_text import as_text, keep_as_written
 from marti.errors import InvalidArgumentError, NotFoundError
 from tests.unit.data.files import jsonl
 
@@ -86,8 +87,8 @@ def test_marti_train_dataset_on_a_file_that_is_not_utf8_is_a_one_line_refusal(tm
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(LATIN1["l.jsonl"][0])
     proc = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "train", "--actor_model", "tiny-llama", "--dataset", f"jsonl:{path}",
-         "--input_key", "prompt", "--label_key", "answer", "--set", f"output.dir={tmp_path / 'run'}"],
+        [sys.executable, "-m", "marti.cli", "train", "--actor_model", "tiny-llama",
+         "--dataset", f"jsonl:{path}", "--input_key", "prompt", "--label_key", "answer", "--set", f"output.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
@@ -145,6 +146,14 @@ def test_a_label_that_is_not_text_or_a_number_is_named(tmp_path, labels, row, fr
     ):
         ProblemSet.from_source(str(path), input_key="q", label_key="ans")
     assert len(ProblemSet.from_source(str(path), input_key="q", label_key=None)) == 3  # no label: not checked
+
+
+def test_values_put_back_need_the_records_datasets_read():
+    """The guard of the per-column fix-up: records that are not the rows read are an error, not a shift."""
+    with pytest.raises(
+        InvalidArgumentError, match=r"src: column\(s\) \['a'\] .*2 record\(s\) are not the 1 row"
+    ):
+        keep_as_written([{"a": "1"}], {"a": as_text}, '{"a": 1}\n{"a": "x"}\n', "src")
 
 
 def test_an_empty_label_string_is_no_label():
