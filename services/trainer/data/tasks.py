@@ -84,6 +84,19 @@ class DatasetTasks:
             f"and {self.n_eval} held-out rows after them"
         )
 
+    def describe(self, seed: int) -> str:
+        """How errors name the row played under ``seed``: ``row 7 of dataset JSON file 'x.jsonl'`` (its 0-based
+        position in its source, as every dataset error counts rows).
+
+        Raises:
+            InvalidArgumentError: ``seed`` names no row.
+        """
+        self.row(seed)
+        ps, i = (
+            (self.problems.train, seed) if seed < self.n_train else (self.problems.eval, seed - self.n_train)
+        )
+        return f"row {ps.position(i)} of dataset {ps.source}"
+
     def env_config(self, cfg: TrainConfig, seed: int) -> dict[str, Any]:
         """The env config of the episode played under ``seed``: its ``row``, the section's column keys, the
         team, ``environment.max_turns`` and ``environment.options`` (which win). A custom env by import path

@@ -255,6 +255,7 @@ class TrainingLoop:
             capabilities={a.name: ", ".join(a.capabilities) for a in cfg.agents},
             rescore=self._rescorer(runtime),
             records=records,
+            describe_seed=self.data.describe if self.data is not None else None,
         )
 
     def _rescorer(self, runtime: RayRuntime) -> Callable[[list[Any]], list[dict[str, float]]] | None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from marti.config import TrainConfig
-from marti.errors import FailedPreconditionError, ResourceExhaustedError
+from marti.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from services.trainer.ray.auth import ClusterAuth, prepare_cluster_auth
 
 if TYPE_CHECKING:
@@ -449,18 +449,30 @@ class RayRuntime:
     def generate(self, agent: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
         """Generate on the agent's policy actor (see :meth:`PolicyWorker.generate`) or, with rollout actors,
         split the chats into contiguous chunks across them and join the answers in order (never across a weight
-        sync: every chunk samples with the same policy version)."""
+        sync: every chunk samples with the same policy version). A too-long prompt's error names its position in
+        ``chats`` (:func:`~services.trainer.rollout.engines.base.shifted`)."""
+        from services.trainer.rollout.engines.base import shifted
+
         if not self._rollout:
-            return self._get(self._owner[agent].generate.remote(agent, chats, greedy))
+            try:
+                return self._get(self._owner[agent].generate.remote(agent, chats, greedy))
+            except InvalidArgumentError as exc:  # a too-long prompt: its message without Ray's traceback
+                raise shifted(exc, 0) from None
         n = len(self._rollout)
         bounds = [len(chats) * i // n for i in range(n + 1)]
         with self._rollout_lock:
             calls = [
-                w.generate.remote(agent, chats[lo:hi], greedy)
+                (lo, w.generate.remote(agent, chats[lo:hi], greedy))
                 for w, lo, hi in zip(self._rollout, bounds, bounds[1:], strict=False)
                 if hi > lo
             ]
-            return [g for part in self._get(calls) for g in part]
+            out: list[Any] = []
+            for lo, call in calls:  # in order: a too-long prompt's error names its position in ``chats``
+                try:
+                    out += self._get(call)
+                except InvalidArgumentError as exc:
+                    raise shifted(exc, lo) from None
+            return out
 
     def _serving_actor(self, agent: str) -> Any:
         """The actor that serves the gateway's calls of ``agent``: its policy actor, or the next rollout actor

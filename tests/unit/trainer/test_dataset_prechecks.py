@@ -105,3 +105,42 @@ def test_every_prompt_that_fits_passes_and_the_count_is_the_rollouts(tmp_path):
     check_prompt_lengths(
         config_from_dict({**job, "rollout": {"eval_every": 0, "max_new_tokens": 2048 - n}}), tasks
     )
+
+
+def test_a_too_long_prompt_that_reaches_the_rollout_names_its_dataset_row(tmp_path):
+    """The defence behind the precheck: mid-run the engine's 'prompt I: ...' (I a position in a generation batch,
+    split among engines) becomes the episode's dataset row, the agent and the turn."""
+    import marti
+    from marti.config import config_from_dict
+    from services.trainer.data.tasks import DatasetTasks
+    from services.trainer.models.loading import load_tokenizer
+    from services.trainer.rollout.engines.instant import InstantRolloutEngine
+    from services.trainer.rollout.engines.pool import EnginePool
+    from services.trainer.rollout.episodes.runner import EpisodeRunner
+
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    rows[7]["prompt"] = "Add up: " + " + ".join(["1"] * 200)
+    data = _rows_file(tmp_path, rows)
+    cfg = config_from_dict(_job(data, rollout={"eval_every": 0}))
+    tasks = DatasetTasks(cfg)
+    seed = next(s for s in range(tasks.n_train) if tasks.describe(s).startswith("row 7 "))
+    tok = load_tokenizer("tiny-llama")
+    pool = EnginePool([InstantRolloutEngine({"solver": tok}, max_model_len=400) for _ in range(2)])
+    runner = EpisodeRunner(
+        make_env=lambda s: marti.make("dataset_task", seed=s, **tasks.env_config(cfg, s)),
+        generate=lambda agent, chats: pool.generate(agent, chats),
+        comm_factory=None,
+        agents=["solver"],
+        roles={"solver": "solver"},
+        system_prompts={"solver": "s"},
+        policy_version=lambda a: 0,
+        describe_seed=tasks.describe,
+    )
+    seeds = [s for s in range(tasks.n_train) if s != seed][:3] + [seed]  # position 3: the second engine's 2nd
+    with pytest.raises(InvalidArgumentError) as info:
+        runner.play(seeds)
+    assert re.match(
+        rf"row 7 of dataset JSON file '{re.escape(str(data))}'.*, agent 'solver', turn 0 \(episode run-\d+-\w+\): its "
+        r"prompt is too long: prompt 3: \d+ tokens \+ max_new_tokens 64 exceeds max_model_len 400$",
+        str(info.value),
+    ), str(info.value)

@@ -36,8 +36,12 @@ __all__ = [
     "RolloutEngine",
     "SamplingParams",
     "chat_to_ids",
+    "chats_to_ids",
+    "check_room",
     "normalise_prompts",
+    "shifted",
     "special_texts",
+    "too_long_prompt",
 ]
 
 
@@ -261,6 +265,45 @@ def chats_to_ids(tokenizer: Any, chats: Sequence[ChatMessages]) -> list[list[int
         for i, ids in zip(plain, batch, strict=True):
             out[i] = [int(t) for t in ids]
     return [ids if ids is not None else chat_to_ids(tokenizer, chats[i]) for i, ids in enumerate(out)]
+
+
+_TOO_LONG = re.compile(r"prompt (\d+): (\d+) tokens \+ max_new_tokens (\d+) exceeds max_model_len (\d+)")
+"""What :func:`check_room` raises, found in any text that quotes it (a Ray traceback too)."""
+
+
+def check_room(ids: Sequence[Sequence[int]], max_new_tokens: int, max_model_len: int) -> None:
+    """Refuse a generate call with a prompt whose tokens plus ``max_new_tokens`` exceed ``max_model_len`` (every
+    engine's check).
+
+    Raises:
+        InvalidArgumentError: ``prompt I: N tokens + max_new_tokens M exceeds max_model_len L`` for the first
+            such prompt, ``I`` its position in the call (:func:`too_long_prompt` reads it back).
+    """
+    for i, p in enumerate(ids):
+        if len(p) + max_new_tokens > max_model_len:
+            raise InvalidArgumentError(
+                f"prompt {i}: {len(p)} tokens + max_new_tokens {max_new_tokens} exceeds max_model_len {max_model_len}"
+            )
+
+
+def too_long_prompt(exc: BaseException) -> int | None:
+    """The position in its call of the prompt a :func:`check_room` error names (also when the error comes
+    wrapped in a Ray traceback), or None for any other exception."""
+    found = _TOO_LONG.search(str(exc)) if isinstance(exc, InvalidArgumentError) else None
+    return int(found[1]) if found else None
+
+
+def shifted(exc: BaseException, offset: int) -> BaseException:
+    """A :func:`check_room` error of a call on a chunk of prompts that starts at ``offset`` of the whole call,
+    as the whole call's (the position plus ``offset``, without a wrapping Ray traceback); any other exception
+    unchanged. (The prompts of one call are split among engines and rollout actors.)"""
+    found = _TOO_LONG.search(str(exc)) if isinstance(exc, InvalidArgumentError) else None
+    if not found:
+        return exc
+    i, n, m, limit = (int(g) for g in found.groups())
+    return InvalidArgumentError(
+        f"prompt {i + offset}: {n} tokens + max_new_tokens {m} exceeds max_model_len {limit}"
+    )
 
 
 def normalise_prompts(tokenizer: Any, prompts: Sequence[Prompt], vocab_size: int) -> list[list[int]]:

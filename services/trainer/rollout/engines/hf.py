@@ -38,6 +38,7 @@ from services.trainer.rollout.engines.base import (
     Prompt,
     RolloutEngine,
     SamplingParams,
+    check_room,
     normalise_prompts,
 )
 from services.trainer.rollout.engines.precision import needs_copy, sampling_copies
@@ -180,13 +181,7 @@ class HFRolloutEngine(RolloutEngine):
         weight = spec.model.get_input_embeddings().weight
         vocab = int(getattr(weight, "ds_shape", weight.shape)[0])  # ZeRO-3 partitions it: shape[0] is 0
         ids = normalise_prompts(spec.tokenizer, prompts, vocab)
-        limit = self.max_model_len(agent_id)
-        for i, p in enumerate(ids):
-            if len(p) + params.max_new_tokens > limit:
-                raise InvalidArgumentError(
-                    f"prompt {i}: {len(p)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
-                    f"max_model_len {limit}"
-                )
+        check_room(ids, params.max_new_tokens, self.max_model_len(agent_id))
         if spec.adapter_name is not None:
             spec.model.set_adapter(spec.adapter_name)
         out: list[Generation] = []

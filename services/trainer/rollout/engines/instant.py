@@ -24,6 +24,7 @@ from services.trainer.rollout.engines.base import (
     Prompt,
     RolloutEngine,
     SamplingParams,
+    check_room,
     normalise_prompts,
 )
 from services.trainer.rollout.engines.hf import trim_at_stop
@@ -76,12 +77,9 @@ class InstantRolloutEngine(RolloutEngine):
         tok = self._tokenizers[agent_id]
         answer = self._answers[agent_id]
         out = []
-        for ids in normalise_prompts(tok, prompts, len(tok)):
-            if len(ids) + params.max_new_tokens > self._max_model_len:
-                raise InvalidArgumentError(
-                    f"a prompt of {len(ids)} tokens plus max_new_tokens {params.max_new_tokens} exceeds "
-                    f"max_model_len {self._max_model_len}"
-                )
+        all_ids = normalise_prompts(tok, prompts, len(tok))
+        check_room(all_ids, params.max_new_tokens, self._max_model_len)
+        for ids in all_ids:
             start = sum(ids) % len(answer)
             toks = [answer[(start + i) % len(answer)] for i in range(params.max_new_tokens)]
             end, reason, text = trim_at_stop(tok, toks, False, params)

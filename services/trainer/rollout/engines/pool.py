@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from marti.errors import InvalidArgumentError
-from services.trainer.rollout.engines.base import Generation, Prompt, RolloutEngine, SamplingParams
+from services.trainer.rollout.engines.base import Generation, Prompt, RolloutEngine, SamplingParams, shifted
 
 __all__ = ["EnginePool", "split_contiguous"]
 
@@ -83,17 +83,25 @@ class EnginePool(RolloutEngine):
         self, agent_id: str, prompts: Sequence[Prompt], sampling: SamplingParams | None = None
     ) -> list[Generation]:
         """See :meth:`RolloutEngine.generate`: the prompts are split contiguously among the engines
-        (:func:`split_contiguous`), generated concurrently, and returned in prompt order."""
+        (:func:`split_contiguous`), generated concurrently, and returned in prompt order. A too-long prompt's
+        error names its position in this call (not in its engine's chunk)."""
         self._check_agent(agent_id)
         prompts = list(prompts)
         chunks = split_contiguous(len(prompts), len(self.engines))
         self.last_split = [hi - lo for lo, hi in chunks]
-        work = [(e, prompts[lo:hi]) for e, (lo, hi) in zip(self.engines, chunks, strict=True) if hi > lo]
+        work = [(e, lo, prompts[lo:hi]) for e, (lo, hi) in zip(self.engines, chunks, strict=True) if hi > lo]
+
+        def run(engine: RolloutEngine, lo: int, chunk: list[Prompt]) -> list[Generation]:
+            try:
+                return engine.generate(agent_id, chunk, sampling)
+            except InvalidArgumentError as exc:  # a too-long prompt: its position in the whole call
+                raise shifted(exc, lo) from None
+
         if len(work) <= 1:
-            parts = [e.generate(agent_id, chunk, sampling) for e, chunk in work]
+            parts = [run(*w) for w in work]
         else:
             with ThreadPoolExecutor(max_workers=len(work)) as pool:
-                futures = [pool.submit(e.generate, agent_id, chunk, sampling) for e, chunk in work]
+                futures = [pool.submit(run, *w) for w in work]
                 parts = [f.result() for f in futures]
         return [g for part in parts for g in part]
 

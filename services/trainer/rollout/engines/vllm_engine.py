@@ -31,6 +31,7 @@ from services.trainer.rollout.engines.base import (
     Prompt,
     RolloutEngine,
     SamplingParams,
+    check_room,
     normalise_prompts,
 )
 
@@ -260,12 +261,7 @@ class VLLMRolloutEngine(RolloutEngine):
         folder = self._folder_of[agent_id]
         llm, tok = self._llms[folder], self._tokenizers[folder]
         ids = normalise_prompts(tok, prompts, len(tok))
-        for i, p in enumerate(ids):
-            if len(p) + params.max_new_tokens > self.max_model_len:
-                raise InvalidArgumentError(
-                    f"prompt {i}: {len(p)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
-                    f"max_model_len {self.max_model_len}"
-                )
+        check_room(ids, params.max_new_tokens, self.max_model_len)
         sp = self._vllm.SamplingParams(
             n=1,
             max_tokens=params.max_new_tokens,

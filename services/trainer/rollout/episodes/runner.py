@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marti.envs import declared_metrics, step_many
-from marti.errors import MartiError
+from marti.errors import InvalidArgumentError, MartiError
 from marti.trajectory import Trajectory, Turn
 from marti.workflow import EpisodeView, PromptContext, Workflow, WorkflowState, default_build_prompt
+from services.trainer.rollout.engines.base import shifted, too_long_prompt
 
 _LOG = logging.getLogger(__name__)
 
@@ -207,6 +208,9 @@ class EpisodeRunner:
         records: A :class:`RecordPlan`: each record is completed by it before ``on_episode_end`` (a training
             rollout, whose records go to the agents' tables as they are). None: the records of the agents that
             acted, as played.
+        describe_seed: ``describe_seed(seed) -> str``, how errors name an episode's problem (a dataset job: its
+            row and file, :meth:`services.trainer.data.tasks.DatasetTasks.describe`); None: ``problem seed N``.
+            A prompt the engine refuses as too long is named with it, the agent and the turn.
     """
 
     def __init__(
@@ -226,6 +230,7 @@ class EpisodeRunner:
         capabilities: dict[str, str] | None = None,
         rescore: RescoreFn | None = None,
         records: RecordPlan | None = None,
+        describe_seed: Callable[[int], str] | None = None,
     ) -> None:
         self.make_env = make_env
         self.generate = generate
@@ -242,6 +247,7 @@ class EpisodeRunner:
         self.capabilities = dict(capabilities or {})
         self.rescore = rescore
         self.records = records
+        self.describe_seed = describe_seed or (lambda seed: f"problem seed {seed}")
 
     def _start(self, seed: int, task: str | None = None) -> _Live:
         if task is not None:
@@ -378,7 +384,7 @@ class EpisodeRunner:
                 else:
                     model_items.setdefault(agent, []).append((lv, chat))
         for agent, items in model_items.items():
-            outs = self.generate(agent, [c for _, c in items])
+            outs = self._generate(agent, items, step)
             for (lv, _), gen in zip(items, outs, strict=True):
                 texts[id(lv)][agent] = gen.text
                 gens[id(lv)][agent] = gen
@@ -426,6 +432,26 @@ class EpisodeRunner:
             if not lv.env.agents or all(terms.get(a) or truncs.get(a) for a in terms):
                 lv.done = True
         self._finish_ended(lives)
+
+    def _generate(self, agent: str, items: list[tuple[_Live, list[dict[str, str]]]], step: int) -> list[Any]:
+        """The agent's replies to its prompts ``items``; a prompt the engine refuses as too long (its position in
+        the call, :func:`~services.trainer.rollout.engines.base.too_long_prompt`) is named by its episode's
+        problem (:attr:`describe_seed`), the agent and the turn.
+
+        Raises:
+            InvalidArgumentError: A too-long prompt (named as above), or what ``generate`` raises.
+        """
+        try:
+            return self.generate(agent, [c for _, c in items])
+        except InvalidArgumentError as exc:
+            i = too_long_prompt(exc)
+            if i is None or not 0 <= i < len(items):
+                raise
+            lv = items[i][0]
+            raise InvalidArgumentError(
+                f"{self.describe_seed(lv.seed)}, agent {agent!r}, turn {step} (episode {lv.episode_id}): "
+                f"its prompt is too long: {shifted(exc, 0)}"
+            ) from None
 
     def _route(self, lv: _Live, sender: str, text: str, step: int) -> None:
         comm = lv.comms.get(sender)
