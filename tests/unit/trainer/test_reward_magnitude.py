@@ -48,3 +48,23 @@ def test_a_trajectory_with_a_huge_or_overflowing_reward_is_refused_naming_agent_
     ):
         collate([ok, over], "solver", pad_id=0)
     assert collate([ok], "solver", pad_id=0).rewards.tolist() == [1.0]
+
+
+def test_env_rewards_that_sum_to_minus_inf_stop_the_episode_before_any_hook_logs_it():
+    """Two turn rewards of -1e308 each are finite; their sum, the return, is -inf (it was logged as -inf)."""
+    from tests.unit.trainer.test_episode_runner import RelayEnv, _runner
+
+    class Huge(RelayEnv):
+        def step(self, actions):
+            obs, rewards, terms, truncs, infos = super().step(actions)
+            return obs, dict.fromkeys(rewards, -1e308), terms, truncs, infos
+
+    seen = []
+    runner = _runner([], [], None, on_episode_end=seen.append)
+    runner.make_env = Huge
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"problem seed 4, agent 'a0' \(episode golden-4-\w+\), its return: the reward is -inf",
+    ):
+        runner.play([4], max_turns=2)
+    assert seen == []

@@ -33,6 +33,7 @@ from typing import Any
 
 from marti.envs import declared_metrics, step_many
 from marti.errors import InvalidArgumentError, MartiError
+from marti.rewards.base import check_reward
 from marti.trajectory import Trajectory, Turn
 from marti.workflow import EpisodeView, PromptContext, Workflow, WorkflowState, default_build_prompt
 from services.trainer.rollout.engines.base import shifted, too_long_prompt
@@ -466,7 +467,13 @@ class EpisodeRunner:
     # ------------------------------------------------------------------------------------------ the end
     def _finish_ended(self, lives: list[_Live], every: bool = False) -> None:
         """Finish the episodes that ended (``every``: all the others too), re-score them together with
-        ``rescore``, and hand each to ``on_episode_end``."""
+        ``rescore``, and hand each to ``on_episode_end``.
+
+        Raises:
+            InvalidArgumentError: An agent's credited return is not finite or is beyond +-1e30
+                (:func:`marti.rewards.base.check_reward`; an env's rewards of -1e308 sum to -inf), named with its
+                episode's problem (:attr:`describe_seed`), before any hook sees or logs it.
+        """
         ended = [lv for lv in lives if not lv.finished and (lv.done or every)]
         views = [self._finish(lv) for lv in ended]
         if ended and self.rescore is not None:
@@ -474,6 +481,11 @@ class EpisodeRunner:
                 lv.result.returns = self.workflow.rewards(dataclasses.replace(view, env_returns=dict(base)))
                 lv.result.metrics.update(view.metrics)  # metrics the hook added (judge/unreadable)
         for lv in ended:
+            for agent, ret in lv.result.returns.items():  # an env's rewards can sum past any float
+                check_reward(
+                    ret,
+                    f"{self.describe_seed(lv.seed)}, agent {agent!r} (episode {lv.episode_id}), its return",
+                )
             lv.finished = True
             if self.records is not None:
                 _complete(lv.result, self.records)
