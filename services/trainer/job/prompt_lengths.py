@@ -3,7 +3,7 @@ prompt leaves no room for the reply in the rollout engine's length was found onl
 position in a generation batch.
 
 An agent's first prompt in the ``dataset_task`` env is its system prompt
-(:func:`~services.trainer.rollout.episodes.runner.agent_system_prompt`) and the text of the row's column it sees
+(:func:`~services.trainer.rollout.episodes.runner.role_system_prompt`) and the text of the row's column it sees
 (``environment.options.agent_inputs``, else ``dataset.input_key``), rendered with the agent's chat template as the
 rollout renders it (:func:`~services.trainer.rollout.engines.base.chats_to_ids`), plus its ``response_prefix``.
 Later turns add the teammates' messages, which no check before the job can know.
@@ -17,12 +17,13 @@ from marti.config import TrainConfig
 from marti.config.dataset import DATASET_ENV
 from marti.data import ProblemSet
 from marti.errors import InvalidArgumentError
+from marti.workflow import Workflow, workflow_from_section
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.models.loading import load_tokenizer, model_max_positions
 from services.trainer.rollout.engines.base import chats_to_ids
 from services.trainer.rollout.engines.generation import resolve_auto_engine
 from services.trainer.rollout.engines.vllm_engine import VLLM_MAX_MODEL_LEN
-from services.trainer.rollout.episodes.runner import agent_system_prompt
+from services.trainer.rollout.episodes.runner import agent_system_prompt, role_system_prompt
 
 BATCH = 256
 """Rows rendered and tokenised per ``apply_chat_template`` call."""
@@ -31,8 +32,10 @@ BATCH = 256
 def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
     """Check that every agent's first prompt of every row (training and held-out) plus the agent's
     ``max_new_tokens`` fits the rollout engine's length (see the module docstring). Only for the ``dataset_task``
-    env without an active ``workflow`` section (whose roles may build other prompts). Each model's tokenizer is
-    loaded once (the job loads it anyway).
+    env; with a ``workflow`` section, its roles' ``system_prompt`` templates are the system prompts, and an agent
+    whose role is scripted or has its own ``prompt_builder`` is not checked (nor is any agent of a
+    ``workflow.factory``). Each model's tokenizer is loaded once (the job loads it anyway). Every turn's prompt
+    of a checked agent starts with what is checked (the env shows the row's text every turn).
 
     Raises:
         InvalidArgumentError: The first row whose prompt does not fit, naming the row (its 0-based position in
@@ -40,12 +43,17 @@ def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
             where it comes from, and the config key of the reply's ``max_new_tokens``.
         NotFoundError: A model or its tokenizer cannot be found locally.
     """
-    if cfg.environment.env_name != DATASET_ENV or cfg.workflow.active:
+    if cfg.environment.env_name != DATASET_ENV or (cfg.workflow.active and cfg.workflow.factory):
         return
+    names = [a.name for a in cfg.agents]
+    workflow = workflow_from_section(cfg.workflow, names, cfg) if cfg.workflow.active else Workflow.env()
     engine = resolve_auto_engine(_device(cfg)) if cfg.rollout.engine == "auto" else cfg.rollout.engine
     inputs = cfg.environment.options.get("agent_inputs") or {}
     tokenizers: dict[str, Any] = {}
     for index, agent in enumerate(cfg.agents):
+        role = workflow.role(agent.name)
+        if role.policy is not None or role.build_prompt is not None:
+            continue  # a scripted agent, or one whose role builds its own prompt
         if agent.pretrain_model not in tokenizers:
             tokenizers[agent.pretrain_model] = load_tokenizer(agent.pretrain_model)
         tok = tokenizers[agent.pretrain_model]
@@ -56,7 +64,9 @@ def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
             if agent.response_prefix
             else 0
         )
-        system = agent_system_prompt(agent)
+        system = role_system_prompt(
+            role, agent_system_prompt(agent), agent.role, ", ".join(agent.capabilities)
+        )
         for ps in (tasks.problems.train, tasks.problems.eval):
             if ps is None:
                 continue

@@ -144,3 +144,28 @@ def test_a_too_long_prompt_that_reaches_the_rollout_names_its_dataset_row(tmp_pa
         r"prompt is too long: prompt 3: \d+ tokens \+ max_new_tokens 64 exceeds max_model_len 400$",
         str(info.value),
     ), str(info.value)
+
+
+def test_with_a_workflow_the_roles_system_prompt_is_counted_and_scripted_agents_are_not(tmp_path):
+    from marti.config import config_from_dict
+    from services.trainer.data.tasks import DatasetTasks
+    from services.trainer.job.prompt_lengths import check_prompt_lengths
+
+    script = tmp_path / "scripted.py"
+    script.write_text("def judge(chat):\n    return 'Answer: 0'\n")
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    job = _job(_rows_file(tmp_path, rows), rollout={"eval_every": 0})
+    job["num_agents"] = 2
+    job["agents"].append(
+        {"name": "judge", "pretrain_model": "tiny-llama", "role": "judge", "is_tuning": False}
+    )
+    long = "Think. " * 1000  # about 2000 tokens
+    job["environment"] = {"max_turns": 2}
+    job["workflow"] = {"kind": "chain", "order": ["solver", "judge"],
+                       "roles": [{"agent": "judge", "system_prompt": long, "scripted": f"{script}:judge"}]}  # fmt: skip
+    cfg = config_from_dict(job)
+    check_prompt_lengths(cfg, DatasetTasks(cfg))  # the judge is scripted: it generates nothing
+    job["workflow"]["roles"] = [{"agent": "solver", "system_prompt": long + "You are {name}."}]
+    cfg = config_from_dict(job)
+    with pytest.raises(InvalidArgumentError, match=r"^row \d+ of dataset .*: agent 'solver''s first prompt"):
+        check_prompt_lengths(cfg, DatasetTasks(cfg))

@@ -35,7 +35,7 @@ from marti.envs import declared_metrics, step_many
 from marti.errors import InvalidArgumentError, MartiError
 from marti.rewards.base import check_reward
 from marti.trajectory import Trajectory, Turn
-from marti.workflow import EpisodeView, PromptContext, Workflow, WorkflowState, default_build_prompt
+from marti.workflow import EpisodeView, PromptContext, Role, Workflow, WorkflowState, default_build_prompt
 from services.trainer.rollout.engines.base import shifted, too_long_prompt
 
 _LOG = logging.getLogger(__name__)
@@ -56,6 +56,15 @@ def agent_system_prompt(agent: Any) -> str:
     :data:`DEFAULT_SYSTEM_PROMPT`, with ``{name}``, ``{role}`` and ``{capabilities}`` (comma-separated) filled in."""
     template = agent.prompt_template or DEFAULT_SYSTEM_PROMPT
     return template.format(name=agent.name, role=agent.role, capabilities=", ".join(agent.capabilities))
+
+
+def role_system_prompt(role: Role, default: str, role_name: str, capabilities: str) -> str:
+    """The system prompt of ``role.agent``: the workflow role's ``system_prompt`` template with ``{name}``,
+    ``{role}`` (``role_name``) and ``{capabilities}`` filled in, else ``default`` (its
+    :func:`agent_system_prompt`)."""
+    if not role.system_prompt:
+        return default
+    return role.system_prompt.format(name=role.agent, role=role_name, capabilities=capabilities)
 
 
 #: Counters the runner adds to every episode's metrics, after the env's own: the fraction of turns whose
@@ -347,11 +356,9 @@ class EpisodeRunner:
             step=step,
             info=dict(lv.infos.get(agent, {}) or {}),
         )
-        system = self.system_prompts[agent]
-        if role.system_prompt:
-            system = role.system_prompt.format(
-                name=agent, role=self.roles[agent], capabilities=self.capabilities.get(agent, "")
-            )
+        system = role_system_prompt(
+            role, self.system_prompts[agent], self.roles[agent], self.capabilities.get(agent, "")
+        )
         user = (role.build_prompt or default_build_prompt)(ctx)
         return [{"role": "system", "content": system}, {"role": "user", "content": str(user)}]
 
