@@ -1,6 +1,7 @@
 """What ``marti train`` checks before it prepares the run folder or starts a service, so that a bad config or
 file fails at once, naming what is wrong, and never costs an ``--overwrite`` the run it would delete: a dataset
-job's rows, labels, reward functions and reward model (:func:`check_dataset_job`), the workflow section's import
+job's rows, labels, column names, prompt lengths, reward functions and reward model (:func:`check_dataset_job`),
+the workflow section's import
 paths (:func:`marti.workflow.check_workflow_section`) and, for a job that starts its own env server, every env at
 every curriculum level it can reach (:func:`check_envs_in_process`). :func:`check_before_the_run_folder` runs
 them in that order.
