@@ -20,10 +20,10 @@ from marti.trajectory import Trajectory
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 from services.trainer.data.tables import claim_tables
-from services.trainer.ray.auth import ClusterAuth
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
-from services.trainer.ray.runtime import RayRuntime, ray_init_kwargs, ray_processes_in_own_session
+from services.trainer.ray.runtime import RayRuntime
 from services.trainer.ray.table_access import StoreAccess
+from tests.local_ray import local_ray
 from tests.trainer_data import one_turn
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,19 +32,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_local_ray() -> Iterator[None]:
-    """One local Ray (as ``examples/tiny.yaml``'s job starts it) for every runtime of this module: each
-    :class:`RayRuntime` attaches to it and, at its shutdown, kills its own actors and placement group and leaves
-    Ray running. A ``ray.init`` and ``ray.shutdown`` per runtime cost about 4.5 s each time; 6 runtimes start here."""
-    import ray
-
-    auth = ClusterAuth.before_local_init()
-    with ray_processes_in_own_session():
-        ray.init(**ray_init_kwargs(load_config(ROOT / "examples" / "tiny.yaml")))
-    try:
+    """One local Ray for the module's 6 runtime starts (:func:`~tests.local_ray.local_ray`)."""
+    with local_ray(ROOT / "examples" / "tiny.yaml"):
         yield
-    finally:
-        ray.shutdown()
-        auth.restore()
 
 
 def test_per_agent_actors_route_calls_and_checkpoint(tmp_path):

@@ -14,6 +14,7 @@ from marti.rpc.testing import serve_in_thread
 from marti.stack import LocalStack
 from services.trainer.__main__ import build_specs
 from services.trainer.job.settings import TrainerSettings
+from tests.local_ray import local_ray
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
@@ -21,11 +22,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def trainer_stub(tmp_path_factory):
+    """The service's stub; its jobs attach to one local Ray (:func:`~tests.local_ray.local_ray`) instead of each
+    starting and stopping its own."""
     stack = LocalStack(services=("broker", "env-server", "store"))
     addrs = stack.start()
     settings = TrainerSettings(port=0, broker=addrs["broker"], env=addrs["env-server"], store=addrs["store"])
     try:
-        with serve_in_thread(build_specs(settings), settings) as server:
+        with (
+            local_ray(ROOT / "examples" / "tiny.yaml"),
+            serve_in_thread(build_specs(settings), settings) as server,
+        ):
             channel = make_channel(server.address)
             yield trainer_service_pb2_grpc.TrainerServiceStub(channel)
             channel.close()
