@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "--wait-version", type=int, default=0, help="first wait until every policy has this version"
     )
     p.add_argument(
-        "--concurrency", type=int, default=4, help="episodes played at once (the gateway batches them)"
+        "--concurrency", type=int, default=8, help="episodes played at once (the gateway batches them)"
     )
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
