@@ -19,15 +19,13 @@ from services.trainer.ray.runtime import ray_init_kwargs, ray_processes_in_own_s
 @contextlib.contextmanager
 def local_ray(config: Path) -> Iterator[None]:
     """While open, the local Ray that ``config``'s job would start itself (:func:`ray_init_kwargs`), in its own
-    session like the job's; ``RAY_AUTH_MODE`` is put back as it was afterwards.
-
-    Raises:
-        RuntimeError: Ray is already running in this process (the caller would not own what it stops).
-    """
+    session like the job's; ``RAY_AUTH_MODE`` is put back as it was afterwards. A Ray already running in this
+    process is used as it is and left running, as a runtime would do."""
     import ray
 
     if ray.is_initialized():
-        raise RuntimeError("Ray is already running in this process")
+        yield
+        return
     auth = ClusterAuth.before_local_init()
     with ray_processes_in_own_session():
         ray.init(**ray_init_kwargs(load_config(config)))
