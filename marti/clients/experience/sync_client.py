@@ -125,14 +125,16 @@ class ExperienceSharingClient(_Base):
         timeout_s: float | None = None,
         batch_items: int = 64,
     ) -> list[Inserted]:
-        """Insert trajectories at most once per ``(table, episode_id)``: an episode the table holds, or took
-        (sampled out, removed as stale or dropped, deleted) within the store's ``taken_ids_window`` since the
-        table was created or last :meth:`reset`, is answered as a duplicate and not inserted again, so a call
-        retried after its answer was lost is safe.
+        """Insert trajectories at most once per ``(table, episode_id, agent_id)``: an agent's trajectory of an
+        episode that the table holds, or took (sampled out, removed as stale or dropped) within the store's
+        ``taken_ids_window`` since the table was created or last :meth:`reset`, or of an episode deleted in that
+        window, is answered as a duplicate and not inserted again, so a call retried after its answer was lost is
+        safe. The other agents' trajectories of the same episode go in (a team shares one table).
 
         Args:
             table: Target table.
-            trajectories: One per episode (a table holds one item per episode for this to mean "once").
+            trajectories: One per episode and agent (a table holds one item per episode and agent for this to
+                mean "once"); an empty ``agent_id`` is filled with the client's.
             timeout_s: Longest wait for room or the rate limiter, seconds.
             batch_items: Items per stream message (>= 1).
 

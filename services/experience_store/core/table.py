@@ -248,8 +248,9 @@ class Table:
         Items that can proceed are submitted to storage as one operation (and the ones before a wait are
         submitted before it, so samplers can make progress); the call returns once all of them are committed. A
         bad item (priority, signature, size) gets its error in its result slot and does not touch the table. An
-        ``idempotent`` item whose episode id the table holds, an open sample holds, or was taken from the table
-        within its taken-ids window (see :mod:`.episodes`) is not inserted: its result is a :class:`Duplicate`.
+        ``idempotent`` item whose ``(episode_id, agent_id)`` the table holds, an open sample holds, or was taken
+        from the table within its taken-ids window (see :mod:`.episodes`) is not inserted: its result is a
+        :class:`Duplicate` (another agent's trajectory of the same episode goes in).
 
         Args:
             items: Items to insert.
@@ -306,7 +307,11 @@ class Table:
             )
         self.check_signature(item.summary)
         while True:
-            dup = self.episodes.duplicate(item.summary.episode_id) if item.idempotent else None
+            dup = (
+                self.episodes.duplicate(item.summary.episode_id, item.summary.agent_id)
+                if item.idempotent
+                else None
+            )
             if dup is not None:  # checked again after every wait: another insert may have landed meanwhile
                 return Duplicate(dup)
             if not self._room_for(size) and self.config.full_policy == "evict":
@@ -569,7 +574,7 @@ class Table:
                 return
             take.open = False
             self._hold(take, -1)
-            self.episodes.taken(r.episode_id for r in take.removed.values())
+            self.episodes.taken(take.removed.values())
             for group_id, count in take.late.items():
                 self.episodes.late_dropped(group_id, count)
             for group_id, to_come in take.dropped_groups.items():
@@ -597,7 +602,7 @@ class Table:
 
     def delete(self, episode_ids: Sequence[str]) -> int:
         """Delete every item of these episodes from the table (as Reverb's table delete) and remember the ids as
-        taken, so an idempotent insert of them later is a :class:`Duplicate`. The deleted items' inserts are
+        taken, so an idempotent insert of them later (by any agent) is a :class:`Duplicate`. The deleted items' inserts are
         withdrawn from the rate limiter's diff (a queue admits as many inserts as before the deleted ones went in).
         Items an open sample holds are not in the table meanwhile and are not deleted (a release puts them back).
 
@@ -616,7 +621,7 @@ class Table:
             for key in keys:
                 self._unindex(key)
             self.rate_limiter.state.withdrawn += len(keys)
-            self.episodes.taken(sorted(ids))
+            self.episodes.deleted(sorted(ids))
             ticket = self._storage.submit(self.name, deletes=keys, counters=self.counters())
             self._cond.notify_all()
         ticket.wait()

@@ -1,5 +1,5 @@
-"""The store owns exactly-once (issue 30, item 1): an insert idempotent by ``(table, episode_id)`` (a retry after a
-lost answer adds no second copy), a delete by episode ids, and a take of whole groups, over a real gRPC store."""
+"""The store owns exactly-once (issue 30, item 1): an insert idempotent by ``(table, episode_id, agent_id)`` (a retry
+after a lost answer adds no second copy; a team's agents each insert their own trajectory of the episode), a delete by episode ids, and a take of whole groups, over a real gRPC store."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from marti.errors import NotFoundError, UnavailableError
 from marti.trajectory import Trajectory, Turn
 
 
-def _traj(episode_id: str, group_id: str = "", group_size: int = 0, version: int = 0) -> Trajectory:
+def _traj(
+    episode_id: str, group_id: str = "", group_size: int = 0, version: int = 0, agent_id: str = "a"
+) -> Trajectory:
     turn = Turn(step=0, prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[-0.5])
     return Trajectory(
-        episode_id=episode_id, agent_id="a", policy_version=version, turns=[turn], group_id=group_id,
+        episode_id=episode_id, agent_id=agent_id, policy_version=version, turns=[turn], group_id=group_id,
         group_size=group_size,
     )  # fmt: skip
 
@@ -47,6 +49,27 @@ def test_an_idempotent_insert_of_an_episode_the_table_holds_or_took_adds_no_copy
     client.share_experience(_traj("e2"), table="q")
     client.share_experience(_traj("e2"), table="q")
     assert client.info("q").size == 2
+
+
+def test_a_teams_trajectories_of_one_episode_all_go_in_and_each_agents_retry_is_a_duplicate(store):
+    """Review s4 finding 7: the agents of a team share the episode id; each agent's trajectory is its own item, in
+    one table, and "once" holds per agent (while the table holds them, and after a take)."""
+    client, _ = store
+    team = [_traj("ep7", agent_id=a) for a in ("agent_1", "agent_2", "agent_3")]
+    first = client.insert("q", team)
+    assert [r.duplicate for r in first] == [False, False, False]
+    assert len({r.key for r in first}) == 3 and client.info("q").size == 3
+    got = client.get_trajectories(episode_id="ep7", tables=["q"])
+    assert sorted(t.agent_id for t in got) == ["agent_1", "agent_2", "agent_3"]
+    retried = client.insert("q", team[1:])
+    assert [(r.duplicate, r.key) for r in retried] == [(True, first[1].key), (True, first[2].key)]
+    assert sorted(s.trajectory.agent_id for s in client.sample_batch("q", 3).items) == [
+        "agent_1", "agent_2", "agent_3",
+    ]  # fmt: skip
+    assert [r.duplicate for r in client.insert("q", team)] == [True, True, True]  # taken: still once
+    assert not client.insert("q", [_traj("ep7", agent_id="agent_4")])[0].duplicate
+    assert client.delete("q", ["ep7"]) == 1
+    assert client.insert("q", [_traj("ep7", agent_id="agent_5")])[0].duplicate  # deleted: for every agent
 
 
 def test_a_retried_insert_after_a_lost_answer_is_not_duplicated(store, monkeypatch):
