@@ -1,7 +1,7 @@
 """``marti bench rollout``: service overhead of a training step's rollout, per-episode channels vs shared ones.
 
 Starts the broker and the env server as local processes (:class:`marti.stack.LocalStack`, as ``marti train``
-does), builds the :class:`services.trainer.job.loop.TrainingLoop` of a config and plays each training step's
+does), builds the :class:`services.trainer.job.run.loop.TrainingLoop` of a config and plays each training step's
 episodes through the loop's own runner (``TrainingLoop._runner`` and ``_play``), with an instant, deterministic
 ``generate`` (each agent answers its ``response_prefix`` followed by ``" 1"``) in place of the models. What is
 timed is what the trainer spends outside generation: creating and resetting env sessions, broker sessions,
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import bench_parser, markdown_table, print_report
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.run.loop import TrainingLoop
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "per-episode"

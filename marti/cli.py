@@ -21,8 +21,11 @@ DISPATCH = {
     "env-server": ("services.env_server.__main__", "run the env_server service (default port 50052)"),
     "store": ("services.experience_store.__main__", "run the experience_store service (default port 50053)"),
     "trainer": ("services.trainer.__main__", "run the trainer service (default port 50054)"),
-    "train": ("services.trainer.job.train_cli", "run a training job from a YAML config (the main job)"),
-    "eval": ("services.trainer.job.eval_cli", "evaluate a checkpoint and the base models on held-out seeds"),
+    "train": ("services.trainer.job.cli.train_cli", "run a training job from a YAML config (the main job)"),
+    "eval": (
+        "services.trainer.job.cli.eval_cli",
+        "evaluate a checkpoint and the base models on held-out seeds",
+    ),
     "top": ("marti.top", "live view of services: health, throughput, queues, sessions, tables, job progress"),
 }
 

@@ -96,7 +96,7 @@ def serve_sdk_services(
         ]
         if trainer:
             from services.trainer.__main__ import build_specs
-            from services.trainer.job.settings import TrainerSettings
+            from services.trainer.job.service.settings import TrainerSettings
 
             out += build_specs(TrainerSettings(port=0))
         return out

@@ -1,5 +1,5 @@
 """What a dataset section reads, as a record a run folder keeps: each source's spec and the sha256 of its bytes, so
-that a resumed job can say when its data changed (``services/trainer/job/run_dir.py``; docs/datasets.md,
+that a resumed job can say when its data changed (``services/trainer/job/run/run_dir.py``; docs/datasets.md,
 "Errors")."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ RESERVED_COLUMNS = ("prompts", "completions")
 def check_column_names(columns: Iterable[str], *, where: str) -> None:
     """Refuse a dataset column named like one of the reward call's own keywords (:data:`RESERVED_COLUMNS`).
     :meth:`RewardFunction.score` checks every batch with it, and ``marti train`` checks the dataset's columns
-    with it before the job starts (``services/trainer/job/prechecks.py``).
+    with it before the job starts (``services/trainer/job/run/prechecks.py``).
 
     Args:
         columns: The column names.

@@ -12,10 +12,10 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from marti.api.trainer.v1 import trainer_service_pb2_grpc
 from marti.rpc.server import ServiceSpec, run_server
 from marti.rpc.settings import given_flags, load_settings, settings_parser
-from services.trainer.job.addresses import resolve_addresses
-from services.trainer.job.jobs import JobManager
-from services.trainer.job.servicer import TrainerServicer
-from services.trainer.job.settings import TrainerSettings
+from services.trainer.job.connections.addresses import resolve_addresses
+from services.trainer.job.service.jobs import JobManager
+from services.trainer.job.service.servicer import TrainerServicer
+from services.trainer.job.service.settings import TrainerSettings
 
 SERVICE_NAME = "marti.api.trainer.v1.TrainerService"
 

@@ -8,7 +8,7 @@ from sdk_servers import once_reachable
 
 import marti
 from marti.errors import SessionLostError
-from services.trainer.job.reconnect import is_outage
+from services.trainer.job.connections.reconnect import is_outage
 
 from .procs import start
 

@@ -3,7 +3,7 @@
 1. Kill -9 the broker, then the store, then the env server while ``marti train`` runs; each is restarted by
    the test on the same port and data dir. Expected: the job finishes every step and the store still holds
    every trajectory confirmed before each kill (ids counted through the store's counters). The loop re-runs
-   the interrupted rollout or store exchange with backoff (services/trainer/job/reconnect.py).
+   the interrupted rollout or store exchange with backoff (services/trainer/job/connections/reconnect.py).
 2. Kill -9 the trainer after its first checkpoint; ``--resume`` finishes the run, and with the fixed seed
    it reaches the same per-step metrics as an uninterrupted run.
 """

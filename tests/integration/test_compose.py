@@ -19,7 +19,7 @@ import yaml
 from services.comm_broker.settings import BrokerSettings
 from services.env_server.settings import EnvServerSettings
 from services.experience_store.settings import StoreSettings
-from services.trainer.job.settings import TrainerSettings
+from services.trainer.job.service.settings import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -26,7 +26,7 @@ from services.env_server.settings import EnvServerSettings
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 from services.trainer.__main__ import build_specs
-from services.trainer.job.settings import TrainerSettings
+from services.trainer.job.service.settings import TrainerSettings
 from services.trainer.observe.monitor import ResourceMonitor, driver_pids
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -45,7 +45,7 @@ def all_specs(tmp_dir: str) -> list[ServiceSpec]:
     from services.experience_store.__main__ import make_spec
     from services.experience_store.settings import StoreSettings
     from services.trainer.__main__ import build_specs
-    from services.trainer.job.settings import TrainerSettings
+    from services.trainer.job.service.settings import TrainerSettings
 
     store_spec, _ = make_spec(StoreSettings(port=0, data_dir=f"{tmp_dir}/store", default_timeout_ms=500))
     return [

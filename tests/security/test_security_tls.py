@@ -140,8 +140,8 @@ def _tls_job(address: str, ca: str | None):
     import argparse
 
     from marti.config import config_from_dict
-    from services.trainer.job.loop import TrainingLoop
-    from services.trainer.job.train_cli import service_addresses
+    from services.trainer.job.cli.train_cli import service_addresses
+    from services.trainer.job.run.loop import TrainingLoop
 
     services = {"broker": address, "env": address, "store": address, "token": TOKEN, "tls_ca_file": ca}
     cfg = config_from_dict(

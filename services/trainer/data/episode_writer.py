@@ -123,7 +123,7 @@ class EpisodeWriter:
             RateLimitedError: The table stayed full for ``full_timeout_s`` seconds; the message names the table,
                 its size and limit, and says the learner is not consuming (metadata as the store's error).
             CancelledError: ``stop`` or the writer's stop event was set while a table was full (nothing inserted).
-            UnavailableError: The store stayed unreachable (see :func:`~services.trainer.job.reconnect.call_with_reconnect`).
+            UnavailableError: The store stayed unreachable (see :func:`~services.trainer.job.connections.reconnect.call_with_reconnect`).
         """
         if not external:
             with self._lock:  # recorded first: an attempt that fails part-way retracts what it did insert

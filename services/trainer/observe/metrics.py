@@ -163,7 +163,7 @@ class RunWriter:
         clock: Wall clock in seconds since the epoch (recorded as each line's ``time``).
         log_every: Write the training metrics of every this many steps (>= 1), plus the final step.
         write_config: Write ``config`` to ``config.yaml`` now; the training loop passes False and records it
-            once the job has started (:meth:`services.trainer.job.run_dir.RunFolder.record_start`).
+            once the job has started (:meth:`services.trainer.job.run.run_dir.RunFolder.record_start`).
 
     Raises:
         FailedPreconditionError: ``use_tensorboard`` is true but the ``tensorboard`` package is missing.

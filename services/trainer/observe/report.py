@@ -417,8 +417,8 @@ def _overview(
 
 
 def _history(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's ``config_history.jsonl`` (:func:`services.trainer.job.run_dir.read_history`)."""
-    from services.trainer.job.run_dir import read_history
+    """The run's ``config_history.jsonl`` (:func:`services.trainer.job.run.run_dir.read_history`)."""
+    from services.trainer.job.run.run_dir import read_history
 
     return read_history(run_dir)
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from services.trainer.job.checkpoint import load_rng_state, save_rng_state, write_json_atomic
+from services.trainer.job.run.checkpoint import load_rng_state, save_rng_state, write_json_atomic
 from services.trainer.strategy.base import (
     OptimConfig,
     StepResult,

@@ -501,8 +501,8 @@ def test_the_training_loop_plays_its_sessions_on_every_env_server(two):
     from marti.rpc.testing import serve_in_thread
     from services.comm_broker.servicer import broker_service
     from services.comm_broker.settings import BrokerSettings
-    from services.trainer.job.addresses import Addresses
-    from services.trainer.job.loop import TrainingLoop
+    from services.trainer.job.connections.addresses import Addresses
+    from services.trainer.job.run.loop import TrainingLoop
 
     a, b = two
     cfg = load_config(

@@ -237,8 +237,8 @@ def test_the_loop_opens_one_channel_per_service_and_closes_them(env_server, monk
     from marti.rpc.testing import serve_in_thread
     from services.comm_broker.servicer import broker_service
     from services.comm_broker.settings import BrokerSettings
-    from services.trainer.job.addresses import Addresses
-    from services.trainer.job.loop import TrainingLoop
+    from services.trainer.job.connections.addresses import Addresses
+    from services.trainer.job.run.loop import TrainingLoop
     from services.trainer.observe.episode_metrics import episode_metrics
 
     cfg = load_config(

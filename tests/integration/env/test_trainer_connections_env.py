@@ -1,4 +1,4 @@
-"""The trainer's env sessions (:meth:`services.trainer.job.connections.Connections.env`) on a real env server: the
+"""The trainer's env sessions (:meth:`services.trainer.job.connections.connections.Connections.env`) on a real env server: the
 env config travels as a mapping, so an option named like one of ``marti.make``'s own arguments is still an env
 option, refused by the env as a key it lacks instead of being taken as that argument."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from marti.errors import InvalidArgumentError
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.connections import Connections
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.connections.connections import Connections
 
 CONFIG = {"scenario": "private_allocation", "difficulty": "pair", "ranked": True, "num_agents": 2}
 

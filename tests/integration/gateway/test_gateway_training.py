@@ -34,9 +34,9 @@ from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop
-from services.trainer.job.train_cli import untrained_note
+from services.trainer.job.cli.train_cli import untrained_note
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.run.loop import TrainingLoop
 from services.trainer.models.policy import MultiAgentPolicy
 from services.trainer.ray.policy_worker import policy_layout
 from services.trainer.rollout.engines.hf import HFRolloutEngine

@@ -16,7 +16,7 @@ from marti import errors
 from marti.rpc.errors import error_for_code, from_rpc_error, from_status_proto, to_status_proto
 from marti.rpc.server import ServiceSpec
 from marti.rpc.testing import serve_in_thread
-from services.trainer.job.reconnect import is_outage
+from services.trainer.job.connections.reconnect import is_outage
 
 SERVICE = "marti.test.Lost"
 

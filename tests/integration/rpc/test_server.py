@@ -287,9 +287,9 @@ def test_metrics_endpoint_counts_calls_and_access_log_has_request_id(caplog):
 
 def test_undecodable_request_is_invalid_argument_and_long_messages_are_cut():
     from marti.api.trainer.v1 import trainer_service_pb2, trainer_service_pb2_grpc
-    from services.trainer.job.addresses import Addresses
-    from services.trainer.job.jobs import JobManager
-    from services.trainer.job.servicer import TrainerServicer
+    from services.trainer.job.connections.addresses import Addresses
+    from services.trainer.job.service.jobs import JobManager
+    from services.trainer.job.service.servicer import TrainerServicer
 
     servicer = TrainerServicer(JobManager(Addresses("", "", "")))
     spec = ServiceSpec(

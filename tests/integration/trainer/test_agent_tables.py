@@ -26,8 +26,8 @@ from services.trainer.data.episode_writer import EpisodeWriter
 from services.trainer.data.external import ExternalEpisodes
 from services.trainer.data.table_sampler import TableSampler
 from services.trainer.data.tables import claim_tables, table_name
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.run.loop import TrainingLoop
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -265,7 +265,7 @@ def test_an_external_process_inserts_trajectories_that_the_learner_trains_on(add
 
 
 def test_an_empty_table_is_a_missing_item_not_a_service_outage(address):
-    from services.trainer.job.reconnect import Backoff, call_with_reconnect
+    from services.trainer.job.connections.reconnect import Backoff, call_with_reconnect
 
     client = ExperienceSharingClient("trainer", address, timeout_s=10)
     # A real reconnect wrapper with a short outage limit: a wait for items must not be retried into an outage.

@@ -16,9 +16,9 @@ import pytest
 
 from marti.config import config_from_dict
 from marti.stack import LocalStack
-from services.trainer.job import loop as loop_mod
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.summary import RunSummary
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.run import loop as loop_mod
+from services.trainer.job.run.summary import RunSummary
 from services.trainer.observe.metrics import RunWriter
 from services.trainer.observe.report import write_report
 

@@ -28,7 +28,7 @@ TOKEN = "trainer-client-token"
 def address():
     """An idle trainer service (no broker/env/store needed until a job runs), token required."""
     from services.trainer.__main__ import build_specs
-    from services.trainer.job.settings import TrainerSettings
+    from services.trainer.job.service.settings import TrainerSettings
 
     with serve_in_thread(
         lambda: build_specs(TrainerSettings(port=0)), ServerSettings(port=0, token=TOKEN)

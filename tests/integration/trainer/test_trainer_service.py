@@ -13,7 +13,7 @@ from marti.rpc.channel import make_channel
 from marti.rpc.testing import serve_in_thread
 from marti.stack import LocalStack
 from services.trainer.__main__ import build_specs
-from services.trainer.job.settings import TrainerSettings
+from services.trainer.job.service.settings import TrainerSettings
 from tests.local_ray import local_ray
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -180,8 +180,8 @@ def test_the_policy_update_takes_its_settings_from_the_config(key, value, kwarg)
 
 
 def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
-    from services.trainer.job.addresses import Addresses
-    from services.trainer.job.loop import TrainingLoop
+    from services.trainer.job.connections.addresses import Addresses
+    from services.trainer.job.run.loop import TrainingLoop
     from services.trainer.rollout.episodes.runner import EpisodeResult, _Live
 
     cfg = _cfg(
@@ -199,8 +199,8 @@ def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
 @pytest.mark.parametrize("key", ["workflow.reward_team_share", "workflow.reward_env_weight"])
 def test_reward_weights_alone_recredit_the_env_returns(key):
     from marti.workflow import EpisodeView
-    from services.trainer.job.addresses import Addresses
-    from services.trainer.job.loop import TrainingLoop
+    from services.trainer.job.connections.addresses import Addresses
+    from services.trainer.job.run.loop import TrainingLoop
 
     loop = TrainingLoop(_cfg(**{key: 0.5}), Addresses("u:1", "u:1", "u:1"), show_progress=False)
     runner = loop._runner(SimpleNamespace(versions=dict), greedy=False)

@@ -18,7 +18,7 @@ at least one of three ways, and :func:`test_every_key_is_covered` fails for a ke
     (:class:`~services.trainer.ray.runtime.RayRuntime`), the ``ray.init`` kwargs, the resolved device;
   - ``env``: the env name and config the loop's ``_make_env`` / ``_make_task_env`` hand to ``marti.make``, and
     the return scaling of ``reward_alloc``;
-  - ``services``: the addresses and token ``marti train`` resolves (:func:`~services.trainer.job.train_cli.service_addresses`,
+  - ``services``: the addresses and token ``marti train`` resolves (:func:`~services.trainer.job.cli.train_cli.service_addresses`,
     with the embedded stack recorded, not started) and the reconnect backoff of the loop;
   - ``episodes``: the seeds and tasks the loop's training rollouts and evaluations play, its run directory, and
     the episode runner it builds: run id, roles, every agent's chat prompt, the speakers of six turns, role
@@ -27,7 +27,7 @@ at least one of three ways, and :func:`test_every_key_is_covered` fails for a ke
     priority allocation (shares, cut batches) over six steps of fixed episodes;
   - ``gateway``: the gateway the loop starts (limits, bind address; server and backend recorded) and its
     linger wait;
-  - ``run``: a whole :meth:`~services.trainer.job.loop.TrainingLoop.run` against fakes (Ray runtime, store tables,
+  - ``run``: a whole :meth:`~services.trainer.job.run.loop.TrainingLoop.run` against fakes (Ray runtime, store tables,
     resource monitor, wandb; no env, no model): steps run, evaluations, checkpoints saved and kept, steps
     logged, loggers opened, the tables' staleness bounds, the items each update takes and its deadline, the
     asynchronous producer, whether the gateway started.
@@ -87,8 +87,8 @@ BASE: dict[str, Any] = {
 
 def _loop(cfg: TrainConfig) -> Any:
     """The training loop of ``cfg``, against service addresses it never dials."""
-    from services.trainer.job.addresses import Addresses
-    from services.trainer.job.loop import TrainingLoop
+    from services.trainer.job.connections.addresses import Addresses
+    from services.trainer.job.run.loop import TrainingLoop
 
     return TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
 
@@ -207,8 +207,8 @@ def _env(cfg: TrainConfig) -> str:
 def _services(cfg: TrainConfig) -> str:
     """What ``marti train`` connects to (no address flags): the addresses and token, the embedded stack it
     would start (recorded), and the loop's reconnect backoff."""
-    from services.trainer.job import loop as loop_mod
-    from services.trainer.job.train_cli import service_addresses
+    from services.trainer.job.cli.train_cli import service_addresses
+    from services.trainer.job.run import loop as loop_mod
 
     stacks: list[dict[str, Any]] = []
 
@@ -404,7 +404,7 @@ def _run(cfg: TrainConfig) -> str:
     from marti.clients import experience
     from services.trainer import observe
     from services.trainer.data.table_sampler import BatchSummary
-    from services.trainer.job import loop as loop_mod
+    from services.trainer.job.run import loop as loop_mod
     from services.trainer.observe import monitor
 
     rec: dict[str, Any] = {"takes": [], "saves": [], "producer": [], "gateway": 0, "wandb": []}

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from marti.launch_flags import FLAG_GROUPS, FLAG_TABLE, flag_help
-from services.trainer.job.train_cli import build_parser, main
+from services.trainer.job.cli.train_cli import build_parser, main
 
 
 def test_every_launch_flag_is_in_exactly_one_group():

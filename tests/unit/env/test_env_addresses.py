@@ -92,7 +92,7 @@ def test_the_config_checks_services_env_when_loaded():
 
 
 def test_marti_train_checks_the_env_flag_before_starting_anything():
-    from services.trainer.job.train_cli import service_addresses
+    from services.trainer.job.cli.train_cli import service_addresses
 
     cfg = config_from_dict(BASE)
     args = argparse.Namespace(broker="b:1", env="h:1,,g:2", store="s:1", token=None)

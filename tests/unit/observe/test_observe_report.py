@@ -138,7 +138,7 @@ def test_the_overview_counts_the_episodes_an_update_takes_from_its_source(tmp_pa
 def test_a_resumed_run_is_labelled_by_job_with_its_algorithm_and_changes(tmp_path):
     """Two jobs (grpo for steps 1-2, then resumed with rloo and a new learning rate): the report says so per job,
     instead of labelling the whole run with the last algorithm."""
-    from services.trainer.job.run_dir import RunFolder
+    from services.trainer.job.run.run_dir import RunFolder
 
     first = load_config(EXAMPLE, [f"output.dir={tmp_path}"])
     second = load_config(

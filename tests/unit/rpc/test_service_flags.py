@@ -14,7 +14,7 @@ from services.env_server.settings import EnvServerSettings
 from services.experience_store import __main__ as store_main
 from services.experience_store.settings import StoreSettings
 from services.trainer import __main__ as trainer_main
-from services.trainer.job.settings import TrainerSettings
+from services.trainer.job.service.settings import TrainerSettings
 
 COMMANDS = [
     (broker_main, BrokerSettings),

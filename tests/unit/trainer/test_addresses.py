@@ -9,7 +9,7 @@ import pytest
 
 from marti.config import ServicesConfig
 from marti.errors import InvalidArgumentError
-from services.trainer.job.addresses import resolve_addresses, with_started
+from services.trainer.job.connections.addresses import resolve_addresses, with_started
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,7 +57,7 @@ def test_no_entry_point_builds_addresses_itself():
     """Every place that decides a job's addresses goes through resolve_addresses (the class built in one place)."""
     builders = []
     for path in sorted(ROOT.glob("services/**/*.py")):
-        if path.relative_to(ROOT).as_posix() == "services/trainer/job/addresses.py":
+        if path.relative_to(ROOT).as_posix() == "services/trainer/job/connections/addresses.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (
@@ -65,4 +65,4 @@ def test_no_entry_point_builds_addresses_itself():
                 and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Addresses"
             ):
                 builders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not builders, f"Addresses built outside services.trainer.job.addresses: {builders}"
+    assert not builders, f"Addresses built outside services.trainer.job.connections.addresses: {builders}"

@@ -75,7 +75,7 @@ def test_a_template_that_rewrites_content_with_special_text_is_refused(tok):
 
 
 def test_chats_to_ids_batched_gives_each_chats_chat_to_ids(tok):
-    """The batched rendering the dataset precheck counts prompts with (services/trainer/job/prompt_lengths.py)."""
+    """The batched rendering the dataset precheck counts prompts with (services/trainer/job/run/prompt_lengths.py)."""
     from services.trainer.rollout.engines.base import chats_to_ids
 
     chats = [

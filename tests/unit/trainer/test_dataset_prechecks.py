@@ -81,7 +81,7 @@ def test_every_prompt_that_fits_passes_and_the_count_is_the_rollouts(tmp_path):
     """The precheck counts what the rollout renders: the chat template over the system prompt and the row's text."""
     from marti.config import config_from_dict
     from services.trainer.data.tasks import DatasetTasks
-    from services.trainer.job.prompt_lengths import check_prompt_lengths
+    from services.trainer.job.run.prompt_lengths import check_prompt_lengths
     from services.trainer.models.loading import load_tokenizer
     from services.trainer.rollout.engines.base import chat_to_ids
     from services.trainer.rollout.episodes.runner import agent_system_prompt
@@ -149,7 +149,7 @@ def test_a_too_long_prompt_that_reaches_the_rollout_names_its_dataset_row(tmp_pa
 def test_with_a_workflow_the_roles_system_prompt_is_counted_and_scripted_agents_are_not(tmp_path):
     from marti.config import config_from_dict
     from services.trainer.data.tasks import DatasetTasks
-    from services.trainer.job.prompt_lengths import check_prompt_lengths
+    from services.trainer.job.run.prompt_lengths import check_prompt_lengths
 
     script = tmp_path / "scripted.py"
     script.write_text("def judge(chat):\n    return 'Answer: 0'\n")

@@ -186,7 +186,7 @@ def test_a_bad_dataset_is_refused_before_an_overwrite_touches_the_old_run(tmp_pa
 def test_a_causal_lm_as_reward_model_is_refused_before_the_job(tmp_path):
     from transformers import LlamaConfig
 
-    from services.trainer.job.prechecks import check_dataset_job
+    from services.trainer.job.run.prechecks import check_dataset_job
 
     folder = tmp_path / "causal"
     LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -203,7 +203,7 @@ def test_a_causal_lm_as_reward_model_is_refused_before_the_job(tmp_path):
 
 
 def test_a_bad_remote_reward_url_names_its_key_and_flag_before_the_job(tmp_path):
-    from services.trainer.job.prechecks import check_dataset_job
+    from services.trainer.job.run.prechecks import check_dataset_job
 
     with pytest.raises(
         InvalidArgumentError, match=r"^reward.remote_url \(--remote_rm_url\): .*got 'notaurl'"
@@ -227,7 +227,7 @@ def test_a_reward_server_that_is_down_stops_the_job_instead_of_a_replay(tmp_path
 
 
 def test_a_label_the_verifier_cannot_read_is_named_with_its_row_before_the_job(tmp_path):
-    from services.trainer.job.prechecks import check_dataset_job
+    from services.trainer.job.run.prechecks import check_dataset_job
 
     cfg = _config(tmp_path, environment={"options": {"verifier": "multiple_choice"}})  # labels are numbers
     with pytest.raises(

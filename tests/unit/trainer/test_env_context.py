@@ -10,8 +10,8 @@ import pytest
 import marti
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.run.loop import TrainingLoop
 from tests.refused_runs import train_over_an_old_run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -138,8 +138,8 @@ def test_a_bad_env_option_is_refused_before_an_overwrite_touches_the_old_run(
 def test_the_in_process_check_is_for_a_job_that_starts_its_own_env_server(monkeypatch) -> None:
     """Only a job without ``--env``, ``MARTI_ENV_ADDR`` or ``services.env`` runs the envs this process makes; one
     given an env server is checked on that server (``TrainingLoop.check_envs``)."""
-    from services.trainer.job.prechecks import starts_own_env_server
-    from services.trainer.job.train_cli import build_parser
+    from services.trainer.job.cli.train_cli import build_parser
+    from services.trainer.job.run.prechecks import starts_own_env_server
 
     monkeypatch.delenv("MARTI_ENV_ADDR", raising=False)
     cfg = load_config(ROOT / "examples" / "tiny.yaml")

@@ -13,7 +13,7 @@ from marti.trajectory import Trajectory
 from services.trainer.data import episode_writer
 from services.trainer.data.episode_writer import EpisodeWriter
 from services.trainer.data.external import ExternalEpisodes
-from services.trainer.job.reconnect import Backoff, call_with_reconnect
+from services.trainer.job.connections.reconnect import Backoff, call_with_reconnect
 
 
 class FullStore:

@@ -20,9 +20,9 @@ from services.gateway.core.limits import GatewayLimits
 from services.trainer.data.batch_reader import BatchReader
 from services.trainer.data.external import ExternalEpisodes
 from services.trainer.data.table_sampler import BatchSummary, TableSampler
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.gateway_host import gateway_limits
-from services.trainer.job.loop import TrainingLoop
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.connections.gateway_host import gateway_limits
+from services.trainer.job.run.loop import TrainingLoop
 from services.trainer.models.policy import MultiAgentPolicy
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config, policy_layout
 from services.trainer.ray.runtime import RayRuntime
@@ -482,7 +482,7 @@ def test_the_untrained_count_at_the_end_says_which_were_too_stale_to_train(caplo
     """An episode reported past the staleness bound sits in the tables until an update drops it: the job's last
     warning counts it among those left and says that some were stale (gateway/stale_reported), not only that they
     came after the last update."""
-    from services.trainer.job.gateway_host import GatewayHost
+    from services.trainer.job.connections.gateway_host import GatewayHost
 
     host = GatewayHost(_cfg("rollout.source=external"), token=None)
     external = ExternalEpisodes(["agent_1"])

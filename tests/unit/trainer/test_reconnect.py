@@ -11,7 +11,7 @@ from marti.errors import (
     SessionLostError,
     UnavailableError,
 )
-from services.trainer.job.reconnect import Backoff, call_with_reconnect, is_outage
+from services.trainer.job.connections.reconnect import Backoff, call_with_reconnect, is_outage
 
 
 class FakeTime:

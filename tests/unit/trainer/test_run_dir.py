@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from marti.config import load_config
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop
-from services.trainer.job.run_dir import latest_checkpoint
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.run.loop import TrainingLoop
+from services.trainer.job.run.run_dir import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -62,17 +62,17 @@ def _dataset_job(run: Path, data: Path):
 
 def _resume_warnings(cfg, caplog) -> list[str]:
     """What ``prepare(resume=True)`` (``marti train --resume``) logs, as warnings."""
-    from services.trainer.job.run_dir import RunFolder
+    from services.trainer.job.run.run_dir import RunFolder
 
     caplog.clear()
-    with caplog.at_level("WARNING", logger="services.trainer.job.run_dir"):
+    with caplog.at_level("WARNING", logger="services.trainer.job.run.run_dir"):
         RunFolder(cfg.run_dir).prepare(cfg, resume=True, overwrite=False)
     return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_a_resume_on_a_changed_or_other_dataset_file_warns_naming_what_changed(tmp_path, caplog):
     """A fresh-user review: ``--resume`` with an edited file or another ``--dataset`` was only recorded."""
-    from services.trainer.job.run_dir import RunFolder, read_history
+    from services.trainer.job.run.run_dir import RunFolder, read_history
 
     rows = "".join(f'{{"prompt": "What is {i} + {i}?", "answer": "{2 * i}"}}\n' for i in range(10))
     data, run = tmp_path / "rows.jsonl", tmp_path / "run"

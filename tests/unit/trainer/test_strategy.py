@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from marti.errors import InvalidArgumentError, NotFoundError
-from services.trainer.job.checkpoint import CheckpointManager
+from services.trainer.job.run.checkpoint import CheckpointManager
 from services.trainer.models.loading import TinyModelConfig, build_tiny_model, load_tokenizer
 from services.trainer.strategy import OptimConfig, TorchStrategy, lr_multiplier, make_strategy
 

@@ -367,9 +367,9 @@ def test_default_runner_path_unchanged_without_workflow():
 
 def test_user_code_can_be_refused_by_a_service():
     from marti.errors import PermissionDeniedError
-    from services.trainer.job.addresses import Addresses
-    from services.trainer.job.loop import TrainingLoop
-    from services.trainer.job.summary import user_code_paths
+    from services.trainer.job.connections.addresses import Addresses
+    from services.trainer.job.run.loop import TrainingLoop
+    from services.trainer.job.run.summary import user_code_paths
 
     cfg = load_config(ROOT / "examples" / "workflows" / "negotiation" / "negotiation.yaml")
     assert user_code_paths(cfg)[0].startswith("environment.env_name=")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from marti.config import load_config
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.run.loop import TrainingLoop
 from services.trainer.observe.episode_metrics import episode_metrics
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 from services.trainer.rollout.episodes.runner import EpisodeRunner

@@ -5,7 +5,7 @@ every env session and comm client of every episode (rollout and evaluation threa
 a service restart does not need a new one (every SDK channel redials within about 2.4 s,
 :func:`marti.rpc.options.reconnect_options`). When ``services.env`` names several env servers, one
 :class:`~marti.clients.env.EnvPool` places every env instead. A phase that outlives a restart is re-run by
-:mod:`services.trainer.job.reconnect`; the addresses and token come from :mod:`services.trainer.job.addresses`.
+:mod:`services.trainer.job.connections.reconnect`; the addresses and token come from :mod:`services.trainer.job.connections.addresses`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from marti.workflow import is_import_path, make_custom_env
-from services.trainer.job.addresses import Addresses
+from services.trainer.job.connections.addresses import Addresses
 
 
 class Connections:

@@ -20,8 +20,8 @@ from marti.errors import InvalidArgumentError, NotFoundError, in_context
 from marti.rewards.functions import check_column_names
 from marti.workflow import check_workflow_section
 from services.trainer.data.tasks import DatasetTasks
-from services.trainer.job.addresses import resolve_addresses
-from services.trainer.job.prompt_lengths import check_prompt_lengths
+from services.trainer.job.connections.addresses import resolve_addresses
+from services.trainer.job.run.prompt_lengths import check_prompt_lengths
 from services.trainer.models.loading import TINY_ALIAS
 from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
 from services.trainer.rollout.episodes.scoring import build_scorer
@@ -66,7 +66,7 @@ def check_envs_in_process(cfg: TrainConfig, data: DatasetTasks | None) -> None:
     prepared (so that a config the env refuses does not cost an ``--overwrite`` the run it would delete). Only
     for a job that starts its own env server (no ``--env`` and no ``services.env``), which runs the envs this
     process makes; an env this process does not know is left to the job's own check
-    (:meth:`~services.trainer.job.loop.TrainingLoop.check_envs`).
+    (:meth:`~services.trainer.job.run.loop.TrainingLoop.check_envs`).
 
     Raises:
         InvalidArgumentError: An env refused its config (the message names the task and the level).
@@ -90,7 +90,7 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     checked, with the held-out split; with the ``dataset_task`` env every row's label read by the job's verifier,
     as the env checks it), its columns (with reward functions, none named ``prompts`` or ``completions``:
     :func:`marti.rewards.functions.check_column_names`), every row's first prompt against the rollout engine's
-    length (:func:`~services.trainer.job.prompt_lengths.check_prompt_lengths`), its reward functions (loaded) and its reward model's ``config.json``
+    length (:func:`~services.trainer.job.run.prompt_lengths.check_prompt_lengths`), its reward functions (loaded) and its reward model's ``config.json``
     (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
     before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``, and
     hands the loaded problems to the job's loop (they are not loaded twice).

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
-from services.trainer.job.jobs import Job, JobManager, MetricsRecord
+from services.trainer.job.service.jobs import Job, JobManager, MetricsRecord
 
 _STATES = {
     s: getattr(trainer_pb2, f"JOB_STATE_{s}")

@@ -17,9 +17,9 @@ from marti.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.loop import TrainingLoop
-from services.trainer.job.summary import user_code_paths
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.run.loop import TrainingLoop
+from services.trainer.job.run.summary import user_code_paths
 
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 

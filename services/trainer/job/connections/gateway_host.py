@@ -59,7 +59,7 @@ class GatewayHost:
         server: Its :class:`~services.gateway.server.GatewayServer` (HTTP and gRPC endpoints), while it runs.
         address: What ``<run_dir>/gateway.json`` holds, while it runs.
         untrained_external: Reported episodes no update took (set by :meth:`stop`; see
-            :attr:`services.trainer.job.summary.RunSummary.untrained_external`).
+            :attr:`services.trainer.job.run.summary.RunSummary.untrained_external`).
 
     Args:
         cfg: The training config.

@@ -49,12 +49,12 @@ from services.trainer.data.external import ExternalEpisodes
 from services.trainer.data.table_sampler import TrainedRow
 from services.trainer.data.tables import claim_tables
 from services.trainer.data.tasks import DatasetTasks
-from services.trainer.job.addresses import Addresses
-from services.trainer.job.connections import Connections
-from services.trainer.job.gateway_host import GatewayHost
-from services.trainer.job.reconnect import Backoff, call_with_reconnect
-from services.trainer.job.run_dir import RunFolder, latest_checkpoint
-from services.trainer.job.summary import RunSummary, epoch_limit_message, user_code_paths
+from services.trainer.job.connections.addresses import Addresses
+from services.trainer.job.connections.connections import Connections
+from services.trainer.job.connections.gateway_host import GatewayHost
+from services.trainer.job.connections.reconnect import Backoff, call_with_reconnect
+from services.trainer.job.run.run_dir import RunFolder, latest_checkpoint
+from services.trainer.job.run.summary import RunSummary, epoch_limit_message, user_code_paths
 from services.trainer.learn.allocation import AllocationWeights, PriorityAllocator, allocate_step
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
 from services.trainer.observe.progress import ProgressBar
@@ -121,7 +121,7 @@ class TrainingLoop:
         allow_user_code: Import the user code a config names (custom envs, workflow functions). A service that
             takes configs from the network should pass False unless its operator opted in.
         data: The dataset job's problems when the caller already loaded and checked them
-            (:func:`~services.trainer.job.prechecks.check_dataset_job`); None loads them here.
+            (:func:`~services.trainer.job.run.prechecks.check_dataset_job`); None loads them here.
 
     Raises:
         PermissionDeniedError: ``allow_user_code`` is False and the config names user code (the key is named).
@@ -438,7 +438,7 @@ class TrainingLoop:
         """Save ``checkpoints/step_NNNNNN`` atomically: written under a temporary name with the job's
         ``config.yaml`` (what a resume checks its config against), synced, renamed into place, then ``latest``
         replaced; pruning keeps ``output.keep_checkpoints`` and never the one ``latest`` names."""
-        from services.trainer.job.checkpoint import prune_steps, publish_folder, replace_text_atomic
+        from services.trainer.job.run.checkpoint import prune_steps, publish_folder, replace_text_atomic
 
         path = self.ckpt_dir / f"step_{step:06d}"
         tmp = self.ckpt_dir / f".tmp-{path.name}"
@@ -472,7 +472,7 @@ class TrainingLoop:
             NotFoundError: a model or env is unavailable (named).
             FloatingPointError: a loss became NaN; the last good checkpoint is kept.
             FailedPreconditionError: another job holds the run folder, the folder holds a run and ``resume`` is
-                off, or the resumed checkpoint cannot take the config (:class:`~services.trainer.job.run_dir.RunFolder`).
+                off, or the resumed checkpoint cannot take the config (:class:`~services.trainer.job.run.run_dir.RunFolder`).
             NotFoundError: ``resume`` and the folder has no checkpoint.
         """
         cfg = self.cfg

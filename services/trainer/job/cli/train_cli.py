@@ -21,7 +21,7 @@ from typing import Any
 
 from marti.config import TrainConfig
 from marti.errors import MartiError
-from services.trainer.job.addresses import Addresses, resolve_addresses, with_started
+from services.trainer.job.connections.addresses import Addresses, resolve_addresses, with_started
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,10 +206,10 @@ def resume_command(argv: list[str]) -> str:
 
 
 def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
-    """Lock ``cfg.run_dir`` and check it for this job (:class:`~services.trainer.job.run_dir.RunFolder`), before the
+    """Lock ``cfg.run_dir`` and check it for this job (:class:`~services.trainer.job.run.run_dir.RunFolder`), before the
     embedded services write into it. Raises what :meth:`RunFolder.lock` and :meth:`RunFolder.prepare` raise (the
     lock is released then)."""
-    from services.trainer.job.run_dir import RunFolder
+    from services.trainer.job.run.run_dir import RunFolder
 
     folder = RunFolder(cfg.run_dir)
     folder.lock()
@@ -223,7 +223,7 @@ def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
 
 def _stopped_message(cfg: TrainConfig, argv: list[str], signum: int, at_once: bool, steps: int | None) -> str:
     """What an interrupted job prints: how it stopped, the checkpoint it left and the command that resumes it."""
-    from services.trainer.job.run_dir import latest_checkpoint
+    from services.trainer.job.run.run_dir import latest_checkpoint
 
     name = signal.Signals(signum).name
     how = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     missing model or refused run folder, 1 failure, ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM) when a
     signal stopped the job before its last step."""
     from marti.launch_flags import build_config
-    from services.trainer.job.prechecks import check_before_the_run_folder
+    from services.trainer.job.run.prechecks import check_before_the_run_folder
     from services.trainer.models.loading import check_attn_implementation, resolve_model
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -289,9 +289,9 @@ def _train(
     data: Any = None,
 ) -> int:
     """Start the services, run the job in the prepared ``folder`` and print its outcome; returns the exit code.
-    ``events`` are the job's stop and teardown events (:class:`~services.trainer.job.loop.TrainingLoop`); ``data``
-    the dataset job's problems :func:`~services.trainer.job.prechecks.check_dataset_job` loaded (None: none)."""
-    from services.trainer.job.loop import TrainingLoop, latest_checkpoint
+    ``events`` are the job's stop and teardown events (:class:`~services.trainer.job.run.loop.TrainingLoop`); ``data``
+    the dataset job's problems :func:`~services.trainer.job.run.prechecks.check_dataset_job` loaded (None: none)."""
+    from services.trainer.job.run.loop import TrainingLoop, latest_checkpoint
 
     with service_addresses(cfg, args) as addresses:
         try:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from marti.errors import MartiError
-from services.trainer.job.train_cli import add_service_flags, service_addresses
+from services.trainer.job.cli.train_cli import add_service_flags, service_addresses
 
 
 def format_table(results: dict[str, dict[str, float]], roles: dict[str, str]) -> str:
@@ -33,7 +33,7 @@ def format_table(results: dict[str, dict[str, float]], roles: dict[str, str]) ->
 def main(argv: list[str] | None = None) -> int:
     """Run ``marti eval``; returns 0 on success, 2 on a bad config, checkpoint or model."""
     from marti.config import load_config
-    from services.trainer.job.loop import TrainingLoop, latest_checkpoint
+    from services.trainer.job.run.loop import TrainingLoop, latest_checkpoint
 
     p = argparse.ArgumentParser(prog="marti eval", description="evaluate a checkpoint on held-out seeds")
     p.add_argument("config", help="training config YAML")

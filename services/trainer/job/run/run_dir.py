@@ -1,7 +1,7 @@
 """A run folder's guard: one job at a time, no silent overwrite, resumes that say what they changed.
 
 :class:`RunFolder` is used by ``marti train`` (before the embedded services start writing into the folder) and
-by :meth:`~services.trainer.job.loop.TrainingLoop.run` when no caller prepared the folder (TrainerService jobs):
+by :meth:`~services.trainer.job.run.loop.TrainingLoop.run` when no caller prepared the folder (TrainerService jobs):
 
 - :meth:`RunFolder.lock` takes an exclusive ``fcntl.flock`` on ``<run_dir>/.lock`` for the job's life; a second
   job on the folder gets :class:`~marti.errors.FailedPreconditionError` naming the folder and the holder's pid.

@@ -2,7 +2,7 @@
 
 Every entry point resolves the broker, env server and store addresses and the bearer token through
 :func:`resolve_addresses`: ``marti train`` / ``marti eval`` (flags over the config's ``services`` section, then an
-embedded stack for the services with neither, :func:`services.trainer.job.train_cli.service_addresses`) and the
+embedded stack for the services with neither, :func:`services.trainer.job.cli.train_cli.service_addresses`) and the
 trainer service (its ``MARTI_TRAINER_*`` settings, :mod:`services.trainer.__main__`).
 """
 
