@@ -300,14 +300,16 @@ class AsyncMartiCommClient(_ClientBase):
         return self._pushed(self._subscribe_request(max_batch_messages, max_unacked))
 
     async def _pushed(self, req: pb.SubscribeRequest) -> AsyncIterator[Message]:
-        """The messages of a Subscribe stream; with auto-ack each batch is acked before the next is read."""
+        """The messages of a Subscribe stream; with auto-ack each message is acked when the caller asks for
+        the next one (:meth:`_Core.handled`), and those acked are sent before the next batch is read."""
         await self._ensure_connected()
         stream = aiterate(self._stub.Subscribe(req), end_on_cancel=True)
         async with aclosing(stream):
             with self._closing_guard():
                 async for resp in stream:
-                    for msg in self._core.unpack(resp.frame):
+                    for msg in self._core.unpack(resp.frame, ack_all=False):
                         yield msg
+                        self._core.handled(msg.message_id)
                     ids = self._core.take_acks()
                     if ids:
                         await acall(self._stub.Ack, self._acks_request(ids), self.timeout_s)

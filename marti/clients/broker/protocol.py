@@ -347,9 +347,21 @@ class _Core:
         with self.lock:
             self.remember(message_ids)
 
-    def unpack(self, frame: common_pb2.CompressedFrame) -> list[Message]:
-        """Decodes a delivered frame, drops redeliveries of acked messages (acking them again), queues
-        auto-acks.
+    def handled(self, message_id: str) -> None:
+        """With ``auto_ack``, queues the ack of a message the caller is done with and remembers its id (a
+        redelivery is dropped from now on); does nothing with ``auto_ack=False``. ``subscribe`` calls it when
+        the caller asks for the message after it."""
+        if self.auto_ack:
+            with self.lock:
+                self.pending_acks.append(message_id)
+                self.remember((message_id,))
+
+    def unpack(self, frame: common_pb2.CompressedFrame, ack_all: bool = True) -> list[Message]:
+        """Decodes a delivered frame, drops redeliveries of acked messages (acking them again), and, if
+        ``ack_all`` (``get_messages``: the whole list is handed out at once), queues the auto-acks of the
+        others. ``subscribe`` passes ``ack_all=False`` and acks each message with :meth:`handled` once the
+        caller asks for the next: a message it never handed out, or the one the caller left the loop on, stays
+        unacked and the broker delivers it again after its ``ack_timeout_s``.
 
         The dedup memory holds acked ids only: with ``auto_ack`` every message handed out (its ack is queued
         here), with ``auto_ack=False`` those the caller acked (:meth:`acked`). So the broker's redelivery of a
@@ -370,7 +382,8 @@ class _Core:
         with self.lock:
             self.recv_raw += frame.uncompressed_bytes
             self.recv_wire += len(frame.data)
-            seen, memory, acks, auto_ack = self.seen, self.dedup_memory, self.pending_acks, self.auto_ack
+            seen, memory, acks = self.seen, self.dedup_memory, self.pending_acks
+            auto_ack = self.auto_ack and ack_all
             lat_us = 0.0
             for m in messages:
                 mid = m.message_id

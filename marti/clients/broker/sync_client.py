@@ -523,7 +523,11 @@ class MartiCommClient(_ClientBase):
     def subscribe(self, max_batch_messages: int = 256, max_unacked: int = 0) -> Iterator[Message]:
         """Iterates over messages as the broker pushes them (server stream), forever until closed.
 
-        With auto-ack, each batch is acked when the caller asks for the message after it.
+        With auto-ack, a message is acked when the caller asks for the message after it (the acks of a batch
+        go out before the next batch is read). Leaving the loop (``break``, an exception in the caller's code)
+        acks nothing more: the message it was on and the rest of its batch, which were never handed out, stay
+        unacked and the broker delivers them again after its ``ack_timeout_s`` (at-least-once: the message
+        the loop was left on comes back too).
 
         Args:
             max_batch_messages: Most messages per pushed batch.
@@ -541,11 +545,14 @@ class MartiCommClient(_ClientBase):
         return self._pushed(self._subscribe_request(max_batch_messages, max_unacked))
 
     def _pushed(self, req: pb.SubscribeRequest) -> Iterator[Message]:
-        """The messages of a Subscribe stream; with auto-ack each batch is acked before the next is read."""
+        """The messages of a Subscribe stream; with auto-ack each message is acked when the caller asks for
+        the next one (:meth:`_Core.handled`), and those acked are sent before the next batch is read."""
         stream = iterate(self._stub.Subscribe(req), end_on_cancel=True)
         with closing(stream), self._closing_guard():
             for resp in stream:
-                yield from self._core.unpack(resp.frame)
+                for msg in self._core.unpack(resp.frame, ack_all=False):
+                    yield msg
+                    self._core.handled(msg.message_id)
                 ids = self._core.take_acks()
                 if ids:
                     call(self._stub.Ack, self._acks_request(ids), self.timeout_s)

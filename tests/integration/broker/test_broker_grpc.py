@@ -295,7 +295,8 @@ async def test_async_client_subscribe_and_states():
             stats = b.get_communication_stats()
             assert stats.total_sent == 5
             await a.flush()  # the consumer stopped mid-batch: its pending auto-acks go out with flush()
-            assert (await a.get_broker_stats()).acked == 5
+            # the four it moved past are acked; the one it returned on stays unacked (delivered again later)
+            assert (await a.get_broker_stats()).acked == 4
 
 
 def test_dictionary_session_roundtrip():
