@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,7 +156,10 @@ class AsyncExperienceSharingClient(_Base):
             with rpc_errors():
                 await stream.write(req)
                 while (resp := await stream.read()) is not grpc.aio.EOF:
-                    if run.add(resp):
+                    # decoded off the event loop: a cancel that comes meanwhile (``asyncio.wait_for``'s deadline,
+                    # Ctrl-C under ``asyncio.run``) lands on this await, before the ack, so the store puts the
+                    # items back; decoded on the loop, the cancel could only land once the ack was written
+                    if await asyncio.to_thread(run.add, resp):
                         await stream.write(_ACK)
                         await stream.done_writing()  # the stream ends once the store committed
         finally:

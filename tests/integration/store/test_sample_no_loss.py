@@ -24,6 +24,7 @@ import pytest
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
+from marti.clients.experience.protocol import _Base
 from marti.errors import DeadlineExceededError
 from marti.trajectory import Trajectory
 
@@ -84,6 +85,35 @@ async def test_a_client_deadline_that_fires_mid_take_puts_the_taken_item_back(st
         assert _size_becomes(sync, "agent_1", 1) == 1
         assert sync.info("agent_1").waiting_samples == 0  # the abandoned wait gave up, it holds no thread
         assert [s.key for s in sync.sample(table="agent_1", batch_size=1, timeout_s=2)] == [key]
+
+
+async def test_a_wait_for_deadline_that_fires_while_the_batch_is_decoded_puts_it_back(
+    store_server, monkeypatch
+):
+    """Review s4 finding 3: the store sent the whole batch and waits for the ack; the client is still decoding
+    it (slow here: 0.6 s for the batch) when the caller's ``asyncio.wait_for`` deadline (0.2 s) passes. The caller
+    gets TimeoutError and the items stay in the queue (decoded on the event loop, the cancel could only land
+    after the ack was written: the take was committed and the batch lost)."""
+    addr, _ = store_server
+    decode, slowed = _Base._sampled, []
+
+    def slow_decode(resp, *args):
+        if resp.items and not slowed:
+            slowed.append(True)
+            time.sleep(0.6)  # a large batch's decode, as it blocks whichever thread runs it
+        return decode(resp, *args)
+
+    with ExperienceSharingClient(agent_id="agent_1", address=addr) as sync:
+        keys = _queue_with(sync, 3)
+        monkeypatch.setattr(_Base, "_sampled", staticmethod(slow_decode))
+        async with AsyncExperienceSharingClient(agent_id="agent_1", address=addr) as store:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(store.sample(table="agent_1", batch_size=3, timeout_s=20), 0.2)
+            await asyncio.sleep(0.8)  # the abandoned decode ends; nothing acks it
+            assert slowed
+            assert _size_becomes(sync, "agent_1", 3) == 3
+            assert [s.key for s in await store.sample(table="agent_1", batch_size=3, timeout_s=2)] == keys
+        assert sync.info("agent_1").samples == 3
 
 
 def _confirmed(n: int, timeout_ms: int = 5000, table: str = "agent_1") -> spb.SampleRequest:
