@@ -395,7 +395,9 @@ class Workflow:
         the env returns, unchanged (the default workflow of the episode runner).
 
         Raises:
-            InvalidArgumentError: ``reward_fn`` returned something other than a mapping of finite numbers.
+            InvalidArgumentError: ``reward_fn`` returned something other than a mapping of finite numbers, or
+                a key that is not one of ``episode.agents`` (the keys and the agents named; a typo or a
+                "judge" would otherwise be credited as an extra agent and shift every team share).
         """
         if self.reward_fn is None and self.allocation.env_weight == 1.0 and self.allocation.team_share == 0.0:
             return dict(episode.env_returns)
@@ -406,7 +408,22 @@ class Workflow:
                 raise InvalidArgumentError(
                     f"reward_fn returned {type(custom).__name__}; need a dict agent -> reward"
                 )
+            _check_reward_keys(custom, episode.agents)
         return self.allocation.apply(episode.env_returns, custom)
+
+
+def _check_reward_keys(custom: Mapping[str, Any], agents: Sequence[str]) -> None:
+    """Refuse reward keys that are not agents of the episode.
+
+    Raises:
+        InvalidArgumentError: Some keys of ``custom`` are not in ``agents`` (both named).
+    """
+    unknown = [k for k in custom if k not in agents]
+    if unknown:
+        raise InvalidArgumentError(
+            f"reward_fn returned rewards for {unknown}, which are not agents of the episode; agents are "
+            f"{list(agents)} (an agent it leaves out gets 0)"
+        )
 
 
 def _nonempty(agents: Sequence[str], what: str) -> list[str]:

@@ -398,3 +398,13 @@ def test_step_many_steps_local_envs_one_by_one_and_checks_lengths():
     assert out[0][1]["a0"] == pytest.approx(1.1) and out[1][4]["a0"]["parse_error"]
     with pytest.raises(ValueError, match="1 action dicts for 2 envs"):
         step_many(envs, [{}])
+
+
+def test_a_reward_fn_key_that_is_not_an_agent_stops_play_naming_it():
+    """A "judge" key is not credited as an extra agent: the episode's end is refused naming it and the team."""
+    seen = []
+    wf = Workflow.env(reward_fn=lambda ep: {"judge": 100.0})
+    runner = _runner([], [], None, workflow=wf, on_episode_end=lambda r: seen.append(r))
+    with pytest.raises(InvalidArgumentError, match=r"\['judge'\].*agents are"):
+        runner.play([4], max_turns=1)
+    assert seen == []
