@@ -37,7 +37,8 @@ class AsyncMartiCommClient(_ClientBase):
     ``send_when_idle``: a message buffered while no batch of this client is in flight goes out at once, those
     buffered while one is go out together when it ends); the flush timer is a task of the event loop, started
     by ``connect``. When the loop ends with messages still buffered and the client not closed (``asyncio.run``
-    returns without ``close``), that task sends them before it ends; a failure then is logged.
+    returns without ``close``), that task sends them before it ends; a failure then is logged. Without a
+    timer (``update_frequency_s=0`` or ``batching_size=1``) ``connect`` starts a task that only does that.
 
     Fork: in a process forked while its parent had ``grpc.aio`` channels open (a ``multiprocessing`` worker
     using the parent's client), every call that sends raises :class:`~marti.errors.ForkedAioError` at once,
@@ -104,7 +105,10 @@ class AsyncMartiCommClient(_ClientBase):
             self._start_flusher()
 
     def _start_flusher(self) -> None:
-        if self._flusher is None and self._wants_timer():
+        """Starts the client's task in the running loop: the flush timer, or, without one
+        (``update_frequency_s=0`` or ``batching_size=1``), a task that only waits for the loop's end; either
+        sends what is still buffered when the loop ends without ``close`` (:meth:`_flush_loop`)."""
+        if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
     def _kick(self) -> None:
@@ -118,27 +122,13 @@ class AsyncMartiCommClient(_ClientBase):
         sends the buffers once they are due (at once while no batch is in flight with ``send_when_idle``,
         else when the batch in flight ends or the oldest message has waited ``update_frequency_s``). Cancelled
         by ``close``, by the client's move to another loop, or by the end of its loop: in the last case, it
-        first sends what is still buffered."""
-        wake = self._wake
+        first sends what is still buffered. Without a timer (:meth:`_wants_timer` false) it only waits for
+        that cancel."""
         try:
-            while True:
-                wake.clear()
-                delay = self._core.flush_delay()
-                if delay is None:
-                    await wake.wait()
-                elif delay > 0:  # the end of the batch in flight wakes it earlier
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(delay):
-                            await wake.wait()
-                else:
-                    try:
-                        await self._flush(acks=False, background=True)
-                    except TRANSIENT_ERRORS:
-                        await asyncio.sleep(max(self._core.update_frequency_s, TIMER_RETRY_S))
-                    except ForkedAioError:  # a forked child: no flush can succeed; the next call raises it
-                        return
-                    except Exception:  # refused: kept for the next call (and passed to on_error)
-                        pass
+            if self._wants_timer():
+                await self._timer_loop()
+            else:
+                await asyncio.get_running_loop().create_future()  # never set: waits for the cancel
         except asyncio.CancelledError:
             if (
                 not self._core.closed
@@ -147,6 +137,28 @@ class AsyncMartiCommClient(_ClientBase):
             ):
                 await self._flush_at_loop_end()
             raise
+
+    async def _timer_loop(self) -> None:
+        """The flush timer proper (run by :meth:`_flush_loop`, which handles its cancel)."""
+        wake = self._wake
+        while True:
+            wake.clear()
+            delay = self._core.flush_delay()
+            if delay is None:
+                await wake.wait()
+            elif delay > 0:  # the end of the batch in flight wakes it earlier
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await wake.wait()
+            else:
+                try:
+                    await self._flush(acks=False, background=True)
+                except TRANSIENT_ERRORS:
+                    await asyncio.sleep(max(self._core.update_frequency_s, TIMER_RETRY_S))
+                except ForkedAioError:  # a forked child: no flush can succeed; the next call raises it
+                    return
+                except Exception:  # refused: kept for the next call (and passed to on_error)
+                    pass
 
     async def _flush_at_loop_end(self) -> None:
         """Sends the buffers when the loop ends without ``close``; logs (as an error) what it cannot send."""

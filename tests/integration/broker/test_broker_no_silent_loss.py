@@ -176,6 +176,35 @@ async def test_async_timer_flushed_refusal_is_raised_by_the_next_call(address):
         assert [m.content for m in await b.get_messages(timeout_s=2)] == ["after"]
 
 
+# ---------------------------------------------------------------------------------- loop end without close
+@pytest.mark.parametrize("update_frequency_s", [0.0, 0.001, 30.0])
+@pytest.mark.parametrize("raises", [False, True])
+def test_async_client_never_closed_sends_its_buffer_when_asyncio_run_ends(
+    address, update_frequency_s, raises
+):
+    """With or without a flush timer (``update_frequency_s=0``: none; review s4 finding 2), and whether
+    ``main`` returns or raises, what is buffered when ``asyncio.run`` ends reaches the broker."""
+    session = f"loop-end-{update_frequency_s}-{raises}"
+    with MartiCommClient("r", address, session=session) as b:
+
+        async def main() -> None:
+            c = AsyncMartiCommClient(
+                "s", address, session=session, update_frequency_s=update_frequency_s, batching_size=100
+            )
+            await c.connect()
+            for i in range(3):
+                await c.send_message("r", i)
+            if raises:
+                raise RuntimeError("main failed")
+
+        if raises:
+            with pytest.raises(RuntimeError):
+                asyncio.run(main())
+        else:
+            asyncio.run(main())
+        assert drain(b) == [0, 1, 2]
+
+
 # ---------------------------------------------------------------------------------- publish
 def test_publish_reports_receivers_and_can_require_them(address):
     with (
