@@ -205,6 +205,18 @@ def resume_command(argv: list[str]) -> str:
     return shlex.join(["marti", "train", *args])
 
 
+def _check_given_services(cfg: TrainConfig, args: argparse.Namespace) -> None:
+    """Each service address given (flag or ``services`` section) serves its service
+    (:func:`~services.trainer.job.connections.served.check_given_services`), before the run folder."""
+    from services.trainer.job.connections.addresses import SERVICES
+    from services.trainer.job.connections.served import check_given_services
+
+    addresses, missing = resolve_addresses(
+        cfg.services, broker=args.broker, env=args.env, store=args.store, token=args.token
+    )
+    check_given_services(addresses, tuple(s for s in SERVICES if s not in missing))
+
+
 def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
     """Lock ``cfg.run_dir`` and check it for this job (:class:`~services.trainer.job.run.run_dir.RunFolder`), before the
     embedded services write into it. Raises what :meth:`RunFolder.lock` and :meth:`RunFolder.prepare` raise (the
@@ -259,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                     resolve_model(name)
         check_attn_implementation(cfg.policy.attn_implementation)
         data = check_before_the_run_folder(cfg, env=args.env)
+        _check_given_services(cfg, args)
         folder = _prepare_folder(cfg, args)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)

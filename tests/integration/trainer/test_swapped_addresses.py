@@ -1,0 +1,48 @@
+"""A job given a service address where another service listens (a swapped ``--env`` / ``--store`` port) is
+refused before the run folder: ``marti train --overwrite`` keeps the earlier run (a real broker on port 0 stands in
+for the wrong server; the job runs in a subprocess, as a user runs it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from marti.errors import InvalidArgumentError
+from marti.rpc.testing import serve_in_thread
+from services.comm_broker.servicer import broker_service
+from services.comm_broker.settings import BrokerSettings
+from services.trainer.job.connections.addresses import resolve_addresses
+from services.trainer.job.connections.served import check_given_services
+from tests.refused_runs import train_over_an_old_run
+
+JOB = {
+    "training_name": "t", "num_agents": 2,
+    "agents": [{"name": "a", "pretrain_model": "tiny-llama", "role": "planner"},
+               {"name": "b", "pretrain_model": "tiny-llama", "role": "executor"}],
+    "environment": {"env_name": "collaborative_task_solving", "scenario": "private_allocation"},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def broker() -> str:
+    settings = BrokerSettings(port=0)
+    with serve_in_thread(lambda: [broker_service(settings)], settings) as server:
+        yield server.address
+
+
+def test_an_env_address_where_a_broker_listens_is_refused_before_an_overwrite(tmp_path, broker) -> None:
+    proc = train_over_an_old_run(
+        tmp_path, {**JOB, "services": {"broker": broker, "env": broker, "store": broker}}
+    )
+    assert f"env address {broker} (--env or services.env)" in proc.stderr, proc.stderr
+    assert "does not serve marti.api.env.v1.EnvService" in proc.stderr
+
+
+def test_each_given_address_is_checked_for_its_own_service(broker) -> None:
+    addresses, missing = resolve_addresses(None, broker=broker, store=broker)
+    assert missing == ("env",)
+    check_given_services(addresses, ("broker",))  # the broker at the broker's address: fine
+    with pytest.raises(InvalidArgumentError, match=r"store address .* does not serve .*ExperienceService"):
+        check_given_services(addresses, ("broker", "store"))
+    check_given_services(
+        resolve_addresses(None, store="127.0.0.1:1")[0], ("store",), timeout_s=0.5
+    )  # down: the job's retries decide
