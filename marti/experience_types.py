@@ -358,12 +358,15 @@ def parse_tables_yaml(text: str, source: str = "tables config") -> list[TableCon
 
     Raises:
         InvalidArgumentError: one line starting with ``source``, on YAML errors (with line and column), unknown
-            top-level keys, duplicate names or bad table configs (naming the table and the key).
+            top-level keys, a key written twice in one mapping (both lines), duplicate names or bad table configs
+            (naming the table and the key).
     """
     import yaml
 
+    from marti.yaml_load import load_yaml
+
     try:
-        doc = yaml.safe_load(text) or {}
+        doc = load_yaml(text, source) or {}
     except yaml.YAMLError as e:
         raise InvalidArgumentError(f"{source}: not valid YAML: {_yaml_error_line(e)}") from None
     if not isinstance(doc, dict) or set(doc) - {"tables"}:

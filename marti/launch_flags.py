@@ -29,6 +29,7 @@ import yaml
 from marti.config import TrainConfig, apply_overrides, config_from_dict
 from marti.config.dataset import DATASET_ENV
 from marti.errors import InvalidArgumentError
+from marti.yaml_load import load_yaml
 
 __all__ = [
     "FLAG_GROUPS",
@@ -547,7 +548,7 @@ def build_config(
     else:
         source = str(config_path)
         try:
-            raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+            raw = load_yaml(Path(config_path).read_text(encoding="utf-8"), source) or {}
         except OSError as exc:
             raise InvalidArgumentError(f"cannot read config file {source!r}: {exc.strerror or exc}") from None
         except yaml.YAMLError as exc:

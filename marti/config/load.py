@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from marti.config.schema import TrainConfig
 from marti.errors import InvalidArgumentError
+from marti.yaml_load import load_yaml
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
@@ -205,10 +206,12 @@ def config_from_text(
     """Parse YAML text into a :class:`TrainConfig` (used by TrainerService.SubmitJob).
 
     Raises:
-        InvalidArgumentError: The text is not valid YAML, or the config is invalid (see :func:`config_from_dict`).
+        InvalidArgumentError: The text is not valid YAML, writes a key twice in one mapping (the key and both
+            lines named, :func:`marti.yaml_load.load_yaml`), or the config is invalid (see
+            :func:`config_from_dict`).
     """
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, source)
     except yaml.YAMLError as exc:
         raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
     return config_from_dict({} if data is None else data, overrides, source=source)
@@ -225,8 +228,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Train
         The validated, frozen :class:`TrainConfig`.
 
     Raises:
-        InvalidArgumentError: The file is missing or unreadable, is not YAML, or the config is invalid; the
-            message names the file, the dotted key and the bad value.
+        InvalidArgumentError: The file is missing or unreadable, is not YAML, writes a key twice in one mapping
+            (the key and both lines named), or the config is invalid; the message names the file, the dotted key
+            and the bad value.
     """
     p = Path(path)
     try:

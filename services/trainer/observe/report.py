@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from marti.yaml_load import load_yaml
 from services.trainer.observe.metrics import (
     CLIP_FRAC,
     CONFIG_FILE,
@@ -270,7 +269,7 @@ def _load_config(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / CONFIG_FILE
     if not path.exists():
         return None
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = load_yaml(path.read_text(encoding="utf-8"), str(path))
     return data if isinstance(data, dict) else None
 
 

@@ -30,6 +30,7 @@ from marti.config import TrainConfig, dump_config
 from marti.data.fingerprint import dataset_fingerprint, fingerprint_changes
 from marti.dir_lock import LOCK_FILE, DirLock
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from marti.yaml_load import load_yaml
 
 HISTORY_FILE = "config_history.jsonl"
 _LOG = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def _read_config(path: Path) -> TrainConfig | None:
     if not path.is_file():
         return None
     try:
-        return config_from_dict(yaml.safe_load(path.read_text()) or {}, source=str(path))
+        return config_from_dict(load_yaml(path.read_text(), str(path)) or {}, source=str(path))
     except (InvalidArgumentError, yaml.YAMLError):
         return None  # written by another version of marti: no layout to compare
 

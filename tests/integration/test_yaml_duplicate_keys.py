@@ -1,0 +1,70 @@
+"""A key written twice in a YAML config is refused naming the file, the key and both lines, everywhere marti
+reads configs (``marti train``, ``marti store --config``, SubmitJob's text), instead of YAML keeping the last
+(a second ``rollout:`` section silently dropped every key of the first)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marti.config import config_from_text
+from marti.errors import InvalidArgumentError
+from marti.experience_types import parse_tables_yaml
+from marti.yaml_load import load_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _marti(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "marti.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+def _lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_marti_train_refuses_a_second_rollout_section_naming_both_lines(tmp_path):
+    text = (ROOT / "examples" / "tiny.yaml").read_text()
+    first = 1 + text.splitlines().index("rollout:")
+    cfg = tmp_path / "dup.yaml"
+    cfg.write_text(text + "rollout: {max_staleness: 1}\n")
+    last = len(cfg.read_text().splitlines())
+    out = _marti("train", str(cfg), "--set", f"output.dir={tmp_path / 'run'}")
+    assert out.returncode == 2, out
+    lines = _lines(out.stderr)
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert (
+        f"{cfg}: key 'rollout' is written twice in one mapping, at line {first} and line {last}" in lines[0]
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_marti_store_refuses_a_tables_file_with_a_key_twice(tmp_path):
+    path = tmp_path / "tables.yaml"
+    path.write_text("tables:\n  - name: r\n    preset: queue\n    max_size: 10\n    max_size: 20\n")
+    out = _marti("store", "--port", "0", "--config", str(path))
+    assert out.returncode == 2, out
+    lines = _lines(out.stderr)
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "key 'max_size' is written twice in one mapping, at line 4 and line 5" in lines[0]
+    assert str(path) in lines[0]
+
+
+def test_submit_job_text_with_a_nested_key_twice_is_refused():
+    text = "training_name: x\nagents:\n  - {name: a, pretrain_model: tiny-llama, role: r, role: s}\n"
+    with pytest.raises(
+        InvalidArgumentError, match=r"<SubmitJob>: key 'role' is written twice.*line 3 and line 3"
+    ):
+        config_from_text(text, source="<SubmitJob>")
+
+
+def test_merge_keys_and_equal_keys_in_different_mappings_are_fine():
+    text = "base: &b {engine: hf, group_size: 2}\nrollout:\n  <<: *b\n  engine: vllm\nother: {engine: hf}\n"
+    doc = load_yaml(text, "t")
+    assert doc["rollout"] == {"engine": "vllm", "group_size": 2} and doc["other"] == {"engine": "hf"}
+    assert parse_tables_yaml("tables:\n  - {name: a, preset: queue}\n  - {name: b, preset: queue}\n")
