@@ -19,6 +19,7 @@ from marti.experience_types import CheckpointResult, SampledTrajectory, TableCon
 from marti.rpc.calls import acall, rpc_errors
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
 from marti.rpc.guard import ClientChannel
+from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
 from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _InsertRun, _SampleRun, _timeout_ms, _wait_s
@@ -37,10 +38,11 @@ class AsyncExperienceSharingClient(_Base):
         tls_ca_file: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         *,
         channel: grpc.aio.Channel | None = None,
     ) -> None:
-        super().__init__(agent_id, chunk_bytes)
+        super().__init__(agent_id, chunk_bytes, max_message_bytes)
         _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
         self.timeout_s = float(timeout_s)
         self._own_channel = check_channel(channel) is None
@@ -49,6 +51,7 @@ class AsyncExperienceSharingClient(_Base):
             token=token,
             tls_ca_file=tls_ca_file,
             aio=True,
+            max_message_bytes=max_message_bytes,
             idempotent_methods=_IDEMPOTENT,
             service="store",
         )

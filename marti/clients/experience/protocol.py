@@ -13,11 +13,18 @@ from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.arguments import check_text, is_finite
 from marti.codec import experience as convert
-from marti.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, MartiError
+from marti.errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    MartiError,
+    ResourceExhaustedError,
+)
 from marti.experience_types import SampledTrajectory, TableConfig, parse_table_config
 from marti.rpc.calls import rpc_errors
 from marti.rpc.errors import from_status_proto
 from marti.rpc.guard import ClientChannel
+from marti.rpc.paging import item_bytes, message_budget, pages
 from marti.trajectory import Trajectory
 
 from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
@@ -180,13 +187,15 @@ class _Base:
     #: The client's channel (made by the sync or async subclass).
     _channel: ClientChannel
 
-    def __init__(self, agent_id: str, chunk_bytes: int) -> None:
+    def __init__(self, agent_id: str, chunk_bytes: int, max_message_bytes: int) -> None:
         if not isinstance(agent_id, str) or not agent_id:
             raise InvalidArgumentError(f"agent_id must be a non-empty string, got {agent_id!r}")
         check_text(agent_id, "agent_id")
         _in_range(chunk_bytes, "chunk_bytes", 1, 2**31 - 1)
+        _in_range(max_message_bytes, "max_message_bytes", 1, 2**31 - 1)
         self.agent_id = agent_id
         self.chunk_bytes = chunk_bytes
+        self.max_message_bytes = max_message_bytes
 
     def _items(
         self,
@@ -237,13 +246,41 @@ class _Base:
             raise
 
     def _insert_reqs(self, trajectories, table, priorities, timeout_s, batch_items, idempotent=False):
-        """The InsertRequests of one insert stream (``batch_items`` items each)."""
+        """The InsertRequests of one insert stream: at most ``batch_items`` items each, and each under the
+        client's ``max_message_bytes`` (:func:`marti.rpc.paging.pages`), so a big call is cut, not refused by
+        the transport after its first messages went in.
+
+        Raises:
+            ResourceExhaustedError: before anything is sent, for an item that alone does not fit in a message
+                (:meth:`_check_fits`).
+        """
         items = self._items(trajectories, table, priorities, batch_items, idempotent)
         t_ms = _timeout_ms(_wait_s(timeout_s, self.timeout_s))
+        sizes = [item_bytes(m) for m in items]
+        budget = message_budget(self.max_message_bytes)
+        self._check_fits(sizes, budget, trajectories)
         return [
-            spb.InsertRequest(items=items[i : i + batch_items], timeout_ms=t_ms)
-            for i in range(0, len(items), batch_items)
+            spb.InsertRequest(items=items[r.start : r.stop], timeout_ms=t_ms)
+            for r in pages(sizes, batch_items, budget)
         ]
+
+    def _check_fits(self, sizes: list[int], budget: int, trajectories: Sequence[Trajectory]) -> None:
+        """Refuse the first item whose encoding (``sizes``, bytes) is over ``budget``, the item bytes one
+        message carries.
+
+        Raises:
+            ResourceExhaustedError: naming the item (position, episode, agent), its size and
+                ``max_message_bytes``; ``metadata`` has ``item`` and ``episode_id``.
+        """
+        for i, size in enumerate(sizes):
+            if size > budget:
+                t = trajectories[i]
+                raise ResourceExhaustedError(
+                    f"item {i} of {len(sizes)} (episode {t.episode_id!r}, agent {t.agent_id!r}) is {size} bytes "
+                    f"encoded, over the {budget} bytes a message carries under the client's "
+                    f"max_message_bytes={self.max_message_bytes}; nothing was sent",
+                    metadata={"item": str(i), "episode_id": t.episode_id},
+                )
 
     @staticmethod
     def _delete_req(table: str, episode_ids: Sequence[str]) -> spb.DeleteRequest:

@@ -18,6 +18,7 @@ from marti.experience_types import CheckpointResult, SampledTrajectory, TableCon
 from marti.rpc.calls import call, rpc_errors
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
 from marti.rpc.guard import ClientChannel
+from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
 from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _InsertRun, _SampleRun, _timeout_ms, _wait_s
@@ -35,6 +36,9 @@ class ExperienceSharingClient(_Base):
         tls_ca_file: PEM CA file; enables TLS.
         timeout_s: Default deadline of unary calls and waits, seconds.
         chunk_bytes: Uncompressed bytes per compressed chunk.
+        max_message_bytes: Largest message the channel sends or receives, bytes (the store's
+            ``max_message_bytes``, 64 MiB by default: keep both the same). An insert stream is cut into messages
+            under it; it is also the largest ``sample``/``get_items`` response this client takes.
         channel: An open channel to the store to use instead of dialing (``address``, ``token`` and
             ``tls_ca_file`` are then unused; a ``grpc.aio`` one for the async client), shared with other
             clients; not closed by :meth:`close`.
@@ -52,15 +56,21 @@ class ExperienceSharingClient(_Base):
         tls_ca_file: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         *,
         channel: grpc.Channel | None = None,
     ) -> None:
-        super().__init__(agent_id, chunk_bytes)
+        super().__init__(agent_id, chunk_bytes, max_message_bytes)
         _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
         self.timeout_s = float(timeout_s)
         self._own_channel = check_channel(channel) is None
         self._channel = channel or make_channel(
-            address, token=token, tls_ca_file=tls_ca_file, idempotent_methods=_IDEMPOTENT, service="store"
+            address,
+            token=token,
+            tls_ca_file=tls_ca_file,
+            max_message_bytes=max_message_bytes,
+            idempotent_methods=_IDEMPOTENT,
+            service="store",
         )
         self._channel = ClientChannel(self._channel, f"the store client of agent {agent_id!r}")
         self._stub = sgrpc.ExperienceServiceStub(self._channel)
@@ -103,6 +113,9 @@ class ExperienceSharingClient(_Base):
         Raises:
             InvalidArgumentError: before anything is sent, for ``batch_items`` < 1 or a priority count that is
                 not the trajectory count.
+            ResourceExhaustedError: before anything is sent, for an item whose encoding alone does not fit in
+                a message under ``max_message_bytes``, naming it (position, episode, agent) and the limit.
+                Messages carry ``batch_items`` items, fewer when their bytes would go over that limit.
             The first failed item's error, after every other item was processed, naming the item (position,
             episode, agent) and carrying the keys of the items that were inserted in
             ``metadata["inserted_keys"]`` (see :meth:`share_experience`).

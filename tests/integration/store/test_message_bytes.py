@@ -1,0 +1,60 @@
+"""Calls whose items add up to more than one gRPC message (``max_message_bytes``) are cut into messages under it
+(review s4 finding 8), over a real store on a free port whose limit is 1 MiB (64 MiB by default:
+the same cuts, with smaller items)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from marti.clients.experience import ExperienceSharingClient
+from marti.errors import ResourceExhaustedError
+from marti.rpc.testing import serve_in_thread
+from marti.trajectory import Trajectory, Turn
+from services.experience_store.__main__ import make_spec
+from services.experience_store.settings import StoreSettings
+
+LIMIT = 1 << 20
+
+
+@pytest.fixture
+def address(tmp_path):
+    """A running store whose messages are at most :data:`LIMIT` bytes, both ways."""
+    settings = StoreSettings(port=0, data_dir=str(tmp_path / "data"), max_message_bytes=LIMIT)
+    with serve_in_thread(lambda: [make_spec(settings)[0]], settings) as server:
+        yield server.address
+
+
+def _big(episode_id: str, tokens: int = 75_000, seed: int = 0) -> Trajectory:
+    """A trajectory of about 4.5 bytes per token encoded (random token ids barely compress): ~340 KB."""
+    rng = random.Random(seed)
+    ids = [rng.randrange(1 << 30) for _ in range(tokens)]
+    return Trajectory(
+        episode_id=episode_id, agent_id="a", session="big", turns=[Turn(step=0, prompt_token_ids=ids)]
+    )
+
+
+def _client(address: str) -> ExperienceSharingClient:
+    return ExperienceSharingClient(agent_id="a", address=address, max_message_bytes=LIMIT)
+
+
+def test_an_insert_over_one_message_is_cut_by_bytes_and_every_item_goes_in(address):
+    """10 items of ~340 KB (3.4 MB) with the default ``batch_items=64``: one message before the fix, refused by
+    the store's transport (and, with a smaller batch_items, a stream cut after its first messages went in)."""
+    with _client(address) as client:
+        client.create_table("t", sampler="fifo", remover="fifo", max_size=100)
+        team = [_big(f"e{i}", seed=i) for i in range(10)]
+        keys = client.share_experiences(team, table="t")
+        assert len(set(keys)) == 10 and client.info("t").size == 10
+        assert [r.duplicate for r in client.insert("t", team)] == [True] * 10
+
+
+def test_an_item_that_alone_is_over_a_message_is_refused_before_anything_is_sent(address):
+    with _client(address) as client:
+        client.create_table("t", sampler="fifo", remover="fifo", max_size=100)
+        with pytest.raises(
+            ResourceExhaustedError, match=r"item 1 of 2 \(episode 'huge'.*max_message_bytes=1048576"
+        ):
+            client.share_experiences([_big("small", 10), _big("huge", 300_000)], table="t")
+        assert client.info("t").size == 0
