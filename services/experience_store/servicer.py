@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -22,8 +22,10 @@ from marti.errors import (
     MartiError,
     NotFoundError,
     OutOfRangeError,
+    ResourceExhaustedError,
 )
 from marti.rpc.errors import ok_status, to_status_proto
+from marti.rpc.paging import item_bytes, message_budget, pages
 
 from .core.store import DEFAULT_TABLE, ExperienceStore, ItemQuery
 from .core.table_records import Duplicate, NewItem
@@ -33,6 +35,18 @@ from .settings import StoreSettings
 SERVICE_NAME = "marti.api.experience.v1.ExperienceService"
 #: How an insert refusal names the item size cap: the setting and its variable (StoreSettings.max_item_bytes).
 ITEM_LIMIT = "max_item_bytes (MARTI_STORE_MAX_ITEM_BYTES)"
+#: How a read refusal names the message size cap (ServerSettings.max_message_bytes).
+MESSAGE_LIMIT = "max_message_bytes (MARTI_STORE_MAX_MESSAGE_BYTES)"
+
+
+def _item_name(rec) -> str:
+    """An item as a refusal names it: key, table, episode and agent."""
+    return f"item {rec.key} of table {rec.table!r} (episode {rec.episode_id!r}, agent {rec.agent_id!r})"
+
+
+def _id_bytes(rec) -> int:
+    """Bytes a stale or dropped item adds to a SampleResponse: its key and episode id, each with tag and length."""
+    return 22 + len(rec.episode_id.encode())
 
 
 class ExperienceServicer(sgrpc.ExperienceServiceServicer):
@@ -217,30 +231,60 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         )
 
     def _sample_responses(self, table: str, items, fmt: int, max_batch: int) -> list[spb.SampleResponse]:
-        """One take's items as responses of at most ``max_batch`` items each."""
-        return [
-            self._sample_response(table, items[i : i + max_batch], fmt)
-            for i in range(0, len(items), max_batch)
+        """One take's items as responses of at most ``max_batch`` items each, each under ``max_message_bytes``
+        (:meth:`_pages`; stale and dropped items go as keys and episode ids)."""
+        entries = [self._sampled_item(table, s, fmt) for s in items]
+        sizes = [
+            _id_bytes(s.record) if m is None else item_bytes(m) for s, m in zip(items, entries, strict=True)
         ]
+        responses = []
+        for page in self._pages(sizes, max_batch, lambda i: _item_name(items[i].record)):
+            resp = spb.SampleResponse(status=ok_status())
+            for i in page:
+                self._into_sample_response(resp, items[i], entries[i])
+            responses.append(resp)
+        return responses
 
-    def _sample_response(self, table: str, items, fmt: int) -> spb.SampleResponse:
-        resp = spb.SampleResponse(status=ok_status())
-        for s in items:
-            r = s.record
-            if s.stale:
-                resp.stale_keys.append(r.key)
-                resp.stale_episode_ids.append(r.episode_id)
-                continue
-            if s.dropped:
-                resp.dropped_keys.append(r.key)
-                resp.dropped_episode_ids.append(r.episode_id)
-                continue
-            m = resp.items.add(
-                key=r.key, table=table, priority=r.priority, probability=s.probability,
-                importance_weight=s.importance_weight, times_sampled=r.times_sampled, table_size=s.table_size,
-            )  # fmt: skip
-            convert.payload_into(s.payload, fmt, m, self.settings.max_item_bytes)
-        return resp
+    def _sampled_item(self, table: str, s, fmt: int) -> pb.SampledItem | None:
+        """A taken item as the response's item (None for a stale or dropped one: sent as its key)."""
+        if s.stale or s.dropped:
+            return None
+        r = s.record
+        m = pb.SampledItem(
+            key=r.key, table=table, priority=r.priority, probability=s.probability,
+            importance_weight=s.importance_weight, times_sampled=r.times_sampled, table_size=s.table_size,
+        )  # fmt: skip
+        convert.payload_into(s.payload, fmt, m, self.settings.max_item_bytes)
+        return m
+
+    @staticmethod
+    def _into_sample_response(resp: spb.SampleResponse, s, item: pb.SampledItem | None) -> None:
+        r = s.record
+        if s.stale:
+            resp.stale_keys.append(r.key)
+            resp.stale_episode_ids.append(r.episode_id)
+        elif s.dropped:
+            resp.dropped_keys.append(r.key)
+            resp.dropped_episode_ids.append(r.episode_id)
+        else:
+            resp.items.append(item)
+
+    def _pages(self, sizes: list[int], max_items: int, name: Callable[[int], str]) -> list[range]:
+        """Cut a response's entries of these ``sizes`` (bytes) into pages of at most ``max_items`` whose bytes fit
+        in a message under ``max_message_bytes`` (:func:`marti.rpc.paging.pages`).
+
+        Raises:
+            ResourceExhaustedError: an entry alone does not fit, naming it (``name(i)``), its size and the setting.
+        """
+        budget = message_budget(self.settings.max_message_bytes)
+        for i, size in enumerate(sizes):
+            if size > budget:
+                raise ResourceExhaustedError(
+                    f"{name(i)} is {size} bytes encoded, over the {budget} bytes a response carries under "
+                    f"{MESSAGE_LIMIT}={self.settings.max_message_bytes}; raise it on the store and the clients "
+                    "alike to read it"
+                )
+        return pages(sizes, max_items, budget)
 
     # ---- unary ------------------------------------------------------------------------------------------
 
@@ -304,16 +348,23 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         items = await self._run(self.store.query, q)
         step = self.settings.max_batch_items
         for i in range(0, len(items), step):
-            yield await self._run(self._stored_batch, items[i : i + step], request.format)
+            for resp in await self._run(self._stored_responses, items[i : i + step], request.format):
+                yield resp
 
-    def _stored_batch(self, items, fmt: int) -> spb.GetAllExperiencesResponse:
-        resp = spb.GetAllExperiencesResponse(status=ok_status())
+    def _stored_responses(self, items, fmt: int) -> list[spb.GetAllExperiencesResponse]:
+        """Stored items as responses of at most ``max_batch_items`` each, each under ``max_message_bytes``."""
+        entries = []
         for rec, payload in items:
-            m = resp.items.add(
+            m = pb.StoredItem(
                 key=rec.key, table=rec.table, priority=rec.priority, times_sampled=rec.times_sampled
             )
             convert.payload_into(payload, fmt, m, self.settings.max_item_bytes)
-        return resp
+            entries.append(m)
+        sizes = [item_bytes(m) for m in entries]
+        pages_ = self._pages(sizes, self.settings.max_batch_items, lambda i: _item_name(items[i][0]))
+        return [
+            spb.GetAllExperiencesResponse(status=ok_status(), items=entries[p.start : p.stop]) for p in pages_
+        ]
 
     def close(self) -> None:
         """Stop the pool and close the store (wakes waiting callers first)."""

@@ -1,14 +1,15 @@
-"""Calls whose items add up to more than one gRPC message (``max_message_bytes``) are cut into messages under it
-(review s4 finding 8), over a real store on a free port whose limit is 1 MiB (64 MiB by default:
+"""Calls whose items add up to more than one gRPC message (``max_message_bytes``) are cut into messages under it,
+both ways (review s4 findings 8 and 13), over a real store on a free port whose limit is 1 MiB (64 MiB by default:
 the same cuts, with smaller items)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 
-from marti.clients.experience import ExperienceSharingClient
+from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
 from marti.errors import ResourceExhaustedError
 from marti.rpc.testing import serve_in_thread
 from marti.trajectory import Trajectory, Turn
@@ -58,3 +59,42 @@ def test_an_item_that_alone_is_over_a_message_is_refused_before_anything_is_sent
         ):
             client.share_experiences([_big("small", 10), _big("huge", 300_000)], table="t")
         assert client.info("t").size == 0
+
+
+def test_a_sample_and_a_read_over_one_message_come_in_several(address):
+    """The store packs items by bytes as well as by ``max_batch_items``: a 10-item sample and a session read of
+    3.4 MB come whole (before the fix: RESOURCE_EXHAUSTED "Sent message larger than max")."""
+    with _client(address) as client:
+        client.create_table("t", preset="queue", max_size=100)
+        client.share_experiences([_big(f"e{i}", seed=i) for i in range(10)], table="t")
+        got = client.get_items(session="big", tables=["t"])
+        assert [s.trajectory.episode_id for s in got] == [f"e{i}" for i in range(10)]
+        assert got[3].trajectory.turns[0].prompt_token_ids == _big("e3", seed=3).turns[0].prompt_token_ids
+
+        async def sample():
+            async with AsyncExperienceSharingClient("a", address, max_message_bytes=LIMIT) as aclient:
+                return await aclient.sample("t", 10, timeout_s=5)
+
+        sampled = asyncio.run(sample())
+        assert [s.trajectory.episode_id for s in sampled] == [f"e{i}" for i in range(10)]
+        assert client.info("t").size == 0
+
+
+def test_an_item_that_alone_is_over_a_response_is_refused_naming_the_setting_and_stays(tmp_path):
+    """A store restarted with a lower ``max_message_bytes`` than its items need: a read or a sample of such an
+    item fails with an error naming the item and ``max_message_bytes (MARTI_STORE_MAX_MESSAGE_BYTES)``, and the
+    sampled item is put back (not a bare transport error)."""
+    data = str(tmp_path / "data")
+    roomy = StoreSettings(port=0, data_dir=data, max_message_bytes=4 * LIMIT)
+    with serve_in_thread(lambda: [make_spec(roomy)[0]], roomy) as server:
+        with ExperienceSharingClient("a", server.address, max_message_bytes=4 * LIMIT) as client:
+            client.create_table("t", preset="queue", max_size=10)
+            client.share_experience(_big("two-mb", 400_000), table="t")
+    small = StoreSettings(port=0, data_dir=data, max_message_bytes=LIMIT)
+    with serve_in_thread(lambda: [make_spec(small)[0]], small) as server, _client(server.address) as client:
+        limit = r"episode 'two-mb'.*max_message_bytes \(MARTI_STORE_MAX_MESSAGE_BYTES\)=1048576"
+        with pytest.raises(ResourceExhaustedError, match=limit):
+            client.get_items(session="big", tables=["t"])
+        with pytest.raises(ResourceExhaustedError, match=limit):
+            client.sample("t", 1, timeout_s=2)
+        assert client.info("t").size == 1
