@@ -26,6 +26,8 @@ from .settings import BrokerSettings
 
 SERVICE_NAME = "marti.api.broker.v1.BrokerService"
 _LOG = logging.getLogger("marti.broker")
+#: Bytes a Receive or Subscribe response takes around its frame's data (fields, tags, lengths), bounded.
+_RESPONSE_OVERHEAD = 1024
 
 
 def _wait_s(wait_ms: int, context: grpc.aio.ServicerContext) -> float:
@@ -66,6 +68,14 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         if deliveries:
             self.broker.count_frame_bytes(session, out_raw=frame.uncompressed_bytes, out_wire=len(frame.data))
         return frame
+
+    def _frame_budget(self, receiver_limit: int) -> int:
+        """Most bytes of one delivered frame: the receiver's limit (``max_frame_bytes`` of its Receive or
+        Subscribe request; 0: none given) and the gRPC message limit less 1 KiB for the response around the
+        frame (the core adds its own ``max_frame_bytes``). A frame is never larger than its raw batch: one
+        that zstd does not shrink travels raw."""
+        grpc_cap = self.settings.max_message_bytes - _RESPONSE_OVERHEAD
+        return min(receiver_limit or grpc_cap, grpc_cap)
 
     async def _send(self, request, context, broadcast: bool):
         envelopes = convert.decode_frame(
@@ -110,11 +120,12 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         )
         self.broker.join(request.session, request.agent_id, list(request.topics))
         session = self.broker.sessions[request.session]
+        budget = self._frame_budget(request.max_frame_bytes)
         session.active_streams += 1
         try:
             while True:
                 deliveries = await self.broker.receive_wait(
-                    request.session, request.agent_id, max_batch, 1.0, (), request.max_unacked or None
+                    request.session, request.agent_id, max_batch, 1.0, (), request.max_unacked or None, budget
                 )
                 if deliveries:
                     frame = self._frame(request.session, deliveries, request.accept_codec)
@@ -135,7 +146,12 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         if remaining is not None:
             timeout_s = min(timeout_s, max(remaining - 0.05, 0.0))
         deliveries = await self.broker.receive_wait(
-            request.session, request.agent_id, max_messages, timeout_s, list(request.topics)
+            request.session,
+            request.agent_id,
+            max_messages,
+            timeout_s,
+            list(request.topics),
+            max_bytes=self._frame_budget(request.max_frame_bytes),
         )
         frame = self._frame(request.session, deliveries, request.accept_codec)
         return pb.ReceiveResponse(frame=frame, count=len(deliveries), acked=acked)

@@ -767,6 +767,7 @@ class _ClientBase:
             max_messages=max_messages,
             timeout_ms=round(wait_s * 1000),
             ack_message_ids=acks,
+            max_frame_bytes=self._core.max_frame_bytes,
         )
         return req, acks
 
@@ -788,6 +789,7 @@ class _ClientBase:
             topics=self.topics,
             max_batch_messages=count_arg("max_batch_messages", max_batch_messages, 1),
             max_unacked=count_arg("max_unacked", max_unacked),
+            max_frame_bytes=self._core.max_frame_bytes,
         )
 
     def _ack_request(self, message_ids: Sequence[str]) -> pb.AckRequest:

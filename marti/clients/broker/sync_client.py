@@ -165,7 +165,9 @@ class MartiCommClient(_ClientBase):
         auto_ack: Ack delivered messages automatically (with the next call, ``flush`` or ``close``).
         use_dictionary: Compress with the session's trained zstd dictionary, if it has one.
         timeout_s: Deadline of each unary call, seconds.
-        max_frame_bytes: Decompression limit for delivered frames, bytes.
+        max_frame_bytes: Decompression limit for delivered frames, bytes. Sent with every Receive and
+            Subscribe request: the broker closes a delivered frame before it would pass this (fewer messages
+            than ``max_messages``), but delivers a single message larger than it alone (which then fails).
         dedup_memory: Acked message ids remembered to drop their redeliveries (0 = off): with ``auto_ack``
             every message handed out, else those passed to :meth:`ack`. A message not acked yet is handed out
             again when the broker redelivers it (after its ``ack_timeout_s``).

@@ -214,6 +214,7 @@ class Broker:
         max_messages: int,
         topics: Iterable[str] = (),
         max_unacked: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Delivery]:
         """Delivers up to ``max_messages`` messages at once (no waiting); they stay unacked until :meth:`ack`.
 
@@ -223,6 +224,8 @@ class Broker:
             max_messages: 1..``max_batch_messages``.
             topics: Topics to subscribe the agent to first.
             max_unacked: Per-call cap on unacked deliveries (at most ``max_unacked_per_agent``).
+            max_bytes: Most bytes of the delivered frame (``Envelope.delivery_bytes`` summed; at most and by
+                default ``max_frame_bytes``); the first message is delivered even if it alone is larger.
 
         Returns:
             Deliveries; per sender in increasing sequence order.
@@ -233,7 +236,7 @@ class Broker:
         """
         self.mailboxes.check_max_messages(max_messages)
         session = self.session(session_name, create=True)
-        return self.mailboxes.receive(session, agent, max_messages, topics, max_unacked)
+        return self.mailboxes.receive(session, agent, max_messages, topics, max_unacked, max_bytes)
 
     async def receive_wait(
         self,
@@ -243,6 +246,7 @@ class Broker:
         timeout_s: float,
         topics: Iterable[str] = (),
         max_unacked: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Delivery]:
         """Long poll: returns as soon as at least one message is deliverable, or ``[]`` after ``timeout_s``.
 
@@ -256,7 +260,7 @@ class Broker:
         deadline = time.monotonic() + min(max(timeout_s, 0.0), self.limits.max_wait_s)
         topics = tuple(topics)
         while True:
-            out = self.receive(session_name, agent, max_messages, topics, max_unacked)
+            out = self.receive(session_name, agent, max_messages, topics, max_unacked, max_bytes)
             remaining = deadline - time.monotonic()
             if out or remaining <= 0:
                 return out

@@ -139,6 +139,7 @@ class Mailbox:
         ack_timeout_s: float,
         max_unacked: int,
         on_expired: Callable[[Entry], None],
+        max_bytes: int | None = None,
     ) -> list[Delivery]:
         """Delivers up to ``max_messages`` pending entries and marks them in flight.
 
@@ -148,6 +149,8 @@ class Mailbox:
             ack_timeout_s: In-flight time before redelivery (s).
             max_unacked: Cap on in-flight entries of this mailbox; no delivery beyond it.
             on_expired: Called with each expired entry, which is dropped (not delivered).
+            max_bytes: Upper bound on the deliveries' bytes in a frame (``Envelope.delivery_bytes`` summed);
+                the first delivery is returned even if it alone is larger. None: no bound.
 
         Returns:
             Deliveries in delivery order (per sender: increasing sequence).
@@ -157,16 +160,25 @@ class Mailbox:
         by_sender, agent = self._by_sender, self.agent_id
         deadline = now + ack_timeout_s
         heappop, heappush = heapq.heappop, heapq.heappush
+        budget = max_bytes if max_bytes is not None else -1
         while slots and len(out) < max_messages and len(in_flight) < max_unacked:
-            _, sender = heappop(slots)
+            sender = slots[0][1]
             heap = by_sender[sender]
-            entry = heappop(heap)[2]
-            if not heap:
-                del by_sender[sender]
+            entry = heap[0][2]
             if entry.expires_at and now >= entry.expires_at:
+                self._pop_pending()
                 self._drop(entry)
                 on_expired(entry)
                 continue
+            if budget >= 0:
+                nbytes = entry.envelope.delivery_bytes
+                if out and nbytes > budget:  # the frame is full: the entry waits for the next delivery
+                    break
+                budget = max(budget - nbytes, 0)
+            heappop(slots)
+            heappop(heap)
+            if not heap:
+                del by_sender[sender]
             entry.attempts += 1
             entry.deadline = deadline
             mid = entry.envelope.message_id

@@ -112,6 +112,7 @@ class Mailboxes:
         max_messages: int,
         topics: Iterable[str] = (),
         max_unacked: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Delivery]:
         """Delivers up to ``max_messages`` messages of the agent at once (no waiting); they stay unacked.
 
@@ -121,6 +122,8 @@ class Mailboxes:
             max_messages: Most deliveries (checked by the caller with :meth:`check_max_messages`).
             topics: Topics to subscribe the agent to first.
             max_unacked: Per-call cap on unacked deliveries (at most ``max_unacked_per_agent``).
+            max_bytes: Most bytes of the delivered frame (at most ``max_frame_bytes``, its default); at least
+                one message is delivered, however large.
 
         Returns:
             Deliveries; per sender in increasing sequence order.
@@ -133,7 +136,8 @@ class Mailboxes:
         self.expire_in_flight(session, box, now)
         cap = min(max_unacked or self.limits.max_unacked_per_agent, self.limits.max_unacked_per_agent)
         expired: list[Entry] = []
-        out = box.take(max_messages, now, self.limits.ack_timeout_s, cap, expired.append)
+        frame_cap = min(max_bytes or self.limits.max_frame_bytes, self.limits.max_frame_bytes)
+        out = box.take(max_messages, now, self.limits.ack_timeout_s, cap, expired.append, frame_cap)
         if expired:
             session.counters.expired += len(expired)
             self.store.delete_messages(session.name, agent, [e.envelope.message_id for e in expired])

@@ -56,6 +56,17 @@ class Envelope(NamedTuple):
         size = len(self.payload) + len(self.message_id) + len(self.sender) + len(self.content_type) + 32
         return max(size, len(self.wire) + 32)
 
+    @property
+    def delivery_bytes(self) -> int:
+        """Upper bound of the bytes this envelope takes in a delivered ``EnvelopeBatch`` (its field tag and
+        length, its serialized fields and the trailing ``delivery_attempt`` record): ``len(wire) + 17`` when
+        it carries its wire bytes, else the payload plus 4 bytes per character of every string (UTF-8), 6
+        bytes of tag and length per string and 64 for the scalar fields."""
+        if self.wire:
+            return len(self.wire) + 17
+        strings = (self.message_id, self.sender, self.topic, self.content_type, *self.receivers)
+        return len(self.payload) + sum(4 * len(t) + 6 for t in strings) + 6 + 64
+
 
 class Delivery(NamedTuple):
     """One delivery of an envelope to a receiver (immutable; a ``NamedTuple`` for speed, like Envelope).

@@ -176,6 +176,19 @@ def test_max_unacked_caps_deliveries():
     assert [d.envelope.message_id for d in b.receive("s", "b", 10, max_unacked=5)] == ["m2"]
 
 
+def test_delivered_bytes_are_bounded_with_at_least_one_message_and_order_kept():
+    b, _ = make(max_frame_bytes=5000, max_payload_bytes=10_000)
+    b.send(
+        "s", "a", [env(f"m{i}", payload=b"x" * 2000) for i in range(5)] + [env("big", payload=b"y" * 9000)]
+    )
+    one = env("m0", payload=b"x" * 2000).delivery_bytes
+    ids = lambda out: [d.envelope.message_id for d in out]  # noqa: E731
+    assert ids(b.receive("s", "b", 10, max_bytes=one)) == ["m0"]  # exactly at the bound: it fits
+    assert ids(b.receive("s", "b", 10, max_bytes=2 * one + 1)) == ["m1", "m2"]
+    assert ids(b.receive("s", "b", 10)) == ["m3", "m4"]  # the broker's max_frame_bytes by default
+    assert ids(b.receive("s", "b", 10, max_bytes=1)) == ["big"]  # larger than any bound: delivered alone
+
+
 def test_receive_max_messages_range():
     b, _ = make(max_batch_messages=3)
     for bad in (0, 4):

@@ -26,7 +26,7 @@ from marti.api.broker.v1 import broker_pb2 as marti_dot_api_dot_broker_dot_v1_do
 from marti.api.common.v1 import common_pb2 as marti_dot_api_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(marti/api/broker/v1/broker_service.proto\x12\x13marti.api.broker.v1\x1a marti/api/broker/v1/broker.proto\x1a marti/api/common/v1/common.proto\"f\n\x14\x43reateSessionRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x14\n\x0c\x66ixed_roster\x18\x03 \x01(\x08\x12\x17\n\x0fzstd_dictionary\x18\x04 \x01(\x0c\"y\n\x15\x43reateSessionResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x17\n\x0fzstd_dictionary\x18\x03 \x01(\x0c\x12\x15\n\rdictionary_id\x18\x04 \x01(\r\x12\x0e\n\x06\x61gents\x18\x05 \x03(\t\"|\n\x0bSendRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x33\n\x05\x66rame\x18\x03 \x01(\x0b\x32$.marti.api.common.v1.CompressedFrame\x12\x17\n\x0fwait_if_full_ms\x18\x04 \x01(\r\"Y\n\x0cSendResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x10\n\x08\x65nqueued\x18\x03 \x01(\r\x12\x11\n\tsequences\x18\x04 \x03(\x04\"\x81\x01\n\x10\x42roadcastRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x33\n\x05\x66rame\x18\x03 \x01(\x0b\x32$.marti.api.common.v1.CompressedFrame\x12\x17\n\x0fwait_if_full_ms\x18\x04 \x01(\r\"^\n\x11\x42roadcastResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x10\n\x08\x65nqueued\x18\x03 \x01(\r\x12\x11\n\tsequences\x18\x04 \x03(\x04\"\xa8\x01\n\x10SubscribeRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x1a\n\x12max_batch_messages\x18\x04 \x01(\r\x12\x13\n\x0bmax_unacked\x18\x05 \x01(\r\x12\x30\n\x0c\x61\x63\x63\x65pt_codec\x18\x06 \x01(\x0e\x32\x1a.marti.api.common.v1.Codec\"W\n\x11SubscribeResponse\x12\x33\n\x05\x66rame\x18\x01 \x01(\x0b\x32$.marti.api.common.v1.CompressedFrame\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xb8\x01\n\x0eReceiveRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x14\n\x0cmax_messages\x18\x04 \x01(\r\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x17\n\x0f\x61\x63k_message_ids\x18\x06 \x03(\t\x12\x30\n\x0c\x61\x63\x63\x65pt_codec\x18\x07 \x01(\x0e\x32\x1a.marti.api.common.v1.Codec\"d\n\x0fReceiveResponse\x12\x33\n\x05\x66rame\x18\x01 \x01(\x0b\x32$.marti.api.common.v1.CompressedFrame\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\r\n\x05\x61\x63ked\x18\x03 \x01(\r\"D\n\nAckRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x13\n\x0bmessage_ids\x18\x03 \x03(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\r\"\x8d\x01\n\x0fPutStateRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\r\n\x05value\x18\x04 \x01(\x0c\x12\x1d\n\x10\x65xpected_version\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_expected_version\"B\n\x10PutStateResponse\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x1f.marti.api.broker.v1.AgentState\"K\n\x10GetStatesRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x65xclude_self\x18\x03 \x01(\x08\"D\n\x11GetStatesResponse\x12/\n\x06states\x18\x01 \x03(\x0b\x32\x1f.marti.api.broker.v1.AgentState\"\"\n\x0fGetStatsRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"C\n\x10GetStatsResponse\x12/\n\x05stats\x18\x01 \x01(\x0b\x32 .marti.api.broker.v1.BrokerStats\"a\n\x16ReadDeadLettersRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08receiver\x18\x02 \x01(\t\x12\x14\n\x0cmax_messages\x18\x03 \x01(\r\x12\x0e\n\x06remove\x18\x04 \x01(\x08\"P\n\x17ReadDeadLettersResponse\x12\x35\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32\x1f.marti.api.broker.v1.DeadLetter2\x9a\x07\n\rBrokerService\x12\x66\n\rCreateSession\x12).marti.api.broker.v1.CreateSessionRequest\x1a*.marti.api.broker.v1.CreateSessionResponse\x12K\n\x04Send\x12 .marti.api.broker.v1.SendRequest\x1a!.marti.api.broker.v1.SendResponse\x12Z\n\tBroadcast\x12%.marti.api.broker.v1.BroadcastRequest\x1a&.marti.api.broker.v1.BroadcastResponse\x12\\\n\tSubscribe\x12%.marti.api.broker.v1.SubscribeRequest\x1a&.marti.api.broker.v1.SubscribeResponse0\x01\x12T\n\x07Receive\x12#.marti.api.broker.v1.ReceiveRequest\x1a$.marti.api.broker.v1.ReceiveResponse\x12H\n\x03\x41\x63k\x12\x1f.marti.api.broker.v1.AckRequest\x1a .marti.api.broker.v1.AckResponse\x12W\n\x08PutState\x12$.marti.api.broker.v1.PutStateRequest\x1a%.marti.api.broker.v1.PutStateResponse\x12Z\n\tGetStates\x12%.marti.api.broker.v1.GetStatesRequest\x1a&.marti.api.broker.v1.GetStatesResponse\x12W\n\x08GetStats\x12$.marti.api.broker.v1.GetStatsRequest\x1a%.marti.api.broker.v1.GetStatsResponse\x12l\n\x0fReadDeadLetters\x12+.marti.api.broker.v1.ReadDeadLettersRequest\x1a,.marti.api.broker.v1.ReadDeadLettersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(marti/api/broker/v1/broker_service.proto\x12\x13marti.api.broker.v1\x1a marti/api/broker/v1/broker.proto\x1a marti/api/common/v1/common.proto\"f\n\x14\x43reateSessionRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x14\n\x0c\x66ixed_roster\x18\x03 \x01(\x08\x12\x17\n\x0fzstd_dictionary\x18\x04 \x01(\x0c\"y\n\x15\x43reateSessionResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x17\n\x0fzstd_dictionary\x18\x03 \x01(\x0c\x12\x15\n\rdictionary_id\x18\x04 \x01(\r\x12\x0e\n\x06\x61gents\x18\x05 \x03(\t\"|\n\x0bSendRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x33\n\x05\x66rame\x18\x03 \x01(\x0b\x32$.marti.api.common.v1.CompressedFrame\x12\x17\n\x0fwait_if_full_ms\x18\x04 \x01(\r\"Y\n\x0cSendResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x10\n\x08\x65nqueued\x18\x03 \x01(\r\x12\x11\n\tsequences\x18\x04 \x03(\x04\"\x81\x01\n\x10\x42roadcastRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x33\n\x05\x66rame\x18\x03 \x01(\x0b\x32$.marti.api.common.v1.CompressedFrame\x12\x17\n\x0fwait_if_full_ms\x18\x04 \x01(\r\"^\n\x11\x42roadcastResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x10\n\x08\x65nqueued\x18\x03 \x01(\r\x12\x11\n\tsequences\x18\x04 \x03(\x04\"\xc1\x01\n\x10SubscribeRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x1a\n\x12max_batch_messages\x18\x04 \x01(\r\x12\x13\n\x0bmax_unacked\x18\x05 \x01(\r\x12\x30\n\x0c\x61\x63\x63\x65pt_codec\x18\x06 \x01(\x0e\x32\x1a.marti.api.common.v1.Codec\x12\x17\n\x0fmax_frame_bytes\x18\x07 \x01(\x04\"W\n\x11SubscribeResponse\x12\x33\n\x05\x66rame\x18\x01 \x01(\x0b\x32$.marti.api.common.v1.CompressedFrame\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xd1\x01\n\x0eReceiveRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x14\n\x0cmax_messages\x18\x04 \x01(\r\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x17\n\x0f\x61\x63k_message_ids\x18\x06 \x03(\t\x12\x30\n\x0c\x61\x63\x63\x65pt_codec\x18\x07 \x01(\x0e\x32\x1a.marti.api.common.v1.Codec\x12\x17\n\x0fmax_frame_bytes\x18\x08 \x01(\x04\"d\n\x0fReceiveResponse\x12\x33\n\x05\x66rame\x18\x01 \x01(\x0b\x32$.marti.api.common.v1.CompressedFrame\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\r\n\x05\x61\x63ked\x18\x03 \x01(\r\"D\n\nAckRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x13\n\x0bmessage_ids\x18\x03 \x03(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\r\"\x8d\x01\n\x0fPutStateRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\r\n\x05value\x18\x04 \x01(\x0c\x12\x1d\n\x10\x65xpected_version\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_expected_version\"B\n\x10PutStateResponse\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x1f.marti.api.broker.v1.AgentState\"K\n\x10GetStatesRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x65xclude_self\x18\x03 \x01(\x08\"D\n\x11GetStatesResponse\x12/\n\x06states\x18\x01 \x03(\x0b\x32\x1f.marti.api.broker.v1.AgentState\"\"\n\x0fGetStatsRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"C\n\x10GetStatsResponse\x12/\n\x05stats\x18\x01 \x01(\x0b\x32 .marti.api.broker.v1.BrokerStats\"a\n\x16ReadDeadLettersRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08receiver\x18\x02 \x01(\t\x12\x14\n\x0cmax_messages\x18\x03 \x01(\r\x12\x0e\n\x06remove\x18\x04 \x01(\x08\"P\n\x17ReadDeadLettersResponse\x12\x35\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32\x1f.marti.api.broker.v1.DeadLetter2\x9a\x07\n\rBrokerService\x12\x66\n\rCreateSession\x12).marti.api.broker.v1.CreateSessionRequest\x1a*.marti.api.broker.v1.CreateSessionResponse\x12K\n\x04Send\x12 .marti.api.broker.v1.SendRequest\x1a!.marti.api.broker.v1.SendResponse\x12Z\n\tBroadcast\x12%.marti.api.broker.v1.BroadcastRequest\x1a&.marti.api.broker.v1.BroadcastResponse\x12\\\n\tSubscribe\x12%.marti.api.broker.v1.SubscribeRequest\x1a&.marti.api.broker.v1.SubscribeResponse0\x01\x12T\n\x07Receive\x12#.marti.api.broker.v1.ReceiveRequest\x1a$.marti.api.broker.v1.ReceiveResponse\x12H\n\x03\x41\x63k\x12\x1f.marti.api.broker.v1.AckRequest\x1a .marti.api.broker.v1.AckResponse\x12W\n\x08PutState\x12$.marti.api.broker.v1.PutStateRequest\x1a%.marti.api.broker.v1.PutStateResponse\x12Z\n\tGetStates\x12%.marti.api.broker.v1.GetStatesRequest\x1a&.marti.api.broker.v1.GetStatesResponse\x12W\n\x08GetStats\x12$.marti.api.broker.v1.GetStatsRequest\x1a%.marti.api.broker.v1.GetStatsResponse\x12l\n\x0fReadDeadLetters\x12+.marti.api.broker.v1.ReadDeadLettersRequest\x1a,.marti.api.broker.v1.ReadDeadLettersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,33 +46,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BROADCASTRESPONSE']._serialized_start=709
   _globals['_BROADCASTRESPONSE']._serialized_end=803
   _globals['_SUBSCRIBEREQUEST']._serialized_start=806
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=974
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=976
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=1063
-  _globals['_RECEIVEREQUEST']._serialized_start=1066
-  _globals['_RECEIVEREQUEST']._serialized_end=1250
-  _globals['_RECEIVERESPONSE']._serialized_start=1252
-  _globals['_RECEIVERESPONSE']._serialized_end=1352
-  _globals['_ACKREQUEST']._serialized_start=1354
-  _globals['_ACKREQUEST']._serialized_end=1422
-  _globals['_ACKRESPONSE']._serialized_start=1424
-  _globals['_ACKRESPONSE']._serialized_end=1452
-  _globals['_PUTSTATEREQUEST']._serialized_start=1455
-  _globals['_PUTSTATEREQUEST']._serialized_end=1596
-  _globals['_PUTSTATERESPONSE']._serialized_start=1598
-  _globals['_PUTSTATERESPONSE']._serialized_end=1664
-  _globals['_GETSTATESREQUEST']._serialized_start=1666
-  _globals['_GETSTATESREQUEST']._serialized_end=1741
-  _globals['_GETSTATESRESPONSE']._serialized_start=1743
-  _globals['_GETSTATESRESPONSE']._serialized_end=1811
-  _globals['_GETSTATSREQUEST']._serialized_start=1813
-  _globals['_GETSTATSREQUEST']._serialized_end=1847
-  _globals['_GETSTATSRESPONSE']._serialized_start=1849
-  _globals['_GETSTATSRESPONSE']._serialized_end=1916
-  _globals['_READDEADLETTERSREQUEST']._serialized_start=1918
-  _globals['_READDEADLETTERSREQUEST']._serialized_end=2015
-  _globals['_READDEADLETTERSRESPONSE']._serialized_start=2017
-  _globals['_READDEADLETTERSRESPONSE']._serialized_end=2097
-  _globals['_BROKERSERVICE']._serialized_start=2100
-  _globals['_BROKERSERVICE']._serialized_end=3022
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=999
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=1001
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=1088
+  _globals['_RECEIVEREQUEST']._serialized_start=1091
+  _globals['_RECEIVEREQUEST']._serialized_end=1300
+  _globals['_RECEIVERESPONSE']._serialized_start=1302
+  _globals['_RECEIVERESPONSE']._serialized_end=1402
+  _globals['_ACKREQUEST']._serialized_start=1404
+  _globals['_ACKREQUEST']._serialized_end=1472
+  _globals['_ACKRESPONSE']._serialized_start=1474
+  _globals['_ACKRESPONSE']._serialized_end=1502
+  _globals['_PUTSTATEREQUEST']._serialized_start=1505
+  _globals['_PUTSTATEREQUEST']._serialized_end=1646
+  _globals['_PUTSTATERESPONSE']._serialized_start=1648
+  _globals['_PUTSTATERESPONSE']._serialized_end=1714
+  _globals['_GETSTATESREQUEST']._serialized_start=1716
+  _globals['_GETSTATESREQUEST']._serialized_end=1791
+  _globals['_GETSTATESRESPONSE']._serialized_start=1793
+  _globals['_GETSTATESRESPONSE']._serialized_end=1861
+  _globals['_GETSTATSREQUEST']._serialized_start=1863
+  _globals['_GETSTATSREQUEST']._serialized_end=1897
+  _globals['_GETSTATSRESPONSE']._serialized_start=1899
+  _globals['_GETSTATSRESPONSE']._serialized_end=1966
+  _globals['_READDEADLETTERSREQUEST']._serialized_start=1968
+  _globals['_READDEADLETTERSREQUEST']._serialized_end=2065
+  _globals['_READDEADLETTERSRESPONSE']._serialized_start=2067
+  _globals['_READDEADLETTERSRESPONSE']._serialized_end=2147
+  _globals['_BROKERSERVICE']._serialized_start=2150
+  _globals['_BROKERSERVICE']._serialized_end=3072
 # @@protoc_insertion_point(module_scope)

@@ -83,20 +83,22 @@ class BroadcastResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., enqueued: _Optional[int] = ..., sequences: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("session", "agent_id", "topics", "max_batch_messages", "max_unacked", "accept_codec")
+    __slots__ = ("session", "agent_id", "topics", "max_batch_messages", "max_unacked", "accept_codec", "max_frame_bytes")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_UNACKED_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_CODEC_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
     session: str
     agent_id: str
     topics: _containers.RepeatedScalarFieldContainer[str]
     max_batch_messages: int
     max_unacked: int
     accept_codec: _common_pb2.Codec
-    def __init__(self, session: _Optional[str] = ..., agent_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., max_batch_messages: _Optional[int] = ..., max_unacked: _Optional[int] = ..., accept_codec: _Optional[_Union[_common_pb2.Codec, str]] = ...) -> None: ...
+    max_frame_bytes: int
+    def __init__(self, session: _Optional[str] = ..., agent_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., max_batch_messages: _Optional[int] = ..., max_unacked: _Optional[int] = ..., accept_codec: _Optional[_Union[_common_pb2.Codec, str]] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
     __slots__ = ("frame", "count")
@@ -107,7 +109,7 @@ class SubscribeResponse(_message.Message):
     def __init__(self, frame: _Optional[_Union[_common_pb2.CompressedFrame, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ReceiveRequest(_message.Message):
-    __slots__ = ("session", "agent_id", "topics", "max_messages", "timeout_ms", "ack_message_ids", "accept_codec")
+    __slots__ = ("session", "agent_id", "topics", "max_messages", "timeout_ms", "ack_message_ids", "accept_codec", "max_frame_bytes")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +117,7 @@ class ReceiveRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ACK_MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_CODEC_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
     session: str
     agent_id: str
     topics: _containers.RepeatedScalarFieldContainer[str]
@@ -122,7 +125,8 @@ class ReceiveRequest(_message.Message):
     timeout_ms: int
     ack_message_ids: _containers.RepeatedScalarFieldContainer[str]
     accept_codec: _common_pb2.Codec
-    def __init__(self, session: _Optional[str] = ..., agent_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., max_messages: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., ack_message_ids: _Optional[_Iterable[str]] = ..., accept_codec: _Optional[_Union[_common_pb2.Codec, str]] = ...) -> None: ...
+    max_frame_bytes: int
+    def __init__(self, session: _Optional[str] = ..., agent_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., max_messages: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., ack_message_ids: _Optional[_Iterable[str]] = ..., accept_codec: _Optional[_Union[_common_pb2.Codec, str]] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
 
 class ReceiveResponse(_message.Message):
     __slots__ = ("frame", "count", "acked")
