@@ -57,7 +57,7 @@ def _cmd_health(argv: list[str]) -> int:
 
 
 def _cmd_up(argv: list[str]) -> int:
-    from marti.errors import MartiError
+    from marti.errors import InvalidArgumentError, MartiError
     from marti.stack import DEFAULT_PORTS, LocalStack
 
     parser = argparse.ArgumentParser(prog="marti up", description="run broker, env server, store and trainer")
@@ -92,7 +92,7 @@ def _cmd_up(argv: list[str]) -> int:
         addresses = stack.start()
     except MartiError as exc:  # a service did not start (port in use, bad setting): one line, no traceback
         print(f"marti up: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return 2 if isinstance(exc, InvalidArgumentError) else 1  # 2: a bad --data-dir / --log-dir
     for name, address in addresses.items():
         print(f"{name:<11} SERVING at {address}", flush=True)
     print("all services SERVING; Ctrl-C stops them", flush=True)

@@ -12,9 +12,42 @@ import fcntl
 import os
 from pathlib import Path
 
-from marti.errors import FailedPreconditionError
+from marti.errors import FailedPreconditionError, InvalidArgumentError
 
 LOCK_FILE = ".lock"
+
+
+def ensure_folder(folder: str | Path, what: str = "folder") -> Path:
+    """Create ``folder`` and its parents if missing (a folder that exists is fine).
+
+    Args:
+        folder: The folder.
+        what: How the error names it, e.g. ``"store data dir"``.
+
+    Returns:
+        ``folder`` as a Path.
+
+    Raises:
+        InvalidArgumentError: It cannot be a folder, e.g. ``store data dir /tmp/f is not a folder (a file of that
+            name exists)``, ``... cannot be created: /tmp/f is a file``, or ``... cannot be created: Permission
+            denied``.
+    """
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"{what} {path} {_why_not_a_folder(path, exc)}") from None
+    return path
+
+
+def _why_not_a_folder(path: Path, exc: OSError) -> str:
+    """The end of the message of :func:`ensure_folder` for the ``mkdir`` error ``exc``."""
+    if path.exists() and not path.is_dir():
+        return "is not a folder (a file of that name exists)"
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            return f"cannot be created: {parent} is a file"
+    return f"cannot be created: {exc.strerror or exc}"
 
 
 class DirLock:
@@ -38,10 +71,12 @@ class DirLock:
         """Take the lock (released by :meth:`unlock` or when the process ends).
 
         Raises:
+            InvalidArgumentError: The folder cannot be created (:func:`ensure_folder`: a file of that name, a
+                parent that is a file, no permission).
             FailedPreconditionError: Another process (or another lock in this one) holds it; the folder and the
                 holder's pid are named.
         """
-        self.folder.mkdir(parents=True, exist_ok=True)
+        ensure_folder(self.folder, self.what)
         fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from marti.dir_lock import ensure_folder
 from marti.errors import UnavailableError
 from marti.rpc.health import wait_until_serving
 
@@ -82,7 +83,6 @@ class LocalStack:
         log_path = None
         stderr = None
         if self.log_dir is not None:
-            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
             log_path = Path(self.log_dir) / f"{name}.log"
             stderr = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         proc = subprocess.Popen(
@@ -125,9 +125,14 @@ class LocalStack:
             Address (``host:port``) per service name.
 
         Raises:
+            InvalidArgumentError: ``data_dir`` or ``log_dir`` cannot be a folder (named, before any service
+                starts; :func:`marti.dir_lock.ensure_folder`).
             UnavailableError: a service exited or did not listen in time (started ones are stopped).
             DeadlineExceededError: a service did not report SERVING in time.
         """
+        for folder, what in ((self.data_dir, "data dir"), (self.log_dir, "log dir")):
+            if folder is not None:
+                ensure_folder(folder, what)
         try:
             for name in self.services:
                 svc = self._spawn(name)

@@ -110,13 +110,21 @@ class RunningServer:
         await self.server.wait_for_termination()
 
 
-def _read(path: str | None) -> bytes | None:
+def _read(settings: ServerSettings, name: str) -> bytes | None:
+    """The bytes of the TLS file that setting ``name`` names (None when unset).
+
+    Raises:
+        InvalidArgumentError: The file cannot be read, naming the setting, the path and why.
+    """
+    path = getattr(settings, name)
     if path is None:
         return None
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise errors.InvalidArgumentError(f"cannot read TLS file {path!r}: {exc}") from exc
+        raise errors.InvalidArgumentError(
+            f"setting {name} = {path!r}: cannot read the TLS file: {exc.strerror or exc}"
+        ) from None
 
 
 def _bind(server: grpc.aio.Server, settings: ServerSettings, what: str) -> int:
@@ -128,9 +136,9 @@ def _bind(server: grpc.aio.Server, settings: ServerSettings, what: str) -> int:
     if settings.tls_cert_file or settings.tls_key_file:
         if not (settings.tls_cert_file and settings.tls_key_file):
             raise errors.InvalidArgumentError("TLS needs both tls_cert_file and tls_key_file")
-        client_ca = _read(settings.tls_client_ca_file)
+        client_ca = _read(settings, "tls_client_ca_file")
         creds = grpc.ssl_server_credentials(
-            [(_read(settings.tls_key_file), _read(settings.tls_cert_file))],
+            [(_read(settings, "tls_key_file"), _read(settings, "tls_cert_file"))],
             root_certificates=client_ca,
             require_client_auth=client_ca is not None,
         )
@@ -295,16 +303,17 @@ def run_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = N
         settings: Server settings; defaults to ``ServerSettings()``.
 
     Returns:
-        Process exit code: 0 after a clean shutdown; 1 when the server could not start or failed with a
-        :class:`~marti.errors.MartiError` (a port in use, a bad TLS file, a refused data dir), after printing
-        ``marti: error: MESSAGE`` as one line on stderr (no traceback).
+        Process exit code: 0 after a clean shutdown; after printing ``marti: error: MESSAGE`` as one line on
+        stderr (no traceback), 2 for a bad setting the server met while starting (an
+        :class:`~marti.errors.InvalidArgumentError`: an unreadable TLS file), as for any bad setting, and 1 when
+        it could not start or failed with another :class:`~marti.errors.MartiError` (a port in use).
     """
     settings = settings or ServerSettings()
     try:
         _run(specs, settings)
     except errors.MartiError as exc:
         print(f"marti: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return 2 if isinstance(exc, errors.InvalidArgumentError) else 1
     return 0
 
 

@@ -21,7 +21,6 @@ import sqlite3
 from dataclasses import dataclass, field
 
 from marti.dir_lock import DirLock
-from marti.errors import InvalidArgumentError
 
 from .types import AgentState, DeadLetter, Envelope
 
@@ -167,7 +166,8 @@ class SqliteStore(Store):
             (survives process crashes, not power loss).
 
     Raises:
-        InvalidArgumentError: If ``data_dir`` exists and is not a folder.
+        InvalidArgumentError: ``data_dir`` cannot be a folder (a file, a parent that is a file; named by
+            :func:`marti.dir_lock.ensure_folder`).
         FailedPreconditionError: another broker holds ``data_dir`` (an exclusive lock on ``<data_dir>/.lock``
             until :meth:`close` or the process ends); the folder and the holder's pid are named.
     """
@@ -175,8 +175,6 @@ class SqliteStore(Store):
     durable = True
 
     def __init__(self, data_dir: str, fsync: bool = False) -> None:
-        if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-            raise InvalidArgumentError(f"data dir {data_dir!r} is not a folder")
         self._dir_lock = DirLock(data_dir, "broker data dir", advice="give this broker another --data-dir")
         self._dir_lock.lock()
         self.path = os.path.join(data_dir, "broker.sqlite3")

@@ -1,0 +1,60 @@
+"""A service command given a folder or file setting it cannot use stops with one line naming it and exit code 2
+(operations.md "Bad settings"), as a user meets it: ``marti store --data-dir FILE`` printed a FileExistsError
+traceback (exit 1), ``marti up --data-dir FILE`` the broker's NotADirectoryError traceback, and an unreadable
+TLS file exited 1."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _marti(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "marti.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def _one_line(out: subprocess.CompletedProcess) -> str:
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("service", ["broker", "store"])
+def test_a_data_dir_that_is_a_file_is_one_line_exit_2(service, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    out = _marti(service, "--port", "0", "--data-dir", str(afile))
+    assert out.returncode == 2, out
+    assert (
+        _one_line(out)
+        == f"marti {service}: error: {service} data dir {afile} is not a folder (a file of that name exists)"
+    )
+    out = _marti(service, "--port", "0", "--data-dir", str(afile / "sub"))
+    assert out.returncode == 2, out
+    assert f"data dir {afile / 'sub'} cannot be created: {afile} is a file" in _one_line(out)
+
+
+@pytest.mark.parametrize("flag", ["--data-dir", "--log-dir"])
+def test_marti_up_with_a_folder_flag_that_is_a_file_is_one_line_exit_2(flag, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    out = _marti("up", "--no-trainer", "--ephemeral-ports", flag, str(afile))
+    assert out.returncode == 2, out
+    what = flag[2:].replace("-", " ")
+    assert _one_line(out) == f"marti up: error: {what} {afile} is not a folder (a file of that name exists)"
+    assert "SERVING" not in out.stdout
+
+
+def test_an_unreadable_tls_file_is_one_line_naming_the_setting_exit_2(tmp_path):
+    missing = tmp_path / "nope.pem"
+    out = _marti("store", "--port", "0", "--tls-cert-file", str(missing), "--tls-key-file", str(missing))
+    assert out.returncode == 2, out
+    line = _one_line(out)
+    assert (
+        f"= '{missing}': cannot read the TLS file: No such file or directory" in line
+        and "setting tls_" in line
+    )
