@@ -58,6 +58,39 @@ def load_entry_point(path: str) -> Any:
     return load_attr(path, allowed=_allowed_modules, what="entry_point", form="'module:factory'")
 
 
+_UNEXPECTED_KWARG = re.compile(r"unexpected keyword argument '([^']+)'")
+
+
+def build_from_entry_point(env_id: str, config: dict[str, Any]) -> Any:
+    """Load ``config["entry_point"]`` and call it with ``config["kwargs"]``.
+
+    Args:
+        env_id: The adapter's env id (``pettingzoo``, ``gymnasium``), for the message.
+        config: The env config (``entry_point``, ``kwargs``).
+
+    Returns:
+        What the factory returned.
+
+    Raises:
+        InvalidArgumentError: The factory does not take a keyword of ``kwargs`` (its ``TypeError``: "unexpected
+            keyword argument"), naming the env, the entry point and the keyword, the same in process and from
+            the env server (INVALID_ARGUMENT there, not INTERNAL).
+        NotFoundError / InvalidArgumentError: What :func:`load_entry_point` raises.
+    """
+    factory = load_entry_point(config["entry_point"])
+    kwargs = config["kwargs"] or {}
+    try:
+        return factory(**kwargs)
+    except TypeError as exc:
+        bad = _UNEXPECTED_KWARG.search(str(exc))
+        if bad is None or bad.group(1) not in kwargs:
+            raise
+        raise InvalidArgumentError(
+            f"env {env_id!r}: entry_point {config['entry_point']!r} does not accept the kwargs key "
+            f"{bad.group(1)!r} ({exc}); kwargs given: {sorted(kwargs)}"
+        ) from None
+
+
 class _FirstSeed:
     """Uses the ``make`` seed for the first ``reset`` that passes no seed (reproducible first episode)."""
 
@@ -464,11 +497,11 @@ def make_pettingzoo(config: dict[str, Any], seed: int | None) -> ParallelEnv:
     """Build a hosted PettingZoo env from ``config["entry_point"]`` (a parallel or AEC env factory).
 
     Raises:
-        InvalidArgumentError: No entry point, not allowed, or the factory returns something else.
+        InvalidArgumentError: No entry point, not allowed, a ``kwargs`` key the factory does not take (named), or
+            the factory returns something else.
         NotFoundError: The entry point does not exist.
     """
-    factory = load_entry_point(config["entry_point"])
-    env = factory(**(config["kwargs"] or {}))
+    env = build_from_entry_point("pettingzoo", config)
     if isinstance(env, AECEnv):
         base: AECToParallel | ParallelPassthrough = AECToParallel(
             env, None if config["text"] else config["max_turns"]
@@ -497,11 +530,11 @@ def make_gymnasium(config: dict[str, Any], seed: int | None) -> ParallelEnv:
     """Build a hosted Gymnasium env from ``config["entry_point"]`` as a one-agent parallel env.
 
     Raises:
-        InvalidArgumentError: No entry point, not allowed, or not a ``gymnasium.Env``.
+        InvalidArgumentError: No entry point, not allowed, a ``kwargs`` key the factory does not take (named), or
+            not a ``gymnasium.Env``.
         NotFoundError: The entry point does not exist.
     """
-    factory = load_entry_point(config["entry_point"])
-    env = factory(**(config["kwargs"] or {}))
+    env = build_from_entry_point("gymnasium", config)
     if not isinstance(env, gymnasium.Env):
         raise InvalidArgumentError(
             f"entry_point {config['entry_point']!r} returned {type(env).__name__}, not a gymnasium.Env"
