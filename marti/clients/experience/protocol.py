@@ -15,7 +15,6 @@ from marti.arguments import check_text, is_finite
 from marti.codec import experience as convert
 from marti.errors import (
     DeadlineExceededError,
-    FailedPreconditionError,
     InvalidArgumentError,
     MartiError,
     ResourceExhaustedError,
@@ -235,14 +234,13 @@ class _Base:
     def _inserting(self, run: _InsertRun) -> Iterator[None]:
         """Around an insert stream (sync or aio): a ``grpc.RpcError`` mapped to its :class:`MartiError`, and a
         stream that :meth:`close` cut off (from another thread or task, or before it began) raising the
-        closed-client ``FailedPreconditionError`` (:meth:`marti.rpc.guard.ClientChannel.closing_guard`)
-        carrying what the store confirmed before (:meth:`_InsertRun.cut_off`)."""
+        closed-client ``FailedPreconditionError`` (:meth:`marti.rpc.guard.ClientChannel.closing_guard`); either
+        carries what the store confirmed before the stream ended (:meth:`_InsertRun.cut_off`)."""
         try:
             with self._channel.closing_guard(), rpc_errors():
                 yield
-        except FailedPreconditionError as err:
-            if self._channel.client_closed:
-                run.cut_off(err)
+        except MartiError as err:
+            run.cut_off(err)
             raise
 
     def _insert_reqs(self, trajectories, table, priorities, timeout_s, batch_items, idempotent=False):

@@ -126,6 +126,8 @@ class ExperienceSharingClient(_Base):
                 when the client was closed before the call) and saying how many in its message. Items whose
                 confirmation had not reached the client may be stored too: retry with :meth:`insert`, which
                 answers an episode the table holds or took as a duplicate instead of storing it again.
+            MartiError: Any other error that ends the stream (UnavailableError for a broken connection, ...)
+                carries the keys the same way.
         """
         reqs = self._insert_reqs(trajectories, table, priorities, timeout_s, batch_items)
         return [r.key for r in self._insert_stream(reqs, trajectories)]

@@ -96,6 +96,26 @@ def test_a_retried_insert_after_a_lost_answer_is_not_duplicated(store, monkeypat
     assert _episodes(client.sample_batch("q", 2)) == ["e1", "e2"]
 
 
+def test_an_insert_stream_that_breaks_carries_the_keys_the_store_confirmed_before(store, monkeypatch):
+    """Review s4 finding 8: a stream error (here UNAVAILABLE on the second message, as a broken connection) says
+    which items went in, as a partly refused insert does, so the caller knows what is stored."""
+    client, servicer = store
+    original, calls = servicer._insert_batch, []
+
+    def second_message_fails(req, abandoned):
+        calls.append(req)
+        if len(calls) == 2:
+            raise UnavailableError("the connection broke")
+        return original(req, abandoned)
+
+    monkeypatch.setattr(servicer, "_insert_batch", second_message_fails)
+    with pytest.raises(UnavailableError, match=r"2 of the 4 items were inserted") as err:
+        client.share_experiences([_traj(f"e{i}") for i in range(4)], table="q", batch_items=2)
+    keys = [int(k) for k in err.value.metadata["inserted_keys"].split(",")]
+    assert err.value.metadata["inserted"] == "2" and len(keys) == 2
+    assert sorted(s.key for s in client.get_items(episode_id="e0", tables=["q"])) == keys[:1]
+
+
 def test_delete_by_episode_ids_returns_the_count_and_refuses_a_late_insert(store):
     client, _ = store
     client.insert("q", [_traj(f"e{i}") for i in range(3)])
