@@ -58,6 +58,7 @@ class StoreSettings(ServerSettings):
     taken_ids_window: int = Field(
         100_000,
         ge=0,
-        description="Per table, episode ids taken (sampled out, stale, dropped, deleted) that an idempotent insert "
-        "still answers as duplicates; the oldest are forgotten first, and a restart forgets them all.",
+        description="Per table, taken ids (an agent's trajectory of an episode sampled out, stale or dropped; a "
+        "deleted episode id) that an idempotent insert still answers as duplicates; the oldest are forgotten first, "
+        "and a restart forgets them all.",
     )

@@ -34,7 +34,7 @@ class EpisodeIndex:
     """Episode ids and groups of one table's items (the caller holds the table's lock).
 
     Args:
-        window: Taken episode ids (and dropped group ids) remembered, count (>= 0; 0 = none).
+        window: Taken ids (see the module docstring; and dropped group ids) remembered, count (>= 0; 0 = none).
     """
 
     def __init__(self, window: int) -> None:

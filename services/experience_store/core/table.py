@@ -50,7 +50,7 @@ class Table:
         next_seq: Shared insertion-sequence allocator.
         seed: Seed of the sampler's random generator (None = from the OS).
         counters: Persisted counters of a restored table.
-        taken_ids_window: Taken episode ids remembered for idempotent inserts (see :mod:`.episodes`).
+        taken_ids_window: Taken ids remembered for idempotent inserts (see :mod:`.episodes`).
 
     Raises:
         InvalidArgumentError: on bad selector or rate limiter settings.
