@@ -62,15 +62,18 @@ def encode_payload(message: Any, content_type: str | None = None, name: str = "m
 
     Raises:
         InvalidArgumentError: A value inside ``message`` is not JSON-serializable, or it nests deeper than
-            :data:`MAX_DEPTH` or contains itself; the error names the path (``message['a'][2]``). Nothing is
-            ever pickled.
+            :data:`MAX_DEPTH` or contains itself; the error names the path (``message['a'][2]``). Or
+            ``message`` is bytes labeled ``application/json`` that do not parse (a receiver could not decode
+            them). Nothing is ever pickled.
 
     JSON is written compactly in UTF-8 by orjson (non-string dict keys become strings, as with the stdlib).
     NaN and infinities, which JSON cannot represent, become ``null`` wherever they are. Integers of any size
     are written exactly, also beyond 64 bits (and :func:`decode_payload` reads them back as ``int``).
     """
     if isinstance(message, bytes | bytearray | memoryview):
-        return bytes(message), content_type or OCTET_STREAM
+        payload, ctype = bytes(message), content_type or OCTET_STREAM
+        _check_json_bytes(payload, ctype, name)
+        return payload, ctype
     try:
         return orjson.dumps(message, option=_OPTIONS), content_type or JSON
     except TypeError:  # an integer beyond 64 bits (written exactly below), or a value JSON cannot hold
@@ -80,6 +83,18 @@ def encode_payload(message: Any, content_type: str | None = None, name: str = "m
         return orjson.dumps(prepared, option=_OPTIONS), content_type or JSON
     except TypeError as exc:  # pragma: no cover - _prepare names every value orjson refuses
         raise InvalidArgumentError(f"{name} is not JSON-serializable: {exc}") from None
+
+
+def _check_json_bytes(payload: bytes, content_type: str, name: str) -> None:
+    """Checks that bytes sent with a JSON content type parse (as :func:`decode_payload` will read them).
+
+    Raises:
+        InvalidArgumentError: They do not parse (``name`` and the parse error named).
+    """
+    try:
+        decode_payload(payload, content_type)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{name} is bytes labeled {content_type!r}: {exc}") from None
 
 
 def _prepare(value: Any, path: str, depth: int, active: set[int]) -> Any:

@@ -294,6 +294,7 @@ class AsyncMartiCommClient(_ClientBase):
         closed-client ``FailedPreconditionError``, never ``asyncio.CancelledError``)."""
         self._ready()
         wait_s = self._receive_args(max_messages, timeout_s)
+        self._raise_undecodable()  # a message of an earlier delivery that did not decode
         await self._flush(acks=False)
         self._raise_refused()  # a timer flush that was in flight meanwhile
         req, acks = self._receive_request(max_messages, wait_s)
@@ -303,7 +304,7 @@ class AsyncMartiCommClient(_ClientBase):
         except BaseException:
             self._restore_acks(acks)
             raise
-        return self._core.unpack(resp.frame)
+        return self._received(resp.frame)
 
     def subscribe(self, max_batch_messages: int = 256, max_unacked: int = 0) -> AsyncIterator[Message]:
         """Async iterator over pushed messages (see :meth:`MartiCommClient.subscribe`; same errors, the
@@ -325,6 +326,7 @@ class AsyncMartiCommClient(_ClientBase):
                     ids = self._core.take_acks()
                     if ids:
                         await acall(self._stub.Ack, self._acks_request(ids), self.timeout_s)
+                    self._raise_undecodable()  # a message of this batch that did not decode ends the iteration
                 if self._core.closed:  # the closed channel cancelled the stream
                     raise self._core.closed_error()
 

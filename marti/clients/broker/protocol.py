@@ -144,6 +144,8 @@ class _Core:
         self.send_lat_sum = self.recv_lat_sum = 0.0
         self.refused_batches = self.refused_messages = 0
         self.refused: collections.deque[BatchRefusedError] = collections.deque()
+        # Errors about delivered messages that did not decode, for the receiving calls to raise (_decode).
+        self.undecodable: collections.deque[InvalidArgumentError] = collections.deque()
         # Set by close(): buffer_add refuses from then on, so nothing lands in a buffer no flush will send.
         self.closed = False
 
@@ -376,7 +378,7 @@ class _Core:
             frame.data, codec, frame.uncompressed_bytes, self.max_frame_bytes, dictionary
         )
         batch = broker_pb2.EnvelopeBatch.FromString(raw)
-        messages = [_message(e) for e in batch.envelopes]  # may raise: then nothing is handed out nor acked
+        messages = self._decode(batch.envelopes)
         now_us = time.time() * 1e6
         out = []
         with self.lock:
@@ -402,6 +404,31 @@ class _Core:
             self.received += len(out)
             self.recv_lat_sum += lat_us / 1e6
         return out
+
+    def _decode(self, envelopes) -> list[Message]:
+        """The :class:`Message` of each delivered envelope that decodes. One that does not (a payload declared
+        JSON that does not parse) is left out, neither handed out nor acked (the broker delivers it again,
+        then dead-letters it): the error naming it is kept for :meth:`take_undecodable`."""
+        out, bad = [], []
+        for e in envelopes:
+            try:
+                out.append(_message(e))
+            except InvalidArgumentError as exc:
+                bad.append(str(exc))
+        if bad:
+            more = f" (and {len(bad) - 1} more message(s) of that delivery)" if len(bad) > 1 else ""
+            err = InvalidArgumentError(
+                f"{bad[0]}{more}; not handed out nor acked (the broker delivers it again, and dead-letters it "
+                "after max_delivery_attempts); the other messages of its delivery were handed out"
+            )
+            with self.lock:
+                self.undecodable.append(err)
+        return out
+
+    def take_undecodable(self) -> InvalidArgumentError | None:
+        """Pops the oldest error about delivered messages that did not decode (:meth:`_decode`), or None."""
+        with self.lock:
+            return self.undecodable.popleft() if self.undecodable else None
 
     def take_acks(self) -> list[str]:
         with self.lock:
@@ -484,10 +511,7 @@ def _message(e: broker_pb2.Envelope) -> Message:
     try:
         content = decode_payload(payload, ctype)
     except InvalidArgumentError as exc:
-        raise InvalidArgumentError(
-            f"message {e.message_id!r} from {e.sender!r}: {exc}; no message of its batch was handed out or "
-            "acked (the broker delivers them again, and dead-letters them after max_delivery_attempts)"
-        ) from None
+        raise InvalidArgumentError(f"message {e.message_id!r} from {e.sender!r}: {exc}") from None
     return Message(
         e.message_id, e.sender, content, ctype, payload, e.sequence, e.sent_at_unix_us / 1e6,
         tuple(e.receivers), e.topic, e.broadcast, e.delivery_attempt,
@@ -650,6 +674,24 @@ class _ClientBase:
         err = self._core.take_refusal()
         if err is not None:
             raise err
+
+    def _raise_undecodable(self) -> None:
+        """Raises the oldest error about delivered messages that did not decode, if any (each raised once)."""
+        err = self._core.take_undecodable()
+        if err is not None:
+            raise err
+
+    def _received(self, frame: common_pb2.CompressedFrame) -> list[Message]:
+        """What ``get_messages`` returns for a delivered frame: its messages that decode (auto-acks queued).
+        If none does and one did not decode, raises that error now; else a later ``get_messages`` raises it.
+
+        Raises:
+            InvalidArgumentError: Every message of the frame that was not a redelivery failed to decode.
+        """
+        out = self._core.unpack(frame)
+        if not out:
+            self._raise_undecodable()
+        return out
 
     def _ready(self) -> None:
         """What every public call does first: raises the closed-client error if :meth:`close` has begun, then

@@ -332,8 +332,9 @@ class MartiCommClient(_ClientBase):
 
         Raises:
             FailedPreconditionError: The client is closed (nothing buffered).
-            InvalidArgumentError: A bad ``receiver_id``, ``content_type`` or ``ttl_s``, or a message that is
-                not JSON-serializable (the path inside it named, e.g. ``message['a'][2]``).
+            InvalidArgumentError: A bad ``receiver_id``, ``content_type`` or ``ttl_s``, a message that is
+                not JSON-serializable (the path inside it named, e.g. ``message['a'][2]``), or bytes labeled
+                ``application/json`` that do not parse as JSON.
             BatchRefusedError: The broker refused the batch carrying this message (with batching, the batch
                 this call closed), or a batch the flush timer sent earlier (then this message was not
                 buffered); also an instance of the broker's error class (InvalidArgumentError,
@@ -507,10 +508,15 @@ class MartiCommClient(_ClientBase):
 
         Raises:
             NotFoundError, InvalidArgumentError: From the broker.
+            InvalidArgumentError: A delivered message did not decode (a payload declared JSON that does not
+                parse; its id and sender named). It alone is neither returned nor acked: the broker delivers
+                it again, then dead-letters it. The other messages of its delivery are returned, and this
+                error is raised by the next ``get_messages`` (before it polls), or at once if there were none.
             BatchRefusedError: A buffered batch (flushed first) or one the flush timer sent was refused.
         """
         self._ready()
         wait_s = self._receive_args(max_messages, timeout_s)
+        self._raise_undecodable()  # a message of an earlier delivery that did not decode
         self._flush(acks=False)
         self._raise_refused()  # a timer flush that was in flight meanwhile
         req, acks = self._receive_request(max_messages, wait_s)
@@ -520,7 +526,7 @@ class MartiCommClient(_ClientBase):
         except Exception:
             self._restore_acks(acks)
             raise
-        return self._core.unpack(resp.frame)
+        return self._received(resp.frame)
 
     def subscribe(self, max_batch_messages: int = 256, max_unacked: int = 0) -> Iterator[Message]:
         """Iterates over messages as the broker pushes them (server stream), forever until closed.
@@ -541,7 +547,9 @@ class MartiCommClient(_ClientBase):
         Raises:
             FailedPreconditionError: The client is closed (at once), or was closed by another thread while
                 the iteration waited (raised by the iteration).
-            InvalidArgumentError: ``max_batch_messages`` < 1 or ``max_unacked`` < 0 (at once, named).
+            InvalidArgumentError: ``max_batch_messages`` < 1 or ``max_unacked`` < 0 (at once, named); or,
+                raised by the iteration once the other messages of its batch were handed out, a delivered
+                message that did not decode (neither handed out nor acked, as in :meth:`get_messages`).
             BatchRefusedError: A batch the flush timer sent was refused (at once).
         """
         return self._pushed(self._subscribe_request(max_batch_messages, max_unacked))
@@ -558,6 +566,7 @@ class MartiCommClient(_ClientBase):
                 ids = self._core.take_acks()
                 if ids:
                     call(self._stub.Ack, self._acks_request(ids), self.timeout_s)
+                self._raise_undecodable()  # a message of this batch that did not decode ends the iteration
             if self._core.closed:  # the closed channel cancelled the stream
                 raise self._core.closed_error()
 
