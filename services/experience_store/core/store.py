@@ -44,6 +44,35 @@ def default_table_config(name: str = DEFAULT_TABLE) -> TableConfig:
     return parse_table_config({"name": name, "preset": "uniform", "max_size": 1_000_000})
 
 
+def _flat(data: dict, prefix: str = "") -> dict[str, object]:
+    """``{dotted key: value}`` of a nested dict (``rate_limiter.kind``)."""
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_conflict(existing: TableConfig, asked: TableConfig) -> str:
+    """The refusal of creating table ``asked.name`` with a config other than the one it has.
+
+    Returns:
+        E.g. ``table 'neg5/seller' already exists with another config: max_policy_lag is 0 there, 1 asked; ...``
+        and the ways out (the store keeps a table's config while it holds the table).
+    """
+    old, new = _flat(existing.model_dump(mode="json")), _flat(asked.model_dump(mode="json"))
+    diffs = [
+        f"{k} is {old.get(k)!r} there, {new.get(k)!r} asked" for k in sorted(old) if old.get(k) != new.get(k)
+    ]
+    return (
+        f"table {asked.name!r} already exists with another config: {'; '.join(diffs)}. The store keeps a table's "
+        "config while it holds it: use another table name, or restart the store with a --config tables YAML that "
+        f"defines {asked.name!r} with the new config (its items are kept) or with another --data-dir"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ItemQuery:
     """Selects items across tables for :meth:`ExperienceStore.query`. Empty fields match everything.
@@ -148,14 +177,15 @@ class ExperienceStore:
         """Create a table; creating one that exists with the same config is a no-op.
 
         Raises:
-            AlreadyExistsError: when a table of that name exists with another config.
+            AlreadyExistsError: when a table of that name exists with another config; the message names each
+                differing field with both values (:func:`config_conflict`) and what to do.
         """
         with self._lock:
             existing = self._tables.get(config.name)
             if existing is not None:
                 if existing.config == config:
                     return existing
-                raise AlreadyExistsError(f"table {config.name!r} already exists with another config")
+                raise AlreadyExistsError(config_conflict(existing.config, config))
             return self._add(config)
 
     def table(self, name: str) -> Table:

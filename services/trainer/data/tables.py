@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from marti.errors import AlreadyExistsError
+
 _LOG = logging.getLogger("marti.trainer.tables")
 
 #: ``reconnecting(fn, what)`` runs ``fn`` again while the services restart (TrainingLoop._reconnecting).
@@ -42,17 +44,26 @@ def claim_tables(
 
     Raises:
         AlreadyExistsError: a table of that name exists with another config (a job of the same
-            ``training_name`` with other staleness settings on this store).
+            ``training_name`` with other staleness settings on this store): the store's message (the differing
+            fields, both values) and which job settings make the table and what to do.
     """
     tables = {a: table_name(training_name, a) for a in bounds}
     dropped = 0
     for agent, table in tables.items():
-        reconnecting(
-            lambda t=table, a=agent: store.create_table(
-                t, preset="queue", max_size=max_size, max_policy_lag=bounds[a]
-            ),
-            f"creating table {table!r}",
-        )
+        try:
+            reconnecting(
+                lambda t=table, a=agent: store.create_table(
+                    t, preset="queue", max_size=max_size, max_policy_lag=bounds[a]
+                ),
+                f"creating table {table!r}",
+            )
+        except AlreadyExistsError as exc:
+            raise AlreadyExistsError(
+                f"{exc}. For agent {agent!r} this job asks for a queue table of max_size {max_size} (4 steps' "
+                f"items, at least 1000) with max_policy_lag {bounds[agent]} (the agent's staleness bound: "
+                "agents[i].max_staleness or rollout.max_staleness): keep the earlier settings of the fields "
+                "named, or set another training_name (new, empty tables)"
+            ) from None
         dropped += reconnecting(lambda t=table: store.reset(t), f"resetting table {table!r}")
     if dropped:
         _LOG.warning("dropped %d items an earlier attempt of this job left in its tables", dropped)
