@@ -116,6 +116,36 @@ async def test_a_wait_for_deadline_that_fires_while_the_batch_is_decoded_puts_it
         assert sync.info("agent_1").samples == 3
 
 
+def test_ctrl_c_while_the_batch_is_decoded_puts_it_back(store_server, monkeypatch):
+    """Review s4 finding 3, Ctrl-C: SIGINT comes while the client decodes the batch the store waits to have
+    acknowledged; ``asyncio.run`` cancels the sampling task and raises KeyboardInterrupt, and the items stay in
+    the queue (before the fix the cancel could only land once the ack was written: the take was committed)."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # asyncio.run installs its own then
+    addr, _ = store_server
+    decode, interrupted = _Base._sampled, []
+
+    def interrupted_decode(resp, *args):
+        if resp.items and not interrupted:
+            interrupted.append(True)
+            signal.raise_signal(signal.SIGINT)  # handled in the main thread, whichever thread decodes
+            time.sleep(0.3)
+        return decode(resp, *args)
+
+    async def sample(addr: str) -> None:
+        async with AsyncExperienceSharingClient(agent_id="agent_1", address=addr) as store:
+            await store.sample(table="agent_1", batch_size=3, timeout_s=20)
+
+    with ExperienceSharingClient(agent_id="agent_1", address=addr) as sync:
+        keys = _queue_with(sync, 3)
+        monkeypatch.setattr(_Base, "_sampled", staticmethod(interrupted_decode))
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(sample(addr))
+        assert interrupted and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        monkeypatch.undo()
+        assert _size_becomes(sync, "agent_1", 3) == 3
+        assert [s.key for s in sync.sample(table="agent_1", batch_size=3, timeout_s=2)] == keys
+
+
 def _confirmed(n: int, timeout_ms: int = 5000, table: str = "agent_1") -> spb.SampleRequest:
     return spb.SampleRequest(table=table, num_samples=n, timeout_ms=timeout_ms, confirm=True)
 
