@@ -114,8 +114,8 @@ class ExperienceStore:
         default_table: Name of a uniform table created when missing (None = no default table).
         seed: Seeds every table's sampler (tests); None = OS entropy.
         max_query_items: Most items one :meth:`query` may return.
-        taken_ids_window: Per table, taken episode ids remembered for idempotent inserts (>= 0; in memory: a
-            restart forgets them).
+        taken_ids_window: Per table, taken ids remembered for idempotent inserts (``(episode_id, agent_id)`` of
+            taken items, deleted episode ids; >= 0; in memory: a restart forgets them).
 
     Raises:
         InvalidArgumentError: on a bad persisted or given table config.
