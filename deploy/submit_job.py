@@ -6,7 +6,9 @@ inside the trainer container), and usable against any deployment::
     python deploy/submit_job.py 127.0.0.1:50054 examples/tiny.yaml --set ray.address=auto --timeout-s 600
 
 Exit code 0 iff the job ends SUCCEEDED; the job's final state, step count, run directory (inside the trainer
-container) and last metrics record are printed.
+container) and last metrics record are printed. A marti error (a job the trainer refuses: a bad config, user
+code, a run folder that holds a run; a trainer that cannot be reached; a job that does not end within
+``--timeout-s``) is one line on stderr naming it, exit code 2.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 
 from marti.clients.trainer import JobInfo, MetricsRecord, TrainerClient
-from marti.errors import DeadlineExceededError
+from marti.errors import DeadlineExceededError, MartiError
 from marti.rpc.channel import DEFAULT_TIMEOUT_S
 
 
@@ -79,9 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    job, records = submit_and_wait(
-        args.address, args.config.read_text(), args.overrides, timeout_s=args.timeout_s, token=args.token
-    )
+    try:
+        job, records = submit_and_wait(
+            args.address, args.config.read_text(), args.overrides, timeout_s=args.timeout_s, token=args.token
+        )
+    except MartiError as exc:  # a refused job: one line, as marti's own commands print it
+        print(f"submit_job.py: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
     print(
         f"job {job.job_id}: {job.state} after {time.monotonic() - started:.1f}s, step {job.step}/{job.max_steps}"
     )

@@ -53,7 +53,7 @@ from services.trainer.job.connections.addresses import Addresses
 from services.trainer.job.connections.connections import Connections
 from services.trainer.job.connections.gateway_host import GatewayHost
 from services.trainer.job.connections.reconnect import Backoff, call_with_reconnect
-from services.trainer.job.run.run_dir import RunFolder, latest_checkpoint
+from services.trainer.job.run.run_dir import SUBMIT_JOB_WAYS_OUT, RunFolder, latest_checkpoint
 from services.trainer.job.run.summary import RunSummary, epoch_limit_message, user_code_paths
 from services.trainer.learn.allocation import AllocationWeights, PriorityAllocator, allocate_step
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
@@ -479,7 +479,7 @@ class TrainingLoop:
         folder = self.run_folder
         own_folder = folder is None  # a TrainerService job: lock and check the folder here
         if folder is None:
-            folder = RunFolder(self.run_dir)
+            folder = RunFolder(self.run_dir, SUBMIT_JOB_WAYS_OUT)
             folder.lock()
         try:
             if not folder.prepared:

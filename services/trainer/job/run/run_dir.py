@@ -118,15 +118,29 @@ def _read_config(path: Path) -> TrainConfig | None:
         return None  # written by another version of marti: no layout to compare
 
 
+#: What a new ``marti train`` job in a folder that holds a run can do instead.
+CLI_WAYS_OUT = "continue it with --resume, replace it with --overwrite, or set another output.dir"
+
+#: The same for a TrainerService job: SubmitJob has neither ``--resume`` nor ``--overwrite``.
+SUBMIT_JOB_WAYS_OUT = (
+    "SubmitJob cannot resume or replace a run (it has no such fields): submit the job with another output.dir "
+    "or training_name (an override such as 'output.dir=runs/NAME-2'), or continue this run with "
+    "'marti train CONFIG --resume' on the trainer's machine"
+)
+
+
 class RunFolder:
     """One job's hold on its output folder (see the module docstring).
 
     Args:
         run_dir: The run folder (``TrainConfig.run_dir``); created by :meth:`lock`.
+        ways_out: What the refusal of a new run in a folder that holds one advises (:data:`CLI_WAYS_OUT`, or
+            :data:`SUBMIT_JOB_WAYS_OUT` for a TrainerService job).
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, ways_out: str = CLI_WAYS_OUT) -> None:
         self.run_dir = Path(run_dir)
+        self.ways_out = ways_out
         self.resume_from: Path | None = None
         self.prepared = False
         self._fingerprint: tuple[Any, dict[str, Any]] | None = None
@@ -155,6 +169,15 @@ class RunFolder:
             or latest_checkpoint(self.run_dir) is not None
             or (metrics.is_file() and metrics.stat().st_size > 0)
         )
+
+    def refuse_a_held_run(self) -> None:
+        """Refuse a new run here when the folder holds one (:meth:`holds_a_run`).
+
+        Raises:
+            FailedPreconditionError: ``run folder X already holds a run;`` and :attr:`ways_out`.
+        """
+        if self.holds_a_run():
+            raise FailedPreconditionError(f"run folder {self.run_dir} already holds a run; {self.ways_out}")
 
     def clear(self) -> None:
         """Delete everything in the folder but the lock file (``--overwrite``)."""
@@ -186,11 +209,8 @@ class RunFolder:
         elif resume:
             self.resume_from = self._checkpoint_for(cfg)
             self._warn_if_the_dataset_changed(cfg)
-        elif self.holds_a_run():
-            raise FailedPreconditionError(
-                f"run folder {self.run_dir} already holds a run; continue it with --resume, replace it with "
-                "--overwrite, or set another output.dir"
-            )
+        else:
+            self.refuse_a_held_run()
         self.prepared = True
         return self.resume_from
 

@@ -19,6 +19,7 @@ from marti.errors import (
 )
 from services.trainer.job.connections.addresses import Addresses
 from services.trainer.job.run.loop import TrainingLoop
+from services.trainer.job.run.run_dir import SUBMIT_JOB_WAYS_OUT, RunFolder
 from services.trainer.job.run.summary import user_code_paths
 
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
@@ -82,6 +83,9 @@ class JobManager:
             InvalidArgumentError: the config is invalid (the key is named).
             NotFoundError: a model is not available locally.
             ResourceExhaustedError: ``max_concurrent_jobs`` jobs are already running.
+            PermissionDeniedError: the config names user code and this trainer does not run it.
+            FailedPreconditionError: the config's run folder already holds a run; the message says what to
+                submit instead (:data:`~services.trainer.job.run.run_dir.SUBMIT_JOB_WAYS_OUT`).
         """
         from services.trainer.models.loading import resolve_model
 
@@ -94,6 +98,7 @@ class JobManager:
             )
         for agent in cfg.agents:
             resolve_model(agent.pretrain_model)
+        RunFolder(cfg.run_dir, SUBMIT_JOB_WAYS_OUT).refuse_a_held_run()
         with self._lock:
             running = sum(1 for j in self._jobs.values() if not j.finished)
             if running >= self.max_concurrent_jobs:
