@@ -256,15 +256,19 @@ class RewardAllocation:
         Raises:
             InvalidArgumentError: ``custom`` has a non-finite or non-numeric value (named).
         """
+        from marti.rewards.base import check_reward, is_finite_real  # marti.rewards imports this module
+
         custom = dict(custom or {})
         agents = list(dict.fromkeys([*env_returns, *custom]))
         raw: dict[str, float] = {}
         for a in agents:
             c = custom.get(a, 0.0)
-            if isinstance(c, bool) or not isinstance(c, int | float) or c != c or abs(c) == float("inf"):
+            if not is_finite_real(c):
                 raise InvalidArgumentError(
-                    f"reward_fn gave agent {a!r} the reward {c!r}; need a finite number"
+                    f"reward_fn gave agent {a!r} the reward {c!r} ({type(c).__name__}); need a finite real number "
+                    "(int, float or a numpy scalar; not a bool, text or a tensor: use .item())"
                 )
+            check_reward(float(c), f"reward_fn's reward for agent {a!r}")
             raw[a] = self.env_weight * float(env_returns.get(a, 0.0)) + self.custom_weight * float(c)
         if not raw:
             return {}

@@ -28,6 +28,7 @@ __all__ = [
     "check_batch",
     "check_reward",
     "check_scores",
+    "is_finite_real",
     "shorten",
 ]
 
@@ -152,7 +153,7 @@ def check_scores(scores: Any, expected: int, *, scorer: str) -> list[float]:
             f"(expected {expected}, got {len(values)})"
         )
     for i, value in enumerate(values):
-        if not _is_finite_real(value):
+        if not is_finite_real(value):
             raise InvalidArgumentError(
                 f"{scorer} returned {shorten(value)} ({type(value).__name__}) at index {i}: "
                 "every score must be a finite real number (not NaN, inf, None, a bool or text)"
@@ -161,8 +162,9 @@ def check_scores(scores: Any, expected: int, *, scorer: str) -> list[float]:
     return [float(v) for v in values]
 
 
-def _is_finite_real(value: Any) -> bool:
-    """True for a real number (not a bool) that is finite as a float (an int too large for one is not)."""
+def is_finite_real(value: Any) -> bool:
+    """True for a real number (not a bool) that is finite as a float (an int too large for one is not); numpy
+    scalars such as ``np.float32(0.5)`` are real numbers (``numbers.Real``), a 0-d torch tensor is not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
     try:

@@ -108,6 +108,22 @@ def test_reward_fn_non_finite_value_is_named():
         Workflow.env(reward_fn=lambda ep: [1.0]).rewards(view)
 
 
+def test_reward_fn_numpy_scalars_are_rewards_and_tensors_text_and_huge_values_are_named():
+    """A reward function computed with numpy returns numpy scalars: they are rewards like floats; a tensor,
+    a bool or text is refused naming its type, and a reward beyond the bound as everywhere else."""
+    import numpy as np
+    import torch
+
+    view = EpisodeView(["a", "b"], [], {"a": 0.0, "b": 0.0}, {}, {}, 0)
+    got = Workflow.env(reward_fn=lambda ep: {"a": np.float32(0.5), "b": np.int64(2)}).rewards(view)
+    assert got == {"a": 0.5, "b": 2.0} and all(type(v) is float for v in got.values())
+    for bad, kind in [(torch.tensor(0.5), "Tensor"), (True, "bool"), ("1", "str")]:
+        with pytest.raises(InvalidArgumentError, match=f"agent 'a' the reward .*\\({kind}\\)"):
+            Workflow.env(reward_fn=lambda ep, bad=bad: {"a": bad}).rewards(view)
+    with pytest.raises(InvalidArgumentError, match="reward_fn's reward for agent 'a'.*1e\\+200"):
+        Workflow.env(reward_fn=lambda ep: {"a": 1e200}).rewards(view)
+
+
 # ---------------------------------------------------------------------------------------------- import paths
 def test_load_callable_from_module_and_file(tmp_path):
     assert load_callable("math:sqrt")(9.0) == 3.0
