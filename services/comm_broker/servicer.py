@@ -70,10 +70,11 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         return frame
 
     def _frame_budget(self, receiver_limit: int) -> int:
-        """Most bytes of one delivered frame: the receiver's limit (``max_frame_bytes`` of its Receive or
-        Subscribe request; 0: none given) and the gRPC message limit less 1 KiB for the response around the
-        frame (the core adds its own ``max_frame_bytes``). A frame is never larger than its raw batch: one
-        that zstd does not shrink travels raw."""
+        """Most bytes of one delivered frame or dead-letter response: the receiver's limit (``max_frame_bytes``
+        of its Receive or Subscribe request, ``max_response_bytes`` of ReadDeadLetters; 0: none given) and the
+        gRPC message limit less 1 KiB for the response around the frame (the core adds its own
+        ``max_frame_bytes``). A frame is never larger than its raw batch: one that zstd does not shrink
+        travels raw."""
         grpc_cap = self.settings.max_message_bytes - _RESPONSE_OVERHEAD
         return min(receiver_limit or grpc_cap, grpc_cap)
 
@@ -188,7 +189,11 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
     ) -> pb.ReadDeadLettersResponse:
         """Reads dead letters (see the proto)."""
         dead = self.broker.read_dead_letters(
-            request.session, request.max_messages or 256, request.receiver, request.remove
+            request.session,
+            request.max_messages or 256,
+            request.receiver,
+            request.remove,
+            self._frame_budget(request.max_response_bytes),
         )
         return pb.ReadDeadLettersResponse(dead_letters=[convert.dead_letter_to_proto(d) for d in dead])
 

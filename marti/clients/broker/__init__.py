@@ -1,7 +1,7 @@
 """SDK for the comm_broker: ``MartiCommClient`` (sync) and ``AsyncMartiCommClient`` (asyncio).
 
 Both speak the BrokerService protocol, batch outgoing messages into zstd frames, and return domain
-types (:class:`Message`, :class:`AgentStateEntry`, :class:`CommunicationStats`); gRPC errors become
+types (:class:`Message`, :class:`AgentStateEntry`, :class:`CommunicationStats`, :class:`DeadLetter`); gRPC errors become
 :mod:`marti.errors` exceptions. Messages are JSON-able values (sent as ``application/json``) or ``bytes``
 with a content type; nothing is ever pickled.
 
@@ -59,6 +59,7 @@ from .types import (
     AgentStateEntry,
     BatchRefusedError,
     CommunicationStats,
+    DeadLetter,
     Message,
     NoSubscribersError,
     PublishResult,
@@ -78,6 +79,7 @@ __all__ = [
     "AsyncMartiCommClient",
     "BatchRefusedError",
     "CommunicationStats",
+    "DeadLetter",
     "MartiCommClient",
     "Message",
     "NoSubscribersError",

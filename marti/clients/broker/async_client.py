@@ -18,7 +18,7 @@ from marti.rpc.transport import check_aio_usable
 
 from .args import flag_arg
 from .protocol import TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
-from .types import AgentStateEntry, BatchRefusedError, Message, PublishResult
+from .types import AgentStateEntry, BatchRefusedError, DeadLetter, Message, PublishResult
 
 _LOG = logging.getLogger("marti.broker.client")
 
@@ -354,6 +354,14 @@ class AsyncMartiCommClient(_ClientBase):
         req = self._get_states_request(exclude_self)
         await self._ensure_connected()
         return [_state_entry(s) for s in (await acall(self._stub.GetStates, req, self.timeout_s)).states]
+
+    async def read_dead_letters(
+        self, max_messages: int = 256, *, receiver: str | None = None, remove: bool = False
+    ) -> list[DeadLetter]:
+        """Async :meth:`MartiCommClient.read_dead_letters`."""
+        req = self._dead_letters_request(max_messages, receiver, remove)
+        await self._ensure_connected()
+        return self._dead_letters(await acall(self._stub.ReadDeadLetters, req, self.timeout_s))
 
     async def get_broker_stats(self, whole_broker: bool = False) -> broker_pb2.BrokerStats:
         """The broker's counters for this session (or the whole broker)."""

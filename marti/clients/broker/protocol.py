@@ -58,6 +58,7 @@ from .types import (
     AgentStateEntry,
     BatchRefusedError,
     CommunicationStats,
+    DeadLetter,
     Message,
     NoSubscribersError,
     PublishResult,
@@ -518,6 +519,20 @@ def _message(e: broker_pb2.Envelope) -> Message:
     )  # fmt: skip
 
 
+def _dead_letter(d: broker_pb2.DeadLetter) -> DeadLetter:
+    """The :class:`DeadLetter` of a dead letter the broker returned; one whose payload does not decode gets
+    ``message`` None and the error's text in ``decode_error`` (never raised)."""
+    e = d.envelope
+    try:
+        message, error = _message(e), None
+    except InvalidArgumentError as exc:
+        message, error = None, str(exc)
+    return DeadLetter(
+        message, e.message_id, e.sender, e.content_type, e.payload, d.receiver, d.attempts, d.reason,
+        d.dead_at_unix_us / 1e6, error,
+    )  # fmt: skip
+
+
 def _state_entry(s: broker_pb2.AgentState) -> AgentStateEntry:
     return AgentStateEntry(
         s.agent_id,
@@ -875,6 +890,38 @@ class _ClientBase:
         return pb.GetStatesRequest(
             session=self.session, agent_id=self.agent_id, exclude_self=flag_arg("exclude_self", exclude_self)
         )
+
+    def _dead_letters_request(
+        self, max_messages: int, receiver: str | None, remove: bool
+    ) -> pb.ReadDeadLettersRequest:
+        """The ReadDeadLetters request of ``read_dead_letters`` (after :meth:`_ready`), bounded by this
+        client's ``max_frame_bytes`` as its Receive requests are.
+
+        Raises:
+            InvalidArgumentError: ``max_messages`` < 1, ``receiver`` not a non-empty string or None,
+                ``remove`` not a bool, or ``remove`` with a ``receiver`` (the broker removes only the oldest
+                letters of the whole session), named.
+        """
+        self._ready()
+        count = count_arg("max_messages", max_messages, 1)
+        who = "" if receiver is None else text_arg("receiver", receiver)
+        if flag_arg("remove", remove) and who:
+            raise InvalidArgumentError(
+                f"remove=True with receiver={who!r}: the broker removes only the oldest dead letters of the "
+                "whole session; read them with receiver=None to remove them"
+            )
+        return pb.ReadDeadLettersRequest(
+            session=self.session,
+            receiver=who,
+            max_messages=count,
+            remove=remove,
+            max_response_bytes=self._core.max_frame_bytes,
+        )
+
+    @staticmethod
+    def _dead_letters(resp: pb.ReadDeadLettersResponse) -> list[DeadLetter]:
+        """The :class:`DeadLetter` of each dead letter of a ReadDeadLetters response, oldest first."""
+        return [_dead_letter(d) for d in resp.dead_letters]
 
     def _stats_request(self, whole_broker: bool) -> pb.GetStatsRequest:
         """The GetStats request (after :meth:`_ready`)."""

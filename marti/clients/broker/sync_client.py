@@ -24,7 +24,7 @@ from marti.rpc.channel import check_channel, check_timeout_s, make_channel
 
 from .args import flag_arg
 from .protocol import _IDEMPOTENT, TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
-from .types import AgentStateEntry, BatchRefusedError, Message, PublishResult
+from .types import AgentStateEntry, BatchRefusedError, DeadLetter, Message, PublishResult
 
 _LOG = logging.getLogger("marti.broker.client")
 
@@ -631,6 +631,36 @@ class MartiCommClient(_ClientBase):
         """
         resp = call(self._stub.GetStates, self._get_states_request(exclude_self), self.timeout_s)
         return [_state_entry(s) for s in resp.states]
+
+    def read_dead_letters(
+        self, max_messages: int = 256, *, receiver: str | None = None, remove: bool = False
+    ) -> list[DeadLetter]:
+        """Reads the session's dead letters, oldest first: the messages the broker gave up delivering (after
+        ``max_delivery_attempts`` deliveries without an ack, e.g. a payload that does not decode, which
+        ``get_messages`` raised about and never acked, or a receiver that never acks).
+
+        A letter whose payload does not decode is returned too (``message`` None, raw ``payload`` and
+        ``decode_error``); nothing of the batch is raised for it. There is no cursor: without ``remove`` each
+        call returns the same oldest letters; with it the broker drops the letters it returns, so repeated
+        calls drain the queue. The broker keeps at most its ``max_dead_letters`` per session (oldest dropped).
+
+        Args:
+            max_messages: Most letters returned, 1..the broker's ``max_batch_messages`` (4096 by default).
+                The broker returns fewer rather than pass this client's ``max_frame_bytes`` (or its own limits)
+                in bytes, but at least one letter when one is there.
+            receiver: Only the letters addressed to this agent; None: every agent's.
+            remove: Remove the returned letters from the broker (only with ``receiver`` None).
+
+        Returns:
+            The letters, oldest first; ``[]`` when the queue is empty.
+
+        Raises:
+            InvalidArgumentError: A bad argument, or ``remove`` with a ``receiver`` (named); ``max_messages``
+                over the broker's ``max_batch_messages`` (from the broker).
+            BatchRefusedError: A batch the flush timer sent was refused.
+        """
+        req = self._dead_letters_request(max_messages, receiver, remove)
+        return self._dead_letters(call(self._stub.ReadDeadLetters, req, self.timeout_s))
 
     # ------------------------------------------------------------------ stats and lifecycle
     def get_broker_stats(self, whole_broker: bool = False) -> broker_pb2.BrokerStats:

@@ -61,6 +61,42 @@ class PublishResult(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message the broker gave up delivering, as ``read_dead_letters`` returns it.
+
+    One whose payload does not decode (declared ``application/json`` and not parsing) is returned too, with
+    ``message`` None, its raw ``payload`` and the ``decode_error``: a dead-letter queue is where such messages
+    end up.
+
+    Attributes:
+        message: The message as ``get_messages`` would have handed it out (``attempt``: its last delivery
+            attempt), or None when its payload does not decode.
+        message_id: The sender's id of the message.
+        sender: Sender agent id.
+        content_type: Media type of the payload.
+        payload: The raw payload bytes.
+        receiver: The agent it was addressed to (a broadcast or topic message dies once per receiver).
+        attempts: How many times the broker delivered it without an ack.
+        reason: Why it died: ``"max_delivery_attempts"`` (delivered that many times, never acked), the
+            only reason the broker gives.
+        dead_at: When it was dead-lettered, seconds since the epoch (the broker's clock).
+        decode_error: Why the payload does not decode (the text of the ``InvalidArgumentError`` that
+            ``get_messages`` raised for it), or None.
+    """
+
+    message: Message | None
+    message_id: str
+    sender: str
+    content_type: str
+    payload: bytes
+    receiver: str
+    attempts: int
+    reason: str
+    dead_at: float
+    decode_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AgentStateEntry:
     """One entry of the state board.
 

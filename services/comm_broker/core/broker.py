@@ -323,16 +323,28 @@ class Broker:
 
     # ------------------------------------------------------------------ dead letters, stats, expiry
     def read_dead_letters(
-        self, session_name: str, max_messages: int, receiver: str = "", remove: bool = False
+        self,
+        session_name: str,
+        max_messages: int,
+        receiver: str = "",
+        remove: bool = False,
+        max_bytes: int | None = None,
     ) -> list[DeadLetter]:
-        """Returns the oldest dead letters (optionally of one receiver), optionally removing them.
+        """Returns the oldest dead letters (optionally of one receiver), optionally removing them (only when
+        ``receiver`` is empty).
+
+        Args:
+            max_messages: 1..``max_batch_messages``.
+            max_bytes: Most bytes of the returned letters (at most and by default ``max_frame_bytes``); at
+                least one letter is returned, however large (see :meth:`Mailboxes.read_dead_letters`).
 
         Raises:
             NotFoundError: Unknown session.
             InvalidArgumentError: ``max_messages`` out of range.
         """
         self.mailboxes.check_max_messages(max_messages)
-        return self.mailboxes.read_dead_letters(self.session(session_name), max_messages, receiver, remove)
+        session = self.session(session_name)
+        return self.mailboxes.read_dead_letters(session, max_messages, receiver, remove, max_bytes)
 
     def tick_session(self, session: Session, now: float) -> None:
         """Requeues or dead-letters overdue in-flight deliveries of every mailbox of the session."""

@@ -20,7 +20,7 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .types import Delivery, Envelope
+from .types import ByteBudget, Delivery, Envelope
 
 
 @dataclass(slots=True)
@@ -149,8 +149,8 @@ class Mailbox:
             ack_timeout_s: In-flight time before redelivery (s).
             max_unacked: Cap on in-flight entries of this mailbox; no delivery beyond it.
             on_expired: Called with each expired entry, which is dropped (not delivered).
-            max_bytes: Upper bound on the deliveries' bytes in a frame (``Envelope.delivery_bytes`` summed);
-                the first delivery is returned even if it alone is larger. None: no bound.
+            max_bytes: Upper bound on the deliveries' bytes in a frame (``Envelope.delivery_bytes`` summed,
+                :class:`ByteBudget`); the first delivery is returned even if it alone is larger. None: no bound.
 
         Returns:
             Deliveries in delivery order (per sender: increasing sequence).
@@ -160,7 +160,7 @@ class Mailbox:
         by_sender, agent = self._by_sender, self.agent_id
         deadline = now + ack_timeout_s
         heappop, heappush = heapq.heappop, heapq.heappush
-        budget = max_bytes if max_bytes is not None else -1
+        budget = ByteBudget(max_bytes)
         while slots and len(out) < max_messages and len(in_flight) < max_unacked:
             sender = slots[0][1]
             heap = by_sender[sender]
@@ -170,11 +170,8 @@ class Mailbox:
                 self._drop(entry)
                 on_expired(entry)
                 continue
-            if budget >= 0:
-                nbytes = entry.envelope.delivery_bytes
-                if out and nbytes > budget:  # the frame is full: the entry waits for the next delivery
-                    break
-                budget = max(budget - nbytes, 0)
+            if not budget.admit(entry.envelope.delivery_bytes):  # the frame is full: the entry waits
+                break
             heappop(slots)
             heappop(heap)
             if not heap:

@@ -16,7 +16,7 @@ from .limits import BrokerLimits, check_name
 from .mailbox import Entry, Mailbox
 from .session import Session
 from .store import Store
-from .types import DeadLetter, Delivery
+from .types import ByteBudget, DeadLetter, Delivery
 
 
 class Mailboxes:
@@ -105,6 +105,11 @@ class Mailboxes:
                 f"max_messages={max_messages} is outside [1, max_batch_messages={self.limits.max_batch_messages}]"
             )
 
+    def frame_cap(self, max_bytes: int | None) -> int:
+        """Byte bound of one delivered frame or dead-letter response: ``max_bytes`` (the caller's; None or 0:
+        none given), at most ``max_frame_bytes``."""
+        return min(max_bytes or self.limits.max_frame_bytes, self.limits.max_frame_bytes)
+
     def receive(
         self,
         session: Session,
@@ -136,7 +141,7 @@ class Mailboxes:
         self.expire_in_flight(session, box, now)
         cap = min(max_unacked or self.limits.max_unacked_per_agent, self.limits.max_unacked_per_agent)
         expired: list[Entry] = []
-        frame_cap = min(max_bytes or self.limits.max_frame_bytes, self.limits.max_frame_bytes)
+        frame_cap = self.frame_cap(max_bytes)
         out = box.take(max_messages, now, self.limits.ack_timeout_s, cap, expired.append, frame_cap)
         if expired:
             session.counters.expired += len(expired)
@@ -206,14 +211,30 @@ class Mailboxes:
             self.expire_in_flight(session, box, now)
 
     def read_dead_letters(
-        self, session: Session, max_messages: int, receiver: str = "", remove: bool = False
+        self,
+        session: Session,
+        max_messages: int,
+        receiver: str = "",
+        remove: bool = False,
+        max_bytes: int | None = None,
     ) -> list[DeadLetter]:
-        """Returns the oldest dead letters (optionally of one receiver), optionally removing them.
+        """Returns the oldest dead letters (optionally of one receiver), optionally removing them (only when
+        ``receiver`` is empty: the removed ones are the oldest of the session).
 
-        ``max_messages`` is checked by the caller with :meth:`check_max_messages`.
+        ``max_messages`` is checked by the caller with :meth:`check_max_messages`. ``max_bytes`` bounds the
+        returned letters' bytes (:attr:`DeadLetter.delivery_bytes` summed; at most and by default
+        ``max_frame_bytes``) as a delivered frame is bounded (:class:`ByteBudget`): fewer than
+        ``max_messages`` rather than more bytes, but at least one letter, however large, when one is there.
         """
         self.tick_session(session, self.clock())
-        out = [d for d in session.dead if not receiver or d.receiver == receiver][:max_messages]
+        budget = ByteBudget(self.frame_cap(max_bytes))
+        out: list[DeadLetter] = []
+        for d in session.dead:
+            if receiver and d.receiver != receiver:
+                continue
+            if len(out) == max_messages or not budget.admit(d.delivery_bytes):
+                break
+            out.append(d)
         if remove and out and not receiver:
             for _ in out:
                 session.dead.popleft()

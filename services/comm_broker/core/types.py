@@ -68,6 +68,34 @@ class Envelope(NamedTuple):
         return len(self.payload) + sum(4 * len(t) + 6 for t in strings) + 6 + 64
 
 
+class ByteBudget:
+    """The byte bound of one delivered frame (Receive, Subscribe) or one ReadDeadLettersResponse: items are
+    admitted while their bytes fit what is left, and the first one always, so that an item larger than the
+    bound still goes out, alone (a bound that never let it out would fail every call the same way).
+
+    Args:
+        max_bytes: The bound, bytes (an upper bound of each item's serialized size is counted against it);
+            None: no bound.
+    """
+
+    __slots__ = ("_first", "_left")
+
+    def __init__(self, max_bytes: int | None) -> None:
+        self._left = -1 if max_bytes is None else max_bytes
+        self._first = True
+
+    def admit(self, nbytes: int) -> bool:
+        """Takes ``nbytes`` (bytes, >= 0) of the next item from the budget; False (nothing taken) when the
+        item is not the first and does not fit what is left: the frame is full and the item waits."""
+        if self._left < 0:
+            return True
+        if nbytes > self._left and not self._first:
+            return False
+        self._left = max(self._left - nbytes, 0)
+        self._first = False
+        return True
+
+
 class Delivery(NamedTuple):
     """One delivery of an envelope to a receiver (immutable; a ``NamedTuple`` for speed, like Envelope).
 
@@ -118,6 +146,15 @@ class DeadLetter:
     attempts: int
     reason: str
     dead_at: float
+
+    @property
+    def delivery_bytes(self) -> int:
+        """Upper bound of the bytes this dead letter takes in a ``ReadDeadLettersResponse``: its envelope's
+        :attr:`Envelope.delivery_bytes` (the envelope with its field tag and length), 4 bytes per character
+        plus 6 of tag and length for ``receiver`` and ``reason``, 6 for ``attempts``, 11 for the time and 6
+        for the dead letter's own field tag and length."""
+        strings = 4 * (len(self.receiver) + len(self.reason)) + 12
+        return self.envelope.delivery_bytes + strings + 6 + 11 + 6
 
 
 @dataclass(frozen=True, slots=True)

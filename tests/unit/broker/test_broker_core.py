@@ -147,6 +147,26 @@ def test_ack_timeout_redelivery_then_dead_letter():
     assert b.read_dead_letters("s", 10, remove=True) and b.read_dead_letters("s", 10) == []
 
 
+def test_dead_letters_are_bounded_by_bytes_with_at_least_one_each_read():
+    b, clock = make(ack_timeout_s=1, max_delivery_attempts=1)
+    b.send("s", "a", [env(f"m{i}", to=("b", "c"), payload=bytes(1000)) for i in range(3)])
+    b.receive("s", "b", 10)
+    b.receive("s", "c", 10)
+    clock.t += 2
+    b.tick()
+    one = b.read_dead_letters("s", 10)[0].delivery_bytes
+    assert one > 1000  # an upper bound of its serialized size, payload included
+
+    def ids(**kw):
+        return [(d.envelope.message_id, d.receiver) for d in b.read_dead_letters("s", 10, **kw)]
+
+    assert len(ids(max_bytes=2 * one)) == 2 and len(ids(max_bytes=2 * one - 1)) == 1
+    assert ids(max_bytes=10) == [("m0", "b")]  # one letter larger than the bound still comes, alone
+    assert ids(receiver="c", max_bytes=2 * one) == [("m0", "c"), ("m1", "c")]
+    assert len(ids()) == 6  # no bound given: the broker's max_frame_bytes (32 MiB)
+    assert len(b.read_dead_letters("s", 10, remove=True, max_bytes=one)) == 1 and len(ids()) == 5
+
+
 def test_dead_letter_limit_keeps_newest():
     b, clock = make(ack_timeout_s=1, max_delivery_attempts=1, max_dead_letters=2)
     b.send("s", "a", [env(f"m{i}") for i in range(3)])

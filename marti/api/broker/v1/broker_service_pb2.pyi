@@ -203,16 +203,18 @@ class GetStatsResponse(_message.Message):
     def __init__(self, stats: _Optional[_Union[_broker_pb2.BrokerStats, _Mapping]] = ...) -> None: ...
 
 class ReadDeadLettersRequest(_message.Message):
-    __slots__ = ("session", "receiver", "max_messages", "remove")
+    __slots__ = ("session", "receiver", "max_messages", "remove", "max_response_bytes")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     RECEIVER_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REMOVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
     session: str
     receiver: str
     max_messages: int
     remove: bool
-    def __init__(self, session: _Optional[str] = ..., receiver: _Optional[str] = ..., max_messages: _Optional[int] = ..., remove: _Optional[bool] = ...) -> None: ...
+    max_response_bytes: int
+    def __init__(self, session: _Optional[str] = ..., receiver: _Optional[str] = ..., max_messages: _Optional[int] = ..., remove: _Optional[bool] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
 
 class ReadDeadLettersResponse(_message.Message):
     __slots__ = ("dead_letters",)

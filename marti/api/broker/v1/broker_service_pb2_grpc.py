@@ -161,7 +161,8 @@ class BrokerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReadDeadLetters(self, request, context):
-        """Reads (and optionally removes) dead letters of a session, oldest first.
+        """Reads (and optionally removes) dead letters of a session, oldest first. There is no cursor: without
+        `remove` every call returns the same oldest letters; with it, repeated calls drain the queue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
