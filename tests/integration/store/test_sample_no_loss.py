@@ -120,7 +120,16 @@ def test_ctrl_c_while_the_batch_is_decoded_puts_it_back(store_server, monkeypatc
     """Review s4 finding 3, Ctrl-C: SIGINT comes while the client decodes the batch the store waits to have
     acknowledged; ``asyncio.run`` cancels the sampling task and raises KeyboardInterrupt, and the items stay in
     the queue (before the fix the cancel could only land once the ack was written: the take was committed)."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # asyncio.run installs its own then
+    # asyncio.run turns SIGINT into a cancel only over Python's default handler (a pytest-xdist worker ignores
+    # SIGINT: set it here, as a user's program has it, and put the worker's back after)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_a_sample_while_it_decodes(store_server, monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_a_sample_while_it_decodes(store_server, monkeypatch) -> None:
     addr, _ = store_server
     decode, interrupted = _Base._sampled, []
 
