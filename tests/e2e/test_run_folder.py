@@ -89,7 +89,12 @@ def test_overwrite_lock_and_a_second_ctrl_c(tmp_path):
             assert time.monotonic() < deadline and job.poll() is None, "".join(lines)[-3000:]
             time.sleep(0.02)
         job.send_signal(signal.SIGINT)  # the second lands during the step the first lets finish
-        job.wait(timeout=120)
+        try:
+            job.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # say where it hung: the job's own last lines
+            raise AssertionError(
+                "the job did not exit 120 s after a second Ctrl-C:\n" + "".join(lines)[-3000:]
+            ) from None
         for reader in readers:
             reader.join(timeout=10)
         err = "".join(lines)
