@@ -59,3 +59,11 @@ def test_marti_train_resume_with_another_max_staleness_on_an_external_store(stor
     assert last.startswith("marti train: table 'tiny/agent_1' already exists with another config: "), last
     assert "max_policy_lag is 0 there, 1 asked" in last and "set another training_name" in last, last
     assert "Traceback" not in out.stderr
+    # --overwrite with the same change: refused before the run folder is cleared (the tables are checked
+    # on the given store first), so the first run is still there
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run").rglob("*") if ".lock" not in p.name)
+    again = args + ["--overwrite", "--set", "rollout.max_staleness=1"]
+    out = subprocess.run(again, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2 and "max_policy_lag is 0 there, 1 asked" in out.stderr, out.stderr[-2000:]
+    after = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run").rglob("*") if ".lock" not in p.name)
+    assert after == before and (tmp_path / "run" / "report.md").exists()

@@ -207,14 +207,18 @@ def resume_command(argv: list[str]) -> str:
 
 def _check_given_services(cfg: TrainConfig, args: argparse.Namespace) -> None:
     """Each service address given (flag or ``services`` section) serves its service
-    (:func:`~services.trainer.job.connections.served.check_given_services`), before the run folder."""
+    (:func:`~services.trainer.job.connections.served.check_given_services`), and a given store takes the job's
+    tables (:func:`~services.trainer.job.run.prechecks.check_given_store_tables`), before the run folder."""
     from services.trainer.job.connections.addresses import SERVICES
     from services.trainer.job.connections.served import check_given_services
+    from services.trainer.job.run.prechecks import check_given_store_tables
 
     addresses, missing = resolve_addresses(
         cfg.services, broker=args.broker, env=args.env, store=args.store, token=args.token
     )
     check_given_services(addresses, tuple(s for s in SERVICES if s not in missing))
+    if "store" not in missing:
+        check_given_store_tables(cfg, addresses)
 
 
 def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:

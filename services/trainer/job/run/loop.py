@@ -47,7 +47,7 @@ from services.trainer.data.batch_reader import BatchReader
 from services.trainer.data.episode_writer import EpisodeWriter
 from services.trainer.data.external import ExternalEpisodes
 from services.trainer.data.table_sampler import TrainedRow
-from services.trainer.data.tables import claim_tables
+from services.trainer.data.tables import claim_tables, table_settings
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.connections.addresses import Addresses
 from services.trainer.job.connections.connections import Connections
@@ -548,10 +548,8 @@ class TrainingLoop:
             How many items left in the tables by an earlier job were dropped (:func:`claim_tables`).
         """
         cfg = self.cfg
-        bounds = {a: cfg.max_staleness_for(a) for a in cfg.tuning_agents}
-        tables, leftovers = claim_tables(
-            store, cfg.training_name, bounds, max(1000, 4 * cfg.items_per_step), self._reconnecting
-        )
+        bounds, max_size = table_settings(cfg)
+        tables, leftovers = claim_tables(store, cfg.training_name, bounds, max_size, self._reconnecting)
         external = ExternalEpisodes(list(cfg.tuning_agents))
         self.writer = EpisodeWriter(
             store, tables, self._reconnecting, external,

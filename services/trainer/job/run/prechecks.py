@@ -4,7 +4,8 @@ job's rows, labels, column names, prompt lengths, reward functions and reward mo
 the workflow section's import
 paths (:func:`marti.workflow.check_workflow_section`) and, for a job that starts its own env server, every env at
 every curriculum level it can reach (:func:`check_envs_in_process`). :func:`check_before_the_run_folder` runs
-them in that order.
+them in that order. With a given (external) store, ``marti train`` also creates the job's tables there first
+(:func:`check_given_store_tables`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ import marti
 from marti.config import TrainConfig
 from marti.config.dataset import DATASET_ENV
 from marti.data import ProblemSet
-from marti.errors import InvalidArgumentError, NotFoundError, in_context
+from marti.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    in_context,
+)
 from marti.rewards.functions import check_column_names
 from marti.workflow import check_workflow_section
+from services.trainer.data.tables import create_tables, table_settings
 from services.trainer.data.tasks import DatasetTasks
-from services.trainer.job.connections.addresses import resolve_addresses
+from services.trainer.job.connections.addresses import Addresses, resolve_addresses
 from services.trainer.job.run.prompt_lengths import check_prompt_lengths
 from services.trainer.models.loading import TINY_ALIAS
 from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
@@ -30,6 +38,7 @@ __all__ = [
     "check_before_the_run_folder",
     "check_dataset_job",
     "check_envs_in_process",
+    "check_given_store_tables",
     "starts_own_env_server",
 ]
 
@@ -144,3 +153,28 @@ def _check_labels(cfg: TrainConfig, tasks: DatasetTasks) -> None:
             found = re.search(r"rows\[(\d+)\]", str(exc))
             where = f"row {ps.position(int(found[1]))} of " if found else ""
             raise InvalidArgumentError(f"{where}dataset {ps.source}: {exc}") from None
+
+
+def check_given_store_tables(cfg: TrainConfig, addresses: Addresses, *, timeout_s: float = 10.0) -> None:
+    """Create the job's tables on a given (external) store, as the job would when it starts
+    (:func:`~services.trainer.data.tables.create_tables`: idempotent for an identical config, nothing reset), so
+    that a table left there with another config (an earlier job of this ``training_name`` with other staleness
+    settings) is refused before the run folder, not after ``--overwrite`` cleared it. A store that does not
+    answer within ``timeout_s`` seconds is not refused here: the job's connection retries decide.
+
+    Raises:
+        AlreadyExistsError: A table exists with another config (the differing fields and what to do named).
+    """
+    from marti import ExperienceSharingClient
+
+    bounds, max_size = table_settings(cfg)
+    store = ExperienceSharingClient(
+        "trainer", addresses.store, token=addresses.token, tls_ca_file=addresses.ca_for("store"),
+        timeout_s=timeout_s,
+    )  # fmt: skip
+    try:
+        create_tables(store, cfg.training_name, bounds, max_size, lambda fn, what: fn())
+    except (UnavailableError, DeadlineExceededError):
+        return
+    finally:
+        store.close()
