@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -113,11 +114,39 @@ def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
         InvalidArgumentError: A JSON or CSV file that is not UTF-8, or that the parser cannot read.
     """
     text = _read_text(spec) if spec.kind in ("json", "csv") else ""
+    if spec.kind == "csv":
+        _check_csv_fields(text, f"dataset {spec.describe()}")
     loaded = _load_file(ds, spec, text)
     rows = loaded.to_list()
     if spec.kind != "json":
         return rows
     return keep_as_written(rows, fixes(loaded.features), text, f"dataset {spec.describe()}")
+
+
+def _check_csv_fields(text: str, source: str) -> None:
+    """Check that every data row of a CSV file's text has as many fields as its header: ``datasets`` (pandas)
+    reads a file whose first data row has one field more with its first column as the index, every value one
+    column off, and fills a short row's missing cells. Blank lines are skipped, as pandas skips them.
+
+    Args:
+        text: The file's text (no byte-order mark).
+        source: The file's description, quoted in errors.
+
+    Raises:
+        InvalidArgumentError: A row with another number of fields than the header (its line, 1-based, and
+            both counts named).
+    """
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, [])
+    line = reader.line_num + 1
+    for fields in reader:
+        if len(fields) != len(header) and any(f.strip() for f in fields):
+            comma = " (a trailing comma adds an empty field)" if fields[-1] == "" else ""
+            raise InvalidArgumentError(
+                f"{source}: line {line} has {len(fields)} field(s), the header has {len(header)}{comma}; "
+                "every row needs one field per column"
+            )
+        line = reader.line_num + 1
 
 
 def _read_text(spec: SourceSpec) -> str:

@@ -96,6 +96,32 @@ def test_marti_train_dataset_on_a_file_that_is_not_utf8_is_a_one_line_refusal(tm
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("q,a\nWhat is 2+2?,4,note\nWhat is 3+3?,6,note\n", r"line 2 has 3 field\(s\), the header has 2;"),
+        (
+            "q,a\nx,4,\ny,6,\n",
+            r"line 2 has 3 field\(s\), the header has 2 \(a trailing comma adds an empty field\)",
+        ),
+        ('q,a\nx,1\n\n"two\nlines",2\ny,3,z\n', r"line 6 has 3 field\(s\), the header has 2;"),
+        ("q,a\nx,1\ny\n", r"line 3 has 1 field\(s\), the header has 2;"),
+    ],
+)
+def test_a_csv_row_with_another_number_of_fields_than_the_header_names_its_line(tmp_path, text, where):
+    """pandas read a first data row with one field more with its first column as the index: every value one
+    column off, no error (the prompts lost), or "row 0 has no label" for a trailing comma."""
+    (tmp_path / "f.csv").write_text(text, newline="")
+    with pytest.raises(InvalidArgumentError, match=rf"CSV file '.*f\.csv': {where}"):
+        ProblemSet.from_source(str(tmp_path / "f.csv"), input_key="q", label_key="a")
+
+
+def test_a_csv_with_blank_lines_and_quoted_newlines_has_no_field_count_error(tmp_path):
+    (tmp_path / "f.csv").write_text('q,a\r\n\r\nx,1\r\n   \r\n"two\nlines",2\r\n', newline="")
+    ps = ProblemSet.from_source(str(tmp_path / "f.csv"), input_key="q", label_key="a")
+    assert [ps.row(i) for i in range(len(ps))] == [{"q": "x", "a": "1"}, {"q": "two\nlines", "a": "2"}]
+
+
 @pytest.mark.parametrize(("name", "text"), [("none.json", "[]"), ("blank.jsonl", "\n\n"), ("h.csv", "q,a\n")])
 def test_a_dataset_without_rows(tmp_path, name, text):
     (tmp_path / name).write_text(text)
