@@ -374,7 +374,7 @@ class EpisodeTracker:
                 the episode (unless ``failed``; the agents that did are named), a trained agent that made calls
                 but gets no reward (neither in ``rewards`` nor through ``call_rewards``; unless ``failed``;
                 named), a call id the episode did not
-                make, a reward that is not a finite number or is beyond +-1e30
+                make, a reward that is not a finite number or is beyond +-1e20
                 (:func:`marti.rewards.base.check_reward`), a negative ``group_size`` or one above
                 ``max_group_size``, a ``group_size`` > 1 for an episode without a group id (neither in the
                 report nor with its calls: it is a group of one, so it could never be complete), or a
@@ -467,7 +467,7 @@ class EpisodeTracker:
             for key, value in values.items():
                 if not isinstance(value, int | float) or not math.isfinite(value):
                     raise InvalidArgumentError(f"{where}[{key!r}] must be a finite number, got {value!r}")
-                check_reward(float(value), f"{where}[{key!r}]")  # beyond +-1e30: advantages would overflow
+                check_reward(float(value), f"{where}[{key!r}]")  # beyond +-1e20: advantages would overflow
         ep = self._open.get(episode_id)
         if ep is not None and ep.running:
             raise FailedPreconditionError(

@@ -183,7 +183,7 @@ def collate(trajectories: Sequence[Trajectory], agent_id: str, pad_id: int) -> E
         FailedPreconditionError: the trajectories hold no turn with both a prompt and a response.
         InvalidArgumentError: a turn's ``response_logprobs`` or ``response_mask`` is neither empty nor as long as
             its response (the episode and turn are named), or a reward or return is not finite or is beyond
-            +-1e30 (:func:`marti.rewards.base.check_reward`; the agent, episode and value are named).
+            +-1e20 (:func:`marti.rewards.base.check_reward`; the agent, episode and value are named).
     """
     rows = [(traj, i, turn) for traj in trajectories for i, turn in trained_turns(traj)]
     if not rows:

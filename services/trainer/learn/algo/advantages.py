@@ -24,7 +24,7 @@ Edge cases, all finite and documented:
 - **All action tokens masked** (a sequence truncated away, or an agent that produced nothing): that row's
   advantages and returns are 0; in ``grpo``/``rloo`` its reward still counts in its group's statistics, since
   it is real evidence about the prompt. A batch where every row is masked gives all-zero advantages.
-- **A reward that is +-inf, or beyond +-1e30** (:data:`MAX_ABS_REWARD`, where float32 advantages would be all
+- **A reward that is +-inf, or beyond +-1e20** (:data:`MAX_ABS_REWARD`, where float32 advantages would be all
   zero or infinite): refused (:func:`marti.rewards.base.check_reward`), its index named; :func:`services.trainer.learn.experience.collate`
   refuses it first, naming the agent and episode.
 - **Reward None** (a verifier that failed or timed out; NaN in a reward tensor means the same): the sample is
