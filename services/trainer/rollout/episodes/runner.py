@@ -478,7 +478,7 @@ class EpisodeRunner:
 
         Raises:
             InvalidArgumentError: An agent's credited return is not finite or is beyond +-1e20
-                (:func:`marti.rewards.base.check_reward`; an env's rewards of -1e208 sum to -inf), named with its
+                (:func:`marti.rewards.base.check_reward`; an env's rewards of -1e308 sum to -inf), named with its
                 episode's problem (:attr:`describe_seed`), before any hook sees or logs it.
         """
         ended = [lv for lv in lives if not lv.finished and (lv.done or every)]
