@@ -124,20 +124,26 @@ def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
 
 
 def _check_csv_fields(text: str, source: str) -> None:
-    """Check that every data row of a CSV file's text has as many fields as its header: ``datasets`` (pandas)
-    reads a file whose first data row has one field more with its first column as the index, every value one
-    column off, and fills a short row's missing cells. Blank lines are skipped, as pandas skips them.
+    """Check that a CSV file's header names each column once and every data row has as many fields as the
+    header: ``datasets`` (pandas) would drop the values of a column named a second time, read a file whose first
+    data row has one field more with its first column as the index, every value one column off, and fill a
+    short row's missing cells. Blank lines are skipped, as pandas skips them.
 
     Args:
         text: The file's text (no byte-order mark).
         source: The file's description, quoted in errors.
 
     Raises:
-        InvalidArgumentError: A row with another number of fields than the header (its line, 1-based, and
-            both counts named).
+        InvalidArgumentError: A column named twice in the header (named), or a row with another number of
+            fields than the header (its line, 1-based, and both counts named).
     """
     reader = csv.reader(io.StringIO(text, newline=""))
     header = next(reader, [])
+    twice = next((c for i, c in enumerate(header) if c in header[:i]), None)
+    if twice is not None:
+        raise InvalidArgumentError(
+            f"{source}: the header names column {twice!r} twice; give each column its own name"
+        )
     line = reader.line_num + 1
     for fields in reader:
         if len(fields) != len(header) and any(f.strip() for f in fields):

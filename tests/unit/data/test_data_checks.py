@@ -116,6 +116,14 @@ def test_a_csv_row_with_another_number_of_fields_than_the_header_names_its_line(
         ProblemSet.from_source(str(tmp_path / "f.csv"), input_key="q", label_key="a")
 
 
+@pytest.mark.parametrize(("text", "column"), [("q,a,a\nx,1,2\n", "a"), ("q,a,b,b\nx,1,2,3\n", "b")])
+def test_a_csv_header_naming_a_column_twice_is_refused_naming_it(tmp_path, text, column):
+    """datasets kept the first column of that name and dropped the second one's values, no error."""
+    (tmp_path / "d.csv").write_text(text)
+    with pytest.raises(InvalidArgumentError, match=rf"d\.csv': the header names column '{column}' twice"):
+        ProblemSet.from_source(str(tmp_path / "d.csv"), input_key="q", label_key="a")
+
+
 def test_a_csv_with_blank_lines_and_quoted_newlines_has_no_field_count_error(tmp_path):
     (tmp_path / "f.csv").write_text('q,a\r\n\r\nx,1\r\n   \r\n"two\nlines",2\r\n', newline="")
     ps = ProblemSet.from_source(str(tmp_path / "f.csv"), input_key="q", label_key="a")
