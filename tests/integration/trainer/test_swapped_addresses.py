@@ -46,3 +46,16 @@ def test_each_given_address_is_checked_for_its_own_service(broker) -> None:
     check_given_services(
         resolve_addresses(None, store="127.0.0.1:1")[0], ("store",), timeout_s=0.5
     )  # down: the job's retries decide
+
+
+def test_a_store_that_refuses_the_jobs_token_is_named_before_an_overwrite(tmp_path) -> None:
+    """Health checks are exempt from auth, so a store that needs a token passes the address check; the job's
+    tables are created there before the run folder, and the refusal names the store and its flag."""
+    from services.experience_store.__main__ import make_spec
+    from services.experience_store.settings import StoreSettings
+
+    settings = StoreSettings(port=0, data_dir=str(tmp_path / "data"), token="s3cret")
+    with serve_in_thread(lambda: [make_spec(settings)[0]], settings) as server:
+        proc = train_over_an_old_run(tmp_path, {**JOB, "services": {"store": server.address}})
+    assert f"store at {server.address} (--store or services.store): " in proc.stderr, proc.stderr
+    assert "authorization" in proc.stderr.lower() and "Traceback" not in proc.stderr

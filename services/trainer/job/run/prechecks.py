@@ -164,6 +164,8 @@ def check_given_store_tables(cfg: TrainConfig, addresses: Addresses, *, timeout_
 
     Raises:
         AlreadyExistsError: A table exists with another config (the differing fields and what to do named).
+        UnauthenticatedError / PermissionDeniedError: The store refuses the job's token (none, or a wrong one).
+        Every error's message starts with the store's address and its flag.
     """
     from marti import ExperienceSharingClient
 
@@ -173,7 +175,8 @@ def check_given_store_tables(cfg: TrainConfig, addresses: Addresses, *, timeout_
         timeout_s=timeout_s,
     )  # fmt: skip
     try:
-        create_tables(store, cfg.training_name, bounds, max_size, lambda fn, what: fn())
+        with in_context(f"store at {addresses.store} (--store or services.store)"):
+            create_tables(store, cfg.training_name, bounds, max_size, lambda fn, what: fn())
     except (UnavailableError, DeadlineExceededError):
         return
     finally:
