@@ -18,35 +18,115 @@ from marti.errors import InvalidArgumentError
 __all__ = ["load_yaml"]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` whose mappings refuse a key written twice (merge keys ``<<`` are left to YAML)."""
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping and resolves ``<<`` merges by YAML's rules.
+
+    A merged key overridden by an explicit one is not a duplicate (``<<: *base`` then ``engine: vllm``).
+    """
 
     source = "<yaml>"
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        """Build a mapping after checking that no key appears twice in ``node``.
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Check every mapping of the composed document for a key written twice, then construct it.
+
+        The check walks the node graph as written (each node once, aliases included), so a mapping that is
+        only ever merged (``<<: {k: 1, k: 2}``) is checked too; ``<<`` keys themselves are not compared.
 
         Raises:
             InvalidArgumentError: A key appears twice (the document, the key and both 1-based lines named).
         """
+        _check_document(self, node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        """Build a mapping with its ``<<`` merges resolved without changing any node.
+
+        Explicit keys override merged ones; of the mappings merged (``<<: [*a, *b]``, or two ``<<`` keys), the
+        earlier one wins. PyYAML's own ``flatten_mapping`` rewrites an anchored node in place and then drops
+        merged keys by string identity, so a mapping merging ``*a`` got the key ``a`` had merged instead of the
+        one ``a`` wrote over it.
+
+        Raises:
+            yaml.constructor.ConstructorError: ``<<`` names something other than a mapping or a list of them,
+                or a key is unhashable.
+        """
+        if not isinstance(node, yaml.MappingNode):
+            return super().construct_mapping(node, deep=deep)
+        flat = yaml.MappingNode(node.tag, _merged_pairs(node, set()), node.start_mark, node.end_mark)
+        return yaml.constructor.BaseConstructor.construct_mapping(self, flat, deep=deep)
+
+
+def _merged_pairs(node: yaml.MappingNode, open_nodes: set[int]) -> list[tuple[yaml.Node, yaml.Node]]:
+    """The (key, value) node pairs of ``node`` with its ``<<`` merges expanded, lowest precedence first.
+
+    A dict built from the list in order (last wins) gives the YAML merge result: the merged mappings' pairs
+    come first, the latest-written merge source first, then ``node``'s own keys. A mapping that merges itself
+    (through an alias) adds nothing the second time.
+    """
+    open_nodes = open_nodes | {id(node)}
+    sources: list[yaml.MappingNode] = []
+    own: list[tuple[yaml.Node, yaml.Node]] = []
+    for key_node, value_node in node.value:
+        if key_node.tag != _MERGE_TAG:
+            own.append((_as_key(key_node), value_node))
+            continue
+        items = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        for item in items:
+            if not isinstance(item, yaml.MappingNode):
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"expected a mapping or list of mappings for merging, but found {item.id}",
+                    item.start_mark,
+                )
+            sources.append(item)
+    merged = [
+        pair
+        for src in reversed(sources)
+        if id(src) not in open_nodes
+        for pair in _merged_pairs(src, open_nodes)
+    ]
+    return merged + own
+
+
+def _as_key(key_node: yaml.Node) -> yaml.Node:
+    """``key_node``, or a plain-string copy of it when it is YAML's ``=`` value key (as PyYAML reads it)."""
+    if key_node.tag != _VALUE_TAG:
+        return key_node
+    return yaml.ScalarNode(_STR_TAG, key_node.value, key_node.start_mark, key_node.end_mark)
+
+
+def _check_document(loader: _UniqueKeyLoader, root: yaml.Node) -> None:
+    """Check each mapping node reachable from ``root`` once (aliases share nodes; a recursive one is fine)."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            _check_unique_keys(self, node)
-        return super().construct_mapping(node, deep=deep)
+            _check_unique_keys(loader, node)
+            for key_node, value_node in node.value:
+                todo.extend((key_node, value_node))
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend(node.value)
 
 
 def _check_unique_keys(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> None:
-    """Raise when two keys of ``node`` (as written, before ``<<`` merges) construct to equal values."""
+    """Raise when two scalar keys of ``node`` (as written, ``<<`` skipped) construct to equal values.
+
+    Only scalar keys are compared: a sequence or mapping key is unhashable, which PyYAML itself refuses.
+    """
     first_line: dict[Any, int] = {}
     for key_node, _ in node.value:
-        if key_node.tag == _MERGE_TAG:
+        if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
             continue
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:
-            continue  # PyYAML itself refuses an unhashable key, with its position
+        key = loader.construct_object(_as_key(key_node), deep=True)
         line = key_node.start_mark.line + 1
         if key in first_line:
             raise InvalidArgumentError(

@@ -68,3 +68,18 @@ def test_merge_keys_and_equal_keys_in_different_mappings_are_fine():
     doc = load_yaml(text, "t")
     assert doc["rollout"] == {"engine": "vllm", "group_size": 2} and doc["other"] == {"engine": "hf"}
     assert parse_tables_yaml("tables:\n  - {name: a, preset: queue}\n  - {name: b, preset: queue}\n")
+
+
+def test_an_override_of_a_merged_key_is_kept_when_its_mapping_is_merged_again_from_a_shallower_level():
+    # PyYAML flattens an anchored mapping's node in place when a shallower mapping merges it first, which
+    # made the override look like a duplicate; PyYAML 6.0.4's own merge also gave 'y' the overridden k: 0.
+    text = "b: &b {k: 0}\nx:\n  inner: &a\n    <<: *b\n    k: 1\ny:\n  <<: *a\n"
+    assert load_yaml(text, "cfg") == {"b": {"k": 0}, "x": {"inner": {"k": 1}}, "y": {"k": 1}}
+
+
+def test_merge_precedence_explicit_then_earlier_source_and_duplicates_in_a_merged_mapping_refused():
+    text = "a: &a {x: 1}\nb: &b {x: 2, y: 2}\nc:\n  <<: [*a, *b]\n  z: 3\nd:\n  <<: *b\n  y: 4\n"
+    doc = load_yaml(text, "cfg")
+    assert doc["c"] == {"x": 1, "y": 2, "z": 3} and doc["d"] == {"x": 2, "y": 4}
+    with pytest.raises(InvalidArgumentError, match=r"cfg: key 'k' is written twice.*line 2 and line 2"):
+        load_yaml("c:\n  <<: {k: 1, k: 2}\n", "cfg")
