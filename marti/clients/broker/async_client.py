@@ -245,7 +245,8 @@ class AsyncMartiCommClient(_ClientBase):
 
     async def _flush(self, acks: bool, background: bool = False) -> None:
         """Sends the buffers (the timer's ``background`` flush only if still due once it holds the send lock),
-        then, if ``acks``, the pending acks."""
+        then, if ``acks``, the pending acks; then a caller's flush raises the oldest refusal not raised yet (as
+        :meth:`MartiCommClient._flush`)."""
         await self._ensure_connected()
         async with self._send_lock:
             if not background or self._flush_due():
@@ -254,14 +255,16 @@ class AsyncMartiCommClient(_ClientBase):
             ids = self._core.take_acks()
             if ids:
                 await acall(self._stub.Ack, self._acks_request(ids), self.timeout_s)
+        if not background:
+            self._raise_refused()
 
     async def _flush_locked(self, background: bool) -> None:
         """Sends the buffers (the caller holds the send lock); a cancelled send puts its batch back (the broker
         may have it: a retry reuses the ids, so it is delivered once)."""
         unicast, bcast = self._core.take_buffers()
         try:
-            await self._send_all(self._stub.Send, pb.SendRequest, unicast)
-            await self._send_all(self._stub.Broadcast, pb.BroadcastRequest, bcast)
+            await self._send_all(self._stub.Send, pb.SendRequest, unicast, background)
+            await self._send_all(self._stub.Broadcast, pb.BroadcastRequest, bcast, background)
         except asyncio.CancelledError:
             self._core.restore_buffers(unicast, bcast)
             self._kick()
@@ -269,17 +272,15 @@ class AsyncMartiCommClient(_ClientBase):
         except Exception as exc:
             raise self._failed(exc, unicast, bcast, background) from None
 
-    async def _send_all(self, method, request_cls, items: list) -> None:
-        """Async :meth:`MartiCommClient._send_all`: ``items`` in batches the broker takes, each sent batch
-        removed from ``items`` (what is left on an error or a cancel was not sent)."""
+    async def _send_all(self, method, request_cls, items: list, background: bool) -> None:
+        """Async :meth:`MartiCommClient._send_all`: ``items`` in batches the broker takes, each sent (or refused
+        alone) batch removed from ``items`` (what is left on an error or a cancel was not sent)."""
         while items:
             n = self._core.batch_count(items)
             try:
                 await self._send_batch(method, request_cls, items[:n])
             except Exception as exc:
-                if self._core.learn_batch_limit(exc, n):
-                    continue
-                raise
+                n = self._batch_failed(exc, items, n, background)
             del items[:n]
 
     async def _send_batch(self, method, request_cls, items: list):

@@ -453,13 +453,16 @@ class _Core:
                 refused_messages=self.refused_messages,
             )
 
-    def refusal(self, exc: BaseException, items: list, background: bool) -> BatchRefusedError:
+    def refusal(
+        self, exc: BaseException, items: list, background: bool, keep: bool = False
+    ) -> BatchRefusedError:
         """Records a batch the broker refused and returns the error that reports it.
 
         Args:
             exc: What sending the batch raised (not a transient error).
             items: The batch's ``(envelope, buffered_at)`` pairs.
-            background: The flush timer sent it: the error is also kept for the client's next call.
+            background: The flush timer sent it: the error says so and is kept for the client's next call.
+            keep: Keep the error for the client's next call (:meth:`take_refusal`) even if not ``background``.
 
         Returns:
             A :class:`BatchRefusedError` that is also an instance of ``type(exc)``.
@@ -468,7 +471,7 @@ class _Core:
         with self.lock:
             self.refused_batches += 1
             self.refused_messages += len(items)
-            if background:
+            if background or keep:
                 self.refused.append(err)
         return err
 
@@ -787,6 +790,26 @@ class _ClientBase:
     def _one_message_failed(self, exc: BaseException, item: list, broadcast: bool) -> BaseException:
         """:meth:`_failed` for the lone message of ``publish`` or ``broadcast`` (kept buffered if transient)."""
         return self._failed(exc, [] if broadcast else item, item if broadcast else [], background=False)
+
+    def _batch_failed(self, exc: BaseException, items: list, sent: int, background: bool) -> int:
+        """Handles the failure ``exc`` of a Send or Broadcast of ``items[:sent]`` (the next batch of a flush)
+        and says how many of ``items`` to drop before the flush goes on with the rest, in order.
+
+        Returns:
+            0: the broker refused the batch for its size alone (:meth:`_Core.learn_batch_limit`): it is sent
+            again in parts. 1: the batch is one message that alone makes a frame over the broker's
+            ``max_frame_bytes``: only that message is refused (counted, passed to ``on_error``, and its
+            :class:`BatchRefusedError` kept for the flush to raise once the rest is sent, or for the next call).
+
+        Raises:
+            BaseException: ``exc`` itself in every other case (the caller reports ``items`` as not sent).
+        """
+        if self._core.learn_batch_limit(exc, sent):
+            return 0
+        if sent != 1 or not isinstance(exc, BatchTooLargeError) or exc.max_frame_bytes <= 0:
+            raise exc
+        _notify(self.on_error, self._core.refusal(exc, items[:1], background, keep=True))
+        return 1
 
     def _failed(self, exc: BaseException, unicast: list, bcast: list, background: bool) -> BaseException:
         """Handles a failed send (see :meth:`_Core.split_failed`), tells ``on_error`` of a refusal, and

@@ -156,7 +156,9 @@ class MartiCommClient(_ClientBase):
             is sent again in parts under the limit, and ``batching_size`` is lowered to it (a warning is logged).
         max_batch_bytes: Payload bytes that close a batch early (default 1 MiB). A batch whose frame is over the
             broker's ``max_frame_bytes`` (``BatchTooLargeError``) is sent again in parts that fit, and
-            ``max_batch_bytes`` is lowered to that limit (a warning is logged).
+            ``max_batch_bytes`` is lowered to that limit (a warning is logged). A message that alone makes a frame
+            over that limit is the only one refused: the messages buffered with it are sent, in order, and the
+            flush raises the refusal naming that message's id alone.
         update_frequency_s: The linger: longest time a buffered message waits before its batch is sent
             (seconds; default 0.001, like a Kafka producer's ``linger.ms``); 0 disables the timer (batches
             then go out by count, bytes or ``flush()``, and ``send_when_idle`` has no effect). Unused when
@@ -456,7 +458,9 @@ class MartiCommClient(_ClientBase):
 
     def _flush(self, acks: bool, background: bool = False) -> None:
         """Sends the buffers (the timer's ``background`` flush only if still due once it holds the send lock:
-        a full batch sent meanwhile leaves a newer buffer to linger), then, if ``acks``, the pending acks."""
+        a full batch sent meanwhile leaves a newer buffer to linger), then, if ``acks``, the pending acks; then
+        a caller's (not ``background``) flush raises the oldest refusal not raised yet (e.g. of a message too
+        large for a frame, refused alone while the rest was sent: :meth:`_batch_failed`)."""
         with self._send_lock:
             if not background or self._flush_due():
                 self._flush_locked(background)
@@ -464,28 +468,29 @@ class MartiCommClient(_ClientBase):
             ids = self._core.take_acks()
             if ids:
                 call(self._stub.Ack, self._acks_request(ids), self.timeout_s)
+        if not background:
+            self._raise_refused()
 
     def _flush_locked(self, background: bool) -> None:
         """Sends the buffers (the caller holds ``_send_lock``); see :meth:`_Core.split_failed` on errors."""
         unicast, bcast = self._core.take_buffers()
         try:
-            self._send_all(self._stub.Send, pb.SendRequest, unicast)
-            self._send_all(self._stub.Broadcast, pb.BroadcastRequest, bcast)
+            self._send_all(self._stub.Send, pb.SendRequest, unicast, background)
+            self._send_all(self._stub.Broadcast, pb.BroadcastRequest, bcast, background)
         except Exception as exc:
             raise self._failed(exc, unicast, bcast, background) from None
 
-    def _send_all(self, method, request_cls, items: list) -> None:
+    def _send_all(self, method, request_cls, items: list, background: bool) -> None:
         """Sends ``items`` in batches the broker takes (:meth:`_Core.batch_count`; a batch refused for its
-        count or bytes alone is sent again in parts, :meth:`_Core.learn_batch_limit`), removing each sent batch from
-        ``items``: on an error, what is left in ``items`` was not sent."""
+        count or bytes alone is sent again in parts, and a message too large for a frame alone is refused alone:
+        :meth:`_batch_failed`), removing each sent (or refused alone) batch from ``items``: on an error, what is
+        left in ``items`` was not sent."""
         while items:
             n = self._core.batch_count(items)
             try:
                 self._send_batch(method, request_cls, items[:n])
             except Exception as exc:
-                if self._core.learn_batch_limit(exc, n):
-                    continue
-                raise
+                n = self._batch_failed(exc, items, n, background)
             del items[:n]
 
     def _send_batch(self, method, request_cls, items: list):

@@ -106,3 +106,63 @@ def test_one_message_over_the_frame_bytes_alone_is_refused_and_reported(small_fr
             s.send_message("r", "y" * (2 * FRAME_LIMIT))
         assert info.value.max_frame_bytes == FRAME_LIMIT
         assert s.get_communication_stats().refused_messages == 1
+
+
+def test_a_message_too_large_alone_is_the_only_one_refused(small_frames) -> None:
+    """good, too-large, good, good in one batch (sync client): the broker refuses the batch for its bytes, the
+    client splits it; the big message alone is refused (its error, and ``on_error``, name only its id) and
+    the three good ones after and before it are delivered, in order."""
+    good = ["good-0", "good-1", "good-2"]
+    seen = []
+    with MartiCommClient("r", small_frames, session="alone"):
+        pass
+    with MartiCommClient(
+        "s",
+        small_frames,
+        session="alone",
+        batching_size=20,
+        update_frequency_s=60,
+        send_when_idle=False,
+        on_error=seen.append,
+    ) as s:
+        s.send_message("r", good[0])
+        s.send_message("r", "y" * (2 * FRAME_LIMIT))
+        big_id = s._core.buffered_ids()[1]
+        s.send_message("r", good[1])
+        s.send_message("r", good[2])
+        with pytest.raises(BatchTooLargeError, match="max_frame_bytes=4096") as info:
+            s.flush()
+        stats = s.get_communication_stats()
+    assert info.value.message_ids == (big_id,)
+    assert [e.message_ids for e in seen] == [(big_id,)]
+    assert (stats.refused_batches, stats.refused_messages, stats.total_sent) == (1, 1, 3)
+    assert _received(small_frames, "alone") == good
+
+
+def test_an_asyncio_client_refuses_only_the_message_too_large_alone(small_frames) -> None:
+    """The same with the asyncio client: the three good messages arrive, the error names only the big one."""
+    good = ["good-0", "good-1", "good-2"]
+
+    async def main() -> tuple:
+        async with AsyncMartiCommClient(
+            "s",
+            small_frames,
+            session="alone-aio",
+            batching_size=20,
+            update_frequency_s=60,
+            send_when_idle=False,
+        ) as s:
+            await s.send_message("r", good[0])
+            await s.send_message("r", "y" * (2 * FRAME_LIMIT))
+            big_id = s._core.buffered_ids()[1]
+            for text in good[1:]:
+                await s.send_message("r", text)
+            with pytest.raises(BatchTooLargeError, match="max_frame_bytes=4096") as info:
+                await s.flush()
+            return big_id, info.value.message_ids, s.get_communication_stats().refused_messages
+
+    with MartiCommClient("r", small_frames, session="alone-aio"):
+        pass
+    big_id, refused_ids, refused = asyncio.run(main())
+    assert refused_ids == (big_id,) and refused == 1
+    assert _received(small_frames, "alone-aio") == good
