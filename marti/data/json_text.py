@@ -4,8 +4,9 @@
 string ``"007"`` is stored as ``007`` and decoded as the number 7), and a column of numbers with one float or
 one integer beyond 64 bits as floats (``1`` is ``1.0``, ``12345678901234567890`` is
 ``1.2345678901234567e+19``).
-This module reads the file's records itself with :mod:`json` (numbers kept as the text written) so that
-:func:`keep_as_written` can put back, column by column (:func:`fixes`), the values the user wrote.
+This module reads the file's records itself with :mod:`json` (numbers kept as the text written, a key written
+twice in one object refused where :mod:`json` and ``datasets`` keep the last) so that :func:`keep_as_written`
+can put back, column by column (:func:`fixes`), the values the user wrote.
 """
 
 from __future__ import annotations
@@ -22,8 +23,27 @@ class _Number(str):
     """A JSON number, as the text written (the decoder's ``parse_int`` / ``parse_float`` hook)."""
 
 
-_DECODER = json.JSONDecoder(parse_int=_Number, parse_float=_Number)
+class _DuplicateKey(ValueError):
+    """A key written twice in one JSON object (``args[0]``: the key)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's dict (the decoder's ``object_pairs_hook``).
+
+    Raises:
+        _DuplicateKey: A key is written twice (:mod:`json` alone would keep the last value silently).
+    """
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+_DECODER = json.JSONDecoder(parse_int=_Number, parse_float=_Number, object_pairs_hook=_unique_keys)
 _SPACE = re.compile(r"[ \t\n\r]*")
+_COMMA = re.compile(r"[ \t\n\r]*,?[ \t\n\r]*")
 
 
 def read_records(text: str, source: str) -> list[dict[str, Any]]:
@@ -39,14 +59,17 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
         One dict per record; numbers are ``str`` holding the number's text as written.
 
     Raises:
-        InvalidArgumentError: A JSON syntax error, or a value of a JSON lines file that is not an object; the
-            message names the line and column (1-based).
+        InvalidArgumentError: A JSON syntax error, a value of a JSON lines file that is not an object, or a
+            key written twice in one object (at any depth; the key named, and the line and column where its
+            record starts); the message names the line and column (1-based).
     """
     if text.lstrip().startswith("["):
         try:
             values = _DECODER.decode(text)
         except json.JSONDecodeError as exc:
             raise _syntax(source, exc.lineno, exc.colno, exc.msg) from None
+        except _DuplicateKey as exc:
+            raise _duplicate(text, _element_at_fault(text), exc, source) from None
         return [v if isinstance(v, dict) else {"text": v} for v in values]
     records = []
     pos = _SPACE.match(text).end()
@@ -55,6 +78,8 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
             value, end = _DECODER.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
             raise _bad_line(text, source) or _syntax(source, exc.lineno, exc.colno, exc.msg) from None
+        except _DuplicateKey as exc:
+            raise _duplicate(text, pos, exc, source) from None
         if not isinstance(value, dict):
             line, column = _line_column(text, pos)
             raise _syntax(
@@ -63,6 +88,30 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
         records.append(value)
         pos = _SPACE.match(text, end).end()
     return records
+
+
+def _element_at_fault(text: str) -> int:
+    """The offset where the element of the JSON array ``text`` holding a key written twice starts (the
+    elements before it decode, so the scan reaches it)."""
+    pos = text.index("[") + 1
+    while True:
+        pos = _SPACE.match(text, pos).end()
+        try:
+            _, end = _DECODER.raw_decode(text, pos)
+        except _DuplicateKey:
+            return pos
+        pos = _COMMA.match(text, end).end()
+
+
+def _duplicate(text: str, pos: int, exc: _DuplicateKey, source: str) -> InvalidArgumentError:
+    line, column = _line_column(text, pos)
+    return _syntax(
+        source,
+        line,
+        column,
+        f"the record starting here writes key {exc.args[0]!r} twice in one object; JSON would keep only the "
+        "last value, silently: remove one or rename it",
+    )
 
 
 def _bad_line(text: str, source: str) -> InvalidArgumentError | None:
@@ -132,26 +181,27 @@ def fixes(features: Mapping[str, Any]) -> dict[str, Callable[[Any], Any]]:
 
 
 def keep_as_written(
-    rows: list[dict[str, Any]], columns: Mapping[str, Callable[[Any], Any]], text: str, source: str
+    rows: list[dict[str, Any]],
+    columns: Mapping[str, Callable[[Any], Any]],
+    records: list[dict[str, Any]],
+    source: str,
 ) -> list[dict[str, Any]]:
     """Replace the values of ``columns`` in ``rows`` (as ``datasets`` read them) by the file's own.
 
     Args:
         rows: The rows ``datasets`` read from the file, in file order; changed in place.
         columns: Column -> the function giving its value from the file's record (:func:`fixes`).
-        text: The file's text.
+        records: The file's records (:func:`read_records`).
         source: The file's description, quoted in errors.
 
     Returns:
         ``rows``.
 
     Raises:
-        InvalidArgumentError: The file's records cannot be read (:func:`read_records`), or are not as many as
-            the rows ``datasets`` read.
+        InvalidArgumentError: The records are not as many as the rows ``datasets`` read.
     """
     if not columns:
         return rows
-    records = read_records(text, source)
     if len(records) != len(rows):
         raise InvalidArgumentError(
             f"{source}: column(s) {list(columns)} are kept as written only from JSON lines or a JSON array "

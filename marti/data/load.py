@@ -111,16 +111,20 @@ def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
     columns of numbers, as written (:func:`marti.data.json_text.fixes`).
 
     Raises:
-        InvalidArgumentError: A JSON or CSV file that is not UTF-8, or that the parser cannot read.
+        InvalidArgumentError: A JSON or CSV file that is not UTF-8, or that the parser cannot read; a JSON
+            file's syntax error, or a key written twice in one of its objects, with its line and column
+            (:func:`marti.data.json_text.read_records`, run before ``datasets``).
     """
+    source = f"dataset {spec.describe()}"
     text = _read_text(spec) if spec.kind in ("json", "csv") else ""
     if spec.kind == "csv":
-        _check_csv_fields(text, f"dataset {spec.describe()}")
-    loaded = _load_file(ds, spec, text)
+        _check_csv_fields(text, source)
+    records = read_records(text, source) if spec.kind == "json" else []
+    loaded = _load_file(ds, spec)
     rows = loaded.to_list()
     if spec.kind != "json":
         return rows
-    return keep_as_written(rows, fixes(loaded.features), text, f"dataset {spec.describe()}")
+    return keep_as_written(rows, fixes(loaded.features), records, source)
 
 
 def _check_csv_fields(text: str, source: str) -> None:
@@ -176,9 +180,8 @@ def _read_text(spec: SourceSpec) -> str:
         ) from None
 
 
-def _load_file(ds: Any, spec: SourceSpec, text: str) -> Any:
-    """``load_dataset`` of a file (CSV cells as text); ``text`` is a JSON file's text (to name a syntax
-    error's line).
+def _load_file(ds: Any, spec: SourceSpec) -> Any:
+    """``load_dataset`` of a file (CSV cells as text).
 
     Raises:
         InvalidArgumentError: The file has no rows, or the parser failed (:func:`_load_error`).
@@ -187,19 +190,13 @@ def _load_file(ds: Any, spec: SourceSpec, text: str) -> Any:
         extra = _csv_text_columns(ds, spec.location) if spec.kind == "csv" else {}
         return ds.load_dataset(spec.kind, data_files=spec.location, split="train", **extra)
     except Exception as exc:  # every parser failure is reported with the file named
-        raise _load_error(spec, text, exc) from None
+        raise _load_error(spec, exc) from None
 
 
-def _load_error(spec: SourceSpec, text: str, exc: Exception) -> InvalidArgumentError:
-    """The error for a file ``load_dataset`` could not read: no rows; for JSON, the first syntax error with
-    its line and column (:func:`marti.data.json_text.read_records`); else the parser's own message."""
+def _load_error(spec: SourceSpec, exc: Exception) -> InvalidArgumentError:
+    """The error for a file ``load_dataset`` could not read: no rows, else the parser's own message."""
     if "corresponds to no data" in _cause(exc):  # datasets' answer to a file without rows
         return InvalidArgumentError(f"dataset {spec.describe()} has no rows")
-    if spec.kind == "json":
-        try:
-            read_records(text, f"dataset {spec.describe()}")
-        except InvalidArgumentError as syntax:
-            return syntax
     return InvalidArgumentError(
         f"dataset {spec.describe()} could not be read as {spec.kind.upper()}: {_cause(exc)}"
     )

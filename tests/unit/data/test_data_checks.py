@@ -11,7 +11,7 @@ import datasets
 import pytest
 
 from marti.data import ProblemSet
-from marti.data.json_text import as_text, keep_as_written
+from marti.data.json_text import as_text, keep_as_written, read_records
 from marti.errors import InvalidArgumentError, NotFoundError
 from tests.unit.data.files import jsonl
 
@@ -60,6 +60,25 @@ def test_a_json_syntax_error_names_the_file_and_its_line(tmp_path, name, text, w
     (tmp_path / name).write_text(text)
     with pytest.raises(InvalidArgumentError, match=rf"{name}' could not be read as JSON: {where}"):
         ProblemSet.from_source(str(tmp_path / name), input_key="prompt")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("d.json", '[{"q": "x", "a": "1"},\n {"q": "y", "a": "2", "q": "z"}]', "line 2, column 2: the record starting here writes key 'q' twice"),
+        ("d.jsonl", '{"q": "x", "a": "1"}\n{"q": "y", "a": "2", "a": "3"}\n', "line 2, column 1: the record starting here writes key 'a' twice"),
+        ("d.jsonl", '{"q": "x", "a": "1"}\n\n{"q": "y",\n "a": "2", "m": {"k": 1, "k": 2}}\n', "line 3, column 1: .* key 'k' twice"),
+        ("d.json", '[{"q": "x", "a": "1"}, 5, [1], {"q": "y", "a": "2", "m": [{"k": 1, "k": 2}]}]', "line 1, column 32: .* key 'k' twice"),
+    ],
+)  # fmt: skip
+def test_a_json_key_written_twice_in_one_object_names_the_file_line_and_key(tmp_path, name, text, where):
+    """JSON kept the last value silently (a JSON array: the prompt "y" was dropped); JSON lines gave datasets'
+    "Trailing data at position 17"."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(
+        InvalidArgumentError, match=rf"{name}' could not be read as JSON: {where} in one object"
+    ):
+        ProblemSet.from_source(str(tmp_path / name), input_key="q", label_key="a")
 
 
 LATIN1 = {  # file -> its bytes, the line of the Latin-1 byte
@@ -187,7 +206,7 @@ def test_values_put_back_need_the_records_datasets_read():
     with pytest.raises(
         InvalidArgumentError, match=r"src: column\(s\) \['a'\] .*2 record\(s\) are not the 1 row"
     ):
-        keep_as_written([{"a": "1"}], {"a": as_text}, '{"a": 1}\n{"a": "x"}\n', "src")
+        keep_as_written([{"a": "1"}], {"a": as_text}, read_records('{"a": 1}\n{"a": "x"}\n', "s"), "src")
 
 
 def test_an_empty_label_string_is_no_label():
