@@ -321,7 +321,8 @@ class ServicesConfig(_Section):
     """Data directory of embedded services; null: ``<output.dir>/services``."""
     reconnect_timeout_s: NonNegFloat = 120.0
     """How long the trainer keeps retrying a rollout or store exchange while a service restarts, seconds
-    (backoff 0.5 s doubling to 10 s); 0 fails at the first outage."""
+    (backoff 0.5 s doubling to 10 s); 0 fails at the first outage. Also how long marti train waits for a
+    given service to answer before the run folder (see "One folder, one run")."""
 
     @field_validator("env")
     @classmethod

@@ -4,6 +4,8 @@ for the wrong server; the job runs in a subprocess, as a user runs it)."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from marti.errors import InvalidArgumentError
@@ -43,9 +45,19 @@ def test_each_given_address_is_checked_for_its_own_service(broker) -> None:
     check_given_services(addresses, ("broker",))  # the broker at the broker's address: fine
     with pytest.raises(InvalidArgumentError, match=r"store address .* does not serve .*ExperienceService"):
         check_given_services(addresses, ("broker", "store"))
-    check_given_services(
-        resolve_addresses(None, store="127.0.0.1:1")[0], ("store",), timeout_s=0.5
-    )  # down: the job's retries decide
+
+
+def test_a_store_that_is_down_is_waited_for_then_refused_before_an_overwrite(tmp_path) -> None:
+    """No server at the store's address: the job waits ``services.reconnect_timeout_s`` (as its own retries
+    would), then is refused naming the address and the wait, with the old run kept (it was cleared, then the job
+    failed 120 s later, before)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = {**JOB, "services": {"store": f"127.0.0.1:{port}", "reconnect_timeout_s": 1.0}}
+    proc = train_over_an_old_run(tmp_path, job)
+    assert f"store address 127.0.0.1:{port} (--store or services.store): no answer within 1 s" in proc.stderr
+    assert "Nothing was changed in the run folder" in proc.stderr
 
 
 def test_a_store_that_refuses_the_jobs_token_is_named_before_an_overwrite(tmp_path) -> None:

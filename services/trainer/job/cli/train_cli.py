@@ -216,7 +216,8 @@ def _check_given_services(cfg: TrainConfig, args: argparse.Namespace) -> None:
     addresses, missing = resolve_addresses(
         cfg.services, broker=args.broker, env=args.env, store=args.store, token=args.token
     )
-    check_given_services(addresses, tuple(s for s in SERVICES if s not in missing))
+    given = tuple(s for s in SERVICES if s not in missing)
+    check_given_services(addresses, given, wait_s=cfg.services.reconnect_timeout_s)
     if "store" not in missing:
         check_given_store_tables(cfg, addresses)
 

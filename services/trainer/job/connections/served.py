@@ -1,5 +1,6 @@
 """That each service address a job was given serves the service it was given for, checked before the run folder
-(so that a swapped ``--env`` / ``--store`` port fails at once, before ``--overwrite`` clears the old run).
+(so that a swapped ``--env`` / ``--store`` port fails at once, and a service that does not answer within
+``services.reconnect_timeout_s`` fails then, both before ``--overwrite`` clears the old run).
 
 One standard ``grpc.health.v1`` Check per address, for the service's full name: every marti server registers a
 health status per service it hosts, and answers NOT_FOUND (``SERVICE_UNKNOWN``) for one it does not host.
@@ -7,7 +8,10 @@ health status per service it hosts, and answers NOT_FOUND (``SERVICE_UNKNOWN``) 
 
 from __future__ import annotations
 
-from marti.errors import InvalidArgumentError
+import sys
+import time
+
+from marti.errors import InvalidArgumentError, UnavailableError
 from marti.rpc.health import check_health
 from services.trainer.job.connections.addresses import Addresses
 
@@ -32,33 +36,55 @@ def _entries(addresses: Addresses, service: str) -> list[str]:
     return [value] if isinstance(value, str) and value and not value.startswith("dns:") else []
 
 
-def check_given_services(addresses: Addresses, given: tuple[str, ...], *, timeout_s: float = 5.0) -> None:
-    """Refuse a given address whose server does not host the service it was given for.
+def check_given_services(
+    addresses: Addresses, given: tuple[str, ...], *, wait_s: float = 0.0, timeout_s: float = 5.0
+) -> None:
+    """Refuse a given address whose server does not host the service it was given for, or that does not answer.
 
     Args:
         addresses: The job's addresses (:func:`~services.trainer.job.connections.addresses.resolve_addresses`).
         given: The services whose address was given (not started by the job), of ``"broker"``, ``"env"``,
             ``"store"``.
-        timeout_s: Deadline of each health check, seconds. A server that does not answer in time (down, still
-            starting) is not refused here: the job's own connection retries decide.
+        wait_s: How long a server that does not answer (down, still starting, draining) is waited for, seconds
+            (``marti train`` passes ``services.reconnect_timeout_s``, the time the job itself would retry).
+        timeout_s: Deadline of each health check, seconds.
 
     Raises:
-        InvalidArgumentError: A server answers that it does not host the service (``SERVICE_UNKNOWN``); the
-            message names the service, its flag, the address and what to check.
+        InvalidArgumentError: A server answers that it does not host the service (``SERVICE_UNKNOWN``).
+        UnavailableError: A server did not answer SERVING within ``wait_s``.
+        Each message names the service, its flag and the address.
     """
     for service in given:
         name, flag = SERVICE_NAMES[service]
         for address in _entries(addresses, service):
-            status = check_health(
-                address,
-                name,
-                timeout_s=timeout_s,
-                token=addresses.token,
-                tls_ca_file=addresses.ca_for(service),
-            )
+            where = f"{service} address {address} ({flag} or services.{service})"
+            status = _serving(addresses, service, address, name, wait_s, timeout_s)
             if status == "SERVICE_UNKNOWN":
                 raise InvalidArgumentError(
-                    f"{service} address {address} ({flag} or services.{service}): the server there does not serve "
-                    f"{name}; probably another service listens on that port (are two addresses swapped?). "
-                    "Nothing was changed in the run folder"
+                    f"{where}: the server there does not serve {name}; probably another service listens on that "
+                    "port (are two addresses swapped?). Nothing was changed in the run folder"
                 )
+            if status != "SERVING":
+                raise UnavailableError(
+                    f"{where}: no answer within {wait_s:g} s (services.reconnect_timeout_s; last status {status}); "
+                    "start the service or correct the address. Nothing was changed in the run folder"
+                )
+
+
+def _serving(
+    addresses: Addresses, service: str, address: str, name: str, wait_s: float, timeout_s: float
+) -> str:
+    """The health status of ``name`` at ``address``: polled every 0.5 s while the server does not answer, for
+    at most ``wait_s`` seconds (one line on stderr says so)."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        status = check_health(
+            address, name, timeout_s=timeout_s, token=addresses.token, tls_ca_file=addresses.ca_for(service)
+        )
+        if status in ("SERVING", "SERVICE_UNKNOWN") or time.monotonic() >= deadline:
+            return status
+        if not said:
+            print(f"waiting up to {wait_s:g} s for the {service} at {address} ({status})", file=sys.stderr)
+            said = True
+        time.sleep(0.5)
