@@ -83,7 +83,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if any(not p for p in parts):
         raise InvalidArgumentError(f"override key {key!r} has an empty part")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw, f"override {text!r}") if raw.strip() else None
     except yaml.YAMLError as exc:
         raise InvalidArgumentError(
             f"override {key}: value {raw!r} is not a YAML scalar or list: {exc}"
@@ -108,7 +108,8 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> di
 
     Raises:
         InvalidArgumentError: Malformed override, unknown key (named, with a suggestion), a list index out of
-            range, or a key below a scalar value.
+            range, a key below a scalar value, or a value with a key written twice in one mapping (``--set
+            'rollout={a: 1, a: 2}'``: ``override 'rollout={a: 1, a: 2}': key 'a' is written twice ...``).
     """
     out = yaml.safe_load(yaml.safe_dump(data)) if data else {}
     for text in overrides:

@@ -83,3 +83,20 @@ def test_merge_precedence_explicit_then_earlier_source_and_duplicates_in_a_merge
     assert doc["c"] == {"x": 1, "y": 2, "z": 3} and doc["d"] == {"x": 2, "y": 4}
     with pytest.raises(InvalidArgumentError, match=r"cfg: key 'k' is written twice.*line 2 and line 2"):
         load_yaml("c:\n  <<: {k: 1, k: 2}\n", "cfg")
+
+
+def test_marti_train_refuses_a_set_value_with_a_key_twice_naming_the_override(tmp_path):
+    value = "rollout={max_new_tokens: 4, max_new_tokens: 9}"
+    out = _marti("train", "examples/tiny.yaml", "--set", value, "--set", f"output.dir={tmp_path / 'run'}")
+    assert out.returncode == 2, out
+    lines = _lines(out.stderr)
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"override {value!r}: key 'max_new_tokens' is written twice in one mapping" in lines[0]
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(
+        InvalidArgumentError, match=r"override 'agents.0.sampling=.*key 'temperature' is written"
+    ):
+        config_from_text(
+            (ROOT / "examples" / "tiny.yaml").read_text(),
+            ["agents.0.sampling={temperature: 0.2, temperature: 0.9}"],
+        )
