@@ -3,7 +3,7 @@
 ``datasets`` stores a column that mixes numbers and text as JSON text, losing which values were strings (the
 string ``"007"`` is stored as ``007`` and decoded as the number 7), and a column of numbers with one float or
 one integer beyond 64 bits as floats (``1`` is ``1.0``, ``12345678901234567890`` is
-``1.2345678901234567e+19``).
+``1.2345678901234567e+19``), and does the same to the values inside a column of lists or objects.
 This module reads the file's records itself with :mod:`json` (numbers kept as the text written, a key written
 twice in one object refused where :mod:`json` and ``datasets`` keep the last) so that :func:`keep_as_written`
 can put back, column by column (:func:`fixes`), the values the user wrote.
@@ -164,16 +164,19 @@ def as_number(value: Any) -> Any:
 
 def fixes(features: Mapping[str, Any]) -> dict[str, Callable[[Any], Any]]:
     """The columns of a JSON file whose values ``datasets`` does not keep as written, each with the function
-    giving the written value: a column that mixes types (a ``Json`` feature), read as text (:func:`as_text`),
-    and a column of numbers read as floats (``1`` became ``1.0`` beside ``1.5``, an integer beyond 64 bits a
-    rounded float), read as :func:`as_number` gives them.
+    giving the written value: a column that mixes types (a ``Json`` feature), read as text (:func:`as_text`); a
+    column of lists or objects (a ``List`` or struct feature, or a ``Json`` one), whose nested values
+    ``datasets`` may change (the string ``"007"`` beside the number 7 became 7, ``1`` beside ``1.5`` became
+    ``1.0``, an integer beyond 64 bits a rounded float), each list or object as :mod:`json` reads it
+    (:func:`as_text`); and a column of numbers read as floats (``1`` became ``1.0`` beside ``1.5``, an integer
+    beyond 64 bits a rounded float), read as :func:`as_number` gives them.
 
     Args:
         features: The loaded dataset's features, column -> ``datasets`` feature.
     """
     out: dict[str, Callable[[Any], Any]] = {}
     for column, feature in features.items():
-        if type(feature).__name__ == "Json":
+        if type(feature).__name__ != "Value":  # Json, List, Sequence, a struct (dict): nested values
             out[column] = as_text
         elif str(getattr(feature, "dtype", "")).startswith("float"):
             out[column] = as_number

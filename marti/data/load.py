@@ -3,8 +3,9 @@
 Files go through ``datasets.load_dataset(builder, data_files=PATH, split="train")`` (CSV cells read as
 the text written: string columns, no NA guessing), a ``save_to_disk`` folder through
 ``datasets.load_from_disk`` (one split of a ``DatasetDict``), a hub id through
-``datasets.load_dataset(ID, name=config, split=split)``. A JSON file's columns that mix numbers and text, and
-its columns of numbers that ``datasets`` reads as floats, are then put back as written
+``datasets.load_dataset(ID, name=config, split=split)``. A JSON file's columns that mix numbers and text, its
+columns of lists or objects, and its columns of numbers that ``datasets`` reads as floats, are then put back as
+written
 (:mod:`marti.data.json_text`). Every failure becomes a typed error of :mod:`marti.errors`
 that names the source and the cause. ``datasets`` is imported on first use (the trainer extra installs it).
 """
@@ -68,8 +69,9 @@ def load_rows(spec: SourceSpec) -> list[dict[str, Any]]:
 
     Returns:
         One dict per row, column name -> value as ``datasets`` decodes it (``Dataset.to_list``), except a JSON
-        file's columns that mix numbers and text (each value as the text written) and its columns of numbers
-        that ``datasets`` reads as floats (each number as :mod:`json` reads it):
+        file's columns that mix numbers and text (each value as the text written), its columns of lists or
+        objects (each as :mod:`json` reads it) and its columns of numbers that ``datasets`` reads as floats
+        (each number as :mod:`json` reads it):
         :func:`marti.data.json_text.fixes`.
 
     Raises:
@@ -107,8 +109,8 @@ def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
 
 
 def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
-    """The rows of a JSON, CSV or Parquet file; a JSON file's columns that mix numbers and text, and its
-    columns of numbers, as written (:func:`marti.data.json_text.fixes`).
+    """The rows of a JSON, CSV or Parquet file; a JSON file's columns that mix numbers and text, its columns
+    of lists or objects, and its columns of numbers, as written (:func:`marti.data.json_text.fixes`).
 
     Raises:
         InvalidArgumentError: A JSON or CSV file that is not UTF-8, or that the parser cannot read; a JSON

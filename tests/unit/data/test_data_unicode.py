@@ -93,6 +93,24 @@ def test_json_numbers_keep_the_number_written_beside_floats_and_beyond_64_bits(t
     assert str(got[1]) == "1"
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "json"])
+def test_values_inside_json_lists_and_objects_come_back_as_written(tmp_path, kind):
+    """datasets decoded the string "007" beside 7 inside a list or an object as the number 7, and read nested
+    numbers as floats: 12345678901234567890 was 1.2345678901234567e+19, 1 beside 1.5 was 1.0."""
+    records = [
+        '{"q": "x", "tags": ["007", 7], "meta": {"zip": "007"}, "o": {"k": 12345678901234567890}, "l": [1, 1.5]}',
+        '{"q": "y", "tags": [], "meta": {"zip": 7}, "o": {"k": 1}, "l": [2, [3, "4"]]}',
+        '{"q": "z", "tags": null, "meta": {"zip": "x", "more": [{"n": 1}, {"n": 2.5}]}, "o": {"k": 1.5}, "l": []}',
+    ]
+    path = tmp_path / f"nested.{kind}"
+    path.write_text("\n".join(records) if kind == "jsonl" else "[" + ",\n".join(records) + "]")
+    problems = ProblemSet.from_source(str(path), input_key="q", label_key=None)
+    assert [problems.row(i) for i in range(3)] == [json.loads(r) for r in records]
+    got = problems.row(0)
+    assert got["tags"] == ["007", 7] and got["meta"] == {"zip": "007"} and got["l"] == [1, 1.5]
+    assert type(got["l"][0]) is int and got["o"]["k"] == 12345678901234567890
+
+
 def test_a_csv_with_a_utf8_byte_order_mark_reads_its_header_and_cells_as_written(tmp_path) -> None:
     path = tmp_path / "excel.csv"  # Excel's "CSV UTF-8" starts the file with a byte-order mark
     path.write_bytes(b"\xef\xbb\xbfprompt,answer\nq1,1\ncaf\xc3\xa9,007\n")
