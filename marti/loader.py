@@ -48,7 +48,8 @@ def load_attr(
 
     Raises:
         InvalidArgumentError: ``path`` is not a string of the form ``module:attr``, or its module is not under
-            one of ``allowed`` (the prefixes named).
+            one of ``allowed`` (the prefixes named, quoted: ``entry_point module 'gymnasium' is not allowed: its
+            name must start with one of 'pettingzoo.', 'gymnasium.' ('gymnasium' itself does not; ...)``).
         NotFoundError: The module, file or attribute does not exist (named).
         InvalidArgumentError: The module or file exists but running it failed (a ``SyntaxError``, a failed import
             inside it, any exception its top level raised): the message names the path, the file and line, and
@@ -56,9 +57,7 @@ def load_attr(
     """
     module_name, attr = _split(path, what, form)
     if allowed is not None and (module_name.endswith(".py") or not module_name.startswith(tuple(allowed))):
-        raise InvalidArgumentError(
-            f"{what} module {module_name!r} is not allowed (allowed prefixes: {', '.join(allowed)})"
-        )
+        raise InvalidArgumentError(_not_allowed(what, module_name, allowed))
     if files and module_name.endswith(".py"):
         module = _load_file(path, module_name)
     else:
@@ -69,6 +68,15 @@ def load_attr(
             raise NotFoundError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _not_allowed(what: str, module_name: str, allowed: Sequence[str]) -> str:
+    """The refusal of ``module_name``: the prefixes quoted, and a hint when it is an allowed prefix's package."""
+    prefixes = ", ".join(repr(prefix) for prefix in allowed)
+    msg = f"{what} module {module_name!r} is not allowed: its name must start with one of {prefixes}"
+    if f"{module_name}." in allowed:
+        msg += f" ({module_name!r} itself does not; name a module inside it, '{module_name}.<module>')"
+    return msg
 
 
 def _split(path: Any, what: str, form: str) -> tuple[str, str]:

@@ -18,6 +18,7 @@ setting ``MARTI_ENV_SERVER_ALLOWED_MODULES`` widens it), because the path arrive
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Sequence
@@ -58,11 +59,14 @@ def load_entry_point(path: str) -> Any:
     return load_attr(path, allowed=_allowed_modules, what="entry_point", form="'module:factory'")
 
 
-_UNEXPECTED_KWARG = re.compile(r"unexpected keyword argument '([^']+)'")
-
-
 def build_from_entry_point(env_id: str, config: dict[str, Any]) -> Any:
     """Load ``config["entry_point"]`` and call it with ``config["kwargs"]``.
+
+    The kwargs are first bound to the factory's signature (``inspect.signature(...).bind``), so a missing
+    required key or one it does not take is refused before it runs. A ``TypeError`` the call raises is the
+    user's too when its message names a kwargs key (a factory passing ``**kwargs`` on, or checking a value's
+    type: ``Expect the `max_episode_steps` to be an integer``); any other ``TypeError`` comes from the env's own
+    code and is raised unchanged.
 
     Args:
         env_id: The adapter's env id (``pettingzoo``, ``gymnasium``), for the message.
@@ -72,23 +76,55 @@ def build_from_entry_point(env_id: str, config: dict[str, Any]) -> Any:
         What the factory returned.
 
     Raises:
-        InvalidArgumentError: The factory does not take a keyword of ``kwargs`` (its ``TypeError``: "unexpected
-            keyword argument"), naming the env, the entry point and the keyword, the same in process and from
-            the env server (INVALID_ARGUMENT there, not INTERNAL).
+        InvalidArgumentError: The entry point is not callable, ``kwargs`` misses a key the factory needs or has
+            one it does not take (``does not accept the kwargs key 'bad'``), or the call raised a ``TypeError``
+            naming a kwargs key; the message names the env, the entry point and the ``TypeError``'s text, the
+            same in process and from the env server (INVALID_ARGUMENT there, not INTERNAL).
         NotFoundError / InvalidArgumentError: What :func:`load_entry_point` raises.
     """
-    factory = load_entry_point(config["entry_point"])
+    entry_point = config["entry_point"]
+    factory = load_entry_point(entry_point)
     kwargs = config["kwargs"] or {}
+    where = f"env {env_id!r}: entry_point {entry_point!r}"
+    if not callable(factory):
+        raise InvalidArgumentError(f"{where} is not callable (a {type(factory).__name__})")
+    _bind_kwargs(where, factory, kwargs)
     try:
         return factory(**kwargs)
     except TypeError as exc:
-        bad = _UNEXPECTED_KWARG.search(str(exc))
-        if bad is None or bad.group(1) not in kwargs:
+        if _kwarg_named(str(exc), kwargs) is None:
             raise
-        raise InvalidArgumentError(
-            f"env {env_id!r}: entry_point {config['entry_point']!r} does not accept the kwargs key "
-            f"{bad.group(1)!r} ({exc}); kwargs given: {sorted(kwargs)}"
-        ) from None
+        raise _kwargs_error(where, exc, kwargs) from exc
+
+
+def _bind_kwargs(where: str, factory: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse ``kwargs`` that do not fit ``factory``'s signature (nothing checked when it has none to read)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable without a readable signature
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        raise _kwargs_error(where, exc, kwargs) from None
+
+
+def _kwarg_named(message: str, kwargs: dict[str, Any]) -> str | None:
+    """The first key of ``kwargs`` that ``message`` names as a whole word (or in backquotes), else None."""
+    for key in kwargs:
+        if re.search(rf"(?<![A-Za-z0-9_]){re.escape(str(key))}(?![A-Za-z0-9_])", message):
+            return key
+    return None
+
+
+def _kwargs_error(where: str, exc: TypeError, kwargs: dict[str, Any]) -> InvalidArgumentError:
+    """The error for adapter ``kwargs`` the factory refused (``exc``), naming the key when it is one given."""
+    unexpected = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
+    if unexpected is not None and unexpected.group(1) in kwargs:
+        what = f"does not accept the kwargs key {unexpected.group(1)!r}"
+    else:
+        what = "refused its kwargs"
+    return InvalidArgumentError(f"{where} {what} (TypeError: {exc}); kwargs given: {sorted(kwargs)}")
 
 
 class _FirstSeed:

@@ -102,3 +102,24 @@ def test_make_seed_fixes_the_first_episode_of_adapted_envs() -> None:
 
     assert np.array_equal(first_obs(5), first_obs(5))
     assert not np.array_equal(first_obs(5), first_obs(6))
+
+
+def test_a_type_error_from_inside_the_env_naming_no_kwargs_key_is_not_made_a_user_error(monkeypatch) -> None:
+    from services.env_server.envs import adapters
+
+    def factory(size: int = 3) -> None:
+        return None + size  # the env's own bug: a TypeError that names no kwargs key
+
+    monkeypatch.setattr(adapters, "load_entry_point", lambda path: factory)
+    with pytest.raises(TypeError, match="unsupported operand") as info:
+        adapters.build_from_entry_point("gymnasium", {"entry_point": "gymnasium.x:f", "kwargs": {"size": 2}})
+    assert not isinstance(info.value, InvalidArgumentError)
+
+
+def test_an_allowed_prefix_package_itself_is_refused_saying_so() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        me.make("gymnasium", entry_point="gymnasium:make")
+    assert str(info.value) == (
+        "entry_point module 'gymnasium' is not allowed: its name must start with one of 'pettingzoo.', "
+        "'gymnasium.' ('gymnasium' itself does not; name a module inside it, 'gymnasium.<module>')"
+    )
