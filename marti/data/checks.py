@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from marti.data.json_text import INT64
 from marti.errors import InvalidArgumentError
 
 _SHOWN = 80
@@ -90,10 +91,17 @@ def _check_label(source: str, i: int, label_key: str, label: Any) -> None:
 
 
 def _not_json(value: Any) -> str | None:
-    """Why ``value`` is not plain JSON (strings, finite numbers, booleans, null, lists, string-keyed dicts),
-    or None when it is."""
-    if value is None or isinstance(value, str | bool | int):
+    """Why ``value`` is not plain JSON that an env server can receive (strings, finite numbers, integers
+    within 64 bits, booleans, null, lists, string-keyed dicts), or None when it is."""
+    if value is None or isinstance(value, str | bool):
         return None
+    if isinstance(value, int):
+        if INT64[0] <= value <= INT64[1]:
+            return None
+        return (
+            f"the integer {_show(value)} is beyond 64 bits, which an env server's wire format does not carry; "
+            f"give it as text ({_show(str(value))})"
+        )
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value!r} is not a finite number"
     if isinstance(value, list | tuple):

@@ -138,10 +138,17 @@ def _syntax(source: str, line: int, column: int, why: str) -> InvalidArgumentErr
     return InvalidArgumentError(f"{source} could not be read as JSON: line {line}, column {column}: {why}")
 
 
+INT64 = (-(2**63), 2**63 - 1)
+"""The smallest and largest integer a row can hold: an env server receives rows over its wire format, whose
+integers are 64-bit."""
+
+
 def _plain(value: Any) -> Any:
-    """``value`` with every number as :mod:`json` reads it (an int of any size, or a float)."""
+    """``value`` with every number as :mod:`json` reads it (a float, or an int), except that an integer beyond
+    64 bits (:data:`INT64`) is its text as written (the digits: what a verifier reads from it)."""
     if isinstance(value, _Number):
-        return json.loads(value)
+        number = json.loads(value)
+        return str(value) if type(number) is int and not INT64[0] <= number <= INT64[1] else number
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
