@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,41 @@ def _read(settings: ServerSettings, name: str) -> bytes | None:
         ) from None
 
 
+def _check_pem(settings: ServerSettings) -> None:
+    """Refuse TLS files that are readable but not what their setting needs (gRPC would only fail the bind).
+
+    ``tls_cert_file`` and ``tls_client_ca_file`` must hold PEM certificates, and ``tls_key_file`` the PEM private
+    key (not encrypted) of the certificate, as Python's ``ssl`` (OpenSSL) reads them.
+
+    Raises:
+        InvalidArgumentError: Naming the setting and the path (and OpenSSL's reason code when it gives one).
+    """
+    for name in ("tls_cert_file", "tls_client_ca_file"):
+        path = getattr(settings, name)
+        if path is None:
+            continue
+        try:
+            ssl.create_default_context().load_verify_locations(cafile=path)
+        except ssl.SSLError as exc:
+            raise errors.InvalidArgumentError(
+                f"setting {name} = {path!r}: not a PEM certificate file{_reason(exc)}"
+            ) from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            settings.tls_cert_file, settings.tls_key_file, password=lambda: b""
+        )
+    except ssl.SSLError as exc:
+        raise errors.InvalidArgumentError(
+            f"setting tls_key_file = {settings.tls_key_file!r}: not a PEM private key (unencrypted) of the "
+            f"certificate in tls_cert_file{_reason(exc)}"
+        ) from None
+
+
+def _reason(exc: ssl.SSLError) -> str:
+    """`` (OpenSSL: REASON)`` for an error that has a reason code, else nothing ("PEM lib" says nothing more)."""
+    return f" (OpenSSL: {exc.reason})" if exc.reason and exc.reason != "PEM lib" else ""
+
+
 def _bind(server: grpc.aio.Server, settings: ServerSettings, what: str) -> int:
     """Add the server's port; a taken port is refused before gRPC tries it (gRPC would log its own error)."""
     target = host_port(settings.host, settings.port)  # a bare IPv6 host (``::1``) is bracketed for gRPC
@@ -137,8 +173,10 @@ def _bind(server: grpc.aio.Server, settings: ServerSettings, what: str) -> int:
         if not (settings.tls_cert_file and settings.tls_key_file):
             raise errors.InvalidArgumentError("TLS needs both tls_cert_file and tls_key_file")
         client_ca = _read(settings, "tls_client_ca_file")
+        pair = (_read(settings, "tls_key_file"), _read(settings, "tls_cert_file"))
+        _check_pem(settings)  # each file was readable just now
         creds = grpc.ssl_server_credentials(
-            [(_read(settings, "tls_key_file"), _read(settings, "tls_cert_file"))],
+            [pair],
             root_certificates=client_ca,
             require_client_auth=client_ca is not None,
         )
@@ -211,7 +249,8 @@ async def start_server(specs: Sequence[ServiceSpec], settings: ServerSettings | 
         The :class:`RunningServer`, already SERVING.
 
     Raises:
-        InvalidArgumentError: TLS files missing or unreadable.
+        InvalidArgumentError: TLS files missing, unreadable or not PEM (a certificate, its key), naming the
+            setting.
         UnavailableError: the gRPC or metrics port is taken (the message says "address in use" and names the
             port) or could not be bound; nothing is left listening then.
     """
@@ -305,8 +344,8 @@ def run_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = N
     Returns:
         Process exit code: 0 after a clean shutdown; after printing ``marti: error: MESSAGE`` as one line on
         stderr (no traceback), 2 for a bad setting the server met while starting (an
-        :class:`~marti.errors.InvalidArgumentError`: an unreadable TLS file), as for any bad setting, and 1 when
-        it could not start or failed with another :class:`~marti.errors.MartiError` (a port in use).
+        :class:`~marti.errors.InvalidArgumentError`: an unreadable or non-PEM TLS file), as for any bad setting,
+        and 1 when it could not start or failed with another :class:`~marti.errors.MartiError` (a port in use).
     """
     settings = settings or ServerSettings()
     try:

@@ -1,10 +1,12 @@
 """A service command given a folder or file setting it cannot use stops with one line naming it and exit code 2
 (operations.md "Bad settings"), as a user meets it: ``marti store --data-dir FILE`` printed a FileExistsError
 traceback (exit 1), ``marti up --data-dir FILE`` the broker's NotADirectoryError traceback, and an unreadable
-TLS file exited 1."""
+TLS file exited 1; a readable TLS file that is not PEM (or a key not of the certificate) said "could not bind",
+exit 1."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -57,4 +59,58 @@ def test_an_unreadable_tls_file_is_one_line_naming_the_setting_exit_2(tmp_path):
     assert (
         f"= '{missing}': cannot read the TLS file: No such file or directory" in line
         and "setting tls_" in line
+    )
+
+
+def _self_signed(tmp_path, name: str) -> tuple[str, str]:
+    """A self-signed EC certificate and its key made by ``openssl`` (PEM paths)."""
+    cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-days", "2", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+@pytest.mark.parametrize("service", ["broker", "store"])
+def test_a_readable_tls_file_that_is_not_pem_is_one_line_naming_the_setting_exit_2(service, tmp_path):
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a pem\n")
+    out = _marti(service, "--port", "0", "--tls-cert-file", str(bad), "--tls-key-file", str(bad))
+    assert out.returncode == 2, out
+    assert _one_line(out) == (
+        f"marti: error: setting tls_cert_file = '{bad}': not a PEM certificate file "
+        "(OpenSSL: NO_CERTIFICATE_OR_CRL_FOUND)"
+    )
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_a_key_not_of_the_certificate_or_a_client_ca_not_pem_is_one_line_naming_the_setting_exit_2(tmp_path):
+    cert, own_key = _self_signed(tmp_path, "a")
+    _, other_key = _self_signed(tmp_path, "b")
+    bad = tmp_path / "bad.key"
+    bad.write_text("not a pem\n")
+    for key in (other_key, str(bad)):
+        out = _marti("broker", "--port", "0", "--tls-cert-file", cert, "--tls-key-file", key)
+        assert out.returncode == 2, out
+        line = _one_line(out)
+        assert line.startswith(
+            f"marti: error: setting tls_key_file = '{key}': not a PEM private key (unencrypted) of the "
+            "certificate in tls_cert_file"
+        ), line
+    out = _marti(
+        "broker",
+        "--port",
+        "0",
+        "--tls-cert-file",
+        cert,
+        "--tls-key-file",
+        own_key,
+        "--tls-client-ca-file",
+        str(bad),
+    )
+    assert out.returncode == 2, out
+    assert _one_line(out).startswith(
+        f"marti: error: setting tls_client_ca_file = '{bad}': not a PEM certificate"
     )
