@@ -12,6 +12,7 @@ can put back, column by column (:func:`fixes`), the values the user wrote.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,28 +21,44 @@ from marti.errors import InvalidArgumentError
 
 
 class _Number(str):
-    """A JSON number, as the text written (the decoder's ``parse_int`` / ``parse_float`` hook)."""
+    """A JSON number, as the text written (the decoder's ``parse_int`` hook; :func:`_finite` for floats)."""
 
 
-class _DuplicateKey(ValueError):
-    """A key written twice in one JSON object (``args[0]``: the key)."""
+class _Refused(ValueError):
+    """A value the decoder refuses inside a record (``args[0]``: why, naming the value)."""
+
+
+def _finite(text: str) -> _Number:
+    """A JSON number with a fraction or an exponent (the decoder's ``parse_float`` hook).
+
+    Raises:
+        _Refused: The number is beyond a double (``1e400``): ``datasets`` cannot store it.
+    """
+    if math.isinf(float(text)):
+        raise _Refused(
+            f"the number {text[:40]} is beyond the range of a double (about 1.8e308); write it as text"
+        )
+    return _Number(text)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object's dict (the decoder's ``object_pairs_hook``).
 
     Raises:
-        _DuplicateKey: A key is written twice (:mod:`json` alone would keep the last value silently).
+        _Refused: A key is written twice (:mod:`json` alone would keep the last value silently).
     """
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _DuplicateKey(key)
+            raise _Refused(
+                f"key {key!r} is written twice in one object; JSON would keep only the last value, silently: "
+                "remove one or rename it"
+            )
         out[key] = value
     return out
 
 
-_DECODER = json.JSONDecoder(parse_int=_Number, parse_float=_Number, object_pairs_hook=_unique_keys)
+_DECODER = json.JSONDecoder(parse_int=_Number, parse_float=_finite, object_pairs_hook=_unique_keys)
 _SPACE = re.compile(r"[ \t\n\r]*")
 _COMMA = re.compile(r"[ \t\n\r]*,?[ \t\n\r]*")
 
@@ -50,8 +67,8 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
     """The records of a JSON file's text, in file order, numbers as the text written.
 
     Args:
-        text: The file's text (no byte-order mark): a JSON array (of objects; any other element ``x`` is the
-            record ``{"text": x}``, as ``datasets`` reads it), or JSON lines (objects one after another,
+        text: The file's text (no byte-order mark): a JSON array (of objects; in an array of no objects, each
+            element ``x`` is the record ``{"text": x}``, as ``datasets`` reads it), or JSON lines (objects one after another,
             usually one per line; blank lines and an object spread over several lines are read too).
         source: The file's description, quoted in errors.
 
@@ -59,17 +76,21 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
         One dict per record; numbers are ``str`` holding the number's text as written.
 
     Raises:
-        InvalidArgumentError: A JSON syntax error, a value of a JSON lines file that is not an object, or a
-            key written twice in one object (at any depth; the key named, and the line and column where its
-            record starts); the message names the line and column (1-based).
+        InvalidArgumentError: A JSON syntax error, a value of a JSON lines file that is not an object, an
+            array mixing objects and other values (the first other value's line and column), or, inside a
+            record (at any depth; the line and column where the record starts), a key written twice in one
+            object (the key named) or a number beyond a double (``1e400``); the message names the line and
+            column (1-based).
     """
     if text.lstrip().startswith("["):
         try:
             values = _DECODER.decode(text)
         except json.JSONDecodeError as exc:
             raise _syntax(source, exc.lineno, exc.colno, exc.msg) from None
-        except _DuplicateKey as exc:
-            raise _duplicate(text, _element_at_fault(text), exc, source) from None
+        except _Refused as exc:
+            raise _refused(text, _element_at_fault(text), exc, source) from None
+        if any(isinstance(v, dict) for v in values) and not all(isinstance(v, dict) for v in values):
+            raise _not_object(text, source)
         return [v if isinstance(v, dict) else {"text": v} for v in values]
     records = []
     pos = _SPACE.match(text).end()
@@ -78,8 +99,8 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
             value, end = _DECODER.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
             raise _bad_line(text, source) or _syntax(source, exc.lineno, exc.colno, exc.msg) from None
-        except _DuplicateKey as exc:
-            raise _duplicate(text, pos, exc, source) from None
+        except _Refused as exc:
+            raise _refused(text, pos, exc, source) from None
         if not isinstance(value, dict):
             line, column = _line_column(text, pos)
             raise _syntax(
@@ -91,27 +112,34 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
 
 
 def _element_at_fault(text: str) -> int:
-    """The offset where the element of the JSON array ``text`` holding a key written twice starts (the
-    elements before it decode, so the scan reaches it)."""
+    """The offset where the element of the JSON array ``text`` that the decoder refuses (:class:`_Refused`)
+    starts (the elements before it decode, so the scan reaches it)."""
     pos = text.index("[") + 1
     while True:
         pos = _SPACE.match(text, pos).end()
         try:
             _, end = _DECODER.raw_decode(text, pos)
-        except _DuplicateKey:
+        except _Refused:
             return pos
         pos = _COMMA.match(text, end).end()
 
 
-def _duplicate(text: str, pos: int, exc: _DuplicateKey, source: str) -> InvalidArgumentError:
+def _not_object(text: str, source: str) -> InvalidArgumentError:
+    """The error naming the first element of the JSON array ``text`` (it decodes) that is not an object."""
+    pos = text.index("[") + 1
+    while True:
+        pos = _SPACE.match(text, pos).end()
+        value, end = _DECODER.raw_decode(text, pos)
+        if not isinstance(value, dict):
+            line, column = _line_column(text, pos)
+            why = f"a JSON array of records holds objects, got {text[pos:end][:80]!r} beside objects"
+            return _syntax(source, line, column, why)
+        pos = _COMMA.match(text, end).end()
+
+
+def _refused(text: str, pos: int, exc: _Refused, source: str) -> InvalidArgumentError:
     line, column = _line_column(text, pos)
-    return _syntax(
-        source,
-        line,
-        column,
-        f"the record starting here writes key {exc.args[0]!r} twice in one object; JSON would keep only the "
-        "last value, silently: remove one or rename it",
-    )
+    return _syntax(source, line, column, f"in the record starting here, {exc.args[0]}")
 
 
 def _bad_line(text: str, source: str) -> InvalidArgumentError | None:

@@ -130,7 +130,7 @@ def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
 
 
 def _check_csv_fields(text: str, source: str) -> None:
-    """Check that a CSV file's header names each column once and every data row has as many fields as the
+    """Check that a CSV file's header names each column, once, and every data row has as many fields as the
     header: ``datasets`` (pandas) would drop the values of a column named a second time, read a file whose first
     data row has one field more with its first column as the index, every value one column off, and fill a
     short row's missing cells. Blank lines are skipped, as pandas skips them.
@@ -140,11 +140,16 @@ def _check_csv_fields(text: str, source: str) -> None:
         source: The file's description, quoted in errors.
 
     Raises:
-        InvalidArgumentError: A column named twice in the header (named), or a row with another number of
+        InvalidArgumentError: A column without a name or named twice in the header (named), or a row with another number of
             fields than the header (its line, 1-based, and both counts named).
     """
     reader = csv.reader(io.StringIO(text, newline=""))
     header = next(reader, [])
+    if "" in header:
+        raise InvalidArgumentError(
+            f"{source}: the header's column {header.index('') + 1} (1-based) has no name (a trailing comma "
+            "adds an empty field); give each column a name"
+        )
     twice = next((c for i, c in enumerate(header) if c in header[:i]), None)
     if twice is not None:
         raise InvalidArgumentError(

@@ -65,10 +65,10 @@ def test_a_json_syntax_error_names_the_file_and_its_line(tmp_path, name, text, w
 @pytest.mark.parametrize(
     ("name", "text", "where"),
     [
-        ("d.json", '[{"q": "x", "a": "1"},\n {"q": "y", "a": "2", "q": "z"}]', "line 2, column 2: the record starting here writes key 'q' twice"),
-        ("d.jsonl", '{"q": "x", "a": "1"}\n{"q": "y", "a": "2", "a": "3"}\n', "line 2, column 1: the record starting here writes key 'a' twice"),
-        ("d.jsonl", '{"q": "x", "a": "1"}\n\n{"q": "y",\n "a": "2", "m": {"k": 1, "k": 2}}\n', "line 3, column 1: .* key 'k' twice"),
-        ("d.json", '[{"q": "x", "a": "1"}, 5, [1], {"q": "y", "a": "2", "m": [{"k": 1, "k": 2}]}]', "line 1, column 32: .* key 'k' twice"),
+        ("d.json", '[{"q": "x", "a": "1"},\n {"q": "y", "a": "2", "q": "z"}]', "line 2, column 2: in the record starting here, key 'q' is written twice"),
+        ("d.jsonl", '{"q": "x", "a": "1"}\n{"q": "y", "a": "2", "a": "3"}\n', "line 2, column 1: in the record starting here, key 'a' is written twice"),
+        ("d.jsonl", '{"q": "x", "a": "1"}\n\n{"q": "y",\n "a": "2", "m": {"k": 1, "k": 2}}\n', "line 3, column 1: .* key 'k' is written twice"),
+        ("d.json", '[{"q": "x", "a": "1"}, 5, [1], {"q": "y", "a": "2", "m": [{"k": 1, "k": 2}]}]', "line 1, column 32: .* key 'k' is written twice"),
     ],
 )  # fmt: skip
 def test_a_json_key_written_twice_in_one_object_names_the_file_line_and_key(tmp_path, name, text, where):
@@ -79,6 +79,31 @@ def test_a_json_key_written_twice_in_one_object_names_the_file_line_and_key(tmp_
         InvalidArgumentError, match=rf"{name}' could not be read as JSON: {where} in one object"
     ):
         ProblemSet.from_source(str(tmp_path / name), input_key="q", label_key="a")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("n.jsonl", '{"q": "x", "a": "1"}\n{"q": "y", "a": 1e400}\n', "line 2, column 1: in the record starting here, the number 1e400 is beyond the range of a double"),
+        ("n.jsonl", '{"q": "y", "a": 1e400}\n', "line 1, column 1: in the record starting here, the number 1e400 is beyond"),
+        ("n.json", '[{"q": "x", "a": "1"},\n {"q": "y", "a": "2", "m": [-1e309]}]', "line 2, column 2: .* the number -1e309 is beyond"),
+        ("n.json", '[{"q": "x", "a": "1"},\n 5]', "line 2, column 2: a JSON array of records holds objects, got '5' beside objects"),
+        ("n.json", '[{"q": "x", "a": "1"}, "s, t"]', """line 1, column 24: a JSON array of records holds objects, got '"s, t"'"""),
+    ],
+)  # fmt: skip
+def test_a_json_number_beyond_a_double_or_an_array_mixing_objects_names_its_line(tmp_path, name, text, where):
+    """datasets said "Trailing data at position 17", "If using all scalar values, you must pass an index" or
+    "ArrowInvalid: JSON parse error: Column() changed from object to string in row 0": no line, no column."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InvalidArgumentError, match=rf"{name}' could not be read as JSON: {where}"):
+        ProblemSet.from_source(str(tmp_path / name), input_key="q", label_key="a")
+
+
+def test_a_csv_header_cell_without_a_name_is_refused_naming_it(tmp_path):
+    """datasets said "KeyError: 'Field "" does not exist in schema'"."""
+    (tmp_path / "e.csv").write_text("q,a,\nx,1,z\n")
+    with pytest.raises(InvalidArgumentError, match=r"e\.csv': the header's column 3 \(1-based\) has no name"):
+        ProblemSet.from_source(str(tmp_path / "e.csv"), input_key="q", label_key="a")
 
 
 LATIN1 = {  # file -> its bytes, the line of the Latin-1 byte
