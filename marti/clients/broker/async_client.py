@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
+from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.errors import ForkedAioError
 from marti.rpc.calls import acall, aiterate
 from marti.rpc.transport import check_aio_usable
@@ -21,6 +23,21 @@ from .protocol import TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_res
 from .types import AgentStateEntry, BatchRefusedError, DeadLetter, Message, PublishResult
 
 _LOG = logging.getLogger("marti.broker.client")
+
+#: Unclosed asyncio clients that may hold buffered messages (added when their buffers fill, dropped by a flush
+#: that empties them and by ``close``): kept alive, so that :func:`_flush_at_exit` can still send them.
+_UNSENT: set[AsyncMartiCommClient] = set()
+
+
+def _flush_at_exit() -> None:
+    """Sends what every unclosed :class:`AsyncMartiCommClient` still buffers when the process exits (see
+    :meth:`AsyncMartiCommClient._flush_on_exit`)."""
+    for client in list(_UNSENT):
+        client._flush_on_exit()
+
+
+# atexit runs last-registered first: this runs before grpc's own exit handlers (grpc is imported above).
+atexit.register(_flush_at_exit)
 
 
 class AsyncMartiCommClient(_ClientBase):
@@ -38,7 +55,10 @@ class AsyncMartiCommClient(_ClientBase):
     buffered while one is go out together when it ends); the flush timer is a task of the event loop, started
     by ``connect``. When the loop ends with messages still buffered and the client not closed (``asyncio.run``
     returns without ``close``), that task sends them before it ends; a failure then is logged. Without a
-    timer (``update_frequency_s=0`` or ``batching_size=1``) ``connect`` starts a task that only does that.
+    timer (``update_frequency_s=0`` or ``batching_size=1``) ``connect`` starts a task that only does that. A
+    loop run by ``run_until_complete`` cancels no task when it ends: what the client still buffers then (and a
+    batch the stopped loop left in flight) is sent when the process exits, over a sync channel of its own
+    (on a caller's ``channel``, an error naming the messages is logged instead).
 
     Fork: in a process forked while its parent had ``grpc.aio`` channels open (a ``multiprocessing`` worker
     using the parent's client), every call that sends raises :class:`~marti.errors.ForkedAioError` at once,
@@ -56,6 +76,8 @@ class AsyncMartiCommClient(_ClientBase):
         self._flusher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected = False
+        # The buffers a flush took and has not sent yet (the batch in flight and those after it), else None.
+        self._taken: tuple[list, list] | None = None
 
     async def connect(self) -> AsyncMartiCommClient:
         """Joins the session as this agent (creating it if needed; from then on broadcasts reach the agent,
@@ -113,7 +135,9 @@ class AsyncMartiCommClient(_ClientBase):
 
     def _kick(self) -> None:
         """Wakes the flush timer task: the buffers are no longer empty, or a batch in flight ended with
-        messages buffered meanwhile (called in the client's loop)."""
+        messages buffered meanwhile (called in the client's loop). Also keeps the client for
+        :func:`_flush_at_exit` until a flush empties its buffers."""
+        _UNSENT.add(self)
         if self._wake is not None:
             self._wake.set()
 
@@ -173,6 +197,37 @@ class AsyncMartiCommClient(_ClientBase):
                 "at the end of its event loop, broker client %r (session %r) could not send %d buffered "
                 "message(s) (ids %s): %s", self.agent_id, self.session, len(ids), ", ".join(ids[:5]), exc,
             )  # fmt: skip
+
+    def _flush_on_exit(self) -> None:
+        """At process exit, for a client never closed that still buffers messages (its event loop ended without
+        cancelling its task: ``loop.run_until_complete``, unlike ``asyncio.run``): sends them over a sync
+        channel of its own (the loop may be closed), logging what it cannot send
+        (:meth:`_ClientBase._send_at_exit`). On a caller's channel, which it cannot dial again, it logs an error
+        naming the client and the messages not sent.
+
+        A flush its loop left in flight (stopped with its rpc pending: the loop will not run it again) has its
+        messages put back in front first; they go out again with the same ids, so the broker's dedup delivers
+        each once."""
+        if self._core.closed:
+            return
+        if self._taken is not None and not (self._loop is not None and self._loop.is_running()):
+            self._core.restore_buffers(*self._taken)
+            self._taken = None
+        if not self._core.has_buffered():
+            return
+        self._wake = None  # its loop will not run again (and may be closed): nothing to wake there
+        if self._dial is None:
+            _LOG.error(
+                "at exit, broker client %r (session %r): %s were not sent (its event loop ended without close(), "
+                "and it cannot dial the caller's channel again)", self.agent_id, self.session, self._buffered_text(),
+            )  # fmt: skip
+            return
+        channel = self._dial(aio=False)
+        try:
+            stub = pb_grpc.BrokerServiceStub(channel)
+            self._send_at_exit(lambda: self._flush_blocking(stub, background=False))
+        finally:
+            channel.close()
 
     async def send_message(
         self,
@@ -249,8 +304,12 @@ class AsyncMartiCommClient(_ClientBase):
         :meth:`MartiCommClient._flush`)."""
         await self._ensure_connected()
         async with self._send_lock:
-            if not background or self._flush_due():
-                await self._flush_locked(background)
+            try:
+                if not background or self._flush_due():
+                    await self._flush_locked(background)
+            finally:
+                if not self._core.has_buffered():
+                    _UNSENT.discard(self)
         if acks:
             ids = self._core.take_acks()
             if ids:
@@ -261,7 +320,7 @@ class AsyncMartiCommClient(_ClientBase):
     async def _flush_locked(self, background: bool) -> None:
         """Sends the buffers (the caller holds the send lock); a cancelled send puts its batch back (the broker
         may have it: a retry reuses the ids, so it is delivered once)."""
-        unicast, bcast = self._core.take_buffers()
+        unicast, bcast = self._taken = self._core.take_buffers()
         try:
             await self._send_all(self._stub.Send, pb.SendRequest, unicast, background)
             await self._send_all(self._stub.Broadcast, pb.BroadcastRequest, bcast, background)
@@ -271,6 +330,8 @@ class AsyncMartiCommClient(_ClientBase):
             raise
         except Exception as exc:
             raise self._failed(exc, unicast, bcast, background) from None
+        finally:
+            self._taken = None
 
     async def _send_all(self, method, request_cls, items: list, background: bool) -> None:
         """Async :meth:`MartiCommClient._send_all`: ``items`` in batches the broker takes, each sent (or refused
@@ -382,6 +443,7 @@ class AsyncMartiCommClient(_ClientBase):
         """
         if not self._core.close():  # from now on every call raises, and nothing more is buffered
             return
+        _UNSENT.discard(self)  # what the final flush does not send is reported by the error it raises
         try:
             if self._connected:
                 await self._flush(acks=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -40,6 +41,7 @@ from marti.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from marti.rpc.calls import call
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
 from marti.rpc.guard import ClientChannel
 
@@ -578,7 +580,8 @@ class _ClientBase:
     The constructor (arguments: see :class:`~.sync_client.MartiCommClient`) checks the arguments, makes the
     :class:`_Core`, the channel (``grpc.aio`` when the subclass sets ``_AIO``) and the stub, then calls the
     subclass's :meth:`_open`. The ``_*_request`` methods build each rpc's request; the others handle what
-    comes back. Nothing here sends anything.
+    comes back. Only the ``*_blocking`` methods send: the sync client's flushes, and the asyncio client's
+    flush at process exit (over a sync channel of its own, its event loop being gone).
     """
 
     #: True in the asyncio client: its channel is a ``grpc.aio`` one.
@@ -618,14 +621,17 @@ class _ClientBase:
         self.on_error = on_error
         self._use_dictionary = use_dictionary
         self._own_channel = channel is None
-        self._channel = channel or make_channel(
+        dial = functools.partial(
+            make_channel,
             address,
             token=token,
             tls_ca_file=tls_ca_file,
-            aio=self._AIO,
             idempotent_methods=_IDEMPOTENT,
             service="broker",
         )
+        #: Dials a new channel to the broker (``dial(aio=...)``); None on a caller's channel (not known how).
+        self._dial: Callable[..., grpc.Channel | grpc.aio.Channel] | None = dial if channel is None else None
+        self._channel = channel or dial(aio=self._AIO)
         # closed (mark_closed) by close once its final flush is done; until then _ready refuses new calls
         self._channel = ClientChannel(
             self._channel, f"the broker client of agent {agent_id!r} (session {session!r})"
@@ -810,6 +816,61 @@ class _ClientBase:
             raise exc
         _notify(self.on_error, self._core.refusal(exc, items[:1], background, keep=True))
         return 1
+
+    def _flush_blocking(self, stub: pb_grpc.BrokerServiceStub, background: bool) -> None:
+        """Sends the buffers over ``stub``, a sync one (the caller keeps other flushes out): the unicast
+        messages (Send), then the broadcasts (Broadcast); see :meth:`_Core.split_failed` on errors.
+
+        Raises:
+            UnavailableError, DeadlineExceededError: Transient (both buffers kept for the next flush).
+            BatchRefusedError: The broker refused a batch (dropped, its ids in the error).
+        """
+        unicast, bcast = self._core.take_buffers()
+        try:
+            self._send_all_blocking(stub.Send, pb.SendRequest, unicast, background)
+            self._send_all_blocking(stub.Broadcast, pb.BroadcastRequest, bcast, background)
+        except Exception as exc:
+            raise self._failed(exc, unicast, bcast, background) from None
+
+    def _send_all_blocking(self, method: Callable, request_cls: type, items: list, background: bool) -> None:
+        """Sends ``items`` in batches the broker takes (:meth:`_Core.batch_count`; a batch refused for its
+        count or bytes alone is sent again in parts, and a message too large for a frame alone is refused alone:
+        :meth:`_batch_failed`), removing each sent (or refused alone) batch from ``items``: on an error, what is
+        left in ``items`` was not sent."""
+        while items:
+            n = self._core.batch_count(items)
+            try:
+                self._send_batch_blocking(method, request_cls, items[:n])
+            except Exception as exc:
+                n = self._batch_failed(exc, items, n, background)
+            del items[:n]
+
+    def _send_batch_blocking(self, method: Callable, request_cls: type, items: list):
+        """Sends ``items`` (``(envelope, buffered_at)`` pairs) in one rpc of the sync stub ``method``; returns
+        its response."""
+        req, frame = self._batch_request(request_cls, items)
+        with self._in_flight():
+            resp = call(method, req, self.timeout_s)
+        self._core.sent_ok(items, frame)
+        return resp
+
+    def _send_at_exit(self, flush: Callable[[], None]) -> None:
+        """At process exit, for a client never closed: sends its buffered messages with ``flush``, and logs (as
+        errors, ``marti.broker.client``) what it could not send and the refusals no call has raised yet, since
+        no later call will report them."""
+        if self._core.has_buffered():
+            try:
+                flush()
+            except BatchRefusedError as err:
+                _LOG.error("at exit, broker client %r (session %r): %s", self.agent_id, self.session, err)
+            except Exception as exc:
+                ids = self._core.buffered_ids()
+                _LOG.error(
+                    "at exit, broker client %r (session %r) could not send %d buffered message(s) (ids %s): %s",
+                    self.agent_id, self.session, len(ids), ", ".join(ids[:5]), exc,
+                )  # fmt: skip
+        while (err := self._core.take_refusal()) is not None:
+            _LOG.error("at exit, broker client %r (session %r): %s", self.agent_id, self.session, err)
 
     def _failed(self, exc: BaseException, unicast: list, bcast: list, background: bool) -> BaseException:
         """Handles a failed send (see :meth:`_Core.split_failed`), tells ``on_error`` of a refusal, and

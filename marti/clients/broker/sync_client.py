@@ -24,7 +24,7 @@ from marti.rpc.channel import check_channel, check_timeout_s, make_channel
 
 from .args import flag_arg
 from .protocol import _IDEMPOTENT, TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
-from .types import AgentStateEntry, BatchRefusedError, DeadLetter, Message, PublishResult
+from .types import AgentStateEntry, DeadLetter, Message, PublishResult
 
 _LOG = logging.getLogger("marti.broker.client")
 
@@ -425,7 +425,7 @@ class MartiCommClient(_ClientBase):
             self._raise_refused()  # a timer flush that was in flight meanwhile
             item = [(env, time.perf_counter())]
             try:
-                return self._send_batch(*self._one_message_rpc(broadcast), item)
+                return self._send_batch_blocking(*self._one_message_rpc(broadcast), item)
             except Exception as exc:
                 raise self._one_message_failed(exc, item, broadcast) from None
 
@@ -472,33 +472,8 @@ class MartiCommClient(_ClientBase):
             self._raise_refused()
 
     def _flush_locked(self, background: bool) -> None:
-        """Sends the buffers (the caller holds ``_send_lock``); see :meth:`_Core.split_failed` on errors."""
-        unicast, bcast = self._core.take_buffers()
-        try:
-            self._send_all(self._stub.Send, pb.SendRequest, unicast, background)
-            self._send_all(self._stub.Broadcast, pb.BroadcastRequest, bcast, background)
-        except Exception as exc:
-            raise self._failed(exc, unicast, bcast, background) from None
-
-    def _send_all(self, method, request_cls, items: list, background: bool) -> None:
-        """Sends ``items`` in batches the broker takes (:meth:`_Core.batch_count`; a batch refused for its
-        count or bytes alone is sent again in parts, and a message too large for a frame alone is refused alone:
-        :meth:`_batch_failed`), removing each sent (or refused alone) batch from ``items``: on an error, what is
-        left in ``items`` was not sent."""
-        while items:
-            n = self._core.batch_count(items)
-            try:
-                self._send_batch(method, request_cls, items[:n])
-            except Exception as exc:
-                n = self._batch_failed(exc, items, n, background)
-            del items[:n]
-
-    def _send_batch(self, method, request_cls, items: list):
-        req, frame = self._batch_request(request_cls, items)
-        with self._in_flight():
-            resp = call(method, req, self.timeout_s)
-        self._core.sent_ok(items, frame)
-        return resp
+        """Sends the buffers (the caller holds ``_send_lock``): :meth:`_flush_blocking` on this client's stub."""
+        self._flush_blocking(self._stub, background)
 
     # ------------------------------------------------------------------ receiving
     def get_messages(self, max_messages: int = 256, timeout_s: float = 0.0) -> list[Message]:
@@ -727,25 +702,9 @@ class MartiCommClient(_ClientBase):
             )  # fmt: skip
             return
         try:
-            self._send_buffers_at_exit()
+            self._send_at_exit(lambda: self._flush(acks=False))
         finally:
             self._send_lock.release()
-
-    def _send_buffers_at_exit(self) -> None:
-        """:meth:`_flush_on_exit`'s work once no batch is in flight (the caller holds ``_send_lock``)."""
-        if self._core.has_buffered():
-            try:
-                self._flush(acks=False)
-            except BatchRefusedError as err:
-                _LOG.error("at exit, broker client %r (session %r): %s", self.agent_id, self.session, err)
-            except Exception as exc:
-                ids = self._core.buffered_ids()
-                _LOG.error(
-                    "at exit, broker client %r (session %r) could not send %d buffered message(s) (ids %s): %s",
-                    self.agent_id, self.session, len(ids), ", ".join(ids[:5]), exc,
-                )  # fmt: skip
-        while (err := self._core.take_refusal()) is not None:
-            _LOG.error("at exit, broker client %r (session %r): %s", self.agent_id, self.session, err)
 
     def __enter__(self) -> MartiCommClient:
         return self

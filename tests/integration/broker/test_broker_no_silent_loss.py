@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -203,6 +205,68 @@ def test_async_client_never_closed_sends_its_buffer_when_asyncio_run_ends(
         else:
             asyncio.run(main())
         assert drain(b) == [0, 1, 2]
+
+
+#: A user's script: an asyncio client driven by ``loop.run_until_complete`` (no ``close``, no ``asyncio.run``),
+#: its messages buffered (batches of 100) or left in flight by the stopped loop when the script exits; argv:
+#: address, session, ``close`` (the loop is closed before exit) or ``open``, ``own`` or ``given`` (a caller's
+#: channel), ``update_frequency_s``.
+RUN_UNTIL_COMPLETE = """
+import asyncio, sys
+import grpc
+from marti.aio import MartiCommClient
+address, session, close, given = sys.argv[1], sys.argv[2], sys.argv[3] == "close", sys.argv[4] == "given"
+linger = float(sys.argv[5])
+async def main():
+    channel = grpc.aio.insecure_channel(address) if given else None
+    a = MartiCommClient("s", address, session=session, update_frequency_s=linger, batching_size=100, channel=channel)
+    await a.connect()
+    for i in range(5):
+        await a.send_message("r", i)
+loop = asyncio.new_event_loop()
+loop.run_until_complete(main())
+if close:
+    loop.close()
+"""
+
+
+@pytest.mark.parametrize(
+    ("close_loop", "update_frequency_s"),
+    [(True, 0.0), (False, 0.0), (True, 0.001), (False, 0.001), (True, 30.0)],
+)
+def test_async_client_never_closed_sends_its_buffer_at_exit_after_run_until_complete(
+    address, close_loop, update_frequency_s, tmp_path
+):
+    """Review s4b finding 2: a loop run by ``run_until_complete`` ends without cancelling the client's task,
+    so nothing is sent at the loop's end; the client's exit handler sends the buffered messages (over a
+    short-lived sync channel) when the process exits, whether or not the loop was closed. With a flush timer
+    (``send_when_idle``) the first message's batch is left in flight by the stopped loop: it goes out again."""
+    session = f"run-until-complete-{close_loop}-{update_frequency_s}"
+    script = tmp_path / "sender.py"
+    script.write_text(RUN_UNTIL_COMPLETE)
+    with MartiCommClient("r", address, session=session) as b:
+        b.get_messages()  # join
+        how = "close" if close_loop else "open"
+        done = subprocess.run(
+            [sys.executable, str(script), address, session, how, "own", str(update_frequency_s)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert drain(b) == [0, 1, 2, 3, 4]
+
+
+def test_async_client_on_a_callers_channel_logs_what_it_cannot_send_at_exit(address, tmp_path):
+    """The same on a caller's ``grpc.aio`` channel, which the client cannot dial again at exit: an error
+    names the client and the messages it did not send (nothing silent)."""
+    script = tmp_path / "sender.py"
+    script.write_text(RUN_UNTIL_COMPLETE)
+    done = subprocess.run(
+        [sys.executable, str(script), address, "run-until-complete-given", "close", "given", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "broker client 's' (session 'run-until-complete-given')" in done.stderr
+    assert "5 buffered message(s)" in done.stderr and "were not sent" in done.stderr
 
 
 # ---------------------------------------------------------------------------------- publish
