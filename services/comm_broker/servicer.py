@@ -130,7 +130,12 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
                 )
                 if deliveries:
                     frame = self._frame(request.session, deliveries, request.accept_codec)
-                    yield pb.SubscribeResponse(frame=frame, count=len(deliveries))
+                    try:
+                        yield pb.SubscribeResponse(frame=frame, count=len(deliveries))
+                    except BaseException:  # the stream ended (client gone) before this batch was sent
+                        ids = [d.envelope.message_id for d in deliveries]
+                        self.broker.release(request.session, request.agent_id, ids)
+                        raise
         finally:
             session.active_streams -= 1
 

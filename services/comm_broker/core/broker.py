@@ -283,6 +283,18 @@ class Broker:
         self.mailboxes.check_ack_size(message_ids)
         return self.mailboxes.ack(self.session(session_name), agent, message_ids)
 
+    def release(self, session_name: str, agent: str, message_ids: Sequence[str]) -> int:
+        """Puts deliveries a Subscribe stream took but could not send (its client went first) back as pending,
+        their attempt not counted, so the next delivery is the same attempt (:meth:`Mailbox.release`).
+
+        Returns:
+            How many were put back (unknown or acked ids are ignored).
+
+        Raises:
+            NotFoundError: Unknown session or agent.
+        """
+        return self.mailboxes.release(self.session(session_name), agent, message_ids)
+
     # ------------------------------------------------------------------ state board
     def put_state(
         self,

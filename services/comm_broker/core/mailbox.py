@@ -200,6 +200,25 @@ class Mailbox:
             self._on_change()
         return done
 
+    def release(self, message_ids: Sequence[str]) -> list[Entry]:
+        """Puts in-flight entries that never reached their receiver (the stream that was sending them ended
+        first) back as pending, in their turn, with that attempt not counted; unknown or acked ids are ignored.
+
+        Returns:
+            The entries put back.
+        """
+        back = []
+        for mid in message_ids:
+            entry = self._in_flight.pop(mid, None)
+            if entry is not None:
+                entry.attempts -= 1
+                entry.deadline = 0.0  # its deadline in the heap no longer matches: skipped (next_deadline)
+                self._put(entry)
+                back.append(entry)
+        if back:
+            self._on_change()
+        return back
+
     def next_deadline(self) -> float | None:
         """Earliest in-flight deadline (s since epoch), or None when nothing is in flight."""
         while self._deadlines:

@@ -183,6 +183,15 @@ class Mailboxes:
         session.counters.acked += len(done)
         return len(done)
 
+    def release(self, session: Session, agent: str, message_ids: Sequence[str]) -> int:
+        """Puts deliveries that never reached ``agent`` back as pending, their attempt not counted
+        (:meth:`Mailbox.release`); returns how many. Unknown or acked ids are ignored.
+
+        Raises:
+            NotFoundError: Unknown agent.
+        """
+        return len(self.get(session, agent, create=False).release(message_ids))
+
     # ------------------------------------------------------------------ redelivery and dead letters
     def expire_in_flight(self, session: Session, box: Mailbox, now: float) -> None:
         """Requeues the box's overdue in-flight deliveries, or dead-letters those out of attempts."""

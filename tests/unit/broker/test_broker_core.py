@@ -339,3 +339,40 @@ async def test_send_wait_blocks_until_space_then_times_out():
     assert (await asyncio.wait_for(waiting, 1)).accepted == 1
     with pytest.raises(MailboxFullError, match="max_mailbox_messages=1"):
         await b.send_wait("s", "a", [env("m3")], wait_s=0.05)
+
+
+def test_a_released_delivery_is_pending_again_with_its_attempt_not_counted():
+    """``release``: deliveries a Subscribe stream took but never sent go back in their turn, the same attempt
+    next time; the ack-timeout path still counts attempts after that; unknown or acked ids are ignored."""
+    b, clock = make(ack_timeout_s=5, max_delivery_attempts=2)
+    b.send("s", "a", [env("m1"), env("m2")])
+    assert [d.attempt for d in b.receive("s", "b", 10)] == [1, 1]
+    assert b.release("s", "b", ["m1", "m2", "unknown"]) == 2
+    assert b.stats("s").in_flight == 0
+    again = b.receive("s", "b", 10)
+    assert [(d.envelope.message_id, d.attempt) for d in again] == [("m1", 1), ("m2", 1)]
+    assert b.ack("s", "b", ["m2"]) == 1 and b.release("s", "b", ["m2"]) == 0
+    clock.t += 5.1
+    assert [(d.envelope.message_id, d.attempt) for d in b.receive("s", "b", 10)] == [("m1", 2)]
+
+
+def test_a_subscribe_stream_closed_while_sending_a_batch_puts_it_back():
+    """The servicer's Subscribe generator closed at its ``yield`` (the client went while grpc wrote the batch):
+    the batch is released, so the next delivery is attempt 1, not 2 (a review saw attempt 3 after a closed
+    asyncio subscriber: one delivery had gone to a stream nobody read)."""
+    from marti.api.broker.v1 import broker_service_pb2 as pb
+    from services.comm_broker.servicer import BrokerServicer
+    from services.comm_broker.settings import BrokerSettings
+
+    b, _ = make(ack_timeout_s=30)
+    b.send("s", "a", [env("m1")])
+    servicer = BrokerServicer(b, BrokerSettings(port=0))
+
+    async def main() -> None:
+        stream = servicer.Subscribe(pb.SubscribeRequest(session="s", agent_id="b"), None)
+        first = await stream.__anext__()
+        assert first.count == 1
+        await stream.aclose()
+
+    asyncio.run(main())
+    assert [(d.envelope.message_id, d.attempt) for d in b.receive("s", "b", 10)] == [("m1", 1)]
