@@ -56,7 +56,8 @@ def test_marti_train_resume_with_another_max_staleness_on_an_external_store(stor
     out = subprocess.run(again, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("marti train: table 'tiny/agent_1' already exists with another config: "), last
+    store = f"marti train: store at {store_server[0]} (--store or services.store): "
+    assert last.startswith(store + "table 'tiny/agent_1' already exists with another config: "), last
     assert "max_policy_lag is 0 there, 1 asked" in last and "set another training_name" in last, last
     assert "Traceback" not in out.stderr
     # --overwrite with the same change: refused before the run folder is cleared (the tables are checked
