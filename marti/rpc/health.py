@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -47,8 +48,47 @@ def check_health(
         channel.close()
 
 
+def poll_health(
+    address: str,
+    service: str = "",
+    *,
+    timeout_s: float,
+    until: tuple[str, ...] = ("SERVING",),
+    interval_s: float = 0.1,
+    check_timeout_s: float = 2.0,
+    on_wait: Callable[[str], None] | None = None,
+    **kwargs,
+) -> str:
+    """Poll :func:`check_health` until its status is one of ``until`` or ``timeout_s`` has passed.
+
+    Args:
+        address: ``host:port``.
+        service: Service name, ``""`` for the whole server.
+        timeout_s: Total time to wait, seconds (0: one check).
+        until: The statuses that end the wait.
+        interval_s: Pause between checks, seconds.
+        check_timeout_s: Deadline of each check, seconds (at most ``timeout_s`` when that is positive).
+        on_wait: Called once with the first status not in ``until`` when the poll goes on.
+        **kwargs: Passed to :func:`check_health` (token, tls_ca_file).
+
+    Returns:
+        The last status (one of ``until``, or what the server last answered when the time ran out).
+    """
+    deadline = time.monotonic() + timeout_s
+    each = min(check_timeout_s, timeout_s) if timeout_s > 0 else check_timeout_s
+    waited = False
+    while True:
+        status = check_health(address, service, timeout_s=each, **kwargs)
+        if status in until or time.monotonic() >= deadline:
+            return status
+        if on_wait is not None and not waited:
+            on_wait(status)
+        waited = True
+        time.sleep(interval_s)
+
+
 def wait_until_serving(address: str, service: str = "", *, timeout_s: float = 60.0, **kwargs) -> None:
-    """Poll :func:`check_health` until SERVING.
+    """Poll :func:`check_health` until SERVING (:func:`poll_health`).
 
     Args:
         address: ``host:port``.
@@ -61,11 +101,6 @@ def wait_until_serving(address: str, service: str = "", *, timeout_s: float = 60
     """
     from marti.errors import DeadlineExceededError
 
-    deadline = time.monotonic() + timeout_s
-    status = "UNKNOWN"
-    while time.monotonic() < deadline:
-        status = check_health(address, service, timeout_s=min(2.0, timeout_s), **kwargs)
-        if status == "SERVING":
-            return
-        time.sleep(0.1)
-    raise DeadlineExceededError(f"{address} not SERVING after {timeout_s:.0f}s (last status: {status})")
+    status = poll_health(address, service, timeout_s=timeout_s, **kwargs)
+    if status != "SERVING":
+        raise DeadlineExceededError(f"{address} not SERVING after {timeout_s:.0f}s (last status: {status})")

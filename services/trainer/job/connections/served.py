@@ -9,10 +9,9 @@ health status per service it hosts, and answers NOT_FOUND (``SERVICE_UNKNOWN``) 
 from __future__ import annotations
 
 import sys
-import time
 
 from marti.errors import InvalidArgumentError, UnavailableError
-from marti.rpc.health import check_health
+from marti.rpc.health import poll_health
 from services.trainer.job.connections.addresses import Addresses
 
 __all__ = ["SERVICE_NAMES", "check_given_services"]
@@ -75,16 +74,12 @@ def _serving(
     addresses: Addresses, service: str, address: str, name: str, wait_s: float, timeout_s: float
 ) -> str:
     """The health status of ``name`` at ``address``: polled every 0.5 s while the server does not answer, for
-    at most ``wait_s`` seconds (one line on stderr says so)."""
-    deadline = time.monotonic() + wait_s
-    said = False
-    while True:
-        status = check_health(
-            address, name, timeout_s=timeout_s, token=addresses.token, tls_ca_file=addresses.ca_for(service)
-        )
-        if status in ("SERVING", "SERVICE_UNKNOWN") or time.monotonic() >= deadline:
-            return status
-        if not said:
-            print(f"waiting up to {wait_s:g} s for the {service} at {address} ({status})", file=sys.stderr)
-            said = True
-        time.sleep(0.5)
+    at most ``wait_s`` seconds (one line on stderr says so; :func:`marti.rpc.health.poll_health`)."""
+
+    def say(status: str) -> None:
+        print(f"waiting up to {wait_s:g} s for the {service} at {address} ({status})", file=sys.stderr)
+
+    return poll_health(
+        address, name, timeout_s=wait_s, until=("SERVING", "SERVICE_UNKNOWN"), interval_s=0.5,
+        check_timeout_s=timeout_s, on_wait=say, token=addresses.token, tls_ca_file=addresses.ca_for(service),
+    )  # fmt: skip

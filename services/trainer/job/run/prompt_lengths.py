@@ -99,9 +99,9 @@ def _limit(engine: str, index: int, model: str) -> tuple[int, str]:
 def _reply(cfg: TrainConfig, index: int) -> tuple[int, str]:
     """The agent's ``max_new_tokens`` and the config key that sets it."""
     agent = cfg.agents[index]
-    if agent.sampling.max_new_tokens is not None:
-        return agent.sampling.max_new_tokens, f"agents[{index}].sampling.max_new_tokens"
-    return cfg.rollout.max_new_tokens, "rollout.max_new_tokens"
+    own = agent.sampling.max_new_tokens is not None
+    key = f"agents[{index}].sampling.max_new_tokens" if own else "rollout.max_new_tokens"
+    return cfg.sampling_for(agent.name).max_new_tokens, key
 
 
 def _chat(system: str, text: Any) -> list[dict[str, str]]:

@@ -281,15 +281,25 @@ def check_room(ids: Sequence[Sequence[int]], max_new_tokens: int, max_model_len:
     """
     for i, p in enumerate(ids):
         if len(p) + max_new_tokens > max_model_len:
-            raise InvalidArgumentError(
-                f"prompt {i}: {len(p)} tokens + max_new_tokens {max_new_tokens} exceeds max_model_len {max_model_len}"
-            )
+            raise _too_long(i, len(p), max_new_tokens, max_model_len)
+
+
+def _too_long(position: int, tokens: int, max_new_tokens: int, max_model_len: int) -> InvalidArgumentError:
+    """The error :func:`check_room` raises (its text is what :data:`_TOO_LONG` reads back)."""
+    return InvalidArgumentError(
+        f"prompt {position}: {tokens} tokens + max_new_tokens {max_new_tokens} exceeds max_model_len {max_model_len}"
+    )
+
+
+def _too_long_match(exc: BaseException) -> re.Match | None:
+    """The :data:`_TOO_LONG` match of a :func:`check_room` error (also wrapped in a Ray traceback), else None."""
+    return _TOO_LONG.search(str(exc)) if isinstance(exc, InvalidArgumentError) else None
 
 
 def too_long_prompt(exc: BaseException) -> int | None:
     """The position in its call of the prompt a :func:`check_room` error names (also when the error comes
     wrapped in a Ray traceback), or None for any other exception."""
-    found = _TOO_LONG.search(str(exc)) if isinstance(exc, InvalidArgumentError) else None
+    found = _too_long_match(exc)
     return int(found[1]) if found else None
 
 
@@ -297,13 +307,11 @@ def shifted(exc: BaseException, offset: int) -> BaseException:
     """A :func:`check_room` error of a call on a chunk of prompts that starts at ``offset`` of the whole call,
     as the whole call's (the position plus ``offset``, without a wrapping Ray traceback); any other exception
     unchanged. (The prompts of one call are split among engines and rollout actors.)"""
-    found = _TOO_LONG.search(str(exc)) if isinstance(exc, InvalidArgumentError) else None
+    found = _too_long_match(exc)
     if not found:
         return exc
     i, n, m, limit = (int(g) for g in found.groups())
-    return InvalidArgumentError(
-        f"prompt {i + offset}: {n} tokens + max_new_tokens {m} exceeds max_model_len {limit}"
-    )
+    return _too_long(i + offset, n, m, limit)
 
 
 def normalise_prompts(tokenizer: Any, prompts: Sequence[Prompt], vocab_size: int) -> list[list[int]]:
