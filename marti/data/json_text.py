@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from marti.errors import InvalidArgumentError
@@ -111,30 +111,44 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
     return records
 
 
-def _element_at_fault(text: str) -> int:
-    """The offset where the element of the JSON array ``text`` that the decoder refuses (:class:`_Refused`)
-    starts (the elements before it decode, so the scan reaches it)."""
+def _array_elements(text: str) -> Iterator[tuple[int, Any, int]]:
+    """Each element of the JSON array ``text``, in order: ``(start offset, value, end offset)``. Used once the
+    whole array is known to be at fault, so the scan reaches the element to name.
+
+    Raises:
+        _Refused: The element the decoder refuses; its start offset is the exception's ``pos``.
+    """
     pos = text.index("[") + 1
     while True:
         pos = _SPACE.match(text, pos).end()
         try:
-            _, end = _DECODER.raw_decode(text, pos)
-        except _Refused:
-            return pos
+            value, end = _DECODER.raw_decode(text, pos)
+        except _Refused as exc:
+            exc.pos = pos
+            raise
+        yield pos, value, end
         pos = _COMMA.match(text, end).end()
+
+
+def _element_at_fault(text: str) -> int:
+    """The offset where the element of the JSON array ``text`` that the decoder refuses (:class:`_Refused`)
+    starts (the elements before it decode, so the scan reaches it)."""
+    try:
+        for _ in _array_elements(text):
+            pass
+    except _Refused as exc:
+        return exc.pos
+    raise AssertionError("unreachable: the array's end ']' is not a value, so the scan stops before it")
 
 
 def _not_object(text: str, source: str) -> InvalidArgumentError:
     """The error naming the first element of the JSON array ``text`` (it decodes) that is not an object."""
-    pos = text.index("[") + 1
-    while True:
-        pos = _SPACE.match(text, pos).end()
-        value, end = _DECODER.raw_decode(text, pos)
+    for pos, value, end in _array_elements(text):
         if not isinstance(value, dict):
             line, column = _line_column(text, pos)
             why = f"a JSON array of records holds objects, got {text[pos:end][:80]!r} beside objects"
             return _syntax(source, line, column, why)
-        pos = _COMMA.match(text, end).end()
+    raise AssertionError("unreachable: the array's end ']' is not a value, so the scan stops before it")
 
 
 def _refused(text: str, pos: int, exc: _Refused, source: str) -> InvalidArgumentError:
