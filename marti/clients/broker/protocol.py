@@ -44,6 +44,7 @@ from marti.errors import (
 from marti.rpc.calls import call
 from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
 from marti.rpc.guard import ClientChannel
+from marti.rpc.paging import item_bytes, pages
 
 from .args import (
     MAX_TTL_S,
@@ -258,17 +259,12 @@ class _Core:
     def batch_count(self, items: list) -> int:
         """How many of ``items`` (a flush's messages, in order) go in the next Send or Broadcast rpc: all of
         them, or fewer once a refusal told the broker's limits (:meth:`learn_batch_limit`): at most its
-        ``max_batch_messages``, and as many as fit its ``max_frame_bytes`` (the serialized ``EnvelopeBatch``;
-        at least one, which the broker refuses if it alone is too large)."""
+        ``max_batch_messages``, and as many as fit its ``max_frame_bytes`` (the serialized ``EnvelopeBatch``,
+        :func:`marti.rpc.paging.pages`; at least one, which the broker refuses if it alone is too large)."""
         n = min(len(items), self.broker_batch_limit or len(items))
         if self.broker_frame_limit is None:
             return n
-        size = 0
-        for i, (env, _) in enumerate(items[:n]):
-            size += _field_bytes(env.ByteSize())
-            if size > self.broker_frame_limit and i:
-                return i
-        return n
+        return len(pages([item_bytes(env) for env, _ in items[:n]], n, self.broker_frame_limit)[0])
 
     def learn_batch_limit(self, exc: BaseException, sent: int) -> bool:
         """Whether ``exc`` is the broker refusing a batch of ``sent`` messages (more than one) for its size
@@ -499,12 +495,6 @@ class _Core:
             self.restore_buffers([], bcast)
             return self.refusal(exc, unicast, background)
         return self.refusal(exc, bcast, background)
-
-
-def _field_bytes(size: int) -> int:
-    """Bytes an envelope of ``size`` serialized bytes takes in an ``EnvelopeBatch``: its field tag (1 byte),
-    its length as a varint, and itself."""
-    return 1 + max(1, (size.bit_length() + 6) // 7) + size
 
 
 def _message(e: broker_pb2.Envelope) -> Message:
