@@ -43,6 +43,7 @@ from __future__ import annotations
 from marti.codec.broker import JSON, OCTET_STREAM, decode_payload, encode_payload
 
 from .async_client import AsyncMartiCommClient
+from .core import TRANSIENT_ERRORS, _Core
 from .protocol import (
     _IDEMPOTENT,
     DEFAULT_BATCHING_SIZE,
@@ -50,8 +51,6 @@ from .protocol import (
     DEFAULT_MAX_BATCH_BYTES,
     IDEMPOTENT_METHODS,
     SERVICE_NAME,
-    TRANSIENT_ERRORS,
-    _Core,
     _state_entry,
 )
 from .sync_client import MartiCommClient, open_channel, whole_broker_stats

@@ -19,7 +19,8 @@ from marti.rpc.calls import acall, aiterate
 from marti.rpc.transport import check_aio_usable
 
 from .args import flag_arg
-from .protocol import TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
+from .core import TRANSIENT_ERRORS
+from .protocol import TIMER_RETRY_S, _ClientBase, _publish_result, _state_entry
 from .types import AgentStateEntry, BatchRefusedError, DeadLetter, Message, PublishResult
 
 _LOG = logging.getLogger("marti.broker.client")

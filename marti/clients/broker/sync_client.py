@@ -23,7 +23,8 @@ from marti.rpc.calls import call, iterate
 from marti.rpc.channel import check_channel, check_timeout_s, make_channel
 
 from .args import flag_arg
-from .protocol import _IDEMPOTENT, TIMER_RETRY_S, TRANSIENT_ERRORS, _ClientBase, _publish_result, _state_entry
+from .core import TRANSIENT_ERRORS
+from .protocol import _IDEMPOTENT, TIMER_RETRY_S, _ClientBase, _publish_result, _state_entry
 from .types import AgentStateEntry, DeadLetter, Message, PublishResult
 
 _LOG = logging.getLogger("marti.broker.client")

@@ -1,4 +1,4 @@
-"""The SDK's ``send_when_idle`` bookkeeping in :class:`~marti.clients.broker.protocol._Core` (no I/O): when the
+"""The SDK's ``send_when_idle`` bookkeeping in :class:`~marti.clients.broker.core._Core` (no I/O): when the
 flush timer finds the buffers due, when the end of a batch in flight must wake it, and what a fork forgets.
 
 The behaviour this drives, against a real broker: ``tests/integration/broker/test_broker_send_when_idle.py``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from marti.api.broker.v1 import broker_pb2
 from marti.clients.broker import DEFAULT_LINGER_S
-from marti.clients.broker.protocol import _Core
+from marti.clients.broker.core import _Core
 
 
 def core(send_when_idle: bool = True, linger_s: float = 10.0) -> _Core:
