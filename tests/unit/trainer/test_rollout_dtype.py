@@ -133,7 +133,7 @@ def test_same_dtype_needs_no_copy_and_the_job_builds_the_resolved_engine(tok, tm
     model = build_tiny_model(tok, seed=0, config=SMALL)
     engine = HFRolloutEngine({"a": AgentModel(model, tok)}, dtype=torch.float32)
     assert not engine.samples_with_copies and engine._agents["a"].model is model
-    # a LoRA policy sampled in bf16 from its live modules: the engine holds a converted copy, adapter included
+    # a LoRA policy sampled in bf16 from its live modules: the engine holds a converted copy, adapter merged
     cfg = config_from_dict(_raw(dtype="bfloat16", max_new_tokens=4), source="c.yaml")
     policy = _policy(tok)
     built = build_rollout_engine(generation_config(cfg), policy, ["a"], "cpu", copy_weights=False)

@@ -41,6 +41,7 @@ from services.trainer.rollout.engines.base import (
     check_room,
     normalise_prompts,
 )
+from services.trainer.rollout.engines.merged import MergedLoRA, merged_copies
 from services.trainer.rollout.engines.precision import needs_copy, sampling_copies
 
 if TYPE_CHECKING:
@@ -84,6 +85,11 @@ class HFRolloutEngine(RolloutEngine):
             another dtype is replaced by a converted copy (one per distinct model), which ``update_weights`` and
             ``pinned`` then write into, converting what they load; log-probabilities are those of the copy's
             forward. None (default): the models as given.
+        merge_adapters: With ``dtype`` converting a peft LoRA model, the copy of an agent's adapter is a plain model
+            with the adapter merged into its linears (:class:`~services.trainer.rollout.engines.merged.MergedLoRA`,
+            re-merged by every ``update_weights`` / ``pinned``) when the agents use at most this many adapters of
+            that model: one whole base copy in ``dtype`` per adapter. Default 1 (a lone adapter merges at the
+            memory of the unmerged copy); 0: never (one unmerged copy per model, adapters switched per call).
 
     Raises:
         InvalidArgumentError: No agents, or ``max_batch_size`` / ``max_model_len`` not positive.
@@ -99,20 +105,28 @@ class HFRolloutEngine(RolloutEngine):
         default_sampling: Mapping[str, SamplingParams] | None = None,
         share_prompt_prefix: bool = True,
         dtype: torch.dtype | None = None,
+        merge_adapters: int = 1,
     ) -> None:
         super().__init__(list(agents), default_sampling)
         if max_batch_size <= 0:
             raise InvalidArgumentError(f"max_batch_size must be > 0, got {max_batch_size}")
         if max_model_len is not None and max_model_len <= 0:
             raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
-        copies = sampling_copies([spec.model for spec in agents.values()], dtype)
-        self._agents = {
-            a: dataclasses.replace(spec, model=m) for (a, spec), m in zip(agents.items(), copies, strict=True)
-        }
-        self.dtype = dtype
-        self.samples_with_copies = any(
-            m is not spec.model for spec, m in zip(agents.values(), copies, strict=True)
+        self._merged: dict[str, MergedLoRA] = merged_copies(
+            {a: (spec.model, spec.adapter_name) for a, spec in agents.items()}, dtype, merge_adapters
         )
+        """agent id -> the merged copy it samples with (its ``_agents`` entry holds that plain model, no adapter)."""
+        unmerged = {a: spec for a, spec in agents.items() if a not in self._merged}
+        copies = sampling_copies([spec.model for spec in unmerged.values()], dtype)
+        self._agents = {
+            a: dataclasses.replace(spec, model=m)
+            for (a, spec), m in zip(unmerged.items(), copies, strict=True)
+        }
+        for a, merged in self._merged.items():
+            self._agents[a] = dataclasses.replace(agents[a], model=merged.model, adapter_name=None)
+        self._agents = {a: self._agents[a] for a in agents}  # config order
+        self.dtype = dtype
+        self.samples_with_copies = any(self._agents[a].model is not spec.model for a, spec in agents.items())
         """True when some agent samples with a converted copy (``dtype``), never with the module it was given."""
         self.max_batch_size = max_batch_size
         self.share_prompt_prefix = share_prompt_prefix
@@ -277,7 +291,9 @@ class HFRolloutEngine(RolloutEngine):
         """See :meth:`RolloutEngine.update_weights`; agents sharing the model (and adapter) get the version."""
         self._check_version(agent_id, policy_version)
         spec = self._agents[agent_id]
-        if spec.adapter_name is not None:
+        if agent_id in self._merged:
+            self._merged[agent_id].load(weights)
+        elif spec.adapter_name is not None:
             _load_adapter(spec.model, spec.adapter_name, weights)
         else:
             _copy_into(spec.model, weights)
@@ -310,7 +326,11 @@ class HFRolloutEngine(RolloutEngine):
         spec = self._agents[agent_id]
         sharers = self._sharers(agent_id)
         saved_versions = {a: self._versions[a] for a in sharers}
-        if spec.adapter_name is not None:
+        merged = self._merged.get(agent_id)
+        if merged is not None:
+            snapshot = merged.adapter_state()
+            merged.load(weights)
+        elif spec.adapter_name is not None:
             from peft import get_peft_model_state_dict
 
             current = get_peft_model_state_dict(spec.model, adapter_name=spec.adapter_name)
@@ -328,7 +348,9 @@ class HFRolloutEngine(RolloutEngine):
                 self._versions[a] = policy_version
             yield
         finally:
-            if spec.adapter_name is not None:
+            if merged is not None:
+                merged.load(snapshot)
+            elif spec.adapter_name is not None:
                 _load_adapter(spec.model, spec.adapter_name, snapshot)
             else:
                 _copy_into(spec.model, snapshot)

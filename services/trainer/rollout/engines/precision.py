@@ -5,7 +5,8 @@ mostly matrix products (a group's long prompt prefilled, then one forward per to
 a bf16 copy of each model, refreshed by every ``update_weights``, while training keeps its fp32 weights; the
 behaviour log-probabilities it returns are those of the bf16 forward that sampled (the learner's ``tis_cap`` and
 ``behaviour_kl`` see the train/rollout mismatch). Autocast per forward was measured slower than the copy
-(docs/benchmarks.md, "Rollout engines").
+(docs/benchmarks.md, "Rollout engines"). A peft LoRA model's copy is instead a plain model with the adapter merged
+into its linears, where :func:`~services.trainer.rollout.engines.merged.merged_copies` allows it (see there).
 
 None (the default) keeps the models' own dtype. ``auto`` resolves per device: on a CPU, bf16 where
 :func:`cpu_has_bf16` finds native support and fp32 elsewhere; on a GPU, the model's own dtype (no copy).

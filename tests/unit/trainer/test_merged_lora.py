@@ -1,0 +1,140 @@
+"""Merged LoRA sampling copies (``rollout/engines/merged.py``): a LoRA policy sampled in bf16 runs a plain model with
+``W + scaling * B @ A`` in its linears, equal to the unmerged bf16 copy within bf16 rounding, re-merged by every
+weight sync (a training update moves its output), one copy per adapter where several agents share a base. A tiny
+random Llama; a few seconds in all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marti.errors import InvalidArgumentError
+from services.trainer.models.loading import load_tokenizer
+from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+from services.trainer.rollout import HFRolloutEngine, SamplingParams
+from services.trainer.rollout.engines.merged import MergedLoRA, _lora_layers
+from services.trainer.rollout.engines.static import StaticCacheRolloutEngine
+
+BF16 = torch.bfloat16
+TOL = 0.2
+"""Most |logit| difference from bf16 rounding of this model (logits of magnitude ~1; a few hundredths to 0.13 seen)."""
+IDS = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 18, 19, 20]])  # (B=2, T=8)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-llama")
+
+
+def _policy(agents: int = 1) -> MultiAgentPolicy:
+    """A LoRA policy whose adapters are random (peft starts B at 0: a merge would change nothing)."""
+    specs = tuple(AgentSpec(f"a{i}", "tiny-llama") for i in range(agents))
+    policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=specs))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for agent in policy.agent_ids:
+            for p in policy.parameters(agent):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return policy
+
+
+def _logits(model: torch.nn.Module, adapter: str | None = None) -> torch.Tensor:
+    """(B, T, V) fp32 logits of :data:`IDS`, with ``adapter`` active on a peft model."""
+    if adapter is not None:
+        model.set_adapter(adapter)
+    with torch.no_grad():
+        return model(input_ids=IDS).logits.float()
+
+
+def _engine(policy: MultiAgentPolicy, cls=HFRolloutEngine, **kwargs) -> HFRolloutEngine:
+    return cls.from_policy(policy, copy_weights=False, dtype=BF16, **kwargs)
+
+
+@pytest.mark.parametrize("cls", [HFRolloutEngine, StaticCacheRolloutEngine])
+def test_merged_copy_is_a_plain_bf16_model_equal_to_the_unmerged_copy(tok, cls):
+    policy = _policy()
+    merged = _engine(policy, cls)
+    unmerged = _engine(policy, cls, merge_adapters=0)
+    plain = merged._agents["a0"].model
+    assert merged._agents["a0"].adapter_name is None and not _lora_layers(plain)
+    assert next(plain.parameters()).dtype == BF16
+    assert unmerged._agents["a0"].adapter_name == "agent0" and _lora_layers(unmerged._agents["a0"].model)
+    got, ref = _logits(plain), _logits(unmerged._agents["a0"].model, "agent0")
+    with policy.model("a0").disable_adapter():
+        base = _logits(policy.model("a0"))
+    assert (got - ref).abs().max() < TOL
+    assert (
+        ref - base
+    ).abs().max() > 3 * TOL  # the adapter matters: a copy without it would fail the line above
+    # behaviour log-probabilities are the merged forward's (prefix-shared prefill and batched decode round apart)
+    gens = merged.generate(
+        "a0", [IDS[0].tolist()] * 2, SamplingParams(max_new_tokens=5, temperature=1.0, seed=1)
+    )
+    for g in gens:
+        full = torch.tensor([g.prompt_token_ids + g.response_token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(plain(input_ids=full).logits[0].float(), -1)
+        want = logp[len(g.prompt_token_ids) - 1 : -1].gather(-1, torch.tensor(g.response_token_ids)[:, None])
+        assert torch.allclose(torch.tensor(g.response_logprobs), want.squeeze(-1), atol=0.05)
+
+
+def test_a_training_update_moves_the_merged_copy_after_the_sync(tok):
+    policy = _policy()
+    engine = _engine(policy)
+    plain = engine._agents["a0"].model
+    before = _logits(plain)
+    opt = torch.optim.SGD(policy.parameters("a0"), lr=5.0)
+    mask = torch.ones_like(IDS)
+    policy.logprobs("a0", IDS, mask, mask[:, 4:]).sum().backward()  # raise the tokens' likelihood
+    opt.step()
+    live = _logits(policy.model("a0"), "agent0")
+    assert (live - before).abs().max() > 3 * TOL  # the update is visible beyond bf16 rounding
+    assert torch.equal(_logits(plain), before)  # the copy is not the live model: only a sync moves it
+    engine.update_weights("a0", policy.state_for_sync("a0"), policy.bump_version("a0"))
+    after = _logits(plain)
+    assert (after - live).abs().max() < TOL
+    # pinned to the old adapter: the old merge, then the new one back on exit
+    with engine.pinned("a0", _random_adapter_like(policy, "a0", scale=0.0), 0):
+        with policy.model("a0").disable_adapter():
+            assert (_logits(plain) - _logits(policy.model("a0"))).abs().max() < TOL
+    assert torch.equal(_logits(plain), after)
+
+
+def _random_adapter_like(policy: MultiAgentPolicy, agent: str, scale: float) -> dict[str, torch.Tensor]:
+    return {k: torch.randn(v.shape) * scale for k, v in policy.state_for_sync(agent).items()}
+
+
+def test_agents_on_one_base_sample_with_their_own_adapter(tok):
+    policy = _policy(agents=2)
+    live = {a: _logits(policy.model(a), f"agent{i}") for i, a in enumerate(policy.agent_ids)}
+    assert (live["a0"] - live["a1"]).abs().max() > 3 * TOL
+    per_adapter = _engine(policy, merge_adapters=2)  # one merged base copy per adapter
+    shared = _engine(policy)  # the default: two adapters on one base keep one unmerged copy
+    assert per_adapter._agents["a0"].model is not per_adapter._agents["a1"].model
+    assert shared._agents["a0"].model is shared._agents["a1"].model and not shared._merged
+    last = {a: torch.log_softmax(x[0, -1], -1) for a, x in live.items()}  # (V,) after IDS[0], per agent
+    for a, b in [("a0", "a1"), ("a1", "a0")]:
+        assert (_logits(per_adapter._agents[a].model) - live[a]).abs().max() < TOL
+        for engine in (per_adapter, shared):
+            gen = engine.generate(a, [IDS[0].tolist()], SamplingParams(max_new_tokens=1, temperature=0.0))[0]
+            token, logp = gen.response_token_ids[0], gen.response_logprobs[0]
+            assert abs(logp - float(last[a][token])) < 0.05  # its own adapter's distribution ...
+            assert abs(logp - float(last[b][token])) > 0.1  # ... not the other agent's
+    # a sync of one agent re-merges only its own copy
+    other = _logits(per_adapter._agents["a1"].model)
+    per_adapter.update_weights("a0", _random_adapter_like(policy, "a0", scale=0.0), 1)
+    assert torch.equal(_logits(per_adapter._agents["a1"].model), other)
+    assert per_adapter.policy_version("a0") == 1 and per_adapter.policy_version("a1") == 0
+
+
+def test_bad_adapter_weights_are_refused_before_anything_changes(tok):
+    policy = _policy()
+    merged = MergedLoRA(policy.model("a0"), "agent0", BF16)
+    before = _logits(merged.model)
+    good = policy.state_for_sync("a0")
+    key = next(iter(good))
+    with pytest.raises(InvalidArgumentError, match="not in adapter 'agent0'"):
+        merged.load({key: good[key], "nope.lora_A.weight": good[key]})
+    with pytest.raises(InvalidArgumentError, match=r"has shape \(1,\)"):
+        merged.load({key: torch.zeros(1)})
+    assert torch.equal(_logits(merged.model), before)
