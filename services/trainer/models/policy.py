@@ -94,8 +94,9 @@ class PolicyLayout:
         seed: Initialisation seed (tiny models, LoRA adapters).
         gradient_checkpointing: Trade compute for activation memory in trainable models.
         keep_reference: Keep a reference policy for KL (``per_agent``/``shared`` keep a frozen copy).
-        share_prompt_prefix: Run a prompt that several rows of a batch repeat (a GRPO group) through the model
-            once in log-probability forwards (:mod:`services.trainer.models.prefix_sharing`; models with gradient
+        share_prompt_prefix: Run a prompt that several rows of a batch repeat (a GRPO group), or the first
+            columns that rows' prompts have in common when that runs fewer tokens, through the model once in
+            log-probability forwards (:mod:`services.trainer.models.prefix_sharing`; models with gradient
             checkpointing on always take the plain forward).
         attn_implementation: transformers attention kernel every model is loaded with (``eager``, ``sdpa``,
             ``flash_attention_2``; ``policy.attn_implementation``); None: transformers' default.

@@ -12,8 +12,11 @@ to transformers on any device, and to the training forward, which no cache share
 
 Layout (the learner's :func:`services.trainer.learn.experience.collate` and the transformers rollout engine): prompts
 left-padded to a common width, so rows with an equal prompt have equal ids and equal attention mask over the
-first ``prefix_len`` columns. Rows are matched exactly on those columns; prompts that merely start alike are not
-shared.
+first ``prefix_len`` columns. Rows are matched exactly on those columns. In the training forward
+(:func:`response_logits`), rows whose prompts start alike in the same columns (a chain's later agent: one
+observation per group, then a teammate's message that differs per row, of one length) share those first columns
+when that runs fewer tokens than sharing whole prompts (:func:`shared_prefix_len`); the rollout engines share
+whole prompts only.
 
 Shapes: B rows, U distinct prompts (U <= B), T tokens, A response (action) tokens, V vocabulary.
 """
@@ -53,6 +56,40 @@ def shared_prefix_rows(
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel())
     return first_of_sorted[order], rank[inverse]
+
+
+def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> int | None:
+    """How many leading columns the training forward computes once per distinct value.
+
+    For every row, the longest run of leading columns (ids and mask, at most ``width``) it has in common with
+    some earlier row; of those lengths P, the one that runs the fewest tokens, ``U(P) * P + B * (T - P)`` (U(P)
+    distinct heads of P columns, then every row's T - P other columns), against ``B * T`` for the plain forward.
+    A whole prompt (P = ``width``) that some rows repeat is shared whatever it saves, as
+    :func:`shared_prefix_rows` finds it; a shorter head only when it runs at most 3/4 of the plain tokens.
+
+    Args:
+        input_ids: (B, T) int64.
+        attention_mask: (B, T) 0/1.
+        width: The prompt width T - A, in [1, T).
+
+    Returns:
+        P in [1, ``width``], or ``None`` when nothing is worth sharing.
+    """
+    rows, num_tokens = input_ids.shape
+    if rows < 2 or not 1 <= width < num_tokens:
+        return None
+    key = torch.stack([input_ids[:, :width], attention_mask[:, :width].to(input_ids.dtype)], dim=-1).cpu()
+    common = [0]  # row 0 shares with no earlier row
+    for i in range(1, rows):  # leading columns row i has in common with each earlier row
+        run = (key[:i] == key[i]).all(dim=-1).to(torch.int8).cumprod(dim=1).sum(dim=1)
+        common.append(int(run.max()))
+    best, best_cost = None, None
+    for head in sorted(set(common) - {0}):
+        distinct = sum(1 for c in common if c < head)  # rows that start a new head of this length
+        cost = distinct * head + rows * (num_tokens - head)
+        if (head == width or cost <= 0.75 * rows * num_tokens) and (best_cost is None or cost <= best_cost):
+            best, best_cost = head, cost
+    return best
 
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -142,8 +179,9 @@ def response_logits(
     Equal, up to float rounding, to ``model(input_ids, attention_mask, position_ids, logits_to_keep=A + 1)
     .logits[:, :-1]``: position ``T - A - 1 + j`` predicts token ``T - A + j``. When rows repeat a prompt (the
     first ``T - A`` columns) and ``share`` is on, the distinct prompts run once through the model with a cache
-    and only the responses run per row (:func:`prefill_shared`); otherwise, or when the model cannot return a
-    cache (:func:`can_share`), it is that plain forward.
+    and only the responses run per row (:func:`prefill_shared`); when rows start alike and sharing that head
+    runs fewer tokens (:func:`shared_prefix_len`), the distinct heads run once and the rest of every row after
+    them; otherwise, or when the model cannot return a cache (:func:`can_share`), it is that plain forward.
 
     Args:
         model: A transformers causal LM (or a peft model around one).
@@ -157,7 +195,10 @@ def response_logits(
     """
     num_tokens = input_ids.shape[1]
     prefix_len = num_tokens - num_actions
-    shared = shared_prefix_rows(input_ids, attention_mask, prefix_len) if share and can_share(model) else None
+    head = shared_prefix_len(input_ids, attention_mask, prefix_len) if share and can_share(model) else None
+    if head is not None and head < prefix_len:
+        return _head_shared_logits(model, input_ids, attention_mask, num_actions, head)
+    shared = shared_prefix_rows(input_ids, attention_mask, prefix_len) if head is not None else None
     if shared is None:
         out = model(
             input_ids=input_ids,
@@ -180,3 +221,24 @@ def response_logits(
         use_cache=True,
     )
     return torch.cat([first_logits, out.logits], dim=1)
+
+
+def _head_shared_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, head: int
+) -> torch.Tensor:
+    """:func:`response_logits` with the first ``head`` columns (shorter than the prompt) run once per distinct
+    value: (B, A, V) logits, those of the plain forward up to float rounding."""
+    num_tokens = input_ids.shape[1]
+    shared = shared_prefix_rows(input_ids, attention_mask, head)
+    assert shared is not None  # noqa: S101 - shared_prefix_len chose a head that some rows repeat
+    cache, _ = prefill_shared(model, input_ids, attention_mask, head, *shared)
+    rest = slice(head, num_tokens - 1)  # the rest of the prompt and the responses but the last token
+    out = model(
+        input_ids=input_ids[:, rest],
+        attention_mask=attention_mask[:, : num_tokens - 1],
+        position_ids=_position_ids(attention_mask)[:, rest],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=num_actions,
+    )
+    return out.logits

@@ -8,7 +8,7 @@ import torch
 from services.trainer.learn.experience import collate
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
-from services.trainer.models.prefix_sharing import response_logits, shared_prefix_rows
+from services.trainer.models.prefix_sharing import response_logits, shared_prefix_len, shared_prefix_rows
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
 from tests.trainer_data import one_turn
 
@@ -68,6 +68,82 @@ def test_shared_logits_and_gradients_equal_the_plain_forward(tok, num_actions):
         scale = float(grad.abs().max()) + 1e-6
         assert float((grad - g_shared[name]).abs().max()) <= 1e-4 * scale, name
     assert any(g.abs().sum() > 0 for g in g_shared.values())
+
+
+def _chain_batch(pad_id: int):
+    """A chain's later agent: two groups of 3 rows, each group one 12-token observation followed by a teammate's
+    message that differs per row (3 tokens; one row's is 2, so its prompt sits one column further right), then
+    responses of different lengths. No two rows repeat a whole prompt."""
+    observations = [list(range(40, 52)), list(range(60, 72))]
+    messages = [[80, 81, 82], [83, 84, 85], [86, 87], [88, 89, 90], [91, 92, 93], [94, 95, 96]]
+    responses = [[20, 21, 22, 23], [24], [25, 26], [27, 28, 29], [30, 31, 32, 33, 34], [35]]
+    samples = [
+        one_turn(observations[i // 3] + m, r, 0.0, i // 3)
+        for i, (m, r) in enumerate(zip(messages, responses, strict=True))
+    ]
+    return collate(samples, "agent_1", pad_id)
+
+
+class _CountingModel(torch.nn.Module):
+    """A model wrapper that counts the (row, column) tokens each forward is given."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model, self.tokens = model, 0
+
+    def forward(self, input_ids: torch.Tensor, **kwargs):
+        self.tokens += input_ids.numel()
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_rows_that_start_alike_share_their_head_when_no_prompt_repeats(tok):
+    batch = _chain_batch(tok.pad_token_id)
+    ids, mask, num_actions = batch.input_ids, batch.attention_mask, batch.action_mask.shape[1]
+    width = ids.shape[1] - num_actions
+    assert shared_prefix_rows(ids, mask, width) is None  # no whole prompt repeats
+    head = shared_prefix_len(ids, mask, width)
+    assert head is not None and head < width
+    first, inverse = shared_prefix_rows(ids, mask, head)
+    assert len(first) == 3  # the two observations, and the row whose shorter message shifted its prompt
+    model = build_tiny_model(tok, seed=0)
+    labels = ids[:, -num_actions:]
+    results = []
+    for share in (False, True):
+        counted = _CountingModel(model)
+        model.zero_grad()
+        logits = response_logits(counted, ids, mask, num_actions, share=share)
+        assert logits.shape == (6, num_actions, model.config.vocab_size)
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        (logp * batch.action_mask).sum().backward()
+        results.append(
+            (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, counted.tokens)
+        )
+    (plain, g_plain, n_plain), (shared, g_shared, n_shared) = results
+    assert n_plain == ids.numel() and n_shared <= 0.75 * n_plain, (n_plain, n_shared)
+    valid = batch.action_mask.bool()
+    assert torch.allclose(plain[valid], shared[valid], atol=1e-5)
+    for name, grad in g_plain.items():  # float32 sums in another order
+        scale = float(grad.abs().max()) + 1e-6
+        assert float((grad - g_shared[name]).abs().max()) <= 1e-4 * scale, name
+    model.zero_grad()  # a seeded run must not drift: the same bits again
+    logits = response_logits(model, ids, mask, num_actions, share=True)
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    (logp * batch.action_mask).sum().backward()
+    assert all(torch.equal(p.grad, g_shared[n]) for n, p in model.named_parameters())
+
+
+def test_the_shared_length_is_the_cheapest_of_whole_prompts_and_heads():
+    ones = torch.ones(3, 8, dtype=torch.long)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [2, 2, 3, 4, 5, 6, 7, 8], [3, 2, 3, 4, 5, 6, 7, 8]])
+    assert shared_prefix_len(ids, ones, 6) is None  # the first column differs
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [1, 9, 9, 9, 9, 9, 9, 9]])
+    assert shared_prefix_len(ids, ones[:2], 6) is None  # one common column of 8: not worth a pass
+    assert shared_prefix_len(ids[:1], ones[:1], 6) is None  # nobody to share with
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 9, 9], [5, 2, 3, 4, 5, 6, 9, 9]])
+    assert shared_prefix_len(ids, ones, 6) == 6  # a repeated whole prompt, however little it saves
+    ids = torch.tensor([[1] * 10 + [2, 8], [1] * 10 + [2, 9], [1] * 10 + [3, 9], [1] * 10 + [4, 9]])
+    # prompts of 11 columns: rows 0 and 1 repeat one (3 distinct), all 4 rows share 10 columns (1 distinct)
+    assert shared_prefix_len(ids, torch.ones_like(ids), 11) == 10
 
 
 @pytest.mark.parametrize("mode", ["per_agent", "lora"])
