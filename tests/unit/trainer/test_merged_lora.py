@@ -138,3 +138,5 @@ def test_bad_adapter_weights_are_refused_before_anything_changes(tok):
     with pytest.raises(InvalidArgumentError, match=r"has shape \(1,\)"):
         merged.load({key: torch.zeros(1)})
     assert torch.equal(_logits(merged.model), before)
+    with pytest.raises(InvalidArgumentError, match="merge_adapters must be >= 0, got -1"):
+        _engine(policy, merge_adapters=-1)

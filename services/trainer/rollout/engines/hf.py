@@ -92,7 +92,8 @@ class HFRolloutEngine(RolloutEngine):
             memory of the unmerged copy); 0: never (one unmerged copy per model, adapters switched per call).
 
     Raises:
-        InvalidArgumentError: No agents, or ``max_batch_size`` / ``max_model_len`` not positive.
+        InvalidArgumentError: No agents, ``max_batch_size`` / ``max_model_len`` not positive, or ``merge_adapters``
+            negative.
     """
 
     def __init__(
@@ -112,6 +113,8 @@ class HFRolloutEngine(RolloutEngine):
             raise InvalidArgumentError(f"max_batch_size must be > 0, got {max_batch_size}")
         if max_model_len is not None and max_model_len <= 0:
             raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
+        if merge_adapters < 0:
+            raise InvalidArgumentError(f"merge_adapters must be >= 0, got {merge_adapters}")
         self._merged: dict[str, MergedLoRA] = merged_copies(
             {a: (spec.model, spec.adapter_name) for a, spec in agents.items()}, dtype, merge_adapters
         )
@@ -127,7 +130,8 @@ class HFRolloutEngine(RolloutEngine):
         self._agents = {a: self._agents[a] for a in agents}  # config order
         self.dtype = dtype
         self.samples_with_copies = any(self._agents[a].model is not spec.model for a, spec in agents.items())
-        """True when some agent samples with a converted copy (``dtype``), never with the module it was given."""
+        """True when some agent samples with a converted (or merged) copy (``dtype``), never with the module it was
+        given."""
         self.max_batch_size = max_batch_size
         self.share_prompt_prefix = share_prompt_prefix
         self._max_model_len = max_model_len
