@@ -192,9 +192,10 @@ def test_engine_samples_the_same_with_and_without_a_shared_prefill(tok, temperat
         )
 
 
-def test_zero3_step_is_the_same_with_a_shared_prefix(tok):
-    """Under ZeRO-3 the prompt's modules run twice per forward (prefix, then responses); parameters gathered
-    for the first run must be gathered again for the second, and the update must equal the plain one."""
+@pytest.mark.parametrize("make_batch", [_group_batch, _chain_batch], ids=["whole_prompts", "heads"])
+def test_zero3_step_is_the_same_with_a_shared_prefix(tok, make_batch):
+    """Under ZeRO-3 the prompt's modules run twice per forward (prefix or head, then the rest); parameters
+    gathered for the first run must be gathered again for the second, and the update must equal the plain one."""
     from services.trainer.models.loading import TinyModelConfig
     from services.trainer.strategy import OptimConfig
     from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
@@ -204,7 +205,7 @@ def test_zero3_step_is_the_same_with_a_shared_prefix(tok):
     )
     from deepspeed.utils import safe_get_full_grad
 
-    batch = _group_batch(tok.pad_token_id)
+    batch = make_batch(tok.pad_token_id)
     labels = batch.input_ids[:, -batch.action_mask.shape[1] :]
     runs = []
     for share in (False, True):
