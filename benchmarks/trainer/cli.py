@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from benchmarks.report import bench_parser
+from benchmarks.report import bench_parser, check_json_path
 from benchmarks.trainer import sum_task
 from benchmarks.trainer.ours import run_ours
 from benchmarks.trainer.report import SIDES, TRL_ARMS
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny-llama", help="model name or folder (default tiny-llama)")
     p.add_argument("--steps", type=int, default=12, help="training steps N (default 12)")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step (default 4)")
-    p.add_argument("--group", type=int, default=4, help="completions per prompt G (default 4)")
+    p.add_argument("--group", type=int, default=4, help="completions per prompt G, >= 2 (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="max tokens per completion (default 16)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
@@ -78,18 +78,20 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(Path(args._ours[0]).read_text())
         Path(args._ours[1]).write_text(json.dumps(run_ours(spec)))
         return 0
-    _check_args(args)
+    _check_args(p, args)
     out = Path(args.out)
     if args.report_only:
         if not (out / "spec.json").is_file():
             raise SystemExit(f"--report-only: no earlier run in {out} (its spec.json is missing)")
         return print_report(args, out)
     sides = args.sides or default_sides(args.dtype, args.train_dtype)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in side_files(out):  # a new run's table holds only its own sides
-        old.unlink()
+    train_problems = sum_task.make_problems(args.seed, args.steps * args.prompts)
+    eval_problems = sum_task.make_problems(10_000 + args.seed, args.eval_problems)
+    check_length(args.model, args.max_new_tokens, train_problems + eval_problems)
     trl_python = str(ensure_trl_venv(Path(args.trl_venv))) if set(sides) & set(TRL_ARMS) else ""
     model_dir = prepare_model(args.model, args.seed, out / "init_model")
+    for old in side_files(out):  # every check passed: a new run's table holds only its own sides
+        old.unlink()
     spec = {
         "model": args.model,
         "model_dir": str(model_dir),
@@ -110,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         "rollout_engine": args.engine,
         "rollout_dtype": args.dtype,
         "train_dtype": args.train_dtype,
-        "train_problems": sum_task.make_problems(args.seed, args.steps * args.prompts),
-        "eval_problems": sum_task.make_problems(10_000 + args.seed, args.eval_problems),
+        "train_problems": train_problems,
+        "eval_problems": eval_problems,
     }
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -132,14 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     return print_report(args, out)
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    """Refuse, before any model loads, arguments a run could not honour.
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before any model loads, arguments a run could not honour (``args`` parsed by ``parser``).
 
     Raises:
-        SystemExit: A count that is not positive; a temperature or learning rate that is not a positive finite
-            number; a side named twice; ``--engine``, ``--dtype`` or ``--train-dtype`` set away from its default
-            without ``ours`` among ``--sides`` (they set only our side); a ``--json`` folder that does not exist.
+        SystemExit: A count that is not positive, or a ``--group`` below 2 (GRPO compares a prompt's
+            completions); a temperature or learning rate that is not a positive finite number; a side named
+            twice; ``--engine``, ``--dtype`` or ``--train-dtype`` set away from its default without ``ours`` among
+            ``--sides`` (they set only our side); a ``--json`` path that is a folder or whose folder does not
+            exist or cannot be written (:func:`benchmarks.report.check_json_path`, exit 2).
     """
+    if args.group < 2:
+        raise SystemExit(f"--group must be >= 2 (GRPO compares the completions of a group), got {args.group}")
     for name in ("steps", "prompts", "group", "max_new_tokens", "threads", "eval_problems", "repeats"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -156,8 +162,29 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"{' '.join(changed)} set(s) only our side, which --sides {' '.join(args.sides)} leaves out"
         )
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise SystemExit(f"--json {args.json}: its folder does not exist")
+    check_json_path(parser, args.json)
+
+
+def check_length(model: str, max_new_tokens: int, problems: list[dict]) -> None:
+    """Refuse a ``--max-new-tokens`` whose reply, after the longest prompt of ``problems`` (:mod:`.sum_task`
+    problems, in ``model``'s chat template), runs past the positions ``model`` takes (its config's
+    ``max_position_embeddings``; the config and tokenizer only, no weights load).
+
+    Raises:
+        SystemExit: Prompt plus ``max_new_tokens`` exceeds the model's length, naming both numbers.
+        NotFoundError: ``model`` cannot be found locally.
+    """
+    from services.trainer.models.loading import load_tokenizer, model_max_positions
+    from services.trainer.rollout.engines.base import chats_to_ids
+
+    limit = model_max_positions(model)
+    chats = [sum_task.chat(p["question"]) for p in problems]
+    prompt = max(len(ids) for ids in chats_to_ids(load_tokenizer(model), chats))
+    if prompt + max_new_tokens > limit:
+        raise SystemExit(
+            f"--max-new-tokens {max_new_tokens}: the longest prompt ({prompt} tokens) plus {max_new_tokens} is "
+            f"{prompt + max_new_tokens} tokens, beyond the {limit} positions of {model} (max_position_embeddings)"
+        )
 
 
 def default_sides(dtype: str, train_dtype: str = "float32") -> list[str]:

@@ -165,7 +165,12 @@ def test_report_only_refuses_a_side_file_from_a_run_with_other_settings(tmp_path
         (["--sides", "ours", "ours"], "names a side twice"),
         (["--train-dtype", "bfloat16", "--sides", "trl"], "--train-dtype set\\(s\\) only our side"),
         (["--engine", "hf_static", "--dtype", "bfloat16", "--sides", "trl_bf16"], "--engine --dtype set"),
-        (["--json", "/nonexistent_dir/x.json"], "its folder does not exist"),
+        (["--group", "1"], "--group must be >= 2 \\(GRPO compares the completions of a group\\), got 1"),
+        (
+            ["--max-new-tokens", "100000"],
+            "--max-new-tokens 100000: the longest prompt \\(\\d+ tokens\\) plus "
+            "100000 is \\d+ tokens, beyond the 2048 positions of tiny-llama",
+        ),
     ],
 )
 def test_arguments_a_run_could_not_honour_are_refused_before_anything_loads(
@@ -176,8 +181,29 @@ def test_arguments_a_run_could_not_honour_are_refused_before_anything_loads(
 
     monkeypatch.setattr(cli, "prepare_model", no_load)
     monkeypatch.setattr(cli, "ensure_trl_venv", no_load)
+    (tmp_path / "ours_0.json").write_text("{}")  # an earlier run's result
     with pytest.raises(SystemExit, match=message):
         trainer.main([*args, "--out", str(tmp_path)])
+    assert (tmp_path / "ours_0.json").is_file()
+
+
+def test_a_json_path_whose_folder_is_missing_is_refused_by_the_shared_check(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        trainer.main(["--json", "/nonexistent_dir/x.json", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "--json /nonexistent_dir/x.json: the folder" in capsys.readouterr().err
+
+
+def test_a_model_that_is_not_found_leaves_the_earlier_results(tmp_path, monkeypatch):
+    from marti.errors import NotFoundError
+
+    def no_venv(*a, **k):
+        raise AssertionError("the TRL venv was prepared")
+
+    monkeypatch.setattr(cli, "ensure_trl_venv", no_venv)
+    (tmp_path / "ours_0.json").write_text("{}")
+    with pytest.raises(NotFoundError, match="nosuchmodel"):
+        trainer.main(["--model", "nosuchmodel", "--sides", "ours", "--out", str(tmp_path)])
+    assert (tmp_path / "ours_0.json").is_file()
 
 
 def test_the_probe_sees_what_each_phase_computed_in_and_stops():
