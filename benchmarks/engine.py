@@ -21,9 +21,9 @@ Prompts are the demo's (examples/resource_allocation.yaml): the env's first obse
 ``agent_1`` as a chat (system prompt as the training loop writes it, then the observation) followed by the agent's
 ``response_prefix``, in groups of ``rollout.group_size`` equal prompts as a training step samples them; sampling
 is the config's (``max_new_tokens``, ``temperature``, ``top_p``) with a fixed seed per call. For each batch size B
-(``--batches``, default 1, 8 and 64) every arm generates the same B prompts ``--repeats`` times after one untimed
-call, the arms interleaved call by call (which goes first alternates) so that load on the machine affects them
-alike.
+(``--batches``, default 1, 8 and 64, each at most once) every arm generates the same B prompts ``--repeats`` times
+after one untimed call, the arms interleaved call by call (which goes first alternates) so that load on the
+machine affects them alike.
 
 Printed per B: median seconds per call, generated tokens per second (tokens each arm actually generated over its
 summed call time: a response ending at eos counts its own length), and the ratio of each arm's tokens per second to
@@ -39,7 +39,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import bench_parser, markdown_table, print_report
+from benchmarks.report import (
+    bench_parser,
+    check_json_path,
+    markdown_table,
+    positive_int,
+    positive_int_list,
+    print_report,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "generate_fp32"
@@ -50,7 +57,7 @@ def demo_prompts(
     config: str, count: int, tokenizer: Any, max_new_tokens: int | None = None
 ) -> tuple[list[list[int]], Any]:
     """``count`` prompts (token ids) of the config's first agent, in groups of ``rollout.group_size``, and the
-    config's sampling parameters for it (seeded; ``max_new_tokens`` overrides the config's when given)."""
+    config's sampling parameters for it (seeded; ``max_new_tokens``, when not None, overrides the config's)."""
     import marti
     from marti.config import load_config
     from services.trainer.rollout.engines.base import SamplingParams, chat_to_ids
@@ -81,7 +88,10 @@ def demo_prompts(
         distinct.append(chat_to_ids(tokenizer, chat) + list(prefix))
     s = sampling_params(cfg, agent.name)
     params = SamplingParams(
-        max_new_tokens=max_new_tokens or s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, seed=0
+        max_new_tokens=s.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        seed=0,
     )
     return [distinct[i // group] for i in range(count)], params
 
@@ -254,9 +264,18 @@ def main(argv: list[str] | None = None) -> int:
         default=str(ROOT / "examples" / "resource_allocation.yaml"),
         help="config whose env prompts, group size and sampling are used (default examples/resource_allocation.yaml)",
     )
-    p.add_argument("--batches", default="1,8,64", help="comma-separated batch sizes (default 1,8,64)")
-    p.add_argument("--repeats", type=int, default=3, help="timed calls per arm and batch size (default 3)")
-    p.add_argument("--max-new-tokens", type=int, help="override the config's rollout.max_new_tokens")
+    p.add_argument(
+        "--batches",
+        type=positive_int_list,
+        default=[1, 8, 64],
+        help="comma-separated batch sizes, each once (default 1,8,64)",
+    )
+    p.add_argument(
+        "--repeats", type=positive_int, default=3, help="timed calls per arm and batch size (default 3)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, help="override the config's rollout.max_new_tokens (>= 1)"
+    )
     p.add_argument("--compiled", action="store_true", help=f"add the {COMPILED} arm (torch.compile)")
     p.add_argument(
         "--device", default="cpu", help="torch device of the model: cpu (default), cuda, cuda:1, ..."
@@ -269,12 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
-    try:
-        batches = [int(x) for x in args.batches.split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--batches must be comma-separated integers, got {args.batches!r}")
-    if not batches or min(batches) < 1 or args.repeats < 1 or (args.max_new_tokens or 1) < 1:
-        p.error("--batches must be integers >= 1, --repeats and --max-new-tokens >= 1")
+    check_json_path(p, args.json)
     try:
         check_device(args.device)
     except ValueError as exc:
@@ -282,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(
         args.model,
         args.config,
-        batches,
+        args.batches,
         args.repeats,
         args.compiled,
         args.max_new_tokens,

@@ -46,6 +46,25 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
+def positive_int_list(text: str) -> list[int]:
+    """``argparse`` type: comma-separated integers >= 1, each at most once (batch sizes, client counts: one row
+    each), in the order given.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the text when it names no number, the value that is not an integer
+            >= 1, or the values named more than once.
+    """
+    values = [positive_int(x.strip()) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"must name at least one integer >= 1, got {text!r}")
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(
+            f"names {', '.join(map(str, repeated))} more than once, got {text!r}"
+        )
+    return values
+
+
 def positive_float(text: str) -> float:
     """``argparse`` type: a finite number > 0 (seconds, rates).
 

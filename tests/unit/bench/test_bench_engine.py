@@ -48,3 +48,39 @@ def test_bad_dtype_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as info:
         bench.main(["--model", "tiny-llama", "--dtype", "half"])
     assert info.value.code == 2 and "'half'" in capsys.readouterr().err
+
+
+def _no_run(*args, **kwargs):
+    raise AssertionError("the benchmark ran")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1, got 0"),
+        (["--batches", "0"], "argument --batches: must be an integer >= 1, got 0"),
+        (["--batches", "4,x"], "argument --batches: must be an integer >= 1, got 'x'"),
+        (["--batches", ","], "argument --batches: must name at least one integer >= 1, got ','"),
+        (["--batches", "2,8,2"], "argument --batches: names 2 more than once, got '2,8,2'"),
+        (["--repeats", "0"], "argument --repeats: must be an integer >= 1, got 0"),
+        (["--repeats", "-2"], "argument --repeats: must be an integer >= 1, got -2"),
+        (["--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: the folder"),
+    ],
+)
+def test_bad_values_are_refused_naming_them_before_the_benchmark_runs(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run", _no_run)
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--model", "tiny-llama", *argv])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_max_new_tokens_given_replaces_the_configs_none_keeps_it_and_zero_is_not_none():
+    from marti.errors import InvalidArgumentError
+    from services.trainer.models.loading import load_tokenizer
+
+    tok = load_tokenizer("tiny-llama")
+    config = str(bench.ROOT / "examples" / "resource_allocation.yaml")
+    assert bench.demo_prompts(config, 1, tok, None)[1].max_new_tokens == 24
+    assert bench.demo_prompts(config, 1, tok, 5)[1].max_new_tokens == 5
+    with pytest.raises(InvalidArgumentError, match="max_new_tokens must be an int > 0, got 0"):
+        bench.demo_prompts(config, 1, tok, 0)  # refused, not read as the config's 24
