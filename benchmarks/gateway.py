@@ -38,7 +38,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import bench_parser, markdown_table, non_negative_int, positive_int, print_report
+from benchmarks.report import (
+    bench_parser,
+    check_json_path,
+    markdown_table,
+    non_negative_int,
+    positive_int,
+    positive_int_list,
+    print_report,
+)
 
 BASELINE = "direct"
 AGENTS = ("alice", "bob")
@@ -309,11 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table (and write ``--json``); returns 0."""
     p = bench_parser("gateway", __doc__)
     p.add_argument("--model", default="tiny-llama", help="tiny-llama (default) or smollm2-135m-instruct")
-    p.add_argument("--clients", default="1,8,32", help="comma-separated concurrent clients (default 1,8,32)")
-    p.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")
-    p.add_argument("--max-tokens", type=int, default=16, help="tokens per response (default 16)")
     p.add_argument(
-        "--episodes", type=int, default=50, help="episodes for the trace-capture rate (default 50)"
+        "--clients",
+        type=positive_int_list,
+        default=[1, 8, 32],
+        help="comma-separated concurrent clients, each once (default 1,8,32)",
+    )
+    p.add_argument("--requests", type=positive_int, default=4, help="requests per client (default 4)")
+    p.add_argument("--max-tokens", type=positive_int, default=16, help="tokens per response (default 16)")
+    p.add_argument(
+        "--episodes", type=positive_int, default=50, help="episodes for the trace-capture rate (default 50)"
     )
     p.add_argument(
         "--arms",
@@ -335,13 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
-    try:
-        clients = [int(x) for x in args.clients.split(",")]
-    except ValueError:
-        p.error(f"--clients must be comma-separated integers, got {args.clients!r}")
-    if any(c < 1 for c in clients) or args.requests < 1 or args.max_tokens < 1 or args.episodes < 1:
-        p.error("--clients, --requests, --max-tokens and --episodes must be >= 1")
-    out = run_all(args, clients)
+    check_json_path(p, args.json)
+    out = run_all(args, args.clients)
     if args.arms != "model-free":
         print(f"model: {out['model']}; {args.requests} requests per client, {args.max_tokens} tokens each")
     if args.arms != "model":

@@ -36,7 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import bench_parser, markdown_table, print_report
+from benchmarks.report import (
+    bench_parser,
+    check_json_path,
+    markdown_table,
+    non_negative_int,
+    positive_int,
+    print_report,
+)
 from services.trainer.job.connections.addresses import Addresses
 from services.trainer.job.run.loop import TrainingLoop
 
@@ -277,12 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         default=str(ROOT / "examples" / "resource_allocation.yaml"),
         help="training config (default examples/resource_allocation.yaml)",
     )
-    p.add_argument("--steps", type=int, default=10, help="timed steps per arm (default 10)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps per arm first (default 1)")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per arm (default 10)")
+    p.add_argument(
+        "--warmup", type=non_negative_int, default=1, help="untimed steps per arm first (default 1)"
+    )
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    check_json_path(p, args.json)
     out = run(args.config, args.steps, args.warmup)
     s = out["arms"][BASELINE]
     print(

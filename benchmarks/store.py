@@ -42,6 +42,7 @@ from benchmarks.report import (
     markdown_table,
     non_negative_int,
     positive_int,
+    positive_int_list,
     write_json,
 )
 from benchmarks.server import Server
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, kind, default, what in COUNT_OPTIONS:
         p.add_argument(flag, type=kind, default=default, help=what)
     p.add_argument(
-        "--clients", type=_client_counts, default=[1, 4], help="comma-separated client process counts"
+        "--clients", type=positive_int_list, default=[1, 4], help="comma-separated client process counts"
     )
     p.add_argument("--no-reverb", action="store_true", help="skip the Reverb baseline")
     p.add_argument("--json", "--out", metavar="PATH", help="write every number to PATH as JSON")
@@ -422,14 +423,6 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0
-
-
-def _client_counts(text: str) -> list[int]:
-    """``argparse`` type of ``--clients``: comma-separated client process counts, each >= 1."""
-    parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"must name at least one client count, got {text!r}")
-    return [positive_int(x) for x in parts]
 
 
 def _ratios(m: dict, r: dict | None) -> dict | None:

@@ -66,7 +66,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.report import bench_parser, markdown_table, write_json
+from benchmarks.report import bench_parser, check_json_path, markdown_table, write_json
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
 
@@ -558,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = config_problem(args.config, args.scenario, arms)
         if problem:
             p.error(problem)
+    check_json_path(p, args.json)
     steps = args.steps or (DEFAULT_WALLTIME_MAX_STEPS if args.budget == "walltime" else 4)
     if args.out:
         out_root = Path(args.out)

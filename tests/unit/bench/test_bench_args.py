@@ -124,3 +124,59 @@ def test_markdown_table_is_the_one_printer_and_refuses_a_ragged_row():
         markdown_table(["arm", "s"], [["a"]], "lr")
     with pytest.raises(ValueError, match="align"):
         markdown_table(["arm", "s"], [], "lx")
+
+
+def test_positive_int_list_keeps_the_order_and_refuses_a_repeated_value_naming_it():
+    assert report.positive_int_list("8, 1,64") == [8, 1, 64]
+    with pytest.raises(argparse.ArgumentTypeError, match="names 2, 4 more than once, got '2,4,2,4'"):
+        report.positive_int_list("2,4,2,4")
+
+
+def _no_run(*args, **kwargs):
+    raise AssertionError("the benchmark ran")
+
+
+@pytest.mark.parametrize(
+    ("bench", "patched", "argv", "message"),
+    [
+        ("rollout", "run", ["--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
+        ("rollout", "run", ["--warmup", "-1"], "argument --warmup: must be an integer >= 0, got -1"),
+        (
+            "rollout",
+            "run",
+            ["--json", "/nonexistent-dir/x.json"],
+            "--json /nonexistent-dir/x.json: the folder",
+        ),
+        ("gateway", "run_all", ["--clients", "2,2"], "argument --clients: names 2 more than once"),
+        ("gateway", "run_all", ["--requests", "0"], "argument --requests: must be an integer >= 1, got 0"),
+        (
+            "gateway",
+            "run_all",
+            ["--max-tokens", "-3"],
+            "argument --max-tokens: must be an integer >= 1, got -3",
+        ),
+        (
+            "gateway",
+            "run_all",
+            ["--json", "/nonexistent-dir/x.json"],
+            "--json /nonexistent-dir/x.json: the folder",
+        ),
+        ("store", "bench_marti", ["--clients", "1,4,1"], "argument --clients: names 1 more than once"),
+        (
+            "team_comparison",
+            "run_arm",
+            ["--json", "/nonexistent-dir/x.json"],
+            "--json /nonexistent-dir/x.json: ",
+        ),
+    ],
+)
+def test_other_benches_refuse_bad_values_naming_them_before_running(
+    bench, patched, argv, message, monkeypatch, capsys
+):
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{bench}")
+    monkeypatch.setattr(module, patched, _no_run)
+    with pytest.raises(SystemExit) as info:
+        module.main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err

@@ -78,7 +78,7 @@ def test_ratios_are_marti_over_reverb_and_a_zero_baseline_is_not_a_number():
         (["--stream-samples", "-4"], "argument --stream-samples: must be an integer >= 1, got -4"),
         (["--clients", "0"], "argument --clients: must be an integer >= 1, got 0"),
         (["--clients", "1,x"], "argument --clients: must be an integer >= 1, got 'x'"),
-        (["--clients", ","], "argument --clients: must name at least one client count, got ','"),
+        (["--clients", ","], "argument --clients: must name at least one integer >= 1, got ','"),
         (["--restart-items", "-1"], "argument --restart-items: must be an integer >= 0, got -1"),
         (["--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: the folder"),
     ],
