@@ -28,6 +28,7 @@ import yaml
 
 from marti.config import TrainConfig, apply_overrides, config_from_dict
 from marti.config.dataset import DATASET_ENV
+from marti.cpu_features import CPUINFO, cpu_has_bf16
 from marti.errors import InvalidArgumentError
 from marti.yaml_load import load_yaml
 
@@ -82,7 +83,8 @@ class MachineInfo:
 
     Attributes:
         has_cuda: A CUDA device is visible to torch.
-        bf16_supported: The CUDA device supports bfloat16 training (CPU training runs in fp32 here).
+        bf16_supported: bfloat16 training runs natively: on the CUDA device, or (no CUDA) on a CPU whose
+            ``/proc/cpuinfo`` flags name ``avx512_bf16`` or ``amx_bf16`` (:func:`marti.cpu_features.cpu_has_bf16`).
         flash_attn_installed: The ``flash_attn`` package is importable.
         wandb_installed: The ``wandb`` package is importable.
     """
@@ -93,14 +95,21 @@ class MachineInfo:
     wandb_installed: bool = False
 
     @classmethod
-    def detect(cls) -> MachineInfo:
-        """Probe this machine (imports torch if it is installed; no torch means no CUDA)."""
-        has_cuda = bf16 = False
+    def detect(cls, cpuinfo: Path = CPUINFO) -> MachineInfo:
+        """Probe this machine (imports torch if it is installed; no torch means no CUDA).
+
+        Args:
+            cpuinfo: Where the CPU's flags are read when there is no CUDA (tests pass their own file).
+        """
+        has_cuda = False
         if importlib.util.find_spec("torch") is not None:
             import torch
 
             has_cuda = bool(torch.cuda.is_available())
-            bf16 = has_cuda and bool(torch.cuda.is_bf16_supported())
+        if has_cuda:
+            bf16 = bool(torch.cuda.is_bf16_supported())
+        else:
+            bf16 = cpu_has_bf16(cpuinfo)
         return cls(
             has_cuda=has_cuda,
             bf16_supported=bf16,
@@ -132,6 +141,10 @@ def _no_cuda(m: MachineInfo, _v: Any) -> str | None:
 
 def _no_bf16(m: MachineInfo, _v: Any) -> str | None:
     return None if m.bf16_supported else "no device with bf16 training support here; training runs in fp32"
+
+
+def _no_vllm(m: MachineInfo, _v: Any) -> str | None:
+    return None if m.has_cuda else "vLLM needs CUDA; a transformers engine samples here (vllm.* unused)"
 
 
 def _no_flash(m: MachineInfo, _v: Any) -> str | None:
@@ -229,10 +242,16 @@ FLAG_TABLE: dict[str, _Flag] = {
         unavailable=_no_flash,
     ),
     # vLLM
-    "vllm_num_engines": _Flag("int", ("vllm.num_engines",)),
-    "vllm_tensor_parallel_size": _Flag("int", ("vllm.tensor_parallel_size",)),
-    "vllm_gpu_memory_utilization": _Flag("float", ("vllm.gpu_memory_utilization",)),
-    "enable_prefix_caching": _Flag("switch", ("vllm.enable_prefix_caching",)),
+    "vllm_num_engines": _Flag("int", ("vllm.num_engines",), "CUDA only", unavailable=_no_vllm),
+    "vllm_tensor_parallel_size": _Flag(
+        "int", ("vllm.tensor_parallel_size",), "CUDA only", unavailable=_no_vllm
+    ),
+    "vllm_gpu_memory_utilization": _Flag(
+        "float", ("vllm.gpu_memory_utilization",), "CUDA only", unavailable=_no_vllm
+    ),
+    "enable_prefix_caching": _Flag(
+        "switch", ("vllm.enable_prefix_caching",), "CUDA only", unavailable=_no_vllm
+    ),
     # output and logging
     "output_dir": _Flag("str", ("output.dir",)),
     "logging_steps": _Flag("int", ("output.log_every",)),

@@ -278,7 +278,9 @@ class StrategyConfig(_Section):
     """ZeRO stage 0 to 3 of the critics' DeepSpeed engines (``gae``; ``deepspeed`` only); null uses
     ``zero_stage``."""
     bf16: bool = False
-    """Train in bfloat16 where the device supports it."""
+    """Train in bfloat16. On a CPU whose /proc/cpuinfo names neither ``avx512_bf16`` nor ``amx_bf16`` the bf16
+    arithmetic is emulated and slower than fp32: the trainer keeps the setting and logs a warning naming
+    ``strategy.bf16`` (the ``--bf16`` launch flag is ignored there)."""
     grad_clip: NonNegFloat = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping."""
     weight_decay: NonNegFloat = 0.0

@@ -70,6 +70,7 @@ def expected_notes(machine: MachineInfo) -> set[str]:
     notes = set()  # --dataset and --reward_model take effect (the dataset: and reward: sections)
     if not machine.has_cuda:
         notes |= {"actor_init_on_gpu", "offload_reference_model", "use_flash_attn"}
+        notes |= {"vllm_num_engines", "vllm_tensor_parallel_size", "enable_prefix_caching"}
     elif not machine.flash_attn_installed:
         notes.add("use_flash_attn")
     if not machine.bf16_supported:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,7 +21,10 @@ from typing import Any, Literal
 
 import torch
 
+from marti.cpu_features import CPUINFO, cpu_has_bf16
 from marti.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -159,9 +163,19 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg))
 
 
-def resolve_bf16(flag: bool | None, device: torch.device) -> bool:
-    """Decide bf16: an explicit flag wins; None means CUDA with bf16 support."""
+def resolve_bf16(flag: bool | None, device: torch.device, cpuinfo: Path = CPUINFO) -> bool:
+    """Decide bf16: an explicit flag wins; None means CUDA with bf16 support.
+
+    An explicit True on a CPU without native bf16 (:func:`marti.cpu_features.cpu_has_bf16` false for ``cpuinfo``)
+    is kept, but logs a warning naming ``strategy.bf16``: the bf16 arithmetic is emulated there, slower than fp32.
+    """
     if flag is not None:
+        if flag and device.type == "cpu" and not cpu_has_bf16(cpuinfo):
+            log.warning(
+                "strategy.bf16=true on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in %s): bf16 is "
+                "emulated there and trains slower than fp32; set strategy.bf16: false",
+                cpuinfo,
+            )
         return flag
     return device.type == "cuda" and torch.cuda.is_bf16_supported()
 

@@ -69,6 +69,9 @@ def test_design_script_on_cpu(design_workdir):
             "--offload_reference_model",
             "--use_flash_attn",
             "--log_with",
+            "--vllm_num_engines",
+            "--vllm_tensor_parallel_size",
+            "--enable_prefix_caching",
         ]
     )
     assert [a.pretrain_model for a in cfg.agents] == [
@@ -93,7 +96,7 @@ def test_design_script_on_cpu(design_workdir):
         and cfg.strategy.critic_zero_stage == 3
     )
     assert not cfg.strategy.bf16 and not cfg.strategy.init_on_gpu and cfg.policy.attn_implementation is None
-    assert cfg.vllm.num_engines == 3 and cfg.vllm.enable_prefix_caching
+    assert not cfg.vllm.enable_prefix_caching  # vLLM flags are CUDA only: the YAML's vllm section stays
     assert cfg.output.dir == "./multi_agent_resource_allocation_results"
     assert cfg.output.log_every == 10 and cfg.output.save_every == 1000
     assert cfg.output.log_with == ["tensorboard"]
@@ -110,6 +113,7 @@ def test_design_script_on_a_gpu_machine_applies_gpu_flags(design_workdir):
     assert [w for w in warnings if " ignored: " in w] == []
     assert cfg.strategy.bf16 and cfg.strategy.init_on_gpu and cfg.strategy.offload_reference_model
     assert cfg.policy.attn_implementation == "flash_attention_2" and cfg.output.log_with == ["wandb"]
+    assert cfg.vllm.num_engines == 3 and cfg.vllm.enable_prefix_caching
 
 
 def test_flags_without_a_config_file_build_the_team(design_workdir):
@@ -239,8 +243,10 @@ def test_string_values_stay_strings():
 
 
 def test_machine_detect_runs():
+    from marti.cpu_features import cpu_has_bf16
+
     info = MachineInfo.detect()
-    assert isinstance(info.has_cuda, bool) and (info.bf16_supported <= info.has_cuda)
+    assert isinstance(info.has_cuda, bool) and (info.bf16_supported <= (info.has_cuda or cpu_has_bf16()))
 
 
 def test_without_a_config_file_the_algorithm_follows_openrlhfs_defaults(design_workdir):
@@ -302,3 +308,31 @@ def test_a_critic_model_that_builds_no_critic_is_noted():
     )
     _, notes = build_config(EXAMPLE, [], ["--critic_model", "m", "--advantage_estimator", "gae"], machine=CPU)
     assert not any("builds no critic" in n for n in notes)
+
+
+def test_vllm_flags_without_cuda_are_reported_and_ignored(design_workdir):
+    team = design_workdir / "team.yaml"
+    team.write_text(
+        "training_name: t\nagents: [{name: a, pretrain_model: m, role: solver}]\nrollout: {engine: hf}\n"
+    )
+    cfg, warnings = build_config(team, [], ["--vllm_num_engines", "2"], machine=CPU)
+    assert warnings == [
+        "--vllm_num_engines ignored: vLLM needs CUDA; a transformers engine samples here (vllm.* unused)"
+    ]
+    assert cfg.vllm.num_engines == 1
+    cfg, warnings = build_config(team, [], ["--vllm_num_engines", "2"], machine=GPU)
+    assert not warnings and cfg.vllm.num_engines == 2
+
+
+@pytest.mark.parametrize("flags, honoured", [("fpu avx512f avx512_bf16", True), ("fpu avx512f", False)])
+def test_bf16_flag_follows_a_cpu_with_native_bf16(tmp_path, monkeypatch, flags, honoured):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    machine = MachineInfo.detect(cpuinfo)
+    assert machine.bf16_supported is honoured
+    out = parse_launch_flags(["--bf16"], machine=machine)
+    assert (out.scalar_overrides == ["strategy.bf16=true"]) is honoured
+    assert bool(out.warnings) is not honoured

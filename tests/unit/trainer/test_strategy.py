@@ -282,3 +282,15 @@ def test_resume_trains_at_the_configured_learning_rate_not_the_checkpoints(tok, 
     assert e2.optimizer.state  # the Adam moments were loaded
     e2.scheduler.step()
     assert e2.lr == pytest.approx(0.5)  # the schedule keeps the new rate
+
+
+@pytest.mark.parametrize("flags, warned", [("fpu avx512f", True), ("fpu avx512f amx_bf16", False)])
+def test_bf16_on_a_cpu_without_native_bf16_warns_naming_the_setting(tmp_path, caplog, flags, warned):
+    from services.trainer.strategy.base import resolve_bf16
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    with caplog.at_level("WARNING", logger="services.trainer.strategy.base"):
+        assert resolve_bf16(True, torch.device("cpu"), cpuinfo) is True  # kept: the setting is the user's
+        assert resolve_bf16(False, torch.device("cpu"), cpuinfo) is False
+    assert any("strategy.bf16=true" in r.getMessage() for r in caplog.records) is warned

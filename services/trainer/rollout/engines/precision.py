@@ -18,31 +18,13 @@ from pathlib import Path
 
 import torch
 
+from marti.cpu_features import CPUINFO, cpu_has_bf16
 from marti.errors import InvalidArgumentError
 
 __all__ = ["ROLLOUT_DTYPES", "cpu_has_bf16", "resolve_rollout_dtype"]
 
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
 """The values of ``rollout.dtype``."""
-
-#: /proc/cpuinfo flags of native bf16 arithmetic (AVX512-BF16 dot products, AMX bf16 tiles).
-BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-
-CPUINFO = Path("/proc/cpuinfo")
-
-
-def cpu_has_bf16(cpuinfo: Path = CPUINFO) -> bool:
-    """Whether the CPU computes bf16 natively: a ``flags`` line of ``cpuinfo`` names ``avx512_bf16`` or
-    ``amx_bf16``. False where the file is missing or unreadable (macOS, Windows: fp32 there)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return False
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags" and BF16_CPU_FLAGS & set(value.split()):
-            return True
-    return False
 
 
 def resolve_rollout_dtype(
