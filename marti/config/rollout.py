@@ -50,6 +50,12 @@ class RolloutConfig(_Section):
     ``avx512_bf16`` or ``amx_bf16``, else ``float32``; on a GPU the policy's dtype. null (default): the policy's
     dtype, no copy (bf16 changes every CPU job's sampled draws; see docs/models.md). vLLM takes only null or
     ``auto``."""
+    merge_adapters: StrictNonNegInt = 1
+    """With ``policy.mode: lora`` and a ``dtype`` other than the policy's, a transformers engine samples each
+    agent's adapter from a plain copy of the base with that adapter merged into its linears (re-merged at every
+    weight sync) when the agents use at most this many adapters; else from one unmerged copy that switches
+    adapters per call. Memory: one base copy in the sampling dtype per merged adapter. Default 1 (a lone adapter
+    merges at the memory of the unmerged copy); 0: never merge. See docs/models.md."""
     source: Literal["builtin", "external", "mixed"] = "builtin"
     """Where each update's training episodes come from. ``builtin``: the job plays ``episodes_per_step``
     episodes in the env per step. ``external``: no built-in rollout; each trainable agent's update takes

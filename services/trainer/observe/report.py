@@ -412,7 +412,19 @@ def _overview(
             f"- Algorithm{' (last job)' if len(_history(run_dir)) > 1 else ''}: {algo}; {per_step} episodes per step in groups of "
             f"{rollout.get('group_size', '?')}; max_steps {config.get('max_steps', '?')}; seed {config.get('seed', '?')}"
         )
-    return lines + _segments(run_dir, train) + [""]
+    return lines + _sampling(run_dir) + _segments(run_dir, train) + [""]
+
+
+def _sampling(run_dir: Path) -> list[str]:
+    """``- Rollout: engine E, dtype D`` of the run's last job (its ``config_history.jsonl`` record's ``rollout``:
+    what ``rollout.engine`` / ``rollout.dtype`` resolved to); nothing when it is not recorded."""
+    history = _history(run_dir)
+    rollout = history[-1].get("rollout") if history else None
+    if not rollout:
+        return []
+    return [
+        f"- Rollout{' (last job)' if len(history) > 1 else ''}: engine {rollout['engine']}, dtype {rollout['dtype']}"
+    ]
 
 
 def _history(run_dir: Path) -> list[dict[str, Any]]:

@@ -580,6 +580,7 @@ KEY_BUILDERS: dict[str, tuple[str, ...]] = {
     "environment.difficulty": ("env", "curriculum"),
     "rollout.engine": ("engine",),
     "rollout.dtype": ("engine",),
+    "rollout.merge_adapters": ("engine",),
     "rollout.source": ("run",),
     "rollout.episodes_per_step": ("episodes", "run"),
     "rollout.max_new_tokens": ("learner",),

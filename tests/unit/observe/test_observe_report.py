@@ -158,3 +158,23 @@ def test_a_resumed_run_is_labelled_by_job_with_its_algorithm_and_changes(tmp_pat
         f"  - steps 3 to 3: rloo (changed: algorithm.advantage_estimator grpo -> rloo, learning_rate {first.learning_rate} -> 0.5)"
         in text
     )
+
+
+def test_the_report_says_what_the_rollout_engine_and_dtype_resolved_to(tmp_path, monkeypatch):
+    """``rollout.engine: hf_static`` with ``rollout.dtype: auto`` on a CPU: the job's start record holds the engine
+    and the dtype ``auto`` resolved to there, and report.md shows them."""
+    from services.trainer.job.run.run_dir import RunFolder, read_history
+    from services.trainer.rollout.engines import precision
+    from services.trainer.rollout.engines.generation import generation_config, resolved_rollout
+
+    cfg = load_config(EXAMPLE, [f"output.dir={tmp_path}", "rollout.engine=hf_static", "rollout.dtype=auto"])
+    for native, dtype in [(True, "bfloat16"), (False, "float32")]:
+        monkeypatch.setattr(precision, "cpu_has_bf16", lambda _path, native=native: native)
+        assert resolved_rollout(generation_config(cfg), "cpu") == {"engine": "hf_static", "dtype": dtype}
+    auto = load_config(EXAMPLE, [f"output.dir={tmp_path}", "rollout.engine=auto"])
+    assert resolved_rollout(generation_config(auto), "cpu")["engine"] == "hf_static"
+    RunFolder(tmp_path).record_start(cfg, 0, resolved_rollout(generation_config(cfg), "cpu"))
+    assert read_history(tmp_path)[-1]["rollout"] == {"engine": "hf_static", "dtype": "float32"}
+    with RunWriter(tmp_path, use_tensorboard=False) as w:
+        w.log(1, {"agent_1/reward": 0.1})
+    assert "- Rollout: engine hf_static, dtype float32\n" in write_report(tmp_path).read_text()

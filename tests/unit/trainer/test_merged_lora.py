@@ -138,5 +138,32 @@ def test_bad_adapter_weights_are_refused_before_anything_changes(tok):
     with pytest.raises(InvalidArgumentError, match=r"has shape \(1,\)"):
         merged.load({key: torch.zeros(1)})
     assert torch.equal(_logits(merged.model), before)
-    with pytest.raises(InvalidArgumentError, match="merge_adapters must be >= 0, got -1"):
+    with pytest.raises(InvalidArgumentError, match="merge_adapters must be an int >= 0, got -1"):
         _engine(policy, merge_adapters=-1)
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, 1.0, "1", None])
+def test_a_merge_adapters_that_is_not_an_int_is_refused_by_name(tok, bad):
+    with pytest.raises(InvalidArgumentError, match=f"merge_adapters must be an int >= 0, got {bad!r}"):
+        _engine(_policy(), merge_adapters=bad)
+
+
+@pytest.mark.parametrize("engine", ["hf", "hf_static"])
+def test_rollout_merge_adapters_reaches_the_built_engine(tok, tmp_path, engine):
+    from marti.config import load_config
+    from services.trainer.rollout.engines.generation import build_rollout_engine, generation_config
+
+    team = tmp_path / "team.yaml"
+    team.write_text(
+        "training_name: t\nagents: [{name: a0, pretrain_model: tiny-llama, role: r}, {name: a1, pretrain_model: tiny-llama, role: r}]\n"
+    )
+    policy = _policy(agents=2)
+    for setting, merged in [(1, set()), (2, {"a0", "a1"})]:
+        cfg = load_config(
+            team,
+            ["policy.mode=lora", "rollout.dtype=bfloat16", f"rollout.merge_adapters={setting}"],
+        )
+        built = build_rollout_engine(
+            generation_config(cfg), policy, ["a0", "a1"], "cpu", copy_weights=False, engine=engine
+        )
+        assert set(built._merged) == merged

@@ -59,8 +59,10 @@ from services.trainer.learn.allocation import AllocationWeights, PriorityAllocat
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
 from services.trainer.observe.progress import ProgressBar
 from services.trainer.observe.sampled_eval import eval_metrics
+from services.trainer.ray.policy_worker import resolve_device
 from services.trainer.ray.runtime import RayRuntime
 from services.trainer.ray.table_access import StoreAccess
+from services.trainer.rollout.engines.generation import generation_config, resolved_rollout
 from services.trainer.rollout.episodes.env_config import (
     agent_return,
     build_curriculum,
@@ -505,7 +507,12 @@ class TrainingLoop:
             runtime.start()
             run.monitor = self._monitor(runtime)
             start_step = self._resume(runtime, folder, run.summary)
-            folder.record_start(cfg, start_step)  # config.yaml records a job that really started
+            sampling = resolved_rollout(generation_config(cfg), resolve_device(cfg))
+            _LOG.info(
+                "rollout: engine %s, dtype %s (rollout.engine=%s, rollout.dtype=%s)",
+                sampling["engine"], sampling["dtype"], cfg.rollout.engine, cfg.rollout.dtype,
+            )  # fmt: skip
+            folder.record_start(cfg, start_step, sampling)  # config.yaml records a job that really started
             if cfg.gateway.enabled:
                 self._start_gateway(runtime)
             epoch_note = epoch_limit_message(cfg)

@@ -258,11 +258,15 @@ class RunFolder:
             )
         return ckpt
 
-    def record_start(self, cfg: TrainConfig, start_step: int) -> dict[str, Any]:
+    def record_start(
+        self, cfg: TrainConfig, start_step: int, rollout: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """Record that the job has started at ``start_step``: ``config.yaml`` becomes ``cfg`` and one line is
         appended to ``config_history.jsonl``: ``{"start_step", "time", "resumed_from", "algorithm", "changed":
-        {key: [old, new]}, "dataset"}`` (``changed`` against the previous ``config.yaml``, empty for a new run;
-        ``dataset`` the :func:`~marti.data.fingerprint.dataset_fingerprint` of the job's data, null without one).
+        {key: [old, new]}, "dataset", "rollout"}`` (``changed`` against the previous ``config.yaml``, empty for a new
+        run; ``dataset`` the :func:`~marti.data.fingerprint.dataset_fingerprint` of the job's data, null without one;
+        ``rollout`` the sampling engine and dtype ``auto`` resolved to,
+        :func:`~services.trainer.rollout.engines.generation.resolved_rollout`, null when not given).
 
         Returns:
             The appended record.
@@ -276,6 +280,7 @@ class RunFolder:
             "algorithm": cfg.algorithm.advantage_estimator,
             "changed": config_diff(previous, cfg),
             "dataset": self._dataset(cfg),
+            "rollout": rollout,
         }
         tmp = path.with_name(".config.yaml.tmp")
         tmp.write_text(dump_config(cfg))

@@ -50,6 +50,8 @@ class GenerationConfig:
             resolved on the actor's device by :func:`~services.trainer.rollout.engines.precision.resolve_rollout_dtype`).
         sampling: Per agent, its sampling parameters (:func:`sampling_params`).
         response_prefixes: Per agent, its ``response_prefix`` (``""``: none).
+        merge_adapters: ``rollout.merge_adapters``: the transformers engines' ``merge_adapters`` (most adapters of
+            one LoRA base sampled from merged copies).
     """
 
     engine: str
@@ -57,6 +59,7 @@ class GenerationConfig:
     dtype: str | None
     sampling: dict[str, SamplingParams]
     response_prefixes: dict[str, str]
+    merge_adapters: int = 1
 
     def params(self, agent: str, greedy: bool = False) -> SamplingParams:
         """The agent's sampling parameters; ``greedy``: decode with temperature 0 within its ``max_new_tokens``.
@@ -77,6 +80,7 @@ def generation_config(cfg: TrainConfig) -> GenerationConfig:
         dtype=cfg.rollout.dtype,
         sampling={a.name: sampling_params(cfg, a.name) for a in cfg.agents},
         response_prefixes={a.name: a.response_prefix or "" for a in cfg.agents},
+        merge_adapters=cfg.rollout.merge_adapters,
     )
 
 
@@ -102,6 +106,24 @@ def resolve_auto_engine(device: str) -> str:
     if device != "cuda":
         return "hf_static"
     return "vllm" if vllm_available() else "hf"
+
+
+def resolved_rollout(cfg: GenerationConfig, device: str) -> dict[str, str]:
+    """What the job's sampling engines are on ``device``: ``rollout.engine`` and ``rollout.dtype`` resolved as
+    :func:`build_rollout_engine` resolves them.
+
+    Returns:
+        ``{"engine": "hf" | "hf_static" | "vllm", "dtype": "float32" | "bfloat16" | "policy" | "vllm"}``: ``policy``
+        samples in the policy's own dtype (no copy), ``vllm`` in vLLM's own.
+
+    Raises:
+        InvalidArgumentError: An invalid ``rollout.dtype`` (named).
+    """
+    engine = resolve_auto_engine(device) if cfg.engine == "auto" else cfg.engine
+    if engine == "vllm":
+        return {"engine": engine, "dtype": "vllm"}
+    dtype = resolve_rollout_dtype(cfg.dtype, device)
+    return {"engine": engine, "dtype": "policy" if dtype is None else str(dtype).removeprefix("torch.")}
 
 
 def build_rollout_engine(
@@ -167,12 +189,21 @@ def build_rollout_engine(
         from services.trainer.rollout.engines.static import StaticCacheRolloutEngine
 
         return StaticCacheRolloutEngine.from_policy(
-            policy, copy_weights=copy_weights, default_sampling=sampling, compile=None, dtype=dtype
+            policy,
+            copy_weights=copy_weights,
+            default_sampling=sampling,
+            compile=None,
+            dtype=dtype,
+            merge_adapters=cfg.merge_adapters,
         )
     from services.trainer.rollout.engines.hf import HFRolloutEngine
 
     return HFRolloutEngine.from_policy(
-        policy, copy_weights=copy_weights, default_sampling=sampling, dtype=dtype
+        policy,
+        copy_weights=copy_weights,
+        default_sampling=sampling,
+        dtype=dtype,
+        merge_adapters=cfg.merge_adapters,
     )
 
 

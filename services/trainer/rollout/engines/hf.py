@@ -93,7 +93,7 @@ class HFRolloutEngine(RolloutEngine):
 
     Raises:
         InvalidArgumentError: No agents, ``max_batch_size`` / ``max_model_len`` not positive, or ``merge_adapters``
-            negative.
+            not an int >= 0 (a bool, float, str or None included).
     """
 
     def __init__(
@@ -113,8 +113,8 @@ class HFRolloutEngine(RolloutEngine):
             raise InvalidArgumentError(f"max_batch_size must be > 0, got {max_batch_size}")
         if max_model_len is not None and max_model_len <= 0:
             raise InvalidArgumentError(f"max_model_len must be > 0, got {max_model_len}")
-        if merge_adapters < 0:
-            raise InvalidArgumentError(f"merge_adapters must be >= 0, got {merge_adapters}")
+        if type(merge_adapters) is not int or merge_adapters < 0:  # bool, float, str, None: refused by name
+            raise InvalidArgumentError(f"merge_adapters must be an int >= 0, got {merge_adapters!r}")
         self._merged: dict[str, MergedLoRA] = merged_copies(
             {a: (spec.model, spec.adapter_name) for a, spec in agents.items()}, dtype, merge_adapters
         )
