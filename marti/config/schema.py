@@ -243,8 +243,8 @@ class PolicyConfig(_Section):
     in ``per_agent`` / ``shared`` mode): after every optimizer step ``ema = ema_beta * ema + (1 - ema_beta) *
     weights`` (OpenRLHF's ``--enable_ema``), starting from the initial weights. Evaluations (``eval_every``,
     ``marti eval``) play with the averaged weights, training rollouts with the trained ones; checkpoints save
-    the averages (``ema_<unit>.pt``). Needs the transformers engine (``rollout.engine: hf``) and no rollout
-    actors; under ZeRO-3 the averages are whole copies, updated with the weights gathered."""
+    the averages (``ema_<unit>.pt``). Needs a transformers engine (``rollout.engine: hf`` or ``hf_static``)
+    and no rollout actors; under ZeRO-3 the averages are whole copies, updated with the weights gathered."""
     ema_beta: Annotated[float, Field(gt=0, lt=1)] = 0.992
     """EMA decay in (0, 1): the weight of the old average in each update (``policy.ema``)."""
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
@@ -536,7 +536,8 @@ class TrainConfig(_Section):
             )
         if self.rollout.engine == "vllm":
             raise ValueError(
-                "policy.ema evaluates through the transformers engine; rollout.engine=vllm cannot"
+                "policy.ema evaluates through a transformers engine (rollout.engine hf or hf_static); "
+                "rollout.engine=vllm cannot"
             )
         return self
 

@@ -470,8 +470,8 @@ class PolicyWorker(TableTaking):
         self.ema: dict[str, EmaWeights] = {}
         if self.cfg.ema_beta is not None and not callable(getattr(self.engine, "pinned", None)):
             raise InvalidArgumentError(
-                "policy.ema evaluates with the averaged weights through the transformers rollout engine; the "
-                f"{type(self.engine).__name__} cannot load them for a call (set rollout.engine: hf)"
+                "policy.ema evaluates with the averaged weights through a transformers rollout engine; the "
+                f"{type(self.engine).__name__} cannot load them for a call (set rollout.engine: hf or hf_static)"
             )
         for agent in self.policy.trainable_agents:
             unit = self.policy.unit_of(agent)

@@ -178,6 +178,17 @@ def test_frozen_team_is_an_error():
     assert config_from_dict(data).tuning_agents == ["a"]
 
 
+def test_ema_takes_either_transformers_engine_and_the_vllm_refusal_names_both():
+    for engine in ("hf", "hf_static"):
+        assert config_from_dict(minimal(policy={"ema": True}, rollout={"engine": engine})).policy.ema
+    said = error_of(minimal(policy={"ema": True}, rollout={"engine": "vllm"}))
+    assert "a transformers engine (rollout.engine hf or hf_static); rollout.engine=vllm cannot" in said
+    from marti.config import config_reference_markdown
+
+    row = next(r for r in config_reference_markdown().splitlines() if r.startswith("| `policy.ema` |"))
+    assert "Needs a transformers engine (``rollout.engine: hf`` or ``hf_static``)" in row
+
+
 def test_vllm_on_cpu_and_zero_stage_without_deepspeed():
     assert "rollout.engine=vllm" in error_of(minimal(device="cpu", rollout={"engine": "vllm"}))
     assert "strategy.name=deepspeed" in error_of(minimal(strategy={"zero_stage": 2}))

@@ -2,7 +2,8 @@
 file fails at once, naming what is wrong, and never costs an ``--overwrite`` the run it would delete: a dataset
 job's rows, labels, column names, prompt lengths, reward functions and reward model (:func:`check_dataset_job`),
 the workflow section's import
-paths (:func:`marti.workflow.check_workflow_section`) and, for a job that starts its own env server, every env at
+paths (:func:`marti.workflow.check_workflow_section`), that ``rollout.engine: vllm`` can run here
+(:func:`check_vllm_engine`) and, for a job that starts its own env server, every env at
 every curriculum level it can reach (:func:`check_envs_in_process`). :func:`check_before_the_run_folder` runs
 them in that order. With a given (external) store, ``marti train`` also creates the job's tables there first
 (:func:`check_given_store_tables`).
@@ -39,12 +40,14 @@ __all__ = [
     "check_dataset_job",
     "check_envs_in_process",
     "check_given_store_tables",
+    "check_vllm_engine",
     "starts_own_env_server",
 ]
 
 
 def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> DatasetTasks | None:
-    """Every check ``marti train`` makes before the run folder: :func:`check_dataset_job`, the ``workflow``
+    """Every check ``marti train`` makes before the run folder: :func:`check_vllm_engine`,
+    :func:`check_dataset_job`, the ``workflow``
     section (:func:`marti.workflow.check_workflow_section`, when the section is active) and, when the job starts
     its own env server (``env``, the ``--env`` flag, is None and the config has no ``services.env``),
     :func:`check_envs_in_process`.
@@ -56,12 +59,52 @@ def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> 
         InvalidArgumentError / NotFoundError / UnavailableError: what those checks raise (each names the key,
             file, row, task or level).
     """
+    check_vllm_engine(cfg)
     data = check_dataset_job(cfg)
     if cfg.workflow.active:
         check_workflow_section(cfg.workflow, [a.name for a in cfg.agents])
     if starts_own_env_server(cfg, env):
         check_envs_in_process(cfg, data)
     return data
+
+
+def check_vllm_engine(
+    cfg: TrainConfig, *, has_cuda: bool | None = None, vllm_installed: bool | None = None
+) -> None:
+    """Refuse ``rollout.engine: vllm`` on a machine where it cannot start, before any service does: the config's
+    ``device`` (``auto`` or ``cuda``; ``cpu`` is refused by the config itself) has no CUDA device to resolve to,
+    or the ``vllm`` package is not installed.
+
+    Args:
+        cfg: The job's config.
+        has_cuda: Whether a CUDA device is visible; None asks torch.
+        vllm_installed: Whether ``vllm`` is importable; None looks for it
+            (:func:`services.trainer.rollout.vllm_available`).
+
+    Raises:
+        InvalidArgumentError: Naming ``rollout.engine`` and ``device`` (no CUDA) or the missing package.
+    """
+    if cfg.rollout.engine != "vllm":
+        return
+    if has_cuda is None:
+        import torch
+
+        has_cuda = bool(torch.cuda.is_available())
+    if not has_cuda:
+        resolves = " resolves to the CPU" if cfg.device == "auto" else " finds no CUDA device"
+        raise InvalidArgumentError(
+            f"rollout.engine=vllm needs a CUDA device, but device={cfg.device}{resolves} on this machine; "
+            "set rollout.engine: auto (hf_static on the CPU), hf or hf_static"
+        )
+    if vllm_installed is None:
+        from services.trainer.rollout import vllm_available
+
+        vllm_installed = vllm_available()
+    if not vllm_installed:
+        raise InvalidArgumentError(
+            "rollout.engine=vllm but the vllm package is not installed here (the gpu extra); install it, or set "
+            "rollout.engine: auto or hf"
+        )
 
 
 def starts_own_env_server(cfg: TrainConfig, env: str | None) -> bool:
