@@ -113,6 +113,12 @@ def test_launch_script_runs_with_marti_train(tmp_path):
 
     run = tmp_path / OUT_DIR  # --output_dir, relative to the script's working directory
     assert (run / "report.md").exists()
+    # what rollout.engine / rollout.dtype resolved to: in the job's log, its start record and report.md
+    said = re.search(r"rollout: engine (\w+), dtype (\w+) \(rollout.engine=", proc.stdout + proc.stderr)
+    assert said, proc.stderr[-3000:]
+    recorded = json.loads((run / "config_history.jsonl").read_text().splitlines()[-1])["rollout"]
+    assert recorded == {"engine": said.group(1), "dtype": said.group(2)}
+    assert f"- Rollout: engine {said.group(1)}, dtype {said.group(2)}\n" in (run / "report.md").read_text()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     # --logging_steps 10 (output.log_every) with MAX_STEPS=2: no multiple of 10 is reached, the final step is kept
     assert [r["step"] for r in records] == [2]

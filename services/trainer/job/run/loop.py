@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -507,11 +508,7 @@ class TrainingLoop:
             runtime.start()
             run.monitor = self._monitor(runtime)
             start_step = self._resume(runtime, folder, run.summary)
-            sampling = resolved_rollout(generation_config(cfg), resolve_device(cfg))
-            _LOG.info(
-                "rollout: engine %s, dtype %s (rollout.engine=%s, rollout.dtype=%s)",
-                sampling["engine"], sampling["dtype"], cfg.rollout.engine, cfg.rollout.dtype,
-            )  # fmt: skip
+            sampling = self._say_sampling()
             folder.record_start(cfg, start_step, sampling)  # config.yaml records a job that really started
             if cfg.gateway.enabled:
                 self._start_gateway(runtime)
@@ -608,6 +605,21 @@ class TrainingLoop:
             stop=cfg.total_steps,
             max_staleness=cfg.rollout.max_staleness,
         ).start()
+
+    def _say_sampling(self) -> dict[str, str]:
+        """What ``rollout.engine`` / ``rollout.dtype`` resolved to on the job's device
+        (:func:`~services.trainer.rollout.engines.generation.resolved_rollout`), said once at start: logged, and
+        printed to stderr with the progress output (``show_progress``). Returns it for the job's start record."""
+        cfg = self.cfg
+        sampling = resolved_rollout(generation_config(cfg), resolve_device(cfg))
+        line = (
+            f"rollout: engine {sampling['engine']}, dtype {sampling['dtype']} "
+            f"(rollout.engine={cfg.rollout.engine}, rollout.dtype={cfg.rollout.dtype})"
+        )
+        _LOG.info("%s", line)
+        if self.show_progress:
+            print(line, file=sys.stderr, flush=True)
+        return sampling
 
     def _steps(self, run: _Run, start_step: int) -> int:
         """Train from ``start_step`` until the last step (``max_steps``, or fewer when ``max_epochs`` passes
