@@ -7,8 +7,9 @@ its own rewards). A :class:`Workflow` decides, on the trainer side:
   says ``is_acting``), a sequential chain, parallel workers then an aggregator, debate rounds then an
   aggregator, or any user function;
 * **how an agent's prompt is built** (:class:`Role`: a system prompt template and a ``build_prompt`` function
-  of the observation and the teammates' messages; the chat messages are rendered with the chat template of the
-  agent's own model by the rollout engine);
+  of the observation and the teammates' messages, which may also choose how the turn's reply starts
+  (:class:`TurnPrompt`); the chat messages are rendered with the chat template of the agent's own model by the
+  rollout engine);
 * **how its text becomes an action** (``Role.parser``: text -> env action text);
 * **whether it is a model at all** (``Role.policy``: a scripted agent, a Python callable that answers instead
   of a model; it is never trained);
@@ -48,6 +49,7 @@ __all__ = [
     "PromptContext",
     "RewardAllocation",
     "Role",
+    "TurnPrompt",
     "Workflow",
     "WorkflowState",
     "check_workflow_section",
@@ -133,6 +135,35 @@ class PromptContext:
     info: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class TurnPrompt:
+    """What a role's ``build_prompt`` may return instead of a ``str``: the user message and how this turn's reply
+    starts.
+
+    ``reply_start`` is prefilled for this one turn as the agent's ``response_prefix`` is for every turn, after it
+    (the prompt ends with the chat template's output, then the tokens of ``response_prefix + reply_start``): those
+    tokens are prompt tokens, so they are never trained, and the reply's text (what the parser and the env get)
+    starts with ``response_prefix + reply_start``. A scripted agent's answer is prefixed with it likewise.
+    (Named ``TurnPrompt``, not ``Prompt``: :data:`marti.inference.Prompt` is the engines' prompt type.)
+
+    Args:
+        user: The user message.
+        reply_start: Text the reply starts with (e.g. ``"I can do 3 tasks: task_"``); ``""``: none.
+
+    Raises:
+        InvalidArgumentError: ``user`` or ``reply_start`` is not a ``str`` (its type named).
+    """
+
+    user: str
+    reply_start: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("user", "reply_start"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise InvalidArgumentError(f"TurnPrompt.{name} must be a str, got {type(value).__name__}")
+
+
 def default_build_prompt(ctx: PromptContext) -> str:
     """The built-in user message: the observation, then ``Messages from your teammates:`` and one
     ``[sender]: text`` line per message (what :class:`services.trainer.rollout.episodes.runner.EpisodeRunner` does)."""
@@ -150,7 +181,8 @@ class Role:
         agent: Agent name (as in the config's ``agents`` list).
         system_prompt: System prompt template (``{name}``, ``{role}``, ``{capabilities}`` filled in); None keeps
             the agent's ``prompt_template`` / the built-in one.
-        build_prompt: ``build_prompt(PromptContext) -> str``: the user message; None uses
+        build_prompt: ``build_prompt(PromptContext) -> str | TurnPrompt``: the user message, or a
+            :class:`TurnPrompt` (the user message and how the turn's reply starts); None uses
             :func:`default_build_prompt`.
         parser: ``parser(text) -> action``: turns the agent's reply into the env action (e.g. extract
             ``offer: 40``); None sends the text unchanged. It must not raise: return the text on failure.
@@ -160,9 +192,27 @@ class Role:
 
     agent: str
     system_prompt: str | None = None
-    build_prompt: Callable[[PromptContext], str] | None = None
+    build_prompt: Callable[[PromptContext], str | TurnPrompt] | None = None
     parser: Callable[[str], str] | None = None
     policy: Callable[[Chat], str] | None = None
+
+    def turn_prompt(self, ctx: PromptContext) -> TurnPrompt:
+        """This turn's user message and reply start: ``build_prompt(ctx)`` (:func:`default_build_prompt` if
+        none), a ``str`` being a :class:`TurnPrompt` without a reply start.
+
+        Raises:
+            InvalidArgumentError: ``build_prompt`` returned neither a ``str`` nor a :class:`TurnPrompt` (the
+                agent, its role and the type named).
+        """
+        built = (self.build_prompt or default_build_prompt)(ctx)
+        if isinstance(built, TurnPrompt):
+            return built
+        if isinstance(built, str):
+            return TurnPrompt(built)
+        raise InvalidArgumentError(
+            f"the prompt builder of agent {self.agent!r} (role {ctx.role!r}) returned {type(built).__name__}; "
+            "it must return a str (the user message) or a marti.workflow.TurnPrompt"
+        )
 
 
 @dataclass

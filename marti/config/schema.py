@@ -133,7 +133,8 @@ class AgentConfig(_Section):
     """System prompt template; ``{role}``, ``{name}`` and ``{capabilities}`` are filled in. Null: built-in."""
     response_prefix: str | None = None
     """Text the agent's reply is made to start with (e.g. ``"task_1:"``): appended to the prompt after the chat
-    template, so it steers the format but is not trained; the env receives prefix + generated text."""
+    template, so it steers the format but is not trained; the env receives prefix + generated text. A workflow
+    role's ``prompt_builder`` can add a reply start for one turn after it (``marti.workflow.TurnPrompt``)."""
     sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
     """Per-agent overrides of the ``rollout`` sampling parameters."""
     learning_rate: PositiveFloat | None = None

@@ -54,7 +54,9 @@ class WorkflowRoleConfig(Section):
     system_prompt: str | None = None
     """System prompt template (``{name}``, ``{role}``, ``{capabilities}``); null: the agent's own."""
     prompt_builder: str | None = None
-    """Import path of ``build_prompt(PromptContext) -> str`` (the user message); null: observation + messages."""
+    """Import path of ``build_prompt(PromptContext) -> str | marti.workflow.TurnPrompt``: the user message, or a
+    ``TurnPrompt(user, reply_start)`` whose ``reply_start`` this turn's reply is made to start with (prefilled after
+    the agent's ``response_prefix``, not trained); null: observation + messages."""
     parser: str | None = None
     """Import path of ``parser(text) -> action`` (reply text -> env action); null: the text unchanged."""
     scripted: str | None = None

@@ -526,17 +526,25 @@ class PolicyWorker(TableTaking):
         """Policy version per agent (0 before any update)."""
         return {a: self.policy.version(a) for a in self.policy.agent_ids}
 
-    def generate(self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
+    def generate(
+        self,
+        agent_id: str,
+        chats: list[list[dict[str, str]]],
+        greedy: bool = False,
+        reply_starts: list[str] | None = None,
+    ) -> list[Any]:
         """Generate one response per chat prompt with the agent's current policy.
 
-        When the agent has a ``response_prefix``, the prompt is the chat template's output followed by the
-        prefix tokens, and each generation's ``text`` starts with the prefix (its token ids stay in the prompt,
-        so the prefix is never trained).
+        A row's reply is prefilled with the agent's ``response_prefix`` and its reply start: the prompt is the
+        chat template's output followed by their tokens, and each generation's ``text`` starts with them (their
+        token ids stay in the prompt, so they are never trained; see
+        :func:`~services.trainer.rollout.engines.generation.generate_turns`).
 
         Args:
             agent_id: The agent.
             chats: B chat conversations (system + user messages).
             greedy: Decode greedily (evaluation) instead of sampling.
+            reply_starts: B texts each reply starts with after the ``response_prefix`` (``""``: none); None: none.
 
         Returns:
             B :class:`~services.trainer.rollout.engines.base.Generation` objects (token ids, logprobs, text).
@@ -544,9 +552,16 @@ class PolicyWorker(TableTaking):
         if not self.engine_owns_weights:  # the engine samples with the live modules: no dropout
             self.policy.train(False)
         if greedy and agent_id in self.policy.trainable_agents and self.ema:
-            return self._generate_with_ema(agent_id, chats)
+            return self._generate_with_ema(agent_id, chats, reply_starts)
         return generate_turns(
-            self.generation, self.policy, self.engine, self._engine_lock, agent_id, chats, greedy
+            self.generation,
+            self.policy,
+            self.engine,
+            self._engine_lock,
+            agent_id,
+            chats,
+            greedy,
+            reply_starts,
         )
 
     def ema_weights_for_sync(self, agent_id: str) -> dict[str, torch.Tensor]:
@@ -564,7 +579,9 @@ class PolicyWorker(TableTaking):
         with self._whole_weights(), self.ema[unit].applied():
             return {k: v.detach().cpu().clone() for k, v in self.policy.state_for_sync(agent_id).items()}
 
-    def _generate_with_ema(self, agent_id: str, chats: list[list[dict[str, str]]]) -> list[Any]:
+    def _generate_with_ema(
+        self, agent_id: str, chats: list[list[dict[str, str]]], reply_starts: list[str] | None = None
+    ) -> list[Any]:
         """Evaluation turns (greedy) sampled with the agent's EMA weights for the call, tagged with the current
         version: written into the live modules (restored after) when the engine samples with them, else loaded
         into the engine's own copy (``engine.pinned``, which restores the trained weights on exit)."""
@@ -582,6 +599,7 @@ class PolicyWorker(TableTaking):
                         agent_id,
                         chats,
                         True,
+                        reply_starts,
                     )
                 finally:
                     with self._whole_weights(modify=True):
@@ -590,7 +608,14 @@ class PolicyWorker(TableTaking):
         version = self.policy.version(agent_id)
         with self._engine_lock, self.engine.pinned(agent_id, weights, version):
             return generate_turns(
-                self.generation, self.policy, self.engine, contextlib.nullcontext(), agent_id, chats, True
+                self.generation,
+                self.policy,
+                self.engine,
+                contextlib.nullcontext(),
+                agent_id,
+                chats,
+                True,
+                reply_starts,
             )
 
     def serve(

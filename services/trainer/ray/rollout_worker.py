@@ -110,11 +110,16 @@ class RolloutWorker:
                 self.resident.remember([agent], self.policy.version(agent), self.policy.state_for_sync(agent))
 
     def generate(
-        self, agent_id: str, chats: list[list[dict[str, str]]], greedy: bool = False
+        self,
+        agent_id: str,
+        chats: list[list[dict[str, str]]],
+        greedy: bool = False,
+        reply_starts: list[str] | None = None,
     ) -> list[Generation]:
-        """Generate one response per chat prompt (see :func:`~services.trainer.rollout.engines.generation.generate_turns`)."""
+        """Generate one response per chat prompt, each reply prefilled with the agent's ``response_prefix`` and
+        its reply start (see :func:`~services.trainer.rollout.engines.generation.generate_turns`)."""
         return generate_turns(
-            self.cfg.generation, self.policy, self.engine, self._lock, agent_id, chats, greedy
+            self.cfg.generation, self.policy, self.engine, self._lock, agent_id, chats, greedy, reply_starts
         )
 
     def update_weights(self, agent_id: str, weights: Mapping[str, torch.Tensor], policy_version: int) -> int:

@@ -446,23 +446,35 @@ class RayRuntime:
             init_error = getattr(exc, "error_msg", "") or str(exc)
             raise RuntimeError(f"trainer actor died: {init_error}") from None
 
-    def generate(self, agent: str, chats: list[list[dict[str, str]]], greedy: bool = False) -> list[Any]:
+    def generate(
+        self,
+        agent: str,
+        chats: list[list[dict[str, str]]],
+        greedy: bool = False,
+        reply_starts: list[str] | None = None,
+    ) -> list[Any]:
         """Generate on the agent's policy actor (see :meth:`PolicyWorker.generate`) or, with rollout actors,
-        split the chats into contiguous chunks across them and join the answers in order (never across a weight
-        sync: every chunk samples with the same policy version). A too-long prompt's error names its position in
-        ``chats`` (:func:`~services.trainer.rollout.engines.base.shifted`)."""
+        split the chats (and their ``reply_starts``, one per chat, or None) into contiguous chunks across them
+        and join the answers in order (never across a weight sync: every chunk samples with the same policy
+        version). A too-long prompt's error names its position in ``chats``
+        (:func:`~services.trainer.rollout.engines.base.shifted`)."""
         from services.trainer.rollout.engines.base import shifted
 
         if not self._rollout:
             try:
-                return self._get(self._owner[agent].generate.remote(agent, chats, greedy))
+                return self._get(self._owner[agent].generate.remote(agent, chats, greedy, reply_starts))
             except InvalidArgumentError as exc:  # a too-long prompt: its message without Ray's traceback
                 raise shifted(exc, 0) from None
         n = len(self._rollout)
         bounds = [len(chats) * i // n for i in range(n + 1)]
         with self._rollout_lock:
             calls = [
-                (lo, w.generate.remote(agent, chats[lo:hi], greedy))
+                (
+                    lo,
+                    w.generate.remote(
+                        agent, chats[lo:hi], greedy, None if reply_starts is None else reply_starts[lo:hi]
+                    ),
+                )
                 for w, lo, hi in zip(self._rollout, bounds, bounds[1:], strict=False)
                 if hi > lo
             ]

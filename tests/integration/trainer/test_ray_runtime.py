@@ -227,6 +227,11 @@ def test_rollout_actors_sample_with_the_learners_weights(mode, tmp_path):
 
         before, own = greedy_both()
         same(before, own)  # synced at start: the rollout actors hold the policy's initial weights
+        starts = ["Hi", "", "No, because"]  # a reply start per chat, split with the chats (1 + 2)
+        started = runtime.generate("agent_2", chats, True, starts)
+        same(started, runtime._get(policy_actor.generate.remote("agent_2", chats, True, starts)))
+        assert [g.text[: len(s)] for g, s in zip(started, starts, strict=True)] == starts
+        assert started[1].prompt_token_ids == before[1].prompt_token_ids != started[0].prompt_token_ids
         sampled = runtime.generate("agent_2", [chats[0]] * 4)  # two rows on each actor
         assert sampled[0].response_token_ids != sampled[2].response_token_ids  # actors seed apart
 

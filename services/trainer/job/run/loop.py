@@ -245,7 +245,10 @@ class TrainingLoop:
         versions = runtime.versions()
         return EpisodeRunner(
             make_env=self._make_env,
-            generate=lambda agent, chats: runtime.generate(agent, chats, greedy=greedy),
+            # reply starts (the runner's third argument) only when a turn's prompt builder gave one
+            generate=lambda agent, chats, *reply_starts: runtime.generate(
+                agent, chats, greedy, *reply_starts
+            ),
             comm_factory=self._comm,
             agents=[a.name for a in cfg.agents],
             roles={a.name: a.role for a in cfg.agents},

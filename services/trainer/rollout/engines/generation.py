@@ -215,12 +215,15 @@ def generate_turns(
     agent_id: str,
     chats: list[list[dict[str, str]]],
     greedy: bool = False,
+    reply_starts: Sequence[str] | None = None,
 ) -> list[Generation]:
     """Generate one response per chat prompt with the agent's sampling parameters.
 
-    When the agent has a ``response_prefix``, the prompt is the chat template's output followed by the prefix
-    tokens, and each generation's ``text`` starts with the prefix (its token ids stay in the prompt, so the
-    prefix is never trained).
+    A row's reply is prefilled with the agent's ``response_prefix`` followed by its reply start (``reply_starts``,
+    a workflow role's :class:`marti.workflow.TurnPrompt`): its prompt is the chat template's output followed by
+    the tokens of that text, and its generation's ``text`` starts with it. Those tokens stay in the prompt
+    (``prompt_token_ids``), so they are never trained, and the behaviour log-probabilities cover only the
+    generated tokens. Rows without either are passed to the engine as chats.
 
     Args:
         cfg: The sampling part of the training config (:func:`generation_config`).
@@ -230,27 +233,50 @@ def generate_turns(
         agent_id: The agent.
         chats: B chat conversations (system + user messages).
         greedy: Decode greedily (evaluation) instead of sampling.
+        reply_starts: B texts each row's reply starts with, after the ``response_prefix`` (``""``: none); None:
+            none.
 
     Returns:
         B :class:`~services.trainer.rollout.engines.base.Generation` objects (token ids, logprobs, text, version).
 
     Raises:
-        InvalidArgumentError: Unknown agent (the agents are listed), or a prompt plus ``max_new_tokens`` beyond
-            the model's length.
+        InvalidArgumentError: Unknown agent (the agents are listed), ``reply_starts`` not B strings, or a prompt
+            (its prefill included) plus ``max_new_tokens`` beyond the model's length.
         NotFoundError: An agent the engine does not serve.
     """
     sampling = cfg.params(agent_id, greedy)
-    prefix = cfg.response_prefixes[agent_id]
+    prefills = _prefills(cfg.response_prefixes[agent_id], reply_starts, len(chats))
     prompts: list[Any] = chats
-    if prefix:
+    if any(prefills):
         tok = policy.tokenizer(agent_id)
-        prefix_ids = tok(prefix, add_special_tokens=False)["input_ids"]
-        prompts = [chat_to_ids(tok, chat) + list(prefix_ids) for chat in chats]
+        prompts = [
+            chat_to_ids(tok, chat) + (tok(fill, add_special_tokens=False)["input_ids"] if fill else [])
+            for chat, fill in zip(chats, prefills, strict=True)
+        ]
     with lock, torch.no_grad():
         gens = engine.generate(agent_id, prompts, sampling)
-    if prefix:
-        gens = [dataclasses.replace(g, text=prefix + g.text) for g in gens]
+    if any(prefills):
+        gens = [dataclasses.replace(g, text=fill + g.text) for g, fill in zip(gens, prefills, strict=True)]
     return gens
+
+
+def _prefills(prefix: str, reply_starts: Sequence[str] | None, rows: int) -> list[str]:
+    """Each row's prefilled reply start: the agent's ``response_prefix`` then the row's reply start.
+
+    Raises:
+        InvalidArgumentError: ``reply_starts`` is not ``rows`` strings (its length or the bad entry named).
+    """
+    if reply_starts is None:
+        return [prefix] * rows
+    if isinstance(reply_starts, str) or len(reply_starts) != rows:
+        raise InvalidArgumentError(
+            f"reply_starts must be one str per chat ({rows}), got {type(reply_starts).__name__} of "
+            f"length {len(reply_starts)}"
+        )
+    for i, start in enumerate(reply_starts):
+        if not isinstance(start, str):
+            raise InvalidArgumentError(f"reply_starts[{i}] must be a str, got {type(start).__name__}")
+    return [prefix + start for start in reply_starts]
 
 
 class ResidentWeights:

@@ -35,13 +35,16 @@ from marti.envs import declared_metrics, step_many
 from marti.errors import InvalidArgumentError, MartiError
 from marti.rewards.base import check_reward
 from marti.trajectory import Trajectory, Turn
-from marti.workflow import EpisodeView, PromptContext, Role, Workflow, WorkflowState, default_build_prompt
+from marti.workflow import EpisodeView, PromptContext, Role, Workflow, WorkflowState
 from services.trainer.rollout.engines.base import shifted, too_long_prompt
 
 _LOG = logging.getLogger(__name__)
 
-#: Generate responses for one agent: (agent_id, chat prompts) -> generations (see rollout.engines.base.Generation).
-GenerateFn = Callable[[str, list[list[dict[str, str]]]], list[Any]]
+#: Generate responses for one agent: ``(agent_id, chat prompts) -> generations`` (see
+#: rollout.engines.base.Generation); when a turn's prompt builder gives a reply start (:class:`marti.workflow.TurnPrompt`)
+#: it is called ``(agent_id, chats, reply_starts)``, one reply start per chat (``""``: none), and each generation's
+#: text must start with its reply start (:func:`~services.trainer.rollout.engines.generation.generate_turns`).
+GenerateFn = Callable[..., list[Any]]
 #: Build a comm client for (agent_id, session) exposing send_message / get_messages / broadcast_state / close.
 CommFactory = Callable[[str, str], Any]
 
@@ -189,7 +192,8 @@ class EpisodeRunner:
 
     Args:
         make_env: ``make_env(seed) -> ParallelEnv`` (local or remote, see :func:`marti.make`).
-        generate: Generates one response per chat prompt for an agent.
+        generate: Generates one response per chat prompt for an agent (:data:`GenerateFn`: with the prompts'
+            reply starts as a third argument when a turn's prompt builder gave one).
         comm_factory: Builds a comm_broker client for ``(agent_id, session)``; ``None`` plays without a broker
             (see ``local_mailbox``).
         agents: Agent names in env order (``possible_agents`` of the env are mapped by position).
@@ -345,8 +349,17 @@ class EpisodeRunner:
         return out
 
     def _prompt(self, lv: _Live, agent: str, step: int) -> list[dict[str, str]]:
-        """The chat prompt of ``agent``: its system prompt (the role's template if the workflow gives one) and
-        the user message of the role's ``build_prompt`` (:func:`marti.workflow.default_build_prompt` if none)."""
+        """The chat prompt of ``agent`` (:meth:`_turn_prompt` without the reply start)."""
+        return self._turn_prompt(lv, agent, step)[0]
+
+    def _turn_prompt(self, lv: _Live, agent: str, step: int) -> tuple[list[dict[str, str]], str]:
+        """The chat prompt of ``agent`` and its reply start: its system prompt (the role's template if the
+        workflow gives one) and the user message of the role's ``build_prompt``
+        (:meth:`marti.workflow.Role.turn_prompt`), and the reply start it gives (``""``: none).
+
+        Raises:
+            InvalidArgumentError: ``build_prompt`` returned neither a ``str`` nor a ``TurnPrompt`` (named).
+        """
         role = self.workflow.role(agent)
         ctx = PromptContext(
             agent=agent,
@@ -359,15 +372,16 @@ class EpisodeRunner:
         system = role_system_prompt(
             role, self.system_prompts[agent], self.roles[agent], self.capabilities.get(agent, "")
         )
-        user = (role.build_prompt or default_build_prompt)(ctx)
-        return [{"role": "system", "content": system}, {"role": "user", "content": str(user)}]
+        built = role.turn_prompt(ctx)
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": built.user}]
+        return chat, built.reply_start
 
     def _turn(self, lives: list[_Live], step: int) -> None:
         """One turn of every live episode: the workflow's speakers reply (model agents generated in one batch
         per agent, scripted agents by their callable), replies are parsed into actions, the envs are stepped
         together, every reply is recorded and routed to the team, and the episodes that ended are finished."""
         wf = self.workflow
-        model_items: dict[str, list[tuple[_Live, list[dict[str, str]]]]] = {}
+        model_items: dict[str, list[tuple[_Live, list[dict[str, str]], str]]] = {}
         texts: dict[int, dict[str, str]] = {id(lv): {} for lv in lives}
         gens: dict[int, dict[str, Any]] = {id(lv): {} for lv in lives}
         order: dict[int, list[str]] = {}
@@ -385,15 +399,15 @@ class EpisodeRunner:
             )
             order[id(lv)] = wf.speakers(state)
             for agent in order[id(lv)]:
-                chat = self._prompt(lv, agent, step)
+                chat, reply_start = self._turn_prompt(lv, agent, step)
                 policy = wf.role(agent).policy
-                if policy is not None:
-                    texts[id(lv)][agent] = str(policy(chat))
+                if policy is not None:  # a script's answer continues the reply start, as a model's does
+                    texts[id(lv)][agent] = reply_start + str(policy(chat))
                 else:
-                    model_items.setdefault(agent, []).append((lv, chat))
+                    model_items.setdefault(agent, []).append((lv, chat, reply_start))
         for agent, items in model_items.items():
             outs = self._generate(agent, items, step)
-            for (lv, _), gen in zip(items, outs, strict=True):
+            for (lv, _, _), gen in zip(items, outs, strict=True):
                 texts[id(lv)][agent] = gen.text
                 gens[id(lv)][agent] = gen
         acts = []
@@ -441,24 +455,30 @@ class EpisodeRunner:
                 lv.done = True
         self._finish_ended(lives)
 
-    def _generate(self, agent: str, items: list[tuple[_Live, list[dict[str, str]]]], step: int) -> list[Any]:
-        """The agent's replies to its prompts ``items``; a prompt the engine refuses as too long (its position in
-        the call, :func:`~services.trainer.rollout.engines.base.too_long_prompt`) is named by its episode's
-        problem (:attr:`describe_seed`), the agent and the turn.
+    def _generate(
+        self, agent: str, items: list[tuple[_Live, list[dict[str, str]], str]], step: int
+    ) -> list[Any]:
+        """The agent's replies to its prompts ``items`` (episode, chat, reply start): ``generate`` gets the reply
+        starts only when one is not empty (:data:`GenerateFn`). A prompt the engine refuses as too long (its
+        position in the call, :func:`~services.trainer.rollout.engines.base.too_long_prompt`) is named by its
+        episode's problem (:attr:`describe_seed`), the agent, the turn and, when it has one, its reply start.
 
         Raises:
             InvalidArgumentError: A too-long prompt (named as above), or what ``generate`` raises.
         """
+        chats = [c for _, c, _ in items]
+        starts = [s for _, _, s in items]
         try:
-            return self.generate(agent, [c for _, c in items])
+            return self.generate(agent, chats, starts) if any(starts) else self.generate(agent, chats)
         except InvalidArgumentError as exc:
             i = too_long_prompt(exc)
             if i is None or not 0 <= i < len(items):
                 raise
             lv = items[i][0]
+            with_start = f" (with its reply start {starts[i][:60]!r})" if starts[i] else ""
             raise InvalidArgumentError(
                 f"{self.describe_seed(lv.seed)}, agent {agent!r}, turn {step} (episode {lv.episode_id}): "
-                f"its prompt is too long: {shifted(exc, 0)}"
+                f"its prompt{with_start} is too long: {shifted(exc, 0)}"
             ) from None
 
     def _route(self, lv: _Live, sender: str, text: str, step: int) -> None:
