@@ -215,10 +215,13 @@ class _Base:
         if priorities is not None and len(priorities) != len(trajectories):
             raise InvalidArgumentError(f"{len(priorities)} priorities for {len(trajectories)} trajectories")
         for i, p in enumerate(() if priorities is None else priorities):
+            where = f"(argument priorities[{i}])"
             if isinstance(p, bool) or not isinstance(p, numbers.Real):
-                raise InvalidArgumentError(f"priority {i} is {p!r}, not a number")
+                raise InvalidArgumentError(f"priority {i} is {p!r}, not a number {where}")
             if not is_finite(p):
-                raise InvalidArgumentError(f"priority {i} is {p!r}, not a finite number")
+                raise InvalidArgumentError(f"priority {i} is {p!r}, not a finite number {where}")
+            if p < 0:
+                raise InvalidArgumentError(f"priority {i} is {p!r}, not >= 0 {where}")
         items = []
         for i, t in enumerate(trajectories):
             if not t.agent_id:

@@ -318,6 +318,11 @@ def test_numpy_numbers_are_accepted_where_python_numbers_are(store_server):
         ),
         (lambda c: c.share_experiences([traj()], table="nf", priorities=5), r"priorities must be a sequence"),
         (lambda c: c.share_experience(traj(), table="nf", priority=-math.inf), r"priority 0 is -inf, not"),
+        (
+            lambda c: c.share_experiences([traj()], table="nf", priorities=[-1]),
+            r"priority 0 is -1, not >= 0 \(argument priorities\[0\]\)",
+        ),
+        (lambda c: c.share_experience(traj(), table="nf", priority=-0.5), r"priority 0 is -0.5, not >= 0"),
     ],
 )
 def test_priorities_are_refused_by_their_own_check_naming_the_item(store_server, call, match):
