@@ -390,10 +390,13 @@ class _Base:
         for k, p in priorities.items():
             if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= int(k) < 2**64:
                 raise InvalidArgumentError(f"item keys are integers in [0, 2**64), got {k!r}")
+            where = f"(argument priorities[{k}])"
             if isinstance(p, bool) or not isinstance(p, numbers.Real):
-                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a number")
+                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a number {where}")
             if not is_finite(p):
-                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a finite number")
+                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not a finite number {where}")
+            if p < 0:
+                raise InvalidArgumentError(f"the priority of key {k} is {p!r}, not >= 0 {where}")
         return spb.UpdatePrioritiesRequest(
             table=table, updates=[spb.PriorityUpdate(key=k, priority=p) for k, p in priorities.items()]
         )

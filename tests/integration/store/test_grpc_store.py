@@ -309,6 +309,10 @@ def test_numpy_numbers_are_accepted_where_python_numbers_are(store_server):
             r"the priority of key 9223372036854775808 is nan",
         ),
         (
+            lambda c: c.update_priorities("nf", {3: -2.0}),
+            r"the priority of key 3 is -2.0, not >= 0 \(argument priorities\[3\]\)",
+        ),
+        (
             lambda c: c.update_priorities("nf", [(1, 1.0)]),
             r"priorities must be a mapping of item key to priority",
         ),
