@@ -34,6 +34,7 @@ import marti
 import marti.aio
 from marti.clients.env import AsyncEnvClient, AsyncEnvPool, EnvClient, EnvPool
 from marti.errors import InvalidArgumentError, MartiError, OutOfRangeError
+from marti.rpc.channel import MAX_TIMEOUT_S
 
 TOKEN = "misuse-token"
 ENV = "collaborative_task_solving"
@@ -57,8 +58,10 @@ class _Opaque:
 
 
 def _absurd_number(x: float) -> bool:
-    """True unless ``x`` is a modest positive number (those are plausible values, not misuse)."""
-    return not (0 < x < 1e6) or isinstance(x, bool)
+    """True unless ``x`` is a positive number up to :data:`MAX_TIMEOUT_S` (30 days in seconds): those are
+    plausible values, not misuse (``get_messages(timeout_s=1211810)`` rightly waits 14 days for a message, so
+    such a value would only hang the test; the limit itself is tested with 2**63 and the other sampled values)."""
+    return not (0 < x <= MAX_TIMEOUT_S) or isinstance(x, bool)
 
 
 #: Values no well-typed caller passes where a specific id, count, duration or mapping is expected.
