@@ -585,28 +585,8 @@ class PolicyWorker(TableTaking):
         """Evaluation turns (greedy) sampled with the agent's EMA weights for the call, tagged with the current
         version: written into the live modules (restored after) when the engine samples with them, else loaded
         into the engine's own copy (``engine.pinned``, which restores the trained weights on exit)."""
-        if not self.engine_owns_weights:  # the engine samples with the live modules: put the averages in them
-            ema = self.ema[self.policy.unit_of(agent_id)]
-            with self._engine_lock:
-                with self._whole_weights(modify=True):  # ZeRO-3: written whole, scattered back on exit
-                    saved = ema.swap_in()
-                try:
-                    return generate_turns(
-                        self.generation,
-                        self.policy,
-                        self.engine,
-                        contextlib.nullcontext(),
-                        agent_id,
-                        chats,
-                        True,
-                        reply_starts,
-                    )
-                finally:
-                    with self._whole_weights(modify=True):
-                        ema.restore(saved)
-        weights = self.ema_weights_for_sync(agent_id)
-        version = self.policy.version(agent_id)
-        with self._engine_lock, self.engine.pinned(agent_id, weights, version):
+
+        def greedy() -> list[Any]:
             return generate_turns(
                 self.generation,
                 self.policy,
@@ -617,6 +597,21 @@ class PolicyWorker(TableTaking):
                 True,
                 reply_starts,
             )
+
+        if not self.engine_owns_weights:  # the engine samples with the live modules: put the averages in them
+            ema = self.ema[self.policy.unit_of(agent_id)]
+            with self._engine_lock:
+                with self._whole_weights(modify=True):  # ZeRO-3: written whole, scattered back on exit
+                    saved = ema.swap_in()
+                try:
+                    return greedy()
+                finally:
+                    with self._whole_weights(modify=True):
+                        ema.restore(saved)
+        weights = self.ema_weights_for_sync(agent_id)
+        version = self.policy.version(agent_id)
+        with self._engine_lock, self.engine.pinned(agent_id, weights, version):
+            return greedy()
 
     def serve(
         self, agent_id: str, prompts: list[list[int]], sampling: SamplingParams, version: int | None = None
