@@ -324,6 +324,9 @@ def test_tight_send_loop_still_batches_and_never_waits_the_linger(address):
                 got += b.get_messages(max_messages=1000, timeout_s=1)
             assert [m.message_id for m in got] == ids
             assert gate.sends <= n // 10, gate.sends  # batches of what was buffered during each Send
+            # The receiver may read a batch before the Send that carried it has returned to the sender (whose
+            # stats count acknowledged messages): flush waits for the Send in flight.
+            a.flush()
             assert a.get_communication_stats().total_sent == n
     finally:
         gate.channel.close()
