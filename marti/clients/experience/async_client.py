@@ -10,19 +10,17 @@ from typing import Any
 import grpc
 
 from marti.api.experience.v1 import experience_service_pb2 as spb
-from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.arguments import checked
 from marti.codec import experience as convert
 from marti.codec.chunks import DEFAULT_CHUNK_BYTES
 from marti.errors import InvalidArgumentError
 from marti.experience_types import CheckpointResult, SampledTrajectory, TableConfig
 from marti.rpc.calls import acall, rpc_errors
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_channel, make_channel
-from marti.rpc.guard import ClientChannel
+from marti.rpc.channel import DEFAULT_TIMEOUT_S
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 from marti.trajectory import AgentTurn, Trajectory, merge_by_step
 
-from .protocol import _ACK, _IDEMPOTENT, _Base, _info, _InsertRun, _SampleRun, _timeout_ms, _wait_s
+from .protocol import _ACK, _Base, _info, _InsertRun, _SampleRun, _wait_s
 from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
 
 
@@ -43,20 +41,7 @@ class AsyncExperienceSharingClient(_Base):
         channel: grpc.aio.Channel | None = None,
     ) -> None:
         super().__init__(agent_id, chunk_bytes, max_message_bytes)
-        _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
-        self.timeout_s = float(timeout_s)
-        self._own_channel = check_channel(channel) is None
-        self._channel = channel or make_channel(
-            address,
-            token=token,
-            tls_ca_file=tls_ca_file,
-            aio=True,
-            max_message_bytes=max_message_bytes,
-            idempotent_methods=_IDEMPOTENT,
-            service="store",
-        )
-        self._channel = ClientChannel(self._channel, f"the store client of agent {agent_id!r}")
-        self._stub = sgrpc.ExperienceServiceStub(self._channel)
+        self._dial(address, token, tls_ca_file, timeout_s, channel, aio=True)
 
     @checked(own=("priority", "timeout_s"))
     async def share_experience(

@@ -11,6 +11,7 @@ from typing import Any
 
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
+from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.arguments import check_text, is_finite
 from marti.codec import experience as convert
 from marti.errors import (
@@ -21,6 +22,7 @@ from marti.errors import (
 )
 from marti.experience_types import SampledTrajectory, TableConfig, parse_table_config
 from marti.rpc.calls import rpc_errors
+from marti.rpc.channel import check_channel, make_channel
 from marti.rpc.errors import from_status_proto
 from marti.rpc.guard import ClientChannel
 from marti.rpc.paging import item_bytes, message_budget, pages
@@ -195,6 +197,37 @@ class _Base:
         self.agent_id = agent_id
         self.chunk_bytes = chunk_bytes
         self.max_message_bytes = max_message_bytes
+
+    def _dial(
+        self,
+        address: str,
+        token: str | None,
+        tls_ca_file: str | None,
+        timeout_s: float,
+        channel: Any,
+        aio: bool,
+    ) -> None:
+        """Set the default deadline and the channel and stub: ``channel`` when given (shared, never closed by
+        this client), else one dialed to ``address`` (a ``grpc.aio`` one when ``aio``).
+
+        Raises:
+            InvalidArgumentError: ``timeout_s`` is not a positive number within the limit, ``channel`` is not a
+                channel, or the token is not printable ASCII (before any rpc).
+        """
+        _timeout_ms(timeout_s)  # refuse a bad default now, not at the first call
+        self.timeout_s = float(timeout_s)
+        self._own_channel = check_channel(channel) is None
+        dialed = channel or make_channel(
+            address,
+            token=token,
+            tls_ca_file=tls_ca_file,
+            aio=aio,
+            max_message_bytes=self.max_message_bytes,
+            idempotent_methods=_IDEMPOTENT,
+            service="store",
+        )
+        self._channel = ClientChannel(dialed, f"the store client of agent {self.agent_id!r}")
+        self._stub = sgrpc.ExperienceServiceStub(self._channel)
 
     def _items(
         self,
