@@ -145,6 +145,45 @@ def prune_steps(steps: Mapping[int, Path], current: int, keep_last: int) -> list
     return doomed
 
 
+def save_job_checkpoint(
+    ckpt_dir: Path,
+    step: int,
+    save: Callable[[str, dict[str, Any]], Any],
+    position: dict[str, Any],
+    config_yaml: str,
+    keep_last: int,
+) -> Path:
+    """Save the training loop's ``ckpt_dir/step_NNNNNN`` atomically.
+
+    It is written under a temporary name (``save(folder, position)``, then the job's ``config.yaml``, what a
+    resume checks its config against), synced and renamed into place (:func:`publish_folder`), then ``latest``
+    is replaced (:func:`replace_text_atomic`); pruning keeps ``keep_last`` and never the one ``latest`` names
+    (:func:`prune_steps`).
+
+    Args:
+        ckpt_dir: The run's ``checkpoints`` folder (created if missing).
+        step: The step saved.
+        save: Writes the job's state into a folder (``RayRuntime.save``).
+        position: Where the job stands (``step``, and the curriculum's state when it has one).
+        config_yaml: The job's config, as ``dump_config`` writes it.
+        keep_last: Checkpoints to keep, >= 1.
+
+    Returns:
+        The published folder.
+    """
+    path = ckpt_dir / f"step_{step:06d}"
+    tmp = ckpt_dir / f".tmp-{path.name}"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(str(tmp), position)
+    (tmp / "config.yaml").write_text(config_yaml)
+    publish_folder(tmp, path)
+    replace_text_atomic(ckpt_dir / "latest", path.name)
+    steps = {int(p.name[5:]): p for p in ckpt_dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()}
+    prune_steps(steps, step, keep_last)
+    return path
+
+
 class CheckpointManager:
     """Numbered, atomic, rotated checkpoints of a whole training job.
 

@@ -31,7 +31,6 @@ import io
 import logging
 import math
 import os
-import shutil
 import sys
 import threading
 import time
@@ -41,13 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from marti.config import TrainConfig, dump_config
-from marti.errors import CancelledError, DeadlineExceededError
+from marti.errors import CancelledError
 from marti.rpc.channel import resolve_token
 from marti.workflow import Workflow, workflow_from_section
 from services.trainer.data.batch_reader import BatchReader
 from services.trainer.data.episode_writer import EpisodeWriter
 from services.trainer.data.external import ExternalEpisodes
-from services.trainer.data.table_sampler import TrainedRow
+from services.trainer.data.step_batches import take_step_batches
 from services.trainer.data.tables import claim_tables, table_settings
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.connections.addresses import Addresses
@@ -327,68 +326,13 @@ class TrainingLoop:
 
     def _take_batches(
         self, runtime: RayRuntime, step: int, versions: dict[str, int]
-    ) -> tuple[dict[str, list[TrainedRow]], dict[str, float]]:
-        """Sample every trainable agent's batch of this update from its table, into its policy actor.
-
-        Each agent consumes the next :attr:`~marti.config.TrainConfig.items_per_step` items of its table (one
-        per built-in episode of the step, plus ``external.episodes_per_step`` external ones with ``rollout.source``
-        external or mixed; items the table removed as staler than the agent's bound count as consumed), stating
-        its current policy version. Each turn's lag is that version minus the version that generated the turn.
-        External episodes arrive whenever their clients report, so they are waited for, up to
-        ``external.wait_timeout_s`` for the whole step.
-
-        Args:
-            runtime: Its policy actors sample and keep the trajectories (:meth:`RayRuntime.take_items`); the driver
-                gets episode ids and the batch's figures (:meth:`RayRuntime.batch_summary`), never a token.
-            step: The update (0-based), whose rollout has finished (every built-in item of it is in the tables).
-            versions: Each agent's learner version now.
-
-        Returns:
-            ``(batches, metrics)``: per agent the rows of its trajectories that have a turn to train on
-            (:class:`~services.trainer.data.table_sampler.TrainedRow`; :meth:`RayRuntime.train_taken` trains on
-            them); metrics ``<agent>/version_lag`` (mean lag of the
-            trained turns), ``<agent>/version_lag_max``, ``<agent>/stale_dropped`` (items not trained on because
-            they, or a member of their group, were older than the bound) and ``<agent>/items`` (a group is taken
-            whole, see :meth:`BatchReader.take`); with external
-            episodes also ``<agent>/external_items``, ``<agent>/external_reward`` (their mean return) and
-            ``external/waiting_episodes`` (external episodes inserted that no update has taken yet).
-
-        Raises:
-            DeadlineExceededError: External episodes did not arrive within ``external.wait_timeout_s`` (the
-                counts and the gateway's counters are named).
-            CancelledError: The job was asked to stop while waiting for them.
-        """
+    ) -> tuple[dict[str, list[Any]], dict[str, float]]:
+        """Every trainable agent's batch of update ``step`` (:func:`~services.trainer.data.step_batches.take_step_batches`
+        with the job's reader, stop event and gateway)."""
         assert self.reader is not None
-        cfg = self.cfg
-        count = cfg.items_per_step
-        external = cfg.external_episodes_per_step
-        deadline = time.monotonic() + cfg.external.wait_timeout_s if external else None
-        batches: dict[str, list[TrainedRow]] = {}
-        metrics: dict[str, float] = {}
-        for agent in cfg.tuning_agents:  # frozen agents act but have no table: nothing would drain it
-            try:
-                taken = self.reader.take(
-                    agent, count, versions[agent], deadline=deadline, stop=self.stop_event
-                )
-            except DeadlineExceededError as exc:
-                raise DeadlineExceededError(
-                    f"update {step + 1}: {exc} (rollout.source={cfg.rollout.source}: "
-                    f"{cfg.builtin_episodes_per_step} built-in episodes + external.episodes_per_step={external} "
-                    f"per update) within external.wait_timeout_s={cfg.external.wait_timeout_s:g}s; "
-                    f"gateway {self.gateway.http_address()}: {self.gateway.counts()}"
-                ) from None
-            got = runtime.batch_summary(agent, versions[agent])
-            batches[agent] = list(got.trained)
-            metrics[f"{agent}/items"] = float(len(taken.item_ids))
-            metrics[f"{agent}/version_lag"] = got.lag_mean
-            metrics[f"{agent}/version_lag_max"] = float(got.lag_max)
-            metrics[f"{agent}/stale_dropped"] = float(taken.stale + taken.dropped)
-            if external:
-                metrics[f"{agent}/external_items"] = float(got.external_items)
-                metrics["external/waiting_episodes"] = float(self.reader.external.untaken())
-                if got.external_reward is not None:
-                    metrics[f"{agent}/external_reward"] = got.external_reward
-        return batches, metrics
+        return take_step_batches(
+            self.cfg, self.reader, runtime, step, versions, self.stop_event, self.gateway
+        )
 
     def _play_eval(self, runtime: RayRuntime) -> list[EpisodeResult]:
         """Greedy episodes on the held-out seeds (each task plays all of them in a multi-task job); with
@@ -441,26 +385,20 @@ class TrainingLoop:
         return out
 
     def _checkpoint(self, runtime: RayRuntime, step: int) -> str:
-        """Save ``checkpoints/step_NNNNNN`` atomically: written under a temporary name with the job's
-        ``config.yaml`` (what a resume checks its config against), synced, renamed into place, then ``latest``
-        replaced; pruning keeps ``output.keep_checkpoints`` and never the one ``latest`` names."""
-        from services.trainer.job.run.checkpoint import prune_steps, publish_folder, replace_text_atomic
+        """Save ``checkpoints/step_NNNNNN`` (:func:`~services.trainer.job.run.checkpoint.save_job_checkpoint`)."""
+        from services.trainer.job.run.checkpoint import save_job_checkpoint
 
-        path = self.ckpt_dir / f"step_{step:06d}"
-        tmp = self.ckpt_dir / f".tmp-{path.name}"
         position: dict[str, Any] = {"step": step}
         if self.curriculum is not None:
             position["curriculum"] = self.curriculum.state()
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        runtime.save(str(tmp), position)
-        (tmp / "config.yaml").write_text(dump_config(self.cfg))
-        publish_folder(tmp, path)
-        replace_text_atomic(self.ckpt_dir / "latest", path.name)
-        steps = {
-            int(p.name[5:]): p for p in self.ckpt_dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()
-        }
-        prune_steps(steps, step, self.cfg.output.keep_checkpoints)
+        path = save_job_checkpoint(
+            self.ckpt_dir,
+            step,
+            runtime.save,
+            position,
+            dump_config(self.cfg),
+            self.cfg.output.keep_checkpoints,
+        )
         self.last_checkpoint = str(path)
         return str(path)
 
