@@ -213,3 +213,33 @@ def test_the_curriculum_example_starts_at_pick_and_reaches_easy_ranked() -> None
         env = me.make(cfg.environment.env_name, **env_config(cfg, difficulty=level), seed=5)
         obs, _ = env.reset(seed=5)
         assert env.env.ranked and "Tasks, most valuable first" in obs["agent_1"]
+
+
+def test_the_count_example_starts_the_executors_reply_with_its_own_capacity(monkeypatch) -> None:
+    """examples/private_allocation_easy_count.yaml: the easy example with the executor's reply started
+    ``I can do {k} tasks: task_``, ``k`` read from the executor's own observation, and the leader's message kept in
+    its user message (the prompt builder examples/private_allocation_easy_prompt.py, loaded as the trainer loads it)."""
+    from marti.config import load_config
+    from marti.workflow import PromptContext, TurnPrompt, workflow_from_section
+    from services.trainer.rollout.episodes.env_config import env_config
+
+    monkeypatch.chdir(
+        EXAMPLES.parent
+    )  # the example names its builder by a path relative to the repository root
+    cfg = load_config(EXAMPLES / "private_allocation_easy_count.yaml")
+    assert cfg.tuning_agents == ["agent_2"] and not cfg.agents[1].response_prefix
+    build = (
+        workflow_from_section(cfg.workflow, [a.name for a in cfg.agents], cfg).roles["agent_2"].build_prompt
+    )
+    env = me.make(cfg.environment.env_name, **env_config(cfg), seed=7)
+    env.reset(seed=7)
+    leader = "Most valuable first: task_1, task_2, task_4, task_5, task_3"
+    obs, *_ = env.step({"agent_1": leader})
+    ctx = PromptContext("agent_2", "executor", obs["agent_2"], [("agent_1", leader)], 1, {})
+    turn = build(ctx)
+    assert (
+        isinstance(turn, TurnPrompt) and turn.reply_start == "I can do 2 tasks: task_"
+    )  # seed 7: capacity 2
+    assert leader in turn.user and "capacity 2" in turn.user
+    with pytest.raises(InvalidArgumentError, match="no 'capacity N'"):
+        build(PromptContext("agent_2", "executor", "Tasks: task_1", [], 1, {}))
