@@ -212,15 +212,9 @@ def response_logits(
     first_logits = first_logits.unsqueeze(1)  # (B, 1, V): predicts column T - A
     if num_actions == 1:
         return first_logits
-    rest = slice(prefix_len, num_tokens - 1)  # the response tokens that predict another response token
-    out = model(
-        input_ids=input_ids[:, rest],
-        attention_mask=attention_mask[:, : num_tokens - 1],
-        position_ids=_position_ids(attention_mask)[:, rest],
-        cache=cache,
-        use_cache=True,
-    )
-    return torch.cat([first_logits, out.logits], dim=1)
+    # the response tokens that predict another response token
+    rest = _forward_after(model, input_ids, attention_mask, cache, prefix_len)
+    return torch.cat([first_logits, rest], dim=1)
 
 
 def _head_shared_logits(
@@ -228,17 +222,30 @@ def _head_shared_logits(
 ) -> torch.Tensor:
     """:func:`response_logits` with the first ``head`` columns (shorter than the prompt) run once per distinct
     value: (B, A, V) logits, those of the plain forward up to float rounding."""
-    num_tokens = input_ids.shape[1]
     shared = shared_prefix_rows(input_ids, attention_mask, head)
     assert shared is not None  # noqa: S101 - shared_prefix_len chose a head that some rows repeat
     cache, _ = prefill_shared(model, input_ids, attention_mask, head, *shared)
-    rest = slice(head, num_tokens - 1)  # the rest of the prompt and the responses but the last token
+    # the rest of the prompt and the responses but the last token
+    return _forward_after(model, input_ids, attention_mask, cache, head, logits_to_keep=num_actions)
+
+
+def _forward_after(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cache: Any,
+    start: int,
+    logits_to_keep: int = 0,
+) -> torch.Tensor:
+    """Run columns ``[start, T - 1)`` of every row on ``cache`` (which holds columns ``[0, start)``): their
+    (B, T - 1 - start, V) logits, or only the last ``logits_to_keep`` of them (0: all)."""
+    rest = slice(start, input_ids.shape[1] - 1)
     out = model(
         input_ids=input_ids[:, rest],
-        attention_mask=attention_mask[:, : num_tokens - 1],
+        attention_mask=attention_mask[:, : input_ids.shape[1] - 1],
         position_ids=_position_ids(attention_mask)[:, rest],
         cache=cache,
         use_cache=True,
-        logits_to_keep=num_actions,
+        logits_to_keep=logits_to_keep,
     )
     return out.logits
