@@ -88,3 +88,21 @@ def per_task_credit(episode: EpisodeView) -> dict[str, float]:
     named = set(_names(replies[-1]))
     score = (len(named & best) - len(named - best)) / len(best)
     return dict.fromkeys(episode.agents, PARTIAL * max(0.0, score))
+
+
+def completion(episode: EpisodeView) -> dict[str, float]:
+    """1.0 to every agent when the team completed the problem, else 0.0 (no partial credit).
+
+    With the executor's capacity in its reply start (examples/private_allocation_easy_count.yaml), about a quarter
+    of the untrained executor's sampled replies already complete a problem, so a group of samples holds a
+    completed one often enough; partial credit per task there paid naming all five tasks in task order (most of
+    the credit when ``k`` is 3 or 4), which the executor learned instead (docs/benchmarks.md).
+
+    Args:
+        episode: The finished episode.
+
+    Returns:
+        Agent -> 1.0 or 0.0, the same for every agent.
+    """
+    done = episode.metrics.get("task_completion", 0.0) >= 1.0
+    return dict.fromkeys(episode.agents, 1.0 if done else 0.0)

@@ -171,7 +171,6 @@ def test_the_easy_examples_reward_credits_each_task_named_among_the_best(
     """The example's reward, on a real episode of seed 7 (capacity 2; task_1 is the best, task_2 ties with
     task_4 and task_5 for second, so the leader's order puts task_2 second)."""
     from marti.loader import load_attr
-    from marti.workflow import EpisodeView
 
     reward_file = (
         EXAMPLES / "private_allocation_easy_reward.py"
@@ -183,18 +182,7 @@ def test_the_easy_examples_reward_credits_each_task_named_among_the_best(
     assert best_tasks(7, 3.0) == ["task_1"]  # at pick, or capacity 1
     with pytest.raises(InvalidArgumentError, match="seed 7: no first tasks"):
         best_tasks(7, 4.0)
-    env = make(difficulty="easy", ranked=True, seed=7)
-    env.reset(seed=7)
-    env.step({"agent_1": "Most valuable first: task_1, task_2"})
-    _, _, _, _, infos = env.step({"agent_2": submission})
-    view = EpisodeView(
-        agents=["agent_1", "agent_2"],
-        transcript=[(0, "agent_1", "Most valuable first: task_1, task_2"), (1, "agent_2", submission)],
-        env_returns={},
-        metrics={"task_completion": float(infos["agent_2"]["task_completion"])},
-        final_infos=infos,
-        seed=7,
-    )
+    view = _episode_of_seed_7(submission)
     assert per_task_credit(view) == pytest.approx({"agent_1": reward, "agent_2": reward})
 
 
@@ -243,3 +231,36 @@ def test_the_count_example_starts_the_executors_reply_with_its_own_capacity(monk
     assert leader in turn.user and "capacity 2" in turn.user
     with pytest.raises(InvalidArgumentError, match="no 'capacity N'"):
         build(PromptContext("agent_2", "executor", "Tasks: task_1", [], 1, {}))
+
+
+@pytest.mark.parametrize(("submission", "reward"), [("task_1, task_2", 1.0), ("task_1", 0.0), ("hello", 0.0)])
+def test_the_count_examples_reward_is_completion_alone(submission: str, reward: float) -> None:
+    """``completion`` of examples/private_allocation_easy_reward.py (the count example's reward): 1 to every agent
+    when the team completed the problem (seed 7, capacity 2), else 0, with no partial credit."""
+    from marti.config import load_config
+    from marti.loader import load_attr
+
+    cfg = load_config(EXAMPLES / "private_allocation_easy_count.yaml")
+    path, name = cfg.workflow.reward_fn.rsplit(":", 1)
+    completion = load_attr(f"{EXAMPLES.parent / path}:{name}", files=True)
+    view = _episode_of_seed_7(submission)
+    assert completion(view) == {"agent_1": reward, "agent_2": reward}
+
+
+def _episode_of_seed_7(submission: str):
+    """The finished episode of seed 7 at ranked easy (capacity 2) where the leader sent its order and the
+    executor submitted ``submission``, as a reward function sees it."""
+    from marti.workflow import EpisodeView
+
+    env = make(difficulty="easy", ranked=True, seed=7)
+    env.reset(seed=7)
+    env.step({"agent_1": "Most valuable first: task_1, task_2"})
+    _, _, _, _, infos = env.step({"agent_2": submission})
+    return EpisodeView(
+        agents=["agent_1", "agent_2"],
+        transcript=[(0, "agent_1", "Most valuable first: task_1, task_2"), (1, "agent_2", submission)],
+        env_returns={},
+        metrics={"task_completion": float(infos["agent_2"]["task_completion"])},
+        final_infos=infos,
+        seed=7,
+    )
