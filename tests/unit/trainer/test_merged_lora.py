@@ -1,7 +1,8 @@
 """Merged LoRA sampling copies (``rollout/engines/merged.py``): a LoRA policy sampled in bf16 runs a plain model with
 ``W + scaling * B @ A`` in its linears, equal to the unmerged bf16 copy within bf16 rounding, re-merged by every
-weight sync (a training update moves its output), one copy per adapter where several agents share a base. A tiny
-random Llama; a few seconds in all."""
+weight sync (a training update moves its output), one copy per adapter where several agents share a base; the merge
+computed in float32 then cast; adapters it does not cover (DoRA, an adapter bias, a non-linear adapted layer) keep
+the unmerged copy. A tiny random Llama; a few seconds in all."""
 
 from __future__ import annotations
 
@@ -167,3 +168,56 @@ def test_rollout_merge_adapters_reaches_the_built_engine(tok, tmp_path, engine):
             generation_config(cfg), policy, ["a0", "a1"], "cpu", copy_weights=False, engine=engine
         )
         assert set(built._merged) == merged
+
+
+def _peft_model(tok, **lora) -> torch.nn.Module:
+    """The tiny Llama with one peft adapter ``agent0`` made from ``LoraConfig(r=4, **lora)``, B non-zero."""
+    from peft import LoraConfig, get_peft_model
+
+    from services.trainer.models.loading import build_tiny_model
+
+    cfg = LoraConfig(r=4, lora_alpha=8, **{"target_modules": ["q_proj", "v_proj"], **lora})
+    model = get_peft_model(build_tiny_model(tok, seed=0), cfg, adapter_name="agent0")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(1))
+    return model
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {"use_dora": True},  # DoRA: the magnitude vector rescales W + BA, not a plain sum
+        {"lora_bias": True},  # an adapter bias
+        {"target_modules": ["q_proj", "embed_tokens"]},  # an adapted layer that is not a linear
+    ],
+    ids=["dora", "lora_bias", "embedding"],
+)
+def test_adapters_the_merge_does_not_cover_keep_the_unmerged_copy(tok, lora):
+    from services.trainer.rollout import AgentModel
+
+    model = _peft_model(tok, **lora)
+    engine = HFRolloutEngine({"a0": AgentModel(model, tok, "agent0")}, dtype=BF16)
+    assert not engine._merged and engine._agents["a0"].adapter_name == "agent0"
+    copy = engine._agents["a0"].model
+    assert copy is not model and _lora_layers(copy) and next(copy.parameters()).dtype == BF16
+
+
+def test_the_merged_weight_is_computed_in_float32_then_cast(tok):
+    """``cast(W + scaling * B @ A)`` with W, A, B in float32, the adapter kept as a float32 copy, and the rotary
+    frequencies (a buffer) left in float32."""
+    from services.trainer.rollout import AgentModel
+
+    model = _peft_model(tok)
+    engine = HFRolloutEngine({"a0": AgentModel(model, tok, "agent0")}, dtype=BF16)
+    merged = engine._merged["a0"]
+    assert all(v.dtype == torch.float32 for v in merged.adapter_state().values())
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    a, b = layer.lora_A["agent0"].weight, layer.lora_B["agent0"].weight  # (r, in), (out, r) float32
+    want = (layer.base_layer.weight + layer.scaling["agent0"] * (b @ a)).to(BF16)
+    got = merged.model.model.layers[0].self_attn.q_proj.weight
+    assert got.dtype == BF16 and torch.equal(got, want)
+    in_bf16 = layer.base_layer.weight.to(BF16) + layer.scaling["agent0"] * (b.to(BF16) @ a.to(BF16))
+    assert not torch.equal(got, in_bf16)  # a merge computed in bf16 rounds differently
+    assert merged.model.model.rotary_emb.inv_freq.dtype == torch.float32

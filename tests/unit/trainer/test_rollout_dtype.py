@@ -87,6 +87,9 @@ def test_bf16_engine_logprobs_are_a_bf16_forward_of_the_same_tokens(tok, engine_
     copy = engine._agents["a"].model
     assert engine.samples_with_copies and copy is not model
     assert next(copy.parameters()).dtype == torch.bfloat16 and next(model.parameters()).dtype == torch.float32
+    assert (
+        copy.model.rotary_emb.inv_freq.dtype == torch.float32
+    )  # buffers keep their dtype: positions stay exact
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3 + [[13, 14, 15]]  # a group of 3 (shared prefill) and one more
     gens = engine.generate("a", prompts, SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
     worst_bf16 = worst_fp32 = 0.0
