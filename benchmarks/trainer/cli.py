@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
-from benchmarks.report import bench_parser, check_json_path
+from benchmarks.report import bench_parser, check_json_path, int_at_least, positive_float, positive_int
 from benchmarks.trainer import sum_task
 from benchmarks.trainer.ours import run_ours
 from benchmarks.trainer.report import SIDES, TRL_ARMS
@@ -38,17 +37,28 @@ def main(argv: list[str] | None = None) -> int:
     """
     p = bench_parser("trainer", sys.modules[__package__].__doc__)
     p.add_argument("--model", default="tiny-llama", help="model name or folder (default tiny-llama)")
-    p.add_argument("--steps", type=int, default=12, help="training steps N (default 12)")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per step (default 4)")
-    p.add_argument("--group", type=int, default=4, help="completions per prompt G, >= 2 (default 4)")
-    p.add_argument("--max-new-tokens", type=int, default=16, help="max tokens per completion (default 16)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
+    p.add_argument("--steps", type=positive_int, default=12, help="training steps N (default 12)")
+    p.add_argument("--prompts", type=positive_int, default=4, help="prompts per step (default 4)")
+    p.add_argument(
+        "--group",
+        type=int_at_least(2),
+        default=4,
+        help="completions per prompt G, >= 2: GRPO compares a group's completions (default 4)",
+    )
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=16, help="max tokens per completion (default 16)"
+    )
+    p.add_argument(
+        "--temperature", type=positive_float, default=1.0, help="sampling temperature > 0 (default 1.0)"
+    )
+    p.add_argument("--lr", type=positive_float, default=1e-4, help="learning rate (default 1e-4)")
     p.add_argument("--lora", action="store_true", help="LoRA (r=8, alpha=16, q/k/v/o) on both sides")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch threads per side (default 2)")
-    p.add_argument("--eval-problems", type=int, default=32, help="held-out problems (default 32)")
-    p.add_argument("--repeats", type=int, default=1, help="alternate the sides this many times (default 1)")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch threads per side (default 2)")
+    p.add_argument("--eval-problems", type=positive_int, default=32, help="held-out problems (default 32)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=1, help="alternate the sides this many times (default 1)"
+    )
     p.add_argument(
         "--engine", default=OUR_DEFAULTS["engine"], choices=ENGINES, help="our rollout.engine (default hf)"
     )
@@ -135,24 +145,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse, before any model loads, arguments a run could not honour (``args`` parsed by ``parser``).
+    """Refuse, before any model loads, arguments a run could not honour that their argparse types do not cover
+    (``args`` parsed by ``parser``; the counts, ``--group`` >= 2, the temperature and the learning rate are refused
+    by :mod:`benchmarks.report`'s shared types while parsing, naming the flag and the value, exit 2).
 
     Raises:
-        SystemExit: A count that is not positive, or a ``--group`` below 2 (GRPO compares a prompt's
-            completions); a temperature or learning rate that is not a positive finite number; a side named
-            twice; ``--engine``, ``--dtype`` or ``--train-dtype`` set away from its default without ``ours`` among
-            ``--sides`` (they set only our side); a ``--json`` path that is a folder or whose folder does not
-            exist or cannot be written (:func:`benchmarks.report.check_json_path`, exit 2).
+        SystemExit: A side named twice; ``--engine``, ``--dtype`` or ``--train-dtype`` set away from its default
+            without ``ours`` among ``--sides`` (they set only our side); a ``--json`` path that is a folder or whose
+            folder does not exist or cannot be written (:func:`benchmarks.report.check_json_path`, exit 2).
     """
-    if args.group < 2:
-        raise SystemExit(f"--group must be >= 2 (GRPO compares the completions of a group), got {args.group}")
-    for name in ("steps", "prompts", "group", "max_new_tokens", "threads", "eval_problems", "repeats"):
-        if getattr(args, name) <= 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("temperature", "lr"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value > 0):
-            raise SystemExit(f"--{name} must be a positive finite number, got {value}")
     if args.sides and len(set(args.sides)) != len(args.sides):
         raise SystemExit(f"--sides names a side twice: {args.sides} (use --repeats to run a side again)")
     changed = [

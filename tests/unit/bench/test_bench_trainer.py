@@ -160,12 +160,9 @@ def test_report_only_refuses_a_side_file_from_a_run_with_other_settings(tmp_path
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--temperature", "0"], "--temperature must be a positive finite number"),
-        (["--lr", "nan"], "--lr must be a positive finite number"),
         (["--sides", "ours", "ours"], "names a side twice"),
         (["--train-dtype", "bfloat16", "--sides", "trl"], "--train-dtype set\\(s\\) only our side"),
         (["--engine", "hf_static", "--dtype", "bfloat16", "--sides", "trl_bf16"], "--engine --dtype set"),
-        (["--group", "1"], "--group must be >= 2 \\(GRPO compares the completions of a group\\), got 1"),
         (
             ["--max-new-tokens", "100000"],
             "--max-new-tokens 100000: the longest prompt \\(\\d+ tokens\\) plus "
@@ -184,6 +181,31 @@ def test_arguments_a_run_could_not_honour_are_refused_before_anything_loads(
     (tmp_path / "ours_0.json").write_text("{}")  # an earlier run's result
     with pytest.raises(SystemExit, match=message):
         trainer.main([*args, "--out", str(tmp_path)])
+    assert (tmp_path / "ours_0.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
+        (["--prompts", "-1"], "argument --prompts: must be an integer >= 1, got -1"),
+        (["--group", "1"], "argument --group: must be an integer >= 2, got 1"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1, got 0"),
+        (["--threads", "0"], "argument --threads: must be an integer >= 1, got 0"),
+        (["--eval-problems", "0"], "argument --eval-problems: must be an integer >= 1, got 0"),
+        (["--repeats", "0"], "argument --repeats: must be an integer >= 1, got 0"),
+        (["--temperature", "0"], "argument --temperature: must be a finite number > 0, got 0.0"),
+        (["--lr", "nan"], "argument --lr: must be a finite number > 0, got nan"),
+    ],
+)
+def test_counts_and_rates_are_refused_by_the_shared_argparse_types(tmp_path, capsys, args, message):
+    """The counts, ``--group`` and the rates are read by benchmarks.report's types, as the other benches' flags:
+    refused while parsing (exit 2, the usage line), naming the flag and the value, before anything loads."""
+    (tmp_path / "ours_0.json").write_text("{}")  # an earlier run's result
+    with pytest.raises(SystemExit) as info:
+        trainer.main([*args, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"marti bench trainer: error: {message}" in err
     assert (tmp_path / "ours_0.json").is_file()
 
 
