@@ -108,3 +108,23 @@ def test_the_torch_engine_caches_only_with_bf16(bf16):
     linears = [m for m in policy.model("a").modules() if type(m) is torch.nn.Linear]
     assert any(frozen_bf16.installed(m) for m in linears) == bf16
     assert not any(frozen_bf16.installed(m) for m in linears if m.weight.requires_grad)  # adapters stay plain
+
+
+def test_only_a_cpu_engine_caches_and_the_cache_is_one_bf16_copy_per_frozen_weight():
+    """docs/models.md, docs/gpu.md: the cached copies are made on the CPU only (a model elsewhere, here on the meta
+    device as a GPU's stand-in, keeps plain autocast), and each is the frozen weight in bf16 (2 bytes an element)."""
+    models = {}
+    for device in ("cpu", "meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)).to(device)
+        model[0].requires_grad_(False)  # frozen, as a LoRA base; model[1] is trained
+        engine = TorchTrainEngine(model, list(model[1].parameters()), OptimConfig(lr=1e-3, bf16=True))
+        assert engine.bf16
+        models[device] = model
+    assert [frozen_bf16.installed(m) for m in models["cpu"]] == [True, False]
+    assert not any(frozen_bf16.installed(m) for m in models["meta"])
+    frozen = models["cpu"][0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        models["cpu"](torch.ones(2, 6))
+    cached = frozen_bf16._CACHE[frozen][1]
+    assert cached.dtype == torch.bfloat16 and cached.shape == frozen.weight.shape
+    assert torch.equal(cached, frozen.weight.to(torch.bfloat16))
