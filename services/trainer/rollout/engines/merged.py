@@ -11,7 +11,7 @@ it loads; behaviour log-probabilities are those of the merged copy's forward, wh
 Memory: a merged copy is one whole base model in the sampling dtype per adapter, where the unmerged copy is one base
 for all adapters on it. :func:`merged_copies` therefore merges a base's adapters only where the engine's agents use
 at most ``limit`` distinct adapters of it (the engines' ``merge_adapters``, default 1: a single adapter on a base
-merges at no memory cost beyond today's copy; several agents with one adapter each keep the shared unmerged copy
+merges at about the memory of the unmerged copy; several agents with one adapter each keep the shared unmerged copy
 unless ``merge_adapters`` allows one base copy per adapter). The merged copy keeps a reference to the policy's base
 linears (it reads ``W`` at every merge) and an fp32 copy of the adapter (``r * (in + out)`` values per adapted
 linear).
