@@ -17,13 +17,14 @@ for the GPU run of ``scripts/gpu/run_on_gpu.sh bench``), and builds one engine p
   the decode step over a static cache; CUDA graphs on CUDA). Its first call, compilation included, is reported
   apart as ``first_call_s``.
 
-Prompts are the demo's (examples/resource_allocation.yaml): the env's first observation of seed ``i`` for
-``agent_1`` as a chat (system prompt as the training loop writes it, then the observation) followed by the agent's
-``response_prefix``, in groups of ``rollout.group_size`` equal prompts as a training step samples them; sampling
-is the config's (``max_new_tokens``, ``temperature``, ``top_p``) with a fixed seed per call. For each batch size B
-(``--batches``, default 1, 8 and 64, each at most once) every arm generates the same B prompts ``--repeats`` times
-after one untimed call, the arms interleaved call by call (which goes first alternates) so that load on the
-machine affects them alike.
+Prompts are those of ``--config`` (default examples/resource_allocation.yaml, the demo's config when the recorded
+numbers were taken; ``make demo`` now runs examples/private_allocation_pick.yaml): the env's first observation of
+seed ``i`` for the config's first agent as a chat (system prompt as the training loop writes it, then the
+observation) followed by the agent's ``response_prefix``, in groups of ``rollout.group_size`` equal prompts as a
+training step samples them; sampling is the config's (``max_new_tokens``, ``temperature``, ``top_p``) with a fixed
+seed per call. For each batch size B (``--batches``, default 1, 8 and 64, each at most once) every arm generates the
+same B prompts ``--repeats`` times after one untimed call, the arms interleaved call by call (which goes first
+alternates) so that load on the machine affects them alike.
 
 Printed per B: median seconds per call, generated tokens per second (tokens each arm actually generated over its
 summed call time: a response ending at eos counts its own length), and the ratio of each arm's tokens per second to
