@@ -173,6 +173,12 @@ def test_the_report_says_what_the_rollout_engine_and_dtype_resolved_to(tmp_path,
         assert resolved_rollout(generation_config(cfg), "cpu") == {"engine": "hf_static", "dtype": dtype}
     auto = load_config(EXAMPLE, [f"output.dir={tmp_path}", "rollout.engine=auto"])
     assert resolved_rollout(generation_config(auto), "cpu")["engine"] == "hf_static"
+    # the policy's own dtype (no copy): rollout.dtype null, or auto on a GPU; vLLM samples in its own
+    null = load_config(EXAMPLE, [f"output.dir={tmp_path}", "rollout.engine=hf", "rollout.dtype=null"])
+    assert resolved_rollout(generation_config(null), "cpu") == {"engine": "hf", "dtype": "policy"}
+    assert resolved_rollout(generation_config(cfg), "cuda") == {"engine": "hf_static", "dtype": "policy"}
+    vllm = load_config(EXAMPLE, [f"output.dir={tmp_path}", "rollout.engine=vllm", "device=cuda"])
+    assert resolved_rollout(generation_config(vllm), "cuda") == {"engine": "vllm", "dtype": "vllm"}
     RunFolder(tmp_path).record_start(cfg, 0, resolved_rollout(generation_config(cfg), "cpu"))
     assert read_history(tmp_path)[-1]["rollout"] == {"engine": "hf_static", "dtype": "float32"}
     with RunWriter(tmp_path, use_tensorboard=False) as w:
