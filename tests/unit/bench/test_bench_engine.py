@@ -74,6 +74,25 @@ def test_bad_values_are_refused_naming_them_before_the_benchmark_runs(argv, mess
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("tpu", "device must be a torch device such as cpu or cuda, got 'tpu'"),
+        ("cuda:0", "device 'cuda:0' asked for, but torch sees no CUDA device"),
+    ],
+)
+def test_a_device_torch_cannot_use_is_refused_naming_it_before_the_benchmark_runs(
+    device, message, monkeypatch, capsys
+):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench, "run", _no_run)
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--model", "tiny-llama", "--device", device])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_max_new_tokens_given_replaces_the_configs_none_keeps_it_and_zero_is_not_none():
     from marti.errors import InvalidArgumentError
     from services.trainer.models.loading import load_tokenizer
