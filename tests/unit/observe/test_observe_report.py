@@ -184,3 +184,18 @@ def test_the_report_says_what_the_rollout_engine_and_dtype_resolved_to(tmp_path,
     with RunWriter(tmp_path, use_tensorboard=False) as w:
         w.log(1, {"agent_1/reward": 0.1})
     assert "- Rollout: engine hf_static, dtype float32\n" in write_report(tmp_path).read_text()
+
+
+@pytest.mark.parametrize("show_progress", [True, False])
+def test_marti_train_prints_the_resolved_rollout_with_its_progress_output_only(capsys, show_progress):
+    """The start line ``rollout: engine E, dtype D (...)`` goes to stderr with the progress output; with
+    ``--no-progress`` (``show_progress=False``) it is only logged (at INFO, which ``marti train`` does not show)."""
+    from types import SimpleNamespace
+
+    from services.trainer.job.run.loop import TrainingLoop
+
+    cfg = load_config(EXAMPLE, ["device=cpu", "rollout.engine=hf", "rollout.dtype=float32"])
+    said = TrainingLoop._say_sampling(SimpleNamespace(cfg=cfg, show_progress=show_progress))
+    assert said == {"engine": "hf", "dtype": "float32"}
+    line = "rollout: engine hf, dtype float32 (rollout.engine=hf, rollout.dtype=float32)\n"
+    assert (capsys.readouterr().err == line) is show_progress
