@@ -128,3 +128,19 @@ def test_only_a_cpu_engine_caches_and_the_cache_is_one_bf16_copy_per_frozen_weig
     cached = frozen_bf16._CACHE[frozen][1]
     assert cached.dtype == torch.bfloat16 and cached.shape == frozen.weight.shape
     assert torch.equal(cached, frozen.weight.to(torch.bfloat16))
+
+
+def test_outside_autocast_or_once_trainable_a_linear_takes_the_plain_path():
+    """The module docstring's two plain paths: a forward outside bf16 autocast is the float32 one, and a linear whose
+    weight requires grad at the call (made trainable after install) gets its gradient as under plain autocast."""
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(6, 4).requires_grad_(False)
+    cached = copy.deepcopy(plain)
+    assert frozen_bf16.install(cached) == 1
+    x = torch.randn(3, 6)
+    assert torch.equal(cached(x), plain(x))  # no autocast: float32
+    for m in (plain, cached):
+        m.requires_grad_(True)  # an adapter made trainable later
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            m(x).float().square().sum().backward()
+    assert cached.weight.grad is not None and torch.equal(cached.weight.grad, plain.weight.grad)
