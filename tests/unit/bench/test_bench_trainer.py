@@ -228,6 +228,23 @@ def test_a_model_that_is_not_found_leaves_the_earlier_results(tmp_path, monkeypa
     assert (tmp_path / "ours_0.json").is_file()
 
 
+def test_a_trl_venv_that_cannot_be_made_leaves_the_earlier_results(tmp_path, monkeypatch):
+    """docs/benchmarks.md: old side files go only once the TRL virtualenv is ready, as once the model is found."""
+
+    def broken_venv(*a, **k):
+        raise RuntimeError("pip install trl failed")
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was prepared")
+
+    monkeypatch.setattr(cli, "ensure_trl_venv", broken_venv)
+    monkeypatch.setattr(cli, "prepare_model", no_model)
+    (tmp_path / "trl_0.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="pip install trl failed"):
+        trainer.main(["--sides", "ours", "trl", "--out", str(tmp_path)])
+    assert (tmp_path / "trl_0.json").is_file()
+
+
 def test_the_probe_sees_what_each_phase_computed_in_and_stops():
     layer = torch.nn.Linear(4, 4)
     x = torch.ones(2, 4)
