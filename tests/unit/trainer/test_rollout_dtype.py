@@ -132,6 +132,20 @@ def test_update_weights_refreshes_the_bf16_copy_and_seeds_reproduce(tok, engine_
     assert torch.allclose(torch.tensor(gens[0].response_logprobs), lp, atol=0.02)
 
 
+def test_pinned_writes_the_old_weights_into_the_bf16_copy_and_puts_the_new_back(tok):
+    """docs/models.md: ``pinned`` writes into the converted copy (converting what it loads), never into the weights
+    the engine was given, and restores the copy on exit."""
+    model = build_tiny_model(tok, seed=0, config=SMALL)
+    engine = HFRolloutEngine({"a": AgentModel(model, tok)}, dtype=torch.bfloat16)
+    copy, key = engine._agents["a"].model, "model.layers.0.mlp.up_proj.weight"
+    current, given = copy.state_dict()[key].clone(), model.state_dict()[key].clone()
+    old = build_tiny_model(tok, seed=1, config=SMALL).state_dict()
+    with engine.pinned("a", {key: old[key]}, 0):
+        assert copy.state_dict()[key].dtype == torch.bfloat16
+        assert torch.equal(copy.state_dict()[key], old[key].to(torch.bfloat16))
+    assert torch.equal(copy.state_dict()[key], current) and torch.equal(model.state_dict()[key], given)
+
+
 def test_same_dtype_needs_no_copy_and_the_job_builds_the_resolved_engine(tok, tmp_path):
     model = build_tiny_model(tok, seed=0, config=SMALL)
     engine = HFRolloutEngine({"a": AgentModel(model, tok)}, dtype=torch.float32)
