@@ -93,10 +93,9 @@ def per_task_credit(episode: EpisodeView) -> dict[str, float]:
 def completion(episode: EpisodeView) -> dict[str, float]:
     """1.0 to every agent when the team completed the problem, else 0.0 (no partial credit).
 
-    With the executor's capacity in its reply start (examples/private_allocation_easy_count.yaml), about a quarter
-    of the untrained executor's sampled replies already complete a problem, so a group of samples holds a
-    completed one often enough; partial credit per task there paid naming all five tasks in task order (most of
-    the credit when ``k`` is 3 or 4), which the executor learned instead (docs/benchmarks.md).
+    The reward of examples/private_allocation_easy_count.yaml, where the executor's reply starts with its
+    capacity: :func:`per_task_credit` there paid naming all five tasks in task order (most of the credit when
+    ``k`` is 3 or 4), which the executor learned instead of the leader's order (docs/benchmarks.md).
 
     Args:
         episode: The finished episode.

@@ -209,7 +209,7 @@ def test_the_count_example_starts_the_executors_reply_with_its_own_capacity(monk
     its user message (the prompt builder examples/private_allocation_easy_prompt.py, loaded as the trainer loads it)."""
     from marti.config import load_config
     from marti.workflow import PromptContext, TurnPrompt, workflow_from_section
-    from services.trainer.rollout.episodes.env_config import env_config
+    from services.trainer.rollout.episodes.env_config import build_curriculum, env_config
 
     monkeypatch.chdir(
         EXAMPLES.parent
@@ -219,7 +219,8 @@ def test_the_count_example_starts_the_executors_reply_with_its_own_capacity(monk
     build = (
         workflow_from_section(cfg.workflow, [a.name for a in cfg.agents], cfg).roles["agent_2"].build_prompt
     )
-    env = me.make(cfg.environment.env_name, **env_config(cfg), seed=7)
+    assert build_curriculum(cfg).levels == ["pick", "pair", "easy"] and cfg.environment.difficulty == "pick"
+    env = me.make(cfg.environment.env_name, **env_config(cfg, difficulty="easy"), seed=7)
     env.reset(seed=7)
     leader = "Most valuable first: task_1, task_2, task_4, task_5, task_3"
     obs, *_ = env.step({"agent_1": leader})
