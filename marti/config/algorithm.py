@@ -5,9 +5,9 @@ aggregation; docs/algorithms.md). Re-exported by :mod:`marti.config.schema`.
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from marti.config.section import NonNegFloat, PositiveFloat, PositiveInt, Section, UnitFloat
 
@@ -39,15 +39,6 @@ class AlgorithmConfig(Section):
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _bool_only_for_switches(cls, value: Any, info: Any) -> Any:
-        """Refuse a boolean for a number and anything but a boolean for a switch."""
-        switch = cls.model_fields[info.field_name].annotation is bool
-        if isinstance(value, bool) != switch:
-            raise ValueError("must be true or false" if switch else "must be a number, not a boolean")
-        return value
 
     advantage_estimator: Estimator = "grpo"
     """``gae`` (PPO with a critic), ``grpo``, ``dr_grpo``, ``reinforce++``, ``reinforce++_baseline``, ``rloo``."""
