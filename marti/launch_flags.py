@@ -590,6 +590,7 @@ def build_config(
             _blame_flags(str(exc), source, flags.origins) + _dataset_env_hint(str(exc), flags.origins),
             metadata=exc.metadata,
         ) from None
+    notes += _unused_vllm_flags(cfg, flags.origins, source, overrides)
     if flags.agent_models.get("critic_model") and cfg.algorithm.advantage_estimator != "gae":
         notes.append(
             f"--critic_model builds no critic: algorithm.advantage_estimator is {cfg.algorithm.advantage_estimator} "
@@ -597,6 +598,22 @@ def build_config(
             "(OpenRLHF's default: --advantage_estimator gae)"
         )
     return cfg, notes
+
+
+def _unused_vllm_flags(
+    cfg: TrainConfig, origins: dict[str, str], source: str, overrides: Sequence[str]
+) -> list[str]:
+    """One note per ``vllm.*`` launch flag that no engine reads: the config's ``rollout.engine`` is a
+    transformers engine (``hf`` or ``hf_static``; ``auto`` may pick vLLM on a CUDA machine, ``vllm`` reads them)."""
+    if cfg.rollout.engine in ("vllm", "auto"):
+        return []
+    setter = "--set" if any(o.startswith("rollout.engine=") for o in overrides) else source
+    return [
+        f"{flag.split()[0]} unused: rollout.engine is {cfg.rollout.engine} (from {setter}), "
+        "and only the vllm engine (or auto, where it picks vLLM) reads vllm.*"
+        for key, flag in origins.items()
+        if key.startswith("vllm.")
+    ]
 
 
 def _openrlhf_defaults(flags: LaunchFlags, notes: list[str]) -> list[str]:

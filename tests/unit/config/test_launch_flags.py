@@ -321,7 +321,9 @@ def test_vllm_flags_without_cuda_are_reported_and_ignored(design_workdir):
     ]
     assert cfg.vllm.num_engines == 1
     cfg, warnings = build_config(team, [], ["--vllm_num_engines", "2"], machine=GPU)
-    assert not warnings and cfg.vllm.num_engines == 2
+    assert cfg.vllm.num_engines == 2 and not [
+        w for w in warnings if " ignored: " in w
+    ]  # applied (rollout.engine hf: noted, below)
 
 
 @pytest.mark.parametrize("flags, honoured", [("fpu avx512f avx512_bf16", True), ("fpu avx512f", False)])
@@ -336,3 +338,26 @@ def test_bf16_flag_follows_a_cpu_with_native_bf16(tmp_path, monkeypatch, flags, 
     out = parse_launch_flags(["--bf16"], machine=machine)
     assert (out.scalar_overrides == ["strategy.bf16=true"]) is honoured
     assert bool(out.warnings) is not honoured
+
+
+def test_vllm_flags_that_a_transformers_engine_would_not_read_are_noted(design_workdir):
+    """On a CUDA machine, a vLLM launch flag is applied to ``vllm.*`` but, when the config's ``rollout.engine`` is
+    a transformers engine (``hf``, ``hf_static``: from the file or ``--set``), no engine reads it: a note says so.
+    With ``vllm`` or ``auto`` (which may pick vLLM) there is none."""
+    team = design_workdir / "team.yaml"
+    team.write_text(
+        "training_name: t\nagents: [{name: a, pretrain_model: m, role: solver}]\nrollout: {engine: hf}\n"
+    )
+    cfg, notes = build_config(team, [], ["--vllm_num_engines", "2", "--enable_prefix_caching"], machine=GPU)
+    assert cfg.vllm.num_engines == 2 and notes == [
+        f"{flag} unused: rollout.engine is hf (from {team}), and only the vllm engine (or auto, where it picks "
+        "vLLM) reads vllm.*"
+        for flag in ("--vllm_num_engines", "--enable_prefix_caching")
+    ]
+    cfg, notes = build_config(team, ["rollout.engine=hf_static"], ["--vllm_num_engines", "2"], machine=GPU)
+    assert len(notes) == 1 and notes[0].startswith(
+        "--vllm_num_engines unused: rollout.engine is hf_static (from --set)"
+    )
+    for engine in ("auto", "vllm"):
+        _, notes = build_config(team, [f"rollout.engine={engine}"], ["--vllm_num_engines", "2"], machine=GPU)
+        assert not notes
