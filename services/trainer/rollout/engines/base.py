@@ -267,8 +267,9 @@ def chats_to_ids(tokenizer: Any, chats: Sequence[ChatMessages]) -> list[list[int
     return [ids if ids is not None else chat_to_ids(tokenizer, chats[i]) for i, ids in enumerate(out)]
 
 
-_TOO_LONG = re.compile(r"prompt (\d+): (\d+) tokens \+ max_new_tokens (\d+) exceeds max_model_len (\d+)")
-"""What :func:`check_room` raises, found in any text that quotes it (a Ray traceback too)."""
+#: The ``metadata`` keys of :func:`check_room`'s error: they travel with it (a Ray actor's error too, whose
+#: message also holds the actor's traceback), so the caller reads the prompt's position from them.
+TOO_LONG_KEYS = ("prompt_index", "prompt_tokens", "max_new_tokens", "max_model_len")
 
 
 def check_room(ids: Sequence[Sequence[int]], max_new_tokens: int, max_model_len: int) -> None:
@@ -277,7 +278,8 @@ def check_room(ids: Sequence[Sequence[int]], max_new_tokens: int, max_model_len:
 
     Raises:
         InvalidArgumentError: ``prompt I: N tokens + max_new_tokens M exceeds max_model_len L`` for the first
-            such prompt, ``I`` its position in the call (:func:`too_long_prompt` reads it back).
+            such prompt, ``I`` its position in the call, the four numbers also in its ``metadata``
+            (:data:`TOO_LONG_KEYS`; :func:`too_long_prompt` reads them).
     """
     for i, p in enumerate(ids):
         if len(p) + max_new_tokens > max_model_len:
@@ -285,32 +287,37 @@ def check_room(ids: Sequence[Sequence[int]], max_new_tokens: int, max_model_len:
 
 
 def _too_long(position: int, tokens: int, max_new_tokens: int, max_model_len: int) -> InvalidArgumentError:
-    """The error :func:`check_room` raises (its text is what :data:`_TOO_LONG` reads back)."""
+    """The error :func:`check_room` raises."""
     return InvalidArgumentError(
-        f"prompt {position}: {tokens} tokens + max_new_tokens {max_new_tokens} exceeds max_model_len {max_model_len}"
+        f"prompt {position}: {tokens} tokens + max_new_tokens {max_new_tokens} exceeds max_model_len {max_model_len}",
+        metadata=dict(zip(TOO_LONG_KEYS, (position, tokens, max_new_tokens, max_model_len), strict=True)),
     )
 
 
-def _too_long_match(exc: BaseException) -> re.Match | None:
-    """The :data:`_TOO_LONG` match of a :func:`check_room` error (also wrapped in a Ray traceback), else None."""
-    return _TOO_LONG.search(str(exc)) if isinstance(exc, InvalidArgumentError) else None
+def _too_long_numbers(exc: BaseException) -> list[int] | None:
+    """The :data:`TOO_LONG_KEYS` numbers of a :func:`check_room` error (also one re-raised from a Ray actor),
+    else None."""
+    meta = getattr(exc, "metadata", None) if isinstance(exc, InvalidArgumentError) else None
+    if not meta or any(k not in meta for k in TOO_LONG_KEYS):
+        return None
+    return [int(meta[k]) for k in TOO_LONG_KEYS]
 
 
 def too_long_prompt(exc: BaseException) -> int | None:
-    """The position in its call of the prompt a :func:`check_room` error names (also when the error comes
-    wrapped in a Ray traceback), or None for any other exception."""
-    found = _too_long_match(exc)
-    return int(found[1]) if found else None
+    """The position in its call of the prompt a :func:`check_room` error names (also when the error was raised
+    in a Ray actor), or None for any other exception."""
+    numbers = _too_long_numbers(exc)
+    return numbers[0] if numbers else None
 
 
 def shifted(exc: BaseException, offset: int) -> BaseException:
     """A :func:`check_room` error of a call on a chunk of prompts that starts at ``offset`` of the whole call,
     as the whole call's (the position plus ``offset``, without a wrapping Ray traceback); any other exception
     unchanged. (The prompts of one call are split among engines and rollout actors.)"""
-    found = _too_long_match(exc)
-    if not found:
+    numbers = _too_long_numbers(exc)
+    if numbers is None:
         return exc
-    i, n, m, limit = (int(g) for g in found.groups())
+    i, n, m, limit = numbers
     return _too_long(i + offset, n, m, limit)
 
 
