@@ -17,6 +17,7 @@ from marti.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
     MartiError,
+    ResourceExhaustedError,
     SessionLostError,
     UnavailableError,
 )
@@ -52,17 +53,29 @@ class SessionStream:
     touching the parent's stream; :meth:`close` in a child only marks this copy closed. Open a new stream in
     the child (or use the unary calls of :class:`EnvClient`).
 
+    Size: gRPC refuses to send a message over its channel's ``grpc.max_send_message_length``, and on a stream
+    that refusal ends the stream, closing every session on it. With ``max_request_bytes`` (what
+    :meth:`EnvClient.stream` passes for a channel :func:`open_channel` made) a request over it is refused before it
+    is sent, with :class:`~marti.errors.ResourceExhaustedError` naming its size, the limit and the session, as the
+    unary call raises; the stream and its sessions go on.
+
     Args:
         stub: An ``EnvServiceStub``.
         timeout_s: How long to wait for each response, seconds.
         deltas: The delta cache to use (see :class:`EnvClient`), or ``None`` for full results.
+        max_request_bytes: The largest request the channel may send, bytes, or ``None`` (not checked).
     """
 
     def __init__(
-        self, stub: pb_grpc.EnvServiceStub, timeout_s: float, deltas: DeltaCache | None = None
+        self,
+        stub: pb_grpc.EnvServiceStub,
+        timeout_s: float,
+        deltas: DeltaCache | None = None,
+        max_request_bytes: int | None = None,
     ) -> None:
         self._stub = stub
         self.deltas = deltas
+        self.max_request_bytes = max_request_bytes
         self._made: set[str] = set()  # sessions created on the current stream (forgotten when it ends)
         self._seq = 0
         self._lock = threading.Lock()
@@ -128,12 +141,14 @@ class SessionStream:
         with self._lock:
             if self.closed:
                 raise FailedPreconditionError("the session stream is closed")
+            req = pb.SessionRequest(sequence=self._seq + 1, **op)
+            self._check_size(req, op)
             if self.broken:
                 self._discard()
                 self._forget_made()
                 self._open()
             self._seq += 1
-            self._requests.put(pb.SessionRequest(sequence=self._seq, **op))
+            self._requests.put(req)
             responses = self._responses
             WATCHDOG.arm(self, self.timeout_s, responses.cancel)
             try:
@@ -156,6 +171,27 @@ class SessionStream:
         if err is not None:
             raise err
         return resp
+
+    def _check_size(self, req: pb.SessionRequest, op: dict[str, Any]) -> None:
+        """Refuse a request gRPC would not send (it would end the stream and every session on it)."""
+        limit = self.max_request_bytes
+        if limit is None:
+            return
+        size = req.ByteSize()
+        if size <= limit:
+            return
+        (kind, body), *_ = op.items()
+        if kind == "batch_step":
+            target = f"sessions {sorted({step.session_id for step in body.steps})}"
+        elif kind == "create":
+            target = f"a new {body.env_id!r} session"
+        else:
+            target = f"session {body.session_id!r}"
+        raise ResourceExhaustedError(
+            f"the {kind} request for {target} is {size} bytes, over the {limit} bytes this channel may send "
+            "(grpc.max_send_message_length); it was not sent, and the session stream and its sessions are as "
+            "they were (send less: shorter actions, smaller options or config, fewer steps per batch_step)"
+        )
 
     def _late_error(self) -> DeadlineExceededError:
         return DeadlineExceededError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from marti.errors import (
 from marti.rpc.calls import call
 from marti.rpc.channel import check_timeout_s, make_channel
 from marti.rpc.guard import ClientChannel
+from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 from .delta import DeltaCache, HeldResult, _decode, delta_cache
 from .protocol import (
@@ -56,7 +58,7 @@ def open_channel(
     Returns:
         The channel; the caller closes it (``channel.close()``) after the clients and envs using it.
     """
-    return make_channel(
+    channel = make_channel(
         address,
         token=token,
         tls_ca_file=tls_ca_file,
@@ -64,6 +66,25 @@ def open_channel(
         options=options,
         service="env",
     )
+    limit = dict(options).get("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES)
+    if isinstance(limit, int) and limit >= 0:  # -1: gRPC sends messages of any size
+        _SEND_LIMITS[channel] = limit
+    return channel
+
+
+#: The largest message each channel :func:`open_channel` made may send (its ``grpc.max_send_message_length``).
+_SEND_LIMITS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def send_limit(channel: Any) -> int | None:
+    """The largest message ``channel`` may send, bytes, when :func:`open_channel` made it; else ``None``
+    (unknown: a channel made otherwise, or one without a limit)."""
+    if isinstance(channel, ClientChannel):
+        channel = channel.inner
+    try:
+        return _SEND_LIMITS.get(channel)
+    except TypeError:  # an object that cannot be weakly referenced was never recorded
+        return None
 
 
 #: Channels a forked child was asked to close although its parent dialed them: kept open (and referenced, so
@@ -216,8 +237,12 @@ class EnvClient:
         ).closed
 
     def stream(self) -> SessionStream:
-        """Open a bidirectional :class:`SessionStream` on this client's channel (sharing its delta cache)."""
-        return SessionStream(self.stub, self.timeout_s, self.deltas)
+        """Open a bidirectional :class:`SessionStream` on this client's channel (sharing its delta cache). When the
+        channel was made by :func:`open_channel` (this client's own, or one passed as ``channel=``), the stream
+        refuses a request over the channel's send limit before sending it (see :class:`SessionStream`)."""
+        return SessionStream(
+            self.stub, self.timeout_s, self.deltas, max_request_bytes=send_limit(self.channel)
+        )
 
     def close(self) -> None:
         """Close the channel (when this client dialed it).

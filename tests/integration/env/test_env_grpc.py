@@ -7,12 +7,13 @@ import time
 import pytest
 
 import marti.envs as me
-from marti.clients.env import EnvClient
+from marti.clients.env import EnvClient, open_channel
 from marti.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
+    SessionLostError,
 )
 from services.env_server.envs import allocation_problem as ap
 
@@ -126,6 +127,57 @@ def test_stream_survives_bad_steps_and_closes_its_sessions(client, env_server) -
     while len(sessions) > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(sessions) == before  # a client that goes away leaks no sessions
+
+
+SEND_LIMIT = 64 * 1024  # grpc.max_send_message_length of the channel in the next tests
+
+
+def test_a_stream_request_over_the_send_limit_keeps_the_stream_and_its_sessions(env_server) -> None:
+    """gRPC refuses to send a message over its channel's ``grpc.max_send_message_length``; on the ``Session``
+    stream that ended the stream, and the server closed every session on it. The stream refuses such a request
+    itself now, before sending it (ResourceExhaustedError naming the sizes, as the unary call raises), and the
+    stream and its sessions go on."""
+    client = EnvClient(env_server[0], timeout_s=10, options=[("grpc.max_send_message_length", SEND_LIMIT)])
+    stream = client.stream()
+    try:
+        a = stream.create_session(ENV, seed=4).session_id
+        b = stream.create_session(ENV, seed=5).session_id
+        stream.reset(a)
+        stream.reset(b)
+        big = {"agent_1": "x" * (2 * SEND_LIMIT)}
+        with pytest.raises(ResourceExhaustedError, match=f"over the {SEND_LIMIT} bytes") as err:
+            stream.step(a, big)
+        assert a in str(err.value)
+        with pytest.raises(ResourceExhaustedError, match="batch_step request"):
+            stream.batch_step([(b, {"agent_1": "task_1: 1"}), (a, big)])
+        with pytest.raises(ResourceExhaustedError, match="reset request"):
+            stream.reset(a, options={"pad": big["agent_1"]})
+        assert stream.step(a, {"agent_1": "task_1: 1"}).acting_agents == ["agent_2"]
+        assert stream.step(b, {"agent_1": "task_1: 1"}).acting_agents == ["agent_2"]
+        assert stream.generation == 1 and not stream.broken
+    finally:
+        stream.close()
+        client.close()
+
+
+def test_a_made_env_keeps_its_episode_after_a_step_over_the_send_limit(env_server) -> None:
+    """``marti.make``'s default transport (a stream) on a channel from ``open_channel``: a step too large for the
+    channel raises ResourceExhaustedError, as on the unary transport, instead of losing the session
+    (SessionLostError, "the env server restarted or the connection dropped"), and the episode goes on."""
+    ch = open_channel(env_server[0], options=[("grpc.max_send_message_length", SEND_LIMIT)])
+    envs = [me.make(ENV, seed=5, channel=ch, transport=t) for t in ("stream", "unary")]
+    try:
+        for env in envs:
+            env.reset(seed=5)
+            with pytest.raises(ResourceExhaustedError) as err:
+                env.step({"agent_1": "x" * (2 * SEND_LIMIT)})
+            assert not isinstance(err.value, SessionLostError)
+            env.step({"agent_1": "task_1: 1"})
+            assert env.acting_agents == ["agent_2"]
+    finally:
+        for env in envs:
+            env.close()
+        ch.close()
 
 
 def test_retried_step_is_idempotent(client) -> None:
