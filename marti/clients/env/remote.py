@@ -188,6 +188,16 @@ class RemoteParallelEnv(ParallelEnv):
         ):
             self._lost = "its session stream broke: the env server restarted or the connection dropped"
 
+    def _refusal(self) -> MartiError | None:
+        """The error a step of this env raises before sending anything (closed, or its session known lost), or
+        ``None`` when a step may be sent."""
+        if self._closed:
+            return closed_error(self.env_id)
+        self._check_stream()
+        if self._lost is not None:
+            return self._lost_error(self._lost)
+        return None
+
     def _guarded(self, stream_fn: Any, unary_fn: Any) -> StepResult:
         """Run one session call, turning every way of losing the session into :class:`SessionLostError`.
 
@@ -198,9 +208,9 @@ class RemoteParallelEnv(ParallelEnv):
             raise closed_error(self.env_id)
         if self._stream is not None and self._stream.forked:
             raise self._stream._forked_error()
-        self._check_stream()
-        if self._lost is not None:
-            raise self._lost_error(self._lost)
+        refused = self._refusal()
+        if refused is not None:
+            raise refused
         try:
             return stream_fn() if self._stream is not None else unary_fn()
         except SessionLostError as e:
@@ -307,7 +317,9 @@ class RemoteParallelEnv(ParallelEnv):
 
         The call goes through the first env's client, so the envs must live on the same server (typically
         they share one channel: ``marti.make(..., channel=ch)``). Each env ends as after its own ``step``
-        (``agents`` and ``acting_agents`` updated); a step that fails leaves its env (and session) as it was.
+        (``agents`` and ``acting_agents`` updated); a step that fails leaves its env (and session) as it was. An
+        env whose own ``step`` would fail before sending anything (closed: ``FailedPreconditionError``; its
+        session known lost: ``SessionLostError``) gets that error in its slot and nothing is sent for it.
 
         Args:
             envs: Remote envs of one server, each at most once.
@@ -330,26 +342,29 @@ class RemoteParallelEnv(ParallelEnv):
         for env in envs:
             if env._stream is not None and env._stream.forked:
                 raise env._stream._forked_error()
-        out: list[tuple[dict, dict, dict, dict, dict] | MartiError] = []
-        if not envs:
-            return out
-        client = envs[0].client
-        for lo in range(0, len(envs), max_batch):
-            chunk = envs[lo : lo + max_batch]
-            steps = [(e.session_id, a) for e, a in zip(chunk, actions[lo : lo + max_batch], strict=True)]
-            for env, r in zip(chunk, client.batch_step(steps), strict=True):
+        out: list[tuple[dict, dict, dict, dict, dict] | MartiError | None] = [env._refusal() for env in envs]
+        live = [
+            i for i, refused in enumerate(out) if refused is None
+        ]  # the others fail as their own step does
+        if not live:
+            return out  # every slot holds its env's error
+        client = envs[live[0]].client
+        for lo in range(0, len(live), max_batch):
+            chunk = live[lo : lo + max_batch]
+            steps = [(envs[i].session_id, actions[i]) for i in chunk]
+            for i, r in zip(chunk, client.batch_step(steps), strict=True):
+                env = envs[i]
                 if isinstance(r, SessionLostError):
                     env._lost = f"the env server does not know it: {r.message}"
                     lost = env._lost_error(env._lost)
                     lost.__cause__ = r
-                    out.append(lost)
-                    continue
-                if isinstance(r, MartiError):
-                    out.append(r)
-                    continue
-                env.agents, env.acting_agents = r.agents, r.acting_agents
-                out.append(r.as_tuple())
-        return out
+                    out[i] = lost
+                elif isinstance(r, MartiError):
+                    out[i] = r
+                else:
+                    env.agents, env.acting_agents = r.agents, r.acting_agents
+                    out[i] = r.as_tuple()
+        return out  # every slot is filled
 
     def render(self) -> None:
         """Remote envs do not render."""

@@ -13,7 +13,7 @@ import pytest
 import marti
 import marti.envs as me
 from marti.clients.env import EnvClient, RemoteParallelEnv, open_channel
-from marti.errors import InvalidArgumentError, NotFoundError
+from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from marti.inference import Generation
 from services.trainer.rollout.episodes.runner import EpisodeRunner
 
@@ -143,6 +143,36 @@ def test_step_many_says_which_envs_moved_when_one_fails(env_server, channel):
         assert all(isinstance(r, tuple) for r in again)
         with pytest.raises(InvalidArgumentError, match="errors"):
             me.step_many(envs, acts, errors="ignore")
+    finally:
+        for e in envs:
+            e.close()
+
+
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+def test_a_closed_env_in_a_batch_fails_as_its_own_step_does(env_server, channel, transport):
+    """A closed env batched with others on its channel got the server's unknown-session answer, a SessionLostError
+    saying "call reset()" (which a closed env refuses), where its own ``step`` raises the closed-env
+    FailedPreconditionError; now its slot holds that error, nothing is sent for it, and the others step."""
+    ch, calls = channel
+    envs = [me.make(ENV, seed=s, channel=ch, transport=transport) for s in (1, 2, 3)]
+    try:
+        for e in envs:
+            e.reset()
+        envs[1].close()
+        with pytest.raises(FailedPreconditionError, match="closed") as own:
+            envs[1].step({"agent_1": "task_1: 1"})
+        acts = [{"agent_1": "task_1: 1"}] * 3
+        sent = calls.methods.count(BATCH_STEP)
+        out = me.step_many(envs, acts, errors="return")
+        assert type(out[1]) is FailedPreconditionError and str(out[1]) == str(own.value)
+        assert isinstance(out[0], tuple) and isinstance(out[2], tuple)
+        assert envs[0].acting_agents == envs[2].acting_agents == ["agent_2"]
+        assert calls.methods.count(BATCH_STEP) == sent + 1
+        out = RemoteParallelEnv.step_batch([envs[1], envs[1]], acts[:2])  # nothing to send: no call
+        assert all(type(r) is FailedPreconditionError for r in out)
+        assert calls.methods.count(BATCH_STEP) == sent + 1
+        with pytest.raises(FailedPreconditionError, match="closed"):
+            me.step_many(envs, [{"agent_2": "task_1: 1"}] * 3)
     finally:
         for e in envs:
             e.close()
