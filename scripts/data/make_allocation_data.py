@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:  # run as a script from a clone
     sys.path.insert(0, str(ROOT))
 
 import marti  # noqa: E402
+from scripts.data.output import write_out  # noqa: E402
 from services.env_server.envs import allocation_problem as ap  # noqa: E402
 from services.env_server.envs.private_allocation import PRIVATE_DIFFICULTIES  # noqa: E402
 
@@ -101,20 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="file to write (its folder is created)")
     p.add_argument("--count", type=int, default=240, help="rows (default 240)")
     p.add_argument("--start-seed", type=int, default=0, help="seed of the first row (default 0)")
-    p.add_argument("--difficulty", default="easy", help="resource_allocation level (default easy)")
+    p.add_argument(
+        "--difficulty", choices=tuple(ap.DIFFICULTIES), help="resource_allocation level (default easy)"
+    )
     args = p.parse_args(argv)
     if args.count < 1:
         p.error(f"--count must be >= 1, got {args.count}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     if args.kind == "pick":
+        if args.difficulty is not None:
+            p.error(
+                "--difficulty is for --kind resource_allocation; pick rows are private_allocation's pick level"
+            )
         rows = balanced_pick_rows(args.count, args.start_seed)
-        out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     else:
-        rows = [
-            allocation_row(s, args.difficulty) for s in range(args.start_seed, args.start_seed + args.count)
-        ]
-        out.write_text(json.dumps(rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        level = args.difficulty or "easy"
+        rows = [allocation_row(s, level) for s in range(args.start_seed, args.start_seed + args.count)]
+        text = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
+    out = write_out(p, args.out, text)
     print(f"wrote {len(rows)} rows to {out}")
     return 0
 

@@ -21,6 +21,12 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script from a clone
+    sys.path.insert(0, str(ROOT))
+
+from scripts.data.output import write_out  # noqa: E402
+
 _NAMES = ("Ana", "Bo", "Chen", "Dara", "Eli", "Femi", "Gus", "Hana")
 _THINGS = ("apples", "books", "coins", "pencils", "stamps", "marbles")
 
@@ -87,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = make_rows(args.count, args.seed, args.latex)
     except ValueError as e:
         p.error(str(e))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    out = write_out(p, args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"wrote {len(rows)} rows to {out}")
     return 0
 
