@@ -66,7 +66,9 @@ def encode_payload(message: Any, content_type: str | None = None, name: str = "m
             ``message`` is bytes labeled ``application/json`` that do not parse (a receiver could not decode
             them). Nothing is ever pickled.
 
-    JSON is written compactly in UTF-8 by orjson (non-string dict keys become strings, as with the stdlib).
+    JSON is written compactly in UTF-8 by orjson (non-string dict keys become strings, as with the stdlib; two
+    keys of one dict that become the same string, ``{1: "a", "1": "b"}``, raise ``InvalidArgumentError``
+    naming them, since a reader would keep one).
     NaN and infinities, which JSON cannot represent, become ``null`` wherever they are. Integers of any size
     are written exactly, also beyond 64 bits (and :func:`decode_payload` reads them back as ``int``).
     """
@@ -74,10 +76,10 @@ def encode_payload(message: Any, content_type: str | None = None, name: str = "m
         payload, ctype = bytes(message), content_type or OCTET_STREAM
         _check_json_bytes(payload, ctype, name)
         return payload, ctype
-    try:
-        return orjson.dumps(message, option=_OPTIONS), content_type or JSON
-    except TypeError:  # an integer beyond 64 bits (written exactly below), or a value JSON cannot hold
-        pass
+    try:  # without OPT_NON_STR_KEYS: every key is a string, so no two keys are written as one
+        return orjson.dumps(message), content_type or JSON
+    except TypeError:  # a non-string key, an integer beyond 64 bits (written exactly below), or a value JSON
+        pass  # cannot hold
     prepared = _prepare(message, name, 0, set())
     try:
         return orjson.dumps(prepared, option=_OPTIONS), content_type or JSON
@@ -123,7 +125,19 @@ def _prepare(value: Any, path: str, depth: int, active: set[int]) -> Any:
     active.add(id(value))
     try:
         if isinstance(value, dict):
-            return {_key(k, path): _prepare(v, f"{path}[{k!r}]", depth + 1, active) for k, v in value.items()}
+            out: dict[Any, Any] = {}
+            names: dict[str, Any] = {}  # each key as JSON writes it -> the key it came from
+            for k, v in value.items():
+                key = _key(k, path)
+                name = key if isinstance(key, str) else _key_name(key)
+                if name in names:
+                    raise InvalidArgumentError(
+                        f"{path} has the keys {names[name]!r} and {k!r}, which JSON writes as the same key "
+                        f"{name!r}: a reader would keep only one of them"
+                    )
+                names[name] = k
+                out[key] = _prepare(v, f"{path}[{k!r}]", depth + 1, active)
+            return out
         return [_prepare(v, f"{path}[{i}]", depth + 1, active) for i, v in enumerate(value)]
     finally:
         active.discard(id(value))
@@ -140,6 +154,11 @@ def _key(key: Any, path: str) -> Any:
             f"{path} has a key {key!r} of type {type(key).__name__}, which JSON cannot hold"
         ) from None
     return key
+
+
+def _key_name(key: Any) -> str:
+    """The string orjson writes for a non-string dict key (``1`` -> ``"1"``, ``None`` -> ``"null"``)."""
+    return next(iter(orjson.loads(orjson.dumps({key: None}, option=_OPTIONS))))
 
 
 def _no_constant(name: str) -> Any:

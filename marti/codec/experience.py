@@ -34,16 +34,43 @@ def _json_text(value: Any, where: str) -> str:
 
     Raises:
         InvalidArgumentError: naming ``where`` (and the key path of the first bad value) when ``value`` is not a
-            dict, or holds something JSON cannot carry (a set, bytes, an object, a non-text key, a cycle).
+            dict, or holds something JSON cannot carry (a set, bytes, an object, a non-text key, a cycle, two keys
+            of one dict that JSON writes as one, such as ``1`` and ``"1"``).
     """
     if not isinstance(value, dict):
         raise InvalidArgumentError(f"{where} must be a dict (a JSON object), got {type(value).__name__}")
     if not value:
         return ""
     try:
-        return json.dumps(value)
+        text = json.dumps(value)
     except (TypeError, ValueError, RecursionError) as e:
         raise InvalidArgumentError(f"{where}{_bad_json_path(value)} is not JSON: {e}") from None
+    clash = _key_clash(value, where)
+    if clash:
+        raise InvalidArgumentError(f"{clash}: a reader would keep only one of them")
+    return text
+
+
+def _key_clash(value: Any, path: str) -> str:
+    """Where a dict below ``value`` has two keys JSON writes as one (``{1: "a", "1": "b"}``: both ``"1"``), ""
+    if none does (``value`` is known to be JSON-serializable and acyclic)."""
+    if isinstance(value, dict):
+        names: dict[str, Any] = {}
+        for k in value:
+            name = k if isinstance(k, str) else json.dumps(k)  # how json.dumps writes a non-text key
+            if name in names:
+                return f"{path} has the keys {names[name]!r} and {k!r}, which JSON writes as the same key {name!r}"
+            names[name] = k
+        children: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        children = enumerate(value)
+    else:
+        return ""
+    for k, v in children:
+        clash = _key_clash(v, f"{path}[{k!r}]")
+        if clash:
+            return clash
+    return ""
 
 
 _JSON_LEAVES = (str, int, float, bool, type(None))

@@ -38,6 +38,13 @@ _SHARE = [
     ("metadata-list", _traj(metadata=[1]), "trajectory.metadata must be a dict"),
     ("metadata-key", _traj(metadata={(1,): 2}), "trajectory.metadata key (1,)"),
     ("metadata-cycle", _traj(metadata=_cycle), "trajectory.metadata['self']"),
+    # json.dumps wrote both keys as "1" and the store kept the last value: {"1": "b"}, with no error
+    ("metadata-key-clash", _traj(metadata={1: "a", "1": "b"}), "trajectory.metadata has the keys 1 and '1'"),
+    (
+        "info-key-clash",
+        _turn(info={"x": [{None: 0, "null": 1}]}),
+        "trajectory.turns[0].info['x'][0] has the keys",
+    ),
     ("info-bytes", _turn(info={"b": [b"x"]}), "trajectory.turns[0].info['b'][0]"),
     ("turn-type", _traj(turns=["x"]), "trajectory.turns[0] must be a Turn"),
     ("turns-type", _traj(turns=5), "trajectory.turns must be a list"),

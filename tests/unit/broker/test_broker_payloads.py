@@ -69,3 +69,22 @@ def test_a_value_json_cannot_hold_is_named_by_its_path():
     looped.append(looped)
     with pytest.raises(InvalidArgumentError, match="contains itself"):
         encode_payload([2**70, looped])
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ({1: "a", "1": "b"}, "message has the keys 1 and '1'"),
+        ({"a": [{None: 0, "null": 1}]}, "message['a'][0] has the keys None and 'null'"),
+        ({True: 0, "true": 1}, "message has the keys True and 'true'"),
+        ({2**70: 0, str(2**70): 1}, f"message has the keys {2**70} and '{2**70}'"),
+    ],
+)
+def test_two_keys_json_writes_as_one_are_refused_naming_them(value, words):
+    """Non-string keys become strings; two keys of one dict that become the same string were both written and
+    the receiver kept the last value ({"1": "b"}), with no error; now the sender's call names them."""
+    with pytest.raises(InvalidArgumentError, match="a reader would keep only one") as err:
+        encode_payload(value)
+    assert words in str(err.value)
+    payload, ctype = encode_payload({1: "a", "2": "b"})  # keys that stay apart still go
+    assert decode_payload(payload, ctype) == {"1": "a", "2": "b"}
