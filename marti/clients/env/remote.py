@@ -315,14 +315,14 @@ class RemoteParallelEnv(ParallelEnv):
     ) -> list[tuple[dict, dict, dict, dict, dict] | MartiError]:
         """Step several remote envs of one server in ``BatchStep`` calls (one round trip per ``max_batch``).
 
-        The call goes through the first env's client, so the envs must live on the same server (typically
-        they share one channel: ``marti.make(..., channel=ch)``). Each env ends as after its own ``step``
+        The call goes through one channel, so the envs must share it (``marti.make(..., channel=ch)``;
+        :func:`marti.envs.step_many` batches the envs of each channel). Each env ends as after its own ``step``
         (``agents`` and ``acting_agents`` updated); a step that fails leaves its env (and session) as it was. An
         env whose own ``step`` would fail before sending anything (closed: ``FailedPreconditionError``; its
         session known lost: ``SessionLostError``) gets that error in its slot and nothing is sent for it.
 
         Args:
-            envs: Remote envs of one server, each at most once.
+            envs: Remote envs on one channel, each at most once.
             actions: One action dict per env.
             max_batch: Most steps per ``BatchStep`` call (the server's ``max_batch_steps`` is 4096 by default).
 
@@ -331,7 +331,8 @@ class RemoteParallelEnv(ParallelEnv):
 
         Raises:
             InvalidArgumentError: ``envs`` is not a list of remote envs, ``actions`` not a list of the same length,
-                or ``max_batch`` not an int >= 1 (each named).
+                ``max_batch`` not an int >= 1, or an env is on another channel than the first (each named; nothing
+                is sent).
             FailedPreconditionError: In a forked child, an env whose session lives on its parent's stream
                 (nothing is sent).
             UnavailableError, DeadlineExceededError, ...: The whole call failed (server away, deadline).
@@ -339,6 +340,14 @@ class RemoteParallelEnv(ParallelEnv):
         check_env_list(envs, actions, RemoteParallelEnv)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise InvalidArgumentError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        for i, env in enumerate(envs):
+            if env.client.channel.inner is not envs[0].client.channel.inner:
+                raise InvalidArgumentError(
+                    f"envs[{i}] ({env.client.address}) is not on the channel of envs[0] ({envs[0].client.address}):"
+                    " step_batch sends one BatchStep on one channel, and a server that did not make a session "
+                    "answers that it does not know it; make the envs on one channel (marti.make(..., channel=ch)) or "
+                    "call marti.envs.step_many, which batches the envs of each channel"
+                )
         for env in envs:
             if env._stream is not None and env._stream.forked:
                 raise env._stream._forked_error()

@@ -13,8 +13,13 @@ import pytest
 import marti
 import marti.envs as me
 from marti.clients.env import EnvClient, RemoteParallelEnv, open_channel
+from marti.env_registry import default_registry
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from marti.inference import Generation
+from marti.rpc.testing import serve_in_thread
+from services.env_server.core.sessions import SessionManager
+from services.env_server.servicer import env_service
+from services.env_server.settings import EnvServerSettings
 from services.trainer.rollout.episodes.runner import EpisodeRunner
 
 ENV = "collaborative_task_solving"
@@ -176,6 +181,31 @@ def test_a_closed_env_in_a_batch_fails_as_its_own_step_does(env_server, channel,
     finally:
         for e in envs:
             e.close()
+
+
+def test_step_batch_refuses_envs_of_two_channels_and_loses_no_session(env_server, channel):
+    """step_batch sent every env's step through the first env's channel: an env of another server came back as
+    "the env server does not know it" and was marked lost (its live session left to the idle reaper). Envs of
+    two channels are refused now, naming the env, before anything is sent; step_many batches per channel."""
+    ch, _ = channel
+    settings = EnvServerSettings(port=0, max_sessions=8)
+    other = SessionManager(default_registry(), max_sessions=8, idle_timeout_s=600.0)
+    with serve_in_thread(lambda: [env_service(settings, sessions=other)], settings) as server:
+        envs = [me.make(ENV, seed=1, channel=ch), me.make(ENV, seed=1, address=server.address)]
+        try:
+            for e in envs:
+                e.reset()
+            acts = [{"agent_1": "task_1: 1"}] * 2
+            with pytest.raises(
+                InvalidArgumentError, match=r"envs\[1\] \(127\.0\.0\.1:\d+\) is not on the channel"
+            ):
+                RemoteParallelEnv.step_batch(envs, acts)
+            assert not envs[1].session_lost and envs[1].acting_agents == ["agent_1"]  # nothing was sent
+            assert all(isinstance(r, tuple) for r in me.step_many(envs, acts))
+            assert [e.acting_agents for e in envs] == [["agent_2"], ["agent_2"]]
+        finally:
+            for e in envs:
+                e.close()
 
 
 def test_step_batch_splits_large_batches(env_server, channel):
