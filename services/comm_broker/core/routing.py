@@ -72,7 +72,8 @@ class Router:
             The :class:`SendResult` (``enqueued`` counts mailbox entries: 0 for a topic nobody subscribes to).
 
         Raises:
-            InvalidArgumentError: Bad ids, no receivers, sender mismatch, negative ttl or sequence.
+            InvalidArgumentError: Bad ids, no receivers, more than one addressing mode (receivers, topic,
+                broadcast flag) in a Send, sender mismatch, negative ttl or sequence.
             NotFoundError: A receiver outside a fixed roster.
             ResourceExhaustedError: Batch, payload, receivers or a mailbox limit (named in the message).
         """
@@ -103,7 +104,7 @@ class Router:
             )
         return list(dict.fromkeys(env.receivers))
 
-    def _validate(self, sender: str, envelopes: Sequence[Envelope]) -> None:
+    def _validate(self, sender: str, envelopes: Sequence[Envelope], broadcast: bool) -> None:
         lim = self.limits
         if len(envelopes) > lim.max_batch_messages:
             raise BatchTooLargeError(  # its ErrorInfo names the limit: a client splits the batch by it
@@ -115,6 +116,15 @@ class Router:
             if env.sender != sender:
                 raise InvalidArgumentError(
                     f"envelope sender {env.sender!r} differs from the caller {sender!r}"
+                )
+            if not broadcast and bool(env.receivers) + bool(env.topic) + env.broadcast > 1:
+                modes = [f"receivers {list(env.receivers)!r}"] if env.receivers else []
+                modes += [f"topic {env.topic!r}"] if env.topic else []
+                modes += ["the broadcast flag"] if env.broadcast else []
+                raise InvalidArgumentError(
+                    f"message {env.message_id!r} is addressed {len(modes)} ways ({', '.join(modes)}); give it "
+                    "receivers, a topic or the broadcast flag, one of them (the broker would use one and drop "
+                    "the others)"
                 )
             if len(env.payload) > lim.max_payload_bytes:
                 raise ResourceExhaustedError(
@@ -130,7 +140,7 @@ class Router:
         self, session: Session, sender: str, envelopes: Sequence[Envelope], broadcast: bool
     ) -> SendResult:
         lim = self.limits
-        self._validate(sender, envelopes)
+        self._validate(sender, envelopes, broadcast)
         self.mailboxes.get(session, sender, create=True)
         now = self.clock()
         session.prune_dedup(now, lim.dedup_window_s, lim.max_dedup_entries)

@@ -190,6 +190,38 @@ def test_corrupt_truncated_and_bomb_frames_fail_alone(address):
     channel.close()
 
 
+def _raw_frame(*envelopes: broker_pb2.Envelope) -> common_pb2.CompressedFrame:
+    raw = broker_pb2.EnvelopeBatch(envelopes=list(envelopes)).SerializeToString()
+    return common_pb2.CompressedFrame(codec=common_pb2.CODEC_NONE, uncompressed_bytes=len(raw), data=raw)
+
+
+def test_a_send_addressed_two_ways_is_refused_naming_them(address):
+    """An envelope with receivers and a topic (or the broadcast flag) was accepted and went to the topic's
+    subscribers (or every member) only: its receivers never got it. A Send now refuses it (the protocol says
+    one addressing mode), naming both; the Broadcast rpc still ignores addressing fields."""
+    channel = make_channel(address)
+    stub = pb_grpc.BrokerServiceStub(channel)
+    with MartiCommClient("r", address, session="ep-modes") as r:
+        for extra, words in [
+            ({"topic": "t"}, "receivers ['r'], topic 't'"),
+            ({"broadcast": True}, "broadcast flag"),
+        ]:
+            envelope = broker_pb2.Envelope(
+                message_id=f"m-{words}", sender="w", receivers=["r"], payload=b"1", **extra
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Send(
+                    pb.SendRequest(session="ep-modes", sender="w", frame=_raw_frame(envelope)), timeout=5
+                )
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "is addressed 2 ways" in info.value.details() and words in info.value.details()
+        envelope = broker_pb2.Envelope(message_id="b1", sender="w", receivers=["r"], topic="t", payload=b"2")
+        resp = stub.Broadcast(pb.BroadcastRequest(session="ep-modes", sender="w", frame=_raw_frame(envelope)))
+        assert resp.enqueued == 1
+        assert [m.payload for m in r.get_messages(timeout_s=1)] == [b"2"]  # the broadcast alone came
+    channel.close()
+
+
 def test_unknown_session_not_found_when_auto_create_off():
     with serve(auto_create_sessions=False) as server:
         channel = make_channel(server.address)
