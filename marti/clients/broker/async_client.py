@@ -14,7 +14,7 @@ from typing import Any
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
-from marti.errors import ForkedAioError
+from marti.errors import BatchTooLargeError, ForkedAioError
 from marti.rpc.calls import acall, aiterate
 from marti.rpc.transport import check_aio_usable
 
@@ -394,8 +394,13 @@ class AsyncMartiCommClient(_ClientBase):
                     raise self._core.closed_error()
 
     async def ack(self, message_ids: Sequence[str]) -> int:
-        """Async :meth:`MartiCommClient.ack`."""
-        return (await acall(self._stub.Ack, self._ack_request(message_ids), self.timeout_s)).acked
+        """Async :meth:`MartiCommClient.ack` (more ids than the broker takes in one Ack are acked in parts)."""
+        req = self._ack_request(message_ids)
+        try:
+            return (await acall(self._stub.Ack, req, self.timeout_s)).acked
+        except BatchTooLargeError as refused:
+            parts = self._ack_parts(req, refused)
+        return sum([(await acall(self._stub.Ack, part, self.timeout_s)).acked for part in parts])
 
     async def broadcast_state(
         self, state: Any, *, content_type: str | None = None, expected_version: int | None = None

@@ -496,6 +496,19 @@ class _ClientBase:
         self._core.acked(ids)
         return self._acks_request(ids)
 
+    def _ack_parts(self, req: pb.AckRequest, refused: BatchTooLargeError) -> list[pb.AckRequest]:
+        """The Ack ``req`` split into requests of at most the broker's ``max_batch_messages`` ids, the limit its
+        refusal names (an ``ack`` of more ids than the broker takes in one call).
+
+        Raises:
+            BatchTooLargeError: ``refused`` itself, when it names no count limit.
+        """
+        limit = refused.max_batch_messages
+        if limit < 1:
+            raise refused
+        ids = list(req.message_ids)
+        return [self._acks_request(ids[i : i + limit]) for i in range(0, len(ids), limit)]
+
     def _acks_request(self, message_ids: list[str]) -> pb.AckRequest:
         """The Ack request of ids this client acks itself (auto-acks, redeliveries of acked messages)."""
         return pb.AckRequest(session=self.session, agent_id=self.agent_id, message_ids=message_ids)

@@ -19,6 +19,7 @@ import grpc
 from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
+from marti.errors import BatchTooLargeError
 from marti.rpc.calls import call, iterate
 from marti.rpc.channel import check_channel, check_timeout_s, make_channel
 
@@ -562,8 +563,15 @@ class MartiCommClient(_ClientBase):
             FailedPreconditionError: The client is closed.
             InvalidArgumentError: ``message_ids`` is not a list of non-empty strings.
             BatchRefusedError: A batch the flush timer sent was refused (nothing acked then).
+
+        More ids than the broker takes in one Ack (its ``max_batch_messages``) are acked in parts under it.
         """
-        return call(self._stub.Ack, self._ack_request(message_ids), self.timeout_s).acked
+        req = self._ack_request(message_ids)
+        try:
+            return call(self._stub.Ack, req, self.timeout_s).acked
+        except BatchTooLargeError as refused:
+            parts = self._ack_parts(req, refused)
+        return sum(call(self._stub.Ack, part, self.timeout_s).acked for part in parts)
 
     # ------------------------------------------------------------------ state board
     def broadcast_state(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
 
-from marti.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from marti.errors import BatchTooLargeError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 
 from .limits import BrokerLimits, check_name
 from .mailbox import Entry, Mailbox
@@ -158,11 +158,13 @@ class Mailboxes:
         """Checks the number of ids of one Ack.
 
         Raises:
-            ResourceExhaustedError: More ids than ``max_batch_messages``.
+            BatchTooLargeError: More ids than ``max_batch_messages`` (a ResourceExhaustedError whose ErrorInfo
+                names the limit: the SDK acks such a list in parts under it).
         """
         if len(message_ids) > self.limits.max_batch_messages:
-            raise ResourceExhaustedError(
-                f"ack of {len(message_ids)} ids is over max_batch_messages={self.limits.max_batch_messages}"
+            raise BatchTooLargeError(
+                f"ack of {len(message_ids)} ids is over max_batch_messages={self.limits.max_batch_messages}",
+                max_batch_messages=self.limits.max_batch_messages,
             )
 
     def ack(self, session: Session, agent: str, message_ids: Sequence[str]) -> int:
