@@ -529,9 +529,10 @@ class MartiCommClient(_ClientBase):
         Raises:
             FailedPreconditionError: The client is closed (at once), or was closed by another thread while
                 the iteration waited (raised by the iteration).
-            InvalidArgumentError: ``max_batch_messages`` < 1 or ``max_unacked`` < 0 (at once, named); or,
-                raised by the iteration once the other messages of its batch were handed out, a delivered
-                message that did not decode (neither handed out nor acked, as in :meth:`get_messages`).
+            InvalidArgumentError: ``max_batch_messages`` < 1 or ``max_unacked`` < 0 (at once, named); raised by
+                the iteration: ``max_batch_messages`` over the broker's own limit (named), or, once the other
+                messages of its batch were handed out, a delivered message that did not decode (neither handed
+                out nor acked, as in :meth:`get_messages`).
             BatchRefusedError: A batch the flush timer sent was refused (at once).
         """
         return self._pushed(self._subscribe_request(max_batch_messages, max_unacked))

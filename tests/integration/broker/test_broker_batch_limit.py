@@ -6,12 +6,13 @@ message arrives once, in order; nothing is reported refused. Sync and asyncio cl
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 
 import pytest
 
 from marti.clients.broker import AsyncMartiCommClient, MartiCommClient
-from marti.errors import BatchTooLargeError
+from marti.errors import BatchTooLargeError, InvalidArgumentError
 from marti.rpc.testing import serve_in_thread
 from services.comm_broker.servicer import broker_service
 from services.comm_broker.settings import BrokerSettings
@@ -197,3 +198,15 @@ def test_an_asyncio_client_refuses_only_the_message_too_large_alone(small_frames
     big_id, refused_ids, refused = asyncio.run(main())
     assert refused_ids == (big_id,) and refused == 1
     assert _received(small_frames, "alone-aio") == good
+
+
+def test_a_subscribe_asking_for_bigger_batches_than_the_broker_allows_is_refused(address):
+    """Subscribe's max_batch_messages over the broker's limit is INVALID_ARGUMENT naming both, as Receive's
+    max_messages is (it was cut to the limit without a word)."""
+    with MartiCommClient("r", address, session="sub-limit") as r:
+        r.send_message("r", {"i": 1})  # a refused stream delivers nothing: the next one gets it
+        with pytest.raises(
+            InvalidArgumentError, match=rf"max_batch_messages=9 is outside \[1, max_batch_messages={LIMIT}\]"
+        ):
+            next(iter(r.subscribe(max_batch_messages=LIMIT + 1)))
+        assert [m.content for m in itertools.islice(r.subscribe(max_batch_messages=LIMIT), 1)] == [{"i": 1}]
