@@ -34,15 +34,17 @@ def _json_text(value: Any, where: str) -> str:
 
     Raises:
         InvalidArgumentError: naming ``where`` (and the key path of the first bad value) when ``value`` is not a
-            dict, or holds something JSON cannot carry (a set, bytes, an object, a non-text key, a cycle, two keys
-            of one dict that JSON writes as one, such as ``1`` and ``"1"``).
+            dict, or holds something JSON cannot carry (a set, bytes, an object, a non-text key, a cycle, a NaN or
+            infinite float, two keys of one dict that JSON writes as one, such as ``1`` and ``"1"``).
     """
     if not isinstance(value, dict):
         raise InvalidArgumentError(f"{where} must be a dict (a JSON object), got {type(value).__name__}")
     if not value:
         return ""
     try:
-        text = json.dumps(value)
+        text = json.dumps(
+            value, allow_nan=False
+        )  # NaN and Infinity are not JSON: other languages refuse them
     except (TypeError, ValueError, RecursionError) as e:
         raise InvalidArgumentError(f"{where}{_bad_json_path(value)} is not JSON: {e}") from None
     clash = _key_clash(value, where)
@@ -88,6 +90,8 @@ def _bad_json_path(value: Any, seen: frozenset[int] = frozenset()) -> str:
     elif isinstance(value, (list, tuple)):
         items = list(enumerate(value))
     else:
+        if isinstance(value, float) and not math.isfinite(value):
+            return f" value {value!r} (JSON has no NaN or Infinity: write None or a string)"
         return "" if isinstance(value, _JSON_LEAVES) else f" value {type(value).__name__}"
     for k, v in items:
         inner = _bad_json_path(v, seen | {id(value)})

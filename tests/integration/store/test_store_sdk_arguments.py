@@ -46,6 +46,13 @@ _SHARE = [
         "trajectory.turns[0].info['x'][0] has the keys",
     ),
     ("info-bytes", _turn(info={"b": [b"x"]}), "trajectory.turns[0].info['b'][0]"),
+    # json.dumps wrote NaN, which Python reads back but JSON parsers of other languages refuse
+    (
+        "metadata-nan",
+        _traj(metadata={"x": [float("nan")]}),
+        "trajectory.metadata['x'][0] value nan (JSON has no NaN",
+    ),
+    ("info-inf", _turn(info={"y": float("-inf")}), "trajectory.turns[0].info['y'] value -inf"),
     ("turn-type", _traj(turns=["x"]), "trajectory.turns[0] must be a Turn"),
     ("turns-type", _traj(turns=5), "trajectory.turns must be a list"),
     ("step-str", _turn(step="0"), "trajectory.turns[0].step"),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -173,8 +174,14 @@ class _Live:
 
 def _turn_info(env_info: dict[str, Any], gen: Any) -> dict[str, Any]:
     """A turn's ``info``: the env's scalar info entries plus ``policy_version``, the version of the weights that
-    generated the response (also the turn's ``policy_version``; the learner measures staleness with it)."""
-    out = {k: v for k, v in env_info.items() if isinstance(v, (int, float, str, bool))}
+    generated the response (also the turn's ``policy_version``; the learner measures staleness with it). A NaN or
+    infinite float is written as None (JSON null, as the broker's payloads write it): the store refuses
+    non-finite numbers, which JSON cannot carry."""
+    out = {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in env_info.items()
+        if isinstance(v, (int, float, str, bool))
+    }
     out["policy_version"] = int(getattr(gen, "policy_version", 0))
     return out
 
