@@ -42,9 +42,8 @@ def _json_text(value: Any, where: str) -> str:
     if not value:
         return ""
     try:
-        text = json.dumps(
-            value, allow_nan=False
-        )  # NaN and Infinity are not JSON: other languages refuse them
+        # NaN and Infinity are not JSON: other languages' parsers refuse them
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise InvalidArgumentError(f"{where}{_bad_json_path(value)} is not JSON: {e}") from None
     clash = _key_clash(value, where)

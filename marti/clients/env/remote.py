@@ -352,9 +352,8 @@ class RemoteParallelEnv(ParallelEnv):
             if env._stream is not None and env._stream.forked:
                 raise env._stream._forked_error()
         out: list[tuple[dict, dict, dict, dict, dict] | MartiError | None] = [env._refusal() for env in envs]
-        live = [
-            i for i, refused in enumerate(out) if refused is None
-        ]  # the others fail as their own step does
+        # the envs a step may be sent for; the others fail as their own step does
+        live = [i for i, refused in enumerate(out) if refused is None]
         if not live:
             return out  # every slot holds its env's error
         client = envs[live[0]].client

@@ -193,7 +193,7 @@ def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
     loop = TrainingLoop(cfg, Addresses("unused:1", "unused:1", "unused:1"), show_progress=False)
     runner = loop._runner(SimpleNamespace(versions=dict), greedy=False)
     live = _Live(None, 0, "e", {"a": "obs"}, {}, {}, EpisodeResult("e", 0))
-    assert runner._prompt(live, "a", 0)[0]["content"] == "a (planner) can do: planning, coordination"
+    assert runner._turn_prompt(live, "a", 0)[0][0]["content"] == "a (planner) can do: planning, coordination"
 
 
 @pytest.mark.parametrize("key", ["workflow.reward_team_share", "workflow.reward_env_weight"])

@@ -259,7 +259,7 @@ def _episodes(cfg: TrainConfig) -> str:
     runner = loop._runner(runtime, greedy=False)
     names = [a.name for a in cfg.agents]
     live = _Live(None, 0, "e", {a: f"observation of {a}" for a in names}, {}, {}, EpisodeResult("e", 0))
-    prompts = {a: runner._prompt(live, a, 0) for a in names}
+    prompts = {a: runner._turn_prompt(live, a, 0)[0] for a in names}
     wf = runner.workflow
     speakers = [wf.speakers(WorkflowState(t, names, [names[0]], {}, {})) for t in range(6)]
     roles = {

@@ -249,10 +249,13 @@ def generate_turns(
     prompts: list[Any] = chats
     if any(prefills):
         tok = policy.tokenizer(agent_id)
+        fill_ids = {
+            fill: list(tok(fill, add_special_tokens=False)["input_ids"]) for fill in set(prefills) if fill
+        }
         prompts = [
-            chat_to_ids(tok, chat) + (tok(fill, add_special_tokens=False)["input_ids"] if fill else [])
+            chat_to_ids(tok, chat) + fill_ids.get(fill, [])
             for chat, fill in zip(chats, prefills, strict=True)
-        ]
+        ]  # each distinct prefill tokenised once (a group's rows share theirs)
     with lock, torch.no_grad():
         gens = engine.generate(agent_id, prompts, sampling)
     if any(prefills):

@@ -355,10 +355,6 @@ class EpisodeRunner:
         lv.received += len(out)
         return out
 
-    def _prompt(self, lv: _Live, agent: str, step: int) -> list[dict[str, str]]:
-        """The chat prompt of ``agent`` (:meth:`_turn_prompt` without the reply start)."""
-        return self._turn_prompt(lv, agent, step)[0]
-
     def _turn_prompt(self, lv: _Live, agent: str, step: int) -> tuple[list[dict[str, str]], str]:
         """The chat prompt of ``agent`` and its reply start: its system prompt (the role's template if the
         workflow gives one) and the user message of the role's ``build_prompt``
