@@ -35,6 +35,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from marti.errors import InvalidArgumentError, NotFoundError  # noqa: E402
+from services.trainer.models.dense_head import dense_head_input  # noqa: E402
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -368,7 +369,8 @@ def build_tiny_model(
         device: Where the parameters are created (``strategy.init_on_gpu``, :func:`construction_device`).
 
     Returns:
-        A ``LlamaForCausalLM`` in fp32, in eval mode, with tied input and output embeddings.
+        A ``LlamaForCausalLM`` in fp32, in eval mode, with tied input and output embeddings; its head gets a
+        dense input (:func:`~services.trainer.models.dense_head.dense_head_input`).
 
     Raises:
         InvalidArgumentError: A shape field is not positive, heads do not divide the width, or the attention
@@ -389,6 +391,7 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    dense_head_input(model)
     return model.eval()
 
 
@@ -419,7 +422,7 @@ def load_model(
 
     Returns:
         A ``PreTrainedModel`` in eval mode on ``device``; ``model.config._attn_implementation`` is the kernel
-        used.
+        used; its head gets a dense input (:func:`~services.trainer.models.dense_head.dense_head_input`).
 
     Raises:
         NotFoundError: The model cannot be found locally.
@@ -464,6 +467,7 @@ def load_model(
         zero_dropout(model)
     if resolved.kind == "gguf" or not placement:  # the conversion ran on the CPU; a device_map load is there
         model = model.to(dev)
+    dense_head_input(model)
     return model.eval()
 
 
