@@ -3,11 +3,12 @@
 ``<trl-venv>/bin/python benchmarks/trainer/trl_runner.py SPEC.json OUT.json [fp32|bf16]``
 
 Imports only TRL's virtualenv (trl, transformers, peft, datasets, torch), :mod:`sum_task` and :mod:`dtype_probe`
-(standard library and torch; found beside this file, by path), never ``marti``. It reads the run spec written by
+(standard library and torch; found beside this file, by path) and ``services.trainer.models.dense_head`` (torch
+only, by path from the repository root), never ``marti``. It reads the run spec written by
 :mod:`benchmarks.trainer` (model folder, problems, seeds, batch shape, sampling, optimizer), trains, evaluates the
 final model greedily in float32 with :func:`sum_task.evaluate`, and writes ``{"train_time_s", "step_times_s",
 "generation_s", "step_rewards", "completion_tokens", "prompt_tokens", "samples", "eval", "observed", "precision",
-"versions"}`` to OUT.json.
+"dense_head", "versions"}`` to OUT.json.
 
 Precision (the third argument, :data:`PRECISIONS`):
 
@@ -19,6 +20,11 @@ Precision (the third argument, :data:`PRECISIONS`):
   inside it for a plain model: so LoRA gets a bf16 base (frozen; peft keeps the adapters float32) and full
   fine-tuning keeps float32 master weights under the autocast. The result's ``observed`` shows the dtypes each
   phase computed in (first step).
+
+The model's LM head gets a dense input (:func:`services.trainer.models.dense_head.dense_head_input`), as ours
+does: without it, PyTorch's CPU bf16 ``linear`` over transformers' ``logits_to_keep`` slice copies the head's
+weight once per batch row, about 100 ms a row for SmolLM2, which TRL's bf16 LoRA generation paid at every prefill.
+It is a workaround for PyTorch, not a choice of either trainer, so both sides have it; in float32 it changes nothing.
 """
 
 from __future__ import annotations
@@ -29,9 +35,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the repository root, for services.trainer.models.dense_head
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 import sum_task  # noqa: E402
 from dtype_probe import DtypeProbe  # noqa: E402
+
+from services.trainer.models.dense_head import dense_head_input  # noqa: E402
 
 #: The TRL arms' precisions (see the module docstring).
 PRECISIONS = ("fp32", "bf16")
@@ -67,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
     load_dtype = torch.bfloat16 if bf16 and spec["lora"] else torch.float32
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=load_dtype)
+    dense_head = dense_head_input(model)  # as ours (module docstring)
     rows = [{"prompt": sum_task.chat(p["question"]), "answer": p["answer"]} for p in spec["train_problems"]]
     dataset = datasets.Dataset.from_list(rows)
     B = spec["prompts_per_step"] * spec["group_size"]
@@ -187,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": ev,
         "observed": probe.report(),
         "precision": precision,
+        "dense_head": dense_head,
         "versions": {
             "trl": trl.__version__,
             "transformers": transformers.__version__,

@@ -299,3 +299,20 @@ def test_our_engine_dtype_and_train_dtype_are_applied_in_a_real_run(tmp_path):
     assert len(res["generation_s"]) == len(res["step_times_s"]) == 1
     assert res["generation_s"][0] < res["step_times_s"][0]
     assert "generation in bfloat16 (weights bfloat16)" in (out / "table.md").read_text()
+
+
+def test_the_trl_runner_gives_trls_head_the_same_dense_input_as_ours():
+    """The TRL virtualenv runs trl_runner.py by path: it finds dense_head from the repository root and calls it on
+    the model it loads (a PyTorch workaround both sides get; see the runner's docstring)."""
+    import importlib.util
+    import inspect
+
+    from services.trainer.models import dense_head
+
+    path = cli.ROOT / "benchmarks" / "trainer" / "trl_runner.py"
+    spec = importlib.util.spec_from_file_location("trl_runner_under_test", path)
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    assert runner.dense_head_input is dense_head.dense_head_input
+    source = inspect.getsource(runner.main)
+    assert source.index("dense_head_input(model)") > source.index("AutoModelForCausalLM.from_pretrained(")
