@@ -43,6 +43,15 @@ def _environ(pid: int) -> dict[str, str]:
     return {k.decode(): v.decode(errors="replace") for k, v in pairs}
 
 
+def _prestarted_workers() -> list[str]:
+    """Log files of the running Ray's workers started for no job (job id ``ffffffff``): the raylet's prestarted
+    idle default workers. Ray kills surplus idle workers after about a second, so their log files are what lasts."""
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    return sorted(p.name for p in logs.glob("worker-*-ffffffff-*.out"))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/<pid>/environ (Linux)")
 def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
@@ -64,6 +73,8 @@ def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
         assert settings == actor_env_vars(2, environ={}), settings
         # Ray's default would start it at niceness 15: ~1/30 of a normal process's CPU share on a busy machine
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
+        if starts_ray:  # no idle default workers prestarted for the driver (LOCAL_RAY_SYSTEM_CONFIG)
+            assert _prestarted_workers() == []
     finally:
         runtime.shutdown()
     if starts_ray:  # ray.init set RAY_AUTH_MODE=token for its local cluster; a later job must not inherit it
