@@ -87,3 +87,22 @@ def dense_head_input_on(head: torch.nn.Module) -> None:
 def test_row_major_strides_are_what_clone_gives(shape):
     x = torch.empty(shape)
     assert _row_major_strides(x.shape) == x.clone(memory_format=torch.contiguous_format).stride()
+
+
+@pytest.mark.parametrize("merge_adapters", [1, 0])
+def test_the_engines_bf16_sampling_copies_keep_the_hook(tiny, merge_adapters):
+    """The copies a transformers engine samples with (merged: a deep copy unloaded from peft; unmerged: a deep
+    copy of the peft model) are made from loaded models, so their heads keep the dense input."""
+    from services.trainer.models.dense_head import _dense
+    from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+    from services.trainer.rollout import HFRolloutEngine
+
+    policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("a0", "tiny-llama"),)))
+    engine = HFRolloutEngine.from_policy(
+        policy, copy_weights=False, dtype=torch.bfloat16, merge_adapters=merge_adapters
+    )
+    copy_ = engine._agents["a0"].model
+    assert next(copy_.parameters()).dtype == torch.bfloat16 and copy_ is not policy.model("a0")
+    assert (engine._agents["a0"].adapter_name is None) == bool(merge_adapters)
+    hooks = copy_.get_output_embeddings()._forward_pre_hooks.values()
+    assert any(hook is _dense for hook in hooks)
