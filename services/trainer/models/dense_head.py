@@ -7,7 +7,9 @@ copies the (H, V) transposed weight once per batch row. For SmolLM2's 49,152 x 5
 row on 2 cores (a (64, 1, 576) prefill spent 6.4 s) against 3-8 ms for the same product over a dense input; float32
 is not affected. Every bf16 prefill (``model.generate``, the static engine, the shared-prefix prefill) went through
 it. :func:`dense_head_input` gives the head a dense copy of its input (B x k x H values, negligible next to the
-product); the numbers are the same.
+product). The logits equal those of the same product over the dense hidden states bit for bit; against the strided
+batched product they can differ in the last bits of bf16 (another order of summation), so seeded bf16 draws can
+differ from those of code without the hook (``make demo``'s job: docs/benchmarks.md).
 """
 
 from __future__ import annotations
