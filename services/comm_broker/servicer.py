@@ -17,7 +17,6 @@ from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.api.common.v1 import common_pb2
 from marti.codec import broker as broker_codec
-from marti.errors import InvalidArgumentError
 from marti.rpc.server import ServiceSpec
 
 from . import convert
@@ -120,12 +119,11 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         Raises:
             InvalidArgumentError: ``max_batch_messages`` over the broker's (as Receive's ``max_messages``).
         """
-        limit = self.settings.max_batch_messages
-        if request.max_batch_messages > limit:
-            raise InvalidArgumentError(
-                f"max_batch_messages={request.max_batch_messages} is outside [1, max_batch_messages={limit}]"
-            )
-        max_batch = request.max_batch_messages or min(self.settings.default_batch_messages, limit)
+        if request.max_batch_messages:  # 0: the broker's default
+            self.broker.mailboxes.check_max_messages(request.max_batch_messages, "max_batch_messages")
+        max_batch = request.max_batch_messages or min(
+            self.settings.default_batch_messages, self.settings.max_batch_messages
+        )
         self.broker.join(request.session, request.agent_id, list(request.topics))
         session = self.broker.sessions[request.session]
         budget = self._frame_budget(request.max_frame_bytes)

@@ -94,15 +94,15 @@ class Mailboxes:
         return box
 
     # ------------------------------------------------------------------ delivery
-    def check_max_messages(self, max_messages: int) -> None:
-        """Checks a per-call message count (Receive, ReadDeadLetters).
+    def check_max_messages(self, max_messages: int, name: str = "max_messages") -> None:
+        """Checks a per-call message count (Receive, ReadDeadLetters; Subscribe's ``max_batch_messages``).
 
         Raises:
-            InvalidArgumentError: ``max_messages`` outside ``[1, max_batch_messages]``.
+            InvalidArgumentError: ``max_messages`` outside ``[1, max_batch_messages]``, named ``name``.
         """
         if not 1 <= max_messages <= self.limits.max_batch_messages:
             raise InvalidArgumentError(
-                f"max_messages={max_messages} is outside [1, max_batch_messages={self.limits.max_batch_messages}]"
+                f"{name}={max_messages} is outside [1, max_batch_messages={self.limits.max_batch_messages}]"
             )
 
     def frame_cap(self, max_bytes: int | None) -> int:
