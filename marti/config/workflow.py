@@ -44,6 +44,11 @@ class BudgetConfig(Section):
     """Wall-time budget, seconds from the first evaluation: no step starts that would end, with the final
     evaluation, past it (estimated from the last step and the first evaluation); the run then checkpoints and
     writes its report. At least one step always runs. Null: no limit."""
+    stop_after_steps: PositiveInt | None = None
+    """Steps this run trains (counted from where it starts or resumes) before it stops as the wall-time budget
+    does: it evaluates, checkpoints, writes its report, prints the resume command and exits 0. The LR schedule
+    and the step count still span ``max_steps``, so ``marti train ... --resume`` goes on with the same run: a
+    long job in chunks, or a short check of a long job's first steps. Null: run to ``max_steps``."""
 
 
 class WorkflowRoleConfig(Section):

@@ -2,6 +2,7 @@
 leader and an executor (SmolLM2-135M-Instruct, a LoRA adapter each) on private_allocation's `pick` level, where
 only the leader knows the order of the values and only the executor submits.
 
+The test runs the demo's first 3 of 12 steps (``budget.stop_after_steps``, the LR schedule spanning all 12).
 Held-out task completion must rise from the untrained team's to at least :data:`AFTER` within 3 steps, and the
 completed answers must come from the leader's message: at least :data:`AFTER` of the held-out episodes completed
 by an executor that named exactly the leader's first task, with at least 3 different tasks picked. No fixed answer
@@ -35,11 +36,17 @@ def test_the_team_learns_to_act_on_the_leaders_message(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "marti.cli", "train", str(CONFIG), "--no-progress",
-        "--set", f"output.dir={run_dir}", "--set", f"max_steps={STEPS}", "--set", f"rollout.eval_every={STEPS}",
-        "--set", f"rollout.eval_episodes={EPISODES}",
+        "--set", f"output.dir={run_dir}", "--set", f"budget.stop_after_steps={STEPS}",
+        "--set", f"rollout.eval_every={STEPS}", "--set", f"rollout.eval_episodes={EPISODES}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the demo's first steps: stopped by the budget, the cosine schedule spanning its 12 steps (at 3 steps of 3
+    # the LR would be down to 0.16x), and the command that goes on with it
+    assert f"stopped by its budget after step {STEPS} of 12" in proc.stdout, proc.stdout
+    assert "resume with: marti train" in proc.stdout and "--resume" in proc.stdout, proc.stdout
+    lrs = [r["metrics"]["agent_1/lr"] for r in _records(run_dir / "metrics.jsonl")]
+    assert len(lrs) == STEPS and 0.9e-3 < lrs[-1] < lrs[0] <= 1e-3, lrs
     evals = {r["step"]: r["table"]["team/task_completion"] for r in _records(run_dir / "eval.jsonl")}
     assert sorted(evals) == [0, STEPS], evals
     assert evals[0] <= BEFORE and evals[STEPS] >= AFTER, evals

@@ -662,6 +662,7 @@ CONTEXT: dict[str, dict[str, Any] | list[dict[str, Any]]] = {
     "output.wandb_project": {**RUN, "output.log_with": ["wandb"]},
     "output.wandb_run_name": {**RUN, "output.log_with": ["wandb"]},
     "budget.max_wall_time_s": RUN,
+    "budget.stop_after_steps": RUN,
     "rollout.source": RUN,
     "rollout.episodes_per_step": RUN,
     "rollout.eval_every": RUN,

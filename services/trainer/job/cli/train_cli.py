@@ -255,7 +255,7 @@ def _stopped_message(cfg: TrainConfig, argv: list[str], signum: int, at_once: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``marti train``; returns the exit code: 0 done (or stopped by its wall-time budget), 2 bad config,
+    """Run ``marti train``; returns the exit code: 0 done (or stopped by its budget: wall time, ``stop_after_steps``), 2 bad config,
     missing model or refused run folder, 1 failure, ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM) when a
     signal stopped the job before its last step."""
     from marti.launch_flags import build_config
@@ -344,6 +344,9 @@ def _train(
     if summary.epoch_limited:
         print(f"max_epochs={cfg.max_epochs} reached: {summary.epochs:g} passes over the training problems")
     print(f"report: {summary.report}")
+    if summary.stopped and summary.steps < cfg.total_steps:  # budget.max_wall_time_s or stop_after_steps
+        print(f"stopped by its budget after step {summary.steps} of {cfg.total_steps}; checkpoint: "
+              f"{summary.last_checkpoint}\nresume with: {resume_command(argv)}")  # fmt: skip
     if cfg.rollout.source != "builtin":
         print(
             f"trained {summary.steps - summary.start_step} steps on {summary.external_episodes} external episodes"

@@ -564,13 +564,13 @@ class TrainingLoop:
 
     def _steps(self, run: _Run, start_step: int) -> int:
         """Train from ``start_step`` until the last step (``max_steps``, or fewer when ``max_epochs`` passes
-        come first), a stop, or the wall-time budget; returns the last step done."""
+        come first), a stop, or the budget (wall time, ``stop_after_steps``); returns the last step done."""
         step, last_step = start_step, self.cfg.total_steps
         shown: dict[str, float] = {}  # the progress line's metrics: those of the last logged step
         stream = None if self.show_progress else io.StringIO()
         with ProgressBar(last_step, start_step=start_step, stream=stream) as bar:
             while step < last_step and not self.stop_event.is_set():
-                if self._over_budget(run.clock, step, start_step):
+                if self._over_budget(run.clock, step, start_step) or self._chunk_done(step, start_step):
                     run.summary.stopped = True
                     break
                 step_start = time.monotonic()
@@ -597,6 +597,16 @@ class TrainingLoop:
             "wall-time budget of %.0fs: stopping at step %d (%.0fs used; a step takes %.0fs and "
             "the final evaluation %.0fs)", budget, step, elapsed, clock.step_cost, clock.eval_cost,
         )  # fmt: skip
+        return True
+
+    def _chunk_done(self, step: int, start_step: int) -> bool:
+        """Whether this run has trained its ``budget.stop_after_steps`` steps (logged)."""
+        chunk = self.cfg.budget.stop_after_steps
+        if chunk is None or step - start_step < chunk:
+            return False
+        _LOG.warning(
+            "budget.stop_after_steps=%d: stopping at step %d of %d", chunk, step, self.cfg.total_steps
+        )
         return True
 
     def _after_step(self, run: _Run, step: int, metrics: dict[str, float]) -> dict[str, float] | None:
