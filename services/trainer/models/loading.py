@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 from marti.errors import InvalidArgumentError, NotFoundError  # noqa: E402
 from services.trainer.models.dense_head import dense_head_input  # noqa: E402
+from services.trainer.models.gguf_reads import gguf_reads_once  # noqa: E402
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -265,7 +266,8 @@ def model_max_positions(name: str) -> int:
     if resolved.kind == "tiny":
         return TinyModelConfig().max_position_embeddings
     if resolved.kind == "gguf":
-        config = AutoConfig.from_pretrained(resolved.path, gguf_file=resolved.gguf_file)
+        with gguf_reads_once():
+            config = AutoConfig.from_pretrained(resolved.path, gguf_file=resolved.gguf_file)
     else:
         config = AutoConfig.from_pretrained(resolved.path, local_files_only=True)
     return int(getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_POSITIONS)
@@ -429,7 +431,7 @@ def load_model(
         InvalidArgumentError: The attention kernel is unknown, or ``flash_attention_2`` without the
             ``flash_attn`` package (:func:`check_attn_implementation`).
     """
-    from transformers import AutoModelForCausalLM, GgufConfig
+    from transformers import AutoModelForCausalLM
 
     check_attn_implementation(attn_implementation)
     attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
@@ -446,19 +448,8 @@ def load_model(
     with _LOCK:
         if resolved.kind == "gguf":
             assert resolved.cache_dir is not None and resolved.path is not None
-            model = AutoModelForCausalLM.from_pretrained(
-                resolved.path,
-                gguf_file=resolved.gguf_file,
-                quantization_config=GgufConfig(dequantize=True),
-                local_files_only=True,
-                dtype=torch.float32,
-                **attn,
-            )
-            _save_atomically(model, resolved.cache_dir, last=_MODEL_MARKER)
-            if not (resolved.cache_dir / _TOKENIZER_MARKER).is_file():
-                tok = _tokenizer_from_gguf(resolved)
-                _save_atomically(tok, resolved.cache_dir, last=_TOKENIZER_MARKER)
-            model = model.to(dtype)
+            with gguf_reads_once():  # the config, weights and tokenizer reads share one parse of the file
+                model = _model_from_gguf(resolved, attn, dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 resolved.path, local_files_only=True, dtype=dtype, **attn, **placement
@@ -579,7 +570,31 @@ def _tokenizer_from_gguf(resolved: ResolvedModel) -> PreTrainedTokenizerBase:
     """Load the tokenizer embedded in a resolved GGUF (helper of the one-time conversion)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolved.path, gguf_file=resolved.gguf_file, local_files_only=True)
+    with gguf_reads_once():
+        return AutoTokenizer.from_pretrained(
+            resolved.path, gguf_file=resolved.gguf_file, local_files_only=True
+        )
+
+
+def _model_from_gguf(resolved: ResolvedModel, attn: dict[str, str], dtype: torch.dtype) -> PreTrainedModel:
+    """Convert a resolved GGUF once (dequantised, float32), save it and its tokenizer into the safetensors cache
+    (``resolved.cache_dir``) and return the model in ``dtype`` (helper of :func:`load_model`)."""
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    assert resolved.cache_dir is not None and resolved.path is not None
+    model = AutoModelForCausalLM.from_pretrained(
+        resolved.path,
+        gguf_file=resolved.gguf_file,
+        quantization_config=GgufConfig(dequantize=True),
+        local_files_only=True,
+        dtype=torch.float32,
+        **attn,
+    )
+    _save_atomically(model, resolved.cache_dir, last=_MODEL_MARKER)
+    if not (resolved.cache_dir / _TOKENIZER_MARKER).is_file():
+        tok = _tokenizer_from_gguf(resolved)
+        _save_atomically(tok, resolved.cache_dir, last=_TOKENIZER_MARKER)
+    return model.to(dtype)
 
 
 def count_parameters(model: torch.nn.Module, *, trainable_only: bool = False) -> int:

@@ -108,9 +108,17 @@ def test_local_hf_folder_loads_same_weights(tok, tmp_path):
 
 @pytest.mark.slow
 def test_gguf_converts_once_then_loads_from_the_cache(tmp_path, monkeypatch):
+    import gguf
+
     monkeypatch.setenv("MARTI_MODEL_CACHE", str(tmp_path))
     assert resolve_model(SMOLLM2_ALIAS).kind == "gguf"
+    opened, mapped = [], []
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: opened.append(a) or reader(*a, **k))
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda *a: mapped.append(a) or name_map(*a))
     first = load_model(SMOLLM2_ALIAS)
+    # the config, weight and tokenizer reads share one parse of the file and one tensor-name map (gguf_reads)
+    assert len(opened) == 1 and len(mapped) == 1, (opened, mapped)
     weights = tmp_path / SMOLLM2_ALIAS / "model.safetensors"
     assert weights.is_file()
     assert (tmp_path / SMOLLM2_ALIAS / "tokenizer.json").is_file()
