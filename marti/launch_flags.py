@@ -455,7 +455,8 @@ def parse_launch_flags(argv: Sequence[str], machine: MachineInfo | None = None) 
     Args:
         argv: Flag tokens, e.g. ``["--actor_model", "A", "B", "--bf16", "--seed=7"]``; ``--a-b`` equals ``--a_b``.
             A repeated flag keeps its last value.
-        machine: What this machine supports; None probes it (:meth:`MachineInfo.detect`).
+        machine: What this machine supports; None probes it (:meth:`MachineInfo.detect`, which imports torch)
+            at the first flag whose effect depends on the machine, and never without such a flag.
 
     Returns:
         The overrides, per-agent model lists and one warning per ignored flag (a flag given twice is
@@ -465,7 +466,6 @@ def parse_launch_flags(argv: Sequence[str], machine: MachineInfo | None = None) 
         InvalidArgumentError: An unknown flag (named, with the closest known one), a missing or extra value,
             or a value of the wrong type (naming the flag and the value).
     """
-    machine = MachineInfo.detect() if machine is None else machine
     out = LaunchFlags()
     scalars: dict[str, str] = {}
     warned: set[str] = set()
@@ -487,7 +487,12 @@ def parse_launch_flags(argv: Sequence[str], machine: MachineInfo | None = None) 
             if len(values) != 1:
                 raise InvalidArgumentError(f"--{name} takes exactly one value, got {len(values)}: {values!r}")
             value = _convert(name, spec.kind, values[0])
-        reason = spec.unavailable(machine, value) if spec.unavailable and value is not False else None
+        reason = None
+        if spec.unavailable and value is not False:
+            machine = (
+                MachineInfo.detect() if machine is None else machine
+            )  # probed once, when a flag needs it
+            reason = spec.unavailable(machine, value)
         if reason is not None:
             if name not in warned:
                 warned.add(name)

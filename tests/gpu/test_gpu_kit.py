@@ -247,7 +247,7 @@ def _stage(env: dict[str, str], *stages: str, timeout: int = 600) -> subprocess.
 def test_run_on_gpu_stages_on_a_cpu_stand_in(tmp_path):
     """The chunks arrive over two commands, a damaged one is refused, the kit installs, and the check and train
     stages leave their results in OUT (check_gpu.py --dry-run and one step of examples/tiny.yaml on the CPU)."""
-    from services.trainer.models.loading import model_cache_root
+    from services.trainer.models.resolve import model_cache_root
 
     wheels = tmp_path / "kit" / "wheels"
     wheels.mkdir(parents=True)

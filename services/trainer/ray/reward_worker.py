@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from marti.config import TrainConfig
-from services.trainer.models.loading import TINY_ALIAS, load_tokenizer, tiny_llama_config
+from services.trainer.models.loading import load_tokenizer, tiny_llama_config
+from services.trainer.models.resolve import TINY_ALIAS
 from services.trainer.ray.policy_worker import ActorConfig, actor_setup
 
 

@@ -29,7 +29,7 @@ import pytest
 
 from marti.config import load_config
 from marti.errors import UnauthenticatedError
-from services.trainer.models.loading import model_cache_root
+from services.trainer.models.resolve import model_cache_root
 from services.trainer.ray.auth import find_token, gcs_accepts, prepare_cluster_auth
 from services.trainer.ray.runtime import RayRuntime
 

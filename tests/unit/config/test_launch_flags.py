@@ -361,3 +361,16 @@ def test_vllm_flags_that_a_transformers_engine_would_not_read_are_noted(design_w
     for engine in ("auto", "vllm"):
         _, notes = build_config(team, [f"rollout.engine={engine}"], ["--vllm_num_engines", "2"], machine=GPU)
         assert not notes
+
+
+def test_the_machine_is_probed_only_for_a_flag_that_depends_on_it(monkeypatch):
+    """Probing imports torch (about 1 s): no flags, or flags that do not depend on the machine, never probe;
+    the first flag that does probes once."""
+    probes = []
+    monkeypatch.setattr(MachineInfo, "detect", classmethod(lambda cls: probes.append(1) or CPU))
+    parse_launch_flags([])
+    parse_launch_flags(["--seed", "7", "--max_steps", "3"])
+    assert probes == []
+    flags = parse_launch_flags(["--bf16", "--use_flash_attn", "--seed", "7"])
+    assert probes == [1]
+    assert any("--bf16 ignored" in w for w in flags.warnings), flags.warnings

@@ -10,8 +10,9 @@ import pytest
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
 from services.trainer.learn.critic import build_critic
-from services.trainer.models.loading import check_attn_implementation, load_model
+from services.trainer.models.loading import load_model
 from services.trainer.models.policy import MultiAgentPolicy
+from services.trainer.models.resolve import check_attn_implementation
 from services.trainer.ray.policy_worker import policy_layout
 
 ROOT = Path(__file__).resolve().parents[3]

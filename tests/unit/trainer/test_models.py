@@ -8,16 +8,13 @@ import torch
 from marti.errors import InvalidArgumentError, NotFoundError
 from services.trainer.models import loading as models
 from services.trainer.models.loading import (
-    SMOLLM2_ALIAS,
     TinyModelConfig,
     build_tiny_model,
     count_parameters,
     load_model,
     load_tokenizer,
-    model_cache_root,
-    resolve_model,
-    smollm2_gguf_path,
 )
+from services.trainer.models.resolve import SMOLLM2_ALIAS, model_cache_root, resolve_model, smollm2_gguf_path
 
 
 @pytest.fixture(scope="module")

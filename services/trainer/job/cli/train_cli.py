@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     signal stopped the job before its last step."""
     from marti.launch_flags import build_config
     from services.trainer.job.run.prechecks import check_before_the_run_folder
-    from services.trainer.models.loading import check_attn_implementation, resolve_model
+    from services.trainer.models.resolve import check_attn_implementation, resolve_model
 
     argv = list(sys.argv[1:] if argv is None else argv)
     own, launch = split_argv(argv)

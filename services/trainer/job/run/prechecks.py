@@ -30,8 +30,7 @@ from marti.workflow import check_workflow_section
 from services.trainer.data.tables import create_tables, table_settings
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.connections.addresses import Addresses, resolve_addresses
-from services.trainer.job.run.prompt_lengths import check_prompt_lengths
-from services.trainer.models.loading import TINY_ALIAS
+from services.trainer.models.resolve import TINY_ALIAS
 from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
 from services.trainer.rollout.episodes.scoring import build_scorer
 
@@ -164,6 +163,8 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     if cfg.reward.functions:
         for ps in _problem_sets(tasks):
             check_column_names(ps.columns, where=f"dataset {ps.source}")
+    from services.trainer.job.run.prompt_lengths import check_prompt_lengths  # torch: after the cheap checks
+
     check_prompt_lengths(cfg, tasks)
     build_scorer(cfg, None)
     model = cfg.reward.model

@@ -87,7 +87,7 @@ class JobManager:
             FailedPreconditionError: the config's run folder already holds a run; the message says what to
                 submit instead (:data:`~services.trainer.job.run.run_dir.SUBMIT_JOB_WAYS_OUT`).
         """
-        from services.trainer.models.loading import resolve_model
+        from services.trainer.models.resolve import resolve_model
 
         cfg = config_from_text(config_yaml, overrides, source="<SubmitJob>")
         user_code = user_code_paths(cfg)

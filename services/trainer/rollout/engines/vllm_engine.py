@@ -58,7 +58,8 @@ class VLLMAgent:
 
 def materialize_model_folder(name: str, work_dir: Path) -> Path:
     """Return an HF folder vLLM can load for ``name`` (converting a GGUF, or saving ``tiny-llama``, as needed)."""
-    from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer, resolve_model
+    from services.trainer.models.loading import build_tiny_model, load_model, load_tokenizer
+    from services.trainer.models.resolve import resolve_model
 
     resolved = resolve_model(name)
     if resolved.kind == "hf_dir":

@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marti.config import TaskConfig, TrainConfig
 from marti.errors import InvalidArgumentError
-from services.trainer.rollout.episodes.runner import EpisodeResult
 from services.trainer.rollout.episodes.scheduler import Curriculum, TaskScheduler, TaskSpec
+
+if TYPE_CHECKING:
+    from services.trainer.rollout.episodes.runner import EpisodeResult
 
 _LOG = logging.getLogger("marti.trainer")
 
