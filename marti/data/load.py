@@ -15,6 +15,8 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +99,28 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+#: The field-size limit of marti's own CSV reads (:func:`_any_field_size`): Python's ``csv`` refuses a cell over
+#: 128 KiB by default (``_csv.Error: field larger than field limit (131072)``), while ``datasets`` (pandas) reads
+#: it, so the row reaches the checks that name it (a prompt too long for the model, by row, agent and tokens).
+CSV_FIELD_LIMIT = 2**31 - 1
+
+
+@contextmanager
+def _any_field_size() -> Iterator[None]:
+    """Python's ``csv`` field-size limit raised to :data:`CSV_FIELD_LIMIT` inside, and restored after (it is a
+    process-wide setting)."""
+    before = csv.field_size_limit(CSV_FIELD_LIMIT)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(before)
+
+
 def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
     """``load_dataset`` arguments that read every CSV cell as the text written (``"007"`` stays ``"007"``, an
     empty cell is ``""``): string features for the header's columns, no NA guessing."""
-    with open(
-        path, newline="", encoding="utf-8-sig"
-    ) as f:  # utf-8-sig: a byte-order mark (Excel) is not text
+    # utf-8-sig: a byte-order mark (Excel) is not text
+    with open(path, newline="", encoding="utf-8-sig") as f, _any_field_size():
         header = next(csv.reader(f), [])
     features = ds.Features({c: ds.Value("string") for c in header})
     return {"features": features, "na_filter": False, "encoding": "utf-8-sig"}
@@ -133,7 +151,8 @@ def _check_csv_fields(text: str, source: str) -> None:
     """Check that a CSV file's header names each column, once, and every data row has as many fields as the
     header: ``datasets`` (pandas) would drop the values of a column named a second time, read a file whose first
     data row has one field more with its first column as the index, every value one column off, and fill a
-    short row's missing cells. Blank lines are skipped, as pandas skips them.
+    short row's missing cells. Blank lines are skipped, as pandas skips them. A cell of any size is read
+    (:func:`_any_field_size`).
 
     Args:
         text: The file's text (no byte-order mark).
@@ -143,7 +162,12 @@ def _check_csv_fields(text: str, source: str) -> None:
         InvalidArgumentError: A column without a name or named twice in the header (named), or a row with another number of
             fields than the header (its line, 1-based, and both counts named).
     """
-    reader = csv.reader(io.StringIO(text, newline=""))
+    with _any_field_size():
+        _check_csv_rows(csv.reader(io.StringIO(text, newline="")), source)
+
+
+def _check_csv_rows(reader: Any, source: str) -> None:
+    """The checks of :func:`_check_csv_fields` over a ``csv.reader`` of the file (same errors)."""
     header = next(reader, [])
     if "" in header:
         raise InvalidArgumentError(

@@ -316,3 +316,18 @@ def test_rows_are_copies():
     rows[0]["tags"].append("changed")
     problems.row(0)["tags"].append("changed too")
     assert problems.row(0) == {"q": "x", "tags": ["a"]}
+
+
+def test_a_csv_cell_over_pythons_128_kib_field_limit_is_read_and_the_limit_restored(tmp_path):
+    """marti's own CSV checks stopped at Python's default field limit with a raw
+    ``_csv.Error: field larger than field limit (131072)``; pandas reads the cell."""
+    import csv
+
+    big = "x " * 100_000  # 200 kB
+    rows = [[big if i == 3 else f"What is {i}?", str(i)] for i in range(5)]
+    with open(tmp_path / "big.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["prompt", "answer"], *rows])
+    before = csv.field_size_limit()
+    ps = ProblemSet.from_source(str(tmp_path / "big.csv"), input_key="prompt", label_key="answer")
+    assert ps.row(3)["prompt"] == big and len(ps) == 5
+    assert csv.field_size_limit() == before == 131072

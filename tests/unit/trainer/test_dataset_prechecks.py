@@ -169,3 +169,25 @@ def test_with_a_workflow_the_roles_system_prompt_is_counted_and_scripted_agents_
     cfg = config_from_dict(job)
     with pytest.raises(InvalidArgumentError, match=r"^row \d+ of dataset .*: agent 'solver''s first prompt"):
         check_prompt_lengths(cfg, DatasetTasks(cfg))
+
+
+def test_a_csv_cell_over_128_kib_reaches_the_prompt_length_check(tmp_path):
+    """A 200 kB prompt in a CSV cell stopped marti's CSV check with a raw ``_csv.Error``; it is refused by the
+    prompt-length check instead, which names the row, the agent and the token count."""
+    import csv
+
+    from marti.config import config_from_dict
+    from services.trainer.job.run.prechecks import check_dataset_job
+
+    data = tmp_path / "rows.csv"
+    with open(data, "w", newline="", encoding="utf-8") as f:
+        big = "Add up: " + " + ".join(["1"] * 50_000)  # 200 kB
+        csv.writer(f).writerows(
+            [["prompt", "answer"], *([big if i == 4 else f"What is {i}?", str(i)] for i in range(10))]
+        )
+    job = {**_job(data, rollout={"eval_every": 0}), "dataset": {"path": f"csv:{data}", "eval_fraction": 0.2}}
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"row 4 of dataset CSV file .*: agent 'solver''s first prompt .* is \d+ tokens",
+    ):
+        check_dataset_job(config_from_dict(job))
