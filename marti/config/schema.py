@@ -584,6 +584,7 @@ class TrainConfig(_Section):
             )
         if self.tasks:
             raise ValueError("dataset and tasks cannot be combined: a dataset job has one task, its rows")
+        _check_dataset_reads(self)
         check_dataset_team(self)
         # no held-out split: no evaluation unless eval_every is given (then DatasetTasks.fit refuses it)
         no_eval = self.dataset.eval_path is None and self.dataset.eval_fraction is None
@@ -710,3 +711,31 @@ class TrainConfig(_Section):
         """Learning rate of agent ``name``: its own ``learning_rate`` or the top-level one."""
         lr = self.agent(name).learning_rate
         return self.learning_rate if lr is None else lr
+
+
+#: ``environment`` keys that only the built-in scenarios read: a dataset job's env (``dataset_task``, or a custom
+#: env by import path, which gets each row) reads ``environment.max_turns`` and ``environment.options`` alone.
+_SCENARIO_KEYS = ("scenario", "difficulty", "reward_type", "observation_format")
+
+
+def _check_dataset_reads(cfg: TrainConfig) -> None:
+    """Refuse what a dataset job would accept and not read: a scenario key of ``environment`` set to another
+    value than its default (a saved config, which writes every default, loads again), or
+    ``curriculum.enabled`` (rows have no difficulty levels), so a setting never does nothing silently.
+
+    Raises:
+        ValueError: naming the key and what a dataset job reads instead.
+    """
+    defaults = EnvironmentConfig()
+    unread = [k for k in _SCENARIO_KEYS if getattr(cfg.environment, k) != getattr(defaults, k)]
+    if unread:
+        raise ValueError(
+            f"environment.{unread[0]} is not read by a dataset job: its problems are the dataset's rows, and its "
+            "env reads environment.max_turns and environment.options alone; remove the key"
+        )
+    if cfg.curriculum.enabled:
+        raise ValueError(
+            "curriculum.enabled: a dataset job's rows have no difficulty levels to climb; remove the curriculum "
+            "section (or split the rows into files and train on them in turn)"
+        )
+
