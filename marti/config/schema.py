@@ -738,4 +738,3 @@ def _check_dataset_reads(cfg: TrainConfig) -> None:
             "curriculum.enabled: a dataset job's rows have no difficulty levels to climb; remove the curriculum "
             "section (or split the rows into files and train on them in turn)"
         )
-

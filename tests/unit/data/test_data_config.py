@@ -94,13 +94,19 @@ def test_overrides_create_the_section(tmp_path):
         ({"environment": {"difficulty": "hard"}}, "environment.difficulty is not read by a dataset job"),
         ({"environment": {"scenario": "debate"}}, "environment.scenario is not read by a dataset job"),
         ({"environment": {"reward_type": "sparse"}}, "environment.reward_type is not read by a dataset job"),
-        ({"curriculum": {"enabled": True, "levels": ["easy", "hard"]}}, "curriculum.enabled: a dataset job's rows"),
+        (
+            {"curriculum": {"enabled": True, "levels": ["easy", "hard"]}},
+            "curriculum.enabled: a dataset job's rows",
+        ),
     ],
 )
 def test_settings_a_dataset_job_would_not_read_are_refused(tmp_path, extra, named):
     """Keys only the built-in scenarios read would be accepted and do nothing in a dataset job (its env reads
     environment.max_turns and environment.options alone): refused at config load, naming the key."""
     data = jsonl(tmp_path, [{"prompt": "p", "answer": "a"}])
-    assert config_from_dict({**with_dataset(path=str(data)), "environment": {"max_turns": 1}}).dataset is not None
+    assert (
+        config_from_dict({**with_dataset(path=str(data)), "environment": {"max_turns": 1}}).dataset
+        is not None
+    )
     with pytest.raises(InvalidArgumentError, match=named):
         config_from_dict({**with_dataset(path=str(data)), **extra})
