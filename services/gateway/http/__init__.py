@@ -96,7 +96,9 @@ ones below it (``lint-imports`` keeps it so):
 
 * :mod:`.app`: the FastAPI app. :mod:`.app.build` (:func:`~services.gateway.http.app.build_app` and the error
   handlers), :mod:`.app.routes` (the routes, ``/v1/models`` among them), :mod:`.app.middleware` (authentication,
-  the body limit and the catch-all error answer) and :mod:`.app.reward` (the reward route: its body and handlers).
+  the body limit and the catch-all error answer), :mod:`.app.json_body` (the JSON body parsing every route
+  shares: a non-finite number is refused naming where) and :mod:`.app.reward` (the reward route: its body and
+  handlers).
 * One folder per API: :mod:`.completions` (OpenAI's Chat Completions and Completions: :mod:`.completions.protocol`
   the request bodies and ``usage``, :mod:`.completions.chat_tools` the chat route's side of tool calling,
   :mod:`.completions.sse` the streamed chunks, :mod:`.completions.serving` the handlers); :mod:`.responses`

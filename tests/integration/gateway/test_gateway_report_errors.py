@@ -386,3 +386,51 @@ def test_a_tool_in_another_apis_shape_is_refused_showing_the_routes_shape(gw):
         err = _error(r)
         assert r.status_code == 400 and err["param"] == param, (route, body, r.text)
         assert shape in err["message"] and "looks like" in err["message"], (route, err["message"])
+
+
+def _raw(url: str, text: str) -> httpx.Response:
+    """POST ``text`` as a JSON body as written (clients cannot write NaN)."""
+    return httpx.post(url, content=text, headers=_headers(**{"Content-Type": "application/json"}), timeout=30)
+
+
+def test_a_non_finite_number_in_a_body_is_refused_naming_where_before_anything_is_recorded(gw):
+    root, _, _ = gw
+    prefix = f"{root}/episodes/nan1/groups/NG"
+    tool = '{"type":"function","name":"f","parameters":{"type":"object","x":NaN}}'
+    call = '{"id":"c1","type":"function","function":{"name":"f","arguments":"{\\"x\\": Infinity}"}}'
+    cases = [
+        ("/v1/responses", f'{{"model":"a","input":"x","max_output_tokens":2,"tools":[{tool}]}}',
+         "tools[0].parameters.x", "NaN"),
+        ("/v1/responses", f'{{"model":"a","input":"x","stream":true,"tools":[{tool}]}}', "tools[0].parameters.x",
+         "NaN"),
+        ("/v1/chat/completions", '{"model":"a","messages":[{"role":"user","content":"hi"}],"temperature":1e999}',
+         "temperature", "1e999"),
+        ("/v1/chat/completions", '{"model":"a","messages":[{"role":"user","content":"hi"},'
+         f'{{"role":"assistant","content":null,"tool_calls":[{call}]}},'
+         '{"role":"tool","tool_call_id":"c1","content":"1"}]}',
+         "messages[1].tool_calls[0].function.arguments", "Infinity"),
+        ("/v1/responses", '{"model":"a","input":[{"type":"function_call","call_id":"c1","name":"f",'
+         '"arguments":"{\\"x\\": NaN}"},{"type":"function_call_output","call_id":"c1","output":"1"}]}',
+         "input[0].arguments", "NaN"),
+        ("/v1/completions", '{"model":"a","prompt":"hi","max_tokens":1,"top_p":-Infinity}', "top_p", "-Infinity"),
+        ("/v1/messages", '{"model":"a","max_tokens":1,"messages":[{"role":"user","content":"hi"},'
+         '{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{"x":[NaN]}}]},'
+         '{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"1"}]}]}',
+         "messages[1].content[0].input.x[0]", "NaN"),
+        ("/v1/episodes/nan1/reward", '{"rewards":{"a":NaN}}', "rewards.a", "NaN"),
+    ]  # fmt: skip
+    for route, text, param, token in cases:
+        r = _raw(prefix + route, text)
+        body = r.json()
+        assert r.status_code == 400 and body["error"]["param"] == param, (route, r.text)
+        assert f"{token} is not a finite number" in body["error"]["message"], (route, r.text)
+        assert ("type" in body) == (route == "/v1/messages"), r.text  # Anthropic's shape on its route
+    top = _raw(f"{root}/v1/episodes/nan1/reward", "NaN")
+    assert top.status_code == 400 and "the request body: NaN" in _error(top)["message"], top.text
+    # nothing was generated or recorded for the episode; malformed and mistyped bodies keep their errors
+    r = _post(f"{root}/v1/episodes/nan1/reward", {"rewards": {"a": 1.0}})
+    assert r.status_code == 404 and "no recorded calls" in _error(r)["message"], r.text
+    r = _raw(f"{root}/v1/episodes/nan1/reward", '{"rewards":{"a":"x"}}')
+    assert r.status_code == 400 and _error(r)["param"] == "rewards.a", r.text
+    r = _raw(f"{root}/v1/episodes/nan1/reward", "{not json")
+    assert r.status_code == 400 and "not valid JSON" in _error(r)["message"], r.text

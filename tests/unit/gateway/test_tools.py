@@ -61,6 +61,9 @@ def test_hermes_reads_parallel_calls_and_the_text_around_them():
         '<tool_call>["get_time"]</tool_call>',  # not an object
         '<tool_call>{"name": ["get_time"], "arguments": {}}</tool_call>',  # a name that is not a string
         '<tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>oops</tool_call>',  # one bad
+        '<tool_call>{"name": "get_time", "arguments": {"x": NaN}}</tool_call>',  # JSON has no NaN
+        '<tool_call>{"name": "get_time", "arguments": "{\\"x\\": -Infinity}"}</tool_call>',  # nor in text
+        '<tool_call>{"name": "get_time", "arguments": {"x": 1e999}}</tool_call>',  # beyond the float range
     ],
 )
 def test_a_call_that_does_not_parse_leaves_the_whole_text(text):

@@ -19,6 +19,7 @@ from typing import Any
 
 from marti.errors import InvalidArgumentError
 from marti.tools import ToolCall
+from services.gateway.core.json_text import loads_finite
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class MistralParser(ToolParser):
             return Parsed(text, ())
         head, _, body = text.partition(self.call_start)
         try:
-            items = json.loads(body.strip())
+            items = loads_finite(body.strip())
         except ValueError:
             return Parsed(text, (), unparsed=True)
         calls = [_checked_call(item, tool_names) for item in (items if isinstance(items, list) else [items])]
@@ -200,7 +201,7 @@ def _call_json(name: str, arguments: dict[str, Any]) -> str:
 def _hermes_call(body: str, tool_names: Collection[str]) -> ToolCall | None:
     """One Hermes call body as a call (see :func:`_checked_call`), or None when it is not JSON."""
     try:
-        obj = json.loads(body.strip())
+        obj = loads_finite(body.strip())
     except ValueError:
         return None
     return _checked_call(obj, tool_names)
@@ -214,7 +215,7 @@ def _checked_call(obj: Any, tool_names: Collection[str]) -> ToolCall | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
+            args = loads_finite(args)
         except ValueError:
             return None
     if not isinstance(args, dict):

@@ -14,6 +14,7 @@ from marti.errors import NotFoundError
 from services.gateway.core.gateway import Gateway, ModelCard
 from services.gateway.http.anthropic import serving as anthropic_serving
 from services.gateway.http.anthropic.protocol import MessagesRequest
+from services.gateway.http.app.json_body import FiniteJSONRoute
 from services.gateway.http.app.reward import RewardRequest, report, report_under_prefix
 from services.gateway.http.common.context import check_path
 from services.gateway.http.completions import serving as completions_serving
@@ -41,7 +42,7 @@ def model_object(card: ModelCard, created: int) -> dict[str, Any]:
 def inference_router(gateway: Gateway) -> APIRouter:
     """The model and completion routes over ``gateway`` (served bare and under each traced prefix)."""
     created = int(time.time())
-    api = APIRouter()
+    api = APIRouter(route_class=FiniteJSONRoute)
     stored = ResponseStore(gateway.tracker.on_close, gateway.limits.max_stored_responses)
 
     @api.get("/v1/models")
@@ -88,7 +89,9 @@ def inference_router(gateway: Gateway) -> APIRouter:
 
 
 def add_routes(app: FastAPI, gateway: Gateway) -> None:
-    """Add every route of the gateway's HTTP adapter to ``app``, served by ``gateway``."""
+    """Add every route of the gateway's HTTP adapter to ``app``, served by ``gateway``; each refuses a JSON body
+    holding a non-finite number (:class:`FiniteJSONRoute`; ``app``'s router makes its later routes so too)."""
+    app.router.route_class = FiniteJSONRoute
     api = inference_router(gateway)
 
     @app.post("/v1/episodes/{episode_id}/reward")

@@ -4,12 +4,12 @@ as OpenAI's assistant message or as streamed tool-call deltas."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from marti.inference import ChatMessages
 from marti.tools import ChatReply, ToolCall
 from services.gateway.convert import chat_role
+from services.gateway.core.json_text import loads_finite
 from services.gateway.core.tools import unmatched_tool_result
 from services.gateway.http.common.chat_service import ChatCall
 from services.gateway.http.common.errors import request_error
@@ -35,7 +35,7 @@ def _calls(m: ChatMessage, i: int) -> list[dict[str, Any]]:
     for j, c in enumerate(m.tool_calls or ()):
         param = f"messages[{i}].tool_calls[{j}].function.arguments"
         try:
-            args = json.loads(c.function.arguments)
+            args = loads_finite(c.function.arguments)
         except ValueError as exc:
             raise request_error(f"{param} is not JSON: {exc}", param) from None
         if not isinstance(args, dict):

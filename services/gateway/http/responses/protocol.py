@@ -19,7 +19,6 @@ on the other OpenAI routes.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt
@@ -28,6 +27,7 @@ from marti.chat_content import content_text
 from marti.errors import InvalidArgumentError
 from marti.inference import ChatMessages
 from services.gateway.convert import chat_role
+from services.gateway.core.json_text import loads_finite
 from services.gateway.core.tools import unmatched_tool_result
 from services.gateway.http.common.chat_service import ChatCall
 from services.gateway.http.common.errors import request_error
@@ -213,7 +213,7 @@ def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     name = checked_text(item.get("name"), f"{param}.name")
     text = checked_text(item.get("arguments"), f"{param}.arguments")
     try:
-        arguments = json.loads(text)
+        arguments = loads_finite(text)
     except ValueError as exc:
         raise request_error(f"{param}.arguments is not JSON: {exc}", f"{param}.arguments") from None
     if not isinstance(arguments, dict):
