@@ -10,11 +10,14 @@ remote env server needs no access to the user's files and plays the same problem
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from marti.config import TrainConfig
 from marti.data import Problems, load_problems
 from marti.errors import InvalidArgumentError
+
+_LOG = logging.getLogger("marti.trainer")
 
 
 class DatasetTasks:
@@ -39,7 +42,8 @@ class DatasetTasks:
     def fit(self, cfg: TrainConfig) -> TrainConfig:
         """``cfg`` with the rollout's seed schedule sized to the data: ``num_train_seeds`` is the training row
         count (an epoch of ``max_epochs`` is one pass over the rows), training seeds start at 0 and the held-out
-        seeds are the held-out rows' (``eval_episodes`` capped at their count).
+        seeds are the held-out rows' (``eval_episodes`` capped at their count; when it is below their count, a
+        warning says how many of them each evaluation plays).
 
         Raises:
             InvalidArgumentError: ``rollout.eval_every > 0`` and the section has no held-out set.
@@ -54,6 +58,14 @@ class DatasetTasks:
         if self.n_eval:
             update["eval_seeds"] = [self.n_train + j for j in range(self.n_eval)]
             update["eval_episodes"] = min(r.eval_episodes, self.n_eval)
+            if (
+                r.eval_every > 0 and r.eval_episodes < self.n_eval
+            ):  # said, not silent: the rest is never played
+                _LOG.warning(
+                    "each evaluation plays the first %d of the %d held-out rows (rollout.eval_episodes=%d); "
+                    "set rollout.eval_episodes: %d to evaluate them all", r.eval_episodes, self.n_eval,
+                    r.eval_episodes, self.n_eval,
+                )  # fmt: skip
         return cfg.model_copy(update={"rollout": r.model_copy(update=update)})
 
     def train_seeds(self, step: int, problems_per_step: int, group_size: int) -> list[int]:

@@ -60,3 +60,24 @@ def append_eval_episodes(run_dir: Path, step: int, results: Iterable[Any]) -> Pa
         for result in results:
             f.write(json.dumps(episode_record(step, result), ensure_ascii=False) + "\n")
     return path
+
+
+def evaluated_seeds(run_dir: Path, step: int) -> tuple[int, int] | None:
+    """``(episodes, distinct seeds)`` the evaluation after step ``step`` played, read from
+    ``<run_dir>/eval_episodes.jsonl`` (a resumed run's re-run evaluation of that step counts once per episode
+    record, so the seeds are the figure to quote); None when the file is absent or holds no record of ``step``.
+    Lines that do not parse are skipped (the report is best effort, the file is the record)."""
+    path = Path(run_dir) / EVAL_EPISODES_FILE
+    if not path.is_file():
+        return None
+    episodes, seeds = 0, set()
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("step") == step:
+                episodes += 1
+                seeds.add((record.get("task"), record.get("seed")))
+    return (episodes, len(seeds)) if episodes else None

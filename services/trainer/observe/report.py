@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from marti.yaml_load import load_yaml
+from services.trainer.observe.episodes_log import evaluated_seeds
 from services.trainer.observe.metrics import (
     CLIP_FRAC,
     CONFIG_FILE,
@@ -391,8 +392,11 @@ def _overview(
         )
     else:
         lines.append("- No training steps were logged.")
+    counted = evaluated_seeds(run_dir, evals[-1].step) if evals else None
     lines.append(
-        f"- Held-out evaluations: {len(evals)}" + (f" (steps {[e.step for e in evals]})" if evals else "")
+        f"- Held-out evaluations: {len(evals)}"
+        + (f" (steps {[e.step for e in evals]})" if evals else "")
+        + (f"; the last played {counted[0]} episodes on {counted[1]} held-out problems" if counted else "")
     )
     if config:
         agents = config.get("agents") or []

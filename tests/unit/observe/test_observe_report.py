@@ -199,3 +199,24 @@ def test_marti_train_prints_the_resolved_rollout_with_its_progress_output_only(c
     assert said == {"engine": "hf", "dtype": "float32"}
     line = "rollout: engine hf, dtype float32 (rollout.engine=hf, rollout.dtype=float32)\n"
     assert (capsys.readouterr().err == line) is show_progress
+
+
+def test_the_overview_says_how_many_held_out_problems_the_last_evaluation_played(tmp_path):
+    """From eval_episodes.jsonl: a user reading "held-out completion 1.0" sees whether that was 2 problems or 200
+    (sampled evaluations play a problem more than once: episodes and problems are both given)."""
+    import json
+
+    cfg = load_config(EXAMPLE, [f"output.dir={tmp_path}"])
+    with RunWriter(tmp_path, cfg, use_tensorboard=False) as w:
+        w.log_eval(0, {"team/reward": 0.2})
+        w.log_eval(3, {"team/reward": 0.5})
+    records = [{"step": 0, "seed": 9, "task": None}] + [
+        {"step": 3, "seed": s, "task": None} for s in (1, 1, 2)
+    ]
+    (tmp_path / "eval_episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{torn\n")
+    text = write_report(tmp_path).read_text()
+    assert (
+        "- Held-out evaluations: 2 (steps [0, 3]); the last played 3 episodes on 2 held-out problems" in text
+    )
+    (tmp_path / "eval_episodes.jsonl").unlink()
+    assert "- Held-out evaluations: 2 (steps [0, 3])\n" in write_report(tmp_path).read_text()

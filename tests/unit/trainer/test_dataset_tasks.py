@@ -52,6 +52,20 @@ def test_fit_sizes_the_seed_schedule_to_the_rows(tmp_path):
     assert not held & trained and len(held | trained) == 10
 
 
+def test_held_out_rows_an_evaluation_leaves_out_are_said(tmp_path, caplog):
+    """eval_episodes below the held-out row count: each evaluation plays the first rows only, and the log says
+    how many of how many (the rest would otherwise never be played, silently)."""
+    cfg = _config(tmp_path, dataset={"eval_fraction": 0.5}, rollout={"eval_episodes": 3})
+    with caplog.at_level("WARNING", logger="marti.trainer"):
+        fitted = DatasetTasks(cfg).fit(cfg)
+    assert fitted.rollout.resolved_eval_seeds == [5, 6, 7]
+    assert "plays the first 3 of the 5 held-out rows (rollout.eval_episodes=3)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="marti.trainer"):
+        DatasetTasks(_config(tmp_path)).fit(_config(tmp_path))  # 16 asked, 2 held out: all of them played
+    assert "held-out rows" not in caplog.text
+
+
 def test_no_held_out_set_with_evaluation_on_is_refused_before_the_job(tmp_path):
     cfg = _config(tmp_path, dataset={"eval_fraction": None})
     with pytest.raises(InvalidArgumentError, match="no held-out set.*eval_every: 0"):
