@@ -39,6 +39,11 @@ from marti.trajectory import Trajectory, Turn
 REMEMBERED_IDS = 100_000
 
 
+def _size_text(group_size: int) -> str:
+    """``group_size 4``, or ``no group_size`` for 0 (a report that gave none)."""
+    return f"group_size {group_size}" if group_size else "no group_size"
+
+
 class _BoundedSet:
     """A set that forgets its oldest members beyond ``cap``."""
 
@@ -70,6 +75,8 @@ class _Episode:
     agents: dict[str, _AgentTrace] = field(default_factory=dict)
     running: int = 0  # calls between begin_call and end_call
     doomed: bool = False  # its group died while it was open: dropped when it reports
+    # (group_size, episode id) of the first member of its group reported while it was open: it must give the same
+    sibling_size: tuple[int, str] | None = None
     on_close: list[Callable[[], object]] = field(default_factory=list)  # run when it leaves the open set
 
     @property
@@ -378,7 +385,9 @@ class EpisodeTracker:
                 (:func:`marti.rewards.base.check_reward`), a negative ``group_size`` or one above
                 ``max_group_size``, a ``group_size`` > 1 for an episode without a group id (neither in the
                 report nor with its calls: it is a group of one, so it could never be complete), or a
-                ``group_size`` different from the one its held group was opened with.
+                ``group_size`` different from the one its held group was opened with, or from the one a member
+                of its group (sent with its calls) was reported with while this episode was open (a member
+                released at once without ``group_size`` would leave a later ``group_size`` incomplete forever).
             NotFoundError: No call was recorded under ``episode_id``.
         """
         ep, group = self._check_report(episode_id, rewards, call_rewards, group_id, group_size, failed)
@@ -398,6 +407,7 @@ class EpisodeTracker:
             self.counters["dropped"] += 1
             return Released(dropped=1)
         trajs = self._trajectories(episode_id, ep, group, rewards, call_rewards or {}, group_size)
+        self._note_size(group, group_size, episode_id)
         if group_size > 0:
             held = self._held.setdefault(group, _HeldGroup(size=group_size))
             held.members.append(trajs)
@@ -407,6 +417,13 @@ class EpisodeTracker:
             del self._held[group]
             return Released(episodes=held.members)
         return Released(episodes=[trajs])
+
+    def _note_size(self, group: str, group_size: int, episode_id: str) -> None:
+        """Mark the members of ``group`` open now (not those that open later, a new group) with the
+        ``group_size`` its member ``episode_id`` was reported with, unless an earlier member marked them."""
+        for eid, other in self._open.items():
+            if other.sibling_size is None and (other.group_id or f"episode:{eid}") == group:
+                other.sibling_size = (group_size, episode_id)
 
     def _releases(self, ep: _Episode, group: str, group_size: int, failed: bool) -> int:
         """How many episodes a valid report of ``ep`` releases (see ``admit`` of :meth:`finish`)."""
@@ -499,15 +516,29 @@ class EpisodeTracker:
                 f"{group_size} members; send the group_id (e.g. the problem id) with group_size, or group_size 0"
             )
         group = group_id or ep.group_id or f"episode:{episode_id}"
-        held = self._held.get(group)
-        if not failed and not ep.doomed and held is not None and group_size != held.size:
-            raise InvalidArgumentError(
-                f"group {group!r} was opened with group_size {held.size} and {len(held.members)} of its "
-                f"episodes wait for the rest; this report of episode {episode_id!r} gives group_size {group_size}"
-            )
+        if not failed and not ep.doomed:
+            self._check_group_size(episode_id, ep, group, group_size)
         if not failed:  # after the group checks: a report without group_size is named for it, not a reward
             self._check_every_caller_rewarded(episode_id, ep, rewards, call_rewards or {})
         return ep, group
+
+    def _check_group_size(self, episode_id: str, ep: _Episode, group: str, group_size: int) -> None:
+        """InvalidArgumentError naming ``group`` and both sizes when ``group_size`` differs from the size the
+        group's held members were opened with, or from the size a member was reported with while ``ep`` was
+        open."""
+        held = self._held.get(group)
+        if held is not None and group_size != held.size:
+            raise InvalidArgumentError(
+                f"group {group!r} was opened with {_size_text(held.size)} and {len(held.members)} of its "
+                f"episodes wait for the rest; this report of episode {episode_id!r} gives {_size_text(group_size)}"
+            )
+        if held is None and ep.sibling_size is not None and group_size != ep.sibling_size[0]:
+            size, other = ep.sibling_size
+            raise InvalidArgumentError(
+                f"group {group!r}: episode {other!r} of it was reported with {_size_text(size)} while episode "
+                f"{episode_id!r} was open, and this report of {episode_id!r} gives {_size_text(group_size)}; every "
+                "member of a group must give the same group_size"
+            )
 
     def _trajectories(
         self,

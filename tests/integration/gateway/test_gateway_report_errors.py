@@ -434,3 +434,48 @@ def test_a_non_finite_number_in_a_body_is_refused_naming_where_before_anything_i
     assert r.status_code == 400 and _error(r)["param"] == "rewards.a", r.text
     r = _raw(f"{root}/v1/episodes/nan1/reward", "{not json")
     assert r.status_code == 400 and "not valid JSON" in _error(r)["message"], r.text
+
+
+def test_an_empty_group_id_in_a_report_is_refused_naming_it_as_an_empty_header_is(gw):
+    root, _, _ = gw
+    _play(root, "eg1")
+    for url in (f"{root}/v1/episodes/eg1/reward", f"{root}/episodes/eg1/groups/EG/v1/episodes/eg1/reward"):
+        r = _post(url, {"rewards": {"a": 1.0}, "group_id": ""})
+        assert r.status_code == 400 and _error(r)["param"] == "group_id", r.text
+        assert "group_id is empty" in _error(r)["message"], r.text
+    ok = _post(f"{root}/v1/episodes/eg1/reward", {"rewards": {"a": 1.0}, "group_id": None})
+    assert ok.status_code == 200 and ok.json()["released"] == 1, ok.text  # the refusals changed nothing
+
+
+def test_an_episode_id_in_a_report_body_is_said_to_belong_in_the_path(gw):
+    root, _, _ = gw
+    _play(root, "pg1")
+    r = _post(f"{root}/v1/episodes/pg1/reward", {"rewards": {"a": 1}, "episode_id": "pg1", "model": "a"})
+    err = _error(r)
+    assert r.status_code == 400 and err["param"] == "episode_id", r.text
+    assert "'episode_id' (it belongs in the path: /v1/episodes/{episode_id}/reward)" in err["message"], r.text
+    assert "did you mean 'episode_id'" not in err["message"] and "did you mean 'model'" not in err["message"]
+    assert _post(f"{root}/v1/episodes/pg1/reward", {"rewards": {"a": 1}}).status_code == 200
+
+
+def test_a_group_size_other_than_a_member_reported_while_it_was_open_is_refused_in_either_order(gw):
+    root, _, _ = gw
+    for ep in ("k1", "k2", "h1", "h2"):
+        _play(root, ep, "KG" if ep.startswith("k") else "HG")
+    assert _post(f"{root}/v1/episodes/k1/reward", {"rewards": {"a": 1}}).json()["released"] == 1
+    r = _post(f"{root}/v1/episodes/k2/reward", {"rewards": {"a": 1}, "group_size": 2})
+    assert r.status_code == 400 and _error(r)["param"] == "group_size", r.text
+    assert (
+        "group 'KG': episode 'k1' of it was reported with no group_size while episode 'k2' was open, and this "
+        "report of 'k2' gives group_size 2" in _error(r)["message"]
+    ), r.text
+    assert (
+        _post(f"{root}/v1/episodes/h1/reward", {"rewards": {"a": 1}, "group_size": 2}).json()["released"] == 0
+    )
+    r = _post(f"{root}/v1/episodes/h2/reward", {"rewards": {"a": 1}})
+    assert r.status_code == 400 and "group 'HG' was opened with group_size 2" in _error(r)["message"], r.text
+    assert _error(r)["message"].endswith("gives no group_size"), r.text
+    for ep, size in (("k2", 0), ("h2", 2)):  # the refusals changed nothing
+        assert _post(f"{root}/v1/episodes/{ep}/reward", {"rewards": {"a": 1}, "group_size": size}).json()[
+            "released"
+        ] == (1 if ep == "k2" else 2)

@@ -300,13 +300,41 @@ def test_a_report_with_another_group_size_than_its_group_is_refused_and_changes_
     for e in ("e1", "e2"):
         t.record(e, "a", f"c{e}", gen([1], [2]), group_id="g")
     t.finish("e1", {"a": 1.0}, group_size=2)
-    for size in (3, 0):
-        with pytest.raises(
-            InvalidArgumentError, match="opened with group_size 2 .* gives group_size " + str(size)
-        ):
+    for size, text in ((3, "group_size 3"), (0, "no group_size")):
+        with pytest.raises(InvalidArgumentError, match=f"opened with group_size 2 .* gives {text}$"):
             t.finish("e2", {"a": 0.0}, group_size=size)
     assert t.held == 1 and t.open_episodes == 1 and t.counters["finished"] == 1
     assert len(t.finish("e2", {"a": 0.0}, group_size=2).episodes) == 2
+
+
+def test_a_group_size_other_than_a_member_reported_while_it_was_open_is_refused_naming_both():
+    """A member reported without group_size is released at once; a member open then that gives group_size 2
+    would wait forever for its group (refused, naming the group and both sizes), and so would the reverse. A
+    member that opens after the report is in a new group of the same id, with its own size."""
+    t = tracker()
+    for e in ("k1", "k2", "k3"):
+        t.record(e, "a", f"c{e}", gen([1], [2]), group_id="KG")
+    assert len(t.finish("k1", {"a": 1.0}).episodes) == 1
+    for e in ("k2", "k3"):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=f"group 'KG': episode 'k1' of it was reported with no group_size while episode '{e}' was open, "
+            f"and this report of '{e}' gives group_size 2",
+        ):
+            t.finish(e, {"a": 0.0}, group_size=2)
+    assert t.held == 0 and t.open_episodes == 2 and t.counters["finished"] == 1
+    for e in ("k2", "k3"):
+        assert len(t.finish(e, {"a": 0.0}).episodes) == 1
+    for e in ("k4", "k5"):  # open after KG's members were reported: a new group KG of 2
+        t.record(e, "a", f"c{e}", gen([1], [2]), group_id="KG")
+    assert t.finish("k4", {"a": 0.0}, group_size=2).episodes == []
+    assert len(t.finish("k5", {"a": 1.0}, group_size=2).episodes) == 2
+    t2 = tracker()
+    for e in ("h1", "h2"):
+        t2.record(e, "a", f"c{e}", gen([1], [2]), group_id="HG")
+    t2.finish("h1", {"a": 1.0}, group_size=1)  # a complete group of 1: released
+    with pytest.raises(InvalidArgumentError, match="reported with group_size 1 .* gives no group_size"):
+        t2.finish("h2", {"a": 0.0})
 
 
 def test_a_member_reported_without_its_group_size_or_its_reward_is_named_for_the_group_size():
@@ -316,7 +344,7 @@ def test_a_member_reported_without_its_group_size_or_its_reward_is_named_for_the
     for e in ("e1", "e2"):
         t.record(e, "a", f"c{e}", gen([1], [2]), group_id="g")
     t.finish("e1", {"a": 1.0}, group_size=2)
-    with pytest.raises(InvalidArgumentError, match="opened with group_size 2 .* gives group_size 0$"):
+    with pytest.raises(InvalidArgumentError, match="opened with group_size 2 .* gives no group_size$"):
         t.finish("e2", {}, group_size=0)
     with pytest.raises(InvalidArgumentError, match=r"gives no reward to \['a'\]"):
         t.finish("e2", {}, group_size=2)  # its group size right: the missing reward is named

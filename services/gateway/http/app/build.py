@@ -89,7 +89,8 @@ def install_error_handlers(app: FastAPI, fields: Iterable[str] = ()) -> None:
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return validation_response(exc, names, request.scope["path"])
+        route = getattr(request.scope.get("route"), "path", "")  # the matched route's template
+        return validation_response(exc, names, request.scope["path"], route)
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

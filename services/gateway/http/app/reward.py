@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Field, StrictBool, StrictInt
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from marti.errors import InvalidArgumentError
 from services.gateway.core.gateway import Gateway
@@ -19,15 +19,26 @@ from services.gateway.http.common.protocol import _Body, _Float, _Str
 
 class RewardRequest(_Body):
     """Body of ``POST /v1/episodes/{episode_id}/reward`` (see :meth:`Gateway.report`); unknown keys are refused
-    (400 naming them), so a typo never trains as reward 0 or as a group of one."""
+    (400 naming them), so a typo never trains as reward 0 or as a group of one, and so is an empty ``group_id``
+    (400 naming it; leave it out, or send null, for no group), as an empty ``X-Marti-Group`` header is."""
 
     model_config = ConfigDict(extra="forbid")
 
     rewards: dict[_Str, _Float] = Field(default_factory=dict)
     call_rewards: dict[_Str, _Float] | None = None
-    group_id: _Str | None = ""
+    group_id: _Str | None = None
     group_size: StrictInt | None = 0
     failed: StrictBool | None = False
+
+    @field_validator("group_id")
+    @classmethod
+    def _group_id_not_empty(cls, v: str | None) -> str | None:
+        if v == "":
+            raise ValueError(
+                "group_id is empty; send the group's id, or leave group_id out (or null) for an episode without "
+                "a group"
+            )
+        return v
 
 
 async def report(gateway: Gateway, request: Request, episode_id: str, body: RewardRequest) -> JSONResponse:

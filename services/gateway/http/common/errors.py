@@ -222,28 +222,36 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
-def _unknown_keys(errors: list[Any], fields: Iterable[str], path: str) -> JSONResponse | None:
-    """400 naming every unknown key of a body that forbids them (with the known field each resembles), or None
-    when no error is about an unknown key."""
+def _unknown_key_hint(key: str, known: list[str], route: str) -> str:
+    """``key`` (an unknown body key) quoted, with where it belongs when it is a path parameter of ``route`` (the
+    route's path template) or else the other field of ``known`` it most resembles (never itself)."""
+    name = key.rsplit(".", 1)[-1]
+    if "{" + name + "}" in route:
+        return f"{key!r} (it belongs in the path: {route})"
+    close = difflib.get_close_matches(name, [k for k in known if k != name], n=1)
+    return f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key)
+
+
+def _unknown_keys(errors: list[Any], fields: Iterable[str], path: str, route: str) -> JSONResponse | None:
+    """400 naming every unknown key of a body that forbids them (with :func:`_unknown_key_hint`), or None when
+    no error is about an unknown key."""
     unknown = [_param(tuple(e.get("loc", ()))) for e in errors if e.get("type") == "extra_forbidden"]
     unknown = [u for u in unknown if u]
     if not unknown:
         return None
     known = sorted(set(fields))
-    hints = []
-    for key in unknown:
-        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
-        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    hints = [_unknown_key_hint(key, known, route) for key in unknown]
     msg = f"unknown field{'s' if len(unknown) > 1 else ''} in the request body: {', '.join(hints)}"
     return error_response(400, msg, "invalid_request_error", unknown[0], "invalid_argument", path=path)
 
 
 def validation_response(
-    exc: RequestValidationError, fields: Iterable[str] = (), path: str = ""
+    exc: RequestValidationError, fields: Iterable[str] = (), path: str = "", route: str = ""
 ) -> JSONResponse:
     """400 for a request FastAPI could not parse or validate, naming the first bad field and its value (every
-    unknown key at once, when the body forbids them; ``fields`` give the did-you-mean hints); Anthropic's shape
-    when ``path``, the request's path, is the Anthropic Messages route. A validator that raises a
+    unknown key at once, when the body forbids them; ``fields`` give the did-you-mean hints, and a key that is
+    a path parameter of ``route``, the matched route's path template, is said to belong in the path); Anthropic's
+    shape when ``path``, the request's path, is the Anthropic Messages route. A validator that raises a
     ``PydanticCustomError`` whose context has ``param_suffix`` names a part of its field (``messages[0].content``
     + ``[1].text``)."""
     errors = list(exc.errors())
@@ -251,7 +259,7 @@ def validation_response(
         return error_response(
             400, "invalid request", "invalid_request_error", None, "invalid_argument", path=path
         )
-    unknown = _unknown_keys(errors, fields, path)
+    unknown = _unknown_keys(errors, fields, path, route)
     if unknown is not None:
         return unknown
     err = errors[0]
