@@ -495,3 +495,19 @@ def test_the_untrained_count_at_the_end_says_which_were_too_stale_to_train(caplo
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "2 reported episodes were never trained" in said
     assert "1 reported episodes were already past the staleness bound" in said, said
+
+
+def test_the_untrained_count_of_a_builtin_job_includes_episodes_held_or_queued_at_close(caplog):
+    """With rollout.source=builtin no reported episode trains: the released ones and those a closing gateway lost
+    (a group still waiting for members, a backlog) are all counted."""
+    from services.trainer.job.connections.gateway_host import GatewayHost
+
+    host = GatewayHost(_cfg("rollout.source=builtin", "gateway.enabled=true"), token=None)
+    gateway = SimpleNamespace(
+        stats=lambda: {"released": 2.0, "held_lost_at_close": 1.0, "backlog_lost_at_close": 1.0}
+    )
+    with caplog.at_level("WARNING", logger="marti.trainer"):
+        host.count_untrained(gateway, None)
+    assert host.untrained_external == 4
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "4 reported episodes were never trained: 2 released and 2 held or queued" in said, said

@@ -172,12 +172,16 @@ class GatewayHost:
             external: The job's external episodes (None once the job's tables are gone: none left in them).
         """
         st = gateway.stats() if gateway is not None else {}
+        lost = int(st.get("backlog_lost_at_close", 0) + st.get("held_lost_at_close", 0))
         if self.cfg.rollout.source == "builtin":
-            left, lost = int(st.get("released", 0)), 0
-            why = f"{left} reported with rollout.source=builtin, which trains on no reported episode"
+            left = int(st.get("released", 0))
+            why = (
+                f"{left} released and {lost} held or queued when the gateway closed (gateway/held_lost_at_close, "
+                "gateway/backlog_lost_at_close), reported with rollout.source=builtin, which trains on no "
+                "reported episode"
+            )
         else:
             left = external.untaken() if external is not None else 0
-            lost = int(st.get("backlog_lost_at_close", 0) + st.get("held_lost_at_close", 0))
             stale = int(st.get("stale_reported", 0))
             stale_note = (
                 f"; {stale} reported episodes were already past the staleness bound when reported "
