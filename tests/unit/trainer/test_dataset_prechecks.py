@@ -191,3 +191,70 @@ def test_a_csv_cell_over_128_kib_reaches_the_prompt_length_check(tmp_path):
         match=r"row 4 of dataset CSV file .*: agent 'solver''s first prompt .* is \d+ tokens",
     ):
         check_dataset_job(config_from_dict(job))
+
+
+_REWARDS = """
+def boom(prompts, completions, **kwargs):
+    raise RuntimeError("my reward has a bug")
+
+
+def two_args(prompts, completions):
+    return [1.0] * len(completions)
+
+
+def exact(prompts, completions, label, **kwargs):
+    return [float(c.strip() == l) for c, l in zip(completions, label)]
+"""
+
+
+@pytest.mark.parametrize(
+    ("fn", "error"),
+    [
+        ("boom", "RuntimeError: my reward has a bug"),
+        ("two_args", "TypeError: two_args() got an unexpected keyword argument 'answer'"),
+        (
+            "exact",
+            "TypeError: exact() missing 1 required positional argument: 'label'",
+        ),  # the docs' own example
+    ],
+)
+def test_a_reward_function_that_fails_when_called_is_refused_before_an_overwrite(tmp_path, fn, error):
+    """Only loading was checked before: the call failed at the first scoring, after ``--overwrite`` had deleted
+    the previous run. Each function is now called once on the first training row (label_key ``answer``)."""
+    reward = tmp_path / "my_rewards.py"
+    reward.write_text(_REWARDS)
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    data = _rows_file(tmp_path, rows)
+    proc = train_over_an_old_run(tmp_path, _job(data, reward={"functions": [f"{reward}:{fn}"]}))
+    assert re.search(
+        rf"marti train: reward.functions, called once before the run on row \d+ of dataset JSON file "
+        rf"'{re.escape(str(data))}'.* with '\d+' as the completion: reward function '{re.escape(str(reward))}:{fn}' "
+        rf"raised {re.escape(error)} \(scoring 1 completions; .*keywords: prompts, completions, answer\)",
+        proc.stderr,
+    ), proc.stderr
+
+
+def test_the_precheck_calls_a_good_reward_function_as_scoring_does(tmp_path):
+    """The same keywords as a scoring call: the prompt, the label as the completion and every column by name."""
+    from marti.config import config_from_dict
+    from services.trainer.job.run.prechecks import check_dataset_job
+
+    seen = tmp_path / "seen.json"
+    reward = tmp_path / "my_rewards.py"
+    reward.write_text(
+        "import json\n"
+        "def record(prompts, completions, answer, extra, **kwargs):\n"
+        f"    open({str(seen)!r}, 'w').write(json.dumps([prompts, completions, answer, extra, kwargs]))\n"
+        "    return [1.0] * len(completions)\n"
+    )
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), "extra": i} for i in range(10)]
+    job = _job(_rows_file(tmp_path, rows), reward={"functions": [f"{reward}:record"]})
+    tasks = check_dataset_job(config_from_dict(job))
+    row = tasks.row(0)
+    assert json.loads(seen.read_text()) == [
+        [row["prompt"]],
+        [row["answer"]],
+        [row["answer"]],
+        [row["extra"]],
+        {},
+    ]

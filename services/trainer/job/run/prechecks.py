@@ -32,7 +32,7 @@ from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.connections.addresses import Addresses, resolve_addresses
 from services.trainer.models.resolve import TINY_ALIAS
 from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
-from services.trainer.rollout.episodes.scoring import build_scorer
+from services.trainer.rollout.episodes.scoring import build_scorer, check_reward_calls
 
 __all__ = [
     "check_before_the_run_folder",
@@ -141,7 +141,9 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     checked, with the held-out split; with the ``dataset_task`` env every row's label read by the job's verifier,
     as the env checks it), its columns (with reward functions, none named ``prompts`` or ``completions``:
     :func:`marti.rewards.functions.check_column_names`), every row's first prompt against the rollout engine's
-    length (:func:`~services.trainer.job.run.prompt_lengths.check_prompt_lengths`), its reward functions (loaded) and its reward model's ``config.json``
+    length (:func:`~services.trainer.job.run.prompt_lengths.check_prompt_lengths`), its reward functions (loaded,
+    and each called once on the first training row:
+    :func:`~services.trainer.rollout.episodes.scoring.check_reward_calls`) and its reward model's ``config.json``
     (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
     before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``, and
     hands the loaded problems to the job's loop (they are not loaded twice).
@@ -151,7 +153,8 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
 
     Raises:
         InvalidArgumentError / NotFoundError / UnavailableError: what :class:`DatasetTasks`,
-            :func:`services.trainer.rollout.episodes.scoring.build_scorer` and
+            :func:`services.trainer.rollout.episodes.scoring.build_scorer`,
+            :func:`~services.trainer.rollout.episodes.scoring.check_reward_calls` and
             :func:`marti.rewards.model.reward_model_config` raise, naming the file, row, function or path.
     """
     if cfg.dataset is None:
@@ -166,7 +169,7 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     from services.trainer.job.run.prompt_lengths import check_prompt_lengths  # torch: after the cheap checks
 
     check_prompt_lengths(cfg, tasks)
-    build_scorer(cfg, None)
+    check_reward_calls(build_scorer(cfg, None), tasks)
     model = cfg.reward.model
     if model and model.strip().lower() != TINY_ALIAS:
         from marti.rewards.model import (

@@ -29,7 +29,14 @@ from marti.errors import (
     UnavailableError,
     in_context,
 )
-from marti.rewards import RewardScorer, WeightedSum, check_batch, check_scores, reward_functions
+from marti.rewards import (
+    RewardFunction,
+    RewardScorer,
+    WeightedSum,
+    check_batch,
+    check_scores,
+    reward_functions,
+)
 from marti.rewards.judge import compile_judge_pattern, read_verdict
 from marti.rewards.team import OWN_WEIGHT, credit, last_replies, team_reply
 from marti.workflow import EpisodeView
@@ -98,6 +105,48 @@ def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer 
     return scorers[0] if len(scorers) == 1 else WeightedSum(scorers)
 
 
+def check_reward_calls(scorer: RewardScorer | None, tasks: DatasetTasks) -> None:
+    """Call each reward function of ``scorer`` (:func:`build_scorer`'s, every ``reward.functions`` entry; not a
+    remote server or a reward model) once, as :class:`EpisodeScorer` calls it: on the first training row, its
+    ``input_key`` text as the prompt and every column by name, with one placeholder completion, the row's label
+    as text (``""`` without a ``label_key``). ``marti train`` runs it before the run folder, so a function that
+    raises, takes other keywords than the columns it is given (``def f(prompts, completions)``, or a ``label``
+    parameter on a job whose label column is ``answer``) or returns no finite score is refused before an
+    ``--overwrite`` deletes the previous run, not at the first scoring.
+
+    Raises:
+        InvalidArgumentError / MartiError: What :meth:`marti.rewards.RewardFunction.score` raises (the function,
+            its exception and the keywords passed named), prefixed by ``reward.functions`` and the row.
+    """
+    fns = _reward_functions_in(scorer)
+    if not fns:
+        return
+    row = tasks.row(0)
+    label_key = tasks.section.label_key
+    completion = str(row[label_key]) if label_key is not None else ""
+    where = (
+        f"reward.functions, called once before the run on {tasks.describe(0)} with {completion!r} as the "
+        "completion"
+    )
+    with in_context(where):
+        for fn in fns:
+            fn.score([str(row[tasks.section.input_key])], [completion], _columns([row]))
+
+
+def _reward_functions_in(scorer: RewardScorer | None) -> list[RewardFunction]:
+    """The :class:`~marti.rewards.RewardFunction` scorers of ``scorer``, in order (inside weighted sums)."""
+    if isinstance(scorer, RewardFunction):
+        return [scorer]
+    if isinstance(scorer, WeightedSum):
+        return [fn for part in scorer.scorers for fn in _reward_functions_in(part)]
+    return []
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Column name -> one value per row (the first row's columns): the ``columns`` of a scoring call."""
+    return {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {})}
+
+
 class EpisodeScorer:
     """The runner's ``rescore`` hook of a dataset job with reward scorers (see the module docstring).
 
@@ -142,7 +191,7 @@ class EpisodeScorer:
             completions += texts
             rows += [row] * len(texts)
             plan.append((team is not None, list(last)))
-        columns = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {})}
+        columns = _columns(rows)
         scores = iter(self._score(prompts, completions, columns) if completions else [])
         out = []
         for view, (has_team, replied) in zip(views, plan, strict=True):
