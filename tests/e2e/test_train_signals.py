@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -216,3 +217,63 @@ def _refused_reports(http: str) -> None:
         f"{http}/episodes/nope/reward", json={"rewards": {"agent_1": 1.0}}, headers=auth, timeout=60
     )
     assert unknown.status_code == 404, unknown.text
+
+
+def test_a_second_ctrl_c_while_the_job_waits_on_ray_stops_at_once(tmp_path):
+    """A second Ctrl-C to the job's process group, 4 s into the first step and 2 s after the first Ctrl-C, lands
+    while the job waits in ``ray.get`` (400-token replies: the step's generation and update take over 6 s). Ray's
+    signal check turned the handler's stop into a ``SystemError``: a traceback, exit 1 and no report. It stops at
+    once with the documented lines, exit 130 and no process left (about 25 s here)."""
+    run = tmp_path / "run_now"
+    sets = ("environment.max_turns=1", "rollout.eval_every=0", "max_steps=3", "rollout.max_new_tokens=400")
+    cmd = [
+        sys.executable,
+        "-m",
+        "marti.cli",
+        "train",
+        "examples/tiny.yaml",
+    ]  # with progress: the rollout line
+    cmd += [arg for o in (*sets, f"output.dir={run}") for arg in ("--set", o)]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )  # fmt: skip
+    lines: list[str] = []  # stderr as it comes; stdout drained so the job never blocks on it
+    readers = [
+        threading.Thread(target=lines.extend, args=(proc.stderr,), daemon=True),
+        threading.Thread(target=proc.stdout.read, daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    started: dict[int, str] = {}
+    try:
+        _wait_for_line(proc, lines, "rollout: engine", 300)
+        started = _descendants(proc.pid)
+        time.sleep(4)
+        os.killpg(proc.pid, signal.SIGINT)
+        _wait_for_line(proc, lines, "stopping after the current step", 30)
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+        for reader in readers:
+            reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        left = _left_behind(started)
+    err = "".join(lines)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "SystemError" not in err, err[-3000:]
+    assert "stopped at once by a second Ctrl-C (SIGINT): the step in progress is lost" in err, err[-3000:]
+    assert f"run directory {run}" in err or "resume with: marti train" in err, err[-3000:]
+    assert f"report: {run / 'report.md'}" in err and (run / "report.md").exists(), err[-3000:]
+    assert not left, left
+
+
+def _wait_for_line(proc: subprocess.Popen, lines: list[str], text: str, timeout: float) -> None:
+    """Wait until a line of ``lines`` (the job's stderr, read as it comes) holds ``text``."""
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in lines):
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)[-3000:]
+        time.sleep(0.05)

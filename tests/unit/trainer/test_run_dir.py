@@ -100,3 +100,41 @@ def test_a_resume_on_a_changed_or_other_dataset_file_warns_naming_what_changed(t
     from marti.data.fingerprint import source_sha256
 
     assert source_sha256("hf:org/name") is None  # a hub dataset: its spec is recorded, no bytes to hash
+
+
+def test_a_run_without_a_checkpoint_is_restarted_with_overwrite_and_both_refusals_say_so(tmp_path):
+    """A job killed before its first checkpoint leaves a run (config.yaml, logged steps) that --resume cannot
+    continue: the refusal of a new run and that of --resume both name --overwrite; --overwrite starts it again.
+    A run with a checkpoint keeps its protection."""
+    import pytest
+
+    from marti.errors import FailedPreconditionError, NotFoundError
+    from services.trainer.job.run.run_dir import SUBMIT_JOB_WAYS_OUT, RunFolder
+
+    cfg = load_config(ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path}"])
+    (tmp_path / "config.yaml").write_text("training_name: tiny\n")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "time": 1, "metrics": {}}\n')
+    with pytest.raises(FailedPreconditionError) as new_run:
+        RunFolder(tmp_path).prepare(cfg, resume=False, overwrite=False)
+    assert str(new_run.value) == (
+        f"run folder {tmp_path} already holds a run; it has no checkpoint (its job stopped before saving one), so "
+        "--resume cannot continue it: start it again with --overwrite, or set another output.dir"
+    )
+    with pytest.raises(NotFoundError) as resumed:
+        RunFolder(tmp_path).prepare(cfg, resume=True, overwrite=False)
+    assert str(resumed.value) == (
+        f"--resume: run folder {tmp_path} has no checkpoint (checkpoints/step_*); start a new run with "
+        "--overwrite (there is no checkpoint to lose)"
+    )
+    with pytest.raises(FailedPreconditionError, match="SubmitJob cannot resume or replace a run"):
+        RunFolder(tmp_path, SUBMIT_JOB_WAYS_OUT).refuse_a_held_run()  # a TrainerService job: its own advice
+    assert RunFolder(tmp_path).prepare(cfg, resume=False, overwrite=True) is None
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+    (tmp_path / "checkpoints" / "step_000002").mkdir(parents=True)
+    with pytest.raises(
+        FailedPreconditionError, match="continue it with --resume, replace it with --overwrite"
+    ):
+        RunFolder(tmp_path).prepare(cfg, resume=False, overwrite=False)
+    with pytest.raises(NotFoundError, match="start a new run without --resume"):
+        RunFolder(tmp_path / "empty").prepare(cfg, resume=True, overwrite=False)  # no run at all

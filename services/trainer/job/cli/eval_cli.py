@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         if ckpt is None and args.no_baseline:
             raise MartiError(f"no checkpoint given and none found under {cfg.run_dir / 'checkpoints'}")
         with service_addresses(cfg, args) as addresses:
-            results = TrainingLoop(cfg, addresses, show_progress=False).evaluate_checkpoint(
-                str(ckpt) if ckpt else None, baseline=not args.no_baseline
-            )
+            loop = TrainingLoop(cfg, addresses, show_progress=False)
+            cfg = loop.cfg  # a dataset job's: the held-out seeds are its held-out rows (DatasetTasks.fit)
+            results = loop.evaluate_checkpoint(str(ckpt) if ckpt else None, baseline=not args.no_baseline)
     except MartiError as exc:
         print(f"marti eval: {exc}", file=sys.stderr)
         return 2

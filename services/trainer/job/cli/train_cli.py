@@ -120,16 +120,24 @@ def add_service_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=os.environ.get("MARTI_TOKEN"), help="bearer token for the services")
 
 
-class StopNow(BaseException):
+class StopNow(KeyboardInterrupt):
     """Raised in the main thread by a second SIGINT/SIGTERM: the job unwinds at once (Ray and the embedded
-    services are still stopped); ``marti train`` then prints what was saved and exits ``128 + signal``."""
+    services are still stopped); ``marti train`` then prints what was saved and exits ``128 + signal``.
+
+    A :class:`KeyboardInterrupt`, so that code that checks for signals in C and handles a KeyboardInterrupt
+    there unwinds as from Ctrl-C: inside ``ray.get`` Ray's signal check raises a plain KeyboardInterrupt for it
+    (another exception raised there came out as a ``SystemError`` whose cause is that exception). What reaches
+    :func:`main` may therefore be another exception than StopNow: :func:`main` tells the stop by the ``now``
+    event that the handler sets before it raises, not by the exception's type.
+    """
 
 
-def _stop_on_signals(stop: threading.Event, teardown: threading.Event) -> list[int]:
+def _stop_on_signals(stop: threading.Event, teardown: threading.Event, now: threading.Event) -> list[int]:
     """First SIGINT/SIGTERM: finish the current step, checkpoint, write the report and exit; second: at once
-    (:class:`StopNow` unwinds; later signals are ignored so the teardown completes). Once ``teardown`` is set
-    (the job is already stopping the gateway, its actors, Ray and the embedded services) a second signal only
-    says so: interrupting that teardown half-way left Ray reconnecting to a stopped cluster for 60 s.
+    (``now`` is set and :class:`StopNow` unwinds; later signals are ignored so the teardown completes). Once
+    ``teardown`` is set (the job is already stopping the gateway, its actors, Ray and the embedded services) a
+    second signal only says so: interrupting that teardown half-way left Ray reconnecting to a stopped cluster
+    for 60 s.
 
     Returns:
         The signals received, in order (filled in by the handler).
@@ -144,6 +152,7 @@ def _stop_on_signals(stop: threading.Event, teardown: threading.Event) -> list[i
             if teardown.is_set():
                 print("\nalready stopping: the services are being stopped", file=sys.stderr, flush=True)
                 return
+            now.set()
             raise StopNow
         stop.set()
         print(
@@ -239,8 +248,10 @@ def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
 
 
 def _stopped_message(cfg: TrainConfig, argv: list[str], signum: int, at_once: bool, steps: int | None) -> str:
-    """What an interrupted job prints: how it stopped, the checkpoint it left and the command that resumes it."""
-    from services.trainer.job.run.run_dir import latest_checkpoint
+    """What an interrupted job prints: how it stopped, the checkpoint it left and the command that resumes it;
+    without a checkpoint, the run directory (and ``--overwrite``, which starts again a folder that holds a run
+    without one: :class:`~services.trainer.job.run.run_dir.RunFolder`)."""
+    from services.trainer.job.run.run_dir import RunFolder, latest_checkpoint
 
     name = signal.Signals(signum).name
     how = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
@@ -250,14 +261,16 @@ def _stopped_message(cfg: TrainConfig, argv: list[str], signum: int, at_once: bo
     else:
         head = f"stopped by {how} after step {steps} of {cfg.total_steps}"
     if last is None:
-        return f"{head}; no checkpoint was saved; run directory {cfg.run_dir}"
+        again = "; start it again with --overwrite" if RunFolder(cfg.run_dir).holds_a_run() else ""
+        return f"{head}; no checkpoint was saved; run directory {cfg.run_dir}{again}"
     return f"{head}; checkpoint: {last}\nresume with: {resume_command(argv)}"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``marti train``; returns the exit code: 0 done (or stopped by its budget: wall time, ``stop_after_steps``), 2 bad config,
     missing model or refused run folder, 1 failure, ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM) when a
-    signal stopped the job before its last step."""
+    signal stopped the job before its last step (130 too for a Ctrl-C during the checks before the job starts:
+    one line, nothing to resume)."""
     from marti.launch_flags import build_config
     from services.trainer.job.run.prechecks import check_before_the_run_folder
     from services.trainer.models.resolve import check_attn_implementation, resolve_model
@@ -281,20 +294,31 @@ def main(argv: list[str] | None = None) -> int:
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)
         return 2
-    stop, teardown = threading.Event(), threading.Event()
-    received = _stop_on_signals(stop, teardown)
+    except KeyboardInterrupt:  # Ctrl-C during the checks: nothing was started, so nothing to resume
+        print("\nmarti train: stopped by Ctrl-C (SIGINT) before the job started", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+    stop, teardown, now = threading.Event(), threading.Event(), threading.Event()
+    received = _stop_on_signals(stop, teardown, now)
     try:
         return _train(cfg, args, argv, folder, (stop, teardown), received, data)
-    except StopNow:
-        from services.trainer.observe import write_report
-
-        report = write_report(cfg.run_dir) if (cfg.run_dir / "metrics.jsonl").exists() else None
-        print(_stopped_message(cfg, argv, received[0], True, None), file=sys.stderr, flush=True)
-        if report is not None:
-            print(f"report: {report}", file=sys.stderr, flush=True)
-        return 128 + received[0]
+    except BaseException:
+        if not now.is_set():
+            raise
+        return _stopped_at_once(cfg, argv, received[0])  # whatever the unwind became on its way here
     finally:
         folder.unlock()
+
+
+def _stopped_at_once(cfg: TrainConfig, argv: list[str], signum: int) -> int:
+    """After a second signal unwound the job: write the report (once the job has its ``metrics.jsonl``), print
+    what was saved and the resume command; returns ``128 + signum``."""
+    from services.trainer.observe import write_report
+
+    report = write_report(cfg.run_dir) if (cfg.run_dir / "metrics.jsonl").exists() else None
+    print(_stopped_message(cfg, argv, signum, True, None), file=sys.stderr, flush=True)
+    if report is not None:
+        print(f"report: {report}", file=sys.stderr, flush=True)
+    return 128 + signum
 
 
 def _train(
@@ -323,6 +347,7 @@ def _train(
                 run_folder=folder,
                 data=data,
             )
+            cfg = loop.cfg  # a dataset job's: its steps and seeds sized to the rows (DatasetTasks.fit)
             summary = loop.run()
         except MartiError as exc:
             print(f"marti train: {exc}", file=sys.stderr)

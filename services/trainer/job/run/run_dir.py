@@ -6,10 +6,11 @@ by :meth:`~services.trainer.job.run.loop.TrainingLoop.run` when no caller prepar
 - :meth:`RunFolder.lock` takes an exclusive ``fcntl.flock`` on ``<run_dir>/.lock`` for the job's life; a second
   job on the folder gets :class:`~marti.errors.FailedPreconditionError` naming the folder and the holder's pid.
 - :meth:`RunFolder.prepare` refuses a new run in a folder that holds one (``config.yaml``, logged metrics or a
-  checkpoint) unless ``resume`` or ``overwrite`` is given; ``overwrite`` clears the folder; ``resume`` finds
-  the checkpoint (an error naming the folder when there is none), refuses a config change the checkpoint
-  cannot take (:func:`layout_changes`: one line naming the key and both values) and warns when the dataset
-  differs from the one the run last started with (its path, or its content's sha256).
+  checkpoint) unless ``resume`` or ``overwrite`` is given (a run without a checkpoint: only ``overwrite``, and
+  both refusals say so); ``overwrite`` clears the folder; ``resume`` finds the checkpoint (an error naming the
+  folder when there is none), refuses a config change the checkpoint cannot take (:func:`layout_changes`: one
+  line naming the key and both values) and warns when the dataset differs from the one the run last started
+  with (its path, or its content's sha256).
 - :meth:`RunFolder.record_start` writes ``config.yaml`` and appends one line to ``config_history.jsonl`` once the
   job has really started (its checkpoint loaded), so a refused or failed start leaves the record as it was.
 """
@@ -121,6 +122,13 @@ def _read_config(path: Path) -> TrainConfig | None:
 #: What a new ``marti train`` job in a folder that holds a run can do instead.
 CLI_WAYS_OUT = "continue it with --resume, replace it with --overwrite, or set another output.dir"
 
+#: The same when that run has no checkpoint (its job failed or was stopped before its first): ``--resume`` has
+#: nothing to continue, and ``--overwrite`` loses no checkpoint.
+CLI_WAYS_OUT_WITHOUT_CHECKPOINT = (
+    "it has no checkpoint (its job stopped before saving one), so --resume cannot continue it: start it again "
+    "with --overwrite, or set another output.dir"
+)
+
 #: The same for a TrainerService job: SubmitJob has neither ``--resume`` nor ``--overwrite``.
 SUBMIT_JOB_WAYS_OUT = (
     "SubmitJob cannot resume or replace a run (it has no such fields): submit the job with another output.dir "
@@ -134,11 +142,12 @@ class RunFolder:
 
     Args:
         run_dir: The run folder (``TrainConfig.run_dir``); created by :meth:`lock`.
-        ways_out: What the refusal of a new run in a folder that holds one advises (:data:`CLI_WAYS_OUT`, or
-            :data:`SUBMIT_JOB_WAYS_OUT` for a TrainerService job).
+        ways_out: What the refusal of a new run in a folder that holds one advises: None for ``marti train``'s
+            (:data:`CLI_WAYS_OUT`, or :data:`CLI_WAYS_OUT_WITHOUT_CHECKPOINT` when the run has no checkpoint),
+            :data:`SUBMIT_JOB_WAYS_OUT` for a TrainerService job.
     """
 
-    def __init__(self, run_dir: Path, ways_out: str = CLI_WAYS_OUT) -> None:
+    def __init__(self, run_dir: Path, ways_out: str | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.ways_out = ways_out
         self.resume_from: Path | None = None
@@ -174,10 +183,16 @@ class RunFolder:
         """Refuse a new run here when the folder holds one (:meth:`holds_a_run`).
 
         Raises:
-            FailedPreconditionError: ``run folder X already holds a run;`` and :attr:`ways_out`.
+            FailedPreconditionError: ``run folder X already holds a run;`` and :attr:`ways_out` (None: marti
+                train's, chosen by whether the run has a checkpoint).
         """
-        if self.holds_a_run():
-            raise FailedPreconditionError(f"run folder {self.run_dir} already holds a run; {self.ways_out}")
+        if not self.holds_a_run():
+            return
+        ways_out = self.ways_out
+        if ways_out is None:
+            has_one = latest_checkpoint(self.run_dir) is not None
+            ways_out = CLI_WAYS_OUT if has_one else CLI_WAYS_OUT_WITHOUT_CHECKPOINT
+        raise FailedPreconditionError(f"run folder {self.run_dir} already holds a run; {ways_out}")
 
     def clear(self) -> None:
         """Delete everything in the folder but the lock file (``--overwrite``)."""
@@ -198,7 +213,8 @@ class RunFolder:
             FailedPreconditionError: a new run in a folder that holds one (the folder, ``--resume`` and
                 ``--overwrite`` are named), or a resume whose config changes a key the checkpoint cannot take
                 (the key and both values are named).
-            NotFoundError: ``resume`` and no checkpoint in the folder.
+            NotFoundError: ``resume`` and no checkpoint in the folder (advising ``--overwrite`` when the folder
+                holds a run all the same, :meth:`holds_a_run`).
         """
         if resume and overwrite:
             raise InvalidArgumentError(
@@ -245,9 +261,13 @@ class RunFolder:
     def _checkpoint_for(self, cfg: TrainConfig) -> Path:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
+            again = (
+                "with --overwrite (there is no checkpoint to lose)"
+                if self.holds_a_run()
+                else "without --resume"
+            )
             raise NotFoundError(
-                f"--resume: run folder {self.run_dir} has no checkpoint (checkpoints/step_*); start a new run "
-                "without --resume"
+                f"--resume: run folder {self.run_dir} has no checkpoint (checkpoints/step_*); start a new run {again}"
             )
         saved = _read_config(ckpt / "config.yaml") or _read_config(self.run_dir / "config.yaml")
         changes = layout_changes(saved, cfg) if saved is not None else []
