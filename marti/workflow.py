@@ -45,6 +45,7 @@ from marti.errors import InvalidArgumentError, MartiError, with_context
 from marti.loader import load_attr
 
 __all__ = [
+    "ConfigHook",
     "EpisodeView",
     "PromptContext",
     "RewardAllocation",
@@ -87,6 +88,50 @@ def load_callable(spec: str) -> Callable[..., Any]:
     if not callable(obj):
         raise InvalidArgumentError(f"import path {spec!r} names a {type(obj).__name__}, not a callable")
     return obj
+
+
+@dataclass(frozen=True)
+class ConfigHook:
+    """A workflow hook the config names by import path (:func:`workflow_from_section`): called as ``fn``; an error
+    it raises names it by its config key and path (``workflow.roles.0.parser 'my.py:parse'``).
+
+    Attributes:
+        fn: The loaded callable.
+        key: The config key, ``workflow.reward_fn`` or ``workflow.roles.N.parser``.
+        path: The import path the key holds.
+    """
+
+    fn: Callable[..., Any]
+    key: str
+    path: str
+
+    def __call__(self, *args: Any) -> Any:
+        """``fn(*args)``."""
+        return self.fn(*args)
+
+
+def _hook_name(fn: Callable[..., Any], what: str) -> str:
+    """How an error names hook ``fn``: its config key and import path (a :class:`ConfigHook`), else ``what`` and
+    the callable's ``module:qualname``."""
+    if isinstance(fn, ConfigHook):
+        return f"{fn.key} {fn.path!r}"
+    return f"{what} {getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _call_hook(fn: Callable[..., Any], name: str, *args: Any) -> Any:
+    """``fn(*args)``; an exception it raises becomes a typed error whose message starts with ``name`` (the hook,
+    :func:`_hook_name`, and where it ran).
+
+    Raises:
+        InvalidArgumentError: ``fn`` raised a non-marti exception (its class and message named, chained).
+        MartiError: ``fn`` raised a marti error: the same class, its message prefixed with ``name``.
+    """
+    try:
+        return fn(*args)
+    except MartiError as exc:
+        raise with_context(exc, name) from exc
+    except Exception as exc:
+        raise InvalidArgumentError(f"{name} raised {type(exc).__name__}: {exc}") from exc
 
 
 def make_custom_env(spec: str, config: Mapping[str, Any], seed: int | None) -> Any:
@@ -185,7 +230,8 @@ class Role:
             :class:`TurnPrompt` (the user message and how the turn's reply starts); None uses
             :func:`default_build_prompt`.
         parser: ``parser(text) -> action``: turns the agent's reply into the env action (e.g. extract
-            ``offer: 40``); None sends the text unchanged. It must not raise: return the text on failure.
+            ``offer: 40``); None sends the text unchanged. It must not raise: return the text on failure (an
+            exception stops the job, :meth:`Workflow.action`).
         policy: A scripted agent: ``policy(chat: list[dict]) -> str`` replies instead of a model; such an agent
             records no trainable turns.
     """
@@ -442,6 +488,20 @@ class Workflow:
         """Agents played by a Python callable instead of a model."""
         return [a for a, r in self.roles.items() if r.policy is not None]
 
+    def action(self, agent: str, text: str) -> str:
+        """The env action of ``agent``'s reply ``text``: its role's parser's answer as text, or ``text`` itself
+        when the role has no parser.
+
+        Raises:
+            InvalidArgumentError / MartiError: The parser raised: the message names the parser (its config key
+                and import path, :class:`ConfigHook`), the agent and the exception (chained), as
+                :func:`_call_hook` words it.
+        """
+        parser = self.role(agent).parser
+        if parser is None:
+            return text
+        return str(_call_hook(parser, f"{_hook_name(parser, 'parser')} of agent {agent!r}", text))
+
     def rewards(self, episode: EpisodeView) -> dict[str, float]:
         """Each agent's credited reward for a finished episode (``reward_fn`` + :class:`RewardAllocation`).
 
@@ -451,13 +511,15 @@ class Workflow:
         Raises:
             InvalidArgumentError: ``reward_fn`` returned something other than a mapping of finite numbers, or
                 a key that is not one of ``episode.agents`` (the keys and the agents named; a typo or a
-                "judge" would otherwise be credited as an extra agent and shift every team share).
+                "judge" would otherwise be credited as an extra agent and shift every team share), or it raised
+                (named by its config key and import path, with the exception, chained: :func:`_call_hook`; a
+                marti error it raises keeps its class).
         """
         if self.reward_fn is None and self.allocation.env_weight == 1.0 and self.allocation.team_share == 0.0:
             return dict(episode.env_returns)
         custom = None
         if self.reward_fn is not None:
-            custom = self.reward_fn(episode)
+            custom = _call_hook(self.reward_fn, _hook_name(self.reward_fn, "reward_fn"), episode)
             if not isinstance(custom, Mapping):
                 raise InvalidArgumentError(
                     f"reward_fn returned {type(custom).__name__}; need a dict agent -> reward"
@@ -546,7 +608,7 @@ def workflow_from_section(section: Any, agent_names: Sequence[str], cfg: Any = N
         if a not in names:
             raise InvalidArgumentError(f"workflow names agent {a!r}, which is not in agents {names}")
     roles = []
-    for r in section.roles:
+    for i, r in enumerate(section.roles):
         if r.agent not in names:
             raise InvalidArgumentError(
                 f"workflow.roles names agent {r.agent!r}, which is not in agents {names}"
@@ -556,13 +618,13 @@ def workflow_from_section(section: Any, agent_names: Sequence[str], cfg: Any = N
                 r.agent,
                 system_prompt=r.system_prompt,
                 build_prompt=load_callable(r.prompt_builder) if r.prompt_builder else None,
-                parser=load_callable(r.parser) if r.parser else None,
+                parser=_config_hook(r.parser, f"workflow.roles.{i}.parser"),
                 policy=load_callable(r.scripted) if r.scripted else None,
             )
         )
     kwargs: dict[str, Any] = {
         "roles": roles,
-        "reward_fn": load_callable(section.reward_fn) if section.reward_fn else None,
+        "reward_fn": _config_hook(section.reward_fn, "workflow.reward_fn"),
         "allocation": RewardAllocation(
             section.reward_env_weight, section.reward_custom_weight, section.reward_team_share
         ),
@@ -582,3 +644,9 @@ def workflow_from_section(section: Any, agent_names: Sequence[str], cfg: Any = N
     if kind == "parallel_aggregate":
         return Workflow.parallel_then_aggregate(others, section.aggregator, **kwargs)
     return Workflow.debate(others, section.aggregator, rounds=section.rounds, **kwargs)
+
+
+def _config_hook(path: str | None, key: str) -> ConfigHook | None:
+    """The callable config key ``key`` names by import path ``path`` (loaded: :func:`load_callable`), or None
+    without a path."""
+    return ConfigHook(load_callable(path), key, path) if path else None

@@ -440,3 +440,63 @@ def test_checking_a_workflow_section_does_not_call_its_factory(tmp_path, monkeyp
     import wf_factory_xyz
 
     assert wf_factory_xyz.CALLS == []
+
+
+_RAISING_HOOKS = """
+def reward(episode):
+    raise KeyError("no_such_key")
+
+
+def parser(text):
+    return text.split()[99]
+"""
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "workflow.reward_fn={hooks}:reward",
+            "workflow.reward_fn '{hooks}:reward' raised KeyError: 'no_such_key'",
+        ),
+        (
+            "workflow.roles=[{{agent: agent_1, parser: '{hooks}:parser'}}]",
+            "workflow.roles.0.parser '{hooks}:parser' of agent 'agent_1' raised IndexError: list index out of range",
+        ),
+    ],
+)
+def test_a_raising_reward_fn_or_parser_stops_marti_train_with_one_line_naming_it(tmp_path, setting, message):
+    """An exception from workflow.reward_fn or a role's parser came out as a raw 60-line traceback (exit 1);
+    it is one ``marti train:`` line naming the key, the import path, the agent and the exception (exit 2), as
+    a bad return value from the same hooks is. A real job on the tiny model (agent_1 speaks first)."""
+    import subprocess
+    import sys
+
+    hooks = tmp_path / "hooks.py"
+    hooks.write_text(_RAISING_HOOKS)
+    sets = [
+        "environment.max_turns=1", "rollout.eval_every=0", "max_steps=1", f"output.dir={tmp_path / 'run'}",
+        setting.format(hooks=hooks),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
+         *[a for s in sets for a in ("--set", s)]],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1] == "marti train: " + message.format(hooks=hooks)
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_workflow_built_in_python_names_its_raising_hooks_by_module_and_name():
+    def shout(text):
+        raise ValueError("bad reply")
+
+    wf = Workflow.env(roles=[Role("a", parser=shout)])
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^parser .*:test_a_workflow_built_in_python.*shout of agent 'a' raised "
+        r"ValueError: bad reply$",
+    ):
+        wf.action("a", "hi")
+    assert Workflow.env().action("a", "hi") == "hi"

@@ -417,9 +417,7 @@ class EpisodeRunner:
         for lv in live:
             act = {a: "" for a in lv.env.agents}
             for agent in order[id(lv)]:
-                parser = wf.role(agent).parser
-                text = texts[id(lv)][agent]
-                act[agent] = str(parser(text)) if parser else text
+                act[agent] = wf.action(agent, texts[id(lv)][agent])
             acts.append(act)
         stepped = step_many([lv.env for lv in live], acts)
         for lv, (obs, rewards, terms, truncs, infos) in zip(live, stepped, strict=True):
