@@ -43,7 +43,9 @@ class Problems:
         return self.train.row(self.row_index(k))
 
 
-def load_problems(config: DatasetConfig, *, seed: int | None = None) -> Problems:
+def load_problems(
+    config: DatasetConfig, *, seed: int | None = None, labels_required: bool = False
+) -> Problems:
     """Load and check the problems a ``dataset:`` section describes.
 
     ``max_samples`` keeps the first rows of each source; ``eval_fraction`` then holds out a seeded part of the
@@ -52,6 +54,8 @@ def load_problems(config: DatasetConfig, *, seed: int | None = None) -> Problems
     Args:
         config: The section (from a validated :class:`~marti.config.TrainConfig`, its seed filled in).
         seed: The seed to use when ``config.seed`` is null (a section built on its own); else ignored.
+        labels_required: The job cannot do without labels (its verifier reads them): a missing ``label_key``
+            column's error then suggests no ``label_key: null`` (:func:`marti.data.checks.check_columns`).
 
     Returns:
         The training and held-out problems and their order.
@@ -65,7 +69,12 @@ def load_problems(config: DatasetConfig, *, seed: int | None = None) -> Problems
     resolved = config.seed if config.seed is not None else seed
     if resolved is None:
         raise InvalidArgumentError("dataset.seed is null and no job seed was given")
-    keys = {"input_key": config.input_key, "label_key": config.label_key, "max_samples": config.max_samples}
+    keys = {
+        "input_key": config.input_key,
+        "label_key": config.label_key,
+        "max_samples": config.max_samples,
+        "labels_required": labels_required,
+    }
     train = ProblemSet.from_source(config.path, split=config.split, **keys)
     held: ProblemSet | None = None
     if config.eval_path is not None:

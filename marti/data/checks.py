@@ -23,18 +23,41 @@ def _show(value: Any) -> str:
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
-def check_columns(source: str, columns: Sequence[str], input_key: str, label_key: str | None) -> None:
+def check_columns(
+    source: str,
+    columns: Sequence[str],
+    input_key: str,
+    label_key: str | None,
+    *,
+    labels_required: bool = False,
+) -> None:
     """Check that the input column (and the label column, when one is named) exist.
 
+    Args:
+        source: The source's description, quoted in errors.
+        columns: The source's column names.
+        input_key: The prompt column.
+        label_key: The label column, or None.
+        labels_required: Whether the caller cannot do without a label (a job whose verifier reads every row's
+            label): a missing label column's message then suggests no ``label_key: null``.
+
     Raises:
-        InvalidArgumentError: A column is missing; the message names the columns that exist and the closest.
+        InvalidArgumentError: A column is missing; the message names the columns that exist and the closest,
+            and for the label column what to do: name it, or (only when ``labels_required`` is False)
+            ``label_key: null``.
     """
     for role, key in (("input_key", input_key), ("label_key", label_key)):
         if key is None or key in columns:
             continue
         close = difflib.get_close_matches(key, list(columns), n=1, cutoff=0.4)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        extra = " (or label_key: null when the reward needs no label)" if role == "label_key" else ""
+        extra = ""
+        if role == "label_key":
+            extra = (
+                " (the job's verifier reads every row's label: name the label column)"
+                if labels_required
+                else " (or label_key: null when the reward needs no label)"
+            )
         raise InvalidArgumentError(
             f"{source}: {role} {key!r} is not a column; the columns are {list(columns)}{hint}{extra}"
         )

@@ -33,6 +33,8 @@ class ProblemSet:
         source: One line naming where the rows came from (quoted in every error and in :attr:`source`).
         positions: The source position (0-based) of each row, when the rows are a subset of the source (a
             held-out split); default ``0..len(rows)-1``. Errors name these positions.
+        labels_required: The caller cannot do without labels (a ``dataset_task`` job: its verifier reads every
+            row's label): a missing ``label_key`` column's error then suggests no ``label_key: null``.
 
     Raises:
         InvalidArgumentError: No rows, a key that is not a column (the columns and the closest match named), a
@@ -49,6 +51,7 @@ class ProblemSet:
         label_key: str | None = None,
         source: str = "<rows>",
         positions: Sequence[int] | None = None,
+        labels_required: bool = False,
     ) -> None:
         for name, key in (("input_key", input_key), ("label_key", label_key)):
             if not (isinstance(key, str) and key.strip()) and not (name == "label_key" and key is None):
@@ -60,7 +63,7 @@ class ProblemSet:
         if not all(isinstance(r, dict) for r in rows):
             bad = next(i for i, r in enumerate(rows) if not isinstance(r, dict))
             raise InvalidArgumentError(f"{source}: row {bad} is {type(rows[bad]).__name__}, not a mapping")
-        check_columns(source, list(rows[0]), input_key, label_key)
+        check_columns(source, list(rows[0]), input_key, label_key, labels_required=labels_required)
         self._positions = tuple(range(len(rows)) if positions is None else positions)
         if len(self._positions) != len(rows):
             raise InvalidArgumentError(f"{source}: {len(self._positions)} positions for {len(rows)} rows")
@@ -80,6 +83,7 @@ class ProblemSet:
         label_key: str | None = None,
         split: str | None = None,
         max_samples: int | None = None,
+        labels_required: bool = False,
     ) -> ProblemSet:
         """Load a source spec (:func:`marti.data.spec.parse_source`) through ``datasets`` and check its rows.
 
@@ -89,6 +93,7 @@ class ProblemSet:
             label_key: The label column, or None.
             split: The split of a hub dataset or saved ``DatasetDict``; None: the spec's, else ``train``.
             max_samples: Keep only the first this many rows (OpenRLHF's ``--max_samples``); None: all.
+            labels_required: As the class's.
 
         Returns:
             The checked problem set; :attr:`source` names the source.
@@ -105,7 +110,13 @@ class ProblemSet:
         rows = load_rows(spec)
         if max_samples is not None:
             rows = rows[:max_samples]
-        return cls(rows, input_key=input_key, label_key=label_key, source=spec.describe())
+        return cls(
+            rows,
+            input_key=input_key,
+            label_key=label_key,
+            source=spec.describe(),
+            labels_required=labels_required,
+        )
 
     def __len__(self) -> int:
         """Number of problems."""

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from marti.config import TrainConfig
+from marti.config.dataset import DATASET_ENV
 from marti.data import Problems, load_problems
 from marti.errors import InvalidArgumentError
 
@@ -35,7 +36,9 @@ class DatasetTasks:
         if cfg.dataset is None:
             raise InvalidArgumentError("DatasetTasks needs a config with a dataset section")
         self.section = cfg.dataset
-        self.problems: Problems = load_problems(cfg.dataset, seed=cfg.seed)
+        self.problems: Problems = load_problems(
+            cfg.dataset, seed=cfg.seed, labels_required=cfg.environment.env_name == DATASET_ENV
+        )
         self.n_train = len(self.problems.train)
         self.n_eval = len(self.problems.eval) if self.problems.eval is not None else 0
 

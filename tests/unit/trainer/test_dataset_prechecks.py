@@ -258,3 +258,26 @@ def test_the_precheck_calls_a_good_reward_function_as_scoring_does(tmp_path):
         [row["extra"]],
         {},
     ]
+
+
+@pytest.mark.parametrize("custom_env", [False, True])
+def test_a_missing_label_column_suggests_label_key_null_only_where_the_config_takes_it(tmp_path, custom_env):
+    """The loader suggested ``label_key: null`` in a ``dataset_task`` job too, a setting its config then refuses
+    (the env's verifier reads every row's label); a custom env by import path takes it."""
+    from marti.config import config_from_dict
+    from services.trainer.data.tasks import DatasetTasks
+
+    data = _rows_file(tmp_path, [{"prompt": f"What is {i} + {i}?"} for i in range(10)])
+    env = {"environment": {"env_name": "my_env.py:make"}} if custom_env else {}
+    job = _job(data, **env)
+    with pytest.raises(InvalidArgumentError, match=r"label_key 'answer' is not a column") as err:
+        DatasetTasks(config_from_dict(job))
+    suggested = "(or label_key: null when the reward needs no label)" in str(err.value)
+    assert suggested == custom_env, str(err.value)
+    with_null = {**job, "dataset": {**job["dataset"], "label_key": None}}
+    if custom_env:
+        assert DatasetTasks(config_from_dict(with_null)).n_train == 8  # the hint's setting loads
+    else:
+        assert "the job's verifier reads every row's label: name the label column" in str(err.value)
+        with pytest.raises(InvalidArgumentError, match="dataset.label_key is null"):
+            config_from_dict(with_null)
