@@ -11,11 +11,11 @@ answer and credit agents by the same rule.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from marti.rewards.answers import extract_answer, last_number, normalize_text
+from marti.rewards.math_worker import last_match_in_worker
 
 #: Default weight of an agent's own answer in its reward (the rest is the team's answer).
 OWN_WEIGHT = 0.5
@@ -26,16 +26,13 @@ __all__ = ["OWN_WEIGHT", "answer_of", "credit", "last_replies", "team_reply"]
 def answer_of(text: str, verifier: str, pattern: str | None = None) -> str | None:
     """The answer in a reply, as a majority vote and the ``team_answer`` info compare it, or None when it has none.
 
-    ``regex``: the last match of ``pattern`` (group 1 if it has groups), the text the verifier compares;
+    ``regex``: the last match of ``pattern`` (group 1 if it has groups), the text the verifier compares, found
+    in a worker process within :data:`~marti.rewards.math_worker.REGEX_TIMEOUT_S` (None past it);
     otherwise :func:`~marti.rewards.answers.extract_answer` (a ``\\boxed{}``, an ``Answer:`` line), else for
     ``numeric`` the last number and for ``exact`` the whole reply (what each verifier reads).
     """
     if verifier == "regex" and pattern:
-        matches = list(re.finditer(pattern, text))
-        if not matches:
-            return None
-        last = matches[-1]
-        return last.group(1) if last.re.groups else last.group(0)
+        return last_match_in_worker(pattern, text)
     answer = extract_answer(text)
     if answer is None and verifier == "numeric":
         answer = last_number(text)

@@ -25,7 +25,9 @@ before the answer does not count. Kinds:
 * ``regex``: the user's ``pattern`` (Python ``re``) extracts the answer: the LAST match in the reply, its
   group 1 when the pattern has a group, else the whole match; that text must equal the label after the same
   normalisation as ``exact`` (``ignore_case`` default False). No match scores 0. ``extract_answer`` is not
-  used: the pattern is the extraction.
+  used: the pattern is the extraction. The match runs in a worker process, as math-verify does, killed past
+  :data:`marti.rewards.math_worker.REGEX_TIMEOUT_S` (1 s): a pattern that backtracks for ever on a reply (``(a+)+$`` on ``"a" * 30 + "!"``
+  took 73 s in ``re``) scores 0 there, and a warning names it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
 from marti.rewards.answers import extract_answer, last_number, normalize_text, parse_number
-from marti.rewards.math_worker import verify_in_worker
+from marti.rewards.math_worker import last_match_in_worker, verify_in_worker
 
 __all__ = [
     "VERIFIERS",
@@ -196,17 +198,18 @@ def _compile(pattern: str) -> re.Pattern[str]:
 @_text_inputs
 def regex(completion: str, label: str, *, pattern: str, ignore_case: bool = False) -> float:
     """1.0 when the text ``pattern`` extracts from the reply (last match; group 1 if the pattern has a group,
-    else the whole match) equals ``label`` after normalisation (case kept unless ``ignore_case``).
+    else the whole match) equals ``label`` after normalisation (case kept unless ``ignore_case``). The match
+    runs in a worker process (:func:`marti.rewards.math_worker.last_match_in_worker`) killed past
+    :data:`~marti.rewards.math_worker.REGEX_TIMEOUT_S` seconds; then the reply scores 0.0.
 
     Raises:
         InvalidArgumentError: ``pattern`` does not compile (named), or an input is not ``str``.
+        InternalError: The worker process could not start.
     """
-    compiled = _compile(pattern)
-    matches = list(compiled.finditer(completion))
-    if not matches:
+    _compile(pattern)
+    found = last_match_in_worker(pattern, completion)
+    if found is None:
         return 0.0
-    last = matches[-1]
-    found = (last.group(1) if compiled.groups else last.group(0)) or ""
     return float(normalize_text(found, ignore_case) == normalize_text(label, ignore_case))
 
 

@@ -245,3 +245,26 @@ def test_numeric_reads_back_any_written_float(x: float) -> None:
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="{}\\"), min_size=1))
 def test_exact_matches_any_boxed_unicode_text(label: str) -> None:
     assert exact(REASONING + "\\boxed{" + label + "}", label) == 1.0
+
+
+_SLOW = r"(?:(?:a+)+$|(a+!))"  # backtracks about 2**n steps on "a" * n + "!" before its second branch matches
+
+
+def test_a_regex_match_over_its_time_limit_is_no_match_and_the_worker_is_replaced(caplog) -> None:
+    """``re`` has no time limit: ``(a+)+$`` on ``"a" * 30 + "!"`` took 73 s in the verifier's own process. The
+    match runs in a worker killed past ``REGEX_TIMEOUT_S`` (1 s): just under the bound (n=21, about 0.05 s)
+    the match is found; far over it (n=30, about a minute) the reply is no match within the bound."""
+
+    from marti.rewards.math_worker import REGEX_TIMEOUT_S, last_match_in_worker
+
+    assert REGEX_TIMEOUT_S == 1.0
+    assert last_match_in_worker(r"final=(\d+)", "final=42; final=43") == "43"  # a worker started
+    assert last_match_in_worker(_SLOW, "a" * 21 + "!") == "a" * 21 + "!"
+    start = time.monotonic()
+    assert last_match_in_worker(_SLOW, "a" * 30 + "!") is None
+    assert REGEX_TIMEOUT_S <= time.monotonic() - start < REGEX_TIMEOUT_S + 2.0
+    assert "took over 1.0 s on reply 'aaaa" in caplog.text
+    start = time.monotonic()
+    assert make_verifier("regex", pattern=r"(a+)+$")("a" * 30 + "!", "a") == 0.0  # the trial's case
+    assert time.monotonic() - start < REGEX_TIMEOUT_S + 5.0  # a fresh worker's start included
+    assert regex("final=42; final=43", "43", pattern=r"final=(\d+)") == 1.0  # a new worker answers
