@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from marti.rewards.answers import extract_answer, last_number, normalize_text
-from marti.rewards.math_worker import last_match_in_worker
+from marti.rewards.math_worker import REGEX_TIMEOUT_S, last_match_in_worker
 
 #: Default weight of an agent's own answer in its reward (the rest is the team's answer).
 OWN_WEIGHT = 0.5
@@ -23,16 +23,18 @@ OWN_WEIGHT = 0.5
 __all__ = ["OWN_WEIGHT", "answer_of", "credit", "last_replies", "team_reply"]
 
 
-def answer_of(text: str, verifier: str, pattern: str | None = None) -> str | None:
+def answer_of(
+    text: str, verifier: str, pattern: str | None = None, regex_timeout_s: float = REGEX_TIMEOUT_S
+) -> str | None:
     """The answer in a reply, as a majority vote and the ``team_answer`` info compare it, or None when it has none.
 
     ``regex``: the last match of ``pattern`` (group 1 if it has groups), the text the verifier compares, found
-    in a worker process within :data:`~marti.rewards.math_worker.REGEX_TIMEOUT_S` (None past it);
+    in a worker process within ``regex_timeout_s`` seconds (None past it);
     otherwise :func:`~marti.rewards.answers.extract_answer` (a ``\\boxed{}``, an ``Answer:`` line), else for
     ``numeric`` the last number and for ``exact`` the whole reply (what each verifier reads).
     """
     if verifier == "regex" and pattern:
-        return last_match_in_worker(pattern, text)
+        return last_match_in_worker(pattern, text, regex_timeout_s)
     answer = extract_answer(text)
     if answer is None and verifier == "numeric":
         answer = last_number(text)
@@ -72,6 +74,7 @@ def team_reply(
     last_speaker: str | None = None,
     verifier: str = "exact",
     pattern: str | None = None,
+    regex_timeout_s: float = REGEX_TIMEOUT_S,
 ) -> str | None:
     """The reply that is the team's answer (see the module docstring), or None when there is none.
 
@@ -83,6 +86,7 @@ def team_reply(
         last_speaker: The last agent that spoke.
         verifier: The verifier kind, for :func:`answer_of` (majority vote).
         pattern: The ``regex`` verifier's pattern, for :func:`answer_of`.
+        regex_timeout_s: Seconds a ``regex`` match may take per reply, for :func:`answer_of`.
     """
     if final == "agent":
         who = final_agent or last_speaker
@@ -90,7 +94,7 @@ def team_reply(
     votes: dict[str, str] = {}
     counts: Counter[str] = Counter()
     for agent in agents:
-        answer = answer_of(last.get(agent, ""), verifier, pattern)
+        answer = answer_of(last.get(agent, ""), verifier, pattern, regex_timeout_s)
         if answer is not None:
             key = normalize_text(answer)
             votes.setdefault(key, last[agent])

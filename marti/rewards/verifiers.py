@@ -42,7 +42,7 @@ from typing import Any
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
 from marti.rewards.answers import extract_answer, last_number, normalize_text, parse_number
-from marti.rewards.math_worker import last_match_in_worker, verify_in_worker
+from marti.rewards.math_worker import REGEX_TIMEOUT_S, last_match_in_worker, verify_in_worker
 
 __all__ = [
     "VERIFIERS",
@@ -196,18 +196,26 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 @_text_inputs
-def regex(completion: str, label: str, *, pattern: str, ignore_case: bool = False) -> float:
+def regex(
+    completion: str,
+    label: str,
+    *,
+    pattern: str,
+    ignore_case: bool = False,
+    regex_timeout_s: float = REGEX_TIMEOUT_S,
+) -> float:
     """1.0 when the text ``pattern`` extracts from the reply (last match; group 1 if the pattern has a group,
     else the whole match) equals ``label`` after normalisation (case kept unless ``ignore_case``). The match
     runs in a worker process (:func:`marti.rewards.math_worker.last_match_in_worker`) killed past
-    :data:`~marti.rewards.math_worker.REGEX_TIMEOUT_S` seconds; then the reply scores 0.0.
+    ``regex_timeout_s`` seconds (default :data:`~marti.rewards.math_worker.REGEX_TIMEOUT_S`); then the reply
+    scores 0.0.
 
     Raises:
         InvalidArgumentError: ``pattern`` does not compile (named), or an input is not ``str``.
         InternalError: The worker process could not start.
     """
     _compile(pattern)
-    found = last_match_in_worker(pattern, completion)
+    found = last_match_in_worker(pattern, completion, regex_timeout_s)
     if found is None:
         return 0.0
     return float(normalize_text(found, ignore_case) == normalize_text(label, ignore_case))
@@ -276,6 +284,7 @@ _OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "letters": _letters_option,
     "max_chars": _positive_int_option,
     "math_timeout_s": _positive_number_option,
+    "regex_timeout_s": _positive_number_option,
     "pattern": _pattern_option,
 }
 
@@ -285,7 +294,7 @@ VERIFIER_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "numeric": (("tolerance", "abs_tolerance"), ()),
     "multiple_choice": (("letters",), ()),
     "math": (("max_chars", "math_timeout_s"), ()),
-    "regex": (("pattern", "ignore_case"), ("pattern",)),
+    "regex": (("pattern", "ignore_case", "regex_timeout_s"), ("pattern",)),
 }
 
 

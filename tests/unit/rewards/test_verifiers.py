@@ -268,3 +268,31 @@ def test_a_regex_match_over_its_time_limit_is_no_match_and_the_worker_is_replace
     assert make_verifier("regex", pattern=r"(a+)+$")("a" * 30 + "!", "a") == 0.0  # the trial's case
     assert time.monotonic() - start < REGEX_TIMEOUT_S + 5.0  # a fresh worker's start included
     assert regex("final=42; final=43", "43", pattern=r"final=(\d+)") == 1.0  # a new worker answers
+
+
+def test_the_regex_time_limit_is_an_option_of_the_verifier_and_of_the_dataset_env(caplog) -> None:
+    """``regex_timeout_s``: a match that takes longer than it scores 0.0, and the warning names the limit that
+    stopped it (0.2 s here, not the default 1 s; timings are not asserted, the machine may be busy); a bad value is
+    refused naming it; the ``dataset_task`` env takes the key and scores with it, its majority vote included."""
+    import marti
+
+    slow = make_verifier("regex", pattern=_SLOW, regex_timeout_s=0.2)
+    assert slow("a" * 30 + "!", "a") == 0.0
+    assert "took over 0.2 s on reply 'aaaa" in caplog.text and "took over 1.0 s" not in caplog.text
+    with pytest.raises(InvalidArgumentError, match="regex_timeout_s"):
+        make_verifier("regex", pattern=_SLOW, regex_timeout_s=0)
+    with pytest.raises(InvalidArgumentError, match="regex_timeout_s"):
+        make_verifier("numeric", regex_timeout_s=1.0)  # not an option of another kind
+    caplog.clear()
+    row = {"prompt": "say a", "label": "a" * 30 + "!"}
+    env = marti.make(
+        "dataset_task", row=row, num_agents=3, final="majority", verifier="regex", pattern=_SLOW,
+        regex_timeout_s=0.2,
+    )  # fmt: skip
+    try:
+        env.reset(seed=0)
+        *_, infos = env.step(dict.fromkeys(env.agents, "a" * 30 + "!"))
+        assert infos["agent_1"]["task_completion"] == 0.0  # no vote found an answer in time
+        assert caplog.text.count("took over 0.2 s") >= 3 and "took over 1.0 s" not in caplog.text
+    finally:
+        env.close()

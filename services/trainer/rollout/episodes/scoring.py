@@ -38,6 +38,7 @@ from marti.rewards import (
     reward_functions,
 )
 from marti.rewards.judge import compile_judge_pattern, read_verdict
+from marti.rewards.math_worker import REGEX_TIMEOUT_S
 from marti.rewards.team import OWN_WEIGHT, credit, last_replies, team_reply
 from marti.workflow import EpisodeView
 from services.trainer.data.tasks import DatasetTasks
@@ -173,6 +174,7 @@ class EpisodeScorer:
         self.own_weight = float(opts.get("own_weight", OWN_WEIGHT))
         self.verifier = opts.get("verifier", "exact")
         self.pattern = opts.get("pattern")
+        self.regex_timeout_s = float(opts.get("regex_timeout_s") or REGEX_TIMEOUT_S)
 
     def rescore(self, views: Sequence[EpisodeView]) -> list[dict[str, float]]:
         """Each episode's per-agent credit from the scorers (one scoring call for all of ``views``), or from the
@@ -243,5 +245,6 @@ class EpisodeScorer:
             last_speaker=speaker,
             verifier=self.verifier,
             pattern=self.pattern,
+            regex_timeout_s=self.regex_timeout_s,
         )
         return last, team
