@@ -14,9 +14,13 @@ import os, signal, sys, time
 from services.trainer.job.cli import train_cli
 from services.trainer.job.run import prechecks
 
+# a terminal's default: a process started with SIGINT ignored (a pytest-xdist worker's child) keeps ignoring it
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def checks(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(30)
+    sys.exit("the SIGINT was not delivered")
 
 prechecks.check_before_the_run_folder = checks
 sys.exit(train_cli.main(["examples/tiny.yaml", "--set", "output.dir=" + sys.argv[1]]))
