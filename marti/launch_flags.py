@@ -557,7 +557,7 @@ def build_config(
         config_path: The YAML file, or None to build the team from launch flags alone.
         overrides: Dotted ``KEY=VALUE`` strings (``--set``).
         launch_argv: OpenRLHF-style flag tokens (see :func:`parse_launch_flags`).
-        machine: What this machine supports; None probes it.
+        machine: What this machine supports; None probes it when a flag needs it (:func:`parse_launch_flags`).
 
     Returns:
         ``(config, warnings)``: the validated config and one message per ignored launch flag.
