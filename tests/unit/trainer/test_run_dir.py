@@ -138,3 +138,42 @@ def test_a_run_without_a_checkpoint_is_restarted_with_overwrite_and_both_refusal
         RunFolder(tmp_path).prepare(cfg, resume=False, overwrite=False)
     with pytest.raises(NotFoundError, match="start a new run without --resume"):
         RunFolder(tmp_path / "empty").prepare(cfg, resume=True, overwrite=False)  # no run at all
+
+
+def test_a_resume_with_changed_settings_says_them_and_that_the_lr_schedule_follows_a_new_length(
+    tmp_path, caplog
+):
+    """A new user resumed with another max_steps: the LR at the next step changed (0.000998 -> 0.00089) and only
+    config_history.jsonl said why. The resumed job's log now names every changed key, and the schedule."""
+    from marti.config import load_config
+    from services.trainer.job.run.run_dir import RunFolder
+
+    run = tmp_path / "run"
+    first = load_config(ROOT / "examples" / "tiny.yaml", [f"output.dir={run}", "lr_scheduler=cosine"])
+    folder = RunFolder(run)
+    folder.lock()
+    folder.prepare(first, resume=False, overwrite=False)
+    with caplog.at_level("WARNING", logger="services.trainer.job.run.run_dir"):
+        folder.record_start(first, 0)
+    assert "changed settings" not in caplog.text  # a new run changes nothing
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    for sets, schedule in ((["max_steps=8"], True), (["max_steps=8", "learning_rate=0.002"], False)):
+        cfg = load_config(
+            ROOT / "examples" / "tiny.yaml", [f"output.dir={run}", "lr_scheduler=cosine", *sets]
+        )
+        folder.prepare(cfg, resume=True, overwrite=False)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="services.trainer.job.run.run_dir"):
+            folder.record_start(cfg, 1)
+        if schedule:
+            assert (
+                "--resume at step 1 with changed settings (config_history.jsonl): max_steps 2 -> 8"
+                in caplog.text
+            )
+            assert (
+                "max_steps shape the LR schedule, so from step 1 its rate follows the new settings"
+                in caplog.text
+            )
+        else:  # against the last start (max_steps already 8): the learning rate alone
+            assert "learning_rate 0.001 -> 0.002" in caplog.text and "LR schedule" not in caplog.text
+    folder.unlock()

@@ -302,12 +302,34 @@ class RunFolder:
             "dataset": self._dataset(cfg),
             "rollout": rollout,
         }
+        if record["changed"]:
+            _warn_changed(record["changed"], start_step)
         tmp = path.with_name(".config.yaml.tmp")
         tmp.write_text(dump_config(cfg))
         os.replace(tmp, path)
         with (self.run_dir / HISTORY_FILE).open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         return record
+
+
+#: Keys whose change on a resume reshapes the LR schedule from the resumed step on (its length or shape).
+SCHEDULE_KEYS = ("max_steps", "max_epochs", "lr_scheduler", "lr_warmup_ratio", "algorithm.ppo_epochs")
+
+
+def _warn_changed(changed: dict[str, list[Any]], start_step: int) -> None:
+    """Log what a resumed job changed (also in ``config_history.jsonl``), and, when a :data:`SCHEDULE_KEYS` key
+    is among them, that the LR schedule now follows the new settings from the resumed step."""
+    shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in list(changed.items())[:8])
+    more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
+    schedule = [k for k in SCHEDULE_KEYS if k in changed]
+    why = (
+        f"; {', '.join(schedule)} shape the LR schedule, so from step {start_step} its rate follows the new "
+        "settings (the schedule is not the one the run started with)"
+        if schedule
+        else ""
+    )
+    _LOG.warning("--resume at step %d with changed settings (config_history.jsonl): %s%s%s", start_step, shown,
+                 more, why)  # fmt: skip
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
