@@ -358,7 +358,7 @@ def test_openai_errors(client, served):
         ({"temperature": -1}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": -3}, "max_tokens"),
-        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
         ({"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
         ({"stop": [""]}, "stop"),
         ({"extra_body": {"top_k": -2}}, "top_k"),
@@ -366,6 +366,14 @@ def test_openai_errors(client, served):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="planner", messages=MSG, **{"max_tokens": 2, **kw})
         assert _err(e)["param"] == param and param in _err(e)["message"], (kw, _err(e))
+    with pytest.raises(openai.BadRequestError) as e:  # one would win silently over the other
+        client.chat.completions.create(model="planner", messages=MSG, max_tokens=2, max_completion_tokens=6)
+    assert "max_tokens (2) and max_completion_tokens (6) disagree" in _err(e)["message"]
+    assert _err(e)["param"] == "max_completion_tokens"
+    same = client.chat.completions.create(
+        model="planner", messages=MSG, max_tokens=2, max_completion_tokens=2
+    )
+    assert same.usage.completion_tokens <= 2
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="planner", messages=MSG, max_tokens=2, n=99)
     assert "n must be" in _err(e)["message"] and _err(e)["param"] == "n"

@@ -83,8 +83,16 @@ def chat_call(body: ChatCompletionRequest) -> ChatCall:
     """The request as a protocol-neutral :class:`ChatCall`.
 
     Raises:
-        InvalidArgumentError: As :func:`chat_messages`.
+        InvalidArgumentError: As :func:`chat_messages`; or ``max_tokens`` and ``max_completion_tokens`` both given
+            with different values (``max_completion_tokens`` would win silently; equal values pass).
     """
+    both = body.max_tokens is not None and body.max_completion_tokens is not None
+    if both and body.max_tokens != body.max_completion_tokens:
+        raise request_error(
+            f"max_tokens ({body.max_tokens}) and max_completion_tokens ({body.max_completion_tokens}) disagree: "
+            "send one of them (max_tokens is the older name of max_completion_tokens)",
+            "max_completion_tokens",
+        )
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return ChatCall(
