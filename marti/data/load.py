@@ -246,6 +246,11 @@ def _from_disk(ds: Any, spec: SourceSpec) -> Any:
                 f"dataset {spec.describe()} has no split {spec.split!r}; its splits are {sorted(loaded)}"
             )
         return loaded[spec.split]
+    if spec.split != "train":  # one Dataset has no named splits: the split asked for would be ignored
+        raise InvalidArgumentError(
+            f"dataset {spec.describe()} is one saved Dataset (no named splits), so split {spec.split!r} would be "
+            "ignored; save a DatasetDict, or hold rows out with dataset.eval_path or eval_fraction"
+        )
     return loaded
 
 

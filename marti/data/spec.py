@@ -85,14 +85,14 @@ def parse_source(text: str, *, split: str | None = None) -> SourceSpec:
     prefix, sep, rest = text.partition(":")
     prefix = prefix.lower()
     if sep and prefix in FILE_FORMATS:
-        return SourceSpec(text, FILE_FORMATS[prefix], _nonempty(text, rest), _one_split(text, None, split))
+        return SourceSpec(text, FILE_FORMATS[prefix], _nonempty(text, rest), _file_split(text, split))
     if sep and prefix == "disk":
         return SourceSpec(text, "disk", _nonempty(text, rest), _one_split(text, None, split))
     if sep and prefix == "hf":
         return _hub(text, _nonempty(text, rest), split)
     suffix = Path(text).suffix.lower().lstrip(".")
     if suffix in FILE_FORMATS:
-        return SourceSpec(text, FILE_FORMATS[suffix], text, _one_split(text, None, split))
+        return SourceSpec(text, FILE_FORMATS[suffix], text, _file_split(text, split))
     if Path(text).is_dir():
         return SourceSpec(text, "disk", text, _one_split(text, None, split))
     if _BARE_HUB_RE.match(text) and not suffix:
@@ -121,6 +121,22 @@ def _one_split(text: str, own: str | None, given: str | None) -> str:
             f"dataset source {text!r} names split {own!r} but the split given is {given!r}; keep one"
         )
     return own or given or "train"
+
+
+def _file_split(text: str, given: str | None) -> str:
+    """A file's split: ``train``, its one split of rows; another given split would be ignored, so it is refused.
+
+    Raises:
+        InvalidArgumentError: ``given`` is neither None nor ``train`` (the file and the split named).
+    """
+    split = _one_split(text, None, given)
+    if split != "train":
+        raise InvalidArgumentError(
+            f"dataset source {text!r} is a file: its rows are one split, so split {split!r} would be ignored; "
+            "hold rows out with dataset.eval_path (a file) or eval_fraction, or name a hub dataset or a saved "
+            "DatasetDict folder for named splits"
+        )
+    return split
 
 
 def _hub(text: str, body: str, split: str | None) -> SourceSpec:

@@ -59,6 +59,24 @@ def test_a_saved_dataset_dict_folder_takes_a_named_split(tmp_path):
         ProblemSet.from_source(str(folder), input_key="prompt", split="validation")
 
 
+def test_a_split_that_a_file_or_one_saved_dataset_would_ignore_is_refused(tmp_path):
+    """A new user set dataset.split=test on a JSONL file and on a saved single Dataset: both trained on every row.
+    Sources without named splits refuse any split but ``train`` (their one split), naming the source and split."""
+    path = write(tmp_path, "jsonl")
+    assert len(ProblemSet.from_source(str(path), input_key="prompt", split="train")) == 3
+    with pytest.raises(
+        InvalidArgumentError, match=r"is a file: its rows are one split, so split 'test' would be"
+    ):
+        parse_source(f"jsonl:{path}", split="test")
+    folder = tmp_path / "one"
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(folder))
+    assert len(ProblemSet.from_source(str(folder), input_key="prompt", split="train")) == 3
+    with pytest.raises(
+        InvalidArgumentError, match=r"is one saved Dataset \(no named splits\), so split 'test'"
+    ):
+        ProblemSet.from_source(str(folder), input_key="prompt", split="test")
+
+
 def test_a_folder_that_is_not_a_saved_dataset(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(InvalidArgumentError, match="not a folder written by Dataset.save_to_disk"):
