@@ -226,7 +226,9 @@ def _load_file(ds: Any, spec: SourceSpec) -> Any:
 
 def _load_error(spec: SourceSpec, exc: Exception) -> InvalidArgumentError:
     """The error for a file ``load_dataset`` could not read: no rows, else the parser's own message."""
-    if "corresponds to no data" in _cause(exc):  # datasets' answer to a file without rows
+    cause = _cause(exc)
+    # datasets' answer to a file without rows; pyarrow's to a Parquet file of 0 rows (it asks for batches of 0)
+    if "corresponds to no data" in cause or "BatchSize must be greater than 0" in cause:
         return InvalidArgumentError(f"dataset {spec.describe()} has no rows")
     return InvalidArgumentError(
         f"dataset {spec.describe()} could not be read as {spec.kind.upper()}: {_cause(exc)}"

@@ -183,6 +183,18 @@ def test_a_dataset_without_rows(tmp_path, name, text):
         ProblemSet([], input_key="prompt", source="mine")
 
 
+def test_a_parquet_file_without_rows(tmp_path):
+    """pyarrow answered a 0-row Parquet file with 'BatchSize must be greater than 0'; the docs promise 'has no
+    rows', as for the other formats."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string()), "answer": pa.array([], pa.string())}),
+                   tmp_path / "empty.parquet")  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match=r"empty\.parquet' has no rows"):
+        ProblemSet.from_source(str(tmp_path / "empty.parquet"), input_key="prompt")
+
+
 def test_an_unknown_column_names_the_columns_and_the_closest(tmp_path):
     path = jsonl(tmp_path, [{"question": "q", "answer": "a"}])
     with pytest.raises(
