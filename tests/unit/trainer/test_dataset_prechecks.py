@@ -107,6 +107,26 @@ def test_every_prompt_that_fits_passes_and_the_count_is_the_rollouts(tmp_path):
     )
 
 
+def test_a_large_dataset_is_said_before_its_prompts_are_checked(tmp_path, monkeypatch, capsys):
+    """The check renders every row per agent (300,000 rows: 65 s with nothing shown): from SAY_ROWS rows on it
+    says so on stderr first; below, it is silent."""
+    from marti.config import config_from_dict
+    from services.trainer.data.tasks import DatasetTasks
+    from services.trainer.job.run import prompt_lengths
+
+    rows = [{"prompt": f"What is {i}?", "answer": str(i)} for i in range(10)]
+    cfg = config_from_dict(_job(_rows_file(tmp_path, rows), rollout={"eval_every": 0}))
+    monkeypatch.setattr(prompt_lengths, "SAY_ROWS", 11)
+    prompt_lengths.check_prompt_lengths(cfg, DatasetTasks(cfg))
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(prompt_lengths, "SAY_ROWS", 10)
+    prompt_lengths.check_prompt_lengths(cfg, DatasetTasks(cfg))
+    assert (
+        "checking that the first prompt of each of the 10 rows fits the rollout engine, for each of the 1 "
+        "agents (Ctrl-C stops cleanly) ..." in capsys.readouterr().err
+    )
+
+
 def test_a_too_long_prompt_that_reaches_the_rollout_names_its_dataset_row(tmp_path):
     """The defence behind the precheck: mid-run the engine's 'prompt I: ...' (I a position in a generation batch,
     split among engines) becomes the episode's dataset row, the agent and the turn."""
