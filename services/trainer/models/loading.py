@@ -1,4 +1,5 @@
-"""Model and tokenizer resolution and loading, offline only.
+"""Model and tokenizer loading, offline only; what a name resolves to is decided, without torch, by
+:mod:`services.trainer.models.resolve` (:func:`resolve_model`).
 
 A model name resolves, in this order, to:
 
