@@ -42,6 +42,19 @@ class DatasetTasks:
         self.n_train = len(self.problems.train)
         self.n_eval = len(self.problems.eval) if self.problems.eval is not None else 0
 
+    def check_evaluation(self, cfg: TrainConfig) -> None:
+        """Refuse evaluations without a held-out set (what :meth:`fit` checks first; ``marti train``'s pre-checks
+        call it alone, before the run folder, and the job's loop fits once).
+
+        Raises:
+            InvalidArgumentError: ``rollout.eval_every > 0`` and the section has no held-out set.
+        """
+        if cfg.rollout.eval_every > 0 and self.n_eval == 0:
+            raise InvalidArgumentError(
+                f"rollout.eval_every is {cfg.rollout.eval_every} but dataset {self.section.path!r} has no "
+                "held-out set: set dataset.eval_path or dataset.eval_fraction, or rollout.eval_every: 0"
+            )
+
     def fit(self, cfg: TrainConfig) -> TrainConfig:
         """``cfg`` with the rollout's seed schedule sized to the data: ``num_train_seeds`` is the training row
         count (an epoch of ``max_epochs`` is one pass over the rows), training seeds start at 0 and the held-out
@@ -49,14 +62,10 @@ class DatasetTasks:
         warning says how many of them each evaluation plays).
 
         Raises:
-            InvalidArgumentError: ``rollout.eval_every > 0`` and the section has no held-out set.
+            InvalidArgumentError: As :meth:`check_evaluation`.
         """
+        self.check_evaluation(cfg)
         r = cfg.rollout
-        if r.eval_every > 0 and self.n_eval == 0:
-            raise InvalidArgumentError(
-                f"rollout.eval_every is {r.eval_every} but dataset {self.section.path!r} has no held-out set: "
-                "set dataset.eval_path or dataset.eval_fraction, or rollout.eval_every: 0"
-            )
         update: dict[str, Any] = {"num_train_seeds": self.n_train, "train_seed_start": 0}
         if self.n_eval:
             update["eval_seeds"] = [self.n_train + j for j in range(self.n_eval)]

@@ -57,6 +57,9 @@ def test_held_out_rows_an_evaluation_leaves_out_are_said(tmp_path, caplog):
     how many of how many (the rest would otherwise never be played, silently)."""
     cfg = _config(tmp_path, dataset={"eval_fraction": 0.5}, rollout={"eval_episodes": 3})
     with caplog.at_level("WARNING", logger="marti.trainer"):
+        DatasetTasks(cfg).check_evaluation(cfg)  # marti train's pre-check: the job's own fit says it, once
+    assert "held-out rows" not in caplog.text
+    with caplog.at_level("WARNING", logger="marti.trainer"):
         fitted = DatasetTasks(cfg).fit(cfg)
     assert fitted.rollout.resolved_eval_seeds == [5, 6, 7]
     assert "plays the first 3 of the 5 held-out rows (rollout.eval_episodes=3)" in caplog.text

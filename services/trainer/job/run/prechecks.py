@@ -160,7 +160,7 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     if cfg.dataset is None:
         return None
     tasks = DatasetTasks(cfg)
-    tasks.fit(cfg)
+    tasks.check_evaluation(cfg)
     if cfg.environment.env_name == DATASET_ENV:
         _check_labels(cfg, tasks)
     if cfg.reward.functions:
