@@ -24,17 +24,19 @@ __all__ = ["OWN_WEIGHT", "answer_of", "credit", "last_replies", "team_reply"]
 
 
 def answer_of(
-    text: str, verifier: str, pattern: str | None = None, regex_timeout_s: float = REGEX_TIMEOUT_S
+    text: str, verifier: str, pattern: str | None = None, regex_timeout_s: float | None = None
 ) -> str | None:
     """The answer in a reply, as a majority vote and the ``team_answer`` info compare it, or None when it has none.
 
     ``regex``: the last match of ``pattern`` (group 1 if it has groups), the text the verifier compares, found
-    in a worker process within ``regex_timeout_s`` seconds (None past it);
+    in a worker process within ``regex_timeout_s`` seconds (None: the ``regex`` verifier's default,
+    :data:`~marti.rewards.math_worker.REGEX_TIMEOUT_S`; no answer past it);
     otherwise :func:`~marti.rewards.answers.extract_answer` (a ``\\boxed{}``, an ``Answer:`` line), else for
     ``numeric`` the last number and for ``exact`` the whole reply (what each verifier reads).
     """
     if verifier == "regex" and pattern:
-        return last_match_in_worker(pattern, text, regex_timeout_s)
+        timeout_s = REGEX_TIMEOUT_S if regex_timeout_s is None else regex_timeout_s
+        return last_match_in_worker(pattern, text, timeout_s)
     answer = extract_answer(text)
     if answer is None and verifier == "numeric":
         answer = last_number(text)
@@ -74,7 +76,7 @@ def team_reply(
     last_speaker: str | None = None,
     verifier: str = "exact",
     pattern: str | None = None,
-    regex_timeout_s: float = REGEX_TIMEOUT_S,
+    regex_timeout_s: float | None = None,
 ) -> str | None:
     """The reply that is the team's answer (see the module docstring), or None when there is none.
 
@@ -86,7 +88,7 @@ def team_reply(
         last_speaker: The last agent that spoke.
         verifier: The verifier kind, for :func:`answer_of` (majority vote).
         pattern: The ``regex`` verifier's pattern, for :func:`answer_of`.
-        regex_timeout_s: Seconds a ``regex`` match may take per reply, for :func:`answer_of`.
+        regex_timeout_s: Seconds a ``regex`` match may take per reply, for :func:`answer_of` (None: its default).
     """
     if final == "agent":
         who = final_agent or last_speaker

@@ -32,7 +32,6 @@ from pettingzoo import ParallelEnv
 from marti.env_config import ConfigField, ConfigSchema
 from marti.env_registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError
-from marti.rewards.math_worker import REGEX_TIMEOUT_S
 from marti.rewards.team import OWN_WEIGHT, answer_of, credit, team_reply
 from marti.rewards.verifiers import VERIFIERS
 from services.env_server.envs import dataset_rows as dr
@@ -209,13 +208,10 @@ class DatasetTaskEnv(ParallelEnv):
             self.agents = []
         return obs, rewards, dict.fromkeys(live, done), dict.fromkeys(live, False), infos
 
-    def _regex_timeout_s(self) -> float:
-        """``regex_timeout_s``, or the verifiers' default when the config leaves it unset."""
-        value = self.config["regex_timeout_s"]
-        return REGEX_TIMEOUT_S if value is None else float(value)
-
     def _answer(self, text: str) -> str | None:
-        return answer_of(text, self.config["verifier"], self.config["pattern"], self._regex_timeout_s())
+        return answer_of(
+            text, self.config["verifier"], self.config["pattern"], self.config["regex_timeout_s"]
+        )
 
     def _score(self) -> dict[str, Any]:
         """Score the team's reply and each agent's own (:mod:`marti.rewards.team`, shared with the trainer)."""
@@ -227,7 +223,7 @@ class DatasetTaskEnv(ParallelEnv):
             last_speaker=self.last_speaker,
             verifier=self.config["verifier"],
             pattern=self.config["pattern"],
-            regex_timeout_s=self._regex_timeout_s(),
+            regex_timeout_s=self.config["regex_timeout_s"],
         )
         team = bool(team_text is not None and self.verifier(team_text, self.label) >= 1.0)
         own = {a: self.verifier(t, self.label) >= 1.0 for a, t in self.last_text.items()}

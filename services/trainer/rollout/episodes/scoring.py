@@ -38,7 +38,6 @@ from marti.rewards import (
     reward_functions,
 )
 from marti.rewards.judge import compile_judge_pattern, read_verdict
-from marti.rewards.math_worker import REGEX_TIMEOUT_S
 from marti.rewards.team import OWN_WEIGHT, credit, last_replies, team_reply
 from marti.workflow import EpisodeView
 from services.trainer.data.tasks import DatasetTasks
@@ -174,7 +173,7 @@ class EpisodeScorer:
         self.own_weight = float(opts.get("own_weight", OWN_WEIGHT))
         self.verifier = opts.get("verifier", "exact")
         self.pattern = opts.get("pattern")
-        self.regex_timeout_s = float(opts.get("regex_timeout_s") or REGEX_TIMEOUT_S)
+        self.regex_timeout_s = opts.get("regex_timeout_s")
 
     def rescore(self, views: Sequence[EpisodeView]) -> list[dict[str, float]]:
         """Each episode's per-agent credit from the scorers (one scoring call for all of ``views``), or from the
