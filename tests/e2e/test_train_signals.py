@@ -18,10 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _train_cmd(run: Path, *overrides: str) -> list[str]:
-    """`marti train examples/tiny.yaml` into ``run`` with two-turn episodes and the given ``--set`` overrides."""
+def _train_cmd(run: Path, *overrides: str, progress: bool = False) -> list[str]:
+    """`marti train examples/tiny.yaml` into ``run`` with two-turn episodes and the given ``--set`` overrides
+    (applied after, so they win), without the progress output unless ``progress``."""
     sets = [arg for o in ("environment.max_turns=2", *overrides, f"output.dir={run}") for arg in ("--set", o)]
-    return [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress", *sets]
+    quiet = [] if progress else ["--no-progress"]
+    return [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", *quiet, *sets]
 
 
 def _stack_children(run: Path) -> int:
@@ -226,14 +228,7 @@ def test_a_second_ctrl_c_while_the_job_waits_on_ray_stops_at_once(tmp_path):
     once with the documented lines, exit 130 and no process left (about 25 s here)."""
     run = tmp_path / "run_now"
     sets = ("environment.max_turns=1", "rollout.eval_every=0", "max_steps=3", "rollout.max_new_tokens=400")
-    cmd = [
-        sys.executable,
-        "-m",
-        "marti.cli",
-        "train",
-        "examples/tiny.yaml",
-    ]  # with progress: the rollout line
-    cmd += [arg for o in (*sets, f"output.dir={run}") for arg in ("--set", o)]
+    cmd = _train_cmd(run, *sets, progress=True)  # with progress: the rollout line
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
