@@ -78,6 +78,13 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         grpc_cap = self.settings.max_message_bytes - _RESPONSE_OVERHEAD
         return min(receiver_limit or grpc_cap, grpc_cap)
 
+    def _batch_messages(self, requested: int) -> int:
+        """Most messages of one delivered frame or dead-letter response: ``requested`` (``max_messages`` of
+        Receive or ReadDeadLetters, ``max_batch_messages`` of Subscribe; the core checks it against
+        ``max_batch_messages``), or for 0 the broker's default: ``default_batch_messages``, at most
+        ``max_batch_messages`` (so a request without a count works on a broker that takes fewer than 256)."""
+        return requested or min(self.settings.default_batch_messages, self.settings.max_batch_messages)
+
     async def _send(self, request, context, broadcast: bool):
         envelopes = convert.decode_frame(
             request.frame, self.settings.max_frame_bytes, self._dictionary(request.session)
@@ -121,9 +128,7 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         """
         if request.max_batch_messages:  # 0: the broker's default
             self.broker.mailboxes.check_max_messages(request.max_batch_messages, "max_batch_messages")
-        max_batch = request.max_batch_messages or min(
-            self.settings.default_batch_messages, self.settings.max_batch_messages
-        )
+        max_batch = self._batch_messages(request.max_batch_messages)
         self.broker.join(request.session, request.agent_id, list(request.topics))
         session = self.broker.sessions[request.session]
         budget = self._frame_budget(request.max_frame_bytes)
@@ -149,9 +154,7 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         acked = 0
         if request.ack_message_ids:
             acked = self.broker.ack(request.session, request.agent_id, list(request.ack_message_ids))
-        max_messages = request.max_messages or min(
-            self.settings.default_batch_messages, self.settings.max_batch_messages
-        )
+        max_messages = self._batch_messages(request.max_messages)
         timeout_s = request.timeout_ms / 1000.0
         remaining = context.time_remaining()
         if remaining is not None:
@@ -200,7 +203,7 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         """Reads dead letters (see the proto)."""
         dead = self.broker.read_dead_letters(
             request.session,
-            request.max_messages or 256,
+            self._batch_messages(request.max_messages),
             request.receiver,
             request.remove,
             self._frame_budget(request.max_response_bytes),

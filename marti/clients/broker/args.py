@@ -49,6 +49,14 @@ def count_arg(name: str, value: Any, minimum: int = 0, maximum: int | None = UIN
     return value
 
 
+def batch_count_arg(name: str, value: Any) -> int:
+    """A per-call message count (``max_messages``, ``max_batch_messages``) in ``[1, UINT32_MAX]``, or None: the
+    broker's default (sent as 0: its ``default_batch_messages``, 256, at most its own ``max_batch_messages``), so
+    a call with the default count works on any broker. An explicit count over the broker's
+    ``max_batch_messages`` is refused by the broker (``InvalidArgumentError`` naming both)."""
+    return 0 if value is None else count_arg(name, value, 1)
+
+
 def seconds_arg(name: str, value: Any, maximum: float = MAX_TIMEOUT_S) -> float:
     """A number of seconds in ``[0, maximum]``."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= maximum:

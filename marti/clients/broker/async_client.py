@@ -352,11 +352,11 @@ class AsyncMartiCommClient(_ClientBase):
         self._core.sent_ok(items, frame)
         return resp
 
-    async def get_messages(self, max_messages: int = 256, timeout_s: float = 0.0) -> list[Message]:
+    async def get_messages(self, max_messages: int | None = None, timeout_s: float = 0.0) -> list[Message]:
         """Async :meth:`MartiCommClient.get_messages` (same errors; a close under the wait raises the
         closed-client ``FailedPreconditionError``, never ``asyncio.CancelledError``)."""
         self._ready()
-        wait_s = self._receive_args(max_messages, timeout_s)
+        max_messages, wait_s = self._receive_args(max_messages, timeout_s)
         self._raise_undecodable()  # a message of an earlier delivery that did not decode
         await self._flush(acks=False)
         self._raise_refused()  # a timer flush that was in flight meanwhile
@@ -369,7 +369,9 @@ class AsyncMartiCommClient(_ClientBase):
             raise
         return self._received(resp.frame)
 
-    def subscribe(self, max_batch_messages: int = 256, max_unacked: int = 0) -> AsyncIterator[Message]:
+    def subscribe(
+        self, max_batch_messages: int | None = None, max_unacked: int = 0
+    ) -> AsyncIterator[Message]:
         """Async iterator over pushed messages (see :meth:`MartiCommClient.subscribe`; same errors, the
         argument and closed checks at once). A close under the wait raises the closed-client
         ``FailedPreconditionError`` from the iteration, never ``asyncio.CancelledError``."""
@@ -424,7 +426,7 @@ class AsyncMartiCommClient(_ClientBase):
         return [_state_entry(s) for s in (await acall(self._stub.GetStates, req, self.timeout_s)).states]
 
     async def read_dead_letters(
-        self, max_messages: int = 256, *, receiver: str | None = None, remove: bool = False
+        self, max_messages: int | None = None, *, receiver: str | None = None, remove: bool = False
     ) -> list[DeadLetter]:
         """Async :meth:`MartiCommClient.read_dead_letters`."""
         req = self._dead_letters_request(max_messages, receiver, remove)

@@ -32,6 +32,7 @@ from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
 from marti.rpc.guard import ClientChannel
 
 from .args import (
+    batch_count_arg,
     check_client_args,
     content_type_arg,
     count_arg,
@@ -440,14 +441,14 @@ class _ClientBase:
         return request_cls(session=self.session, sender=self.agent_id, frame=frame), frame
 
     # ------------------------------------------------------------------ receiving
-    def _receive_args(self, max_messages: int, timeout_s: float) -> float:
-        """Checks the arguments of ``get_messages``; returns ``timeout_s`` as a float.
+    def _receive_args(self, max_messages: int | None, timeout_s: float) -> tuple[int, float]:
+        """Checks the arguments of ``get_messages``; returns the request's ``max_messages`` (0 for None: the
+        broker's default) and ``timeout_s`` as a float.
 
         Raises:
             InvalidArgumentError: ``max_messages`` < 1 or ``timeout_s`` < 0 (or not numbers), named.
         """
-        count_arg("max_messages", max_messages, 1)
-        return seconds_arg("timeout_s", timeout_s)
+        return batch_count_arg("max_messages", max_messages), seconds_arg("timeout_s", timeout_s)
 
     def _receive_request(self, max_messages: int, wait_s: float) -> tuple[pb.ReceiveRequest, list[str]]:
         """The Receive request (arguments checked by :meth:`_receive_args`), carrying the pending acks (also
@@ -469,8 +470,9 @@ class _ClientBase:
         with self._core.lock:
             self._core.pending_acks[:0] = acks
 
-    def _subscribe_request(self, max_batch_messages: int, max_unacked: int) -> pb.SubscribeRequest:
-        """The Subscribe request (after :meth:`_ready`).
+    def _subscribe_request(self, max_batch_messages: int | None, max_unacked: int) -> pb.SubscribeRequest:
+        """The Subscribe request (after :meth:`_ready`); ``max_batch_messages`` None asks for the broker's
+        default.
 
         Raises:
             InvalidArgumentError: ``max_batch_messages`` < 1 or ``max_unacked`` < 0 (or not integers), named.
@@ -480,7 +482,7 @@ class _ClientBase:
             session=self.session,
             agent_id=self.agent_id,
             topics=self.topics,
-            max_batch_messages=count_arg("max_batch_messages", max_batch_messages, 1),
+            max_batch_messages=batch_count_arg("max_batch_messages", max_batch_messages),
             max_unacked=count_arg("max_unacked", max_unacked),
             max_frame_bytes=self._core.max_frame_bytes,
         )
@@ -541,10 +543,11 @@ class _ClientBase:
         )
 
     def _dead_letters_request(
-        self, max_messages: int, receiver: str | None, remove: bool
+        self, max_messages: int | None, receiver: str | None, remove: bool
     ) -> pb.ReadDeadLettersRequest:
         """The ReadDeadLetters request of ``read_dead_letters`` (after :meth:`_ready`), bounded by this
-        client's ``max_frame_bytes`` as its Receive requests are.
+        client's ``max_frame_bytes`` as its Receive requests are; ``max_messages`` None asks for the broker's
+        default.
 
         Raises:
             InvalidArgumentError: ``max_messages`` < 1, ``receiver`` not a non-empty string or None,
@@ -552,7 +555,7 @@ class _ClientBase:
                 letters of the whole session), named.
         """
         self._ready()
-        count = count_arg("max_messages", max_messages, 1)
+        count = batch_count_arg("max_messages", max_messages)
         who = "" if receiver is None else text_arg("receiver", receiver)
         if flag_arg("remove", remove) and who:
             raise InvalidArgumentError(

@@ -478,11 +478,13 @@ class MartiCommClient(_ClientBase):
         self._flush_blocking(self._stub, background)
 
     # ------------------------------------------------------------------ receiving
-    def get_messages(self, max_messages: int = 256, timeout_s: float = 0.0) -> list[Message]:
+    def get_messages(self, max_messages: int | None = None, timeout_s: float = 0.0) -> list[Message]:
         """Returns waiting messages; waits up to ``timeout_s`` for the first one.
 
         Args:
-            max_messages: Most messages to return (the broker caps it at its max_batch_messages).
+            max_messages: Most messages to return, 1..the broker's ``max_batch_messages`` (4096 by default; more
+                is ``InvalidArgumentError`` from the broker, naming both); None: the broker's default
+                (``default_batch_messages``, 256, at most its ``max_batch_messages``).
             timeout_s: Long-poll wait in seconds (0: return at once).
 
         Returns:
@@ -497,7 +499,7 @@ class MartiCommClient(_ClientBase):
             BatchRefusedError: A buffered batch (flushed first) or one the flush timer sent was refused.
         """
         self._ready()
-        wait_s = self._receive_args(max_messages, timeout_s)
+        max_messages, wait_s = self._receive_args(max_messages, timeout_s)
         self._raise_undecodable()  # a message of an earlier delivery that did not decode
         self._flush(acks=False)
         self._raise_refused()  # a timer flush that was in flight meanwhile
@@ -510,7 +512,7 @@ class MartiCommClient(_ClientBase):
             raise
         return self._received(resp.frame)
 
-    def subscribe(self, max_batch_messages: int = 256, max_unacked: int = 0) -> Iterator[Message]:
+    def subscribe(self, max_batch_messages: int | None = None, max_unacked: int = 0) -> Iterator[Message]:
         """Iterates over messages as the broker pushes them (server stream), forever until closed.
 
         With auto-ack, a message is acked when the caller asks for the message after it (the acks of a batch
@@ -520,7 +522,8 @@ class MartiCommClient(_ClientBase):
         the loop was left on comes back too).
 
         Args:
-            max_batch_messages: Most messages per pushed batch.
+            max_batch_messages: Most messages per pushed batch, 1..the broker's ``max_batch_messages``; None: the
+                broker's default (as ``get_messages``' ``max_messages``).
             max_unacked: Most unacked deliveries outstanding (0: broker default).
 
         Returns:
@@ -623,7 +626,7 @@ class MartiCommClient(_ClientBase):
         return [_state_entry(s) for s in resp.states]
 
     def read_dead_letters(
-        self, max_messages: int = 256, *, receiver: str | None = None, remove: bool = False
+        self, max_messages: int | None = None, *, receiver: str | None = None, remove: bool = False
     ) -> list[DeadLetter]:
         """Reads the session's dead letters, oldest first: the messages the broker gave up delivering (after
         ``max_delivery_attempts`` deliveries without an ack, e.g. a payload that does not decode, which
@@ -635,7 +638,8 @@ class MartiCommClient(_ClientBase):
         calls drain the queue. The broker keeps at most its ``max_dead_letters`` per session (oldest dropped).
 
         Args:
-            max_messages: Most letters returned, 1..the broker's ``max_batch_messages`` (4096 by default).
+            max_messages: Most letters returned, 1..the broker's ``max_batch_messages`` (4096 by default); None:
+                the broker's default (as ``get_messages``' ``max_messages``).
                 The broker returns fewer rather than pass this client's ``max_frame_bytes`` (or its own limits)
                 in bytes, but at least one letter when one is there.
             receiver: Only the letters addressed to this agent; None: every agent's.

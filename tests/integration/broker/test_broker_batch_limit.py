@@ -210,3 +210,43 @@ def test_a_subscribe_asking_for_bigger_batches_than_the_broker_allows_is_refused
         ):
             next(iter(r.subscribe(max_batch_messages=LIMIT + 1)))
         assert [m.content for m in itertools.islice(r.subscribe(max_batch_messages=LIMIT), 1)] == [{"i": 1}]
+
+
+def test_default_counts_work_on_a_broker_taking_fewer_than_256_messages_a_batch(address) -> None:
+    """``get_messages()``, ``subscribe()`` and ``read_dead_letters()`` with their default counts on a broker whose
+    ``max_batch_messages`` (8) is below 256: each was refused (``InvalidArgumentError: max_messages=256 is outside
+    [1, max_batch_messages=8]``; ``ReadDeadLetters`` refused even a count of 0), so a client with default
+    arguments could receive nothing there. A default count now leaves the batch size to the broker; an explicit
+    count over its limit is still refused by name. Sync and asyncio clients alike."""
+    with MartiCommClient("r", address, session="defaults") as r:
+        with MartiCommClient("s", address, session="defaults") as s:
+            for i in range(LIMIT + 2):
+                s.send_message("r", i)
+        got = r.get_messages(timeout_s=1)
+        assert [m.content for m in got] == list(range(LIMIT))  # one frame: the broker's limit
+        assert [m.content for m in r.get_messages(timeout_s=1)] == [LIMIT, LIMIT + 1]
+        assert r.read_dead_letters() == []
+        with pytest.raises(
+            InvalidArgumentError, match=r"max_messages=9 is outside \[1, max_batch_messages=8\]"
+        ):
+            r.get_messages(max_messages=LIMIT + 1)
+        with MartiCommClient("s", address, session="defaults") as s:
+            s.send_message("r", "pushed")
+        assert next(iter(r.subscribe())).content == "pushed"
+
+    async def main() -> tuple:
+        async with AsyncMartiCommClient("r", address, session="defaults-aio") as r:
+            await r.connect()
+            async with AsyncMartiCommClient("s", address, session="defaults-aio") as s:
+                await s.connect()
+                for i in range(LIMIT + 2):
+                    await s.send_message("r", i)
+            first = [m.content for m in await r.get_messages(timeout_s=1)]
+            assert [m.content for m in await r.get_messages(timeout_s=1)] == [LIMIT, LIMIT + 1]
+            dead = await r.read_dead_letters()
+            async with AsyncMartiCommClient("s", address, session="defaults-aio") as s:
+                await s.send_message("r", "pushed")
+            async for msg in r.subscribe():
+                return first, dead, msg.content
+
+    assert asyncio.run(main()) == (list(range(LIMIT)), [], "pushed")
