@@ -218,7 +218,8 @@ class ExperienceSharingClient(_Base):
         Raises:
             InvalidArgumentError: an argument of the wrong type or out of its range, naming it.
             OutOfRangeError: ``batch_size`` above the store's ``max_sample_items`` or ``timeout_s`` above its
-                ``max_wait_ms`` (refused before anything is taken).
+                ``max_wait_ms``, or (without ``allow_partial``) above what the table can ever hand out at once,
+                ``max_size`` x ``max_times_sampled`` (refused before anything is taken).
             NotFoundError: unknown table.  DeadlineExceededError: fewer than ``batch_size`` items in time (then
                 nothing was taken: a queue keeps its items).
         """

@@ -22,6 +22,7 @@ from marti.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     MartiError,
+    OutOfRangeError,
     RateLimitedError,
     ResourceExhaustedError,
     UnavailableError,
@@ -428,6 +429,8 @@ class Table:
 
         Raises:
             InvalidArgumentError: when ``num_samples`` < 1 or ``current_policy_version`` < 0.
+            OutOfRangeError: ``whole`` with more ``num_samples`` than the table can ever hand out at once
+                (:meth:`_check_fillable`); nothing is taken.
             DeadlineExceededError: when nothing (``whole``: not the whole batch) could be taken in time; the
                 table is unchanged.
             UnavailableError: when the store is shutting down or ``abandoned`` was set.
@@ -440,6 +443,8 @@ class Table:
         oldest = None if lag is None or current_policy_version is None else current_policy_version - lag
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
+            if whole:
+                self._check_fillable(num_samples)
             while True:
                 take, picked = self._take(num_samples, filt, oldest, groups)
                 if picked and (not whole or len(picked) >= num_samples):
@@ -461,6 +466,25 @@ class Table:
             self.release(take)
             raise
         return take
+
+    def _check_fillable(self, num_samples: int) -> None:
+        """Refuses a whole-batch take that no state of the table can fill (caller holds the lock): with
+        ``max_times_sampled`` set, a take holds each item at most that many times, and the table at most
+        ``max_size`` items (more only after a restart with a smaller ``max_size``, until inserts evict them).
+
+        Raises:
+            OutOfRangeError: ``num_samples`` over that bound, naming the SDK's ``batch_size``, the table and
+                both settings (it would wait its whole timeout, then time out).
+        """
+        per_item = self.config.max_times_sampled
+        most = max(self.config.max_size, len(self._items)) * per_item
+        if per_item and num_samples > most:
+            raise OutOfRangeError(
+                f"batch_size {num_samples} (num_samples) can never be filled by table {self.name!r}: it holds at "
+                f"most max_size {self.config.max_size} items, each taken at most max_times_sampled {per_item} "
+                f"times ({most} in all); a whole-batch sample would wait its whole timeout. Ask for at most "
+                f"{most}, or pass allow_partial=True"
+            )
 
     def _take(
         self, num_samples: int, filt: SampleFilter, oldest: int | None = None, groups: bool = False

@@ -5,6 +5,8 @@ taken with replacement item by item, growing the store and the client without bo
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import marti
@@ -70,3 +72,24 @@ def test_an_item_past_max_item_bytes_is_refused_naming_that_setting(tmp_path) ->
             with pytest.raises(InvalidArgumentError) as err:
                 store.share_experience(marti.Trajectory(episode_id="big", agent_id="a1", turns=[turn]))
     assert "max_item_bytes (MARTI_STORE_MAX_ITEM_BYTES)=4096" in str(err.value)
+
+
+def test_a_whole_batch_larger_than_a_queue_can_hold_is_refused_at_once(client) -> None:
+    """``sample(batch_size=4)`` on a queue of ``max_size`` 3 (each item sampled once) can never be filled: it waited
+    its whole ``timeout_s`` (30 s by default, up to a day) and then raised DeadlineExceededError. It is now refused
+    at once with OutOfRangeError naming the batch size, the table, ``max_size`` and ``max_times_sampled``;
+    nothing is taken. ``allow_partial`` still returns what there is, and a batch the table can hold is served."""
+    client.create_table("q", preset="queue", max_size=3)
+    client.share_experiences(
+        [marti.Trajectory(episode_id=f"q{i}", agent_id="a1") for i in range(3)], table="q"
+    )
+    started = time.monotonic()
+    with pytest.raises(OutOfRangeError, match=r"batch_size 4 .*'q'.*max_size 3.*max_times_sampled 1"):
+        client.sample("q", 4, timeout_s=2.0)
+    assert time.monotonic() - started < 1.0
+    assert (client.info("q").size, client.info("q").samples) == (3, 0)
+    assert len(client.sample("q", 4, timeout_s=1.0, allow_partial=True)) == 3
+    client.share_experiences(
+        [marti.Trajectory(episode_id=f"r{i}", agent_id="a1") for i in range(3)], table="q"
+    )
+    assert len(client.sample("q", 3, timeout_s=1.0)) == 3
