@@ -120,22 +120,36 @@ class ResourceExhaustedError(MartiError):
 
 
 class BatchTooLargeError(ResourceExhaustedError):
-    """The broker refused a Send or Broadcast batch for its size alone: more envelopes than its
-    ``max_batch_messages``, or a frame of more uncompressed bytes than its ``max_frame_bytes``. gRPC
+    """A batch refused for its size alone, before any of it was applied: by the broker, a Send or Broadcast of
+    more envelopes than its ``max_batch_messages`` or a frame of more uncompressed bytes than its
+    ``max_frame_bytes``; by the env server, a ``BatchStep`` of more steps than its ``max_batch_steps``. gRPC
     RESOURCE_EXHAUSTED with a ``google.rpc.ErrorInfo`` detail whose reason is ``BATCH_TOO_LARGE`` (domain
-    ``marti.ai``; ``metadata["max_batch_messages"]`` or ``metadata["max_frame_bytes"]``, the limit the batch
-    broke), which the SDK's broker clients read to send the batch again in parts.
+    ``marti.ai``; ``metadata["max_batch_messages"]``, ``["max_frame_bytes"]`` or ``["max_batch_steps"]``, the
+    limit the batch broke), which the SDK's broker clients and ``RemoteParallelEnv.step_batch`` (so
+    ``marti.envs.step_many``) read to send the batch again in parts.
 
     Args:
         message: What was refused (the size and the limit are named).
         max_batch_messages: The broker's count limit, when the count broke it (0: not this limit).
         max_frame_bytes: The broker's frame limit in bytes, when the bytes broke it (0: not this limit).
+        max_batch_steps: The env server's steps per ``BatchStep``, when the count broke it (0: not this limit).
     """
 
     reason: ClassVar[str] = "BATCH_TOO_LARGE"
 
-    def __init__(self, message: str = "", *, max_batch_messages: int = 0, max_frame_bytes: int = 0) -> None:
-        limits = {"max_batch_messages": max_batch_messages, "max_frame_bytes": max_frame_bytes}
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        max_batch_messages: int = 0,
+        max_frame_bytes: int = 0,
+        max_batch_steps: int = 0,
+    ) -> None:
+        limits = {
+            "max_batch_messages": max_batch_messages,
+            "max_frame_bytes": max_frame_bytes,
+            "max_batch_steps": max_batch_steps,
+        }
         super().__init__(message, metadata={k: str(v) for k, v in limits.items() if v})
 
     @property
@@ -147,6 +161,11 @@ class BatchTooLargeError(ResourceExhaustedError):
     def max_frame_bytes(self) -> int:
         """The broker's ``max_frame_bytes`` when the frame's bytes were refused (0 otherwise, or unsaid)."""
         return _metadata_int(self, "max_frame_bytes")
+
+    @property
+    def max_batch_steps(self) -> int:
+        """The env server's ``max_batch_steps`` when a ``BatchStep`` was refused for its count (0 otherwise)."""
+        return _metadata_int(self, "max_batch_steps")
 
 
 def _metadata_int(exc: MartiError, key: str) -> int:

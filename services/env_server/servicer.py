@@ -13,7 +13,7 @@ from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
 from marti.env_registry import Registry, default_registry
 from marti.envs import declared_metrics
-from marti.errors import InvalidArgumentError, ResourceExhaustedError
+from marti.errors import BatchTooLargeError, InvalidArgumentError
 from marti.rpc.errors import ok_status, to_status_proto
 from marti.rpc.server import ServiceSpec
 from services.env_server import convert
@@ -84,8 +84,9 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         batch's sessions run in few worker jobs (see ``SessionManager.step_batch_async``), each step encoded
         as a delta when its request names the session's latest result."""
         if len(req.steps) > self.settings.max_batch_steps:
-            raise ResourceExhaustedError(
-                f"BatchStep has {len(req.steps)} steps, above max_batch_steps={self.settings.max_batch_steps}"
+            raise BatchTooLargeError(
+                f"BatchStep has {len(req.steps)} steps, above max_batch_steps={self.settings.max_batch_steps}",
+                max_batch_steps=self.settings.max_batch_steps,
             )
         out = pb.BatchStepResponse() if out is None else out
         out.SetInParent()  # an empty batch still sets the response's oneof

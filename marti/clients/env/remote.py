@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +17,7 @@ from marti.env_guard import (
     closed_error,
 )
 from marti.errors import (
+    BatchTooLargeError,
     InvalidArgumentError,
     MartiError,
     ResourceExhaustedError,
@@ -26,6 +29,11 @@ from .protocol import check_env_list
 from .stream import SessionStream
 from .sync_client import EnvClient
 from .types import SessionInfo, StepResult
+
+logger = logging.getLogger("marti.env.client")
+#: Per channel, the ``max_batch_steps`` its env server refused a ``BatchStep`` with (learned by
+#: :meth:`RemoteParallelEnv.step_batch`, which keeps later batches on that channel under it).
+_BATCH_LIMITS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 class RemoteParallelEnv(ParallelEnv):
@@ -324,7 +332,10 @@ class RemoteParallelEnv(ParallelEnv):
         Args:
             envs: Remote envs on one channel, each at most once.
             actions: One action dict per env.
-            max_batch: Most steps per ``BatchStep`` call (the server's ``max_batch_steps`` is 4096 by default).
+            max_batch: Most steps per ``BatchStep`` call (the server's ``max_batch_steps`` is 4096 by default). A
+                call the server refuses for its count alone (``BatchTooLargeError`` naming its ``max_batch_steps``,
+                nothing stepped) is sent again in parts under its limit, and later calls on the channel keep under
+                it (a warning is logged once per channel).
 
         Returns:
             Per env, in order: its PettingZoo step tuple, or the :class:`MartiError` of its step alone.
@@ -357,10 +368,19 @@ class RemoteParallelEnv(ParallelEnv):
         if not live:
             return out  # every slot holds its env's error
         client = envs[live[0]].client
-        for lo in range(0, len(live), max_batch):
-            chunk = live[lo : lo + max_batch]
+        lo = 0
+        while lo < len(live):
+            chunk = live[lo : lo + min(max_batch, _BATCH_LIMITS.get(client.channel.inner, max_batch))]
             steps = [(envs[i].session_id, actions[i]) for i in chunk]
-            for i, r in zip(chunk, client.batch_step(steps), strict=True):
+            try:
+                results = client.batch_step(steps)
+            except BatchTooLargeError as refused:  # nothing of it was stepped: send it again in parts
+                if not 0 < refused.max_batch_steps < len(chunk):
+                    raise
+                _learn_batch_limit(client, refused.max_batch_steps)
+                continue
+            lo += len(chunk)
+            for i, r in zip(chunk, results, strict=True):
                 env = envs[i]
                 if isinstance(r, SessionLostError):
                     env._lost = f"the env server does not know it: {r.message}"
@@ -394,3 +414,15 @@ class RemoteParallelEnv(ParallelEnv):
             self.client.close()
         if self.on_close is not None:
             self.on_close()
+
+
+def _learn_batch_limit(client: EnvClient, limit: int) -> None:
+    """Keeps ``step_batch`` calls on ``client``'s channel at most ``limit`` steps a ``BatchStep`` from now on."""
+    if _BATCH_LIMITS.get(client.channel.inner) != limit:
+        logger.warning(
+            "env server %s takes at most %d steps a BatchStep (max_batch_steps); step_batch sends at most that "
+            "many from now on",
+            client.address or "(its channel)",
+            limit,
+        )
+    _BATCH_LIMITS[client.channel.inner] = limit
