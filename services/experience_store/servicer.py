@@ -61,17 +61,21 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         self.store = store
         self.settings = settings
         self._pool = ThreadPoolExecutor(settings.executor_threads, thread_name_prefix="store")
+        # Insert batches and Sample takes, which may wait for room or items, on threads of their own: a waiting
+        # call holds its thread, and on one pool the waiters kept the commit, or the insert, that ends their
+        # wait from running until they timed out.
+        self._waits = ThreadPoolExecutor(settings.wait_threads, thread_name_prefix="store-wait")
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def _run_abandonable(self, fn, wake, undo=None):
-        """``fn(abandoned)`` on the pool, ``abandoned`` a fresh :class:`threading.Event`. If the call is cancelled
+        """``fn(abandoned)`` on the pool of calls that may wait, ``abandoned`` a fresh :class:`threading.Event`. If the call is cancelled
         meanwhile (the client went away: it closed or cancelled the call, or was killed), sets ``abandoned`` and calls ``wake``
         (a table's or the store's ``notify``) so a table call waiting in ``fn`` gives up at once, passes what an
         ``fn`` that finished all the same returns to ``undo`` (when given), and re-raises the cancellation."""
         abandoned = threading.Event()
-        fut = asyncio.get_running_loop().run_in_executor(self._pool, fn, abandoned)
+        fut = asyncio.get_running_loop().run_in_executor(self._waits, fn, abandoned)
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -370,3 +374,4 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
         """Stop the pool and close the store (wakes waiting callers first)."""
         self.store.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._waits.shutdown(wait=False, cancel_futures=True)

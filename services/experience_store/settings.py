@@ -36,7 +36,17 @@ class StoreSettings(ServerSettings):
     snapshot_interval_s: float = Field(0.0, ge=0, description="Periodic snapshot interval, s; 0 = off.")
     keep_snapshots: int = Field(2, ge=1, description="Snapshot files kept.")
     executor_threads: int = Field(
-        16, ge=1, le=1024, description="Threads running table calls (waits hold one)."
+        16,
+        ge=1,
+        le=1024,
+        description="Threads running the table calls that do not wait (commits, reads, deletes, priorities).",
+    )
+    wait_threads: int = Field(
+        1024,
+        ge=1,
+        le=65536,
+        description="Threads running Insert and Sample calls, which may wait for room or items (a waiting call "
+        "holds one; more calls queue for a free one).",
     )
     default_timeout_ms: int = Field(30_000, ge=0, description="Wait used when a request gives timeout_ms=0.")
     max_item_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest uncompressed trajectory, bytes.")
