@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from marti.rpc.settings import ServerSettings
 from services.env_server.core.sessions import MAX_WORKERS
+
+#: A module-name prefix: dotted identifiers, optionally ending in a dot (``pettingzoo.``, ``my_pkg.envs``).
+_MODULE_PREFIX = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.?", re.ASCII)
 
 
 class EnvServerSettings(ServerSettings):
@@ -42,3 +47,17 @@ class EnvServerSettings(ServerSettings):
         default_factory=lambda: ["pettingzoo.", "gymnasium."],
         description="Module prefixes adapter entry points may be imported from.",
     )
+
+    @field_validator("allowed_modules")
+    @classmethod
+    def _module_prefixes(cls, value: list[str]) -> list[str]:
+        """Each entry a module-name prefix (an empty one would allow every module, and a comma-separated string
+        would be one prefix that allows none)."""
+        for entry in value:
+            if not _MODULE_PREFIX.fullmatch(entry):
+                raise ValueError(
+                    f"entry {entry!r} is not a module-name prefix such as 'pettingzoo.' or 'my_pkg.envs' (an empty "
+                    "one would let clients import any module); give several as separate flag values "
+                    '(--allowed-modules a. b.) or a JSON list (MARTI_ENV_ALLOWED_MODULES=\'["a.", "b."]\')'
+                )
+        return value

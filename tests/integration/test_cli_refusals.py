@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -169,3 +170,29 @@ def test_a_bad_store_tables_file_is_one_line_naming_it(tmp_path, text, expected)
     res = _marti("store", "--port", "0", "--config", str(path))
     assert res.returncode == 2, res.stderr
     assert expected.format(path=path) in _one_line(res.stderr)
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("", "''"),  # an empty prefix matched every module: entry_point='os:system' ran a shell command
+        ("mymod.,pettingzoo.", "'mymod.,pettingzoo.'"),  # one prefix with a comma in it: matched no module
+        ("my mod.", "'my mod.'"),
+    ],
+)
+def test_an_allowed_modules_entry_that_is_no_module_prefix_is_refused(value, shown):
+    """``marti env-server --allowed-modules ""`` started a server whose empty prefix let a client import any
+    module (``marti.make("pettingzoo", entry_point="os:system", kwargs={"command": ...})`` ran the command), and a
+    comma-separated value was one prefix that matched nothing, silently. Each entry must now be a module-name
+    prefix (``pkg.``, ``pkg.sub``); a bad one stops the server with one line naming it, from a flag or the
+    variable alike."""
+    for args, env, source in (
+        (["--allowed-modules", value], {}, "--allowed-modules"),
+        ([], {"MARTI_ENV_ALLOWED_MODULES": json.dumps([value])}, "MARTI_ENV_ALLOWED_MODULES"),
+    ):
+        out = _marti("env-server", "--port", "0", *args, env=env, timeout_s=30)
+        assert out.returncode == 2, out
+        line = _one_line(out.stderr)
+        assert line.startswith(f"marti env-server: error: setting allowed_modules ({source})"), line
+        assert f"entry {shown} is not a module-name prefix" in line, line
+        assert "listening on" not in out.stdout
