@@ -15,11 +15,14 @@ from typing import Any, TypeVar
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from marti.errors import MartiError
+from marti.errors import InvalidArgumentError, MartiError
 
 #: Default largest message a server accepts or sends, in bytes (64 MiB). Client and server use the same value.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+
+#: Settings whose value an error message never shows (a refused one is shown as ``<hidden>``).
+SECRET_SETTINGS = frozenset({"token", "service_token"})
 
 #: Accepted ``log_level`` values.
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -66,12 +69,39 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
         return level
 
+    @field_validator("token")
+    @classmethod
+    def _sendable_token(cls, value: str | None) -> str | None:
+        """A token a client can send: non-empty printable ASCII (see :func:`_check_sendable`)."""
+        return None if value is None else _check_sendable(value, "token")
+
     @model_validator(mode="after")
     def _shared_token(self) -> ServerSettings:
         """Fall back to ``MARTI_TOKEN`` (shared by every service) when no service-specific token is set."""
         if self.token is None and os.environ.get("MARTI_TOKEN"):
-            self.token = os.environ["MARTI_TOKEN"]
+            self.token = _check_sendable(os.environ["MARTI_TOKEN"], "MARTI_TOKEN")
         return self
+
+
+def _check_sendable(token: str, source: str) -> str:
+    """``token`` when a client can send it as ``authorization: Bearer <token>``.
+
+    Raises:
+        ValueError: ``token`` is empty (a client's ``token=""`` sends none, so every call would be refused) or
+            holds a character gRPC metadata cannot carry (its position named, never the token).
+    """
+    from marti.rpc.channel import check_token  # channel imports this module
+
+    if not token:
+        raise ValueError(
+            "an empty token can never be sent by a client, so every call would be refused; leave the setting "
+            "unset for a server without authentication"
+        )
+    try:
+        check_token(token, source)
+    except InvalidArgumentError as exc:
+        raise ValueError(f"{exc.message}, so no client could send it") from None
+    return token
 
 
 def _flag_kind(annotation: Any) -> Any:
@@ -152,9 +182,9 @@ def settings_error_line(cls: type[BaseSettings], flags: Mapping[str, Any], exc: 
             parts.append(str(error.get("msg", "")))
             continue
         name = str(loc[0])
-        parts.append(
-            f"setting {name} ({_source(cls, name, flags)}) = {error.get('input')!r}: {error.get('msg')}"
-        )
+        value = error.get("input")
+        shown = "<hidden>" if name in SECRET_SETTINGS and value else repr(value)
+        parts.append(f"setting {name} ({_source(cls, name, flags)}) = {shown}: {error.get('msg')}")
     return "; ".join(parts) or str(exc)
 
 

@@ -196,3 +196,24 @@ def test_an_allowed_modules_entry_that_is_no_module_prefix_is_refused(value, sho
         assert line.startswith(f"marti env-server: error: setting allowed_modules ({source})"), line
         assert f"entry {shown} is not a module-name prefix" in line, line
         assert "listening on" not in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "env", "expected"),
+    [
+        ("broker", ["--token", ""], {}, ("setting token (--token) = ''", "an empty token can never be sent")),
+        ("store", [], {"MARTI_STORE_TOKEN": ""}, ("setting token (MARTI_STORE_TOKEN) = ''", "empty token")),
+        ("env-server", ["--token", "s\u00e9cret"], {}, ("setting token (--token) = <hidden>", "non-ASCII")),
+        ("broker", [], {"MARTI_TOKEN": "s\u00e9cret"}, ("MARTI_TOKEN must be printable ASCII", "position 1")),
+    ],
+)
+def test_a_token_no_client_can_send_is_refused_without_showing_it(name, args, env, expected):
+    """A server started with ``--token ""`` (say ``--token "$TOKEN"`` with the variable empty), an empty
+    ``MARTI_<SERVICE>_TOKEN``, or a token that is not printable ASCII served, and refused every call: no client can
+    send an empty token (``token=""`` sends none) nor one gRPC metadata cannot carry. Such a setting now stops the
+    server with one line naming it and where it came from, never showing the token."""
+    out = _marti(name, "--port", "0", *args, env=env, timeout_s=20)
+    assert out.returncode == 2, out
+    line = _one_line(out.stderr)
+    assert line.startswith(f"marti {name}: error: ") and all(part in line for part in expected), line
+    assert "s\u00e9cret" not in out.stderr and "listening on" not in out.stdout
