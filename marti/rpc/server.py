@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -163,8 +164,33 @@ def _reason(exc: ssl.SSLError) -> str:
     return f" (OpenSSL: {exc.reason})" if exc.reason and exc.reason != "PEM lib" else ""
 
 
+def _check_host(host: str) -> None:
+    """Refuse a ``host`` setting that names no address to bind (gRPC would log its own error, then fail the bind
+    with only ``could not bind``).
+
+    Raises:
+        InvalidArgumentError: Naming the setting and the host: empty, ``host:port``, or not resolvable.
+    """
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not name:
+        raise errors.InvalidArgumentError(
+            f"setting host = {host!r}: an empty host names no interface; use 127.0.0.1, or 0.0.0.0 for all"
+        )
+    try:
+        socket.getaddrinfo(name, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        port = host.rpartition(":")[2]
+        hint = "; give the port with --port, not in the host" if ":" in name and port.isdigit() else ""
+        raise errors.InvalidArgumentError(
+            f"setting host = {host!r}: cannot be resolved to an address to bind ({getattr(exc, 'strerror', None) or exc})"
+            f"{hint}"
+        ) from None
+
+
 def _bind(server: grpc.aio.Server, settings: ServerSettings, what: str) -> int:
-    """Add the server's port; a taken port is refused before gRPC tries it (gRPC would log its own error)."""
+    """Add the server's port; a bad host and a taken port are refused before gRPC tries them (gRPC would log its
+    own error)."""
+    _check_host(settings.host)
     target = host_port(settings.host, settings.port)  # a bare IPv6 host (``::1``) is bracketed for gRPC
     if port_in_use(settings.host, settings.port):
         raise address_in_use_error(what, settings.host, settings.port)

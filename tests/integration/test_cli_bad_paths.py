@@ -114,3 +114,20 @@ def test_a_key_not_of_the_certificate_or_a_client_ca_not_pem_is_one_line_naming_
     assert _one_line(out).startswith(
         f"marti: error: setting tls_client_ca_file = '{bad}': not a PEM certificate"
     )
+
+
+@pytest.mark.parametrize(
+    ("host", "hint"),
+    [
+        ("", "an empty host"),
+        ("127.0.0.1:5000", "give the port with --port"),
+        ("256.1.1.1", "cannot be resolved"),
+    ],
+)
+def test_a_host_that_cannot_be_bound_is_one_line_naming_the_setting_exit_2(host, hint):
+    """``marti broker --host 127.0.0.1:5000`` (or an empty or unresolvable host) printed gRPC's own log line and
+    ``could not bind [127.0.0.1:5000]:0``, exit 1; the host is now checked before the bind."""
+    out = _marti("broker", "--port", "0", "--host", host)
+    assert out.returncode == 2, out
+    line = _one_line(out)
+    assert line.startswith(f"marti: error: setting host = {host!r}: ") and hint in line, line
