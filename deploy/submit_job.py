@@ -82,8 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
+        text = args.config.read_text()
+    except (OSError, UnicodeDecodeError) as exc:  # a mistyped path: one line, not a traceback
+        why = getattr(exc, "strerror", None) or exc
+        print(f"submit_job.py: error: cannot read the config {str(args.config)!r}: {why}", file=sys.stderr)
+        return 2
+    try:
         job, records = submit_and_wait(
-            args.address, args.config.read_text(), args.overrides, timeout_s=args.timeout_s, token=args.token
+            args.address, text, args.overrides, timeout_s=args.timeout_s, token=args.token
         )
     except MartiError as exc:  # a refused job: one line, as marti's own commands print it
         print(f"submit_job.py: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

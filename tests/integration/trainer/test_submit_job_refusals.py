@@ -62,3 +62,12 @@ def test_a_config_naming_user_code_is_one_line(trainer, tmp_path):
     out = _submit(trainer, cfg, f"output.dir={tmp_path / 'run'}")
     assert out.returncode == 2, out
     assert "PermissionDeniedError: this trainer does not run user code" in _one_line(out)
+
+
+def test_a_config_file_that_cannot_be_read_is_one_line(trainer, tmp_path):
+    """A mistyped config path printed a FileNotFoundError traceback, exit 1; now one line naming the file, exit 2,
+    before anything is sent (a folder given as the config likewise)."""
+    for path, why in ((tmp_path / "nope.yaml", "No such file or directory"), (tmp_path, "Is a directory")):
+        out = _submit(trainer, path)
+        assert out.returncode == 2, out
+        assert _one_line(out) == f"submit_job.py: error: cannot read the config {str(path)!r}: {why}"
