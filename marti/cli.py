@@ -71,6 +71,17 @@ def _cmd_up(argv: list[str]) -> int:
         "--ephemeral-ports", action="store_true", help="bind free ports instead of the defaults 50051-50054"
     )
     args = parser.parse_args(argv)
+    for what, value, source in (
+        ("data dir", args.data_dir, "--data-dir or MARTI_DATA_DIR"),
+        ("log dir", args.log_dir, "--log-dir"),
+    ):
+        if value == "":  # say --data-dir "$DIR" with DIR empty: it ran every service in memory, silently
+            print(
+                f"marti up: error: {what} '' is an empty path ({source}); leave it out or give a folder",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 2
     services = ("broker", "env-server", "store") + (() if args.no_trainer else ("trainer",))
     ports = {} if args.ephemeral_ports else {s: DEFAULT_PORTS[s] for s in services}
     stack = LocalStack(

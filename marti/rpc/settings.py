@@ -24,6 +24,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Settings whose value an error message never shows (a refused one is shown as ``<hidden>``).
 SECRET_SETTINGS = frozenset({"token", "service_token"})
 
+#: Settings that name a file or folder (TLS files; a service's ``data_dir`` and the store's tables ``config``):
+#: unset (None) or a non-empty path.
+PATH_SETTINGS = ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "data_dir", "config")
+
 #: Accepted ``log_level`` values.
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -68,6 +72,18 @@ class ServerSettings(BaseSettings):
         if level not in LOG_LEVELS:
             raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
         return level
+
+    @field_validator(*PATH_SETTINGS, check_fields=False)
+    @classmethod
+    def _path_given(cls, value: str | None) -> str | None:
+        """A path setting is a path or unset (None): ``""`` (say ``--data-dir "$DIR"`` with ``DIR`` empty) read
+        as unset and ran the broker in memory, served plaintext or created no tables, silently."""
+        if value == "":
+            raise ValueError(
+                "an empty path names no file or folder; leave the setting unset for its default (none), or give a "
+                "path"
+            )
+        return value
 
     @field_validator("token")
     @classmethod

@@ -6,6 +6,7 @@ exit 1."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -131,3 +132,52 @@ def test_a_host_that_cannot_be_bound_is_one_line_naming_the_setting_exit_2(host,
     assert out.returncode == 2, out
     line = _one_line(out)
     assert line.startswith(f"marti: error: setting host = {host!r}: ") and hint in line, line
+
+
+@pytest.mark.parametrize(
+    ("service", "args", "env", "setting"),
+    [
+        ("broker", ["--data-dir", ""], {}, "data_dir (--data-dir)"),
+        ("store", [], {"MARTI_STORE_DATA_DIR": ""}, "data_dir (MARTI_STORE_DATA_DIR)"),
+        ("store", ["--config", ""], {}, "config (--config)"),
+        ("env-server", ["--tls-cert-file", "", "--tls-key-file", ""], {}, "tls_cert_file (--tls-cert-file)"),
+    ],
+)
+def test_an_empty_path_setting_is_one_line_naming_it_exit_2(service, args, env, setting):
+    """``--data-dir "$DIR"`` with ``DIR`` empty ran the broker in memory (what it held was lost at exit),
+    ``--tls-cert-file "" --tls-key-file ""`` served plaintext and ``--config ""`` created no tables, all silently; an
+    empty path is now refused naming the setting and where it came from."""
+    out = subprocess.run(
+        [sys.executable, "-m", "marti.cli", service, "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, **env),
+    )
+    assert out.returncode == 2, out
+    line = _one_line(out)
+    assert line.startswith(f"marti {service}: error: setting {setting} = '': "), line
+    assert "an empty path" in line and "leave the setting unset" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "what"),
+    [
+        (["--data-dir", ""], {}, "data dir"),
+        ([], {"MARTI_DATA_DIR": ""}, "data dir"),
+        (["--log-dir", ""], {}, "log dir"),
+    ],
+)
+def test_marti_up_with_an_empty_folder_flag_is_one_line_exit_2(args, env, what):
+    """``marti up --data-dir "$DIR"`` with ``DIR`` empty (or an empty ``MARTI_DATA_DIR``) ran every service in
+    memory, silently; ``--log-dir ""`` wrote no logs. Refused like a folder flag that is a file."""
+    out = subprocess.run(
+        [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, **env),
+    )
+    assert out.returncode == 2, out
+    assert _one_line(out).startswith(f"marti up: error: {what} '' is an empty path"), out.stderr
+    assert "SERVING" not in out.stdout
