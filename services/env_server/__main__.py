@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from marti.rpc.server import run_server
-from marti.rpc.settings import given_flags, load_settings, settings_parser
+from marti.rpc.settings import given_flags, load_settings, refusals_exit, settings_parser
 from services.env_server.servicer import env_service
 from services.env_server.settings import EnvServerSettings
 
@@ -27,9 +27,13 @@ def settings_from_args(argv: list[str] | None = None) -> EnvServerSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the env server until SIGINT/SIGTERM; returns the exit code."""
+    """Run the env server until SIGINT/SIGTERM; returns the exit code. Settings its session core refuses
+    together (``idempotency_results`` over ``idempotency_window``) exit with code 2 and one line, as a bad
+    setting does (:func:`marti.rpc.settings.refusals_exit`)."""
     settings = settings_from_args(argv)
-    return run_server([env_service(settings)], settings)
+    with refusals_exit("marti env-server"):
+        spec = env_service(settings)
+    return run_server([spec], settings)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,12 @@ def test_marti_up_beside_a_running_broker_names_the_port():
             {"MARTI_ENV_ALLOWED_MODULES": "not json"},
             "setting allowed_modules (MARTI_ENV_ALLOWED_MODULES) = 'not json'",
         ),
+        (  # a setting checked against another: was a SessionManager traceback, exit 1
+            "env-server",
+            ["--port", "0", "--idempotency-results", "65"],
+            {},
+            "idempotency_results must be in 1..idempotency_window (64), got 65",
+        ),
         (
             "trainer",
             ["--port", "0"],
