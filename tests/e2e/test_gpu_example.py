@@ -41,7 +41,7 @@ def test_gpu_example_runs_one_step_on_the_cpu(tmp_path):
         "max_steps=1",
         "rollout.episodes_per_step=4",  # one group of 4
         "rollout.eval_episodes=1",
-        "rollout.max_new_tokens=8",
+        "rollout.max_new_tokens=4",
         f"output.dir={run}",
     ]
     cmd = [sys.executable, "-m", "marti.cli", "train", str(EXAMPLE), "--no-progress"]

@@ -8,7 +8,7 @@ scores the episodes: neither is ignored.
 A copy is made at test time with three edits only: the 7B model names become the local ``tiny-llama``,
 ``python -m openrlhf.cli.train_ppo_ray`` becomes ``marti train``, and the sizes are turned down so it finishes
 in about a minute of training (MAX_STEPS=2, micro batch 2, no accumulation, rollout batch 4 episodes,
-1 PPO epoch, 1 epoch, 16 new tokens, 3 env turns: one per agent; the ``numeric`` verifier, as the data's
+1 PPO epoch, 1 epoch, 8 new tokens, 3 env turns: one per agent; the ``numeric`` verifier, as the data's
 ``answer`` is a number). Every other flag stays as written (ZeRO-3, bf16, flash
 attention, vLLM engines, wandb, ...): the ones that do not apply here must be reported once and ignored.
 """
@@ -41,7 +41,7 @@ LITERALS = {"--rollout_batch_size 1024": "--rollout_batch_size 4", "--ppo_epochs
 LITERALS["--max_epochs 3"] = "--max_epochs 1"
 #: Appended to the command: shorter generations and episodes (a launch flag and a marti override), and the
 #: dataset_task env's numeric verifier (an env option; no launch flag names it).
-APPENDED = "--generate_max_len 16 --set environment.max_turns=3 --set environment.options.verifier=numeric"
+APPENDED = "--generate_max_len 8 --set environment.max_turns=3 --set environment.options.verifier=numeric"
 
 
 def scaled_copy(text: str) -> str:

@@ -8,10 +8,12 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
 import zipfile
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -243,6 +245,19 @@ def _stage(env: dict[str, str], *stages: str, timeout: int = 600) -> subprocess.
     )
 
 
+def _seconds_to_first_step(stage_stdout: str, metrics: Path) -> float:
+    """Seconds from the train stage's start line (``[run_on_gpu HH:MM:SS] marti train ...``, local time, whole
+    seconds) to the job's first step, the ``time`` of the first record of ``metrics`` (a metrics.jsonl)."""
+    match = re.search(r"^\[run_on_gpu (\d\d):(\d\d):(\d\d)\] marti train ", stage_stdout, flags=re.M)
+    assert match, stage_stdout[-3000:]
+    first = json.loads(metrics.read_text().splitlines()[0])["time"]
+    h, m, s = (int(g) for g in match.groups())
+    started = datetime.fromtimestamp(first).replace(hour=h, minute=m, second=s, microsecond=0)
+    if started.timestamp() > first:  # the stage started before midnight, the step came after
+        started -= timedelta(days=1)
+    return first - started.timestamp()
+
+
 @pytest.mark.slow
 def test_run_on_gpu_stages_on_a_cpu_stand_in(tmp_path):
     """The chunks arrive over two commands, a damaged one is refused, the kit installs, and the check and train
@@ -305,6 +320,7 @@ def test_run_on_gpu_stages_on_a_cpu_stand_in(tmp_path):
     assert bench["device"] == "cpu" and bench["dtype"] == "auto" and set(bench["by_batch"]) == {"1", "2"}
     assert all(a["generated_tokens"] > 0 for e in bench["by_batch"].values() for a in e["arms"].values())
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+    first_step_s = _seconds_to_first_step(got.stdout, out / "metrics.jsonl")
     again = _stage(env, "install")
     assert again.returncode == 0 and "already installed" in again.stdout
 
@@ -314,9 +330,12 @@ def test_run_on_gpu_stages_on_a_cpu_stand_in(tmp_path):
     long_run = {
         **env,
         "TRAIN_ARGS": "--set max_steps=500 --set rollout.eval_every=0",
-        # The job's handler is in place within seconds (a SIGTERM at 2 s still gave the report); 20 s is about
-        # 25-30 steps here on an idle machine (the first after ~11 s); it was 50 s, 30 s of the test's time.
-        "TRAIN_TIMEOUT_S": "20",
+        # The SIGTERM comes 2 s after the time the job above took to its first step (that time includes its
+        # step-0 evaluation, which this job skips), at most 20 s: on an idle machine (the first step after
+        # ~11 s) a few steps in, where 20 s was 25-30 steps; at a load average of 8-15 (first steps at 19-46 s)
+        # at 20 s, often before the first step, as before. Not earlier: a SIGTERM while ray.init runs ends the
+        # job at once, without its report (seen at 9 s at a load average of 8).
+        "TRAIN_TIMEOUT_S": str(min(20, round(first_step_s) + 2)),
     }
     got = _stage(long_run, "train")
     assert got.returncode == 124, got.stdout[-3000:] + got.stderr[-3000:]
