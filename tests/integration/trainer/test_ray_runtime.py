@@ -32,32 +32,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_local_ray() -> Iterator[None]:
-    """One local Ray for the module's 6 runtime starts (:func:`~tests.local_ray.local_ray`)."""
+    """One local Ray for the module's 5 runtime starts (:func:`~tests.local_ray.local_ray`)."""
     with local_ray(ROOT / "examples" / "tiny.yaml"):
         yield
-
-
-def test_per_agent_actors_route_calls_and_checkpoint(tmp_path):
-    cfg = load_config(ROOT / "examples" / "tiny.yaml", ["policy.mode=per_agent", "rollout.max_new_tokens=4"])
-    runtime = RayRuntime(cfg)
-    assert runtime.groups() == [["agent_1"], ["agent_2"]]
-    try:
-        runtime.start()
-        chat = [[{"role": "user", "content": "Say hi"}]] * 2
-        gens = runtime.generate("agent_2", chat)
-        assert len(gens) == 2 and all(g.response_token_ids for g in gens)
-        samples = [
-            one_turn(g.prompt_token_ids, g.response_token_ids, float(i), 0) for i, g in enumerate(gens)
-        ]
-        stats = runtime.train("agent_2", samples)
-        assert stats["policy_version"] == 1.0
-        assert runtime.versions() == {"agent_1": 0, "agent_2": 1}
-        runtime.save(str(tmp_path / "ckpt"), {"step": 1})
-        assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"worker_0", "worker_1"}
-        assert runtime.load(str(tmp_path / "ckpt")) == {"step": 1}
-        assert runtime.versions() == {"agent_1": 0, "agent_2": 1}
-    finally:
-        runtime.shutdown()
 
 
 def test_lora_mode_uses_one_team_actor():
@@ -91,7 +68,8 @@ def _take_and_train(
     return got, summary, runtime.train_taken("agent_1", [r.index for r in summary.trained])
 
 
-def _fixed_samples(seed: int) -> list[Trajectory]:
+def _fixed_samples(seed: int, version: int = 0) -> list[Trajectory]:
+    """Three one-turn samples of different lengths, drawn from ``seed``, as sampled by policy ``version``."""
     g = torch.Generator().manual_seed(seed)
     return [
         one_turn(
@@ -99,33 +77,30 @@ def _fixed_samples(seed: int) -> list[Trajectory]:
             torch.randint(10, 1000, (5 - i,), generator=g).tolist(),
             float(i % 2),
             0,
+            policy_version=version,
         )
         for i in range(3)
     ]
 
 
 def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_path):
-    """ray.colocate_models=false: reference and critic actors per agent; same numbers as colocated; resume."""
+    """ray.colocate_models=false: a reference and a critic actor per trainable agent, none for a frozen one
+    (agent_2: 3 actors per job, not 5); same numbers as colocated; resume."""
     overrides = [
         "algorithm.advantage_estimator=gae",
         "algorithm.kl_coef=0.05",
         "algorithm.use_kl_loss=false",
         "micro_train_batch_size=1",
         "gradient_accumulation_steps=2",
+        "agents.1.is_tuning=false",
     ]
     path = ROOT / "examples" / "tiny.yaml"
     colocated = PolicyWorker(policy_actor_config(load_config(path, overrides)), num_threads=1)
     runtime = RayRuntime(load_config(path, [*overrides, "ray.colocate_models=false"]))
     try:
         runtime.start()
-        assert set(runtime.worker_pids) == {
-            "policy_worker",
-            "reference_agent_1",
-            "reference_agent_2",
-            "critic_agent_1",
-            "critic_agent_2",
-        }
-        assert len(set(runtime.worker_pids.values())) == 5, "each model in its own actor process"
+        assert set(runtime.worker_pids) == {"policy_worker", "reference_agent_1", "critic_agent_1"}
+        assert len(set(runtime.worker_pids.values())) == 3, "each model in its own actor process"
         with _store(tmp_path) as (store, access):
             for step in range(2):  # the KL is 0 until the policy has left its reference
                 expected = colocated.train("agent_1", _fixed_samples(step))
@@ -163,35 +138,6 @@ def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_pat
             assert resumed[key] == pytest.approx(after_save[key], rel=1e-6, abs=1e-8), key
     finally:
         resumed_runtime.shutdown()
-
-
-def test_the_policy_actor_takes_its_own_batch_from_the_store(tmp_path):
-    """Issue 30: the policy actor samples the agent's table itself and trains on what it kept; the driver gets
-    episode ids and figures, and its own store client never samples. A store outage reaches the driver as the
-    store's own UnavailableError (what the loop's reconnecting retries)."""
-    from unittest import mock
-
-    cfg = load_config(ROOT / "examples" / "tiny.yaml", ["policy.mode=per_agent", "rollout.max_new_tokens=4"])
-    runtime = RayRuntime(cfg)
-    try:
-        runtime.start()
-        with _store(tmp_path) as (store, access):
-            samples = _fixed_samples(0)
-            with mock.patch.object(
-                ExperienceSharingClient, "sample_batch", side_effect=AssertionError("the driver sampled")
-            ):
-                got, summary, stats = _take_and_train(runtime, store, access, samples)
-            assert got.item_ids == tuple(t.episode_id for t in samples)
-            assert (summary.items, len(summary.trained), summary.lag_max) == (3, 3, 0)
-            assert [r.tokens for r in summary.trained] == [
-                len(t.turns[0].response_token_ids) for t in samples
-            ]
-            assert stats["policy_version"] == 1.0 and runtime.versions() == {"agent_1": 1, "agent_2": 0}
-            assert store.info("job/agent_1").size == 0  # taken once, by the actor
-        with pytest.raises(UnavailableError):
-            runtime.take_items("agent_1", "job/agent_1", 1, 1, access)
-    finally:
-        runtime.shutdown()
 
 
 @pytest.mark.parametrize("mode", ["lora", "per_agent"])
@@ -256,3 +202,63 @@ def test_rollout_actors_sample_with_the_learners_weights(mode, tmp_path):
         same(runtime.generate("agent_2", chats, greedy=True), after)
     finally:
         runtime.shutdown()
+
+
+@pytest.fixture(scope="module")
+def per_agent_runtime() -> Iterator[RayRuntime]:
+    """One started ``per_agent`` runtime (a policy actor per agent), shared by the tests below: each asserts the
+    version changes it makes from the versions it finds, so they pass in either order. They are the module's
+    last tests, so in a serial run its idle actors reserve no CPUs while the module's other runtimes start."""
+    cfg = load_config(ROOT / "examples" / "tiny.yaml", ["policy.mode=per_agent", "rollout.max_new_tokens=4"])
+    runtime = RayRuntime(cfg)
+    try:
+        runtime.start()
+        yield runtime
+    finally:
+        runtime.shutdown()
+
+
+def test_per_agent_actors_route_calls_and_checkpoint(per_agent_runtime, tmp_path):
+    runtime = per_agent_runtime
+    assert runtime.groups() == [["agent_1"], ["agent_2"]]
+    assert set(runtime.worker_pids) == {"policy_worker_0", "policy_worker_1"}
+    before = runtime.versions()
+    chat = [[{"role": "user", "content": "Say hi"}]] * 2
+    gens = runtime.generate("agent_2", chat)
+    assert len(gens) == 2 and all(g.response_token_ids for g in gens)
+    samples = [
+        one_turn(g.prompt_token_ids, g.response_token_ids, float(i), 0, policy_version=before["agent_2"])
+        for i, g in enumerate(gens)
+    ]
+    stats = runtime.train("agent_2", samples)
+    trained = {**before, "agent_2": before["agent_2"] + 1}  # agent_2's actor only
+    assert stats["policy_version"] == trained["agent_2"]
+    assert runtime.versions() == trained
+    runtime.save(str(tmp_path / "ckpt"), {"step": 1})
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"worker_0", "worker_1"}
+    assert runtime.load(str(tmp_path / "ckpt")) == {"step": 1}
+    assert runtime.versions() == trained
+
+
+def test_the_policy_actor_takes_its_own_batch_from_the_store(per_agent_runtime, tmp_path):
+    """Issue 30: the policy actor samples the agent's table itself and trains on what it kept; the driver gets
+    episode ids and figures, and its own store client never samples. A store outage reaches the driver as the
+    store's own UnavailableError (what the loop's reconnecting retries)."""
+    from unittest import mock
+
+    runtime = per_agent_runtime
+    before = runtime.versions()
+    with _store(tmp_path) as (store, access):
+        samples = _fixed_samples(0, version=before["agent_1"])
+        with mock.patch.object(
+            ExperienceSharingClient, "sample_batch", side_effect=AssertionError("the driver sampled")
+        ):
+            got, summary, stats = _take_and_train(runtime, store, access, samples)
+        assert got.item_ids == tuple(t.episode_id for t in samples)
+        assert (summary.items, len(summary.trained), summary.lag_max) == (3, 3, 0)
+        assert [r.tokens for r in summary.trained] == [len(t.turns[0].response_token_ids) for t in samples]
+        trained = {**before, "agent_1": before["agent_1"] + 1}  # agent_1's actor only
+        assert stats["policy_version"] == trained["agent_1"] and runtime.versions() == trained
+        assert store.info("job/agent_1").size == 0  # taken once, by the actor
+    with pytest.raises(UnavailableError):
+        runtime.take_items("agent_1", "job/agent_1", 1, trained["agent_1"], access)
