@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -547,6 +547,24 @@ def _poll_all(pool: ThreadPoolExecutor, pollers: Sequence[ServicePoller]) -> dic
     return {p.address: s for p, s in zip(pollers, pool.map(lambda p: p.poll(), pollers), strict=True)}
 
 
+def _follow(
+    pool: ThreadPoolExecutor,
+    pollers: list[ServicePoller],
+    cur: dict[str, Snapshot],
+    args: argparse.Namespace,
+    show: Callable[[Any], None],
+) -> dict[str, Snapshot]:
+    """Poll every ``args.interval_s`` after the first frame (``cur``) and ``show`` each new frame, until
+    ``args.iterations`` frames in all (None: until interrupted); returns the last poll."""
+    frames = 1
+    while args.iterations is None or frames < args.iterations:
+        time.sleep(args.interval_s)
+        prev, cur = cur, _poll_all(pool, pollers)
+        show(render(prev, cur))
+        frames += 1
+    return cur
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``marti top``.
 
@@ -576,17 +594,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     time.sleep(args.rate_window_s)
                 cur = _poll_all(pool, pollers)
                 console.print(render(prev, cur))
-            else:
+            elif console.is_terminal:
                 from rich.live import Live
 
                 cur = _poll_all(pool, pollers)
-                frames = 1
                 with Live(render({}, cur), console=console, refresh_per_second=4) as live:
-                    while args.iterations is None or frames < args.iterations:
-                        time.sleep(args.interval_s)
-                        prev, cur = cur, _poll_all(pool, pollers)
-                        live.update(render(prev, cur))
-                        frames += 1
+                    cur = _follow(pool, pollers, cur, args, live.update)
+            else:  # a file, a pipe, a container log: Live would show the last frame alone, at the end
+                cur = _poll_all(pool, pollers)
+                console.print(render({}, cur))
+                cur = _follow(pool, pollers, cur, args, console.print)
     except KeyboardInterrupt:
         return 0
     finally:

@@ -136,6 +136,15 @@ def test_live_mode_refreshes_and_stops_after_iterations(address, capsys):
     assert address in capsys.readouterr().out
 
 
+def test_live_mode_prints_every_frame_when_the_output_is_not_a_terminal(address, capsys):
+    """``marti top ADDR > file`` (or piped to ``tee``, or in a container log) wrote nothing until it ended, then only
+    the last frame (rich's live view redraws a terminal; elsewhere it shows the final frame alone), and nothing
+    when it was killed. Off a terminal every frame is now printed as it comes."""
+    code = top.main(["--iterations", "3", "--interval-s", "0.1", "--width", "200", "--token", TOKEN, address])
+    assert code == 0
+    assert capsys.readouterr().out.count("marti top ") == 3
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
