@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from marti.config import TrainConfig
 from marti.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from services.trainer.ray.auth import ClusterAuth, prepare_cluster_auth
+from services.trainer.ray.init_signals import callers_signal_handlers
 
 if TYPE_CHECKING:
     from services.trainer.data.table_sampler import BatchSummary, SampledIds
@@ -348,9 +349,8 @@ class RayRuntime:
         from services.trainer.ray.rollout_worker import RolloutWorker, rollout_actor_config
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # ray.init installs native SIGTERM/SIGINT handlers that kill the driver at once; keep the caller's
-        # (marti train stops after the current step and shuts the stack down cleanly).
-        saved = _python_signal_handlers()
+        # ray.init sets its own SIGTERM handler (exit at once) as it begins: keep the caller's throughout
+        # (marti train stops after the current step and shuts the stack down cleanly; init_signals.py).
         if not ray.is_initialized():
             address = cluster_address(self.cfg)
             if address is not None:  # match the cluster's token authentication (services.trainer.ray.auth)
@@ -359,13 +359,12 @@ class RayRuntime:
                 # tokens would fail in the token mode a local ray.init leaves behind: shutdown puts it back
                 self._auth = ClusterAuth.before_local_init()
             try:
-                with ray_processes_in_own_session():
+                with callers_signal_handlers(), ray_processes_in_own_session():
                     ray.init(**ray_init_kwargs(self.cfg))
             except BaseException:
                 self._restore_auth()
                 raise
             self._started_ray = True
-        _restore_signal_handlers(saved)
         specs = self.actors()
         bundles = self._bundles(specs, ray.available_resources())
         self._pg = placement_group(bundles, strategy="PACK")
@@ -700,21 +699,3 @@ class RayRuntime:
         if self._auth is not None:
             self._auth.restore()
             self._auth = None
-
-
-def _python_signal_handlers() -> dict[int, object]:
-    """The Python-level SIGINT/SIGTERM handlers (only in the main thread, where they can be set)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _restore_signal_handlers(saved: dict[int, object]) -> None:
-    import signal
-
-    for sig, handler in saved.items():
-        if handler is not None:
-            signal.signal(sig, handler)
