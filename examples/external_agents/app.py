@@ -17,8 +17,9 @@ Usage::
     python app.py --gateway http://127.0.0.1:8000/v1 --evaluate --wait-version 3      # after 3 updates
 
 Training plays ``--rounds`` rounds of ``--episodes-per-round`` episodes (the job's ``max_steps`` and
-``external.episodes_per_step``), starting round ``r`` once the policies have version ``r - 1``, so the episodes
-stay at most about one update behind the learner. Prints one line per episode (``--verbose``) and at the end
+``external.episodes_per_step``), starting round ``r`` once every policy serves version ``r`` (the weights of the
+``r`` updates before it), so each update trains on a round its own weights played (on-policy; the config's
+``rollout.max_staleness: 0`` drops anything older). Prints one line per episode (``--verbose``) and at the end
 ``alice=R bob=R``, the mean rewards.
 """
 
@@ -159,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
 
         n = 0
         for rnd in range(args.rounds):
-            if rnd >= 1:  # stay at most one update ahead of the trainer, so episodes are not too stale
-                wait_for_version(args.gateway, args.api_key, rnd - 1)
+            # on-policy rounds: round ``rnd`` is played by version ``rnd``; update ``rnd + 1`` trains on it alone
+            wait_for_version(args.gateway, args.api_key, rnd)
             jobs = []
             for _ in range(args.episodes_per_round):
                 q_index = (args.seed + n // args.group_size) % len(TRAIN_QUESTIONS)
