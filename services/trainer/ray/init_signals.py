@@ -1,7 +1,7 @@
 """The caller's SIGINT/SIGTERM handlers through ``ray.init``: :func:`callers_signal_handlers`.
 
-``ray.init`` sets a SIGTERM handler of its own as it begins (``sys.exit(15)``; its node, another that kills the
-processes started so far and exits 1) and holds it until it returns, 2-5 s on 2 cores and longer on a busy machine.
+``ray.init`` sets a SIGTERM handler of its own as it begins (``sys.exit(15)``, Ray 2.60) and holds it until it
+returns, 2-5 s on 2 cores and longer on a busy machine.
 ``marti train``'s handler (stop after the current step, checkpoint, report; docs/config.md) was replaced for that
 window: a SIGTERM then (``timeout``, a scheduler's stop) ended the job at once, exit 15, with no line, no report,
 and Ray's agents left running. A SIGINT there already stopped the job cleanly (Ray sets no SIGINT handler).
