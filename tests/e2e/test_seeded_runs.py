@@ -5,7 +5,7 @@ runs it. Timings and process figures are left out; every other metric must be eq
 
 At this model's size the job stayed reproducible even with the shared prompt's rows gathered by ``tensor[rows]``;
 on SmolLM2-135M that gather made two runs of examples/data/pick_team.yaml differ from step 1 (their held-out accuracy
-after 3 steps 0.75 and 0.67): tests/unit/trainer/test_prefix_sharing.py::test_shared_gradients_are_the_same_bits_every_time
+after 3 steps 0.75 and 0.67): tests/unit/trainer/models/test_prefix_sharing.py::test_shared_gradients_are_the_same_bits_every_time
 holds that case."""
 
 from __future__ import annotations

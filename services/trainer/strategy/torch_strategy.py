@@ -10,7 +10,7 @@ Checkpoint folder written by :meth:`TorchTrainEngine.save_checkpoint`::
     state.json            {"global_step", "micro_step", "data_position"}
 
 Resuming from it is exact: continuing training gives bit-identical parameters to an uninterrupted run on CPU
-(tested in ``tests/unit/trainer/test_strategy.py``).
+(tested in ``tests/unit/trainer/strategy/test_strategy.py``).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
 }
 
 
-#: The judge's keys score through the judge's verdict, not build_scorer (tests/unit/trainer/test_data_workflows.py).
+#: The judge's keys score through the judge's verdict, not build_scorer (tests/unit/trainer/data/test_data_workflows.py).
 JUDGE_KEYS = ("judge_agent", "judge_pattern")
 
 

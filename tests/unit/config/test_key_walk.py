@@ -121,7 +121,7 @@ def _learner(cfg: TrainConfig) -> str:
 
     parts: list[Any] = [
         # the policy update's settings: the algorithm section (every key of it reaches update_agent and its named
-        # consumers, checked in tests/unit/trainer/test_algo_config_mapping.py) and the update's hyper-parameters
+        # consumers, checked in tests/unit/trainer/learn/test_algo_config_mapping.py) and the update's hyper-parameters
         learner_config(cfg),
         optim,
         critic_optim,
@@ -611,13 +611,13 @@ EFFECT_TESTS = {
     "agents.N.critic_model": (
         "tests/unit/config/test_key_effects.py::test_critic_model_is_the_model_the_critic_is_loaded_from"
     ),
-    "policy.mode": "tests/unit/trainer/test_policy.py::test_lora_mode_keeps_one_base_copy_and_separate_adapters",
-    "policy.ema": "tests/unit/trainer/test_ema.py::test_evaluation_uses_the_ema_weights_and_rollouts_the_trained_ones",
-    "policy.ema_beta": "tests/unit/trainer/test_ema.py::test_ema_equals_the_hand_computed_average_after_each_optimizer_step",
-    "strategy.name": "tests/unit/trainer/test_strategy.py::test_make_strategy_by_name",
-    "strategy.zero_stage": "tests/unit/trainer/test_strategy.py::test_deepspeed_zero_stages_train_and_resume_on_cpu",
+    "policy.mode": "tests/unit/trainer/models/test_policy.py::test_lora_mode_keeps_one_base_copy_and_separate_adapters",
+    "policy.ema": "tests/unit/trainer/learn/test_ema.py::test_evaluation_uses_the_ema_weights_and_rollouts_the_trained_ones",
+    "policy.ema_beta": "tests/unit/trainer/learn/test_ema.py::test_ema_equals_the_hand_computed_average_after_each_optimizer_step",
+    "strategy.name": "tests/unit/trainer/strategy/test_strategy.py::test_make_strategy_by_name",
+    "strategy.zero_stage": "tests/unit/trainer/strategy/test_strategy.py::test_deepspeed_zero_stages_train_and_resume_on_cpu",
     "strategy.critic_zero_stage": (
-        "tests/unit/trainer/test_openrlhf_settings.py::test_critic_zero_stage_reaches_the_critics_deepspeed_config"
+        "tests/unit/trainer/learn/test_openrlhf_settings.py::test_critic_zero_stage_reaches_the_critics_deepspeed_config"
     ),
     # the problems marti.data.load_problems builds from the section
     **{
@@ -630,8 +630,8 @@ EFFECT_TESTS = {
         for key in KEYS if key.startswith("reward.") and not key.startswith("reward.judge_")
     },
     # the LLM judge's verdict is the reward, through EpisodeScorer and the episode runner
-    "reward.judge_agent": "tests/unit/trainer/test_data_workflows.py::test_the_frozen_judges_verdict_is_the_reward",
-    "reward.judge_pattern": "tests/unit/trainer/test_data_workflows.py::test_judge_pattern_reads_the_verdict",
+    "reward.judge_agent": "tests/unit/trainer/data/test_data_workflows.py::test_the_frozen_judges_verdict_is_the_reward",
+    "reward.judge_pattern": "tests/unit/trainer/data/test_data_workflows.py::test_judge_pattern_reads_the_verdict",
 }  # fmt: skip
 
 #: Settings a key takes effect beside, applied to both sides of the comparison; a list: the key is walked once
@@ -695,7 +695,7 @@ CONTEXT: dict[str, dict[str, Any] | list[dict[str, Any]]] = {
 #: Non-default values where :func:`_other_value`'s is invalid, takes no effect, or there is none (lists, dicts).
 VALUES: dict[str, Any] = {
     "max_steps": 2,
-    "lr_scheduler": "cosine_with_min_lr",  # every name: tests/unit/trainer/test_strategy.py
+    "lr_scheduler": "cosine_with_min_lr",  # every name: tests/unit/trainer/strategy/test_strategy.py
     "agents.N.num_cpus": 4.0,  # above ray.num_cpus_per_worker, the least an actor reserves
     "agents.N.capabilities": ["planning", "coordination"],
     "agents.N.max_staleness": 1,
