@@ -71,3 +71,32 @@ def test_rays_function_is_back_after_the_context_and_untouched_without_a_python_
             assert utils.set_sigterm_handler is original  # Ray's handler applies: the caller chose none
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_off_the_main_thread_rays_function_stays_and_a_ray_without_it_is_warned_about(monkeypatch, caplog):
+    import threading
+
+    from ray._private import utils
+
+    from services.trainer.ray.init_signals import callers_signal_handlers
+
+    original = utils.set_sigterm_handler
+    seen = []
+
+    def in_a_thread() -> None:
+        with callers_signal_handlers():
+            seen.append(utils.set_sigterm_handler is original)
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join(10)
+        assert seen == [True]  # a thread sets no handler: Ray's applies, as Ray decides for threads
+        monkeypatch.delattr(utils, "set_sigterm_handler")
+        with caplog.at_level("WARNING", logger="marti.trainer"), callers_signal_handlers():
+            pass
+        assert "this Ray has no set_sigterm_handler" in caplog.text
+    finally:
+        signal.signal(signal.SIGTERM, before)
