@@ -160,7 +160,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         started = time.perf_counter()
         # not inference_mode: parameters a forward writes become inference tensors, whose requires_grad peft's
         # set_adapter cannot switch at the next call (the design launch script's job, DeepSpeed ZeRO-3 with LoRA
-        # adapters, failed so: tests/e2e/test_launch_script.py)
+        # adapters, failed so: tests/e2e/examples/test_launch_script.py)
         with torch.no_grad():
             if shared is None:
                 first, prefill_rows = None, rows

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.signalled_jobs import (
+from tests.e2e.jobs.signalled_jobs import (
     check_stopped_by_a_group_signal,
     descendants,
     group_members,
@@ -33,7 +33,7 @@ from tests.e2e.signalled_jobs import (
     wait_for_line,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _train_args(run: Path, *extra: str) -> list[str]:

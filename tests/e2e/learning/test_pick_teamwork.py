@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "examples" / "private_allocation_pick.yaml"
 pytestmark = pytest.mark.slow
 #: Held-out completion the untrained team stays at or below, and the trained team must reach.

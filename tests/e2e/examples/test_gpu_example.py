@@ -14,7 +14,7 @@ import pytest
 
 from marti.config import load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "resource_allocation_gpu.yaml"
 pytestmark = pytest.mark.slow
 AGENTS = ("agent_1", "agent_2", "agent_3")

@@ -2,7 +2,7 @@
 same for a SIGTERM to its whole process group; a Ctrl-C while it waits for external episodes.
 
 A Ctrl-C to the whole group, a second Ctrl-C while the job waits on Ray, and the wall-time budget's stop are
-checked by tests/e2e/test_run_folder.py's jobs, which are stopped so anyway: each job started here costs ~14 s
+checked by tests/e2e/jobs/test_run_folder.py's jobs, which are stopped so anyway: each job started here costs ~14 s
 of start and stop on 2 cores."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.signalled_jobs import check_stopped_by_a_group_signal, descendants, left_behind
+from tests.e2e.jobs.signalled_jobs import check_stopped_by_a_group_signal, descendants, left_behind
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 
 
@@ -81,7 +81,7 @@ def test_a_sigterm_to_the_whole_process_group_stops_like_one_to_the_job(tmp_path
     Ray's GCS and raylet too: they died, and the job failed a minute later (exit 1) without its report or resume
     line. Ray's processes now run in a session of their own, so it stops as after a SIGTERM to itself, at once
     and leaving no process behind. (SIGINT to the group, Ctrl-C in a terminal, is
-    tests/e2e/test_run_folder.py's Ctrl-C before a resume.)"""
+    tests/e2e/jobs/test_run_folder.py's Ctrl-C before a resume.)"""
     run = tmp_path / "run_group"
     proc = subprocess.Popen(
         _train_cmd(run, "max_steps=50", "rollout.eval_every=0"),

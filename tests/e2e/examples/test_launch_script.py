@@ -27,7 +27,7 @@ import yaml
 
 from marti.launch_flags import MachineInfo
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "examples" / "design" / "train_multi_agent.sh"
 OUT_DIR = "multi_agent_resource_allocation_results"
 DATA = "data/multi_agent_resource_allocation.json"

@@ -14,7 +14,7 @@ import yaml
 
 from services.trainer.rollout.episodes.scheduler import TaskScheduler, TaskSpec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 
 

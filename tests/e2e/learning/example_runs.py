@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
-#: The agent-framework learning runs (tests/e2e/test_agents_sdk_learns.py, test_langgraph_learns.py) are opt-in:
+#: The agent-framework learning runs (tests/e2e/learning/test_agents_sdk_learns.py, test_langgraph_learns.py) are opt-in:
 #: each takes 4-5.5 minutes on 2 shared cores (the suite must stay under 20, and is near it), and the calculator's
 #: held-out rise missed the margin in 1 of 7 runs (docs/gateway.md, "Agent frameworks"). ``MARTI_FRAMEWORK_LEARNING=1``
 #: runs them.

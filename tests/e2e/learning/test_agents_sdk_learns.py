@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.e2e.example_runs import FRAMEWORK_LEARNING, ROOT, check_learns, imported_modules
+from tests.e2e.learning.example_runs import FRAMEWORK_LEARNING, ROOT, check_learns, imported_modules
 
 EXAMPLE = ROOT / "examples" / "agents_sdk"
 pytestmark = pytest.mark.slow

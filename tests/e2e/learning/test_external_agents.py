@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.example_runs import ROOT, imported_modules, rates, run_example, step_metrics
+from tests.e2e.learning.example_runs import ROOT, imported_modules, rates, run_example, step_metrics
 
 EXAMPLE = ROOT / "examples" / "external_agents"
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import pytest
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 
 

@@ -7,7 +7,7 @@ reward function (the named task's value over the best value, plus 0.5 for naming
 Held-out accuracy (the team's final answer on rows held out by `dataset.eval_fraction`) must rise from the
 untrained team's to at least :data:`AFTER` within :data:`STEPS` steps, on all :data:`EPISODES` held-out rows, with
 at least 3 different answers among the solved rows (no constant answer). Runs are bit-reproducible on one machine
-(tests/e2e/test_seeded_runs.py); this one went 0.292 -> 0.833, and with ``learning_rate`` 1e-12 (the config refuses 0)
+(tests/e2e/jobs/test_seeded_runs.py); this one went 0.292 -> 0.833, and with ``learning_rate`` 1e-12 (the config refuses 0)
 0.292 -> 0.292 (docs/benchmarks.md, "Tasks from data"). After 3 steps on 12 rows, as the test first had it, runs
 before that fix ranged over 0.67-0.83 (a peak at step 2 at this learning rate), too near the bar of 0.75.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "examples" / "data" / "pick_team.yaml"
 MAKE_DATA = ROOT / "scripts" / "data" / "make_allocation_data.py"
 pytestmark = pytest.mark.slow

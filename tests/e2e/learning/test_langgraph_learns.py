@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from tests.e2e.example_runs import FRAMEWORK_LEARNING, ROOT, check_learns, imported_modules
-from tests.e2e.test_agents_sdk_learns import MARGIN
+from tests.e2e.learning.example_runs import FRAMEWORK_LEARNING, ROOT, check_learns, imported_modules
+from tests.e2e.learning.test_agents_sdk_learns import MARGIN
 
 EXAMPLE = ROOT / "examples" / "langgraph"
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Helpers of the end-to-end tests that signal a real ``marti train`` job (tests/e2e/test_train_signals.py,
-tests/e2e/test_run_folder.py): the processes it started, what of them is left after it exits, its stderr read as
+"""Helpers of the end-to-end tests that signal a real ``marti train`` job (tests/e2e/jobs/test_train_signals.py,
+tests/e2e/jobs/test_run_folder.py): the processes it started, what of them is left after it exits, its stderr read as
 it comes, and the checks of a job stopped by one signal to its whole process group."""
 
 from __future__ import annotations

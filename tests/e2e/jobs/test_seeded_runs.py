@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 #: Metric names that measure the machine, not the run (timings, rates, processes).
 MACHINE = ("time", "per_s", "system/", "services/")
