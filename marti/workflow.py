@@ -43,6 +43,7 @@ from typing import Any
 
 from marti.errors import InvalidArgumentError, MartiError, with_context
 from marti.loader import load_attr
+from marti.prompt_template import check_prompt_template
 
 __all__ = [
     "ConfigHook",
@@ -234,6 +235,10 @@ class Role:
             exception stops the job, :meth:`Workflow.action`).
         policy: A scripted agent: ``policy(chat: list[dict]) -> str`` replies instead of a model; such an agent
             records no trainable turns.
+
+    Raises:
+        InvalidArgumentError: A ``system_prompt`` with a placeholder other than ``{name}``, ``{role}``,
+            ``{capabilities}``, or braces that do not pair up (:func:`marti.prompt_template.check_prompt_template`).
     """
 
     agent: str
@@ -241,6 +246,18 @@ class Role:
     build_prompt: Callable[[PromptContext], str | TurnPrompt] | None = None
     parser: Callable[[str], str] | None = None
     policy: Callable[[Chat], str] | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a ``system_prompt`` that cannot be filled in (:func:`marti.prompt_template.check_prompt_template`).
+
+        Raises:
+            InvalidArgumentError: Naming the agent and the bad placeholder or brace.
+        """
+        if self.system_prompt is not None:
+            try:
+                check_prompt_template(self.system_prompt)
+            except ValueError as exc:
+                raise InvalidArgumentError(f"Role {self.agent!r}: system_prompt: {exc}") from None
 
     def turn_prompt(self, ctx: PromptContext) -> TurnPrompt:
         """This turn's user message and reply start: ``build_prompt(ctx)`` (:func:`default_build_prompt` if

@@ -40,6 +40,7 @@ from marti.config.workflow import (
     WorkflowConfig,
 )
 from marti.errors import InvalidArgumentError
+from marti.prompt_template import check_prompt_template
 
 _BYTE_UNITS = {
     "": 1,
@@ -130,7 +131,8 @@ class AgentConfig(_Section):
     is_tuning: bool = True
     """False freezes the agent: it acts in episodes but is never updated."""
     prompt_template: str | None = None
-    """System prompt template; ``{role}``, ``{name}`` and ``{capabilities}`` are filled in. Null: built-in."""
+    """System prompt template; ``{role}``, ``{name}`` and ``{capabilities}`` are filled in (``{{``, ``}}``: a
+    literal brace); another placeholder (a dataset column) is refused at load. Null: built-in."""
     response_prefix: str | None = None
     """Text the agent's reply is made to start with (e.g. ``"task_1:"``): appended to the prompt after the chat
     template, so it steers the format but is not trained; the env receives prefix + generated text. A workflow
@@ -165,6 +167,11 @@ class AgentConfig(_Section):
         if not value.strip():
             raise ValueError("must not be empty")
         return value
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _check_template(cls, value: str | None) -> str | None:
+        return value if value is None else check_prompt_template(value)
 
 
 class EnvironmentConfig(_Section):

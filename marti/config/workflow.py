@@ -18,6 +18,7 @@ from marti.config.section import (
     Section,
     UnitFloat,
 )
+from marti.prompt_template import check_prompt_template
 
 
 class RewardAllocConfig(Section):
@@ -57,7 +58,8 @@ class WorkflowRoleConfig(Section):
     agent: str
     """The agent (a name from ``agents``)."""
     system_prompt: str | None = None
-    """System prompt template (``{name}``, ``{role}``, ``{capabilities}``); null: the agent's own."""
+    """System prompt template (``{name}``, ``{role}``, ``{capabilities}``; another placeholder, such as a dataset
+    column, is refused at load); null: the agent's own."""
     prompt_builder: str | None = None
     """Import path of ``build_prompt(PromptContext) -> str | marti.workflow.TurnPrompt``: the user message, or a
     ``TurnPrompt(user, reply_start)`` whose ``reply_start`` this turn's reply is made to start with (prefilled after
@@ -66,6 +68,11 @@ class WorkflowRoleConfig(Section):
     """Import path of ``parser(text) -> action`` (reply text -> env action); null: the text unchanged."""
     scripted: str | None = None
     """Import path of ``policy(chat) -> str``: a scripted agent (needs ``is_tuning: false``); null: the model."""
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _check_template(cls, value: str | None) -> str | None:
+        return value if value is None else check_prompt_template(value)
 
 
 class WorkflowConfig(Section):

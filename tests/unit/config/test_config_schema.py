@@ -340,3 +340,46 @@ def test_merge_adapters_is_an_int_at_least_0_named_when_not(bad):
     assert config_from_dict(minimal(rollout={"merge_adapters": 0})).rollout.merge_adapters == 0
     msg = error_of(minimal(rollout={"merge_adapters": bad}))
     assert "'rollout.merge_adapters'" in msg and repr(bad) in msg
+
+
+@pytest.mark.parametrize(
+    "template, named",
+    [
+        ("Solve {question} as {role}", "placeholder {question} is not one of {name}, {role}, {capabilities}"),
+        ("You are {}", "placeholder {} is not one"),
+        ("You are {name.upper}", "placeholder {name.upper} is not one"),
+        ("Use {role", "braces do not pair up"),
+        ("You are {name:d}", "cannot be filled in: Unknown format code 'd'"),
+    ],
+)
+def test_a_system_prompt_template_naming_what_is_not_filled_in_is_refused_at_load(template, named):
+    """A template with a placeholder other than {name}, {role}, {capabilities} (a dataset column, say) was
+    accepted and crashed with a bare KeyError when the job built the prompts; it is refused at load, naming the
+    key and the placeholder, in both places a template is written and in marti.workflow.Role."""
+    from marti.workflow import Role
+
+    with pytest.raises(InvalidArgumentError, match=r"'agents\.0\.prompt_template': ") as agent:
+        config_from_dict(
+            minimal(agents=[{"name": "a", "pretrain_model": "m", "role": "r", "prompt_template": template}])
+        )
+    role = minimal(workflow={"kind": "chain", "roles": [{"agent": "a", "system_prompt": template}]})
+    with pytest.raises(InvalidArgumentError, match=r"'workflow\.roles\.0\.system_prompt': ") as wf:
+        config_from_dict(role)
+    with pytest.raises(InvalidArgumentError, match="Role 'a': system_prompt: ") as py:
+        Role("a", system_prompt=template)
+    for err in (agent, wf, py):
+        assert named in str(err.value)
+
+
+def test_a_system_prompt_template_with_its_placeholders_and_literal_braces_loads_and_fills_in():
+    from marti.prompt_template import fill_prompt_template
+
+    template = "{name} ({role}) can: {capabilities}; reply as {{json}}"
+    cfg = config_from_dict(
+        minimal(agents=[{"name": "a", "pretrain_model": "m", "role": "r", "prompt_template": template}])
+    )
+    assert cfg.agents[0].prompt_template == template
+    assert (
+        fill_prompt_template(template, name="a", role="r", capabilities="x, y")
+        == "a (r) can: x, y; reply as {json}"
+    )

@@ -34,6 +34,7 @@ from typing import Any
 
 from marti.envs import declared_metrics, step_many
 from marti.errors import InvalidArgumentError, MartiError
+from marti.prompt_template import fill_prompt_template
 from marti.rewards.base import check_reward
 from marti.trajectory import Trajectory, Turn
 from marti.workflow import EpisodeView, PromptContext, Role, Workflow, WorkflowState
@@ -59,7 +60,9 @@ def agent_system_prompt(agent: Any) -> str:
     """An agent's system prompt (an :class:`marti.config.AgentConfig`): its ``prompt_template``, else
     :data:`DEFAULT_SYSTEM_PROMPT`, with ``{name}``, ``{role}`` and ``{capabilities}`` (comma-separated) filled in."""
     template = agent.prompt_template or DEFAULT_SYSTEM_PROMPT
-    return template.format(name=agent.name, role=agent.role, capabilities=", ".join(agent.capabilities))
+    return fill_prompt_template(
+        template, name=agent.name, role=agent.role, capabilities=", ".join(agent.capabilities)
+    )
 
 
 def role_system_prompt(role: Role, default: str, role_name: str, capabilities: str) -> str:
@@ -68,7 +71,9 @@ def role_system_prompt(role: Role, default: str, role_name: str, capabilities: s
     :func:`agent_system_prompt`)."""
     if not role.system_prompt:
         return default
-    return role.system_prompt.format(name=role.agent, role=role_name, capabilities=capabilities)
+    return fill_prompt_template(
+        role.system_prompt, name=role.agent, role=role_name, capabilities=capabilities
+    )
 
 
 #: Counters the runner adds to every episode's metrics, after the env's own: the fraction of turns whose
