@@ -18,6 +18,7 @@ is logged as a warning naming the problem seed and the reply, and sets the episo
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -106,39 +107,46 @@ def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer 
 
 
 def check_reward_calls(scorer: RewardScorer | None, tasks: DatasetTasks) -> None:
-    """Call each reward function of ``scorer`` (:func:`build_scorer`'s, every ``reward.functions`` entry; not a
-    remote server or a reward model) once, as :class:`EpisodeScorer` calls it: on the first training row, its
-    ``input_key`` text as the prompt and every column by name, with one placeholder completion, the row's label
-    as text (``""`` without a ``label_key``). ``marti train`` runs it before the run folder, so a function that
-    raises, takes other keywords than the columns it is given (``def f(prompts, completions)``, or a ``label``
-    parameter on a job whose label column is ``answer``) or returns no finite score is refused before an
-    ``--overwrite`` deletes the previous run, not at the first scoring.
+    """Call each reward function of ``scorer`` (:func:`build_scorer`'s, every ``reward.functions`` entry) and its
+    remote reward server (``reward.remote_url``; not a reward model, whose actor is not started yet) once, as
+    :class:`EpisodeScorer` calls them: on the first training row, its ``input_key`` text as the prompt and every
+    column by name, with one placeholder completion, the row's label as text (``""`` without a ``label_key``).
+    ``marti train`` runs it before the run folder, so a function that raises, takes other keywords than the
+    columns it is given (``def f(prompts, completions)``, or a ``label`` parameter on a job whose label column is
+    ``answer``) or returns no finite score, and a server that is down, too slow, answers an error or no
+    ``{"rewards": [...]}`` (after its ``remote_retries``), are refused before an ``--overwrite`` deletes the
+    previous run and before any service or model starts, not at the first scoring.
 
     Raises:
-        InvalidArgumentError / MartiError: What :meth:`marti.rewards.RewardFunction.score` raises (the function,
-            its exception and the keywords passed named), prefixed by ``reward.functions`` and the row.
+        InvalidArgumentError / MartiError: What :meth:`marti.rewards.RewardFunction.score` and
+            :meth:`marti.rewards.remote.RemoteRewardScorer.score` raise (the function or URL, the exception or
+            answer named; a server's ``UnavailableError`` / ``DeadlineExceededError`` keep their class),
+            prefixed by the key (``reward.functions``, ``reward.remote_url (--remote_rm_url)``) and the row.
     """
-    fns = _reward_functions_in(scorer)
-    if not fns:
+    parts = _called_before_the_run(scorer)
+    if not parts:
         return
     row = tasks.row(0)
     label_key = tasks.section.label_key
     completion = str(row[label_key]) if label_key is not None else ""
-    where = (
-        f"reward.functions, called once before the run on {tasks.describe(0)} with {completion!r} as the "
-        "completion"
-    )
-    with in_context(where):
-        for fn in fns:
-            fn.score([str(row[tasks.section.input_key])], [completion], _columns([row]))
+    where = f"called once before the run on {tasks.describe(0)} with {completion!r} as the completion"
+    for key, part in parts:
+        with in_context(f"{key}, {where}"):
+            part.score([str(row[tasks.section.input_key])], [completion], _columns([row]))
 
 
-def _reward_functions_in(scorer: RewardScorer | None) -> list[RewardFunction]:
-    """The :class:`~marti.rewards.RewardFunction` scorers of ``scorer``, in order (inside weighted sums)."""
+def _called_before_the_run(scorer: RewardScorer | None) -> list[tuple[str, RewardScorer]]:
+    """The parts of ``scorer`` :func:`check_reward_calls` calls, each with its config key, in order (inside
+    weighted sums): every :class:`~marti.rewards.RewardFunction` and the remote reward server."""
     if isinstance(scorer, RewardFunction):
-        return [scorer]
+        return [("reward.functions", scorer)]
     if isinstance(scorer, WeightedSum):
-        return [fn for part in scorer.scorers for fn in _reward_functions_in(part)]
+        return [pair for part in scorer.scorers for pair in _called_before_the_run(part)]
+    remote = sys.modules.get(
+        "marti.rewards.remote"
+    )  # a RemoteRewardScorer was built only if it is loaded (httpx)
+    if remote is not None and isinstance(scorer, remote.RemoteRewardScorer):
+        return [("reward.remote_url (--remote_rm_url)", scorer)]
     return []
 
 

@@ -301,3 +301,79 @@ def test_a_missing_label_column_suggests_label_key_null_only_where_the_config_ta
         assert "the job's verifier reads every row's label: name the label column" in str(err.value)
         with pytest.raises(InvalidArgumentError, match="dataset.label_key is null"):
             config_from_dict(with_null)
+
+
+def _closed_port_url() -> str:
+    """A URL on 127.0.0.1 where nothing listens (a port bound on 0 and released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/get_reward"
+
+
+@pytest.mark.parametrize(
+    ("answer", "error", "message"),
+    [
+        (None, "UnavailableError", r"unreachable \(ConnectError"),
+        ((500, b"oops"), "UnavailableError", r"answered HTTP 500 \('oops'\) after 1 attempt"),
+        (
+            (200, b"{not json"),
+            "InvalidArgumentError",
+            r"answered something that is not JSON \('\{not json'\)",
+        ),
+        ((200, b'{"scores": [1.0]}'), "InvalidArgumentError", r"the answer has no 'rewards' list"),
+        ("slow", "DeadlineExceededError", r"no answer within timeout_s=0.3 s"),
+    ],
+)
+def test_a_reward_server_that_is_down_or_answers_badly_is_refused_before_the_job(
+    tmp_path, answer, error, message
+):
+    """The server was first called at the first scoring, after Ray, the models and a rollout had started (a
+    server that was down was found only then); it is now called once on the first row before the run folder,
+    and its error keeps its class, prefixed by the key, its flag and the row."""
+    import marti.errors
+    from marti.config import config_from_dict
+    from services.trainer.job.run.prechecks import check_dataset_job
+    from tests.integration.rewards.test_remote_rewards import Server
+
+    def behaviour(n: int, body: dict) -> tuple[int, bytes]:
+        if answer == "slow":
+            server.release.wait(10)
+            return 200, b'{"rewards": [1.0]}'
+        return answer
+
+    server = Server(behaviour) if answer is not None else None
+    url = server.url if server is not None else _closed_port_url()
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    reward = {"remote_url": url, "remote_retries": 0, "remote_timeout_s": 0.3}
+    expected = (
+        r"^reward.remote_url \(--remote_rm_url\), called once before the run on row \d+ of dataset JSON file "
+        rf".* with '\d+' as the completion: remote reward server '{re.escape(url)}' .*{message}"
+    )
+    try:
+        with pytest.raises(getattr(marti.errors, error), match=expected):
+            check_dataset_job(config_from_dict(_job(_rows_file(tmp_path, rows), reward=reward)))
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def test_the_precheck_sends_a_good_reward_server_one_request_as_scoring_does(tmp_path):
+    from marti.config import config_from_dict
+    from services.trainer.job.run.prechecks import check_dataset_job
+    from tests.integration.rewards.test_remote_rewards import Server, length_reward
+
+    server = Server(length_reward)
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    try:
+        tasks = check_dataset_job(
+            config_from_dict(_job(_rows_file(tmp_path, rows), reward={"remote_url": server.url}))
+        )
+    finally:
+        server.stop()
+    row = tasks.row(0)
+    assert server.bodies == [
+        {"query": [row["prompt"] + row["answer"]], "prompts": [row["prompt"]], "labels": [row["answer"]]}
+    ]
