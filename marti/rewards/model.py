@@ -27,7 +27,7 @@ from marti.arguments import checked
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.rewards.base import check_batch, check_scores
 
-__all__ = ["ModelRewardScorer", "reward_model_config"]
+__all__ = ["ModelRewardScorer", "check_reward_model", "reward_model_config", "reward_model_tokenizer"]
 
 
 class ModelRewardScorer:
@@ -64,8 +64,8 @@ class ModelRewardScorer:
             raise InvalidArgumentError(
                 f"ModelRewardScorer: device {device!r} is not a torch device ({exc})"
             ) from None
-        config = self._config()
-        self.tokenizer = self._tokenizer(config)
+        config = reward_model_config(path)
+        self.tokenizer = reward_model_tokenizer(path, config)
         try:
             model = AutoModelForSequenceClassification.from_pretrained(
                 path, config=config, local_files_only=True
@@ -106,27 +106,66 @@ class ModelRewardScorer:
         logits = self.model(**enc).logits  # (b, 1)
         return logits[:, 0].float().tolist()
 
-    def _config(self) -> Any:
-        """The model's config, refused unless it is a sequence classifier with one label."""
-        return reward_model_config(self.path)
 
-    def _tokenizer(self, config: Any) -> Any:
-        """The folder's tokenizer, padding on the right with the model's pad token, truncating on the left."""
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        except (ValueError, OSError) as exc:
-            raise NotFoundError(f"{self.name}: no tokenizer can be loaded from the folder ({exc})") from None
-        tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
-        if config.pad_token_id is not None:
-            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id)
-        elif tokenizer.pad_token_id is not None or tokenizer.eos_token_id is not None:
-            tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-            config.pad_token_id = tokenizer.pad_token_id
-        else:
-            raise InvalidArgumentError(
-                f"{self.name}: neither config.json nor the tokenizer defines a pad or EOS token; batches need one"
-            )
-        return tokenizer
+def check_reward_model(path: str) -> Any:
+    """Check a reward model folder as far as can be done without reading its weights, so a job refuses it before
+    anything starts: ``config.json`` (:func:`reward_model_config`), a tokenizer that loads with a pad or EOS token
+    (:func:`reward_model_tokenizer`) and a weights file that ``from_pretrained`` reads (``model.safetensors``,
+    ``pytorch_model.bin`` or their sharded ``*.index.json``).
+
+    Returns:
+        The model's ``transformers`` config.
+
+    Raises:
+        NotFoundError / InvalidArgumentError: What :func:`reward_model_config` and :func:`reward_model_tokenizer`
+            raise; NotFoundError for a folder without a weights file (the names looked for listed).
+    """
+    config = reward_model_config(path)
+    reward_model_tokenizer(path, config)
+    from transformers.utils import (
+        SAFE_WEIGHTS_INDEX_NAME,
+        SAFE_WEIGHTS_NAME,
+        WEIGHTS_INDEX_NAME,
+        WEIGHTS_NAME,
+    )
+
+    names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    if not any((Path(path) / n).is_file() for n in names):
+        raise NotFoundError(
+            f"reward model {path!r} has no weights file ({', '.join(names)}): a reward model is a folder written "
+            "by save_pretrained (config.json, weights, tokenizer)"
+        )
+    return config
+
+
+def reward_model_tokenizer(path: str, config: Any) -> Any:
+    """The folder's tokenizer, padding on the right with the model's pad token, truncating on the left; a config
+    without a pad token gets the tokenizer's pad (or EOS) token id.
+
+    Args:
+        path: The reward model folder.
+        config: Its config (:func:`reward_model_config`).
+
+    Raises:
+        NotFoundError: No tokenizer loads from the folder (the path and the loader's reason named).
+        InvalidArgumentError: Neither ``config.json`` nor the tokenizer defines a pad or EOS token.
+    """
+    name = f"reward model {path!r}"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (ValueError, OSError) as exc:
+        raise NotFoundError(f"{name}: no tokenizer can be loaded from the folder ({exc})") from None
+    tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
+    if config.pad_token_id is not None:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id)
+    elif tokenizer.pad_token_id is not None or tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+        config.pad_token_id = tokenizer.pad_token_id
+    else:
+        raise InvalidArgumentError(
+            f"{name}: neither config.json nor the tokenizer defines a pad or EOS token; batches need one"
+        )
+    return tokenizer
 
 
 def reward_model_config(path: str) -> Any:

@@ -106,3 +106,20 @@ def test_missing_folder_and_bad_arguments(tmp_path, rm_path):
         rm.score(["x"], ["a", "b"], {})
     with pytest.raises(InvalidArgumentError, match="text 1 .* has no tokens"):
         rm.score(["x", ""], [" y", ""], {})
+
+
+def test_the_check_before_a_job_refuses_a_folder_without_a_tokenizer_or_weights_without_reading_them(
+    tmp_path, rm_path
+):
+    """``check_reward_model`` (marti train's check) read config.json only: a folder without a tokenizer or
+    weights was found when the reward-model actor started, after the run folder, as a Ray actor's traceback."""
+    from marti.rewards.model import check_reward_model
+
+    (tmp_path / "config.json").write_text((Path(rm_path) / "config.json").read_text())
+    with pytest.raises(NotFoundError, match=r"'.*': no tokenizer can be loaded from the folder"):
+        check_reward_model(str(tmp_path))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_text((Path(rm_path) / name).read_text())
+    with pytest.raises(NotFoundError, match=r"has no weights file \(model.safetensors, .*pytorch_model.bin"):
+        check_reward_model(str(tmp_path))
+    assert check_reward_model(rm_path).num_labels == 1

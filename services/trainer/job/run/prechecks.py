@@ -143,8 +143,9 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     :func:`marti.rewards.functions.check_column_names`), every row's first prompt against the rollout engine's
     length (:func:`~services.trainer.job.run.prompt_lengths.check_prompt_lengths`), its reward functions (loaded,
     and each called once on the first training row:
-    :func:`~services.trainer.rollout.episodes.scoring.check_reward_calls`) and its reward model's ``config.json``
-    (a one-label sequence classifier; the ``tiny-llama`` alias is built by the actor). ``marti train`` runs it
+    :func:`~services.trainer.rollout.episodes.scoring.check_reward_calls`) and its reward model's folder
+    (``config.json`` a one-label sequence classifier, a tokenizer that loads, a weights file; the weights are read
+    by the actor, and the ``tiny-llama`` alias is built there). ``marti train`` runs it
     before it prepares the run folder, so a bad file never costs the previous run of an ``--overwrite``, and
     hands the loaded problems to the job's loop (they are not loaded twice).
 
@@ -155,7 +156,7 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
         InvalidArgumentError / NotFoundError / UnavailableError: what :class:`DatasetTasks`,
             :func:`services.trainer.rollout.episodes.scoring.build_scorer`,
             :func:`~services.trainer.rollout.episodes.scoring.check_reward_calls` and
-            :func:`marti.rewards.model.reward_model_config` raise, naming the file, row, function or path.
+            :func:`marti.rewards.model.check_reward_model` raise, naming the file, row, function or path.
     """
     if cfg.dataset is None:
         return None
@@ -172,12 +173,10 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     check_reward_calls(build_scorer(cfg, None), tasks)
     model = cfg.reward.model
     if model and model.strip().lower() != TINY_ALIAS:
-        from marti.rewards.model import (
-            reward_model_config,  # transformers' config classes: loaded when needed
-        )
+        from marti.rewards.model import check_reward_model  # transformers: loaded when needed
 
         with in_context("reward.model (--reward_model)"):
-            reward_model_config(model)
+            check_reward_model(model)
     return tasks
 
 

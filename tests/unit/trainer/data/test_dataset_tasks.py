@@ -217,6 +217,12 @@ def test_a_causal_lm_as_reward_model_is_refused_before_the_job(tmp_path):
 
     with pytest.raises(NotFoundError, match=r"^reward.model \(--reward_model\): .*is not a folder"):
         check_dataset_job(_config(tmp_path, reward={"model": str(tmp_path / "nowhere")}))
+    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_labels=1,
+                architectures=["LlamaForSequenceClassification"]).save_pretrained(folder)  # fmt: skip
+    with pytest.raises(
+        NotFoundError, match=r"^reward.model \(--reward_model\): .*no tokenizer can be loaded"
+    ):
+        check_dataset_job(cfg)  # config.json alone: found before the job, not when the actor starts
 
 
 def test_a_bad_remote_reward_url_names_its_key_and_flag_before_the_job(tmp_path):
