@@ -141,8 +141,8 @@ def check_dataset_job(cfg: TrainConfig) -> DatasetTasks | None:
     checked, with the held-out split; with the ``dataset_task`` env every row's label read by the job's verifier,
     as the env checks it), its columns (with reward functions, none named ``prompts`` or ``completions``:
     :func:`marti.rewards.functions.check_column_names`), every row's first prompt against the rollout engine's
-    length (:func:`~services.trainer.job.run.prompt_lengths.check_prompt_lengths`), its reward functions (loaded,
-    and each called once on the first training row:
+    length (:func:`~services.trainer.job.run.prompt_lengths.check_prompt_lengths`), its reward functions and remote
+    reward server (loaded, and each called once on the first two training rows:
     :func:`~services.trainer.rollout.episodes.scoring.check_reward_calls`) and its reward model's folder
     (``config.json`` a one-label sequence classifier, a tokenizer that loads, a weights file; the weights are read
     by the actor, and the ``tiny-llama`` alias is built there). ``marti train`` runs it

@@ -106,33 +106,44 @@ def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer 
     return scorers[0] if len(scorers) == 1 else WeightedSum(scorers)
 
 
+#: Training rows :func:`check_reward_calls` scores in its one call: two, so that a scorer returning a fixed number
+#: of scores (``return [score]``) is refused there too; a scoring call is never of one completion (the team's
+#: reply and each agent's own).
+CHECK_ROWS = 2
+
+
 def check_reward_calls(scorer: RewardScorer | None, tasks: DatasetTasks) -> None:
     """Call each reward function of ``scorer`` (:func:`build_scorer`'s, every ``reward.functions`` entry) and its
     remote reward server (``reward.remote_url``; not a reward model, whose actor is not started yet) once, as
-    :class:`EpisodeScorer` calls them: on the first training row, its ``input_key`` text as the prompt and every
-    column by name, with one placeholder completion, the row's label as text (``""`` without a ``label_key``).
-    ``marti train`` runs it before the run folder, so a function that raises, takes other keywords than the
-    columns it is given (``def f(prompts, completions)``, or a ``label`` parameter on a job whose label column is
-    ``answer``) or returns no finite score, and a server that is down, too slow, answers an error or no
-    ``{"rewards": [...]}`` (after its ``remote_retries``), are refused before an ``--overwrite`` deletes the
+    :class:`EpisodeScorer` calls them: on the first :data:`CHECK_ROWS` training rows, their ``input_key`` texts as
+    the prompts and every column by name, with one placeholder completion each, the row's label as text (``""``
+    without a ``label_key``). ``marti train`` runs it before the run folder, so a function that raises, takes
+    other keywords than the columns it is given (``def f(prompts, completions)``, or a ``label`` parameter on a
+    job whose label column is ``answer``) or returns no finite score or another number of scores than
+    completions, and a server that is down, too slow, answers an error or no ``{"rewards": [...]}`` (after its ``remote_retries``), are refused before an ``--overwrite`` deletes the
     previous run and before any service or model starts, not at the first scoring.
 
     Raises:
         InvalidArgumentError / MartiError: What :meth:`marti.rewards.RewardFunction.score` and
             :meth:`marti.rewards.remote.RemoteRewardScorer.score` raise (the function or URL, the exception or
             answer named; a server's ``UnavailableError`` / ``DeadlineExceededError`` keep their class),
-            prefixed by the key (``reward.functions``, ``reward.remote_url (--remote_rm_url)``) and the row.
+            prefixed by the key (``reward.functions``, ``reward.remote_url (--remote_rm_url)``) and the rows.
     """
     parts = _called_before_the_run(scorer)
     if not parts:
         return
-    row = tasks.row(0)
+    seeds = range(min(CHECK_ROWS, tasks.n_train))
+    rows = [tasks.row(i) for i in seeds]
     label_key = tasks.section.label_key
-    completion = str(row[label_key]) if label_key is not None else ""
-    where = f"called once before the run on {tasks.describe(0)} with {completion!r} as the completion"
+    completions = [str(row[label_key]) if label_key is not None else "" for row in rows]
+    prompts = [str(row[tasks.section.input_key]) for row in rows]
+    where = (
+        f"called once before the run on {' and '.join(tasks.describe(i) for i in seeds)} with "
+        f"{completions!r} as the completions"
+    )
     for key, part in parts:
         with in_context(f"{key}, {where}"):
-            part.score([str(row[tasks.section.input_key])], [completion], _columns([row]))
+            part.score(prompts, completions, _columns(rows))
 
 
 def _called_before_the_run(scorer: RewardScorer | None) -> list[tuple[str, RewardScorer]]:

@@ -240,7 +240,7 @@ def exact(prompts, completions, label, **kwargs):
 )
 def test_a_reward_function_that_fails_when_called_is_refused_before_an_overwrite(tmp_path, fn, error):
     """Only loading was checked before: the call failed at the first scoring, after ``--overwrite`` had deleted
-    the previous run. Each function is now called once on the first training row (label_key ``answer``)."""
+    the previous run. Each function is now called once on the first two training rows (label_key ``answer``)."""
     reward = tmp_path / "my_rewards.py"
     reward.write_text(_REWARDS)
     rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
@@ -248,14 +248,15 @@ def test_a_reward_function_that_fails_when_called_is_refused_before_an_overwrite
     proc = train_over_an_old_run(tmp_path, _job(data, reward={"functions": [f"{reward}:{fn}"]}))
     assert re.search(
         rf"marti train: reward.functions, called once before the run on row \d+ of dataset JSON file "
-        rf"'{re.escape(str(data))}'.* with '\d+' as the completion: reward function '{re.escape(str(reward))}:{fn}' "
-        rf"raised {re.escape(error)} \(scoring 1 completions; .*keywords: prompts, completions, answer\)",
+        rf"'{re.escape(str(data))}'.* and row \d+ of .* with \['\d+', '\d+'\] as the completions: reward function "
+        rf"'{re.escape(str(reward))}:{fn}' raised {re.escape(error)} \(scoring 2 completions; .*keywords: prompts, "
+        r"completions, answer\)",
         proc.stderr,
     ), proc.stderr
 
 
 def test_the_precheck_calls_a_good_reward_function_as_scoring_does(tmp_path):
-    """The same keywords as a scoring call: the prompt, the label as the completion and every column by name."""
+    """The same keywords as a scoring call: the prompts, the labels as the completions and every column by name."""
     from marti.config import config_from_dict
     from services.trainer.job.run.prechecks import check_dataset_job
 
@@ -270,14 +271,28 @@ def test_the_precheck_calls_a_good_reward_function_as_scoring_does(tmp_path):
     rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), "extra": i} for i in range(10)]
     job = _job(_rows_file(tmp_path, rows), reward={"functions": [f"{reward}:record"]})
     tasks = check_dataset_job(config_from_dict(job))
-    row = tasks.row(0)
+    rows = [tasks.row(0), tasks.row(1)]  # the first two training rows, each with its label as the completion
     assert json.loads(seen.read_text()) == [
-        [row["prompt"]],
-        [row["answer"]],
-        [row["answer"]],
-        [row["extra"]],
+        [r["prompt"] for r in rows],
+        [r["answer"] for r in rows],
+        [r["answer"] for r in rows],
+        [r["extra"] for r in rows],
         {},
     ]
+
+
+def test_a_reward_function_that_returns_one_score_whatever_the_batch_is_refused_before_the_job(tmp_path):
+    """The check called a function with one completion, so ``return [score]`` passed it and stopped the job at
+    its first scoring (a scoring call has the team's reply and each agent's own); it now scores two rows."""
+    from marti.config import config_from_dict
+    from services.trainer.job.run.prechecks import check_dataset_job
+
+    reward = tmp_path / "my_rewards.py"
+    reward.write_text("def one(prompts, completions, **kwargs):\n    return [1.0]\n")
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    job = _job(_rows_file(tmp_path, rows), reward={"functions": [f"{reward}:one"]})
+    with pytest.raises(InvalidArgumentError, match=r"returned 1 scores for 2 completions"):
+        check_dataset_job(config_from_dict(job))
 
 
 @pytest.mark.parametrize("custom_env", [False, True])
@@ -350,7 +365,7 @@ def test_a_reward_server_that_is_down_or_answers_badly_is_refused_before_the_job
     reward = {"remote_url": url, "remote_retries": 0, "remote_timeout_s": 0.3}
     expected = (
         r"^reward.remote_url \(--remote_rm_url\), called once before the run on row \d+ of dataset JSON file "
-        rf".* with '\d+' as the completion: remote reward server '{re.escape(url)}' .*{message}"
+        rf".* with \['\d+', '\d+'\] as the completions: remote reward server '{re.escape(url)}' .*{message}"
     )
     try:
         with pytest.raises(getattr(marti.errors, error), match=expected):
@@ -373,7 +388,11 @@ def test_the_precheck_sends_a_good_reward_server_one_request_as_scoring_does(tmp
         )
     finally:
         server.stop()
-    row = tasks.row(0)
+    rows = [tasks.row(0), tasks.row(1)]
     assert server.bodies == [
-        {"query": [row["prompt"] + row["answer"]], "prompts": [row["prompt"]], "labels": [row["answer"]]}
+        {
+            "query": [r["prompt"] + r["answer"] for r in rows],
+            "prompts": [r["prompt"] for r in rows],
+            "labels": [r["answer"] for r in rows],
+        }
     ]
