@@ -132,14 +132,16 @@ def check_reward_calls(scorer: RewardScorer | None, tasks: DatasetTasks) -> None
     parts = _called_before_the_run(scorer)
     if not parts:
         return
-    seeds = range(min(CHECK_ROWS, tasks.n_train))
-    rows = [tasks.row(i) for i in seeds]
+    train = tasks.problems.train
+    seeds = range(min(CHECK_ROWS, len(train)))
+    rows = [train.row(i) for i in seeds]
     label_key = tasks.section.label_key
     completions = [str(row[label_key]) if label_key is not None else "" for row in rows]
     prompts = [str(row[tasks.section.input_key]) for row in rows]
+    positions = " and ".join(str(train.position(i)) for i in seeds)
     where = (
-        f"called once before the run on {' and '.join(tasks.describe(i) for i in seeds)} with "
-        f"{completions!r} as the completions"
+        f"called once before the run on row{'s' if len(rows) > 1 else ''} {positions} of dataset {train.source} "
+        f"with {completions!r} as the completions"
     )
     for key, part in parts:
         with in_context(f"{key}, {where}"):

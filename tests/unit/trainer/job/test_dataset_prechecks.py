@@ -247,8 +247,8 @@ def test_a_reward_function_that_fails_when_called_is_refused_before_an_overwrite
     data = _rows_file(tmp_path, rows)
     proc = train_over_an_old_run(tmp_path, _job(data, reward={"functions": [f"{reward}:{fn}"]}))
     assert re.search(
-        rf"marti train: reward.functions, called once before the run on row \d+ of dataset JSON file "
-        rf"'{re.escape(str(data))}'.* and row \d+ of .* with \['\d+', '\d+'\] as the completions: reward function "
+        rf"marti train: reward.functions, called once before the run on rows \d+ and \d+ of dataset JSON file "
+        rf"'{re.escape(str(data))}'.* with \['\d+', '\d+'\] as the completions: reward function "
         rf"'{re.escape(str(reward))}:{fn}' raised {re.escape(error)} \(scoring 2 completions; .*keywords: prompts, "
         r"completions, answer\)",
         proc.stderr,
@@ -364,7 +364,8 @@ def test_a_reward_server_that_is_down_or_answers_badly_is_refused_before_the_job
     rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
     reward = {"remote_url": url, "remote_retries": 0, "remote_timeout_s": 0.3}
     expected = (
-        r"^reward.remote_url \(--remote_rm_url\), called once before the run on row \d+ of dataset JSON file "
+        r"^reward.remote_url \(--remote_rm_url\), called once before the run on rows \d+ and \d+ of dataset JSON "
+        r"file "
         rf".* with \['\d+', '\d+'\] as the completions: remote reward server '{re.escape(url)}' .*{message}"
     )
     try:
