@@ -19,6 +19,14 @@ from marti.rewards.judge import JUDGE_PATTERN, compile_judge_pattern
 
 _Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
+#: A scorer's key -> the keys only that scorer reads: set to other than their defaults without it they would do
+#: nothing, so they are refused.
+_READ_ONLY_WITH = {
+    "remote_url": ("remote_timeout_s", "remote_retries", "remote_backoff_s", "remote_batch_size"),
+    "model": ("model_batch_size", "model_max_length"),
+    "judge_agent": ("judge_pattern",),
+}
+
 
 class RewardConfig(Section):
     """Reward scorers of dataset problems, run in the trainer (docs/datasets.md)."""
@@ -73,4 +81,11 @@ class RewardConfig(Section):
                 "reward.functions, remote_url and model"
             )
         compile_judge_pattern(self.judge_pattern)
+        for owner, keys in _READ_ONLY_WITH.items():
+            unread = [k for k in keys if getattr(self, k) != type(self).model_fields[k].default]
+            if unread and not getattr(self, owner):
+                raise ValueError(
+                    f"reward.{unread[0]} is set but reward.{owner} is not: only the {owner} scorer reads it, so it "
+                    f"would do nothing; set reward.{owner} or remove reward.{unread[0]}"
+                )
         return self

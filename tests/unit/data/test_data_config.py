@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from marti.config import DatasetConfig, config_from_dict, config_from_text, dump_config, load_config
+from marti.config.reward import RewardConfig
 from marti.errors import InvalidArgumentError
 from tests.unit.data.files import jsonl
 
@@ -110,3 +111,28 @@ def test_settings_a_dataset_job_would_not_read_are_refused(tmp_path, extra, name
     )
     with pytest.raises(InvalidArgumentError, match=named):
         config_from_dict({**with_dataset(path=str(data)), **extra})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "owner", "owner_value"),
+    [
+        ("remote_timeout_s", 5.0, "remote_url", "http://127.0.0.1:1/get_reward"),
+        ("remote_retries", 0, "remote_url", "http://127.0.0.1:1/get_reward"),
+        ("remote_backoff_s", 0.1, "remote_url", "http://127.0.0.1:1/get_reward"),
+        ("remote_batch_size", 8, "remote_url", "http://127.0.0.1:1/get_reward"),
+        ("model_batch_size", 2, "model", "tiny-llama"),
+        ("model_max_length", 512, "model", "tiny-llama"),
+        ("judge_pattern", r"Grade: (\d)", "judge_agent", "b"),
+    ],
+)
+def test_a_reward_key_set_without_the_scorer_that_reads_it_is_refused(
+    tmp_path, key, value, owner, owner_value
+):
+    """reward.remote_* without remote_url, reward.model_* without model and judge_pattern without judge_agent were
+    accepted and did nothing; they are refused at config load, naming the key and the scorer it needs (with that
+    scorer they load)."""
+    data = jsonl(tmp_path, [{"prompt": "p", "answer": "a"}])
+    with pytest.raises(InvalidArgumentError, match=rf"reward\.{key} is set but reward\.{owner} is not"):
+        config_from_dict({**with_dataset(path=str(data)), "reward": {key: value}})
+    reward = {key: value, owner: owner_value}
+    assert RewardConfig(**reward).model_dump()[key] == value
