@@ -52,7 +52,8 @@ class DatasetConfig(Section):
     """Play the training rows in a fresh seeded order each epoch (every row once per epoch); false: file
     order every epoch."""
     seed: Annotated[int, Field(strict=True)] | None = None
-    """Seed of the per-epoch order and of the ``eval_fraction`` split; null: the job's ``seed``."""
+    """Seed of the per-epoch order and of the ``eval_fraction`` split; null: the job's ``seed``. Set with neither
+    (``shuffle: false``, no ``eval_fraction``) it would do nothing and is refused."""
 
     @field_validator("input_key", "label_key")
     @classmethod
@@ -86,6 +87,11 @@ class DatasetConfig(Section):
         if self.label_key is not None and self.label_key == self.input_key:
             raise ValueError(
                 f"dataset.input_key and dataset.label_key are the same column {self.input_key!r}"
+            )
+        if self.seed is not None and not self.shuffle and self.eval_fraction is None:
+            raise ValueError(
+                "dataset.seed is set but nothing reads it: it seeds the per-epoch order (dataset.shuffle, false "
+                "here) and the eval_fraction split (none here); remove dataset.seed or set one of those"
             )
         try:
             parse_source(self.path, split=self.split)

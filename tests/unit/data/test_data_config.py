@@ -136,3 +136,12 @@ def test_a_reward_key_set_without_the_scorer_that_reads_it_is_refused(
         config_from_dict({**with_dataset(path=str(data)), "reward": {key: value}})
     reward = {key: value, owner: owner_value}
     assert RewardConfig(**reward).model_dump()[key] == value
+
+
+def test_a_dataset_seed_nothing_reads_is_refused(tmp_path):
+    """With shuffle false and no eval_fraction, dataset.seed seeds nothing: it was accepted and did nothing."""
+    data = str(jsonl(tmp_path, [{"prompt": "p", "answer": "a"}]))
+    with pytest.raises(InvalidArgumentError, match="dataset.seed is set but nothing reads it"):
+        DatasetConfig(path=data, shuffle=False, seed=5)
+    assert DatasetConfig(path=data, shuffle=False, eval_fraction=0.5, seed=5).seed == 5
+    assert DatasetConfig(path=data, seed=5).seed == 5  # shuffle (the default) reads it
