@@ -621,9 +621,10 @@ def workflow_from_section(section: Any, agent_names: Sequence[str], cfg: Any = N
             )
         return wf
     names = list(agent_names)
-    for a in [*section.order, *([section.aggregator] if section.aggregator else [])]:
+    named = [("workflow.order", a) for a in section.order]
+    for key, a in [*named, *([("workflow.aggregator", section.aggregator)] if section.aggregator else [])]:
         if a not in names:
-            raise InvalidArgumentError(f"workflow names agent {a!r}, which is not in agents {names}")
+            raise InvalidArgumentError(f"{key} names agent {a!r}, which is not in agents {names}")
     roles = []
     for i, r in enumerate(section.roles):
         if r.agent not in names:

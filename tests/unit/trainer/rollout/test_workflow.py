@@ -417,7 +417,7 @@ _TEAM_JOB = {
             r"workflow\.roles\.0\.parser: .*no attribute 'nope'",
         ),
         ({"factory": "no_such_pkg_xyz:make"}, r"workflow\.factory: .*cannot import module 'no_such_pkg_xyz'"),
-        ({"kind": "chain", "order": ["a", "c"]}, "names agent 'c', which is not in agents"),
+        ({"kind": "chain", "order": ["a", "c"]}, r"workflow\.order names agent 'c', which is not in agents"),
     ],
 )
 def test_a_bad_workflow_is_refused_before_an_overwrite_touches_the_old_run(tmp_path, workflow, message):
