@@ -79,12 +79,14 @@ def build_scorer(cfg: TrainConfig, score_model: ScoreFn | None) -> RewardScorer 
             builds the rest once before the job starts, so a reward function that does not load fails early).
 
     Raises:
-        NotFoundError / InvalidArgumentError: A reward function that does not load, a bad remote URL.
+        NotFoundError / InvalidArgumentError: A reward function that does not load, a bad remote URL (each
+            prefixed by its key: ``reward.functions``, ``reward.remote_url (--remote_rm_url)``).
     """
     r = cfg.reward
     scorers: list[RewardScorer] = []
     if r.functions:
-        scorers.append(reward_functions(r.functions, r.function_weights))
+        with in_context("reward.functions"):
+            scorers.append(reward_functions(r.functions, r.function_weights))
     if r.remote_url:
         from marti.rewards.remote import RemoteRewardScorer
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from marti.errors import InvalidArgumentError
+from marti.errors import InvalidArgumentError, NotFoundError
 from tests.refused_runs import train_over_an_old_run
 
 
@@ -397,3 +397,24 @@ def test_the_precheck_sends_a_good_reward_server_one_request_as_scoring_does(tmp
             "labels": [r["answer"] for r in rows],
         }
     ]
+
+
+@pytest.mark.parametrize(
+    ("source", "fn", "error", "message"),
+    [
+        ("def f(prompts, completions, **kw)\n    return [1.0]\n", "f", InvalidArgumentError, "SyntaxError"),
+        ("X = 3\n", "X", InvalidArgumentError, "names a int, not a callable"),
+        ("X = 3\n", "nope", NotFoundError, "has no attribute 'nope'"),
+    ],
+)
+def test_a_reward_function_that_does_not_load_is_refused_naming_its_key(tmp_path, source, fn, error, message):
+    """The load error named the import path only; it now names the key it came from, as the workflow's do."""
+    from marti.config import config_from_dict
+    from services.trainer.job.run.prechecks import check_dataset_job
+
+    reward = tmp_path / "my_rewards.py"
+    reward.write_text(source)
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    job = _job(_rows_file(tmp_path, rows), reward={"functions": [f"{reward}:{fn}"]})
+    with pytest.raises(error, match=rf"^reward\.functions: import path '.*my_rewards\.py:{fn}'.*{message}"):
+        check_dataset_job(config_from_dict(job))
