@@ -40,3 +40,21 @@ def split_indices(
     order = np.random.default_rng([seed % 2**64, _SPLIT_STREAM]).permutation(n)
     out = {int(i) for i in order[:held]}
     return [i for i in range(n) if i not in out], sorted(out)
+
+
+def shared_prompts(train: list[str], held_out: list[str]) -> list[tuple[int, int]]:
+    """The held-out problems whose prompt is also a training problem's (a file with duplicate rows, split by
+    ``eval_fraction`` or repeated in ``eval_path``): held-out accuracy on them measures recall of trained rows.
+
+    Args:
+        train: The training prompts, in order.
+        held_out: The held-out prompts, in order.
+
+    Returns:
+        ``(held-out index, index of the first training problem with that prompt)`` per shared prompt, in
+        held-out order.
+    """
+    first: dict[str, int] = {}
+    for i, prompt in enumerate(train):
+        first.setdefault(prompt, i)
+    return [(j, first[p]) for j, p in enumerate(held_out) if p in first]

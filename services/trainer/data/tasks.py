@@ -16,6 +16,7 @@ from typing import Any
 from marti.config import TrainConfig
 from marti.config.dataset import DATASET_ENV
 from marti.data import Problems, load_problems
+from marti.data.split import shared_prompts
 from marti.errors import InvalidArgumentError
 
 _LOG = logging.getLogger("marti.trainer")
@@ -78,7 +79,22 @@ class DatasetTasks:
                     "set rollout.eval_episodes: %d to evaluate them all", r.eval_episodes, self.n_eval,
                     r.eval_episodes, self.n_eval,
                 )  # fmt: skip
+            self._warn_shared_prompts()
         return cfg.model_copy(update={"rollout": r.model_copy(update=update)})
+
+    def _warn_shared_prompts(self) -> None:
+        """Say (a warning) how many held-out rows repeat a training row's prompt, naming the first pair."""
+        train, held = self.problems.train, self.problems.eval
+        shared = shared_prompts(
+            [train.prompt(i) for i in range(len(train))], [held.prompt(j) for j in range(len(held))]
+        )
+        if shared:
+            j, i = shared[0]
+            _LOG.warning(
+                "%d of the %d held-out rows have the prompt of a training row (row %d of dataset %s is row %d of "
+                "dataset %s): the held-out accuracy counts them as unseen; remove the duplicate rows from the "
+                "data", len(shared), len(held), held.position(j), held.source, train.position(i), train.source,
+            )  # fmt: skip
 
     def train_seeds(self, step: int, problems_per_step: int, group_size: int) -> list[int]:
         """Problem seeds of training step ``step`` (0-based): ``problems_per_step`` rows in the per-epoch order,

@@ -4,6 +4,7 @@ reward scorers' credits through the episode runner's ``rescore`` hook, on the re
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -67,6 +68,29 @@ def test_held_out_rows_an_evaluation_leaves_out_are_said(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="marti.trainer"):
         DatasetTasks(_config(tmp_path)).fit(_config(tmp_path))  # 16 asked, 2 held out: all of them played
     assert "held-out rows" not in caplog.text
+
+
+def test_held_out_rows_that_repeat_a_training_prompt_are_said(tmp_path, caplog):
+    """A file with duplicate rows split by eval_fraction (or a held-out file repeating training rows) put copies
+    of training problems in the held-out set without a word, so held-out accuracy counted trained rows as
+    unseen; the job's log says how many, naming the first pair (the rows still train and evaluate)."""
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(
+        "".join(json.dumps(r) + "\n" for r in ROWS + ROWS[:4]), encoding="utf-8"
+    )  # rows 10-13 repeat 0-3
+    cfg = _config(tmp_path, dataset={"path": f"jsonl:{dup}", "eval_fraction": 0.5})
+    tasks = DatasetTasks(cfg)
+    with caplog.at_level("WARNING", logger="marti.trainer"):
+        tasks.fit(cfg)
+    train = [tasks.problems.train.prompt(i) for i in range(tasks.n_train)]
+    held = [tasks.problems.eval.prompt(j) for j in range(tasks.n_eval)]
+    shared = sum(p in train for p in held)
+    assert shared > 0  # this seed's split puts copies on both sides
+    assert re.search(
+        rf"{shared} of the 7 held-out rows have the prompt of a training row \(row \d+ of dataset .*dup\.jsonl.* is "
+        r"row \d+ of dataset .*\): the held-out accuracy counts them as unseen",
+        caplog.text,
+    ), caplog.text
 
 
 def test_no_held_out_set_with_evaluation_on_is_refused_before_the_job(tmp_path):
