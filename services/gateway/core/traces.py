@@ -146,6 +146,7 @@ class EpisodeTracker:
         self._held: dict[str, _HeldGroup] = {}  # group -> finished members waiting for the rest
         self._closed = _BoundedSet()  # episode ids already reported (a second report is refused)
         self._abandoned = _BoundedSet()  # episode ids abandoned (a later call or report is refused)
+        self._served_groups = _BoundedSet()  # group ids calls carried (a report may only name one of them)
         self.counters = {
             "calls": 0,
             "finished": 0,
@@ -210,6 +211,28 @@ class EpisodeTracker:
             err.param = "group_id"  # type: ignore[attr-defined]  # the argument at fault (an adapter's field)
             raise err
 
+    def _served(self, ep: _Episode, group_id: str) -> None:
+        """Note that a call of ``ep`` carried ``group_id`` (when set): it becomes the episode's group, and a group
+        a report may name."""
+        if group_id:
+            self._served_groups.add(group_id)
+            ep.group_id = ep.group_id or group_id
+
+    def _check_known_group(self, episode_id: str, ep: _Episode, group_id: str) -> None:
+        """NotFoundError (``param`` ``group_id``) when a report names a group its episode's calls did not carry and
+        no call of any episode carried (the last :data:`REMEMBERED_IDS` groups are remembered): a typo would
+        otherwise make a group of its own that never completes, or a group of one that trains nothing."""
+        if not group_id or ep.group_id or group_id in self._served_groups:
+            return
+        err = NotFoundError(
+            f"group_id {group_id!r} names no group this gateway served: no call carried it (not the calls of "
+            f"episode {episode_id!r}, which carried no group, nor those of any other episode); a typo? Send the "
+            "group with the calls (header X-Marti-Group, the base URL /episodes/{episode_id}/groups/{group_id}/v1, "
+            "or group_id= in the SDK's generate), or leave group_id out for an episode without a group"
+        )
+        err.param = "group_id"  # type: ignore[attr-defined]
+        raise err
+
     def check_can_record(self, episode_id: str, agent: str, n: int = 1) -> None:
         """Raise if ``n`` more calls of ``agent`` in the episode would break a limit (changes nothing).
 
@@ -242,8 +265,7 @@ class EpisodeTracker:
         now = self._clock()
         ep = self._open.setdefault(episode_id, _Episode(group_id=group_id, last_seen=now))
         ep.last_seen = now
-        if group_id and not ep.group_id:
-            ep.group_id = group_id
+        self._served(ep, group_id)
         ep.running += 1
         ep.agents.setdefault(agent, _AgentTrace()).pending += n
 
@@ -300,8 +322,7 @@ class EpisodeTracker:
         now = self._clock()
         ep = self._open.setdefault(episode_id, _Episode(group_id=group_id, last_seen=now))
         ep.last_seen = now
-        if group_id and not ep.group_id:
-            ep.group_id = group_id
+        self._served(ep, group_id)
         trace = ep.agents.setdefault(agent, _AgentTrace())
         trace.calls += 1
         self.counters["calls"] += 1
@@ -360,8 +381,9 @@ class EpisodeTracker:
             rewards: Per agent, its return for the episode (agents without an entry get the sum of their call
                 rewards; every trained agent that made calls needs one or the other).
             call_rewards: Per call id, a reward for that call (its turn's reward; merged calls add up).
-            group_id: The episode's group (the problem id); it must match one sent with the calls; empty = the
-                group sent with the calls, or, without one, the episode is a group of its own.
+            group_id: The episode's group (the problem id); it must match one sent with the calls; when they sent
+                none, a group the calls of another episode carried; empty = the group sent with the calls, or,
+                without one, the episode is a group of its own.
             group_size: Episodes of the group; > 0 holds finished members until the group is complete. Every
                 member of a held group must give the size the group was opened with.
             failed: The client reports the episode as failed: it is dropped with its group.
@@ -388,7 +410,9 @@ class EpisodeTracker:
                 ``group_size`` different from the one its held group was opened with, or from the one a member
                 of its group (sent with its calls) was reported with while this episode was open (a member
                 released at once without ``group_size`` would leave a later ``group_size`` incomplete forever).
-            NotFoundError: No call was recorded under ``episode_id``.
+            NotFoundError: No call was recorded under ``episode_id``; or ``group_id`` is not the group its calls
+                carried (they carried none) and no call of any episode carried it (a typo would make a group
+                that never completes; ``param`` ``group_id``).
         """
         ep, group = self._check_report(episode_id, rewards, call_rewards, group_id, group_size, failed)
         if admit is not None:
@@ -495,6 +519,7 @@ class EpisodeTracker:
                 f"episode_id {episode_id!r} has no recorded calls (a typo, or the id was never used in a call)"
             )
         self._check_group(episode_id, group_id, "the report")
+        self._check_known_group(episode_id, ep, group_id)
         called = sorted(a for a, trace in ep.agents.items() if trace.calls)
         idle = sorted(set(rewards) - set(called))
         if idle and not failed:

@@ -76,8 +76,8 @@ def test_group_waits_until_complete_and_a_failed_member_drops_it_whole():
 
 def test_complete_group_is_released_with_group_metadata():
     t = tracker()
-    for e in ("e1", "e2"):
-        t.record(e, "b", f"c{e}", gen([1], [2]))
+    t.record("e1", "b", "ce1", gen([1], [2]), group_id="q7")
+    t.record("e2", "b", "ce2", gen([1], [2]))  # its report gives the group the calls of e1 carried
     assert t.finish("e1", {"b": 1.0}, group_id="q7", group_size=2).episodes == []
     eps = t.finish("e2", {"b": 0.0}, group_id="q7", group_size=2).episodes
     assert [ep["b"].episode_return for ep in eps] == [1.0, 0.0]
@@ -165,9 +165,22 @@ def test_a_report_or_call_naming_another_group_than_the_calls_is_refused_naming_
     t.record("e", "a", "c3", gen([1], [2]))  # a call without a group keeps the episode's
     (ep,) = t.finish("e", {"a": 1.0}, group_id="A").episodes  # the same group, or none, is fine
     assert ep["a"].group_id == "A" and len(ep["a"].turns) == 2
-    t.record("f", "a", "c4", gen([1], [2]))  # no group with the calls: the report gives it
-    (ep,) = t.finish("f", {"a": 1.0}, group_id="Q").episodes
-    assert ep["a"].group_id == "Q"
+    t.record("f", "a", "c4", gen([1], [2]))  # no group with the calls: the report gives one a call carried
+    (ep,) = t.finish("f", {"a": 1.0}, group_id="A").episodes
+    assert ep["a"].group_id == "A"
+
+
+def test_a_report_naming_a_group_no_call_carried_is_refused_naming_it_and_changes_nothing():
+    t = tracker()
+    t.record("g1", "a", "c1", gen([1], [2]), group_id="q-7")
+    t.record("g2", "a", "c2", gen([1], [2]))
+    for failed in (False, True):  # a typo ("q7") would be a group of its own, never complete, or one of one
+        with pytest.raises(NotFoundError, match=r"group_id 'q7' names no group this gateway served") as e:
+            t.finish("g2", {"a": 1.0}, group_id="q7", group_size=2, failed=failed)
+        assert e.value.param == "group_id"
+    assert t.open_episodes == 2 and t.held == 0
+    assert t.finish("g2", {"a": 1.0}, group_id="q-7", group_size=2).episodes == []  # held with its group
+    assert len(t.finish("g1", {"a": 0.0}, group_size=2).episodes) == 2
 
 
 def test_a_reward_for_an_agent_that_made_no_call_is_refused_naming_the_agents_that_did():

@@ -5,17 +5,19 @@ function tools, a neutral ``tool_choice``); docs/gateway.md, "Anthropic Messages
 The engine reads text only and samples plain text: image, document and other non-text blocks, ``thinking`` and
 ``output_config.format`` (structured output) are refused with 400 naming the field, never dropped. ``cache_control`` (a prompt-cache hint), ``citations`` and ``metadata`` change
 nothing a model generates and are accepted; other unknown keys are ignored, as on the OpenAI routes.
+``temperature`` must be in [0, 1] (Anthropic's range, not OpenAI's [0, 2]), ``top_p`` in [0, 1] and ``top_k``
+>= 0: a value outside is a 400 naming the field and the value.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictInt, field_validator
 
 from services.gateway.http.common.chat_service import ChatCall
 from services.gateway.http.common.errors import request_error
-from services.gateway.http.common.protocol import SampledRequest, _Body, _Float, _Str, checked_text
+from services.gateway.http.common.protocol import SampledRequest, _Body, _Float, _Str, _TopP, checked_text
 from services.gateway.http.common.tool_shapes import wrong_shape
 
 #: ``tool_choice`` types of Anthropic's API -> the chat service's choice (``tool``: ``{"name": NAME}``).
@@ -54,9 +56,9 @@ class MessagesRequest(_Body):
     system: Any = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    temperature: _Float | None = None
-    top_p: _Float | None = None
-    top_k: StrictInt | None = None
+    temperature: Annotated[_Float, Field(ge=0, le=1)] | None = None  # Anthropic's range: [0, 1]
+    top_p: _TopP | None = None
+    top_k: Annotated[StrictInt, Field(ge=0)] | None = None
     stop_sequences: list[_Str] | None = None
     stream: StrictBool | None = False
     metadata: AnthropicMetadata | None = None

@@ -31,6 +31,10 @@ from services.gateway.http.common.errors import request_error
 
 _Float = Annotated[float, Strict(), AllowInfNan(False)]
 _Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+#: OpenAI's ranges: ``temperature`` in [0, 2] and ``top_p`` in [0, 1]; a value outside is a 400 naming the field and
+#: the value, as OpenAI's API answers (Anthropic's ``temperature`` is [0, 1]: the Messages route's own field).
+_Temperature = Annotated[_Float, Field(ge=0, le=2)]
+_TopP = Annotated[_Float, Field(ge=0, le=1)]
 
 
 def _utf8(v: str) -> str:
@@ -70,8 +74,8 @@ class SampledRequest(_Body):
     """The fields both completion routes share: the model, sampling, ``n``, ``seed`` and streaming."""
 
     model: _Str
-    temperature: _Float | None = None
-    top_p: _Float | None = None
+    temperature: _Temperature | None = None
+    top_p: _TopP | None = None
     top_k: StrictInt | None = None
     stop: Any = Field(default=None, validate_default=True)
     n: StrictInt | None = None

@@ -45,8 +45,9 @@ def _calls(m: ChatMessage, i: int) -> list[dict[str, Any]]:
 
 
 def chat_messages(body: ChatCompletionRequest) -> ChatMessages:
-    """The request's messages as Hugging Face chat-template messages (``developer`` as ``system``; a ``tool``
-    message gets the ``name`` of the call it answers when it has none).
+    """The request's messages as Hugging Face chat-template messages (``developer`` as ``system``; a message's
+    ``name`` is carried as the template message's ``name``, for the chat template to render; a ``tool`` message
+    gets the ``name`` of the call it answers when it has none).
 
     Raises:
         InvalidArgumentError: A bad role, tool calls on a non-assistant message, call arguments that are not JSON
@@ -57,6 +58,8 @@ def chat_messages(body: ChatCompletionRequest) -> ChatMessages:
     names: dict[str, str] = {}
     for i, m in enumerate(body.messages):
         msg: dict[str, Any] = {"role": chat_role(m.role, f"messages[{i}].role"), "content": m.content}
+        if m.name is not None:  # the participant's name: the chat template may render it (never dropped here)
+            msg["name"] = m.name
         if m.tool_calls:
             msg["tool_calls"] = _calls(m, i)
             names |= {c["id"]: c["function"]["name"] for c in msg["tool_calls"]}

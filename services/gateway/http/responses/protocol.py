@@ -14,7 +14,9 @@ effort or summary, ``truncation: "auto"``, log-probabilities, ``conversation``, 
 ``max_tool_calls``, item references and reasoning items. ``include`` values that only concern items the gateway
 never produces, a function tool's ``strict`` flag (the arguments are checked to be JSON of an object, not against
 the schema), ``metadata`` (echoed back) and ``user``-style hints are accepted; other unknown keys are ignored, as
-on the other OpenAI routes.
+on the other OpenAI routes. ``seed`` (sent with ``extra_body``: OpenAI's Responses API has none) is honoured as
+on chat completions: a seeded request runs in a batch of its own, so it gives the same tokens whatever else is in
+flight. ``temperature`` must be in [0, 2] and ``top_p`` in [0, 1], as OpenAI's (a 400 naming the field).
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from services.gateway.core.json_text import loads_finite
 from services.gateway.core.tools import unmatched_tool_result
 from services.gateway.http.common.chat_service import ChatCall
 from services.gateway.http.common.errors import request_error
-from services.gateway.http.common.protocol import SampledRequest, _Body, _Float, _Str, checked_text
+from services.gateway.http.common.protocol import (
+    SampledRequest,
+    _Body,
+    _Seed,
+    _Str,
+    _Temperature,
+    _TopP,
+    checked_text,
+)
 from services.gateway.http.common.tool_shapes import wrong_shape
 
 #: Content part types whose text a message item may carry (``refusal`` parts carry theirs in ``refusal``).
@@ -61,8 +71,9 @@ class ResponsesRequest(_Body):
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = True
     max_output_tokens: StrictInt | None = None
-    temperature: _Float | None = None
-    top_p: _Float | None = None
+    temperature: _Temperature | None = None
+    top_p: _TopP | None = None
+    seed: _Seed | None = None
     store: StrictBool | None = True
     stream: StrictBool | None = False
     previous_response_id: _Str | None = None
@@ -81,7 +92,8 @@ class ResponsesRequest(_Body):
 def chat_call(body: ResponsesRequest, previous: ChatMessages = ()) -> ChatCall:
     """The chat call of a Responses request: ``instructions`` as the system message, then ``previous`` (the
     conversation of the ``previous_response_id`` chain, already translated), then ``input``; the tools as chat
-    function tools; ``tool_choice``, ``parallel_tool_calls`` and the sampling fields.
+    function tools; ``tool_choice``, ``parallel_tool_calls`` and the sampling fields (``seed`` too: an extension
+    OpenAI's Responses API lacks, honoured as on chat completions).
 
     Args:
         body: The request.
@@ -95,7 +107,7 @@ def chat_call(body: ResponsesRequest, previous: ChatMessages = ()) -> ChatCall:
     system = [] if body.instructions is None else [{"role": "system", "content": body.instructions}]
     messages = input_messages(body.input, previous)
     sampled = SampledRequest(
-        model=body.model, temperature=body.temperature, top_p=body.top_p, stream=body.stream
+        model=body.model, temperature=body.temperature, top_p=body.top_p, seed=body.seed, stream=body.stream
     )
     return ChatCall(
         body=sampled,

@@ -1,0 +1,152 @@
+"""Every request field the gateway accepts reaches the engine or the chat template, or is refused with a 400 naming
+it (never accepted and dropped), driven by the official ``openai`` and ``anthropic`` clients over a real port:
+``seed`` on the Responses route, the sampling ranges of each route, a chat message's ``name``, and a report's
+``group_id``.
+
+The policy is :class:`~tests.integration.gateway.scripted_policy.ScriptedToolPolicy` with a chat template that
+renders a message's ``name``; it keeps the sampling parameters and the prompt of every call it serves.
+"""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from services.gateway.core.gateway import Gateway
+from services.gateway.core.limits import GatewayLimits
+from services.gateway.server import GatewayServer
+from tests.integration.gateway.scripted_policy import REPLY, ScriptedToolPolicy
+
+TOKEN = "request-fields-token"
+#: A chat template that renders a message's ``name`` (as some Hugging Face templates do).
+NAMED_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}: {{ m.content }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+HI = [{"role": "user", "content": "Hi"}]
+
+
+class _Recording(ScriptedToolPolicy):
+    """The scripted policy, keeping ``(sampling, prompt text)`` of every prompt it serves in ``seen``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok.chat_template = NAMED_TEMPLATE
+        self.seen: list = []
+
+    def generate(self, agent, prompts, sampling, version):
+        self.seen += [(sampling, self.tok.decode(p)) for p in prompts]
+        return super().generate(agent, prompts, sampling, version)
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    """``(root_url, policy, sink)``: a GatewayServer over the recording policy, with a token."""
+    sink: list = []
+    policy = _Recording()
+    server = GatewayServer(Gateway(policy, GatewayLimits(max_wait_ms=1), sink=sink.append), token=TOKEN)
+    http_url, _ = server.start()
+    yield http_url.removesuffix("/v1"), policy, sink
+    server.stop()
+
+
+def _openai(root: str, episode: str = "") -> openai.OpenAI:
+    base = f"{root}/episodes/{episode}/v1" if episode else f"{root}/v1"
+    return openai.OpenAI(base_url=base, api_key=TOKEN, max_retries=0, timeout=30)
+
+
+def _err(e: pytest.ExceptionInfo) -> dict:
+    body = e.value.body
+    return body.get("error", body) if isinstance(body, dict) else {}
+
+
+def test_a_seed_on_the_responses_route_reaches_the_engine_as_on_chat_completions(gateway):
+    root, policy, _ = gateway
+    client = _openai(root)
+    r = client.responses.create(model="a", input="Hi", extra_body={"seed": 1234})
+    assert r.output_text == REPLY and policy.seen[-1][0].seed == 1234
+    client.chat.completions.create(model="a", messages=HI, seed=1234)
+    assert policy.seen[-1][0].seed == 1234
+    for bad in ("7", 1.5, 2**64):  # validated as on chat completions
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model="a", input="Hi", extra_body={"seed": bad})
+        assert _err(e)["param"] == "seed", _err(e)
+
+
+@pytest.mark.parametrize(
+    ("route", "field", "value"),
+    [
+        ("chat", "temperature", 2.5),
+        ("chat", "temperature", -0.1),
+        ("chat", "top_p", 1.5),
+        ("completions", "temperature", 3.0),
+        ("completions", "top_p", -1.0),
+        ("responses", "temperature", 2.01),
+        ("responses", "top_p", 1.01),
+    ],
+)
+def test_openai_sampling_fields_outside_openais_ranges_are_refused_naming_field_and_value(
+    gateway, route, field, value
+):
+    root, policy, _ = gateway
+    client, before = _openai(root), len(policy.seen)
+    call = {
+        "chat": lambda **kw: client.chat.completions.create(model="a", messages=HI, **kw),
+        "completions": lambda **kw: client.completions.create(model="a", prompt="Hi", **kw),
+        "responses": lambda **kw: client.responses.create(model="a", input="Hi", **kw),
+    }[route]
+    with pytest.raises(openai.BadRequestError) as e:
+        call(**{field: value})
+    assert _err(e)["param"] == field and repr(value) in _err(e)["message"], _err(e)
+    assert len(policy.seen) == before  # nothing generated
+    call(**{field: 2.0 if field == "temperature" else 1.0})  # the bounds themselves are OpenAI's, accepted
+    assert getattr(policy.seen[-1][0], field) == (2.0 if field == "temperature" else 1.0)
+
+
+def test_anthropic_sampling_fields_outside_anthropics_ranges_are_refused_naming_them(gateway):
+    root, policy, _ = gateway
+    client = anthropic.Anthropic(base_url=root, api_key=TOKEN, max_retries=0, timeout=30)
+    for field, value in (("temperature", 1.5), ("temperature", -0.5), ("top_p", 1.2), ("top_k", -1)):
+        with pytest.raises(anthropic.BadRequestError) as e:  # this client sends them with extra_body only
+            client.messages.create(model="a", max_tokens=8, messages=HI, extra_body={field: value})
+        assert _err(e)["param"] == field and repr(value) in _err(e)["message"], _err(e)
+    client.messages.create(model="a", max_tokens=8, messages=HI, extra_body={"temperature": 1.0, "top_k": 0})
+    assert policy.seen[-1][0].temperature == 1.0
+
+
+def test_a_chat_messages_name_reaches_the_chat_template(gateway):
+    root, policy, _ = gateway
+    messages = [
+        {"role": "system", "content": "Two players.", "name": "referee"},
+        {"role": "user", "content": "I bid 3.", "name": "alice"},
+        {"role": "user", "content": "I bid 4.", "name": "bob"},
+    ]
+    _openai(root).chat.completions.create(model="a", messages=messages)
+    prompt = policy.seen[-1][1]
+    assert "system (referee): Two players." in prompt
+    assert "user (alice): I bid 3." in prompt and "user (bob): I bid 4." in prompt
+
+
+def test_a_report_naming_a_group_no_call_carried_is_refused_naming_it(gateway):
+    root, _, sink = gateway
+    head = {"Authorization": f"Bearer {TOKEN}"}
+    _openai(root, "gr-1").chat.completions.create(
+        model="a", messages=HI, extra_headers={"X-Marti-Group": "q-7"}
+    )
+    _openai(root, "gr-2").chat.completions.create(model="a", messages=HI)  # no group with its calls
+    url = f"{root}/v1/episodes/gr-2/reward"
+    r = httpx.post(url, json={"rewards": {"a": 1.0}, "group_id": "q7", "group_size": 2}, headers=head)
+    err = r.json()["error"]
+    assert r.status_code == 404 and err["param"] == "group_id" and "'q7'" in err["message"], r.text
+    before = len(sink)
+    r = httpx.post(url, json={"rewards": {"a": 1.0}, "group_id": "q-7", "group_size": 2}, headers=head)
+    assert r.status_code == 200 and r.json()["released"] == 0, (
+        r.text
+    )  # held with the group gr-1's calls carried
+    r = httpx.post(
+        f"{root}/v1/episodes/gr-1/reward", json={"rewards": {"a": 0.0}, "group_size": 2}, headers=head
+    )
+    assert r.status_code == 200 and r.json()["released"] == 2, r.text
+    assert {ep["a"].group_id for ep in sink[before:]} == {"q-7"}
