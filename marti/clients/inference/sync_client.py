@@ -163,9 +163,11 @@ class InferenceClient:
             episode_id: The ``episode_id`` its ``generate`` calls carried.
             rewards: Per trained agent, its return (an agent left out gets the sum of its call rewards, or 0).
             call_rewards: Per call id (:attr:`Completion.call_id`), a reward for that call.
-            group_id: The episode's group, when its calls carried none; ``""`` = the calls' group (or, without
-                one, a group of its own). It never overrides a group the calls carried: naming another one is
-                refused (:class:`~marti.errors.FailedPreconditionError`, both ids named).
+            group_id: The episode's group, when its calls carried none (then it must be a group the calls of
+                another episode carried: one no call carried is refused, :class:`~marti.errors.NotFoundError`);
+                ``""`` = the calls' group (or, without one, a group of its own). It never overrides a group the
+                calls carried: naming another one is refused (:class:`~marti.errors.FailedPreconditionError`,
+                both ids named).
             group_size: Episodes in the group; > 0 holds this one until the whole group reported.
             failed: The episode failed: drop it with its group (never trained).
             timeout_s: Deadline of this call, seconds.
@@ -183,6 +185,7 @@ class InferenceClient:
                 from the group its calls carried.
             ResourceExhaustedError: The gateway's backlog of episodes waiting to be inserted is full
                 (``gateway.max_backlog_episodes``); nothing changed, report again later.
+            NotFoundError: No call of the episode was recorded, or ``group_id`` names a group no call carried.
             InternalError: The gateway could not store the episode.
         """
         req = report_request(episode_id, rewards, call_rewards, group_id, group_size, failed)

@@ -14,6 +14,8 @@ import httpx
 import openai
 import pytest
 
+import marti
+from marti.errors import NotFoundError
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
@@ -43,12 +45,12 @@ class _Recording(ScriptedToolPolicy):
 
 @pytest.fixture(scope="module")
 def gateway():
-    """``(root_url, policy, sink)``: a GatewayServer over the recording policy, with a token."""
+    """``(root_url, policy, sink, grpc_address)``: a GatewayServer over the recording policy, with a token."""
     sink: list = []
     policy = _Recording()
     server = GatewayServer(Gateway(policy, GatewayLimits(max_wait_ms=1), sink=sink.append), token=TOKEN)
-    http_url, _ = server.start()
-    yield http_url.removesuffix("/v1"), policy, sink
+    http_url, grpc_address = server.start()
+    yield http_url.removesuffix("/v1"), policy, sink, grpc_address
     server.stop()
 
 
@@ -63,7 +65,7 @@ def _err(e: pytest.ExceptionInfo) -> dict:
 
 
 def test_a_seed_on_the_responses_route_reaches_the_engine_as_on_chat_completions(gateway):
-    root, policy, _ = gateway
+    root, policy, *_ = gateway
     client = _openai(root)
     r = client.responses.create(model="a", input="Hi", extra_body={"seed": 1234})
     assert r.output_text == REPLY and policy.seen[-1][0].seed == 1234
@@ -90,7 +92,7 @@ def test_a_seed_on_the_responses_route_reaches_the_engine_as_on_chat_completions
 def test_openai_sampling_fields_outside_openais_ranges_are_refused_naming_field_and_value(
     gateway, route, field, value
 ):
-    root, policy, _ = gateway
+    root, policy, *_ = gateway
     client, before = _openai(root), len(policy.seen)
     call = {
         "chat": lambda **kw: client.chat.completions.create(model="a", messages=HI, **kw),
@@ -106,7 +108,7 @@ def test_openai_sampling_fields_outside_openais_ranges_are_refused_naming_field_
 
 
 def test_anthropic_sampling_fields_outside_anthropics_ranges_are_refused_naming_them(gateway):
-    root, policy, _ = gateway
+    root, policy, *_ = gateway
     client = anthropic.Anthropic(base_url=root, api_key=TOKEN, max_retries=0, timeout=30)
     for field, value in (("temperature", 1.5), ("temperature", -0.5), ("top_p", 1.2), ("top_k", -1)):
         with pytest.raises(anthropic.BadRequestError) as e:  # this client sends them with extra_body only
@@ -117,7 +119,7 @@ def test_anthropic_sampling_fields_outside_anthropics_ranges_are_refused_naming_
 
 
 def test_a_chat_messages_name_reaches_the_chat_template(gateway):
-    root, policy, _ = gateway
+    root, policy, *_ = gateway
     messages = [
         {"role": "system", "content": "Two players.", "name": "referee"},
         {"role": "user", "content": "I bid 3.", "name": "alice"},
@@ -130,7 +132,7 @@ def test_a_chat_messages_name_reaches_the_chat_template(gateway):
 
 
 def test_a_report_naming_a_group_no_call_carried_is_refused_naming_it(gateway):
-    root, _, sink = gateway
+    root, _, sink, grpc_address = gateway
     head = {"Authorization": f"Bearer {TOKEN}"}
     _openai(root, "gr-1").chat.completions.create(
         model="a", messages=HI, extra_headers={"X-Marti-Group": "q-7"}
@@ -150,3 +152,8 @@ def test_a_report_naming_a_group_no_call_carried_is_refused_naming_it(gateway):
     )
     assert r.status_code == 200 and r.json()["released"] == 2, r.text
     assert {ep["a"].group_id for ep in sink[before:]} == {"q-7"}
+    with marti.InferenceClient(grpc_address, token=TOKEN) as rpc:  # the SDK raises the matching error
+        rpc.generate("a", HI, max_tokens=2, episode_id="gr-3")
+        with pytest.raises(NotFoundError, match="group_id 'q8' names no group"):
+            rpc.report_reward("gr-3", {"a": 1.0}, group_id="q8")
+        assert rpc.report_reward("gr-3", {"a": 1.0}, group_id="q-7").released == 1
