@@ -157,3 +157,72 @@ def test_a_report_naming_a_group_no_call_carried_is_refused_naming_it(gateway):
         with pytest.raises(NotFoundError, match="group_id 'q8' names no group"):
             rpc.report_reward("gr-3", {"a": 1.0}, group_id="q8")
         assert rpc.report_reward("gr-3", {"a": 1.0}, group_id="q-7").released == 1
+
+
+@pytest.mark.parametrize(
+    ("route", "extra", "param"),
+    [
+        ("chat", {"presence_penalty": 1.5}, "presence_penalty"),
+        ("chat", {"frequency_penalty": -1.0}, "frequency_penalty"),
+        ("chat", {"logit_bias": {"5": 100}}, "logit_bias"),
+        ("chat", {"repetition_penalty": 1.3}, "repetition_penalty"),
+        ("chat", {"min_p": 0.2}, "min_p"),
+        ("chat", {"reasoning_effort": "high"}, "reasoning_effort"),
+        ("chat", {"web_search_options": {}}, "web_search_options"),
+        ("chat", {"modalities": ["text", "audio"]}, "modalities"),
+        ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
+        ("completions", {"logit_bias": {"1": -100}}, "logit_bias"),
+        ("responses", {"top_k": 5}, "top_k"),
+        ("responses", {"stop": ["\n"]}, "stop"),
+        ("responses", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ],
+)
+def test_a_field_the_engine_does_not_apply_is_refused_unless_neutral(gateway, route, extra, param):
+    root, policy, *_ = gateway
+    client, before = _openai(root), len(policy.seen)
+    call = {
+        "chat": lambda kw: client.chat.completions.create(model="a", messages=HI, extra_body=kw),
+        "completions": lambda kw: client.completions.create(model="a", prompt="Hi", extra_body=kw),
+        "responses": lambda kw: client.responses.create(model="a", input="Hi", extra_body=kw),
+    }[route]
+    with pytest.raises(openai.BadRequestError) as e:
+        call(extra)
+    assert _err(e)["param"] == param and repr(extra[param])[:20] in _err(e)["message"], _err(e)
+    assert len(policy.seen) == before
+    neutral = {"logit_bias": {}, "repetition_penalty": 1.0, "modalities": ["text"], "stop": []}
+    if param not in ("reasoning_effort", "web_search_options", "audio"):
+        call({param: neutral.get(param, 0)})  # the value that changes nothing passes
+        assert len(policy.seen) == before + 1
+
+
+def test_message_fields_that_would_vanish_from_the_history_are_refused_or_rendered(gateway):
+    root, policy, *_ = gateway
+    client, before = _openai(root), len(policy.seen)
+    said = {"role": "assistant", "content": None}
+    for field, value in (
+        ("function_call", {"name": "f", "arguments": "{}"}),
+        ("audio", {"id": "audio_1"}),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="a", messages=[*HI, {**said, field: value}, *HI])
+        assert _err(e)["param"] == f"messages[1].{field}", _err(e)
+    assert len(policy.seen) == before
+    refused = {**said, "refusal": "I cannot help with that."}
+    client.chat.completions.create(model="a", messages=[*HI, refused, {**refused, "content": "Sorry."}, *HI])
+    assert (
+        "assistant: I cannot help with that.<|im_end|>" in policy.seen[-1][1]
+    )  # rendered as content, not lost
+    assert "assistant: Sorry.\nI cannot help with that.<|im_end|>" in policy.seen[-1][1]
+
+
+def test_anthropic_server_tool_fields_are_refused(gateway):
+    root, *_ = gateway
+    client = anthropic.Anthropic(base_url=root, api_key=TOKEN, max_retries=0, timeout=30)
+    for field, value in (
+        ("mcp_servers", [{"type": "url", "url": "https://x", "name": "x"}]),
+        ("container", "c1"),
+    ):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(model="a", max_tokens=8, messages=HI, extra_body={field: value})
+        assert _err(e)["param"] == field, _err(e)

@@ -5,7 +5,7 @@ function tools, a neutral ``tool_choice``); docs/gateway.md, "Anthropic Messages
 The engine reads text only and samples plain text: image, document and other non-text blocks, ``thinking`` and
 ``output_config.format`` (structured output) are refused with 400 naming the field, never dropped. ``cache_control`` (a prompt-cache hint), ``citations`` and ``metadata`` change
 nothing a model generates and are accepted; other unknown keys are ignored, as on the OpenAI routes.
-``temperature`` must be in [0, 1] (Anthropic's range, not OpenAI's [0, 2]), ``top_p`` in [0, 1] and ``top_k``
+``mcp_servers`` and ``container`` (server tools) are refused. ``temperature`` must be in [0, 1] (Anthropic's range, not OpenAI's [0, 2]), ``top_p`` in [0, 1] and ``top_k``
 >= 0: a value outside is a 400 naming the field and the value.
 """
 
@@ -17,9 +17,21 @@ from pydantic import Field, StrictBool, StrictInt, field_validator
 
 from services.gateway.http.common.chat_service import ChatCall
 from services.gateway.http.common.errors import request_error
-from services.gateway.http.common.protocol import SampledRequest, _Body, _Float, _Str, _TopP, checked_text
+from services.gateway.http.common.protocol import (
+    SampledRequest,
+    _Body,
+    _Float,
+    _Str,
+    _TopP,
+    checked_text,
+    unapplied,
+)
 from services.gateway.http.common.tool_shapes import wrong_shape
 
+#: Why ``mcp_servers`` and ``container`` (what server tools run with) are refused.
+SERVER_TOOLS = (
+    "the gateway runs no server tools (MCP servers, code execution); leave it out and send client tools"
+)
 #: ``tool_choice`` types of Anthropic's API -> the chat service's choice (``tool``: ``{"name": NAME}``).
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 #: What an ``is_error`` tool result's text is rendered after (chat templates have no error flag for a tool turn).
@@ -64,6 +76,8 @@ class MessagesRequest(_Body):
     metadata: AnthropicMetadata | None = None
     thinking: Any = Field(default=None, validate_default=True)
     output_config: Any = None
+    mcp_servers: unapplied(([],), SERVER_TOOLS) = None  # type: ignore[valid-type]
+    container: unapplied((), SERVER_TOOLS) = None  # type: ignore[valid-type]
 
     @field_validator("stop_sequences")
     @classmethod

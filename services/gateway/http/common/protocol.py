@@ -14,6 +14,7 @@ from pydantic import (
     AfterValidator,
     AllowInfNan,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -49,6 +50,29 @@ def _utf8(v: str) -> str:
 _Str = Annotated[StrictStr, AfterValidator(_utf8)]
 
 
+def unapplied(neutral: tuple[Any, ...], why: str) -> Any:
+    """The type of a request field this gateway accepts only when it changes nothing: absent, null or one of the
+    ``neutral`` values (``0`` for a penalty, ``{}`` for ``logit_bias``) pass, as None; any other value is a 400
+    naming the field and the value, its message ``why`` (never accepted and dropped: the tokens sampled, and
+    trained on, would not be what the client asked for)."""
+
+    def check(v: Any) -> None:
+        if v is None or (not isinstance(v, bool) and v in neutral):
+            return None
+        raise ValueError(why)
+
+    return Annotated[Any, BeforeValidator(check)]
+
+
+#: Why a sampling field of OpenAI's or vLLM's APIs that the engine does not apply is refused.
+NOT_SAMPLED = (
+    "the engine does not apply this sampling setting (it samples with temperature, top_p, top_k, stop and seed "
+    "only), so the tokens would not be sampled as asked; leave it out"
+)
+#: A penalty or bias field the engine does not apply: only its neutral value passes.
+_Penalty = unapplied((0,), NOT_SAMPLED)
+
+
 def checked_text(value: Any, param: str) -> str:
     """``value`` when it is a string UTF-8 can encode (for fields read by hand: content blocks, input items).
 
@@ -71,7 +95,9 @@ class StreamOptions(_Body):
 
 
 class SampledRequest(_Body):
-    """The fields both completion routes share: the model, sampling, ``n``, ``seed`` and streaming."""
+    """The fields both completion routes share: the model, sampling, ``n``, ``seed`` and streaming. The sampling
+    settings the engine does not apply (OpenAI's ``presence_penalty``, ``frequency_penalty``, ``logit_bias``;
+    vLLM's ``min_p``, ``repetition_penalty``) pass only at their neutral value (:func:`unapplied`)."""
 
     model: _Str
     temperature: _Temperature | None = None
@@ -82,6 +108,11 @@ class SampledRequest(_Body):
     seed: _Seed | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
+    presence_penalty: _Penalty = None
+    frequency_penalty: _Penalty = None
+    logit_bias: unapplied(({},), NOT_SAMPLED) = None  # type: ignore[valid-type]
+    min_p: _Penalty = None  # vLLM's
+    repetition_penalty: unapplied((1,), NOT_SAMPLED) = None  # type: ignore[valid-type]  # vLLM's
 
     @field_validator("stop", mode="before")
     @classmethod

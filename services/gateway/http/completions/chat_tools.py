@@ -46,7 +46,8 @@ def _calls(m: ChatMessage, i: int) -> list[dict[str, Any]]:
 
 def chat_messages(body: ChatCompletionRequest) -> ChatMessages:
     """The request's messages as Hugging Face chat-template messages (``developer`` as ``system``; a message's
-    ``name`` is carried as the template message's ``name``, for the chat template to render; a ``tool`` message
+    ``name`` is carried as the template message's ``name``, for the chat template to render; a ``refusal`` is
+    rendered as content, after the message's own on a new line; a ``tool`` message
     gets the ``name`` of the call it answers when it has none).
 
     Raises:
@@ -57,7 +58,8 @@ def chat_messages(body: ChatCompletionRequest) -> ChatMessages:
     out: ChatMessages = []
     names: dict[str, str] = {}
     for i, m in enumerate(body.messages):
-        msg: dict[str, Any] = {"role": chat_role(m.role, f"messages[{i}].role"), "content": m.content}
+        content = "\n".join(t for t in (m.content, m.refusal) if t) if m.refusal else m.content
+        msg: dict[str, Any] = {"role": chat_role(m.role, f"messages[{i}].role"), "content": content}
         if m.name is not None:  # the participant's name: the chat template may render it (never dropped here)
             msg["name"] = m.name
         if m.tool_calls:

@@ -3,7 +3,10 @@
 and the ``usage`` object. The fields every chat API shares are :mod:`services.gateway.http.common.protocol`'s.
 
 Strings must be encodable as UTF-8 (a lone surrogate escape is refused, naming the field); unknown keys are ignored
-(see :mod:`services.gateway.http`).
+(see :mod:`services.gateway.http`). Known fields whose value the engine cannot honour are refused with 400 naming
+them unless they are neutral, never ignored: the penalties and ``logit_bias`` (:class:`SampledRequest`),
+``reasoning_effort``, ``web_search_options``, ``modalities`` other than text, ``audio``, and a message's
+``function_call`` or ``audio``.
 """
 
 from __future__ import annotations
@@ -17,9 +20,16 @@ from marti.chat_content import content_text
 from marti.errors import InvalidArgumentError
 from services.gateway.convert import CHAT_ROLES
 from services.gateway.core.gateway import Served
-from services.gateway.http.common.protocol import SampledRequest, _Body, _Str, _utf8
+from services.gateway.http.common.protocol import SampledRequest, _Body, _Str, _utf8, unapplied
 from services.gateway.http.common.tool_shapes import wrong_shape
 
+#: Why ``web_search_options`` is refused.
+HOSTED = "the gateway runs no hosted tools (web search); leave web_search_options out and give the agent a function tool"
+#: Why a message's deprecated ``function_call`` is refused (the call would vanish from the history).
+MESSAGE_FUNCTION_CALL = (
+    "the deprecated function_call of a message is not rendered; send the call as tool_calls=[{'id': ..., "
+    "'type': 'function', 'function': {'name': ..., 'arguments': ...}}] and its result as a tool message"
+)
 #: Completions ``max_tokens`` when absent (OpenAI's default).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
@@ -79,13 +89,21 @@ class ChatMessage(_Body):
     """One message; ``role`` is one of OpenAI's (:data:`~services.gateway.convert.CHAT_ROLES`; ``developer`` is
     rendered as ``system``); ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts (joined
     with newlines, as vLLM does), or null (or absent) in an assistant message only (one that made tool calls).
-    An assistant message may carry ``tool_calls``; a ``tool`` message carries the ``tool_call_id`` it answers."""
+    An assistant message may carry ``tool_calls``; a ``tool`` message carries the ``tool_call_id`` it answers;
+    ``name`` goes to the chat template; an assistant's ``refusal`` is rendered as its content (after the content, on
+    a new line, when it has both), as a Responses ``refusal`` part is. ``function_call`` and ``audio`` are refused
+    (never dropped from the history)."""
 
     role: _Str
     content: Any = Field(default=None, validate_default=True)
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: _Str | None = None
     name: _Str | None = None
+    function_call: unapplied((), MESSAGE_FUNCTION_CALL) = None  # type: ignore[valid-type]
+    refusal: _Str | None = None
+    audio: unapplied(
+        (), "the engine reads text only: a message's audio cannot be rendered; send its transcript as content"
+    ) = None  # type: ignore[valid-type]
 
     @field_validator("role")
     @classmethod
@@ -121,6 +139,12 @@ class ChatCompletionRequest(SampledRequest):
     parallel_tool_calls: StrictBool | None = True
     functions: Any = None
     function_call: Any = None
+    reasoning_effort: unapplied((), "the policy has no reasoning settings; leave reasoning_effort out") = None  # type: ignore[valid-type]
+    web_search_options: unapplied((), HOSTED) = None  # type: ignore[valid-type]
+    modalities: unapplied(
+        (["text"],), "the engine generates text only; leave modalities out (or ['text'])"
+    ) = None  # type: ignore[valid-type]
+    audio: unapplied((), "the engine generates text only (no audio output); leave audio out") = None  # type: ignore[valid-type]
 
     @field_validator("functions")
     @classmethod

@@ -16,7 +16,9 @@ never produces, a function tool's ``strict`` flag (the arguments are checked to 
 the schema), ``metadata`` (echoed back) and ``user``-style hints are accepted; other unknown keys are ignored, as
 on the other OpenAI routes. ``seed`` (sent with ``extra_body``: OpenAI's Responses API has none) is honoured as
 on chat completions: a seeded request runs in a batch of its own, so it gives the same tokens whatever else is in
-flight. ``temperature`` must be in [0, 2] and ``top_p`` in [0, 1], as OpenAI's (a 400 naming the field).
+flight. ``temperature`` must be in [0, 2] and ``top_p`` in [0, 1], as OpenAI's (a 400 naming the field). Sampling
+fields of the other routes (``top_k``, ``stop``, ``presence_penalty``, ``frequency_penalty``) are refused unless
+neutral, never ignored.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from services.gateway.core.tools import unmatched_tool_result
 from services.gateway.http.common.chat_service import ChatCall
 from services.gateway.http.common.errors import request_error
 from services.gateway.http.common.protocol import (
+    NOT_SAMPLED,
     SampledRequest,
     _Body,
     _Seed,
@@ -41,9 +44,15 @@ from services.gateway.http.common.protocol import (
     _Temperature,
     _TopP,
     checked_text,
+    unapplied,
 )
 from services.gateway.http.common.tool_shapes import wrong_shape
 
+#: Why ``top_k`` and ``stop`` (chat completions' sampling fields, sent with ``extra_body``) are refused here.
+NOT_ON_RESPONSES = (
+    "OpenAI's Responses API has no such field and this route does not apply it (only seed is honoured as an "
+    "extension); leave it out, or call /v1/chat/completions, which applies top_k and stop"
+)
 #: Content part types whose text a message item may carry (``refusal`` parts carry theirs in ``refusal``).
 TEXT_PARTS = ("input_text", "output_text", "text")
 #: ``include`` values accepted: they only ask for parts of items the gateway never produces (hosted tool results,
@@ -87,6 +96,10 @@ class ResponsesRequest(_Body):
     prompt: Any = None
     background: StrictBool | None = None
     max_tool_calls: StrictInt | None = None
+    top_k: unapplied((0, -1), NOT_ON_RESPONSES) = None  # type: ignore[valid-type]
+    stop: unapplied(((), [], ""), NOT_ON_RESPONSES) = None  # type: ignore[valid-type]
+    presence_penalty: unapplied((0,), NOT_SAMPLED) = None  # type: ignore[valid-type]
+    frequency_penalty: unapplied((0,), NOT_SAMPLED) = None  # type: ignore[valid-type]
 
 
 def chat_call(body: ResponsesRequest, previous: ChatMessages = ()) -> ChatCall:
