@@ -400,13 +400,14 @@ def test_openai_errors(client, served):
     assert _err(e)["param"] == "prompt"
 
 
-def test_parameters_the_engine_does_not_implement_are_ignored_and_echo_is_refused(client):
-    """OpenAI clients send penalties, a user and the like: accepted and ignored (the same seeded answer); ``echo``
-    is refused. (Tools are rendered and parsed: tests/integration/gateway/test_gateway_tools.py.)"""
+def test_hints_and_neutral_penalties_change_nothing_and_echo_is_refused(client):
+    """OpenAI clients send a user, neutral penalties and the like: accepted, the same seeded answer (a penalty
+    that would change the sampling is refused: test_gateway_request_fields.py); ``echo`` is refused. (Tools are
+    rendered and parsed: tests/integration/gateway/test_gateway_tools.py.)"""
     kw = {"model": "planner", "messages": MSG, "max_tokens": 6, "seed": 4}
     plain = client.chat.completions.create(**kw)
     extra = client.chat.completions.create(
-        **kw, presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"5": 10}, user="u-1",
+        **kw, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, user="u-1", service_tier="auto",
         response_format={"type": "text"},
     )  # fmt: skip
     assert extra.choices[0].model_extra["token_ids"] == plain.choices[0].model_extra["token_ids"]
