@@ -24,6 +24,14 @@ from services.gateway.core.traces import EpisodeTracker
 from services.gateway.core.transcript import Spoken, Transcripts
 
 Tools = Sequence[dict[str, Any]] | None
+#: A conversation rendered with and without a ``name`` on each message: a template whose two prompts are the same
+#: renders no names.
+NAME_PROBE = (
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"},
+    {"role": "user", "content": "v"},
+)
 
 
 def reply_message(reply: ChatReply) -> dict[str, Any]:
@@ -60,6 +68,33 @@ class ChatPrompts:
         self.transcripts = Transcripts(max_per_episode)
         self.spliced = 0
         self.retokenized = 0
+        self._reads_names: dict[str, bool] = {}  # agent -> whether its template renders a message's name
+
+    def reads_names(self, agent: str) -> bool:
+        """Whether the agent's chat template renders a message's ``name`` (:data:`NAME_PROBE` rendered with and
+        without names differs; a template that refuses the probe counts as one that does). Cached per agent."""
+        known = self._reads_names.get(agent)
+        if known is None:
+            named = [{**m, "name": "probe"} for m in NAME_PROBE]
+            try:
+                known = self.backend.chat_prompt(agent, named) != self.backend.chat_prompt(
+                    agent, list(NAME_PROBE)
+                )
+            except Exception:  # noqa: BLE001 - a template that cannot render the probe: keep every name
+                known = True
+            self._reads_names[agent] = known
+        return known
+
+    def unnamed(self, agent: str, messages: ChatMessages) -> ChatMessages:
+        """``messages`` without the ``name`` of their non-``tool`` messages when the agent's template renders no
+        names (the prompt is the same either way), so a reply the client carries back with a name (LangGraph
+        names an agent's messages) still matches the remembered reply and keeps its exact ids; else as they are.
+        """
+        if not any("name" in m and m.get("role") != "tool" for m in messages) or self.reads_names(agent):
+            return messages
+        return [
+            m if m.get("role") == "tool" else {k: v for k, v in m.items() if k != "name"} for m in messages
+        ]
 
     def _shaped(self, agent: str, messages: ChatMessages, tools: Tools) -> tuple[list[dict[str, Any]], Tools]:
         """The messages and tools as the agent's template takes them (the fallback format when it reads none)."""
@@ -80,6 +115,7 @@ class ChatPrompts:
         Raises:
             InvalidArgumentError: Malformed messages.
         """
+        messages = self.unnamed(agent, messages)
         hit = self.transcripts.lookup(episode_id, agent, messages, tools) if episode_id else None
         if hit is None:
             return self._template(agent, messages, tools)
@@ -112,6 +148,7 @@ class ChatPrompts:
             transcripts = self.transcripts
             if not self._tracker.on_close(episode_id, lambda: transcripts.forget(episode_id)):
                 return  # reported or abandoned meanwhile: nothing will carry it back
+        messages = self.unnamed(agent, messages)
         for reply, g in zip(replies, generations, strict=True):
             ids = (*g.prompt_token_ids, *g.response_token_ids)
             self.transcripts.remember(episode_id, agent, messages, tools, reply_message(reply), Spoken(ids))

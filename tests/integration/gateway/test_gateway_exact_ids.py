@@ -110,6 +110,25 @@ def test_a_plain_follow_up_user_turn_extends_the_reply_ids_and_the_tool_result_i
     assert "again" in tok.decode(turn.response_token_ids[n:-3])
 
 
+def test_a_reply_carried_back_with_a_name_keeps_its_ids_when_the_template_renders_no_names(gw):
+    """LangGraph names an agent's messages (``AIMessage.name``) and sends the name back; the SmolLM2 template
+    renders no names, so the named reply is the remembered one and the follow-up is spliced, not re-tokenised."""
+    client, backend, gateway, root, released = gw
+    backend.replies = ["helloworld", "ok"]
+    messages = [{"role": "user", "content": "hi", "name": "user_1"}]
+    first = client("e4").chat.completions.create(model="a", messages=messages)
+    messages += [
+        {"role": "assistant", "content": "helloworld", "name": "a"},
+        {"role": "user", "content": "again"},
+    ]
+    client("e4").chat.completions.create(model="a", messages=messages)
+    spoken = first.prompt_token_ids + first.choices[0].token_ids
+    assert backend.prompts[1][: len(spoken)] == spoken
+    assert gateway.stats()["prompts_spliced"] == 1.0 and not gateway.chats.reads_names("a")
+    _report(root, "e4")
+    (turn,) = released[0]["a"].turns  # one sample
+
+
 def test_a_reply_cut_by_max_tokens_is_rendered_whole_and_counted(gw):
     client, backend, gateway, root, _ = gw
     backend.cut = True  # finish "length": no end-of-turn token to cut after
