@@ -175,6 +175,7 @@ def test_a_report_naming_a_group_no_call_carried_is_refused_naming_it(gateway):
         ("completions", {"logit_bias": {"1": -100}}, "logit_bias"),
         ("responses", {"top_k": 5}, "top_k"),
         ("responses", {"stop": ["\n"]}, "stop"),
+        ("responses", {"n": 3}, "n"),
         ("responses", {"frequency_penalty": 0.5}, "frequency_penalty"),
     ],
 )
@@ -190,7 +191,7 @@ def test_a_field_the_engine_does_not_apply_is_refused_unless_neutral(gateway, ro
         call(extra)
     assert _err(e)["param"] == param and repr(extra[param])[:20] in _err(e)["message"], _err(e)
     assert len(policy.seen) == before
-    neutral = {"logit_bias": {}, "repetition_penalty": 1.0, "modalities": ["text"], "stop": []}
+    neutral = {"logit_bias": {}, "repetition_penalty": 1.0, "modalities": ["text"], "stop": [], "n": 1}
     if param not in ("reasoning_effort", "web_search_options", "audio"):
         call({param: neutral.get(param, 0)})  # the value that changes nothing passes
         assert len(policy.seen) == before + 1

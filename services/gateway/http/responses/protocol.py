@@ -17,7 +17,7 @@ the schema), ``metadata`` (echoed back) and ``user``-style hints are accepted; o
 on the other OpenAI routes. ``seed`` (sent with ``extra_body``: OpenAI's Responses API has none) is honoured as
 on chat completions: a seeded request runs in a batch of its own, so it gives the same tokens whatever else is in
 flight. ``temperature`` must be in [0, 2] and ``top_p`` in [0, 1], as OpenAI's (a 400 naming the field). Sampling
-fields of the other routes (``top_k``, ``stop``, ``presence_penalty``, ``frequency_penalty``) are refused unless
+fields of the other routes (``n``, ``top_k``, ``stop``, ``presence_penalty``, ``frequency_penalty``) are refused unless
 neutral, never ignored.
 """
 
@@ -51,7 +51,7 @@ from services.gateway.http.common.tool_shapes import wrong_shape
 #: Why ``top_k`` and ``stop`` (chat completions' sampling fields, sent with ``extra_body``) are refused here.
 NOT_ON_RESPONSES = (
     "OpenAI's Responses API has no such field and this route does not apply it (only seed is honoured as an "
-    "extension); leave it out, or call /v1/chat/completions, which applies top_k and stop"
+    "extension); leave it out, or call /v1/chat/completions, which applies n, top_k and stop"
 )
 #: Content part types whose text a message item may carry (``refusal`` parts carry theirs in ``refusal``).
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -98,6 +98,7 @@ class ResponsesRequest(_Body):
     max_tool_calls: StrictInt | None = None
     top_k: unapplied((0, -1), NOT_ON_RESPONSES) = None  # type: ignore[valid-type]
     stop: unapplied(((), [], ""), NOT_ON_RESPONSES) = None  # type: ignore[valid-type]
+    n: unapplied((1,), NOT_ON_RESPONSES) = None  # type: ignore[valid-type]  # one output per response
     presence_penalty: unapplied((0,), NOT_SAMPLED) = None  # type: ignore[valid-type]
     frequency_penalty: unapplied((0,), NOT_SAMPLED) = None  # type: ignore[valid-type]
 
