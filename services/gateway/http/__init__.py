@@ -70,9 +70,11 @@ characters, or containing ``/`` (the gateway's rule; also percent-encoded in a p
 400, on the inference routes and the reward route alike. Strings of the request (messages, prompt, stop strings, ids, the model) must be encodable as UTF-8: a
 lone surrogate escape such as ``"\\ud800"`` is refused with 400 naming the field.
 
-Parameters the engine does not implement (``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``user``,
-...) are accepted and ignored, as OpenAI clients send them (``tools`` are rendered and the calls parsed:
-docs/gateway.md, "Tools"); ``echo`` is refused, and so is a
+Hints that change nothing generated (``user``, ``metadata``, ``service_tier``, ...) are accepted and ignored, as
+OpenAI clients send them (``tools`` are rendered and the calls parsed: docs/gateway.md, "Tools"); sampling settings
+the engine does not apply (``presence_penalty``, ``frequency_penalty``, ``logit_bias``, vLLM's ``min_p`` and
+``repetition_penalty``) are refused with 400 naming them unless neutral
+(:func:`~services.gateway.http.common.protocol.unapplied`); ``echo`` is refused, and so is a
 ``response_format`` other than ``{"type": "text"}`` (structured output: the engine cannot constrain its sampling to
 a JSON schema, and an answer that silently ignored it would look like a model error); so are chat's deprecated
 ``functions`` and ``function_call`` (use ``tools`` and ``tool_choice``) and completions' ``suffix`` and ``best_of``
@@ -84,7 +86,9 @@ of one), naming them.
 **Where things are.** The reward route is also served under the episode prefixes
 (``/episodes/{episode_id}[/groups/{group_id}]/v1/episodes/{episode_id}/reward``, what a client whose ``base_url``
 carries the ids naturally posts to): the two episode ids must be the same, and the prefix's group is the report's
-``group_id`` unless the body gives the same one. An unknown route gets a 404 whose message lists the routes that
+``group_id`` unless the body gives the same one. The ``X-Marti-Episode`` and ``X-Marti-Group`` headers are read
+there too (a different episode or group: 400 naming the header; the header's group when the body has none). An
+unknown route gets a 404 whose message lists the routes that
 exist.
 
 **Lifecycle.** :func:`~services.gateway.http.app.build_app` does not own the gateway: the caller runs

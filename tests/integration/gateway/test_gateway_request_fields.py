@@ -227,3 +227,27 @@ def test_anthropic_server_tool_fields_are_refused(gateway):
         with pytest.raises(anthropic.BadRequestError) as e:
             client.messages.create(model="a", max_tokens=8, messages=HI, extra_body={field: value})
         assert _err(e)["param"] == field, _err(e)
+
+
+def test_the_reward_route_reads_the_id_headers_a_client_sends_with_its_calls(gateway):
+    root, _, sink, _ = gateway
+    head = {"Authorization": f"Bearer {TOKEN}"}
+    _openai(root, "hd-1").chat.completions.create(
+        model="a", messages=HI, extra_headers={"X-Marti-Group": "q-h"}
+    )
+    _openai(root, "hd-2").chat.completions.create(model="a", messages=HI)
+    url = f"{root}/v1/episodes/hd-2/reward"
+    for headers, param in (
+        ({"X-Marti-Group": "q-other"}, "X-Marti-Group"),
+        ({"X-Marti-Episode": "hd-1"}, "X-Marti-Episode"),
+    ):
+        r = httpx.post(url, json={"rewards": {"a": 1.0}, "group_id": "q-h"}, headers={**head, **headers})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    both = {**head, "X-Marti-Group": "q-h", "X-Marti-Episode": "hd-2"}
+    r = httpx.post(url, json={"rewards": {"a": 1.0}, "group_size": 2}, headers=both)  # the header's group
+    assert r.status_code == 200 and r.json()["released"] == 0, r.text
+    r = httpx.post(
+        f"{root}/v1/episodes/hd-1/reward", json={"rewards": {"a": 0.0}, "group_size": 2}, headers=head
+    )
+    assert r.status_code == 200 and r.json()["released"] == 2, r.text
+    assert [ep["a"].group_id for ep in sink[-2:]] == ["q-h", "q-h"]

@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from marti.errors import InvalidArgumentError
 from services.gateway.core.gateway import Gateway
-from services.gateway.http.common.context import check_path
+from services.gateway.http.common.context import EPISODE_HEADER, GROUP_HEADER, check_path, read_header
 from services.gateway.http.common.errors import request_error
 from services.gateway.http.common.protocol import _Body, _Float, _Str
 
@@ -42,11 +42,13 @@ class RewardRequest(_Body):
 
 
 async def report(gateway: Gateway, request: Request, episode_id: str, body: RewardRequest) -> JSONResponse:
-    """Report one episode (both reward routes): 200 ``{"episode_id", "released", "dropped"}``, 202 with
+    """Report one episode (both reward routes; ``X-Marti-Episode`` and ``X-Marti-Group`` headers, when sent, as
+    :func:`_with_headers` reads them): 200 ``{"episode_id", "released", "dropped"}``, 202 with
     ``"queued"`` when released episodes were not inserted within ``gateway.report_wait_s``; ``"stale"`` (see
     :class:`~marti.inference.StaleCalls`) when calls of the released episodes are already past
     their agent's staleness bound."""
     check_path(request)
+    body = _with_headers(request, episode_id, body)
     try:
         released = await gateway.report(
             episode_id,
@@ -67,6 +69,30 @@ async def report(gateway: Gateway, request: Request, episode_id: str, body: Rewa
     if released.queued:  # accepted, inserted in the background: 202 with the count (a 200 body has none)
         return JSONResponse({**out, "queued": released.queued}, status_code=202)
     return JSONResponse(out)
+
+
+def _with_headers(request: Request, episode_id: str, body: RewardRequest) -> RewardRequest:
+    """``body`` with the group of an ``X-Marti-Group`` header (the header a client sends with its calls, read
+    here too rather than ignored) when the body gives none.
+
+    Raises:
+        InvalidArgumentError: An ``X-Marti-Episode`` header naming another episode than the path, or an
+            ``X-Marti-Group`` header naming another group than the body (naming the header).
+    """
+    episode = read_header(request, EPISODE_HEADER)
+    if episode and episode != episode_id:
+        raise request_error(
+            f"header {EPISODE_HEADER} names episode {episode!r} but the report is for episode {episode_id!r} "
+            "(the path): send the report to its own episode's path",
+            EPISODE_HEADER,
+        )
+    group = read_header(request, GROUP_HEADER)
+    if group and body.group_id and body.group_id != group:
+        raise request_error(
+            f"header {GROUP_HEADER} names group {group!r} but the body names group_id {body.group_id!r}",
+            GROUP_HEADER,
+        )
+    return body.model_copy(update={"group_id": group}) if group else body
 
 
 async def report_under_prefix(
