@@ -116,6 +116,11 @@ def test_anthropic_sampling_fields_outside_anthropics_ranges_are_refused_naming_
         assert _err(e)["param"] == field and repr(value) in _err(e)["message"], _err(e)
     client.messages.create(model="a", max_tokens=8, messages=HI, extra_body={"temperature": 1.0, "top_k": 0})
     assert policy.seen[-1][0].temperature == 1.0
+    client.messages.create(model="a", max_tokens=8, messages=HI, extra_body={"seed": 99})  # the extension
+    assert policy.seen[-1][0].seed == 99
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="a", max_tokens=8, messages=HI, extra_body={"seed": "99"})
+    assert _err(e)["param"] == "seed", _err(e)
 
 
 def test_a_chat_messages_name_reaches_the_chat_template(gateway):

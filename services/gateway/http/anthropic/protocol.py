@@ -5,7 +5,8 @@ function tools, a neutral ``tool_choice``); docs/gateway.md, "Anthropic Messages
 The engine reads text only and samples plain text: image, document and other non-text blocks, ``thinking`` and
 ``output_config.format`` (structured output) are refused with 400 naming the field, never dropped. ``cache_control`` (a prompt-cache hint), ``citations`` and ``metadata`` change
 nothing a model generates and are accepted; other unknown keys are ignored, as on the OpenAI routes.
-``mcp_servers`` and ``container`` (server tools) are refused. ``temperature`` must be in [0, 1] (Anthropic's range, not OpenAI's [0, 2]), ``top_p`` in [0, 1] and ``top_k``
+``mcp_servers`` and ``container`` (server tools) are refused. ``seed`` (sent with ``extra_body``: Anthropic's API has
+none) is honoured as on chat completions. ``temperature`` must be in [0, 1] (Anthropic's range, not OpenAI's [0, 2]), ``top_p`` in [0, 1] and ``top_k``
 >= 0: a value outside is a 400 naming the field and the value.
 """
 
@@ -21,6 +22,7 @@ from services.gateway.http.common.protocol import (
     SampledRequest,
     _Body,
     _Float,
+    _Seed,
     _Str,
     _TopP,
     checked_text,
@@ -72,6 +74,7 @@ class MessagesRequest(_Body):
     top_p: _TopP | None = None
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
     stop_sequences: list[_Str] | None = None
+    seed: _Seed | None = None  # an extension (Anthropic's API has none), honoured as on chat completions
     stream: StrictBool | None = False
     metadata: AnthropicMetadata | None = None
     thinking: Any = Field(default=None, validate_default=True)
@@ -133,6 +136,7 @@ def chat_call(body: MessagesRequest) -> ChatCall:
         top_p=body.top_p,
         top_k=body.top_k,
         stop=list(body.stop_sequences or ()),
+        seed=body.seed,
         stream=body.stream,
     )
     return ChatCall(
