@@ -2,12 +2,13 @@
 :class:`~services.gateway.http.common.chat_service.ChatCall` (Hugging Face chat-template messages, OpenAI chat
 function tools, a neutral ``tool_choice``); docs/gateway.md, "Anthropic Messages".
 
-The engine reads text only and samples plain text: image, document and other non-text blocks, ``thinking`` and
-``output_config.format`` (structured output) are refused with 400 naming the field, never dropped. ``cache_control`` (a prompt-cache hint), ``citations`` and ``metadata`` change
-nothing a model generates and are accepted; other unknown keys are ignored, as on the OpenAI routes.
-``mcp_servers`` and ``container`` (server tools) are refused. ``seed`` (sent with ``extra_body``: Anthropic's API has
-none) is honoured as on chat completions. ``temperature`` must be in [0, 1] (Anthropic's range, not OpenAI's [0, 2]), ``top_p`` in [0, 1] and ``top_k``
->= 0: a value outside is a 400 naming the field and the value.
+The engine reads text only and samples plain text: image, document and other non-text blocks, ``thinking``,
+``output_config.format`` (structured output), ``mcp_servers`` and ``container`` (server tools) are refused with 400
+naming the field, never dropped. ``cache_control`` (a prompt-cache hint), ``citations`` and ``metadata`` change
+nothing a model generates and are accepted; other unknown keys are ignored, as on the OpenAI routes. ``seed`` (sent
+with ``extra_body``: Anthropic's API has none) is honoured as on chat completions. ``temperature`` must be in
+[0, 1] (Anthropic's range, not OpenAI's [0, 2]), ``top_p`` in [0, 1] and ``top_k`` >= 0: a value outside is a 400
+naming the field and the value.
 """
 
 from __future__ import annotations
