@@ -106,7 +106,8 @@ class InferenceServiceServicer:
     def ReportReward(self, request, context):
         """Ends an episode with its rewards (or as failed) and releases what became final to training. Errors:
         INVALID_ARGUMENT (empty episode_id, a rewards key that is not a trained agent, a call_rewards key the
-        episode did not make), FAILED_PRECONDITION (the episode was already reported or abandoned: use a new
+        episode did not make), NOT_FOUND (no call of episode_id was recorded, or group_id names a group no call
+        carried), FAILED_PRECONDITION (the episode was already reported or abandoned: use a new
         episode id), RESOURCE_EXHAUSTED (the episodes it would release do not fit under
         gateway.max_backlog_episodes: nothing changed, retry later), UNAUTHENTICATED, ABORTED (the report was
         taken but the store did not insert the episodes it names: they are lost to training, do not report them
