@@ -117,8 +117,13 @@ class ExperienceStore:
         taken_ids_window: Per table, taken ids remembered for idempotent inserts (``(episode_id, agent_id)`` of
             taken items, deleted episode ids; >= 0; in memory: a restart forgets them).
 
+    A restored table holding more than its ``max_size`` or ``max_bytes`` allows (the store restarted with smaller
+    ones) is brought within them at once: an ``evict`` table evicts the excess in its remover's order, logging a
+    warning that names the table and the count; a ``block`` table is refused.
+
     Raises:
-        InvalidArgumentError: on a bad persisted or given table config.
+        InvalidArgumentError: on a bad persisted or given table config, or a ``block`` table restored over its
+            ``max_size`` or ``max_bytes`` (naming the table, what it holds and the limits).
     """
 
     def __init__(
@@ -147,16 +152,30 @@ class ExperienceStore:
             by_table.setdefault(rec.table, []).append(rec)
         for row in state.tables:
             cfg = given.pop(row.name, None) or TableConfig.model_validate_json(row.config_json)
-            if cfg.model_dump_json() != row.config_json:
-                self.storage.save_table(cfg.name, cfg.model_dump_json())
             table = self._new_table(cfg, row.counters)
             table.restore(by_table.pop(row.name, []))
+            self._fit(table)  # before the new config is saved: a refused one leaves the stored one as it was
+            if cfg.model_dump_json() != row.config_json:
+                self.storage.save_table(cfg.name, cfg.model_dump_json())
         for cfg in given.values():
             self._add(cfg)
         if default_table and default_table not in self._tables:
             self._add(default_table_config(default_table))
         if by_table:
             log.warning("items of unknown tables ignored: %s", sorted(by_table))
+
+    @staticmethod
+    def _fit(table: Table) -> None:
+        """Evict a restored table's items beyond its (smaller) limits now, with a warning that names the table
+        and the count (:meth:`Table.fit_to_limits`; a ``block`` table is refused there)."""
+        held = len(table)
+        evicted = table.fit_to_limits()
+        if evicted:
+            log.warning(
+                "table %r held %d items over its limits (max_size %d, max_bytes %d) when restored: evicted %d by "
+                "its remover %s",
+                table.name, held, table.config.max_size, table.config.max_bytes, evicted, table.config.remover,
+            )  # fmt: skip
 
     def _new_table(self, cfg: TableConfig, counters: dict[str, int] | None = None) -> Table:
         seed = None if self._seed is None else hash((self._seed, cfg.name)) & 0xFFFFFFFF

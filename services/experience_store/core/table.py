@@ -105,6 +105,41 @@ class Table:
             for rec in records:
                 self._index(rec)
 
+    def fit_to_limits(self) -> int:
+        """Bring a restored table within its ``max_size`` and ``max_bytes`` (a restart with smaller ones than its
+        stored items need), so the next insert does not evict the excess all at once.
+
+        A ``full_policy: evict`` table evicts the excess now, in its remover's order, counted as evictions and
+        committed before the store serves; a ``block`` table (whose items are never dropped to make room) is
+        refused instead.
+
+        Returns:
+            How many items were evicted (0 when the table fits).
+
+        Raises:
+            InvalidArgumentError: a ``block`` table over a limit, naming the table, what it holds and the limit.
+            InternalError, UnavailableError: when storage could not commit the evictions.
+        """
+        with self._cond:
+            if len(self._items) <= self.config.max_size and self._bytes <= self.config.max_bytes:
+                return 0
+            if self.config.full_policy == "block":
+                raise InvalidArgumentError(
+                    f"table {self.name!r} holds {len(self._items)} items of {self._bytes} bytes, more than its "
+                    f"max_size {self.config.max_size} or max_bytes {self.config.max_bytes}, and its full_policy "
+                    f"block never drops items; raise the limit to what it holds, or start with the old config "
+                    f"and sample or delete items first"
+                )
+            evicted = []
+            while len(self._items) > self.config.max_size or self._bytes > self.config.max_bytes:
+                key, _ = self.remover.select(self._rng)
+                self._unindex(key)
+                evicted.append(key)
+            self.evictions += len(evicted)
+            ticket = self._storage.submit(self.name, deletes=evicted, counters=self.counters())
+        ticket.wait()
+        return len(evicted)
+
     def _index(self, rec: ItemRecord) -> None:
         self._items[rec.key] = rec
         self.episodes.add(rec)
@@ -470,7 +505,7 @@ class Table:
     def _check_fillable(self, num_samples: int) -> None:
         """Refuses a whole-batch take that no state of the table can fill (caller holds the lock): with
         ``max_times_sampled`` set, a take holds each item at most that many times, and the table at most
-        ``max_size`` items (more only after a restart with a smaller ``max_size``, until inserts evict them).
+        ``max_size`` items (a restart with a smaller one evicts the excess at open: :meth:`fit_to_limits`).
 
         Raises:
             OutOfRangeError: ``num_samples`` over that bound, naming the SDK's ``batch_size``, the table and

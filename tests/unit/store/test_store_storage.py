@@ -163,3 +163,38 @@ def test_close_ends_waiting_samples_and_inserts_at_once(tmp_path):
     assert time.monotonic() - t0 < 5 and not any(w.is_alive() for w in waiters)
     assert len(errors) == 2 and all(isinstance(e, UnavailableError) for e in errors), errors
     assert all("shutting down" in str(e) for e in errors)
+
+
+def test_restart_with_a_smaller_max_size_evicts_the_excess_at_open_in_remover_order(tmp_path, caplog):
+    """A store reopened with a smaller ``max_size`` kept the extra items until the next insert evicted them all
+    at once, silently; now the excess goes at open (fifo remover: the oldest), counted, committed and logged."""
+    big = [parse_table_config({"name": "t", "preset": "uniform", "max_size": 10})]
+    s = ExperienceStore(SqliteStorage(tmp_path), big, seed=0)
+    keys = s.insert("t", [item(episode=f"e{i}") for i in range(10)], 0)
+    s.close()
+    small = [parse_table_config({"name": "t", "preset": "uniform", "max_size": 4})]
+    with caplog.at_level("WARNING"):
+        s2 = ExperienceStore(SqliteStorage(tmp_path), small, seed=0)
+    assert sorted(r.key for r in s2.table("t").records()) == keys[6:]
+    assert s2.table("t").info()["counters"]["evictions"] == 6
+    assert "table 't' held 10 items over its limits (max_size 4" in caplog.text and "evicted 6" in caplog.text
+    s2.close()
+    s3 = ExperienceStore(SqliteStorage(tmp_path), small, seed=0)  # the evictions were committed
+    assert sorted(r.key for r in s3.table("t").records()) == keys[6:]
+    s3.close()
+
+
+def test_restart_of_a_block_table_over_its_max_size_is_refused_naming_it(tmp_path):
+    """A ``block`` table never drops items to make room, so a smaller ``max_size`` at open is refused, not obeyed
+    by evicting; the stored items stay for a start with the old config."""
+    s = ExperienceStore(SqliteStorage(tmp_path), [parse_table_config({"name": "q", "preset": "queue"})])
+    s.insert("q", [item(episode=f"e{i}") for i in range(5)], 0)
+    s.close()
+    storage = SqliteStorage(tmp_path)
+    small = [parse_table_config({"name": "q", "preset": "queue", "max_size": 3})]
+    with pytest.raises(InvalidArgumentError, match=r"table 'q' holds 5 items .* max_size 3 .* block"):
+        ExperienceStore(storage, small)
+    storage.close()
+    s2 = ExperienceStore(SqliteStorage(tmp_path))
+    assert len(s2.table("q")) == 5
+    s2.close()
