@@ -7,7 +7,6 @@ import importlib
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 #: Subcommands that are implemented by another module's ``main(argv)``: name -> (module, help).
@@ -59,6 +58,7 @@ def _cmd_health(argv: list[str]) -> int:
 def _cmd_up(argv: list[str]) -> int:
     from marti.errors import InvalidArgumentError, MartiError
     from marti.stack import DEFAULT_PORTS, LocalStack
+    from marti.supervise import RestartPolicy, supervise
 
     parser = argparse.ArgumentParser(prog="marti up", description="run broker, env server, store and trainer")
     parser.add_argument("--data-dir", default=os.environ.get("MARTI_DATA_DIR"), help="durable data root")
@@ -70,7 +70,35 @@ def _cmd_up(argv: list[str]) -> int:
     parser.add_argument(
         "--ephemeral-ports", action="store_true", help="bind free ports instead of the defaults 50051-50054"
     )
+    parser.add_argument(
+        "--restart",
+        default="on-failure",
+        choices=("on-failure", "no"),
+        help="restart a service that fails (non-zero exit or killed), or stop the stack (default: on-failure)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="most restarts of one service within the window (default: 5)",
+    )
+    parser.add_argument(
+        "--restart-window-s",
+        type=float,
+        default=60.0,
+        help="window the restarts are counted in (default: 60)",
+    )
+    parser.add_argument(
+        "--restart-backoff-s",
+        type=float,
+        default=1.0,
+        help="wait before a restart, doubled per restart in the window up to 30 s (default: 1)",
+    )
     args = parser.parse_args(argv)
+    try:
+        policy = RestartPolicy(args.restart, args.max_restarts, args.restart_window_s, args.restart_backoff_s)
+    except InvalidArgumentError as exc:
+        parser.error(str(exc))
     for what, value, source in (
         ("data dir", args.data_dir, "--data-dir or MARTI_DATA_DIR"),
         ("log dir", args.log_dir, "--log-dir"),
@@ -108,18 +136,13 @@ def _cmd_up(argv: list[str]) -> int:
         print(f"{name:<11} SERVING at {address}", flush=True)
     print("all services SERVING; Ctrl-C stops them", flush=True)
     try:
-        while not stopping:
-            dead = [n for n, s in stack.running.items() if s.process.poll() is not None]
-            if dead:
-                print(f"service exited unexpectedly: {', '.join(dead)}", file=sys.stderr, flush=True)
-                stack.stop()
-                return 1
-            time.sleep(0.2)
+        return supervise(
+            stack, policy, lambda: stopping, lambda line: print(line, file=sys.stderr, flush=True)
+        )
     finally:
         codes = stack.stop()
         if codes:
             print("stopped: " + ", ".join(f"{n}={c}" for n, c in codes.items()), flush=True)
-    return 0
 
 
 def bench_names(root: Path) -> list[str]:

@@ -64,8 +64,8 @@ class LocalStack:
     startup_timeout_s: float = 60.0
     running: dict[str, ServiceProcess] = field(default_factory=dict)
 
-    def _command(self, name: str) -> list[str]:
-        cmd = [sys.executable, "-m", "marti.cli", name, "--port", str(self.ports.get(name, 0))]
+    def _command(self, name: str, port: int) -> list[str]:
+        cmd = [sys.executable, "-m", "marti.cli", name, "--port", str(port)]
         if self.data_dir is not None and name in ("broker", "store"):
             cmd += ["--data-dir", str(Path(self.data_dir) / name)]
         if name == "trainer":  # the trainer's jobs use the services started before it
@@ -74,7 +74,7 @@ class LocalStack:
                     cmd += [flag, self.running[svc].address]
         return cmd + self.extra_args.get(name, [])
 
-    def _spawn(self, name: str) -> ServiceProcess:
+    def _spawn(self, name: str, port: int) -> ServiceProcess:
         env = dict(os.environ)
         if self.token:
             env["MARTI_TOKEN"] = self.token
@@ -86,27 +86,26 @@ class LocalStack:
             log_path = Path(self.log_dir) / f"{name}.log"
             stderr = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         proc = subprocess.Popen(
-            self._command(name),
+            self._command(name, port),
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=env,
             start_new_session=True,
         )
-        address = self._read_address(name, proc, log_path)
+        address = self._read_address(name, port, proc, log_path)
         if log_path is not None:
             threading.Thread(target=_drain, args=(proc, log_path), daemon=True).start()
         else:
             threading.Thread(target=_drain, args=(proc, None), daemon=True).start()
         return ServiceProcess(name, proc, address, log_path)
 
-    def _read_address(self, name: str, proc: subprocess.Popen, log_path: Path | None) -> str:
+    def _read_address(self, name: str, port: int, proc: subprocess.Popen, log_path: Path | None) -> str:
         deadline = time.monotonic() + self.startup_timeout_s
         assert proc.stdout is not None  # noqa: S101 - Popen was given stdout=PIPE
         while time.monotonic() < deadline:
             line = proc.stdout.readline().decode(errors="replace")
             if not line:
                 code = proc.wait()
-                port = self.ports.get(name, 0)
                 said = _last_line(log_path) if log_path is not None else ""
                 raise UnavailableError(
                     f"{name} (port {port or 'any'}) exited with code {code} before listening"
@@ -135,13 +134,36 @@ class LocalStack:
                 ensure_folder(folder, what)
         try:
             for name in self.services:
-                svc = self._spawn(name)
+                svc = self._spawn(name, self.ports.get(name, 0))
                 self.running[name] = svc
                 wait_until_serving(svc.address, timeout_s=self.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
         return self.addresses
+
+    def restart(self, name: str) -> str:
+        """Start the running service ``name`` again (its process has exited) on the port it had, with the same
+        data dir, log file and token, and wait until it reports SERVING.
+
+        Returns:
+            Its address (``host:port``), the one it had.
+
+        Raises:
+            UnavailableError: it exited or did not listen in time.
+            DeadlineExceededError: it did not report SERVING in time (then it is killed).
+            In both cases :attr:`running` keeps an exited process for ``name``.
+        """
+        port = int(self.running[name].address.rsplit(":", 1)[1])
+        svc = self._spawn(name, port)
+        self.running[name] = svc
+        try:
+            wait_until_serving(svc.address, timeout_s=self.startup_timeout_s)
+        except BaseException:
+            svc.process.kill()  # listening but not serving: it would hold the port from the next try
+            svc.process.wait()
+            raise
+        return svc.address
 
     @property
     def addresses(self) -> dict[str, str]:

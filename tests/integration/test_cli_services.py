@@ -1,18 +1,24 @@
 """Every service starts from the CLI on port 0, reports SERVING, lists its API through reflection, and stops
-cleanly on SIGTERM (health NOT_SERVING, exit 0)."""
+cleanly on SIGTERM (health NOT_SERVING, exit 0); ``marti up`` restarts a service killed under it, with its data,
+until its restart limit."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from marti.clients.broker import MartiCommClient
+from marti.clients.experience import ExperienceSharingClient
 from marti.rpc.channel import make_channel
+from marti.trajectory import Trajectory, Turn
 
 SERVICES = {
     "broker": "marti.api.broker.v1.BrokerService",
@@ -99,3 +105,89 @@ def test_train_rejects_unknown_key_naming_it(tmp_path):
     )
     out = _marti("train", str(cfg))
     assert out.returncode == 2 and "learnin_rate" in out.stderr
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout_s: float = 60) -> str:
+    """``path``'s content once it holds ``text`` (``proc`` must stay alive meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        content = path.read_text()
+        if text in content:
+            return content
+        assert proc.poll() is None, (proc.returncode, content)
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} not in {path.read_text()!r}")
+
+
+def _kill9(data_dir: Path) -> int:
+    """SIGKILL the service holding ``data_dir`` (its lock file holds the pid); returns the pid."""
+    pid = int((data_dir / ".lock").read_text())
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_marti_up_restarts_a_killed_service_with_its_data_until_its_limit(tmp_path):
+    """``marti up`` stopped the whole stack when one service died. Now a store and a broker killed with
+    SIGKILL come back on their ports with their data dirs (the items inserted and the messages sent before are
+    read back through the SDK clients), each restart is one log line, and one failure more than
+    ``--max-restarts`` stops the stack with a line naming the service and its exit code, exit 1."""
+    data, out, err = tmp_path / "data", tmp_path / "out", tmp_path / "err"
+    cmd = [
+        sys.executable,
+        "-m",
+        "marti.cli",
+        "up",
+        "--no-trainer",
+        "--ephemeral-ports",
+        "--data-dir",
+        str(data),
+    ]
+    cmd += ["--max-restarts", "1", "--restart-backoff-s", "0.1"]
+    with out.open("w") as stdout, err.open("w") as stderr:
+        up = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True)
+    try:
+        lines = _wait_for(out, "all services SERVING", up)
+        address = dict(re.findall(r"^(\S+)\s+SERVING at (\S+)$", lines, re.M))
+        store = ExperienceSharingClient("a1", address["store"], timeout_s=10)
+        turn = Turn(
+            step=0, prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[-0.5], reward=1.0
+        )
+        store.share_experiences([Trajectory(f"ep{i}", "a1", turns=[turn]) for i in range(5)])
+        sender = MartiCommClient("a", address["broker"], session="s", timeout_s=10)
+        for i in range(5):
+            sender.send_message("b", {"i": i})
+        sender.flush()
+
+        store_pid, broker_pid = _kill9(data / "store"), _kill9(data / "broker")
+        log = _wait_for(err, "broker SERVING again", up)
+        _wait_for(err, "store SERVING again", up)
+        for name in ("store", "broker"):
+            assert (
+                f"marti up: {name} exited with code -9 (SIGKILL); restarting it in 0.1 s (restart 1 of at most 1"
+                in log
+            )
+        assert int((data / "store" / ".lock").read_text()) != store_pid
+        assert int((data / "broker" / ".lock").read_text()) != broker_pid
+        episodes = {t.episode_id for t in store.get_trajectories(agent_id="a1")}  # same client, same address
+        assert episodes == {f"ep{i}" for i in range(5)}
+        receiver = MartiCommClient("b", address["broker"], session="s", timeout_s=10)
+        got: list[int] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 5 and time.monotonic() < deadline:
+            got += [m.content["i"] for m in receiver.get_messages(timeout_s=1)]
+        assert sorted(got) == list(range(5))
+        for client in (store, sender, receiver):
+            client.close()
+
+        _kill9(data / "store")  # a second failure within the window: over --max-restarts 1
+        assert up.wait(timeout=60) == 1
+        log = err.read_text()
+        assert (
+            "marti up: error: store exited with code -9 (SIGKILL); restarted 1 times within 60 s already "
+            "(--max-restarts 1, --restart-window-s 60); stopping the stack"
+        ) in log, log
+        assert "Traceback" not in log, log
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()

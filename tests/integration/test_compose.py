@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from marti.supervise import RestartPolicy
 from services.comm_broker.settings import BrokerSettings
 from services.env_server.settings import EnvServerSettings
 from services.experience_store.settings import StoreSettings
@@ -98,6 +99,16 @@ def test_health_checks_use_marti_health_on_the_service_port():
         assert check["test"][3] == f"127.0.0.1:${{{port_var}:-{port}}}"
         for key in ("interval", "timeout", "retries", "start_period"):
             assert key in check, f"{name} healthcheck lacks {key}"
+
+
+def test_restart_policy_matches_marti_up():
+    """Every service restarts on failure at most as often as ``marti up`` does by default (it said
+    ``unless-stopped``: restarted forever, also after a deliberate clean stop)."""
+    default = RestartPolicy()
+    assert default.mode == "on-failure"
+    compose = _load(BASE)
+    for name in SERVICES:
+        assert compose["services"][name]["restart"] == f"on-failure:{default.max_restarts}", name
 
 
 def test_named_volumes_hold_the_broker_and_store_data_dirs():
