@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
@@ -72,12 +74,19 @@ class DirLock:
 
         Raises:
             InvalidArgumentError: The folder cannot be created (:func:`ensure_folder`: a file of that name, a
-                parent that is a file, no permission).
+                parent that is a file, no permission), or its lock file cannot be opened for writing (a read-only
+                folder or file system).
             FailedPreconditionError: Another process (or another lock in this one) holds it; the folder and the
                 holder's pid are named.
         """
         ensure_folder(self.folder, self.what)
-        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a read-only folder (or lock file): was a PermissionError traceback
+            raise InvalidArgumentError(
+                f"{self.what} {self.folder} cannot be written ({LOCK_FILE}: {exc.strerror or exc}); give a "
+                f"writable folder"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -98,3 +107,29 @@ class DirLock:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+@contextlib.contextmanager
+def opening_database(path: str | Path, what: str, lock: DirLock) -> Iterator[None]:
+    """Turn an error while a service opens its SQLite database in its data dir (a folder made read-only after the
+    database was made, a file that is not a database, a full disk) into one :class:`InvalidArgumentError` naming the
+    file, instead of an ``sqlite3.OperationalError`` traceback; on any error the data dir's lock is released.
+
+    Args:
+        path: The database file.
+        what: How the message names it, e.g. ``"store database"``.
+        lock: The data dir's lock, taken before.
+
+    Raises:
+        InvalidArgumentError: ``{what} {path} cannot be opened ({sqlite's reason}): ...``.
+    """
+    try:
+        yield
+    except BaseException as exc:
+        lock.unlock()
+        if not isinstance(exc, sqlite3.Error | OSError):
+            raise
+        raise InvalidArgumentError(
+            f"{what} {path} cannot be opened ({exc}); its folder and file must be writable (SQLite writes its "
+            f"-wal and -shm files beside it) and hold a database this service wrote"
+        ) from None

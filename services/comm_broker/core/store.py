@@ -20,7 +20,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 
-from marti.dir_lock import DirLock
+from marti.dir_lock import DirLock, opening_database
 
 from .types import AgentState, DeadLetter, Envelope
 
@@ -178,10 +178,11 @@ class SqliteStore(Store):
         self._dir_lock = DirLock(data_dir, "broker data dir", advice="give this broker another --data-dir")
         self._dir_lock.lock()
         self.path = os.path.join(data_dir, "broker.sqlite3")
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
-        self._db.executescript(_SCHEMA)
+        with opening_database(self.path, "broker database", self._dir_lock):
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
+            self._db.executescript(_SCHEMA)
 
     def _tx(self, statements: list[tuple[str, list[tuple] | tuple]]) -> None:
         db = self._db

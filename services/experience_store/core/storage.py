@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marti.dir_lock import DirLock
+from marti.dir_lock import DirLock, opening_database
 from marti.errors import InternalError, InvalidArgumentError, MartiError, UnavailableError
 from marti.experience_types import CheckpointResult
 
@@ -366,10 +366,11 @@ class SqliteStorage(Storage):
         self.checkpoint_bytes = int(checkpoint_mib * 1024 * 1024)
         self._synchronous = synchronous
         self._ckpt_lock = threading.Lock()
-        self._wconn = self._connect(cache_mib, page_size)
-        self._wconn.execute("PRAGMA wal_autocheckpoint=0")
-        self._migrate()
-        self._rconn = self._connect(cache_mib)
+        with opening_database(self.path, "store database", self._dir_lock):
+            self._wconn = self._connect(cache_mib, page_size)
+            self._wconn.execute("PRAGMA wal_autocheckpoint=0")
+            self._migrate()
+            self._rconn = self._connect(cache_mib)
         self._rlock = threading.Lock()
         # queue of operations, payloads not yet committed, counters; all under _cond
         self._cond = threading.Condition(threading.Lock())
