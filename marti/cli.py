@@ -55,11 +55,8 @@ def _cmd_health(argv: list[str]) -> int:
     return 0 if status == "SERVING" else 1
 
 
-def _cmd_up(argv: list[str]) -> int:
-    from marti.errors import InvalidArgumentError, MartiError
-    from marti.stack import DEFAULT_PORTS, LocalStack
-    from marti.supervise import RestartPolicy, supervise
-
+def _up_parser() -> argparse.ArgumentParser:
+    """The flags of ``marti up``."""
     parser = argparse.ArgumentParser(prog="marti up", description="run broker, env server, store and trainer")
     parser.add_argument("--data-dir", default=os.environ.get("MARTI_DATA_DIR"), help="durable data root")
     parser.add_argument("--log-dir", default=None, help="write each service's log here")
@@ -68,7 +65,9 @@ def _cmd_up(argv: list[str]) -> int:
     )
     parser.add_argument("--no-trainer", action="store_true", help="start broker, env server and store only")
     parser.add_argument(
-        "--ephemeral-ports", action="store_true", help="bind free ports instead of the defaults 50051-50054"
+        "--ephemeral-ports",
+        action="store_true",
+        help="bind free ports instead of each service's MARTI_<SERVICE>_PORT or default (50051-50054)",
     )
     parser.add_argument(
         "--restart",
@@ -94,24 +93,44 @@ def _cmd_up(argv: list[str]) -> int:
         default=1.0,
         help="wait before a restart, doubled per restart in the window up to 30 s (default: 1)",
     )
-    args = parser.parse_args(argv)
-    try:
-        policy = RestartPolicy(args.restart, args.max_restarts, args.restart_window_s, args.restart_backoff_s)
-    except InvalidArgumentError as exc:
-        parser.error(str(exc))
+    return parser
+
+
+def _up_refusal(args: argparse.Namespace) -> str | None:
+    """Why ``marti up`` must not start with these flags (an empty path or token), or ``None``."""
     for what, value, source in (
         ("data dir", args.data_dir, "--data-dir or MARTI_DATA_DIR"),
         ("log dir", args.log_dir, "--log-dir"),
     ):
         if value == "":  # say --data-dir "$DIR" with DIR empty: it ran every service in memory, silently
-            print(
-                f"marti up: error: {what} '' is an empty path ({source}); leave it out or give a folder",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 2
+            return f"{what} '' is an empty path ({source}); leave it out or give a folder"
+    if args.token == "":  # --token "$T" with T unset: every service ran without authentication, silently
+        return (
+            "token '' is empty (--token or MARTI_TOKEN): the services would require none; leave it unset for "
+            "services without authentication, or give the token"
+        )
+    return None
+
+
+def _cmd_up(argv: list[str]) -> int:
+    from marti.errors import InvalidArgumentError, MartiError
+    from marti.stack import LocalStack
+    from marti.supervise import RestartPolicy, supervise
+
+    parser = _up_parser()
+    args = parser.parse_args(argv)
+    try:
+        policy = RestartPolicy(args.restart, args.max_restarts, args.restart_window_s, args.restart_backoff_s)
+    except InvalidArgumentError as exc:
+        parser.error(str(exc))
+    refusal = _up_refusal(args)
+    if refusal:
+        print(f"marti up: error: {refusal}", file=sys.stderr, flush=True)
+        return 2
     services = ("broker", "env-server", "store") + (() if args.no_trainer else ("trainer",))
-    ports = {} if args.ephemeral_ports else {s: DEFAULT_PORTS[s] for s in services}
+    ports = (
+        {} if args.ephemeral_ports else {s: None for s in services}
+    )  # None: MARTI_<SERVICE>_PORT or default
     stack = LocalStack(
         services=services,
         ports=ports,

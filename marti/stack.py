@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marti.dir_lock import ensure_folder
-from marti.errors import UnavailableError
+from marti.errors import InvalidArgumentError, UnavailableError
 from marti.rpc.health import wait_until_serving
 
 #: Service CLI names and their default ports (ARCHITECTURE.md section 6).
@@ -46,7 +46,8 @@ class LocalStack:
 
     Args:
         services: CLI names to start, in order.
-        ports: Port per service; 0 asks the OS for a free one (the default for embedded stacks).
+        ports: Port per service; 0 asks the OS for a free one (the default for embedded stacks); ``None`` leaves
+            it to the service's own setting (``MARTI_<SERVICE>_PORT``, else :data:`DEFAULT_PORTS`).
         data_dir: Root for the broker's and store's data dirs (``<data_dir>/broker``, ``<data_dir>/store``);
             ``None`` runs them in memory.
         log_dir: Folder for per-service logs; ``None`` inherits the parent's stderr.
@@ -56,7 +57,7 @@ class LocalStack:
     """
 
     services: tuple[str, ...] = ("broker", "env-server", "store")
-    ports: dict[str, int] = field(default_factory=dict)
+    ports: dict[str, int | None] = field(default_factory=dict)
     data_dir: Path | None = None
     log_dir: Path | None = None
     token: str | None = None
@@ -64,8 +65,8 @@ class LocalStack:
     startup_timeout_s: float = 60.0
     running: dict[str, ServiceProcess] = field(default_factory=dict)
 
-    def _command(self, name: str, port: int) -> list[str]:
-        cmd = [sys.executable, "-m", "marti.cli", name, "--port", str(port)]
+    def _command(self, name: str, port: int | None) -> list[str]:
+        cmd = [sys.executable, "-m", "marti.cli", name] + ([] if port is None else ["--port", str(port)])
         if self.data_dir is not None and name in ("broker", "store"):
             cmd += ["--data-dir", str(Path(self.data_dir) / name)]
         if name == "trainer":  # the trainer's jobs use the services started before it
@@ -74,7 +75,7 @@ class LocalStack:
                     cmd += [flag, self.running[svc].address]
         return cmd + self.extra_args.get(name, [])
 
-    def _spawn(self, name: str, port: int) -> ServiceProcess:
+    def _spawn(self, name: str, port: int | None) -> ServiceProcess:
         env = dict(os.environ)
         if self.token:
             env["MARTI_TOKEN"] = self.token
@@ -99,7 +100,9 @@ class LocalStack:
             threading.Thread(target=_drain, args=(proc, None), daemon=True).start()
         return ServiceProcess(name, proc, address, log_path)
 
-    def _read_address(self, name: str, port: int, proc: subprocess.Popen, log_path: Path | None) -> str:
+    def _read_address(
+        self, name: str, port: int | None, proc: subprocess.Popen, log_path: Path | None
+    ) -> str:
         deadline = time.monotonic() + self.startup_timeout_s
         assert proc.stdout is not None  # noqa: S101 - Popen was given stdout=PIPE
         while time.monotonic() < deadline:
@@ -107,6 +110,8 @@ class LocalStack:
             if not line:
                 code = proc.wait()
                 said = _last_line(log_path) if log_path is not None else ""
+                if port is None:
+                    port = os.environ.get(f"MARTI_{SERVICE_KEYS[name]}_PORT") or DEFAULT_PORTS[name]
                 raise UnavailableError(
                     f"{name} (port {port or 'any'}) exited with code {code} before listening"
                     + (f": {said}" if said else " (its error is printed above)")
@@ -125,10 +130,14 @@ class LocalStack:
 
         Raises:
             InvalidArgumentError: ``data_dir`` or ``log_dir`` cannot be a folder (named, before any service
-                starts; :func:`marti.dir_lock.ensure_folder`).
+                starts; :func:`marti.dir_lock.ensure_folder`), or a service would serve TLS
+                (:func:`tls_refusal`).
             UnavailableError: a service exited or did not listen in time (started ones are stopped).
             DeadlineExceededError: a service did not report SERVING in time.
         """
+        refusal = tls_refusal(self.services)
+        if refusal:
+            raise InvalidArgumentError(refusal)
         for folder, what in ((self.data_dir, "data dir"), (self.log_dir, "log dir")):
             if folder is not None:
                 ensure_folder(folder, what)
@@ -197,6 +206,21 @@ class LocalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def tls_refusal(services: tuple[str, ...]) -> str | None:
+    """Why a stack of ``services`` cannot start: a ``MARTI_<SERVICE>_TLS_*`` variable that would make one of them
+    serve TLS, which the stack's plaintext health checks cannot reach (it
+    waited 60 s, then said ``not SERVING ... UNREACHABLE``); ``None`` when there is none."""
+    for name in services:
+        for key in ("TLS_CERT_FILE", "TLS_KEY_FILE", "TLS_CLIENT_CA_FILE"):
+            var = f"MARTI_{SERVICE_KEYS[name]}_{key}"
+            if os.environ.get(var):
+                return (
+                    f"{var} is set: the {name} would serve TLS, and a local stack checks its services "
+                    f"in plaintext; unset it, or start the services one by one (marti {name} --tls-cert-file ...)"
+                )
+    return None
 
 
 def _last_line(path: Path) -> str:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -181,3 +184,89 @@ def test_marti_up_with_an_empty_folder_flag_is_one_line_exit_2(args, env, what):
     assert out.returncode == 2, out
     assert _one_line(out).startswith(f"marti up: error: {what} '' is an empty path"), out.stderr
     assert "SERVING" not in out.stdout
+
+
+@pytest.mark.parametrize(("args", "env"), [(["--token", ""], {}), ([], {"MARTI_TOKEN": ""})])
+def test_marti_up_with_an_empty_token_is_one_line_exit_2(args, env):
+    """``marti up --token "$T"`` with ``T`` unset (or an empty ``MARTI_TOKEN``) ran every service without
+    authentication, silently (``marti broker --token ""`` is refused); refused before anything starts."""
+    out = subprocess.run(
+        [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, **env),
+    )
+    assert out.returncode == 2, out
+    assert _one_line(out).startswith("marti up: error: token '' is empty (--token or MARTI_TOKEN)"), (
+        out.stderr
+    )
+    assert "SERVING" not in out.stdout
+
+
+def test_marti_up_with_a_service_tls_variable_is_refused_at_once(tmp_path):
+    """``MARTI_STORE_TLS_CERT_FILE`` (any path) made ``marti up``'s store serve TLS, which its plaintext
+    health check never reached: 60 s, then ``not SERVING ... UNREACHABLE``. Now one line naming the variable."""
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, MARTI_STORE_TLS_CERT_FILE=str(tmp_path / "cert.pem")),
+    )
+    assert out.returncode == 2 and time.monotonic() - start < 20, out
+    assert _one_line(out).startswith(
+        "marti up: error: MARTI_STORE_TLS_CERT_FILE is set: the store would serve TLS"
+    ), out.stderr
+    assert "SERVING" not in out.stdout
+
+
+def _read_only(folder: Path) -> None:
+    """Make ``folder`` unwritable to this process (``chmod 555``; root ignores modes: ``chattr +i``), or skip."""
+    folder.chmod(0o555)
+    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+        pytest.skip("root ignores chmod and chattr +i failed here: no way to make a folder read-only")
+    try:
+        (folder / "probe").touch()
+    except OSError:
+        return
+    pytest.skip(f"{folder} stayed writable")
+
+
+def _writable_again(folder: Path) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    folder.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("service", "content", "expected"),
+    [
+        ("broker", None, "broker data dir {d} cannot be written (.lock: "),
+        (
+            "store",
+            "database",
+            "store database {d}/store.sqlite cannot be opened (unable to open database file)",
+        ),
+        ("store", "garbage", "store database {d}/store.sqlite cannot be opened (file is not a database)"),
+    ],
+)
+def test_a_data_dir_that_cannot_be_written_or_read_is_one_line_exit_2(service, content, expected, tmp_path):
+    """A read-only data dir (empty, or holding the database made before) and a database file that is not one
+    printed a PermissionError or sqlite3 traceback (exit 1); now one line naming the folder or file, exit 2."""
+    data = tmp_path / "data"
+    data.mkdir()
+    if content == "database":
+        sqlite3.connect(data / "store.sqlite").close()
+        (data / ".lock").touch()
+    elif content == "garbage":
+        (data / "store.sqlite").write_text("not a database")
+    if content != "garbage":
+        _read_only(data)
+    try:
+        out = _marti(service, "--port", "0", "--data-dir", str(data))
+    finally:
+        _writable_again(data)
+    assert out.returncode == 2, out
+    assert _one_line(out).startswith(f"marti {service}: error: " + expected.format(d=data)), out.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
 from marti.rpc.channel import make_channel
+from marti.stack import SERVICE_KEYS
 from marti.trajectory import Trajectory, Turn
 
 SERVICES = {
@@ -119,6 +121,13 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout_s: float = 
     raise AssertionError(f"{text!r} not in {path.read_text()!r}")
 
 
+def _free_port() -> int:
+    """A port no one listens on now (bound on port 0, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _kill9(data_dir: Path) -> int:
     """SIGKILL the service holding ``data_dir`` (its lock file holds the pid); returns the pid."""
     pid = int((data_dir / ".lock").read_text())
@@ -130,24 +139,21 @@ def test_marti_up_restarts_a_killed_service_with_its_data_until_its_limit(tmp_pa
     """``marti up`` stopped the whole stack when one service died. Now a store and a broker killed with
     SIGKILL come back on their ports with their data dirs (the items inserted and the messages sent before are
     read back through the SDK clients), each restart is one log line, and one failure more than
-    ``--max-restarts`` stops the stack with a line naming the service and its exit code, exit 1."""
+    ``--max-restarts`` stops the stack with a line naming the service and its exit code, exit 1.
+
+    The ports come from ``MARTI_<SERVICE>_PORT`` (``marti up`` passed ``--port 50051``-``50053`` over them: the
+    variables were accepted and did nothing)."""
     data, out, err = tmp_path / "data", tmp_path / "out", tmp_path / "err"
-    cmd = [
-        sys.executable,
-        "-m",
-        "marti.cli",
-        "up",
-        "--no-trainer",
-        "--ephemeral-ports",
-        "--data-dir",
-        str(data),
-    ]
+    ports = {"broker": _free_port(), "env-server": _free_port(), "store": _free_port()}
+    env = dict(os.environ, **{f"MARTI_{SERVICE_KEYS[name]}_PORT": str(port) for name, port in ports.items()})
+    cmd = [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--data-dir", str(data)]
     cmd += ["--max-restarts", "1", "--restart-backoff-s", "0.1"]
     with out.open("w") as stdout, err.open("w") as stderr:
-        up = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True)
+        up = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=env)
     try:
         lines = _wait_for(out, "all services SERVING", up)
         address = dict(re.findall(r"^(\S+)\s+SERVING at (\S+)$", lines, re.M))
+        assert address == {name: f"127.0.0.1:{port}" for name, port in ports.items()}, lines
         store = ExperienceSharingClient("a1", address["store"], timeout_s=10)
         turn = Turn(
             step=0, prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[-0.5], reward=1.0

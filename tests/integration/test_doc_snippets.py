@@ -119,10 +119,14 @@ def marti_up() -> Iterator[None]:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(30)
+            code = proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            raise
+    # SIGTERM to `marti up` stops every service it started, each cleanly, and exits 0 (docs/operations.md)
+    rest = proc.stdout.read()
+    assert code == 0 and "stopped: store=0, env-server=0, broker=0" in rest, (code, rest[-3000:])
 
 
 @pytest.mark.parametrize("snippet", PYTHON, ids=[s.name for s in PYTHON])
