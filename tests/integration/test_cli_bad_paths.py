@@ -164,16 +164,20 @@ def test_an_empty_path_setting_is_one_line_naming_it_exit_2(service, args, env, 
 
 
 @pytest.mark.parametrize(
-    ("args", "env", "what"),
+    ("args", "env", "expected"),
     [
-        (["--data-dir", ""], {}, "data dir"),
-        ([], {"MARTI_DATA_DIR": ""}, "data dir"),
-        (["--log-dir", ""], {}, "log dir"),
+        (["--data-dir", ""], {}, "data dir '' is an empty path"),
+        ([], {"MARTI_DATA_DIR": ""}, "data dir '' is an empty path"),
+        (["--log-dir", ""], {}, "log dir '' is an empty path"),
+        (["--token", ""], {}, "token '' is empty (--token or MARTI_TOKEN)"),
+        ([], {"MARTI_TOKEN": ""}, "token '' is empty (--token or MARTI_TOKEN)"),
     ],
 )
-def test_marti_up_with_an_empty_folder_flag_is_one_line_exit_2(args, env, what):
+def test_marti_up_with_an_empty_folder_flag_or_token_is_one_line_exit_2(args, env, expected):
     """``marti up --data-dir "$DIR"`` with ``DIR`` empty (or an empty ``MARTI_DATA_DIR``) ran every service in
-    memory, silently; ``--log-dir ""`` wrote no logs. Refused like a folder flag that is a file."""
+    memory, silently; ``--log-dir ""`` wrote no logs; ``--token "$T"`` with ``T`` unset (or an empty
+    ``MARTI_TOKEN``) ran every service without authentication, silently (``marti broker --token ""`` is refused).
+    Refused like a folder flag that is a file, before anything starts."""
     out = subprocess.run(
         [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports", *args],
         capture_output=True,
@@ -182,25 +186,7 @@ def test_marti_up_with_an_empty_folder_flag_is_one_line_exit_2(args, env, what):
         env=dict(os.environ, **env),
     )
     assert out.returncode == 2, out
-    assert _one_line(out).startswith(f"marti up: error: {what} '' is an empty path"), out.stderr
-    assert "SERVING" not in out.stdout
-
-
-@pytest.mark.parametrize(("args", "env"), [(["--token", ""], {}), ([], {"MARTI_TOKEN": ""})])
-def test_marti_up_with_an_empty_token_is_one_line_exit_2(args, env):
-    """``marti up --token "$T"`` with ``T`` unset (or an empty ``MARTI_TOKEN``) ran every service without
-    authentication, silently (``marti broker --token ""`` is refused); refused before anything starts."""
-    out = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=dict(os.environ, **env),
-    )
-    assert out.returncode == 2, out
-    assert _one_line(out).startswith("marti up: error: token '' is empty (--token or MARTI_TOKEN)"), (
-        out.stderr
-    )
+    assert _one_line(out).startswith(f"marti up: error: {expected}"), out.stderr
     assert "SERVING" not in out.stdout
 
 
