@@ -85,7 +85,12 @@ class LocalStack:
         stderr = None
         if self.log_dir is not None:
             log_path = Path(self.log_dir) / f"{name}.log"
-            stderr = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+            try:
+                stderr = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+            except OSError as exc:  # a read-only log dir: was a PermissionError traceback
+                raise InvalidArgumentError(
+                    f"log dir {self.log_dir} cannot be written ({log_path.name}: {exc.strerror or exc})"
+                ) from None
         proc = subprocess.Popen(
             self._command(name, port),
             stdout=subprocess.PIPE,
@@ -130,7 +135,8 @@ class LocalStack:
 
         Raises:
             InvalidArgumentError: ``data_dir`` or ``log_dir`` cannot be a folder (named, before any service
-                starts; :func:`marti.dir_lock.ensure_folder`), or a service would serve TLS
+                starts; :func:`marti.dir_lock.ensure_folder`), a log file in ``log_dir`` cannot be written, or a
+                service would serve TLS
                 (:func:`tls_refusal`).
             UnavailableError: a service exited or did not listen in time (started ones are stopped).
             DeadlineExceededError: a service did not report SERVING in time.
@@ -161,7 +167,8 @@ class LocalStack:
         Raises:
             UnavailableError: it exited or did not listen in time.
             DeadlineExceededError: it did not report SERVING in time (then it is killed).
-            In both cases :attr:`running` keeps an exited process for ``name``.
+            InvalidArgumentError: its log file cannot be written.
+            In each case :attr:`running` keeps an exited process for ``name``.
         """
         port = int(self.running[name].address.rsplit(":", 1)[1])
         svc = self._spawn(name, port)

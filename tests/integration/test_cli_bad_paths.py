@@ -256,3 +256,18 @@ def test_a_data_dir_that_cannot_be_written_or_read_is_one_line_exit_2(service, c
         _writable_again(data)
     assert out.returncode == 2, out
     assert _one_line(out).startswith(f"marti {service}: error: " + expected.format(d=data)), out.stderr
+
+
+def test_marti_up_with_a_read_only_log_dir_is_one_line_exit_2(tmp_path):
+    """``marti up --log-dir`` on a folder it cannot write printed a PermissionError traceback (exit 1)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _read_only(logs)
+    try:
+        out = _marti("up", "--no-trainer", "--ephemeral-ports", "--log-dir", str(logs))
+    finally:
+        _writable_again(logs)
+    assert out.returncode == 2, out
+    assert _one_line(out).startswith(f"marti up: error: log dir {logs} cannot be written (broker.log: "), (
+        out.stderr
+    )
