@@ -55,6 +55,10 @@ def _cmd_health(argv: list[str]) -> int:
     return 0 if status == "SERVING" else 1
 
 
+class _StartInterrupted(Exception):
+    """SIGINT or SIGTERM reached ``marti up`` while it was starting its services (the signal's name)."""
+
+
 def _up_parser() -> argparse.ArgumentParser:
     """The flags of ``marti up``."""
     parser = argparse.ArgumentParser(prog="marti up", description="run broker, env server, store and trainer")
@@ -138,16 +142,27 @@ def _cmd_up(argv: list[str]) -> int:
         log_dir=Path(args.log_dir) if args.log_dir else None,
         token=args.token,
     )
-    stopping = False
+    state = {"stopping": False, "starting": True}
 
     def on_signal(signum, frame):  # noqa: ARG001
-        nonlocal stopping
-        stopping = True
+        state["stopping"] = True
+        if state["starting"]:  # it went on starting every service (up to a minute each), then stopped them
+            state["starting"] = False
+            raise _StartInterrupted(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
         addresses = stack.start()
+        state["starting"] = False
+    except _StartInterrupted as exc:  # start() stopped what it had started; stop() again if start() returned
+        stack.stop()
+        print(
+            f"marti up: {exc} while starting; stopped the services started so far",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 0
     except MartiError as exc:  # a service did not start (port in use, bad setting): one line, no traceback
         print(f"marti up: error: {exc}", file=sys.stderr, flush=True)
         return 2 if isinstance(exc, InvalidArgumentError) else 1  # 2: a bad --data-dir / --log-dir
@@ -156,7 +171,7 @@ def _cmd_up(argv: list[str]) -> int:
     print("all services SERVING; Ctrl-C stops them", flush=True)
     try:
         return supervise(
-            stack, policy, lambda: stopping, lambda line: print(line, file=sys.stderr, flush=True)
+            stack, policy, lambda: state["stopping"], lambda line: print(line, file=sys.stderr, flush=True)
         )
     finally:
         codes = stack.stop()

@@ -98,7 +98,11 @@ class LocalStack:
             env=env,
             start_new_session=True,
         )
-        address = self._read_address(name, port, proc, log_path)
+        try:
+            address = self._read_address(name, port, proc, log_path)
+        except BaseException:  # a signal while it starts: it is in no `running` list that stop() would end
+            _end(proc)
+            raise
         if log_path is not None:
             threading.Thread(target=_drain, args=(proc, log_path), daemon=True).start()
         else:
@@ -228,6 +232,18 @@ def tls_refusal(services: tuple[str, ...]) -> str | None:
                     f"in plaintext; unset it, or start the services one by one (marti {name} --tls-cert-file ...)"
                 )
     return None
+
+
+def _end(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """SIGTERM ``proc`` if it runs (once: a second SIGTERM makes a service exit at once), wait ``timeout_s``
+    seconds, then SIGKILL it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _last_line(path: Path) -> str:

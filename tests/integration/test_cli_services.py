@@ -197,3 +197,43 @@ def test_marti_up_restarts_a_killed_service_with_its_data_until_its_limit(tmp_pa
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+def test_marti_up_interrupted_while_starting_stops_at_once(tmp_path):
+    """Ctrl-C while ``marti up`` started its services: it went on starting every one (up to a minute each when
+    busy), printed "all services SERVING", then stopped them. Now it stops what it started at once, exit 0."""
+    data = tmp_path / "data"
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "marti.cli",
+            "up",
+            "--no-trainer",
+            "--ephemeral-ports",
+            "--data-dir",
+            str(data),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (
+            data / "broker" / ".lock"
+        ).exists():  # the broker started; the env server and store not yet
+            assert up.poll() is None and time.monotonic() < deadline, up.communicate()
+            time.sleep(0.02)
+        up.send_signal(signal.SIGINT)
+        out, err = up.communicate(timeout=30)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert up.returncode == 0, (out, err)
+    assert "marti up: SIGINT while starting; stopped the services started so far" in err, err
+    assert "SERVING" not in out and "Traceback" not in err, (out, err)
+    broker = int((data / "broker" / ".lock").read_text())
+    with pytest.raises(ProcessLookupError):  # stopped, not left behind
+        os.kill(broker, 0)
