@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import re
 import sys
@@ -219,12 +220,35 @@ def load_settings(cls: type[S], flags: Mapping[str, Any], prog: str) -> S:
     Raises:
         SystemExit: Exit code 2 after printing ``PROG: error: setting NAME (FLAG or VARIABLE) = VALUE: WHY``
             on stderr (no traceback).
+
+    A ``MARTI_<SERVICE>_*`` variable that names no setting is a warning line on stderr (:func:`unknown_variables`).
     """
+    for line in unknown_variables(cls):
+        print(f"{prog}: warning: {line}", file=sys.stderr, flush=True)
     try:
         return cls(**flags)
     except (ValidationError, SettingsError) as exc:
         print(f"{prog}: error: {settings_error_line(cls, flags, exc)}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+#: Variables under a service's prefix that other commands read (``marti train``'s service addresses), not settings.
+NOT_SETTINGS = frozenset({"MARTI_BROKER_ADDR", "MARTI_ENV_ADDR", "MARTI_STORE_ADDR"})
+
+
+def unknown_variables(cls: type[BaseSettings]) -> list[str]:
+    """The variables of the environment under ``cls``'s prefix (``MARTI_STORE_``) that name none of its settings (a
+    misspelt ``MARTI_STORE_SQLITE_SYNCRONOUS`` was ignored without a word), each as a line naming it and the
+    closest setting's variable, sorted; :data:`NOT_SETTINGS` are left out."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    known = [prefix + name.upper() for name in cls.model_fields]
+    lines = []
+    for var in sorted(os.environ):
+        if var.startswith(prefix) and var.upper() not in known and var not in NOT_SETTINGS:
+            close = difflib.get_close_matches(var.upper(), known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            lines.append(f"{var} is not a setting of this service and is ignored{hint}")
+    return lines
 
 
 @contextlib.contextmanager

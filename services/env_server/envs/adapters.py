@@ -2,7 +2,7 @@
 
 Environments are loaded by import path ``module:factory`` (``pettingzoo.classic.tictactoe_v3:env``); the
 module must start with one of the allowed prefixes (``pettingzoo.`` and ``gymnasium.`` by default; the server
-setting ``MARTI_ENV_SERVER_ALLOWED_MODULES`` widens it), because the path arrives over the network.
+setting ``MARTI_ENV_ALLOWED_MODULES`` widens it), because the path arrives over the network.
 
 * AEC envs become parallel envs turn by turn: each parallel step reads only the action of
   ``agent_selection`` (``acting_agents``), steps the AEC env once, sums every agent's reward and removes agents

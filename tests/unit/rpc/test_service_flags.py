@@ -69,3 +69,18 @@ def test_the_trainers_token_is_the_token_its_jobs_send_unless_one_is_given(monke
     trainer_main.main(["--token", "t1"])
     trainer_main.main(["--token", "t1", "--service-token", "t2"])
     assert [(s.token, s.service_token) for s in served] == [("t1", "t1"), ("t1", "t2")]
+
+
+def test_a_misspelt_service_variable_is_a_warning_naming_the_closest_setting(monkeypatch, capsys) -> None:
+    """``MARTI_STORE_SQLITE_SYNCRONOUS=FULL`` was ignored without a word (the store ran with NORMAL); now a warning
+    names it and the setting it likely meant. ``marti train``'s ``MARTI_STORE_ADDR`` and real settings are quiet."""
+    monkeypatch.setenv("MARTI_STORE_SQLITE_SYNCRONOUS", "FULL")
+    monkeypatch.setenv("MARTI_STORE_ADDR", "127.0.0.1:5")
+    monkeypatch.setenv("MARTI_STORE_MAX_ITEM_BYTES", "1000")
+    settings = load_settings(StoreSettings, {}, "marti store")
+    assert settings.sqlite_synchronous == "NORMAL" and settings.max_item_bytes == 1000
+    err = capsys.readouterr().err
+    assert err == (
+        "marti store: warning: MARTI_STORE_SQLITE_SYNCRONOUS is not a setting of this service and is ignored; "
+        "did you mean MARTI_STORE_SQLITE_SYNCHRONOUS?\n"
+    )
