@@ -8,13 +8,14 @@ writing one database. The kernel drops the lock when the process ends, however i
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from marti.errors import FailedPreconditionError, InvalidArgumentError
+from marti.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 
 LOCK_FILE = ".lock"
 
@@ -133,3 +134,26 @@ def opening_database(path: str | Path, what: str, lock: DirLock) -> Iterator[Non
             f"{what} {path} cannot be opened ({exc}); its folder and file must be writable (SQLite writes its "
             f"-wal and -shm files beside it) and hold a database this service wrote"
         ) from None
+
+
+def is_storage_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is what a full disk gives a write: SQLite's ``SQLITE_FULL`` ("database or disk is full",
+    also raised when a database reaches its ``max_page_count``), or an ``OSError`` ``ENOSPC`` / ``EDQUOT``."""
+    if isinstance(exc, sqlite3.Error):
+        return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_FULL
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def storage_full_error(
+    what: str, path: str | Path, exc: BaseException, outcome: str
+) -> ResourceExhaustedError:
+    """The error a write refused by a full disk gets (RESOURCE_EXHAUSTED, not INTERNAL), naming the database and
+    saying what became of the write.
+
+    Args:
+        what: What was written, e.g. ``"store database"`` or ``"broker database"``.
+        path: The database file.
+        exc: The error of the write (:func:`is_storage_full` is true for it).
+        outcome: What became of the call's data, e.g. ``"nothing of this call was stored"``.
+    """
+    return ResourceExhaustedError(f"{what} {path} is full ({exc}): {outcome}; free space on its disk")

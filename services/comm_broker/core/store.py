@@ -20,7 +20,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 
-from marti.dir_lock import DirLock, opening_database
+from marti.dir_lock import DirLock, is_storage_full, opening_database, storage_full_error
 
 from .types import AgentState, DeadLetter, Envelope
 
@@ -193,10 +193,15 @@ class SqliteStore(Store):
                     db.executemany(sql, params)
                 else:
                     db.execute(sql, params)
-        except BaseException:
-            db.execute("ROLLBACK")
+            db.execute("COMMIT")
+        except BaseException as exc:
+            if db.in_transaction:  # SQLite may have rolled back already (a full disk)
+                db.execute("ROLLBACK")
+            if is_storage_full(exc):
+                raise storage_full_error(
+                    "broker database", self.path, exc, "nothing of this call was stored or delivered"
+                ) from exc
             raise
-        db.execute("COMMIT")
 
     def load(self) -> list[StoredSession]:
         """Reads every session with its agents, messages (in position order), states, dedup ids, dead letters."""

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marti.dir_lock import DirLock, opening_database
+from marti.dir_lock import DirLock, is_storage_full, opening_database, storage_full_error
 from marti.errors import InternalError, InvalidArgumentError, MartiError, UnavailableError
 from marti.experience_types import CheckpointResult
 
@@ -486,15 +486,26 @@ class SqliteStorage(Storage):
             return [None] * len(group)
         except Exception as e:  # sqlite3.Error or a bad value: reported to the callers
             if len(group) == 1:
-                return [InternalError(f"storage commit failed for table {group[0].table!r}: {e}")]
+                return [self._commit_error(group[0].table, e)]
         errors: list[MartiError | None] = []
         for op in group:
             try:
                 self._transaction([op])
                 errors.append(None)
             except Exception as e:
-                errors.append(InternalError(f"storage commit failed for table {op.table!r}: {e}"))
+                errors.append(self._commit_error(op.table, e))
         return errors
+
+    def _commit_error(self, table: str, exc: Exception) -> MartiError:
+        """A failed commit's error for its caller: ResourceExhaustedError when the disk is full, else InternalError;
+        both name the table."""
+        if is_storage_full(exc):
+            outcome = (
+                "nothing of this call reached the database; what it changed in the table's memory stays there "
+                "(inserted items can be sampled) until the store restarts, which loses it"
+            )
+            return storage_full_error(f"table {table!r}: store database", self.path, exc, outcome)
+        return InternalError(f"storage commit failed for table {table!r}: {exc}")
 
     def _transaction(self, ops: list[_Op]) -> None:
         conn = self._wconn

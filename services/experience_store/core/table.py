@@ -304,6 +304,7 @@ class Table:
 
         Raises:
             InternalError: when storage could not commit the items (they stay in the table's memory).
+            ResourceExhaustedError: when storage could not commit them because its disk is full (likewise).
             UnavailableError: when storage was closed before it committed them.
         """
         deadline = time.monotonic() + max(0.0, timeout_s)

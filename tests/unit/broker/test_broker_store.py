@@ -61,3 +61,27 @@ def test_dead_letters_and_session_expiry_persist(tmp_path):
     b3 = Broker(limits, SqliteStore(str(tmp_path)), clock=lambda: clock[0])
     assert set(b3.sessions) == {"s"}
     assert b3.read_dead_letters("s", 10) == []
+
+
+def test_a_send_on_a_full_disk_is_resource_exhausted_and_delivers_nothing(tmp_path):
+    """A full disk (SQLite's SQLITE_FULL, made here with ``PRAGMA max_page_count``) was an INTERNAL error with a
+    server traceback: now RESOURCE_EXHAUSTED naming the database, and the refused send is in no mailbox and no
+    dedup id, so the same message sent again once there is room is delivered, not called a duplicate."""
+    import pytest
+
+    from marti.errors import ResourceExhaustedError
+
+    store = SqliteStore(str(tmp_path))
+    b = Broker(BrokerLimits(), store)
+    b.create_session("s", ["a", "b"])
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+    big = Envelope(message_id="m1", sender="a", payload=b"x" * 200_000, receivers=("b",))
+    said = r"broker database .*broker\.sqlite3 is full \(database or disk is full\): nothing of this call was stored"
+    with pytest.raises(ResourceExhaustedError, match=said):
+        b.send("s", "a", [big])
+    assert b.receive("s", "b", 10) == []
+    store._db.execute("PRAGMA max_page_count = 1073741823")  # room again
+    assert b.send("s", "a", [big]).duplicates == 0
+    assert [d.envelope.message_id for d in b.receive("s", "b", 10)] == ["m1"]
+    store.close()

@@ -198,3 +198,32 @@ def test_restart_of_a_block_table_over_its_max_size_is_refused_naming_it(tmp_pat
     s2 = ExperienceStore(SqliteStorage(tmp_path))
     assert len(s2.table("q")) == 5
     s2.close()
+
+
+def _fill_the_disk(storage: SqliteStorage) -> None:
+    """Let the database grow no further: SQLite then refuses a write with ``SQLITE_FULL`` ("database or disk is
+    full"), the error a full disk gives (``PRAGMA max_page_count``, so no real disk has to fill up)."""
+    pages = storage._wconn.execute("PRAGMA page_count").fetchone()[0]
+    storage._wconn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_an_insert_on_a_full_disk_is_resource_exhausted_saying_its_items_are_not_durable(tmp_path):
+    """A full disk was an INTERNAL error ("storage commit failed"): now RESOURCE_EXHAUSTED naming the table and
+    the database, and saying what became of the items (in the table's memory, not in the database: a restart
+    loses them, as :meth:`Table.insert` documents); once there is room, inserts are durable again."""
+    from marti.errors import ResourceExhaustedError
+
+    s = ExperienceStore(SqliteStorage(tmp_path), seed=0)
+    s.create_table(parse_table_config({"name": "t", "preset": "uniform"}))
+    s.insert("t", [item(episode="before")], 0)
+    _fill_the_disk(s.storage)
+    big = [item(nbytes=200_000, episode=f"e{i}") for i in range(4)]
+    said = r"table 't': store database .*store\.sqlite.* is full \(database or disk is full\): nothing of this call"
+    with pytest.raises(ResourceExhaustedError, match=said + r".*until the store restarts, which loses it"):
+        s.insert("t", big, 0)
+    s.storage._wconn.execute("PRAGMA max_page_count = 1073741823")  # room again
+    assert len(s.insert("t", [item(nbytes=200_000, episode="after")], 0)) == 1
+    s.close()
+    s2 = ExperienceStore(SqliteStorage(tmp_path), seed=0)
+    assert sorted(r.episode_id for r in s2.table("t").records()) == ["after", "before"]
+    s2.close()
