@@ -107,6 +107,19 @@ def test_openai_sampling_fields_outside_openais_ranges_are_refused_naming_field_
     assert getattr(policy.seen[-1][0], field) == (2.0 if field == "temperature" else 1.0)
 
 
+def test_responses_metadata_over_openais_limits_is_refused_naming_it(gateway):
+    """``metadata`` is echoed back: OpenAI's limits (16 pairs, keys of 64 characters, values of 512) hold, so a
+    client never stores more than OpenAI's API would take; the limits themselves are accepted."""
+    root, *_ = gateway
+    client = _openai(root)
+    at_limits = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    assert client.responses.create(model="a", input="Hi", metadata=at_limits).metadata == at_limits
+    for bad in ({"k" * 65: "v"}, {"k": "v" * 513}, {f"k{i}": "v" for i in range(17)}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model="a", input="Hi", metadata=bad)
+        assert _err(e)["param"].startswith("metadata"), _err(e)
+
+
 def test_anthropic_sampling_fields_outside_anthropics_ranges_are_refused_naming_them(gateway):
     root, policy, *_ = gateway
     client = anthropic.Anthropic(base_url=root, api_key=TOKEN, max_retries=0, timeout=30)

@@ -23,7 +23,7 @@ neutral, never ignored.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictInt
 
@@ -68,6 +68,11 @@ IGNORED_INCLUDES = (
 )
 
 
+#: OpenAI's limits on ``metadata``: at most 16 pairs, keys up to 64 characters, values up to 512.
+_MetadataKey = Annotated[_Str, Field(max_length=64)]
+_MetadataValue = Annotated[_Str, Field(max_length=512)]
+
+
 class ResponsesRequest(_Body):
     """Body of ``POST /v1/responses`` (OpenAI's fields; see the module docstring for what is refused). ``input``,
     ``tools``, ``tool_choice`` and the refused fields are checked when translated (:func:`chat_call`), naming the
@@ -86,7 +91,7 @@ class ResponsesRequest(_Body):
     store: StrictBool | None = True
     stream: StrictBool | None = False
     previous_response_id: _Str | None = None
-    metadata: dict[_Str, _Str] | None = Field(default=None, max_length=16)
+    metadata: dict[_MetadataKey, _MetadataValue] | None = Field(default=None, max_length=16)
     include: list[_Str] | None = None
     reasoning: Any = None
     text: Any = None
