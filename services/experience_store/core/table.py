@@ -303,15 +303,19 @@ class Table:
             the same error).
 
         Raises:
-            InternalError: when storage could not commit the items (they stay in the table's memory).
-            ResourceExhaustedError: when storage could not commit them because its disk is full (likewise).
+            InternalError: when storage could not commit the items; ResourceExhaustedError when that was because
+                its disk is full. The items of the failed commit that are still in the table leave it again
+                (:meth:`_withdraw`), so the same call sent again inserts them, not :class:`Duplicate` results of
+                items a restart would lose (one a sampler took meanwhile was trained on: sent again, it is a
+                Duplicate). Items evicted to make room stay evicted until a restart brings them back (their
+                deletion was not committed either).
             UnavailableError: when storage was closed before it committed them.
         """
         deadline = time.monotonic() + max(0.0, timeout_s)
         results: list[int | Duplicate | MartiError] = []
         pending: list[tuple[ItemRecord, bytes]] = []
         evicted: list[int] = []
-        tickets: list[CommitTicket] = []
+        tickets: list[tuple[CommitTicket, list[int]]] = []
         with self._cond:
             for n, item in enumerate(items):
                 try:
@@ -323,9 +327,28 @@ class Table:
                 except MartiError as e:
                     results.append(e)
             self._flush(pending, evicted, tickets)
-        for t in tickets:
-            t.wait()
+        failed: MartiError | None = None
+        for ticket, keys in tickets:
+            try:
+                ticket.wait()
+            except MartiError as e:
+                failed = failed or e
+                self._withdraw(keys)
+        if failed is not None:
+            raise failed
         return results
+
+    def _withdraw(self, keys: list[int]) -> None:
+        """Take back the inserts of a failed commit: those of ``keys`` still in the table leave it, not counted
+        as inserted or deleted (the rate limiter and the idempotent-insert index as if they never came)."""
+        with self._cond:
+            state = self.rate_limiter.state
+            for key in keys:
+                if key in self._items:
+                    self._unindex(key)
+                    state.deletes -= 1  # _unindex counted a delete
+                    state.inserts -= 1
+            self._cond.notify_all()
 
     def _insert_one(
         self,
@@ -334,7 +357,7 @@ class Table:
         abandoned: threading.Event | None,
         pending: list[tuple[ItemRecord, bytes]],
         evicted: list[int],
-        tickets: list[CommitTicket],
+        tickets: list[tuple[CommitTicket, list[int]]],
     ) -> int | Duplicate:
         priority = check_priority(item.priority)
         size = len(item.payload)
@@ -386,18 +409,21 @@ class Table:
         return rec.key
 
     def _flush(
-        self, pending: list[tuple[ItemRecord, bytes]], evicted: list[int], tickets: list[CommitTicket]
+        self,
+        pending: list[tuple[ItemRecord, bytes]],
+        evicted: list[int],
+        tickets: list[tuple[CommitTicket, list[int]]],
     ) -> None:
-        """Submit the pending inserts and evictions (caller holds the lock) and wake waiting callers."""
+        """Submit the pending inserts and evictions (caller holds the lock) and wake waiting callers; ``tickets``
+        gets the operation's ticket with the keys it inserts."""
         if not pending and not evicted:
             return
         # Evicted keys that were inserted in this same batch never reach storage.
         fresh = {rec.key for rec, _ in pending}
         inserts = [(r, p) for r, p in pending if r.key in self._items]
         deletes = [k for k in evicted if k not in fresh]
-        tickets.append(
-            self._storage.submit(self.name, inserts=inserts, deletes=deletes, counters=self.counters())
-        )
+        ticket = self._storage.submit(self.name, inserts=inserts, deletes=deletes, counters=self.counters())
+        tickets.append((ticket, [r.key for r, _ in inserts]))
         pending.clear()
         evicted.clear()
         self._cond.notify_all()

@@ -18,9 +18,10 @@ from marti.codec.chunks import (
 )
 from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from marti.experience_types import parse_table_config
-from marti.trajectory import Trajectory, Turn, merge_by_step
+from marti.trajectory import Trajectory, Turn, merge_by_step, summarize
 from services.experience_store.core.storage import SqliteStorage
 from services.experience_store.core.store import ExperienceStore, LocalExperienceClient
+from services.experience_store.core.table_records import NewItem
 
 from .helpers import item, make_traj
 
@@ -207,23 +208,29 @@ def _fill_the_disk(storage: SqliteStorage) -> None:
     storage._wconn.execute(f"PRAGMA max_page_count = {pages}")
 
 
-def test_an_insert_on_a_full_disk_is_resource_exhausted_saying_its_items_are_not_durable(tmp_path):
-    """A full disk was an INTERNAL error ("storage commit failed"): now RESOURCE_EXHAUSTED naming the table and
-    the database, and saying what became of the items (in the table's memory, not in the database: a restart
-    loses them, as :meth:`Table.insert` documents); once there is room, inserts are durable again."""
+def test_an_insert_that_cannot_be_committed_leaves_the_table_and_can_be_sent_again(tmp_path):
+    """A full disk was an INTERNAL error ("storage commit failed") whose items stayed in the table's memory: an
+    idempotent retry was answered Duplicate for items a restart lost. Now RESOURCE_EXHAUSTED naming the table and
+    the database, the items leave the table (not sampled, not counted), and the same call sent again once there is
+    room inserts them durably."""
     from marti.errors import ResourceExhaustedError
 
     s = ExperienceStore(SqliteStorage(tmp_path), seed=0)
     s.create_table(parse_table_config({"name": "t", "preset": "uniform"}))
     s.insert("t", [item(episode="before")], 0)
+    counters = s.table("t").info()["counters"]
     _fill_the_disk(s.storage)
-    big = [item(nbytes=200_000, episode=f"e{i}") for i in range(4)]
+    big = [
+        NewItem(b"x" * 200_000, summarize(make_traj(episode=f"e{i}")), 1.0, idempotent=True) for i in range(4)
+    ]
     said = r"table 't': store database .*store\.sqlite.* is full \(database or disk is full\): nothing of this call"
-    with pytest.raises(ResourceExhaustedError, match=said + r".*until the store restarts, which loses it"):
+    with pytest.raises(ResourceExhaustedError, match=said + r".*inserted items leave the table again"):
         s.insert("t", big, 0)
+    assert [r.episode_id for r in s.table("t").records()] == ["before"]
+    assert s.table("t").info()["counters"] == counters
     s.storage._wconn.execute("PRAGMA max_page_count = 1073741823")  # room again
-    assert len(s.insert("t", [item(nbytes=200_000, episode="after")], 0)) == 1
+    assert all(isinstance(k, int) for k in s.insert("t", big, 0))  # inserted, not Duplicate
     s.close()
     s2 = ExperienceStore(SqliteStorage(tmp_path), seed=0)
-    assert sorted(r.episode_id for r in s2.table("t").records()) == ["after", "before"]
+    assert sorted(r.episode_id for r in s2.table("t").records()) == ["before", "e0", "e1", "e2", "e3"]
     s2.close()
