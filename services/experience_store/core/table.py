@@ -35,13 +35,14 @@ from .rate_limiter import RateLimiter, RateLimiterState
 from .selectors import Candidate, Selector, make_selector
 from .storage import CommitTicket, ItemRecord, Storage
 from .table_records import Duplicate, NewItem, SampledItem, Take, check_priority
+from .table_restore import Restoring
 
 NO_FILTER = SampleFilter()
 #: Taken episode ids a table remembers for idempotent inserts, by default (the store's ``taken_ids_window``).
 TAKEN_IDS_WINDOW = 100_000
 
 
-class Table:
+class Table(Restoring):
     """One experience table.
 
     Args:
@@ -96,49 +97,6 @@ class Table:
         self._closed = False
         self.waiting: Counter[str] = Counter()  # callers waiting now, by what they wait to do: insert, sample
         self._held = Counter()  # of open takes: samples, deletes, stale, items, bytes (not yet committed)
-
-    # ---- restore ---------------------------------------------------------------------------------------
-
-    def restore(self, records: Sequence[ItemRecord]) -> None:
-        """Index items loaded from storage (in insertion order), without committing anything."""
-        with self._cond:
-            for rec in records:
-                self._index(rec)
-
-    def fit_to_limits(self) -> int:
-        """Bring a restored table within its ``max_size`` and ``max_bytes`` (a restart with smaller ones than its
-        stored items need), so the next insert does not evict the excess all at once.
-
-        A ``full_policy: evict`` table evicts the excess now, in its remover's order, counted as evictions and
-        committed before the store serves; a ``block`` table (whose items are never dropped to make room) is
-        refused instead.
-
-        Returns:
-            How many items were evicted (0 when the table fits).
-
-        Raises:
-            InvalidArgumentError: a ``block`` table over a limit, naming the table, what it holds and the limit.
-            InternalError, UnavailableError: when storage could not commit the evictions.
-        """
-        with self._cond:
-            if len(self._items) <= self.config.max_size and self._bytes <= self.config.max_bytes:
-                return 0
-            if self.config.full_policy == "block":
-                raise InvalidArgumentError(
-                    f"table {self.name!r} holds {len(self._items)} items of {self._bytes} bytes, more than its "
-                    f"max_size {self.config.max_size} or max_bytes {self.config.max_bytes}, and its full_policy "
-                    f"block never drops items; raise the limit to what it holds, or start with the old config "
-                    f"and sample or delete items first"
-                )
-            evicted = []
-            while len(self._items) > self.config.max_size or self._bytes > self.config.max_bytes:
-                key, _ = self.remover.select(self._rng)
-                self._unindex(key)
-                evicted.append(key)
-            self.evictions += len(evicted)
-            ticket = self._storage.submit(self.name, deletes=evicted, counters=self.counters())
-        ticket.wait()
-        return len(evicted)
 
     def _index(self, rec: ItemRecord) -> None:
         self._items[rec.key] = rec
