@@ -71,13 +71,14 @@ class LoraSettings:
 
     Attributes:
         r: Rank, > 0.
-        alpha: Scaling numerator; the update is ``(alpha / r) * B @ A``.
+        alpha: Scaling numerator, > 0 (``policy.lora_alpha``, not rounded: 2.5 is 2.5); the update is
+            ``(alpha / r) * B @ A``.
         dropout: Dropout on the adapter input, in [0, 1).
         target_modules: Module names that get adapters.
     """
 
     r: int = 8
-    alpha: int = 16
+    alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 

@@ -96,7 +96,7 @@ def policy_layout(cfg: TrainConfig, agents: list[str] | None = None) -> PolicyLa
         ),
         lora=LoraSettings(
             r=p.lora_r,
-            alpha=int(p.lora_alpha),
+            alpha=p.lora_alpha,
             dropout=p.lora_dropout,
             target_modules=tuple(p.lora_target_modules),
         ),

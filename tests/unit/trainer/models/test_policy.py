@@ -199,3 +199,16 @@ def test_save_and_load_round_trip(mode, tmp_path):
         other.load(tmp_path / "ckpt")
     with pytest.raises(NotFoundError):
         fresh.load(tmp_path / "missing")
+
+
+def test_lora_alpha_is_not_rounded_on_its_way_to_the_adapters():
+    """``policy.lora_alpha`` is a float key: 2.5 with rank 4 scales the update by 0.625 (it was cut to int 2)."""
+    from marti.config import load_config
+    from services.trainer.ray.policy_worker import policy_layout
+
+    cfg = load_config("examples/tiny.yaml", ["policy.lora_alpha=2.5", "policy.lora_r=4"])
+    layout = policy_layout(cfg)
+    assert layout.lora.alpha == 2.5
+    model = MultiAgentPolicy(layout).model("agent_1")
+    scalings = [m.scaling["agent0"] for m in model.modules() if isinstance(getattr(m, "scaling", None), dict)]
+    assert scalings and all(s == pytest.approx(2.5 / 4) for s in scalings)
