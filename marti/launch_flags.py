@@ -16,6 +16,7 @@ Typical use (what ``marti train`` does)::
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import json
@@ -26,7 +27,7 @@ from typing import Any, Literal
 
 import yaml
 
-from marti.config import TrainConfig, apply_overrides, config_from_dict
+from marti.config import AlgorithmConfig, TrainConfig, apply_overrides, config_from_dict
 from marti.config.dataset import DATASET_ENV
 from marti.cpu_features import CPUINFO, cpu_has_bf16
 from marti.errors import InvalidArgumentError
@@ -585,8 +586,10 @@ def build_config(
     if hint is not None and n_file and hint != n_file:
         raise InvalidArgumentError(f"launch flags describe {hint} agents but {source} lists {n_file}")
     notes = list(flags.warnings)
+    estimator = _chosen_estimator(flags, overrides, raw, config_path is not None)
+    flags = _without_critic_flags(flags, estimator, notes)
     if config_path is None:
-        raw = apply_overrides(raw, _openrlhf_defaults(flags, notes))
+        raw = apply_overrides(raw, _openrlhf_defaults(flags, notes, estimator))
     raw = apply_overrides(raw, flags.overrides(n_file or hint or 0))
     try:
         cfg = config_from_dict(raw, overrides, source=source)
@@ -596,12 +599,6 @@ def build_config(
             metadata=exc.metadata,
         ) from None
     notes += _unused_vllm_flags(cfg, flags.origins, source, overrides)
-    if flags.agent_models.get("critic_model") and cfg.algorithm.advantage_estimator != "gae":
-        notes.append(
-            f"--critic_model builds no critic: algorithm.advantage_estimator is {cfg.algorithm.advantage_estimator} "
-            f"(from {flags.origins.get('algorithm.advantage_estimator') or source}); critics train with gae "
-            "(OpenRLHF's default: --advantage_estimator gae)"
-        )
     return cfg, notes
 
 
@@ -621,9 +618,65 @@ def _unused_vllm_flags(
     ]
 
 
-def _openrlhf_defaults(flags: LaunchFlags, notes: list[str]) -> list[str]:
-    """Overrides setting :data:`OPENRLHF_DEFAULTS` for the keys no flag sets; appends one note saying so."""
-    unset = {k: v for k, v in OPENRLHF_DEFAULTS.items() if k not in flags.origins}
+#: Config keys only the critic reads (``gae``): the OpenRLHF defaults among them apply, and the launch flags setting
+#: them are applied, only where the estimator is ``gae`` (the config refuses critic settings another estimator
+#: would not read, :mod:`marti.config.unread`).
+_CRITIC_KEYS = (
+    "algorithm.lambd",
+    "algorithm.value_clip",
+    "algorithm.critic_learning_rate",
+    "strategy.critic_zero_stage",
+)
+
+
+def _chosen_estimator(
+    flags: LaunchFlags, overrides: Sequence[str], raw: dict[str, Any], has_file: bool
+) -> str:
+    """The advantage estimator the job will use: the last of ``--set`` and ``--advantage_estimator``, else the
+    config file's (marti's default ``grpo`` where it names none), else with no file OpenRLHF's ``gae``."""
+    algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
+    est = algorithm.get("advantage_estimator", AlgorithmConfig.model_fields["advantage_estimator"].default)
+    if not has_file:
+        est = OPENRLHF_DEFAULTS["algorithm.advantage_estimator"][1]
+    for item in [*flags.scalar_overrides, *overrides]:
+        key, _, value = item.partition("=")
+        if key.strip() == "algorithm.advantage_estimator":
+            est = load_yaml(value, "override")
+    return str(est)
+
+
+def _without_critic_flags(flags: LaunchFlags, estimator: str, notes: list[str]) -> LaunchFlags:
+    """``flags`` less the critic's (``--critic_model``, ``--critic_learning_rate``, ``--critic_zero_stage``,
+    ``--lambd``, ``--value_clip``) where ``estimator`` trains no critic, with one note per flag; else ``flags``."""
+    given = [flags.origins[k] for k in _CRITIC_KEYS if k in flags.origins]
+    if "critic_model" in flags.agent_models:
+        given.insert(0, "--critic_model")
+    if estimator == "gae" or not given:
+        return flags
+    notes += [
+        f"{flag} ignored: algorithm.advantage_estimator is {estimator}, which trains no critic "
+        "(only gae does, OpenRLHF's default)"
+        for flag in given
+    ]
+    drop = set(_CRITIC_KEYS)
+    if "strategy.zero_stage" not in flags.origins:
+        drop.add("strategy.name")  # deepspeed came from --critic_zero_stage alone
+    return dataclasses.replace(
+        flags,
+        scalar_overrides=[o for o in flags.scalar_overrides if o.partition("=")[0] not in drop],
+        agent_models={k: v for k, v in flags.agent_models.items() if k != "critic_model"},
+        origins={k: v for k, v in flags.origins.items() if k not in drop},
+    )
+
+
+def _openrlhf_defaults(flags: LaunchFlags, notes: list[str], estimator: str) -> list[str]:
+    """Overrides setting :data:`OPENRLHF_DEFAULTS` for the keys no flag sets (the critic's only where
+    ``estimator`` is ``gae``); appends one note saying so."""
+    unset = {
+        k: v
+        for k, v in OPENRLHF_DEFAULTS.items()
+        if k not in flags.origins and (estimator == "gae" or k not in _CRITIC_KEYS)
+    }
     if unset:
         shown = ", ".join(f"--{flag} {str(value).lower()}" for flag, value in unset.values())
         notes.append(

@@ -31,6 +31,7 @@ from marti.config.section import (
 )
 from marti.config.section import Section as _Section
 from marti.config.seeds import epochs_done, steps_for_epochs
+from marti.config.unread import unread_settings
 from marti.config.workflow import (
     AllocationConfig,
     BudgetConfig,
@@ -530,6 +531,14 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"allocation.min_share={self.allocation.min_share} times {n} trainable agents exceeds 1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_unread(self) -> TrainConfig:
+        """Settings the rest of the config leaves unread are refused (:func:`marti.config.unread.unread_settings`)."""
+        problems = unread_settings(self)
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     @model_validator(mode="after")

@@ -643,8 +643,11 @@ CURRICULUM = {"curriculum.enabled": True}
 ALLOCATION = {"allocation.enabled": True}
 DEBATE = {"workflow.kind": "debate", "workflow.aggregator": "b"}
 MIXED = {**RUN, "rollout.source": "mixed"}
+GAE = {"algorithm.advantage_estimator": "gae"}  # the critic's keys: another estimator refuses them unread
 CONTEXT: dict[str, dict[str, Any] | list[dict[str, Any]]] = {
     "max_steps": RUN,
+    **{k: GAE for k in ("algorithm.lambd", "algorithm.value_clip", "algorithm.critic_learning_rate")},
+    **{k: GAE for k in ("agents.N.critic_model", "strategy.critic_zero_stage")},
     "seed": TASKS,  # the task draws
     "max_epochs": {**RUN, "rollout.num_train_seeds": 2},  # epochs need a finite problem set
     "task_sampling": {**TASKS, "algorithm.advantage_estimator": "reinforce++"},  # episode draws: no groups

@@ -72,6 +72,9 @@ def test_design_script_on_cpu(design_workdir):
             "--vllm_num_engines",
             "--vllm_tensor_parallel_size",
             "--enable_prefix_caching",
+            "--critic_model",  # the design YAML's estimator is grpo: no critic
+            "--critic_learning_rate",
+            "--critic_zero_stage",
         ]
     )
     assert [a.pretrain_model for a in cfg.agents] == [
@@ -79,21 +82,19 @@ def test_design_script_on_cpu(design_workdir):
         "mistralai/Mistral-7B-Instruct-v0.1",
         "THUDM/chatglm3-6b",
     ]
-    assert cfg.agents[2].critic_model == "THUDM/chatglm3-6b"
+    assert {a.critic_model for a in cfg.agents} == {None} and cfg.algorithm.advantage_estimator == "grpo"
     assert all(a.ref_model == "meta-llama/Llama-2-7b-chat-hf" for a in cfg.agents)
     assert (
         cfg.max_steps == 100000 and cfg.micro_train_batch_size == 16 and cfg.gradient_accumulation_steps == 4
     )
     assert cfg.algorithm.ppo_epochs == 4 and cfg.max_epochs == 3 and cfg.lr_warmup_steps == 5000
-    assert cfg.learning_rate == pytest.approx(2e-5) and cfg.algorithm.critic_learning_rate == pytest.approx(
-        2e-5
-    )
+    assert cfg.learning_rate == pytest.approx(2e-5) and cfg.algorithm.critic_learning_rate is None
     assert cfg.rollout.episodes_per_step == 1024 and cfg.algorithm.normalize_reward
     assert cfg.policy.ema and cfg.policy.disable_dropout
     assert (
         cfg.strategy.name == "deepspeed"
         and cfg.strategy.zero_stage == 3
-        and cfg.strategy.critic_zero_stage == 3
+        and cfg.strategy.critic_zero_stage is None
     )
     assert not cfg.strategy.bf16 and not cfg.strategy.init_on_gpu and cfg.policy.attn_implementation is None
     assert not cfg.vllm.enable_prefix_caching  # vLLM flags are CUDA only: the YAML's vllm section stays
@@ -110,7 +111,7 @@ def test_design_script_on_a_gpu_machine_applies_gpu_flags(design_workdir):
     cfg, warnings = build_config(
         DESIGN / "multi_agent_collaboration.yaml", DATA_ENV, script_argv(), machine=GPU
     )
-    assert [w for w in warnings if " ignored: " in w] == []
+    assert [w for w in warnings if " ignored: " in w and "trains no critic" not in w] == []
     assert cfg.strategy.bf16 and cfg.strategy.init_on_gpu and cfg.strategy.offload_reference_model
     assert cfg.policy.attn_implementation == "flash_attention_2" and cfg.output.log_with == ["wandb"]
     assert cfg.vllm.num_engines == 3 and cfg.vllm.enable_prefix_caching
@@ -265,13 +266,20 @@ def test_without_a_config_file_the_algorithm_follows_openrlhfs_defaults(design_w
     ]
     (note,) = [n for n in notes if n.startswith("no config file: OpenRLHF's defaults apply")]
     assert "--advantage_estimator gae" in note and "--actor_learning_rate" not in note  # given: not a default
+    grpo = ["--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2"]
+    cfg, notes = build_config(None, [], [*script_argv(), *grpo], machine=CPU)
+    algo = cfg.algorithm
+    assert algo.advantage_estimator == "grpo" and {a.critic_model for a in cfg.agents} == {None}
+    assert (algo.lambd, algo.value_clip, algo.critic_learning_rate) == (0.95, 0.2, None)  # marti's: no critic
+    assert cfg.strategy.critic_zero_stage is None and cfg.strategy.zero_stage == 3  # --actor_zero_stage stays
+    (note,) = [n for n in notes if n.startswith("no config file: OpenRLHF's defaults apply")]
+    assert "--lambd" not in note and "--value_clip" not in note  # the critic's defaults: gae only
+    ignored = [n.split(" ignored: ")[0] for n in notes if "which trains no critic" in n]
+    assert ignored == ["--critic_model", "--critic_learning_rate 2e-5", "--critic_zero_stage 3"]
     cfg, _ = build_config(
-        None,
-        [],
-        [*script_argv(), "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2"],
-        machine=CPU,
+        None, ["algorithm.advantage_estimator=rloo"], [*script_argv(), grpo[2], "2"], machine=CPU
     )
-    assert cfg.algorithm.advantage_estimator == "grpo"
+    assert cfg.algorithm.advantage_estimator == "rloo" and cfg.algorithm.lambd == 0.95  # --set counts too
 
 
 @pytest.mark.parametrize(
@@ -301,13 +309,25 @@ def test_errors_for_flag_values_name_the_flag_not_the_file():
         build_config(EXAMPLE, [], ["--advantage_estimator", "nope"], machine=CPU)
 
 
-def test_a_critic_model_that_builds_no_critic_is_noted():
-    _, notes = build_config(EXAMPLE, [], ["--critic_model", "tiny-llama"], machine=CPU)
-    assert any(
-        n.startswith("--critic_model builds no critic: algorithm.advantage_estimator is grpo") for n in notes
-    )
-    _, notes = build_config(EXAMPLE, [], ["--critic_model", "m", "--advantage_estimator", "gae"], machine=CPU)
-    assert not any("builds no critic" in n for n in notes)
+def test_critic_flags_without_a_critic_are_noted_and_ignored():
+    """The example's estimator is grpo, which trains no critic: the critic's flags are not applied (the config
+    would refuse them), with one note; the same flags with gae are applied."""
+    argv = ["--critic_model", "tiny-llama", "--lambd", "0.9", "--critic_zero_stage", "2"]
+    cfg, notes = build_config(EXAMPLE, [], argv, machine=CPU)
+    assert {a.critic_model for a in cfg.agents} == {None} and cfg.algorithm.lambd == 0.95
+    assert (
+        cfg.strategy.name == "torch" and cfg.strategy.critic_zero_stage is None
+    )  # deepspeed came from it alone
+    assert [n for n in notes if "trains no critic" in n] == [
+        f"{flag} ignored: algorithm.advantage_estimator is grpo, which trains no critic (only gae does, "
+        "OpenRLHF's default)"
+        for flag in ("--critic_model", "--lambd 0.9", "--critic_zero_stage 2")
+    ]
+    cfg, notes = build_config(EXAMPLE, [], [*argv, "--advantage_estimator", "gae"], machine=CPU)
+    assert {a.critic_model for a in cfg.agents} == {"tiny-llama"} and cfg.algorithm.lambd == 0.9
+    assert cfg.strategy.critic_zero_stage == 2 and not [n for n in notes if "trains no critic" in n]
+    with pytest.raises(InvalidArgumentError, match=r"agents\.0\.critic_model=m configure the critic"):
+        build_config(EXAMPLE, ["agents.0.critic_model=m"], [], machine=CPU)  # a key, not a flag: refused
 
 
 def test_vllm_flags_without_cuda_are_reported_and_ignored(design_workdir):

@@ -149,7 +149,7 @@ def test_critic_zero_stage_reaches_the_critics_deepspeed_config():
     from services.trainer.strategy.base import OptimConfig
 
     ds = ["strategy.name=deepspeed", "strategy.zero_stage=1"]
-    own = _cfg(*ds, "strategy.critic_zero_stage=3")
+    own = _cfg(*ds, "strategy.critic_zero_stage=3", "algorithm.advantage_estimator=gae")
     same = _cfg(*ds)
     assert critic_zero_stage(own) == 3 and critic_zero_stage(same) == 1
     stage = train_strategy(own, critic_zero_stage(own)).ds_config(OptimConfig(), False)["zero_optimization"]

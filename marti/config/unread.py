@@ -1,0 +1,78 @@
+"""Refusing settings the rest of the config leaves unread: critic settings without the critic (``gae``), a
+reference model without the KL (``algorithm.kl_coef: 0``), training settings of a frozen agent (``is_tuning: false``). Called by ``TrainConfig``'s validator, so such a job is refused at config load
+naming the keys, their values and the setting that makes them unread (docs/config.md, "Rules").
+
+Only a value other than the key's default is refused: a saved config (``config.yaml`` of a run folder writes
+every key) loads again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+#: ``algorithm`` keys only the critic reads (``gae``): its value target, its value loss, its optimizer.
+CRITIC_ALGORITHM_KEYS = ("lambd", "value_clip", "critic_learning_rate")
+
+
+def _set(section: BaseModel, prefix: str, names: tuple[str, ...]) -> list[str]:
+    """``prefix.name=value`` for each of ``names`` whose value in ``section`` is not the field's default."""
+    out = []
+    for name in names:
+        value = getattr(section, name)
+        default = type(section).model_fields[name].get_default(call_default_factory=True)
+        if value != default:
+            out.append(f"{prefix}.{name}={value} (default {default})")
+    return out
+
+
+def _agents_set(cfg: Any, name: str) -> list[str]:
+    """``agents.i.name=value`` for each agent whose ``name`` key is set (not null)."""
+    return [
+        f"agents.{i}.{name}={getattr(a, name)}"
+        for i, a in enumerate(cfg.agents)
+        if getattr(a, name) is not None
+    ]
+
+
+def unread_settings(cfg: Any) -> list[str]:
+    """One message per group of settings ``cfg`` (a :class:`marti.config.TrainConfig`) would accept and not read.
+
+    Returns:
+        Messages naming the keys with their values and the key (with its value) that leaves them unread; empty
+        when every setting is read.
+    """
+    problems = []
+    est = cfg.algorithm.advantage_estimator
+    if est != "gae":
+        critic = _set(cfg.algorithm, "algorithm", CRITIC_ALGORITHM_KEYS) + _agents_set(cfg, "critic_model")
+        if cfg.strategy.critic_zero_stage is not None:
+            critic.append(f"strategy.critic_zero_stage={cfg.strategy.critic_zero_stage}")
+        if critic:
+            problems.append(
+                f"{', '.join(critic)} configure the critic, which only algorithm.advantage_estimator=gae trains "
+                f"(it is {est}, which uses no critic): remove them or set advantage_estimator gae"
+            )
+    if cfg.algorithm.kl_coef == 0:
+        ref = _agents_set(cfg, "ref_model")
+        if cfg.strategy.offload_reference_model:
+            ref.append("strategy.offload_reference_model=True")
+        if ref:
+            problems.append(
+                f"{', '.join(ref)} configure the reference policy, which algorithm.kl_coef=0 does not load "
+                "(no KL): remove them or set kl_coef > 0"
+            )
+    frozen = [
+        f"agents.{i}.{key}={getattr(a, key)}"
+        for i, a in enumerate(cfg.agents)
+        if not a.is_tuning
+        for key in ("learning_rate", "critic_model", "ref_model")
+        if getattr(a, key) is not None
+    ]
+    if frozen:
+        problems.append(
+            f"{', '.join(frozen)} configure training, and those agents set is_tuning=false (frozen: never "
+            "updated): remove them or set is_tuning true"
+        )
+    return problems
