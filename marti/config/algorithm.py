@@ -45,7 +45,7 @@ class AlgorithmConfig(Section):
     gamma: UnitFloat = 1.0
     """Discount factor in [0, 1]."""
     lambd: UnitFloat = 0.95
-    """GAE lambda in [0, 1] (``gae`` only)."""
+    """GAE lambda in [0, 1] (``gae`` only: a training config refuses another value with another estimator)."""
     kl_coef: NonNegFloat = 0.001
     """Weight of the KL to the reference policy; 0 disables the reference model."""
     kl_estimator: KlEstimator = "k3"
@@ -59,17 +59,19 @@ class AlgorithmConfig(Section):
     dual_clip: Annotated[float, Field(gt=1)] | None = None
     """Dual-clip constant c > 1 bounding the loss of negative advantages; null disables it."""
     value_clip: PositiveFloat | None = 0.2
-    """Clip range of the value loss (``gae`` only); null disables value clipping."""
+    """Clip range of the value loss (``gae`` only, like ``lambd``); null disables value clipping."""
     entropy_coef: NonNegFloat = 0.0
     """Weight of the entropy bonus."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How token losses are reduced to one number (``seq-mean-token-sum-norm``: Dr. GRPO's constant divisor)."""
     normalize_advantages: bool = True
-    """Whiten advantages over the batch (read by ``gae``; the other estimators normalise by construction)."""
+    """Whiten advantages over the batch (read by ``gae``; the other estimators normalise by construction, and a
+    training config refuses ``false`` with them)."""
     adv_eps: PositiveFloat = 1e-6
     """Added to the group standard deviation of ``grpo``."""
     loss_norm_tokens: PositiveInt | None = None
-    """Constant token divisor of ``seq-mean-token-sum-norm``; null: the padded response length."""
+    """Constant token divisor of ``seq-mean-token-sum-norm`` (a training config refuses it with another
+    ``loss_agg_mode``); null: the padded response length."""
     log_ratio_clamp: PositiveFloat = 20.0
     """Log-ratios are clamped to +-this before ``exp`` so ratios and k3 stay finite."""
     normalize_reward: bool = False
@@ -80,17 +82,18 @@ class AlgorithmConfig(Section):
     ppo_epochs: PositiveInt = 1
     """Optimisation passes over each rollout batch."""
     critic_learning_rate: PositiveFloat | None = None
-    """Critic learning rate (``gae`` only); null uses the top-level ``learning_rate``."""
+    """Critic learning rate (``gae`` only, like ``lambd``); null uses the top-level ``learning_rate``."""
     group_by: GroupBy = "problem"
     """What a group estimator compares each turn with (docs/algorithms.md, "Turn-level credit"). ``problem``:
     all of the agent's turns in the episodes of one problem seed. ``agent_turn`` (AT-GRPO, arXiv:2510.11062):
     only the agent's turn ``t`` in the other episodes of that problem (baseline and std over that subgroup; a
     subgroup of one gets advantage 0). Read by the group estimators (``grpo``, ``dr_grpo``, ``rloo``,
-    ``reinforce++_baseline``); the others compare no groups and ignore it."""
+    ``reinforce++_baseline``); the others compare no groups, and a training config refuses ``agent_turn`` with them."""
     normalize_per_agent: bool = False
     """Dr. MAS (arXiv:2602.08847): after the group baseline, whiten each agent's per-turn advantages over its
     own batch, ``(A - mean) / (std + adv_eps)``. Read by ``grpo``, ``dr_grpo`` and ``rloo``; the other
-    estimators already whiten over one agent's batch (``gae``: ``normalize_advantages``) and ignore it. No
+    estimators already whiten over one agent's batch (``gae``: ``normalize_advantages``), and a training config refuses
+    it with them. No
     statistic spans several agents either way."""
     turn_rewards: TurnRewards = "outcome"
     """Reward credited to each turn: ``outcome``, the episode's credited return; ``dense``, the return-to-go of

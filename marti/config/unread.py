@@ -1,5 +1,6 @@
 """Refusing settings the rest of the config leaves unread: critic settings without the critic (``gae``), a
-reference model without the KL (``algorithm.kl_coef: 0``), training settings of a frozen agent (``is_tuning: false``). Called by ``TrainConfig``'s validator, so such a job is refused at config load
+reference model without the KL (``algorithm.kl_coef: 0``), ``algorithm`` options the chosen estimator or loss
+aggregation does not read, ``policy.ema_beta`` without ``policy.ema``, training settings of a frozen agent (``is_tuning: false``). Called by ``TrainConfig``'s validator, so such a job is refused at config load
 naming the keys, their values and the setting that makes them unread (docs/config.md, "Rules").
 
 Only a value other than the key's default is refused: a saved config (``config.yaml`` of a run folder writes
@@ -12,8 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from marti.config.algorithm import GROUP_ESTIMATORS
+
 #: ``algorithm`` keys only the critic reads (``gae``): its value target, its value loss, its optimizer.
 CRITIC_ALGORITHM_KEYS = ("lambd", "value_clip", "critic_learning_rate")
+#: Estimators whose group baselines ``normalize_per_agent`` whitens (the others whiten over the batch already).
+PER_AGENT_NORMALIZED = ("grpo", "dr_grpo", "rloo")
 
 
 def _set(section: BaseModel, prefix: str, names: tuple[str, ...]) -> list[str]:
@@ -34,6 +39,36 @@ def _agents_set(cfg: Any, name: str) -> list[str]:
         for i, a in enumerate(cfg.agents)
         if getattr(a, name) is not None
     ]
+
+
+def _algorithm_unread(algo: Any) -> list[str]:
+    """Messages for ``algorithm`` keys the section's own choices leave unread (an
+    :class:`marti.config.AlgorithmConfig`): ``normalize_advantages``, ``group_by`` and ``normalize_per_agent``
+    by the estimator, ``loss_norm_tokens`` by ``loss_agg_mode``."""
+    est = algo.advantage_estimator
+    out = []
+    readers = (
+        ("normalize_advantages", ("gae",), "whitens gae's advantages (the others normalise by construction)"),
+        ("group_by", GROUP_ESTIMATORS, "chooses the groups of the group estimators"),
+        (
+            "normalize_per_agent",
+            PER_AGENT_NORMALIZED,
+            "whitens the group baselines of grpo, dr_grpo and rloo",
+        ),
+    )
+    for key, estimators, what in readers:
+        if est not in estimators:
+            out += [
+                f"{s} {what}; algorithm.advantage_estimator is {est}, which does not read it: remove it"
+                for s in _set(algo, "algorithm", (key,))
+            ]
+    if algo.loss_agg_mode != "seq-mean-token-sum-norm":
+        out += [
+            f"{s} is the divisor of loss_agg_mode seq-mean-token-sum-norm; algorithm.loss_agg_mode is "
+            f"{algo.loss_agg_mode}, which does not read it: remove it"
+            for s in _set(algo, "algorithm", ("loss_norm_tokens",))
+        ]
+    return out
 
 
 def unread_settings(cfg: Any) -> list[str]:
@@ -62,6 +97,13 @@ def unread_settings(cfg: Any) -> list[str]:
             problems.append(
                 f"{', '.join(ref)} configure the reference policy, which algorithm.kl_coef=0 does not load "
                 "(no KL): remove them or set kl_coef > 0"
+            )
+    problems += _algorithm_unread(cfg.algorithm)
+    if not cfg.policy.ema:
+        ema = _set(cfg.policy, "policy", ("ema_beta",))
+        if ema:
+            problems.append(
+                f"{ema[0]} is the decay of policy.ema, which is false: remove it or set policy.ema true"
             )
     frozen = [
         f"agents.{i}.{key}={getattr(a, key)}"

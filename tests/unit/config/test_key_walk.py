@@ -647,7 +647,12 @@ GAE = {"algorithm.advantage_estimator": "gae"}  # the critic's keys: another est
 CONTEXT: dict[str, dict[str, Any] | list[dict[str, Any]]] = {
     "max_steps": RUN,
     **{k: GAE for k in ("algorithm.lambd", "algorithm.value_clip", "algorithm.critic_learning_rate")},
-    **{k: GAE for k in ("agents.N.critic_model", "strategy.critic_zero_stage")},
+    **{
+        k: GAE
+        for k in ("agents.N.critic_model", "strategy.critic_zero_stage", "algorithm.normalize_advantages")
+    },
+    "algorithm.loss_norm_tokens": {"algorithm.loss_agg_mode": "seq-mean-token-sum-norm"},  # its only reader
+    "policy.ema_beta": {"policy.ema": True},
     "seed": TASKS,  # the task draws
     "max_epochs": {**RUN, "rollout.num_train_seeds": 2},  # epochs need a finite problem set
     "task_sampling": {**TASKS, "algorithm.advantage_estimator": "reinforce++"},  # episode draws: no groups

@@ -81,3 +81,44 @@ def test_the_same_settings_load_where_they_are_read(overrides):
 def test_a_saved_config_with_every_default_written_loads_again():
     cfg = load_config(TINY, [FROZEN])
     assert config_from_dict(cfg.model_dump(mode="json")) == cfg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (
+            [GRPO, "algorithm.normalize_advantages=false"],
+            "algorithm.normalize_advantages=False (default True)",
+        ),
+        ([GAE, "algorithm.group_by=agent_turn"], "algorithm.group_by=agent_turn (default problem)"),
+        (["algorithm.advantage_estimator=reinforce++", "algorithm.group_by=agent_turn"], "is reinforce++"),
+        (
+            ["algorithm.advantage_estimator=reinforce++_baseline", "algorithm.normalize_per_agent=true"],
+            "per_agent",
+        ),
+        ([GAE, "algorithm.normalize_per_agent=true"], "algorithm.normalize_per_agent=True"),
+        (["algorithm.loss_norm_tokens=4"], "algorithm.loss_agg_mode is token-mean"),
+        (
+            ["policy.ema_beta=0.5"],
+            "policy.ema_beta=0.5 (default 0.992) is the decay of policy.ema, which is false",
+        ),
+    ],
+)
+def test_an_option_the_estimator_loss_or_ema_does_not_read_is_refused(overrides, needle):
+    with pytest.raises(InvalidArgumentError, match=r"^.*tiny\.yaml: ") as err:
+        load_config(TINY, overrides)
+    assert needle in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [GAE, "algorithm.normalize_advantages=false"],
+        ["algorithm.advantage_estimator=reinforce++_baseline", "algorithm.group_by=agent_turn"],
+        ["algorithm.advantage_estimator=dr_grpo", "algorithm.normalize_per_agent=true"],
+        ["algorithm.loss_agg_mode=seq-mean-token-sum-norm", "algorithm.loss_norm_tokens=4"],
+        ["policy.ema=true", "policy.ema_beta=0.5"],
+    ],
+)
+def test_the_same_options_load_with_their_reader(overrides):
+    load_config(TINY, overrides)
