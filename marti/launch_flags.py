@@ -595,7 +595,9 @@ def build_config(
         cfg = config_from_dict(raw, overrides, source=source)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(
-            _blame_flags(str(exc), source, flags.origins) + _dataset_env_hint(str(exc), flags.origins),
+            _blame_flags(str(exc), source, flags.origins)
+            + _dataset_env_hint(str(exc), flags.origins)
+            + _group_size_hint(str(exc), flags.origins, config_path is None),
             metadata=exc.metadata,
         ) from None
     notes += _unused_vllm_flags(cfg, flags.origins, source, overrides)
@@ -709,6 +711,17 @@ def _dataset_env_hint(message: str, origins: dict[str, str]) -> str:
     return (
         f"\n{flag} sets dataset.path, whose rows the config file's environment.env_name cannot play: remove "
         f"env_name from the file or add --set environment.env_name={DATASET_ENV}"
+    )
+
+
+def _group_size_hint(message: str, origins: dict[str, str], no_file: bool) -> str:
+    """A line naming ``--n_samples_per_prompt`` when the config refused a group estimator's group size that no
+    flag set and OpenRLHF's default (1, no config file) gave. Empty otherwise."""
+    if not no_file or "rollout.group_size" in origins or "needs rollout.group_size >= 2" not in message:
+        return ""
+    return (
+        "\nrollout.group_size is OpenRLHF's default --n_samples_per_prompt 1 (no config file): give "
+        "--n_samples_per_prompt N with N >= 2 for a group estimator"
     )
 
 

@@ -394,3 +394,14 @@ def test_the_machine_is_probed_only_for_a_flag_that_depends_on_it(monkeypatch):
     flags = parse_launch_flags(["--bf16", "--use_flash_attn", "--seed", "7"])
     assert probes == [1]
     assert any("--bf16 ignored" in w for w in flags.warnings), flags.warnings
+
+
+def test_a_group_estimator_on_openrlhfs_default_group_size_names_the_flag():
+    """No config file: ``--n_samples_per_prompt`` defaults to OpenRLHF's 1, which a group estimator cannot use;
+    the refusal names the flag the user did not give (the key alone says nothing to a flags-only user)."""
+    argv = ["--actor_model", "tiny-llama", "--advantage_estimator", "group_norm"]
+    with pytest.raises(InvalidArgumentError, match=r"(?s)group_size >= 2, got 1.*--n_samples_per_prompt N"):
+        build_config(None, [], argv, machine=CPU)
+    with pytest.raises(InvalidArgumentError) as err:  # given by the user: the usual message only
+        build_config(None, [], [*argv, "--n_samples_per_prompt", "1"], machine=CPU)
+    assert "OpenRLHF's default" not in str(err.value)
