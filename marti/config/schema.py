@@ -495,6 +495,14 @@ class TrainConfig(_Section):
                 f"rollout.max_staleness={self.rollout.max_staleness} needs policy.mode lora or per_agent: in shared "
                 "mode every agent's update moves the one shared model, so a step is several policy versions"
             )
+        scripted = {r.agent for r in self.workflow.roles if r.scripted}
+        frozen = [a.name for a in self.agents if not a.is_tuning and a.name not in scripted]
+        if self.policy_mode == "shared" and frozen:
+            raise ValueError(
+                f"policy.mode=shared acts for every agent with the one model the trainable agents update, so frozen "
+                f"agents {frozen} (is_tuning=false) would change as it trains: freeze an agent with policy.mode lora "
+                "or per_agent"
+            )
         for i, a in enumerate(self.agents):
             if a.max_staleness is not None and a.max_staleness > self.rollout.max_staleness:
                 raise ValueError(

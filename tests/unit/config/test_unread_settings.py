@@ -1,5 +1,6 @@
 """Settings the rest of the config leaves unread are refused at config load, naming the keys and values and the
-key that leaves them unread (``marti/config/unread.py``, docs/config.md "Rules")."""
+key that leaves them unread (``marti/config/unread.py``, docs/config.md "Rules"); so is a frozen agent whose
+weights another agent's update would change (``policy.mode: shared``)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,12 @@ def test_an_option_the_estimator_loss_or_ema_does_not_read_is_refused(overrides,
 )
 def test_the_same_options_load_with_their_reader(overrides):
     load_config(TINY, overrides)
+
+
+def test_a_frozen_agent_on_the_shared_model_is_refused():
+    """``shared`` mode updates the one model every agent acts with: a frozen agent there would change anyway."""
+    with pytest.raises(InvalidArgumentError, match=r"policy.mode=shared .* frozen agents \['agent_2'\]"):
+        load_config(TINY, ["policy.mode=shared", FROZEN])
+    load_config(TINY, ["policy.mode=shared"])
+    for mode in ("lora", "per_agent"):
+        assert load_config(TINY, [f"policy.mode={mode}", FROZEN]).tuning_agents == ["agent_1"]
