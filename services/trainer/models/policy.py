@@ -39,6 +39,7 @@ from services.trainer.models.loading import (
     zero_dropout,
 )
 from services.trainer.models.prefix_sharing import response_logits
+from services.trainer.models.weights_file import load_weights, save_weights
 
 PolicyMode = Literal["per_agent", "shared", "lora"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
@@ -462,7 +463,7 @@ class MultiAgentPolicy:
         Layout: ``policy.json``; ``<unit>.safetensors`` per trainable unit (full weights) or
         ``adapter-<agent>.safetensors`` (``lora``, every agent's adapter).
         """
-        from safetensors.torch import save_file, save_model
+        from safetensors.torch import save_file
 
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
@@ -484,7 +485,7 @@ class MultiAgentPolicy:
         else:
             for unit in sorted({self.unit_of(a) for a in self.trainable_agents}):
                 agent = next(a for a in self.trainable_agents if self.unit_of(a) == unit)
-                save_model(self._models[agent], str(root / f"{unit}.safetensors"))
+                save_weights(self._models[agent], root / f"{unit}.safetensors")
         (root / "policy.json").write_text(json.dumps(meta, indent=2))
 
     def load(self, path: str | Path) -> None:
@@ -494,7 +495,7 @@ class MultiAgentPolicy:
             NotFoundError: ``path`` has no ``policy.json`` or a weights file is missing.
             FailedPreconditionError: The saved mode or agents differ from this policy's.
         """
-        from safetensors.torch import load_file, load_model
+        from safetensors.torch import load_file
 
         root = Path(path)
         meta_path = root / "policy.json"
@@ -524,7 +525,7 @@ class MultiAgentPolicy:
                 f = root / f"{unit}.safetensors"
                 if not f.is_file():
                     raise NotFoundError(f"policy weights {f} missing")
-                load_model(self._models[agent], str(f), device=str(self.device))
+                load_weights(self._models[agent], f, str(self.device))
         self._versions.update({k: int(v) for k, v in meta["versions"].items() if k in self._versions})
 
 

@@ -212,3 +212,39 @@ def test_lora_alpha_is_not_rounded_on_its_way_to_the_adapters():
     model = MultiAgentPolicy(layout).model("agent_1")
     scalings = [m.scaling["agent0"] for m in model.modules() if isinstance(getattr(m, "scaling", None), dict)]
     assert scalings and all(s == pytest.approx(2.5 / 4) for s in scalings)
+
+
+def test_full_weights_save_and_load_under_zero3_with_tied_embeddings(tmp_path):
+    """``per_agent`` under ZeRO-3 (CPU, gloo): the gathered weights are views of a flat buffer, where
+    safetensors' ``save_model`` refused the tied head and embedding; a checkpoint now round-trips them."""
+    from services.trainer.strategy.base import OptimConfig
+    from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
+
+    def zero3(seed):
+        pol = MultiAgentPolicy(
+            _cfg("per_agent", AgentSpec("a", "tiny-llama"), keep_reference=False, seed=seed)
+        )
+        opt = OptimConfig(lr=1e-2, total_steps=2)
+        return pol, DeepSpeedStrategy(zero_stage=3).setup(pol.model("a"), pol.parameters("a"), opt)
+
+    pol, eng = zero3(0)
+    assert pol.model("a").config.tie_word_embeddings
+    with eng.gathered():
+        pol.save(tmp_path)
+        saved = {n: p.detach().clone() for n, p in pol.model("a").named_parameters()}
+    other, eng2 = zero3(5)
+    with eng2.gathered(modify=True):
+        other.load(tmp_path)
+    with eng2.gathered():
+        got = dict(other.model("a").named_parameters())
+        assert saved.keys() == got.keys() and all(torch.equal(saved[n], got[n]) for n in saved)
+
+
+def test_a_weights_file_that_does_not_fit_the_model_is_refused(tmp_path):
+    from services.trainer.models.weights_file import load_weights, save_weights
+
+    save_weights(torch.nn.Linear(2, 2), tmp_path / "w.safetensors")
+    with pytest.raises(
+        FailedPreconditionError, match=r"missing \['0.weight', '0.bias'\], unexpected \['bias'"
+    ):
+        load_weights(torch.nn.Sequential(torch.nn.Linear(2, 2)), tmp_path / "w.safetensors", "cpu")
