@@ -43,7 +43,8 @@ class AlgorithmConfig(Section):
     advantage_estimator: Estimator = "grpo"
     """``gae`` (PPO with a critic), ``grpo``, ``dr_grpo``, ``reinforce++``, ``reinforce++_baseline``, ``rloo``."""
     gamma: UnitFloat = 1.0
-    """Discount factor in [0, 1]."""
+    """Discount factor in [0, 1] (``gae``, ``reinforce++``, ``reinforce++_baseline``, ``turn_rewards: dense``; a
+    training config refuses another value than 1 where nothing reads it)."""
     lambd: UnitFloat = 0.95
     """GAE lambda in [0, 1] (``gae`` only: a training config refuses another value with another estimator)."""
     kl_coef: NonNegFloat = 0.001

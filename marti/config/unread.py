@@ -44,7 +44,7 @@ def _agents_set(cfg: Any, name: str) -> list[str]:
 def _algorithm_unread(algo: Any) -> list[str]:
     """Messages for ``algorithm`` keys the section's own choices leave unread (an
     :class:`marti.config.AlgorithmConfig`): ``normalize_advantages``, ``group_by`` and ``normalize_per_agent``
-    by the estimator, ``loss_norm_tokens`` by ``loss_agg_mode``."""
+    by the estimator, ``gamma`` by the estimator and ``turn_rewards``, ``loss_norm_tokens`` by ``loss_agg_mode``."""
     est = algo.advantage_estimator
     out = []
     readers = (
@@ -62,6 +62,12 @@ def _algorithm_unread(algo: Any) -> list[str]:
                 f"{s} {what}; algorithm.advantage_estimator is {est}, which does not read it: remove it"
                 for s in _set(algo, "algorithm", (key,))
             ]
+    if est in PER_AGENT_NORMALIZED and algo.turn_rewards == "outcome":
+        out += [
+            f"{s} discounts per-token returns (gae, reinforce++) or per-turn ones (turn_rewards dense); "
+            f"algorithm.advantage_estimator is {est} with turn_rewards outcome, which does not read it: remove it"
+            for s in _set(algo, "algorithm", ("gamma",))
+        ]
     if algo.loss_agg_mode != "seq-mean-token-sum-norm":
         out += [
             f"{s} is the divisor of loss_agg_mode seq-mean-token-sum-norm; algorithm.loss_agg_mode is "

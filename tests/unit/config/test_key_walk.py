@@ -652,6 +652,7 @@ CONTEXT: dict[str, dict[str, Any] | list[dict[str, Any]]] = {
         for k in ("agents.N.critic_model", "strategy.critic_zero_stage", "algorithm.normalize_advantages")
     },
     "algorithm.loss_norm_tokens": {"algorithm.loss_agg_mode": "seq-mean-token-sum-norm"},  # its only reader
+    "algorithm.gamma": {"algorithm.advantage_estimator": "reinforce++"},  # grpo's outcome scores: no discount
     "policy.ema_beta": {"policy.ema": True},
     "seed": TASKS,  # the task draws
     "max_epochs": {**RUN, "rollout.num_train_seeds": 2},  # epochs need a finite problem set

@@ -99,6 +99,7 @@ def test_a_saved_config_with_every_default_written_loads_again():
         ),
         ([GAE, "algorithm.normalize_per_agent=true"], "algorithm.normalize_per_agent=True"),
         (["algorithm.loss_norm_tokens=4"], "algorithm.loss_agg_mode is token-mean"),
+        (["algorithm.advantage_estimator=rloo", "algorithm.gamma=0.9"], "algorithm.gamma=0.9 (default 1.0)"),
         (
             ["policy.ema_beta=0.5"],
             "policy.ema_beta=0.5 (default 0.992) is the decay of policy.ema, which is false",
@@ -119,6 +120,8 @@ def test_an_option_the_estimator_loss_or_ema_does_not_read_is_refused(overrides,
         ["algorithm.advantage_estimator=dr_grpo", "algorithm.normalize_per_agent=true"],
         ["algorithm.loss_agg_mode=seq-mean-token-sum-norm", "algorithm.loss_norm_tokens=4"],
         ["policy.ema=true", "policy.ema_beta=0.5"],
+        ["algorithm.turn_rewards=dense", "algorithm.gamma=0.9"],  # grpo's per-turn returns
+        ["algorithm.advantage_estimator=reinforce++_baseline", "algorithm.gamma=0.9"],
     ],
 )
 def test_the_same_options_load_with_their_reader(overrides):
