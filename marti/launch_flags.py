@@ -163,7 +163,11 @@ def _no_wandb(m: MachineInfo, v: Any) -> str | None:
 FLAG_TABLE: dict[str, _Flag] = {
     # models, one per agent (or one for all)
     "actor_model": _Flag("models", ("agents.*.pretrain_model",), "one model per agent, or one for all"),
-    "critic_model": _Flag("models", ("agents.*.critic_model",), "one per agent, or one for all"),
+    "critic_model": _Flag(
+        "models",
+        ("agents.*.critic_model",),
+        "one per agent, or one for all; gae only: noted and ignored with another estimator",
+    ),
     "ref_model": _Flag("models", ("agents.*.ref_model",), "one per agent, or one for all"),
     # rewards of dataset problems (docs/datasets.md)
     "reward_model": _Flag("str", ("reward.model",), "a one-label sequence classifier folder, or tiny-llama"),
@@ -187,7 +191,9 @@ FLAG_TABLE: dict[str, _Flag] = {
     "max_epochs": _Flag("int", ("max_epochs",)),
     "learning_rate": _Flag("float", ("learning_rate",)),
     "actor_learning_rate": _Flag("float", ("learning_rate",), "same key as --learning_rate"),
-    "critic_learning_rate": _Flag("float", ("algorithm.critic_learning_rate",)),
+    "critic_learning_rate": _Flag(
+        "float", ("algorithm.critic_learning_rate",), "gae only: noted and ignored with another estimator"
+    ),
     "num_warmup_steps": _Flag("int", ("lr_warmup_steps",)),
     "lr_scheduler": _Flag("str", ("lr_scheduler",)),
     "seed": _Flag("int", ("seed",)),
@@ -208,10 +214,12 @@ FLAG_TABLE: dict[str, _Flag] = {
     "kl_estimator": _Flag("str", ("algorithm.kl_estimator",)),
     "use_kl_loss": _Flag("switch", ("algorithm.use_kl_loss",)),
     "eps_clip": _Flag("float", ("algorithm.clip_eps_low", "algorithm.clip_eps_high")),
-    "value_clip": _Flag("float", ("algorithm.value_clip",)),
+    "value_clip": _Flag(
+        "float", ("algorithm.value_clip",), "gae only: noted and ignored with another estimator"
+    ),
     "dual_clip": _Flag("float", ("algorithm.dual_clip",)),
     "gamma": _Flag("float", ("algorithm.gamma",)),
-    "lambd": _Flag("float", ("algorithm.lambd",)),
+    "lambd": _Flag("float", ("algorithm.lambd",), "gae only: noted and ignored with another estimator"),
     "entropy_loss_coef": _Flag("float", ("algorithm.entropy_coef",)),
     "normalize_reward": _Flag("switch", ("algorithm.normalize_reward",)),
     # strategy and memory
@@ -228,7 +236,7 @@ FLAG_TABLE: dict[str, _Flag] = {
     "critic_zero_stage": _Flag(
         "int",
         ("strategy.critic_zero_stage",),
-        "",
+        "gae only: noted and ignored with another estimator",
         fixed=(("strategy.name", "deepspeed"),),
     ),
     "offload_reference_model": _Flag(
