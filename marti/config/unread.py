@@ -1,7 +1,8 @@
 """Refusing settings the rest of the config leaves unread: critic settings without the critic (``gae``), a
 reference model without the KL (``algorithm.kl_coef: 0``), ``algorithm`` options the chosen estimator or loss
-aggregation does not read, ``policy.ema_beta`` without ``policy.ema``, training settings of a frozen agent (``is_tuning: false``). Called by ``TrainConfig``'s validator, so such a job is refused at config load
-naming the keys, their values and the setting that makes them unread (docs/config.md, "Rules").
+aggregation does not read, ``policy.ema_beta`` without ``policy.ema``, training settings of a frozen agent
+(``is_tuning: false``). Called by ``TrainConfig``'s validator, so such a job is refused at config load naming the
+keys, their values and the setting that makes them unread (docs/config.md, "Rules").
 
 Only a value other than the key's default is refused: a saved config (``config.yaml`` of a run folder writes
 every key) loads again.
