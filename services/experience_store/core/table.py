@@ -97,6 +97,7 @@ class Table(Restoring):
         self._closed = False
         self.waiting: Counter[str] = Counter()  # callers waiting now, by what they wait to do: insert, sample
         self._held = Counter()  # of open takes: samples, deletes, stale, items, bytes (not yet committed)
+        self._withdrawn: set[int] = set()  # keys of failed inserts an open take holds: a release drops them
 
     def _index(self, rec: ItemRecord) -> None:
         self._items[rec.key] = rec
@@ -265,7 +266,7 @@ class Table(Restoring):
                 its disk is full. The items of the failed commit that are still in the table leave it again
                 (:meth:`_withdraw`), so the same call sent again inserts them, not :class:`Duplicate` results of
                 items a restart would lose (one a sampler took meanwhile was trained on: sent again, it is a
-                Duplicate). Items evicted to make room stay evicted until a restart brings them back (their
+                Duplicate; one whose take is released instead does not come back). Items evicted to make room stay evicted until a restart brings them back (their
                 deletion was not committed either).
             UnavailableError: when storage was closed before it committed them.
         """
@@ -306,6 +307,8 @@ class Table(Restoring):
                     self._unindex(key)
                     state.deletes -= 1  # _unindex counted a delete
                     state.inserts -= 1
+                elif self._held["items"]:  # an open take may hold it: a release must not put it back
+                    self._withdrawn.add(key)
             self._cond.notify_all()
 
     def _insert_one(
@@ -595,12 +598,16 @@ class Table(Restoring):
         """Put a take's items back (caller holds the lock): removed items return to their place (by insertion
         sequence), sample counts and counters go back."""
         self._hold(take, -1)
+        state = self.rate_limiter.state
         for rec in take.removed.values():
-            self._index(rec)
+            if rec.key in self._withdrawn:  # its insert failed meanwhile (:meth:`_withdraw`): it stays out
+                self._withdrawn.discard(rec.key)
+                state.inserts -= 1
+            else:
+                self._index(rec)
         for key, n in take.bumps.items():
             if key in self._items:
                 self._items[key].times_sampled -= n
-        state = self.rate_limiter.state
         state.samples -= sum(take.bumps.values())
         state.deletes -= len(take.removed)
         self.stale_removed -= take.stale
@@ -618,6 +625,7 @@ class Table(Restoring):
                 return
             take.open = False
             self._hold(take, -1)
+            self._withdrawn.difference_update(take.removed)
             self.episodes.taken(take.removed.values())
             for group_id, count in take.late.items():
                 self.episodes.late_dropped(group_id, count)

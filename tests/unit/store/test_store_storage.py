@@ -234,3 +234,46 @@ def test_an_insert_that_cannot_be_committed_leaves_the_table_and_can_be_sent_aga
     s2 = ExperienceStore(SqliteStorage(tmp_path), seed=0)
     assert sorted(r.episode_id for r in s2.table("t").records()) == ["before", "e0", "e1", "e2", "e3"]
     s2.close()
+
+
+def test_an_item_taken_while_its_insert_fails_does_not_come_back_when_the_take_is_released(tmp_path):
+    """A queue item a sampler took before its insert's commit failed is not in the table when the insert withdraws
+    its items; a release of that take (the sampler went away) must not put the never-stored item back in the
+    table: a retry of the insert would be a Duplicate of an item a restart loses."""
+    import threading
+
+    s = ExperienceStore(SqliteStorage(tmp_path), seed=0)
+    s.create_table(parse_table_config({"name": "q", "preset": "queue"}))
+    table, storage = s.table("q"), s.storage
+    counters = table.info()["counters"]
+    _fill_the_disk(storage)
+    big = NewItem(b"x" * 200_000, summarize(make_traj(episode="e0")), 1.0, idempotent=True)
+    errors, takes = [], []
+    storage._write_lock.acquire()  # the writer holds the insert until the sampler took its item
+    inserter = threading.Thread(target=lambda: errors.append(_raised(table.insert, [big], 0)))
+    inserter.start()
+    while not len(table):
+        time.sleep(0.01)
+    sampler = threading.Thread(target=lambda: takes.append(table.take(1, 5)))
+    sampler.start()
+    while len(table):
+        time.sleep(0.01)
+    storage._write_lock.release()
+    inserter.join(10)
+    sampler.join(10)
+    assert errors and errors[0] is not None, "the insert should have failed"
+    for take in takes:
+        table.release(take)
+    assert len(table) == 0 and table.info()["counters"] == counters
+    storage._wconn.execute("PRAGMA max_page_count = 1073741823")  # room again
+    assert all(isinstance(k, int) for k in s.insert("q", [big], 0))  # inserted, not Duplicate
+    s.close()
+
+
+def _raised(fn, *args):
+    """The exception ``fn(*args)`` raised, or None."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
