@@ -70,7 +70,7 @@ class RestartPolicy:
         if done >= self.max_restarts:
             return None
         self._restarts[name].append(now)
-        return min(self.backoff_s * 2**done, MAX_BACKOFF_S)
+        return min(self.backoff_s * 2 ** min(done, 1000), MAX_BACKOFF_S)  # 2**1024 overflows a float
 
 
 _RANGES = {

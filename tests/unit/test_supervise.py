@@ -38,6 +38,15 @@ def test_backoff_is_capped():
     assert [policy.next_restart("s", 1, float(t)) for t in range(4)] == [10.0, 20.0, 30.0, MAX_BACKOFF_S]
 
 
+def test_backoff_stays_capped_after_a_thousand_restarts_in_the_window():
+    """``backoff_s * 2**done`` overflowed a float after 1024 restarts (a long window, a high --max-restarts):
+    the supervisor crashed with OverflowError instead of waiting the cap."""
+    policy = RestartPolicy(max_restarts=2000, window_s=1e9, backoff_s=0.0)
+    assert {policy.next_restart("s", 1, float(t)) for t in range(1100)} == {0.0}
+    policy = RestartPolicy(max_restarts=2000, window_s=1e9, backoff_s=1.0)
+    assert [policy.next_restart("s", 1, float(t)) for t in range(1100)][-1] == MAX_BACKOFF_S
+
+
 def test_no_restart_for_mode_no_or_a_clean_exit():
     assert RestartPolicy(mode="no").next_restart("store", -9, 0.0) is None
     assert RestartPolicy().next_restart("store", 0, 0.0) is None  # stopped from outside (SIGTERM to it)
