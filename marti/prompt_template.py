@@ -20,7 +20,8 @@ PROMPT_FIELDS = ("name", "role", "capabilities")
 
 def check_prompt_template(template: str) -> str:
     """Check that ``template`` fills in with :func:`fill_prompt_template`: well-formed braces, and every
-    placeholder one of :data:`PROMPT_FIELDS` by its plain name (no position ``{}``, attribute or index).
+    placeholder one of :data:`PROMPT_FIELDS` by its plain name (no position ``{}``, attribute or index), and
+    format specs literal (no placeholder nested in one).
 
     Args:
         template: The template text.
@@ -39,6 +40,13 @@ def check_prompt_template(template: str) -> str:
         raise ValueError(
             f"the template's braces do not pair up ({exc}); write a literal brace as '{{{{' or '}}}}'"
         ) from None
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if spec and "{" in spec:  # filled in from another placeholder: no longer a spec this check can judge
+            inner = next((f for _, f, _, _ in string.Formatter().parse(spec) if f is not None), spec)
+            raise ValueError(
+                f"placeholder {{{inner}}} inside the format spec of {{{field}}}: a format spec must be literal "
+                "text (as in '{name:>10}'); write a literal brace as '{{' or '}}'"
+            )
     for field in fields:
         if field not in PROMPT_FIELDS:
             raise ValueError(

@@ -350,6 +350,10 @@ def test_merge_adapters_is_an_int_at_least_0_named_when_not(bad):
         ("You are {name.upper}", "placeholder {name.upper} is not one"),
         ("Use {role", "braces do not pair up"),
         ("You are {name:d}", "cannot be filled in: Unknown format code 'd'"),
+        # a placeholder nested in a format spec: a bare KeyError at load, or (one of the three) a ValueError
+        # only when the job filled it in with a real role ("Invalid format specifier 'solver'")
+        ("You are {name:{row}}", "placeholder {row} inside the format spec of {name}"),
+        ("You are {name:>{role}}", "placeholder {role} inside the format spec of {name}"),
     ],
 )
 def test_a_system_prompt_template_naming_what_is_not_filled_in_is_refused_at_load(template, named):
