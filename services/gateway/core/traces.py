@@ -45,14 +45,16 @@ def _size_text(group_size: int) -> str:
 
 
 class _BoundedSet:
-    """A set that forgets its oldest members beyond ``cap``."""
+    """A set that forgets its least recently added members beyond ``cap``."""
 
     def __init__(self, cap: int = REMEMBERED_IDS) -> None:
         self._items: OrderedDict[str, None] = OrderedDict()
         self.cap = cap
 
     def add(self, key: str) -> None:
+        """Remember ``key`` as the newest member (one already remembered becomes the newest again)."""
         self._items[key] = None
+        self._items.move_to_end(key)
         while len(self._items) > self.cap:
             self._items.popitem(last=False)
 

@@ -183,6 +183,20 @@ def test_a_report_naming_a_group_no_call_carried_is_refused_naming_it_and_change
     assert len(t.finish("g1", {"a": 0.0}, group_size=2).episodes) == 2
 
 
+def test_a_group_calls_still_carry_stays_known_past_the_remembered_limit():
+    """The served groups forget the oldest first; a group the calls keep carrying is the newest again, not
+    forgotten after ``REMEMBERED_IDS`` other groups went by (its later report would be refused as a typo)."""
+    t = tracker()
+    t._served_groups.cap = 2
+    t.record("e1", "a", "c1", gen([1], [2]), group_id="long")
+    t.record("e2", "a", "c2", gen([1], [2]), group_id="g1")
+    t.record("e3", "a", "c3", gen([1], [2]), group_id="long")  # carried again: the newest
+    t.record("e4", "a", "c4", gen([1], [2]), group_id="g2")
+    t.record("e5", "a", "c5", gen([1], [2]))  # no group with its calls: the report names one
+    (ep,) = t.finish("e5", {"a": 1.0}, group_id="long").episodes
+    assert ep["a"].group_id == "long"
+
+
 def test_a_reward_for_an_agent_that_made_no_call_is_refused_naming_the_agents_that_did():
     t = tracker()
     t.record("e", "a", "c1", gen([1], [2]))
