@@ -501,9 +501,10 @@ class SqliteStorage(Storage):
         both name the table."""
         if is_storage_full(exc):
             outcome = (
-                "nothing of this call reached the database (inserted items leave the table again: send them "
-                "again once there is room; what a sample, delete or priority update changed stays in memory "
-                "until a restart undoes it)"
+                "this commit did not reach the database (its inserted items leave the table again: send them "
+                "again once there is room; an insert that waited for room mid-call committed the items before "
+                "the wait; what a sample, delete or priority update changed stays in memory until a restart "
+                "undoes it)"
             )
             return storage_full_error(f"table {table!r}: store database", self.path, exc, outcome)
         return InternalError(f"storage commit failed for table {table!r}: {exc}")

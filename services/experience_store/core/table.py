@@ -266,8 +266,10 @@ class Table(Restoring):
                 its disk is full. The items of the failed commit that are still in the table leave it again
                 (:meth:`_withdraw`), so the same call sent again inserts them, not :class:`Duplicate` results of
                 items a restart would lose (one a sampler took meanwhile was trained on: sent again, it is a
-                Duplicate; one whose take is released instead does not come back). Items evicted to make room stay evicted until a restart brings them back (their
-                deletion was not committed either).
+                Duplicate; one whose take is released instead does not come back). Items evicted to make room
+                stay evicted until a restart brings them back (their deletion was not committed either). Items of
+                the same call committed before it (while the call waited for room) stay, as their keys are not
+                returned.
             UnavailableError: when storage was closed before it committed them.
         """
         deadline = time.monotonic() + max(0.0, timeout_s)

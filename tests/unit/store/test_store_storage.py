@@ -223,7 +223,7 @@ def test_an_insert_that_cannot_be_committed_leaves_the_table_and_can_be_sent_aga
     big = [
         NewItem(b"x" * 200_000, summarize(make_traj(episode=f"e{i}")), 1.0, idempotent=True) for i in range(4)
     ]
-    said = r"table 't': store database .*store\.sqlite.* is full \(database or disk is full\): nothing of this call"
+    said = r"table 't': store database .*store\.sqlite.* is full \(database or disk is full\): this commit did not reach"
     with pytest.raises(ResourceExhaustedError, match=said + r".*inserted items leave the table again"):
         s.insert("t", big, 0)
     assert [r.episode_id for r in s.table("t").records()] == ["before"]
