@@ -29,6 +29,7 @@ import yaml
 
 from marti.config import AlgorithmConfig, TrainConfig, apply_overrides, config_from_dict
 from marti.config.dataset import DATASET_ENV
+from marti.config.unread import CRITIC_ALGORITHM_KEYS
 from marti.cpu_features import CPUINFO, cpu_has_bf16
 from marti.errors import InvalidArgumentError
 from marti.yaml_load import load_yaml
@@ -631,12 +632,7 @@ def _unused_vllm_flags(
 #: Config keys only the critic reads (``gae``): the OpenRLHF defaults among them apply, and the launch flags setting
 #: them are applied, only where the estimator is ``gae`` (the config refuses critic settings another estimator
 #: would not read, :mod:`marti.config.unread`).
-_CRITIC_KEYS = (
-    "algorithm.lambd",
-    "algorithm.value_clip",
-    "algorithm.critic_learning_rate",
-    "strategy.critic_zero_stage",
-)
+_CRITIC_KEYS = (*(f"algorithm.{k}" for k in CRITIC_ALGORITHM_KEYS), "strategy.critic_zero_stage")
 
 
 def _chosen_estimator(
