@@ -6,6 +6,11 @@ import os
 # like the trainer's own entry points it turns gRPC's fork handlers off before the first gRPC import. Tests of
 # fork-based worker pools run a fresh interpreter without this variable (tests/integration/rpc/test_fork_workers.py).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# Two test workers share the machine's cores with the jobs they start: an OpenMP thread that finishes its share of
+# a kernel sleeps instead of spinning on a core the other worker needs (as the trainer's actors do, see
+# services/trainer/ray/runtime.py ACTOR_ENV_VARS). Read when torch's OpenMP runtime loads, so set before any torch
+# import; the jobs' processes inherit it (docs/benchmarks.md, "The test suite's wall time").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
