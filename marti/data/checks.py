@@ -1,7 +1,7 @@
 """Checks of loaded rows: the columns named exist, every prompt is a non-empty string, every row has a label
 that is text or a number, every value is JSON-able. Each failure is an
-:class:`~marti.errors.InvalidArgumentError` that names the source, the row (its 0-based position in the
-source), the column and the bad value.
+:class:`~marti.errors.InvalidArgumentError` that names the source, the row (:func:`row_name`: its 0-based
+position in the source and, in a JSON, JSON lines or CSV file, ``FILE:LINE``), the column and the bad value.
 """
 
 from __future__ import annotations
@@ -21,6 +21,20 @@ _SHOWN = 80
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def row_name(position: int, file: str | None = None, line: int | None = None) -> str:
+    """How every dataset error names a row: ``row 3 (data/x.jsonl:5)``, its 0-based position in the source and
+    the file's 1-based line where it starts (blank lines and a CSV header counted), which an editor or a terminal
+    opens at; ``row 3`` alone for rows without lines (Parquet, a saved folder, a hub dataset, rows given in
+    code).
+
+    Args:
+        position: The row's 0-based position in the source.
+        file: The file's path as the user gave it, or None.
+        line: The 1-based line of ``file`` where the row starts, or None.
+    """
+    return f"row {position} ({file}:{line})" if file is not None and line is not None else f"row {position}"
 
 
 def check_columns(
@@ -64,7 +78,12 @@ def check_columns(
 
 
 def check_rows(
-    source: str, rows: Sequence[dict[str, Any]], input_key: str, label_key: str | None, *, first: int = 0
+    source: str,
+    rows: Sequence[dict[str, Any]],
+    input_key: str,
+    label_key: str | None,
+    *,
+    names: Sequence[str] | None = None,
 ) -> None:
     """Check every row: a non-empty string prompt, a label (text or a number, not empty), JSON-able values.
 
@@ -73,42 +92,41 @@ def check_rows(
         rows: The rows, in source order.
         input_key: The prompt column.
         label_key: The label column, or None when the reward needs none.
-        first: The source position of ``rows[0]`` (error messages give source positions).
+        names: How errors name each row (:func:`row_name`); default ``row 0``, ``row 1``, ...
 
     Raises:
-        InvalidArgumentError: The first bad row, naming its position, the column and the value.
+        InvalidArgumentError: The first bad row, naming it, the column and the value.
     """
-    for i, row in enumerate(rows, start=first):
+    for n, row in enumerate(rows):
+        i = names[n] if names is not None else row_name(n)
         prompt = row.get(input_key)
         if not isinstance(prompt, str) or not prompt.strip():
             what = "an empty prompt" if isinstance(prompt, str) else f"a non-string prompt {_show(prompt)}"
-            raise InvalidArgumentError(f"{source}: row {i} has {what} in column {input_key!r}")
+            raise InvalidArgumentError(f"{source}: {i} has {what} in column {input_key!r}")
         if label_key is not None:
             _check_label(source, i, label_key, row.get(label_key))
         for column, value in row.items():
             bad = _not_json(value)
             if bad is not None:
                 raise InvalidArgumentError(
-                    f"{source}: row {i}, column {column!r}: {bad}; rows must be JSON-able (they travel to a "
+                    f"{source}: {i}, column {column!r}: {bad}; rows must be JSON-able (they travel to a "
                     "remote env server as JSON)"
                 )
 
 
-def _check_label(source: str, i: int, label_key: str, label: Any) -> None:
-    """Check row ``i``'s label: text or a number (what a verifier reads), not null or empty.
+def _check_label(source: str, i: str, label_key: str, label: Any) -> None:
+    """Check the label of the row named ``i`` (:func:`row_name`): text or a number (what a verifier reads), not null or empty.
 
     Raises:
         InvalidArgumentError: No label (null, or empty text), or a label that is a list, an object (mapping),
             a boolean or another non-number, naming the source, the row, the column and the value.
     """
     if label is None or (isinstance(label, str) and not label.strip()):
-        raise InvalidArgumentError(
-            f"{source}: row {i} has no label in column {label_key!r} (got {_show(label)})"
-        )
+        raise InvalidArgumentError(f"{source}: {i} has no label in column {label_key!r} (got {_show(label)})")
     if isinstance(label, bool) or not isinstance(label, str | int | float):
         kind = {list: "a list", tuple: "a list", dict: "an object", bool: "a boolean"}.get(type(label), "a")
         raise InvalidArgumentError(
-            f"{source}: row {i} has {kind} label {_show(label)} in column {label_key!r}; a label must be "
+            f"{source}: {i} has {kind} label {_show(label)} in column {label_key!r}; a label must be "
             "text or a number (put other data in another column: reward functions receive every column)"
         )
 

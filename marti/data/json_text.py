@@ -11,6 +11,7 @@ can put back, column by column (:func:`fixes`), the values the user wrote.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -63,8 +64,8 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 _COMMA = re.compile(r"[ \t\n\r]*,?[ \t\n\r]*")
 
 
-def read_records(text: str, source: str) -> list[dict[str, Any]]:
-    """The records of a JSON file's text, in file order, numbers as the text written.
+def read_records(text: str, source: str) -> tuple[list[dict[str, Any]], list[int]]:
+    """The records of a JSON file's text, in file order, numbers as the text written, with the line each starts on.
 
     Args:
         text: The file's text (no byte-order mark): a JSON array (of objects; in an array of no objects, each
@@ -73,7 +74,9 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
         source: The file's description, quoted in errors.
 
     Returns:
-        One dict per record; numbers are ``str`` holding the number's text as written.
+        ``(records, lines)``: one dict per record, numbers as ``str`` holding the number's text as written; and
+        the 1-based line of the file where each record starts (its ``{`` or, in an array, its first character),
+        counting blank lines, as an editor, ``jq`` and :mod:`json`'s errors do.
 
     Raises:
         InvalidArgumentError: A JSON syntax error, a value of a JSON lines file that is not an object, an
@@ -91,8 +94,9 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
             raise _refused(text, _element_at_fault(text), exc, source) from None
         if any(isinstance(v, dict) for v in values) and not all(isinstance(v, dict) for v in values):
             raise _not_object(text, source)
-        return [v if isinstance(v, dict) else {"text": v} for v in values]
-    records = []
+        starts = [pos for pos, _, _ in itertools.islice(_array_elements(text), len(values))]
+        return [v if isinstance(v, dict) else {"text": v} for v in values], _lines_of(text, starts)
+    records, starts = [], []
     pos = _SPACE.match(text).end()
     while pos < len(text):
         try:
@@ -107,8 +111,19 @@ def read_records(text: str, source: str) -> list[dict[str, Any]]:
                 source, line, column, f"a JSON lines file holds objects, got {text[pos:end][:80]!r}"
             )
         records.append(value)
+        starts.append(pos)
         pos = _SPACE.match(text, end).end()
-    return records
+    return records, _lines_of(text, starts)
+
+
+def _lines_of(text: str, starts: list[int]) -> list[int]:
+    """The 1-based line of each offset of ``starts`` (ascending) in ``text``, in one pass over the text."""
+    lines, line, last = [], 1, 0
+    for pos in starts:
+        line += text.count("\n", last, pos)
+        lines.append(line)
+        last = pos
+    return lines
 
 
 def _array_elements(text: str) -> Iterator[tuple[int, Any, int]]:

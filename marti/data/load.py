@@ -63,14 +63,17 @@ def check_local(spec: SourceSpec) -> None:
             raise InvalidArgumentError(f"dataset {spec.describe()} is empty (0 bytes)")
 
 
-def load_rows(spec: SourceSpec) -> list[dict[str, Any]]:
-    """Read every row of a source, in the source's order.
+def load_rows(spec: SourceSpec) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """Read every row of a source, in the source's order, with the line of the file each row starts on.
 
     Args:
         spec: The parsed source (:func:`marti.data.spec.parse_source`).
 
     Returns:
-        One dict per row, column name -> value as ``datasets`` decodes it (``Dataset.to_list``), except a JSON
+        ``(rows, lines)``. ``lines``: for a JSON, JSON lines or CSV file, the 1-based line of the file where each
+        row starts (blank lines counted; in a CSV file the header is line 1), what errors name so that a user can
+        jump to it (:func:`marti.data.checks.row_name`); None for a Parquet file, a saved folder or a hub dataset,
+        whose rows have no lines. ``rows``: one dict per row, column name -> value as ``datasets`` decodes it (``Dataset.to_list``), except a JSON
         file's columns that mix numbers and text (each value as the text written), its columns of lists or
         objects (each as :mod:`json` reads it) and its columns of numbers that ``datasets`` reads as floats
         (each number as :mod:`json` reads it):
@@ -86,9 +89,9 @@ def load_rows(spec: SourceSpec) -> list[dict[str, Any]]:
     check_local(spec)
     ds = _datasets()
     if spec.kind == "disk":
-        return _from_disk(ds, spec).to_list()
+        return _from_disk(ds, spec).to_list(), None
     if spec.kind == "hub":
-        return _from_hub(ds, spec).to_list()
+        return _from_hub(ds, spec).to_list(), None
     return _from_file(ds, spec)
 
 
@@ -126,9 +129,10 @@ def _csv_text_columns(ds: Any, path: str) -> dict[str, Any]:
     return {"features": features, "na_filter": False, "encoding": "utf-8-sig"}
 
 
-def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
-    """The rows of a JSON, CSV or Parquet file; a JSON file's columns that mix numbers and text, its columns
-    of lists or objects, and its columns of numbers, as written (:func:`marti.data.json_text.fixes`).
+def _from_file(ds: Any, spec: SourceSpec) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """The rows of a JSON, CSV or Parquet file, and the line each row starts on (None for Parquet); a JSON
+    file's columns that mix numbers and text, its columns of lists or objects, and its columns of numbers, as
+    written (:func:`marti.data.json_text.fixes`).
 
     Raises:
         InvalidArgumentError: A JSON or CSV file that is not UTF-8, or that the parser cannot read; a JSON
@@ -137,17 +141,22 @@ def _from_file(ds: Any, spec: SourceSpec) -> list[dict[str, Any]]:
     """
     source = f"dataset {spec.describe()}"
     text = _read_text(spec) if spec.kind in ("json", "csv") else ""
+    records: list[dict[str, Any]] = []
+    lines: list[int] | None = None
     if spec.kind == "csv":
-        _check_csv_fields(text, source)
-    records = read_records(text, source) if spec.kind == "json" else []
+        lines = _check_csv_fields(text, source)
+    if spec.kind == "json":
+        records, lines = read_records(text, source)
     loaded = _load_file(ds, spec)
     rows = loaded.to_list()
+    if lines is not None and len(lines) != len(rows):
+        lines = None  # not reached by any file tested: rows are then named by position alone
     if spec.kind != "json":
-        return rows
-    return keep_as_written(rows, fixes(loaded.features), records, source)
+        return rows, lines
+    return keep_as_written(rows, fixes(loaded.features), records, source), lines
 
 
-def _check_csv_fields(text: str, source: str) -> None:
+def _check_csv_fields(text: str, source: str) -> list[int]:
     """Check that a CSV file's header names each column, once, and every data row has as many fields as the
     header: ``datasets`` (pandas) would drop the values of a column named a second time, read a file whose first
     data row has one field more with its first column as the index, every value one column off, and fill a
@@ -158,16 +167,20 @@ def _check_csv_fields(text: str, source: str) -> None:
         text: The file's text (no byte-order mark).
         source: The file's description, quoted in errors.
 
+    Returns:
+        The 1-based line of the file (the header is line 1) where each data row starts, one per row that
+        ``datasets`` reads: a line that is empty or only whitespace is no row, as pandas skips it.
+
     Raises:
         InvalidArgumentError: A column without a name or named twice in the header (named), or a row with another number of
             fields than the header (its line, 1-based, and both counts named).
     """
     with _any_field_size():
-        _check_csv_rows(csv.reader(io.StringIO(text, newline="")), source)
+        return _check_csv_rows(csv.reader(io.StringIO(text, newline="")), source)
 
 
-def _check_csv_rows(reader: Any, source: str) -> None:
-    """The checks of :func:`_check_csv_fields` over a ``csv.reader`` of the file (same errors)."""
+def _check_csv_rows(reader: Any, source: str) -> list[int]:
+    """The checks of :func:`_check_csv_fields` over a ``csv.reader`` of the file (same errors, same return)."""
     header = next(reader, [])
     if "" in header:
         raise InvalidArgumentError(
@@ -180,7 +193,10 @@ def _check_csv_rows(reader: Any, source: str) -> None:
             f"{source}: the header names column {twice!r} twice; give each column its own name"
         )
     line = reader.line_num + 1
+    starts = []
     for fields in reader:
+        if len(fields) > 1 or (fields and fields[0].strip()):
+            starts.append(line)
         if len(fields) != len(header) and any(f.strip() for f in fields):
             comma = " (a trailing comma adds an empty field)" if fields[-1] == "" else ""
             raise InvalidArgumentError(
@@ -188,6 +204,7 @@ def _check_csv_rows(reader: Any, source: str) -> None:
                 "every row needs one field per column"
             )
         line = reader.line_num + 1
+    return starts
 
 
 def _read_text(spec: SourceSpec) -> str:

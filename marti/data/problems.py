@@ -12,7 +12,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from marti.data.checks import check_columns, check_rows
+from marti.data.checks import check_columns, check_rows, row_name
 from marti.data.load import load_rows
 from marti.data.spec import parse_source
 from marti.errors import InvalidArgumentError
@@ -33,6 +33,9 @@ class ProblemSet:
         source: One line naming where the rows came from (quoted in every error and in :attr:`source`).
         positions: The source position (0-based) of each row, when the rows are a subset of the source (a
             held-out split); default ``0..len(rows)-1``. Errors name these positions.
+        lines: The 1-based line of ``file`` where each row starts (parallel to ``rows``), or None: errors then
+            name a row ``row 3 (data/x.jsonl:5)`` (:meth:`where`), so an editor opens it.
+        file: The file the rows were read from, as the user gave it (with ``lines``).
         labels_required: The caller cannot do without labels (a ``dataset_task`` job: its verifier reads every
             row's label): a missing ``label_key`` column's error then suggests no ``label_key: null``.
 
@@ -51,6 +54,8 @@ class ProblemSet:
         label_key: str | None = None,
         source: str = "<rows>",
         positions: Sequence[int] | None = None,
+        lines: Sequence[int] | None = None,
+        file: str | None = None,
         labels_required: bool = False,
     ) -> None:
         for name, key in (("input_key", input_key), ("label_key", label_key)):
@@ -67,8 +72,12 @@ class ProblemSet:
         self._positions = tuple(range(len(rows)) if positions is None else positions)
         if len(self._positions) != len(rows):
             raise InvalidArgumentError(f"{source}: {len(self._positions)} positions for {len(rows)} rows")
-        for position, row in zip(self._positions, rows, strict=True):
-            check_rows(source, [row], input_key, label_key, first=position)
+        if lines is not None and len(lines) != len(rows):
+            raise InvalidArgumentError(f"{source}: {len(lines)} lines for {len(rows)} rows")
+        self._lines = None if lines is None or file is None else tuple(lines)
+        self._file = file if self._lines is not None else None
+        names = [self._name(n) for n in range(len(rows))]
+        check_rows(source, rows, input_key, label_key, names=names)
         self._rows = tuple(copy.deepcopy(dict(r)) for r in rows)
         self.input_key = input_key
         self.label_key = label_key
@@ -107,14 +116,16 @@ class ProblemSet:
         if max_samples is not None and (type(max_samples) is not int or max_samples < 1):
             raise InvalidArgumentError(f"max_samples must be an int >= 1 or None, got {max_samples!r}")
         spec = parse_source(text, split=split)
-        rows = load_rows(spec)
+        rows, lines = load_rows(spec)
         if max_samples is not None:
-            rows = rows[:max_samples]
+            rows, lines = rows[:max_samples], None if lines is None else lines[:max_samples]
         return cls(
             rows,
             input_key=input_key,
             label_key=label_key,
             source=spec.describe(),
+            lines=lines,
+            file=spec.location if lines is not None else None,
             labels_required=labels_required,
         )
 
@@ -161,13 +172,28 @@ class ProblemSet:
         """
         return self._positions[self._index(i)]
 
+    def where(self, i: int) -> str:
+        """How errors name problem ``i``: ``row 3 (data/x.jsonl:5)``, its source position and, for rows read from
+        a JSON, JSON lines or CSV file, ``FILE:LINE`` (1-based, blank lines and a CSV header counted); ``row 3``
+        for rows without lines (:func:`marti.data.checks.row_name`).
+
+        Raises:
+            InvalidArgumentError: ``i`` is not an index in ``[0, len)``.
+        """
+        return self._name(self._index(i))
+
+    def _name(self, i: int) -> str:
+        """:meth:`where` of index ``i``, known to be in range."""
+        line = self._lines[i] if self._lines is not None else None
+        return row_name(self._positions[i], self._file, line)
+
     @property
     def columns(self) -> list[str]:
         """The column names, in source order."""
         return list(self._rows[0])
 
     def subset(self, indices: Sequence[int], *, source: str | None = None) -> ProblemSet:
-        """The problems at ``indices`` (in that order), keeping their source positions.
+        """The problems at ``indices`` (in that order), keeping their source positions and lines.
 
         Raises:
             InvalidArgumentError: An index out of range, or no indices.
@@ -179,6 +205,8 @@ class ProblemSet:
             label_key=self.label_key,
             source=source or self.source,
             positions=[self._positions[i] for i in picked],
+            lines=None if self._lines is None else [self._lines[i] for i in picked],
+            file=self._file,
         )
 
     def __repr__(self) -> str:

@@ -91,9 +91,9 @@ class DatasetTasks:
         if shared:
             j, i = shared[0]
             _LOG.warning(
-                "%d of the %d held-out rows have the prompt of a training row (row %d of dataset %s is row %d of "
+                "%d of the %d held-out rows have the prompt of a training row (%s of dataset %s is %s of "
                 "dataset %s): the held-out accuracy counts them as unseen; remove the duplicate rows from the "
-                "data", len(shared), len(held), held.position(j), held.source, train.position(i), train.source,
+                "data", len(shared), len(held), held.where(j), held.source, train.where(i), train.source,
             )  # fmt: skip
 
     def train_seeds(self, step: int, problems_per_step: int, group_size: int) -> list[int]:
@@ -125,8 +125,9 @@ class DatasetTasks:
         )
 
     def describe(self, seed: int) -> str:
-        """How errors name the row played under ``seed``: ``row 7 of dataset JSON file 'x.jsonl'`` (its 0-based
-        position in its source, as every dataset error counts rows).
+        """How errors name the row played under ``seed``: ``row 7 (x.jsonl:9) of dataset JSON file 'x.jsonl'``
+        (:meth:`marti.data.ProblemSet.where`: its 0-based position in its source and, for a JSON, JSON lines or
+        CSV file, its 1-based line, as every dataset error names rows).
 
         Raises:
             InvalidArgumentError: ``seed`` names no row.
@@ -135,7 +136,7 @@ class DatasetTasks:
         ps, i = (
             (self.problems.train, seed) if seed < self.n_train else (self.problems.eval, seed - self.n_train)
         )
-        return f"row {ps.position(i)} of dataset {ps.source}"
+        return f"{ps.where(i)} of dataset {ps.source}"
 
     def env_config(self, cfg: TrainConfig, seed: int) -> dict[str, Any]:
         """The env config of the episode played under ``seed``: its ``row``, the section's column keys, the

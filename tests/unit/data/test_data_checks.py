@@ -210,7 +210,8 @@ def test_an_unknown_column_names_the_columns_and_the_closest(tmp_path):
 def test_a_row_without_a_label_names_the_row_and_column(tmp_path):
     path = jsonl(tmp_path, [{"q": "a", "ans": "1"}, {"q": "b", "ans": "2"}, {"q": "c", "ans": None}])
     with pytest.raises(
-        InvalidArgumentError, match=r"p\.jsonl'.*row 2 has no label in column 'ans' \(got None\)"
+        InvalidArgumentError,
+        match=r"p\.jsonl': row 2 \(.*p\.jsonl:3\) has no label in column 'ans' \(got None\)",
     ):
         ProblemSet.from_source(str(path), input_key="q", label_key="ans")
     # no label needed: the same file loads
@@ -232,7 +233,7 @@ def test_a_label_that_is_not_text_or_a_number_is_named(tmp_path, labels, row, fr
     path.write_text("".join(f'{{"q": "q{i}", "ans": {label}}}\n' for i, label in enumerate(labels)))
     with pytest.raises(
         InvalidArgumentError,
-        match=rf"l\.jsonl': row {row} has {fragment} in column 'ans'; a label must be text",
+        match=rf"l\.jsonl': row {row} \(.*l\.jsonl:{row + 1}\) has {fragment} in column 'ans'; a label must be text",
     ):
         ProblemSet.from_source(str(path), input_key="q", label_key="ans")
     assert len(ProblemSet.from_source(str(path), input_key="q", label_key=None)) == 3  # no label: not checked
@@ -243,7 +244,7 @@ def test_values_put_back_need_the_records_datasets_read():
     with pytest.raises(
         InvalidArgumentError, match=r"src: column\(s\) \['a'\] .*2 record\(s\) are not the 1 row"
     ):
-        keep_as_written([{"a": "1"}], {"a": as_text}, read_records('{"a": 1}\n{"a": "x"}\n', "s"), "src")
+        keep_as_written([{"a": "1"}], {"a": as_text}, read_records('{"a": 1}\n{"a": "x"}\n', "s")[0], "src")
 
 
 def test_an_empty_label_string_is_no_label():
@@ -302,7 +303,7 @@ def test_max_samples_keeps_the_first_rows_and_checks_only_those(tmp_path):
     path = jsonl(tmp_path, [{"q": "a", "x": "1"}, {"q": "b", "x": "2"}, {"q": "", "x": "3"}])
     problems = ProblemSet.from_source(str(path), input_key="q", label_key="x", max_samples=2)
     assert [problems.prompt(i) for i in range(len(problems))] == ["a", "b"]
-    with pytest.raises(InvalidArgumentError, match="row 2 has an empty prompt"):
+    with pytest.raises(InvalidArgumentError, match=r"row 2 \(.*p\.jsonl:3\) has an empty prompt"):
         ProblemSet.from_source(str(path), input_key="q", label_key="x", max_samples=3)
     for bad in (0, "5", True, 2.0):
         with pytest.raises(InvalidArgumentError, match="max_samples must be an int >= 1"):

@@ -197,7 +197,7 @@ def _check_labels(cfg: TrainConfig, tasks: DatasetTasks) -> None:
             marti.make(DATASET_ENV, **conf).close()
         except InvalidArgumentError as exc:
             found = re.search(r"rows\[(\d+)\]", str(exc))
-            where = f"row {ps.position(int(found[1]))} of " if found else ""
+            where = f"{ps.where(int(found[1]))} of " if found else ""
             raise InvalidArgumentError(f"{where}dataset {ps.source}: {exc}") from None
 
 

@@ -42,8 +42,8 @@ def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
     of a checked agent starts with what is checked (the env shows the row's text every turn).
 
     Raises:
-        InvalidArgumentError: The first row whose prompt does not fit, naming the row (its 0-based position in
-            the file, as every dataset error does), the file, the agent, the prompt's token count, the limit and
+        InvalidArgumentError: The first row whose prompt does not fit, naming the row (its 0-based position and
+            ``FILE:LINE``, as every dataset error does: :meth:`marti.data.ProblemSet.where`), the file, the agent, the prompt's token count, the limit and
             where it comes from, and the config key of the reply's ``max_new_tokens``.
         NotFoundError: A model or its tokenizer cannot be found locally.
     """
@@ -123,7 +123,7 @@ def _too_long(
     ps: ProblemSet, i: int, agent: str, column: str, n: int, limit: int, limit_from: str, reply: int, key: str
 ) -> InvalidArgumentError:
     return InvalidArgumentError(
-        f"row {ps.position(i)} of dataset {ps.source}: agent {agent!r}'s first prompt (its system prompt and the "
+        f"{ps.where(i)} of dataset {ps.source}: agent {agent!r}'s first prompt (its system prompt and the "
         f"row's {column!r} text, in its chat template) is {n} tokens; with {key} {reply} for its reply that is "
         f"{n + reply} tokens, beyond the {limit} the rollout engine takes ({limit_from}): shorten or drop the "
         f"row, or lower {key}"

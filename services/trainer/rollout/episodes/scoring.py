@@ -140,9 +140,9 @@ def check_reward_calls(scorer: RewardScorer | None, tasks: DatasetTasks) -> None
     label_key = tasks.section.label_key
     completions = [str(row[label_key]) if label_key is not None else "" for row in rows]
     prompts = [str(row[tasks.section.input_key]) for row in rows]
-    positions = " and ".join(str(train.position(i)) for i in seeds)
+    named = " and ".join(train.where(i) for i in seeds)
     where = (
-        f"called once before the run on row{'s' if len(rows) > 1 else ''} {positions} of dataset {train.source} "
+        f"called once before the run on {named} of dataset {train.source} "
         f"with {completions!r} as the completions"
     )
     for key, part in parts:

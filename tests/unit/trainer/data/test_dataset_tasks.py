@@ -87,8 +87,9 @@ def test_held_out_rows_that_repeat_a_training_prompt_are_said(tmp_path, caplog):
     shared = sum(p in train for p in held)
     assert shared > 0  # this seed's split puts copies on both sides
     assert re.search(
-        rf"{shared} of the 7 held-out rows have the prompt of a training row \(row \d+ of dataset .*dup\.jsonl.* is "
-        r"row \d+ of dataset .*\): the held-out accuracy counts them as unseen",
+        rf"{shared} of the 7 held-out rows have the prompt of a training row \(row \d+ \(.*dup\.jsonl:\d+\) of "
+        r"dataset .*dup\.jsonl.* is row \d+ \(.*dup\.jsonl:\d+\) of dataset .*\): the held-out accuracy counts them "
+        r"as unseen",
         caplog.text,
     ), caplog.text
 
@@ -278,7 +279,8 @@ def test_a_label_the_verifier_cannot_read_is_named_with_its_row_before_the_job(t
 
     cfg = _config(tmp_path, environment={"options": {"verifier": "multiple_choice"}})  # labels are numbers
     with pytest.raises(
-        InvalidArgumentError, match=r"row \d+ of dataset .*rows\.jsonl.*multiple_choice verifier"
+        InvalidArgumentError,
+        match=r"row \d+ \(.*rows\.jsonl:\d+\) of dataset .*rows\.jsonl.*multiple_choice verifier",
     ):
         check_dataset_job(cfg)
     check_dataset_job(_config(tmp_path))  # numeric: every label reads

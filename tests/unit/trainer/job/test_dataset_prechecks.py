@@ -67,7 +67,7 @@ def test_a_prompt_longer_than_the_models_context_is_refused_before_an_overwrite(
     data = _rows_file(tmp_path, rows)
     proc = train_over_an_old_run(tmp_path, _job(data, rollout={"eval_every": 0}))
     found = re.search(
-        rf"row 6 of dataset JSON file '{re.escape(str(data))}'.*: agent 'solver''s first prompt \(its system prompt "
+        rf"row 6 \({re.escape(str(data))}:7\) of dataset JSON file '{re.escape(str(data))}'.*: agent 'solver''s first prompt \(its system prompt "
         r"and the row's 'prompt' text, in its chat template\) is (\d+) tokens; with rollout.max_new_tokens 128 for "
         r"its reply that is (\d+) tokens, beyond the 2048 the rollout engine takes \(max_position_embeddings of "
         r"agents\[0\].pretrain_model 'tiny-llama'\)",
@@ -99,7 +99,8 @@ def test_every_prompt_that_fits_passes_and_the_count_is_the_rollouts(tmp_path):
     n = len(chat_to_ids(load_tokenizer("tiny-llama"), chat))
     tight = config_from_dict({**job, "rollout": {"eval_every": 0, "max_new_tokens": 2048 - n + 1}})
     with pytest.raises(
-        InvalidArgumentError, match=rf"row 3 of .* is {n} tokens; with rollout.max_new_tokens"
+        InvalidArgumentError,
+        match=rf"row 3 \(.*rows\.jsonl:4\) of .* is {n} tokens; with rollout.max_new_tokens",
     ):
         check_prompt_lengths(tight, DatasetTasks(tight))
     check_prompt_lengths(
@@ -160,7 +161,7 @@ def test_a_too_long_prompt_that_reaches_the_rollout_names_its_dataset_row(tmp_pa
     with pytest.raises(InvalidArgumentError) as info:
         runner.play(seeds)
     assert re.match(
-        rf"row 7 of dataset JSON file '{re.escape(str(data))}'.*, agent 'solver', turn 0 \(episode run-\d+-\w+\): its "
+        rf"row 7 \({re.escape(str(data))}:8\) of dataset JSON file '{re.escape(str(data))}'.*, agent 'solver', turn 0 \(episode run-\d+-\w+\): its "
         r"prompt is too long: prompt 3: \d+ tokens \+ max_new_tokens 64 exceeds max_model_len 400$",
         str(info.value),
     ), str(info.value)
@@ -187,7 +188,10 @@ def test_with_a_workflow_the_roles_system_prompt_is_counted_and_scripted_agents_
     check_prompt_lengths(cfg, DatasetTasks(cfg))  # the judge is scripted: it generates nothing
     job["workflow"]["roles"] = [{"agent": "solver", "system_prompt": long + "You are {name}."}]
     cfg = config_from_dict(job)
-    with pytest.raises(InvalidArgumentError, match=r"^row \d+ of dataset .*: agent 'solver''s first prompt"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^row \d+ \(.*rows\.jsonl:\d+\) of dataset .*: agent 'solver''s first prompt",
+    ):
         check_prompt_lengths(cfg, DatasetTasks(cfg))
 
 
@@ -208,7 +212,7 @@ def test_a_csv_cell_over_128_kib_reaches_the_prompt_length_check(tmp_path):
     job = {**_job(data, rollout={"eval_every": 0}), "dataset": {"path": f"csv:{data}", "eval_fraction": 0.2}}
     with pytest.raises(
         InvalidArgumentError,
-        match=r"row 4 of dataset CSV file .*: agent 'solver''s first prompt .* is \d+ tokens",
+        match=r"row 4 \(.*rows\.csv:6\) of dataset CSV file .*: agent 'solver''s first prompt .* is \d+ tokens",
     ):
         check_dataset_job(config_from_dict(job))
 
@@ -247,7 +251,8 @@ def test_a_reward_function_that_fails_when_called_is_refused_before_an_overwrite
     data = _rows_file(tmp_path, rows)
     proc = train_over_an_old_run(tmp_path, _job(data, reward={"functions": [f"{reward}:{fn}"]}))
     assert re.search(
-        rf"marti train: reward.functions, called once before the run on rows \d+ and \d+ of dataset JSON file "
+        rf"marti train: reward.functions, called once before the run on row \d+ \({re.escape(str(data))}:\d+\) "
+        rf"and row \d+ \({re.escape(str(data))}:\d+\) of dataset JSON file "
         rf"'{re.escape(str(data))}'.* with \['\d+', '\d+'\] as the completions: reward function "
         rf"'{re.escape(str(reward))}:{fn}' raised {re.escape(error)} \(scoring 2 completions; .*keywords: prompts, "
         r"completions, answer\)",
@@ -364,7 +369,8 @@ def test_a_reward_server_that_is_down_or_answers_badly_is_refused_before_the_job
     rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
     reward = {"remote_url": url, "remote_retries": 0, "remote_timeout_s": 0.3}
     expected = (
-        r"^reward.remote_url \(--remote_rm_url\), called once before the run on rows \d+ and \d+ of dataset JSON "
+        r"^reward.remote_url \(--remote_rm_url\), called once before the run on row \d+ \(.*rows\.jsonl:\d+\) and "
+        r"row \d+ \(.*rows\.jsonl:\d+\) of dataset JSON "
         r"file "
         rf".* with \['\d+', '\d+'\] as the completions: remote reward server '{re.escape(url)}' .*{message}"
     )
