@@ -15,7 +15,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from marti.config.section import Section
-from marti.rewards.judge import JUDGE_PATTERN, compile_judge_pattern
+from marti.rewards.judge import JUDGE_PATTERN, JUDGE_PATTERN_TIMEOUT_S, compile_judge_pattern
 
 _Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
@@ -24,7 +24,7 @@ _Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 _READ_ONLY_WITH = {
     "remote_url": ("remote_timeout_s", "remote_retries", "remote_backoff_s", "remote_batch_size"),
     "model": ("model_batch_size", "model_max_length"),
-    "judge_agent": ("judge_pattern",),
+    "judge_agent": ("judge_pattern", "judge_pattern_timeout_s"),
 }
 
 
@@ -61,7 +61,12 @@ class RewardConfig(Section):
     scorers. Null: no judge."""
     judge_pattern: str = JUDGE_PATTERN
     """Regex reading the judge's verdict (its last match; group 1 if any): a number in [0, 1], or ``correct`` /
-    ``yes`` (1) / ``incorrect`` / ``no`` (0). An unreadable verdict scores 0 with a warning (``judge/unreadable``)."""
+    ``yes`` (1) / ``incorrect`` / ``no`` (0). An unreadable verdict scores 0 with a warning (``judge/unreadable``).
+    Checked to compile at config load."""
+    judge_pattern_timeout_s: _Positive = JUDGE_PATTERN_TIMEOUT_S
+    """Seconds ``judge_pattern`` may run on one judge reply (the ``regex`` package's ``timeout``); past it (a
+    pattern that backtracks catastrophically) the verdict is unreadable: scored 0 with a warning naming the
+    pattern and the limit, counted in ``judge/unreadable``, and the job goes on."""
 
     @property
     def active(self) -> bool:

@@ -53,7 +53,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
 
 
 #: The judge's keys score through the judge's verdict, not build_scorer (tests/unit/trainer/data/test_data_workflows.py).
-JUDGE_KEYS = ("judge_agent", "judge_pattern")
+JUDGE_KEYS = ("judge_agent", "judge_pattern", "judge_pattern_timeout_s")
 
 
 def test_the_table_names_every_key():

@@ -632,6 +632,7 @@ EFFECT_TESTS = {
     # the LLM judge's verdict is the reward, through EpisodeScorer and the episode runner
     "reward.judge_agent": "tests/unit/trainer/data/test_data_workflows.py::test_the_frozen_judges_verdict_is_the_reward",
     "reward.judge_pattern": "tests/unit/trainer/data/test_data_workflows.py::test_judge_pattern_reads_the_verdict",
+    "reward.judge_pattern_timeout_s": "tests/unit/trainer/data/test_data_workflows.py::test_a_judge_pattern_that_backtracks_is_scored_0_with_a_warning_and_the_job_goes_on",
 }  # fmt: skip
 
 #: Settings a key takes effect beside, applied to both sides of the comparison; a list: the key is walked once

@@ -123,6 +123,7 @@ def test_settings_a_dataset_job_would_not_read_are_refused(tmp_path, extra, name
         ("model_batch_size", 2, "model", "tiny-llama"),
         ("model_max_length", 512, "model", "tiny-llama"),
         ("judge_pattern", r"Grade: (\d)", "judge_agent", "b"),
+        ("judge_pattern_timeout_s", 5.0, "judge_agent", "b"),
     ],
 )
 def test_a_reward_key_set_without_the_scorer_that_reads_it_is_refused(

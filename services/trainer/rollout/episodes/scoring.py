@@ -188,6 +188,7 @@ class EpisodeScorer:
         self.tasks, self.scorer = tasks, scorer
         self.judge = cfg.reward.judge_agent
         self.judge_pattern = compile_judge_pattern(cfg.reward.judge_pattern)
+        self.judge_timeout_s = cfg.reward.judge_pattern_timeout_s
         if scorer is None and self.judge is None:
             raise InvalidArgumentError("EpisodeScorer needs a reward scorer or reward.judge_agent")
         self.input_key = tasks.section.input_key
@@ -227,15 +228,18 @@ class EpisodeScorer:
     def _judged(self, view: EpisodeView) -> dict[str, float]:
         """Every agent credited the judge's verdict on the team's answer (0.0 when it cannot be read)."""
         said = [text for _, agent, text in view.transcript if agent == self.judge and text]
-        verdict = read_verdict(said[-1], self.judge_pattern) if said else None
+        why = f"no verdict readable with reward.judge_pattern {self.judge_pattern.pattern!r}"
+        try:
+            verdict = read_verdict(said[-1], self.judge_pattern, self.judge_timeout_s) if said else None
+        except DeadlineExceededError as exc:  # a pattern that backtracks catastrophically: unreadable, said
+            verdict, why = None, str(exc)
         view.metrics["judge/unreadable"] = float(verdict is None)
         if verdict is None:
             reply = repr(said[-1][:200]) if said else "nothing (the judge did not speak)"
             _LOG.warning(
-                "judge %r: no verdict readable with reward.judge_pattern %r in problem seed %d; scored 0.0. "
-                "Its reply: %s",
+                "judge %r: %s in problem seed %d; scored 0.0. Its reply: %s",
                 self.judge,
-                self.judge_pattern.pattern,
+                why,
                 view.seed,
                 reply,
             )

@@ -6,6 +6,7 @@ answer and each agent's reward; the config check of ``max_turns`` against the wo
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import yaml
 
 import marti
 from marti.config import config_from_dict, load_config
-from marti.errors import InvalidArgumentError
+from marti.errors import DeadlineExceededError, InvalidArgumentError
 from marti.rewards import make_verifier
 from marti.rewards.judge import read_verdict
 from marti.workflow import workflow_from_section
@@ -236,10 +237,45 @@ def test_a_bad_judge_is_refused_at_config_load(data_dir):
         "environment__options": ({"verifier": "numeric"}, "needs environment.options.final_agent"),
         "reward__functions": (["x.py:f"], "leave out reward.functions"),
         "reward__judge_pattern": ("(", "does not compile"),
+        "reward__judge_pattern_timeout_s": (0, "greater than 0"),
     }
     for key, (value, message) in bad.items():
         with pytest.raises(InvalidArgumentError, match=message):
             config_from_dict(_example("judged.yaml", **{key: value}))
+
+
+#: A pattern that backtracks catastrophically on 40 a's and a b: Python's ``re`` tries about 2**40 ways (the job
+#: hung). (The brief's ``(a+)+$`` is one the ``regex`` package answers at once, so it shows nothing.)
+EVIL = (r"(a|a)+$", "a" * 40 + "b")
+
+
+def test_a_verdict_pattern_past_its_time_limit_is_a_typed_error():
+    start = time.monotonic()
+    with pytest.raises(
+        DeadlineExceededError, match=r"ran past reward.judge_pattern_timeout_s 0.2 s on a reply of 41"
+    ):
+        read_verdict(EVIL[1], EVIL[0], timeout_s=0.2)
+    assert time.monotonic() - start < 3
+    either = r"Verdict: (\w+)|(a|a)+$"
+    assert read_verdict("Verdict: yes", either, timeout_s=0.2) == 1.0  # a reply it reads
+    with pytest.raises(DeadlineExceededError):
+        read_verdict(EVIL[1], either, timeout_s=0.2)
+
+
+def test_a_match_without_group_1_is_no_verdict():
+    """It raised AttributeError ('NoneType' object has no attribute 'strip') inside the scorer."""
+    assert read_verdict("N/A", r"Verdict: (\w+)|N/A") is None
+
+
+def test_a_judge_pattern_that_backtracks_is_scored_0_with_a_warning_and_the_job_goes_on(data_dir, caplog):
+    cfg = config_from_dict(
+        _example("judged.yaml", reward__judge_pattern=EVIL[0], reward__judge_pattern_timeout_s=0.2)
+    )
+    with caplog.at_level(logging.WARNING, logger="services.trainer.rollout.episodes.scoring"):
+        result, _, _ = _play(cfg, {"solver": ["Answer: {answer}"], "judge": [EVIL[1]]})
+    assert result.returns["solver"] == 0.0
+    assert result.metrics["judge/unreadable"] == 1.0
+    assert "ran past reward.judge_pattern_timeout_s 0.2 s" in caplog.text
 
 
 def test_judge_pattern_reads_the_verdict(data_dir):
