@@ -2,7 +2,7 @@
 path: :func:`services.trainer.rollout.episodes.scoring.build_scorer` on a validated config, a real HTTP reward server on
 port 0, and the reward-model actor class :class:`~services.trainer.ray.reward_worker.RewardModelWorker` built
 in-process from :func:`~services.trainer.ray.reward_worker.reward_actor_config` (the ``tiny-llama`` alias: a tiny
-random one-label classifier), without Ray (tests/unit/config/test_key_walk.py maps every ``reward.*`` key here).
+random one-label classifier), without Ray (tests/unit/config/key_walk_tables.py maps every ``reward.*`` key here, for the key walk of test_key_walk.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Each key of the ``dataset:`` section changes the problems :func:`marti.data.load_problems` builds from it
-(tests/unit/config/test_key_walk.py maps every ``dataset.*`` key here)."""
+(tests/unit/config/key_walk_tables.py maps every ``dataset.*`` key here, for the key walk of test_key_walk.py)."""
 
 from __future__ import annotations
 
