@@ -23,34 +23,41 @@ def _refusal(path, **keys) -> str:
     return str(info.value)
 
 
-def test_a_jsonl_row_is_named_by_its_line_counting_blank_lines(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_text('\n{"q": "x", "a": "1"}\n\n\n{"q": "y", "a": "2"}\n  \n{"q": "z", "a": null}\n')
-    assert f"row 2 ({path}:7) has no label in column 'a'" in _refusal(path)
-
-
-def test_a_jsonl_object_over_several_lines_is_named_by_the_line_it_starts_on(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_text('{"q": "x", "a": "1"}\n{"q": "y",\n "a": "2"}\n\n{"q": "",\n "a": "3"}\n')
-    assert f"row 2 ({path}:5) has an empty prompt in column 'q'" in _refusal(path)
-
-
-def test_a_json_array_element_is_named_by_the_line_it_starts_on(tmp_path):
-    path = tmp_path / "p.json"
-    path.write_text('[\n  {"q": "x", "a": "1"},\n\n  {"q": "y", "a": [1]}\n]\n')
-    assert f"row 1 ({path}:4) has a list label [1] in column 'a'" in _refusal(path)
-
-
-def test_a_csv_row_is_named_by_its_line_counting_the_header_and_multiline_cells(tmp_path):
-    path = tmp_path / "p.csv"
-    path.write_text('q,a\n\nx,1\n"two\nlines",2\n   \ny,\n')
-    assert f"row 2 ({path}:7) has no label in column 'a'" in _refusal(path)
-
-
-def test_a_value_that_is_not_json_names_the_line(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_text('{"q": "x", "a": "1", "n": 1.5}\n\n{"q": "y", "a": "2", "n": NaN}\n')
-    assert f"row 1 ({path}:3), column 'n': nan is not a finite number" in _refusal(path)
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        (  # blank lines (and one of spaces) counted
+            "p.jsonl",
+            '\n{"q": "x", "a": "1"}\n\n\n{"q": "y", "a": "2"}\n  \n{"q": "z", "a": null}\n',
+            "row 2 ({path}:7) has no label in column 'a'",
+        ),
+        (  # an object over several lines: the line it starts on
+            "p.jsonl",
+            '{"q": "x", "a": "1"}\n{"q": "y",\n "a": "2"}\n\n{"q": "",\n "a": "3"}\n',
+            "row 2 ({path}:5) has an empty prompt in column 'q'",
+        ),
+        (  # a JSON array: the line where the element starts
+            "p.json",
+            '[\n  {"q": "x", "a": "1"},\n\n  {"q": "y", "a": [1]}\n]\n',
+            "row 1 ({path}:4) has a list label [1] in column 'a'",
+        ),
+        (  # CSV: the header is line 1, a quoted cell over two lines counts both, blank lines are no rows
+            "p.csv",
+            'q,a\n\nx,1\n"two\nlines",2\n   \ny,\n',
+            "row 2 ({path}:7) has no label in column 'a'",
+        ),
+        (  # a value that is not JSON-able
+            "p.jsonl",
+            '{"q": "x", "a": "1", "n": 1.5}\n\n{"q": "y", "a": "2", "n": NaN}\n',
+            "row 1 ({path}:3), column 'n': nan is not a finite number",
+        ),
+    ],
+    ids=["jsonl-blank-lines", "jsonl-object-over-lines", "json-array", "csv", "not-json-able"],
+)
+def test_a_bad_row_is_named_by_the_line_it_starts_on(tmp_path, name, text, expected):
+    path = tmp_path / name
+    path.write_text(text)
+    assert expected.format(path=path) in _refusal(path)
 
 
 def test_a_parquet_row_has_no_line_and_is_named_by_its_position(tmp_path):
