@@ -35,7 +35,7 @@ class ProblemSet:
             held-out split); default ``0..len(rows)-1``. Errors name these positions.
         lines: The 1-based line of ``file`` where each row starts (parallel to ``rows``), or None: errors then
             name a row ``row 3 (data/x.jsonl:5)`` (:meth:`where`), so an editor opens it.
-        file: The file the rows were read from, as the user gave it (with ``lines``).
+        file: The file the rows were read from, as the user gave it (given with ``lines``, or neither).
         labels_required: The caller cannot do without labels (a ``dataset_task`` job: its verifier reads every
             row's label): a missing ``label_key`` column's error then suggests no ``label_key: null``.
 
@@ -43,7 +43,8 @@ class ProblemSet:
         InvalidArgumentError: No rows, a key that is not a column (the columns and the closest match named), a
             row with an empty or non-string prompt, without a label or with a label that is not text or a number
             (a list, an object, a boolean), or with a value that is not JSON-able
-            (each naming the source, row position, column and value).
+            (each naming the source, the row as :meth:`where` names it, the column and the value); ``lines``
+            without ``file`` or the other way round, or not one line per row.
     """
 
     def __init__(
@@ -72,10 +73,14 @@ class ProblemSet:
         self._positions = tuple(range(len(rows)) if positions is None else positions)
         if len(self._positions) != len(rows):
             raise InvalidArgumentError(f"{source}: {len(self._positions)} positions for {len(rows)} rows")
+        if (lines is None) != (file is None):
+            raise InvalidArgumentError(
+                f"{source}: lines and file go together, got lines={lines!r}, file={file!r}"
+            )
         if lines is not None and len(lines) != len(rows):
             raise InvalidArgumentError(f"{source}: {len(lines)} lines for {len(rows)} rows")
-        self._lines = None if lines is None or file is None else tuple(lines)
-        self._file = file if self._lines is not None else None
+        self._lines = None if lines is None else tuple(lines)
+        self._file = file
         names = [self._name(n) for n in range(len(rows))]
         check_rows(source, rows, input_key, label_key, names=names)
         self._rows = tuple(copy.deepcopy(dict(r)) for r in rows)

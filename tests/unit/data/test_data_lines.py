@@ -78,6 +78,10 @@ def test_held_out_and_max_samples_rows_keep_their_lines(tmp_path):
     first = ProblemSet.from_source(str(path), input_key="q", max_samples=3)
     assert [first.where(i) for i in range(3)] == [f"row {i} ({path}:{2 * i + 2})" for i in range(3)]
     assert ProblemSet([{"q": "x"}], input_key="q").where(0) == "row 0"  # rows given in code have no file
+    with pytest.raises(InvalidArgumentError, match="lines and file go together"):
+        ProblemSet([{"q": "x"}], input_key="q", lines=[1])
+    with pytest.raises(InvalidArgumentError, match="2 lines for 1 rows"):
+        ProblemSet([{"q": "x"}], input_key="q", lines=[1, 2], file="x.jsonl")
 
 
 def test_marti_train_names_the_line_of_a_bad_row(tmp_path):
