@@ -501,10 +501,10 @@ class SqliteStorage(Storage):
         both name the table."""
         if is_storage_full(exc):
             outcome = (
-                "this commit did not reach the database (its inserted items leave the table again: send them "
-                "again once there is room; an insert that waited for room mid-call committed the items before "
-                "the wait; what a sample, delete or priority update changed stays in memory until a restart "
-                "undoes it)"
+                "this commit did not reach the database (its inserted items leave the table again and the items "
+                "it evicted come back: send them again once there is room; the items an insert committed before "
+                "it waited for room mid-call are in, with their keys; what a sample, delete or priority update "
+                "changed stays in memory until a restart undoes it)"
             )
             return storage_full_error(f"table {table!r}: store database", self.path, exc, outcome)
         return InternalError(f"storage commit failed for table {table!r}: {exc}")

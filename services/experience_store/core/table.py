@@ -33,16 +33,17 @@ from marti.trajectory import TrajectorySummary
 from .episodes import EpisodeIndex, grouped
 from .rate_limiter import RateLimiter, RateLimiterState
 from .selectors import Candidate, Selector, make_selector
-from .storage import CommitTicket, ItemRecord, Storage
+from .storage import ItemRecord, Storage
 from .table_records import Duplicate, NewItem, SampledItem, Take, check_priority
 from .table_restore import Restoring
+from .table_withdraw import Flushed, Withdrawing
 
 NO_FILTER = SampleFilter()
 #: Taken episode ids a table remembers for idempotent inserts, by default (the store's ``taken_ids_window``).
 TAKEN_IDS_WINDOW = 100_000
 
 
-class Table(Restoring):
+class Table(Restoring, Withdrawing):
     """One experience table.
 
     Args:
@@ -97,7 +98,9 @@ class Table(Restoring):
         self._closed = False
         self.waiting: Counter[str] = Counter()  # callers waiting now, by what they wait to do: insert, sample
         self._held = Counter()  # of open takes: samples, deletes, stale, items, bytes (not yet committed)
-        self._withdrawn: set[int] = set()  # keys of failed inserts an open take holds: a release drops them
+        self._held_keys: set[int] = set()  # keys of the items open takes removed
+        self._withdrawn: set[int] = set()  # those of failed inserts (:meth:`_withdraw`): a release drops them
+        self._resets = 0  # how many times the table was reset (:meth:`_withdraw` undoes nothing across one)
 
     def _index(self, rec: ItemRecord) -> None:
         self._items[rec.key] = rec
@@ -259,24 +262,20 @@ class Table(Restoring):
             (a DeadlineExceededError, reason ``RATE_LIMITED``, metadata ``table``, ``size``, ``max_size``) when
             the wait for room or for the rate limiter ran out; items after it get the same error), or
             UnavailableError when the store shut down or ``abandoned`` was set during a wait (items after it get
-            the same error).
-
-        Raises:
-            InternalError: when storage could not commit the items; ResourceExhaustedError when that was because
-                its disk is full. The items of the failed commit that are still in the table leave it again
-                (:meth:`_withdraw`), so the same call sent again inserts them, not :class:`Duplicate` results of
-                items a restart would lose (one a sampler took meanwhile was trained on: sent again, it is a
-                Duplicate; one whose take is released instead does not come back). Items evicted to make room
-                stay evicted until a restart brings them back (their deletion was not committed either). Items of
-                the same call committed before it (while the call waited for room) stay, as their keys are not
-                returned.
-            UnavailableError: when storage was closed before it committed them.
+            the same error). An item whose commit failed gets the commit's error: InternalError,
+            ResourceExhaustedError when the disk is full, UnavailableError when storage was closed first; the
+            items of the same call committed before (while the call waited for room) keep their keys, so the
+            caller knows which landed. The failed items leave the table again (:meth:`_withdraw`), so the same
+            items sent again are inserted, not :class:`Duplicate` results of items a restart would lose (one a
+            sampler took meanwhile was trained on: sent again, it is a Duplicate; one whose take is released
+            instead does not come back), and the items evicted to make room for them come back to the table,
+            not counted as evicted (their delete did not reach the database either).
         """
         deadline = time.monotonic() + max(0.0, timeout_s)
         results: list[int | Duplicate | MartiError] = []
         pending: list[tuple[ItemRecord, bytes]] = []
-        evicted: list[int] = []
-        tickets: list[tuple[CommitTicket, list[int]]] = []
+        evicted: list[ItemRecord] = []
+        tickets: list[Flushed] = []
         with self._cond:
             for n, item in enumerate(items):
                 try:
@@ -288,30 +287,8 @@ class Table(Restoring):
                 except MartiError as e:
                     results.append(e)
             self._flush(pending, evicted, tickets)
-        failed: MartiError | None = None
-        for ticket, keys in tickets:
-            try:
-                ticket.wait()
-            except MartiError as e:
-                failed = failed or e
-                self._withdraw(keys)
-        if failed is not None:
-            raise failed
+        self._settle(tickets, results)
         return results
-
-    def _withdraw(self, keys: list[int]) -> None:
-        """Take back the inserts of a failed commit: those of ``keys`` still in the table leave it, not counted
-        as inserted or deleted (the rate limiter and the idempotent-insert index as if they never came)."""
-        with self._cond:
-            state = self.rate_limiter.state
-            for key in keys:
-                if key in self._items:
-                    self._unindex(key)
-                    state.deletes -= 1  # _unindex counted a delete
-                    state.inserts -= 1
-                elif self._held["items"]:  # an open take may hold it: a release must not put it back
-                    self._withdrawn.add(key)
-            self._cond.notify_all()
 
     def _insert_one(
         self,
@@ -319,8 +296,8 @@ class Table(Restoring):
         deadline: float,
         abandoned: threading.Event | None,
         pending: list[tuple[ItemRecord, bytes]],
-        evicted: list[int],
-        tickets: list[tuple[CommitTicket, list[int]]],
+        evicted: list[ItemRecord],
+        tickets: list[Flushed],
     ) -> int | Duplicate:
         priority = check_priority(item.priority)
         size = len(item.payload)
@@ -340,9 +317,8 @@ class Table(Restoring):
             if not self._room_for(size) and self.config.full_policy == "evict":
                 while self._items and not self._room_for(size):
                     key, _ = self.remover.select(self._rng)
-                    self._unindex(key)
+                    evicted.append(self._unindex(key))
                     self.evictions += 1
-                    evicted.append(key)
             if self._room_for(size) and self.rate_limiter.can_insert(len(self._items)):
                 break
             self._flush(pending, evicted, tickets)
@@ -374,19 +350,21 @@ class Table(Restoring):
     def _flush(
         self,
         pending: list[tuple[ItemRecord, bytes]],
-        evicted: list[int],
-        tickets: list[tuple[CommitTicket, list[int]]],
+        evicted: list[ItemRecord],
+        tickets: list[Flushed],
     ) -> None:
         """Submit the pending inserts and evictions (caller holds the lock) and wake waiting callers; ``tickets``
-        gets the operation's ticket with the keys it inserts."""
+        gets the operation's :class:`Flushed`."""
         if not pending and not evicted:
             return
-        # Evicted keys that were inserted in this same batch never reach storage.
-        fresh = {rec.key for rec, _ in pending}
+        # Evicted items that were inserted in this same batch never reach storage.
+        keys = [rec.key for rec, _ in pending]
         inserts = [(r, p) for r, p in pending if r.key in self._items]
-        deletes = [k for k in evicted if k not in fresh]
+        fresh = set(keys) - {r.key for r, _ in inserts}
+        stored = [r for r in evicted if r.key not in fresh]
+        deletes = [r.key for r in stored]
         ticket = self._storage.submit(self.name, inserts=inserts, deletes=deletes, counters=self.counters())
-        tickets.append((ticket, [r.key for r, _ in inserts]))
+        tickets.append(Flushed(ticket, keys, fresh, stored, self._resets))
         pending.clear()
         evicted.clear()
         self._cond.notify_all()
@@ -594,6 +572,10 @@ class Table(Restoring):
         held["stale"] += sign * take.stale
         held["items"] += sign * len(take.removed)
         held["bytes"] += sign * sum(r.num_bytes for r in take.removed.values())
+        if sign > 0:
+            self._held_keys.update(take.removed)
+        else:
+            self._held_keys.difference_update(take.removed)
         self.episodes.hold(take.removed.values(), sign)
 
     def _undo(self, take: Take) -> None:
@@ -703,6 +685,7 @@ class Table(Restoring):
             self.stale_removed = held["stale"]
             self.evictions = self.priority_updates = self.priority_updates_missing = 0
             self.episodes.forget_taken()
+            self._resets += 1
             ticket = self._storage.submit(self.name, deletes=keys, counters=self.counters())
             self._cond.notify_all()
         ticket.wait()

@@ -1,0 +1,149 @@
+"""A table's accounting after an insert whose commit failed (a full disk): the items evicted to make room come
+back at once and are not counted as evicted, and no key is remembered as withdrawn beyond the take that holds it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from marti.errors import ResourceExhaustedError
+from marti.experience_types import parse_table_config
+from marti.trajectory import summarize
+from services.experience_store.core.storage import SqliteStorage
+from services.experience_store.core.store import ExperienceStore
+from services.experience_store.core.table_records import NewItem
+
+from .helpers import item, make_traj
+
+
+def _fill_the_disk(storage: SqliteStorage) -> None:
+    """Let the database grow no further: SQLite then refuses a write with ``SQLITE_FULL`` ("database or disk is
+    full"), the error a full disk gives (``PRAGMA max_page_count``, so no real disk has to fill up)."""
+    pages = storage._wconn.execute("PRAGMA page_count").fetchone()[0]
+    storage._wconn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def _room_again(storage: SqliteStorage) -> None:
+    storage._wconn.execute("PRAGMA max_page_count = 1073741823")
+
+
+def _big(episode: str) -> NewItem:
+    """An item too big for a full database's free pages."""
+    return NewItem(b"x" * 200_000, summarize(make_traj(episode=episode)), 1.0)
+
+
+def _episodes(store: ExperienceStore, table: str) -> list[str]:
+    return [r.episode_id for r in store.table(table).records()]
+
+
+def test_items_evicted_for_a_failed_insert_come_back_at_once_and_are_counted_once_across_a_restart(tmp_path):
+    """An insert into a full ``evict`` table evicted an item, then its commit failed: the evicted item stayed out
+    of the table (its delete never reached the database) until a restart brought it back, while its eviction was
+    counted in memory and committed with the next operation's counters, so after the restart the table fitted it
+    by evicting again: one item, two evictions. Now the failed commit puts it back and uncounts it at once."""
+    config = parse_table_config({"name": "t", "preset": "uniform", "max_size": 3})
+    s = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)
+    s.insert("t", [item(episode=f"e{i}") for i in range(3)], 0)
+    counters = s.table("t").info()["counters"]
+    _fill_the_disk(s.storage)
+    (res,) = s.insert("t", [_big("big")], 0)
+    assert isinstance(res, ResourceExhaustedError)
+    assert _episodes(s, "t") == ["e0", "e1", "e2"]  # e0, evicted for room, is back
+    assert s.table("t").info()["counters"] == counters
+    _room_again(s.storage)
+    assert isinstance(s.insert("t", [_big("big")], 0)[0], int)
+    assert _episodes(s, "t") == ["e1", "e2", "big"]
+    assert s.table("t").info()["counters"]["evictions"] == 1
+    s.close()
+    s2 = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)  # reopened from the database
+    assert _episodes(s2, "t") == ["e1", "e2", "big"]
+    info = s2.table("t").info()["counters"]
+    assert (info["evictions"], info["inserts"], info["deletes"]) == (1, 4, 1)
+    s2.close()
+
+
+def test_an_item_evicted_by_a_later_item_of_its_own_failed_commit_is_not_counted_either(tmp_path):
+    """Items of one commit: the first evicted the stored item, the second evicted the first (never stored). When
+    the commit fails, neither item is answered with a key, the stored item comes back, and no counter keeps an
+    insert, delete or eviction of theirs."""
+    config = parse_table_config({"name": "t", "preset": "uniform", "max_size": 1})
+    s = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)
+    s.insert("t", [item(episode="e0")], 0)
+    counters = s.table("t").info()["counters"]
+    _fill_the_disk(s.storage)
+    results = s.insert("t", [_big("a"), _big("b")], 0)
+    assert all(isinstance(r, ResourceExhaustedError) for r in results) and len(results) == 2
+    assert _episodes(s, "t") == ["e0"]
+    assert s.table("t").info()["counters"] == counters
+    s.close()
+
+
+def test_an_eviction_before_a_reset_is_not_undone_into_the_reset_table(tmp_path):
+    """A table reset while a failed insert's commit was queued: the items that insert evicted are not put back
+    into the emptied table (nor uncounted from its zeroed counters); their delete is sent again instead, so a
+    restart does not bring them back either."""
+    config = parse_table_config({"name": "t", "preset": "uniform", "max_size": 2})
+    s = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)
+    table, storage = s.table("t"), s.storage
+    s.insert("t", [item(episode=f"e{i}") for i in range(2)], 0)
+    _fill_the_disk(storage)
+    results, resets = [], []
+    storage._write_lock.acquire()  # the writer holds the insert until the reset is queued behind it
+    inserter = threading.Thread(target=lambda: results.extend(table.insert([_big("big")], 0)))
+    inserter.start()
+    while "big" not in _episodes(s, "t"):
+        time.sleep(0.01)
+    resetter = threading.Thread(target=lambda: resets.append(table.reset()))
+    resetter.start()
+    while len(table):
+        time.sleep(0.01)
+    storage._write_lock.release()  # the insert fails; the reset (deletes only) commits
+    inserter.join(10)
+    resetter.join(10)
+    assert isinstance(results[0], ResourceExhaustedError) and resets == [2]
+    assert len(table) == 0 and min(table.info()["counters"].values()) >= 0
+    s.close()
+    s2 = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)
+    assert _episodes(s2, "t") == []
+    s2.close()
+
+
+def test_a_failed_insert_remembers_no_key_that_no_open_take_holds(tmp_path):
+    """A failed insert whose item had already left the table another way (deleted, evicted, or sampled out and
+    committed) while some other sample's take was open remembered the key as withdrawn, for a release that never
+    came: one key kept forever per such failure. Now only a key an open take holds is remembered, and its take's
+    commit or release forgets it."""
+    s = ExperienceStore(SqliteStorage(tmp_path), seed=0)
+    s.create_table(parse_table_config({"name": "q", "preset": "queue"}))
+    table, storage = s.table("q"), s.storage
+    s.insert("q", [item(episode="held")], 0)
+    take = table.take(1, 5)  # an open take: it holds "held"
+    _fill_the_disk(storage)
+    results, deleted = [], []
+    for n in range(3):  # repeated failures
+        storage._write_lock.acquire()  # the writer holds the insert until its item was deleted
+        inserter = threading.Thread(target=lambda n=n: results.extend(table.insert([_big(f"k{n}")], 0)))
+        inserter.start()
+        while not len(table):
+            time.sleep(0.01)
+        deleter = threading.Thread(target=lambda n=n: deleted.append(_raised(table.delete, [f"k{n}"])))
+        deleter.start()
+        while len(table):
+            time.sleep(0.01)
+        storage._write_lock.release()
+        inserter.join(10)
+        deleter.join(10)
+    assert all(isinstance(r, ResourceExhaustedError) for r in results) and len(results) == 3
+    assert table._withdrawn == set()
+    table.release(take)
+    assert _episodes(s, "q") == ["held"] and table._withdrawn == set()
+    s.close()
+
+
+def _raised(fn, *args):
+    """The exception ``fn(*args)`` raised, or None."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
