@@ -98,7 +98,10 @@ class ExperienceServiceServicer:
         confirmation per item, in order, after the items are committed to the write-ahead log. A refused item
         gets an in-band status; the stream goes on. Unknown tables are refused per item (NOT_FOUND). A request
         waiting for room (a full table, its rate limiter) when the call is cancelled stops waiting at once: the
-        waiting item and the request's items after it are not inserted, its items before the wait stay.
+        waiting item and the request's items after it are not inserted, its items before the wait stay. An item
+        whose commit failed gets that commit's status (RESOURCE_EXHAUSTED when the store's disk is full, else
+        INTERNAL) and is not in the table; the request's items committed before it (before a wait for room) are
+        confirmed with their keys.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
