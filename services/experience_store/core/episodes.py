@@ -98,6 +98,10 @@ class EpisodeIndex:
         for e in episode_ids:
             _remember(self._taken, (e, _ANY_AGENT), self.window)
 
+    def was_deleted(self, episode_id: str) -> bool:
+        """Whether the episode id was deleted (:meth:`deleted`) within the window."""
+        return (episode_id, _ANY_AGENT) in self._taken
+
     def forget_taken(self) -> None:
         """Forget every taken episode id and dropped group (the table was reset); the episodes of items still
         held by open takes stay known."""

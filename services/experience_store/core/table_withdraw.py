@@ -52,8 +52,8 @@ class Withdrawing:
         (the rate limiter and the idempotent-insert index as if they never came); one an open take holds is
         remembered, so the take's release does not put it back; one evicted again before its submission is
         uncounted as inserted, deleted and evicted. The stored items it evicted come back to their place (their
-        delete was not committed), uncounted as deleted and evicted; after a reset of the table since, they
-        stay out and their delete is sent again instead."""
+        delete was not committed), uncounted as deleted and evicted; after a reset of the table since, or a
+        delete of their episode, they stay out and their delete is sent again instead."""
         with self._cond:
             state, same = self.rate_limiter.state, part.resets == self._resets
             for key in part.keys:
@@ -69,11 +69,12 @@ class Withdrawing:
                     state.inserts -= 1
                     state.deletes -= 1
                     self.evictions -= 1
-            if same:
-                for rec in part.evicted:
+            gone = [r for r in part.evicted if not same or self.episodes.was_deleted(r.episode_id)]
+            for rec in part.evicted:
+                if rec.key not in {r.key for r in gone}:
                     self._index(rec)
                     state.deletes -= 1
                     self.evictions -= 1
-            elif part.evicted:
-                self._storage.submit(self.name, deletes=[r.key for r in part.evicted])
+            if gone:
+                self._storage.submit(self.name, deletes=[r.key for r in gone])
             self._cond.notify_all()

@@ -78,34 +78,66 @@ def test_an_item_evicted_by_a_later_item_of_its_own_failed_commit_is_not_counted
     s.close()
 
 
-def test_an_eviction_before_a_reset_is_not_undone_into_the_reset_table(tmp_path):
-    """A table reset while a failed insert's commit was queued: the items that insert evicted are not put back
-    into the emptied table (nor uncounted from its zeroed counters); their delete is sent again instead, so a
-    restart does not bring them back either."""
+def _evicting_insert_fails_around(tmp_path, action, submitted) -> tuple[ExperienceStore, list, list]:
+    """A table of ``e0``, ``e1`` at its ``max_size`` 2 on a full disk: an insert of a big item evicts ``e0`` and
+    its commit is held back (the writer's lock) until ``action(table)``, run on another thread, has submitted its
+    own operation (``submitted(table)`` true); then the insert's commit fails. Returns the store, the insert's
+    results and what ``action`` returned (or raised)."""
     config = parse_table_config({"name": "t", "preset": "uniform", "max_size": 2})
     s = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)
     table, storage = s.table("t"), s.storage
     s.insert("t", [item(episode=f"e{i}") for i in range(2)], 0)
     _fill_the_disk(storage)
-    results, resets = [], []
-    storage._write_lock.acquire()  # the writer holds the insert until the reset is queued behind it
+    results, done = [], []
+    storage._write_lock.acquire()
     inserter = threading.Thread(target=lambda: results.extend(table.insert([_big("big")], 0)))
     inserter.start()
     while "big" not in _episodes(s, "t"):
         time.sleep(0.01)
-    resetter = threading.Thread(target=lambda: resets.append(table.reset()))
-    resetter.start()
-    while len(table):
+    other = threading.Thread(target=lambda: done.append(_returned(action, table)))
+    other.start()
+    while not submitted(table):
         time.sleep(0.01)
-    storage._write_lock.release()  # the insert fails; the reset (deletes only) commits
+    table.info()  # takes the table's lock: ``action`` left it, its operation submitted
+    storage._write_lock.release()
     inserter.join(10)
-    resetter.join(10)
-    assert isinstance(results[0], ResourceExhaustedError) and resets == [2]
-    assert len(table) == 0 and min(table.info()["counters"].values()) >= 0
-    s.close()
+    other.join(10)
+    assert len(results) == 1 and isinstance(results[0], ResourceExhaustedError)
+    return s, results, done
+
+
+def _reopened(tmp_path) -> list[str]:
+    """The episodes of table ``t`` once the store is reopened from its database."""
+    config = parse_table_config({"name": "t", "preset": "uniform", "max_size": 2})
     s2 = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)
-    assert _episodes(s2, "t") == []
-    s2.close()
+    try:
+        return _episodes(s2, "t")
+    finally:
+        s2.close()
+
+
+def test_an_eviction_before_a_reset_is_not_undone_into_the_reset_table(tmp_path):
+    """A table reset while a failed insert's commit was queued: the items that insert evicted are not put back
+    into the emptied table (nor uncounted from its zeroed counters); their delete is sent again instead, so a
+    restart does not bring them back either."""
+    s, _, resets = _evicting_insert_fails_around(tmp_path, lambda t: t.reset(), lambda t: not len(t))
+    assert resets == [2]  # e1 and big; the insert's failure comes after
+    assert len(s.table("t")) == 0 and min(s.table("t").info()["counters"].values()) >= 0
+    s.close()
+    assert _reopened(tmp_path) == []
+
+
+def test_an_evicted_item_whose_episode_was_deleted_meanwhile_does_not_come_back(tmp_path):
+    """The episode of an item a failed insert evicted was deleted while the insert's commit was queued (the
+    delete found nothing in the table): the item is not put back, and its delete is sent again, so a restart
+    does not bring it back either."""
+    s, _, deleted = _evicting_insert_fails_around(
+        tmp_path, lambda t: t.delete(["e0"]), lambda t: t.episodes.was_deleted("e0")
+    )
+    assert deleted == [0]
+    assert _episodes(s, "t") == ["e1"]
+    s.close()
+    assert _reopened(tmp_path) == ["e1"]
 
 
 def test_a_failed_insert_remembers_no_key_that_no_open_take_holds(tmp_path):
@@ -126,7 +158,7 @@ def test_a_failed_insert_remembers_no_key_that_no_open_take_holds(tmp_path):
         inserter.start()
         while not len(table):
             time.sleep(0.01)
-        deleter = threading.Thread(target=lambda n=n: deleted.append(_raised(table.delete, [f"k{n}"])))
+        deleter = threading.Thread(target=lambda n=n: deleted.append(_returned(table.delete, [f"k{n}"])))
         deleter.start()
         while len(table):
             time.sleep(0.01)
@@ -140,10 +172,9 @@ def test_a_failed_insert_remembers_no_key_that_no_open_take_holds(tmp_path):
     s.close()
 
 
-def _raised(fn, *args):
-    """The exception ``fn(*args)`` raised, or None."""
+def _returned(fn, *args):
+    """What ``fn(*args)`` returned, or the exception it raised."""
     try:
-        fn(*args)
+        return fn(*args)
     except Exception as e:  # noqa: BLE001
         return e
-    return None
