@@ -115,6 +115,11 @@ class CommitTicket:
         """Whether the operation is committed or failed."""
         return self._done.is_set()
 
+    @property
+    def failed(self) -> bool:
+        """Whether the operation is done and failed (False while it is not done)."""
+        return self._done.is_set() and self._error is not None
+
     def wait(self) -> None:
         """Block until the operation is committed.
 

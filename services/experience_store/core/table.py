@@ -33,7 +33,7 @@ from marti.trajectory import TrajectorySummary
 from .episodes import EpisodeIndex, grouped
 from .rate_limiter import RateLimiter, RateLimiterState
 from .selectors import Candidate, Selector, make_selector
-from .storage import ItemRecord, Storage
+from .storage import CommitTicket, ItemRecord, Storage
 from .table_records import Duplicate, NewItem, SampledItem, Take, check_priority
 from .table_restore import Restoring
 from .table_withdraw import Flushed, Withdrawing
@@ -100,6 +100,10 @@ class Table(Restoring, Withdrawing):
         self._held = Counter()  # of open takes: samples, deletes, stale, items, bytes (not yet committed)
         self._held_keys: set[int] = set()  # keys of the items open takes removed
         self._withdrawn: set[int] = set()  # those of failed inserts (:meth:`_withdraw`): a release drops them
+        self._in_flight: dict[
+            int, CommitTicket
+        ] = {}  # keys of submitted inserts not settled yet -> their ticket
+        self._evicted_in_flight: set[int] = set()  # of those, the ones an insert evicted meanwhile
         self._resets = 0  # how many times the table was reset (:meth:`_withdraw` undoes nothing across one)
 
     def _index(self, rec: ItemRecord) -> None:
@@ -319,6 +323,8 @@ class Table(Restoring, Withdrawing):
                     key, _ = self.remover.select(self._rng)
                     evicted.append(self._unindex(key))
                     self.evictions += 1
+                    if key in self._in_flight:
+                        self._evicted_in_flight.add(key)
             if self._room_for(size) and self.rate_limiter.can_insert(len(self._items)):
                 break
             self._flush(pending, evicted, tickets)
@@ -364,7 +370,9 @@ class Table(Restoring, Withdrawing):
         stored = [r for r in evicted if r.key not in fresh]
         deletes = [r.key for r in stored]
         ticket = self._storage.submit(self.name, inserts=inserts, deletes=deletes, counters=self.counters())
-        tickets.append(Flushed(ticket, keys, fresh, stored, self._resets))
+        unsure = {k: self._in_flight[k] for k in deletes if k in self._in_flight}
+        tickets.append(Flushed(ticket, keys, fresh, stored, self._resets, unsure))
+        self._in_flight.update((r.key, ticket) for r, _ in inserts)
         pending.clear()
         evicted.clear()
         self._cond.notify_all()

@@ -54,6 +54,7 @@ def test_items_evicted_for_a_failed_insert_come_back_at_once_and_are_counted_onc
     assert isinstance(s.insert("t", [_big("big")], 0)[0], int)
     assert _episodes(s, "t") == ["e1", "e2", "big"]
     assert s.table("t").info()["counters"]["evictions"] == 1
+    assert (s.table("t")._in_flight, s.table("t")._evicted_in_flight) == ({}, set())  # nothing kept after
     s.close()
     s2 = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)  # reopened from the database
     assert _episodes(s2, "t") == ["e1", "e2", "big"]
@@ -76,6 +77,38 @@ def test_an_item_evicted_by_a_later_item_of_its_own_failed_commit_is_not_counted
     assert _episodes(s, "t") == ["e0"]
     assert s.table("t").info()["counters"] == counters
     s.close()
+
+
+def test_an_item_whose_insert_failed_is_not_put_back_by_the_failed_insert_that_evicted_it(tmp_path):
+    """Two inserts into a full ``evict`` table of ``max_size`` 1, both failing on a full disk: the first evicted
+    the stored item, the second evicted the first's (not committed yet). The second's failure put the first's
+    item back although that item's own insert had failed: an item no restart would bring, answered as a
+    duplicate when sent again. Now only the stored item comes back, and the counters are as before both."""
+    config = parse_table_config({"name": "t", "preset": "uniform", "max_size": 1})
+    s = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)
+    table, storage = s.table("t"), s.storage
+    s.insert("t", [item(episode="e0")], 0)
+    counters = table.info()["counters"]
+    _fill_the_disk(storage)
+    results: list = []
+    storage._write_lock.acquire()  # the writer holds both inserts until both are queued
+    inserters = []
+    for episode in ("a", "b"):
+        inserters.append(
+            threading.Thread(target=lambda e=episode: results.extend(table.insert([_big(e)], 0)))
+        )
+        inserters[-1].start()
+        while _episodes(s, "t") != [episode]:
+            time.sleep(0.01)
+    storage._write_lock.release()
+    for t in inserters:
+        t.join(10)
+    assert len(results) == 2 and all(isinstance(r, ResourceExhaustedError) for r in results)
+    assert _episodes(s, "t") == ["e0"]
+    assert table.info()["counters"] == counters
+    assert (table._in_flight, table._evicted_in_flight) == ({}, set())
+    s.close()
+    assert _reopened(tmp_path, 1) == ["e0"]
 
 
 def _evicting_insert_fails_around(tmp_path, action, submitted) -> tuple[ExperienceStore, list, list]:
@@ -106,9 +139,9 @@ def _evicting_insert_fails_around(tmp_path, action, submitted) -> tuple[Experien
     return s, results, done
 
 
-def _reopened(tmp_path) -> list[str]:
-    """The episodes of table ``t`` once the store is reopened from its database."""
-    config = parse_table_config({"name": "t", "preset": "uniform", "max_size": 2})
+def _reopened(tmp_path, max_size: int = 2) -> list[str]:
+    """The episodes of table ``t`` (of ``max_size``) once the store is reopened from its database."""
+    config = parse_table_config({"name": "t", "preset": "uniform", "max_size": max_size})
     s2 = ExperienceStore(SqliteStorage(tmp_path), [config], seed=0)
     try:
         return _episodes(s2, "t")
