@@ -211,3 +211,19 @@ def _returned(fn, *args):
         return fn(*args)
     except Exception as e:  # noqa: BLE001
         return e
+
+
+def test_an_insert_into_closed_storage_is_answered_unavailable_per_item_and_leaves_nothing(tmp_path):
+    """Storage closed before the commit: each item's result is the UnavailableError naming the storage (the call
+    does not raise), and the items leave the table uncounted."""
+    from marti.errors import UnavailableError
+
+    s = ExperienceStore(SqliteStorage(tmp_path), seed=0)
+    s.create_table(parse_table_config({"name": "t", "preset": "uniform"}))
+    counters = s.table("t").info()["counters"]
+    s.storage.close()
+    results = s.insert("t", [item(episode="e0"), item(episode="e1")], 0)
+    assert len(results) == 2 and all(isinstance(r, UnavailableError) for r in results)
+    assert "is closed" in str(results[0])
+    assert len(s.table("t")) == 0 and s.table("t").info()["counters"] == counters
+    s.close()
