@@ -100,9 +100,8 @@ class Table(Restoring, Withdrawing):
         self._held = Counter()  # of open takes: samples, deletes, stale, items, bytes (not yet committed)
         self._held_keys: set[int] = set()  # keys of the items open takes removed
         self._withdrawn: set[int] = set()  # those of failed inserts (:meth:`_withdraw`): a release drops them
-        self._in_flight: dict[
-            int, CommitTicket
-        ] = {}  # keys of submitted inserts not settled yet -> their ticket
+        # keys of submitted inserts not settled yet (:meth:`_settle`) -> their ticket
+        self._in_flight: dict[int, CommitTicket] = {}
         self._evicted_in_flight: set[int] = set()  # of those, the ones an insert evicted meanwhile
         self._resets = 0  # how many times the table was reset (:meth:`_withdraw` undoes nothing across one)
 
