@@ -35,17 +35,68 @@ def check_health(
     Raises:
         InvalidArgumentError: ``address`` has no port or is malformed (see :func:`marti.rpc.address.check_address`).
     """
+    return start_check(address, service, timeout_s=timeout_s, token=token, tls_ca_file=tls_ca_file).status()
+
+
+class HealthCheckCall:
+    """One ``grpc.health.v1`` ``Check`` in flight, on a channel of its own (:func:`start_check`).
+
+    Poll :meth:`done` without blocking, then read :meth:`status` (which closes the channel), or :meth:`cancel` it.
+    """
+
+    def __init__(self, channel: grpc.Channel, future: grpc.Future) -> None:
+        self._channel = channel
+        self._future = future
+
+    def done(self) -> bool:
+        """Whether the server answered or the call failed (its deadline included); never blocks."""
+        return self._future.done()
+
+    def status(self) -> str:
+        """The answer, as :func:`check_health` returns it (blocks until :meth:`done`); closes the channel."""
+        try:
+            resp = self._future.result()
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                return "SERVICE_UNKNOWN"
+            return f"UNREACHABLE: {err.code().name}"
+        finally:
+            self._channel.close()
+
+    def cancel(self) -> None:
+        """Give up on the call and close its channel."""
+        self._future.cancel()
+        self._channel.close()
+
+
+def start_check(
+    address: str,
+    service: str = "",
+    *,
+    timeout_s: float = 5.0,
+    token: str | None = None,
+    tls_ca_file: str | None = None,
+    wait_for_ready: bool = False,
+) -> HealthCheckCall:
+    """Send a ``Check`` to ``address`` without waiting for the answer (the arguments of :func:`check_health`).
+
+    ``wait_for_ready``: wait for a connection until ``timeout_s`` (then ``UNREACHABLE: DEADLINE_EXCEEDED``)
+    rather than fail with ``UNREACHABLE: UNAVAILABLE`` as soon as a connection attempt fails (gRPC gives one
+    ``grpc.min_reconnect_backoff_ms``, 200 ms on marti channels, to complete its handshake).
+
+    Raises:
+        InvalidArgumentError: ``address`` has no port or is malformed.
+    """
     channel = make_channel(address, token=token, tls_ca_file=tls_ca_file)
     try:
         stub = health_pb2_grpc.HealthStub(channel)
-        resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-    except grpc.RpcError as err:
-        if err.code() == grpc.StatusCode.NOT_FOUND:
-            return "SERVICE_UNKNOWN"
-        return f"UNREACHABLE: {err.code().name}"
-    finally:
+        request = health_pb2.HealthCheckRequest(service=service)
+        future = stub.Check.future(request, timeout=timeout_s, wait_for_ready=wait_for_ready)
+    except BaseException:
         channel.close()
+        raise
+    return HealthCheckCall(channel, future)
 
 
 def poll_health(
