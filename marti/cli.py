@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -55,10 +54,6 @@ def _cmd_health(argv: list[str]) -> int:
     return 0 if status == "SERVING" else 1
 
 
-class _StartInterrupted(Exception):
-    """SIGINT or SIGTERM reached ``marti up`` while it was starting its services (the signal's name)."""
-
-
 def _up_parser() -> argparse.ArgumentParser:
     """The flags of ``marti up``."""
     parser = argparse.ArgumentParser(prog="marti up", description="run broker, env server, store and trainer")
@@ -97,6 +92,25 @@ def _up_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="wait before a restart, doubled per restart in the window up to 30 s (default: 1)",
     )
+    parser.add_argument(
+        "--health-interval-s",
+        type=float,
+        default=10.0,
+        help="seconds between the end of one health check of a service and the next (default: 10)",
+    )
+    parser.add_argument(
+        "--health-timeout-s",
+        type=float,
+        default=5.0,
+        help="seconds a health check may take before it counts as failed (default: 5)",
+    )
+    parser.add_argument(
+        "--health-failures",
+        type=int,
+        default=3,
+        help="health checks failed in a row that make a service hung: killed and restarted as a failure "
+        "(default: 3)",
+    )
     return parser
 
 
@@ -118,13 +132,16 @@ def _up_refusal(args: argparse.Namespace) -> str | None:
 
 def _cmd_up(argv: list[str]) -> int:
     from marti.errors import InvalidArgumentError, MartiError
+    from marti.liveness import HealthProbe
     from marti.stack import LocalStack
+    from marti.stop_signals import Interrupted, StopSignals
     from marti.supervise import RestartPolicy, supervise
 
     parser = _up_parser()
     args = parser.parse_args(argv)
     try:
         policy = RestartPolicy(args.restart, args.max_restarts, args.restart_window_s, args.restart_backoff_s)
+        probe = HealthProbe(args.health_interval_s, args.health_timeout_s, args.health_failures, args.token)
     except InvalidArgumentError as exc:
         parser.error(str(exc))
     refusal = _up_refusal(args)
@@ -142,20 +159,14 @@ def _cmd_up(argv: list[str]) -> int:
         log_dir=Path(args.log_dir) if args.log_dir else None,
         token=args.token,
     )
-    state = {"stopping": False, "starting": True}
-
-    def on_signal(signum, frame):  # noqa: ARG001
-        state["stopping"] = True
-        if state["starting"]:  # it went on starting every service (up to a minute each), then stopped them
-            state["starting"] = False
-            raise _StartInterrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals = StopSignals()
+    signals.install()
     try:
-        addresses = stack.start()
-        state["starting"] = False
-    except _StartInterrupted as exc:  # start() stopped what it had started; stop() again if start() returned
+        with (
+            signals.interruptible()
+        ):  # it went on starting every service (up to a minute each), then stopped them
+            addresses = stack.start()
+    except Interrupted as exc:  # start() stopped what it had started; stop() again if start() returned
         stack.stop()
         print(
             f"marti up: {exc} while starting; stopped the services started so far",
@@ -171,7 +182,12 @@ def _cmd_up(argv: list[str]) -> int:
     print("all services SERVING; Ctrl-C stops them", flush=True)
     try:
         return supervise(
-            stack, policy, lambda: state["stopping"], lambda line: print(line, file=sys.stderr, flush=True)
+            stack,
+            policy,
+            signals.stopping,
+            lambda line: print(line, file=sys.stderr, flush=True),
+            probe=probe,
+            interruptible=signals.interruptible,
         )
     finally:
         codes = stack.stop()

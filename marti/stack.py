@@ -185,22 +185,28 @@ class LocalStack:
             raise
         return svc.address
 
+    def kill(self, name: str, grace_s: float) -> int:
+        """Send SIGTERM to the running service ``name``, then SIGKILL when it has not exited after ``grace_s``
+        seconds (a stopped or deadlocked process); returns its exit code (``-9`` after the SIGKILL)."""
+        proc = self.running[name].process
+        _end(proc, grace_s, resume=False)
+        return proc.returncode
+
     @property
     def addresses(self) -> dict[str, str]:
         """Address per running service."""
         return {name: svc.address for name, svc in self.running.items()}
 
     def stop(self, timeout_s: float = 15.0) -> dict[str, int]:
-        """Send SIGTERM to every service (reverse start order), wait, then SIGKILL stragglers.
+        """Send SIGTERM to every service (reverse start order; and SIGCONT, so a stopped one handles it), wait,
+        then SIGKILL stragglers.
 
         Returns:
             Exit code per service.
         """
         codes: dict[str, int] = {}
         for name in reversed(list(self.running)):
-            proc = self.running[name].process
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+            _terminate(self.running[name].process)
         for name in reversed(list(self.running)):
             proc = self.running[name].process
             try:
@@ -234,16 +240,25 @@ def tls_refusal(services: tuple[str, ...]) -> str | None:
     return None
 
 
-def _end(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
-    """SIGTERM ``proc`` if it runs (once: a second SIGTERM makes a service exit at once), wait ``timeout_s``
-    seconds, then SIGKILL it."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+def _end(proc: subprocess.Popen, timeout_s: float = 15.0, *, resume: bool = True) -> None:
+    """SIGTERM ``proc`` if it runs (once: a second SIGTERM makes a service exit at once), and SIGCONT it when
+    ``resume`` (a stopped process handles the SIGTERM only once continued), wait ``timeout_s`` seconds, then
+    SIGKILL it."""
+    _terminate(proc, resume=resume)
     try:
         proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _terminate(proc: subprocess.Popen, *, resume: bool = True) -> None:
+    """SIGTERM ``proc`` if it runs, then SIGCONT it when ``resume``: a stopped (SIGSTOP) process handles the
+    SIGTERM at once instead of keeping it pending until the SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        if resume:
+            proc.send_signal(signal.SIGCONT)
 
 
 def _last_line(path: Path) -> str:

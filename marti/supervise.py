@@ -1,5 +1,6 @@
-"""Keep a :class:`~marti.stack.LocalStack` running: restart a service that fails, as docker-compose's
-``restart: on-failure`` does, within a bounded restart policy (``marti up --restart``)."""
+"""Keep a :class:`~marti.stack.LocalStack` running: restart a service that fails (exits, or hangs per
+:class:`~marti.liveness.HealthProbe`), as docker-compose's ``restart: on-failure`` does for exits, within a bounded
+restart policy (``marti up --restart``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from marti.errors import InvalidArgumentError, MartiError
+from marti.liveness import KILL_GRACE_S, HealthProbe
 from marti.stack import LocalStack
+from marti.stop_signals import Interrupted
 
 #: Longest wait before a restart, seconds: the backoff doubles per restart within the window up to this.
 MAX_BACKOFF_S = 30.0
@@ -23,8 +27,9 @@ class RestartPolicy:
     """When and how often a failed service is started again.
 
     Args:
-        mode: ``on-failure``: restart a service that exits with a non-zero code or is killed by a signal (one
-            that exits 0 by itself was stopped on purpose and stops the stack); ``no``: any exit stops the stack.
+        mode: ``on-failure``: restart a service that fails: exits with a non-zero code, is killed by a signal, or
+            hangs (one that exits 0 by itself was stopped on purpose and stops the stack); ``no``: any exit or
+            hang stops the stack.
         max_restarts: Most restarts of one service within ``window_s``; one more failure stops the stack (>= 0).
         window_s: The window the restarts are counted in, seconds (> 0).
         backoff_s: Wait before the first restart in the window, seconds (>= 0); doubled for each further restart
@@ -57,14 +62,15 @@ class RestartPolicy:
             times.popleft()
         return len(times)
 
-    def next_restart(self, name: str, code: int, now: float) -> float | None:
-        """Decide on a service that exited with ``code`` at ``now`` and count the restart it gets.
+    def next_restart(self, name: str, failed: bool, now: float) -> float | None:
+        """Decide on a service that ended at ``now`` (``failed``: not by a clean exit 0 of its own) and count the
+        restart it gets.
 
         Returns:
             The wait before restarting it, seconds, or ``None`` when it is not restarted (mode ``no``, a clean
             exit 0, or ``max_restarts`` restarts already within the window).
         """
-        if self.mode == "no" or code == 0:
+        if self.mode == "no" or not failed:
             return None
         done = self.restarts(name, now)
         if done >= self.max_restarts:
@@ -92,7 +98,13 @@ def describe_exit(code: int) -> str:
 
 
 def supervise(
-    stack: LocalStack, policy: RestartPolicy, stopping: Callable[[], bool], say: Callable[[str], None]
+    stack: LocalStack,
+    policy: RestartPolicy,
+    stopping: Callable[[], bool],
+    say: Callable[[str], None],
+    *,
+    probe: HealthProbe | None = None,
+    interruptible: Callable[[], AbstractContextManager] = nullcontext,
 ) -> int:
     """Watch ``stack``'s services until ``stopping()`` is true, restarting the ones that fail per ``policy``
     (each on the port it had, with the same data dir and log file).
@@ -102,34 +114,74 @@ def supervise(
         policy: The restart policy.
         stopping: Returns True once the stack should stop (a signal arrived).
         say: Prints one log line (``marti up: ...``).
+        probe: Liveness probe: a service it finds hung is killed (SIGTERM, SIGKILL after
+            :data:`~marti.liveness.KILL_GRACE_S`) and counts as a failure; ``None`` checks exits only.
+        interruptible: Returns the context (:meth:`marti.stop_signals.StopSignals.interruptible`) in which a
+            stop signal raises :class:`~marti.stop_signals.Interrupted`: each restart (its wait for SERVING) runs
+            in it, so a signal ends that wait at once.
 
     Returns:
-        0 when ``stopping()`` became true; 1 when a service exited and was not restarted (the policy's limit, a
-        clean exit, or ``--restart no``), after saying which, its exit code and why.
+        0 when ``stopping()`` became true; 1 when a service exited or hung and was not restarted (the policy's
+        limit, a clean exit, or ``--restart no``), after saying which, its exit code and why.
     """
-    while not stopping():
-        for name, svc in list(stack.running.items()):
-            code = svc.process.poll()
-            if code is not None and not _bring_back(stack, policy, name, code, stopping, say):
-                return 0 if stopping() else 1
-        time.sleep(POLL_S)
-    return 0
+    try:
+        while not stopping():
+            for name, svc in list(stack.running.items()):
+                code = svc.process.poll()
+                if code is None:
+                    continue
+                what = f"{name} exited with {describe_exit(code)}"
+                if not _bring_back(stack, policy, name, what, code != 0, stopping, say, interruptible):
+                    return 0 if stopping() else 1
+            for name, failures, last in probe.hung(stack, time.monotonic()) if probe else ():
+                if not _restart_hung(
+                    stack, policy, probe, (name, failures, last), stopping, say, interruptible
+                ):
+                    return 0 if stopping() else 1
+            time.sleep(POLL_S)
+        return 0
+    finally:
+        if probe is not None:
+            probe.close()
+
+
+def _restart_hung(
+    stack: LocalStack,
+    policy: RestartPolicy,
+    probe: HealthProbe,
+    found: tuple[str, int, str],
+    stopping: Callable[[], bool],
+    say: Callable[[str], None],
+    interruptible: Callable[[], AbstractContextManager],
+) -> bool:
+    """Kill the hung service of ``found`` (name, failures, last status) and restart it as a failure."""
+    name, failures, last = found
+    pid = stack.running[name].process.pid
+    say(
+        f"marti up: {name} (pid {pid}) failed {failures} health checks in a row (every {probe.interval_s:g} s, "
+        f"{probe.timeout_s:g} s timeout; last: {last}); killing it (SIGTERM, SIGKILL after {KILL_GRACE_S:g} s)"
+    )
+    code = stack.kill(name, KILL_GRACE_S)  # a signal meanwhile is seen by _bring_back, before any restart
+    what = f"{name} hung and was killed ({describe_exit(code)})"
+    return _bring_back(stack, policy, name, what, True, stopping, say, interruptible)
 
 
 def _bring_back(
     stack: LocalStack,
     policy: RestartPolicy,
     name: str,
-    code: int,
+    what: str,
+    failed: bool,
     stopping: Callable[[], bool],
     say: Callable[[str], None],
+    interruptible: Callable[[], AbstractContextManager],
 ) -> bool:
-    """Restart ``name``, which exited with ``code``, until it serves again or the policy says no (said, False)."""
-    what = f"{name} exited with {describe_exit(code)}"
+    """Restart ``name``, which ended as ``what`` says, until it serves again or the policy says no (said, False)
+    or a stop signal arrives (False)."""
     while True:
-        delay = policy.next_restart(name, code, time.monotonic())
+        delay = policy.next_restart(name, failed, time.monotonic())
         if delay is None:
-            say(f"marti up: error: {what}; {_why_not(policy, code)}; stopping the stack")
+            say(f"marti up: error: {what}; {_why_not(policy, failed)}; stopping the stack")
             return False
         count = policy.restarts(name, time.monotonic())
         say(
@@ -142,19 +194,22 @@ def _bring_back(
                 return False
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         try:
-            address = stack.restart(name)
+            with interruptible():  # the wait for SERVING takes up to a minute: a signal ends it at once
+                address = stack.restart(name)
+        except Interrupted:
+            return False
         except MartiError as exc:  # it failed again before serving: counts as the next failure
-            what, code = f"{name} did not come back ({exc})", 1
+            what, failed = f"{name} did not come back ({exc})", True
             continue
         say(f"marti up: {name} SERVING again at {address} (restart {count})")
         return True
 
 
-def _why_not(policy: RestartPolicy, code: int) -> str:
-    """Why a service that exited with ``code`` is not restarted under ``policy``."""
+def _why_not(policy: RestartPolicy, failed: bool) -> str:
+    """Why a service that ended (``failed``: not by a clean exit 0) is not restarted under ``policy``."""
     if policy.mode == "no":
         return "not restarted (--restart no)"
-    if code == 0:
+    if not failed:
         return (
             "a clean exit is a stop from outside, not a failure (--restart on-failure restarts failures only)"
         )

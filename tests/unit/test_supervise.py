@@ -26,31 +26,31 @@ def _stack_with_exited(name: str, code: int, address: str = "127.0.0.1:1") -> Lo
 
 def test_on_failure_restarts_up_to_max_within_the_window_with_a_doubling_backoff():
     policy = RestartPolicy(max_restarts=3, window_s=10.0, backoff_s=1.0)
-    assert [policy.next_restart("store", -9, t) for t in (0.0, 1.0, 2.0)] == [1.0, 2.0, 4.0]
-    assert policy.next_restart("store", 1, 3.0) is None  # a 4th within 10 s: the stack stops
-    assert policy.next_restart("broker", 1, 3.0) == 1.0  # counted per service
+    assert [policy.next_restart("store", True, t) for t in (0.0, 1.0, 2.0)] == [1.0, 2.0, 4.0]
+    assert policy.next_restart("store", True, 3.0) is None  # a 4th within 10 s: the stack stops
+    assert policy.next_restart("broker", True, 3.0) == 1.0  # counted per service
     assert policy.restarts("store", 10.5) == 2  # the restart at 0.0 left the window
-    assert policy.next_restart("store", 1, 10.5) == 4.0
+    assert policy.next_restart("store", True, 10.5) == 4.0
 
 
 def test_backoff_is_capped():
     policy = RestartPolicy(max_restarts=10, backoff_s=10.0)
-    assert [policy.next_restart("s", 1, float(t)) for t in range(4)] == [10.0, 20.0, 30.0, MAX_BACKOFF_S]
+    assert [policy.next_restart("s", True, float(t)) for t in range(4)] == [10.0, 20.0, 30.0, MAX_BACKOFF_S]
 
 
 def test_backoff_stays_capped_after_a_thousand_restarts_in_the_window():
     """``backoff_s * 2**done`` overflowed a float after 1024 restarts (a long window, a high --max-restarts):
     the supervisor crashed with OverflowError instead of waiting the cap."""
     policy = RestartPolicy(max_restarts=2000, window_s=1e9, backoff_s=0.0)
-    assert {policy.next_restart("s", 1, float(t)) for t in range(1100)} == {0.0}
+    assert {policy.next_restart("s", True, float(t)) for t in range(1100)} == {0.0}
     policy = RestartPolicy(max_restarts=2000, window_s=1e9, backoff_s=1.0)
-    assert [policy.next_restart("s", 1, float(t)) for t in range(1100)][-1] == MAX_BACKOFF_S
+    assert [policy.next_restart("s", True, float(t)) for t in range(1100)][-1] == MAX_BACKOFF_S
 
 
 def test_no_restart_for_mode_no_or_a_clean_exit():
-    assert RestartPolicy(mode="no").next_restart("store", -9, 0.0) is None
-    assert RestartPolicy().next_restart("store", 0, 0.0) is None  # stopped from outside (SIGTERM to it)
-    assert RestartPolicy(max_restarts=0).next_restart("store", 1, 0.0) is None
+    assert RestartPolicy(mode="no").next_restart("store", True, 0.0) is None
+    assert RestartPolicy().next_restart("store", False, 0.0) is None  # stopped from outside (SIGTERM to it)
+    assert RestartPolicy(max_restarts=0).next_restart("store", True, 0.0) is None
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,168 @@
+"""``marti up``'s liveness probe (:class:`marti.liveness.HealthProbe`) against a real broker process: a stopped
+(SIGSTOP) service is found hung after ``failures`` checks in a row, no sooner than ``interval_s`` and
+``timeout_s`` allow; an answer within the timeout, or one SERVING answer between failures, is not a hang; a
+NOT_SERVING answer is a failure; each flag's range. The kill and restart through ``marti up``:
+``tests/integration/test_cli_hung.py``."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from marti.cli import main
+from marti.errors import InvalidArgumentError
+from marti.liveness import HealthProbe
+from marti.rpc.health import wait_until_serving
+from marti.rpc.testing import ServerThread
+from marti.stack import LocalStack, ServiceProcess
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """A real broker process (``marti broker --port 0``) in a stack."""
+    stack = LocalStack(services=("broker",))
+    stack.start()
+    yield stack
+    pid = stack.running["broker"].process.pid
+    os.kill(pid, signal.SIGCONT)
+    stack.stop()
+
+
+def _watch(probe: HealthProbe, stack: LocalStack, seconds: float) -> list[tuple[float, tuple[str, int, str]]]:
+    """Call ``probe.hung`` every 20 ms for ``seconds``: (seconds since the start, what it found) per finding."""
+    start, found = time.monotonic(), []
+    while time.monotonic() - start < seconds:
+        found += [(time.monotonic() - start, hung) for hung in probe.hung(stack, time.monotonic())]
+        time.sleep(0.02)
+    probe.close()
+    return found
+
+
+class _Stopped:
+    """SIGSTOP the broker for the ``with`` block (SIGCONT after)."""
+
+    def __init__(self, stack: LocalStack) -> None:
+        self.pid = stack.running["broker"].process.pid
+
+    def __enter__(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def __exit__(self, *exc: object) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def test_a_serving_service_is_never_hung(broker):
+    assert _watch(HealthProbe(interval_s=0.1, timeout_s=1.0, failures=1), broker, 1.5) == []
+
+
+def test_a_stopped_service_is_hung_after_failures_checks_each_timing_out(broker):
+    """interval 0.3 s, timeout 0.2 s, 3 failures: the first check starts at 0.3 s and fails at 0.5 s, the third
+    fails at about 3 x 0.5 = 1.5 s (no sooner), and the count starts again after a finding."""
+    probe = HealthProbe(interval_s=0.3, timeout_s=0.2, failures=3)
+    with _Stopped(broker):
+        found = _watch(probe, broker, 3.4)
+    assert [hung for _, hung in found] == [("broker", 3, "UNREACHABLE: DEADLINE_EXCEEDED")] * 2, found
+    assert 1.5 <= found[0][0] < 2.1, found
+    assert found[1][0] - found[0][0] >= 1.5, found
+
+
+def test_one_failure_is_enough_with_failures_1(broker):
+    probe = HealthProbe(interval_s=0.2, timeout_s=0.2, failures=1)
+    with _Stopped(broker):
+        found = _watch(probe, broker, 0.7)
+    assert [hung for _, hung in found] == [("broker", 1, "UNREACHABLE: DEADLINE_EXCEEDED")], found
+    assert found[0][0] >= 0.4, found  # interval 0.2 s, then the 0.2 s timeout
+
+
+@pytest.mark.parametrize(("timeout_s", "hung"), [(3.0, False), (0.3, True)])
+def test_an_answer_within_the_timeout_is_not_a_failure(broker, timeout_s, hung):
+    """The broker stopped for 0.7 s answers the check in flight late: within a 3 s timeout no failure, past a
+    0.3 s one a failure."""
+    wait_until_serving(broker.running["broker"].address, timeout_s=30)  # a READY connection to start from
+    probe = HealthProbe(interval_s=0.1, timeout_s=timeout_s, failures=1)
+    with _Stopped(broker):
+        found = _watch_keep(probe, broker, 0.7)  # one check, started at 0.1 s
+    found += _watch_keep(probe, broker, 1.0)
+    probe.close()
+    assert bool(found) is hung, found
+
+
+def test_a_serving_answer_between_failures_starts_the_count_again(broker):
+    """Two failed checks, then SERVING again, then two more: never 3 in a row."""
+    probe = HealthProbe(interval_s=0.1, timeout_s=0.2, failures=3)
+    found = []
+    for _ in range(2):
+        with _Stopped(broker):
+            found += _watch_keep(probe, broker, 0.55)  # about 2 checks of 0.3 s
+        found += _watch_keep(probe, broker, 0.4)
+    probe.close()
+    assert found == []
+
+
+def _watch_keep(probe: HealthProbe, stack: LocalStack, seconds: float) -> list[tuple[str, int, str]]:
+    """Like :func:`_watch`, keeping the probe's state (its checks in flight and counts) afterwards."""
+    start, found = time.monotonic(), []
+    while time.monotonic() - start < seconds:
+        found += probe.hung(stack, time.monotonic())
+        time.sleep(0.02)
+    return found
+
+
+def test_not_serving_is_a_failure():
+    """A server that answers NOT_SERVING (draining, say) fails the check like one that does not answer."""
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    thread = ServerThread([])
+    try:
+        server = thread.start()
+        stack = LocalStack(services=(), running={"svc": ServiceProcess("svc", alive, server.address)})
+        serving = _watch(HealthProbe(interval_s=0.1, timeout_s=1.0, failures=2), stack, 0.6)
+        thread.run(server.set_serving(False))
+        found = _watch(HealthProbe(interval_s=0.1, timeout_s=1.0, failures=2), stack, 0.35)
+    finally:
+        thread.stop()
+        alive.kill()
+        alive.wait()
+    assert serving == []
+    assert found and {hung for _, hung in found} == {("svc", 2, "NOT_SERVING")}, found
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flag", "want"),
+    [
+        ({"interval_s": 0.0}, "--health-interval-s 0.0", "> 0 seconds"),
+        ({"interval_s": -1.0}, "--health-interval-s -1.0", "> 0 seconds"),
+        ({"interval_s": math.inf}, "--health-interval-s inf", "> 0 seconds"),
+        ({"timeout_s": 0.0}, "--health-timeout-s 0.0", "> 0 seconds"),
+        ({"timeout_s": math.nan}, "--health-timeout-s nan", "> 0 seconds"),
+        ({"failures": 0}, "--health-failures 0", ">= 1"),
+        ({"failures": -2}, "--health-failures -2", ">= 1"),
+    ],
+)
+def test_out_of_range_values_are_refused_naming_the_flag(kwargs, flag, want):
+    with pytest.raises(InvalidArgumentError, match=rf"^{flag} is out of range \({want}\)$"):
+        HealthProbe(**kwargs)
+
+
+def test_the_smallest_values_are_accepted():
+    HealthProbe(interval_s=0.001, timeout_s=0.001, failures=1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--health-failures", "0"], "--health-failures 0 is out of range (>= 1)"),
+        (["--health-interval-s", "0"], "--health-interval-s 0.0 is out of range (> 0 seconds)"),
+        (["--health-timeout-s", "-5"], "--health-timeout-s -5.0 is out of range (> 0 seconds)"),
+    ],
+)
+def test_marti_up_refuses_a_bad_health_flag_before_starting_anything(argv, line, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["up", *argv])
+    assert exc.value.code == 2
+    assert f"marti up: error: {line}" in capsys.readouterr().err
