@@ -94,13 +94,15 @@ def test_an_answer_within_the_timeout_is_not_a_failure(broker, timeout_s, hung):
 
 
 def test_a_serving_answer_between_failures_starts_the_count_again(broker):
-    """Two failed checks, then SERVING again, then two more: never 3 in a row."""
-    probe = HealthProbe(interval_s=0.1, timeout_s=0.2, failures=3)
+    """One failed check (stopped 0.6 s: the check at 0.3 s times out at 0.5 s), a SERVING one, then another
+    failed one: never 2 in a row."""
+    wait_until_serving(broker.running["broker"].address, timeout_s=30)
+    probe = HealthProbe(interval_s=0.3, timeout_s=0.2, failures=2)
     found = []
     for _ in range(2):
         with _Stopped(broker):
-            found += _watch_keep(probe, broker, 0.55)  # about 2 checks of 0.3 s
-        found += _watch_keep(probe, broker, 0.4)
+            found += _watch_keep(probe, broker, 0.6)
+        found += _watch_keep(probe, broker, 0.6)
     probe.close()
     assert found == []
 
