@@ -71,15 +71,10 @@ class HealthCheckCall:
 
 
 def start_check(
-    address: str,
-    service: str = "",
-    *,
-    timeout_s: float = 5.0,
-    token: str | None = None,
-    tls_ca_file: str | None = None,
-    wait_for_ready: bool = False,
+    address: str, service: str = "", *, timeout_s: float = 5.0, wait_for_ready: bool = False, **channel_args
 ) -> HealthCheckCall:
-    """Send a ``Check`` to ``address`` without waiting for the answer (the arguments of :func:`check_health`).
+    """Send a ``Check`` to ``address`` without waiting for the answer (``address``, ``service``, ``timeout_s``
+    and, in ``channel_args``, ``token`` and ``tls_ca_file``, as for :func:`check_health`).
 
     ``wait_for_ready``: wait for a connection until ``timeout_s`` (then ``UNREACHABLE: DEADLINE_EXCEEDED``)
     rather than fail with ``UNREACHABLE: UNAVAILABLE`` as soon as a connection attempt fails (gRPC gives one
@@ -88,7 +83,7 @@ def start_check(
     Raises:
         InvalidArgumentError: ``address`` has no port or is malformed.
     """
-    channel = make_channel(address, token=token, tls_ca_file=tls_ca_file)
+    channel = make_channel(address, **channel_args)
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service=service)

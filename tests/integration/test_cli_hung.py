@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from log_wait import wait_for
 
 from marti.clients.experience import ExperienceSharingClient
 from marti.trajectory import Trajectory, Turn
@@ -25,30 +26,10 @@ def _up(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, Path]:
     """``marti up --no-trainer --ephemeral-ports --data-dir tmp/data FLAGS`` with stdout to ``tmp/out`` and
     stderr to ``tmp/err``; returns the process and the data dir."""
     data = tmp_path / "data"
-    cmd = [
-        sys.executable,
-        "-m",
-        "marti.cli",
-        "up",
-        "--no-trainer",
-        "--ephemeral-ports",
-        "--data-dir",
-        str(data),
-    ]
+    cmd = [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports"]
+    cmd += ["--data-dir", str(data), *flags]
     with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
-        return subprocess.Popen([*cmd, *flags], stdout=out, stderr=err, text=True), data
-
-
-def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout_s: float = 60) -> str:
-    """``path``'s content once it holds ``text`` (``proc`` must stay alive meanwhile)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        content = path.read_text()
-        if text in content:
-            return content
-        assert proc.poll() is None, (proc.returncode, content)
-        time.sleep(0.05)
-    raise AssertionError(f"{text!r} not in {path.read_text()!r}")
+        return subprocess.Popen(cmd, stdout=out, stderr=err, text=True), data
 
 
 _STOPPED: list[psutil.Process] = []
@@ -94,7 +75,7 @@ def test_marti_up_restarts_a_hung_store_with_its_data_until_its_limit(tmp_path):
     up, data = _up(tmp_path, "--max-restarts", "1", "--restart-backoff-s", "0.1", *FAST_PROBE)
     err = tmp_path / "err"
     try:
-        lines = _wait_for(tmp_path / "out", "all services SERVING", up)
+        lines = wait_for(tmp_path / "out", "all services SERVING", up)
         address = dict(re.findall(r"^(\S+)\s+SERVING at (\S+)$", lines, re.M))
         store = ExperienceSharingClient("a1", address["store"], timeout_s=10)
         turn = Turn(
@@ -103,7 +84,7 @@ def test_marti_up_restarts_a_hung_store_with_its_data_until_its_limit(tmp_path):
         store.share_experiences([Trajectory(f"ep{i}", "a1", turns=[turn]) for i in range(5)])
 
         pid = _stop(data / "store")
-        log = _wait_for(err, "store SERVING again", up)
+        log = wait_for(err, "store SERVING again", up)
         assert _hung_line(pid) in log, log
         assert (
             "marti up: store hung and was killed (code -9 (SIGKILL)); restarting it in 0.1 s "
@@ -132,7 +113,7 @@ def test_marti_up_restart_no_stops_the_stack_on_a_hung_service(tmp_path):
     """``--restart no``: a hung store is killed and reported, and the stack stops, exit 1, as for a crash."""
     up, data = _up(tmp_path, "--restart", "no", *FAST_PROBE)
     try:
-        _wait_for(tmp_path / "out", "all services SERVING", up)
+        wait_for(tmp_path / "out", "all services SERVING", up)
         pid = _stop(data / "store")
         assert up.wait(timeout=60) == 1
     finally:
@@ -152,13 +133,13 @@ def test_sigint_during_a_restarts_wait_for_serving_stops_at_once(tmp_path):
     stops within seconds, exit 0, none left behind."""
     up, data = _up(tmp_path, "--restart-backoff-s", "0.1")
     try:
-        _wait_for(tmp_path / "out", "all services SERVING", up)
+        wait_for(tmp_path / "out", "all services SERVING", up)
         old = int((data / "store" / ".lock").read_text())
         others = [int((data / name / ".lock").read_text()) for name in ("broker",)]
         os.kill(old, signal.SIGKILL)
         restarted = _new_store_child(up, old)
         _sigstop(restarted)
-        _wait_for(tmp_path / "err", "restarting it in 0.1 s", up)
+        wait_for(tmp_path / "err", "restarting it in 0.1 s", up)
         time.sleep(1.0)  # the restart is under way, waiting for the stopped store
         assert up.poll() is None
         start = time.monotonic()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from log_wait import wait_for
 
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
@@ -109,18 +110,6 @@ def test_train_rejects_unknown_key_naming_it(tmp_path):
     assert out.returncode == 2 and "learnin_rate" in out.stderr
 
 
-def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout_s: float = 60) -> str:
-    """``path``'s content once it holds ``text`` (``proc`` must stay alive meanwhile)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        content = path.read_text()
-        if text in content:
-            return content
-        assert proc.poll() is None, (proc.returncode, content)
-        time.sleep(0.1)
-    raise AssertionError(f"{text!r} not in {path.read_text()!r}")
-
-
 def _free_port() -> int:
     """A port no one listens on now (bound on port 0, then closed)."""
     with socket.socket() as sock:
@@ -151,7 +140,7 @@ def test_marti_up_restarts_a_killed_service_with_its_data_until_its_limit(tmp_pa
     with out.open("w") as stdout, err.open("w") as stderr:
         up = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=env)
     try:
-        lines = _wait_for(out, "all services SERVING", up)
+        lines = wait_for(out, "all services SERVING", up)
         address = dict(re.findall(r"^(\S+)\s+SERVING at (\S+)$", lines, re.M))
         assert address == {name: f"127.0.0.1:{port}" for name, port in ports.items()}, lines
         store = ExperienceSharingClient("a1", address["store"], timeout_s=10)
@@ -165,8 +154,8 @@ def test_marti_up_restarts_a_killed_service_with_its_data_until_its_limit(tmp_pa
         sender.flush()
 
         store_pid, broker_pid = _kill9(data / "store"), _kill9(data / "broker")
-        log = _wait_for(err, "broker SERVING again", up)
-        _wait_for(err, "store SERVING again", up)
+        log = wait_for(err, "broker SERVING again", up)
+        wait_for(err, "store SERVING again", up)
         for name in ("store", "broker"):
             assert (
                 f"marti up: {name} exited with code -9 (SIGKILL); restarting it in 0.1 s (restart 1 of at most 1"
