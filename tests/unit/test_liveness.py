@@ -21,6 +21,7 @@ from marti.liveness import HealthProbe
 from marti.rpc.health import wait_until_serving
 from marti.rpc.testing import ServerThread
 from marti.stack import LocalStack, ServiceProcess
+from marti.supervise import RestartPolicy, supervise
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +169,47 @@ def test_marti_up_refuses_a_bad_health_flag_before_starting_anything(argv, line,
         main(["up", *argv])
     assert exc.value.code == 2
     assert f"marti up: error: {line}" in capsys.readouterr().err
+
+
+_TRAPS_SIGTERM = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "policy", "end"),
+    [
+        (
+            "import time; time.sleep(60)",
+            RestartPolicy(mode="no"),
+            "(code -15 (SIGTERM)); not restarted (--restart no)",
+        ),
+        # exit 0 on SIGTERM is no clean stop here: it hung, so it failed (the limit is what stops it)
+        (_TRAPS_SIGTERM, RestartPolicy(max_restarts=0), "(code 0); restarted 0 times within 60 s already"),
+    ],
+)
+def test_supervise_sends_a_hung_service_sigterm_first_and_counts_it_as_failed(script, policy, end):
+    """A process that answers NOT_SERVING is hung; ``supervise`` SIGTERMs it (it ends within the 5 s grace,
+    no SIGKILL needed) and treats it as failed whatever its exit code."""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    thread = ServerThread([])
+    try:
+        server = thread.start()
+        thread.run(server.set_serving(False))
+        stack = LocalStack(services=(), running={"svc": ServiceProcess("svc", proc, server.address)})
+        lines: list[str] = []
+        time.sleep(0.5)  # the script's SIGTERM handler is set
+        start = time.monotonic()
+        probe = HealthProbe(interval_s=0.1, timeout_s=1.0, failures=1)
+        assert supervise(stack, policy, lambda: False, lines.append, probe=probe) == 1
+        took = time.monotonic() - start
+    finally:
+        thread.stop()
+        proc.kill()
+        proc.wait()
+    assert lines[0] == (
+        f"marti up: svc (pid {proc.pid}) failed 1 health checks in a row (every 0.1 s, 1 s timeout; last: "
+        "NOT_SERVING); killing it (SIGTERM, SIGKILL after 5 s)"
+    )
+    assert lines[1].startswith(f"marti up: error: svc hung and was killed {end}"), lines
+    assert took < 4, took
