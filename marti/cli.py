@@ -133,9 +133,10 @@ def _up_refusal(args: argparse.Namespace) -> str | None:
 def _cmd_up(argv: list[str]) -> int:
     from marti.errors import InvalidArgumentError, MartiError
     from marti.liveness import HealthProbe
+    from marti.restart_policy import RestartPolicy
     from marti.stack import LocalStack
     from marti.stop_signals import Interrupted, StopSignals
-    from marti.supervise import RestartPolicy, supervise
+    from marti.supervise import supervise
 
     parser = _up_parser()
     args = parser.parse_args(argv)

@@ -18,10 +18,11 @@ import pytest
 from marti.cli import main
 from marti.errors import InvalidArgumentError
 from marti.liveness import HealthProbe
+from marti.restart_policy import RestartPolicy
 from marti.rpc.health import wait_until_serving
 from marti.rpc.testing import ServerThread
 from marti.stack import LocalStack, ServiceProcess
-from marti.supervise import RestartPolicy, supervise
+from marti.supervise import supervise
 
 
 @pytest.fixture(scope="module")
