@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -99,23 +101,22 @@ class LocalStack:
             start_new_session=True,
         )
         try:
-            address = self._read_address(name, port, proc, log_path)
+            address, rest = self._read_address(name, port, proc, log_path)
         except BaseException:  # a signal while it starts: it is in no `running` list that stop() would end
             _end(proc)
             raise
-        if log_path is not None:
-            threading.Thread(target=_drain, args=(proc, log_path), daemon=True).start()
-        else:
-            threading.Thread(target=_drain, args=(proc, None), daemon=True).start()
+        threading.Thread(target=_drain, args=(proc, log_path, rest), daemon=True).start()
         return ServiceProcess(name, proc, address, log_path)
 
     def _read_address(
         self, name: str, port: int | None, proc: subprocess.Popen, log_path: Path | None
-    ) -> str:
+    ) -> tuple[str, bytes]:
+        """The address ``proc`` printed and the bytes read past its line; waits :attr:`startup_timeout_s` at
+        most, also for a child that stopped (SIGSTOP) or hangs before printing anything."""
         deadline = time.monotonic() + self.startup_timeout_s
         assert proc.stdout is not None  # noqa: S101 - Popen was given stdout=PIPE
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline().decode(errors="replace")
+        fd, buffer = proc.stdout.fileno(), bytearray()
+        while (line := _next_line(fd, buffer, deadline)) is not None:
             if not line:
                 code = proc.wait()
                 said = _last_line(log_path) if log_path is not None else ""
@@ -125,9 +126,9 @@ class LocalStack:
                     f"{name} (port {port or 'any'}) exited with code {code} before listening"
                     + (f": {said}" if said else " (its error is printed above)")
                 )
-            match = _LISTEN.search(line)
+            match = _LISTEN.search(line.decode(errors="replace"))
             if match:
-                return match.group(1)
+                return match.group(1), bytes(buffer)
         proc.kill()
         raise UnavailableError(f"{name} did not print its address within {self.startup_timeout_s:.0f}s")
 
@@ -270,12 +271,33 @@ def _last_line(path: Path) -> str:
     return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
-def _drain(proc: subprocess.Popen, log_path: Path | None) -> None:
-    """Copy a child's remaining stdout to its log (or discard it) so the pipe never fills."""
+def _next_line(fd: int, buffer: bytearray, deadline: float) -> bytes | None:
+    """The next line of the pipe ``fd`` (with its newline), read through ``buffer``, which keeps the bytes read
+    past it; ``b""`` at its end; ``None`` once ``deadline`` (``time.monotonic()``) passed without one (a
+    ``readline()`` blocked for as long as the writer neither wrote nor exited)."""
+    while b"\n" not in buffer:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:  # the end: what is left, then b""
+            line = bytes(buffer)
+            buffer.clear()
+            return line
+        buffer += chunk
+    end = buffer.index(b"\n") + 1
+    line = bytes(buffer[:end])
+    del buffer[:end]
+    return line
+
+
+def _drain(proc: subprocess.Popen, log_path: Path | None, first: bytes = b"") -> None:
+    """Copy ``first`` (read already) and a child's remaining stdout to its log (or discard it) so the pipe never
+    fills."""
     assert proc.stdout is not None  # noqa: S101
     sink = open(log_path, "ab") if log_path else None  # noqa: SIM115
     try:
-        for line in proc.stdout:
+        for line in itertools.chain([first], proc.stdout):
             if sink:
                 sink.write(line)
                 sink.flush()
