@@ -129,8 +129,8 @@ def test_marti_up_restart_no_stops_the_stack_on_a_hung_service(tmp_path):
 
 def test_sigint_during_a_restarts_wait_for_serving_stops_at_once(tmp_path):
     """The restarted store is stopped (SIGSTOP) before it listens, so ``marti up`` waits for it; SIGINT then
-    acted only when that wait ended (it never did: the wait reads the child's first line). Now every service
-    stops within seconds, exit 0, none left behind."""
+    acted only when that wait ended (after 60 s; never, before the wait for the address had a deadline). Now
+    every service stops within seconds, exit 0, none left behind."""
     up, data = _up(tmp_path, "--restart-backoff-s", "0.1")
     try:
         wait_for(tmp_path / "out", "all services SERVING", up)
