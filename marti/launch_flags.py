@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import yaml
 
-from marti.config import AlgorithmConfig, TrainConfig, apply_overrides, config_from_dict
+from marti.config import AlgorithmConfig, TrainConfig, apply_overrides, config_from_dict, unset_keys
 from marti.config.dataset import DATASET_ENV
 from marti.config.unread import CRITIC_ALGORITHM_KEYS
 from marti.cpu_features import CPUINFO, cpu_has_bf16
@@ -557,17 +557,21 @@ def build_config(
     launch_argv: Sequence[str] = (),
     *,
     machine: MachineInfo | None = None,
+    unset: Sequence[str] = (),
 ) -> tuple[TrainConfig, list[str]]:
     """Build the training config of ``marti train`` from a YAML file, launch flags and ``--set`` overrides.
 
     Precedence, lowest first: the YAML file (or, without one, a team of ``agent_1..N`` built from
-    ``--actor_model`` with roles from :data:`DEFAULT_ROLES`), then launch flags, then ``--set`` overrides.
+    ``--actor_model`` with roles from :data:`DEFAULT_ROLES`) less its ``--unset`` keys, then launch flags, then
+    ``--set`` overrides.
 
     Args:
         config_path: The YAML file, or None to build the team from launch flags alone.
         overrides: Dotted ``KEY=VALUE`` strings (``--set``).
         launch_argv: OpenRLHF-style flag tokens (see :func:`parse_launch_flags`).
         machine: What this machine supports; None probes it when a flag needs it (:func:`parse_launch_flags`).
+        unset: Dotted keys dropped from the file (``--unset``, :func:`marti.config.unset_keys`); a launch flag or
+            ``--set`` that sets one of them too is refused.
 
     Returns:
         ``(config, warnings)``: the validated config and one message per ignored launch flag.
@@ -594,6 +598,7 @@ def build_config(
     hint = flags.agent_count_hint()
     if hint is not None and n_file and hint != n_file:
         raise InvalidArgumentError(f"launch flags describe {hint} agents but {source} lists {n_file}")
+    raw = unset_keys(raw, unset, [*flags.overrides(n_file or hint or 0), *overrides])
     notes = list(flags.warnings)
     estimator = _chosen_estimator(flags, overrides, raw, config_path is not None)
     flags = _without_critic_flags(flags, estimator, notes)

@@ -46,6 +46,7 @@ from marti.config.load import (
     config_from_text,
     dump_config,
     load_config,
+    unset_keys,
 )
 from marti.config.schema import (
     AgentConfig,
@@ -104,6 +105,7 @@ __all__ = [
     "TrainConfig",
     "VllmConfig",
     "apply_overrides",
+    "unset_keys",
     "config_from_dict",
     "config_from_text",
     "config_reference_markdown",

@@ -118,65 +118,136 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> di
     return out
 
 
-def _set_path(root: dict[str, Any], parts: list[str], value: Any) -> None:
+def unset_keys(
+    data: dict[str, Any], keys: typing.Sequence[str], given: typing.Sequence[str] = ()
+) -> dict[str, Any]:
+    """Drop dotted keys from a raw config mapping (a deep copy is returned), so that each takes its default:
+    ``--unset KEY`` of ``marti train`` / ``marti eval``, e.g. a YAML file's ``policy.lora_r`` under ``--set
+    policy.mode=per_agent`` (docs/config.md, "Dotted overrides").
+
+    Keys are checked against the schema as :func:`apply_overrides` checks them (the same messages, naming
+    ``--unset``); list items are addressed by index (``agents.0.ref_model``).
+
+    Args:
+        data: The raw mapping read from YAML (not modified).
+        keys: Dotted keys to drop.
+        given: ``KEY=VALUE`` overrides applied after (``--set``, launch flags): none may set an unset key, or a
+            key above or below it.
+
+    Returns:
+        The new raw mapping, still to be validated.
+
+    Raises:
+        InvalidArgumentError: An unknown key (named, with a suggestion), a key the mapping does not set (unsetting
+            it would do nothing), a whole list item, or a key that an override in ``given`` sets too.
+    """
+    if not keys:
+        return data
+    out = yaml.safe_load(yaml.safe_dump(data)) if data else {}
+    for key in keys:
+        parts = key.strip().split(".")
+        if any(not p for p in parts):
+            raise InvalidArgumentError(f"--unset key {key!r} has an empty part")
+        for text in given:
+            other = text.partition("=")[0].strip().split(".")
+            if other[: len(parts)] == parts or parts[: len(other)] == other:
+                raise InvalidArgumentError(
+                    f"--unset {key} and the override {text!r} both set '{'.'.join(other)}': give one of them"
+                )
+        _set_path(out, parts, None, unset=True)
+    return out
+
+
+def _not_set(key: str) -> InvalidArgumentError:
+    """The error of ``--unset KEY`` where the config does not set ``key``: unsetting it would do nothing."""
+    return InvalidArgumentError(
+        f"--unset {key}: the config does not set '{key}' (it has its default already): drop --unset {key}"
+    )
+
+
+def _leaf(node: Any, part: Any, value: Any, key: str, unset: bool) -> None:
+    """Set ``node[part]`` to ``value``, or with ``unset`` delete it (refused where ``node`` does not set it)."""
+    if not unset:
+        node[part] = value
+    elif part not in node:
+        raise _not_set(key)
+    else:
+        del node[part]
+
+
+def _child(node: dict[str, Any], part: str, kind: type, key: str, unset: bool) -> Any:
+    """``node[part]``, made an empty ``kind`` (dict or list) where it is missing (a dict also where it is not one);
+    with ``unset`` a missing one is refused instead (nothing below it is set)."""
+    current = node.get(part)
+    if isinstance(current, kind):
+        return current
+    if unset:
+        raise _not_set(key)
+    if kind is list and current is not None:
+        return current
+    node[part] = kind()
+    return node[part]
+
+
+def _set_path(root: dict[str, Any], parts: list[str], value: Any, *, unset: bool = False) -> None:
     cls: Any = TrainConfig
     node: Any = root
     key = ".".join(parts)
+    label = f"--unset '{key}'" if unset else f"override '{key}'"
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         here = ".".join(parts[: i + 1])
         if cls is dict:  # free-form mapping: any key
             if last:
-                node[part] = value
+                _leaf(node, part, value, key, unset)
             else:
-                node = node.setdefault(part, {})
+                node = _child(node, part, dict, key, unset)
             continue
         if _is_model(cls):
             if part not in cls.model_fields:
                 raise InvalidArgumentError(
-                    f"unknown config key '{here}' in override '{key}'{_suggest(part, cls.model_fields)}"
+                    f"unknown config key '{here}' in {label}{_suggest(part, cls.model_fields)}"
                 )
             if last:
-                node[part] = value
+                _leaf(node, part, value, key, unset)
                 return
             tp = _unwrap(cls.model_fields[part].annotation)
             origin = typing.get_origin(tp)
             if _is_model(tp) or tp is dict or origin is dict:
-                if not isinstance(node.get(part), dict):
-                    node[part] = {}
-                node = node[part]
+                node = _child(node, part, dict, key, unset)
                 cls = tp if _is_model(tp) else dict
             elif origin is list:
-                items = node.get(part)
-                if not isinstance(items, list):
-                    items = node[part] = [] if items is None else items
-                node, cls = items, ("list", _unwrap(typing.get_args(tp)[0]))
+                node, cls = _child(node, part, list, key, unset), ("list", _unwrap(typing.get_args(tp)[0]))
             else:
-                raise InvalidArgumentError(
-                    f"override '{key}': '{here}' is a single value, it has no sub-keys"
-                )
+                raise InvalidArgumentError(f"{label}: '{here}' is a single value, it has no sub-keys")
             continue
         # list node: part must be an index
         item_type = cls[1]
         if not part.isdigit():
-            raise InvalidArgumentError(f"override '{key}': '{part}' must be a list index 0..{len(node) - 1}")
+            raise InvalidArgumentError(f"{label}: '{part}' must be a list index 0..{len(node) - 1}")
         idx = int(part)
         if idx >= len(node):
             raise InvalidArgumentError(
-                f"override '{key}': index {idx} out of range, '{'.'.join(parts[:i])}' has {len(node)} items"
+                f"{label}: index {idx} out of range, '{'.'.join(parts[:i])}' has {len(node)} items"
             )
         if last:
+            if unset:
+                raise InvalidArgumentError(f"{label}: a whole list item cannot be unset; edit the list")
             node[idx] = value
             return
         if not _is_model(item_type):
-            raise InvalidArgumentError(f"override '{key}': '{here}' is a single value, it has no sub-keys")
+            raise InvalidArgumentError(f"{label}: '{here}' is a single value, it has no sub-keys")
         if not isinstance(node[idx], dict):
-            raise InvalidArgumentError(f"override '{key}': '{here}' is not a mapping (got {node[idx]!r})")
+            raise InvalidArgumentError(f"{label}: '{here}' is not a mapping (got {node[idx]!r})")
         node, cls = node[idx], item_type
 
 
 def config_from_dict(
-    data: dict[str, Any], overrides: typing.Sequence[str] = (), *, source: str = "<config>"
+    data: dict[str, Any],
+    overrides: typing.Sequence[str] = (),
+    *,
+    source: str = "<config>",
+    unset: typing.Sequence[str] = (),
 ) -> TrainConfig:
     """Validate a raw mapping (plus dotted overrides) into a :class:`TrainConfig`.
 
@@ -184,6 +255,7 @@ def config_from_dict(
         data: The raw config mapping, as read from YAML.
         overrides: Dotted ``KEY=VALUE`` overrides (see :func:`apply_overrides`).
         source: Name used in error messages (the file path).
+        unset: Dotted keys dropped from ``data`` before the overrides (see :func:`unset_keys`).
 
     Returns:
         The validated, frozen config.
@@ -193,7 +265,7 @@ def config_from_dict(
     """
     if not isinstance(data, dict):
         raise InvalidArgumentError(f"{source}: the config must be a YAML mapping, got {type(data).__name__}")
-    raw = apply_overrides(data, overrides)
+    raw = apply_overrides(unset_keys(data, unset, overrides), overrides)
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:
@@ -202,7 +274,11 @@ def config_from_dict(
 
 
 def config_from_text(
-    text: str, overrides: typing.Sequence[str] = (), *, source: str = "<text>"
+    text: str,
+    overrides: typing.Sequence[str] = (),
+    *,
+    source: str = "<text>",
+    unset: typing.Sequence[str] = (),
 ) -> TrainConfig:
     """Parse YAML text into a :class:`TrainConfig` (used by TrainerService.SubmitJob).
 
@@ -215,15 +291,18 @@ def config_from_text(
         data = load_yaml(text, source)
     except yaml.YAMLError as exc:
         raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
-    return config_from_dict({} if data is None else data, overrides, source=source)
+    return config_from_dict({} if data is None else data, overrides, source=source, unset=unset)
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> TrainConfig:
+def load_config(
+    path: str | Path, overrides: typing.Sequence[str] = (), unset: typing.Sequence[str] = ()
+) -> TrainConfig:
     """Load a YAML training config file and apply dotted overrides (``--set algorithm.kl_coef=0.01``).
 
     Args:
         path: The YAML file.
         overrides: ``KEY=VALUE`` strings, applied in order after the file is read.
+        unset: Dotted keys dropped from the file before the overrides (``--unset``, :func:`unset_keys`).
 
     Returns:
         The validated, frozen :class:`TrainConfig`.
@@ -238,7 +317,7 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Train
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read config file {str(p)!r}: {exc.strerror or exc}") from None
-    return config_from_text(text, overrides, source=str(p))
+    return config_from_text(text, overrides, source=str(p), unset=unset)
 
 
 def dump_config(config: TrainConfig) -> str:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from marti.errors import MartiError
-from services.trainer.job.cli.train_cli import add_service_flags, service_addresses
+from services.trainer.job.cli.train_cli import add_override_flags, add_service_flags, service_addresses
 
 
 def format_table(results: dict[str, dict[str, float]], roles: dict[str, str]) -> str:
@@ -38,14 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="marti eval", description="evaluate a checkpoint on held-out seeds")
     p.add_argument("config", help="training config YAML")
     p.add_argument("--checkpoint", default=None, help="checkpoint dir; default: the run's newest checkpoint")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_override_flags(p)
     p.add_argument("--no-baseline", action="store_true", help="skip the untrained base models")
     p.add_argument("--json", default=None, help="also write the results as JSON here")
     add_service_flags(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, args.unset)
         ckpt = Path(args.checkpoint) if args.checkpoint else latest_checkpoint(cfg.run_dir)
         if args.checkpoint and not ckpt.is_dir():
             raise MartiError(f"checkpoint {str(ckpt)!r} is not a directory")

@@ -1,4 +1,4 @@
-"""``marti train CONFIG.yaml [--set KEY=VALUE ...] [--broker ADDR --env ADDR --store ADDR] [launch flags]``.
+"""``marti train CONFIG.yaml [--set KEY=VALUE ...] [--unset KEY ...] [--broker ADDR --env ADDR --store ADDR] [launch flags]``.
 
 With no addresses (and none in the config's ``services`` section) it starts the embedded stack (broker, env
 server, store) as local processes, runs the job, and stops them. OpenRLHF-style launch flags
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     """
     p = argparse.ArgumentParser(
         prog="marti train",
-        usage="marti train [CONFIG.yaml] [--set KEY=VALUE ...] [--broker/--env/--store ADDR] [--token T] "
+        usage="marti train [CONFIG.yaml] [--set KEY=VALUE ...] [--unset KEY ...] [--broker/--env/--store ADDR] "
+        "[--token T] "
         "[--resume | --overwrite] [--no-progress] [launch flags]",
         description="run a multi-agent RL training job",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=44, width=160),
@@ -41,14 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "config", nargs="?", help="training config YAML (optional when launch flags give the team)"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override, e.g. --set algorithm.kl_coef=0.01 (repeatable)",
-    )
+    add_override_flags(p)
     add_service_flags(p)
     p.add_argument("--resume", action="store_true", help="resume from the run's newest checkpoint")
     p.add_argument(
@@ -106,6 +100,27 @@ def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Ad
     finally:
         if stack is not None:
             stack.stop()
+
+
+def add_override_flags(p: argparse.ArgumentParser) -> None:
+    """The ``--set KEY=VALUE`` and ``--unset KEY`` flags shared by ``marti train`` and ``marti eval``."""
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set algorithm.kl_coef=0.01 (repeatable)",
+    )
+    p.add_argument(
+        "--unset",
+        dest="unset",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="drop a dotted key the config file sets, so it takes its default, e.g. --unset policy.lora_r with "
+        "--set policy.mode=per_agent (repeatable; refused where the file does not set KEY or --set sets it too)",
+    )
 
 
 def add_service_flags(p: argparse.ArgumentParser) -> None:
@@ -167,7 +182,7 @@ def _stop_on_signals(stop: threading.Event, teardown: threading.Event, now: thre
 
 
 #: ``marti train``'s own options that take a value, and its switches; every other ``--flag`` is a launch flag.
-_OWN_WITH_VALUE = ("--set", "--broker", "--env", "--store", "--token")
+_OWN_WITH_VALUE = ("--set", "--unset", "--broker", "--env", "--store", "--token")
 _OWN_SWITCHES = ("--resume", "--overwrite", "--no-progress", "-h", "--help")
 
 
@@ -280,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(own)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg, warnings = build_config(args.config, args.overrides, launch)
+        cfg, warnings = build_config(args.config, args.overrides, launch, unset=args.unset)
         for w in warnings:
             print(f"note: {w}", file=sys.stderr)
         for agent in cfg.agents:
