@@ -5,6 +5,9 @@ inside the trainer container), and usable against any deployment::
 
     python deploy/submit_job.py 127.0.0.1:50054 examples/tiny.yaml --set ray.address=auto --timeout-s 600
 
+``--unset KEY`` drops a key the file sets before the text is sent (as ``marti train --unset``), e.g. ``--set
+policy.mode=per_agent --unset policy.lora_r --unset policy.lora_alpha`` on a LoRA config.
+
 Exit code 0 iff the job ends SUCCEEDED; the job's final state, step count, run directory (inside the trainer
 container) and last metrics record are printed. A marti error (a job the trainer refuses: a bad config, user
 code, a run folder that holds a run; a trainer that cannot be reached; a job that does not end within
@@ -18,9 +21,32 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from marti.clients.trainer import JobInfo, MetricsRecord, TrainerClient
-from marti.errors import DeadlineExceededError, MartiError
+from marti.config import unset_keys
+from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
 from marti.rpc.channel import DEFAULT_TIMEOUT_S
+from marti.yaml_load import load_yaml
+
+
+def without_keys(text: str, keys: list[str], overrides: list[str], source: str) -> str:
+    """The config ``text`` (YAML) less the dotted ``keys`` (``--unset``), as YAML text; ``text`` itself when
+    ``keys`` is empty.
+
+    Raises:
+        InvalidArgumentError: ``text`` is not YAML, or a key is unknown, not set by ``text``, or set by one of
+            ``overrides`` too (:func:`marti.config.unset_keys`).
+    """
+    if not keys:
+        return text
+    try:
+        data = load_yaml(text, source)
+    except yaml.YAMLError as exc:
+        raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgumentError(f"{source}: the config must be a YAML mapping")
+    return yaml.safe_dump(unset_keys(data, keys, overrides), sort_keys=False)
 
 
 def submit_and_wait(
@@ -70,11 +96,15 @@ def submit_and_wait(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``submit_job.py ADDRESS CONFIG [--set k=v ...] [--timeout-s S]``; returns the exit code."""
+    """Command line: ``submit_job.py ADDRESS CONFIG [--set k=v ...] [--unset k ...] [--timeout-s S]``; returns the
+    exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("address", help="trainer host:port")
     parser.add_argument("config", type=Path, help="training config YAML")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="dotted key=value")
+    parser.add_argument(
+        "--unset", action="append", default=[], metavar="KEY", help="drop a dotted key the config file sets"
+    )
     parser.add_argument("--timeout-s", type=float, default=900.0, help="longest wait for the job, seconds")
     parser.add_argument(
         "--token", default=None, help="bearer token (default: MARTI_TRAINER_TOKEN, MARTI_TOKEN)"
@@ -88,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"submit_job.py: error: cannot read the config {str(args.config)!r}: {why}", file=sys.stderr)
         return 2
     try:
+        text = without_keys(text, args.unset, args.overrides, str(args.config))
         job, records = submit_and_wait(
             args.address, text, args.overrides, timeout_s=args.timeout_s, token=args.token
         )

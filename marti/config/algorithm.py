@@ -50,9 +50,10 @@ class AlgorithmConfig(Section):
     kl_coef: NonNegFloat = 0.001
     """Weight of the KL to the reference policy; 0 disables the reference model."""
     kl_estimator: KlEstimator = "k3"
-    """KL estimator (Schulman's k1, k2, k3)."""
+    """KL estimator (Schulman's k1, k2, k3); with ``kl_coef: 0`` a training config refuses another value."""
     use_kl_loss: bool = True
-    """True: KL is a loss term (GRPO style); false: KL is a per-token reward penalty (PPO style)."""
+    """True: KL is a loss term (GRPO style); false: KL is a per-token reward penalty (PPO style). With
+    ``kl_coef: 0`` a training config refuses false."""
     clip_eps_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
     """Lower PPO clip range in [0, 1): the ratio is clipped below at ``1 - clip_eps_low``."""
     clip_eps_high: NonNegFloat = 0.2
@@ -69,7 +70,9 @@ class AlgorithmConfig(Section):
     """Whiten advantages over the batch (read by ``gae``; the other estimators normalise by construction, and a
     training config refuses ``false`` with them)."""
     adv_eps: PositiveFloat = 1e-6
-    """Added to the group standard deviation of ``grpo``."""
+    """Added to the standard deviation ``grpo`` divides by (the group's), and ``normalize_per_agent`` (the agent
+    batch's, with ``dr_grpo`` or ``rloo``); the other estimators divide by no such std, and a training config
+    refuses another value than the default with them."""
     loss_norm_tokens: PositiveInt | None = None
     """Constant token divisor of ``seq-mean-token-sum-norm`` (a training config refuses it with another
     ``loss_agg_mode``); null: the padded response length."""

@@ -55,7 +55,8 @@ class RolloutConfig(_Section):
     agent's adapter from a plain copy of the base with that adapter merged into its linears (re-merged at every
     weight sync) when the agents use at most this many adapters; else from one unmerged copy that switches
     adapters per call. Memory: one base copy in the sampling dtype per merged adapter. Default 1 (a lone adapter
-    merges at the memory of the unmerged copy); 0: never merge. See docs/models.md."""
+    merges at the memory of the unmerged copy); 0: never merge. See docs/models.md. A training config refuses another
+    value than 1 where nothing merges: ``policy.mode`` not ``lora``, ``dtype`` null, or ``engine: vllm``."""
     source: Literal["builtin", "external", "mixed"] = "builtin"
     """Where each update's training episodes come from. ``builtin``: the job plays ``episodes_per_step``
     episodes in the env per step. ``external``: no built-in rollout; each trainable agent's update takes

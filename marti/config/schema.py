@@ -232,7 +232,9 @@ class PolicyConfig(_Section):
     mode: Literal["auto", "lora", "per_agent", "shared"] = "auto"
     """``lora``: one LoRA adapter per agent on one shared base model; ``per_agent``: a full model per agent
     (different base models allowed); ``shared``: one policy for all agents, told apart by role prompts;
-    ``auto``: ``lora`` when every agent has the same ``pretrain_model``, else ``per_agent``."""
+    ``auto``: ``lora`` when every agent has the same ``pretrain_model``, else ``per_agent``. The ``lora_*`` keys
+    are read in ``lora`` mode only: a training config refuses other values than their defaults in the other modes
+    (``marti train --unset policy.lora_r`` drops a file's value)."""
     lora_r: PositiveInt = 8
     """LoRA rank."""
     lora_alpha: PositiveFloat = 16.0

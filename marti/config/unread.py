@@ -1,11 +1,15 @@
 """Refusing settings the rest of the config leaves unread: critic settings without the critic (``gae``), a
-reference model without the KL (``algorithm.kl_coef: 0``), ``algorithm`` options the chosen estimator or loss
-aggregation does not read, ``policy.ema_beta`` without ``policy.ema``, training settings of a frozen agent
-(``is_tuning: false``). Called by ``TrainConfig``'s validator, so such a job is refused at config load naming the
-keys, their values and the setting that makes them unread (docs/config.md, "Rules").
+reference model and the KL's own options without the KL (``algorithm.kl_coef: 0``), ``algorithm`` options the
+chosen estimator or loss aggregation does not read, ``policy.lora_*`` without LoRA adapters (``policy.mode``
+other than ``lora``), ``rollout.merge_adapters`` where no engine merges adapters, ``policy.ema_beta`` without
+``policy.ema``, training settings of a frozen agent (``is_tuning: false``). Called by ``TrainConfig``'s
+validator, so such a job is refused at config load naming the keys, their values and the setting that makes them
+unread (docs/config.md, "Rules").
 
 Only a value other than the key's default is refused: a saved config (``config.yaml`` of a run folder writes
-every key) loads again.
+every key) loads again. A message for keys of the ``algorithm``, ``policy`` and ``rollout`` sections names the
+command-line fix too: ``--unset KEY`` (``marti train`` / ``marti eval``) drops a key the YAML file sets, e.g. the
+file's ``policy.lora_r`` under ``--set policy.mode=per_agent``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,16 @@ from marti.config.algorithm import GROUP_ESTIMATORS
 CRITIC_ALGORITHM_KEYS = ("lambd", "value_clip", "critic_learning_rate")
 #: Estimators whose group baselines ``normalize_per_agent`` whitens (the others whiten over the batch already).
 PER_AGENT_NORMALIZED = ("grpo", "dr_grpo", "rloo")
+#: ``algorithm`` keys only the KL to the reference policy reads (none where ``kl_coef`` is 0).
+KL_ALGORITHM_KEYS = ("kl_estimator", "use_kl_loss")
+#: ``policy`` keys only the LoRA adapters read (``policy.mode`` ``lora``, or ``auto`` resolving to it).
+LORA_POLICY_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+
+
+def _fix(found: list[str]) -> str:
+    """``remove them (on the command line: --unset a --unset b)`` for the ``key=value ...`` strings ``found``."""
+    keys = " ".join(f"--unset {s.split('=', 1)[0]}" for s in found)
+    return f"remove {'it' if len(found) == 1 else 'them'} (on the command line: {keys})"
 
 
 def _set(section: BaseModel, prefix: str, names: tuple[str, ...]) -> list[str]:
@@ -69,12 +83,49 @@ def _algorithm_unread(algo: Any) -> list[str]:
             f"algorithm.advantage_estimator is {est} with turn_rewards outcome, which does not read it: remove it"
             for s in _set(algo, "algorithm", ("gamma",))
         ]
+    if est != "grpo" and not (algo.normalize_per_agent and est in PER_AGENT_NORMALIZED):
+        out += [
+            f"{s} is added to the std that grpo (and normalize_per_agent with dr_grpo or rloo) divides by; "
+            f"algorithm.advantage_estimator is {est} with normalize_per_agent {algo.normalize_per_agent}, "
+            f"which divides by no such std: {_fix([s])}"
+            for s in _set(algo, "algorithm", ("adv_eps",))
+        ]
     if algo.loss_agg_mode != "seq-mean-token-sum-norm":
         out += [
             f"{s} is the divisor of loss_agg_mode seq-mean-token-sum-norm; algorithm.loss_agg_mode is "
             f"{algo.loss_agg_mode}, which does not read it: remove it"
             for s in _set(algo, "algorithm", ("loss_norm_tokens",))
         ]
+    return out
+
+
+def _lora_unread(cfg: Any) -> list[str]:
+    """Messages for the ``policy.lora_*`` keys without LoRA adapters, and ``rollout.merge_adapters`` where no
+    engine merges adapters (``cfg`` a :class:`marti.config.TrainConfig`)."""
+    mode = cfg.policy.mode if cfg.policy.mode != "auto" else f"auto (here {cfg.policy_mode})"
+    out = []
+    lora = _set(cfg.policy, "policy", LORA_POLICY_KEYS)
+    if lora and cfg.policy_mode != "lora":
+        out.append(
+            f"{', '.join(lora)} configure the LoRA adapters, and policy.mode is {mode}, which trains no adapters: "
+            f"{_fix(lora)} or set policy.mode lora"
+        )
+    merge = _set(cfg.rollout, "rollout", ("merge_adapters",))
+    roll = cfg.rollout
+    why = (
+        f"policy.mode is {mode}, which trains no adapters"
+        if cfg.policy_mode != "lora"
+        else "rollout.engine is vllm, which merges nothing"
+        if roll.engine == "vllm"
+        else "rollout.dtype is null (the policy's dtype: no sampling copy to merge into)"
+        if roll.dtype is None
+        else ""
+    )
+    if merge and why:
+        out.append(
+            f"{merge[0]} is how many LoRA adapters a transformers engine samples from merged copies in "
+            f"rollout.dtype; {why}: {_fix(merge)}"
+        )
     return out
 
 
@@ -105,6 +156,13 @@ def unread_settings(cfg: Any) -> list[str]:
                 f"{', '.join(ref)} configure the reference policy, which algorithm.kl_coef=0 does not load "
                 "(no KL): remove them or set kl_coef > 0"
             )
+        kl = _set(cfg.algorithm, "algorithm", KL_ALGORITHM_KEYS)
+        if kl:
+            problems.append(
+                f"{', '.join(kl)} configure the KL to the reference policy, which algorithm.kl_coef=0 turns off: "
+                f"{_fix(kl)} or set kl_coef > 0"
+            )
+    problems += _lora_unread(cfg)
     problems += _algorithm_unread(cfg.algorithm)
     if not cfg.policy.ema:
         ema = _set(cfg.policy, "policy", ("ema_beta",))

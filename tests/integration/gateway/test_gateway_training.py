@@ -255,6 +255,7 @@ def _job_config(tmp_path: Path, http_port: int, grpc_port: int) -> Any:
             "gateway.linger_s=120",  # the client reads the last version and the stats, then stops the job
             f"output.dir={tmp_path / 'run'}",
         ],
+        unset=("policy.lora_r", "policy.lora_alpha"),  # tiny.yaml's LoRA keys: no adapters in per_agent mode
     )
 
 

@@ -170,8 +170,9 @@ def test_main_job_attaches_to_a_token_cluster_and_uses_both_nodes(cluster, tmp_p
     # per_agent: two policy actors of 1 CPU each (ray.num_cpus_per_worker), on nodes of 1 CPU each, so the
     # job's placement group (PACK) has to span both nodes.
     done = _train(
-        address, env, tmp_path / "run", "--set", "policy.mode=per_agent", "--set", "rollout.eval_every=0"
-    )
+        address, env, tmp_path / "run", "--set", "policy.mode=per_agent", "--set", "rollout.eval_every=0",
+        "--unset", "policy.lora_r", "--unset", "policy.lora_alpha",  # tiny.yaml's: no adapters in per_agent mode
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     assert "done: 1 steps" in done.stdout
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])

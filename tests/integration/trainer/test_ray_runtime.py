@@ -145,6 +145,7 @@ def test_rollout_actors_sample_with_the_learners_weights(mode, tmp_path):
     cfg = load_config(
         ROOT / "examples" / "tiny.yaml",
         [f"policy.mode={mode}", "rollout.max_new_tokens=4", "ray.num_rollout_workers=2"],
+        ("policy.lora_r", "policy.lora_alpha") if mode != "lora" else (),  # tiny.yaml's LoRA keys
     )
     runtime = RayRuntime(cfg)
     assert [s.name for s in runtime.actors() if s.kind == "rollout"] == [
@@ -209,7 +210,11 @@ def per_agent_runtime() -> Iterator[RayRuntime]:
     """One started ``per_agent`` runtime (a policy actor per agent), shared by the tests below: each asserts the
     version changes it makes from the versions it finds, so they pass in either order. They are the module's
     last tests, so in a serial run its idle actors reserve no CPUs while the module's other runtimes start."""
-    cfg = load_config(ROOT / "examples" / "tiny.yaml", ["policy.mode=per_agent", "rollout.max_new_tokens=4"])
+    cfg = load_config(
+        ROOT / "examples" / "tiny.yaml",
+        ["policy.mode=per_agent", "rollout.max_new_tokens=4"],
+        ("policy.lora_r", "policy.lora_alpha"),  # tiny.yaml's LoRA keys: no adapters in per_agent mode
+    )
     runtime = RayRuntime(cfg)
     try:
         runtime.start()

@@ -26,10 +26,14 @@ def trainer():
         yield server.address
 
 
-def _submit(address: str, config: Path, *overrides: str) -> subprocess.CompletedProcess:
+def _submit(
+    address: str, config: Path, *overrides: str, unset: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     args = [sys.executable, str(ROOT / "deploy" / "submit_job.py"), address, str(config), "--timeout-s", "30"]
     for o in overrides:
         args += ["--set", o]
+    for key in unset:
+        args += ["--unset", key]
     return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
@@ -71,3 +75,18 @@ def test_a_config_file_that_cannot_be_read_is_one_line(trainer, tmp_path):
         out = _submit(trainer, path)
         assert out.returncode == 2, out
         assert _one_line(out) == f"submit_job.py: error: cannot read the config {str(path)!r}: {why}"
+
+
+def test_unset_drops_the_files_lora_keys_before_the_text_is_sent(trainer, tmp_path):
+    """``--set policy.mode=per_agent`` on tiny.yaml (lora_r 4, lora_alpha 8) is refused in one line naming the
+    ``--unset`` fix; with it the config passes and the next check (a run folder that holds a run) refuses."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("training_name: tiny\n")
+    sets = ("policy.mode=per_agent", f"output.dir={run}")
+    line = _one_line(_submit(trainer, TINY, *sets))
+    assert "policy.lora_r=4 (default 8)" in line and "--unset policy.lora_r --unset policy.lora_alpha" in line
+    out = _submit(trainer, TINY, *sets, unset=("policy.lora_r", "policy.lora_alpha"))
+    assert "already holds a run" in _one_line(out) and out.returncode == 2
+    line = _one_line(_submit(trainer, TINY, *sets, unset=("policy.lora_rr",)))
+    assert "unknown config key 'policy.lora_rr' in --unset 'policy.lora_rr'" in line, line

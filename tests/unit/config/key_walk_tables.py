@@ -156,6 +156,7 @@ CONTEXT: dict[str, dict[str, Any] | list[dict[str, Any]]] = {
     "algorithm.loss_norm_tokens": {"algorithm.loss_agg_mode": "seq-mean-token-sum-norm"},  # its only reader
     "algorithm.gamma": {"algorithm.advantage_estimator": "reinforce++"},  # grpo's outcome scores: no discount
     "policy.ema_beta": {"policy.ema": True},
+    "rollout.merge_adapters": {"rollout.dtype": "bfloat16"},  # only a sampling copy in another dtype merges
     "seed": TASKS,  # the task draws
     "max_epochs": {**RUN, "rollout.num_train_seeds": 2},  # epochs need a finite problem set
     "task_sampling": {**TASKS, "algorithm.advantage_estimator": "reinforce++"},  # episode draws: no groups

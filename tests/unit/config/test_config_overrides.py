@@ -35,7 +35,8 @@ def test_overrides_set_existing_and_absent_sections():
 
 
 def test_values_are_yaml_scalars():
-    cfg = load_config(EXAMPLE, ["algorithm.use_kl_loss=false", "ray.address=null", "learning_rate=2e-5"])
+    kl = "algorithm.kl_coef=0.01"  # the example's kl_coef 0 leaves use_kl_loss unread (refused)
+    cfg = load_config(EXAMPLE, [kl, "algorithm.use_kl_loss=false", "ray.address=null", "learning_rate=2e-5"])
     assert cfg.algorithm.use_kl_loss is False and cfg.ray.address is None
     assert cfg.learning_rate == pytest.approx(2e-5)
     assert load_config(EXAMPLE, ["output.dir="]).output.dir is None

@@ -337,8 +337,9 @@ def test_a_staleness_bound_must_be_written_as_an_int(bad):
 def test_merge_adapters_is_an_int_at_least_0_named_when_not(bad):
     """``rollout.merge_adapters`` (docs/config.md: int >= 0): 0 never merges; a negative, a bool, a float, text or
     null is refused naming the key and the value, as the engines refuse it (test_merged_lora)."""
-    assert config_from_dict(minimal(rollout={"merge_adapters": 0})).rollout.merge_adapters == 0
-    msg = error_of(minimal(rollout={"merge_adapters": bad}))
+    bf16 = {"dtype": "bfloat16"}  # a sampling copy to merge into: merge_adapters is read
+    assert config_from_dict(minimal(rollout={**bf16, "merge_adapters": 0})).rollout.merge_adapters == 0
+    msg = error_of(minimal(rollout={**bf16, "merge_adapters": bad}))
     assert "'rollout.merge_adapters'" in msg and repr(bad) in msg
 
 

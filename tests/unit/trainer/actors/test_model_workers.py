@@ -30,8 +30,12 @@ ROOT = Path(__file__).resolve().parents[4]
 PPO = ["algorithm.advantage_estimator=gae", "algorithm.kl_coef=0.05", "micro_train_batch_size=1"]
 
 
-def _cfg(*overrides: str):
-    return load_config(ROOT / "examples" / "tiny.yaml", [*PPO, *overrides])
+#: tiny.yaml's LoRA keys, unset (to their defaults) where a test runs it outside policy.mode lora.
+NOT_LORA = ("policy.lora_r", "policy.lora_alpha")
+
+
+def _cfg(*overrides: str, unset: tuple[str, ...] = ()):
+    return load_config(ROOT / "examples" / "tiny.yaml", [*PPO, *overrides], unset)
 
 
 def _samples(n: int = 3, seed: int = 7) -> list[Trajectory]:
@@ -59,8 +63,9 @@ def _weights(worker: PolicyWorker, agent: str) -> dict[str, torch.Tensor]:
 def test_split_reference_and_critic_match_the_colocated_update(mode, agent, extra):
     """Precomputed ref logprobs and old values through update_agent == the colocated in-process path."""
     overrides = [f"policy.mode={mode}", *extra]
-    colocated = PolicyWorker(policy_actor_config(_cfg(*overrides)), num_threads=1)
-    split_cfg = _cfg(*overrides, "ray.colocate_models=false")
+    unset = NOT_LORA if mode != "lora" else ()
+    colocated = PolicyWorker(policy_actor_config(_cfg(*overrides, unset=unset)), num_threads=1)
+    split_cfg = _cfg(*overrides, "ray.colocate_models=false", unset=unset)
     policy = PolicyWorker(policy_actor_config(split_cfg), num_threads=1)
     reference = ReferenceWorker(reference_actor_config(split_cfg, agent), num_threads=1)
     critic = CriticWorker(critic_actor_config(split_cfg, agent), num_threads=1)
@@ -118,7 +123,9 @@ def test_update_windows_cover_every_row_once_per_epoch():
 
 
 def test_separate_layout_adds_reference_and_critic_actors_that_fit_on_two_cpus():
-    cfg = _cfg("policy.mode=per_agent", "ray.colocate_models=false", "ray.num_cpus_per_worker=1")
+    cfg = _cfg(
+        "policy.mode=per_agent", "ray.colocate_models=false", "ray.num_cpus_per_worker=1", unset=NOT_LORA
+    )
     runtime = RayRuntime(cfg)
     names = [a.name for a in runtime.actors()]
     assert names == [
@@ -132,7 +139,7 @@ def test_separate_layout_adds_reference_and_critic_actors_that_fit_on_two_cpus()
     bundles = runtime._bundles(runtime.actors(), {"CPU": 2.0})
     assert len(bundles) == 6 and sum(b["CPU"] for b in bundles) <= 2.0
     assert all(b["CPU"] > 0 and "GPU" not in b for b in bundles)
-    colocated = RayRuntime(_cfg("policy.mode=per_agent"))
+    colocated = RayRuntime(_cfg("policy.mode=per_agent", unset=NOT_LORA))
     assert [a.kind for a in colocated.actors()] == ["policy", "policy"]
     assert colocated._bundles(colocated.actors(), {"CPU": 2.0}) == [{"CPU": 1.0}, {"CPU": 1.0}]
     grpo = RayRuntime(_cfg("ray.colocate_models=false", "algorithm.advantage_estimator=grpo"))
@@ -197,7 +204,13 @@ def test_a_policy_actor_gets_only_its_frozen_part_of_the_config():
     name, not read in the actor."""
     import dataclasses
 
-    cfg = _cfg("policy.mode=per_agent", "learning_rate=3e-4", "policy.ema=true", "policy.ema_beta=0.9")
+    cfg = _cfg(
+        "policy.mode=per_agent",
+        "learning_rate=3e-4",
+        "policy.ema=true",
+        "policy.ema_beta=0.9",
+        unset=NOT_LORA,
+    )
     narrow = policy_actor_config(cfg, ["agent_2"])
     assert narrow.agents == ("agent_2",) and [a.name for a in narrow.layout.agents] == ["agent_2"]
     assert set(narrow.optim) == {"agent_2"} and narrow.optim["agent_2"].lr == pytest.approx(3e-4)
@@ -218,7 +231,8 @@ def test_a_bf16_rollout_engine_owns_its_copy_and_is_synced_after_each_update():
     it as owning its weights: EMA evaluations go through ``pinned``, not the live modules), and every update
     refreshes that copy with the trained float32 weights."""
     worker = PolicyWorker(
-        policy_actor_config(_cfg("policy.mode=per_agent", "rollout.dtype=bfloat16")), num_threads=1
+        policy_actor_config(_cfg("policy.mode=per_agent", "rollout.dtype=bfloat16", unset=NOT_LORA)),
+        num_threads=1,
     )
     assert not worker.cfg.engine_owns_weights and worker.engine_owns_weights
     agent = "agent_1"

@@ -49,8 +49,12 @@ def _batch():
     return ids, mask, torch.ones(2, 3)
 
 
-def _cfg(*overrides: str):
-    return load_config(ROOT / "examples" / "tiny.yaml", list(overrides))
+#: tiny.yaml's LoRA keys, unset (to their defaults) where a test runs it outside policy.mode lora.
+NOT_LORA = ("policy.lora_r", "policy.lora_alpha")
+
+
+def _cfg(*overrides: str, unset: tuple[str, ...] = ()):
+    return load_config(ROOT / "examples" / "tiny.yaml", list(overrides), unset)
 
 
 # ----------------------------------------------------------------------------------------- policy.disable_dropout
@@ -217,7 +221,12 @@ def test_offloaded_helper_calls_compute_then_offload_even_on_error():
 def test_offload_reference_reaches_the_policy_layout_and_the_reference_actor():
     from services.trainer.ray.model_workers import ReferenceWorker, reference_actor_config
 
-    cfg = _cfg("strategy.offload_reference_model=true", "algorithm.kl_coef=0.05", "policy.mode=per_agent")
+    cfg = _cfg(
+        "strategy.offload_reference_model=true",
+        "algorithm.kl_coef=0.05",
+        "policy.mode=per_agent",
+        unset=NOT_LORA,
+    )
     assert policy_layout(cfg).offload_reference
     worker = ReferenceWorker(reference_actor_config(cfg, "agent_1"), num_threads=1)
     module = worker.model.model("agent_1")

@@ -28,7 +28,9 @@ def test_load_model_uses_the_named_kernel(kernel):
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_the_config_key_reaches_every_policy_model_and_the_critic(kernel):
     cfg = load_config(
-        ROOT / "examples" / "tiny.yaml", [f"policy.attn_implementation={kernel}", "policy.mode=per_agent"]
+        ROOT / "examples" / "tiny.yaml",
+        [f"policy.attn_implementation={kernel}", "policy.mode=per_agent"],
+        ("policy.lora_r", "policy.lora_alpha"),  # tiny.yaml's LoRA keys: no adapters in per_agent mode
     )
     policy = MultiAgentPolicy(policy_layout(cfg))
     for agent in policy.agent_ids:
