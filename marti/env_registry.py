@@ -21,6 +21,7 @@ the SDK names no ``services`` module; other installed packages add theirs the sa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -106,6 +107,7 @@ class Registry:
         self._specs: dict[tuple[str, int], EnvSpec] = {}
         self._providers: dict[str, str] = dict(providers or {})
         self._loaded: set[str] = set()
+        self._failed: dict[str, Exception] = {}
 
     def register(self, spec: EnvSpec) -> None:
         """Add ``spec``.
@@ -134,18 +136,34 @@ class Registry:
         return dict(self._providers)
 
     def _load(self, target: str) -> None:
+        """Run provider ``target`` once; a provider that fails is remembered with its error and not run again.
+
+        Raises:
+            Exception: Whatever importing or running the provider raised (its first run only).
+        """
         if target in self._loaded:
             return
         self._loaded.add(target)
-        load_provider(target)(self)
+        try:
+            load_provider(target)(self)
+        except Exception as exc:  # noqa: BLE001 - a provider is another package's code: any error is remembered
+            self._failed[target] = exc
+            raise
 
     def _load_name(self, name: str) -> None:
+        """Load the provider of env ``name`` (if it has one).
+
+        Raises:
+            NotFoundError: The provider cannot be imported or raised when run, now or on an earlier use or
+                listing; the message names the env, the provider and the error.
+        """
         target = self._providers.get(name)
-        if target is None or target in self._loaded:
+        if target is None:
             return
-        try:
+        with contextlib.suppress(Exception):
             self._load(target)
-        except (NotFoundError, ImportError, AttributeError) as exc:
+        exc = self._failed.get(target)
+        if exc is not None:
             raise NotFoundError(
                 f"env {name!r} is provided by {target!r}, which cannot be loaded: {type(exc).__name__}: {exc}"
             ) from exc
@@ -154,7 +172,9 @@ class Registry:
         """Find the spec for ``name-vN`` or bare ``name`` (highest version), loading its provider first.
 
         Raises:
-            NotFoundError: Unknown id; the message names it and lists the known ids.
+            NotFoundError: Unknown id (the message names it, lists the known ids and, when the name has a
+                provider, says that it registered no such env), or the name's provider cannot be loaded (named
+                with its error, on every call: not only the first).
         """
         m = _ID_RE.match(env_id or "")
         if m:
@@ -167,14 +187,16 @@ class Registry:
                 if versions:
                     return self._specs[(env_id, max(versions))]
         known = ", ".join(sorted({s.env_id for s in self.specs()}))
-        raise NotFoundError(f"unknown env id {env_id!r} (known: {known})")
+        target = self._providers.get(m.group("name")) if m else None
+        hint = f"; its provider {target!r} registered no such version or name" if target else ""
+        raise NotFoundError(f"unknown env id {env_id!r}{hint} (known: {known})")
 
     def specs(self) -> list[EnvSpec]:
         """All specs, sorted by id (every provider is loaded; one that cannot be is skipped with a warning)."""
         for target in sorted(set(self._providers.values())):
             try:
                 self._load(target)
-            except (NotFoundError, ImportError, AttributeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - one broken provider must not hide the other envs
                 _LOG.warning("env provider %s cannot be loaded: %s: %s", target, type(exc).__name__, exc)
         return sorted(self._specs.values(), key=lambda s: s.env_id)
 

@@ -106,6 +106,46 @@ def test_unloadable_provider_is_named_and_listing_skips_it(tmp_path, monkeypatch
         r.resolve("nope")
 
 
+BROKEN_PROVIDERS = """
+    from marti.env_registry import EnvSpec
+    from services.env_server.envs.builtin import make_collaborative, COLLABORATIVE_SCHEMA
+
+    def raises(registry):
+        raise ValueError("provider is broken")
+
+    def misnamed(registry):
+        registry.register(EnvSpec("other_name", 1, make_collaborative, COLLABORATIVE_SCHEMA, "x"))
+"""
+
+
+def test_a_broken_provider_is_named_on_every_use_and_listing_skips_it(tmp_path, monkeypatch):
+    """A provider that raises (any error: it is another package's code) or cannot be imported is named with its
+    error by every later ``make``, whether a listing or a make ran it first; the listing shows the other envs."""
+    _write_provider(tmp_path, monkeypatch, "toy_broken_mod", BROKEN_PROVIDERS)
+    _write_provider(tmp_path, monkeypatch, "toy_provider_mod3", PROVIDER)
+    providers = {
+        "toy": "toy_provider_mod3:register",
+        "broken": "toy_broken_mod:raises",
+        "ghost": "no_such_module_xyz:register",
+    }
+    listed_first = reg.Registry(providers)
+    assert [s.env_id for s in listed_first.specs()] == ["toy-v1", "toy-v2"]
+    made_first = reg.Registry(providers)
+    for r in (made_first, listed_first, made_first):
+        with pytest.raises(NotFoundError, match=r"'broken' is provided by 'toy_broken_mod:raises'.*ValueError"):
+            r.make("broken")
+        with pytest.raises(NotFoundError, match=r"'ghost' is provided by.*no_such_module_xyz"):
+            r.make("ghost")
+    assert [s.env_id for s in made_first.specs()] == ["toy-v1", "toy-v2"]
+
+
+def test_a_provider_that_registers_no_env_of_its_name_is_named(tmp_path, monkeypatch):
+    _write_provider(tmp_path, monkeypatch, "toy_broken_mod2", BROKEN_PROVIDERS.replace("toy_broken", "x"))
+    r = reg.Registry({"mine": "toy_broken_mod2:misnamed"})
+    with pytest.raises(NotFoundError, match=r"'mine'; its provider 'toy_broken_mod2:misnamed' registered no such"):
+        r.make("mine")
+
+
 def test_provider_strings_and_names_are_checked():
     with pytest.raises(InvalidArgumentError, match="module:function"):
         reg.load_provider("no_colon")
