@@ -310,12 +310,15 @@ class _ClientBase:
         """The envelope of ``send_message`` (after :meth:`_ready`).
 
         Raises:
-            InvalidArgumentError: No receiver, a receiver that is not a non-empty string, or a bad message,
-                ``content_type`` or ``ttl_s`` (named).
+            InvalidArgumentError: No receiver, a receiver that is not a non-empty string (or one UTF-8 cannot
+                carry: a lone surrogate), or a bad message, ``content_type`` or ``ttl_s`` (named).
         """
         self._ready()
-        receivers = [receiver_id] if isinstance(receiver_id, str) else texts_arg("receiver_id", receiver_id)
-        if not receivers or not receivers[0]:
+        if isinstance(receiver_id, str):
+            receivers = [text_arg("receiver_id", receiver_id)] if receiver_id else []
+        else:
+            receivers = texts_arg("receiver_id", receiver_id)
+        if not receivers:
             raise InvalidArgumentError(f"receiver_id must name at least one agent, got {receiver_id!r}")
         return self._core.envelope(message, receivers, "", content_type, ttl_s)
 

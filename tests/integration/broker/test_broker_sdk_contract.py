@@ -249,6 +249,8 @@ BAD_CONSTRUCTOR = [
 BAD_CALLS = [
     ("receiver_id", lambda c: c.send_message(5, "m")),
     ("receiver_id", lambda c: c.send_message([], "m")),
+    ("receiver_id", lambda c: c.send_message("a\udcff", "m")),  # one id UTF-8 cannot carry (a lone surrogate)
+    ("receiver_id[1]", lambda c: c.send_message(["x", "a\udcff"], "m")),
     ("ttl_s", lambda c: c.send_message("x", "m", ttl_s=-1)),
     ("content_type", lambda c: c.broadcast("m", content_type=3)),
     ("message['a'][1]", lambda c: c.send_message("x", {"a": [1, _Opaque()]})),
