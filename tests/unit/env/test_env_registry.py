@@ -132,7 +132,9 @@ def test_a_broken_provider_is_named_on_every_use_and_listing_skips_it(tmp_path, 
     assert [s.env_id for s in listed_first.specs()] == ["toy-v1", "toy-v2"]
     made_first = reg.Registry(providers)
     for r in (made_first, listed_first, made_first):
-        with pytest.raises(NotFoundError, match=r"'broken' is provided by 'toy_broken_mod:raises'.*ValueError"):
+        with pytest.raises(
+            NotFoundError, match=r"'broken' is provided by 'toy_broken_mod:raises'.*ValueError"
+        ):
             r.make("broken")
         with pytest.raises(NotFoundError, match=r"'ghost' is provided by.*no_such_module_xyz"):
             r.make("ghost")
@@ -142,7 +144,9 @@ def test_a_broken_provider_is_named_on_every_use_and_listing_skips_it(tmp_path, 
 def test_a_provider_that_registers_no_env_of_its_name_is_named(tmp_path, monkeypatch):
     _write_provider(tmp_path, monkeypatch, "toy_broken_mod2", BROKEN_PROVIDERS.replace("toy_broken", "x"))
     r = reg.Registry({"mine": "toy_broken_mod2:misnamed"})
-    with pytest.raises(NotFoundError, match=r"'mine'; its provider 'toy_broken_mod2:misnamed' registered no such"):
+    with pytest.raises(
+        NotFoundError, match=r"'mine'; its provider 'toy_broken_mod2:misnamed' registered no such"
+    ):
         r.make("mine")
 
 
