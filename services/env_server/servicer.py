@@ -13,7 +13,7 @@ from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
 from marti.env_registry import Registry, default_registry
 from marti.envs import declared_metrics
-from marti.errors import BatchTooLargeError, InvalidArgumentError
+from marti.errors import BatchTooLargeError, InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.errors import ok_status, to_status_proto
 from marti.rpc.server import ServiceSpec
 from services.env_server import convert
@@ -24,6 +24,19 @@ from services.env_server.settings import EnvServerSettings
 
 SERVICE_NAME = "marti.api.env.v1.EnvService"
 _LOG = logging.getLogger("marti.env_server")
+#: Bytes of a response kept free under ``max_message_bytes`` for what wraps a result (the stream's
+#: ``SessionResponse`` with its sequence and status, a batch item's status and field tags).
+RESPONSE_MARGIN = 1024
+
+
+def _too_large(what: str, size: int, limit: int) -> ResourceExhaustedError:
+    """The error of a result over the server's gRPC message limit: names ``what``, its ``size`` and ``limit``
+    (bytes), and says the call ran."""
+    return ResourceExhaustedError(
+        f"{what} is {size} bytes, over the env server's max_message_bytes={limit} (less {RESPONSE_MARGIN} for "
+        "the response around it), so it is not sent: the env's observations or infos are too large; the call "
+        "did run (a step moved the episode on)"
+    )
 
 
 class EnvServicer(pb_grpc.EnvServiceServicer):
@@ -39,6 +52,41 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         self.settings = settings
         self._stream_ids = itertools.count(1)
         self._listing: pb.ListEnvsResponse | None = None
+
+    def _fit(self, result: Any, what: str) -> None:
+        """Refuse a result the server could not send: gRPC fails a message over ``max_message_bytes``, and on the
+        ``Session`` stream that ends the stream and closes every session on it.
+
+        Args:
+            result: The encoded result (a ``ResetResponse`` or ``StepResponse``).
+            what: What it is, for the message (``"the step result of session 'ID'"``).
+
+        Raises:
+            ResourceExhaustedError: ``result`` is over ``max_message_bytes`` less :data:`RESPONSE_MARGIN`
+                (:func:`_too_large`).
+        """
+        size = result.ByteSize()
+        if size > self.settings.max_message_bytes - RESPONSE_MARGIN:
+            raise _too_large(what, size, self.settings.max_message_bytes)
+
+    def _trim(self, req: pb.BatchStepRequest, out: pb.BatchStepResponse) -> None:
+        """Fail the largest step results of a batch in-band, each naming its session (:func:`_too_large`), until
+        the batch fits under ``max_message_bytes``; the other results are sent."""
+        budget = self.settings.max_message_bytes - RESPONSE_MARGIN
+        total = out.ByteSize()  # one encoding of the batch (about 1% of the server's CPU per step)
+        if total <= budget:
+            return
+        by_size = sorted(zip(req.steps, out.items, strict=True), key=lambda s: s[1].ByteSize(), reverse=True)
+        for step, item in by_size:
+            if total <= budget:
+                return
+            size = item.ByteSize()
+            what = f"the step result of session {step.session_id!r}"
+            if size <= budget:
+                what += f" (with the other results of its BatchStep, {total} bytes)"
+            item.ClearField("step")
+            item.status.CopyFrom(to_status_proto(_too_large(what, size, self.settings.max_message_bytes)))
+            total += item.ByteSize() - size
 
     # ---- handlers shared by the unary rpcs and the stream; env calls run on the session core's worker pool ----
     async def _create(
@@ -63,19 +111,23 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
     async def _reset(self, req: pb.ResetRequest, out: pb.ResetResponse | None = None) -> pb.ResetResponse:
         seed = req.seed if req.HasField("seed") else None
         options = convert.map_from_proto(req.options) or None
-        return await self.sessions.reset_async(
+        result = await self.sessions.reset_async(
             req.session_id, seed, options, req.request_id, lambda o, _: convert.reset_to_proto(o, out)
         )
+        self._fit(result, f"the reset result of session {req.session_id!r}")
+        return result
 
     async def _step(self, req: pb.StepRequest, out: pb.StepResponse | None = None) -> pb.StepResponse:
         actions = convert.actions_from_proto(req.actions)
-        return await self.sessions.step_async(
+        result = await self.sessions.step_async(
             req.session_id,
             actions,
             req.request_id,
             lambda o, base: convert.step_to_proto(o, out, base),
             req.delta_base,
         )
+        self._fit(result, f"the step result of session {req.session_id!r}")
+        return result
 
     async def _batch(
         self, req: pb.BatchStepRequest, out: pb.BatchStepResponse | None = None
@@ -112,6 +164,7 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
                 item.status.CopyFrom(to_status_proto(r))
             else:
                 item.status.code = 0
+        self._trim(req, out)
         return out
 
     async def _close(self, req: pb.CloseSessionRequest) -> pb.CloseSessionResponse:
