@@ -13,6 +13,9 @@ from typing import Any
 
 from marti.errors import InvalidArgumentError
 
+#: ``metadata`` key of the error of an unknown config key: the key (so a caller that added keys can say so).
+UNKNOWN_KEY = "unknown_config_key"
+
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "float": (int, float),
@@ -114,14 +117,15 @@ class ConfigSchema:
 
         Raises:
             InvalidArgumentError: A key the schema does not know (the message names it and lists the known
-                keys), or a value that fails :meth:`ConfigField.check`.
+                keys; ``metadata[UNKNOWN_KEY]`` is the key), or a value that fails :meth:`ConfigField.check`.
         """
         config = dict(config or {})
         by_name = {f.name: f for f in self.fields}
         unknown = sorted(k for k in config if k not in by_name)
         if unknown:
             raise InvalidArgumentError(
-                f"unknown config key {unknown[0]!r} (known keys: {', '.join(sorted(by_name))})"
+                f"unknown config key {unknown[0]!r} (known keys: {', '.join(sorted(by_name))})",
+                metadata={UNKNOWN_KEY: unknown[0]},
             )
         out = self.defaults()
         for key, value in config.items():

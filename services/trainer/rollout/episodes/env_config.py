@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from marti.config import TaskConfig, TrainConfig
+from marti.env_config import UNKNOWN_KEY
 from marti.errors import InvalidArgumentError
 from services.trainer.rollout.episodes.scheduler import Curriculum, TaskScheduler, TaskSpec
 
@@ -19,19 +20,36 @@ if TYPE_CHECKING:
 _LOG = logging.getLogger("marti.trainer")
 
 
+#: The keys :func:`env_config` sets in every env's config (``scenario``, ``difficulty`` and ``role_weight`` when
+#: the job has them): a registered env the job plays must declare them in its schema.
+JOB_ENV_KEYS = (
+    "max_turns", "reward_type", "observation_format", "num_agents", "roles", "history_messages", "role_weight",
+    "scenario", "difficulty",
+)  # fmt: skip
+
+
 @contextlib.contextmanager
 def env_context(task: str | None, env_name: str, level: str | None) -> Iterator[None]:
     """Prefix an env's refusal of its config (:class:`~marti.errors.InvalidArgumentError`) with the job's task
     and curriculum level, so that the message says which part of the training config to fix (a job with neither
-    gets the env's message unchanged)."""
+    gets the env's message unchanged); an unknown key that the job itself sets (:data:`JOB_ENV_KEYS`) is
+    prefixed with the env's name (and task, level) and gets a note saying so and what to do."""
     try:
         yield
     except InvalidArgumentError as e:
-        if task is None and level is None:
+        key = e.metadata.get(UNKNOWN_KEY)
+        note = (
+            f"; the job sets {key!r} in every env's config ({', '.join(JOB_ENV_KEYS)}), so an env it plays by "
+            "name must declare these keys in its schema, or be named by import path (a factory may ignore "
+            "them; docs/workflows.md, 'Custom environments')"
+            if key in JOB_ENV_KEYS
+            else ""
+        )
+        if task is None and level is None and not note:
             raise
         at = f" at curriculum level {level!r}" if level is not None else ""
         where = f"task {task!r} ({env_name}){at}" if task is not None else f"environment {env_name!r}{at}"
-        raise InvalidArgumentError(f"{where}: {e}", metadata=e.metadata) from e
+        raise InvalidArgumentError(f"{where}: {e}{note}", metadata=e.metadata) from e
 
 
 def env_config(

@@ -149,3 +149,23 @@ def test_the_in_process_check_is_for_a_job_that_starts_its_own_env_server(monkey
     assert not starts_own_env_server(given, build_parser().parse_args([]).env)
     monkeypatch.setenv("MARTI_ENV_ADDR", "127.0.0.1:5")
     assert not starts_own_env_server(cfg, build_parser().parse_args([]).env)
+
+
+def test_a_registered_env_without_the_jobs_keys_is_told_which_keys_the_job_sets() -> None:
+    """A user's env registered by name whose schema lacks the keys every job sets (``history_messages``, ...)
+    refused a key the user never wrote (``difficulty``, which tiny.yaml sets); the message now says the job sets it, lists the keys and what to do."""
+    from marti.env_config import ConfigField, ConfigSchema
+    from marti.env_registry import EnvSpec, Registry
+    from services.env_server.envs.builtin import make_collaborative
+
+    registry = Registry()
+    schema = ConfigSchema((ConfigField("max_turns", "int", 4, "turns"),))
+    registry.register(EnvSpec("users_game", 1, make_collaborative, schema, "an env with its own keys"))
+    loop = _loop("environment.env_name=users_game")
+    loop._env_for = lambda name, seed, config: registry.make(name, config, seed)
+    with pytest.raises(InvalidArgumentError) as err:
+        loop._make_env(0)
+    text = str(err.value)
+    assert text.startswith("environment 'users_game': unknown config key 'difficulty'"), text
+    assert "the job sets 'difficulty' in every env's config (max_turns, reward_type," in text
+    assert "docs/workflows.md" in text
