@@ -17,7 +17,7 @@ import gymnasium
 from pettingzoo import ParallelEnv
 
 from marti.arguments import check_text
-from marti.errors import FailedPreconditionError, InvalidArgumentError
+from marti.errors import FailedPreconditionError, InternalError, InvalidArgumentError
 
 #: Default length limit of a text action (characters) when the env config names none.
 DEFAULT_MAX_ACTION_CHARS = 4096
@@ -130,6 +130,47 @@ def check_agent(agent: Any, possible_agents: list[str]) -> str:
 def closed_error(env_id: str) -> FailedPreconditionError:
     """The error of a call on a closed env (in-process and remote envs raise the same)."""
     return FailedPreconditionError(f"the {env_id} env is closed; make a new one")
+
+
+_STEP_PARTS = ("rewards", "terminations", "truncations", "infos")
+
+
+def check_step_result(env_id: str, result: Any) -> tuple[dict, dict, dict, dict, dict]:
+    """Check what an env's ``step`` returned against PettingZoo's parallel API, the same in process and on the
+    env server (which would otherwise fill a missing reward with 0.0 and drop an agent missing from
+    ``observations``).
+
+    Args:
+        env_id: The env's id, named by the error.
+        result: The step's return value.
+
+    Returns:
+        ``result`` as a tuple ``(observations, rewards, terminations, truncations, infos)``.
+
+    Raises:
+        InternalError: ``result`` is not five mappings; ``rewards``, ``terminations``, ``truncations`` or
+            ``infos`` is not keyed by the agents of ``observations`` (both agent lists named); a reward is not a
+            real number (the agent and value named). The env is named: it is the env's bug, not the caller's.
+    """
+    if not isinstance(result, tuple | list) or len(result) != 5 or not all(isinstance(p, Mapping) for p in result):
+        raise InternalError(
+            f"env {env_id}'s step returned {result!r:.120}, not (observations, rewards, terminations, "
+            "truncations, infos) dicts"
+        )
+    obs = result[0]
+    for name, part in zip(_STEP_PARTS, result[1:], strict=True):
+        if part.keys() != obs.keys():
+            raise InternalError(
+                f"env {env_id}'s step returned {name} for agents {sorted(part)} but observations for "
+                f"{sorted(obs)}: each of {', '.join(_STEP_PARTS)} must hold exactly the agents of observations"
+            )
+    for agent, reward in result[1].items():
+        if not isinstance(reward, numbers.Real):
+            raise InternalError(
+                f"env {env_id}'s step returned rewards[{agent!r}] = {reward!r:.80} ({type(reward).__name__}); "
+                "a reward must be a real number"
+            )
+    return tuple(result)  # type: ignore[return-value]
 
 
 def mark_vanished(
@@ -289,10 +330,15 @@ class GuardedParallelEnv(ParallelEnv):
         Returns:
             PettingZoo ``(observations, rewards, terminations, truncations, infos)``; an agent the env removed
             without a flag is truncated (see the class docstring).
+
+        Raises:
+            FailedPreconditionError, InvalidArgumentError: Bad ``actions`` or call (:meth:`check`).
+            InternalError: The wrapped env returned what PettingZoo's API does not allow
+                (:func:`check_step_result`).
         """
         checked = self.check(actions)
         live = list(self.env.agents)
-        out = self.env.step(checked)
+        out = check_step_result(self.env_id, self.env.step(checked))
         mark_vanished(live, self.env.agents, out)
         return out
 

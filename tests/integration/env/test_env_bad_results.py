@@ -1,0 +1,104 @@
+"""An env (another package's code) whose ``step`` returns what PettingZoo's API does not allow is named, with the
+bad part and agent, by ``InternalError`` in process and over a real env server alike. Before, in process the bad
+result came back as it was, and remote a missing reward became 0.0, an agent missing from ``observations`` was
+dropped with its reward, and a reward of text was ``internal error: ValueError: could not convert string to
+float`` (no env, agent or part named)."""
+
+from __future__ import annotations
+
+import string
+
+import gymnasium
+import pytest
+from pettingzoo import ParallelEnv
+
+import marti.envs as me
+from marti.env_config import ConfigField, ConfigSchema
+from marti.env_registry import EnvSpec, Registry
+from marti.errors import InternalError
+from marti.rpc.testing import serve_in_thread
+from services.env_server.core.sessions import SessionManager
+from services.env_server.servicer import env_service
+from services.env_server.settings import EnvServerSettings
+
+OK = (
+    {"a": "x", "b": "x"},
+    {"a": 0.0, "b": 0.0},
+    {"a": False, "b": False},
+    {"a": False, "b": False},
+    {"a": {}, "b": {}},
+)
+BAD = {
+    "missing_reward": ((OK[0], {"a": 0.0}, *OK[2:]), r"rewards for agents \['a'\] but observations for \['a', 'b'\]"),
+    "extra_reward": (({"a": "x"}, *OK[1:]), r"rewards for agents \['a', 'b'\] but observations for \['a'\]"),
+    "text_reward": ((OK[0], {"a": 0.0, "b": "one"}, *OK[2:]), r"rewards\['b'\] = 'one' \(str\)"),
+    "not_a_tuple": (None, r"returned None, not"),
+    "four_parts": (OK[:4], r"not \(observations, rewards, terminations, truncations, infos\)"),
+}  # fmt: skip
+
+
+class ScriptedEnv(ParallelEnv):
+    """Two agents; ``step`` returns ``BAD[mode]``'s result (the config key ``mode``), or a good one for ``ok``."""
+
+    metadata = {"name": "scripted_results"}
+
+    def __init__(self, config: dict, seed: int | None = None) -> None:
+        self.mode = config["mode"]
+        self.possible_agents = ["a", "b"]
+        self.agents: list[str] = []
+
+    def observation_space(self, agent: str) -> gymnasium.Space:
+        return gymnasium.spaces.Text(64, min_length=0, charset=string.printable)
+
+    def action_space(self, agent: str) -> gymnasium.Space:
+        return gymnasium.spaces.Text(64, min_length=0, charset=string.printable)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        return {a: "x" for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        return OK if self.mode == "ok" else BAD[self.mode][0]
+
+
+def _registry() -> Registry:
+    registry = Registry()
+    schema = ConfigSchema((ConfigField("mode", "str", "ok", "which result step returns"),))
+    registry.register(EnvSpec("scripted_results", 1, ScriptedEnv, schema, "a step result chosen by config"))
+    return registry
+
+
+@pytest.fixture(scope="module")
+def address():
+    settings = EnvServerSettings(port=0)
+    sessions = SessionManager(_registry(), max_sessions=64, idle_timeout_s=600.0)
+    with serve_in_thread(lambda: [env_service(settings, sessions=sessions)], settings) as server:
+        yield server.address
+
+
+@pytest.mark.parametrize("where", ["in-process", "stream", "unary"])
+@pytest.mark.parametrize("mode", sorted(BAD))
+def test_a_bad_step_result_is_named_in_process_and_remote(address, where, mode):
+    if where == "in-process":
+        env = _registry().make("scripted_results", {"mode": mode})
+    else:
+        env = me.make("scripted_results", address=address, transport=where, mode=mode)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(InternalError, match=BAD[mode][1]) as err:
+            env.step({"a": "hi", "b": "hi"})
+        assert "scripted_results-v1" in str(err.value)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("where", ["in-process", "stream"])
+def test_a_good_step_result_passes(address, where):
+    env = (
+        _registry().make("scripted_results", {"mode": "ok"})
+        if where == "in-process"
+        else me.make("scripted_results", address=address, mode="ok")
+    )
+    env.reset(seed=0)
+    assert env.step({"a": "hi", "b": "hi"})[1] == {"a": 0.0, "b": 0.0}
+    env.close()
