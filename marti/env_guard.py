@@ -152,7 +152,11 @@ def check_step_result(env_id: str, result: Any) -> tuple[dict, dict, dict, dict,
             ``infos`` is not keyed by the agents of ``observations`` (both agent lists named); a reward is not a
             real number (the agent and value named). The env is named: it is the env's bug, not the caller's.
     """
-    if not isinstance(result, tuple | list) or len(result) != 5 or not all(isinstance(p, Mapping) for p in result):
+    if (
+        not isinstance(result, tuple | list)
+        or len(result) != 5
+        or not all(isinstance(p, Mapping) for p in result)
+    ):
         raise InternalError(
             f"env {env_id}'s step returned {result!r:.120}, not (observations, rewards, terminations, "
             "truncations, infos) dicts"
