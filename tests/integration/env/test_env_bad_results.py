@@ -37,6 +37,13 @@ BAD = {
 }  # fmt: skip
 
 
+#: Results PettingZoo allows but the wire cannot carry: fine in process, ``InternalError`` from a server.
+UNSENDABLE = {
+    "object_observation": (({"a": "x", "b": object()}, *OK[1:]), r"observations\['b'\] cannot be sent"),
+    "set_info": ((*OK[:4], {"a": {}, "b": {"s": {1, 2}}}), r"infos\['b'\] cannot be sent"),
+}
+
+
 class ScriptedEnv(ParallelEnv):
     """Two agents; ``step`` returns ``BAD[mode]``'s result (the config key ``mode``), or a good one for ``ok``."""
 
@@ -58,7 +65,7 @@ class ScriptedEnv(ParallelEnv):
         return {a: "x" for a in self.agents}, {a: {} for a in self.agents}
 
     def step(self, actions):
-        return OK if self.mode == "ok" else BAD[self.mode][0]
+        return OK if self.mode == "ok" else {**BAD, **UNSENDABLE}[self.mode][0]
 
 
 def _registry() -> Registry:
@@ -102,3 +109,16 @@ def test_a_good_step_result_passes(address, where):
     env.reset(seed=0)
     assert env.step({"a": "hi", "b": "hi"})[1] == {"a": 0.0, "b": 0.0}
     env.close()
+
+
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+@pytest.mark.parametrize("mode", sorted(UNSENDABLE))
+def test_a_result_the_wire_cannot_carry_is_an_internal_error_naming_the_agent(address, transport, mode):
+    """Before: ``InvalidArgumentError`` (the caller's fault) ``cannot send a value of type object``, no agent."""
+    env = me.make("scripted_results", address=address, transport=transport, mode=mode)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(InternalError, match=UNSENDABLE[mode][1]):
+            env.step({"a": "hi", "b": "hi"})
+    finally:
+        env.close()
