@@ -11,10 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from marti.errors import InvalidArgumentError
-
-#: ``metadata`` key of the error of an unknown config key: the key (so a caller that added keys can say so).
-UNKNOWN_KEY = "unknown_config_key"
+from marti.errors import InvalidArgumentError, UnknownConfigKeyError
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
@@ -116,16 +113,17 @@ class ConfigSchema:
             is ``max_turns=12``, as if it were left out).
 
         Raises:
-            InvalidArgumentError: A key the schema does not know (the message names it and lists the known
-                keys; ``metadata[UNKNOWN_KEY]`` is the key), or a value that fails :meth:`ConfigField.check`.
+            UnknownConfigKeyError: A key the schema does not know (an ``InvalidArgumentError``; the message names
+                it and lists the known keys, ``metadata["config_key"]`` is the key).
+            InvalidArgumentError: A value that fails :meth:`ConfigField.check`.
         """
         config = dict(config or {})
         by_name = {f.name: f for f in self.fields}
         unknown = sorted(k for k in config if k not in by_name)
         if unknown:
-            raise InvalidArgumentError(
+            raise UnknownConfigKeyError(
                 f"unknown config key {unknown[0]!r} (known keys: {', '.join(sorted(by_name))})",
-                metadata={UNKNOWN_KEY: unknown[0]},
+                key=unknown[0],
             )
         out = self.defaults()
         for key, value in config.items():

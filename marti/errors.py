@@ -76,6 +76,23 @@ class InvalidArgumentError(MartiError, ValueError):
     """The caller sent a value that is malformed or out of the documented domain (gRPC INVALID_ARGUMENT)."""
 
 
+class UnknownConfigKeyError(InvalidArgumentError):
+    """An env config (or other schema-checked mapping) holds a key its schema does not know. gRPC INVALID_ARGUMENT
+    with a ``google.rpc.ErrorInfo`` detail whose reason is ``UNKNOWN_CONFIG_KEY`` and ``metadata["config_key"]``
+    the key, so a caller that added keys itself (the trainer adds the job's keys to every env's config) can tell
+    which one, from a remote env server too.
+
+    Args:
+        message: The error (names the key and lists the known keys).
+        key: The unknown key.
+    """
+
+    reason: ClassVar[str] = "UNKNOWN_CONFIG_KEY"
+
+    def __init__(self, message: str = "", *, key: str = "") -> None:
+        super().__init__(message, metadata={"config_key": key})
+
+
 class NotFoundError(MartiError, LookupError):
     """A named session, agent, table, env id, job or model does not exist (gRPC NOT_FOUND)."""
 
@@ -303,6 +320,7 @@ __all__ = [
     "RateLimitedError",
     "ResourceExhaustedError",
     "SessionLostError",
+    "UnknownConfigKeyError",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",

@@ -15,7 +15,7 @@ from pettingzoo import ParallelEnv
 import marti.envs as me
 from marti.env_config import ConfigField, ConfigSchema
 from marti.env_registry import EnvSpec, Registry
-from marti.errors import InternalError
+from marti.errors import InternalError, UnknownConfigKeyError
 from marti.rpc.testing import serve_in_thread
 from services.env_server.core.sessions import SessionManager
 from services.env_server.servicer import env_service
@@ -122,3 +122,11 @@ def test_a_result_the_wire_cannot_carry_is_an_internal_error_naming_the_agent(ad
             env.step({"a": "hi", "b": "hi"})
     finally:
         env.close()
+
+
+def test_an_unknown_config_key_is_named_as_such_from_a_server(address):
+    """The class and the key survive the wire (ErrorInfo reason ``UNKNOWN_CONFIG_KEY``), so the trainer can tell
+    that the key is one it added itself (``tests/unit/trainer/rollout/test_env_context.py``)."""
+    with pytest.raises(UnknownConfigKeyError, match="unknown config key 'history_messages'") as err:
+        me.make("scripted_results", address=address, history_messages=0)
+    assert err.value.metadata == {"config_key": "history_messages"}

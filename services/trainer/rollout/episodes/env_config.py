@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from marti.config import TaskConfig, TrainConfig
-from marti.env_config import UNKNOWN_KEY
-from marti.errors import InvalidArgumentError
+from marti.errors import InvalidArgumentError, UnknownConfigKeyError
 from services.trainer.rollout.episodes.scheduler import Curriculum, TaskScheduler, TaskSpec
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ def env_context(task: str | None, env_name: str, level: str | None) -> Iterator[
     try:
         yield
     except InvalidArgumentError as e:
-        key = e.metadata.get(UNKNOWN_KEY)
+        key = e.metadata.get("config_key") if isinstance(e, UnknownConfigKeyError) else None
         note = (
             f"; the job sets {key!r} in every env's config ({', '.join(JOB_ENV_KEYS)}), so an env it plays by "
             "name must declare these keys in its schema, or be named by import path (a factory may ignore "
