@@ -6,20 +6,13 @@ float`` (no env, agent or part named)."""
 
 from __future__ import annotations
 
-import string
-
-import gymnasium
 import pytest
-from pettingzoo import ParallelEnv
 
 import marti.envs as me
 from marti.env_config import ConfigField, ConfigSchema
 from marti.env_registry import EnvSpec, Registry
 from marti.errors import InternalError, UnknownConfigKeyError
-from marti.rpc.testing import serve_in_thread
-from services.env_server.core.sessions import SessionManager
-from services.env_server.servicer import env_service
-from services.env_server.settings import EnvServerSettings
+from tests.integration.env.two_text_agents import TwoTextAgents, serve_registry
 
 OK = (
     {"a": "x", "b": "x"},
@@ -44,28 +37,11 @@ UNSENDABLE = {
 }
 
 
-class ScriptedEnv(ParallelEnv):
+class ScriptedEnv(TwoTextAgents):
     """Two agents; ``step`` returns ``BAD[mode]``'s result (the config key ``mode``), or a good one for ``ok``."""
 
-    metadata = {"name": "scripted_results"}
-
-    def __init__(self, config: dict, seed: int | None = None) -> None:
-        self.mode = config["mode"]
-        self.possible_agents = ["a", "b"]
-        self.agents: list[str] = []
-
-    def observation_space(self, agent: str) -> gymnasium.Space:
-        return gymnasium.spaces.Text(64, min_length=0, charset=string.printable)
-
-    def action_space(self, agent: str) -> gymnasium.Space:
-        return gymnasium.spaces.Text(64, min_length=0, charset=string.printable)
-
-    def reset(self, seed=None, options=None):
-        self.agents = list(self.possible_agents)
-        return {a: "x" for a in self.agents}, {a: {} for a in self.agents}
-
     def step(self, actions):
-        return OK if self.mode == "ok" else {**BAD, **UNSENDABLE}[self.mode][0]
+        return OK if self.config["mode"] == "ok" else {**BAD, **UNSENDABLE}[self.config["mode"]][0]
 
 
 def _registry() -> Registry:
@@ -77,10 +53,8 @@ def _registry() -> Registry:
 
 @pytest.fixture(scope="module")
 def address():
-    settings = EnvServerSettings(port=0)
-    sessions = SessionManager(_registry(), max_sessions=64, idle_timeout_s=600.0)
-    with serve_in_thread(lambda: [env_service(settings, sessions=sessions)], settings) as server:
-        yield server.address
+    with serve_registry(_registry()) as address:
+        yield address
 
 
 @pytest.mark.parametrize("where", ["in-process", "stream", "unary"])

@@ -4,43 +4,22 @@ and the server closed every session on it (each client then saw ``SessionLostErr
 
 from __future__ import annotations
 
-import string
-
-import gymnasium
 import pytest
-from pettingzoo import ParallelEnv
 
 from marti.clients.env import EnvClient
 from marti.env_config import ConfigField, ConfigSchema
 from marti.env_registry import EnvSpec, Registry
 from marti.errors import ResourceExhaustedError, SessionLostError
-from marti.rpc.testing import serve_in_thread
-from services.env_server.core.sessions import SessionManager
-from services.env_server.servicer import env_service
-from services.env_server.settings import EnvServerSettings
+from tests.integration.env.two_text_agents import TwoTextAgents, serve_registry
 
 LIMIT = 256 * 1024  # the server's max_message_bytes in these tests
 BIG = 2 * LIMIT  # characters of the observation a "big" action asks for
 
 
-class EchoEnv(ParallelEnv):
-    """Two agents; each step's observation is ``"x" * BIG`` when an action says ``big``, else ``"ok"``."""
+class EchoEnv(TwoTextAgents):
+    """Each step's observation is ``"x" * BIG`` when an action says ``big``, else ``"ok"``."""
 
-    metadata = {"name": "echo_size"}
-
-    def __init__(self, config: dict, seed: int | None = None) -> None:
-        self.possible_agents = ["a", "b"]
-        self.agents: list[str] = []
-
-    def observation_space(self, agent: str) -> gymnasium.Space:
-        return gymnasium.spaces.Text(4 * BIG, min_length=0, charset=string.printable)
-
-    def action_space(self, agent: str) -> gymnasium.Space:
-        return gymnasium.spaces.Text(64, min_length=0, charset=string.printable)
-
-    def reset(self, seed=None, options=None):
-        self.agents = list(self.possible_agents)
-        return {a: "ok" for a in self.agents}, {a: {} for a in self.agents}
+    max_chars = 4 * BIG
 
     def step(self, actions):
         text = "x" * BIG if "big" in actions.values() else "ok"
@@ -54,10 +33,8 @@ def address():
     registry = Registry()
     schema = ConfigSchema((ConfigField("max_action_chars", "int", 64, "longest action"),))
     registry.register(EnvSpec("echo_size", 1, EchoEnv, schema, "observations of a chosen size"))
-    settings = EnvServerSettings(port=0, max_message_bytes=LIMIT)
-    sessions = SessionManager(registry, max_sessions=8, idle_timeout_s=600.0)
-    with serve_in_thread(lambda: [env_service(settings, sessions=sessions)], settings) as server:
-        yield server.address
+    with serve_registry(registry, max_message_bytes=LIMIT) as address:
+        yield address
 
 
 def test_a_step_result_over_the_limit_keeps_the_stream_and_its_sessions(address):
