@@ -71,22 +71,39 @@ def check_options(options: Any) -> dict[str, Any] | None:
     (the :mod:`marti.codec.env` ``Value`` types), so an option refused remotely is refused in-process too.
 
     Raises:
+        InvalidArgumentError: See :func:`check_wire_map` (named ``options``).
+    """
+    return check_wire_map(options, "options")
+
+
+def check_wire_map(value: Any, name: str) -> dict[str, Any] | None:
+    """Check a mapping argument that travels as a ``ValueMap`` (reset ``options``, an env ``config``): ``None``
+    or a dict with string keys and values the wire can carry.
+
+    Args:
+        value: The caller's value.
+        name: The argument's name, for the message (``"options"``, ``"config"``).
+
+    Returns:
+        ``None`` or a new dict of ``value``'s items.
+
+    Raises:
         InvalidArgumentError: Not a mapping, a non-string key, text UTF-8 cannot carry (a lone surrogate), an
             integer outside int64, or a value that cannot be sent; the message names the key path
             (``options['a']['b']``).
     """
-    if options is None:
+    if value is None:
         return None
-    if not isinstance(options, Mapping):
-        raise InvalidArgumentError(f"options must be a dict or None, got {type(options).__name__}")
-    _check_wire_value(options, "options")
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"{name} must be a dict or None, got {type(value).__name__}")
+    _check_wire_value(value, name)
     from marti.codec.env import map_to_proto
 
     try:
-        map_to_proto(options)
+        map_to_proto(value)
     except InvalidArgumentError as e:
-        raise InvalidArgumentError(f"options: {e.message}") from None
-    return dict(options)
+        raise InvalidArgumentError(f"{name}: {e.message}") from None
+    return dict(value)
 
 
 def _check_wire_value(value: Any, path: str) -> None:

@@ -22,6 +22,7 @@ from marti.env_guard import (
     check_env_id,
     check_options,
     check_seed,
+    check_wire_map,
 )
 from marti.errors import (
     InternalError,
@@ -167,8 +168,7 @@ def _create_request(env_id: str, config: Mapping[str, Any] | None, seed: int | N
     """
     check_env_id(env_id)
     seed = check_seed(seed)
-    if config is not None and not isinstance(config, Mapping):
-        raise InvalidArgumentError(f"config must be a dict or None, got {type(config).__name__}")
+    check_wire_map(config, "config")
     req = pb.CreateSessionRequest(
         env_id=env_id, config=map_to_proto(config), request_id=request_id or _REQUEST_IDS.next()
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -234,3 +235,26 @@ def test_optimal_play_remote_metrics(env_server) -> None:
         assert rew["agent_2"] == pytest.approx(1.5)
     finally:
         env.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"scenario": "a\udcff"}, "config['scenario']"),
+        ({"max_turns": 2**70}, "config['max_turns']=1180591620717411303424 is outside the int64 range"),
+        ({"roles": ["leader", {"x": object()}]}, "config: "),
+    ],
+)
+def test_a_config_the_wire_cannot_carry_is_named_before_any_rpc(env_server, config, named) -> None:
+    """``make``'s config travels as a ``ValueMap``: text with a lone surrogate, an int outside int64 or an object
+    raised a bare ``UnicodeEncodeError`` / ``ValueError: Value out of range`` from the proto; now
+    ``InvalidArgumentError`` naming the key path, as ``reset``'s options already were."""
+    for transport in ("stream", "unary"):
+        with pytest.raises(InvalidArgumentError) as err:
+            me.make(ENV, address=env_server[0], transport=transport, **config)
+        assert named in str(err.value)
+    with (
+        EnvClient(env_server[0], timeout_s=10) as c,
+        pytest.raises(InvalidArgumentError, match=re.escape(named)),
+    ):
+        c.create_session(ENV, config)
