@@ -102,8 +102,27 @@ def check_wire_map(value: Any, name: str) -> dict[str, Any] | None:
     try:
         map_to_proto(value)
     except InvalidArgumentError as e:
-        raise InvalidArgumentError(f"{name}: {e.message}") from None
+        raise InvalidArgumentError(f"{_unsendable_path(value, name)}: {e.message}") from None
     return dict(value)
+
+
+def _unsendable_path(value: Any, path: str) -> str:
+    """The key path (``options['a'][1]``) of the innermost part of ``value`` the wire codec refuses; ``path`` when
+    no part of it is refused alone."""
+    from marti.codec.env import value_to_proto
+
+    if isinstance(value, Mapping):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return path
+    for key, item in items:
+        try:
+            value_to_proto(item)
+        except InvalidArgumentError:
+            return _unsendable_path(item, f"{path}[{key!r}]")
+    return path
 
 
 def _check_wire_value(value: Any, path: str) -> None:

@@ -157,7 +157,18 @@ CASES: dict[str, tuple[bool, Callable[[Any], Any], type[MartiError], str]] = {
     "seed_minus_2_70": (True, lambda e: e.reset(seed=-(2**70)), InvalidArgumentError, "seed"),
     "seed_2_63": (True, lambda e: e.reset(seed=2**63), InvalidArgumentError, "seed"),
     "options_list": (True, lambda e: e.reset(seed=1, options=[1]), InvalidArgumentError, "options"),
-    "options_object": (True, lambda e: e.reset(options={"o": object()}), InvalidArgumentError, "options"),
+    "options_object": (
+        True,
+        lambda e: e.reset(options={"o": object()}),
+        InvalidArgumentError,
+        "options['o']",
+    ),
+    "options_nested_set": (
+        True,
+        lambda e: e.reset(options={"a": [1, {"s": {2}}]}),
+        InvalidArgumentError,
+        "options['a'][1]['s']: cannot send a value of type set",
+    ),
     "options_int_2_70": (True, lambda e: e.reset(options={"a": 2**70}), InvalidArgumentError, "options['a']"),
     "options_nested_int_2_70": (
         True,
