@@ -168,7 +168,43 @@ def closed_error(env_id: str) -> FailedPreconditionError:
     return FailedPreconditionError(f"the {env_id} env is closed; make a new one")
 
 
-_STEP_PARTS = ("rewards", "terminations", "truncations", "infos")
+_STEP_PARTS = ("observations", "rewards", "terminations", "truncations", "infos")
+_RESET_PARTS = ("observations", "infos")
+
+
+def _check_parts(env_id: str, call: str, parts: tuple[str, ...], result: Any) -> tuple:
+    """Check that ``result`` is one mapping per name of ``parts``, each keyed by the agents of the first.
+
+    Raises:
+        InternalError: Naming the env, the call and the part (and both agent lists).
+    """
+    if (
+        not isinstance(result, tuple | list)
+        or len(result) != len(parts)
+        or not all(isinstance(p, Mapping) for p in result)
+    ):
+        raise InternalError(f"env {env_id}'s {call} returned {result!r:.120}, not ({', '.join(parts)}) dicts")
+    obs = result[0]
+    for name, part in zip(parts[1:], result[1:], strict=True):
+        if part.keys() != obs.keys():
+            raise InternalError(
+                f"env {env_id}'s {call} returned {name} for agents {sorted(part)} but observations for "
+                f"{sorted(obs)}: each of {', '.join(parts[1:])} must hold exactly the agents of observations"
+            )
+    return tuple(result)
+
+
+def check_reset_result(env_id: str, result: Any) -> tuple[dict, dict]:
+    """Check what an env's ``reset`` returned against PettingZoo's parallel API (see :func:`check_step_result`).
+
+    Returns:
+        ``result`` as a tuple ``(observations, infos)``.
+
+    Raises:
+        InternalError: ``result`` is not two mappings, or ``infos`` is not keyed by the agents of
+            ``observations``; the env and both agent lists are named.
+    """
+    return _check_parts(env_id, "reset", _RESET_PARTS, result)  # type: ignore[return-value]
 
 
 def check_step_result(env_id: str, result: Any) -> tuple[dict, dict, dict, dict, dict]:
@@ -188,29 +224,14 @@ def check_step_result(env_id: str, result: Any) -> tuple[dict, dict, dict, dict,
             ``infos`` is not keyed by the agents of ``observations`` (both agent lists named); a reward is not a
             real number (the agent and value named). The env is named: it is the env's bug, not the caller's.
     """
-    if (
-        not isinstance(result, tuple | list)
-        or len(result) != 5
-        or not all(isinstance(p, Mapping) for p in result)
-    ):
-        raise InternalError(
-            f"env {env_id}'s step returned {result!r:.120}, not (observations, rewards, terminations, "
-            "truncations, infos) dicts"
-        )
-    obs = result[0]
-    for name, part in zip(_STEP_PARTS, result[1:], strict=True):
-        if part.keys() != obs.keys():
-            raise InternalError(
-                f"env {env_id}'s step returned {name} for agents {sorted(part)} but observations for "
-                f"{sorted(obs)}: each of {', '.join(_STEP_PARTS)} must hold exactly the agents of observations"
-            )
-    for agent, reward in result[1].items():
+    out = _check_parts(env_id, "step", _STEP_PARTS, result)
+    for agent, reward in out[1].items():
         if not isinstance(reward, numbers.Real):
             raise InternalError(
                 f"env {env_id}'s step returned rewards[{agent!r}] = {reward!r:.80} ({type(reward).__name__}); "
                 "a reward must be a real number"
             )
-    return tuple(result)  # type: ignore[return-value]
+    return out  # type: ignore[return-value]
 
 
 def mark_vanished(
@@ -253,6 +274,9 @@ class GuardedParallelEnv(ParallelEnv):
     ``max_action_chars`` characters (the error names the limit); other actions lie in the agent's action space.
     Actions of agents that are not acting this turn (per the env's ``acting_agents``) are accepted and passed
     through. ``reset`` checks ``seed`` (:func:`check_seed`) and ``options`` (:func:`check_options`).
+
+    What the wrapped env's ``reset`` and ``step`` return is checked against PettingZoo's parallel API
+    (:func:`check_reset_result`, :func:`check_step_result`: ``InternalError`` naming the env).
 
     After a step, an agent the wrapped env removed from ``agents`` with neither its termination nor its
     truncation flag set (a game that ends by emptying ``agents``) is reported truncated, with
@@ -307,12 +331,13 @@ class GuardedParallelEnv(ParallelEnv):
         Raises:
             FailedPreconditionError: The env is closed.
             InvalidArgumentError: ``seed`` is not an int64 or ``None``, or ``options`` not a sendable dict.
+            InternalError: The wrapped env returned what PettingZoo's API does not allow (:func:`check_reset_result`).
         """
         if self._closed:
             raise closed_error(self.env_id)
         seed = check_seed(seed)
         options = check_options(options)
-        out = self.env.reset(seed=seed, options=options)
+        out = check_reset_result(self.env_id, self.env.reset(seed=seed, options=options))
         self._started = True
         return out
 

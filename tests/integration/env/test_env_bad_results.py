@@ -27,6 +27,8 @@ BAD = {
     "text_reward": ((OK[0], {"a": 0.0, "b": "one"}, *OK[2:]), r"rewards\['b'\] = 'one' \(str\)"),
     "not_a_tuple": (None, r"returned None, not"),
     "four_parts": (OK[:4], r"not \(observations, rewards, terminations, truncations, infos\)"),
+    "reset_none": (OK, r"reset returned None, not \(observations, infos\) dicts"),
+    "reset_missing_info": (OK, r"reset returned infos for agents \['a'\] but observations for \['a', 'b'\]"),
 }  # fmt: skip
 
 
@@ -38,7 +40,19 @@ UNSENDABLE = {
 
 
 class ScriptedEnv(TwoTextAgents):
-    """Two agents; ``step`` returns ``BAD[mode]``'s result (the config key ``mode``), or a good one for ``ok``."""
+    """Two agents; ``step`` (or, for the ``reset_*`` modes, ``reset``) returns ``BAD[mode]``'s result (the config
+    key ``mode``), or a good one for ``ok``."""
+
+    def reset(self, seed=None, options=None):
+        obs, infos = super().reset(seed, options)
+        mode = self.config["mode"]
+        return (
+            None
+            if mode == "reset_none"
+            else (obs, {"a": {}})
+            if mode == "reset_missing_info"
+            else (obs, infos)
+        )
 
     def step(self, actions):
         return OK if self.config["mode"] == "ok" else {**BAD, **UNSENDABLE}[self.config["mode"]][0]
@@ -65,8 +79,8 @@ def test_a_bad_step_result_is_named_in_process_and_remote(address, where, mode):
     else:
         env = me.make("scripted_results", address=address, transport=where, mode=mode)
     try:
-        env.reset(seed=0)
         with pytest.raises(InternalError, match=BAD[mode][1]) as err:
+            env.reset(seed=0)
             env.step({"a": "hi", "b": "hi"})
         assert "scripted_results-v1" in str(err.value)
     finally:
