@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from marti.aio import MartiCommClient as AsyncMartiCommClient
 from marti.clients.broker import MartiCommClient
+from marti.errors import UnavailableError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -64,6 +68,63 @@ def test_kill9_restart_delivers_every_acknowledged_send_and_nothing_acked(tmp_pa
                 got += batch
             assert [m.content["i"] for m in got] == list(range(30, 100))
             assert b.get_agent_states() == {"a": {"phase": "before crash"}}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+
+
+def test_a_subscribe_loop_raises_unavailable_when_the_broker_dies(tmp_path):
+    """A ``subscribe()`` loop (sync and asyncio) whose broker is killed raises ``UnavailableError`` (it does not
+    hang: a new ``subscribe()`` once the broker is back goes on), and the message the loop moved past was acked
+    before the crash, so the restarted broker does not deliver it again."""
+    proc, address = start_broker(tmp_path)
+    raised: dict[str, BaseException] = {}
+
+    def sync_loop(b: MartiCommClient) -> None:
+        try:
+            for _ in b.subscribe():
+                pass  # asks for the next message: "on it" is acked, then the loop waits
+        except BaseException as exc:  # noqa: BLE001 - the test checks what came out
+            raised["sync"] = exc
+
+    async def aio_loop() -> None:
+        async with AsyncMartiCommClient("c", address, session="sub-1") as c:
+            try:
+                async for _ in c.subscribe():
+                    pass
+            except BaseException as exc:  # noqa: BLE001 - the test checks what came out
+                raised["aio"] = exc
+
+    try:
+        with (
+            MartiCommClient("a", address, session="sub-1", update_frequency_s=0) as a,
+            MartiCommClient("b", address, session="sub-1") as b,
+        ):
+            a.send_message("b", "on it")
+            a.flush()
+            threads = [
+                threading.Thread(target=sync_loop, args=(b,)),
+                threading.Thread(target=lambda: asyncio.run(aio_loop())),
+            ]
+            for t in threads:
+                t.start()
+            time.sleep(1.0)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            for t in threads:
+                t.join(10)
+            assert not any(t.is_alive() for t in threads), "a subscribe loop hung after the broker died"
+            assert {k: type(v) for k, v in raised.items()} == {
+                "sync": UnavailableError,
+                "aio": UnavailableError,
+            }
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    proc, address = start_broker(tmp_path)
+    try:
+        with MartiCommClient("b", address, session="sub-1") as b:
+            assert b.get_messages(timeout_s=1) == []
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(15)
