@@ -87,7 +87,7 @@ def _algorithm_unread(algo: Any) -> list[str]:
         out += [
             f"{s} is added to the std that grpo (and normalize_per_agent with dr_grpo or rloo) divides by; "
             f"algorithm.advantage_estimator is {est} with normalize_per_agent {algo.normalize_per_agent}, "
-            f"which divides by no such std: {_fix([s])}"
+            f"which divides by no such std and does not read it: {_fix([s])}"
             for s in _set(algo, "algorithm", ("adv_eps",))
         ]
     if algo.loss_agg_mode != "seq-mean-token-sum-norm":

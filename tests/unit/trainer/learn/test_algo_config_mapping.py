@@ -117,7 +117,8 @@ def test_the_picked_values_cover_every_key_and_differ_from_the_defaults_where_re
             assert f"algorithm.{name}=" in unread[name] and "not read" in unread[name], unread[name]
         else:
             assert values[name] != default, name
-    assert len(unread) <= 3, unread  # most keys are read under gae
+    # most keys are read under gae; adv_eps, group_by and normalize_per_agent are not
+    assert len(unread) <= 4, unread
 
 
 @pytest.fixture(scope="module")
