@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-import marti.envs as me
+import marti.env.make as me
 from benchmarks.report import bench_parser, check_json_path, markdown_table, positive_int, print_report
 from benchmarks.server import Server, cpu_s
 from marti.clients.env import AsyncEnvClient, EnvClient, StepResult

@@ -126,7 +126,7 @@ def _remote(kind: str, target: str, token: str, c: int, requests: int, max_token
 
 
 def _direct(engine: Any, c: int, requests: int, max_tokens: int) -> dict[str, Any]:
-    from marti.inference import SamplingParams
+    from marti.types.inference import SamplingParams
     from services.trainer.rollout.engines.base import chat_to_ids
 
     lat: list[float] = []
@@ -148,7 +148,7 @@ def _direct(engine: Any, c: int, requests: int, max_tokens: int) -> dict[str, An
 def _in_process(server: Any, gateway: Any, c: int, requests: int, max_tokens: int) -> dict[str, Any]:
     """``c`` concurrent callers of ``Gateway.generate`` on the server's own event loop: the batcher and trace
     path without HTTP, gRPC or a client process (what the adapters and the clients add is the difference)."""
-    from marti.inference import SamplingParams
+    from marti.types.inference import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=max_tokens, temperature=1.0)
 
@@ -213,7 +213,7 @@ def _traces(http: str, token: str, episodes: int, max_tokens: int) -> dict[str, 
 def run(model: str, clients: list[int], requests: int, max_tokens: int, episodes: int) -> dict[str, Any]:
     """Measure every arm over the model (see module docstring) and return every number."""
     from marti.clients.experience import ExperienceSharingClient
-    from marti.stack import LocalStack
+    from marti.command.stack import LocalStack
     from services.gateway.core.gateway import Gateway
     from services.gateway.core.limits import GatewayLimits
     from services.gateway.server import GatewayServer

@@ -43,7 +43,7 @@ def _latency_summary(lat: list[float]) -> dict[str, Any]:
 
 def _direct(engine: Any, tok: Any, requests: int, max_tokens: int) -> list[float]:
     """``requests`` engine calls of one prompt each (its ids made beforehand); their latencies, seconds."""
-    from marti.inference import SamplingParams
+    from marti.types.inference import SamplingParams
     from services.trainer.rollout.engines.base import chat_to_ids
 
     ids = chat_to_ids(tok, PROMPT)
@@ -58,7 +58,7 @@ def _direct(engine: Any, tok: Any, requests: int, max_tokens: int) -> list[float
 
 def _in_process(server: Any, gateway: Any, requests: int, max_tokens: int) -> list[float]:
     """``requests`` ``Gateway.generate`` calls one after another on the gateway's loop; their latencies."""
-    from marti.inference import SamplingParams
+    from marti.types.inference import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=max_tokens, temperature=1.0)
 

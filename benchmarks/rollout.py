@@ -1,6 +1,6 @@
 """``marti bench rollout``: service overhead of a training step's rollout, per-episode channels vs shared ones.
 
-Starts the broker and the env server as local processes (:class:`marti.stack.LocalStack`, as ``marti train``
+Starts the broker and the env server as local processes (:class:`marti.command.stack.LocalStack`, as ``marti train``
 does), builds the :class:`services.trainer.job.run.loop.TrainingLoop` of a config and plays each training step's
 episodes through the loop's own runner (``TrainingLoop._runner`` and ``_play``), with an instant, deterministic
 ``generate`` (each agent answers its ``response_prefix`` followed by ``" 1"``) in place of the models. What is
@@ -13,7 +13,7 @@ arm goes first alternates) so that load on the machine affects both alike:
 * ``per-episode`` (the baseline, what the trainer did before it kept channels): every env session and every
   comm client dials a channel of its own (``marti.make(..., address=...)`` and ``MartiCommClient(...)`` without
   ``channel=``), comm clients send each message as its own Send (``batching_size=1``, the SDK's default then), and the envs,
-  each alone on its channel, are stepped one by one (:func:`marti.envs.step_many` falls back to ``env.step``).
+  each alone on its channel, are stepped one by one (:func:`marti.env.make.step_many` falls back to ``env.step``).
 * ``shared`` (the trainer now): the loop as is, i.e. two long-lived channels (env server, broker), buffered
   comm sends (one Send per reply), and one ``BatchStep`` per turn for the envs that share the env channel.
 
@@ -86,7 +86,7 @@ class FakeRuntime:
 class PerEpisodeLoop(TrainingLoop):
     """The loop as it was before long-lived channels: a channel per env session and per comm client, the comm
     client sending every message at once (``batching_size=1``), and, since no two envs share a channel, envs
-    stepped one by one by :func:`marti.envs.step_many`."""
+    stepped one by one by :func:`marti.env.make.step_many`."""
 
     def _env_for(self, env_name: str, seed: int, config: dict[str, Any]) -> Any:
         import marti
@@ -188,8 +188,8 @@ def _play_step(
 
 def run(config: str, steps: int, warmup: int) -> dict[str, Any]:
     """Measure both arms (see module docstring) and return every number (what ``--json`` writes)."""
+    from marti.command.stack import LocalStack
     from marti.config import load_config
-    from marti.stack import LocalStack
 
     cfg = load_config(config)
     replies = {a.name: f"{a.response_prefix or ''} 1".strip() for a in cfg.agents}

@@ -1,5 +1,5 @@
 """A marti service in its own process for a bench: started, health-checked and stopped by
-:class:`marti.stack.LocalStack` (the start of ``marti up``), with its output in a log file."""
+:class:`marti.command.stack.LocalStack` (the start of ``marti up``), with its output in a log file."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from marti.stack import LocalStack
+from marti.command.stack import LocalStack
 
 
 class Server:
-    """A service in its own process on port 0, started (and health-checked) by :class:`marti.stack.LocalStack`;
+    """A service in its own process on port 0, started (and health-checked) by :class:`marti.command.stack.LocalStack`;
     its output goes to a log file in a temporary folder. Use it as a context manager, or call :meth:`stop`.
 
     Args:

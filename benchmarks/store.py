@@ -102,7 +102,7 @@ def _tokens_for(size_bytes: int, seed: int) -> list[int]:
 
 
 def _marti_trajectory(size_bytes: int, i: int):
-    from marti.trajectory import Trajectory, Turn
+    from marti.types.trajectory import Trajectory, Turn
 
     toks = _tokens_for(size_bytes, i % 64)
     return Trajectory(
@@ -299,8 +299,8 @@ def bench_restart(n_items: int, size: int, data_dir: str) -> dict:
     """Fill a SQLite data dir with ``n_items`` items of ``size`` bytes, then time a store restart: the restore in
     this process (``restore_s``), and a store process from its start until it listens and answers SERVING
     (``process_start_to_serving_s``, :class:`benchmarks.server.Server`)."""
-    from marti.experience_types import parse_table_config
-    from marti.trajectory import summarize
+    from marti.types.experience import parse_table_config
+    from marti.types.trajectory import summarize
     from services.experience_store.core.storage import SqliteStorage
     from services.experience_store.core.store import ExperienceStore
     from services.experience_store.core.table_records import NewItem

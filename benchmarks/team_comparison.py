@@ -208,7 +208,7 @@ def run_arm(cfg: dict, out_dir: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     with open(out_dir / "train.log", "w") as log:
         rc = subprocess.call(
-            [sys.executable, "-m", "marti.cli", "train", str(path), "--no-progress"],
+            [sys.executable, "-m", "marti.command.main", "train", str(path), "--no-progress"],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -151,7 +151,7 @@ phase_done "compose up until all healthy"
 
 # ---- 6. marti health from the host ------------------------------------------------------------------------
 for i in "${!SERVICES[@]}"; do
-  status="$("$PYTHON" -m marti.cli health "127.0.0.1:${PORTS[$i]}" || true)"
+  status="$("$PYTHON" -m marti.command.main health "127.0.0.1:${PORTS[$i]}" || true)"
   log "marti health 127.0.0.1:${PORTS[$i]} (${SERVICES[$i]}): $status"
   [[ "$status" == SERVING ]] || exit 1
 done

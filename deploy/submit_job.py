@@ -26,8 +26,8 @@ import yaml
 from marti.clients.trainer import JobInfo, MetricsRecord, TrainerClient
 from marti.config import unset_keys
 from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
+from marti.plumbing.yaml_load import load_yaml
 from marti.rpc.channel import DEFAULT_TIMEOUT_S
-from marti.yaml_load import load_yaml
 
 
 def without_keys(text: str, keys: list[str], overrides: list[str], source: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from marti.errors import InvalidArgumentError
-from marti.workflow import PromptContext, TurnPrompt, default_build_prompt
+from marti.team.workflow import PromptContext, TurnPrompt, default_build_prompt
 
 _CAPACITY = re.compile(r"capacity (\d+)")
 

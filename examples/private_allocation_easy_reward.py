@@ -22,7 +22,7 @@ import re
 
 import marti
 from marti.errors import InvalidArgumentError
-from marti.workflow import EpisodeView
+from marti.team.workflow import EpisodeView
 
 #: Weight of the partial credit (a completed episode gets 1).
 PARTIAL = 0.5

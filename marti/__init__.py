@@ -26,15 +26,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "make": ("marti.envs", "make"),
-    "list_envs": ("marti.envs", "list_envs"),
+    "make": ("marti.env.make", "make"),
+    "list_envs": ("marti.env.make", "list_envs"),
     "MartiCommClient": ("marti.clients.broker", "MartiCommClient"),
     "ExperienceSharingClient": ("marti.clients.experience", "ExperienceSharingClient"),
     "InferenceClient": ("marti.clients.inference", "InferenceClient"),
     "report_reward": ("marti.clients.inference", "report_reward"),
     "TrainerClient": ("marti.clients.trainer", "TrainerClient"),
-    "Trajectory": ("marti.trajectory", "Trajectory"),
-    "Turn": ("marti.trajectory", "Turn"),
+    "Trajectory": ("marti.types.trajectory", "Trajectory"),
+    "Turn": ("marti.types.trajectory", "Turn"),
     "load_config": ("marti.config", "load_config"),
 }
 

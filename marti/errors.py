@@ -143,7 +143,7 @@ class BatchTooLargeError(ResourceExhaustedError):
     RESOURCE_EXHAUSTED with a ``google.rpc.ErrorInfo`` detail whose reason is ``BATCH_TOO_LARGE`` (domain
     ``marti.ai``; ``metadata["max_batch_messages"]``, ``["max_frame_bytes"]`` or ``["max_batch_steps"]``, the
     limit the batch broke), which the SDK's broker clients and ``RemoteParallelEnv.step_batch`` (so
-    ``marti.envs.step_many``) read to send the batch again in parts.
+    ``marti.env.make.step_many``) read to send the batch again in parts.
 
     Args:
         message: What was refused (the size and the limit are named).

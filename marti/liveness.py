@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from marti.command.stack import LocalStack
 from marti.errors import InvalidArgumentError
 from marti.rpc.health import HealthCheckCall, start_check
-from marti.stack import LocalStack
 
 #: Seconds a hung service gets to exit after SIGTERM before it is sent SIGKILL.
 KILL_GRACE_S = 5.0

@@ -1,5 +1,5 @@
 """``marti up``'s restart policy (``--restart``, ``--max-restarts``, ``--restart-window-s``,
-``--restart-backoff-s``): whether and when a failed service is started again; used by :mod:`marti.supervise`."""
+``--restart-backoff-s``): whether and when a failed service is started again; used by :mod:`marti.command.supervise`."""
 
 from __future__ import annotations
 

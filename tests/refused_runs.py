@@ -25,7 +25,7 @@ def train_over_an_old_run(tmp_path: Path, job: dict[str, Any]) -> subprocess.Com
     config = tmp_path / "job.yaml"
     config.write_text(json.dumps({**job, "output": {"dir": str(old)}}))
     proc = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "train", str(config), "--overwrite"],
+        [sys.executable, "-m", "marti.command.main", "train", str(config), "--overwrite"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr

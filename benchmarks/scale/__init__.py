@@ -1,6 +1,6 @@
 """``marti bench scale``: 1,000 concurrent env sessions and 1,000 concurrent broker agents on real servers.
 
-Each server runs in its own process (``marti env-server`` / ``marti broker``, started by :mod:`marti.stack` on
+Each server runs in its own process (``marti env-server`` / ``marti broker``, started by :mod:`marti.command.stack` on
 port 0). The burst phases below drive it from this process, one asyncio event loop over one shared
 ``grpc.aio`` channel per server (``marti.aio`` clients), all N at once: their latencies are queueing. The paced
 phase (further below) drives fresh servers from several processes at a fixed rate.
@@ -52,7 +52,7 @@ or an idle-phase call that failed), else 0; a missed target is reported, not a f
 machine and its load). ``--quick`` is a small run (20 sessions, 20 agents, 40 calls/s from 2 processes for
 2 s) for tests.
 
-Modules: :mod:`.settings` (runs, constants, targets), :mod:`.servers` (each server through :mod:`marti.stack`,
+Modules: :mod:`.settings` (runs, constants, targets), :mod:`.servers` (each server through :mod:`marti.command.stack`,
 /proc readings, limits), :mod:`.phase`, :mod:`.env_burst`, :mod:`.broker_burst`, :mod:`.idle`, :mod:`.paced` and
 :mod:`.paced_worker` (the phases), :mod:`.tables` and :mod:`.summary` (what is printed), :mod:`.cli` (the flags
 and the run).

@@ -130,7 +130,7 @@ def _our_samples(
 ) -> list[Any]:
     """The trajectories of one step's generations (row ``i`` answers ``batch[i // G]``), scored by the task's
     reward; adds their token counts to ``counts``."""
-    from marti.trajectory import Trajectory, Turn
+    from marti.types.trajectory import Trajectory, Turn
 
     samples = []
     for i, g in enumerate(gens):

@@ -10,7 +10,7 @@
 #    update) and reports their rewards, then evaluates the trained team while the job lingers (gateway.linger_s).
 # 3. The job is asked to stop, prints its summary and the final line "trained N steps on M external episodes".
 #
-# Environment: MARTI=path of the marti command (default: marti on PATH, else python -m marti.cli),
+# Environment: MARTI=path of the marti command (default: marti on PATH, else python -m marti.command.main),
 # PYTHON (default python3), RUN_DIR (default runs/external_agents), CONFIG (default config.yaml here), APP (default
 # app.py here: any app with the same flags, as examples/agents_sdk/ and examples/langgraph/ have).
 set -euo pipefail
@@ -21,7 +21,7 @@ RUN_DIR="${RUN_DIR:-runs/external_agents}"
 APP="${APP:-$HERE/app.py}"
 if [ -n "${MARTI:-}" ]; then read -r -a MARTI_CMD <<<"$MARTI"
 elif command -v marti >/dev/null; then MARTI_CMD=(marti)
-else MARTI_CMD=("$PYTHON" -m marti.cli); fi
+else MARTI_CMD=("$PYTHON" -m marti.command.main); fi
 
 rm -f "$RUN_DIR/gateway.json"
 "${MARTI_CMD[@]}" train "$CONFIG" --no-progress --set output.dir="$RUN_DIR" "$@" &

@@ -23,7 +23,7 @@ from marti.clients.broker import MartiCommClient, Message, encode_payload
 from marti.clients.env import EnvClient
 from marti.clients.experience import ExperienceSharingClient
 from marti.errors import DeadlineExceededError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 
 def leader_plan(problem: dict[str, Any]) -> dict[str, int]:

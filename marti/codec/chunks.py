@@ -18,7 +18,7 @@ from typing import Protocol
 import zstandard
 
 from marti.errors import InvalidArgumentError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 DEFAULT_CHUNK_BYTES = 256 * 1024
 _LEN = struct.Struct("<I")

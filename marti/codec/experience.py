@@ -13,8 +13,8 @@ from typing import Any
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.codec.chunks import compress_chunks, decompress_chunks, pack_chunks, unpack_chunks
 from marti.errors import InvalidArgumentError
-from marti.experience_types import SampleFilter, TableConfig, parse_table_config
-from marti.trajectory import Trajectory, TrajectorySummary, Turn, check_identity, check_token_ids
+from marti.types.experience import SampleFilter, TableConfig, parse_table_config
+from marti.types.trajectory import Trajectory, TrajectorySummary, Turn, check_identity, check_token_ids
 
 
 def _json_obj(text: str, where: str) -> dict[str, Any]:

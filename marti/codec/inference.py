@@ -7,9 +7,9 @@ their responses here, so each conversion is written once:
 * :func:`report_request`: the ``ReportRewardRequest`` of a ``report_reward`` call.
 * :func:`result_from_proto`, :func:`model_from_proto`, :func:`models_from_proto`, :func:`receipt_from_proto`,
   :data:`FINISH_REASON_NAMES`: responses to domain types.
-* :func:`stale_to_proto`: a :class:`~marti.inference.StaleCalls` to its message (the gateway's answer to a
+* :func:`stale_to_proto`: a :class:`~marti.types.inference.StaleCalls` to its message (the gateway's answer to a
   report; :func:`receipt_from_proto` reads it back).
-* :class:`StreamAssembler`: ``GenerateStream`` messages to :class:`~marti.inference.CompletionDelta` events
+* :class:`StreamAssembler`: ``GenerateStream`` messages to :class:`~marti.types.inference.CompletionDelta` events
   and back into the result ``generate`` would return.
 
 The gateway's side of the same protocol (requests to engine arguments) is ``services/gateway/convert.py``.
@@ -21,10 +21,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from marti.api.inference.v1 import inference_pb2 as pb
-from marti.arguments import checked
-from marti.chat_content import content_text, utf8_text
 from marti.errors import InternalError, InvalidArgumentError
-from marti.inference import (
+from marti.plumbing.arguments import checked
+from marti.types.chat_content import content_text, utf8_text
+from marti.types.inference import (
     ChatMessages,
     Completion,
     CompletionDelta,
@@ -101,7 +101,7 @@ def _chat_message(i: int, m: object) -> tuple[str, str]:
     return role, content_text(content, f"messages[{i}].content")
 
 
-#: Wire finish reason -> the name :class:`~marti.inference.Completion` carries (unknown values read ``stop``).
+#: Wire finish reason -> the name :class:`~marti.types.inference.Completion` carries (unknown values read ``stop``).
 FINISH_REASON_NAMES: dict[int, str] = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 

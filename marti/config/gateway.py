@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from marti.config.section import NonNegFloat, PositiveFloat, PositiveInt, Section
-from marti.tools import DEFAULT_TOOL_PARSER, TOOL_PARSER_NAMES
+from marti.types.tools import DEFAULT_TOOL_PARSER, TOOL_PARSER_NAMES
 
 
 class GatewayConfig(Section):

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from marti.config.schema import TrainConfig
 from marti.errors import InvalidArgumentError
-from marti.yaml_load import load_yaml
+from marti.plumbing.yaml_load import load_yaml
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
@@ -284,7 +284,7 @@ def config_from_text(
 
     Raises:
         InvalidArgumentError: The text is not valid YAML, writes a key twice in one mapping (the key and both
-            lines named, :func:`marti.yaml_load.load_yaml`), or the config is invalid (see
+            lines named, :func:`marti.plumbing.yaml_load.load_yaml`), or the config is invalid (see
             :func:`config_from_dict`).
     """
     try:

@@ -41,7 +41,7 @@ from marti.config.workflow import (
     WorkflowConfig,
 )
 from marti.errors import InvalidArgumentError
-from marti.prompt_template import check_prompt_template
+from marti.team.prompt_template import check_prompt_template
 
 _BYTE_UNITS = {
     "": 1,
@@ -137,7 +137,7 @@ class AgentConfig(_Section):
     response_prefix: str | None = None
     """Text the agent's reply is made to start with (e.g. ``"task_1:"``): appended to the prompt after the chat
     template, so it steers the format but is not trained; the env receives prefix + generated text. A workflow
-    role's ``prompt_builder`` can add a reply start for one turn after it (``marti.workflow.TurnPrompt``)."""
+    role's ``prompt_builder`` can add a reply start for one turn after it (``marti.team.workflow.TurnPrompt``)."""
     sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
     """Per-agent overrides of the ``rollout`` sampling parameters."""
     learning_rate: PositiveFloat | None = None

@@ -18,7 +18,7 @@ from marti.config.section import (
     Section,
     UnitFloat,
 )
-from marti.prompt_template import check_prompt_template
+from marti.team.prompt_template import check_prompt_template
 
 
 class RewardAllocConfig(Section):
@@ -61,7 +61,7 @@ class WorkflowRoleConfig(Section):
     """System prompt template (``{name}``, ``{role}``, ``{capabilities}``; another placeholder, such as a dataset
     column, is refused at load); null: the agent's own."""
     prompt_builder: str | None = None
-    """Import path of ``build_prompt(PromptContext) -> str | marti.workflow.TurnPrompt``: the user message, or a
+    """Import path of ``build_prompt(PromptContext) -> str | marti.team.workflow.TurnPrompt``: the user message, or a
     ``TurnPrompt(user, reply_start)`` whose ``reply_start`` this turn's reply is made to start with (prefilled after
     the agent's ``response_prefix``, not trained); null: observation + messages."""
     parser: str | None = None
@@ -76,7 +76,7 @@ class WorkflowRoleConfig(Section):
 
 
 class WorkflowConfig(Section):
-    """Who acts when and how prompts, actions and rewards are built (``marti.workflow``, docs/workflows.md)."""
+    """Who acts when and how prompts, actions and rewards are built (``marti.team.workflow``, docs/workflows.md)."""
 
     kind: Literal["env", "chain", "parallel_aggregate", "debate", "custom"] = "env"
     """``env``: the env's ``is_acting`` picks speakers; ``chain``: one agent per turn in ``order``;
@@ -91,7 +91,7 @@ class WorkflowConfig(Section):
     next_speakers: str | None = None
     """Import path of ``next_speakers(WorkflowState) -> list[agent]`` (``custom``)."""
     factory: str | None = None
-    """Import path of ``build(cfg) -> marti.workflow.Workflow``; overrides every other key of this section."""
+    """Import path of ``build(cfg) -> marti.team.workflow.Workflow``; overrides every other key of this section."""
     roles: list[WorkflowRoleConfig] = Field(default_factory=list)
     """Per-agent roles (prompt builder, parser, script)."""
     reward_fn: str | None = None

@@ -36,7 +36,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Import ``RemoteRewardScorer`` / ``ModelRewardScorer`` from their modules when first asked for."""
     if name in _LAZY:
-        from marti.loader import load_attr  # the one loader of import paths (tests/unit/test_loader.py)
+        from marti.plumbing.loader import (
+            load_attr,  # the one loader of import paths (tests/unit/test_loader.py)
+        )
 
         return load_attr(f"{_LAZY[name]}:{name}")
     raise AttributeError(f"module 'marti.rewards' has no attribute {name!r}")

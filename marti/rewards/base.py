@@ -18,8 +18,8 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from marti.arguments import checked
 from marti.errors import InvalidArgumentError
+from marti.plumbing.arguments import checked
 
 __all__ = [
     "MAX_ABS_REWARD",

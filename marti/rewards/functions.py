@@ -1,7 +1,7 @@
 """User reward functions, called the way TRL's ``GRPOTrainer`` calls its ``reward_funcs``.
 
 A reward function is named by an import path, ``"path/to/file.py:fn"`` or ``"package.module:fn"`` (the one
-loader, :func:`marti.workflow.load_callable`), or given as a callable. It is called with keyword arguments only::
+loader, :func:`marti.team.workflow.load_callable`), or given as a callable. It is called with keyword arguments only::
 
     fn(prompts=[...], completions=[...], **columns) -> list[float]
 
@@ -20,10 +20,10 @@ import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from marti.arguments import checked
 from marti.errors import InvalidArgumentError, MartiError
+from marti.plumbing.arguments import checked
 from marti.rewards.base import WeightedSum, check_batch, check_scores, shorten
-from marti.workflow import load_callable
+from marti.team.workflow import load_callable
 
 __all__ = ["RESERVED_COLUMNS", "RewardFunction", "check_column_names", "reward_functions"]
 

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from marti.arguments import checked
 from marti.errors import InvalidArgumentError, NotFoundError
+from marti.plumbing.arguments import checked
 from marti.rewards.base import check_batch, check_scores
 
 __all__ = ["ModelRewardScorer", "check_reward_model", "reward_model_config", "reward_model_tokenizer"]

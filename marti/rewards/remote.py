@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from marti.arguments import checked
 from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError, UnavailableError
+from marti.plumbing.arguments import checked
 from marti.rewards.base import check_batch, check_scores, shorten
 
 __all__ = ["RemoteRewardScorer"]

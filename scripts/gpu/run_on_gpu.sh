@@ -155,7 +155,7 @@ stage_train() {
   # shellcheck disable=SC2086  # TRAIN_ARGS holds several arguments
   # --foreground: the signal goes to marti train alone, which then stops its Ray actors and services itself
   (cd "$ROOT" && timeout --foreground -s TERM -k 30 "$TRAIN_TIMEOUT_S" \
-    "$PYTHON" -m marti.cli train "$CONFIG" --no-progress --set "output.dir=$run" $TRAIN_ARGS) \
+    "$PYTHON" -m marti.command.main train "$CONFIG" --no-progress --set "output.dir=$run" $TRAIN_ARGS) \
     >"$OUT/train.log" 2>&1 || rc=$?
   stop_smi
   log "marti train exit status $rc"

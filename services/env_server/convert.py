@@ -23,7 +23,7 @@ from marti.codec.env import (
     value_from_proto,
     value_to_proto,
 )
-from marti.envs import declared_metrics
+from marti.env.make import declared_metrics
 from marti.errors import InternalError, InvalidArgumentError
 
 __all__ = ["map_from_proto", "map_to_proto", "space_to_proto", "value_from_proto", "value_to_proto"]
@@ -45,7 +45,7 @@ def agent_specs(env: Any) -> list[pb.AgentSpec]:
 
 
 def describe_to_proto(spec: Any) -> pb.EnvDescription:
-    """Encode an :class:`~marti.env_registry.EnvSpec` (agents from its default config)."""
+    """Encode an :class:`~marti.env.registry.EnvSpec` (agents from its default config)."""
     fields = []
     for f in spec.schema.fields:
         cf = pb.ConfigField(

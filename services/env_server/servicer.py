@@ -11,8 +11,8 @@ from typing import Any
 
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
-from marti.env_registry import Registry, default_registry
-from marti.envs import declared_metrics
+from marti.env.make import declared_metrics
+from marti.env.registry import Registry, default_registry
 from marti.errors import BatchTooLargeError, InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.errors import ok_status, to_status_proto
 from marti.rpc.server import ServiceSpec

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
-from marti.experience_types import read_tables_yaml
 from marti.rpc.server import ServiceSpec, run_server
 from marti.rpc.settings import given_flags, load_settings, refusals_exit, settings_parser
+from marti.types.experience import read_tables_yaml
 
 from .core.storage import MemoryStorage, SqliteStorage
 from .core.store import ExperienceStore

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.codec.inference import FINISH_REASON_NAMES, stale_to_proto
 from marti.errors import InvalidArgumentError
-from marti.inference import ChatMessages, SamplingParams
+from marti.types.inference import ChatMessages, SamplingParams
 from services.gateway.core.gateway import ModelCard, Reported, Served
 
 #: ``max_tokens`` when a request leaves it unset (the SDK's :class:`SamplingParams` default), or less when the
@@ -170,7 +170,7 @@ def default_max_tokens(prompt_tokens: int, max_model_len: int) -> int:
 
 
 def choice_to_proto(index: int, call_id: str, gen) -> pb.Choice:
-    """One generation (a :class:`marti.inference.Generation`) as a :class:`Choice`."""
+    """One generation (a :class:`marti.types.inference.Generation`) as a :class:`Choice`."""
     return pb.Choice(
         index=index,
         call_id=call_id,

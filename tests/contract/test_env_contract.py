@@ -21,9 +21,9 @@ import pytest
 from pettingzoo import AECEnv
 
 import marti
-import marti.envs
+import marti.env.make
 from marti.clients.env import AsyncEnvClient, EnvClient, RemoteParallelEnv
-from marti.env_guard import VANISHED_REASON
+from marti.env.guard import VANISHED_REASON
 from marti.errors import FailedPreconditionError, InvalidArgumentError, MartiError, NotFoundError
 from marti.rpc.testing import serve_in_thread
 from services.env_server.envs import adapters
@@ -327,11 +327,11 @@ BAD_ARGUMENTS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
         "max_batch",
     ),
     "step_batch_env_int": (lambda a, e: RemoteParallelEnv.step_batch([5], [{}]), "envs[0]"),
-    "step_many_envs_int": (lambda a, e: marti.envs.step_many(5, [{}]), "envs"),
-    "step_many_env_int": (lambda a, e: marti.envs.step_many([e, 5], [{}, {}]), "envs[1]"),
-    "step_many_actions_none": (lambda a, e: marti.envs.step_many([e], None), "actions"),
-    "step_many_lengths": (lambda a, e: marti.envs.step_many([e], []), "action dicts"),
-    "step_many_errors_mode": (lambda a, e: marti.envs.step_many([e], [{}], errors="skip"), "errors"),
+    "step_many_envs_int": (lambda a, e: marti.env.make.step_many(5, [{}]), "envs"),
+    "step_many_env_int": (lambda a, e: marti.env.make.step_many([e, 5], [{}, {}]), "envs[1]"),
+    "step_many_actions_none": (lambda a, e: marti.env.make.step_many([e], None), "actions"),
+    "step_many_lengths": (lambda a, e: marti.env.make.step_many([e], []), "action dicts"),
+    "step_many_errors_mode": (lambda a, e: marti.env.make.step_many([e], [{}], errors="skip"), "errors"),
 }
 
 

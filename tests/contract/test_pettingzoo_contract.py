@@ -8,7 +8,7 @@ import pytest
 from pettingzoo.test import parallel_api_test, parallel_seed_test, seed_test
 from pettingzoo.utils import parallel_to_aec
 
-import marti.envs as me
+import marti.env.make as me
 from marti.rpc.testing import serve_in_thread
 from services.env_server.servicer import env_service
 from services.env_server.settings import EnvServerSettings

@@ -1,4 +1,4 @@
-"""Run marti services as real child processes (``python -m marti.cli NAME --port 0``) for fault tests."""
+"""Run marti services as real child processes (``python -m marti.command.main NAME --port 0``) for fault tests."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def start(name: str, *args: str, settings: dict[str, str] | None = None, timeout
     for key, value in (settings or {}).items():
         env[PREFIX[name] + key.upper()] = value
     proc = subprocess.Popen(
-        [sys.executable, "-m", "marti.cli", name, "--port", "0", *args],
+        [sys.executable, "-m", "marti.command.main", name, "--port", "0", *args],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     deadline = time.monotonic() + timeout_s

@@ -20,7 +20,7 @@ from marti.api.env.v1 import env_service_pb2_grpc as egrpc
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
 from marti.errors import MartiError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 from .procs import start
 

@@ -16,7 +16,7 @@ from marti.api.broker.v1 import broker_service_pb2 as bpb
 from marti.api.broker.v1 import broker_service_pb2_grpc as bgrpc
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 from .procs import health_watch, start
 

@@ -35,7 +35,7 @@ def _free_port() -> int:
 
 
 def _train_cmd(addrs: dict[str, str], run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
+    return [sys.executable, "-m", "marti.command.main", "train", "examples/tiny.yaml", "--no-progress",
             "--broker", addrs["broker"], "--env", addrs["env-server"], "--store", addrs["store"],
             "--set", f"output.dir={run_dir}", "--set", "environment.max_turns=2", *extra]  # fmt: skip
 

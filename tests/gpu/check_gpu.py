@@ -303,7 +303,7 @@ def check_deepspeed(device: str) -> None:
 def check_worker_train(device: str) -> None:
     """PolicyWorker generate -> train (GAE + KL) -> sync on ``device``; colocated and split layouts agree."""
     from marti.config import load_config
-    from marti.trajectory import Trajectory, Turn
+    from marti.types.trajectory import Trajectory, Turn
     from services.trainer.ray.model_workers import (
         CriticWorker,
         ReferenceWorker,

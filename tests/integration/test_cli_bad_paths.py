@@ -19,7 +19,7 @@ import pytest
 
 def _marti(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "marti.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "marti.command.main", *args], capture_output=True, text=True, timeout=60
     )
 
 
@@ -151,7 +151,7 @@ def test_an_empty_path_setting_is_one_line_naming_it_exit_2(service, args, env, 
     ``--tls-cert-file "" --tls-key-file ""`` served plaintext and ``--config ""`` created no tables, all silently; an
     empty path is now refused naming the setting and where it came from."""
     out = subprocess.run(
-        [sys.executable, "-m", "marti.cli", service, "--port", "0", *args],
+        [sys.executable, "-m", "marti.command.main", service, "--port", "0", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -179,7 +179,7 @@ def test_marti_up_with_an_empty_folder_flag_or_token_is_one_line_exit_2(args, en
     ``MARTI_TOKEN``) ran every service without authentication, silently (``marti broker --token ""`` is refused).
     Refused like a folder flag that is a file, before anything starts."""
     out = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports", *args],
+        [sys.executable, "-m", "marti.command.main", "up", "--no-trainer", "--ephemeral-ports", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -195,7 +195,7 @@ def test_marti_up_with_a_service_tls_variable_is_refused_at_once(tmp_path):
     health check never reached: 60 s, then ``not SERVING ... UNREACHABLE``. Now one line naming the variable."""
     start = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports"],
+        [sys.executable, "-m", "marti.command.main", "up", "--no-trainer", "--ephemeral-ports"],
         capture_output=True,
         text=True,
         timeout=60,

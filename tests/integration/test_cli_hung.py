@@ -17,7 +17,7 @@ import pytest
 from log_wait import wait_for
 
 from marti.clients.experience import ExperienceSharingClient
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 FAST_PROBE = ["--health-interval-s", "0.5", "--health-timeout-s", "0.5", "--health-failures", "2"]
 
@@ -26,7 +26,7 @@ def _up(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, Path]:
     """``marti up --no-trainer --ephemeral-ports --data-dir tmp/data FLAGS`` with stdout to ``tmp/out`` and
     stderr to ``tmp/err``; returns the process and the data dir."""
     data = tmp_path / "data"
-    cmd = [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--ephemeral-ports"]
+    cmd = [sys.executable, "-m", "marti.command.main", "up", "--no-trainer", "--ephemeral-ports"]
     cmd += ["--data-dir", str(data), *flags]
     with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
         return subprocess.Popen(cmd, stdout=out, stderr=err, text=True), data
@@ -160,7 +160,7 @@ def test_sigint_during_a_restarts_wait_for_serving_stops_at_once(tmp_path):
 
 
 def _new_store_child(up: subprocess.Popen, old: int, timeout_s: float = 30) -> psutil.Process:
-    """The store process ``marti up`` started in place of ``old``, once it runs ``marti.cli store`` (exec'd)."""
+    """The store process ``marti up`` started in place of ``old``, once it runs ``marti.command.main store`` (exec'd)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for child in psutil.Process(up.pid).children():

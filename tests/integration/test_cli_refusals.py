@@ -18,16 +18,16 @@ import sys
 import pytest
 from faults.procs import start
 
+from marti.command.stack import DEFAULT_PORTS
 from marti.rpc.bind import port_in_use
 from marti.rpc.health import check_health
-from marti.stack import DEFAULT_PORTS
 
 
 def _marti(
     *args: str, env: dict[str, str] | None = None, timeout_s: float = 60
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "marti.cli", *args],
+        [sys.executable, "-m", "marti.command.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -75,7 +75,7 @@ def test_marti_up_beside_a_running_broker_names_the_port():
     try:
         if not port_in_use("127.0.0.1", port):  # else another process holds it already: the same situation
             holder = subprocess.Popen(
-                [sys.executable, "-m", "marti.cli", "broker", "--port", str(port)],
+                [sys.executable, "-m", "marti.command.main", "broker", "--port", str(port)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 text=True,

@@ -19,9 +19,9 @@ from log_wait import wait_for
 
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
+from marti.command.stack import SERVICE_KEYS
 from marti.rpc.channel import make_channel
-from marti.stack import SERVICE_KEYS
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 SERVICES = {
     "broker": "marti.api.broker.v1.BrokerService",
@@ -33,7 +33,7 @@ SERVICES = {
 
 def _marti(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "marti.cli", *args], capture_output=True, text=True, timeout=timeout_s
+        [sys.executable, "-m", "marti.command.main", *args], capture_output=True, text=True, timeout=timeout_s
     )
 
 
@@ -41,7 +41,7 @@ def _marti(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
 def test_service_lifecycle_through_cli(name, tmp_path):
     extra = ["--data-dir", str(tmp_path / name)] if name in ("broker", "store") else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "marti.cli", name, "--port", "0", *extra],
+        [sys.executable, "-m", "marti.command.main", name, "--port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -135,7 +135,7 @@ def test_marti_up_restarts_a_killed_service_with_its_data_until_its_limit(tmp_pa
     data, out, err = tmp_path / "data", tmp_path / "out", tmp_path / "err"
     ports = {"broker": _free_port(), "env-server": _free_port(), "store": _free_port()}
     env = dict(os.environ, **{f"MARTI_{SERVICE_KEYS[name]}_PORT": str(port) for name, port in ports.items()})
-    cmd = [sys.executable, "-m", "marti.cli", "up", "--no-trainer", "--data-dir", str(data)]
+    cmd = [sys.executable, "-m", "marti.command.main", "up", "--no-trainer", "--data-dir", str(data)]
     cmd += ["--max-restarts", "1", "--restart-backoff-s", "0.1"]
     with out.open("w") as stdout, err.open("w") as stderr:
         up = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=env)
@@ -196,7 +196,7 @@ def test_marti_up_interrupted_while_starting_stops_at_once(tmp_path):
         [
             sys.executable,
             "-m",
-            "marti.cli",
+            "marti.command.main",
             "up",
             "--no-trainer",
             "--ephemeral-ports",

@@ -187,7 +187,7 @@ COMMANDS = marti_commands(snippets())
 def _help(argv: tuple[str, ...]) -> str:
     """The output of ``marti ARGV --help`` (exit 0 asserted)."""
     out = subprocess.run(
-        [sys.executable, "-m", "marti.cli", *argv, "--help"],
+        [sys.executable, "-m", "marti.command.main", *argv, "--help"],
         cwd=ROOT,
         env=_clean_env(),
         capture_output=True,

@@ -63,7 +63,7 @@ def node_modules() -> Path:
 def _start(name: str, data_dir: Path | None) -> tuple[subprocess.Popen, str]:
     extra = ["--data-dir", str(data_dir)] if data_dir else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "marti.cli", name, "--port", "0", "--token", TOKEN, *extra],
+        [sys.executable, "-m", "marti.command.main", name, "--port", "0", "--token", TOKEN, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -268,7 +268,7 @@ def test_node_agent_is_trained_by_a_running_job(node_modules, services, proto_in
         "algorithm.advantage_estimator=reinforce++",
     ]  # fmt: skip
     train = subprocess.Popen(
-        [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
+        [sys.executable, "-m", "marti.command.main", "train", "examples/tiny.yaml", "--no-progress",
          "--broker", services["broker"], "--env", services["env-server"], "--store", services["store"],
          "--token", TOKEN, *[x for s in sets for x in ("--set", s)]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from marti import top
 from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
+from marti.command import top
 from marti.rpc.channel import make_channel
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 from services.comm_broker.servicer import broker_service
 from services.comm_broker.settings import BrokerSettings
 from services.env_server.servicer import env_service

@@ -12,15 +12,19 @@ import pytest
 
 from marti.config import config_from_text
 from marti.errors import InvalidArgumentError
-from marti.experience_types import parse_tables_yaml
-from marti.yaml_load import load_yaml
+from marti.plumbing.yaml_load import load_yaml
+from marti.types.experience import parse_tables_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _marti(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "marti.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-m", "marti.command.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
 
 

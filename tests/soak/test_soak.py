@@ -193,7 +193,7 @@ def test_soak_store(tmp_path):
     svc = start("store", "--data-dir", str(tmp_path / "s"))
     try:
         from marti.clients.experience import AsyncExperienceSharingClient
-        from marti.trajectory import Trajectory, Turn
+        from marti.types.trajectory import Trajectory, Turn
 
         async def run() -> dict:
             clients = [

@@ -1,12 +1,12 @@
-"""``marti.arguments.checked``: one check per argument (``own``), and the generic checks' edges."""
+"""``marti.plumbing.arguments.checked``: one check per argument (``own``), and the generic checks' edges."""
 
 from __future__ import annotations
 
 import pytest
 
 import marti
-from marti.arguments import checked
 from marti.errors import InvalidArgumentError
+from marti.plumbing.arguments import checked
 
 
 def _own_check(count: int) -> int:
@@ -80,7 +80,7 @@ def test_a_refusal_words_any_as_anything():
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from marti.arguments import describe
+    from marti.plumbing.arguments import describe
 
     assert describe(Sequence[Mapping[str, Any | None]]) == "a sequence of a mapping of a string to anything"
     with marti.InferenceClient("127.0.0.1:1", token="t", timeout_s=1) as client:

@@ -1,11 +1,11 @@
-"""marti.chat_content: chat content joined into one text, every refusal naming the exact field."""
+"""marti.types.chat_content: chat content joined into one text, every refusal naming the exact field."""
 
 from __future__ import annotations
 
 import pytest
 
-from marti.chat_content import content_text, utf8_text
 from marti.errors import InvalidArgumentError
+from marti.types.chat_content import content_text, utf8_text
 
 TEXT = {"type": "text", "text": "a"}
 

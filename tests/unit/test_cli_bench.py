@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from marti import cli
+from marti.command import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

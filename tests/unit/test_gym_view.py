@@ -1,4 +1,4 @@
-"""marti.gym_view: one agent of a multi-agent env as a Gymnasium env, the others fixed partner policies."""
+"""marti.env.gym_view: one agent of a multi-agent env as a Gymnasium env, the others fixed partner policies."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pettingzoo import ParallelEnv
 from pettingzoo.classic import rps_v2
 
 import marti
+from marti.env.gym_view import SingleAgentView, make
 from marti.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
-from marti.gym_view import SingleAgentView, make
 
 PLAN = "task_1: 1\ntask_2: 1\ntask_3: 0"
 

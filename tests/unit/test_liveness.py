@@ -15,14 +15,14 @@ import time
 
 import pytest
 
-from marti.cli import main
+from marti.command.main import main
+from marti.command.stack import LocalStack, ServiceProcess
+from marti.command.supervise import supervise
 from marti.errors import InvalidArgumentError
 from marti.liveness import HealthProbe
 from marti.restart_policy import RestartPolicy
 from marti.rpc.health import wait_until_serving
 from marti.rpc.testing import ServerThread
-from marti.stack import LocalStack, ServiceProcess
-from marti.supervise import supervise
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""marti.loader.load_attr, the one loader of ``module:attr`` import paths (env providers, workflows, the env
+"""marti.plumbing.loader.load_attr, the one loader of ``module:attr`` import paths (env providers, workflows, the env
 server's ``entry_point``): the allow-list is an argument, and every bad path is a typed error naming it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from marti.errors import InvalidArgumentError, NotFoundError
-from marti.loader import load_attr
+from marti.plumbing.loader import load_attr
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,9 +50,9 @@ def test_missing_modules_files_and_attributes_are_not_found(tmp_path):
 
 
 def test_no_other_loader_of_import_paths_in_the_sdk_or_services():
-    """importlib.import_module on a caller's string lives only in marti/loader.py (the CLI's command table, the
+    """importlib.import_module on a caller's string lives only in marti/plumbing/loader.py (the CLI's command table, the
     SDK's lazy names and the proto registry import fixed module names of their own)."""
-    own = {"marti/loader.py", "marti/cli.py", "marti/__init__.py", "marti/rpc/server.py"}
+    own = {"marti/plumbing/loader.py", "marti/command/main.py", "marti/__init__.py", "marti/rpc/server.py"}
     users = [
         str(p.relative_to(ROOT))
         for top in ("marti", "services")

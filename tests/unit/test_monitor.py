@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 
+from marti.command.stack import ServiceProcess
 from marti.errors import InvalidArgumentError
-from marti.stack import ServiceProcess
 from services.trainer.observe.monitor import (
     MAX_INTERVAL_S,
     MAX_PROCESSES,
@@ -219,14 +219,15 @@ def test_service_pids_from_stack_processes(spawn):
 
 
 def test_child_service_pids_finds_marti_cli_children(spawn):
-    # Real children whose command lines look like LocalStack's (`python -m marti.cli NAME ...`); `-m marti.cli`
+    # Real children whose command lines look like LocalStack's (`python -m marti.command.main NAME ...`); `-m marti.command.main`
     # is given to a script that sleeps, so no service has to start.
     sleeper = "import sys, time; print('ready', flush=True); time.sleep(120)"
     broker = subprocess.Popen(
-        [sys.executable, "-c", sleeper, "-m", "marti.cli", "broker", "--port", "0"], stdout=subprocess.PIPE
+        [sys.executable, "-c", sleeper, "-m", "marti.command.main", "broker", "--port", "0"],
+        stdout=subprocess.PIPE,
     )
     env = subprocess.Popen(
-        [sys.executable, "-c", sleeper, "-m", "marti.cli", "env-server"], stdout=subprocess.PIPE
+        [sys.executable, "-c", sleeper, "-m", "marti.command.main", "env-server"], stdout=subprocess.PIPE
     )
     other = spawn(SLEEP)
     try:

@@ -1,4 +1,4 @@
-""":class:`marti.stack.LocalStack` waits ``startup_timeout_s`` at most for a service's address, also when the
+""":class:`marti.command.stack.LocalStack` waits ``startup_timeout_s`` at most for a service's address, also when the
 service process is stopped (SIGSTOP) before it printed anything: that wait read its stdout with a blocking
 ``readline()``, which never returned (``marti up`` hung for good on a start or restart)."""
 
@@ -12,12 +12,12 @@ import time
 import psutil
 import pytest
 
+from marti.command.stack import LocalStack
 from marti.errors import UnavailableError
-from marti.stack import LocalStack
 
 
 def _stop_new_child(found: list[psutil.Process], timeout_s: float = 30) -> None:
-    """SIGSTOP this process's first ``marti.cli broker`` child as soon as it runs (it is appended to ``found``)."""
+    """SIGSTOP this process's first ``marti.command.main broker`` child as soon as it runs (it is appended to ``found``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for child in psutil.Process(os.getpid()).children():

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from marti.cli import main
+from marti.command.main import main
+from marti.command.stack import LocalStack, ServiceProcess
+from marti.command.supervise import supervise
 from marti.errors import InvalidArgumentError
 from marti.restart_policy import MAX_BACKOFF_S, RestartPolicy, describe_exit
-from marti.stack import LocalStack, ServiceProcess
-from marti.supervise import supervise
 
 
 def _stack_with_exited(name: str, code: int, address: str = "127.0.0.1:1") -> LocalStack:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from marti.workflow import EpisodeView, PromptContext
+from marti.team.workflow import EpisodeView, PromptContext
 
 _NUM_RE = re.compile(r"(\d+(?:\.\d+)?)")
 

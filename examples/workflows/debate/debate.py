@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from marti.workflow import EpisodeView, PromptContext
+from marti.team.workflow import EpisodeView, PromptContext
 
 _INT_RE = re.compile(r"-?\d+")
 _EXPR_RE = re.compile(r"What is (-?\d+) ([-+*]) (-?\d+)(?: ([-+]) (-?\d+))?\?")

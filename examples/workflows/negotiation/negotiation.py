@@ -6,7 +6,7 @@ Everything a user needs to bring a new game to marti lives in this file; nothing
   (``environment.env_name: "examples/workflows/negotiation/negotiation.py:make_env"``);
 * the parsers that turn each agent's reply into an action (``offer: <int>`` or ``accept``);
 * the workflow (a user function deciding the next speaker) and a custom reward, built by :func:`build`
-  (``workflow.factory`` in the YAML) with :mod:`marti.workflow`.
+  (``workflow.factory`` in the YAML) with :mod:`marti.team.workflow`.
 
 The game: a seller whose cost is ``c`` and a buyer whose value is ``v`` (``c < v``, drawn from the seed; each
 sees only its own number) alternate offers, the seller first. ``accept`` closes the deal at the last offer ``P``.
@@ -22,8 +22,8 @@ from typing import Any
 
 import gymnasium
 
-from marti.envs import ParallelEnv
-from marti.workflow import EpisodeView, PromptContext, RewardAllocation, Role, Workflow, WorkflowState
+from marti.env.make import ParallelEnv
+from marti.team.workflow import EpisodeView, PromptContext, RewardAllocation, Role, Workflow, WorkflowState
 
 AGENTS = ("seller", "buyer")
 _OFFER_RE = re.compile(r"offer\s*[:=]?\s*\$?\s*(-?\d+)", re.I)

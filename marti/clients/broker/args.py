@@ -12,9 +12,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from marti.arguments import check_text
 from marti.codec import broker as broker_codec
 from marti.errors import InvalidArgumentError
+from marti.plumbing.arguments import check_text
 from marti.rpc.channel import MAX_TIMEOUT_S
 
 #: Largest count a request field holds (``uint32``: ``max_messages``, ``max_unacked``...).

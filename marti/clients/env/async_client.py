@@ -9,11 +9,11 @@ import grpc
 
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
-from marti.arguments import checked
 from marti.errors import (
     MartiError,
     SessionLostError,
 )
+from marti.plumbing.arguments import checked
 from marti.rpc.calls import acall
 from marti.rpc.channel import check_timeout_s, make_channel
 from marti.rpc.guard import ClientChannel

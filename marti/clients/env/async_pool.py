@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from marti.arguments import checked
 from marti.errors import (
     MartiError,
 )
+from marti.plumbing.arguments import checked
 
 from .addresses import resolve_env_servers
 from .async_client import AsyncEnvClient

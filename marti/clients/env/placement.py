@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from marti.arguments import checked
 from marti.errors import (
     MartiError,
     NotFoundError,
@@ -18,6 +17,7 @@ from marti.errors import (
     SessionLostError,
     UnavailableError,
 )
+from marti.plumbing.arguments import checked
 
 from .protocol import check_steps
 from .types import StepResult

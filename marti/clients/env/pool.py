@@ -38,11 +38,11 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from marti.arguments import checked
 from marti.errors import (
     InvalidArgumentError,
     MartiError,
 )
+from marti.plumbing.arguments import checked
 
 from .addresses import env_server_entries, is_env_pool, resolve_env_servers, single_env_address
 from .placement import T, _common_envs, _place, _PoolBase, name_server

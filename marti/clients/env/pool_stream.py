@@ -7,11 +7,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from marti.arguments import checked
 from marti.errors import (
     FailedPreconditionError,
     MartiError,
 )
+from marti.plumbing.arguments import checked
 
 from .placement import T, _place, _Routes, name_server
 from .stream import SessionStream

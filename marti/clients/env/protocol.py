@@ -17,7 +17,7 @@ from marti.codec.env import (
     value_from_proto,
     value_to_proto,
 )
-from marti.env_guard import (
+from marti.env.guard import (
     check_actions,
     check_env_id,
     check_options,
@@ -126,7 +126,7 @@ def check_client_args(address: Any, token: Any, tls_ca_file: Any, channel: Any) 
 
 
 def check_env_list(envs: Any, actions: Any, kind: type | None = None) -> None:
-    """Check the ``envs`` and ``actions`` of a many-env step (``step_batch``, ``marti.envs.step_many``).
+    """Check the ``envs`` and ``actions`` of a many-env step (``step_batch``, ``marti.env.make.step_many``).
 
     Args:
         envs: Must be a list of envs: instances of ``kind`` when given, else objects with a ``step`` method.

@@ -11,8 +11,7 @@ import grpc
 import gymnasium
 from pettingzoo import ParallelEnv
 
-from marti.arguments import checked
-from marti.env_guard import (
+from marti.env.guard import (
     check_agent,
     closed_error,
 )
@@ -24,6 +23,7 @@ from marti.errors import (
     SessionLostError,
     UnavailableError,
 )
+from marti.plumbing.arguments import checked
 
 from .protocol import check_env_list
 from .stream import SessionStream
@@ -324,7 +324,7 @@ class RemoteParallelEnv(ParallelEnv):
         """Step several remote envs of one server in ``BatchStep`` calls (one round trip per ``max_batch``).
 
         The call goes through one channel, so the envs must share it (``marti.make(..., channel=ch)``;
-        :func:`marti.envs.step_many` batches the envs of each channel). Each env ends as after its own ``step``
+        :func:`marti.env.make.step_many` batches the envs of each channel). Each env ends as after its own ``step``
         (``agents`` and ``acting_agents`` updated); a step that fails leaves its env (and session) as it was. An
         env whose own ``step`` would fail before sending anything (closed: ``FailedPreconditionError``; its
         session known lost: ``SessionLostError``) gets that error in its slot and nothing is sent for it.
@@ -357,7 +357,7 @@ class RemoteParallelEnv(ParallelEnv):
                     f"envs[{i}] ({env.client.address}) is not on the channel of envs[0] ({envs[0].client.address}):"
                     " step_batch sends one BatchStep on one channel, and a server that did not make a session "
                     "answers that it does not know it; make the envs on one channel (marti.make(..., channel=ch)) or "
-                    "call marti.envs.step_many, which batches the envs of each channel"
+                    "call marti.env.make.step_many, which batches the envs of each channel"
                 )
         for env in envs:
             if env._stream is not None and env._stream.forked:

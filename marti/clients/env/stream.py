@@ -12,7 +12,6 @@ import grpc
 
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
-from marti.arguments import checked
 from marti.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -21,6 +20,7 @@ from marti.errors import (
     SessionLostError,
     UnavailableError,
 )
+from marti.plumbing.arguments import checked
 from marti.rpc.errors import from_rpc_error, from_status_proto
 from marti.rpc.watchdog import WATCHDOG
 

@@ -11,7 +11,7 @@ builders and response decoding shared by both clients), :mod:`.sync_client` and 
 
 from __future__ import annotations
 
-from marti.experience_types import SampledTrajectory
+from marti.types.experience import SampledTrajectory
 
 from .async_client import AsyncExperienceSharingClient
 from .protocol import MAX_ITEM_BYTES, MAX_TIMEOUT_S, SERVICE

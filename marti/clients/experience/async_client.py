@@ -10,15 +10,15 @@ from typing import Any
 import grpc
 
 from marti.api.experience.v1 import experience_service_pb2 as spb
-from marti.arguments import checked
 from marti.codec import experience as convert
 from marti.codec.chunks import DEFAULT_CHUNK_BYTES
 from marti.errors import InvalidArgumentError
-from marti.experience_types import CheckpointResult, SampledTrajectory, TableConfig
+from marti.plumbing.arguments import checked
 from marti.rpc.calls import acall, rpc_errors
 from marti.rpc.channel import DEFAULT_TIMEOUT_S
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
-from marti.trajectory import AgentTurn, Trajectory, merge_by_step
+from marti.types.experience import CheckpointResult, SampledTrajectory, TableConfig
+from marti.types.trajectory import AgentTurn, Trajectory, merge_by_step
 
 from .protocol import _ACK, _Base, _info, _InsertRun, _SampleRun, _wait_s
 from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo

@@ -12,7 +12,6 @@ from typing import Any
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
-from marti.arguments import check_text, is_finite
 from marti.codec import experience as convert
 from marti.errors import (
     DeadlineExceededError,
@@ -20,13 +19,14 @@ from marti.errors import (
     MartiError,
     ResourceExhaustedError,
 )
-from marti.experience_types import SampledTrajectory, TableConfig, parse_table_config
+from marti.plumbing.arguments import check_text, is_finite
 from marti.rpc.calls import rpc_errors
 from marti.rpc.channel import check_channel, make_channel
 from marti.rpc.errors import from_status_proto
 from marti.rpc.guard import ClientChannel
 from marti.rpc.paging import item_bytes, message_budget, pages
-from marti.trajectory import Trajectory
+from marti.types.experience import SampledTrajectory, TableConfig, parse_table_config
+from marti.types.trajectory import Trajectory
 
 from .types import Inserted, SampleBatch, StoredTrajectory, TableInfo
 

@@ -1,12 +1,12 @@
 """Domain types of the experience store's clients: what an insert, a read and a sample return, and a table's live
-state (:class:`SampledTrajectory`, the sampled item, lives in :mod:`marti.experience_types`)."""
+state (:class:`SampledTrajectory`, the sampled item, lives in :mod:`marti.types.experience`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marti.experience_types import SampledTrajectory, TableConfig
-from marti.trajectory import Trajectory
+from marti.types.experience import SampledTrajectory, TableConfig
+from marti.types.trajectory import Trajectory
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@
 * :func:`report_reward`: one report over a channel of its own, for a process that only scores episodes.
 
 Pass the same ``episode_id`` to every ``generate`` call of an episode (and a ``group_id`` per problem) and report
-the episode's rewards once it ends. Clients return :mod:`marti.inference` types, never protos, and every gRPC
+the episode's rewards once it ends. Clients return :mod:`marti.types.inference` types, never protos, and every gRPC
 error becomes the matching :class:`marti.errors.MartiError` subclass: ``NotFoundError`` (unknown model),
 ``InvalidArgumentError`` (bad request, prompt too long), ``ResourceExhaustedError`` (overloaded: retry later),
 ``FailedPreconditionError`` (episode already reported), ``UnauthenticatedError`` (missing or wrong token).
@@ -16,7 +16,7 @@ The bearer token is ``token`` when given (``""`` sends none), else ``MARTI_GATEW
 
 Modules (the broker package's layout): :mod:`.protocol` (service names, token lookup, :func:`open_channel`),
 :mod:`.stream` (streamed ``generate``), :mod:`.sync_client` and :mod:`.async_client`; the result types are
-:mod:`marti.inference`'s and the request builders :mod:`marti.codec.inference`'s.
+:mod:`marti.types.inference`'s and the request builders :mod:`marti.codec.inference`'s.
 """
 
 from __future__ import annotations

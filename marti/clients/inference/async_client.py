@@ -10,7 +10,6 @@ import grpc
 
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.api.inference.v1 import inference_service_pb2_grpc as sgrpc
-from marti.arguments import checked
 from marti.codec.inference import (
     generate_request,
     models_from_proto,
@@ -18,10 +17,11 @@ from marti.codec.inference import (
     report_request,
     result_from_proto,
 )
-from marti.inference import ChatMessages, InferenceResult, ModelInfo, RewardReceipt
+from marti.plumbing.arguments import checked
 from marti.rpc.calls import acall
 from marti.rpc.guard import ClientChannel
 from marti.rpc.transport import LoopBoundChannel
+from marti.types.inference import ChatMessages, InferenceResult, ModelInfo, RewardReceipt
 
 from .protocol import DEFAULT_INFERENCE_TIMEOUT_S, open_channel
 from .stream import AsyncCompletionStream

@@ -10,8 +10,8 @@ import grpc
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.codec.inference import StreamAssembler
 from marti.errors import InternalError
-from marti.inference import CompletionDelta, InferenceResult
 from marti.rpc.calls import rpc_errors
+from marti.types.inference import CompletionDelta, InferenceResult
 
 
 class CompletionStream:

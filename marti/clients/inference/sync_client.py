@@ -9,7 +9,6 @@ import grpc
 
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.api.inference.v1 import inference_service_pb2_grpc as sgrpc
-from marti.arguments import checked
 from marti.codec.inference import (
     generate_request,
     models_from_proto,
@@ -17,9 +16,10 @@ from marti.codec.inference import (
     report_request,
     result_from_proto,
 )
-from marti.inference import ChatMessages, InferenceResult, ModelInfo, RewardReceipt
+from marti.plumbing.arguments import checked
 from marti.rpc.calls import call
 from marti.rpc.guard import ClientChannel
+from marti.types.inference import ChatMessages, InferenceResult, ModelInfo, RewardReceipt
 
 from .protocol import DEFAULT_INFERENCE_TIMEOUT_S, open_channel
 from .stream import CompletionStream
@@ -175,7 +175,7 @@ class InferenceClient:
         Returns:
             How many episodes this report released and dropped, how many of the released ones the gateway had
             not inserted into training yet when it answered (``queued``; inserted in the background), and which
-            agents' calls are already past their staleness bound (``stale``, :class:`~marti.inference.StaleCalls`:
+            agents' calls are already past their staleness bound (``stale``, :class:`~marti.types.inference.StaleCalls`:
             training will drop them; empty when none is).
 
         Raises:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
 from marti.api.trainer.v1 import trainer_service_pb2 as spb
-from marti.arguments import checked
+from marti.plumbing.arguments import checked
 from marti.rpc.calls import acall, aiterate
 
 from .protocol import _checkpoint, _job, _record, _TrainerClientBase

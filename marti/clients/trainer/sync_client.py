@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from marti.api.trainer.v1 import trainer_service_pb2 as spb
-from marti.arguments import checked
+from marti.plumbing.arguments import checked
 from marti.rpc.calls import call, iterate
 
 from .protocol import _checkpoint, _job, _record, _TrainerClientBase

@@ -20,7 +20,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 
-from marti.dir_lock import DirLock, is_storage_full, opening_database, storage_full_error
+from marti.plumbing.dir_lock import DirLock, is_storage_full, opening_database, storage_full_error
 
 from .types import AgentState, DeadLetter, Envelope
 
@@ -167,7 +167,7 @@ class SqliteStore(Store):
 
     Raises:
         InvalidArgumentError: ``data_dir`` cannot be a folder (a file, a parent that is a file; named by
-            :func:`marti.dir_lock.ensure_folder`).
+            :func:`marti.plumbing.dir_lock.ensure_folder`).
         FailedPreconditionError: another broker holds ``data_dir`` (an exclusive lock on ``<data_dir>/.lock``
             until :meth:`close` or the process ends); the folder and the holder's pid are named.
     """

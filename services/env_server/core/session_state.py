@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from marti.env_guard import GuardedParallelEnv
+from marti.env.guard import GuardedParallelEnv
 
 
 class BatchItem(NamedTuple):

@@ -32,7 +32,7 @@ from functools import partial
 from itertools import islice
 from typing import Any, TypeVar
 
-from marti.env_registry import Registry
+from marti.env.registry import Registry
 from marti.errors import (
     AlreadyExistsError,
     InternalError,
@@ -162,7 +162,7 @@ class SessionManager:
         return session
 
     def specs(self) -> list[Any]:
-        """Every registered :class:`~marti.env_registry.EnvSpec` (loads every provider; safe from a worker)."""
+        """Every registered :class:`~marti.env.registry.EnvSpec` (loads every provider; safe from a worker)."""
         with self._registry_lock:
             return self.registry.specs()
 

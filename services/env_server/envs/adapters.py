@@ -28,11 +28,11 @@ import gymnasium
 import numpy as np
 from pettingzoo import AECEnv, ParallelEnv
 
-from marti.env_config import ConfigField, ConfigSchema
-from marti.env_guard import mark_vanished
-from marti.env_registry import EnvSpec, Registry
+from marti.env.config import ConfigField, ConfigSchema
+from marti.env.guard import mark_vanished
+from marti.env.registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError
-from marti.loader import load_attr
+from marti.plumbing.loader import load_attr
 from services.env_server.envs.text_base import sanitize, text_space
 
 #: Module prefixes an entry point may come from unless the server allows more.
@@ -245,7 +245,7 @@ class ParallelPassthrough(_FirstSeed, ParallelEnv):
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         """Step the env, truncating at ``max_turns``; an agent the env removed without a flag is truncated
-        (:func:`marti.env_guard.mark_vanished`)."""
+        (:func:`marti.env.guard.mark_vanished`)."""
         live = list(self.env.agents)
         obs, rew, term, trunc, info = self.env.step(actions)
         mark_vanished(live, self.env.agents, (obs, rew, term, trunc, info))

@@ -1,4 +1,4 @@
-"""The built-in ``collaborative_task_solving`` env and its registration (see :mod:`marti.env_registry`)."""
+"""The built-in ``collaborative_task_solving`` env and its registration (see :mod:`marti.env.registry`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 from pettingzoo import ParallelEnv
 
-from marti.env_config import ConfigSchema
-from marti.env_registry import EnvSpec, Registry
+from marti.env.config import ConfigSchema
+from marti.env.registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import debate, private_allocation, resource_allocation
 from services.env_server.envs.text_base import COMMON_FIELDS

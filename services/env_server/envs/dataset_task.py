@@ -29,8 +29,8 @@ from typing import Any
 import gymnasium
 from pettingzoo import ParallelEnv
 
-from marti.env_config import ConfigField, ConfigSchema
-from marti.env_registry import EnvSpec, Registry
+from marti.env.config import ConfigField, ConfigSchema
+from marti.env.registry import EnvSpec, Registry
 from marti.errors import InvalidArgumentError
 from marti.rewards.team import OWN_WEIGHT, answer_of, credit, team_reply
 from marti.rewards.verifiers import VERIFIERS

@@ -21,7 +21,7 @@ import random
 import re
 from typing import Any
 
-from marti.env_config import ConfigField
+from marti.env.config import ConfigField
 from marti.errors import InvalidArgumentError
 from services.env_server.envs.text_base import TextTeamEnv, sanitize
 

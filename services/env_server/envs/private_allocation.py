@@ -50,7 +50,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from marti.env_config import ConfigField
+from marti.env.config import ConfigField
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
 from services.env_server.envs import resource_allocation as ra

@@ -37,7 +37,7 @@ import json
 import random
 from typing import Any
 
-from marti.env_config import ConfigField
+from marti.env.config import ConfigField
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
 from services.env_server.envs.text_base import TextTeamEnv, sanitize
@@ -193,7 +193,7 @@ class ResourceAllocationEnv(TextTeamEnv):
         "name": "collaborative_task_solving/resource_allocation",
         "render_modes": ["ansi"],
         "is_parallelizable": True,
-        # Episode metrics (info keys read after the last step) that trainers aggregate: see marti.envs.
+        # Episode metrics (info keys read after the last step) that trainers aggregate: see marti.env.make.
         "metrics": (
             "task_completion",
             "resource_utilization",

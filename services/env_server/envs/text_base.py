@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium
 from pettingzoo import ParallelEnv
 
-from marti.env_config import ConfigField
+from marti.env.config import ConfigField
 
 #: Characters allowed in observations and actions: Python's ``string.printable`` (ASCII letters, digits,
 #: punctuation and whitespace).

@@ -34,8 +34,8 @@ from typing import Any
 import gymnasium
 from pettingzoo import ParallelEnv
 
-from marti.env_config import ConfigField, ConfigSchema
-from marti.env_registry import EnvSpec, Registry
+from marti.env.config import ConfigField, ConfigSchema
+from marti.env.registry import EnvSpec, Registry
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from services.env_server.envs.text_base import text_space
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from marti.experience_types import (  # noqa: F401 - the presets are part of this module's API
+from marti.types.experience import (  # noqa: F401 - the presets are part of this module's API
     RateLimiterConfig,
     min_size,
     queue,

@@ -27,9 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marti.dir_lock import DirLock, is_storage_full, opening_database, storage_full_error
 from marti.errors import InternalError, InvalidArgumentError, MartiError, UnavailableError
-from marti.experience_types import CheckpointResult
+from marti.plumbing.dir_lock import DirLock, is_storage_full, opening_database, storage_full_error
+from marti.types.experience import CheckpointResult
 
 log = logging.getLogger(__name__)
 

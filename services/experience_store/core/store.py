@@ -21,14 +21,14 @@ from marti.codec.chunks import (
     encode_payload,
 )
 from marti.errors import AlreadyExistsError, InvalidArgumentError, MartiError, NotFoundError
-from marti.experience_types import (
+from marti.types.experience import (
     CheckpointResult,
     SampledTrajectory,
     SampleFilter,
     TableConfig,
     parse_table_config,
 )
-from marti.trajectory import AgentTurn, Trajectory, merge_by_step, summarize
+from marti.types.trajectory import AgentTurn, Trajectory, merge_by_step, summarize
 
 from .storage import ItemRecord, MemoryStorage, Storage
 from .table import NO_FILTER, TAKEN_IDS_WINDOW, Table

@@ -27,8 +27,8 @@ from marti.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from marti.experience_types import SampleFilter, TableConfig
-from marti.trajectory import TrajectorySummary
+from marti.types.experience import SampleFilter, TableConfig
+from marti.types.trajectory import TrajectorySummary
 
 from .episodes import EpisodeIndex, grouped
 from .rate_limiter import RateLimiter, RateLimiterState

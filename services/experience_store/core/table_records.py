@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from marti.errors import InvalidArgumentError
-from marti.trajectory import TrajectorySummary
+from marti.types.trajectory import TrajectorySummary
 
 from .storage import ItemRecord
 

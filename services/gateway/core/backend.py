@@ -6,7 +6,7 @@ import abc
 from collections.abc import Sequence
 from typing import Any
 
-from marti.inference import ChatMessages, Generation, SamplingParams
+from marti.types.inference import ChatMessages, Generation, SamplingParams
 
 
 class InferenceBackend(abc.ABC):

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from marti.errors import ResourceExhaustedError, UnavailableError
-from marti.inference import Generation, SamplingParams
+from marti.types.inference import Generation, SamplingParams
 
 _LOG = logging.getLogger("marti.gateway.batcher")
 

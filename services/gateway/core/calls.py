@@ -7,8 +7,8 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
-from marti.inference import ChatMessages, Generation, SamplingParams, StaleCalls
-from marti.trajectory import Trajectory
+from marti.types.inference import ChatMessages, Generation, SamplingParams, StaleCalls
+from marti.types.trajectory import Trajectory
 from services.gateway.core.traces import Released
 
 

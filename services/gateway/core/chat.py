@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from marti.inference import ChatMessages, Generation
-from marti.tools import ChatReply
+from marti.types.inference import ChatMessages, Generation
+from marti.types.tools import ChatReply
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.tools import ToolParser, fallback_messages, has_tool_turns
 from services.gateway.core.traces import EpisodeTracker

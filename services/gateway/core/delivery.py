@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from marti.errors import AbortedError, MartiError, ResourceExhaustedError, UnavailableError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 from services.gateway.core.calls import DeliveryBatch
 
 _LOG = logging.getLogger("marti.gateway")

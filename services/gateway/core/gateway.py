@@ -22,8 +22,8 @@ from marti.errors import (
     NotFoundError,
     UnavailableError,
 )
-from marti.inference import ChatMessages, Generation, SamplingParams, StaleCalls
-from marti.tools import DEFAULT_TOOL_PARSER, ChatReply
+from marti.types.inference import ChatMessages, Generation, SamplingParams, StaleCalls
+from marti.types.tools import DEFAULT_TOOL_PARSER, ChatReply
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.batcher import RequestBatcher
 from services.gateway.core.calls import (

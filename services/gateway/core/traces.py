@@ -31,9 +31,9 @@ from marti.errors import (
     NotFoundError,
     ResourceExhaustedError,
 )
-from marti.inference import Generation
 from marti.rewards.base import check_reward
-from marti.trajectory import Trajectory, Turn
+from marti.types.inference import Generation
+from marti.types.trajectory import Trajectory, Turn
 
 #: Reported and abandoned episode ids remembered (oldest forgotten first).
 REMEMBERED_IDS = 100_000

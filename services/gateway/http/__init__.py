@@ -44,7 +44,7 @@ chunk carries ``prompt_token_ids`` and each choice's final chunk (the one with `
 ``token_ids``, ``call_id`` and ``policy_version``.
 
 **Log-probabilities** are the raw (temperature 1) log-probabilities of the sampled tokens under the policy that
-sampled them (see :mod:`marti.inference`); alternatives are not recorded, so ``top_logprobs`` must be 0 or absent
+sampled them (see :mod:`marti.types.inference`); alternatives are not recorded, so ``top_logprobs`` must be 0 or absent
 (chat: each token's ``top_logprobs`` is ``[]``) and ``logprobs`` 0 or 1 (completions: each position's
 ``top_logprobs`` entry is ``{token: logprob}`` of the sampled token alone, as vLLM always includes the sampled
 token). A token's ``token`` (completions: its entry of ``tokens``) is its

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from marti.errors import CancelledError, MartiError, RateLimitedError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 
 from .external import ExternalEpisodes
 from .tables import Reconnecting

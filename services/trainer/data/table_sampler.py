@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marti.errors import DeadlineExceededError, FailedPreconditionError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 from services.trainer.learn.experience import group_key, row_count, trained_tokens, trained_turns
 
 #: Seconds one learner sample call waits for an item before the table counts as dry.

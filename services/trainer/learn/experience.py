@@ -23,7 +23,7 @@ import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError
 from marti.rewards.base import check_reward
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Experience:
             sampled them (the turn's ``response_logprobs``), 0 where absent or padded.
         has_behaviour: ``(B,)`` bool, True for rows whose turn recorded behaviour log-probabilities.
         rewards: ``(B,)`` float64 reward of each row: the episode's credited return
-            (:attr:`marti.trajectory.Trajectory.outcome_reward`, the same on every turn of a trajectory), or,
+            (:attr:`marti.types.trajectory.Trajectory.outcome_reward`, the same on every turn of a trajectory), or,
             when ``credited``, the row's credited reward already normalised (:func:`normalize_credit`). Every
             row is scored: a trajectory always has an outcome.
         group_ids: ``(B,)`` int64 group of each row, numbered 0, 1, ... by first appearance of the trajectories'

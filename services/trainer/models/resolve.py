@@ -2,7 +2,7 @@
 
 What a name means (the alias ``tiny-llama``, an alias of SmolLM2-135M-Instruct, a local Hugging Face folder or
 ``.gguf`` file) and which attention kernels a config may name are decided here, so ``marti train`` can check a
-config and refuse a bad one before it imports torch (with the lazy machine probe of :mod:`marti.launch_flags`, a
+config and refuse a bad one before it imports torch (with the lazy machine probe of :mod:`marti.command.launch_flags`, a
 refusal took 0.5-0.6 s instead of 2.7-3.1 s on a 2-core Xeon, 2026-12-06; tests/unit/config/test_train_help.py).
 Loading is :mod:`services.trainer.models.loading`.
 """

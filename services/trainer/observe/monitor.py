@@ -380,7 +380,7 @@ def _metric_name(name: str) -> str:
 
 
 def service_pids(stack: Any) -> dict[str, int]:
-    """Name -> pid of every service a :class:`marti.stack.LocalStack` runs (``env-server`` -> ``env_server``).
+    """Name -> pid of every service a :class:`marti.command.stack.LocalStack` runs (``env-server`` -> ``env_server``).
 
     Args:
         stack: A started ``LocalStack`` (anything with ``running: {name: ServiceProcess}``).
@@ -398,7 +398,7 @@ def service_pids(stack: Any) -> dict[str, int]:
 def child_service_pids(parent_pid: int | None = None) -> dict[str, int]:
     """Name -> pid of the marti services running as direct children of a process (default: this one).
 
-    Finds the embedded stack that ``marti train`` started (``LocalStack`` runs ``python -m marti.cli NAME``)
+    Finds the embedded stack that ``marti train`` started (``LocalStack`` runs ``python -m marti.command.main NAME``)
     without being handed the stack object. ``env-server`` becomes ``env_server``.
 
     Args:
@@ -420,7 +420,7 @@ def child_service_pids(parent_pid: int | None = None) -> dict[str, int]:
         except psutil.Error:
             continue
         for i in range(len(cmd) - 2):
-            if cmd[i] == "-m" and cmd[i + 1] == "marti.cli" and cmd[i + 2] in services:
+            if cmd[i] == "-m" and cmd[i + 1] == "marti.command.main" and cmd[i + 2] in services:
                 out[_metric_name(cmd[i + 2].replace("-", "_"))] = child.pid
                 break
     return out

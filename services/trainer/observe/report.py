@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from marti.yaml_load import load_yaml
+from marti.plumbing.yaml_load import load_yaml
 from services.trainer.observe.episodes_log import evaluated_seeds
 from services.trainer.observe.metrics import (
     CLIP_FRAC,

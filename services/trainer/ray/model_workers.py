@@ -35,7 +35,7 @@ import torch
 
 from marti.config import TrainConfig
 from marti.errors import InvalidArgumentError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 from services.trainer.learn.experience import Experience, collate
 from services.trainer.learn.learner import LearnerConfig, TrainableCritic, fit_values, pad_id_of
 from services.trainer.models.loading import load_tokenizer

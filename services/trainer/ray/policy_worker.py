@@ -33,8 +33,8 @@ import torch
 
 from marti.config import TrainConfig
 from marti.errors import InvalidArgumentError
-from marti.inference import SamplingParams
-from marti.trajectory import Trajectory
+from marti.types.inference import SamplingParams
+from marti.types.trajectory import Trajectory
 from services.trainer.learn.algo.running_moments import RunningMoments
 from services.trainer.learn.ema import EmaWeights
 from services.trainer.learn.experience import collate

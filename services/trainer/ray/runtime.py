@@ -506,7 +506,7 @@ class RayRuntime:
     ) -> list[Any]:
         """An inference-gateway call on the agent's serving actor (:meth:`PolicyWorker.serve` or
         :meth:`RolloutWorker.serve`): one generation per prompt of token ids with the caller's sampling
-        parameters (:class:`marti.inference.SamplingParams`), on the current or a resident ``version``.
+        parameters (:class:`marti.types.inference.SamplingParams`), on the current or a resident ``version``.
 
         Safe to call from any thread while the loop generates or trains: the actor runs it on a thread of its
         own (:meth:`max_concurrency`) under its engine lock.

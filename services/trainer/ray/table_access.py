@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 from services.trainer.data.table_sampler import BatchSummary, SampledIds, TableSampler
 
 

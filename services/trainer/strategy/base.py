@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import torch
 
-from marti.cpu_features import CPUINFO, cpu_has_bf16
 from marti.errors import InvalidArgumentError
+from marti.plumbing.cpu_features import CPUINFO, cpu_has_bf16
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.
 def resolve_bf16(flag: bool | None, device: torch.device, cpuinfo: Path = CPUINFO) -> bool:
     """Decide bf16: an explicit flag wins; None means CUDA with bf16 support.
 
-    An explicit True on a CPU without native bf16 (:func:`marti.cpu_features.cpu_has_bf16` false for ``cpuinfo``)
+    An explicit True on a CPU without native bf16 (:func:`marti.plumbing.cpu_features.cpu_has_bf16` false for ``cpuinfo``)
     is kept, but logs a warning naming ``strategy.bf16``: the bf16 arithmetic is emulated there, slower than fp32.
     """
     if flag is not None:

@@ -44,7 +44,7 @@ def test_gpu_example_runs_one_step_on_the_cpu(tmp_path):
         "rollout.max_new_tokens=4",
         f"output.dir={run}",
     ]
-    cmd = [sys.executable, "-m", "marti.cli", "train", str(EXAMPLE), "--no-progress"]
+    cmd = [sys.executable, "-m", "marti.command.main", "train", str(EXAMPLE), "--no-progress"]
     cmd += [arg for s in sets for arg in ("--set", s)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marti.launch_flags import MachineInfo
+from marti.command.launch_flags import MachineInfo
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "examples" / "design" / "train_multi_agent.sh"

@@ -22,7 +22,7 @@ def _train(config: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProc
     cmd = [
         sys.executable,
         "-m",
-        "marti.cli",
+        "marti.command.main",
         "train",
         str(config),
         "--no-progress",

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def _train(run: Path, sets: list[str]) -> list[dict]:
     """Run `marti train examples/tiny.yaml` into ``run`` with the ``--set`` overrides; returns each step's
     metrics."""
-    cmd = [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress"]
+    cmd = [sys.executable, "-m", "marti.command.main", "train", "examples/tiny.yaml", "--no-progress"]
     cmd += [arg for s in (*sets, f"output.dir={run}") for arg in ("--set", s)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

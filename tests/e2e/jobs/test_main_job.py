@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def stack():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "marti.cli", "up", "--ephemeral-ports", "--no-trainer"],
+        [sys.executable, "-m", "marti.command.main", "up", "--ephemeral-ports", "--no-trainer"],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -51,7 +51,7 @@ def _train(addrs, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
-        "marti.cli",
+        "marti.command.main",
         "train",
         "examples/tiny.yaml",
         "--no-progress",

@@ -43,7 +43,7 @@ def _train_args(run: Path, *extra: str) -> list[str]:
 
 
 def _marti(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "marti.cli", "train", *args]
+    return [sys.executable, "-m", "marti.command.main", "train", *args]
 
 
 def _start(args: list[str]) -> subprocess.Popen:

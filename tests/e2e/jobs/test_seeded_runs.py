@@ -34,7 +34,7 @@ def _metrics(run: Path) -> dict[int, dict[str, float]]:
 def _train(run: Path) -> dict[int, dict[str, float]]:
     sets = ("max_steps=2", "rollout.episodes_per_step=6", "rollout.group_size=6", "micro_train_batch_size=6", "rollout.eval_every=0",
             "environment.max_turns=1", f"output.dir={run}")  # fmt: skip
-    cmd = [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress"]
+    cmd = [sys.executable, "-m", "marti.command.main", "train", "examples/tiny.yaml", "--no-progress"]
     proc = subprocess.run(
         [*cmd, *[a for s in sets for a in ("--set", s)]],
         cwd=ROOT,

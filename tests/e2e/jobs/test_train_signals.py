@@ -29,12 +29,12 @@ def _train_cmd(run: Path, *overrides: str, progress: bool = False) -> list[str]:
     (applied after, so they win), without the progress output unless ``progress``."""
     sets = [arg for o in ("environment.max_turns=2", *overrides, f"output.dir={run}") for arg in ("--set", o)]
     quiet = [] if progress else ["--no-progress"]
-    return [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", *quiet, *sets]
+    return [sys.executable, "-m", "marti.command.main", "train", "examples/tiny.yaml", *quiet, *sets]
 
 
 def _stack_children(run: Path) -> int:
     out = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
-    return sum(1 for line in out.splitlines() if "marti.cli broker" in line and str(run) in line)
+    return sum(1 for line in out.splitlines() if "marti.command.main broker" in line and str(run) in line)
 
 
 def test_sigterm_stops_cleanly_with_checkpoint_and_report(tmp_path):

@@ -38,7 +38,7 @@ def imported_modules(path: Path) -> set[str]:
 def run_example(run_sh: Path, run_dir: Path, *args: str, timeout_s: float) -> list[str]:
     """Run ``run_sh`` with ``marti`` and ``python`` from this interpreter, its run folder ``run_dir`` and ``args``
     (``marti train`` flags); check it exits 0; return its stdout's lines."""
-    env = {**os.environ, "PYTHON": sys.executable, "MARTI": f"{sys.executable} -m marti.cli"}
+    env = {**os.environ, "PYTHON": sys.executable, "MARTI": f"{sys.executable} -m marti.command.main"}
     env["RUN_DIR"] = str(run_dir)
     proc = subprocess.run(
         [str(run_sh), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s

@@ -46,7 +46,7 @@ def train(tmp_path: Path, *overrides: str) -> Path:
     assert made.returncode == 0, made.stderr
     run_dir = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "marti.cli", "train", str(CONFIG), "--no-progress",
+        sys.executable, "-m", "marti.command.main", "train", str(CONFIG), "--no-progress",
         "--set", f"output.dir={run_dir}", "--set", f"max_steps={STEPS}", "--set", f"rollout.eval_every={STEPS}",
         "--set", f"rollout.eval_episodes={EPISODES}",
         "--set", f"dataset.path=jsonl:{tmp_path / 'data' / 'private_allocation_pick.jsonl'}", *overrides,

@@ -35,7 +35,7 @@ def _records(path: Path) -> list[dict]:
 def test_the_team_learns_to_act_on_the_leaders_message(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "marti.cli", "train", str(CONFIG), "--no-progress",
+        sys.executable, "-m", "marti.command.main", "train", str(CONFIG), "--no-progress",
         "--set", f"output.dir={run_dir}", "--set", f"budget.stop_after_steps={STEPS}",
         "--set", f"rollout.eval_every={STEPS}", "--set", f"rollout.eval_episodes={EPISODES}",
     ]  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marti.env_registry import default_registry
+from marti.env.registry import default_registry
 from marti.rpc.testing import serve_in_thread
 from services.env_server.core.sessions import SessionManager
 from services.env_server.servicer import env_service

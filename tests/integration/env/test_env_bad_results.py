@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-import marti.envs as me
-from marti.env_config import ConfigField, ConfigSchema
-from marti.env_registry import EnvSpec, Registry
+import marti.env.make as me
+from marti.env.config import ConfigField, ConfigSchema
+from marti.env.registry import EnvSpec, Registry
 from marti.errors import InternalError, UnknownConfigKeyError
 from tests.integration.env.two_text_agents import TwoTextAgents, serve_registry
 

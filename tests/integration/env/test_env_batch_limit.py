@@ -1,4 +1,4 @@
-"""``marti.envs.step_many`` over an env server whose ``max_batch_steps`` (here 2) is below the number of envs it
+"""``marti.env.make.step_many`` over an env server whose ``max_batch_steps`` (here 2) is below the number of envs it
 steps on one channel: the server refuses the ``BatchStep`` for its count alone (``BatchTooLargeError`` naming
 ``max_batch_steps``, nothing stepped), the SDK learns the limit from the refusal, steps the envs in parts under it
 and keeps later calls under it. Before, every env's slot held the refusal and step_many raised it: a job on such a
@@ -9,7 +9,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-import marti.envs as me
+import marti.env.make as me
 from marti.clients.env import EnvClient, open_channel
 from marti.errors import BatchTooLargeError
 from marti.rpc.testing import serve_in_thread

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import marti.envs as me
+import marti.env.make as me
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
 from marti.clients.env import AsyncEnvClient, EnvClient, delta_cache, open_channel

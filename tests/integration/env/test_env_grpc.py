@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-import marti.envs as me
+import marti.env.make as me
 from marti.clients.env import EnvClient, open_channel
 from marti.errors import (
     FailedPreconditionError,

@@ -21,8 +21,8 @@ import gymnasium
 import pytest
 
 from marti.clients.env import EnvClient
-from marti.env_config import ConfigSchema
-from marti.env_registry import EnvSpec, Registry
+from marti.env.config import ConfigSchema
+from marti.env.registry import EnvSpec, Registry
 from marti.rpc.testing import ServerThread, serve_in_thread
 from services.env_server.core.sessions import SessionManager
 from services.env_server.servicer import env_service

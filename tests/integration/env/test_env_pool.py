@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import marti
-import marti.envs as me
+import marti.env.make as me
 from marti.clients.env import (
     AsyncEnvPool,
     EnvClient,
@@ -24,7 +24,7 @@ from marti.clients.env import (
     open_env_sessions,
     shared_env_pool,
 )
-from marti.env_registry import default_registry
+from marti.env.registry import default_registry
 from marti.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -32,8 +32,8 @@ from marti.errors import (
     SessionLostError,
     UnavailableError,
 )
-from marti.inference import Generation
 from marti.rpc.testing import ServerThread
+from marti.types.inference import Generation
 from services.env_server.core.sessions import SessionManager
 from services.env_server.servicer import env_service
 from services.env_server.settings import EnvServerSettings

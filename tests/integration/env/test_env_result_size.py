@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from marti.clients.env import EnvClient
-from marti.env_config import ConfigField, ConfigSchema
-from marti.env_registry import EnvSpec, Registry
+from marti.env.config import ConfigField, ConfigSchema
+from marti.env.registry import EnvSpec, Registry
 from marti.errors import ResourceExhaustedError, SessionLostError
 from tests.integration.env.two_text_agents import TwoTextAgents, serve_registry
 

@@ -17,7 +17,7 @@ from grpc_status import rpc_status
 from sdk_servers import once_reachable
 
 import marti
-import marti.envs
+import marti.env.make
 from marti.aio import EnvClient as AsyncEnvClient
 from marti.api.env.v1 import env_pb2 as pb
 from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
@@ -229,7 +229,7 @@ def test_step_batch_marks_lost_envs(server):
         assert all(e.session_lost for e in envs)
         for e in envs:
             e.reset(seed=2)
-        assert marti.envs.step_many(envs, [{e.acting_agents[0]: "x"} for e in envs])
+        assert marti.env.make.step_many(envs, [{e.acting_agents[0]: "x"} for e in envs])
     finally:
         for e in envs:
             e.close()

@@ -1,5 +1,5 @@
 """Remote envs on one long-lived channel: declared metrics over gRPC, ``BatchStep`` for lockstep envs
-(``marti.envs.step_many``), and the episode runner giving the same episodes remotely as in-process."""
+(``marti.env.make.step_many``), and the episode runner giving the same episodes remotely as in-process."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import grpc
 import pytest
 
 import marti
-import marti.envs as me
+import marti.env.make as me
 from marti.clients.env import EnvClient, RemoteParallelEnv, open_channel
-from marti.env_registry import default_registry
+from marti.env.registry import default_registry
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from marti.inference import Generation
 from marti.rpc.testing import serve_in_thread
+from marti.types.inference import Generation
 from services.env_server.core.sessions import SessionManager
 from services.env_server.servicer import env_service
 from services.env_server.settings import EnvServerSettings

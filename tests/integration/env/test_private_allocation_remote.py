@@ -9,7 +9,7 @@ import warnings
 import pytest
 from pettingzoo.test import parallel_api_test
 
-import marti.envs as me
+import marti.env.make as me
 from marti.clients.env import EnvClient
 from marti.errors import InvalidArgumentError
 

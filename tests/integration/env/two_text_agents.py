@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import gymnasium
 from pettingzoo import ParallelEnv
 
-from marti.env_registry import Registry
+from marti.env.registry import Registry
 from marti.rpc.testing import serve_in_thread
 from services.env_server.core.sessions import SessionManager
 from services.env_server.servicer import env_service

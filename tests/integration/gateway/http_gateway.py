@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from marti.inference import Generation
+from marti.types.inference import Generation
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.http.app import build_app

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from marti.inference import Generation
+from marti.types.inference import Generation
 from services.gateway.core.backend import InferenceBackend
 from services.trainer.models.loading import load_tokenizer
 from services.trainer.rollout.serving.gateway_backend import _Tokenizers

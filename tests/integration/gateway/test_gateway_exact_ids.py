@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from marti.inference import Generation
+from marti.types.inference import Generation
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits

@@ -26,9 +26,16 @@ from marti.errors import (
     NotFoundError,
     UnauthenticatedError,
 )
-from marti.inference import Completion, CompletionDelta, Generation, InferenceResult, ModelInfo, RewardReceipt
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
+from marti.types.inference import (
+    Completion,
+    CompletionDelta,
+    Generation,
+    InferenceResult,
+    ModelInfo,
+    RewardReceipt,
+)
 from services.gateway.convert import token_texts
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway

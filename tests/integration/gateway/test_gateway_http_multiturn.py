@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from marti.inference import Generation
+from marti.types.inference import Generation
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from marti.clients.inference import InferenceClient
-from marti.inference import Generation, RewardReceipt, StaleCalls
+from marti.types.inference import Generation, RewardReceipt, StaleCalls
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer

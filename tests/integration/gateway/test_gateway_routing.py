@@ -23,8 +23,8 @@ import torch
 
 from marti.clients.experience import ExperienceSharingClient
 from marti.config import load_config
-from marti.inference import SamplingParams
 from marti.rpc.testing import serve_in_thread
+from marti.types.inference import SamplingParams
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 from services.gateway.core.gateway import Gateway

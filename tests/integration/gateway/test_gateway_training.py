@@ -26,8 +26,8 @@ import yaml
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.api.inference.v1 import inference_service_pb2_grpc as pb_grpc
 from marti.config import config_from_dict
-from marti.inference import Generation, SamplingParams
 from marti.rpc.testing import serve_in_thread
+from marti.types.inference import Generation, SamplingParams
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 from services.gateway.core.backend import InferenceBackend

@@ -9,7 +9,7 @@ import pytest
 
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
 from marti.errors import NotFoundError, UnavailableError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 
 def _traj(

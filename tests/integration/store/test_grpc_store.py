@@ -17,7 +17,7 @@ from marti.errors import (
     RateLimitedError,
     ResourceExhaustedError,
 )
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 
 def traj(agent="a1", episode="ep1", steps=(0,), version=0, role="planner", n_resp=3, reward=1.0, session="s"):

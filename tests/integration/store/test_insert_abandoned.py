@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[3]
 ROOM = 2
@@ -72,7 +72,7 @@ _WRITER = textwrap.dedent(
     """
     import sys
     from marti.clients.experience import ExperienceSharingClient
-    from marti.trajectory import Trajectory
+    from marti.types.trajectory import Trajectory
     writer = ExperienceSharingClient("w", sys.argv[1])
     writer.insert("q", [Trajectory(episode_id="late", agent_id="w")], timeout_s=float(sys.argv[2]))
     """

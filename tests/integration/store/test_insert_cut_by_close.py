@@ -17,7 +17,7 @@ import pytest
 
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
 from marti.errors import FailedPreconditionError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 
 N, ROOM, BATCH = 300, 100, 10
 #: The writer's wait for room, seconds: far longer than the test, so only the client's close can end it.

@@ -9,7 +9,7 @@ import time
 
 from marti.clients.experience import ExperienceSharingClient
 from marti.errors import ResourceExhaustedError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 
 def _traj(episode: str, tokens: int = 3) -> Trajectory:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from marti.clients.experience import ExperienceSharingClient
 from marti.errors import MartiError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 ROOT = Path(__file__).resolve().parents[3]
 

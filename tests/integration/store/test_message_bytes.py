@@ -12,7 +12,7 @@ import pytest
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
 from marti.errors import ResourceExhaustedError
 from marti.rpc.testing import serve_in_thread
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 

@@ -26,7 +26,7 @@ from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
 from marti.clients.experience.protocol import _Base
 from marti.errors import DeadlineExceededError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -13,7 +13,7 @@ from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
 from marti.errors import InvalidArgumentError
 from marti.rpc.channel import make_channel
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 
 
 def _traj(**fields) -> Trajectory:

@@ -48,7 +48,7 @@ def test_create_table_with_another_config_names_every_differing_field(store_serv
 
 def test_marti_train_resume_with_another_max_staleness_on_an_external_store(store_server, tmp_path):
     """As the user meets it: ``marti train --store ADDR``, then ``--resume --set rollout.max_staleness=1``."""
-    args = [sys.executable, "-m", "marti.cli", "train", str(ROOT / "examples" / "tiny.yaml")]
+    args = [sys.executable, "-m", "marti.command.main", "train", str(ROOT / "examples" / "tiny.yaml")]
     args += ["--store", store_server[0], "--set", f"output.dir={tmp_path / 'run'}"]
     first = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]

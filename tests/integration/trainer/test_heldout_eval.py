@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from marti.command.stack import LocalStack
 from marti.config import config_from_dict
-from marti.stack import LocalStack
 from services.trainer.job.connections.addresses import Addresses
 from services.trainer.job.run import loop as loop_mod
 from services.trainer.job.run.summary import RunSummary

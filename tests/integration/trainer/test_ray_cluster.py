@@ -159,7 +159,7 @@ def _actor_classes(node_dir: Path) -> list[str]:
 
 def _train(address: str, env: dict[str, str], run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
+        sys.executable, "-m", "marti.command.main", "train", "examples/tiny.yaml", "--no-progress",
         "--set", f"ray.address={address}", "--set", f"output.dir={run_dir}", "--set", "max_steps=1", *extra,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ from marti.clients.experience import ExperienceSharingClient
 from marti.config import load_config
 from marti.errors import UnavailableError
 from marti.rpc.testing import serve_in_thread
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 from services.trainer.data.tables import claim_tables

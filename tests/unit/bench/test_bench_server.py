@@ -1,4 +1,4 @@
-"""The benches' one server start (:class:`benchmarks.server.Server`, through :class:`marti.stack.LocalStack`):
+"""The benches' one server start (:class:`benchmarks.server.Server`, through :class:`marti.command.stack.LocalStack`):
 a real service process on port 0, its CPU from /proc, its flags passed as they are, its log kept on stop."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import marti.envs as me
+import marti.env.make as me
 from benchmarks import team_comparison as tc
 from marti.config.load import config_from_dict
 from services.trainer.rollout.episodes.env_config import env_config

@@ -161,7 +161,7 @@ def _services(cfg: TrainConfig) -> str:
             pass
 
     args = argparse.Namespace(broker=None, env=None, store=None, token=None)
-    with mock.patch("marti.stack.LocalStack", Stack), contextlib.redirect_stdout(io.StringIO()):
+    with mock.patch("marti.command.stack.LocalStack", Stack), contextlib.redirect_stdout(io.StringIO()):
         with service_addresses(cfg, args) as addresses:
             pass
     loop = _loop(cfg)
@@ -178,7 +178,7 @@ def _episodes(cfg: TrainConfig) -> str:
     """What the loop plays (``_play`` recorded): the seeds and tasks of six training steps and an evaluation,
     its run directory, and the episode runner it builds: run id, roles, each agent's chat prompt, the speakers of
     six turns, parsed and scripted replies, and the rewards credited for a fixed episode."""
-    from marti.workflow import EpisodeView, WorkflowState
+    from marti.team.workflow import EpisodeView, WorkflowState
     from services.trainer.rollout.episodes.runner import EpisodeResult, _Live
 
     loop = _loop(cfg)

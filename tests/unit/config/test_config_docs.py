@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from marti.command.launch_flags import FLAG_TABLE, flag_table_markdown
 from marti.config import TrainConfig, config_reference_markdown
-from marti.launch_flags import FLAG_TABLE, flag_table_markdown
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "config.md"
 

@@ -360,8 +360,8 @@ def test_merge_adapters_is_an_int_at_least_0_named_when_not(bad):
 def test_a_system_prompt_template_naming_what_is_not_filled_in_is_refused_at_load(template, named):
     """A template with a placeholder other than {name}, {role}, {capabilities} (a dataset column, say) was
     accepted and crashed with a bare KeyError when the job built the prompts; it is refused at load, naming the
-    key and the placeholder, in both places a template is written and in marti.workflow.Role."""
-    from marti.workflow import Role
+    key and the placeholder, in both places a template is written and in marti.team.workflow.Role."""
+    from marti.team.workflow import Role
 
     with pytest.raises(InvalidArgumentError, match=r"'agents\.0\.prompt_template': ") as agent:
         config_from_dict(
@@ -377,7 +377,7 @@ def test_a_system_prompt_template_naming_what_is_not_filled_in_is_refused_at_loa
 
 
 def test_a_system_prompt_template_with_its_placeholders_and_literal_braces_loads_and_fills_in():
-    from marti.prompt_template import fill_prompt_template
+    from marti.team.prompt_template import fill_prompt_template
 
     template = "{name} ({role}) can: {capabilities}; reply as {{json}}"
     cfg = config_from_dict(

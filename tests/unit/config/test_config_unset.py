@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from marti.command.launch_flags import MachineInfo, build_config
 from marti.config import load_config, unset_keys
 from marti.errors import InvalidArgumentError
-from marti.launch_flags import MachineInfo, build_config
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny.yaml"

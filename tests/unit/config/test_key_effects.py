@@ -49,7 +49,7 @@ def last_speaker(state: Any) -> list[str]:
 
 def chain_of_the_last_agent(cfg: TrainConfig) -> Any:
     """``workflow.factory``: a chain in which only the last agent speaks."""
-    from marti.workflow import Workflow
+    from marti.team.workflow import Workflow
 
     return Workflow.chain([cfg.agents[-1].name])
 
@@ -103,7 +103,7 @@ class _Engine:
         self.prompts: list[Any] = []
 
     def generate(self, agent, prompts, sampling):
-        from marti.inference import Generation
+        from marti.types.inference import Generation
 
         self.prompts.append(list(prompts))
         return [Generation([1], [5], [-0.1], " 40", "stop") for _ in prompts]
@@ -198,7 +198,7 @@ def test_a_workflow_roles_system_prompt_lists_the_agents_capabilities():
 
 @pytest.mark.parametrize("key", ["workflow.reward_team_share", "workflow.reward_env_weight"])
 def test_reward_weights_alone_recredit_the_env_returns(key):
-    from marti.workflow import EpisodeView
+    from marti.team.workflow import EpisodeView
     from services.trainer.job.connections.addresses import Addresses
     from services.trainer.job.run.loop import TrainingLoop
 

@@ -1,4 +1,4 @@
-"""Unit tests of marti.launch_flags: OpenRLHF-style flags onto the training config."""
+"""Unit tests of marti.command.launch_flags: OpenRLHF-style flags onto the training config."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from marti.command.launch_flags import FLAG_TABLE, MachineInfo, build_config, parse_launch_flags
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
-from marti.launch_flags import FLAG_TABLE, MachineInfo, build_config, parse_launch_flags
 
 ROOT = Path(__file__).resolve().parents[3]
 DESIGN = ROOT / "examples" / "design"
@@ -244,7 +244,7 @@ def test_string_values_stay_strings():
 
 
 def test_machine_detect_runs():
-    from marti.cpu_features import cpu_has_bf16
+    from marti.plumbing.cpu_features import cpu_has_bf16
 
     info = MachineInfo.detect()
     assert isinstance(info.has_cuda, bool) and (info.bf16_supported <= (info.has_cuda or cpu_has_bf16()))

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from marti.launch_flags import FLAG_GROUPS, FLAG_TABLE, flag_help
+from marti.command.launch_flags import FLAG_GROUPS, FLAG_TABLE, flag_help
 from services.trainer.job.cli.train_cli import build_parser, main
 
 
@@ -47,7 +47,7 @@ def test_commands_that_start_ray_turn_grpc_fork_handlers_off_before_importing_gr
     import sys
 
     code = (
-        "import os, sys, marti.cli as c\n"
+        "import os, sys, marti.command.main as c\n"
         "try:\n"
         f"    c.main([{command!r}, '--help'])\n"
         "except SystemExit:\n"
@@ -130,14 +130,14 @@ def test_marti_eval_takes_unset_too(tmp_path, capsys):
 
 
 def _train_in_a_subprocess(args: list[str]):
-    """Run ``marti.cli.main(['train', *args])`` in a fresh interpreter; its stdout ends ``RC=<exit> TORCH=<bool>``
+    """Run ``marti.command.main.main(['train', *args])`` in a fresh interpreter; its stdout ends ``RC=<exit> TORCH=<bool>``
     (whether torch was imported)."""
     import subprocess
     import sys
     from pathlib import Path
 
     code = (
-        "import sys, marti.cli as c\n"
+        "import sys, marti.command.main as c\n"
         f"rc = c.main(['train', *{args!r}])\n"
         "print('RC=%s TORCH=%s' % (rc, 'torch' in sys.modules))\n"
     )

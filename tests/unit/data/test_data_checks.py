@@ -131,7 +131,7 @@ def test_marti_train_dataset_on_a_file_that_is_not_utf8_is_a_one_line_refusal(tm
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(LATIN1["l.jsonl"][0])
     proc = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "train", "--actor_model", "tiny-llama",
+        [sys.executable, "-m", "marti.command.main", "train", "--actor_model", "tiny-llama",
          "--dataset", f"jsonl:{path}", "--input_key", "prompt", "--label_key", "answer", "--set", f"output.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip

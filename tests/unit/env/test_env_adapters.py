@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import marti.envs as me
+import marti.env.make as me
 from marti.errors import InvalidArgumentError, NotFoundError
 from services.env_server.envs.adapters import parse_discrete_action
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import marti
-from marti.env_registry import default_registry, describe_spec
+from marti.env.registry import default_registry, describe_spec
 from marti.errors import InvalidArgumentError
 
 PROBLEM = "求 $\\frac{1}{2} + \\frac{1}{4}$ 的值。答案写成小数。"

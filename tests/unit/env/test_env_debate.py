@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-import marti.envs as me
+import marti.env.make as me
 from services.env_server.envs import debate
 
 

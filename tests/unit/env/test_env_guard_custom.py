@@ -10,7 +10,7 @@ import gymnasium
 import pytest
 from pettingzoo import ParallelEnv
 
-from marti.env_guard import GuardedParallelEnv
+from marti.env.guard import GuardedParallelEnv
 from marti.errors import InvalidArgumentError
 
 

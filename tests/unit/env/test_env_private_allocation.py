@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from pettingzoo.test import parallel_api_test
 
-import marti.envs as me
+import marti.env.make as me
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
 from services.env_server.envs import resource_allocation as ra

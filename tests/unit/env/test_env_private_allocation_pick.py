@@ -12,7 +12,7 @@ import warnings
 import pytest
 from pettingzoo.test import parallel_api_test
 
-import marti.envs as me
+import marti.env.make as me
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
 from services.env_server.envs.private_allocation import (

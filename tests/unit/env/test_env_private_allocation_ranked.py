@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pettingzoo.test import parallel_api_test
 
-import marti.envs as me
+import marti.env.make as me
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
 from services.env_server.envs.private_allocation import PICK_FORMAT, RANKED_EXECUTOR_INSTRUCTIONS
@@ -170,7 +170,7 @@ def test_the_easy_examples_reward_credits_each_task_named_among_the_best(
 ) -> None:
     """The example's reward, on a real episode of seed 7 (capacity 2; task_1 is the best, task_2 ties with
     task_4 and task_5 for second, so the leader's order puts task_2 second)."""
-    from marti.loader import load_attr
+    from marti.plumbing.loader import load_attr
 
     reward_file = (
         EXAMPLES / "private_allocation_easy_reward.py"
@@ -208,7 +208,7 @@ def test_the_count_example_starts_the_executors_reply_with_its_own_capacity(monk
     ``I can do {k} tasks: task_``, ``k`` read from the executor's own observation, and the leader's message kept in
     its user message (the prompt builder examples/private_allocation_easy_prompt.py, loaded as the trainer loads it)."""
     from marti.config import load_config
-    from marti.workflow import PromptContext, TurnPrompt, workflow_from_section
+    from marti.team.workflow import PromptContext, TurnPrompt, workflow_from_section
     from services.trainer.rollout.episodes.env_config import build_curriculum, env_config
 
     monkeypatch.chdir(
@@ -239,7 +239,7 @@ def test_the_count_examples_reward_is_completion_alone(submission: str, reward: 
     """``completion`` of examples/private_allocation_easy_reward.py (the count example's reward): 1 to every agent
     when the team completed the problem (seed 7, capacity 2), else 0, with no partial credit."""
     from marti.config import load_config
-    from marti.loader import load_attr
+    from marti.plumbing.loader import load_attr
 
     cfg = load_config(EXAMPLES / "private_allocation_easy_count.yaml")
     path, name = cfg.workflow.reward_fn.rsplit(":", 1)
@@ -251,7 +251,7 @@ def test_the_count_examples_reward_is_completion_alone(submission: str, reward: 
 def _episode_of_seed_7(submission: str):
     """The finished episode of seed 7 at ranked easy (capacity 2) where the leader sent its order and the
     executor submitted ``submission``, as a reward function sees it."""
-    from marti.workflow import EpisodeView
+    from marti.team.workflow import EpisodeView
 
     env = make(difficulty="easy", ranked=True, seed=7)
     env.reset(seed=7)

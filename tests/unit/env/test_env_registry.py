@@ -1,4 +1,4 @@
-"""The env registry lives in the SDK (``marti.env_registry``) and finds envs through a lazy provider table: marti
+"""The env registry lives in the SDK (``marti.env.registry``) and finds envs through a lazy provider table: marti
 imports nothing of ``services``, the env server's core imports no concrete env, and a provider module is
 imported only when one of its env names is used."""
 
@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import marti.env_registry as reg
-import marti.envs as me
-from marti.env_config import ConfigField, ConfigSchema
+import marti.env.make as me
+import marti.env.registry as reg
+from marti.env.config import ConfigField, ConfigSchema
 from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, SessionLostError
 from services.env_server.core.sessions import SessionManager
 
@@ -73,8 +73,8 @@ def _write_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, 
 
 
 PROVIDER = """
-    from marti.env_config import ConfigField, ConfigSchema
-    from marti.env_registry import EnvSpec
+    from marti.env.config import ConfigField, ConfigSchema
+    from marti.env.registry import EnvSpec
     from services.env_server.envs.builtin import make_collaborative, COLLABORATIVE_SCHEMA
     CALLS = []
 
@@ -107,7 +107,7 @@ def test_unloadable_provider_is_named_and_listing_skips_it(tmp_path, monkeypatch
 
 
 BROKEN_PROVIDERS = """
-    from marti.env_registry import EnvSpec
+    from marti.env.registry import EnvSpec
     from services.env_server.envs.builtin import make_collaborative, COLLABORATIVE_SCHEMA
 
     def raises(registry):
@@ -193,7 +193,7 @@ def test_entry_points_add_envs_but_never_replace_builtins(monkeypatch):
 
 
 def test_sdk_names_no_services_module_outside_the_cli_command_table():
-    """No ``"services.…"`` module string in the SDK (the envs are entry points); only ``marti/cli.py`` names the
+    """No ``"services.…"`` module string in the SDK (the envs are entry points); only ``marti/command/main.py`` names the
     services it starts."""
     found = []
     for path in (ROOT / "marti").rglob("*.py"):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import marti.envs as me
+import marti.env.make as me
 from marti.errors import InvalidArgumentError
 from services.env_server.envs import allocation_problem as ap
 

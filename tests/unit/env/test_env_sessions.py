@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marti.env_registry import default_registry
+from marti.env.registry import default_registry
 from marti.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -210,8 +210,8 @@ class TwoSpeedEnv:
 
 
 def test_action_for_done_agent_is_named() -> None:
-    from marti.env_config import ConfigSchema
-    from marti.env_registry import EnvSpec, Registry
+    from marti.env.config import ConfigSchema
+    from marti.env.registry import EnvSpec, Registry
 
     reg = Registry()
     reg.register(EnvSpec("two_speed", 1, TwoSpeedEnv, ConfigSchema(), "test env"))

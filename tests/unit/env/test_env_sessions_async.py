@@ -10,8 +10,8 @@ import gymnasium
 import pytest
 from pydantic import ValidationError
 
-from marti.env_config import ConfigSchema
-from marti.env_registry import EnvSpec, Registry
+from marti.env.config import ConfigSchema
+from marti.env.registry import EnvSpec, Registry
 from marti.errors import AlreadyExistsError, InvalidArgumentError, ResourceExhaustedError, SessionLostError
 from services.env_server.core.sessions import MAX_WORKERS, SessionManager
 from services.env_server.settings import EnvServerSettings

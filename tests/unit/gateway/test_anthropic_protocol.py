@@ -12,7 +12,7 @@ import pytest
 
 from marti import errors
 from marti.errors import InvalidArgumentError
-from marti.tools import ChatReply, ToolCall
+from marti.types.tools import ChatReply, ToolCall
 from services.gateway.http.anthropic.protocol import MessagesRequest, chat_call
 from services.gateway.http.anthropic.serving import content_blocks, stream_events
 from services.gateway.http.common.errors import error_response, exception_response

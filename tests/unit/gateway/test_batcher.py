@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from marti.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
-from marti.inference import Generation, SamplingParams
+from marti.types.inference import Generation, SamplingParams
 from services.gateway.core.batcher import RequestBatcher
 
 S = SamplingParams(max_new_tokens=2)

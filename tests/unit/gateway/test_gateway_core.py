@@ -15,7 +15,7 @@ from marti.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from marti.inference import Generation, SamplingParams
+from marti.types.inference import Generation, SamplingParams
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import INLINE_IDS, Gateway
 from services.gateway.core.limits import GatewayLimits

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from marti.errors import AbortedError, InvalidArgumentError, NotFoundError, UnavailableError
-from marti.inference import Generation, SamplingParams
+from marti.types.inference import Generation, SamplingParams
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.trainer.models.loading import build_tiny_model, load_tokenizer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from marti.errors import InvalidArgumentError, NotFoundError
-from marti.tools import ChatReply, ToolCall
+from marti.types.tools import ChatReply, ToolCall
 from services.gateway.core.traces import EpisodeTracker
 from services.gateway.http.responses.protocol import ResponsesRequest, chat_call
 from services.gateway.http.responses.serving import output_items, reply_message

@@ -9,8 +9,8 @@ import pytest
 
 from marti.config import config_from_dict
 from marti.errors import InvalidArgumentError
-from marti.inference import Generation
-from marti.tools import TOOL_PARSER_NAMES, ToolCall
+from marti.types.inference import Generation
+from marti.types.tools import TOOL_PARSER_NAMES, ToolCall
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.tools import (
     TOOL_PARSERS,

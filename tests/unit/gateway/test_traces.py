@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
-from marti.inference import Generation
+from marti.types.inference import Generation
 from services.gateway.core.traces import EpisodeTracker
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from marti.trajectory import Trajectory, Turn, summarize
+from marti.types.trajectory import Trajectory, Turn, summarize
 from services.experience_store.core.table_records import NewItem
 
 

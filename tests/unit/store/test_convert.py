@@ -9,8 +9,8 @@ import pytest
 from marti.api.experience.v1 import experience_pb2 as pb
 from marti.codec import experience as convert
 from marti.errors import InvalidArgumentError
-from marti.experience_types import parse_table_config
-from marti.trajectory import Trajectory, Turn
+from marti.types.experience import parse_table_config
+from marti.types.trajectory import Trajectory, Turn
 
 
 def sample_traj() -> Trajectory:

@@ -7,8 +7,8 @@ import threading
 import time
 
 from marti.errors import ResourceExhaustedError
-from marti.experience_types import parse_table_config
-from marti.trajectory import summarize
+from marti.types.experience import parse_table_config
+from marti.types.trajectory import summarize
 from services.experience_store.core.storage import SqliteStorage
 from services.experience_store.core.store import ExperienceStore
 from services.experience_store.core.table_records import NewItem

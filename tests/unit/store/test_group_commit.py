@@ -10,7 +10,7 @@ import time
 import pytest
 
 from marti.errors import InternalError, InvalidArgumentError, UnavailableError
-from marti.experience_types import parse_table_config
+from marti.types.experience import parse_table_config
 from services.experience_store.__main__ import build_store
 from services.experience_store.core.storage import ItemRecord, SqliteStorage
 from services.experience_store.core.store import ExperienceStore

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from marti.errors import UnavailableError
-from marti.experience_types import parse_table_config
+from marti.types.experience import parse_table_config
 from services.experience_store.core.storage import MemoryStorage
 from services.experience_store.core.table import Table
 

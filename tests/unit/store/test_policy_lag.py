@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from marti.errors import DeadlineExceededError, InvalidArgumentError
-from marti.experience_types import parse_table_config
+from marti.types.experience import parse_table_config
 from services.experience_store.core.storage import MemoryStorage
 from services.experience_store.core.table import Table
 
@@ -64,7 +64,7 @@ def test_bad_values_are_refused():
 
 
 def test_the_counter_survives_a_restart(tmp_path):
-    from marti.trajectory import summarize
+    from marti.types.trajectory import summarize
     from services.experience_store.core.storage import SqliteStorage
     from services.experience_store.core.store import ExperienceStore
     from services.experience_store.core.table_records import NewItem

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from marti.errors import DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError
-from marti.experience_types import parse_table_config, parse_tables_yaml
-from marti.trajectory import summarize
+from marti.types.experience import parse_table_config, parse_tables_yaml
+from marti.types.trajectory import summarize
 from services.experience_store.core import rate_limiter as rl
 from services.experience_store.core.storage import MemoryStorage
 from services.experience_store.core.table import SampleFilter, Table

@@ -18,8 +18,8 @@ from marti.codec.chunks import (
     unpack_chunks,
 )
 from marti.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from marti.experience_types import parse_table_config
-from marti.trajectory import Trajectory, Turn, merge_by_step, summarize
+from marti.types.experience import parse_table_config
+from marti.types.trajectory import Trajectory, Turn, merge_by_step, summarize
 from services.experience_store.core.storage import SqliteStorage
 from services.experience_store.core.store import ExperienceStore, LocalExperienceClient
 from services.experience_store.core.table_records import NewItem

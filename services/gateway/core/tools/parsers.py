@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marti.errors import InvalidArgumentError
-from marti.tools import ToolCall
+from marti.types.tools import ToolCall
 from services.gateway.core.json_text import loads_finite
 
 
@@ -58,7 +58,7 @@ def compact_json(value: Any) -> str:
 class ToolParser(abc.ABC):
     """One template family's tool-call format: parsing replies, and writing calls, results and the tool list."""
 
-    #: The name the config selects it by (one of :data:`marti.tools.TOOL_PARSER_NAMES`).
+    #: The name the config selects it by (one of :data:`marti.types.tools.TOOL_PARSER_NAMES`).
     name: str
     #: Text that ends one call: with ``parallel_tool_calls: false`` generation stops at it (one call at most).
     #: None for formats without one: a reply with more than one call is then returned as text (unparsed).
@@ -223,7 +223,7 @@ def _checked_call(obj: Any, tool_names: Collection[str]) -> ToolCall | None:
     return ToolCall(new_call_id(), obj["name"], compact_json(args))
 
 
-#: Parser name -> class; the names are :data:`marti.tools.TOOL_PARSER_NAMES` (the config checks against those).
+#: Parser name -> class; the names are :data:`marti.types.tools.TOOL_PARSER_NAMES` (the config checks against those).
 TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser, "mistral": MistralParser}
 
 

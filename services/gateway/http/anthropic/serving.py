@@ -20,8 +20,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from marti.errors import InvalidArgumentError
-from marti.inference import Generation
-from marti.tools import ChatReply
+from marti.types.inference import Generation
+from marti.types.tools import ChatReply
 from services.gateway.core.gateway import Gateway
 from services.gateway.http.anthropic.protocol import MessagesRequest, chat_call
 from services.gateway.http.common.chat_service import serve_chat

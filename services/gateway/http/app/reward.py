@@ -45,7 +45,7 @@ async def report(gateway: Gateway, request: Request, episode_id: str, body: Rewa
     """Report one episode (both reward routes; ``X-Marti-Episode`` and ``X-Marti-Group`` headers, when sent, as
     :func:`_with_headers` reads them): 200 ``{"episode_id", "released", "dropped"}``, 202 with
     ``"queued"`` when released episodes were not inserted within ``gateway.report_wait_s``; ``"stale"`` (see
-    :class:`~marti.inference.StaleCalls`) when calls of the released episodes are already past
+    :class:`~marti.types.inference.StaleCalls`) when calls of the released episodes are already past
     their agent's staleness bound."""
     check_path(request)
     body = _with_headers(request, episode_id, body)

@@ -1,5 +1,5 @@
 """The chat service every chat protocol adapter calls (chat completions, Responses, Anthropic messages): one
-protocol-neutral chat call with tools in, one :class:`~marti.tools.ChatReply` per choice out.
+protocol-neutral chat call with tools in, one :class:`~marti.types.tools.ChatReply` per choice out.
 
 An adapter translates its request into a :class:`ChatCall` (Hugging Face chat-template messages, OpenAI chat
 function tool specs, a neutral ``tool_choice``) and its answer from :class:`ChatServed`.
@@ -18,8 +18,8 @@ from typing import Any
 
 from fastapi import Request
 
-from marti.inference import ChatMessages
-from marti.tools import ChatReply
+from marti.types.inference import ChatMessages
+from marti.types.tools import ChatReply
 from services.gateway.core.gateway import Gateway, Served
 from services.gateway.http.common.errors import request_error
 from services.gateway.http.common.generate import Sizing, serve_prompt

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 
 from marti.errors import CancelledError, InvalidArgumentError, MartiError
-from marti.inference import SamplingParams
+from marti.types.inference import SamplingParams
 from services.gateway.core.gateway import Gateway, Served
 from services.gateway.http.common.context import (
     EPISODE_HEADER,

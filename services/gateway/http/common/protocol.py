@@ -24,9 +24,9 @@ from pydantic import (
     field_validator,
 )
 
-from marti.chat_content import utf8_text
 from marti.errors import InvalidArgumentError
-from marti.inference import SamplingParams
+from marti.types.chat_content import utf8_text
+from marti.types.inference import SamplingParams
 from services.gateway.core.gateway import Served
 from services.gateway.http.common.errors import request_error
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from marti.inference import Generation
+from marti.types.inference import Generation
 from services.gateway.convert import token_texts
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway, Served

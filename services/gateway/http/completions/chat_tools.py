@@ -1,13 +1,13 @@
 """The chat completions route's side of tool calling: its request as a :class:`ChatCall` (OpenAI messages with
-``tool_calls`` and ``tool`` results as Hugging Face chat-template messages), and a :class:`~marti.tools.ChatReply`
+``tool_calls`` and ``tool`` results as Hugging Face chat-template messages), and a :class:`~marti.types.tools.ChatReply`
 as OpenAI's assistant message or as streamed tool-call deltas."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from marti.inference import ChatMessages
-from marti.tools import ChatReply, ToolCall
+from marti.types.inference import ChatMessages
+from marti.types.tools import ChatReply, ToolCall
 from services.gateway.convert import chat_role
 from services.gateway.core.json_text import loads_finite
 from services.gateway.core.tools import unmatched_tool_result

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from marti.chat_content import content_text
 from marti.errors import InvalidArgumentError
+from marti.types.chat_content import content_text
 from services.gateway.convert import CHAT_ROLES
 from services.gateway.core.gateway import Served
 from services.gateway.http.common.protocol import SampledRequest, _Body, _Str, _utf8, unapplied
@@ -75,7 +75,7 @@ class ToolSpec(_Body):
 
 
 def _content_text(v: Any) -> str:
-    """``v`` (a non-null content) as one text (:func:`marti.chat_content.content_text`); a PydanticCustomError
+    """``v`` (a non-null content) as one text (:func:`marti.types.chat_content.content_text`); a PydanticCustomError
     whose ``param_suffix`` names the part at fault (``[j].type``, ``[j].text``), so the 400 names
     ``messages[i].content[j].text``."""
     try:

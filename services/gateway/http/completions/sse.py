@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from marti.tools import ChatReply
+from marti.types.tools import ChatReply
 from services.gateway.core.gateway import Served
 from services.gateway.http.common.chat_service import ChatServed
 from services.gateway.http.common.protocol import SampledRequest, marti_choice

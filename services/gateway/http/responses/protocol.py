@@ -27,9 +27,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictInt
 
-from marti.chat_content import content_text
 from marti.errors import InvalidArgumentError
-from marti.inference import ChatMessages
+from marti.types.chat_content import content_text
+from marti.types.inference import ChatMessages
 from services.gateway.convert import chat_role
 from services.gateway.core.json_text import loads_finite
 from services.gateway.core.tools import unmatched_tool_result
@@ -207,7 +207,7 @@ def _content(content: Any, param: str) -> str:
     """A message item's content: a string, or text parts joined with newlines (as chat content parts are).
 
     Raises:
-        InvalidArgumentError: As :func:`marti.chat_content.content_text`, with ``param`` the field at fault.
+        InvalidArgumentError: As :func:`marti.types.chat_content.content_text`, with ``param`` the field at fault.
     """
     return content_text(content, param, _PART_TEXT)
 

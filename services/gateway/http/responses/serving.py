@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from marti.tools import ChatReply
+from marti.types.tools import ChatReply
 from services.gateway.core.gateway import Gateway
 from services.gateway.http.common.chat_service import ChatServed, serve_chat
 from services.gateway.http.common.context import episode_context

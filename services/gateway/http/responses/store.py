@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from marti.errors import NotFoundError
-from marti.inference import ChatMessages
+from marti.types.inference import ChatMessages
 from services.gateway.http.common.errors import request_error
 
 #: What a response id starts with (OpenAI's ``resp_``).

@@ -27,9 +27,9 @@ from services.trainer.job.connections.addresses import Addresses, resolve_addres
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``marti train``, with the launch flags listed for ``--help``.
 
-    The OpenRLHF-style launch flags (:data:`marti.launch_flags.FLAG_TABLE`) are shown in one argument group per
-    topic (:data:`marti.launch_flags.FLAG_GROUPS`), one line each; :func:`split_argv` hands them to
-    :func:`marti.launch_flags.parse_launch_flags`, so this parser never parses them itself.
+    The OpenRLHF-style launch flags (:data:`marti.command.launch_flags.FLAG_TABLE`) are shown in one argument group per
+    topic (:data:`marti.command.launch_flags.FLAG_GROUPS`), one line each; :func:`split_argv` hands them to
+    :func:`marti.command.launch_flags.parse_launch_flags`, so this parser never parses them itself.
     """
     p = argparse.ArgumentParser(
         prog="marti train",
@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_launch_flag_groups(p: argparse.ArgumentParser) -> None:
-    """List every launch flag under its topic group (help only: the flags are parsed by marti.launch_flags)."""
-    from marti.launch_flags import FLAG_GROUPS, flag_help
+    """List every launch flag under its topic group (help only: the flags are parsed by marti.command.launch_flags)."""
+    from marti.command.launch_flags import FLAG_GROUPS, flag_help
 
     for title, names in FLAG_GROUPS.items():
         group = p.add_argument_group(f"launch flags: {title}")
@@ -74,7 +74,7 @@ def service_addresses(cfg: TrainConfig, args: argparse.Namespace) -> Iterator[Ad
     """Addresses from flags, then the config's ``services`` section; services with neither are started
     locally (the embedded stack, data under ``<run_dir>/services``, logs under ``<run_dir>/logs``) and stopped
     on exit. ``services.tls_ca_file`` applies to the services whose address was given, not the embedded ones."""
-    from marti.stack import LocalStack
+    from marti.command.stack import LocalStack
 
     services = cfg.services
     addresses, missing = resolve_addresses(
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     missing model or refused run folder, 1 failure, ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM) when a
     signal stopped the job before its last step (130 too for a Ctrl-C during the checks before the job starts:
     one line, nothing to resume)."""
-    from marti.launch_flags import build_config
+    from marti.command.launch_flags import build_config
     from services.trainer.job.run.prechecks import check_before_the_run_folder
     from services.trainer.models.resolve import check_attn_implementation, resolve_model
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from marti.workflow import is_import_path, make_custom_env
+from marti.team.workflow import is_import_path, make_custom_env
 from services.trainer.job.connections.addresses import Addresses
 
 
@@ -50,7 +50,7 @@ class Connections:
         # (seed, address, token, timeout_s, ...) reaches the env, which refuses a key it does not have
         channel = self.channel("env")
         if channel is None:  # no env server: an env in this process
-            from marti.env_registry import default_registry
+            from marti.env.registry import default_registry
 
             return default_registry().make(env_name, config, seed)
         from marti.clients.env import RemoteParallelEnv

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from marti.config import TrainConfig
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 
 _LOG = logging.getLogger("marti.trainer")
 

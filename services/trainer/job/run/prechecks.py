@@ -2,7 +2,7 @@
 file fails at once, naming what is wrong, and never costs an ``--overwrite`` the run it would delete: a dataset
 job's rows, labels, column names, prompt lengths, reward functions and reward model (:func:`check_dataset_job`),
 the workflow section's import
-paths (:func:`marti.workflow.check_workflow_section`), that ``rollout.engine: vllm`` can run here
+paths (:func:`marti.team.workflow.check_workflow_section`), that ``rollout.engine: vllm`` can run here
 (:func:`check_vllm_engine`) and, for a job that starts its own env server, every env at
 every curriculum level it can reach (:func:`check_envs_in_process`). :func:`check_before_the_run_folder` runs
 them in that order. With a given (external) store, ``marti train`` also creates the job's tables there first
@@ -26,7 +26,7 @@ from marti.errors import (
     in_context,
 )
 from marti.rewards.functions import check_column_names
-from marti.workflow import check_workflow_section
+from marti.team.workflow import check_workflow_section
 from services.trainer.data.tables import create_tables, table_settings
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.connections.addresses import Addresses, resolve_addresses
@@ -47,7 +47,7 @@ __all__ = [
 def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> DatasetTasks | None:
     """Every check ``marti train`` makes before the run folder: :func:`check_vllm_engine`,
     :func:`check_dataset_job`, the ``workflow``
-    section (:func:`marti.workflow.check_workflow_section`, when the section is active) and, when the job starts
+    section (:func:`marti.team.workflow.check_workflow_section`, when the section is active) and, when the job starts
     its own env server (``env``, the ``--env`` flag, is None and the config has no ``services.env``),
     :func:`check_envs_in_process`.
 
@@ -122,7 +122,7 @@ def check_envs_in_process(cfg: TrainConfig, data: DatasetTasks | None) -> None:
     Raises:
         InvalidArgumentError: An env refused its config (the message names the task and the level).
     """
-    from marti.env_registry import default_registry
+    from marti.env.registry import default_registry
 
     registry = default_registry()
 

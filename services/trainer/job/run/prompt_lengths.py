@@ -18,7 +18,7 @@ from marti.config import TrainConfig
 from marti.config.dataset import DATASET_ENV
 from marti.data import ProblemSet
 from marti.errors import InvalidArgumentError
-from marti.workflow import Workflow, workflow_from_section
+from marti.team.workflow import Workflow, workflow_from_section
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.models.loading import load_tokenizer, model_max_positions
 from services.trainer.rollout.engines.base import chats_to_ids

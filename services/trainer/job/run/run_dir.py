@@ -29,9 +29,9 @@ import yaml
 
 from marti.config import TrainConfig, dump_config
 from marti.data.fingerprint import dataset_fingerprint, fingerprint_changes
-from marti.dir_lock import LOCK_FILE, DirLock
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from marti.yaml_load import load_yaml
+from marti.plumbing.dir_lock import LOCK_FILE, DirLock
+from marti.plumbing.yaml_load import load_yaml
 
 HISTORY_FILE = "config_history.jsonl"
 _LOG = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marti.config import TrainConfig
-from marti.workflow import is_import_path
+from marti.team.workflow import is_import_path
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from marti.inference import ChatMessages, FinishReason, Generation, Prompt, SamplingParams
+from marti.types.inference import ChatMessages, FinishReason, Generation, Prompt, SamplingParams
 
 __all__ = [
     "ChatMessages",

@@ -220,7 +220,7 @@ def generate_turns(
     """Generate one response per chat prompt with the agent's sampling parameters.
 
     A row's reply is prefilled with the agent's ``response_prefix`` followed by its reply start (``reply_starts``,
-    a workflow role's :class:`marti.workflow.TurnPrompt`): its prompt is the chat template's output followed by
+    a workflow role's :class:`marti.team.workflow.TurnPrompt`): its prompt is the chat template's output followed by
     the tokens of that text, and its generation's ``text`` starts with it. Those tokens stay in the prompt
     (``prompt_token_ids``), so they are never trained, and the behaviour log-probabilities cover only the
     generated tokens. Rows without either are passed to the engine as chats.

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from marti.cpu_features import CPUINFO, cpu_has_bf16
 from marti.errors import InvalidArgumentError
+from marti.plumbing.cpu_features import CPUINFO, cpu_has_bf16
 
 __all__ = ["ROLLOUT_DTYPES", "cpu_has_bf16", "resolve_rollout_dtype"]
 

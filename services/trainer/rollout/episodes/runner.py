@@ -1,22 +1,22 @@
 """Play multi-agent episodes: env_server sessions, agents' turns from the rollout engine, messages over
-comm_broker, one :class:`marti.trajectory.Trajectory` per agent and episode.
+comm_broker, one :class:`marti.types.trajectory.Trajectory` per agent and episode.
 
 Several episodes are played in lockstep so each agent's turns are generated in one batch. There is one turn
-loop, driven by a :class:`marti.workflow.Workflow` (the one hook, ``workflow=``): at every turn the workflow
+loop, driven by a :class:`marti.team.workflow.Workflow` (the one hook, ``workflow=``): at every turn the workflow
 picks each live episode's speakers, builds their prompts, answers for its scripted agents and parses replies
 into actions; each agent's model prompts are generated together; then every env is stepped (remote sessions
-that share a channel in one ``BatchStep`` round trip, :func:`marti.envs.step_many`), and every reply is routed
+that share a channel in one ``BatchStep`` round trip, :func:`marti.env.make.step_many`), and every reply is routed
 to the teammates. When an episode ends its result is finished at once (metrics, the workflow's rewards) and
 handed to ``on_episode_end``.
 
 Without a workflow the runner uses the default one, ``Workflow.env()``: the speakers are the agents whose env
-info says ``is_acting``, an agent's prompt is its system prompt and :func:`marti.workflow.default_build_prompt`
+info says ``is_acting``, an agent's prompt is its system prompt and :func:`marti.team.workflow.default_build_prompt`
 (its env observation, then the messages its teammates sent it through comm_broker since its last turn; the
 trainer runs the env with ``history_messages=0``, so the team's conversation reaches agents only through the
 broker), no parser, no scripted agent, and the credited returns are the env's.
 
 An episode's metrics are the ones its env declares (``metadata["metrics"]``, read after the last step, see
-:func:`marti.envs.declared_metrics`) plus the runner's counters :data:`RUNNER_METRIC_KEYS`.
+:func:`marti.env.make.declared_metrics`) plus the runner's counters :data:`RUNNER_METRIC_KEYS`.
 ``play(seeds, tasks=...)`` plays each episode on its own task (multi-task jobs; ``make_task_env(seed, task)``
 builds its env).
 """
@@ -32,18 +32,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from marti.envs import declared_metrics, step_many
+from marti.env.make import declared_metrics, step_many
 from marti.errors import InvalidArgumentError, MartiError
-from marti.prompt_template import fill_prompt_template
 from marti.rewards.base import check_reward
-from marti.trajectory import Trajectory, Turn
-from marti.workflow import EpisodeView, PromptContext, Role, Workflow, WorkflowState
+from marti.team.prompt_template import fill_prompt_template
+from marti.team.workflow import EpisodeView, PromptContext, Role, Workflow, WorkflowState
+from marti.types.trajectory import Trajectory, Turn
 from services.trainer.rollout.engines.base import shifted, too_long_prompt
 
 _LOG = logging.getLogger(__name__)
 
 #: Generate responses for one agent: ``(agent_id, chat prompts) -> generations`` (see
-#: rollout.engines.base.Generation); when a turn's prompt builder gives a reply start (:class:`marti.workflow.TurnPrompt`)
+#: rollout.engines.base.Generation); when a turn's prompt builder gives a reply start (:class:`marti.team.workflow.TurnPrompt`)
 #: it is called ``(agent_id, chats, reply_starts)``, one reply start per chat (``""``: none), and each generation's
 #: text must start with its reply start (:func:`~services.trainer.rollout.engines.generation.generate_turns`).
 GenerateFn = Callable[..., list[Any]]
@@ -118,7 +118,7 @@ class EpisodeResult:
 class RecordPlan:
     """How the runner completes the records of a training rollout, once, before ``on_episode_end`` gets them.
 
-    Every record then carries, as typed :class:`marti.trajectory.Trajectory` fields: its group (``group_id``,
+    Every record then carries, as typed :class:`marti.types.trajectory.Trajectory` fields: its group (``group_id``,
     the episode's seed, ``task:seed`` in a multi-task job, with ``group_size``), its credited return
     (``episode_return``, the agent's return after the workflow and ``rescore``, mapped by ``credit``) and, as its
     ``policy_version``, the oldest version of its turns (the version at the episode's start when it has none).
@@ -213,7 +213,7 @@ class EpisodeRunner:
         system_prompts: System prompt per agent name.
         policy_version: ``agent -> int`` current policy version (recorded in each trajectory).
         run_id: Prefix of the episode ids / broker sessions.
-        workflow: A :class:`marti.workflow.Workflow` deciding speakers, prompts, parsers, scripts and rewards;
+        workflow: A :class:`marti.team.workflow.Workflow` deciding speakers, prompts, parsers, scripts and rewards;
             None uses ``Workflow.env()`` (the env's ``is_acting`` agents speak, default prompts, env returns).
         make_task_env: ``make_task_env(seed, task) -> ParallelEnv`` for ``play(..., tasks=...)``.
         on_episode_end: Called with each episode's final :class:`EpisodeResult` (metrics and the workflow's
@@ -363,7 +363,7 @@ class EpisodeRunner:
     def _turn_prompt(self, lv: _Live, agent: str, step: int) -> tuple[list[dict[str, str]], str]:
         """The chat prompt of ``agent`` and its reply start: its system prompt (the role's template if the
         workflow gives one) and the user message of the role's ``build_prompt``
-        (:meth:`marti.workflow.Role.turn_prompt`), and the reply start it gives (``""``: none).
+        (:meth:`marti.team.workflow.Role.turn_prompt`), and the reply start it gives (``""``: none).
 
         Raises:
             InvalidArgumentError: ``build_prompt`` returned neither a ``str`` nor a ``TurnPrompt`` (named).

@@ -40,7 +40,7 @@ from marti.rewards import (
 )
 from marti.rewards.judge import compile_judge_pattern, read_verdict
 from marti.rewards.team import OWN_WEIGHT, credit, last_replies, team_reply
-from marti.workflow import EpisodeView
+from marti.team.workflow import EpisodeView
 from services.trainer.data.tasks import DatasetTasks
 
 _LOG = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from marti.errors import NotFoundError
-from marti.inference import ChatMessages, Generation, SamplingParams
+from marti.types.inference import ChatMessages, Generation, SamplingParams
 from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.tools.render import template_supports_tools
 from services.trainer.rollout.engines.base import RolloutEngine, chat_to_ids

@@ -13,7 +13,7 @@ import torch
 
 from marti.config import load_config
 from marti.errors import InvalidArgumentError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 from services.trainer.learn.experience import collate
 from services.trainer.learn.learner import update_windows
 from services.trainer.ray.model_workers import (

@@ -18,7 +18,7 @@ from marti.config import config_from_dict, load_config
 from marti.errors import DeadlineExceededError, InvalidArgumentError
 from marti.rewards import make_verifier
 from marti.rewards.judge import read_verdict
-from marti.workflow import workflow_from_section
+from marti.team.workflow import workflow_from_section
 from scripts.data.make_arithmetic_data import main as make_data
 from scripts.data.make_arithmetic_data import make_rows
 from services.trainer.data.tasks import DatasetTasks

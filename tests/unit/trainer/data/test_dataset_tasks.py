@@ -191,7 +191,7 @@ def test_reward_functions_replace_the_verifier_through_the_runner(tmp_path):
     )  # fmt: skip
     tasks = DatasetTasks(cfg)
     replies = {"solver": "abc", "judge": "abcdefgh"}
-    runner = _scored_runner(cfg, replies.__getitem__, marti.workflow.Workflow.chain(["solver", "judge"]))
+    runner = _scored_runner(cfg, replies.__getitem__, marti.team.workflow.Workflow.chain(["solver", "judge"]))
     results = runner.play([2, 5])
     for seed, res in zip([2, 5], results, strict=True):
         bonus = float(tasks.row(seed)["answer"]) / 100  # the row's columns reach the function

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from marti.errors import CancelledError, RateLimitedError, UnavailableError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 from services.trainer.data import episode_writer
 from services.trainer.data.episode_writer import EpisodeWriter
 from services.trainer.data.external import ExternalEpisodes

@@ -19,7 +19,7 @@ import torch
 
 from marti.config import AlgorithmConfig
 from marti.errors import FailedPreconditionError, InvalidArgumentError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 from services.trainer.learn.algo.running_moments import RunningMoments
 from services.trainer.learn.experience import collate
 from services.trainer.learn.learner import LearnerConfig, TrainableCritic, normalize_credit, update_agent

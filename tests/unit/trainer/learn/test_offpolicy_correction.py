@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from marti.config import load_config
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 from services.trainer.learn.experience import collate
 from services.trainer.learn.learner import LearnerConfig, update_agent
 from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config

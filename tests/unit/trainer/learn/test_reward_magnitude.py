@@ -14,7 +14,7 @@ from marti.config import AlgorithmConfig
 from marti.errors import InvalidArgumentError
 from marti.rewards import RewardFunction
 from marti.rewards.base import MAX_ABS_REWARD
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 from services.trainer.learn.algo import compute_advantages
 from services.trainer.learn.experience import collate
 from tests.trainer_data import one_turn

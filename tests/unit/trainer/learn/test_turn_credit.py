@@ -23,7 +23,7 @@ import torch
 
 from marti.config import AlgorithmConfig, config_from_dict
 from marti.errors import InvalidArgumentError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 from services.trainer.learn import learner
 from services.trainer.learn.algo import compute_advantages, turn_returns
 from services.trainer.learn.experience import collate

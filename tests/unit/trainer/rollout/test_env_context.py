@@ -154,8 +154,8 @@ def test_the_in_process_check_is_for_a_job_that_starts_its_own_env_server(monkey
 def test_a_registered_env_without_the_jobs_keys_is_told_which_keys_the_job_sets() -> None:
     """A user's env registered by name whose schema lacks the keys every job sets (``history_messages``, ...)
     refused a key the user never wrote (``difficulty``, which tiny.yaml sets); the message now says the job sets it, lists the keys and what to do."""
-    from marti.env_config import ConfigField, ConfigSchema
-    from marti.env_registry import EnvSpec, Registry
+    from marti.env.config import ConfigField, ConfigSchema
+    from marti.env.registry import EnvSpec, Registry
     from services.env_server.envs.builtin import make_collaborative
 
     registry = Registry()

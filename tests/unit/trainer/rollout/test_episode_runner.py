@@ -20,9 +20,9 @@ from typing import Any
 import gymnasium
 import pytest
 
-from marti.envs import ParallelEnv, declared_metrics, step_many
+from marti.env.make import ParallelEnv, declared_metrics, step_many
 from marti.errors import InvalidArgumentError
-from marti.workflow import Role, Workflow
+from marti.team.workflow import Role, Workflow
 from services.trainer.rollout.episodes.runner import EpisodeRunner
 
 AGENTS = ["a0", "a1", "a2"]

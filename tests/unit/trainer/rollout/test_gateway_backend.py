@@ -14,8 +14,8 @@ import torch
 
 from marti.config import load_config
 from marti.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError
-from marti.inference import Generation, SamplingParams
-from marti.trajectory import Trajectory, Turn
+from marti.types.inference import Generation, SamplingParams
+from marti.types.trajectory import Trajectory, Turn
 from services.gateway.core.limits import GatewayLimits
 from services.trainer.data.batch_reader import BatchReader
 from services.trainer.data.external import ExternalEpisodes

@@ -1,4 +1,4 @@
-"""A turn's reply start (:class:`marti.workflow.TurnPrompt`): a role's prompt builder chooses how one turn's reply
+"""A turn's reply start (:class:`marti.team.workflow.TurnPrompt`): a role's prompt builder chooses how one turn's reply
 starts; :func:`~services.trainer.rollout.engines.generation.generate_turns` prefills it after the agent's
 ``response_prefix`` on every engine that runs on a CPU (its ids are prompt ids, the text starts with it, the
 log-probabilities cover only the generated tokens), and the episode runner threads it to the engine and hands
@@ -16,9 +16,9 @@ import gymnasium
 import pytest
 
 from marti.config.rollout import VllmConfig
-from marti.envs import ParallelEnv
+from marti.env.make import ParallelEnv
 from marti.errors import InvalidArgumentError
-from marti.workflow import PromptContext, Role, TurnPrompt, Workflow
+from marti.team.workflow import PromptContext, Role, TurnPrompt, Workflow
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
 from services.trainer.rollout.engines.base import chat_to_ids

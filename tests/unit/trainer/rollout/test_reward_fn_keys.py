@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from marti.errors import InvalidArgumentError
-from marti.workflow import EpisodeView, RewardAllocation, Workflow
+from marti.team.workflow import EpisodeView, RewardAllocation, Workflow
 
 
 def _view():

@@ -11,7 +11,7 @@ import pytest
 
 from marti.codec.experience import trajectory_from_proto, trajectory_to_proto
 from marti.errors import InvalidArgumentError
-from marti.trajectory import Trajectory, Turn
+from marti.types.trajectory import Trajectory, Turn
 from services.trainer.rollout.episodes.runner import _turn_info
 
 

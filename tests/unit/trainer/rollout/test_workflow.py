@@ -13,7 +13,7 @@ import pytest
 import marti
 from marti.config import config_from_dict, load_config
 from marti.errors import InvalidArgumentError, NotFoundError
-from marti.workflow import (
+from marti.team.workflow import (
     EpisodeView,
     RewardAllocation,
     Role,
@@ -432,7 +432,7 @@ def test_a_bad_workflow_is_refused_before_an_overwrite_touches_the_old_run(tmp_p
 def test_checking_a_workflow_section_does_not_call_its_factory(tmp_path, monkeypatch):
     """check_workflow_section loads a factory without calling it (user code runs once, in the job)."""
     from marti.config import WorkflowConfig
-    from marti.workflow import check_workflow_section
+    from marti.team.workflow import check_workflow_section
 
     (tmp_path / "wf_factory_xyz.py").write_text("CALLS = []\ndef make(cfg):\n    CALLS.append(cfg)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -479,7 +479,7 @@ def test_a_raising_reward_fn_or_parser_stops_marti_train_with_one_line_naming_it
         setting.format(hooks=hooks),
     ]  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "marti.cli", "train", "examples/tiny.yaml", "--no-progress",
+        [sys.executable, "-m", "marti.command.main", "train", "examples/tiny.yaml", "--no-progress",
          *[a for s in sets for a in ("--set", s)]],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -84,7 +84,9 @@ def test_negotiation_example_custom_env_public_api_only(monkeypatch):
     src = (ROOT / "examples" / "workflows" / "negotiation" / "negotiation.py").read_text()
     imports = [line.split()[1] for line in src.splitlines() if line.startswith(("import ", "from "))]
     framework = [m for m in imports if m.startswith(("marti", "services"))]
-    assert framework and set(framework) <= {"marti.envs", "marti.workflow"}, framework  # public API only
+    assert framework and set(framework) <= {"marti.env.make", "marti.team.workflow"}, (
+        framework
+    )  # public API only
     for r in results:
         speakers = [a for _, a, _ in r.transcript]
         assert speakers[0] == "seller" and all(x != y for x, y in zip(speakers, speakers[1:], strict=False))

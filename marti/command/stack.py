@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marti.dir_lock import ensure_folder
 from marti.errors import InvalidArgumentError, UnavailableError
+from marti.plumbing.dir_lock import ensure_folder
 from marti.rpc.health import wait_until_serving
 
 #: Service CLI names and their default ports (ARCHITECTURE.md section 6).
@@ -68,7 +68,9 @@ class LocalStack:
     running: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def _command(self, name: str, port: int | None) -> list[str]:
-        cmd = [sys.executable, "-m", "marti.cli", name] + ([] if port is None else ["--port", str(port)])
+        cmd = [sys.executable, "-m", "marti.command.main", name] + (
+            [] if port is None else ["--port", str(port)]
+        )
         if self.data_dir is not None and name in ("broker", "store"):
             cmd += ["--data-dir", str(Path(self.data_dir) / name)]
         if name == "trainer":  # the trainer's jobs use the services started before it
@@ -140,7 +142,7 @@ class LocalStack:
 
         Raises:
             InvalidArgumentError: ``data_dir`` or ``log_dir`` cannot be a folder (named, before any service
-                starts; :func:`marti.dir_lock.ensure_folder`), a log file in ``log_dir`` cannot be written, or a
+                starts; :func:`marti.plumbing.dir_lock.ensure_folder`), a log file in ``log_dir`` cannot be written, or a
                 service would serve TLS
                 (:func:`tls_refusal`).
             UnavailableError: a service exited or did not listen in time (started ones are stopped).

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from pettingzoo import ParallelEnv
 
-from marti.arguments import checked
-from marti.env_guard import declared_metrics
+from marti.env.guard import declared_metrics
+from marti.plumbing.arguments import checked
 
 if TYPE_CHECKING:
     import grpc
@@ -90,7 +90,7 @@ def make(
 
     check_timeout_s(timeout_s)  # the remote clients' own rule, for a local env too
     if address is None and channel is None:
-        from marti.env_registry import default_registry
+        from marti.env.registry import default_registry
 
         return default_registry().make(env_id, config, seed)
     from marti.clients.env import RemoteParallelEnv
@@ -209,14 +209,14 @@ def list_envs(address: str | Sequence[str] | None = None, **kwargs: Any) -> list
         **kwargs: Passed to :class:`marti.clients.env.EnvClient` (token, tls_ca_file, timeout_s).
 
     Returns:
-        One dict per env id (see :func:`marti.env_registry.describe_spec` for the keys).
+        One dict per env id (see :func:`marti.env.registry.describe_spec` for the keys).
 
     Raises:
         marti.errors.InvalidArgumentError: An empty or malformed multi-server address (named).
         marti.errors.UnavailableError: A server cannot be reached (named when there are several).
     """
     if address is None:
-        from marti.env_registry import describe_all
+        from marti.env.registry import describe_all
 
         return describe_all()
     from marti.clients.env import open_env_sessions

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marti.errors import InvalidArgumentError, MartiError, with_context
-from marti.loader import load_attr
-from marti.prompt_template import check_prompt_template
+from marti.plumbing.loader import load_attr
+from marti.team.prompt_template import check_prompt_template
 
 __all__ = [
     "ConfigHook",
@@ -190,7 +190,7 @@ class TurnPrompt:
     (the prompt ends with the chat template's output, then the tokens of ``response_prefix + reply_start``): those
     tokens are prompt tokens, so they are never trained, and the reply's text (what the parser and the env get)
     starts with ``response_prefix + reply_start``. A scripted agent's answer is prefixed with it likewise.
-    (Named ``TurnPrompt``, not ``Prompt``: :data:`marti.inference.Prompt` is the engines' prompt type.)
+    (Named ``TurnPrompt``, not ``Prompt``: :data:`marti.types.inference.Prompt` is the engines' prompt type.)
 
     Args:
         user: The user message.
@@ -238,7 +238,7 @@ class Role:
 
     Raises:
         InvalidArgumentError: A ``system_prompt`` with a placeholder other than ``{name}``, ``{role}``,
-            ``{capabilities}``, or braces that do not pair up (:func:`marti.prompt_template.check_prompt_template`).
+            ``{capabilities}``, or braces that do not pair up (:func:`marti.team.prompt_template.check_prompt_template`).
     """
 
     agent: str
@@ -248,7 +248,7 @@ class Role:
     policy: Callable[[Chat], str] | None = None
 
     def __post_init__(self) -> None:
-        """Refuse a ``system_prompt`` that cannot be filled in (:func:`marti.prompt_template.check_prompt_template`).
+        """Refuse a ``system_prompt`` that cannot be filled in (:func:`marti.team.prompt_template.check_prompt_template`).
 
         Raises:
             InvalidArgumentError: Naming the agent and the bad placeholder or brace.
@@ -274,7 +274,7 @@ class Role:
             return TurnPrompt(built)
         raise InvalidArgumentError(
             f"the prompt builder of agent {self.agent!r} (role {ctx.role!r}) returned {type(built).__name__}; "
-            "it must return a str (the user message) or a marti.workflow.TurnPrompt"
+            "it must return a str (the user message) or a marti.team.workflow.TurnPrompt"
         )
 
 
@@ -617,7 +617,7 @@ def workflow_from_section(section: Any, agent_names: Sequence[str], cfg: Any = N
         wf = load_callable(section.factory)(cfg)
         if not isinstance(wf, Workflow):
             raise InvalidArgumentError(
-                f"workflow.factory {section.factory!r} returned {type(wf).__name__}, not marti.workflow.Workflow"
+                f"workflow.factory {section.factory!r} returned {type(wf).__name__}, not marti.team.workflow.Workflow"
             )
         return wf
     names = list(agent_names)

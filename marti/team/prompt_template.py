@@ -1,5 +1,5 @@
 """System prompt templates (``agents.N.prompt_template``, ``workflow.roles.N.system_prompt``,
-:class:`marti.workflow.Role`'s ``system_prompt``): the placeholders they may name, the check made when a config
+:class:`marti.team.workflow.Role`'s ``system_prompt``): the placeholders they may name, the check made when a config
 loads, and the one function that fills them in.
 
 A template names the agent only: ``{name}``, ``{role}`` and ``{capabilities}``. A dataset row's columns are not

@@ -204,6 +204,6 @@ def make(
     Returns:
         The view.
     """
-    from marti.envs import make as make_env
+    from marti.env.make import make as make_env
 
     return SingleAgentView(make_env(env_id, **make_kwargs), agent, partners, max_partner_steps)

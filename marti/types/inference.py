@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from marti.errors import InvalidArgumentError
-from marti.tools import ChatReply, ToolCall
+from marti.types.tools import ChatReply, ToolCall
 
 __all__ = [
     "ChatMessages",

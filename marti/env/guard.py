@@ -16,8 +16,8 @@ from typing import Any
 import gymnasium
 from pettingzoo import ParallelEnv
 
-from marti.arguments import check_text
 from marti.errors import FailedPreconditionError, InternalError, InvalidArgumentError
+from marti.plumbing.arguments import check_text
 
 #: Default length limit of a text action (characters) when the env config names none.
 DEFAULT_MAX_ACTION_CHARS = 4096

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from marti.errors import InvalidArgumentError
-from marti.trajectory import Trajectory
+from marti.types.trajectory import Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +363,7 @@ def parse_tables_yaml(text: str, source: str = "tables config") -> list[TableCon
     """
     import yaml
 
-    from marti.yaml_load import load_yaml
+    from marti.plumbing.yaml_load import load_yaml
 
     try:
         doc = load_yaml(text, source) or {}

@@ -24,7 +24,10 @@ DISPATCH = {
         "services.trainer.job.cli.eval_cli",
         "evaluate a checkpoint and the base models on held-out seeds",
     ),
-    "top": ("marti.top", "live view of services: health, throughput, queues, sessions, tables, job progress"),
+    "top": (
+        "marti.command.top",
+        "live view of services: health, throughput, queues, sessions, tables, job progress",
+    ),
 }
 
 
@@ -131,12 +134,12 @@ def _up_refusal(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_up(argv: list[str]) -> int:
+    from marti.command.stack import LocalStack
+    from marti.command.supervise import supervise
     from marti.errors import InvalidArgumentError, MartiError
     from marti.liveness import HealthProbe
     from marti.restart_policy import RestartPolicy
-    from marti.stack import LocalStack
     from marti.stop_signals import Interrupted, StopSignals
-    from marti.supervise import supervise
 
     parser = _up_parser()
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Keep a :class:`~marti.stack.LocalStack` running: restart a service that fails (exits, or hangs per
+"""Keep a :class:`~marti.command.stack.LocalStack` running: restart a service that fails (exits, or hangs per
 :class:`~marti.liveness.HealthProbe`), as docker-compose's ``restart: on-failure`` does for exits, within a bounded
 restart policy (``marti up --restart``)."""
 
@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
+from marti.command.stack import LocalStack
 from marti.errors import MartiError
 from marti.liveness import KILL_GRACE_S, HealthProbe
 from marti.restart_policy import RestartPolicy, describe_exit, why_not
-from marti.stack import LocalStack
 from marti.stop_signals import Interrupted
 
 #: How often the supervisor looks at its services, seconds.

@@ -2,13 +2,13 @@
 
 Ids are ``name-vN`` (``collaborative_task_solving-v1``); the bare ``name`` resolves to the highest version.
 A factory is a class or function ``factory(config: dict, seed: int | None) -> ParallelEnv``; the registry never
-hands out a shared instance, and every instance is wrapped in :class:`marti.env_guard.GuardedParallelEnv`.
+hands out a shared instance, and every instance is wrapped in :class:`marti.env.guard.GuardedParallelEnv`.
 
 Layering: this module is the one registry used by the in-process path (``marti.make`` without an address) and
 by the env server, and it imports no environment and nothing of ``services``. Envs are found through
 *providers*: a provider is a ``"module:function"`` string, where ``function(registry)`` registers the env
 name(s) it owns (and every version of them). A registry maps each env name to its provider and imports the
-provider's module (:func:`marti.loader.load_attr`) only when that name is first resolved (``make``,
+provider's module (:func:`marti.plumbing.loader.load_attr`) only when that name is first resolved (``make``,
 ``resolve``) or when every env is listed (``specs``, ``describe_all``). Every env, built-in or not, is declared
 in the ``marti.envs`` entry-point group (entry name = env name, value = provider), read with
 :func:`importlib.metadata.entry_points`: the built-in envs live in the env server's env library
@@ -32,8 +32,8 @@ from typing import Any
 import gymnasium
 from pettingzoo import ParallelEnv
 
-from marti.env_config import ConfigSchema
-from marti.env_guard import (
+from marti.env.config import ConfigSchema
+from marti.env.guard import (
     DEFAULT_MAX_ACTION_CHARS,
     GuardedParallelEnv,
     check_env_id,
@@ -41,7 +41,7 @@ from marti.env_guard import (
     declared_metrics,
 )
 from marti.errors import AlreadyExistsError, NotFoundError
-from marti.loader import load_attr
+from marti.plumbing.loader import load_attr
 
 _LOG = logging.getLogger(__name__)
 _ID_RE = re.compile(r"^(?P<name>[A-Za-z0-9_./]+?)(?:-v(?P<version>\d+))?$")
@@ -81,7 +81,7 @@ class EnvSpec:
 
 
 def load_provider(target: str) -> Callable[[Registry], None]:
-    """Import a provider given as ``"module:function"`` (through :func:`marti.loader.load_attr`).
+    """Import a provider given as ``"module:function"`` (through :func:`marti.plumbing.loader.load_attr`).
 
     Args:
         target: ``"package.module:function"``.

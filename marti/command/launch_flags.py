@@ -30,9 +30,9 @@ import yaml
 from marti.config import AlgorithmConfig, TrainConfig, apply_overrides, config_from_dict, unset_keys
 from marti.config.dataset import DATASET_ENV
 from marti.config.unread import CRITIC_ALGORITHM_KEYS
-from marti.cpu_features import CPUINFO, cpu_has_bf16
 from marti.errors import InvalidArgumentError
-from marti.yaml_load import load_yaml
+from marti.plumbing.cpu_features import CPUINFO, cpu_has_bf16
+from marti.plumbing.yaml_load import load_yaml
 
 __all__ = [
     "FLAG_GROUPS",
@@ -86,7 +86,7 @@ class MachineInfo:
     Attributes:
         has_cuda: A CUDA device is visible to torch.
         bf16_supported: bfloat16 training runs natively: on the CUDA device, or (no CUDA) on a CPU whose
-            ``/proc/cpuinfo`` flags name ``avx512_bf16`` or ``amx_bf16`` (:func:`marti.cpu_features.cpu_has_bf16`).
+            ``/proc/cpuinfo`` flags name ``avx512_bf16`` or ``amx_bf16`` (:func:`marti.plumbing.cpu_features.cpu_has_bf16`).
         flash_attn_installed: The ``flash_attn`` package is importable.
         wandb_installed: The ``wandb`` package is importable.
     """

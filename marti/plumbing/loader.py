@@ -1,7 +1,7 @@
 """The one loader of ``"module:attr"`` import paths, for the SDK and the services alike.
 
 Every place that turns a string into an object goes through :func:`load_attr`: the env registry's providers
-(``marti.env_registry``), user workflows, rewards and envs named by import path (``marti.workflow``), and the env
+(``marti.env.registry``), user workflows, rewards and envs named by import path (``marti.team.workflow``), and the env
 server's ``entry_point`` config of the PettingZoo/Gymnasium adapters, which passes its allow-list of module
 prefixes as ``allowed``. Malformed, refused and missing paths, and modules or files that exist but fail to run
 (a syntax error, a failed import inside them), all raise :mod:`marti.errors` classes naming the path.
