@@ -38,6 +38,9 @@ _LAZY = {
     "load_config": ("marti.config", "load_config"),
 }
 
+#: Modules reached as attributes of ``marti`` (``marti.aio.EnvPool``, ``marti.workflow.Role``): name -> module.
+_LAZY_MODULES = {"aio": "marti.aio", "workflow": "marti.team.workflow", "gym_view": "marti.env.gym_view"}
+
 __all__ = ["__version__", *_LAZY]
 
 
@@ -48,6 +51,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
-    if name in ("aio", "workflow", "gym_view"):
-        return importlib.import_module(f"marti.{name}")
+    if name in _LAZY_MODULES:
+        return importlib.import_module(_LAZY_MODULES[name])
     raise AttributeError(f"module 'marti' has no attribute {name!r}")
