@@ -38,7 +38,7 @@ _LAZY = {
     "load_config": ("marti.config", "load_config"),
 }
 
-#: Modules reached as attributes of ``marti`` (``marti.aio.EnvPool``, ``marti.workflow.Role``): name -> module.
+#: Modules reached as attributes of ``marti`` after ``import marti`` (``marti.aio.EnvPool``): name -> module.
 _LAZY_MODULES = {"aio": "marti.aio", "workflow": "marti.team.workflow", "gym_view": "marti.env.gym_view"}
 
 __all__ = ["__version__", *_LAZY]
