@@ -219,7 +219,7 @@ def _cmd_bench(argv: list[str]) -> int:
     )
     parser.add_argument("name", nargs="?", help="benchmark name (run `marti bench` to list them)")
     args, rest = parser.parse_known_args(argv)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the folder holding the marti package
     names = bench_names(root / "benchmarks")
     listing = "benchmarks: " + (", ".join(names) or "none (no benchmarks/ folder beside the marti package)")
     asked = args.name == "list" or (args.name is None and rest[:1] in (["-h"], ["--help"]))
