@@ -134,12 +134,12 @@ def _up_refusal(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_up(argv: list[str]) -> int:
+    from marti.command.liveness import HealthProbe
+    from marti.command.restart_policy import RestartPolicy
     from marti.command.stack import LocalStack
+    from marti.command.stop_signals import Interrupted, StopSignals
     from marti.command.supervise import supervise
     from marti.errors import InvalidArgumentError, MartiError
-    from marti.liveness import HealthProbe
-    from marti.restart_policy import RestartPolicy
-    from marti.stop_signals import Interrupted, StopSignals
 
     parser = _up_parser()
     args = parser.parse_args(argv)

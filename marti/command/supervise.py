@@ -1,5 +1,5 @@
 """Keep a :class:`~marti.command.stack.LocalStack` running: restart a service that fails (exits, or hangs per
-:class:`~marti.liveness.HealthProbe`), as docker-compose's ``restart: on-failure`` does for exits, within a bounded
+:class:`~marti.command.liveness.HealthProbe`), as docker-compose's ``restart: on-failure`` does for exits, within a bounded
 restart policy (``marti up --restart``)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
+from marti.command.liveness import KILL_GRACE_S, HealthProbe
+from marti.command.restart_policy import RestartPolicy, describe_exit, why_not
 from marti.command.stack import LocalStack
+from marti.command.stop_signals import Interrupted
 from marti.errors import MartiError
-from marti.liveness import KILL_GRACE_S, HealthProbe
-from marti.restart_policy import RestartPolicy, describe_exit, why_not
-from marti.stop_signals import Interrupted
 
 #: How often the supervisor looks at its services, seconds.
 POLL_S = 0.2
@@ -36,9 +36,9 @@ def supervise(
         stopping: Returns True once the stack should stop (a signal arrived).
         say: Prints one log line (``marti up: ...``).
         probe: Liveness probe: a service it finds hung is killed (SIGTERM, SIGKILL after
-            :data:`~marti.liveness.KILL_GRACE_S`) and counts as a failure; ``None`` checks exits only.
-        interruptible: Returns the context (:meth:`marti.stop_signals.StopSignals.interruptible`) in which a
-            stop signal raises :class:`~marti.stop_signals.Interrupted`: each restart (its wait for SERVING) runs
+            :data:`~marti.command.liveness.KILL_GRACE_S`) and counts as a failure; ``None`` checks exits only.
+        interruptible: Returns the context (:meth:`marti.command.stop_signals.StopSignals.interruptible`) in which a
+            stop signal raises :class:`~marti.command.stop_signals.Interrupted`: each restart (its wait for SERVING) runs
             in it, so a signal ends that wait at once.
 
     Returns:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marti.restart_policy import RestartPolicy
+from marti.command.restart_policy import RestartPolicy
 from services.comm_broker.settings import BrokerSettings
 from services.env_server.settings import EnvServerSettings
 from services.experience_store.settings import StoreSettings

@@ -1,4 +1,4 @@
-"""``marti up``'s liveness probe (:class:`marti.liveness.HealthProbe`) against a real broker process: a stopped
+"""``marti up``'s liveness probe (:class:`marti.command.liveness.HealthProbe`) against a real broker process: a stopped
 (SIGSTOP) service is found hung after ``failures`` checks in a row, no sooner than ``interval_s`` and
 ``timeout_s`` allow; an answer within the timeout, or one SERVING answer between failures, is not a hang; a
 NOT_SERVING answer is a failure; each flag's range. The kill and restart through ``marti up``:
@@ -15,12 +15,12 @@ import time
 
 import pytest
 
+from marti.command.liveness import HealthProbe
 from marti.command.main import main
+from marti.command.restart_policy import RestartPolicy
 from marti.command.stack import LocalStack, ServiceProcess
 from marti.command.supervise import supervise
 from marti.errors import InvalidArgumentError
-from marti.liveness import HealthProbe
-from marti.restart_policy import RestartPolicy
 from marti.rpc.health import wait_until_serving
 from marti.rpc.testing import ServerThread
 

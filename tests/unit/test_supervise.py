@@ -1,4 +1,4 @@
-"""``marti up``'s restart policy (:class:`marti.restart_policy.RestartPolicy`): which exits restart, the count within
+"""``marti up``'s restart policy (:class:`marti.command.restart_policy.RestartPolicy`): which exits restart, the count within
 the window, the doubling backoff and its cap, and the flags' ranges. The restarts themselves, with real
 processes: ``tests/integration/test_cli_services.py``."""
 
@@ -12,10 +12,10 @@ import time
 import pytest
 
 from marti.command.main import main
+from marti.command.restart_policy import MAX_BACKOFF_S, RestartPolicy, describe_exit
 from marti.command.stack import LocalStack, ServiceProcess
 from marti.command.supervise import supervise
 from marti.errors import InvalidArgumentError
-from marti.restart_policy import MAX_BACKOFF_S, RestartPolicy, describe_exit
 
 
 def _stack_with_exited(name: str, code: int, address: str = "127.0.0.1:1") -> LocalStack:
