@@ -177,12 +177,13 @@ def _leaf(node: Any, part: Any, value: Any, key: str, unset: bool) -> None:
 
 def _child(node: dict[str, Any], part: str, kind: type, key: str, unset: bool) -> Any:
     """``node[part]``, made an empty ``kind`` (dict or list) where it is missing (a dict also where it is not one);
-    with ``unset`` a missing one is refused instead (nothing below it is set)."""
+    with ``unset`` a missing one is an empty ``kind`` left out of ``node``, so the rest of the key is still checked
+    against the schema (an unknown key is named as such) before the leaf is refused as not set."""
     current = node.get(part)
     if isinstance(current, kind):
         return current
     if unset:
-        raise _not_set(key)
+        return kind()
     if kind is list and current is not None:
         return current
     node[part] = kind()

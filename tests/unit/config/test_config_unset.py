@@ -52,7 +52,14 @@ def test_a_whole_section_can_be_unset_and_the_input_is_not_modified():
         ("policy..lora_r", "--unset key 'policy..lora_r' has an empty part"),
         ("policy.lora_dropout", "--unset policy.lora_dropout: the config does not set 'policy.lora_dropout'"),
         ("budget.max_wall_time_s", "the config does not set 'budget.max_wall_time_s'"),  # no budget section
-        ("agents.0.sampling.top_k", "the config does not set 'agents.0.sampling.top_k'"),
+        # a misspelt key under a section the file does not have is still named as unknown
+        (
+            "algorithm.kl_coeff",
+            "unknown config key 'algorithm.kl_coeff' in --unset 'algorithm.kl_coeff' (did you mean 'kl_coef'?)",
+        ),
+        ("budget.max_wall_time", "unknown config key 'budget.max_wall_time' in --unset"),
+        ("agents.0.sampling.top_p", "the config does not set 'agents.0.sampling.top_p'"),
+        ("agents.0.sampling.top_k", "unknown config key 'agents.0.sampling.top_k' in --unset"),
         ("environment.options.x", "the config does not set 'environment.options.x'"),
     ],
 )
