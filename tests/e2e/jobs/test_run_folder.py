@@ -92,8 +92,9 @@ def _wait_for_the_record(proc: subprocess.Popen, run: Path, lines: list[str]) ->
 
 @pytest.mark.slow
 def test_overwrite_lock_and_a_second_ctrl_c_while_the_job_waits_on_ray(tmp_path):
-    """The second Ctrl-C, 4 s into the second step and 2 s after the first Ctrl-C, lands while the job waits in
-    ``ray.get`` (400-token replies: a step's generation and update take over 6 s). Ray's signal check turned the
+    """The second Ctrl-C, 4 s into the second step and 0.5 s after the job printed that the first one stops it
+    after the step, lands while the job waits in ``ray.get`` (400-token replies: a step takes several seconds;
+    with 2 s instead of 0.5 s, a busy machine once finished the step first and the job was already tearing down). Ray's signal check turned the
     handler's stop into a ``SystemError``: a traceback, exit 1 and no report. It stops at once with the
     documented lines, exit 130 and no process left."""
     run = tmp_path / "run"
@@ -124,7 +125,7 @@ def test_overwrite_lock_and_a_second_ctrl_c_while_the_job_waits_on_ray(tmp_path)
         os.killpg(job.pid, signal.SIGINT)
         # two signals sent before the first is handled would arrive as one
         wait_for_line(job, lines, "stopping after the current step", 60)
-        time.sleep(2)
+        time.sleep(0.5)
         os.killpg(job.pid, signal.SIGINT)  # the second lands during the step the first lets finish
         try:
             job.wait(timeout=120)
