@@ -24,9 +24,8 @@ from pathlib import Path
 import yaml
 
 from marti.clients.trainer import JobInfo, MetricsRecord, TrainerClient
-from marti.config import unset_keys
-from marti.errors import DeadlineExceededError, InvalidArgumentError, MartiError
-from marti.plumbing.yaml_load import load_yaml
+from marti.config import raw_config_from_text, unset_keys
+from marti.errors import DeadlineExceededError, MartiError
 from marti.rpc.channel import DEFAULT_TIMEOUT_S
 
 
@@ -40,13 +39,7 @@ def without_keys(text: str, keys: list[str], overrides: list[str], source: str) 
     """
     if not keys:
         return text
-    try:
-        data = load_yaml(text, source)
-    except yaml.YAMLError as exc:
-        raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidArgumentError(f"{source}: the config must be a YAML mapping")
-    return yaml.safe_dump(unset_keys(data, keys, overrides), sort_keys=False)
+    return yaml.safe_dump(unset_keys(raw_config_from_text(text, source), keys, overrides), sort_keys=False)
 
 
 def submit_and_wait(

@@ -46,6 +46,7 @@ from marti.config.load import (
     config_from_text,
     dump_config,
     load_config,
+    raw_config_from_text,
     unset_keys,
 )
 from marti.config.schema import (
@@ -108,6 +109,7 @@ __all__ = [
     "unset_keys",
     "config_from_dict",
     "config_from_text",
+    "raw_config_from_text",
     "config_reference_markdown",
     "dump_config",
     "load_config",

@@ -264,8 +264,7 @@ def config_from_dict(
     Raises:
         InvalidArgumentError: Every problem found, one per line, each naming the dotted key and bad value.
     """
-    if not isinstance(data, dict):
-        raise InvalidArgumentError(f"{source}: the config must be a YAML mapping, got {type(data).__name__}")
+    _check_mapping(data, source)
     raw = apply_overrides(unset_keys(data, unset, overrides), overrides)
     try:
         return TrainConfig.model_validate(raw)
@@ -288,11 +287,29 @@ def config_from_text(
             lines named, :func:`marti.plumbing.yaml_load.load_yaml`), or the config is invalid (see
             :func:`config_from_dict`).
     """
+    return config_from_dict(raw_config_from_text(text, source), overrides, source=source, unset=unset)
+
+
+def raw_config_from_text(text: str, source: str = "<text>") -> dict[str, Any]:
+    """The raw config mapping of YAML text (empty text: ``{}``), not yet validated.
+
+    Raises:
+        InvalidArgumentError: The text is not valid YAML, writes a key twice in one mapping (the key and both
+            lines named, :func:`marti.plumbing.yaml_load.load_yaml`), or is not a mapping; ``source`` is named.
+    """
     try:
         data = load_yaml(text, source)
     except yaml.YAMLError as exc:
         raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
-    return config_from_dict({} if data is None else data, overrides, source=source, unset=unset)
+    data = {} if data is None else data
+    _check_mapping(data, source)
+    return data
+
+
+def _check_mapping(data: Any, source: str) -> None:
+    """Refuse a config that is not a mapping (``source`` and the type named)."""
+    if not isinstance(data, dict):
+        raise InvalidArgumentError(f"{source}: the config must be a YAML mapping, got {type(data).__name__}")
 
 
 def load_config(
