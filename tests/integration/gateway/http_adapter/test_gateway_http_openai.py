@@ -13,7 +13,7 @@ from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_traci
 from agents.exceptions import ModelBehaviorError
 
 from services.trainer.models.loading import load_tokenizer
-from tests.integration.gateway.http_gateway import (
+from tests.integration.gateway.http_adapter.http_gateway import (
     MSG,
     TOKEN,
     auth,

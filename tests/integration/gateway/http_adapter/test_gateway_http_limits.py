@@ -9,7 +9,7 @@ import logging
 
 import httpx
 
-from tests.integration.gateway.http_gateway import (
+from tests.integration.gateway.http_adapter.http_gateway import (
     EMOJI_TEXT,
     MAX_ID_CHARS,
     MAX_REQUEST_BYTES,

@@ -16,7 +16,7 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
-from tests.integration.gateway.http_gateway import (
+from tests.integration.gateway.http_adapter.http_gateway import (
     EMOJI_TEXT,
     MSG,
     TOKEN,

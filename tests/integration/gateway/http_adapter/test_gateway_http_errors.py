@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from services.gateway.http.app import build_app
-from tests.integration.gateway.http_gateway import (
+from tests.integration.gateway.http_adapter.http_gateway import (
     MAX_QUEUE,
     MSG,
     auth,

@@ -12,7 +12,7 @@ from services.gateway.server import GatewayServer
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
 from services.trainer.rollout.serving.gateway_backend import EngineBackend
-from tests.integration.gateway.http_gateway import (
+from tests.integration.gateway.http_adapter.http_gateway import (
     AGENTS,
     MAX_ID_CHARS,
     MAX_MODEL_LEN,

@@ -11,7 +11,7 @@ from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
 from services.trainer.rollout.engines.base import chat_to_ids
-from tests.integration.gateway.http_gateway import (
+from tests.integration.gateway.http_adapter.http_gateway import (
     TOKEN,
     FixedBackend,
     auth,
