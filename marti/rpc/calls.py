@@ -18,7 +18,7 @@ public API from the three.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,13 +47,19 @@ def _closed_on_fork(err: grpc.RpcError) -> bool:
     )
 
 
-def call(method: Callable[..., Any], request: Any, timeout_s: float | None = None) -> Any:
+def call(
+    method: Callable[..., Any],
+    request: Any,
+    timeout_s: float | None = None,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> Any:
     """Make one sync unary call.
 
     Args:
         method: A stub's multi-callable (``stub.GetJob``).
         request: The request message.
         timeout_s: Deadline, seconds; ``None`` or ``0`` means :data:`DEFAULT_TIMEOUT_S`.
+        metadata: Call metadata to send, ``(key, value)`` pairs (none by default).
 
     Returns:
         The response message.
@@ -63,21 +69,28 @@ def call(method: Callable[..., Any], request: Any, timeout_s: float | None = Non
     Raises:
         MartiError: The subclass of the call's status (:func:`marti.rpc.errors.from_rpc_error`).
     """
+    meta = {"metadata": metadata} if metadata else {}  # a method without metadata is called as before
     try:
-        return method(request, timeout=timeout_s or DEFAULT_TIMEOUT_S)
+        return method(request, timeout=timeout_s or DEFAULT_TIMEOUT_S, **meta)
     except grpc.RpcError as e:
         if not _closed_on_fork(e):
             raise from_rpc_error(e) from None
     try:
-        return method(request, timeout=timeout_s or DEFAULT_TIMEOUT_S)
+        return method(request, timeout=timeout_s or DEFAULT_TIMEOUT_S, **meta)
     except grpc.RpcError as e:
         raise from_rpc_error(e) from None
 
 
-async def acall(method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None = None) -> Any:
+async def acall(
+    method: Callable[..., Awaitable[Any]],
+    request: Any,
+    timeout_s: float | None = None,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> Any:
     """Make one ``grpc.aio`` unary call: the awaitable twin of :func:`call` (same arguments and errors)."""
     try:
-        return await method(request, timeout=timeout_s or DEFAULT_TIMEOUT_S)
+        meta = {"metadata": metadata} if metadata else {}
+        return await method(request, timeout=timeout_s or DEFAULT_TIMEOUT_S, **meta)
     except grpc.RpcError as e:
         raise from_rpc_error(e) from None
 

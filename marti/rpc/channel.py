@@ -13,6 +13,7 @@ import grpc
 
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.rpc.address import check_address
+from marti.rpc.message_limits import record_limits
 from marti.rpc.options import common_options, reconnect_options
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 from marti.rpc.transport import LoopBoundChannel
@@ -324,7 +325,9 @@ def make_channel(
 
     Returns:
         A sync ``grpc.Channel``, or a :class:`~marti.rpc.transport.LoopBoundChannel` (stubs take it like a
-        ``grpc.aio.Channel``; ``await channel.close()`` closes it).
+        ``grpc.aio.Channel``; ``await channel.close()`` closes it). Its send and receive limits are recorded
+        (:func:`marti.rpc.message_limits.send_limit` and :func:`~marti.rpc.message_limits.receive_limit` read
+        them).
 
     Raises:
         InvalidArgumentError: The address has no port or is malformed, the token (given or from the
@@ -351,10 +354,10 @@ def make_channel(
                 creds, grpc.metadata_call_credentials(_AuthMetadata(token))
             )
     if aio:
-        return LoopBoundChannel(_aio_factory(address, opts, creds, token))
+        return record_limits(LoopBoundChannel(_aio_factory(address, opts, creds, token)), opts)
     if creds is not None:
-        return grpc.secure_channel(address, creds, options=opts)
+        return record_limits(grpc.secure_channel(address, creds, options=opts), opts)
     channel = grpc.insecure_channel(address, options=opts)
     if token:
         channel = grpc.intercept_channel(channel, _SyncTokenInterceptor(token))
-    return channel
+    return record_limits(channel, opts)

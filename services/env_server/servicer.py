@@ -15,6 +15,7 @@ from marti.env.make import declared_metrics
 from marti.env.registry import Registry, default_registry
 from marti.errors import BatchTooLargeError, InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.errors import ok_status, to_status_proto
+from marti.rpc.message_limits import RECEIVE_LIMIT_KEY, client_receive_limit
 from marti.rpc.server import ServiceSpec
 from services.env_server import convert
 from services.env_server.core.session_state import BatchItem
@@ -29,14 +30,33 @@ _LOG = logging.getLogger("marti.env_server")
 RESPONSE_MARGIN = 1024
 
 
-def _too_large(what: str, size: int, limit: int) -> ResourceExhaustedError:
-    """The error of a result over the server's gRPC message limit: names ``what``, its ``size`` and ``limit``
-    (bytes), and says the call ran."""
+def _too_large(what: str, size: int, limit: int, client: int | None = None) -> ResourceExhaustedError:
+    """The error of a result over the gRPC message limit of its call: names ``what``, its ``size``, the server's
+    ``limit`` and the ``client``'s receive limit when it told one (bytes), and says the call ran."""
+    over, hint = f"over the env server's max_message_bytes={limit}", ""
+    if client is not None:
+        over = (
+            f"over the smaller of the client's receive limit, {client} bytes (its channel's "
+            f"grpc.max_receive_message_length, told as {RECEIVE_LIMIT_KEY}), and the env server's "
+            f"max_message_bytes={limit}"
+        )
+        if client < limit:
+            hint = " (or the client's channel could take more: its options= grpc.max_receive_message_length)"
     return ResourceExhaustedError(
-        f"{what} is {size} bytes, over the env server's max_message_bytes={limit} (less {RESPONSE_MARGIN} for "
-        "the response around it), so it is not sent: the env's observations or infos are too large; the call "
-        "did run (a step moved the episode on)"
+        f"{what} is {size} bytes, {over} (less {RESPONSE_MARGIN} for the response around it), so it is not "
+        f"sent: the env's observations or infos are too large{hint}; the call did run (a step moved the "
+        "episode on)"
     )
+
+
+def _told(context: Any) -> int | None:
+    """The receive limit the client told in the call's metadata (:data:`RECEIVE_LIMIT_KEY`), bytes; ``None``
+    when it told none (an older client, a raw gRPC one) or ``-1``.
+
+    Raises:
+        InvalidArgumentError: A value that is not a byte count (named).
+    """
+    return client_receive_limit(context.invocation_metadata())
 
 
 class EnvServicer(pb_grpc.EnvServiceServicer):
@@ -53,26 +73,34 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         self._stream_ids = itertools.count(1)
         self._listing: pb.ListEnvsResponse | None = None
 
-    def _fit(self, result: Any, what: str) -> None:
-        """Refuse a result the server could not send: gRPC fails a message over ``max_message_bytes``, and on the
-        ``Session`` stream that ends the stream and closes every session on it.
+    def _budget(self, client: int | None) -> int:
+        """The largest result a call may return, bytes: the smaller of ``max_message_bytes`` and the ``client``'s
+        receive limit (``None``: it told none), less :data:`RESPONSE_MARGIN`."""
+        limit = self.settings.max_message_bytes
+        return (limit if client is None else min(limit, client)) - RESPONSE_MARGIN
+
+    def _fit(self, result: Any, what: str, client: int | None = None) -> None:
+        """Refuse a result that could not be sent: gRPC fails a message over ``max_message_bytes`` here or over
+        the client's receive limit there, and on the ``Session`` stream that ends the stream and closes every
+        session on it.
 
         Args:
             result: The encoded result (a ``ResetResponse`` or ``StepResponse``).
             what: What it is, for the message (``"the step result of session 'ID'"``).
+            client: The receive limit the client told (:func:`client_receive_limit`), bytes, or ``None``.
 
         Raises:
-            ResourceExhaustedError: ``result`` is over ``max_message_bytes`` less :data:`RESPONSE_MARGIN`
-                (:func:`_too_large`).
+            ResourceExhaustedError: ``result`` is over :meth:`_budget` (:func:`_too_large`).
         """
         size = result.ByteSize()
-        if size > self.settings.max_message_bytes - RESPONSE_MARGIN:
-            raise _too_large(what, size, self.settings.max_message_bytes)
+        if size > self._budget(client):
+            raise _too_large(what, size, self.settings.max_message_bytes, client)
 
-    def _trim(self, req: pb.BatchStepRequest, out: pb.BatchStepResponse) -> None:
+    def _trim(self, req: pb.BatchStepRequest, out: pb.BatchStepResponse, client: int | None = None) -> None:
         """Fail the largest step results of a batch in-band, each naming its session (:func:`_too_large`), until
-        the batch fits under ``max_message_bytes``; the other results are sent."""
-        budget = self.settings.max_message_bytes - RESPONSE_MARGIN
+        the batch fits under :meth:`_budget` (``client``: the client's receive limit, or ``None``); the other
+        results are sent."""
+        budget = self._budget(client)
         total = out.ByteSize()  # one encoding of the batch (about 1% of the server's CPU per step)
         if total <= budget:
             return
@@ -85,7 +113,8 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
             if size <= budget:
                 what += f" (with the other results of its BatchStep, {total} bytes)"
             item.ClearField("step")
-            item.status.CopyFrom(to_status_proto(_too_large(what, size, self.settings.max_message_bytes)))
+            error = _too_large(what, size, self.settings.max_message_bytes, client)
+            item.status.CopyFrom(to_status_proto(error))
             total += item.ByteSize() - size
 
     # ---- handlers shared by the unary rpcs and the stream; env calls run on the session core's worker pool ----
@@ -108,16 +137,20 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
             req.env_id, convert.map_from_proto(req.config), seed, owner, req.request_id, describe
         )
 
-    async def _reset(self, req: pb.ResetRequest, out: pb.ResetResponse | None = None) -> pb.ResetResponse:
+    async def _reset(
+        self, req: pb.ResetRequest, out: pb.ResetResponse | None = None, client: int | None = None
+    ) -> pb.ResetResponse:
         seed = req.seed if req.HasField("seed") else None
         options = convert.map_from_proto(req.options) or None
         result = await self.sessions.reset_async(
             req.session_id, seed, options, req.request_id, lambda o, _: convert.reset_to_proto(o, out)
         )
-        self._fit(result, f"the reset result of session {req.session_id!r}")
+        self._fit(result, f"the reset result of session {req.session_id!r}", client)
         return result
 
-    async def _step(self, req: pb.StepRequest, out: pb.StepResponse | None = None) -> pb.StepResponse:
+    async def _step(
+        self, req: pb.StepRequest, out: pb.StepResponse | None = None, client: int | None = None
+    ) -> pb.StepResponse:
         actions = convert.actions_from_proto(req.actions)
         result = await self.sessions.step_async(
             req.session_id,
@@ -126,15 +159,16 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
             lambda o, base: convert.step_to_proto(o, out, base),
             req.delta_base,
         )
-        self._fit(result, f"the step result of session {req.session_id!r}")
+        self._fit(result, f"the step result of session {req.session_id!r}", client)
         return result
 
     async def _batch(
-        self, req: pb.BatchStepRequest, out: pb.BatchStepResponse | None = None
+        self, req: pb.BatchStepRequest, out: pb.BatchStepResponse | None = None, client: int | None = None
     ) -> pb.BatchStepResponse:
         """Run a BatchStep (into ``out`` when given, avoiding a copy of the whole response): the steps of a
         batch's sessions run in few worker jobs (see ``SessionManager.step_batch_async``), each step encoded
-        as a delta when its request names the session's latest result."""
+        as a delta when its request names the session's latest result; results over the call's limit fail
+        in-band (:meth:`_trim`, ``client``: the client's receive limit)."""
         if len(req.steps) > self.settings.max_batch_steps:
             raise BatchTooLargeError(
                 f"BatchStep has {len(req.steps)} steps, above max_batch_steps={self.settings.max_batch_steps}",
@@ -164,7 +198,7 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
                 item.status.CopyFrom(to_status_proto(r))
             else:
                 item.status.code = 0
-        self._trim(req, out)
+        self._trim(req, out, client)
         return out
 
     async def _close(self, req: pb.CloseSessionRequest) -> pb.CloseSessionResponse:
@@ -191,16 +225,16 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         return await self._create(request)
 
     async def Reset(self, request: pb.ResetRequest, context: Any) -> pb.ResetResponse:  # noqa: N802
-        """Reset a session."""
-        return await self._reset(request)
+        """Reset a session (a result over the call's limit fails: :meth:`_fit`)."""
+        return await self._reset(request, client=_told(context))
 
     async def Step(self, request: pb.StepRequest, context: Any) -> pb.StepResponse:  # noqa: N802
-        """Step a session."""
-        return await self._step(request)
+        """Step a session (a result over the call's limit fails: :meth:`_fit`)."""
+        return await self._step(request, client=_told(context))
 
     async def BatchStep(self, request: pb.BatchStepRequest, context: Any) -> pb.BatchStepResponse:  # noqa: N802
-        """Step many sessions; errors per item."""
-        return await self._batch(request)
+        """Step many sessions; errors per item (results over the call's limit too: :meth:`_trim`)."""
+        return await self._batch(request, client=_told(context))
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:  # noqa: N802
         """Close a session."""
@@ -210,28 +244,30 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         self, request_iterator: AsyncIterator[pb.SessionRequest], context: Any
     ) -> AsyncIterator[pb.SessionResponse]:
         """Serve a bidirectional stream, one request at a time in order; sessions created on it close when it
-        ends."""
+        ends. A result over the stream's limit (the server's, or the receive limit the client told when it
+        opened the stream) fails that request alone."""
+        client = _told(context)
         owner = f"stream-{next(self._stream_ids)}"
         try:
             async for req in request_iterator:
-                yield await self._one(req, owner)
+                yield await self._one(req, owner, client)
         finally:
             await self.sessions.close_owned_async(owner)
 
-    async def _one(self, req: pb.SessionRequest, owner: str) -> pb.SessionResponse:
+    async def _one(self, req: pb.SessionRequest, owner: str, client: int | None) -> pb.SessionResponse:
         resp = pb.SessionResponse(sequence=req.sequence)
         op = req.WhichOneof("op")
         try:
             if op == "create":
                 resp.create.CopyFrom(await self._create(req.create, owner))
             elif op == "reset":
-                await self._reset(req.reset, resp.reset)
+                await self._reset(req.reset, resp.reset, client)
             elif op == "step":
-                await self._step(req.step, resp.step)
+                await self._step(req.step, resp.step, client)
             elif op == "close":
                 resp.close.CopyFrom(await self._close(req.close))
             elif op == "batch_step":
-                await self._batch(req.batch_step, resp.batch_step)
+                await self._batch(req.batch_step, resp.batch_step, client)
             else:
                 raise InvalidArgumentError("SessionRequest has no operation set")
             resp.status.CopyFrom(ok_status())

@@ -17,6 +17,7 @@ from marti.plumbing.arguments import checked
 from marti.rpc.calls import acall
 from marti.rpc.channel import check_timeout_s, make_channel
 from marti.rpc.guard import ClientChannel
+from marti.rpc.message_limits import receive_limit, receive_limit_metadata
 
 from .delta import DeltaCache, _decode, delta_cache
 from .protocol import (
@@ -46,6 +47,10 @@ class AsyncEnvClient:
         channel: An existing ``grpc.aio.Channel`` to use instead of dialing (``token`` and ``tls_ca_file`` are
             then ignored); not closed by :meth:`close`.
         deltas: Ask for delta results (see :class:`EnvClient`).
+        options: Extra grpc channel arguments of the channel the client dials (as
+            :func:`~marti.clients.env.open_channel` takes them; unused with ``channel``). Its
+            ``grpc.max_receive_message_length`` (64 MiB by default) is told to the server, which then fails a
+            larger result in-band (``ResourceExhaustedError`` for that step alone).
 
     Raises:
         InvalidArgumentError: The token (given or from the environment) is not printable ASCII; raised at
@@ -61,6 +66,7 @@ class AsyncEnvClient:
         timeout_s: float | None = None,
         channel: grpc.aio.Channel | None = None,
         deltas: bool = True,
+        options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         check_client_args(address, token, tls_ca_file, channel)
         self.timeout_s = check_timeout_s(timeout_s)
@@ -71,12 +77,15 @@ class AsyncEnvClient:
             tls_ca_file=tls_ca_file,
             aio=True,
             idempotent_methods=IDEMPOTENT_METHODS,
+            options=options,
             service="env",
         )
         self.channel = ClientChannel(self.channel, f"the env client of {address or 'its channel'}")
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         #: The channel's delta cache, or ``None`` when deltas are off.
         self.deltas: DeltaCache | None = delta_cache(self.channel.inner) if deltas else None
+        #: The metadata telling the server the channel's receive limit, on each call that returns a result.
+        self._limit = receive_limit_metadata(receive_limit(self.channel))
 
     def _forget(self, session_id: str) -> None:
         if self.deltas is not None:
@@ -118,7 +127,10 @@ class AsyncEnvClient:
         """See :meth:`EnvClient.reset`."""
         try:
             resp = await acall(
-                self.stub.Reset, _reset_request(session_id, seed, options, request_id), self.timeout_s
+                self.stub.Reset,
+                _reset_request(session_id, seed, options, request_id),
+                self.timeout_s,
+                self._limit,
             )
         except SessionLostError:
             self._forget(session_id)
@@ -133,7 +145,10 @@ class AsyncEnvClient:
         held = self.deltas.get(session_id) if self.deltas is not None else None
         try:
             resp = await acall(
-                self.stub.Step, _step_request(session_id, actions, request_id, held), self.timeout_s
+                self.stub.Step,
+                _step_request(session_id, actions, request_id, held),
+                self.timeout_s,
+                self._limit,
             )
         except SessionLostError:
             self._forget(session_id)
@@ -147,7 +162,7 @@ class AsyncEnvClient:
         """See :meth:`EnvClient.batch_step`. Several calls may be in flight at once (``asyncio.gather``) on
         distinct sessions, which keeps the server busy while the client decodes."""
         req, helds = _batch_request(self.deltas, steps)
-        items = (await acall(self.stub.BatchStep, req, self.timeout_s)).items
+        items = (await acall(self.stub.BatchStep, req, self.timeout_s, self._limit)).items
         return _batch_results(self.deltas, steps, helds, items)
 
     @checked

@@ -22,6 +22,7 @@ from marti.errors import (
 )
 from marti.plumbing.arguments import checked
 from marti.rpc.errors import from_rpc_error, from_status_proto
+from marti.rpc.message_limits import receive_limit_metadata
 from marti.rpc.watchdog import WATCHDOG
 
 from .delta import DeltaCache, _decode
@@ -57,13 +58,19 @@ class SessionStream:
     that refusal ends the stream, closing every session on it. With ``max_request_bytes`` (what
     :meth:`EnvClient.stream` passes for a channel :func:`open_channel` made) a request over it is refused before it
     is sent, with :class:`~marti.errors.ResourceExhaustedError` naming its size, the limit and the session, as the
-    unary call raises; the stream and its sessions go on.
+    unary call raises; the stream and its sessions go on. The other way, gRPC here refuses a response over the
+    channel's ``grpc.max_receive_message_length``, which would end the stream too: with ``max_response_bytes``
+    (what :meth:`EnvClient.stream` passes for a channel :func:`open_channel` made) the stream tells the server that
+    limit (:data:`~marti.rpc.message_limits.RECEIVE_LIMIT_KEY` metadata), and the server fails a larger result
+    in-band (:class:`~marti.errors.ResourceExhaustedError` for that request alone, naming the client's limit).
 
     Args:
         stub: An ``EnvServiceStub``.
         timeout_s: How long to wait for each response, seconds.
         deltas: The delta cache to use (see :class:`EnvClient`), or ``None`` for full results.
         max_request_bytes: The largest request the channel may send, bytes, or ``None`` (not checked).
+        max_response_bytes: The largest response the channel may receive, bytes (``-1``: any), told to the
+            server; ``None``: not told (the server then fails only results over its own limit).
     """
 
     def __init__(
@@ -72,10 +79,12 @@ class SessionStream:
         timeout_s: float,
         deltas: DeltaCache | None = None,
         max_request_bytes: int | None = None,
+        max_response_bytes: int | None = None,
     ) -> None:
         self._stub = stub
         self.deltas = deltas
         self.max_request_bytes = max_request_bytes
+        self._limit = receive_limit_metadata(max_response_bytes)
         self._made: set[str] = set()  # sessions created on the current stream (forgotten when it ends)
         self._seq = 0
         self._lock = threading.Lock()
@@ -90,7 +99,8 @@ class SessionStream:
         self.owner_pid = os.getpid()
         requests: queue.SimpleQueue = queue.SimpleQueue()
         self._requests = requests
-        self._responses: Any = self._stub.Session(self._iter(requests))
+        told = {"metadata": self._limit} if self._limit else {}
+        self._responses: Any = self._stub.Session(self._iter(requests), **told)
         self._broken = False
         self.generation += 1
 

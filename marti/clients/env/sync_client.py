@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from marti.plumbing.arguments import checked
 from marti.rpc.calls import call
 from marti.rpc.channel import check_timeout_s, make_channel
 from marti.rpc.guard import ClientChannel
-from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
+from marti.rpc.message_limits import receive_limit, receive_limit_metadata, send_limit
 
 from .delta import DeltaCache, HeldResult, _decode, delta_cache
 from .protocol import (
@@ -53,12 +52,15 @@ def open_channel(
         address: ``host:port`` of the env server.
         token: Bearer token sent on every call; ``None`` reads ``MARTI_ENV_TOKEN``, then ``MARTI_TOKEN``.
         tls_ca_file: CA file for TLS.
-        options: Extra grpc channel arguments (e.g. ``("grpc.max_reconnect_backoff_ms", 1000)``).
+        options: Extra grpc channel arguments (e.g. ``("grpc.max_reconnect_backoff_ms", 1000)``). Its
+            ``grpc.max_receive_message_length`` (64 MiB by default) is told to the server by the env clients
+            on this channel, which then fails a larger result in-band (``ResourceExhaustedError`` for that
+            step alone) instead of sending what gRPC here would refuse.
 
     Returns:
         The channel; the caller closes it (``channel.close()``) after the clients and envs using it.
     """
-    channel = make_channel(
+    return make_channel(
         address,
         token=token,
         tls_ca_file=tls_ca_file,
@@ -66,25 +68,6 @@ def open_channel(
         options=options,
         service="env",
     )
-    limit = dict(options).get("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES)
-    if isinstance(limit, int) and limit >= 0:  # -1: gRPC sends messages of any size
-        _SEND_LIMITS[channel] = limit
-    return channel
-
-
-#: The largest message each channel :func:`open_channel` made may send (its ``grpc.max_send_message_length``).
-_SEND_LIMITS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-
-
-def send_limit(channel: Any) -> int | None:
-    """The largest message ``channel`` may send, bytes, when :func:`open_channel` made it; else ``None``
-    (unknown: a channel made otherwise, or one without a limit)."""
-    if isinstance(channel, ClientChannel):
-        channel = channel.inner
-    try:
-        return _SEND_LIMITS.get(channel)
-    except TypeError:  # an object that cannot be weakly referenced was never recorded
-        return None
 
 
 #: Channels a forked child was asked to close although its parent dialed them: kept open (and referenced, so
@@ -138,6 +121,8 @@ class EnvClient:
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         #: The channel's delta cache, or ``None`` when deltas are off.
         self.deltas: DeltaCache | None = delta_cache(self.channel.inner) if deltas else None
+        #: The metadata telling the server the channel's receive limit, on each call that returns a result.
+        self._limit = receive_limit_metadata(receive_limit(self.channel))
 
     def list_envs(self) -> list[dict[str, Any]]:
         """List registered envs (id, description, config schema, agents, roles, space descriptions)."""
@@ -182,7 +167,10 @@ class EnvClient:
         """
         try:
             resp = call(
-                self.stub.Reset, _reset_request(session_id, seed, options, request_id), self.timeout_s
+                self.stub.Reset,
+                _reset_request(session_id, seed, options, request_id),
+                self.timeout_s,
+                self._limit,
             )
         except SessionLostError:
             self._forget(session_id)
@@ -205,11 +193,18 @@ class EnvClient:
             FailedPreconditionError: Step before reset or after the episode ended.
             SessionLostError: Unknown (closed, reaped, or lost in a server restart) session; a
                 ``NotFoundError`` mapped from the status's ``ErrorInfo`` detail (reason ``SESSION_LOST``).
+            ResourceExhaustedError: The result is over the server's ``max_message_bytes`` or this channel's
+                receive limit (both named, less 1 KiB); the step did run.
             InternalError: A delta result that does not fit the held result (a server bug).
         """
         held = self._held(session_id)
         try:
-            resp = call(self.stub.Step, _step_request(session_id, actions, request_id, held), self.timeout_s)
+            resp = call(
+                self.stub.Step,
+                _step_request(session_id, actions, request_id, held),
+                self.timeout_s,
+                self._limit,
+            )
         except SessionLostError:
             self._forget(session_id)
             raise
@@ -223,10 +218,12 @@ class EnvClient:
             steps: ``(session_id, actions)`` pairs.
 
         Returns:
-            One entry per step, in order: a :class:`StepResult`, or the :class:`MartiError` of that step alone.
+            One entry per step, in order: a :class:`StepResult`, or the :class:`MartiError` of that step alone
+            (``ResourceExhaustedError`` for a result the batch's response had no room for, see :meth:`step`).
         """
         req, helds = _batch_request(self.deltas, steps)
-        return _batch_results(self.deltas, steps, helds, call(self.stub.BatchStep, req, self.timeout_s).items)
+        items = call(self.stub.BatchStep, req, self.timeout_s, self._limit).items
+        return _batch_results(self.deltas, steps, helds, items)
 
     @checked
     def close_session(self, session_id: str) -> bool:
@@ -239,9 +236,14 @@ class EnvClient:
     def stream(self) -> SessionStream:
         """Open a bidirectional :class:`SessionStream` on this client's channel (sharing its delta cache). When the
         channel was made by :func:`open_channel` (this client's own, or one passed as ``channel=``), the stream
-        refuses a request over the channel's send limit before sending it (see :class:`SessionStream`)."""
+        refuses a request over the channel's send limit before sending it, and tells the server the channel's
+        receive limit (see :class:`SessionStream`)."""
         return SessionStream(
-            self.stub, self.timeout_s, self.deltas, max_request_bytes=send_limit(self.channel)
+            self.stub,
+            self.timeout_s,
+            self.deltas,
+            max_request_bytes=send_limit(self.channel),
+            max_response_bytes=receive_limit(self.channel),
         )
 
     def close(self) -> None:
