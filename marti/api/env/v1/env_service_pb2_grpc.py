@@ -28,6 +28,11 @@ if _version_not_supported:
 class EnvServiceStub:
     """Hosts sessions of registered environments; each session owns a fresh env instance. Sessions idle longer than
     the server's idle timeout are closed; sessions created on a Session stream close when the stream ends.
+    A client may tell the largest message it can receive (bytes; -1: no limit) as the `marti-max-receive-bytes`
+    metadata of Reset, Step, BatchStep and Session calls: a result over the smaller of that and the server's
+    max_message_bytes (less 1 KiB) then fails in-band, as one over the server's limit alone does, instead of being
+    sent to a client that would refuse it (ending a Session stream); a value that is not such a byte count is
+    INVALID_ARGUMENT naming it. Without it only the server's limit counts.
     """
 
     def __init__(self, channel):
@@ -76,6 +81,11 @@ class EnvServiceStub:
 class EnvServiceServicer:
     """Hosts sessions of registered environments; each session owns a fresh env instance. Sessions idle longer than
     the server's idle timeout are closed; sessions created on a Session stream close when the stream ends.
+    A client may tell the largest message it can receive (bytes; -1: no limit) as the `marti-max-receive-bytes`
+    metadata of Reset, Step, BatchStep and Session calls: a result over the smaller of that and the server's
+    max_message_bytes (less 1 KiB) then fails in-band, as one over the server's limit alone does, instead of being
+    sent to a client that would refuse it (ending a Session stream); a value that is not such a byte count is
+    INVALID_ARGUMENT naming it. Without it only the server's limit counts.
     """
 
     def ListEnvs(self, request, context):
@@ -177,6 +187,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
 class EnvService:
     """Hosts sessions of registered environments; each session owns a fresh env instance. Sessions idle longer than
     the server's idle timeout are closed; sessions created on a Session stream close when the stream ends.
+    A client may tell the largest message it can receive (bytes; -1: no limit) as the `marti-max-receive-bytes`
+    metadata of Reset, Step, BatchStep and Session calls: a result over the smaller of that and the server's
+    max_message_bytes (less 1 KiB) then fails in-band, as one over the server's limit alone does, instead of being
+    sent to a client that would refuse it (ending a Session stream); a value that is not such a byte count is
+    INVALID_ARGUMENT naming it. Without it only the server's limit counts.
     """
 
     @staticmethod
