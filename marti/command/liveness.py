@@ -12,9 +12,6 @@ from marti.command.stack import LocalStack
 from marti.errors import InvalidArgumentError
 from marti.rpc.health import HealthCheckCall, start_check
 
-#: Seconds a hung service gets to exit after SIGTERM before it is sent SIGKILL.
-KILL_GRACE_S = 5.0
-
 
 @dataclass
 class _Watch:
@@ -38,6 +35,8 @@ class HealthProbe:
             ``--timeout``, ``timeoutSeconds``).
         failures: Checks failed in a row (no answer in time, or an answer other than SERVING) that make a
             service hung (>= 1; ``--retries``, ``failureThreshold``); one SERVING answer resets the count.
+        kill_grace_s: Seconds a hung service gets to exit after SIGTERM before it is sent SIGKILL (>= 0; 0: the
+            SIGKILL follows at once; Kubernetes' ``terminationGracePeriodSeconds``).
         token: Bearer token sent with the checks (health is exempt from auth; a proxy may want it).
 
     Raises:
@@ -47,6 +46,7 @@ class HealthProbe:
     interval_s: float = 10.0
     timeout_s: float = 5.0
     failures: int = 3
+    kill_grace_s: float = 5.0
     token: str | None = None
     _watches: dict[str, _Watch] = field(default_factory=dict, init=False, repr=False)
 
@@ -55,9 +55,16 @@ class HealthProbe:
             ("--health-interval-s", self.interval_s, math.isfinite(self.interval_s) and self.interval_s > 0),
             ("--health-timeout-s", self.timeout_s, math.isfinite(self.timeout_s) and self.timeout_s > 0),
             ("--health-failures", self.failures, self.failures >= 1),
+            (
+                "--health-kill-grace-s",
+                self.kill_grace_s,
+                math.isfinite(self.kill_grace_s) and self.kill_grace_s >= 0,
+            ),
         ):
             if not ok:
-                want = ">= 1" if flag == "--health-failures" else "> 0 seconds"
+                want = {"--health-failures": ">= 1", "--health-kill-grace-s": ">= 0 seconds"}.get(
+                    flag, "> 0 seconds"
+                )
                 raise InvalidArgumentError(f"{flag} {value!r} is out of range ({want})")
 
     def hung(self, stack: LocalStack, now: float) -> list[tuple[str, int, str]]:

@@ -114,6 +114,12 @@ def _up_parser() -> argparse.ArgumentParser:
         help="health checks failed in a row that make a service hung: killed and restarted as a failure "
         "(default: 3)",
     )
+    parser.add_argument(
+        "--health-kill-grace-s",
+        type=float,
+        default=5.0,
+        help="seconds a hung service gets to exit after SIGTERM before SIGKILL (default: 5)",
+    )
     return parser
 
 
@@ -145,7 +151,13 @@ def _cmd_up(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         policy = RestartPolicy(args.restart, args.max_restarts, args.restart_window_s, args.restart_backoff_s)
-        probe = HealthProbe(args.health_interval_s, args.health_timeout_s, args.health_failures, args.token)
+        probe = HealthProbe(
+            args.health_interval_s,
+            args.health_timeout_s,
+            args.health_failures,
+            kill_grace_s=args.health_kill_grace_s,
+            token=args.token,
+        )
     except InvalidArgumentError as exc:
         parser.error(str(exc))
     refusal = _up_refusal(args)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
-from marti.command.liveness import KILL_GRACE_S, HealthProbe
+from marti.command.liveness import HealthProbe
 from marti.command.restart_policy import RestartPolicy, describe_exit, why_not
 from marti.command.stack import LocalStack
 from marti.command.stop_signals import Interrupted
@@ -35,8 +35,8 @@ def supervise(
         policy: The restart policy.
         stopping: Returns True once the stack should stop (a signal arrived).
         say: Prints one log line (``marti up: ...``).
-        probe: Liveness probe: a service it finds hung is killed (SIGTERM, SIGKILL after
-            :data:`~marti.command.liveness.KILL_GRACE_S`) and counts as a failure; ``None`` checks exits only.
+        probe: Liveness probe: a service it finds hung is killed (SIGTERM, SIGKILL after its
+            ``kill_grace_s``) and counts as a failure; ``None`` checks exits only.
         interruptible: Returns the context (:meth:`marti.command.stop_signals.StopSignals.interruptible`) in which a
             stop signal raises :class:`~marti.command.stop_signals.Interrupted`: each restart (its wait for SERVING) runs
             in it, so a signal ends that wait at once.
@@ -80,9 +80,11 @@ def _restart_hung(
     pid = stack.running[name].process.pid
     say(
         f"marti up: {name} (pid {pid}) failed {failures} health checks in a row (every {probe.interval_s:g} s, "
-        f"{probe.timeout_s:g} s timeout; last: {last}); killing it (SIGTERM, SIGKILL after {KILL_GRACE_S:g} s)"
+        f"{probe.timeout_s:g} s timeout; last: {last}); killing it "
+        f"(SIGTERM, SIGKILL after {probe.kill_grace_s:g} s)"
     )
-    code = stack.kill(name, KILL_GRACE_S)  # a signal meanwhile is seen by _bring_back, before any restart
+    # a signal meanwhile is seen by _bring_back, before any restart
+    code = stack.kill(name, probe.kill_grace_s)
     what = f"{name} hung and was killed ({describe_exit(code)})"
     return _bring_back(stack, policy, name, what, True, stopping, say, interruptible)
 

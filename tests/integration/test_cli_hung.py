@@ -19,7 +19,10 @@ from log_wait import wait_for
 from marti.clients.experience import ExperienceSharingClient
 from marti.types.trajectory import Trajectory, Turn
 
-FAST_PROBE = ["--health-interval-s", "0.5", "--health-timeout-s", "0.5", "--health-failures", "2"]
+FAST_PROBE = [
+    *("--health-interval-s", "0.5", "--health-timeout-s", "0.5", "--health-failures", "2"),
+    *("--health-kill-grace-s", "0.5"),
+]
 
 
 def _up(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, Path]:
@@ -64,7 +67,7 @@ def _end(up: subprocess.Popen) -> None:
 def _hung_line(pid: int) -> str:
     return (
         f"marti up: store (pid {pid}) failed 2 health checks in a row (every 0.5 s, 0.5 s timeout; last: "
-        "UNREACHABLE: DEADLINE_EXCEEDED); killing it (SIGTERM, SIGKILL after 5 s)"
+        "UNREACHABLE: DEADLINE_EXCEEDED); killing it (SIGTERM, SIGKILL after 0.5 s)"
     )
 
 

@@ -146,6 +146,9 @@ def test_not_serving_is_a_failure():
         ({"timeout_s": math.nan}, "--health-timeout-s nan", "> 0 seconds"),
         ({"failures": 0}, "--health-failures 0", ">= 1"),
         ({"failures": -2}, "--health-failures -2", ">= 1"),
+        ({"kill_grace_s": -0.1}, "--health-kill-grace-s -0.1", ">= 0 seconds"),
+        ({"kill_grace_s": math.nan}, "--health-kill-grace-s nan", ">= 0 seconds"),
+        ({"kill_grace_s": math.inf}, "--health-kill-grace-s inf", ">= 0 seconds"),
     ],
 )
 def test_out_of_range_values_are_refused_naming_the_flag(kwargs, flag, want):
@@ -154,7 +157,7 @@ def test_out_of_range_values_are_refused_naming_the_flag(kwargs, flag, want):
 
 
 def test_the_smallest_values_are_accepted():
-    HealthProbe(interval_s=0.001, timeout_s=0.001, failures=1)
+    HealthProbe(interval_s=0.001, timeout_s=0.001, failures=1, kill_grace_s=0.0)
 
 
 @pytest.mark.parametrize(
@@ -163,6 +166,7 @@ def test_the_smallest_values_are_accepted():
         (["--health-failures", "0"], "--health-failures 0 is out of range (>= 1)"),
         (["--health-interval-s", "0"], "--health-interval-s 0.0 is out of range (> 0 seconds)"),
         (["--health-timeout-s", "-5"], "--health-timeout-s -5.0 is out of range (> 0 seconds)"),
+        (["--health-kill-grace-s", "-1"], "--health-kill-grace-s -1.0 is out of range (>= 0 seconds)"),
     ],
 )
 def test_marti_up_refuses_a_bad_health_flag_before_starting_anything(argv, line, capsys):
@@ -214,3 +218,31 @@ def test_supervise_sends_a_hung_service_sigterm_first_and_counts_it_as_failed(sc
     )
     assert lines[1].startswith(f"marti up: error: svc hung and was killed {end}"), lines
     assert took < 4, took
+
+
+_IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+@pytest.mark.parametrize("grace_s", [0.0, 0.3])
+def test_a_hung_service_that_ignores_sigterm_gets_sigkill_after_the_kill_grace(grace_s):
+    """``kill_grace_s`` is the wait between the SIGTERM and the SIGKILL: a process ignoring SIGTERM is killed
+    (code -9) that long after, not after the 5 s default."""
+    proc = subprocess.Popen([sys.executable, "-c", _IGNORES_SIGTERM])
+    thread = ServerThread([])
+    try:
+        server = thread.start()
+        thread.run(server.set_serving(False))
+        stack = LocalStack(services=(), running={"svc": ServiceProcess("svc", proc, server.address)})
+        lines: list[str] = []
+        time.sleep(0.5)  # the script ignores SIGTERM by now
+        probe = HealthProbe(interval_s=0.1, timeout_s=1.0, failures=1, kill_grace_s=grace_s)
+        start = time.monotonic()
+        assert supervise(stack, RestartPolicy(mode="no"), lambda: False, lines.append, probe=probe) == 1
+        took = time.monotonic() - start
+    finally:
+        thread.stop()
+        proc.kill()
+        proc.wait()
+    assert lines[0].endswith(f"killing it (SIGTERM, SIGKILL after {grace_s:g} s)"), lines
+    assert lines[1].startswith("marti up: error: svc hung and was killed (code -9 (SIGKILL))"), lines
+    assert grace_s <= took < grace_s + 3, took
