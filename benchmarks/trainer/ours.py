@@ -65,18 +65,22 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     """Train with our GRPO (PolicyWorker) as the spec says; same result keys as the TRL runner.
 
     The first step runs under a :class:`~benchmarks.trainer.dtype_probe.DtypeProbe`: the result says which dtypes
-    the generation and the update really computed in, and which engine class the worker built.
+    the generation and the update really computed in, and which engine class the worker built. Every step runs
+    under a :class:`~benchmarks.trainer.thread_probe.ThreadProbe`: generation is ``worker.generate``, the update
+    the rest of the step (scoring the samples, ``worker.train``), as on the TRL side.
 
     Returns:
         ``train_time_s``, ``step_times_s``, ``generation_s`` (per step), ``step_rewards``,
         ``completion_tokens``, ``prompt_tokens``, ``samples``, ``eval`` (see
         :func:`benchmarks.trainer.sum_task.evaluate`),
-        ``observed`` (:meth:`DtypeProbe.report` of step 1), ``rollout`` (``{"engine": class name, "dtype": the
+        ``observed`` (:meth:`DtypeProbe.report` of step 1), ``threads`` (:meth:`ThreadProbe.report` of every
+        step: ``generation`` and ``update``), ``rollout`` (``{"engine": class name, "dtype": the
         dtype it samples in, or None for the policy's}``).
     """
     import torch
 
     from benchmarks.trainer.dtype_probe import DtypeProbe
+    from benchmarks.trainer.thread_probe import ThreadProbe
     from marti.config import config_from_dict
     from services.trainer.ray.policy_worker import PolicyWorker, policy_actor_config
 
@@ -88,20 +92,23 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     step_times, gen_times, step_rewards = [], [], []
     counts = {"completion_tokens": 0, "prompt_tokens": 0, "samples": 0}
     probe = DtypeProbe()
+    threads = ThreadProbe()
     t_start = time.perf_counter()
     for step in range(spec["steps"]):
         t0 = time.perf_counter()
         batch = problems[step * P : (step + 1) * P]
         chats = [sum_task.chat(p["question"]) for p in batch for _ in range(spec["group_size"])]
-        with probe.phase("generation"):
+        with probe.phase("generation"), threads.phase("generation"):
             gens = worker.generate("solver", chats)
         gen_times.append(time.perf_counter() - t0)
-        samples = _our_samples(step, gens, batch, spec["group_size"], counts)
-        with probe.phase("update"):
-            worker.train("solver", samples)
-        probe.stop()  # step 1 only: the hook costs a little on every module call
-        counts["samples"] += len(samples)
-        step_rewards.append(statistics.mean(t.outcome_reward for t in samples))
+        # the update: the rest of the step, as on the TRL side (reward, loss, backward, optimizer step)
+        with threads.phase("update"):
+            samples = _our_samples(step, gens, batch, spec["group_size"], counts)
+            with probe.phase("update"):
+                worker.train("solver", samples)
+            probe.stop()  # step 1 only: the hook costs a little on every module call
+            counts["samples"] += len(samples)
+            step_rewards.append(statistics.mean(t.outcome_reward for t in samples))
         step_times.append(time.perf_counter() - t0)
     train_time = time.perf_counter() - t_start
     model = worker.policy.model("solver")
@@ -118,6 +125,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         **counts,
         "eval": ev,
         "observed": probe.report(),
+        "threads": threads.report(),
         "rollout": {
             "engine": type(worker.engine).__name__,
             "dtype": None if dtype is None else str(dtype).removeprefix("torch."),

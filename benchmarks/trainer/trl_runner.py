@@ -2,13 +2,14 @@
 
 ``<trl-venv>/bin/python benchmarks/trainer/trl_runner.py SPEC.json OUT.json [fp32|bf16]``
 
-Imports only TRL's virtualenv (trl, transformers, peft, datasets, torch), :mod:`sum_task` and :mod:`dtype_probe`
-(standard library and torch; found beside this file, by path) and ``services.trainer.models.dense_head`` (torch
+Imports only TRL's virtualenv (trl, transformers, peft, datasets, torch, psutil), :mod:`sum_task`,
+:mod:`dtype_probe` and :mod:`thread_probe` (standard library, torch and psutil; found beside this file, by path) and ``services.trainer.models.dense_head`` (torch
 only, by path from the repository root), never ``marti``. It reads the run spec written by
 :mod:`benchmarks.trainer` (model folder, problems, seeds, batch shape, sampling, optimizer), trains, evaluates the
 final model greedily in float32 with :func:`sum_task.evaluate`, and writes ``{"train_time_s", "step_times_s",
-"generation_s", "step_rewards", "completion_tokens", "prompt_tokens", "samples", "eval", "observed", "precision",
-"dense_head", "versions"}`` to OUT.json.
+"generation_s", "step_rewards", "completion_tokens", "prompt_tokens", "samples", "eval", "observed", "threads",
+"precision", "dense_head", "versions"}`` to OUT.json (``threads``: :meth:`thread_probe.ThreadProbe.report` of every
+step, generation being ``_generate_single_turn`` and the update the rest of the step, between its callbacks).
 
 Precision (the third argument, :data:`PRECISIONS`):
 
@@ -40,6 +41,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 import sum_task  # noqa: E402
 from dtype_probe import DtypeProbe  # noqa: E402
+from thread_probe import ThreadProbe  # noqa: E402
 
 from services.trainer.models.dense_head import dense_head_input  # noqa: E402
 
@@ -100,16 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     step_times: list[float] = []
     gen_times: list[float] = []
     probe = DtypeProbe()
+    threads = ThreadProbe()  # every step; the generation inside a step's update span pauses it
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001
             self.t0 = time.perf_counter()
             gen_times.append(0.0)
+            threads.begin("update")  # what is not generation is the update
             if not step_times:
                 probe.current = "update"  # step 1: what is not generation is the update
 
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
             step_times.append(time.perf_counter() - self.t0)
+            threads.end()
             if len(step_times) == 1:
                 probe.current = None
                 probe.stop()
@@ -170,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def timed_generate(*a, **kw):  # noqa: ANN002, ANN003
         t = time.perf_counter()
-        with probe.phase("generation"):
+        with probe.phase("generation"), threads.phase("generation"):
             out = generate(*a, **kw)
         gen_times[-1] += time.perf_counter() - t
         return out
@@ -197,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         **counts,
         "eval": ev,
         "observed": probe.report(),
+        "threads": threads.report(),
         "precision": precision,
         "dense_head": dense_head,
         "versions": {

@@ -299,6 +299,12 @@ def test_our_engine_dtype_and_train_dtype_are_applied_in_a_real_run(tmp_path):
     assert len(res["generation_s"]) == len(res["step_times_s"]) == 1
     assert res["generation_s"][0] < res["step_times_s"][0]
     assert "generation in bfloat16 (weights bfloat16)" in (out / "table.md").read_text()
+    # Every step's CPU per thread, per phase: generation is worker.generate, the update the rest of the step.
+    gen, upd = res["threads"]["generation"], res["threads"]["update"]
+    assert set(res["threads"]) == {"generation", "update"} and gen["entries"] == upd["entries"] == 1
+    assert gen["wall_s"] == pytest.approx(res["generation_s"][0], abs=0.05)
+    assert gen["wall_s"] + upd["wall_s"] <= res["step_times_s"][0]
+    assert gen["cpu_s"] > 0 and upd["cpu_s"] > 0 and upd["top"][0]["cpu_s"] > 0
 
 
 def test_the_trl_runner_gives_trls_head_the_same_dense_input_as_ours():
