@@ -34,12 +34,15 @@ Throughput = samples (completions) and generated tokens per second of training w
 loss, backward, optimizer step; model loading and evaluation excluded). Reward after N steps = mean training
 reward over the last ``max(1, steps // 4)`` steps, and the greedy reward of the final model on held-out
 problems, in float32, scored by the same code (:func:`.sum_task.evaluate`) for every side. Each step
-is also split into generation and the rest (the update: reward, loss, backward, optimizer step, weight sync).
+is also split into generation and the rest (the update: reward, loss, backward, optimizer step, weight sync), and
+every step of every side runs under a :class:`.thread_probe.ThreadProbe`: a second table says, per side and phase,
+the wall and CPU seconds per step, the cores busy, the main (Python) thread's share and the CPU per sample.
 
 Modules: :mod:`.cli` (the flags, their checks and the run), :mod:`.sides` (the starting model, each side in a fresh
 process), :mod:`.ours` (our side), :mod:`.trl_venv` and :mod:`.trl_runner` (the TRL side, in its own virtualenv),
-:mod:`.sum_task` and :mod:`.dtype_probe` (shared by both sides, standard library and torch only), :mod:`.report`
-(the numbers, ratios and table) and :mod:`.results` (the run folder's results, printed and saved).
+:mod:`.sum_task`, :mod:`.dtype_probe` and :mod:`.thread_probe` (shared by both sides, standard library, torch and
+psutil only), :mod:`.report` (the numbers, ratios and table), :mod:`.thread_report` (the per-thread table) and
+:mod:`.results` (the run folder's results, printed and saved).
 """
 
 from benchmarks.trainer.cli import main

@@ -26,7 +26,9 @@ def _median(xs: list[float]) -> float:
 
 def summarize(name: str, r: dict[str, Any], tail: int) -> dict[str, Any]:
     """Per-side numbers: samples/s, tokens/s, median step and its generation / update split, tail training reward,
-    eval reward, and what the side ran (``rollout`` for ours, ``precision`` for TRL, ``observed`` dtypes)."""
+    eval reward, what the side ran (``rollout`` for ours, ``precision`` for TRL, ``observed`` dtypes), its step and
+    sample counts, and ``threads`` (its :meth:`~benchmarks.trainer.thread_probe.ThreadProbe.report`; None for result
+    files older than that probe)."""
     t = r["train_time_s"]
     steps = r["step_times_s"]
     gens = r.get("generation_s", [])
@@ -49,6 +51,9 @@ def summarize(name: str, r: dict[str, Any], tail: int) -> dict[str, Any]:
         "mean_completion_len": r["completion_tokens"] / max(1, r["samples"]),
         "load": r.get("load", float("nan")),
         "ran": {k: r[k] for k in ("rollout", "precision", "observed") if k in r},
+        "steps": len(steps),
+        "samples": r["samples"],
+        "threads": r.get("threads"),
     }
 
 

@@ -1,5 +1,5 @@
 """The report of a ``marti bench trainer`` run folder (:mod:`benchmarks.trainer`): its side result files read, the
-fastest run of each side summarised, the table printed and saved (``table.md``), and ``--json``."""
+fastest run of each side summarised, the tables printed and saved (``table.md``), and ``--json``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from benchmarks.report import write_json
 from benchmarks.trainer.report import SIDES, comparisons, format_table, summarize
 from benchmarks.trainer.sides import spec_digest
+from benchmarks.trainer.thread_report import format_thread_table
 
 
 def side_files(out: Path) -> dict[Path, str]:
@@ -23,7 +24,9 @@ def side_files(out: Path) -> dict[Path, str]:
 
 
 def print_report(args: argparse.Namespace, out: Path) -> int:
-    """Print and save (``<out>/table.md``) the table of the side results ``<out>/<side>_<rep>.json``."""
+    """Print and save (``<out>/table.md``) the tables of the side results ``<out>/<side>_<rep>.json``: the
+    comparison (:func:`~benchmarks.trainer.report.format_table`) and where the time goes, per thread
+    (:func:`~benchmarks.trainer.thread_report.format_thread_table`); with ``--json``, also as JSON."""
     spec = json.loads((out / "spec.json").read_text())
     if not (out / "init_eval.json").is_file():
         raise SystemExit(
@@ -61,7 +64,7 @@ def print_report(args: argparse.Namespace, out: Path) -> int:
         f"{spec.get('rollout_dtype', 'float32')}, update in {spec.get('train_dtype', 'float32')}, "
         f"fastest of {reps} run(s) per side\n"
     )
-    text = format_table(rows, init_eval, steps, tail)
+    text = format_table(rows, init_eval, steps, tail) + "\n\n" + format_thread_table(rows, spec["threads"])
     print(text)
     (out / "table.md").write_text(text + "\n")
     if args.json:

@@ -305,6 +305,7 @@ def test_our_engine_dtype_and_train_dtype_are_applied_in_a_real_run(tmp_path):
     assert gen["wall_s"] == pytest.approx(res["generation_s"][0], abs=0.05)
     assert gen["wall_s"] + upd["wall_s"] <= res["step_times_s"][0]
     assert gen["cpu_s"] > 0 and upd["cpu_s"] > 0 and upd["top"][0]["cpu_s"] > 0
+    assert "| ours | generation |" in (out / "table.md").read_text()
 
 
 def test_the_trl_runner_gives_trls_head_the_same_dense_input_as_ours():

@@ -1,9 +1,11 @@
-"""The trainer benchmark's per-thread CPU probe (benchmarks/trainer/thread_probe.py) on real workloads."""
+"""The trainer benchmark's per-thread CPU probe (benchmarks/trainer/thread_probe.py) on real workloads, and the
+report's per-thread table from result files with and without its figures."""
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import os
 import threading
 import time
@@ -11,6 +13,7 @@ import time
 import pytest
 import torch
 
+from benchmarks import trainer
 from benchmarks.trainer import cli
 from benchmarks.trainer.thread_probe import ThreadProbe
 
@@ -147,3 +150,53 @@ def test_the_trl_runner_probes_every_step_with_the_shared_module():
     begin, end = source.index('threads.begin("update")'), source.index("threads.end()")
     assert source.index("def on_step_begin") < begin < source.index("def on_step_end") < end
     assert 'threads.phase("generation")' in source and '"threads": threads.report()' in source
+
+
+def _write_run(folder, threads_of_ours):
+    spec = {"model": "m", "steps": 2, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4,
+            "temperature": 1.0, "lr": 1e-4, "lora": False, "threads": 2, "seed": 0}  # fmt: skip
+    (folder / "spec.json").write_text(json.dumps(spec))
+    (folder / "init_eval.json").write_text(json.dumps({"reward": 0.1, "accuracy": 0.0}))
+    side = {"train_time_s": 4.0, "samples": 8, "completion_tokens": 32, "prompt_tokens": 64,
+            "step_times_s": [2.0, 2.0], "generation_s": [1.0, 1.0], "step_rewards": [0.1, 0.2],
+            "eval": {"reward": 0.2, "accuracy": 0.1}}  # fmt: skip
+    (folder / "ours_0.json").write_text(json.dumps(side | {"threads": threads_of_ours}))
+    (folder / "trl_0.json").write_text(json.dumps(side))  # older than the probe: no "threads"
+
+
+def _phase(wall, cpu, main, threads, top):
+    return {"entries": 2, "wall_s": wall, "cpu_s": cpu, "cores_busy": cpu / wall, "main_cpu_s": main,
+            "other_cpu_s": cpu - main, "unattributed_cpu_s": 0.02, "threads": threads, "top": top}  # fmt: skip
+
+
+def test_the_report_adds_where_the_time_goes_per_thread_and_not_measured_for_older_files(tmp_path, capsys):
+    top = [{"thread": "python3", "tid": 7, "main": True, "cpu_s": 1.0}, {"thread": None, "tid": 9, "main": False,
+           "cpu_s": 0.6}]  # fmt: skip
+    measured = {"update": _phase(1.6, 3.0, 1.2, 2, top[:1]), "generation": _phase(2.0, 3.2, 1.0, 3, top)}
+    _write_run(tmp_path, measured)
+    out = tmp_path / "out.json"
+    assert trainer.main(["--report-only", "--out", str(tmp_path), "--json", str(out)]) == 0
+    lines = (tmp_path / "table.md").read_text().splitlines()
+    at = lines.index(
+        "Where the time goes, per thread (each side's process, CPU = user + system seconds, all steps):"
+    )
+    assert lines[0].startswith("| side | train s | samples/s |") and lines[2].startswith(
+        "| ours | 4.0 | 2.00 |"
+    )
+    assert lines[at + 2] == (
+        "| side | phase | wall s / step | CPU s / step | cores busy (of 2) | main thread (Python) share | "
+        "other threads CPU s / step | threads | CPU s / sample |"
+    )
+    assert lines[at + 3] == "|---|---|" + "---:|" * 7
+    assert lines[at + 4] == "| ours | generation | 1.000 | 1.600 | 1.60 | 31% | 1.100 | 3 | 0.4000 |"
+    assert lines[at + 5] == "| ours | update | 0.800 | 1.500 | 1.88 | 40% | 0.900 | 2 | 0.3750 |"
+    assert lines[at + 6] == "| trl | not measured |  |  |  |  |  |  |  |"
+    assert (
+        "- ours generation: busiest threads python3 (main) 1.00 s, tid 9 0.60 s; 0.02 s not attributed "
+        "(threads that ended, rounding)" in lines
+    )
+    printed = capsys.readouterr().out
+    assert all(line in printed for line in lines)
+    sides = json.loads(out.read_text())["sides"]
+    assert sides[0]["threads"] == measured and sides[1]["threads"] is None
+    assert (sides[0]["steps"], sides[0]["samples"]) == (2, 8)
