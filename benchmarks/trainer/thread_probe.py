@@ -32,12 +32,12 @@ class _Snapshot:
 class _Totals:
     """A phase's sums over every time it ran (seconds; ``per_thread``: native thread id -> CPU s)."""
 
+    per_thread: dict[int, float] = field(default_factory=dict)
+    main_ids: set[int] = field(default_factory=set)
     entries: int = 0
     wall: float = 0.0
     cpu: float = 0.0
     main: float = 0.0
-    per_thread: dict[int, float] = field(default_factory=dict)
-    main_ids: set[int] = field(default_factory=set)
 
 
 class ThreadProbe:
