@@ -39,6 +39,14 @@ ITEM_LIMIT = "max_item_bytes (MARTI_STORE_MAX_ITEM_BYTES)"
 MESSAGE_LIMIT = "max_message_bytes (MARTI_STORE_MAX_MESSAGE_BYTES)"
 
 
+#: A SampledItem with every field but its table and payload at its largest encoding: the biggest response entry an
+#: item can take (a StoredItem's fields are a subset).
+_LARGEST_ENTRY = pb.SampledItem(
+    key=2**64 - 1, priority=1.0, probability=1.0, importance_weight=1.0, times_sampled=2**63 - 1,
+    table_size=2**63 - 1,
+)  # fmt: skip
+
+
 def _item_name(rec) -> str:
     """An item as a refusal names it: key, table, episode and agent."""
     return f"item {rec.key} of table {rec.table!r} (episode {rec.episode_id!r}, agent {rec.agent_id!r})"
@@ -136,6 +144,7 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
                 payload, summary = convert.item_payload(
                     item, self.settings.max_item_bytes, self.settings.chunk_bytes, ITEM_LIMIT
                 )
+                self._check_can_hand_out(table, payload)
             except MartiError as e:
                 flush()
                 results.append(e)
@@ -153,6 +162,29 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
             else:
                 resp.confirmations.add(client_seq=item.client_seq, key=res, status=ok_status())
         return resp
+
+    def _check_can_hand_out(self, table: str, payload: bytes) -> None:
+        """Refuse an item that no sample or read response could carry under ``max_message_bytes`` (an insert
+        message may carry a little more than a response, whose item has more fields, and a client may have a
+        higher limit than the store): stored, it would fail every sample that picks it, and jam a queue.
+
+        Raises:
+            ResourceExhaustedError: naming its size in a response and ``max_message_bytes``.
+        """
+        budget = message_budget(self.settings.max_message_bytes)
+        if 2 * len(payload) + 4 * len(table) + 1024 <= budget:
+            return  # surely fits: the entry is under 1.5 x the payload (a frame's 4-byte length prefix becomes 2
+            # to 6 bytes of tag and length), the table's UTF-8 and 128 bytes of other fields, tags and lengths
+        entry = pb.SampledItem(table=table)
+        entry.MergeFrom(_LARGEST_ENTRY)
+        convert.payload_into(payload, pb.PAYLOAD_FORMAT_ENCODED, entry, self.settings.max_item_bytes)
+        size = item_bytes(entry)
+        if size > budget:
+            raise ResourceExhaustedError(
+                f"it is {size} bytes encoded in a sample response, over the {budget} bytes a response carries "
+                f"under {MESSAGE_LIMIT}={self.settings.max_message_bytes}: the store could never hand it out, so "
+                "it was not inserted; send smaller items, or raise the limit on the store and the clients alike"
+            )
 
     def store_default(self) -> str:
         """Name of the table used when an item names none."""

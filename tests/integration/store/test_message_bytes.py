@@ -98,3 +98,19 @@ def test_an_item_that_alone_is_over_a_response_is_refused_naming_the_setting_and
         with pytest.raises(ResourceExhaustedError, match=limit):
             client.sample("t", 1, timeout_s=2)
         assert client.info("t").size == 1
+
+
+def test_an_item_the_store_could_never_hand_out_is_refused_at_insert(address):
+    """An item that fits in an insert message but not in a sample or read response (a client whose
+    ``max_message_bytes`` is above the store's, or within a response's extra fields of the limit): the store
+    took it and then failed every sample that picked it (a FIFO queue jammed behind it) and every read. Now the
+    insert is refused with RESOURCE_EXHAUSTED naming the item and the setting, the table stays empty, and the
+    queue goes on."""
+    with ExperienceSharingClient("a", address, max_message_bytes=2 * LIMIT) as roomy, _client(address) as client:
+        client.create_table("q", preset="queue", max_size=10)
+        limit = r"item 0 of 1 \(episode 'edge'.*max_message_bytes \(MARTI_STORE_MAX_MESSAGE_BYTES\)=1048576"
+        with pytest.raises(ResourceExhaustedError, match=limit):
+            roomy.share_experience(_big("edge", 250_000), table="q")
+        assert client.info("q").size == 0
+        client.share_experience(_big("next", 10), table="q")
+        assert [s.trajectory.episode_id for s in client.sample("q", 1, timeout_s=5)] == ["next"]
