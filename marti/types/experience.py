@@ -33,6 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from marti.errors import InvalidArgumentError
 from marti.types.trajectory import Trajectory
 
+#: Largest integer a table setting may be: the protocol carries them as int64 (a larger one could not be sent to
+#: the store, nor a table holding it described back).
+INT64_MAX = 2**63 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class RateLimiterConfig:
@@ -202,10 +206,10 @@ class RateLimiterSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
     kind: Literal["min_size", "sample_to_insert_ratio", "queue", "stack", "custom"] = "min_size"
-    min_size_to_sample: int = 1
+    min_size_to_sample: int = Field(default=1, le=INT64_MAX)
     samples_per_insert: float = 1.0
     error_buffer: float = 1.0
-    size: int = 1000
+    size: int = Field(default=1000, le=INT64_MAX)
     min_diff: float = -math.inf
     max_diff: float = math.inf
 
@@ -244,12 +248,12 @@ class SignatureSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
     agent_ids: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
-    min_policy_version: int = 0
+    min_policy_version: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
     require_rewards: bool = False
     require_logprobs: bool = False
-    max_turns: int | None = Field(default=None, ge=1)
-    max_prompt_tokens: int | None = Field(default=None, ge=0)
-    max_response_tokens: int | None = Field(default=None, ge=0)
+    max_turns: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    max_prompt_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    max_response_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -290,13 +294,13 @@ class TableConfig(BaseModel):
     remover: SelectorKind = "fifo"
     priority_exponent: float = Field(default=1.0, ge=0.0)
     importance_beta: float = Field(default=1.0, ge=0.0, le=1.0)
-    max_size: int = Field(default=1_000_000, ge=1)
-    max_bytes: int = Field(default=4 * 1024**3, ge=1)
-    max_times_sampled: int = Field(default=0, ge=0)
+    max_size: int = Field(default=1_000_000, ge=1, le=INT64_MAX)
+    max_bytes: int = Field(default=4 * 1024**3, ge=1, le=INT64_MAX)
+    max_times_sampled: int = Field(default=0, ge=0, le=INT64_MAX)
     full_policy: Literal["evict", "block"] = "evict"
     rate_limiter: RateLimiterSpec = RateLimiterSpec()
     signature: SignatureSpec = SignatureSpec()
-    max_policy_lag: int | None = Field(default=None, ge=0)
+    max_policy_lag: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
     @model_validator(mode="before")
     @classmethod

@@ -167,6 +167,11 @@ def test_a_bare_ipv6_host_is_bracketed_and_served():
             "tables config '{path}': bad config for table 'r': max_sise: Extra inputs are not permitted",
         ),
         ("tables:\n  - {name: r\n  x: [\n", "tables config '{path}': not valid YAML: expected ',' or '}}'"),
+        (  # was served, and every ListTables and GetTableInfo failed with INTERNAL (protobuf's int64)
+            "tables:\n  - {name: r, max_size: 1180591620717411303424}\n",
+            "tables config '{path}': bad config for table 'r': max_size: Input should be less than or equal to "
+            "9223372036854775807",
+        ),
     ],
 )
 def test_a_bad_store_tables_file_is_one_line_naming_it(tmp_path, text, expected):

@@ -124,3 +124,33 @@ def test_the_store_refuses_metadata_that_is_not_a_json_object(store_server):
         assert "trajectory.metadata_json" in codes_and_messages[0][1]
         assert "trajectory.turns[0].info_json" in codes_and_messages[1][1]
         assert store.info("q").size == 0
+
+
+_OVER_64_BITS = 2**70
+_CONFIGS = [
+    ({"max_size": _OVER_64_BITS}, "max_size"),
+    ({"max_bytes": _OVER_64_BITS}, "max_bytes"),
+    ({"max_times_sampled": _OVER_64_BITS}, "max_times_sampled"),
+    ({"max_policy_lag": _OVER_64_BITS}, "max_policy_lag"),
+    ({"rate_limiter": {"kind": "queue", "size": _OVER_64_BITS}}, "rate_limiter.size"),
+    ({"signature": {"max_turns": _OVER_64_BITS}}, "signature.max_turns"),
+    ({"signature": {"min_policy_version": -_OVER_64_BITS}}, "signature.min_policy_version"),
+]
+
+
+@pytest.mark.parametrize("fields, words", _CONFIGS, ids=[c[1] for c in _CONFIGS])
+async def test_a_table_config_number_over_64_bits_is_named(store_server, fields, words):
+    """A table setting the protocol's int64 cannot carry: ``create_table`` raised protobuf's bare ValueError
+    ("Value out of range"), and the same setting in a ``--config`` file made a table that every ListTables and
+    GetTableInfo then failed on with INTERNAL. Now both clients refuse it naming the field, and no table is
+    made."""
+    addr, _ = store_server
+    with ExperienceSharingClient("a", addr) as sync:
+        with pytest.raises(
+            InvalidArgumentError, match=rf"bad config for table 't': {words}: .*922337203685477580[78]"
+        ):
+            sync.create_table("t", **fields)
+        async with AsyncExperienceSharingClient("a", addr) as aio:
+            with pytest.raises(InvalidArgumentError, match=words):
+                await aio.create_table("t", **fields)
+        assert "t" not in [t.name for t in sync.list_tables()]
