@@ -236,6 +236,16 @@ class MemoryStorage(Storage):
 
 _DONE = _finished()
 
+
+def _snapshot_error(target: Path, exc: Exception) -> MartiError:
+    """A failed checkpoint's error, once the partial snapshot ``target`` is removed: ResourceExhaustedError when
+    the disk is full, else InternalError; both name the snapshot."""
+    target.unlink(missing_ok=True)
+    outcome = "no snapshot was written; every commit is still in the store's database"
+    if is_storage_full(exc):
+        return storage_full_error("store snapshot", target, exc, outcome)
+    return InternalError(f"store snapshot {target} failed ({exc}): {outcome}")
+
 # Item metadata and payloads are separate tables, so that a sample's or a priority update's row changes rewrite
 # small metadata pages only, and a restart reads metadata without touching payload pages.
 _SCHEMA = """
@@ -621,15 +631,21 @@ class SqliteStorage(Storage):
         Both run as readers of the WAL database, so inserts and samples proceed while the checkpoint runs (a
         passive checkpoint never waits for writers). The snapshot holds every operation committed before it
         started.
+
+        Raises:
+            ResourceExhaustedError: the disk is full, naming the snapshot (no partial snapshot is left; the
+                store's data is untouched). InternalError: any other storage failure, naming the snapshot.
         """
         with self._ckpt_lock:
             start = time.monotonic()
-            self.snapshot_dir.mkdir(exist_ok=True)
             target = self.snapshot_dir / f"snapshot-{time.time_ns()}.sqlite"
             conn = self._connect()
             try:
+                self.snapshot_dir.mkdir(exist_ok=True)
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 conn.execute("VACUUM INTO ?", (str(target),))
+            except (sqlite3.Error, OSError) as e:
+                raise _snapshot_error(target, e) from None
             finally:
                 conn.close()
             snaps = sorted(self.snapshot_dir.glob("snapshot-*.sqlite"))
