@@ -35,6 +35,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 S = TypeVar("S", bound=BaseSettings)
 
 
+#: Largest value gRPC takes for a server option (a C ``int``): the message size, rpc cap and keepalive settings.
+C_INT_MAX = 2**31 - 1
+
+
 class ServerSettings(BaseSettings):
     """Settings every gRPC server understands.
 
@@ -56,12 +60,16 @@ class ServerSettings(BaseSettings):
         None, description="PEM CA; when set clients must present a cert (mTLS)."
     )
     max_message_bytes: int = Field(
-        DEFAULT_MAX_MESSAGE_BYTES, gt=0, description="Largest message received or sent, bytes."
+        DEFAULT_MAX_MESSAGE_BYTES, gt=0, le=C_INT_MAX, description="Largest message received or sent, bytes."
     )
-    max_concurrent_rpcs: int | None = Field(None, gt=0, description="Cap on concurrently served rpcs.")
-    keepalive_time_ms: int = Field(30_000, gt=0, description="Interval between keepalive pings, ms.")
+    max_concurrent_rpcs: int | None = Field(
+        None, gt=0, le=C_INT_MAX, description="Cap on concurrently served rpcs."
+    )
+    keepalive_time_ms: int = Field(
+        30_000, gt=0, le=C_INT_MAX, description="Interval between keepalive pings, ms."
+    )
     keepalive_timeout_ms: int = Field(
-        10_000, gt=0, description="Wait for a keepalive ack before closing, ms."
+        10_000, gt=0, le=C_INT_MAX, description="Wait for a keepalive ack before closing, ms."
     )
     log_level: str = Field("INFO", description="Python logging level of the service.")
 

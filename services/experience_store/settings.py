@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from marti.rpc.settings import ServerSettings
+
+from .core.storage import PAGE_SIZES, SYNCHRONOUS_MODES
+
+#: Longest wait the protocol carries (``timeout_ms`` is a uint32), ms.
+MAX_PROTOCOL_WAIT_MS = 2**32 - 1
 
 
 class StoreSettings(ServerSettings):
@@ -33,7 +38,9 @@ class StoreSettings(ServerSettings):
         gt=0,
         description="MiB committed (payload + 128 per row) between background copies of the WAL into the database.",
     )
-    snapshot_interval_s: float = Field(0.0, ge=0, description="Periodic snapshot interval, s; 0 = off.")
+    snapshot_interval_s: float = Field(
+        0.0, ge=0, le=365 * 86400, description="Periodic snapshot interval, s (at most a year); 0 = off."
+    )
     keep_snapshots: int = Field(2, ge=1, description="Snapshot files kept.")
     executor_threads: int = Field(
         16,
@@ -48,7 +55,12 @@ class StoreSettings(ServerSettings):
         description="Threads running Insert and Sample calls, which may wait for room or items (a waiting call "
         "holds one; more calls queue for a free one).",
     )
-    default_timeout_ms: int = Field(30_000, ge=0, description="Wait used when a request gives timeout_ms=0.")
+    default_timeout_ms: int = Field(
+        30_000,
+        ge=0,
+        le=MAX_PROTOCOL_WAIT_MS,
+        description="Wait used when a request gives timeout_ms=0, ms (at most 2**32 - 1, as a request's).",
+    )
     max_item_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest uncompressed trajectory, bytes.")
     chunk_bytes: int = Field(256 * 1024, gt=0, description="Uncompressed bytes per compressed chunk.")
     max_batch_items: int = Field(256, ge=1, description="Most items per Sample/GetAll response message.")
@@ -62,8 +74,9 @@ class StoreSettings(ServerSettings):
     max_wait_ms: int = Field(
         86_400_000,
         ge=1,
-        description="Longest wait (timeout_ms, the SDK's timeout_s) an Insert or Sample may ask for, ms; a "
-        "longer one is refused with OUT_OF_RANGE.",
+        le=MAX_PROTOCOL_WAIT_MS,
+        description="Longest wait (timeout_ms, the SDK's timeout_s) an Insert or Sample may ask for, ms (at most "
+        "2**32 - 1, what the protocol carries); a longer one is refused with OUT_OF_RANGE.",
     )
     taken_ids_window: int = Field(
         100_000,
@@ -72,3 +85,20 @@ class StoreSettings(ServerSettings):
         "deleted episode id) that an idempotent insert still answers as duplicates; the oldest are forgotten first, "
         "and a restart forgets them all.",
     )
+
+    @field_validator("sqlite_synchronous")
+    @classmethod
+    def _known_synchronous(cls, value: str) -> str:
+        """One of :data:`~services.experience_store.core.storage.SYNCHRONOUS_MODES` (checked with or without a
+        ``data_dir``)."""
+        if value not in SYNCHRONOUS_MODES:
+            raise ValueError(f"must be one of {', '.join(SYNCHRONOUS_MODES)}")
+        return value
+
+    @field_validator("sqlite_page_size")
+    @classmethod
+    def _known_page_size(cls, value: int) -> int:
+        """One of :data:`~services.experience_store.core.storage.PAGE_SIZES`."""
+        if value not in PAGE_SIZES:
+            raise ValueError(f"must be one of {', '.join(map(str, PAGE_SIZES))}")
+        return value

@@ -121,6 +121,52 @@ def test_marti_up_beside_a_running_broker_names_the_port():
             {"MARTI_STORE_LOG_LEVEL": "loud"},
             "setting log_level (MARTI_STORE_LOG_LEVEL)",
         ),
+        # gRPC's C int: each was an OverflowError traceback, exit 1
+        (
+            "store",
+            ["--port", "0", "--max-message-bytes", "99999999999"],
+            {},
+            "setting max_message_bytes (--max-message-bytes)",
+        ),
+        (
+            "broker",
+            ["--port", "0", "--keepalive-time-ms", "99999999999"],
+            {},
+            "setting keepalive_time_ms (--keepalive-time-ms)",
+        ),
+        (
+            "store",
+            ["--port", "0", "--max-concurrent-rpcs", "3000000000"],
+            {},
+            "setting max_concurrent_rpcs (--max-concurrent-rpcs)",
+        ),
+        # served, then every Insert or Sample without a timeout_ms failed with INTERNAL (OverflowError)
+        (
+            "store",
+            ["--port", "0", "--default-timeout-ms", "99999999999999"],
+            {},
+            "setting default_timeout_ms (--default-timeout-ms)",
+        ),
+        # served, and the snapshot thread died at once with an OverflowError traceback: no snapshot ever
+        (
+            "store",
+            ["--port", "0", "--snapshot-interval-s", "1e12"],
+            {},
+            "setting snapshot_interval_s (--snapshot-interval-s)",
+        ),
+        # refused only with a --data-dir, without naming the flag; accepted without one
+        (
+            "store",
+            ["--port", "0", "--sqlite-synchronous", "BOGUS"],
+            {},
+            "setting sqlite_synchronous (--sqlite-synchronous) = 'BOGUS'",
+        ),
+        (
+            "store",
+            ["--port", "0"],
+            {"MARTI_STORE_SQLITE_PAGE_SIZE": "1000"},
+            "setting sqlite_page_size (MARTI_STORE_SQLITE_PAGE_SIZE)",
+        ),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_it(name, args, env, expected):

@@ -246,6 +246,7 @@ def _snapshot_error(target: Path, exc: Exception) -> MartiError:
         return storage_full_error("store snapshot", target, exc, outcome)
     return InternalError(f"store snapshot {target} failed ({exc}): {outcome}")
 
+
 # Item metadata and payloads are separate tables, so that a sample's or a priority update's row changes rewrite
 # small metadata pages only, and a restart reads metadata without touching payload pages.
 _SCHEMA = """
@@ -291,7 +292,10 @@ ALTER TABLE items_v2 RENAME TO items;
 """
 _INSERT_ITEM = f"INSERT INTO items({_ITEM_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _ROW_BYTES = 128  # what one metadata row counts towards an operation's size (group and checkpoint limits)
-_PAGE_SIZES = (4096, 8192, 16384, 32768, 65536)
+#: Page sizes, bytes, a new database may have.
+PAGE_SIZES = (4096, 8192, 16384, 32768, 65536)
+#: SQLite ``synchronous`` modes the store runs with: NORMAL survives kill -9, FULL also a power loss.
+SYNCHRONOUS_MODES = ("NORMAL", "FULL")
 
 
 class _Op:
@@ -359,14 +363,14 @@ class SqliteStorage(Storage):
         group_max_bytes: int = 64 * 1024 * 1024,
         checkpoint_mib: float = 32.0,
     ) -> None:
-        if synchronous not in ("NORMAL", "FULL"):
+        if synchronous not in SYNCHRONOUS_MODES:
             raise InvalidArgumentError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         if keep_snapshots < 1:
             raise InvalidArgumentError(f"keep_snapshots must be >= 1, got {keep_snapshots}")
         if cache_mib < 1:
             raise InvalidArgumentError(f"cache_mib must be >= 1, got {cache_mib}")
-        if page_size not in _PAGE_SIZES:
-            raise InvalidArgumentError(f"page_size must be one of {_PAGE_SIZES}, got {page_size}")
+        if page_size not in PAGE_SIZES:
+            raise InvalidArgumentError(f"page_size must be one of {PAGE_SIZES}, got {page_size}")
         if group_max_bytes < 1:
             raise InvalidArgumentError(f"group_max_bytes must be >= 1, got {group_max_bytes}")
         if not checkpoint_mib > 0:
