@@ -292,7 +292,7 @@ class TableConfig(BaseModel):
     preset: Literal["queue", "stack", "uniform", "prioritized"] | None = None
     sampler: SelectorKind = "uniform"
     remover: SelectorKind = "fifo"
-    priority_exponent: float = Field(default=1.0, ge=0.0)
+    priority_exponent: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
     importance_beta: float = Field(default=1.0, ge=0.0, le=1.0)
     max_size: int = Field(default=1_000_000, ge=1, le=INT64_MAX)
     max_bytes: int = Field(default=4 * 1024**3, ge=1, le=INT64_MAX)

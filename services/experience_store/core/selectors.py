@@ -17,6 +17,7 @@ Each selector keeps an index for O(1) or O(log n) selection over all items. Sele
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -80,6 +81,14 @@ class Selector(ABC):
         """Return the selector's numeric settings (for GetTableInfo)."""
         return {}
 
+    def check_priority(self, priority: float, where: str = "priority") -> None:
+        """Refuse a (finite, >= 0) priority this selector cannot index, before the table changes anything; every
+        one here (see :class:`PrioritizedSelector`).
+
+        Raises:
+            InvalidArgumentError: naming ``where`` and the priority.
+        """
+
     def importance_weights(self, probabilities: Sequence[float], sizes: Sequence[int]) -> list[float]:
         """Importance weights of a batch: item i was chosen with ``probabilities[i]`` among ``sizes[i]`` items.
 
@@ -129,19 +138,25 @@ class UniformSelector(Selector):
 class PrioritizedSelector(Selector):
     """Proportional prioritized selection on a sum tree: P(i) = p_i^alpha / sum_j p_j^alpha, O(log n).
 
+    An item's weight p_i^alpha is at most :attr:`MAX_WEIGHT` (:meth:`check_priority`), so the sum over any
+    number of items a table can hold (up to 2**63) stays a finite float: an infinite total made :meth:`select`
+    draw forever.
+
     Args:
-        priority_exponent: alpha >= 0 (0 = uniform, 1 = proportional).
+        priority_exponent: alpha, finite and >= 0 (0 = uniform, 1 = proportional).
         importance_beta: beta in [0, 1] for the importance weights returned with samples.
 
     Raises:
-        InvalidArgumentError: when alpha < 0 or beta outside [0, 1].
+        InvalidArgumentError: when alpha is negative or not finite, or beta outside [0, 1].
     """
 
     kind = "prioritized"
+    #: Largest weight p^alpha of one item: 2**63 of them still sum to a finite float (< 1.8e308).
+    MAX_WEIGHT = 1e280
 
     def __init__(self, priority_exponent: float = 1.0, importance_beta: float = 1.0) -> None:
-        if not priority_exponent >= 0:
-            raise InvalidArgumentError(f"priority_exponent must be >= 0, got {priority_exponent}")
+        if not 0 <= priority_exponent < math.inf:
+            raise InvalidArgumentError(f"priority_exponent must be finite and >= 0, got {priority_exponent}")
         if not 0.0 <= importance_beta <= 1.0:
             raise InvalidArgumentError(f"importance_beta must be in [0, 1], got {importance_beta}")
         self.alpha = float(priority_exponent)
@@ -154,6 +169,23 @@ class PrioritizedSelector(Selector):
 
     def _weight(self, priority: float) -> float:
         return priority**self.alpha if self.alpha else 1.0
+
+    def check_priority(self, priority: float, where: str = "priority") -> None:
+        """Refuse a priority whose weight ``priority ** alpha`` is over :attr:`MAX_WEIGHT` (or overflows).
+
+        Raises:
+            InvalidArgumentError: naming ``where``, the priority, alpha and the limit.
+        """
+        try:
+            weight = self._weight(priority)
+        except OverflowError:
+            weight = math.inf
+        if weight > self.MAX_WEIGHT:
+            raise InvalidArgumentError(
+                f"{where} is {priority!r}; its weight, {priority!r} ** priority_exponent {self.alpha!r}, is over "
+                f"{self.MAX_WEIGHT:g}, the largest a prioritized selector takes (the sum of every item's weight "
+                "must stay a finite number)"
+            )
 
     def _set(self, slot: int, value: float) -> None:
         i = slot + self._capacity

@@ -302,7 +302,7 @@ class Table(Restoring, Withdrawing):
         evicted: list[ItemRecord],
         tickets: list[Flushed],
     ) -> int | Duplicate:
-        priority = check_priority(item.priority)
+        priority = self._check_priority(item.priority)
         size = len(item.payload)
         if size > self.config.max_bytes:
             raise ResourceExhaustedError(
@@ -700,6 +700,18 @@ class Table(Restoring, Withdrawing):
 
     # ---- priorities, info, queries ----------------------------------------------------------------------
 
+    def _check_priority(self, priority: float, where: str = "priority") -> float:
+        """``priority`` as a float when it is finite, >= 0 and the sampler and remover can weigh it.
+
+        Raises:
+            InvalidArgumentError: naming ``where`` and the value (:func:`check_priority`,
+                :meth:`Selector.check_priority`).
+        """
+        p = check_priority(priority, where)
+        self.sampler.check_priority(p, where)
+        self.remover.check_priority(p, where)
+        return p
+
     def update_priorities(self, updates: dict[int, float]) -> tuple[int, int]:
         """Set new priorities. Keys that are not (or no longer) in the table are skipped and counted.
 
@@ -713,7 +725,7 @@ class Table(Restoring, Withdrawing):
             InvalidArgumentError: naming the first bad priority (no update is applied then).
             InternalError, UnavailableError: when storage could not commit the update.
         """
-        checked = {k: check_priority(p, f"priority of key {k}") for k, p in updates.items()}
+        checked = {k: self._check_priority(p, f"priority of key {k}") for k, p in updates.items()}
         with self._cond:
             rows = []
             for key, p in checked.items():
