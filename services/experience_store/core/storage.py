@@ -235,12 +235,13 @@ class MemoryStorage(Storage):
 
 
 _DONE = _finished()
+#: Suffix of a snapshot being written (renamed without it once complete).
+_PARTIAL = ".partial"
 
 
 def _snapshot_error(target: Path, exc: Exception) -> MartiError:
-    """A failed checkpoint's error, once the partial snapshot ``target`` is removed: ResourceExhaustedError when
-    the disk is full, else InternalError; both name the snapshot."""
-    target.unlink(missing_ok=True)
+    """A failed checkpoint's error: ResourceExhaustedError when the disk is full, else InternalError; both name
+    the snapshot ``target``."""
     outcome = "no snapshot was written; every commit is still in the store's database"
     if is_storage_full(exc):
         return storage_full_error("store snapshot", target, exc, outcome)
@@ -634,7 +635,9 @@ class SqliteStorage(Storage):
 
         Both run as readers of the WAL database, so inserts and samples proceed while the checkpoint runs (a
         passive checkpoint never waits for writers). The snapshot holds every operation committed before it
-        started.
+        started. It is written as ``snapshot-<ns>.sqlite.partial`` and renamed once complete, so a file named
+        ``snapshot-*.sqlite`` is always a complete store; what a failed or killed checkpoint left is removed
+        (then, or by the next checkpoint).
 
         Raises:
             ResourceExhaustedError: the disk is full, naming the snapshot (no partial snapshot is left; the
@@ -643,12 +646,16 @@ class SqliteStorage(Storage):
         with self._ckpt_lock:
             start = time.monotonic()
             target = self.snapshot_dir / f"snapshot-{time.time_ns()}.sqlite"
+            partial = target.with_name(target.name + _PARTIAL)
             conn = self._connect()
             try:
                 self.snapshot_dir.mkdir(exist_ok=True)
+                self._clear_partial_snapshots()  # what a checkpoint killed mid-write left
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                conn.execute("VACUUM INTO ?", (str(target),))
+                conn.execute("VACUUM INTO ?", (str(partial),))
+                os.replace(partial, target)
             except (sqlite3.Error, OSError) as e:
+                self._clear_partial_snapshots()
                 raise _snapshot_error(target, e) from None
             finally:
                 conn.close()
@@ -656,6 +663,11 @@ class SqliteStorage(Storage):
             for old in snaps[: -self.keep_snapshots]:
                 old.unlink(missing_ok=True)
             return CheckpointResult(str(target), time.monotonic() - start, target.stat().st_size)
+
+    def _clear_partial_snapshots(self) -> None:
+        """Remove the snapshots a checkpoint began and did not finish (``*.sqlite.partial`` and its journal)."""
+        for path in self.snapshot_dir.glob(f"snapshot-*.sqlite{_PARTIAL}*"):
+            path.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Commit every queued operation, stop the writer and checkpoint threads, close the connections.
