@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from marti.rpc.settings import ServerSettings
 
 from .core.storage import PAGE_SIZES, SYNCHRONOUS_MODES
 
+#: The settings that take one of a few values, and those values.
+_CHOICES = {"sqlite_synchronous": SYNCHRONOUS_MODES, "sqlite_page_size": PAGE_SIZES}
 #: Longest wait the protocol carries (``timeout_ms`` is a uint32), ms.
 MAX_PROTOCOL_WAIT_MS = 2**32 - 1
 
@@ -86,19 +90,12 @@ class StoreSettings(ServerSettings):
         "and a restart forgets them all.",
     )
 
-    @field_validator("sqlite_synchronous")
+    @field_validator(*_CHOICES)
     @classmethod
-    def _known_synchronous(cls, value: str) -> str:
-        """One of :data:`~services.experience_store.core.storage.SYNCHRONOUS_MODES` (checked with or without a
-        ``data_dir``)."""
-        if value not in SYNCHRONOUS_MODES:
-            raise ValueError(f"must be one of {', '.join(SYNCHRONOUS_MODES)}")
-        return value
-
-    @field_validator("sqlite_page_size")
-    @classmethod
-    def _known_page_size(cls, value: int) -> int:
-        """One of :data:`~services.experience_store.core.storage.PAGE_SIZES`."""
-        if value not in PAGE_SIZES:
-            raise ValueError(f"must be one of {', '.join(map(str, PAGE_SIZES))}")
+    def _one_of_its_choices(cls, value: Any, info: ValidationInfo) -> Any:
+        """``sqlite_synchronous`` and ``sqlite_page_size`` are each one of :data:`_CHOICES` (checked with or without
+        a ``data_dir``: without one, a bad value was accepted without a word)."""
+        choices = _CHOICES[info.field_name]
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(map(str, choices))}")
         return value

@@ -88,6 +88,7 @@ class Selector(ABC):
         Raises:
             InvalidArgumentError: naming ``where`` and the priority.
         """
+        return None
 
     def importance_weights(self, probabilities: Sequence[float], sizes: Sequence[int]) -> list[float]:
         """Importance weights of a batch: item i was chosen with ``probabilities[i]`` among ``sizes[i]`` items.

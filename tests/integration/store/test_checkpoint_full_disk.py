@@ -55,7 +55,9 @@ def test_a_checkpoint_on_a_full_disk_is_resource_exhausted_and_leaves_no_partial
                     stored += 1
             except ResourceExhaustedError as e:
                 assert fill == 1.0 and "is full" in e.message, e
-            with pytest.raises(ResourceExhaustedError, match=r"store snapshot .*snapshot-\d+\.sqlite is full"):
+            with pytest.raises(
+                ResourceExhaustedError, match=r"store snapshot .*snapshot-\d+\.sqlite is full"
+            ):
                 client.checkpoint()
             assert list((tiny_disk / "data" / "snapshots").iterdir()) == []
             assert client.info("t").size == stored > 0

@@ -106,7 +106,10 @@ def test_an_item_the_store_could_never_hand_out_is_refused_at_insert(address):
     took it and then failed every sample that picked it (a FIFO queue jammed behind it) and every read. Now the
     insert is refused with RESOURCE_EXHAUSTED naming the item and the setting, the table stays empty, and the
     queue goes on."""
-    with ExperienceSharingClient("a", address, max_message_bytes=2 * LIMIT) as roomy, _client(address) as client:
+    with (
+        ExperienceSharingClient("a", address, max_message_bytes=2 * LIMIT) as roomy,
+        _client(address) as client,
+    ):
         client.create_table("q", preset="queue", max_size=10)
         limit = r"item 0 of 1 \(episode 'edge'.*max_message_bytes \(MARTI_STORE_MAX_MESSAGE_BYTES\)=1048576"
         with pytest.raises(ResourceExhaustedError, match=limit):
