@@ -14,9 +14,21 @@ class Restoring:
     """The restore half of :class:`~.table.Table` (a mixin over its lock, index, remover and storage)."""
 
     def restore(self, records: Sequence[ItemRecord]) -> None:
-        """Index items loaded from storage (in insertion order), without committing anything."""
+        """Index items loaded from storage (in insertion order), without committing anything.
+
+        Raises:
+            InvalidArgumentError: an item whose priority this config's sampler or remover cannot weigh (a restart
+                with a larger ``priority_exponent``), naming the table, the item and its priority.
+        """
         with self._cond:
             for rec in records:
+                try:
+                    self._check_priority(rec.priority, f"table {self.name!r}: the priority of its item {rec.key}")
+                except InvalidArgumentError as e:
+                    raise InvalidArgumentError(
+                        f"{e.message}; start the store with the table's old config, then lower that priority or "
+                        "delete the item"
+                    ) from None
                 self._index(rec)
 
     def fit_to_limits(self) -> int:

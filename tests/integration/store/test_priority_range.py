@@ -5,7 +5,12 @@ item the table counted but never stored."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import pytest
+from faults.procs import start
 
 from marti.clients.experience import ExperienceSharingClient
 from marti.errors import InvalidArgumentError
@@ -52,3 +57,36 @@ def test_an_infinite_priority_exponent_is_refused(store_server):
     with ExperienceSharingClient("a", store_server[0]) as client:
         with pytest.raises(InvalidArgumentError, match="priority_exponent: Input should be a finite number"):
             client.create_table("pinf", sampler="prioritized", priority_exponent=float("inf"))
+
+
+def test_a_restart_whose_priority_exponent_cannot_weigh_a_stored_priority_stops_in_one_line(tmp_path):
+    """A table restarted with a larger ``priority_exponent`` (a new ``--config``) than its stored priorities
+    allow: ``marti store`` died with an OverflowError traceback. Now it stops with one line naming the table, the
+    item and its priority (exit 2), and keeps the stored config, so the old one still starts."""
+    data, old, new = tmp_path / "data", tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text("tables:\n  - {name: pr, sampler: prioritized, priority_exponent: 1.0}\n")
+    new.write_text("tables:\n  - {name: pr, sampler: prioritized, priority_exponent: 2.0}\n")
+    svc = start("store", "--data-dir", str(data), "--config", str(old))
+    try:
+        with ExperienceSharingClient("a", svc.address) as client:
+            (key,) = client.share_experiences([_traj("big")], table="pr", priorities=[1e200])
+        svc.signal(signal.SIGTERM)
+        assert svc.proc.wait(timeout=60) == 0
+    finally:
+        svc.stop()
+    res = subprocess.run(
+        [sys.executable, "-m", "marti.command.main", "store", "--port", "0", "--data-dir", str(data), "--config",
+         str(new)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert (
+        f"marti store: error: table 'pr': the priority of its item {key} is 1e+200; its weight, 1e+200 ** "
+        "priority_exponent 2.0, is over 1e+280"
+    ) in res.stderr
+    svc = start("store", "--data-dir", str(data), "--config", str(old))
+    try:
+        with ExperienceSharingClient("a", svc.address) as client:
+            assert [s.priority for s in client.get_items(episode_id="big")] == [1e200]
+    finally:
+        svc.stop()
