@@ -206,7 +206,8 @@ class ExperienceSharingClient(_Base):
             batch_size: Items wanted (the server never sends more).
             timeout_s: Longest wait for each item, seconds.
             agent_ids, roles, min_policy_version, max_age_s: Filters (empty = any).
-            allow_partial: Return the items that came within ``timeout_s`` instead of raising when fewer came.
+            allow_partial: Return the items that came within ``timeout_s`` instead of raising when fewer came (at
+                least one: none in time is DeadlineExceededError).
 
         Returns:
             Items with key, priority, probability, importance weight and the trajectory.

@@ -93,3 +93,14 @@ def test_a_whole_batch_larger_than_a_queue_can_hold_is_refused_at_once(client) -
         [marti.Trajectory(episode_id=f"r{i}", agent_id="a1") for i in range(3)], table="q"
     )
     assert len(client.sample("q", 3, timeout_s=1.0)) == 3
+
+
+def test_allow_partial_with_nothing_in_time_raises_deadline_exceeded(client) -> None:
+    """``allow_partial=True`` returns what came within ``timeout_s``, at least one item: a sample of an empty
+    table raises DeadlineExceededError once ``timeout_s`` passed (the docs said "what came is returned", which
+    read as an empty list)."""
+    client.create_table("empty", preset="queue", max_size=3)
+    started = time.monotonic()
+    with pytest.raises(marti.errors.DeadlineExceededError, match="'empty' timed out"):
+        client.sample("empty", 2, timeout_s=0.5, allow_partial=True)
+    assert 0.5 <= time.monotonic() - started < 5
