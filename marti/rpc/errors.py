@@ -44,6 +44,18 @@ ERROR_CODES: dict[type[errors.MartiError], grpc.StatusCode] = {
 
 #: What gRPC itself answers for a method no handler serves (a server that is not a marti server, or an old one).
 GRPC_METHOD_NOT_FOUND = "Method not found!"
+#: What gRPC says when a message is over the receiver's max_message_bytes, by the side that refused it; what the
+#: error adds to say so (a bare "Received message larger than max" named neither side nor the setting).
+GRPC_MESSAGE_TOO_LARGE = {
+    "CLIENT: Received message larger than max": (
+        "a response was larger than this client's max_message_bytes; give the client the server's "
+        "max_message_bytes (both are 64 MiB by default)"
+    ),
+    "SERVER: Received message larger than max": (
+        "a request was larger than the server's max_message_bytes; give this client the server's "
+        "max_message_bytes (both are 64 MiB by default), so that it cuts its requests to fit"
+    ),
+}
 
 _CLASSES_BY_CODE: dict[grpc.StatusCode, type[errors.MartiError]] = {v: k for k, v in ERROR_CODES.items()}
 
@@ -182,6 +194,10 @@ def error_for_code(code: grpc.StatusCode, message: str, details: Iterable[object
         message = (
             "the server at this address does not serve the method called (gRPC: Method not found!): "
             "probably a different service listens on that port"
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        message = next(
+            (f"{message}: {why}" for said, why in GRPC_MESSAGE_TOO_LARGE.items() if said in message), message
         )
     info = _error_info(details)
     if info is None:

@@ -117,3 +117,25 @@ def test_an_item_the_store_could_never_hand_out_is_refused_at_insert(address):
         assert client.info("q").size == 0
         client.share_experience(_big("next", 10), table="q")
         assert [s.trajectory.episode_id for s in client.sample("q", 1, timeout_s=5)] == ["next"]
+
+
+def test_a_client_whose_max_message_bytes_is_not_the_stores_is_told_so(address):
+    """A client with another ``max_message_bytes`` than the store's got gRPC's bare "Received message larger
+    than max" (RESOURCE_EXHAUSTED): now the error says which side's limit it hit and to make them the same. Nothing
+    is lost either way: the refused insert stored nothing, the refused sample put its item back."""
+    with (
+        ExperienceSharingClient("a", address, max_message_bytes=4 * LIMIT) as roomy,
+        ExperienceSharingClient("a", address, max_message_bytes=LIMIT // 2) as narrow,
+    ):
+        roomy.create_table("q", preset="queue", max_size=10)
+        with pytest.raises(
+            ResourceExhaustedError, match="a request was larger than the server's max_message_bytes"
+        ):
+            roomy.share_experiences([_big(f"e{i}", seed=i) for i in range(4)], table="q")
+        assert roomy.info("q").size == 0
+        roomy.share_experience(_big("big", 150_000), table="q")
+        with pytest.raises(
+            ResourceExhaustedError, match="a response was larger than this client's max_message_bytes"
+        ):
+            narrow.sample("q", 1, timeout_s=5)
+        assert [s.trajectory.episode_id for s in roomy.sample("q", 1, timeout_s=5)] == ["big"]
