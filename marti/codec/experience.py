@@ -16,16 +16,54 @@ from marti.errors import InvalidArgumentError
 from marti.types.experience import SampleFilter, TableConfig, parse_table_config
 from marti.types.trajectory import Trajectory, TrajectorySummary, Turn, check_identity, check_token_ids
 
+#: Deepest nesting of dicts and lists a ``metadata`` or ``info`` may have: far more than any real one, and far
+#: within Python's recursion limit wherever it is written, checked or read (a deeper one was a RecursionError: in
+#: the SDK, or INTERNAL for a whole Insert stream in the store).
+MAX_JSON_DEPTH = 254
+
+
+def _check_depth(value: Any, where: str) -> None:
+    """Refuse ``value`` (acyclic) when its dicts and lists nest deeper than :data:`MAX_JSON_DEPTH` (walked
+    without recursion).
+
+    Raises:
+        InvalidArgumentError: naming ``where`` and the limit.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else None
+        )
+        if children is None:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgumentError(
+                f"{where} nests deeper than {MAX_JSON_DEPTH} levels of dicts and lists"
+            )
+        stack.extend((child, depth + 1) for child in children)
+
 
 def _json_obj(text: str, where: str) -> dict[str, Any]:
+    """The JSON object ``text`` holds ({} when empty).
+
+    Raises:
+        InvalidArgumentError: naming ``where`` when ``text`` is not JSON, not an object, or nests deeper than
+            :data:`MAX_JSON_DEPTH`.
+    """
     if not text:
         return {}
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise InvalidArgumentError(
+            f"{where} nests deeper than {MAX_JSON_DEPTH} levels of dicts and lists"
+        ) from None
     except ValueError as e:
         raise InvalidArgumentError(f"{where} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise InvalidArgumentError(f"{where} must be a JSON object, got {type(value).__name__}")
+    _check_depth(value, where)
     return value
 
 
@@ -35,7 +73,8 @@ def _json_text(value: Any, where: str) -> str:
     Raises:
         InvalidArgumentError: naming ``where`` (and the key path of the first bad value) when ``value`` is not a
             dict, or holds something JSON cannot carry (a set, bytes, an object, a non-text key, a cycle, a NaN or
-            infinite float, two keys of one dict that JSON writes as one, such as ``1`` and ``"1"``).
+            infinite float, two keys of one dict that JSON writes as one, such as ``1`` and ``"1"``), or nests
+            deeper than :data:`MAX_JSON_DEPTH`.
     """
     if not isinstance(value, dict):
         raise InvalidArgumentError(f"{where} must be a dict (a JSON object), got {type(value).__name__}")
@@ -44,8 +83,13 @@ def _json_text(value: Any, where: str) -> str:
     try:
         # NaN and Infinity are not JSON: other languages' parsers refuse them
         text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as e:
+    except RecursionError:
+        raise InvalidArgumentError(
+            f"{where} nests deeper than {MAX_JSON_DEPTH} levels of dicts and lists"
+        ) from None
+    except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"{where}{_bad_json_path(value)} is not JSON: {e}") from None
+    _check_depth(value, where)  # before the recursive walk below
     clash = _key_clash(value, where)
     if clash:
         raise InvalidArgumentError(f"{clash}: a reader would keep only one of them")

@@ -23,7 +23,9 @@ class Restoring:
         with self._cond:
             for rec in records:
                 try:
-                    self._check_priority(rec.priority, f"table {self.name!r}: the priority of its item {rec.key}")
+                    self._check_priority(
+                        rec.priority, f"table {self.name!r}: the priority of its item {rec.key}"
+                    )
                 except InvalidArgumentError as e:
                     raise InvalidArgumentError(
                         f"{e.message}; start the store with the table's old config, then lower that priority or "

@@ -26,6 +26,10 @@ def _turn(**fields) -> Trajectory:
 
 _cycle: dict = {}
 _cycle["self"] = _cycle
+_deep: dict = {}
+_level = _deep
+for _ in range(1000):  # a raw RecursionError out of the SDK's JSON checks
+    _level["x"] = _level = {}
 
 #: (case id, method, args, kwargs, words the error must contain)
 _SHARE = [
@@ -38,6 +42,8 @@ _SHARE = [
     ("metadata-list", _traj(metadata=[1]), "trajectory.metadata must be a dict"),
     ("metadata-key", _traj(metadata={(1,): 2}), "trajectory.metadata key (1,)"),
     ("metadata-cycle", _traj(metadata=_cycle), "trajectory.metadata['self']"),
+    ("metadata-deep", _traj(metadata=_deep), "trajectory.metadata nests deeper than 254 levels"),
+    ("info-deep", _turn(info={"a": [_deep]}), "trajectory.turns[0].info nests deeper than 254 levels"),
     # json.dumps wrote both keys as "1" and the store kept the last value: {"1": "b"}, with no error
     ("metadata-key-clash", _traj(metadata={1: "a", "1": "b"}), "trajectory.metadata has the keys 1 and '1'"),
     (
@@ -110,9 +116,12 @@ def test_the_store_refuses_metadata_that_is_not_a_json_object(store_server):
     addr, _ = store_server
     with ExperienceSharingClient("a", addr) as store:
         store.create_table("q", preset="queue")
+        deep = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"  # was INTERNAL for the whole stream (RecursionError)
         bad = [
             pb.Trajectory(episode_id="e", agent_id="a", metadata_json="[1]"),
             pb.Trajectory(episode_id="e", agent_id="a", turns=[pb.Turn(step=0, info_json="{")]),
+            pb.Trajectory(episode_id="e", agent_id="a", metadata_json=deep),
+            pb.Trajectory(episode_id="e", agent_id="a", metadata_json='{"a": ' + "[" * 255 + "]" * 255 + "}"),
         ]
         channel = make_channel(addr)
         stub = sgrpc.ExperienceServiceStub(channel)
@@ -120,9 +129,11 @@ def test_the_store_refuses_metadata_that_is_not_a_json_object(store_server):
         (resp,) = stub.Insert(iter([spb.InsertRequest(items=items)]))
         channel.close()
         codes_and_messages = [(c.status.code, c.status.message) for c in resp.confirmations]
-        assert [code for code, _ in codes_and_messages] == [3, 3]  # INVALID_ARGUMENT
+        assert [code for code, _ in codes_and_messages] == [3, 3, 3, 3]  # INVALID_ARGUMENT
         assert "trajectory.metadata_json" in codes_and_messages[0][1]
         assert "trajectory.turns[0].info_json" in codes_and_messages[1][1]
+        assert "trajectory.metadata_json nests deeper than 254 levels" in codes_and_messages[2][1]
+        assert "trajectory.metadata_json nests deeper than 254 levels" in codes_and_messages[3][1]
         assert store.info("q").size == 0
 
 
