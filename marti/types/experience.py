@@ -23,12 +23,21 @@ and signature. YAML example (see docs/experience_store.md)::
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    model_validator,
+)
 
 from marti.errors import InvalidArgumentError
 from marti.types.trajectory import Trajectory
@@ -36,6 +45,27 @@ from marti.types.trajectory import Trajectory
 #: Largest integer a table setting may be: the protocol carries them as int64 (a larger one could not be sent to
 #: the store, nor a table holding it described back).
 INT64_MAX = 2**63 - 1
+
+
+def _integer(value: Any) -> int:
+    """An integer setting as an ``int`` (numpy integers count). Raises ValueError for anything else: pydantic on
+    its own read ``"10"`` as 10, ``True`` as 1 and ``10.0`` as 10."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"must be an integer, not {type(value).__name__}")
+    return int(value)
+
+
+def _number(value: Any) -> float:
+    """A real-valued setting as a ``float`` (integers and numpy numbers count). Raises ValueError for a string or
+    a bool (pydantic on its own read ``"0.5"`` as 0.5 and ``True`` as 1.0)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"must be a number, not {type(value).__name__}")
+    return float(value)
+
+
+#: Table config field types that take what they say and nothing pydantic would convert into it.
+Integer = Annotated[int, BeforeValidator(_integer)]
+Number = Annotated[float, BeforeValidator(_number)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,12 +236,12 @@ class RateLimiterSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
     kind: Literal["min_size", "sample_to_insert_ratio", "queue", "stack", "custom"] = "min_size"
-    min_size_to_sample: int = Field(default=1, le=INT64_MAX)
-    samples_per_insert: float = 1.0
-    error_buffer: float = 1.0
-    size: int = Field(default=1000, le=INT64_MAX)
-    min_diff: float = -math.inf
-    max_diff: float = math.inf
+    min_size_to_sample: Integer = Field(default=1, le=INT64_MAX)
+    samples_per_insert: Number = 1.0
+    error_buffer: Number = 1.0
+    size: Integer = Field(default=1000, le=INT64_MAX)
+    min_diff: Number = -math.inf
+    max_diff: Number = math.inf
 
     def build(self) -> RateLimiterConfig:
         """Return the validated :class:`RateLimiterConfig` (raises InvalidArgumentError on bad settings)."""
@@ -248,12 +278,12 @@ class SignatureSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
     agent_ids: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
-    min_policy_version: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
-    require_rewards: bool = False
-    require_logprobs: bool = False
-    max_turns: int | None = Field(default=None, ge=1, le=INT64_MAX)
-    max_prompt_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
-    max_response_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    min_policy_version: Integer = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
+    require_rewards: StrictBool = False
+    require_logprobs: StrictBool = False
+    max_turns: Integer | None = Field(default=None, ge=1, le=INT64_MAX)
+    max_prompt_tokens: Integer | None = Field(default=None, ge=0, le=INT64_MAX)
+    max_response_tokens: Integer | None = Field(default=None, ge=0, le=INT64_MAX)
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -292,15 +322,15 @@ class TableConfig(BaseModel):
     preset: Literal["queue", "stack", "uniform", "prioritized"] | None = None
     sampler: SelectorKind = "uniform"
     remover: SelectorKind = "fifo"
-    priority_exponent: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
-    importance_beta: float = Field(default=1.0, ge=0.0, le=1.0)
-    max_size: int = Field(default=1_000_000, ge=1, le=INT64_MAX)
-    max_bytes: int = Field(default=4 * 1024**3, ge=1, le=INT64_MAX)
-    max_times_sampled: int = Field(default=0, ge=0, le=INT64_MAX)
+    priority_exponent: Number = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    importance_beta: Number = Field(default=1.0, ge=0.0, le=1.0)
+    max_size: Integer = Field(default=1_000_000, ge=1, le=INT64_MAX)
+    max_bytes: Integer = Field(default=4 * 1024**3, ge=1, le=INT64_MAX)
+    max_times_sampled: Integer = Field(default=0, ge=0, le=INT64_MAX)
     full_policy: Literal["evict", "block"] = "evict"
     rate_limiter: RateLimiterSpec = RateLimiterSpec()
     signature: SignatureSpec = SignatureSpec()
-    max_policy_lag: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    max_policy_lag: Integer | None = Field(default=None, ge=0, le=INT64_MAX)
 
     @model_validator(mode="before")
     @classmethod

@@ -192,6 +192,10 @@ def test_a_bare_ipv6_host_is_bracketed_and_served():
             "tables config '{path}': bad config for table 'r': max_size: Input should be less than or equal to "
             "9223372036854775807",
         ),
+        (  # was served as a table of 10 items (pydantic converted the string)
+            "tables:\n  - {name: r, max_size: '10'}\n",
+            "tables config '{path}': bad config for table 'r': max_size: Value error, must be an integer, not str",
+        ),
     ],
 )
 def test_a_bad_store_tables_file_is_one_line_naming_it(tmp_path, text, expected):

@@ -5,6 +5,9 @@ a list as metadata was stored and then broke every later sample of its table."""
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
 from marti.api.experience.v1 import experience_pb2 as pb
@@ -165,3 +168,40 @@ async def test_a_table_config_number_over_64_bits_is_named(store_server, fields,
             with pytest.raises(InvalidArgumentError, match=words):
                 await aio.create_table("t", **fields)
         assert "t" not in [t.name for t in sync.list_tables()]
+
+
+_CONVERTED = [
+    ({"max_size": "10"}, "max_size: Value error, must be an integer, not str"),
+    ({"max_size": 10.0}, "max_size: Value error, must be an integer, not float"),
+    (
+        {"preset": "queue", "max_times_sampled": True},
+        "max_times_sampled: Value error, must be an integer, not bool",
+    ),
+    (
+        {"sampler": "prioritized", "priority_exponent": "0.6"},
+        "priority_exponent: Value error, must be a number",
+    ),
+    (
+        {"rate_limiter": {"kind": "min_size", "min_size_to_sample": "5"}},
+        "rate_limiter.min_size_to_sample: Value",
+    ),
+    (
+        {"signature": {"require_logprobs": "yes"}},
+        "signature.require_logprobs: Input should be a valid boolean",
+    ),
+]
+
+
+@pytest.mark.parametrize("fields, words", _CONVERTED, ids=[c[1].split(":")[0] for c in _CONVERTED])
+def test_a_table_setting_of_the_wrong_type_is_named_not_converted(store_server, fields, words):
+    """``create_table("t", max_size="10")`` made a table of 10 items, ``max_times_sampled=True`` one of 1 and
+    ``require_logprobs="yes"`` one that required them: pydantic converted what it could. Now each is refused naming
+    the field, and no table is made; numpy numbers still count (``max_size=np.int64(5)``)."""
+    with ExperienceSharingClient("a", store_server[0]) as client:
+        with pytest.raises(InvalidArgumentError, match=rf"bad config for table 't': {re.escape(words)}"):
+            client.create_table("t", **fields)
+        assert "t" not in [t.name for t in client.list_tables()]
+        assert (
+            client.create_table("n", max_size=np.int64(5), priority_exponent=np.float32(0.5)).config.max_size
+            == 5
+        )
