@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import subprocess
+import time
 
 import pytest
 
@@ -68,3 +70,43 @@ def _used(where) -> float:
     """The share of the filesystem of ``where`` in use."""
     st = os.statvfs(where)
     return 1 - st.f_bavail / st.f_blocks
+
+
+def test_periodic_snapshots_survive_a_full_disk_and_resume_once_there_is_room(tiny_disk):
+    """``--snapshot-interval-s``: the first snapshot that failed on a full disk raised sqlite3's error out of the
+    snapshot thread, which died: no snapshot ever again, with nothing but a traceback in the log. Now each failure
+    is logged and the next interval tries again, so a snapshot is taken once space is freed."""
+    filler = tiny_disk / "filler"
+    filler.write_bytes(b"\0" * (2 << 20))  # space the test frees later (2 of the disk's 3 MiB)
+    settings = StoreSettings(
+        port=0, data_dir=str(tiny_disk / "data"), wal_checkpoint_mib=0.05, snapshot_interval_s=0.2
+    )
+    holder = {}
+
+    def specs():
+        spec, holder["servicer"] = make_spec(settings)
+        return [spec]
+
+    with serve_in_thread(specs, settings) as server:
+        with ExperienceSharingClient("a", server.address, timeout_s=10) as client:
+            client.create_table("t", max_size=1000)
+            with pytest.raises(ResourceExhaustedError, match="is full"):
+                for i in range(1000):
+                    client.share_experience(_traj(i), table="t")
+            stored = client.info("t").size
+            time.sleep(1.0)  # several snapshots fail meanwhile
+            thread = holder["servicer"].store._snapshot_thread
+            assert thread is not None and thread.is_alive()
+            before = set((tiny_disk / "data" / "snapshots").glob("snapshot-*.sqlite"))
+            filler.unlink()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                new = set((tiny_disk / "data" / "snapshots").glob("snapshot-*.sqlite")) - before
+                if new:
+                    break
+                time.sleep(0.05)
+            assert new, "no snapshot was taken once the disk had room"
+            time.sleep(0.5)  # let the one being written finish
+            done = max(set((tiny_disk / "data" / "snapshots").glob("snapshot-*.sqlite")) - before)
+            with sqlite3.connect(f"file:{done}?mode=ro", uri=True) as conn:
+                assert conn.execute("SELECT count(*) FROM items").fetchone()[0] == stored
