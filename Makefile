@@ -8,13 +8,13 @@ BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 PYTEST_ARGS ?=
 # Test worker processes (pytest-xdist; 0 runs the suite in this process). Tests are handed out one at a time
-# (worksteal), so a long one does not hold back the rest: with 2, the suite took 15 min 47 s, 17 min 36 s and
-# 20 min 2 s in three clean-clone runs on a quiet 2-core machine on 2026-12-02 (in the last, every long training
-# test ran 15-25% slower than an hour before: this machine's speed varies), the pick learning test included
-# (15 min 35 s before it; 21 min 53 s and 23 min 25 s in earlier runs; 24-30 min before DeepSpeed stopped building
-# its CPU shared-memory kernel); 4 workers were slower (35 min 49 s, with timing failures); the last serial CI run
-# took 34 min.
-PYTEST_WORKERS ?= 2
+# (worksteal), so a long one does not hold back the rest. 3 workers on 2 cores: a test often waits (a service or
+# Ray starting, a subprocess, a timeout under test), and a third worker fills those waits; every torch thread
+# sleeps between kernels (OMP_WAIT_POLICY=PASSIVE, tests/conftest.py), so a busy core costs no spinning. On the
+# 2-vCPU Intel Xeon on 2026-12-06, same code, quiet machine: 3 workers 14 min 10 s (the cores idle 3% of the
+# time), 2 workers see docs/benchmarks.md, "The test suite's wall time". In 2026-12-02's runs, before the
+# passive wait policy, 4 workers were slower than 2 (35 min 49 s, with timing failures).
+PYTEST_WORKERS ?= 3
 CONFIG ?= examples/private_allocation_pick.yaml
 
 .PHONY: venv demo test test-fast lint format protos protos-check proto-lint proto-breaking protocol-docs compose-check bench up clean
