@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from marti.config import load_config
-from services.trainer.ray.runtime import ACTOR_ENV_VARS, RayRuntime, actor_env_vars, actor_threads
+from services.trainer.ray.runtime import (
+    ACTOR_ENV_VARS,
+    GOMP_SPIN_COUNT,
+    RayRuntime,
+    actor_env_vars,
+    actor_threads,
+)
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -20,6 +26,7 @@ def test_actor_env_vars_make_openmp_threads_sleep_and_match_the_torch_threads():
     env = actor_env_vars(2, environ={})
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert env["KMP_BLOCKTIME"] == "0"
+    assert env["GOMP_SPINCOUNT"] == GOMP_SPIN_COUNT == "3000"
     assert env["TOKENIZERS_PARALLELISM"] == "false"
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
     assert set(ACTOR_ENV_VARS) <= set(env)
@@ -28,7 +35,9 @@ def test_actor_env_vars_make_openmp_threads_sleep_and_match_the_torch_threads():
 def test_actor_env_vars_leave_what_the_user_set():
     env = actor_env_vars(1, environ={"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "4"})
     assert "OMP_WAIT_POLICY" not in env and "OMP_NUM_THREADS" not in env
+    assert "GOMP_SPINCOUNT" not in env  # an explicit count would override the user's ACTIVE
     assert env["MKL_NUM_THREADS"] == "1" and env["KMP_BLOCKTIME"] == "0"
+    assert "GOMP_SPINCOUNT" not in actor_env_vars(1, environ={"GOMP_SPINCOUNT": "10"})
 
 
 @pytest.mark.parametrize(("cpus", "threads"), [(0.01, 1), (0.66, 1), (1.0, 1), (2.0, 2), (3.5, 3)])
@@ -59,7 +68,7 @@ def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
     settings (every kind of actor is started by the same call with its own thread count)."""
     import ray
 
-    for name in (*ACTOR_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAY_AUTH_MODE"):
+    for name in (*ACTOR_ENV_VARS, "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAY_AUTH_MODE"):
         monkeypatch.delenv(name, raising=False)
     # As in the demo (examples/resource_allocation.yaml): one team actor on the 2 CPUs of the local Ray.
     runtime = RayRuntime(load_config(ROOT / "examples" / "tiny.yaml", ["ray.num_cpus_per_worker=2"]))
@@ -69,7 +78,8 @@ def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
         pid = runtime.worker_pids["policy_worker"]
         assert pid != os.getpid()
         env = _environ(pid)
-        settings = {k: env.get(k) for k in (*ACTOR_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        names = (*ACTOR_ENV_VARS, "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        settings = {k: env.get(k) for k in names}
         assert settings == actor_env_vars(2, environ={}), settings
         # Ray's default would start it at niceness 15: ~1/30 of a normal process's CPU share on a busy machine
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
