@@ -181,6 +181,28 @@ _TRAPS_SIGTERM = (
 )
 
 
+def _supervise_hung(script: str, policy: RestartPolicy, probe: HealthProbe) -> tuple[int, list[str], float]:
+    """Run ``script`` as service ``svc`` beside a health server answering NOT_SERVING, and ``supervise`` it with
+    ``probe`` until it gives up (exit 1 asserted); returns the process's pid, the lines said and the seconds from
+    the start of ``supervise`` to its return."""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    thread = ServerThread([])
+    try:
+        server = thread.start()
+        thread.run(server.set_serving(False))
+        stack = LocalStack(services=(), running={"svc": ServiceProcess("svc", proc, server.address)})
+        lines: list[str] = []
+        time.sleep(0.5)  # the script's signal handling is set by now
+        start = time.monotonic()
+        assert supervise(stack, policy, lambda: False, lines.append, probe=probe) == 1
+        took = time.monotonic() - start
+    finally:
+        thread.stop()
+        proc.kill()
+        proc.wait()
+    return proc.pid, lines, took
+
+
 @pytest.mark.parametrize(
     ("script", "policy", "end"),
     [
@@ -196,24 +218,9 @@ _TRAPS_SIGTERM = (
 def test_supervise_sends_a_hung_service_sigterm_first_and_counts_it_as_failed(script, policy, end):
     """A process that answers NOT_SERVING is hung; ``supervise`` SIGTERMs it (it ends within the 5 s grace,
     no SIGKILL needed) and treats it as failed whatever its exit code."""
-    proc = subprocess.Popen([sys.executable, "-c", script])
-    thread = ServerThread([])
-    try:
-        server = thread.start()
-        thread.run(server.set_serving(False))
-        stack = LocalStack(services=(), running={"svc": ServiceProcess("svc", proc, server.address)})
-        lines: list[str] = []
-        time.sleep(0.5)  # the script's SIGTERM handler is set
-        start = time.monotonic()
-        probe = HealthProbe(interval_s=0.1, timeout_s=1.0, failures=1)
-        assert supervise(stack, policy, lambda: False, lines.append, probe=probe) == 1
-        took = time.monotonic() - start
-    finally:
-        thread.stop()
-        proc.kill()
-        proc.wait()
+    pid, lines, took = _supervise_hung(script, policy, HealthProbe(interval_s=0.1, timeout_s=1.0, failures=1))
     assert lines[0] == (
-        f"marti up: svc (pid {proc.pid}) failed 1 health checks in a row (every 0.1 s, 1 s timeout; last: "
+        f"marti up: svc (pid {pid}) failed 1 health checks in a row (every 0.1 s, 1 s timeout; last: "
         "NOT_SERVING); killing it (SIGTERM, SIGKILL after 5 s)"
     )
     assert lines[1].startswith(f"marti up: error: svc hung and was killed {end}"), lines
@@ -227,22 +234,8 @@ _IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SI
 def test_a_hung_service_that_ignores_sigterm_gets_sigkill_after_the_kill_grace(grace_s):
     """``kill_grace_s`` is the wait between the SIGTERM and the SIGKILL: a process ignoring SIGTERM is killed
     (code -9) that long after, not after the 5 s default."""
-    proc = subprocess.Popen([sys.executable, "-c", _IGNORES_SIGTERM])
-    thread = ServerThread([])
-    try:
-        server = thread.start()
-        thread.run(server.set_serving(False))
-        stack = LocalStack(services=(), running={"svc": ServiceProcess("svc", proc, server.address)})
-        lines: list[str] = []
-        time.sleep(0.5)  # the script ignores SIGTERM by now
-        probe = HealthProbe(interval_s=0.1, timeout_s=1.0, failures=1, kill_grace_s=grace_s)
-        start = time.monotonic()
-        assert supervise(stack, RestartPolicy(mode="no"), lambda: False, lines.append, probe=probe) == 1
-        took = time.monotonic() - start
-    finally:
-        thread.stop()
-        proc.kill()
-        proc.wait()
+    probe = HealthProbe(interval_s=0.1, timeout_s=1.0, failures=1, kill_grace_s=grace_s)
+    _, lines, took = _supervise_hung(_IGNORES_SIGTERM, RestartPolicy(mode="no"), probe)
     assert lines[0].endswith(f"killing it (SIGTERM, SIGKILL after {grace_s:g} s)"), lines
     assert lines[1].startswith("marti up: error: svc hung and was killed (code -9 (SIGKILL))"), lines
     assert grace_s <= took < grace_s + 3, took
