@@ -83,8 +83,11 @@ def _restart_hung(
         f"{probe.timeout_s:g} s timeout; last: {last}); killing it "
         f"(SIGTERM, SIGKILL after {probe.kill_grace_s:g} s)"
     )
-    # a signal meanwhile is seen by _bring_back, before any restart
-    code = stack.kill(name, probe.kill_grace_s)
+    try:
+        with interruptible():  # a long --health-kill-grace-s must not hold a stop signal back
+            code = stack.kill(name, probe.kill_grace_s)
+    except Interrupted:  # the caller stops the stack, this service included (SIGTERM again, then SIGKILL)
+        return False
     what = f"{name} hung and was killed ({describe_exit(code)})"
     return _bring_back(stack, policy, name, what, True, stopping, say, interruptible)
 

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -19,6 +20,7 @@ from marti.command.liveness import HealthProbe
 from marti.command.main import main
 from marti.command.restart_policy import RestartPolicy
 from marti.command.stack import LocalStack, ServiceProcess
+from marti.command.stop_signals import StopSignals
 from marti.command.supervise import supervise
 from marti.errors import InvalidArgumentError
 from marti.rpc.health import wait_until_serving
@@ -181,10 +183,12 @@ _TRAPS_SIGTERM = (
 )
 
 
-def _supervise_hung(script: str, policy: RestartPolicy, probe: HealthProbe) -> tuple[int, list[str], float]:
+def _supervise_hung(
+    script: str, policy: RestartPolicy, probe: HealthProbe, signals: StopSignals | None = None
+) -> tuple[int, list[str], float]:
     """Run ``script`` as service ``svc`` beside a health server answering NOT_SERVING, and ``supervise`` it with
-    ``probe`` until it gives up (exit 1 asserted); returns the process's pid, the lines said and the seconds from
-    the start of ``supervise`` to its return."""
+    ``probe`` until it gives up (exit 1 asserted) or, with ``signals``, until a stop signal (exit 0 asserted);
+    returns the process's pid, the lines said and the seconds from the start of ``supervise`` to its return."""
     proc = subprocess.Popen([sys.executable, "-c", script])
     thread = ServerThread([])
     try:
@@ -194,7 +198,14 @@ def _supervise_hung(script: str, policy: RestartPolicy, probe: HealthProbe) -> t
         lines: list[str] = []
         time.sleep(0.5)  # the script's signal handling is set by now
         start = time.monotonic()
-        assert supervise(stack, policy, lambda: False, lines.append, probe=probe) == 1
+        if signals is None:
+            assert supervise(stack, policy, lambda: False, lines.append, probe=probe) == 1
+        else:
+            stopping, interruptible = signals.stopping, signals.interruptible
+            assert (
+                supervise(stack, policy, stopping, lines.append, probe=probe, interruptible=interruptible)
+                == 0
+            )
         took = time.monotonic() - start
     finally:
         thread.stop()
@@ -239,3 +250,26 @@ def test_a_hung_service_that_ignores_sigterm_gets_sigkill_after_the_kill_grace(g
     assert lines[0].endswith(f"killing it (SIGTERM, SIGKILL after {grace_s:g} s)"), lines
     assert lines[1].startswith("marti up: error: svc hung and was killed (code -9 (SIGKILL))"), lines
     assert grace_s <= took < grace_s + 3, took
+
+
+def test_a_stop_signal_during_a_long_kill_grace_acts_at_once():
+    """SIGTERM to ``marti up`` while it waits out a hung service's ``--health-kill-grace-s`` (60 s here, for a
+    process ignoring SIGTERM) ends the wait at once: ``supervise`` returns 0 within seconds (the caller then stops
+    the stack), instead of after the grace."""
+    signals = StopSignals()
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signals.install()
+    timer = threading.Timer(
+        2.0, os.kill, (os.getpid(), signal.SIGTERM)
+    )  # during the grace: found hung at ~0.6 s
+    timer.start()
+    try:
+        probe = HealthProbe(interval_s=0.1, timeout_s=1.0, failures=1, kill_grace_s=60.0)
+        _, lines, took = _supervise_hung(_IGNORES_SIGTERM, RestartPolicy(mode="no"), probe, signals)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    assert signals.received == "SIGTERM"
+    assert lines == [lines[0]] and lines[0].endswith("killing it (SIGTERM, SIGKILL after 60 s)"), lines
+    assert took < 10, took
