@@ -107,9 +107,10 @@ ACTOR_ENV_VARS: dict[str, str] = {
 #: the policy's 0): a short spin, about 30 microseconds (libgomp's estimate is 100,000 spins a millisecond), covers
 #: the gaps between the small kernels of a decode step on idle cores without burning a busy core's time slice.
 #: Measured with ``marti bench trainer`` (our side, SmolLM2-135M LoRA, 2 threads) and the demo job
-#: (docs/benchmarks.md, "where the time goes, per thread"): idle, 2.24 s a step against 3.17 s sleeping at once
-#: (1.61 s with libgomp's default 300,000); beside two busy-looping processes, 4.14 s against 4.11 s (8.49 s at
-#: 30,000). Added only when the driver's environment sets neither it nor ``OMP_WAIT_POLICY``.
+#: (docs/benchmarks.md, "where the time goes, per thread"; median steps): idle, 2.24 s a step against 3.18 s
+#: sleeping at once (1.61 s with libgomp's default 300,000); beside two busy-looping processes, 4.14 s against
+#: 4.11 s (8.49 s at 30,000); the demo's job, idle, 12-15% less a step. Added only when the driver's environment
+#: sets neither it nor ``OMP_WAIT_POLICY``.
 GOMP_SPIN_COUNT = "3000"
 
 
@@ -117,8 +118,9 @@ def actor_env_vars(num_threads: int, environ: dict[str, str] | None = None) -> d
     """The environment variables a trainer actor is started with (Ray ``runtime_env={"env_vars": ...}``).
 
     :data:`ACTOR_ENV_VARS` plus ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` set to the actor's torch intra-op
-    threads and ``GOMP_SPINCOUNT`` (:data:`GOMP_SPIN_COUNT`, only where ``OMP_WAIT_POLICY`` is not set), each only where ``environ`` (the driver's environment, which Ray's local workers inherit) does not
-    set it already: a user's explicit setting wins.
+    threads and ``GOMP_SPINCOUNT`` (:data:`GOMP_SPIN_COUNT`, only where ``OMP_WAIT_POLICY`` is not set), each
+    only where ``environ`` (the driver's environment, which Ray's local workers inherit) does not set it already:
+    a user's explicit setting wins.
 
     Args:
         num_threads: The actor's torch intra-op threads (:func:`actor_threads`).
