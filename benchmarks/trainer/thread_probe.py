@@ -51,7 +51,8 @@ class ThreadProbe:
     that is still in ``cpu_s`` (read from the process, which keeps the CPU of its ended threads) as
     ``unattributed_cpu_s``. The kernel reports CPU time in clock ticks (10 ms), each reading rounded down, the
     process's and every thread's apart: a phase's figures are exact to about 10 ms per thread each time it ran
-    (those roundings go either way, so they do not pile up over a run's steps), and ``unattributed_cpu_s`` also
+    (an error of up to one tick per reading, which over many steps can add up in either direction, as the
+    readings at a phase's start and end are rounded alike), and ``unattributed_cpu_s`` also
     holds the difference between the process's and its threads' roundings.
 
     Example::
@@ -136,7 +137,7 @@ class ThreadProbe:
                          plus its own part of each parallel torch op (OpenMP runs one part on the caller),
                      "other_cpu_s": cpu_s - main_cpu_s, at least 0 (OpenMP / intra-op workers and the rest),
                      "unattributed_cpu_s": CPU of threads that ended before a reading (part of other_cpu_s),
-                     "threads": how many live threads used CPU,
+                     "threads": how many threads used CPU (those read at some boundary),
                      "top": [{"thread": name or None, "tid": native id, "main": bool, "cpu_s": s}, ...]}}
 
         ``top`` lists the :data:`TOP_THREADS` busiest threads, busiest first; ``cores_busy`` is 0 for a phase
