@@ -22,6 +22,11 @@ from marti.types.trajectory import Trajectory, TrajectorySummary, Turn, check_id
 MAX_JSON_DEPTH = 254
 
 
+def _too_deep(where: str) -> InvalidArgumentError:
+    """The error for a ``metadata``/``info`` (named by ``where``) nested deeper than :data:`MAX_JSON_DEPTH`."""
+    return InvalidArgumentError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels of dicts and lists")
+
+
 def _check_depth(value: Any, where: str) -> None:
     """Refuse ``value`` (acyclic) when its dicts and lists nest deeper than :data:`MAX_JSON_DEPTH` (walked
     without recursion).
@@ -38,9 +43,7 @@ def _check_depth(value: Any, where: str) -> None:
         if children is None:
             continue
         if depth > MAX_JSON_DEPTH:
-            raise InvalidArgumentError(
-                f"{where} nests deeper than {MAX_JSON_DEPTH} levels of dicts and lists"
-            )
+            raise _too_deep(where)
         stack.extend((child, depth + 1) for child in children)
 
 
@@ -56,9 +59,7 @@ def _json_obj(text: str, where: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except RecursionError:
-        raise InvalidArgumentError(
-            f"{where} nests deeper than {MAX_JSON_DEPTH} levels of dicts and lists"
-        ) from None
+        raise _too_deep(where) from None
     except ValueError as e:
         raise InvalidArgumentError(f"{where} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
@@ -84,9 +85,7 @@ def _json_text(value: Any, where: str) -> str:
         # NaN and Infinity are not JSON: other languages' parsers refuse them
         text = json.dumps(value, allow_nan=False)
     except RecursionError:
-        raise InvalidArgumentError(
-            f"{where} nests deeper than {MAX_JSON_DEPTH} levels of dicts and lists"
-        ) from None
+        raise _too_deep(where) from None
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"{where}{_bad_json_path(value)} is not JSON: {e}") from None
     _check_depth(value, where)  # before the recursive walk below
