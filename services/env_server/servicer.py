@@ -30,22 +30,42 @@ _LOG = logging.getLogger("marti.env_server")
 RESPONSE_MARGIN = 1024
 
 
-def _too_large(what: str, size: int, limit: int, client: int | None = None) -> ResourceExhaustedError:
-    """The error of a result over the gRPC message limit of its call: names ``what``, its ``size``, the server's
-    ``limit`` and the ``client``'s receive limit when it told one (bytes), and says the call ran."""
-    over, hint = f"over the env server's max_message_bytes={limit}", ""
-    if client is not None:
-        over = (
-            f"over the smaller of the client's receive limit, {client} bytes (its channel's "
-            f"grpc.max_receive_message_length, told as {RECEIVE_LIMIT_KEY}), and the env server's "
-            f"max_message_bytes={limit}"
-        )
-        if client < limit:
-            hint = " (or the client's channel could take more: its options= grpc.max_receive_message_length)"
+def _budget(limit: int, client: int | None) -> int:
+    """The largest result a call may return, bytes: the smaller of the server's ``max_message_bytes`` (``limit``)
+    and the ``client``'s receive limit (``None``: it told none), less :data:`RESPONSE_MARGIN`; zero or less
+    when the limit leaves no room."""
+    return (limit if client is None else min(limit, client)) - RESPONSE_MARGIN
+
+
+def _over(limit: int, client: int | None) -> tuple[str, str]:
+    """What a too-large result is over, and a hint: the client's receive limit (``client``, bytes) only when it
+    binds (is under the server's ``max_message_bytes``, ``limit``), else the server's."""
+    if client is None or client >= limit:
+        return f"over the env server's max_message_bytes={limit}", ""
+    return (
+        f"over the client's receive limit, {client} bytes (its channel's grpc.max_receive_message_length, told "
+        f"as {RECEIVE_LIMIT_KEY}; the env server's max_message_bytes={limit} is larger)",
+        " (or the client's channel could take more: its options= grpc.max_receive_message_length)",
+    )
+
+
+def _too_large(
+    what: str,
+    size: int,
+    limit: int,
+    client: int | None = None,
+    why: str = "the env's observations or infos are",
+) -> ResourceExhaustedError:
+    """The error of a result over the gRPC message limit of its call: names ``what``, its ``size``, the limit
+    that binds (:func:`_over`; ``limit``: the server's, ``client``: the client's receive limit, bytes), ``why``
+    (``"... are"``: what is too large) and says the call ran. A limit under :data:`RESPONSE_MARGIN` leaves room
+    for no result, and the message says so instead of ``why``."""
+    over, hint = _over(limit, client)
+    if _budget(limit, client) <= 0:
+        why = f"that limit is not over the {RESPONSE_MARGIN} bytes kept around a result, so every result is"
     return ResourceExhaustedError(
         f"{what} is {size} bytes, {over} (less {RESPONSE_MARGIN} for the response around it), so it is not "
-        f"sent: the env's observations or infos are too large{hint}; the call did run (a step moved the "
-        "episode on)"
+        f"sent: {why} too large{hint}; the call did run (a step moved the episode on)"
     )
 
 
@@ -73,12 +93,6 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
         self._stream_ids = itertools.count(1)
         self._listing: pb.ListEnvsResponse | None = None
 
-    def _budget(self, client: int | None) -> int:
-        """The largest result a call may return, bytes: the smaller of ``max_message_bytes`` and the ``client``'s
-        receive limit (``None``: it told none), less :data:`RESPONSE_MARGIN`."""
-        limit = self.settings.max_message_bytes
-        return (limit if client is None else min(limit, client)) - RESPONSE_MARGIN
-
     def _fit(self, result: Any, what: str, client: int | None = None) -> None:
         """Refuse a result that could not be sent: gRPC fails a message over ``max_message_bytes`` here or over
         the client's receive limit there, and on the ``Session`` stream that ends the stream and closes every
@@ -90,22 +104,30 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
             client: The receive limit the client told (:func:`client_receive_limit`), bytes, or ``None``.
 
         Raises:
-            ResourceExhaustedError: ``result`` is over :meth:`_budget` (:func:`_too_large`).
+            ResourceExhaustedError: ``result`` is over :func:`_budget` (:func:`_too_large`).
         """
         size = result.ByteSize()
-        if size > self._budget(client):
+        if size > _budget(self.settings.max_message_bytes, client):
             raise _too_large(what, size, self.settings.max_message_bytes, client)
 
     def _trim(self, req: pb.BatchStepRequest, out: pb.BatchStepResponse, client: int | None = None) -> None:
         """Fail the largest step results of a batch in-band, each naming its session (:func:`_too_large`), until
-        the batch fits under :meth:`_budget` (``client``: the client's receive limit, or ``None``); the other
-        results are sent."""
-        budget = self._budget(client)
+        the batch fits under :func:`_budget` (``client``: the client's receive limit, or ``None``); the other
+        results are sent, and items that already carry an error keep it.
+
+        Raises:
+            ResourceExhaustedError: The batch is still over the budget with every result failed (too many steps
+                for the limit, or a told limit under :data:`RESPONSE_MARGIN`); names the size and the limit.
+        """
+        limit = self.settings.max_message_bytes
+        budget = _budget(limit, client)
         total = out.ByteSize()  # one encoding of the batch (about 1% of the server's CPU per step)
         if total <= budget:
             return
-        by_size = sorted(zip(req.steps, out.items, strict=True), key=lambda s: s[1].ByteSize(), reverse=True)
-        for step, item in by_size:
+        results = [
+            (step, item) for step, item in zip(req.steps, out.items, strict=True) if item.HasField("step")
+        ]
+        for step, item in sorted(results, key=lambda s: s[1].ByteSize(), reverse=True):
             if total <= budget:
                 return
             size = item.ByteSize()
@@ -113,9 +135,16 @@ class EnvServicer(pb_grpc.EnvServiceServicer):
             if size <= budget:
                 what += f" (with the other results of its BatchStep, {total} bytes)"
             item.ClearField("step")
-            error = _too_large(what, size, self.settings.max_message_bytes, client)
-            item.status.CopyFrom(to_status_proto(error))
+            item.status.CopyFrom(to_status_proto(_too_large(what, size, limit, client)))
             total += item.ByteSize() - size
+        if total > budget:
+            raise _too_large(
+                f"the BatchStep response of {len(req.steps)} steps, with every step result failed,",
+                total,
+                limit,
+                client,
+                "too many steps for that limit: their errors alone are",
+            )
 
     # ---- handlers shared by the unary rpcs and the stream; env calls run on the session core's worker pool ----
     async def _create(

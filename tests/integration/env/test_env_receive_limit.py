@@ -99,9 +99,23 @@ async def test_the_async_client_tells_its_limit(address):
         assert f"client's receive limit, {CLIENT_LIMIT} bytes" in str(got[1])
 
 
-def test_a_client_limit_above_the_servers_leaves_the_servers_in_force(address):
-    """A 2 MiB result to a client that takes 64 MiB (the default) comes back whole; the told limit only
-    lowers the server's."""
+def test_a_client_limit_above_the_servers_leaves_the_servers_in_force():
+    """A 2 MiB result, over a server's 1 MiB max_message_bytes and under the 64 MiB the SDK client tells (its
+    default): refused, naming the server's limit alone (the binding one), on both transports."""
+    with (
+        serve_echo("echo_over_server", BIG, max_message_bytes=CLIENT_LIMIT) as small,
+        EnvClient(small, timeout_s=20) as client,
+    ):
+        for error in (
+            check_stream_step(client, "echo_over_server", f"max_message_bytes={CLIENT_LIMIT}"),
+            check_unary_step(client, "echo_over_server", f"max_message_bytes={CLIENT_LIMIT}"),
+        ):
+            assert "over the env server's max_message_bytes" in str(error)
+            assert "client's receive limit" not in str(error) and str(64 << 20) not in str(error)
+
+
+def test_a_client_limit_above_the_servers_result_comes_back_whole(address):
+    """A 2 MiB result to a client that takes 64 MiB (the default), under the server's 8 MiB: sent."""
     with EnvClient(address, timeout_s=20) as client:
         stream = client.stream()
         try:

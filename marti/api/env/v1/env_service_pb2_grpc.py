@@ -32,7 +32,10 @@ class EnvServiceStub:
     metadata of Reset, Step, BatchStep and Session calls: a result over the smaller of that and the server's
     max_message_bytes (less 1 KiB) then fails in-band, as one over the server's limit alone does, instead of being
     sent to a client that would refuse it (ending a Session stream); a value that is not such a byte count is
-    INVALID_ARGUMENT naming it. Without it only the server's limit counts.
+    INVALID_ARGUMENT naming it. Without it only the server's limit counts. A told limit not over 1 KiB leaves room
+    for no result: every Reset, Step and BatchStep result then fails RESOURCE_EXHAUSTED naming it. A BatchStep over
+    its limit fails its largest results in-band (items that already carry an error keep it); one still over it
+    with every result failed fails whole, RESOURCE_EXHAUSTED.
     """
 
     def __init__(self, channel):
@@ -85,7 +88,10 @@ class EnvServiceServicer:
     metadata of Reset, Step, BatchStep and Session calls: a result over the smaller of that and the server's
     max_message_bytes (less 1 KiB) then fails in-band, as one over the server's limit alone does, instead of being
     sent to a client that would refuse it (ending a Session stream); a value that is not such a byte count is
-    INVALID_ARGUMENT naming it. Without it only the server's limit counts.
+    INVALID_ARGUMENT naming it. Without it only the server's limit counts. A told limit not over 1 KiB leaves room
+    for no result: every Reset, Step and BatchStep result then fails RESOURCE_EXHAUSTED naming it. A BatchStep over
+    its limit fails its largest results in-band (items that already carry an error keep it); one still over it
+    with every result failed fails whole, RESOURCE_EXHAUSTED.
     """
 
     def ListEnvs(self, request, context):
@@ -191,7 +197,10 @@ class EnvService:
     metadata of Reset, Step, BatchStep and Session calls: a result over the smaller of that and the server's
     max_message_bytes (less 1 KiB) then fails in-band, as one over the server's limit alone does, instead of being
     sent to a client that would refuse it (ending a Session stream); a value that is not such a byte count is
-    INVALID_ARGUMENT naming it. Without it only the server's limit counts.
+    INVALID_ARGUMENT naming it. Without it only the server's limit counts. A told limit not over 1 KiB leaves room
+    for no result: every Reset, Step and BatchStep result then fails RESOURCE_EXHAUSTED naming it. A BatchStep over
+    its limit fails its largest results in-band (items that already carry an error keep it); one still over it
+    with every result failed fails whole, RESOURCE_EXHAUSTED.
     """
 
     @staticmethod
