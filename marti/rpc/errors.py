@@ -44,16 +44,22 @@ ERROR_CODES: dict[type[errors.MartiError], grpc.StatusCode] = {
 
 #: What gRPC itself answers for a method no handler serves (a server that is not a marti server, or an old one).
 GRPC_METHOD_NOT_FOUND = "Method not found!"
-#: What gRPC says when a message is over the receiver's max_message_bytes, by the side that refused it; what the
-#: error adds to say so (a bare "Received message larger than max" named neither side nor the setting).
+#: What gRPC says when a message is over the receiver's limit, by the side that refused it; what the error adds to
+#: say so and what a caller can set (a bare "Received message larger than max" named neither side nor the setting):
+#: the experience-store clients take ``max_message_bytes=``, the others (env, broker, inference) the channel
+#: arguments ``options=``.
 GRPC_MESSAGE_TOO_LARGE = {
     "CLIENT: Received message larger than max": (
-        "a response was larger than this client's max_message_bytes; give the client the server's "
-        "max_message_bytes (both are 64 MiB by default)"
+        "a response was larger than this client's receive limit (64 MiB by default); raise it up to the "
+        "server's max_message_bytes: max_message_bytes=N of an experience-store client, "
+        'options=[("grpc.max_receive_message_length", N)] of an env, broker or inference client'
     ),
     "SERVER: Received message larger than max": (
-        "a request was larger than the server's max_message_bytes; give this client the server's "
-        "max_message_bytes (both are 64 MiB by default), so that it cuts its requests to fit"
+        "a request was larger than the server's max_message_bytes (64 MiB by default); send less per call, or "
+        "give this client the server's limit so that it fits its requests to it: max_message_bytes=N of an "
+        "experience-store client (it cuts them), "
+        'options=[("grpc.max_send_message_length", N)] of an env client (its Session stream refuses a larger '
+        "one before sending it)"
     ),
 }
 

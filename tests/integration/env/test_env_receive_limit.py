@@ -155,3 +155,15 @@ def test_a_bad_told_limit_ends_a_session_stream_with_invalid_argument(address):
             list(stub.Session(iter([req]), timeout=20, metadata=((RECEIVE_LIMIT_KEY, "lots"),)))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"{RECEIVE_LIMIT_KEY}='lots'" in err.value.details()
+
+
+def test_a_raw_channel_that_tells_nothing_gets_the_hint_naming_its_option(address):
+    """A raw gRPC channel passed as ``channel=`` tells no limit: the server sends the 2 MiB result, the client's
+    gRPC refuses it, and the error says which channel argument to raise (``marti.rpc.errors``)."""
+    with grpc.insecure_channel(address, options=SMALL_RECEIVER) as channel:
+        client = EnvClient("", channel=channel, timeout_s=20)
+        sid = client.create_session("echo_big").session_id
+        client.reset(sid)
+        with pytest.raises(ResourceExhaustedError, match="this client's receive limit") as err:
+            client.step(sid, BIG_STEP)
+    assert 'options=[("grpc.max_receive_message_length", N)] of an env' in str(err.value)

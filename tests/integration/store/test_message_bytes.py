@@ -129,13 +129,15 @@ def test_a_client_whose_max_message_bytes_is_not_the_stores_is_told_so(address):
     ):
         roomy.create_table("q", preset="queue", max_size=10)
         with pytest.raises(
-            ResourceExhaustedError, match="a request was larger than the server's max_message_bytes"
+            ResourceExhaustedError,
+            match="a request was larger than the server's max_message_bytes.*max_message_bytes=N of",
         ):
             roomy.share_experiences([_big(f"e{i}", seed=i) for i in range(4)], table="q")
         assert roomy.info("q").size == 0
         roomy.share_experience(_big("big", 150_000), table="q")
         with pytest.raises(
-            ResourceExhaustedError, match="a response was larger than this client's max_message_bytes"
+            ResourceExhaustedError,
+            match="a response was larger than this client's receive limit.*max_message_bytes=N of an experience-store",
         ):
             narrow.sample("q", 1, timeout_s=5)
         assert [s.trajectory.episode_id for s in roomy.sample("q", 1, timeout_s=5)] == ["big"]
