@@ -375,12 +375,21 @@ def parse_table_config(data: dict[str, Any]) -> TableConfig:
     try:
         return TableConfig.model_validate(data)
     except ValidationError as e:
-        parts = []
-        for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "table"
-            parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
         name = data.get("name", "?") if isinstance(data, dict) else "?"
-        raise InvalidArgumentError(f"bad config for table {name!r}: " + "; ".join(parts)) from None
+        raise InvalidArgumentError(f"bad config for table {name!r}: {table_config_errors(e)}") from None
+
+
+def table_config_errors(exc: ValidationError) -> str:
+    """Each problem of a refused :class:`TableConfig`, ``field: why (got value)``, joined by ``"; "``.
+
+    Args:
+        exc: The error ``TableConfig.model_validate`` or ``model_validate_json`` raised.
+    """
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "table"
+        parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
 
 
 def parse_tables_yaml(text: str, source: str = "tables config") -> list[TableConfig]:

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from marti.codec.chunks import (
     DEFAULT_CHUNK_BYTES,
     JsonTrajectoryCodec,
@@ -27,6 +29,7 @@ from marti.types.experience import (
     SampleFilter,
     TableConfig,
     parse_table_config,
+    table_config_errors,
 )
 from marti.types.trajectory import AgentTurn, Trajectory, merge_by_step, summarize
 
@@ -104,6 +107,23 @@ class ItemQuery:
         )
 
 
+def _stored_config(name: str, config_json: str) -> TableConfig:
+    """The config a data dir holds for table ``name``.
+
+    Raises:
+        InvalidArgumentError: the stored config is one this version refuses (written by an older, laxer one, e.g.
+            an infinite ``priority_exponent``), naming the table, each bad field and value, and the fix: a
+            ``--config`` that gives the table a valid config, which replaces the stored one.
+    """
+    try:
+        return TableConfig.model_validate_json(config_json)
+    except ValidationError as e:
+        raise InvalidArgumentError(
+            f"the stored config of table {name!r} is refused by this version: {table_config_errors(e)}; start "
+            f"the store with --config giving table {name!r} a valid config (it replaces the stored one)"
+        ) from None
+
+
 class ExperienceStore:
     """Tables of experience over one storage.
 
@@ -151,7 +171,7 @@ class ExperienceStore:
         for rec in state.items:
             by_table.setdefault(rec.table, []).append(rec)
         for row in state.tables:
-            cfg = given.pop(row.name, None) or TableConfig.model_validate_json(row.config_json)
+            cfg = given.pop(row.name, None) or _stored_config(row.name, row.config_json)
             table = self._new_table(cfg, row.counters)
             table.restore(by_table.pop(row.name, []))
             self._fit(table)  # before the new config is saved: a refused one leaves the stored one as it was
