@@ -3,10 +3,12 @@ within its limits when it was restarted with smaller ones than its stored items 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from marti.errors import InvalidArgumentError
 
+from .selectors import PrioritizedSelector
 from .storage import ItemRecord
 
 
@@ -18,7 +20,9 @@ class Restoring:
 
         Raises:
             InvalidArgumentError: an item whose priority this config's sampler or remover cannot weigh (a restart
-                with a larger ``priority_exponent``), naming the table, the item and its priority.
+                with a larger ``priority_exponent``, or an item an older version took under the same config),
+                naming the table, the item, its priority and a config that opens the table
+                (:func:`_reopen_advice`).
         """
         with self._cond:
             for rec in records:
@@ -28,8 +32,7 @@ class Restoring:
                     )
                 except InvalidArgumentError as e:
                     raise InvalidArgumentError(
-                        f"{e.message}; start the store with the table's old config, then lower that priority or "
-                        "delete the item"
+                        f"{e.message}; {_reopen_advice(self.name, rec.priority)}"
                     ) from None
                 self._index(rec)
 
@@ -67,3 +70,24 @@ class Restoring:
             ticket = self._storage.submit(self.name, deletes=evicted, counters=self.counters())
         ticket.wait()
         return len(evicted)
+
+
+def _reopen_advice(table: str, priority: float) -> str:
+    """How to open a table whose stored item of ``priority`` its config cannot weigh: a ``--config`` under which
+    the item can be weighed, whether or not the config changed (an older version took such a priority under the
+    config the table still has), then lower the priority or delete the item and restart with the wanted config.
+
+    Returns:
+        The advice, naming the largest ``priority_exponent`` that weighs ``priority`` (a finite priority over 1;
+        one in [0, 1] is weighed under any exponent, so any other is not finite or negative: a damaged database).
+    """
+    fix = "then lower that priority or delete the item and restart with the config you want"
+    # one in [0, 1] is weighed under any exponent, so a priority refused here that is not over 1 and finite is
+    # not finite or negative: no config takes it
+    if not (math.isfinite(priority) and priority > 1.0):
+        return "no config opens it: a priority must be finite and >= 0 under every config (the database is damaged)"
+    alpha = math.floor(math.log(PrioritizedSelector.MAX_WEIGHT) / math.log(priority) * 1e4) / 1e4
+    return (
+        f"start the store with --config giving table {table!r} its old config if it changed, else one whose "
+        f"priority_exponent is at most {alpha} or whose sampler and remover are not prioritized; {fix}"
+    )
