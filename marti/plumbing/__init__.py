@@ -1,2 +1,2 @@
-"""The SDK's plumbing: argument checks, the one ``module:attr`` loader, the one YAML reader, folder locks
-and CPU features."""
+"""The SDK's plumbing: argument checks, the one ``module:attr`` loader, the one YAML reader, folder locks,
+fsync by path and CPU features."""

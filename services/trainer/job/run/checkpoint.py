@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from marti.errors import InvalidArgumentError, NotFoundError
+from marti.plumbing.fsync import fsync_path
 
 _STEP_RE = re.compile(r"^step-(\d{6,})$")
 
@@ -82,11 +83,7 @@ def fsync_tree(root: str | Path) -> None:
     cannot outlive its contents in a power loss."""
     for dirpath, _dirs, files in os.walk(root):
         for name in [*files, "."]:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(os.path.join(dirpath, name))
 
 
 def replace_text_atomic(path: str | Path, text: str) -> None:
@@ -98,16 +95,7 @@ def replace_text_atomic(path: str | Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(folder: str | Path) -> None:
-    """``fsync`` one folder (its entries: names created, renamed or removed in it)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path.parent)
 
 
 def publish_folder(tmp: str | Path, final: str | Path) -> Path:
@@ -120,7 +108,7 @@ def publish_folder(tmp: str | Path, final: str | Path) -> Path:
     if final.exists():
         os.replace(final, aside)
     os.replace(tmp, final)
-    fsync_dir(final.parent)
+    fsync_path(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
     return final
 
