@@ -29,6 +29,7 @@ from pathlib import Path
 
 from marti.errors import InternalError, InvalidArgumentError, MartiError, UnavailableError
 from marti.plumbing.dir_lock import DirLock, is_storage_full, opening_database, storage_full_error
+from marti.plumbing.fsync import fsync_path
 from marti.types.experience import CheckpointResult
 
 log = logging.getLogger(__name__)
@@ -239,10 +240,16 @@ _DONE = _finished()
 _PARTIAL = ".partial"
 
 
-def _snapshot_error(target: Path, exc: Exception) -> MartiError:
+_NOT_WRITTEN = "no snapshot was written; every commit is still in the store's database"
+_WRITTEN = (
+    "the snapshot was written and is complete, but older snapshots beyond keep_snapshots may remain; every commit "
+    "is still in the store's database"
+)
+
+
+def _snapshot_error(target: Path, exc: Exception, outcome: str = _NOT_WRITTEN) -> MartiError:
     """A failed checkpoint's error: ResourceExhaustedError when the disk is full, else InternalError; both name
-    the snapshot ``target``."""
-    outcome = "no snapshot was written; every commit is still in the store's database"
+    the snapshot ``target`` and the ``outcome`` (what was and was not written)."""
     if is_storage_full(exc):
         return storage_full_error("store snapshot", target, exc, outcome)
     return InternalError(f"store snapshot {target} failed ({exc}): {outcome}")
@@ -635,34 +642,58 @@ class SqliteStorage(Storage):
 
         Both run as readers of the WAL database, so inserts and samples proceed while the checkpoint runs (a
         passive checkpoint never waits for writers). The snapshot holds every operation committed before it
-        started. It is written as ``snapshot-<ns>.sqlite.partial`` and renamed once complete, so a file named
-        ``snapshot-*.sqlite`` is always a complete store; what a failed or killed checkpoint left is removed
-        (then, or by the next checkpoint).
+        started. It is written as ``snapshot-<ns>.sqlite.partial``, synced (``fsync``), renamed once complete and
+        its folder synced, so a file named ``snapshot-*.sqlite`` is always a complete store, after a killed
+        process and, with the syncs, after a power loss (the rename cannot reach the disk before the data); what
+        a failed or killed checkpoint left is removed (then, or by the next checkpoint).
 
         Raises:
             ResourceExhaustedError: the disk is full, naming the snapshot (no partial snapshot is left; the
-                store's data is untouched). InternalError: any other storage failure, naming the snapshot.
+                store's data is untouched). InternalError: any other storage failure, naming the snapshot (also
+                one after the snapshot was written: reading its size or removing snapshots beyond
+                ``keep_snapshots``, said so).
         """
         with self._ckpt_lock:
             start = time.monotonic()
             target = self.snapshot_dir / f"snapshot-{time.time_ns()}.sqlite"
-            partial = target.with_name(target.name + _PARTIAL)
-            conn = self._connect()
             try:
-                self.snapshot_dir.mkdir(exist_ok=True)
-                self._clear_partial_snapshots()  # what a checkpoint killed mid-write left
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                conn.execute("VACUUM INTO ?", (str(partial),))
-                os.replace(partial, target)
+                self._write_snapshot(target)
             except (sqlite3.Error, OSError) as e:
-                self._clear_partial_snapshots()
+                self._clear_failed_snapshot(target, e)
                 raise _snapshot_error(target, e) from None
-            finally:
-                conn.close()
-            snaps = sorted(self.snapshot_dir.glob("snapshot-*.sqlite"))
-            for old in snaps[: -self.keep_snapshots]:
-                old.unlink(missing_ok=True)
-            return CheckpointResult(str(target), time.monotonic() - start, target.stat().st_size)
+            try:
+                size = target.stat().st_size
+                for old in sorted(self.snapshot_dir.glob("snapshot-*.sqlite"))[: -self.keep_snapshots]:
+                    old.unlink(missing_ok=True)
+            except OSError as e:
+                raise _snapshot_error(target, e, _WRITTEN) from None
+            return CheckpointResult(str(target), time.monotonic() - start, size)
+
+    def _write_snapshot(self, target: Path) -> None:
+        """Write the snapshot ``target`` through its ``.partial`` file, synced before the rename and its folder
+        after it (``VACUUM INTO`` does not sync its output). Raises sqlite3.Error or OSError."""
+        partial = target.with_name(target.name + _PARTIAL)
+        conn = self._connect()
+        try:
+            self.snapshot_dir.mkdir(exist_ok=True)
+            self._clear_partial_snapshots()  # what a checkpoint killed mid-write left
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            conn.execute("VACUUM INTO ?", (str(partial),))
+        finally:
+            conn.close()
+        fsync_path(partial)
+        os.replace(partial, target)
+        fsync_path(self.snapshot_dir)
+
+    def _clear_failed_snapshot(self, target: Path, error: Exception) -> None:
+        """Remove what a failed checkpoint wrote: its partial snapshot, and ``target`` when only the folder's sync
+        after the rename failed. A failure to remove them is logged (with the ``error`` that failed the
+        checkpoint), so that it cannot hide that error; the next checkpoint removes a partial one again."""
+        try:
+            self._clear_partial_snapshots()
+            target.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("could not remove what the failed checkpoint of %s wrote (%s): %s", target, error, e)
 
     def _clear_partial_snapshots(self) -> None:
         """Remove the snapshots a checkpoint began and did not finish (``*.sqlite.partial`` and its journal)."""

@@ -302,7 +302,9 @@ class ExperienceStore:
         return self.storage.checkpoint()
 
     def start_snapshots(self, interval_s: float) -> None:
-        """Take a checkpoint every ``interval_s`` seconds in a background thread (no-op when <= 0)."""
+        """Take a checkpoint every ``interval_s`` seconds in a background thread (no-op when <= 0). A failed one is
+        logged (any exception, with its traceback when it is not a MartiError) and the next is taken at the next
+        interval: the thread runs until :meth:`close`."""
         if interval_s <= 0 or self._snapshot_thread is not None:
             return
 
@@ -312,6 +314,8 @@ class ExperienceStore:
                     self.checkpoint()
                 except MartiError as e:  # keep snapshotting; the WAL still holds every commit
                     log.error("periodic checkpoint failed: %s", e)
+                except Exception:  # a bug must not end the thread either: later snapshots may still succeed
+                    log.exception("periodic checkpoint failed unexpectedly")
 
         self._snapshot_thread = threading.Thread(target=loop, name="store-snapshots", daemon=True)
         self._snapshot_thread.start()
