@@ -19,7 +19,8 @@ def build_store(settings: StoreSettings) -> ExperienceStore:
     """Open the storage (SQLite under ``data_dir`` or memory), restore it and create the configured tables.
 
     Raises:
-        InvalidArgumentError: for an unreadable or bad tables YAML (naming the file) or a bad storage setting.
+        InvalidArgumentError: for an unreadable or bad tables YAML (naming the file), a bad storage setting, or
+            a table config in ``data_dir`` this version refuses (naming the table, the field and value).
         FailedPreconditionError: another store holds ``data_dir``.
     """
     tables = read_tables_yaml(settings.config) if settings.config else []

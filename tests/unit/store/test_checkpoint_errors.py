@@ -13,6 +13,7 @@ import time
 import pytest
 
 from marti.errors import InternalError
+from services.experience_store.core import storage as storage_module
 from services.experience_store.core.storage import SqliteStorage
 from services.experience_store.core.store import ExperienceStore
 
@@ -106,3 +107,19 @@ def test_the_snapshot_thread_outlives_an_unexpected_exception(tmp_path, monkeypa
         assert "RuntimeError: a bug in the first checkpoint" in caplog.text
     finally:
         store.close()
+
+
+def test_a_folder_sync_that_fails_after_the_rename_leaves_no_snapshot(storage, monkeypatch):
+    """The error says no snapshot was written: a snapshot renamed into place whose folder could not be synced (so
+    its name may not survive a power loss) is removed again, not left as if complete."""
+    real = storage_module.fsync_path
+
+    def refuse_folders(path):
+        if os.path.isdir(path):
+            raise OSError(5, "Input/output error")
+        real(path)
+
+    monkeypatch.setattr(storage_module, "fsync_path", refuse_folders)
+    with pytest.raises(InternalError, match=r"Input/output error.*no snapshot was written"):
+        storage.checkpoint()
+    assert list(storage.snapshot_dir.iterdir()) == []
