@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import grpc
 import pytest
@@ -79,20 +80,23 @@ def test_batching_compresses_and_flushes_by_count_and_interval(address):
     # go out at once, alone; tests/integration/broker/test_broker_send_when_idle.py covers that rule)
     with (
         MartiCommClient(
-            "s", address, session="ep-batch", batching_size=50, update_frequency_s=0.1, send_when_idle=False
+            "s", address, session="ep-batch", batching_size=50, update_frequency_s=1.0, send_when_idle=False
         ) as a,
         MartiCommClient("r", address, session="ep-batch") as b,
     ):
         b.get_messages()  # join
         for i in range(50):  # the 50th closes the batch
             a.send_message("r", realistic(i, "s"))
+        deadline = time.monotonic() + 10  # total_sent counts acknowledgements, which arrive in the background
+        while a.get_communication_stats().total_sent < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert a.get_communication_stats().total_sent == 50
         a.send_message("r", realistic(50, "s"))
-        assert a.get_communication_stats().total_sent == 50
+        assert a.get_communication_stats().total_sent == 50  # alone in a batch: waits for the 1 s linger
         got = []
         while len(got) < 50:
             got += b.get_messages(max_messages=100, timeout_s=1)
-        assert b.get_messages(timeout_s=2)[0].content["step"] == 50  # flushed by the interval timer
+        assert b.get_messages(timeout_s=5)[0].content["step"] == 50  # flushed by the interval timer
         assert [m.content["step"] for m in got] == list(range(50))
         stats = a.get_communication_stats()
         assert stats.compression_ratio >= 2.5, stats
