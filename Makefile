@@ -11,8 +11,9 @@ PYTEST_ARGS ?=
 # (worksteal), so a long one does not hold back the rest. 3 workers on 2 cores: a test often waits (a service or
 # Ray starting, a subprocess, a timeout under test), and a third worker fills those waits; every torch thread
 # sleeps between kernels (OMP_WAIT_POLICY=PASSIVE, tests/conftest.py), so a busy core costs no spinning. On the
-# 2-vCPU Intel Xeon on 2026-12-06, same code, quiet machine: 3 workers 14 min 10 s (the cores idle 3% of the
-# time), 2 workers see docs/benchmarks.md, "The test suite's wall time". In 2026-12-02's runs, before the
+# 2-vCPU Intel Xeon on 2026-12-06, same code, quiet machine: 3 workers 14 min 10 s against 16 min 12 s for 2 (the
+# cores idle 3% and 15% of the time); three later runs with 3 took 14:43, 15:56 and 14:46 (docs/benchmarks.md,
+# "The test suite's wall time"). In 2026-12-02's runs, before the
 # passive wait policy, 4 workers were slower than 2 (35 min 49 s, with timing failures).
 PYTEST_WORKERS ?= 3
 CONFIG ?= examples/private_allocation_pick.yaml
