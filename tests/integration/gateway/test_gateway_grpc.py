@@ -42,16 +42,11 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.gateway.servicer import SERVICE_NAME, service_spec
-from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.rollout.engines.base import chat_to_ids
-from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
-from services.trainer.rollout.serving.gateway_backend import EngineBackend
 from tests.integration.gateway.one_agent import OneAgent
+from tests.integration.gateway.tiny_gateway import MAX_MODEL_LEN, tiny_gateway
 
 TOKEN = "grpc-gateway-token"
-AGENTS = ("planner", "executor")
-MAX_MODEL_LEN = 128
-MAX_QUEUE = 3  # a request with n = 4 can never fit: refused as invalid (INVALID_ARGUMENT), not as overloaded
 MSG = [{"role": "user", "content": "hello there"}]
 META = (("authorization", f"Bearer {TOKEN}"),)
 
@@ -59,14 +54,8 @@ META = (("authorization", f"Bearer {TOKEN}"),)
 @pytest.fixture(scope="module")
 def served():
     """``(address, sink, tokenizer)``: a running gateway with two agents; ``sink`` collects released episodes."""
-    tok = load_tokenizer()
-    engine = HFRolloutEngine(
-        {a: AgentModel(build_tiny_model(tok, seed=i), tok) for i, a in enumerate(AGENTS)},
-        max_model_len=MAX_MODEL_LEN,
-    )
     sink: list = []
-    limits = GatewayLimits(max_wait_ms=2, max_queue=MAX_QUEUE, max_n=8)
-    gateway = Gateway(EngineBackend(engine, {a: tok for a in AGENTS}), limits, sink=sink.append)
+    gateway, tok = tiny_gateway(sink)
     with serve_in_thread(lambda: [service_spec(gateway)], ServerSettings(port=0, token=TOKEN)) as server:
         yield server.address, sink, tok
 

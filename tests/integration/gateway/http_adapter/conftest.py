@@ -9,31 +9,21 @@ import pytest
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
-from services.trainer.models.loading import build_tiny_model, load_tokenizer
-from services.trainer.rollout.engines.hf import AgentModel, HFRolloutEngine
-from services.trainer.rollout.serving.gateway_backend import EngineBackend
+from services.trainer.models.loading import load_tokenizer
 from tests.integration.gateway.http_adapter.http_gateway import (
-    AGENTS,
     MAX_ID_CHARS,
-    MAX_MODEL_LEN,
-    MAX_QUEUE,
     MAX_REQUEST_BYTES,
     TOKEN,
     FixedBackend,
     Server,
 )
+from tests.integration.gateway.tiny_gateway import tiny_gateway
 
 
 @pytest.fixture(scope="module")
 def served():
-    tok = load_tokenizer()
-    engine = HFRolloutEngine(
-        {a: AgentModel(build_tiny_model(tok, seed=i), tok) for i, a in enumerate(AGENTS)},
-        max_model_len=MAX_MODEL_LEN,
-    )
     sink: list = []
-    limits = GatewayLimits(max_wait_ms=2, max_queue=MAX_QUEUE, max_n=8)
-    gateway = Gateway(EngineBackend(engine, {a: tok for a in AGENTS}), limits, sink=sink.append)
+    gateway, _ = tiny_gateway(sink)
     server = Server(gateway, TOKEN)
     server.sink = sink  # type: ignore[attr-defined]
     yield server

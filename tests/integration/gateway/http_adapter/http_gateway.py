@@ -16,11 +16,9 @@ from services.gateway.core.backend import InferenceBackend
 from services.gateway.core.gateway import Gateway
 from services.gateway.http.app import build_app
 from tests.integration.gateway.one_agent import OneAgent
+from tests.integration.gateway.tiny_gateway import AGENTS, MAX_MODEL_LEN, MAX_QUEUE  # noqa: F401 (the tests import them from here)
 
 TOKEN = "test-token-123"
-AGENTS = ("planner", "executor")
-MAX_MODEL_LEN = 128
-MAX_QUEUE = 3  # a request with n = 4 can never fit: refused as invalid (400), not as overloaded
 MSG = [{"role": "user", "content": "hello there"}]
 
 
