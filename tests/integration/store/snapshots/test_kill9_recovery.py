@@ -16,7 +16,7 @@ from marti.clients.experience import ExperienceSharingClient
 from marti.errors import MartiError
 from marti.types.trajectory import Trajectory, Turn
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def start(data_dir: Path, config: Path) -> tuple[subprocess.Popen, str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from marti.clients.env import EnvClient
-from tests.integration.env.oversized import check_batches, check_stream_step, check_unary_step
+from tests.integration.env.message_limits.oversized import check_batches, check_stream_step, check_unary_step
 from tests.integration.env.two_text_agents import serve_echo
 
 LIMIT = 256 * 1024  # the server's max_message_bytes in these tests

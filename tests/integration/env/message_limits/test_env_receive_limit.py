@@ -18,7 +18,7 @@ from marti.clients.env.protocol import _step_request
 from marti.errors import InvalidArgumentError, ResourceExhaustedError
 from marti.rpc.calls import call
 from marti.rpc.message_limits import RECEIVE_LIMIT_KEY
-from tests.integration.env.oversized import (
+from tests.integration.env.message_limits.oversized import (
     BIG_STEP,
     OK,
     SMALL_STEP,

@@ -14,7 +14,7 @@ import pytest
 from marti.types.experience import TableConfig
 from services.experience_store.core.storage import SqliteStorage
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def store_args(data: Path, *more: str) -> list[str]:

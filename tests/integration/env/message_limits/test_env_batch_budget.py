@@ -14,7 +14,7 @@ from marti.clients.env.protocol import _step_request
 from marti.errors import ResourceExhaustedError
 from marti.rpc.calls import call
 from marti.rpc.message_limits import RECEIVE_LIMIT_KEY
-from tests.integration.env.oversized import BIG_STEP
+from tests.integration.env.message_limits.oversized import BIG_STEP
 from tests.integration.env.two_text_agents import serve_echo
 
 #: A big step observes this many characters per agent: a result of about 4 KB.
