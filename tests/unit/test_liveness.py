@@ -98,17 +98,28 @@ def test_an_answer_within_the_timeout_is_not_a_failure(broker, timeout_s, hung):
 
 
 def test_a_serving_answer_between_failures_starts_the_count_again(broker):
-    """One failed check (stopped 0.6 s: the check at 0.3 s times out at 0.5 s), a SERVING one, then another
-    failed one: never 2 in a row."""
+    """One failed check (stopped until it has failed: the check at 0.5 s times out at 0.8 s, the next is due
+    0.5 s after that), a SERVING one, then another failed one: never 2 in a row."""
     wait_until_serving(broker.running["broker"].address, timeout_s=30)
-    probe = HealthProbe(interval_s=0.3, timeout_s=0.2, failures=2)
+    probe = HealthProbe(interval_s=0.5, timeout_s=0.3, failures=2)
     found = []
     for _ in range(2):
         with _Stopped(broker):
-            found += _watch_keep(probe, broker, 0.6)
-        found += _watch_keep(probe, broker, 0.6)
+            found += _watch_until(probe, broker, failed=1)
+        found += _watch_until(probe, broker, failed=0)
     probe.close()
     assert found == []
+
+
+def _watch_until(probe: HealthProbe, stack: LocalStack, failed: int, limit_s: float = 30.0) -> list:
+    """Like :func:`_watch_keep` until the broker's count of failures in a row is ``failed`` (at most
+    ``limit_s``): each phase ends on a check's answer, not on a clock a loaded machine can outrun."""
+    start, found = time.monotonic(), []
+    while probe._watches.get("broker") is None or probe._watches["broker"].failed != failed:
+        assert time.monotonic() - start < limit_s, found
+        found += probe.hung(stack, time.monotonic())
+        time.sleep(0.02)
+    return found
 
 
 def _watch_keep(probe: HealthProbe, stack: LocalStack, seconds: float) -> list[tuple[str, int, str]]:
