@@ -457,6 +457,9 @@ class Table(Restoring, Withdrawing):
                 self._check_fillable(num_samples)
             while True:
                 take, picked = self._take(num_samples, filt, oldest, groups)
+                if take.unfillable:
+                    self._undo(take)
+                    self._refuse_unfillable(take.unfillable)
                 if picked and (not whole or len(picked) >= num_samples):
                     break
                 self._undo(take)
@@ -476,6 +479,22 @@ class Table(Restoring, Withdrawing):
             self.release(take)
             raise
         return take
+
+    def _refuse_unfillable(self, unfillable: dict[str, int]) -> None:
+        """Raise for groups a whole-groups sample can never take: the table holds at most ``max_size`` items, fewer
+        than the group's ``group_size``, so the sampler would wait for members that cannot all be in the table
+        (and, on a queue, the writer for room that only taking the group would free).
+
+        Raises:
+            OutOfRangeError: naming the table, its ``max_size``, the first such group and its ``group_size``.
+        """
+        group, size = next(iter(unfillable.items()))
+        raise OutOfRangeError(
+            f"group {group!r} has group_size {size} but table {self.name!r} holds at most max_size "
+            f"{self.config.max_size} items: a whole-groups sample can never take it (it would wait, and a writer "
+            f"blocked on a full table with it). Create the table with max_size >= {size}, or sample without "
+            "whole_groups"
+        )
 
     def _check_fillable(self, num_samples: int) -> None:
         """Refuses a whole-batch take that no state of the table can fill (caller holds the lock): with
@@ -525,6 +544,8 @@ class Table(Restoring, Withdrawing):
                 drop = any(_is_stale(self._items[k], oldest) for k in members)
                 if not drop and len(members) < rec.group_size:
                     passed.add(rec.group_id)
+                    if rec.group_size > self.config.max_size:
+                        take.unfillable[rec.group_id] = rec.group_size
                     continue
                 if drop:
                     take.dropped_groups[rec.group_id] = rec.group_size - len(members)

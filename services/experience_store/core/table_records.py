@@ -77,6 +77,8 @@ class Take:
         dropped_groups: Group ids the take dropped whole, each with how many of its members were not in the
             table yet (whole-groups samples).
         late: Group ids of earlier dropped groups whose late members the take dropped, with how many.
+        unfillable: Group ids the take passed over because their ``group_size`` is over the table's
+            ``max_size`` (the group can never be in the table whole), each with its ``group_size``.
         open: True until the take is committed or released.
     """
 
@@ -87,6 +89,7 @@ class Take:
     dropped: set[int] = field(default_factory=set)
     dropped_groups: dict[str, int] = field(default_factory=dict)
     late: Counter = field(default_factory=Counter)
+    unfillable: dict[str, int] = field(default_factory=dict)
     open: bool = True
 
     @property

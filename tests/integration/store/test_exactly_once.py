@@ -4,11 +4,12 @@ after a lost answer adds no second copy; a team's agents each insert their own t
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
-from marti.errors import NotFoundError, UnavailableError
+from marti.errors import NotFoundError, OutOfRangeError, UnavailableError
 from marti.types.trajectory import Trajectory, Turn
 
 
@@ -147,6 +148,20 @@ def test_a_group_take_takes_whole_groups_and_passes_over_one_missing_members(sto
     assert _episodes(got) == ["c"]  # B still misses a member: passed over, kept
     client.insert("q", [_traj("b2", "B", 2)])
     assert _episodes(client.sample_batch("q", 2, whole_groups=True)) == ["b1", "b2"]
+
+
+def test_a_group_larger_than_the_table_is_refused_at_once_not_waited_for(store):
+    """A group of 3 in a queue of max_size 2 can never be in it whole: a whole-groups sample says so at once
+    (it used to wait its timeout while the writer of the third member waited for room), and leaves the items."""
+    client, _ = store
+    client.create_table("small", preset="queue", max_size=2)
+    client.insert("small", [_traj("a1", "A", 3), _traj("a2", "A", 3)])
+    start = time.monotonic()
+    with pytest.raises(OutOfRangeError, match=r"group 'A' has group_size 3 .* max_size 2 .* max_size >= 3"):
+        client.sample_batch("small", 1, whole_groups=True, timeout_s=60)
+    assert time.monotonic() - start < 30  # refused, not the 60 s wait
+    assert client.info("small").size == 2
+    assert _episodes(client.sample_batch("small", 2)) == ["a1", "a2"]  # without whole_groups: taken
 
 
 def test_a_group_with_a_stale_member_is_dropped_whole_with_its_late_members(store):
