@@ -190,17 +190,46 @@ def _pack_ids(values, where: str) -> bytes:
     """Token ids as packed int32 bytes.
 
     Raises:
-        InvalidArgumentError: naming ``where`` and the first id that is not an integer in int32.
+        InvalidArgumentError: naming ``where`` and the first id that is not an integer in int32 (a bool is not
+            one: ``array`` would store ``True`` as 1).
     """
+    values = list(values) if isinstance(values, Iterator) else values
     try:
+        if bool in set(map(type, values)):  # a C-speed pass: array("i") takes True as 1
+            raise TypeError
         return _pack("i", values)
     except (OverflowError, TypeError):
-        seen = () if isinstance(values, Iterator) else values  # a spent iterator cannot be looked at again
-        bad = next(
-            (x for x in seen if not isinstance(x, numbers.Integral) or not -(2**31) <= int(x) < 2**31), None
-        )
-        what = f"holds {bad!r}," if bad is not None else "holds a value that is"
-        raise InvalidArgumentError(f"{where} {what} not an integer in int32") from None
+        raise _bad_ids(values, where) from None
+
+
+def _extend_ids(field: Any, values, where: str) -> None:
+    """Append token ids to a repeated int32 field.
+
+    Raises:
+        InvalidArgumentError: as :func:`_pack_ids` (protobuf's own TypeError or ValueError names no field).
+    """
+    try:
+        field.extend(values)
+    except (TypeError, ValueError):
+        raise _bad_ids(values, where) from None
+
+
+def _bad_ids(values, where: str) -> InvalidArgumentError:
+    """The error naming ``where`` and the first of ``values`` that is not an integer in int32."""
+    seen = () if isinstance(values, Iterator) else values  # a spent iterator cannot be looked at again
+    bad = next(
+        (
+            x
+            for x in seen
+            if isinstance(x, bool) or not isinstance(x, numbers.Integral) or not -(2**31) <= int(x) < 2**31
+        ),
+        _NONE_FOUND,
+    )
+    what = f"holds {bad!r}," if bad is not _NONE_FOUND else "holds a value that is"
+    return InvalidArgumentError(f"{where} {what} not an integer in int32")
+
+
+_NONE_FOUND = object()
 
 
 def _unpack(typecode: str, raw: bytes, where: str) -> list:
@@ -274,8 +303,10 @@ def trajectory_to_proto(t: Trajectory, packed: bool = True) -> pb.Trajectory:
                     f"trajectory.turns[{i}].response_logprobs holds {bad!r}, not a number"
                 ) from None
         else:
-            m.prompt_token_ids.extend(turn.prompt_token_ids)
-            m.response_token_ids.extend(turn.response_token_ids)
+            _extend_ids(m.prompt_token_ids, turn.prompt_token_ids, f"trajectory.turns[{i}].prompt_token_ids")
+            _extend_ids(
+                m.response_token_ids, turn.response_token_ids, f"trajectory.turns[{i}].response_token_ids"
+            )
             m.response_logprobs.extend(turn.response_logprobs)
         _set(m, "reward", turn.reward, f"trajectory.turns[{i}].reward")
         _set(m, "policy_version", turn.policy_version, f"trajectory.turns[{i}].policy_version")

@@ -102,3 +102,17 @@ def test_a_negative_token_id_is_refused_naming_the_turn_and_field(packed, name):
     msg = convert.trajectory_to_proto(Trajectory("e", "a", turns=[Turn(step=0), turn]), packed=packed)
     with pytest.raises(InvalidArgumentError, match=rf"turns\[1\]\.{name} holds the negative token id -5"):
         convert.summarize_proto(msg)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize(
+    ("ids", "shown"),
+    [([True, False], "True"), ([4, None], "None"), ([1.5], "1.5"), (["7"], "'7'"), ([2**31], str(2**31))],
+)
+def test_a_token_id_that_is_not_an_int32_is_refused_naming_it(packed, ids, shown):
+    """Packed or not, the encoder names the field and the first bad id: a bool is not stored as 0 or 1 (the packed
+    encoder did that), and protobuf's own TypeError, which names no field, does not escape."""
+    turn = Turn(step=0, prompt_token_ids=[1], response_token_ids=ids)
+    match = rf"turns\[0\]\.response_token_ids holds {shown}, not an integer in int32"
+    with pytest.raises(InvalidArgumentError, match=match):
+        convert.trajectory_to_proto(Trajectory("e", "a", turns=[turn]), packed=packed)
