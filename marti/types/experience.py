@@ -68,15 +68,25 @@ Integer = Annotated[int, BeforeValidator(_integer)]
 Number = Annotated[float, BeforeValidator(_number)]
 
 
+#: Range of ``samples_per_insert``: the limiter's diff (a float64) must change by exactly ``spi`` per insert and 1
+#: per sample for counts up to about 1e9 items.
+MIN_SAMPLES_PER_INSERT = 1e-6
+MAX_SAMPLES_PER_INSERT = 1e6
+#: Largest finite ``min_diff`` / ``max_diff`` magnitude (2**53 / 8: a diff near it still moves by 1 per sample).
+MAX_DIFF_MAGNITUDE = 2.0**50
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimiterConfig:
     """Rate limiter settings.
 
     Attributes:
-        samples_per_insert: spi > 0, the target number of samples per inserted item.
+        samples_per_insert: spi in [:data:`MIN_SAMPLES_PER_INSERT`, :data:`MAX_SAMPLES_PER_INSERT`] (1e-6 to 1e6),
+            the target number of samples per inserted item.
         min_size_to_sample: Samples wait until the table holds at least this many items (>= 1).
-        min_diff: Lower bound on ``inserts * spi - samples`` after a sample (may be -inf).
-        max_diff: Upper bound on ``inserts * spi - samples`` after an insert (may be +inf).
+        min_diff: Lower bound on ``inserts * spi - samples`` after a sample (-inf, or finite at most
+            :data:`MAX_DIFF_MAGNITUDE` = 2**50 in magnitude).
+        max_diff: Upper bound on ``inserts * spi - samples`` after an insert (+inf, or finite as ``min_diff``).
     """
 
     samples_per_insert: float = 1.0
@@ -97,6 +107,19 @@ class RateLimiterConfig:
         spi = self.samples_per_insert
         if not (math.isfinite(spi) and spi > 0):
             raise InvalidArgumentError(f"samples_per_insert must be a finite number > 0, got {spi}")
+        if not MIN_SAMPLES_PER_INSERT <= spi <= MAX_SAMPLES_PER_INSERT:
+            raise InvalidArgumentError(
+                f"samples_per_insert {spi} is out of range [{MIN_SAMPLES_PER_INSERT:g}, "
+                f"{MAX_SAMPLES_PER_INSERT:g}]: past it one insert or one sample no longer moves the limiter's "
+                "float64 diff exactly, and calls could wait forever"
+            )
+        for name in ("min_diff", "max_diff"):
+            value = getattr(self, name)
+            if math.isfinite(value) and abs(value) > MAX_DIFF_MAGNITUDE:
+                raise InvalidArgumentError(
+                    f"{name} {value} is out of range: a finite bound is at most {MAX_DIFF_MAGNITUDE:g} in "
+                    "magnitude (a float64 diff past it no longer changes by 1 per sample); use inf for no bound"
+                )
         if self.min_size_to_sample < 1:
             raise InvalidArgumentError(f"min_size_to_sample must be >= 1, got {self.min_size_to_sample}")
         if math.isnan(self.min_diff) or math.isnan(self.max_diff) or self.min_diff > self.max_diff:

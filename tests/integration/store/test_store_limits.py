@@ -104,3 +104,28 @@ def test_allow_partial_with_nothing_in_time_raises_deadline_exceeded(client) -> 
     with pytest.raises(marti.errors.DeadlineExceededError, match="'empty' timed out"):
         client.sample("empty", 2, timeout_s=0.5, allow_partial=True)
     assert 0.5 <= time.monotonic() - started < 5
+
+
+def test_a_rate_limiter_past_float64_precision_is_refused_by_client_and_server(tmp_path) -> None:
+    """spi 1e308 and max_diff 1e308 let one insert in and none after (a sample no longer moved the diff): the
+    client refuses it before sending, and the store refuses the same config sent raw (INVALID_ARGUMENT)."""
+    import grpc
+
+    from marti.api.experience.v1 import experience_pb2 as pb
+    from marti.api.experience.v1 import experience_service_pb2 as spb
+    from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+
+    limiter = {"kind": "custom", "samples_per_insert": 1e308, "min_size_to_sample": 1, "max_diff": 1e308}
+    raw = pb.TableConfig(name="huge", rate_limiter=pb.RateLimiterConfig(**limiter))
+    settings = StoreSettings(port=0, data_dir=str(tmp_path))
+    with serve_in_thread(lambda: [make_spec(settings)[0]], settings) as server:
+        with marti.ExperienceSharingClient("a1", server.address, timeout_s=10.0) as store:
+            with pytest.raises(InvalidArgumentError, match=r"samples_per_insert 1e\+308 is out of range"):
+                store.create_table("huge", rate_limiter=limiter)
+        with grpc.insecure_channel(server.address) as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                sgrpc.ExperienceServiceStub(channel).CreateTable(
+                    spb.CreateTableRequest(config=raw), timeout=10
+                )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "samples_per_insert 1e+308 is out of range" in err.value.details()

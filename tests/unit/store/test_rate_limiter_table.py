@@ -237,3 +237,26 @@ tables:
         parse_tables_yaml("tables: [{name: a}, {name: a}]")
     with pytest.raises(InvalidArgumentError, match="samplr"):
         parse_tables_yaml("tables: [{name: a, samplr: fifo}]")
+
+
+@pytest.mark.parametrize(
+    ("spi", "min_diff", "max_diff", "bad"),
+    [
+        (1e6, -math.inf, math.inf, None),
+        (1e6 * (1 + 1e-9), -math.inf, math.inf, "samples_per_insert"),
+        (1e-6, -1.0, 1.0 + 1e-6, None),
+        (1e-6 * (1 - 1e-9), -1.0, 2.0, "samples_per_insert"),
+        (1.0, -(2.0**50), 2.0**50, None),
+        (1.0, -(2.0**50) * 2, 0.0, "min_diff"),
+        (1.0, 0.0, 1e308, "max_diff"),
+    ],
+)
+def test_settings_past_float64_precision_are_refused_at_their_edge(spi, min_diff, max_diff, bad):
+    """spi 1e308 with max_diff 1e308 admitted one insert, then none ever again (1e308 - 1 == 1e308: samples no
+    longer moved the diff); each bound is accepted at its edge and refused just past it, naming the setting."""
+    cfg = rl.RateLimiterConfig(spi, 1, min_diff, max_diff)
+    if bad is None:
+        cfg.validate()
+    else:
+        with pytest.raises(InvalidArgumentError, match=rf"{bad} .* out of range"):
+            cfg.validate()
