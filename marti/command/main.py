@@ -120,6 +120,13 @@ def _up_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds a hung service gets to exit after SIGTERM before SIGKILL (default: 5)",
     )
+    parser.add_argument(
+        "--stop-grace-s",
+        type=float,
+        default=15.0,
+        help="on shutdown (Ctrl-C, SIGTERM), seconds the services get, all together, to exit after SIGTERM "
+        "before SIGKILL (default: 15)",
+    )
     return parser
 
 
@@ -168,13 +175,17 @@ def _cmd_up(argv: list[str]) -> int:
     ports = (
         {} if args.ephemeral_ports else {s: None for s in services}
     )  # None: MARTI_<SERVICE>_PORT or default
-    stack = LocalStack(
-        services=services,
-        ports=ports,
-        data_dir=Path(args.data_dir) if args.data_dir else None,
-        log_dir=Path(args.log_dir) if args.log_dir else None,
-        token=args.token,
-    )
+    try:
+        stack = LocalStack(
+            services=services,
+            ports=ports,
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+            log_dir=Path(args.log_dir) if args.log_dir else None,
+            token=args.token,
+            stop_grace_s=args.stop_grace_s,
+        )
+    except InvalidArgumentError as exc:
+        parser.error(str(exc))
     signals = StopSignals()
     signals.install()
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 import select
@@ -56,6 +57,8 @@ class LocalStack:
         token: Bearer token every service requires (and ``MARTI_TOKEN`` for clients).
         extra_args: Extra CLI arguments per service name.
         startup_timeout_s: Time each service may take to report SERVING, seconds.
+        stop_grace_s: Seconds :meth:`stop` gives the services, all together, to exit after SIGTERM before it
+            SIGKILLs those still running (>= 0; ``marti up --stop-grace-s``).
     """
 
     services: tuple[str, ...] = ("broker", "env-server", "store")
@@ -65,7 +68,14 @@ class LocalStack:
     token: str | None = None
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     startup_timeout_s: float = 60.0
+    stop_grace_s: float = 15.0
     running: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.stop_grace_s) and self.stop_grace_s >= 0):
+            raise InvalidArgumentError(
+                f"--stop-grace-s {self.stop_grace_s!r} is out of range (>= 0 seconds; stop_grace_s)"
+            )
 
     def _command(self, name: str, port: int | None) -> list[str]:
         cmd = [sys.executable, "-m", "marti.command.main", name] + (
@@ -200,20 +210,22 @@ class LocalStack:
         """Address per running service."""
         return {name: svc.address for name, svc in self.running.items()}
 
-    def stop(self, timeout_s: float = 15.0) -> dict[str, int]:
-        """Send SIGTERM to every service (reverse start order; and SIGCONT, so a stopped one handles it), wait,
-        then SIGKILL stragglers.
+    def stop(self, timeout_s: float | None = None) -> dict[str, int]:
+        """Send SIGTERM to every service (reverse start order; and SIGCONT, so a stopped one handles it), wait
+        until they exit or ``timeout_s`` seconds have passed in all (None: :attr:`stop_grace_s`), then SIGKILL the
+        stragglers.
 
         Returns:
             Exit code per service.
         """
         codes: dict[str, int] = {}
+        deadline = time.monotonic() + (self.stop_grace_s if timeout_s is None else timeout_s)
         for name in reversed(list(self.running)):
             _terminate(self.running[name].process)
         for name in reversed(list(self.running)):
             proc = self.running[name].process
-            try:
-                codes[name] = proc.wait(timeout_s)
+            try:  # one deadline for all: N hung services wait the grace once, not N times
+                codes[name] = proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 codes[name] = proc.wait()

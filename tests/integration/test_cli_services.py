@@ -188,6 +188,37 @@ def test_marti_up_restarts_a_killed_service_with_its_data_until_its_limit(tmp_pa
             up.wait()
 
 
+def test_marti_up_stop_grace_s_0_kills_the_services_at_shutdown(tmp_path):
+    """``--stop-grace-s`` is the time the services get, all together, to exit after SIGTERM when ``marti up``
+    stops (it was a fixed 15 s each): with 0 the first one waited for is SIGKILLed at once (code -9); with the
+    default they exit cleanly (0; tests/integration/test_doc_snippets.py)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "marti.command.main", "up", "--no-trainer", "--ephemeral-ports"]
+    with out.open("w") as stdout:
+        up = subprocess.Popen([*cmd, "--stop-grace-s", "0"], stdout=stdout, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(out, "all services SERVING", up)
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert up.returncode == 0, err
+    # the store is waited first, at once; the others may have finished their clean exit meanwhile
+    assert re.search(r"^stopped: store=-9, env-server=(-9|0), broker=(-9|0)$", out.read_text(), re.M), (
+        out.read_text(),
+        err,
+    )
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_marti_up_refuses_a_bad_stop_grace_before_starting_anything(value):
+    done = _marti("up", "--stop-grace-s", value)
+    assert done.returncode == 2
+    assert f"marti up: error: --stop-grace-s {float(value)!r} is out of range (>= 0 seconds" in done.stderr
+
+
 def test_marti_up_interrupted_while_starting_stops_at_once(tmp_path):
     """Ctrl-C while ``marti up`` started its services: it went on starting every one (up to a minute each when
     busy), printed "all services SERVING", then stopped them. Now it stops what it started at once, exit 0."""
