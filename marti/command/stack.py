@@ -115,7 +115,7 @@ class LocalStack:
         try:
             address, rest = self._read_address(name, port, proc, log_path)
         except BaseException:  # a signal while it starts: it is in no `running` list that stop() would end
-            _end(proc)
+            _end(proc, self.stop_grace_s)
             raise
         threading.Thread(target=_drain, args=(proc, log_path, rest), daemon=True).start()
         return ServiceProcess(name, proc, address, log_path)
@@ -255,7 +255,7 @@ def tls_refusal(services: tuple[str, ...]) -> str | None:
     return None
 
 
-def _end(proc: subprocess.Popen, timeout_s: float = 15.0, *, resume: bool = True) -> None:
+def _end(proc: subprocess.Popen, timeout_s: float, *, resume: bool = True) -> None:
     """SIGTERM ``proc`` if it runs (once: a second SIGTERM makes a service exit at once), and SIGCONT it when
     ``resume`` (a stopped process handles the SIGTERM only once continued), wait ``timeout_s`` seconds, then
     SIGKILL it."""
