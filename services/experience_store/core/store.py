@@ -34,8 +34,9 @@ from marti.types.experience import (
 from marti.types.trajectory import AgentTurn, Trajectory, merge_by_step, summarize
 
 from .storage import ItemRecord, MemoryStorage, Storage
-from .table import NO_FILTER, TAKEN_IDS_WINDOW, Table
+from .table import TAKEN_IDS_WINDOW, Table
 from .table_records import Duplicate, NewItem, SampledItem
+from .table_sampling import NO_FILTER
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ and the priority check every insert and update applies."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -108,3 +109,8 @@ def check_priority(priority: float, where: str = "priority") -> float:
     if not math.isfinite(p) or p < 0:
         raise InvalidArgumentError(f"{where} must be finite and >= 0, got {priority}")
     return p
+
+
+def snapshot(rec: ItemRecord) -> ItemRecord:
+    """A copy of ``rec`` that later changes to the table's record (sample counts, priority) do not reach."""
+    return copy.copy(rec)

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from marti.errors import DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError
-from marti.types.experience import parse_table_config, parse_tables_yaml
+from marti.types.experience import SampleFilter, parse_table_config, parse_tables_yaml
 from marti.types.trajectory import summarize
 from services.experience_store.core import rate_limiter as rl
 from services.experience_store.core.storage import MemoryStorage
-from services.experience_store.core.table import SampleFilter, Table
+from services.experience_store.core.table import Table
 
 from .helpers import item, make_traj
 
