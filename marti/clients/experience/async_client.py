@@ -85,7 +85,7 @@ class AsyncExperienceSharingClient(_Base):
         """See :meth:`ExperienceSharingClient._insert_stream`."""
         run = _InsertRun(trajectories)
         with self._inserting(run):
-            async for resp in self._stub.Insert(iter(reqs)):
+            async for resp in self._stub.Insert(iter(reqs), timeout=self._stream_deadline_s(reqs)):
                 run.add(resp)
         return run.result()
 
@@ -139,7 +139,7 @@ class AsyncExperienceSharingClient(_Base):
             current_policy_version, allow_partial, whole_groups,
         )  # fmt: skip
         run = _SampleRun()
-        stream = self._stub.Sample()
+        stream = self._stub.Sample(timeout=self._stream_deadline_s([req]))
         try:
             with rpc_errors():
                 await stream.write(req)

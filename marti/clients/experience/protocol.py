@@ -81,6 +81,11 @@ def _sized(value: Any) -> bool:
     return hasattr(value, "__len__") and hasattr(value, "__iter__")
 
 
+#: Least time an ``Insert`` or ``Sample`` stream gets past the waits it asked the store for, seconds (see
+#: ``_stream_deadline_s``).
+MIN_STREAM_ALLOWANCE_S = 10.0
+
+
 def _wait_s(timeout_s: float | None, default_s: float) -> float:
     """The wait of one call: ``timeout_s``, or the client's default when it is None (0 is refused, not the
     default)."""
@@ -265,6 +270,16 @@ class _Base:
                 pb.InsertItem(table=table or "", priority=p, encoded=enc, client_seq=i, idempotent=idempotent)
             )
         return items
+
+    def _stream_deadline_s(self, reqs: Sequence[spb.InsertRequest | spb.SampleRequest]) -> float:
+        """The gRPC deadline of an ``Insert`` or ``Sample`` stream, seconds: the waits its requests allow the store
+        (their ``timeout_ms``: for room, the rate limiter or items) plus the client's ``timeout_s`` for the
+        transfer, the acknowledgement and the commit. A stalled store then ends the call with
+        :class:`~marti.errors.DeadlineExceededError` (an insert's error carrying what was confirmed, a sample's
+        items put back by the store) instead of holding the caller past every timeout it gave. The allowance is at
+        least :data:`MIN_STREAM_ALLOWANCE_S`: a client with a short ``timeout_s`` still gets time to move a big
+        batch and for the store's commit (an fsync)."""
+        return sum(r.timeout_ms for r in reqs) / 1000.0 + max(self.timeout_s, MIN_STREAM_ALLOWANCE_S)
 
     @contextmanager
     def _inserting(self, run: _InsertRun) -> Iterator[None]:

@@ -155,7 +155,7 @@ class ExperienceSharingClient(_Base):
         :meth:`share_experiences`)."""
         run = _InsertRun(trajectories)
         with self._inserting(run):
-            for resp in self._stub.Insert(iter(reqs)):
+            for resp in self._stub.Insert(iter(reqs), timeout=self._stream_deadline_s(reqs)):
                 run.add(resp)
         return run.result()
 
@@ -272,7 +272,7 @@ class ExperienceSharingClient(_Base):
         run = _SampleRun()
         requests: queue.SimpleQueue = queue.SimpleQueue()
         requests.put(req)
-        stream = self._stub.Sample(iter(requests.get, None))
+        stream = self._stub.Sample(iter(requests.get, None), timeout=self._stream_deadline_s([req]))
         try:
             with self._channel.closing_guard(), rpc_errors():
                 for resp in stream:
