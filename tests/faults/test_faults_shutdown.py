@@ -141,3 +141,59 @@ def test_store_drains_a_waiting_sample_and_keeps_confirmed_items(tmp_path):
         client.close()
     finally:
         again.stop()
+
+
+def test_store_sigterm_ends_calls_waiting_for_items_or_room_at_once(tmp_path):
+    """A sample waiting for items and an insert waiting for room only new calls could end: SIGTERM ends both at
+    once with UnavailableError (the SDK's retryable outage) and the store exits 0 without waiting out its 20 s
+    grace; before, both waited the whole grace. The items in the table stay (durable, read back after restart)."""
+    data = str(tmp_path / "store")
+    svc = start("store", "--data-dir", data, settings={"grace_s": "20"})
+    try:
+        client = ExperienceSharingClient("a1", svc.address, timeout_s=10)
+        client.create_table("empty", preset="queue", max_size=4)
+        client.create_table("full", preset="queue", max_size=1)
+        client.share_experiences([_traj(0)], table="full")
+        errors: dict[str, BaseException] = {}
+
+        def run(name: str, call) -> threading.Thread:
+            def target() -> None:
+                try:
+                    call()
+                except Exception as exc:  # noqa: BLE001 - recorded for the assertion
+                    errors[name] = exc
+
+            thread = threading.Thread(target=target)
+            thread.start()
+            return thread
+
+        threads = [
+            run("sample", lambda: client.sample_batch("empty", 1, timeout_s=60)),
+            run("insert", lambda: client.share_experiences([_traj(1)], table="full", timeout_s=60)),
+        ]
+        deadline = time.monotonic() + 30
+        while client.info("empty").waiting_samples + client.info("full").waiting_inserts < 2:  # both wait
+            assert time.monotonic() < deadline, [client.info(t) for t in ("empty", "full")]
+            time.sleep(0.05)
+        start_t = time.monotonic()
+        svc.signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(30)
+        assert svc.proc.wait(timeout=30) == 0
+        took = time.monotonic() - start_t
+        client.close()
+    finally:
+        svc.stop()
+    assert {name: type(err).__name__ for name, err in errors.items()} == {
+        "sample": "UnavailableError",
+        "insert": "UnavailableError",
+    }, errors
+    assert "shutting down" in str(errors["sample"]) and "shutting down" in str(errors["insert"])
+    assert took < 15, took  # not the 20 s grace
+    again = start("store", "--data-dir", data)
+    try:
+        client = ExperienceSharingClient("a1", again.address, timeout_s=10)
+        assert [t.episode_id for t in client.get_trajectories(agent_id="a1")] == ["ep0"]
+        client.close()
+    finally:
+        again.stop()
