@@ -1,6 +1,7 @@
 """Settings every test process needs before any gRPC import (see ``marti/__init__.py``)."""
 
 import os
+import sys
 
 # The test process runs training jobs, which start Ray's processes (fork, then exec) while gRPC threads are busy:
 # like the trainer's own entry points it turns gRPC's fork handlers off before the first gRPC import. Tests of
@@ -11,6 +12,12 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # services/trainer/ray/runtime.py ACTOR_ENV_VARS). Read when torch's OpenMP runtime loads, so set before any torch
 # import; the jobs' processes inherit it (docs/benchmarks.md, "The test suite's wall time").
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A shell with PYTHONDONTWRITEBYTECODE set (this machine's does) makes every test process rewrite and compile every
+# test module's asserts again at collection: about 8 of a collection's 21 CPU s, in each pytest-xdist worker, on
+# every run. The test processes cache them (``__pycache__``, git-ignored), so a run in a tree that ran before
+# collects in about 13 CPU s (docs/benchmarks.md, "The test suite's wall time"). Read at each write, so set before
+# this directory's test modules are imported; the processes the tests start keep the shell's setting.
+sys.dont_write_bytecode = False
 
 import pytest  # noqa: E402
 
