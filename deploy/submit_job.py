@@ -26,7 +26,7 @@ import yaml
 from marti.clients.trainer import JobInfo, MetricsRecord, TrainerClient
 from marti.config import raw_config_from_text, unset_keys
 from marti.errors import DeadlineExceededError, MartiError
-from marti.rpc.channel import DEFAULT_TIMEOUT_S
+from marti.rpc.client.channel import DEFAULT_TIMEOUT_S
 
 
 def without_keys(text: str, keys: list[str], overrides: list[str], source: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 # Fork: gRPC's own fork handlers (on by default in its C core) stay on, so a program that makes rpcs, then
 # forks workers (multiprocessing's default on Linux) can keep calling the services from the children; the
-# SDK's aio channels are re-made in a child (marti.rpc.transport). A process that forks while other threads
+# SDK's aio channels are re-made in a child (marti.rpc.client.transport). A process that forks while other threads
 # are inside gRPC and only execs in the child (the trainer service starting Ray) sets
 # GRPC_ENABLE_FORK_SUPPORT=false itself, before its first channel or server.
 

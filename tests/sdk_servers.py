@@ -19,7 +19,7 @@ import grpc
 from marti.api.inference.v1 import inference_pb2 as ipb
 from marti.api.inference.v1 import inference_service_pb2_grpc as igrpc
 from marti.errors import UnavailableError
-from marti.rpc.server import ServiceSpec
+from marti.rpc.serving.server import ServiceSpec
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
 

@@ -32,7 +32,7 @@ async def bench_broker(
     next agent and long-poll for the previous one's message; returns the phases and the delivery checks."""
     from marti.aio import MartiCommClient
     from marti.clients.broker import IDEMPOTENT_METHODS
-    from marti.rpc.channel import make_channel
+    from marti.rpc.client.channel import make_channel
 
     texts = [m["text"] for m in make_messages(64)]
     plan = ring(agents, sessions)

@@ -94,7 +94,7 @@ async def broker_idle(
     idle RSS again; KB per mailbox = the growth / (N - 1)."""
     from marti.aio import MartiCommClient
     from marti.clients.broker import IDEMPOTENT_METHODS
-    from marti.rpc.channel import make_channel
+    from marti.rpc.client.channel import make_channel
 
     channel = make_channel(server.address, aio=True, idempotent_methods=IDEMPOTENT_METHODS, service="broker")
     errors: collections.Counter = collections.Counter()

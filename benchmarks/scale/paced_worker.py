@@ -86,7 +86,7 @@ async def paced_worker(spec: dict, ready, wait_start) -> dict:
     """
     from marti.aio import EnvClient, MartiCommClient
     from marti.clients.broker import IDEMPOTENT_METHODS
-    from marti.rpc.channel import make_channel
+    from marti.rpc.client.channel import make_channel
 
     rate, procs, index, seconds = spec["rate"], spec["procs"], spec["index"], spec["seconds"]
     interval, offset = procs / rate, index / rate

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import yaml
 
 from marti.config import AlgorithmConfig, TrainConfig, apply_overrides, config_from_dict, unset_keys
-from marti.config.dataset import DATASET_ENV
+from marti.config.sections.dataset import DATASET_ENV
 from marti.config.unread import CRITIC_ALGORITHM_KEYS
 from marti.errors import InvalidArgumentError
 from marti.plumbing.cpu_features import CPUINFO, cpu_has_bf16

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from marti.command.stack import LocalStack
 from marti.errors import InvalidArgumentError
-from marti.rpc.health import HealthCheckCall, start_check
+from marti.rpc.client.health import HealthCheckCall, start_check
 
 
 @dataclass
@@ -76,7 +76,7 @@ class HealthProbe:
 
         Returns:
             ``(name, failures, last status)`` for each service that has just failed :attr:`failures` checks in a
-            row (its count starts again); the status is as :func:`marti.rpc.health.check_health` says it
+            row (its count starts again); the status is as :func:`marti.rpc.client.health.check_health` says it
             (``UNREACHABLE: DEADLINE_EXCEEDED`` for a check with no answer within :attr:`timeout_s`).
         """
         found = []

@@ -33,7 +33,7 @@ DISPATCH = {
 
 def _cmd_health(argv: list[str]) -> int:
     from marti.errors import InvalidArgumentError
-    from marti.rpc.health import check_health
+    from marti.rpc.client.health import check_health
 
     parser = argparse.ArgumentParser(prog="marti health", description="exit 0 iff the server is SERVING")
     parser.add_argument("address", help="host:port")

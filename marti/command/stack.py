@@ -17,7 +17,7 @@ from pathlib import Path
 
 from marti.errors import InvalidArgumentError, UnavailableError
 from marti.plumbing.dir_lock import ensure_folder
-from marti.rpc.health import wait_until_serving
+from marti.rpc.client.health import wait_until_serving
 
 #: Service CLI names and their default ports (ARCHITECTURE.md section 6).
 DEFAULT_PORTS = {"broker": 50051, "env-server": 50052, "store": 50053, "trainer": 50054}

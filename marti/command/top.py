@@ -43,7 +43,7 @@ from marti.clients.env import EnvClient
 from marti.clients.experience import ExperienceSharingClient
 from marti.clients.trainer import TrainerClient
 from marti.errors import DeadlineExceededError, MartiError
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.errors import status_code_for
 
 __all__ = ["KINDS", "ServicePoller", "Snapshot", "build_parser", "main", "render"]

@@ -8,11 +8,12 @@ string, so numeric strings are accepted wherever a number is expected.
 
 The package has one module per job:
 
-- :mod:`marti.config.schema`: the sections and :class:`TrainConfig` (each field documented);
-- :mod:`marti.config.section`: the sections' base class; :mod:`marti.config.dataset`: the ``dataset`` section;
+- :mod:`marti.config.schema`: :class:`TrainConfig` and the sections it holds (each field documented);
+- :mod:`marti.config.section`: the sections' base class; :mod:`marti.config.sections`: one module per section
+  (``algorithm``, ``dataset``, ``reward``, ``rollout``, ``workflow``, ``gateway``) and the seed schedule;
 - :mod:`marti.config.load`: YAML loading, dotted overrides, error messages;
 - :mod:`marti.config.docs`: the key reference embedded in ``docs/config.md``;
-- :mod:`marti.config.seeds`: the training-seed schedule and epochs.
+- :mod:`marti.config.unread`: refusing settings the rest of the config leaves unread.
 
 Every documented key has a consumer (``tests/unit/config/test_key_walk.py`` fails on a key nothing reads).
 
@@ -29,17 +30,7 @@ Typical use::
 
 from __future__ import annotations
 
-from marti.config.algorithm import (
-    GROUP_BY_MODES,
-    GROUP_ESTIMATORS,
-    KL_ESTIMATORS,
-    LOSS_AGG_MODES,
-    TURN_REWARD_MODES,
-    AlgorithmConfig,
-)
-from marti.config.dataset import DatasetConfig
 from marti.config.docs import config_reference_markdown
-from marti.config.gateway import ExternalConfig, GatewayConfig
 from marti.config.load import (
     apply_overrides,
     config_from_dict,
@@ -64,8 +55,18 @@ from marti.config.schema import (
     VllmConfig,
     parse_byte_size,
 )
-from marti.config.seeds import DEFAULT_EVAL_SEED_START
-from marti.config.workflow import (
+from marti.config.sections.algorithm import (
+    GROUP_BY_MODES,
+    GROUP_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    TURN_REWARD_MODES,
+    AlgorithmConfig,
+)
+from marti.config.sections.dataset import DatasetConfig
+from marti.config.sections.gateway import ExternalConfig, GatewayConfig
+from marti.config.sections.seeds import DEFAULT_EVAL_SEED_START
+from marti.config.sections.workflow import (
     AllocationConfig,
     BudgetConfig,
     CurriculumConfig,

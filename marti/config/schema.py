@@ -2,7 +2,7 @@
 
 Every section forbids unknown keys and is immutable after validation; each field's docstring is its
 documentation (rendered into ``docs/config.md`` by :mod:`marti.config.docs`). Loading and overrides live in
-:mod:`marti.config.load`, the training-seed schedule in :mod:`marti.config.seeds`.
+:mod:`marti.config.load`, the training-seed schedule in :mod:`marti.config.sections.seeds`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from marti.config.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
-from marti.config.dataset import DATASET_ENV, DatasetConfig
-from marti.config.dataset_team import check_dataset_team
-from marti.config.gateway import ExternalConfig, GatewayConfig
-from marti.config.reward import RewardConfig
-from marti.config.rollout import RolloutConfig, VllmConfig
 from marti.config.section import NAME_RE as _NAME_RE
 from marti.config.section import (
     Difficulty,
@@ -30,9 +24,14 @@ from marti.config.section import (
     UnitFloat,
 )
 from marti.config.section import Section as _Section
-from marti.config.seeds import epochs_done, steps_for_epochs
-from marti.config.unread import unread_settings
-from marti.config.workflow import (
+from marti.config.sections.algorithm import GROUP_ESTIMATORS, AlgorithmConfig
+from marti.config.sections.dataset import DATASET_ENV, DatasetConfig
+from marti.config.sections.dataset_team import check_dataset_team
+from marti.config.sections.gateway import ExternalConfig, GatewayConfig
+from marti.config.sections.reward import RewardConfig
+from marti.config.sections.rollout import RolloutConfig, VllmConfig
+from marti.config.sections.seeds import epochs_done, steps_for_epochs
+from marti.config.sections.workflow import (
     AllocationConfig,
     BudgetConfig,
     CurriculumConfig,
@@ -40,6 +39,7 @@ from marti.config.workflow import (
     TaskConfig,
     WorkflowConfig,
 )
+from marti.config.unread import unread_settings
 from marti.errors import InvalidArgumentError
 from marti.team.prompt_template import check_prompt_template
 
@@ -664,7 +664,7 @@ class TrainConfig(_Section):
         """Steps that make ``max_epochs`` passes over the finite training problem set, or None without one.
 
         None when ``rollout.num_train_seeds`` is null or the job plays no built-in rollouts (``rollout.source:
-        external``); else :func:`marti.config.seeds.steps_for_epochs`.
+        external``); else :func:`marti.config.sections.seeds.steps_for_epochs`.
         """
         if self.builtin_episodes_per_step == 0:
             return None

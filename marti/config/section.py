@@ -1,7 +1,7 @@
 """The base of every config section (:class:`Section`): unknown keys are errors, values are frozen, and a section
 built directly from keywords raises :class:`~marti.errors.InvalidArgumentError` naming each bad key and value.
 
-:mod:`marti.config.schema` and the sections kept in modules of their own (:mod:`marti.config.dataset`) derive
+:mod:`marti.config.schema` and the sections kept in modules of their own (:mod:`marti.config.sections.dataset`) derive
 from it.
 """
 

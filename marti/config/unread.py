@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from marti.config.algorithm import GROUP_ESTIMATORS
+from marti.config.sections.algorithm import GROUP_ESTIMATORS
 
 #: ``algorithm`` keys only the critic reads (``gae``): its value target, its value loss, its optimizer.
 CRITIC_ALGORITHM_KEYS = ("lambd", "value_clip", "critic_learning_rate")

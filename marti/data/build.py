@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from marti.config.dataset import DatasetConfig
+from marti.config.sections.dataset import DatasetConfig
 from marti.data.order import row_of
 from marti.data.problems import ProblemSet
 from marti.data.split import split_indices

@@ -62,7 +62,7 @@ def make(
         token: Bearer token for the server (remote only); ``None`` reads ``MARTI_ENV_TOKEN``, then
             ``MARTI_TOKEN``; ``""`` sends none.
         tls_ca_file: CA certificate file for TLS (remote only).
-        timeout_s: Per-call deadline in seconds (remote only; default ``marti.rpc.channel.DEFAULT_TIMEOUT_S``).
+        timeout_s: Per-call deadline in seconds (remote only; default ``marti.rpc.client.channel.DEFAULT_TIMEOUT_S``).
         transport: Remote only: ``"stream"`` (a bidi stream; the session closes when the env or process goes
             away) or ``"unary"`` (one rpc per call). On both the server reaps a session unused for its idle
             timeout (the next ``step`` raises ``SessionLostError``; ``reset`` starts a new session).
@@ -86,7 +86,7 @@ def make(
         marti.errors.UnavailableError: The server cannot be reached (remote only); with several servers, none
             of them could create the session (the last one named), or a ``dns:///`` name does not resolve.
     """
-    from marti.rpc.channel import check_timeout_s
+    from marti.rpc.client.channel import check_timeout_s
 
     check_timeout_s(timeout_s)  # the remote clients' own rule, for a local env too
     if address is None and channel is None:

@@ -2,7 +2,7 @@
 
 gRPC dials an address without a port on port 443 (``"localhost"`` means ``localhost:443``), which no marti
 service uses: a client given one would wait for its deadline and then blame the network. Every SDK channel
-(:func:`marti.rpc.channel.make_channel`) therefore checks its address first with :func:`check_address`.
+(:func:`marti.rpc.client.channel.make_channel`) therefore checks its address first with :func:`check_address`.
 
 Accepted forms: ``host:port``, ``[ipv6]:port``, ``dns:///host:port``, ``dns://authority/host:port``,
 ``ipv4:a.b.c.d:port[,...]``, ``ipv6:[addr]:port[,...]`` (port 1..65535), and the socket forms

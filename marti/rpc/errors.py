@@ -1,7 +1,7 @@
 """The one table that maps marti domain errors to gRPC status codes, and back.
 
 Servers never build status codes by hand: a servicer raises a :class:`marti.errors.MartiError` subclass and
-the error interceptor (:mod:`marti.rpc.interceptors`) aborts the call with the code from :data:`ERROR_CODES`
+the error interceptor (:mod:`marti.rpc.serving.interceptors`) aborts the call with the code from :data:`ERROR_CODES`
 and a ``google.rpc.Status`` detail. Clients call :func:`from_rpc_error` to get the same class back.
 
 Errors whose class sets :attr:`marti.errors.MartiError.reason` (e.g. :class:`marti.errors.SessionLostError`,

@@ -51,7 +51,7 @@ def common_options(
 def reconnect_options() -> list[tuple[str, int]]:
     """Return the grpc channel arguments that cap a client channel's reconnect backoff.
 
-    Every SDK channel (:func:`marti.rpc.channel.make_channel`) carries them, so a client whose server restarted
+    Every SDK channel (:func:`marti.rpc.client.channel.make_channel`) carries them, so a client whose server restarted
     finds it again within ``MAX_RECONNECT_BACKOFF_MS * 1.2`` ms (2.4 s) of its return instead of gRPC's default
     backoff, which grows to 120 s during a long outage.
 
@@ -71,7 +71,7 @@ def server_options() -> list[tuple[str, int]]:
 
     ``grpc.so_reuseport`` is 0: gRPC sets ``SO_REUSEPORT`` by default, which lets a second server bind a port
     that one already listens on and splits the clients between the two. Without it, a second server on a taken
-    port fails to bind (``marti.rpc.server`` then says "address in use", naming the port).
+    port fails to bind (``marti.rpc.serving.server`` then says "address in use", naming the port).
 
     Returns:
         ``(key, value)`` grpc server arguments.

@@ -115,7 +115,7 @@ def _check_sendable(token: str, source: str) -> str:
         ValueError: ``token`` is empty (a client's ``token=""`` sends none, so every call would be refused) or
             holds a character gRPC metadata cannot carry (its position named, never the token).
     """
-    from marti.rpc.channel import check_token  # channel imports this module
+    from marti.rpc.client.channel import check_token  # channel imports this module
 
     if not token:
         raise ValueError(

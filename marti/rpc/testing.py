@@ -7,7 +7,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from marti.rpc.server import RunningServer, ServiceSpec, start_server
+from marti.rpc.serving.server import RunningServer, ServiceSpec, start_server
 from marti.rpc.settings import ServerSettings
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 
-from marti.rpc.server import run_server
+from marti.rpc.serving.server import run_server
 from marti.rpc.settings import given_flags, load_settings, refusals_exit, settings_parser
 
 from .servicer import broker_service

@@ -17,7 +17,7 @@ from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.api.common.v1 import common_pb2
 from marti.codec import broker as broker_codec
-from marti.rpc.server import ServiceSpec
+from marti.rpc.serving.server import ServiceSpec
 
 from . import convert
 from .core import Broker, SqliteStore, Store

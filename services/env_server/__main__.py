@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from marti.rpc.server import run_server
+from marti.rpc.serving.server import run_server
 from marti.rpc.settings import given_flags, load_settings, refusals_exit, settings_parser
 from services.env_server.servicer import env_service
 from services.env_server.settings import EnvServerSettings

@@ -14,9 +14,9 @@ from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
 from marti.env.make import declared_metrics
 from marti.env.registry import Registry, default_registry
 from marti.errors import BatchTooLargeError, InvalidArgumentError, ResourceExhaustedError
+from marti.rpc.client.message_limits import RECEIVE_LIMIT_KEY, client_receive_limit
 from marti.rpc.errors import ok_status, to_status_proto
-from marti.rpc.message_limits import RECEIVE_LIMIT_KEY, client_receive_limit
-from marti.rpc.server import ServiceSpec
+from marti.rpc.serving.server import ServiceSpec
 from services.env_server import convert
 from services.env_server.core.session_state import BatchItem
 from services.env_server.core.sessions import SessionManager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
-from marti.rpc.server import ServiceSpec, run_server
+from marti.rpc.serving.server import ServiceSpec, run_server
 from marti.rpc.settings import given_flags, load_settings, refusals_exit, settings_parser
 from marti.types.experience import read_tables_yaml
 

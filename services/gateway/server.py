@@ -3,7 +3,7 @@
 :class:`GatewayServer` runs one asyncio event loop in a daemon thread. On it live the gateway (its request
 batcher and abandoned-episode sweeper: ``gateway.start()`` runs there), the FastAPI app of
 :func:`services.gateway.http.app.build_app` under ``uvicorn.Server`` and the ``grpc.aio`` server of
-:func:`marti.rpc.server.start_server` hosting :func:`services.gateway.servicer.service_spec` (with health and
+:func:`marti.rpc.serving.server.start_server` hosting :func:`services.gateway.servicer.service_spec` (with health and
 reflection). Both protocols share the gateway, so they batch together and trace into the same episodes.
 
 Typical use (what the training job does)::
@@ -41,7 +41,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from marti.errors import FailedPreconditionError, UnavailableError
-from marti.rpc.bind import address_in_use_error
+from marti.rpc.serving.bind import address_in_use_error
 from services.gateway.core.gateway import Gateway
 
 _LOG = logging.getLogger("marti.gateway.server")
@@ -230,7 +230,7 @@ class GatewayServer:
     async def _main(self) -> None:
         import uvicorn
 
-        from marti.rpc.server import start_server
+        from marti.rpc.serving.server import start_server
         from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES, ServerSettings
         from services.gateway.http.app import build_app
         from services.gateway.servicer import service_spec

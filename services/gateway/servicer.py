@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.api.inference.v1 import inference_service_pb2_grpc as sgrpc
 from marti.errors import InvalidArgumentError, ResourceExhaustedError
-from marti.rpc.server import ServiceSpec
+from marti.rpc.serving.server import ServiceSpec
 from marti.types.inference import ChatMessages
 from services.gateway import convert
 from services.gateway.core.gateway import Gateway, Served

@@ -10,7 +10,7 @@ import sys
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from marti.api.trainer.v1 import trainer_service_pb2_grpc
-from marti.rpc.server import ServiceSpec, run_server
+from marti.rpc.serving.server import ServiceSpec, run_server
 from marti.rpc.settings import given_flags, load_settings, settings_parser
 from services.trainer.job.connections.addresses import resolve_addresses
 from services.trainer.job.service.jobs import JobManager
@@ -21,7 +21,7 @@ SERVICE_NAME = "marti.api.trainer.v1.TrainerService"
 
 
 def build_specs(settings: TrainerSettings) -> list[ServiceSpec]:
-    """The trainer's gRPC service spec for :func:`marti.rpc.server.start_server`."""
+    """The trainer's gRPC service spec for :func:`marti.rpc.serving.server.start_server`."""
     addresses, _ = resolve_addresses(
         broker=settings.broker, env=settings.env, store=settings.store, token=settings.service_token
     )

@@ -23,7 +23,7 @@ from marti.api.broker.v1 import broker_service_pb2 as bpb
 from marti.api.broker.v1 import broker_service_pb2_grpc as bgrpc
 from marti.clients.env import EnvClient
 from marti.errors import InvalidArgumentError, NotFoundError
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.types.inference import Completion, InferenceResult, ModelInfo
 from marti.types.trajectory import Trajectory, Turn
 

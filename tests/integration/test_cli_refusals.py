@@ -19,8 +19,8 @@ import pytest
 from faults.procs import start
 
 from marti.command.stack import DEFAULT_PORTS
-from marti.rpc.bind import port_in_use
-from marti.rpc.health import check_health
+from marti.rpc.client.health import check_health
+from marti.rpc.serving.bind import port_in_use
 
 
 def _marti(

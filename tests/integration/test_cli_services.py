@@ -20,7 +20,7 @@ from log_wait import wait_for
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
 from marti.command.stack import SERVICE_KEYS
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.types.trajectory import Trajectory, Turn
 
 SERVICES = {

@@ -34,7 +34,7 @@ import marti
 import marti.aio
 from marti.clients.env import AsyncEnvClient, AsyncEnvPool, EnvClient, EnvPool
 from marti.errors import InvalidArgumentError, MartiError, OutOfRangeError
-from marti.rpc.channel import MAX_TIMEOUT_S
+from marti.rpc.client.channel import MAX_TIMEOUT_S
 
 TOKEN = "misuse-token"
 ENV = "collaborative_task_solving"

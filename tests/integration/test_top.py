@@ -15,7 +15,7 @@ from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_servi
 from marti.clients.broker import MartiCommClient
 from marti.clients.experience import ExperienceSharingClient
 from marti.command import top
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
 from marti.types.trajectory import Trajectory, Turn

@@ -16,7 +16,7 @@ from marti.api.broker.v1 import broker_service_pb2
 from marti.api.env.v1 import env_service_pb2
 from marti.api.experience.v1 import experience_service_pb2
 from marti.api.trainer.v1 import trainer_service_pb2
-from marti.rpc.server import ServiceSpec
+from marti.rpc.serving.server import ServiceSpec
 
 #: Descriptors of every marti service (the suite iterates over all of their methods).
 SERVICES: tuple[_descriptor.ServiceDescriptor, ...] = tuple(

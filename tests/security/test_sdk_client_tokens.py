@@ -15,7 +15,7 @@ import marti
 import marti.aio
 from marti.clients.env import EnvClient
 from marti.errors import InvalidArgumentError, UnauthenticatedError
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import serve_in_thread
 
@@ -158,7 +158,7 @@ async def test_aio_clients_fall_back_to_marti_token(address, monkeypatch, name):
 
 
 def test_resolve_token_precedence(monkeypatch):
-    from marti.rpc.channel import resolve_token
+    from marti.rpc.client.channel import resolve_token
 
     assert resolve_token(None, "broker") is None
     monkeypatch.setenv("MARTI_TOKEN", "shared")

@@ -2,7 +2,7 @@
 
 Certificates: a test CA signs the server certificate (SAN ``IP:127.0.0.1``, ``DNS:localhost``) and a client
 certificate; a second, unrelated CA signs a rogue client certificate. Every check goes through
-:func:`marti.rpc.channel.make_channel` and the SDK, as users would.
+:func:`marti.rpc.client.channel.make_channel` and the SDK, as users would.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from marti.api.broker.v1 import broker_service_pb2 as bpb
 from marti.api.broker.v1 import broker_service_pb2_grpc as bgrpc
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.settings import ServerSettings
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")

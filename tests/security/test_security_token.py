@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.settings import ServerSettings
 
 from .stack import METHOD_IDS, METHODS, call_raw, request_class

@@ -23,7 +23,7 @@ from marti.command.stack import LocalStack, ServiceProcess
 from marti.command.stop_signals import StopSignals
 from marti.command.supervise import supervise
 from marti.errors import InvalidArgumentError
-from marti.rpc.health import wait_until_serving
+from marti.rpc.client.health import wait_until_serving
 from marti.rpc.testing import ServerThread
 
 

@@ -52,7 +52,12 @@ def test_missing_modules_files_and_attributes_are_not_found(tmp_path):
 def test_no_other_loader_of_import_paths_in_the_sdk_or_services():
     """importlib.import_module on a caller's string lives only in marti/plumbing/loader.py (the CLI's command table, the
     SDK's lazy names and the proto registry import fixed module names of their own)."""
-    own = {"marti/plumbing/loader.py", "marti/command/main.py", "marti/__init__.py", "marti/rpc/server.py"}
+    own = {
+        "marti/plumbing/loader.py",
+        "marti/command/main.py",
+        "marti/__init__.py",
+        "marti/rpc/serving/server.py",
+    }
     users = [
         str(p.relative_to(ROOT))
         for top in ("marti", "services")

@@ -15,7 +15,7 @@ from typing import Any
 from marti.codec import broker as broker_codec
 from marti.errors import InvalidArgumentError
 from marti.plumbing.arguments import check_text
-from marti.rpc.channel import MAX_TIMEOUT_S
+from marti.rpc.client.channel import MAX_TIMEOUT_S
 
 #: Largest count a request field holds (``uint32``: ``max_messages``, ``max_unacked``...).
 UINT32_MAX = 2**32 - 1
@@ -101,7 +101,7 @@ def check_client_args(args: dict[str, Any]) -> None:
 
     Args:
         args: The constructor's arguments by name (``address``, ``timeout_s`` and the token's printable form
-            are checked by :func:`marti.rpc.channel.make_channel`).
+            are checked by :func:`marti.rpc.client.channel.make_channel`).
 
     Raises:
         InvalidArgumentError: The first bad argument, named with the value it got.

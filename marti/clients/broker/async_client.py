@@ -15,8 +15,8 @@ from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.errors import BatchTooLargeError, ForkedAioError
-from marti.rpc.calls import acall, aiterate
-from marti.rpc.transport import check_aio_usable
+from marti.rpc.client.calls import acall, aiterate
+from marti.rpc.client.transport import check_aio_usable
 
 from .args import flag_arg
 from .core import TRANSIENT_ERRORS

@@ -27,9 +27,9 @@ from marti.errors import (
     BatchTooLargeError,
     InvalidArgumentError,
 )
-from marti.rpc.calls import call
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
-from marti.rpc.guard import ClientChannel
+from marti.rpc.client.calls import call
+from marti.rpc.client.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
+from marti.rpc.client.guard import ClientChannel
 
 from .args import (
     batch_count_arg,
@@ -285,7 +285,7 @@ class _ClientBase:
     def _closing_guard(self) -> contextlib.AbstractContextManager[None]:
         """Around an rpc that may be waiting when another thread or task closes the client: the closed-client
         ``FailedPreconditionError`` instead of what the closed channel makes it raise, unless the running task
-        is itself being cancelled (:meth:`marti.rpc.guard.ClientChannel.closing_guard`, shared by every
+        is itself being cancelled (:meth:`marti.rpc.client.guard.ClientChannel.closing_guard`, shared by every
         client)."""
         return self._channel.closing_guard()
 

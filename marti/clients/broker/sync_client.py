@@ -20,8 +20,8 @@ from marti.api.broker.v1 import broker_pb2
 from marti.api.broker.v1 import broker_service_pb2 as pb
 from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.errors import BatchTooLargeError
-from marti.rpc.calls import call, iterate
-from marti.rpc.channel import check_channel, check_timeout_s, make_channel
+from marti.rpc.client.calls import call, iterate
+from marti.rpc.client.channel import check_channel, check_timeout_s, make_channel
 
 from .args import flag_arg
 from .core import TRANSIENT_ERRORS

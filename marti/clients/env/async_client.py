@@ -14,10 +14,10 @@ from marti.errors import (
     SessionLostError,
 )
 from marti.plumbing.arguments import checked
-from marti.rpc.calls import acall
-from marti.rpc.channel import check_timeout_s, make_channel
-from marti.rpc.guard import ClientChannel
-from marti.rpc.message_limits import receive_limit, receive_limit_metadata
+from marti.rpc.client.calls import acall
+from marti.rpc.client.channel import check_timeout_s, make_channel
+from marti.rpc.client.guard import ClientChannel
+from marti.rpc.client.message_limits import receive_limit, receive_limit_metadata
 
 from .delta import DeltaCache, _decode, delta_cache
 from .protocol import (

@@ -30,7 +30,7 @@ from marti.errors import (
     MartiError,
     SessionLostError,
 )
-from marti.rpc.channel import check_channel
+from marti.rpc.client.channel import check_channel
 from marti.rpc.errors import from_status_proto
 
 from .delta import DeltaCache, HeldResult, _decode

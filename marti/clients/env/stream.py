@@ -21,9 +21,9 @@ from marti.errors import (
     UnavailableError,
 )
 from marti.plumbing.arguments import checked
+from marti.rpc.client.message_limits import receive_limit_metadata
+from marti.rpc.client.watchdog import WATCHDOG
 from marti.rpc.errors import from_rpc_error, from_status_proto
-from marti.rpc.message_limits import receive_limit_metadata
-from marti.rpc.watchdog import WATCHDOG
 
 from .delta import DeltaCache, _decode
 from .protocol import (
@@ -61,7 +61,7 @@ class SessionStream:
     unary call raises; the stream and its sessions go on. The other way, gRPC here refuses a response over the
     channel's ``grpc.max_receive_message_length``, which would end the stream too: with ``max_response_bytes``
     (what :meth:`EnvClient.stream` passes for a channel :func:`open_channel` made) the stream tells the server that
-    limit (:data:`~marti.rpc.message_limits.RECEIVE_LIMIT_KEY` metadata), and the server fails a larger result
+    limit (:data:`~marti.rpc.client.message_limits.RECEIVE_LIMIT_KEY` metadata), and the server fails a larger result
     in-band (:class:`~marti.errors.ResourceExhaustedError` for that request alone, naming the client's limit).
 
     Args:

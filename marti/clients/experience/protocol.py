@@ -20,10 +20,10 @@ from marti.errors import (
     ResourceExhaustedError,
 )
 from marti.plumbing.arguments import check_text, is_finite
-from marti.rpc.calls import rpc_errors
-from marti.rpc.channel import check_channel, make_channel
+from marti.rpc.client.calls import rpc_errors
+from marti.rpc.client.channel import check_channel, make_channel
+from marti.rpc.client.guard import ClientChannel
 from marti.rpc.errors import from_status_proto
-from marti.rpc.guard import ClientChannel
 from marti.rpc.paging import item_bytes, message_budget, pages
 from marti.types.experience import SampledTrajectory, TableConfig, parse_table_config
 from marti.types.trajectory import Trajectory
@@ -285,7 +285,7 @@ class _Base:
     def _inserting(self, run: _InsertRun) -> Iterator[None]:
         """Around an insert stream (sync or aio): a ``grpc.RpcError`` mapped to its :class:`MartiError`, and a
         stream that :meth:`close` cut off (from another thread or task, or before it began) raising the
-        closed-client ``FailedPreconditionError`` (:meth:`marti.rpc.guard.ClientChannel.closing_guard`); either
+        closed-client ``FailedPreconditionError`` (:meth:`marti.rpc.client.guard.ClientChannel.closing_guard`); either
         carries what the store confirmed before the stream ended (:meth:`_InsertRun.cut_off`)."""
         try:
             with self._channel.closing_guard(), rpc_errors():

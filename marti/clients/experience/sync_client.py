@@ -13,8 +13,8 @@ from marti.codec import experience as convert
 from marti.codec.chunks import DEFAULT_CHUNK_BYTES
 from marti.errors import InvalidArgumentError
 from marti.plumbing.arguments import checked
-from marti.rpc.calls import call, rpc_errors
-from marti.rpc.channel import DEFAULT_TIMEOUT_S
+from marti.rpc.client.calls import call, rpc_errors
+from marti.rpc.client.channel import DEFAULT_TIMEOUT_S
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
 from marti.types.experience import CheckpointResult, SampledTrajectory, TableConfig
 from marti.types.trajectory import AgentTurn, Trajectory, merge_by_step

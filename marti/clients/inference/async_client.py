@@ -18,9 +18,9 @@ from marti.codec.inference import (
     result_from_proto,
 )
 from marti.plumbing.arguments import checked
-from marti.rpc.calls import acall
-from marti.rpc.guard import ClientChannel
-from marti.rpc.transport import LoopBoundChannel
+from marti.rpc.client.calls import acall
+from marti.rpc.client.guard import ClientChannel
+from marti.rpc.client.transport import LoopBoundChannel
 from marti.types.inference import ChatMessages, InferenceResult, ModelInfo, RewardReceipt
 
 from .protocol import DEFAULT_INFERENCE_TIMEOUT_S, open_channel

@@ -9,8 +9,8 @@ from typing import Any
 
 import grpc
 
-from marti.rpc.channel import check_token, make_channel
-from marti.rpc.transport import LoopBoundChannel
+from marti.rpc.client.channel import check_token, make_channel
+from marti.rpc.client.transport import LoopBoundChannel
 
 SERVICE = "marti.api.inference.v1.InferenceService"
 #: Methods safe to retry on UNAVAILABLE (Generate records calls and ReportReward ends episodes: never retried).
@@ -47,7 +47,7 @@ def open_channel(
         token: Bearer token; ``None`` reads ``MARTI_GATEWAY_TOKEN``, then ``MARTI_TOKEN``; ``""`` sends none.
         tls_ca_file: PEM CA file; enables TLS.
         aio: True for a channel of ``grpc.aio`` calls (for :class:`AsyncInferenceClient`), bound lazily to
-            whichever event loop uses it (:class:`~marti.rpc.transport.LoopBoundChannel`).
+            whichever event loop uses it (:class:`~marti.rpc.client.transport.LoopBoundChannel`).
         options: Extra grpc channel arguments.
 
     Returns:

@@ -10,7 +10,7 @@ import grpc
 from marti.api.inference.v1 import inference_pb2 as pb
 from marti.codec.inference import StreamAssembler
 from marti.errors import InternalError
-from marti.rpc.calls import rpc_errors
+from marti.rpc.client.calls import rpc_errors
 from marti.types.inference import CompletionDelta, InferenceResult
 
 

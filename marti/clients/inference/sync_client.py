@@ -17,8 +17,8 @@ from marti.codec.inference import (
     result_from_proto,
 )
 from marti.plumbing.arguments import checked
-from marti.rpc.calls import call
-from marti.rpc.guard import ClientChannel
+from marti.rpc.client.calls import call
+from marti.rpc.client.guard import ClientChannel
 from marti.types.inference import ChatMessages, InferenceResult, ModelInfo, RewardReceipt
 
 from .protocol import DEFAULT_INFERENCE_TIMEOUT_S, open_channel

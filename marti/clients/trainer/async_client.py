@@ -8,7 +8,7 @@ from contextlib import aclosing
 
 from marti.api.trainer.v1 import trainer_service_pb2 as spb
 from marti.plumbing.arguments import checked
-from marti.rpc.calls import acall, aiterate
+from marti.rpc.client.calls import acall, aiterate
 
 from .protocol import _checkpoint, _job, _record, _TrainerClientBase
 from .types import JobInfo, MetricsRecord

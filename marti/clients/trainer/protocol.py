@@ -11,9 +11,9 @@ import grpc
 from marti.api.trainer.v1 import trainer_pb2 as pb
 from marti.api.trainer.v1 import trainer_service_pb2 as spb
 from marti.api.trainer.v1 import trainer_service_pb2_grpc as sgrpc
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
-from marti.rpc.guard import ClientChannel
-from marti.rpc.transport import LoopBoundChannel
+from marti.rpc.client.channel import DEFAULT_TIMEOUT_S, check_timeout_s, make_channel
+from marti.rpc.client.guard import ClientChannel
+from marti.rpc.client.transport import LoopBoundChannel
 
 from .types import JobInfo, MetricsRecord
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 
 from marti.api.trainer.v1 import trainer_service_pb2 as spb
 from marti.plumbing.arguments import checked
-from marti.rpc.calls import call, iterate
+from marti.rpc.client.calls import call, iterate
 
 from .protocol import _checkpoint, _job, _record, _TrainerClientBase
 from .types import JobInfo, MetricsRecord

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from marti.config import TrainConfig
-from marti.config.dataset import DATASET_ENV
+from marti.config.sections.dataset import DATASET_ENV
 from marti.data import Problems, load_problems
 from marti.data.split import shared_prompts
 from marti.errors import InvalidArgumentError

@@ -17,7 +17,7 @@ from marti.api.common.v1 import common_pb2
 from marti.clients.broker import AsyncMartiCommClient, MartiCommClient
 from marti.codec import broker as broker_codec
 from marti.errors import AbortedError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.testing import serve_in_thread
 from services.comm_broker.servicer import broker_service
 from services.comm_broker.settings import BrokerSettings

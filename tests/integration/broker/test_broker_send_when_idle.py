@@ -27,7 +27,7 @@ from marti.clients.broker import (
     open_channel,
     sync_client,
 )
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.testing import serve_in_thread
 from services.comm_broker.servicer import broker_service
 from services.comm_broker.settings import BrokerSettings

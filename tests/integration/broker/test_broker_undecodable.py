@@ -19,7 +19,7 @@ from marti.api.broker.v1 import broker_service_pb2_grpc as pb_grpc
 from marti.api.common.v1 import common_pb2
 from marti.clients.broker import AsyncMartiCommClient, MartiCommClient
 from marti.errors import InvalidArgumentError
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.testing import serve_in_thread
 from services.comm_broker.servicer import broker_service
 from services.comm_broker.settings import BrokerSettings

@@ -108,7 +108,7 @@ _SERVE = """
 import sys
 sys.path.insert(0, {here!r})
 from test_env_off_loop import registry
-from marti.rpc.server import run_server
+from marti.rpc.serving.server import run_server
 from services.env_server.servicer import env_service
 from services.env_server.settings import EnvServerSettings
 settings = EnvServerSettings(host="127.0.0.1", port=0, step_workers=16, grace_s=1.0)

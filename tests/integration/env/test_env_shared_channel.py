@@ -333,7 +333,7 @@ def test_the_loop_opens_one_channel_per_service_and_closes_them(env_server, monk
 
 async def test_async_client_on_a_shared_channel_leaves_it_open(env_server):
     from marti.clients.env import IDEMPOTENT_METHODS, AsyncEnvClient
-    from marti.rpc.channel import make_channel
+    from marti.rpc.client.channel import make_channel
 
     channel = make_channel(env_server[0], aio=True, idempotent_methods=IDEMPOTENT_METHODS)
     try:

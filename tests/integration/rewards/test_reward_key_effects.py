@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from marti.config import config_from_dict
-from marti.config.reward import RewardConfig
+from marti.config.sections.reward import RewardConfig
 from marti.errors import MartiError
 from services.trainer.ray.reward_worker import RewardModelWorker, reward_actor_config
 from services.trainer.rollout.episodes.scoring import build_scorer

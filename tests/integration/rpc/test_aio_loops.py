@@ -17,8 +17,8 @@ from sdk_servers import serve_sdk_services
 import marti.aio
 from marti.api.inference.v1 import inference_pb2 as ipb
 from marti.api.inference.v1 import inference_service_pb2_grpc as igrpc
-from marti.rpc.channel import make_channel
-from marti.rpc.transport import ChannelClosedError, LoopBoundChannel
+from marti.rpc.client.channel import make_channel
+from marti.rpc.client.transport import ChannelClosedError, LoopBoundChannel
 from marti.types.inference import ModelInfo
 from marti.types.trajectory import Trajectory, Turn
 

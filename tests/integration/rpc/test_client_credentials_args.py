@@ -1,7 +1,7 @@
 """Every SDK client refuses a bad ``token``, ``tls_ca_file`` or text argument at construction, typed and named.
 
 Issue 29 item 14: ``token=5`` or ``token=["a", 1]`` gave a raw ``TypeError``, ``tls_ca_file=5`` a ``TypeError``
-and a missing CA file a raw ``FileNotFoundError``. The one check is ``marti.rpc.channel`` (``_resolve_token``
+and a missing CA file a raw ``FileNotFoundError``. The one check is ``marti.rpc.client.channel`` (``_resolve_token``
 and ``read_pem``), used by every client's channel. Item 10: text UTF-8 cannot carry (a lone surrogate) raised a
 raw ``UnicodeEncodeError``. Nothing is dialed: the address is a closed local port.
 """

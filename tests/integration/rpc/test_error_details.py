@@ -14,7 +14,7 @@ from grpc_status import rpc_status
 
 from marti import errors
 from marti.rpc.errors import error_for_code, from_rpc_error, from_status_proto, to_status_proto
-from marti.rpc.server import ServiceSpec
+from marti.rpc.serving.server import ServiceSpec
 from marti.rpc.testing import serve_in_thread
 from services.trainer.job.connections.reconnect import is_outage
 

@@ -11,10 +11,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from marti import errors
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
+from marti.rpc.client.health import check_health
 from marti.rpc.errors import from_rpc_error
-from marti.rpc.health import check_health
-from marti.rpc.server import ServiceSpec
+from marti.rpc.serving.server import ServiceSpec
 from marti.rpc.settings import ServerSettings
 from marti.rpc.testing import ServerThread, serve_in_thread
 

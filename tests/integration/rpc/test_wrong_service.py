@@ -87,14 +87,14 @@ def _constructors():
         "make": lambda a: marti.make("collaborative_task_solving", address=a, **ENV_KWARGS),
         "TrainerClient": marti.TrainerClient,
         "InferenceClient": marti.InferenceClient,
-        "health": lambda a: marti.rpc.health.check_health(a, timeout_s=1),
+        "health": lambda a: marti.rpc.client.health.check_health(a, timeout_s=1),
     }
 
 
 @pytest.mark.parametrize("address", ["localhost", "127.0.0.1", "[::1]", "dns:///localhost"])
 @pytest.mark.parametrize("client", list(_constructors()))
 def test_an_address_without_a_port_is_refused_naming_it(client, address):
-    import marti.rpc.health  # noqa: F401 - for the "health" entry
+    import marti.rpc.client.health  # noqa: F401 - for the "health" entry
 
     with pytest.raises(InvalidArgumentError, match=re.escape(repr(address)) + ".* port") as err:
         _constructors()[client](address)

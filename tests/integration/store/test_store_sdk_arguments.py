@@ -15,7 +15,7 @@ from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
 from marti.errors import InvalidArgumentError
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.types.trajectory import Trajectory, Turn
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from marti.api.trainer.v1 import trainer_pb2, trainer_service_pb2, trainer_service_pb2_grpc
 from marti.command.stack import LocalStack
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 from marti.rpc.testing import serve_in_thread
 from services.trainer.__main__ import build_specs
 from services.trainer.job.service.settings import TrainerSettings

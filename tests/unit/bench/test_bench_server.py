@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.server import Server, cpu_s
 from marti.errors import UnavailableError
-from marti.rpc.health import check_health
+from marti.rpc.client.health import check_health
 
 
 def test_a_service_serves_in_its_own_process_and_stops():

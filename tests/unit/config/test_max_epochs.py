@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from marti.config import config_from_dict
-from marti.config.seeds import epochs_done, steps_for_epochs
+from marti.config.sections.seeds import epochs_done, steps_for_epochs
 from marti.errors import InvalidArgumentError
 from services.trainer.job.run.summary import epoch_limit_message
 from services.trainer.ray.policy_worker import build_strategy, steps_per_batch

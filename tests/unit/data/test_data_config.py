@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from marti.config import DatasetConfig, config_from_dict, config_from_text, dump_config, load_config
-from marti.config.reward import RewardConfig
+from marti.config.sections.reward import RewardConfig
 from marti.errors import InvalidArgumentError
 from tests.unit.data.files import jsonl
 

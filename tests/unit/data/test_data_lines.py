@@ -11,7 +11,7 @@ import re
 import datasets
 import pytest
 
-from marti.config.dataset import DatasetConfig
+from marti.config.sections.dataset import DatasetConfig
 from marti.data import ProblemSet, load_problems
 from marti.errors import InvalidArgumentError
 from tests.refused_runs import train_over_an_old_run

@@ -1,8 +1,8 @@
-"""marti.rpc.calls.call in a forked child: a call gRPC's fork handling cut ("Closed on fork") is made once more.
+"""marti.rpc.client.calls.call in a forked child: a call gRPC's fork handling cut ("Closed on fork") is made once more.
 
 In a child, gRPC closes the connections it inherited, and a call started meanwhile fails with CANCELLED
 "Stream removed (Closed on fork)" before anything is sent (about 1 call in 100 right after a fork: docs/operations.md).
-A process is a child here when its pid differs from the one ``marti.rpc.calls`` was imported in."""
+A process is a child here when its pid differs from the one ``marti.rpc.client.calls`` was imported in."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from marti.errors import CancelledError
-from marti.rpc import calls
+from marti.rpc.client import calls
 
 
 class _Cut(grpc.RpcError):

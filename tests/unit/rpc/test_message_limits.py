@@ -1,4 +1,4 @@
-"""marti.rpc.message_limits: the limits make_channel records for each channel, the metadata telling a server the
+"""marti.rpc.client.message_limits: the limits make_channel records for each channel, the metadata telling a server the
 receive limit, and the server's reading of it."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import grpc
 import pytest
 
 from marti.errors import InvalidArgumentError
-from marti.rpc.channel import make_channel
-from marti.rpc.guard import ClientChannel
-from marti.rpc.message_limits import (
+from marti.rpc.client.channel import make_channel
+from marti.rpc.client.guard import ClientChannel
+from marti.rpc.client.message_limits import (
     RECEIVE_LIMIT_KEY,
     client_receive_limit,
     receive_limit,

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from marti.errors import InvalidArgumentError
-from marti.rpc.channel import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout_s
-from marti.rpc.watchdog import Watchdog
+from marti.rpc.client.channel import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout_s
+from marti.rpc.client.watchdog import Watchdog
 
 
 def test_a_deadline_that_passes_fires_once_and_disarm_then_says_so():

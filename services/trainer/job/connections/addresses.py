@@ -26,7 +26,7 @@ class Addresses:
     the fewest live sessions of the job, pinned there); a single address is one channel, as ever.
 
     ``token`` is sent to every service; None lets each client read ``MARTI_<SERVICE>_TOKEN``, then
-    ``MARTI_TOKEN`` (:func:`marti.rpc.channel.resolve_token`).
+    ``MARTI_TOKEN`` (:func:`marti.rpc.client.channel.resolve_token`).
 
     ``tls_ca_file`` (PEM) is used for the services named in ``tls_services`` (those whose address the user
     gave: ``services.tls_ca_file`` with ``marti train``); the others, e.g. an embedded stack, are plaintext.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from marti.errors import InvalidArgumentError, UnavailableError
-from marti.rpc.health import poll_health
+from marti.rpc.client.health import poll_health
 from services.trainer.job.connections.addresses import Addresses
 
 __all__ = ["SERVICE_NAMES", "check_given_services"]
@@ -74,7 +74,7 @@ def _serving(
     addresses: Addresses, service: str, address: str, name: str, wait_s: float, timeout_s: float
 ) -> str:
     """The health status of ``name`` at ``address``: polled every 0.5 s while the server does not answer, for
-    at most ``wait_s`` seconds (one line on stderr says so; :func:`marti.rpc.health.poll_health`)."""
+    at most ``wait_s`` seconds (one line on stderr says so; :func:`marti.rpc.client.health.poll_health`)."""
 
     def say(status: str) -> None:
         print(f"waiting up to {wait_s:g} s for the {service} at {address} ({status})", file=sys.stderr)

@@ -41,7 +41,7 @@ from typing import Any
 
 from marti.config import TrainConfig, dump_config
 from marti.errors import CancelledError
-from marti.rpc.channel import resolve_token
+from marti.rpc.client.channel import resolve_token
 from marti.team.workflow import Workflow, workflow_from_section
 from services.trainer.data.batch_reader import BatchReader
 from services.trainer.data.episode_writer import EpisodeWriter

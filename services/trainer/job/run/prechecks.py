@@ -16,7 +16,7 @@ from typing import Any
 
 import marti
 from marti.config import TrainConfig
-from marti.config.dataset import DATASET_ENV
+from marti.config.sections.dataset import DATASET_ENV
 from marti.data import ProblemSet
 from marti.errors import (
     DeadlineExceededError,

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from marti.config import TrainConfig
-from marti.config.dataset import DATASET_ENV
+from marti.config.sections.dataset import DATASET_ENV
 from marti.data import ProblemSet
 from marti.errors import InvalidArgumentError
 from marti.team.workflow import Workflow, workflow_from_section

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from marti.config import TrainConfig
-from marti.config.rollout import VllmConfig
+from marti.config.sections.rollout import VllmConfig
 from marti.errors import AbortedError, InvalidArgumentError, NotFoundError
 from services.trainer.rollout import vllm_available
 from services.trainer.rollout.engines.base import Generation, RolloutEngine, SamplingParams, chat_to_ids

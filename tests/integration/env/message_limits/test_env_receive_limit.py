@@ -16,8 +16,8 @@ from marti.api.env.v1 import env_service_pb2_grpc as pb_grpc
 from marti.clients.env import AsyncEnvClient, EnvClient, open_channel
 from marti.clients.env.protocol import _step_request
 from marti.errors import InvalidArgumentError, ResourceExhaustedError
-from marti.rpc.calls import call
-from marti.rpc.message_limits import RECEIVE_LIMIT_KEY
+from marti.rpc.client.calls import call
+from marti.rpc.client.message_limits import RECEIVE_LIMIT_KEY
 from tests.integration.env.message_limits.oversized import (
     BIG_STEP,
     OK,

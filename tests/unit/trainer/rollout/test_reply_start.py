@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium
 import pytest
 
-from marti.config.rollout import VllmConfig
+from marti.config.sections.rollout import VllmConfig
 from marti.env.make import ParallelEnv
 from marti.errors import InvalidArgumentError
 from marti.team.workflow import PromptContext, Role, TurnPrompt, Workflow

@@ -13,10 +13,10 @@ import grpc
 
 from marti.errors import InvalidArgumentError, NotFoundError
 from marti.rpc.address import check_address
-from marti.rpc.message_limits import record_limits
+from marti.rpc.client.message_limits import record_limits
+from marti.rpc.client.transport import LoopBoundChannel
 from marti.rpc.options import common_options, reconnect_options
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
-from marti.rpc.transport import LoopBoundChannel
 
 #: Default deadline for a unary call made by the SDK clients, seconds.
 DEFAULT_TIMEOUT_S = 30.0
@@ -314,7 +314,7 @@ def make_channel(
         tls_cert_file: PEM client certificate for mTLS (with ``tls_key_file``).
         tls_key_file: PEM client key for mTLS.
         aio: ``True`` for a channel of ``grpc.aio`` calls, else a sync channel. The aio flavour is a
-            :class:`~marti.rpc.transport.LoopBoundChannel`: the real ``grpc.aio`` channel is made on first use
+            :class:`~marti.rpc.client.transport.LoopBoundChannel`: the real ``grpc.aio`` channel is made on first use
             in each event loop (and forked process) that uses it, so a client built outside any loop works
             from every ``asyncio.run``.
         max_message_bytes: Largest message sent or received, bytes (agree with the server).
@@ -324,9 +324,9 @@ def make_channel(
             its token variable; ``None`` reads only ``MARTI_TOKEN``.
 
     Returns:
-        A sync ``grpc.Channel``, or a :class:`~marti.rpc.transport.LoopBoundChannel` (stubs take it like a
+        A sync ``grpc.Channel``, or a :class:`~marti.rpc.client.transport.LoopBoundChannel` (stubs take it like a
         ``grpc.aio.Channel``; ``await channel.close()`` closes it). Its send and receive limits are recorded
-        (:func:`marti.rpc.message_limits.send_limit` and :func:`~marti.rpc.message_limits.receive_limit` read
+        (:func:`marti.rpc.client.message_limits.send_limit` and :func:`~marti.rpc.client.message_limits.receive_limit` read
         them).
 
     Raises:

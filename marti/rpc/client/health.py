@@ -8,7 +8,7 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from marti.rpc.channel import make_channel
+from marti.rpc.client.channel import make_channel
 
 
 def check_health(

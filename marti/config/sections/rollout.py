@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from marti.config.section import NonNegFloat, NonNegInt, PositiveInt, StrictNonNegInt
 from marti.config.section import Section as _Section
-from marti.config.seeds import default_eval_seeds, train_seeds
+from marti.config.sections.seeds import default_eval_seeds, train_seeds
 
 
 class VllmConfig(_Section):
@@ -145,7 +145,7 @@ class RolloutConfig(_Section):
     def train_seeds(self, step: int) -> list[int]:
         """Problem seeds of the episodes of training step ``step`` (0-based), each repeated ``group_size`` times.
 
-        See :func:`marti.config.seeds.train_seeds` (the schedule: problem ``k`` overall has seed
+        See :func:`marti.config.sections.seeds.train_seeds` (the schedule: problem ``k`` overall has seed
         ``train_seed_start + k``, wrapped modulo ``num_train_seeds`` when the set is finite, held-out seeds
         skipped when it is unbounded).
 

@@ -28,12 +28,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from marti import errors
-from marti.rpc.bind import address_in_use_error, host_port, port_in_use
-from marti.rpc.interceptors import ServerInterceptor
 from marti.rpc.options import common_options, server_options
+from marti.rpc.serving.bind import address_in_use_error, host_port, port_in_use
+from marti.rpc.serving.interceptors import ServerInterceptor
 from marti.rpc.settings import ServerSettings
 
-_LOG = logging.getLogger("marti.rpc.server")
+_LOG = logging.getLogger("marti.rpc.serving.server")
 
 
 @dataclass

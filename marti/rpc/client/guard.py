@@ -26,7 +26,7 @@ from marti.errors import FailedPreconditionError, MartiError
 __all__ = ["ClientChannel", "task_cancelling"]
 
 #: What a call raises when its channel is closed under it (a ``grpc.aio`` call cancelled, a write after the
-#: end, gRPC's ``ValueError`` of a closed sync channel, :class:`marti.rpc.transport.ChannelClosedError`).
+#: end, gRPC's ``ValueError`` of a closed sync channel, :class:`marti.rpc.client.transport.ChannelClosedError`).
 _CLOSED_CHANNEL_ERRORS = (
     MartiError, grpc.RpcError, asyncio.CancelledError, asyncio.InvalidStateError, ValueError, RuntimeError,
 )  # fmt: skip

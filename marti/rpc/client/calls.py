@@ -10,7 +10,7 @@ the deadline default and the ``grpc.RpcError`` -> :class:`marti.errors.MartiErro
 * :func:`rpc_errors`: a ``with`` block that maps errors for code driving a call by hand (reading a stream's
   header, a bidirectional stream).
 
-Layering: :mod:`marti.rpc.channel` makes channels, :mod:`marti.rpc.transport` binds aio channels to loops,
+Layering: :mod:`marti.rpc.client.channel` makes channels, :mod:`marti.rpc.client.transport` binds aio channels to loops,
 this module makes calls over them, :mod:`marti.codec` converts messages, and :mod:`marti.clients` builds the
 public API from the three.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from marti.rpc.channel import DEFAULT_TIMEOUT_S
+from marti.rpc.client.channel import DEFAULT_TIMEOUT_S
 from marti.rpc.errors import from_rpc_error
 
 __all__ = ["DEFAULT_TIMEOUT_S", "acall", "aiterate", "call", "iterate", "rpc_errors"]

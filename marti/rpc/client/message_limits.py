@@ -5,7 +5,7 @@ ends the stream. A server that knows the client's limit can refuse a larger resu
 server does): the client sends its limit as the :data:`RECEIVE_LIMIT_KEY` metadata of a call
 (:func:`receive_limit_metadata`), and the server reads it (:func:`client_receive_limit`).
 
-:func:`marti.rpc.channel.make_channel` records the limits of every channel it makes (:func:`record_limits`);
+:func:`marti.rpc.client.channel.make_channel` records the limits of every channel it makes (:func:`record_limits`);
 :func:`send_limit` and :func:`receive_limit` read them back (``None`` for a channel made otherwise).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from marti.errors import InvalidArgumentError
-from marti.rpc.guard import ClientChannel
+from marti.rpc.client.guard import ClientChannel
 
 #: The call metadata a client tells a server the largest response it can receive in, bytes (its channel's
 #: ``grpc.max_receive_message_length``); ``-1`` means no limit. A call without it tells nothing.
@@ -60,14 +60,14 @@ def _limits(channel: Any) -> tuple[int, int] | None:
 
 def send_limit(channel: Any) -> int | None:
     """The largest message ``channel`` may send, bytes; ``None`` when unknown (a channel
-    :func:`~marti.rpc.channel.make_channel` did not make) or unlimited."""
+    :func:`~marti.rpc.client.channel.make_channel` did not make) or unlimited."""
     limits = _limits(channel)
     return None if limits is None or limits[0] < 0 else limits[0]
 
 
 def receive_limit(channel: Any) -> int | None:
     """The largest message ``channel`` may receive, bytes (``-1``: no limit); ``None`` when unknown (a channel
-    :func:`~marti.rpc.channel.make_channel` did not make)."""
+    :func:`~marti.rpc.client.channel.make_channel` did not make)."""
     limits = _limits(channel)
     return None if limits is None else limits[1]
 

@@ -103,7 +103,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         served: Full names of the services hosted, named to a caller of a method the server does not serve.
 
     Attributes:
-        address: ``host:port`` of the server once bound (``marti.rpc.server`` sets it), named in the same message.
+        address: ``host:port`` of the server once bound (``marti.rpc.serving.server`` sets it), named in the same message.
     """
 
     def __init__(self, token: str | None = None, served: Sequence[str] = ()) -> None:
