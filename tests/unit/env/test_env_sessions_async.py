@@ -9,6 +9,7 @@ import time
 import gymnasium
 import pytest
 from pydantic import ValidationError
+from waits import until_async
 
 from marti.env.config import ConfigSchema
 from marti.env.registry import EnvSpec, Registry
@@ -16,13 +17,19 @@ from marti.errors import AlreadyExistsError, InvalidArgumentError, ResourceExhau
 from services.env_server.core.sessions import MAX_WORKERS, SessionManager
 from services.env_server.settings import EnvServerSettings
 
+HOLD_S = 10.0  # most seconds a held step waits for the test to let it go (or for the others to meet)
+
 
 class SlowEnv:
-    """One agent; ``step`` sleeps the float given as action; tracks overlapping calls of one instance."""
+    """One agent; ``step`` sleeps the float given as action, or with ``"gate"`` waits until the test sets
+    :attr:`gate`, or with ``"meet"`` waits until :attr:`meet`'s other parties step too (each at most
+    :data:`HOLD_S`, then raises); tracks overlapping calls of one instance."""
 
     metadata = {"name": "slow"}
     missing_action = ""
     build_s = 0.0
+    gate = threading.Event()
+    meet = threading.Barrier(1)
 
     def __init__(self, config, seed) -> None:
         time.sleep(SlowEnv.build_s)
@@ -51,7 +58,14 @@ class SlowEnv:
             self.running += 1
             self.max_overlap = max(self.max_overlap, self.running)
         self.threads.add(threading.current_thread().name)
-        time.sleep(float(actions.get("a") or 0))
+        action = actions.get("a")
+        if action == "gate":
+            if not SlowEnv.gate.wait(HOLD_S):
+                raise TimeoutError(f"the gate stayed shut {HOLD_S} s")
+        elif action == "meet":
+            SlowEnv.meet.wait(HOLD_S)  # BrokenBarrierError unless the other parties step meanwhile
+        else:
+            time.sleep(float(action or 0))
         self.t += 1
         with self._lock:
             self.running -= 1
@@ -69,6 +83,15 @@ class FakeClock:
         return self.t
 
 
+@pytest.fixture(autouse=True)
+def _held_steps():
+    """A shut gate per test, opened afterwards so that no worker stays held."""
+    SlowEnv.gate = threading.Event()
+    yield
+    SlowEnv.gate.set()
+    SlowEnv.meet.abort()
+
+
 def manager(**kw) -> SessionManager:
     reg = Registry()
     reg.register(EnvSpec("slow", 1, SlowEnv, ConfigSchema(), "test env"))
@@ -79,6 +102,11 @@ async def started(m: SessionManager) -> str:
     sid = (await m.create_async("slow")).session_id
     await m.reset_async(sid)
     return sid
+
+
+async def held(m: SessionManager, sid: str) -> None:
+    """Return once ``sid``'s env is inside a step (one the gate holds)."""
+    await until_async(lambda: m.get(sid).env.env.running == 1, f"{sid} stepping")
 
 
 def test_worker_limits_at_the_edges() -> None:
@@ -107,15 +135,16 @@ async def test_env_calls_run_in_workers_and_leave_the_loop_free() -> None:
             ticks += 1
 
     ticker = asyncio.create_task(tick())
-    slow_step = asyncio.create_task(m.step_async(slow, {"a": "0.5"}))
-    await asyncio.sleep(0.05)
-    t0 = time.perf_counter()
+    slow_step = asyncio.create_task(m.step_async(slow, {"a": "gate"}))
+    await held(m, slow)
+    before = ticks
     for _ in range(20):
         await m.step_async(fast, {"a": ""})
-    assert time.perf_counter() - t0 < 0.4, "the fast session waited for the slow one"
+    await until_async(lambda: ticks >= before + 20, "20 ticks of the loop while the slow step is held")
+    assert not slow_step.done(), "the fast session waited for the slow one, or the loop did"
+    SlowEnv.gate.set()
     assert (await slow_step).results[0].observation == "1"
     ticker.cancel()
-    assert ticks >= 20, "the loop was blocked"
     assert all(t.startswith("marti-env") for t in m.get(slow).env.env.threads)
     await m.close_all_async()
 
@@ -123,11 +152,13 @@ async def test_env_calls_run_in_workers_and_leave_the_loop_free() -> None:
 async def test_when_every_worker_is_busy_calls_queue_without_error() -> None:
     m = manager(workers=1)  # the edge of the limit
     a, b = await started(m), await started(m)
-    first = asyncio.create_task(m.step_async(a, {"a": "0.3"}))
-    await asyncio.sleep(0.05)
-    t0 = time.perf_counter()
-    out = await m.step_async(b, {"a": ""})
-    assert time.perf_counter() - t0 >= 0.2 and out.results[0].observation == "1"
+    first = asyncio.create_task(m.step_async(a, {"a": "gate"}))
+    await held(m, a)
+    second = asyncio.create_task(m.step_async(b, {"a": ""}))
+    await asyncio.sleep(0.2)
+    assert not second.done(), "b stepped while the only worker was busy"
+    SlowEnv.gate.set()
+    assert (await second).results[0].observation == "1"
     assert (await first).results[0].observation == "1"
     await m.close_all_async()
 
@@ -150,15 +181,19 @@ async def test_a_cancelled_call_keeps_the_session_until_its_env_call_ends() -> N
     m = manager(workers=4)
     sid = await started(m)
     env = m.get(sid).env.env
-    task = asyncio.create_task(m.step_async(sid, {"a": "0.3"}, request_id="r1"))
-    await asyncio.sleep(0.05)
+    task = asyncio.create_task(m.step_async(sid, {"a": "gate"}, request_id="r1"))
+    await held(m, sid)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    out = await m.step_async(sid, {"a": ""})
+    after = asyncio.create_task(m.step_async(sid, {"a": ""}))
+    await asyncio.sleep(0.1)
+    assert not after.done(), "the next call ran while the cancelled call's env call was still running"
+    SlowEnv.gate.set()
+    out = await after
     assert out.results[0].observation == "2" and env.max_overlap == 1
     # the cancelled call's outcome was still remembered: its retry does not step again
-    assert (await m.step_async(sid, {"a": "0.3"}, request_id="r1")).results[0].observation == "1"
+    assert (await m.step_async(sid, {"a": "gate"}, request_id="r1")).results[0].observation == "1"
     await m.close_all_async()
 
 
@@ -179,11 +214,12 @@ async def test_busy_sessions_are_not_reaped() -> None:
     clock = FakeClock()
     m = manager(workers=4, idle_timeout_s=10.0, clock=clock)
     busy, idle = await started(m), await started(m)
-    step = asyncio.create_task(m.step_async(busy, {"a": "0.2"}))
-    await asyncio.sleep(0.05)
+    step = asyncio.create_task(m.step_async(busy, {"a": "gate"}))
+    await held(m, busy)
     clock.t += 10.0
     assert await m.reap_idle_async() == [idle]
     assert m.reap_idle() == []  # the plain face skips it too
+    SlowEnv.gate.set()
     await step
     assert m.reap_idle() == []  # used when its call ended
     clock.t += 10.0
@@ -272,29 +308,33 @@ async def test_a_batch_hands_the_base_only_when_it_is_the_sessions_last_outcome(
     await m.close_all_async()
 
 
-async def test_a_slow_step_hands_the_rest_of_its_group_out() -> None:
+async def test_a_slow_step_hands_the_rest_of_its_group_out(monkeypatch) -> None:
+    """The first step sleeps past the slow-step mark; the other three then run side by side: each waits until
+    all three are stepping (run in a row, the first of them would wait :data:`HOLD_S` and fail)."""
     assert BATCH_JOB_SESSIONS >= 4 and BATCH_SLOW_STEP_S < 0.3
+    monkeypatch.setattr(sessions_module, "BATCH_WAIT_S", 10.0)  # only the slow-step mark can hand out here
+    monkeypatch.setattr(sessions_module, "BATCH_JOB_BUDGET_S", 10.0)
+    SlowEnv.meet = threading.Barrier(3)
     m = manager(workers=8)
     sids = [await started(m) for _ in range(4)]
-    t0 = time.perf_counter()
-    # the first sleeps past the slow-step mark; the other three (0.3 s each) then run side by side, not in a row
-    out = await m.step_batch_async([BatchItem(s, {"a": "0.3"}) for s in sids])
-    took = time.perf_counter() - t0
-    assert all(o.results[0].observation == "1" for o in out)
-    assert 0.55 < took < 1.0, took  # 0.3 + 0.3 (in a row: 1.2)
+    out = await m.step_batch_async([BatchItem(s, {"a": "0.3" if s == sids[0] else "meet"}) for s in sids])
+    assert [o.results[0].observation for o in out] == ["1"] * 4, out
     await m.close_all_async()
 
 
-async def test_a_step_that_waits_hands_the_rest_out_at_once() -> None:
-    """Review finding: envs that wait 5-90 ms a step (a judge or tool call) ran about 0.5 s of steps in a row."""
+async def test_a_step_that_waits_hands_the_rest_out_at_once(monkeypatch) -> None:
+    """Review finding: envs that wait 5-90 ms a step (a judge or tool call) ran about 0.5 s of steps in a row.
+    The first step waits, not slow by itself; the other seven then run side by side: each waits until all seven
+    are stepping (run in a row, the first of them would wait :data:`HOLD_S` and fail)."""
     wait = BATCH_SLOW_STEP_S / 2  # not slow by itself, but it waits far beyond its CPU time
     assert wait > 10 * BATCH_WAIT_S
+    monkeypatch.setattr(sessions_module, "BATCH_SLOW_STEP_S", 10.0)  # only the wait can hand out here
+    monkeypatch.setattr(sessions_module, "BATCH_JOB_BUDGET_S", 10.0)
+    SlowEnv.meet = threading.Barrier(7)
     m = manager(workers=8)
     sids = [await started(m) for _ in range(8)]
-    t0 = time.perf_counter()
-    await m.step_batch_async([BatchItem(s, {"a": str(wait)}) for s in sids])
-    took = time.perf_counter() - t0
-    assert took < 5 * wait, took  # the first step, then seven side by side (in a row: 8 x wait)
+    out = await m.step_batch_async([BatchItem(s, {"a": str(wait) if s == sids[0] else "meet"}) for s in sids])
+    assert [o.results[0].observation for o in out] == ["1"] * 8, out
     await m.close_all_async()
 
 
@@ -313,13 +353,12 @@ async def test_a_session_is_free_once_its_own_steps_end_not_when_its_group_does(
     m = manager(workers=4)
     quick, slow = await started(m), await started(m)
     batch = asyncio.create_task(
-        m.step_batch_async([BatchItem(quick, {"a": ""}), BatchItem(slow, {"a": "0.6"})])
+        m.step_batch_async([BatchItem(quick, {"a": ""}), BatchItem(slow, {"a": "gate"})])
     )
-    await asyncio.sleep(0.1)  # the quick step is done, the slow one runs
-    t0 = time.perf_counter()
+    await held(m, slow)  # the quick step is done, the slow one runs
     await m.step_async(quick, {"a": ""})
-    assert time.perf_counter() - t0 < 0.3, "the quick session waited for its group's slow step"
-    assert not batch.done()
+    assert not batch.done(), "the quick session waited for its group's slow step"
+    SlowEnv.gate.set()
     await batch
     await m.close_all_async()
 
@@ -327,13 +366,13 @@ async def test_a_session_is_free_once_its_own_steps_end_not_when_its_group_does(
 async def test_a_batch_does_not_hold_free_sessions_while_it_waits_for_a_busy_one() -> None:
     m = manager(workers=4)
     free, busy = await started(m), await started(m)
-    unary = asyncio.create_task(m.step_async(busy, {"a": "0.6"}))
-    await asyncio.sleep(0.05)
+    unary = asyncio.create_task(m.step_async(busy, {"a": "gate"}))
+    await held(m, busy)
     batch = asyncio.create_task(m.step_batch_async([BatchItem(free, {"a": ""}), BatchItem(busy, {"a": ""})]))
     await asyncio.sleep(0.1)
-    t0 = time.perf_counter()
     await m.step_async(free, {"a": ""})
-    assert time.perf_counter() - t0 < 0.3, "the batch held the free session while waiting for the busy one"
+    assert not unary.done(), "the batch held the free session while waiting for the busy one"
+    SlowEnv.gate.set()
     out = await batch
     await unary
     assert [o.results[0].observation for o in out] == ["1", "2"]  # busy: after the unary step, in order
@@ -358,12 +397,13 @@ async def test_concurrent_batches_over_the_same_sessions_in_other_orders_do_not_
 async def test_a_cancelled_batch_keeps_its_sessions_until_their_steps_end() -> None:
     m = manager(workers=2)
     sid = await started(m)
-    task = asyncio.create_task(m.step_batch_async([BatchItem(sid, {"a": "0.3"})]))
-    await asyncio.sleep(0.05)
+    task = asyncio.create_task(m.step_batch_async([BatchItem(sid, {"a": "gate"})]))
+    await held(m, sid)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert m.get(sid).lock.locked()
+    SlowEnv.gate.set()
     out = await m.step_async(sid, {"a": ""})  # waits for the cancelled batch's step
     assert out.results[0].observation == "2" and m.get(sid).env.env.max_overlap == 1
     await m.close_all_async()
