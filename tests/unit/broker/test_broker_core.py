@@ -318,25 +318,25 @@ def test_limits_reject_non_positive():
 
 async def test_long_poll_wakes_on_send_and_times_out():
     b = Broker(BrokerLimits())
-    task = asyncio.ensure_future(b.receive_wait("s", "b", 10, timeout_s=5))
+    task = asyncio.ensure_future(b.receive_wait("s", "b", 10, timeout_s=30))
     await asyncio.sleep(0.05)
     b.send("s", "a", [env("m1")])
-    got = await asyncio.wait_for(task, 1)
+    got = await asyncio.wait_for(task, 10)  # woken by the send, not by its 30 s timeout
     assert [d.envelope.message_id for d in got] == ["m1"]
     t0 = asyncio.get_running_loop().time()
-    assert await b.receive_wait("s", "b", 10, timeout_s=0.1) == []
-    assert 0.09 <= asyncio.get_running_loop().time() - t0 < 1
+    assert await asyncio.wait_for(b.receive_wait("s", "b", 10, timeout_s=0.1), 30) == []
+    assert 0.09 <= asyncio.get_running_loop().time() - t0 < 10  # not waiting on: that takes the 30 s
 
 
 async def test_send_wait_blocks_until_space_then_times_out():
     b = Broker(BrokerLimits(max_mailbox_messages=1))
     b.send("s", "a", [env("m1")])
-    waiting = asyncio.ensure_future(b.send_wait("s", "a", [env("m2")], wait_s=5))
+    waiting = asyncio.ensure_future(b.send_wait("s", "a", [env("m2")], wait_s=30))
     await asyncio.sleep(0.05)
     assert not waiting.done()
     b.receive("s", "b", 1)
     b.ack("s", "b", ["m1"])
-    assert (await asyncio.wait_for(waiting, 1)).accepted == 1
+    assert (await asyncio.wait_for(waiting, 10)).accepted == 1  # woken by the ack, not by its 30 s wait
     with pytest.raises(MailboxFullError, match="max_mailbox_messages=1"):
         await b.send_wait("s", "a", [env("m3")], wait_s=0.05)
 

@@ -156,11 +156,11 @@ def test_lone_message_waits_the_whole_linger_and_not_longer_than_needed():
     with lingering(ch, update_frequency_s=linger) as c:
         t0 = time.perf_counter()
         c.send_message("b", "one")
-        time.sleep(linger / 5)
-        assert ch.sends() == []  # a fifth of the linger: still buffered
         wait_for(lambda: ch.sends())
-        at = ch.sends()[0][1]
-        assert linger <= at - t0 < linger + 1.0
+        at = ch.sends()[0][
+            1
+        ]  # when the Send was made: none before it (no sleep then a look, which can be late)
+        assert len(ch.sends()) == 1 and linger <= at - t0 < linger + 1.0
 
 
 def test_full_batch_goes_at_once_in_the_call_that_fills_it():
@@ -472,18 +472,18 @@ def test_exit_flush_waits_for_a_batch_in_flight_at_most_timeout_s_then_logs(capl
     def in_flight() -> None:
         with c._send_lock:
             held.set()
-            release.wait(5)
+            release.wait(30)
 
     t = threading.Thread(target=in_flight)
     t.start()
-    held.wait(5)
+    assert held.wait(30)
     t0 = time.monotonic()
     with caplog.at_level("ERROR", logger="marti.broker.client"):
         c._flush_on_exit()
     took = time.monotonic() - t0
     release.set()
     t.join()
-    assert 0.15 <= took < 3.0, took
+    assert 0.15 <= took < 10, took  # waiting for the batch in flight would take 30 s
     assert "still in flight after 0.2 s" in caplog.text, caplog.text
     assert ch.sends() == []  # nothing was sent behind the batch in flight
     c.close()
