@@ -109,7 +109,7 @@ def test_server_slower_than_timeout_is_deadline_exceeded_after_retries(serve):
     t0 = time.monotonic()
     with pytest.raises(DeadlineExceededError) as err:
         rm.score(PROMPTS, COMPLETIONS, COLUMNS)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 8  # 2 x 0.3 s and a backoff; unbounded, each attempt waits 10 s
     assert (
         holder[0].url in str(err.value)
         and "timeout_s=0.3" in str(err.value)

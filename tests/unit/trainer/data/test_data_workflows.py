@@ -255,9 +255,9 @@ def test_a_verdict_pattern_past_its_time_limit_is_a_typed_error():
         DeadlineExceededError, match=r"ran past reward.judge_pattern_timeout_s 0.2 s on a reply of 41"
     ):
         read_verdict(EVIL[1], EVIL[0], timeout_s=0.2)
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 10  # unbounded, it runs for hours
     either = r"Verdict: (\w+)|(a|a)+$"
-    assert read_verdict("Verdict: yes", either, timeout_s=0.2) == 1.0  # a reply it reads
+    assert read_verdict("Verdict: yes", either, timeout_s=5.0) == 1.0  # a reply it reads (in microseconds)
     with pytest.raises(DeadlineExceededError):
         read_verdict(EVIL[1], either, timeout_s=0.2)
 
