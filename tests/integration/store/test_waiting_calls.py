@@ -10,13 +10,14 @@ import threading
 import time
 
 import pytest
+from waits import until
 
 import marti
 from marti.rpc.testing import serve_in_thread
 from services.experience_store.__main__ import make_spec
 from services.experience_store.settings import StoreSettings
 
-THREADS, WAITERS, WAIT_S = 2, 3, 10.0
+THREADS, WAITERS, WAIT_S = 2, 3, 30.0
 
 
 @pytest.fixture
@@ -51,10 +52,11 @@ def test_an_insert_reaches_samplers_waiting_on_every_executor_thread(address) ->
     with marti.ExperienceSharingClient("a", address) as store:
         store.create_table("q", preset="queue", max_size=10)
         threads, out = _in_threads(address, WAITERS, lambda c: c.sample("q", 1, timeout_s=WAIT_S))
-        time.sleep(1.0)  # every sampler waits; the first THREADS hold the executor's threads
+        # every sampler waits (the first THREADS would hold the executor's threads)
+        until(lambda: store.info("q").waiting_samples == WAITERS, f"{WAITERS} samplers waiting")
         started = time.monotonic()
         store.share_experiences(_trajectories("e", WAITERS), table="q")
-        assert time.monotonic() - started < 5.0  # without own threads: about WAIT_S - 1
+        assert time.monotonic() - started < WAIT_S / 2  # without own threads: about WAIT_S
         for t in threads:
             t.join()
     got = sorted(out[i][0].trajectory.episode_id for i in range(WAITERS))
@@ -70,10 +72,10 @@ def test_a_sample_reaches_inserts_waiting_on_a_full_queue(address) -> None:
             WAITERS,
             lambda c: c.share_experience(_trajectories(f"{c.agent_id}-", 1)[0], table="full"),
         )
-        time.sleep(1.0)  # every insert waits for room
+        until(lambda: store.info("full").waiting_inserts == WAITERS, f"{WAITERS} inserts waiting for room")
         started = time.monotonic()
-        taken = [store.sample("full", 1, timeout_s=3.0)[0] for _ in range(WAITERS + 1)]
-        assert time.monotonic() - started < 8.0
+        taken = [store.sample("full", 1, timeout_s=10.0)[0] for _ in range(WAITERS + 1)]
+        assert time.monotonic() - started < 15.0  # without own threads: the inserts' 30 s timeout
         for t in threads:
             t.join()
     assert all(isinstance(key, int) for key in out.values())
