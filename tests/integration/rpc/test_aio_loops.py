@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from sdk_servers import serve_sdk_services
+from waits import until_async
 
 import marti.aio
 from marti.api.inference.v1 import inference_pb2 as ipb
@@ -108,15 +109,17 @@ def test_batching_broker_client_flushes_on_its_timer_in_every_loop(address):
     async def send(i: int) -> int:
         await sender.send_message("r1", {"i": i})  # buffered: 1 of 8, only the timer sends it
         assert sender.get_communication_stats().total_sent == i  # not sent yet
-        await asyncio.sleep(0.5)  # the timer (period 0.05 s) flushes while this loop runs
-        return sender.get_communication_stats().total_sent
+        # the timer (period 0.05 s) flushes while this loop runs (total_sent counts the acknowledged ones)
+        sent = lambda: sender.get_communication_stats().total_sent  # noqa: E731
+        await until_async(lambda: sent() > i, f"loop {i + 1}: the flush timer sent the message", timeout_s=10)
+        return sent()
 
     try:
         for i in range(2):  # two successive asyncio.run loops
             assert asyncio.run(send(i)) == i + 1, f"loop {i + 1}: the flush timer did not send the message"
-            assert [m.content for m in receiver.get_messages(timeout_s=2)] == [{"i": i}]
+            assert [m.content for m in receiver.get_messages(timeout_s=10)] == [{"i": i}]
         assert _in_thread(lambda: send(2)) == 3  # a loop in another thread
-        assert [m.content for m in receiver.get_messages(timeout_s=2)] == [{"i": 2}]
+        assert [m.content for m in receiver.get_messages(timeout_s=10)] == [{"i": 2}]
     finally:
         asyncio.run(sender.close())
         receiver.close()
