@@ -53,10 +53,10 @@ def test_lone_message_arrives_at_once_without_flush(address):
         for i in range(5):
             t0 = time.perf_counter()
             a.send_message("r", {"i": i})  # no flush: the flush timer sends it at once
-            got = b.get_messages(timeout_s=5)
+            got = b.get_messages(timeout_s=10)
             took = time.perf_counter() - t0
             assert [m.content for m in got] == [{"i": i}]
-            assert took < 1.0, took  # one Send rpc; generous for a shared machine
+            assert took < 3.0, took  # one Send rpc; generous for a shared machine at a load of 10
 
 
 def test_three_thousand_messages_arrive_once_in_order(address):
