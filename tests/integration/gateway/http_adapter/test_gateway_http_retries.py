@@ -5,7 +5,6 @@ gRPC."""
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import httpx
@@ -189,7 +188,8 @@ def test_a_retry_sent_while_the_first_call_runs_waits_for_it_and_the_call_is_rec
 
         t = threading.Thread(target=retry)
         t.start()
-        time.sleep(0.5)  # the retry is waiting on the first call
+        replays = server.gateway._replays
+        wait_for(lambda: any(c.waiters for c in replays.values()), "the retry waiting on the first call")
         backend.gate.set()
         t.join(30)
         stats = server.gateway.stats()
