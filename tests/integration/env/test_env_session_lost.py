@@ -15,6 +15,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from sdk_servers import once_reachable
+from waits import until
 
 import marti
 import marti.env.make
@@ -242,13 +243,18 @@ def test_idle_sessions_are_reaped_on_both_transports(transport: str) -> None:
     stream itself stays open); the env's next step says it is lost and reset() carries on."""
     from marti.rpc.testing import serve_in_thread
 
-    settings = EnvServerSettings(port=0, idle_timeout_s=0.3, reap_interval_s=0.05)
-    with serve_in_thread(lambda: [env_service(settings)], settings) as server:
+    # 2 s: a reset and a step in a row on a loaded machine come well within it (at 0.3 s the new session
+    # could be reaped between them)
+    settings = EnvServerSettings(port=0, idle_timeout_s=2.0, reap_interval_s=0.05)
+    with (
+        serve_in_thread(lambda: [env_service(settings)], settings) as server,
+        EnvClient(server.address) as watch,
+    ):
         env = marti.make(ENV, address=server.address, transport=transport, seed=1)
         try:
             env.reset()
             first = env.session_id
-            time.sleep(0.8)
+            until(lambda: watch.server_info().live_sessions == 0, "the idle session reaped")
             with pytest.raises(SessionLostError):
                 env.step({env.acting_agents[0]: "task_1: 1"})
             env.reset()
