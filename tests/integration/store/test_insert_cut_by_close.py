@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient
+from marti.clients.experience import AsyncExperienceSharingClient, ExperienceSharingClient, protocol
 from marti.errors import FailedPreconditionError
 from marti.types.trajectory import Trajectory
 
@@ -38,12 +38,30 @@ def _becomes(reader: ExperienceSharingClient, field: str, value: int, within_s: 
         time.sleep(0.02)
 
 
-def _full_and_waiting(reader: ExperienceSharingClient) -> None:
-    """Wait until the writer's stream filled the table and waits for room; then give the confirmations of the
-    committed messages time to reach the writer."""
+def _full_and_waiting(reader: ExperienceSharingClient, confirmed: list[int]) -> None:
+    """Wait until the writer's stream filled the table and waits for room, and the confirmations of the
+    committed items reached the writer (``confirmed``: see :func:`confirmed`)."""
     _becomes(reader, "size", ROOM)
     _becomes(reader, "waiting_inserts", 1)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10
+    while confirmed[0] < ROOM:
+        assert time.monotonic() < deadline, f"the writer got {confirmed[0]} of {ROOM} confirmations"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def confirmed(monkeypatch) -> list[int]:
+    """``[n]``: the most items one insert stream of this process has had confirmed so far (a fixed sleep gave
+    the confirmations time to arrive: on a loaded machine they came later)."""
+    seen = [0]
+    add = protocol._InsertRun.add
+
+    def counting(run, resp) -> None:
+        add(run, resp)
+        seen[0] = max(seen[0], sum(k is not None for k in run.keys))
+
+    monkeypatch.setattr(protocol._InsertRun, "add", counting)
+    return seen
 
 
 def _check_cut_off(err: BaseException | None, reader: ExperienceSharingClient) -> None:
@@ -70,7 +88,9 @@ def reader(store_server):
         yield client
 
 
-def test_a_sync_share_experiences_closed_by_another_thread_gives_the_inserted_keys(store_server, reader):
+def test_a_sync_share_experiences_closed_by_another_thread_gives_the_inserted_keys(
+    store_server, reader, confirmed
+):
     writer = ExperienceSharingClient("a1", store_server[0])
     raised: list[BaseException] = []
 
@@ -83,7 +103,7 @@ def test_a_sync_share_experiences_closed_by_another_thread_gives_the_inserted_ke
     thread = threading.Thread(target=share)
     thread.start()
     try:
-        _full_and_waiting(reader)
+        _full_and_waiting(reader, confirmed)
     finally:
         writer.close()
         thread.join(15)
@@ -91,13 +111,15 @@ def test_a_sync_share_experiences_closed_by_another_thread_gives_the_inserted_ke
     _check_cut_off(raised[0], reader)
 
 
-def test_an_aio_share_experiences_closed_by_another_task_gives_the_inserted_keys(store_server, reader):
+def test_an_aio_share_experiences_closed_by_another_task_gives_the_inserted_keys(
+    store_server, reader, confirmed
+):
     async def main() -> BaseException | None:
         writer = AsyncExperienceSharingClient("a1", store_server[0])
         share = writer.share_experiences(_trajectories(), table="q", timeout_s=WAIT_S, batch_items=BATCH)
         task = asyncio.create_task(share)
         try:
-            await asyncio.to_thread(_full_and_waiting, reader)
+            await asyncio.to_thread(_full_and_waiting, reader, confirmed)
         finally:
             await writer.close()
         return (await asyncio.wait({task}, timeout=15))[0].pop().exception()
