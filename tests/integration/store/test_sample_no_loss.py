@@ -15,11 +15,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import grpc
 import pytest
+from waits import until
 
 from marti.api.experience.v1 import experience_service_pb2 as spb
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
@@ -81,26 +83,32 @@ async def test_a_client_deadline_that_fires_mid_take_puts_the_taken_item_back(st
         async with AsyncExperienceSharingClient(agent_id="agent_1", address=addr) as store:
             sampling = store.sample(table="agent_1", batch_size=8, timeout_s=20, allow_partial=True)
             with pytest.raises(TimeoutError):
-                await asyncio.wait_for(sampling, 0.5)
+                await asyncio.wait_for(
+                    sampling, 2.0
+                )  # the store took the item long before, on a loaded machine
         assert _size_becomes(sync, "agent_1", 1) == 1
-        assert sync.info("agent_1").waiting_samples == 0  # the abandoned wait gave up, it holds no thread
-        assert [s.key for s in sync.sample(table="agent_1", batch_size=1, timeout_s=2)] == [key]
+        # the abandoned wait gives up (once the store sees the stream end), it holds no thread: not its 20 s
+        until(lambda: sync.info("agent_1").waiting_samples == 0, "the abandoned wait given up", timeout_s=10)
+        assert [s.key for s in sync.sample(table="agent_1", batch_size=1, timeout_s=10)] == [key]
 
 
 async def test_a_wait_for_deadline_that_fires_while_the_batch_is_decoded_puts_it_back(
     store_server, monkeypatch
 ):
     """Review s4 finding 3: the store sent the whole batch and waits for the ack; the client is still decoding
-    it (slow here: 0.6 s for the batch) when the caller's ``asyncio.wait_for`` deadline (0.2 s) passes. The caller
-    gets TimeoutError and the items stay in the queue (decoded on the event loop, the cancel could only land
-    after the ack was written: the take was committed and the batch lost)."""
+    it (slow here: until the deadline has passed) when the caller's ``asyncio.wait_for`` deadline (3 s, long
+    enough for the batch to arrive on a loaded machine) passes. The caller gets TimeoutError and the items stay
+    in the queue (decoded on the event loop, the cancel could only land after the ack was written: the take was
+    committed and the batch lost)."""
     addr, _ = store_server
-    decode, slowed = _Base._sampled, []
+    decode, slowed, passed = _Base._sampled, [], threading.Event()
 
     def slow_decode(resp, *args):
         if resp.items and not slowed:
             slowed.append(True)
-            time.sleep(0.6)  # a large batch's decode, as it blocks whichever thread runs it
+            # a large batch's decode, as it blocks whichever thread runs it: past the deadline, not past the
+            # store's own timeout_s (20 s), which would put the batch back whatever the client did
+            passed.wait(5)
         return decode(resp, *args)
 
     with ExperienceSharingClient(agent_id="agent_1", address=addr) as sync:
@@ -108,10 +116,10 @@ async def test_a_wait_for_deadline_that_fires_while_the_batch_is_decoded_puts_it
         monkeypatch.setattr(_Base, "_sampled", staticmethod(slow_decode))
         async with AsyncExperienceSharingClient(agent_id="agent_1", address=addr) as store:
             with pytest.raises(TimeoutError):
-                await asyncio.wait_for(store.sample(table="agent_1", batch_size=3, timeout_s=20), 0.2)
-            await asyncio.sleep(0.8)  # the abandoned decode ends; nothing acks it
-            assert slowed
-            assert _size_becomes(sync, "agent_1", 3) == 3
+                await asyncio.wait_for(store.sample(table="agent_1", batch_size=3, timeout_s=20), 3.0)
+            assert slowed, "the deadline passed before the batch came: not what this test is about"
+            passed.set()  # the abandoned decode ends; nothing acks it
+            assert _size_becomes(sync, "agent_1", 3, within_s=10) == 3
             assert [s.key for s in await store.sample(table="agent_1", batch_size=3, timeout_s=2)] == keys
         assert sync.info("agent_1").samples == 3
 
