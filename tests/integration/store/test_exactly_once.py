@@ -132,9 +132,9 @@ def test_deleting_unsampled_items_of_a_queue_gives_their_room_back(store):
     client, _ = store
     client.create_table("small", preset="queue", max_size=2)
     for attempt in range(3):
-        client.insert("small", [_traj(f"a{attempt}"), _traj(f"b{attempt}")], timeout_s=0.5)
+        client.insert("small", [_traj(f"a{attempt}"), _traj(f"b{attempt}")], timeout_s=5.0)
         assert client.delete("small", [f"a{attempt}", f"b{attempt}"]) == 2
-    client.insert("small", [_traj("a"), _traj("b")], timeout_s=0.5)  # RateLimitedError without the withdrawal
+    client.insert("small", [_traj("a"), _traj("b")], timeout_s=5.0)  # RateLimitedError without the withdrawal
     assert _episodes(client.sample_batch("small", 2)) == ["a", "b"]
     assert client.info("small").rate_limiter_diff == 0
 
@@ -244,7 +244,7 @@ def test_a_reset_table_admits_as_many_inserts_as_a_new_one(store):
     client.create_table("small", preset="queue", max_size=2)
     client.insert("small", [_traj("a"), _traj("b")])
     assert client.reset("small") == 2
-    client.insert("small", [_traj("a"), _traj("b")], timeout_s=0.5)  # would wait (RateLimitedError) unreset
+    client.insert("small", [_traj("a"), _traj("b")], timeout_s=5.0)  # would wait (RateLimitedError) unreset
     assert _episodes(client.sample_batch("small", 2)) == ["a", "b"]
     assert client.reset("small") == 0
 
