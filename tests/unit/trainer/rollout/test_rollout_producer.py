@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from waits import until
 
 from marti.errors import InvalidArgumentError
 from services.trainer.rollout.episodes.producer import RolloutProducer
@@ -48,7 +49,8 @@ def test_the_gate_holds_the_producer_until_the_learner_reports_and_a_resume_coun
     producer = RolloutProducer(learner.play, start=4, stop=9, max_staleness=1).start()
     try:
         assert producer.summary(4)
-        time.sleep(0.2)
+        until(lambda: 5 in learner.started_at, "step 5 started")
+        time.sleep(0.2)  # step 6 would have started by now (a later look only gives it more time)
         assert sorted(learner.started_at) == [4, 5]  # after 4 updates, steps 4 and 5 may run, not 6
         producer.updated(5)
         assert producer.summary(6) == "summary of step 6"
