@@ -149,9 +149,12 @@ def test_sigint_during_a_restarts_wait_for_serving_stops_at_once(tmp_path):
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=30)
         took = time.monotonic() - start
-        time.sleep(0.5)  # init reaps the orphans
-        left = [pid for pid in [restarted.pid, *others] if psutil.pid_exists(pid)]
-        left = [pid for pid in left if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        pids = [restarted.pid, *others]
+        deadline = (
+            time.monotonic() + 10
+        )  # a process still ending (or an orphan init has yet to reap) goes soon
+        while (left := _running(pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         _end(up)
     log = (tmp_path / "err").read_text()
@@ -160,6 +163,18 @@ def test_sigint_during_a_restarts_wait_for_serving_stops_at_once(tmp_path):
     assert "SERVING again" not in log and "Traceback" not in log, log
     assert "stopped: " in (tmp_path / "out").read_text()
     assert left == [], left  # none left behind, the stopped one included
+
+
+def _running(pids: list[int]) -> list[int]:
+    """Those of ``pids`` whose process still runs (gone or a zombie: not running)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def _new_store_child(up: subprocess.Popen, old: int, timeout_s: float = 30) -> psutil.Process:
