@@ -178,7 +178,8 @@ def test_open_loop_starts_calls_on_schedule_while_earlier_ones_are_still_running
 
     rec, starts, wall = asyncio.run(run())
     assert rec.scheduled == len(starts) == 10
-    assert max(starts) < 0.15 and wall < 0.6  # on a loaded machine still far from 10 x 0.2 s
+    # a closed loop starts call i at i x 0.2 s, not i x 0.02 s: the last 1.6 s late, the whole 2 s
+    assert max(starts) < 1.0 and wall < 1.5, (starts, wall)
 
 
 def test_merge_paced_adds_up_the_workers_and_times_from_the_schedule():

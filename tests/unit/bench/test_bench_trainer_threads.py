@@ -58,7 +58,8 @@ def test_a_parallel_torch_op_spreads_its_cpu_over_the_intra_op_threads(torch_thr
     one, two = probe.report()["one"], probe.report()["two"]
     # other threads: little (a suite's worker process may run background threads of earlier tests, e.g. gRPC's)
     assert one["other_cpu_s"] <= 0.35 * one["cpu_s"] and one["main_cpu_s"] >= 0.3
-    assert two["cpu_s"] == pytest.approx(cpu, abs=0.04) and wall <= two["wall_s"] <= wall + 0.1
+    # the probe's own reads of /proc at the phase's ends may wait for a core on a loaded machine
+    assert two["cpu_s"] == pytest.approx(cpu, abs=0.04) and wall <= two["wall_s"] <= wall + 0.5
     assert two["cores_busy"] == pytest.approx(two["cpu_s"] / two["wall_s"])
     assert two["threads"] >= 2 and two["other_cpu_s"] >= 0.3 * two["cpu_s"]
     assert two["main_cpu_s"] >= 0.3 * two["cpu_s"]  # the caller computes its own part of each op
