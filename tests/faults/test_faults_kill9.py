@@ -14,6 +14,7 @@ import time
 
 import grpc
 import pytest
+from waits import until
 
 from marti.api.env.v1 import env_pb2 as epb
 from marti.api.env.v1 import env_service_pb2_grpc as egrpc
@@ -54,7 +55,8 @@ def test_broker_kill9_loses_no_acknowledged_message(tmp_path):
 
         stop = threading.Event()
         t = _writer(send, stop, acked)
-        time.sleep(1.5)
+        until(lambda: len(acked) > 20 or not t.is_alive(), "20 sends acknowledged", timeout_s=60)
+        time.sleep(0.2)  # and more in flight at the kill
         svc.kill9()
         stop.set()
         t.join(10)
@@ -70,7 +72,7 @@ def test_broker_kill9_loses_no_acknowledged_message(tmp_path):
         got: set[int] = set()
         idle = 0
         while idle < 2:
-            batch = b.get_messages(timeout_s=0.5)
+            batch = b.get_messages(timeout_s=2.0)  # 2 empty reads in a row: all delivered
             idle = idle + 1 if not batch else 0
             got |= {m.content["i"] for m in batch}
         assert set(acked) <= got, sorted(set(acked) - got)[:10]
@@ -95,7 +97,8 @@ def test_store_kill9_loses_no_confirmed_experience(tmp_path):
         client = ExperienceSharingClient("a1", svc.address, timeout_s=5)
         stop = threading.Event()
         t = _writer(lambda i: client.share_experience(_traj(i)), stop, acked)
-        time.sleep(1.5)
+        until(lambda: len(acked) > 10 or not t.is_alive(), "10 inserts confirmed", timeout_s=60)
+        time.sleep(0.2)  # and more in flight at the kill
         svc.kill9()
         stop.set()
         t.join(10)
