@@ -70,13 +70,13 @@ def test_fixed_roster_refuses_outsiders_and_observers(address):
         )
     assert _code(lambda: stub.Receive(bpb.ReceiveRequest(session="private", agent_id="mallory"))) == nf
     assert _code(lambda: stub.PutState(bpb.PutStateRequest(session="private", agent_id="mallory"))) == nf
-    sub = stub.Subscribe(bpb.SubscribeRequest(session="private", agent_id="mallory"), timeout=2)
+    sub = stub.Subscribe(bpb.SubscribeRequest(session="private", agent_id="mallory"), timeout=10)
     assert _code(lambda: next(iter(sub))) == nf
     # the roster itself still works
     states = stub.GetStates(bpb.GetStatesRequest(session="private", agent_id="b"))
     assert [s.agent_id for s in states.states] == ["a"]
     b = MartiCommClient("b", address, session="private")
-    assert [m.content for m in b.get_messages(timeout_s=2)] == [{"secret": 2}]
+    assert [m.content for m in b.get_messages(timeout_s=10)] == [{"secret": 2}]
     for c in (a, b):
         c.close()
     channel.close()
@@ -90,9 +90,9 @@ def test_env_stream_sessions_die_with_their_stream(address):
     responses = list(stub.Session(iter(requests), timeout=10))
     session_id = responses[0].create.session_id
     assert len(session_id) == 24 and int(session_id, 16) >= 0  # 96 random bits
-    code = _code(lambda: stub.Reset(epb.ResetRequest(session_id=session_id), timeout=2))
+    code = _code(lambda: stub.Reset(epb.ResetRequest(session_id=session_id), timeout=10))
     assert code == grpc.StatusCode.NOT_FOUND
     # a guessed id is unknown too
-    code = _code(lambda: stub.Reset(epb.ResetRequest(session_id="0" * 24), timeout=2))
+    code = _code(lambda: stub.Reset(epb.ResetRequest(session_id="0" * 24), timeout=10))
     assert code == grpc.StatusCode.NOT_FOUND
     channel.close()

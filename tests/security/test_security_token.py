@@ -102,7 +102,7 @@ def test_health_is_open_but_reflection_is_not(secured):
     channel = grpc.insecure_channel(secured)
     health = health_pb2_grpc.HealthStub(channel)
     assert (
-        health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+        health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
         == health_pb2.HealthCheckResponse.SERVING
     )
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -110,6 +110,6 @@ def test_health_is_open_but_reflection_is_not(secured):
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     req = reflection_pb2.ServerReflectionRequest(list_services="")
     with pytest.raises(grpc.RpcError) as info:
-        list(stub.ServerReflectionInfo(iter([req]), timeout=2))
+        list(stub.ServerReflectionInfo(iter([req]), timeout=10))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     channel.close()
