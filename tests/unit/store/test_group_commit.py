@@ -116,8 +116,12 @@ def test_wal_is_copied_in_the_background_every_checkpoint_mib(tmp_path, checkpoi
     payload = b"z" * (256 << 10)
     for k in range(1, 81):  # 20 MiB, one commit each
         st.commit("t", inserts=[(rec(k, len(payload)), payload)])
-        if checkpointed and k % 8 == 0:
-            time.sleep(0.05)  # let the background checkpoint finish so the writer can start the log over
+        if (
+            checkpointed and k % 8 == 0
+        ):  # let the background checkpoint finish so the writer can start the log over
+            wait_for(
+                lambda: st._bg_state != "running"
+            )  # (a fixed 0.05 s could end first on a loaded machine)
     wal = tmp_path / "store.sqlite-wal"
     if checkpointed:
         wait_for(lambda: st.stats()["wal_checkpoints"] >= 2)
