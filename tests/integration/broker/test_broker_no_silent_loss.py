@@ -60,18 +60,22 @@ def drain(client: MartiCommClient, want: int, timeout_s: float = 10.0) -> list:
 
 @contextmanager
 def timer_sender_and_receiver(
-    address: str, sender: str, session: str, on_error: Callable[[BatchRefusedError], None]
+    address: str,
+    sender: str,
+    session: str,
+    on_error: Callable[[BatchRefusedError], None],
+    timer_s: float = 0.05,
 ) -> Iterator[tuple[MartiCommClient, MartiCommClient]]:
-    """``sender`` batching up to 10 messages with a 50 ms flush timer (refusals go to ``on_error``), and
+    """``sender`` batching up to 10 messages with a ``timer_s`` flush timer (refusals go to ``on_error``), and
     receiver ``r`` already joined to ``session``. Its batches all wait the linger (``send_when_idle=False``),
-    so messages sent one after the other share the timer's batch."""
+    so messages sent within ``timer_s`` of the first share the timer's batch."""
     with (
         MartiCommClient(
             sender,
             address,
             session=session,
             batching_size=10,
-            update_frequency_s=0.05,
+            update_frequency_s=timer_s,
             on_error=on_error,
             send_when_idle=False,
         ) as a,
@@ -84,7 +88,8 @@ def timer_sender_and_receiver(
 # ---------------------------------------------------------------------------------- refused timer flushes
 def test_timer_flushed_refusal_is_raised_by_the_next_call_with_ids(address):
     seen: list[BatchRefusedError] = []
-    with timer_sender_and_receiver(address, "s", "refuse-sync", seen.append) as (a, b):
+    # a 1 s timer: the two sends share its batch (with 50 ms, a loaded machine sent "fits" alone)
+    with timer_sender_and_receiver(address, "s", "refuse-sync", seen.append, timer_s=1.0) as (a, b):
         ok_id = a.send_message("r", "fits")
         big_id = a.send_message("r", b"x" * (LIMIT + 1))  # the whole batch is refused (atomic Send)
         wait_for(lambda: a.refused_batches == 1)  # the timer sent it; nobody has been told yet
