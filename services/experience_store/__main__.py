@@ -51,9 +51,6 @@ def make_spec(settings: StoreSettings) -> tuple[ServiceSpec, ExperienceServicer]
     """Build the store, its servicer and the :class:`ServiceSpec` that hosts it."""
     servicer = ExperienceServicer(build_store(settings), settings)
 
-    async def on_drain() -> None:
-        servicer.end_waits()
-
     async def on_stop() -> None:
         servicer.close()
 
@@ -61,7 +58,6 @@ def make_spec(settings: StoreSettings) -> tuple[ServiceSpec, ExperienceServicer]
         name=SERVICE_NAME,
         add_to_server=lambda s: sgrpc.add_ExperienceServiceServicer_to_server(servicer, s),
         on_stop=on_stop,
-        on_drain=on_drain,
     )
     return spec, servicer
 

@@ -402,11 +402,6 @@ class ExperienceServicer(sgrpc.ExperienceServiceServicer):
             spb.GetAllExperiencesResponse(status=ok_status(), items=entries[p.start : p.stop]) for p in pages_
         ]
 
-    def end_waits(self) -> None:
-        """A stop began: end every insert waiting for room and every sample waiting for items with UNAVAILABLE
-        (:meth:`ExperienceStore.end_waits`); calls under way finish in the grace."""
-        self.store.end_waits()
-
     def close(self) -> None:
         """Stop the pool and close the store (wakes waiting callers first)."""
         self.store.close()

@@ -44,9 +44,6 @@ class ServiceSpec:
         name: Full proto service name, e.g. ``"marti.api.env.v1.EnvService"`` (used for health and reflection).
         add_to_server: Registers the servicer, e.g. ``lambda s: add_EnvServiceServicer_to_server(servicer, s)``.
         on_start: Optional coroutine run after the server started (background tasks, recovery).
-        on_drain: Optional coroutine run when a stop begins, once health says NOT_SERVING and before the grace
-            for in-flight calls: ends the calls that wait for something only new calls could bring (a sample
-            waiting for items, an insert waiting for room), so the grace goes to calls that are moving.
         on_stop: Optional coroutine run after the server stopped (flush, snapshot, close storage).
     """
 
@@ -54,7 +51,6 @@ class ServiceSpec:
     add_to_server: Callable[[grpc.aio.Server], None]
     on_start: Callable[[], Awaitable[None]] | None = None
     on_stop: Callable[[], Awaitable[None]] | None = None
-    on_drain: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -94,8 +90,7 @@ class RunningServer:
             await self.health.set(name, status)
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Flip health to NOT_SERVING, run ``on_drain`` hooks, let in-flight calls finish for ``grace_s`` seconds,
-        run ``on_stop`` hooks.
+        """Flip health to NOT_SERVING, let in-flight calls finish for ``grace_s`` seconds, run ``on_stop`` hooks.
 
         Args:
             grace_s: Seconds to wait for in-flight calls; ``None`` = no wait (cancel at once).
@@ -104,20 +99,13 @@ class RunningServer:
             return
         self._stopped = True
         await self.set_serving(False)
-        await self._run_hooks("on_drain")
         await self.server.stop(grace_s)
-        await self._run_hooks("on_stop")
-
-    async def _run_hooks(self, which: str) -> None:
-        """Await every spec's ``which`` hook (``on_drain`` or ``on_stop``); one that fails is logged and does not
-        skip the others."""
         for spec in self.specs:
-            hook = getattr(spec, which)
-            if hook is not None:
+            if spec.on_stop is not None:
                 try:
-                    await hook()
+                    await spec.on_stop()
                 except Exception:  # noqa: BLE001 - one failing hook must not skip the others
-                    _LOG.exception("%s of %s failed", which, spec.name)
+                    _LOG.exception("on_stop of %s failed", spec.name)
 
     async def wait_for_termination(self) -> None:
         """Block until the server has stopped."""

@@ -326,18 +326,13 @@ class ExperienceStore:
         for t in list(self._tables.values()):
             t.notify()
 
-    def end_waits(self) -> None:
-        """End every insert and sample that waits, and every later wait, with UnavailableError (the store is
-        shutting down); calls that need no wait still run and commit. Idempotent."""
-        for t in self._tables.values():
-            t.close()
-
     def close(self) -> None:
         """Stop snapshots, end every waiting insert and sample (UnavailableError) and close storage."""
         self._stop.set()
         if self._snapshot_thread is not None:
             self._snapshot_thread.join(timeout=30)
-        self.end_waits()
+        for t in self._tables.values():
+            t.close()  # waiting inserts and samples end now with UnavailableError
         self.storage.close()
 
 
