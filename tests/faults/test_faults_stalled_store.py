@@ -2,12 +2,14 @@
 keepalive gives up, 40 s later): the SDK's ``Insert`` and ``Sample`` streams end with ``DeadlineExceededError``
 once the waits they asked for plus ``max(timeout_s, MIN_STREAM_ALLOWANCE_S)`` have passed (2 s here), instead of holding
 the caller past every timeout it gave (sync and async clients). After SIGCONT nothing was lost: the sample's items
-are put back, and the insert's error says what was confirmed."""
+are still there, and the insert's error says what was confirmed (none: the store stopped before reading it).
+The deadline counts a partial sample's wait per item, so a slow but moving sample is not cut off."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 
 import pytest
@@ -91,3 +93,40 @@ def test_the_async_client_ends_too(store):
         finally:
             svc.signal(signal.SIGCONT)
     assert time.monotonic() - start_s < ENDS_WITHIN_S
+
+
+def test_a_partial_sample_fed_slower_than_one_wait_returns_its_items(store):
+    """An ``allow_partial`` sample waits up to ``timeout_s`` for *each* item (the SDK's documented wait): fed one
+    item every 1.2 s with a 2 s wait, 4 items take 4.8 s, past one wait plus the allowance (4 s), and the call
+    still returns them (a review found the first deadline cut it off, putting every taken item back)."""
+    svc, client = store
+    client.create_table("slow", preset="queue")
+
+    def produce() -> None:
+        for i in range(4):
+            time.sleep(1.2)
+            client.share_experiences([Trajectory(f"s{i}", "a1")], table="slow")
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        got = client.sample("slow", 5, timeout_s=2.0, allow_partial=True)
+    finally:
+        producer.join(30)
+    assert [s.trajectory.episode_id for s in got] == [f"s{i}" for i in range(4)]
+
+
+def test_the_deadline_counts_each_wait_and_a_floor_for_the_transfer():
+    """Insert messages add their waits; a whole-batch sample waits once, a partial one once per item; the
+    allowance is the client's timeout_s, at least MIN_STREAM_ALLOWANCE_S (10 s)."""
+    from marti.api.experience.v1 import experience_service_pb2 as spb
+
+    with ExperienceSharingClient("a1", "127.0.0.1:1", timeout_s=1.0) as client:  # never dialled
+        inserts = [spb.InsertRequest(timeout_ms=500), spb.InsertRequest(timeout_ms=1500)]
+        assert client._stream_deadline_s(inserts) == 2.0 + protocol.MIN_STREAM_ALLOWANCE_S
+        whole = spb.SampleRequest(timeout_ms=2000, num_samples=8, whole_batch=True)
+        assert client._stream_deadline_s([whole]) == 2.0 + 10.0
+        partial = spb.SampleRequest(timeout_ms=2000, num_samples=8, whole_batch=False)
+        assert client._stream_deadline_s([partial]) == 16.0 + 10.0
+    with ExperienceSharingClient("a1", "127.0.0.1:1", timeout_s=60.0) as client:
+        assert client._stream_deadline_s([whole]) == 2.0 + 60.0

@@ -273,13 +273,19 @@ class _Base:
 
     def _stream_deadline_s(self, reqs: Sequence[spb.InsertRequest | spb.SampleRequest]) -> float:
         """The gRPC deadline of an ``Insert`` or ``Sample`` stream, seconds: the waits its requests allow the store
-        (their ``timeout_ms``: for room, the rate limiter or items) plus the client's ``timeout_s`` for the
-        transfer, the acknowledgement and the commit. A stalled store then ends the call with
-        :class:`~marti.errors.DeadlineExceededError` (an insert's error carrying what was confirmed, a sample's
-        items put back by the store) instead of holding the caller past every timeout it gave. The allowance is at
-        least :data:`MIN_STREAM_ALLOWANCE_S`: a client with a short ``timeout_s`` still gets time to move a big
-        batch and for the store's commit (an fsync)."""
-        return sum(r.timeout_ms for r in reqs) / 1000.0 + max(self.timeout_s, MIN_STREAM_ALLOWANCE_S)
+        plus ``max(client timeout_s, MIN_STREAM_ALLOWANCE_S)`` for the transfer, the acknowledgement and the commit.
+
+        The waits: an insert message waits up to its ``timeout_ms`` in all (for room or the rate limiter); a
+        whole-batch sample waits one ``timeout_ms`` for its batch, and a partial one (``allow_partial``) up to
+        ``timeout_ms`` for each of its ``num_samples`` items, as the SDK documents. A stalled store then ends the call
+        with :class:`~marti.errors.DeadlineExceededError` (an insert's error carrying what was confirmed, a sample's
+        items put back by the store) instead of holding the caller past every timeout it gave; the allowance's
+        floor gives a client with a short ``timeout_s`` time to move a big batch and for the store's commit."""
+        waits_ms = sum(
+            r.timeout_ms * (r.num_samples if isinstance(r, spb.SampleRequest) and not r.whole_batch else 1)
+            for r in reqs
+        )
+        return waits_ms / 1000.0 + max(self.timeout_s, MIN_STREAM_ALLOWANCE_S)
 
     @contextmanager
     def _inserting(self, run: _InsertRun) -> Iterator[None]:
