@@ -262,8 +262,8 @@ class ExperienceSharingClient(_Base):
         Raises:
             InvalidArgumentError: ``batch_size < 1`` or ``current_policy_version < 0``.
             NotFoundError: unknown table.  DeadlineExceededError: fewer than ``batch_size`` items in time.
-            OutOfRangeError: ``whole_groups`` met a group whose ``group_size`` is over the table's ``max_size``
-                (it can never be taken whole).
+            OutOfRangeError: ``whole_groups`` met a group whose ``group_size`` is over the ``max_size`` of a table
+                that blocks when full (it can never be taken whole).
         """
         req = self._sample_req(
             table, batch_size, _wait_s(timeout_s, self.timeout_s), agent_ids, roles, min_policy_version, max_age_s,

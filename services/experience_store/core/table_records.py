@@ -78,8 +78,8 @@ class Take:
         dropped_groups: Group ids the take dropped whole, each with how many of its members were not in the
             table yet (whole-groups samples).
         late: Group ids of earlier dropped groups whose late members the take dropped, with how many.
-        unfillable: Group ids the take passed over because their ``group_size`` is over the table's
-            ``max_size`` (the group can never be in the table whole), each with its ``group_size``.
+        unfillable: Group ids the take passed over because their ``group_size`` is over the ``max_size`` of a table
+            that blocks when full (the group can never be in it whole), each with its ``group_size``.
         open: True until the take is committed or released.
     """
 

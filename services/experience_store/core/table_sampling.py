@@ -84,7 +84,8 @@ class Sampling:
         Raises:
             InvalidArgumentError: when ``num_samples`` < 1 or ``current_policy_version`` < 0.
             OutOfRangeError: ``whole`` with more ``num_samples`` than the table can ever hand out at once
-                (:meth:`_check_fillable`); nothing is taken.
+                (:meth:`_check_fillable`), or ``groups`` meeting a group bigger than a blocking table
+                (:meth:`_refuse_unfillable`); nothing is taken.
             DeadlineExceededError: when nothing (``whole``: not the whole batch) could be taken in time; the
                 table is unchanged.
             UnavailableError: when the store is shutting down or ``abandoned`` was set.
@@ -125,9 +126,10 @@ class Sampling:
         return take
 
     def _refuse_unfillable(self, unfillable: dict[str, int]) -> None:
-        """Raise for groups a whole-groups sample can never take: the table holds at most ``max_size`` items, fewer
-        than the group's ``group_size``, so the sampler would wait for members that cannot all be in the table
-        (and, on a queue, the writer for room that only taking the group would free).
+        """Raise for groups a whole-groups sample can never take from a table that blocks when full (a queue): it
+        holds at most ``max_size`` items, fewer than the group's ``group_size``, so the sampler would wait for
+        members that cannot all be in the table while the writer waits for room that only taking the group would
+        free. (A table that evicts passes such a group over, as one missing members: its members come and go.)
 
         Raises:
             OutOfRangeError: naming the table, its ``max_size``, the first such group and its ``group_size``.
@@ -188,7 +190,7 @@ class Sampling:
                 drop = any(_is_stale(self._items[k], oldest) for k in members)
                 if not drop and len(members) < rec.group_size:
                     passed.add(rec.group_id)
-                    if rec.group_size > self.config.max_size:
+                    if rec.group_size > self.config.max_size and self.config.full_policy == "block":
                         take.unfillable[rec.group_id] = rec.group_size
                     continue
                 if drop:

@@ -164,6 +164,15 @@ def test_a_group_larger_than_the_table_is_refused_at_once_not_waited_for(store):
     assert _episodes(client.sample_batch("small", 2)) == ["a1", "a2"]  # without whole_groups: taken
 
 
+def test_a_table_that_evicts_passes_a_group_bigger_than_it_over(store):
+    """On a FIFO table that evicts (max_size 4), a group of 5 comes and goes, never whole: a whole-groups sample
+    takes the whole group beside it (the review's case: the queue's refusal must not reach tables that evict)."""
+    client, _ = store
+    client.create_table("t", sampler="fifo", remover="fifo", max_size=4)
+    client.insert("t", [_traj("a1", "A", 5), _traj("a2", "A", 5), _traj("b1", "B", 2), _traj("b2", "B", 2)])
+    assert _episodes(client.sample_batch("t", 2, whole_groups=True, timeout_s=5)) == ["b1", "b2"]
+
+
 def test_a_group_with_a_stale_member_is_dropped_whole_with_its_late_members(store):
     client, _ = store
     client.insert("q", [_traj("g1", "G", 3, version=0), _traj("g2", "G", 3, version=1), _traj("f", "", 0, 1)])
