@@ -58,7 +58,8 @@ class LocalStack:
         extra_args: Extra CLI arguments per service name.
         startup_timeout_s: Time each service may take to report SERVING, seconds.
         stop_grace_s: Seconds :meth:`stop` gives the services, all together, to exit after SIGTERM before it
-            SIGKILLs those still running (>= 0; ``marti up --stop-grace-s``).
+            SIGKILLs those still running (>= 0; ``marti up --stop-grace-s``). A service interrupted while it
+            starts gets the same grace on its own first.
     """
 
     services: tuple[str, ...] = ("broker", "env-server", "store")

@@ -118,7 +118,8 @@ class RateLimiterConfig:
             if math.isfinite(value) and abs(value) > MAX_DIFF_MAGNITUDE:
                 raise InvalidArgumentError(
                     f"{name} {value} is out of range: a finite bound is at most {MAX_DIFF_MAGNITUDE:g} in "
-                    "magnitude (a float64 diff past it no longer changes by 1 per sample); use inf for no bound"
+                    "magnitude (a float64 diff past it no longer changes by 1 per sample; a queue's or stack's "
+                    "max_diff is its size, the table's max_size by default); use inf for no bound"
                 )
         if self.min_size_to_sample < 1:
             raise InvalidArgumentError(f"min_size_to_sample must be >= 1, got {self.min_size_to_sample}")

@@ -64,11 +64,12 @@ def _lines_run(func, *args, limit: int) -> int:
     def tracer(frame, event, arg):
         return local if frame.f_code is func.__code__ else None
 
+    previous = sys.gettrace()  # a coverage tool's, say: put back after
     sys.settrace(tracer)
     try:
         func(*args)
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     return count
 
 
