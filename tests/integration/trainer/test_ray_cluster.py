@@ -38,13 +38,23 @@ RAY = str(Path(sys.executable).parent / "ray")
 pytestmark = pytest.mark.slow
 
 
+#: Ports this module has handed out: a port is free again once its probe socket closes, so a later call could get
+#: one an earlier call gave to another Ray component (a head's GCS and a node's agent came out equal once, and
+#: `ray start` refused the head).
+_HANDED_OUT: set[int] = set()
+
+
 def _free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
+    """``n`` free ports, none of them handed out by an earlier call."""
+    socks, ports = [], []
+    while len(ports) < n:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
+        socks.append(s)  # held until all are chosen: no repeat within the call
+        port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            ports.append(port)
+            _HANDED_OUT.add(port)
     for s in socks:
         s.close()
     return ports
