@@ -120,3 +120,10 @@ def test_a_token_id_that_is_not_an_int32_is_refused_naming_it(packed, ids, shown
     match = rf"turns\[0\]\.response_token_ids holds {shown}, not an integer in int32"
     with pytest.raises(InvalidArgumentError, match=match):
         convert.trajectory_to_proto(Trajectory("e", "a", turns=[turn]), packed=packed)
+
+
+def test_a_bool_token_id_packs_as_pythons_int():
+    """Packed, ``True`` is 1 (no per-id type check: it would double the cost of packing; ``_pack_ids``)."""
+    turn = Turn(step=0, prompt_token_ids=[True, False, 7], response_token_ids=[1])
+    back = convert.trajectory_from_proto(convert.trajectory_to_proto(Trajectory("e", "a", turns=[turn])))
+    assert back.turns[0].prompt_token_ids == [1, 0, 7]
