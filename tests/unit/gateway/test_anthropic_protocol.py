@@ -1,6 +1,6 @@
 """Anthropic's Messages request translated into the chat service's call, and the reply into Anthropic's blocks
 and stream events (pure; the route itself is tested with the ``anthropic`` client in
-tests/integration/gateway/test_gateway_anthropic.py)."""
+tests/integration/gateway/apis/test_gateway_anthropic.py)."""
 
 from __future__ import annotations
 

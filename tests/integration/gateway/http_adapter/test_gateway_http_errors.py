@@ -86,7 +86,7 @@ def test_openai_errors(client, served):
 def test_hints_and_neutral_penalties_change_nothing_and_echo_is_refused(client):
     """OpenAI clients send a user, neutral penalties and the like: accepted, the same seeded answer (a penalty
     that would change the sampling is refused: test_gateway_request_fields.py); ``echo`` is refused. (Tools are
-    rendered and parsed: tests/integration/gateway/test_gateway_tools.py.)"""
+    rendered and parsed: tests/integration/gateway/apis/test_gateway_tools.py.)"""
     kw = {"model": "planner", "messages": MSG, "max_tokens": 6, "seed": 4}
     plain = client.chat.completions.create(**kw)
     extra = client.chat.completions.create(

@@ -18,7 +18,7 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
-from tests.integration.gateway.scripted_policy import ANSWER, REPLY, ScriptedToolPolicy
+from tests.integration.gateway.apis.scripted_policy import ANSWER, REPLY, ScriptedToolPolicy
 
 TOKEN = "anthropic-test-token"
 WEATHER = {

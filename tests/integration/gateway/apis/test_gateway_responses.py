@@ -1,7 +1,7 @@
 """OpenAI's Responses API on the gateway (``POST /v1/responses``), driven by the official ``openai`` client and by
 the OpenAI Agents SDK over a real port.
 
-The policy is :class:`~tests.integration.gateway.scripted_policy.ScriptedToolPolicy` (the tiny model's tokenizer
+The policy is :class:`~tests.integration.gateway.apis.scripted_policy.ScriptedToolPolicy` (the tiny model's tokenizer
 and chat template, no model): a prompt listing tools gets a Hermes call of ``get_weather``, a prompt holding a
 tool's result gets ``ANSWER``, anything else ``REPLY``.
 """
@@ -19,7 +19,7 @@ from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
 from services.trainer.models.loading import load_tokenizer
-from tests.integration.gateway.scripted_policy import ANSWER, REPLY, ScriptedToolPolicy
+from tests.integration.gateway.apis.scripted_policy import ANSWER, REPLY, ScriptedToolPolicy
 
 TOKEN = "responses-test-token"
 MAX_STORED = 2

@@ -3,7 +3,7 @@ it (never accepted and dropped), driven by the official ``openai`` and ``anthrop
 ``seed`` on the Responses route, the sampling ranges of each route, a chat message's ``name``, and a report's
 ``group_id``.
 
-The policy is :class:`~tests.integration.gateway.scripted_policy.ScriptedToolPolicy` with a chat template that
+The policy is :class:`~tests.integration.gateway.apis.scripted_policy.ScriptedToolPolicy` with a chat template that
 renders a message's ``name``; it keeps the sampling parameters and the prompt of every call it serves.
 """
 
@@ -19,7 +19,7 @@ from marti.errors import NotFoundError
 from services.gateway.core.gateway import Gateway
 from services.gateway.core.limits import GatewayLimits
 from services.gateway.server import GatewayServer
-from tests.integration.gateway.scripted_policy import REPLY, ScriptedToolPolicy
+from tests.integration.gateway.apis.scripted_policy import REPLY, ScriptedToolPolicy
 
 TOKEN = "request-fields-token"
 #: A chat template that renders a message's ``name`` (as some Hugging Face templates do).
