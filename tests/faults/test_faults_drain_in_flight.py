@@ -9,6 +9,7 @@ import threading
 import time
 
 import grpc
+from waits import until
 
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
 from marti.clients.experience import ExperienceSharingClient
@@ -45,10 +46,7 @@ def test_a_waiting_sample_gets_the_item_an_in_flight_insert_stream_brings_during
 
         sampler = threading.Thread(target=sample)
         sampler.start()
-        deadline = time.monotonic() + 30
-        while client.info("q").waiting_samples < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        until(lambda: client.info("q").waiting_samples >= 1, "the sample waiting in the store", every_s=0.02)
         svc.signal(signal.SIGTERM)
         time.sleep(1.0)  # the stop has begun (NOT_SERVING, on_drain hooks)
         go.set()  # the in-flight stream's next message brings the item the sample waits for

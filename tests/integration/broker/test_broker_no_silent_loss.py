@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 import grpc
 import pytest
+from waits import until
 
 import marti.clients.broker as sdk
 from marti.clients.broker import (
@@ -39,13 +40,6 @@ def address():
     settings = BrokerSettings(port=0, tick_interval_s=0.05, max_payload_bytes=LIMIT)
     with serve_in_thread(lambda: [broker_service(settings)], settings) as server:
         yield server.address
-
-
-def wait_for(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def drain(client: MartiCommClient, want: int, timeout_s: float = 10.0) -> list:
@@ -92,7 +86,7 @@ def test_timer_flushed_refusal_is_raised_by_the_next_call_with_ids(address):
     with timer_sender_and_receiver(address, "s", "refuse-sync", seen.append, timer_s=1.0) as (a, b):
         ok_id = a.send_message("r", "fits")
         big_id = a.send_message("r", b"x" * (LIMIT + 1))  # the whole batch is refused (atomic Send)
-        wait_for(lambda: a.refused_batches == 1)  # the timer sent it; nobody has been told yet
+        until(lambda: a.refused_batches == 1, "the timer's batch refused", timeout_s=5.0)  # nobody told yet
         assert seen and seen[0].message_ids == (ok_id, big_id) and seen[0].background
         with pytest.raises(BatchRefusedError) as info:
             a.send_message("r", "next")
@@ -112,7 +106,7 @@ def test_timer_flushed_refusal_is_raised_by_the_next_call_with_ids(address):
 def test_refusal_is_raised_by_any_next_call(address):
     with MartiCommClient("s2", address, session="refuse-any", batching_size=10, update_frequency_s=0.05) as a:
         big_id = a.send_message("nobody", b"x" * (LIMIT + 1))
-        wait_for(lambda: a.refused_batches == 1)
+        until(lambda: a.refused_batches == 1, "the timer's batch refused", timeout_s=5.0)
         with pytest.raises(BatchRefusedError) as info:
             a.get_agent_states()
         assert info.value.message_ids == (big_id,)
