@@ -62,3 +62,27 @@ def test_a_bad_grace_is_refused_naming_the_flag(grace_s):
         InvalidArgumentError, match=rf"^--stop-grace-s {grace_s!r} is out of range \(>= 0 seconds"
     ):
         LocalStack(stop_grace_s=grace_s)
+
+
+@pytest.mark.parametrize("grace_s", [0.0, 1.0])
+def test_a_service_interrupted_while_it_starts_gets_the_stop_grace(grace_s, monkeypatch):
+    """Ctrl-C while a service starts (here: while the stack reads its first line; a service that ignores SIGTERM):
+    it is ended with the stack's ``stop_grace_s``, SIGTERM then SIGKILL that long after, not a fixed 15 s."""
+    monkeypatch.setattr(
+        LocalStack, "_command", lambda self, name, port: [sys.executable, "-c", _IGNORES_SIGTERM]
+    )
+    spawned: list[subprocess.Popen] = []
+
+    def read_then_interrupt(self, name, port, proc, log_path):
+        spawned.append(proc)
+        proc.stdout.readline()  # its SIGTERM handler is in place
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalStack, "_read_address", read_then_interrupt)
+    stack = LocalStack(services=("broker",), stop_grace_s=grace_s)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        stack.start()
+    took = time.monotonic() - start
+    assert spawned[0].returncode == -9  # it ignored the SIGTERM: killed after the grace
+    assert grace_s <= took < grace_s + 10, took
