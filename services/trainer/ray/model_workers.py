@@ -158,8 +158,15 @@ class _AgentModelWorker:
         return collate(trajectories, self.agent, pad_id_of(self.tokenizer))
 
     def ping(self) -> dict[str, Any]:
-        """Liveness and placement info: ``pid``, ``device``, ``agent`` and ``kind`` (reference / critic)."""
-        return {"pid": os.getpid(), "device": self.device, "agent": self.agent, "kind": self.kind}
+        """Liveness and placement info: ``pid``, ``device``, ``torch_threads`` (torch's intra-op threads),
+        ``agent`` and ``kind`` (reference / critic)."""
+        return {
+            "pid": os.getpid(),
+            "device": self.device,
+            "torch_threads": torch.get_num_threads(),
+            "agent": self.agent,
+            "kind": self.kind,
+        }
 
 
 class ReferenceWorker(_AgentModelWorker):

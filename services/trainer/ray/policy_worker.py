@@ -792,5 +792,10 @@ class PolicyWorker(TableTaking):
                     self.resident.remember(sharers, version, weights)
 
     def ping(self) -> dict[str, Any]:
-        """Liveness and placement info: pid, device, agents and versions."""
-        return {"pid": os.getpid(), "device": self.device, "versions": self.versions()}
+        """Liveness and placement info: pid, device, torch's intra-op threads and versions."""
+        return {
+            "pid": os.getpid(),
+            "device": self.device,
+            "torch_threads": torch.get_num_threads(),
+            "versions": self.versions(),
+        }

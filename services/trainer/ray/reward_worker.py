@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from marti.config import TrainConfig
 from services.trainer.models.loading import load_tokenizer, tiny_llama_config
 from services.trainer.models.resolve import TINY_ALIAS
@@ -87,8 +89,14 @@ class RewardModelWorker:
         )
 
     def ping(self) -> dict[str, Any]:
-        """Liveness and placement info: ``pid``, ``device`` and ``model``."""
-        return {"pid": os.getpid(), "device": self.device, "model": self.cfg.path}
+        """Liveness and placement info: ``pid``, ``device``, ``torch_threads`` (torch's intra-op threads) and
+        ``model``."""
+        return {
+            "pid": os.getpid(),
+            "device": self.device,
+            "torch_threads": torch.get_num_threads(),
+            "model": self.cfg.path,
+        }
 
     def score(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> list[float]:
         """One score per completion (see :meth:`marti.rewards.ModelRewardScorer.score`)."""

@@ -180,5 +180,11 @@ class RolloutWorker:
         return True
 
     def ping(self) -> dict[str, Any]:
-        """Liveness and placement info: pid, device, index and versions."""
-        return {"pid": os.getpid(), "device": self.device, "index": self.index, "versions": self.versions()}
+        """Liveness and placement info: pid, device, torch's intra-op threads, index and versions."""
+        return {
+            "pid": os.getpid(),
+            "device": self.device,
+            "torch_threads": torch.get_num_threads(),
+            "index": self.index,
+            "versions": self.versions(),
+        }

@@ -19,8 +19,8 @@ Reference models and critics, two layouts (``ray.colocate_models``):
   layout: the same weights, seeds, padding, windows and losses.
 
 Every actor is started with :func:`actor_env_vars` in its Ray ``runtime_env``: OpenMP threads that sleep
-between kernels instead of spinning, as many as its bundle's whole CPUs, so a job shares a busy machine
-without being slowed many times over.
+between kernels instead of spinning, as many as its bundle's whole CPUs (or the driver's ``OMP_NUM_THREADS``:
+:func:`actor_threads`), so a job shares a busy machine without being slowed many times over.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -182,8 +182,27 @@ def ray_processes_in_own_session() -> Iterator[bool]:
         services.ConsolePopen = base
 
 
-def actor_threads(bundle_cpus: float) -> int:
-    """torch intra-op threads of an actor whose bundle holds ``bundle_cpus`` CPUs: their whole part, at least 1."""
+def actor_threads(bundle_cpus: float, environ: Mapping[str, str] | None = None) -> int:
+    """torch intra-op threads of an actor whose bundle holds ``bundle_cpus`` CPUs.
+
+    The driver environment's ``OMP_NUM_THREADS`` when it is a positive integer (for OpenMP's comma list of nested
+    levels, its first entry): a user's explicit setting wins, as in :func:`actor_env_vars`, and the actor's
+    ``torch.set_num_threads`` applies it. Otherwise the bundle's whole CPUs, at least 1; a
+    value that is not a positive integer is logged and left to that default.
+
+    Args:
+        bundle_cpus: CPUs of the actor's placement-group bundle.
+        environ: The environment to read; ``None``: ``os.environ``.
+    """
+    environ = os.environ if environ is None else environ
+    setting = environ.get("OMP_NUM_THREADS", "")
+    if setting.strip():
+        first = setting.split(",")[0].strip()
+        if first.isdigit() and int(first) > 0:
+            return int(first)
+        _LOG.warning(
+            "OMP_NUM_THREADS=%r is not a positive integer: each actor uses its bundle's whole CPUs", setting
+        )
     return max(1, int(bundle_cpus))
 
 
@@ -241,6 +260,9 @@ class RayRuntime:
         self.worker_pids: dict[str, int] = {}
         """Process id of every actor by :attr:`ActorSpec.name` (``policy_worker`` or ``policy_worker_<i>``,
         ``reference_<agent>``, ``critic_<agent>``), for monitoring."""
+        self.actor_info: dict[str, dict[str, Any]] = {}
+        """What every actor's ``ping`` answered when it was ready, by :attr:`ActorSpec.name`: its ``pid``,
+        ``device`` and ``torch_threads`` (intra-op threads, :func:`actor_threads`), with its kind's own keys."""
 
     def groups(self) -> list[list[str]]:
         """Agent names per policy actor: one per agent in ``per_agent`` mode, else the whole team in one."""
@@ -429,6 +451,7 @@ class RayRuntime:
         for spec, info in zip(specs, infos, strict=True):
             _LOG.info("%s ready: %s", spec.name, info)
             self.worker_pids[spec.name] = int(info["pid"])
+            self.actor_info[spec.name] = info
         self._sync_rollout_workers([a.name for a in self.cfg.agents])
 
     def _sync_rollout_workers(self, agents: list[str]) -> None:

@@ -83,9 +83,11 @@ def _fixed_samples(seed: int, version: int = 0) -> list[Trajectory]:
     ]
 
 
-def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_path):
+def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_path, monkeypatch):
     """ray.colocate_models=false: a reference and a critic actor per trainable agent, none for a frozen one
-    (agent_2: 3 actors per job, not 5); same numbers as colocated; resume."""
+    (agent_2: 3 actors per job, not 5); same numbers as colocated; resume. The driver's ``OMP_NUM_THREADS`` (3,
+    more than any bundle here holds) is every kind of actor's torch threads."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
     overrides = [
         "algorithm.advantage_estimator=gae",
         "algorithm.kl_coef=0.05",
@@ -101,6 +103,9 @@ def test_separate_reference_and_critic_actors_match_the_colocated_layout(tmp_pat
         runtime.start()
         assert set(runtime.worker_pids) == {"policy_worker", "reference_agent_1", "critic_agent_1"}
         assert len(set(runtime.worker_pids.values())) == 3, "each model in its own actor process"
+        assert {n: i["torch_threads"] for n, i in runtime.actor_info.items()} == dict.fromkeys(
+            runtime.worker_pids, 3
+        )
         with _store(tmp_path) as (store, access):
             for step in range(2):  # the KL is 0 until the policy has left its reference
                 expected = colocated.train("agent_1", _fixed_samples(step))

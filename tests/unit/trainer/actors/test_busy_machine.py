@@ -42,7 +42,26 @@ def test_actor_env_vars_leave_what_the_user_set():
 
 @pytest.mark.parametrize(("cpus", "threads"), [(0.01, 1), (0.66, 1), (1.0, 1), (2.0, 2), (3.5, 3)])
 def test_actor_threads_are_the_whole_cpus_of_the_bundle(cpus, threads):
-    assert actor_threads(cpus) == threads
+    assert actor_threads(cpus, environ={}) == threads
+
+
+@pytest.mark.parametrize(
+    ("setting", "cpus", "threads"), [("1", 2.0, 1), ("3", 1.0, 3), ("4,2", 2.0, 4), (" 2 ", 1.0, 2)]
+)
+def test_the_users_omp_num_threads_sets_the_actor_threads(setting, cpus, threads):
+    """A user's ``OMP_NUM_THREADS`` is what torch uses in the actor (its first level for a nested list), not the
+    bundle's CPUs: ``torch.set_num_threads`` in the actor would otherwise override it."""
+    assert actor_threads(cpus, environ={"OMP_NUM_THREADS": setting}) == threads
+
+
+@pytest.mark.parametrize("setting", ["0", "-1", "two", "1.5", ",2"])
+def test_an_omp_num_threads_that_is_not_a_positive_integer_leaves_the_bundles_cpus(setting, caplog):
+    assert actor_threads(2.0, environ={"OMP_NUM_THREADS": setting}) == 2
+    assert f"OMP_NUM_THREADS={setting!r} is not a positive integer" in caplog.text
+
+
+def test_an_empty_omp_num_threads_is_unset():
+    assert actor_threads(3.0, environ={"OMP_NUM_THREADS": ""}) == 3
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -81,6 +100,7 @@ def test_a_real_ray_actor_starts_with_passive_openmp_threads(monkeypatch):
         names = (*ACTOR_ENV_VARS, "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
         settings = {k: env.get(k) for k in names}
         assert settings == actor_env_vars(2, environ={}), settings
+        assert runtime.actor_info["policy_worker"]["torch_threads"] == 2  # the bundle's 2 CPUs reach torch
         # Ray's default would start it at niceness 15: ~1/30 of a normal process's CPU share on a busy machine
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
         if starts_ray:  # no idle default workers prestarted for the driver (LOCAL_RAY_SYSTEM_CONFIG)
