@@ -24,15 +24,32 @@ def test_a_deadline_that_passes_fires_once_and_disarm_then_says_so():
     assert dog.disarm(owner) is False
 
 
-def test_a_disarmed_deadline_never_fires_and_an_earlier_one_wakes_the_thread():
+def test_a_disarmed_deadline_never_fires():
     dog, calls = Watchdog(), []
-    late, early, kept = object(), object(), object()
-    dog.arm(late, 5.0, lambda: calls.append("late"))
-    dog.arm(kept, 0.3, lambda: calls.append("kept"))
+    kept = object()
+    dog.arm(kept, 0.1, lambda: calls.append("kept"))
     assert dog.disarm(kept) is True
+    time.sleep(0.4)  # past kept's deadline (a later look only gives it more time to fire)
+    assert calls == []
+
+
+def test_an_earlier_deadline_wakes_the_thread():
+    """The thread sleeps until the late deadline (60 s; nothing else is armed, so no idle look wakes it): only
+    the wake-up an earlier arm gives it can fire the early deadline within the 10 s waited for here."""
+    waits = []
+
+    class Counting(threading.Condition):
+        def wait(self, timeout=None):
+            waits.append(timeout)  # under the lock, which the wait below releases: arm waits until then
+            return super().wait(timeout)
+
+    dog, calls = Watchdog(), []
+    dog._cond = Counting()
+    late, early = object(), object()
+    dog.arm(late, 60.0, lambda: calls.append("late"))
+    until(lambda: waits, "the thread asleep until the late deadline")
     dog.arm(early, 0.05, lambda: calls.append("early"))  # earlier than the thread's wake-up: it is woken
-    until(lambda: calls, "the early deadline fired", timeout_s=4.0)  # well before the late one (5 s)
-    time.sleep(0.4)  # past kept's deadline too (a later look only gives it more time to fire)
+    until(lambda: calls, "the early deadline fired", timeout_s=10.0)
     assert calls == ["early"]
     assert dog.disarm(late) is True
 
