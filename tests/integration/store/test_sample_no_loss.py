@@ -87,8 +87,29 @@ async def test_a_client_deadline_that_fires_mid_take_puts_the_taken_item_back(st
                     sampling, 2.0
                 )  # the store took the item long before, on a loaded machine
         assert _size_becomes(sync, "agent_1", 1) == 1
-        # the abandoned wait gives up (once the store sees the stream end), it holds no thread: not its 20 s
+        # the abandoned wait is over (the item put back would end it anyway: see the test below for the wait
+        # only the cancellation can end)
         until(lambda: sync.info("agent_1").waiting_samples == 0, "the abandoned wait given up", timeout_s=10)
+        assert [s.key for s in sync.sample(table="agent_1", batch_size=1, timeout_s=10)] == [key]
+
+
+async def test_a_sample_cancelled_while_it_waits_on_an_empty_queue_gives_its_wait_up(store_server):
+    """The caller cancels a sample waiting on an empty queue: nothing is put back and nothing is inserted, so
+    only the servicer's ``abandoned`` event (then ``notify``) can end the store's wait before its 30 s; a wait
+    left running holds a wait thread and would take the next item for nobody."""
+    addr, _ = store_server
+    with ExperienceSharingClient(agent_id="agent_1", address=addr) as sync:
+        sync.create_table("agent_1", preset="queue")
+        async with AsyncExperienceSharingClient(agent_id="agent_1", address=addr) as store:
+            sampling = asyncio.ensure_future(store.sample(table="agent_1", batch_size=1, timeout_s=30))
+            await asyncio.to_thread(
+                until, lambda: sync.info("agent_1").waiting_samples == 1, "the sample waiting in the store"
+            )
+            sampling.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await sampling
+        until(lambda: sync.info("agent_1").waiting_samples == 0, "the cancelled wait given up", timeout_s=10)
+        key = sync.share_experience(Trajectory(episode_id="episode-0", agent_id="agent_1"), table="agent_1")
         assert [s.key for s in sync.sample(table="agent_1", batch_size=1, timeout_s=10)] == [key]
 
 
