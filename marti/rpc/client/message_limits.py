@@ -23,8 +23,8 @@ from marti.rpc.client.guard import ClientChannel
 #: ``grpc.max_receive_message_length``); ``-1`` means no limit. A call without it tells nothing.
 RECEIVE_LIMIT_KEY = "marti-max-receive-bytes"
 
-#: ``(send, receive)`` limits in bytes of each channel :func:`record_limits` saw; ``-1``: no limit.
-_LIMITS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+#: ``(send, receive)`` limits in bytes of each channel :func:`record_limits` saw; ``-1``: no limit, ``None``: unknown.
+_LIMITS: weakref.WeakKeyDictionary[Any, tuple[int | None, int | None]] = weakref.WeakKeyDictionary()
 
 
 def _limit(options: dict[str, Any], key: str) -> int | None:
@@ -39,37 +39,39 @@ def record_limits(channel: Any, options: Sequence[tuple[str, Any]]) -> Any:
     """Remember the send and receive limits of ``channel`` (its ``grpc.max_send_message_length`` and
     ``grpc.max_receive_message_length`` in ``options``, the channel arguments it was made with). Returns it.
 
-    A channel whose options lack either limit (or hold one gRPC does not take) is not recorded.
+    Each limit is recorded on its own: one that ``options`` lack (or hold as a value gRPC does not take: not an
+    int >= -1) is unknown, and the other is still known.
     """
     opts = dict(options)
     send = _limit(opts, "grpc.max_send_message_length")
     receive = _limit(opts, "grpc.max_receive_message_length")
-    if send is not None and receive is not None:
+    if send is not None or receive is not None:
         _LIMITS[channel] = (send, receive)
     return channel
 
 
-def _limits(channel: Any) -> tuple[int, int] | None:
+def _limits(channel: Any) -> tuple[int | None, int | None]:
     if isinstance(channel, ClientChannel):
         channel = channel.inner
     try:
-        return _LIMITS.get(channel)
+        return _LIMITS.get(channel, (None, None))
     except TypeError:  # an object that cannot be weakly referenced was never recorded
-        return None
+        return (None, None)
 
 
 def send_limit(channel: Any) -> int | None:
     """The largest message ``channel`` may send, bytes; ``None`` when unknown (a channel
-    :func:`~marti.rpc.client.channel.make_channel` did not make) or unlimited."""
-    limits = _limits(channel)
-    return None if limits is None or limits[0] < 0 else limits[0]
+    :func:`~marti.rpc.client.channel.make_channel` did not make, or one whose send limit option it could not
+    read) or unlimited."""
+    send = _limits(channel)[0]
+    return None if send is None or send < 0 else send
 
 
 def receive_limit(channel: Any) -> int | None:
     """The largest message ``channel`` may receive, bytes (``-1``: no limit); ``None`` when unknown (a channel
-    :func:`~marti.rpc.client.channel.make_channel` did not make)."""
-    limits = _limits(channel)
-    return None if limits is None else limits[1]
+    :func:`~marti.rpc.client.channel.make_channel` did not make, or one whose receive limit option it could not
+    read)."""
+    return _limits(channel)[1]
 
 
 def receive_limit_metadata(limit: int | None) -> tuple[tuple[str, str], ...]:

@@ -161,6 +161,25 @@ def test_a_stream_request_over_the_send_limit_keeps_the_stream_and_its_sessions(
         client.close()
 
 
+def test_the_send_limit_is_kept_when_the_receive_limit_option_is_unreadable(env_server) -> None:
+    """A receive limit given as a string (not an int, which gRPC ignores) left both limits unknown, so the stream
+    sent an over-limit step and lost its session; the send limit is known on its own now and the step is refused
+    before it is sent, the session going on."""
+    options = [("grpc.max_send_message_length", SEND_LIMIT), ("grpc.max_receive_message_length", "4194304")]
+    client = EnvClient(env_server[0], timeout_s=10, options=options)
+    stream = client.stream()
+    try:
+        a = stream.create_session(ENV, seed=4).session_id
+        stream.reset(a)
+        with pytest.raises(ResourceExhaustedError, match=f"over the {SEND_LIMIT} bytes"):
+            stream.step(a, {"agent_1": "x" * (2 * SEND_LIMIT)})
+        assert stream.step(a, {"agent_1": "task_1: 1"}).acting_agents == ["agent_2"]
+        assert not stream.broken
+    finally:
+        stream.close()
+        client.close()
+
+
 def test_a_made_env_keeps_its_episode_after_a_step_over_the_send_limit(env_server) -> None:
     """``marti.make``'s default transport (a stream) on a channel from ``open_channel``: a step too large for the
     channel raises ResourceExhaustedError, as on the unary transport, instead of losing the session

@@ -16,6 +16,7 @@ from marti.rpc.client.message_limits import (
     client_receive_limit,
     receive_limit,
     receive_limit_metadata,
+    record_limits,
     send_limit,
 )
 from marti.rpc.settings import DEFAULT_MAX_MESSAGE_BYTES
@@ -49,6 +50,33 @@ def test_no_limit_and_unknown_channels():
     assert receive_limit(object()) is None
     for channel in (unlimited, raw):
         channel.close()
+
+
+@pytest.mark.parametrize("bad", ["4194304", 1000.0, True, -2], ids=repr)
+def test_each_limit_is_recorded_on_its_own(bad):
+    """A limit option gRPC does not take leaves that limit unknown, and the other one known."""
+    receive_bad = make_channel(
+        ADDRESS, token="", max_message_bytes=2000, options=[("grpc.max_receive_message_length", bad)]
+    )
+    assert (send_limit(receive_bad), receive_limit(receive_bad)) == (2000, None)
+    send_bad = make_channel(
+        ADDRESS, token="", max_message_bytes=2000, options=[("grpc.max_send_message_length", bad)]
+    )
+    assert (send_limit(send_bad), receive_limit(send_bad)) == (None, 2000)
+    for channel in (receive_bad, send_bad):
+        channel.close()
+
+
+class _Channel:
+    """Something :func:`record_limits` can be given (it only keeps a weak reference)."""
+
+
+def test_a_limit_missing_from_the_options_is_unknown_and_the_other_known():
+    send_only, receive_only = _Channel(), _Channel()
+    assert record_limits(send_only, [("grpc.max_send_message_length", 100)]) is send_only
+    assert (send_limit(send_only), receive_limit(send_only)) == (100, None)
+    record_limits(receive_only, [("grpc.max_receive_message_length", -1)])
+    assert (send_limit(receive_only), receive_limit(receive_only)) == (None, -1)
 
 
 def test_the_metadata_tells_a_known_limit_only():
