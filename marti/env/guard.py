@@ -96,14 +96,29 @@ def check_wire_map(value: Any, name: str) -> dict[str, Any] | None:
         return None
     if not isinstance(value, Mapping):
         raise InvalidArgumentError(f"{name} must be a dict or None, got {type(value).__name__}")
+    check_wire_value(value, name)
+    return dict(value)
+
+
+def check_wire_value(value: Any, name: str) -> None:
+    """Check that the wire codec (:mod:`marti.codec.env` ``Value``) can carry ``value``.
+
+    Args:
+        value: Any Python value.
+        name: Its name, the start of the key path in the message (``"options"``, ``"observations['a']"``).
+
+    Raises:
+        InvalidArgumentError: A part of ``value`` is text UTF-8 cannot carry (a lone surrogate), an integer
+            outside int64, a map with a non-string key, or a type the codec cannot send (a set, an object); the
+            message starts with that part's key path (``options['a']['b']``).
+    """
     _check_wire_value(value, name)
-    from marti.codec.env import map_to_proto
+    from marti.codec.env import value_to_proto
 
     try:
-        map_to_proto(value)
+        value_to_proto(value)
     except InvalidArgumentError as e:
         raise InvalidArgumentError(f"{_unsendable_path(value, name)}: {e.message}") from None
-    return dict(value)
 
 
 def _unsendable_path(value: Any, path: str) -> str:
@@ -194,6 +209,41 @@ def _check_parts(env_id: str, call: str, parts: tuple[str, ...], result: Any) ->
     return tuple(result)
 
 
+def check_sendable_result(env_id: str, call: str, observations: Mapping, infos: Mapping) -> None:
+    """Check that the env server can send a result: each agent's observation is a wire ``Value``
+    (:func:`check_wire_value`), and the infos are JSON (as the server sends them when it can) or each a wire
+    ``ValueMap``. The guard runs it in process and in every server session, so an env whose results a server
+    cannot send fails the same way in process.
+
+    Args:
+        env_id: The env's id, named by the error.
+        call: ``"reset"`` or ``"step"``.
+        observations: ``{agent: observation}`` of the result.
+        infos: ``{agent: info dict}`` of the result.
+
+    Raises:
+        InternalError: Naming the env, the call and the key path of the first part that cannot be sent
+            (``observations['a']['x'][1]: cannot send a value of type set``), or an agent whose info is not a
+            dict: the env's bug, not the caller's.
+    """
+    from marti.codec.env import infos_json
+
+    for agent, info in infos.items():
+        if not isinstance(info, Mapping):
+            raise InternalError(
+                f"env {env_id}'s {call} result cannot be sent: infos[{agent!r}] is a {type(info).__name__}, "
+                "not a dict"
+            )
+    parts = [(f"observations[{a!r}]", obs) for a, obs in observations.items()]
+    if infos_json(infos) is None:
+        parts += [(f"infos[{a!r}]", info) for a, info in infos.items()]
+    for name, value in parts:
+        try:
+            check_wire_value(value, name)
+        except InvalidArgumentError as e:
+            raise InternalError(f"env {env_id}'s {call} result cannot be sent: {e.message}") from None
+
+
 def check_reset_result(env_id: str, result: Any) -> tuple[dict, dict]:
     """Check what an env's ``reset`` returned against PettingZoo's parallel API (see :func:`check_step_result`).
 
@@ -276,7 +326,9 @@ class GuardedParallelEnv(ParallelEnv):
     through. ``reset`` checks ``seed`` (:func:`check_seed`) and ``options`` (:func:`check_options`).
 
     What the wrapped env's ``reset`` and ``step`` return is checked against PettingZoo's parallel API
-    (:func:`check_reset_result`, :func:`check_step_result`: ``InternalError`` naming the env).
+    (:func:`check_reset_result`, :func:`check_step_result`: ``InternalError`` naming the env), and against what
+    an env server can send (:func:`check_sendable_result`: ``InternalError`` naming the env and the key path),
+    in process as in a server session.
 
     After a step, an agent the wrapped env removed from ``agents`` with neither its termination nor its
     truncation flag set (a game that ends by emptying ``agents``) is reported truncated, with
@@ -331,13 +383,15 @@ class GuardedParallelEnv(ParallelEnv):
         Raises:
             FailedPreconditionError: The env is closed.
             InvalidArgumentError: ``seed`` is not an int64 or ``None``, or ``options`` not a sendable dict.
-            InternalError: The wrapped env returned what PettingZoo's API does not allow (:func:`check_reset_result`).
+            InternalError: The wrapped env returned what PettingZoo's API does not allow (:func:`check_reset_result`)
+                or what an env server cannot send (:func:`check_sendable_result`).
         """
         if self._closed:
             raise closed_error(self.env_id)
         seed = check_seed(seed)
         options = check_options(options)
         out = check_reset_result(self.env_id, self.env.reset(seed=seed, options=options))
+        check_sendable_result(self.env_id, "reset", *out)
         self._started = True
         return out
 
@@ -399,12 +453,14 @@ class GuardedParallelEnv(ParallelEnv):
         Raises:
             FailedPreconditionError, InvalidArgumentError: Bad ``actions`` or call (:meth:`check`).
             InternalError: The wrapped env returned what PettingZoo's API does not allow
-                (:func:`check_step_result`).
+                (:func:`check_step_result`), or what an env server cannot send
+                (:func:`check_sendable_result`).
         """
         checked = self.check(actions)
         live = list(self.env.agents)
         out = check_step_result(self.env_id, self.env.step(checked))
         mark_vanished(live, self.env.agents, out)
+        check_sendable_result(self.env_id, "step", out[0], out[4])
         return out
 
     def render(self) -> Any:

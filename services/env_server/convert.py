@@ -6,8 +6,7 @@ adds registry descriptions and session outcomes.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from marti.api.env.v1 import env_pb2 as pb
@@ -24,7 +23,7 @@ from marti.codec.env import (
     value_to_proto,
 )
 from marti.env.make import declared_metrics
-from marti.errors import InternalError, InvalidArgumentError
+from marti.errors import InvalidArgumentError
 
 __all__ = ["map_from_proto", "map_to_proto", "space_to_proto", "value_from_proto", "value_to_proto"]
 
@@ -96,17 +95,6 @@ def actions_to_proto(actions: Mapping[str, Any]) -> list[pb.AgentAction]:
     return [pb.AgentAction(agent=k, action=value_to_proto(v)) for k, v in actions.items()]
 
 
-@contextlib.contextmanager
-def _unsendable(part: str) -> Iterator[None]:
-    """A value of an env's result that the wire cannot carry (:class:`InvalidArgumentError` from the codec) is the
-    env's fault, not the caller's: raised again as :class:`InternalError` naming ``part``
-    (``observations['a']``)."""
-    try:
-        yield
-    except InvalidArgumentError as e:
-        raise InternalError(f"the env's {part} cannot be sent: {e}") from e
-
-
 def _fill_results(out: Any, outcome: Any, base: Any = None) -> None:
     """Fill results and infos; with ``base`` (the outcome the client holds), agents of both are sent as deltas:
     a text observation as a ``TextEdit`` when it keeps enough of the base's, a JSON info as its changed keys."""
@@ -135,12 +123,10 @@ def _fill_results(out: Any, outcome: Any, base: Any = None) -> None:
             e = item.observation_edit
             e.prefix, e.suffix, e.text = edit
         else:
-            with _unsendable(f"observations[{r.agent!r}]"):
-                fill_value(item.observation, obs)
+            fill_value(item.observation, obs)
         if as_json is None:
             item.info.SetInParent()
-            with _unsendable(f"infos[{r.agent!r}]"):
-                fill_map(item.info, r.info)
+            fill_map(item.info, r.info)
         elif r.agent in deltas:
             item.info_delta = True
 

@@ -32,11 +32,18 @@ BAD = {
 }  # fmt: skip
 
 
-#: Results PettingZoo allows but the wire cannot carry: fine in process, ``InternalError`` from a server.
+#: Results PettingZoo allows but the wire cannot carry: ``InternalError`` naming the key path, in process as from
+#: a server (in process they came back as they were, so an env that worked locally failed once served).
 UNSENDABLE = {
-    "object_observation": (({"a": "x", "b": object()}, *OK[1:]), r"observations\['b'\] cannot be sent"),
-    "set_info": ((*OK[:4], {"a": {}, "b": {"s": {1, 2}}}), r"infos\['b'\] cannot be sent"),
-}
+    "object_observation": (({"a": "x", "b": object()}, *OK[1:]), r"observations\['b'\]: cannot send a value of type object"),
+    "set_observation": (({"a": "x", "b": {1, 2}}, *OK[1:]), r"observations\['b'\]: cannot send a value of type set"),
+    "int_key_observation": (({"a": "x", "b": {1: "x"}}, *OK[1:]), r"observations\['b'\]: map keys must be strings, got 1"),
+    "huge_int_observation": (({"a": 2**63, "b": "x"}, *OK[1:]), r"observations\['a'\]=9223372036854775808 is outside the int64"),
+    "surrogate_observation": (({"a": "x", "b": "\ud800"}, *OK[1:]), r"observations\['b'\] must be valid Unicode"),
+    "nested_set_observation": (({"a": {"x": [1, {2}]}, "b": "x"}, *OK[1:]), r"observations\['a'\]\['x'\]\[1\]: cannot send a value of type set"),
+    "set_info": ((*OK[:4], {"a": {}, "b": {"s": {1, 2}}}), r"infos\['b'\]\['s'\]: cannot send a value of type set"),
+    "none_info": ((*OK[:4], {"a": {}, "b": None}), r"infos\['b'\] is a NoneType, not a dict"),
+}  # fmt: skip
 
 
 class ScriptedEnv(TwoTextAgents):
@@ -51,6 +58,8 @@ class ScriptedEnv(TwoTextAgents):
             if mode == "reset_none"
             else (obs, {"a": {}})
             if mode == "reset_missing_info"
+            else ({**obs, "a": {1}}, infos)
+            if mode == "reset_set_observation"
             else (obs, infos)
         )
 
@@ -99,17 +108,46 @@ def test_a_good_step_result_passes(address, where):
     env.close()
 
 
-@pytest.mark.parametrize("transport", ["stream", "unary"])
 @pytest.mark.parametrize("mode", sorted(UNSENDABLE))
-def test_a_result_the_wire_cannot_carry_is_an_internal_error_naming_the_agent(address, transport, mode):
-    """Before: ``InvalidArgumentError`` (the caller's fault) ``cannot send a value of type object``, no agent."""
-    env = me.make("scripted_results", address=address, transport=transport, mode=mode)
-    try:
-        env.reset(seed=0)
-        with pytest.raises(InternalError, match=UNSENDABLE[mode][1]):
-            env.step({"a": "hi", "b": "hi"})
-    finally:
-        env.close()
+def test_a_result_the_wire_cannot_carry_is_the_same_internal_error_in_process_and_remote(address, mode):
+    """Before: in process the result came back as it was; from a server the error named the agent only (a set),
+    or was ``internal error: ValueError: Value out of range`` / ``UnicodeEncodeError`` naming nothing."""
+    messages = []
+    for where in ("in-process", "stream", "unary"):
+        env = (
+            _registry().make("scripted_results", {"mode": mode})  # what marti.make does in process
+            if where == "in-process"
+            else me.make("scripted_results", address=address, transport=where, mode=mode)
+        )
+        try:
+            env.reset(seed=0)
+            with pytest.raises(InternalError, match=UNSENDABLE[mode][1]) as err:
+                env.step({"a": "hi", "b": "hi"})
+            messages.append(str(err.value))
+        finally:
+            env.close()
+    assert messages[0].startswith("env scripted_results-v1's step result cannot be sent: ")
+    assert messages == [messages[0]] * 3
+
+
+def test_a_reset_result_the_wire_cannot_carry_is_the_same_internal_error_in_process_and_remote(address):
+    messages = []
+    for where in ("in-process", "stream", "unary"):
+        env = (
+            _registry().make("scripted_results", {"mode": "reset_set_observation"})
+            if where == "in-process"
+            else me.make("scripted_results", address=address, transport=where, mode="reset_set_observation")
+        )
+        try:
+            with pytest.raises(
+                InternalError,
+                match=r"reset result cannot be sent: observations\['a'\]: cannot send a value of type set",
+            ) as err:
+                env.reset(seed=0)
+            messages.append(str(err.value))
+        finally:
+            env.close()
+    assert messages == [messages[0]] * 3
 
 
 def test_an_unknown_config_key_is_named_as_such_from_a_server(address):
