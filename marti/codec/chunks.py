@@ -89,10 +89,25 @@ def decompress_chunks(chunks: Sequence[bytes], max_bytes: int = 1 << 31, limit: 
         except zstandard.ZstdError as e:
             raise InvalidArgumentError(f"payload chunk {i} is not a valid zstd frame: {e}") from None
         total += len(part)
-        if total > max_bytes:
-            raise InvalidArgumentError(f"payload decompresses to more than {limit}={max_bytes}")
+        check_payload_bytes(total, max_bytes, limit)
         out.append(part)
     return b"".join(out)
+
+
+def check_payload_bytes(size: int, max_bytes: int, limit: str = "max_bytes") -> None:
+    """Refuse an uncompressed payload of ``size`` bytes over ``max_bytes`` (what :func:`decompress_chunks` checks
+    as it decompresses, and what a payload that travels uncompressed is checked against).
+
+    Args:
+        size: The payload's uncompressed size (so far), bytes.
+        max_bytes: Largest accepted uncompressed size, bytes.
+        limit: How the refusal names the cap (followed by ``=max_bytes``).
+
+    Raises:
+        InvalidArgumentError: ``size > max_bytes``, naming ``size`` and ``limit=max_bytes``.
+    """
+    if size > max_bytes:
+        raise InvalidArgumentError(f"payload of {size} bytes uncompressed is over {limit}={max_bytes}")
 
 
 def pack_chunks(chunks: Sequence[bytes]) -> bytes:

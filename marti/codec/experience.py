@@ -11,7 +11,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from marti.api.experience.v1 import experience_pb2 as pb
-from marti.codec.chunks import compress_chunks, decompress_chunks, pack_chunks, unpack_chunks
+from marti.codec.chunks import (
+    check_payload_bytes,
+    compress_chunks,
+    decompress_chunks,
+    pack_chunks,
+    unpack_chunks,
+)
 from marti.errors import InvalidArgumentError
 from marti.types.experience import SampleFilter, TableConfig, parse_table_config
 from marti.types.trajectory import Trajectory, TrajectorySummary, Turn, check_identity, check_token_ids
@@ -449,6 +455,34 @@ def decode_encoded(enc: pb.EncodedTrajectory, max_bytes: int, limit: str = "max_
     return msg
 
 
+def read_item(
+    item: pb.SampledItem | pb.StoredItem, max_bytes: int, limit: str = "max_item_bytes"
+) -> pb.Trajectory:
+    """The trajectory of a sampled or stored item, in either form it may come in: encoded (decompressed, at most
+    ``max_bytes``: :func:`decode_encoded`) or typed (its serialized size at most ``max_bytes``, checked as a
+    decompressed payload is: :func:`~marti.codec.chunks.check_payload_bytes`).
+
+    Args:
+        item: A ``SampledItem`` or ``StoredItem`` of a response.
+        max_bytes: Largest trajectory accepted, bytes (uncompressed, serialized).
+        limit: How a refusal names ``max_bytes``.
+
+    Raises:
+        InvalidArgumentError: The trajectory is over ``max_bytes``, its encoding is bad, or the item holds none;
+            the message names the item (key and table) and, for the size, ``limit=max_bytes``.
+    """
+    which = item.WhichOneof("data")
+    try:
+        if which == "encoded":
+            return decode_encoded(item.encoded, max_bytes, limit)
+        if which == "trajectory":
+            check_payload_bytes(item.trajectory.ByteSize(), max_bytes, limit)
+            return item.trajectory
+        raise InvalidArgumentError("it holds neither a trajectory nor an encoded trajectory")
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"item {item.key} of table {item.table!r}: {e.message}") from None
+
+
 def item_payload(
     item: pb.InsertItem, max_bytes: int, chunk_bytes: int, limit: str = "max_item_bytes"
 ) -> tuple[bytes, TrajectorySummary]:
@@ -466,8 +500,7 @@ def item_payload(
     if which == "trajectory":
         summary = summarize_proto(item.trajectory)
         raw = item.trajectory.SerializeToString()
-        if len(raw) > max_bytes:
-            raise InvalidArgumentError(f"trajectory of {len(raw)} bytes exceeds {limit}={max_bytes}")
+        check_payload_bytes(len(raw), max_bytes, limit)
         return pack_chunks(compress_chunks(raw, chunk_bytes)), summary
     raise InvalidArgumentError("insert item has neither a trajectory nor an encoded trajectory")
 

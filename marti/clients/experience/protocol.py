@@ -34,8 +34,10 @@ SERVICE = "marti.api.experience.v1.ExperienceService"
 _IDEMPOTENT = [
     (SERVICE, m) for m in ("GetTableInfo", "ListTables", "CreateTable", "UpdatePriorities", "Delete", "Reset")
 ]
-#: Largest decompressed trajectory a client accepts, bytes.
+#: Largest trajectory a client accepts (decompressed, or as it comes when typed), bytes.
 MAX_ITEM_BYTES = 64 * 1024 * 1024
+#: How a refusal of an item over :data:`MAX_ITEM_BYTES` names that limit.
+ITEM_LIMIT = "marti.clients.experience.MAX_ITEM_BYTES"
 
 
 def _info(m: pb.TableInfo) -> TableInfo:
@@ -385,7 +387,7 @@ class _Base:
         if stale_ids is not None:
             stale_ids.extend(resp.stale_episode_ids)
         for m in resp.items:
-            t = convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES))
+            t = convert.trajectory_from_proto(convert.read_item(m, MAX_ITEM_BYTES, ITEM_LIMIT))
             out.append(
                 SampledTrajectory(
                     m.key,
@@ -426,7 +428,7 @@ class _Base:
     @staticmethod
     def _stored(resp: spb.GetAllExperiencesResponse, out: list[StoredTrajectory]) -> None:
         for m in resp.items:
-            t = convert.trajectory_from_proto(convert.decode_encoded(m.encoded, MAX_ITEM_BYTES))
+            t = convert.trajectory_from_proto(convert.read_item(m, MAX_ITEM_BYTES, ITEM_LIMIT))
             out.append(StoredTrajectory(m.key, m.table, m.priority, m.times_sampled, t))
 
     @staticmethod

@@ -77,6 +77,21 @@ def test_encoded_roundtrip_and_limits():
         convert.decode_encoded(pb.EncodedTrajectory(chunks=[b"garbage"]), 10_000)
 
 
+@pytest.mark.parametrize("form", ["typed", "encoded"])
+def test_an_insert_item_over_the_limit_is_refused_in_either_form(form):
+    """A typed InsertItem is checked against ``max_bytes`` by the check a decompressed one gets."""
+    msg = convert.trajectory_to_proto(sample_traj())
+    size = msg.ByteSize()
+    item = (
+        pb.InsertItem(trajectory=msg)
+        if form == "typed"
+        else pb.InsertItem(encoded=convert.encode_proto(msg, chunk_bytes=1 << 16))
+    )
+    assert convert.item_payload(item, size, 1 << 16)[1].episode_id == msg.episode_id
+    with pytest.raises(InvalidArgumentError, match=rf"^payload .*\b{size}\b.* L={size - 1}$"):
+        convert.item_payload(item, size - 1, 1 << 16, "L")
+
+
 @pytest.mark.parametrize(
     "cfg",
     [
