@@ -12,6 +12,13 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # services/trainer/ray/runtime.py ACTOR_ENV_VARS). Read when torch's OpenMP runtime loads, so set before any torch
 # import; the jobs' processes inherit it (docs/benchmarks.md, "The test suite's wall time").
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# And each computes on one thread: the test process and every actor of the jobs it starts (a driver's
+# OMP_NUM_THREADS is its actors' torch threads, services/trainer/ray/runtime.py actor_threads). With three workers on
+# two cores every second thread of a kernel waits to be woken for its share; one thread has no such wait. Measured
+# on the 2-core machine, CPU s of each command's process tree (a cgroup), 2 threads against 1:
+# tests/e2e/learning/test_external_agents.py 158.6 -> 137.9, tests/unit/trainer/models and learn 86.2 -> 77.5
+# (docs/benchmarks.md, "The test suite's wall time").
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # A shell with PYTHONDONTWRITEBYTECODE set (this machine's does) makes every test process rewrite and compile every
 # test module's asserts again at collection: about 8 of a collection's 21 CPU s, in each pytest-xdist worker, on
 # every run. The test processes cache them (``__pycache__``, git-ignored), so a run in a tree that ran before
