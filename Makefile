@@ -9,8 +9,9 @@ BUF := .tools/node_modules/.bin/buf
 PYTEST_ARGS ?=
 # Test worker processes (pytest-xdist; 0 runs the suite in this process). Tests are handed out one at a time
 # (worksteal), so a long one does not hold back the rest. 3 workers on 2 cores: a test often waits (a service or
-# Ray starting, a subprocess, a timeout under test), and a third worker fills those waits; every torch thread
-# sleeps between kernels (OMP_WAIT_POLICY=PASSIVE, tests/conftest.py), so a busy core costs no spinning. On the
+# Ray starting, a subprocess, a timeout under test), and a third worker fills those waits; torch computes on one
+# thread in the tests and their jobs' actors (OMP_NUM_THREADS=1), which sleeps between kernels
+# (OMP_WAIT_POLICY=PASSIVE, tests/conftest.py), so a busy core costs no spinning. On the
 # 2-vCPU Intel Xeon on 2026-12-06, same code, quiet machine: 3 workers 14 min 10 s against 16 min 12 s for 2 (the
 # cores idle 3% and 15% of the time); three later runs with 3 took 14:43, 15:56 and 14:46 (docs/benchmarks.md,
 # "The test suite's wall time"). In 2026-12-02's runs, before the
