@@ -9,7 +9,7 @@ by :meth:`~services.trainer.job.run.loop.TrainingLoop.run` when no caller prepar
   checkpoint) unless ``resume`` or ``overwrite`` is given (a run without a checkpoint: only ``overwrite``, and
   both refusals say so); ``overwrite`` clears the folder; ``resume`` finds the checkpoint (an error naming the
   folder when there is none), refuses a config change the checkpoint cannot take (:func:`layout_changes`: one
-  line naming the key and both values) and warns when the dataset differs from the one the run last started
+  line naming the key and both values) or a ``max_steps`` below the checkpoint's step, and warns when the dataset differs from the one the run last started
   with (its path, or its content's sha256).
 - :meth:`RunFolder.record_start` writes ``config.yaml`` and appends one line to ``config_history.jsonl`` once the
   job has really started (its checkpoint loaded), so a refused or failed start leaves the record as it was.
@@ -21,6 +21,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from marti.plumbing.yaml_load import load_yaml
 
 HISTORY_FILE = "config_history.jsonl"
 _LOG = logging.getLogger(__name__)
+_STEP_FOLDER = re.compile(r"step_(\d+)")
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -51,6 +53,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
             return path
     steps = sorted(p for p in ckpt_dir.glob("step_*") if p.is_dir()) if ckpt_dir.is_dir() else []
     return steps[-1] if steps else None
+
+
+def checkpoint_step(ckpt: Path) -> int | None:
+    """The step a checkpoint folder holds, from its ``step_NNNNNN`` name; None for another name."""
+    match = _STEP_FOLDER.fullmatch(Path(ckpt).name)
+    return int(match.group(1)) if match else None
 
 
 def layout(cfg: TrainConfig) -> dict[str, Any]:
@@ -211,8 +219,9 @@ class RunFolder:
         Raises:
             InvalidArgumentError: both ``resume`` and ``overwrite``.
             FailedPreconditionError: a new run in a folder that holds one (the folder, ``--resume`` and
-                ``--overwrite`` are named), or a resume whose config changes a key the checkpoint cannot take
-                (the key and both values are named).
+                ``--overwrite`` are named), a resume whose config changes a key the checkpoint cannot take
+                (the key and both values are named), or one whose ``max_steps`` is below the checkpoint's step
+                (both named).
             NotFoundError: ``resume`` and no checkpoint in the folder (advising ``--overwrite`` when the folder
                 holds a run all the same, :meth:`holds_a_run`).
         """
@@ -275,6 +284,13 @@ class RunFolder:
             raise FailedPreconditionError(
                 f"--resume from {ckpt}: {changes[0]}; a checkpoint cannot take that change (start a new run with "
                 "--overwrite or another output.dir)"
+            )
+        step = checkpoint_step(ckpt)
+        if step is not None and step > cfg.max_steps:
+            raise FailedPreconditionError(
+                f"--resume from {ckpt}: the checkpoint is at step {step}, past max_steps {cfg.max_steps}; resume "
+                f"with max_steps {step} or more (--set max_steps=N), or start a new run with --overwrite or "
+                "another output.dir"
             )
         return ckpt
 

@@ -177,3 +177,27 @@ def test_a_resume_with_changed_settings_says_them_and_that_the_lr_schedule_follo
         else:  # against the last start (max_steps already 8): the learning rate alone
             assert "learning_rate 0.001 -> 0.002" in caplog.text and "LR schedule" not in caplog.text
     folder.unlock()
+
+
+def test_a_resume_with_max_steps_below_the_checkpoint_step_is_refused_before_the_job(tmp_path):
+    """A new user ran ``--set max_steps=4``, then ``--resume`` without it (max_steps 2): the job started the
+    services and Ray, wrote a start record, then failed with ``start_step must be in [0, 2], got 4``. The run
+    folder now refuses it before anything starts, naming the step, max_steps and the way out; max_steps equal
+    to the checkpoint's step (a finished run) still resumes."""
+    import pytest
+
+    from marti.errors import FailedPreconditionError
+    from services.trainer.job.run.run_dir import RunFolder
+
+    ckpt = tmp_path / "checkpoints" / "step_000004"
+    ckpt.mkdir(parents=True)
+    cfg = load_config(ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path}"])  # max_steps: 2
+    with pytest.raises(FailedPreconditionError) as refused:
+        RunFolder(tmp_path).prepare(cfg, resume=True, overwrite=False)
+    assert str(refused.value) == (
+        f"--resume from {ckpt}: the checkpoint is at step 4, past max_steps 2; resume with max_steps 4 or more "
+        "(--set max_steps=N), or start a new run with --overwrite or another output.dir"
+    )
+    assert not (tmp_path / "config_history.jsonl").exists()
+    again = load_config(ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path}", "max_steps=4"])
+    assert RunFolder(tmp_path).prepare(again, resume=True, overwrite=False) == ckpt
