@@ -28,9 +28,11 @@ class GatewayConfig(Section):
     host: str = "127.0.0.1"
     """Interface both endpoints bind; ``0.0.0.0`` for every interface."""
     http_port: Annotated[int, Field(ge=0, le=65535)] = 0
-    """TCP port of the OpenAI-compatible HTTP endpoint (``/v1``); 0: any free port."""
+    """TCP port of the OpenAI-compatible HTTP endpoint (``/v1``); 0: any free port. A port another process
+    holds is refused by ``marti train`` before anything starts (exit 2, naming the key and the port)."""
     grpc_port: Annotated[int, Field(ge=0, le=65535)] = 0
-    """TCP port of the gRPC InferenceService; 0: any free port."""
+    """TCP port of the gRPC InferenceService; 0: any free port. Refused like ``http_port`` when another
+    process holds it."""
     max_batch: PositiveInt = 32
     """Most prompts of one agent run in one engine call (concurrent requests are batched up to it)."""
     max_wait_ms: NonNegFloat = 5.0

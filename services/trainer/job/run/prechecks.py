@@ -3,7 +3,8 @@ file fails at once, naming what is wrong, and never costs an ``--overwrite`` the
 job's rows, labels, column names, prompt lengths, reward functions and reward model (:func:`check_dataset_job`),
 the workflow section's import
 paths (:func:`marti.team.workflow.check_workflow_section`), that ``rollout.engine: vllm`` can run here
-(:func:`check_vllm_engine`) and, for a job that starts its own env server, every env at
+(:func:`check_vllm_engine`), that the gateway's fixed ports are free (:func:`check_gateway_ports`) and, for a
+job that starts its own env server, every env at
 every curriculum level it can reach (:func:`check_envs_in_process`). :func:`check_before_the_run_folder` runs
 them in that order. With a given (external) store, ``marti train`` also creates the job's tables there first
 (:func:`check_given_store_tables`).
@@ -26,6 +27,7 @@ from marti.errors import (
     in_context,
 )
 from marti.rewards.functions import check_column_names
+from marti.rpc.serving.bind import address_in_use_error, port_in_use
 from marti.team.workflow import check_workflow_section
 from services.trainer.data.tables import create_tables, table_settings
 from services.trainer.data.tasks import DatasetTasks
@@ -38,6 +40,7 @@ __all__ = [
     "check_before_the_run_folder",
     "check_dataset_job",
     "check_envs_in_process",
+    "check_gateway_ports",
     "check_given_store_tables",
     "check_vllm_engine",
     "starts_own_env_server",
@@ -46,7 +49,7 @@ __all__ = [
 
 def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> DatasetTasks | None:
     """Every check ``marti train`` makes before the run folder: :func:`check_vllm_engine`,
-    :func:`check_dataset_job`, the ``workflow``
+    :func:`check_gateway_ports`, :func:`check_dataset_job`, the ``workflow``
     section (:func:`marti.team.workflow.check_workflow_section`, when the section is active) and, when the job starts
     its own env server (``env``, the ``--env`` flag, is None and the config has no ``services.env``),
     :func:`check_envs_in_process`.
@@ -59,12 +62,36 @@ def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> 
             file, row, task or level).
     """
     check_vllm_engine(cfg)
+    check_gateway_ports(cfg)
     data = check_dataset_job(cfg)
     if cfg.workflow.active:
         check_workflow_section(cfg.workflow, [a.name for a in cfg.agents])
     if starts_own_env_server(cfg, env):
         check_envs_in_process(cfg, data)
     return data
+
+
+def check_gateway_ports(cfg: TrainConfig) -> None:
+    """Refuse a job whose gateway (``gateway.enabled``) would listen on a fixed port (``gateway.http_port`` or
+    ``gateway.grpc_port`` not 0) that another process holds, before any service starts: the gateway binds its
+    ports once the job's actors are up, so the job would otherwise fail there, after ``--overwrite`` cleared the
+    folder. A port taken between this check and the bind still fails there, with the same error.
+
+    Raises:
+        UnavailableError: "address in use", naming the endpoint, its key, the host and the port
+            (:func:`marti.rpc.serving.bind.address_in_use_error`).
+    """
+    gateway = cfg.gateway
+    if not gateway.enabled:
+        return
+    for endpoint, key, port in (
+        ("HTTP", "http_port", gateway.http_port),
+        ("gRPC", "grpc_port", gateway.grpc_port),
+    ):
+        if port_in_use(gateway.host, port):
+            raise address_in_use_error(
+                f"the gateway's {endpoint} endpoint (gateway.{key})", gateway.host, port
+            )
 
 
 def check_vllm_engine(
