@@ -100,11 +100,15 @@ def check_rows(
     for n, row in enumerate(rows):
         i = names[n] if names is not None else row_name(n)
         prompt = row.get(input_key)
+        if prompt is None:
+            raise InvalidArgumentError(
+                f"{source}: {i} has no prompt in column {input_key!r} (got None){_misspelt(row, input_key)}"
+            )
         if not isinstance(prompt, str) or not prompt.strip():
             what = "an empty prompt" if isinstance(prompt, str) else f"a non-string prompt {_show(prompt)}"
             raise InvalidArgumentError(f"{source}: {i} has {what} in column {input_key!r}")
         if label_key is not None:
-            _check_label(source, i, label_key, row.get(label_key))
+            _check_label(source, i, label_key, row.get(label_key), _misspelt(row, label_key))
         for column, value in row.items():
             bad = _not_json(value)
             if bad is not None:
@@ -114,15 +118,27 @@ def check_rows(
                 )
 
 
-def _check_label(source: str, i: str, label_key: str, label: Any) -> None:
-    """Check the label of the row named ``i`` (:func:`row_name`): text or a number (what a verifier reads), not null or empty.
+def _misspelt(row: dict[str, Any], key: str) -> str:
+    """For a row with no value in column ``key``: ``"; the row has a value in 'questoin': a misspelt key?"``
+    naming the row's closest other key that holds a value (a JSON row whose key is misspelt reads as null in the
+    column it meant), or ``""`` when no key of the row is close."""
+    held = [k for k, v in row.items() if k != key and v is not None]
+    close = difflib.get_close_matches(key, held, n=1, cutoff=0.6)
+    return f"; the row has a value in {close[0]!r}: a misspelt key?" if close else ""
+
+
+def _check_label(source: str, i: str, label_key: str, label: Any, hint: str = "") -> None:
+    """Check the label of the row named ``i`` (:func:`row_name`): text or a number (what a verifier reads), not
+    null or empty. ``hint`` ends the no-label message (:func:`_misspelt`).
 
     Raises:
         InvalidArgumentError: No label (null, or empty text), or a label that is a list, an object (mapping),
             a boolean or another non-number, naming the source, the row, the column and the value.
     """
     if label is None or (isinstance(label, str) and not label.strip()):
-        raise InvalidArgumentError(f"{source}: {i} has no label in column {label_key!r} (got {_show(label)})")
+        raise InvalidArgumentError(
+            f"{source}: {i} has no label in column {label_key!r} (got {_show(label)}){hint}"
+        )
     if isinstance(label, bool) or not isinstance(label, str | int | float):
         kind = {list: "a list", tuple: "a list", dict: "an object", bool: "a boolean"}.get(type(label), "a")
         raise InvalidArgumentError(

@@ -13,7 +13,7 @@ import pytest
 from marti.data import ProblemSet
 from marti.data.json_text import as_text, keep_as_written, read_records
 from marti.errors import InvalidArgumentError, NotFoundError
-from tests.unit.data.files import jsonl
+from tests.unit.data.files import jsonl, write
 
 
 def test_a_missing_file_is_not_found_and_named(tmp_path):
@@ -258,13 +258,43 @@ def test_an_empty_label_string_is_no_label():
         ("", "an empty prompt"),
         ("   ", "an empty prompt"),
         (3, "a non-string prompt 3"),
-        (None, "a non-string prompt None"),
+        (None, "no prompt"),
     ],
 )
 def test_a_bad_prompt_names_the_row_and_value(prompt, fragment):
     rows = [{"q": "fine", "a": "1"}, {"q": prompt, "a": "2"}]
     with pytest.raises(InvalidArgumentError, match=rf"src: row 1 has {fragment}.*column 'q'"):
         ProblemSet(rows, input_key="q", label_key="a", source="src")
+
+
+def test_a_row_whose_key_is_misspelt_is_named_with_the_key_it_has(tmp_path):
+    """A new user's 5-row file with ``"questoin"`` in one row was refused as ``has a non-string prompt None in
+    column 'question'``: the row has no such value because its key is misspelt. The message now says the row has
+    no prompt (or label) there and names the row's close key; a row that has no close key gets no guess."""
+    rows = [{"question": "What is 2+2?", "answer": "4"}] * 2 + [{"questoin": "What is 10-7?", "answer": "3"}]
+    path = write(tmp_path, "jsonl", rows, name="typo")
+    with pytest.raises(InvalidArgumentError) as prompt:
+        ProblemSet.from_source(f"jsonl:{path}", input_key="question", label_key="answer")
+    assert str(prompt.value) == (
+        f"JSON file '{path}': row 2 ({path}:3) has no prompt in column 'question' (got None); the row has a "
+        "value in 'questoin': a misspelt key?"
+    )
+    with pytest.raises(InvalidArgumentError) as label:
+        ProblemSet(
+            [{"q": "x", "answer": "1"}, {"q": "y", "anwser": "2"}],
+            input_key="q",
+            label_key="answer",
+            source="s",
+        )
+    assert (
+        str(label.value)
+        == "s: row 1 has no label in column 'answer' (got None); the row has a value in 'anwser': a misspelt key?"
+    )
+    with pytest.raises(InvalidArgumentError) as no_guess:
+        ProblemSet(
+            [{"q": "x", "answer": "1"}, {"q": "y", "zzz": "2"}], input_key="q", label_key="answer", source="s"
+        )
+    assert str(no_guess.value) == "s: row 1 has no label in column 'answer' (got None)"
 
 
 @pytest.mark.parametrize(
