@@ -10,6 +10,7 @@ remote env server needs no access to the user's files and plays the same problem
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -79,21 +80,30 @@ class DatasetTasks:
                     "set rollout.eval_episodes: %d to evaluate them all", r.eval_episodes, self.n_eval,
                     r.eval_episodes, self.n_eval,
                 )  # fmt: skip
-            self._warn_shared_prompts()
+            self._warn_shared_prompts(seen_columns(cfg))
         return cfg.model_copy(update={"rollout": r.model_copy(update=update)})
 
-    def _warn_shared_prompts(self) -> None:
-        """Say (a warning) how many held-out rows repeat a training row's prompt, naming the first pair."""
+    def _warn_shared_prompts(self, columns: list[str]) -> None:
+        """Say (a warning) how many held-out rows repeat a training row in every column of ``columns`` (what the
+        agents see, :func:`seen_columns`), naming the first pair."""
         train, held = self.problems.train, self.problems.eval
+        seen = (
+            (lambda ps, i: ps.prompt(i)) if len(columns) == 1 else (lambda ps, i: _seen(ps.row(i), columns))
+        )
         shared = shared_prompts(
-            [train.prompt(i) for i in range(len(train))], [held.prompt(j) for j in range(len(held))]
+            [seen(train, i) for i in range(len(train))], [seen(held, j) for j in range(len(held))]
         )
         if shared:
             j, i = shared[0]
+            what = (
+                "the prompt of a training row"
+                if len(columns) == 1
+                else f"the inputs of a training row (columns {columns}, what the agents see)"
+            )
             _LOG.warning(
-                "%d of the %d held-out rows have the prompt of a training row (%s of dataset %s is %s of "
+                "%d of the %d held-out rows have %s (%s of dataset %s is %s of "
                 "dataset %s): the held-out accuracy counts them as unseen; remove the duplicate rows from the "
-                "data", len(shared), len(held), held.where(j), held.source, train.where(i), train.source,
+                "data", len(shared), len(held), what, held.where(j), held.source, train.where(i), train.source,
             )  # fmt: skip
 
     def train_seeds(self, step: int, problems_per_step: int, group_size: int) -> list[int]:
@@ -152,3 +162,19 @@ class DatasetTasks:
             out["label_key"] = self.section.label_key
         out.update(cfg.environment.options)
         return out
+
+
+def seen_columns(cfg: TrainConfig) -> list[str]:
+    """The columns a dataset job's agents see: ``dataset.input_key`` and, in a ``dataset_task`` job, each column
+    of ``environment.options.agent_inputs`` (agent -> the column it sees instead), in that order, each once."""
+    columns = [cfg.dataset.input_key] if cfg.dataset is not None else []
+    if cfg.environment.env_name == DATASET_ENV:
+        for column in (cfg.environment.options.get("agent_inputs") or {}).values():
+            if isinstance(column, str) and column not in columns:
+                columns.append(column)
+    return columns
+
+
+def _seen(row: dict[str, Any], columns: list[str]) -> str:
+    """``row``'s values in ``columns``, as one comparable text (JSON of the list)."""
+    return json.dumps([row.get(c) for c in columns], sort_keys=True, ensure_ascii=False)

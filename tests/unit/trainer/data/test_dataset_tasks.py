@@ -94,6 +94,36 @@ def test_held_out_rows_that_repeat_a_training_prompt_are_said(tmp_path, caplog):
     ), caplog.text
 
 
+def test_held_out_rows_are_compared_on_every_column_the_agents_see(tmp_path, caplog):
+    """The README's data example (examples/data/pick_team.yaml) warned that "24 of the 24 held-out rows have the
+    prompt of a training row ... remove the duplicate rows": every row's executor ``prompt`` is the same, but its
+    leader sees ``leader_view`` (``environment.options.agent_inputs``), which tells the rows apart. A held-out row
+    repeats a training problem only when every column an agent sees repeats, and the warning names them."""
+    rows = [{"prompt": "Which task?", "view": f"order {i % 7}", "answer": str(i % 7)} for i in range(14)]
+    path = tmp_path / "views.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    options = {"agent_inputs": {"judge": "view"}}
+    cfg = _config(
+        tmp_path, dataset={"path": f"jsonl:{path}", "eval_fraction": 0.5}, environment={"options": options}
+    )
+    tasks = DatasetTasks(cfg)
+    train = {tasks.problems.train.row(i)["view"] for i in range(tasks.n_train)}
+    shared = sum(tasks.problems.eval.row(j)["view"] in train for j in range(tasks.n_eval))
+    assert 0 < shared < tasks.n_eval  # this seed's split: some held-out views repeat, some do not
+    with caplog.at_level("WARNING", logger="marti.trainer"):
+        tasks.fit(cfg)
+    assert (
+        f"{shared} of the 7 held-out rows have the inputs of a training row (columns ['prompt', 'view'], what "
+        in (caplog.text)
+    ), caplog.text
+    unique = [{**r, "view": f"order {i}"} for i, r in enumerate(rows)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in unique), encoding="utf-8")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="marti.trainer"):
+        DatasetTasks(cfg).fit(cfg)
+    assert "of a training row" not in caplog.text  # one prompt for all, yet no two rows alike
+
+
 def test_no_held_out_set_with_evaluation_on_is_refused_before_the_job(tmp_path):
     cfg = _config(tmp_path, dataset={"eval_fraction": None})
     with pytest.raises(InvalidArgumentError, match="no held-out set.*eval_every: 0"):
