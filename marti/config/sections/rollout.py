@@ -69,7 +69,9 @@ class RolloutConfig(_Section):
     group_size: PositiveInt = 4
     """Episodes per problem seed; a group is what GRPO-style estimators normalise over."""
     max_new_tokens: PositiveInt = 128
-    """Default most tokens per agent turn."""
+    """Default most tokens per agent turn. One that leaves no room for a prompt in the rollout engine's length
+    (the model's ``max_position_embeddings``) is refused by ``marti train`` before anything starts, naming the
+    agent."""
     temperature: NonNegFloat = 1.0
     """Default sampling temperature; 0 is greedy."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0

@@ -49,7 +49,8 @@ __all__ = [
 
 def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> DatasetTasks | None:
     """Every check ``marti train`` makes before the run folder: :func:`check_vllm_engine`,
-    :func:`check_gateway_ports`, :func:`check_dataset_job`, the ``workflow``
+    :func:`check_gateway_ports`, :func:`check_dataset_job`, every agent's reply length
+    (:func:`~services.trainer.job.run.prompt_lengths.check_reply_lengths`), the ``workflow``
     section (:func:`marti.team.workflow.check_workflow_section`, when the section is active) and, when the job starts
     its own env server (``env``, the ``--env`` flag, is None and the config has no ``services.env``),
     :func:`check_envs_in_process`.
@@ -61,9 +62,12 @@ def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> 
         InvalidArgumentError / NotFoundError / UnavailableError: what those checks raise (each names the key,
             file, row, task or level).
     """
+    from services.trainer.job.run.prompt_lengths import check_reply_lengths  # torch: after the cheap checks
+
     check_vllm_engine(cfg)
     check_gateway_ports(cfg)
     data = check_dataset_job(cfg)
+    check_reply_lengths(cfg)
     if cfg.workflow.active:
         check_workflow_section(cfg.workflow, [a.name for a in cfg.agents])
     if starts_own_env_server(cfg, env):

@@ -1,6 +1,7 @@
 """A dataset job's prompt lengths, checked before the run folder (:func:`check_prompt_lengths`): a row whose first
 prompt leaves no room for the reply in the rollout engine's length was found only mid-run, by the engine, naming a
-position in a generation batch.
+position in a generation batch. In any job, a reply length that leaves no room for a prompt at all
+(:func:`check_reply_lengths`).
 
 An agent's first prompt in the ``dataset_task`` env is its system prompt
 (:func:`~services.trainer.rollout.episodes.runner.role_system_prompt`) and the text of the row's column it sees
@@ -89,6 +90,25 @@ def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
                         raise _too_long(
                             ps, i, agent.name, column, len(ids) + prefix, limit, limit_from, reply, reply_key
                         )
+
+
+def check_reply_lengths(cfg: TrainConfig) -> None:
+    """Check, in any job, that every agent's ``max_new_tokens`` leaves room for a prompt in the rollout engine's
+    length: a reply as long as the model's context fails at the first episode, whatever the prompt.
+
+    Raises:
+        InvalidArgumentError: The first agent whose reply does not fit, naming it, the config key and its value,
+            the limit and what sets it.
+    """
+    engine = resolve_auto_engine(_device(cfg)) if cfg.rollout.engine == "auto" else cfg.rollout.engine
+    for index, agent in enumerate(cfg.agents):
+        limit, limit_from = _limit(engine, index, agent.pretrain_model)
+        reply, key = _reply(cfg, index)
+        if reply >= limit:
+            raise InvalidArgumentError(
+                f"agent {agent.name!r} (agents[{index}]): {key} {reply} leaves no room for a prompt in the {limit} "
+                f"tokens the rollout engine takes ({limit_from}); lower {key}"
+            )
 
 
 def _device(cfg: TrainConfig) -> str:
