@@ -39,6 +39,7 @@ from services.trainer.rollout.episodes.scoring import build_scorer, check_reward
 __all__ = [
     "check_before_the_run_folder",
     "check_dataset_job",
+    "check_env_sessions",
     "check_envs_in_process",
     "check_gateway_ports",
     "check_given_store_tables",
@@ -53,7 +54,7 @@ def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> 
     (:func:`~services.trainer.job.run.prompt_lengths.check_reply_lengths`), the ``workflow``
     section (:func:`marti.team.workflow.check_workflow_section`, when the section is active) and, when the job starts
     its own env server (``env``, the ``--env`` flag, is None and the config has no ``services.env``),
-    :func:`check_envs_in_process`.
+    :func:`check_env_sessions` and :func:`check_envs_in_process`.
 
     Returns:
         The dataset job's problems (:class:`DatasetTasks`, for the job's loop), or None without a ``dataset``.
@@ -71,8 +72,29 @@ def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> 
     if cfg.workflow.active:
         check_workflow_section(cfg.workflow, [a.name for a in cfg.agents])
     if starts_own_env_server(cfg, env):
+        check_env_sessions(cfg)
         check_envs_in_process(cfg, data)
     return data
+
+
+def check_env_sessions(cfg: TrainConfig) -> None:
+    """Refuse a step of more episodes than the job's own env server holds sessions: a step plays its
+    ``rollout.episodes_per_step`` episodes at once, one session each, and the server started with the job caps
+    them at its ``max_sessions`` (:class:`services.env_server.settings.EnvServerSettings`, read as that server
+    reads it: ``MARTI_ENV_MAX_SESSIONS`` or the default 1024). For a job that starts its own env server only.
+
+    Raises:
+        InvalidArgumentError: Naming ``rollout.episodes_per_step``, its value and the cap.
+    """
+    from services.env_server.settings import EnvServerSettings
+
+    cap, n = EnvServerSettings().max_sessions, cfg.rollout.episodes_per_step
+    if n > cap:
+        raise InvalidArgumentError(
+            f"rollout.episodes_per_step is {n}, but a step plays its episodes at once, one env session each, and "
+            f"the job's own env server holds at most {cap} sessions (max_sessions, MARTI_ENV_MAX_SESSIONS); lower "
+            "rollout.episodes_per_step, or give an env server with a larger max_sessions (--env)"
+        )
 
 
 def check_gateway_ports(cfg: TrainConfig) -> None:
