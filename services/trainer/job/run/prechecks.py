@@ -81,7 +81,8 @@ def check_env_sessions(cfg: TrainConfig) -> None:
     """Refuse a step of more episodes than the job's own env server holds sessions: a step plays its
     ``rollout.episodes_per_step`` episodes at once, one session each, and the server started with the job caps
     them at its ``max_sessions`` (:class:`services.env_server.settings.EnvServerSettings`, read as that server
-    reads it: ``MARTI_ENV_MAX_SESSIONS`` or the default 1024). For a job that starts its own env server only.
+    reads it: ``MARTI_ENV_MAX_SESSIONS`` or the default 1024). For a job that starts its own env server and plays
+    training episodes (``rollout.source`` not ``external``) only.
 
     Raises:
         InvalidArgumentError: Naming ``rollout.episodes_per_step``, its value and the cap.
@@ -89,7 +90,7 @@ def check_env_sessions(cfg: TrainConfig) -> None:
     from services.env_server.settings import EnvServerSettings
 
     cap, n = EnvServerSettings().max_sessions, cfg.rollout.episodes_per_step
-    if n > cap:
+    if n > cap and cfg.rollout.source != "external":  # external: the job plays no training episode itself
         raise InvalidArgumentError(
             f"rollout.episodes_per_step is {n}, but a step plays its episodes at once, one env session each, and "
             f"the job's own env server holds at most {cap} sessions (max_sessions, MARTI_ENV_MAX_SESSIONS); lower "

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
+from marti.errors import InvalidArgumentError
 from tests.refused_runs import train_over_an_old_run
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -27,3 +29,14 @@ def test_more_episodes_per_step_than_env_sessions_is_refused_before_an_overwrite
         "rollout.episodes_per_step, or give an env server with a larger max_sessions (--env)"
     ) in proc.stderr, proc.stderr
     assert "starting embedded broker" not in proc.stderr + proc.stdout  # nothing started
+
+
+def test_an_external_job_plays_no_training_episode_so_its_episodes_per_step_is_not_capped(monkeypatch):
+    from marti.config import load_config
+    from services.trainer.job.run.prechecks import check_env_sessions
+
+    monkeypatch.setenv("MARTI_ENV_MAX_SESSIONS", "8")
+    sets = ["rollout.episodes_per_step=10", "rollout.group_size=2"]
+    check_env_sessions(load_config(ROOT / "examples" / "tiny.yaml", [*sets, "rollout.source=external"]))
+    with pytest.raises(InvalidArgumentError, match="rollout.episodes_per_step is 10"):
+        check_env_sessions(load_config(ROOT / "examples" / "tiny.yaml", [*sets, "rollout.source=mixed"]))
