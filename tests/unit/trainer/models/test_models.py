@@ -132,3 +132,32 @@ def test_gguf_converts_once_then_loads_from_the_cache(tmp_path, monkeypatch):
     assert 134_000_000 < count_parameters(second) < 135_000_000
     s1, s2 = first.state_dict(), second.state_dict()
     assert all(torch.equal(s1[k], s2[k]) for k in s2)
+
+
+def test_max_positions_of_a_model_folder_come_from_its_config_json_without_transformers_config_classes(
+    tmp_path,
+):
+    """A folder's ``config.json`` stating ``max_position_embeddings`` is read as JSON (no config class imported: a
+    ``marti train`` driver checks every agent's reply length with it before anything starts); a folder whose
+    config names its length otherwise (GPT-2's ``n_positions``) goes through ``AutoConfig``."""
+    import json
+    import subprocess
+    import sys
+
+    llama, gpt2 = tmp_path / "llama", tmp_path / "gpt2"
+    for folder, config in ((llama, {"model_type": "llama", "max_position_embeddings": 777}),
+                           (gpt2, {"model_type": "gpt2", "n_positions": 321})):  # fmt: skip
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    code = (
+        "import sys\n"
+        "from services.trainer.models.loading import model_max_positions\n"
+        f"print(model_max_positions({str(llama)!r}))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('transformers.models.')))\n"
+        f"print(model_max_positions({str(gpt2)!r}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] == "777" and out[1] == "[]", out
+    assert out[2] == "321", out
