@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from scripts.data.make_allocation_data import PICK_PROBLEMS, balanced_pick_rows
 from scripts.data.make_allocation_data import main as make_allocation
 from scripts.data.make_arithmetic_data import main as make_arithmetic
 
@@ -50,3 +52,23 @@ def test_difficulty_is_checked_and_only_taken_where_it_applies(tmp_path: Path, c
         == 0
     )
     assert len(json.loads(Path(out).read_text())) == 1
+
+
+def test_pick_rows_are_distinct_problems_and_a_count_above_them_says_so(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "rows.jsonl"
+    assert make_allocation(["--kind", "pick", "--count", "240", "--out", str(out)]) == 0
+    assert f"there are only {PICK_PROBLEMS} distinct pick problems" in capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert PICK_PROBLEMS == 120 and len(rows) == 120
+    # no two rows show the agents the same text, and they are every order of the five tasks
+    assert len({(r["prompt"], r["leader_view"]) for r in rows}) == 120
+    assert len({tuple(r["ranking"]) for r in rows}) == 120
+    assert sorted(Counter(r["answer"] for r in rows).values()) == [24] * 5
+
+
+def test_fewer_pick_rows_are_distinct_and_balanced() -> None:
+    rows = balanced_pick_rows(25, 0)
+    assert len({(r["prompt"], r["leader_view"]) for r in rows}) == 25
+    assert sorted(Counter(r["answer"] for r in rows).values()) == [5] * 5
+    with pytest.raises(ValueError, match="count must be in 1..120"):
+        balanced_pick_rows(121, 0)
