@@ -68,10 +68,7 @@ class DatasetTasks:
         """
         self.check_evaluation(cfg)
         r = cfg.rollout
-        update: dict[str, Any] = {"num_train_seeds": self.n_train, "train_seed_start": 0}
         if self.n_eval:
-            update["eval_seeds"] = [self.n_train + j for j in range(self.n_eval)]
-            update["eval_episodes"] = min(r.eval_episodes, self.n_eval)
             if (
                 r.eval_every > 0 and r.eval_episodes < self.n_eval
             ):  # said, not silent: the rest is never played
@@ -81,6 +78,17 @@ class DatasetTasks:
                     r.eval_episodes, self.n_eval,
                 )  # fmt: skip
             self._warn_shared_prompts(seen_columns(cfg))
+        return self.sized(cfg)
+
+    def sized(self, cfg: TrainConfig) -> TrainConfig:
+        """``cfg`` with the seed schedule :meth:`fit` gives it, without its checks and warnings: what the run
+        folder's ``--resume`` check reads the job's last step from (:attr:`~marti.config.TrainConfig.total_steps`,
+        ``max_epochs`` passes over the training rows) before the job fits its config."""
+        r = cfg.rollout
+        update: dict[str, Any] = {"num_train_seeds": self.n_train, "train_seed_start": 0}
+        if self.n_eval:
+            update["eval_seeds"] = [self.n_train + j for j in range(self.n_eval)]
+            update["eval_episodes"] = min(r.eval_episodes, self.n_eval)
         return cfg.model_copy(update={"rollout": r.model_copy(update=update)})
 
     def _warn_shared_prompts(self, columns: list[str]) -> None:

@@ -246,16 +246,17 @@ def _check_given_services(cfg: TrainConfig, args: argparse.Namespace) -> None:
         check_given_store_tables(cfg, addresses)
 
 
-def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace) -> Any:
+def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace, data: Any = None) -> Any:
     """Lock ``cfg.run_dir`` and check it for this job (:class:`~services.trainer.job.run.run_dir.RunFolder`), before the
-    embedded services write into it. Raises what :meth:`RunFolder.lock` and :meth:`RunFolder.prepare` raise (the
-    lock is released then)."""
+    embedded services write into it; a dataset job's ``cfg`` is checked sized to its rows (``data``, the
+    :class:`~services.trainer.data.tasks.DatasetTasks` the pre-checks loaded: its last step). Raises what
+    :meth:`RunFolder.lock` and :meth:`RunFolder.prepare` raise (the lock is released then)."""
     from services.trainer.job.run.run_dir import RunFolder
 
     folder = RunFolder(cfg.run_dir)
     folder.lock()
     try:
-        folder.prepare(cfg, resume=args.resume, overwrite=args.overwrite)
+        folder.prepare(cfg if data is None else data.sized(cfg), resume=args.resume, overwrite=args.overwrite)
     except BaseException:
         folder.unlock()
         raise
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         check_attn_implementation(cfg.policy.attn_implementation)
         data = check_before_the_run_folder(cfg, env=args.env)
         _check_given_services(cfg, args)
-        folder = _prepare_folder(cfg, args)
+        folder = _prepare_folder(cfg, args, data)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)
         return 2

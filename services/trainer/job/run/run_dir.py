@@ -9,8 +9,9 @@ by :meth:`~services.trainer.job.run.loop.TrainingLoop.run` when no caller prepar
   checkpoint) unless ``resume`` or ``overwrite`` is given (a run without a checkpoint: only ``overwrite``, and
   both refusals say so); ``overwrite`` clears the folder; ``resume`` finds the checkpoint (an error naming the
   folder when there is none), refuses a config change the checkpoint cannot take (:func:`layout_changes`: one
-  line naming the key and both values) or a ``max_steps`` below the checkpoint's step, and warns when the dataset differs from the one the run last started
-  with (its path, or its content's sha256).
+  line naming the key and both values) or a job whose last step (``max_steps``, or fewer when ``max_epochs``
+  passes over the training problems end it first: a dataset job's rows) is below the checkpoint's step, and
+  warns when the dataset differs from the one the run last started with (its path, or its content's sha256).
 - :meth:`RunFolder.record_start` writes ``config.yaml`` and appends one line to ``config_history.jsonl`` once the
   job has really started (its checkpoint loaded), so a refused or failed start leaves the record as it was.
 """
@@ -33,6 +34,7 @@ from marti.data.fingerprint import dataset_fingerprint, fingerprint_changes
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from marti.plumbing.dir_lock import LOCK_FILE, DirLock
 from marti.plumbing.yaml_load import load_yaml
+from services.trainer.job.run.summary import epoch_limit_message
 
 HISTORY_FILE = "config_history.jsonl"
 _LOG = logging.getLogger(__name__)
@@ -145,6 +147,23 @@ SUBMIT_JOB_WAYS_OUT = (
 )
 
 
+def _past_the_last_step(cfg: TrainConfig, step: int) -> str:
+    """Why a checkpoint at ``step`` cannot resume a job of :attr:`~marti.config.TrainConfig.total_steps` steps
+    (below ``step``), and the ways out: ``max_steps``, or ``max_epochs`` passes over the training problems
+    (:func:`~services.trainer.job.run.summary.epoch_limit_message`) when they end the job first."""
+    out = "start a new run with --overwrite or another output.dir"
+    epochs = epoch_limit_message(cfg)
+    if epochs is None:
+        return (
+            f"the checkpoint is at step {step}, past max_steps {cfg.max_steps}; resume with max_steps {step} or "
+            f"more (--set max_steps=N), or {out}"
+        )
+    return (
+        f"the checkpoint is at step {step}, past the job's last step ({epochs}); resume with more max_epochs "
+        f"(--set max_epochs=N) or the training rows the run had, or {out}"
+    )
+
+
 class RunFolder:
     """One job's hold on its output folder (see the module docstring).
 
@@ -220,8 +239,10 @@ class RunFolder:
             InvalidArgumentError: both ``resume`` and ``overwrite``.
             FailedPreconditionError: a new run in a folder that holds one (the folder, ``--resume`` and
                 ``--overwrite`` are named), a resume whose config changes a key the checkpoint cannot take
-                (the key and both values are named), or one whose ``max_steps`` is below the checkpoint's step
-                (both named).
+                (the key and both values are named), or one whose last step (``cfg.total_steps``: ``max_steps``,
+                or the steps of ``max_epochs`` passes over the training problems; a dataset job's ``cfg`` sized
+                to its rows, :meth:`~services.trainer.data.tasks.DatasetTasks.sized`) is below the checkpoint's
+                step (both named, with the keys that set it).
             NotFoundError: ``resume`` and no checkpoint in the folder (advising ``--overwrite`` when the folder
                 holds a run all the same, :meth:`holds_a_run`).
         """
@@ -286,12 +307,8 @@ class RunFolder:
                 "--overwrite or another output.dir)"
             )
         step = checkpoint_step(ckpt)
-        if step is not None and step > cfg.max_steps:
-            raise FailedPreconditionError(
-                f"--resume from {ckpt}: the checkpoint is at step {step}, past max_steps {cfg.max_steps}; resume "
-                f"with max_steps {step} or more (--set max_steps=N), or start a new run with --overwrite or "
-                "another output.dir"
-            )
+        if step is not None and step > cfg.total_steps:
+            raise FailedPreconditionError(f"--resume from {ckpt}: {_past_the_last_step(cfg, step)}")
         return ckpt
 
     def record_start(

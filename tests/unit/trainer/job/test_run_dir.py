@@ -201,3 +201,56 @@ def test_a_resume_with_max_steps_below_the_checkpoint_step_is_refused_before_the
     assert not (tmp_path / "config_history.jsonl").exists()
     again = load_config(ROOT / "examples" / "tiny.yaml", [f"output.dir={tmp_path}", "max_steps=4"])
     assert RunFolder(tmp_path).prepare(again, resume=True, overwrite=False) == ckpt
+
+
+def test_a_dataset_job_resumed_past_its_epochs_is_refused_before_the_job(tmp_path):
+    """A new user resumed a dataset job on fewer rows (5: ``max_epochs`` 1 over them is 3 steps of 2 problems)
+    than its checkpoint had trained on (step 6): ``marti train --resume`` started the services and Ray, then
+    failed (``start_step must be in [0, 3]``). The run folder now reads the job's last step from the config sized
+    to the rows and refuses it before anything starts (no start record, no service files), naming the step, the
+    keys and the way out; the job's own last step still resumes."""
+    import json
+    import subprocess
+    import sys
+
+    from services.trainer.data.tasks import DatasetTasks
+    from services.trainer.job.run.run_dir import RunFolder
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"prompt": f"{i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(5))
+    )
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step_000006"
+    ckpt.mkdir(parents=True)
+    job = {
+        "training_name": "t",
+        "num_agents": 1,
+        "agents": [{"name": "solver", "pretrain_model": "tiny-llama", "role": "solver"}],
+        "dataset": {"path": f"jsonl:{rows}"},
+        "rollout": {"eval_every": 0},
+        "output": {"dir": str(run)},
+    }
+    config = tmp_path / "job.yaml"
+    config.write_text(json.dumps(job))
+    proc = subprocess.run(
+        [sys.executable, "-m", "marti.command.main", "train", str(config), "--resume", "--no-progress"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"marti train: --resume from {ckpt}: the checkpoint is at step 6, past the job's last step (max_epochs=1: "
+        "1 passes over the 5 training problems (rollout.num_train_seeds) take 3 steps, fewer than max_steps=100; "
+        "the job ends after step 3); resume with more max_epochs (--set max_epochs=N) or the training rows the "
+        "run had, or start a new run with --overwrite or another output.dir"
+    )
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".lock",
+        "checkpoints",
+    ]  # nothing started, nothing recorded
+    cfg = load_config(config)
+    ckpt.rename(run / "checkpoints" / "step_000003")
+    assert (
+        RunFolder(run).prepare(DatasetTasks(cfg).sized(cfg), resume=True, overwrite=False).name
+        == "step_000003"
+    )
