@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-
 from marti.api.experience.v1 import experience_service_pb2_grpc as sgrpc
+from marti.rpc.serving.logs import configure_logging
 from marti.rpc.serving.server import ServiceSpec, run_server
 from marti.rpc.settings import given_flags, load_settings, refusals_exit, settings_parser
 from marti.types.experience import read_tables_yaml
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = settings_parser(StoreSettings, "marti store", "Run the marti experience store.").parse_args(argv)
     settings = load_settings(StoreSettings, given_flags(args), "marti store")
-    logging.basicConfig(level=settings.log_level)
+    configure_logging(settings.log_level)  # restoring the data dir logs, before run_server
     with refusals_exit("marti store"):
         spec, _ = make_spec(settings)
     return run_server([spec], settings)

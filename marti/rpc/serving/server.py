@@ -31,6 +31,7 @@ from marti import errors
 from marti.rpc.options import common_options, server_options
 from marti.rpc.serving.bind import address_in_use_error, host_port, port_in_use
 from marti.rpc.serving.interceptors import ServerInterceptor
+from marti.rpc.serving.logs import configure_logging
 from marti.rpc.settings import ServerSettings
 
 _LOG = logging.getLogger("marti.rpc.serving.server")
@@ -385,13 +386,7 @@ def run_server(specs: Sequence[ServiceSpec], settings: ServerSettings | None = N
 def _run(specs: Sequence[ServiceSpec], settings: ServerSettings) -> None:
     """Configure logging and serve on uvloop until a signal (the body of :func:`run_server`)."""
     _exit_with_parent()
-    logging.basicConfig(
-        level=getattr(logging, settings.log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("marti.access").setLevel(
-        logging.WARNING if settings.log_level != "DEBUG" else logging.DEBUG
-    )
+    configure_logging(settings.log_level)
     try:
         import uvloop
 

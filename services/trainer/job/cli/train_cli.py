@@ -21,6 +21,7 @@ from typing import Any
 
 from marti.config import TrainConfig
 from marti.errors import MartiError
+from marti.rpc.serving.logs import LOG_FORMAT
 from services.trainer.job.connections.addresses import Addresses, resolve_addresses, with_started
 
 
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own, launch = split_argv(argv)
     args = build_parser().parse_args(own)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     try:
         cfg, warnings = build_config(args.config, args.overrides, launch, unset=args.unset)
         for w in warnings:
