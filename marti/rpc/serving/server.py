@@ -3,8 +3,8 @@
 ``start_server`` builds a ``grpc.aio`` server with the shared interceptors, the standard health service,
 server reflection, TLS (optional) and a Prometheus endpoint (optional), adds the given services and starts
 it. ``run_server`` is the blocking entry point used by each service's ``__main__``: it runs on uvloop,
-prints ``listening on HOST:PORT``, and on SIGTERM/SIGINT flips health to NOT_SERVING, drains in-flight calls
-for ``grace_s`` seconds and exits 0; a second signal stops at once.
+prints ``listening on HOST:PORT`` once its signal handlers are in place, and on SIGTERM/SIGINT flips health to
+NOT_SERVING, drains in-flight calls for ``grace_s`` seconds and exits 0; a second signal stops at once.
 
 Ports are bound exclusively (no ``SO_REUSEPORT``, :func:`marti.rpc.options.server_options`): a server whose
 port (gRPC or Prometheus) is taken refuses to start with "address in use" naming the port, and ``run_server``
@@ -316,9 +316,6 @@ async def start_server(specs: Sequence[ServiceSpec], settings: ServerSettings | 
 
 async def _serve_until_signal(specs: Sequence[ServiceSpec], settings: ServerSettings) -> None:
     running = await start_server(specs, settings)
-    print(f"listening on {running.address}", flush=True)
-    if running.metrics_port is not None:
-        print(f"metrics on http://{settings.host}:{running.metrics_port}/metrics", flush=True)
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     signals_seen = 0
@@ -336,6 +333,10 @@ async def _serve_until_signal(specs: Sequence[ServiceSpec], settings: ServerSett
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    # said once the signals are handled: a supervisor's SIGTERM right after this line drains, not kills
+    print(f"listening on {running.address}", flush=True)
+    if running.metrics_port is not None:
+        print(f"metrics on http://{settings.host}:{running.metrics_port}/metrics", flush=True)
     await stop_requested.wait()
     _LOG.info("shutting down: NOT_SERVING, draining for %.1fs", settings.grace_s)
     await running.stop(settings.grace_s)
