@@ -65,9 +65,11 @@ class RolloutConfig(_Section):
     episodes plus ``external.episodes_per_step`` more per agent. ``external`` and ``mixed`` turn the gateway on.
     Evaluation (``eval_every``) still plays the env's held-out seeds; set it to 0 for a job without an env."""
     episodes_per_step: PositiveInt = 8
-    """Episodes played per training step (a multiple of ``group_size``), at once, one env session each: more than
-    the job's own env server holds (its ``max_sessions``, 1024 unless ``MARTI_ENV_MAX_SESSIONS`` says otherwise) is
-    refused by ``marti train`` before anything starts."""
+    """Episodes played per training step (a multiple of ``group_size``), at once, one env session each. An
+    evaluation's episodes (``eval_episodes`` x ``eval_samples``, for each task) are open sessions too, at the same
+    time as a step's when ``max_staleness`` >= 1 plays the next step during the evaluation: more at once than the
+    env server holds (the job's own server's ``max_sessions``, 1024 unless ``MARTI_ENV_MAX_SESSIONS`` says
+    otherwise; a single given server's, read from it) is refused by ``marti train`` before anything starts."""
     group_size: PositiveInt = 4
     """Episodes per problem seed; a group is what GRPO-style estimators normalise over."""
     max_new_tokens: PositiveInt = 128

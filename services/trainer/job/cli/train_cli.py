@@ -230,13 +230,16 @@ def resume_command(argv: list[str]) -> str:
     return shlex.join(["marti", "train", *args])
 
 
-def _check_given_services(cfg: TrainConfig, args: argparse.Namespace) -> None:
+def _check_given_services(cfg: TrainConfig, args: argparse.Namespace, data: Any = None) -> None:
     """Each service address given (flag or ``services`` section) serves its service
-    (:func:`~services.trainer.job.connections.served.check_given_services`), and a given store takes the job's
-    tables (:func:`~services.trainer.job.run.prechecks.check_given_store_tables`), before the run folder."""
+    (:func:`~services.trainer.job.connections.served.check_given_services`), a given store takes the job's
+    tables (:func:`~services.trainer.job.run.prechecks.check_given_store_tables`) and a given env server holds
+    the sessions the job opens at once (:func:`~services.trainer.job.run.env_sessions.check_given_env_sessions`,
+    on the config sized to ``data``, a dataset job's rows), before the run folder."""
     from services.trainer.job.connections.addresses import SERVICES
     from services.trainer.job.connections.served import check_given_services
-    from services.trainer.job.run.prechecks import check_given_store_tables
+    from services.trainer.job.run.env_sessions import check_given_env_sessions
+    from services.trainer.job.run.prechecks import check_given_store_tables, job_config
 
     addresses, missing = resolve_addresses(
         cfg.services, broker=args.broker, env=args.env, store=args.store, token=args.token
@@ -245,6 +248,8 @@ def _check_given_services(cfg: TrainConfig, args: argparse.Namespace) -> None:
     check_given_services(addresses, given, wait_s=cfg.services.reconnect_timeout_s)
     if "store" not in missing:
         check_given_store_tables(cfg, addresses)
+    if "env" not in missing:
+        check_given_env_sessions(job_config(cfg, data), addresses)
 
 
 def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace, data: Any = None) -> Any:
@@ -252,12 +257,13 @@ def _prepare_folder(cfg: TrainConfig, args: argparse.Namespace, data: Any = None
     embedded services write into it; a dataset job's ``cfg`` is checked sized to its rows (``data``, the
     :class:`~services.trainer.data.tasks.DatasetTasks` the pre-checks loaded: its last step). Raises what
     :meth:`RunFolder.lock` and :meth:`RunFolder.prepare` raise (the lock is released then)."""
+    from services.trainer.job.run.prechecks import job_config
     from services.trainer.job.run.run_dir import RunFolder
 
     folder = RunFolder(cfg.run_dir)
     folder.lock()
     try:
-        folder.prepare(cfg if data is None else data.sized(cfg), resume=args.resume, overwrite=args.overwrite)
+        folder.prepare(job_config(cfg, data), resume=args.resume, overwrite=args.overwrite)
     except BaseException:
         folder.unlock()
         raise
@@ -306,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                     resolve_model(name)
         check_attn_implementation(cfg.policy.attn_implementation)
         data = check_before_the_run_folder(cfg, env=args.env)
-        _check_given_services(cfg, args)
+        _check_given_services(cfg, args, data)
         folder = _prepare_folder(cfg, args, data)
     except MartiError as exc:
         print(f"marti train: {exc}", file=sys.stderr)

@@ -32,6 +32,7 @@ from marti.team.workflow import check_workflow_section
 from services.trainer.data.tables import create_tables, table_settings
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.connections.addresses import Addresses, resolve_addresses
+from services.trainer.job.run.env_sessions import check_env_sessions
 from services.trainer.models.resolve import TINY_ALIAS
 from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
 from services.trainer.rollout.episodes.scoring import build_scorer, check_reward_calls
@@ -39,11 +40,11 @@ from services.trainer.rollout.episodes.scoring import build_scorer, check_reward
 __all__ = [
     "check_before_the_run_folder",
     "check_dataset_job",
-    "check_env_sessions",
     "check_envs_in_process",
     "check_gateway_ports",
     "check_given_store_tables",
     "check_vllm_engine",
+    "job_config",
     "starts_own_env_server",
 ]
 
@@ -54,7 +55,8 @@ def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> 
     (:func:`~services.trainer.job.run.prompt_lengths.check_reply_lengths`), the ``workflow``
     section (:func:`marti.team.workflow.check_workflow_section`, when the section is active) and, when the job starts
     its own env server (``env``, the ``--env`` flag, is None and the config has no ``services.env``),
-    :func:`check_env_sessions` and :func:`check_envs_in_process`.
+    :func:`~services.trainer.job.run.env_sessions.check_env_sessions` (on :func:`job_config`) and
+    :func:`check_envs_in_process`.
 
     Returns:
         The dataset job's problems (:class:`DatasetTasks`, for the job's loop), or None without a ``dataset``.
@@ -72,30 +74,9 @@ def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> 
     if cfg.workflow.active:
         check_workflow_section(cfg.workflow, [a.name for a in cfg.agents])
     if starts_own_env_server(cfg, env):
-        check_env_sessions(cfg)
+        check_env_sessions(job_config(cfg, data))
         check_envs_in_process(cfg, data)
     return data
-
-
-def check_env_sessions(cfg: TrainConfig) -> None:
-    """Refuse a step of more episodes than the job's own env server holds sessions: a step plays its
-    ``rollout.episodes_per_step`` episodes at once, one session each, and the server started with the job caps
-    them at its ``max_sessions`` (:class:`services.env_server.settings.EnvServerSettings`, read as that server
-    reads it: ``MARTI_ENV_MAX_SESSIONS`` or the default 1024). For a job that starts its own env server and plays
-    training episodes (``rollout.source`` not ``external``) only.
-
-    Raises:
-        InvalidArgumentError: Naming ``rollout.episodes_per_step``, its value and the cap.
-    """
-    from services.env_server.settings import EnvServerSettings
-
-    cap, n = EnvServerSettings().max_sessions, cfg.rollout.episodes_per_step
-    if n > cap and cfg.rollout.source != "external":  # external: the job plays no training episode itself
-        raise InvalidArgumentError(
-            f"rollout.episodes_per_step is {n}, but a step plays its episodes at once, one env session each, and "
-            f"the job's own env server holds at most {cap} sessions (max_sessions, MARTI_ENV_MAX_SESSIONS); lower "
-            "rollout.episodes_per_step, or give an env server with a larger max_sessions (--env)"
-        )
 
 
 def check_gateway_ports(cfg: TrainConfig) -> None:
@@ -158,6 +139,12 @@ def check_vllm_engine(
             "rollout.engine=vllm but the vllm package is not installed here (the gpu extra); install it, or set "
             "rollout.engine: auto or hf"
         )
+
+
+def job_config(cfg: TrainConfig, data: DatasetTasks | None) -> TrainConfig:
+    """``cfg`` as the job will run it: a dataset job's sized to its rows (``data``,
+    :meth:`~services.trainer.data.tasks.DatasetTasks.sized`: its steps and held-out episodes), else ``cfg``."""
+    return cfg if data is None else data.sized(cfg)
 
 
 def starts_own_env_server(cfg: TrainConfig, env: str | None) -> bool:
