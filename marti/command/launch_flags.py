@@ -32,7 +32,7 @@ from marti.config.sections.dataset import DATASET_ENV
 from marti.config.unread import CRITIC_ALGORITHM_KEYS
 from marti.errors import InvalidArgumentError
 from marti.plumbing.cpu_features import CPUINFO, cpu_has_bf16
-from marti.plumbing.yaml_load import load_yaml
+from marti.plumbing.yaml_load import load_yaml, yaml_error_line
 
 __all__ = [
     "FLAG_GROUPS",
@@ -590,7 +590,7 @@ def build_config(
         except OSError as exc:
             raise InvalidArgumentError(f"cannot read config file {source!r}: {exc.strerror or exc}") from None
         except yaml.YAMLError as exc:
-            raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
+            raise InvalidArgumentError(f"{source}: not valid YAML: {yaml_error_line(exc)}") from None
         if not isinstance(raw, dict):
             raise InvalidArgumentError(f"{source}: the config must be a YAML mapping")
     agents = raw.get("agents")

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from marti.config.schema import TrainConfig
 from marti.errors import InvalidArgumentError
-from marti.plumbing.yaml_load import load_yaml
+from marti.plumbing.yaml_load import load_yaml, yaml_error_line
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
@@ -86,7 +86,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
         value = load_yaml(raw, f"override {text!r}") if raw.strip() else None
     except yaml.YAMLError as exc:
         raise InvalidArgumentError(
-            f"override {key}: value {raw!r} is not a YAML scalar or list: {exc}"
+            f"override {key}: value {raw!r} is not a YAML scalar or list: {yaml_error_line(exc)}"
         ) from None
     return parts, value
 
@@ -300,7 +300,7 @@ def raw_config_from_text(text: str, source: str = "<text>") -> dict[str, Any]:
     try:
         data = load_yaml(text, source)
     except yaml.YAMLError as exc:
-        raise InvalidArgumentError(f"{source}: not valid YAML: {exc}") from None
+        raise InvalidArgumentError(f"{source}: not valid YAML: {yaml_error_line(exc)}") from None
     data = {} if data is None else data
     _check_mapping(data, source)
     return data

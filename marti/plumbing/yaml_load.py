@@ -157,3 +157,20 @@ def load_yaml(text: str, source: str) -> Any:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error, for a message that has already named the file: its problem and where
+    (``expected ',' or '}', but got ':' at line 4, column 10``), with what the parser was inside when that is
+    elsewhere (``(while parsing a flow mapping at line 3, column 5)``); PyYAML's own text repeats a placeholder
+    file name (``in "<unicode string>"``) and spans several lines. An error without a position: its text on
+    one line.
+    """
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if not problem or mark is None:
+        return " ".join(str(exc).split())
+    out = f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    context, where = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and where is not None and (where.line, where.column) != (mark.line, mark.column):
+        out += f" ({context} at line {where.line + 1}, column {where.column + 1})"
+    return out

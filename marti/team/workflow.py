@@ -87,7 +87,9 @@ def load_callable(spec: str) -> Callable[..., Any]:
     """
     obj = load_attr(spec, files=True, form="'package.module:name' or 'file.py:name'")
     if not callable(obj):
-        raise InvalidArgumentError(f"import path {spec!r} names a {type(obj).__name__}, not a callable")
+        raise InvalidArgumentError(
+            f"import path {spec!r} names a value of type {type(obj).__name__}, not a callable"
+        )
     return obj
 
 

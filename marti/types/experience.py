@@ -430,12 +430,12 @@ def parse_tables_yaml(text: str, source: str = "tables config") -> list[TableCon
     """
     import yaml
 
-    from marti.plumbing.yaml_load import load_yaml
+    from marti.plumbing.yaml_load import load_yaml, yaml_error_line
 
     try:
         doc = load_yaml(text, source) or {}
     except yaml.YAMLError as e:
-        raise InvalidArgumentError(f"{source}: not valid YAML: {_yaml_error_line(e)}") from None
+        raise InvalidArgumentError(f"{source}: not valid YAML: {yaml_error_line(e)}") from None
     if not isinstance(doc, dict) or set(doc) - {"tables"}:
         extra = sorted(set(doc) - {"tables"}) if isinstance(doc, dict) else doc
         raise InvalidArgumentError(f"{source} must be a mapping with only a 'tables' key, got {extra!r}")
@@ -464,11 +464,3 @@ def read_tables_yaml(path: str | os.PathLike[str]) -> list[TableConfig]:
             f"cannot read tables config file {str(path)!r}: {e.strerror or e}"
         ) from None
     return parse_tables_yaml(text, source=f"tables config {str(path)!r}")
-
-
-def _yaml_error_line(e: Exception) -> str:
-    """One line for a YAML error: its problem and where (``line L, column C``), else its text joined."""
-    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
-    if problem and mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return " ".join(str(e).split())

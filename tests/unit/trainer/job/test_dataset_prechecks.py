@@ -409,7 +409,7 @@ def test_the_precheck_sends_a_good_reward_server_one_request_as_scoring_does(tmp
     ("source", "fn", "error", "message"),
     [
         ("def f(prompts, completions, **kw)\n    return [1.0]\n", "f", InvalidArgumentError, "SyntaxError"),
-        ("X = 3\n", "X", InvalidArgumentError, "names a int, not a callable"),
+        ("X = 3\n", "X", InvalidArgumentError, "names a value of type int, not a callable"),
         ("X = 3\n", "nope", NotFoundError, "has no attribute 'nope'"),
     ],
 )

@@ -130,8 +130,9 @@ def test_load_callable_from_module_and_file(tmp_path):
     f = tmp_path / "mine.py"
     f.write_text("def double(x):\n    return 2 * x\nVALUE = 3\n")
     assert load_callable(f"{f}:double")(4) == 8
-    with pytest.raises(InvalidArgumentError, match="not a callable"):
+    with pytest.raises(InvalidArgumentError) as refused:
         load_callable(f"{f}:VALUE")
+    assert str(refused.value) == f"import path '{f}:VALUE' names a value of type int, not a callable"
     with pytest.raises(NotFoundError, match="no attribute"):
         load_callable(f"{f}:missing")
     with pytest.raises(NotFoundError, match="does not exist"):
