@@ -14,7 +14,8 @@ PYTEST_ARGS ?=
 # (OMP_WAIT_POLICY=PASSIVE, tests/conftest.py), so a busy core costs no spinning. On the
 # 2-vCPU Intel Xeon on 2026-12-06, same code, quiet machine: 3 workers 14 min 10 s against 16 min 12 s for 2 (the
 # cores idle 3% and 15% of the time); three later runs with 3 took 14:43, 15:56 and 14:46 (docs/benchmarks.md,
-# "The test suite's wall time"). In 2026-12-02's runs, before the
+# "The test suite's wall time"); with one thread, 13:42 and 13:55 against 14:25 for the threads as before, in one
+# hour (2026-12-06, thirteenth session). In 2026-12-02's runs, before the
 # passive wait policy, 4 workers were slower than 2 (35 min 49 s, with timing failures).
 PYTEST_WORKERS ?= 3
 CONFIG ?= examples/private_allocation_pick.yaml
