@@ -231,7 +231,7 @@ def check_sendable_result(env_id: str, call: str, observations: Mapping, infos: 
     for agent, info in infos.items():
         if not isinstance(info, Mapping):
             raise InternalError(
-                f"env {env_id}'s {call} result cannot be sent: infos[{agent!r}] is a {type(info).__name__}, "
+                f"env {env_id}'s {call} result cannot be sent: infos[{agent!r}] is of type {type(info).__name__}, "
                 "not a dict"
             )
     parts = [(f"observations[{a!r}]", obs) for a, obs in observations.items()]

@@ -146,7 +146,7 @@ def check_scores(scores: Any, expected: int, *, scorer: str) -> list[float]:
     )
     if not isinstance(values, (list, tuple)):
         raise InvalidArgumentError(
-            f"{scorer} returned a {type(scores).__name__} ({shorten(scores)}); "
+            f"{scorer} returned a value of type {type(scores).__name__} ({shorten(scores)}); "
             f"expected a list of {expected} floats, one per completion"
         )
     if len(values) != expected:

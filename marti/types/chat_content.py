@@ -57,7 +57,7 @@ def _part_text(part: object, param: str, kinds: Mapping[str, str]) -> str:
     key = kinds[kind]
     text = part.get(key)  # type: ignore[union-attr]
     if not isinstance(text, str):
-        got = f"has no {key}" if text is None else f"has {key} {text!r:.100}, a {type(text).__name__}"
+        got = f"has no {key}" if text is None else f"has {key} {text!r:.100}, of type {type(text).__name__}"
         raise _refuse(
             f"{param}.{key}", f"is refused: the part {got}; a {kind!r} part's {key} must be a string"
         )

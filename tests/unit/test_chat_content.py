@@ -27,7 +27,7 @@ def test_a_string_is_itself_and_parts_are_joined_with_newlines():
         ([TEXT, {"type": "image_url"}], None, "messages[2].content[1].type", "got type 'image_url'"),
         ([TEXT, "hi"], None, "messages[2].content[1].type", "got type None"),
         ([TEXT, {"type": "text"}], None, "messages[2].content[1].text", "has no text"),
-        ([{"type": "text", "text": 5}], None, "messages[2].content[0].text", "has text 5, a int"),
+        ([{"type": "text", "text": 5}], None, "messages[2].content[0].text", "has text 5, of type int"),
         # a kind's text is read from its own key only
         (
             [{"type": "refusal", "text": "no"}],

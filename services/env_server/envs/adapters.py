@@ -87,7 +87,7 @@ def build_from_entry_point(env_id: str, config: dict[str, Any]) -> Any:
     kwargs = config["kwargs"] or {}
     where = f"env {env_id!r}: entry_point {entry_point!r}"
     if not callable(factory):
-        raise InvalidArgumentError(f"{where} is not callable (a {type(factory).__name__})")
+        raise InvalidArgumentError(f"{where} is not callable (of type {type(factory).__name__})")
     _bind_kwargs(where, factory, kwargs)
     try:
         return factory(**kwargs)

@@ -42,7 +42,7 @@ UNSENDABLE = {
     "surrogate_observation": (({"a": "x", "b": "\ud800"}, *OK[1:]), r"observations\['b'\] must be valid Unicode"),
     "nested_set_observation": (({"a": {"x": [1, {2}]}, "b": "x"}, *OK[1:]), r"observations\['a'\]\['x'\]\[1\]: cannot send a value of type set"),
     "set_info": ((*OK[:4], {"a": {}, "b": {"s": {1, 2}}}), r"infos\['b'\]\['s'\]: cannot send a value of type set"),
-    "none_info": ((*OK[:4], {"a": {}, "b": None}), r"infos\['b'\] is a NoneType, not a dict"),
+    "none_info": ((*OK[:4], {"a": {}, "b": None}), r"infos\['b'\] is of type NoneType, not a dict"),
 }  # fmt: skip
 
 

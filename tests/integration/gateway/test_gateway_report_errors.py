@@ -296,7 +296,10 @@ def test_openai_fields_that_would_change_the_answer_are_refused_naming_them(gw):
 def test_a_text_part_without_string_text_names_the_part(gw):
     root, _, _ = gw
     client = _client(f"{root}/v1")
-    for part, said in (({"type": "text"}, "has no text"), ({"type": "text", "text": 5}, "has text 5, a int")):
+    for part, said in (
+        ({"type": "text"}, "has no text"),
+        ({"type": "text", "text": 5}, "has text 5, of type int"),
+    ):
         content = [{"type": "text", "text": "a"}, part]
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(

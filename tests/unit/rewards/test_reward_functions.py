@@ -130,7 +130,7 @@ def test_weighted_sum_checks_each_scorer_output():
 @pytest.mark.parametrize(
     ("scores", "words"),
     [
-        ({"a": 1.0}, ["dict", "expected a list of 2 floats"]),
+        ({"a": 1.0}, ["a value of type dict", "expected a list of 2 floats"]),
         ([1.0, math.inf], ["index 1", "inf"]),
         ([True, 1.0], ["index 0", "True", "bool"]),
         ([None, 1.0], ["index 0", "None"]),
