@@ -94,14 +94,18 @@ def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
 
 def check_reply_lengths(cfg: TrainConfig) -> None:
     """Check, in any job, that every agent's ``max_new_tokens`` leaves room for a prompt in the rollout engine's
-    length: a reply as long as the model's context fails at the first episode, whatever the prompt.
+    length: a reply as long as the model's context fails at the first episode, whatever the prompt. A scripted
+    agent (``workflow.roles[].scripted``) replies from Python and generates nothing: it is not checked.
 
     Raises:
         InvalidArgumentError: The first agent whose reply does not fit, naming it, the config key and its value,
             the limit and what sets it.
     """
     engine = resolve_auto_engine(_device(cfg)) if cfg.rollout.engine == "auto" else cfg.rollout.engine
+    scripted = {r.agent for r in cfg.workflow.roles if r.scripted} if cfg.workflow.active else set()
     for index, agent in enumerate(cfg.agents):
+        if agent.name in scripted:
+            continue
         limit, limit_from = _limit(engine, index, agent.pretrain_model)
         reply, key = _reply(cfg, index)
         if reply >= limit:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.refused_runs import train_over_an_old_run
@@ -27,3 +28,19 @@ def test_a_reply_longer_than_the_models_context_is_refused_before_an_overwrite(t
     ) in proc.stderr, proc.stderr
     assert "agent_2" not in proc.stderr
     assert "starting embedded broker" not in proc.stderr + proc.stdout  # nothing started
+
+
+def test_a_scripted_agents_reply_length_is_not_checked():
+    """A scripted agent (workflow.roles[].scripted) replies from Python and generates nothing: its
+    max_new_tokens is never asked of a model, so a value past its model's context is no reason to refuse the job
+    (check_prompt_lengths skips it too); a model agent's still is."""
+    from marti.config import config_from_dict
+    from marti.errors import InvalidArgumentError
+    from services.trainer.job.run.prompt_lengths import check_reply_lengths
+
+    job = yaml.safe_load((ROOT / "examples" / "workflows" / "debate" / "debate.yaml").read_text())
+    job["agents"][2]["sampling"] = {"max_new_tokens": 4096}  # agent_3, the scripted calculator
+    check_reply_lengths(config_from_dict(job))
+    job["agents"][1]["sampling"] = {"max_new_tokens": 4096}  # agent_2, a model solver
+    with pytest.raises(InvalidArgumentError, match=r"^agent 'agent_2' \(agents\[1\]\): agents\[1\]\.sampling"):
+        check_reply_lengths(config_from_dict(job))
