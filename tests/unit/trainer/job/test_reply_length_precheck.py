@@ -42,5 +42,7 @@ def test_a_scripted_agents_reply_length_is_not_checked():
     job["agents"][2]["sampling"] = {"max_new_tokens": 4096}  # agent_3, the scripted calculator
     check_reply_lengths(config_from_dict(job))
     job["agents"][1]["sampling"] = {"max_new_tokens": 4096}  # agent_2, a model solver
-    with pytest.raises(InvalidArgumentError, match=r"^agent 'agent_2' \(agents\[1\]\): agents\[1\]\.sampling"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"^agent 'agent_2' \(agents\[1\]\): agents\[1\]\.sampling"
+    ):
         check_reply_lengths(config_from_dict(job))
