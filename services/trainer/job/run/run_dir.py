@@ -150,7 +150,8 @@ SUBMIT_JOB_WAYS_OUT = (
 def _past_the_last_step(cfg: TrainConfig, step: int) -> str:
     """Why a checkpoint at ``step`` cannot resume a job of :attr:`~marti.config.TrainConfig.total_steps` steps
     (below ``step``), and the ways out: ``max_steps``, or ``max_epochs`` passes over the training problems
-    (:func:`~services.trainer.job.run.summary.epoch_limit_message`) when they end the job first."""
+    (:func:`~services.trainer.job.run.summary.epoch_limit_message`) when they end the job first, with
+    ``max_steps`` too when it is also below ``step`` (more epochs alone would still end the job before it)."""
     out = "start a new run with --overwrite or another output.dir"
     epochs = epoch_limit_message(cfg)
     if epochs is None:
@@ -158,9 +159,10 @@ def _past_the_last_step(cfg: TrainConfig, step: int) -> str:
             f"the checkpoint is at step {step}, past max_steps {cfg.max_steps}; resume with max_steps {step} or "
             f"more (--set max_steps=N), or {out}"
         )
+    steps = f"max_steps {step} or more (--set max_steps=N) and " if cfg.max_steps < step else ""
     return (
-        f"the checkpoint is at step {step}, past the job's last step ({epochs}); resume with more max_epochs "
-        f"(--set max_epochs=N) or the training rows the run had, or {out}"
+        f"the checkpoint is at step {step}, past the job's last step ({epochs}); resume with {steps}more "
+        f"max_epochs (--set max_epochs=N) or the training rows the run had, or {out}"
     )
 
 
