@@ -71,7 +71,8 @@ def decompress_chunks(chunks: Sequence[bytes], max_bytes: int = 1 << 31, limit: 
         limit: How a refusal names the cap, e.g. ``"max_item_bytes"`` (it is followed by ``=max_bytes``).
 
     Raises:
-        InvalidArgumentError: when a frame is not valid zstd or the output would exceed ``max_bytes``.
+        InvalidArgumentError: when a frame is not valid zstd or the output would exceed ``max_bytes`` (a frame
+            that declares more, or one that declares no size and inflates past it: named as over the cap).
     """
     d = _decompressor()
     out, total = [], 0
@@ -87,11 +88,32 @@ def decompress_chunks(chunks: Sequence[bytes], max_bytes: int = 1 << 31, limit: 
                 )
             part = d.decompress(ch, max_output_size=max_bytes - total) if ch else b""
         except zstandard.ZstdError as e:
+            if _inflates_past(d, ch, max_bytes - total):  # zstd's error at max_output_size: over the cap
+                raise InvalidArgumentError(
+                    f"payload chunk {i} decompresses to more than the {max_bytes - total} bytes left under "
+                    f"{limit}={max_bytes}"
+                ) from None
             raise InvalidArgumentError(f"payload chunk {i} is not a valid zstd frame: {e}") from None
         total += len(part)
         check_payload_bytes(total, max_bytes, limit)
         out.append(part)
     return b"".join(out)
+
+
+def _inflates_past(d: zstandard.ZstdDecompressor, chunk: bytes, room: int) -> bool:
+    """Whether zstd frame ``chunk`` decompresses to more than ``room`` bytes, reading at most ``room + 1`` of
+    them, a MiB at a time (a frame whose header declares no size fails ``max_output_size`` with zstd's "did not
+    decompress full frame", as a damaged one does). False for a frame that fails or ends before then."""
+    reader, seen = d.stream_reader(chunk), 0
+    try:
+        while seen <= room:
+            piece = reader.read(min(1 << 20, room + 1 - seen))
+            if not piece:
+                return False
+            seen += len(piece)
+    except zstandard.ZstdError:
+        return False
+    return True
 
 
 def check_payload_bytes(size: int, max_bytes: int, limit: str = "max_bytes") -> None:

@@ -270,3 +270,28 @@ def test_an_item_taken_while_its_insert_fails_does_not_come_back_when_the_take_i
     storage._wconn.execute("PRAGMA max_page_count = 1073741823")  # room again
     assert all(isinstance(k, int) for k in s.insert("q", [big], 0))  # inserted, not Duplicate
     s.close()
+
+
+def test_a_frame_without_a_declared_size_over_the_limit_is_said_to_be_over_it():
+    """A valid zstd frame whose header declares no content size (a streaming compressor's) and that inflates past
+    the limit is refused as over the limit, not as 'not a valid zstd frame' (zstd's own 'did not decompress full
+    frame' at max_output_size); after a first chunk that fills the limit exactly, the next is over it too; a
+    damaged frame is still said to be invalid."""
+    import zstandard
+
+    stream = zstandard.ZstdCompressor(write_content_size=False)
+    big = stream.compress(b"x" * 5000)
+    with pytest.raises(InvalidArgumentError) as over:
+        decompress_chunks([big], max_bytes=4000, limit="max_item_bytes")
+    assert str(over.value) == (
+        "payload chunk 0 decompresses to more than the 4000 bytes left under max_item_bytes=4000"
+    )
+    with pytest.raises(InvalidArgumentError) as over:
+        decompress_chunks([stream.compress(b"y" * 3000), big], max_bytes=3000, limit="max_item_bytes")
+    assert (
+        str(over.value)
+        == "payload chunk 1 decompresses to more than the 0 bytes left under max_item_bytes=3000"
+    )
+    with pytest.raises(InvalidArgumentError, match="^payload chunk 0 is not a valid zstd frame"):
+        decompress_chunks([big[:-3]], max_bytes=4000)
+    assert decompress_chunks([big], max_bytes=5000) == b"x" * 5000
