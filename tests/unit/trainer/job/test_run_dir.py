@@ -259,28 +259,24 @@ def test_a_dataset_job_resumed_past_its_epochs_is_refused_before_the_job(tmp_pat
 def test_a_resume_past_both_max_epochs_and_max_steps_names_both(tmp_path):
     """max_epochs 1 over 4 problems (2 steps) ends the job before max_steps 3, and both are below the checkpoint's
     step 6: the refusal names both keys, since raising max_epochs alone would still stop the job at step 3 (and
-    be refused again, for max_steps)."""
+    be refused again, for max_steps). For a checkpoint at step 3, max_steps is enough: max_epochs alone."""
     import pytest
 
     from marti.errors import FailedPreconditionError
     from services.trainer.job.run.run_dir import RunFolder
 
-    (tmp_path / "checkpoints" / "step_000006").mkdir(parents=True)
     sets = [f"output.dir={tmp_path}", "rollout.num_train_seeds=4", "max_epochs=1", "max_steps=3"]
-    with pytest.raises(FailedPreconditionError) as refused:
-        RunFolder(tmp_path).prepare(
-            load_config(ROOT / "examples" / "tiny.yaml", sets), resume=True, overwrite=False
-        )
-    assert str(refused.value).endswith(
-        "resume with max_steps 6 or more (--set max_steps=N) and more max_epochs (--set max_epochs=N) or the "
-        "training rows the run had, or start a new run with --overwrite or another output.dir"
-    ), str(refused.value)
-    (tmp_path / "checkpoints" / "step_000006").rename(tmp_path / "checkpoints" / "step_000003")
-    with pytest.raises(FailedPreconditionError) as refused:  # max_steps 3 is enough for step 3: epochs alone
-        RunFolder(tmp_path).prepare(
-            load_config(ROOT / "examples" / "tiny.yaml", sets), resume=True, overwrite=False
-        )
-    assert str(refused.value).endswith(
-        "resume with more max_epochs (--set max_epochs=N) or the training rows the run had, or start a new run "
-        "with --overwrite or another output.dir"
-    ), str(refused.value)
+    ways = {
+        6: "resume with max_steps 6 or more (--set max_steps=N) and more max_epochs (--set max_epochs=N) or the "
+        "training rows the run had",
+        3: "resume with more max_epochs (--set max_epochs=N) or the training rows the run had",
+    }
+    for step, way in ways.items():
+        (tmp_path / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
+        with pytest.raises(FailedPreconditionError) as refused:
+            RunFolder(tmp_path).prepare(
+                load_config(ROOT / "examples" / "tiny.yaml", sets), resume=True, overwrite=False
+            )
+        message = str(refused.value)
+        assert message.endswith(f"{way}, or start a new run with --overwrite or another output.dir"), message
+        (tmp_path / "checkpoints" / f"step_{step:06d}").rmdir()
