@@ -108,7 +108,7 @@ def check_rows(
             what = "an empty prompt" if isinstance(prompt, str) else f"a non-string prompt {_show(prompt)}"
             raise InvalidArgumentError(f"{source}: {i} has {what} in column {input_key!r}")
         if label_key is not None:
-            _check_label(source, i, label_key, row.get(label_key), _misspelt(row, label_key))
+            _check_label(source, i, label_key, row)
         for column, value in row.items():
             bad = _not_json(value)
             if bad is not None:
@@ -127,17 +127,19 @@ def _misspelt(row: dict[str, Any], key: str) -> str:
     return f"; the row has a value in {close[0]!r}: a misspelt key?" if close else ""
 
 
-def _check_label(source: str, i: str, label_key: str, label: Any, hint: str = "") -> None:
-    """Check the label of the row named ``i`` (:func:`row_name`): text or a number (what a verifier reads), not
-    null or empty. ``hint`` ends the no-label message (:func:`_misspelt`).
+def _check_label(source: str, i: str, label_key: str, row: dict[str, Any]) -> None:
+    """Check the label of ``row``, named ``i`` (:func:`row_name`): text or a number (what a verifier reads), not
+    null or empty; a row without one is searched for a misspelt key (:func:`_misspelt`) only then, so a good
+    row costs no search.
 
     Raises:
         InvalidArgumentError: No label (null, or empty text), or a label that is a list, an object (mapping),
             a boolean or another non-number, naming the source, the row, the column and the value.
     """
+    label = row.get(label_key)
     if label is None or (isinstance(label, str) and not label.strip()):
         raise InvalidArgumentError(
-            f"{source}: {i} has no label in column {label_key!r} (got {_show(label)}){hint}"
+            f"{source}: {i} has no label in column {label_key!r} (got {_show(label)}){_misspelt(row, label_key)}"
         )
     if isinstance(label, bool) or not isinstance(label, str | int | float):
         kind = {list: "a list", tuple: "a list", dict: "an object", bool: "a boolean"}.get(type(label), "a")

@@ -374,3 +374,18 @@ def test_a_csv_cell_over_pythons_128_kib_field_limit_is_read_and_the_limit_resto
     ps = ProblemSet.from_source(str(tmp_path / "big.csv"), input_key="prompt", label_key="answer")
     assert ps.row(3)["prompt"] == big and len(ps) == 5
     assert csv.field_size_limit() == before == 131072
+
+
+def test_a_good_row_is_not_searched_for_a_misspelt_key(monkeypatch):
+    """The misspelt-key hint is looked for only in a row that lacks its prompt or label: searching every row
+    (difflib over its keys) made the check of 100,000 good rows 7x slower (0.10 -> 0.76 CPU s, 2026-12-06)."""
+    import marti.data.checks as checks
+
+    class NoSearch:
+        @staticmethod
+        def get_close_matches(*args, **kwargs):
+            raise AssertionError("a good row was searched for a close key")
+
+    monkeypatch.setattr(checks, "difflib", NoSearch)
+    rows = [{"prompt": f"{i} + {i}?", "answer": str(2 * i), "questoin": "x"} for i in range(3)]
+    checks.check_rows("rows.jsonl", rows, "prompt", "answer")
