@@ -68,12 +68,11 @@ def check_env_sessions(cfg: TrainConfig, cap: int | None = None, server: str | N
         server: The server, as the message names it; None: the job's own.
 
     Raises:
-        InvalidArgumentError: Naming the sessions, the keys that make them, the cap and the ways out.
+        InvalidArgumentError: Naming the sessions, the keys that make them, the cap and the ways out; or a bad
+            ``MARTI_ENV_*`` variable of the job's own server, naming it and its value.
     """
     if cap is None:
-        from services.env_server.settings import EnvServerSettings
-
-        cap = EnvServerSettings().max_sessions
+        cap = _own_server_cap()
         server = "the job's own env server (max_sessions, MARTI_ENV_MAX_SESSIONS)"
     n, why = sessions_at_once(cfg)
     if n > cap:
@@ -82,6 +81,26 @@ def check_env_sessions(cfg: TrainConfig, cap: int | None = None, server: str | N
             f"{server} holds at most {cap}; lower those keys, or give an env server with a larger max_sessions "
             "(--env)"
         )
+
+
+def _own_server_cap() -> int:
+    """The job's own env server's ``max_sessions``, read as that server reads its settings.
+
+    Raises:
+        InvalidArgumentError: A bad ``MARTI_ENV_*`` variable, in one line naming it and its value
+            (:func:`marti.rpc.settings.settings_error_line`), as the server would refuse it.
+    """
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from marti.rpc.settings import settings_error_line
+    from services.env_server.settings import EnvServerSettings
+
+    try:
+        return EnvServerSettings().max_sessions
+    except (ValidationError, SettingsError) as exc:
+        line = settings_error_line(EnvServerSettings, {}, exc)
+        raise InvalidArgumentError(f"the job's own env server: {line}") from None
 
 
 def check_given_env_sessions(cfg: TrainConfig, addresses: Addresses, *, timeout_s: float = 10.0) -> None:

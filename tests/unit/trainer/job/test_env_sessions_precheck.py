@@ -103,3 +103,15 @@ def test_a_given_env_servers_own_cap_is_read_and_refused_before_an_overwrite(tmp
         f"episodes; one session per episode), but the env server at {server.address} (--env or services.env; its "
         "max_sessions) holds at most 3"
     ) in proc.stderr, proc.stderr
+
+
+def test_a_bad_env_server_setting_in_the_environment_is_one_line_before_an_overwrite(tmp_path, monkeypatch):
+    """The cap is read as the job's own env server reads it: a bad MARTI_ENV_MAX_SESSIONS is refused in one line
+    naming the variable and its value (it was pydantic's traceback; before the check, the env server's exit
+    after the services had started and --overwrite had cleared the run)."""
+    monkeypatch.setenv("MARTI_ENV_MAX_SESSIONS", "abc")
+    proc = train_over_an_old_run(tmp_path, yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text()))
+    assert proc.stderr.strip().splitlines() == [
+        "marti train: the job's own env server: setting max_sessions (MARTI_ENV_MAX_SESSIONS) = 'abc': Input "
+        "should be a valid integer, unable to parse string as an integer"
+    ], proc.stderr
