@@ -175,7 +175,8 @@ def check_length(model: str, max_new_tokens: int, problems: list[dict]) -> None:
         SystemExit: Prompt plus ``max_new_tokens`` exceeds the model's length, naming both numbers.
         NotFoundError: ``model`` cannot be found locally.
     """
-    from services.trainer.models.loading import load_tokenizer, model_max_positions
+    from services.trainer.models.loading import load_tokenizer
+    from services.trainer.models.model_config import model_max_positions
     from services.trainer.rollout.engines.base import chats_to_ids
 
     limit = model_max_positions(model)

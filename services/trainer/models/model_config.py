@@ -2,8 +2,9 @@
 longest sequence a model takes (:func:`model_max_positions`), so that ``marti train`` can check a job against
 them before anything starts, and still refuse a bad job in well under a second. Only a model whose length its
 ``config.json`` does not state as ``max_position_embeddings`` (a GGUF file, GPT-2's ``n_positions``) is read
-through transformers' ``AutoConfig``, offline (``HF_HUB_OFFLINE=1``, as :mod:`services.trainer.models.loading`
-sets it).
+through transformers' ``AutoConfig``. There is no hub access: importing this module sets ``HF_HUB_OFFLINE=1`` and
+``TRANSFORMERS_OFFLINE=1`` (unless already set), before transformers is imported here or by
+:mod:`services.trainer.models.loading`, which imports this module first.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.trainer.models.gguf_reads import gguf_reads_once
-from services.trainer.models.resolve import resolve_model
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from services.trainer.models.gguf_reads import gguf_reads_once  # noqa: E402
+from services.trainer.models.resolve import resolve_model  # noqa: E402
 
 __all__ = ["DEFAULT_MAX_POSITIONS", "TinyModelConfig", "model_max_positions"]
 
@@ -56,7 +60,6 @@ def model_max_positions(name: str) -> int:
         return TinyModelConfig().max_position_embeddings
     if resolved.kind == "hf_dir" and (stated := _stated_max_positions(Path(resolved.path))) is not None:
         return stated
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub access, as services.trainer.models.loading sets it
     from transformers import AutoConfig
 
     if resolved.kind == "gguf":

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from marti.errors import InvalidArgumentError
-from services.trainer.models.loading import DEFAULT_MAX_POSITIONS
+from services.trainer.models.model_config import DEFAULT_MAX_POSITIONS
 from services.trainer.models.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
 from services.trainer.rollout.engines.base import (
     Generation,

@@ -151,7 +151,7 @@ def test_max_positions_of_a_model_folder_come_from_its_config_json_without_trans
         (folder / "config.json").write_text(json.dumps(config))
     code = (
         "import sys\n"
-        "from services.trainer.models.loading import model_max_positions\n"
+        "from services.trainer.models.model_config import model_max_positions\n"
         f"print(model_max_positions({str(llama)!r}))\n"
         "print(sorted(m for m in sys.modules if m.startswith('transformers.models.')))\n"
         f"print(model_max_positions({str(gpt2)!r}))\n"
@@ -161,3 +161,31 @@ def test_max_positions_of_a_model_folder_come_from_its_config_json_without_trans
     ).stdout.split("\n")
     assert out[0] == "777" and out[1] == "[]", out
     assert out[2] == "321", out
+
+
+@pytest.mark.parametrize(
+    "module", ["services.trainer.models.model_config", "services.trainer.models.loading"]
+)
+def test_importing_the_model_modules_turns_hub_access_off_before_transformers_loads(module):
+    """No hub: the variables transformers and huggingface_hub read at their import are set by either module's import
+    (docs/models.md), before transformers itself is imported; a value the user set is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        f"import {module}\n"
+        "print(os.environ.get('HF_HUB_OFFLINE'), os.environ.get('TRANSFORMERS_OFFLINE'), 'transformers' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert run.stdout.split() == ["1", "1", "False"], run.stdout
+    kept = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**env, "HF_HUB_OFFLINE": "0"},
+    )
+    assert kept.stdout.split()[0] == "0", kept.stdout
