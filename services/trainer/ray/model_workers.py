@@ -40,10 +40,9 @@ from services.trainer.learn.experience import Experience, collate
 from services.trainer.learn.learner import LearnerConfig, TrainableCritic, fit_values, pad_id_of
 from services.trainer.models.loading import load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+from services.trainer.ray.actor_setup import ActorConfig, actor_setup
 from services.trainer.ray.policy_worker import (
-    ActorConfig,
     CriticSettings,
-    actor_setup,
     base_model_seed,
     build_agent_critic,
     critic_settings,

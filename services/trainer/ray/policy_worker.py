@@ -13,7 +13,8 @@ By default (``ray.colocate_models: true``) the worker also holds each trainable 
 and critic (GAE). With ``false`` it holds neither: :meth:`PolicyWorker.train` takes the reference
 log-probabilities and old values computed by the actors of :mod:`services.trainer.ray.model_workers` and reports
 the returns their critic is fitted to. The builders both layouts share (:func:`build_strategy`,
-:func:`build_agent_critic`, :func:`base_model_seed`, :func:`actor_setup`) live here. The worker gets only its
+:func:`build_agent_critic`, :func:`base_model_seed`) live here; the start every actor shares in
+:mod:`services.trainer.ray.actor_setup`. The worker gets only its
 part of the config, built on the driver: :class:`PolicyActorConfig` (:func:`policy_actor_config`).
 """
 
@@ -27,7 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -46,6 +47,7 @@ from services.trainer.learn.learner import (
     update_agent,
 )
 from services.trainer.models.policy import AgentSpec, LoraSettings, MultiAgentPolicy, PolicyLayout
+from services.trainer.ray.actor_setup import ActorConfig, actor_setup
 from services.trainer.ray.table_access import TableTaking
 from services.trainer.rollout.engines.generation import (
     GenerationConfig,
@@ -304,58 +306,6 @@ def build_agent_critic(settings: CriticSettings, device: str) -> tuple[Any, Any]
     strategy = strategy_named(settings.strategy, settings.zero_stage, settings.micro_batch_size)
     engine = strategy.setup(critic, list(critic.parameters()), settings.optim)
     return critic, engine
-
-
-def resolve_device(cfg: TrainConfig | ActorConfig) -> str:
-    """``cpu`` or ``cuda`` from ``config.device`` (``auto`` picks CUDA when available)."""
-    if cfg.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg.device
-
-
-@dataclass(frozen=True)
-class ActorConfig:
-    """Base of an actor's narrow config (its part of the training config, built on the driver): what every
-    actor starts with.
-
-    Attributes:
-        seed: The job's RNG seed (``seed``).
-        device: ``device`` (``auto``, ``cpu`` or ``cuda``; ``auto`` is resolved in the actor, see
-            :func:`resolve_device`).
-    """
-
-    seed: int
-    device: str
-
-
-_Config = TypeVar("_Config", TrainConfig, ActorConfig)
-
-
-def actor_setup(config: _Config, num_threads: int | None = None) -> tuple[_Config, str]:
-    """Common start of a trainer actor: set torch threads, seed the RNGs, pick the device.
-
-    Args:
-        config: The training config, validated once on the driver, or an actor's narrow config
-            (:class:`ActorConfig`); Ray passes the frozen object by value and the actor does not parse it again.
-        num_threads: torch intra-op threads; ``None`` keeps torch's default.
-
-    Returns:
-        ``(config, device)`` with device ``cpu`` or ``cuda``.
-
-    Raises:
-        InvalidArgumentError: ``config`` is neither a :class:`~marti.config.TrainConfig` nor an
-            :class:`ActorConfig` (a raw mapping is loaded with :func:`marti.config.config_from_dict` first).
-    """
-    if not isinstance(config, TrainConfig | ActorConfig):
-        raise InvalidArgumentError(
-            f"config must be a validated marti.config.TrainConfig or an ActorConfig, got {type(config).__name__}"
-        )
-    cfg = config
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    return cfg, resolve_device(cfg)
 
 
 @dataclass(frozen=True)

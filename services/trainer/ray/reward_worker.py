@@ -20,7 +20,7 @@ import torch
 from marti.config import TrainConfig
 from services.trainer.models.loading import load_tokenizer, tiny_llama_config
 from services.trainer.models.resolve import TINY_ALIAS
-from services.trainer.ray.policy_worker import ActorConfig, actor_setup
+from services.trainer.ray.actor_setup import ActorConfig, actor_setup
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from marti.config import TrainConfig
 from marti.errors import InvalidArgumentError
 from services.trainer.job.run.checkpoint import load_rng_state, save_rng_state
 from services.trainer.models.policy import MultiAgentPolicy, PolicyLayout
-from services.trainer.ray.policy_worker import ActorConfig, actor_setup, policy_layout
+from services.trainer.ray.actor_setup import ActorConfig, actor_setup
+from services.trainer.ray.policy_worker import policy_layout
 from services.trainer.rollout.engines.base import Generation, SamplingParams
 from services.trainer.rollout.engines.generation import (
     GenerationConfig,

@@ -108,7 +108,7 @@ def _engine(cfg: TrainConfig) -> str:
 def _placement(cfg: TrainConfig) -> str:
     """The job's Ray actors, their bundles on a 64-CPU / 64-GPU cluster, their concurrency, the ``ray.init``
     kwargs (``RAY_ADDRESS`` unset) and the device the actors resolve."""
-    from services.trainer.ray.policy_worker import resolve_device
+    from services.trainer.ray.actor_setup import resolve_device
     from services.trainer.ray.runtime import RayRuntime, ray_init_kwargs
 
     runtime = RayRuntime(cfg)

@@ -59,7 +59,7 @@ from services.trainer.learn.allocation import AllocationWeights, PriorityAllocat
 from services.trainer.observe.episode_metrics import episode_metrics, task_metrics
 from services.trainer.observe.progress import ProgressBar
 from services.trainer.observe.sampled_eval import eval_metrics
-from services.trainer.ray.policy_worker import resolve_device
+from services.trainer.ray.actor_setup import resolve_device
 from services.trainer.ray.runtime import RayRuntime
 from services.trainer.ray.table_access import StoreAccess
 from services.trainer.rollout.engines.generation import generation_config, resolved_rollout

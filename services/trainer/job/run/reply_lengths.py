@@ -76,7 +76,7 @@ def _uses_vllm(cfg: TrainConfig) -> bool:
 
     if cfg.device == "cpu" or not vllm_available():
         return False
-    from services.trainer.ray.policy_worker import resolve_device
+    from services.trainer.ray.actor_setup import resolve_device
     from services.trainer.rollout.engines.generation import resolve_auto_engine
 
     return resolve_auto_engine(resolve_device(cfg)) == "vllm"

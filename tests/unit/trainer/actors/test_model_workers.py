@@ -149,7 +149,7 @@ def test_separate_layout_adds_reference_and_critic_actors_that_fit_on_two_cpus()
 def test_an_actor_takes_the_drivers_validated_config_and_never_parses_a_mapping():
     """The config is validated once, on the driver: an actor keeps the very object it was given (Ray ships the
     frozen TrainConfig by value), and a raw mapping is refused by type instead of being parsed again."""
-    from services.trainer.ray.policy_worker import actor_setup
+    from services.trainer.ray.actor_setup import actor_setup
 
     cfg = _cfg()
     assert actor_setup(cfg)[0] is cfg
