@@ -35,6 +35,7 @@ heads, D head size, L cache length.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +47,7 @@ from marti.errors import InvalidArgumentError
 from services.trainer.models.prefix_sharing import can_share, shared_prefix_rows
 from services.trainer.rollout.engines.base import Generation, SamplingParams
 from services.trainer.rollout.engines.hf import GREEDY_BELOW, AgentModel, HFRolloutEngine, _RowEnds, left_pad
+from services.trainer.rollout.engines.lean import LeanCausalLM, supports
 
 __all__ = ["CACHE_LEN_BUCKET", "StaticCacheRolloutEngine", "draw", "sample_tokens"]
 
@@ -62,6 +64,9 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         compile: Run decode steps through ``torch.compile`` over a static cache (CUDA graphs on CUDA). None
             (default): only when the agent's model is on CUDA; the eager loop otherwise (on CPU the compile time
             is not won back at rollout sizes; see docs/benchmarks.md).
+        lean: In the eager loop, run models that :func:`~services.trainer.rollout.engines.lean.supports` accepts
+            (Llama-family, on the CPU) through :class:`~services.trainer.rollout.engines.lean.LeanCausalLM`
+            instead of their transformers forward (default True); False always runs the transformers forward.
         **kwargs: ``device``, ``max_batch_size``, ``max_model_len``, ``default_sampling``,
             ``share_prompt_prefix``: as for :class:`~services.trainer.rollout.engines.hf.HFRolloutEngine`.
 
@@ -70,16 +75,38 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
     """
 
     def __init__(
-        self, agents: Mapping[str, AgentModel], *, compile: bool | None = None, **kwargs: Any
+        self,
+        agents: Mapping[str, AgentModel],
+        *,
+        compile: bool | None = None,
+        lean: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(agents, **kwargs)
         self.compile = compile
+        self.lean = lean
+        self._lean_models: dict[int, LeanCausalLM] = {}
         self._compiled_step: Any = None
         self._static_caches: dict[tuple[int, int, int], Any] = {}
         self.last_stats: dict[str, Any] = {}
         """What the last batch did: ``path`` (``eager`` or ``compiled``), ``steps`` (forwards after the prefill),
         ``row_steps`` (rows computed, summed over those steps), ``compactions`` (eager only), ``prefill_rows``, and
         (eager only) ``prefill_s`` / ``decode_s``: wall seconds of the prefill and of the decode loop."""
+
+    def _forward(self, model: torch.nn.Module) -> Any:
+        """The eager loop's forward for ``model``: ``(input_ids (B, q), attention_mask (B, L), position_ids (B, q),
+        cache) -> (B, V)`` logits of each row's last position. The model's
+        :class:`~services.trainer.rollout.engines.lean.LeanCausalLM` (kept per model, its packed weights refreshed
+        for the weights that changed) when ``lean`` and the model is supported; its transformers forward otherwise.
+        """
+        if not (self.lean and supports(model)):
+            return functools.partial(_transformers_forward, model)
+        runner = self._lean_models.get(id(model))
+        if runner is None or runner.model is not model:
+            runner = self._lean_models[id(model)] = LeanCausalLM(model)
+        else:
+            runner.refresh()
+        return runner
 
     def _use_compiled(self, device: torch.device) -> bool:
         return device.type == "cuda" if self.compile is None else bool(self.compile)
@@ -161,31 +188,17 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         # not inference_mode: parameters a forward writes become inference tensors, whose requires_grad peft's
         # set_adapter cannot switch at the next call (the design launch script's job, DeepSpeed ZeRO-3 with LoRA
         # adapters, failed so: tests/e2e/examples/test_launch_script.py)
+        forward = self._forward(model)
         with torch.no_grad():
             if shared is None:
-                first, prefill_rows = None, rows
-                out = model(
-                    input_ids=ids,
-                    attention_mask=mask[:, :width],
-                    position_ids=positions,
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                logits = out.logits[:, -1]
+                prefill_rows = rows
+                logits = forward(ids, mask[:, :width], positions, cache)
             else:
                 first, inverse = shared[0].to(device), shared[1].to(device)
                 prefill_rows = first.numel()
-                out = model(
-                    input_ids=ids[first],
-                    attention_mask=mask[first, :width],
-                    position_ids=positions[first],
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
+                logits = forward(ids[first], mask[first, :width], positions[first], cache)
                 cache.batch_select_indices(inverse)
-                logits = out.logits[:, -1][inverse]
+                logits = logits[inverse]
             prefilled = time.perf_counter()
             live = list(range(rows))  # batch index -> row, of the rows still computed
             next_pos = positions[:, -1:] + 1  # (B, 1)
@@ -203,19 +216,13 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                     mask, next_pos, new = mask[keep], next_pos[keep], new[keep]
                     live = [live[i] for i in running]
                     compactions += 1
-                out = model(
-                    input_ids=new.unsqueeze(-1),
-                    attention_mask=mask[:, : width + step + 1],
-                    position_ids=next_pos,
-                    cache=cache,
-                    use_cache=True,
-                )
-                logits = out.logits[:, -1]
+                logits = forward(new.unsqueeze(-1), mask[:, : width + step + 1], next_pos, cache)
                 next_pos = next_pos + 1
                 row_steps += len(live)
                 forwards += 1
         self.last_stats = {
             "path": "eager",
+            "forward": "lean" if isinstance(forward, LeanCausalLM) else "transformers",
             "steps": forwards,
             "row_steps": row_steps,
             "compactions": compactions,
@@ -341,6 +348,25 @@ def _record(
             if not row_ends.push(row, t):
                 running.append(i)
     return running
+
+
+def _transformers_forward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cache: Any,
+) -> torch.Tensor:
+    """The model's own forward of ``input_ids`` (B, q) after ``cache``: (B, V) logits of each row's last position."""
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1]
 
 
 def _decode_step(

@@ -20,7 +20,7 @@ from services.trainer.rollout.engines.generation import engine_count
 from services.trainer.rollout.engines.hf import HFRolloutEngine
 from services.trainer.rollout.engines.pool import EnginePool, split_contiguous
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[5]
 GREEDY = SamplingParams(max_new_tokens=3, temperature=0.0)
 CHATS = [[{"role": "user", "content": f"Question {i}: what is {i} plus {i}?"}] for i in range(5)]
 

@@ -13,7 +13,7 @@ from marti.errors import InvalidArgumentError
 from services.trainer.job.run.prechecks import check_vllm_engine
 from tests.refused_runs import train_over_an_old_run
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[5]
 TINY = ROOT / "examples" / "tiny.yaml"
 
 

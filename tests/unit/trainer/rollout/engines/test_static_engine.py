@@ -25,7 +25,7 @@ from services.trainer.rollout.engines.static import (
 )
 
 LOGPROB_ATOL = 1e-4
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[5]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,265 @@
+"""A lean forward of Llama-family causal LMs for the CPU decode loop, with bf16 weights prepacked for oneDNN.
+
+A transformers forward of one decode step at batch 8 spends much of its time outside the matrix products (module
+calls, mask building, separate q/k/v and gate/up products), and its bf16 products read each weight in the plain
+(out, in) layout, which oneDNN reorders on every call. :class:`LeanCausalLM` computes what the model's
+``forward(..., logits_to_keep=1)`` computes, the same operations in the same dtypes and order (the model's own
+RMSNorm and rotary embedding modules, SDPA with the query/key arrangement transformers' ``sdpa`` attention uses,
+the SiLU-gated MLP, the head on the last position only), with q/k/v fused into one product and gate/up into
+another, and, for bf16 weights, every product's weight reordered once for oneDNN
+(``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing does). Float32 products stay plain
+``F.linear`` (a packed float32 product rounds differently). Measured on SmolLM2-135M against the transformers
+forward over a left-padded prefill and decode steps: bf16 and float32 logits equal to the last bit on the 2-vCPU
+Xeon; the tests allow float rounding. Speed: docs/benchmarks.md, "Rollout engines".
+
+It serves plain transformers ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` models on the CPU (:func:`supports`); a
+peft model (unmerged adapters), another architecture, another attention implementation or a CUDA model keeps the
+transformers forward. The fused and packed copies are remade for exactly the products whose weights changed
+(:meth:`LeanCausalLM.refresh`, by each weight's storage and version counter, which ``copy_`` and a replaced
+``.data`` both change).
+
+Memory: the fused and packed copies hold up to every linear weight once more, in the model's dtype.
+
+Shapes: B rows, q new positions per row, L key/value positions (filled cache + q), V vocabulary, Hq query heads,
+Hk key/value heads, D head size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LeanCausalLM", "supports"]
+
+SUPPORTED_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+"""Model classes (transformers' names) whose forward :class:`LeanCausalLM` reproduces."""
+
+PACKED_DTYPES = (torch.bfloat16, torch.float32)
+"""Weight dtypes :class:`LeanCausalLM` serves."""
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether :class:`LeanCausalLM` reproduces ``model``'s forward: a plain transformers model of
+    :data:`SUPPORTED_CLASSES` on the CPU in a dtype of :data:`PACKED_DTYPES` with transformers' ``sdpa`` attention
+    (the default; a model loaded with ``eager`` or another implementation keeps it), every layer full attention, SiLU
+    MLP, no tensor-parallel split (``pretraining_tp`` 1)."""
+    if type(model).__name__ not in SUPPORTED_CLASSES:
+        return False
+    weight = model.get_input_embeddings().weight
+    if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
+        return False
+    cfg = model.config
+    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
+    return (
+        getattr(cfg, "_attn_implementation", None) in (None, "sdpa")
+        and getattr(cfg, "hidden_act", None) == "silu"
+        and getattr(cfg, "pretraining_tp", 1) == 1
+        and all(t == "full_attention" for t in layer_types)
+    )
+
+
+@dataclass
+class _Packed:
+    """One product's weight: the sources it was made from (their storage and version at packing), the (out, in)
+    weight, its oneDNN-packed form (None where packing is unavailable) and the bias (or None)."""
+
+    sources: tuple[torch.Tensor, ...]
+    stamp: tuple[tuple[int, int], ...]
+    weight: torch.Tensor
+    packed: torch.Tensor | None
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T + bias`` for (..., in) ``x``."""
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _stamp(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple((t.data_ptr(), t._version) for t in tensors)
+
+
+def _pack(linears: tuple[torch.nn.Linear, ...]) -> _Packed:
+    """The fused product of ``linears`` (their outputs concatenated in order), packed for oneDNN."""
+    sources = tuple(m.weight for m in linears) + tuple(m.bias for m in linears if m.bias is not None)
+    with torch.no_grad():
+        weight = (
+            torch.cat([m.weight.detach() for m in linears])
+            if len(linears) > 1
+            else linears[0].weight.detach()
+        )
+        bias = None
+        if any(m.bias is not None for m in linears):
+            bias = torch.cat(
+                [
+                    m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
+                    for m in linears
+                ]
+            )
+        packed = _reorder(weight)
+    return _Packed(sources, _stamp(sources), weight, packed, bias)
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` reordered for oneDNN's products, or None where this torch build has no oneDNN."""
+    if not torch.backends.mkldnn.is_available() or weight.dtype == torch.float32:
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+
+
+class _Layer:
+    """One decoder layer's packed products and norms."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.groups = {
+            "qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
+            "o": (attn.o_proj,),
+            "gate_up": (mlp.gate_proj, mlp.up_proj),
+            "down": (mlp.down_proj,),
+        }
+        self.products: dict[str, _Packed] = {}
+        self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        self.splits = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+        self.head_dim = attn.head_dim
+
+    def refresh(self) -> int:
+        """Repack every product whose source weights changed; returns how many were repacked."""
+        count = 0
+        for name, linears in self.groups.items():
+            current = self.products.get(name)
+            if current is None or _stamp(current.sources) != current.stamp:
+                self.products[name] = _pack(linears)
+                count += 1
+        return count
+
+
+class LeanCausalLM:
+    """The last position's logits of a :func:`supports` model, computed with packed, fused products.
+
+    Args:
+        model: A model :func:`supports` accepts (a transformers ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``).
+
+    Raises:
+        ValueError: ``model`` is not supported.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        if not supports(model):
+            raise ValueError(f"LeanCausalLM does not serve {type(model).__name__} on {model.device}")
+        self.model = model
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.final_norm = inner.norm
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.head_source = model.get_output_embeddings()
+        self.head: _Packed | None = None
+        self.refresh()
+
+    def refresh(self) -> int:
+        """Repack the products whose weights changed since they were packed (all of them at the first call).
+
+        Returns:
+            How many products were repacked.
+        """
+        count = sum(layer.refresh() for layer in self.layers)
+        head = self.head
+        if head is None or _stamp(head.sources) != head.stamp:
+            self.head = _pack((self.head_source,))
+            count += 1
+        return count
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+    ) -> torch.Tensor:
+        """Run ``input_ids`` after what ``cache`` holds and return the logits of each row's last position.
+
+        Args:
+            input_ids: (B, q) token ids.
+            attention_mask: (B, L) 0/1 over the cached positions and these q (0: a left pad).
+            position_ids: (B, q) rotary positions.
+            cache: A transformers ``Cache`` of per-layer key/value layers (``cache.layers[i].update(k, v)``
+                appends (B, Hk, q, D) states and returns the (B, Hk, L, D) filled ones), as
+                :func:`~services.trainer.rollout.engines.static._preallocated_cache` makes.
+
+        Returns:
+            (B, V) logits in the model's dtype.
+        """
+        hidden = self.embed(input_ids)  # (B, q, hidden)
+        cos, sin = self.rotary(hidden, position_ids)  # (B, q, D)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        mask = _attention_mask(attention_mask, input_ids.shape[1])
+        for i, layer in enumerate(self.layers):
+            hidden = _layer_forward(layer, hidden, cos, sin, mask, cache.layers[i])
+        last = self.final_norm(hidden[:, -1:])  # (B, 1, hidden)
+        assert self.head is not None
+        return self.head(last)[:, 0]
+
+
+def _layer_forward(
+    layer: _Layer,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mask: torch.Tensor | None,
+    cache: Any,
+) -> torch.Tensor:
+    """One decoder layer: ``h + attn(norm(h))``, then ``h + mlp(norm(h))`` (transformers' Llama order)."""
+    rows, width = hidden.shape[:2]
+    p, D = layer.products, layer.head_dim
+    q, k, v = p["qkv"](layer.norms[0](hidden)).split(layer.splits, dim=-1)
+    q = _rotate(q.view(rows, width, -1, D).transpose(1, 2), cos, sin)  # (B, Hq, q, D)
+    k = _rotate(k.view(rows, width, -1, D).transpose(1, 2), cos, sin)  # (B, Hk, q, D)
+    v = v.view(rows, width, -1, D).transpose(1, 2)
+    keys, values = cache.update(k, v)  # (B, Hk, L, D)
+    attn = _attend(q, keys, values, mask)  # (B, Hq, q, D)
+    hidden = hidden + p["o"](attn.transpose(1, 2).reshape(rows, width, -1))
+    gate, up = p["gate_up"](layer.norms[1](hidden)).chunk(2, dim=-1)
+    return hidden + p["down"](F.silu(gate) * up)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding as transformers' ``apply_rotary_pos_emb``: ``x cos + rotate_half(x) sin``."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """SDPA of (B, Hq, q, D) queries over (B, Hk, L, D) keys and values, arranged as transformers' ``sdpa``
+    attention arranges them (so the kernels and their rounding are the same): without a mask, grouped heads
+    (``enable_gqa``) and causal when q > 1; one query per row with a mask, the Hq / Hk query heads of a key/value
+    head as that head's rows; otherwise keys and values repeated to Hq heads."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, enable_gqa=True)
+    rows, heads, width, size = q.shape
+    groups = heads // k.shape[1]
+    if width == 1:
+        grouped = q.reshape(rows, k.shape[1], groups, size)
+        return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask).reshape(rows, heads, 1, size)
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _attention_mask(attention_mask: torch.Tensor, width: int) -> torch.Tensor | None:
+    """(B, 1, q, L) bool: query ``i`` (slot ``L - q + i``) sees the keys at or before its slot that are not pads (a
+    pad query sees none: SDPA gives it zeros, and no other query reads its keys). None when no key is a pad and
+    the queries are all the positions or one (causal attention needs no mask then)."""
+    length = attention_mask.shape[1]
+    if (width == 1 or width == length) and bool(attention_mask.bool().all()):
+        return None
+    keys = attention_mask.bool()  # (B, L)
+    slots = torch.arange(length - width, length, device=keys.device).unsqueeze(1)  # (q, 1)
+    cols = torch.arange(length, device=keys.device).unsqueeze(0)  # (1, L)
+    return ((cols <= slots).unsqueeze(0) & keys.unsqueeze(1)).unsqueeze(1)

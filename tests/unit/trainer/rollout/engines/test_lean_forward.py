@@ -1,0 +1,187 @@
+"""LeanCausalLM against the transformers forward it replaces in the static engine's eager loop.
+
+Logits of a left-padded prefill and of decode steps fed the same tokens are compared with the model's own forward
+over the same cache layout (float32: within 1e-4; bf16: within one bf16 step of the logits' scale, measured equal to
+the last bit on the 2-vCPU Xeon); weight changes are followed; unsupported models keep the transformers forward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.trainer.models.loading import build_tiny_model, load_tokenizer
+from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
+from services.trainer.rollout.engines.lean import LeanCausalLM, supports
+from services.trainer.rollout.engines.static import (
+    StaticCacheRolloutEngine,
+    _preallocated_cache,
+    _transformers_forward,
+)
+
+PROMPT, STEPS = 9, 5
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-llama")
+
+
+def _qwen2(vocab: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny Qwen2 (q/k/v biases, grouped heads), random weights and random biases."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(3)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model.to(dtype)
+
+
+def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids (3, PROMPT), mask (3, PROMPT + STEPS) with rows 0 and 2 left-padded, positions, fed (STEPS, 3))."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (3, PROMPT), generator=gen)
+    mask = torch.ones(3, PROMPT + STEPS, dtype=torch.long)
+    mask[0, :4] = 0
+    mask[2, :1] = 0
+    positions = (mask[:, :PROMPT].cumsum(-1) - 1).clamp(min=0)
+    fed = torch.randint(5, vocab, (STEPS, 3), generator=gen)
+    return ids, mask, positions, fed
+
+
+def _logits(forward, model, batch) -> torch.Tensor:
+    """(STEPS + 1, 3, V) float32 logits of the prefill and of STEPS decode steps fed ``fed``."""
+    ids, mask, positions, fed = batch
+    cache = _preallocated_cache(model, PROMPT + STEPS)
+    with torch.no_grad():
+        out = [forward(ids, mask[:, :PROMPT], positions, cache).float()]
+        pos = positions[:, -1:] + 1
+        for step in range(STEPS):
+            out.append(forward(fed[step].unsqueeze(-1), mask[:, : PROMPT + step + 1], pos, cache).float())
+            pos = pos + 1
+    return torch.stack(out)
+
+
+def _compare(model) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = _batch(model.config.vocab_size)
+    plain = _logits(lambda *a: _transformers_forward(model, *a), model, batch)
+    return plain, _logits(LeanCausalLM(model), model, batch)
+
+
+def _bf16_step(logits: torch.Tensor) -> float:
+    """One bf16 step (ulp) at the logits' largest magnitude."""
+    return float(2.0 ** (torch.floor(torch.log2(logits.abs().max())) - 7))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_llama_logits_equal_the_transformers_forward(tok, dtype):
+    model = build_tiny_model(tok, seed=0).to(dtype)
+    plain, lean = _compare(model)
+    assert torch.isfinite(lean).all()
+    atol = 1e-4 if dtype == torch.float32 else _bf16_step(plain)
+    torch.testing.assert_close(lean, plain, atol=atol, rtol=0)
+
+
+def test_qwen2_with_biases_and_an_untied_head(tok):
+    model = _qwen2(len(tok))
+    plain, lean = _compare(model)
+    torch.testing.assert_close(lean, plain, atol=1e-4, rtol=0)
+
+
+def test_a_padded_row_is_unaffected_by_the_others(tok):
+    model = build_tiny_model(tok, seed=0)
+    ids, mask, positions, _ = _batch(model.config.vocab_size)
+    lean = LeanCausalLM(model)
+    batch_logits = lean(ids, mask[:, :PROMPT], positions, _preallocated_cache(model, PROMPT))
+    alone = lean(ids[:1, 4:], mask[:1, 4:PROMPT], positions[:1, 4:], _preallocated_cache(model, PROMPT))
+    torch.testing.assert_close(batch_logits[:1], alone, atol=1e-4, rtol=0)
+
+
+def test_weight_changes_are_followed_and_only_their_products_repacked(tok):
+    model = build_tiny_model(tok, seed=0)
+    reference = build_tiny_model(tok, seed=1)
+    lean = LeanCausalLM(model)
+    assert lean.refresh() == 0
+    with torch.no_grad():
+        model.model.layers[1].self_attn.k_proj.weight.copy_(reference.model.layers[1].self_attn.k_proj.weight)
+    assert lean.refresh() == 1  # layer 1's fused q/k/v product only
+    down = model.model.layers[0].mlp.down_proj
+    down.weight.data = reference.model.layers[0].mlp.down_proj.weight.data.clone()
+    assert lean.refresh() == 1
+    with torch.no_grad():
+        for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+            mine.copy_(theirs)
+    assert lean.refresh() == 2 * 4 + 1  # every layer's four products and the head
+    batch = _batch(model.config.vocab_size)
+    expected = _logits(lambda *a: _transformers_forward(reference, *a), reference, batch)
+    torch.testing.assert_close(_logits(lean, model, batch), expected, atol=1e-4, rtol=0)
+
+
+def test_supports_only_what_it_reproduces(tok):
+    from peft import LoraConfig, get_peft_model
+
+    assert supports(build_tiny_model(tok, seed=0))
+    assert supports(build_tiny_model(tok, seed=0).to(torch.bfloat16))
+    assert not supports(build_tiny_model(tok, seed=0).to(torch.float16))
+    assert not supports(build_tiny_model(tok, seed=0, attn_implementation="eager"))
+    peft_model = get_peft_model(build_tiny_model(tok, seed=0), LoraConfig(r=4, target_modules=["q_proj"]))
+    assert not supports(peft_model)
+    with pytest.raises(ValueError, match="does not serve PeftModel"):
+        LeanCausalLM(peft_model)
+
+
+def test_the_engine_runs_the_lean_forward_with_the_transformers_results(tok):
+    model = build_tiny_model(tok, seed=0)
+    prompts = [[1, 5, 9, 200, 31], [1, 7, 300], [1, 5, 9, 200, 31]]
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    lean = StaticCacheRolloutEngine({"a": AgentModel(model, tok)})
+    plain = StaticCacheRolloutEngine({"a": AgentModel(model, tok)}, lean=False)
+    hf = HFRolloutEngine({"a": AgentModel(model, tok)})
+    lean_gens = lean.generate("a", prompts, greedy)
+    assert lean.last_stats["forward"] == "lean"
+    plain_gens = plain.generate("a", prompts, greedy)
+    assert plain.last_stats["forward"] == "transformers"
+    for mine, other in [(lean_gens, plain_gens), (lean_gens, hf.generate("a", prompts, greedy))]:
+        for g, h in zip(mine, other, strict=True):
+            assert g.response_token_ids == h.response_token_ids
+            torch.testing.assert_close(
+                torch.tensor(g.response_logprobs), torch.tensor(h.response_logprobs), atol=1e-4, rtol=0
+            )
+
+
+def test_the_engine_samples_with_weights_loaded_by_update_weights(tok):
+    engine = StaticCacheRolloutEngine({"a": AgentModel(build_tiny_model(tok, seed=0), tok)})
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    prompts = [[1, 5, 9, 200, 31]]
+    before = engine.generate("a", prompts, greedy)[0]
+    other = build_tiny_model(tok, seed=1)
+    engine.update_weights("a", other.state_dict(), policy_version=1)
+    after = engine.generate("a", prompts, greedy)[0]
+    expected = HFRolloutEngine({"a": AgentModel(other, tok)}).generate("a", prompts, greedy)[0]
+    assert after.response_token_ids == expected.response_token_ids
+    assert after.response_token_ids != before.response_token_ids
+
+
+def test_a_prompt_run_in_two_parts_equals_one_prefill(tok):
+    """Several new positions after a filled cache attend causally from their own slots (not from the first)."""
+    model = build_tiny_model(tok, seed=0)
+    lean = LeanCausalLM(model)
+    ids = torch.randint(5, model.config.vocab_size, (2, PROMPT), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, PROMPT, dtype=torch.long)
+    positions = torch.arange(PROMPT).expand(2, -1)
+    whole = lean(ids, mask, positions, _preallocated_cache(model, PROMPT))
+    cache = _preallocated_cache(model, PROMPT)
+    lean(ids[:, :4], mask[:, :4], positions[:, :4], cache)
+    torch.testing.assert_close(lean(ids[:, 4:], mask, positions[:, 4:], cache), whole, atol=1e-4, rtol=0)
