@@ -39,6 +39,8 @@ from services.trainer.models.loading import (
     zero_dropout,
 )
 from services.trainer.models.prefix_sharing import response_logits
+from services.trainer.models.token_logprobs import token_logprobs
+from services.trainer.models.training_attention import training_attention
 from services.trainer.models.weights_file import load_weights, save_weights
 
 PolicyMode = Literal["per_agent", "shared", "lora"]
@@ -549,7 +551,11 @@ def _sequence_logprobs(
     """Shared forward of :meth:`MultiAgentPolicy.logprobs` (see there); computes logits for A positions only.
 
     With ``share_prefix``, rows that repeat a prompt run it once (:func:`~services.trainer.models.prefix_sharing.
-    response_logits`); the result is the same up to float rounding.
+    response_logits`); the result is the same up to float rounding. A CPU forward with grad (no gradient checkpointing) of at most
+    :data:`~services.trainer.models.training_attention.MATH_ATTENTION_MAX_TOKENS` columns runs SDPA's math kernel
+    (:func:`~services.trainer.models.training_attention.training_attention`); log-probabilities and entropies come
+    from :func:`~services.trainer.models.token_logprobs.token_logprobs` (chunked, the entropy's backward only when
+    the entropy is used).
     """
     if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise InvalidArgumentError(
@@ -566,12 +572,6 @@ def _sequence_logprobs(
     device = next(model.parameters()).device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     # (B, A, V): position T-A-1+j predicts token T-A+j
-    logits = response_logits(model, input_ids, attention_mask, num_actions, share=share_prefix).float()
-    labels = input_ids[:, -num_actions:]  # (B, A)
-    lse = torch.logsumexp(logits, dim=-1)  # (B, A)
-    logp = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
-    if not return_entropy:
-        return logp
-    probs = torch.softmax(logits, dim=-1)
-    entropy = lse - (probs * logits).sum(-1)  # H = logsumexp(z) - sum_v p_v z_v
-    return logp, entropy
+    with training_attention(model, num_tokens):
+        logits = response_logits(model, input_ids, attention_mask, num_actions, share=share_prefix)
+    return token_logprobs(logits, input_ids[:, -num_actions:], entropy=return_entropy)

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from services.trainer.models.training_attention import checkpointed
+
 
 def shared_prefix_rows(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_len: int
@@ -160,10 +162,7 @@ def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
 
 def can_share(model: torch.nn.Module) -> bool:
     """Whether ``model`` can run a shared prefix: it must return a cache, which gradient checkpointing forbids."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the new name, then the old
-        if hasattr(type(model), name) or hasattr(model, name):
-            return not getattr(model, name)
-    return True
+    return not checkpointed(model)
 
 
 def response_logits(
