@@ -50,9 +50,13 @@ def token_logprobs(
             ``chunk_rows`` < 1.
     """
     if logits.dim() != 3 or not logits.is_floating_point():
-        raise InvalidArgumentError(f"logits must be (B, A, V) floating point, got {tuple(logits.shape)} {logits.dtype}")
+        raise InvalidArgumentError(
+            f"logits must be (B, A, V) floating point, got {tuple(logits.shape)} {logits.dtype}"
+        )
     if tuple(labels.shape) != tuple(logits.shape[:2]):
-        raise InvalidArgumentError(f"labels must be (B, A) = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
+        raise InvalidArgumentError(
+            f"labels must be (B, A) = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}"
+        )
     rows = chunk_rows if chunk_rows is not None else max(1, CHUNK_ELEMENTS // logits.shape[-1])
     if rows < 1:
         raise InvalidArgumentError(f"chunk_rows must be >= 1, got {chunk_rows}")
