@@ -3,8 +3,8 @@
 The plain formula (``z = logits.float()``, ``logp = z[y] - logsumexp(z)``, ``H = logsumexp(z) - sum_v p_v z_v``)
 makes several (B, A, V) float32 tensors and keeps them for the backward; at V = 49152 each is 19 MB for 8 rows of
 12 tokens, fresh memory that page-faults on every update. :func:`token_logprobs` runs the same arithmetic on chunks of
-about :data:`CHUNK_ELEMENTS` logits that stay in cache, keeps only the logits and two (B, A) vectors for the
-backward, and writes the logits' gradient chunk by chunk:
+about :data:`CHUNK_ELEMENTS` logits that stay in cache (on the CPU; one chunk on other devices), keeps only the logits
+and two (B, A) vectors for the backward, and writes the logits' gradient chunk by chunk:
 
 - ``d logp_y / d z_v = onehot_y(v) - p_v``
 - ``d H / d z_v = -p_v (log p_v + H)`` (``H = -sum_v p_v log p_v``)
@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from marti.errors import InvalidArgumentError
 
 CHUNK_ELEMENTS = 1 << 18
-"""Logits per chunk (1 MiB of float32): a few rows of a 50k vocabulary, within one core's L2 cache."""
+"""Logits per chunk on the CPU (1 MiB of float32): a few rows of a 50k vocabulary, within one core's L2 cache."""
 
 
 def token_logprobs(
@@ -39,7 +39,7 @@ def token_logprobs(
         logits: (B, A, V) float logits (any float dtype; computed in float32), the last dim contiguous or not.
         labels: (B, A) int64 token ids in [0, V).
         entropy: Also return the entropies.
-        chunk_rows: Positions per chunk; None: ``max(1, CHUNK_ELEMENTS // V)``.
+        chunk_rows: Positions per chunk; None: :func:`default_chunk_rows`.
 
     Returns:
         (B, A) float32 log-probabilities, or ``(logp, entropy)``; both carry grad to ``logits`` when it requires
@@ -57,18 +57,32 @@ def token_logprobs(
         raise InvalidArgumentError(
             f"labels must be (B, A) = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}"
         )
-    rows = chunk_rows if chunk_rows is not None else max(1, CHUNK_ELEMENTS // logits.shape[-1])
+    rows = chunk_rows if chunk_rows is not None else default_chunk_rows(logits.device, *logits.shape)
     if rows < 1:
         raise InvalidArgumentError(f"chunk_rows must be >= 1, got {chunk_rows}")
     logp, ent = _TokenLogprobs.apply(logits, labels, entropy, rows)
     return (logp, ent) if entropy else logp
 
 
-def _chunks(batch: int, actions: int, rows: int) -> Iterator[tuple[int, slice]]:
-    """(b, position slice) pairs covering (B, A) with at most ``rows`` positions each, within one row b."""
+def default_chunk_rows(device: torch.device, batch: int, actions: int, vocab: int) -> int:
+    """Positions per chunk: on the CPU ``max(1, CHUNK_ELEMENTS // V)`` (cache-sized chunks); on other devices all
+    ``B * A`` positions in one chunk (a loop of small kernels would cost launches there)."""
+    if device.type == "cpu":
+        return max(1, CHUNK_ELEMENTS // vocab)
+    return max(1, batch * actions)
+
+
+def chunks(batch: int, actions: int, rows: int) -> Iterator[tuple[slice, slice]]:
+    """(row slice, position slice) pairs covering (B, A) once, in order, with at most ``rows`` positions each: whole
+    rows (``rows // A`` of them) when ``rows >= A``, else slices of one row's positions."""
+    if rows >= actions:
+        per = rows // actions
+        for b in range(0, batch, per):
+            yield slice(b, min(b + per, batch)), slice(0, actions)
+        return
     for b in range(batch):
         for start in range(0, actions, rows):
-            yield b, slice(start, min(start + rows, actions))
+            yield slice(b, b + 1), slice(start, min(start + rows, actions))
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -81,8 +95,8 @@ class _TokenLogprobs(torch.autograd.Function):
         lse = torch.empty(batch, actions, dtype=torch.float32, device=logits.device)
         logp = torch.empty_like(lse)
         ent = torch.empty_like(lse) if entropy else None
-        for b, cols in _chunks(batch, actions, rows):
-            z = logits[b, cols].float()  # (c, V)
+        for b, cols in chunks(batch, actions, rows):
+            z = logits[b, cols].float()  # (rows, positions, V)
             chunk_lse = torch.logsumexp(z, dim=-1)
             lse[b, cols] = chunk_lse
             logp[b, cols] = z.gather(-1, labels[b, cols].unsqueeze(-1)).squeeze(-1) - chunk_lse
@@ -102,8 +116,8 @@ class _TokenLogprobs(torch.autograd.Function):
             return None, None, None, None
         batch, actions, _ = logits.shape
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        for b, cols in _chunks(batch, actions, ctx.rows):
-            log_p = logits[b, cols].float() - lse[b, cols].unsqueeze(-1)  # (c, V)
+        for b, cols in chunks(batch, actions, ctx.rows):
+            log_p = logits[b, cols].float() - lse[b, cols].unsqueeze(-1)  # (rows, positions, V)
             probs = log_p.exp()
             if grad_ent is not None:  # p * (g + h * (log p + H))
                 coef = log_p.add_(ent[b, cols].unsqueeze(-1)).mul_(grad_ent[b, cols].unsqueeze(-1))

@@ -7,7 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from marti.errors import InvalidArgumentError
-from services.trainer.models.token_logprobs import token_logprobs
+from services.trainer.models.token_logprobs import CHUNK_ELEMENTS, chunks, default_chunk_rows, token_logprobs
 
 
 def _plain(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +30,7 @@ def _run(fn, base: torch.Tensor, labels: torch.Tensor, g: torch.Tensor, h: torch
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_entropy_grad", [False, True])
-@pytest.mark.parametrize("chunk_rows", [1, 3, None])
+@pytest.mark.parametrize("chunk_rows", [1, 3, 7, 15, 100, None])
 def test_values_and_gradients_equal_the_plain_formula(dtype, with_entropy_grad, chunk_rows):
     gen = torch.Generator().manual_seed(0)
     base = (torch.randn(3, 8, 1000, generator=gen) * 4).to(dtype)
@@ -95,3 +95,20 @@ def test_bad_input_is_rejected():
         token_logprobs(torch.randn(2, 3, 10), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(InvalidArgumentError, match="chunk_rows must be >= 1, got 0"):
         token_logprobs(torch.randn(2, 3, 10), torch.zeros(2, 3, dtype=torch.long), chunk_rows=0)
+
+
+@pytest.mark.parametrize(
+    ("batch", "actions", "rows"), [(3, 7, 1), (3, 7, 3), (3, 7, 7), (3, 7, 15), (4, 2, 5), (2, 3, 99)]
+)
+def test_chunks_cover_every_position_once_in_order(batch, actions, rows):
+    seen = []
+    for b, cols in chunks(batch, actions, rows):
+        assert (b.stop - b.start) * (cols.stop - cols.start) <= rows
+        seen += [(i, j) for i in range(b.start, b.stop) for j in range(cols.start, cols.stop)]
+    assert seen == [(i, j) for i in range(batch) for j in range(actions)]
+
+
+def test_default_chunks_are_cache_sized_on_the_cpu_and_whole_elsewhere():
+    assert default_chunk_rows(torch.device("cpu"), 8, 12, 49152) == CHUNK_ELEMENTS // 49152 == 5
+    assert default_chunk_rows(torch.device("cpu"), 8, 12, 10 * CHUNK_ELEMENTS) == 1
+    assert default_chunk_rows(torch.device("cuda"), 8, 12, 49152) == 96
