@@ -12,7 +12,10 @@ for the GPU run of ``scripts/gpu/run_on_gpu.sh bench``), and builds one engine p
   a CPU with AVX512-BF16 or AMX, float32 on other CPUs, the model's dtype on a GPU; ``float32``; ``bfloat16``),
   over one converted copy of the model that the fast arms share;
 * ``hf_static``: :class:`services.trainer.rollout.engines.static.StaticCacheRolloutEngine` on its eager path (the lean
-  loop over a preallocated cache, shared prefill, rows leaving the batch as they end), in ``--dtype`` as ``hf``;
+  loop over a preallocated cache, shared prefill, rows leaving the batch as they end, Llama-family models run by
+  :class:`~services.trainer.rollout.engines.lean.LeanCausalLM`), in ``--dtype`` as ``hf``;
+* ``hf_static_transformers``: the same engine with ``lean=False`` (the model's transformers forward in the same
+  loop), so the lean forward's share shows in the same run;
 * ``hf_static_compiled`` (only with ``--compiled``): the same engine with ``compile=True`` (``torch.compile`` of
   the decode step over a static cache; CUDA graphs on CUDA). Its first call, compilation included, is reported
   apart as ``first_call_s``.
@@ -52,6 +55,7 @@ from benchmarks.report import (
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "generate_fp32"
 COMPILED = "hf_static_compiled"
+TRANSFORMERS_FORWARD = "hf_static_transformers"
 
 
 def demo_prompts(
@@ -148,6 +152,9 @@ def build_engines(
         ),
         "hf": HFRolloutEngine(fast, max_batch_size=size, dtype=sample_dtype),
         "hf_static": StaticCacheRolloutEngine(fast, max_batch_size=size, compile=False, dtype=sample_dtype),
+        TRANSFORMERS_FORWARD: StaticCacheRolloutEngine(
+            fast, max_batch_size=size, compile=False, lean=False, dtype=sample_dtype
+        ),
     }
     if compiled:
         engines[COMPILED] = StaticCacheRolloutEngine(

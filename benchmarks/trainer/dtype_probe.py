@@ -10,15 +10,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+BARE_PRODUCT_PHASES = ("generation",)
+"""Phases in which :class:`DtypeProbe` also records matrix products made outside a linear layer's call."""
+
 
 class DtypeProbe:
-    """Records the dtypes of every ``torch.nn.Linear`` call in the process while on, by phase.
+    """Records the dtypes of every linear product in the process while on, by phase.
 
     A global module forward hook (:func:`torch.nn.modules.module.register_module_forward_hook`) sees each
-    linear layer's output dtype (what the matrix product computed in: bf16 under autocast or with bf16
-    weights) and its weight dtype, filed under :attr:`current` (set by :meth:`phase`, or directly by a caller
-    whose phase spans callbacks); calls while it is None are not recorded. The hook slows every module call a little, so a bench keeps it on for one step only
-    (:meth:`stop`).
+    ``torch.nn.Linear`` layer's output dtype (what the matrix product computed in: bf16 under autocast or with bf16
+    weights) and its weight dtype. In the phases of :data:`BARE_PRODUCT_PHASES` (generation), products computed
+    without a linear module (our rollout engine's lean forward multiplies with fused or oneDNN-packed weights:
+    ``aten.mm`` / ``aten.addmm`` / ``mkldnn._linear_pointwise`` outside any linear layer's call) are seen too, by a
+    dispatch mode (``TorchDispatchMode``), with the product's output dtype and its weight operand's dtype; other
+    phases would also see backward products and weight merges there, which are not the model's forward. Records
+    are filed under :attr:`current` (set by :meth:`phase`, or directly by a caller whose phase spans callbacks);
+    calls while it is None are not recorded. The hooks and the mode slow every call a little, so a bench keeps them
+    on for one step only (:meth:`stop`).
 
     Example::
 
@@ -36,15 +44,34 @@ class DtypeProbe:
         self.current: str | None = None
         """The phase linear calls are filed under now; None: not recorded."""
         self._seen: dict[str, dict[str, set[str]]] = {}
-        self._handle: Any = torch.nn.modules.module.register_module_forward_hook(self._hook)
+        self._inside_linear = 0
+        self._handles: list[Any] = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
+            torch.nn.modules.module.register_module_forward_hook(self._hook),
+        ]
+        self._mode: Any = _products_mode(self)
+        self._mode.__enter__()
+
+    def _enter(self, module: Any, inputs: Any) -> None:
+        """Forward pre-hook: products inside a linear layer's call are the layer's (filed by :meth:`_hook`)."""
+        if isinstance(module, self._linear):
+            self._inside_linear += 1
 
     def _hook(self, module: Any, inputs: Any, output: Any) -> None:
         """Forward hook: file the output and weight dtypes of a linear layer under the current phase."""
-        if self.current is None or not isinstance(module, self._linear) or not hasattr(output, "dtype"):
+        if not isinstance(module, self._linear):
+            return
+        self._inside_linear -= 1
+        if self.current is not None and hasattr(output, "dtype"):
+            self.record(output.dtype, module.weight.dtype)
+
+    def record(self, compute: Any, weights: Any) -> None:
+        """File one product's output and weight dtypes under the current phase (nothing when there is none)."""
+        if self.current is None:
             return
         entry = self._seen.setdefault(self.current, {"compute": set(), "weights": set()})
-        entry["compute"].add(str(output.dtype).removeprefix("torch."))
-        entry["weights"].add(str(module.weight.dtype).removeprefix("torch."))
+        entry["compute"].add(str(compute).removeprefix("torch."))
+        entry["weights"].add(str(weights).removeprefix("torch."))
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -56,11 +83,34 @@ class DtypeProbe:
             self.current = outer
 
     def stop(self) -> None:
-        """Remove the hook (idempotent); what was recorded stays in :meth:`report`."""
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        """Remove the hooks and the dispatch mode (idempotent); what was recorded stays in :meth:`report`."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
 
     def report(self) -> dict[str, dict[str, list[str]]]:
         """``{phase: {"compute": sorted output dtypes, "weights": sorted weight dtypes}}``, e.g. ``"bfloat16"``."""
         return {p: {k: sorted(v) for k, v in e.items()} for p, e in sorted(self._seen.items())}
+
+
+def _products_mode(probe: DtypeProbe) -> Any:
+    """A ``TorchDispatchMode`` filing the matrix products made outside a linear layer's call with ``probe``."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    products = {torch.ops.aten.mm.default: 1, torch.ops.aten.addmm.default: 2}
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        products[torch.ops.mkldnn._linear_pointwise.default] = 1
+
+    class _Products(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            weight = products.get(func)
+            if weight is not None and probe.current in BARE_PRODUCT_PHASES and probe._inside_linear == 0:
+                probe.record(out.dtype, args[weight].dtype)
+            return out
+
+    return _Products()

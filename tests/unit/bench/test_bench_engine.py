@@ -20,7 +20,7 @@ def test_arms_json_and_ratios_against_the_fp32_generate_baseline(tmp_path, capsy
     assert data["baseline_dtype"] == "float32" and data["sample_dtype"] == "bfloat16"
     for entry in data["by_batch"].values():
         arms = entry["arms"]
-        assert set(arms) == {"generate_fp32", "hf", "hf_static"}
+        assert set(arms) == {"generate_fp32", "hf", "hf_static", "hf_static_transformers"}
         assert arms["generate_fp32"]["ratio_tokens_per_s"] == 1.0
         assert all(a["generated_tokens"] > 0 and a["tokens_per_s"] > 0 for a in arms.values())
         phases = entry["hf_static_phases_s"]
@@ -37,8 +37,9 @@ def test_baseline_is_plain_fp32_generate_and_fast_arms_sample_in_the_setting(set
     base = engines["generate_fp32"]
     base_model = base._agents["a"].model
     assert not base.share_prompt_prefix and next(base_model.parameters()).dtype == torch.float32
-    fast = [engines["hf"], engines["hf_static"]]
+    fast = [engines["hf"], engines["hf_static"], engines["hf_static_transformers"]]
     assert all(e.share_prompt_prefix and e.dtype == fast_dtype for e in fast)
+    assert engines["hf_static"].lean and not engines["hf_static_transformers"].lean
     # one copy shared by the fast arms: the baseline's model itself when the setting is float32
     assert fast[0]._agents["a"].model is fast[1]._agents["a"].model
     assert (fast[0]._agents["a"].model is base_model) == (fast_dtype == torch.float32)

@@ -323,3 +323,28 @@ def test_the_trl_runner_gives_trls_head_the_same_dense_input_as_ours():
     assert runner.dense_head_input is dense_head.dense_head_input
     source = inspect.getsource(runner.main)
     assert source.index("dense_head_input(model)") > source.index("AutoModelForCausalLM.from_pretrained(")
+
+
+def test_the_probe_sees_generation_products_made_without_a_linear_layer():
+    """The rollout engine's lean forward multiplies with fused (float32) or packed (bf16) weights, not modules."""
+    from services.trainer.models.loading import build_tiny_model, load_tokenizer
+    from services.trainer.rollout.engines.lean import LeanCausalLM
+    from services.trainer.rollout.engines.static import _preallocated_cache
+
+    tok = load_tokenizer("tiny-llama")
+    ids, mask, positions = (
+        torch.tensor([[1, 5, 9]]),
+        torch.ones(1, 3, dtype=torch.long),
+        torch.arange(3)[None],
+    )
+    for dtype in ("float32", "bfloat16"):
+        model = build_tiny_model(tok, seed=0).to(getattr(torch, dtype))
+        lean = LeanCausalLM(model)
+        probe = DtypeProbe()
+        with probe.phase("update"):  # outside generation: bare products are not the model's forward
+            lean(ids, mask, positions, _preallocated_cache(model, 3))
+        assert probe.report() == {}
+        with probe.phase("generation"):
+            lean(ids, mask, positions, _preallocated_cache(model, 3))
+        probe.stop()
+        assert probe.report() == {"generation": {"compute": [dtype], "weights": [dtype]}}
