@@ -15,8 +15,8 @@ Xeon; the tests allow float rounding. Speed: docs/benchmarks.md, "Rollout engine
 It serves plain transformers ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` models on the CPU (:func:`supports`); a
 peft model (unmerged adapters), another architecture, another attention implementation or a CUDA model keeps the
 transformers forward. The fused and packed copies are remade for exactly the products whose weights changed
-(:meth:`LeanCausalLM.refresh`, by each weight's storage and version counter, which ``copy_`` and a replaced
-``.data`` both change).
+(:meth:`LeanCausalLM.refresh`, by each weight's identity, storage and version counter, which ``copy_``, a replaced
+``.data`` and a replaced parameter or module (``load_state_dict(..., assign=True)``) change).
 
 Memory: the fused and packed copies hold up to every linear weight once more, in the model's dtype.
 
@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from services.trainer.models.dense_head import _dense
+
 __all__ = ["LeanCausalLM", "supports"]
 
 SUPPORTED_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -45,7 +47,8 @@ def supports(model: torch.nn.Module) -> bool:
     """Whether :class:`LeanCausalLM` reproduces ``model``'s forward: a plain transformers model of
     :data:`SUPPORTED_CLASSES` on the CPU in a dtype of :data:`PACKED_DTYPES` with transformers' ``sdpa`` attention
     (the default; a model loaded with ``eager`` or another implementation keeps it), every layer full attention, SiLU
-    MLP, no tensor-parallel split (``pretraining_tp`` 1)."""
+    MLP, no tensor-parallel split (``pretraining_tp`` 1), every projection and the head a plain whole ``nn.Linear``
+    (:func:`_plain_linear`: not a LoRA layer injected without a peft wrapper, not a ZeRO-3 partition)."""
     if type(model).__name__ not in SUPPORTED_CLASSES:
         return False
     weight = model.get_input_embeddings().weight
@@ -58,6 +61,29 @@ def supports(model: torch.nn.Module) -> bool:
         and getattr(cfg, "hidden_act", None) == "silu"
         and getattr(cfg, "pretraining_tp", 1) == 1
         and all(t == "full_attention" for t in layer_types)
+        and all(_plain_linear(m) for layer in model.model.layers for m in _linears(layer))
+        and _plain_linear(model.get_output_embeddings())
+    )
+
+
+def _linears(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """A decoder layer's seven projections: q, k, v, o, gate, up, down."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+
+def _plain_linear(module: torch.nn.Module | None) -> bool:
+    """Whether ``module``'s output is ``F.linear(x, weight, bias)`` of its whole weight, which the packed products
+    compute in its place: exactly ``torch.nn.Linear`` (not a peft LoRA layer injected into the model, whose adapter
+    the product would drop), no forward hooks (but :mod:`~services.trainer.models.dense_head`'s, which only
+    changes the input's layout) and no replaced ``forward`` (DeepSpeed ZeRO-3 and accelerate gather or move weights
+    in them) and a weight of its full (out, in) shape (ZeRO-3 leaves an empty partition)."""
+    return (
+        type(module) is torch.nn.Linear
+        and not module._forward_hooks
+        and all(hook is _dense for hook in module._forward_pre_hooks.values())
+        and "forward" not in vars(module)
+        and tuple(module.weight.shape) == (module.out_features, module.in_features)
     )
 
 
@@ -81,13 +107,19 @@ class _Packed:
         return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _stamp(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int], ...]:
-    return tuple((t.data_ptr(), t._version) for t in tensors)
+def _sources(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """The parameters a product of ``linears`` is made from: their weights, then their biases."""
+    return tuple(m.weight for m in linears) + tuple(m.bias for m in linears if m.bias is not None)
+
+
+def _stamp(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int, int], ...]:
+    """Each tensor's identity, storage and version counter: a change to any of them means new values."""
+    return tuple((id(t), t.data_ptr(), t._version) for t in tensors)
 
 
 def _pack(linears: tuple[torch.nn.Linear, ...]) -> _Packed:
     """The fused product of ``linears`` (their outputs concatenated in order), packed for oneDNN."""
-    sources = tuple(m.weight for m in linears) + tuple(m.bias for m in linears if m.bias is not None)
+    sources = _sources(linears)
     with torch.no_grad():
         weight = (
             torch.cat([m.weight.detach() for m in linears])
@@ -114,27 +146,30 @@ def _reorder(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 class _Layer:
-    """One decoder layer's packed products and norms."""
+    """One decoder layer's packed products and norms, read from the layer's current modules at each refresh."""
 
     def __init__(self, layer: torch.nn.Module) -> None:
-        attn, mlp = layer.self_attn, layer.mlp
-        self.groups = {
+        self.module = layer
+        self.products: dict[str, _Packed] = {}
+        self.refresh()
+
+    def refresh(self) -> int:
+        """Repack every product whose source weights changed (a weight written in place, its ``.data`` replaced,
+        or a new parameter or module put in its place); returns how many were repacked."""
+        attn, mlp = self.module.self_attn, self.module.mlp
+        groups = {
             "qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
             "o": (attn.o_proj,),
             "gate_up": (mlp.gate_proj, mlp.up_proj),
             "down": (mlp.down_proj,),
         }
-        self.products: dict[str, _Packed] = {}
-        self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        self.norms = (self.module.input_layernorm, self.module.post_attention_layernorm)
         self.splits = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
         self.head_dim = attn.head_dim
-
-    def refresh(self) -> int:
-        """Repack every product whose source weights changed; returns how many were repacked."""
         count = 0
-        for name, linears in self.groups.items():
+        for name, linears in groups.items():
             current = self.products.get(name)
-            if current is None or _stamp(current.sources) != current.stamp:
+            if current is None or _stamp(_sources(linears)) != current.stamp:
                 self.products[name] = _pack(linears)
                 count += 1
         return count
@@ -154,25 +189,36 @@ class LeanCausalLM:
         if not supports(model):
             raise ValueError(f"LeanCausalLM does not serve {type(model).__name__} on {model.device}")
         self.model = model
-        inner = model.model
-        self.embed = inner.embed_tokens
-        self.rotary = inner.rotary_emb
-        self.final_norm = inner.norm
-        self.layers = [_Layer(layer) for layer in inner.layers]
-        self.head_source = model.get_output_embeddings()
+        self.layers: list[_Layer] = []
         self.head: _Packed | None = None
         self.refresh()
 
     def refresh(self) -> int:
-        """Repack the products whose weights changed since they were packed (all of them at the first call).
+        """Re-read the model's modules and repack the products whose weights changed since they were packed (all
+        of them at the first call; a parameter or module replaced since counts as changed).
 
         Returns:
             How many products were repacked.
         """
-        count = sum(layer.refresh() for layer in self.layers)
-        head = self.head
-        if head is None or _stamp(head.sources) != head.stamp:
-            self.head = _pack((self.head_source,))
+        inner = self.model.model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.final_norm = inner.norm
+        known = {id(layer.module): layer for layer in self.layers}
+        count = 0
+        layers = []
+        for module in inner.layers:
+            layer = known.get(id(module))
+            if layer is None or layer.module is not module:
+                layer = _Layer(module)
+                count += len(layer.products)
+            else:
+                count += layer.refresh()
+            layers.append(layer)
+        self.layers = layers
+        head = self.model.get_output_embeddings()
+        if self.head is None or _stamp(_sources((head,))) != self.head.stamp:
+            self.head = _pack((head,))
             count += 1
         return count
 

@@ -185,3 +185,77 @@ def test_a_prompt_run_in_two_parts_equals_one_prefill(tok):
     cache = _preallocated_cache(model, PROMPT)
     lean(ids[:, :4], mask[:, :4], positions[:, :4], cache)
     torch.testing.assert_close(lean(ids[:, 4:], mask, positions[:, 4:], cache), whole, atol=1e-4, rtol=0)
+
+
+def test_a_model_with_lora_layers_injected_keeps_the_transformers_forward(tok):
+    """A peft model's base (its LoRA layers in place, no PeftModel wrapper) is a LlamaForCausalLM whose
+    projections add the adapter: the packed products would drop it."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    base = get_peft_model(build_tiny_model(tok, seed=0), lora).get_base_model()
+    assert type(base).__name__ == "LlamaForCausalLM"
+    assert not supports(base)
+    engine = StaticCacheRolloutEngine({"a": AgentModel(base, tok)})
+    engine.generate("a", [[1, 5, 9, 200, 31]], SamplingParams(max_new_tokens=2, temperature=0.0))
+    assert engine.last_stats["forward"] == "transformers"
+
+
+def test_a_hooked_or_partitioned_projection_is_not_supported(tok):
+    """DeepSpeed ZeRO-3 gathers a projection's weight in a forward pre-hook and leaves an empty partition
+    outside it; accelerate's offload replaces ``forward``: the packed products would bypass either."""
+    hooked = build_tiny_model(tok, seed=0)
+    hooked.model.layers[1].mlp.up_proj.register_forward_pre_hook(lambda module, args: None)
+    assert not supports(hooked)
+    partitioned = build_tiny_model(tok, seed=0)
+    partitioned.model.layers[0].self_attn.o_proj.weight.data = torch.empty(0)
+    assert not supports(partitioned)
+    wrapped = build_tiny_model(tok, seed=0)
+    head = wrapped.lm_head
+    head.forward = lambda x: torch.nn.functional.linear(x, head.weight)
+    assert not supports(wrapped)
+
+
+def test_the_engine_samples_from_a_zero3_model(tok):
+    """A DeepSpeed ZeRO-3 model on the CPU (gloo), as a colocated engine samples it: the transformers forward."""
+    from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
+    from services.trainer.strategy.base import OptimConfig
+    from services.trainer.strategy.deepspeed_strategy import DeepSpeedStrategy
+
+    layout = PolicyLayout(
+        mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),), keep_reference=False, seed=0
+    )
+    policy = MultiAgentPolicy(layout)
+    DeepSpeedStrategy(zero_stage=3).setup(
+        policy.model("a"), policy.parameters("a"), OptimConfig(lr=1e-2, total_steps=2)
+    )
+    model = policy.model("a")
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
+    engine = StaticCacheRolloutEngine({"a": AgentModel(model, tok)})
+    got = engine.generate("a", [[1, 5, 9, 200]], greedy)[0]
+    assert engine.last_stats["forward"] == "transformers"
+    expected = HFRolloutEngine({"a": AgentModel(model, tok)}).generate("a", [[1, 5, 9, 200]], greedy)[0]
+    assert got.response_token_ids == expected.response_token_ids
+
+
+def test_parameters_replaced_by_load_state_dict_with_assign_are_followed(tok):
+    model = build_tiny_model(tok, seed=0)
+    reference = build_tiny_model(tok, seed=1)
+    lean = LeanCausalLM(model)
+    model.load_state_dict(reference.state_dict(), assign=True)
+    assert lean.refresh() == 2 * 4 + 1
+    batch = _batch(model.config.vocab_size)
+    expected = _logits(lambda *a: _transformers_forward(reference, *a), reference, batch)
+    torch.testing.assert_close(_logits(lean, model, batch), expected, atol=1e-4, rtol=0)
+
+
+def test_a_replaced_layer_and_head_are_followed(tok):
+    model = build_tiny_model(tok, seed=0)
+    reference = build_tiny_model(tok, seed=1)
+    lean = LeanCausalLM(model)
+    model.model.layers[1] = reference.model.layers[1]
+    model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
+    assert lean.refresh() == 4 + 1
+    batch = _batch(model.config.vocab_size)
+    expected = _logits(lambda *a: _transformers_forward(model, *a), model, batch)
+    torch.testing.assert_close(_logits(lean, model, batch), expected, atol=1e-4, rtol=0)
