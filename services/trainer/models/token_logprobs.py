@@ -74,7 +74,9 @@ def default_chunk_rows(device: torch.device, batch: int, actions: int, vocab: in
 
 def chunks(batch: int, actions: int, rows: int) -> Iterator[tuple[slice, slice]]:
     """(row slice, position slice) pairs covering (B, A) once, in order, with at most ``rows`` positions each: whole
-    rows (``rows // A`` of them) when ``rows >= A``, else slices of one row's positions."""
+    rows (``rows // A`` of them) when ``rows >= A``, else slices of one row's positions; none when B or A is 0."""
+    if batch == 0 or actions == 0:
+        return
     if rows >= actions:
         per = rows // actions
         for b in range(0, batch, per):

@@ -112,3 +112,14 @@ def test_default_chunks_are_cache_sized_on_the_cpu_and_whole_elsewhere():
     assert default_chunk_rows(torch.device("cpu"), 8, 12, 49152) == CHUNK_ELEMENTS // 49152 == 5
     assert default_chunk_rows(torch.device("cpu"), 8, 12, 10 * CHUNK_ELEMENTS) == 1
     assert default_chunk_rows(torch.device("cuda"), 8, 12, 49152) == 96
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 5), (0, 3, 5)])
+def test_no_positions_give_empty_results_with_a_gradient(shape):
+    """(B, 0, V) and (0, A, V) logits: empty (B, A) results, as the plain formula gives (no division by A)."""
+    logits = torch.zeros(shape, requires_grad=True)
+    logp, ent = token_logprobs(logits, torch.zeros(shape[:2], dtype=torch.long), entropy=True)
+    assert logp.shape == ent.shape == shape[:2]
+    (logp.sum() + ent.sum()).backward()
+    assert logits.grad is not None and logits.grad.shape == shape
+    assert list(chunks(shape[0], shape[1], 4)) == []
