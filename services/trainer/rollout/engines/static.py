@@ -3,9 +3,10 @@
 :class:`StaticCacheRolloutEngine` is :class:`~services.trainer.rollout.engines.hf.HFRolloutEngine` (same agents, LoRA
 adapters per agent on one base, versioned ``update_weights``, ``pinned``, seeds, prompt checks, stop-string and
 eos handling, :class:`~services.trainer.rollout.engines.base.Generation` outputs) with ``generate``'s per-token machinery
-replaced by a loop of plain model forwards. Log-probabilities keep the semantics of
-:mod:`services.trainer.rollout.engines.base`: ``log_softmax`` of the raw fp32 logits at the sampled token, computed per
-step as ``logit[token] - logsumexp(logits)`` (no (B, A, V) tensor of logits is kept).
+replaced by a loop of plain model forwards (on the CPU, Llama and Qwen2 models through
+:class:`~services.trainer.rollout.engines.lean.LeanCausalLM` unless ``lean=False``). Log-probabilities keep the
+semantics of :mod:`services.trainer.rollout.engines.base`: ``log_softmax`` of the raw fp32 logits at the sampled
+token, computed per step as ``logit[token] - logsumexp(logits)`` (no (B, A, V) tensor of logits is kept).
 
 Two decode paths, chosen per call:
 
