@@ -11,7 +11,8 @@ After ``--warmup`` steps (default 4), MODE is:
   (``--shapes`` groups them by input shapes, ``--rows`` sets the table's length);
 - ``lean``: the remaining steps, alternating the rollout engine's lean forward on and off
   (:class:`~services.trainer.rollout.engines.static.StaticCacheRolloutEngine` ``lean``); prints the median
-  generation seconds of each.
+  generation seconds of each. A spec whose engine is not ``hf_static``, or a step that ran the other forward than
+  asked, is refused (the A/B would time one forward twice).
 
 The update is ``PolicyWorker.train`` alone (the bench's update phase also scores the samples, a few microseconds).
 """
@@ -118,12 +119,26 @@ def run(spec: dict[str, Any], mode: str, warmup: int = 4, rows: int = 30, shapes
 
 
 def _lean_ab(runner: StepRunner, indices: range) -> str:
-    """Alternate the engine's lean forward (on for even steps) and report each side's median generation time."""
+    """Alternate the engine's lean forward (on for even steps) and report each side's median generation time.
+
+    Raises:
+        ValueError: The spec's rollout engine has no lean forward (not ``hf_static``), or a step ran another forward
+            than the one asked for (a model the lean forward does not support): the A/B would compare one forward
+            with itself.
+    """
+    engine = runner.worker.engine
+    if not hasattr(engine, "lean"):
+        raise ValueError(
+            f"the lean mode needs rollout_engine hf_static, the spec's engine is {type(engine).__name__}"
+        )
     times: dict[bool, list[float]] = {True: [], False: []}
     for index in indices:
         lean = index % 2 == 0
-        runner.worker.engine.lean = lean
+        engine.lean = lean
         runner.step(index)
+        ran = engine.last_stats.get("forward")
+        if ran != ("lean" if lean else "transformers"):
+            raise ValueError(f"step {index + 1} ran the {ran} forward with lean={lean}: nothing to compare")
         times[lean].append(runner.generation_s[-1])
     return "\n".join(
         f"lean forward {'on ' if lean else 'off'}: median generation {statistics.median(t):.3f} s "

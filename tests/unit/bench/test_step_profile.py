@@ -30,6 +30,14 @@ def test_the_lean_mode_alternates_the_engine_forward():
     assert "lean forward off: median generation" in report
 
 
+def test_the_lean_mode_refuses_an_engine_without_the_lean_forward():
+    """The transformers ``generate`` engine has no lean forward: the A/B would time one forward twice."""
+    with pytest.raises(
+        ValueError, match="needs rollout_engine hf_static, the spec's engine is HFRolloutEngine"
+    ):
+        step_profile.run(_spec(4) | {"rollout_engine": "hf"}, "lean", warmup=1)
+
+
 @pytest.mark.parametrize(
     ("mode", "operator"), [("generation", "aten::searchsorted"), ("update", "Optimizer.step")]
 )
