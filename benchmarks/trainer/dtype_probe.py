@@ -22,8 +22,10 @@ class DtypeProbe:
     weights) and its weight dtype. In the phases of :data:`BARE_PRODUCT_PHASES` (generation), products computed
     without a linear module (our rollout engine's lean forward multiplies with fused or oneDNN-packed weights:
     ``aten.mm`` / ``aten.addmm`` / ``mkldnn._linear_pointwise`` outside any linear layer's call) are seen too, by a
-    dispatch mode (``TorchDispatchMode``), with the product's output dtype and its weight operand's dtype; other
-    phases would also see backward products and weight merges there, which are not the model's forward. Records
+    dispatch mode (``TorchDispatchMode``), with the product's output dtype and its weight operand's dtype, in the
+    thread that made the probe only (dispatch modes are thread-local; our bench generates in that thread, an engine
+    pool's or an asynchronous producer's threads would go unseen); other phases would also see backward products
+    and weight merges there, which are not the model's forward. Records
     are filed under :attr:`current` (set by :meth:`phase`, or directly by a caller whose phase spans callbacks);
     calls while it is None are not recorded. The hooks and the mode slow every call a little, so a bench keeps them
     on for one step only (:meth:`stop`).

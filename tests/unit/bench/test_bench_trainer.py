@@ -348,3 +348,23 @@ def test_the_probe_sees_generation_products_made_without_a_linear_layer():
             lean(ids, mask, positions, _preallocated_cache(model, 3))
         probe.stop()
         assert probe.report() == {"generation": {"compute": [dtype], "weights": [dtype]}}
+
+
+def test_the_probe_sees_bare_products_in_its_own_thread_only():
+    """Dispatch modes are thread-local: a product made in another thread's generation phase goes unrecorded."""
+    import threading
+
+    probe = DtypeProbe()
+    weight = torch.randn(4, 4)
+
+    def generate() -> None:
+        with probe.phase("generation"):
+            torch.mm(torch.randn(2, 4), weight)
+
+    other = threading.Thread(target=generate)
+    other.start()
+    other.join()
+    assert probe.report() == {}
+    generate()
+    probe.stop()
+    assert probe.report() == {"generation": {"compute": ["float32"], "weights": ["float32"]}}
