@@ -38,6 +38,12 @@ def _row_major_strides(shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def is_dense_input_hook(hook: Any) -> bool:
+    """Whether ``hook`` (a forward pre-hook) is the one :func:`dense_head_input` registers, which changes only the
+    input's memory layout, not the values a linear layer computes."""
+    return hook is _dense
+
+
 def dense_head_input(model: torch.nn.Module) -> bool:
     """Register :func:`_dense` on ``model``'s output embedding (once; copies made with ``copy.deepcopy`` keep it).
 
@@ -52,6 +58,6 @@ def dense_head_input(model: torch.nn.Module) -> bool:
     head = getter() if callable(getter) else None
     if not isinstance(head, torch.nn.Module):
         return False
-    if not any(hook is _dense for hook in head._forward_pre_hooks.values()):
+    if not any(is_dense_input_hook(hook) for hook in head._forward_pre_hooks.values()):
         head.register_forward_pre_hook(_dense)
     return True

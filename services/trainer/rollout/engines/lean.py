@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from services.trainer.models.dense_head import _dense
+from services.trainer.models.dense_head import is_dense_input_hook
 
 __all__ = ["LeanCausalLM", "supports"]
 
@@ -81,7 +81,7 @@ def _plain_linear(module: torch.nn.Module | None) -> bool:
     return (
         type(module) is torch.nn.Linear
         and not module._forward_hooks
-        and all(hook is _dense for hook in module._forward_pre_hooks.values())
+        and all(is_dense_input_hook(hook) for hook in module._forward_pre_hooks.values())
         and "forward" not in vars(module)
         and tuple(module.weight.shape) == (module.out_features, module.in_features)
     )
