@@ -93,9 +93,10 @@ def engine_count(cfg: TrainConfig | GenerationConfig, engine: str) -> int:
 def resolve_auto_engine(device: str) -> str:
     """What ``rollout.engine: auto`` builds on ``device``: the fastest engine measured there that is correct.
 
-    On the CPU ``hf_static`` (its own decode loop and sampler: 1.04-1.05x, 1.16-1.26x and 1.20-1.26x ``hf``'s
-    tokens/s at batches 1, 8 and 64 in bf16 in two runs, docs/benchmarks.md "Rollout engines"); on CUDA vLLM when
-    it is installed, else ``hf`` (``hf_static``'s compiled CUDA path has not run on a GPU yet).
+    On the CPU ``hf_static`` (its own decode loop, sampler and, for Llama-family models, lean forward: 1.52x,
+    1.68x and 1.57x ``hf``'s tokens/s at batches 1, 8 and 64 in bf16 on 2026-12-07; 1.04-1.05x, 1.16-1.26x and
+    1.20-1.26x in two runs before the lean forward; docs/benchmarks.md "Rollout engines"); on CUDA vLLM when it is
+    installed, else ``hf`` (``hf_static``'s compiled CUDA path has not run on a GPU yet).
 
     Args:
         device: ``cpu`` or ``cuda``.
