@@ -15,6 +15,8 @@ Both kernels compute the same function; results agree up to float rounding.
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -32,8 +34,11 @@ def training_attention(model: torch.nn.Module, num_tokens: int) -> Any:
     attention call of the forward then has at most that many keys) and the model has no gradient checkpointing
     (whose backward reruns the forward outside this context), else no change (a null context).
 
-    The restriction is PyTorch's process-wide ``sdpa_kernel`` setting, for the duration of the context; the
-    backward, run later, follows the kernel its forward recorded.
+    The restriction is PyTorch's process-wide ``sdpa_kernel`` setting, held while any thread is inside such a
+    context (:func:`_math_kernel`: the first to enter sets it, the last to leave restores what was set before, so
+    overlapping forwards in several threads cannot leave it set); SDPA calls of other threads meanwhile also run
+    the math kernel (the same results up to rounding). The backward, run later, follows the kernel its forward
+    recorded.
 
     Args:
         model: The model (its first parameter's device is the forward's).
@@ -51,8 +56,34 @@ def training_attention(model: torch.nn.Module, num_tokens: int) -> Any:
         and num_tokens <= MATH_ATTENTION_MAX_TOKENS
         and not checkpointed(model)
     ):
-        return sdpa_kernel(SDPBackend.MATH)
+        return _math_kernel()
     return contextlib.nullcontext()
+
+
+_LOCK = threading.Lock()
+_HOLDERS = 0
+_SETTING: Any = None
+
+
+@contextlib.contextmanager
+def _math_kernel() -> Iterator[None]:
+    """``sdpa_kernel(SDPBackend.MATH)`` shared by every thread inside: set by the first to enter, restored by the
+    last to leave (nested ``sdpa_kernel`` contexts in several threads would each restore what they saw on entry,
+    and the one leaving last could restore the math-only setting another had made)."""
+    global _HOLDERS, _SETTING
+    with _LOCK:
+        if _HOLDERS == 0:
+            _SETTING = sdpa_kernel(SDPBackend.MATH)
+            _SETTING.__enter__()
+        _HOLDERS += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _HOLDERS -= 1
+            if _HOLDERS == 0:
+                _SETTING.__exit__(None, None, None)
+                _SETTING = None
 
 
 def checkpointed(model: torch.nn.Module) -> bool:

@@ -81,3 +81,38 @@ def test_math_and_flash_give_the_same_logprobs_and_gradients(model, monkeypatch)
 def test_bad_token_count_is_rejected(model):
     with pytest.raises(InvalidArgumentError, match="num_tokens must be >= 1, got 0"):
         ta.training_attention(model, 0)
+
+
+def test_overlapping_forwards_in_two_threads_restore_the_kernels(model):
+    """Thread A enters, B enters, A leaves, B leaves: plain sdpa_kernel contexts would leave math-only set (B
+    restores what it saw on entry); the shared context restores the setting from before A entered."""
+    import threading
+
+    from torch.nn.attention import _cur_sdpa_kernel_backends
+
+    before = set(_cur_sdpa_kernel_backends())
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    inside: list[set] = []
+
+    def thread_a():
+        with torch.enable_grad(), ta.training_attention(model, 8):
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def thread_b():
+        a_in.wait(5)
+        with torch.enable_grad(), ta.training_attention(model, 8):
+            b_in.set()
+            a_out.wait(5)
+            inside.append(set(_cur_sdpa_kernel_backends()))
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    from torch.nn.attention import SDPBackend
+
+    assert inside == [{SDPBackend.MATH}]  # still math while B's forward runs, after A left
+    assert set(_cur_sdpa_kernel_backends()) == before
