@@ -92,7 +92,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self.last_stats: dict[str, Any] = {}
         """What the last batch did: ``path`` (``eager`` or ``compiled``), ``steps`` (forwards after the prefill),
         ``row_steps`` (rows computed, summed over those steps), ``compactions`` (eager only), ``prefill_rows``, and
-        (eager only) ``prefill_s`` / ``decode_s``: wall seconds of the prefill and of the decode loop."""
+        (eager only) ``forward`` (``lean`` or ``transformers``: which forward ran) and ``prefill_s`` / ``decode_s``:
+        wall seconds of the prefill and of the decode loop."""
 
     def _forward(self, model: torch.nn.Module) -> Any:
         """The eager loop's forward for ``model``: ``(input_ids (B, q), attention_mask (B, L), position_ids (B, q),
