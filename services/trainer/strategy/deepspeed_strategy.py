@@ -229,6 +229,23 @@ class DeepSpeedTrainEngine(TrainEngine):
         return dict(state["data_position"])
 
 
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's default ``reduce_bucket_size`` and ``allgather_bucket_size`` (elements)."""
+
+
+BUCKET_ALIGNMENT = 64
+"""Bucket sizes are multiples of this many elements (DeepSpeed asserts the all-gather bucket is a multiple of its
+``nccl_start_alignment_factor``, 2 today)."""
+
+
+def bucket_elements(num_params: int) -> int:
+    """ZeRO's reduce / all-gather bucket size for a model of ``num_params`` trained elements: DeepSpeed's default
+    (:data:`DEEPSPEED_BUCKET_ELEMENTS`), or the model's size when smaller (a bucket never needs more), rounded up to
+    a multiple of :data:`BUCKET_ALIGNMENT` (at least one such multiple)."""
+    size = max(1, min(DEEPSPEED_BUCKET_ELEMENTS, int(num_params)))
+    return -(-size // BUCKET_ALIGNMENT) * BUCKET_ALIGNMENT
+
+
 class DeepSpeedStrategy(Strategy):
     """DeepSpeed ZeRO with a torch AdamW client optimizer.
 
@@ -262,11 +279,21 @@ class DeepSpeedStrategy(Strategy):
         self.dist_backend = dist_backend
         self.micro_batch_size = micro_batch_size
 
-    def ds_config(self, cfg: OptimConfig, bf16: bool) -> dict[str, Any]:
-        """The DeepSpeed config dict built from ``cfg`` (exposed for inspection and tests)."""
+    def ds_config(self, cfg: OptimConfig, bf16: bool, num_params: int | None = None) -> dict[str, Any]:
+        """The DeepSpeed config dict built from ``cfg`` (exposed for inspection and tests).
+
+        With ``num_params`` (the trained parameters' element count) and ZeRO stage 1-3, the gradient reduce and
+        all-gather buckets hold at most that many elements (:func:`bucket_elements`): DeepSpeed's default of
+        :data:`DEEPSPEED_BUCKET_ELEMENTS` makes its engine allocate buffers of that many values whatever the model
+        (2 GB of float32 per buffer, several GB per engine, never touched for a small model but never returned
+        either: a process that built a few engines held tens of GB of address space, and a fork from it failed
+        with ENOMEM). Bucket boundaries only group the same element-wise reductions, so results are unchanged.
+        """
         zero: dict[str, Any] = {"stage": self.zero_stage}
         if self.offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu"}
+        if num_params is not None and self.zero_stage > 0:
+            zero["reduce_bucket_size"] = zero["allgather_bucket_size"] = bucket_elements(num_params)
         return {
             "train_micro_batch_size_per_gpu": self.micro_batch_size,
             "gradient_accumulation_steps": cfg.grad_accum_steps,
@@ -297,7 +324,10 @@ class DeepSpeedStrategy(Strategy):
         for group in optimizer.param_groups:
             group["lr"] = 0.0
         engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config(cfg, bf16)
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=self.ds_config(cfg, bf16, sum(getattr(p, "ds_numel", p.numel()) for p in plist)),
         )
         for group, lr in zip(optimizer.param_groups, lrs, strict=True):
             group["lr"] = lr
