@@ -66,10 +66,20 @@ def supports(model: torch.nn.Module) -> bool:
     )
 
 
+def _groups(layer: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, ...]]:
+    """A decoder layer's products, each the projections it fuses: ``qkv``, ``o``, ``gate_up``, ``down``."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {
+        "qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
+        "o": (attn.o_proj,),
+        "gate_up": (mlp.gate_proj, mlp.up_proj),
+        "down": (mlp.down_proj,),
+    }
+
+
 def _linears(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
     """A decoder layer's seven projections: q, k, v, o, gate, up, down."""
-    attn, mlp = layer.self_attn, layer.mlp
-    return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    return tuple(m for linears in _groups(layer).values() for m in linears)
 
 
 def _plain_linear(module: torch.nn.Module | None) -> bool:
@@ -89,11 +99,10 @@ def _plain_linear(module: torch.nn.Module | None) -> bool:
 
 @dataclass
 class _Packed:
-    """One product's weight: the sources it was made from (their storage and version at packing), the (out, in)
+    """One product's weight: the stamp of the parameters it was made from at packing (:func:`_stamp`), the (out, in)
     weight, its oneDNN-packed form (None where packing is unavailable) and the bias (or None)."""
 
-    sources: tuple[torch.Tensor, ...]
-    stamp: tuple[tuple[int, int], ...]
+    stamp: tuple[tuple[int, int, int], ...]
     weight: torch.Tensor
     packed: torch.Tensor | None
     bias: torch.Tensor | None
@@ -119,7 +128,6 @@ def _stamp(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int, int], ...
 
 def _pack(linears: tuple[torch.nn.Linear, ...]) -> _Packed:
     """The fused product of ``linears`` (their outputs concatenated in order), packed for oneDNN."""
-    sources = _sources(linears)
     with torch.no_grad():
         weight = (
             torch.cat([m.weight.detach() for m in linears])
@@ -135,7 +143,7 @@ def _pack(linears: tuple[torch.nn.Linear, ...]) -> _Packed:
                 ]
             )
         packed = _reorder(weight)
-    return _Packed(sources, _stamp(sources), weight, packed, bias)
+    return _Packed(_stamp(_sources(linears)), weight, packed, bias)
 
 
 def _reorder(weight: torch.Tensor) -> torch.Tensor | None:
@@ -156,18 +164,12 @@ class _Layer:
     def refresh(self) -> int:
         """Repack every product whose source weights changed (a weight written in place, its ``.data`` replaced,
         or a new parameter or module put in its place); returns how many were repacked."""
-        attn, mlp = self.module.self_attn, self.module.mlp
-        groups = {
-            "qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
-            "o": (attn.o_proj,),
-            "gate_up": (mlp.gate_proj, mlp.up_proj),
-            "down": (mlp.down_proj,),
-        }
+        attn = self.module.self_attn
         self.norms = (self.module.input_layernorm, self.module.post_attention_layernorm)
         self.splits = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
         self.head_dim = attn.head_dim
         count = 0
-        for name, linears in groups.items():
+        for name, linears in _groups(self.module).items():
             current = self.products.get(name)
             if current is None or _stamp(_sources(linears)) != current.stamp:
                 self.products[name] = _pack(linears)
