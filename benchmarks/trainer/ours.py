@@ -87,8 +87,6 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     worker = PolicyWorker(
         policy_actor_config(config_from_dict(worker_config(spec))), num_threads=spec["threads"]
     )
-    P = spec["prompts_per_step"]
-    problems = spec["train_problems"]
     step_times, gen_times, step_rewards = [], [], []
     counts = {"completion_tokens": 0, "prompt_tokens": 0, "samples": 0}
     probe = DtypeProbe()
@@ -96,8 +94,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     t_start = time.perf_counter()
     for step in range(spec["steps"]):
         t0 = time.perf_counter()
-        batch = problems[step * P : (step + 1) * P]
-        chats = [sum_task.chat(p["question"]) for p in batch for _ in range(spec["group_size"])]
+        batch, chats = step_prompts(spec, step)
         with probe.phase("generation"), threads.phase("generation"):
             gens = worker.generate("solver", chats)
         gen_times.append(time.perf_counter() - t0)
@@ -131,6 +128,14 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
         },
     }
+
+
+def step_prompts(spec: dict[str, Any], step: int) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Step ``step``'s problems (the spec's ``train_problems`` ``step * P`` to ``(step + 1) * P``) and its chats, each
+    problem's repeated G times in a row (row ``i`` asks ``batch[i // G]``)."""
+    P = spec["prompts_per_step"]
+    batch = spec["train_problems"][step * P : (step + 1) * P]
+    return batch, [sum_task.chat(p["question"]) for p in batch for _ in range(spec["group_size"])]
 
 
 def _our_samples(

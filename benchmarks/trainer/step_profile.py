@@ -53,17 +53,14 @@ class StepRunner:
     def step(self, index: int, profiler: Any = None, phase: str | None = None) -> None:
         """Run step ``index`` (its prompts are the spec's problems ``index * P`` to ``(index + 1) * P``), timing
         both phases; ``profiler`` (started and stopped here) records ``phase`` when given."""
-        from benchmarks.trainer import sum_task
-        from benchmarks.trainer.ours import _our_samples
+        from benchmarks.trainer.ours import _our_samples, step_prompts
 
-        P, G = self.spec["prompts_per_step"], self.spec["group_size"]
-        batch = self.spec["train_problems"][index * P : (index + 1) * P]
-        chats = [sum_task.chat(p["question"]) for p in batch for _ in range(G)]
+        batch, chats = step_prompts(self.spec, index)
         with _recording(profiler, phase == "generation"):
             start = time.perf_counter()
             gens = self.worker.generate("solver", chats)
             self.generation_s.append(time.perf_counter() - start)
-        samples = _our_samples(index, gens, batch, G, self._counts)
+        samples = _our_samples(index, gens, batch, self.spec["group_size"], self._counts)
         with _recording(profiler, phase == "update"):
             start = time.perf_counter()
             stats = self.worker.train("solver", samples)
