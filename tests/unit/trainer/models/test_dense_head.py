@@ -39,7 +39,9 @@ def test_loaded_models_give_the_head_a_dense_input_and_the_same_logits(tiny, dty
         full = model(input_ids=ids).logits
     assert seen[0] == ((3, 1, 64), (64, 64, 1))  # hidden[:, -1:, :] arrives as its own dense rows
     assert all(strides == _row_major_strides(torch.Size(shape)) for shape, strides in seen)
-    torch.testing.assert_close(last[:, -1], full[:, -1], rtol=0, atol=0)
+    # float32 products of 3 and of 27 rows may round differently (seen on an AMD EPYC: 2.4e-7); bf16 ones are equal
+    exact = dtype == torch.bfloat16
+    torch.testing.assert_close(last[:, -1], full[:, -1], rtol=0 if exact else 1e-5, atol=0 if exact else 1e-5)
 
 
 def test_generate_gives_the_same_tokens_with_and_without_the_hook(tiny):
