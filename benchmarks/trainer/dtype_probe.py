@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-BARE_PRODUCT_PHASES = ("generation",)
+BARE_PRODUCT_PHASES = ("generation", "update")
 """Phases in which :class:`DtypeProbe` also records matrix products made outside a linear layer's call."""
 
 
@@ -24,8 +24,11 @@ class DtypeProbe:
     ``aten.mm`` / ``aten.addmm`` / ``mkldnn._linear_pointwise`` outside any linear layer's call) are seen too, by a
     dispatch mode (``TorchDispatchMode``), with the product's output dtype and its weight operand's dtype, in the
     thread that made the probe only (dispatch modes are thread-local; our bench generates in that thread, an engine
-    pool's or an asynchronous producer's threads would go unseen); other phases would also see backward products
-    and weight merges there, which are not the model's forward. Records
+    pool's or an asynchronous producer's threads would go unseen). In the update, our lean training forward
+    multiplies without linear layers too (:mod:`services.trainer.models.lean_training`); there only products made
+    with gradients recorded are the forward's (backward products and weight merges run without), and only their
+    output dtype is filed: their operands are cast or fused copies, so the weights the update holds are filed by the
+    caller (:meth:`record_weights`). Records
     are filed under :attr:`current` (set by :meth:`phase`, or directly by a caller whose phase spans callbacks);
     calls while it is None are not recorded. The hooks and the mode slow every call a little, so a bench keeps them
     on for one step only (:meth:`stop`).
@@ -68,12 +71,24 @@ class DtypeProbe:
             self.record(output.dtype, module.weight.dtype)
 
     def record(self, compute: Any, weights: Any) -> None:
-        """File one product's output and weight dtypes under the current phase (nothing when there is none)."""
+        """File one product's output and weight dtypes (``weights`` None: the output's only) under the current phase
+        (nothing when there is none)."""
         if self.current is None:
             return
         entry = self._seen.setdefault(self.current, {"compute": set(), "weights": set()})
         entry["compute"].add(str(compute).removeprefix("torch."))
-        entry["weights"].add(str(weights).removeprefix("torch."))
+        if weights is not None:
+            entry["weights"].add(str(weights).removeprefix("torch."))
+
+    def record_weights(self, model: Any) -> None:
+        """File the weight dtypes of ``model``'s linear layers under the current phase (for products made from
+        copies of them, which the dispatch mode files without weights)."""
+        if self.current is None:
+            return
+        entry = self._seen.setdefault(self.current, {"compute": set(), "weights": set()})
+        for module in model.modules():
+            if isinstance(module, self._linear):
+                entry["weights"].add(str(module.weight.dtype).removeprefix("torch."))
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -111,8 +126,12 @@ def _products_mode(probe: DtypeProbe) -> Any:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             weight = products.get(func)
-            if weight is not None and probe.current in BARE_PRODUCT_PHASES and probe._inside_linear == 0:
+            if weight is None or probe.current not in BARE_PRODUCT_PHASES or probe._inside_linear:
+                return out
+            if probe.current == "generation":
                 probe.record(out.dtype, args[weight].dtype)
+            elif torch.is_grad_enabled():  # the update's forward (module docstring)
+                probe.record(out.dtype, None)
             return out
 
     return _Products()

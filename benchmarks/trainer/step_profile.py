@@ -12,7 +12,10 @@ After ``--warmup`` steps (default 4), MODE is:
 - ``lean``: the remaining steps, alternating the rollout engine's lean forward on and off
   (:class:`~services.trainer.rollout.engines.static.StaticCacheRolloutEngine` ``lean``); prints the median
   generation seconds of each. A spec whose engine is not ``hf_static``, or a step that ran the other forward than
-  asked, is refused (the A/B would time one forward twice).
+  asked, is refused (the A/B would time one forward twice);
+- ``lean_update``: the remaining steps, alternating the update's lean training forward on and off
+  (:attr:`~services.trainer.models.policy.MultiAgentPolicy.lean_training`, :mod:`~services.trainer.models.
+  lean_training`); prints the median update seconds of each and each step's policy loss.
 
 The update is ``PolicyWorker.train`` alone (the bench's update phase also scores the samples, a few microseconds).
 """
@@ -26,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("time", "generation", "update", "lean")
+MODES = ("time", "generation", "update", "lean", "lean_update")
 
 
 class StepRunner:
@@ -106,6 +109,8 @@ def run(spec: dict[str, Any], mode: str, warmup: int = 4, rows: int = 30, shapes
         return table.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60)
     if mode == "lean":
         return _lean_ab(runner, range(warmup, steps))
+    if mode == "lean_update":
+        return _lean_update_ab(runner, range(warmup, steps))
     for index in range(warmup, steps):
         runner.step(index)
     return (
@@ -142,6 +147,49 @@ def _lean_ab(runner: StepRunner, indices: range) -> str:
         f"({len(t)} steps: {', '.join(f'{x:.3f}' for x in t)})"
         for lean, t in times.items()
         if t
+    )
+
+
+def _lean_update_ab(runner: StepRunner, indices: range) -> str:
+    """Alternate the update's lean training forward (on for even steps) and report each side's median update
+    time and the steps' policy losses (bf16 rounds differently in the two forwards; float32 losses agree).
+
+    Raises:
+        ValueError: A step with the lean training forward on did not run it (a model or sequence it does not
+            serve): the A/B would time the transformers forward twice.
+    """
+    from services.trainer.models import lean_training
+
+    policy = runner.worker.policy
+    times: dict[bool, list[float]] = {True: [], False: []}
+    original, calls = lean_training.response_logits, []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    lean_training.response_logits = counted
+    try:
+        for index in indices:
+            lean = index % 2 == 0
+            policy.lean_training, before = lean, len(calls)
+            runner.step(index)
+            if lean and len(calls) == before:
+                raise ValueError(
+                    f"step {index + 1} ran the transformers forward with lean_training on: nothing to compare"
+                )
+            times[lean].append(runner.update_s[-1])
+    finally:
+        lean_training.response_logits = original
+        policy.lean_training = True
+    lines = [
+        f"lean training forward {'on ' if lean else 'off'}: median update {statistics.median(t):.3f} s "
+        f"({len(t)} steps: {', '.join(f'{x:.3f}' for x in t)})"
+        for lean, t in times.items()
+        if t
+    ]
+    return "\n".join(
+        [*lines, f"policy losses (on, off, on, ...): {[round(x, 6) for x in runner.losses[-len(indices) :]]}"]
     )
 
 

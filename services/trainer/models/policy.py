@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 
 from marti.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from services.trainer.models import lean_training
 from services.trainer.models.loading import (
     construction_device,
     load_model,
@@ -183,6 +184,9 @@ class MultiAgentPolicy:
         self._adapters: dict[str, str] = {}
         self._versions = {a.name: 0 for a in config.agents}
         self._share_prefix = config.share_prompt_prefix
+        self.lean_training = True
+        """Let :meth:`logprobs` with grad run :mod:`~services.trainer.models.lean_training`'s forward where it applies
+        (off: always the transformers forward; the same function, for A/B measurements)."""
         tok_cache: dict[str, Any] = {}
         for a in config.agents:
             self._tokenizers[a.name] = tok_cache.setdefault(
@@ -390,7 +394,13 @@ class MultiAgentPolicy:
         model = self._activate(agent_id)
         with torch.set_grad_enabled(spec.is_tuning and torch.is_grad_enabled()):
             return _sequence_logprobs(
-                model, input_ids, attention_mask, action_mask, return_entropy, self._share_prefix
+                model,
+                input_ids,
+                attention_mask,
+                action_mask,
+                return_entropy,
+                self._share_prefix,
+                self.lean_training,
             )
 
     def ref_logprobs(
@@ -547,11 +557,14 @@ def _sequence_logprobs(
     action_mask: torch.Tensor,
     return_entropy: bool,
     share_prefix: bool = False,
+    lean: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Shared forward of :meth:`MultiAgentPolicy.logprobs` (see there); computes logits for A positions only.
 
     With ``share_prefix``, rows that repeat a prompt run it once (:func:`~services.trainer.models.prefix_sharing.
-    response_logits`); the result is the same up to float rounding. A CPU forward with grad (no gradient checkpointing) of at most
+    response_logits`); the result is the same up to float rounding. With ``lean``, a forward that
+    :func:`~services.trainer.models.lean_training.applies` to runs :func:`~services.trainer.models.lean_training.
+    response_logits` (the same function with fused products). Otherwise a CPU forward with grad (no gradient checkpointing) of at most
     :data:`~services.trainer.models.training_attention.MATH_ATTENTION_MAX_TOKENS` columns runs SDPA's math kernel
     (:func:`~services.trainer.models.training_attention.training_attention`); log-probabilities and entropies come
     from :func:`~services.trainer.models.token_logprobs.token_logprobs` (chunked, the entropy's backward only when
@@ -572,6 +585,11 @@ def _sequence_logprobs(
     device = next(model.parameters()).device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     # (B, A, V): position T-A-1+j predicts token T-A+j
-    with training_attention(model, num_tokens):
-        logits = response_logits(model, input_ids, attention_mask, num_actions, share=share_prefix)
+    if lean and lean_training.applies(model, num_tokens):
+        logits = lean_training.response_logits(
+            model, input_ids, attention_mask, num_actions, share=share_prefix
+        )
+    else:
+        with training_attention(model, num_tokens):
+            logits = response_logits(model, input_ids, attention_mask, num_actions, share=share_prefix)
     return token_logprobs(logits, input_ids[:, -num_actions:], entropy=return_entropy)

@@ -94,7 +94,7 @@ def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor, wid
     return best
 
 
-def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding, as ``generate`` computes them: ``cumsum(mask) - 1`` clipped at 0."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
@@ -131,7 +131,7 @@ def prefill_shared(
     out = model(
         input_ids=ids,
         attention_mask=mask,
-        position_ids=_position_ids(mask),
+        position_ids=position_ids(mask),
         cache=DynamicCache(),
         use_cache=True,
         logits_to_keep=1,
@@ -202,7 +202,7 @@ def response_logits(
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=_position_ids(attention_mask),
+            position_ids=position_ids(attention_mask),
             logits_to_keep=num_actions + 1,
             use_cache=False,
         )
@@ -242,7 +242,7 @@ def _forward_after(
     out = model(
         input_ids=input_ids[:, rest],
         attention_mask=attention_mask[:, : input_ids.shape[1] - 1],
-        position_ids=_position_ids(attention_mask)[:, rest],
+        position_ids=position_ids(attention_mask)[:, rest],
         cache=cache,
         use_cache=True,
         logits_to_keep=logits_to_keep,

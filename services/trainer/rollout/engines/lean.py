@@ -32,11 +32,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from services.trainer.models.dense_head import is_dense_input_hook
+from services.trainer.models.llama_family import (
+    architecture_supported,
+    fused,
+    layer_groups,
+    layer_linears,
+    plain_linear,
+    sources,
+    stamp,
+)
 
 __all__ = ["LeanCausalLM", "supports"]
 
-SUPPORTED_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 """Model classes (transformers' names) whose forward :class:`LeanCausalLM` reproduces."""
 
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
@@ -44,62 +51,27 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Whether :class:`LeanCausalLM` reproduces ``model``'s forward: a plain transformers model of
-    :data:`SUPPORTED_CLASSES` on the CPU in a dtype of :data:`PACKED_DTYPES` with transformers' ``sdpa`` attention
-    (the default; a model loaded with ``eager`` or another implementation keeps it), every layer full attention, SiLU
-    MLP, no tensor-parallel split (``pretraining_tp`` 1), every projection and the head a plain whole ``nn.Linear``
-    (:func:`_plain_linear`: not a LoRA layer injected without a peft wrapper, not a ZeRO-3 partition)."""
-    if type(model).__name__ not in SUPPORTED_CLASSES:
+    """Whether :class:`LeanCausalLM` reproduces ``model``'s forward: a plain transformers model the lean forwards
+    compute (:func:`~services.trainer.models.llama_family.architecture_supported`: Llama or Qwen2, SiLU MLP, full
+    attention) on the CPU in a dtype of :data:`PACKED_DTYPES` with transformers' ``sdpa`` attention (the default; a
+    model loaded with ``eager`` or another implementation keeps it), every projection and the head a plain whole
+    ``nn.Linear`` (:func:`~services.trainer.models.llama_family.plain_linear`: not a LoRA layer injected without a
+    peft wrapper, not a ZeRO-3 partition)."""
+    if not architecture_supported(model):
         return False
     weight = model.get_input_embeddings().weight
     if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
         return False
-    cfg = model.config
-    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
     return (
-        getattr(cfg, "_attn_implementation", None) in (None, "sdpa")
-        and getattr(cfg, "hidden_act", None) == "silu"
-        and getattr(cfg, "pretraining_tp", 1) == 1
-        and all(t == "full_attention" for t in layer_types)
-        and all(_plain_linear(m) for layer in model.model.layers for m in _linears(layer))
-        and _plain_linear(model.get_output_embeddings())
-    )
-
-
-def _groups(layer: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, ...]]:
-    """A decoder layer's products, each the projections it fuses: ``qkv``, ``o``, ``gate_up``, ``down``."""
-    attn, mlp = layer.self_attn, layer.mlp
-    return {
-        "qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
-        "o": (attn.o_proj,),
-        "gate_up": (mlp.gate_proj, mlp.up_proj),
-        "down": (mlp.down_proj,),
-    }
-
-
-def _linears(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
-    """A decoder layer's seven projections: q, k, v, o, gate, up, down."""
-    return tuple(m for linears in _groups(layer).values() for m in linears)
-
-
-def _plain_linear(module: torch.nn.Module | None) -> bool:
-    """Whether ``module``'s output is ``F.linear(x, weight, bias)`` of its whole weight, which the packed products
-    compute in its place: exactly ``torch.nn.Linear`` (not a peft LoRA layer injected into the model, whose adapter
-    the product would drop), no forward hooks (but :mod:`~services.trainer.models.dense_head`'s, which only
-    changes the input's layout) and no replaced ``forward`` (DeepSpeed ZeRO-3 and accelerate gather or move weights
-    in them) and a weight of its full (out, in) shape (ZeRO-3 leaves an empty partition)."""
-    return (
-        type(module) is torch.nn.Linear
-        and not module._forward_hooks
-        and all(is_dense_input_hook(hook) for hook in module._forward_pre_hooks.values())
-        and "forward" not in vars(module)
-        and tuple(module.weight.shape) == (module.out_features, module.in_features)
+        getattr(model.config, "_attn_implementation", None) in (None, "sdpa")
+        and all(plain_linear(m) for layer in model.model.layers for m in layer_linears(layer))
+        and plain_linear(model.get_output_embeddings())
     )
 
 
 @dataclass
 class _Packed:
-    """One product's weight: the stamp of the parameters it was made from at packing (:func:`_stamp`), the (out, in)
+    """One product's weight: the stamp of the parameters it was made from at packing (:func:`~services.trainer.models.llama_family.stamp`), the (out, in)
     weight, its oneDNN-packed form (None where packing is unavailable) and the bias (or None)."""
 
     stamp: tuple[tuple[int, int, int], ...]
@@ -116,34 +88,14 @@ class _Packed:
         return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _sources(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    """The parameters a product of ``linears`` is made from: their weights, then their biases."""
-    return tuple(m.weight for m in linears) + tuple(m.bias for m in linears if m.bias is not None)
-
-
-def _stamp(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int, int], ...]:
-    """Each tensor's identity, storage and version counter: a change to any of them means new values."""
-    return tuple((id(t), t.data_ptr(), t._version) for t in tensors)
-
-
 def _pack(linears: tuple[torch.nn.Linear, ...]) -> _Packed:
     """The fused product of ``linears`` (their outputs concatenated in order), packed for oneDNN."""
     with torch.no_grad():
-        weight = (
-            torch.cat([m.weight.detach() for m in linears])
-            if len(linears) > 1
-            else linears[0].weight.detach()
-        )
-        bias = None
-        if any(m.bias is not None for m in linears):
-            bias = torch.cat(
-                [
-                    m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
-                    for m in linears
-                ]
-            )
+        weight, bias = fused(linears)
+        weight = weight.detach()
+        bias = None if bias is None else bias.detach()
         packed = _reorder(weight)
-    return _Packed(_stamp(_sources(linears)), weight, packed, bias)
+    return _Packed(stamp(sources(linears)), weight, packed, bias)
 
 
 def _reorder(weight: torch.Tensor) -> torch.Tensor | None:
@@ -169,9 +121,9 @@ class _Layer:
         self.splits = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
         self.head_dim = attn.head_dim
         count = 0
-        for name, linears in _groups(self.module).items():
+        for name, linears in layer_groups(self.module).items():
             current = self.products.get(name)
-            if current is None or _stamp(_sources(linears)) != current.stamp:
+            if current is None or stamp(sources(linears)) != current.stamp:
                 self.products[name] = _pack(linears)
                 count += 1
         return count
@@ -219,7 +171,7 @@ class LeanCausalLM:
             layers.append(layer)
         self.layers = layers
         head = self.model.get_output_embeddings()
-        if self.head is None or _stamp(_sources((head,))) != self.head.stamp:
+        if self.head is None or stamp(sources((head,))) != self.head.stamp:
             self.head = _pack((head,))
             count += 1
         return count

@@ -368,3 +368,34 @@ def test_the_probe_sees_bare_products_in_its_own_thread_only():
     generate()
     probe.stop()
     assert probe.report() == {"generation": {"compute": ["float32"], "weights": ["float32"]}}
+
+
+def test_the_probe_files_the_updates_forward_products_and_the_weights_the_caller_names():
+    """The update's lean training forward multiplies cast copies of the weights without linear layers: its products
+    are filed by output dtype only (forward ones: made with gradients recorded), the weights by record_weights."""
+
+    class _Float64Backward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            torch.mm(grad.double(), grad.double().t())  # a backward product: not the forward's
+            return grad
+
+    probe = DtypeProbe()
+    weight = torch.randn(4, 4, requires_grad=True)
+    with probe.phase("update"):
+        with torch.no_grad():
+            torch.mm(
+                torch.randn(2, 4).double(), weight.detach().double()
+            )  # a weight merge: not the forward's
+        out = torch.mm(_Float64Backward.apply(torch.randn(2, 4)).bfloat16(), weight.bfloat16())
+        out.float().sum().backward()
+    assert probe.report() == {"update": {"compute": ["bfloat16"], "weights": []}}
+    with probe.phase("update"):
+        probe.record_weights(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    probe.record_weights(torch.nn.Linear(2, 2).double())  # outside any phase: not recorded
+    probe.stop()
+    assert probe.report() == {"update": {"compute": ["bfloat16"], "weights": ["float32"]}}

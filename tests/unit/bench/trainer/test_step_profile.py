@@ -56,3 +56,19 @@ def test_bad_modes_and_warmups_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         step_profile.main([str(tmp_path / "missing.json"), "time"])
     assert "no spec file at" in capsys.readouterr().err
+
+
+def test_the_lean_update_mode_alternates_the_training_forward():
+    report = step_profile.run(_spec(4), "lean_update", warmup=1)
+    assert "lean training forward on : median update" in report  # steps 2 and 4
+    assert "lean training forward off: median update" in report
+    losses = json.loads(report.split("policy losses (on, off, on, ...): ")[1])
+    assert len(losses) == 3
+
+
+def test_the_lean_update_mode_refuses_steps_that_ran_the_transformers_forward(monkeypatch):
+    from services.trainer.models import lean_training
+
+    monkeypatch.setattr(lean_training, "applies", lambda model, num_tokens: False)
+    with pytest.raises(ValueError, match="ran the transformers forward with lean_training on"):
+        step_profile.run(_spec(4), "lean_update", warmup=1)

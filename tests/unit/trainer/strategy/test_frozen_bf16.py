@@ -22,6 +22,8 @@ ACTIONS = MASK[:, 4:]  # (B, A=4)
 
 def _policy() -> MultiAgentPolicy:
     policy = MultiAgentPolicy(PolicyLayout(mode="lora", agents=(AgentSpec("a", "tiny-llama"),)))
+    # the transformers forward, whose linears these copies serve (models/lean_training.py fuses its own copies)
+    policy.lean_training = False
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in policy.parameters("a"):
