@@ -244,7 +244,9 @@ def _decoder(
     )  # (U*S + B*R, hidden)
     flat = torch.cat([positions[first, :prefix].flatten(), positions[:, prefix:end].flatten()]).unsqueeze(0)
     cos, sin = inner.model.rotary_emb(hidden.unsqueeze(0), flat)  # (1, M, D)
-    rope = (cos[0].unsqueeze(1), sin[0].unsqueeze(1))  # (M, 1, D)
+    half = cos.shape[-1] // 2
+    signed_sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # rotate_half's signs, folded in
+    rope = (cos[0].unsqueeze(1), signed_sin.unsqueeze(1))  # (M, 1, D)
     masks = _masks(attention_mask, prefix, first)
     split = first.numel() * prefix
     for layer in inner.model.layers:
@@ -281,9 +283,10 @@ def _layer(
     size = attn.head_dim
     heads, kv_heads = attn.q_proj.out_features // size, attn.k_proj.out_features // size
     qkv = _product(groups["qkv"], layer.input_layernorm(hidden).to(dtype), dtype)
-    q, k, v = qkv.split([heads * size, kv_heads * size, kv_heads * size], dim=-1)
-    q = _rotate(q.view(-1, heads, size), *rope)  # (M, H, D) float32
-    k = _rotate(k.view(-1, kv_heads, size), *rope)  # (M, K, D)
+    qk, v = qkv.split([(heads + kv_heads) * size, kv_heads * size], dim=-1)
+    q, k = _rotate(qk.view(-1, heads + kv_heads, size), *rope).split(
+        [heads, kv_heads], dim=1
+    )  # (M, H|K, D) f32
     v = v.view(-1, kv_heads, size).float()
     units, prefix = masks[0].shape[0], masks[0].shape[-1]
     rows, rest = masks[1].shape[0], masks[1].shape[-2]
@@ -305,11 +308,12 @@ def _layer(
     return hidden + _product(groups["down"], F.silu(gate) * up, dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (transformers' ``apply_rotary_pos_emb``), in float32: ``x cos + rotate_half(x) sin``."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (transformers' ``apply_rotary_pos_emb``), in float32: ``x cos + rotate_half(x) sin``, with
+    ``rotate_half(x) sin = roll(x, D/2) signed_sin`` (``signed_sin``: ``sin`` with its first half negated; the same
+    products, so the same floats)."""
     x = x.float()
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def _attend(
@@ -342,13 +346,18 @@ def _product(linears: tuple[torch.nn.Module, ...], x: torch.Tensor, dtype: torch
         names = _adapters(m)
         a_rows += [m.lora_A[n].weight for n in names]
         b_blocks.append(
-            torch.cat([m.lora_B[n].weight * m.scaling[n] for n in names], dim=1)
+            _joined([m.lora_B[n].weight * m.scaling[n] for n in names], dim=1)
             if names
             else getattr(m, "base_layer", m).weight.new_zeros(m.out_features, 0)
         )
-    lora_a = torch.cat(a_rows).to(dtype)  # (sum r, in)
-    lora_b = torch.block_diag(*b_blocks).to(dtype)  # (sum out, sum r)
+    lora_a = _joined(a_rows, dim=0).to(dtype)  # (sum r, in)
+    lora_b = (torch.block_diag(*b_blocks) if len(b_blocks) > 1 else b_blocks[0]).to(dtype)  # (sum out, sum r)
     return out + F.linear(F.linear(x, lora_a), lora_b)
+
+
+def _joined(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat(tensors, dim)``, without the copy when there is one."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
 
 
 def _weights(
