@@ -51,6 +51,8 @@ from services.trainer.models.llama_family import (
     layer_groups,
     layer_linears,
     plain_linear,
+    rotate,
+    signed_sin,
     sources,
     stamp,
 )
@@ -244,9 +246,7 @@ def _decoder(
     )  # (U*S + B*R, hidden)
     flat = torch.cat([positions[first, :prefix].flatten(), positions[:, prefix:end].flatten()]).unsqueeze(0)
     cos, sin = inner.model.rotary_emb(hidden.unsqueeze(0), flat)  # (1, M, D)
-    half = cos.shape[-1] // 2
-    signed_sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # rotate_half's signs, folded in
-    rope = (cos[0].unsqueeze(1), signed_sin.unsqueeze(1))  # (M, 1, D)
+    rope = (cos[0].unsqueeze(1), signed_sin(sin[0]).unsqueeze(1))  # (M, 1, D)
     masks = _masks(attention_mask, prefix, first)
     split = first.numel() * prefix
     for layer in inner.model.layers:
@@ -284,7 +284,7 @@ def _layer(
     heads, kv_heads = attn.q_proj.out_features // size, attn.k_proj.out_features // size
     qkv = _product(groups["qkv"], layer.input_layernorm(hidden).to(dtype), dtype)
     qk, v = qkv.split([(heads + kv_heads) * size, kv_heads * size], dim=-1)
-    q, k = _rotate(qk.view(-1, heads + kv_heads, size), *rope).split(
+    q, k = rotate(qk.view(-1, heads + kv_heads, size), *rope).split(
         [heads, kv_heads], dim=1
     )  # (M, H|K, D) f32
     v = v.view(-1, kv_heads, size).float()
@@ -306,14 +306,6 @@ def _layer(
         2, dim=-1
     )
     return hidden + _product(groups["down"], F.silu(gate) * up, dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (transformers' ``apply_rotary_pos_emb``), in float32: ``x cos + rotate_half(x) sin``, with
-    ``rotate_half(x) sin = roll(x, D/2) signed_sin`` (``signed_sin``: ``sin`` with its first half negated; the same
-    products, so the same floats)."""
-    x = x.float()
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def _attend(

@@ -82,3 +82,22 @@ def fused(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.Ten
         return weight, None
     bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
     return weight, bias
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` (..., D) with its first half negated: :func:`rotate`'s form of ``rotate_half``'s signs."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, transformers' ``apply_rotary_pos_emb``: ``x cos + rotate_half(x) sin``, computed as
+    ``x cos + roll(x, D/2) signed_sin(sin)``: the same products (``-(a) b == a (-b)`` in floating point), so the
+    same floats, in fewer operations. Dtypes promote as in transformers (bf16 ``x`` with float32 ``cos``: float32).
+
+    Args:
+        x: (..., D) queries or keys.
+        cos: Broadcastable to ``x``.
+        sin_signed: :func:`signed_sin` of the ``sin`` that goes with ``cos``.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed

@@ -38,6 +38,8 @@ from services.trainer.models.llama_family import (
     layer_groups,
     layer_linears,
     plain_linear,
+    rotate,
+    signed_sin,
     sources,
     stamp,
 )
@@ -199,7 +201,7 @@ class LeanCausalLM:
         """
         hidden = self.embed(input_ids)  # (B, q, hidden)
         cos, sin = self.rotary(hidden, position_ids)  # (B, q, D)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.unsqueeze(1), signed_sin(sin).unsqueeze(1)
         mask = _attention_mask(attention_mask, input_ids.shape[1])
         for i, layer in enumerate(self.layers):
             hidden = _layer_forward(layer, hidden, cos, sin, mask, cache.layers[i])
@@ -216,24 +218,22 @@ def _layer_forward(
     mask: torch.Tensor | None,
     cache: Any,
 ) -> torch.Tensor:
-    """One decoder layer: ``h + attn(norm(h))``, then ``h + mlp(norm(h))`` (transformers' Llama order)."""
+    """One decoder layer: ``h + attn(norm(h))``, then ``h + mlp(norm(h))`` (transformers' Llama order); ``sin`` in
+    :func:`~services.trainer.models.llama_family.signed_sin` form."""
     rows, width = hidden.shape[:2]
     p, D = layer.products, layer.head_dim
-    q, k, v = p["qkv"](layer.norms[0](hidden)).split(layer.splits, dim=-1)
-    q = _rotate(q.view(rows, width, -1, D).transpose(1, 2), cos, sin)  # (B, Hq, q, D)
-    k = _rotate(k.view(rows, width, -1, D).transpose(1, 2), cos, sin)  # (B, Hk, q, D)
+    heads, kv_heads = layer.splits[0] // D, layer.splits[1] // D
+    qk, v = p["qkv"](layer.norms[0](hidden)).split(
+        [layer.splits[0] + layer.splits[1], layer.splits[2]], dim=-1
+    )
+    qk = rotate(qk.view(rows, width, heads + kv_heads, D).transpose(1, 2), cos, sin)  # (B, Hq + Hk, q, D)
+    q, k = qk.split([heads, kv_heads], dim=1)  # (B, Hq, q, D), (B, Hk, q, D)
     v = v.view(rows, width, -1, D).transpose(1, 2)
     keys, values = cache.update(k, v)  # (B, Hk, L, D)
     attn = _attend(q, keys, values, mask)  # (B, Hq, q, D)
     hidden = hidden + p["o"](attn.transpose(1, 2).reshape(rows, width, -1))
     gate, up = p["gate_up"](layer.norms[1](hidden)).chunk(2, dim=-1)
     return hidden + p["down"](F.silu(gate) * up)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding as transformers' ``apply_rotary_pos_emb``: ``x cos + rotate_half(x) sin``."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
