@@ -237,11 +237,11 @@ def _decoder(
     (B * R, hidden) of every row's columns ``[S, T - 1)``, float32."""
     end = input_ids.shape[1] - 1
     positions = position_ids(attention_mask)
-    embed = inner.get_input_embeddings().weight
+    embed = inner.get_input_embeddings()
     hidden = torch.cat(
         [
-            F.embedding(input_ids[first, :prefix], embed).flatten(0, 1),
-            F.embedding(input_ids[:, prefix:end], embed).flatten(0, 1),
+            _embed(embed, input_ids[first, :prefix]).flatten(0, 1),
+            _embed(embed, input_ids[:, prefix:end]).flatten(0, 1),
         ]
     )  # (U*S + B*R, hidden)
     flat = torch.cat([positions[first, :prefix].flatten(), positions[:, prefix:end].flatten()]).unsqueeze(0)
@@ -252,6 +252,14 @@ def _decoder(
     for layer in inner.model.layers:
         hidden = _layer(layer, hidden, rope, masks, split, inverse, dtype)
     return hidden[:split], hidden[split:]
+
+
+def _embed(embed: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """``embed(ids)`` without the module call: (..., hidden). Its ``padding_idx`` row gets no gradient (transformers
+    sets it to ``pad_token_id``, a token that can also be a valid input, an end of turn), as in ``nn.Embedding``."""
+    return F.embedding(
+        ids, embed.weight, embed.padding_idx, scale_grad_by_freq=embed.scale_grad_by_freq, sparse=embed.sparse
+    )
 
 
 def _masks(

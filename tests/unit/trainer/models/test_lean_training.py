@@ -260,3 +260,17 @@ def test_the_policy_update_runs_it_and_switching_it_off_gives_the_same_numbers(t
 
 
 _LEAN = lean_training.response_logits
+
+
+def test_the_padding_token_as_a_valid_input_gets_the_embeddings_gradient_of_the_transformers_forward(tok):
+    """transformers' embedding has ``padding_idx = pad_token_id`` (no gradient to that row); the pad token can also
+    be a valid input (tiny-llama pads with its end-of-sequence token, an end of turn in a multi-turn prompt)."""
+    model = MODELS["llama_full"](tok)
+    assert model.get_input_embeddings().padding_idx == tok.pad_token_id
+    ids, mask, actions = _batch("group", tok.pad_token_id)
+    ids = ids.clone()
+    ids[0, 3] = tok.pad_token_id  # a valid prompt token
+    assert mask[0, 3] == 1
+    _, want_grads = _run(model, ids, mask, actions, lean=False, share=False)
+    _, grads = _run(model, ids, mask, actions, lean=True)
+    assert _max_rel(want_grads, grads) < 1e-4
