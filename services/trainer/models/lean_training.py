@@ -105,7 +105,7 @@ def supports(model: torch.nn.Module) -> bool:
         or embed.weight.device.type != "cpu"
     ):
         return False
-    if float(getattr(inner.config, "attention_dropout", 0.0) or 0.0) > 0 and inner.training:
+    if any(_attention_dropout(layer.self_attn) for layer in inner.model.layers):
         return False
     projections = [m for layer in inner.model.layers for m in layer_linears(layer)]
     covered = {id(m) for p in projections for m in p.modules()} | {id(inner.get_output_embeddings())}
@@ -114,6 +114,12 @@ def supports(model: torch.nn.Module) -> bool:
         and all(_projection_ok(m) for m in projections)
         and all(_hookless(m) for m in inner.modules() if id(m) not in covered)
     )
+
+
+def _attention_dropout(attn: torch.nn.Module) -> bool:
+    """Whether transformers' attention ``attn`` drops out: its own training mode and its ``attention_dropout`` (read
+    from the config when it was built)."""
+    return attn.training and float(getattr(attn, "attention_dropout", 0.0) or 0.0) > 0
 
 
 def _hookless(module: torch.nn.Module) -> bool:

@@ -274,3 +274,14 @@ def test_the_padding_token_as_a_valid_input_gets_the_embeddings_gradient_of_the_
     _, want_grads = _run(model, ids, mask, actions, lean=False, share=False)
     _, grads = _run(model, ids, mask, actions, lean=True)
     assert _max_rel(want_grads, grads) < 1e-4
+
+
+def test_attention_dropout_in_effect_in_one_layer_only_is_refused(tok):
+    """transformers' attention drops out when its own module is in training mode, whatever the model's mode."""
+    model = build_tiny_model(tok, seed=0)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1  # what a config's attention_dropout gives at construction
+    assert not lean_training.supports(model.train())
+    assert lean_training.supports(model.eval())
+    model.model.layers[1].self_attn.train()
+    assert not lean_training.supports(model)
