@@ -158,7 +158,9 @@ def _lora_layer_ok(module: torch.nn.Module) -> bool:
     if not plain_linear(module.base_layer, frozen_bf16=True):
         return False
     for name in _adapters(module):
-        if name in getattr(module, "lora_variant", {}) or module.lora_B[name].bias is not None:
+        if name in getattr(module, "lora_variant", {}) or any(
+            m[name].bias is not None for m in (module.lora_A, module.lora_B)
+        ):
             return False
         if not (plain_linear(module.lora_A[name]) and plain_linear(module.lora_B[name])):
             return False

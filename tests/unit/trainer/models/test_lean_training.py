@@ -285,3 +285,18 @@ def test_attention_dropout_in_effect_in_one_layer_only_is_refused(tok):
     assert lean_training.supports(model.eval())
     model.model.layers[1].self_attn.train()
     assert not lean_training.supports(model)
+
+
+def test_lora_layers_with_a_bias_on_either_matrix_are_refused(tok):
+    """The stacked products read the A and B weights only: peft's ``lora_bias`` (on B), or a bias on A, is refused."""
+    from peft import LoraConfig, get_peft_model
+
+    biased = get_peft_model(
+        build_tiny_model(tok, seed=0), LoraConfig(r=4, target_modules=["q_proj"], lora_bias=True)
+    )
+    assert not lean_training.supports(biased)
+    model = _lora(build_tiny_model(tok, seed=0), ["q_proj"])
+    assert lean_training.supports(model)
+    q_proj = model.base_model.model.model.layers[0].self_attn.q_proj
+    q_proj.lora_A["a"] = torch.nn.Linear(q_proj.in_features, 4, bias=True)
+    assert not lean_training.supports(model)
