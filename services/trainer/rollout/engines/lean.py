@@ -46,8 +46,6 @@ from services.trainer.models.llama_family import (
 
 __all__ = ["LeanCausalLM", "supports"]
 
-"""Model classes (transformers' names) whose forward :class:`LeanCausalLM` reproduces."""
-
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
 """Weight dtypes :class:`LeanCausalLM` serves."""
 
