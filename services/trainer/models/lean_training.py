@@ -147,7 +147,7 @@ def _projection_ok(module: torch.nn.Module) -> bool:
 def _lora_layer_ok(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a peft LoRA ``Linear`` whose forward is ``base(x) + sum_a B_a(A_a(x)) * scaling_a`` over
     its active adapters: unmerged, adapters on, no hooks, a plain base, weights not transposed
-    (``fan_in_fan_out``), and for each active adapter plain A and B linears (no bias), no variant (DoRA and the like)
+    (``fan_in_fan_out``), and for each active adapter plain float32 A and B linears (no bias), no variant (DoRA and the like)
     and no dropout in effect."""
     from peft.tuners.lora.layer import Linear as LoraLinear
 
@@ -164,6 +164,8 @@ def _lora_layer_ok(module: torch.nn.Module) -> bool:
             return False
         if not (plain_linear(module.lora_A[name]) and plain_linear(module.lora_B[name])):
             return False
+        if any(m[name].weight.dtype != torch.float32 for m in (module.lora_A, module.lora_B)):
+            return False  # peft casts the input to the adapter's dtype: outside autocast, another product
         dropout = module.lora_dropout[name]
         inert = type(dropout) is torch.nn.Dropout and (dropout.p == 0 or not dropout.training)
         if not (type(dropout) is torch.nn.Identity or inert):

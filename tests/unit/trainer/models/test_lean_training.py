@@ -300,3 +300,12 @@ def test_lora_layers_with_a_bias_on_either_matrix_are_refused(tok):
     q_proj = model.base_model.model.model.layers[0].self_attn.q_proj
     q_proj.lora_A["a"] = torch.nn.Linear(q_proj.in_features, 4, bias=True)
     assert not lean_training.supports(model)
+
+
+def test_adapters_in_another_dtype_than_float32_are_refused(tok):
+    """peft casts a LoRA branch's input to the adapter's dtype: bf16 adapters on a float32 base multiply in bf16
+    outside autocast, which the stacked float32 products do not."""
+    model = _lora(build_tiny_model(tok, seed=0), ["q_proj", "v_proj"])
+    assert lean_training.supports(model)
+    model.base_model.model.model.layers[1].self_attn.v_proj.lora_B["a"].to(torch.bfloat16)
+    assert not lean_training.supports(model)
