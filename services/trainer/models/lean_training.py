@@ -5,12 +5,14 @@ every linear re-casts its float32 input (q, k and v each cast the same normed hi
 again), the autograd graph holds a cast and its backward per linear, q/k/v and gate/up run as separate products,
 keys and values are repeated to every query head, and a shared prompt runs as its own forward before the
 responses. :func:`response_logits` computes the function :func:`~services.trainer.models.prefix_sharing.
-response_logits` computes (the same logits up to float rounding: float32 agrees to ~1e-5; bf16 rounds in other
-places) with:
+response_logits` computes (the same logits up to float rounding: in float32 logits agree to ~1e-5 of their scale
+and gradients to ~1e-4; bf16 rounds in other places) with:
 
 - the normed hidden states cast to the compute dtype once per layer, q/k/v and gate/up each one fused product
   whose frozen base weight is cast and concatenated once and cached (remade when a weight changes: its
-  identity, storage or version counter), a trainable base weight concatenated afresh at each call;
+  identity, storage or version counter; a write through ``.data`` in place moves none of them and is not seen, as
+  in :mod:`~services.trainer.strategy.frozen_bf16` and the rollout's lean forward: write weights with ``copy_`` or
+  ``load_state_dict``), a trainable base weight concatenated afresh at each call;
 - every LoRA adapter of a product as two products: the adapters' A matrices stacked, then their scaled B matrices
   as one block-diagonal matrix (zero blocks for projections without an adapter);
 - the shared prompts' tokens and the responses' tokens as the rows of the same products; attention per part
