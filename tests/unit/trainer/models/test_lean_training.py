@@ -13,40 +13,18 @@ import copy
 import pytest
 import torch
 
-from services.trainer.learn.experience import collate
 from services.trainer.models import lean_training
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout, _sequence_logprobs
 from services.trainer.models.prefix_sharing import response_logits
 from services.trainer.models.training_attention import MATH_ATTENTION_MAX_TOKENS
-from tests.trainer_data import one_turn
+from tests.tiny_models import tiny_qwen2
+from tests.trainer_batches import chain_batch, group_batch
 
 
 @pytest.fixture(scope="module")
 def tok():
     return load_tokenizer("tiny-llama")
-
-
-def _qwen2(vocab: int) -> torch.nn.Module:
-    """A tiny Qwen2: q/k/v biases (random), grouped heads (4 query, 2 key/value), untied head."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(3)
-    model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.5)
-    return model
 
 
 def _lora(model: torch.nn.Module, targets: list[str], names: tuple[str, ...] = ("a",)) -> torch.nn.Module:
@@ -69,34 +47,12 @@ def _lora(model: torch.nn.Module, targets: list[str], names: tuple[str, ...] = (
     return peft_model
 
 
-def _group_batch(pad_id: int):
-    """Two prompts of different lengths (left padding differs), G=3 responses each of different lengths."""
-    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
-    responses = [[20, 21, 22, 23], [24], [25, 26], [27, 28, 29], [30, 31, 32, 33, 34], [35]]
-    samples = [one_turn(prompts[i // 3], r, 0.0, i // 3) for i, r in enumerate(responses)]
-    b = collate(samples, "agent_1", pad_id)
-    return b.input_ids, b.attention_mask, b.action_mask.shape[1]
-
-
-def _chain_batch(pad_id: int):
-    """Rows that share a 12-token observation per group, then a message that differs per row: a head shorter than
-    the prompt is shared."""
-    observations = [list(range(40, 52)), list(range(60, 72))]
-    messages = [[80, 81, 82], [83, 84, 85], [86, 87], [88, 89, 90], [91, 92, 93], [94, 95, 96]]
-    responses = [[20, 21, 22, 23], [24], [25, 26], [27, 28, 29], [30, 31, 32, 33, 34], [35]]
-    samples = [
-        one_turn(observations[i // 3] + m, r, 0.0, i // 3)
-        for i, (m, r) in enumerate(zip(messages, responses, strict=True))
-    ]
-    b = collate(samples, "agent_1", pad_id)
-    return b.input_ids, b.attention_mask, b.action_mask.shape[1]
-
-
 def _batch(kind: str, pad_id: int):
     """(ids, mask, A) of a batch kind: ``group``, ``chain``, ``distinct`` (no two rows alike), ``one`` (A = 1)."""
+    b = chain_batch(pad_id) if kind == "chain" else group_batch(pad_id)
+    ids, mask, actions = b.input_ids, b.attention_mask, b.action_mask.shape[1]
     if kind == "chain":
-        return _chain_batch(pad_id)
-    ids, mask, actions = _group_batch(pad_id)
+        return ids, mask, actions
     if kind == "distinct":
         ids = ids.clone()
         ids[:, -actions - 1] += torch.arange(ids.shape[0])  # every prompt's last token differs
@@ -136,10 +92,10 @@ MODELS = {
     "llama_two_adapters": lambda tok: _lora(build_tiny_model(tok, seed=0), ["q_proj", "v_proj"], ("a", "b")),
     "llama_full": lambda tok: build_tiny_model(tok, seed=0).requires_grad_(True),
     "qwen2_lora_all": lambda tok: _lora(
-        _qwen2(tok.vocab_size),
+        tiny_qwen2(tok.vocab_size),
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     ),
-    "qwen2_full": lambda tok: _qwen2(tok.vocab_size).requires_grad_(True),
+    "qwen2_full": lambda tok: tiny_qwen2(tok.vocab_size).requires_grad_(True),
 }
 
 

@@ -5,25 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.trainer.learn.experience import collate
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.models.prefix_sharing import response_logits, shared_prefix_len, shared_prefix_rows
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
-from tests.trainer_data import one_turn
+from tests.trainer_batches import chain_batch, group_batch
 
 
 @pytest.fixture(scope="module")
 def tok():
     return load_tokenizer("tiny-llama")
-
-
-def _group_batch(pad_id: int):
-    """Two prompts of different lengths (left padding differs), G=3 responses each of different lengths."""
-    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
-    responses = [[20, 21, 22, 23], [24], [25, 26], [27, 28, 29], [30, 31, 32, 33, 34], [35]]
-    samples = [one_turn(prompts[i // 3], r, 0.0, i // 3) for i, r in enumerate(responses)]
-    return collate(samples, "agent_1", pad_id)
 
 
 def test_rows_with_equal_prefix_are_found_in_order_of_first_appearance():
@@ -48,7 +39,7 @@ def test_no_sharing_when_every_prefix_differs_or_the_prefix_is_out_of_range():
 @pytest.mark.parametrize("num_actions", [1, 5])
 def test_shared_logits_and_gradients_equal_the_plain_forward(tok, num_actions):
     model = build_tiny_model(tok, seed=0)
-    batch = _group_batch(tok.pad_token_id)
+    batch = group_batch(tok.pad_token_id)
     ids, mask = batch.input_ids, batch.attention_mask
     if num_actions == 1:  # cut every response to its first token
         ids, mask = ids[:, : ids.shape[1] - 4], mask[:, : ids.shape[1] - 4]
@@ -70,20 +61,6 @@ def test_shared_logits_and_gradients_equal_the_plain_forward(tok, num_actions):
     assert any(g.abs().sum() > 0 for g in g_shared.values())
 
 
-def _chain_batch(pad_id: int):
-    """A chain's later agent: two groups of 3 rows, each group one 12-token observation followed by a teammate's
-    message that differs per row (3 tokens; one row's is 2, so its prompt sits one column further right), then
-    responses of different lengths. No two rows repeat a whole prompt."""
-    observations = [list(range(40, 52)), list(range(60, 72))]
-    messages = [[80, 81, 82], [83, 84, 85], [86, 87], [88, 89, 90], [91, 92, 93], [94, 95, 96]]
-    responses = [[20, 21, 22, 23], [24], [25, 26], [27, 28, 29], [30, 31, 32, 33, 34], [35]]
-    samples = [
-        one_turn(observations[i // 3] + m, r, 0.0, i // 3)
-        for i, (m, r) in enumerate(zip(messages, responses, strict=True))
-    ]
-    return collate(samples, "agent_1", pad_id)
-
-
 class _CountingModel(torch.nn.Module):
     """A model wrapper that counts the (row, column) tokens each forward is given."""
 
@@ -97,7 +74,7 @@ class _CountingModel(torch.nn.Module):
 
 
 def test_rows_that_start_alike_share_their_head_when_no_prompt_repeats(tok):
-    batch = _chain_batch(tok.pad_token_id)
+    batch = chain_batch(tok.pad_token_id)
     ids, mask, num_actions = batch.input_ids, batch.attention_mask, batch.action_mask.shape[1]
     width = ids.shape[1] - num_actions
     assert shared_prefix_rows(ids, mask, width) is None  # no whole prompt repeats
@@ -148,7 +125,7 @@ def test_the_shared_length_is_the_cheapest_of_whole_prompts_and_heads():
 
 @pytest.mark.parametrize("mode", ["per_agent", "lora"])
 def test_policy_logprobs_and_reference_agree_with_sharing_on_and_off(tok, mode):
-    batch = _group_batch(tok.pad_token_id)
+    batch = group_batch(tok.pad_token_id)
     out = []
     for share in (False, True):
         policy = MultiAgentPolicy(
@@ -169,7 +146,7 @@ def test_gradient_checkpointing_takes_the_plain_forward(tok):
         PolicyLayout(mode="per_agent", agents=(AgentSpec("a", "tiny-llama"),), gradient_checkpointing=True)
     )
     policy.train(True)
-    batch = _group_batch(tok.pad_token_id)
+    batch = group_batch(tok.pad_token_id)
     lp = policy.logprobs("a", batch.input_ids, batch.attention_mask, batch.action_mask)
     lp[batch.action_mask].sum().backward()  # no cache is asked for, so checkpointing works as before
     assert lp.shape == batch.action_mask.shape
@@ -192,7 +169,7 @@ def test_engine_samples_the_same_with_and_without_a_shared_prefill(tok, temperat
         )
 
 
-@pytest.mark.parametrize("make_batch", [_group_batch, _chain_batch], ids=["whole_prompts", "heads"])
+@pytest.mark.parametrize("make_batch", [group_batch, chain_batch], ids=["whole_prompts", "heads"])
 def test_zero3_step_is_the_same_with_a_shared_prefix(tok, make_batch):
     """Under ZeRO-3 the prompt's modules run twice per forward (prefix or head, then the rest); parameters
     gathered for the first run must be gathered again for the second, and the update must equal the plain one."""

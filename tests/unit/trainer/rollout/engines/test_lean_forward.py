@@ -18,6 +18,7 @@ from services.trainer.rollout.engines.static import (
     _preallocated_cache,
     _transformers_forward,
 )
+from tests.tiny_models import tiny_qwen2
 
 PROMPT, STEPS = 9, 5
 
@@ -25,28 +26,6 @@ PROMPT, STEPS = 9, 5
 @pytest.fixture(scope="module")
 def tok():
     return load_tokenizer("tiny-llama")
-
-
-def _qwen2(vocab: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A tiny Qwen2 (q/k/v biases, grouped heads), random weights and random biases."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(3)
-    model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.5)
-    return model.to(dtype)
 
 
 def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -95,7 +74,7 @@ def test_llama_logits_equal_the_transformers_forward(tok, dtype):
 
 
 def test_qwen2_with_biases_and_an_untied_head(tok):
-    model = _qwen2(len(tok))
+    model = tiny_qwen2(len(tok))
     plain, lean = _compare(model)
     torch.testing.assert_close(lean, plain, atol=1e-4, rtol=0)
 

@@ -1,0 +1,28 @@
+"""Tiny random models beside the tiny Llama (``build_tiny_model``), for tests that cover another architecture."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_qwen2(vocab: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny Qwen2 (q/k/v biases, grouped heads: 4 query, 2 key/value; untied head), random weights and random
+    biases (seed 3), in eval mode."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(3)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model.to(dtype)
