@@ -12,7 +12,7 @@ import torch
 
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
-from services.trainer.rollout.engines.lean import LeanCausalLM, supports
+from services.trainer.rollout.engines.lean import LeanCausalLM, _attend, supports
 from services.trainer.rollout.engines.static import (
     StaticCacheRolloutEngine,
     _preallocated_cache,
@@ -238,3 +238,20 @@ def test_a_replaced_layer_and_head_are_followed(tok):
     batch = _batch(model.config.vocab_size)
     expected = _logits(lambda *a: _transformers_forward(model, *a), model, batch)
     torch.testing.assert_close(_logits(lean, model, batch), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_single_queries_without_a_mask_equal_grouped_head_attention(dtype):
+    """One query per row, no mask: bf16 attends in the rows arrangement (a key/value head's query heads as its rows,
+    faster on the CPU), float32 with transformers' enable_gqa; both equal transformers' arrangement up to rounding."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(shape, generator=gen).to(dtype)
+        for shape in ((8, 9, 1, 64), (8, 3, 52, 64), (8, 3, 52, 64))
+    )
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    got = _attend(q, k, v, None)
+    assert got.shape == want.shape == (8, 9, 1, 64)
+    torch.testing.assert_close(
+        got.float(), want.float(), rtol=0, atol=1e-2 if dtype == torch.bfloat16 else 1e-6
+    )
