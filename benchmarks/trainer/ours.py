@@ -103,9 +103,8 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             samples = _our_samples(step, gens, batch, spec["group_size"], counts)
             with probe.phase("update"):
                 worker.train("solver", samples)
-                probe.record_weights(
-                    worker.policy.model("solver")
-                )  # the lean update multiplies copies of them
+                # the lean training forward multiplies copies of the weights: name them
+                probe.record_weights(worker.policy.model("solver"))
             probe.stop()  # step 1 only: the hook costs a little on every module call
             counts["samples"] += len(samples)
             step_rewards.append(statistics.mean(t.outcome_reward for t in samples))

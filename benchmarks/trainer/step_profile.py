@@ -152,7 +152,7 @@ def _lean_ab(runner: StepRunner, indices: range) -> str:
 
 def _lean_update_ab(runner: StepRunner, indices: range) -> str:
     """Alternate the update's lean training forward (on for even steps) and report each side's median update
-    time and the steps' policy losses (bf16 rounds differently in the two forwards; float32 losses agree).
+    time and the steps' policy losses.
 
     Raises:
         ValueError: A step with the lean training forward on did not run it (a model or sequence it does not
