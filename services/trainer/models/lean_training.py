@@ -110,11 +110,21 @@ def supports(model: torch.nn.Module) -> bool:
     if any(_attention_dropout(layer.self_attn) for layer in inner.model.layers):
         return False
     projections = [m for layer in inner.model.layers for m in layer_linears(layer)]
-    covered = {id(m) for p in projections for m in p.modules()} | {id(inner.get_output_embeddings())}
+    head = inner.get_output_embeddings()
     return (
-        plain_linear(inner.get_output_embeddings(), frozen_bf16=True)
+        plain_linear(head, frozen_bf16=True)
         and all(_projection_ok(m) for m in projections)
-        and all(_hookless(m) for m in inner.modules() if id(m) not in covered)
+        and _hookless_outside(inner, {id(m) for m in projections} | {id(head)})
+    )
+
+
+def _hookless_outside(module: torch.nn.Module, checked: set[int]) -> bool:
+    """:func:`_hookless` for ``module`` and its submodules, but the subtrees of the modules in ``checked`` (ids),
+    which are checked on their own (a projection's LoRA internals, the head)."""
+    if id(module) in checked:
+        return True
+    return _hookless(module) and all(
+        _hookless_outside(child, checked) for child in module._modules.values() if child is not None
     )
 
 

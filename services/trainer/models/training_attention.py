@@ -87,8 +87,12 @@ def _math_kernel() -> Iterator[None]:
 
 
 def checkpointed(model: torch.nn.Module) -> bool:
-    """Whether ``model`` has gradient (activation) checkpointing on (transformers' flag, the new name or the old)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name) or hasattr(model, name):
-            return bool(getattr(model, name))
-    return False
+    """Whether ``model`` (a transformers model, or a wrapper such as peft's around one) has gradient (activation)
+    checkpointing on: some module's ``gradient_checkpointing`` flag is set, what transformers'
+    ``is_activation_checkpointing`` computes, in one walk over the modules (the property, reached through a peft
+    wrapper's attribute forwarding, walked them twice per call: 20 ms on SmolLM2-135M, on every update forward). The
+    flag is read from the module's own attributes, then its class's (a module without it: not checkpointed)."""
+    return any(
+        vars(m).get("gradient_checkpointing", getattr(type(m), "gradient_checkpointing", False))
+        for m in model.modules()
+    )

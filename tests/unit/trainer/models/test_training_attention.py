@@ -64,6 +64,20 @@ def test_gradient_checkpointing_keeps_the_default_kernel(tok):
     assert _kernels(model, 16, grad=True) == {"flash"}
 
 
+def test_checkpointing_is_seen_on_a_model_and_through_a_peft_wrapper_as_transformers_sees_it(tok):
+    from peft import LoraConfig, get_peft_model
+
+    model = build_tiny_model(tok, seed=0)
+    wrapped = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
+    assert (
+        not ta.checkpointed(model) and not ta.checkpointed(wrapped) and not model.is_activation_checkpointing
+    )
+    model.gradient_checkpointing_enable()
+    assert ta.checkpointed(model) and ta.checkpointed(wrapped) and model.is_activation_checkpointing
+    model.gradient_checkpointing_disable()
+    assert not ta.checkpointed(wrapped) and not model.is_activation_checkpointing
+
+
 def test_math_and_flash_give_the_same_logprobs_and_gradients(model, monkeypatch):
     ids, mask, action = _batch(40, num_actions=6)
     results = []
