@@ -58,7 +58,7 @@ from services.trainer.models.llama_family import (
     sources,
     stamp,
 )
-from services.trainer.models.prefix_sharing import position_ids, shared_prefix_len, shared_prefix_rows
+from services.trainer.models.prefix_sharing import position_ids, prefix_layout
 from services.trainer.models.training_attention import MATH_ATTENTION_MAX_TOKENS, checkpointed
 
 __all__ = ["applies", "compute_dtype", "response_logits", "supports"]
@@ -236,14 +236,13 @@ def _prefix(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int, share: bool
 ) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(S, first, inverse)``: the columns run once per distinct value and the rows that hold them
-    (:func:`~services.trainer.models.prefix_sharing.shared_prefix_rows`); every row its own whole prompt when
-    nothing is shared."""
-    head = shared_prefix_len(input_ids, attention_mask, width) if share else None
-    shared = shared_prefix_rows(input_ids, attention_mask, head) if head is not None else None
-    if shared is None:
+    (:func:`~services.trainer.models.prefix_sharing.prefix_layout`); every row its own whole prompt when nothing
+    is shared."""
+    layout = prefix_layout(input_ids, attention_mask, width) if share else None
+    if layout is None:
         every = torch.arange(input_ids.shape[0])
         return width, every, every
-    return head, *shared
+    return layout
 
 
 def _decoder(

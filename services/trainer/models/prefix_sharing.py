@@ -94,6 +94,23 @@ def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor, wid
     return best
 
 
+def prefix_layout(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int
+) -> tuple[int, torch.Tensor, torch.Tensor] | None:
+    """What a training forward runs once: ``(P, first, inverse)``, the leading columns :func:`shared_prefix_len`
+    chooses and the rows that hold their distinct values (:func:`shared_prefix_rows`), or None when nothing is worth
+    sharing.
+
+    Args:
+        input_ids: (B, T) int64.
+        attention_mask: (B, T) 0/1.
+        width: The prompt width T - A, in [1, T).
+    """
+    head = shared_prefix_len(input_ids, attention_mask, width)
+    shared = shared_prefix_rows(input_ids, attention_mask, head) if head is not None else None
+    return None if shared is None else (head, *shared)
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding, as ``generate`` computes them: ``cumsum(mask) - 1`` clipped at 0."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -194,11 +211,8 @@ def response_logits(
     """
     num_tokens = input_ids.shape[1]
     prefix_len = num_tokens - num_actions
-    head = shared_prefix_len(input_ids, attention_mask, prefix_len) if share and can_share(model) else None
-    if head is not None and head < prefix_len:
-        return _head_shared_logits(model, input_ids, attention_mask, num_actions, head)
-    shared = shared_prefix_rows(input_ids, attention_mask, prefix_len) if head is not None else None
-    if shared is None:
+    layout = prefix_layout(input_ids, attention_mask, prefix_len) if share and can_share(model) else None
+    if layout is None:
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -207,7 +221,9 @@ def response_logits(
             use_cache=False,
         )
         return out.logits[:, :-1]
-    cache, first_logits = prefill_shared(model, input_ids, attention_mask, prefix_len, *shared)
+    if layout[0] < prefix_len:
+        return _head_shared_logits(model, input_ids, attention_mask, num_actions, *layout)
+    cache, first_logits = prefill_shared(model, input_ids, attention_mask, *layout)
     first_logits = first_logits.unsqueeze(1)  # (B, 1, V): predicts column T - A
     if num_actions == 1:
         return first_logits
@@ -217,13 +233,18 @@ def response_logits(
 
 
 def _head_shared_logits(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, head: int
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_actions: int,
+    head: int,
+    first: torch.Tensor,
+    inverse: torch.Tensor,
 ) -> torch.Tensor:
     """:func:`response_logits` with the first ``head`` columns (shorter than the prompt) run once per distinct
-    value: (B, A, V) logits, those of the plain forward up to float rounding."""
-    shared = shared_prefix_rows(input_ids, attention_mask, head)
-    assert shared is not None  # noqa: S101 - shared_prefix_len chose a head that some rows repeat
-    cache, _ = prefill_shared(model, input_ids, attention_mask, head, *shared)
+    value (the rows ``first``, ``inverse`` of :func:`prefix_layout`): (B, A, V) logits, those of the plain forward
+    up to float rounding."""
+    cache, _ = prefill_shared(model, input_ids, attention_mask, head, first, inverse)
     # the rest of the prompt and the responses but the last token
     return _forward_after(model, input_ids, attention_mask, cache, head, logits_to_keep=num_actions)
 
