@@ -360,11 +360,11 @@ def _product(linears: tuple[torch.nn.Module, ...], x: torch.Tensor, dtype: torch
     bases = tuple(getattr(m, "base_layer", m) for m in linears)
     weight, bias = _weights(bases, dtype)
     out = F.linear(x, weight, bias)
-    if not any(_adapters(m) for m in linears):
+    adapters = [_adapters(m) for m in linears]
+    if not any(adapters):
         return out
     a_rows, b_blocks = [], []
-    for m in linears:
-        names = _adapters(m)
+    for m, names in zip(linears, adapters, strict=True):
         a_rows += [m.lora_A[n].weight for n in names]
         b_blocks.append(
             _joined([m.lora_B[n].weight * m.scaling[n] for n in names], dim=1)
