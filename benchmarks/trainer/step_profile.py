@@ -142,12 +142,17 @@ def _lean_ab(runner: StepRunner, indices: range) -> str:
         if ran != ("lean" if lean else "transformers"):
             raise ValueError(f"step {index + 1} ran the {ran} forward with lean={lean}: nothing to compare")
         times[lean].append(runner.generation_s[-1])
-    return "\n".join(
-        f"lean forward {'on ' if lean else 'off'}: median generation {statistics.median(t):.3f} s "
+    return "\n".join(_medians("lean forward", "generation", times))
+
+
+def _medians(label: str, phase: str, times: dict[bool, list[float]]) -> list[str]:
+    """One line per side of an A/B (``times``: on/off -> seconds of ``phase`` per step): its median and steps."""
+    return [
+        f"{label} {'on ' if on else 'off'}: median {phase} {statistics.median(t):.3f} s "
         f"({len(t)} steps: {', '.join(f'{x:.3f}' for x in t)})"
-        for lean, t in times.items()
+        for on, t in times.items()
         if t
-    )
+    ]
 
 
 def _lean_update_ab(runner: StepRunner, indices: range) -> str:
@@ -182,14 +187,9 @@ def _lean_update_ab(runner: StepRunner, indices: range) -> str:
     finally:
         lean_training.response_logits = original
         policy.lean_training = True
-    lines = [
-        f"lean training forward {'on ' if lean else 'off'}: median update {statistics.median(t):.3f} s "
-        f"({len(t)} steps: {', '.join(f'{x:.3f}' for x in t)})"
-        for lean, t in times.items()
-        if t
-    ]
+    losses = [round(x, 6) for x in runner.losses[-len(indices) :]]
     return "\n".join(
-        [*lines, f"policy losses (on, off, on, ...): {[round(x, 6) for x in runner.losses[-len(indices) :]]}"]
+        [*_medians("lean training forward", "update", times), f"policy losses (on, off, on, ...): {losses}"]
     )
 
 
