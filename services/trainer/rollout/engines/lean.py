@@ -120,8 +120,9 @@ class _Layer:
         or a new parameter or module put in its place); returns how many were repacked."""
         attn = self.module.self_attn
         self.norms = (self.module.input_layernorm, self.module.post_attention_layernorm)
-        self.splits = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
         self.head_dim = attn.head_dim
+        self.heads = (attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim)
+        self.qk_v = [attn.q_proj.out_features + attn.k_proj.out_features, attn.v_proj.out_features]
         count = 0
         for name, linears in layer_groups(self.module).items():
             current = self.products.get(name)
@@ -222,10 +223,8 @@ def _layer_forward(
     :func:`~services.trainer.models.llama_family.signed_sin` form."""
     rows, width = hidden.shape[:2]
     p, D = layer.products, layer.head_dim
-    heads, kv_heads = layer.splits[0] // D, layer.splits[1] // D
-    qk, v = p["qkv"](layer.norms[0](hidden)).split(
-        [layer.splits[0] + layer.splits[1], layer.splits[2]], dim=-1
-    )
+    heads, kv_heads = layer.heads
+    qk, v = p["qkv"](layer.norms[0](hidden)).split(layer.qk_v, dim=-1)  # q and k columns, v columns
     qk = rotate(qk.view(rows, width, heads + kv_heads, D).transpose(1, 2), cos, sin)  # (B, Hq + Hk, q, D)
     q, k = qk.split([heads, kv_heads], dim=1)  # (B, Hq, q, D), (B, Hk, q, D)
     v = v.view(rows, width, -1, D).transpose(1, 2)
