@@ -18,7 +18,7 @@ and gradients to ~1e-4; bf16 rounds in other places) with:
 - the shared prompts' tokens and the responses' tokens as the rows of the same products; attention per part
   (each distinct prompt on itself, each row's response on its prompt's keys and its own), the query heads of a
   key/value head as that head's rows (no repeated keys), scores and softmax in float32, masked positions with a
-  finite minimum (a left pad's query gets finite values, which no valid position reads).
+  finite minimum (a padding column's query gets finite values, which no valid position reads).
 
 Which rows share a prompt is :mod:`~services.trainer.models.prefix_sharing`'s choice (whole prompts, or a shorter
 head for chains); with sharing off every row is its own prompt (a plain forward). Dtypes: float32 weights and
@@ -58,7 +58,7 @@ from services.trainer.models.llama_family import (
     sources,
     stamp,
 )
-from services.trainer.models.prefix_sharing import position_ids, prefix_layout
+from services.trainer.models.prefix_sharing import PrefixLayout, position_ids, prefix_layout
 from services.trainer.models.training_attention import MATH_ATTENTION_MAX_TOKENS, checkpointed
 
 __all__ = ["applies", "compute_dtype", "response_logits", "supports"]
@@ -208,7 +208,7 @@ def response_logits(
     Args:
         model: A model :func:`supports` accepts.
         input_ids: (B, T) int64, on the CPU.
-        attention_mask: (B, T) 0/1 (prompts left-padded).
+        attention_mask: (B, T) 0/1.
         num_actions: A, in [1, T).
         share: Let rows that repeat a prompt (or its head) run it once.
 
@@ -219,7 +219,9 @@ def response_logits(
     assert dtype is not None  # noqa: S101 - applies() checked it
     inner = _causal_lm(model)
     rows, num_tokens = input_ids.shape
-    prefix, first, inverse = _prefix(input_ids, attention_mask, num_tokens - num_actions, share)
+    input_ids, attention_mask, prefix, first, inverse = _prefix(
+        input_ids, attention_mask, num_tokens - num_actions, share
+    )
     with torch.autocast("cpu", enabled=False):
         hidden, rest = _decoder(inner, input_ids, attention_mask, prefix, first, inverse, dtype)
         # positions prefix-1 .. T-2 of every row: the prefix's last, then the rest; the last A predict the actions
@@ -232,16 +234,14 @@ def response_logits(
         return F.linear(inner.model.norm(tail).to(dtype), weight, bias)
 
 
-def _prefix(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int, share: bool
-) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """``(S, first, inverse)``: the columns run once per distinct value and the rows that hold them
-    (:func:`~services.trainer.models.prefix_sharing.prefix_layout`); every row its own whole prompt when nothing
-    is shared."""
+def _prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int, share: bool) -> PrefixLayout:
+    """The rows to compute, the columns run once per distinct value and the rows that hold them
+    (:func:`~services.trainer.models.prefix_sharing.prefix_layout`); every row its own whole prompt, as given, when
+    nothing is shared."""
     layout = prefix_layout(input_ids, attention_mask, width) if share else None
     if layout is None:
         every = torch.arange(input_ids.shape[0])
-        return width, every, every
+        return PrefixLayout(input_ids, attention_mask, width, every, every)
     return layout
 
 

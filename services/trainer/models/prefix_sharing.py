@@ -13,17 +13,18 @@ to transformers on any device, and to the training forward, which no cache share
 Layout (the learner's :func:`services.trainer.learn.experience.collate` and the transformers rollout engine): prompts
 left-padded to a common width, so rows with an equal prompt have equal ids and equal attention mask over the
 first ``prefix_len`` columns. Rows are matched exactly on those columns. In the training forward
-(:func:`response_logits`), rows whose prompts start alike in the same columns (a chain's later agent: one
-observation per group, then a teammate's message that differs per row, of one length) share those first columns
-when that runs fewer tokens than sharing whole prompts (:func:`shared_prefix_len`); the rollout engines share
-whole prompts only.
+(:func:`response_logits`), every prompt's padding is first moved after its tokens but the last
+(:func:`prompts_first`: the same function, as positions follow the attention mask), so prompts that start alike do so in the same columns
+whatever their lengths; then rows whose prompts start alike (a chain's later agent: one observation per group,
+then a teammate's message that differs per row) share those first columns when that runs fewer tokens than
+sharing whole prompts (:func:`shared_prefix_len`). The rollout engines share whole prompts only.
 
 Shapes: B rows, U distinct prompts (U <= B), T tokens, A response (action) tokens, V vocabulary.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -94,21 +95,63 @@ def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor, wid
     return best
 
 
-def prefix_layout(
+class PrefixLayout(NamedTuple):
+    """What a training forward runs once (:func:`prefix_layout`).
+
+    Attributes:
+        input_ids: (B, T) int64, the rows to compute, prompts first (:func:`prompts_first`).
+        attention_mask: (B, T) 0/1, likewise.
+        head: P, the leading columns run once per distinct value, in [1, T - A].
+        first: (U,) int64, the first row holding each distinct head (:func:`shared_prefix_rows`).
+        inverse: (B,) int64, every row's position in ``first``.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    head: int
+    first: torch.Tensor
+    inverse: torch.Tensor
+
+
+def prompts_first(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int
-) -> tuple[int, torch.Tensor, torch.Tensor] | None:
-    """What a training forward runs once: ``(P, first, inverse)``, the leading columns :func:`shared_prefix_len`
-    chooses and the rows that hold their distinct values (:func:`shared_prefix_rows`), or None when nothing is worth
-    sharing.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row with its prompt's padding moved after the prompt's tokens but its last: ``(input_ids,
+    attention_mask)``, the first ``width - 1`` columns of each row reordered (its tokens in their order, then its
+    padding columns), the others as they were (column ``width - 1``, the prompt's last token under left padding,
+    predicts the first response token). A forward whose positions follow the attention mask (:func:`position_ids`)
+    and whose causal mask follows the columns computes the same function of the columns after the padding: each
+    token keeps its position and sees the same tokens. The inputs themselves when no prompt has padding there.
 
     Args:
         input_ids: (B, T) int64.
         attention_mask: (B, T) 0/1.
         width: The prompt width T - A, in [1, T).
     """
+    head = width - 1
+    pads = attention_mask[:, :head] == 0
+    if not bool(pads.any()):
+        return input_ids, attention_mask
+    order = torch.argsort(pads.to(torch.int8), dim=1, stable=True)  # tokens in order, then the padding
+    ids = torch.cat([input_ids[:, :head].gather(1, order), input_ids[:, head:]], dim=1)
+    mask = torch.cat([attention_mask[:, :head].gather(1, order), attention_mask[:, head:]], dim=1)
+    return ids, mask
+
+
+def prefix_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> PrefixLayout | None:
+    """What a training forward runs once: the rows with their prompts first (:func:`prompts_first`), the leading
+    columns :func:`shared_prefix_len` chooses on them and the rows that hold their distinct values
+    (:func:`shared_prefix_rows`); None when nothing is worth sharing.
+
+    Args:
+        input_ids: (B, T) int64.
+        attention_mask: (B, T) 0/1.
+        width: The prompt width T - A, in [1, T).
+    """
+    input_ids, attention_mask = prompts_first(input_ids, attention_mask, width)
     head = shared_prefix_len(input_ids, attention_mask, width)
     shared = shared_prefix_rows(input_ids, attention_mask, head) if head is not None else None
-    return None if shared is None else (head, *shared)
+    return None if shared is None else PrefixLayout(input_ids, attention_mask, head, *shared)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -195,9 +238,9 @@ def response_logits(
     Equal, up to float rounding, to ``model(input_ids, attention_mask, position_ids, logits_to_keep=A + 1)
     .logits[:, :-1]``: position ``T - A - 1 + j`` predicts token ``T - A + j``. When rows repeat a prompt (the
     first ``T - A`` columns) and ``share`` is on, the distinct prompts run once through the model with a cache
-    and only the responses run per row (:func:`prefill_shared`); when rows start alike and sharing that head
-    runs fewer tokens (:func:`shared_prefix_len`), the distinct heads run once and the rest of every row after
-    them; otherwise, or when the model cannot return a cache (:func:`can_share`), it is that plain forward.
+    and only the responses run per row (:func:`prefill_shared`); when rows' prompts start alike (their padding
+    moved after their tokens, :func:`prompts_first`) and sharing that head runs fewer tokens
+    (:func:`shared_prefix_len`), the distinct heads run once and the rest of every row after them; otherwise, or when the model cannot return a cache (:func:`can_share`), it is that plain forward.
 
     Args:
         model: A transformers causal LM (or a peft model around one).
@@ -212,7 +255,9 @@ def response_logits(
     num_tokens = input_ids.shape[1]
     prefix_len = num_tokens - num_actions
     layout = prefix_layout(input_ids, attention_mask, prefix_len) if share and can_share(model) else None
-    if layout is None:
+    if layout is not None:
+        input_ids, attention_mask, head, first, inverse = layout
+    else:
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -221,9 +266,9 @@ def response_logits(
             use_cache=False,
         )
         return out.logits[:, :-1]
-    if layout[0] < prefix_len:
-        return _head_shared_logits(model, input_ids, attention_mask, num_actions, *layout)
-    cache, first_logits = prefill_shared(model, input_ids, attention_mask, *layout)
+    if head < prefix_len:
+        return _head_shared_logits(model, input_ids, attention_mask, num_actions, head, first, inverse)
+    cache, first_logits = prefill_shared(model, input_ids, attention_mask, head, first, inverse)
     first_logits = first_logits.unsqueeze(1)  # (B, 1, V): predicts column T - A
     if num_actions == 1:
         return first_logits

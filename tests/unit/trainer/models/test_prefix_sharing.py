@@ -7,7 +7,13 @@ import torch
 
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
-from services.trainer.models.prefix_sharing import response_logits, shared_prefix_len, shared_prefix_rows
+from services.trainer.models.prefix_sharing import (
+    prefix_layout,
+    prompts_first,
+    response_logits,
+    shared_prefix_len,
+    shared_prefix_rows,
+)
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
 from tests.trainer_batches import chain_batch, group_batch
 
@@ -78,10 +84,9 @@ def test_rows_that_start_alike_share_their_head_when_no_prompt_repeats(tok):
     ids, mask, num_actions = batch.input_ids, batch.attention_mask, batch.action_mask.shape[1]
     width = ids.shape[1] - num_actions
     assert shared_prefix_rows(ids, mask, width) is None  # no whole prompt repeats
-    head = shared_prefix_len(ids, mask, width)
-    assert head is not None and head < width
-    first, inverse = shared_prefix_rows(ids, mask, head)
-    assert len(first) == 3  # the two observations, and the row whose shorter message shifted its prompt
+    layout = prefix_layout(ids, mask, width)
+    assert layout is not None and layout.head == 12  # the observation, though a shorter message pads one row
+    assert layout.first.tolist() == [0, 3] and layout.inverse.tolist() == [0, 0, 0, 1, 1, 1]
     model = build_tiny_model(tok, seed=0)
     labels = ids[:, -num_actions:]
     results = []
@@ -96,7 +101,7 @@ def test_rows_that_start_alike_share_their_head_when_no_prompt_repeats(tok):
             (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, counted.tokens)
         )
     (plain, g_plain, n_plain), (shared, g_shared, n_shared) = results
-    assert n_plain == ids.numel() and n_shared <= 0.75 * n_plain, (n_plain, n_shared)
+    assert n_plain == ids.numel() and n_shared == 2 * 12 + 6 * (ids.shape[1] - 1 - 12), (n_plain, n_shared)
     valid = batch.action_mask.bool()
     assert torch.allclose(plain[valid], shared[valid], atol=1e-5)
     for name, grad in g_plain.items():  # float32 sums in another order
@@ -107,6 +112,16 @@ def test_rows_that_start_alike_share_their_head_when_no_prompt_repeats(tok):
     logp = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     (logp * batch.action_mask).sum().backward()
     assert all(torch.equal(p.grad, g_shared[n]) for n, p in model.named_parameters())
+
+
+def test_prompt_padding_moves_after_the_prompt_but_its_last_token():
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 8, 9], [0, 2, 3, 0, 5, 8, 0]])
+    mask = (ids != 0).long()
+    moved, moved_mask = prompts_first(ids, mask, 5)  # prompts of 5 columns, then 2 response columns
+    assert moved.tolist() == [[5, 6, 0, 0, 7, 8, 9], [1, 2, 3, 4, 5, 8, 9], [2, 3, 0, 0, 5, 8, 0]]
+    assert moved_mask.tolist() == (moved != 0).long().tolist()  # each mask value moves with its column
+    unpadded = torch.ones_like(ids)
+    assert prompts_first(ids, unpadded, 5)[0] is ids  # nothing to move: the inputs themselves
 
 
 def test_the_shared_length_is_the_cheapest_of_whole_prompts_and_heads():
