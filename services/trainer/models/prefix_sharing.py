@@ -17,7 +17,8 @@ first ``prefix_len`` columns. Rows are matched exactly on those columns. In the 
 (:func:`prompts_first`: the same function, as positions follow the attention mask), so prompts that start alike do so in the same columns
 whatever their lengths; then rows whose prompts start alike (a chain's later agent: one observation per group,
 then a teammate's message that differs per row) share those first columns when that runs fewer tokens than
-sharing whole prompts (:func:`shared_prefix_len`). The rollout engines share whole prompts only.
+sharing whole prompts (:func:`shared_prefix_len`). The transformers rollout engine prefills the same way
+(:func:`prefill_for_generation`); the static-cache engines share whole prompts only.
 
 Shapes: B rows, U distinct prompts (U <= B), T tokens, A response (action) tokens, V vocabulary.
 """
@@ -126,7 +127,7 @@ def prompts_first(
     Args:
         input_ids: (B, T) int64.
         attention_mask: (B, T) 0/1.
-        width: The prompt width T - A, in [1, T).
+        width: The prompt width, in [1, T]: T - A in a training forward, T in generation.
     """
     head = width - 1
     pads = attention_mask[:, :head] == 0
@@ -138,18 +139,21 @@ def prompts_first(
     return ids, mask
 
 
-def prefix_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> PrefixLayout | None:
-    """What a training forward runs once: the rows with their prompts first (:func:`prompts_first`), the leading
-    columns :func:`shared_prefix_len` chooses on them and the rows that hold their distinct values
+def prefix_layout(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int, most: int | None = None
+) -> PrefixLayout | None:
+    """What a forward runs once: the rows with their prompts first (:func:`prompts_first`), the leading columns
+    :func:`shared_prefix_len` chooses on them and the rows that hold their distinct values
     (:func:`shared_prefix_rows`); None when nothing is worth sharing.
 
     Args:
         input_ids: (B, T) int64.
         attention_mask: (B, T) 0/1.
-        width: The prompt width T - A, in [1, T).
+        width: The prompt width, in [1, T]: T - A in a training forward, T in generation.
+        most: The most leading columns shared, in [1, min(width, T - 1)]; default ``width``.
     """
     input_ids, attention_mask = prompts_first(input_ids, attention_mask, width)
-    head = shared_prefix_len(input_ids, attention_mask, width)
+    head = shared_prefix_len(input_ids, attention_mask, width if most is None else most)
     shared = shared_prefix_rows(input_ids, attention_mask, head) if head is not None else None
     return None if shared is None else PrefixLayout(input_ids, attention_mask, head, *shared)
 
@@ -199,6 +203,41 @@ def prefill_shared(
     cache = out.cache
     select_cache_rows(cache, inverse)
     return cache, out.logits[:, -1].index_select(0, inverse)
+
+
+def prefill_for_generation(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+    """The key/value cache of every row's prompt but its last column, computing what rows share once: the
+    distinct heads :func:`prefix_layout` chooses (whole prompts, or a shorter head when that runs fewer tokens),
+    then every row's columns after its head on their cache.
+
+    Args:
+        model: A transformers causal LM (or a peft model around one) that returns a cache (:func:`can_share`).
+        input_ids: (B, W) int64 left-padded prompts, on the model's device.
+        attention_mask: (B, W) 0/1.
+
+    Returns:
+        ``(input_ids, attention_mask, cache)``: the rows as ``generate`` must be given them with this cache (their
+        padding moved, :func:`prompts_first`; the same function of the prompts), and a transformers ``Cache`` of
+        their first W - 1 columns; None when nothing is worth sharing (or W < 2).
+    """
+    width = input_ids.shape[1]
+    layout = prefix_layout(input_ids, attention_mask, width, most=width - 1) if width >= 2 else None
+    if layout is None:
+        return None
+    input_ids, attention_mask, head, first, inverse = layout
+    cache, _ = prefill_shared(model, input_ids, attention_mask, head, first, inverse)
+    if head < width - 1:  # every row's prompt columns after its head, on the head's cache
+        model(
+            input_ids=input_ids[:, head : width - 1],
+            attention_mask=attention_mask[:, : width - 1],
+            position_ids=position_ids(attention_mask)[:, head : width - 1],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return input_ids, attention_mask, cache
 
 
 def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:

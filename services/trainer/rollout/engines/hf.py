@@ -32,7 +32,7 @@ import torch
 
 from marti.errors import InvalidArgumentError
 from services.trainer.models.model_config import DEFAULT_MAX_POSITIONS
-from services.trainer.models.prefix_sharing import can_share, prefill_shared, shared_prefix_rows
+from services.trainer.models.prefix_sharing import can_share, prefill_for_generation
 from services.trainer.rollout.engines.base import (
     Generation,
     Prompt,
@@ -77,9 +77,11 @@ class HFRolloutEngine(RolloutEngine):
             ``max_position_embeddings``.
         default_sampling: Per-agent default :class:`SamplingParams`.
         share_prompt_prefix: When a batch repeats a prompt (G samples of a group), prefill each distinct prompt
-            once and give its key/value cache to every row that repeats it
-            (:mod:`services.trainer.models.prefix_sharing`); the samples are those of the plain path up to float
-            rounding.
+            once and give its key/value cache to every row that repeats it; when prompts only start alike (a
+            chain's later agent: one observation, then a teammate's message that differs per row) and that runs
+            fewer tokens, prefill each distinct head once and every row's rest on its cache
+            (:func:`~services.trainer.models.prefix_sharing.prefill_for_generation`); the samples are those of
+            the plain path up to float rounding.
         dtype: Sample in this dtype (``rollout.dtype`` resolved by
             :func:`~services.trainer.rollout.engines.precision.resolve_rollout_dtype`): a model whose parameters are in
             another dtype is replaced by a converted copy (one per distinct model), which ``update_weights`` and
@@ -244,11 +246,11 @@ class HFRolloutEngine(RolloutEngine):
         kwargs["stopping_criteria"] = StoppingCriteriaList([row_ends])
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         with torch.no_grad():
-            shared = None
+            prefilled = None
             if self.share_prompt_prefix and can_share(spec.model):
-                shared = shared_prefix_rows(input_ids, attention_mask, width - 1)
-            if shared is not None:  # generate computes only the last prompt token and what follows
-                kwargs["cache"], _ = prefill_shared(spec.model, input_ids, attention_mask, width - 1, *shared)
+                prefilled = prefill_for_generation(spec.model, input_ids, attention_mask)
+            if prefilled is not None:  # generate computes only the last prompt token and what follows
+                input_ids, attention_mask, kwargs["cache"] = prefilled
             res = spec.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         new_tokens = res.sequences[:, width:].cpu()  # (B, A)
         logits = torch.stack(res.logits, dim=1).float()  # (B, A, V) raw, temperature 1

@@ -167,15 +167,36 @@ def test_gradient_checkpointing_takes_the_plain_forward(tok):
     assert lp.shape == batch.action_mask.shape
 
 
+_OBSERVATION = list(range(20, 36))
+_PROMPT_SETS = {
+    "whole_prompts": [[5, 6, 7, 8, 9, 10]] * 3 + [[11, 12]] * 3 + [[13, 14, 15]],
+    # a chain's later agent: one observation, then a teammate's message of another length in every row
+    "heads": [_OBSERVATION + m for m in ([41, 42, 43], [44], [45, 46], [47, 48, 49, 50], [51, 52])],
+}
+
+
+@pytest.mark.parametrize("prompts", list(_PROMPT_SETS))
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_engine_samples_the_same_with_and_without_a_shared_prefill(tok, temperature):
+def test_engine_samples_the_same_with_and_without_a_shared_prefill(tok, temperature, prompts):
     model = build_tiny_model(tok, seed=0)
-    prompts = [[5, 6, 7, 8, 9, 10]] * 3 + [[11, 12]] * 3 + [[13, 14, 15]]
+    prompts = _PROMPT_SETS[prompts]
     params = SamplingParams(max_new_tokens=6, temperature=temperature, seed=7)
-    gens = {}
+    gens, tokens = {}, {}
     for share in (False, True):
         engine = HFRolloutEngine({"a": AgentModel(model, tok)}, share_prompt_prefix=share)
+        tokens[share] = 0
+
+        def count(_module, args, _out, share=share):
+            tokens[share] += args[0].numel()
+
+        hook = model.get_input_embeddings().register_forward_hook(count)
         gens[share] = engine.generate("a", prompts, params)
+        hook.remove()
+    rows, width = len(prompts), max(map(len, prompts))
+    if prompts is _PROMPT_SETS["heads"]:  # the observation once, then every row's message: 16 + 5 x (21 - 17)
+        assert tokens[False] - tokens[True] == rows * (width - 1) - (16 + rows * (width - 1 - 16))
+    else:  # the 3 distinct prompts once (all but their last column)
+        assert tokens[False] - tokens[True] == (rows - 3) * (width - 1)
     for plain, shared in zip(gens[False], gens[True], strict=True):
         assert plain.prompt_token_ids == shared.prompt_token_ids
         assert plain.response_token_ids == shared.response_token_ids
