@@ -264,11 +264,11 @@ class PolicyConfig(_Section):
     error naming it) where the ``flash_attn`` package is not installed. Null lets transformers choose."""
     share_prompt_prefix: bool = True
     """Compute a prompt that several samples repeat (the G samples of a group) once: in the transformers rollout
-    engine's prefill and in every training, reference and old-policy forward (a key/value cache gathered to the
-    rows). In the training, reference and old-policy forwards, rows whose prompts start alike (a chain's later
-    agent: one observation per group, then each row's own teammate message) compute their common first columns
-    once instead, when that runs fewer tokens. Same numbers up to float rounding (with dropout on, the rows share
-    the prompt's dropout mask); off gives the plain forward. Ignored with gradient checkpointing."""
+    engines' prefill (``hf``, and ``hf_static`` on the CPU) and in every training, reference and old-policy
+    forward (a key/value cache gathered to the rows). Rows whose prompts start alike (a chain's later agent: one
+    observation per group, then each row's own teammate message, of any length) compute their common first
+    columns once instead, when that runs fewer tokens. Same numbers up to float rounding (with dropout on, the
+    rows share the prompt's dropout mask); off gives the plain forward. Ignored with gradient checkpointing."""
 
     @field_validator("lora_target_modules")
     @classmethod

@@ -74,13 +74,13 @@ def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor, wid
     Args:
         input_ids: (B, T) int64.
         attention_mask: (B, T) 0/1.
-        width: The prompt width T - A, in [1, T).
+        width: The most leading columns shared, in [1, T]: the prompt width (T - A in a training forward).
 
     Returns:
         P in [1, ``width``], or ``None`` when nothing is worth sharing.
     """
     rows, num_tokens = input_ids.shape
-    if rows < 2 or not 1 <= width < num_tokens:
+    if rows < 2 or not 1 <= width <= num_tokens:
         return None
     key = torch.stack([input_ids[:, :width], attention_mask[:, :width].to(input_ids.dtype)], dim=-1).cpu()
     common = [0]  # row 0 shares with no earlier row
@@ -150,7 +150,7 @@ def prefix_layout(
         input_ids: (B, T) int64.
         attention_mask: (B, T) 0/1.
         width: The prompt width, in [1, T]: T - A in a training forward, T in generation.
-        most: The most leading columns shared, in [1, min(width, T - 1)]; default ``width``.
+        most: The most leading columns shared, in [1, width]; default ``width``.
     """
     input_ids, attention_mask = prompts_first(input_ids, attention_mask, width)
     head = shared_prefix_len(input_ids, attention_mask, width if most is None else most)

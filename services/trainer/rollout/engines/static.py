@@ -15,7 +15,9 @@ Two decode paths, chosen per call:
   the whole cache and attends over the filled positions only. Rows that ended (eos or stop string) leave the
   batch: the cache, mask and positions are gathered to the rows still running once the rows saved make it worth
   the copy (:func:`_worth_compacting`). Repeated prompts (a group's G samples, or ``n`` of a request) are
-  prefilled once and their cache rows copied to the repeats (``share_prompt_prefix``).
+  prefilled once and their cache rows copied to the repeats, and prompts that only start alike prefill their
+  common head once and each row's rest on its cache, when that runs fewer tokens (``share_prompt_prefix``,
+  :func:`~services.trainer.models.prefix_sharing.prefix_layout`).
 * **compiled** (``compile=True``, or ``compile=None`` with the model on CUDA): one decode step (a (B, 1) forward
   over a transformers ``StaticCache``) runs through ``torch.compile``; on CUDA with ``mode="reduce-overhead"``,
   i.e. CUDA graphs. Shapes are made static: the batch is padded to a power of two with copies of its last row and
@@ -45,7 +47,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from marti.errors import InvalidArgumentError
-from services.trainer.models.prefix_sharing import can_share, shared_prefix_rows
+from services.trainer.models.prefix_sharing import PrefixLayout, can_share, position_ids, prefix_layout
 from services.trainer.rollout.engines.base import Generation, SamplingParams
 from services.trainer.rollout.engines.hf import GREEDY_BELOW, AgentModel, HFRolloutEngine, _RowEnds, left_pad
 from services.trainer.rollout.engines.lean import LeanCausalLM, supports
@@ -91,7 +93,9 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self._static_caches: dict[tuple[int, int, int], Any] = {}
         self.last_stats: dict[str, Any] = {}
         """What the last batch did: ``path`` (``eager`` or ``compiled``), ``steps`` (forwards after the prefill),
-        ``row_steps`` (rows computed, summed over those steps), ``compactions`` (eager only), ``prefill_rows``, and
+        ``row_steps`` (rows computed, summed over those steps), ``compactions`` (eager only), ``prefill_rows`` (the
+        rows of the first prefill forward: the distinct prompts or heads when shared), ``prefill_tokens`` (eager
+        only: the tokens every prefill forward ran), and
         (eager only) ``forward`` (``lean`` or ``transformers``: which forward ran) and ``prefill_s`` / ``decode_s``:
         wall seconds of the prefill and of the decode loop."""
 
@@ -181,26 +185,26 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         ids = input_ids.to(device)
         mask = torch.ones((rows, capacity), dtype=torch.long, device=device)  # (B, L): generated slots are 1
         mask[:, :width] = attention_mask.to(device)
-        positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)  # (B, T): left padding skipped
         cache = _preallocated_cache(model, capacity)
-        shared = None
+        layout = None
         if self.share_prompt_prefix and can_share(model):
-            shared = shared_prefix_rows(ids, mask[:, :width], width)
+            layout = prefix_layout(ids, mask[:, :width], width)
+        if layout is not None:  # prompts' padding moved after their tokens (the same function)
+            ids, mask[:, :width] = layout.input_ids, layout.attention_mask
+        positions = position_ids(mask[:, :width])  # (B, T): padding skipped
         started = time.perf_counter()
         # not inference_mode: parameters a forward writes become inference tensors, whose requires_grad peft's
         # set_adapter cannot switch at the next call (the design launch script's job, DeepSpeed ZeRO-3 with LoRA
         # adapters, failed so: tests/e2e/examples/test_launch_script.py)
         forward = self._forward(model)
         with torch.no_grad():
-            if shared is None:
-                prefill_rows = rows
+            if layout is None:
+                prefill_rows, prefill_tokens = rows, rows * width
                 logits = forward(ids, mask[:, :width], positions, cache)
             else:
-                first, inverse = shared[0].to(device), shared[1].to(device)
-                prefill_rows = first.numel()
-                logits = forward(ids[first], mask[first, :width], positions[first], cache)
-                cache.batch_select_indices(inverse)
-                logits = logits[inverse]
+                logits, prefill_rows, prefill_tokens = _prefill_shared(
+                    forward, ids, mask[:, :width], positions, cache, layout
+                )
             prefilled = time.perf_counter()
             live = list(range(rows))  # batch index -> row, of the rows still computed
             next_pos = positions[:, -1:] + 1  # (B, 1)
@@ -229,6 +233,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             "row_steps": row_steps,
             "compactions": compactions,
             "prefill_rows": prefill_rows,
+            "prefill_tokens": prefill_tokens,
             "prefill_s": prefilled - started,
             "decode_s": time.perf_counter() - prefilled,
         }
@@ -464,6 +469,40 @@ def draw(probs: torch.Tensor) -> torch.Tensor:
 
 
 # --- the eager path's cache ---------------------------------------------------------------------------------------
+
+
+def _prefill_shared(
+    forward: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor,
+    cache: Any,
+    layout: PrefixLayout,
+) -> tuple[torch.Tensor, int, int]:
+    """Prefill a :func:`~services.trainer.models.prefix_sharing.prefix_layout`: each distinct head once, its cache
+    rows repeated to the B rows, then every row's prompt columns after its head on that cache.
+
+    Args:
+        forward: The eager loop's forward (:meth:`StaticCacheRolloutEngine._forward`).
+        input_ids: (B, W) the layout's prompts, on the model's device.
+        attention_mask: (B, W) its mask.
+        positions: (B, W) rotary positions.
+        cache: An empty :func:`_preallocated_cache`.
+        layout: The layout (its ``head`` at most W).
+
+    Returns:
+        ``(logits, prefill_rows, prefill_tokens)``: (B, V) logits of every row's last prompt column, the rows the
+        heads' forward ran (U) and the tokens both forwards ran (``U * head + B * (W - head)``).
+    """
+    rows, width = input_ids.shape
+    head = layout.head
+    first, inverse = layout.first.to(input_ids.device), layout.inverse.to(input_ids.device)
+    logits = forward(input_ids[first, :head], attention_mask[first, :head], positions[first, :head], cache)
+    cache.batch_select_indices(inverse)
+    if head == width:
+        return logits[inverse], first.numel(), first.numel() * head
+    logits = forward(input_ids[:, head:], attention_mask, positions[:, head:], cache)
+    return logits, first.numel(), first.numel() * head + rows * (width - head)
 
 
 def _preallocated_cache(model: torch.nn.Module, capacity: int) -> Any:

@@ -87,8 +87,8 @@ def test_a_group_whose_rows_differ_at_the_end_of_the_prompt_samples_as_without_p
         engine = engine_class({"a": AgentModel(model, tok)}, share_prompt_prefix=share)
         gens = generate_turns(_cfg(), policy, engine, threading.Lock(), "a", [CHAT] * 4, False, starts)
         outs.append([(g.prompt_token_ids, g.response_token_ids, g.text) for g in gens])
-        if kind == "hf_static":  # the two distinct prompts prefilled once each when shared
-            assert engine.last_stats["prefill_rows"] == (2 if share else 4)
+        if kind == "hf_static":  # shared: the rows' common head once (cheaper than the 2 distinct prompts)
+            assert engine.last_stats["prefill_rows"] == (1 if share else 4)
     assert outs[0] == outs[1] and outs[0][0] == outs[0][1] == outs[0][3] != outs[0][2]
 
 

@@ -162,6 +162,23 @@ def test_repeated_prompts_n_samples_prefill_once_and_match(pair, tok):
     assert unshared.last_stats["prefill_rows"] == len(prompts)
 
 
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "transformers"])
+def test_prompts_that_start_alike_prefill_their_head_once_and_match(pair, tok, lean):
+    hf, _ = pair
+    st = StaticCacheRolloutEngine(dict(hf._agents), lean=lean)
+    observation = list(range(20, 36))  # a chain's later agent: one observation, messages of other lengths
+    prompts = [observation + m for m in ([41, 42, 43], [44], [45, 46], [47, 48, 49, 50], [51, 52])]
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    gens = st.generate("a", prompts, params)
+    assert st.last_stats["forward"] == ("lean" if lean else "transformers")
+    assert st.last_stats["prefill_rows"] == 1  # the observation's 16 columns once, then 5 rows of 4
+    assert st.last_stats["prefill_tokens"] == 16 + 5 * 4
+    _same(hf.generate("a", prompts, params), gens)
+    unshared = StaticCacheRolloutEngine(dict(hf._agents), share_prompt_prefix=False, lean=lean)
+    _same(gens, unshared.generate("a", prompts, params))
+    assert unshared.last_stats["prefill_tokens"] == 5 * 20
+
+
 def test_batches_split_at_max_batch_size_keep_order(tok):
     st = StaticCacheRolloutEngine({"a": AgentModel(build_tiny_model(tok), tok)}, max_batch_size=2)
     prompts = [[i + 5, i + 6] for i in range(5)]
