@@ -239,7 +239,10 @@ def load_model(
 
     Returns:
         A ``PreTrainedModel`` in eval mode on ``device``; ``model.config._attn_implementation`` is the kernel
-        used; its head gets a dense input (:func:`~services.trainer.models.dense_head.dense_head_input`).
+        used; its head gets a dense input (:func:`~services.trainer.models.dense_head.dense_head_input`). Loaded
+        with ``use_kernels=False``: transformers would otherwise fetch layer kernels from the Hugging Face Hub
+        (no hub is used here) and re-kernelize the model at every ``train()`` / ``eval()`` switch, which the
+        trainer makes twice a step (about 20 ms a step for SmolLM2 with LoRA on 2 CPU threads).
 
     Raises:
         NotFoundError: The model cannot be found locally.
@@ -267,7 +270,7 @@ def load_model(
                 model = _model_from_gguf(resolved, attn, dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(
-                resolved.path, local_files_only=True, dtype=dtype, **attn, **placement
+                resolved.path, local_files_only=True, dtype=dtype, use_kernels=False, **attn, **placement
             )
     if disable_dropout:
         zero_dropout(model)
@@ -403,6 +406,7 @@ def _model_from_gguf(resolved: ResolvedModel, attn: dict[str, str], dtype: torch
         quantization_config=GgufConfig(dequantize=True),
         local_files_only=True,
         dtype=torch.float32,
+        use_kernels=False,
         **attn,
     )
     _save_atomically(model, resolved.cache_dir, last=_MODEL_MARKER)

@@ -101,6 +101,10 @@ def test_local_hf_folder_loads_same_weights(tok, tmp_path):
     ref = model.state_dict()
     assert all(torch.equal(ref[k], v) for k, v in loaded.state_dict().items())
     assert load_tokenizer(str(tmp_path / "m")).padding_side == "left"
+    # no hub kernels: nothing is fetched, and a train()/eval() switch does not re-kernelize the model
+    assert loaded.use_kernels is False
+    loaded.train(True)
+    assert loaded.kernels_mode is None and loaded.training
 
 
 @pytest.mark.slow
@@ -130,6 +134,7 @@ def test_gguf_converts_once_then_loads_from_the_cache(tmp_path, monkeypatch):
     second = load_model("HuggingFaceTB/SmolLM2-135M-Instruct")
     assert weights.stat().st_mtime_ns == written  # read from the cache, not written again
     assert 134_000_000 < count_parameters(second) < 135_000_000
+    assert first.use_kernels is False and second.use_kernels is False  # no hub kernels
     s1, s2 = first.state_dict(), second.state_dict()
     assert all(torch.equal(s1[k], s2[k]) for k in s2)
 
