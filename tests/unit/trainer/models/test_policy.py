@@ -248,3 +248,35 @@ def test_a_weights_file_that_does_not_fit_the_model_is_refused(tmp_path):
         FailedPreconditionError, match=r"missing \['0.weight', '0.bias'\], unexpected \['bias'"
     ):
         load_weights(torch.nn.Sequential(torch.nn.Linear(2, 2)), tmp_path / "w.safetensors", "cpu")
+
+
+def test_lora_sync_state_is_pefts_state_dict_read_from_the_live_adapter(tmp_path, monkeypatch):
+    import peft
+
+    pol = MultiAgentPolicy(_cfg("lora", AgentSpec("a", "tiny-llama"), AgentSpec("b", "tiny-llama")))
+    model = pol.model("a")
+    for agent, adapter in (("a", "agent0"), ("b", "agent1")):
+        want = peft.get_peft_model_state_dict(model, adapter_name=adapter)
+        got = pol.state_for_sync(agent)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        assert not any(v.requires_grad for v in got.values())
+    before = {k: v.clone() for k, v in pol.state_for_sync("a").items()}
+
+    def no_walk(*args, **kwargs):
+        raise AssertionError("peft's state dict walked again")
+
+    monkeypatch.setattr(peft, "get_peft_model_state_dict", no_walk)
+    with torch.no_grad():  # an optimizer step writes the adapter in place
+        for p in pol.parameters("a"):
+            p.add_(1.0)
+    after = {k: v.clone() for k, v in pol.state_for_sync("a").items()}
+    assert all(torch.equal(after[k], before[k] + 1.0) for k in before)
+    monkeypatch.undo()
+    pol.save(tmp_path / "ckpt")  # a checkpoint load writes into the same parameters
+    with torch.no_grad():
+        for p in pol.parameters("a"):
+            p.zero_()
+    pol.load(tmp_path / "ckpt")
+    monkeypatch.setattr(peft, "get_peft_model_state_dict", no_walk)
+    restored = pol.state_for_sync("a")
+    assert all(torch.equal(restored[k], after[k]) for k in after)
