@@ -26,3 +26,39 @@ def tiny_qwen2(vocab: int, dtype: torch.dtype = torch.float32) -> torch.nn.Modul
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 proj.bias.normal_(0, 0.5)
     return model.to(dtype)
+
+
+def tiny_mistral(vocab: int, sliding_window: int) -> torch.nn.Module:
+    """A tiny Mistral whose every layer attends over a sliding window of ``sliding_window`` columns (grouped heads:
+    4 query, 2 key/value), random weights (seed 3), float32, in eval mode."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=sliding_window,
+    )
+    torch.manual_seed(3)
+    return MistralForCausalLM(cfg).eval()
+
+
+def tiny_lfm2(vocab: int) -> torch.nn.Module:
+    """A tiny LFM2: a short-convolution layer (its cache holds a convolution state, not keys and values), then a
+    full-attention layer; random weights (seed 3), float32, in eval mode."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    cfg = Lfm2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["conv", "full_attention"],
+    )
+    torch.manual_seed(3)
+    return Lfm2ForCausalLM(cfg).eval()

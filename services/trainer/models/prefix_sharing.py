@@ -18,7 +18,10 @@ first ``prefix_len`` columns. Rows are matched exactly on those columns. In the 
 whatever their lengths; then rows whose prompts start alike (a chain's later agent: one observation per group,
 then a teammate's message that differs per row) share those first columns when that runs fewer tokens than
 sharing whole prompts (:func:`shared_prefix_len`). The transformers rollout engine prefills the same way
-(:func:`prefill_for_generation`); the static-cache engines share whole prompts only.
+(:func:`prefill_for_generation`), and so does the static-cache engine's eager loop. Padding moves only in a model
+whose every layer is full attention (:func:`moves_padding`: a sliding window counts columns, not positions); a
+model with layers whose cache is not keys and values (a convolution, a recurrence) shares nothing
+(:func:`can_share`).
 
 Shapes: B rows, U distinct prompts (U <= B), T tokens, A response (action) tokens, V vocabulary.
 """
@@ -100,7 +103,7 @@ class PrefixLayout(NamedTuple):
     """What a training forward runs once (:func:`prefix_layout`).
 
     Attributes:
-        input_ids: (B, T) int64, the rows to compute, prompts first (:func:`prompts_first`).
+        input_ids: (B, T) int64, the rows to compute, prompts first (:func:`prompts_first`) unless asked not to.
         attention_mask: (B, T) 0/1, likewise.
         head: P, the leading columns run once per distinct value, in [1, T - A].
         first: (U,) int64, the first row holding each distinct head (:func:`shared_prefix_rows`).
@@ -140,7 +143,12 @@ def prompts_first(
 
 
 def prefix_layout(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int, most: int | None = None
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    width: int,
+    most: int | None = None,
+    *,
+    move_padding: bool = True,
 ) -> PrefixLayout | None:
     """What a forward runs once: the rows with their prompts first (:func:`prompts_first`), the leading columns
     :func:`shared_prefix_len` chooses on them and the rows that hold their distinct values
@@ -151,8 +159,11 @@ def prefix_layout(
         attention_mask: (B, T) 0/1.
         width: The prompt width, in [1, T]: T - A in a training forward, T in generation.
         most: The most leading columns shared, in [1, width]; default ``width``.
+        move_padding: Move the prompts' padding first; False keeps every column where it is (a model that
+            :func:`moves_padding` refuses).
     """
-    input_ids, attention_mask = prompts_first(input_ids, attention_mask, width)
+    if move_padding:
+        input_ids, attention_mask = prompts_first(input_ids, attention_mask, width)
     head = shared_prefix_len(input_ids, attention_mask, width if most is None else most)
     shared = shared_prefix_rows(input_ids, attention_mask, head) if head is not None else None
     return None if shared is None else PrefixLayout(input_ids, attention_mask, head, *shared)
@@ -219,11 +230,15 @@ def prefill_for_generation(
 
     Returns:
         ``(input_ids, attention_mask, cache)``: the rows as ``generate`` must be given them with this cache (their
-        padding moved, :func:`prompts_first`; the same function of the prompts), and a transformers ``Cache`` of
-        their first W - 1 columns; None when nothing is worth sharing (or W < 2).
+        padding moved where :func:`moves_padding`, :func:`prompts_first`; the same function of the prompts), and a
+        transformers ``Cache`` of their first W - 1 columns; None when nothing is worth sharing (or W < 2).
     """
     width = input_ids.shape[1]
-    layout = prefix_layout(input_ids, attention_mask, width, most=width - 1) if width >= 2 else None
+    layout = None
+    if width >= 2:
+        layout = prefix_layout(
+            input_ids, attention_mask, width, most=width - 1, move_padding=moves_padding(model)
+        )
     if layout is None:
         return None
     input_ids, attention_mask, head, first, inverse = layout
@@ -259,9 +274,39 @@ def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
             layer.values = layer.values.index_select(0, rows)
 
 
+SHARED_LAYER_TYPES = ("full_attention", "sliding_attention")
+"""transformers layer types whose cache is keys and values over columns, which :func:`select_cache_rows` gathers."""
+
+
+def layer_types(model: torch.nn.Module) -> list[str]:
+    """transformers' type of every decoder layer of ``model`` (or of the model a peft wrapper holds), as its cache
+    is built (``full_attention``, ``sliding_attention``, ``conv``, ``linear_attention``, ...); empty when
+    ``model`` has no transformers config or transformers cannot tell."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return []
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        return list(get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0])
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return []
+
+
 def can_share(model: torch.nn.Module) -> bool:
-    """Whether ``model`` can run a shared prefix: it must return a cache, which gradient checkpointing forbids."""
-    return not checkpointed(model)
+    """Whether ``model`` can run a shared prefix: it must return a cache, which gradient checkpointing forbids,
+    whose every layer holds keys and values (:data:`SHARED_LAYER_TYPES`: a convolution's or a recurrence's state
+    is neither gathered to rows nor split at a column)."""
+    types = layer_types(model)
+    return bool(types) and all(t in SHARED_LAYER_TYPES for t in types) and not checkpointed(model)
+
+
+def moves_padding(model: torch.nn.Module) -> bool:
+    """Whether moving a prompt's padding (:func:`prompts_first`) keeps ``model``'s function: every layer is full
+    attention. A sliding window counts columns, not positions: padding moved between a prompt's tokens would push
+    its first tokens out of the window of the last ones."""
+    types = layer_types(model)
+    return bool(types) and all(t == "full_attention" for t in types)
 
 
 def response_logits(
@@ -293,7 +338,9 @@ def response_logits(
     """
     num_tokens = input_ids.shape[1]
     prefix_len = num_tokens - num_actions
-    layout = prefix_layout(input_ids, attention_mask, prefix_len) if share and can_share(model) else None
+    layout = None
+    if share and can_share(model):
+        layout = prefix_layout(input_ids, attention_mask, prefix_len, move_padding=moves_padding(model))
     if layout is not None:
         input_ids, attention_mask, head, first, inverse = layout
     else:

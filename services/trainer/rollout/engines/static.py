@@ -47,7 +47,14 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from marti.errors import InvalidArgumentError
-from services.trainer.models.prefix_sharing import PrefixLayout, can_share, position_ids, prefix_layout
+from services.trainer.models.prefix_sharing import (
+    PrefixLayout,
+    can_share,
+    layer_types,
+    moves_padding,
+    position_ids,
+    prefix_layout,
+)
 from services.trainer.rollout.engines.base import Generation, SamplingParams
 from services.trainer.rollout.engines.hf import GREEDY_BELOW, AgentModel, HFRolloutEngine, _RowEnds, left_pad
 from services.trainer.rollout.engines.lean import LeanCausalLM, supports
@@ -188,8 +195,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         cache = _preallocated_cache(model, capacity)
         layout = None
         if self.share_prompt_prefix and can_share(model):
-            layout = prefix_layout(ids, mask[:, :width], width)
-        if layout is not None:  # prompts' padding moved after their tokens (the same function)
+            layout = prefix_layout(ids, mask[:, :width], width, move_padding=moves_padding(model))
+        if layout is not None:  # prompts' padding moved after their tokens, where it may be (same function)
             ids, mask[:, :width] = layout.input_ids, layout.attention_mask
         positions = position_ids(mask[:, :width])  # (B, T): padding skipped
         started = time.perf_counter()
@@ -518,16 +525,10 @@ def _preallocated_cache(model: torch.nn.Module, capacity: int) -> Any:
 
     if capacity < 1:
         raise InvalidArgumentError(f"cache capacity must be >= 1, got {capacity}")
-    cfg = model.config.get_text_config(decoder=True)
-    try:
-        from transformers.cache_utils import get_layer_types_and_kwargs
-
-        layer_types = list(get_layer_types_and_kwargs(cfg)[0])
-    except (ImportError, AttributeError, KeyError, TypeError):
-        layer_types = []
-    if not layer_types or any(t != "full_attention" for t in layer_types):
+    types = layer_types(model)
+    if not types or any(t != "full_attention" for t in types):
         return DynamicCache(config=model.config)
-    return Cache(layers=[_PreallocatedLayer(capacity) for _ in layer_types])
+    return Cache(layers=[_PreallocatedLayer(capacity) for _ in types])
 
 
 class _PreallocatedLayer(DynamicLayer):

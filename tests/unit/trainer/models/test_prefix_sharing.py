@@ -8,6 +8,7 @@ import torch
 from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.models.prefix_sharing import (
+    can_share,
     prefix_layout,
     prompts_first,
     response_logits,
@@ -15,6 +16,8 @@ from services.trainer.models.prefix_sharing import (
     shared_prefix_rows,
 )
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
+from services.trainer.rollout.engines.static import StaticCacheRolloutEngine
+from tests.tiny_models import tiny_lfm2, tiny_mistral
 from tests.trainer_batches import chain_batch, group_batch
 
 
@@ -72,7 +75,7 @@ class _CountingModel(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
-        self.model, self.tokens = model, 0
+        self.model, self.tokens, self.config = model, 0, model.config
 
     def forward(self, input_ids: torch.Tensor, **kwargs):
         self.tokens += input_ids.numel()
@@ -203,6 +206,53 @@ def test_engine_samples_the_same_with_and_without_a_shared_prefill(tok, temperat
         assert torch.allclose(
             torch.tensor(plain.response_logprobs), torch.tensor(shared.response_logprobs), atol=1e-4
         )
+
+
+def _same_samples_shared_or_not(model, tok, prompts):
+    """Greedy samples of both transformers engines with ``share_prompt_prefix`` on equal those with it off."""
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    for engine_class in (HFRolloutEngine, StaticCacheRolloutEngine):
+        plain, shared = (
+            engine_class({"a": AgentModel(model, tok)}, share_prompt_prefix=share).generate(
+                "a", prompts, params
+            )
+            for share in (False, True)
+        )
+        for a, b in zip(plain, shared, strict=True):
+            assert a.response_token_ids == b.response_token_ids, engine_class.__name__
+            assert torch.allclose(
+                torch.tensor(a.response_logprobs), torch.tensor(b.response_logprobs), atol=1e-4
+            )
+
+
+def test_a_sliding_window_model_shares_prompts_where_they_are(tok):
+    """A sliding window counts columns, not positions: a prompt's padding moved between its tokens would push its
+    first tokens out of the window of the last ones, so such a model's rows keep their columns."""
+    model = tiny_mistral(len(tok), sliding_window=6)  # shorter than the prompts
+    batch = chain_batch(tok.pad_token_id)  # one row's shorter message pads it
+    ids, mask, num_actions = batch.input_ids, batch.attention_mask, batch.action_mask.shape[1]
+    with torch.no_grad():
+        plain, shared = (
+            response_logits(model, ids, mask, num_actions, share=share) for share in (False, True)
+        )
+    valid = batch.action_mask.bool()
+    assert torch.allclose(plain[valid], shared[valid], atol=1e-5)
+    _same_samples_shared_or_not(model, tok, _PROMPT_SETS["heads"])
+
+
+def test_a_model_with_layers_other_than_attention_does_not_share(tok):
+    """A convolution's (or a recurrence's) cache state is not gathered to rows, and reads padding in order: such
+    a model takes the plain forward and the plain prefill."""
+    model = tiny_lfm2(len(tok))
+    assert not can_share(model)
+    batch = group_batch(tok.pad_token_id)
+    ids, mask, num_actions = batch.input_ids, batch.attention_mask, batch.action_mask.shape[1]
+    with torch.no_grad():
+        plain, shared = (
+            response_logits(model, ids, mask, num_actions, share=share) for share in (False, True)
+        )
+    assert torch.equal(plain, shared)
+    _same_samples_shared_or_not(model, tok, _PROMPT_SETS["whole_prompts"])
 
 
 @pytest.mark.parametrize("make_batch", [group_batch, chain_batch], ids=["whole_prompts", "heads"])
