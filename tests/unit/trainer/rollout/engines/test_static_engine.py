@@ -179,6 +179,25 @@ def test_prompts_that_start_alike_prefill_their_head_once_and_match(pair, tok, l
     assert unshared.last_stats["prefill_tokens"] == 5 * 20
 
 
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "transformers"])
+def test_rows_end_and_leave_the_batch_after_a_head_shared_prefill(pair, tok, lean):
+    hf, _ = pair
+    observation = list(range(20, 36))  # a one-token prompt beside them: its head is padding only
+    prompts = [observation + m for m in ([41, 42, 43], [44], [45, 46], [47, 48, 49, 50], [51, 52])] + [[7]]
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=7, stop=["o"])
+    shared = StaticCacheRolloutEngine(dict(hf._agents), lean=lean)
+    gens = shared.generate("a", prompts, params)
+    stats = shared.last_stats
+    assert stats["prefill_tokens"] == 2 * 16 + 6 * 4 and stats["compactions"] >= 2, stats
+    assert len({len(g.response_token_ids) for g in gens}) > 2  # rows ended at different steps
+    _same(
+        StaticCacheRolloutEngine(dict(hf._agents), share_prompt_prefix=False, lean=lean).generate(
+            "a", prompts, params
+        ),
+        gens,
+    )
+
+
 def test_batches_split_at_max_batch_size_keep_order(tok):
     st = StaticCacheRolloutEngine({"a": AgentModel(build_tiny_model(tok), tok)}, max_batch_size=2)
     prompts = [[i + 5, i + 6] for i in range(5)]
