@@ -191,7 +191,7 @@ class LeanCausalLM:
 
         Args:
             input_ids: (B, q) token ids.
-            attention_mask: (B, L) 0/1 over the cached positions and these q (0: a left pad).
+            attention_mask: (B, L) 0/1 over the cached positions and these q (0: padding).
             position_ids: (B, q) rotary positions.
             cache: A transformers ``Cache`` of per-layer key/value layers (``cache.layers[i].update(k, v)``
                 appends (B, Hk, q, D) states and returns the (B, Hk, L, D) filled ones), as
@@ -257,8 +257,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 def _attention_mask(attention_mask: torch.Tensor, width: int) -> torch.Tensor | None:
     """(B, 1, q, L) bool: query ``i`` (slot ``L - q + i``) sees the keys at or before its slot that are not pads (a
-    pad query sees none: SDPA gives it zeros, and no other query reads its keys). None when no key is a pad and
-    the queries are all the positions or one (causal attention needs no mask then)."""
+    left pad's query sees none: SDPA gives it zeros; no query reads a pad's keys, wherever the pad sits). None when
+    no key is a pad and the queries are all the positions or one (causal attention needs no mask then)."""
     length = attention_mask.shape[1]
     if (width == 1 or width == length) and bool(attention_mask.bool().all()):
         return None
