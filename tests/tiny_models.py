@@ -62,3 +62,13 @@ def tiny_lfm2(vocab: int) -> torch.nn.Module:
     )
     torch.manual_seed(3)
     return Lfm2ForCausalLM(cfg).eval()
+
+
+def tiny_mpt(vocab: int) -> torch.nn.Module:
+    """A tiny MPT: ALiBi attention (a bias by column distance, no position embedding), random weights (seed 3),
+    float32, in eval mode."""
+    from transformers import MptConfig, MptForCausalLM
+
+    cfg = MptConfig(vocab_size=vocab, d_model=64, n_heads=4, n_layers=2, expansion_ratio=2)
+    torch.manual_seed(3)
+    return MptForCausalLM(cfg).eval()

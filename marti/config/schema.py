@@ -269,8 +269,9 @@ class PolicyConfig(_Section):
     observation per group, then each row's own teammate message, of any length) compute their common first
     columns once instead, when that runs fewer tokens. Same numbers up to float rounding (with dropout on, the
     rows share the prompt's dropout mask); off gives the plain forward. Ignored with gradient checkpointing and
-    for models with layers other than attention (a convolution, a recurrence); a sliding-window model's prompts
-    keep their padding where it is (rows share only what they hold in the same columns)."""
+    for models with layers other than attention (a convolution, a recurrence); a model without rotary positions
+    or with a sliding window keeps its prompts' padding where it is (rows share only what they hold in the same
+    columns)."""
 
     @field_validator("lora_target_modules")
     @classmethod

@@ -19,9 +19,9 @@ whatever their lengths; then rows whose prompts start alike (a chain's later age
 then a teammate's message that differs per row) share those first columns when that runs fewer tokens than
 sharing whole prompts (:func:`shared_prefix_len`). The transformers rollout engine prefills the same way
 (:func:`prefill_for_generation`), and so does the static-cache engine's eager loop. Padding moves only in a model
-whose every layer is full attention (:func:`moves_padding`: a sliding window counts columns, not positions); a
-model with layers whose cache is not keys and values (a convolution, a recurrence) shares nothing
-(:func:`can_share`).
+whose every layer is full attention with rotary positions (:func:`moves_padding`: a sliding window or an ALiBi
+bias counts columns, not positions); a model with layers whose cache is not keys and values (a convolution, a
+recurrence) shares nothing (:func:`can_share`).
 
 Shapes: B rows, U distinct prompts (U <= B), T tokens, A response (action) tokens, V vocabulary.
 """
@@ -303,10 +303,16 @@ def can_share(model: torch.nn.Module) -> bool:
 
 def moves_padding(model: torch.nn.Module) -> bool:
     """Whether moving a prompt's padding (:func:`prompts_first`) keeps ``model``'s function: every layer is full
-    attention. A sliding window counts columns, not positions: padding moved between a prompt's tokens would push
-    its first tokens out of the window of the last ones."""
+    attention and positions enter as rotary angles (its config has ``rope_parameters``), which follow the
+    ``position_ids`` given. A sliding window counts columns, not positions (padding moved between a prompt's
+    tokens would push its first tokens out of the window of the last ones), and so does a bias by column distance
+    (MPT's ALiBi); other models keep their columns (learned absolute positions would do, but are not told apart
+    from column biases here)."""
     types = layer_types(model)
-    return bool(types) and all(t == "full_attention" for t in types)
+    if not types or any(t != "full_attention" for t in types):
+        return False
+    config = model.config.get_text_config(decoder=True)
+    return bool(getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None))
 
 
 def response_logits(

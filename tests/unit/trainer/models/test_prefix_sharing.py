@@ -9,6 +9,7 @@ from services.trainer.models.loading import build_tiny_model, load_tokenizer
 from services.trainer.models.policy import AgentSpec, MultiAgentPolicy, PolicyLayout
 from services.trainer.models.prefix_sharing import (
     can_share,
+    moves_padding,
     prefix_layout,
     prompts_first,
     response_logits,
@@ -17,7 +18,7 @@ from services.trainer.models.prefix_sharing import (
 )
 from services.trainer.rollout import AgentModel, HFRolloutEngine, SamplingParams
 from services.trainer.rollout.engines.static import StaticCacheRolloutEngine
-from tests.tiny_models import tiny_lfm2, tiny_mistral
+from tests.tiny_models import tiny_lfm2, tiny_mistral, tiny_mpt
 from tests.trainer_batches import chain_batch, group_batch
 
 
@@ -225,10 +226,13 @@ def _same_samples_shared_or_not(model, tok, prompts):
             )
 
 
-def test_a_sliding_window_model_shares_prompts_where_they_are(tok):
-    """A sliding window counts columns, not positions: a prompt's padding moved between its tokens would push its
-    first tokens out of the window of the last ones, so such a model's rows keep their columns."""
-    model = tiny_mistral(len(tok), sliding_window=6)  # shorter than the prompts
+@pytest.mark.parametrize("build", ["sliding_window", "alibi"])
+def test_a_model_that_counts_columns_shares_prompts_where_they_are(tok, build):
+    """A sliding window (Mistral's) and an ALiBi bias (MPT's) count columns, not positions: a prompt's padding
+    moved between its tokens would push its first tokens out of the window of the last ones, or farther from them,
+    so such a model's rows keep their columns."""
+    model = tiny_mistral(len(tok), sliding_window=6) if build == "sliding_window" else tiny_mpt(len(tok))
+    assert can_share(model) and not moves_padding(model)
     batch = chain_batch(tok.pad_token_id)  # one row's shorter message pads it
     ids, mask, num_actions = batch.input_ids, batch.attention_mask, batch.action_mask.shape[1]
     with torch.no_grad():
