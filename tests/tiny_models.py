@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import torch
 
+_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""The Llama-family tiny models' shape: 2 layers, hidden 64, grouped heads (4 query, 2 key/value)."""
+
 
 def tiny_qwen2(vocab: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A tiny Qwen2 (q/k/v biases, grouped heads: 4 query, 2 key/value; untied head), random weights and random
     biases (seed 3), in eval mode."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
+    cfg = Qwen2Config(vocab_size=vocab, tie_word_embeddings=False, **_SHAPE)
     torch.manual_seed(3)
     model = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -33,15 +34,7 @@ def tiny_mistral(vocab: int, sliding_window: int) -> torch.nn.Module:
     4 query, 2 key/value), random weights (seed 3), float32, in eval mode."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    cfg = MistralConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=sliding_window,
-    )
+    cfg = MistralConfig(vocab_size=vocab, sliding_window=sliding_window, **_SHAPE)
     torch.manual_seed(3)
     return MistralForCausalLM(cfg).eval()
 
@@ -51,15 +44,7 @@ def tiny_lfm2(vocab: int) -> torch.nn.Module:
     full-attention layer; random weights (seed 3), float32, in eval mode."""
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
-    cfg = Lfm2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        layer_types=["conv", "full_attention"],
-    )
+    cfg = Lfm2Config(vocab_size=vocab, layer_types=["conv", "full_attention"], **_SHAPE)
     torch.manual_seed(3)
     return Lfm2ForCausalLM(cfg).eval()
 
