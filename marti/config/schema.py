@@ -264,11 +264,12 @@ class PolicyConfig(_Section):
     error naming it) where the ``flash_attn`` package is not installed. Null lets transformers choose."""
     share_prompt_prefix: bool = True
     """Compute a prompt that several samples repeat (the G samples of a group) once: in the transformers rollout
-    engines' prefill (``hf``, and ``hf_static`` on the CPU) and in every training, reference and old-policy
-    forward (a key/value cache gathered to the rows). Rows whose prompts start alike (a chain's later agent: one
-    observation per group, then each row's own teammate message, of any length) compute their common first
-    columns once instead, when that runs fewer tokens. Same numbers up to float rounding (with dropout on, the
-    rows share the prompt's dropout mask); off gives the plain forward. Ignored with gradient checkpointing and
+    engines' prefill (``hf``, and ``hf_static``'s eager loop, its CPU default; not with ``compile``) and in every
+    training, reference and old-policy forward (a key/value cache gathered to the rows). Rows whose prompts start
+    alike (a chain's later agent: one observation per group, then each row's own teammate message, of any length)
+    compute their common first columns once instead, when that runs fewer tokens. Same numbers up to float
+    rounding (with dropout on, the rows share the prompt's dropout mask; sampling in bf16 rounds differently, which
+    can flip a near-tied greedy token); off gives the plain forward. Ignored with gradient checkpointing and
     for models with layers other than attention (a convolution, a recurrence); a model without rotary positions
     or with a sliding window keeps its prompts' padding where it is (rows share only what they hold in the same
     columns)."""

@@ -1,14 +1,19 @@
-"""The one YAML reader of marti's config files: PyYAML's safe loader, refusing a key written twice.
+"""The one YAML reader of marti's config files: PyYAML's safe loader, refusing a key written twice, with YAML 1.2's
+booleans.
 
 Plain ``yaml.safe_load`` keeps the last of two equal keys of a mapping without a word, so a second ``rollout:``
 section appended to a training config silently drops every key of the first. Every config marti reads (training
 configs from ``marti train``, launch flags and ``SubmitJob``, the store's tables YAML, a run folder's
 ``config.yaml``) goes through :func:`load_yaml`, which refuses that with an error naming the document, the key and
-both lines.
+both lines. Only ``true`` and ``false`` (any case: ``True``, ``FALSE``) are booleans, as in YAML 1.2; PyYAML's
+YAML 1.1 resolver would also read ``yes``, ``no``, ``on`` and ``off`` as booleans, so ``share_prompt_prefix: off``
+or ``--set policy.share_prompt_prefix=yes`` passed a config's "a switch takes only true or false" rule. They are
+strings here, which a switch refuses by name.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -98,6 +103,16 @@ def _as_key(key_node: yaml.Node) -> yaml.Node:
     if key_node.tag != _VALUE_TAG:
         return key_node
     return yaml.ScalarNode(_STR_TAG, key_node.value, key_node.start_mark, key_node.end_mark)
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def _check_document(loader: _UniqueKeyLoader, root: yaml.Node) -> None:

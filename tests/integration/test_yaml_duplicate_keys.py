@@ -104,3 +104,14 @@ def test_marti_train_refuses_a_set_value_with_a_key_twice_naming_the_override(tm
             (ROOT / "examples" / "tiny.yaml").read_text(),
             ["agents.0.sampling={temperature: 0.2, temperature: 0.9}"],
         )
+
+
+def test_only_true_and_false_are_booleans_so_a_switch_refuses_yes_and_off():
+    doc = load_yaml("a: yes\nb: off\nc: On\nd: NO\ne: true\nf: False\ng: TRUE\nh: y\n", "t")
+    assert doc == {"a": "yes", "b": "off", "c": "On", "d": "NO", "e": True, "f": False, "g": True, "h": "y"}
+    for word in ("yes", "off"):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=rf"'policy.share_prompt_prefix': must be true or false \(got '{word}'\)",
+        ):
+            config_from_text(f"policy:\n  share_prompt_prefix: {word}\n")

@@ -102,7 +102,8 @@ class PolicyLayout:
         share_prompt_prefix: Run a prompt that several rows of a batch repeat (a GRPO group), or the first
             columns that rows' prompts have in common when that runs fewer tokens, through the model once in
             log-probability forwards (:mod:`services.trainer.models.prefix_sharing`; models with gradient
-            checkpointing on always take the plain forward).
+            checkpointing on, or with layers other than attention, always take the plain forward; a model without
+            rotary positions or with a sliding window shares only what rows hold in the same columns).
         attn_implementation: transformers attention kernel every model is loaded with (``eager``, ``sdpa``,
             ``flash_attention_2``; ``policy.attn_implementation``); None: transformers' default.
         disable_dropout: Set every dropout probability of the loaded models (policies and references) to 0

@@ -14,8 +14,8 @@ Layout (the learner's :func:`services.trainer.learn.experience.collate` and the 
 left-padded to a common width, so rows with an equal prompt have equal ids and equal attention mask over the
 first ``prefix_len`` columns. Rows are matched exactly on those columns. In the training forward
 (:func:`response_logits`), every prompt's padding is first moved after its tokens but the last
-(:func:`prompts_first`: the same function, as positions follow the attention mask), so prompts that start alike do so in the same columns
-whatever their lengths; then rows whose prompts start alike (a chain's later agent: one observation per group,
+(:func:`prompts_first`: the same function, as positions follow the attention mask), so prompts that start alike
+do so in the same columns whatever their lengths; then rows whose prompts start alike (a chain's later agent: one observation per group,
 then a teammate's message that differs per row) share those first columns when that runs fewer tokens than
 sharing whole prompts (:func:`shared_prefix_len`). The transformers rollout engine prefills the same way
 (:func:`prefill_for_generation`), and so does the static-cache engine's eager loop. Padding moves only in a model
@@ -303,8 +303,8 @@ def can_share(model: torch.nn.Module) -> bool:
 
 def moves_padding(model: torch.nn.Module) -> bool:
     """Whether moving a prompt's padding (:func:`prompts_first`) keeps ``model``'s function: every layer is full
-    attention and positions enter as rotary angles (its config has ``rope_parameters``), which follow the
-    ``position_ids`` given. A sliding window counts columns, not positions (padding moved between a prompt's
+    attention and positions enter as rotary angles (its config has ``rope_parameters`` or ``rope_theta``), which
+    follow the ``position_ids`` given. A sliding window counts columns, not positions (padding moved between a prompt's
     tokens would push its first tokens out of the window of the last ones), and so does a bias by column distance
     (MPT's ALiBi); other models keep their columns (learned absolute positions would do, but are not told apart
     from column biases here)."""
@@ -330,7 +330,8 @@ def response_logits(
     first ``T - A`` columns) and ``share`` is on, the distinct prompts run once through the model with a cache
     and only the responses run per row (:func:`prefill_shared`); when rows' prompts start alike (their padding
     moved after their tokens, :func:`prompts_first`) and sharing that head runs fewer tokens
-    (:func:`shared_prefix_len`), the distinct heads run once and the rest of every row after them; otherwise, or when the model cannot return a cache (:func:`can_share`), it is that plain forward.
+    (:func:`shared_prefix_len`), the distinct heads run once and the rest of every row after them; otherwise, or
+    when the model cannot return a cache (:func:`can_share`), it is that plain forward.
 
     Args:
         model: A transformers causal LM (or a peft model around one).
