@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from services.trainer.models.dense_head import is_dense_input_hook
+from services.trainer.models.prefix_sharing import layer_types
 from services.trainer.strategy.frozen_bf16 import installed as frozen_bf16_installed
 
 SUPPORTED_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -23,11 +24,12 @@ def architecture_supported(model: torch.nn.Module) -> bool:
     if type(model).__name__ not in SUPPORTED_CLASSES:
         return False
     cfg = model.config
-    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
+    types = layer_types(model)
     return (
         getattr(cfg, "hidden_act", None) == "silu"
         and getattr(cfg, "pretraining_tp", 1) == 1
-        and all(t == "full_attention" for t in layer_types)
+        and bool(types)
+        and all(t == "full_attention" for t in types)
     )
 
 

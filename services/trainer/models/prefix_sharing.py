@@ -15,9 +15,9 @@ left-padded to a common width, so rows with an equal prompt have equal ids and e
 first ``prefix_len`` columns. Rows are matched exactly on those columns. In the training forward
 (:func:`response_logits`), every prompt's padding is first moved after its tokens but the last
 (:func:`prompts_first`: the same function, as positions follow the attention mask), so prompts that start alike
-do so in the same columns whatever their lengths; then rows whose prompts start alike (a chain's later agent: one observation per group,
-then a teammate's message that differs per row) share those first columns when that runs fewer tokens than
-sharing whole prompts (:func:`shared_prefix_len`). The transformers rollout engine prefills the same way
+do so in the same columns whatever their lengths; then rows whose prompts start alike (a chain's later agent: one
+observation per group, then a teammate's message that differs per row) share those first columns when that runs
+fewer tokens than sharing whole prompts (:func:`shared_prefix_len`). The transformers rollout engine prefills the same way
 (:func:`prefill_for_generation`), and so does the static-cache engine's eager loop. Padding moves only in a model
 whose every layer is full attention with rotary positions (:func:`moves_padding`: a sliding window or an ALiBi
 bias counts columns, not positions); a model with layers whose cache is not keys and values (a convolution, a

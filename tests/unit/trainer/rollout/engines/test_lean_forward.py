@@ -121,6 +121,31 @@ def test_supports_only_what_it_reproduces(tok):
         LeanCausalLM(peft_model)
 
 
+def test_a_sliding_window_is_not_supported_by_either_lean_forward(tok):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from services.trainer.models import lean_training
+
+    def qwen2(sliding: bool) -> torch.nn.Module:  # max_window_layers 0: every layer slides when asked to
+        cfg = Qwen2Config(
+            vocab_size=tok.vocab_size,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=sliding,
+            sliding_window=8,
+            max_window_layers=0,
+        )
+        return Qwen2ForCausalLM(cfg).eval()
+
+    assert supports(qwen2(False)) and lean_training.supports(qwen2(False))
+    assert not supports(qwen2(True)) and not lean_training.supports(
+        qwen2(True)
+    )  # it would attend past the window
+
+
 def test_the_engine_runs_the_lean_forward_with_the_transformers_results(tok):
     model = build_tiny_model(tok, seed=0)
     prompts = [[1, 5, 9, 200, 31], [1, 7, 300], [1, 5, 9, 200, 31]]
